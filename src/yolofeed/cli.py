@@ -1,0 +1,140 @@
+"""The ``yolofeed`` command: parse Ultralytics-style ``key=value`` arguments and dispatch.
+
+Nothing here does work; each command lives in its stage's module and is imported only when run,
+so ``yolofeed help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+import sys
+import typing
+from dataclasses import MISSING, dataclass
+
+from yolofeed import __version__
+from yolofeed.config import PackConfig, SynthConfig, fields_of
+from yolofeed.errors import ConfigError, YolofeedError
+
+
+@dataclass(frozen=True)
+class Command:
+    target: str  # "module:function", called with the config instance
+    config: type
+    summary: str
+    example: str
+
+
+COMMANDS: dict[str, Command] = {
+    "synth": Command("yolofeed.synth:run", SynthConfig, "write a synthetic COCO-like YOLO dataset",
+                     "yolofeed synth out=datasets/synth n_train=10000 n_val=1000"),
+    "pack": Command("yolofeed.pack.build:run", PackConfig, "pack a YOLO dataset into one memory-mappable store",
+                    "yolofeed pack data=datasets/synth/data.yaml imgsz=640"),
+}
+
+
+def parse_value(text: str, annotation: str) -> typing.Any:
+    """Turn ``text`` into the field's type, the way Ultralytics reads ``key=value``."""
+    low = text.lower()
+    if low in ("none", "null", ""):
+        if "None" in annotation:
+            return None
+        raise ValueError("this key needs a value")
+    base = annotation.replace("| None", "").strip()
+    if base == "bool":
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise ValueError("expected True or False")
+    if base == "int":
+        return int(text)
+    if base == "float":
+        return float(text)
+    return text
+
+
+def build_config(command: str, args: list[str]) -> typing.Any:
+    """Parse ``key=value`` words into the command's config dataclass.
+
+    Raises:
+        ConfigError: an argument is not ``key=value``, the key is unknown, the value has the wrong
+            type or is not one of the allowed choices, or a required key is missing.
+    """
+    spec = COMMANDS[command]
+    fields = {f.name: f for f in fields_of(spec.config)}
+    values: dict[str, typing.Any] = {}
+    for word in args:
+        name, eq, text = word.partition("=")
+        name = name.strip().lstrip("-").replace("-", "_")
+        if not eq:
+            raise ConfigError(f"'{word}' is not key=value. Example: {spec.example}")
+        if name not in fields:
+            near = difflib.get_close_matches(name, fields, n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            raise ConfigError(f"'{name}' is not a key of 'yolofeed {command}'.{hint} "
+                              f"Valid keys: {', '.join(fields)}.")
+        f = fields[name]
+        try:
+            value = parse_value(text.strip(), str(f.type))
+        except ValueError as e:
+            raise ConfigError(f"{name}={text}: {e} (the key is {f.type})") from None
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(f"{name}={text}: expected one of {', '.join(choices)}")
+        values[name] = value
+    for f in fields.values():
+        if f.default is None and f.name not in values and "None" not in str(f.type) and f.default_factory is MISSING:
+            raise ConfigError(f"'yolofeed {command}' needs {f.name}=... Example: {spec.example}")
+    return spec.config(**values)
+
+
+def help_text(command: str | None = None) -> str:
+    """Every command and key, or one command's keys."""
+    lines = [f"yolofeed {__version__}: keep the GPU busy while training YOLO with Ultralytics", "",
+             "Usage: yolofeed COMMAND key=value ...", ""]
+    names = [command] if command else list(COMMANDS)
+    for name in names:
+        spec = COMMANDS[name]
+        lines.append(f"  {name:<6} {spec.summary}   e.g. {spec.example}")
+        for f in fields_of(spec.config):
+            default = "required" if f.default is None and "None" not in str(f.type) else f"default {f.default!r}"
+            choices = f.metadata.get("choices")
+            extra = f" [{'|'.join(choices)}]" if choices else ""
+            lines.append(f"      {f.name + '=':<10} {f.metadata['help']}{extra} ({default})")
+        lines.append("")
+    lines.append("  help     this text; 'yolofeed COMMAND help' shows one command")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``yolofeed`` command line; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not argv or argv[0] in ("help", "-h", "--help"):
+        print(help_text())
+        return 0
+    if argv[0] in ("version", "--version"):
+        print(__version__)
+        return 0
+    command, args = argv[0], argv[1:]
+    if command not in COMMANDS:
+        near = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f" Did you mean '{near[0]}'?" if near else ""
+        print(f"yolofeed: unknown command '{command}'.{hint} Run 'yolofeed help'.", file=sys.stderr)
+        return 2
+    if any(a in ("help", "-h", "--help") for a in args):
+        print(help_text(command))
+        return 0
+    try:
+        config = build_config(command, args)
+        module, func = COMMANDS[command].target.split(":")
+        getattr(importlib.import_module(module), func)(config)
+    except YolofeedError as e:
+        print(f"yolofeed {command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"yolofeed {command}: interrupted", file=sys.stderr)
+        return 130
+    return 0

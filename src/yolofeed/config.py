@@ -1,0 +1,60 @@
+"""What each command accepts: frozen dataclasses whose fields are the ``key=value`` keys.
+
+The CLI reads the field names, types, defaults and help text from here, so ``yolofeed help`` and
+the parser can never disagree with the code. This module imports nothing heavy on purpose:
+``yolofeed help`` must answer without loading torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def key(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:  # noqa: A002 - mirrors argparse
+    """A config field with its help text (and allowed values, for strings)."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Write a synthetic, COCO-like YOLO dataset (images/, labels/, data.yaml)."""
+
+    out: str = key("datasets/synth", "folder to write; data.yaml is written inside it")
+    n_train: int = key(1000, "training images")
+    n_val: int = key(200, "validation images")
+    imgsz: int = key(640, "long side of the most common image shape (shapes vary around it)")
+    seed: int = key(0, "same seed, same files, byte for byte")
+    workers: int = key(0, "processes; 0 = all usable cores")
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Pack an Ultralytics detection dataset into one memory-mappable file per split."""
+
+    data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
+    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does")
+    format: str = key("raw", "raw: decoded RGB pixels; jpeg: encoded bytes, decoded later on the GPU",
+                      ("raw", "jpeg"))
+    out: str | None = key(None, "pack folder; default <data yaml folder>/yolofeed-packs/<yaml stem>-<format>-<imgsz>")
+    splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
+    workers: int = key(0, "processes; 0 = all usable cores")
+    rebuild: str = key("auto", "auto: build missing or stale packs; always: rebuild; never: refuse stale packs",
+                       ("auto", "always", "never"))
+    sync: bool = key(False, "fsync before publishing: survives power loss, costs the disk's write time "
+                     "(atomic against a killed build either way)")
+
+
+def fields_of(config_cls: type) -> list[dataclasses.Field]:
+    """The keys of a config class, in declaration order."""
+    return list(dataclasses.fields(config_cls))

@@ -1,0 +1,27 @@
+"""The exceptions yolofeed raises for things a user can fix.
+
+Every message says what was expected, what was found, and what to do. The CLI prints them
+without a traceback; anything else that escapes is a bug in yolofeed.
+"""
+
+from __future__ import annotations
+
+
+class YolofeedError(Exception):
+    """Base class: an error whose message tells the user what to change."""
+
+
+class ConfigError(YolofeedError):
+    """A command or keyword argument is unknown or has a value of the wrong kind."""
+
+
+class DatasetError(YolofeedError):
+    """The data yaml or the dataset it names cannot be used (missing keys, no images, no usable sample)."""
+
+
+class PackError(YolofeedError):
+    """A pack is missing, unreadable, truncated or not a yolofeed pack."""
+
+
+class StalePackError(PackError):
+    """A valid pack that does not match what is asked of it (source changed, other imgsz or version)."""

@@ -1,0 +1,157 @@
+"""Which files make up a split: the data yaml, image lists and label paths, exactly as Ultralytics reads them.
+
+Mirrors ``ultralytics.data.utils.check_det_dataset`` (path resolution, nc/names) and
+``BaseDataset.get_img_files`` (folders, ``.txt`` lists, lists of both) without their side effects:
+no downloads, no font checks, no rewriting of user files. ``tests/test_source.py`` holds the two
+side by side.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ultralytics.data.utils import IMG_FORMATS, img2label_paths
+from ultralytics.utils import DATASETS_DIR, YAML
+
+from yolofeed.errors import DatasetError
+
+SPLIT_KEYS = ("train", "val", "test", "minival")
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """The files of one split and what identifies them.
+
+    Attributes:
+        split: "train", "val", ...
+        yaml_file: the data yaml the split came from (absolute).
+        paths: the split's entries after resolution (folders, list files or images).
+        im_files: image files, sorted as Ultralytics sorts them.
+        label_files: the label path Ultralytics derives for each image.
+        nc: number of classes; labels with a class >= nc are rejected.
+    """
+
+    split: str
+    yaml_file: str
+    paths: tuple[str, ...]
+    im_files: tuple[str, ...]
+    label_files: tuple[str, ...]
+    nc: int
+    names: tuple[str, ...]
+
+    def fingerprint(self) -> str:
+        """A hash of every image and label path with its size and mtime, and nc.
+
+        Same inputs as Ultralytics' ``get_hash`` for its label cache: an edited, added, removed or
+        touched file changes it.
+        """
+        h = hashlib.sha256(f"nc={self.nc}\0".encode())
+        for p in (*self.im_files, *self.label_files):
+            h.update(os.fsencode(p) + b"\0")
+            try:
+                st = os.stat(p)
+                h.update(f"{st.st_size}:{st.st_mtime_ns}\0".encode())
+            except OSError:
+                h.update(b"missing\0")
+        return h.hexdigest()
+
+
+def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
+    """Read an Ultralytics data yaml and resolve its paths as ``check_det_dataset`` does.
+
+    Raises:
+        DatasetError: the file is missing or not a mapping, ``train``/``val`` or ``names``/``nc``
+            are missing or inconsistent.
+    """
+    file = Path(data).expanduser()
+    if not file.is_file():
+        raise DatasetError(f"data yaml '{data}' not found. Pass data=path/to/data.yaml "
+                           "(or run 'yolofeed synth' to make a dataset to try).")
+    if file.suffix.lower() not in (".yaml", ".yml"):
+        raise DatasetError(f"data='{data}' is not a .yaml file: yolofeed packs Ultralytics detection data yamls.")
+    try:
+        d = YAML.load(file, append_filename=True)
+    except ValueError as e:
+        raise DatasetError(f"{file}: not a valid YAML mapping ({e}). Fix the file's syntax.") from None
+    if not isinstance(d, dict) or not d:
+        raise DatasetError(f"{file}: empty or not a mapping. A data yaml needs train:, val: and names:.")
+    if "val" not in d and "validation" in d:
+        d["val"] = d.pop("validation")
+    for k in ("train", "val"):
+        if k not in d:
+            raise DatasetError(f"{file}: '{k}:' key missing. 'train' and 'val' are required in all data yamls.")
+    names, nc = d.get("names"), d.get("nc")
+    if names is None and nc is None:
+        raise DatasetError(f"{file}: needs 'names:' (a list or an index->name mapping) or 'nc:'.")
+    if nc is not None:
+        try:
+            if float(nc) != int(float(nc)):
+                raise ValueError
+            nc = int(float(nc))
+        except (TypeError, ValueError):
+            raise DatasetError(f"{file}: 'nc: {d['nc']}' must be an integer.") from None
+    if names is not None:
+        names = list(names.values()) if isinstance(names, dict) else list(names)
+        if nc is not None and len(names) != nc:
+            raise DatasetError(f"{file}: 'names' has {len(names)} entries but 'nc: {nc}'. Make them match.")
+        nc = len(names)
+    else:
+        names = [f"class_{i}" for i in range(nc)]
+    d["nc"], d["names"] = nc, [str(n) for n in names]
+    if d.get("channels", 3) != 3:
+        raise DatasetError(f"{file}: channels={d['channels']}; yolofeed packs 3-channel (RGB) datasets only.")
+
+    path = Path(d.get("path") or Path(d["yaml_file"]).parent)  # dataset root
+    if not path.exists() and not path.is_absolute():
+        path = (DATASETS_DIR / path).resolve()  # Ultralytics' settings folder, as check_det_dataset does
+    d["path"] = path
+    for k in SPLIT_KEYS:
+        if d.get(k):
+            if isinstance(d[k], str):
+                x = (path / d[k]).resolve()
+                if not x.exists() and d[k].startswith("../"):
+                    x = (path / d[k][3:]).resolve()
+                d[k] = str(x)
+            else:
+                d[k] = [str((path / x).resolve()) for x in d[k]]
+    d["yaml_file"] = str(file.resolve())
+    return d
+
+
+def list_images(paths: list[str]) -> list[str]:
+    """Image files under folders, in ``.txt`` lists (``./`` relative to the list) or given directly.
+
+    Raises:
+        DatasetError: a path does not exist or nothing in it is an image.
+    """
+    found: list[str] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found += glob.glob(str(Path(glob.escape(p)) / "**" / "*.*"), recursive=True)
+        elif p.is_file():
+            with open(p, encoding="utf-8-sig") as t:
+                parent = str(p.parent) + os.sep
+                found += [x.replace("./", parent, 1) if x.startswith("./") else x for x in t.read().strip().splitlines()]
+        else:
+            raise DatasetError(f"'{p}' does not exist. Check the data yaml's path: and split entries.")
+    im_files = sorted(x.replace("/", os.sep) for x in found if x.rpartition(".")[-1].lower() in IMG_FORMATS)
+    if not im_files:
+        raise DatasetError(f"no images found in {', '.join(paths)}. Supported formats: {', '.join(sorted(IMG_FORMATS))}.")
+    return im_files
+
+
+def split_source(data: str | os.PathLike | dict[str, Any], split: str) -> SplitSource:
+    """The files of ``split`` in a data yaml (a path, or a dict already loaded by ``load_data_yaml``)."""
+    d = data if isinstance(data, dict) else load_data_yaml(data)
+    if not d.get(split):
+        raise DatasetError(f"{d['yaml_file']}: no '{split}:' entry. Splits present: "
+                           f"{', '.join(k for k in SPLIT_KEYS if d.get(k))}.")
+    paths = d[split] if isinstance(d[split], list) else [d[split]]
+    im_files = list_images(paths)
+    return SplitSource(split=split, yaml_file=d["yaml_file"], paths=tuple(paths), im_files=tuple(im_files),
+                       label_files=tuple(img2label_paths(im_files)), nc=d["nc"], names=tuple(d["names"]))

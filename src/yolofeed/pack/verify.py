@@ -1,0 +1,244 @@
+"""Check and decode one sample with Ultralytics' rules, never touching the user's files.
+
+The rules are those of ``ultralytics.data.utils.verify_image_label`` (detection, no keypoints) and
+the pixels those of ``BaseDataset.load_image``: the same decoder (``ultralytics.utils.patches.imread``),
+the same long-side resize with ``cv2.INTER_LINEAR``. Two deliberate differences, both to keep the
+user's data intact and the run offline:
+
+* A JPEG with bytes after its end marker is "restored" by Ultralytics by rewriting the file; we
+  build the same restored bytes in memory (Pillow, quality 100, no subsampling) and decode those,
+  so the pixels equal what Ultralytics trains on after its rewrite.
+* A file Pillow cannot identify makes Ultralytics pip-install ``pi-heif``; we use Pillow's own
+  opener and report the file (registering pi-heif only if it is already installed).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+from PIL import Image, ImageOps
+from ultralytics.data.utils import IMG_FORMATS, exif_size
+from ultralytics.utils.ops import segments2boxes
+from ultralytics.utils.patches import _image_open as pil_open  # Pillow's opener, without Ultralytics' auto-install
+from ultralytics.utils.patches import imread
+
+MIN_SIDE = 10  # px, Ultralytics' check_image minimum
+COORD_TOLERANCE = 1.01  # Ultralytics accepts normalised coordinates up to 1 % out of range
+JPEG_REENCODE_QUALITY = 95  # for format=jpeg packs of non-JPEG or EXIF-rotated sources
+
+
+class SampleError(Exception):
+    """This sample cannot be used; the message is the reason shown in the pack report."""
+
+
+@dataclass
+class ImageInfo:
+    """What the header check learnt about an image, before any decode."""
+
+    hw: tuple[int, int]  # EXIF-corrected (height, width), as Ultralytics records in its label cache
+    format: str  # Pillow's format name, upper case
+    orientation: int  # EXIF orientation tag, 1 when absent
+    mode: str  # Pillow's mode: "RGB", "L", "CMYK", ...
+    restored: bytes | None = None  # in-memory restoration of a JPEG with trailing bytes
+
+
+@dataclass
+class Sample:
+    """One verified sample, ready for the store.
+
+    Shape:
+        payload: raw storage (h, w, 3) uint8 RGB; jpeg storage (nbytes,) uint8 encoded JPEG.
+        labels: (n, 5) float32 rows [class, x_centre, y_centre, width, height], normalised.
+    """
+
+    payload: np.ndarray
+    ori_hw: tuple[int, int]
+    hw: tuple[int, int]
+    labels: np.ndarray
+    notes: list[str] = field(default_factory=list)
+
+
+def _open(path: str) -> Image.Image:
+    try:
+        return pil_open(path)
+    except Image.UnidentifiedImageError:
+        try:  # HEIC/HEIF: only with the plugin the user already has; never install at run time
+            from pi_heif import register_heif_opener
+        except ImportError:
+            raise SampleError("not an image Pillow can identify (HEIC/HEIF needs 'pip install pi-heif'); "
+                              "convert it to JPEG or PNG or remove it") from None
+        register_heif_opener()
+        return pil_open(path)
+
+
+def check_image(path: str) -> ImageInfo:
+    """Ultralytics' ``check_image`` without its rewrite: integrity, size >= 10 px, a known format.
+
+    Raises:
+        SampleError: the file is missing, unreadable, truncated, too small or of an unknown format.
+    """
+    try:
+        with _open(path) as im:
+            im.verify()  # Pillow's integrity check: headers and, for PNG, chunk CRCs
+            w, h = exif_size(im)
+            fmt, mode = (im.format or "").upper(), im.mode
+            try:
+                orientation = int(im.getexif().get(274, 1) or 1)
+            except Exception:  # malformed EXIF: Ultralytics' exif_size ignores it too
+                orientation = 1
+    except SampleError:
+        raise
+    except FileNotFoundError:
+        raise SampleError("image file not found") from None
+    except Exception as e:
+        raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; re-export or remove it") from None
+    if h < MIN_SIDE or w < MIN_SIDE:
+        raise SampleError(f"image is {w}x{h} px; Ultralytics needs at least {MIN_SIDE} px a side: remove it")
+    if fmt.lower() not in IMG_FORMATS | {"jpeg2000"}:
+        raise SampleError(f"image format {fmt or 'unknown'} is not one Ultralytics reads; convert it to JPEG or PNG")
+    info = ImageInfo((h, w), fmt, orientation, mode)
+    if fmt in ("JPEG", "JPG"):
+        with open(path, "rb") as f:
+            f.seek(-2, os.SEEK_END)
+            if f.read() != b"\xff\xd9":  # no end-of-image marker last: Ultralytics restores it
+                info.restored = _restore_jpeg(path)
+    return info
+
+
+def _restore_jpeg(path: str) -> bytes:
+    """The bytes Ultralytics would write over a JPEG with trailing data (it fails the same way on a truncated one)."""
+    try:
+        with pil_open(path) as im:
+            upright = ImageOps.exif_transpose(im)
+            buf = io.BytesIO()
+            upright.save(buf, "JPEG", subsampling=0, quality=100)
+            return buf.getvalue()
+    except Exception as e:
+        raise SampleError(f"JPEG is truncated or corrupt ({e}); re-export or remove it") from None
+
+
+def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
+    """Parse and check a YOLO label file with Ultralytics' rules.
+
+    Returns:
+        labels: (n, 5) float32 [class, x, y, w, h]; duplicates removed (then in ``np.unique`` order,
+            as Ultralytics leaves them). Segment rows (polygons) become their boxes.
+        notes: "label file missing", "label file empty", "N duplicate labels removed".
+
+    Raises:
+        SampleError: columns, coordinates outside [0, 1], negative or non-finite values, fractional
+            class ids or a class >= nc. The message names the file and the fix.
+    """
+    if not os.path.isfile(lb_file):
+        return np.zeros((0, 5), np.float32), ["label file missing: used as a background image"]
+    try:
+        with open(lb_file, encoding="utf-8-sig") as f:
+            rows = [x.split() for x in f.read().strip().splitlines() if x.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise SampleError(f"cannot read label file {lb_file} ({e}); it must be UTF-8 text") from None
+    try:
+        if any(len(r) > 6 for r in rows):  # segment polygons: class x1 y1 x2 y2 ...
+            if any(len(r) == 5 for r in rows):
+                raise SampleError(f"{lb_file} mixes segment and box rows; use one kind per file")
+            classes = np.array([r[0] for r in rows], dtype=np.float32)
+            segments = [np.array(r[1:], dtype=np.float32).reshape(-1, 2) for r in rows]
+            lb = np.concatenate((classes.reshape(-1, 1), segments2boxes(segments)), 1)
+        else:
+            lb = np.array(rows, dtype=np.float32)
+    except ValueError as e:  # ragged rows, non-numeric text, odd polygon length
+        raise SampleError(f"{lb_file} is not numeric YOLO rows of 'class x y w h' ({e}); fix the file") from None
+    if not len(lb):
+        return np.zeros((0, 5), np.float32), ["label file empty: used as a background image"]
+    if lb.ndim != 2 or lb.shape[1] != 5:
+        raise SampleError(f"{lb_file} rows have {lb.shape[-1]} columns; detection labels need 5 (class x y w h)")
+    if not np.isfinite(lb).all():
+        raise SampleError(f"{lb_file} holds NaN or infinite values; fix or remove those rows")
+    if lb[:, 1:].max() > COORD_TOLERANCE:
+        bad = lb[:, 1:][lb[:, 1:] > COORD_TOLERANCE]
+        raise SampleError(f"{lb_file} has coordinates above 1 ({bad[:4].tolist()}): YOLO labels are normalised "
+                          "to [0, 1] by image width and height; convert pixel boxes by dividing")
+    if not (lb.min() >= 0 or (lb.min() >= -0.01 and lb[:, 3:5].min() >= 0)):
+        raise SampleError(f"{lb_file} has negative values ({lb[lb < 0][:4].tolist()}); fix those rows")
+    if not (lb[:, 0] % 1 == 0).all():
+        raise SampleError(f"{lb_file} has non-integer class ids ({lb[:, 0][lb[:, 0] % 1 != 0][:4].tolist()})")
+    if lb[:, 0].max() >= nc:
+        raise SampleError(f"{lb_file} uses class {int(lb[:, 0].max())} but the data yaml has nc={nc} "
+                          f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
+    notes = []
+    _, keep = np.unique(lb, axis=0, return_index=True)
+    if len(keep) < len(lb):
+        notes.append(f"{len(lb) - len(keep)} duplicate labels removed")
+        lb = lb[keep]
+    return lb, notes
+
+
+def resized_hw(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
+    """Ultralytics' ``load_image`` size: long side to imgsz, aspect kept, ceil, capped at imgsz."""
+    r = imgsz / max(h0, w0)
+    if r == 1:
+        return h0, w0
+    return min(math.ceil(h0 * r), imgsz), min(math.ceil(w0 * r), imgsz)
+
+
+def decode_bgr(path: str, info: ImageInfo) -> np.ndarray:
+    """Full-resolution BGR pixels, as Ultralytics' ``imread`` returns them (EXIF orientation applied)."""
+    if info.restored is not None:
+        im = cv2.imdecode(np.frombuffer(info.restored, np.uint8), cv2.IMREAD_COLOR)
+    else:
+        im = imread(path)
+    if im is None:
+        raise SampleError("OpenCV cannot decode the pixels (Ultralytics would fail on it while training); "
+                          "re-export it as JPEG or PNG or remove it")
+    if im.ndim == 2 or im.shape[2] == 1:
+        im = cv2.cvtColor(im, cv2.COLOR_GRAY2BGR)
+    return im
+
+
+def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, storage: str) -> Sample:
+    """Verify one image/label pair and produce what the store keeps for it.
+
+    Args:
+        storage: "raw" keeps RGB pixels resized as Ultralytics' ``load_image``; "jpeg" keeps the
+            encoded file when a GPU JPEG decoder can read it as is, else a quality-95 re-encode of
+            the upright pixels (noted in the report).
+
+    Raises:
+        SampleError: the sample must be skipped; the message is the reason.
+    """
+    info = check_image(im_file)
+    labels, notes = read_labels(lb_file, nc)
+    if info.restored is not None:
+        notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
+    if storage == "raw":
+        im = decode_bgr(im_file, info)
+        h0, w0 = im.shape[:2]
+        h, w = resized_hw(h0, w0, imgsz)
+        if (h, w) != (h0, w0):
+            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
+        return Sample(cv2.cvtColor(im, cv2.COLOR_BGR2RGB), (h0, w0), (h, w), labels, notes)
+    if storage == "jpeg":
+        keep_as_is = (info.format == "JPEG" and info.restored is None and info.orientation == 1
+                      and info.mode in ("RGB", "L"))
+        if keep_as_is:
+            payload = np.fromfile(im_file, np.uint8)
+            # A 1/8-scale decode (DCT scaling, ~10x cheaper than a full one) proves the entropy-coded
+            # data is readable, which Pillow's verify() does not look at.
+            if cv2.imdecode(payload, cv2.IMREAD_REDUCED_COLOR_8) is None:
+                raise SampleError("OpenCV cannot decode the JPEG data; re-export it or remove it")
+            h0, w0 = info.hw
+        else:
+            im = decode_bgr(im_file, info)
+            h0, w0 = im.shape[:2]
+            ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, JPEG_REENCODE_QUALITY])
+            if not ok:
+                raise SampleError("could not re-encode the image as JPEG")
+            payload = buf.reshape(-1)
+            notes.append(f"{info.format or 'image'} (orientation {info.orientation}, {info.mode}) "
+                         f"re-encoded as JPEG q{JPEG_REENCODE_QUALITY} for GPU decoding")
+        return Sample(payload, (h0, w0), resized_hw(h0, w0, imgsz), labels, notes)
+    raise ValueError(f"unknown storage {storage!r}")

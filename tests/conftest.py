@@ -1,0 +1,52 @@
+"""Shared fixtures. Everything runs on the CPU; tests marked ``gpu`` skip without CUDA."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics: no network checks, no downloads
+
+import yolofeed.synth as synth  # noqa: E402
+from yolofeed.config import SynthConfig  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs CUDA: run on the device machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that collected no test is a failure, not a pass (pytest's exit 5 never reaches CI)."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def synth_root(tmp_path_factory) -> Path:
+    """A small synthetic dataset, made once per session. Copy it before changing it."""
+    root = tmp_path_factory.mktemp("synth")
+    synth.run(SynthConfig(out=str(root), n_train=24, n_val=8, imgsz=160, seed=3, workers=2))
+    return root
+
+
+@pytest.fixture()
+def dataset(synth_root, tmp_path) -> Path:
+    """A private copy of the synthetic dataset (with its data.yaml rewritten to point at the copy)."""
+    root = tmp_path / "ds"
+    shutil.copytree(synth_root, root, ignore=shutil.ignore_patterns("yolofeed-packs"))
+    text = (root / "data.yaml").read_text().replace(str(synth_root), str(root))
+    (root / "data.yaml").write_text(text)
+    return root

@@ -1,0 +1,97 @@
+"""Test helpers: Ultralytics' own view of a dataset, and a zoo of bad samples."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+GOOD_LABEL = "3 0.5 0.5 0.25 0.25\n"
+
+
+def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int):
+    """Ultralytics' YOLODataset for a split, without augmentation: its labels and load_image are the reference."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    data = check_det_dataset(str(yaml_file), autodownload=False)
+    return YOLODataset(img_path=data[split], imgsz=imgsz, augment=False, data=data, hyp=get_cfg(),
+                       batch_size=4, rect=False)
+
+
+def copy_dataset(src: Path, dst: Path) -> Path:
+    """Copy a dataset folder, rewriting its data.yaml to point at the copy."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("yolofeed-packs", "*.cache"))
+    text = (dst / "data.yaml").read_text().replace(str(src), str(dst))
+    (dst / "data.yaml").write_text(text)
+    return dst
+
+
+def _jpeg(h=60, w=80, seed=0, **save) -> bytes:
+    import io
+
+    rng = np.random.default_rng(seed)
+    im = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+def _png(arr: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".png", arr)
+    assert ok
+    return buf.tobytes()
+
+
+def _rotated_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[274] = 6  # rotate 90 degrees clockwise to view
+    return _jpeg(40, 90, seed=5, exif=exif.tobytes())
+
+
+# name -> (image bytes, label text or None for no label file, kept by Ultralytics?, words the reason must contain)
+BAD_CASES: dict[str, tuple[bytes, str | None, bool, str]] = {
+    "garbage.jpg": (b"hello world" * 100, GOOD_LABEL, False, "not"),
+    "empty.jpg": (b"", GOOD_LABEL, False, "not"),
+    "half.jpg": (_jpeg(seed=1)[:900], GOOD_LABEL, False, "truncated"),
+    "trailing.jpg": (_jpeg(seed=2) + b"trailing junk", GOOD_LABEL, True, ""),
+    "rotated.jpg": (_rotated_jpeg(), GOOD_LABEL, True, ""),
+    "tiny.png": (_png(np.zeros((8, 8, 3), np.uint8)), GOOD_LABEL, False, "10 px"),
+    "plain.png": (_png(np.random.default_rng(3).integers(0, 255, (50, 70, 3), dtype=np.uint8)), GOOD_LABEL, True, ""),
+    "gray.png": (_png(np.random.default_rng(4).integers(0, 255, (50, 70), dtype=np.uint8)), GOOD_LABEL, True, ""),
+    "deep.png": (_png(np.random.default_rng(6).integers(0, 65535, (50, 70, 3), dtype=np.uint16)), GOOD_LABEL, True,
+                 ""),
+    "bitmap.bmp": (cv2.imencode(".bmp", np.full((30, 40, 3), 90, np.uint8))[1].tobytes(), GOOD_LABEL, True, ""),
+    "cls_range.jpg": (_jpeg(seed=7), "85 0.5 0.5 0.2 0.2\n", False, "nc=80"),
+    "pixels.jpg": (_jpeg(seed=8), "1 320 240 50 50\n", False, "normalised"),
+    "negative.jpg": (_jpeg(seed=9), "1 -0.2 0.5 0.1 0.1\n", False, "negative"),
+    "nan.jpg": (_jpeg(seed=10), "1 nan 0.5 0.1 0.1\n", False, "NaN"),
+    "inf.jpg": (_jpeg(seed=10), "1 0.5 inf 0.1 0.1\n", False, "infinite"),
+    "cols.jpg": (_jpeg(seed=11), "1 0.5 0.5 0.1\n", False, "columns"),
+    "text.jpg": (_jpeg(seed=12), "person 0.5 0.5 0.1 0.1\n", False, "numeric"),
+    "frac.jpg": (_jpeg(seed=13), "1.5 0.5 0.5 0.1 0.1\n", False, "non-integer"),
+    "ragged.jpg": (_jpeg(seed=14), "1 0.5 0.5 0.1 0.1\n2 0.5 0.5 0.1\n", False, "numeric"),
+    "mixed.jpg": (_jpeg(seed=15), "2 0.1 0.1 0.4 0.1 0.4 0.5 0.1 0.5\n1 0.5 0.5 0.1 0.1\n", False, "mixes"),
+    "dupes.jpg": (_jpeg(seed=16), "5 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n5 0.5 0.5 0.2 0.2\n", True, ""),
+    "segment.jpg": (_jpeg(seed=17), "2 0.1 0.1 0.4 0.1 0.4 0.5 0.1 0.5\n", True, ""),
+    "empty_label.jpg": (_jpeg(seed=18), "", True, ""),
+    "no_label.jpg": (_jpeg(seed=19), None, True, ""),
+    "bom_label.jpg": (_jpeg(seed=20), "\ufeff4 0.5 0.5 0.3 0.3\n", True, ""),
+}
+
+
+def add_bad_samples(root: Path, split: str = "train") -> dict[str, str]:
+    """Write every case of BAD_CASES into a dataset split; returns name -> image path."""
+    paths = {}
+    for name, (data, label, _, _) in BAD_CASES.items():
+        img = root / "images" / split / name
+        img.write_bytes(data)
+        lb = root / "labels" / split / (img.stem + ".txt")
+        if label is not None:
+            lb.write_text(label, encoding="utf-8")
+        paths[name] = str(img)
+    return paths

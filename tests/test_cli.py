@@ -1,0 +1,63 @@
+"""The command line: every command and key is listed, bad arguments are explained."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from yolofeed.cli import COMMANDS, build_config, help_text, main
+from yolofeed.errors import ConfigError
+
+
+def test_help_lists_every_command_and_key(capsys):
+    for argv in (["help"], ["--help"], []):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        for name, spec in COMMANDS.items():
+            assert f"  {name} " in out
+            for f in dataclasses.fields(spec.config):
+                assert f"{f.name}=" in out, (name, f.name)
+
+
+def test_command_help_shows_only_that_command(capsys):
+    assert main(["pack", "help"]) == 0
+    out = capsys.readouterr().out
+    assert "data=" in out and "n_train=" not in out
+
+
+def test_values_are_typed_like_ultralytics():
+    cfg = build_config("pack", ["data=x.yaml", "imgsz=320", "format=jpeg", "out=None"])
+    assert (cfg.data, cfg.imgsz, cfg.format, cfg.out) == ("x.yaml", 320, "jpeg", None)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["data=x.yaml", "imgsize=320"], ["imgsize", "Did you mean 'imgsz'"]),
+    (["data=x.yaml", "imgsz=big"], ["imgsz=big", "int"]),
+    (["data=x.yaml", "format=png"], ["raw", "jpeg"]),
+    (["imgsz=320"], ["needs data="]),
+    (["data"], ["not key=value"]),
+])
+def test_bad_arguments_say_what_to_do(args, words):
+    with pytest.raises(ConfigError) as e:
+        build_config("pack", args)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_errors_exit_nonzero_without_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "yolofeed", "pack", f"data={tmp_path}/nope.yaml"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "nope.yaml" in r.stderr and "not found" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "yolofeed", "pakc"], capture_output=True, text=True)
+    assert r.returncode == 2 and "Did you mean 'pack'" in r.stderr
+
+
+def test_help_text_does_not_import_torch():
+    code = "import sys, yolofeed.cli as c; c.help_text(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    assert "synth" in help_text()

@@ -1,0 +1,230 @@
+"""The pack: same pixels and labels as Ultralytics, bad samples reported, stale packs refused."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import BAD_CASES, add_bad_samples, copy_dataset, ultralytics_dataset
+from yolofeed.errors import DatasetError, PackError, StalePackError
+from yolofeed.pack import Pack, open_or_build
+from yolofeed.pack.build import ensure_split, read_report, store_dir, summary
+from yolofeed.pack.store import MAGIC, TRAILER
+
+
+def _build(root: Path, split="train", imgsz=160, storage="raw", workers=2, **kw) -> Pack:
+    return open_or_build(root / "data.yaml", split, imgsz, storage, rebuild="auto", workers=workers,
+                         progress=False, **kw)
+
+
+@pytest.mark.parametrize("imgsz", [160, 100, 320])  # shrink, odd sizes (ceil), enlarge
+def test_pixels_equal_ultralytics_load_image(dataset, imgsz):
+    pack = _build(dataset, imgsz=imgsz)
+    ref = ultralytics_dataset(dataset / "data.yaml", "train", imgsz)
+    assert pack.im_files == ref.im_files
+    for i in range(len(pack)):
+        bgr, hw0, hw = ref.load_image(i)
+        np.testing.assert_array_equal(pack.image(i), bgr[..., ::-1])  # exact: same decoder, same resize
+        assert tuple(pack.ori_shapes[i]) == hw0 and tuple(pack.shapes[i]) == hw
+
+
+def test_labels_equal_ultralytics_label_cache(dataset):
+    pack = _build(dataset, split="val")
+    ref = ultralytics_dataset(dataset / "data.yaml", "val", 160)
+    assert len(pack) == len(ref.labels) == 8
+    for i, lb in enumerate(ref.labels):
+        assert pack.im_files[i] == lb["im_file"]
+        np.testing.assert_array_equal(pack.labels(i)[:, :1], lb["cls"])
+        np.testing.assert_array_equal(pack.labels(i)[:, 1:], lb["bboxes"])
+        assert tuple(pack.ori_shapes[i]) == lb["shape"]
+    assert pack.header["counts"]["boxes"] == sum(len(lb["cls"]) for lb in ref.labels)
+
+
+def test_bad_samples_are_skipped_like_ultralytics_and_reported(synth_root, tmp_path):
+    ours_root = copy_dataset(synth_root, tmp_path / "ours")
+    theirs_root = copy_dataset(synth_root, tmp_path / "theirs")  # Ultralytics rewrites files: give it a copy
+    paths = add_bad_samples(ours_root)
+    add_bad_samples(theirs_root)
+    before = {p: Path(p).read_bytes() for p in paths.values()}
+    pack = _build(ours_root)
+    ref = ultralytics_dataset(theirs_root / "data.yaml", "train", 160)
+
+    # the same samples survive, with the same labels and the same pixels
+    assert [Path(f).name for f in pack.im_files] == [Path(f).name for f in ref.im_files]
+    for i, lb in enumerate(ref.labels):
+        np.testing.assert_array_equal(pack.labels(i), np.concatenate([lb["cls"], lb["bboxes"]], 1))
+        np.testing.assert_array_equal(pack.image(i), ref.load_image(i)[0][..., ::-1])
+
+    # every skipped case has a report line naming the file and the reason
+    report = {Path(row[0]).name: row for row in read_report(pack.path)}
+    skipped = {Path(f).name: r for f, r in pack.header["skipped"]}
+    for name, (_, _, kept, words) in BAD_CASES.items():
+        if kept:
+            assert name not in skipped
+        else:
+            assert name in skipped and report[name][1] == "skipped"
+            assert words in skipped[name], (name, skipped[name])
+    assert pack.header["counts"]["skipped"] == sum(not c[2] for c in BAD_CASES.values())
+    text = summary(ensure_split(ours_root / "data.yaml", "train", 160, rebuild="never", progress=False))
+    assert "skipped" in text and "report.txt" in text
+
+    # nothing of the user's was touched (Ultralytics rewrote its copy of trailing.jpg; we did not)
+    assert all(Path(p).read_bytes() == b for p, b in before.items())
+    assert (theirs_root / "images/train/trailing.jpg").read_bytes() != before[paths["trailing.jpg"]]
+
+    # the good samples survive intact
+    good = [i for i, f in enumerate(pack.im_files) if Path(f).name.startswith("train_")]
+    assert len(good) == 24
+
+
+def test_notes_for_backgrounds_duplicates_and_restored(dataset):
+    add_bad_samples(dataset)
+    pack = _build(dataset)
+    notes = {Path(f).name: n for f, n in pack.header["notes"]}
+    assert "missing" in notes["no_label.jpg"] and "empty" in notes["empty_label.jpg"]
+    assert "duplicate" in notes["dupes.jpg"] and "restored" in notes["trailing.jpg"]
+
+
+def test_no_usable_image_is_a_clear_error(dataset):
+    for p in (dataset / "images" / "val").glob("*.jpg"):
+        p.write_bytes(b"not a jpeg")
+    with pytest.raises(DatasetError, match="no usable image in split 'val'"):
+        _build(dataset, split="val")
+    assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
+
+
+def test_gather_into_caller_buffers(dataset):
+    pack = _build(dataset)
+    idx = [5, 0, 17, 5]
+    out = torch.full((6, 160, 160, 3), 7, dtype=torch.uint8)  # a pinned tensor in real use
+    hw = pack.gather(idx, out)
+    for k, i in enumerate(idx):
+        h, w = hw[k]
+        np.testing.assert_array_equal(out[k, :h, :w].numpy(), pack.image(i))
+        assert (out[k, h:] == 7).all() and (out[k, :, w:] == 7).all()  # the rest is left as it was
+    assert (out[4:] == 7).all()
+    with pytest.raises(ValueError, match="cannot hold"):
+        pack.gather(list(range(7)), out)
+
+
+def test_jpeg_storage_keeps_the_bytes(dataset):
+    add_bad_samples(dataset)
+    raw = _build(dataset)
+    jpg = _build(dataset, storage="jpeg")
+    assert jpg.im_files == raw.im_files and jpg.path.stat().st_size < raw.path.stat().st_size / 3
+    import cv2
+
+    for i, f in enumerate(jpg.im_files):
+        dec = cv2.imdecode(jpg.encoded(i), cv2.IMREAD_COLOR)
+        assert dec is not None and dec.shape[:2] == tuple(jpg.ori_shapes[i])
+        assert tuple(jpg.shapes[i]) == tuple(raw.shapes[i])
+        np.testing.assert_array_equal(jpg.labels(i), raw.labels(i))
+        if Path(f).name.startswith("train_"):
+            assert bytes(jpg.encoded(i)) == Path(f).read_bytes()  # JPEGs kept byte for byte
+    reencoded = {Path(f).name for f, n in jpg.header["notes"] if "re-encoded" in n}
+    assert {"rotated.jpg", "plain.png", "trailing.jpg"} <= reencoded
+    starts, sizes = jpg.gather_encoded([2, 0], buf := np.zeros(10**6, np.uint8))
+    assert bytes(buf[starts[1]:starts[1] + sizes[1]]) == bytes(jpg.encoded(0))
+    with pytest.raises(PackError, match="format=raw"):
+        jpg.image(0)
+
+
+def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
+    yaml_file = dataset / "data.yaml"
+    first = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
+    assert first.built
+    again = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
+    assert not again.built and again.pack.header["created"] == first.pack.header["created"]
+
+    # a changed source file is detected; the message names the rebuild command
+    lb = sorted((dataset / "labels" / "train").glob("*.txt"))[3]
+    lb.write_text("0 0.5 0.5 0.5 0.5\n")
+    with pytest.raises(StalePackError, match=r"source images or labels changed.*yolofeed pack data=.* imgsz=160"):
+        open_or_build(yaml_file, "train", 160)
+    rebuilt = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
+    assert rebuilt.built
+    np.testing.assert_array_equal(rebuilt.pack.labels(3), [[0, 0.5, 0.5, 0.5, 0.5]])
+
+    # another imgsz (at the same place, via out=) is refused with a message naming both sizes
+    out = store_dir(yaml_file, 160, "raw")
+    with pytest.raises(StalePackError, match="built for imgsz=160, this run asks for imgsz=320.*imgsz=320"):
+        open_or_build(yaml_file, "train", 320, out=out)
+    # missing pack with rebuild=never
+    with pytest.raises(PackError, match="does not exist.*yolofeed pack"):
+        open_or_build(yaml_file, "val", 160)
+
+
+def _rewrite_header(path: Path, **changes) -> None:
+    data = bytearray(path.read_bytes())
+    magic, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
+    header = json.loads(bytes(data[off:off + n]))
+    header.update(changes)
+    blob = json.dumps(header).encode()
+    path.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, off, len(blob)))
+
+
+def test_foreign_truncated_and_old_packs_are_refused(dataset, tmp_path):
+    pack = _build(dataset)
+    good = pack.path.read_bytes()
+    cases = {
+        "foreign": os.urandom(5000),
+        "empty": b"",
+        "truncated": good[: len(good) // 2],
+        "cut-trailer": good[:-5],
+        "padded": good + b"\0" * 64,
+    }
+    for name, data in cases.items():
+        f = tmp_path / f"{name}.yfpack"
+        f.write_bytes(data)
+        with pytest.raises(PackError):
+            Pack.open(f)
+    old = tmp_path / "old.yfpack"
+    old.write_bytes(good)
+    _rewrite_header(old, format_version=0, yolofeed_version="0.0.1")
+    with pytest.raises(StalePackError, match="format 0 .*reads format 1"):
+        Pack.open(old)
+    assert len(Pack.open(pack.path)) == 24  # the good file still opens
+
+
+def test_pickles_by_path(dataset):
+    import pickle
+
+    pack = _build(dataset)
+    clone = pickle.loads(pickle.dumps(pack))
+    assert len(pickle.dumps(pack)) < 1000
+    np.testing.assert_array_equal(clone.image(3), pack.image(3))
+
+
+def test_cli_pack_prints_summary(dataset, capsys):
+    from yolofeed.cli import main
+
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=128", "workers=2", "sync=True"]) == 0
+    out = capsys.readouterr().out
+    assert "pack train: 24 images" in out and "pack val: 8 images" in out and "img/s" in out
+    assert "synced to disk" in out
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=128"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_sparse_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, caplog):
+    import errno
+    import logging
+
+    ref = _build(dataset, workers=1)
+    images = [ref.image(i).copy() for i in range(len(ref))]
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with caplog.at_level(logging.INFO):
+        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=1, progress=False)
+    assert "sparse file" in caplog.text
+    assert pack.path.stat().st_size == ref.path.stat().st_size
+    for i, im in enumerate(images):
+        np.testing.assert_array_equal(pack.image(i), im)

@@ -1,0 +1,92 @@
+"""The synthetic dataset: deterministic, COCO-like, and its labels are where its objects are."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+
+from yolofeed import synth
+from yolofeed.config import SynthConfig
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.suffix in (".jpg", ".txt")}
+
+
+def test_same_seed_same_bytes_any_worker_count(tmp_path):
+    a = synth.run(SynthConfig(out=str(tmp_path / "a"), n_train=6, n_val=2, imgsz=128, seed=7, workers=1)).parent
+    b = synth.run(SynthConfig(out=str(tmp_path / "b"), n_train=6, n_val=2, imgsz=128, seed=7, workers=2)).parent
+    c = synth.run(SynthConfig(out=str(tmp_path / "c"), n_train=6, n_val=2, imgsz=128, seed=8, workers=2)).parent
+    da, db, dc = _digest(a), _digest(b), _digest(c)
+    assert len(da) == 16 and da == db
+    assert all(da[k] != dc[k] for k in da if k.endswith(".jpg"))
+
+
+def test_layout_and_yaml(synth_root):
+    d = yaml.safe_load((synth_root / "data.yaml").read_text())
+    assert Path(d["path"]).is_absolute() and Path(d["train"]).is_absolute()
+    assert d["nc"] == 80 and len(d["names"]) == 80
+    assert len(list((synth_root / "images" / "train").glob("*.jpg"))) == 24
+    assert len(list((synth_root / "labels" / "val").glob("*.txt"))) == 8
+
+
+def test_ultralytics_reads_the_yaml(synth_root):
+    from ultralytics.data.utils import check_det_dataset
+
+    d = check_det_dataset(str(synth_root / "data.yaml"), autodownload=False)
+    assert d["nc"] == 80 and Path(d["train"]) == synth_root / "images" / "train"
+
+
+def _boxes(label_file: Path, w: int, h: int) -> list[tuple[int, int, int, int, int]]:
+    out = []
+    for line in label_file.read_text().splitlines():
+        c, x, y, bw, bh = map(float, line.split())
+        out.append((int(c), round((x - bw / 2) * w), round((y - bh / 2) * h), round((x + bw / 2) * w),
+                    round((y + bh / 2) * h)))
+    return out
+
+
+def test_labels_match_the_drawn_objects(synth_root):
+    """Decode the written JPEG: inside each labelled box, where the class's figure should be, the pixels have
+    the class's colour (a misplaced, mis-scaled or mis-classed label lands on the random background)."""
+    colours = np.array(list(synth.COLOURS.values()), np.float32)
+    checked = 0
+    for img_file in sorted((synth_root / "images" / "train").glob("*.jpg"))[:12]:
+        im = cv2.cvtColor(cv2.imread(str(img_file)), cv2.COLOR_BGR2RGB).astype(np.float32)
+        h, w = im.shape[:2]
+        for c, x1, y1, x2, y2 in _boxes(synth_root / "labels" / "train" / f"{img_file.stem}.txt", w, h):
+            assert 0 <= x1 < x2 <= w and 0 <= y1 < y2 <= h
+            if min(x2 - x1, y2 - y1) < 12:
+                continue  # JPEG chroma blur dominates tiny figures
+            mask = synth.figure_mask(synth.SHAPES[c // 10], x2 - x1, y2 - y1)
+            core = cv2.erode(mask.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(bool)
+            if core.sum() < 8:
+                continue  # thin figure: nothing left once the JPEG-blurred edge is eroded away
+            inside = im[y1:y2, x1:x2][core].mean(0)
+            dist = np.abs(colours - inside).sum(1)
+            assert dist.argmin() == c % 10 and dist.min() < 120, (img_file.name, c, inside)
+            checked += 1
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("shape", synth.SHAPES)
+def test_every_figure_touches_its_box(shape):
+    for w, h in ((8, 8), (9, 31), (40, 13), (120, 90)):
+        m = synth.figure_mask(shape, w, h)
+        assert m[0].any() and m[-1].any() and m[:, 0].any() and m[:, -1].any(), (shape, w, h)
+
+
+def test_photo_like_weight_and_counts(tmp_path):
+    root = synth.run(SynthConfig(out=str(tmp_path / "big"), n_train=16, n_val=0, imgsz=640, seed=1, workers=2)).parent
+    sizes = [p.stat().st_size for p in (root / "images" / "train").glob("*.jpg")]
+    assert 60e3 <= np.mean(sizes) <= 150e3
+    counts = [len(p.read_text().splitlines()) for p in (root / "labels" / "train").glob("*.txt")]
+    assert min(counts) >= 1 and max(counts) <= 20
+    shapes = {cv2.imread(str(p)).shape[:2] for p in (root / "images" / "train").glob("*.jpg")}
+    assert len(shapes) >= 3  # several shapes
