@@ -154,6 +154,11 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
     out = store_dir(yaml_file, 160, "raw")
     with pytest.raises(StalePackError, match="built for imgsz=160, this run asks for imgsz=320.*imgsz=320"):
         open_or_build(yaml_file, "train", 320, out=out)
+    # a pack of another dataset at the same place is named as such
+    other = dataset / "other.yaml"
+    other.write_text((dataset / "data.yaml").read_text())
+    with pytest.raises(StalePackError, match=r"was built from .*data.yaml, not from .*other.yaml"):
+        open_or_build(other, "train", 160, out=out)
     # missing pack with rebuild=never
     with pytest.raises(PackError, match="does not exist.*yolofeed pack"):
         open_or_build(yaml_file, "val", 160)

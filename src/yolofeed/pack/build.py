@@ -316,7 +316,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     src = split_source(d, split)
     dest = store_dir(d["yaml_file"], imgsz, storage, out) / f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-    expect = {"imgsz": imgsz, "storage": storage, "fingerprint": src.fingerprint()}
+    expect = {"data": src.yaml_file, "imgsz": imgsz, "storage": storage, "fingerprint": src.fingerprint()}
     if rebuild != "always" or dest.exists():
         try:
             if rebuild != "always":

@@ -74,7 +74,7 @@ class Pack:
         Args:
             path: a ``.yfpack`` file.
             expect: header values the caller needs (e.g. ``{"imgsz": 640, "storage": "raw",
-                "fingerprint": ...}``); any mismatch raises ``StalePackError``.
+                "data": yaml path, "fingerprint": ...}``); any mismatch raises ``StalePackError``.
             fix: the command that rebuilds this pack, quoted in error messages.
 
         Raises:
@@ -105,8 +105,12 @@ class Pack:
             raise StalePackError(
                 f"{path} has pack format {header.get('format_version')} (yolofeed "
                 f"{header.get('yolofeed_version')}); this yolofeed reads format {FORMAT_VERSION}: {fix}")
-        for key, want in (expect or {}).items():
-            have = header["source"]["fingerprint"] if key == "fingerprint" else header.get(key)
+        expect = dict(expect or {})
+        if "data" in expect and header["source"].get("data") != expect["data"]:  # checked first: the clearer
+            raise StalePackError(f"{path} was built from {header['source'].get('data')}, not from "
+                                 f"{expect['data']}; point out= elsewhere or {fix}")
+        for key, want in expect.items():
+            have = header["source"].get(key) if key in ("fingerprint", "data") else header.get(key)
             if have != want:
                 what = {"fingerprint": "the source images or labels changed since it was built"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
