@@ -95,3 +95,22 @@ def add_bad_samples(root: Path, split: str = "train") -> dict[str, str]:
             lb.write_text(label, encoding="utf-8")
         paths[name] = str(img)
     return paths
+
+
+def source_batch(pack, indices, device="cpu"):
+    """A yolofeed SourceBatch of pack samples (what the loader will deliver), for augmentation tests."""
+    import torch
+
+    from yolofeed.augment import SourceBatch
+
+    n, s = len(indices), pack.imgsz
+    images = torch.zeros((n, s, s, 3), dtype=torch.uint8)
+    hw = torch.from_numpy(pack.gather(indices, images))
+    labels = [np.array(pack.labels(i)) for i in indices]
+    width = max(1, max(len(lb) for lb in labels))
+    cls, boxes = torch.zeros(n, width), torch.zeros(n, width, 4)
+    valid = torch.zeros(n, width, dtype=torch.bool)
+    for k, lb in enumerate(labels):
+        cls[k, :len(lb)], boxes[k, :len(lb)] = torch.from_numpy(lb[:, 0]), torch.from_numpy(lb[:, 1:])
+        valid[k, :len(lb)] = True
+    return SourceBatch(images.to(device), hw.to(device), cls.to(device), boxes.to(device), valid.to(device))

@@ -1,0 +1,11 @@
+"""Stage 3: a GPU batch -> Ultralytics' augmented training batch (``v8_transforms``), batched.
+
+``hyp`` reads Ultralytics' settings; ``geometry`` samples mosaic/perspective/flip parameters and moves
+boxes; ``warp`` samples pixels through them in one pass; ``mix`` and ``color`` do MixUp, CutMix and
+HSV; ``pipeline`` puts them in Ultralytics' order; ``letterbox`` prepares validation batches.
+"""
+
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.pipeline import AugmentedBatch, AugmentParams, GpuAugment, SourceBatch
+
+__all__ = ["AugmentHyp", "AugmentParams", "AugmentedBatch", "GpuAugment", "SourceBatch"]

@@ -1,0 +1,130 @@
+"""Mixing two augmented images: Ultralytics' ``MixUp`` and ``CutMix``.
+
+In Ultralytics the partner is a fresh mosaic + perspective of another random image. Here it is
+another sample of the same batch after its own mosaic + perspective + flip, which is the same
+distribution: an independently augmented random image. A sample is never its own partner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.hyp import AugmentHyp
+
+MIXUP_BETA = 32.0  # Ultralytics: r ~ Beta(32, 32)
+CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image
+CUTMIX_IOA = 0.10  # a partner box is taken if at least 10 % of it lies in the cut region
+
+
+def _partner(batch_size: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    shift = torch.randint(1, max(2, batch_size), (batch_size,), generator=generator, device=device)
+    return (torch.arange(batch_size, device=device) + shift) % batch_size
+
+
+def _beta_symmetric(a: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Beta(a, a) for integer a as X / (X + Y), X, Y ~ Gamma(a) = sums of a exponentials: exact, and seedable
+    on any device (torch's Beta sampler takes no generator)."""
+    u = torch.rand((*shape, 2, a), generator=generator, device=device, dtype=torch.float64)
+    g = -torch.log1p(-u).sum(-1)  # log1p(-u): u in [0, 1) never gives log(0)
+    return g[..., 0] / (g[..., 0] + g[..., 1])
+
+
+@dataclass
+class MixUpParams:
+    """Shape: apply (B,) bool; ratio (B,) float64; partner (B,) int64."""
+
+    apply: Tensor
+    ratio: Tensor
+    partner: Tensor
+
+
+def sample_mixup(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
+                 device: torch.device) -> MixUpParams:
+    apply = torch.rand(batch_size, generator=generator, device=device) < hyp.mixup
+    apply &= batch_size > 1
+    ratio = _beta_symmetric(int(MIXUP_BETA), (batch_size,), generator, device)
+    return MixUpParams(apply, ratio, _partner(batch_size, generator, device))
+
+
+@dataclass
+class CutMixParams:
+    """Shape: apply (B,) bool; lam (B, 3) float64 ~ Beta(1, 1); centre (B, 3, 2) float64 in [0, 1);
+    pick (B, 3) float64 scores that choose among usable areas; partner (B,) int64."""
+
+    apply: Tensor
+    lam: Tensor
+    centre: Tensor
+    pick: Tensor
+    partner: Tensor
+
+
+def sample_cutmix(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
+                  device: torch.device) -> CutMixParams:
+    apply = torch.rand(batch_size, generator=generator, device=device) < hyp.cutmix
+    apply &= batch_size > 1
+    shape = (batch_size, CUTMIX_AREAS)
+    lam = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)  # Beta(1, 1) is uniform
+    centre = torch.rand((*shape, 2), generator=generator, device=device, dtype=torch.float64)
+    pick = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return CutMixParams(apply, lam, centre, pick, _partner(batch_size, generator, device))
+
+
+def cutmix_areas(p: CutMixParams, size: int) -> Tensor:
+    """Ultralytics' ``_rand_bbox`` for each candidate: (B, 3, 4) float32 x1, y1, x2, y2 (integers)."""
+    cut = torch.floor(size * torch.sqrt(1.0 - p.lam)).long()  # int(w * sqrt(1 - lam))
+    c = torch.floor(p.centre * size).long()  # np.random.randint(w)
+    half = (cut // 2)[..., None]
+    lo, hi = (c - half).clamp(0, size), (c + half).clamp(0, size)
+    return torch.stack([lo[..., 0], lo[..., 1], hi[..., 0], hi[..., 1]], -1).float()
+
+
+def ioa(a: Tensor, b: Tensor, eps: float = 1e-7) -> Tensor:
+    """Intersection over the area of ``b`` (Ultralytics' ``bbox_ioa``). Shape: a (..., A, 4), b (..., K, 4) -> (..., A, K)."""
+    lt = torch.maximum(a[..., :, None, :2], b[..., None, :, :2])
+    rb = torch.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    return inter / (area[..., None, :] + eps)
+
+
+@dataclass
+class CutMixPlan:
+    """What CutMix does to each sample once the boxes are known.
+
+    Shape: apply (B,) bool (False also where no area was free of boxes or no partner box fits);
+    area (B, 4) int64; take (B, K) bool partner boxes to paste; boxes (B, K, 4) partner boxes clipped to the area.
+    """
+
+    apply: Tensor
+    area: Tensor
+    take: Tensor
+    boxes: Tensor
+    partner: Tensor
+
+
+def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Tensor, partner_valid: Tensor,
+                size: int) -> CutMixPlan:
+    """``CutMix.get_params`` + ``apply_instances`` for every sample at once.
+
+    Args:
+        boxes, valid: the sample's boxes (after MixUp), (B, K, 4) xyxy pixels and (B, K).
+        partner_boxes, partner_valid: every sample's own boxes before mixing, (B, K2, 4) and (B, K2).
+    """
+    areas = cutmix_areas(p, size)  # (B, 3, 4)
+    overlap = (ioa(areas, boxes) * valid[:, None, :]).sum(-1)  # (B, 3)
+    free = overlap <= 0
+    score = torch.where(free, p.pick, torch.full_like(p.pick, -1.0))
+    area = torch.gather(areas, 1, score.argmax(1)[:, None, None].expand(-1, 1, 4))[:, 0]  # a uniform free area
+    pb, pv = partner_boxes[p.partner], partner_valid[p.partner]
+    take = pv & (ioa(area[:, None], pb)[:, 0] >= CUTMIX_IOA)
+    apply = p.apply & free.any(1) & take.any(1)
+    a = area.long()
+    x1, y1, x2, y2 = (a[:, j, None].to(pb.dtype) for j in range(4))
+    clipped = torch.stack([(pb[..., 0] - x1).clamp(0, None).minimum(x2 - x1) + x1,
+                           (pb[..., 1] - y1).clamp(0, None).minimum(y2 - y1) + y1,
+                           (pb[..., 2] - x1).clamp(0, None).minimum(x2 - x1) + x1,
+                           (pb[..., 3] - y1).clamp(0, None).minimum(y2 - y1) + y1], -1)
+    return CutMixPlan(apply, a, take & apply[:, None], clipped, p.partner)

@@ -1,0 +1,158 @@
+"""The whole training augmentation on a GPU batch, in Ultralytics' order.
+
+    mosaic (4 or 9) -> random perspective -> MixUp -> CutMix -> HSV -> flip up-down -> flip left-right -> Format
+
+Three passes over pixels: ``warp`` (mosaic placement, perspective and flips in one sampling pass),
+then ``compose`` (MixUp, CutMix, HSV and the BGR swap, one elementwise pass). Boxes stay in padded
+(B, K, 4) tensors with a validity mask until ``AugmentedBatch.to_ultralytics`` packs them into
+Ultralytics' collated form. Flips are applied before mixing (each image its own), which changes
+nothing a detector can see: in Ultralytics a mixed pair shares one flip draw, here each half has
+its own; each half's flip is still a fair Bernoulli(fliplr) draw independent of its content.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment import color, geometry, mix
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.warp import warp
+
+
+@dataclass
+class SourceBatch:
+    """What the loader hands over: stored images and their labels, on the target device.
+
+    Shape:
+        images: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left ``hw[i]`` corner.
+        hw: (N, 2) int64. cls: (N, L) float32. boxes: (N, L, 4) float32 normalised xywh. valid: (N, L) bool.
+    """
+
+    images: Tensor
+    hw: Tensor
+    cls: Tensor
+    boxes: Tensor
+    valid: Tensor
+
+
+@dataclass
+class AugmentParams:
+    """Every random draw of one batch; replayable."""
+
+    mosaic: geometry.MosaicParams
+    perspective: geometry.PerspectiveParams
+    flips: geometry.FlipParams
+    mixup: mix.MixUpParams
+    cutmix: mix.CutMixParams
+    hsv: color.HSVParams
+    bgr: Tensor  # (B,) bool: output BGR instead of RGB (Ultralytics' ``bgr`` probability)
+
+
+@dataclass
+class AugmentedBatch:
+    """The augmented batch, boxes still padded.
+
+    Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool.
+    """
+
+    img: Tensor
+    cls: Tensor
+    boxes: Tensor
+    valid: Tensor
+
+    def to_ultralytics(self) -> dict[str, Tensor]:
+        """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,).
+
+        The one host sync of the pipeline is here: boolean indexing must learn N.
+        """
+        size = self.img.shape[-1]
+        b = self.boxes
+        xywh = torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
+                            b[..., 3] - b[..., 1]], -1) / size
+        idx = torch.arange(len(b), device=b.device, dtype=torch.float32)[:, None].expand_as(self.valid)
+        v = self.valid
+        return {"img": self.img, "cls": self.cls[v][:, None], "bboxes": xywh[v], "batch_idx": idx[v]}
+
+
+def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,
+            bgr: Tensor | None) -> Tensor:
+    """MixUp, CutMix, HSV and the BGR swap per pixel, as Ultralytics does them in order (torch reference).
+
+    Shape: warped (B, 3, S, S) uint8; luts (B, 3, 256) uint8. Returns (B, 3, S, S) uint8.
+    """
+    out = warped
+    if mixup is not None:  # numpy: (uint8 * r + uint8 * (1 - r)).astype(uint8): float64, truncated
+        r = mixup.ratio[:, None, None, None]
+        blend = (warped.double() * r + warped[mixup.partner].double() * (1 - r)).to(torch.uint8)
+        out = torch.where(mixup.apply[:, None, None, None], blend, out)
+    if cut is not None:
+        s = warped.shape[-1]
+        ar = torch.arange(s, device=warped.device)
+        x1, y1, x2, y2 = (cut.area[:, j, None] for j in range(4))
+        inside = ((ar >= y1) & (ar < y2))[:, :, None] & ((ar >= x1) & (ar < x2))[:, None, :]  # (B, S, S)
+        out = torch.where((inside & cut.apply[:, None, None])[:, None], warped[cut.partner], out)
+    if luts is not None:
+        out = color.apply_hsv(out, luts)
+    if bgr is not None:
+        out = torch.where(bgr[:, None, None, None], out.flip(1), out)
+    return out
+
+
+class GpuAugment:
+    """Ultralytics' detection training augmentation (``v8_transforms``), batched on the batch's device.
+
+    Example:
+        >>> aug = GpuAugment(AugmentHyp.from_args(trainer.args))
+        >>> out = aug(source_batch, generator)  # AugmentedBatch
+        >>> batch = out.to_ultralytics()  # what DetectionTrainer's loss consumes
+    """
+
+    def __init__(self, hyp: AugmentHyp):
+        self.hyp = hyp
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None,
+               device: torch.device | str = "cpu") -> AugmentParams:
+        """Draw every random parameter of a batch (on ``device``, from ``generator``)."""
+        h, dev = self.hyp, torch.device(device)
+        return AugmentParams(
+            mosaic=geometry.sample_mosaic(batch_size, h, generator, dev),
+            perspective=geometry.sample_perspective(batch_size, h, generator, dev),
+            flips=geometry.sample_flips(batch_size, h, generator, dev),
+            mixup=mix.sample_mixup(batch_size, h, generator, dev),
+            cutmix=mix.sample_cutmix(batch_size, h, generator, dev),
+            hsv=color.sample_hsv(batch_size, h, generator, dev),
+            bgr=torch.rand(batch_size, generator=generator, device=dev) < h.bgr)
+
+    def apply(self, batch: SourceBatch, p: AugmentParams) -> AugmentedBatch:
+        """Apply drawn parameters to a batch: pure, so a test can replay them through Ultralytics."""
+        h, s = self.hyp, self.hyp.imgsz
+        persp = h.perspective != 0  # Ultralytics switches warpAffine -> warpPerspective on the setting
+        layout = geometry.mosaic_layout(p.mosaic, batch.hw, s)
+        boxes, valid = geometry.mosaic_boxes(layout, batch.boxes, batch.valid, batch.hw)
+        cls = batch.cls[layout.src].reshape(len(layout.src), -1)
+        M, scale = geometry.perspective_matrix(p.perspective, layout.canvas_hw, s)
+        warped = warp(batch.images, layout, M, p.flips, s, persp)
+        boxes, valid = geometry.warp_boxes(boxes, valid, M, scale, s, persp)
+        boxes = geometry.flip_boxes(boxes, p.flips, s)
+        own_boxes, own_valid, own_cls = boxes, valid, cls
+        mixup = p.mixup if h.mixup > 0 else None
+        if mixup is not None:
+            j = mixup.partner
+            boxes = torch.cat([boxes, own_boxes[j]], 1)
+            valid = torch.cat([valid, own_valid[j] & mixup.apply[:, None]], 1)
+            cls = torch.cat([cls, own_cls[j]], 1)
+        cut = None
+        if h.cutmix > 0:
+            cut = mix.plan_cutmix(p.cutmix, boxes, valid, own_boxes, own_valid, s)
+            boxes = torch.cat([boxes, cut.boxes], 1)
+            valid = torch.cat([valid, cut.take], 1)
+            cls = torch.cat([cls, own_cls[cut.partner]], 1)
+        luts = color.hsv_luts(p.hsv) if p.hsv.enabled else None
+        img = compose(warped, mixup, cut, luts, p.bgr if h.bgr > 0 else None)
+        return AugmentedBatch(img, cls, boxes, valid)
+
+    def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None) -> AugmentedBatch:
+        return self.apply(batch, self.sample(batch.images.shape[0], generator, batch.images.device))
