@@ -108,8 +108,9 @@ def mosaic_layout(p: MosaicParams, hw: Tensor, imgsz: int) -> Layout:
         y2a = torch.stack([yc[:, 0], yc[:, 0], torch.minimum(yc + h[:, 2:3], two_s[:, :1])[:, 0],
                            torch.minimum(yc + h[:, 3:4], two_s[:, :1])[:, 0]], 1)
         # source top-left: right/bottom-aligned for tiles left of / above the centre
-        x1b = torch.where(torch.tensor([True, False, True, False], device=h.device), w - (x2a - x1a), zero)
-        y1b = torch.where(torch.tensor([True, True, False, False], device=h.device), h - (y2a - y1a), zero)
+        k = torch.arange(4, device=h.device)  # built on the device: no host-to-device copy in the hot path
+        x1b = torch.where(k % 2 == 0, w - (x2a - x1a), zero)  # tiles 0, 2 (left of the centre) right-aligned
+        y1b = torch.where(k < 2, h - (y2a - y1a), zero)  # tiles 0, 1 (above the centre) bottom-aligned
         rect = torch.stack([x1a, y1a, x2a, y2a], -1)
         pad = torch.stack([x1a - x1b, y1a - y1b], -1)
         canvas = torch.full((len(src), 2), 2 * s, dtype=torch.long, device=h.device)

@@ -79,7 +79,21 @@ class AugmentedBatch:
 
 def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,
             bgr: Tensor | None) -> Tensor:
-    """MixUp, CutMix, HSV and the BGR swap per pixel, as Ultralytics does them in order (torch reference).
+    """MixUp, CutMix, HSV and the BGR swap per pixel, in Ultralytics' order: a Triton kernel on CUDA,
+    ``compose_reference`` elsewhere."""
+    if warped.is_cuda:
+        try:
+            from yolofeed.augment import compose_triton
+        except ImportError:  # no Triton: the torch reference below, slower but the same
+            pass
+        else:
+            return compose_triton.compose(warped, mixup, cut, luts, bgr)
+    return compose_reference(warped, mixup, cut, luts, bgr)
+
+
+def compose_reference(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None,
+                      luts: Tensor | None, bgr: Tensor | None) -> Tensor:
+    """The torch implementation of ``compose`` (CPU, tests).
 
     Shape: warped (B, 3, S, S) uint8; luts (B, 3, 256) uint8. Returns (B, 3, S, S) uint8.
     """

@@ -126,9 +126,15 @@ def warp(sources: Tensor, layout: Layout, M: Tensor, flips: FlipParams, size: in
         sources: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left (h_i, w_i) corner.
         M: (B, 3, 3) float32 forward matrix (canvas -> output). Returns (B, 3, size, size) uint8.
     """
-    if sources.is_cuda:
-        from yolofeed.augment import warp_triton
-
-        if warp_triton.available():
-            return warp_triton.warp(sources, layout, M, flips, size, perspective, border)
+    if sources.is_cuda and (kernels := triton_kernels()) is not None:
+        return kernels.warp(sources, layout, M, flips, size, perspective, border)
     return warp_reference(sources, layout, M, flips, size, perspective, border)
+
+
+def triton_kernels():
+    """The Triton module, or None where Triton is not installed (torch without CUDA wheels, macOS...)."""
+    try:
+        from yolofeed.augment import warp_triton
+    except ImportError:
+        return None
+    return warp_triton
