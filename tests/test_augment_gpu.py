@@ -107,3 +107,23 @@ def test_cuda_hot_path_makes_no_host_sync(synth_root):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.img.shape == (16, 3, 160, 160)
+
+
+@pytest.mark.gpu
+def test_graphed_augment_replays_new_draws_reproducibly(synth_root):
+    from yolofeed.augment.graphs import GraphedAugment
+
+    pack = open_or_build(synth_root / "data.yaml", "train", 160, rebuild="auto", progress=False, workers=2)
+    batch = source_batch(pack, list(range(16)), "cuda")
+    aug = GpuAugment(AugmentHyp(imgsz=160, mixup=0.3, degrees=5.0))
+    a, b = GraphedAugment(aug, seed=7), GraphedAugment(aug, seed=7)
+    first = [x.img.clone() for x in (a(batch), b(batch))]
+    second = a(batch).img.clone()
+    assert torch.equal(first[0], first[1])  # same seed, same draws
+    assert not torch.equal(first[0], second)  # each replay draws anew
+    out = a(batch).to_ultralytics()
+    assert out["bboxes"].shape[1] == 4 and (out["bboxes"] >= 0).all() and (out["bboxes"] <= 1).all()
+    assert a.captured == 1
+    narrow = source_batch(pack, list(range(16, 32)), "cuda")  # another label width in the same bucket
+    a(narrow)
+    assert a.captured == 1

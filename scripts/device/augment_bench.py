@@ -52,6 +52,11 @@ def main():
     aug = GpuAugment(hyp)
     res["full_default_ms"] = timed(lambda sb: aug(sb, g), batches)
     res["full_default_plus_to_ultralytics_ms"] = timed(lambda sb: aug(sb, g).to_ultralytics(), batches)
+    from yolofeed.augment.graphs import GraphedAugment
+    graphed = GraphedAugment(aug, seed=0)
+    res["graphed_default_ms"] = timed(graphed, batches)  # includes copying the batch into the graph's inputs
+    res["graphed_default_plus_to_ultralytics_ms"] = timed(lambda sb: graphed(sb).to_ultralytics(), batches)
+    res["graphs_captured"] = graphed.captured
 
     # per op, on fixed parameters
     sb = batches[0]
@@ -64,6 +69,10 @@ def main():
     res["op_boxes_ms"] = timed(lambda b: geometry.flip_boxes(geometry.warp_boxes(*geometry.mosaic_boxes(
         layout, b.boxes, b.valid, b.hw), M, scale, S, False)[0], p.flips, S), batches)
     res["op_warp_fused_ms"] = timed(lambda b: warp(b.images, layout, M, p.flips, S, False), batches)
+    from yolofeed.augment import warp_triton
+    for blk, nw in ((128, 4), (256, 8), (512, 4), (512, 8), (1024, 8), (1024, 16)):
+        res[f"op_warp_fused_block{blk}_warps{nw}_ms"] = timed(
+            lambda b: warp_triton.warp(b.images, layout, M, p.flips, S, False, 114, blk, nw), batches)
     # the alternative: paste a 2s canvas (the same kernel with M = identity), then warp the canvas
     ident = torch.eye(3, device="cuda").repeat(B, 1, 1)
     no_flip = geometry.FlipParams(torch.zeros(B, dtype=torch.bool, device="cuda"), torch.zeros(B, dtype=torch.bool, device="cuda"))
@@ -89,6 +98,8 @@ def main():
                      "degrees": 10.0, "shear": 2.0}), ("mosaic9", {"mosaic_grid": 9}), ("closed_mosaic", {"mosaic": 0.0})):
         a2 = GpuAugment(AugmentHyp(imgsz=S, **kw))
         res[f"full_{name}_ms"] = timed(lambda b: a2(b, g), batches)
+        g2 = GraphedAugment(a2, seed=0)
+        res[f"graphed_{name}_ms"] = timed(g2, batches)
 
     # memory: what the pipeline allocates beyond its input batch and output
     torch.cuda.synchronize()

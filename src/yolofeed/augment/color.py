@@ -83,9 +83,11 @@ class HSVParams:
 
 
 def sample_hsv(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None, device: torch.device) -> HSVParams:
-    g = torch.tensor([hyp.hsv_h, hyp.hsv_s, hyp.hsv_v], dtype=torch.float64, device=device)
     u = torch.rand((batch_size, 3), generator=generator, device=device, dtype=torch.float64)
-    return HSVParams((u * 2 - 1) * g, bool(hyp.hsv_h or hyp.hsv_s or hyp.hsv_v))
+    gains = u * 2 - 1
+    for c, g in enumerate((hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)):  # Python scalars: no host-to-device copy
+        gains[:, c] *= g
+    return HSVParams(gains, bool(hyp.hsv_h or hyp.hsv_s or hyp.hsv_v))
 
 
 def hsv_luts(p: HSVParams) -> Tensor:

@@ -125,7 +125,7 @@ def mosaic_layout(p: MosaicParams, hw: Tensor, imgsz: int) -> Layout:
                  3: (s + w0, s, s + w0 + wk, s + hk), 4: (s + w0, s + hp, s + w0 + wk, s + hp + hk),
                  5: (s + w0 - wk, s + h0, s + w0, s + h0 + hk), 6: (s + w0 - wp - wk, s + h0, s + w0 - wp, s + h0 + hk),
                  7: (s - wk, s + h0 - hk, s, s + h0), 8: (s - wk, s + h0 - hp - hk, s, s + h0 - hp)}[k]
-            corners.append(torch.stack([torch.as_tensor(v, device=h.device).expand_as(hk) for v in c], -1))
+            corners.append(torch.stack([v if isinstance(v, Tensor) else torch.full_like(hk, v) for v in c], -1))
             hp, wp = hk, wk
         c = torch.stack(corners, 1)  # (B, 9, 4) in 3s-canvas coordinates, before clipping at 0
         rect = c.clamp(min=0) - off
@@ -227,7 +227,17 @@ def perspective_matrix(p: PerspectiveParams, canvas_hw: Tensor, size: int) -> tu
     S[:, 1, 0] = torch.tan(p.shear_y * (math.pi / 180)).float()
     T[:, 0, 2] = (p.translate_x * size).float()
     T[:, 1, 2] = (p.translate_y * size).float()
-    return T @ S @ R @ P @ C, p.scale.float()
+    return matmul3(T, matmul3(S, matmul3(R, matmul3(P, C)))), p.scale.float()
+
+
+def matmul3(a: Tensor, b: Tensor) -> Tensor:
+    """(B, 3, 3) @ (B, 3, 3) in float32 as (a0 b0 + a1 b1) + a2 b2, one rounding per operation.
+
+    Written out so every device computes the same bits (a BLAS call may fuse or reorder, and the warp
+    reproduces OpenCV exactly only from an identical matrix).
+    """
+    t = a[:, :, :, None] * b[:, None, :, :]  # (B, i, k, j) products
+    return (t[:, :, 0] + t[:, :, 1]) + t[:, :, 2]
 
 
 def transform_boxes(boxes: Tensor, M: Tensor, perspective: bool) -> Tensor:

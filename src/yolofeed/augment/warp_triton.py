@@ -91,7 +91,7 @@ def warp_kernel(src_ptr, out_ptr, inv_ptr, tiles_ptr, canvas_ptr, flip_ptr, hm, 
 
 
 def warp(sources: Tensor, layout: Layout, M: Tensor, flips: FlipParams, size: int, perspective: bool,
-         border: int) -> Tensor:
+         border: int, block: int = BLOCK, num_warps: int = 4) -> Tensor:
     """Same contract as ``warp.warp``; sources and parameters on one CUDA device (or CPU under TRITON_INTERPRET=1)."""
     bsz, t = layout.src.shape
     dev = sources.device
@@ -100,8 +100,8 @@ def warp(sources: Tensor, layout: Layout, M: Tensor, flips: FlipParams, size: in
     canvas = layout.canvas_hw.to(torch.int64).contiguous()
     flip = torch.stack([flips.lr, flips.ud], 1).to(torch.int32).contiguous()
     out = torch.empty((bsz, 3, size, size), dtype=torch.uint8, device=dev)
-    grid = (bsz, triton.cdiv(size * size, BLOCK))
+    grid = (bsz, triton.cdiv(size * size, block))
     warp_kernel[grid](sources.contiguous(), out, inv, tiles, canvas, flip, sources.shape[1], sources.shape[2],
-                    S=size, T=t, PERSPECTIVE=perspective, BORDER=float(border), BLOCK=BLOCK,
-                    enable_fp_fusion=False)
+                    S=size, T=t, PERSPECTIVE=perspective, BORDER=float(border), BLOCK=block,
+                    num_warps=num_warps, enable_fp_fusion=False)
     return out

@@ -1,0 +1,91 @@
+"""Replay the whole augmentation as one CUDA graph: launch cost once per batch, not per op.
+
+``GpuAugment`` issues a few hundred small kernels for parameters and boxes besides the two big
+ones (warp, compose); launched one by one from Python they cost more than the pixels do
+(BENCHMARKS.md). The pipeline is sync-free with static shapes, so it is captured once per input
+shape and replayed: the draws come from a generator registered with the graph, so every replay
+draws new parameters, reproducibly from the seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.pipeline import AugmentedBatch, GpuAugment, SourceBatch
+
+LABEL_BUCKET = 16  # labels per image are padded up to a multiple of this, so few graphs are ever captured
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: SourceBatch
+    output: AugmentedBatch
+
+
+class GraphedAugment:
+    """``GpuAugment`` captured into CUDA graphs, one per (batch, image buffer, label width) shape.
+
+    The returned batch lives in the graph's static memory: it is overwritten by the next call, which
+    is how a training loop uses it (augment, step, augment...). Clone it to keep it.
+
+    Args:
+        aug: the pipeline to capture.
+        seed: seeds the graph's own generator; the same seed replays the same draws.
+    """
+
+    def __init__(self, aug: GpuAugment, seed: int = 0, device: torch.device | str = "cuda"):
+        self.aug, self.device = aug, torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self._graphs: dict[tuple, _Captured] = {}
+
+    def _padded(self, batch: SourceBatch) -> tuple[tuple, int]:
+        n, width = batch.valid.shape
+        width = -(-max(width, 1) // LABEL_BUCKET) * LABEL_BUCKET
+        return (n, *batch.images.shape[1:], width), width
+
+    def _capture(self, key: tuple, width: int) -> _Captured:
+        n, hm, wm, _, _ = key
+        dev = self.device
+        static = SourceBatch(torch.zeros((n, hm, wm, 3), dtype=torch.uint8, device=dev),
+                             torch.ones((n, 2), dtype=torch.long, device=dev) * min(hm, wm),
+                             torch.zeros((n, width), device=dev), torch.zeros((n, width, 4), device=dev),
+                             torch.zeros((n, width), dtype=torch.bool, device=dev))
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, allocator settles
+            for _ in range(2):
+                self.aug(static, self.generator)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(self.generator)
+        with torch.cuda.graph(graph):
+            output = self.aug(static, self.generator)
+        return _Captured(graph, static, output)
+
+    def __call__(self, batch: SourceBatch) -> AugmentedBatch:
+        """Copy ``batch`` into the graph's inputs (one device copy) and replay."""
+        key, width = self._padded(batch)
+        cap = self._graphs.get(key)
+        if cap is None:
+            cap = self._graphs[key] = self._capture(key, width)
+        s, n = cap.inputs, batch.valid.shape[1]
+        s.images.copy_(batch.images, non_blocking=True)
+        s.hw.copy_(batch.hw, non_blocking=True)
+        s.cls.zero_()
+        s.boxes.zero_()
+        s.valid.zero_()
+        s.cls[:, :n].copy_(batch.cls, non_blocking=True)
+        s.boxes[:, :n].copy_(batch.boxes, non_blocking=True)
+        s.valid[:, :n].copy_(batch.valid, non_blocking=True)
+        cap.graph.replay()
+        return cap.output
+
+    @property
+    def captured(self) -> int:
+        """How many graphs exist (one per input shape seen)."""
+        return len(self._graphs)
