@@ -70,7 +70,7 @@ def main():
         layout, b.boxes, b.valid, b.hw), M, scale, S, False)[0], p.flips, S), batches)
     res["op_warp_fused_ms"] = timed(lambda b: warp(b.images, layout, M, p.flips, S, False), batches)
     from yolofeed.augment import warp_triton
-    for blk, nw in ((128, 4), (256, 8), (512, 4), (512, 8), (1024, 8), (1024, 16)):
+    for blk, nw in ((64, 2), (128, 2), (128, 4), (256, 4), (256, 8)):
         res[f"op_warp_fused_block{blk}_warps{nw}_ms"] = timed(
             lambda b: warp_triton.warp(b.images, layout, M, p.flips, S, False, 114, blk, nw), batches)
     # the alternative: paste a 2s canvas (the same kernel with M = identity), then warp the canvas
