@@ -21,8 +21,10 @@ test: $(VENV)/.installed
 	$(PY) -m pytest
 
 demo: $(VENV)/.installed
-	$(PY) -m yolofeed synth out=$(DEMO)/data n_train=512 n_val=128 seed=0
-	$(PY) -m yolofeed pack data=$(DEMO)/data/data.yaml
+	$(PY) -m yolofeed synth out=$(DEMO)/data n_train=256 n_val=64 seed=0
+	$(PY) -m yolofeed pack data=$(DEMO)/data/data.yaml imgsz=320
+	$(PY) -m yolofeed train model=yolo11n.yaml data=$(DEMO)/data/data.yaml imgsz=320 epochs=1 batch=16 \
+		project=$(abspath $(DEMO))/runs name=train exist_ok=True plots=False verbose=False
 
 clean:
 	rm -rf $(DEMO) .pytest_cache

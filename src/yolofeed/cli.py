@@ -14,7 +14,7 @@ import typing
 from dataclasses import MISSING, dataclass
 
 from yolofeed import __version__
-from yolofeed.config import PackConfig, SynthConfig, fields_of
+from yolofeed.config import PackConfig, SynthConfig, TrainConfig, fields_of
 from yolofeed.errors import ConfigError, YolofeedError
 
 
@@ -31,7 +31,24 @@ COMMANDS: dict[str, Command] = {
                      "yolofeed synth out=datasets/synth n_train=10000 n_val=1000"),
     "pack": Command("yolofeed.pack.build:run", PackConfig, "pack a YOLO dataset into one memory-mappable store",
                     "yolofeed pack data=datasets/synth/data.yaml imgsz=640"),
+    "train": Command("yolofeed.train.run:run", TrainConfig, "Ultralytics training fed from the GPU (any yolo train key)",
+                     "yolofeed train model=yolo11n.yaml data=datasets/synth/data.yaml epochs=100 batch=128"),
 }
+
+
+def smart_value(text: str) -> typing.Any:
+    """Ultralytics' reading of a free ``key=value``: None, bools, ints, floats, else the string."""
+    low = text.lower()
+    if low == "none":
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 def parse_value(text: str, annotation: str) -> typing.Any:
@@ -63,13 +80,18 @@ def build_config(command: str, args: list[str]) -> typing.Any:
             type or is not one of the allowed choices, or a required key is missing.
     """
     spec = COMMANDS[command]
-    fields = {f.name: f for f in fields_of(spec.config)}
+    fields = {f.name: f for f in fields_of(spec.config) if not f.metadata.get("passthrough")}
+    passthrough = next((f.name for f in fields_of(spec.config) if f.metadata.get("passthrough")), None)
     values: dict[str, typing.Any] = {}
+    extra: dict[str, typing.Any] = {}
     for word in args:
         name, eq, text = word.partition("=")
         name = name.strip().lstrip("-").replace("-", "_")
         if not eq:
             raise ConfigError(f"'{word}' is not key=value. Example: {spec.example}")
+        if name not in fields and passthrough:
+            extra[name] = smart_value(text.strip())  # Ultralytics checks these keys itself
+            continue
         if name not in fields:
             near = difflib.get_close_matches(name, fields, n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
@@ -86,7 +108,10 @@ def build_config(command: str, args: list[str]) -> typing.Any:
         values[name] = value
     for f in fields.values():
         if f.default is None and f.name not in values and "None" not in str(f.type) and f.default_factory is MISSING:
-            raise ConfigError(f"'yolofeed {command}' needs {f.name}=... Example: {spec.example}")
+            if not (command == "train" and f.name == "model" and values.get("resume")):
+                raise ConfigError(f"'yolofeed {command}' needs {f.name}=... Example: {spec.example}")
+    if passthrough:
+        values[passthrough] = extra
     return spec.config(**values)
 
 
@@ -99,10 +124,13 @@ def help_text(command: str | None = None) -> str:
         spec = COMMANDS[name]
         lines.append(f"  {name:<6} {spec.summary}   e.g. {spec.example}")
         for f in fields_of(spec.config):
+            if f.metadata.get("passthrough"):
+                lines.append(f"      {'...':<10} {f.metadata['help']}")
+                continue
             default = "required" if f.default is None and "None" not in str(f.type) else f"default {f.default!r}"
             choices = f.metadata.get("choices")
             extra = f" [{'|'.join(choices)}]" if choices else ""
-            lines.append(f"      {f.name + '=':<10} {f.metadata['help']}{extra} ({default})")
+            lines.append(f"      {f.name + '=':<13} {f.metadata['help']}{extra} ({default})")
         lines.append("")
     lines.append("  help     this text; 'yolofeed COMMAND help' shows one command")
     return "\n".join(lines)

@@ -55,6 +55,21 @@ class PackConfig:
                      "(atomic against a killed build either way)")
 
 
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train with Ultralytics' DetectionTrainer fed by a GPU-resident pipeline. Any ``yolo train`` key passes through."""
+
+    model: str = key(None, "model yaml or weights, as for yolo train (e.g. yolo11n.yaml)")
+    data: str | None = key(None, "Ultralytics data yaml (not needed with resume=)")
+    resume: str | None = key(None, "a last.pt to continue training from")
+    pack_format: str = key("raw", "pack storage: raw pixels, or jpeg bytes decoded on the GPU", ("raw", "jpeg"))
+    pack_rebuild: str = key("auto", "auto: build missing or stale packs first; never: refuse them",
+                            ("auto", "always", "never"))
+    pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
+    extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to Ultralytics' train",
+                                                        "choices": None, "passthrough": True})
+
+
 def fields_of(config_cls: type) -> list[dataclasses.Field]:
     """The keys of a config class, in declaration order."""
     return list(dataclasses.fields(config_cls))

@@ -1,0 +1,61 @@
+"""What Ultralytics' trainer and validator read from ``loader.dataset``, answered from a pack."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from yolofeed.pack import Pack
+
+
+class PackDataset:
+    """The dataset facade: ``labels`` (class counts, label plots, ``max_det`` checks), ``im_files``, ``len``.
+
+    Args:
+        pack: the split's pack.
+        indices: the pack samples in use (a ``fraction`` subset, or all).
+    """
+
+    def __init__(self, pack: Pack, indices: np.ndarray | None = None):
+        self.pack = pack
+        self.indices = np.arange(len(pack)) if indices is None else np.asarray(indices, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @cached_property
+    def im_files(self) -> list[str]:
+        files = self.pack.im_files
+        return [files[i] for i in self.indices]
+
+    @cached_property
+    def labels(self) -> list[dict]:
+        """Ultralytics' label dicts (views into the pack): im_file, shape (original hw), cls (n, 1), bboxes (n, 4)."""
+        shapes = self.pack.ori_shapes
+        out = []
+        for i, f in zip(self.indices, self.im_files):
+            lb = self.pack.labels(int(i))
+            out.append({"im_file": f, "shape": tuple(int(v) for v in shapes[i]), "cls": lb[:, :1], "bboxes": lb[:, 1:],
+                        "segments": [], "normalized": True, "bbox_format": "xywh"})
+        return out
+
+    def close_mosaic(self, hyp=None) -> None:
+        """Ultralytics calls this to end mosaic; augmentation lives on the GPU (FastDetectionTrainer) instead."""
+
+    def __repr__(self) -> str:
+        return f"PackDataset({Path(self.pack.path).name}, {len(self)} images)"
+
+
+def source_positions(pack: Pack) -> np.ndarray:
+    """Each pack sample's position in the sorted list of source files the pack was built from.
+
+    Skipped files leave gaps; Ultralytics' ``fraction`` counts them (it cuts the file list before checking it).
+    """
+    skipped = [f for f, _ in pack.header.get("skipped", [])]
+    if not skipped:
+        return np.arange(len(pack))
+    everything = sorted(pack.im_files + skipped)
+    where = {f: k for k, f in enumerate(everything)}
+    return np.array([where[f] for f in pack.im_files], dtype=np.int64)

@@ -1,0 +1,171 @@
+"""Host -> device without stalling training: a thread fills pinned slots, a side stream copies them.
+
+One background thread walks the epoch's batches: it waits until a ring slot is free (its last
+device copy consumed), gathers the batch from the pack's memory map into the slot's pinned buffers
+(memcpy at page-cache speed, GIL released by numpy), and starts an asynchronous copy to the slot's
+device buffers on its own CUDA stream, recording an event. The training thread makes its stream
+wait on that event, never on the disk, and records a "consumed" event once it has moved on, which
+frees the slot. ffcv's epoch iterator and timm's PrefetchLoader are the models.
+
+On a machine without CUDA the same code runs with plain memory and no streams; ``sync=True``
+gathers in the caller's thread instead (the tests compare the two).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from yolofeed.augment import SourceBatch
+from yolofeed.loader.batch import HostBuffers, gather, label_width
+from yolofeed.pack import Pack
+
+_STOP = object()
+
+
+@dataclass
+class LoadedBatch:
+    """A batch on the device, ready for augmentation.
+
+    ``source`` views the slot's device buffers: valid until the next batch is requested.
+    """
+
+    source: SourceBatch
+    indices: np.ndarray
+    im_file: list[str]
+
+
+class _Slot:
+    def __init__(self, pack: Pack, batch: int, device: torch.device):
+        pin = device.type == "cuda"
+        width = label_width(pack)
+        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin)
+        if device.type == "cpu":
+            self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False)
+        else:
+            self.dev = HostBuffers(*(torch.empty_like(t, device=device) for t in
+                                     (self.host.images, self.host.hw, self.host.labels, self.host.counts)))
+        self.copied = torch.cuda.Event() if pin else None
+        self.consumed = torch.cuda.Event() if pin else None
+        self.n = 0
+
+
+def _source(buf: HostBuffers, n: int) -> SourceBatch:
+    lab = buf.labels[:n]
+    width = lab.shape[1]
+    valid = torch.arange(width, device=lab.device)[None, :] < buf.counts[:n, None]
+    return SourceBatch(buf.images[:n], buf.hw[:n], lab[..., 0], lab[..., 1:], valid)
+
+
+class Prefetcher:
+    """Iterate over device batches for a list of index arrays, ``slots`` batches ahead.
+
+    Args:
+        pack: where the samples come from.
+        device: where batches are delivered.
+        max_batch: largest batch the sampler produces.
+        slots: ring size; 3 lets one batch be gathered while one copies and one trains.
+    """
+
+    def __init__(self, pack: Pack, device: torch.device | str, max_batch: int, slots: int = 3, sync: bool = False):
+        self.pack, self.device, self.sync = pack, torch.device(device), sync
+        self.slots = [_Slot(pack, max_batch, self.device) for _ in range(1 if sync else slots)]
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- producer -------------------------------------------------------------------------
+    def _fill(self, slot: _Slot, indices: np.ndarray) -> None:
+        slot.n = gather(self.pack, indices, slot.host)
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):  # host -> device on the side stream, from pinned memory
+                for h, d in zip((slot.host.images, slot.host.hw, slot.host.labels, slot.host.counts),
+                                (slot.dev.images, slot.dev.hw, slot.dev.labels, slot.dev.counts)):
+                    d[:slot.n].copy_(h[:slot.n], non_blocking=True)
+                slot.copied.record(self.stream)
+        else:
+            for h, d in zip((slot.host.images, slot.host.hw, slot.host.labels, slot.host.counts),
+                            (slot.dev.images, slot.dev.hw, slot.dev.labels, slot.dev.counts)):
+                d[:slot.n].copy_(h[:slot.n])
+
+    def _produce(self, batches: list[np.ndarray], free: queue.Queue, ready: queue.Queue) -> None:
+        try:
+            for indices in batches:
+                k = free.get()
+                if k is _STOP or self._stop.is_set():
+                    return
+                slot = self.slots[k]
+                if slot.consumed is not None:
+                    slot.consumed.synchronize()  # the GPU has finished with this slot's device buffers
+                self._fill(slot, indices)
+                ready.put((k, indices))
+        except BaseException as e:  # handed to the consumer, which raises it in the training thread
+            ready.put(e)
+            return
+        ready.put(_STOP)
+
+    # -- consumer -------------------------------------------------------------------------
+    def _deliver(self, k: int, indices: np.ndarray) -> LoadedBatch:
+        slot = self.slots[k]
+        if slot.copied is not None:
+            torch.cuda.current_stream(self.device).wait_event(slot.copied)  # a GPU-side wait: no host sync
+        files = self.pack.im_files
+        return LoadedBatch(_source(slot.dev, slot.n), np.asarray(indices), [files[i] for i in indices])
+
+    def _release(self, k: int, free: queue.Queue) -> None:
+        slot = self.slots[k]
+        if slot.consumed is not None:
+            slot.consumed.record(torch.cuda.current_stream(self.device))
+        free.put(k)
+
+    def iterate(self, batches: list[np.ndarray]) -> Iterator[LoadedBatch]:
+        """Yield the batches in order; each is valid until the next one is requested."""
+        self.close()
+        if self.sync:
+            slot = self.slots[0]
+            for indices in batches:
+                self._fill(slot, indices)
+                yield self._deliver(0, indices)
+            return
+        free: queue.Queue = queue.Queue()
+        ready: queue.Queue = queue.Queue()
+        for k in range(len(self.slots)):
+            free.put(k)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._produce, args=(batches, free, ready), daemon=True,
+                                        name="yolofeed-loader")
+        self._thread.start()
+        self._free = free
+        try:
+            while True:
+                item = ready.get()
+                if item is _STOP:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                k, indices = item
+                yield self._deliver(k, indices)
+                self._release(k, free)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the background thread (mid-epoch too) and wait for it."""
+        if self._thread is not None and self._thread.is_alive():
+            self._stop.set()
+            self._free.put(_STOP)
+            self._thread.join()
+        self._thread = None
+
+
+def to_device_source(source: SourceBatch, device: torch.device | str) -> SourceBatch:
+    """A copy of a SourceBatch on another device (tests, tools)."""
+    return SourceBatch(*(t.to(device) for t in (source.images, source.hw, source.cls, source.boxes, source.valid)))
+
+
+__all__ = ["LoadedBatch", "Prefetcher", "to_device_source"]

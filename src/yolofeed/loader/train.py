@@ -1,0 +1,63 @@
+"""The training loader Ultralytics' trainer iterates: sampler + prefetcher + the attributes it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from yolofeed.loader.dataset import PackDataset, source_positions
+from yolofeed.loader.prefetch import LoadedBatch, Prefetcher
+from yolofeed.loader.sampler import EpochSampler, fraction_subset
+from yolofeed.pack import Pack
+
+
+class TrainLoader:
+    """Batches of raw (un-augmented) pack samples on the training device, one epoch per iteration.
+
+    The trainer reads ``len(loader)``, ``.dataset.labels``, ``.sampler.set_epoch`` (DDP),
+    ``.batch_size``, ``.num_workers``, ``.drop_last``, ``.reset()`` and ``.close()``. Each iteration
+    without an explicit ``set_epoch`` moves to the next epoch's shuffle, as a shuffling DataLoader does.
+
+    Args:
+        pack: the training split's pack.
+        batch_size: per-rank batch.
+        device: where batches are delivered (the trainer's device).
+        fraction: Ultralytics' ``fraction`` (share or count of the sorted source files).
+        sync: gather in the calling thread (tests, debugging).
+    """
+
+    def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, fraction: float | int = 1.0, drop_last: bool = False, slots: int = 3,
+                 sync: bool = False):
+        tried = pack.header["counts"].get("tried", len(pack))
+        indices = (np.arange(len(pack)) if fraction == 1.0
+                   else fraction_subset(tried, source_positions(pack), fraction))
+        self.dataset = PackDataset(pack, indices)
+        self.sampler = EpochSampler(indices, batch_size, seed=seed, rank=rank, world_size=world_size,
+                                    drop_last=drop_last)
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.num_workers = 1  # one gather thread; the GPU does the rest
+        self.prefetcher = Prefetcher(pack, device, batch_size + 1, slots=slots, sync=sync)
+
+    def __len__(self) -> int:
+        return self.sampler.num_batches()
+
+    def __iter__(self) -> Iterator[dict]:
+        batches = self.sampler.batches()
+        self.sampler.epoch += 1  # the next epoch reshuffles unless set_epoch says otherwise
+        for b in self.prefetcher.iterate(batches):
+            yield _as_dict(b)
+
+    def reset(self) -> None:
+        """Ultralytics calls this after close_mosaic to restart workers; ours stop with each epoch."""
+        self.prefetcher.close()
+
+    def close(self) -> None:
+        self.prefetcher.close()
+
+
+def _as_dict(b: LoadedBatch) -> dict:
+    """The trainer treats a batch as a dict; ``preprocess_batch`` turns ``source`` into Ultralytics' batch."""
+    return {"source": b.source, "im_file": b.im_file, "indices": b.indices}

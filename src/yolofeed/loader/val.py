@@ -1,0 +1,100 @@
+"""Validation batches from a pack, exactly as Ultralytics' validator receives them.
+
+Ultralytics validates with ``rect=True``: images sorted by aspect ratio, each batch letterboxed
+(centred, 114 fill, no scaling) to a shape rounded up to the stride. Same order, same shapes, same
+pixels, same labels here, so the metrics are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from yolofeed.augment.letterbox import letterbox
+from yolofeed.loader.dataset import PackDataset
+from yolofeed.loader.prefetch import Prefetcher
+from yolofeed.pack import Pack
+
+RECT_PAD = 0.5  # Ultralytics builds validation datasets with pad=0.5
+
+
+def rect_batches(ori_shapes: np.ndarray, batch_size: int, imgsz: int, stride: int) -> tuple[np.ndarray, list, np.ndarray]:
+    """Ultralytics' ``BaseDataset.set_rectangle``: aspect-ratio order, batches, and each batch's (h, w).
+
+    Returns:
+        order (N,) sample indices sorted by h/w; batches (index arrays into ``order``'s result);
+        shapes (nb, 2) int letterbox shape per batch.
+    """
+    n = len(ori_shapes)
+    bi = np.floor(np.arange(n) / batch_size).astype(int)
+    nb = bi[-1] + 1
+    ar = ori_shapes[:, 0] / ori_shapes[:, 1]
+    order = ar.argsort()  # the same (default) sort Ultralytics uses: ties fall the same way
+    ar = ar[order]
+    shapes = [[1, 1]] * nb
+    for i in range(nb):  # per batch, not per sample
+        ari = ar[bi == i]
+        mini, maxi = ari.min(), ari.max()
+        if maxi < 1:
+            shapes[i] = [maxi, 1]
+        elif mini > 1:
+            shapes[i] = [1, 1 / mini]
+    batch_shapes = np.ceil(np.array(shapes) * imgsz / stride + RECT_PAD).astype(int) * stride
+    batches = [order[bi == i] for i in range(nb)]
+    return order, batches, batch_shapes
+
+
+class ValLoader:
+    """Validation loader: rect batches, letterboxed on the device, in Ultralytics' batch format.
+
+    Args:
+        pack: the validation split's pack (stored at the training imgsz).
+        batch_size: Ultralytics validates at twice the training batch.
+        stride: the model's largest stride (at least 32), for the rect shapes.
+    """
+
+    def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, stride: int = 32, sync: bool = False):
+        self.pack, self.batch_size, self.device = pack, batch_size, torch.device(device)
+        self.dataset = PackDataset(pack)
+        self.order, self.batches, self.shapes = rect_batches(pack.ori_shapes, batch_size, pack.imgsz, stride)
+        self.dataset.indices = self.order  # the validator reads im_files in batch order
+        self.num_workers, self.drop_last, self.sampler = 1, False, None
+        self.prefetcher = Prefetcher(pack, device, batch_size, slots=2, sync=sync)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[dict]:
+        shapes = iter(self.shapes.tolist())
+        for b in self.prefetcher.iterate(self.batches):
+            yield self._format(b, next(shapes))
+
+    def _format(self, b, shape: list[int]) -> dict:
+        src = b.source
+        img, off = letterbox(src.images, src.hw, shape)
+        hw = src.hw.to(torch.float32)
+        H, W = float(shape[0]), float(shape[1])
+        # LetterBox._update_labels then Format: xywh -> xyxy, x resized w/h, + pad, -> xywh, / letterbox w/h
+        xy, half = src.boxes[..., :2], src.boxes[..., 2:] / 2
+        wh = torch.stack([hw[:, 1], hw[:, 0]], -1)[:, None, :]
+        pad = torch.stack([off[:, 1], off[:, 0]], -1)[:, None, :].to(torch.float32)
+        x1y1, x2y2 = (xy - half) * wh + pad, (xy + half) * wh + pad
+        xywh = torch.cat([(x1y1 + x2y2) / 2, x2y2 - x1y1], -1) / torch.tensor([W, H, W, H], device=img.device)
+        v = src.valid
+        bidx = torch.arange(len(v), device=img.device, dtype=torch.float32)[:, None].expand_as(v)
+        ori = self.pack.ori_shapes[b.indices]
+        res = self.pack.shapes[b.indices]
+        offs = off.tolist()  # validation only, once per batch: the validator needs these on the host anyway
+        return {"img": img, "cls": src.cls[v][:, None], "bboxes": xywh[v], "batch_idx": bidx[v],
+                "im_file": b.im_file,
+                "ori_shape": [tuple(int(x) for x in s) for s in ori],
+                "resized_shape": [tuple(shape) for _ in range(len(ori))],
+                "ratio_pad": [((r[0] / o[0], r[1] / o[1]), (p[1], p[0])) for r, o, p in zip(res, ori, offs)]}
+
+    def reset(self) -> None:
+        self.prefetcher.close()
+
+    def close(self) -> None:
+        self.prefetcher.close()

@@ -1,0 +1,5 @@
+"""Stage 4: the Ultralytics seam (``FastDetectionTrainer``) and the ``yolofeed train`` command."""
+
+from yolofeed.train.trainer import FastDetectionTrainer
+
+__all__ = ["FastDetectionTrainer"]

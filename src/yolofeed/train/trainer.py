@@ -1,0 +1,111 @@
+"""The Ultralytics seam: ``DetectionTrainer`` fed from packs and augmented on the GPU.
+
+Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
+schedulers, validation, checkpoints, results.csv, resume and DDP. Only three things change:
+
+* ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
+  ``ValLoader`` (Ultralytics' rect + letterbox batches); packs are built on first use.
+* ``preprocess_batch`` runs the augmentation on the device (``GraphedAugment`` on CUDA: one graph
+  replay per batch) and hands the trainer Ultralytics' batch.
+* ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ultralytics.models.yolo.detect import DetectionTrainer
+from ultralytics.utils import LOGGER, RANK
+from ultralytics.utils.torch_utils import torch_distributed_zero_first, unwrap_model
+
+from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.errors import ConfigError
+from yolofeed.loader import TrainLoader, ValLoader
+from yolofeed.pack import open_or_build
+
+class FastDetectionTrainer(DetectionTrainer):
+    """``DetectionTrainer`` with a GPU-resident data pipeline.
+
+    Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
+    ``yolofeed train``. Pack options are class attributes (Ultralytics rejects unknown training
+    keys); ``FastDetectionTrainer.with_options(pack_format="jpeg")`` makes a configured subclass,
+    which Ultralytics' DDP launch pickles by value, so every rank sees the same options.
+    """
+
+    pack_format: str = "raw"  # "raw" (decoded pixels) or "jpeg" (encoded, decoded on the GPU)
+    pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
+    pack_dir: str | None = None  # default: beside the data yaml
+
+    @classmethod
+    def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
+        """A subclass with pack options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
+        unknown = set(options) - {"pack_format", "pack_rebuild", "pack_dir"}
+        if unknown:
+            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
+                              "expected pack_format, pack_rebuild, pack_dir")
+        return type(cls.__name__, (cls,), dict(options))
+
+    def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
+        from ultralytics.utils import DEFAULT_CFG
+
+        super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
+        if self.args.cache:
+            LOGGER.info(f"yolofeed: cache={self.args.cache} ignored; packs are memory-mapped (the page cache serves them)")
+        self.hyp = AugmentHyp.from_args(self.args)
+        self._augment = None
+        # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
+        self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
+
+    # -- data -------------------------------------------------------------------------------
+    def _split_of(self, dataset_path: Any) -> str:
+        for k in ("train", "val", "test", "minival"):
+            if self.data.get(k) == dataset_path:
+                return k
+        raise ConfigError(f"yolofeed cannot tell which split of {self.data.get('yaml_file')} {dataset_path} is")
+
+    def _pack(self, split: str, rank: int):
+        imgsz = self.args.imgsz if isinstance(self.args.imgsz, int) else max(self.args.imgsz)
+        with torch_distributed_zero_first(rank):  # rank 0 builds a missing pack, the others wait and open it
+            return open_or_build(self.data["yaml_file"], split, int(imgsz), storage=self.pack_format,
+                                 out=self.pack_dir, rebuild=self.pack_rebuild, progress=rank in (-1, 0))
+
+    def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0, mode: str = "train"):
+        pack = self._pack(self._split_of(dataset_path), rank)
+        if mode == "train":
+            world = max(self.world_size, 1)
+            return TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
+                               world_size=world, fraction=self.args.fraction,
+                               drop_last=bool(self.args.compile))
+        stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
+        return ValLoader(pack, batch_size, self.device, stride=stride)
+
+    # -- augmentation -------------------------------------------------------------------------
+    def _augmenter(self):
+        if self._augment is None:
+            aug = GpuAugment(self.hyp)
+            if self.device.type == "cuda":
+                from yolofeed.augment.graphs import GraphedAugment
+
+                seed = self.args.seed + 1000 * max(RANK, 0)  # ranks draw differently
+                self._augment = GraphedAugment(aug, seed=seed, device=self.device)
+            else:
+                gen = torch.Generator().manual_seed(self.args.seed)
+                self._augment = lambda b: aug(b, gen)
+        return self._augment
+
+    def preprocess_batch(self, batch: dict) -> dict:
+        """Augment a loader batch on the device into Ultralytics' batch; others go to the stock path."""
+        if "source" not in batch:
+            return super().preprocess_batch(batch)
+        # the trainer calls this under autocast: the augmentation's arithmetic must stay float32/64
+        with torch.autocast(self.device.type, enabled=False):
+            out = self._augmenter()(batch["source"]).to_ultralytics()
+        out["im_file"] = batch["im_file"]
+        return super().preprocess_batch(out)  # img.float() / 255 and multi_scale, as Ultralytics does
+
+    def _close_dataloader_mosaic(self):
+        """Ultralytics' close_mosaic: mosaic, mixup, cutmix and copy_paste off for the last epochs."""
+        LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
+        self.hyp = self.hyp.closed()
+        self._augment = None

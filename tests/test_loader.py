@@ -1,0 +1,167 @@
+"""The loader: every sample once per epoch, reproducible order, DDP shards, and batches equal to Ultralytics'."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import add_bad_samples, copy_dataset
+from yolofeed.errors import ConfigError
+from yolofeed.loader import EpochSampler, TrainLoader, ValLoader
+from yolofeed.loader.dataset import source_positions
+from yolofeed.loader.sampler import fraction_subset
+from yolofeed.pack import open_or_build
+
+
+@pytest.mark.parametrize("n, ws, b", list(itertools.product([1, 7, 16, 33, 64], [1, 2, 3, 8], [1, 4, 16])))
+def test_every_sample_once_equal_batches_per_rank(n, ws, b):
+    if n < ws:
+        with pytest.raises(ConfigError, match="cannot be shared"):
+            EpochSampler(np.arange(n), b, world_size=ws)
+        return
+    seen, counts = [], set()
+    for rank in range(ws):
+        s = EpochSampler(np.arange(n), b, seed=3, rank=rank, world_size=ws)
+        s.set_epoch(5)
+        batches = s.batches()
+        counts.add(len(batches))
+        assert len(batches) == s.num_batches()
+        assert all(1 <= len(x) <= b + 1 for x in batches)
+        seen += [int(i) for x in batches for i in x]
+    assert sorted(seen) == list(range(n))  # each exactly once, across ranks
+    assert len(counts) == 1  # DDP: every rank steps the same number of times
+
+
+def test_shuffle_is_seeded_per_epoch():
+    def order(seed, epoch):
+        s = EpochSampler(np.arange(50), 8, seed=seed)
+        s.set_epoch(epoch)
+        return np.concatenate(s.batches()).tolist()
+
+    assert order(0, 1) == order(0, 1)
+    assert order(0, 1) != order(0, 2) and order(0, 1) != order(1, 1)
+    assert sorted(order(0, 1)) == list(range(50))
+
+
+def test_drop_last_drops_the_same_on_every_rank():
+    for ws in (1, 2, 3):
+        lens = {len(EpochSampler(np.arange(37), 5, rank=r, world_size=ws, drop_last=True).batches()) for r in range(ws)}
+        assert len(lens) == 1
+        for r in range(ws):
+            assert all(len(x) == 5 for x in EpochSampler(np.arange(37), 5, rank=r, world_size=ws, drop_last=True).batches())
+
+
+def test_fraction_counts_files_as_ultralytics_does(synth_root, tmp_path):
+    root = copy_dataset(synth_root, tmp_path / "f")
+    add_bad_samples(root)
+    pack = open_or_build(root / "data.yaml", "train", 64, rebuild="auto", progress=False)
+    tried = pack.header["counts"]["tried"]
+    for fraction in (0.5, 0.25, 10):
+        count = fraction if isinstance(fraction, int) else max(1, round(tried * fraction))
+        everything = sorted(pack.im_files + [f for f, _ in pack.header["skipped"]])
+        expect = [f for f in everything[:count] if f in set(pack.im_files)]
+        got = [pack.im_files[i] for i in fraction_subset(tried, source_positions(pack), fraction)]
+        assert got == expect
+    with pytest.raises(ConfigError):
+        fraction_subset(tried, source_positions(pack), 0)
+
+
+@pytest.fixture(scope="module")
+def pack64(synth_root):
+    return open_or_build(synth_root / "data.yaml", "train", 64, rebuild="auto", progress=False, workers=2)
+
+
+def _epoch(loader):
+    """Each batch's contents; images only inside each image's (h, w): the rest of a slot is never read."""
+    out = []
+    for b in loader:
+        s = b["source"]
+        pixels = [s.images[k, :h, :w].clone() for k, (h, w) in enumerate(s.hw.tolist())]
+        out.append((b["indices"].copy(), *pixels, s.cls.clone(), s.boxes.clone(), s.valid.clone(), s.hw.clone()))
+    return out
+
+
+def test_sync_and_async_yield_identical_batches(pack64):
+    a = _epoch(TrainLoader(pack64, 5, "cpu", seed=1, sync=True))
+    b = _epoch(TrainLoader(pack64, 5, "cpu", seed=1, sync=False))
+    assert len(a) == len(b) == 5
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            assert np.array_equal(u, v) if isinstance(u, np.ndarray) else torch.equal(u, v)
+
+
+def test_batches_hold_the_pack_samples(pack64):
+    loader = TrainLoader(pack64, 7, "cpu", seed=2)
+    seen = []
+    for b in loader:
+        src = b["source"]
+        for k, i in enumerate(b["indices"]):
+            h, w = pack64.shapes[i]
+            assert torch.equal(src.images[k, :h, :w], torch.from_numpy(np.array(pack64.image(i))))
+            lb = pack64.labels(i)
+            n = len(lb)
+            assert int(src.valid[k].sum()) == n and not src.valid[k, n:].any()
+            assert torch.equal(src.cls[k, :n], torch.from_numpy(lb[:, 0].copy()))
+            assert torch.equal(src.boxes[k, :n], torch.from_numpy(lb[:, 1:].copy()))
+            assert b["im_file"][k] == pack64.im_files[i]
+        seen += b["indices"].tolist()
+    assert sorted(seen) == list(range(len(pack64)))
+    second = [i for b in loader for i in b["indices"].tolist()]
+    assert sorted(second) == sorted(seen) and second != seen  # the next iteration is the next epoch
+
+
+def test_jpeg_pack_batches_equal_raw_pack_batches(synth_root, pack64):
+    jpg = open_or_build(synth_root / "data.yaml", "train", 64, storage="jpeg", rebuild="auto", progress=False)
+    for a, b in zip(TrainLoader(pack64, 6, "cpu", seed=4, sync=True), TrainLoader(jpg, 6, "cpu", seed=4, sync=True)):
+        assert np.array_equal(a["indices"], b["indices"])
+        for k, i in enumerate(a["indices"]):
+            h, w = pack64.shapes[i]
+            assert torch.equal(a["source"].images[k, :h, :w], b["source"].images[k, :h, :w])
+
+
+def test_loader_errors_reach_the_training_thread(pack64, monkeypatch):
+    import yolofeed.loader.prefetch as prefetch
+
+    def broken(*a, **k):
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(prefetch, "gather", broken)
+    with pytest.raises(OSError, match="disk went away"):
+        list(TrainLoader(pack64, 4, "cpu"))
+
+
+def test_stopping_mid_epoch_stops_the_thread(pack64):
+    loader = TrainLoader(pack64, 2, "cpu")
+    it = iter(loader)
+    next(it)
+    it.close()
+    assert loader.prefetcher._thread is None
+    assert len(list(loader)) == len(loader)  # and the next epoch runs normally
+
+
+def test_val_batches_equal_ultralytics_val_loader(synth_root):
+    """Same order, shapes, pixels, labels and metadata: the validator computes the same metrics."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    imgsz, batch = 96, 3
+    data = check_det_dataset(str(synth_root / "data.yaml"), autodownload=False)
+    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch})
+    ds = build_yolo_dataset(cfg, data["val"], batch, data, mode="val", rect=True, stride=32)
+    theirs = list(build_dataloader(ds, batch, 0, shuffle=False, rank=-1))
+    pack = open_or_build(synth_root / "data.yaml", "val", imgsz, rebuild="auto", progress=False)
+    ours = list(ValLoader(pack, batch, "cpu", stride=32))
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert list(a["im_file"]) == list(b["im_file"])
+        assert torch.equal(a["img"], b["img"])
+        assert torch.equal(a["batch_idx"], b["batch_idx"]) and torch.equal(a["cls"], b["cls"])
+        torch.testing.assert_close(a["bboxes"], b["bboxes"], atol=1e-6, rtol=0)
+        assert [tuple(s) for s in a["ori_shape"]] == [tuple(s) for s in b["ori_shape"]]
+        assert [tuple(s) for s in a["resized_shape"]] == [tuple(int(v) for v in s) for s in b["resized_shape"]]
+        for (ga, pa), (gb, pb) in zip(a["ratio_pad"], b["ratio_pad"]):
+            assert np.allclose(ga, gb) and tuple(pa) == tuple(pb)

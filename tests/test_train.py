@@ -1,0 +1,78 @@
+"""FastDetectionTrainer end to end on the CPU: trains, writes Ultralytics' files, resumes after a kill."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = dict(epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
+
+
+def _columns(run: Path) -> list[str]:
+    with open(run / "results.csv") as f:
+        return next(csv.reader(f))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.mark.slow
+def test_trains_and_writes_ultralytics_results(synth_root, runs):
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    ours = YOLO("yolo11n.yaml")
+    ours.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(runs), name="ours", **TINY)
+    stock = YOLO("yolo11n.yaml")
+    stock.train(data=str(synth_root / "data.yaml"), project=str(runs), name="stock", **{**TINY, "epochs": 1})
+    assert _columns(runs / "ours") == _columns(runs / "stock")
+    with open(runs / "ours" / "results.csv") as f:
+        assert len(list(csv.reader(f))) == 1 + 2  # header + one row per epoch
+    best = YOLO(str(runs / "ours" / "weights" / "best.pt"))  # loadable by Ultralytics itself
+    assert best.model.yaml["nc"] == 80
+    metrics = best.val(data=str(synth_root / "data.yaml"), imgsz=64, batch=8, device="cpu", plots=False, verbose=False)
+    assert 0.0 <= metrics.box.map <= 1.0
+
+
+@pytest.mark.slow
+def test_cli_resumes_a_killed_run(synth_root, runs):
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    run = runs / "killed"
+    cmd = [sys.executable, "-m", "yolofeed", "train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}",
+           "epochs=3", "imgsz=64", "batch=8", "device=cpu", "workers=0", "plots=False", f"project={runs}",
+           "name=killed", "exist_ok=True"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 600 and proc.poll() is None:  # kill once the first epoch is saved
+        if (run / "results.csv").exists() and (run / "weights" / "last.pt").exists():
+            with open(run / "results.csv") as f:
+                if len(f.read().strip().splitlines()) >= 2:
+                    time.sleep(0.5)  # let last.pt's write finish
+                    break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with open(run / "results.csv") as f:
+        before = [row[0].strip() for row in list(csv.reader(f))[1:]]
+    import torch
+
+    saved = torch.load(run / "weights" / "last.pt", map_location="cpu", weights_only=False)["epoch"]  # 0-based
+    assert 0 <= saved < 2, "the run finished before it could be killed"
+    r = subprocess.run([sys.executable, "-m", "yolofeed", "train", f"resume={run / 'weights' / 'last.pt'}"],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "yolofeed train:" in r.stdout and "img/s" in r.stdout and "best.pt" in r.stdout
+    with open(run / "results.csv") as f:
+        after = [row[0].strip() for row in list(csv.reader(f))[1:]]
+    # continued after the saved epoch (a row written after the last save is redone, as Ultralytics does)
+    assert after == before + [str(e) for e in range(saved + 2, 4)]
