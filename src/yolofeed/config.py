@@ -70,6 +70,24 @@ class TrainConfig:
                                                         "choices": None, "passthrough": True})
 
 
+@dataclass(frozen=True)
+class BenchConfig:
+    """Stock Ultralytics vs yolofeed vs the GPU-resident ceiling, in turn, on the same data, model and batch."""
+
+    data: str = key(None, "Ultralytics data yaml (e.g. from yolofeed synth)")
+    model: str = key("yolo11n.yaml", "model yaml")
+    batch: int = key(128, "batch size")
+    imgsz: int = key(640, "image size")
+    steps: int = key(100, "measured training steps per mode, after warm-up")
+    warmup: int = key(20, "steps ignored at the start of each mode")
+    window: int = key(10, "steps per rate window; the reported rate is the median window")
+    modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run")
+    out: str = key("runs/bench", "folder for bench.json, bench.png and the runs")
+    extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to the trainers "
+                                                        "(device, workers, amp, ...)", "choices": None,
+                                                        "passthrough": True})
+
+
 def fields_of(config_cls: type) -> list[dataclasses.Field]:
     """The keys of a config class, in declaration order."""
     return list(dataclasses.fields(config_cls))

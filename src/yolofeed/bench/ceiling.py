@@ -1,0 +1,65 @@
+"""The ceiling: Ultralytics' own trainer fed batches that already sit on the GPU.
+
+``CeilingTrainer`` takes a few real augmented batches from the stock loader once, moves them to
+the device and replays them for the whole epoch. No data pipeline can beat it under the same
+trainer, so it is the denominator of every ratio ``yolofeed bench`` reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ultralytics.models.yolo.detect import DetectionTrainer
+
+REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
+
+
+class _EpochlessSampler:
+    def __init__(self, n: int):
+        self.n = n
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class ReplayLoader:
+    """Yields ``length`` batches cycling through ``batches`` (dicts of device tensors), like a DataLoader."""
+
+    def __init__(self, batches: list[dict], length: int, dataset, batch_size: int):
+        self.batches, self.length, self.dataset, self.batch_size = batches, length, dataset, batch_size
+        self.sampler = _EpochlessSampler(length * batch_size)
+        self.num_workers, self.drop_last = 0, False
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[dict]:
+        for k in range(self.length):
+            yield dict(self.batches[k % len(self.batches)])  # a copy: preprocess_batch replaces img in place
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CeilingTrainer(DetectionTrainer):
+    """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory."""
+
+    def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):
+        loader = super().get_dataloader(dataset_path, batch_size, rank, mode)
+        if mode != "train":
+            return loader
+        batches = []
+        for batch in loader:
+            batches.append({k: v.to(self.device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()})
+            if len(batches) == REPLAYED:
+                break
+        replay = ReplayLoader(batches, len(loader), loader.dataset, loader.batch_size)
+        if hasattr(loader, "close"):
+            loader.close()  # its workers are not needed any more
+        return replay

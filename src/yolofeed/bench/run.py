@@ -1,0 +1,150 @@
+"""``yolofeed bench``: each mode trains for warm-up + N steps under the same settings; we time the steps.
+
+For each mode: steady-state images/s (median of windows after warm-up), NVML GPU utilisation,
+the share of step time spent waiting for the next batch, host CPU cores busy and peak GPU
+memory. Modes run one after another in this process, on the same data, model, batch and imgsz:
+``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer), ``ceiling``
+(DetectionTrainer replaying batches already on the GPU). Mosaic stays on (close_mosaic=0),
+validation and checkpoints are off: only training steps are measured.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from yolofeed.config import BenchConfig
+from yolofeed.errors import ConfigError
+from yolofeed.monitor import StepTimer, SystemSampler
+
+MODES = ("stock", "yolofeed", "ceiling")
+
+
+class _Enough(Exception):
+    """Raised from a callback to end a mode's training once enough steps are measured."""
+
+
+def _trainer_class(mode: str):
+    if mode == "stock":
+        from ultralytics.models.yolo.detect import DetectionTrainer
+
+        return DetectionTrainer
+    if mode == "yolofeed":
+        from yolofeed.train import FastDetectionTrainer
+
+        return FastDetectionTrainer
+    from yolofeed.bench.ceiling import CeilingTrainer
+
+    return CeilingTrainer
+
+
+def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
+    """Train ``mode`` for ``warmup + steps`` steps and return its figures."""
+    timer = StepTimer(warmup=cfg.warmup, window=cfg.window)
+    sampler = SystemSampler()
+    cuda = torch.cuda.is_available() and str(cfg.extra.get("device", "0")) != "cpu"
+    total = cfg.warmup + cfg.steps + 1  # + 1: the first step only opens the clock
+    state = {"system": None}
+
+    def on_start(trainer) -> None:
+        timer.batch_ready()
+
+    def on_end(trainer) -> None:
+        timer.step_done(trainer.batch_size)
+        n = len(timer)
+        if n == cfg.warmup:
+            sampler.start()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+        if n >= total - 1:
+            state["system"] = sampler.stop()
+            raise _Enough
+
+    args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "val": False,
+            "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "project": str(project),
+            "name": mode, "exist_ok": True, **cfg.extra}
+    trainer = _trainer_class(mode)(overrides=args)
+    trainer.args.epochs = trainer.epochs = 10**6  # never the limit: the step count ends each mode
+    trainer.add_callback("on_train_batch_start", on_start)
+    trainer.add_callback("on_train_batch_end", on_end)
+    try:
+        trainer.train()
+    except _Enough:
+        pass
+    finally:
+        for name in ("train_loader", "test_loader"):
+            loader = getattr(trainer, name, None)
+            if hasattr(loader, "close"):
+                loader.close()
+    stats = timer.compute()
+    system = state["system"] or sampler.stop()
+    result = {"mode": mode, "images_per_s": round(stats.images_per_s, 1), "step_ms": round(stats.step_ms, 2),
+              "data_wait_fraction": round(stats.data_wait_fraction, 4), "steps": stats.steps,
+              "windows": [round(w, 1) for w in stats.windows], "gpu_util": system.gpu_util,
+              "cpu_cores_busy": round(system.cpu_cores_busy, 2), "disk_read_mb_s": round(system.disk_read_mb_s, 1),
+              "gpu_mem_peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
+              "device": str(trainer.device)}
+    del trainer
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def table(results: list[dict]) -> str:
+    ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
+    lines = [f"{'mode':<10}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}{'GPU mem':>9}"]
+    for r in results:
+        ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
+        util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
+        mem = f"{r['gpu_mem_peak_gb']:.1f} GB" if r["gpu_mem_peak_gb"] is not None else "-"
+        lines.append(f"{r['mode']:<10}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
+                     f"{100 * r['data_wait_fraction']:>10.0f}%{r['cpu_cores_busy']:>11.1f}{mem:>9}")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=120)
+    names = [r["mode"] for r in results]
+    rates = [r["images_per_s"] for r in results]
+    bars = ax.bar(names, rates, color=["#999999", "#2a7ab0", "#55a868"][:len(names)])
+    for b, r in zip(bars, results):
+        util = f"\n{r['gpu_util']:.0f}% GPU" if r["gpu_util"] is not None else ""
+        ax.annotate(f"{r['images_per_s']:,.0f} img/s{util}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("training images / s")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(0, max(rates) * 1.3 if rates and max(rates) > 0 else 1)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(cfg: BenchConfig) -> dict:
+    """Run the modes, print the table, write ``bench.json`` and ``bench.png`` under ``cfg.out``."""
+    modes = [m.strip() for m in cfg.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ConfigError(f"modes={cfg.modes}: unknown {bad}; choose from {', '.join(MODES)}")
+    if cfg.steps < cfg.window:
+        raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
+    out = Path(cfg.out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="yolofeed-bench-") as tmp:
+        results = [run_mode(m, cfg, Path(tmp)) for m in modes]
+    title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup} warm-up"
+    report = {"config": asdict(cfg), "results": results, "title": title}
+    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    plot(results, out / "bench.png", title)
+    print(title + "\n" + table(results) + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}", flush=True)
+    return report

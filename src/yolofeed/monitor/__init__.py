@@ -1,0 +1,11 @@
+"""Observing a run: step-time accounting and a system sampler, independent of any trainer.
+
+``steps`` keeps per-step times (data wait vs the rest) and reduces them to steady-state rates;
+``system`` samples the GPU (NVML) and the host (psutil) from a background thread. Ultralytics
+callbacks, ``yolofeed bench`` and (later) ``yolofeed doctor`` are thin adapters over these.
+"""
+
+from yolofeed.monitor.steps import StepTimer
+from yolofeed.monitor.system import SystemSampler
+
+__all__ = ["StepTimer", "SystemSampler"]

@@ -1,0 +1,72 @@
+"""A background sampler of GPU and host load: NVML utilisation and memory, CPU cores busy, disk reads.
+
+NVML's "utilisation" is the share of time some kernel ran, not how much of the chip worked: a GPU
+at 90 % can still use a few per cent of its matrix rate. It is what ``nvidia-smi`` shows users.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass
+class SystemStats:
+    """Means over a sampling period (None where the machine has no NVIDIA GPU)."""
+
+    samples: int
+    gpu_util: float | None
+    gpu_mem_gb: float | None
+    cpu_cores_busy: float
+    disk_read_mb_s: float
+
+
+class SystemSampler:
+    """Samples every ``interval`` seconds in a daemon thread between ``start()`` and ``stop()``."""
+
+    def __init__(self, interval: float = 0.1, gpu_index: int = 0):
+        self.interval, self.gpu_index = interval, gpu_index
+        self._gpu, self._mem, self._cpu, self._disk = [], [], [], []
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
+        self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
+            self._nvml = pynvml
+        except Exception:  # no NVIDIA driver or GPU: host figures only
+            self._handle = None
+
+    def _run(self) -> None:
+        cpu0, disk0, t0 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter()
+        while not self._halt.wait(self.interval):
+            cpu1, disk1, t1 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter()
+            busy = (sum(cpu1) - cpu1.idle - getattr(cpu1, "iowait", 0.0)) - (sum(cpu0) - cpu0.idle - getattr(cpu0, "iowait", 0.0))
+            self._cpu.append(busy / (t1 - t0))  # cores busy: CPU-seconds per second
+            if disk0 is not None and disk1 is not None:
+                self._disk.append((disk1.read_bytes - disk0.read_bytes) / (t1 - t0) / 1e6)
+            if self._handle is not None:
+                self._gpu.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+                self._mem.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 1e9)
+            cpu0, disk0, t0 = cpu1, disk1, t1
+
+    def start(self) -> SystemSampler:
+        self._gpu, self._mem, self._cpu, self._disk = [], [], [], []
+        self._halt.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="yolofeed-sampler")
+        self._thread.start()
+        return self
+
+    def stop(self) -> SystemStats:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join()
+        mean = lambda v: statistics.fmean(v) if v else None  # noqa: E731
+        return SystemStats(len(self._cpu), mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
+                           mean(self._disk) or 0.0)
