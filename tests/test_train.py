@@ -45,6 +45,19 @@ def test_trains_and_writes_ultralytics_results(synth_root, runs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["yolov8n.yaml", "yolo26n.yaml"])  # yolo11n above; YOLO26's end-to-end loss too
+def test_other_detection_families_train(synth_root, runs, model):
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    m = YOLO(model)
+    m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(runs), name=model,
+            **{**TINY, "epochs": 1})
+    assert (runs / model / "weights" / "last.pt").exists()
+
+
+@pytest.mark.slow
 def test_cli_resumes_a_killed_run(synth_root, runs):
     env = os.environ | {"YOLO_OFFLINE": "1"}
     run = runs / "killed"
