@@ -61,7 +61,7 @@ def test_killed_build_is_never_accepted(big, fraction):
 
     killed = _kill_after(_start(yaml_file), folder, fraction * seconds)
     final = folder / "train.yfpack"
-    if fraction <= 0.6:
+    if fraction <= 0.3:  # later moments may land after the build on a fast run: either outcome is checked below
         assert killed and not final.exists(), "the build finished before it could be killed"
     if final.exists():  # killed after publishing: then it must be the whole pack
         assert len(Pack.open(final)) == len(ref)

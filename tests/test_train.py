@@ -66,13 +66,13 @@ def test_cli_resumes_a_killed_run(synth_root, runs):
            "name=killed", "exist_ok=True"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.monotonic()
+    results, last = run / "results.csv", run / "weights" / "last.pt"
     while time.monotonic() - t0 < 600 and proc.poll() is None:  # kill once the first epoch is saved
-        if (run / "results.csv").exists() and (run / "weights" / "last.pt").exists():
-            with open(run / "results.csv") as f:
-                if len(f.read().strip().splitlines()) >= 2:
-                    time.sleep(0.5)  # let last.pt's write finish
-                    break
-        time.sleep(0.1)
+        # Ultralytics writes the results row, then last.pt: a last.pt newer than the row is complete
+        if results.exists() and last.exists() and last.stat().st_mtime_ns >= results.stat().st_mtime_ns:
+            time.sleep(0.05)
+            break
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     with open(run / "results.csv") as f:
