@@ -66,6 +66,8 @@ class TrainConfig:
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; never: refuse them",
                             ("auto", "always", "never"))
     pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
+    monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, TensorBoard scalars")
+    prometheus_port: int | None = key(None, "with monitor=True: serve metrics on 127.0.0.1:<port>/metrics")
     extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to Ultralytics' train",
                                                         "choices": None, "passthrough": True})
 

@@ -5,7 +5,9 @@
 callbacks, ``yolofeed bench`` and (later) ``yolofeed doctor`` are thin adapters over these.
 """
 
+from yolofeed.monitor.live import LowUtilAlert, MonitorConfig, TrainingMonitor, attach
+from yolofeed.monitor.phases import PhaseTimer
 from yolofeed.monitor.steps import StepTimer
 from yolofeed.monitor.system import SystemSampler
 
-__all__ = ["StepTimer", "SystemSampler"]
+__all__ = ["LowUtilAlert", "MonitorConfig", "PhaseTimer", "StepTimer", "SystemSampler", "TrainingMonitor", "attach"]

@@ -30,7 +30,7 @@ class SystemSampler:
 
     def __init__(self, interval: float = 0.1, gpu_index: int = 0):
         self.interval, self.gpu_index = interval, gpu_index
-        self._gpu, self._mem, self._cpu, self._disk = [], [], [], []
+        self._gpu, self._mem, self._cpu, self._disk, self._t = [], [], [], [], []
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
         self._handle = None
@@ -54,10 +54,25 @@ class SystemSampler:
             if self._handle is not None:
                 self._gpu.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
                 self._mem.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 1e9)
+            self._t.append(t1)
             cpu0, disk0, t0 = cpu1, disk1, t1
 
+    def recent(self, seconds: float) -> SystemStats:
+        """Means over the samples of the last ``seconds`` (for live alerts and gauges)."""
+        if not self._t:
+            return SystemStats(0, None, None, 0.0, 0.0)
+        cut = self._t[-1] - seconds
+        k = next((i for i in range(len(self._t) - 1, -1, -1) if self._t[i] < cut), -1) + 1
+        mean = lambda v: statistics.fmean(v[k:]) if len(v) > k else None  # noqa: E731
+        return SystemStats(len(self._t) - k, mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
+                           mean(self._disk) or 0.0)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self._handle is not None
+
     def start(self) -> SystemSampler:
-        self._gpu, self._mem, self._cpu, self._disk = [], [], [], []
+        self._gpu, self._mem, self._cpu, self._disk, self._t = [], [], [], [], []
         self._halt.clear()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yolofeed-sampler")
         self._thread.start()
