@@ -14,7 +14,7 @@ import typing
 from dataclasses import MISSING, dataclass
 
 from yolofeed import __version__
-from yolofeed.config import BenchConfig, PackConfig, SynthConfig, TrainConfig, fields_of
+from yolofeed.config import BenchConfig, DoctorConfig, PackConfig, SynthConfig, TrainConfig, fields_of
 from yolofeed.errors import ConfigError, YolofeedError
 
 
@@ -33,6 +33,8 @@ COMMANDS: dict[str, Command] = {
                     "yolofeed pack data=datasets/synth/data.yaml imgsz=640"),
     "train": Command("yolofeed.train.run:run", TrainConfig, "Ultralytics training fed from the GPU (any yolo train key)",
                      "yolofeed train model=yolo11n.yaml data=datasets/synth/data.yaml epochs=100 batch=128"),
+    "doctor": Command("yolofeed.doctor.run:run", DoctorConfig, "profile a training setup: where the time goes, what to change",
+                      "yolofeed doctor model=yolo11n.yaml data=coco.yaml batch=64 workers=8"),
     "bench": Command("yolofeed.bench.run:run", BenchConfig, "stock vs yolofeed vs GPU-resident ceiling, side by side",
                      "yolofeed bench model=yolo11n.yaml data=datasets/synth/data.yaml batch=128 imgsz=640"),
 }

@@ -90,6 +90,25 @@ class BenchConfig:
                                                         "passthrough": True})
 
 
+@dataclass(frozen=True)
+class DoctorConfig:
+    """Profile a training setup for a few steps and say where the time goes and what to change."""
+
+    data: str = key(None, "Ultralytics data yaml")
+    model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
+    batch: int = key(16, "batch size (Ultralytics' default)")
+    imgsz: int = key(640, "image size")
+    workers: int = key(8, "DataLoader workers (Ultralytics' default)")
+    steps: int = key(40, "measured training steps, after warm-up")
+    warmup: int = key(10, "steps ignored at the start")
+    yolofeed: bool = key(True, "also profile yolofeed train on the same setup, for the expected gain")
+    time_validation: bool = key(True, "time one validation pass (for the validation-cost rule)")
+    out: str = key("runs/doctor", "report folder: report.html, report.json, timeline.png, breakdown.png")
+    extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to the trainer "
+                                                        "(device, amp, cache, ...)", "choices": None,
+                                                        "passthrough": True})
+
+
 def fields_of(config_cls: type) -> list[dataclasses.Field]:
     """The keys of a config class, in declaration order."""
     return list(dataclasses.fields(config_cls))

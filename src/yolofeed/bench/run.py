@@ -10,101 +10,39 @@ validation and checkpoints are off: only training steps are measured.
 
 from __future__ import annotations
 
-import gc
 import json
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
-from yolofeed.monitor import StepTimer, SystemSampler
 
 MODES = ("stock", "yolofeed", "ceiling")
 
 
-class _Enough(Exception):
-    """Raised from a callback to end a mode's training once enough steps are measured."""
-
-
-def _trainer_class(mode: str):
-    if mode == "stock":
-        from ultralytics.models.yolo.detect import DetectionTrainer
-
-        return DetectionTrainer
-    if mode == "yolofeed":
-        from yolofeed.train import FastDetectionTrainer
-
-        return FastDetectionTrainer
-    from yolofeed.bench.ceiling import CeilingTrainer
-
-    return CeilingTrainer
-
-
 def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
     """Train ``mode`` for ``warmup + steps`` steps and return its figures."""
-    timer = StepTimer(warmup=cfg.warmup, window=cfg.window)
-    sampler = SystemSampler()
-    cuda = torch.cuda.is_available() and str(cfg.extra.get("device", "0")) != "cpu"
-    total = cfg.warmup + cfg.steps + 1  # + 1: the first step only opens the clock
-    state = {"system": None}
+    from yolofeed.doctor.profile import profile
 
-    def on_start(trainer) -> None:
-        timer.batch_ready()
-
-    def on_end(trainer) -> None:
-        timer.step_done(trainer.batch_size)
-        n = len(timer)
-        if n == cfg.warmup:
-            sampler.start()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-        if n >= total - 1:
-            state["system"] = sampler.stop()
-            raise _Enough
-
-    args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "val": False,
-            "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "project": str(project),
-            "name": mode, "exist_ok": True, **cfg.extra}
-    trainer = _trainer_class(mode)(overrides=args)
-    trainer.args.epochs = trainer.epochs = 10**6  # never the limit: the step count ends each mode
-    trainer.add_callback("on_train_batch_start", on_start)
-    trainer.add_callback("on_train_batch_end", on_end)
-    try:
-        trainer.train()
-    except _Enough:
-        pass
-    finally:
-        for name in ("train_loader", "test_loader"):
-            loader = getattr(trainer, name, None)
-            if hasattr(loader, "close"):
-                loader.close()
-    stats = timer.compute()
-    system = state["system"] or sampler.stop()
-    result = {"mode": mode, "images_per_s": round(stats.images_per_s, 1), "step_ms": round(stats.step_ms, 2),
-              "data_wait_fraction": round(stats.data_wait_fraction, 4), "steps": stats.steps,
-              "windows": [round(w, 1) for w in stats.windows], "gpu_util": system.gpu_util,
-              "cpu_cores_busy": round(system.cpu_cores_busy, 2), "disk_read_mb_s": round(system.disk_read_mb_s, 1),
-              "gpu_mem_peak_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
-              "device": str(trainer.device)}
-    del trainer
-    gc.collect()
-    if cuda:
-        torch.cuda.empty_cache()
-    return result
+    args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
+            **cfg.extra}
+    p = profile(mode, args, cfg.steps, cfg.warmup, cfg.window)
+    keys = ("mode", "images_per_s", "step_ms", "data_wait_fraction", "steps", "windows", "gpu_util", "cpu_cores_busy",
+            "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
+    return {k: getattr(p, k) for k in keys}
 
 
 def table(results: list[dict]) -> str:
     ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
-    lines = [f"{'mode':<10}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}{'GPU mem':>9}"]
+    lines = [f"{'mode':<10}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}"
+             f"{'GPU mem':>9}"]
     for r in results:
         ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
         util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
         mem = f"{r['gpu_mem_peak_gb']:.1f} GB" if r["gpu_mem_peak_gb"] is not None else "-"
         lines.append(f"{r['mode']:<10}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
-                     f"{100 * r['data_wait_fraction']:>10.0f}%{r['cpu_cores_busy']:>11.1f}{mem:>9}")
+                     f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}")
     return "\n".join(lines)
 
 

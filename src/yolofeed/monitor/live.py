@@ -83,6 +83,29 @@ class _Prometheus:
         self.server.shutdown()
 
 
+def install_phase_marks(trainer: Any, timer: PhaseTimer) -> list:
+    """Mark forward / loss / backward / optimizer boundaries of ``trainer``'s steps on ``timer``.
+
+    Forward starts at the model's forward pre-hook, the loss at the detection head's output, the
+    backward pass when the model (which computes the loss) returns, the optimiser step where
+    ``trainer.optimizer_step`` is entered. Returns hook handles (``.remove()`` them when done).
+    """
+    from ultralytics.utils.torch_utils import unwrap_model
+
+    model = unwrap_model(trainer.model)
+    hooks = [model.register_forward_pre_hook(lambda m, a: timer.mark("forward")),
+             model.model[-1].register_forward_hook(lambda m, a, o: timer.mark("loss")),
+             model.register_forward_hook(lambda m, a, o: timer.mark("backward"))]
+    step = trainer.optimizer_step
+
+    def optimizer_step() -> None:
+        timer.mark("optimizer")
+        step()
+
+    trainer.optimizer_step = optimizer_step  # Ultralytics has no callback before the optimiser step
+    return hooks
+
+
 class TrainingMonitor:
     """Callbacks that time each training step's phases and publish them while the run goes on."""
 
@@ -101,20 +124,8 @@ class TrainingMonitor:
 
     # -- Ultralytics callbacks -----------------------------------------------------------------
     def on_train_start(self, trainer: Any) -> None:
-        from ultralytics.utils.torch_utils import unwrap_model
-
         self.timer = PhaseTimer(cuda=trainer.device.type == "cuda")
-        model = unwrap_model(trainer.model)
-        self._hooks = [model.register_forward_pre_hook(lambda m, a: self.timer.mark("forward")),
-                       model.model[-1].register_forward_hook(lambda m, a, o: self.timer.mark("loss")),
-                       model.register_forward_hook(lambda m, a, o: self.timer.mark("backward"))]
-        step = trainer.optimizer_step
-
-        def optimizer_step() -> None:
-            self.timer.mark("optimizer")
-            step()
-
-        trainer.optimizer_step = optimizer_step  # Ultralytics has no callback before the optimiser step
+        self._hooks = install_phase_marks(trainer, self.timer)
         self.sampler.start()
         if self.cfg.prometheus_port:
             self.prometheus = _Prometheus(self.cfg.prometheus_port)

@@ -25,6 +25,7 @@ class StepRecord:
 
     images: int
     ms: dict[str, float]
+    t_end: float = 0.0  # host clock when the step ended (for timelines)
 
     @property
     def total_ms(self) -> float:
@@ -82,7 +83,7 @@ class PhaseTimer:
     def step_done(self, images: int) -> None:
         if self._marks:
             self._marks.append(("end", self._stamp()))
-            self._pending.append((images, self._wait, self._marks))
+            self._pending.append((images, self._wait, self._marks, self.clock()))
         self._marks = []
         self._last_end = self.clock()
         self._resolve()
@@ -90,13 +91,13 @@ class PhaseTimer:
     def _resolve(self) -> None:
         """Turn finished steps into records; stop at the first step the GPU has not finished."""
         while self._pending:
-            images, wait, marks = self._pending[0]
+            images, wait, marks, t_end = self._pending[0]
             if self.cuda and not marks[-1][1].query():
                 return  # still running on the GPU: read it later rather than wait for it
             ms = {"data_wait": 1e3 * wait}
             for (name, a), (_, b) in zip(marks, marks[1:]):
                 ms[name] = ms.get(name, 0.0) + (a.elapsed_time(b) if self.cuda else 1e3 * (b - a))
-            self.records.append(StepRecord(images, ms))
+            self.records.append(StepRecord(images, ms, t_end))
             self._pending.popleft()
 
     def summary(self, last: int | None = None) -> PhaseSummary:

@@ -16,13 +16,20 @@ import psutil
 
 @dataclass
 class SystemStats:
-    """Means over a sampling period (None where the machine has no NVIDIA GPU)."""
+    """Means over a sampling period (None where the machine has no NVIDIA GPU).
+
+    ``cpu_cores_busy`` counts the whole machine; ``own_cores_busy`` this process and its children
+    (DataLoader workers); ``iowait`` is the share of CPU time waiting on disk.
+    """
 
     samples: int
     gpu_util: float | None
     gpu_mem_gb: float | None
     cpu_cores_busy: float
     disk_read_mb_s: float
+    own_cores_busy: float = 0.0
+    iowait: float = 0.0
+    cores: int = 0
 
 
 class SystemSampler:
@@ -30,7 +37,8 @@ class SystemSampler:
 
     def __init__(self, interval: float = 0.1, gpu_index: int = 0):
         self.interval, self.gpu_index = interval, gpu_index
-        self._gpu, self._mem, self._cpu, self._disk, self._t = [], [], [], [], []
+        self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
+        self.cores = psutil.cpu_count() or 1
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
         self._handle = None
@@ -43,12 +51,27 @@ class SystemSampler:
         except Exception:  # no NVIDIA driver or GPU: host figures only
             self._handle = None
 
+    @staticmethod
+    def _own_cpu() -> float:
+        """CPU seconds used by this process and its live children (DataLoader workers)."""
+        me = psutil.Process()
+        total = sum(me.cpu_times()[:2])
+        for child in me.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:  # exited between listing and reading
+                pass
+        return total
+
     def _run(self) -> None:
-        cpu0, disk0, t0 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter()
+        cpu0, disk0, t0, own0 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter(), self._own_cpu()
         while not self._halt.wait(self.interval):
-            cpu1, disk1, t1 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter()
+            cpu1, disk1, t1, own1 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter(), self._own_cpu()
             busy = (sum(cpu1) - cpu1.idle - getattr(cpu1, "iowait", 0.0)) - (sum(cpu0) - cpu0.idle - getattr(cpu0, "iowait", 0.0))
             self._cpu.append(busy / (t1 - t0))  # cores busy: CPU-seconds per second
+            self._own.append(max(0.0, own1 - own0) / (t1 - t0))  # a worker that exited drops its time: clamp
+            self._iow.append((getattr(cpu1, "iowait", 0.0) - getattr(cpu0, "iowait", 0.0)) / max(sum(cpu1) - sum(cpu0), 1e-9))
+            own0 = own1
             if disk0 is not None and disk1 is not None:
                 self._disk.append((disk1.read_bytes - disk0.read_bytes) / (t1 - t0) / 1e6)
             if self._handle is not None:
@@ -65,14 +88,20 @@ class SystemSampler:
         k = next((i for i in range(len(self._t) - 1, -1, -1) if self._t[i] < cut), -1) + 1
         mean = lambda v: statistics.fmean(v[k:]) if len(v) > k else None  # noqa: E731
         return SystemStats(len(self._t) - k, mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
-                           mean(self._disk) or 0.0)
+                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores)
+
+    def timeline(self) -> dict[str, list]:
+        """Every sample: time (s, from the first), GPU %, machine and own cores busy, disk MB/s."""
+        t0 = self._t[0] if self._t else 0.0
+        return {"t": [t - t0 for t in self._t], "gpu_util": list(self._gpu), "cpu_cores_busy": list(self._cpu),
+                "own_cores_busy": list(self._own), "disk_read_mb_s": list(self._disk), "t0": t0}
 
     @property
     def has_gpu(self) -> bool:
         return self._handle is not None
 
     def start(self) -> SystemSampler:
-        self._gpu, self._mem, self._cpu, self._disk, self._t = [], [], [], [], []
+        self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
         self._halt.clear()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yolofeed-sampler")
         self._thread.start()
@@ -84,4 +113,4 @@ class SystemSampler:
             self._thread.join()
         mean = lambda v: statistics.fmean(v) if v else None  # noqa: E731
         return SystemStats(len(self._cpu), mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
-                           mean(self._disk) or 0.0)
+                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores)

@@ -1,0 +1,155 @@
+"""Run a training setup for a few steps and record everything the verdict needs.
+
+Shared by ``yolofeed doctor`` and ``yolofeed bench``: the same trainer classes, the same warm-up,
+the same accounting (``StepTimer`` for rates, ``PhaseTimer`` for the breakdown, ``SystemSampler``
+for GPU/CPU/disk), and a clean stop after the requested steps (no validation, no checkpoint).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from yolofeed.monitor.live import install_phase_marks
+from yolofeed.monitor.phases import PhaseTimer
+from yolofeed.monitor.steps import StepTimer
+from yolofeed.monitor.system import SystemSampler
+
+
+class _Enough(Exception):
+    """Raised from a callback to end training once enough steps are measured."""
+
+
+def trainer_class(mode: str):
+    """The trainer of a mode: stock Ultralytics, yolofeed, or the GPU-resident ceiling."""
+    if mode == "stock":
+        from ultralytics.models.yolo.detect import DetectionTrainer
+
+        return DetectionTrainer
+    if mode == "yolofeed":
+        from yolofeed.train import FastDetectionTrainer
+
+        return FastDetectionTrainer
+    if mode == "ceiling":
+        from yolofeed.bench.ceiling import CeilingTrainer
+
+        return CeilingTrainer
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+@dataclass
+class Profile:
+    """What one mode did: rates, the per-phase breakdown, machine load, and a timeline."""
+
+    mode: str
+    device: str
+    images_per_s: float
+    step_ms: float
+    data_wait_fraction: float
+    windows: list[float]
+    steps: int
+    phases_ms: dict[str, float]
+    gpu_util: float | None
+    cpu_cores_busy: float
+    own_cores_busy: float
+    iowait: float
+    disk_read_mb_s: float
+    cores: int
+    gpu_mem_peak_gb: float | None
+    batch: int
+    workers: int
+    n_train: int
+    n_val: int
+    val_images_per_s: float | None = None
+    timeline: dict[str, list] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
+            time_validation: bool = False) -> Profile:
+    """Train ``mode`` with Ultralytics ``args`` for ``warmup + steps`` steps and measure it.
+
+    Args:
+        args: training overrides (model, data, imgsz, batch, workers, device, ...); validation,
+            plots and checkpoints are switched off and mosaic kept on unless the caller says otherwise.
+        time_validation: also run one validation pass and time it (for the doctor's validation rule).
+    """
+    rates = StepTimer(warmup=warmup, window=window)
+    phases = PhaseTimer(cuda=False)  # replaced once the device is known
+    sampler = SystemSampler()
+    total = warmup + steps + 1  # + 1: the first step only opens the clock
+    state: dict[str, Any] = {"system": None, "step_times": []}
+
+    def on_train_start(trainer) -> None:
+        phases.cuda = trainer.device.type == "cuda"
+        state["hooks"] = install_phase_marks(trainer, phases)
+
+    def on_start(trainer) -> None:
+        rates.batch_ready()
+        phases.batch_ready()
+
+    def on_end(trainer) -> None:
+        rates.step_done(trainer.batch_size)
+        phases.step_done(trainer.batch_size)
+        n = len(rates)
+        if n == warmup:
+            sampler.start()
+            state["t_measure"] = time.perf_counter()
+            if torch.cuda.is_available() and trainer.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+        if n >= total - 1:
+            state["system"] = sampler.stop()
+            raise _Enough
+
+    full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
+            "name": mode, **args}
+    trainer = trainer_class(mode)(overrides=full)
+    trainer.args.epochs = trainer.epochs = 10**6  # never the limit: the step count ends the run
+    for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
+                      ("on_train_batch_end", on_end)):
+        trainer.add_callback(event, fn)
+    try:
+        trainer.train()
+    except _Enough:
+        pass
+    finally:
+        for h in state.get("hooks", []):
+            h.remove()
+    system = state["system"] or sampler.stop()
+    val_rate = None
+    if time_validation and getattr(trainer, "validator", None) is not None:
+        t0 = time.perf_counter()
+        trainer.validate()
+        val_rate = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
+    for name in ("train_loader", "test_loader"):
+        loader = getattr(trainer, name, None)
+        if hasattr(loader, "close"):
+            loader.close()
+    stats, ph = rates.compute(), phases.summary()
+    cuda = trainer.device.type == "cuda"
+    t0 = state.get("t_measure", 0.0)
+    timeline = sampler.timeline()
+    timeline["step_t"] = [r.t_end - t0 for r in list(phases.records)[warmup:]]
+    timeline["step_wait_fraction"] = [r.ms["data_wait"] / max(r.total_ms, 1e-9) for r in list(phases.records)[warmup:]]
+    result = Profile(
+        mode=mode, device=str(trainer.device), images_per_s=round(stats.images_per_s, 1),
+        step_ms=round(stats.step_ms, 2), data_wait_fraction=round(stats.data_wait_fraction, 4),
+        windows=[round(w, 1) for w in stats.windows], steps=stats.steps,
+        phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=system.gpu_util,
+        cpu_cores_busy=round(system.cpu_cores_busy, 2), own_cores_busy=round(system.own_cores_busy, 2),
+        iowait=round(system.iowait, 4), disk_read_mb_s=round(system.disk_read_mb_s, 1), cores=system.cores,
+        gpu_mem_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
+        batch=trainer.batch_size, workers=int(trainer.args.workers), n_train=len(trainer.train_loader.dataset),
+        n_val=len(trainer.test_loader.dataset), val_images_per_s=round(val_rate, 1) if val_rate else None,
+        timeline=timeline)
+    del trainer
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result

@@ -1,0 +1,107 @@
+"""The doctor's report folder: report.json, timeline.png, breakdown.png and a self-contained report.html."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from yolofeed.doctor.rules import Verdict
+from yolofeed.monitor.phases import PHASES
+
+COLOURS = {"data_wait": "#d62728", "preprocess": "#ff7f0e", "forward": "#1f77b4", "loss": "#9467bd",
+           "backward": "#2ca02c", "optimizer": "#8c564b"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def timeline_png(profiles: list[dict], path: Path) -> None:
+    """GPU utilisation, per-step data-wait share, CPU cores busy and disk reads over time, one line per run."""
+    plt = _plt()
+    fig, axes = plt.subplots(4, 1, figsize=(8, 7.5), dpi=110, sharex=True)
+    for p in profiles:
+        t = p["timeline"]
+        label = p["mode"]
+        if any(v is not None for v in t.get("gpu_util", [])):
+            axes[0].plot(t["t"], t["gpu_util"], label=label)
+        axes[1].plot(t.get("step_t", []), [100 * w for w in t.get("step_wait_fraction", [])], ".-", label=label)
+        axes[2].plot(t["t"], t["own_cores_busy"], label=f"{label} (this run)")
+        axes[2].plot(t["t"], t["cpu_cores_busy"], ":", label=f"{label} (machine)")
+        axes[3].plot(t["t"], t["disk_read_mb_s"], label=label)
+    for ax, name in zip(axes, ("GPU busy (%)", "data wait (% of step)", "CPU cores busy", "disk read (MB/s)")):
+        ax.set_ylabel(name, fontsize=8)
+        ax.grid(alpha=0.3)
+        if ax.get_lines():
+            ax.legend(fontsize=7, loc="upper right")
+        else:
+            ax.text(0.5, 0.5, "no GPU in this run", ha="center", va="center", transform=ax.transAxes, color="#888")
+    axes[0].set_ylim(0, 105)
+    axes[1].set_ylim(0, 105)
+    axes[-1].set_xlabel("seconds after warm-up")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def breakdown_png(profiles: list[dict], path: Path) -> None:
+    """Mean step time split into phases, one stacked bar per run."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.7 * len(profiles)), dpi=110)
+    names = [p["mode"] for p in profiles]
+    left = [0.0] * len(profiles)
+    for phase in PHASES:
+        widths = [p["phases_ms"].get(phase, 0.0) for p in profiles]
+        ax.barh(names, widths, left=left, color=COLOURS[phase], label=phase.replace("_", " "))
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_xlabel("ms per step")
+    ax.legend(fontsize=7, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{path.stem}" src="data:image/png;base64,{data}" style="max-width:100%">'
+
+
+def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]) -> Path:
+    """Write the report folder; returns the path of report.html (opens offline: images are inline)."""
+    out.mkdir(parents=True, exist_ok=True)
+    timeline_png(profiles, out / "timeline.png")
+    breakdown_png(profiles, out / "breakdown.png")
+    report = {"config": config, "verdicts": [v.__dict__ for v in verdicts], "profiles": profiles}
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    e = html.escape
+    def util(p: dict) -> str:
+        return "-" if p["gpu_util"] is None else f"{p['gpu_util']:.0f} %"
+
+    rows = "".join(
+        f"<tr><td>{e(p['mode'])}</td><td>{p['images_per_s']:,.0f}</td><td>{p['step_ms']:.1f}</td>"
+        f"<td>{100 * p['data_wait_fraction']:.0f} %</td><td>{util(p)}</td>"
+        f"<td>{p['own_cores_busy']:.1f} / {p['cores']}</td></tr>" for p in profiles)
+    items = "".join(
+        f"<li class='{'main' if v.bottleneck else 'also'}'><b>{e(v.title)}</b><br><span>{e(v.evidence)}</span>"
+        f"<ul>{''.join(f'<li>{e(a)}</li>' for a in v.advice)}</ul></li>" for v in verdicts)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>yolofeed doctor</title>
+<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
+li.main>b{{color:#b00}}li{{margin-bottom:.8em}}span{{color:#555}}</style></head><body>
+<h1>yolofeed doctor</h1><p>{e(config.get('summary', ''))}</p>
+<h2>Verdict</h2><ul>{items}</ul>
+<h2>Measured</h2><table><tr><th>run</th><th>img/s</th><th>ms/step</th><th>data wait</th><th>GPU busy</th>
+<th>cores busy / cores</th></tr>{rows}</table>
+<h2>Step breakdown</h2>{_img(out / 'breakdown.png')}
+<h2>Timeline</h2>{_img(out / 'timeline.png')}
+<p style="color:#888">Figures: median step rate over windows after warm-up; GPU busy is NVML utilisation (time a
+kernel ran), not the share of the chip's arithmetic used. Raw numbers in report.json.</p></body></html>"""
+    (out / "report.html").write_text(page, encoding="utf-8")
+    return out / "report.html"

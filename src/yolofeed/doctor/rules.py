@@ -1,0 +1,205 @@
+"""The doctor's diagnosis: one readable table of rules over the measurements.
+
+Each rule names a cause, tests measured numbers against thresholds (all in ``THRESHOLDS``), and
+says what it saw and what to change, with the expected gain where a measurement supports one.
+The first matching *bottleneck* rule is the verdict; *also* rules add findings that hold at the
+same time (validation cost, AMP off, CPU-only).
+
+| rule              | fires when                                                            |
+|-------------------|-----------------------------------------------------------------------|
+| cpu_contention    | other processes keep >= max(1, 25 % of cores) cores busy, data wait high |
+| disk_io           | data wait high and iowait >= 10 % (the loader waits on reads)           |
+| too_few_workers   | data wait high, workers saturated, >= 30 % of cores idle               |
+| cpu_augmentation  | data wait high and the run keeps >= 70 % of cores busy (CPU decode/augment) |
+| host_to_device    | preprocess (copy + normalise) >= 15 % of the step, data wait low        |
+| small_batch       | data wait low, GPU < 70 % busy, steps under 60 ms (launch-bound)         |
+| gpu_bound         | data wait < 5 % and GPU >= 85 % busy: already fed                      |
+| also: validation  | one validation pass >= 20 % of an epoch's training time                 |
+| also: amp_off     | AMP off on a GPU                                                     |
+| also: cpu_only    | no GPU in the run (only cpu_contention and disk_io are judged then)   |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+THRESHOLDS = {
+    "wait_high": 0.15,  # share of step time blocked on the loader
+    "wait_low": 0.05,
+    "contention_cores": 1.0,  # other processes' cores, at least ...
+    "contention_share": 0.25,  # ... or this share of the machine
+    "iowait": 0.10,
+    "workers_saturated": 0.8,  # run's cores busy / (workers + 1)
+    "idle_share": 0.30,
+    "cpu_saturated": 0.70,  # run's cores busy / machine cores
+    "preprocess_share": 0.15,
+    "util_low": 70.0,
+    "util_fed": 85.0,
+    "small_step_ms": 60.0,
+    "validation_share": 0.20,
+}
+
+
+@dataclass
+class Verdict:
+    """A finding: its rule, a headline, the numbers behind it, and what to change."""
+
+    rule: str
+    title: str
+    evidence: str
+    advice: list[str]
+    bottleneck: bool = True
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+@dataclass
+class Facts:
+    """The measurements the rules read (from the stock run; yolofeed's when it was measured too)."""
+
+    images_per_s: float
+    step_ms: float
+    data_wait: float
+    preprocess_share: float
+    gpu_util: float | None
+    cores: int
+    machine_cores_busy: float
+    own_cores_busy: float
+    iowait: float
+    disk_read_mb_s: float
+    workers: int
+    batch: int
+    amp: bool
+    n_train: int
+    n_val: int
+    val_images_per_s: float | None = None
+    yolofeed_images_per_s: float | None = None
+
+    @property
+    def other_cores_busy(self) -> float:
+        return max(0.0, self.machine_cores_busy - self.own_cores_busy)
+
+    @property
+    def idle_cores(self) -> float:
+        return max(0.0, self.cores - self.machine_cores_busy)
+
+
+def _gain(f: Facts) -> str:
+    if f.yolofeed_images_per_s:
+        return (f"measured here: {f.yolofeed_images_per_s:,.0f} img/s with yolofeed vs {f.images_per_s:,.0f} stock "
+                f"({f.yolofeed_images_per_s / f.images_per_s:.1f}x)")
+    return f"removes the {_pct(f.data_wait)} of each step spent waiting (up to {1 / (1 - f.data_wait):.1f}x)"
+
+
+T = THRESHOLDS
+Rule = tuple[str, Callable[[Facts], bool], Callable[[Facts], Verdict]]
+
+RULES: list[Rule] = [
+    ("cpu_contention",
+     lambda f: f.data_wait >= T["wait_high"] and f.other_cores_busy >= max(T["contention_cores"],
+                                                                            T["contention_share"] * f.cores),
+     lambda f: Verdict("cpu_contention", "Another process is taking the CPU the data loader needs",
+                       f"other processes kept {f.other_cores_busy:.1f} of {f.cores} cores busy while training waited "
+                       f"{_pct(f.data_wait)} of each step for data",
+                       ["stop or renice the other process (top / htop shows it)",
+                        f"yolofeed train needs about one core for data, so it suffers least: {_gain(f)}"])),
+    ("disk_io",
+     lambda f: f.data_wait >= T["wait_high"] and f.iowait >= T["iowait"],
+     lambda f: Verdict("disk_io", "The data loader waits on the disk",
+                       f"{_pct(f.iowait)} of CPU time was iowait, reads at {f.disk_read_mb_s:,.0f} MB/s, and each step "
+                       f"waited {_pct(f.data_wait)} for data",
+                       ["cache=ram (if the decoded dataset fits in memory), or move the dataset to a local SSD",
+                        "yolofeed pack stores the dataset in one memory-mapped file the page cache keeps: "
+                        + _gain(f)])),
+    ("too_few_workers",
+     lambda f: f.gpu_util is not None and f.data_wait >= T["wait_high"]
+     and f.own_cores_busy >= T["workers_saturated"] * (f.workers + 1) and f.idle_cores >= T["idle_share"] * f.cores,
+     lambda f: Verdict("too_few_workers", "Too few DataLoader workers for this GPU",
+                       f"workers={f.workers} kept {f.own_cores_busy:.1f} cores busy while {f.idle_cores:.1f} of "
+                       f"{f.cores} cores sat idle; each step waited {_pct(f.data_wait)} for data",
+                       [f"workers={min(f.cores, max(2 * f.workers, f.workers + round(f.idle_cores), f.workers + 1))}: about "
+                        f"{min(1 / (1 - f.data_wait), (f.own_cores_busy + f.idle_cores) / max(f.own_cores_busy, 1e-9)):.1f}"
+                        "x more data per second, until the GPU is the limit",
+                        "or yolofeed train, which needs no workers: " + _gain(f)])),
+    ("cpu_augmentation",
+     lambda f: f.gpu_util is not None and f.data_wait >= T["wait_high"]
+     and f.own_cores_busy >= T["cpu_saturated"] * f.cores,
+     lambda f: Verdict("cpu_augmentation", "Decoding and augmenting images on the CPU cannot keep up with the GPU",
+                       f"the run kept {f.own_cores_busy:.1f} of {f.cores} cores busy and each step still waited "
+                       f"{_pct(f.data_wait)} for data",
+                       ["yolofeed train: packs the dataset once and augments on the GPU: " + _gain(f),
+                        "cache=ram saves the JPEG decode (about a third of the CPU cost)",
+                        "mixup/cutmix/copy_paste cost extra CPU per image: turn them off if not needed"])),
+    ("host_to_device",
+     lambda f: f.gpu_util is not None and f.preprocess_share >= T["preprocess_share"] and f.data_wait < T["wait_high"],
+     lambda f: Verdict("host_to_device", "Copying and normalising batches costs a large share of each step",
+                       f"preprocess (host-to-device copy, uint8 -> float) took {_pct(f.preprocess_share)} of the step",
+                       ["keep pinned memory on (Ultralytics' PIN_MEMORY=True, the default)",
+                        "yolofeed train copies uint8 on a side CUDA stream ahead of time: " + _gain(f)])),
+    ("small_batch",
+     lambda f: f.data_wait < T["wait_low"] * 2 and f.gpu_util is not None and f.gpu_util < T["util_low"]
+     and f.step_ms < T["small_step_ms"],
+     lambda f: Verdict("small_batch", "The batch is too small to fill the GPU",
+                       f"steps take {f.step_ms:.0f} ms with batch={f.batch} and the GPU is busy only "
+                       f"{f.gpu_util:.0f} % of the time: per-step overhead dominates",
+                       [f"batch={2 * f.batch} (or batch=-1 for Ultralytics' auto-batch): more images per step for "
+                        "about the same overhead", "if memory is short, keep batch and accumulate (nbs)"])),
+    ("gpu_bound",
+     lambda f: f.gpu_util is not None and f.data_wait < T["wait_low"] and f.gpu_util >= T["util_fed"],
+     lambda f: Verdict("gpu_bound", "The GPU is already fed: the model's compute is the limit",
+                       f"each step waited {_pct(f.data_wait)} for data and the GPU was busy "
+                       f"{f.gpu_util:.0f} % of the time",
+                       ["the data pipeline is not the problem; a faster step needs AMP, a smaller model or imgsz, "
+                        "or more GPUs (device=0,1)"])),
+]
+
+ALSO: list[Rule] = [
+    ("validation",
+     lambda f: f.val_images_per_s is not None and f.n_val / f.val_images_per_s
+     >= T["validation_share"] * (f.n_train / max(f.images_per_s, 1e-9)),
+     lambda f: Verdict("validation", "Validation takes a large share of every epoch",
+                       f"one validation pass ({f.n_val:,} images at {f.val_images_per_s:,.0f} img/s) takes "
+                       f"{f.n_val / f.val_images_per_s:.0f} s against {f.n_train / max(f.images_per_s, 1e-9):.0f} s "
+                       "of training per epoch",
+                       ["val=False while training and validate the final weights (yolo val), or use a smaller "
+                        "validation split"], bottleneck=False)),
+    ("amp_off",
+     lambda f: not f.amp and f.gpu_util is not None,
+     lambda f: Verdict("amp_off", "Mixed precision (AMP) is off", "amp=False on a GPU",
+                       ["amp=True: typically 1.5-2x faster steps on tensor-core GPUs"], bottleneck=False)),
+    ("cpu_only",
+     lambda f: f.gpu_util is None,
+     lambda f: Verdict("cpu_only", "This run used no GPU",
+                       "no NVIDIA GPU was visible (NVML), so GPU utilisation and memory are not reported",
+                       ["device=0 on a machine with an NVIDIA GPU; on the CPU, the model's compute usually dominates"],
+                       bottleneck=False)),
+]
+
+
+def diagnose(f: Facts) -> list[Verdict]:
+    """The first bottleneck rule that fires, then every 'also' finding that holds.
+
+    Without a GPU only CPU-wide causes (contention, disk) are judged: the rest are about feeding a GPU.
+    """
+    out = []
+    if f.gpu_util is None and not any(t(f) for name, t, _ in RULES if name in ("cpu_contention", "disk_io")):
+        out.append(Verdict("cpu_only_compute", "CPU-only run: the model's compute sets the pace",
+                           f"each step took {f.step_ms:.0f} ms, {_pct(f.data_wait)} of it waiting for data, with "
+                           f"{f.own_cores_busy:.1f} of {f.cores} cores busy",
+                           ["train on a GPU (device=0); the data-pipeline verdicts apply once a GPU is in the loop"]))
+        return out + [verdict(f) for name, test, verdict in ALSO if test(f) and name != "cpu_only"]
+    for _, test, verdict in RULES:
+        if test(f):
+            out.append(verdict(f))
+            break
+    else:
+        out.append(Verdict("mixed", "No single bottleneck stands out",
+                           f"data wait {_pct(f.data_wait)}, preprocess {_pct(f.preprocess_share)}, GPU "
+                           + (f"{f.gpu_util:.0f} %" if f.gpu_util is not None else "n/a")
+                           + f", {f.own_cores_busy:.1f} of {f.cores} cores busy",
+                           ["compare with yolofeed bench to see what a GPU-fed run reaches"]))
+    out += [verdict(f) for _, test, verdict in ALSO if test(f)]
+    return out

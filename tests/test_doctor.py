@@ -1,0 +1,112 @@
+"""The doctor: each planted bottleneck gets its verdict; the report renders; the command runs on the CPU."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from yolofeed.doctor.rules import Facts, diagnose
+
+# a healthy GPU run: fed, busy, big steps; each case below changes what makes its cause true
+FED = Facts(images_per_s=1500, step_ms=85, data_wait=0.01, preprocess_share=0.03, gpu_util=92, cores=16,
+            machine_cores_busy=2.0, own_cores_busy=1.8, iowait=0.0, disk_read_mb_s=0, workers=8, batch=128, amp=True,
+            n_train=10000, n_val=500, val_images_per_s=3000)
+
+CASES = {
+    "gpu_bound": {},
+    "cpu_augmentation": dict(data_wait=0.55, gpu_util=38, own_cores_busy=15.2, machine_cores_busy=15.5),
+    "too_few_workers": dict(data_wait=0.60, gpu_util=30, workers=2, own_cores_busy=2.9, machine_cores_busy=3.0),
+    "disk_io": dict(data_wait=0.45, gpu_util=45, iowait=0.35, disk_read_mb_s=180, own_cores_busy=4, machine_cores_busy=4),
+    "cpu_contention": dict(data_wait=0.40, gpu_util=50, own_cores_busy=8, machine_cores_busy=15.8),
+    "host_to_device": dict(preprocess_share=0.30, gpu_util=70, data_wait=0.02),
+    "small_batch": dict(batch=4, step_ms=22, gpu_util=35, data_wait=0.03),
+}
+
+
+@pytest.mark.parametrize("cause", list(CASES))
+def test_each_planted_bottleneck_is_named(cause):
+    verdicts = diagnose(replace(FED, **CASES[cause]))
+    assert verdicts[0].rule == cause and verdicts[0].bottleneck
+    assert re.search(r"\d", verdicts[0].evidence), "the evidence carries numbers"
+    assert verdicts[0].advice
+
+
+def test_findings_that_hold_alongside():
+    v = diagnose(replace(FED, val_images_per_s=100, amp=False))  # 500 val images at 100/s vs 7 s of training
+    assert [x.rule for x in v] == ["gpu_bound", "validation", "amp_off"]
+    assert not v[1].bottleneck and "val=False" in v[1].advice[0]
+
+
+def test_cpu_only_run_says_so():
+    v = diagnose(replace(FED, gpu_util=None, data_wait=0.3, own_cores_busy=1.0, machine_cores_busy=1.0, cores=2))
+    assert v[0].rule == "cpu_only_compute" and "CPU-only" in v[0].title
+
+
+def test_advice_names_the_measured_yolofeed_gain():
+    v = diagnose(replace(FED, **CASES["cpu_augmentation"], images_per_s=600, yolofeed_images_per_s=1550))
+    assert any("1,550 img/s with yolofeed" in a and "2.6x" in a for a in v[0].advice)
+
+
+def _profile(mode: str, wait: float) -> dict:
+    t = [0.1 * k for k in range(30)]
+    return {"mode": mode, "images_per_s": 600.0, "step_ms": 200.0, "data_wait_fraction": wait, "gpu_util": 40.0,
+            "own_cores_busy": 15.0, "cpu_cores_busy": 15.5, "cores": 16,
+            "phases_ms": {"data_wait": 200 * wait, "preprocess": 5, "forward": 40, "loss": 10, "backward": 60,
+                          "optimizer": 5},
+            "timeline": {"t": t, "gpu_util": [40.0] * 30, "cpu_cores_busy": [15.5] * 30, "own_cores_busy": [15.0] * 30,
+                         "disk_read_mb_s": [0.0] * 30, "step_t": t[::3], "step_wait_fraction": [wait] * 10}}
+
+
+def test_report_is_self_contained(tmp_path):
+    from PIL import Image
+
+    from yolofeed.doctor import report
+
+    html = report.write(tmp_path, {"summary": "test run"}, [_profile("stock", 0.5), _profile("yolofeed", 0.01)],
+                        diagnose(replace(FED, **CASES["cpu_augmentation"])))
+    text = html.read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', text)
+    assert len(images) == 2 and "http" not in text.replace("http-equiv", "")  # nothing fetched: opens offline
+    for b64 in images:
+        im = Image.open(io.BytesIO(base64.b64decode(b64)))
+        assert im.size[0] > 400 and im.size[1] > 100
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["verdicts"][0]["rule"] == "cpu_augmentation" and len(data["profiles"]) == 2
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(tmp_path):
+    """Open report.html in a real browser; the stacked bar's data-wait red must be on screen."""
+    from PIL import Image
+
+    from yolofeed.doctor import report
+
+    html = report.write(tmp_path, {"summary": "test run"}, [_profile("stock", 0.5), _profile("yolofeed", 0.01)],
+                        diagnose(replace(FED, **CASES["cpu_augmentation"])))
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                    "--window-size=1000,2600", f"--screenshot={shot}", html.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    px = Image.open(shot).convert("RGB")
+    red = sum(1 for p in px.getdata() if abs(p[0] - 0xd6) < 8 and abs(p[1] - 0x27) < 8 and abs(p[2] - 0x28) < 8)
+    assert red > 500, "the step-breakdown plot is not on the rendered page"
+
+
+@pytest.mark.slow
+def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capsys):
+    from yolofeed.cli import main
+
+    out = tmp_path / "doc"
+    assert main(["doctor", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=5", "warmup=2",
+                 "device=cpu", f"out={out}"]) == 0
+    text = capsys.readouterr().out
+    assert "VERDICT:" in text and "CPU-only" in text and "report.html" in text
+    assert {p.name for p in out.iterdir()} >= {"report.html", "report.json", "timeline.png", "breakdown.png"}
