@@ -54,6 +54,8 @@ class Profile:
     steps: int
     phases_ms: dict[str, float]
     gpu_util: float | None
+    gpu_clock_mhz: float | None
+    gpu_power_w: float | None
     cpu_cores_busy: float
     own_cores_busy: float
     iowait: float
@@ -131,7 +133,9 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         loader = getattr(trainer, name, None)
         if hasattr(loader, "close"):
             loader.close()
-    stats, ph = rates.compute(), phases.summary()
+    if phases.cuda:
+        torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
+    stats, ph = rates.compute(), phases.summary(skip=warmup)
     cuda = trainer.device.type == "cuda"
     t0 = state.get("t_measure", 0.0)
     timeline = sampler.timeline()
@@ -142,6 +146,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         step_ms=round(stats.step_ms, 2), data_wait_fraction=round(stats.data_wait_fraction, 4),
         windows=[round(w, 1) for w in stats.windows], steps=stats.steps,
         phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=system.gpu_util,
+        gpu_clock_mhz=system.gpu_clock_mhz, gpu_power_w=system.gpu_power_w,
         cpu_cores_busy=round(system.cpu_cores_busy, 2), own_cores_busy=round(system.own_cores_busy, 2),
         iowait=round(system.iowait, 4), disk_read_mb_s=round(system.disk_read_mb_s, 1), cores=system.cores,
         gpu_mem_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,

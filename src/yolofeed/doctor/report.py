@@ -82,7 +82,10 @@ def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     e = html.escape
     def util(p: dict) -> str:
-        return "-" if p["gpu_util"] is None else f"{p['gpu_util']:.0f} %"
+        if p["gpu_util"] is None:
+            return "-"
+        clock = f" at {p['gpu_clock_mhz']:,.0f} MHz" if p.get("gpu_clock_mhz") else ""
+        return f"{p['gpu_util']:.0f} %{clock}"
 
     rows = "".join(
         f"<tr><td>{e(p['mode'])}</td><td>{p['images_per_s']:,.0f}</td><td>{p['step_ms']:.1f}</td>"

@@ -30,7 +30,8 @@ THRESHOLDS = {
     "contention_cores": 1.0,  # other processes' cores, at least ...
     "contention_share": 0.25,  # ... or this share of the machine
     "iowait": 0.10,
-    "workers_saturated": 0.8,  # run's cores busy / (workers + 1)
+    "workers_saturated": 0.8,  # run's cores busy / workers (the waiting main thread adds little: seen 1.3 cores
+                               # for workers=1 on the H200 machine)
     "idle_share": 0.30,
     "cpu_saturated": 0.70,  # run's cores busy / machine cores
     "preprocess_share": 0.15,
@@ -116,7 +117,7 @@ RULES: list[Rule] = [
                         + _gain(f)])),
     ("too_few_workers",
      lambda f: f.gpu_util is not None and f.data_wait >= T["wait_high"]
-     and f.own_cores_busy >= T["workers_saturated"] * (f.workers + 1) and f.idle_cores >= T["idle_share"] * f.cores,
+     and f.own_cores_busy >= T["workers_saturated"] * max(f.workers, 1) and f.idle_cores >= T["idle_share"] * f.cores,
      lambda f: Verdict("too_few_workers", "Too few DataLoader workers for this GPU",
                        f"workers={f.workers} kept {f.own_cores_busy:.1f} cores busy while {f.idle_cores:.1f} of "
                        f"{f.cores} cores sat idle; each step waited {_pct(f.data_wait)} for data",

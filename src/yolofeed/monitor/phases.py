@@ -100,10 +100,12 @@ class PhaseTimer:
             self.records.append(StepRecord(images, ms, t_end))
             self._pending.popleft()
 
-    def summary(self, last: int | None = None) -> PhaseSummary:
-        """Means over the last ``last`` resolved steps (all kept ones by default)."""
+    def summary(self, last: int | None = None, skip: int = 0) -> PhaseSummary:
+        """Means over the last ``last`` resolved steps (all kept ones by default), less the first ``skip``
+        (warm-up: compilation, autotuning and graph capture make the first steps unrepresentative)."""
         self._resolve()
-        recs = list(self.records)[-last:] if last else list(self.records)
+        recs = list(self.records)[skip:]
+        recs = recs[-last:] if last else recs
         if not recs:
             return PhaseSummary(0)
         n = len(recs)

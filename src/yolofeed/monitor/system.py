@@ -30,6 +30,8 @@ class SystemStats:
     own_cores_busy: float = 0.0
     iowait: float = 0.0
     cores: int = 0
+    gpu_clock_mhz: float | None = None  # SM clock: a starved GPU drops to idle clocks between steps
+    gpu_power_w: float | None = None
 
 
 class SystemSampler:
@@ -37,7 +39,7 @@ class SystemSampler:
 
     def __init__(self, interval: float = 0.1, gpu_index: int = 0):
         self.interval, self.gpu_index = interval, gpu_index
-        self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
+        self._reset()
         self.cores = psutil.cpu_count() or 1
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()
@@ -75,8 +77,11 @@ class SystemSampler:
             if disk0 is not None and disk1 is not None:
                 self._disk.append((disk1.read_bytes - disk0.read_bytes) / (t1 - t0) / 1e6)
             if self._handle is not None:
-                self._gpu.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
-                self._mem.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 1e9)
+                nv, h = self._nvml, self._handle
+                self._gpu.append(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+                self._mem.append(nv.nvmlDeviceGetMemoryInfo(h).used / 1e9)
+                self._clock.append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+                self._power.append(nv.nvmlDeviceGetPowerUsage(h) / 1e3)
             self._t.append(t1)
             cpu0, disk0, t0 = cpu1, disk1, t1
 
@@ -88,20 +93,26 @@ class SystemSampler:
         k = next((i for i in range(len(self._t) - 1, -1, -1) if self._t[i] < cut), -1) + 1
         mean = lambda v: statistics.fmean(v[k:]) if len(v) > k else None  # noqa: E731
         return SystemStats(len(self._t) - k, mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
-                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores)
+                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores,
+                           mean(self._clock), mean(self._power))
 
     def timeline(self) -> dict[str, list]:
         """Every sample: time (s, from the first), GPU %, machine and own cores busy, disk MB/s."""
         t0 = self._t[0] if self._t else 0.0
-        return {"t": [t - t0 for t in self._t], "gpu_util": list(self._gpu), "cpu_cores_busy": list(self._cpu),
+        return {"t": [t - t0 for t in self._t], "gpu_util": list(self._gpu), "gpu_clock_mhz": list(self._clock),
+                "cpu_cores_busy": list(self._cpu),
                 "own_cores_busy": list(self._own), "disk_read_mb_s": list(self._disk), "t0": t0}
 
     @property
     def has_gpu(self) -> bool:
         return self._handle is not None
 
-    def start(self) -> SystemSampler:
+    def _reset(self) -> None:
         self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
+        self._clock, self._power = [], []
+
+    def start(self) -> SystemSampler:
+        self._reset()
         self._halt.clear()
         self._thread = threading.Thread(target=self._run, daemon=True, name="yolofeed-sampler")
         self._thread.start()
@@ -113,4 +124,5 @@ class SystemSampler:
             self._thread.join()
         mean = lambda v: statistics.fmean(v) if v else None  # noqa: E731
         return SystemStats(len(self._cpu), mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
-                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores)
+                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores,
+                           mean(self._clock), mean(self._power))
