@@ -74,13 +74,14 @@ class Profile:
 
 
 def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
-            time_validation: bool = False) -> Profile:
+            time_validation: bool = False, accounting: bool = True) -> Profile:
     """Train ``mode`` with Ultralytics ``args`` for ``warmup + steps`` steps and measure it.
 
     Args:
         args: training overrides (model, data, imgsz, batch, workers, device, ...); validation,
             plots and checkpoints are switched off and mosaic kept on unless the caller says otherwise.
         time_validation: also run one validation pass and time it (for the doctor's validation rule).
+        accounting: phase marks and the system sampler on (False measures their overhead by difference).
     """
     rates = StepTimer(warmup=warmup, window=window)
     phases = PhaseTimer(cuda=False)  # replaced once the device is known
@@ -90,17 +91,20 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
 
     def on_train_start(trainer) -> None:
         phases.cuda = trainer.device.type == "cuda"
-        state["hooks"] = install_phase_marks(trainer, phases)
+        if accounting:
+            state["hooks"] = install_phase_marks(trainer, phases)
 
     def on_start(trainer) -> None:
         rates.batch_ready()
-        phases.batch_ready()
+        if accounting:
+            phases.batch_ready()
 
     def on_end(trainer) -> None:
         rates.step_done(trainer.batch_size)
-        phases.step_done(trainer.batch_size)
+        if accounting:
+            phases.step_done(trainer.batch_size)
         n = len(rates)
-        if n == warmup:
+        if n == warmup and accounting:
             sampler.start()
             state["t_measure"] = time.perf_counter()
             if torch.cuda.is_available() and trainer.device.type == "cuda":
