@@ -12,6 +12,16 @@ from PIL import Image
 GOOD_LABEL = "3 0.5 0.5 0.25 0.25\n"
 
 
+class FakeClock:
+    """A clock tests move by hand: timing logic is tested without timing anything."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int):
     """Ultralytics' YOLODataset for a split, without augmentation: its labels and load_image are the reference."""
     from ultralytics.cfg import get_cfg

@@ -18,8 +18,7 @@ import torch
 from ultralytics.data.augment import CutMix, LetterBox, MixUp, Mosaic, RandomFlip, RandomHSV, RandomPerspective
 
 from helpers import source_batch, ultralytics_dataset
-from yolofeed.augment import AugmentHyp, GpuAugment
-from yolofeed.augment import color, geometry, mix
+from yolofeed.augment import AugmentHyp, GpuAugment, color, geometry, mix
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.augment.pipeline import compose
 from yolofeed.augment.warp import warp_reference

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch
-from yolofeed.augment import geometry
+from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch, geometry
 from yolofeed.augment.warp import warp_reference
 
 S = 128

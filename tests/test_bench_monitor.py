@@ -6,15 +6,8 @@ import json
 
 import pytest
 
+from helpers import FakeClock
 from yolofeed.monitor import StepTimer, SystemSampler
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_step_timer_rates_and_data_wait():

@@ -9,16 +9,9 @@ import urllib.request
 
 import pytest
 
+from helpers import FakeClock
 from yolofeed.monitor import LowUtilAlert, PhaseTimer
 from yolofeed.monitor.live import TrainingMonitor
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def test_alert_fires_once_per_episode_after_the_hold():

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 TINY = dict(epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
 
@@ -68,17 +69,19 @@ def test_cli_resumes_a_killed_run(synth_root, runs):
     t0 = time.monotonic()
     results, last = run / "results.csv", run / "weights" / "last.pt"
     while time.monotonic() - t0 < 600 and proc.poll() is None:  # kill once the first epoch is saved
-        # Ultralytics writes the results row, then last.pt: a last.pt newer than the row is complete
+        # Ultralytics writes the results row, then last.pt (in place, not atomically): wait until the file
+        # is newer than the row and loads, so the kill lands between checkpoints, as a crash usually does
         if results.exists() and last.exists() and last.stat().st_mtime_ns >= results.stat().st_mtime_ns:
-            time.sleep(0.05)
-            break
+            try:
+                torch.load(last, map_location="cpu", weights_only=False)
+                break
+            except Exception:  # still being written
+                pass
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     with open(run / "results.csv") as f:
         before = [row[0].strip() for row in list(csv.reader(f))[1:]]
-    import torch
-
     saved = torch.load(run / "weights" / "last.pt", map_location="cpu", weights_only=False)["epoch"]  # 0-based
     assert 0 <= saved < 2, "the run finished before it could be killed"
     r = subprocess.run([sys.executable, "-m", "yolofeed", "train", f"resume={run / 'weights' / 'last.pt'}"],

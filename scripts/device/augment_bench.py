@@ -17,7 +17,6 @@ import torch
 
 sys.path.insert(0, "tests")
 from helpers import source_batch  # noqa: E402
-
 from yolofeed.augment import AugmentHyp, GpuAugment, color, geometry, mix  # noqa: E402
 from yolofeed.augment.pipeline import compose  # noqa: E402
 from yolofeed.augment.warp import warp  # noqa: E402

@@ -6,7 +6,6 @@ import torch
 
 sys.path.insert(0, "tests")
 from helpers import source_batch  # noqa: E402
-
 from yolofeed.augment import AugmentHyp, GpuAugment, color, compose_triton, geometry, warp_triton  # noqa: E402
 from yolofeed.augment.pipeline import compose_reference  # noqa: E402
 from yolofeed.augment.warp import warp_reference  # noqa: E402

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
 from yolofeed.augment.pipeline import AugmentedBatch, GpuAugment, SourceBatch
 

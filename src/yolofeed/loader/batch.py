@@ -44,8 +44,9 @@ def _decode_jpegs(pack: Pack, indices: np.ndarray, out: np.ndarray) -> np.ndarra
     The same pixels as a raw pack for files kept byte for byte; re-encoded files (non-JPEG sources,
     EXIF-rotated or restored ones) carry their quality-95 re-encoding.
     """
-    import cv2
     from concurrent.futures import ThreadPoolExecutor
+
+    import cv2
 
     shapes = pack.shapes[indices]
 

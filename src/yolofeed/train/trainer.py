@@ -24,6 +24,7 @@ from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
 
+
 class FastDetectionTrainer(DetectionTrainer):
     """``DetectionTrainer`` with a GPU-resident data pipeline.
 
