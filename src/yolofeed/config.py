@@ -18,6 +18,11 @@ def key(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
+def passthrough(help: str) -> Any:  # noqa: A002 - mirrors argparse
+    """The field that collects every other ``key=value`` (handed to Ultralytics unchanged)."""
+    return field(default_factory=dict, metadata={"help": help, "choices": None, "passthrough": True})
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (the affinity mask, not the machine's count)."""
     try:
@@ -68,8 +73,7 @@ class TrainConfig:
     pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, TensorBoard scalars")
     prometheus_port: int | None = key(None, "with monitor=True: serve metrics on 127.0.0.1:<port>/metrics")
-    extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to Ultralytics' train",
-                                                        "choices": None, "passthrough": True})
+    extra: dict = passthrough("every other key=value goes to Ultralytics' train")
 
 
 @dataclass(frozen=True)
@@ -85,9 +89,7 @@ class BenchConfig:
     window: int = key(10, "steps per rate window; the reported rate is the median window")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run")
     out: str = key("runs/bench", "folder for bench.json, bench.png and the runs")
-    extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to the trainers "
-                                                        "(device, workers, amp, ...)", "choices": None,
-                                                        "passthrough": True})
+    extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,7 @@ class DoctorConfig:
     yolofeed: bool = key(True, "also profile yolofeed train on the same setup, for the expected gain")
     time_validation: bool = key(True, "time one validation pass (for the validation-cost rule)")
     out: str = key("runs/doctor", "report folder: report.html, report.json, timeline.png, breakdown.png")
-    extra: dict = field(default_factory=dict, metadata={"help": "every other key=value goes to the trainer "
-                                                        "(device, amp, cache, ...)", "choices": None,
-                                                        "passthrough": True})
+    extra: dict = passthrough("every other key=value goes to the trainer (device, amp, cache, ...)")
 
 
 def fields_of(config_cls: type) -> list[dataclasses.Field]:

@@ -31,6 +31,11 @@ def uniform(generator: torch.Generator | None, shape: tuple[int, ...], low: Tens
     return low + (high - low) * u
 
 
+def coin(generator: torch.Generator | None, batch_size: int, p: float, device: torch.device) -> Tensor:
+    """(B,) bool, each True with probability ``p`` (Ultralytics' ``random.uniform(0, 1) <= p`` per image)."""
+    return torch.rand(batch_size, generator=generator, device=device) < p
+
+
 # -- mosaic --------------------------------------------------------------------------------------
 @dataclass
 class MosaicParams:
@@ -58,7 +63,7 @@ def sample_mosaic(batch_size: int, hyp: AugmentHyp, generator: torch.Generator |
     resulting box and pixel distributions against Ultralytics'.
     """
     s, t = hyp.imgsz, hyp.mosaic_grid
-    apply = torch.rand(batch_size, generator=generator, device=device) < hyp.mosaic
+    apply = coin(generator, batch_size, hyp.mosaic, device)
     border = -s // 2  # Ultralytics' self.border (floor division of the negative)
     c = uniform(generator, (batch_size, 2), -border, 2 * s + border, device).floor().long()  # int(uniform(...))
     partners = torch.randint(0, batch_size, (batch_size, t - 1), generator=generator, device=device)
@@ -288,9 +293,7 @@ class FlipParams:
 
 
 def sample_flips(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None, device: torch.device) -> FlipParams:
-    ud = torch.rand(batch_size, generator=generator, device=device) < hyp.flipud
-    lr = torch.rand(batch_size, generator=generator, device=device) < hyp.fliplr
-    return FlipParams(ud, lr)
+    return FlipParams(coin(generator, batch_size, hyp.flipud, device), coin(generator, batch_size, hyp.fliplr, device))
 
 
 def flip_boxes(boxes: Tensor, p: FlipParams, size: int) -> Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from yolofeed.augment.geometry import coin
 from yolofeed.augment.hyp import AugmentHyp
 
 MIXUP_BETA = 32.0  # Ultralytics: r ~ Beta(32, 32)
@@ -43,8 +44,7 @@ class MixUpParams:
 
 def sample_mixup(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
                  device: torch.device) -> MixUpParams:
-    apply = torch.rand(batch_size, generator=generator, device=device) < hyp.mixup
-    apply &= batch_size > 1
+    apply = coin(generator, batch_size, hyp.mixup, device) & (batch_size > 1)
     ratio = _beta_symmetric(int(MIXUP_BETA), (batch_size,), generator, device)
     return MixUpParams(apply, ratio, _partner(batch_size, generator, device))
 
@@ -63,8 +63,7 @@ class CutMixParams:
 
 def sample_cutmix(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
                   device: torch.device) -> CutMixParams:
-    apply = torch.rand(batch_size, generator=generator, device=device) < hyp.cutmix
-    apply &= batch_size > 1
+    apply = coin(generator, batch_size, hyp.cutmix, device) & (batch_size > 1)
     shape = (batch_size, CUTMIX_AREAS)
     lam = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)  # Beta(1, 1) is uniform
     centre = torch.rand((*shape, 2), generator=generator, device=device, dtype=torch.float64)

@@ -138,7 +138,7 @@ class GpuAugment:
             mixup=mix.sample_mixup(batch_size, h, generator, dev),
             cutmix=mix.sample_cutmix(batch_size, h, generator, dev),
             hsv=color.sample_hsv(batch_size, h, generator, dev),
-            bgr=torch.rand(batch_size, generator=generator, device=dev) < h.bgr)
+            bgr=geometry.coin(generator, batch_size, h.bgr, dev))
 
     def apply(self, batch: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         """Apply drawn parameters to a batch: pure, so a test can replay them through Ultralytics."""
