@@ -41,12 +41,12 @@ def letterbox(images: Tensor, hw: Tensor, shape: tuple[int, int] | Tensor, borde
     Raises:
         ValueError: an image is larger than ``shape`` (it would need scaling, which packs never do).
     """
-    sh = torch.as_tensor(shape, device=images.device, dtype=torch.long)
+    h, w = (int(v) for v in shape)  # from the caller's values: reading them back off the device would sync
+    sh = torch.tensor([h, w], dtype=torch.long).to(images.device)
     off = letterbox_offsets(hw, sh)
     if bool((off < 0).any()):  # a sync, but only here in validation, once per batch
         raise ValueError(f"images up to {hw.max(0).values.tolist()} do not fit letterbox shape {sh.tolist()}; "
                          "a pack's images are stored at imgsz: validate at the pack's imgsz")
-    h, w = int(sh[0]), int(sh[1])
     ys = torch.arange(h, device=images.device)[None, :] - off[:, :1]  # (B, h) source row per output row
     xs = torch.arange(w, device=images.device)[None, :] - off[:, 1:]
     inside = ((ys >= 0) & (ys < hw[:, :1]))[:, :, None] & ((xs >= 0) & (xs < hw[:, 1:]))[:, None, :]
