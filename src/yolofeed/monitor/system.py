@@ -6,9 +6,12 @@ at 90 % can still use a few per cent of its matrix rate. It is what ``nvidia-smi
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import psutil
@@ -35,55 +38,35 @@ class SystemStats:
 
 
 class SystemSampler:
-    """Samples every ``interval`` seconds in a daemon thread between ``start()`` and ``stop()``."""
+    """Samples every ``interval`` seconds between ``start()`` and ``stop()``.
+
+    The sampling runs in a separate process (``yolofeed.monitor.probe``), so it never holds this
+    process's GIL; a daemon thread here only parses its one-line samples.
+    """
 
     def __init__(self, interval: float = 0.1, gpu_index: int = 0):
         self.interval, self.gpu_index = interval, gpu_index
         self._reset()
         self.cores = psutil.cpu_count() or 1
+        self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
-        self._halt = threading.Event()
-        self._handle = None
-        try:
-            import pynvml
 
-            pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(gpu_index)
-            self._nvml = pynvml
-        except Exception:  # no NVIDIA driver or GPU: host figures only
-            self._handle = None
-
-    @staticmethod
-    def _own_cpu() -> float:
-        """CPU seconds used by this process and its live children (DataLoader workers)."""
-        me = psutil.Process()
-        total = sum(me.cpu_times()[:2])
-        for child in me.children(recursive=True):
-            try:
-                total += sum(child.cpu_times()[:2])
-            except psutil.Error:  # exited between listing and reading
-                pass
-        return total
-
-    def _run(self) -> None:
-        cpu0, disk0, t0, own0 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter(), self._own_cpu()
-        while not self._halt.wait(self.interval):
-            cpu1, disk1, t1, own1 = psutil.cpu_times(), psutil.disk_io_counters(), time.perf_counter(), self._own_cpu()
-            busy = (sum(cpu1) - cpu1.idle - getattr(cpu1, "iowait", 0.0)) - (sum(cpu0) - cpu0.idle - getattr(cpu0, "iowait", 0.0))
-            self._cpu.append(busy / (t1 - t0))  # cores busy: CPU-seconds per second
-            self._own.append(max(0.0, own1 - own0) / (t1 - t0))  # a worker that exited drops its time: clamp
-            self._iow.append((getattr(cpu1, "iowait", 0.0) - getattr(cpu0, "iowait", 0.0)) / max(sum(cpu1) - sum(cpu0), 1e-9))
-            own0 = own1
-            if disk0 is not None and disk1 is not None:
-                self._disk.append((disk1.read_bytes - disk0.read_bytes) / (t1 - t0) / 1e6)
-            if self._handle is not None:
-                nv, h = self._nvml, self._handle
-                self._gpu.append(nv.nvmlDeviceGetUtilizationRates(h).gpu)
-                self._mem.append(nv.nvmlDeviceGetMemoryInfo(h).used / 1e9)
-                self._clock.append(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-                self._power.append(nv.nvmlDeviceGetPowerUsage(h) / 1e3)
-            self._t.append(t1)
-            cpu0, disk0, t0 = cpu1, disk1, t1
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            s = json.loads(line)
+            if "ready" in s:
+                continue
+            self._cpu.append(s["cpu"])
+            self._own.append(s["own"])
+            self._iow.append(s["iow"])
+            if "disk" in s:
+                self._disk.append(s["disk"])
+            if "gpu" in s:
+                self._gpu.append(s["gpu"])
+                self._mem.append(s["mem"])
+                self._clock.append(s["clock"])
+                self._power.append(s["power"])
+            self._t.append(s["t"])  # last: readers index the other lists by len(self._t)
 
     def recent(self, seconds: float) -> SystemStats:
         """Means over the samples of the last ``seconds`` (for live alerts and gauges)."""
@@ -103,25 +86,28 @@ class SystemSampler:
                 "cpu_cores_busy": list(self._cpu),
                 "own_cores_busy": list(self._own), "disk_read_mb_s": list(self._disk), "t0": t0}
 
-    @property
-    def has_gpu(self) -> bool:
-        return self._handle is not None
-
     def _reset(self) -> None:
         self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
         self._clock, self._power = [], []
 
     def start(self) -> SystemSampler:
+        self.stop()
         self._reset()
-        self._halt.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="yolofeed-sampler")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # find yolofeed as we did
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "yolofeed.monitor.probe", str(os.getpid()), str(self.interval), str(self.gpu_index)],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
+        self._thread = threading.Thread(target=self._read, args=(self._proc,), daemon=True, name="yolofeed-sampler")
         self._thread.start()
         return self
 
     def stop(self) -> SystemStats:
-        self._halt.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+            self._thread.join()  # the pipe is closed: the reader has seen every sample
+            self._proc.stdout.close()
+            self._proc = None
         mean = lambda v: statistics.fmean(v) if v else None  # noqa: E731
         return SystemStats(len(self._cpu), mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
                            mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores,
