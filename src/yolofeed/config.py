@@ -87,7 +87,8 @@ class BenchConfig:
     steps: int = key(100, "measured training steps per mode, after warm-up")
     warmup: int = key(20, "steps ignored at the start of each mode")
     window: int = key(10, "steps per rate window; the reported rate is the median window")
-    modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run")
+    modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
+                     "(a jpeg pack decoded on the GPU), ceiling")
     out: str = key("runs/bench", "folder for bench.json, bench.png and the runs")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")
 

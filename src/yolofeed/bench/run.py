@@ -3,9 +3,11 @@
 For each mode: steady-state images/s (median of windows after warm-up), NVML GPU utilisation,
 the share of step time spent waiting for the next batch, host CPU cores busy and peak GPU
 memory. Modes run one after another in this process, on the same data, model, batch and imgsz:
-``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer), ``ceiling``
-(DetectionTrainer replaying batches already on the GPU). Mosaic stays on (close_mosaic=0),
-validation and checkpoints are off: only training steps are measured.
+``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer, raw pack), ``ceiling``
+(DetectionTrainer replaying batches already on the GPU), and on request ``yolofeed_jpeg``
+(FastDetectionTrainer with a jpeg pack decoded on the GPU: raw vs jpeg side by side with
+``modes=stock,yolofeed,yolofeed_jpeg,ceiling``). Mosaic stays on (close_mosaic=0), validation and
+checkpoints are off: only training steps are measured.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
 
-MODES = ("stock", "yolofeed", "ceiling")
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "ceiling")
+COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "ceiling": "#55a868"}
 
 
 def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
@@ -35,13 +38,13 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
 
 def table(results: list[dict]) -> str:
     ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
-    lines = [f"{'mode':<10}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}"
+    lines = [f"{'mode':<14}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}"
              f"{'GPU mem':>9}"]
     for r in results:
         ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
         util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
         mem = f"{r['gpu_mem_peak_gb']:.1f} GB" if r["gpu_mem_peak_gb"] is not None else "-"
-        lines.append(f"{r['mode']:<10}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
+        lines.append(f"{r['mode']:<14}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
                      f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}")
     return "\n".join(lines)
 
@@ -55,7 +58,7 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=120)
     names = [r["mode"] for r in results]
     rates = [r["images_per_s"] for r in results]
-    bars = ax.bar(names, rates, color=["#999999", "#2a7ab0", "#55a868"][:len(names)])
+    bars = ax.bar(names, rates, color=[COLOURS.get(m, "#c44e52") for m in names])
     for b, r in zip(bars, results):
         util = f"\n{r['gpu_util']:.0f}% GPU" if r["gpu_util"] is not None else ""
         ax.annotate(f"{r['images_per_s']:,.0f} img/s{util}", (b.get_x() + b.get_width() / 2, b.get_height()),

@@ -25,7 +25,7 @@ class _Enough(Exception):
 
 
 def trainer_class(mode: str):
-    """The trainer of a mode: stock Ultralytics, yolofeed, or the GPU-resident ceiling."""
+    """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack), or the GPU-resident ceiling."""
     if mode == "stock":
         from ultralytics.models.yolo.detect import DetectionTrainer
 
@@ -34,6 +34,10 @@ def trainer_class(mode: str):
         from yolofeed.train import FastDetectionTrainer
 
         return FastDetectionTrainer
+    if mode == "yolofeed_jpeg":  # the same trainer on a jpeg pack, decoded on the GPU
+        from yolofeed.train import FastDetectionTrainer
+
+        return FastDetectionTrainer.with_options(pack_format="jpeg")
     if mode == "ceiling":
         from yolofeed.bench.ceiling import CeilingTrainer
 

@@ -7,6 +7,11 @@ device buffers on its own CUDA stream, recording an event. The training thread m
 wait on that event, never on the disk, and records a "consumed" event once it has moved on, which
 frees the slot. ffcv's epoch iterator and timm's PrefetchLoader are the models.
 
+Jpeg packs are decoded by one of two decoders. ``cv2``: two host threads decode into the pinned
+buffer, which is copied like a raw batch. ``torchvision``: only labels go through the pinned buffers;
+the JPEG bytes are decoded on the delivery device (nvJPEG on CUDA) straight into the slot's device
+buffer, on the same side stream (see ``decode.py``). ``auto`` picks torchvision on CUDA.
+
 On a machine without CUDA the same code runs with plain memory and no streams; ``sync=True``
 gathers in the caller's thread instead (the tests compare the two).
 """
@@ -22,10 +27,27 @@ import numpy as np
 import torch
 
 from yolofeed.augment import SourceBatch
+from yolofeed.errors import ConfigError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
+from yolofeed.loader.decode import decode_into
 from yolofeed.pack import Pack
 
 _STOP = object()
+DECODERS = ("auto", "torchvision", "cv2")
+
+
+def decodes_on_device(pack: Pack, device: torch.device, decode: str) -> bool:
+    """Whether a jpeg pack's images are decoded by torchvision on ``device`` (else by cv2 on the host).
+
+    Raises:
+        ConfigError: ``decode`` is not one of ``DECODERS``.
+    """
+    if decode not in DECODERS:
+        raise ConfigError(f"decode={decode!r}: expected one of {', '.join(DECODERS)} (auto: torchvision on CUDA, "
+                          "cv2 elsewhere)")
+    if pack.storage != "jpeg":
+        return False  # raw packs hold pixels: nothing to decode
+    return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
 
 
 @dataclass
@@ -41,15 +63,16 @@ class LoadedBatch:
 
 
 class _Slot:
-    def __init__(self, pack: Pack, batch: int, device: torch.device):
+    def __init__(self, pack: Pack, batch: int, device: torch.device, on_device: bool):
         pin = device.type == "cuda"
         width = label_width(pack)
-        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin)
+        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device)
         if device.type == "cpu":
             self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False)
         else:
-            self.dev = HostBuffers(*(torch.empty_like(t, device=device) for t in
-                                     (self.host.images, self.host.hw, self.host.labels, self.host.counts)))
+            s = pack.imgsz
+            self.dev = HostBuffers(torch.empty((batch, s, s, 3), dtype=torch.uint8, device=device),
+                                   *(torch.empty_like(t, device=device) for t in self.host.tensors()[1:]))
         self.copied = torch.cuda.Event() if pin else None
         self.consumed = torch.cuda.Event() if pin else None
         self.n = 0
@@ -70,28 +93,46 @@ class Prefetcher:
         device: where batches are delivered.
         max_batch: largest batch the sampler produces.
         slots: ring size; 3 lets one batch be gathered while one copies and one trains.
+        sync: gather in the calling thread (tests, debugging).
+        decode: jpeg packs only: "torchvision" decodes on ``device`` (nvJPEG on CUDA, libjpeg-turbo on
+            the CPU), "cv2" on two host threads, "auto" is torchvision on CUDA and cv2 elsewhere.
+
+    Raises:
+        ConfigError: an unknown ``decode``.
     """
 
-    def __init__(self, pack: Pack, device: torch.device | str, max_batch: int, slots: int = 3, sync: bool = False):
+    def __init__(self, pack: Pack, device: torch.device | str, max_batch: int, slots: int = 3, sync: bool = False,
+                 decode: str = "auto"):
         self.pack, self.device, self.sync = pack, torch.device(device), sync
-        self.slots = [_Slot(pack, max_batch, self.device) for _ in range(1 if sync else slots)]
+        self.on_device = decodes_on_device(pack, self.device, decode)
+        self.slots = [_Slot(pack, max_batch, self.device, self.on_device) for _ in range(1 if sync else slots)]
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     # -- producer -------------------------------------------------------------------------
     def _fill(self, slot: _Slot, indices: np.ndarray) -> None:
-        slot.n = gather(self.pack, indices, slot.host)
+        n = slot.n = gather(self.pack, indices, slot.host, images=not self.on_device)
+        skip = 1 if self.on_device else 0  # images come from the decoder, not from the host buffer
+        pairs = list(zip(slot.host.tensors(), slot.dev.tensors()))[skip:]
         if self.stream is not None:
             with torch.cuda.stream(self.stream):  # host -> device on the side stream, from pinned memory
-                for h, d in zip((slot.host.images, slot.host.hw, slot.host.labels, slot.host.counts),
-                                (slot.dev.images, slot.dev.hw, slot.dev.labels, slot.dev.counts)):
-                    d[:slot.n].copy_(h[:slot.n], non_blocking=True)
+                for h, d in pairs:
+                    d[:n].copy_(h[:n], non_blocking=True)
+                if self.on_device:
+                    self._decode(slot, indices)
                 slot.copied.record(self.stream)
         else:
-            for h, d in zip((slot.host.images, slot.host.hw, slot.host.labels, slot.host.counts),
-                            (slot.dev.images, slot.dev.hw, slot.dev.labels, slot.dev.counts)):
-                d[:slot.n].copy_(h[:slot.n])
+            for h, d in pairs:
+                d[:n].copy_(h[:n])
+            if self.on_device:
+                self._decode(slot, indices)
+
+    def _decode(self, slot: _Slot, indices: np.ndarray) -> None:
+        """The batch's JPEG bytes, decoded on the device into the slot's device images (current stream)."""
+        files = self.pack.im_files
+        decode_into([self.pack.encoded(int(i)) for i in indices], self.pack.shapes[np.asarray(indices, np.int64)],
+                    slot.dev.images[:slot.n], names=[files[i] for i in indices])
 
     def _produce(self, batches: list[np.ndarray], free: queue.Queue, ready: queue.Queue) -> None:
         try:

@@ -26,11 +26,12 @@ class TrainLoader:
         device: where batches are delivered (the trainer's device).
         fraction: Ultralytics' ``fraction`` (share or count of the sorted source files).
         sync: gather in the calling thread (tests, debugging).
+        decode: how jpeg packs are decoded: "auto", "torchvision" (on ``device``) or "cv2" (see ``Prefetcher``).
     """
 
     def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, seed: int = 0, rank: int = 0,
                  world_size: int = 1, fraction: float | int = 1.0, drop_last: bool = False, slots: int = 3,
-                 sync: bool = False):
+                 sync: bool = False, decode: str = "auto"):
         tried = pack.header["counts"].get("tried", len(pack))
         indices = (np.arange(len(pack)) if fraction == 1.0
                    else fraction_subset(tried, source_positions(pack), fraction))
@@ -39,7 +40,7 @@ class TrainLoader:
                                     drop_last=drop_last)
         self.batch_size, self.drop_last = batch_size, drop_last
         self.num_workers = 1  # one gather thread; the GPU does the rest
-        self.prefetcher = Prefetcher(pack, device, batch_size + 1, slots=slots, sync=sync)
+        self.prefetcher = Prefetcher(pack, device, batch_size + 1, slots=slots, sync=sync, decode=decode)
 
     def __len__(self) -> int:
         return self.sampler.num_batches()

@@ -53,15 +53,17 @@ class ValLoader:
         pack: the validation split's pack (stored at the training imgsz).
         batch_size: Ultralytics validates at twice the training batch.
         stride: the model's largest stride (at least 32), for the rect shapes.
+        decode: how jpeg packs are decoded: "auto", "torchvision" (on ``device``) or "cv2" (see ``Prefetcher``).
     """
 
-    def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, stride: int = 32, sync: bool = False):
+    def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, stride: int = 32, sync: bool = False,
+                 decode: str = "auto"):
         self.pack, self.batch_size, self.device = pack, batch_size, torch.device(device)
         self.dataset = PackDataset(pack)
         self.order, self.batches, self.shapes = rect_batches(pack.ori_shapes, batch_size, pack.imgsz, stride)
         self.dataset.indices = self.order  # the validator reads im_files in batch order
         self.num_workers, self.drop_last, self.sampler = 1, False, None
-        self.prefetcher = Prefetcher(pack, device, batch_size, slots=2, sync=sync)
+        self.prefetcher = Prefetcher(pack, device, batch_size, slots=2, sync=sync, decode=decode)
 
     def __len__(self) -> int:
         return len(self.batches)

@@ -1,0 +1,119 @@
+"""JPEG bytes -> resized RGB pixels on the delivery device: torchvision's batched decode (nvJPEG on CUDA).
+
+One ``decode_jpeg`` call per batch, then one resize and one indexed write per group of images that
+share a (decoded size, target size) pair: a COCO-like batch is a handful of groups, so a batch costs
+a handful of kernels, not several per image. The same code runs on the CPU (libjpeg-turbo behind the
+same call), which is how the tests exercise the grouping, the resize and the fallbacks.
+
+An image the batched call refuses (nvJPEG declines some CMYK and unusual JPEGs) is decoded alone on
+the same device; one that still fails is decoded on the host by OpenCV, exactly as the ``cv2`` path
+and Ultralytics' ``load_image`` decode it, and reported once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from yolofeed.errors import PackError
+
+LOGGER = logging.getLogger(__name__)
+
+# Files the device decoder refused: reported once, then sent straight to OpenCV, so one odd file
+# does not send its whole batch through the one-by-one retry every epoch.
+_REFUSED: set[str] = set()
+
+
+def _decode_jpeg(data: list[Tensor], device: torch.device) -> list[Tensor]:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if device.type == "cuda":
+        # torchvision's CUDA decode allocates its outputs on the caller's stream but writes them from
+        # a private stream that does not wait for the caller's: a block the caching allocator recycles
+        # while kernels queued on this stream still read it gets overwritten (pytorch/vision#9606,
+        # meta-pytorch/torchcodec#1634; seen on Hopper). Draining this stream first makes every recycled
+        # block idle. The loader decodes on its side stream from its own thread: training never waits.
+        torch.cuda.current_stream(device).synchronize()
+    return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+
+
+def _decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> Tensor:
+    """OpenCV decode + INTER_LINEAR resize, as Ultralytics' ``load_image``: (h, w, 3) RGB uint8 on the host."""
+    import cv2
+
+    im = cv2.imdecode(encoded, cv2.IMREAD_COLOR)
+    if im is None:  # the build proved OpenCV reads every stored file: these bytes changed on disk since
+        raise PackError(f"{name}: OpenCV cannot decode the JPEG bytes stored in the pack (the pack file is damaged); "
+                        "rebuild it with 'yolofeed pack data=... rebuild=always'")
+    if im.shape[:2] != (h, w):
+        im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
+    return torch.from_numpy(cv2.cvtColor(im, cv2.COLOR_BGR2RGB))
+
+
+def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
+                names: Sequence[str] | None = None) -> None:
+    """Decode JPEGs on ``out.device`` and write each, resized to ``shapes[k]``, into ``out[k]``'s top-left corner.
+
+    The resize is ``interpolate(bilinear, align_corners=False, antialias=False)`` in float32, rounded:
+    the same half-pixel sample positions and weights as ``cv2.resize(INTER_LINEAR)``, but not
+    bit-exact (OpenCV blends in 11-bit fixed point), and nvJPEG's IDCT and chroma upsampling differ
+    from libjpeg-turbo's: pixels match the ``cv2`` path within a level or two, not exactly.
+
+    On CUDA this host-synchronizes the current stream before decoding (see ``_decode_jpeg``): call it
+    on a side stream from a loader thread, never on the training stream.
+
+    Args:
+        encoded: B JPEG files, 1-D uint8 arrays (views of a pack's memory map are fine).
+        shapes: target (h, w) of each image.
+        out: images are written to ``out[k, :h, :w]``; the rest of ``out`` is left as it was.
+        names: each image's file, for the warning when one falls back to OpenCV.
+
+    Shape:
+        shapes: (B, 2) int. out: (>=B, H, W, 3) uint8 with H >= every h, W >= every w.
+    """
+    n = len(encoded)
+    if n == 0:
+        return
+    names = list(names) if names is not None else [f"image {k} of the batch" for k in range(n)]
+    hw = [(int(h), int(w)) for h, w in np.asarray(shapes).tolist()]
+    # A fresh tensor per file: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
+    data = [torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
+    on_host = [k for k in range(n) if names[k] in _REFUSED]
+    todo = [k for k in range(n) if names[k] not in _REFUSED]
+    images: dict[int, Tensor] = {}
+    try:
+        images = dict(zip(todo, _decode_jpeg([data[k] for k in todo], out.device))) if todo else {}
+    except (RuntimeError, ValueError):
+        for k in todo:  # one odd file fails the whole batched call: find it, keep the others on the device
+            try:
+                images[k] = _decode_jpeg([data[k]], out.device)[0]
+            except (RuntimeError, ValueError) as e:
+                _REFUSED.add(names[k])
+                LOGGER.warning(f"yolofeed: {names[k]}: the {out.device.type} JPEG decoder refused it ({e}); "
+                               "decoding it with OpenCV on the CPU from now on (slower, same pixels as a raw pack)")
+                on_host.append(k)
+    for k in on_host:
+        h, w = hw[k]
+        out[k, :h, :w] = _decode_cv2(np.asarray(encoded[k]), h, w, names[k]).to(out.device)
+
+    groups: dict[tuple[tuple[int, int], tuple[int, int]], list[int]] = {}
+    for k, im in images.items():
+        groups.setdefault((tuple(im.shape[1:]), hw[k]), []).append(k)
+    for (src, (h, w)), ks in groups.items():
+        x = torch.stack([images[k] for k in ks]) if len(ks) > 1 else images[ks[0]][None]
+        if src != (h, w):
+            x = F.interpolate(x.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=False)
+            x = x.round_().clamp_(0, 255).to(torch.uint8)
+        x = x.permute(0, 2, 3, 1)  # CHW -> HWC: the write below does the layout change, no extra copy
+        if len(ks) == 1:
+            out[ks[0], :h, :w] = x[0]
+        else:
+            out[torch.tensor(ks, device=out.device), :h, :w] = x
+
+
+__all__ = ["decode_into"]

@@ -1,0 +1,227 @@
+"""Device JPEG decode (torchvision; nvJPEG on CUDA): the cv2 path's pixels within a level, any grouping, odd files.
+
+On the CPU torchvision decodes with libjpeg-turbo, as OpenCV does: unresized images are identical
+and the only difference is the resize (float bilinear vs OpenCV's 11-bit fixed point), measured at
+most 1 level (mean 0.04-0.13 per image over the synthetic packs at imgsz 64, 97, 160 and 200).
+On CUDA nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo too: a looser bound (``gpu``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import yolofeed.loader.decode as decode
+from yolofeed.errors import ConfigError
+from yolofeed.loader import TrainLoader
+from yolofeed.loader.batch import _decode_jpegs
+from yolofeed.loader.decode import decode_into
+from yolofeed.loader.prefetch import Prefetcher
+from yolofeed.pack import open_or_build
+
+IMGSZ = 160  # synth_root holds 160x120, 120x160, 160x160, 160x90 (kept), 200x150 (shrunk), 128x96 (enlarged)
+CPU_MAX, CPU_MEAN = 1, 0.25  # torchvision CPU vs cv2, measured: max 1 level, mean <= 0.13
+GPU_MEAN, GPU_P999 = 2.0, 24  # nvJPEG vs libjpeg-turbo: different IDCT and chroma upsampling (see module doc)
+
+
+@pytest.fixture(scope="module")
+def jpg(synth_root):
+    return open_or_build(synth_root / "data.yaml", "train", IMGSZ, storage="jpeg", rebuild="auto", progress=False,
+                         workers=2)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_refusals(monkeypatch):
+    monkeypatch.setattr(decode, "_REFUSED", set())  # each test sees its own warnings
+
+
+def _cv2(pack, indices) -> torch.Tensor:
+    out = np.zeros((len(indices), pack.imgsz, pack.imgsz, 3), np.uint8)
+    _decode_jpegs(pack, np.asarray(indices), out)
+    return torch.from_numpy(out)
+
+
+def _diffs(a: torch.Tensor, b: torch.Tensor, shapes) -> np.ndarray:
+    """Absolute differences inside each image's (h, w)."""
+    d = (a.cpu().to(torch.int16) - b.cpu().to(torch.int16)).abs().numpy()
+    return np.concatenate([d[k, :h, :w].ravel() for k, (h, w) in enumerate(shapes.tolist())])
+
+
+def _decode(pack, indices, device="cpu", fill=7) -> torch.Tensor:
+    out = torch.full((len(indices), pack.imgsz, pack.imgsz, 3), fill, dtype=torch.uint8, device=device)
+    decode_into([pack.encoded(i) for i in indices], pack.shapes[indices], out)
+    return out
+
+
+def test_decode_equals_cv2_within_a_level_and_writes_only_the_image(jpg):
+    idx = np.arange(len(jpg))
+    resized = (jpg.ori_shapes != jpg.shapes).any(1)
+    up = resized & (jpg.ori_shapes[:, 0] < jpg.shapes[:, 0])
+    assert up.any() and (resized & ~up).any() and (~resized).any()  # enlarged, shrunk and kept images
+    ours, ref = _decode(jpg, idx), _cv2(jpg, idx)
+    d = _diffs(ours, ref, jpg.shapes)
+    assert d.max() <= CPU_MAX and d.mean() < CPU_MEAN
+    kept = np.flatnonzero(~resized)
+    assert _diffs(ours[kept], ref[kept], jpg.shapes[kept]).max() == 0  # the same libjpeg-turbo decode
+    for k, (h, w) in enumerate(jpg.shapes.tolist()):
+        assert (ours[k, h:] == 7).all() and (ours[k, :, w:] == 7).all()
+
+
+def test_grouped_batch_equals_images_one_at_a_time(jpg):
+    idx = np.random.default_rng(0).permutation(len(jpg))[:13]  # mixed shapes, groups out of order
+    batch = _decode(jpg, idx)
+    for k, i in enumerate(idx):
+        assert torch.equal(batch[k], _decode(jpg, [i])[0])
+
+
+def _epoch(loader):
+    out = []
+    for b in loader:
+        s = b["source"]
+        out.append((b["indices"].copy(), s.images.clone(), s.hw.clone(), s.cls.clone(), s.boxes.clone(),
+                    s.valid.clone()))
+    return out
+
+
+def test_prefetcher_torchvision_equals_cv2_labels_and_pixels_within_a_level(jpg):
+    a = _epoch(TrainLoader(jpg, 5, "cpu", seed=1, sync=True, decode="torchvision"))
+    b = _epoch(TrainLoader(jpg, 5, "cpu", seed=1, sync=True, decode="cv2"))
+    assert len(a) == len(b) == 5
+    for x, y in zip(a, b):
+        assert np.array_equal(x[0], y[0])
+        for u, v in zip(x[2:], y[2:]):
+            assert torch.equal(u, v)
+        d = _diffs(x[1], y[1], x[2])
+        assert d.max() <= CPU_MAX and d.mean() < CPU_MEAN
+
+
+def test_torchvision_decode_sync_and_async_yield_identical_batches(jpg):
+    a = _epoch(TrainLoader(jpg, 5, "cpu", seed=2, sync=True, decode="torchvision"))
+    b = _epoch(TrainLoader(jpg, 5, "cpu", seed=2, sync=False, decode="torchvision"))
+    for x, y in zip(a, b):
+        assert np.array_equal(x[0], y[0])
+        pixels = [(x[1][k, :h, :w], y[1][k, :h, :w]) for k, (h, w) in enumerate(x[2].tolist())]
+        assert all(torch.equal(u, v) for u, v in pixels)
+        assert all(torch.equal(u, v) for u, v in zip(x[2:], y[2:]))
+
+
+def test_device_decode_allocates_no_host_image_buffer(jpg):
+    p = Prefetcher(jpg, "cpu", 4, decode="torchvision")
+    assert p.slots[0].host.images.numel() == 0 and p.slots[0].dev.images.shape == (4, IMGSZ, IMGSZ, 3)
+    assert Prefetcher(jpg, "cpu", 4).slots[0].host.images.shape == (4, IMGSZ, IMGSZ, 3)  # auto: cv2 on the CPU
+
+
+def test_unknown_decoder_is_a_config_error(jpg):
+    with pytest.raises(ConfigError, match="torchvision"):
+        Prefetcher(jpg, "cpu", 4, decode="gpu")
+
+
+def test_a_refused_file_falls_back_to_opencv_and_is_reported_once(jpg, monkeypatch, caplog):
+    """torchvision's CPU decoder reads CMYK (nvJPEG may not): a decoder that refuses one file stands in."""
+    import torchvision.io
+
+    bad = 3
+    bad_bytes = torch.from_numpy(np.array(jpg.encoded(bad)))
+    real = torchvision.io.decode_jpeg
+    calls = []
+
+    def refusing(data, **kw):
+        calls.append(len(data))
+        if any(len(t) == len(bad_bytes) and torch.equal(t, bad_bytes) for t in data):
+            raise RuntimeError("nvjpegDecodeBatched failed: JPEG not supported")
+        return real(data, **kw)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", refusing)
+    idx = np.array([0, bad, 5, 9])
+    with caplog.at_level(logging.WARNING, logger="yolofeed.loader.decode"):
+        for _ in range(2):  # the second time the file goes straight to OpenCV: no batch-wide retry
+            calls.clear()
+            p = Prefetcher(jpg, "cpu", 4, sync=True, decode="torchvision")
+            src = next(iter(p.iterate([idx]))).source
+    assert calls == [3]
+    h, w = jpg.shapes[bad]
+    assert torch.equal(src.images[1, :h, :w], _cv2(jpg, [bad])[0, :h, :w])  # OpenCV's own pixels
+    d = _diffs(src.images, _cv2(jpg, idx), jpg.shapes[idx])
+    assert d.max() <= CPU_MAX
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and jpg.im_files[bad] in warnings[0].getMessage()
+
+
+def _cmyk_jpeg(h=72, w=96) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    im = Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).convert("CMYK")
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=90)
+    return np.frombuffer(buf.getvalue(), np.uint8)
+
+
+# -- CUDA: run on the device machine -------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_decode_equals_cv2_within_two_levels(jpg):
+    """nvJPEG vs libjpeg-turbo: mean < 2 levels; the tail is at colour edges (chroma upsampling)."""
+    idx = np.arange(len(jpg))
+    ours = _decode(jpg, idx, "cuda")
+    d = _diffs(ours, _cv2(jpg, idx), jpg.shapes)
+    assert d.mean() < GPU_MEAN and np.percentile(d, 99.9) <= GPU_P999
+    assert torch.equal(ours.cpu(), _decode(jpg, idx, "cuda").cpu())  # deterministic
+    # a CMYK file in the batch: decoded by nvJPEG if it can, else by OpenCV; either way the right pixels
+    enc = [jpg.encoded(0), _cmyk_jpeg()]
+    out = torch.zeros((2, IMGSZ, IMGSZ, 3), dtype=torch.uint8, device="cuda")
+    decode_into(enc, np.array([jpg.shapes[0], (120, 160)]), out)
+    import cv2
+
+    ref = cv2.cvtColor(cv2.resize(cv2.imdecode(enc[1], cv2.IMREAD_COLOR), (160, 120)), cv2.COLOR_BGR2RGB)
+    assert np.abs(out[1, :120, :160].cpu().numpy().astype(int) - ref).mean() < GPU_MEAN
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("side", [False, True])
+def test_cuda_decode_never_overwrites_memory_the_stream_still_reads(jpg, side):
+    """pytorch/vision#9606: nvJPEG writes freed blocks that queued kernels still read, unless we drain first.
+
+    Each round: tensors the size of the decoder's outputs hold known values; a long matmul chain is
+    queued, then one sum per tensor; the tensors are freed while the sums are queued (their blocks go
+    back to the allocator); then the decode runs. A decoder that wrote a recycled block before the sums
+    ran changes a sum; the decode itself must equal the first round's.
+    """
+    dev = torch.device("cuda")
+    idx = np.arange(len(jpg))
+    sizes = [3 * int(h) * int(w) for h, w in jpg.ori_shapes]  # decoder outputs: (3, h0, w0) uint8
+    stream = torch.cuda.Stream(dev) if side else torch.cuda.current_stream(dev)
+    a = torch.randn(4096, 4096, device=dev) / 64
+    first, wrong = None, 0
+    with torch.cuda.stream(stream):
+        for it in range(50):
+            xs = [torch.full((n,), (it + k) % 250 + 1, dtype=torch.uint8, device=dev) for k, n in enumerate(sizes)]
+            expect = torch.tensor([((it + k) % 250 + 1) * n for k, n in enumerate(sizes)])
+            torch.cuda.synchronize(dev)
+            b = a
+            for _ in range(6):  # ~10 ms of queued work ahead of the sums
+                b = b @ a
+            sums = torch.stack([x.sum(dtype=torch.int64) for x in xs])
+            del xs
+            out = _decode(jpg, idx, dev, fill=0)
+            wrong += int((sums.cpu() != expect).sum())
+            first = out.cpu() if first is None else first
+            assert torch.equal(out.cpu(), first), f"round {it}: the decode changed"
+    assert wrong == 0, f"{wrong} sums changed: the decoder wrote memory queued kernels still read"
+
+
+@pytest.mark.gpu
+def test_cuda_loader_jpeg_batches_equal_raw_batches_within_tolerance(synth_root, jpg):
+    raw = open_or_build(synth_root / "data.yaml", "train", IMGSZ, rebuild="auto", progress=False, workers=2)
+    for sync in (True, False):
+        a = TrainLoader(raw, 6, "cuda", seed=4, sync=sync)
+        b = TrainLoader(jpg, 6, "cuda", seed=4, sync=sync)  # auto: torchvision (nvJPEG) on CUDA
+        assert b.prefetcher.on_device
+        for x, y in zip(a, b):
+            assert np.array_equal(x["indices"], y["indices"])
+            sx, sy = x["source"], y["source"]
+            assert torch.equal(sx.hw, sy.hw) and torch.equal(sx.cls, sy.cls) and torch.equal(sx.valid, sy.valid)
+            d = _diffs(sx.images, sy.images, sx.hw.cpu())
+            assert d.mean() < GPU_MEAN and np.percentile(d, 99.9) <= GPU_P999
