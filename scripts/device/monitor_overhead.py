@@ -18,7 +18,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for rep in range(3):  # alternate, so drift (clocks, page cache) hits both alike
         for acc in (False, True):
             p = profile("yolofeed", {"model": model, "data": data, "imgsz": 640, "batch": batch, "project": tmp},
-                        steps=60, warmup=20, accounting=acc)
+                        steps=50, warmup=15, accounting=acc)
             rates[acc].append(p.images_per_s)
 res = {"without": rates[False], "with": rates[True],
        "overhead_fraction": 1 - statistics.median(rates[True]) / statistics.median(rates[False])}
