@@ -4,8 +4,8 @@
 source scripts/device/setup.sh
 set +e
 CASES=${1:-workers,augment,small_batch,contention,validation,gpu_bound,disk}
-D=/tmp/synth
-python3 -m yolofeed synth out=$D n_train=4000 n_val=2000 seed=0 2>&1 | grep -v "img/s\]"
+D=${PLANT_DATA:-/tmp/synth}  # PLANT_DATA=<folder of an existing synth dataset> skips generating one
+[ -n "$PLANT_DATA" ] || python3 -m yolofeed synth out=$D n_train=4000 n_val=2000 seed=0 2>&1 | grep -v "img/s\]"
 doc() {  # doc NAME ARGS...
   name=$1; shift
   python3 -m yolofeed doctor model=yolo11n.yaml data=$D/data.yaml imgsz=640 steps=30 warmup=10 \

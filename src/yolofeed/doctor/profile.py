@@ -94,6 +94,10 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     state: dict[str, Any] = {"system": None, "step_times": []}
 
     def on_train_start(trainer) -> None:
+        # The step count ends the run, so the epoch count must never do it. Raised only now: the
+        # optimiser is built from the run's own epochs (optimizer=auto picks MuSGD over AdamW past
+        # 10,000 iterations, and MuSGD's Newton-Schulz steps cost ~40 ms of launches per yolo11n step).
+        trainer.epochs = 10**6
         phases.cuda = trainer.device.type == "cuda"
         if accounting:
             state["hooks"] = install_phase_marks(trainer, phases)
@@ -120,7 +124,6 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
             "name": mode, **args}
     trainer = trainer_class(mode)(overrides=full)
-    trainer.args.epochs = trainer.epochs = 10**6  # never the limit: the step count ends the run
     for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
                       ("on_train_batch_end", on_end)):
         trainer.add_callback(event, fn)

@@ -1,4 +1,4 @@
-"""The sampling loop of ``SystemSampler``, run as its own process: ``python -m yolofeed.monitor.probe PID INTERVAL GPU``.
+"""The sampling loop of ``SystemSampler``, run as its own process: ``python probe.py PID INTERVAL GPU_INDEX``.
 
 Why a process: reading psutil's process tree and NVML ten times a second is Python work. In a
 thread it takes the GIL from the training loop, which in a launch-bound trainer (yolo11n at the

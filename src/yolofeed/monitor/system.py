@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -55,6 +56,7 @@ class SystemSampler:
         for line in proc.stdout:
             s = json.loads(line)
             if "ready" in s:
+                self._ready.set()
                 continue
             self._cpu.append(s["cpu"])
             self._own.append(s["own"])
@@ -90,15 +92,18 @@ class SystemSampler:
         self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
         self._clock, self._power = [], []
 
-    def start(self) -> SystemSampler:
+    def start(self, timeout: float = 10.0) -> SystemSampler:
+        """Start the probe process and wait (up to ``timeout`` s) until it samples: the window starts now."""
         self.stop()
         self._reset()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # find yolofeed as we did
+        self._ready = threading.Event()
+        # by path, not ``-m yolofeed.monitor.probe``: the package would import torch and Ultralytics (seconds)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "yolofeed.monitor.probe", str(os.getpid()), str(self.interval), str(self.gpu_index)],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
+            [sys.executable, str(Path(__file__).with_name("probe.py")), str(os.getpid()), str(self.interval),
+             str(self.gpu_index)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         self._thread = threading.Thread(target=self._read, args=(self._proc,), daemon=True, name="yolofeed-sampler")
         self._thread.start()
+        self._ready.wait(timeout)
         return self
 
     def stop(self) -> SystemStats:
