@@ -62,7 +62,9 @@ class GraphedAugment:
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph):
+        # thread_local: the loader thread keeps working during the capture (side-stream copies, nvJPEG's
+        # stream synchronize and allocations); in the default global mode any of those invalidates it.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             output = self.aug(static, self.generator)
         return _Captured(graph, static, output)
 
