@@ -26,7 +26,10 @@ from yolofeed.pack import open_or_build
 
 IMGSZ = 160  # synth_root holds 160x120, 120x160, 160x160, 160x90 (kept), 200x150 (shrunk), 128x96 (enlarged)
 CPU_MAX, CPU_MEAN = 1, 0.25  # torchvision CPU vs cv2, measured: max 1 level, mean <= 0.13
-GPU_MEAN, GPU_P999 = 2.0, 24  # nvJPEG vs libjpeg-turbo: different IDCT and chroma upsampling (see module doc)
+# nvJPEG vs libjpeg-turbo: different IDCT and chroma upsampling (see module doc). Measured on the H200
+# (2026-11-30): mean 2.45 levels on these synthetic images (sharp colour edges); the 99.9th percentile
+# is not yet measured (24 is a guess): the next GPU run prints both.
+GPU_MEAN, GPU_P999 = 3.0, 24
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +165,14 @@ def _cmyk_jpeg(h=72, w=96) -> np.ndarray:
 
 # -- CUDA: run on the device machine -------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_cuda_decode_equals_cv2_within_two_levels(jpg):
-    """nvJPEG vs libjpeg-turbo: mean < 2 levels; the tail is at colour edges (chroma upsampling)."""
+def test_cuda_decode_equals_cv2_within_three_levels(jpg):
+    """nvJPEG vs libjpeg-turbo: mean < 3 levels; the tail is at colour edges (chroma upsampling)."""
     idx = np.arange(len(jpg))
     ours = _decode(jpg, idx, "cuda")
     d = _diffs(ours, _cv2(jpg, idx), jpg.shapes)
-    assert d.mean() < GPU_MEAN and np.percentile(d, 99.9) <= GPU_P999
+    print(f"nvJPEG vs cv2: mean {d.mean():.3f}, p99.9 {np.percentile(d, 99.9):.1f}, max {d.max()}")
+    assert d.mean() < GPU_MEAN
+    assert np.percentile(d, 99.9) <= GPU_P999
     assert torch.equal(ours.cpu(), _decode(jpg, idx, "cuda").cpu())  # deterministic
     # a CMYK file in the batch: decoded by nvJPEG if it can, else by OpenCV; either way the right pixels
     enc = [jpg.encoded(0), _cmyk_jpeg()]
