@@ -30,6 +30,13 @@ CASES = {
     "cpu_contention": dict(data_wait=0.40, gpu_util=50, own_cores_busy=8, machine_cores_busy=15.8),
     "host_to_device": dict(preprocess_share=0.30, gpu_util=70, data_wait=0.02),
     "small_batch": dict(batch=4, step_ms=22, gpu_util=35, data_wait=0.03),
+    # measured on the H200 machine (BENCHMARKS.md, planted-doctor run): the loader kept up (no data wait), but a
+    # saturated CPU starved the training loop. mixup + cutmix + degrees on 16 workers, yolo11n batch 128:
+    "cpu_augmentation_h200": dict(data_wait=0.0018, gpu_util=7.2, workers=16, own_cores_busy=13.4,
+                                  machine_cores_busy=13.44, images_per_s=462.6, step_ms=276.7, yolofeed_images_per_s=959.2),
+    # ... and 12 CPU-hog processes beside a stock run with 16 workers:
+    "cpu_contention_h200": dict(data_wait=0.0034, gpu_util=9.0, workers=16, own_cores_busy=2.49, machine_cores_busy=14.09,
+                                images_per_s=372.8, step_ms=343.3, yolofeed_images_per_s=968.6),
 }
 
 

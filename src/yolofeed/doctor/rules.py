@@ -7,16 +7,21 @@ same time (validation cost, AMP off, CPU-only).
 
 | rule              | fires when                                                            |
 |-------------------|-----------------------------------------------------------------------|
-| cpu_contention    | other processes keep >= max(1, 25 % of cores) cores busy, data wait high |
+| cpu_contention    | other processes keep >= max(1, 25 % of cores) cores busy, and data wait high or the trainer starved |
 | disk_io           | data wait high and iowait >= 10 % (the loader waits on reads)           |
 | too_few_workers   | data wait high, workers saturated, >= 30 % of cores idle               |
-| cpu_augmentation  | data wait high and the run keeps >= 70 % of cores busy (CPU decode/augment) |
+| cpu_augmentation  | the run keeps >= 70 % of cores busy (CPU decode/augment), and data wait high or the trainer starved |
 | host_to_device    | preprocess (copy + normalise) >= 15 % of the step, data wait low        |
 | small_batch       | data wait low, GPU < 70 % busy, steps under 60 ms (launch-bound)         |
 | gpu_bound         | data wait < 5 % and GPU >= 85 % busy: already fed                      |
 | also: validation  | one validation pass >= 20 % of an epoch's training time                 |
 | also: amp_off     | AMP off on a GPU                                                     |
 | also: cpu_only    | no GPU in the run (only cpu_contention and disk_io are judged then)   |
+
+"The trainer starved": data wait low, yet the GPU < 70 % busy while >= 70 % of the machine's cores
+are busy. The loader keeps up, but the training loop (one Python thread launching every kernel)
+gets too little CPU: on the H200 machine, mixup + cutmix on 16 workers made yolo11n's forward pass
+take 102 ms of host time instead of 25 (BENCHMARKS.md), with no data wait at all.
 """
 
 from __future__ import annotations
@@ -88,6 +93,19 @@ class Facts:
         return max(0.0, self.cores - self.machine_cores_busy)
 
 
+def _starved(f: Facts) -> bool:
+    """Data arrives in time, but a saturated CPU slows the training loop itself (see the module doc)."""
+    return (f.gpu_util is not None and f.data_wait < T["wait_high"] and f.gpu_util < T["util_low"]
+            and f.machine_cores_busy >= T["cpu_saturated"] * f.cores)
+
+
+def _waited_or_starved(f: Facts) -> str:
+    if f.data_wait >= T["wait_high"]:
+        return f"each step waited {_pct(f.data_wait)} for data"
+    return (f"data arrived in time (wait {_pct(f.data_wait)}), but the training loop, which needs a core of its own "
+            f"to launch the GPU's work, was starved: the GPU was busy only {f.gpu_util:.0f} % of the time")
+
+
 def _gain(f: Facts) -> str:
     if f.yolofeed_images_per_s:
         return (f"measured here: {f.yolofeed_images_per_s:,.0f} img/s with yolofeed vs {f.images_per_s:,.0f} stock "
@@ -100,11 +118,10 @@ Rule = tuple[str, Callable[[Facts], bool], Callable[[Facts], Verdict]]
 
 RULES: list[Rule] = [
     ("cpu_contention",
-     lambda f: f.data_wait >= T["wait_high"] and f.other_cores_busy >= max(T["contention_cores"],
-                                                                            T["contention_share"] * f.cores),
-     lambda f: Verdict("cpu_contention", "Another process is taking the CPU the data loader needs",
-                       f"other processes kept {f.other_cores_busy:.1f} of {f.cores} cores busy while training waited "
-                       f"{_pct(f.data_wait)} of each step for data",
+     lambda f: (f.data_wait >= T["wait_high"] or _starved(f))
+     and f.other_cores_busy >= max(T["contention_cores"], T["contention_share"] * f.cores),
+     lambda f: Verdict("cpu_contention", "Another process is taking the CPU that training needs",
+                       f"other processes kept {f.other_cores_busy:.1f} of {f.cores} cores busy; " + _waited_or_starved(f),
                        ["stop or renice the other process (top / htop shows it)",
                         f"yolofeed train needs about one core for data, so it suffers least: {_gain(f)}"])),
     ("disk_io",
@@ -126,11 +143,12 @@ RULES: list[Rule] = [
                         "x more data per second, until the GPU is the limit",
                         "or yolofeed train, which needs no workers: " + _gain(f)])),
     ("cpu_augmentation",
-     lambda f: f.gpu_util is not None and f.data_wait >= T["wait_high"]
+     lambda f: f.gpu_util is not None and (f.data_wait >= T["wait_high"] or _starved(f))
      and f.own_cores_busy >= T["cpu_saturated"] * f.cores,
-     lambda f: Verdict("cpu_augmentation", "Decoding and augmenting images on the CPU cannot keep up with the GPU",
-                       f"the run kept {f.own_cores_busy:.1f} of {f.cores} cores busy and each step still waited "
-                       f"{_pct(f.data_wait)} for data",
+     lambda f: Verdict("cpu_augmentation", "Decoding and augmenting images on the CPU cannot keep up with the GPU"
+                       if f.data_wait >= T["wait_high"] else
+                       "Decoding and augmenting images on the CPU leaves the training loop too little CPU",
+                       f"the run kept {f.own_cores_busy:.1f} of {f.cores} cores busy; " + _waited_or_starved(f),
                        ["yolofeed train: packs the dataset once and augments on the GPU: " + _gain(f),
                         "cache=ram saves the JPEG decode (about a third of the CPU cost)",
                         "mixup/cutmix/copy_paste cost extra CPU per image: turn them off if not needed"])),
