@@ -120,5 +120,7 @@ def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capsys):
     assert main(["doctor", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=5", "warmup=2",
                  "device=cpu", f"out={out}"]) == 0
     text = capsys.readouterr().out
-    assert "VERDICT:" in text and "CPU-only" in text and "report.html" in text
+    assert "VERDICT:" in text and "report.html" in text
+    # CPU-only is the verdict, or (when other processes load this machine) a finding beside cpu_contention
+    assert "CPU-only" in text or "used no GPU" in text
     assert {p.name for p in out.iterdir()} >= {"report.html", "report.json", "timeline.png", "breakdown.png"}
