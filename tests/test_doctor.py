@@ -14,6 +14,8 @@ import pytest
 
 from yolofeed.doctor.rules import Facts, diagnose
 
+from helpers import FakeClock
+
 # a healthy GPU run: fed, busy, big steps; each case below changes what makes its cause true
 FED = Facts(images_per_s=1500, step_ms=85, data_wait=0.01, preprocess_share=0.03, gpu_util=92, cores=16,
             machine_cores_busy=2.0, own_cores_busy=1.8, iowait=0.0, disk_read_mb_s=0, workers=8, batch=128, amp=True,
@@ -46,6 +48,37 @@ def test_each_planted_bottleneck_is_named(cause):
     assert verdicts[0].rule == cause.removesuffix("_h200") and verdicts[0].bottleneck
     assert re.search(r"\d", verdicts[0].evidence), "the evidence carries numbers"
     assert verdicts[0].advice
+
+
+def test_slow_logging_callbacks_are_a_finding():
+    slow = {"wandb.integration.ultralytics.on_batch_end": 9.0, "ultralytics.utils.callbacks.hub.on_fit_epoch_end": 0.4}
+    v = {x.rule: x for x in diagnose(replace(FED, callbacks_ms=slow))}
+    assert "logging" in v and not v["logging"].bottleneck and "wandb" in v["logging"].evidence
+    assert "logging" not in {x.rule for x in diagnose(replace(FED, callbacks_ms={"x.cheap": 0.5}))}
+
+
+def test_callback_clock_times_each_callback_and_skips_its_own():
+    from yolofeed.monitor.callbacks import CallbackClock
+
+    clock = FakeClock()
+    own = lambda trainer: None  # noqa: E731
+
+    def logger_batch_end(trainer):
+        clock.t += 0.004
+
+    callbacks = {"on_train_batch_end": [own, logger_batch_end], "on_train_epoch_end": [logger_batch_end]}
+    cc = CallbackClock(clock)
+    cc.wrap(callbacks, skip=[own])
+    assert callbacks["on_train_batch_end"][0] is own
+    for fn in callbacks["on_train_batch_end"]:  # before start(): not counted
+        fn(None)
+    cc.start()
+    for _ in range(10):
+        for fn in callbacks["on_train_batch_end"]:
+            fn(None)
+    ms = cc.ms_per_step(10)
+    assert list(ms) == [f"{__name__}.test_callback_clock_times_each_callback_and_skips_its_own.<locals>.logger_batch_end"]
+    assert abs(ms[next(iter(ms))] - 4.0) < 1e-9
 
 
 def test_findings_that_hold_alongside():

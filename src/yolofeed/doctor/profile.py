@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from yolofeed.monitor.callbacks import CallbackClock
 from yolofeed.monitor.live import install_phase_marks
 from yolofeed.monitor.phases import PhaseTimer
 from yolofeed.monitor.steps import StepTimer
@@ -72,6 +73,7 @@ class Profile:
     n_val: int
     val_images_per_s: float | None = None
     timeline: dict[str, list] = field(default_factory=dict)
+    callbacks_ms: dict[str, float] = field(default_factory=dict)  # host ms per step in each trainer callback
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +92,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     rates = StepTimer(warmup=warmup, window=window)
     phases = PhaseTimer(cuda=False)  # replaced once the device is known
     sampler = SystemSampler()
+    callbacks = CallbackClock()
     total = warmup + steps + 1  # + 1: the first step only opens the clock
     state: dict[str, Any] = {"system": None, "step_times": []}
 
@@ -101,6 +104,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         phases.cuda = trainer.device.type == "cuda"
         if accounting:
             state["hooks"] = install_phase_marks(trainer, phases)
+            sampler.start()  # now, not at the end of warm-up: the probe's start (~0.3 s) must not land in a step
 
     def on_start(trainer) -> None:
         rates.batch_ready()
@@ -113,12 +117,14 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
             phases.step_done(trainer.batch_size)
         n = len(rates)
         if n == warmup and accounting:
-            sampler.start()
+            sampler.restart_window()
+            callbacks.start()
             state["t_measure"] = time.perf_counter()
             if torch.cuda.is_available() and trainer.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
         if n >= total - 1:
             state["system"] = sampler.stop()
+            callbacks.stop()
             raise _Enough
 
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
@@ -127,6 +133,8 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
                       ("on_train_batch_end", on_end)):
         trainer.add_callback(event, fn)
+    if accounting:  # every other callback (loggers, integrations) is timed: the doctor's logging rule
+        callbacks.wrap(trainer.callbacks, skip=(on_train_start, on_start, on_end))
     try:
         trainer.train()
     except _Enough:
@@ -163,7 +171,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         gpu_mem_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
         batch=trainer.batch_size, workers=int(trainer.args.workers), n_train=len(trainer.train_loader.dataset),
         n_val=len(trainer.test_loader.dataset), val_images_per_s=round(val_rate, 1) if val_rate else None,
-        timeline=timeline)
+        timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()})
     del trainer
     gc.collect()
     if cuda:

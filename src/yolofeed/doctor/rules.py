@@ -15,6 +15,7 @@ same time (validation cost, AMP off, CPU-only).
 | small_batch       | data wait low, GPU < 70 % busy, steps under 60 ms (launch-bound)         |
 | gpu_bound         | data wait < 5 % and GPU >= 85 % busy: already fed                      |
 | also: validation  | one validation pass >= 20 % of an epoch's training time                 |
+| also: logging     | the trainer's callbacks (loggers, integrations) take >= 5 % of the step |
 | also: amp_off     | AMP off on a GPU                                                     |
 | also: cpu_only    | no GPU in the run (only cpu_contention and disk_io are judged then)   |
 
@@ -44,6 +45,7 @@ THRESHOLDS = {
     "util_fed": 85.0,
     "small_step_ms": 60.0,
     "validation_share": 0.20,
+    "logging_share": 0.05,  # host time in callbacks per step / step time
 }
 
 
@@ -83,6 +85,7 @@ class Facts:
     n_val: int
     val_images_per_s: float | None = None
     yolofeed_images_per_s: float | None = None
+    callbacks_ms: dict[str, float] | None = None  # host ms per step in each trainer callback, largest first
 
     @property
     def other_cores_busy(self) -> float:
@@ -185,6 +188,13 @@ ALSO: list[Rule] = [
                        "of training per epoch",
                        ["val=False while training and validate the final weights (yolo val), or use a smaller "
                         "validation split"], bottleneck=False)),
+    ("logging",
+     lambda f: bool(f.callbacks_ms) and sum(f.callbacks_ms.values()) >= T["logging_share"] * f.step_ms,
+     lambda f: Verdict("logging", "Logging callbacks take a share of every step",
+                       f"the trainer's callbacks took {sum(f.callbacks_ms.values()):.1f} ms of each {f.step_ms:.0f} ms "
+                       "step; most: " + ", ".join(f"{k} {v:.1f} ms" for k, v in list(f.callbacks_ms.items())[:3]),
+                       ["switch off the integration you do not read (yolo settings wandb=False, tensorboard=False, "
+                        "mlflow=False, ...) or make it log once per epoch"], bottleneck=False)),
     ("amp_off",
      lambda f: not f.amp and f.gpu_util is not None,
      lambda f: Verdict("amp_off", "Mixed precision (AMP) is off", "amp=False on a GPU",

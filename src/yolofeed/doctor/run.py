@@ -22,7 +22,8 @@ def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
                  iowait=stock["iowait"], disk_read_mb_s=stock["disk_read_mb_s"], workers=stock["workers"],
                  batch=stock["batch"], amp=amp, n_train=stock["n_train"], n_val=stock["n_val"],
                  val_images_per_s=stock["val_images_per_s"],
-                 yolofeed_images_per_s=yolofeed["images_per_s"] if yolofeed else None)
+                 yolofeed_images_per_s=yolofeed["images_per_s"] if yolofeed else None,
+                 callbacks_ms=stock.get("callbacks_ms") or None)
 
 
 def run(cfg: DoctorConfig) -> list:

@@ -51,6 +51,7 @@ class SystemSampler:
         self.cores = psutil.cpu_count() or 1
         self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
     def _read(self, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
@@ -58,17 +59,23 @@ class SystemSampler:
             if "ready" in s:
                 self._ready.set()
                 continue
-            self._cpu.append(s["cpu"])
-            self._own.append(s["own"])
-            self._iow.append(s["iow"])
-            if "disk" in s:
-                self._disk.append(s["disk"])
-            if "gpu" in s:
-                self._gpu.append(s["gpu"])
-                self._mem.append(s["mem"])
-                self._clock.append(s["clock"])
-                self._power.append(s["power"])
-            self._t.append(s["t"])  # last: readers index the other lists by len(self._t)
+            with self._lock:  # one sample lands in one window, whole (see restart_window)
+                self._cpu.append(s["cpu"])
+                self._own.append(s["own"])
+                self._iow.append(s["iow"])
+                if "disk" in s:
+                    self._disk.append(s["disk"])
+                if "gpu" in s:
+                    self._gpu.append(s["gpu"])
+                    self._mem.append(s["mem"])
+                    self._clock.append(s["clock"])
+                    self._power.append(s["power"])
+                self._t.append(s["t"])  # last: readers index the other lists by len(self._t)
+
+    def restart_window(self) -> None:
+        """Forget the samples so far: the means from now on cover what follows (the probe keeps running)."""
+        with self._lock:
+            self._reset()
 
     def recent(self, seconds: float) -> SystemStats:
         """Means over the samples of the last ``seconds`` (for live alerts and gauges)."""
