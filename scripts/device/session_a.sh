@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# One device call: issue 4's three-model bench, then issue 5's accounting overhead on the same 10k dataset.
+# One device call for issue 4: the GPU tests, then the three-model bench (yolofeed vs stock vs ceiling, and a
+# jpeg pack for yolo11n) on 10k synthetic images, batch 128, imgsz 640. Results bundled in $OUT/results.tgz.
 source scripts/device/setup.sh
 set +e
-timeout 440 bash scripts/device/train_bench.sh 2>&1 | tee $OUT/train_bench.txt
-timeout 130 python3 scripts/device/monitor_overhead.py /tmp/synth/data.yaml 2>&1 | grep -v "it/s\|━" | tail -15 | tee $OUT/overhead.txt
+timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | grep -v "Warning\|popen_fork\|self.pid\|^$" \
+  | grep -E "PASSED|FAILED|SKIPPED|Error|assert|nvJPEG|passed|failed" | tail -40 | tee $OUT/gpu_tests.txt
+python3 -m yolofeed synth out=/tmp/synth n_train=10000 n_val=500 seed=0 2>&1 | grep -v "img/s\]"
+for f in raw jpeg; do python3 -m yolofeed pack data=/tmp/synth/data.yaml imgsz=640 format=$f 2>&1 | grep -v "img/s\]"; done
+b() {  # b MODEL MODES SECONDS
+  timeout $3 python3 -m yolofeed bench model=$1 modes=$2 data=/tmp/synth/data.yaml batch=128 imgsz=640 steps=100 \
+    warmup=30 workers=16 out=$OUT/bench_${1%.yaml} 2>&1 | grep -v "it/s\|━" | tail -8
+}
+b yolo11n.yaml stock,yolofeed,yolofeed_jpeg,ceiling 130
+b yolo11s.yaml stock,yolofeed,ceiling 110
+b yolo26n.yaml stock,yolofeed,ceiling 110
 source scripts/device/pack_out.sh
