@@ -113,6 +113,32 @@ def test_lookahead_never_crosses_an_epoch(pack64):
         assert current["aug"].calls == 5
 
 
+def test_trainer_with_and_without_lookahead_gives_the_same_batches(synth_root, tmp_path):
+    """Through FastDetectionTrainer: preprocess_batch's output, epoch after epoch, across close_mosaic."""
+    from yolofeed import FastDetectionTrainer
+
+    args = dict(model="yolo11n.yaml", data=str(synth_root / "data.yaml"), imgsz=64, batch=5, device="cpu",
+                workers=0, plots=False, verbose=False, project=str(tmp_path), exist_ok=True, seed=5, mixup=0.5)
+    runs = []
+    for ahead in (False, True):
+        trainer = FastDetectionTrainer.with_options(augment_ahead=ahead)(overrides={**args, "name": str(ahead)})
+        loader = trainer.get_dataloader(trainer.data["train"], batch_size=5, rank=-1, mode="train")
+        assert isinstance(loader, AugmentAhead) == ahead
+        epochs = []
+        for epoch in range(2):
+            if epoch == 1:
+                trainer._close_dataloader_mosaic()
+            loader.sampler.set_epoch(epoch)
+            epochs.append([trainer.preprocess_batch(b) for b in loader])
+        loader.close()
+        runs.append(epochs)
+    for plain, ahead in zip(*runs):
+        assert len(plain) == len(ahead) == 5
+        _assert_same(ahead, plain)
+        for d in ahead:
+            assert d["img"].max() <= 1.0 and np.isfinite(d["img"].numpy()).all()
+
+
 @pytest.mark.gpu
 def test_cuda_lookahead_equals_the_plain_path_and_never_syncs(synth_root):
     """Graphed augmentation one batch ahead: the same batches as augment-then-flatten, and after the
