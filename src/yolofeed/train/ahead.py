@@ -13,10 +13,11 @@ Why batch k is finished *before* k+1 is launched: ``GraphedAugment`` returns the
 memory, which the next replay overwrites. Finishing k means enqueuing its flattening (new tensors)
 and its ``img.float()`` (a new tensor) ahead of k+1's replay, so stream order keeps k intact. The
 float conversion is the one Ultralytics' ``preprocess_batch`` would do anyway (its ``.float()`` is
-then a no-op and ``/ 255`` gives the same values), so this costs no kernel, no copy and no peak
-memory over the plain path; a second graph or a clone of the outputs would each cost a 157 MB
-buffer at batch 128 x 640 px (the clone an extra copy too). Draws stay in batch order: one
-augmentation call per batch, in loader order, from the same generator.
+then a no-op and ``/ 255`` gives the same values), so this costs no extra kernel or copy, and the
+peak stays at two float images (batch k-1's, still held by the trainer, and batch k's, where the
+plain path holds the ``.float()`` temporary and its ``/ 255``). A second graph would hold another
+157 MB output at batch 128 x 640 px, a clone the same plus a copy per step. Draws stay in batch
+order: one augmentation call per batch, in loader order, from the same generator.
 
 Why the loader's slot is not recycled too early: the augmentation is the only reader of a loader
 batch, and it is enqueued on the current stream as soon as the batch arrives, before the next
