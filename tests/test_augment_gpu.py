@@ -129,3 +129,21 @@ def test_graphed_augment_replays_new_draws_reproducibly(synth_root):
     narrow = source_batch(pack, list(range(8, 24)), "cuda")  # another label width in the same bucket
     a(narrow)
     assert a.captured == 1
+
+
+@pytest.mark.gpu
+def test_flattening_with_a_known_count_makes_no_host_sync():
+    from test_augment_props import _random_augmented
+
+    for seed, (b, k, p) in enumerate([(16, 32, 0.3), (4, 7, 0.0), (1, 5, 1.0)]):
+        out = _random_augmented(b, k, p, seed, "cuda")
+        ref = out.to_ultralytics()
+        total = int(out.valid.sum())
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = out.to_ultralytics(total=total)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), (b, k, p, key)

@@ -122,3 +122,27 @@ def test_sampled_probabilities():
     assert abs(p.mixup.ratio.mean().item() - 0.5) < 0.005 and abs(p.mixup.ratio.std().item() - (1 / 260) ** 0.5) < 0.003
     assert not (p.mixup.partner == torch.arange(20000)).any()  # never mixed with itself
     assert abs(p.perspective.scale.mean().item() - 1.0) < 0.01 and p.perspective.scale.min() >= 0.5
+
+
+def _random_augmented(b: int, k: int, p: float, seed: int, device: str = "cpu"):
+    from yolofeed.augment.pipeline import AugmentedBatch
+
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(b, k, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + torch.rand(b, k, 2, generator=g) * 28], -1)
+    valid = torch.rand(b, k, generator=g) < p
+    cls = torch.randint(0, 80, (b, k), generator=g).float()
+    out = AugmentedBatch(torch.zeros(b, 3, 128, 128, dtype=torch.uint8), cls, boxes, valid)
+    return AugmentedBatch(*(t.to(device) for t in (out.img, out.cls, out.boxes, out.valid)))
+
+
+def test_flattening_with_a_known_count_equals_boolean_indexing():
+    """The sync-free flattening (count known on the host) gives the boolean-indexing rows, in the same order."""
+    cases = [(4, 7, 0.5), (4, 7, 0.0), (4, 7, 1.0), (1, 5, 0.5), (1, 1, 1.0), (3, 0, 0.5), (16, 32, 0.1)]
+    for seed, (b, k, p) in enumerate(cases):
+        out = _random_augmented(b, k, p, seed)
+        ref = out.to_ultralytics()
+        got = out.to_ultralytics(total=int(out.valid.sum()))
+        assert got.keys() == ref.keys()
+        for key in ref:
+            assert got[key].dtype == ref[key].dtype and torch.equal(got[key], ref[key]), (b, k, p, key)

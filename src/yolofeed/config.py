@@ -88,7 +88,8 @@ class BenchConfig:
     warmup: int = key(20, "steps ignored at the start of each mode")
     window: int = key(10, "steps per rate window; the reported rate is the median window")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
-                     "(a jpeg pack decoded on the GPU), ceiling")
+                     "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
+                     "one batch ahead), ceiling")
     out: str = key("runs/bench", "folder for bench.json, bench.png and the runs")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")
 

@@ -63,18 +63,34 @@ class AugmentedBatch:
     boxes: Tensor
     valid: Tensor
 
-    def to_ultralytics(self) -> dict[str, Tensor]:
+    def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
         """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,).
 
-        The one host sync of the pipeline is here: boolean indexing must learn N.
+        Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
+        N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
+        e.g. read a step early from pinned memory) nothing waits: row j is the valid entry whose
+        running count is j + 1, found by ``searchsorted`` (no scatter: no duplicate writes, so it
+        stays deterministic under ``torch.use_deterministic_algorithms``).
+
+        Args:
+            total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
+                rows or an index error.
         """
         size = self.img.shape[-1]
-        b = self.boxes
+        if total is None:
+            v = self.valid
+            idx = torch.arange(len(v), device=v.device, dtype=torch.float32)[:, None].expand_as(v)
+            cls, b, batch_idx = self.cls[v], self.boxes[v], idx[v]
+        else:
+            flat = self.valid.flatten()
+            want = torch.arange(1, total + 1, device=flat.device)
+            src = torch.searchsorted(flat.cumsum(0), want)  # (N,) flat (B*K) position of each valid box
+            cls = self.cls.flatten().index_select(0, src)
+            b = self.boxes.flatten(0, 1).index_select(0, src)
+            batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
         xywh = torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
                             b[..., 3] - b[..., 1]], -1) / size
-        idx = torch.arange(len(b), device=b.device, dtype=torch.float32)[:, None].expand_as(self.valid)
-        v = self.valid
-        return {"img": self.img, "cls": self.cls[v][:, None], "bboxes": xywh[v], "batch_idx": idx[v]}
+        return {"img": self.img, "cls": cls[:, None], "bboxes": xywh, "batch_idx": batch_idx}
 
 
 def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,

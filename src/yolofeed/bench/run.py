@@ -6,8 +6,9 @@ memory. Modes run one after another in this process, on the same data, model, ba
 ``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer, raw pack), ``ceiling``
 (DetectionTrainer replaying batches already on the GPU), and on request ``yolofeed_jpeg``
 (FastDetectionTrainer with a jpeg pack decoded on the GPU: raw vs jpeg side by side with
-``modes=stock,yolofeed,yolofeed_jpeg,ceiling``). Mosaic stays on (close_mosaic=0), validation and
-checkpoints are off: only training steps are measured.
+``modes=stock,yolofeed,yolofeed_jpeg,ceiling``) and ``yolofeed_inline`` (augmenting in
+``preprocess_batch``, a host sync per step, instead of one batch ahead). Mosaic stays on
+(close_mosaic=0), validation and checkpoints are off: only training steps are measured.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "ceiling")
-COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "ceiling": "#55a868"}
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling")
+COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
+           "ceiling": "#55a868"}
 
 
 def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:

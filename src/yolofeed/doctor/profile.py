@@ -26,7 +26,7 @@ class _Enough(Exception):
 
 
 def trainer_class(mode: str):
-    """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack), or the GPU-resident ceiling."""
+    """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack, or inline augmentation), or the ceiling."""
     if mode == "stock":
         from ultralytics.models.yolo.detect import DetectionTrainer
 
@@ -39,6 +39,10 @@ def trainer_class(mode: str):
         from yolofeed.train import FastDetectionTrainer
 
         return FastDetectionTrainer.with_options(pack_format="jpeg")
+    if mode == "yolofeed_inline":  # augmented in preprocess_batch, not one batch ahead: the sync it saves
+        from yolofeed.train import FastDetectionTrainer
+
+        return FastDetectionTrainer.with_options(augment_ahead=False)
     if mode == "ceiling":
         from yolofeed.bench.ceiling import CeilingTrainer
 

@@ -5,8 +5,10 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only three thi
 
 * ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
   ``ValLoader`` (Ultralytics' rect + letterbox batches); packs are built on first use.
-* ``preprocess_batch`` runs the augmentation on the device (``GraphedAugment`` on CUDA: one graph
-  replay per batch) and hands the trainer Ultralytics' batch.
+* The augmentation runs on the device (``GraphedAugment`` on CUDA: one graph replay per batch), one
+  batch ahead (``AugmentAhead`` wraps the train loader: the host never waits for it), and the
+  trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
+  ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
 """
 
@@ -23,6 +25,7 @@ from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
+from yolofeed.train.ahead import AugmentAhead
 
 
 class FastDetectionTrainer(DetectionTrainer):
@@ -37,14 +40,15 @@ class FastDetectionTrainer(DetectionTrainer):
     pack_format: str = "raw"  # "raw" (decoded pixels) or "jpeg" (encoded, decoded on the GPU)
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
+    augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
-        """A subclass with pack options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
-        unknown = set(options) - {"pack_format", "pack_rebuild", "pack_dir"}
+        """A subclass with options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
+        unknown = set(options) - {"pack_format", "pack_rebuild", "pack_dir", "augment_ahead"}
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
-                              "expected pack_format, pack_rebuild, pack_dir")
+                              "expected pack_format, pack_rebuild, pack_dir, augment_ahead")
         return type(cls.__name__, (cls,), dict(options))
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
@@ -75,9 +79,9 @@ class FastDetectionTrainer(DetectionTrainer):
         pack = self._pack(self._split_of(dataset_path), rank)
         if mode == "train":
             world = max(self.world_size, 1)
-            return TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
-                               world_size=world, fraction=self.args.fraction,
-                               drop_last=bool(self.args.compile))
+            loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
+                                 world_size=world, fraction=self.args.fraction, drop_last=bool(self.args.compile))
+            return AugmentAhead(loader, self._augment_source) if self.augment_ahead else loader
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
         return ValLoader(pack, batch_size, self.device, stride=stride)
 
@@ -95,13 +99,21 @@ class FastDetectionTrainer(DetectionTrainer):
                 self._augment = lambda b: aug(b, gen)
         return self._augment
 
+    def _augment_source(self, source):
+        """The current augmenter (looked up per batch: close_mosaic replaces it) applied to a loader batch."""
+        # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
+        with torch.autocast(self.device.type, enabled=False):
+            return self._augmenter()(source)
+
     def preprocess_batch(self, batch: dict) -> dict:
-        """Augment a loader batch on the device into Ultralytics' batch; others go to the stock path."""
+        """Ultralytics' preprocessing; a raw loader batch (``augment_ahead=False``) is augmented first.
+
+        ``AugmentAhead`` batches and the validator's are already Ultralytics' batches: stock path.
+        """
         if "source" not in batch:
             return super().preprocess_batch(batch)
-        # the trainer calls this under autocast: the augmentation's arithmetic must stay float32/64
-        with torch.autocast(self.device.type, enabled=False):
-            out = self._augmenter()(batch["source"]).to_ultralytics()
+        # boolean indexing learns N: a host sync, which AugmentAhead avoids
+        out = self._augment_source(batch["source"]).to_ultralytics()
         out["im_file"] = batch["im_file"]
         return super().preprocess_batch(out)  # img.float() / 255 and multi_scale, as Ultralytics does
 
