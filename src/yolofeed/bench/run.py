@@ -83,11 +83,13 @@ def run(cfg: BenchConfig) -> dict:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
     out = Path(cfg.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="yolofeed-bench-") as tmp:
-        results = [run_mode(m, cfg, Path(tmp)) for m in modes]
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup} warm-up"
-    report = {"config": asdict(cfg), "results": results, "title": title}
-    (out / "bench.json").write_text(json.dumps(report, indent=1))
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="yolofeed-bench-") as tmp:
+        for m in modes:
+            results.append(run_mode(m, cfg, Path(tmp)))
+            report = {"config": asdict(cfg), "results": results, "title": title}
+            (out / "bench.json").write_text(json.dumps(report, indent=1))  # after each mode: an interrupted bench keeps what it measured
     plot(results, out / "bench.png", title)
     print(title + "\n" + table(results) + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}", flush=True)
     return report
