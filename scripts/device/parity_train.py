@@ -11,23 +11,11 @@ from pathlib import Path
 
 from ultralytics import YOLO
 
+from yolofeed.cli import smart_value
+
 side, data, project = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 args = {"epochs": 30, "imgsz": 320, "batch": 64, "seed": 0, "workers": 8, "plots": False, "exist_ok": True}
-
-
-def value(v: str):
-    """key=value text as Ultralytics' CLI reads it: bools, numbers, else the string."""
-    if v in ("True", "False"):
-        return v == "True"
-    for kind in (int, float):
-        try:
-            return kind(v)
-        except ValueError:
-            pass
-    return v
-
-
-args.update({k: value(v) for k, v in (a.split("=", 1) for a in sys.argv[4:])})
+args.update({k: smart_value(v) for k, v in (a.split("=", 1) for a in sys.argv[4:])})
 trainer = None
 if side == "yolofeed":
     from yolofeed import FastDetectionTrainer as trainer
