@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from yolofeed.train.run import SPEED_FILE
 
 TINY = dict(epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
 
@@ -88,6 +91,8 @@ def test_cli_resumes_a_killed_run(synth_root, runs):
                        env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "yolofeed train:" in r.stdout and "img/s" in r.stdout and "best.pt" in r.stdout
+    speed = json.loads((run / SPEED_FILE).read_text())  # what a DDP launcher reads back from rank 0
+    assert speed["images"] > 0 and speed["seconds"] > 0
     with open(run / "results.csv") as f:
         after = [row[0].strip() for row in list(csv.reader(f))[1:]]
     # continued after the saved epoch (a row written after the last save is redone, as Ultralytics does)
