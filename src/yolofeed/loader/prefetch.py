@@ -170,8 +170,12 @@ class Prefetcher:
         if self.sync:
             slot = self.slots[0]
             for indices in batches:
+                if slot.consumed is not None:  # one slot: the GPU must be done with the last batch (a host wait;
+                    slot.consumed.synchronize()  # sync mode is for tests and debugging)
                 self._fill(slot, indices)
                 yield self._deliver(0, indices)
+                if slot.consumed is not None:
+                    slot.consumed.record(torch.cuda.current_stream(self.device))
             return
         free: queue.Queue = queue.Queue()
         ready: queue.Queue = queue.Queue()
