@@ -97,7 +97,8 @@ on, off = state["rates"][True], state["rates"][False]
 pairs = [1 - a / b for a, b in zip(on, off)]  # each "on" window against the "off" window right after it
 res = {"windows_on": [round(r, 1) for r in on], "windows_off": [round(r, 1) for r in off],
        "median_on": statistics.median(on), "median_off": statistics.median(off),
-       "overhead_median_of_pairs": statistics.median(pairs), "overhead_fraction": 1 - statistics.median(on) / statistics.median(off)}
+       "overhead_median_of_pairs": statistics.median(pairs),
+       "overhead_fraction": 1 - statistics.median(on) / statistics.median(off)}
 print(json.dumps({k: v for k, v in res.items() if not k.startswith("windows")}, indent=1))
 with open(os.path.join(os.environ.get("OUT", "/tmp"), "monitor_overhead.json"), "w") as f:
     json.dump(res, f, indent=1)

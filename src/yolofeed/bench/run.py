@@ -89,7 +89,8 @@ def run(cfg: BenchConfig) -> dict:
         for m in modes:
             results.append(run_mode(m, cfg, Path(tmp)))
             report = {"config": asdict(cfg), "results": results, "title": title}
-            (out / "bench.json").write_text(json.dumps(report, indent=1))  # after each mode: an interrupted bench keeps what it measured
+            # after each mode: an interrupted bench keeps what it measured
+            (out / "bench.json").write_text(json.dumps(report, indent=1))
     plot(results, out / "bench.png", title)
     print(title + "\n" + table(results) + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}", flush=True)
     return report

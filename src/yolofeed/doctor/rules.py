@@ -5,19 +5,19 @@ says what it saw and what to change, with the expected gain where a measurement 
 The first matching *bottleneck* rule is the verdict; *also* rules add findings that hold at the
 same time (validation cost, AMP off, CPU-only).
 
-| rule              | fires when                                                            |
-|-------------------|-----------------------------------------------------------------------|
-| cpu_contention    | other processes keep >= max(1, 25 % of cores) cores busy, and data wait high or the trainer starved |
-| disk_io           | data wait high and iowait >= 10 % (the loader waits on reads)           |
-| too_few_workers   | data wait high, workers saturated, >= 30 % of cores idle               |
-| cpu_augmentation  | the run keeps >= 70 % of cores busy (CPU decode/augment), and data wait high or the trainer starved |
-| host_to_device    | preprocess (copy + normalise) >= 15 % of the step, data wait low        |
-| small_batch       | data wait low, GPU < 70 % busy, steps under 60 ms (launch-bound)         |
-| gpu_bound         | data wait < 5 % and GPU >= 85 % busy: already fed                      |
-| also: validation  | one validation pass >= 20 % of an epoch's training time                 |
-| also: logging     | the trainer's callbacks (loggers, integrations) take >= 5 % of the step |
-| also: amp_off     | AMP off on a GPU                                                     |
-| also: cpu_only    | no GPU in the run (only cpu_contention and disk_io are judged then)   |
+| rule             | fires when                                                                     |
+|------------------|--------------------------------------------------------------------------------|
+| cpu_contention   | other processes keep >= max(1, 25 % of cores) busy; data wait high or starved  |
+| disk_io          | data wait high and iowait >= 10 % (the loader waits on reads)                  |
+| too_few_workers  | data wait high, workers saturated, >= 30 % of cores idle                       |
+| cpu_augmentation | the run keeps >= 70 % of cores busy (CPU decode/augment); wait high or starved |
+| host_to_device   | preprocess (copy + normalise) >= 15 % of the step, data wait low               |
+| small_batch      | data wait low, GPU < 70 % busy, steps under 60 ms (launch-bound)               |
+| gpu_bound        | data wait < 5 % and GPU >= 85 % busy: already fed                              |
+| also: validation | one validation pass >= 20 % of an epoch's training time                        |
+| also: logging    | the trainer's callbacks (loggers, integrations) take >= 5 % of the step        |
+| also: amp_off    | AMP off on a GPU                                                               |
+| also: cpu_only   | no GPU in the run (only cpu_contention and disk_io are judged then)            |
 
 "The trainer starved": data wait low, yet the GPU < 70 % busy while >= 70 % of the machine's cores
 are busy. The loader keeps up, but the training loop (one Python thread launching every kernel)
