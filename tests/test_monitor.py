@@ -65,7 +65,8 @@ def test_monitored_stock_run_serves_prometheus_and_tensorboard(synth_root, tmp_p
 
     port = _free_port()
     model = YOLO("yolo11n.yaml")
-    mon = attach(model, prometheus_port=port, summary_seconds=0.0)
+    # publish every step: a run of a few seconds gives the scraper many chances, not one or two
+    mon = attach(model, prometheus_port=port, summary_seconds=0.0, publish_seconds=0.0)
     scraped: dict = {}
 
     def scrape():  # while training runs
