@@ -4,8 +4,9 @@ One pass over the split: worker processes verify, decode and resize a sample eac
 JPEG decode dominates, ~2 ms per 640x480 image per core) and ``pwrite`` its pixels at an offset
 they reserve from a shared counter, so payloads never travel back through a pipe; the parent only
 collects metadata and labels. The file is written under a temporary name and renamed after its
-trailer is written and synced: a build killed at any moment leaves no file a reader accepts, and
-the next run removes the leftovers and builds again. A lock file serialises builders, so DDP ranks
+trailer is written and synced: a build killed at any moment leaves no incomplete file that a reader
+accepts (a temp file opens only once its trailer is written, i.e. whole; the pack's own name
+appears only by the rename), and the next run removes the leftovers and builds again. A lock file serialises builders, so DDP ranks
 that ask for the same pack wait for one build instead of racing.
 """
 
