@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolofeed.loader.decode import decode_cv2
 from yolofeed.pack import Pack
 
 
@@ -52,16 +53,13 @@ def _decode_jpegs(pack: Pack, indices: np.ndarray, out: np.ndarray) -> np.ndarra
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    import cv2
-
     shapes = pack.shapes[indices]
+    files = pack.im_files
 
-    def one(k: int) -> None:  # cv2 releases the GIL while decoding and resizing
-        im = cv2.imdecode(pack.encoded(int(indices[k])), cv2.IMREAD_COLOR)
+    def one(k: int) -> None:
+        i = int(indices[k])
         h, w = (int(v) for v in shapes[k])
-        if im.shape[:2] != (h, w):
-            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
-        out[k, :h, :w] = cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
+        out[k, :h, :w] = decode_cv2(pack.encoded(i), h, w, files[i])
 
     with ThreadPoolExecutor(2) as ex:
         list(ex.map(one, range(len(indices))))

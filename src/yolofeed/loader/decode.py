@@ -42,8 +42,11 @@ def _decode_jpeg(data: list[Tensor], device: torch.device) -> list[Tensor]:
     return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
 
 
-def _decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> Tensor:
-    """OpenCV decode + INTER_LINEAR resize, as Ultralytics' ``load_image``: (h, w, 3) RGB uint8 on the host."""
+def decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> np.ndarray:
+    """OpenCV decode + INTER_LINEAR resize, as Ultralytics' ``load_image``: (h, w, 3) RGB uint8 on the host.
+
+    Releases the GIL while decoding and resizing (the ``cv2`` decoder runs it on two threads).
+    """
     import cv2
 
     im = cv2.imdecode(encoded, cv2.IMREAD_COLOR)
@@ -52,7 +55,7 @@ def _decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> Tensor:
                         "rebuild it with 'yolofeed pack data=... rebuild=always'")
     if im.shape[:2] != (h, w):
         im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
-    return torch.from_numpy(cv2.cvtColor(im, cv2.COLOR_BGR2RGB))
+    return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
 
 
 def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
@@ -99,7 +102,7 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
                 on_host.append(k)
     for k in on_host:
         h, w = hw[k]
-        out[k, :h, :w] = _decode_cv2(np.asarray(encoded[k]), h, w, names[k]).to(out.device)
+        out[k, :h, :w] = torch.from_numpy(decode_cv2(np.asarray(encoded[k]), h, w, names[k])).to(out.device)
 
     groups: dict[tuple[tuple[int, int], tuple[int, int]], list[int]] = {}
     for k, im in images.items():
@@ -116,4 +119,4 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
             out[torch.tensor(ks, device=out.device), :h, :w] = x
 
 
-__all__ = ["decode_into"]
+__all__ = ["decode_cv2", "decode_into"]
