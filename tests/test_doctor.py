@@ -25,20 +25,26 @@ CASES = {
     "gpu_bound": {},
     "cpu_augmentation": dict(data_wait=0.55, gpu_util=38, own_cores_busy=15.2, machine_cores_busy=15.5),
     "too_few_workers": dict(data_wait=0.60, gpu_util=30, workers=2, own_cores_busy=2.9, machine_cores_busy=3.0),
-    # measured on the H200 machine (BENCHMARKS.md): workers=1, 82 % data wait, GPU 8 %, 1.3 of 16 cores
-    "too_few_workers_h200": dict(data_wait=0.82, gpu_util=8, workers=1, own_cores_busy=1.3, machine_cores_busy=1.4,
-                                 images_per_s=122, yolofeed_images_per_s=766),
+    # measured on the H200 machine (BENCHMARKS.md, 2026-11-30 05:55 UTC): workers=1, batch 64
+    "too_few_workers_h200": dict(data_wait=0.92, gpu_util=5.8, workers=1, own_cores_busy=1.17, machine_cores_busy=1.19,
+                                 batch=64, images_per_s=66.4, step_ms=970, yolofeed_images_per_s=918),
     "disk_io": dict(data_wait=0.45, gpu_util=45, iowait=0.35, disk_read_mb_s=180, own_cores_busy=4, machine_cores_busy=4),
     "cpu_contention": dict(data_wait=0.40, gpu_util=50, own_cores_busy=8, machine_cores_busy=15.8),
     "host_to_device": dict(preprocess_share=0.30, gpu_util=70, data_wait=0.02),
     "small_batch": dict(batch=4, step_ms=22, gpu_util=35, data_wait=0.03),
-    # measured on the H200 machine (BENCHMARKS.md, planted-doctor run): the loader kept up (no data wait), but a
-    # saturated CPU starved the training loop. mixup + cutmix + degrees on 16 workers, yolo11n batch 128:
-    "cpu_augmentation_h200": dict(data_wait=0.0018, gpu_util=7.2, workers=16, own_cores_busy=13.4,
-                                  machine_cores_busy=13.44, images_per_s=462.6, step_ms=276.7, yolofeed_images_per_s=959.2),
-    # ... and 12 CPU-hog processes beside a stock run with 16 workers:
-    "cpu_contention_h200": dict(data_wait=0.0034, gpu_util=9.0, workers=16, own_cores_busy=2.49, machine_cores_busy=14.09,
-                                images_per_s=372.8, step_ms=343.3, yolofeed_images_per_s=968.6),
+    # measured on the H200 machine (BENCHMARKS.md, planted-doctor run of 2026-11-30, 05:55 UTC), yolo11n, 640 px:
+    # mixup + cutmix + degrees on 16 workers, batch 128: the loader kept up, a saturated CPU starved the training loop
+    "cpu_augmentation_h200": dict(data_wait=0.0065, gpu_util=45.4, workers=16, own_cores_busy=15.9,
+                                  machine_cores_busy=15.92, images_per_s=689.5, step_ms=174.6, yolofeed_images_per_s=1463),
+    # ... 12 CPU-hog processes beside a stock run with 16 workers:
+    "cpu_contention_h200": dict(data_wait=0.0112, gpu_util=42.8, workers=16, own_cores_busy=8.65, machine_cores_busy=15.98,
+                                images_per_s=814.2, step_ms=154.8, yolofeed_images_per_s=1490),
+    # ... batch 4, 8 workers: 62 ms steps of host overhead, GPU 16 % busy
+    "small_batch_h200": dict(data_wait=0.0044, gpu_util=15.9, workers=8, batch=4, own_cores_busy=2.08,
+                             machine_cores_busy=2.02, images_per_s=65.7, step_ms=61.5),
+    # ... yolo11x, batch 32, 16 workers (4 cores of leftover hogs beside it, which the GPU-bound run did not feel)
+    "gpu_bound_h200": dict(data_wait=0.0036, gpu_util=88.2, workers=16, batch=32, own_cores_busy=4.94,
+                           machine_cores_busy=9.0, images_per_s=237.7, step_ms=133.8),
 }
 
 
@@ -85,6 +91,10 @@ def test_findings_that_hold_alongside():
     v = diagnose(replace(FED, val_images_per_s=100, amp=False))  # 500 val images at 100/s vs 7 s of training
     assert [x.rule for x in v] == ["gpu_bound", "validation", "amp_off"]
     assert not v[1].bottleneck and "val=False" in v[1].advice[0]
+    # measured on the H200 machine (2026-11-30): 2,000 val images at 112 img/s beside 4,000 train at 572 img/s
+    h200 = replace(FED, n_train=4000, n_val=2000, val_images_per_s=112.2, images_per_s=571.6)
+    assert "validation" in [x.rule for x in diagnose(h200)]
+    assert "validation" not in [x.rule for x in diagnose(replace(h200, n_val=100))]  # 0.9 s against 7 s: 13 %
 
 
 def test_cpu_only_run_says_so():

@@ -3,6 +3,6 @@
 # (paired on/off windows in one run). Results bundled in $OUT/results.tgz.
 source scripts/device/setup.sh
 set +e
-timeout 430 bash scripts/device/doctor_plant.sh workers,augment,contention,small_batch,validation,gpu_bound,disk
-timeout 120 python3 scripts/device/monitor_overhead.py /tmp/synth/data.yaml 2>&1 | grep -v "it/s\|━" | tail -8 | tee $OUT/overhead.txt
+timeout 470 bash scripts/device/doctor_plant.sh workers,augment,contention,small_batch,validation,gpu_bound,disk
+timeout 110 python3 scripts/device/monitor_overhead.py /tmp/plant/data.yaml 2>&1 | grep -v "it/s\|━" | tail -8 | tee $OUT/overhead.txt
 source scripts/device/pack_out.sh

@@ -12,7 +12,7 @@ same time (validation cost, AMP off, CPU-only).
 | too_few_workers  | data wait high, workers saturated, >= 30 % of cores idle                       |
 | cpu_augmentation | the run keeps >= 70 % of cores busy (CPU decode/augment); wait high or starved |
 | host_to_device   | preprocess (copy + normalise) >= 15 % of the step, data wait low               |
-| small_batch      | data wait low, GPU < 70 % busy, steps under 60 ms (launch-bound)               |
+| small_batch      | data wait low, GPU < 70 % busy, batch <= 16 or steps < 60 ms (launch-bound)    |
 | gpu_bound        | data wait < 5 % and GPU >= 85 % busy: already fed                              |
 | also: validation | one validation pass >= 20 % of an epoch's training time                        |
 | also: logging    | the trainer's callbacks (loggers, integrations) take >= 5 % of the step        |
@@ -44,6 +44,7 @@ THRESHOLDS = {
     "util_low": 70.0,
     "util_fed": 85.0,
     "small_step_ms": 60.0,
+    "small_batch": 16,  # images per step; yolo11n at batch 4 on the H200 machine: 62 ms steps, GPU 16 % busy
     "validation_share": 0.20,
     "logging_share": 0.05,  # host time in callbacks per step / step time
 }
@@ -163,7 +164,7 @@ RULES: list[Rule] = [
                         "yolofeed train copies uint8 on a side CUDA stream ahead of time: " + _gain(f)])),
     ("small_batch",
      lambda f: f.data_wait < T["wait_low"] * 2 and f.gpu_util is not None and f.gpu_util < T["util_low"]
-     and f.step_ms < T["small_step_ms"],
+     and (f.batch <= T["small_batch"] or f.step_ms < T["small_step_ms"]),
      lambda f: Verdict("small_batch", "The batch is too small to fill the GPU",
                        f"steps take {f.step_ms:.0f} ms with batch={f.batch} and the GPU is busy only "
                        f"{f.gpu_util:.0f} % of the time: per-step overhead dominates",
