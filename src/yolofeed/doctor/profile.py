@@ -47,6 +47,14 @@ def trainer_class(mode: str):
         from yolofeed.bench.ceiling import CeilingTrainer
 
         return CeilingTrainer
+    if mode == "ceiling_stock":  # Ultralytics' trainer exactly: the loss measures its padding (two host syncs)
+        from yolofeed.bench.ceiling import CeilingTrainer
+
+        return CeilingTrainer.with_known_counts(False)
+    if mode == "yolofeed_stockloss":  # yolofeed without the loss padding read ahead
+        from yolofeed.train import FastDetectionTrainer
+
+        return FastDetectionTrainer.with_options(known_counts=False)
     raise ValueError(f"unknown mode {mode!r}")
 
 
