@@ -26,19 +26,22 @@ CASES = {
     "cpu_augmentation": dict(data_wait=0.55, gpu_util=38, own_cores_busy=15.2, machine_cores_busy=15.5),
     "too_few_workers": dict(data_wait=0.60, gpu_util=30, workers=2, own_cores_busy=2.9, machine_cores_busy=3.0),
     # measured on the H200 machine (BENCHMARKS.md, 2026-11-30 05:55 UTC): workers=1, batch 64
-    "too_few_workers_h200": dict(data_wait=0.92, gpu_util=5.8, workers=1, own_cores_busy=1.17, machine_cores_busy=1.19,
-                                 batch=64, images_per_s=66.4, step_ms=970, yolofeed_images_per_s=918),
+    "too_few_workers_h200": dict(data_wait=0.92, gpu_util=5.8, workers=1, own_cores_busy=1.17,
+                                 machine_cores_busy=1.19, batch=64, images_per_s=66.4, step_ms=970,
+                                 yolofeed_images_per_s=918),
     "disk_io": dict(data_wait=0.45, gpu_util=45, iowait=0.35, disk_read_mb_s=180, own_cores_busy=4, machine_cores_busy=4),
     "cpu_contention": dict(data_wait=0.40, gpu_util=50, own_cores_busy=8, machine_cores_busy=15.8),
     "host_to_device": dict(preprocess_share=0.30, gpu_util=70, data_wait=0.02),
     "small_batch": dict(batch=4, step_ms=22, gpu_util=35, data_wait=0.03),
     # measured on the H200 machine (BENCHMARKS.md, planted-doctor run of 2026-11-30, 05:55 UTC), yolo11n, 640 px:
-    # mixup + cutmix + degrees on 16 workers, batch 128: the loader kept up, a saturated CPU starved the training loop
+    # mixup + cutmix + degrees on 16 workers, batch 128: the loader kept up, a saturated CPU starved the loop
     "cpu_augmentation_h200": dict(data_wait=0.0065, gpu_util=45.4, workers=16, own_cores_busy=15.9,
-                                  machine_cores_busy=15.92, images_per_s=689.5, step_ms=174.6, yolofeed_images_per_s=1463),
+                                  machine_cores_busy=15.92, images_per_s=689.5, step_ms=174.6,
+                                  yolofeed_images_per_s=1463),
     # ... 12 CPU-hog processes beside a stock run with 16 workers:
-    "cpu_contention_h200": dict(data_wait=0.0112, gpu_util=42.8, workers=16, own_cores_busy=8.65, machine_cores_busy=15.98,
-                                images_per_s=814.2, step_ms=154.8, yolofeed_images_per_s=1490),
+    "cpu_contention_h200": dict(data_wait=0.0112, gpu_util=42.8, workers=16, own_cores_busy=8.65,
+                                machine_cores_busy=15.98, images_per_s=814.2, step_ms=154.8,
+                                yolofeed_images_per_s=1490),
     # ... batch 4, 8 workers: 62 ms steps of host overhead, GPU 16 % busy
     "small_batch_h200": dict(data_wait=0.0044, gpu_util=15.9, workers=8, batch=4, own_cores_busy=2.08,
                              machine_cores_busy=2.02, images_per_s=65.7, step_ms=61.5),
