@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -53,6 +54,61 @@ def test_system_sampler_reports_host_load():
     assert stats.samples >= 5 and stats.cpu_cores_busy > 0.5
     assert stats.own_cores_busy > 0.5  # the spinner is our child; the probe process itself is not counted
     assert stats.gpu_util is None or 0 <= stats.gpu_util <= 100
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and two cores")
+def test_system_sampler_counts_only_the_cores_the_run_may_use(monkeypatch):
+    """Pinned to one core (a Slurm cpuset, taskset), a run's machine is that core: load on the others does
+    not compete with it (counted, it read as CPU contention)."""
+    import time
+    from collections import namedtuple
+
+    from yolofeed.monitor import probe
+
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        assert probe.allowed_cpus(os.getpid()) == [min(before)]
+        s = SystemSampler(interval=0.05).start()  # the probe reads this process's affinity, not its own
+        deadline = time.monotonic() + 20
+        while len(s._cpu) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = s.stop()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert stats.cores == 1 and stats.samples >= 3 and 0 <= stats.cpu_cores_busy <= 1.05
+    assert probe.allowed_cpus(os.getpid()) is None  # every core: the whole machine, as before
+
+    # the sums themselves, on a made-up 4-core machine: cores 1 and 3 busy 2 s and 3 s, 1 s iowait on core 3
+    T = namedtuple("T", "user system idle iowait")
+    cores = [T(9, 0, 1, 0), T(2, 0, 5, 0), T(9, 0, 1, 0), T(1, 2, 4, 1)]
+    monkeypatch.setattr(probe.psutil, "cpu_times", lambda percpu=False: cores if percpu else None)
+    assert probe._Cores([1, 3]).read() == (5, 1) and probe._Cores([1, 3]).n == 2
+
+
+def test_nvml_reads_the_runs_gpu_by_uuid_not_by_cuda_index():
+    from yolofeed.monitor.system import nvml_spec
+
+    assert nvml_spec("cpu") == "-" and nvml_spec(None) == "0"
+
+
+@pytest.mark.gpu
+def test_cuda_device_maps_to_its_own_nvml_gpu():
+    import pynvml
+    import torch
+
+    from yolofeed.monitor.system import nvml_spec
+
+    pynvml.nvmlInit()
+    for i in range(torch.cuda.device_count()):
+        spec = nvml_spec(torch.device("cuda", i))
+        handle = pynvml.nvmlDeviceGetHandleByUUID(spec)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        assert (uuid.decode() if isinstance(uuid, bytes) else uuid) == spec
+        bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
+        bus = bus.decode() if isinstance(bus, bytes) else bus
+        assert int(bus.split(":")[-2], 16) == torch.cuda.get_device_properties(i).pci_bus_id
 
 
 @pytest.mark.slow

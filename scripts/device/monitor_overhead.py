@@ -54,7 +54,7 @@ def switch(trainer, on: bool) -> None:
 
 def on_train_start(trainer) -> None:
     trainer.epochs = 10**6
-    sampler.start()
+    sampler.start(trainer.device)
     switch(trainer, False)
 
 

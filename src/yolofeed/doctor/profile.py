@@ -116,7 +116,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         phases.cuda = trainer.device.type == "cuda"
         if accounting:
             state["hooks"] = install_phase_marks(trainer, phases)
-            sampler.start()  # now, not at the end of warm-up: the probe's start (~0.3 s) must not land in a step
+            sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
 
     def on_start(trainer) -> None:
         rates.batch_ready()

@@ -128,7 +128,7 @@ class TrainingMonitor:
     def on_train_start(self, trainer: Any) -> None:
         self.timer = PhaseTimer(cuda=trainer.device.type == "cuda")
         self._hooks = install_phase_marks(trainer, self.timer)
-        self.sampler.start()
+        self.sampler.start(trainer.device)
         if self.cfg.prometheus_port:
             self.prometheus = _Prometheus(self.cfg.prometheus_port)
             LOGGER.info(f"yolofeed monitor: Prometheus metrics on http://127.0.0.1:{self.cfg.prometheus_port}/metrics")

@@ -1,13 +1,21 @@
-"""The sampling loop of ``SystemSampler``, run as its own process: ``python probe.py PID INTERVAL GPU_INDEX``.
+"""The sampling loop of ``SystemSampler``, run as its own process: ``python probe.py PID INTERVAL GPU``.
 
 Why a process: reading psutil's process tree and NVML ten times a second is Python work. In a
 thread it takes the GIL from the training loop, which in a launch-bound trainer (yolo11n at the
 ceiling keeps one core busy) costs step time one for one — 4 % measured on the H200 in-thread.
 Here it costs the trainer one short line to parse per sample.
 
-Writes one JSON line per sample to stdout: t (perf_counter s), cpu (machine cores busy), own
-(cores busy in process PID and its descendants, this probe excluded), iow (iowait share), disk
-(MB/s read) and, with an NVIDIA GPU, gpu (%), mem (GB), clock (SM MHz), power (W).
+GPU names the training's GPU for NVML: its UUID (``GPU-...``, what ``SystemSampler`` passes: CUDA
+and NVML number GPUs differently once CUDA_VISIBLE_DEVICES is set, as Ultralytics sets it for
+``device=3``), an NVML index, or ``-`` for none.
+
+"The machine" is the cores process PID may run on (its CPU affinity: a Slurm cpuset, taskset,
+a container's cpuset), not every core of the host: load on other cores does not compete with it.
+
+Writes one JSON line per sample to stdout: t (perf_counter s), cpu (cores busy among those), own
+(cores busy in process PID and its descendants, this probe excluded), iow (iowait share of those
+cores), disk (MB/s read) and, with an NVIDIA GPU, gpu (%), mem (GB), clock (SM MHz), power (W).
+The first line says what is measured: ``{"ready": true, "gpu": bool, "cores": n}``.
 """
 
 from __future__ import annotations
@@ -46,12 +54,17 @@ class _Tree:
         return total
 
 
-def _gpu(index: int):
+def _gpu(spec: str):
+    if spec == "-":
+        return None
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if spec.startswith("GPU-"):
+            handle = pynvml.nvmlDeviceGetHandleByUUID(spec)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(spec))
     except Exception:  # no NVIDIA driver or GPU: host figures only
         return None
 
@@ -64,22 +77,47 @@ def _gpu(index: int):
     return read
 
 
-def main(pid: int, interval: float, gpu_index: int) -> None:
-    tree, gpu = _Tree(pid), _gpu(gpu_index)
+def allowed_cpus(pid: int) -> list[int] | None:
+    """The cores process ``pid`` may run on, or None where that cannot be read or is every core."""
+    try:
+        cpus = sorted(psutil.Process(pid).cpu_affinity())
+    except (AttributeError, psutil.Error):  # no affinity API here (macOS)
+        return None
+    return None if len(cpus) >= (psutil.cpu_count() or 0) else cpus
+
+
+class _Cores:
+    """Busy, idle and iowait seconds summed over a set of cores (every core when ``cpus`` is None)."""
+
+    def __init__(self, cpus: list[int] | None):
+        self.cpus = cpus
+        self.n = len(cpus) if cpus else psutil.cpu_count() or 1
+
+    def read(self) -> tuple[float, float]:
+        """(busy seconds, iowait seconds), cumulative."""
+        if self.cpus is None:
+            times = [psutil.cpu_times()]
+        else:
+            every = psutil.cpu_times(percpu=True)
+            times = [every[i] for i in self.cpus if i < len(every)]
+        busy = sum(sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in times)
+        return busy, sum(getattr(t, "iowait", 0.0) for t in times)
+
+
+def main(pid: int, interval: float, gpu_spec: str) -> None:
+    tree, gpu, cores = _Tree(pid), _gpu(gpu_spec), _Cores(allowed_cpus(pid))
     out = sys.stdout
     t0 = time.perf_counter()
-    cpu0, disk0, own0 = psutil.cpu_times(), psutil.disk_io_counters(), tree.cpu(t0)
-    out.write(json.dumps({"ready": True, "gpu": gpu is not None}) + "\n")
+    (busy0, iow0), disk0, own0 = cores.read(), psutil.disk_io_counters(), tree.cpu(t0)
+    out.write(json.dumps({"ready": True, "gpu": gpu is not None, "cores": cores.n}) + "\n")
     out.flush()
     while psutil.pid_exists(pid):
         time.sleep(max(0.0, interval - (time.perf_counter() - t0)))
         t1 = time.perf_counter()
-        cpu1, disk1, own1 = psutil.cpu_times(), psutil.disk_io_counters(), tree.cpu(t1)
+        (busy1, iow1), disk1, own1 = cores.read(), psutil.disk_io_counters(), tree.cpu(t1)
         dt = t1 - t0
-        idle0, idle1 = cpu0.idle + getattr(cpu0, "iowait", 0.0), cpu1.idle + getattr(cpu1, "iowait", 0.0)
-        s = {"t": t1, "cpu": ((sum(cpu1) - idle1) - (sum(cpu0) - idle0)) / dt,
-             "own": max(0.0, own1 - own0) / dt,
-             "iow": (getattr(cpu1, "iowait", 0.0) - getattr(cpu0, "iowait", 0.0)) / max(sum(cpu1) - sum(cpu0), 1e-9)}
+        s = {"t": t1, "cpu": max(0.0, busy1 - busy0) / dt, "own": max(0.0, own1 - own0) / dt,
+             "iow": max(0.0, iow1 - iow0) / max(cores.n * dt, 1e-9)}
         if disk0 is not None and disk1 is not None:
             s["disk"] = (disk1.read_bytes - disk0.read_bytes) / dt / 1e6
         if gpu is not None:
@@ -89,8 +127,8 @@ def main(pid: int, interval: float, gpu_index: int) -> None:
             out.flush()
         except (BrokenPipeError, OSError):  # the sampler stopped reading
             return
-        t0, cpu0, disk0, own0 = t1, cpu1, disk1, own1
+        t0, busy0, iow0, disk0, own0 = t1, busy1, iow1, disk1, own1
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))
+    main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])

@@ -15,15 +15,35 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Any
+
 import psutil
+
+
+def nvml_spec(device: Any) -> str:
+    """How the probe finds the training's GPU in NVML: its UUID for a CUDA device, ``-`` for a CPU run.
+
+    Not the CUDA index: with CUDA_VISIBLE_DEVICES=3 (Ultralytics sets it for ``device=3``) the
+    run's ``cuda:0`` is NVML's GPU 3, and reading NVML's GPU 0 would report another job's GPU.
+    """
+    if device is None:
+        return "0"
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "-"
+    return f"GPU-{torch.cuda.get_device_properties(device.index or 0).uuid}"
 
 
 @dataclass
 class SystemStats:
     """Means over a sampling period (None where the machine has no NVIDIA GPU).
 
-    ``cpu_cores_busy`` counts the whole machine; ``own_cores_busy`` this process and its children
-    (DataLoader workers); ``iowait`` is the share of CPU time waiting on disk.
+    ``cpu_cores_busy`` counts the cores this process may run on (its CPU affinity: the whole
+    machine unless a cpuset or taskset narrows it), ``cores`` how many those are; ``own_cores_busy``
+    this process and its children (DataLoader workers); ``iowait`` is the share of those cores'
+    time waiting on disk.
     """
 
     samples: int
@@ -45,10 +65,10 @@ class SystemSampler:
     process's GIL; a daemon thread here only parses its one-line samples.
     """
 
-    def __init__(self, interval: float = 0.1, gpu_index: int = 0):
-        self.interval, self.gpu_index = interval, gpu_index
+    def __init__(self, interval: float = 0.1):
+        self.interval = interval
         self._reset()
-        self.cores = psutil.cpu_count() or 1
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count() or 1
         self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -57,6 +77,7 @@ class SystemSampler:
         for line in proc.stdout:
             s = json.loads(line)
             if "ready" in s:
+                self.cores = s["cores"]
                 self._ready.set()
                 continue
             with self._lock:  # one sample lands in one window, whole (see restart_window)
@@ -99,15 +120,19 @@ class SystemSampler:
         self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
         self._clock, self._power = [], []
 
-    def start(self, timeout: float = 10.0) -> SystemSampler:
-        """Start the probe process and wait (up to ``timeout`` s) until it samples: the window starts now."""
+    def start(self, device: Any = None, timeout: float = 10.0) -> SystemSampler:
+        """Start the probe process and wait (up to ``timeout`` s) until it samples: the window starts now.
+
+        Args:
+            device: the training's torch device; NVML then reads that GPU. None: the first GPU NVML lists.
+        """
         self.stop()
         self._reset()
         self._ready = threading.Event()
         # by path, not ``-m yolofeed.monitor.probe``: the package would import torch and Ultralytics (seconds)
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("probe.py")), str(os.getpid()), str(self.interval),
-             str(self.gpu_index)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+             nvml_spec(device)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
         self._thread = threading.Thread(target=self._read, args=(self._proc,), daemon=True, name="yolofeed-sampler")
         self._thread.start()
         self._ready.wait(timeout)
