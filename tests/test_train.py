@@ -82,6 +82,33 @@ def test_loss_padding_read_ahead_trains_exactly_as_ultralytics_padding(synth_roo
 
 
 @pytest.mark.slow
+def test_out_of_memory_in_the_first_epoch_halves_the_batch_and_goes_on(synth_root, runs):
+    """Ultralytics' own OOM retry rebuilds the loaders at half the batch: ours must rebuild too (a new
+    prefetcher and lookahead; the abandoned pass's thread stopped) and training must finish."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class OomOnce(FastDetectionTrainer):
+        raised = 0
+        batches: list[int] = []
+
+        def preprocess_batch(self, batch):
+            if not OomOnce.raised:
+                OomOnce.raised = 1
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            OomOnce.batches.append(len(batch["img"]))
+            return super().preprocess_batch(batch)
+
+    m = YOLO("yolo11n.yaml")
+    m.train(trainer=OomOnce, data=str(synth_root / "data.yaml"), project=str(runs), name="oom", **{**TINY, "epochs": 1})
+    assert OomOnce.raised and OomOnce.batches and max(OomOnce.batches) == TINY["batch"] // 2
+    assert (runs / "oom" / "weights" / "last.pt").exists()
+    import threading
+    assert not [t for t in threading.enumerate() if t.name == "yolofeed-loader" and t.is_alive()]  # none left
+
+
+@pytest.mark.slow
 def test_cli_resumes_a_killed_run(synth_root, runs):
     env = os.environ | {"YOLO_OFFLINE": "1"}
     run = runs / "killed"
