@@ -45,7 +45,7 @@ def test_system_sampler_reports_host_load():
     try:
         s = SystemSampler(interval=0.05).start()
         deadline = time.monotonic() + 20
-        while len(s._cpu) < 5 and time.monotonic() < deadline:  # wait for samples, not for a duration
+        while len(s) < 5 and time.monotonic() < deadline:  # wait for samples, not for a duration
             time.sleep(0.05)
         stats = s.stop()
     finally:
@@ -53,6 +53,8 @@ def test_system_sampler_reports_host_load():
         spin.wait()
     assert stats.samples >= 5 and stats.cpu_cores_busy > 0.5
     assert stats.own_cores_busy > 0.5  # the spinner is our child; the probe process itself is not counted
+    assert stats.busiest_core > 0.5  # the spinner's core (of those this process may use)
+    assert 0 < stats.ram_used_gb and stats.swap_used_gb is not None and stats.swap_used_gb >= 0
     assert stats.gpu_util is None or 0 <= stats.gpu_util <= 100
 
 
@@ -72,7 +74,7 @@ def test_system_sampler_counts_only_the_cores_the_run_may_use(monkeypatch):
         assert probe.allowed_cpus(os.getpid()) == [min(before)]
         s = SystemSampler(interval=0.05).start()  # the probe reads this process's affinity, not its own
         deadline = time.monotonic() + 20
-        while len(s._cpu) < 3 and time.monotonic() < deadline:
+        while len(s) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         stats = s.stop()
     finally:
@@ -84,7 +86,7 @@ def test_system_sampler_counts_only_the_cores_the_run_may_use(monkeypatch):
     T = namedtuple("T", "user system idle iowait")
     cores = [T(9, 0, 1, 0), T(2, 0, 5, 0), T(9, 0, 1, 0), T(1, 2, 4, 1)]
     monkeypatch.setattr(probe.psutil, "cpu_times", lambda percpu=False: cores if percpu else None)
-    assert probe._Cores([1, 3]).read() == (5, 1) and probe._Cores([1, 3]).n == 2
+    assert probe._Cores([1, 3]).read() == ([2, 3], 1) and probe._Cores([1, 3]).n == 2
 
 
 def test_nvml_reads_the_runs_gpu_by_uuid_not_by_cuda_index():

@@ -84,6 +84,9 @@ class Profile:
     n_train: int
     n_val: int
     val_images_per_s: float | None = None
+    busiest_core: float = 0.0  # busy share of the busiest core the run may use
+    ram_used_gb: float | None = None  # the machine's, as psutil sees it (cache=ram runs, other jobs)
+    swap_used_gb: float | None = None
     timeline: dict[str, list] = field(default_factory=dict)
     callbacks_ms: dict[str, float] = field(default_factory=dict)  # host ms per step in each trainer callback
 
@@ -183,6 +186,9 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         gpu_mem_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
         batch=trainer.batch_size, workers=int(trainer.args.workers), n_train=len(trainer.train_loader.dataset),
         n_val=len(trainer.test_loader.dataset), val_images_per_s=round(val_rate, 1) if val_rate else None,
+        busiest_core=round(system.busiest_core, 3),
+        ram_used_gb=round(system.ram_used_gb, 2) if system.ram_used_gb is not None else None,
+        swap_used_gb=round(system.swap_used_gb, 2) if system.swap_used_gb is not None else None,
         timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()})
     del trainer
     gc.collect()

@@ -87,10 +87,16 @@ def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]
         clock = f" at {p['gpu_clock_mhz']:,.0f} MHz" if p.get("gpu_clock_mhz") else ""
         return f"{p['gpu_util']:.0f} %{clock}"
 
+    def memory(p: dict) -> str:
+        if p.get("ram_used_gb") is None:
+            return "-"
+        return f"{p['ram_used_gb']:.1f} GB" + (f", swap {p['swap_used_gb']:.1f} GB" if p.get("swap_used_gb") else "")
+
     rows = "".join(
         f"<tr><td>{e(p['mode'])}</td><td>{p['images_per_s']:,.0f}</td><td>{p['step_ms']:.1f}</td>"
         f"<td>{100 * p['data_wait_fraction']:.0f} %</td><td>{util(p)}</td>"
-        f"<td>{p['own_cores_busy']:.1f} / {p['cores']}</td></tr>" for p in profiles)
+        f"<td>{p['own_cores_busy']:.1f} / {p['cores']}</td><td>{100 * p.get('busiest_core', 0):.0f} %</td>"
+        f"<td>{memory(p)}</td></tr>" for p in profiles)
     items = "".join(
         f"<li class='{'main' if v.bottleneck else 'also'}'><b>{e(v.title)}</b><br><span>{e(v.evidence)}</span>"
         f"<ul>{''.join(f'<li>{e(a)}</li>' for a in v.advice)}</ul></li>" for v in verdicts)
@@ -101,7 +107,7 @@ li.main>b{{color:#b00}}li{{margin-bottom:.8em}}span{{color:#555}}</style></head>
 <h1>yolofeed doctor</h1><p>{e(config.get('summary', ''))}</p>
 <h2>Verdict</h2><ul>{items}</ul>
 <h2>Measured</h2><table><tr><th>run</th><th>img/s</th><th>ms/step</th><th>data wait</th><th>GPU busy</th>
-<th>cores busy / cores</th></tr>{rows}</table>
+<th>cores busy / cores</th><th>busiest core</th><th>RAM in use</th></tr>{rows}</table>
 <h2>Step breakdown</h2>{_img(out / 'breakdown.png')}
 <h2>Timeline</h2>{_img(out / 'timeline.png')}
 <p style="color:#888">Figures: median step rate over windows after warm-up; GPU busy is NVML utilisation (time a

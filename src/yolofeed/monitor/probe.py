@@ -12,9 +12,10 @@ and NVML number GPUs differently once CUDA_VISIBLE_DEVICES is set, as Ultralytic
 "The machine" is the cores process PID may run on (its CPU affinity: a Slurm cpuset, taskset,
 a container's cpuset), not every core of the host: load on other cores does not compete with it.
 
-Writes one JSON line per sample to stdout: t (perf_counter s), cpu (cores busy among those), own
-(cores busy in process PID and its descendants, this probe excluded), iow (iowait share of those
-cores), disk (MB/s read) and, with an NVIDIA GPU, gpu (%), mem (GB), clock (SM MHz), power (W).
+Writes one JSON line per sample to stdout: t (perf_counter s), cpu (cores busy among those),
+busiest (the busiest one's busy share), own (cores busy in process PID and its descendants, this
+probe excluded), iow (iowait share of those cores), disk (MB/s read), ram and swap (GB in use) and,
+with an NVIDIA GPU, gpu (%), mem (GB), clock (SM MHz), power (W).
 The first line says what is measured: ``{"ready": true, "gpu": bool, "cores": n}``.
 """
 
@@ -87,20 +88,17 @@ def allowed_cpus(pid: int) -> list[int] | None:
 
 
 class _Cores:
-    """Busy, idle and iowait seconds summed over a set of cores (every core when ``cpus`` is None)."""
+    """Per-core busy and iowait seconds over a set of cores (every core when ``cpus`` is None)."""
 
     def __init__(self, cpus: list[int] | None):
         self.cpus = cpus
         self.n = len(cpus) if cpus else psutil.cpu_count() or 1
 
-    def read(self) -> tuple[float, float]:
-        """(busy seconds, iowait seconds), cumulative."""
-        if self.cpus is None:
-            times = [psutil.cpu_times()]
-        else:
-            every = psutil.cpu_times(percpu=True)
-            times = [every[i] for i in self.cpus if i < len(every)]
-        busy = sum(sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in times)
+    def read(self) -> tuple[list[float], float]:
+        """(busy seconds of each core, iowait seconds of them all), cumulative."""
+        every = psutil.cpu_times(percpu=True)
+        times = every if self.cpus is None else [every[i] for i in self.cpus if i < len(every)]
+        busy = [sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in times]
         return busy, sum(getattr(t, "iowait", 0.0) for t in times)
 
 
@@ -116,8 +114,11 @@ def main(pid: int, interval: float, gpu_spec: str) -> None:
         t1 = time.perf_counter()
         (busy1, iow1), disk1, own1 = cores.read(), psutil.disk_io_counters(), tree.cpu(t1)
         dt = t1 - t0
-        s = {"t": t1, "cpu": max(0.0, busy1 - busy0) / dt, "own": max(0.0, own1 - own0) / dt,
-             "iow": max(0.0, iow1 - iow0) / max(cores.n * dt, 1e-9)}
+        per_core = [max(0.0, b1 - b0) / dt for b0, b1 in zip(busy0, busy1)]
+        mem, swap = psutil.virtual_memory(), psutil.swap_memory()
+        s = {"t": t1, "cpu": sum(per_core), "busiest": min(1.0, max(per_core, default=0.0)),
+             "own": max(0.0, own1 - own0) / dt, "iow": max(0.0, iow1 - iow0) / max(cores.n * dt, 1e-9),
+             "ram": (mem.total - mem.available) / 1e9, "swap": swap.used / 1e9}
         if disk0 is not None and disk1 is not None:
             s["disk"] = (disk1.read_bytes - disk0.read_bytes) / dt / 1e6
         if gpu is not None:

@@ -43,7 +43,8 @@ class SystemStats:
     ``cpu_cores_busy`` counts the cores this process may run on (its CPU affinity: the whole
     machine unless a cpuset or taskset narrows it), ``cores`` how many those are; ``own_cores_busy``
     this process and its children (DataLoader workers); ``iowait`` is the share of those cores'
-    time waiting on disk.
+    time waiting on disk; ``busiest_core`` the busy share of the busiest of them (a training loop
+    that has one core to itself and still starves the GPU shows 1.0 there).
     """
 
     samples: int
@@ -56,6 +57,16 @@ class SystemStats:
     cores: int = 0
     gpu_clock_mhz: float | None = None  # SM clock: a starved GPU drops to idle clocks between steps
     gpu_power_w: float | None = None
+    busiest_core: float = 0.0
+    ram_used_gb: float | None = None
+    swap_used_gb: float | None = None
+
+
+# the probe's sample keys -> SystemStats fields, and what a field is without samples
+FIELDS = {"gpu": ("gpu_util", None), "mem": ("gpu_mem_gb", None), "cpu": ("cpu_cores_busy", 0.0),
+          "disk": ("disk_read_mb_s", 0.0), "own": ("own_cores_busy", 0.0), "iow": ("iowait", 0.0),
+          "clock": ("gpu_clock_mhz", None), "power": ("gpu_power_w", None), "busiest": ("busiest_core", 0.0),
+          "ram": ("ram_used_gb", None), "swap": ("swap_used_gb", None)}
 
 
 class SystemSampler:
@@ -81,44 +92,43 @@ class SystemSampler:
                 self._ready.set()
                 continue
             with self._lock:  # one sample lands in one window, whole (see restart_window)
-                self._cpu.append(s["cpu"])
-                self._own.append(s["own"])
-                self._iow.append(s["iow"])
-                if "disk" in s:
-                    self._disk.append(s["disk"])
-                if "gpu" in s:
-                    self._gpu.append(s["gpu"])
-                    self._mem.append(s["mem"])
-                    self._clock.append(s["clock"])
-                    self._power.append(s["power"])
-                self._t.append(s["t"])  # last: readers index the other lists by len(self._t)
+                for key in FIELDS.keys() & s.keys():
+                    self._series[key].append(s[key])
+                self._t.append(s["t"])  # last: readers index the series by len(self._t)
+
+    def __len__(self) -> int:
+        """Samples in the current window."""
+        return len(self._t)
 
     def restart_window(self) -> None:
         """Forget the samples so far: the means from now on cover what follows (the probe keeps running)."""
         with self._lock:
             self._reset()
 
+    def _stats(self, first: int = 0) -> SystemStats:
+        """Means over the samples from index ``first`` on."""
+        out = {}
+        for key, (name, empty) in FIELDS.items():
+            v = self._series[key][first:]
+            out[name] = statistics.fmean(v) if v else empty
+        return SystemStats(samples=len(self._t) - first, cores=self.cores, **out)
+
     def recent(self, seconds: float) -> SystemStats:
         """Means over the samples of the last ``seconds`` (for live alerts and gauges)."""
         if not self._t:
-            return SystemStats(0, None, None, 0.0, 0.0)
+            return self._stats()
         cut = self._t[-1] - seconds
-        k = next((i for i in range(len(self._t) - 1, -1, -1) if self._t[i] < cut), -1) + 1
-        mean = lambda v: statistics.fmean(v[k:]) if len(v) > k else None  # noqa: E731
-        return SystemStats(len(self._t) - k, mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
-                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores,
-                           mean(self._clock), mean(self._power))
+        return self._stats(next((i for i in range(len(self._t) - 1, -1, -1) if self._t[i] < cut), -1) + 1)
 
     def timeline(self) -> dict[str, list]:
         """Every sample: time (s, from the first), GPU %, machine and own cores busy, disk MB/s."""
         t0 = self._t[0] if self._t else 0.0
-        return {"t": [t - t0 for t in self._t], "gpu_util": list(self._gpu), "gpu_clock_mhz": list(self._clock),
-                "cpu_cores_busy": list(self._cpu),
-                "own_cores_busy": list(self._own), "disk_read_mb_s": list(self._disk), "t0": t0}
+        series = {FIELDS[k][0]: list(self._series[k]) for k in ("gpu", "clock", "cpu", "own", "disk", "ram", "swap")}
+        return {"t": [t - t0 for t in self._t], **series, "t0": t0}
 
     def _reset(self) -> None:
-        self._gpu, self._mem, self._cpu, self._disk, self._t, self._own, self._iow = [], [], [], [], [], [], []
-        self._clock, self._power = [], []
+        self._series: dict[str, list[float]] = {key: [] for key in FIELDS}
+        self._t: list[float] = []
 
     def start(self, device: Any = None, timeout: float = 10.0) -> SystemSampler:
         """Start the probe process and wait (up to ``timeout`` s) until it samples: the window starts now.
@@ -145,7 +155,4 @@ class SystemSampler:
             self._thread.join()  # the pipe is closed: the reader has seen every sample
             self._proc.stdout.close()
             self._proc = None
-        mean = lambda v: statistics.fmean(v) if v else None  # noqa: E731
-        return SystemStats(len(self._cpu), mean(self._gpu), mean(self._mem), mean(self._cpu) or 0.0,
-                           mean(self._disk) or 0.0, mean(self._own) or 0.0, mean(self._iow) or 0.0, self.cores,
-                           mean(self._clock), mean(self._power))
+        return self._stats()
