@@ -62,10 +62,7 @@ class CeilingTrainer(DetectionTrainer):
         return type(cls.__name__, (cls,), {"known_counts": on})
 
     def preprocess_batch(self, batch: dict) -> dict:
-        if self.known_counts and targets.KEY in batch:
-            targets.install(self.model)
-        else:
-            batch.pop(targets.KEY, None)
+        targets.prepare(self.model, batch, self.known_counts)
         return super().preprocess_batch(batch)
 
     def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):

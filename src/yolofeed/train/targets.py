@@ -76,6 +76,15 @@ def install(model: torch.nn.Module) -> None:
             loss.__class__ = KnownCountLoss
 
 
+def prepare(model: torch.nn.Module, batch: dict, on: bool) -> None:
+    """Per training step, before the forward pass: the criterion reads ``max_boxes`` if ``on`` (and the
+    batch has it), else the key is dropped and the loss measures the count itself, as Ultralytics does."""
+    if on and KEY in batch:
+        install(model)
+    else:
+        batch.pop(KEY, None)
+
+
 def max_per_image(batch_idx: torch.Tensor, batch_size: int) -> int:
     """The largest box count of one image, from a batch's ``batch_idx`` (syncs if it is on the GPU)."""
     if batch_idx.numel() == 0:
@@ -83,4 +92,4 @@ def max_per_image(batch_idx: torch.Tensor, batch_size: int) -> int:
     return int(torch.bincount(batch_idx.long().flatten(), minlength=batch_size).max())
 
 
-__all__ = ["KEY", "KnownCountLoss", "install", "max_per_image"]
+__all__ = ["KEY", "KnownCountLoss", "install", "max_per_image", "prepare"]

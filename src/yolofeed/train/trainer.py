@@ -115,10 +115,7 @@ class FastDetectionTrainer(DetectionTrainer):
         ``AugmentAhead`` batches and the validator's are already Ultralytics' batches: stock path.
         """
         if "source" not in batch:
-            if self.known_counts and targets.KEY in batch:
-                targets.install(self.model)
-            else:
-                batch.pop(targets.KEY, None)  # the loss measures the count itself, as Ultralytics does
+            targets.prepare(self.model, batch, self.known_counts)
             return super().preprocess_batch(batch)
         # boolean indexing learns N: a host sync, which AugmentAhead avoids
         out = self._augment_source(batch["source"]).to_ultralytics()
