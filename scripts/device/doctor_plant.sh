@@ -27,15 +27,19 @@ for c in ${CASES//,/ }; do
     disk)        # the dataset's files evicted from the page cache (posix_fadvise DONTNEED: the libraries stay cached;
                  # dropping every cache made torch's own imports crawl at the cap) and, where cgroup v2 has the io
                  # controller, this shell's reads capped at 10 MB/s (~110 synthetic images/s of 90 KB)
+                 sync  # DONTNEED leaves dirty pages: the files synth just wrote must reach the disk first
                  python3 -c "import os, sys, pathlib
 for p in pathlib.Path(sys.argv[1]).rglob('*'):
     if p.is_file():
         fd = os.open(p, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)" $D
+                 src=$(df --output=source $D | tail -1); disk=$(lsblk -no PKNAME "$src" 2>/dev/null | head -1)
+                 [ -n "$disk" ] && src=/dev/$disk  # io.max takes the whole disk, not a partition
+                 dev=$(lsblk -dno MAJ:MIN "$src" 2>/dev/null | tr -d ' ')
+                 echo "dataset on $src ($dev), $(findmnt -no FSTYPE -T $D)" | tee -a $OUT/plant.txt
                  if [ -w /sys/fs/cgroup/cgroup.subtree_control ]; then
-                   mkdir -p /sys/fs/cgroup/slowio && echo "+io" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-                   dev=$(lsblk -dno MAJ:MIN "$(df --output=source $D | tail -1)" 2>/dev/null | tr -d ' ')
-                   echo "$dev rbps=10485760" > /sys/fs/cgroup/slowio/io.max 2>/dev/null && echo $$ > /sys/fs/cgroup/slowio/cgroup.procs \
-                     && echo "reads capped: $dev rbps=10485760" | tee -a $OUT/plant.txt
+                   mkdir -p /sys/fs/cgroup/slowio && echo "+io" > /sys/fs/cgroup/cgroup.subtree_control
+                   echo "$dev rbps=10485760" > /sys/fs/cgroup/slowio/io.max && echo $$ > /sys/fs/cgroup/slowio/cgroup.procs \
+                     && echo "reads capped: $(cat /sys/fs/cgroup/slowio/io.max)" | tee -a $OUT/plant.txt
                  fi
                  doc disk batch=64 workers=16 time_validation=False yolofeed=False steps=10 warmup=4 ;;
   esac
