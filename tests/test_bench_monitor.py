@@ -128,3 +128,21 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capsy
     assert (out / "bench.png").stat().st_size > 1000
     text = capsys.readouterr().out
     assert "÷ ceiling" in text and "yolofeed" in text
+
+
+def test_warm_up_covers_the_batches_a_torch_loader_queues_before_the_first_step():
+    """Ultralytics' workers fill workers x prefetch_factor batches while the trainer sets up; steps served from
+    that queue say nothing of the loader, so the profile's warm-up must be at least that long."""
+    import torch
+
+    from yolofeed.doctor.profile import queued_batches
+
+    data = list(range(64))
+    assert queued_batches(torch.utils.data.DataLoader(data, batch_size=4, num_workers=3, prefetch_factor=4)) == 12
+    assert queued_batches(torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)) == 4  # torch's default: 2
+    assert queued_batches(torch.utils.data.DataLoader(data, batch_size=4)) == 0  # no workers: nothing runs ahead
+
+    class OwnLoader:  # yolofeed's loader: its lookahead is a batch or two, whatever it calls its threads
+        num_workers, prefetch_factor = 16, 4
+
+    assert queued_batches(OwnLoader()) == 0

@@ -35,7 +35,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
     p = profile(mode, args, cfg.steps, cfg.warmup, cfg.window)
-    keys = ("mode", "images_per_s", "step_ms", "data_wait_fraction", "steps", "windows", "gpu_util", "cpu_cores_busy",
+    keys = ("mode", "images_per_s", "step_ms", "data_wait_fraction", "steps", "warmup", "windows", "gpu_util", "cpu_cores_busy",
             "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
     return {k: getattr(p, k) for k in keys}
 
@@ -85,7 +85,8 @@ def run(cfg: BenchConfig) -> dict:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
     out = Path(cfg.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup} warm-up"
+    # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (doctor/profile.py)
+    title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="yolofeed-bench-") as tmp:
         for m in modes:

@@ -44,7 +44,8 @@ def run(cfg: DoctorConfig) -> list:
     by_mode = {p["mode"]: p for p in profiles}
     verdicts = diagnose(facts_from(by_mode["stock"], by_mode.get("yolofeed"), bool(cfg.extra.get("amp", True))))
     summary = (f"{cfg.model} on {cfg.data}, batch {profiles[0]['batch']}, imgsz {cfg.imgsz}, "
-               f"workers {profiles[0]['workers']}, device {profiles[0]['device']}, {cfg.steps} steps after {cfg.warmup}")
+               f"workers {profiles[0]['workers']}, device {profiles[0]['device']}, {cfg.steps} steps after "
+               f"{profiles[0]['warmup']}")
     html = report.write(Path(cfg.out).expanduser().resolve(), {"summary": summary, **cfg.__dict__}, profiles, verdicts)
     lines = [f"yolofeed doctor: {summary}"]
     for p in profiles:
