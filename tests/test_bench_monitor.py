@@ -120,10 +120,10 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capsy
     out = tmp_path / "bench"
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
                  "window=2", "device=cpu", "workers=0", f"out={out}",
-                 "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,yolofeed_stockloss,ceiling,ceiling_stock"]) == 0
+                 "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,ceiling"]) == 0
     report = json.loads((out / "bench.json").read_text())
     assert [r["mode"] for r in report["results"]] == ["stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline",
-                                                        "yolofeed_stockloss", "ceiling", "ceiling_stock"]
+                                                        "ceiling"]
     assert all(r["images_per_s"] > 0 and r["steps"] == 4 for r in report["results"])
     assert (out / "bench.png").stat().st_size > 1000
     text = capsys.readouterr().out
@@ -146,3 +146,17 @@ def test_warm_up_covers_the_batches_a_torch_loader_queues_before_the_first_step(
         num_workers, prefetch_factor = 16, 4
 
     assert queued_batches(OwnLoader()) == 0
+
+
+def test_gpu_utilisation_is_a_median_over_the_rate_windows():
+    """A one-off stall (cuDNN tuning the epoch's last, smaller batch) drags a mean down; the windows' median,
+    like the img/s median beside it, keeps the steady state. Samples outside every window are ignored."""
+    from yolofeed.monitor.steps import window_median
+
+    t = [0.1 * k for k in range(100)]  # 10 s at 10 Hz, 5 windows of 2 s; the third is a stall
+    util = [0.0 if 4.0 <= x < 6.0 else 90.0 for x in t]
+    edges = [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert sum(util) / len(util) == 72.0 and window_median(t, util, edges) == 90.0
+    assert window_median(t, [50.0] * 100, edges) == 50.0  # steady: the same as the mean
+    assert window_median(t, util, [20.0, 30.0]) is None  # no sample in any window
+    assert window_median(t, util, [4.0, 6.0]) == 0.0  # a run that only stalls says so

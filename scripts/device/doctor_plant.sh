@@ -27,6 +27,20 @@ for c in ${CASES//,/ }; do
     disk)        # the dataset's files evicted from the page cache (posix_fadvise DONTNEED: the libraries stay cached;
                  # dropping every cache made torch's own imports crawl at the cap) and, where cgroup v2 has the io
                  # controller, this shell's reads capped at 10 MB/s (~110 synthetic images/s of 90 KB)
+                 # Before capping: Ultralytics' label cache (its first build opens every image, which would read
+                 # them all at the cap and leave them in the page cache: on 2026-11-30 training then read mostly
+                 # from memory), and the libraries' pages (a cold machine page-faults torch's CUDA libraries at the
+                 # cap, and the main loop crawls while the loader idles)
+                 python3 - $D <<'PY'
+import sys
+from ultralytics.data.dataset import YOLODataset
+from ultralytics.data.utils import check_det_dataset
+d = check_det_dataset(sys.argv[1] + "/data.yaml")
+for split in ("train", "val"):
+    YOLODataset(img_path=d[split], imgsz=640, data=d, task="detect", augment=False)
+PY
+                 sp=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+                 find $sp/torch/lib $sp/nvidia $sp/cv2 -name "*.so*" -type f -exec cat {} + > /dev/null 2>&1
                  sync  # DONTNEED leaves dirty pages: the files synth just wrote must reach the disk first
                  python3 -c "import os, sys, pathlib
 for p in pathlib.Path(sys.argv[1]).rglob('*'):

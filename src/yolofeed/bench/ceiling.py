@@ -2,10 +2,7 @@
 
 ``CeilingTrainer`` takes a few real augmented batches from the stock loader once, moves them to
 the device and replays them for the whole epoch. No data pipeline can beat it under the same
-trainer, so it is the denominator of every ratio ``yolofeed bench`` reports. "The same trainer"
-includes yolofeed's loss padding (``train/targets.py``: the replayed batches carry their box count,
-counted once); ``CeilingTrainer.with_known_counts(False)`` is Ultralytics' trainer exactly
-(bench mode ``ceiling_stock``).
+trainer, so it is the denominator of every ratio ``yolofeed bench`` reports.
 """
 
 from __future__ import annotations
@@ -13,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ultralytics.models.yolo.detect import DetectionTrainer
-
-from yolofeed.train import targets
 
 REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
 
@@ -55,23 +50,12 @@ class ReplayLoader:
 class CeilingTrainer(DetectionTrainer):
     """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory."""
 
-    known_counts: bool = True  # as FastDetectionTrainer: the loss pads to each batch's counted max_boxes
-
-    @classmethod
-    def with_known_counts(cls, on: bool) -> type[CeilingTrainer]:
-        return type(cls.__name__, (cls,), {"known_counts": on})
-
-    def preprocess_batch(self, batch: dict) -> dict:
-        targets.prepare(self.model, batch, self.known_counts)
-        return super().preprocess_batch(batch)
-
     def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         loader = super().get_dataloader(dataset_path, batch_size, rank, mode)
         if mode != "train":
             return loader
         batches = []
         for batch in loader:
-            batch[targets.KEY] = targets.max_per_image(batch["batch_idx"], len(batch["img"]))  # on the host, once
             batches.append({k: v.to(self.device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()})
             if len(batches) == REPLAYED:
                 break

@@ -6,10 +6,8 @@ memory. Modes run one after another in this process, on the same data, model, ba
 ``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer, raw pack), ``ceiling``
 (DetectionTrainer replaying batches already on the GPU), and on request ``yolofeed_jpeg``
 (FastDetectionTrainer with a jpeg pack decoded on the GPU: raw vs jpeg side by side with
-``modes=stock,yolofeed,yolofeed_jpeg,ceiling``), ``yolofeed_inline`` (augmenting in
-``preprocess_batch``, a host sync per step, instead of one batch ahead), ``yolofeed_stockloss``
-and ``ceiling_stock`` (the loss measures its target padding, two host syncs per step, as in
-Ultralytics: ``train/targets.py``). Mosaic stays on
+``modes=stock,yolofeed,yolofeed_jpeg,ceiling``) and ``yolofeed_inline`` (augmenting in
+``preprocess_batch``, a host sync per step, instead of one batch ahead). Mosaic stays on
 (close_mosaic=0), validation and checkpoints are off: only training steps are measured.
 """
 
@@ -23,9 +21,9 @@ from pathlib import Path
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_stockloss", "ceiling", "ceiling_stock")
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling")
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
-           "yolofeed_stockloss": "#4c72b0", "ceiling": "#55a868", "ceiling_stock": "#8fbc8f"}
+           "ceiling": "#55a868"}
 
 
 def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
@@ -35,20 +33,20 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
     p = profile(mode, args, cfg.steps, cfg.warmup, cfg.window)
-    keys = ("mode", "images_per_s", "step_ms", "data_wait_fraction", "steps", "warmup", "windows", "gpu_util", "cpu_cores_busy",
-            "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
+    keys = ("mode", "images_per_s", "step_ms", "data_wait_fraction", "steps", "warmup", "windows", "gpu_util",
+            "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
     return {k: getattr(p, k) for k in keys}
 
 
 def table(results: list[dict]) -> str:
     ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
-    lines = [f"{'mode':<19}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}"
+    lines = [f"{'mode':<14}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}"
              f"{'GPU mem':>9}"]
     for r in results:
         ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
         util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
         mem = f"{r['gpu_mem_peak_gb']:.1f} GB" if r["gpu_mem_peak_gb"] is not None else "-"
-        lines.append(f"{r['mode']:<19}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
+        lines.append(f"{r['mode']:<14}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
                      f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}")
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ import torch
 from yolofeed.monitor.callbacks import CallbackClock
 from yolofeed.monitor.live import install_phase_marks
 from yolofeed.monitor.phases import PhaseTimer
-from yolofeed.monitor.steps import StepTimer
+from yolofeed.monitor.steps import StepTimer, window_median
 from yolofeed.monitor.system import SystemSampler
 
 
@@ -47,14 +47,6 @@ def trainer_class(mode: str):
         from yolofeed.bench.ceiling import CeilingTrainer
 
         return CeilingTrainer
-    if mode == "ceiling_stock":  # Ultralytics' trainer exactly: the loss measures its padding (two host syncs)
-        from yolofeed.bench.ceiling import CeilingTrainer
-
-        return CeilingTrainer.with_known_counts(False)
-    if mode == "yolofeed_stockloss":  # yolofeed without the loss padding read ahead
-        from yolofeed.train import FastDetectionTrainer
-
-        return FastDetectionTrainer.with_options(known_counts=False)
     raise ValueError(f"unknown mode {mode!r}")
 
 
@@ -197,11 +189,18 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     timeline = sampler.timeline()
     timeline["step_t"] = [r.t_end - t0 for r in list(phases.records)[warmup:]]
     timeline["step_wait_fraction"] = [r.ms["data_wait"] / max(r.total_ms, 1e-9) for r in list(phases.records)[warmup:]]
+    gpu_util = system.gpu_util
+    # over the img/s windows, as a median: a one-off stall (cuDNN tuning the epoch's last, smaller batch) skews a mean
+    if gpu_util is not None and timeline["step_t"] and len(timeline["gpu_util"]) == len(timeline["t"]):
+        shift = timeline["t0"] - t0  # the probe's perf_counter clock, from the first sample after warm-up
+        edges = [0.0] + timeline["step_t"][window - 1::window]
+        median = window_median([x + shift for x in timeline["t"]], timeline["gpu_util"], edges)
+        gpu_util = gpu_util if median is None else median
     result = Profile(
         mode=mode, device=str(trainer.device), images_per_s=round(stats.images_per_s, 1),
         step_ms=round(stats.step_ms, 2), data_wait_fraction=round(stats.data_wait_fraction, 4),
         windows=[round(w, 1) for w in stats.windows], steps=stats.steps, warmup=warmup,
-        phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=system.gpu_util,
+        phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=gpu_util,
         gpu_clock_mhz=system.gpu_clock_mhz, gpu_power_w=system.gpu_power_w,
         cpu_cores_busy=round(system.cpu_cores_busy, 2), own_cores_busy=round(system.own_cores_busy, 2),
         iowait=round(system.iowait, 4), disk_read_mb_s=round(system.disk_read_mb_s, 1), cores=system.cores,

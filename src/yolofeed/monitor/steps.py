@@ -67,3 +67,25 @@ class StepTimer:
                    for k in range(0, len(steps) - self.window + 1, self.window)] or [sum(images) / sum(steps)]
         return StepStats(len(steps), statistics.median(windows), sum(waits) / sum(steps),
                          1e3 * statistics.median(steps), windows)
+
+
+def window_median(t: list[float], values: list[float], bounds: list[float]) -> float | None:
+    """Median over windows of the mean of the samples taken in each window.
+
+    The bench and the doctor report img/s as a median of step windows, so that a one-off stall (cuDNN
+    tuning its kernels for the epoch's last, smaller batch: ~5 s for yolo11n on the H200) does not count.
+    Utilisation sampled over the same steps gets the same treatment; a plain mean would carry the stall.
+
+    Args:
+        t: sample times; values: the samples; bounds: window edges on the same clock (n windows, n + 1 edges).
+
+    Returns:
+        The median of the windows that hold a sample, or None if none does.
+    """
+    means = []
+    for a, b in zip(bounds, bounds[1:]):
+        inside = [v for ti, v in zip(t, values) if a <= ti < b]
+        if inside:
+            means.append(statistics.fmean(inside))
+    return statistics.median(means) if means else None
+

@@ -4,9 +4,8 @@ Ultralytics' batch has one row per box, so building it needs N, the number of va
 augmentation; read straight away, N costs a host sync on every step (the host waits ~2.5 ms of
 augmentation kernels before it may launch the forward pass). ``AugmentAhead`` wraps the train
 loader: when the trainer asks for batch k, it fetches loader batch k+1, finishes batch k, then
-launches batch k+1's augmentation together with an asynchronous copy of its N (and of the most
-boxes in one image, which the loss pads to: ``targets.py``) to pinned host memory and an event after
-that copy. Batch k+1 is finished on the next request: its event was
+launches batch k+1's augmentation together with an asynchronous copy of its N to pinned host
+memory and an event after that copy. Batch k+1 is finished on the next request: its event was
 recorded a whole step earlier, before step k's forward pass, so ``event.synchronize()`` returns at
 once in steady state and N is read from host memory. No stream-wide sync.
 
@@ -45,7 +44,6 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment import AugmentedBatch, SourceBatch
-from yolofeed.train import targets
 
 
 @dataclass
@@ -53,7 +51,7 @@ class _Pending:
     """An augmentation in flight: its output, its box count (host memory on CUDA) and the event after the copy."""
 
     out: AugmentedBatch
-    count: Tensor  # (2,) int64, boxes in the batch and the most in one image: pinned host memory on CUDA
+    count: Tensor  # () int64: pinned host memory on CUDA, written by an async copy
     ready: torch.cuda.Event | None  # recorded after that copy; None on the CPU (nothing in flight)
     im_file: list[str]
 
@@ -62,9 +60,8 @@ class AugmentAhead:
     """A train loader that yields Ultralytics' batches, each augmented one request before it is handed out.
 
     Yields dicts with ``img`` (B, 3, S, S) float32 in [0, 255] (Ultralytics' ``preprocess_batch``
-    divides by 255), ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,),
-    ``im_file`` and ``max_boxes`` (an int: the most boxes in one image, for the loss's padding). Every
-    other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...)
+    divides by 255), ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,) and
+    ``im_file``. Every other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...)
     is the wrapped loader's.
 
     Args:
@@ -95,7 +92,7 @@ class AugmentAhead:
                 done = self._finish(pending) if pending is not None else None
                 source = batch["source"]
                 if source.valid.is_cuda and host is None:
-                    host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+                    host = torch.empty((), dtype=torch.int64, pin_memory=True)
                     event = torch.cuda.Event()
                 pending = self._launch(source, batch["im_file"], host, event)
                 if done is not None:
@@ -110,9 +107,9 @@ class AugmentAhead:
 
     def _launch(self, source: SourceBatch, im_file: list[str], host: Tensor | None,
                 event: torch.cuda.Event | None) -> _Pending:
-        """Enqueue the augmentation and the copy of its box counts; nothing waits."""
+        """Enqueue the augmentation and the copy of its box count; nothing waits."""
         out = self.augment(source)
-        count = torch.stack([out.valid.sum(), out.valid.sum(1).max()])  # total, and the loss's padding (targets.py)
+        count = out.valid.sum()
         if host is None:  # CPU: already computed
             return _Pending(out, count, None, im_file)
         # one pinned buffer and event per pass suffice: the previous count was read before this copy is enqueued
@@ -125,8 +122,7 @@ class AugmentAhead:
         """Ultralytics' batch from a launched augmentation, copied out of the augmenter's memory."""
         if p.ready is not None:
             p.ready.synchronize()  # recorded a step ago, before that step's forward: complete in steady state
-        d = p.out.to_ultralytics(total=int(p.count[0]))
-        d[targets.KEY] = int(p.count[1])
+        d = p.out.to_ultralytics(total=int(p.count))
         d["img"] = d["img"].float()  # Ultralytics' own conversion, done before the next replay overwrites img
         d["im_file"] = p.im_file
         return d

@@ -10,8 +10,6 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only three thi
   trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
   ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
-* The detection loss pads targets to the box count ``AugmentAhead`` read a step early instead of
-  measuring it (``train/targets.py``): two host syncs fewer per step, the same loss.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
-from yolofeed.train import targets
 from yolofeed.train.ahead import AugmentAhead
 
 
@@ -44,15 +41,14 @@ class FastDetectionTrainer(DetectionTrainer):
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
-    known_counts: bool = True  # the loss pads targets to the count read ahead (train/targets.py); False: as Ultralytics
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
-        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "known_counts")
-        unknown = set(options) - set(known)
+        unknown = set(options) - {"pack_format", "pack_rebuild", "pack_dir", "augment_ahead"}
         if unknown:
-            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; expected {', '.join(known)}")
+            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
+                              "expected pack_format, pack_rebuild, pack_dir, augment_ahead")
         return type(cls.__name__, (cls,), dict(options))
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
@@ -115,7 +111,6 @@ class FastDetectionTrainer(DetectionTrainer):
         ``AugmentAhead`` batches and the validator's are already Ultralytics' batches: stock path.
         """
         if "source" not in batch:
-            targets.prepare(self.model, batch, self.known_counts)
             return super().preprocess_batch(batch)
         # boolean indexing learns N: a host sync, which AugmentAhead avoids
         out = self._augment_source(batch["source"]).to_ultralytics()
