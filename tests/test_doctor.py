@@ -45,6 +45,10 @@ CASES = {
     # ... batch 4, 8 workers: 62 ms steps of host overhead, GPU 16 % busy
     "small_batch_h200": dict(data_wait=0.0044, gpu_util=15.9, workers=8, batch=4, own_cores_busy=2.08,
                              machine_cores_busy=2.02, images_per_s=65.7, step_ms=61.5),
+    # ... the images evicted from the page cache, reads capped at 10 MB/s (cgroup io.max), batch 32, 16 workers
+    # (07:12 UTC, after the warm-up grew to cover the workers' queue of 64 batches)
+    "disk_io_h200": dict(data_wait=0.679, gpu_util=7.9, workers=16, batch=32, own_cores_busy=2.08,
+                         machine_cores_busy=2.01, iowait=0.82, disk_read_mb_s=10.4, images_per_s=214.9, step_ms=67.2),
     # ... yolo11x, batch 32, 16 workers (4 cores of leftover hogs beside it, which the GPU-bound run did not feel)
     "gpu_bound_h200": dict(data_wait=0.0036, gpu_util=88.2, workers=16, batch=32, own_cores_busy=4.94,
                            machine_cores_busy=9.0, images_per_s=237.7, step_ms=133.8),
