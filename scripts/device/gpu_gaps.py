@@ -1,0 +1,145 @@
+"""Where the GPU idles during training steps (issue 4: even the data-free ceiling reads 84-91 % on NVML).
+
+Usage: python3 scripts/device/gpu_gaps.py DATA_YAML [MODE] [MODEL]
+    MODE: ceiling (default), yolofeed or stock; MODEL: yolo11n.yaml (default). Batch 128, imgsz 640.
+    Writes $OUT/gpu_gaps_<mode>.txt (and prints it); GAPS_TRACE=path also keeps the chrome trace there.
+
+Trains MODE for 40 warm-up steps, then records 10 steps with torch.profiler (CPU ops, CUDA runtime,
+kernels) and lists the GPU's idle gaps: stretches longer than 50 us in which no kernel, copy or memset
+runs on any stream. Each gap is charged twice: to the CUDA runtime call the host was in when the GPU ran
+dry (a sync such as cudaStreamSynchronize or a device-to-host copy drains the queue), and to the
+innermost host op that ended the gap by launching the next work. The profiler slows the host, so the
+idle share reads higher than NVML's; the ranking is what counts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
+    """The union of the GPU's kernel, copy and memset intervals (us), sorted and merged."""
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in GPU_CATS)
+    merged: list[list[float]] = []
+    for a, b in spans:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def innermost(events: list[dict], t: float) -> str:
+    """The name of the shortest event that spans time ``t`` ('-' if none)."""
+    best = None
+    for e in events:
+        if e["ts"] <= t <= e["ts"] + e.get("dur", 0) and (best is None or e.get("dur", 0) < best.get("dur", 0)):
+            best = e
+    return best["name"] if best else "-"
+
+
+def gaps(events: list[dict], min_us: float = 50.0) -> dict:
+    """Idle gaps of the GPU and what the host was doing at their start and end.
+
+    Returns:
+        ``window_us`` (first kernel to last), ``idle_us``, ``n`` (gaps), and two Counters of idle us:
+        ``drained_in`` (the CUDA runtime call at the gap's start) and ``ended_by`` (the host op at its end).
+    """
+    busy = busy_intervals(events)
+    runtime = [e for e in events if e.get("cat") in {"cuda_runtime", "cuda_driver"}]
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in ops]
+    drained, ended = collections.Counter(), collections.Counter()
+    idle, n = 0.0, 0
+    for (_, b), (a2, _) in zip(busy, busy[1:]):
+        g = a2 - b
+        if g < min_us:
+            continue
+        idle, n = idle + g, n + 1
+        drained[innermost(runtime, b)] += g
+        # the ops that began before the gap's end: the innermost of those still open launched the next work
+        open_ops = ops[max(0, bisect.bisect_right(starts, a2) - 400):bisect.bisect_right(starts, a2)]
+        ended[innermost(open_ops, a2 - 1)] += g
+    window = busy[-1][1] - busy[0][0] if busy else 0.0
+    return {"window_us": window, "idle_us": idle, "n": n, "drained_in": drained, "ended_by": ended}
+
+
+def report(result: dict, steps: int, title: str) -> str:
+    w, idle = result["window_us"], result["idle_us"]
+    lines = [title, f"{steps} steps, {w / 1e3:.1f} ms from the first kernel to the last; GPU idle {idle / 1e3:.1f} ms "
+             f"({100 * idle / max(w, 1):.1f} %) in {result['n']} gaps over 50 us ({idle / 1e3 / steps:.2f} ms a step)"]
+    for key, what in (("drained_in", "the CUDA runtime call the host was in when the GPU ran dry"),
+                      ("ended_by", "the host op that launched the work ending the gap")):
+        lines.append(f"\nidle ms a step, by {what}:")
+        for name, us in result[key].most_common(15):
+            lines.append(f"  {us / 1e3 / steps:8.2f}  {name}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from yolofeed.doctor.profile import trainer_class
+
+    data = sys.argv[1]
+    mode = sys.argv[2] if len(sys.argv) > 2 else "ceiling"
+    model = sys.argv[3] if len(sys.argv) > 3 else "yolo11n.yaml"
+    warmup, steps = 40, 10
+    out = os.environ.get("OUT", "/tmp")
+    state = {"n": 0, "prof": None}
+
+    class Enough(Exception):
+        pass
+
+    def on_train_start(trainer):
+        trainer.epochs = 10**6  # as doctor/profile.py: the step count ends the run, never the epoch count
+
+    def on_batch_end(trainer):
+        state["n"] += 1
+        if state["n"] == warmup:
+            torch.cuda.synchronize()
+            state["prof"] = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            state["prof"].__enter__()
+        elif state["n"] == warmup + steps:
+            torch.cuda.synchronize()
+            state["prof"].__exit__(None, None, None)
+            raise Enough
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = {"model": model, "data": data, "imgsz": 640, "batch": 128, "workers": 16, "project": tmp, "name": mode,
+                "val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True}
+        trainer = trainer_class(mode)(overrides=args)
+        trainer.add_callback("on_train_start", on_train_start)
+        trainer.add_callback("on_train_batch_end", on_batch_end)
+        try:
+            trainer.train()
+        except Enough:
+            pass
+        for name in ("train_loader", "test_loader"):
+            if hasattr(getattr(trainer, name, None), "close"):
+                getattr(trainer, name).close()
+        trace = os.path.join(tmp, "trace.json")
+        state["prof"].export_chrome_trace(trace)
+        with open(trace) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        if os.environ.get("GAPS_TRACE"):
+            with open(trace, "rb") as src, gzip.open(os.environ["GAPS_TRACE"], "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    text = report(gaps(events), steps, f"{mode}, {model}, batch 128, imgsz 640, under torch.profiler")
+    print(text)
+    with open(os.path.join(out, f"gpu_gaps_{mode}.txt"), "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
