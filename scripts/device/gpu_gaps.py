@@ -1,7 +1,8 @@
 """Where the GPU idles during training steps (issue 4: even the data-free ceiling reads 84-91 % on NVML).
 
 Usage: python3 scripts/device/gpu_gaps.py DATA_YAML [MODE] [MODEL]
-    MODE: ceiling (default), yolofeed or stock; MODEL: yolo11n.yaml (default). Batch 128, imgsz 640.
+    MODE: ceiling (default), yolofeed or stock; MODEL: yolo11n.yaml (default). Batch 128, imgsz 640
+    (GAPS_BATCH, GAPS_IMGSZ change them: a CPU smoke run finds no kernels and reports no gaps).
     Writes $OUT/gpu_gaps_<mode>.txt (and prints it); GAPS_TRACE=path also keeps the chrome trace there.
 
 Trains MODE for 40 warm-up steps, then records 10 steps with torch.profiler (CPU ops, CUDA runtime,
@@ -95,6 +96,9 @@ def main() -> None:
     mode = sys.argv[2] if len(sys.argv) > 2 else "ceiling"
     model = sys.argv[3] if len(sys.argv) > 3 else "yolo11n.yaml"
     warmup, steps = 40, 10
+    batch, imgsz = int(os.environ.get("GAPS_BATCH", 128)), int(os.environ.get("GAPS_IMGSZ", 640))
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out = os.environ.get("OUT", "/tmp")
     state = {"n": 0, "prof": None}
 
@@ -107,16 +111,18 @@ def main() -> None:
     def on_batch_end(trainer):
         state["n"] += 1
         if state["n"] == warmup:
-            torch.cuda.synchronize()
-            state["prof"] = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            if cuda:
+                torch.cuda.synchronize()
+            state["prof"] = profile(activities=activities)
             state["prof"].__enter__()
         elif state["n"] == warmup + steps:
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             state["prof"].__exit__(None, None, None)
             raise Enough
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = {"model": model, "data": data, "imgsz": 640, "batch": 128, "workers": 16, "project": tmp, "name": mode,
+        args = {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "workers": 16, "project": tmp, "name": mode,
                 "val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True}
         trainer = trainer_class(mode)(overrides=args)
         trainer.add_callback("on_train_start", on_train_start)
@@ -135,7 +141,7 @@ def main() -> None:
         if os.environ.get("GAPS_TRACE"):
             with open(trace, "rb") as src, gzip.open(os.environ["GAPS_TRACE"], "wb") as dst:
                 shutil.copyfileobj(src, dst)
-    text = report(gaps(events), steps, f"{mode}, {model}, batch 128, imgsz 640, under torch.profiler")
+    text = report(gaps(events), steps, f"{mode}, {model}, batch {batch}, imgsz {imgsz}, under torch.profiler")
     print(text)
     with open(os.path.join(out, f"gpu_gaps_{mode}.txt"), "w") as f:
         f.write(text + "\n")
