@@ -122,8 +122,9 @@ def main() -> None:
             raise Enough
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "workers": 16, "project": tmp, "name": mode,
-                "val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True}
+        args = {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "workers": 16, "project": tmp,
+                "name": mode, "val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False,
+                "exist_ok": True}
         trainer = trainer_class(mode)(overrides=args)
         trainer.add_callback("on_train_start", on_train_start)
         trainer.add_callback("on_train_batch_end", on_batch_end)
