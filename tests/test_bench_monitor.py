@@ -160,3 +160,15 @@ def test_gpu_utilisation_is_a_median_over_the_rate_windows():
     assert window_median(t, [50.0] * 100, edges) == 50.0  # steady: the same as the mean
     assert window_median(t, util, [20.0, 30.0]) is None  # no sample in any window
     assert window_median(t, util, [4.0, 6.0]) == 0.0  # a run that only stalls says so
+
+
+@pytest.mark.slow
+def test_profile_keeps_every_step_past_the_phase_timers_default(synth_root, tmp_path):
+    """The phase timer keeps its last 200 steps by default; a profile of more (warm-up + steps) must keep them
+    all, or its breakdown and timeline would index from the wrong step."""
+    from yolofeed.doctor.profile import profile
+
+    p = profile("stock", {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2,
+                          "device": "cpu", "project": str(tmp_path)}, steps=205, warmup=3, window=41)
+    assert p.steps == 205 and len(p.timeline["step_t"]) == 205 and p.warmup == 3
+    assert p.timeline["step_t"][0] > 0  # the first measured step ends after the clock starts

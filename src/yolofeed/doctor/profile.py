@@ -7,6 +7,7 @@ for GPU/CPU/disk), and a clean stop after the requested steps (no validation, no
 
 from __future__ import annotations
 
+import collections
 import gc
 import time
 from dataclasses import asdict, dataclass, field
@@ -130,6 +131,8 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
                   "loader", flush=True)
             state["warmup"] = rates.warmup = queued
         phases.cuda = trainer.device.type == "cuda"
+        # every step kept (its default keeps the last 200): the breakdown and the timeline index from the start
+        phases.records = collections.deque(maxlen=state["warmup"] + steps + 1)
         if accounting:
             state["hooks"] = install_phase_marks(trainer, phases)
             sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
@@ -183,12 +186,14 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     if phases.cuda:
         torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
     warmup = state["warmup"]
-    stats, ph = rates.compute(), phases.summary(skip=warmup)
+    # the phase timer also records the first step, which only opens the step timer's clock: one more to skip
+    stats, ph = rates.compute(), phases.summary(skip=warmup + 1)
+    measured = list(phases.records)[warmup + 1:]
     cuda = trainer.device.type == "cuda"
     t0 = state.get("t_measure", 0.0)
     timeline = sampler.timeline()
-    timeline["step_t"] = [r.t_end - t0 for r in list(phases.records)[warmup:]]
-    timeline["step_wait_fraction"] = [r.ms["data_wait"] / max(r.total_ms, 1e-9) for r in list(phases.records)[warmup:]]
+    timeline["step_t"] = [r.t_end - t0 for r in measured]  # from the end of the last warm-up step
+    timeline["step_wait_fraction"] = [r.ms["data_wait"] / max(r.total_ms, 1e-9) for r in measured]
     gpu_util = system.gpu_util
     # over the img/s windows, as a median: a one-off stall (cuDNN tuning the epoch's last, smaller batch) skews a mean
     if gpu_util is not None and timeline["step_t"] and len(timeline["gpu_util"]) == len(timeline["t"]):
