@@ -49,6 +49,12 @@ CASES = {
     # (07:12 UTC, after the warm-up grew to cover the workers' queue of 64 batches)
     "disk_io_h200": dict(data_wait=0.679, gpu_util=7.9, workers=16, batch=32, own_cores_busy=2.08,
                          machine_cores_busy=2.01, iowait=0.82, disk_read_mb_s=10.4, images_per_s=214.9, step_ms=67.2),
+    "optimizer": dict(optimizer_share=0.40, gpu_util=40, optimizer="SGD"),
+    # yolofeed's breakdown in the bench, yolo11n at batch 16 (BENCHMARKS.md, 06:53 UTC): optimizer=auto chose MuSGD
+    # (over 10,000 iterations), whose step took 44 % of each step (38 of 87 ms in the phase means); data wait 2 %,
+    # GPU 22 %. Without this rule the small-batch rule would have named the batch.
+    "optimizer_h200": dict(data_wait=0.0203, gpu_util=22.3, batch=16, step_ms=84.07, optimizer_share=0.436,
+                           optimizer="MuSGD", images_per_s=189.8, own_cores_busy=1.05, machine_cores_busy=1.07),
     # ... yolo11x, batch 32, 16 workers (4 cores of leftover hogs beside it, which the GPU-bound run did not feel)
     "gpu_bound_h200": dict(data_wait=0.0036, gpu_util=88.2, workers=16, batch=32, own_cores_busy=4.94,
                            machine_cores_busy=9.0, images_per_s=237.7, step_ms=133.8),
@@ -176,4 +182,13 @@ def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capsys):
     assert {p.name for p in out.iterdir()} >= {"report.html", "report.json", "timeline.png", "breakdown.png"}
     stock = json.loads((out / "report.json").read_text())["profiles"][0]
     assert stock["warmup"] == 2  # Ultralytics trains on the CPU with workers=0: no queue to cover
+    assert stock["optimizer"] == "AdamW"  # optimizer=auto for a short run (under 10,000 iterations)
     assert stock["ram_used_gb"] > 0 and 0 <= stock["busiest_core"] <= 1 and stock["cores"] >= 1
+
+
+def test_optimizer_advice_names_musgd_only_when_it_ran():
+    musgd = diagnose(replace(FED, **CASES["optimizer_h200"]))[0]
+    sgd = diagnose(replace(FED, **CASES["optimizer"]))[0]
+    assert "37 ms of each 84 ms step (44 %)" in musgd.evidence and "MuSGD" in musgd.evidence
+    assert any("optimizer=AdamW" in a for a in musgd.advice) and not any("MuSGD" in a for a in sgd.advice)
+

@@ -83,6 +83,7 @@ class Profile:
     swap_used_gb: float | None = None
     timeline: dict[str, list] = field(default_factory=dict)
     callbacks_ms: dict[str, float] = field(default_factory=dict)  # host ms per step in each trainer callback
+    optimizer: str = ""  # the optimiser's class (optimizer=auto chooses by the run's length)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,6 +125,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         # optimiser is built from the run's own epochs (optimizer=auto picks MuSGD over AdamW past
         # 10,000 iterations, and MuSGD's Newton-Schulz steps cost ~40 ms of launches per yolo11n step).
         trainer.epochs = 10**6
+        state["optimizer"] = type(trainer.optimizer).__name__
         queued = queued_batches(trainer.train_loader)
         if queued > warmup:
             print(f"yolofeed: warm-up of {queued} steps, not {warmup}: the loader's {trainer.train_loader.num_workers} "
@@ -215,7 +217,8 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         busiest_core=round(system.busiest_core, 3),
         ram_used_gb=round(system.ram_used_gb, 2) if system.ram_used_gb is not None else None,
         swap_used_gb=round(system.swap_used_gb, 2) if system.swap_used_gb is not None else None,
-        timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()})
+        timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()},
+        optimizer=state.get("optimizer", ""))
     del trainer
     gc.collect()
     if cuda:

@@ -12,6 +12,7 @@ same time (validation cost, AMP off, CPU-only).
 | too_few_workers  | data wait high, workers saturated, >= 30 % of cores idle                       |
 | cpu_augmentation | the run keeps >= 70 % of cores busy (CPU decode/augment); wait high or starved |
 | host_to_device   | preprocess (copy + normalise) >= 15 % of the step, data wait low               |
+| optimizer        | the optimiser step (clip, step, EMA) >= 25 % of the step, data wait low        |
 | small_batch      | data wait low, GPU < 70 % busy, batch <= 16 or steps < 60 ms (launch-bound)    |
 | gpu_bound        | data wait < 5 % and GPU >= 85 % busy: already fed                              |
 | also: validation | one validation pass >= 20 % of an epoch's training time                        |
@@ -43,6 +44,7 @@ THRESHOLDS = {
     "preprocess_share": 0.15,
     "util_low": 70.0,
     "util_fed": 85.0,
+    "optimizer_share": 0.25,  # yolo11n, batch 16, MuSGD (optimizer=auto) on the H200 machine: 44 % of the step
     "small_step_ms": 60.0,
     "small_batch": 16,  # images per step; yolo11n at batch 4 on the H200 machine: 62 ms steps, GPU 16 % busy
     "validation_share": 0.20,
@@ -87,6 +89,8 @@ class Facts:
     val_images_per_s: float | None = None
     yolofeed_images_per_s: float | None = None
     callbacks_ms: dict[str, float] | None = None  # host ms per step in each trainer callback, largest first
+    optimizer_share: float = 0.0  # share of the step from optimizer_step on (clip, step, EMA)
+    optimizer: str = ""  # the optimiser's class: optimizer=auto picks SGD, AdamW or MuSGD by the run's length
 
     @property
     def other_cores_busy(self) -> float:
@@ -162,6 +166,17 @@ RULES: list[Rule] = [
                        f"preprocess (host-to-device copy, uint8 -> float) took {_pct(f.preprocess_share)} of the step",
                        ["keep pinned memory on (Ultralytics' PIN_MEMORY=True, the default)",
                         "yolofeed train copies uint8 on a side CUDA stream ahead of time: " + _gain(f)])),
+    ("optimizer",
+     lambda f: f.gpu_util is not None and f.data_wait < T["wait_high"] and f.optimizer_share >= T["optimizer_share"],
+     lambda f: Verdict("optimizer", "The optimiser step takes a large share of every step",
+                       f"the optimiser step ({f.optimizer or 'unknown'}: clip, step, EMA) took "
+                       f"{f.optimizer_share * f.step_ms:.0f} ms of each {f.step_ms:.0f} ms step "
+                       f"({_pct(f.optimizer_share)})",
+                       (["optimizer=AdamW (or SGD): optimizer=auto picks MuSGD when a run has more than 10,000 "
+                         "iterations (epochs x images / batch), and its Newton-Schulz steps cost a small model more "
+                         "than its forward pass; check that accuracy holds"] if f.optimizer == "MuSGD" else [])
+                       + ["a batch above nbs=64: the optimiser runs once per max(batch, 64) images, so a larger "
+                          "batch spreads its cost"])),
     ("small_batch",
      lambda f: f.data_wait < T["wait_low"] * 2 and f.gpu_util is not None and f.gpu_util < T["util_low"]
      and (f.batch <= T["small_batch"] or f.step_ms < T["small_step_ms"]),

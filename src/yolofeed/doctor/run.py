@@ -23,7 +23,8 @@ def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
                  batch=stock["batch"], amp=amp, n_train=stock["n_train"], n_val=stock["n_val"],
                  val_images_per_s=stock["val_images_per_s"],
                  yolofeed_images_per_s=yolofeed["images_per_s"] if yolofeed else None,
-                 callbacks_ms=stock.get("callbacks_ms") or None)
+                 callbacks_ms=stock.get("callbacks_ms") or None,
+                 optimizer_share=ph.get("optimizer", 0.0) / total, optimizer=stock.get("optimizer", ""))
 
 
 def run(cfg: DoctorConfig) -> list:
