@@ -9,7 +9,7 @@ Trains MODE for 40 warm-up steps, then records 10 steps with torch.profiler (CPU
 kernels) and lists the GPU's idle gaps: stretches longer than 50 us in which no kernel, copy or memset
 runs on any stream. Each gap is charged twice: to the CUDA runtime call the host was in when the GPU ran
 dry (a sync such as cudaStreamSynchronize or a device-to-host copy drains the queue), and to the
-innermost host op that ended the gap by launching the next work. The profiler slows the host, so the
+innermost host op that ended the gap by launching the next work; and both to their Python lines. The profiler slows the host, so the
 idle share reads higher than NVML's; the ranking is what counts.
 """
 
@@ -39,39 +39,61 @@ def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def innermost(events: list[dict], t: float) -> str:
-    """The name of the shortest event that spans time ``t`` ('-' if none)."""
-    best = None
-    for e in events:
-        if e["ts"] <= t <= e["ts"] + e.get("dur", 0) and (best is None or e.get("dur", 0) < best.get("dur", 0)):
-            best = e
-    return best["name"] if best else "-"
+class Spans:
+    """Host events of one kind, sorted by start, answering "what was running at time t" quickly."""
+
+    def __init__(self, events: list[dict]):
+        self.events = sorted(events, key=lambda e: e["ts"])
+        self.starts = [e["ts"] for e in self.events]
+
+    def at(self, t: float, scan: int = 20000) -> str:
+        """The innermost event spanning ``t`` ('-' if none): of nested spans, the one that started last.
+
+        Scans back from the last event that started by ``t``, past the short ones already over.
+        """
+        k = bisect.bisect_right(self.starts, t)
+        for e in reversed(self.events[max(0, k - scan):k]):
+            if e["ts"] + e.get("dur", 0) >= t:
+                return e["name"]
+        return "-"
+
+
+def main_thread(events: list[dict]) -> object:
+    """The thread that ran the most CPU ops: the training loop (the loader's thread only copies)."""
+    return collections.Counter(e.get("tid") for e in events if e.get("cat") == "cpu_op").most_common(1)[0][0]
 
 
 def gaps(events: list[dict], min_us: float = 50.0) -> dict:
-    """Idle gaps of the GPU and what the host was doing at their start and end.
+    """Idle gaps of the GPU and what the training loop's thread was doing at their start and end.
 
     Returns:
-        ``window_us`` (first kernel to last), ``idle_us``, ``n`` (gaps), and two Counters of idle us:
-        ``drained_in`` (the CUDA runtime call at the gap's start) and ``ended_by`` (the host op at its end).
+        ``window_us`` (first kernel to last), ``idle_us``, ``n`` (gaps), and Counters of idle us by what was
+        running: ``drained_in`` (the CUDA runtime call at the gap's start, e.g. a sync), ``drained_at`` (the
+        Python line then, with the profiler's stacks), ``ended_by`` (the innermost op at the gap's end, which
+        launched the next work) and ``ended_at`` (its Python line).
     """
     busy = busy_intervals(events)
-    runtime = [e for e in events if e.get("cat") in {"cuda_runtime", "cuda_driver"}]
-    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
-    starts = [e["ts"] for e in ops]
-    drained, ended = collections.Counter(), collections.Counter()
+    if not busy:
+        return {"window_us": 0.0, "idle_us": 0.0, "n": 0, "drained_in": collections.Counter(),
+                "drained_at": collections.Counter(), "ended_by": collections.Counter(),
+                "ended_at": collections.Counter()}
+    tid = main_thread(events)
+    mine = [e for e in events if e.get("tid") == tid]
+    runtime = Spans([e for e in mine if e.get("cat") in {"cuda_runtime", "cuda_driver"}])
+    ops = Spans([e for e in mine if e.get("cat") == "cpu_op"])
+    python = Spans([e for e in mine if e.get("cat") == "python_function"])
+    out = {k: collections.Counter() for k in ("drained_in", "drained_at", "ended_by", "ended_at")}
     idle, n = 0.0, 0
     for (_, b), (a2, _) in zip(busy, busy[1:]):
         g = a2 - b
         if g < min_us:
             continue
         idle, n = idle + g, n + 1
-        drained[innermost(runtime, b)] += g
-        # the ops that began before the gap's end: the innermost of those still open launched the next work
-        open_ops = ops[max(0, bisect.bisect_right(starts, a2) - 400):bisect.bisect_right(starts, a2)]
-        ended[innermost(open_ops, a2 - 1)] += g
-    window = busy[-1][1] - busy[0][0] if busy else 0.0
-    return {"window_us": window, "idle_us": idle, "n": n, "drained_in": drained, "ended_by": ended}
+        out["drained_in"][runtime.at(b)] += g
+        out["drained_at"][python.at(b)] += g
+        out["ended_by"][ops.at(a2 - 1)] += g
+        out["ended_at"][python.at(a2 - 1)] += g
+    return {"window_us": busy[-1][1] - busy[0][0], "idle_us": idle, "n": n, **out}
 
 
 def report(result: dict, steps: int, title: str) -> str:
@@ -79,7 +101,9 @@ def report(result: dict, steps: int, title: str) -> str:
     lines = [title, f"{steps} steps, {w / 1e3:.1f} ms from the first kernel to the last; GPU idle {idle / 1e3:.1f} ms "
              f"({100 * idle / max(w, 1):.1f} %) in {result['n']} gaps over 50 us ({idle / 1e3 / steps:.2f} ms a step)"]
     for key, what in (("drained_in", "the CUDA runtime call the host was in when the GPU ran dry"),
-                      ("ended_by", "the host op that launched the work ending the gap")):
+                      ("drained_at", "the Python line the host was on when the GPU ran dry"),
+                      ("ended_by", "the host op that launched the work ending the gap"),
+                      ("ended_at", "the Python line that launched it")):
         lines.append(f"\nidle ms a step, by {what}:")
         for name, us in result[key].most_common(15):
             lines.append(f"  {us / 1e3 / steps:8.2f}  {name}")
@@ -113,7 +137,7 @@ def main() -> None:
         if state["n"] == warmup:
             if cuda:
                 torch.cuda.synchronize()
-            state["prof"] = profile(activities=activities)
+            state["prof"] = profile(activities=activities, with_stack=True)  # stacks: the Python lines
             state["prof"].__enter__()
         elif state["n"] == warmup + steps:
             if cuda:
