@@ -7,10 +7,11 @@ Usage: python3 scripts/device/gpu_gaps.py DATA_YAML [MODE] [MODEL]
 
 Trains MODE for 40 warm-up steps, then records 10 steps with torch.profiler (CPU ops, CUDA runtime,
 kernels) and lists the GPU's idle gaps: stretches longer than 50 us in which no kernel, copy or memset
-runs on any stream. Each gap is charged twice: to the CUDA runtime call the host was in when the GPU ran
-dry (a sync such as cudaStreamSynchronize or a device-to-host copy drains the queue), and to the
-innermost host op that ended the gap by launching the next work; and both to their Python lines. The profiler slows the host, so the
-idle share reads higher than NVML's; the ranking is what counts.
+runs on any stream. Each gap is charged to the CUDA runtime call the training loop was in when the GPU
+ran dry (a sync such as cudaStreamSynchronize or a device-to-host copy drains the queue) and to the
+innermost host op that ended the gap by launching the next work, and both to their Python lines (the
+profiler's stacks). The profiler slows the host, so the idle share reads higher than NVML's; the
+ranking is what counts.
 """
 
 from __future__ import annotations
