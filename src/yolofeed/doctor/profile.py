@@ -7,7 +7,6 @@ for GPU/CPU/disk), and a clean stop after the requested steps (no validation, no
 
 from __future__ import annotations
 
-import collections
 import gc
 import time
 from dataclasses import asdict, dataclass, field
@@ -115,7 +114,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         accounting: phase marks and the system sampler on (False measures their overhead by difference).
     """
     rates = StepTimer(warmup=warmup, window=window)
-    phases = PhaseTimer(cuda=False)  # replaced once the device is known
+    phases = PhaseTimer(cuda=False, keep=None)  # every step kept (its default is the last 200); cuda set below
     sampler = SystemSampler()
     callbacks = CallbackClock()
     state: dict[str, Any] = {"system": None, "warmup": warmup}
@@ -133,8 +132,6 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
                   "loader", flush=True)
             state["warmup"] = rates.warmup = queued
         phases.cuda = trainer.device.type == "cuda"
-        # every step kept (its default keeps the last 200): the breakdown and the timeline index from the start
-        phases.records = collections.deque(maxlen=state["warmup"] + steps + 1)
         if accounting:
             state["hooks"] = install_phase_marks(trainer, phases)
             sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step

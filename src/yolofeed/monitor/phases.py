@@ -52,10 +52,11 @@ class PhaseTimer:
     Args:
         cuda: record CUDA events (else host clock).
         clock: host clock, for the data wait (and every mark without CUDA); tests pass a fake one.
-        keep: resolved steps kept for ``summary``.
+        keep: resolved steps kept for ``summary`` (None: all of them, for a run of known length).
     """
 
-    def __init__(self, cuda: bool | None = None, clock: Callable[[], float] = time.perf_counter, keep: int = 200):
+    def __init__(self, cuda: bool | None = None, clock: Callable[[], float] = time.perf_counter,
+                 keep: int | None = 200):
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.clock = clock
         self.records: deque[StepRecord] = deque(maxlen=keep)

@@ -14,7 +14,6 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any
 
 import psutil
