@@ -6,11 +6,18 @@ Usage: python3 scripts/device/gpu_gaps.py DATA_YAML [MODE] [MODEL]
     Writes $OUT/gpu_gaps_<mode>.txt (and prints it); GAPS_TRACE=path also keeps the chrome trace there.
 
 Trains MODE for 40 warm-up steps, then records 10 steps with torch.profiler (CPU ops, CUDA runtime,
-kernels) and lists the GPU's idle gaps: stretches longer than 50 us in which no kernel, copy or memset
-runs on any stream. Each gap is charged to the CUDA runtime call the training loop was in when the GPU
-ran dry (a sync such as cudaStreamSynchronize or a device-to-host copy drains the queue) and to the
-innermost host op that ended the gap by launching the next work, and both to their Python lines (the
-profiler's stacks). The profiler slows the host, so the idle share reads higher than NVML's; the
+kernels, Python stacks) and lists the GPU's idle gaps: stretches in which no kernel, copy or memset runs on
+any stream (NVML's utilisation counts the same thing). Every gap, however short, is charged to
+
+- the phase of the step the training loop was in when the GPU ran dry: the Python frame just under
+  Ultralytics' ``_do_train`` (forward and loss, backward, optimizer_step, the progress bar...);
+- the innermost Ultralytics or yolofeed line then, and the CUDA runtime call (a sync such as
+  cudaStreamSynchronize or a device-to-host copy drains the queue);
+- whether the host was late: the work that ended the gap was launched after the GPU ran dry (launch-bound
+  host code), or early (the GPU waited on an event, e.g. the loader's copy stream).
+
+Short gaps between small kernels add up when the host launches more slowly than the GPU runs them, so the
+report sorts gaps by size too. The profiler slows the host, so the idle share reads higher than NVML's; the
 ranking is what counts.
 """
 
@@ -26,88 +33,136 @@ import sys
 import tempfile
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+SIZES = (10.0, 50.0, 200.0, 1000.0)  # gap-size bins, us
 
 
-def busy_intervals(events: list[dict]) -> list[tuple[float, float]]:
-    """The union of the GPU's kernel, copy and memset intervals (us), sorted and merged."""
-    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in GPU_CATS)
-    merged: list[list[float]] = []
-    for a, b in spans:
+def busy_intervals(events: list[dict]) -> list[tuple[float, float, dict]]:
+    """The union of the GPU's kernel, copy and memset intervals (us), merged, each with the event that opened it."""
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0), e) for e in events if e.get("cat") in GPU_CATS)
+    merged: list[list] = []
+    for a, b, e in spans:
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
+            merged.append([a, b, e])
+    return [(a, b, e) for a, b, e in merged]
 
 
-class Spans:
-    """Host events of one kind, sorted by start, answering "what was running at time t" quickly."""
+class Nested:
+    """One thread's properly nested host events (Python frames, ops or runtime calls), answering "what was running
+    at time t" by bisection: the innermost span holding t is the last one started by t or one of its ancestors."""
 
     def __init__(self, events: list[dict]):
-        self.events = sorted(events, key=lambda e: e["ts"])
+        self.events = sorted(events, key=lambda e: (e["ts"], -e.get("dur", 0)))
         self.starts = [e["ts"] for e in self.events]
+        self.parent = [-1] * len(self.events)
+        stack: list[int] = []
+        for i, e in enumerate(self.events):
+            while stack and self._end(stack[-1]) < e["ts"]:
+                stack.pop()
+            self.parent[i] = stack[-1] if stack else -1
+            stack.append(i)
 
-    def at(self, t: float, scan: int = 20000) -> str:
-        """The innermost event spanning ``t`` ('-' if none): of nested spans, the one that started last.
+    def _end(self, i: int) -> float:
+        return self.events[i]["ts"] + self.events[i].get("dur", 0)
 
-        Scans back from the last event that started by ``t``, past the short ones already over.
-        """
-        k = bisect.bisect_right(self.starts, t)
-        for e in reversed(self.events[max(0, k - scan):k]):
-            if e["ts"] + e.get("dur", 0) >= t:
-                return e["name"]
-        return "-"
+    def chain(self, t: float) -> list[str]:
+        """The names of the spans holding ``t``, outermost first."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        while i >= 0 and self._end(i) < t:
+            i = self.parent[i]
+        out = []
+        while i >= 0:
+            out.append(self.events[i]["name"])
+            i = self.parent[i]
+        return out[::-1]
+
+    def at(self, t: float) -> str:
+        c = self.chain(t)
+        return c[-1] if c else "-"
+
+
+def phase(chain: list[str]) -> str:
+    """The frame just under the training loop (``_do_train``), or the loop itself, or '-' outside it."""
+    for i, name in enumerate(chain):
+        if name.endswith(": _do_train"):
+            return chain[i + 1] if i + 1 < len(chain) else name
+    return "-"
+
+
+def own_line(chain: list[str]) -> str:
+    """The innermost Ultralytics or yolofeed frame: the line a user of either would change."""
+    for name in reversed(chain):
+        if "ultralytics/" in name or "yolofeed/" in name:
+            return name
+    return chain[-1] if chain else "-"
 
 
 def main_thread(events: list[dict]) -> object:
-    """The thread that ran the most CPU ops: the training loop (the loader's thread only copies)."""
+    """The training loop's thread: the one running ``_do_train`` (else the one with the most CPU ops)."""
+    for e in events:
+        if e.get("cat") == "python_function" and e["name"].endswith(": _do_train"):
+            return e.get("tid")
     return collections.Counter(e.get("tid") for e in events if e.get("cat") == "cpu_op").most_common(1)[0][0]
 
 
-def gaps(events: list[dict], min_us: float = 50.0) -> dict:
-    """Idle gaps of the GPU and what the training loop's thread was doing at their start and end.
+def gaps(events: list[dict], min_us: float = 0.0) -> dict:
+    """Idle gaps of the GPU, charged to what the training loop was doing when the GPU ran dry.
 
-    Returns:
-        ``window_us`` (first kernel to last), ``idle_us``, ``n`` (gaps), and Counters of idle us by what was
-        running: ``drained_in`` (the CUDA runtime call at the gap's start, e.g. a sync), ``drained_at`` (the
-        Python line then, with the profiler's stacks), ``ended_by`` (the innermost op at the gap's end, which
-        launched the next work) and ``ended_at`` (its Python line).
+    Returns ``window_us`` (first GPU event to last), ``idle_us``, ``n`` (gaps), Counters of idle us by ``phase``,
+    ``line`` (innermost Ultralytics/yolofeed frame), ``runtime`` (CUDA call), ``late`` (host late / GPU waited),
+    ``size`` (gap-size bin), and ``top``: the longest gaps with their phase, line and runtime call.
     """
     busy = busy_intervals(events)
+    counters = ("phase", "line", "runtime", "late", "size")
+    out: dict = {k: collections.Counter() for k in counters}
+    out.update(window_us=0.0, idle_us=0.0, n=0, top=[])
     if not busy:
-        return {"window_us": 0.0, "idle_us": 0.0, "n": 0, "drained_in": collections.Counter(),
-                "drained_at": collections.Counter(), "ended_by": collections.Counter(),
-                "ended_at": collections.Counter()}
+        return out
     tid = main_thread(events)
     mine = [e for e in events if e.get("tid") == tid]
-    runtime = Spans([e for e in mine if e.get("cat") in {"cuda_runtime", "cuda_driver"}])
-    ops = Spans([e for e in mine if e.get("cat") == "cpu_op"])
-    python = Spans([e for e in mine if e.get("cat") == "python_function"])
-    out = {k: collections.Counter() for k in ("drained_in", "drained_at", "ended_by", "ended_at")}
-    idle, n = 0.0, 0
-    for (_, b), (a2, _) in zip(busy, busy[1:]):
+    python = Nested([e for e in mine if e.get("cat") == "python_function"])
+    runtime = Nested([e for e in mine if e.get("cat") in {"cuda_runtime", "cuda_driver"}])
+    launched = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in {"cuda_runtime", "cuda_driver"} and "correlation" in e.get("args", {})}
+    top = []
+    for (_, b, _), (a2, _, nxt) in zip(busy, busy[1:]):
         g = a2 - b
         if g < min_us:
             continue
-        idle, n = idle + g, n + 1
-        out["drained_in"][runtime.at(b)] += g
-        out["drained_at"][python.at(b)] += g
-        out["ended_by"][ops.at(a2 - 1)] += g
-        out["ended_at"][python.at(a2 - 1)] += g
-    return {"window_us": busy[-1][1] - busy[0][0], "idle_us": idle, "n": n, **out}
+        out["idle_us"] += g
+        out["n"] += 1
+        chain = python.chain(b)
+        where = {"phase": phase(chain), "line": own_line(chain), "runtime": runtime.at(b)}
+        t_launch = launched.get(nxt.get("args", {}).get("correlation"))
+        where["late"] = ("unknown launch" if t_launch is None else
+                         "host late: next work launched after the GPU ran dry" if t_launch > b else
+                         "GPU waited: next work was queued before (an event, another stream)")
+        where["size"] = next((f"< {s:.0f} us" for s in SIZES if g < s), f">= {SIZES[-1]:.0f} us")
+        for k in counters:
+            out[k][where[k]] += g
+        top.append((g, where["phase"], where["line"], where["runtime"], nxt.get("name", "")[:60]))
+    out["window_us"] = busy[-1][1] - busy[0][0]
+    out["top"] = sorted(top, reverse=True)[:12]
+    return out
 
 
 def report(result: dict, steps: int, title: str) -> str:
     w, idle = result["window_us"], result["idle_us"]
-    lines = [title, f"{steps} steps, {w / 1e3:.1f} ms from the first kernel to the last; GPU idle {idle / 1e3:.1f} ms "
-             f"({100 * idle / max(w, 1):.1f} %) in {result['n']} gaps over 50 us ({idle / 1e3 / steps:.2f} ms a step)"]
-    for key, what in (("drained_in", "the CUDA runtime call the host was in when the GPU ran dry"),
-                      ("drained_at", "the Python line the host was on when the GPU ran dry"),
-                      ("ended_by", "the host op that launched the work ending the gap"),
-                      ("ended_at", "the Python line that launched it")):
+    lines = [title, f"{steps} steps, {w / 1e3:.1f} ms from the first GPU work to the last ({w / 1e3 / steps:.1f} ms a "
+             f"step); GPU idle {idle / 1e3:.1f} ms ({100 * idle / max(w, 1):.1f} %) in {result['n']} gaps "
+             f"({idle / 1e3 / steps:.2f} ms a step)"]
+    for key, what in (("phase", "the step's phase when the GPU ran dry (frame under _do_train)"),
+                      ("line", "the innermost Ultralytics/yolofeed line when the GPU ran dry"),
+                      ("runtime", "the CUDA runtime call the training loop was in"),
+                      ("late", "who waited"),
+                      ("size", "gap size")):
         lines.append(f"\nidle ms a step, by {what}:")
         for name, us in result[key].most_common(15):
             lines.append(f"  {us / 1e3 / steps:8.2f}  {name}")
+    lines.append("\nlongest gaps (us, phase, line, runtime call, the GPU work that ended it):")
+    for g, *rest in result["top"]:
+        lines.append(f"  {g:8.0f}  " + " | ".join(rest))
     return "\n".join(lines)
 
 

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 from ultralytics.models.yolo.detect import DetectionTrainer
 
+from yolofeed.train.step import SyncFreeStep
+
 REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
 
 
@@ -47,8 +49,11 @@ class ReplayLoader:
         pass
 
 
-class CeilingTrainer(DetectionTrainer):
-    """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory."""
+class CeilingTrainer(SyncFreeStep, DetectionTrainer):
+    """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory.
+
+    Its step is yolofeed's (``SyncFreeStep``), so that the ceiling differs from yolofeed in the data alone.
+    """
 
     def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         loader = super().get_dataloader(dataset_path, batch_size, rank, mode)

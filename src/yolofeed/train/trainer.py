@@ -1,7 +1,7 @@
 """The Ultralytics seam: ``DetectionTrainer`` fed from packs and augmented on the GPU.
 
 Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
-schedulers, validation, checkpoints, results.csv, resume and DDP. Only three things change:
+schedulers, validation, checkpoints, results.csv, resume and DDP. Only four things change:
 
 * ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
   ``ValLoader`` (Ultralytics' rect + letterbox batches); packs are built on first use.
@@ -10,6 +10,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only three thi
   trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
   ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
+* The step loses its host sync after the backward pass (``SyncFreeStep``, train/step.py): the progress
+  bar's loss items reach the host one step late; the epoch's mean loss stays exact.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
 from yolofeed.train.ahead import AugmentAhead
+from yolofeed.train.step import SyncFreeStep
 
 
-class FastDetectionTrainer(DetectionTrainer):
+class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     """``DetectionTrainer`` with a GPU-resident data pipeline.
 
     Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
@@ -41,14 +44,15 @@ class FastDetectionTrainer(DetectionTrainer):
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
+    sync_free_step: bool = True  # the bar's loss items a step late, no sync (train/step.py); False: Ultralytics'
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
-        unknown = set(options) - {"pack_format", "pack_rebuild", "pack_dir", "augment_ahead"}
+        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "sync_free_step")
+        unknown = set(options) - set(known)
         if unknown:
-            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
-                              "expected pack_format, pack_rebuild, pack_dir, augment_ahead")
+            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; expected {', '.join(known)}")
         return type(cls.__name__, (cls,), dict(options))
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):

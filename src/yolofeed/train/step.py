@@ -1,0 +1,120 @@
+"""Ultralytics' training step without its host sync between the backward pass and the next forward.
+
+A sync drains the GPU's queue: the host waits for the last kernel, then the GPU idles while the host
+launches the next work one kernel at a time. After the backward pass Ultralytics' step has one (its
+AdamW is fused, so ``GradScaler.step`` keeps ``found_inf`` on the GPU): the progress bar formats the
+running loss means, ``%11.4g`` of GPU tensors. The criterion's loss items are returned one step late
+instead, already copied to the host (``HostLossItems``), so the bar reads them without waiting. The
+epoch's mean loss, which goes to results.csv and the loggers, is still exact: it is accumulated on the
+GPU and put back before ``on_train_epoch_end``.
+
+Without it the host launches the optimiser, the EMA, the next batch (the loader's copy, the augmentation)
+and its forward pass while the GPU still runs the backward pass, and the GPU does not wait for them. The
+next sync is in Ultralytics' loss, which reads the forward's results (16 a step in yolo11n's loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ultralytics.utils.torch_utils import unwrap_model
+
+
+class HostLossItems:
+    """Proxy of a criterion that returns the previous step's loss items, already copied to the host.
+
+    The loss for the backward pass is returned as is. The items (a dict of 0-d tensors: box, cls, dfl)
+    are copied to pinned host memory without blocking; the next call returns them once that copy's event
+    has completed (long before: a whole step later), so reading them never waits for the GPU. The first
+    call of a run has no previous step and waits for its own copy. ``epoch_mean`` is the exact mean of
+    the items since ``reset``, on the device. Attributes the trainer looks up (``update`` for YOLO26's
+    end-to-end loss, ``hyp``...) are the criterion's.
+    """
+
+    def __init__(self, criterion: Any):
+        self.criterion = criterion
+        self._pending: tuple[list[str], torch.Tensor, torch.cuda.Event | None] | None = None
+        self._sum: torch.Tensor | None = None
+        self._n = 0
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found on the proxy itself
+        if "criterion" not in self.__dict__:  # half-built (copy, pickle): no criterion to ask yet
+            raise AttributeError(name)
+        return getattr(self.__dict__["criterion"], name)
+
+    def __call__(self, preds: Any, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, items = self.criterion(preds, batch)
+        names = list(items)
+        values = torch.stack([items[k].detach().float().reshape(()) for k in names])
+        self._sum = values if self._sum is None else self._sum + values
+        self._n += 1
+        previous = self._pending
+        if values.device.type == "cuda":
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = values.clone(), None
+        self._pending = (names, host, event)
+        if previous is None:
+            previous = self._pending  # the run's first step: its own items (one sync)
+        names, host, event = previous
+        if event is not None:
+            event.synchronize()  # completed a step ago: returns at once
+        return loss, {k: host[i] for i, k in enumerate(names)}
+
+    def reset(self) -> None:
+        """Start the next epoch's mean."""
+        self._sum, self._n = None, 0
+
+    def epoch_mean(self) -> dict[str, torch.Tensor] | None:
+        """The mean of this epoch's loss items (device tensors), or None before the first step."""
+        if self._sum is None or self._pending is None:
+            return None
+        mean = self._sum / self._n
+        return {k: mean[i] for i, k in enumerate(self._pending[0])}
+
+
+class SyncFreeStep:
+    """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late.
+
+    ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
+    """
+
+    sync_free_step: bool = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if self.sync_free_step:
+            self.add_callback("on_train_start", _install_host_items)
+            self.add_callback("on_train_epoch_start", _reset_items)
+            # first: Ultralytics' loggers (TensorBoard, ...) read trainer.tloss in the same event
+            self.callbacks["on_train_epoch_end"].insert(0, _exact_epoch_loss)
+
+
+def _items(trainer: Any) -> HostLossItems | None:
+    criterion = getattr(unwrap_model(trainer.model), "criterion", None)
+    return criterion if isinstance(criterion, HostLossItems) else None
+
+
+def _install_host_items(trainer: Any) -> None:
+    """After the EMA copied the model (the validator's loss, on the EMA, stays Ultralytics' own)."""
+    model = unwrap_model(trainer.model)
+    if not isinstance(getattr(model, "criterion", None), HostLossItems):
+        criterion = getattr(model, "criterion", None)
+        model.criterion = HostLossItems(model.init_criterion() if criterion is None else criterion)
+
+
+def _reset_items(trainer: Any) -> None:
+    if (items := _items(trainer)) is not None:
+        items.reset()
+
+
+def _exact_epoch_loss(trainer: Any) -> None:
+    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items."""
+    items = _items(trainer)
+    mean = items.epoch_mean() if items is not None else None
+    if mean is not None and trainer.tloss is not None:
+        trainer.tloss = mean
