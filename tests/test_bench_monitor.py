@@ -120,10 +120,10 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capsy
     out = tmp_path / "bench"
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
                  "window=2", "device=cpu", "workers=0", f"out={out}",
-                 "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,ceiling"]) == 0
+                 "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,ceiling,ceiling_stock"]) == 0
     report = json.loads((out / "bench.json").read_text())
     assert [r["mode"] for r in report["results"]] == ["stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline",
-                                                        "ceiling"]
+                                                        "ceiling", "ceiling_stock"]
     assert all(r["images_per_s"] > 0 and r["steps"] == 4 for r in report["results"])
     assert (out / "bench.png").stat().st_size > 1000
     text = capsys.readouterr().out

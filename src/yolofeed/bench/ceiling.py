@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from ultralytics.models.yolo.detect import DetectionTrainer
 
-from yolofeed.train.step import SyncFreeStep
+from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
 
 REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
 
@@ -52,8 +52,17 @@ class ReplayLoader:
 class CeilingTrainer(SyncFreeStep, DetectionTrainer):
     """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory.
 
-    Its step is yolofeed's (``SyncFreeStep``), so that the ceiling differs from yolofeed in the data alone.
+    Its step is yolofeed's (``SyncFreeStep``), so that the ceiling differs from yolofeed in the data alone:
+    the loss's counts (train/loss.py) are read once per replayed batch, as soon as the loss can say.
     """
+
+    def preprocess_batch(self, batch: dict) -> dict:
+        counts = self._counts.get(id(batch["batch_idx"])) if hasattr(self, "_counts") else None
+        if counts is None and self.sync_free_step:
+            counts = counts_for_ultralytics_batch(self, batch)  # a sync, once per replayed batch
+            if counts is not None:
+                self.__dict__.setdefault("_counts", {})[id(batch["batch_idx"])] = counts
+        return super().preprocess_batch({**batch, **(counts or {})})
 
     def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         loader = super().get_dataloader(dataset_path, batch_size, rank, mode)

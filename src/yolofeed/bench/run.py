@@ -4,10 +4,11 @@ For each mode: steady-state images/s (median of windows after warm-up), NVML GPU
 the share of step time spent waiting for the next batch, host CPU cores busy and peak GPU
 memory. Modes run one after another in this process, on the same data, model, batch and imgsz:
 ``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer, raw pack), ``ceiling``
-(DetectionTrainer replaying batches already on the GPU), and on request ``yolofeed_jpeg``
+(the same trainer as yolofeed replaying batches already on the GPU), and on request ``yolofeed_jpeg``
 (FastDetectionTrainer with a jpeg pack decoded on the GPU: raw vs jpeg side by side with
 ``modes=stock,yolofeed,yolofeed_jpeg,ceiling``) and ``yolofeed_inline`` (augmenting in
-``preprocess_batch``, a host sync per step, instead of one batch ahead). Mosaic stays on
+``preprocess_batch``, a host sync per step, instead of one batch ahead) and ``ceiling_stock`` (the
+ceiling with Ultralytics' own step, without yolofeed's sync-free one: train/step.py). Mosaic stays on
 (close_mosaic=0), validation and checkpoints are off: only training steps are measured.
 """
 
@@ -21,9 +22,9 @@ from pathlib import Path
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling")
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling", "ceiling_stock")
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
-           "ceiling": "#55a868"}
+           "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 
 def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:

@@ -43,10 +43,11 @@ def trainer_class(mode: str):
         from yolofeed.train import FastDetectionTrainer
 
         return FastDetectionTrainer.with_options(augment_ahead=False)
-    if mode == "ceiling":
+    if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step, not yolofeed's sync-free one
         from yolofeed.bench.ceiling import CeilingTrainer
 
-        return CeilingTrainer
+        return CeilingTrainer if mode == "ceiling" else type("CeilingTrainer", (CeilingTrainer,),
+                                                             {"sync_free_step": False})
     raise ValueError(f"unknown mode {mode!r}")
 
 

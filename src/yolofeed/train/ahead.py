@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment import AugmentedBatch, SourceBatch
+from yolofeed.train.loss import CANDIDATES, MAX_BOXES
 
 
 @dataclass
@@ -51,7 +52,8 @@ class _Pending:
     """An augmentation in flight: its output, its box count (host memory on CUDA) and the event after the copy."""
 
     out: AugmentedBatch
-    count: Tensor  # () int64: pinned host memory on CUDA, written by an async copy
+    count: Tensor  # (2,) or (3,) int64: boxes, the most in one image, the loss's candidates (train/loss.py);
+    # pinned host memory on CUDA, written by an async copy
     ready: torch.cuda.Event | None  # recorded after that copy; None on the CPU (nothing in flight)
     im_file: list[str]
 
@@ -60,8 +62,9 @@ class AugmentAhead:
     """A train loader that yields Ultralytics' batches, each augmented one request before it is handed out.
 
     Yields dicts with ``img`` (B, 3, S, S) float32 in [0, 255] (Ultralytics' ``preprocess_batch``
-    divides by 255), ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,) and
-    ``im_file``. Every other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...)
+    divides by 255), ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,), ``im_file``,
+    and the loss's counts (train/loss.py): ``max_boxes`` (an int) and, when ``candidates`` gives it,
+    ``tal_candidates``. Every other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...)
     is the wrapped loader's.
 
     Args:
@@ -69,13 +72,16 @@ class AugmentAhead:
         augment: ``SourceBatch -> AugmentedBatch``, called once per batch in loader order; look the
             augmenter up inside it (``close_mosaic`` replaces it between epochs). Its output may be
             overwritten by its next call (``GraphedAugment``).
+        candidates: ``AugmentedBatch -> 0-d int64 tensor | None``, the loss's candidate count for the
+            batch, computed on the device without a sync (None while the loss cannot say yet).
     """
 
-    def __init__(self, loader: Any, augment: Callable[[SourceBatch], AugmentedBatch]):
-        self.loader, self.augment = loader, augment
+    def __init__(self, loader: Any, augment: Callable[[SourceBatch], AugmentedBatch],
+                 candidates: Callable[[AugmentedBatch], Tensor | None] | None = None):
+        self.loader, self.augment, self.candidates = loader, augment, candidates
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "augment"):  # not set yet (unpickling): no recursion
+        if name in ("loader", "augment", "candidates"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -92,7 +98,7 @@ class AugmentAhead:
                 done = self._finish(pending) if pending is not None else None
                 source = batch["source"]
                 if source.valid.is_cuda and host is None:
-                    host = torch.empty((), dtype=torch.int64, pin_memory=True)
+                    host = torch.empty(3, dtype=torch.int64, pin_memory=True)
                     event = torch.cuda.Event()
                 pending = self._launch(source, batch["im_file"], host, event)
                 if done is not None:
@@ -107,12 +113,15 @@ class AugmentAhead:
 
     def _launch(self, source: SourceBatch, im_file: list[str], host: Tensor | None,
                 event: torch.cuda.Event | None) -> _Pending:
-        """Enqueue the augmentation and the copy of its box count; nothing waits."""
+        """Enqueue the augmentation and the copy of its counts; nothing waits."""
         out = self.augment(source)
-        count = out.valid.sum()
+        counts = [out.valid.sum(), out.valid.sum(1).max()]  # boxes, and the most in one image (the loss's padding)
+        extra = self.candidates(out) if self.candidates is not None else None
+        count = torch.stack(counts + ([extra] if extra is not None else [])).to(torch.int64)
         if host is None:  # CPU: already computed
             return _Pending(out, count, None, im_file)
-        # one pinned buffer and event per pass suffice: the previous count was read before this copy is enqueued
+        # one pinned buffer and event per pass suffice: the previous counts were read before this copy is enqueued
+        host = host[:len(count)]
         host.copy_(count, non_blocking=True)
         event.record(torch.cuda.current_stream(count.device))
         return _Pending(out, host, event, im_file)
@@ -122,7 +131,11 @@ class AugmentAhead:
         """Ultralytics' batch from a launched augmentation, copied out of the augmenter's memory."""
         if p.ready is not None:
             p.ready.synchronize()  # recorded a step ago, before that step's forward: complete in steady state
-        d = p.out.to_ultralytics(total=int(p.count))
+        counts = p.count.tolist()  # host memory: no sync
+        d = p.out.to_ultralytics(total=counts[0])
+        d[MAX_BOXES] = counts[1]
+        if len(counts) > 2:
+            d[CANDIDATES] = counts[2]
         d["img"] = d["img"].float()  # Ultralytics' own conversion, done before the next replay overwrites img
         d["im_file"] = p.im_file
         return d

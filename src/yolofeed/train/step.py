@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from ultralytics.utils.torch_utils import unwrap_model
 
+from yolofeed.train import loss as sync_free_loss
+
 
 class HostLossItems:
     """Proxy of a criterion that returns the previous step's loss items, already copied to the host.
@@ -78,7 +80,8 @@ class HostLossItems:
 
 
 class SyncFreeStep:
-    """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late.
+    """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late,
+    and the detection loss reads its counts from the batch (train/loss.py) when the loader put them there.
 
     ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
     """
@@ -105,6 +108,34 @@ def _install_host_items(trainer: Any) -> None:
     if not isinstance(getattr(model, "criterion", None), HostLossItems):
         criterion = getattr(model, "criterion", None)
         model.criterion = HostLossItems(model.init_criterion() if criterion is None else criterion)
+    sync_free_loss.install(model)
+
+
+def _sync_free_loss(trainer: Any) -> sync_free_loss.SyncFreeDetectionLoss | None:
+    """The first sync-free detection loss of the trainer's model, if counts for it make sense now."""
+    if not getattr(trainer, "sync_free_step", False) or getattr(trainer.args, "multi_scale", 0) > 0:
+        return None  # multi_scale: the next step's image size, and so its anchors, are not known ahead
+    losses = [x for x in sync_free_loss.detection_losses(trainer.model)
+              if isinstance(x, sync_free_loss.SyncFreeDetectionLoss)]
+    return losses[0] if losses else None
+
+
+def early_candidates_augmented(trainer: Any, out: Any):
+    """The loss's candidate count for an ``AugmentedBatch``, on the device, or None (see train/loss.py)."""
+    loss = _sync_free_loss(trainer)
+    return None if loss is None else sync_free_loss.early_candidates_for(loss, out)
+
+
+def counts_for_ultralytics_batch(trainer: Any, batch: dict) -> dict[str, int] | None:
+    """The loss's counts for an Ultralytics batch, read on the host (a sync: for batches used many times)."""
+    loss = _sync_free_loss(trainer)
+    if loss is None or batch["batch_idx"].numel() == 0:
+        return None
+    n = int(torch.bincount(batch["batch_idx"].long().flatten(), minlength=len(batch["img"])).max())
+    gt = sync_free_loss.padded_gt_from_ultralytics(batch, n, loss)
+    if gt is None:
+        return None
+    return {sync_free_loss.MAX_BOXES: n, sync_free_loss.CANDIDATES: int(loss.early_candidates(gt))}
 
 
 def _reset_items(trainer: Any) -> None:
@@ -113,7 +144,9 @@ def _reset_items(trainer: Any) -> None:
 
 
 def _exact_epoch_loss(trainer: Any) -> None:
-    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items."""
+    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items; the loss's
+    counts checked (train/loss.py)."""
+    sync_free_loss.check_counts(trainer.model)
     items = _items(trainer)
     mean = items.epoch_mean() if items is not None else None
     if mean is not None and trainer.tloss is not None:

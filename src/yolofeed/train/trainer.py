@@ -10,8 +10,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only four thin
   trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
   ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
-* The step loses its host sync after the backward pass (``SyncFreeStep``, train/step.py): the progress
-  bar's loss items reach the host one step late; the epoch's mean loss stays exact.
+* The step loses its host syncs (``SyncFreeStep``, train/step.py): the progress bar's loss items reach
+  the host one step late (the epoch's mean loss stays exact), and the detection loss takes the counts
+  it would sync for from the batch (train/loss.py), which ``AugmentAhead`` computes a step early.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
 from yolofeed.train.ahead import AugmentAhead
-from yolofeed.train.step import SyncFreeStep
+from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 
 
 class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
@@ -44,7 +45,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
-    sync_free_step: bool = True  # the bar's loss items a step late, no sync (train/step.py); False: Ultralytics'
+    sync_free_step: bool = True  # no host sync in the step (train/step.py, train/loss.py); False: Ultralytics'
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
@@ -85,7 +86,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             world = max(self.world_size, 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=self.args.fraction, drop_last=bool(self.args.compile))
-            return AugmentAhead(loader, self._augment_source) if self.augment_ahead else loader
+            return AugmentAhead(loader, self._augment_source, self._candidates) if self.augment_ahead else loader
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
         return ValLoader(pack, batch_size, self.device, stride=stride)
 
@@ -108,6 +109,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
         with torch.autocast(self.device.type, enabled=False):
             return self._augmenter()(source)
+
+    def _candidates(self, out):
+        """The sync-free loss's candidate count for an augmented batch (train/loss.py), or None."""
+        return early_candidates_augmented(self, out)
 
     def preprocess_batch(self, batch: dict) -> dict:
         """Ultralytics' preprocessing; a raw loader batch (``augment_ahead=False``) is augmented first.

@@ -1,0 +1,295 @@
+"""Ultralytics' detection loss without host syncs, given two counts the loader learned a step early.
+
+In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``scripts/device/syncs.py``;
+YOLO26's end-to-end loss runs it twice). The first drains the forward pass; after it the GPU idles while
+the host launches the target assignment's small kernels between syncs: 15 ms of a 78 ms yolo11n step at
+batch 128 on the H200, with no data work at all. Without syncs the host launches the loss while the GPU
+still runs the forward pass. Where they come from, and what replaces them (same values, same order):
+
+* ``make_anchors`` (9: CPU ``arange`` and a 0-d stride copied per level), ``torch.tensor(imgsz)`` and its
+  index (2): constants per feature-map shape, cached on the device.
+* The target padding learns the most boxes in one image (``unique``, ``zeros(n)``: 2): ``max_boxes``.
+* ``select_candidates_in_gts`` builds a 0-d tensor from ``stride_val`` (1): a Python scalar.
+* ``get_box_metrics`` gathers the candidate (image, box, anchor) pairs with ``nonzero`` (1):
+  ``nonzero_static`` with their count, ``tal_candidates``, which depends on the boxes and anchors alone.
+* ``BboxLoss`` gathers the foreground anchors with ``nonzero`` (1): ``nonzero_static`` padded to a
+  bound known on the host (at most ``topk`` anchors per box, at most the candidates); padded rows get
+  weight 0. The gradients are the same; the loss's sum may differ in the last bit (more terms, in a
+  different reduction tree).
+
+``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
+memory (``early_counts``); the ceiling counts its replayed batches once. A batch without them takes
+Ultralytics' own path. The first steps do too: the anchors come from the first loss call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss
+from ultralytics.utils.metrics import bbox_iou
+from ultralytics.utils.ops import xywh2xyxy, xyxy2xywh
+from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
+from ultralytics.utils.torch_utils import unwrap_model
+
+MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
+CANDIDATES = "tal_candidates"
+
+
+class SyncFreeAssigner(TaskAlignedAssigner):
+    """``TaskAlignedAssigner`` whose candidate gather takes its size from ``candidates`` (set per call).
+
+    ``candidates`` is (count, batch size): the OOM fallback, which assigns one image at a time, takes
+    Ultralytics' path.
+    """
+
+    candidates: tuple[int, int] | None = None
+    mismatch: Tensor | None = None  # on the device: a count that was not the real one (read at epoch ends)
+
+    def select_candidates_in_gts(self, xy_centers, gt_bboxes, mask_gt, eps=1e-9):
+        """Ultralytics' code, with ``stride_val`` as a Python scalar (a 0-d tensor built per call syncs)."""
+        gt_bboxes_xywh = xyxy2xywh(gt_bboxes)
+        wh_mask = gt_bboxes_xywh[..., 2:] < self.stride_val
+        gt_bboxes_xywh[..., 2:] = torch.where((wh_mask * mask_gt).bool(), float(self.stride_val),
+                                              gt_bboxes_xywh[..., 2:])
+        gt_bboxes = xywh2xyxy(gt_bboxes_xywh)
+        lt, rb = gt_bboxes.unsqueeze(2).chunk(2, 3)
+        mask = xy_centers[:, 0] - lt[..., 0] > eps
+        mask &= xy_centers[:, 1] - lt[..., 1] > eps
+        mask &= rb[..., 0] - xy_centers[:, 0] > eps
+        mask &= rb[..., 1] - xy_centers[:, 1] > eps
+        return mask
+
+    def get_box_metrics(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra):
+        """Ultralytics' code; ``nonzero_static`` with the known count gives ``nonzero``'s indices, in order."""
+        if self.candidates is None or extra or self.candidates[1] != self.bs:
+            return super().get_box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra)
+        na = pd_bboxes.shape[-2]
+        mask_gt = mask_gt.bool()
+        shape = self.bs, self.n_max_boxes, na
+        indices = tuple(torch.nonzero_static(mask_gt, size=self.candidates[0]).unbind(1))
+        wrong = mask_gt.sum() != self.candidates[0]  # checked on the device; read once an epoch (check_counts)
+        self.mismatch = wrong if self.mismatch is None else self.mismatch | wrong
+        bbox_scores = pd_scores[indices[0], indices[2], gt_labels[indices[0], indices[1], 0].long()]
+        overlap_values = self.pair_overlaps(indices, gt_bboxes, pd_bboxes)
+        align_values = bbox_scores.pow(self.alpha) * overlap_values.pow(self.beta)
+        overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
+        align_metric = torch.zeros(shape, dtype=align_values.dtype, device=pd_scores.device)
+        overlaps[indices] = overlap_values
+        align_metric[indices] = align_values
+        return align_metric, overlaps
+
+
+class SyncFreeBboxLoss(BboxLoss):
+    """``BboxLoss`` gathering the foreground through ``nonzero_static``, ``bound`` rows (set per call)."""
+
+    bound: int | None = None
+
+    def forward(self, pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores, target_scores_sum,
+                fg_mask, imgsz, stride):
+        if self.bound is None:
+            return super().forward(pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores,
+                                   target_scores_sum, fg_mask, imgsz, stride)
+        idx = torch.nonzero_static(fg_mask, size=self.bound, fill_value=-1)  # (bound, 2), the foreground first
+        real = idx[:, :1] >= 0
+        fg = tuple(idx.clamp(min=0).unbind(1))  # padded rows read anchor (0, 0): finite values, weight 0
+        weight = target_scores[fg].sum(-1, keepdim=True) * real
+        iou = bbox_iou(pred_bboxes[fg], target_bboxes[fg], xywh=False, CIoU=True)
+        loss_iou = ((1.0 - iou) * weight).sum() / target_scores_sum
+        if self.dfl_loss:
+            target_ltrb = bbox2dist(anchor_points, target_bboxes, self.dfl_loss.reg_max - 1)
+            loss_dfl = self.dfl_loss(pred_dist[fg].view(-1, self.dfl_loss.reg_max), target_ltrb[fg]) * weight
+            loss_dfl = loss_dfl.sum() / target_scores_sum
+        else:
+            target_ltrb = bbox2dist(anchor_points, target_bboxes)
+            target_ltrb = target_ltrb * stride
+            target_ltrb[..., 0::2] /= imgsz[1]
+            target_ltrb[..., 1::2] /= imgsz[0]
+            pred_dist = pred_dist * stride
+            pred_dist[..., 0::2] /= imgsz[1]
+            pred_dist[..., 1::2] /= imgsz[0]
+            loss_dfl = torch.nn.functional.l1_loss(pred_dist[fg], target_ltrb[fg], reduction="none").mean(
+                -1, keepdim=True) * weight
+            loss_dfl = loss_dfl.sum() / target_scores_sum
+        return loss_iou, loss_dfl
+
+
+class SyncFreeDetectionLoss(v8DetectionLoss):
+    """``v8DetectionLoss`` that reads ``max_boxes`` and ``tal_candidates`` from the batch when it has them.
+
+    Installed by swapping classes in place (``install``): the criterion's state (hyperparameters, the
+    E2E schedule around it) stays Ultralytics'.
+    """
+
+    def _constants(self, feats: list[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """Anchors, stride per anchor and the (h, w, h, w) scale for these feature maps: computed once."""
+        cache = self.__dict__.setdefault("_yf_constants", {})
+        key = (tuple(tuple(f.shape[2:]) for f in feats), feats[0].dtype, dtype, feats[0].device)
+        if key not in cache:
+            anchor_points, stride_tensor = make_anchors(feats, self.stride, 0.5)
+            imgsz = torch.tensor(feats[0].shape[2:], device=self.device, dtype=dtype) * self.stride[0]
+            cache[key] = anchor_points, stride_tensor, imgsz
+            self.__dict__["_yf_last"] = key
+        return cache[key]
+
+    def _pad(self, targets: Tensor, batch_size: int, n: int, scale_tensor: Tensor) -> Tensor:
+        """Ultralytics' ``preprocess`` with the most boxes in one image given: the same tensor, no sync."""
+        nl, ne = targets.shape
+        if nl == 0:
+            return torch.zeros(batch_size, 0, ne - 1, device=self.device)
+        batch_idx = targets[:, 0].long()
+        out = torch.zeros(batch_size, n, ne - 1, device=self.device)
+        offsets = torch.zeros(batch_size + 1, dtype=torch.long, device=self.device)
+        offsets.scatter_add_(0, batch_idx + 1, torch.ones_like(batch_idx))
+        offsets = offsets.cumsum(0)
+        within_idx = torch.arange(nl, device=self.device) - offsets[batch_idx]
+        out[batch_idx, within_idx] = targets[:, 1:]  # a count too small: an index error, never a silent drop
+        out[..., 1:5] = xywh2xyxy(out[..., 1:5].mul_(scale_tensor))
+        return out
+
+    def get_assigned_targets_and_loss(self, preds: dict[str, Tensor], batch: dict[str, Any], **assign_kwargs):
+        """Ultralytics 8.4.190's code with the counts from the batch (see the module docstring)."""
+        n = batch.get(MAX_BOXES)
+        if n is None or assign_kwargs or self.device.type == "mps" or self.__dict__.get("_yf_off"):
+            return super().get_assigned_targets_and_loss(preds, batch, **assign_kwargs)
+        loss = torch.zeros(3, device=self.device)  # box, cls, dfl
+        pred_distri, pred_scores = (preds["boxes"].permute(0, 2, 1).contiguous(),
+                                    preds["scores"].permute(0, 2, 1).contiguous())
+        dtype = pred_scores.dtype
+        batch_size = pred_scores.shape[0]
+        anchor_points, stride_tensor, imgsz = self._constants(preds["feats"], dtype)
+
+        targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
+        targets = self._pad(targets.to(self.device), batch_size, n, imgsz[[1, 0, 1, 0]])
+        gt_labels, gt_bboxes = targets.split((1, 4), 2)
+        mask_gt = gt_bboxes.sum(2, keepdim=True).gt_(0.0)
+        pred_bboxes = self.bbox_decode(anchor_points, pred_distri)
+
+        candidates = batch.get(CANDIDATES)
+        self.assigner.candidates = None if candidates is None else (candidates, batch_size)
+        try:
+            _, target_bboxes, target_scores, fg_mask, target_gt_idx = self.assigner(
+                pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_tensor).type(gt_bboxes.dtype),
+                anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt)
+        finally:
+            self.assigner.candidates = None
+        target_scores_sum = target_scores.sum().clamp_(min=1)
+
+        bce_loss = self.bce(pred_scores, target_scores.to(dtype))
+        if self.class_weights is not None:
+            bce_loss *= self.class_weights
+        loss[1] = bce_loss.sum() / target_scores_sum
+
+        if candidates is not None:  # the foreground: at most topk anchors per box, at most the candidates
+            self.bbox_loss.bound = max(1, min(batch_size * pred_scores.shape[1], batch_size * n * self.assigner.topk,
+                                              candidates))
+        try:
+            loss[0], loss[2] = self.bbox_loss(pred_distri, pred_bboxes, anchor_points, target_bboxes / stride_tensor,
+                                              target_scores, target_scores_sum, fg_mask, imgsz, stride_tensor)
+        finally:
+            self.bbox_loss.bound = None
+        loss[0] *= self.hyp.box
+        loss[1] *= self.hyp.cls
+        loss[2] *= self.hyp.dfl
+        return ((fg_mask, target_gt_idx, target_bboxes, anchor_points, stride_tensor), loss,
+                dict(zip(self.loss_names, loss.detach())))
+
+    def early_candidates(self, gt_xyxy: Tensor) -> Tensor | None:
+        """The count ``get_box_metrics`` will gather for these boxes, on the device (no sync); None before the
+        first loss call has cached the anchors.
+
+        Args:
+            gt_xyxy: (B, K, 4) boxes in pixels as the loss's padding makes them; rows of zeros are padding.
+        """
+        key = self.__dict__.get("_yf_last")
+        if key is None:
+            return None
+        anchor_points, stride_tensor, _ = self.__dict__["_yf_constants"][key]
+        mask_gt = gt_xyxy.sum(2, keepdim=True).gt_(0.0)
+        centers = anchor_points * stride_tensor
+        total = torch.zeros((), dtype=torch.int64, device=gt_xyxy.device)
+        for i in range(0, len(gt_xyxy), 16):  # 16 images at a time: (16, K, anchors) masks, not (B, K, anchors)
+            inside = self.assigner.select_candidates_in_gts(centers, gt_xyxy[i:i + 16].clone(), mask_gt[i:i + 16])
+            total += (inside * mask_gt[i:i + 16]).bool().sum()
+        return total
+
+
+def check_counts(model: torch.nn.Module) -> bool:
+    """Whether every candidate count since the last check was right (one host sync). A wrong one (a bug:
+    nonzero_static then drops or pads candidates) is logged and switches the counts off for the rest of the run."""
+    ok = True
+    for loss in detection_losses(model):
+        a = loss.assigner
+        if isinstance(a, SyncFreeAssigner) and a.mismatch is not None:
+            ok = ok and not bool(a.mismatch)
+            a.mismatch = None
+    if not ok:
+        from ultralytics.utils import LOGGER
+
+        LOGGER.warning("yolofeed: the loss's candidate count read ahead was wrong for some steps of this epoch; "
+                       "the loss counts them itself from now on (a host sync per step). Please report it.")
+        for loss in detection_losses(model):
+            loss.__dict__["_yf_off"] = True
+    return ok
+
+
+def detection_losses(model: torch.nn.Module) -> list[v8DetectionLoss]:
+    """The plain detection losses in the model's criterion: itself, or YOLO26's two (E2E)."""
+    crit = getattr(unwrap_model(model), "criterion", None)
+    crit = getattr(crit, "criterion", crit)  # inside train/step.py's HostLossItems
+    inner = [crit] if not isinstance(crit, (E2ELoss, E2EDetectLoss)) else [crit.one2many, crit.one2one]
+    return [x for x in inner if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss)]
+
+
+def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
+    """Swap the model's plain detection losses (and their assigner and box loss) to the sync-free classes.
+
+    Creates the criterion as Ultralytics would if the model has none yet. Segmentation, pose and OBB
+    losses are left alone. Idempotent. Returns the swapped losses.
+    """
+    m = unwrap_model(model)
+    if next(m.parameters()).is_cuda and torch.__version__ < "2.6":
+        return []  # nonzero_static has no CUDA kernel before torch 2.6: Ultralytics' loss as it is
+    if getattr(m, "criterion", None) is None and hasattr(m, "init_criterion"):
+        m.criterion = m.init_criterion()
+    out = []
+    for loss in detection_losses(model):
+        if type(loss.assigner) is TaskAlignedAssigner and type(loss.bbox_loss) is BboxLoss:
+            loss.__class__ = SyncFreeDetectionLoss
+            loss.assigner.__class__ = SyncFreeAssigner
+            loss.bbox_loss.__class__ = SyncFreeBboxLoss
+        if type(loss) is SyncFreeDetectionLoss:
+            out.append(loss)
+    return out
+
+
+def padded_gt_from_ultralytics(batch: dict[str, Tensor], n: int, loss: SyncFreeDetectionLoss) -> Tensor | None:
+    """The loss's padded pixel boxes for an Ultralytics batch (the ceiling's replayed batches)."""
+    key = loss.__dict__.get("_yf_last")
+    if key is None:
+        return None
+    imgsz = loss.__dict__["_yf_constants"][key][2]
+    targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
+    return loss._pad(targets.to(loss.device), len(batch["img"]), n, imgsz[[1, 0, 1, 0]])[..., 1:5]
+
+
+def padded_gt_from_augmented(boxes: Tensor, valid: Tensor, size: int, loss: SyncFreeDetectionLoss) -> Tensor | None:
+    """The loss's padded pixel boxes for an ``AugmentedBatch`` (B, K, 4 xyxy pixels; valid (B, K)), computed by
+    the same elementwise steps as ``to_ultralytics`` and the loss's padding, so every box has the same value."""
+    key = loss.__dict__.get("_yf_last")
+    if key is None:
+        return None
+    imgsz = loss.__dict__["_yf_constants"][key][2]
+    b = boxes
+    xywh = torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
+                        b[..., 3] - b[..., 1]], -1) / size
+    xywh = torch.where(valid[..., None], xywh, 0.0).to(torch.float32)
+    return xywh2xyxy(xywh.mul_(imgsz[[1, 0, 1, 0]]))
+
+
+def early_candidates_for(loss: SyncFreeDetectionLoss, out: Any) -> Tensor | None:
+    """``early_candidates`` for an ``AugmentedBatch``, or None before the loss has cached its anchors."""
+    gt = padded_gt_from_augmented(out.boxes, out.valid, out.img.shape[-1], loss)
+    return None if gt is None else loss.early_candidates(gt)

@@ -1,0 +1,149 @@
+"""The sync-free detection loss (train/loss.py): Ultralytics' loss and gradients, given counts known ahead."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+from ultralytics.utils.tal import TaskAlignedAssigner
+
+from yolofeed.augment.pipeline import AugmentedBatch
+from yolofeed.train import loss as sfl
+
+COUNTS = [3, 0, 5, 1, 0, 2]  # boxes per image: two empty images, the largest not first
+
+
+def _model(yaml: str, cls=DetectionModel) -> torch.nn.Module:
+    m = cls(yaml, nc=4, verbose=False)
+    m.args = get_cfg()  # the hyperparameters Ultralytics' loss reads (box, cls, dfl, epochs)
+    return m
+
+
+def _augmented(counts: list[int], size: int = 64, seed: int = 0, holes: bool = True) -> AugmentedBatch:
+    """Padded boxes as the GPU augmentation leaves them: (B, K, 4) xyxy pixels, valid rows not packed first."""
+    g = torch.Generator().manual_seed(seed)
+    k = max(counts) + (2 if holes else 0)
+    valid = torch.zeros(len(counts), k, dtype=torch.bool)
+    for i, c in enumerate(counts):
+        rows = torch.randperm(k, generator=g)[:c] if holes else torch.arange(c)
+        valid[i, rows] = True
+    xy = size * (0.1 + 0.6 * torch.rand(len(counts), k, 2, generator=g))
+    wh = size * (0.02 + 0.3 * torch.rand(len(counts), k, 2, generator=g))  # some under a stride: enlarged
+    boxes = torch.cat([xy, (xy + wh).clamp(max=size)], -1)
+    return AugmentedBatch(img=torch.randint(0, 255, (len(counts), 3, size, size), dtype=torch.uint8, generator=g),
+                          cls=torch.randint(0, 4, (len(counts), k), generator=g).float(), boxes=boxes, valid=valid)
+
+
+def _ultralytics(aug: AugmentedBatch) -> dict:
+    d = aug.to_ultralytics()
+    d["img"] = d["img"].float() / 255
+    return d
+
+
+def _stock_candidates(model, batch, preds) -> list[int]:
+    """The counts Ultralytics' own assigner gathers (one per detection loss), by spying on it."""
+    seen = []
+    own = TaskAlignedAssigner.get_box_metrics
+
+    def spy(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra):
+        seen.append(int(mask_gt.bool().sum()))
+        return own(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra)
+
+    TaskAlignedAssigner.get_box_metrics = spy
+    try:
+        copy.deepcopy(model).loss(batch, preds)
+    finally:
+        TaskAlignedAssigner.get_box_metrics = own
+    return seen
+
+
+@pytest.mark.parametrize("yaml", ["yolo11n.yaml", "yolo26n.yaml"])
+def test_the_loss_and_its_gradients_equal_ultralytics(yaml):
+    """Whole criterion, both families (YOLO26's E2E loss holds two detection losses): with the counts, the same
+    loss (to the last bits of a longer sum) and the same gradients; without them, Ultralytics' path exactly."""
+    torch.manual_seed(0)
+    model = _model(yaml).train()
+    aug = _augmented(COUNTS, seed=1)
+    b = _ultralytics(aug)
+    preds = model(b["img"])
+
+    def run(batch):
+        model.zero_grad()
+        loss, items = model.loss(batch, preds)
+        loss.sum().backward(retain_graph=True)
+        return loss.detach().clone(), [p.grad.clone() for p in model.parameters() if p.grad is not None], items
+
+    want = run(b)  # the criterion Ultralytics made, untouched
+    stock = model.criterion
+    swapped = sfl.install(model)
+    assert model.criterion is stock and len(swapped) == (1 if yaml.startswith("yolo11") else 2)
+    assert sfl.install(model) == swapped  # idempotent
+    got = run(b)  # no counts in the batch: Ultralytics' own path, bit for bit
+    assert torch.equal(got[0], want[0]) and all(torch.equal(x, y) for x, y in zip(got[1], want[1]))
+
+    run({**b, sfl.MAX_BOXES: max(COUNTS)})  # the first call with counts caches the anchors
+    candidates = sfl.early_candidates_for(swapped[0], aug)
+    assert [candidates] * len(swapped) == _stock_candidates(model, b, preds)
+    got = run({**b, sfl.MAX_BOXES: max(COUNTS), sfl.CANDIDATES: candidates})
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert len(got[1]) == len(want[1])
+    for x, y in zip(got[1], want[1]):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-9)
+    assert all(x.assigner.candidates is None and x.bbox_loss.bound is None for x in swapped)  # nothing left over
+    assert sfl.check_counts(model)
+    run({**b, sfl.MAX_BOXES: max(COUNTS), sfl.CANDIDATES: candidates - 1})  # a wrong count: caught at the check
+    assert not sfl.check_counts(model)
+    got = run({**b, sfl.MAX_BOXES: max(COUNTS), sfl.CANDIDATES: candidates - 1})  # then ignored
+    assert torch.equal(got[0], want[0])
+
+
+def test_candidates_need_the_anchors_and_count_padding_and_holes_alike():
+    model = _model("yolo11n.yaml").train()
+    (loss,) = sfl.install(model) or [None]
+    aug = _augmented(COUNTS, seed=2)
+    assert sfl.early_candidates_for(loss, aug) is None  # no loss call yet: no anchors, no count
+    b = _ultralytics(aug)
+    model.loss({**b, sfl.MAX_BOXES: max(COUNTS)}, model(b["img"]))
+    packed = _augmented(COUNTS, seed=2, holes=False)
+    assert sfl.early_candidates_for(loss, aug) > 0
+    n = max(COUNTS)
+    gt = sfl.padded_gt_from_ultralytics(b, n, loss)  # the ceiling's route, from Ultralytics' batch
+    assert int(loss.early_candidates(gt)) == int(sfl.early_candidates_for(loss, aug))
+    assert packed.valid.sum() == aug.valid.sum()
+
+
+def test_install_leaves_other_tasks_alone():
+    seg = _model("yolo11n-seg.yaml", SegmentationModel)
+    seg.criterion = seg.init_criterion()
+    assert sfl.install(seg) == []
+    assert type(seg.criterion).__name__ == "v8SegmentationLoss"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("yaml", ["yolo11n.yaml", "yolo26n.yaml"])
+def test_cuda_loss_with_counts_makes_no_host_sync(yaml):
+    model = _model(yaml).cuda().train()
+    aug = _augmented(COUNTS, seed=3)
+    aug = AugmentedBatch(*(t.cuda() for t in (aug.img, aug.cls, aug.boxes, aug.valid)))
+    b = _ultralytics(aug)
+    b = {**b, "batch_idx": b["batch_idx"].cuda()}
+    (first, *_) = sfl.install(model) or [None]
+    sfl.install(model)
+    with torch.autocast("cuda"):
+        preds = model(b["img"])
+        model.loss({**b, sfl.MAX_BOXES: max(COUNTS)}, preds)  # caches the anchors (and syncs, once)
+        candidates = int(sfl.early_candidates_for(first, aug))
+        want = model.loss(b, preds)[0]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # raises at any synchronising call
+        try:
+            early = sfl.early_candidates_for(first, aug)
+            got = model.loss({**b, sfl.MAX_BOXES: max(COUNTS), sfl.CANDIDATES: candidates}, preds)[0]
+            got.sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert int(early) == candidates
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
