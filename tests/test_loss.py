@@ -115,6 +115,33 @@ def test_candidates_need_the_anchors_and_count_padding_and_holes_alike():
     assert packed.valid.sum() == aug.valid.sum()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # float16: the anchors under AMP
+def test_counted_candidates_equal_the_assigners_mask_on_edges_and_tiny_boxes(dtype):
+    """The grid count (searchsorted per level) equals the assigner's (box, anchor) mask summed, for boxes whose
+    edges sit exactly on anchor centres or a hair off, boxes under stride_val (enlarged), boxes off the image."""
+    model = _model("yolo11n.yaml")
+    (loss,) = sfl.install(model)
+    size = 128
+    feats = [torch.empty(1, 1, size // s, size // s, dtype=dtype) for s in (8, 16, 32)]
+    c = loss._constants(feats, dtype)
+    centers = c.anchor_points * c.stride_tensor
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        b, k = 4, 9
+        edges = 4.0 + 8.0 * torch.randint(0, 16, (b, k, 4), generator=g).float()  # on stride-8 centres
+        jitter = torch.randint(-1, 2, (b, k, 4), generator=g).float() * torch.tensor(1e-3)
+        noise = size * torch.rand(b, k, 4, generator=g) * 1.2 - 0.1 * size  # anywhere, off the image too
+        pick = torch.rand(b, k, 1, generator=g)
+        raw = torch.where(pick < 0.4, edges + jitter, torch.where(pick < 0.7, edges, noise))
+        gt = torch.cat([torch.minimum(raw[..., :2], raw[..., 2:]), torch.maximum(raw[..., :2], raw[..., 2:])], -1)
+        tiny = torch.rand(b, k, 1, generator=g) < 0.2
+        gt = torch.where(tiny, torch.cat([gt[..., :2], gt[..., :2] + 3.0], -1), gt)  # sides under stride_val
+        gt[torch.rand(b, k, generator=g) < 0.25] = 0.0  # padding rows
+        mask_gt = gt.sum(2, keepdim=True).gt_(0.0)
+        want = int((loss.assigner.select_candidates_in_gts(centers, gt.clone(), mask_gt) * mask_gt).bool().sum())
+        assert int(loss.early_candidates(gt)) == want, trial
+
+
 def test_install_leaves_other_tasks_alone():
     seg = _model("yolo11n-seg.yaml", SegmentationModel)
     seg.criterion = seg.init_criterion()
@@ -147,3 +174,31 @@ def test_cuda_loss_with_counts_makes_no_host_sync(yaml):
             torch.cuda.set_sync_debug_mode("default")
     assert int(early) == candidates
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_training_with_the_sync_free_loss_uses_the_counts_and_they_are_right(synth_root, tmp_path, monkeypatch):
+    """FastDetectionTrainer(sync_free_loss=True) on the CPU: after the first steps every loss call takes the
+    counts AugmentAhead computed a step early, and every epoch's check finds them right."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    calls = {"counted": 0, "measured": 0}
+    own = sfl.SyncFreeAssigner.get_box_metrics
+
+    def spy(self, *a, **k):
+        calls["counted" if self.candidates is not None else "measured"] += 1
+        return own(self, *a, **k)
+
+    checks = []
+    check = sfl.check_counts
+    monkeypatch.setattr(sfl.SyncFreeAssigner, "get_box_metrics", spy)
+    monkeypatch.setattr(sfl, "check_counts", lambda model: checks.append(check(model)) or checks[-1])
+    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer.with_options(sync_free_loss=True),
+                               data=str(synth_root / "data.yaml"), project=str(tmp_path), name="r", epochs=2,
+                               imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, val=False)
+    # only the run's first two batches measure their count: the anchors come from the first loss call, and the
+    # second batch is augmented (and counted) before it
+    assert calls["measured"] == 2 and calls["counted"] >= 2
+    assert checks == [True, True]

@@ -1,7 +1,7 @@
 """Side by side (issue 4): Ultralytics' step against yolofeed's sync-free step (train/step.py), same process.
 
 Usage: python3 scripts/device/step_ab.py DATA_YAML MODEL VARIANT[,VARIANT...]
-    VARIANT: ceiling, ceiling_stock_step, yolofeed, yolofeed_stock_step. Batch 128, imgsz 640, 100 steps
+    VARIANT: ceiling or yolofeed, alone or with _stock_step (Ultralytics' step) or _sync_free_loss. Batch 128, imgsz 640, 100 steps
     after a 30-step warm-up (the bench's settings; AB_BATCH, AB_IMGSZ, AB_STEPS change them for a CPU smoke
     run). Prints one line per variant; writes $OUT/step_ab_<model>.json.
 """
@@ -17,9 +17,12 @@ import yolofeed.doctor.profile as prof
 
 
 def trainer_class(variant: str):
-    base = variant.removesuffix("_stock_step")
-    cls = prof.TRAINER_CLASS(base)
-    return type(cls.__name__, (cls,), {"sync_free_step": False}) if variant.endswith("_stock_step") else cls
+    """``<mode>``, ``<mode>_stock_step`` (Ultralytics' step) or ``<mode>_sync_free_loss`` (train/loss.py on)."""
+    for suffix, options in (("_stock_step", {"sync_free_step": False}), ("_sync_free_loss", {"sync_free_loss": True})):
+        if variant.endswith(suffix):
+            cls = prof.TRAINER_CLASS(variant.removesuffix(suffix))
+            return type(cls.__name__, (cls,), options)
+    return prof.TRAINER_CLASS(variant)
 
 
 def main() -> None:

@@ -58,7 +58,7 @@ class CeilingTrainer(SyncFreeStep, DetectionTrainer):
 
     def preprocess_batch(self, batch: dict) -> dict:
         counts = self._counts.get(id(batch["batch_idx"])) if hasattr(self, "_counts") else None
-        if counts is None and self.sync_free_step:
+        if counts is None and self.sync_free_loss:
             counts = counts_for_ultralytics_batch(self, batch)  # a sync, once per replayed batch
             if counts is not None:
                 self.__dict__.setdefault("_counts", {})[id(batch["batch_idx"])] = counts

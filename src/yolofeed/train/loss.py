@@ -24,6 +24,7 @@ Ultralytics' own path. The first steps do too: the anchors come from the first l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +34,17 @@ from ultralytics.utils.metrics import bbox_iou
 from ultralytics.utils.ops import xywh2xyxy, xyxy2xywh
 from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
 from ultralytics.utils.torch_utils import unwrap_model
+
+@dataclass
+class _Constants:
+    """What the loss recomputes (with syncs) every call in Ultralytics, for one set of feature-map shapes."""
+
+    anchor_points: Tensor  # (A, 2) grid units, the feature maps' dtype
+    stride_tensor: Tensor  # (A, 1)
+    imgsz: Tensor  # (2,) h, w in pixels, the predictions' dtype
+    scale: Tensor  # (4,) w, h, w, h: the padding's scale
+    centers: list[tuple[Tensor, Tensor]]  # per level: (w,) x and (h,) y anchor centres in pixels, float32, sorted
+
 
 MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
 CANDIDATES = "tal_candidates"
@@ -123,14 +135,21 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
     E2E schedule around it) stays Ultralytics'.
     """
 
-    def _constants(self, feats: list[Tensor], dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-        """Anchors, stride per anchor and the (h, w, h, w) scale for these feature maps: computed once."""
+    def _constants(self, feats: list[Tensor], dtype: torch.dtype) -> _Constants:
+        """Anchors, stride per anchor, imgsz and its (w, h, w, h) scale for these feature maps: made once."""
         cache = self.__dict__.setdefault("_yf_constants", {})
-        key = (tuple(tuple(f.shape[2:]) for f in feats), feats[0].dtype, dtype, feats[0].device)
+        shapes = tuple(tuple(f.shape[2:]) for f in feats)
+        key = (shapes, feats[0].dtype, dtype, feats[0].device)
         if key not in cache:
             anchor_points, stride_tensor = make_anchors(feats, self.stride, 0.5)
             imgsz = torch.tensor(feats[0].shape[2:], device=self.device, dtype=dtype) * self.stride[0]
-            cache[key] = anchor_points, stride_tensor, imgsz
+            centers, off = [], 0  # per level, the anchors' x and y centres in pixels, as the assigner compares them
+            xy = anchor_points * stride_tensor
+            for h, w in shapes:
+                level = xy[off:off + h * w].float()
+                centers.append((level[:w, 0].contiguous(), level[::w, 1].contiguous()))
+                off += h * w
+            cache[key] = _Constants(anchor_points, stride_tensor, imgsz, imgsz[[1, 0, 1, 0]], centers)
             self.__dict__["_yf_last"] = key
         return cache[key]
 
@@ -159,10 +178,11 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
                                     preds["scores"].permute(0, 2, 1).contiguous())
         dtype = pred_scores.dtype
         batch_size = pred_scores.shape[0]
-        anchor_points, stride_tensor, imgsz = self._constants(preds["feats"], dtype)
+        c = self._constants(preds["feats"], dtype)
+        anchor_points, stride_tensor, imgsz = c.anchor_points, c.stride_tensor, c.imgsz
 
         targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
-        targets = self._pad(targets.to(self.device), batch_size, n, imgsz[[1, 0, 1, 0]])
+        targets = self._pad(targets.to(self.device), batch_size, n, c.scale)
         gt_labels, gt_bboxes = targets.split((1, 4), 2)
         mask_gt = gt_bboxes.sum(2, keepdim=True).gt_(0.0)
         pred_bboxes = self.bbox_decode(anchor_points, pred_distri)
@@ -196,24 +216,42 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
         return ((fg_mask, target_gt_idx, target_bboxes, anchor_points, stride_tensor), loss,
                 dict(zip(self.loss_names, loss.detach())))
 
+    def last_constants(self) -> _Constants | None:
+        """The constants of the last loss call (None before the first): the next batch's, unless its size changes."""
+        key = self.__dict__.get("_yf_last")
+        return None if key is None else self.__dict__["_yf_constants"][key]
+
     def early_candidates(self, gt_xyxy: Tensor) -> Tensor | None:
         """The count ``get_box_metrics`` will gather for these boxes, on the device (no sync); None before the
-        first loss call has cached the anchors.
+        first loss call has made the anchors.
+
+        The assigner tests every (box, anchor) pair: anchor centre strictly inside the box, the box's sides
+        first raised to ``stride_val`` (``select_candidates_in_gts``). The anchors of a level form a grid, so a
+        box holds (centres x inside) x (centres y inside) of them: two ``searchsorted`` per level and box,
+        against the same float32 centres and box edges, instead of a (B, K, anchors) mask. Its ``> eps``
+        tests are strict comparisons here (centres are at least 2 px apart from 0; float32 differences of
+        distinct values are far above 1e-9).
 
         Args:
             gt_xyxy: (B, K, 4) boxes in pixels as the loss's padding makes them; rows of zeros are padding.
         """
-        key = self.__dict__.get("_yf_last")
-        if key is None:
+        c = self.last_constants()
+        if c is None:
             return None
-        anchor_points, stride_tensor, _ = self.__dict__["_yf_constants"][key]
         mask_gt = gt_xyxy.sum(2, keepdim=True).gt_(0.0)
-        centers = anchor_points * stride_tensor
-        total = torch.zeros((), dtype=torch.int64, device=gt_xyxy.device)
-        for i in range(0, len(gt_xyxy), 16):  # 16 images at a time: (16, K, anchors) masks, not (B, K, anchors)
-            inside = self.assigner.select_candidates_in_gts(centers, gt_xyxy[i:i + 16].clone(), mask_gt[i:i + 16])
-            total += (inside * mask_gt[i:i + 16]).bool().sum()
-        return total
+        stride_val = self.assigner.stride_val
+        xywh = xyxy2xywh(gt_xyxy)  # the assigner's own steps, elementwise: the same edges to the last bit
+        wh_mask = xywh[..., 2:] < stride_val
+        xywh[..., 2:] = torch.where((wh_mask * mask_gt).bool(), float(stride_val), xywh[..., 2:])
+        box = xywh2xyxy(xywh).float()
+        total = torch.zeros(gt_xyxy.shape[:2], dtype=torch.int64, device=gt_xyxy.device)
+        for cx, cy in c.centers:
+            nx = torch.searchsorted(cx, box[..., 2].contiguous()) - torch.searchsorted(cx, box[..., 0].contiguous(),
+                                                                                       right=True)
+            ny = torch.searchsorted(cy, box[..., 3].contiguous()) - torch.searchsorted(cy, box[..., 1].contiguous(),
+                                                                                       right=True)
+            total += nx.clamp_(min=0) * ny.clamp_(min=0)
+        return (total * mask_gt[..., 0].long()).sum()
 
 
 def check_counts(model: torch.nn.Module) -> bool:
@@ -267,26 +305,24 @@ def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
 
 def padded_gt_from_ultralytics(batch: dict[str, Tensor], n: int, loss: SyncFreeDetectionLoss) -> Tensor | None:
     """The loss's padded pixel boxes for an Ultralytics batch (the ceiling's replayed batches)."""
-    key = loss.__dict__.get("_yf_last")
-    if key is None:
+    c = loss.last_constants()
+    if c is None:
         return None
-    imgsz = loss.__dict__["_yf_constants"][key][2]
     targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
-    return loss._pad(targets.to(loss.device), len(batch["img"]), n, imgsz[[1, 0, 1, 0]])[..., 1:5]
+    return loss._pad(targets.to(loss.device), len(batch["img"]), n, c.scale)[..., 1:5]
 
 
 def padded_gt_from_augmented(boxes: Tensor, valid: Tensor, size: int, loss: SyncFreeDetectionLoss) -> Tensor | None:
     """The loss's padded pixel boxes for an ``AugmentedBatch`` (B, K, 4 xyxy pixels; valid (B, K)), computed by
     the same elementwise steps as ``to_ultralytics`` and the loss's padding, so every box has the same value."""
-    key = loss.__dict__.get("_yf_last")
-    if key is None:
+    c = loss.last_constants()
+    if c is None:
         return None
-    imgsz = loss.__dict__["_yf_constants"][key][2]
     b = boxes
     xywh = torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
                         b[..., 3] - b[..., 1]], -1) / size
     xywh = torch.where(valid[..., None], xywh, 0.0).to(torch.float32)
-    return xywh2xyxy(xywh.mul_(imgsz[[1, 0, 1, 0]]))
+    return xywh2xyxy(xywh.mul_(c.scale))
 
 
 def early_candidates_for(loss: SyncFreeDetectionLoss, out: Any) -> Tensor | None:

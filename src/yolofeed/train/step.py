@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from ultralytics.utils.torch_utils import unwrap_model
 
-from yolofeed.train import loss as sync_free_loss
+from yolofeed.train import loss as train_loss
 
 
 class HostLossItems:
@@ -80,13 +80,16 @@ class HostLossItems:
 
 
 class SyncFreeStep:
-    """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late,
-    and the detection loss reads its counts from the batch (train/loss.py) when the loader put them there.
+    """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late.
 
     ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
+    ``sync_free_loss = True`` also makes the detection loss read its counts from the batch (train/loss.py)
+    instead of syncing for them. Off by default until measured on the GPU in its final form: its first
+    form counted the candidates with a (B, K, anchors) mask and cost more than it saved (BENCHMARKS.md).
     """
 
     sync_free_step: bool = True
+    sync_free_loss: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -108,22 +111,23 @@ def _install_host_items(trainer: Any) -> None:
     if not isinstance(getattr(model, "criterion", None), HostLossItems):
         criterion = getattr(model, "criterion", None)
         model.criterion = HostLossItems(model.init_criterion() if criterion is None else criterion)
-    sync_free_loss.install(model)
+    if getattr(trainer, "sync_free_loss", False):
+        train_loss.install(model)
 
 
-def _sync_free_loss(trainer: Any) -> sync_free_loss.SyncFreeDetectionLoss | None:
+def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeDetectionLoss | None:
     """The first sync-free detection loss of the trainer's model, if counts for it make sense now."""
-    if not getattr(trainer, "sync_free_step", False) or getattr(trainer.args, "multi_scale", 0) > 0:
+    if not getattr(trainer, "sync_free_loss", False) or getattr(trainer.args, "multi_scale", 0) > 0:
         return None  # multi_scale: the next step's image size, and so its anchors, are not known ahead
-    losses = [x for x in sync_free_loss.detection_losses(trainer.model)
-              if isinstance(x, sync_free_loss.SyncFreeDetectionLoss)]
+    losses = [x for x in train_loss.detection_losses(trainer.model)
+              if isinstance(x, train_loss.SyncFreeDetectionLoss)]
     return losses[0] if losses else None
 
 
 def early_candidates_augmented(trainer: Any, out: Any):
     """The loss's candidate count for an ``AugmentedBatch``, on the device, or None (see train/loss.py)."""
     loss = _sync_free_loss(trainer)
-    return None if loss is None else sync_free_loss.early_candidates_for(loss, out)
+    return None if loss is None else train_loss.early_candidates_for(loss, out)
 
 
 def counts_for_ultralytics_batch(trainer: Any, batch: dict) -> dict[str, int] | None:
@@ -132,10 +136,10 @@ def counts_for_ultralytics_batch(trainer: Any, batch: dict) -> dict[str, int] | 
     if loss is None or batch["batch_idx"].numel() == 0:
         return None
     n = int(torch.bincount(batch["batch_idx"].long().flatten(), minlength=len(batch["img"])).max())
-    gt = sync_free_loss.padded_gt_from_ultralytics(batch, n, loss)
+    gt = train_loss.padded_gt_from_ultralytics(batch, n, loss)
     if gt is None:
         return None
-    return {sync_free_loss.MAX_BOXES: n, sync_free_loss.CANDIDATES: int(loss.early_candidates(gt))}
+    return {train_loss.MAX_BOXES: n, train_loss.CANDIDATES: int(loss.early_candidates(gt))}
 
 
 def _reset_items(trainer: Any) -> None:
@@ -146,7 +150,7 @@ def _reset_items(trainer: Any) -> None:
 def _exact_epoch_loss(trainer: Any) -> None:
     """The epoch's exact mean loss in place of the bar's running mean of one-step-late items; the loss's
     counts checked (train/loss.py)."""
-    sync_free_loss.check_counts(trainer.model)
+    train_loss.check_counts(trainer.model)
     items = _items(trainer)
     mean = items.epoch_mean() if items is not None else None
     if mean is not None and trainer.tloss is not None:

@@ -10,9 +10,10 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only four thin
   trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
   ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
-* The step loses its host syncs (``SyncFreeStep``, train/step.py): the progress bar's loss items reach
-  the host one step late (the epoch's mean loss stays exact), and the detection loss takes the counts
-  it would sync for from the batch (train/loss.py), which ``AugmentAhead`` computes a step early.
+* The step loses its host sync after the backward pass (``SyncFreeStep``, train/step.py): the progress
+  bar's loss items reach the host one step late (the epoch's mean loss stays exact). With
+  ``sync_free_loss=True`` (opt-in until measured) the detection loss also takes the counts it would sync
+  for from the batch (train/loss.py); ``AugmentAhead`` computes them a step early.
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
-    sync_free_step: bool = True  # no host sync in the step (train/step.py, train/loss.py); False: Ultralytics'
+    sync_free_step: bool = True  # the bar's loss items a step late, no sync (train/step.py); False: Ultralytics'
+    sync_free_loss: bool = False  # the loss's counts from the loader, no syncs (train/loss.py); not yet measured
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
-        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "sync_free_step")
+        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "sync_free_step", "sync_free_loss")
         unknown = set(options) - set(known)
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; expected {', '.join(known)}")
