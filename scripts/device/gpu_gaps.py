@@ -170,6 +170,9 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    sys.path.insert(0, os.path.dirname(__file__))
+    from run_steps import Enough, run_steps
+
     from yolofeed.doctor.profile import trainer_class
 
     data = sys.argv[1]
@@ -181,12 +184,6 @@ def main() -> None:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out = os.environ.get("OUT", "/tmp")
     state = {"n": 0, "prof": None}
-
-    class Enough(Exception):
-        pass
-
-    def on_train_start(trainer):
-        trainer.epochs = 10**6  # as doctor/profile.py: the step count ends the run, never the epoch count
 
     def on_batch_end(trainer):
         state["n"] += 1
@@ -202,19 +199,8 @@ def main() -> None:
             raise Enough
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "workers": 16, "project": tmp,
-                "name": mode, "val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False,
-                "exist_ok": True}
-        trainer = trainer_class(mode)(overrides=args)
-        trainer.add_callback("on_train_start", on_train_start)
-        trainer.add_callback("on_train_batch_end", on_batch_end)
-        try:
-            trainer.train()
-        except Enough:
-            pass
-        for name in ("train_loader", "test_loader"):
-            if hasattr(getattr(trainer, name, None), "close"):
-                getattr(trainer, name).close()
+        args = {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "project": tmp, "name": mode}
+        run_steps(trainer_class(mode), args, on_batch_end)
         trace = os.path.join(tmp, "trace.json")
         state["prof"].export_chrome_trace(trace)
         with open(trace) as f:

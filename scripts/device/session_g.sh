@@ -2,14 +2,7 @@
 # Device call for issue 4's GPU-utilisation target (~6 min): the GPU tests; the host syncs per step with
 # Ultralytics' step and with yolofeed's sync-free step (scripts/device/syncs.py); and both steps side by side,
 # ceiling and yolofeed, yolo11n and yolo26n, batch 128, imgsz 640 (scripts/device/step_ab.py). $OUT/results.tgz.
-source scripts/device/setup.sh
-set +e
-(timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | grep -v "Warning\|popen_fork\|self.pid\|^$" \
-  | grep -E "PASSED|FAILED|SKIPPED|Error|assert|nvJPEG|passed|failed" | tail -40 > $OUT/gpu_tests.txt) &
-TESTS=$!
-python3 -m yolofeed synth out=/tmp/synth n_train=10000 n_val=500 seed=0 2>&1 | grep -v "img/s\]"
-python3 -m yolofeed pack data=/tmp/synth/data.yaml imgsz=640 format=raw 2>&1 | grep -v "img/s\]"
-wait $TESTS; cat $OUT/gpu_tests.txt
+source scripts/device/prelude.sh  # setup, the GPU tests beside the dataset and its pack
 for v in ceiling_stock_step ceiling yolofeed; do
   timeout 90 python3 scripts/device/syncs.py /tmp/synth/data.yaml $v yolo11n.yaml 2>&1 | grep -v "it/s\|━" | tail -14
 done

@@ -2,14 +2,7 @@
 # Device call for issue 4 (~7 min, capped at 440 s of commands): the GPU tests (the sync-free loss among them); the
 # syncs left in a yolofeed step (scripts/device/syncs.py); the three-model bench, with ceiling_stock (the ceiling on
 # Ultralytics' own step) beside the ceiling for yolo11n and yolo26n. Results in $OUT/results.tgz.
-source scripts/device/setup.sh
-set +e
-(timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | grep -v "Warning\|popen_fork\|self.pid\|^$" \
-  | grep -E "PASSED|FAILED|SKIPPED|Error|assert|nvJPEG|passed|failed" | tail -40 > $OUT/gpu_tests.txt) &
-TESTS=$!
-python3 -m yolofeed synth out=/tmp/synth n_train=10000 n_val=500 seed=0 2>&1 | grep -v "img/s\]"
-python3 -m yolofeed pack data=/tmp/synth/data.yaml imgsz=640 format=raw 2>&1 | grep -v "img/s\]"
-wait $TESTS; cat $OUT/gpu_tests.txt
+source scripts/device/prelude.sh  # setup, the GPU tests beside the dataset and its pack
 timeout 45 python3 scripts/device/syncs.py /tmp/synth/data.yaml yolofeed yolo11n.yaml 2>&1 | grep -v "it/s\|━" | tail -12
 b() {  # b MODEL MODES SECONDS: never past 440 s of this script, so that the results are always bundled
   local left=$((440 - SECONDS)); local t=$(( $3 < left ? $3 : left ))

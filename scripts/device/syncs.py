@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import step_ab  # noqa: E402  (its variants)
+from run_steps import Enough, run_steps  # noqa: E402
 
 import yolofeed.doctor.profile as prof  # noqa: E402
 
@@ -47,9 +48,6 @@ def main() -> None:
         else:
             show(message, category, filename, lineno, file, line)
 
-    class Enough(Exception):
-        pass
-
     def on_batch_end(trainer):
         state["n"] += 1
         if state["n"] == warmup:
@@ -63,25 +61,11 @@ def main() -> None:
             warnings.showwarning = show
             raise Enough
 
-    def on_train_start(trainer):
-        trainer.epochs = 10**6
-
     prof.TRAINER_CLASS = prof.trainer_class
     with tempfile.TemporaryDirectory() as tmp:
         args = {"model": model, "data": data, "imgsz": int(os.environ.get("AB_IMGSZ", 640)),
-                "batch": int(os.environ.get("AB_BATCH", 128)), "workers": 16, "project": tmp,
-                "name": variant, "val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False,
-                "exist_ok": True}
-        trainer = step_ab.trainer_class(variant)(overrides=args)
-        trainer.add_callback("on_train_start", on_train_start)
-        trainer.add_callback("on_train_batch_end", on_batch_end)
-        try:
-            trainer.train()
-        except Enough:
-            pass
-        for name in ("train_loader", "test_loader"):
-            if hasattr(getattr(trainer, name, None), "close"):
-                getattr(trainer, name).close()
+                "batch": int(os.environ.get("AB_BATCH", 128)), "project": tmp, "name": variant}
+        run_steps(step_ab.trainer_class(variant), args, on_batch_end)
     lines = [f"{variant}, {model}: {sum(counts.values()) / steps:.1f} synchronising CUDA calls a step "
              f"({steps} steps), by the innermost Ultralytics/yolofeed line:"]
     lines += [f"  {n / steps:5.1f}  {w}" for w, n in counts.most_common(25)]
