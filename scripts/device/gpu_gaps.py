@@ -17,8 +17,10 @@ any stream (NVML's utilisation counts the same thing). Every gap, however short,
   host code), or early (the GPU waited on an event, e.g. the loader's copy stream).
 
 Short gaps between small kernels add up when the host launches more slowly than the GPU runs them, so the
-report sorts gaps by size too. The profiler slows the host, so the idle share reads higher than NVML's; the
-ranking is what counts.
+report sorts gaps by size too. The profiler slows the host, so the idle share reads higher than NVML's. On
+2026-11-30 (H200, yolo11n ceiling) the Python stacks slowed the host from ~78 to 133 ms a step, so every
+stretch read launch-bound and the ranking said little; ``syncs.py`` (which syncs, on which line) was the
+better guide there.
 """
 
 from __future__ import annotations
