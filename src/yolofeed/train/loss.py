@@ -18,8 +18,11 @@ still runs the forward pass. Where they come from, and what replaces them (same 
   different reduction tree).
 
 ``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
-memory (``early_counts``); the ceiling counts its replayed batches once. A batch without them takes
-Ultralytics' own path. The first steps do too: the anchors come from the first loss call.
+memory (``early_candidates``: on the anchor grid, (B, K, levels) work; a first form with a (B, K, anchors)
+mask cost more GPU time than the syncs, BENCHMARKS.md); the ceiling counts its replayed batches once. A
+batch without them takes Ultralytics' own path. The first steps do too: the anchors come from the first
+loss call. A wrong count (a bug) is caught on the device and read once an epoch (``check_counts``).
+Opt-in for now (``sync_free_loss=True`` on the trainers): not yet measured on a GPU in this form.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ultralytics.utils.metrics import bbox_iou
 from ultralytics.utils.ops import xywh2xyxy, xyxy2xywh
 from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
 from ultralytics.utils.torch_utils import unwrap_model
+
 
 @dataclass
 class _Constants:
