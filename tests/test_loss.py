@@ -177,7 +177,9 @@ def test_cuda_loss_with_counts_makes_no_host_sync(yaml):
 
 
 @pytest.mark.slow
-def test_training_with_the_sync_free_loss_uses_the_counts_and_they_are_right(synth_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("sync_free_step", [True, False])  # the loss does not need the step's own change
+def test_training_with_the_sync_free_loss_uses_the_counts_and_they_are_right(synth_root, tmp_path, monkeypatch,
+                                                                             sync_free_step):
     """FastDetectionTrainer(sync_free_loss=True) on the CPU: after the first steps every loss call takes the
     counts AugmentAhead computed a step early, and every epoch's check finds them right."""
     from ultralytics import YOLO
@@ -195,7 +197,8 @@ def test_training_with_the_sync_free_loss_uses_the_counts_and_they_are_right(syn
     check = sfl.check_counts
     monkeypatch.setattr(sfl.SyncFreeAssigner, "get_box_metrics", spy)
     monkeypatch.setattr(sfl, "check_counts", lambda model: checks.append(check(model)) or checks[-1])
-    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer.with_options(sync_free_loss=True),
+    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer.with_options(sync_free_loss=True,
+                                                                         sync_free_step=sync_free_step),
                                data=str(synth_root / "data.yaml"), project=str(tmp_path), name="r", epochs=2,
                                imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, val=False)
     # only the run's first two batches measure their count: the anchors come from the first loss call, and the

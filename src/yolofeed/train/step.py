@@ -83,7 +83,7 @@ class SyncFreeStep:
     """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late.
 
     ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
-    ``sync_free_loss = True`` also makes the detection loss read its counts from the batch (train/loss.py)
+    ``sync_free_loss = True`` makes the detection loss read its counts from the batch (train/loss.py)
     instead of syncing for them. Off by default until measured on the GPU in its final form: its first
     form counted the candidates with a (B, K, anchors) mask and cost more than it saved (BENCHMARKS.md).
     """
@@ -98,6 +98,9 @@ class SyncFreeStep:
             self.add_callback("on_train_epoch_start", _reset_items)
             # first: Ultralytics' loggers (TensorBoard, ...) read trainer.tloss in the same event
             self.callbacks["on_train_epoch_end"].insert(0, _exact_epoch_loss)
+        if self.sync_free_loss:
+            self.add_callback("on_train_start", lambda t: train_loss.install(t.model))
+            self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
 
 
 def _items(trainer: Any) -> HostLossItems | None:
@@ -111,8 +114,6 @@ def _install_host_items(trainer: Any) -> None:
     if not isinstance(getattr(model, "criterion", None), HostLossItems):
         criterion = getattr(model, "criterion", None)
         model.criterion = HostLossItems(model.init_criterion() if criterion is None else criterion)
-    if getattr(trainer, "sync_free_loss", False):
-        train_loss.install(model)
 
 
 def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeDetectionLoss | None:
@@ -148,9 +149,7 @@ def _reset_items(trainer: Any) -> None:
 
 
 def _exact_epoch_loss(trainer: Any) -> None:
-    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items; the loss's
-    counts checked (train/loss.py)."""
-    train_loss.check_counts(trainer.model)
+    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items."""
     items = _items(trainer)
     mean = items.epoch_mean() if items is not None else None
     if mean is not None and trainer.tloss is not None:
