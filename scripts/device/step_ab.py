@@ -1,9 +1,9 @@
 """Side by side (issue 4): Ultralytics' step against yolofeed's sync-free step (train/step.py), same process.
 
 Usage: python3 scripts/device/step_ab.py DATA_YAML MODEL VARIANT[,VARIANT...]
-    VARIANT: ceiling or yolofeed, alone or with _stock_step (Ultralytics' step) or _sync_free_loss. Batch 128, imgsz 640, 100 steps
-    after a 30-step warm-up (the bench's settings; AB_BATCH, AB_IMGSZ, AB_STEPS change them for a CPU smoke
-    run). Prints one line per variant; writes $OUT/step_ab_<model>.json.
+    VARIANT: ceiling or yolofeed, alone or with _stock_step (Ultralytics' step) or _sync_free_loss.
+    Batch 128, imgsz 640, 100 steps after a 30-step warm-up (the bench's settings; AB_BATCH, AB_IMGSZ,
+    AB_STEPS change them for a CPU smoke run). Prints one line per variant; writes $OUT/step_ab_<model>.json.
 """
 
 from __future__ import annotations

@@ -88,9 +88,13 @@ class AugmentedBatch:
             cls = self.cls.flatten().index_select(0, src)
             b = self.boxes.flatten(0, 1).index_select(0, src)
             batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
-        xywh = torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
-                            b[..., 3] - b[..., 1]], -1) / size
-        return {"img": self.img, "cls": cls[:, None], "bboxes": xywh, "batch_idx": batch_idx}
+        return {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
+
+
+def normalised_xywh(b: Tensor, size: int) -> Tensor:
+    """Pixel xyxy boxes (..., 4) to Ultralytics' normalised xywh, elementwise (the same values in any layout)."""
+    return torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
+                        b[..., 3] - b[..., 1]], -1) / size
 
 
 def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,

@@ -57,12 +57,12 @@ class CeilingTrainer(SyncFreeStep, DetectionTrainer):
     """
 
     def preprocess_batch(self, batch: dict) -> dict:
-        counts = self._counts.get(id(batch["batch_idx"])) if hasattr(self, "_counts") else None
-        if counts is None and self.sync_free_loss:
-            counts = counts_for_ultralytics_batch(self, batch)  # a sync, once per replayed batch
-            if counts is not None:
-                self.__dict__.setdefault("_counts", {})[id(batch["batch_idx"])] = counts
-        return super().preprocess_batch({**batch, **(counts or {})})
+        if self.sync_free_loss:
+            known, key = self.__dict__.setdefault("_counts", {}), id(batch["batch_idx"])  # the replayed tensors
+            if key not in known and (counts := counts_for_ultralytics_batch(self, batch)) is not None:
+                known[key] = counts  # a sync, once per replayed batch
+            batch = {**batch, **known.get(key, {})}
+        return super().preprocess_batch(batch)
 
     def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         loader = super().get_dataloader(dataset_path, batch_size, rank, mode)

@@ -52,7 +52,7 @@ class _Pending:
     """An augmentation in flight: its output, its box count (host memory on CUDA) and the event after the copy."""
 
     out: AugmentedBatch
-    count: Tensor  # (2,) or (3,) int64: boxes, the most in one image, the loss's candidates (train/loss.py);
+    count: Tensor  # (1 to 3,) int64: boxes; the most in one image and the candidates, for train/loss.py;
     # pinned host memory on CUDA, written by an async copy
     ready: torch.cuda.Event | None  # recorded after that copy; None on the CPU (nothing in flight)
     im_file: list[str]
@@ -63,9 +63,9 @@ class AugmentAhead:
 
     Yields dicts with ``img`` (B, 3, S, S) float32 in [0, 255] (Ultralytics' ``preprocess_batch``
     divides by 255), ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,), ``im_file``,
-    and the loss's counts (train/loss.py): ``max_boxes`` (an int) and, when ``candidates`` gives it,
-    ``tal_candidates``. Every other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...)
-    is the wrapped loader's.
+    and with ``candidates`` the loss's counts (train/loss.py): ``max_boxes`` (an int) and, once
+    ``candidates`` can say, ``tal_candidates``. Every other attribute (``dataset``, ``sampler``,
+    ``batch_size``, ``reset``, ``close``...) is the wrapped loader's.
 
     Args:
         loader: yields dicts with ``source`` (a ``SourceBatch`` valid until the next request) and ``im_file``.
@@ -73,7 +73,8 @@ class AugmentAhead:
             augmenter up inside it (``close_mosaic`` replaces it between epochs). Its output may be
             overwritten by its next call (``GraphedAugment``).
         candidates: ``AugmentedBatch -> 0-d int64 tensor | None``, the loss's candidate count for the
-            batch, computed on the device without a sync (None while the loss cannot say yet).
+            batch, computed on the device without a sync (None while the loss cannot say yet). None: no
+            counts for the loss at all (Ultralytics' loss measures its own).
     """
 
     def __init__(self, loader: Any, augment: Callable[[SourceBatch], AugmentedBatch],
@@ -115,9 +116,12 @@ class AugmentAhead:
                 event: torch.cuda.Event | None) -> _Pending:
         """Enqueue the augmentation and the copy of its counts; nothing waits."""
         out = self.augment(source)
-        counts = [out.valid.sum(), out.valid.sum(1).max()]  # boxes, and the most in one image (the loss's padding)
-        extra = self.candidates(out) if self.candidates is not None else None
-        count = torch.stack(counts + ([extra] if extra is not None else [])).to(torch.int64)
+        counts = [out.valid.sum()]
+        if self.candidates is not None:  # the most boxes in one image (the loss's padding), its candidates
+            counts.append(out.valid.sum(1).max())
+            extra = self.candidates(out)
+            counts += [] if extra is None else [extra]
+        count = torch.stack(counts).to(torch.int64)
         if host is None:  # CPU: already computed
             return _Pending(out, count, None, im_file)
         # one pinned buffer and event per pass suffice: the previous counts were read before this copy is enqueued
@@ -133,9 +137,8 @@ class AugmentAhead:
             p.ready.synchronize()  # recorded a step ago, before that step's forward: complete in steady state
         counts = p.count.tolist()  # host memory: no sync
         d = p.out.to_ultralytics(total=counts[0])
-        d[MAX_BOXES] = counts[1]
-        if len(counts) > 2:
-            d[CANDIDATES] = counts[2]
+        for key, n in zip((MAX_BOXES, CANDIDATES), counts[1:]):
+            d[key] = n
         d["img"] = d["img"].float()  # Ultralytics' own conversion, done before the next replay overwrites img
         d["im_file"] = p.im_file
         return d

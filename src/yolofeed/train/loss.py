@@ -322,9 +322,9 @@ def padded_gt_from_augmented(boxes: Tensor, valid: Tensor, size: int, loss: Sync
     c = loss.last_constants()
     if c is None:
         return None
-    b = boxes
-    xywh = torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
-                        b[..., 3] - b[..., 1]], -1) / size
+    from yolofeed.augment.pipeline import normalised_xywh  # to_ultralytics' own formula: the same values
+
+    xywh = normalised_xywh(boxes, size)
     xywh = torch.where(valid[..., None], xywh, 0.0).to(torch.float32)
     return xywh2xyxy(xywh.mul_(c.scale))
 

@@ -18,6 +18,7 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only four thin
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,8 +47,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
-    sync_free_step: bool = True  # the bar's loss items a step late, no sync (train/step.py); False: Ultralytics'
-    sync_free_loss: bool = False  # the loss's counts from the loader, no syncs (train/loss.py); not yet measured
+    # sync_free_step, sync_free_loss: the step's options (SyncFreeStep, train/step.py)
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
@@ -55,7 +55,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "sync_free_step", "sync_free_loss")
         unknown = set(options) - set(known)
         if unknown:
-            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; expected {', '.join(known)}")
+            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
+                              f"expected {', '.join(known)}")
         return type(cls.__name__, (cls,), dict(options))
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
@@ -88,7 +89,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             world = max(self.world_size, 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=self.args.fraction, drop_last=bool(self.args.compile))
-            return AugmentAhead(loader, self._augment_source, self._candidates) if self.augment_ahead else loader
+            if not self.augment_ahead:
+                return loader
+            counts = partial(early_candidates_augmented, self) if self.sync_free_loss else None
+            return AugmentAhead(loader, self._augment_source, counts)
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
         return ValLoader(pack, batch_size, self.device, stride=stride)
 
@@ -111,10 +115,6 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
         with torch.autocast(self.device.type, enabled=False):
             return self._augmenter()(source)
-
-    def _candidates(self, out):
-        """The sync-free loss's candidate count for an augmented batch (train/loss.py), or None."""
-        return early_candidates_augmented(self, out)
 
     def preprocess_batch(self, batch: dict) -> dict:
         """Ultralytics' preprocessing; a raw loader batch (``augment_ahead=False``) is augmented first.
