@@ -142,6 +142,24 @@ def test_counted_candidates_equal_the_assigners_mask_on_edges_and_tiny_boxes(dty
         assert int(loss.early_candidates(gt)) == want, trial
 
 
+@pytest.mark.parametrize("fraction", [0.0, 0.01, 0.3, 1.0])
+def test_foreground_rows_are_nonzeros_then_padding_that_never_piles_on_one_anchor(fraction):
+    """The real rows are ``nonzero``'s, in its order; the padding reads each anchor at most once more (repeated
+    indices make the gathers' backward slow on CUDA), and a bound as large as the mask is allowed."""
+    g = torch.Generator().manual_seed(1)
+    fg_mask = torch.rand(6, 50, generator=g) < fraction
+    real_n = int(fg_mask.sum())
+    for bound in sorted({max(real_n, 1), min(real_n + 7, 300), 300}):  # the loss bounds it by B x anchors
+        (img, anchor), real = sfl.foreground_rows(fg_mask, bound)
+        assert img.shape == anchor.shape == (bound,) and real.shape == (bound, 1)
+        assert int(real.sum()) == real_n and bool(real[:real_n].all())
+        want = fg_mask.nonzero()
+        assert torch.equal(torch.stack([img[:real_n], anchor[:real_n]], 1), want)
+        flat = img * 50 + anchor
+        assert int(flat.min()) >= 0 and int(flat.max()) < fg_mask.numel()
+        assert int(torch.bincount(flat[real_n:], minlength=300).max()) <= 1
+
+
 def test_install_leaves_other_tasks_alone():
     seg = _model("yolo11n-seg.yaml", SegmentationModel)
     seg.criterion = seg.init_criterion()

@@ -13,8 +13,8 @@ still runs the forward pass. Where they come from, and what replaces them (same 
 * ``get_box_metrics`` gathers the candidate (image, box, anchor) pairs with ``nonzero`` (1):
   ``nonzero_static`` with their count, ``tal_candidates``, which depends on the boxes and anchors alone.
 * ``BboxLoss`` gathers the foreground anchors with ``nonzero`` (1): ``nonzero_static`` padded to a
-  bound known on the host (at most ``topk`` anchors per box, at most the candidates); padded rows get
-  weight 0. The gradients are the same; the loss's sum may differ in the last bit (more terms, in a
+  bound known on the host (at most ``topk`` anchors per box, at most the candidates); padded rows read
+  distinct anchors (``foreground_rows``) and get weight 0. The gradients are the same; the loss's sum may differ in the last bit (more terms, in a
   different reduction tree).
 
 ``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
@@ -98,6 +98,25 @@ class SyncFreeAssigner(TaskAlignedAssigner):
         return align_metric, overlaps
 
 
+def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    """``fg_mask.nonzero()``'s (image, anchor) indices padded to ``bound`` rows without a sync, and which are real.
+
+    Padded row j reads flat anchor j (``bound`` is at most B x anchors): finite values, given weight 0 by the
+    caller. Distinct on purpose: the backward of the gathers accumulates repeated indices one after another
+    (``indexing_backward_kernel``), and ~40k padded rows all on anchor (0, 0) cost 41 ms of GPU time a yolo11n
+    step at batch 128 on the H200 (``scripts/device/kernel_top.py``, BENCHMARKS.md). Here no anchor is read by
+    more than two rows.
+
+    Returns:
+        ((bound,) image indices, (bound,) anchor indices), (bound, 1) bool: the row is a foreground anchor.
+    """
+    flat = torch.nonzero_static(fg_mask.flatten(), size=bound, fill_value=-1).squeeze(1)  # the foreground first
+    real = flat >= 0
+    flat = torch.where(real, flat, torch.arange(bound, device=flat.device))
+    anchors = fg_mask.shape[1]
+    return (flat.div(anchors, rounding_mode="floor"), flat.remainder(anchors)), real.unsqueeze(1)
+
+
 class SyncFreeBboxLoss(BboxLoss):
     """``BboxLoss`` gathering the foreground through ``nonzero_static``, ``bound`` rows (set per call)."""
 
@@ -108,9 +127,7 @@ class SyncFreeBboxLoss(BboxLoss):
         if self.bound is None:
             return super().forward(pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores,
                                    target_scores_sum, fg_mask, imgsz, stride)
-        idx = torch.nonzero_static(fg_mask, size=self.bound, fill_value=-1)  # (bound, 2), the foreground first
-        real = idx[:, :1] >= 0
-        fg = tuple(idx.clamp(min=0).unbind(1))  # padded rows read anchor (0, 0): finite values, weight 0
+        fg, real = foreground_rows(fg_mask, self.bound)
         weight = target_scores[fg].sum(-1, keepdim=True) * real
         iou = bbox_iou(pred_bboxes[fg], target_bboxes[fg], xywh=False, CIoU=True)
         loss_iou = ((1.0 - iou) * weight).sum() / target_scores_sum
