@@ -226,6 +226,36 @@ def test_training_with_the_sync_free_loss_uses_the_counts_and_they_are_right(syn
 
 
 @pytest.mark.slow
+def test_the_ceiling_with_the_sync_free_loss_counts_its_replayed_batches(synth_root, tmp_path, monkeypatch):
+    """The bench's ceiling takes the same loss as yolofeed: only its first loss call measures the candidates
+    (it makes the anchors the count needs), and each replayed batch is counted on the host once."""
+    from ultralytics import YOLO
+
+    from yolofeed.bench import ceiling
+    from yolofeed.train import step
+
+    calls = {"counted": 0, "measured": 0, "host_counts": 0}
+    own, host_counts = sfl.SyncFreeAssigner.get_box_metrics, step.counts_for_ultralytics_batch
+
+    def spy(self, *a, **k):
+        calls["counted" if self.candidates is not None else "measured"] += 1
+        return own(self, *a, **k)
+
+    def spy_counts(*a):
+        calls["host_counts"] += 1
+        return host_counts(*a)
+
+    monkeypatch.setattr(sfl.SyncFreeAssigner, "get_box_metrics", spy)
+    monkeypatch.setattr(ceiling, "counts_for_ultralytics_batch", spy_counts)
+    trainer = type("CeilingTrainer", (ceiling.CeilingTrainer,), {"sync_free_loss": True})
+    YOLO("yolo11n.yaml").train(trainer=trainer,
+                               data=str(synth_root / "data.yaml"), project=str(tmp_path), name="c", epochs=1,
+                               imgsz=64, batch=4, device="cpu", workers=0, plots=False, verbose=False, val=False)
+    assert calls["measured"] == 1 and calls["counted"] >= ceiling.REPLAYED  # every later step
+    assert calls["host_counts"] == ceiling.REPLAYED + 1  # the first batch twice: before the anchors, and after
+
+
+@pytest.mark.slow
 def test_training_with_the_sync_free_loss_ends_with_the_same_weights(synth_root, tmp_path):
     """Two epochs on the CPU, seeded, with and without the sync-free loss: the same gradients step by step, so
     the same epoch losses in results.csv and the same weights at the end (to float32 rounding of sums taken

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from ultralytics.models.yolo.detect import DetectionTrainer
 
+from yolofeed.train.loss import CANDIDATES
 from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
 
 REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
@@ -59,9 +60,10 @@ class CeilingTrainer(SyncFreeStep, DetectionTrainer):
     def preprocess_batch(self, batch: dict) -> dict:
         if self.sync_free_loss:
             known, key = self.__dict__.setdefault("_counts", {}), id(batch["batch_idx"])  # the replayed tensors
-            if key not in known and (counts := counts_for_ultralytics_batch(self, batch)) is not None:
-                known[key] = counts  # a sync, once per replayed batch
-            batch = {**batch, **known.get(key, {})}
+            counts = known.get(key) or counts_for_ultralytics_batch(self, batch) or {}
+            if CANDIDATES in counts:
+                known[key] = counts  # complete: read (with syncs) once per replayed batch
+            batch = {**batch, **counts}
         return super().preprocess_batch(batch)
 
     def get_dataloader(self, dataset_path, batch_size: int = 16, rank: int = 0, mode: str = "train"):

@@ -132,14 +132,18 @@ def early_candidates_augmented(trainer: Any, out: Any):
 
 
 def counts_for_ultralytics_batch(trainer: Any, batch: dict) -> dict[str, int] | None:
-    """The loss's counts for an Ultralytics batch, read on the host (a sync: for batches used many times)."""
+    """The loss's counts for an Ultralytics batch, read on the host (syncs: for batches used many times).
+
+    Before the loss has made its anchors only ``max_boxes``: a loss call given it makes them (the candidates'
+    count needs them), so the next call for the batch can say both.
+    """
     loss = _sync_free_loss(trainer)
     if loss is None or batch["batch_idx"].numel() == 0:
         return None
     n = int(torch.bincount(batch["batch_idx"].long().flatten(), minlength=len(batch["img"])).max())
     gt = train_loss.padded_gt_from_ultralytics(batch, n, loss)
     if gt is None:
-        return None
+        return {train_loss.MAX_BOXES: n}
     return {train_loss.MAX_BOXES: n, train_loss.CANDIDATES: int(loss.early_candidates(gt))}
 
 
