@@ -267,8 +267,8 @@ def test_training_with_the_sync_free_loss_ends_with_the_same_weights(synth_root,
     from yolofeed import FastDetectionTrainer
 
     weights = {}
-    for name, cls in (("stock_loss", FastDetectionTrainer), ("sync_free", FastDetectionTrainer.with_options(
-            sync_free_loss=True))):
+    for name, cls in (("stock_loss", FastDetectionTrainer.with_options(sync_free_loss=False)),
+                      ("sync_free", FastDetectionTrainer.with_options(sync_free_loss=True))):
         YOLO("yolo11n.yaml").train(trainer=cls, data=str(synth_root / "data.yaml"), project=str(tmp_path), name=name,
                                    epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False,
                                    val=False, seed=0, deterministic=True)

@@ -1,7 +1,8 @@
 """Side by side (issue 4): Ultralytics' step against yolofeed's sync-free step (train/step.py), same process.
 
 Usage: python3 scripts/device/step_ab.py DATA_YAML MODEL VARIANT[,VARIANT...]
-    VARIANT: ceiling or yolofeed, alone or with _stock_step (Ultralytics' step) or _sync_free_loss.
+    VARIANT: ceiling or yolofeed, alone or with _stock_step (Ultralytics' step), _sync_free_loss or _stock_loss
+    (Ultralytics' loss; the sync-free one is the default since 2026-11-30).
     Batch 128, imgsz 640, 100 steps after a 30-step warm-up (the bench's settings; AB_BATCH, AB_IMGSZ,
     AB_STEPS change them for a CPU smoke run). Prints one line per variant; writes $OUT/step_ab_<model>.json.
 """
@@ -17,8 +18,10 @@ import yolofeed.doctor.profile as prof
 
 
 def trainer_class(variant: str):
-    """``<mode>``, ``<mode>_stock_step`` (Ultralytics' step) or ``<mode>_sync_free_loss`` (train/loss.py on)."""
-    for suffix, options in (("_stock_step", {"sync_free_step": False}), ("_sync_free_loss", {"sync_free_loss": True})):
+    """``<mode>``, ``<mode>_stock_step`` (Ultralytics' step), ``<mode>_sync_free_loss`` (train/loss.py on) or
+    ``<mode>_stock_loss`` (off)."""
+    for suffix, options in (("_stock_step", {"sync_free_step": False}), ("_sync_free_loss", {"sync_free_loss": True}),
+                            ("_stock_loss", {"sync_free_loss": False})):
         if variant.endswith(suffix):
             cls = prof.TRAINER_CLASS(variant.removesuffix(suffix))
             return type(cls.__name__, (cls,), options)

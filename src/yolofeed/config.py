@@ -89,8 +89,8 @@ class BenchConfig:
     window: int = key(10, "steps per rate window; the reported rate is the median window")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
-                     "one batch ahead), ceiling, ceiling_stock (the ceiling with Ultralytics' own step: what "
-                     "yolofeed's sync-free step adds)")
+                     "one batch ahead), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
+                     "loss: what yolofeed's sync-free step and loss add)")
     out: str = key("runs/bench", "folder for bench.json, bench.png and the runs")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")
 

@@ -43,11 +43,11 @@ def trainer_class(mode: str):
         from yolofeed.train import FastDetectionTrainer
 
         return FastDetectionTrainer.with_options(augment_ahead=False)
-    if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step, not yolofeed's sync-free one
+    if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CeilingTrainer
 
         return CeilingTrainer if mode == "ceiling" else type("CeilingTrainer", (CeilingTrainer,),
-                                                             {"sync_free_step": False})
+                                                             {"sync_free_step": False, "sync_free_loss": False})
     raise ValueError(f"unknown mode {mode!r}")
 
 

@@ -83,13 +83,12 @@ class SyncFreeStep:
     """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late.
 
     ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
-    ``sync_free_loss = True`` makes the detection loss read its counts from the batch (train/loss.py)
-    instead of syncing for them. Off by default until measured on the GPU in its final form: its first
-    form counted the candidates with a (B, K, anchors) mask and cost more than it saved (BENCHMARKS.md).
+    ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss.py) instead of
+    syncing for them; ``False`` keeps Ultralytics' loss as it is.
     """
 
     sync_free_step: bool = True
-    sync_free_loss: bool = False
+    sync_free_loss: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -11,9 +11,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only four thin
   ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
 * The step loses its host sync after the backward pass (``SyncFreeStep``, train/step.py): the progress
-  bar's loss items reach the host one step late (the epoch's mean loss stays exact). With
-  ``sync_free_loss=True`` (opt-in until measured) the detection loss also takes the counts it would sync
-  for from the batch (train/loss.py); ``AugmentAhead`` computes them a step early.
+  bar's loss items reach the host one step late (the epoch's mean loss stays exact), and the detection
+  loss takes the counts it would sync for from the batch (train/loss.py; ``sync_free_loss=False``:
+  Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 """
 
 from __future__ import annotations
