@@ -85,6 +85,49 @@ def test_results_csv_has_the_exact_epoch_mean_loss(synth_root, tmp_path):
         assert float(row[f"train/{name}"]) == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.slow
+def test_after_an_epoch_the_items_are_its_exact_mean_on_the_losss_device(synth_root, tmp_path):
+    """Ultralytics' validator sums its losses in ``zeros_like(trainer.loss_items)``: after the epoch they must be
+    device tensors again (the one-step-late host copies broke validation on CUDA), and the epoch's mean."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    seen = []
+
+    class Recording(FastDetectionTrainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.add_callback("on_train_epoch_end", self.record)  # after yolofeed's own (inserted first)
+
+        def record(self, trainer):
+            mean = trainer.model.criterion.epoch_mean()
+            seen.append(trainer.loss_items is trainer.tloss and all(
+                torch.equal(trainer.loss_items[k], v) and trainer.loss_items[k].device == v.device
+                for k, v in mean.items()))
+
+    YOLO("yolo11n.yaml").train(trainer=Recording, data=str(synth_root / "data.yaml"), project=str(tmp_path),
+                               name="r", epochs=1, imgsz=64, batch=8, device="cpu", workers=0, plots=False,
+                               verbose=False, val=False)
+    assert seen == [True]
+
+
+@pytest.mark.gpu
+def test_cuda_training_validates_every_epoch(synth_root, tmp_path):
+    """End to end on CUDA with validation (its loss on the EMA) and the defaults: sync-free step and loss."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path),
+                               name="r", epochs=2, close_mosaic=1, imgsz=64, batch=8, device=0, workers=0, plots=False,
+                               verbose=False)
+    with open(tmp_path / "r" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    assert all(float(r["val/box_loss"]) > 0 and float(r["train/box_loss"]) > 0 for r in rows)
+
+
 @pytest.mark.gpu
 def test_items_reach_the_host_without_a_sync():
     """On CUDA only the run's first call waits (for its own items); later calls read last step's copy."""

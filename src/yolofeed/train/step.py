@@ -152,8 +152,11 @@ def _reset_items(trainer: Any) -> None:
 
 
 def _exact_epoch_loss(trainer: Any) -> None:
-    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items."""
+    """The epoch's exact mean loss in place of the bar's running mean of one-step-late items; and as the last
+    items, on the device: the validator makes its loss sums ``zeros_like`` them, then adds the EMA's device
+    items (host ones fail with a device mismatch on CUDA)."""
     items = _items(trainer)
     mean = items.epoch_mean() if items is not None else None
     if mean is not None and trainer.tloss is not None:
         trainer.tloss = mean
+        trainer.loss_items = mean
