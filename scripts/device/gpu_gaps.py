@@ -169,11 +169,8 @@ def report(result: dict, steps: int, title: str) -> str:
 
 
 def main() -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     sys.path.insert(0, os.path.dirname(__file__))
-    from run_steps import Enough, run_steps
+    from run_steps import profile_steps, run_steps
 
     from yolofeed.doctor.profile import trainer_class
 
@@ -182,23 +179,8 @@ def main() -> None:
     model = sys.argv[3] if len(sys.argv) > 3 else "yolo11n.yaml"
     warmup, steps = 40, 10
     batch, imgsz = int(os.environ.get("GAPS_BATCH", 128)), int(os.environ.get("GAPS_IMGSZ", 640))
-    cuda = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     out = os.environ.get("OUT", "/tmp")
-    state = {"n": 0, "prof": None}
-
-    def on_batch_end(trainer):
-        state["n"] += 1
-        if state["n"] == warmup:
-            if cuda:
-                torch.cuda.synchronize()
-            state["prof"] = profile(activities=activities, with_stack=True)  # stacks: the Python lines
-            state["prof"].__enter__()
-        elif state["n"] == warmup + steps:
-            if cuda:
-                torch.cuda.synchronize()
-            state["prof"].__exit__(None, None, None)
-            raise Enough
+    on_batch_end, state = profile_steps(warmup, steps, with_stack=True)  # stacks: the Python lines
 
     with tempfile.TemporaryDirectory() as tmp:
         args = {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "project": tmp, "name": mode}

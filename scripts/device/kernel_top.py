@@ -13,34 +13,15 @@ import os
 import sys
 import tempfile
 
-import torch
-
 sys.path.insert(0, os.path.dirname(__file__))
 import step_ab  # noqa: E402  (its variants)
-from run_steps import Enough, run_steps  # noqa: E402
+from run_steps import profile_steps, run_steps  # noqa: E402
 
 import yolofeed.doctor.profile as prof  # noqa: E402
 
 
 def top(variant: str, data: str, model: str, warmup: int = 40, steps: int = 10) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    state = {"n": 0, "prof": None}
-
-    def on_batch_end(trainer):
-        state["n"] += 1
-        if state["n"] == warmup:
-            if cuda:
-                torch.cuda.synchronize()
-            state["prof"] = profile(activities=activities)
-            state["prof"].__enter__()
-        elif state["n"] == warmup + steps:
-            if cuda:
-                torch.cuda.synchronize()
-            state["prof"].__exit__(None, None, None)
-            raise Enough
+    on_batch_end, state = profile_steps(warmup, steps)
 
     with tempfile.TemporaryDirectory() as tmp:
         args = {"model": model, "data": data, "imgsz": int(os.environ.get("AB_IMGSZ", 640)),

@@ -9,6 +9,31 @@ class Enough(Exception):
     """Raised from ``on_batch_end`` once the script has seen the steps it wanted."""
 
 
+def profile_steps(warmup: int, steps: int, **profile_kwargs: Any) -> tuple[Callable[[Any], None], dict]:
+    """An ``on_batch_end`` that records steps ``warmup`` to ``warmup + steps`` under ``torch.profiler.profile``
+    (CPU and, where there is one, CUDA activity; ``profile_kwargs`` added), then raises ``Enough``; and the dict
+    whose ``"prof"`` holds the profiler once it ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    state: dict = {"n": 0, "prof": None}
+
+    def on_batch_end(trainer):
+        state["n"] += 1
+        if state["n"] in (warmup, warmup + steps) and cuda:
+            torch.cuda.synchronize()  # the window holds these steps' GPU work, no more, no less
+        if state["n"] == warmup:
+            state["prof"] = profile(activities=activities, **profile_kwargs)
+            state["prof"].__enter__()
+        elif state["n"] == warmup + steps:
+            state["prof"].__exit__(None, None, None)
+            raise Enough
+
+    return on_batch_end, state
+
+
 def run_steps(cls: type, args: dict[str, Any], on_batch_end: Callable[[Any], None]) -> Any:
     """Train ``cls`` on ``args`` (validation, plots and checkpoints off, mosaic on, epochs unbounded) until
     ``on_batch_end`` raises ``Enough``; the loaders are closed after. Returns the trainer."""
