@@ -8,8 +8,9 @@ memory. Modes run one after another in this process, on the same data, model, ba
 (FastDetectionTrainer with a jpeg pack decoded on the GPU: raw vs jpeg side by side with
 ``modes=stock,yolofeed,yolofeed_jpeg,ceiling``) and ``yolofeed_inline`` (augmenting in
 ``preprocess_batch``, a host sync per step, instead of one batch ahead) and ``ceiling_stock`` (the
-ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: train/step.py, train/loss.py). Mosaic stays on
-(close_mosaic=0), validation and checkpoints are off: only training steps are measured.
+ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: train/step.py,
+train/loss.py). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
+steps are measured.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ still runs the forward pass. Where they come from, and what replaces them (same 
   ``nonzero_static`` with their count, ``tal_candidates``, which depends on the boxes and anchors alone.
 * ``BboxLoss`` gathers the foreground anchors with ``nonzero`` (1): ``nonzero_static`` padded to a
   bound known on the host (at most ``topk`` anchors per box, at most the candidates); padded rows read
-  distinct anchors (``foreground_rows``) and get weight 0. The gradients are the same; the loss's sum may differ in the last bit (more terms, in a
-  different reduction tree).
+  distinct anchors (``foreground_rows``) and get weight 0. The gradients are the same; the loss's sum may
+  differ in the last bit (more terms, in a different reduction tree).
 
 ``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
 memory (``early_candidates``: on the anchor grid, (B, K, levels) work; a first form with a (B, K, anchors)
