@@ -38,6 +38,8 @@ from ultralytics.utils.ops import xywh2xyxy, xyxy2xywh
 from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
 from ultralytics.utils.torch_utils import unwrap_model
 
+from yolofeed.augment.pipeline import normalised_xywh  # to_ultralytics' own formula: the same box values
+
 
 @dataclass
 class _Constants:
@@ -339,8 +341,6 @@ def padded_gt_from_augmented(boxes: Tensor, valid: Tensor, size: int, loss: Sync
     c = loss.last_constants()
     if c is None:
         return None
-    from yolofeed.augment.pipeline import normalised_xywh  # to_ultralytics' own formula: the same values
-
     xywh = normalised_xywh(boxes, size)
     xywh = torch.where(valid[..., None], xywh, 0.0).to(torch.float32)
     return xywh2xyxy(xywh.mul_(c.scale))
