@@ -127,9 +127,10 @@ def test_hsv_equals_ultralytics():
 
 def test_mixup_equals_ultralytics():
     rng = np.random.default_rng(3)
-    imgs = torch.from_numpy(rng.integers(0, 256, (4, 3, 32, 32), dtype=np.uint8))
-    p = mix.sample_mixup(4, AugmentHyp(mixup=1.0), torch.Generator().manual_seed(0), torch.device("cpu"))
-    ours = compose(imgs, p, None, None, None)
+    imgs = torch.from_numpy(rng.integers(0, 256, (8, 3, 32, 32), dtype=np.uint8))  # 4 samples, then their partners
+    p = mix.sample_mixup(torch.tensor([6, 4, 7, 5]), AugmentHyp(mixup=1.0), torch.Generator().manual_seed(0))
+    ours = compose(imgs, p, None, None, None, 4)
+    assert ours.shape[0] == 4
     for b in range(4):
         a, o = imgs[b].permute(1, 2, 0).numpy(), imgs[p.partner[b]].permute(1, 2, 0).numpy()
         labels = MixUp(None).apply_image({"img": a.copy(), "mix_labels": [{"img": o}]}, {"r": float(p.ratio[b])})
@@ -146,9 +147,10 @@ def test_cutmix_equals_ultralytics(packed):
         params = aug.sample(B, torch.Generator().manual_seed(seed))
         batch = source_batch(pack, list(range(B)))
         out = aug.apply(batch, params)
-        base = GpuAugment(_geometry_only(mosaic=0.0)).apply(batch, params)  # the same draws, no CutMix
-        boxes, valid = base.boxes, base.valid
-        plan = mix.plan_cutmix(params.cutmix, boxes, valid, boxes, valid, S)
+        base = aug.geometry(batch, params)  # every row before mixing: the B samples, then their CutMix partners
+        assert len(base.img) == 2 * B and bool((params.cutmix.partner == torch.arange(B, 2 * B)).all())
+        boxes, valid = base.boxes[:B], base.valid[:B]
+        plan = mix.plan_cutmix(params.cutmix, boxes, valid, base.boxes, base.valid, S)
         areas = mix.cutmix_areas(params.cutmix, S)
         from ultralytics.utils.instance import Instances
 

@@ -51,9 +51,10 @@ def test_boxes_follow_pixels():
                 if len(xs) < 4:
                     continue  # the same image twice in one mosaic, or a sliver: nothing to measure
                 found = [xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1]
-                # within 1.5 px: bilinear edges, and the half-pixel between pixel centres (the warp) and
-                # pixel edges (the boxes) that Ultralytics' geometry has too
-                np.testing.assert_allclose(found, [x1, y1, x2, y2], atol=1.5)
+                # within 2 px: bilinear edges, the half-pixel between pixel centres (the warp) and pixel
+                # edges (the boxes) that Ultralytics' geometry has too, and a rotated rectangle's sharp
+                # corner, which bilinear sampling blends into the background (axis-aligned: < 1.2 px)
+                np.testing.assert_allclose(found, [x1, y1, x2, y2], atol=2.0)
                 checked += 1
     assert checked >= 30
 
@@ -120,7 +121,9 @@ def test_sampled_probabilities():
     for got, want in ((p.mosaic.apply, 0.3), (p.mixup.apply, 0.6), (p.flips.lr, 0.25), (p.flips.ud, 0.75), (p.bgr, 0.5)):
         assert abs(got.float().mean().item() - want) < 0.015
     assert abs(p.mixup.ratio.mean().item() - 0.5) < 0.005 and abs(p.mixup.ratio.std().item() - (1 / 260) ** 0.5) < 0.003
-    assert not (p.mixup.partner == torch.arange(20000)).any()  # never mixed with itself
+    # each sample blends with a row of its own: a fresh mosaic of an image drawn uniformly from the batch
+    assert torch.equal(p.mixup.partner, torch.arange(20000, 40000)) and p.mosaic.sources.shape[0] == 40000
+    assert abs(p.mosaic.sources[20000:, 0].float().mean().item() - 9999.5) < 100
     assert abs(p.perspective.scale.mean().item() - 1.0) < 0.01 and p.perspective.scale.min() >= 0.5
 
 

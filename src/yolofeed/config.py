@@ -71,6 +71,9 @@ class TrainConfig:
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; never: refuse them",
                             ("auto", "always", "never"))
     pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
+    partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
+                            "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "
+                            "smaller number for small GPUs; 0 = the batch itself")
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, TensorBoard scalars")
     prometheus_port: int | None = key(None, "with monitor=True: serve metrics on 127.0.0.1:<port>/metrics")
     extra: dict = passthrough("every other key=value goes to Ultralytics' train")

@@ -98,9 +98,10 @@ def compose_kernel(a_ptr, out_ptr, mix_ptr, ratio_ptr, cut_ptr, lut_ptr, sdiv_pt
 
 
 def compose(warped: Tensor, mixup: MixUpParams | None, cut: CutMixPlan | None, luts: Tensor | None,
-            bgr: Tensor | None) -> Tensor:
-    """Same contract as ``pipeline.compose``."""
-    bsz, _, size, _ = warped.shape
+            bgr: Tensor | None, rows: int | None = None) -> Tensor:
+    """Same contract as ``pipeline.compose``: the first ``rows`` rows (default all) are composed."""
+    _, _, size, _ = warped.shape
+    bsz = len(warped) if rows is None else rows
     dev = warped.device
     dummy_i = torch.zeros(1, dtype=torch.int64, device=dev)
     mix = torch.stack([mixup.apply.long(), mixup.partner.long()], 1).contiguous() if mixup is not None else dummy_i
@@ -110,7 +111,7 @@ def compose(warped: Tensor, mixup: MixUpParams | None, cut: CutMixPlan | None, l
     sdiv, hdiv = color.division_tables(dev)
     lut = luts.contiguous() if luts is not None else torch.zeros(1, dtype=torch.uint8, device=dev)
     swap = bgr.to(torch.int32).contiguous() if bgr is not None else torch.zeros(1, dtype=torch.int32, device=dev)
-    out = torch.empty_like(warped)
+    out = torch.empty((bsz, *warped.shape[1:]), dtype=warped.dtype, device=dev)
     grid = (bsz, triton.cdiv(size * size, BLOCK))
     compose_kernel[grid](warped.contiguous(), out, mix, ratio, cutp, lut, sdiv.to(torch.int32), hdiv.to(torch.int32),
                          swap, S=size, MIX=mixup is not None, CUT=cut is not None, HSV=luts is not None,

@@ -36,6 +36,51 @@ def coin(generator: torch.Generator | None, batch_size: int, p: float, device: t
     return torch.rand(batch_size, generator=generator, device=device) < p
 
 
+# -- partners -------------------------------------------------------------------------------------
+@dataclass
+class Partners:
+    """Which rows of the source images each sample of a batch may take partners from.
+
+    A sample draws a row uniformly from the ``window`` rows that end at ``newest`` and count back (modulo
+    ``ring``): for a pool, the images loaded up to and including its own; for ``within_batch``, the batch.
+
+    Shape: own (B,) int64, each sample's own row; newest (B,) int64; window (B,) int64, each >= 1.
+    """
+
+    own: Tensor
+    newest: Tensor
+    window: Tensor
+    ring: int
+
+    @classmethod
+    def within_batch(cls, batch_size: int, device: torch.device | str = "cpu") -> Partners:
+        """Partners from the batch itself (rows 0..B-1, uniformly): the pool switched off."""
+        own = torch.arange(batch_size, device=device)
+        full = torch.full_like(own, batch_size)
+        return cls(own, full - 1, full, max(batch_size, 1))
+
+    def draw(self, k: int, generator: torch.Generator | None) -> Tensor:
+        """(B, k) int64 rows, each uniform over its sample's window, with replacement (``random.choices``)."""
+        u = torch.rand((len(self.own), k), generator=generator, device=self.own.device, dtype=torch.float64)
+        back = (u * self.window[:, None]).long().minimum(self.window[:, None] - 1)  # 0 .. window-1
+        return (self.newest[:, None] - back) % self.ring
+
+    def mix_partner(self, generator: torch.Generator | None) -> Partners:
+        """One more image per sample, drawn from its window, with that window for its own mosaic partners.
+
+        Ultralytics' MixUp and CutMix blend in a fresh Mosaic + RandomPerspective of one more image: this
+        is that image (Ultralytics picks it from the whole dataset; a window of the epoch's shuffle is a
+        uniform sample of it too).
+        """
+        return Partners(self.draw(1, generator)[:, 0], self.newest, self.window, self.ring)
+
+    @staticmethod
+    def cat(parts: list[Partners]) -> Partners:
+        """One ``Partners`` for the rows of several, in order (all over the same ring)."""
+        return Partners(*(torch.cat([getattr(p, f) for p in parts]) for f in ("own", "newest", "window")),
+                        parts[0].ring)
+
+
 # -- mosaic --------------------------------------------------------------------------------------
 @dataclass
 class MosaicParams:
@@ -43,7 +88,8 @@ class MosaicParams:
 
     Shape:
         apply: (B,) bool. center: (B, 2) int64 canvas (xc, yc), 4-grid only.
-        sources: (B, T) int64 batch indices of the tiles; column 0 is the sample itself.
+        sources: (B, T) int64 rows of the source images (the batch, or a ``PartnerPool``'s ring) of the tiles;
+            column 0 is the sample's own image.
     """
 
     apply: Tensor
@@ -52,22 +98,18 @@ class MosaicParams:
     grid: int
 
 
-def sample_mosaic(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
-                  device: torch.device) -> MosaicParams:
-    """Draw mosaic decisions, centres and partner images.
+def sample_mosaic(partners: Partners, hyp: AugmentHyp, generator: torch.Generator | None) -> MosaicParams:
+    """Draw mosaic decisions, centres and partner images, one sample per row of ``partners``.
 
-    Partners come from the same batch, with replacement (the sample itself included). Ultralytics
-    draws them from a buffer of the last ~``8 * batch`` images each worker loaded, also with
-    replacement and also including the image itself: both are uniform draws from a recent,
-    shuffled window of the epoch, and the statistics test (tests/test_augment_stats.py) holds the
-    resulting box and pixel distributions against Ultralytics'.
+    Each sample's own image is tile 0; the other tiles are drawn uniformly, with replacement, from its
+    window (``Partners``): Ultralytics' ``random.choices(dataset.buffer, k=n - 1)``.
     """
-    s, t = hyp.imgsz, hyp.mosaic_grid
-    apply = coin(generator, batch_size, hyp.mosaic, device)
+    s, t, dev = hyp.imgsz, hyp.mosaic_grid, partners.own.device
+    batch_size = len(partners.own)
+    apply = coin(generator, batch_size, hyp.mosaic, dev)
     border = -s // 2  # Ultralytics' self.border (floor division of the negative)
-    c = uniform(generator, (batch_size, 2), -border, 2 * s + border, device).floor().long()  # int(uniform(...))
-    partners = torch.randint(0, batch_size, (batch_size, t - 1), generator=generator, device=device)
-    sources = torch.cat([torch.arange(batch_size, device=device)[:, None], partners], 1)
+    c = uniform(generator, (batch_size, 2), -border, 2 * s + border, dev).floor().long()  # int(uniform(...))
+    sources = torch.cat([partners.own[:, None], partners.draw(t - 1, generator)], 1)
     return MosaicParams(apply, c, sources, t)
 
 

@@ -5,6 +5,9 @@ ones (warp, compose); launched one by one from Python they cost more than the pi
 (BENCHMARKS.md). The pipeline is sync-free with static shapes, so it is captured once per input
 shape and replayed: the draws come from a generator registered with the graph, so every replay
 draws new parameters, reproducibly from the seed.
+
+With a ``PartnerPool`` the batch is copied into the pool's ring outside the graph (the host knows
+where), and the graph reads the ring and one device scalar, the batch's load position.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from yolofeed.augment.pipeline import AugmentedBatch, GpuAugment, SourceBatch
-
-LABEL_BUCKET = 16  # labels per image are padded up to a multiple of this, so few graphs are ever captured
+from yolofeed.augment.pool import LABEL_BUCKET, PartnerPool
 
 
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    inputs: SourceBatch
+    inputs: SourceBatch | None  # the batch's copy; None with a pool (the ring is the input)
+    first: torch.Tensor | None  # with a pool: the batch's load position, 0-d int64 on the device
     output: AugmentedBatch
 
 
@@ -34,10 +37,14 @@ class GraphedAugment:
     Args:
         aug: the pipeline to capture.
         seed: seeds the graph's own generator; the same seed replays the same draws.
+        pool: where partners come from (each batch is pushed there); None, or an ``aug`` that takes no
+            partners: the batch itself.
     """
 
-    def __init__(self, aug: GpuAugment, seed: int = 0, device: torch.device | str = "cuda"):
+    def __init__(self, aug: GpuAugment, seed: int = 0, device: torch.device | str = "cuda",
+                 pool: PartnerPool | None = None):
         self.aug, self.device = aug, torch.device(device)
+        self.pool = pool if aug.needs_partners else None
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self._graphs: dict[tuple, _Captured] = {}
@@ -50,39 +57,54 @@ class GraphedAugment:
     def _capture(self, key: tuple, width: int) -> _Captured:
         n, hm, wm, _, _ = key
         dev = self.device
-        static = SourceBatch(torch.zeros((n, hm, wm, 3), dtype=torch.uint8, device=dev),
-                             torch.ones((n, 2), dtype=torch.long, device=dev) * min(hm, wm),
-                             torch.zeros((n, width), device=dev), torch.zeros((n, width, 4), device=dev),
-                             torch.zeros((n, width), dtype=torch.bool, device=dev))
+        static = first = None
+        if self.pool is None:
+            static = SourceBatch(torch.zeros((n, hm, wm, 3), dtype=torch.uint8, device=dev),
+                                 torch.ones((n, 2), dtype=torch.long, device=dev) * min(hm, wm),
+                                 torch.zeros((n, width), device=dev), torch.zeros((n, width, 4), device=dev),
+                                 torch.zeros((n, width), dtype=torch.bool, device=dev))
+        else:
+            first = torch.zeros((), dtype=torch.long, device=dev)
+
+        def run() -> AugmentedBatch:
+            if static is not None:
+                return self.aug(static, self.generator)
+            partners = self.pool.partners(first, n)  # reads the ring only: warm-up runs leave it as it is
+            return self.aug.apply(self.pool.sources, self.aug.sample(n, self.generator, dev, partners))
+
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, allocator settles
             for _ in range(2):
-                self.aug(static, self.generator)
+                run()
         torch.cuda.current_stream(dev).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         graph.register_generator_state(self.generator)
         # thread_local: the loader thread keeps working during the capture (side-stream copies, nvJPEG's
         # stream synchronize and allocations); in the default global mode any of those invalidates it.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            output = self.aug(static, self.generator)
-        return _Captured(graph, static, output)
+            output = run()
+        return _Captured(graph, static, first, output)
 
     def __call__(self, batch: SourceBatch) -> AugmentedBatch:
-        """Copy ``batch`` into the graph's inputs (one device copy) and replay."""
+        """Copy ``batch`` into the graph's inputs or the pool's ring (device copies) and replay."""
+        first = self.pool.push(batch) if self.pool is not None else None  # before a capture: the ring exists
         key, width = self._padded(batch)
         cap = self._graphs.get(key)
         if cap is None:
             cap = self._graphs[key] = self._capture(key, width)
-        s, n = cap.inputs, batch.valid.shape[1]
-        s.images.copy_(batch.images, non_blocking=True)
-        s.hw.copy_(batch.hw, non_blocking=True)
-        s.cls.zero_()
-        s.boxes.zero_()
-        s.valid.zero_()
-        s.cls[:, :n].copy_(batch.cls, non_blocking=True)
-        s.boxes[:, :n].copy_(batch.boxes, non_blocking=True)
-        s.valid[:, :n].copy_(batch.valid, non_blocking=True)
+        if cap.first is not None:
+            cap.first.fill_(first)  # a fill kernel with the host's value: no copy from host memory, no sync
+        else:
+            s, n = cap.inputs, batch.valid.shape[1]
+            s.images.copy_(batch.images, non_blocking=True)
+            s.hw.copy_(batch.hw, non_blocking=True)
+            s.cls.zero_()
+            s.boxes.zero_()
+            s.valid.zero_()
+            s.cls[:, :n].copy_(batch.cls, non_blocking=True)
+            s.boxes[:, :n].copy_(batch.boxes, non_blocking=True)
+            s.valid[:, :n].copy_(batch.valid, non_blocking=True)
         cap.graph.replay()
         return cap.output
 

@@ -1,8 +1,8 @@
 """Mixing two augmented images: Ultralytics' ``MixUp`` and ``CutMix``.
 
-In Ultralytics the partner is a fresh mosaic + perspective of another random image. Here it is
-another sample of the same batch after its own mosaic + perspective + flip, which is the same
-distribution: an independently augmented random image. A sample is never its own partner.
+In Ultralytics the partner is a fresh mosaic + perspective of one more image. Here too: the pipeline
+augments one extra row per sample for each mixing op (``Partners.mix_partner``: an image from the sample's
+partner window, with its own mosaic, perspective and flip), and ``partner`` names that row.
 """
 
 from __future__ import annotations
@@ -20,11 +20,6 @@ CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image
 CUTMIX_IOA = 0.10  # a partner box is taken if at least 10 % of it lies in the cut region
 
 
-def _partner(batch_size: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
-    shift = torch.randint(1, max(2, batch_size), (batch_size,), generator=generator, device=device)
-    return (torch.arange(batch_size, device=device) + shift) % batch_size
-
-
 def _beta_symmetric(a: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
     """Beta(a, a) for integer a as X / (X + Y), X, Y ~ Gamma(a) = sums of a exponentials: exact, and seedable
     on any device (torch's Beta sampler takes no generator)."""
@@ -35,24 +30,25 @@ def _beta_symmetric(a: int, shape: tuple[int, ...], generator: torch.Generator |
 
 @dataclass
 class MixUpParams:
-    """Shape: apply (B,) bool; ratio (B,) float64; partner (B,) int64."""
+    """Shape: apply (B,) bool; ratio (B,) float64; partner (B,) int64 rows of the augmented images."""
 
     apply: Tensor
     ratio: Tensor
     partner: Tensor
 
 
-def sample_mixup(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
-                 device: torch.device) -> MixUpParams:
-    apply = coin(generator, batch_size, hyp.mixup, device) & (batch_size > 1)
+def sample_mixup(partner: Tensor, hyp: AugmentHyp, generator: torch.Generator | None) -> MixUpParams:
+    """Draw MixUp for each sample; ``partner`` (B,) are the augmented rows they blend with."""
+    batch_size, device = len(partner), partner.device
+    apply = coin(generator, batch_size, hyp.mixup, device)
     ratio = _beta_symmetric(int(MIXUP_BETA), (batch_size,), generator, device)
-    return MixUpParams(apply, ratio, _partner(batch_size, generator, device))
+    return MixUpParams(apply, ratio, partner)
 
 
 @dataclass
 class CutMixParams:
     """Shape: apply (B,) bool; lam (B, 3) float64 ~ Beta(1, 1); centre (B, 3, 2) float64 in [0, 1);
-    pick (B, 3) float64 scores that choose among usable areas; partner (B,) int64."""
+    pick (B, 3) float64 scores that choose among usable areas; partner (B,) int64 rows of the augmented images."""
 
     apply: Tensor
     lam: Tensor
@@ -61,14 +57,15 @@ class CutMixParams:
     partner: Tensor
 
 
-def sample_cutmix(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
-                  device: torch.device) -> CutMixParams:
-    apply = coin(generator, batch_size, hyp.cutmix, device) & (batch_size > 1)
+def sample_cutmix(partner: Tensor, hyp: AugmentHyp, generator: torch.Generator | None) -> CutMixParams:
+    """Draw CutMix for each sample; ``partner`` (B,) are the augmented rows they paste from."""
+    batch_size, device = len(partner), partner.device
+    apply = coin(generator, batch_size, hyp.cutmix, device)
     shape = (batch_size, CUTMIX_AREAS)
     lam = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)  # Beta(1, 1) is uniform
     centre = torch.rand((*shape, 2), generator=generator, device=device, dtype=torch.float64)
     pick = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
-    return CutMixParams(apply, lam, centre, pick, _partner(batch_size, generator, device))
+    return CutMixParams(apply, lam, centre, pick, partner)
 
 
 def cutmix_areas(p: CutMixParams, size: int) -> Tensor:
@@ -110,7 +107,7 @@ def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Te
 
     Args:
         boxes, valid: the sample's boxes (after MixUp), (B, K, 4) xyxy pixels and (B, K).
-        partner_boxes, partner_valid: every sample's own boxes before mixing, (B, K2, 4) and (B, K2).
+        partner_boxes, partner_valid: every augmented row's own boxes before mixing, (R, K2, 4) and (R, K2).
     """
     areas = cutmix_areas(p, size)  # (B, 3, 4)
     overlap = (ioa(areas, boxes) * valid[:, None, :]).sum(-1)  # (B, 3)

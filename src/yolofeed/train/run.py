@@ -59,7 +59,7 @@ def run(cfg: TrainConfig) -> Path:
     if reserved:
         raise ConfigError(f"{', '.join(sorted(reserved))}= cannot be passed here: yolofeed train sets the trainer")
     trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
-                                                pack_dir=cfg.pack_dir)
+                                                pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool)
     if cfg.resume:
         if not Path(cfg.resume).is_file():
             raise ConfigError(f"resume={cfg.resume}: no such checkpoint; point it at a run's weights/last.pt")

@@ -5,8 +5,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only four thin
 
 * ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
   ``ValLoader`` (Ultralytics' rect + letterbox batches); packs are built on first use.
-* The augmentation runs on the device (``GraphedAugment`` on CUDA: one graph replay per batch), one
-  batch ahead (``AugmentAhead`` wraps the train loader: the host never waits for it), and the
+* The augmentation runs on the device (``GraphedAugment`` on CUDA: one graph replay per batch), with
+  mosaic, MixUp and CutMix partners drawn from the images loaded lately (``PartnerPool``: Ultralytics'
+  ``dataset.buffer``, same size by default), one batch ahead (``AugmentAhead`` wraps the train loader: the host never waits for it), and the
   trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
   ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
@@ -27,6 +28,7 @@ from ultralytics.utils import LOGGER, RANK
 from ultralytics.utils.torch_utils import torch_distributed_zero_first, unwrap_model
 
 from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
@@ -47,12 +49,15 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
+    partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
+    # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
     # sync_free_step, sync_free_loss: the step's options (SyncFreeStep, train/step.py)
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
-        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "sync_free_step", "sync_free_loss")
+        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "sync_free_step",
+                 "sync_free_loss")
         unknown = set(options) - set(known)
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
@@ -67,6 +72,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             LOGGER.info(f"yolofeed: cache={self.args.cache} ignored; packs are memory-mapped (the page cache serves them)")
         self.hyp = AugmentHyp.from_args(self.args)
         self._augment = None
+        self._pool: PartnerPool | None = None
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
 
@@ -89,6 +95,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             world = max(self.world_size, 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=self.args.fraction, drop_last=bool(self.args.compile))
+            self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
+            self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
             if not self.augment_ahead:
                 return loader
             counts = partial(early_candidates_augmented, self) if self.sync_free_loss else None
@@ -97,6 +105,26 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         return ValLoader(pack, batch_size, self.device, stride=stride)
 
     # -- augmentation -------------------------------------------------------------------------
+    def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:
+        """The pool of recent images partners are drawn from, sized by ``partner_pool``; None: the batch itself."""
+        size = self.partner_pool
+        if isinstance(size, str) and size.strip().isdigit():  # from the command line
+            size = int(size)
+        if size == "auto":
+            size = ultralytics_capacity(n_images, batch_size)
+        elif isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError(f"partner_pool={size!r}: expected 'auto' (Ultralytics' buffer, min(n, 8 x batch, "
+                              "1000)), a number of images, or 0 (partners from the batch itself)")
+        if size == 0:
+            LOGGER.info("yolofeed: partner_pool=0, mosaic/MixUp/CutMix partners come from the batch itself")
+            return None
+        pool = PartnerPool(size, batch_size + 1)  # the sampler's last batch may hold one image more
+        if RANK in (-1, 0):
+            LOGGER.info(f"yolofeed: mosaic/MixUp/CutMix partners from the last {pool.keep} images loaded, as "
+                        f"Ultralytics' buffer ({pool.nbytes(imgsz) / 1e9:.2f} GB of GPU memory; partner_pool=N "
+                        "for fewer)")
+        return pool
+
     def _augmenter(self):
         if self._augment is None:
             aug = GpuAugment(self.hyp)
@@ -104,10 +132,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
                 from yolofeed.augment.graphs import GraphedAugment
 
                 seed = self.args.seed + 1000 * max(RANK, 0)  # ranks draw differently
-                self._augment = GraphedAugment(aug, seed=seed, device=self.device)
+                self._augment = GraphedAugment(aug, seed=seed, device=self.device, pool=self._pool)
             else:
-                gen = torch.Generator().manual_seed(self.args.seed)
-                self._augment = lambda b: aug(b, gen)
+                gen, pool = torch.Generator().manual_seed(self.args.seed), self._pool
+                self._augment = lambda b: aug(b, gen, pool)
         return self._augment
 
     def _augment_source(self, source):

@@ -1,0 +1,123 @@
+"""Where mosaic, MixUp and CutMix partners come from: Ultralytics' buffer of recently loaded images, on the device.
+
+Ultralytics' ``BaseDataset.load_image`` appends every image it loads for training to ``dataset.buffer``
+and, once the buffer holds ``max_buffer_length = min(n, 8 * batch, 1000)`` images, drops the oldest;
+``Mosaic.get_indexes`` then draws its partners from that buffer with ``random.choices``, the image
+itself included. So sample k of a batch mosaics with images loaded up to and including itself: mostly
+images of earlier batches, and a batch of B mosaics holds up to 4B distinct images.
+
+``PartnerPool`` keeps the same window in device memory. Every batch the loader delivers is copied into
+a ring of rows as it arrives (the copy the CUDA graph's input needed anyway, so no extra traffic), and
+``partners`` says, for each sample, which rows it may draw from: the newest is its own, and the window
+reaches back as far as Ultralytics' buffer would. The ring has ``max_batch`` rows more than the window,
+so a batch never overwrites an image one of its own samples may still draw.
+
+Memory: ``rows * imgsz**2 * 3`` bytes of images, 1.39 GB at 640 px for Ultralytics' cap (999 + 129 rows).
+``partner_pool=0`` (``within_batch``) takes partners from the batch itself and needs none.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from yolofeed.augment.geometry import Partners
+from yolofeed.augment.pipeline import SourceBatch
+from yolofeed.errors import ConfigError
+
+LABEL_BUCKET = 16  # label slots per image are padded up to a multiple of this (few CUDA graphs, one ring width)
+MAX_BUFFER = 1000  # Ultralytics' cap on max_buffer_length
+BATCHES_BUFFERED = 8  # ... and its batch multiple
+
+
+def ultralytics_capacity(n_images: int, batch: int) -> int:
+    """Ultralytics' ``max_buffer_length`` for a training set of ``n_images`` and a per-rank ``batch``."""
+    return min(n_images, BATCHES_BUFFERED * batch, MAX_BUFFER)
+
+
+class PartnerPool:
+    """The most recently loaded training images and their labels, on the device (Ultralytics' ``dataset.buffer``).
+
+    Example:
+        >>> pool = PartnerPool(ultralytics_capacity(len(dataset), batch), max_batch=batch + 1)
+        >>> out = GpuAugment(hyp)(source_batch, generator, pool=pool)  # partners from the last ~8 batches
+
+    Args:
+        capacity: Ultralytics' ``max_buffer_length``. A draw sees ``capacity - 1`` images once the pool is
+            full: Ultralytics drops the oldest as soon as the buffer reaches ``capacity`` (``load_image``).
+        max_batch: the largest batch that will be pushed.
+    """
+
+    def __init__(self, capacity: int, max_batch: int):
+        if capacity < 1 or max_batch < 1:
+            raise ConfigError(f"partner pool of {capacity} images for batches of {max_batch}: expected at least 1 "
+                              "of each (partner_pool=0 takes partners from the batch instead)")
+        self.capacity, self.max_batch = capacity, max_batch
+        self.keep = max(1, capacity - 1)
+        self.rows = self.keep + max_batch
+        self.loaded = 0  # images pushed so far, on the host: the ring position is never read back from the device
+        self.sources: SourceBatch | None = None  # the ring, allocated on the first push
+        self.ids = np.full(self.rows, -1, np.int64)  # the dataset index in each row, where push was told it
+
+    def nbytes(self, imgsz: int) -> int:
+        """Device memory the ring's images take at ``imgsz``."""
+        return self.rows * imgsz * imgsz * 3
+
+    def _allocate(self, batch: SourceBatch) -> SourceBatch:
+        _, hm, wm, c = batch.images.shape
+        width = -(-max(batch.valid.shape[1], 1) // LABEL_BUCKET) * LABEL_BUCKET
+        dev, r = batch.images.device, self.rows
+        return SourceBatch(torch.zeros((r, hm, wm, c), dtype=torch.uint8, device=dev),
+                           torch.ones((r, 2), dtype=torch.int64, device=dev) * min(hm, wm),
+                           torch.zeros((r, width), device=dev), torch.zeros((r, width, 4), device=dev),
+                           torch.zeros((r, width), dtype=torch.bool, device=dev))
+
+    def push(self, batch: SourceBatch, ids: np.ndarray | None = None) -> int:
+        """Copy a loaded batch into the ring (asynchronously, on the current stream).
+
+        Args:
+            ids: the batch's dataset indices, kept on the host for ``ids`` (tests and diagnostics).
+
+        Returns:
+            How many images were pushed before this batch: ``partners``' ``first`` for it.
+        """
+        n, width = batch.valid.shape
+        if n > self.max_batch:
+            raise ValueError(f"a batch of {n} images does not fit a partner pool made for batches of {self.max_batch}")
+        if self.sources is None:
+            self.sources = self._allocate(batch)
+        ring = self.sources
+        if batch.images.shape[1:] != ring.images.shape[1:] or width > ring.valid.shape[1]:
+            raise ValueError(f"batch images {tuple(batch.images.shape[1:])} with {width} label slots do not fit the "
+                             f"partner pool's {tuple(ring.images.shape[1:])} and {ring.valid.shape[1]}")
+        first, start = self.loaded, self.loaded % self.rows
+        head = min(n, self.rows - start)
+        for lo, count, at in ((start, head, 0), (0, n - head, head)):  # at most two runs: the ring wraps once
+            if count == 0:
+                continue
+            rows, src = slice(lo, lo + count), slice(at, at + count)
+            ring.images[rows].copy_(batch.images[src], non_blocking=True)
+            ring.hw[rows].copy_(batch.hw[src], non_blocking=True)
+            ring.valid[rows].zero_()
+            ring.cls[rows, :width].copy_(batch.cls[src], non_blocking=True)
+            ring.boxes[rows, :width].copy_(batch.boxes[src], non_blocking=True)
+            ring.valid[rows, :width].copy_(batch.valid[src], non_blocking=True)
+            if ids is not None:
+                self.ids[rows] = np.asarray(ids)[src]
+        self.loaded += n
+        return first
+
+    def partners(self, first: Tensor | int, batch_size: int) -> Partners:
+        """The rows each sample of a batch pushed after ``first`` earlier images may draw from.
+
+        Args:
+            first: ``push``'s return value; a 0-d device tensor inside a CUDA graph (one graph serves every batch).
+        """
+        dev = self.sources.images.device if self.sources is not None else "cpu"
+        pos = torch.arange(batch_size, device=dev) + first  # each sample's load position
+        own = pos % self.rows
+        return Partners(own, own, (pos + 1).clamp(max=self.keep), self.rows)
+
+
+__all__ = ["PartnerPool", "ultralytics_capacity"]
