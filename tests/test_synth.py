@@ -12,6 +12,7 @@ import yaml
 
 from yolofeed import synth
 from yolofeed.config import SynthConfig
+from yolofeed.errors import ConfigError
 
 
 def _digest(root: Path) -> dict[str, str]:
@@ -90,3 +91,25 @@ def test_photo_like_weight_and_counts(tmp_path):
     assert min(counts) >= 1 and max(counts) <= 20
     shapes = {cv2.imread(str(p)).shape[:2] for p in (root / "images" / "train").glob("*.jpg")}
     assert len(shapes) >= 3  # several shapes
+
+
+def test_a_learnable_set_for_accuracy_comparisons(tmp_path):
+    """classes=8 boxes=8 min_box=16: 8 classes that differ in shape and colour, 1-8 figures of >= 16 px."""
+    root = synth.run(SynthConfig(out=str(tmp_path / "easy"), n_train=24, n_val=2, imgsz=160, seed=2, classes=8,
+                                 boxes=8, min_box=16, workers=2)).parent
+    d = yaml.safe_load((root / "data.yaml").read_text())
+    assert d["nc"] == 8
+    shapes, colours = zip(*(name.split("_")[::-1] for name in d["names"].values()))
+    assert len(set(shapes)) == 8 and len(set(colours)) == 8
+    sides, counts = [], []
+    for img_file in (root / "images" / "train").glob("*.jpg"):
+        h, w = cv2.imread(str(img_file)).shape[:2]
+        rows = _boxes(root / "labels" / "train" / f"{img_file.stem}.txt", w, h)
+        counts.append(len(rows))
+        for c, x1, y1, x2, y2 in rows:
+            assert 0 <= c < 8
+            sides.append(min(x2 - x1, y2 - y1))
+    assert 1 <= min(counts) and max(counts) <= 8 and min(sides) >= 15  # 16 px, less the label's rounding
+    for bad in (dict(classes=0), dict(classes=81), dict(boxes=0)):
+        with pytest.raises(ConfigError):
+            synth.run(SynthConfig(out=str(tmp_path / "bad"), n_train=1, n_val=0, imgsz=64, **bad))

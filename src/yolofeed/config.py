@@ -40,6 +40,10 @@ class SynthConfig:
     n_val: int = key(200, "validation images")
     imgsz: int = key(640, "long side of the most common image shape (shapes vary around it)")
     seed: int = key(0, "same seed, same files, byte for byte")
+    classes: int = key(80, "classes (1-80); up to 8 differ in both shape and colour: classes=8 boxes=8 "
+                       "min_box=16 is a set yolo11n learns in a few dozen epochs, for accuracy comparisons")
+    boxes: int = key(20, "at most this many objects per image (1 to boxes)")
+    min_box: int = key(8, "smallest object side in pixels of the written image")
     workers: int = key(0, "processes; 0 = all usable cores")
 
 
