@@ -14,7 +14,8 @@ import typing
 from dataclasses import MISSING, dataclass
 
 from yolofeed import __version__
-from yolofeed.config import BenchConfig, DoctorConfig, PackConfig, SynthConfig, TrainConfig, fields_of
+from yolofeed.config import (BenchConfig, DoctorConfig, PackConfig, ParityConfig, SynthConfig, TrainConfig,
+                             fields_of)
 from yolofeed.errors import ConfigError, YolofeedError
 
 
@@ -37,6 +38,8 @@ COMMANDS: dict[str, Command] = {
                       "yolofeed doctor model=yolo11n.yaml data=coco.yaml batch=64 workers=8"),
     "bench": Command("yolofeed.bench.run:run", BenchConfig, "stock vs yolofeed vs GPU-resident ceiling, side by side",
                      "yolofeed bench model=yolo11n.yaml data=datasets/synth/data.yaml batch=128 imgsz=640"),
+    "parity": Command("yolofeed.bench.parity:run", ParityConfig, "stock vs yolofeed model quality over several seeds",
+                      "yolofeed parity model=yolo11n.yaml data=datasets/synth/data.yaml epochs=40 seeds=4 device=0,1"),
 }
 
 

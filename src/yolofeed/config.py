@@ -103,6 +103,24 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
+class ParityConfig:
+    """Train from scratch with stock Ultralytics and with yolofeed, several seeds each: is the model as good?"""
+
+    data: str = key(None, "Ultralytics data yaml")
+    model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
+    epochs: int = key(40, "epochs per run")
+    seeds: int = key(4, "seeds per side (0, 1, ...): 4 or more for a useful interval")
+    imgsz: int = key(640, "image size")
+    batch: int = key(16, "batch size")
+    device: str = key("", "GPUs to spread runs over, e.g. 0,1; cpu; default GPU 0 if there is one")
+    parallel: int = key(1, "runs at once on each GPU (a small model leaves a large GPU mostly idle)")
+    pack_format: str = key("raw", "yolofeed's pack storage", ("raw", "jpeg"))
+    partner_pool: str = key("auto", "yolofeed's partner pool (see yolofeed train)")
+    out: str = key("runs/parity", "folder for parity.json, parity.png, each run's folder and log")
+    extra: dict = passthrough("every other key=value goes to both sides' training (any yolo train key)")
+
+
+@dataclass(frozen=True)
 class DoctorConfig:
     """Profile a training setup for a few steps and say where the time goes and what to change."""
 

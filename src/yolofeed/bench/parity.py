@@ -1,0 +1,367 @@
+"""``yolofeed parity``: does yolofeed train as well as stock Ultralytics on this data? Seeds on both sides.
+
+Each seed trains the same model from scratch twice, with Ultralytics' own trainer (``stock``) and with
+``FastDetectionTrainer`` (``yolofeed``), every other setting equal. Runs are subprocesses spread over the
+GPUs (``device=0,1``; ``parallel=N`` runs at once per GPU), each pinned to its share of the host's cores.
+The answer is the difference of the two sides' mean final mAP50-95 with Welch's 95 % interval
+(``bench/stats.py``), the per-epoch training losses of both sides, and a one-line verdict.
+
+Parity holds when the mean difference is within +-0.5 mAP50-95 points, the interval's lower end is
+above -1.0 point, and each training loss's mean +- sd bands of the two sides overlap in at least 90 %
+of epochs. A verdict needs at least two seeds a side; more give a narrower interval.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from yolofeed.bench.stats import Difference, bands_overlap, mean_sd, welch
+from yolofeed.config import ParityConfig, usable_cores
+from yolofeed.errors import ConfigError
+
+SIDES = ("stock", "yolofeed")
+COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0"}
+MAP, MAP50 = "metrics/mAP50-95(B)", "metrics/mAP50(B)"
+MEAN_BAR, LOW_BAR, OVERLAP_BAR = 0.5, -1.0, 0.9  # points, points, share of epochs
+
+
+@dataclass
+class Job:
+    """One training: a side and a seed, where it runs, and what came of it."""
+
+    side: str
+    seed: int
+    name: str
+    log: Path
+    device: str = ""
+    cores: list[int] = field(default_factory=list)
+    returncode: int | None = None
+    wall_s: float = 0.0
+    curves: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and bool(self.curves.get(MAP))
+
+
+# -- scheduling --------------------------------------------------------------------------------------------
+def devices_of(device: str) -> list[str]:
+    """``device=`` as a list of places to run: GPU indices, or ["cpu"]."""
+    text = str(device).strip().lower()
+    if text in ("", "none"):
+        import torch
+
+        return ["0"] if torch.cuda.is_available() else ["cpu"]
+    if text in ("cpu", "mps"):
+        return [text]
+    parts = [p.strip() for p in text.replace("cuda:", "").split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"device={device}: expected cpu, a GPU index, or GPU indices like 0,1")
+    return parts
+
+
+def slots(devices: list[str], parallel: int, cores: list[int]) -> list[tuple[str, list[int]]]:
+    """Where runs go: ``parallel`` slots per device, the cores split evenly between all of them (shared round
+    robin when there are fewer cores than slots)."""
+    places = [d for d in devices for _ in range(parallel)]
+    share = max(1, len(cores) // len(places))
+    return [(d, [cores[(k * share + i) % len(cores)] for i in range(share)]) for k, d in enumerate(places)]
+
+
+def _preexec(cores: list[int]):
+    """In the child, before exec: its own cores, and death with the parent (Linux), so a killed parity
+    run never leaves trainings behind on the GPUs."""
+    def setup() -> None:
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: the parent's handler below still stops them
+            pass
+    return setup
+
+
+def _launch(job: Job, spec: dict) -> subprocess.Popen:
+    env = os.environ | {"YOLO_OFFLINE": "1", "OMP_NUM_THREADS": str(max(1, len(job.cores)))}
+    if job.device.isdigit():
+        env["CUDA_VISIBLE_DEVICES"] = job.device  # the run sees one GPU, as cuda:0
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    log = open(job.log, "w")  # closed by the child's exit; the parent keeps no handle past Popen
+    try:
+        return subprocess.Popen([sys.executable, "-m", "yolofeed.bench.parity", json.dumps(spec)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, preexec_fn=_preexec(job.cores),
+                                start_new_session=True)
+    finally:
+        log.close()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)  # the run and its DataLoader workers
+            except (ProcessLookupError, PermissionError):
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+# -- one run (in the child process) ---------------------------------------------------------------------------
+def train_one(spec: dict) -> None:
+    """Train one side of one seed; ``spec`` holds the side, the model and Ultralytics' train arguments."""
+    from ultralytics import YOLO
+
+    trainer = None
+    if spec["side"] == "yolofeed":
+        from yolofeed.train.trainer import FastDetectionTrainer
+
+        trainer = FastDetectionTrainer.with_options(**spec["options"])
+    t0 = time.perf_counter()
+    YOLO(spec["model"]).train(trainer=trainer, **spec["args"])
+    Path(spec["args"]["project"], spec["args"]["name"], "wall.json").write_text(
+        json.dumps({"wall_s": time.perf_counter() - t0}))
+
+
+# -- results ----------------------------------------------------------------------------------------------------
+def read_curves(run_dir: Path) -> dict[str, list[float]]:
+    """results.csv columns by name (Ultralytics pads names with spaces), one value per epoch."""
+    path = run_dir / "results.csv"
+    if not path.is_file():
+        return {}
+    with open(path) as f:
+        rows = [{k.strip(): v for k, v in r.items()} for r in csv.DictReader(f)]
+    return {k: [float(r[k]) for r in rows] for k in (rows[0] if rows else {}) if k != "epoch"}
+
+
+@dataclass
+class Summary:
+    """Both sides' final metrics, their difference, the loss bands and the verdict."""
+
+    seeds: dict[str, list[int]]
+    final: dict[str, dict[str, list[float]]]  # side -> metric -> per seed (points)
+    difference: Difference
+    overlap: dict[str, float]  # loss -> share of epochs whose mean +- sd bands overlap
+    passed: bool | None
+    verdict: str
+
+
+def summarise(jobs: list[Job]) -> Summary:
+    """The comparison over the runs that finished; see the module docstring for the bar."""
+    done = {s: sorted((j for j in jobs if j.side == s and j.ok), key=lambda j: j.seed) for s in SIDES}
+    final = {s: {"map50_95": [100 * j.curves[MAP][-1] for j in done[s]],
+                 "map50": [100 * j.curves[MAP50][-1] for j in done[s]]} for s in SIDES}
+    d = welch(final["stock"]["map50_95"], final["yolofeed"]["map50_95"])
+    losses = sorted({k for s in SIDES for j in done[s] for k in j.curves if k.startswith("train/")})
+    overlap = {}
+    for k in losses:
+        arrays = [_stack([j.curves.get(k, []) for j in done[s]]) for s in SIDES]
+        if all(a.size for a in arrays) and arrays[0].shape[1] == arrays[1].shape[1]:
+            overlap[k] = float(bands_overlap(*arrays).mean())
+    n = {s: len(done[s]) for s in SIDES}
+    seeds = f"{n['stock']} stock / {n['yolofeed']} yolofeed seeds" if n["stock"] != n["yolofeed"] \
+        else f"{n['stock']} seeds each"
+    if min(n.values()) < 2:
+        verdict = (f"not enough runs for a verdict: {seeds} finished (at least 2 a side); "
+                   f"difference so far {d.diff:+.2f} points")
+        return Summary({s: [j.seed for j in done[s]] for s in SIDES}, final, d, overlap, None, verdict)
+    ci = f"(95 % CI {d.low:+.2f} … {d.high:+.2f}, {seeds})"
+    if d.low > 0:
+        verdict = f"yolofeed trains better: {d.diff:+.2f} mAP50-95 points {ci}"
+    elif d.high < 0:
+        verdict = f"yolofeed trains worse: {d.diff:+.2f} mAP50-95 points {ci}"
+    else:
+        verdict = f"no difference detected: {d.diff:+.2f} mAP50-95 points {ci}"
+    fails = []
+    if abs(d.diff) > MEAN_BAR:
+        fails.append(f"|difference| > {MEAN_BAR}")
+    if not d.low > LOW_BAR:
+        fails.append(f"CI lower end <= {LOW_BAR}")
+    fails += [f"{k} bands overlap in {100 * v:.0f} % of epochs" for k, v in overlap.items() if v < OVERLAP_BAR]
+    verdict += "; parity holds" if not fails else f"; parity not shown ({', '.join(fails)})"
+    return Summary({s: [j.seed for j in done[s]] for s in SIDES}, final, d, overlap, not fails, verdict)
+
+
+def _stack(curves: list[list[float]]) -> np.ndarray:
+    """(runs, epochs) over the epochs every run has."""
+    if not curves or not all(curves):
+        return np.zeros((0, 0))
+    e = min(len(c) for c in curves)
+    return np.array([c[:e] for c in curves], dtype=np.float64)
+
+
+def table(jobs: list[Job], s: Summary) -> str:
+    lines = [f"{'side':<10}{'seed':>5}{'mAP50-95':>10}{'mAP50':>8}{'epochs':>8}{'wall':>8}"]
+    for j in sorted(jobs, key=lambda j: (j.side, j.seed)):
+        if j.ok:
+            lines.append(f"{j.side:<10}{j.seed:>5}{100 * j.curves[MAP][-1]:>10.2f}{100 * j.curves[MAP50][-1]:>8.2f}"
+                         f"{len(j.curves[MAP]):>8}{j.wall_s:>7.0f}s")
+        else:
+            lines.append(f"{j.side:<10}{j.seed:>5}  failed (exit {j.returncode}): see {j.log}")
+    for side in SIDES:
+        m, sd = mean_sd(s.final[side]["map50_95"])
+        m50, sd50 = mean_sd(s.final[side]["map50"])
+        lines.append(f"{side + ' mean':<15}{m:>10.2f}{m50:>8.2f}   sd {sd:.2f} / {sd50:.2f}")
+    return "\n".join(lines)
+
+
+def plot(jobs: list[Job], path: Path, title: str) -> None:
+    """mAP50-95 by epoch and the training losses, each side's mean with a +- sd band."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    done = [j for j in jobs if j.ok]
+    keys = [MAP] + sorted({k for j in done for k in j.curves if k.startswith("train/")})
+    cols = min(2, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), dpi=110, squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for side in SIDES:
+            a = _stack([j.curves.get(key, []) for j in done if j.side == side])
+            if not a.size:
+                continue
+            scale = 100 if key == MAP else 1
+            m, sd = a.mean(0) * scale, (a.std(0, ddof=1) if len(a) > 1 else np.zeros(a.shape[1])) * scale
+            x = np.arange(1, a.shape[1] + 1)
+            ax.plot(x, m, color=COLOURS[side], label=f"{side} ({len(a)} seeds)")
+            ax.fill_between(x, m - sd, m + sd, color=COLOURS[side], alpha=0.25, linewidth=0)
+        ax.set_title("mAP50-95 (points)" if key == MAP else key, fontsize=9)
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# -- the command ------------------------------------------------------------------------------------------------
+def _prepare(cfg: ParityConfig) -> None:
+    """Build what concurrent runs would otherwise race to build: yolofeed's packs and Ultralytics' label caches."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    from yolofeed.pack import open_or_build
+
+    data = check_det_dataset(cfg.data, autodownload=False)
+    for split in ("train", "val"):
+        YOLODataset(img_path=data[split], imgsz=cfg.imgsz, augment=False, data=data, hyp=get_cfg(), rect=False)
+        open_or_build(cfg.data, split, cfg.imgsz, storage=cfg.pack_format, rebuild="auto", progress=True)
+
+
+def run(cfg: ParityConfig) -> Summary:
+    """Train every (side, seed), print the table and the verdict, write parity.json and parity.png under out=."""
+    from tqdm import tqdm
+
+    if cfg.seeds < 1 or cfg.parallel < 1 or cfg.epochs < 1:
+        raise ConfigError(f"seeds={cfg.seeds} parallel={cfg.parallel} epochs={cfg.epochs}: each must be at least 1")
+    if not Path(cfg.data).is_file():
+        raise ConfigError(f"data={cfg.data}: no such file; point it at your dataset's data.yaml")
+    reserved = {"trainer", "model", "data", "seed", "device", "project", "name", "epochs", "imgsz", "batch"}
+    clash = reserved & set(cfg.extra)
+    if clash:
+        raise ConfigError(f"{', '.join(sorted(clash))}= are set by yolofeed parity itself; use its own keys")
+    out = Path(cfg.out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
+                   if hasattr(os, "sched_getaffinity") else list(range(usable_cores())))
+    _prepare(cfg)
+    jobs = [Job(side, seed, f"{side}-seed{seed}", out / "logs" / f"{side}-seed{seed}.log")
+            for seed in range(cfg.seeds) for side in SIDES]
+    title = f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, batch {cfg.batch}"
+
+    def spec(job: Job) -> dict:
+        args = {"data": str(Path(cfg.data).resolve()), "epochs": cfg.epochs, "imgsz": cfg.imgsz, "batch": cfg.batch,
+                "seed": job.seed, "device": "0" if job.device.isdigit() else job.device,  # CUDA_VISIBLE_DEVICES
+                "workers": min(8, len(job.cores)), "project": str(out / "runs"), "name": job.name,
+                "exist_ok": True, "plots": False, "verbose": False, **cfg.extra}
+        options = {"pack_format": cfg.pack_format, "partner_pool": cfg.partner_pool}
+        return {"side": job.side, "model": cfg.model, "args": args, "options": options}
+
+    pending, running, free = list(jobs), {}, list(range(len(places)))
+    bar = tqdm(total=len(jobs), desc="parity runs", unit="run")
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: end the runs, keep the report
+    try:
+        while pending or running:
+            while pending and free:
+                k = free.pop(0)
+                job = pending.pop(0)
+                job.device, job.cores = places[k]
+                running[k] = (job, _launch(job, spec(job)), time.perf_counter())
+            time.sleep(1.0)
+            for k, (job, proc, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                job.returncode, job.wall_s = proc.returncode, time.perf_counter() - t0
+                job.curves = read_curves(out / "runs" / job.name)
+                del running[k]
+                free.append(k)
+                bar.update(1)
+                if not job.ok:
+                    tqdm.write(f"parity: {job.name} failed (exit {job.returncode}); log: {job.log}")
+                _report(cfg, jobs, title, out)  # after each run: an interrupted comparison keeps what finished
+            bar.set_postfix_str(", ".join(j.name for j, _, _ in running.values()))
+    except KeyboardInterrupt:
+        _stop([p for _, p, _ in running.values()])
+        _report(cfg, jobs, title, out)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        bar.close()
+    s = _report(cfg, jobs, title, out)
+    plot(jobs, out / "parity.png", title)
+    print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n-> {out / 'parity.json'}, {out / 'parity.png'}", flush=True)
+    return s
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path) -> Summary:
+    """Summarise the runs that finished and write parity.json."""
+    s = summarise(jobs)
+    report = {"config": asdict(cfg), "title": title, "verdict": s.verdict, "passed": s.passed,
+              "difference": asdict(s.difference), "final": s.final, "seeds": s.seeds, "loss_overlap": s.overlap,
+              "bars": {"mean_points": MEAN_BAR, "ci_low_points": LOW_BAR, "loss_overlap": OVERLAP_BAR},
+              "runs": [{"side": j.side, "seed": j.seed, "ok": j.ok, "returncode": j.returncode, "wall_s": j.wall_s,
+                        "device": j.device, "cores": len(j.cores), "log": str(j.log), "curves": j.curves}
+                       for j in jobs]}
+    tmp = out / "parity.json.tmp"
+    tmp.write_text(json.dumps(_finite(report), indent=1))
+    tmp.replace(out / "parity.json")
+    return s
+
+
+def _finite(x):
+    """``x`` with nan and infinities as None: JSON has no such numbers."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+if __name__ == "__main__":  # one run, launched by ``run`` above
+    train_one(json.loads(sys.argv[1]))

@@ -1,0 +1,146 @@
+"""``yolofeed parity``: its statistics against hand-computed cases, its verdicts, and a tiny run end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from yolofeed.bench import stats
+from yolofeed.bench.parity import MAP, MAP50, Job, devices_of, slots, summarise
+from yolofeed.errors import ConfigError
+
+
+@pytest.mark.parametrize("df, q975", [(1, 12.7062047362), (3, 3.1824463053), (6, 2.4469118511),
+                                      (10, 2.2281388520), (30, 2.0422724563), (1e7, 1.95996422)])  # 1e7: z + (z^3 + z) / 4df
+def test_t_quantiles_match_the_tables(df, q975):
+    assert stats.t_ppf(0.975, df) == pytest.approx(q975, abs=2e-7)
+    assert stats.t_ppf(0.025, df) == pytest.approx(-q975, abs=2e-7)
+    assert stats.t_cdf(q975, df) == pytest.approx(0.975, abs=1e-9)
+
+
+@pytest.mark.parametrize("df", [2.5, 4.41, 7.3])
+def test_t_quantile_for_fractional_df_matches_numerical_integration(df):
+    """Welch's df is fractional: check against the t density integrated numerically."""
+    x = np.linspace(0, 80, 2_000_001)
+    pdf = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi) * (1 + x * x / df) ** (
+        -(df + 1) / 2)
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
+    assert stats.t_ppf(0.975, df) == pytest.approx(float(np.interp(0.975, cdf, x)), abs=1e-6)
+
+
+def test_welch_by_hand():
+    # means 2.5 and 5; variances 5/3 and 20/3; se^2 = 25/12; df = (25/12)^2 / ((5/12)^2/3 + (5/3)^2/3) = 75/17;
+    # t(0.975, 75/17) = 2.677175 (integrated above): half-width 2.677175 * sqrt(25/12) = 3.864167
+    d = stats.welch([1, 2, 3, 4], [2, 4, 6, 8])
+    assert d.diff == 2.5 and d.df == pytest.approx(75 / 17)
+    assert (d.low, d.high) == pytest.approx((2.5 - 3.864167, 2.5 + 3.864167), abs=1e-5)
+    same = stats.welch([3.0, 3.0], [4.0, 4.0])
+    assert (same.diff, same.low, same.high) == (1.0, 1.0, 1.0)
+    one = stats.welch([1.0], [2.0, 3.0])
+    assert one.diff == 1.5 and math.isnan(one.low) and math.isnan(one.high)
+
+
+def test_bands_overlap():
+    a = np.array([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]])  # mean 2, sd 1.414
+    b = np.array([[3.4, 2.0, 3.5], [3.4, 2.0, 3.5]])  # sd 0: 1.4 apart (within 1.414), equal, 1.5 apart
+    assert stats.bands_overlap(a, b).tolist() == [True, True, False]
+
+
+def _job(side: str, seed: int, final: float, loss: list[float] | None = None) -> Job:
+    j = Job(side, seed, f"{side}-seed{seed}", Path(f"/logs/{side}-{seed}.log"), returncode=0)
+    j.curves = {MAP: [final / 200, final / 100], MAP50: [0.5, final / 80],
+                "train/box_loss": loss or [2.0, 1.0]}
+    return j
+
+
+def test_verdicts():
+    same = [_job("stock", s, v) for s, v in enumerate([40.0, 40.4, 39.8, 40.2])] + \
+           [_job("yolofeed", s, v) for s, v in enumerate([40.1, 40.5, 39.9, 40.3])]
+    s = summarise(same)
+    # sd 0.258 a side, se 0.183, df 6, t 2.447: 0.10 +- 0.45
+    assert s.verdict.startswith("no difference detected: +0.10 mAP50-95 points (95 % CI -0.35 … +0.55, 4 seeds each)")
+    assert s.passed and s.verdict.endswith("parity holds")
+    noisy = [_job("stock", s, v) for s, v in enumerate([40.0, 41.0, 39.0, 40.0])] + \
+            [_job("yolofeed", s, v) for s, v in enumerate([40.2, 40.8, 39.4, 40.0])]
+    s = summarise(noisy)  # the same mean difference, but seeds 0.8 points apart: too wide an interval to show it
+    assert "(95 % CI -1.16 … +1.36, 4 seeds each); parity not shown (CI lower end <= -1.0)" in s.verdict
+    assert s.overlap == {"train/box_loss": 1.0}
+    worse = [_job("stock", s, v) for s, v in enumerate([40.0, 41.0, 40.5])] + \
+            [_job("yolofeed", s, v) for s, v in enumerate([38.0, 38.5, 38.2])]
+    s = summarise(worse)
+    assert s.verdict.startswith("yolofeed trains worse: -2.27") and s.passed is False
+    assert "|difference| > 0.5" in s.verdict and "CI lower end <= -1.0" in s.verdict
+    better = [_job("stock", s, v) for s, v in enumerate([30.0, 30.2])] + \
+             [_job("yolofeed", s, v) for s, v in enumerate([31.0, 31.2])]
+    assert summarise(better).verdict.startswith("yolofeed trains better: +1.00")
+    apart = [_job("stock", s, 40.0, [2.0, 1.0 + 0.01 * s]) for s in range(2)] + \
+            [_job("yolofeed", s, 40.0, [2.5, 1.5 + 0.01 * s]) for s in range(2)]
+    s = summarise(apart)
+    assert s.overlap["train/box_loss"] == 0.0 and not s.passed and "train/box_loss bands overlap in 0 %" in s.verdict
+    failed = Job("yolofeed", 1, "yolofeed-seed1", Path("/x.log"), returncode=1)
+    s = summarise([_job("stock", 0, 40.0), _job("stock", 1, 41.0), _job("yolofeed", 0, 40.0), failed])
+    assert s.passed is None and s.verdict.startswith("not enough runs for a verdict: 2 stock / 1 yolofeed")
+
+
+def test_devices_and_slots():
+    assert devices_of("0,1") == ["0", "1"] and devices_of("cpu") == ["cpu"] and devices_of("cuda:1") == ["1"]
+    with pytest.raises(ConfigError, match="device=gpu"):
+        devices_of("gpu")
+    places = slots(["0", "1"], 2, list(range(32)))
+    assert [d for d, _ in places] == ["0", "0", "1", "1"]
+    assert [c for _, c in places] == [list(range(k * 8, k * 8 + 8)) for k in range(4)]
+    assert [c for _, c in slots(["cpu"], 3, [0, 1])] == [[0], [1], [0]]  # fewer cores than runs: shared
+
+
+def _parity_cmd(synth_root: Path, out: Path, seeds: int, epochs: int = 1) -> list[str]:
+    return [sys.executable, "-m", "yolofeed", "parity", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}",
+            f"epochs={epochs}", f"seeds={seeds}", "imgsz=64", "batch=8", "device=cpu", "parallel=2", f"out={out}",
+            "workers=0"]
+
+
+@pytest.mark.slow
+def test_tiny_parity_end_to_end(synth_root, tmp_path):
+    r = subprocess.run(_parity_cmd(synth_root, tmp_path, 2), env=os.environ | {"YOLO_OFFLINE": "1"},
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "parity.json").read_text())
+    assert [(x["side"], x["seed"], x["ok"]) for x in report["runs"]] == [
+        ("stock", 0, True), ("yolofeed", 0, True), ("stock", 1, True), ("yolofeed", 1, True)]
+    assert report["seeds"] == {"stock": [0, 1], "yolofeed": [0, 1]}
+    assert (tmp_path / "parity.png").stat().st_size > 10_000
+    verdict = report["verdict"]
+    assert verdict in r.stdout and verdict.split(":")[0] in ("no difference detected", "yolofeed trains worse",
+                                                             "yolofeed trains better")
+    assert "2 seeds each" in verdict
+    for x in report["runs"]:  # each run is a normal Ultralytics run folder
+        assert (tmp_path / "runs" / f"{x['side']}-seed{x['seed']}" / "weights" / "last.pt").exists()
+
+
+@pytest.mark.slow
+def test_killing_parity_alone_stops_its_trainings(synth_root, tmp_path):
+    """SIGKILL to the parity process only (as an OOM killer would): no training is left running."""
+    import psutil
+
+    proc = subprocess.Popen(_parity_cmd(synth_root, tmp_path, 2, epochs=50),
+                            env=os.environ | {"YOLO_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    t0 = time.monotonic()
+    children: list[psutil.Process] = []
+    while time.monotonic() - t0 < 300 and len(children) < 2 and proc.poll() is None:
+        children = parent.children(recursive=True)
+        time.sleep(0.2)
+    assert len(children) >= 2, "the trainings never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]
