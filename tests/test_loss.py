@@ -160,6 +160,44 @@ def test_foreground_rows_are_nonzeros_then_padding_that_never_piles_on_one_ancho
         assert int(torch.bincount(flat[real_n:], minlength=300).max()) <= 1
 
 
+@pytest.mark.parametrize("reg_max", [16, 1])  # 16: DFL (yolo11n); 1: L1 on raw distances (YOLO26)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # float16: the loss's inputs under AMP
+def test_padded_rows_never_make_a_gradient_non_finite(reg_max, dtype):
+    """A background anchor's degenerate box (zero height: CIoU's aspect term overflows float16) is not Ultralytics'
+    business; read by a padded row, it must not turn the gradients non-finite (weight 0 x inf = NaN), which made
+    AMP skip step after step until YOLO26 stopped learning. The gradients equal Ultralytics'."""
+    from ultralytics.utils.loss import BboxLoss
+
+    from yolofeed.train.loss import SyncFreeBboxLoss
+
+    g = torch.Generator().manual_seed(0)
+    b, a = 2, 50
+    boxes = torch.rand(b, a, 4, generator=g) * 5
+    boxes[..., 2:] += boxes[..., :2] + 1
+    boxes[1, 3, 3] = boxes[1, 3, 1]  # zero height, on image 1, which has no foreground
+    width = 4 * reg_max if reg_max > 1 else 4
+    target = torch.rand(b, a, 4, generator=g) * 5
+    target[..., 2:] += target[..., :2] + 1
+    scores = torch.rand(b, a, 8, generator=g)
+    fg = torch.zeros(b, a, dtype=torch.bool)
+    fg[0, :7] = True
+    rest = (torch.rand(a, 2, generator=g) * 10, target, scores, scores[fg].sum(), fg, torch.tensor([320.0, 320.0]),
+            torch.full((a, 1), 8.0))
+    dist0 = torch.randn(b, a, width, generator=g)
+    grads = []
+    for loss in (BboxLoss(reg_max), BboxLoss(reg_max)):
+        if not grads:
+            loss.__class__, loss.bound = SyncFreeBboxLoss, b * a  # every anchor a row: padded rows on image 1
+        pred, dist = boxes.to(dtype).requires_grad_(True), dist0.to(dtype).requires_grad_(True)
+        iou, dfl = loss(dist, pred, *rest)
+        (iou + dfl).backward()
+        grads.append((pred.grad, dist.grad, iou.detach(), dfl.detach()))
+    ours, theirs = grads
+    assert all(x.isfinite().all() for x in ours[:2])
+    for x, y in zip(ours, theirs):
+        torch.testing.assert_close(x.float(), y.float(), rtol=1e-3, atol=1e-6)
+
+
 def test_install_leaves_other_tasks_alone():
     seg = _model("yolo11n-seg.yaml", SegmentationModel)
     seg.criterion = seg.init_criterion()

@@ -57,6 +57,21 @@ def test_proxy_passes_the_criterions_attributes_and_copies():
     assert twin.criterion is not crit.criterion and twin.n == 0
 
 
+def test_a_step_in_flight_is_never_copied_or_pickled():
+    """Ultralytics deep-copies the model with its criterion (the EMA; the NaN recovery's reload): a CUDA event in
+    flight cannot be copied, and made that recovery crash. A lock stands in for the event here."""
+    import pickle
+    import threading
+
+    crit = HostLossItems(FakeLoss())
+    crit(None, {})
+    crit._pending = (*crit._pending[:2], threading.Lock())  # what a CUDA step leaves: an uncopyable event
+    twin = copy.deepcopy(crit)
+    assert twin._pending is None and twin.epoch_mean() is None and twin.criterion is not crit.criterion
+    back = pickle.loads(pickle.dumps(crit))
+    assert back._pending is None and back.criterion.n == 1
+
+
 @pytest.mark.slow
 def test_results_csv_has_the_exact_epoch_mean_loss(synth_root, tmp_path):
     """results.csv's train losses are the epoch's mean of every step's items, as stock Ultralytics writes them."""
@@ -126,6 +141,25 @@ def test_cuda_training_validates_every_epoch(synth_root, tmp_path):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2
     assert all(float(r["val/box_loss"]) > 0 and float(r["train/box_loss"]) > 0 for r in rows)
+
+
+@pytest.mark.gpu
+def test_cuda_training_recovers_from_a_nan_loss(synth_root, tmp_path):
+    """Ultralytics' NaN recovery reloads last.pt and deep-copies the model, criterion included."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    def poison(trainer):  # the last step of the second epoch reports a NaN loss, once
+        if trainer.epoch == 1 and not getattr(trainer, "_poisoned", False):
+            trainer._poisoned = True
+            trainer.loss = torch.tensor(float("nan"), device=trainer.device)
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_epoch_end", poison)
+    model.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="r",
+                epochs=3, close_mosaic=1, imgsz=64, batch=8, device=0, workers=0, plots=False, verbose=False)
+    assert model.trainer.nan_recovery_attempts == 1 and (tmp_path / "r" / "weights" / "last.pt").exists()
 
 
 @pytest.mark.gpu

@@ -272,8 +272,9 @@ def run(cfg: ParityConfig) -> Summary:
     """Train every (side, seed), print the table and the verdict, write parity.json and parity.png under out=."""
     from tqdm import tqdm
 
-    if cfg.seeds < 1 or cfg.parallel < 1 or cfg.epochs < 1:
-        raise ConfigError(f"seeds={cfg.seeds} parallel={cfg.parallel} epochs={cfg.epochs}: each must be at least 1")
+    if cfg.seeds < 1 or cfg.parallel < 1 or cfg.epochs < 1 or cfg.first_seed < 0:
+        raise ConfigError(f"seeds={cfg.seeds} parallel={cfg.parallel} epochs={cfg.epochs} first_seed={cfg.first_seed}:"
+                          " seeds, parallel and epochs must be at least 1, first_seed at least 0")
     if not Path(cfg.data).is_file():
         raise ConfigError(f"data={cfg.data}: no such file; point it at your dataset's data.yaml")
     reserved = {"trainer", "model", "data", "seed", "device", "project", "name", "epochs", "imgsz", "batch"}
@@ -286,7 +287,7 @@ def run(cfg: ParityConfig) -> Summary:
                    if hasattr(os, "sched_getaffinity") else list(range(usable_cores())))
     _prepare(cfg)
     jobs = [Job(side, seed, f"{side}-seed{seed}", out / "logs" / f"{side}-seed{seed}.log")
-            for seed in range(cfg.seeds) for side in SIDES]
+            for seed in range(cfg.first_seed, cfg.first_seed + cfg.seeds) for side in SIDES]
     title = f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, batch {cfg.batch}"
 
     def spec(job: Job) -> dict:

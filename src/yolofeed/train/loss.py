@@ -119,6 +119,11 @@ def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor],
     return (flat.div(anchors, rounding_mode="floor"), flat.remainder(anchors)), real.unsqueeze(1)
 
 
+def _unit_box(like: Tensor) -> Tensor:
+    """(4,) xyxy box (0, 0, 1, 1) in ``like``'s dtype and device, built on the device (no host copy)."""
+    return (torch.arange(4, device=like.device) >= 2).to(like.dtype)
+
+
 class SyncFreeBboxLoss(BboxLoss):
     """``BboxLoss`` gathering the foreground through ``nonzero_static``, ``bound`` rows (set per call)."""
 
@@ -131,11 +136,19 @@ class SyncFreeBboxLoss(BboxLoss):
                                    target_scores_sum, fg_mask, imgsz, stride)
         fg, real = foreground_rows(fg_mask, self.bound)
         weight = target_scores[fg].sum(-1, keepdim=True) * real
-        iou = bbox_iou(pred_bboxes[fg], target_bboxes[fg], xywh=False, CIoU=True)
+        # Padded rows compute on a fixed unit box, not on what their anchor predicts: weight 0 does not stop a
+        # non-finite gradient (0 x inf = NaN), and a background anchor's box can be degenerate where Ultralytics
+        # never looks (in float16 a box thinner than width / 65504 overflows CIoU's aspect term: AMP's scale then
+        # collapses and YOLO26 never learns). torch.where passes no gradient to the rows it does not take.
+        unit = _unit_box(pred_bboxes)
+        iou = bbox_iou(torch.where(real, pred_bboxes[fg], unit), torch.where(real, target_bboxes[fg], unit.to(
+            target_bboxes.dtype)), xywh=False, CIoU=True)
         loss_iou = ((1.0 - iou) * weight).sum() / target_scores_sum
         if self.dfl_loss:
             target_ltrb = bbox2dist(anchor_points, target_bboxes, self.dfl_loss.reg_max - 1)
-            loss_dfl = self.dfl_loss(pred_dist[fg].view(-1, self.dfl_loss.reg_max), target_ltrb[fg]) * weight
+            dist = torch.where(real, pred_dist[fg], torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device))
+            ltrb = torch.where(real, target_ltrb[fg], torch.zeros((), dtype=target_ltrb.dtype, device=real.device))
+            loss_dfl = self.dfl_loss(dist.view(-1, self.dfl_loss.reg_max), ltrb) * weight
             loss_dfl = loss_dfl.sum() / target_scores_sum
         else:
             target_ltrb = bbox2dist(anchor_points, target_bboxes)
@@ -145,8 +158,10 @@ class SyncFreeBboxLoss(BboxLoss):
             pred_dist = pred_dist * stride
             pred_dist[..., 0::2] /= imgsz[1]
             pred_dist[..., 1::2] /= imgsz[0]
-            loss_dfl = torch.nn.functional.l1_loss(pred_dist[fg], target_ltrb[fg], reduction="none").mean(
-                -1, keepdim=True) * weight
+            zero = torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device)
+            loss_dfl = torch.nn.functional.l1_loss(torch.where(real, pred_dist[fg], zero),
+                                                   torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype)),
+                                                   reduction="none").mean(-1, keepdim=True) * weight
             loss_dfl = loss_dfl.sum() / target_scores_sum
         return loss_iou, loss_dfl
 

@@ -40,6 +40,17 @@ class HostLossItems:
         self._sum: torch.Tensor | None = None
         self._n = 0
 
+    def __deepcopy__(self, memo: dict) -> HostLossItems:
+        """A copy of the criterion with nothing in flight: Ultralytics deep-copies the model (its EMA, the NaN
+        recovery's reload), and a CUDA event cannot be copied."""
+        import copy
+
+        return HostLossItems(copy.deepcopy(self.criterion, memo))
+
+    def __getstate__(self) -> dict:
+        """Pickled (a checkpoint, a DDP launch) without the step in flight."""
+        return {"criterion": self.criterion, "_pending": None, "_sum": None, "_n": 0}
+
     def __getattr__(self, name: str) -> Any:  # only for names not found on the proxy itself
         if "criterion" not in self.__dict__:  # half-built (copy, pickle): no criterion to ask yet
             raise AttributeError(name)
