@@ -293,3 +293,23 @@ def test_single_cls_trains_a_step_with_class_0(synth_root, tmp_path):
         assert len(val["cls"]) and (val["cls"] == 0).all()
     finally:
         t.train_loader.close()
+
+
+def test_single_cls_says_which_images_stock_would_also_use(synth_root, tmp_path, caplog):
+    """Stock skips its class-range check under single_cls and keeps a label with class 85 of 80; the pack
+    skips it: the run says so, naming the file, instead of training on fewer images silently."""
+    from helpers import copy_dataset, ultralytics_dataset
+
+    from yolofeed import FastDetectionTrainer
+
+    root = copy_dataset(synth_root, tmp_path / "ds")
+    label = sorted((root / "labels" / "train").glob("*.txt"))[0]
+    label.write_text("85 0.5 0.5 0.2 0.2\n")
+    stock = ultralytics_dataset(root / "data.yaml", "train", 64, single_cls=True)
+    t = FastDetectionTrainer(overrides={**_base(root, tmp_path, "gap"), "single_cls": True, "imgsz": 64,
+                                        "workers": 0, "plots": False, "verbose": False})
+    with caplog.at_level("WARNING"):
+        loader = t.get_dataloader(t.data["train"], 8, -1, "train")
+    loader.close()
+    assert len(stock) == len(loader.dataset) + 1
+    assert any(label.stem in r.getMessage() and "single_cls" in r.getMessage() for r in caplog.records)

@@ -112,6 +112,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         from ultralytics.data.utils import get_split_fraction
 
         pack = self._pack(self._split_of(dataset_path), rank)
+        if self.args.single_cls and rank in (-1, 0):
+            _warn_single_cls_gap(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
         fraction = 1.0 if self.data.get("complete") else get_split_fraction(
             self.args.fraction, "train" if mode == "train" else self.args.split)
@@ -190,6 +192,21 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
         self.hyp = self.hyp.closed()
         self._augment = None
+
+
+def _warn_single_cls_gap(pack: Any) -> None:
+    """Say which images ``yolo train single_cls=True`` would use and the pack left out.
+
+    Under ``single_cls`` Ultralytics' label check skips the class range (``verify_image_label``: ``max_cls = 0``),
+    so it keeps images whose class ids exceed ``nc``; a pack is built once for every run and skips them. Such
+    labels are a mistake in the dataset either way: say so, with the fix, rather than train on fewer images silently.
+    """
+    out_of_range = [f for f, reason in pack.header.get("skipped", []) if "but the data yaml has nc=" in reason]
+    if out_of_range:
+        LOGGER.warning(f"yolofeed: single_cls=True: {len(out_of_range)} {pack.split} images use class ids beyond the "
+                       f"data yaml's nc; yolo train would train on them under single_cls, the pack left them out "
+                       f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')}). Fix "
+                       "their labels or the yaml's names, then the pack rebuilds")
 
 
 def train_side(imgsz: int | list[int], stride: int = 32) -> int:
