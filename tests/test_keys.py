@@ -313,3 +313,18 @@ def test_single_cls_says_which_images_stock_would_also_use(synth_root, tmp_path,
     loader.close()
     assert len(stock) == len(loader.dataset) + 1
     assert any(label.stem in r.getMessage() and "single_cls" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stride_64_model_rounds_to_64(synth_root, tmp_path):
+    """P6 models round imgsz to 64, known only once the model is built: the augmentation and the pack follow."""
+    from yolofeed import FastDetectionTrainer
+
+    t = FastDetectionTrainer(overrides={**_base(synth_root, tmp_path, "p6"), "model": "yolov8n-p6.yaml",
+                                        "imgsz": 140, "batch": 4, "workers": 0, "plots": False, "verbose": False})
+    assert t.hyp.imgsz == 160  # before the model: the default stride's rounding
+    t._setup_train()
+    try:
+        assert t.args.imgsz == t.hyp.imgsz == t.train_loader.prefetcher.pack.imgsz == 192
+        assert t.preprocess_batch(next(iter(t.train_loader)))["img"].shape[-2:] == (192, 192)
+    finally:
+        t.train_loader.close()
