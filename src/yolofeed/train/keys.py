@@ -243,7 +243,7 @@ def check_names(names: Iterable[str], own: Iterable[str] = (), command: str = "y
             near = difflib.get_close_matches(name, sorted(valid | set(own)), n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
             raise ConfigError(f"'{name}' is not a key of '{command}' or of 'yolo train'.{hint} "
-                              "'yolofeed train help' lists yolofeed's keys, 'yolo cfg' Ultralytics' keys.")
+                              f"'{command} help' lists yolofeed's keys, 'yolo cfg' Ultralytics' keys.")
 
 
 def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command: str = "yolofeed train") -> None:
