@@ -22,7 +22,7 @@ class FakeClock:
         return self.t
 
 
-def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int):
+def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int, classes=None, single_cls: bool = False):
     """Ultralytics' YOLODataset for a split, without augmentation: its labels and load_image are the reference."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.dataset import YOLODataset
@@ -30,7 +30,7 @@ def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int):
 
     data = check_det_dataset(str(yaml_file), autodownload=False)
     return YOLODataset(img_path=data[split], imgsz=imgsz, augment=False, data=data, hyp=get_cfg(),
-                       batch_size=4, rect=False)
+                       batch_size=4, rect=False, classes=classes, single_cls=single_cls)
 
 
 def copy_dataset(src: Path, dst: Path) -> Path:

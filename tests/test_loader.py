@@ -15,6 +15,8 @@ from yolofeed.loader.dataset import source_positions
 from yolofeed.loader.sampler import fraction_subset
 from yolofeed.pack import open_or_build
 
+EVEN = list(range(0, 80, 2))  # a classes= that keeps about half the synthetic boxes
+
 
 @pytest.mark.parametrize("n, ws, b", list(itertools.product([1, 7, 16, 33, 64], [1, 2, 3, 8], [1, 4, 16])))
 def test_every_sample_once_equal_batches_per_rank(n, ws, b):
@@ -142,20 +144,30 @@ def test_stopping_mid_epoch_stops_the_thread(pack64):
     assert len(list(loader)) == len(loader)  # and the next epoch runs normally
 
 
-def test_val_batches_equal_ultralytics_val_loader(synth_root):
-    """Same order, shapes, pixels, labels and metadata: the validator computes the same metrics."""
+@pytest.mark.parametrize("keys", [{}, {"fraction": [1.0, 0.75], "classes": EVEN, "single_cls": True},
+                                  {"fraction": [1.0, 5], "classes": 3}])
+def test_val_batches_equal_ultralytics_val_loader(synth_root, keys):
+    """Same order, shapes, pixels, labels and metadata: the validator computes the same metrics. With a val
+    fraction (a share or a count, cut before the aspect-ratio sort), classes and single_cls too."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
 
     imgsz, batch = 96, 3
     data = check_det_dataset(str(synth_root / "data.yaml"), autodownload=False)
-    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch})
+    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, **keys})
     ds = build_yolo_dataset(cfg, data["val"], batch, data, mode="val", rect=True, stride=32)
     theirs = list(build_dataloader(ds, batch, 0, shuffle=False, rank=-1))
     pack = open_or_build(synth_root / "data.yaml", "val", imgsz, rebuild="auto", progress=False)
-    ours = list(ValLoader(pack, batch, "cpu", stride=32))
-    assert len(ours) == len(theirs)
+    fraction = keys.get("fraction", [1.0, 1.0])[1]
+    ours = list(ValLoader(pack, batch, "cpu", stride=32, fraction=fraction, classes=keys.get("classes"),
+                          single_cls=keys.get("single_cls", False)))
+    assert len(ours) == len(theirs) and sum(len(b["im_file"]) for b in ours) == len(ds)
+    if keys:  # the keys changed something: fewer images, fewer boxes than those images hold, images left empty
+        used = [pack.im_files.index(f) for b in ours for f in b["im_file"]]
+        assert len(ds) < len(pack) and sum(len(b["cls"]) for b in ours) < sum(len(pack.labels(i)) for i in used)
+        if keys["classes"] == 3:  # most images hold no box of class 3: they stay, as background images
+            assert any(not (b["batch_idx"] == k).any() for b in ours for k in range(len(b["im_file"])))
     for a, b in zip(ours, theirs):
         assert list(a["im_file"]) == list(b["im_file"])
         assert torch.equal(a["img"], b["img"])
@@ -165,3 +177,40 @@ def test_val_batches_equal_ultralytics_val_loader(synth_root):
         assert [tuple(s) for s in a["resized_shape"]] == [tuple(int(v) for v in s) for s in b["resized_shape"]]
         for (ga, pa), (gb, pb) in zip(a["ratio_pad"], b["ratio_pad"]):
             assert np.allclose(ga, gb) and tuple(pa) == tuple(pb)
+
+
+@pytest.mark.parametrize("classes, single_cls", [(EVEN, False), (EVEN, True), (None, True), (7, False)])
+def test_labels_are_filtered_and_merged_as_ultralytics_does(synth_root, classes, single_cls):
+    """classes= drops other classes' boxes (keeps the images, keeps the ids), single_cls= makes every id 0: the
+    loader's labels, its batches and the dataset facade all equal Ultralytics' update_labels, image by image."""
+    from helpers import ultralytics_dataset
+
+    ref = ultralytics_dataset(synth_root / "data.yaml", "train", 64, classes=classes, single_cls=single_cls)
+    pack = open_or_build(synth_root / "data.yaml", "train", 64, rebuild="auto", progress=False)
+    loader = TrainLoader(pack, 5, "cpu", seed=1, sync=True, classes=classes, single_cls=single_cls)
+    theirs = {lb["im_file"]: lb for lb in ref.labels}
+    assert [lb["im_file"] for lb in loader.dataset.labels] == list(theirs)  # no image dropped
+    for lb in loader.dataset.labels:
+        np.testing.assert_array_equal(lb["cls"], theirs[lb["im_file"]]["cls"])
+        np.testing.assert_allclose(lb["bboxes"], theirs[lb["im_file"]]["bboxes"], atol=1e-6)
+    delivered = 0
+    for b in loader:
+        src = b["source"]
+        for k, f in enumerate(b["im_file"]):
+            lb = theirs[f]
+            assert int(src.valid[k].sum()) == len(lb["cls"])
+            np.testing.assert_array_equal(src.cls[k][src.valid[k]].numpy(), lb["cls"][:, 0])
+            delivered += len(lb["cls"])
+    assert delivered == sum(len(lb["cls"]) for lb in ref.labels)
+    everything = sum(len(pack.labels(i)) for i in range(len(pack)))
+    kept = set(np.concatenate([lb["cls"][:, 0] for lb in ref.labels]).tolist())
+    if classes is not None:
+        assert delivered < everything and kept <= ({0.0} if single_cls else {float(c) for c in np.atleast_1d(classes)})
+    if single_cls:
+        assert kept <= {0.0}
+
+
+def test_classes_must_be_class_ids(pack64):
+    for bad in ("0,1", 1.5, [0, "a"], -1, True, []):
+        with pytest.raises(ConfigError, match="class id"):
+            TrainLoader(pack64, 4, "cpu", classes=bad)

@@ -12,11 +12,12 @@ import logging
 import sys
 import typing
 from dataclasses import MISSING, dataclass
+from pathlib import Path
 
 from yolofeed import __version__
 from yolofeed.config import (BenchConfig, DoctorConfig, PackConfig, ParityConfig, SynthConfig, TrainConfig,
                              fields_of)
-from yolofeed.errors import ConfigError, YolofeedError
+from yolofeed.errors import ConfigError, DatasetError, YolofeedError
 
 
 @dataclass(frozen=True)
@@ -44,18 +45,11 @@ COMMANDS: dict[str, Command] = {
 
 
 def smart_value(text: str) -> typing.Any:
-    """Ultralytics' reading of a free ``key=value``: None, bools, ints, floats, else the string."""
-    low = text.lower()
-    if low == "none":
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+    """Ultralytics' reading of a free ``key=value`` (``ultralytics.cfg.smart_value``): None, bools, Python
+    literals (numbers, lists such as ``[0,1]``), else the string."""
+    from ultralytics.cfg import smart_value as ultralytics_smart_value
+
+    return ultralytics_smart_value(text)
 
 
 def parse_value(text: str, annotation: str) -> typing.Any:
@@ -79,12 +73,44 @@ def parse_value(text: str, annotation: str) -> typing.Any:
     return text
 
 
+BARE_TRUE = ("resume",)  # own keys that a bare word sets, besides bool keys: 'yolofeed train model=last.pt resume'
+
+
+def _passthrough_value(name: str, text: str) -> typing.Any:
+    """A value for Ultralytics, read as ``ultralytics.cfg.parse_key_value_pair`` reads it (name and project verbatim).
+
+    Raises:
+        ConfigError: an empty value.
+    """
+    from ultralytics.cfg import DEFAULT_CFG_DICT, parse_key_value_pair
+
+    if not text.strip():
+        example = f", e.g. {name}={DEFAULT_CFG_DICT[name]}" if DEFAULT_CFG_DICT.get(name) is not None else ""
+        raise ConfigError(f"{name}= needs a value{example}")
+    return parse_key_value_pair(f"{name}={text}")[1]
+
+
+def _bare_word(name: str, fields: dict, passthrough: str | None) -> str | bool | None:
+    """What a word without '=' means, as in Ultralytics' CLI: True for a bool key (and 'resume'), else None."""
+    if name in fields:
+        return "True" if str(fields[name].type) == "bool" or name in BARE_TRUE else None
+    if passthrough:
+        from ultralytics.cfg import DEFAULT_CFG_DICT
+
+        if isinstance(DEFAULT_CFG_DICT.get(name), bool) or name in ("half", "int8", "end2end", "nms"):
+            return True
+    return None
+
+
 def build_config(command: str, args: list[str]) -> typing.Any:
     """Parse ``key=value`` words into the command's config dataclass.
 
+    Keys the command does not own go to Ultralytics (``passthrough``): read with Ultralytics' own parser and
+    checked against its keys and types here, so a typo is one line. A bare word sets a bool key to True.
+
     Raises:
         ConfigError: an argument is not ``key=value``, the key is unknown, the value has the wrong
-            type or is not one of the allowed choices, or a required key is missing.
+            type, range or is not one of the allowed choices, or a required key is missing.
     """
     spec = COMMANDS[command]
     fields = {f.name: f for f in fields_of(spec.config) if not f.metadata.get("passthrough")}
@@ -95,9 +121,15 @@ def build_config(command: str, args: list[str]) -> typing.Any:
         name, eq, text = word.partition("=")
         name = name.strip().lstrip("-").replace("-", "_")
         if not eq:
-            raise ConfigError(f"'{word}' is not key=value. Example: {spec.example}")
+            bare = _bare_word(name, fields, passthrough)
+            if bare is None:
+                raise ConfigError(f"'{word}' is not key=value. Example: {spec.example}")
+            if name not in fields:
+                extra[name] = bare
+                continue
+            text = bare
         if name not in fields and passthrough:
-            extra[name] = smart_value(text.strip())  # Ultralytics checks these keys itself
+            extra[name] = _passthrough_value(name, text)
             continue
         if name not in fields:
             near = difflib.get_close_matches(name, fields, n=1)
@@ -112,14 +144,38 @@ def build_config(command: str, args: list[str]) -> typing.Any:
         choices = f.metadata.get("choices")
         if choices and value not in choices:
             raise ConfigError(f"{name}={text}: expected one of {', '.join(choices)}")
+        minimum = f.metadata.get("minimum")
+        if minimum is not None and value is not None and value < minimum:
+            raise ConfigError(f"{name}={text}: expected at least {minimum} (default {f.default})")
         values[name] = value
     for f in fields.values():
         if f.default is None and f.name not in values and "None" not in str(f.type) and f.default_factory is MISSING:
-            if not (command == "train" and f.name == "model" and values.get("resume")):
-                raise ConfigError(f"'yolofeed {command}' needs {f.name}=... Example: {spec.example}")
+            raise ConfigError(f"'yolofeed {command}' needs {f.name}=... Example: {spec.example}")
     if passthrough:
+        if extra:  # Ultralytics' keys and types, checked as its get_cfg would (which prints its help and raises)
+            from yolofeed.train.keys import check_overrides
+
+            check_overrides(extra, own=fields, command=f"yolofeed {command}")
         values[passthrough] = extra
     return spec.config(**values)
+
+
+def check_paths(config: typing.Any) -> None:
+    """The files and folders a command names, checked before any work starts.
+
+    Raises:
+        DatasetError: ``data=`` names no file.
+        ConfigError: a folder key (``pack_dir=``, pack's ``out=``) names an existing file.
+    """
+    data = getattr(config, "data", None)
+    if isinstance(data, str) and not Path(data).expanduser().is_file():
+        raise DatasetError(f"data={data}: file not found. Pass data=path/to/data.yaml, a local Ultralytics data yaml "
+                           "('yolofeed synth' makes one to try)")
+    folders = ["pack_dir"] + (["out"] if isinstance(config, PackConfig) else [])
+    for name in folders:
+        folder = getattr(config, name, None)
+        if folder and Path(folder).expanduser().exists() and not Path(folder).expanduser().is_dir():
+            raise ConfigError(f"{name}={folder} is a file; {name}= names the folder packs go to (made if missing)")
 
 
 def help_text(command: str | None = None) -> str:
@@ -164,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         config = build_config(command, args)
+        check_paths(config)
         module, func = COMMANDS[command].target.split(":")
         getattr(importlib.import_module(module), func)(config)
     except YolofeedError as e:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def key(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:  # noqa: A002 - mirrors argparse
-    """A config field with its help text (and allowed values, for strings)."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+def key(default: Any, help: str, choices: tuple[str, ...] | None = None,  # noqa: A002 - mirrors argparse
+        minimum: int | None = None) -> Any:
+    """A config field with its help text (and allowed values, for strings; the smallest value, for numbers)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 def passthrough(help: str) -> Any:  # noqa: A002 - mirrors argparse
@@ -44,7 +45,7 @@ class SynthConfig:
                        "min_box=16 is a set yolo11n learns in a few dozen epochs, for accuracy comparisons")
     boxes: int = key(20, "at most this many objects per image (1 to boxes)")
     min_box: int = key(8, "smallest object side in pixels of the written image")
-    workers: int = key(0, "processes; 0 = all usable cores")
+    workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,12 @@ class PackConfig:
     """Pack an Ultralytics detection dataset into one memory-mappable file per split."""
 
     data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
-    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does")
+    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=32)
     format: str = key("raw", "raw: decoded RGB pixels; jpeg: encoded bytes, decoded later on the GPU",
                       ("raw", "jpeg"))
     out: str | None = key(None, "pack folder; default <data yaml folder>/yolofeed-packs/<yaml stem>-<format>-<imgsz>")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
-    workers: int = key(0, "processes; 0 = all usable cores")
+    workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
     rebuild: str = key("auto", "auto: build missing or stale packs; always: rebuild; never: refuse stale packs",
                        ("auto", "always", "never"))
     sync: bool = key(False, "fsync before publishing: survives power loss, costs the disk's write time "
@@ -68,9 +69,11 @@ class PackConfig:
 class TrainConfig:
     """Train with Ultralytics' DetectionTrainer fed by a GPU-resident pipeline. Any ``yolo train`` key passes through."""
 
-    model: str = key(None, "model yaml or weights, as for yolo train (e.g. yolo11n.yaml)")
+    model: str | None = key(None, "model yaml or weights, as for yolo train (e.g. yolo11n.yaml); required unless "
+                            "resume=path")
     data: str | None = key(None, "Ultralytics data yaml (not needed with resume=)")
-    resume: str | None = key(None, "a last.pt to continue training from")
+    resume: str | None = key(None, "a last.pt to continue training from; or model=.../last.pt with resume=True "
+                             "(or a bare 'resume'), as in yolo train")
     pack_format: str = key("raw", "pack storage: raw pixels, or jpeg bytes decoded on the GPU", ("raw", "jpeg"))
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; never: refuse them",
                             ("auto", "always", "never"))

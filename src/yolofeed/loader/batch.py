@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.loader.decode import decode_cv2
+from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
 
 
@@ -40,9 +41,9 @@ class HostBuffers:
         return self.images, self.hw, self.labels, self.counts
 
 
-def label_width(pack: Pack) -> int:
-    """Most labels any image of the pack has (the padded label width)."""
-    return int(pack.index["label_count"].max()) if len(pack) else 0
+def label_width(pack: Pack, labels: LabelView | None = None) -> int:
+    """Most labels any image has (the padded label width), in ``labels`` or else in the pack."""
+    return (LabelView.of(pack) if labels is None else labels).width
 
 
 def _decode_jpegs(pack: Pack, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -66,11 +67,13 @@ def _decode_jpegs(pack: Pack, indices: np.ndarray, out: np.ndarray) -> np.ndarra
     return shapes
 
 
-def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = True) -> int:
+def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = True,
+           labels: LabelView | None = None) -> int:
     """Fill ``buf`` with samples ``indices``: one memcpy per image from the page cache, labels vectorised.
 
     Args:
         images: False gathers only hw, labels and counts (jpeg packs decoded on the device later).
+        labels: the labels to deliver (``classes``/``single_cls`` applied); None: the pack's own.
 
     Returns:
         n, the number of samples written (rows ``:n`` are valid).
@@ -83,13 +86,13 @@ def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = Tru
     else:
         hw = pack.gather(indices, buf.images[:n])
     buf.hw[:n] = torch.from_numpy(hw)
-    rec = pack.index[np.asarray(indices, dtype=np.int64)]
-    counts = rec["label_count"].astype(np.int64)
+    labels = LabelView.of(pack) if labels is None else labels
+    idx = np.asarray(indices, dtype=np.int64)
+    counts, starts, table = labels.count[idx], labels.start[idx], labels.table
     width = buf.labels.shape[1]
     j = np.arange(width)
-    rows = rec["label_start"].astype(np.int64)[:, None] + j
+    rows = starts[:, None] + j
     have = j < counts[:, None]
-    table = pack.label_table
     lab = np.where(have[..., None], table[np.minimum(rows, max(len(table) - 1, 0))] if len(table) else 0.0, 0.0)
     buf.labels[:n] = torch.from_numpy(lab.astype(np.float32))
     buf.counts[:n] = torch.from_numpy(counts)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
 
 
@@ -16,11 +17,13 @@ class PackDataset:
     Args:
         pack: the split's pack.
         indices: the pack samples in use (a ``fraction`` subset, or all).
+        labels: the labels in use (``classes``/``single_cls`` applied); None: the pack's own.
     """
 
-    def __init__(self, pack: Pack, indices: np.ndarray | None = None):
+    def __init__(self, pack: Pack, indices: np.ndarray | None = None, labels: LabelView | None = None):
         self.pack = pack
         self.indices = np.arange(len(pack)) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.label_view = LabelView.of(pack) if labels is None else labels
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -36,7 +39,7 @@ class PackDataset:
         shapes = self.pack.ori_shapes
         out = []
         for i, f in zip(self.indices, self.im_files):
-            lb = self.pack.labels(int(i))
+            lb = self.label_view(int(i))
             out.append({"im_file": f, "shape": tuple(int(v) for v in shapes[i]), "cls": lb[:, :1], "bboxes": lb[:, 1:],
                         "segments": [], "normalized": True, "bbox_format": "xywh"})
         return out

@@ -30,6 +30,7 @@ from yolofeed.augment import SourceBatch
 from yolofeed.errors import ConfigError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
 from yolofeed.loader.decode import decode_into
+from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
 
 _STOP = object()
@@ -63,9 +64,9 @@ class LoadedBatch:
 
 
 class _Slot:
-    def __init__(self, pack: Pack, batch: int, device: torch.device, on_device: bool):
+    def __init__(self, pack: Pack, batch: int, device: torch.device, on_device: bool, labels: LabelView):
         pin = device.type == "cuda"
-        width = label_width(pack)
+        width = label_width(pack, labels)
         self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device)
         if device.type == "cpu":
             self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False)
@@ -96,23 +97,26 @@ class Prefetcher:
         sync: gather in the calling thread (tests, debugging).
         decode: jpeg packs only: "torchvision" decodes on ``device`` (nvJPEG on CUDA, libjpeg-turbo on
             the CPU), "cv2" on two host threads, "auto" is torchvision on CUDA and cv2 elsewhere.
+        labels: the labels to deliver (``classes``/``single_cls`` applied, ``LabelView``); None: the pack's.
 
     Raises:
         ConfigError: an unknown ``decode``.
     """
 
     def __init__(self, pack: Pack, device: torch.device | str, max_batch: int, slots: int = 3, sync: bool = False,
-                 decode: str = "auto"):
+                 decode: str = "auto", labels: LabelView | None = None):
         self.pack, self.device, self.sync = pack, torch.device(device), sync
+        self.labels = LabelView.of(pack) if labels is None else labels
         self.on_device = decodes_on_device(pack, self.device, decode)
-        self.slots = [_Slot(pack, max_batch, self.device, self.on_device) for _ in range(1 if sync else slots)]
+        self.slots = [_Slot(pack, max_batch, self.device, self.on_device, self.labels)
+                      for _ in range(1 if sync else slots)]
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     # -- producer -------------------------------------------------------------------------
     def _fill(self, slot: _Slot, indices: np.ndarray) -> None:
-        n = slot.n = gather(self.pack, indices, slot.host, images=not self.on_device)
+        n = slot.n = gather(self.pack, indices, slot.host, images=not self.on_device, labels=self.labels)
         skip = 1 if self.on_device else 0  # images come from the decoder, not from the host buffer
         pairs = list(zip(slot.host.tensors(), slot.dev.tensors()))[skip:]
         if self.stream is not None:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from yolofeed.loader.dataset import PackDataset, source_positions
+from yolofeed.loader.labels import LabelView
 from yolofeed.loader.prefetch import LoadedBatch, Prefetcher
 from yolofeed.loader.sampler import EpochSampler, fraction_subset
 from yolofeed.pack import Pack
@@ -27,20 +28,21 @@ class TrainLoader:
         fraction: Ultralytics' ``fraction`` (share or count of the sorted source files).
         sync: gather in the calling thread (tests, debugging).
         decode: how jpeg packs are decoded: "auto", "torchvision" (on ``device``) or "cv2" (see ``Prefetcher``).
+        classes, single_cls: Ultralytics' keys: keep only these class ids; make every class id 0 (``LabelView``).
     """
 
     def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, seed: int = 0, rank: int = 0,
                  world_size: int = 1, fraction: float | int = 1.0, drop_last: bool = False, slots: int = 3,
-                 sync: bool = False, decode: str = "auto"):
-        tried = pack.header["counts"].get("tried", len(pack))
-        indices = (np.arange(len(pack)) if fraction == 1.0
-                   else fraction_subset(tried, source_positions(pack), fraction))
-        self.dataset = PackDataset(pack, indices)
+                 sync: bool = False, decode: str = "auto", classes: int | list[int] | None = None,
+                 single_cls: bool = False):
+        indices = subset(pack, fraction)
+        labels = LabelView.of(pack, classes, single_cls)
+        self.dataset = PackDataset(pack, indices, labels)
         self.sampler = EpochSampler(indices, batch_size, seed=seed, rank=rank, world_size=world_size,
                                     drop_last=drop_last)
         self.batch_size, self.drop_last = batch_size, drop_last
-        self.num_workers = 1  # one gather thread; the GPU does the rest
-        self.prefetcher = Prefetcher(pack, device, batch_size + 1, slots=slots, sync=sync, decode=decode)
+        self.num_workers = 0  # no worker processes (Ultralytics prints this): one gather thread, the GPU does the rest
+        self.prefetcher = Prefetcher(pack, device, batch_size + 1, slots=slots, sync=sync, decode=decode, labels=labels)
 
     def __len__(self) -> int:
         return self.sampler.num_batches()
@@ -57,6 +59,13 @@ class TrainLoader:
 
     def close(self) -> None:
         self.prefetcher.close()
+
+
+def subset(pack: Pack, fraction: float | int) -> np.ndarray:
+    """The pack samples Ultralytics uses for a split's ``fraction`` (a share or a count of its sorted files)."""
+    if fraction == 1.0:
+        return np.arange(len(pack))
+    return fraction_subset(pack.header["counts"].get("tried", len(pack)), source_positions(pack), fraction)
 
 
 def _as_dict(b: LoadedBatch) -> dict:

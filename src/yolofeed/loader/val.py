@@ -14,7 +14,9 @@ import torch
 
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.loader.dataset import PackDataset
+from yolofeed.loader.labels import LabelView
 from yolofeed.loader.prefetch import Prefetcher
+from yolofeed.loader.train import subset
 from yolofeed.pack import Pack
 
 RECT_PAD = 0.5  # Ultralytics builds validation datasets with pad=0.5
@@ -54,16 +56,21 @@ class ValLoader:
         batch_size: Ultralytics validates at twice the training batch.
         stride: the model's largest stride (at least 32), for the rect shapes.
         decode: how jpeg packs are decoded: "auto", "torchvision" (on ``device``) or "cv2" (see ``Prefetcher``).
+        fraction: the split's share or count of its sorted files (Ultralytics' ``get_split_fraction``).
+        classes, single_cls: Ultralytics' keys: keep only these class ids; make every class id 0 (``LabelView``).
     """
 
     def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, stride: int = 32, sync: bool = False,
-                 decode: str = "auto"):
+                 decode: str = "auto", fraction: float | int = 1.0, classes: int | list[int] | None = None,
+                 single_cls: bool = False):
         self.pack, self.batch_size, self.device = pack, batch_size, torch.device(device)
-        self.dataset = PackDataset(pack)
-        self.order, self.batches, self.shapes = rect_batches(pack.ori_shapes, batch_size, pack.imgsz, stride)
-        self.dataset.indices = self.order  # the validator reads im_files in batch order
-        self.num_workers, self.drop_last, self.sampler = 1, False, None
-        self.prefetcher = Prefetcher(pack, device, batch_size, slots=2, sync=sync, decode=decode)
+        used = subset(pack, fraction)  # cut before the aspect-ratio sort, as Ultralytics cuts its file list
+        labels = LabelView.of(pack, classes, single_cls)
+        order, batches, self.shapes = rect_batches(pack.ori_shapes[used], batch_size, pack.imgsz, stride)
+        self.order, self.batches = used[order], [used[b] for b in batches]
+        self.dataset = PackDataset(pack, self.order, labels)  # the validator reads im_files in batch order
+        self.num_workers, self.drop_last, self.sampler = 0, False, None
+        self.prefetcher = Prefetcher(pack, device, batch_size, slots=2, sync=sync, decode=decode, labels=labels)
 
     def __len__(self) -> int:
         return len(self.batches)

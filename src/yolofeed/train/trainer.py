@@ -1,10 +1,13 @@
 """The Ultralytics seam: ``DetectionTrainer`` fed from packs and augmented on the GPU.
 
 Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
-schedulers, validation, checkpoints, results.csv, resume and DDP. Only four things change:
+schedulers, validation, checkpoints, results.csv, resume and DDP. Only five things change:
 
+* ``check_resume`` (inside Ultralytics' ``__init__``, before the device or the run folder) checks the final
+  arguments against ``train/keys.py``: a key yolofeed cannot honour stops the run there, in one line.
 * ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
-  ``ValLoader`` (Ultralytics' rect + letterbox batches); packs are built on first use.
+  ``ValLoader`` (Ultralytics' rect + letterbox batches), each with the split's ``fraction``, ``classes``
+  and ``single_cls`` applied as Ultralytics' datasets apply them; packs are built on first use.
 * The augmentation runs on the device (``GraphedAugment`` on CUDA: one graph replay per batch), with
   mosaic, MixUp and CutMix partners drawn from the images loaded lately (``PartnerPool``: Ultralytics'
   ``dataset.buffer``, same size by default), one batch ahead (``AugmentAhead`` wraps the train loader: the host never waits for it), and the
@@ -19,6 +22,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only four thin
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from functools import partial
 from typing import Any
 
@@ -32,6 +37,7 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
+from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 
@@ -67,14 +73,27 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         from ultralytics.utils import DEFAULT_CFG
 
+        keys.check_overrides(overrides or {})  # before Ultralytics' get_cfg: a typo is one line, not its help text
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
-        if self.args.cache:
-            LOGGER.info(f"yolofeed: cache={self.args.cache} ignored; packs are memory-mapped (the page cache serves them)")
-        self.hyp = AugmentHyp.from_args(self.args)
+        for line in keys.start_notes(self.args, self.device.type):
+            LOGGER.info(line)
+        # the side Ultralytics will train at, for the default stride; get_dataloader refits it to the model's
+        self.hyp = AugmentHyp.from_args(self.args, imgsz=train_side(self.args.imgsz))
         self._augment = None
         self._pool: PartnerPool | None = None
+        self.batch_images = 0  # images in the last batch handed to the step (the throughput counts real images)
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
+
+    def check_resume(self, overrides: dict[str, Any]) -> None:
+        """Ultralytics' resume check, then the final arguments (a checkpoint's included) against ``keys.RULES``.
+
+        Runs inside Ultralytics' ``__init__`` before the device is selected and the run folder is made, so a
+        refused key or a missing GPU stops the run in one line with nothing built.
+        """
+        super().check_resume(overrides)
+        keys.check(self.args)
+        self.args.device = keys.check_device(self.args.device)
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:
@@ -90,11 +109,21 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
                                  out=self.pack_dir, rebuild=self.pack_rebuild, progress=rank in (-1, 0))
 
     def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0, mode: str = "train"):
+        from ultralytics.data.utils import get_split_fraction
+
         pack = self._pack(self._split_of(dataset_path), rank)
+        if self.args.single_cls and rank in (-1, 0):
+            _warn_single_cls_gap(pack)
+        # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
+        fraction = 1.0 if self.data.get("complete") else get_split_fraction(
+            self.args.fraction, "train" if mode == "train" else self.args.split)
+        labels = {"classes": self.args.classes, "single_cls": bool(self.args.single_cls)}
         if mode == "train":
+            if self.hyp.imgsz != pack.imgsz:  # the model's stride is known now (imgsz=100 trains at 128)
+                self.hyp, self._augment = dataclasses.replace(self.hyp, imgsz=pack.imgsz), None
             world = max(self.world_size, 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
-                                 world_size=world, fraction=self.args.fraction, drop_last=bool(self.args.compile))
+                                 world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
             if not self.augment_ahead:
@@ -102,7 +131,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             counts = partial(early_candidates_augmented, self) if self.sync_free_loss else None
             return AugmentAhead(loader, self._augment_source, counts)
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
-        return ValLoader(pack, batch_size, self.device, stride=stride)
+        return ValLoader(pack, batch_size, self.device, stride=stride, fraction=fraction, **labels)
 
     # -- augmentation -------------------------------------------------------------------------
     def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:
@@ -150,10 +179,12 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         ``AugmentAhead`` batches and the validator's are already Ultralytics' batches: stock path.
         """
         if "source" not in batch:
+            self.batch_images = len(batch["img"])
             return super().preprocess_batch(batch)
         # boolean indexing learns N: a host sync, which AugmentAhead avoids
         out = self._augment_source(batch["source"]).to_ultralytics()
         out["im_file"] = batch["im_file"]
+        self.batch_images = len(out["img"])
         return super().preprocess_batch(out)  # img.float() / 255 and multi_scale, as Ultralytics does
 
     def _close_dataloader_mosaic(self):
@@ -161,3 +192,24 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
         self.hyp = self.hyp.closed()
         self._augment = None
+
+
+def _warn_single_cls_gap(pack: Any) -> None:
+    """Say which images ``yolo train single_cls=True`` would use and the pack left out.
+
+    Under ``single_cls`` Ultralytics' label check skips the class range (``verify_image_label``: ``max_cls = 0``),
+    so it keeps images whose class ids exceed ``nc``; a pack is built once for every run and skips them. Such
+    labels are a mistake in the dataset either way: say so, with the fix, rather than train on fewer images silently.
+    """
+    out_of_range = [f for f, reason in pack.header.get("skipped", []) if "but the data yaml has nc=" in reason]
+    if out_of_range:
+        LOGGER.warning(f"yolofeed: single_cls=True: {len(out_of_range)} {pack.split} images use class ids beyond the "
+                       f"data yaml's nc; yolo train would train on them under single_cls, the pack left them out "
+                       f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')}). Fix "
+                       "their labels or the yaml's names, then the pack rebuilds")
+
+
+def train_side(imgsz: int | list[int], stride: int = 32) -> int:
+    """The square side Ultralytics trains at: ``check_imgsz(imgsz, stride, floor=stride, max_dim=1)``, silently."""
+    side = max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz
+    return max(math.ceil(int(side) / stride) * stride, stride)

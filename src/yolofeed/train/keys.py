@@ -1,0 +1,339 @@
+"""Every ``yolo train`` key and what ``yolofeed train`` does with it: what stock does, or a refusal up front.
+
+One table, three readers: ``FastDetectionTrainer`` checks a run's final arguments against it before anything
+is built (``refusal``), the CLI and the trainer name the closest key for a typo from it (``check_names``),
+and ``tests/test_keys.py`` proves its rows and checks that ``docs/train-keys.md`` is ``markdown()``'s output.
+A key of a newer Ultralytics that is missing here fails that test until someone decides its row.
+
+Kinds of row:
+
+* ``stock``: read by Ultralytics' own trainer, validator, loss or plots; yolofeed hands it over untouched.
+* ``yolofeed``: applied by yolofeed's pack, loader or GPU augmentation, the way ``yolo train`` applies it.
+* ``replaced``: a speed setting of Ultralytics' CPU loader; yolofeed's pack does that job and says so at start.
+* ``unused``: detection training never reads it, in ``yolo train`` either (prediction, export, other tasks).
+
+Any row may refuse some values (``refuse``): the run stops before its first step with one line that says
+what is not supported, why, and what to do instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yolofeed.errors import ConfigError
+from yolofeed.loader.labels import class_ids
+
+STOCK, OURS, REPLACED, UNUSED = "stock", "yolofeed", "replaced", "unused"
+
+# Keys Ultralytics accepts beyond default.yaml: check_dict_alignment's allowed extras, and the old names
+# cfg._handle_deprecation maps or drops with a warning (ultralytics 8.4; tests/test_keys.py checks them).
+EXTRA_KEYS = ("augmentations", "save_dir")
+DEPRECATED_KEYS = ("boxes", "hide_labels", "hide_conf", "line_thickness", "end2end", "int8", "half",
+                   "label_smoothing", "save_hybrid", "crop_fraction", "keras")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One key's row: its kind, what happens, and the values refused (with the message's reason and fix)."""
+
+    kind: str
+    note: str
+    refuse: Callable[[Any], bool] | None = None  # True for a refused value
+    refused: str = ""  # the refused values, in words (docs/train-keys.md)
+    reason: str = ""  # why, and what to do; the message is "key=value: reason"
+
+
+def _gpu_backend(value: Any) -> bool:
+    return str(value).lower().replace(" ", "").startswith(("mps", "npu", "xpu"))
+
+
+def _not_class_ids(value: Any) -> bool:
+    try:
+        class_ids(value)
+    except ConfigError:
+        return True
+    return False
+
+
+def _listed(value: Any) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+AUGMENT = "GPU augmentation with Ultralytics' meaning, probability and default"
+VALIDATOR = "read by Ultralytics' validator, which yolofeed feeds the same batches as stock"
+PREDICT = "prediction, tracking or export only"
+
+RULES: dict[str, Rule] = {
+    # what and where
+    "task": Rule(OURS, "detect", lambda v: v not in (None, "detect"), "any other task",
+                 "yolofeed trains detection models only. Train this model with 'yolo train' (same keys), or pick "
+                 "a detection model such as model=yolo11n.yaml"),
+    "mode": Rule(STOCK, "train"),
+    "model": Rule(STOCK, "a detection model yaml or .pt, built or loaded by Ultralytics (other tasks: see task)"),
+    "data": Rule(OURS, "one Ultralytics detection data yaml, a local file; packs are built from it on first use",
+                 _listed, "a list of data yamls", "yolofeed trains on one dataset per run (Ultralytics' "
+                 "multi-dataset fine-tuning is not supported); run yolofeed train once per data yaml"),
+    "cfg": Rule(STOCK, "a yaml of keys: Ultralytics merges it, and every key in it goes through this table"),
+    "device": Rule(OURS, "CUDA GPUs (several: DDP, as in yolo train) or the CPU", _gpu_backend, "mps, npu, xpu",
+                   "yolofeed's loader and augmentation run on CUDA GPUs and the CPU only; use 'yolo train' on "
+                   "Apple, Ascend or Intel devices"),
+    # the loop
+    "epochs": Rule(STOCK, "Ultralytics' loop"),
+    "time": Rule(STOCK, "Ultralytics' loop"),
+    "patience": Rule(STOCK, "Ultralytics' early stopping"),
+    "batch": Rule(OURS, "the loader's batch; -1 or a fraction: Ultralytics' AutoBatch chooses it first"),
+    "imgsz": Rule(OURS, "rounded up to a multiple of the model's stride as yolo train does; the pack is built at "
+                        "the rounded size"),
+    "save": Rule(STOCK, "Ultralytics' checkpoints"),
+    "save_period": Rule(STOCK, "Ultralytics' checkpoints"),
+    "cache": Rule(REPLACED, "not needed: packs are memory-mapped and the page cache keeps them in RAM"),
+    "workers": Rule(REPLACED, "no loader processes: one thread gathers batches from the pack and the device "
+                              "augments them (Ultralytics' start line says 0 workers)"),
+    "project": Rule(STOCK, "run folder, as in yolo train"),
+    "name": Rule(STOCK, "run folder, as in yolo train"),
+    "exist_ok": Rule(STOCK, "run folder, as in yolo train"),
+    "save_dir": Rule(STOCK, "run folder, as in yolo train"),
+    "pretrained": Rule(STOCK, "Ultralytics' weight loading"),
+    "cls_remap": Rule(UNUSED, "multi-dataset fine-tuning only (a list of data yamls, refused under data)"),
+    "optimizer": Rule(STOCK, "Ultralytics' optimizer"),
+    "verbose": Rule(STOCK, "Ultralytics' logging"),
+    "seed": Rule(OURS, "seeds Ultralytics (model, CUDA) and yolofeed's shuffle and GPU augmentation: the same "
+                       "distributions as stock, other random draws"),
+    "deterministic": Rule(STOCK, "Ultralytics' init_seeds (torch deterministic algorithms)"),
+    "single_cls": Rule(OURS, "every class id becomes 0 and nc 1, in training and validation, as yolo train does"),
+    "rect": Rule(OURS, "False", lambda v: bool(v), "True",
+                 "rectangular training batches are not supported: yolofeed's GPU pipeline builds square mosaic "
+                 "batches (in yolo train, rect=True also turns off mosaic, mixup and shuffling). Train with "
+                 "rect=False; validation uses rectangular batches either way, as in yolo train. For rectangular "
+                 "training use 'yolo train'"),
+    "cos_lr": Rule(STOCK, "Ultralytics' scheduler"),
+    "close_mosaic": Rule(OURS, "the GPU augmentation turns mosaic, mixup and cutmix off for the last N epochs"),
+    "resume": Rule(OURS, "resume=path/to/last.pt, or model=path/to/last.pt with resume=True or a bare 'resume'"),
+    "amp": Rule(STOCK, "Ultralytics' AMP check and GradScaler"),
+    "fraction": Rule(OURS, "the first share (or count) of each split's sorted files, as yolo train cuts them; a "
+                           "[train, val, test] list too"),
+    "profile": Rule(STOCK, "Ultralytics' loggers"),
+    "freeze": Rule(STOCK, "Ultralytics freezes the layers"),
+    "multi_scale": Rule(STOCK, "Ultralytics' preprocess_batch resizes each batch; the detection loss then takes "
+                               "Ultralytics' own path (said at start)"),
+    "compile": Rule(STOCK, "Ultralytics' torch.compile; the loader drops the last partial batch, as stock does"),
+    "channels_last": Rule(STOCK, "Ultralytics' memory format"),
+    "val": Rule(STOCK, "Ultralytics validates each epoch"),
+    "split": Rule(OURS, "the split validated on; its pack is built on first use"),
+    "classes": Rule(OURS, "boxes of other classes are dropped in training and validation (images stay, class ids "
+                          "are not renumbered), as yolo train does", _not_class_ids, "anything but class ids",
+                    "expected a class id or a list of them, e.g. classes=0 or classes=[0,2,3]"),
+    "quantize": Rule(STOCK, "the validator sets its own precision during training; 8 is refused",
+                     lambda v: str(v).lower() in ("8", "int8"), "8",
+                     "quantization-aware training (NVIDIA ModelOpt) is not supported by yolofeed; train in float "
+                     "with yolofeed and quantize on export, or use 'yolo train quantize=8'"),
+    "distill_model": Rule(STOCK, "None; knowledge distillation is refused", lambda v: v is not None, "any model",
+                          "knowledge distillation is not supported by yolofeed yet (its teacher and loss are "
+                          "untested with the GPU pipeline); use 'yolo train distill_model=...'"),
+    "dis": Rule(STOCK, "read only with distill_model"),
+    "augmentations": Rule(OURS, "None; custom Albumentations are refused", lambda v: bool(v), "any list",
+                          "custom Albumentations transforms run on the CPU inside yolo train's dataset; yolofeed "
+                          "augments on the GPU and cannot apply them. Drop augmentations=, or use 'yolo train'"),
+    # optimisation and loss
+    "lr0": Rule(STOCK, "Ultralytics' optimizer"),
+    "lrf": Rule(STOCK, "Ultralytics' scheduler"),
+    "momentum": Rule(STOCK, "Ultralytics' optimizer"),
+    "weight_decay": Rule(STOCK, "Ultralytics' optimizer"),
+    "warmup_epochs": Rule(STOCK, "Ultralytics' warm-up"),
+    "warmup_momentum": Rule(STOCK, "Ultralytics' warm-up"),
+    "warmup_bias_lr": Rule(STOCK, "Ultralytics' warm-up"),
+    "nbs": Rule(STOCK, "Ultralytics' gradient accumulation"),
+    "box": Rule(STOCK, "the detection loss's gain (yolofeed's sync-free loss is Ultralytics' with the same gains)"),
+    "cls": Rule(STOCK, "the detection loss's gain"),
+    "dfl": Rule(STOCK, "the detection loss's gain"),
+    "cls_pw": Rule(STOCK, "Ultralytics' class weights, counted from the loader's labels"),
+    # augmentation
+    **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
+                                         "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
+    "copy_paste": Rule(OURS, "0; refused above 0", lambda v: bool(v), "above 0",
+                       "copy-paste needs segment polygons, which yolofeed's packs do not keep (yolo train pastes "
+                       "objects when the labels are polygons). Train with copy_paste=0, or use 'yolo train'"),
+    "copy_paste_mode": Rule(UNUSED, "read only with copy_paste, which is refused"),
+    # validation and plots during training
+    **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
+                                            "visualize", "augment", "agnostic_nms", "nms", "dnn", "show_labels",
+                                            "show_conf")},
+    "plots": Rule(STOCK, "Ultralytics' plots (label plots from the loader's labels)"),
+    # other tasks
+    **{k: Rule(UNUSED, "segmentation, pose, OBB, classification or depth only") for k in (
+        "overlap_mask", "mask_ratio", "dropout", "pose", "kobj", "rle", "angle", "dlog", "dgrad", "dlam",
+        "auto_augment", "erasing")},
+    # prediction and export
+    **{k: Rule(UNUSED, PREDICT) for k in (
+        "source", "vid_stride", "stream_buffer", "retina_masks", "embed", "show", "save_frames", "save_crop",
+        "show_boxes", "line_width", "format", "optimize", "dynamic", "simplify", "opset", "workspace", "tracker")},
+}
+
+
+def value_of(args: Any, key: str) -> Any:
+    return args.get(key) if isinstance(args, dict) else getattr(args, key, None)
+
+
+def refusal(args: Any) -> str | None:
+    """The first refused value among ``args`` (Ultralytics' final training arguments, or a dict), as one line."""
+    for key, rule in RULES.items():
+        value = value_of(args, key)
+        if rule.refuse is not None and rule.refuse(value):
+            return f"{key}={value}: {rule.reason}"
+    return None
+
+
+def check(args: Any) -> None:
+    """Raise on the first refused value, model task included (before anything is built).
+
+    Raises:
+        ConfigError: a refused value; its message says why and what to do.
+    """
+    task = model_task(value_of(args, "model"), value_of(args, "task"))
+    if task != "detect":
+        raise ConfigError(f"task={task} (model={value_of(args, 'model')}): {RULES['task'].reason}")
+    if (why := refusal(args)) is not None:
+        raise ConfigError(why)
+
+
+def model_task(model: Any, task: str | None) -> str:
+    """The model's task: ``task`` when it is not detection, else what the model yaml's head (or name) says."""
+    if task not in (None, "detect") or not isinstance(model, (str, Path)):
+        return task or "detect"
+    from ultralytics.nn.tasks import guess_model_task, yaml_model_load
+
+    path = str(model)
+    try:
+        spec = yaml_model_load(path) if path.lower().endswith((".yaml", ".yml")) else path
+    except FileNotFoundError:  # reported with the fix where the model is loaded
+        return "detect"
+    guessed = guess_model_task(spec) if isinstance(spec, dict) and spec.get("head") else None
+    if guessed is None and not isinstance(spec, dict):  # weights or a name: the file name's -seg, -pose...
+        stem = Path(path).stem
+        guessed = next((t for t, tag in (("segment", "-seg"), ("pose", "-pose"), ("obb", "-obb"),
+                                         ("classify", "-cls"), ("semantic", "-sem"), ("depth", "-depth"))
+                        if tag in stem), None)
+    return guessed or "detect"
+
+
+def valid_names() -> set[str]:
+    """Every key Ultralytics' training accepts: default.yaml's, its allowed extras and deprecated names."""
+    from ultralytics.cfg import DEFAULT_CFG_DICT
+
+    return set(DEFAULT_CFG_DICT) | set(EXTRA_KEYS) | set(DEPRECATED_KEYS)
+
+
+def check_names(names: Iterable[str], own: Iterable[str] = (), command: str = "yolofeed train") -> None:
+    """Refuse a key that neither Ultralytics nor yolofeed knows, naming the closest valid one.
+
+    Args:
+        names: the keys passed on to Ultralytics.
+        own: the command's own keys (also offered as the closest match).
+
+    Raises:
+        ConfigError: an unknown key (one line, instead of Ultralytics' help text and traceback).
+    """
+    valid = valid_names()
+    for name in names:
+        if name not in valid:
+            near = difflib.get_close_matches(name, sorted(valid | set(own)), n=1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            raise ConfigError(f"'{name}' is not a key of '{command}' or of 'yolo train'.{hint} "
+                              f"'{command} help' lists yolofeed's keys, 'yolo cfg' Ultralytics' keys.")
+
+
+def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command: str = "yolofeed train") -> None:
+    """Keys handed to Ultralytics, checked as ``ultralytics.cfg.get_cfg`` checks them, but in one line.
+
+    Args:
+        overrides: key -> value, as Ultralytics' ``smart_value`` reads the command line.
+        own: the command's own keys (offered as the closest match of a typo).
+
+    Raises:
+        ConfigError: an unknown key (with the closest valid one), or a value of the wrong type or range.
+    """
+    from ultralytics.cfg import check_cfg
+
+    check_names(overrides, own, command)
+    try:
+        check_cfg(dict(overrides))  # on a copy: it converts values in place
+    except (TypeError, ValueError) as e:  # Ultralytics' messages are one line: key=value, what is valid
+        raise ConfigError(str(e).strip()) from None
+
+
+def check_device(device: Any) -> str:
+    """Ultralytics' canonical device string, refused in one line where ``select_device`` would raise.
+
+    Raises:
+        ConfigError: a device that is not the CPU or CUDA indices this machine has.
+    """
+    import torch
+    from ultralytics.utils.torch_utils import parse_device
+
+    canonical = parse_device(device if device is not None else "")
+    if canonical in ("", "cpu") or _gpu_backend(canonical):  # other backends: RULES["device"] refuses them
+        return canonical
+    indices = canonical.split(",")
+    if not all(i.isdigit() for i in indices):
+        raise ConfigError(f"device={device}: expected cpu, a CUDA GPU index such as device=0, or several such as "
+                          "device=0,1")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={device}: torch sees no CUDA GPU on this machine (torch.cuda.is_available() is "
+                          "False). Train on the CPU with device=cpu, or install a CUDA build of torch "
+                          "(https://pytorch.org/get-started/locally/)")
+    n = torch.cuda.device_count()
+    if any(int(i) >= n for i in indices):
+        raise ConfigError(f"device={device}: torch sees {n} CUDA GPU(s) here, device=0 to device={n - 1}")
+    return canonical
+
+
+def start_notes(args: Any, device_type: str) -> list[str]:
+    """The lines said before training: what yolofeed does differently from stock for these arguments."""
+    notes = []
+    if device_type == "cpu":
+        notes.append("yolofeed: on the CPU yolofeed trains slower than stock Ultralytics; for speed use a GPU, or "
+                     "plain 'yolo train' on the CPU")
+    if value_of(args, "multi_scale"):
+        notes.append(f"yolofeed: multi_scale={value_of(args, 'multi_scale')}: the detection loss takes Ultralytics' "
+                     "own path, which waits for the GPU a few times a step (the next batch's size is not known ahead)")
+    if value_of(args, "cache"):
+        notes.append(f"yolofeed: cache={value_of(args, 'cache')} is not needed: packs are memory-mapped and the page "
+                     "cache keeps them in RAM")
+    if value_of(args, "workers"):  # Ultralytics sets 0 on the CPU itself
+        notes.append(f"yolofeed: workers={value_of(args, 'workers')} is not used: one thread gathers batches from "
+                     "the pack and the device augments them (Ultralytics' start line says 0 dataloader workers)")
+    return notes
+
+
+def markdown() -> str:
+    """docs/train-keys.md: the table, for users."""
+    from ultralytics.cfg import DEFAULT_CFG_DICT
+
+    lines = ["# Train keys", "",
+             "What `yolofeed train` does with each `yolo train` key (Ultralytics "
+             f"{_ultralytics_version()}). Generated from `src/yolofeed/train/keys.py` by\n"
+             "`python -c 'from yolofeed.train.keys import markdown; print(markdown(), end=\"\")' > "
+             "docs/train-keys.md`;\n`tests/test_keys.py` checks both agree.", "",
+             "- **stock**: Ultralytics' own trainer, validator, loss or plots read it; yolofeed passes it on "
+             "untouched.",
+             "- **yolofeed**: yolofeed's pack, loader or GPU augmentation applies it as `yolo train` does.",
+             "- **replaced**: a speed setting of Ultralytics' CPU loader; yolofeed's pack does that job.",
+             "- **unused**: detection training does not read it, in `yolo train` either.",
+             "- A value under *refused* stops the run before its first step, with the reason and what to do.", "",
+             "| key | default | kind | what happens | refused |", "|---|---|---|---|---|"]
+    for key, rule in RULES.items():
+        default = DEFAULT_CFG_DICT.get(key, "")
+        lines.append(f"| `{key}` | {'' if default is None else f'`{default}`'} | {rule.kind} | {rule.note} | "
+                     f"{rule.refused} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ultralytics_version() -> str:
+    from ultralytics import __version__
+
+    return __version__
+

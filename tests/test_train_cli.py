@@ -1,0 +1,149 @@
+"""``yolofeed train`` as a user types it: values read as Ultralytics reads them, one line per mistake, and the
+keys that used to fail (single_cls, classes, imgsz=100, the resume forms) trained end to end."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolofeed.cli import build_config, main
+from yolofeed.errors import ConfigError
+from yolofeed.train.run import SPEED_FILE, resume_checkpoint
+
+TINY = ["epochs=1", "imgsz=40", "batch=8", "device=cpu", "workers=0", "plots=False", "exist_ok=True"]
+
+
+def _errors(capsys, argv: list[str]) -> str:
+    """Run the CLI in this process; the one stderr line of a user error (any other exception fails the test)."""
+    assert main(argv) == 1
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
+@pytest.fixture()
+def base(synth_root, tmp_path) -> list[str]:
+    return ["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", f"project={tmp_path}", "name=r"]
+
+
+def test_values_are_read_as_ultralytics_reads_them():
+    cfg = build_config("train", ["model=m.yaml", "classes=[0,1]", "fraction=0.5", "name=007", "scale=(0.5,1.5)",
+                                 "cache=ram", "amp=False", "single_cls", "freeze=None"])
+    assert cfg.extra == {"classes": [0, 1], "fraction": 0.5, "name": "007", "scale": (0.5, 1.5), "cache": "ram",
+                         "amp": False, "single_cls": True, "freeze": None}
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["model=runs/w/last.pt", "resume"], "runs/w/last.pt"),
+    (["model=runs/w/last.pt", "resume=True"], "runs/w/last.pt"),
+    (["resume=runs/w/last.pt"], "runs/w/last.pt"),
+    (["model=runs/w/last.pt", "resume=False"], None),
+    (["model=runs/w/last.pt"], None),
+])
+def test_the_resume_forms_of_yolo_train(tmp_path, monkeypatch, argv, expect):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "w").mkdir(parents=True)
+    (tmp_path / "runs" / "w" / "last.pt").write_bytes(b"")
+    assert resume_checkpoint(build_config("train", argv)) == expect
+
+
+def test_resume_without_a_checkpoint_is_one_line(tmp_path):
+    for argv, words in ((["resume"], "resume needs the checkpoint"),
+                        ([f"resume={tmp_path}/nope.pt"], "no checkpoint at"),
+                        ([f"model={tmp_path}/nope.pt", "resume"], "no checkpoint at")):
+        with pytest.raises(ConfigError, match=words):
+            resume_checkpoint(build_config("train", argv))
+    with pytest.raises(ConfigError, match="not key=value"):
+        build_config("train", ["model=m.yaml", "lr0"])  # a bare word only sets a bool key
+
+
+def test_user_mistakes_are_one_line(capsys, base, synth_root, tmp_path, monkeypatch):
+    """Each prints 'yolofeed COMMAND: error: ...' naming the problem and the fix; no traceback, exit code 1."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    line = _errors(capsys, base + ["foo=1"])
+    assert "'foo' is not a key" in line
+    assert "Did you mean 'epochs'" in _errors(capsys, base + ["epoch=3"])
+    assert "no such file" in _errors(capsys, ["train", "model=nope.yaml", f"data={synth_root / 'data.yaml'}"])
+    assert "is a file" in _errors(capsys, base + [f"pack_dir={a_file}"])
+    assert "is a file" in _errors(capsys, ["pack", f"data={synth_root / 'data.yaml'}", f"out={a_file}"])
+    for size in ("0", "-5"):
+        assert "imgsz=" + size + ": expected at least 32" in _errors(capsys, ["pack", f"data={synth_root}/data.yaml",
+                                                                               f"imgsz={size}"])
+    line = _errors(capsys, ["doctor", f"data={tmp_path}/nope.yaml"])
+    assert "data=" in line and "not found" in line and "data=path/to/data.yaml" in line
+    assert "rect=True" in _errors(capsys, base + ["rect"])
+    assert "detection models only" in _errors(capsys, ["train", "model=yolo11n-seg.yaml",
+                                                       f"data={synth_root / 'data.yaml'}"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = _errors(capsys, base + ["device=cuda"])
+    assert "device=cuda" in line and "no CUDA GPU" in line and "device=cpu" in line
+    assert not (tmp_path / "r").exists()  # every one stopped before the run folder was made
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "yolofeed", *argv], env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def _rows(run: Path) -> list[dict]:
+    with open(run / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_single_cls_classes_and_odd_imgsz_train_and_count_real_images(synth_root, tmp_path):
+    """The keys that crashed or were ignored, through the CLI: single_cls (an IndexError in the loss), classes
+    given as '[...]' (ignored), imgsz=40 (not a multiple of 32: trains at 64), and 11 images at batch 8: the
+    closing line counts 11, not two full batches."""
+    r = _run(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", f"project={tmp_path}", "name=k",
+              *TINY, "single_cls=True", "classes=[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]",
+              "fraction=11"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"yolofeed train: 11 images in", r.stdout), r.stdout[-1000:]
+    assert "Using 0 dataloader workers" in r.stdout and "slower than stock" in r.stdout
+    assert "updating to [64]" in r.stdout  # Ultralytics' own rounding, then the pack at 64
+    run = tmp_path / "k"
+    assert len(_rows(run)) == 1 and float(_rows(run)[0]["train/cls_loss"]) > 0
+    best = torch.load(run / "weights" / "best.pt", map_location="cpu", weights_only=False)
+    assert best["model"].nc == 1 and best["model"].names == {0: "item"}
+    assert best["train_args"]["classes"] == list(range(21)) and best["train_args"]["imgsz"] == 64
+
+
+@pytest.mark.slow
+def test_resume_forms(synth_root, tmp_path):
+    """A crash after epoch 1 of 2 leaves a resumable last.pt; 'model=last.pt resume' finishes the run as
+    yolo train would; the finished checkpoint is then refused in one line."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class Crash(Exception):
+        pass
+
+    def crash(trainer):
+        raise Crash
+
+    m = YOLO("yolo11n.yaml")
+    m.add_callback("on_model_save", crash)
+    with pytest.raises(Crash):
+        m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="c",
+                epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, val=False, exist_ok=True)
+    last = tmp_path / "c" / "weights" / "last.pt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 0
+    r = _run(["train", f"model={last}", "resume"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Resuming training" in r.stdout and "yolofeed train: 24 images in" in r.stdout
+    assert [row["epoch"].strip() for row in _rows(tmp_path / "c")] == ["1", "2"]
+    assert (tmp_path / "c" / SPEED_FILE).exists()
+    r = _run(["train", f"model={last}", "resume=True"])
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "finished run" in r.stderr and "nothing to resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
