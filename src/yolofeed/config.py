@@ -71,8 +71,18 @@ class TrainConfig:
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; never: refuse them",
                             ("auto", "always", "never"))
     pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
-    monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, TensorBoard scalars")
-    prometheus_port: int | None = key(None, "with monitor=True: serve metrics on 127.0.0.1:<port>/metrics")
+    # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
+    monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
+                        "prometheus_port= or an alert_*/summary_seconds key turns it on too")
+    prometheus_port: int | None = key(None, "serve Prometheus metrics on prometheus_addr:<port>/metrics (0: any free "
+                                      "port; a port in use moves to the next free one)")
+    prometheus_addr: str = key("127.0.0.1", "address the metrics endpoint binds: 127.0.0.1 lets only this machine "
+                               "scrape it (it has no authentication); 0.0.0.0 lets a Prometheus server on another host scrape it")
+    tensorboard: bool = key(True, "monitor scalars under <run>/yolofeed_tb (needs the tensorboard package)")
+    alert_util: float = key(60.0, "alert when GPU utilisation (%) stays under this while alert_wait holds")
+    alert_wait: float = key(0.15, "... and this share of each step (0-1) waits for data")
+    alert_seconds: float = key(30.0, "... for this many seconds (one warning per episode)")
+    summary_seconds: float = key(30.0, "seconds between the monitor's one-line summaries")
     extra: dict = passthrough("every other key=value goes to Ultralytics' train")
 
 
