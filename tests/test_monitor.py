@@ -3,6 +3,7 @@ line beside the progress bar, TensorBoard as an option, and a monitored CPU run.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -407,3 +409,62 @@ def test_summary_line_reads_well():
     line = TrainingMonitor.line(v)
     assert "1,234 img/s" in line and "GPU 91%" in line and "backward 50%" in line and "CPU 1.2 cores" in line
 
+
+MONITORING = Path(__file__).resolve().parents[1] / "monitoring"
+
+
+def _queries(node) -> list[str]:
+    """Every PromQL query in a Grafana dashboard: panel targets' ``expr`` and template variables' queries."""
+    found = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("expr", "definition") and isinstance(v, str):
+                found.append(v)
+            elif k == "query" and isinstance(v, dict) and isinstance(v.get("query"), str):
+                found.append(v["query"])
+            else:
+                found += _queries(v)
+    elif isinstance(node, list):
+        for v in node:
+            found += _queries(v)
+    return found
+
+
+def test_every_dashboard_query_names_a_metric_the_exporter_serves(tmp_path):
+    """The Grafana dashboard against a real scrape of the exporter (with a GPU, so every series is there): a renamed
+    or dropped metric leaves an empty panel in Grafana without any error, so it has to fail here."""
+    import re
+
+    dash = json.loads((MONITORING / "grafana" / "yolofeed.json").read_text())
+    mon, _ = _monitored(tmp_path, gpu=True)
+    try:
+        served = set(_scrape(mon.endpoint.url))
+    finally:
+        mon.close()
+    queries = _queries(dash)
+    named = {n for q in queries for n in re.findall(r"\byolofeed_[a-z0-9_]+", q)}
+    assert named and named <= served, f"not exported: {sorted(named - served)}"
+    exported = {n for n in served if n.startswith("yolofeed_")}
+    assert exported <= named, f"exported but on no panel: {sorted(exported - named)}"
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for t in panel["targets"]:
+            assert re.search(r"\byolofeed_", t["expr"]) and t["expr"].count("(") == t["expr"].count(")")
+            assert '{run=~"$run"}' in t["expr"], (panel["title"], t["expr"])  # the run picker filters each query
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "run"}
+
+
+def test_the_compose_example_mounts_files_that_exist():
+    import yaml
+
+    compose = yaml.safe_load((MONITORING / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            host = volume.split(":")[0]
+            assert (MONITORING / host).exists(), f"{name} mounts {host}, which is not in monitoring/"
+    prom = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    job = next(j for j in prom["scrape_configs"] if j["job_name"] == "yolofeed")
+    assert "127.0.0.1:9400" in job["static_configs"][0]["targets"]
+    ds = yaml.safe_load((MONITORING / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert ds["datasources"][0]["type"] == "prometheus"
