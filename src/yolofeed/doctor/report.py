@@ -119,8 +119,8 @@ def _env_rows(env: dict[str, Any], command: str) -> dict[str, str]:
     gpus = env.get("gpus") or []
     return {"date": env.get("date", "-"), "command": command,
             "versions": f"yolofeed {env.get('yolofeed')}, Ultralytics {env.get('ultralytics')}, "
-                        f"torch {env.get('torch')}, CUDA {env.get('cuda') or '-'}, NVIDIA driver {env.get('driver') or '-'}, "
-                        f"Python {env.get('python')}",
+                        f"torch {env.get('torch')}, CUDA {env.get('cuda') or '-'}, "
+                        f"NVIDIA driver {env.get('driver') or '-'}, Python {env.get('python')}",
             "host": f"{env.get('host')} ({env.get('os')})",
             "cpu": f"{env.get('cpu')}, {env.get('cores')} cores ({env.get('usable_cores')} usable by the run)",
             "ram": f"{env.get('ram_gb')} GB",
