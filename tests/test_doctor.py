@@ -123,7 +123,7 @@ def test_advice_names_the_measured_yolofeed_gain():
 def _profile(mode: str, wait: float) -> dict:
     t = [0.1 * k for k in range(30)]
     return {"mode": mode, "images_per_s": 600.0, "step_ms": 200.0, "data_wait_fraction": wait, "gpu_util": 40.0,
-            "own_cores_busy": 15.0, "cpu_cores_busy": 15.5, "cores": 16,
+            "own_cores_busy": 15.0, "cpu_cores_busy": 15.5, "cores": 16, "mean_step_ms": 213.3,
             "phases_ms": {"data_wait": 200 * wait, "preprocess": 5, "forward": 40, "loss": 10, "backward": 60,
                           "optimizer": 5},
             "timeline": {"t": t, "gpu_util": [40.0] * 30, "cpu_cores_busy": [15.5] * 30, "own_cores_busy": [15.0] * 30,
@@ -147,7 +147,97 @@ def test_report_is_self_contained(tmp_path):
     assert data["verdicts"][0]["rule"] == "cpu_augmentation" and len(data["profiles"]) == 2
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_report_says_when_where_and_with_what_it_ran(tmp_path):
+    """A report sent to a colleague carries its date, versions, host, GPU and command line (HTML and JSON), and
+    the mean step beside the median, named as such."""
+    from yolofeed.doctor import report
+    from yolofeed.monitor.system import environment
+
+    env = environment()
+    command = "yolofeed doctor data=d.yaml batch=64 workers=4"
+    html = report.write(tmp_path, {"summary": "test run", "command": command}, [_profile("stock", 0.5)],
+                        diagnose(replace(FED, **CASES["cpu_augmentation"])), env).read_text()
+    for value in (env["date"], env["ultralytics"], env["torch"], env["cpu"], str(env["cores"]), command):
+        assert str(value) in html, value
+    assert "Date (UTC)" in html and "NVIDIA driver" in html and "GPU" in html
+    assert "mean step, ms" in html and "median step, ms" in html
+    row = re.search(r"<tr><td>stock</td>(.*?)</tr>", html).group(1)
+    assert re.findall(r"<td>([^<]*)</td>", row)[1:3] == ["213.3", "200.0"]  # mean, then median
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["environment"] == json.loads(json.dumps(env)) and data["config"]["command"] == command
+
+
+def test_the_command_line_is_rebuilt_from_the_config():
+    from yolofeed.cli import build_config
+    from yolofeed.doctor.report import command_line
+
+    cfg = build_config("doctor", ["data=my data.yaml", "batch=64", "amp=False", "out=runs/doctor"])
+    assert command_line("doctor", cfg) == "yolofeed doctor 'data=my data.yaml' batch=64 amp=False"
+
+
+def test_a_slower_yolofeed_is_said_plainly():
+    """On the CPU yolofeed can be slower than stock: the report must say so, not advise yolofeed anyway."""
+    cpu = replace(FED, gpu_util=None, data_wait=0.1, own_cores_busy=1.0, machine_cores_busy=1.0, cores=2,
+                  images_per_s=54, yolofeed_images_per_s=42)
+    v = {x.rule: x for x in diagnose(cpu)}
+    assert "yolofeed_slower" in v and not v["yolofeed_slower"].bottleneck
+    assert "slower than stock" in v["yolofeed_slower"].title and "42 img/s" in v["yolofeed_slower"].evidence
+    assert any("stock Ultralytics" in a for a in v["yolofeed_slower"].advice)
+    gpu = replace(FED, **CASES["cpu_augmentation"], images_per_s=600, yolofeed_images_per_s=500)
+    v = diagnose(gpu)
+    assert "yolofeed_slower" in [x.rule for x in v]
+    assert not any("yolofeed train" in a and "x)" in a for a in v[0].advice)  # no "(0.8x)" gain offered
+    assert any("was slower" in a for a in v[0].advice)
+    assert "yolofeed_slower" not in [x.rule for x in diagnose(replace(cpu, yolofeed_images_per_s=60))]
+    assert "yolofeed_slower" not in [x.rule for x in diagnose(replace(cpu, yolofeed_images_per_s=None))]
+
+
+def _fake_profile(mode: str):
+    """What ``profile`` returns, without training: the doctor's own logic around it is under test."""
+    from yolofeed.doctor.profile import Profile
+
+    p = _profile(mode, 0.3 if mode == "stock" else 0.01)
+    keys = {f for f in Profile.__dataclass_fields__}
+    base = dict(device="cpu", windows=[600.0], steps=5, warmup=2, gpu_util=None, gpu_clock_mhz=None, gpu_power_w=None,
+                iowait=0.0, disk_read_mb_s=0.0, gpu_mem_peak_gb=None, batch=4, workers=0, n_train=24, n_val=8)
+    return Profile(**{**base, **{k: v for k, v in p.items() if k in keys and k != "gpu_util"}})
+
+
+def test_doctor_checks_out_before_profiling(tmp_path, monkeypatch, capsys):
+    """out= naming a file (or a folder under one) once cost minutes of profiling, then a NotADirectoryError with no
+    verdict. Now: one line, naming the folder, before anything trains."""
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
+    blocker = tmp_path / "report.txt"
+    blocker.write_text("not a folder")
+    for out in (blocker, blocker / "sub"):
+        assert main(["doctor", "data=d.yaml", f"out={out}"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"out={out}" in err[0] and "folder" in err[0], err
+
+
+def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: _fake_profile(mode))
+    monkeypatch.setattr(doctor.report, "write", full_disk)
+    assert main(["doctor", "data=d.yaml", f"out={tmp_path / 'doc'}", "device=cpu"]) == 1
+    captured = capsys.readouterr()
+    assert "VERDICT:" in captured.out and "report: not written" in captured.out
+    errors = [line for line in captured.err.splitlines() if "error" in line]  # stderr also holds the step bar
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "verdict above" in errors[0]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="needs a chromium on PATH: apt-get install chromium (.ci/run does; see CONTRIBUTING.md)")
 def test_report_renders_in_headless_chromium(tmp_path):
     """Open report.html in a real browser; the stacked bar's data-wait red must be on screen."""
     from PIL import Image
@@ -169,14 +259,19 @@ def test_report_renders_in_headless_chromium(tmp_path):
 
 
 @pytest.mark.slow
-def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capsys):
+def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capfd):
     from yolofeed.cli import main
 
     out = tmp_path / "doc"
     assert main(["doctor", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=5", "warmup=2",
                  "device=cpu", f"out={out}"]) == 0
-    text = capsys.readouterr().out
+    captured = capfd.readouterr()
+    text = captured.out
     assert "VERDICT:" in text and "report.html" in text
+    # its own step bar over both modes (2 x (2 warm-up + 5 + 1)), not Ultralytics' bar of 10**6 epochs
+    assert "1000000" not in captured.out + captured.err and "Starting training" not in captured.out
+    assert "16/16" in captured.err and "stock (1/2)" in captured.err and "yolofeed (2/2)" in captured.err
+    assert (out / "runs" / "stock" / "args.yaml").is_file()  # where out= says: TensorBoard hints point at it
     # CPU-only is the verdict, or (when other processes load this machine) a finding beside cpu_contention
     assert "CPU-only" in text or "used no GPU" in text
     assert {p.name for p in out.iterdir()} >= {"report.html", "report.json", "timeline.png", "breakdown.png"}
@@ -184,6 +279,11 @@ def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capsys):
     assert stock["warmup"] == 2  # Ultralytics trains on the CPU with workers=0: no queue to cover
     assert stock["optimizer"] == "AdamW"  # optimizer=auto for a short run (under 10,000 iterations)
     assert stock["ram_used_gb"] > 0 and 0 <= stock["busiest_core"] <= 1 and stock["cores"] >= 1
+    assert stock["mean_step_ms"] >= stock["step_ms"] * 0.5 and stock["mean_step_ms"] > 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["command"].startswith("yolofeed doctor data=") and report["environment"]["date"]
+    stock_rate, yolofeed_rate = (p["images_per_s"] for p in report["profiles"])
+    assert ("yolofeed was slower" in text) == (yolofeed_rate < stock_rate)
 
 
 def test_optimizer_advice_names_musgd_only_when_it_ran():
@@ -192,3 +292,15 @@ def test_optimizer_advice_names_musgd_only_when_it_ran():
     assert "37 ms of each 84 ms step (44 %)" in musgd.evidence and "MuSGD" in musgd.evidence
     assert any("optimizer=AdamW" in a for a in musgd.advice) and not any("MuSGD" in a for a in sgd.advice)
 
+
+
+@pytest.mark.gpu
+def test_the_environment_is_read_without_starting_cuda():
+    """The doctor reads the GPUs before Ultralytics sets CUDA_VISIBLE_DEVICES for device=N: asking torch.cuda then
+    would start CUDA on every GPU, and the run would train on GPU 0 whatever device= said."""
+    import sys
+
+    code = ("import torch\nfrom yolofeed.monitor.system import environment\ne = environment()\n"
+            "assert e['gpus'] and e['driver'], e\nassert not torch.cuda.is_initialized()\nprint('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr

@@ -1,17 +1,24 @@
-"""Live monitoring: the alert logic (fake clock), and a monitored CPU run serving Prometheus and TensorBoard."""
+"""Live monitoring: the alert (fake clock), the Prometheus names, ports and addresses, the train keys, the summary
+line beside the progress bar, TensorBoard as an option, and a monitored CPU run."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from helpers import FakeClock
-from yolofeed.monitor import LowUtilAlert, PhaseTimer
+from yolofeed.monitor import LowUtilAlert, MonitorConfig, PhaseTimer
 from yolofeed.monitor.live import TrainingMonitor
+from yolofeed.monitor.system import SystemStats
 
 
 def test_alert_fires_once_per_episode_after_the_hold():
@@ -51,49 +58,349 @@ def test_phase_timer_splits_the_step_on_a_fake_clock():
     assert p.summary().steps == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class FakeSampler:
+    """The system sampler's interface with made-up readings: a machine with or without an NVIDIA GPU."""
+
+    def __init__(self, gpu: bool, samples: int = 5):
+        self.gpu, self.samples = gpu, samples
+
+    def recent(self, seconds: float) -> SystemStats:
+        g = self.gpu
+        return SystemStats(samples=self.samples, gpu_util=35.0 if g else None, gpu_mem_gb=2.5 if g else None,
+                           cpu_cores_busy=1.5, disk_read_mb_s=3.0, own_cores_busy=1.25, iowait=0.02, cores=2,
+                           gpu_clock_mhz=1980.0 if g else None, gpu_power_w=310.0 if g else None, ram_used_gb=3.0,
+                           swap_used_gb=0.5)
+
+    def start(self, device=None):
+        return self
+
+    def stop(self):
+        return self.recent(0)
+
+
+def _monitored(tmp_path, gpu: bool, steps: int = 4, **cfg) -> tuple[TrainingMonitor, FakeClock]:
+    """A monitor over ``steps`` hand-made steps (0.1 s data wait, 0.3 s compute, batch 4), published once."""
+    clock = FakeClock()
+    mon = TrainingMonitor(MonitorConfig(**{"prometheus_port": 0, "tensorboard": False, **cfg}), clock=clock,
+                          sampler=FakeSampler(gpu))
+    mon.timer = PhaseTimer(cuda=False, clock=clock)
+    mon.open(tmp_path / "train3", "cuda:0" if gpu else "cpu")
+    mon.timer.step_done(4)  # opens the clock
+    for _ in range(steps):
+        clock.t += 0.1
+        mon.timer.batch_ready()
+        for phase in ("forward", "loss", "backward", "optimizer"):
+            clock.t += 0.05
+            mon.timer.mark(phase)
+        clock.t += 0.1
+        mon.timer.step_done(4)
+    mon.publish()
+    return mon, clock
+
+
+def _scrape(url: str) -> dict[str, list]:
+    """Sample name -> [(labels, value)] from a /metrics page, parsed by prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+@pytest.fixture()
+def said():
+    """Messages the Ultralytics LOGGER emits during the test (it does not propagate to pytest's caplog)."""
+    import logging
+
+    from ultralytics.utils import LOGGER
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.messages: list[str] = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    keep = Keep()
+    LOGGER.addHandler(keep)
+    yield keep.messages
+    LOGGER.removeHandler(keep)
+
+
+def test_prometheus_names_units_and_the_run_label(tmp_path):
+    mon, _ = _monitored(tmp_path, gpu=True)
+    try:
+        m = _scrape(mon.endpoint.url)
+    finally:
+        mon.close()
+    yf = {k: v for k, v in m.items() if k.startswith("yolofeed_")}
+    assert all(labels.get("run") == "train3" for series in yf.values() for labels, _ in series)
+    assert not any("job" in labels for series in yf.values() for labels, _ in series)  # Prometheus sets job
+    # counters end in _total, and hold the whole run's sums
+    assert m["yolofeed_steps_total"][0][1] == 4 and m["yolofeed_images_total"][0][1] == 16
+    assert m["yolofeed_data_wait_seconds_total"][0][1] == pytest.approx(0.4)
+    phases = {labels["phase"]: v for labels, v in m["yolofeed_step_phase_seconds_total"]}
+    assert phases["data_wait"] == pytest.approx(0.4) and phases["forward"] == pytest.approx(0.2)
+    assert sum(phases.values()) == pytest.approx(4 * 0.4)  # the phases add up to the steps' wall time
+    assert m["yolofeed_alerts_total"][0][1] == 0
+    # ratios are shares of 0-1, units are base units
+    assert m["yolofeed_data_wait_ratio"][0][1] == pytest.approx(0.25)
+    assert m["yolofeed_gpu_utilization_ratio"][0][1] == pytest.approx(0.35)
+    assert m["yolofeed_cpu_iowait_ratio"][0][1] == pytest.approx(0.02)
+    assert m["yolofeed_gpu_memory_used_bytes"][0][1] == pytest.approx(2.5e9)
+    assert m["yolofeed_gpu_sm_clock_hertz"][0][1] == pytest.approx(1.98e9)
+    assert m["yolofeed_gpu_power_watts"][0][1] == pytest.approx(310)
+    assert m["yolofeed_memory_used_bytes"][0][1] == pytest.approx(3e9)
+    assert m["yolofeed_swap_used_bytes"][0][1] == pytest.approx(0.5e9)
+    assert m["yolofeed_disk_read_bytes_total"][0][1] >= 0
+    assert m["yolofeed_images_per_second"][0][1] == pytest.approx(10.0)
+    assert m["yolofeed_run_info"][0][0]["device"] == "cuda:0"
+    counters = {k for k in yf if k.endswith("_total")}
+    assert counters == {"yolofeed_steps_total", "yolofeed_images_total", "yolofeed_data_wait_seconds_total",
+                        "yolofeed_step_phase_seconds_total", "yolofeed_alerts_total", "yolofeed_disk_read_bytes_total"}
+    assert not any(k.endswith(("_percent", "_fraction")) for k in yf)
+
+
+def test_no_gpu_series_without_a_gpu(tmp_path):
+    """A CPU run must not show a GPU at 0 % in Grafana: its GPU series are absent, not zero."""
+    mon, _ = _monitored(tmp_path, gpu=False)
+    try:
+        m = _scrape(mon.endpoint.url)
+    finally:
+        mon.close()
+    assert "yolofeed_steps_total" in m and "yolofeed_cpu_cores_busy" in m
+    assert not [k for k in m if k.startswith("yolofeed_gpu_")]
+
+
+def test_the_counters_only_grow_and_the_alert_is_counted(tmp_path):
+    mon, clock = _monitored(tmp_path, gpu=True, alert_util=60, alert_wait=0.1, alert_seconds=2, publish_seconds=0)
+    try:
+        before = _scrape(mon.endpoint.url)
+        for _ in range(3):  # the fake GPU is 35 % busy and a quarter of each step waits: starved, held 2 s
+            clock.t += 1.5
+            mon.timer.batch_ready()
+            clock.t += 0.1
+            mon.timer.step_done(4)
+            mon.publish()
+        after = _scrape(mon.endpoint.url)
+    finally:
+        mon.close()
+    for name in ("yolofeed_steps_total", "yolofeed_images_total", "yolofeed_data_wait_seconds_total"):
+        assert after[name][0][1] > before[name][0][1]
+    assert after["yolofeed_alerts_total"][0][1] == 1 and after["yolofeed_low_utilization_alert"][0][1] == 1
+
+
+def test_a_port_in_use_moves_to_the_next_free_one(tmp_path, said):
+    """A taken prometheus_port once aborted the run with OSError Errno 98; now the endpoint moves and says where."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        mon, _ = _monitored(tmp_path, gpu=False, prometheus_port=port)
+        try:
+            assert mon.endpoint is not None and mon.endpoint.port != port
+            assert any(f"port {port} is in use" in m and str(mon.endpoint.port) in m for m in said)
+            assert _scrape(mon.endpoint.url)["yolofeed_steps_total"][0][1] == 4
+        finally:
+            mon.close()
+
+
+def test_no_port_to_be_had_warns_and_goes_on(said):
+    import logging
+
+    from yolofeed.monitor.exporter import Collector, serve
+
+    log = logging.getLogger("test-exporter")
+    seen = []
+    log.addHandler(type("H", (logging.Handler,), {"emit": lambda self, r: seen.append(r.getMessage())})())
+    collector = Collector("r", dict)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve(collector, "127.0.0.1", port, log, tries=1) is None
+    assert "in use" in seen[-1].lower() and "training goes on" in seen[-1]
+    assert serve(collector, "192.0.2.1", 0, log) is None  # TEST-NET-1: an address this machine does not have
+    assert "training goes on" in seen[-1]
+
+
+def test_the_endpoint_binds_the_address_asked_for(tmp_path):
+    mon, _ = _monitored(tmp_path, gpu=False)
+    try:
+        assert mon.endpoint.server.server_address[0] == "127.0.0.1"  # the safe default: this machine only
+    finally:
+        mon.close()
+    mon, _ = _monitored(tmp_path, gpu=False, prometheus_addr="0.0.0.0")
+    try:
+        assert mon.endpoint.server.server_address[0] == "0.0.0.0"  # every interface: another host may scrape
+        url = f"http://127.0.0.1:{mon.endpoint.port}/metrics"
+        assert _scrape(url)["yolofeed_steps_total"][0][1] == 4
+    finally:
+        mon.close()
+
+
+def test_monitor_keys_reach_yolofeed_train():
+    from yolofeed.cli import build_config
+    from yolofeed.config import TrainConfig
+    from yolofeed.errors import ConfigError
+    from yolofeed.monitor.live import TRAIN_KEYS, options_from
+
+    for k in TRAIN_KEYS:  # one default, two declarations: they must agree
+        assert getattr(TrainConfig(model="m"), k) == getattr(MonitorConfig(), k), k
+    base = ["model=yolo11n.yaml", "data=d.yaml"]
+    assert options_from(build_config("train", base)) is None  # off by default
+    assert options_from(build_config("train", base + ["tensorboard=False"])) is None  # asks for less: still off
+    on = options_from(build_config("train", base + ["monitor=True"]))
+    assert on == {k: getattr(MonitorConfig(), k) for k in TRAIN_KEYS}
+    opts = options_from(build_config("train", base + ["alert_util=45", "alert_wait=0.3", "alert_seconds=10",
+                                                      "summary_seconds=5", "tensorboard=False"]))
+    assert opts["alert_util"] == 45 and opts["alert_wait"] == 0.3 and opts["alert_seconds"] == 10
+    assert opts["summary_seconds"] == 5 and opts["tensorboard"] is False
+    opts = options_from(build_config("train", base + ["prometheus_port=9400", "prometheus_addr=0.0.0.0"]))
+    assert opts["prometheus_port"] == 9400 and opts["prometheus_addr"] == "0.0.0.0"
+    with pytest.raises(ConfigError, match="prometheus_port="):
+        options_from(build_config("train", base + ["prometheus_addr=0.0.0.0"]))
+    for bad in ("alert_wait=1.5", "alert_util=-1", "prometheus_port=70000", "summary_seconds=-2"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            options_from(build_config("train", base + ["monitor=True", bad]))
+
+
+def test_yolofeed_train_attaches_the_monitor_with_its_keys(synth_root, monkeypatch):
+    """The wiring in train/run.py: the keys arrive in attach(), before training starts."""
+    import ultralytics.engine.model
+
+    import yolofeed.monitor.live as live
+    from yolofeed.cli import build_config
+    from yolofeed.train.run import run
+
+    got = {}
+
+    class Stop(Exception):
+        pass
+
+    def train(self, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(live, "attach", lambda target, **cfg: got.update(cfg))
+    monkeypatch.setattr(ultralytics.engine.model.Model, "train", train)
+    cfg = build_config("train", ["model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", "alert_util=40",
+                                 "summary_seconds=10"])
+    with pytest.raises(Stop):
+        run(cfg)
+    assert got["alert_util"] == 40 and got["summary_seconds"] == 10 and got["prometheus_port"] is None
+
+
+def test_the_summary_line_starts_a_line_of_its_own(monkeypatch):
+    """Ultralytics' bar redraws with a carriage return and no newline: a line logged during a step must not be
+    glued onto the bar's text."""
+    import io
+    import logging
+
+    import ultralytics.utils.tqdm as utqdm
+    from ultralytics.utils import LOGGER
+    from ultralytics.utils.tqdm import TQDM
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(utqdm, "is_noninteractive_console", lambda: False)
+    handler = next(h for h in LOGGER.handlers if isinstance(h, logging.StreamHandler))
+    old = handler.setStream(out)  # the logger and the bar share one stream here, as in a terminal
+    try:
+        bar = TQDM(total=10, desc="1/2", mininterval=0)
+        bar.update(3)
+        TrainingMonitor._say("yolofeed: 1,234 img/s | summary", logging.INFO, bar=True)
+        bar.update(3)
+        bar.close()
+    finally:
+        handler.setStream(old)
+    lines = out.getvalue().split("\n")
+    assert "yolofeed: 1,234 img/s | summary" in lines, lines
+    assert any("1/2" in line for line in lines[lines.index("yolofeed: 1,234 img/s | summary") + 1:])  # bar goes on
+
+
+def test_tensorboard_is_optional(tmp_path):
+    """Without the tensorboard package yolofeed imports, the monitor runs, and says once what is missing."""
+    code = f"""
+import sys
+sys.modules["tensorboard"] = None  # as if not installed: 'import tensorboard' raises ImportError
+import yolofeed, yolofeed.cli, yolofeed.monitor, yolofeed.train, yolofeed.doctor.profile
+from pathlib import Path
+from yolofeed.monitor.live import open_tensorboard
+assert open_tensorboard(Path({str(tmp_path)!r}) / "a") is None
+assert open_tensorboard(Path({str(tmp_path)!r}) / "b") is None
+print("imports ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "YOLO_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr
+    text = r.stdout + r.stderr
+    assert "imports ok" in text and text.count("tensorboard package is missing") == 1
+    assert "pip install tensorboard" in text
 
 
 @pytest.mark.slow
-def test_monitored_stock_run_serves_prometheus_and_tensorboard(synth_root, tmp_path):
+def test_monitored_stock_run_survives_a_taken_port_and_serves_prometheus(synth_root, tmp_path, monkeypatch):
+    """A real (stock Ultralytics, CPU) run: the port asked for is taken, so the endpoint moves to the next one; the
+    run completes, the endpoint serves while it trains, TensorBoard gets scalars, and every summary line stands on
+    a line of its own between the progress bar's redraws."""
+    import io
+    import logging
+
     from ultralytics import YOLO
+    from ultralytics.utils import LOGGER
 
     from yolofeed.monitor import attach
 
-    port = _free_port()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
     model = YOLO("yolo11n.yaml")
     # publish every step: a run of a few seconds gives the scraper many chances, not one or two
     mon = attach(model, prometheus_port=port, summary_seconds=0.0, publish_seconds=0.0)
     scraped: dict = {}
 
     def scrape():  # while training runs
-        for _ in range(200):
+        for _ in range(300):
             try:
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-                if "yolofeed_step_phase_seconds{" in text and mon.step >= 5:  # published at least once
-                    scraped["text"] = text
+                if mon.endpoint is not None and mon.step >= 5:  # published at least once
+                    scraped["metrics"] = _scrape(mon.endpoint.url)
+                    scraped["url"] = mon.endpoint.url
                     return
             except OSError:
                 pass
             time.sleep(0.1)
 
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)  # the progress bar's stream ...
+    handler = next(h for h in LOGGER.handlers if isinstance(h, logging.StreamHandler))
+    old = handler.setStream(out)  # ... and the logger's, one stream as in a terminal
     t = threading.Thread(target=scrape)
     t.start()
-    model.train(data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=4, device="cpu", workers=0,
-                project=str(tmp_path), name="mon", plots=False, verbose=False)
-    t.join()
-    assert "text" in scraped, "the Prometheus endpoint never served the metrics"
-    names = {line.split("{")[0].split(" ")[0] for line in scraped["text"].splitlines() if line.startswith("yolofeed")}
-    assert {"yolofeed_step_phase_seconds", "yolofeed_images_per_second", "yolofeed_data_wait_fraction",
-            "yolofeed_cpu_cores_busy", "yolofeed_low_utilization_alert"} <= names
+    try:
+        model.train(data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=4, device="cpu", workers=0,
+                    project=str(tmp_path), name="mon", plots=False, verbose=False)
+    finally:
+        handler.setStream(old)
+        t.join()
+        taken.close()
+    assert "metrics" in scraped, "the Prometheus endpoint never served the metrics"
+    assert f":{port}/" not in scraped["url"]  # moved off the taken port
+    m = scraped["metrics"]
+    assert m["yolofeed_steps_total"][0][1] >= 5 and m["yolofeed_images_total"][0][1] >= 20
+    assert m["yolofeed_run_info"][0][0]["run"] == "mon"
     s = mon.timer.summary()
     assert s.steps > 0 and all(s.ms[p] >= 0 for p in s.ms) and s.ms["forward"] > 0 and s.ms["backward"] > 0
     assert list((tmp_path / "mon" / "yolofeed_tb").glob("events.out.tfevents.*"))
     with pytest.raises(OSError):  # the endpoint is closed with the run
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1)
+        urllib.request.urlopen(scraped["url"], timeout=1)
+    text = out.getvalue()
+    summaries = [line for line in text.split("\n") if "img/s |" in line]
+    assert summaries and all(line.startswith("yolofeed: ") for line in summaries), summaries[:3]
 
 
 def test_summary_line_reads_well():
@@ -101,3 +408,63 @@ def test_summary_line_reads_well():
          "ms_data_wait": 5, "ms_preprocess": 5, "ms_forward": 20, "ms_loss": 10, "ms_backward": 50, "ms_optimizer": 10}
     line = TrainingMonitor.line(v)
     assert "1,234 img/s" in line and "GPU 91%" in line and "backward 50%" in line and "CPU 1.2 cores" in line
+
+
+MONITORING = Path(__file__).resolve().parents[1] / "monitoring"
+
+
+def _queries(node) -> list[str]:
+    """Every PromQL query in a Grafana dashboard: panel targets' ``expr`` and template variables' queries."""
+    found = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("expr", "definition") and isinstance(v, str):
+                found.append(v)
+            elif k == "query" and isinstance(v, dict) and isinstance(v.get("query"), str):
+                found.append(v["query"])
+            else:
+                found += _queries(v)
+    elif isinstance(node, list):
+        for v in node:
+            found += _queries(v)
+    return found
+
+
+def test_every_dashboard_query_names_a_metric_the_exporter_serves(tmp_path):
+    """The Grafana dashboard against a real scrape of the exporter (with a GPU, so every series is there): a renamed
+    or dropped metric leaves an empty panel in Grafana without any error, so it has to fail here."""
+    import re
+
+    dash = json.loads((MONITORING / "grafana" / "yolofeed.json").read_text())
+    mon, _ = _monitored(tmp_path, gpu=True)
+    try:
+        served = set(_scrape(mon.endpoint.url))
+    finally:
+        mon.close()
+    queries = _queries(dash)
+    named = {n for q in queries for n in re.findall(r"\byolofeed_[a-z0-9_]+", q)}
+    assert named and named <= served, f"not exported: {sorted(named - served)}"
+    exported = {n for n in served if n.startswith("yolofeed_")}
+    assert exported <= named, f"exported but on no panel: {sorted(exported - named)}"
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for t in panel["targets"]:
+            assert re.search(r"\byolofeed_", t["expr"]) and t["expr"].count("(") == t["expr"].count(")")
+            assert '{run=~"$run"}' in t["expr"], (panel["title"], t["expr"])  # the run picker filters each query
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "run"}
+
+
+def test_the_compose_example_mounts_files_that_exist():
+    import yaml
+
+    compose = yaml.safe_load((MONITORING / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            host = volume.split(":")[0]
+            assert (MONITORING / host).exists(), f"{name} mounts {host}, which is not in monitoring/"
+    prom = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    job = next(j for j in prom["scrape_configs"] if j["job_name"] == "yolofeed")
+    assert "127.0.0.1:9400" in job["static_configs"][0]["targets"]
+    ds = yaml.safe_load((MONITORING / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert ds["datasources"][0]["type"] == "prometheus"

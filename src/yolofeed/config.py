@@ -81,8 +81,19 @@ class TrainConfig:
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
                             "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "
                             "smaller number for small GPUs; 0 = the batch itself")
-    monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, TensorBoard scalars")
-    prometheus_port: int | None = key(None, "with monitor=True: serve metrics on 127.0.0.1:<port>/metrics")
+    # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
+    monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
+                        "prometheus_port= or an alert_*/summary_seconds key turns it on too")
+    prometheus_port: int | None = key(None, "serve Prometheus metrics on prometheus_addr:<port>/metrics (0: any free "
+                                      "port; a port in use moves to the next free one)")
+    prometheus_addr: str = key("127.0.0.1", "address the metrics endpoint binds: 127.0.0.1 lets only this machine "
+                               "scrape it (it has no authentication); 0.0.0.0 lets a Prometheus server on "
+                               "another host scrape it")
+    tensorboard: bool = key(True, "monitor scalars under <run>/yolofeed_tb (needs the tensorboard package)")
+    alert_util: float = key(60.0, "alert when GPU utilisation (%) stays under this while alert_wait holds")
+    alert_wait: float = key(0.15, "... and this share of each step (0-1) waits for data")
+    alert_seconds: float = key(30.0, "... for this many seconds (one warning per episode)")
+    summary_seconds: float = key(30.0, "seconds between the monitor's one-line summaries")
     extra: dict = passthrough("every other key=value goes to Ultralytics' train")
 
 
@@ -101,7 +112,8 @@ class BenchConfig:
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
                      "one batch ahead), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
                      "loss: what yolofeed's sync-free step and loss add)")
-    out: str = key("runs/bench", "folder for bench.json, bench.png and the runs")
+    out: str = key("runs/bench", "folder for bench.json, bench.png and each mode's Ultralytics run folder "
+                   "(runs/<mode>: args.yaml, TensorBoard events if enabled; no weights)")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")
 
 
@@ -137,7 +149,8 @@ class DoctorConfig:
     warmup: int = key(10, "steps ignored at the start")
     yolofeed: bool = key(True, "also profile yolofeed train on the same setup, for the expected gain")
     time_validation: bool = key(True, "time one validation pass (for the validation-cost rule)")
-    out: str = key("runs/doctor", "report folder: report.html, report.json, timeline.png, breakdown.png")
+    out: str = key("runs/doctor", "report folder: report.html, report.json, timeline.png, breakdown.png, and "
+                   "each mode's Ultralytics run folder (runs/<mode>; no weights); checked before profiling")
     extra: dict = passthrough("every other key=value goes to the trainer (device, amp, cache, ...)")
 
 

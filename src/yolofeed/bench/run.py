@@ -16,7 +16,6 @@ steps are measured.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,29 +27,42 @@ COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2"
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 
-def run_mode(mode: str, cfg: BenchConfig, project: Path) -> dict:
-    """Train ``mode`` for ``warmup + steps`` steps and return its figures."""
+def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
+    """Train ``mode`` for ``warmup + steps`` steps and return its figures (``progress``: the bench's step bar)."""
     from yolofeed.doctor.profile import profile
 
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
-    p = profile(mode, args, cfg.steps, cfg.warmup, cfg.window)
-    keys = ("mode", "images_per_s", "step_ms", "data_wait_fraction", "steps", "warmup", "windows", "gpu_util",
-            "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
+    p = profile(mode, args, cfg.steps, cfg.warmup, cfg.window, progress=progress)
+    keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
+            "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
     return {k: getattr(p, k) for k in keys}
 
 
 def table(results: list[dict]) -> str:
     ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
-    lines = [f"{'mode':<14}{'img/s':>9}{'÷ ceiling':>11}{'GPU util':>10}{'data wait':>11}{'CPU cores':>11}"
-             f"{'GPU mem':>9}"]
+    lines = [f"{'mode':<16}{'img/s':>9}{'÷ ceiling':>11}{'mean step':>11}{'GPU util':>10}{'data wait':>11}"
+             f"{'CPU cores':>11}{'GPU mem':>9}"]
     for r in results:
         ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
         util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
         mem = f"{r['gpu_mem_peak_gb']:.1f} GB" if r["gpu_mem_peak_gb"] is not None else "-"
-        lines.append(f"{r['mode']:<14}{r['images_per_s']:>9,.0f}{ratio:>11}{util:>10}"
+        step = f"{r['mean_step_ms']:,.0f} ms" if r.get("mean_step_ms") else "-"
+        lines.append(f"{r['mode']:<16}{r['images_per_s']:>9,.0f}{ratio:>11}{step:>11}{util:>10}"
                      f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}")
     return "\n".join(lines)
+
+
+def slower_than_stock(results: list[dict]) -> list[str]:
+    """A plain sentence for each yolofeed mode that ran slower than stock (CPU-only runs, typically)."""
+    by_mode = {r["mode"]: r for r in results}
+    stock = by_mode.get("stock")
+    if not stock:
+        return []
+    return [f"{r['mode']} was slower than stock Ultralytics here: {r['images_per_s']:,.0f} vs "
+            f"{stock['images_per_s']:,.0f} img/s" + ("" if r["gpu_util"] is not None else
+                                                     " (no GPU: on the CPU, train with stock Ultralytics)")
+            for r in results if r["mode"].startswith("yolofeed") and r["images_per_s"] < stock["images_per_s"]]
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
@@ -76,24 +88,38 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 
 
 def run(cfg: BenchConfig) -> dict:
-    """Run the modes, print the table, write ``bench.json`` and ``bench.png`` under ``cfg.out``."""
+    """Run the modes, print the table, write ``bench.json`` and ``bench.png`` under ``cfg.out``.
+
+    Each mode's Ultralytics run folder stays under ``<out>/runs/<mode>`` (args.yaml, and TensorBoard
+    events when Ultralytics' TensorBoard setting is on); no weights are saved.
+    """
+    from yolofeed.doctor.profile import Progress
+    from yolofeed.doctor.report import command_line, writable_folder
+    from yolofeed.monitor.system import environment
+
     modes = [m.strip() for m in cfg.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ConfigError(f"modes={cfg.modes}: unknown {bad}; choose from {', '.join(MODES)}")
     if cfg.steps < cfg.window:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
-    out = Path(cfg.out).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (doctor/profile.py)
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
+    about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="yolofeed-bench-") as tmp:
+    progress = Progress(modes, cfg.steps, cfg.warmup)
+    try:
         for m in modes:
-            results.append(run_mode(m, cfg, Path(tmp)))
-            report = {"config": asdict(cfg), "results": results, "title": title}
+            results.append(run_mode(m, cfg, out / "runs", progress))
+            report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
+                      "notes": slower_than_stock(results)}
             # after each mode: an interrupted bench keeps what it measured
             (out / "bench.json").write_text(json.dumps(report, indent=1))
+    finally:
+        progress.close()
     plot(results, out / "bench.png", title)
-    print(title + "\n" + table(results) + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}", flush=True)
+    notes = "".join(f"\nNOTE: {n}" for n in report["notes"])
+    print(title + "\n" + table(results) + notes + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}, runs in "
+          f"{out / 'runs'}", flush=True)
     return report

@@ -7,10 +7,13 @@ for GPU/CPU/disk), and a clean stop after the requested steps (no validation, no
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -58,7 +61,7 @@ class Profile:
     mode: str
     device: str
     images_per_s: float
-    step_ms: float
+    step_ms: float  # the median step
     data_wait_fraction: float
     windows: list[float]
     steps: int
@@ -84,9 +87,67 @@ class Profile:
     timeline: dict[str, list] = field(default_factory=dict)
     callbacks_ms: dict[str, float] = field(default_factory=dict)  # host ms per step in each trainer callback
     optimizer: str = ""  # the optimiser's class (optimizer=auto chooses by the run's length)
+    mean_step_ms: float = 0.0  # wall time of the measured steps / steps: agrees with images_per_s when steps burst
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class Progress:
+    """One bar over the profile's own steps, every mode together, with an overall ETA.
+
+    A profile sets the trainer's epochs to 10**6 (see ``profile``), so Ultralytics' own epoch bar would
+    read "6/1000000" after "Starting training for 1000000 epochs". While a mode trains under a Progress,
+    Ultralytics' INFO output (that bar, the model summary, the TensorBoard hint) is held back; its
+    warnings still show. The ETA is the steps left at the mean rate so far, set-up time included, which
+    the modes still to come pay too.
+
+    Args:
+        modes: the modes to run, in order.
+        steps, warmup: measured and warm-up steps of each mode, as given to ``profile``; a longer warm-up
+            found later (``queued_batches``) is added with ``grow``.
+        file: where the bar goes (stderr by default).
+    """
+
+    def __init__(self, modes: list[str], steps: int, warmup: int, file: TextIO | None = None):
+        from tqdm import tqdm
+
+        self.modes = modes
+        per_mode = warmup + steps + 1  # the first step only opens the step clock
+        self.bar = tqdm(total=len(modes) * per_mode, unit="step", smoothing=0, dynamic_ncols=True, file=file,
+                        desc="profiling")
+
+    def start(self, mode: str, what: str = "") -> None:
+        k = self.modes.index(mode) + 1 if mode in self.modes else 0
+        self.bar.set_description(f"{mode} ({k}/{len(self.modes)}){what}")
+
+    def grow(self, steps: int) -> None:
+        self.bar.total += steps
+        self.bar.refresh()
+
+    def step(self) -> None:
+        self.bar.update()
+
+    def write(self, text: str) -> None:
+        """Print a line above the bar (the bar is redrawn below it)."""
+        self.bar.write(text)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextlib.contextmanager
+def ultralytics_quiet(quiet: bool) -> Iterator[None]:
+    """Hold back Ultralytics' INFO logging and progress bars (its TQDM is off above INFO); warnings still show."""
+    from ultralytics.utils import LOGGER
+
+    level = LOGGER.level
+    if quiet:
+        LOGGER.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        LOGGER.setLevel(level)
 
 
 def queued_batches(loader: Any) -> int:
@@ -103,7 +164,7 @@ def queued_batches(loader: Any) -> int:
 
 
 def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
-            time_validation: bool = False, accounting: bool = True) -> Profile:
+            time_validation: bool = False, accounting: bool = True, progress: Progress | None = None) -> Profile:
     """Train ``mode`` with Ultralytics ``args`` for ``warmup + steps`` steps and measure it.
 
     Args:
@@ -113,12 +174,19 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
             longer, so the measured steps see the loader's steady state.
         time_validation: also run one validation pass and time it (for the doctor's validation rule).
         accounting: phase marks and the system sampler on (False measures their overhead by difference).
+        progress: count the steps on this bar, and hold back Ultralytics' own output meanwhile.
     """
     rates = StepTimer(warmup=warmup, window=window)
     phases = PhaseTimer(cuda=False, keep=None)  # every step kept (its default is the last 200); cuda set below
     sampler = SystemSampler()
     callbacks = CallbackClock()
     state: dict[str, Any] = {"system": None, "warmup": warmup}
+
+    def say(text: str) -> None:
+        if progress is not None:
+            progress.write(text)
+        else:
+            print(text, flush=True)
 
     def on_train_start(trainer) -> None:
         # The step count ends the run, so the epoch count must never do it. Raised only now: the
@@ -128,10 +196,12 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         state["optimizer"] = type(trainer.optimizer).__name__
         queued = queued_batches(trainer.train_loader)
         if queued > warmup:
-            print(f"yolofeed: warm-up of {queued} steps, not {warmup}: the loader's {trainer.train_loader.num_workers} "
-                  f"workers hold up to {queued} batches ready, which a shorter warm-up would measure instead of the "
-                  "loader", flush=True)
+            say(f"yolofeed: warm-up of {queued} steps, not {warmup}: the loader's {trainer.train_loader.num_workers} "
+                f"workers hold up to {queued} batches ready, which a shorter warm-up would measure instead of the "
+                "loader")
             state["warmup"] = rates.warmup = queued
+            if progress is not None:
+                progress.grow(queued - warmup)
         phases.cuda = trainer.device.type == "cuda"
         if accounting:
             state["hooks"] = install_phase_marks(trainer, phases)
@@ -144,6 +214,8 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
 
     def on_end(trainer) -> None:
         rates.step_done(trainer.batch_size)
+        if progress is not None:
+            progress.step()
         if accounting:
             phases.step_done(trainer.batch_size)
         n = len(rates)
@@ -160,25 +232,30 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
 
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
             "name": mode, **args}
-    trainer = trainer_class(mode)(overrides=full)
-    for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
-                      ("on_train_batch_end", on_end)):
-        trainer.add_callback(event, fn)
-    if accounting:  # every other callback (loggers, integrations) is timed: the doctor's logging rule
-        callbacks.wrap(trainer.callbacks, skip=(on_train_start, on_start, on_end))
-    try:
-        trainer.train()
-    except _Enough:
-        pass
-    finally:
-        for h in state.get("hooks", []):
-            h.remove()
-    system = state["system"] or sampler.stop()
-    val_rate = None
-    if time_validation and getattr(trainer, "validator", None) is not None:
-        t0 = time.perf_counter()
-        trainer.validate()
-        val_rate = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
+    if progress is not None:
+        progress.start(mode)
+    with ultralytics_quiet(progress is not None):
+        trainer = trainer_class(mode)(overrides=full)
+        for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
+                          ("on_train_batch_end", on_end)):
+            trainer.add_callback(event, fn)
+        if accounting:  # every other callback (loggers, integrations) is timed: the doctor's logging rule
+            callbacks.wrap(trainer.callbacks, skip=(on_train_start, on_start, on_end))
+        try:
+            trainer.train()
+        except _Enough:
+            pass
+        finally:
+            for h in state.get("hooks", []):
+                h.remove()
+        system = state["system"] or sampler.stop()
+        val_rate = None
+        if time_validation and getattr(trainer, "validator", None) is not None:
+            if progress is not None:
+                progress.start(mode, ": one validation pass")
+            t0 = time.perf_counter()
+            trainer.validate()
+            val_rate = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
     for name in ("train_loader", "test_loader"):
         loader = getattr(trainer, name, None)
         if hasattr(loader, "close"):
@@ -203,7 +280,8 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         gpu_util = gpu_util if median is None else median
     result = Profile(
         mode=mode, device=str(trainer.device), images_per_s=round(stats.images_per_s, 1),
-        step_ms=round(stats.step_ms, 2), data_wait_fraction=round(stats.data_wait_fraction, 4),
+        step_ms=round(stats.step_ms, 2), mean_step_ms=round(stats.mean_step_ms, 2),
+        data_wait_fraction=round(stats.data_wait_fraction, 4),
         windows=[round(w, 1) for w in stats.windows], steps=stats.steps, warmup=warmup,
         phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=gpu_util,
         gpu_clock_mhz=system.gpu_clock_mhz, gpu_power_w=system.gpu_power_w,

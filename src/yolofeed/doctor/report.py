@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
+import shlex
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from yolofeed.doctor.rules import Verdict
+from yolofeed.errors import ConfigError
 from yolofeed.monitor.phases import PHASES
 
 COLOURS = {"data_wait": "#d62728", "preprocess": "#ff7f0e", "forward": "#1f77b4", "loss": "#9467bd",
@@ -73,14 +78,73 @@ def _img(path: Path) -> str:
     return f'<img alt="{path.stem}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
 
-def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]) -> Path:
-    """Write the report folder; returns the path of report.html (opens offline: images are inline)."""
+def writable_folder(path: str, key: str = "out") -> Path:
+    """``path`` as a folder this process can write in, made if missing: checked before minutes of profiling.
+
+    Raises:
+        ConfigError: it cannot be made or written in (a file in the way, no permission, a read-only disk).
+    """
+    folder = Path(path).expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass  # created and removed: the folder takes files
+    except OSError as e:
+        raise ConfigError(f"{key}={path}: cannot write in {folder} ({e.strerror or e}); pass {key}= a folder "
+                          "you can write in") from None
+    return folder
+
+
+def command_line(command: str, cfg: Any) -> str:
+    """The ``yolofeed`` command that asks for ``cfg``: its keys away from their defaults, then the passed-through ones.
+
+    Rebuilt from the configuration rather than read from ``sys.argv``, so it is the same from the CLI,
+    ``python -m yolofeed`` or a library call.
+    """
+    words = ["yolofeed", command]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.metadata.get("passthrough"):
+            words += [f"{k}={v}" for k, v in value.items()]
+        elif value != f.default:
+            words.append(f"{f.name}={value}")
+    return shlex.join(words)
+
+
+ENV_ROWS = (("date", "Date (UTC)"), ("command", "Command"), ("versions", "Versions"), ("host", "Host"),
+            ("cpu", "CPU"), ("ram", "RAM"), ("gpu", "GPU"))
+
+
+def _env_rows(env: dict[str, Any], command: str) -> dict[str, str]:
+    gpus = env.get("gpus") or []
+    return {"date": env.get("date", "-"), "command": command,
+            "versions": f"yolofeed {env.get('yolofeed')}, Ultralytics {env.get('ultralytics')}, "
+                        f"torch {env.get('torch')}, CUDA {env.get('cuda') or '-'}, "
+                        f"NVIDIA driver {env.get('driver') or '-'}, Python {env.get('python')}",
+            "host": f"{env.get('host')} ({env.get('os')})",
+            "cpu": f"{env.get('cpu')}, {env.get('cores')} cores ({env.get('usable_cores')} usable by the run)",
+            "ram": f"{env.get('ram_gb')} GB",
+            "gpu": ", ".join(gpus) if gpus else "none (no NVIDIA driver found)"}
+
+
+def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict],
+          env: dict[str, Any] | None = None) -> Path:
+    """Write the report folder; returns the path of report.html (opens offline: images are inline).
+
+    Args:
+        config: the doctor's settings; ``summary`` and ``command`` are shown at the top.
+        env: ``monitor.system.environment()``: date, versions, host, GPUs (shown, and kept in report.json).
+    """
     out.mkdir(parents=True, exist_ok=True)
     timeline_png(profiles, out / "timeline.png")
     breakdown_png(profiles, out / "breakdown.png")
-    report = {"config": config, "verdicts": [v.__dict__ for v in verdicts], "profiles": profiles}
+    env = env or {}
+    report = {"config": config, "environment": env, "verdicts": [v.__dict__ for v in verdicts],
+              "profiles": profiles}
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     e = html.escape
+    about = _env_rows(env, config.get("command", "-"))
+    env_table = "".join(f"<tr><th>{e(label)}</th><td>{e(str(about[k]))}</td></tr>" for k, label in ENV_ROWS)
     def util(p: dict) -> str:
         if p["gpu_util"] is None:
             return "-"
@@ -92,8 +156,12 @@ def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]
             return "-"
         return f"{p['ram_used_gb']:.1f} GB" + (f", swap {p['swap_used_gb']:.1f} GB" if p.get("swap_used_gb") else "")
 
+    def mean_step(p: dict) -> str:
+        return f"{p['mean_step_ms']:.1f}" if p.get("mean_step_ms") else "-"
+
     rows = "".join(
-        f"<tr><td>{e(p['mode'])}</td><td>{p['images_per_s']:,.0f}</td><td>{p['step_ms']:.1f}</td>"
+        f"<tr><td>{e(p['mode'])}</td><td>{p['images_per_s']:,.0f}</td><td>{mean_step(p)}</td>"
+        f"<td>{p['step_ms']:.1f}</td>"
         f"<td>{100 * p['data_wait_fraction']:.0f} %</td><td>{util(p)}</td>"
         f"<td>{p['own_cores_busy']:.1f} / {p['cores']}</td><td>{100 * p.get('busiest_core', 0):.0f} %</td>"
         f"<td>{memory(p)}</td></tr>" for p in profiles)
@@ -103,14 +171,19 @@ def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>yolofeed doctor</title>
 <style>body{{font-family:sans-serif;max-width:900px;margin:2em auto;color:#222}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
+table.env td,table.env th{{text-align:left}}table.env td{{font-family:monospace}}
 li.main>b{{color:#b00}}li{{margin-bottom:.8em}}span{{color:#555}}</style></head><body>
 <h1>yolofeed doctor</h1><p>{e(config.get('summary', ''))}</p>
+<table class="env">{env_table}</table>
 <h2>Verdict</h2><ul>{items}</ul>
-<h2>Measured</h2><table><tr><th>run</th><th>img/s</th><th>ms/step</th><th>data wait</th><th>GPU busy</th>
+<h2>Measured</h2><table><tr><th>run</th><th>img/s</th><th>mean step, ms<br>(wall time / steps)</th>
+<th>median step, ms</th><th>data wait</th><th>GPU busy</th>
 <th>cores busy / cores</th><th>busiest core</th><th>RAM in use</th></tr>{rows}</table>
 <h2>Step breakdown</h2>{_img(out / 'breakdown.png')}
 <h2>Timeline</h2>{_img(out / 'timeline.png')}
-<p style="color:#888">Figures: median step rate over windows after warm-up; GPU busy is NVML utilisation (time a
-kernel ran), not the share of the chip's arithmetic used. Raw numbers in report.json.</p></body></html>"""
+<p style="color:#888">Figures: img/s is the median rate over windows of steps after warm-up; the mean step is the
+measured steps' wall time over their number and agrees with it (batch / mean step), while the median step is the
+typical step, which hides the waiting when batches arrive in bursts. GPU busy is NVML utilisation (time a kernel
+ran), not the share of the chip's arithmetic used. Raw numbers in report.json.</p></body></html>"""
     (out / "report.html").write_text(page, encoding="utf-8")
     return out / "report.html"

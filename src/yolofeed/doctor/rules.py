@@ -15,6 +15,7 @@ same time (validation cost, AMP off, CPU-only).
 | optimizer        | the optimiser step (clip, step, EMA) >= 25 % of the step, data wait low        |
 | small_batch      | data wait low, GPU < 70 % busy, batch <= 16 or steps < 60 ms (launch-bound)    |
 | gpu_bound        | data wait < 5 % and GPU >= 85 % busy: already fed                              |
+| also: yolofeed_slower | yolofeed's profile ran slower than stock's (CPU-only runs, typically)       |
 | also: validation | one validation pass >= 20 % of an epoch's training time                        |
 | also: logging    | the trainer's callbacks (loggers, integrations) take >= 5 % of the step        |
 | also: amp_off    | AMP off on a GPU                                                               |
@@ -114,7 +115,15 @@ def _waited_or_starved(f: Facts) -> str:
             f"to launch the GPU's work, was starved: the GPU was busy only {f.gpu_util:.0f} % of the time")
 
 
+def _slower(f: Facts) -> bool:
+    """yolofeed was measured, and slower than stock (on the CPU its GPU pipeline runs in the training process)."""
+    return bool(f.yolofeed_images_per_s) and f.yolofeed_images_per_s < f.images_per_s
+
+
 def _gain(f: Facts) -> str:
+    if _slower(f):
+        return (f"but measured here yolofeed was slower: {f.yolofeed_images_per_s:,.0f} img/s vs "
+                f"{f.images_per_s:,.0f} stock")
     if f.yolofeed_images_per_s:
         return (f"measured here: {f.yolofeed_images_per_s:,.0f} img/s with yolofeed vs {f.images_per_s:,.0f} stock "
                 f"({f.yolofeed_images_per_s / f.images_per_s:.1f}x)")
@@ -195,6 +204,17 @@ RULES: list[Rule] = [
 ]
 
 ALSO: list[Rule] = [
+    ("yolofeed_slower",
+     _slower,
+     lambda f: Verdict("yolofeed_slower", "yolofeed was slower than stock Ultralytics here",
+                       f"{f.yolofeed_images_per_s:,.0f} img/s with yolofeed vs {f.images_per_s:,.0f} img/s stock "
+                       f"({f.yolofeed_images_per_s / f.images_per_s:.2f}x)"
+                       + ("; without a GPU, yolofeed's augmentation, written for the GPU, runs on the CPU cores "
+                          "the model needs" if f.gpu_util is None else ""),
+                       ["train with stock Ultralytics (yolo train) on this machine; yolofeed pays off when a CUDA "
+                        "GPU waits for data" if f.gpu_util is None else
+                        "keep stock Ultralytics for this setup, and compare on more steps (steps=) before "
+                        "switching"], bottleneck=False)),
     ("validation",
      lambda f: f.val_images_per_s is not None and f.n_val / f.val_images_per_s
      >= T["validation_share"] * (f.n_train / max(f.images_per_s, 1e-9)),

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from yolofeed.config import DoctorConfig
 from yolofeed.doctor import report
-from yolofeed.doctor.profile import profile
+from yolofeed.doctor.profile import Progress, profile
 from yolofeed.doctor.rules import Facts, diagnose
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, YolofeedError
+from yolofeed.monitor.system import environment
 
 
 def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
@@ -28,35 +26,55 @@ def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
 
 
 def run(cfg: DoctorConfig) -> list:
-    """Profile stock (and yolofeed), diagnose, print the verdict, write the report folder."""
+    """Profile stock (and yolofeed), diagnose, print the verdict, write the report folder.
+
+    ``out=`` is checked before the profile starts, and the verdict is printed even when the report
+    cannot be written afterwards (a full disk): minutes of profiling are never lost to the folder.
+    """
     if cfg.steps < 5:
         raise ConfigError(f"steps={cfg.steps}: the doctor needs at least 5 measured steps")
+    out = report.writable_folder(cfg.out)
+    runs = out / "runs"  # each mode's Ultralytics run folder (args.yaml, TensorBoard events when enabled)
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "workers": cfg.workers,
-            **cfg.extra}
+            "project": str(runs), **cfg.extra}
     modes = ["stock"] + (["yolofeed"] if cfg.yolofeed else [])
+    command = report.command_line("doctor", cfg)
+    env = environment()
     profiles = []
-    with tempfile.TemporaryDirectory(prefix="yolofeed-doctor-") as tmp:
+    progress = Progress(modes, cfg.steps, cfg.warmup)
+    try:
         for k, mode in enumerate(modes):
-            print(f"yolofeed doctor: profiling {mode} ({k + 1}/{len(modes)}): {cfg.warmup} warm-up + {cfg.steps} "
-                  "steps" + (" + one validation pass" if mode == "stock" and cfg.time_validation else ""), flush=True)
-            p = profile(mode, {**args, "project": tmp}, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
-                        time_validation=cfg.time_validation and mode == "stock")
+            progress.write(f"yolofeed doctor: profiling {mode} ({k + 1}/{len(modes)}): {cfg.warmup} warm-up + "
+                           f"{cfg.steps} steps" + (" + one validation pass" if mode == "stock" and cfg.time_validation
+                                                   else ""))
+            p = profile(mode, args, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
+                        time_validation=cfg.time_validation and mode == "stock", progress=progress)
             profiles.append(p.to_dict())
+    finally:
+        progress.close()
     by_mode = {p["mode"]: p for p in profiles}
     verdicts = diagnose(facts_from(by_mode["stock"], by_mode.get("yolofeed"), bool(cfg.extra.get("amp", True))))
     summary = (f"{cfg.model} on {cfg.data}, batch {profiles[0]['batch']}, imgsz {cfg.imgsz}, "
                f"workers {profiles[0]['workers']}, device {profiles[0]['device']}, {cfg.steps} steps after "
                f"{profiles[0]['warmup']}")
-    html = report.write(Path(cfg.out).expanduser().resolve(), {"summary": summary, **cfg.__dict__}, profiles, verdicts)
+    failed = None
+    try:
+        html = report.write(out, {"summary": summary, "command": command, **cfg.__dict__}, profiles, verdicts, env)
+    except OSError as e:  # the disk filled or the folder went away while profiling: the verdict still stands
+        failed = e
     lines = [f"yolofeed doctor: {summary}"]
     for p in profiles:
         util = f"GPU {p['gpu_util']:.0f} %" if p["gpu_util"] is not None else "no GPU"
-        lines.append(f"  {p['mode']:<9} {p['images_per_s']:>8,.0f} img/s  data wait {100 * p['data_wait_fraction']:.0f} %  "
-                     f"{util}  {p['own_cores_busy']:.1f}/{p['cores']} cores")
+        lines.append(f"  {p['mode']:<9} {p['images_per_s']:>8,.0f} img/s  mean step {p['mean_step_ms']:,.0f} ms  "
+                     f"data wait {100 * p['data_wait_fraction']:.0f} %  {util}  {p['own_cores_busy']:.1f}/{p['cores']} "
+                     "cores")
     for v in verdicts:
         lines.append(("VERDICT: " if v.bottleneck else "ALSO: ") + v.title)
         lines.append(f"  evidence: {v.evidence}")
         lines += [f"  - {a}" for a in v.advice]
-    lines.append(f"report: {html}")
+    lines.append(f"report: {html}" if failed is None else f"report: not written ({failed})")
     print("\n".join(lines), flush=True)
+    if failed is not None:
+        raise YolofeedError(f"out={cfg.out}: the report could not be written in {out} ({failed.strerror or failed}); "
+                            "the verdict above stands. Free some space or choose another out= and run again.")
     return verdicts

@@ -2,19 +2,26 @@
 
 ``attach(model_or_trainer)`` adds callbacks to a stock ``YOLO(...)`` (before ``.train()``) or to a
 trainer; ``yolofeed train monitor=True`` does it for you. All of it is a thin adapter: the numbers
-come from ``PhaseTimer`` and ``SystemSampler``, the decision from ``LowUtilAlert``.
+come from ``PhaseTimer`` and ``SystemSampler``, the decision from ``LowUtilAlert``, the Prometheus
+names from ``exporter``. Monitoring never stops a run: a port in use, a missing tensorboard package
+or an error inside the monitor is logged as a warning and training goes on.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from ultralytics.utils import LOGGER  # our lines go where Ultralytics' progress goes
 
+from yolofeed.errors import ConfigError
+from yolofeed.monitor.exporter import Collector, Endpoint, serve
 from yolofeed.monitor.phases import PHASES, PhaseTimer
 from yolofeed.monitor.system import SystemSampler
 
@@ -24,22 +31,68 @@ class MonitorConfig:
     """What the live monitor publishes and when it alerts.
 
     Attributes:
-        prometheus_port: serve metrics on 127.0.0.1:<port> (None: off).
-        tensorboard: write scalars under ``<run>/yolofeed_tb``.
+        prometheus_port: serve metrics on ``prometheus_addr:<port>/metrics`` (None: off; 0: any free port;
+            a port in use moves to the next free one).
+        prometheus_addr: the address the endpoint binds. 127.0.0.1 (the default) lets only this machine
+            scrape it: the endpoint has no authentication, and names the run's folder. 0.0.0.0 (or one of
+            the host's addresses) lets a Prometheus server on another host scrape it.
+        tensorboard: write scalars under ``<run>/yolofeed_tb`` (needs the tensorboard package; without it the
+            monitor says so once and goes on).
         alert_util: GPU utilisation (%) under which, together with ``alert_wait``, the GPU counts as starved.
         alert_wait: share of step time waiting for data above which steps count as slow because of data.
         alert_seconds: how long both must hold before one alert is logged (once per episode).
         summary_seconds: how often the one-line summary is logged.
-        publish_seconds: how often Prometheus gauges and TensorBoard scalars are updated (~1 ms each time).
+        publish_seconds: how often the Prometheus snapshot and TensorBoard scalars are updated (~1 ms each time).
     """
 
     prometheus_port: int | None = None
+    prometheus_addr: str = "127.0.0.1"
     tensorboard: bool = True
     alert_util: float = 60.0
     alert_wait: float = 0.15
     alert_seconds: float = 30.0
     summary_seconds: float = 30.0
     publish_seconds: float = 1.0
+
+    def __post_init__(self):
+        port = self.prometheus_port
+        for name, ok, expected in (
+                ("prometheus_port", port is None or 0 <= port <= 65535, "a TCP port, 0-65535 (0: any free port)"),
+                ("prometheus_addr", bool(self.prometheus_addr), "an address to bind, e.g. 127.0.0.1 or 0.0.0.0"),
+                ("alert_util", 0 <= self.alert_util <= 100, "a GPU utilisation in %, 0-100"),
+                ("alert_wait", 0 <= self.alert_wait <= 1, "a share of the step time, 0-1"),
+                ("alert_seconds", self.alert_seconds >= 0, "seconds, >= 0"),
+                ("summary_seconds", self.summary_seconds >= 0, "seconds, >= 0"),
+                ("publish_seconds", self.publish_seconds >= 0, "seconds, >= 0")):
+            if not ok:
+                raise ConfigError(f"{name}={getattr(self, name)}: expected {expected}")
+
+
+# the monitor's keys on 'yolofeed train' (config.TrainConfig declares them with MonitorConfig's defaults)
+TRAIN_KEYS = ("prometheus_port", "prometheus_addr", "tensorboard", "alert_util", "alert_wait", "alert_seconds",
+              "summary_seconds")
+
+
+def options_from(cfg: Any) -> dict[str, Any] | None:
+    """The monitor's options from ``yolofeed train``'s keys, or None when the monitor is off.
+
+    ``monitor=True`` turns it on, and so does ``prometheus_port=`` or an alert or summary key set away
+    from its default: a user who sets ``alert_util=50`` wants the alert, and ignoring the key silently
+    would be worse. ``tensorboard=False`` alone asks for less, so it does not.
+
+    Raises:
+        ConfigError: ``prometheus_addr=`` without ``prometheus_port=`` (an address alone serves nothing).
+    """
+    given = {k: getattr(cfg, k) for k in TRAIN_KEYS}
+    default = MonitorConfig()
+    if given["prometheus_addr"] != default.prometheus_addr and given["prometheus_port"] is None:
+        raise ConfigError(f"prometheus_addr={given['prometheus_addr']} needs a port: add prometheus_port=9400 "
+                          "(or 0 for any free port)")
+    wanted = [k for k in TRAIN_KEYS if k not in ("tensorboard", "prometheus_addr") and given[k] != getattr(default, k)]
+    if not cfg.monitor and not wanted:
+        return None
+    MonitorConfig(**given)  # checks the values now, before the model is built
+    return given
 
 
 class LowUtilAlert:
@@ -66,25 +119,6 @@ class LowUtilAlert:
         return False
 
 
-class _Prometheus:
-    def __init__(self, port: int):
-        from prometheus_client import CollectorRegistry, Gauge, start_http_server
-
-        self.registry = CollectorRegistry()  # private: several monitors (tests) never clash
-        self.phase = Gauge("yolofeed_step_phase_seconds", "mean seconds per training step, by phase", ["phase"],
-                           registry=self.registry)
-        self.rate = Gauge("yolofeed_images_per_second", "training images per second", registry=self.registry)
-        self.wait = Gauge("yolofeed_data_wait_fraction", "share of step time waiting for data", registry=self.registry)
-        self.util = Gauge("yolofeed_gpu_utilization_percent", "NVML GPU utilisation", registry=self.registry)
-        self.cpu = Gauge("yolofeed_cpu_cores_busy", "host CPU cores busy", registry=self.registry)
-        self.alert = Gauge("yolofeed_low_utilization_alert", "1 while the GPU is starved for data",
-                           registry=self.registry)
-        self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
 def install_phase_marks(trainer: Any, timer: PhaseTimer) -> list:
     """Mark forward / loss / backward / optimizer boundaries of ``trainer``'s steps on ``timer``.
 
@@ -108,18 +142,68 @@ def install_phase_marks(trainer: Any, timer: PhaseTimer) -> list:
     return hooks
 
 
-class TrainingMonitor:
-    """Callbacks that time each training step's phases and publish them while the run goes on."""
+_SAID: set[str] = set()  # what the monitor reported missing, once per process
 
-    def __init__(self, cfg: MonitorConfig | None = None, clock: Callable[[], float] = time.monotonic):
+
+def open_tensorboard(folder: Path) -> Any:
+    """A TensorBoard ``SummaryWriter`` on ``folder``, or None (said once) when tensorboard is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:  # tensorboard is optional: torch imports it only here
+        if "tensorboard" not in _SAID:
+            _SAID.add("tensorboard")
+            LOGGER.warning(f"yolofeed monitor: no TensorBoard scalars: the tensorboard package is missing ({e}). "
+                           "pip install tensorboard, or tensorboard=False to silence this; Prometheus and the "
+                           "summary line work without it.")
+        return None
+    return SummaryWriter(str(folder))
+
+
+def _bar_drawn() -> bool:
+    """Whether Ultralytics' epoch progress bar is on screen, its line left open (a carriage return, no newline).
+
+    Its TQDM draws when Ultralytics is verbose at INFO, on rank 0, in an interactive console.
+    """
+    from ultralytics.utils import RANK, VERBOSE
+    from ultralytics.utils.tqdm import is_noninteractive_console
+
+    return (VERBOSE and RANK in {-1, 0} and LOGGER.getEffectiveLevel() <= logging.INFO
+            and not is_noninteractive_console())
+
+
+def _disk_read_bytes() -> int | None:
+    io = psutil.disk_io_counters()  # None where the machine exposes no disk counters (some containers)
+    return io.read_bytes if io is not None else None
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+class TrainingMonitor:
+    """Callbacks that time each training step's phases and publish them while the run goes on.
+
+    Args:
+        cfg: what to publish and when to alert.
+        clock: seconds, for the alert and the publishing cadence (tests pass a fake one).
+        sampler: the system sampler (tests pass one with made-up readings).
+    """
+
+    def __init__(self, cfg: MonitorConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 sampler: Any = None):
         self.cfg = cfg or MonitorConfig()
         self.clock = clock
         self.timer: PhaseTimer | None = None
-        self.sampler = SystemSampler()
+        self.sampler = sampler if sampler is not None else SystemSampler()
         self.alert = LowUtilAlert(self.cfg.alert_util, self.cfg.alert_wait, self.cfg.alert_seconds, clock)
-        self.prometheus: _Prometheus | None = None
+        self.endpoint: Endpoint | None = None
         self.writer = None
+        self.snapshot: dict[str, Any] = {}  # what a Prometheus scrape reads: replaced whole, never edited
+        self.run = ""
+        self.info: dict[str, str] = {}
         self.step = 0
+        self.failed = False
+        self._disk0: int | None = None
         self._last_publish = 0.0
         self._last_summary = 0.0
         self._hooks: list = []
@@ -129,14 +213,7 @@ class TrainingMonitor:
         self.timer = PhaseTimer(cuda=trainer.device.type == "cuda")
         self._hooks = install_phase_marks(trainer, self.timer)
         self.sampler.start(trainer.device)
-        if self.cfg.prometheus_port:
-            self.prometheus = _Prometheus(self.cfg.prometheus_port)
-            LOGGER.info(f"yolofeed monitor: Prometheus metrics on http://127.0.0.1:{self.cfg.prometheus_port}/metrics")
-        if self.cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(Path(trainer.save_dir) / "yolofeed_tb"))
-        self._last_publish = self._last_summary = self.clock()
+        self.open(Path(trainer.save_dir), str(trainer.device))
 
     def on_train_batch_start(self, trainer: Any) -> None:
         self.timer.batch_ready()
@@ -147,40 +224,87 @@ class TrainingMonitor:
         now = self.clock()
         if now - self._last_publish >= self.cfg.publish_seconds:  # ~1 ms a time: once a second, not once a step
             self._last_publish = now
-            self.publish(now)
+            self.publish(now, bar=True)
 
     def on_train_end(self, trainer: Any) -> None:
         self.close()
 
-    # -- publishing ----------------------------------------------------------------------------
-    def publish(self, now: float | None = None) -> dict:
+    # -- outputs -------------------------------------------------------------------------------
+    def open(self, save_dir: Path, device: str) -> None:
+        """Start the outputs for the run in ``save_dir``: the Prometheus endpoint and TensorBoard (each optional).
+
+        ``timer`` must be set (``on_train_start`` does it; tests drive a ``PhaseTimer`` by hand).
+        """
+        self.run, self.info = save_dir.name, {"save_dir": str(save_dir), "device": device}
+        self._disk0 = _disk_read_bytes()
+        self.snapshot = self._counters()
+        if self.cfg.prometheus_port is not None:
+            self.endpoint = serve(Collector(self.run, lambda: self.snapshot), self.cfg.prometheus_addr,
+                                  self.cfg.prometheus_port, LOGGER)
+            if self.endpoint is not None:
+                LOGGER.info(f"yolofeed monitor: Prometheus metrics on {self.endpoint.url}")
+        if self.cfg.tensorboard:
+            self.writer = open_tensorboard(save_dir / "yolofeed_tb")
+        self._last_publish = self._last_summary = self.clock()
+
+    def _counters(self) -> dict[str, Any]:
+        """The running totals (Prometheus counters): they only grow while the run goes on."""
+        t = self.timer
+        disk = _disk_read_bytes()
+        return {"steps": t.count_steps, "images": t.count_images, "data_wait_seconds": t.sum_ms["data_wait"] / 1e3,
+                "phase_seconds": {p: t.sum_ms.get(p, 0.0) / 1e3 for p in PHASES}, "alerts": self.alert.episodes,
+                "disk_read_bytes": None if disk is None or self._disk0 is None else max(0, disk - self._disk0),
+                "info": self.info}
+
+    def publish(self, now: float | None = None, bar: bool = False) -> dict:
+        """Update the Prometheus snapshot and TensorBoard; log the alert and, when due, the summary line.
+
+        Args:
+            bar: called during a training step, while Ultralytics' progress bar is on screen.
+
+        Returns:
+            The values written to TensorBoard (the summary line's too).
+        """
         now = self.clock() if now is None else now
         s = self.timer.summary(last=50)
         load = self.sampler.recent(5.0)
         wait = s.fraction.get("data_wait", 0.0)
         if self.alert.update(load.gpu_util, wait):
-            LOGGER.warning(f"yolofeed monitor: GPU starved: {load.gpu_util:.0f} % busy while {100 * wait:.0f} % of "
-                           f"each step waits for data (for {self.cfg.alert_seconds:.0f} s). Run 'yolofeed doctor' "
-                           "with this setup, or train with 'yolofeed train' to feed the GPU from a pack.")
+            self._say(f"yolofeed monitor: GPU starved: {load.gpu_util:.0f} % busy while {100 * wait:.0f} % of each "
+                      f"step waits for data (for {self.cfg.alert_seconds:.0f} s). Run 'yolofeed doctor' with this "
+                      "setup, or train with 'yolofeed train' to feed the GPU from a pack.", logging.WARNING, bar)
         values = {"images_per_s": s.images_per_s, "data_wait_fraction": wait, "gpu_util": load.gpu_util,
                   "cpu_cores_busy": load.cpu_cores_busy, **{f"ms_{p}": s.ms.get(p, 0.0) for p in PHASES}}
-        if self.prometheus:
-            for p in PHASES:
-                self.prometheus.phase.labels(p).set(s.ms.get(p, 0.0) / 1e3)
-            self.prometheus.rate.set(s.images_per_s)
-            self.prometheus.wait.set(wait)
-            self.prometheus.cpu.set(load.cpu_cores_busy)
-            self.prometheus.alert.set(1.0 if self.alert.active else 0.0)
-            if load.gpu_util is not None:
-                self.prometheus.util.set(load.gpu_util)
+        snap = {**self._counters(), "images_per_s": s.images_per_s if s.steps else None,
+                "data_wait": wait if s.steps else None, "alert_active": float(self.alert.active)}
+        if load.samples:  # no sample yet: leave the machine's series out rather than publish zeros
+            snap.update(cores=load.cores, cpu_cores_busy=load.cpu_cores_busy, own_cores_busy=load.own_cores_busy,
+                        iowait=load.iowait, ram_used_bytes=_scaled(load.ram_used_gb, 1e9),
+                        swap_used_bytes=_scaled(load.swap_used_gb, 1e9), gpu_util=_scaled(load.gpu_util, 0.01),
+                        gpu_mem_bytes=_scaled(load.gpu_mem_gb, 1e9), gpu_clock_hz=_scaled(load.gpu_clock_mhz, 1e6),
+                        gpu_power_w=load.gpu_power_w)
+        self.snapshot = snap  # one assignment: a scrape in the server's thread sees the old or the new, whole
         if self.writer:
             for k, v in values.items():
                 if v is not None:
                     self.writer.add_scalar(f"yolofeed/{k}", v, self.step)
         if now - self._last_summary >= self.cfg.summary_seconds:
             self._last_summary = now
-            LOGGER.info(self.line(values))
+            self._say(self.line(values), logging.INFO, bar)
         return values
+
+    @staticmethod
+    def _say(text: str, level: int, bar: bool) -> None:
+        """Log ``text`` on a line of its own.
+
+        Ultralytics' bar redraws its line with a carriage return and no newline, so a message logged
+        during a step would be glued onto the end of the bar. A newline first ends the bar's line; the
+        bar draws itself again below the message at its next update.
+        """
+        if bar and LOGGER.isEnabledFor(level) and _bar_drawn():
+            sys.stdout.write("\n")  # the bar's stream (its TQDM writes to sys.stdout)
+            sys.stdout.flush()
+        LOGGER.log(level, text)
 
     @staticmethod
     def line(v: dict) -> str:
@@ -194,16 +318,36 @@ class TrainingMonitor:
             h.remove()
         self._hooks = []
         self.sampler.stop()
-        if self.prometheus:
-            self.prometheus.close()
-            self.prometheus = None
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
         if self.writer:
             self.writer.close()
             self.writer = None
 
     def callbacks(self) -> dict[str, Callable]:
-        return {"on_train_start": self.on_train_start, "on_train_batch_start": self.on_train_batch_start,
-                "on_train_batch_end": self.on_train_batch_end, "on_train_end": self.on_train_end}
+        """Ultralytics event -> callback, each guarded: an error inside the monitor switches it off, not the run."""
+        own = {"on_train_start": self.on_train_start, "on_train_batch_start": self.on_train_batch_start,
+               "on_train_batch_end": self.on_train_batch_end, "on_train_end": self.on_train_end}
+        return {event: self._guarded(event, fn) for event, fn in own.items()}
+
+    def _guarded(self, event: str, fn: Callable[[Any], None]) -> Callable[[Any], None]:
+        def callback(trainer: Any) -> None:
+            if self.failed:
+                return
+            try:
+                fn(trainer)
+            except Exception as e:  # monitoring must never stop training: report it, switch the monitor off
+                self.failed = True
+                LOGGER.warning(f"yolofeed monitor: switched off after {type(e).__name__} in {event}: {e}. "
+                               "Training goes on; please report this with the traceback below.", exc_info=True)
+                try:
+                    self.close()
+                except Exception as e2:  # the monitor's state may be half built; what is left is freed at exit
+                    LOGGER.warning(f"yolofeed monitor: closing it failed too: {type(e2).__name__}: {e2}")
+
+        callback.__wrapped__ = fn
+        return callback
 
 
 def attach(target: Any, **config: Any) -> TrainingMonitor:
@@ -213,7 +357,7 @@ def attach(target: Any, **config: Any) -> TrainingMonitor:
         >>> from ultralytics import YOLO
         >>> from yolofeed.monitor import attach
         >>> model = YOLO("yolo11n.yaml")
-        >>> attach(model, prometheus_port=9400)
+        >>> attach(model, prometheus_port=9400)  # prometheus_addr="0.0.0.0" for a Prometheus on another host
         >>> model.train(data="coco8.yaml")
     """
     monitor = TrainingMonitor(MonitorConfig(**config))

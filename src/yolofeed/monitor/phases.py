@@ -64,6 +64,10 @@ class PhaseTimer:
         self._marks: list[tuple[str, object]] = []
         self._last_end: float | None = None
         self._wait = 0.0
+        # running sums over every resolved step (not only the kept ones): Prometheus counters read them
+        self.count_steps = 0
+        self.count_images = 0
+        self.sum_ms: dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
     def _stamp(self):
         if self.cuda:
@@ -99,6 +103,10 @@ class PhaseTimer:
             for (name, a), (_, b) in zip(marks, marks[1:]):
                 ms[name] = ms.get(name, 0.0) + (a.elapsed_time(b) if self.cuda else 1e3 * (b - a))
             self.records.append(StepRecord(images, ms, t_end))
+            self.count_steps += 1
+            self.count_images += images
+            for name, v in ms.items():
+                self.sum_ms[name] = self.sum_ms.get(name, 0.0) + v
             self._pending.popleft()
 
     def summary(self, last: int | None = None, skip: int = 0) -> PhaseSummary:

@@ -15,7 +15,9 @@ class StepStats:
     Attributes:
         images_per_s: median over windows of ``images / elapsed``.
         data_wait_fraction: share of step time spent waiting for the next batch.
-        step_ms: median step time.
+        step_ms: median step time. When batches arrive in bursts (a few slow steps waiting on the loader,
+            then many fast ones from its queue) the median is a fast step and hides the waiting.
+        mean_step_ms: wall time of the measured steps / their number: what ``batch / images_per_s`` gives.
     """
 
     steps: int
@@ -23,6 +25,7 @@ class StepStats:
     data_wait_fraction: float
     step_ms: float
     windows: list[float] = field(default_factory=list)
+    mean_step_ms: float = 0.0
 
 
 class StepTimer:
@@ -66,7 +69,7 @@ class StepTimer:
         windows = [sum(images[k:k + self.window]) / sum(steps[k:k + self.window])
                    for k in range(0, len(steps) - self.window + 1, self.window)] or [sum(images) / sum(steps)]
         return StepStats(len(steps), statistics.median(windows), sum(waits) / sum(steps),
-                         1e3 * statistics.median(steps), windows)
+                         1e3 * statistics.median(steps), windows, 1e3 * sum(steps) / len(steps))
 
 
 def window_median(t: list[float], values: list[float], bounds: list[float]) -> float | None:

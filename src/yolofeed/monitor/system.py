@@ -6,8 +6,10 @@ at 90 % can still use a few per cent of its matrix rate. It is what ``nvidia-smi
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -155,3 +157,68 @@ class SystemSampler:
             self._proc.stdout.close()
             self._proc = None
         return self._stats()
+
+
+def _cpu_model() -> str:
+    """The CPU's model name: /proc/cpuinfo on Linux, else what ``platform`` knows (macOS, Windows)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # older NVML bindings return bytes
+
+
+def _nvidia() -> tuple[str | None, list[str]]:
+    """(driver version, GPU model names) from NVML; (None, []) without an NVIDIA driver.
+
+    NVML, not ``torch.cuda``: asking torch would initialise CUDA in this process before Ultralytics sets
+    CUDA_VISIBLE_DEVICES for ``device=3``, and the run would then train on GPU 0.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return None, []
+    try:
+        pynvml.nvmlInit()
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        names = [_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError:  # no NVIDIA driver or GPU on this machine
+        return None, []
+    return driver, names
+
+
+def environment() -> dict[str, Any]:
+    """What a report needs to be read on another desk: date, versions, host and GPUs.
+
+    Returns:
+        ``date`` (UTC, ISO 8601), ``yolofeed``, ``ultralytics``, ``torch``, ``cuda`` (torch's build, None
+        without), ``driver`` (NVIDIA, None without), ``python``, ``os``, ``host``, ``cpu`` (model),
+        ``cores`` (the machine's), ``usable_cores`` (this process's affinity), ``ram_gb`` and ``gpus``
+        (the machine's NVIDIA GPUs by model name, as NVML lists them; empty without).
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    import yolofeed
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    driver, gpus = _nvidia()
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "yolofeed": yolofeed.__version__, "ultralytics": installed("ultralytics"),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver,
+            "python": platform.python_version(), "os": platform.platform(), "host": platform.node(),
+            "cpu": _cpu_model(), "cores": psutil.cpu_count() or 0,
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
+            "ram_gb": round(psutil.virtual_memory().total / 1e9, 1), "gpus": gpus}

@@ -119,10 +119,11 @@ def run(cfg: TrainConfig) -> Path:
         if not cfg.data:
             raise ConfigError("yolofeed train needs data=path/to/data.yaml (or resume=.../last.pt)")
         model, kwargs = load_model(cfg.model), {"data": cfg.data, **cfg.extra}
-    if cfg.monitor or cfg.prometheus_port:
-        from yolofeed.monitor import attach
+    from yolofeed.monitor.live import attach, options_from
 
-        attach(model, prometheus_port=cfg.prometheus_port)
+    monitor = options_from(cfg)
+    if monitor is not None:
+        attach(model, **monitor)
     speed = _Throughput()
     model.add_callback("on_train_epoch_start", speed.epoch_start)
     model.add_callback("on_train_batch_end", speed.batch_end)
