@@ -176,6 +176,8 @@ def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):
     from yolofeed.cli import main
 
     monkeypatch.setattr(prof, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text("")  # data= must name a file (the CLI checks that first)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     assert main(["bench", "data=d.yaml", f"out={blocker / 'sub'}"]) == 1

@@ -210,6 +210,8 @@ def test_doctor_checks_out_before_profiling(tmp_path, monkeypatch, capsys):
     from yolofeed.cli import main
 
     monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text("")  # data= must name a file (the CLI checks that first)
     blocker = tmp_path / "report.txt"
     blocker.write_text("not a folder")
     for out in (blocker, blocker / "sub"):
@@ -229,6 +231,8 @@ def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(tmp_path,
 
     monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: _fake_profile(mode))
     monkeypatch.setattr(doctor.report, "write", full_disk)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text("")
     assert main(["doctor", "data=d.yaml", f"out={tmp_path / 'doc'}", "device=cpu"]) == 1
     captured = capsys.readouterr()
     assert "VERDICT:" in captured.out and "report: not written" in captured.out
