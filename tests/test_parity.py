@@ -144,3 +144,12 @@ def test_killing_parity_alone_stops_its_trainings(synth_root, tmp_path):
     proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_a_mistyped_training_key_is_one_line_before_anything_runs(synth_root, tmp_path, capsys):
+    from yolofeed.cli import main
+
+    assert main(["parity", f"data={synth_root / 'data.yaml'}", "mosiac=0.5", f"out={tmp_path}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mosiac" in err[0] and "mosaic" in err[0]
+    assert not (tmp_path / "parity.json").exists()

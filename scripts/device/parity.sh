@@ -3,8 +3,8 @@
 # both spread over the two GPUs), stock vs yolofeed, on a synthetic set yolo11n learns to mid-range mAP (8 classes
 # that differ in shape and colour, 1-20 figures from 8 px). The GPU tests run first beside the dataset's generation
 # (NO_GPU_TESTS=1 skips them), then a one-epoch yolofeed smoke run: parity only starts if that trains.
-# Environment: SEEDS11=4 FIRST11=0 PAR11=4 CORES11=0-17 SEEDS26=3 CORES26=18-31 EPOCHS=30 N_TRAIN=2000 N_VAL=200
-# LIMIT=420 (seconds for the parity commands) NO_SMOKE=1.
+# Environment: SEEDS11=4 FIRST11=0 PAR11=4 CORES11=0-17 SEEDS26=3 FIRST26=0 PAR26=3 CORES26=18-31 EPOCHS=30
+# N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1.
 source scripts/device/setup.sh
 set +e
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,7 +32,7 @@ from ultralytics.cfg import get_cfg; d = check_det_dataset('$D/data.yaml')
   taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo11n.yaml seeds=${SEEDS11:-4} \
     first_seed=${FIRST11:-0} parallel=${PAR11:-4} $common out=$OUT/p11 > $OUT/p11.txt 2>&1 &
   taskset -c ${CORES26:-18-31} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo26n.yaml seeds=${SEEDS26:-3} \
-    parallel=3 $common out=$OUT/p26 > $OUT/p26.txt 2>&1 &
+    first_seed=${FIRST26:-0} parallel=${PAR26:-3} $common out=$OUT/p26 > $OUT/p26.txt 2>&1 &
   wait
   for p in p11 p26; do
     tr '\r' '\n' < $OUT/$p.txt | grep -v "parity runs:\|Scanning\|Fast image" | tail -14

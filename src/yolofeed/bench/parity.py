@@ -281,6 +281,11 @@ def run(cfg: ParityConfig) -> Summary:
     clash = reserved & set(cfg.extra)
     if clash:
         raise ConfigError(f"{', '.join(sorted(clash))}= are set by yolofeed parity itself; use its own keys")
+    from dataclasses import fields
+
+    from yolofeed.train import keys
+
+    keys.check_overrides(cfg.extra, own=[f.name for f in fields(cfg)], command="yolofeed parity")  # a typo: one line
     out = Path(cfg.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
