@@ -29,9 +29,10 @@ from ultralytics.utils.torch_utils import torch_distributed_zero_first, unwrap_m
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
+from yolofeed.pack.build import no_labels
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 
@@ -91,6 +92,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
 
     def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         pack = self._pack(self._split_of(dataset_path), rank)
+        if mode == "train" and pack.header["counts"]["label_files"] == 0:  # Ultralytics raises here too
+            raise DatasetError(no_labels(pack, training=True))
         if mode == "train":
             world = max(self.world_size, 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
