@@ -107,6 +107,20 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
         return ValLoader(pack, batch_size, self.device, stride=stride)
 
+    def _do_train(self):
+        """Ultralytics' loop; when it fails, say which checkpoint resumes the run (Ultralytics saves none then)."""
+        try:
+            return super()._do_train()
+        except Exception as e:
+            if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
+                started = getattr(self, "train_time_start", None)
+                saved = self.last.is_file() and (started is None or self.last.stat().st_mtime >= started - 1)
+                LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
+                             + (f"The last finished epoch is in {self.last}; continue with "
+                                f"'yolofeed train resume={self.last}' once the cause is fixed"
+                                if saved else "No epoch was saved yet: start again once the cause is fixed"))
+            raise
+
     # -- augmentation -------------------------------------------------------------------------
     def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:
         """The pool of recent images partners are drawn from, sized by ``partner_pool``; None: the batch itself."""
