@@ -239,7 +239,7 @@ def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, cap
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with caplog.at_level(logging.INFO):
-        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=1, progress=False)
+        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
     assert "could not reserve" in caplog.text and "writing with pwrite" in caplog.text
     assert pack.path.stat().st_size == ref.path.stat().st_size
     for i, im in enumerate(images):

@@ -233,9 +233,11 @@ def _stop_pool(pool: Any) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _exit_codes(pool: Any) -> str:
-    """How a broken pool's workers ended, e.g. "killed by signal 9 (SIGKILL)", for the error message."""
-    codes = {p.exitcode for p in list((getattr(pool, "_processes", None) or {}).values())} - {None, 0}
+def _exit_codes(processes: list) -> str:
+    """How a stopped pool's workers ended, e.g. "killed by signal 9 (SIGKILL)", for the error message."""
+    codes = {p.exitcode for p in processes} - {None, 0}
+    if codes - {-signal.SIGTERM}:  # the pool itself sends SIGTERM to the other workers once one died
+        codes -= {-signal.SIGTERM}
     words = []
     for c in sorted(codes):
         name = signal.Signals(-c).name if -c in signal.valid_signals() else "?"
@@ -440,7 +442,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     # gives back what was not used): on a sparse file every first write to a page allocates a block
     # under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
     capacity = n * align(imgsz * imgsz * 3) if storage == "raw" else 0
-    mapped = capacity if space.free >= space.bound and _reserve(fd, capacity) else 0
+    # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
+    # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
+    mapped = capacity if workers > 1 and space.free >= space.bound and _reserve(fd, capacity) else 0
     if capacity and not mapped:
         LOGGER.info(f"pack {src.split}: {_gb(space.free)} free, up to {_gb(space.bound)} needed: writing without "
                     "reserving the space first (slower; a full disk stops the build with a message)")
@@ -472,8 +476,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                 labels[i] = lb
                 notes += [(src.im_files[i], note) for note in sample_notes]
     except BrokenProcessPool:
-        how = _exit_codes(pool)
-        _stop_pool(pool)
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        _stop_pool(pool)  # joins them: their exit codes are known after it
+        how = _exit_codes(processes)
         raise PackError(f"a worker process building the {src.split} pack died ({how or 'no exit status'}); "
                         "nothing was published. Signal 9 is usually the out-of-memory killer: build with fewer "
                         "workers= ; a crash while decoding one image is found with workers=1") from None
