@@ -47,7 +47,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     """
 
     pack_format: str = "raw"  # "raw" (decoded pixels) or "jpeg" (encoded, decoded on the GPU)
-    pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
+    pack_rebuild: str = "auto"  # build missing or stale packs; "check": also label contents; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
