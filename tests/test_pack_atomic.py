@@ -113,7 +113,8 @@ def test_kill_at_random_moments_never_publishes_a_bad_pack(big):
 KILL_BOUND = 60.0  # s: only to tell a hang from a slow machine; the builds below take about a second
 
 
-def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_watch: str) -> None:
+def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_watch: str,
+                 signals_to_other_threads: bool = False) -> None:
     """The body of a build process (forked from the test): build, and stop for good at ``moment``.
 
     Args:
@@ -123,6 +124,9 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
             does on first use).
         parent_watch: "linux" (PR_SET_PDEATHSIG and the watch thread), "watch" (the watch thread only,
             as on macOS and Windows) or "none" (workers outlive the parent).
+        signals_to_other_threads: the main thread blocks SIGINT and SIGTERM once it waits for workers,
+            so the kernel hands them to another thread (as it may at any time): Python runs the handler
+            only when the main thread wakes.
     """
     import yolofeed.pack.build as build
 
@@ -153,6 +157,14 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
             pause()
 
         build.write_tail = tail
+    if signals_to_other_threads:
+        real_wait = build.wait
+
+        def wait(*a, **k):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            return real_wait(*a, **k)
+
+        build.wait = wait
     if parent_watch == "watch":
         sys.platform = "darwin"  # this process only: no prctl, the watch thread alone
     elif parent_watch == "none":
@@ -254,6 +266,26 @@ def test_killing_the_builder_alone_leaves_no_worker_and_no_lock(dataset, tmp_pat
     assert pack.im_files == ref.im_files
     for i in range(len(pack)):
         np.testing.assert_array_equal(pack.image(i), ref.image(i))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_delivered_to_another_thread_still_stops_the_build(dataset, tmp_path, sig):
+    """Every worker stuck, the signal taken by a thread other than the main one: the build still stops."""
+    import multiprocessing as mp
+
+    import psutil
+
+    yaml_file = dataset / "data.yaml"
+    marker = tmp_path / "paused"
+    proc = mp.get_context("fork").Process(target=_build_until, args=("mid", "pack", yaml_file, marker, "linux", True))
+    proc.start()
+    assert _wait_for(marker.exists)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, sig)
+    proc.join(KILL_BOUND)
+    assert proc.exitcode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], "the signal was not acted on: a hang"
+    assert _wait_for(lambda: not any(_running(w.pid) for w in workers))
+    assert not list(store_dir(yaml_file, 64, "raw").glob(".*.tmp-*"))
 
 
 def test_a_worker_killed_mid_build_is_one_clear_error(dataset, tmp_path):

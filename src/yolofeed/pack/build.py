@@ -52,7 +52,7 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -199,14 +199,32 @@ def _process(task: tuple[int, str, str]) -> tuple:
     return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes)
 
 
+def _process_chunk(tasks: list[tuple[int, str, str]]) -> list[tuple]:
+    return [_process(t) for t in tasks]
+
+
+def _results(pool: Any, tasks: list[tuple[int, str, str]], chunk: int) -> Iterator[tuple]:
+    """``_process`` of every task, chunk by chunk as they complete (in any order).
+
+    Waits at most 0.5 s at a time: the kernel may deliver SIGINT or SIGTERM to any thread, and Python
+    runs the handler only once the main thread wakes. A wait on a future without a timeout would not
+    wake while every worker is stuck (a hung network read, say), and Ctrl-C would do nothing.
+    """
+    if isinstance(pool, _InProcess):
+        yield from map(_process, tasks)
+        return
+    pending = {pool.submit(_process_chunk, tasks[k:k + chunk]) for k in range(0, len(tasks), chunk)}
+    while pending:
+        done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+        for future in done:
+            yield from future.result()
+
+
 class _InProcess:
     """The pool interface for workers=1: no fork, easy to debug and profile."""
 
     def __init__(self, initializer: Any, initargs: tuple):
         initializer(*initargs)
-
-    def map(self, fn: Any, it: Any, chunksize: int = 1) -> Iterator:
-        return map(fn, it)
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         _close_worker()
@@ -459,22 +477,24 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     label_crc = np.zeros(n, np.uint32)
     skipped: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
-    tasks = zip(range(n), src.im_files, src.label_files)
+    tasks = list(zip(range(n), src.im_files, src.label_files))
     chunk = max(1, min(64, n // (workers * 8)))
+    why: dict[int, str] = {}  # results arrive in completion order; the report lists them in source order
+    noted: dict[int, list[str]] = {}
     try:
         with (_Writeback(fd) if sync else contextlib.nullcontext(),
               tqdm(total=n, unit="img", disable=not progress, desc=f"pack {src.split}") as bar):
-            for i, lcrc, reason, meta in pool.map(_process, tasks, chunksize=chunk):
+            for i, lcrc, reason, meta in _results(pool, tasks, chunk):
                 bar.update()
                 label_crc[i] = lcrc
                 if reason is not None:
-                    skipped.append((src.im_files[i], reason))
-                    bar.set_postfix(skipped=len(skipped), refresh=False)
+                    why[i] = reason
+                    bar.set_postfix(skipped=len(why), refresh=False)
                     continue
                 off, nbytes, crc, h0, w0, h, w, lb, sample_notes = meta
                 index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), crc)
                 labels[i] = lb
-                notes += [(src.im_files[i], note) for note in sample_notes]
+                noted[i] = sample_notes
     except BrokenProcessPool:
         processes = list((getattr(pool, "_processes", None) or {}).values())
         _stop_pool(pool)  # joins them: their exit codes are known after it
@@ -486,6 +506,8 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
         _stop_pool(pool)
         raise
     pool.shutdown(wait=True)
+    skipped += [(src.im_files[i], why[i]) for i in sorted(why)]
+    notes += [(src.im_files[i], note) for i in sorted(noted) for note in noted[i]]
     keep = np.array([lb is not None for lb in labels], bool)
     if not keep.any():
         top = Counter(r for _, r in skipped).most_common(3)
