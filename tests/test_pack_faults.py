@@ -212,8 +212,9 @@ def test_disk_full_mid_build_is_one_clear_error(dataset, monkeypatch, workers):
     monkeypatch.setattr(build, "_pwrite_all", _full_after(3))
     folder = store_dir(dataset / "data.yaml", 64, "raw")
     with pytest.raises(PackError, match=rf"the disk filled up while writing the train pack in {folder} \(No space "
-                                        r"left on device\): it needs about [\d.]+ [KMG]B, [\d.,]+ [KMG]B were free when the build "
-                                        r"started\. Nothing was published and the temporary file is removed\. .*"
+                                        r"left on device\): it needs about [\d.]+ [KMG]B, [\d.,]+ [KMG]B were free "
+                                        r"when the build started\. Nothing was published and the temporary file is "
+                                        r"removed\. .*"
                                         r"pack_dir="):
         _build(dataset, workers=workers)
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)

@@ -444,7 +444,11 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = "raw", 
             raise
     if sync:
         _fsync_dir(dest.parent)
-    _write_report(dest, skipped, notes)
+    try:
+        _write_report(dest, skipped, notes)
+    except OSError as e:  # the pack is whole and published; its report is a convenience (the header lists the same)
+        LOGGER.warning(f"pack {src.split}: could not write {report_path(dest)} ({e.strerror or e}); "
+                       "the skipped images and notes are in the pack's header too")
     return Pack.open(dest)
 
 
