@@ -66,7 +66,7 @@ def _rotated_jpeg() -> bytes:
 # name -> (image bytes, label text or None for no label file, kept by Ultralytics?, words the reason must contain)
 BAD_CASES: dict[str, tuple[bytes, str | None, bool, str]] = {
     "garbage.jpg": (b"hello world" * 100, GOOD_LABEL, False, "not"),
-    "empty.jpg": (b"", GOOD_LABEL, False, "not"),
+    "empty.jpg": (b"", GOOD_LABEL, False, "empty file (0 bytes)"),
     "half.jpg": (_jpeg(seed=1)[:900], GOOD_LABEL, False, "truncated"),
     "trailing.jpg": (_jpeg(seed=2) + b"trailing junk", GOOD_LABEL, True, ""),
     "rotated.jpg": (_rotated_jpeg(), GOOD_LABEL, True, ""),

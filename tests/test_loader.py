@@ -131,8 +131,9 @@ def test_loader_errors_reach_the_training_thread(pack64, monkeypatch):
         raise OSError("disk went away")
 
     monkeypatch.setattr(prefetch, "gather", broken)
-    with pytest.raises(OSError, match="disk went away"):
+    with pytest.raises(prefetch.LoaderError, match=r"batch 1 of \d+ .*train.yfpack: OSError: disk went away") as e:
         list(TrainLoader(pack64, 4, "cpu"))
+    assert isinstance(e.value.__cause__, OSError)  # the thread's own traceback travels with it
 
 
 def test_stopping_mid_epoch_stops_the_thread(pack64):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -164,13 +165,17 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
         open_or_build(yaml_file, "val", 160)
 
 
-def _rewrite_header(path: Path, **changes) -> None:
+def _rewrite_header(path: Path, crc: int | None = None, drop: tuple[str, ...] = (), **changes) -> None:
+    """Rewrite a pack's header; ``crc``: the trailer's header checksum (None: the right one)."""
     data = bytearray(path.read_bytes())
-    magic, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
+    magic, _, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
     header = json.loads(bytes(data[off:off + n]))
     header.update(changes)
+    for key in drop:
+        del header[key]
     blob = json.dumps(header).encode()
-    path.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, off, len(blob)))
+    path.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob) if crc is None else crc, off,
+                                                             len(blob)))
 
 
 def test_foreign_truncated_and_old_packs_are_refused(dataset, tmp_path):
@@ -191,8 +196,14 @@ def test_foreign_truncated_and_old_packs_are_refused(dataset, tmp_path):
     old = tmp_path / "old.yfpack"
     old.write_bytes(good)
     _rewrite_header(old, format_version=0, yolofeed_version="0.0.1")
-    with pytest.raises(StalePackError, match="format 0 .*reads format 1"):
+    with pytest.raises(StalePackError, match="format 0 .*reads format 2"):
         Pack.open(old)
+    v1 = tmp_path / "v1.yfpack"  # format 1's trailer held b"\0\1\0\0" where the header's checksum now is
+    v1.write_bytes(good)
+    _rewrite_header(v1, crc=int.from_bytes(b"\x00\x01\x00\x00", "little"), format_version=1)
+    with pytest.raises(StalePackError, match=f"format 1 .*reads format 2: rebuild it with: yolofeed pack "
+                                             f"data={dataset / 'data.yaml'} imgsz=160 format=raw out={tmp_path}"):
+        Pack.open(v1)
     assert len(Pack.open(pack.path)) == 24  # the good file still opens
 
 
@@ -216,7 +227,7 @@ def test_cli_pack_prints_summary(dataset, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
-def test_sparse_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, caplog):
+def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, caplog):
     import errno
     import logging
 
@@ -228,8 +239,8 @@ def test_sparse_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, cap
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with caplog.at_level(logging.INFO):
-        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=1, progress=False)
-    assert "sparse file" in caplog.text
+        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
+    assert "could not reserve" in caplog.text and "writing with pwrite" in caplog.text
     assert pack.path.stat().st_size == ref.path.stat().st_size
     for i, im in enumerate(images):
         np.testing.assert_array_equal(pack.image(i), im)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import os
 import signal
 import subprocess
@@ -127,3 +128,45 @@ def test_cli_resumes_a_killed_run(synth_root, runs):
         after = [row[0].strip() for row in list(csv.reader(f))[1:]]
     # continued after the saved epoch (a row written after the last save is redone, as Ultralytics does)
     assert after == before + [str(e) for e in range(saved + 2, 4)]
+
+
+@pytest.mark.slow
+def test_loader_failure_mid_epoch_names_the_cause_and_leaves_a_resumable_checkpoint(synth_root, runs, caplog):
+    """The loader thread fails in the second epoch (a disk error while gathering a batch): training stops with
+    a message naming the cause, the batch and the pack; the thread is gone; the first epoch's last.pt is there
+    to resume from, and the log says so. Ultralytics itself saves nothing when an exception ends a run: last.pt
+    is the one its previous epoch saved."""
+    import logging
+    import threading
+
+    from ultralytics import YOLO
+
+    import yolofeed.loader.prefetch as prefetch
+    from yolofeed import FastDetectionTrainer
+
+    real, calls = prefetch.gather, []
+    per_epoch = 3  # 24 images, batch 8
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == per_epoch + 2:
+            raise OSError(5, "Input/output error")
+        return real(*a, **k)
+
+    prefetch.gather = failing
+    try:
+        m = YOLO("yolo11n.yaml")
+        with caplog.at_level(logging.ERROR), pytest.raises(prefetch.LoaderError) as e:
+            m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(runs),
+                    name="loader-fault", **TINY)
+    finally:
+        prefetch.gather = real
+    assert re.search(r"the loader thread stopped at batch \d of 3 of the epoch", str(e.value))
+    assert "train.yfpack: OSError: [Errno 5] Input/output error" in str(e.value)
+    assert isinstance(e.value.__cause__, OSError)
+    assert not [t for t in threading.enumerate() if t.name == "yolofeed-loader" and t.is_alive()]
+    last = runs / "loader-fault" / "weights" / "last.pt"
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None  # what Ultralytics' resume needs
+    assert "training stopped in epoch 2 by LoaderError" in caplog.text
+    assert f"yolofeed train resume={last}" in caplog.text

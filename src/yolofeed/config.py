@@ -59,10 +59,13 @@ class PackConfig:
     out: str | None = key(None, "pack folder; default <data yaml folder>/yolofeed-packs/<yaml stem>-<format>-<imgsz>")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
-    rebuild: str = key("auto", "auto: build missing or stale packs; always: rebuild; never: refuse stale packs",
-                       ("auto", "always", "never"))
+    rebuild: str = key("auto", "auto: build missing or stale packs (a changed path, size or time, as Ultralytics' "
+                       "label cache); check: auto, and compare the label files' contents too; always: rebuild; "
+                       "never: refuse stale packs", ("auto", "check", "always", "never"))
     sync: bool = key(False, "fsync before publishing: survives power loss, costs the disk's write time "
                      "(atomic against a killed build either way)")
+    verify: bool = key(False, "check every stored image's checksum (reads the whole pack); damaged packs are rebuilt "
+                       "(refused with rebuild=never)")
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,8 @@ class TrainConfig:
     resume: str | None = key(None, "a last.pt to continue training from; or model=.../last.pt with resume=True "
                              "(or a bare 'resume'), as in yolo train")
     pack_format: str = key("raw", "pack storage: raw pixels, or jpeg bytes decoded on the GPU", ("raw", "jpeg"))
-    pack_rebuild: str = key("auto", "auto: build missing or stale packs first; never: refuse them",
-                            ("auto", "always", "never"))
+    pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
+                            "contents; never: refuse them", ("auto", "check", "always", "never"))
     pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
                             "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "

@@ -37,6 +37,10 @@ _STOP = object()
 DECODERS = ("auto", "torchvision", "cv2")
 
 
+class LoaderError(RuntimeError):
+    """The background thread failed; the message names the batch, the pack and the cause (chained)."""
+
+
 def decodes_on_device(pack: Pack, device: torch.device, decode: str) -> bool:
     """Whether a jpeg pack's images are decoded by torchvision on ``device`` (else by cv2 on the host).
 
@@ -139,8 +143,9 @@ class Prefetcher:
                     slot.dev.images[:slot.n], names=[files[i] for i in indices])
 
     def _produce(self, batches: list[np.ndarray], free: queue.Queue, ready: queue.Queue) -> None:
+        k = 0
         try:
-            for indices in batches:
+            for k, indices in enumerate(batches):
                 k = free.get()
                 if k is _STOP or self._stop.is_set():
                     return
@@ -149,7 +154,13 @@ class Prefetcher:
                     slot.consumed.synchronize()  # the GPU has finished with this slot's device buffers
                 self._fill(slot, indices)
                 ready.put((k, indices))
-        except BaseException as e:  # handed to the consumer, which raises it in the training thread
+        except Exception as e:  # handed to the consumer, which raises it in the training thread
+            err = LoaderError(f"the loader thread stopped at batch {k + 1} of {len(batches)} of the epoch, reading "
+                              f"{self.pack.path}: {type(e).__name__}: {e}")
+            err.__cause__ = e  # the traceback shows where in the thread it failed
+            ready.put(err)
+            return
+        except BaseException as e:
             ready.put(e)
             return
         ready.put(_STOP)
@@ -217,4 +228,4 @@ def to_device_source(source: SourceBatch, device: torch.device | str) -> SourceB
     return SourceBatch(*(t.to(device) for t in (source.images, source.hw, source.cls, source.boxes, source.valid)))
 
 
-__all__ = ["LoadedBatch", "Prefetcher", "to_device_source"]
+__all__ = ["LoadedBatch", "LoaderError", "Prefetcher", "to_device_source"]

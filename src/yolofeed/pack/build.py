@@ -1,29 +1,59 @@
 """Build pack files in parallel, atomically, and open them only when they match their source.
 
 One pass over the split: worker processes verify, decode and resize a sample each (the CPU cost:
-JPEG decode dominates, ~2 ms per 640x480 image per core) and ``pwrite`` its pixels at an offset
-they reserve from a shared counter, so payloads never travel back through a pipe; the parent only
-collects metadata and labels. The file is written under a temporary name and renamed after its
-trailer is written and synced: a build killed at any moment leaves no incomplete file that a reader
-accepts (a temp file opens only once its trailer is written, i.e. whole; the pack's own name
-appears only by the rename), and the next run removes the leftovers and builds again. A lock file serialises builders, so DDP ranks
-that ask for the same pack wait for one build instead of racing.
+JPEG decode dominates, ~2 ms per 640x480 image per core), take its CRC32 and write its pixels at an
+offset they reserve from a shared counter, so payloads never travel back through a pipe; the parent
+only collects metadata and labels. Every payload is then read back and checked against its CRC32
+(threads; zlib releases the GIL), the index, labels and header are appended, and the file, written
+under a temporary name, is renamed into place. The two CRC32 passes cost 0.3-0.55 ms per 640-px raw
+image each on the 2-core development machine (1.7-3 GB/s), next to ~2.5 ms of decode and resize: the
+read-back took 0.1-0.3 s of 1.4-2.7 s builds of 512 such images there (noisy, shared cores).
+
+Faults, and what a build does about them (RELIABILITY.md lists each case with its test):
+
+* Killed at any moment (``kill -9``, ``kill``, Ctrl-C, the OOM killer, a crashed DDP rank): no file a
+  reader accepts appears under the pack's name. Workers die with their parent (``PR_SET_PDEATHSIG``
+  on Linux; elsewhere, and as a second line, a thread in each worker watches the parent) and never
+  hold the folder's lock (pack/lock.py), so a later build neither waits forever nor finds a stale
+  lock; it removes the dead builder's temporary file. While a build runs, SIGTERM stops it as Ctrl-C
+  does: workers stopped, temporary file removed, exit status 143.
+* Disk space: checked before writing against the pack's size, estimated from up to 256 image
+  headers. Raw payloads go through a shared mmap only once ``posix_fallocate`` has reserved every
+  byte; otherwise through ``pwrite``, which reports a full disk as an error where a write to an
+  unbacked mmap page would kill the process with SIGBUS. A full disk, a worker that died or any
+  other failure ends in one ``PackError`` that says what happened and what to do, with the
+  temporary file removed.
+* A dataset folder that is not writable (shared read-only datasets): packs go to the user's cache
+  folder instead, and the log says where (``pack_folders``).
+
+A pack is rebuilt when a source file's path, size or modification time changes, or ``nc`` does: the
+rule of Ultralytics' label cache (``get_hash`` over label and image files). A label file edited in
+place to the same size with its modification time put back passes that rule, in Ultralytics too;
+``rebuild=check`` also compares the CRC32 of every label file's bytes with the ones recorded at build
+time (one read of each label file: small files, about a second per 100k on a local disk).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
+import hashlib
 import logging
 import mmap
 import multiprocessing as mp
 import os
+import shutil
+import signal
+import sys
+import tempfile
 import threading
 import time
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,28 +64,43 @@ from tqdm import tqdm
 
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
-from yolofeed.errors import DatasetError, PackError
+from yolofeed.errors import DatasetError, PackError, StalePackError
+from yolofeed.pack.lock import FolderLock, process_alive, process_start
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
-from yolofeed.pack.store import INDEX_DTYPE, SUFFIX, Pack, _pwrite_all, align, write_tail
-from yolofeed.pack.verify import SampleError, load_sample
+from yolofeed.pack.store import (INDEX_DTYPE, STORAGES, SUFFIX, Pack, _pwrite_all, align, payload_crcs,
+                                 rebuild_command, store_dir, write_tail)
+from yolofeed.pack.verify import SampleError, exif_size, load_sample, pil_open, resized_hw
 
 LOGGER = logging.getLogger(__name__)
-STORAGES = ("raw", "jpeg")
 TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
+REBUILDS = ("never", "auto", "check", "always")
+DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
+SPACE_SAMPLE = 256  # image headers read to estimate a pack's size before building it
+MOVE_HINT = "put the packs on a disk with room: out=/path (yolofeed pack) or pack_dir=/path (yolofeed train)"
 
 
-def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> Path:
-    """Where the packs of a data yaml live: ``out``, or beside the yaml."""
+def cache_root() -> Path:
+    """Where packs go when the dataset's folder is not writable: the user's cache folder."""
+    if os.name == "nt":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "yolofeed" / "packs"
+
+
+def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
+                 out: str | os.PathLike | None = None) -> list[Path]:
+    """Where the packs of a data yaml may be, in order of preference.
+
+    ``[out]`` when given; else beside the yaml (``store_dir``), then
+    ``<cache_root>/<yaml stem>-<hash of the yaml's path>/<stem>-<format>-<imgsz>`` for datasets whose
+    folder is read-only (the hash keeps two datasets' ``data.yaml`` apart).
+    """
     if out:
-        return Path(out).expanduser().resolve()
+        return [store_dir(yaml_file, imgsz, storage, out)]
     y = Path(yaml_file).resolve()
-    return y.parent / "yolofeed-packs" / f"{y.stem}-{storage}-{imgsz}"
-
-
-def rebuild_command(yaml_file: str, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> str:
-    """The exact command that rebuilds this pack, for error messages."""
-    cmd = f"yolofeed pack data={yaml_file} imgsz={imgsz} format={storage}"
-    return cmd + (f" out={out}" if out else "") + " rebuild=always"
+    key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
+    return [store_dir(y, imgsz, storage), cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{storage}-{imgsz}"]
 
 
 @dataclass
@@ -71,42 +116,108 @@ class BuildResult:
 _W: dict[str, Any] = {}
 
 
-def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, capacity: int) -> None:
-    fd = os.open(tmp_path, os.O_RDWR)
-    # Raw packs are written through a shared mapping of the (sparse, pre-sized) file: 16 processes
-    # copy into the page cache at ~12 GB/s, where pwrite serialises on the file's inode lock at
-    # ~4.5 GB/s (measured on the H200 machine, BENCHMARKS.md).
-    mm = mmap.mmap(fd, capacity) if capacity else None
-    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, capacity=capacity)
+def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, mapped: int,
+                 parent: tuple[int, float] | None = None) -> None:
+    """Open the temporary file (and map it when ``mapped`` bytes were reserved) in a build worker.
+
+    Args:
+        parent: (PID, start time) of the building process for a worker process; None in-process.
+    """
+    if parent is not None:
+        _die_with_parent(*parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, which fork copied
+    fd = os.open(tmp_path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+    # Raw packs are written through a shared mapping of the pre-allocated file: 16 processes copy into
+    # the page cache at ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s
+    # (measured on the H200 machine, BENCHMARKS.md). Only when every byte is allocated: a page the
+    # filesystem cannot back (disk full) would kill the writer with SIGBUS.
+    mm = mmap.mmap(fd, mapped) if mapped else None
+    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, mapped=mapped)
     import cv2
 
     cv2.setNumThreads(1)  # one image per process; OpenCV's own threads would only contend
 
 
+def _die_with_parent(pid: int, started: float) -> None:
+    """End this worker when the building process dies, however it dies (it may not get to stop us)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError) as e:  # the watch below still ends us, within a second
+            LOGGER.debug(f"pack worker: prctl(PR_SET_PDEATHSIG) unavailable ({e})")
+    if os.getppid() != pid:  # the parent died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(pid, started), daemon=True, name="yolofeed-parent-watch").start()
+
+
+def _watch_parent(pid: int, started: float, every: float = 1.0) -> None:
+    """Exit once the parent is gone: reparented (POSIX), or its PID is free or reused (everywhere)."""
+    while True:
+        time.sleep(every)
+        if os.getppid() != pid or not process_alive(pid, started):
+            os._exit(1)
+
+
 def _close_worker() -> None:
     if _W.get("mm") is not None:
         _W.pop("mm").close()
-    os.close(_W.pop("fd"))
+    if "fd" in _W:
+        os.close(_W.pop("fd"))
+
+
+def _label_crc(lb_file: str) -> int:
+    """CRC32 of a label file's bytes; 0 when it cannot be read (its sample reports why)."""
+    try:
+        with open(lb_file, "rb") as f:
+            return zlib.crc32(f.read())
+    except OSError:
+        return 0
 
 
 def _process(task: tuple[int, str, str]) -> tuple:
-    """Verify, decode and store one sample; returns its metadata (never its pixels)."""
+    """Verify, decode and store one sample; returns its label file's CRC32 and metadata (never its pixels)."""
     i, im_file, lb_file = task
+    lcrc = _label_crc(lb_file)
     try:
         s = load_sample(im_file, lb_file, _W["nc"], _W["imgsz"], _W["storage"])
     except SampleError as e:
-        return i, str(e), None
+        return i, lcrc, str(e), None
     except Exception as e:  # anything else Ultralytics would also count as corrupt: report, don't die
-        return i, f"{type(e).__name__}: {e}", None
+        return i, lcrc, f"{type(e).__name__}: {e}", None
     payload = memoryview(np.ascontiguousarray(s.payload)).cast("B")
+    crc = zlib.crc32(payload)  # ~0.6 ms for a 640x480 raw image, next to ~2.5 ms of decode and resize
     with _W["counter"].get_lock():  # reserve [offset, offset + nbytes) in the shared file
         offset = _W["counter"].value
         _W["counter"].value = align(offset + payload.nbytes)
-    if _W["mm"] is not None and offset + payload.nbytes <= _W["capacity"]:
+    if _W["mm"] is not None and offset + payload.nbytes <= _W["mapped"]:
         _W["mm"][offset:offset + payload.nbytes] = payload
     else:
-        _pwrite_all(_W["fd"], payload, offset)
-    return i, None, (offset, payload.nbytes, *s.ori_hw, *s.hw, s.labels, s.notes)
+        _pwrite_all(_W["fd"], payload, offset)  # a full disk raises ENOSPC here, in the parent's map
+    return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes)
+
+
+def _process_chunk(tasks: list[tuple[int, str, str]]) -> list[tuple]:
+    return [_process(t) for t in tasks]
+
+
+def _results(pool: Any, tasks: list[tuple[int, str, str]], chunk: int) -> Iterator[tuple]:
+    """``_process`` of every task, chunk by chunk as they complete (in any order).
+
+    Waits at most 0.5 s at a time: the kernel may deliver SIGINT or SIGTERM to any thread, and Python
+    runs the handler only once the main thread wakes. A wait on a future without a timeout would not
+    wake while every worker is stuck (a hung network read, say), and Ctrl-C would do nothing.
+    """
+    if isinstance(pool, _InProcess):
+        yield from map(_process, tasks)
+        return
+    pending = {pool.submit(_process_chunk, tasks[k:k + chunk]) for k in range(0, len(tasks), chunk)}
+    while pending:
+        done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+        for future in done:
+            yield from future.result()
 
 
 class _InProcess:
@@ -115,14 +226,41 @@ class _InProcess:
     def __init__(self, initializer: Any, initargs: tuple):
         initializer(*initargs)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         _close_worker()
 
-    def map(self, fn: Any, it: Any, chunksize: int = 1) -> Iterator:
-        return map(fn, it)
+
+def _mp_context() -> Any:
+    """fork where there is one (workers start at once, sharing the imported modules); spawn elsewhere."""
+    return mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
+
+
+def _stop_pool(pool: Any) -> None:
+    """End a pool now: queued tasks cancelled, workers terminated (not left to finish the whole split)."""
+    if isinstance(pool, _InProcess):
+        pool.shutdown()
+        return
+    # ProcessPoolExecutor has no public way to stop running workers before Python 3.14
+    kill = getattr(pool, "terminate_workers", None)
+    if kill is not None:
+        kill()
+    else:
+        for p in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError):
+                p.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _exit_codes(processes: list) -> str:
+    """How a stopped pool's workers ended, e.g. "killed by signal 9 (SIGKILL)", for the error message."""
+    codes = {p.exitcode for p in processes} - {None, 0}
+    if codes - {-signal.SIGTERM}:  # the pool itself sends SIGTERM to the other workers once one died
+        codes -= {-signal.SIGTERM}
+    words = []
+    for c in sorted(codes):
+        name = signal.Signals(-c).name if -c in signal.valid_signals() else "?"
+        words.append(f"killed by signal {-c} ({name})" if c < 0 else f"exit status {c}")
+    return ", ".join(words)
 
 
 class _Writeback(threading.Thread):
@@ -136,10 +274,11 @@ class _Writeback(threading.Thread):
     def __init__(self, fd: int, interval: float = 1.0):
         super().__init__(daemon=True)
         self.fd, self.interval, self.stop = fd, interval, threading.Event()
+        self.sync = getattr(os, "fdatasync", os.fsync)  # no fdatasync on macOS and Windows
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
-            os.fdatasync(self.fd)
+            self.sync(self.fd)
 
     def __enter__(self):
         self.start()
@@ -153,20 +292,104 @@ class _Writeback(threading.Thread):
 # -- parent side ------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on a pack folder; removes temporary files of dead builders once held."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "a+") as f:
+    """Hold the folder's build lock; once held, remove what builders that died left behind."""
+    with FolderLock(folder):
+        _remove_leftovers(folder)
+        yield
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Delete temporary files in ``folder``; only under its lock, when no one else can be writing them."""
+    for stale in folder.glob(f".*{TMP_MARK}*"):
+        with contextlib.suppress(OSError):
+            size = stale.stat().st_size
+            stale.unlink()
+            LOGGER.info(f"pack: removed {stale.name} ({size / 1e6:,.0f} MB), left by a build that did not finish")
+
+
+def _remove_leftovers_if_idle(folder: Path) -> None:
+    """After reusing a pack: a dead builder's temporary file goes too, if no build runs there now."""
+    if not any(folder.glob(f".*{TMP_MARK}*")):
+        return
+    lock = FolderLock(folder)
+    with contextlib.suppress(OSError):  # a read-only folder, say: the files stay, nothing else is wrong
+        if lock.try_acquire():
+            try:
+                _remove_leftovers(folder)
+            finally:
+                lock.release()
+
+
+@contextlib.contextmanager
+def _sigterm_stops_build() -> Iterator[None]:
+    """While a build runs, SIGTERM ends it as Ctrl-C does (clean-up runs), then the process exits with 143.
+
+    Only in the main thread and where nobody else handles SIGTERM; the previous handler is put back after.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@dataclass
+class _Space:
+    free: int  # bytes free in the pack folder before the build
+    estimate: int  # bytes the pack is expected to take
+    bound: int  # bytes it takes at most (raw: every image imgsz x imgsz)
+
+
+def _gb(nbytes: float) -> str:
+    """A size for messages: 9.32 GB, 184.5 MB, 12 KB."""
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:,.2f} GB"
+    return f"{nbytes / 1e6:,.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:,.0f} KB"
+
+
+def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Space:
+    """Compare the pack's size with the folder's free space before writing anything.
+
+    The size is estimated from the headers of up to ``SPACE_SAMPLE`` images, evenly spread (exact
+    for smaller splits; a header read is a fraction of a millisecond).
+
+    Raises:
+        PackError: the pack will not fit; the message gives bytes needed and free, the folder and the fix.
+    """
+    n = len(src.im_files)
+    picks = np.unique(np.linspace(0, n - 1, min(n, SPACE_SAMPLE)).round().astype(np.int64))
+    payloads, label_bytes = [], []
+    for i in picks.tolist():
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            LOGGER.info(f"pack: waiting for another process building in {folder} ...")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            for stale in folder.glob(f".*{SUFFIX}{TMP_MARK}*"):  # we hold the lock: no one else is writing
-                stale.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if storage == "raw":
+                with pil_open(src.im_files[i]) as im:
+                    w, h = exif_size(im)
+                payloads.append(align(int(np.prod(resized_hw(h, w, imgsz))) * 3))
+            else:
+                payloads.append(align(os.path.getsize(src.im_files[i])))
+        except Exception:  # an unreadable image is skipped by the build: it takes no space
+            continue
+        with contextlib.suppress(OSError):
+            label_bytes.append(os.path.getsize(src.label_files[i]))
+    # index + label CRC + worst-case report lines per image, labels at most twice their text, the paths
+    tail = n * (INDEX_DTYPE.itemsize + 4 + 256 + 2 * float(np.mean(label_bytes) if label_bytes else 0))
+    tail += sum(len(os.fsencode(f)) + 1 for f in src.im_files) + (1 << 20)
+    estimate = int(n * float(np.mean(payloads) if payloads else 0) + tail)
+    bound = int(n * align(imgsz * imgsz * 3) + tail) if storage == "raw" else estimate
+    free = shutil.disk_usage(folder).free
+    if free < estimate:
+        how = "" if len(picks) == n else f", estimated from the headers of {len(payloads)} of its {n:,} images"
+        raise PackError(f"not enough free space for the {src.split} pack in {folder}: it needs "
+                        f"{_gb(estimate)} ({estimate:,} bytes{how}), {_gb(free)} ({free:,} bytes) are free. "
+                        f"Free some space, or {MOVE_HINT}")
+    return _Space(free, estimate, bound)
 
 
 def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = "raw", workers: int = 0,
@@ -185,99 +408,188 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = "raw", 
 
     Raises:
         DatasetError: no sample of the split is usable (the message lists the commonest reasons).
+        PackError: the disk is (or would be) full, a worker process died, a payload read back wrong,
+            or writing failed; nothing is published and the temporary file is removed.
     """
     if storage not in STORAGES:
         raise PackError(f"format={storage}: expected one of {', '.join(STORAGES)}")
     t0 = time.perf_counter()
     n = len(src.im_files)
     workers = max(1, min(workers or usable_cores(), n))
-    tmp = dest.with_name(f".{dest.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     fingerprint = src.fingerprint()
+    space = _plan_space(src, dest.parent, imgsz, storage)
+    with _sigterm_stops_build():
+        tmp = dest.with_name(f".{dest.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
+        try:
+            try:
+                skipped, notes = _fill(src, tmp, fd, imgsz, storage, workers, progress, sync, fingerprint, space, t0)
+                if sync:
+                    os.fsync(fd)  # the rename below must not publish a file whose bytes are not on disk
+            finally:
+                os.close(fd)
+            os.replace(tmp, dest)
+        except BaseException as e:  # KeyboardInterrupt and SIGTERM included: leave nothing half-written behind
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                LOGGER.info(f"pack {src.split}: stopped; removed the unfinished {tmp.name}")
+            if isinstance(e, OSError) and e.errno in DISK_FULL:
+                raise PackError(f"the disk filled up while writing the {src.split} pack in {dest.parent} "
+                                f"({e.strerror}): it needs about {_gb(space.estimate)}, {_gb(space.free)} were "
+                                f"free when the build started. Nothing was published and the temporary file is "
+                                f"removed. Free some space, or {MOVE_HINT}") from None
+            if isinstance(e, OSError):
+                raise PackError(f"writing the {src.split} pack in {dest.parent} failed: {e}. Nothing was "
+                                f"published. If the folder is the problem, {MOVE_HINT}") from e
+            raise
+    if sync:
+        _fsync_dir(dest.parent)
     try:
-        ctx = mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-        counter = ctx.Value("Q", 0)
-        # Raw payloads are at most imgsz x imgsz x 3. Reserve that much up front (write_tail gives
-        # back what was not used): on a sparse file every first write to a page allocates a block
-        # under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
-        capacity = n * align(imgsz * imgsz * 3) if storage == "raw" else 0
-        _reserve(fd, capacity)
-        initargs = (str(tmp), counter, src.nc, imgsz, storage, capacity)
-        pool = (ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=initargs)
-                if workers > 1 else _InProcess(_init_worker, initargs))
-        index = np.zeros(n, INDEX_DTYPE)
-        labels: list[np.ndarray | None] = [None] * n
-        skipped: list[tuple[str, str]] = []
-        notes: list[tuple[str, str]] = []
-        tasks = zip(range(n), src.im_files, src.label_files)
-        chunk = max(1, min(64, n // (workers * 8)))
-        with pool, (_Writeback(fd) if sync else contextlib.nullcontext()):
-            bar = tqdm(pool.map(_process, tasks, chunksize=chunk), total=n, unit="img", disable=not progress,
-                       desc=f"pack {src.split}")
-            for i, reason, meta in bar:
-                if reason is not None:
-                    skipped.append((src.im_files[i], reason))
-                    bar.set_postfix(skipped=len(skipped), refresh=False)
-                    continue
-                off, nbytes, h0, w0, h, w, lb, sample_notes = meta
-                index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), 0)
-                labels[i] = lb
-                notes += [(src.im_files[i], note) for note in sample_notes]
-        keep = np.array([lb is not None for lb in labels], bool)
-        if not keep.any():
-            top = Counter(r for _, r in skipped).most_common(3)
-            raise DatasetError(f"no usable image in split '{src.split}' of {src.yaml_file} ({n} tried). "
-                               "Commonest reasons:\n  " + "\n  ".join(f"{c}x {r}" for r, c in top))
-        index = index[keep]
-        kept_labels = [lb for lb in labels if lb is not None]
-        counts = np.array([len(lb) for lb in kept_labels], np.int64)
-        index["label_start"] = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        table = np.concatenate(kept_labels) if counts.sum() else np.zeros((0, 5), np.float32)
-        files = [f for f, k in zip(src.im_files, keep) if k]
-        seconds = time.perf_counter() - t0
-        header = {
-            "yolofeed_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "split": src.split, "imgsz": imgsz, "storage": storage, "channels": 3, "color": "RGB",
-            "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
-            "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
-                       "fingerprint": fingerprint},
-            "counts": {"images": int(keep.sum()), "boxes": int(counts.sum()), "skipped": len(skipped),
-                       "tried": n, "data_bytes": int(index["nbytes"].sum())},
-            "skipped": skipped, "notes": notes,
-            "build": {"workers": workers, "seconds": round(seconds, 3), "sync": sync},
-        }
-        write_tail(fd, counter.value, index, table, files, header)
-        t_sync = time.perf_counter()
-        if sync:
-            os.fsync(fd)  # the rename below must not publish a file whose bytes are not on disk
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, dest)
-        if sync:
-            _fsync_dir(dest.parent)
-        LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s, synced in {time.perf_counter() - t_sync:.2f} s")
-    except BaseException:  # KeyboardInterrupt included: leave nothing half-written behind
-        if fd >= 0:
-            os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    _write_report(dest, skipped, notes)
+        _write_report(dest, skipped, notes)
+    except OSError as e:  # the pack is whole and published; its report is a convenience (the header lists the same)
+        LOGGER.warning(f"pack {src.split}: could not write {report_path(dest)} ({e.strerror or e}); "
+                       "the skipped images and notes are in the pack's header too")
     return Pack.open(dest)
 
 
-def _reserve(fd: int, nbytes: int) -> None:
-    """Allocate ``nbytes`` of disk for the file; a sparse file where the disk or filesystem can't."""
-    if not nbytes:
-        return
+def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, workers: int, progress: bool, sync: bool,
+          fingerprint: str, space: _Space, t0: float) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The body of ``build_split``: write every sample, check the payloads, append the tail to ``tmp`` (``fd``).
+
+    Returns:
+        The skipped samples and the notes, for the report file.
+    """
+    n = len(src.im_files)
+    # Raw payloads are at most imgsz x imgsz x 3. Reserve that much up front when it fits (write_tail
+    # gives back what was not used): on a sparse file every first write to a page allocates a block
+    # under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
+    capacity = n * align(imgsz * imgsz * 3) if storage == "raw" else 0
+    # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
+    # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
+    mapped = capacity if workers > 1 and space.free >= space.bound and _reserve(fd, capacity) else 0
+    if capacity and not mapped:
+        LOGGER.info(f"pack {src.split}: {_gb(space.free)} free, up to {_gb(space.bound)} needed: writing without "
+                    "reserving the space first (slower; a full disk stops the build with a message)")
+    ctx = _mp_context()
+    counter = ctx.Value("Q", 0)
+    initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped)
+    me = (os.getpid(), process_start(os.getpid()) or 0.0)
+    pool = (ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(*initargs, me))
+            if workers > 1 else _InProcess(_init_worker, initargs))
+    index = np.zeros(n, INDEX_DTYPE)
+    labels: list[np.ndarray | None] = [None] * n
+    label_crc = np.zeros(n, np.uint32)
+    skipped: list[tuple[str, str]] = []
+    notes: list[tuple[str, str]] = []
+    tasks = list(zip(range(n), src.im_files, src.label_files))
+    chunk = max(1, min(64, n // (workers * 8)))
+    why: dict[int, str] = {}  # results arrive in completion order; the report lists them in source order
+    noted: dict[int, list[str]] = {}
     try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as e:  # ENOSPC for the upper bound, EOPNOTSUPP on some filesystems: slower, still correct
-        LOGGER.info(f"pack: could not reserve {nbytes / 1e9:.1f} GB up front ({e.strerror}); writing a sparse file")
-        os.ftruncate(fd, nbytes)
+        with (_Writeback(fd) if sync else contextlib.nullcontext(),
+              tqdm(total=n, unit="img", disable=not progress, desc=f"pack {src.split}") as bar):
+            for i, lcrc, reason, meta in _results(pool, tasks, chunk):
+                bar.update()
+                label_crc[i] = lcrc
+                if reason is not None:
+                    why[i] = reason
+                    bar.set_postfix(skipped=len(why), refresh=False)
+                    continue
+                off, nbytes, crc, h0, w0, h, w, lb, sample_notes = meta
+                index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), crc)
+                labels[i] = lb
+                noted[i] = sample_notes
+    except BrokenProcessPool:
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        _stop_pool(pool)  # joins them: their exit codes are known after it
+        how = _exit_codes(processes)
+        raise PackError(f"a worker process building the {src.split} pack died ({how or 'no exit status'}); "
+                        "nothing was published. Signal 9 is usually the out-of-memory killer: build with fewer "
+                        "workers= ; a crash while decoding one image is found with workers=1") from None
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
+    skipped += [(src.im_files[i], why[i]) for i in sorted(why)]
+    notes += [(src.im_files[i], note) for i in sorted(noted) for note in noted[i]]
+    keep = np.array([lb is not None for lb in labels], bool)
+    if not keep.any():
+        top = Counter(r for _, r in skipped).most_common(3)
+        raise DatasetError(f"no usable image in split '{src.split}' of {src.yaml_file} ({n} tried). "
+                           "Commonest reasons:\n  " + "\n  ".join(f"{c}x {r}" for r, c in top))
+    index = index[keep]
+    kept_labels = [lb for lb in labels if lb is not None]
+    files = [f for f, k in zip(src.im_files, keep) if k]
+    _check_written(tmp, fd, index, files, workers, src.split)
+    counts = np.array([len(lb) for lb in kept_labels], np.int64)
+    index["label_start"] = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    table = np.concatenate(kept_labels) if counts.sum() else np.zeros((0, 5), np.float32)
+    missing = sum(1 for _, note in notes if note.startswith("label file missing"))
+    seconds = time.perf_counter() - t0
+    header = {
+        "yolofeed_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "split": src.split, "imgsz": imgsz, "storage": storage, "channels": 3, "color": "RGB",
+        "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
+        "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
+                   "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},
+        "counts": {"images": int(keep.sum()), "boxes": int(counts.sum()), "skipped": len(skipped),
+                   "tried": n, "label_files": int(keep.sum()) - missing, "data_bytes": int(index["nbytes"].sum())},
+        "skipped": skipped, "notes": notes,
+        "build": {"workers": workers, "seconds": round(seconds, 3), "sync": sync},
+    }
+    write_tail(fd, int(counter.value), index, table, files, label_crc, header)
+    LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s")
+    return skipped, notes
+
+
+def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], workers: int, split: str) -> None:
+    """Read every payload back from the file and compare it with the CRC32 its worker took before writing.
+
+    Catches what would otherwise train silently on wrong pixels: two payloads written over each other,
+    a write that did not land, memory or disk faults. Costs one CRC32 pass over the payloads on
+    ``workers`` threads (from the page cache: the build just wrote them).
+
+    Raises:
+        PackError: some payloads differ; nothing is published.
+    """
+    size = os.fstat(fd).st_size
+    if not len(index) or not size:
+        return
+    written = np.memmap(tmp, dtype=np.uint8, mode="r", shape=(size,))
+    try:
+        bad = np.nonzero(payload_crcs(written, index, workers) != index["crc32"])[0]
+    finally:
+        del written
+    if len(bad):
+        names = ", ".join(files[i] for i in bad[:3])
+        raise PackError(f"pack {split}: {len(bad)} image(s) read back from {tmp} differ from what was written "
+                        f"({names}): a disk or memory fault, or a bug in yolofeed. Nothing was published; build "
+                        "again, and check the disk (dmesg) if it happens again")
+
+
+def _reserve(fd: int, nbytes: int) -> bool:
+    """Allocate ``nbytes`` of disk for the file up front.
+
+    Returns:
+        True when every byte is allocated: then, and only then, workers may write through a shared
+        mmap. False where ``posix_fallocate`` is missing (macOS, Windows) or failed.
+    """
+    fallocate = getattr(os, "posix_fallocate", None)
+    if not nbytes or fallocate is None:
+        return False
+    try:
+        fallocate(fd, 0, nbytes)
+        return True
+    except OSError as e:  # ENOSPC, or EOPNOTSUPP on some filesystems: slower, still correct
+        os.ftruncate(fd, 0)  # give back whatever part was allocated
+        LOGGER.info(f"pack: could not reserve {_gb(nbytes)} up front ({e.strerror}); writing with pwrite")
+        return False
 
 
 def _fsync_dir(folder: Path) -> None:
+    if os.name == "nt":  # NTFS makes a rename durable itself; a folder cannot be opened for fsync there
+        return
     dfd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -287,7 +599,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def _write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[str, str]]) -> Path:
     """``<split>.report.txt``: one line per skipped sample and per note, tab-separated."""
-    report = dest.with_name(dest.name.removesuffix(SUFFIX) + ".report.txt")
+    report = report_path(dest)
     lines = [f"# {dest.name}: {len(skipped)} skipped, {len(notes)} notes. file<TAB>status<TAB>reason"]
     lines += [f"{f}\tskipped\t{r}" for f, r in skipped] + [f"{f}\tnote\t{r}" for f, r in notes]
     tmp = report.with_name(f".{report.name}{TMP_MARK}{os.getpid()}")
@@ -296,54 +608,164 @@ def _write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[
     return report
 
 
+def report_path(dest: Path) -> Path:
+    """The report file beside a pack: ``<split>.report.txt``."""
+    return dest.with_name(dest.name.removesuffix(SUFFIX) + ".report.txt")
+
+
+def _writable(folder: Path) -> OSError | None:
+    """None if packs can be written in ``folder`` (created if missing), else the error that says why not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return e
+    return None
+
+
+def _build_folder(folders: list[Path], split: str, chosen: bool) -> Path:
+    """The first folder of ``folders`` where a pack can be written; says so when it is not the first.
+
+    Raises:
+        PackError: none is writable (``chosen``: the user named the only one with out= / pack_dir=).
+    """
+    errors = []
+    for folder in folders:
+        err = _writable(folder)
+        if err is None:
+            if errors:
+                LOGGER.warning(f"pack: {folders[0]} is not writable ({errors[0].strerror or errors[0]}); "
+                               f"the {split} pack goes to {folder} instead (choose the folder with out= for "
+                               "yolofeed pack, pack_dir= for yolofeed train)")
+            return folder
+        errors.append(err)
+    if chosen:
+        raise PackError(f"cannot write packs to {folders[0]} ({errors[0].strerror or errors[0]}); pass a writable "
+                        "folder: out= (yolofeed pack) or pack_dir= (yolofeed train)")
+    raise PackError(f"cannot write packs beside the data ({folders[0]}: {errors[0].strerror or errors[0]}) nor to "
+                    f"{folders[-1]} ({errors[-1].strerror or errors[-1]}); pass a writable folder: out= (yolofeed "
+                    "pack) or pack_dir= (yolofeed train)")
+
+
+def _label_crcs(label_files: tuple[str, ...]) -> np.ndarray:
+    """CRC32 of every label file's bytes (0 when missing), read on a few threads (small files: I/O-bound)."""
+    with ThreadPoolExecutor(8) as pool:
+        return np.fromiter(pool.map(_label_crc, label_files, chunksize=256), np.uint32, len(label_files))
+
+
+def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource, rebuild: str,
+                  verify: bool) -> Pack:
+    """``Pack.open`` plus the checks ``rebuild=check`` and ``verify=True`` ask for.
+
+    Raises:
+        PackError / StalePackError: as ``Pack.open``; stale label contents; damaged payloads.
+    """
+    pack = Pack.open(path, expect, fix)
+    if rebuild == "check":
+        changed = np.nonzero(_label_crcs(src.label_files) != pack.label_crc)[0]
+        if len(changed):
+            names = ", ".join(src.label_files[i] for i in changed[:3])
+            raise StalePackError(f"{path} is stale: {len(changed)} label file(s) changed content since it was "
+                                 f"built, keeping their size and time ({names}); {fix}")
+    if verify:
+        pack.verify(fix=fix)
+    return pack
+
+
+def no_labels(pack: Pack, training: bool = False) -> str:
+    """Ultralytics' warning (``training``: its refusal) for a split without labels; "" when it has some."""
+    c, where = pack.header["counts"], pack.header["source"]["label_dir"]
+    if c["label_files"] == 0:
+        consequence = ("Ultralytics refuses to train on such a split, and so does yolofeed" if training else
+                       "training may not work correctly (Ultralytics refuses to train on such a split)")
+        return (f"No labels found in {where}: none of the {c['images']:,} images of split '{pack.split}' has a "
+                f"label file; {consequence}. Put YOLO .txt labels there, one per image, named as the image")
+    if c["boxes"] == 0:
+        return f"Labels are missing or empty in {where} (split '{pack.split}'), training may not work correctly"
+    return ""
+
+
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
-                 progress: bool = True, sync: bool = False) -> BuildResult:
+                 progress: bool = True, sync: bool = False, verify: bool = False) -> BuildResult:
     """Open the pack of one split, building it if asked to.
 
     Args:
         data: data yaml path, or a dict from ``load_data_yaml``.
+        out: the pack folder; None: beside the data yaml, or the user's cache folder when that is not
+            writable (``pack_folders``).
         rebuild: "never" refuses a missing or stale pack with the command that fixes it; "auto"
-            builds it; "always" builds even an up-to-date one.
+            builds it; "check" is "auto" that also compares the label files' contents (see the
+            module docstring); "always" builds even an up-to-date one.
         sync: see ``build_split``.
+        verify: check every payload's CRC32 of an existing pack (a read of the whole file); a
+            damaged one is refused ("never") or rebuilt. A new build checks its payloads anyway.
 
     Raises:
-        PackError / StalePackError: with rebuild="never", the pack is missing, unreadable or stale.
+        PackError / StalePackError: with rebuild="never", the pack is missing, damaged or stale; no
+            writable folder; the disk is full.
         DatasetError: the data yaml or the split is unusable.
     """
-    if rebuild not in ("never", "auto", "always"):
-        raise PackError(f"rebuild={rebuild}: expected never, auto or always")
+    if rebuild not in REBUILDS:
+        raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
     src = split_source(d, split)
-    dest = store_dir(d["yaml_file"], imgsz, storage, out) / f"{split}{SUFFIX}"
+    folders = pack_folders(d["yaml_file"], imgsz, storage, out)
+    name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
     expect = {"data": src.yaml_file, "imgsz": imgsz, "storage": storage, "fingerprint": src.fingerprint()}
-    if rebuild != "always" or dest.exists():
-        try:
-            if rebuild != "always":
-                return BuildResult(Pack.open(dest, expect, fix), built=False)
-        except PackError as e:
-            if rebuild == "never":
-                raise
-            if dest.exists():
+    result = None
+    if rebuild != "always":
+        errors = []
+        for folder in folders:
+            if (folder / name).exists():
+                try:
+                    result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False)
+                    break
+                except PackError as e:
+                    errors.append(e)
+        if result is None and rebuild == "never":
+            raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
+        if result is None:
+            for e in errors:
                 LOGGER.info(f"pack: {e}. Rebuilding.")
-    with _locked(dest.parent):
-        if rebuild == "auto":  # another process may have built it while we waited for the lock
-            with contextlib.suppress(PackError):
-                return BuildResult(Pack.open(dest, expect, fix), built=False)
-        t0 = time.perf_counter()
-        pack = build_split(src, dest, imgsz, storage, workers, progress, sync)
-        return BuildResult(pack, built=True, seconds=time.perf_counter() - t0)
+    if result is None:
+        folder = _build_folder(folders, split, chosen=bool(out))
+        with _locked(folder):
+            if rebuild != "always":  # another process may have built it while we waited for the lock
+                with contextlib.suppress(PackError):
+                    result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False)
+            if result is None:
+                t0 = time.perf_counter()
+                pack = build_split(src, folder / name, imgsz, storage, workers, progress, sync)
+                result = BuildResult(pack, built=True, seconds=time.perf_counter() - t0)
+    if not result.built:
+        _remove_leftovers_if_idle(result.pack.path.parent)
+    warning = no_labels(result.pack)
+    if warning:
+        LOGGER.warning(f"WARNING pack {split}: {warning}")
+    return result
 
 
 def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
                   out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
-                  progress: bool = True, sync: bool = False) -> Pack:
+                  progress: bool = True, sync: bool = False, verify: bool = False) -> Pack:
     """The pack of one split, valid for ``imgsz``/``storage`` and the current source files.
 
-    See ``ensure_split`` for the arguments and errors.
+    Says what ``yolofeed pack`` says: the summary after a build (a warning when images were
+    skipped: their reasons and the report file), and a one-line reminder of skipped images when an
+    existing pack is reused. See ``ensure_split`` for the arguments and errors.
     """
-    return ensure_split(data, split, imgsz, storage, out, rebuild, workers, progress, sync).pack
+    r = ensure_split(data, split, imgsz, storage, out, rebuild, workers, progress, sync, verify)
+    skipped = r.pack.header["skipped"]
+    if r.built:
+        (LOGGER.warning if skipped else LOGGER.info)(summary(r))
+    elif skipped:
+        top = "; ".join(f"{c}x {why}" for why, c in Counter(why for _, why in skipped).most_common(2))
+        LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}); "
+                       f"full list: {report_path(r.pack.path)}")
+    return r.pack
 
 
 def summary(result: BuildResult, max_listed: int = 10) -> str:
@@ -366,7 +788,7 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
     for note, count in Counter(n.split(":")[0] for _, n in h["notes"]).most_common(5):
         lines.append(f"  note: {count}x {note}")
     if h["skipped"] or h["notes"]:
-        lines.append(f"  full list: {p.path.with_name(p.split + '.report.txt')}")
+        lines.append(f"  full list: {report_path(p.path)}")
     lines.append(f"  -> {p.path}")
     return "\n".join(lines)
 
@@ -377,7 +799,8 @@ def run(cfg: PackConfig) -> list[BuildResult]:
     splits = [s.strip() for s in cfg.splits.split(",") if s.strip()]
     results = []
     for split in splits:
-        r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync)
+        r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync,
+                         verify=cfg.verify)
         print(summary(r), flush=True)
         results.append(r)
     return results
@@ -385,9 +808,8 @@ def run(cfg: PackConfig) -> list[BuildResult]:
 
 def read_report(dest: Path) -> list[list[str]]:
     """Rows of a pack's report file (for tests and the doctor)."""
-    report = dest.with_name(dest.name.removesuffix(SUFFIX) + ".report.txt")
-    return [line.split("\t") for line in report.read_text(encoding="utf-8").splitlines()[1:]]
+    return [line.split("\t") for line in report_path(dest).read_text(encoding="utf-8").splitlines()[1:]]
 
 
-__all__ = ["BuildResult", "build_split", "ensure_split", "open_or_build", "rebuild_command", "run", "store_dir",
-           "summary"]
+__all__ = ["BuildResult", "build_split", "cache_root", "ensure_split", "no_labels", "open_or_build", "pack_folders",
+           "rebuild_command", "run", "store_dir", "summary"]

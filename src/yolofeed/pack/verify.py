@@ -14,6 +14,7 @@ user's data intact and the run offline:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -80,8 +81,11 @@ def check_image(path: str) -> ImageInfo:
     """Ultralytics' ``check_image`` without its rewrite: integrity, size >= 10 px, a known format.
 
     Raises:
-        SampleError: the file is missing, unreadable, truncated, too small or of an unknown format.
+        SampleError: the file is missing, empty, unreadable, truncated, too small or of an unknown format.
     """
+    with contextlib.suppress(OSError):  # a missing file is reported below
+        if os.path.getsize(path) == 0:  # say so, rather than Pillow's "cannot identify" and the HEIC hint
+            raise SampleError("empty file (0 bytes): re-export the image or remove it")
     try:
         with _open(path) as im:
             im.verify()  # Pillow's integrity check: headers and, for PNG, chunk CRCs

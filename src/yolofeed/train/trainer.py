@@ -34,9 +34,10 @@ from ultralytics.utils.torch_utils import torch_distributed_zero_first, unwrap_m
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
+from yolofeed.pack.build import no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -52,7 +53,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     """
 
     pack_format: str = "raw"  # "raw" (decoded pixels) or "jpeg" (encoded, decoded on the GPU)
-    pack_rebuild: str = "auto"  # build missing or stale packs; "never" refuses them
+    pack_rebuild: str = "auto"  # build missing or stale packs; "check": also label contents; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
@@ -112,6 +113,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         from ultralytics.data.utils import get_split_fraction
 
         pack = self._pack(self._split_of(dataset_path), rank)
+        if mode == "train" and pack.header["counts"]["label_files"] == 0:  # Ultralytics raises here too
+            raise DatasetError(no_labels(pack, training=True))
         if self.args.single_cls and rank in (-1, 0):
             _warn_single_cls_gap(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
@@ -132,6 +135,20 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             return AugmentAhead(loader, self._augment_source, counts)
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
         return ValLoader(pack, batch_size, self.device, stride=stride, fraction=fraction, **labels)
+
+    def _do_train(self):
+        """Ultralytics' loop; when it fails, say which checkpoint resumes the run (Ultralytics saves none then)."""
+        try:
+            return super()._do_train()
+        except Exception as e:
+            if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
+                started = getattr(self, "train_time_start", None)
+                saved = self.last.is_file() and (started is None or self.last.stat().st_mtime >= started - 1)
+                LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
+                             + (f"The last finished epoch is in {self.last}; continue with "
+                                f"'yolofeed train resume={self.last}' once the cause is fixed"
+                                if saved else "No epoch was saved yet: start again once the cause is fixed"))
+            raise
 
     # -- augmentation -------------------------------------------------------------------------
     def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:

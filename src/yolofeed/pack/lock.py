@@ -1,0 +1,303 @@
+"""One builder per pack folder, and a lock that a killed builder never leaves held.
+
+Two mechanisms behind one interface, ``FolderLock``:
+
+* ``kernel`` (POSIX): ``fcntl.lockf`` on ``<folder>/.lock``. The kernel drops the lock when its
+  process dies, however it dies (``kill -9``, the OOM killer). A ``lockf`` record lock belongs to the
+  process, not to the open file, so the build's forked worker processes never hold it: with ``flock``
+  they inherited it, and orphaned workers kept every later build waiting.
+* ``file``: where there is no ``fcntl`` (Windows) or the filesystem refuses record locks (NFS mounted
+  with ``nolock``: ``ENOLCK``), holding the lock means having created ``<folder>/.lock.owner`` with
+  ``O_EXCL``. A dead holder leaves that file behind: a waiter takes over when the recorded holder ran
+  on this host and its PID is gone or now belongs to a newer process (its start time differs).
+
+A record lock is dropped when its process closes *any* descriptor of the file, so the holder reads
+and writes the file only through the descriptor it locked. Either way the holder writes who it is
+(PID, host, process start time, since when, command line) into its lock file, a waiter logs whom it
+waits for and for how long, and the next holder says so when it finds the record of a holder that
+died. The kernel lock costs one ``fcntl`` call; a waiter polls every ``poll`` seconds (0.5 s:
+nothing next to a pack build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: the file mechanism
+    fcntl = None
+
+LOGGER = logging.getLogger(__name__)
+LOCK_NAME = ".lock"
+OWNER_NAME = ".lock.owner"
+BREAK_NAME = ".lock.break"
+START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
+STALE_BREAK = 30.0  # s: a break file older than this belongs to a waiter that died while breaking
+UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, getattr(errno, "ENOTSUP", -1)}
+
+_threads: dict[str, threading.Lock] = {}  # record locks are per process: threads take turns here first
+_threads_guard = threading.Lock()
+
+
+def process_start(pid: int) -> float | None:
+    """The start time (epoch seconds) of process ``pid`` on this host; None if there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
+        return None
+    except psutil.AccessDenied:  # exists, owned by someone else: no start time to compare
+        return float("nan")
+
+
+def process_alive(pid: int, started: float) -> bool:
+    """Whether process ``pid`` on this host is still the one that started at ``started`` (not a reused PID)."""
+    start = process_start(pid)
+    if start is None:
+        return False
+    return start != start or abs(start - started) < START_TOLERANCE  # NaN: exists, not ours to inspect
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or held) a lock: enough to tell, from this host, whether it is still running."""
+
+    pid: int
+    host: str
+    started: float  # the process's start time, epoch seconds: a reused PID has another
+    since: float  # when it took the lock, epoch seconds
+    command: str
+
+    @classmethod
+    def me(cls) -> Holder:
+        pid = os.getpid()
+        return cls(pid, socket.gethostname(), process_start(pid) or 0.0, time.time(), " ".join(sys.argv)[:300])
+
+    @classmethod
+    def parse(cls, text: str) -> Holder | None:
+        """The holder a lock file records; None for an empty or unreadable record."""
+        try:
+            d = json.loads(text)
+            return cls(int(d["pid"]), str(d["host"]), float(d["started"]), float(d["since"]), str(d["command"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    def state(self) -> str:
+        """'alive', 'dead' (this host, PID gone or reused) or 'unknown' (another host: cannot look)."""
+        if self.host != socket.gethostname():
+            return "unknown"
+        return "alive" if process_alive(self.pid, self.started) else "dead"
+
+    def describe(self) -> str:
+        since = datetime.fromtimestamp(self.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        where = "this host" if self.host == socket.gethostname() else f"host {self.host}"
+        return f"PID {self.pid} on {where} ('{self.command}', holding it since {since})"
+
+
+def _read_fd(fd: int, limit: int = 1 << 16) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        return os.read(fd, limit).decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
+class FolderLock:
+    """An exclusive, inter-process lock on one folder (see the module docstring).
+
+    Use as a context manager. Waiting is unbounded: a live holder is building the same pack, and
+    waiting for it is what DDP ranks and a second ``yolofeed pack`` should do.
+
+    Args:
+        folder: the pack folder (created if missing).
+        poll: seconds between attempts while another process holds the lock.
+        report_every: seconds between "still waiting" messages.
+        clock, sleep: injected by tests.
+    """
+
+    def __init__(self, folder: str | os.PathLike, poll: float = 0.5, report_every: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.folder = Path(folder)
+        self.poll, self.report_every, self.clock, self.sleep = poll, report_every, clock, sleep
+        self.mechanism = "kernel" if fcntl is not None else "file"
+        self._fd = -1
+        self._thread_lock: threading.Lock | None = None
+        self.previous: Holder | None = None  # the record of a holder that died holding the lock, if any
+
+    @property
+    def path(self) -> Path:
+        return self.folder / (LOCK_NAME if self.mechanism == "kernel" else OWNER_NAME)
+
+    # -- acquiring ---------------------------------------------------------------------------
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it, without waiting or taking over; True if taken."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with _threads_guard:
+            self._thread_lock = _threads.setdefault(os.path.realpath(self.folder), threading.Lock())
+        if not self._thread_lock.acquire(blocking=False):
+            return False
+        try:
+            taken = self._try()
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        if not taken:
+            if self._fd >= 0:  # the kernel mechanism's descriptor: this process holds no lock through it
+                os.close(self._fd)
+                self._fd = -1
+            self._thread_lock.release()
+            self._thread_lock = None
+            return False
+        self._write_holder()
+        return True
+
+    def acquire(self) -> FolderLock:
+        """Take the lock, waiting as long as a live holder has it (see the class docstring)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key = os.path.realpath(self.folder)
+        with _threads_guard:
+            self._thread_lock = _threads.setdefault(key, threading.Lock())
+        if not self._thread_lock.acquire(blocking=False):
+            LOGGER.info(f"pack: waiting for another thread of this process building in {self.folder} ...")
+            self._thread_lock.acquire()
+        try:
+            t0 = self.clock()
+            last: tuple[Holder | None, float] | None = None  # what was reported, and when
+            while not self._try():
+                holder, now = self._read_holder(), self.clock()
+                if last is None or holder != last[0] or now - last[1] >= self.report_every:
+                    self._report(holder, now - t0)
+                    last = holder, now
+                if self.mechanism == "file" and self._dead(holder):
+                    self._break(holder)
+                    continue
+                self.sleep(self.poll)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        if self.previous is not None:
+            LOGGER.warning(f"pack: the previous builder in {self.folder}, {self.previous.describe()}, died "
+                           "without finishing; taking over")
+        self._write_holder()
+        return self
+
+    def _report(self, holder: Holder | None, waited: float) -> None:
+        who = holder.describe() if holder is not None else "a process that has not recorded itself yet"
+        state = {"alive": "running", "dead": "gone", "unknown": "cannot be checked from here"}.get(
+            holder.state() if holder else "", "")
+        hint = ""
+        if holder is not None and holder.state() == "unknown" and self.mechanism == "file":
+            hint = f". If no build runs there any more, delete {self.path}"
+        LOGGER.info(f"pack: waiting for {who}{f' ({state})' if state else ''} to finish building in "
+                    f"{self.folder}; waited {waited:.0f} s{hint}")
+
+    def _try(self) -> bool:
+        """One non-blocking attempt; switches to the file mechanism where record locks are refused."""
+        if self.mechanism == "kernel":
+            if self._fd < 0:
+                self._fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EACCES, errno.EAGAIN):
+                    return False
+                if e.errno not in UNSUPPORTED:
+                    raise
+                LOGGER.info(f"pack: {self.folder} refuses record locks ({e.strerror}); using {OWNER_NAME} files")
+                os.close(self._fd)
+                self._fd, self.mechanism = -1, "file"
+                return self._try()
+            # read through our own descriptor: closing any other descriptor of the file would drop the lock
+            self.previous = Holder.parse(_read_fd(self._fd))  # a holder that released it left it empty
+            return True
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            self.previous = None  # another waiter took over first
+            return False
+        return True
+
+    def _dead(self, holder: Holder | None) -> bool:
+        """Whether a file lock's holder is gone: its record says so, or it never wrote one in STALE_BREAK s."""
+        if holder is not None:
+            return holder.state() == "dead"
+        try:
+            return time.time() - self.path.stat().st_mtime > STALE_BREAK
+        except OSError:
+            return False
+
+    def _break(self, dead: Holder | None) -> None:
+        """Remove the file lock of a dead holder, unless another waiter got there first."""
+        brk = self.folder / BREAK_NAME
+        try:
+            fd = os.open(brk, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if time.time() - brk.stat().st_mtime > STALE_BREAK:
+                    brk.unlink()
+            self.sleep(self.poll)
+            return
+        try:
+            os.close(fd)
+            if self._read_holder() == dead and self._dead(dead):  # still the dead one: nobody took over
+                self.path.unlink(missing_ok=True)
+                self.previous = dead
+        finally:
+            brk.unlink(missing_ok=True)
+
+    # -- the holder record -------------------------------------------------------------------
+    def _read_holder(self) -> Holder | None:
+        """The record in the lock file, read by a process that does not hold the lock."""
+        try:
+            return Holder.parse(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def _write_holder(self) -> None:
+        blob = Holder.me().dumps().encode("utf-8")
+        os.ftruncate(self._fd, 0)
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        os.write(self._fd, blob)
+
+    # -- releasing ---------------------------------------------------------------------------
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if self.mechanism == "kernel":
+                os.ftruncate(self._fd, 0)  # an empty record: nobody died holding it
+                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+            if self.mechanism == "file":
+                self.path.unlink(missing_ok=True)  # after the close: Windows cannot delete an open file
+            if self._thread_lock is not None:
+                self._thread_lock.release()
+                self._thread_lock = None
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+__all__ = ["FolderLock", "Holder", "process_alive", "process_start"]

@@ -1,0 +1,436 @@
+"""Faults around a pack, tried as a hostile user would: damaged files, a full disk, a read-only dataset,
+labels edited behind the fingerprint's back, no labels at all, a platform without the POSIX calls.
+
+Each fault ends in a pack that is right, or in one message that names the file, what is wrong and
+what to do; never in a hang, a traceback for the user's mistake, or wrong pixels or labels used
+silently. RELIABILITY.md lists these tests with their outcomes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import subprocess
+import zlib
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import yolofeed.pack.build as build
+from yolofeed.cli import build_config, main
+from yolofeed.errors import DatasetError, PackError, StalePackError
+from yolofeed.pack import Pack, open_or_build
+from yolofeed.pack.build import ensure_split, store_dir
+from yolofeed.pack.store import INDEX_DTYPE, MAGIC, TRAILER
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:
+    return open_or_build(root / "data.yaml", "train", imgsz, rebuild="auto", workers=workers, progress=False, **kw)
+
+
+def _no_temp_files(folder: Path) -> bool:
+    return not list(folder.glob(".*.tmp-*"))
+
+
+# -- damaged packs ------------------------------------------------------------------------------------------
+def test_flipped_payload_bytes_are_found_by_verify_and_rebuilt(dataset, capsys):
+    """The issue's case: 57,600 bytes of one image flipped. The pack still opens (payloads are checked by
+    verify=True and at the end of each build, not at every open), verify names the image, and the
+    CLI's default rebuild=auto replaces the pack."""
+    pack = _build(dataset, imgsz=160)
+    ref = pack.image(5).copy()
+    r = pack.index[5]
+    n = min(57_600, int(r["nbytes"]))
+    data = bytearray(pack.path.read_bytes())
+    off = int(r["offset"])
+    data[off:off + n] = bytes(255 - b for b in data[off:off + n])
+    pack.path.write_bytes(bytes(data))
+    damaged = Pack.open(pack.path)
+    assert damaged.damaged().tolist() == [5]
+    name = Path(pack.im_files[5]).name
+    with pytest.raises(PackError, match=rf"is damaged: the stored pixels of 1 image\(s\) fail their checksum "
+                                        rf"\(.*{name}\); rebuild it with: yolofeed pack data=.* imgsz=160"):
+        open_or_build(dataset / "data.yaml", "train", 160, rebuild="never", verify=True)
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=160", "splits=train", "verify=True"]) == 0
+    assert "built in" in capsys.readouterr().out
+    fresh = Pack.open(pack.path)
+    assert not len(fresh.damaged())
+    np.testing.assert_array_equal(fresh.image(5), ref)
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=160", "splits=train", "verify=True"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def _parts(path: Path) -> tuple[bytearray, dict, int]:
+    data = bytearray(path.read_bytes())
+    _, _, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
+    return data, json.loads(bytes(data[off:off + n])), off
+
+
+def _craft(path: Path, out: Path, sections: dict[str, bytes] | None = None, header: dict | None = None,
+           blob: bytes | None = None) -> None:
+    """Write a copy of a pack with sections replaced (same sizes) and every checksum made right again:
+    what a writer bug or a foreign tool would produce, which checksums alone cannot catch."""
+    data, h, off = _parts(path)
+    for name, content in (sections or {}).items():
+        s_off, s_len = h["sections"][name]
+        assert len(content) == s_len
+        data[s_off:s_off + s_len] = content
+        h["checksums"][name] = zlib.crc32(content)
+    h = header(h) if callable(header) else h
+    blob = json.dumps(h).encode() if blob is None else blob
+    out.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), off, len(blob)))
+
+
+def test_damage_to_header_index_or_labels_is_refused_with_the_rebuild_command(dataset, tmp_path):
+    pack = _build(dataset)
+    nc = pack.header["source"]["nc"]
+    good, h, h_off = _parts(pack.path)
+    lab_off = h["sections"]["labels"][0]
+    idx_off = h["sections"]["index"][0]
+
+    def flipped(at: int, n: int = 4) -> bytes:
+        bad = bytearray(good)
+        bad[at:at + n] = bytes(255 - b for b in bad[at:at + n])
+        return bytes(bad)
+
+    year = h_off + good[h_off:].index(b'"created": "') + len(b'"created": "')
+    other_year = bytearray(good)
+    other_year[year] = ord("3") if good[year] != ord("3") else ord("4")  # still valid JSON, another header
+    damaged = {  # bytes changed on disk: the checksums see it
+        "labels": (flipped(lab_off), "its labels section fails its checksum"),
+        "index": (flipped(idx_off + 8), "its index section fails its checksum"),
+        "header": (bytes(other_year), "its header fails its checksum"),
+    }
+    for name, (data, words) in damaged.items():
+        f = tmp_path / f"{name}.yfpack"
+        f.write_bytes(data)
+        with pytest.raises(PackError, match=f"{f} is damaged: {words}; rebuild it with: yolofeed pack "
+                                            f"data={dataset / 'data.yaml'} imgsz=64 format=raw out={tmp_path}"):
+            Pack.open(f)
+    f = tmp_path / "header-json.yfpack"
+    f.write_bytes(flipped(h_off, 1))  # the header's first byte: no longer JSON, so no source to name
+    with pytest.raises(PackError, match="is damaged: its header is not readable \\(checksum mismatch\\); rebuild"):
+        Pack.open(f)
+
+    labels = np.array(pack.label_table)
+    labels[3, 0] = 200  # the issue's class 200 with nc=80
+    index = np.array(pack.index)
+    index[2]["offset"] = 1 << 40
+    crafted = {  # right checksums, wrong content: the value checks see it
+        "class": ({"labels": labels.tobytes()}, None, f"classes \\[200.0\\] outside 0-{nc - 1} \\(nc={nc}\\)"),
+        "offset": ({"index": index.astype(INDEX_DTYPE).tobytes()}, None, "points outside the payloads"),
+        "no-split": (None, lambda x: {k: v for k, v in x.items() if k != "split"},
+                     "header key 'split' is missing"),
+        "no-source": (None, lambda x: {**x, "source": "?"}, "header key 'source' is missing or not a dict"),
+        "bad-section": (None, lambda x: {**x, "sections": {**x["sections"], "labels": [h_off, 40]}},
+                        "labels section .* out of bounds"),
+    }
+    for name, (sections, header, words) in crafted.items():
+        f = tmp_path / f"{name}.yfpack"
+        _craft(pack.path, f, sections, header)
+        with pytest.raises(PackError, match=f"{words}.*rebuild it with"):
+            Pack.open(f)
+    f = tmp_path / "not-json.yfpack"
+    _craft(pack.path, f, blob=b"[1, 2]")
+    with pytest.raises(PackError, match="not JSON: a foreign file|header is not readable"):
+        Pack.open(f)
+
+
+def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):
+    pack = _build(dataset)
+    _craft(pack.path, pack.path, header=lambda x: {k: v for k, v in x.items() if k != "split"})
+    with pytest.raises(PackError, match="header key 'split' is missing"):
+        open_or_build(dataset / "data.yaml", "train", 64, rebuild="never")
+    with caplog.at_level(logging.INFO):
+        r = ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False)
+    assert r.built and r.pack.split == "train" and "Rebuilding" in caplog.text
+
+
+def test_a_payload_that_does_not_land_stops_the_build(dataset, monkeypatch):
+    """The end-of-build check: a worker's write that did not store what it encoded is caught, nothing published."""
+    real = build._pwrite_all
+    monkeypatch.setattr(build, "_reserve", lambda fd, n: False)  # payloads through _pwrite_all
+    monkeypatch.setattr(build, "_pwrite_all", lambda fd, data, off: real(fd, bytes(len(data)), off))
+    with pytest.raises(PackError, match=r"image\(s\) read back from .* differ from what was written.*Nothing was "
+                                        "published"):
+        _build(dataset, workers=2)
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
+
+
+# -- disk space ---------------------------------------------------------------------------------------------
+def test_too_little_space_is_refused_before_writing(dataset, monkeypatch):
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 10**5, 10**5))
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with pytest.raises(PackError, match=rf"not enough free space for the train pack in {folder}: it needs "
+                                        r"[\d.]+ MB \([\d,]+ bytes\), 100 KB \(100,000 bytes\) are free\. Free "
+                                        r"some space, or .*out=/path \(yolofeed pack\) or pack_dir=/path"):
+        _build(dataset)
+    assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
+
+
+def test_space_estimate_is_exact_for_small_splits(dataset):
+    """The up-front size (from image headers) against the pack actually built."""
+    src = build.split_source(dataset / "data.yaml", "train")
+    space = build._plan_space(src, dataset, 96, "raw")
+    pack = _build(dataset, imgsz=96)
+    payloads = int(sum(build.align(int(n)) for n in pack.index["nbytes"]))
+    assert payloads <= space.estimate <= pack.path.stat().st_size + (2 << 20)  # plus the tail's generous margin
+    assert space.estimate <= space.bound
+
+
+def _full_after(writes: int):
+    """A _pwrite_all that fails with ENOSPC after ``writes`` writes in each process (a disk filling up)."""
+    done = []
+    real = build._pwrite_all
+
+    def write(fd, data, offset):
+        if len(done) >= writes:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        done.append(1)
+        real(fd, data, offset)
+    return write
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_disk_full_mid_build_is_one_clear_error(dataset, monkeypatch, workers):
+    """Room for the estimate, not for the upper bound: no reservation, no mmap, and a write meets ENOSPC."""
+    import psutil
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room, raising=False)
+    monkeypatch.setattr(build, "_pwrite_all", _full_after(3))
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with pytest.raises(PackError, match=rf"the disk filled up while writing the train pack in {folder} \(No space "
+                                        r"left on device\): it needs about [\d.]+ [KMG]B, [\d.,]+ [KMG]B were free "
+                                        r"when the build started\. Nothing was published and the temporary file is "
+                                        r"removed\. .*"
+                                        r"pack_dir="):
+        _build(dataset, workers=workers)
+    assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
+    assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A real 1 MB filesystem (tmpfs), where mounting is allowed (root); skipped elsewhere."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                                       capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the simulated disk-full tests cover the logic")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
+    """A real 1 MB tmpfs. First the up-front check refuses; then, with the check fooled, the real
+    posix_fallocate and pwrite meet ENOSPC: one PackError, no SIGBUS (it would kill this process or a
+    worker), the temporary file removed and the disk empty again."""
+    with pytest.raises(PackError, match=f"not enough free space for the train pack in {small_disk}"):
+        _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))
+    with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
+        _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    monkeypatch.undo()
+    assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
+    usage = shutil.disk_usage(small_disk)
+    assert usage.used < 64 * 1024, usage  # the tmpfs is empty again but for the lock file
+
+
+# -- a read-only dataset --------------------------------------------------------------------------------------
+@pytest.fixture()
+def read_only(dataset):
+    """The dataset folder made read-only for real: a read-only bind mount as root, chmod otherwise."""
+    if os.geteuid() == 0:
+        ok = (subprocess.run(["mount", "--bind", str(dataset), str(dataset)], capture_output=True).returncode == 0
+              and subprocess.run(["mount", "-o", "remount,bind,ro", str(dataset)], capture_output=True).returncode == 0)
+        if not ok:
+            subprocess.run(["umount", "-l", str(dataset)], capture_output=True)
+            pytest.skip("root without mount: chmod would not stop root from writing")
+        try:
+            yield dataset
+        finally:
+            subprocess.run(["umount", "-l", str(dataset)], capture_output=True)
+    else:
+        os.chmod(dataset, 0o555)
+        try:
+            if os.access(dataset, os.W_OK):
+                pytest.skip("chmod does not make this folder read-only here")
+            yield dataset
+        finally:
+            os.chmod(dataset, 0o755)
+
+
+def test_read_only_dataset_packs_go_to_the_user_cache(read_only, tmp_path, monkeypatch, caplog, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    yaml_file = read_only / "data.yaml"
+    with caplog.at_level(logging.WARNING):
+        pack = open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2, progress=False)
+    cache = tmp_path / "cache" / "yolofeed" / "packs"
+    assert pack.path.is_relative_to(cache) and len(pack) == 24
+    assert f"{read_only / 'yolofeed-packs'}" in caplog.text and "is not writable" in caplog.text
+    assert f"goes to {pack.path.parent} instead" in caplog.text
+    again = ensure_split(yaml_file, "train", 64, rebuild="never")  # found again, where it went
+    assert not again.built and again.pack.path == pack.path
+    assert main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train"]) == 0
+    assert f"-> {pack.path}" in capsys.readouterr().out
+    with pytest.raises(PackError, match=f"cannot write packs to {read_only / 'mine'} .*pass a writable folder: out="):
+        open_or_build(yaml_file, "train", 64, out=read_only / "mine", rebuild="auto")
+
+
+def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
+    a = build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
+    b = build.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
+    assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == build.cache_root()
+    assert build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [tmp_path / "o"]
+
+
+# -- a label file edited behind the fingerprint's back ----------------------------------------------------------
+def test_label_edited_to_the_same_size_and_time_needs_rebuild_check(dataset, caplog):
+    from ultralytics.data.utils import get_hash
+
+    yaml_file = dataset / "data.yaml"
+    assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
+    src = build.split_source(yaml_file, "train")
+    lb = Path(src.label_files[2])
+    st, text = lb.stat(), lb.read_text()
+    cls = int(text.split()[0])
+    edited = f"{(cls + 1) % 10}{text[len(str(cls)):]}" if cls < 10 else f"{cls - 1}{text[len(str(cls)):]}"
+    before = get_hash(list(src.label_files) + list(src.im_files))
+    lb.write_text(edited)
+    os.utime(lb, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert lb.stat().st_size == st.st_size and lb.read_text() != text
+    # Ultralytics' label cache keeps its old labels here; so does the default rule, which is the same
+    assert get_hash(list(src.label_files) + list(src.im_files)) == before
+    assert not ensure_split(yaml_file, "train", 64, rebuild="auto", progress=False).built
+    with pytest.raises(StalePackError, match=rf"1 label file\(s\) changed content .*{lb.name}.*rebuild it with"):
+        build._open_checked(store_dir(yaml_file, 64, "raw") / "train.yfpack", {}, "rebuild it with ...", src,
+                            "check", False)
+    with caplog.at_level(logging.INFO):
+        r = ensure_split(yaml_file, "train", 64, rebuild="check", workers=1, progress=False)
+    assert r.built and "changed content" in caplog.text
+    i = r.pack.im_files.index(src.im_files[2])
+    assert int(r.pack.labels(i)[:, 0].min()) != int(r.pack.labels(i)[:, 0].max()) or \
+        sorted(r.pack.labels(i)[:, 0].tolist()) != sorted([cls] * len(r.pack.labels(i)))
+    assert not ensure_split(yaml_file, "train", 64, rebuild="check", progress=False).built  # up to date now
+    assert build_config("pack", ["data=x.yaml", "rebuild=check"]).rebuild == "check"
+    assert build_config("train", ["data=x.yaml", "model=m.yaml", "pack_rebuild=check"]).pack_rebuild == "check"
+
+
+# -- messages: skipped images on first use, no labels at all -----------------------------------------------------
+def test_first_use_build_says_which_images_were_skipped_and_why(dataset, caplog):
+    (dataset / "images" / "train" / "zero.jpg").write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        _build(dataset)
+    assert "zero.jpg: empty file (0 bytes)" in caplog.text and "HEIC" not in caplog.text
+    assert "train.report.txt" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _build(dataset)  # reused: still said, in one line, as Ultralytics repeats its cache's warnings
+    assert "1 image(s) were skipped when it was built (1x empty file (0 bytes)" in caplog.text
+    assert "train.report.txt" in caplog.text
+
+
+def test_no_labels_folder_warns_at_pack_time_and_training_refuses(dataset, tmp_path, caplog):
+    from yolofeed import FastDetectionTrainer
+
+    shutil.rmtree(dataset / "labels")
+    with caplog.at_level(logging.WARNING):
+        pack = open_or_build(dataset / "data.yaml", "val", 64, rebuild="auto", workers=1, progress=False)
+    assert len(pack) == 8
+    assert f"No labels found in {dataset / 'labels' / 'val'}" in caplog.text
+    assert "training may not work correctly" in caplog.text
+    trainer = FastDetectionTrainer(overrides=dict(model="yolo11n.yaml", data=str(dataset / "data.yaml"), imgsz=64,
+                                                  device="cpu", project=str(tmp_path), name="nolabels", plots=False,
+                                                  exist_ok=True))
+    with pytest.raises(DatasetError, match=f"No labels found in {dataset / 'labels' / 'train'}.*Ultralytics refuses "
+                                           "to train on such a split"):
+        trainer.get_dataloader(trainer.data["train"], 4, -1, "train")
+
+
+# -- no POSIX: fcntl, posix_fallocate, pwrite and fdatasync hidden, as on Windows -----------------------------
+def _modules(pkgutil, package):
+    return [m for m in pkgutil.walk_packages(package.__path__, "yolofeed.") if not m.name.endswith("__main__")]
+
+
+def _build_without_posix(yaml_file: Path, out: Path, report: Path) -> None:
+    """Child process: hide the POSIX-only calls, import yolofeed afresh, build with one and two workers."""
+    import importlib
+    import pkgutil
+    import sys
+
+    sys.modules["fcntl"] = None  # "import fcntl" now raises ImportError
+    for name in ("posix_fallocate", "pwrite", "fdatasync"):
+        if hasattr(os, name):
+            delattr(os, name)
+    for m in [m for m in sys.modules if m == "yolofeed" or m.startswith("yolofeed.")]:
+        del sys.modules[m]
+    import yolofeed
+
+    failed = []
+    for info in _modules(pkgutil, yolofeed):
+        try:
+            importlib.import_module(info.name)
+        except ImportError as e:
+            failed.append(f"{info.name}: {e}")
+    from yolofeed.pack.build import FolderLock, ensure_split
+
+    mechanism = FolderLock(out).mechanism
+    sizes = [ensure_split(yaml_file, "train", 64, out=out, rebuild="always", workers=w, progress=False,
+                          sync=True).pack.path.stat().st_size for w in (1, 2)]
+    report.write_text(json.dumps({"failed": failed, "mechanism": mechanism, "sizes": sizes}))
+
+
+def test_no_posix_calls_needed(dataset, tmp_path):
+    import importlib
+    import multiprocessing as mp
+    import pkgutil
+
+    import yolofeed
+
+    baseline = []  # modules that do not import here anyway (an optional GPU dependency): not our concern
+    for info in _modules(pkgutil, yolofeed):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(info.name)
+            continue
+        baseline.append(info.name)
+    ref = _build(dataset)
+    report = tmp_path / "report.json"
+    child = mp.get_context("fork").Process(target=_build_without_posix,
+                                           args=(dataset / "data.yaml", tmp_path / "out", report))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0 and report.exists()
+    r = json.loads(report.read_text())
+    assert [f for f in r["failed"] if f.split(":")[0] not in baseline] == []
+    assert r["mechanism"] == "file"
+    pack = Pack.open(tmp_path / "out" / "train.yfpack")
+    assert pack.im_files == ref.im_files and not len(pack.damaged())
+    for i in range(len(pack)):
+        np.testing.assert_array_equal(pack.image(i), ref.image(i))
+
+
+@pytest.mark.slow
+def test_spawned_workers_build_the_same_pack(dataset, tmp_path, monkeypatch):
+    """Workers started by spawn, as on macOS and Windows: same bytes, and they end with the build."""
+    import multiprocessing as mp
+
+    ref = _build(dataset)
+    monkeypatch.setattr(build, "_mp_context", lambda: mp.get_context("spawn"))
+    pack = _build(dataset, workers=2, out=tmp_path / "spawned")
+    for i in range(len(pack)):
+        np.testing.assert_array_equal(pack.image(i), ref.image(i))

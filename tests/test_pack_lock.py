@@ -1,0 +1,242 @@
+"""The pack folder lock: who holds it is recorded, waiters say whom they wait for, dead holders are replaced.
+
+Both mechanisms run here: the kernel record lock (``fcntl.lockf``) and the file lock used where there
+is no ``fcntl`` (Windows) or the filesystem refuses record locks; the second is selected by hiding
+``fcntl`` from the module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import yolofeed.pack.lock as lock
+from yolofeed.pack.lock import FolderLock, Holder, process_start
+
+BOUND = 60.0  # s: only to tell a hang from a slow machine
+
+
+class _Stop(Exception):
+    """Raised by the fake sleep to end a wait the test has seen enough of."""
+
+
+def _hold(folder: Path, ready: Path, mechanism: str) -> None:
+    """Child process: take the folder's lock, say so, and keep it until killed."""
+    if mechanism == "file":
+        lock.fcntl = None
+    lk = FolderLock(folder)
+    if mechanism == "file":
+        lk.mechanism = "file"
+    lk.acquire()
+    ready.touch()
+    time.sleep(600)
+
+
+def _holding_child(folder: Path, tmp_path: Path, mechanism: str = "kernel") -> mp.Process:
+    ready = tmp_path / "held"
+    child = mp.get_context("fork").Process(target=_hold, args=(folder, ready, mechanism))
+    child.start()
+    t0 = time.monotonic()
+    while not ready.exists():
+        assert time.monotonic() - t0 < BOUND and child.is_alive()
+        time.sleep(0.01)
+    return child
+
+
+def _dead_pid() -> int:
+    """The PID of a process that has exited."""
+    child = mp.get_context("fork").Process(target=os._exit, args=(0,))
+    child.start()
+    child.join()
+    return child.pid
+
+
+def test_a_holder_is_alive_dead_reused_or_unknown():
+    me = Holder.me()
+    assert me.pid == os.getpid() and me.host == socket.gethostname() and me.state() == "alive"
+    assert Holder(_dead_pid(), me.host, 0.0, time.time(), "x").state() == "dead"
+    reused = Holder(os.getpid(), me.host, me.started - 3600, time.time(), "x")  # our PID, an older process
+    assert reused.state() == "dead"
+    assert Holder(os.getpid(), "another-host", me.started, time.time(), "x").state() == "unknown"
+    assert Holder.parse(me.dumps()) == me and Holder.parse("") is None and Holder.parse("{}") is None
+    assert process_start(_dead_pid()) is None
+
+
+def test_holder_is_recorded_and_cleared(tmp_path):
+    with FolderLock(tmp_path) as lk:
+        record = json.loads((tmp_path / ".lock").read_text())
+        assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+        assert record["started"] == pytest.approx(process_start(os.getpid()), abs=1.0) and record["command"]
+        assert lk.previous is None
+    assert (tmp_path / ".lock").read_text() == ""  # released: nobody to blame
+
+
+def test_waiter_names_the_live_holder_then_takes_over_when_it_is_killed(tmp_path, caplog):
+    folder = tmp_path / "packs"
+    child = _holding_child(folder, tmp_path)
+    got = threading.Event()
+
+    def wait():
+        with FolderLock(folder, poll=0.02) as lk:
+            got.previous = lk.previous
+            got.set()
+
+    with caplog.at_level(logging.INFO, logger="yolofeed.pack.lock"):
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        while f"waiting for PID {child.pid} on this host" not in caplog.text:
+            assert time.monotonic() - t0 < BOUND, caplog.text
+            time.sleep(0.01)
+        assert "(running)" in caplog.text and "waited 0 s" in caplog.text and not got.is_set()
+        os.kill(child.pid, signal.SIGKILL)
+        assert got.wait(BOUND), "the waiter did not take over from a killed holder"
+    child.join()
+    assert got.previous.pid == child.pid
+    assert f"PID {child.pid} on this host" in caplog.text and "died without finishing; taking over" in caplog.text
+
+
+def test_try_acquire_takes_a_free_lock_and_leaves_a_held_one(tmp_path):
+    folder = tmp_path / "packs"
+    child = _holding_child(folder, tmp_path)
+    try:
+        assert not FolderLock(folder).try_acquire()
+        assert Holder.parse((folder / ".lock").read_text()).pid == child.pid  # the holder's record untouched
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    lk = FolderLock(folder)
+    assert lk.try_acquire() and Holder.parse((folder / ".lock").read_text()).pid == os.getpid()
+    lk.release()
+
+
+def test_waiter_reports_every_interval_by_the_clock():
+    """A waiter logs once, then again each ``report_every`` seconds of its clock (a fake one here)."""
+    clock = [0.0]
+    folder_lock = FolderLock("unused", poll=5.0, report_every=30.0, clock=lambda: clock[0])
+    reports = []
+    folder_lock._report = lambda holder, waited: reports.append(waited)
+    attempts = iter([False] * 8 + [True])
+    folder_lock._try = lambda: next(attempts)
+    folder_lock._write_holder = lambda: None
+    folder_lock._read_holder = lambda: None
+
+    def sleep(seconds):
+        clock[0] += seconds
+
+    folder_lock.sleep = sleep
+    folder_lock.folder = Path(os.getcwd())  # mkdir of an existing folder: nothing written
+    folder_lock.acquire()
+    folder_lock._thread_lock.release()
+    assert reports == [0.0, 30.0]  # polls at 0, 5, ..., 35 s: reported at 0 and 30
+
+
+def test_threads_of_one_process_take_turns(tmp_path):
+    """Record locks belong to the process, so threads are serialised separately."""
+    inside, most = [0], [0]
+
+    def work():
+        with FolderLock(tmp_path, poll=0.01):
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.02)
+            inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BOUND)
+    assert most[0] == 1
+
+
+# -- the file mechanism: no fcntl (Windows), or record locks refused (NFS without lockd) ----------------
+@pytest.fixture()
+def file_mechanism(monkeypatch):
+    monkeypatch.setattr(lock, "fcntl", None)
+
+
+def _write_owner(folder: Path, holder: Holder) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".lock.owner").write_text(holder.dumps())
+
+
+@pytest.mark.parametrize("how", ["pid gone", "pid reused"])
+def test_file_lock_of_a_dead_holder_is_taken_over(tmp_path, caplog, file_mechanism, how):
+    me = Holder.me()
+    dead = (Holder(_dead_pid(), me.host, me.started, time.time() - 60, "yolofeed pack ...") if how == "pid gone"
+            else Holder(os.getpid(), me.host, me.started - 3600, time.time() - 60, "yolofeed pack ..."))
+    _write_owner(tmp_path, dead)
+    with caplog.at_level(logging.INFO, logger="yolofeed.pack.lock"):
+        with FolderLock(tmp_path, poll=0.01) as lk:
+            assert lk.mechanism == "file" and lk.previous == dead
+            assert Holder.parse((tmp_path / ".lock.owner").read_text()).pid == os.getpid()
+    assert "gone" in caplog.text and "died without finishing; taking over" in caplog.text
+    assert not (tmp_path / ".lock.owner").exists() and not (tmp_path / ".lock.break").exists()
+
+
+def test_file_lock_waits_for_a_live_holder_and_for_another_host(tmp_path, caplog, file_mechanism):
+    child = _holding_child(tmp_path / "a", tmp_path, mechanism="file")
+    other = Holder(4242, "build-node-7", 1.0, time.time(), "yolofeed pack ...")
+    _write_owner(tmp_path / "b", other)
+
+    def give_up_after(n):
+        calls = []
+
+        def sleep(_):
+            calls.append(1)
+            if len(calls) >= n:
+                raise _Stop
+        return sleep
+
+    try:
+        with caplog.at_level(logging.INFO, logger="yolofeed.pack.lock"):
+            for folder in (tmp_path / "a", tmp_path / "b"):
+                with pytest.raises(_Stop):
+                    FolderLock(folder, poll=0.01, sleep=give_up_after(3)).acquire()
+        assert f"waiting for PID {child.pid} on this host" in caplog.text and "(running)" in caplog.text
+        assert "PID 4242 on host build-node-7" in caplog.text and "cannot be checked from here" in caplog.text
+        assert f"delete {tmp_path / 'b' / '.lock.owner'}" in caplog.text
+        assert Holder.parse((tmp_path / "b" / ".lock.owner").read_text()) == other  # left alone
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        with FolderLock(tmp_path / "a", poll=0.01) as lk:  # the killed holder's file is taken over
+            assert lk.previous.pid == child.pid
+    finally:
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+
+
+def test_file_lock_left_unrecorded_is_broken_after_a_while(tmp_path, file_mechanism):
+    """A holder killed between creating the file and writing its record leaves an empty file: stale in time."""
+    (tmp_path / ".lock.owner").write_text("")
+    old = time.time() - lock.STALE_BREAK - 5
+    os.utime(tmp_path / ".lock.owner", (old, old))
+    with FolderLock(tmp_path, poll=0.01):
+        assert Holder.parse((tmp_path / ".lock.owner").read_text()).pid == os.getpid()
+
+
+def test_record_locks_refused_fall_back_to_the_file_lock(tmp_path, monkeypatch, caplog):
+    import errno
+
+    class NoLocks:
+        LOCK_EX, LOCK_NB, LOCK_UN = 2, 4, 8
+
+        @staticmethod
+        def lockf(fd, op):
+            raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock, "fcntl", NoLocks)
+    with caplog.at_level(logging.INFO, logger="yolofeed.pack.lock"):
+        with FolderLock(tmp_path) as lk:
+            assert lk.mechanism == "file" and (tmp_path / ".lock.owner").exists()
+    assert "refuses record locks" in caplog.text
