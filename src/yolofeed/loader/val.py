@@ -69,7 +69,8 @@ class ValLoader:
         order, batches, self.shapes = rect_batches(pack.ori_shapes[used], batch_size, pack.imgsz, stride)
         self.order, self.batches = used[order], [used[b] for b in batches]
         self.dataset = PackDataset(pack, self.order, labels)  # the validator reads im_files in batch order
-        self.num_workers, self.drop_last, self.sampler = 0, False, None
+        self.num_workers, self.drop_last = 0, False
+        self.sampler = range(len(self.dataset))  # the validator lists it under save_json: the images' ids, in order
         self.prefetcher = Prefetcher(pack, device, batch_size, slots=2, sync=sync, decode=decode, labels=labels)
 
     def __len__(self) -> int:
