@@ -47,7 +47,7 @@ COMMANDS: dict[str, Command] = {
 def smart_value(text: str) -> typing.Any:
     """Ultralytics' reading of a free ``key=value`` (``ultralytics.cfg.smart_value``): None, bools, Python
     literals (numbers, lists such as ``[0,1]``), else the string."""
-    from ultralytics.cfg import smart_value as ultralytics_smart_value
+    from yolofeed.ultralytics_seam import smart_value as ultralytics_smart_value
 
     return ultralytics_smart_value(text)
 
@@ -82,7 +82,7 @@ def _passthrough_value(name: str, text: str) -> typing.Any:
     Raises:
         ConfigError: an empty value.
     """
-    from ultralytics.cfg import DEFAULT_CFG_DICT, parse_key_value_pair
+    from yolofeed.ultralytics_seam import DEFAULT_CFG_DICT, parse_key_value_pair
 
     if not text.strip():
         example = f", e.g. {name}={DEFAULT_CFG_DICT[name]}" if DEFAULT_CFG_DICT.get(name) is not None else ""
@@ -95,7 +95,7 @@ def _bare_word(name: str, fields: dict, passthrough: str | None) -> str | bool |
     if name in fields:
         return "True" if str(fields[name].type) == "bool" or name in BARE_TRUE else None
     if passthrough:
-        from ultralytics.cfg import DEFAULT_CFG_DICT
+        from yolofeed.ultralytics_seam import DEFAULT_CFG_DICT
 
         if isinstance(DEFAULT_CFG_DICT.get(name), bool) or name in ("half", "int8", "end2end", "nms"):
             return True

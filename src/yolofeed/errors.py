@@ -25,3 +25,14 @@ class PackError(YolofeedError):
 
 class StalePackError(PackError):
     """A valid pack that does not match what is asked of it (source changed, other imgsz or version)."""
+
+
+class UltralyticsError(YolofeedError):
+    """The installed Ultralytics lacks something yolofeed relies on (``yolofeed.ultralytics_seam`` says what)."""
+
+
+class UltralyticsVersionError(UltralyticsError, ImportError):
+    """Raised when a module that uses Ultralytics is imported with an Ultralytics yolofeed was not written for.
+
+    An ``ImportError`` too: the module cannot be used, as if a dependency were missing.
+    """

@@ -67,7 +67,7 @@ class AugmentHyp:
         Args:
             args: e.g. ``trainer.args``; None uses Ultralytics' ``DEFAULT_CFG``.
         """
-        from ultralytics.cfg import get_cfg
+        from yolofeed.ultralytics_seam import get_cfg
 
         src = vars(get_cfg()) | (dict(args) if isinstance(args, dict) else vars(args) if args is not None else {})
         values = {k: src[k] for k in KEYS if k in src and src[k] is not None}

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ultralytics.models.yolo.detect import DetectionTrainer
-
 from yolofeed.train.loss import CANDIDATES
 from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
+from yolofeed.ultralytics_seam import DetectionTrainer
 
 REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
 

@@ -125,7 +125,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 # -- one run (in the child process) ---------------------------------------------------------------------------
 def train_one(spec: dict) -> None:
     """Train one side of one seed; ``spec`` holds the side, the model and Ultralytics' train arguments."""
-    from ultralytics import YOLO
+    from yolofeed.ultralytics_seam import YOLO
 
     trainer = None
     if spec["side"] == "yolofeed":
@@ -256,11 +256,8 @@ def plot(jobs: list[Job], path: Path, title: str) -> None:
 # -- the command ------------------------------------------------------------------------------------------------
 def _prepare(cfg: ParityConfig) -> None:
     """Build what concurrent runs would otherwise race to build: yolofeed's packs and Ultralytics' label caches."""
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data.dataset import YOLODataset
-    from ultralytics.data.utils import check_det_dataset
-
     from yolofeed.pack import open_or_build
+    from yolofeed.ultralytics_seam import YOLODataset, check_det_dataset, get_cfg
 
     data = check_det_dataset(cfg.data, autodownload=False)
     for split in ("train", "val"):

@@ -17,21 +17,18 @@ from typing import Any, TextIO
 
 import torch
 
+from yolofeed.errors import UltralyticsError
 from yolofeed.monitor.callbacks import CallbackClock
-from yolofeed.monitor.live import install_phase_marks
 from yolofeed.monitor.phases import PhaseTimer
 from yolofeed.monitor.steps import StepTimer, window_median
 from yolofeed.monitor.system import SystemSampler
-
-
-class _Enough(Exception):
-    """Raised from a callback to end training once enough steps are measured."""
+from yolofeed.ultralytics_seam import FIX, TESTED, StopTraining, mark_phases, train_until_stopped, unbounded_epochs
 
 
 def trainer_class(mode: str):
     """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack, or inline augmentation), or the ceiling."""
     if mode == "stock":
-        from ultralytics.models.yolo.detect import DetectionTrainer
+        from yolofeed.ultralytics_seam import DetectionTrainer
 
         return DetectionTrainer
     if mode == "yolofeed":
@@ -139,7 +136,7 @@ class Progress:
 @contextlib.contextmanager
 def ultralytics_quiet(quiet: bool) -> Iterator[None]:
     """Hold back Ultralytics' INFO logging and progress bars (its TQDM is off above INFO); warnings still show."""
-    from ultralytics.utils import LOGGER
+    from yolofeed.ultralytics_seam import LOGGER
 
     level = LOGGER.level
     if quiet:
@@ -192,7 +189,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         # The step count ends the run, so the epoch count must never do it. Raised only now: the
         # optimiser is built from the run's own epochs (optimizer=auto picks MuSGD over AdamW past
         # 10,000 iterations, and MuSGD's Newton-Schulz steps cost ~40 ms of launches per yolo11n step).
-        trainer.epochs = 10**6
+        unbounded_epochs(trainer)
         state["optimizer"] = type(trainer.optimizer).__name__
         queued = queued_batches(trainer.train_loader)
         if queued > warmup:
@@ -204,7 +201,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
                 progress.grow(queued - warmup)
         phases.cuda = trainer.device.type == "cuda"
         if accounting:
-            state["hooks"] = install_phase_marks(trainer, phases)
+            state["unmark"] = mark_phases(trainer, phases.mark)
             sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
 
     def on_start(trainer) -> None:
@@ -228,7 +225,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         if n >= state["warmup"] + steps:  # len(rates) counts from the second step: the first only opens the clock
             state["system"] = sampler.stop()
             callbacks.stop()
-            raise _Enough
+            raise StopTraining
 
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
             "name": mode, **args}
@@ -242,15 +239,13 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         if accounting:  # every other callback (loggers, integrations) is timed: the doctor's logging rule
             callbacks.wrap(trainer.callbacks, skip=(on_train_start, on_start, on_end))
         try:
-            trainer.train()
-        except _Enough:
-            pass
+            stopped = train_until_stopped(trainer)
         finally:
-            for h in state.get("hooks", []):
-                h.remove()
+            if "unmark" in state:
+                state["unmark"]()
         system = state["system"] or sampler.stop()
         val_rate = None
-        if time_validation and getattr(trainer, "validator", None) is not None:
+        if stopped and time_validation and getattr(trainer, "validator", None) is not None:
             if progress is not None:
                 progress.start(mode, ": one validation pass")
             t0 = time.perf_counter()
@@ -260,6 +255,10 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         loader = getattr(trainer, name, None)
         if hasattr(loader, "close"):
             loader.close()
+    if not stopped:  # the loop ended before the steps: fewer steps must not be reported as if they were all
+        raise UltralyticsError(f"{mode}: the training loop ended after {len(rates)} of {state['warmup'] + steps} "
+                               f"steps although the profile lifts its epoch limit (a time= limit, or an "
+                               f"Ultralytics other than {TESTED}: {FIX})")
     if phases.cuda:
         torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
     warmup = state["warmup"]

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from ultralytics.utils import LOGGER  # our lines go where Ultralytics' progress goes
 
 from yolofeed.errors import ConfigError
 from yolofeed.monitor.exporter import Collector, Endpoint, serve
 from yolofeed.monitor.phases import PHASES, PhaseTimer
 from yolofeed.monitor.system import SystemSampler
+from yolofeed.ultralytics_seam import LOGGER, mark_phases, progress_bar_drawn  # our lines go where Ultralytics' go
 
 
 @dataclass(frozen=True)
@@ -119,29 +119,6 @@ class LowUtilAlert:
         return False
 
 
-def install_phase_marks(trainer: Any, timer: PhaseTimer) -> list:
-    """Mark forward / loss / backward / optimizer boundaries of ``trainer``'s steps on ``timer``.
-
-    Forward starts at the model's forward pre-hook, the loss at the detection head's output, the
-    backward pass when the model (which computes the loss) returns, the optimiser step where
-    ``trainer.optimizer_step`` is entered. Returns hook handles (``.remove()`` them when done).
-    """
-    from ultralytics.utils.torch_utils import unwrap_model
-
-    model = unwrap_model(trainer.model)
-    hooks = [model.register_forward_pre_hook(lambda m, a: timer.mark("forward")),
-             model.model[-1].register_forward_hook(lambda m, a, o: timer.mark("loss")),
-             model.register_forward_hook(lambda m, a, o: timer.mark("backward"))]
-    step = trainer.optimizer_step
-
-    def optimizer_step() -> None:
-        timer.mark("optimizer")
-        step()
-
-    trainer.optimizer_step = optimizer_step  # Ultralytics has no callback before the optimiser step
-    return hooks
-
-
 _SAID: set[str] = set()  # what the monitor reported missing, once per process
 
 
@@ -157,18 +134,6 @@ def open_tensorboard(folder: Path) -> Any:
                            "summary line work without it.")
         return None
     return SummaryWriter(str(folder))
-
-
-def _bar_drawn() -> bool:
-    """Whether Ultralytics' epoch progress bar is on screen, its line left open (a carriage return, no newline).
-
-    Its TQDM draws when Ultralytics is verbose at INFO, on rank 0, in an interactive console.
-    """
-    from ultralytics.utils import RANK, VERBOSE
-    from ultralytics.utils.tqdm import is_noninteractive_console
-
-    return (VERBOSE and RANK in {-1, 0} and LOGGER.getEffectiveLevel() <= logging.INFO
-            and not is_noninteractive_console())
 
 
 def _disk_read_bytes() -> int | None:
@@ -206,12 +171,12 @@ class TrainingMonitor:
         self._disk0: int | None = None
         self._last_publish = 0.0
         self._last_summary = 0.0
-        self._hooks: list = []
+        self._unmark: Callable[[], None] | None = None  # removes the phase marks from the trainer
 
     # -- Ultralytics callbacks -----------------------------------------------------------------
     def on_train_start(self, trainer: Any) -> None:
         self.timer = PhaseTimer(cuda=trainer.device.type == "cuda")
-        self._hooks = install_phase_marks(trainer, self.timer)
+        self._unmark = mark_phases(trainer, self.timer.mark)
         self.sampler.start(trainer.device)
         self.open(Path(trainer.save_dir), str(trainer.device))
 
@@ -301,7 +266,7 @@ class TrainingMonitor:
         during a step would be glued onto the end of the bar. A newline first ends the bar's line; the
         bar draws itself again below the message at its next update.
         """
-        if bar and LOGGER.isEnabledFor(level) and _bar_drawn():
+        if bar and LOGGER.isEnabledFor(level) and progress_bar_drawn():
             sys.stdout.write("\n")  # the bar's stream (its TQDM writes to sys.stdout)
             sys.stdout.flush()
         LOGGER.log(level, text)
@@ -314,9 +279,9 @@ class TrainingMonitor:
         return f"yolofeed: {v['images_per_s']:,.0f} img/s | {parts} | {gpu} | CPU {v['cpu_cores_busy']:.1f} cores"
 
     def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        if self._unmark is not None:
+            self._unmark()
+            self._unmark = None
         self.sampler.stop()
         if self.endpoint is not None:
             self.endpoint.close()

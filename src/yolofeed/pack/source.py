@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ultralytics.data.utils import IMG_FORMATS, img2label_paths
-from ultralytics.utils import DATASETS_DIR, YAML
-
 from yolofeed.errors import DatasetError
+from yolofeed.ultralytics_seam import DATASETS_DIR, IMG_FORMATS, YAML, img2label_paths
 
 SPLIT_KEYS = ("train", "val", "test", "minival")
 

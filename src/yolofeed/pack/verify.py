@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 from PIL import Image, ImageOps
-from ultralytics.data.utils import IMG_FORMATS, exif_size
-from ultralytics.utils.ops import segments2boxes
-from ultralytics.utils.patches import _image_open as pil_open  # Pillow's opener, without Ultralytics' auto-install
-from ultralytics.utils.patches import imread
+
+from yolofeed.ultralytics_seam import IMG_FORMATS, exif_size, imread, pil_open, segments2boxes
 
 MIN_SIDE = 10  # px, Ultralytics' check_image minimum
 COORD_TOLERANCE = 1.01  # Ultralytics accepts normalised coordinates up to 1 % out of range

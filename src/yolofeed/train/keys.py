@@ -204,7 +204,7 @@ def model_task(model: Any, task: str | None) -> str:
     """The model's task: ``task`` when it is not detection, else what the model yaml's head (or name) says."""
     if task not in (None, "detect") or not isinstance(model, (str, Path)):
         return task or "detect"
-    from ultralytics.nn.tasks import guess_model_task, yaml_model_load
+    from yolofeed.ultralytics_seam import guess_model_task, yaml_model_load
 
     path = str(model)
     try:
@@ -222,7 +222,7 @@ def model_task(model: Any, task: str | None) -> str:
 
 def valid_names() -> set[str]:
     """Every key Ultralytics' training accepts: default.yaml's, its allowed extras and deprecated names."""
-    from ultralytics.cfg import DEFAULT_CFG_DICT
+    from yolofeed.ultralytics_seam import DEFAULT_CFG_DICT
 
     return set(DEFAULT_CFG_DICT) | set(EXTRA_KEYS) | set(DEPRECATED_KEYS)
 
@@ -256,7 +256,7 @@ def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command:
     Raises:
         ConfigError: an unknown key (with the closest valid one), or a value of the wrong type or range.
     """
-    from ultralytics.cfg import check_cfg
+    from yolofeed.ultralytics_seam import check_cfg
 
     check_names(overrides, own, command)
     try:
@@ -272,7 +272,7 @@ def check_device(device: Any) -> str:
         ConfigError: a device that is not the CPU or CUDA indices this machine has.
     """
     import torch
-    from ultralytics.utils.torch_utils import parse_device
+    from yolofeed.ultralytics_seam import parse_device
 
     canonical = parse_device(device if device is not None else "")
     if canonical in ("", "cpu") or _gpu_backend(canonical):  # other backends: RULES["device"] refuses them
@@ -311,7 +311,7 @@ def start_notes(args: Any, device_type: str) -> list[str]:
 
 def markdown() -> str:
     """docs/train-keys.md: the table, for users."""
-    from ultralytics.cfg import DEFAULT_CFG_DICT
+    from yolofeed.ultralytics_seam import DEFAULT_CFG_DICT
 
     lines = ["# Train keys", "",
              "What `yolofeed train` does with each `yolo train` key (Ultralytics "
@@ -333,7 +333,7 @@ def markdown() -> str:
 
 
 def _ultralytics_version() -> str:
-    from ultralytics import __version__
+    from yolofeed.ultralytics_seam import VERSION
 
-    return __version__
+    return VERSION
 

@@ -23,6 +23,10 @@ mask cost more GPU time than the syncs, BENCHMARKS.md); the ceiling counts its r
 batch without them takes Ultralytics' own path. The first steps do too: the anchors come from the first
 loss call. A wrong count (a bug) is caught on the device and read once an epoch (``check_counts``).
 On by default in both trainers (``sync_free_loss=False`` turns it off).
+
+The copied methods (and the Ultralytics methods they assume unchanged) are registered in
+``yolofeed.ultralytics_seam.COPIED`` and ``RELIED_ON`` with the hash of their 8.4.190 source; ``tests/test_seam.py``
+fails with a diff when the installed Ultralytics moves away from it.
 """
 
 from __future__ import annotations
@@ -32,13 +36,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss
-from ultralytics.utils.metrics import bbox_iou
-from ultralytics.utils.ops import xywh2xyxy, xyxy2xywh
-from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
-from ultralytics.utils.torch_utils import unwrap_model
 
+from yolofeed import ultralytics_seam as seam
 from yolofeed.augment.pipeline import normalised_xywh  # to_ultralytics' own formula: the same box values
+from yolofeed.ultralytics_seam import (BboxLoss, TaskAlignedAssigner, bbox2dist, bbox_iou, make_anchors,
+                                       unwrap_model, v8DetectionLoss, xywh2xyxy, xyxy2xywh)
 
 
 @dataclass
@@ -302,9 +304,7 @@ def check_counts(model: torch.nn.Module) -> bool:
             ok = ok and not bool(a.mismatch)
             a.mismatch = None
     if not ok:
-        from ultralytics.utils import LOGGER
-
-        LOGGER.warning("yolofeed: the loss's candidate count read ahead was wrong for some steps of this epoch; "
+        seam.LOGGER.warning("yolofeed: the loss's candidate count read ahead was wrong for some steps of this epoch; "
                        "the loss counts them itself from now on (a host sync per step). Please report it.")
         for loss in detection_losses(model):
             loss.__dict__["_yf_off"] = True
@@ -313,10 +313,9 @@ def check_counts(model: torch.nn.Module) -> bool:
 
 def detection_losses(model: torch.nn.Module) -> list[v8DetectionLoss]:
     """The plain detection losses in the model's criterion: itself, or YOLO26's two (E2E)."""
-    crit = getattr(unwrap_model(model), "criterion", None)
+    crit = seam.criterion(model)
     crit = getattr(crit, "criterion", crit)  # inside train/step.py's HostLossItems
-    inner = [crit] if not isinstance(crit, (E2ELoss, E2EDetectLoss)) else [crit.one2many, crit.one2one]
-    return [x for x in inner if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss)]
+    return [x for x in seam.detection_losses_in(crit) if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss)]
 
 
 def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
@@ -328,14 +327,14 @@ def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
     m = unwrap_model(model)
     if next(m.parameters()).is_cuda and torch.__version__ < "2.6":
         return []  # nonzero_static has no CUDA kernel before torch 2.6: Ultralytics' loss as it is
-    if getattr(m, "criterion", None) is None and hasattr(m, "init_criterion"):
-        m.criterion = m.init_criterion()
+    if seam.criterion(m) is None and hasattr(m, "init_criterion"):
+        seam.set_criterion(m, seam.make_criterion(m))
     out = []
     for loss in detection_losses(model):
-        if type(loss.assigner) is TaskAlignedAssigner and type(loss.bbox_loss) is BboxLoss:
-            loss.__class__ = SyncFreeDetectionLoss
-            loss.assigner.__class__ = SyncFreeAssigner
-            loss.bbox_loss.__class__ = SyncFreeBboxLoss
+        if type(loss.assigner) is TaskAlignedAssigner and type(loss.bbox_loss) is BboxLoss:  # all three, or none
+            seam.swap_class(loss, v8DetectionLoss, SyncFreeDetectionLoss)
+            seam.swap_class(loss.assigner, TaskAlignedAssigner, SyncFreeAssigner)
+            seam.swap_class(loss.bbox_loss, BboxLoss, SyncFreeBboxLoss)
         if type(loss) is SyncFreeDetectionLoss:
             out.append(loss)
     return out

@@ -79,7 +79,7 @@ def load_model(name: str) -> Any:
     Raises:
         ConfigError: neither a file nor a model Ultralytics knows by name.
     """
-    from ultralytics import YOLO
+    from yolofeed.ultralytics_seam import YOLO
 
     try:
         return YOLO(name)

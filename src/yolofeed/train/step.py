@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from ultralytics.utils.torch_utils import unwrap_model
 
+from yolofeed import ultralytics_seam as seam
 from yolofeed.train import loss as train_loss
 
 
@@ -107,23 +107,23 @@ class SyncFreeStep:
             self.add_callback("on_train_start", _install_host_items)
             self.add_callback("on_train_epoch_start", _reset_items)
             # first: Ultralytics' loggers (TensorBoard, ...) read trainer.tloss in the same event
-            self.callbacks["on_train_epoch_end"].insert(0, _exact_epoch_loss)
+            seam.run_first(self, "on_train_epoch_end", _exact_epoch_loss)
         if self.sync_free_loss:
             self.add_callback("on_train_start", lambda t: train_loss.install(t.model))
             self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
 
 
 def _items(trainer: Any) -> HostLossItems | None:
-    criterion = getattr(unwrap_model(trainer.model), "criterion", None)
+    criterion = seam.criterion(trainer.model)
     return criterion if isinstance(criterion, HostLossItems) else None
 
 
 def _install_host_items(trainer: Any) -> None:
     """After the EMA copied the model (the validator's loss, on the EMA, stays Ultralytics' own)."""
-    model = unwrap_model(trainer.model)
-    if not isinstance(getattr(model, "criterion", None), HostLossItems):
-        criterion = getattr(model, "criterion", None)
-        model.criterion = HostLossItems(model.init_criterion() if criterion is None else criterion)
+    criterion = seam.criterion(trainer.model)
+    if not isinstance(criterion, HostLossItems):
+        seam.set_criterion(trainer.model, HostLossItems(seam.make_criterion(trainer.model) if criterion is None
+                                                        else criterion))
 
 
 def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeDetectionLoss | None:
@@ -168,6 +168,5 @@ def _exact_epoch_loss(trainer: Any) -> None:
     items (host ones fail with a device mismatch on CUDA)."""
     items = _items(trainer)
     mean = items.epoch_mean() if items is not None else None
-    if mean is not None and trainer.tloss is not None:
-        trainer.tloss = mean
-        trainer.loss_items = mean
+    if mean is not None:
+        seam.set_epoch_loss(trainer, mean)

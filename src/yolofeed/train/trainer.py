@@ -28,9 +28,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from ultralytics.models.yolo.detect import DetectionTrainer
-from ultralytics.utils import LOGGER, RANK
-from ultralytics.utils.torch_utils import torch_distributed_zero_first, unwrap_model
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
@@ -41,6 +38,8 @@ from yolofeed.pack.build import no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
+from yolofeed.ultralytics_seam import (DEFAULT_CFG, LOGGER, RANK, DetectionTrainer, data_complete, data_split,
+                                       data_yaml, get_split_fraction, torch_distributed_zero_first, unwrap_model)
 
 
 class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
@@ -72,8 +71,6 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         return type(cls.__name__, (cls,), dict(options))
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
-        from ultralytics.utils import DEFAULT_CFG
-
         keys.check_overrides(overrides or {})  # before Ultralytics' get_cfg: a typo is one line, not its help text
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
         for line in keys.start_notes(self.args, self.device.type):
@@ -98,27 +95,25 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:
-        for k in ("train", "val", "test", "minival"):
-            if self.data.get(k) == dataset_path:
-                return k
-        raise ConfigError(f"yolofeed cannot tell which split of {self.data.get('yaml_file')} {dataset_path} is")
+        split = data_split(self, dataset_path)
+        if split is None:
+            raise ConfigError(f"yolofeed cannot tell which split of {data_yaml(self)} {dataset_path} is")
+        return split
 
     def _pack(self, split: str, rank: int):
         imgsz = self.args.imgsz if isinstance(self.args.imgsz, int) else max(self.args.imgsz)
         with torch_distributed_zero_first(rank):  # rank 0 builds a missing pack, the others wait and open it
-            return open_or_build(self.data["yaml_file"], split, int(imgsz), storage=self.pack_format,
+            return open_or_build(data_yaml(self), split, int(imgsz), storage=self.pack_format,
                                  out=self.pack_dir, rebuild=self.pack_rebuild, progress=rank in (-1, 0))
 
     def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0, mode: str = "train"):
-        from ultralytics.data.utils import get_split_fraction
-
         pack = self._pack(self._split_of(dataset_path), rank)
         if mode == "train" and pack.header["counts"]["label_files"] == 0:  # Ultralytics raises here too
             raise DatasetError(no_labels(pack, training=True))
         if self.args.single_cls and rank in (-1, 0):
             _warn_single_cls_gap(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
-        fraction = 1.0 if self.data.get("complete") else get_split_fraction(
+        fraction = 1.0 if data_complete(self) else get_split_fraction(
             self.args.fraction, "train" if mode == "train" else self.args.split)
         labels = {"classes": self.args.classes, "single_cls": bool(self.args.single_cls)}
         if mode == "train":

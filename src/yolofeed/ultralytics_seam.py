@@ -1,0 +1,430 @@
+"""Every place yolofeed reaches into Ultralytics, in one module, checked against the version it was written for.
+
+yolofeed trains with Ultralytics' own ``DetectionTrainer``; it overrides a few of its methods, reads and sets some
+of its state, and carries modified copies of a few of its methods (the sync-free loss). All of that holds for the
+Ultralytics it was written against (``TESTED``) and for no other version by construction. This module:
+
+* checks the installed version when it is imported. No other module of ``src/yolofeed`` imports Ultralytics
+  (``tests/test_seam.py`` checks it), so importing any stage that uses Ultralytics (``yolofeed.train``,
+  ``yolofeed.pack``...) with another version raises ``UltralyticsVersionError``: an ``ImportError`` (the module
+  cannot be used) and a ``YolofeedError``, which the CLI prints as one line before any work starts. ``import
+  yolofeed`` itself stays free of Ultralytics, so ``yolofeed help`` works with any version.
+  ``YOLOFEED_UNTESTED_ULTRALYTICS=1`` turns the version check into a warning (to try a new release: the drift test
+  then says what moved);
+* checks, at import too, that every Ultralytics method yolofeed overrides, wraps or relies on is still there
+  (``REQUIRED``): a renamed ``_close_dataloader_mosaic`` would otherwise leave mosaic on for a whole run, silently;
+* re-exports every Ultralytics name yolofeed uses, and wraps each reach into an object's state (the callbacks'
+  order, ``tloss``, the criterion, the detection head, ``epochs``...) in a small function that names what it
+  touches and why; an attribute missing at run time raises ``UltralyticsError`` in one line;
+* lists what yolofeed copied (``COPIED``: Ultralytics' method, our copy, the hash of the source it was copied
+  from), the methods those copies and our overrides assume unchanged (``RELIED_ON``), the classes swapped in
+  place (``SWAPPED``) and what Ultralytics reads from our loaders (``TRAIN_LOADER_ATTRIBUTES``, ``VAL_...``).
+  ``tests/test_seam.py`` compares the hashed methods with the installed source and fails with a diff on drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import inspect
+import logging
+import os
+import re
+import textwrap
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ultralytics
+
+from yolofeed.errors import UltralyticsError, UltralyticsVersionError
+
+TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one CI runs
+SUPPORTED = ((8, 4, 190), (8, 4, 191))  # [lowest, first unsupported): a new release needs its copies checked
+FIX = f"pip install ultralytics=={TESTED}"
+UNTESTED_ENV = "YOLOFEED_UNTESTED_ULTRALYTICS"  # "1": another version only warns (for trying a new release)
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: ``"8.4.190"`` -> (8, 4, 190); ``"8.4.190.dev0"`` -> (8, 4, 190)."""
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def check_version(installed: str, allow_untested: bool = False) -> None:
+    """Raise unless ``installed`` lies in ``SUPPORTED`` (only warn with ``allow_untested``).
+
+    Raises:
+        UltralyticsVersionError: one line: the installed version, the one that works, the fix.
+    """
+    low, high = SUPPORTED
+    if low <= parse_version(installed) < high:
+        return
+    message = (f"Ultralytics {installed} is installed, but yolofeed works with Ultralytics {TESTED} only (it "
+               f"overrides and copies parts of that version's trainer and loss): {FIX}")
+    if not allow_untested:
+        raise UltralyticsVersionError(message)
+    warnings.warn(f"{message}. {UNTESTED_ENV}=1 is set: going on with an untested Ultralytics", stacklevel=2)
+
+
+check_version(ultralytics.__version__, allow_untested=os.environ.get(UNTESTED_ENV) == "1")
+
+try:  # every Ultralytics name yolofeed uses; a release that moved one says which, in one line
+    import ultralytics.utils.tqdm as _tqdm
+    from ultralytics import YOLO
+    from ultralytics.cfg import DEFAULT_CFG_DICT, check_cfg, get_cfg, parse_key_value_pair, smart_value
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import IMG_FORMATS, check_det_dataset, exif_size, get_split_fraction, img2label_paths
+    from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.nn.tasks import DetectionModel, guess_model_task, yaml_model_load
+    from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML
+    from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss
+    from ultralytics.utils.metrics import bbox_iou
+    from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh
+    from ultralytics.utils.patches import _image_open as pil_open  # Pillow's opener, without the pi-heif auto-install
+    from ultralytics.utils.patches import imread
+    from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
+    from ultralytics.utils.torch_utils import parse_device, torch_distributed_zero_first, unwrap_model
+except ImportError as e:
+    raise UltralyticsVersionError(f"Ultralytics {ultralytics.__version__}: {e}; yolofeed works with Ultralytics "
+                                  f"{TESTED}: {FIX}") from None
+
+VERSION: str = ultralytics.__version__
+
+__all__ = [  # the names other modules import from here (the re-exports above and the functions below)
+    "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
+    "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "RANK", "StopTraining", "TaskAlignedAssigner", "VERSION",
+    "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "criterion",
+    "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "get_cfg", "get_split_fraction",
+    "guess_model_task", "img2label_paths", "imread", "launches_ddp", "make_anchors", "make_criterion", "mark_phases",
+    "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
+    "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first",
+    "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "xywh2xyxy", "xyxy2xywh",
+    "yaml_model_load",
+]
+
+
+# -- what must be there ------------------------------------------------------------------------------------------
+# (owner, attribute, what yolofeed does with it). Checked at import: a release that renamed one fails here, in one
+# line, instead of training with the override silently ignored.
+REQUIRED: tuple[tuple[type, str, str], ...] = (
+    (DetectionTrainer, "_close_dataloader_mosaic", "yolofeed overrides it to close mosaic in its GPU augmentation "
+                                                   "(without it mosaic would stay on for the whole run)"),
+    (DetectionTrainer, "_do_train", "yolofeed wraps Ultralytics' training loop to name the checkpoint that resumes "
+                                    "a failed run"),
+    (DetectionTrainer, "check_resume", "yolofeed checks the final training arguments there, before anything is "
+                                       "built"),
+    (DetectionTrainer, "get_dataloader", "yolofeed returns its pack loaders from it"),
+    (DetectionTrainer, "preprocess_batch", "yolofeed augments there when it does not augment ahead"),
+    (DetectionTrainer, "optimizer_step", "the monitor marks the optimiser phase where it is entered"),
+    (DetectionModel, "init_criterion", "the sync-free step wraps the criterion it makes"),
+    (v8DetectionLoss, "get_assigned_targets_and_loss", "the sync-free loss overrides it (COPIED)"),
+    (v8DetectionLoss, "preprocess", "the sync-free loss copies it (COPIED)"),
+    (v8DetectionLoss, "bbox_decode", "the sync-free loss calls it"),
+    (TaskAlignedAssigner, "select_candidates_in_gts", "the sync-free assigner overrides it (COPIED)"),
+    (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),
+    (TaskAlignedAssigner, "pair_overlaps", "the sync-free assigner calls it"),
+    (BboxLoss, "forward", "the sync-free box loss overrides it (COPIED)"),
+)
+
+
+def _missing(what: str, why: str) -> UltralyticsError:
+    return UltralyticsError(f"Ultralytics {VERSION} has no {what}, which {why}; yolofeed works with Ultralytics "
+                            f"{TESTED}: {FIX}")
+
+
+def check_required(required: tuple[tuple[Any, str, str], ...] = REQUIRED) -> None:
+    """Raise on the first attribute of ``required`` that the installed Ultralytics lacks.
+
+    Raises:
+        UltralyticsVersionError: one line naming the attribute, what yolofeed does with it, and the version that works.
+    """
+    for owner, name, why in required:
+        if not hasattr(owner, name):
+            raise UltralyticsVersionError(str(_missing(f"{owner.__name__}.{name}", why)))
+
+
+check_required()
+
+
+# -- copies and the methods they assume ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pinned:
+    """An Ultralytics function yolofeed copied, or relies on being unchanged, with the hash of its source.
+
+    Attributes:
+        ultralytics: its qualified name (module path, then class and method).
+        sha256: the first 16 hex digits of the SHA-256 of ``normalised_source`` at ``TESTED``.
+        ours: the qualified name of yolofeed's modified copy ("" for a method relied on, not copied).
+        why: what the copy changes, or what yolofeed assumes of the method.
+    """
+
+    ultralytics: str
+    sha256: str
+    ours: str = ""
+    why: str = ""
+
+
+# Modified copies, kept beside the classes they belong to for readability (train/loss.py says why each differs).
+COPIED: tuple[Pinned, ...] = (
+    Pinned("ultralytics.utils.loss.v8DetectionLoss.get_assigned_targets_and_loss", "a4753d10641f935a",
+           "yolofeed.train.loss.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
+           "the anchors and image size cached per feature-map shape; the most boxes per image and the candidates' "
+           "count from the batch"),
+    Pinned("ultralytics.utils.loss.v8DetectionLoss.preprocess", "87a9252ed8b00264",
+           "yolofeed.train.loss.SyncFreeDetectionLoss._pad", "the most boxes per image given, not learnt (a sync)"),
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner.select_candidates_in_gts", "6610e5e5c1bf9e8a",
+           "yolofeed.train.loss.SyncFreeAssigner.select_candidates_in_gts",
+           "stride_val as a Python scalar; SyncFreeDetectionLoss.early_candidates repeats its steps to count ahead"),
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
+           "yolofeed.train.loss.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead"),
+    Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0", "yolofeed.train.loss.SyncFreeBboxLoss.forward",
+           "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0"),
+)
+
+# What the copies and the overrides assume: a change here can break them without touching a copied line.
+RELIED_ON: tuple[Pinned, ...] = (
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner.forward", "20d350afbb2b781e",
+           why="sets bs and n_max_boxes, falls back to one image at a time on OOM (the copies check bs)"),
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_pos_mask", "68acdb6a15a4181d",
+           why="get_box_metrics' candidates are select_candidates_in_gts' mask times mask_gt (early_candidates)"),
+    Pinned("ultralytics.utils.tal.make_anchors", "1ca25b452a34c3bd",
+           why="the sync-free loss caches its anchors per feature-map shape"),
+    Pinned("ultralytics.utils.loss.v8DetectionLoss.loss", "0707424632ac0a83",
+           why="calls get_assigned_targets_and_loss with the batch, where the counts ride"),
+    Pinned("ultralytics.utils.loss.E2ELoss.__call__", "32fa04b768edcc2c",
+           why="YOLO26: the two plain detection losses (one2many, one2one) get the same batch"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer._do_train", "400861d91b504ebd",
+           why="the loop the sync-free step, the callbacks and the pack loaders are fitted to: tloss and loss_items, "
+               "callback order, close_mosaic then train_loader.reset(), criterion.update() before on_train_epoch_end"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer._close_dataloader_mosaic", "44a21ac6bb616b47",
+           why="FastDetectionTrainer's override must do what it does (mosaic, mixup, cutmix off)"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.optimizer_step", "f01be97330da83e1",
+           why="the monitor's optimiser phase starts where it is entered"),
+    Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
+           why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
+)
+
+# Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
+# only): (Ultralytics class, yolofeed's subclass, where). train/loss.py::install does it through ``swap_class``.
+SWAPPED: tuple[tuple[str, str, str], ...] = (
+    ("ultralytics.utils.loss.v8DetectionLoss", "yolofeed.train.loss.SyncFreeDetectionLoss", "train/loss.py::install"),
+    ("ultralytics.utils.tal.TaskAlignedAssigner", "yolofeed.train.loss.SyncFreeAssigner", "train/loss.py::install"),
+    ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.SyncFreeBboxLoss", "train/loss.py::install"),
+)
+
+# What Ultralytics' trainer reads from a training loader (ours: loader.TrainLoader, train.ahead.AugmentAhead,
+# bench.ceiling.ReplayLoader) and its validator from a validation loader (loader.ValLoader). tests/test_seam.py checks
+# that ours have them.
+TRAIN_LOADER_ATTRIBUTES: dict[str, str] = {
+    "__len__": "batches per epoch: the progress bar, warm-up iterations, accumulate",
+    "__iter__": "the batches",
+    "dataset": "len(dataset) (start line, optimizer=auto), dataset.labels (class weights, label plots)",
+    "sampler": "sampler.set_epoch(epoch) under DDP; len(sampler) for the last batch's size",
+    "batch_size": "the last batch's size",
+    "drop_last": "whether a last batch of one image can happen",
+    "num_workers": "the start line's 'Using N dataloader workers'",
+    "reset": "called after close_mosaic",
+    "close": "called on an out-of-memory retry and at the end of training",
+}
+VAL_LOADER_ATTRIBUTES: dict[str, str] = {
+    "__len__": "the progress bar; the mean validation loss",
+    "__iter__": "the batches",
+    "dataset": "len(dataset) (images seen, speed), dataset.im_files (save_txt), dataset.labels (the max_det check)",
+    "sampler": "list(sampler) under save_json on a custom dataset: the images' ids in batch order",
+    "batch_size": "the warm-up's batch shape",
+    "close": "called at the end of training",
+}
+
+
+def resolve(qualname: str) -> Any:
+    """The object a qualified name (``package.module.Class.method``) names: the longest importable module, then
+    attributes."""
+    parts = qualname.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for name in parts[k:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"nothing importable in {qualname}")
+
+
+def normalised_source(fn: Any) -> str:
+    """``fn``'s code as ``ast.unparse`` prints it, docstring left out: comments and formatting are not drift.
+
+    Raises:
+        OSError: the source is not available (an installation without .py files).
+    """
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    body = getattr(node, "body", [])
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(node) + "\n"
+
+
+def source_hash(text: str) -> str:
+    """The first 16 hex digits of the SHA-256 of a normalised source."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- the trainer's data ----------------------------------------------------------------------------------------------
+def data_yaml(trainer: Any) -> str:
+    """The data yaml's path: ``check_det_dataset`` keeps it under ``trainer.data["yaml_file"]``.
+
+    Raises:
+        UltralyticsError: the key is gone (packs are built beside the data yaml and keyed by it).
+    """
+    try:
+        return trainer.data["yaml_file"]
+    except (KeyError, TypeError, AttributeError):
+        raise _missing('trainer.data["yaml_file"]', "yolofeed builds and finds its packs by") from None
+
+
+def data_split(trainer: Any, dataset_path: Any) -> str | None:
+    """Which split of ``trainer.data`` (``check_det_dataset``'s dict) ``get_dataloader`` was given, or None."""
+    return next((k for k in ("train", "val", "test", "minival") if trainer.data.get(k) == dataset_path), None)
+
+
+def data_complete(trainer: Any) -> bool:
+    """``trainer.data["complete"]``: a dataset already cut to ``fraction`` when downloaded (``build_yolo_dataset``
+    then uses all of it)."""
+    return bool(trainer.data.get("complete"))
+
+
+def launches_ddp(trainer: Any) -> bool:
+    """Whether this trainer launches DDP worker processes instead of training (``BaseTrainer.ddp``): Ultralytics
+    runs ``torch.distributed.run`` on a cloudpickled copy of the trainer, and this process's callbacks never run."""
+    return bool(getattr(trainer, "ddp", False))
+
+
+# -- the training loop ---------------------------------------------------------------------------------------------
+def run_first(trainer: Any, event: str, fn: Callable[[Any], None]) -> None:
+    """Run ``fn`` before the callbacks already registered for ``event``, Ultralytics' loggers included.
+
+    ``BaseTrainer.callbacks`` is ``{event: [fn, ...]}``, run in order; ``add_callback`` appends.
+    """
+    callbacks = getattr(trainer, "callbacks", None)
+    if not isinstance(callbacks, dict):
+        raise _missing("trainer.callbacks (a dict of lists)", "yolofeed orders its callbacks in")
+    callbacks.setdefault(event, []).insert(0, fn)
+
+
+def set_epoch_loss(trainer: Any, items: dict) -> None:
+    """Put the epoch's mean loss items where the loop keeps them: ``trainer.tloss`` (its running mean, read by
+    ``save_metrics`` and the loggers at the epoch's end) and ``trainer.loss_items`` (the last step's, which the
+    validator's loss sums are made like). Nothing when no step ran this epoch (``tloss`` is None)."""
+    if not hasattr(trainer, "tloss"):
+        raise _missing("trainer.tloss", "the sync-free step puts the epoch's exact mean loss in")
+    if trainer.tloss is not None:
+        trainer.tloss = items
+        trainer.loss_items = items
+
+
+def criterion(model: Any) -> Any:
+    """The model's loss (``BaseModel.criterion``; None until the first loss call or ``make_criterion``)."""
+    return getattr(unwrap_model(model), "criterion", None)
+
+
+def set_criterion(model: Any, value: Any) -> None:
+    """Replace the model's loss: ``BaseModel.loss`` calls ``self.criterion(preds, batch)``."""
+    unwrap_model(model).criterion = value
+
+
+def make_criterion(model: Any) -> Any:
+    """A new loss for the model, as ``BaseModel.loss`` makes it on its first call (``init_criterion``)."""
+    return unwrap_model(model).init_criterion()
+
+
+def detection_losses_in(crit: Any) -> list:
+    """The plain detection losses in a criterion: itself, or the two of YOLO26's end-to-end loss
+    (``E2ELoss.one2many`` and ``one2one``)."""
+    if isinstance(crit, (E2ELoss, E2EDetectLoss)):
+        return [crit.one2many, crit.one2one]
+    return [crit]
+
+
+def swap_class(obj: Any, ultralytics_class: type, ours: type) -> bool:
+    """Make ``obj`` an instance of ``ours`` in place if it is exactly an ``ultralytics_class`` (listed in ``SWAPPED``).
+
+    The object keeps its state, so ``ours`` must subclass ``ultralytics_class`` and add methods only.
+    Returns whether it was swapped.
+    """
+    if not issubclass(ours, ultralytics_class):
+        raise TypeError(f"{ours.__name__} must subclass {ultralytics_class.__name__} to replace it in place")
+    if type(obj) is not ultralytics_class:
+        return False
+    obj.__class__ = ours
+    return True
+
+
+def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``mark(phase)`` where each phase of a training step starts; returns a function that undoes it.
+
+    "forward" at the model's forward pre-hook, "loss" at the detection head's output (``model.model[-1]``, the
+    ``Detect`` layer of a ``DetectionModel``), "backward" when the model (which computes the loss) returns,
+    "optimizer" where ``trainer.optimizer_step`` is entered: Ultralytics has no callback before the optimiser step,
+    so the method is wrapped on the instance.
+    """
+    model = unwrap_model(trainer.model)
+    layers = getattr(model, "model", None)
+    if layers is None or not len(layers):
+        raise _missing("model.model[-1] (the detection head)", "the monitor marks the loss phase at")
+    hooks = [model.register_forward_pre_hook(lambda m, a: mark("forward")),
+             layers[-1].register_forward_hook(lambda m, a, o: mark("loss")),
+             model.register_forward_hook(lambda m, a, o: mark("backward"))]
+    step = trainer.optimizer_step
+
+    def optimizer_step() -> None:
+        mark("optimizer")
+        step()
+
+    trainer.optimizer_step = optimizer_step
+
+    def undo() -> None:
+        for h in hooks:
+            h.remove()
+        if trainer.__dict__.get("optimizer_step") is optimizer_step:
+            del trainer.__dict__["optimizer_step"]
+
+    return undo
+
+
+def unbounded_epochs(trainer: Any) -> None:
+    """Let the loop run past the run's epochs (``trainer.epochs``, which the loop compares with): the caller ends
+    training with ``StopTraining``. Call it in ``on_train_start``: the optimiser is built before, from the run's own
+    epochs (``optimizer=auto`` chooses by the number of iterations)."""
+    trainer.epochs = 10**6
+
+
+class StopTraining(BaseException):
+    """Raised from a callback to end Ultralytics' training loop at once (the loop has no other way out mid-epoch:
+    ``trainer.stop`` still validates and saves).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: an ``except Exception`` on its way (``FastDetectionTrainer``
+    logs a failed run there) does not take it for a failure. Ultralytics' ``train`` lets it through after its
+    ``finally`` (deterministic mode off, teardown callbacks).
+    """
+
+
+def train_until_stopped(trainer: Any) -> bool:
+    """``trainer.train()``; True when a callback ended it with ``StopTraining``, False when the loop ended itself."""
+    try:
+        trainer.train()
+    except StopTraining:
+        return True
+    return False
+
+
+# -- output --------------------------------------------------------------------------------------------------------
+def progress_bar_drawn() -> bool:
+    """Whether Ultralytics' epoch progress bar is on screen, its line left open (a carriage return, no newline).
+
+    Its TQDM draws when Ultralytics is verbose at INFO, on rank 0, in an interactive console.
+    """
+    return (VERBOSE and RANK in {-1, 0} and LOGGER.getEffectiveLevel() <= logging.INFO
+            and not _tqdm.is_noninteractive_console())

@@ -1,0 +1,176 @@
+"""The seam to Ultralytics: one module imports it, the version and every attribute relied on are checked at import,
+and every copied (or relied on) method still reads as it did when it was copied.
+
+After moving to a new Ultralytics release and checking the copies against it, record its sources again with
+``python tests/test_seam.py record`` and put the printed hashes into ``ultralytics_seam.COPIED``/``RELIED_ON``.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from yolofeed import ultralytics_seam as seam
+from yolofeed.errors import UltralyticsError, UltralyticsVersionError, YolofeedError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "yolofeed"
+RECORDED = Path(__file__).resolve().parent / "data" / f"ultralytics-{seam.TESTED}"
+PINNED = seam.COPIED + seam.RELIED_ON
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Top-level package names a file imports, anywhere in it (inside functions too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_only_the_seam_imports_ultralytics():
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "ultralytics" in _imports_of(p))
+    assert users == ["ultralytics_seam.py"]
+
+
+def drift(pinned: seam.Pinned) -> str | None:
+    """A unified diff from the recorded source of ``pinned`` to the installed one; None when they agree."""
+    recorded = (RECORDED / f"{pinned.ultralytics}.txt").read_text()
+    installed = seam.normalised_source(seam.resolve(pinned.ultralytics))
+    if installed == recorded:
+        return None
+    return "".join(difflib.unified_diff(recorded.splitlines(True), installed.splitlines(True),
+                                        f"{pinned.ultralytics} (Ultralytics {seam.TESTED})",
+                                        f"{pinned.ultralytics} (installed: Ultralytics {seam.VERSION})"))
+
+
+@pytest.mark.parametrize("pinned", PINNED, ids=[p.ultralytics.rsplit(".", 2)[-2] + "." + p.ultralytics.rsplit(".", 1)[-1]
+                                                  for p in PINNED])
+def test_copied_and_relied_on_methods_have_not_drifted(pinned):
+    recorded = (RECORDED / f"{pinned.ultralytics}.txt").read_text()
+    assert seam.source_hash(recorded) == pinned.sha256, "the recorded source and the seam's hash disagree"
+    diff = drift(pinned)
+    if diff is not None:
+        what = f"yolofeed's copy {pinned.ours}" if pinned.ours else "what yolofeed assumes of it"
+        pytest.fail(f"{pinned.ultralytics} changed since it was copied ({what}: {pinned.why}); port the change, "
+                    f"then record the sources again (this file's docstring):\n{diff}")
+
+
+def test_a_drifted_method_fails_with_a_diff(tmp_path, monkeypatch):
+    """The drift check can fail: an edited recording gives a diff that shows the edited line on both sides."""
+    pinned = seam.COPIED[0]
+    text = (RECORDED / f"{pinned.ultralytics}.txt").read_text().replace("loss[0] *= self.hyp.box",
+                                                                         "loss[0] *= 2 * self.hyp.box")
+    (tmp_path / f"{pinned.ultralytics}.txt").write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "RECORDED", tmp_path)
+    diff = drift(pinned)
+    assert diff is not None and "-    loss[0] *= 2 * self.hyp.box" in diff and "+    loss[0] *= self.hyp.box" in diff
+
+
+def test_every_copy_overrides_the_method_it_copies():
+    for pinned in seam.COPIED:
+        ours = seam.resolve(pinned.ours)
+        owner = seam.resolve(pinned.ours.rsplit(".", 1)[0])
+        original = seam.resolve(pinned.ultralytics.rsplit(".", 1)[0])
+        assert issubclass(owner, original) and callable(ours), pinned
+        assert (pinned.ultralytics.rsplit(".", 2)[-2], pinned.ultralytics.rsplit(".", 1)[-1]) in {
+            (o.__name__, n) for o, n, _ in seam.REQUIRED}, f"{pinned.ultralytics} is not checked at import"
+
+
+def test_every_ultralytics_method_yolofeed_overrides_is_checked_at_import():
+    """A method renamed upstream would leave our override unused, silently: each must be in REQUIRED."""
+    from yolofeed.train import FastDetectionTrainer
+    from yolofeed.train.loss import SyncFreeAssigner, SyncFreeBboxLoss, SyncFreeDetectionLoss
+
+    required = {(o, n) for o, n, _ in seam.REQUIRED}
+    for ours, theirs in ((FastDetectionTrainer, seam.DetectionTrainer), (SyncFreeAssigner, seam.TaskAlignedAssigner),
+                         (SyncFreeBboxLoss, seam.BboxLoss), (SyncFreeDetectionLoss, seam.v8DetectionLoss)):
+        overridden = {n for k in ours.__mro__ if k.__module__.startswith("yolofeed") for n in vars(k)
+                      if hasattr(theirs, n) and callable(getattr(theirs, n)) and not n.startswith("__")}
+        assert overridden and {(theirs, n) for n in overridden} <= required, (ours, overridden)
+
+
+def test_every_swapped_class_adds_methods_only():
+    for theirs, ours, _ in seam.SWAPPED:
+        theirs, ours = seam.resolve(theirs), seam.resolve(ours)
+        assert issubclass(ours, theirs) and "__init__" not in vars(ours)
+
+
+def test_another_ultralytics_version_is_one_line_naming_the_version_that_works():
+    seam.check_version(seam.TESTED)
+    seam.check_version(seam.TESTED + ".dev0")
+    for other in ("8.4.191", "8.5.0", "8.3.200", "9.0.0"):
+        with pytest.raises(UltralyticsVersionError) as e:
+            seam.check_version(other)
+        text = str(e.value)
+        assert isinstance(e.value, ImportError) and isinstance(e.value, YolofeedError)
+        assert "\n" not in text and other in text and seam.TESTED in text and f"ultralytics=={seam.TESTED}" in text
+    with pytest.warns(UserWarning, match="8.5.0"):
+        seam.check_version("8.5.0", allow_untested=True)
+
+
+def test_a_missing_attribute_is_one_line_naming_the_version_that_works():
+    class Trainer:
+        pass
+
+    with pytest.raises(UltralyticsVersionError, match=r"Trainer\._close_dataloader_mosaic.*mosaic would stay on") as e:
+        seam.check_required(((Trainer, "_close_dataloader_mosaic", "yolofeed overrides it (mosaic would stay on)"),))
+    assert "\n" not in str(e.value) and f"ultralytics=={seam.TESTED}" in str(e.value)
+    with pytest.raises(UltralyticsError, match="yaml_file"):
+        seam.data_yaml(type("T", (), {"data": {}})())
+    with pytest.raises(UltralyticsError, match="tloss"):
+        seam.set_epoch_loss(Trainer(), {})
+
+
+def test_the_cli_says_another_ultralytics_version_in_one_line(tmp_path):
+    """What a user with the wrong Ultralytics sees: one line with the fix, before any work, no traceback."""
+    data = tmp_path / "data.yaml"
+    data.write_text("path: .\ntrain: images\nval: images\nnames: {0: a}\n")
+    code = ("import sys, ultralytics\nultralytics.__version__ = '8.5.0'\nfrom yolofeed.cli import main\n"
+            f"sys.exit(main(['pack', 'data={data}']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert len(err) == 1 and "8.5.0" in err[0] and f"pip install ultralytics=={seam.TESTED}" in err[0], err
+    assert not (tmp_path / "yolofeed-packs").exists()
+
+
+def test_our_loaders_have_what_ultralytics_reads(synth_root, tmp_path):
+    from yolofeed.bench.ceiling import ReplayLoader
+    from yolofeed.loader import TrainLoader, ValLoader
+    from yolofeed.pack import open_or_build
+    from yolofeed.train.ahead import AugmentAhead
+
+    yaml = str(synth_root / "data.yaml")
+    train = TrainLoader(open_or_build(yaml, "train", 64, out=tmp_path, rebuild="auto", progress=False), 4, "cpu")
+    val = ValLoader(open_or_build(yaml, "val", 64, out=tmp_path, rebuild="auto", progress=False), 4, "cpu")
+    try:
+        for loader in (train, AugmentAhead(train, lambda s: s), ReplayLoader([], 3, train.dataset, 4)):
+            missing = [k for k in seam.TRAIN_LOADER_ATTRIBUTES if not hasattr(loader, k)]
+            assert not missing, (type(loader).__name__, missing)
+            assert hasattr(loader.dataset, "labels") and hasattr(loader.sampler, "set_epoch") and len(loader.sampler)
+        assert not [k for k in seam.VAL_LOADER_ATTRIBUTES if not hasattr(val, k)]
+        assert hasattr(val.dataset, "labels") and len(val.dataset.im_files) == len(val.dataset) == 8
+        assert list(val.sampler) == list(range(len(val.dataset)))  # save_json's image ids, as a sequential sampler
+    finally:
+        train.close()
+        val.close()
+
+
+def record(folder: Path = RECORDED) -> None:
+    """Write the installed sources of every pinned method into ``folder`` and print their hashes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for pinned in PINNED:
+        text = seam.normalised_source(seam.resolve(pinned.ultralytics))
+        (folder / f"{pinned.ultralytics}.txt").write_text(text)
+        print(f"{seam.source_hash(text)}  {pinned.ultralytics}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["record"]:
+    record(Path(__file__).resolve().parent / "data" / f"ultralytics-{seam.VERSION}")
