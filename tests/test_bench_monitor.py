@@ -8,19 +8,20 @@ import os
 import pytest
 
 from helpers import FakeClock
-from yolofeed.monitor import StepTimer, SystemSampler
+from yolofeed.monitor import StepClock, SystemSampler
+from yolofeed.monitor.steps import step_stats
 
 
-def test_step_timer_rates_and_data_wait():
+def test_step_rates_and_data_wait():
     clock = FakeClock()
-    timer = StepTimer(warmup=2, window=2, clock=clock)
-    timer.step_done(8)  # opens the clock
+    timer = StepClock(clock=clock)
+    timer.step_done(8)  # starts the clock
     for k in range(8):  # steps of 0.5 s: 0.1 waiting for data, 0.4 computing; warm-up steps are slower
         clock.t += 0.1 if k >= 2 else 1.0
         timer.batch_ready()
         clock.t += 0.4
         timer.step_done(8)
-    s = timer.compute()
+    s = step_stats(timer.resolved(skip=2), window=2)
     assert s.steps == 6 and s.images_per_s == pytest.approx(16.0) and s.step_ms == pytest.approx(500.0)
     assert s.data_wait_fraction == pytest.approx(0.2)
     assert len(s.windows) == 3
@@ -31,27 +32,51 @@ def test_mean_step_beside_the_median_when_batches_come_in_bursts():
     queue in 0.1 s. The median step is a fast one and hides the waiting; the mean step (wall time / steps) is what
     the img/s beside it implies (batch / mean step)."""
     clock = FakeClock()
-    timer = StepTimer(warmup=0, window=4, clock=clock)
-    timer.step_done(64)  # opens the clock
+    timer = StepClock(clock=clock)
+    timer.step_done(64)  # starts the clock
     for k in range(16):
         clock.t += 1.0 if k % 4 == 0 else 0.0  # the burst's first step waits for the loader
         timer.batch_ready()
         clock.t += 0.1
         timer.step_done(64)
-    s = timer.compute()
+    s = step_stats(timer.resolved(), window=4)
     assert s.step_ms == pytest.approx(100.0)  # the median: a step from the queue
     assert s.mean_step_ms == pytest.approx(1e3 * (16 * 0.1 + 4 * 1.0) / 16)  # 350 ms: wall time / steps
     assert 64 / (s.mean_step_ms / 1e3) == pytest.approx(s.images_per_s)  # the row agrees with img/s
     assert s.mean_step_ms > 3 * s.step_ms
 
 
-def test_step_timer_without_batch_ready_counts_no_wait():
+def test_step_without_batch_ready_counts_no_wait():
     clock = FakeClock()
-    timer = StepTimer(warmup=0, window=1, clock=clock)
+    timer = StepClock(clock=clock)
     timer.step_done(4)
     clock.t += 2.0
     timer.step_done(4)
-    assert timer.compute().data_wait_fraction == 0.0 and timer.compute().images_per_s == pytest.approx(2.0)
+    s = step_stats(timer.resolved(), window=1)
+    assert s.data_wait_fraction == 0.0 and s.images_per_s == pytest.approx(2.0)
+
+
+def test_an_epoch_start_times_the_first_step_and_an_epoch_end_closes_the_clock():
+    """The first step of an epoch waits from the epoch's start, not from the last step of the epoch before (which
+    would count the validation in between as data wait)."""
+    from yolofeed.monitor.live import TrainingMonitor
+
+    c = FakeClock()
+    clock = StepClock(clock=c)
+    for _epoch in range(2):
+        clock.epoch_start()
+        for _step in range(3):
+            c.t += 0.25
+            clock.batch_ready()
+            c.t += 0.75
+            clock.step_done(4)
+        clock.epoch_end()
+        c.t += 30.0  # validation
+        clock.step_done(4)  # a step outside an epoch (none in Ultralytics' loop) is not recorded
+    waits = [r.ms["data_wait"] for r in clock.resolved()]
+    assert clock.steps == len(waits) == 6 and waits == pytest.approx([250.0] * 6)
+    assert clock.epochs == 2 and clock.seconds == pytest.approx(6.0) and clock.images == 24
+    assert {"on_train_epoch_start", "on_train_epoch_end"} <= set(TrainingMonitor().callbacks())  # it marks them too
 
 
 def test_system_sampler_reports_host_load():
@@ -167,15 +192,16 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     assert all(f"NOTE: {n}" in text for n in report["notes"])
     # the profile's own step bar, not Ultralytics' epoch bar with its 10**6 epochs
     assert "1000000" not in captured.out + captured.err and "Starting training" not in captured.out
+    assert "training stopped" not in captured.out + captured.err  # the profile's own stop is no failed run
     assert f"{6 * (2 + 4 + 1)}/{6 * (2 + 4 + 1)}" in captured.err  # the bar ends exactly on its total
 
 
 def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):
     """A bad out= costs a second, not the whole bench: nothing trains."""
-    import yolofeed.doctor.profile as prof
+    import yolofeed.bench.run as bench
     from yolofeed.cli import main
 
-    monkeypatch.setattr(prof, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
+    monkeypatch.setattr(bench, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.yaml").write_text("")  # data= must name a file (the CLI checks that first)
     blocker = tmp_path / "a-file"
@@ -190,7 +216,7 @@ def test_warm_up_covers_the_batches_a_torch_loader_queues_before_the_first_step(
     that queue say nothing of the loader, so the profile's warm-up must be at least that long."""
     import torch
 
-    from yolofeed.doctor.profile import queued_batches
+    from yolofeed.monitor.profile import queued_batches
 
     data = list(range(64))
     assert queued_batches(torch.utils.data.DataLoader(data, batch_size=4, num_workers=3, prefetch_factor=4)) == 12
@@ -221,9 +247,10 @@ def test_gpu_utilisation_is_a_median_over_the_rate_windows():
 def test_profile_keeps_every_step_past_the_phase_timers_default(synth_root, tmp_path):
     """The phase timer keeps its last 200 steps by default; a profile of more (warm-up + steps) must keep them
     all, or its breakdown and timeline would index from the wrong step."""
-    from yolofeed.doctor.profile import profile
+    from yolofeed.monitor.profile import profile
+    from yolofeed.ultralytics_seam import DetectionTrainer
 
-    p = profile("stock", {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2,
+    p = profile("stock", DetectionTrainer, {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2,
                           "device": "cpu", "project": str(tmp_path)}, steps=205, warmup=3, window=41)
     assert p.steps == 205 and len(p.timeline["step_t"]) == 205 and p.warmup == 3
     assert p.timeline["step_t"][0] > 0  # the first measured step ends after the clock starts

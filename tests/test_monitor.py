@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import FakeClock
-from yolofeed.monitor import LowUtilAlert, MonitorConfig, PhaseTimer
+from yolofeed.monitor import LowUtilAlert, MonitorConfig, StepClock
 from yolofeed.monitor.live import TrainingMonitor
 from yolofeed.monitor.system import SystemStats
 
@@ -36,10 +36,10 @@ def test_alert_fires_once_per_episode_after_the_hold():
     assert not LowUtilAlert(60, 0.2, 0, clock=c).update(None, 0.9)  # no GPU: never alerts
 
 
-def test_phase_timer_splits_the_step_on_a_fake_clock():
+def test_step_clock_splits_the_step_into_phases_on_a_fake_clock():
     c = FakeClock()
-    p = PhaseTimer(cuda=False, clock=c)
-    p.step_done(8)  # a step that ends before any mark: only opens the clock
+    p = StepClock(cuda=False, clock=c)
+    p.step_done(8)  # the first step only starts the clock
     for _ in range(4):
         c.t += 0.2  # data wait
         p.batch_ready()
@@ -83,7 +83,7 @@ def _monitored(tmp_path, gpu: bool, steps: int = 4, **cfg) -> tuple[TrainingMoni
     clock = FakeClock()
     mon = TrainingMonitor(MonitorConfig(**{"prometheus_port": 0, "tensorboard": False, **cfg}), clock=clock,
                           sampler=FakeSampler(gpu))
-    mon.timer = PhaseTimer(cuda=False, clock=clock)
+    mon.timer = StepClock(cuda=False, clock=clock)
     mon.open(tmp_path / "train3", "cuda:0" if gpu else "cpu")
     mon.timer.step_done(4)  # opens the clock
     for _ in range(steps):
@@ -327,7 +327,7 @@ def test_tensorboard_is_optional(tmp_path):
     code = f"""
 import sys
 sys.modules["tensorboard"] = None  # as if not installed: 'import tensorboard' raises ImportError
-import yolofeed, yolofeed.cli, yolofeed.monitor, yolofeed.train, yolofeed.doctor.profile
+import yolofeed, yolofeed.cli, yolofeed.monitor, yolofeed.train, yolofeed.monitor.profile
 from pathlib import Path
 from yolofeed.monitor.live import open_tensorboard
 assert open_tensorboard(Path({str(tmp_path)!r}) / "a") is None

@@ -19,21 +19,19 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
-
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling", "ceiling_stock")
+from yolofeed.monitor.profile import Progress, profile
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 
 def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     """Train ``mode`` for ``warmup + steps`` steps and return its figures (``progress``: the bench's step bar)."""
-    from yolofeed.doctor.profile import profile
-
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
-    p = profile(mode, args, cfg.steps, cfg.warmup, cfg.window, progress=progress)
+    p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, cfg.window, progress=progress)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
     return {k: getattr(p, k) for k in keys}
@@ -93,7 +91,6 @@ def run(cfg: BenchConfig) -> dict:
     Each mode's Ultralytics run folder stays under ``<out>/runs/<mode>`` (args.yaml, and TensorBoard
     events when Ultralytics' TensorBoard setting is on); no weights are saved.
     """
-    from yolofeed.doctor.profile import Progress
     from yolofeed.doctor.report import command_line, writable_folder
     from yolofeed.monitor.system import environment
 
@@ -104,7 +101,7 @@ def run(cfg: BenchConfig) -> dict:
     if cfg.steps < cfg.window:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
-    # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (doctor/profile.py)
+    # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []

@@ -13,7 +13,7 @@ from typing import Any
 
 from yolofeed.doctor.rules import Verdict
 from yolofeed.errors import ConfigError
-from yolofeed.monitor.phases import PHASES
+from yolofeed.monitor.steps import PHASES
 
 COLOURS = {"data_wait": "#d62728", "preprocess": "#ff7f0e", "forward": "#1f77b4", "loss": "#9467bd",
            "backward": "#2ca02c", "optimizer": "#8c564b"}

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from yolofeed.config import DoctorConfig
 from yolofeed.doctor import report
-from yolofeed.doctor.profile import Progress, profile
 from yolofeed.doctor.rules import Facts, diagnose
 from yolofeed.errors import ConfigError, YolofeedError
+from yolofeed.monitor.profile import Progress, profile
 from yolofeed.monitor.system import environment
+
+
+def trainer_class(mode: str) -> type:
+    """The doctor profiles the user's setup as Ultralytics trains it (``stock``), then with ``yolofeed``."""
+    if mode == "stock":
+        from yolofeed.ultralytics_seam import DetectionTrainer
+
+        return DetectionTrainer
+    from yolofeed.train import FastDetectionTrainer
+
+    return FastDetectionTrainer
 
 
 def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
@@ -47,7 +58,7 @@ def run(cfg: DoctorConfig) -> list:
             progress.write(f"yolofeed doctor: profiling {mode} ({k + 1}/{len(modes)}): {cfg.warmup} warm-up + "
                            f"{cfg.steps} steps" + (" + one validation pass" if mode == "stock" and cfg.time_validation
                                                    else ""))
-            p = profile(mode, args, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
+            p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
                         time_validation=cfg.time_validation and mode == "stock", progress=progress)
             profiles.append(p.to_dict())
     finally:

@@ -2,7 +2,7 @@
 
 ``attach(model_or_trainer)`` adds callbacks to a stock ``YOLO(...)`` (before ``.train()``) or to a
 trainer; ``yolofeed train monitor=True`` does it for you. All of it is a thin adapter: the numbers
-come from ``PhaseTimer`` and ``SystemSampler``, the decision from ``LowUtilAlert``, the Prometheus
+come from ``StepClock`` and ``SystemSampler``, the decision from ``LowUtilAlert``, the Prometheus
 names from ``exporter``. Monitoring never stops a run: a port in use, a missing tensorboard package
 or an error inside the monitor is logged as a warning and training goes on.
 """
@@ -21,7 +21,7 @@ import psutil
 
 from yolofeed.errors import ConfigError
 from yolofeed.monitor.exporter import Collector, Endpoint, serve
-from yolofeed.monitor.phases import PHASES, PhaseTimer
+from yolofeed.monitor.steps import PHASES, StepClock
 from yolofeed.monitor.system import SystemSampler
 from yolofeed.ultralytics_seam import LOGGER, mark_phases, progress_bar_drawn  # our lines go where Ultralytics' go
 
@@ -158,7 +158,7 @@ class TrainingMonitor:
                  sampler: Any = None):
         self.cfg = cfg or MonitorConfig()
         self.clock = clock
-        self.timer: PhaseTimer | None = None
+        self.timer: StepClock | None = None
         self.sampler = sampler if sampler is not None else SystemSampler()
         self.alert = LowUtilAlert(self.cfg.alert_util, self.cfg.alert_wait, self.cfg.alert_seconds, clock)
         self.endpoint: Endpoint | None = None
@@ -175,10 +175,13 @@ class TrainingMonitor:
 
     # -- Ultralytics callbacks -----------------------------------------------------------------
     def on_train_start(self, trainer: Any) -> None:
-        self.timer = PhaseTimer(cuda=trainer.device.type == "cuda")
+        self.timer = StepClock(cuda=trainer.device.type == "cuda")
         self._unmark = mark_phases(trainer, self.timer.mark)
         self.sampler.start(trainer.device)
         self.open(Path(trainer.save_dir), str(trainer.device))
+
+    def on_train_epoch_start(self, trainer: Any) -> None:
+        self.timer.epoch_start()  # the epoch's first step waits from here, not from the last epoch's validation
 
     def on_train_batch_start(self, trainer: Any) -> None:
         self.timer.batch_ready()
@@ -191,6 +194,9 @@ class TrainingMonitor:
             self._last_publish = now
             self.publish(now, bar=True)
 
+    def on_train_epoch_end(self, trainer: Any) -> None:
+        self.timer.epoch_end()
+
     def on_train_end(self, trainer: Any) -> None:
         self.close()
 
@@ -198,7 +204,7 @@ class TrainingMonitor:
     def open(self, save_dir: Path, device: str) -> None:
         """Start the outputs for the run in ``save_dir``: the Prometheus endpoint and TensorBoard (each optional).
 
-        ``timer`` must be set (``on_train_start`` does it; tests drive a ``PhaseTimer`` by hand).
+        ``timer`` must be set (``on_train_start`` does it; tests drive a ``StepClock`` by hand).
         """
         self.run, self.info = save_dir.name, {"save_dir": str(save_dir), "device": device}
         self._disk0 = _disk_read_bytes()
@@ -216,7 +222,7 @@ class TrainingMonitor:
         """The running totals (Prometheus counters): they only grow while the run goes on."""
         t = self.timer
         disk = _disk_read_bytes()
-        return {"steps": t.count_steps, "images": t.count_images, "data_wait_seconds": t.sum_ms["data_wait"] / 1e3,
+        return {"steps": t.steps, "images": t.images, "data_wait_seconds": t.sum_ms["data_wait"] / 1e3,
                 "phase_seconds": {p: t.sum_ms.get(p, 0.0) / 1e3 for p in PHASES}, "alerts": self.alert.episodes,
                 "disk_read_bytes": None if disk is None or self._disk0 is None else max(0, disk - self._disk0),
                 "info": self.info}
@@ -292,8 +298,9 @@ class TrainingMonitor:
 
     def callbacks(self) -> dict[str, Callable]:
         """Ultralytics event -> callback, each guarded: an error inside the monitor switches it off, not the run."""
-        own = {"on_train_start": self.on_train_start, "on_train_batch_start": self.on_train_batch_start,
-               "on_train_batch_end": self.on_train_batch_end, "on_train_end": self.on_train_end}
+        own = {"on_train_start": self.on_train_start, "on_train_epoch_start": self.on_train_epoch_start,
+               "on_train_batch_start": self.on_train_batch_start, "on_train_batch_end": self.on_train_batch_end,
+               "on_train_epoch_end": self.on_train_epoch_end, "on_train_end": self.on_train_end}
         return {event: self._guarded(event, fn) for event, fn in own.items()}
 
     def _guarded(self, event: str, fn: Callable[[Any], None]) -> Callable[[Any], None]:

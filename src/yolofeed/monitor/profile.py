@@ -1,8 +1,9 @@
-"""Run a training setup for a few steps and record everything the verdict needs.
+"""The profiling engine: train a setup for a few steps and record everything a verdict or a comparison needs.
 
-Shared by ``yolofeed doctor`` and ``yolofeed bench``: the same trainer classes, the same warm-up,
-the same accounting (``StepTimer`` for rates, ``PhaseTimer`` for the breakdown, ``SystemSampler``
-for GPU/CPU/disk), and a clean stop after the requested steps (no validation, no checkpoint).
+``yolofeed doctor`` and ``yolofeed bench`` both run ``profile``: the same warm-up, the same accounting (one
+``StepClock`` for the rates and the phase breakdown, ``SystemSampler`` for GPU/CPU/disk, ``CallbackClock`` for the
+trainer's other callbacks), and a clean stop after the requested steps (no validation, no checkpoint). The caller
+chooses the trainer class; the profile knows nothing of the modes that name them (``bench.modes``).
 """
 
 from __future__ import annotations
@@ -19,36 +20,10 @@ import torch
 
 from yolofeed.errors import UltralyticsError
 from yolofeed.monitor.callbacks import CallbackClock
-from yolofeed.monitor.phases import PhaseTimer
-from yolofeed.monitor.steps import StepTimer, window_median
+from yolofeed.monitor.steps import PhaseSummary, StepClock, phase_summary, step_stats, window_median
 from yolofeed.monitor.system import SystemSampler
-from yolofeed.ultralytics_seam import FIX, TESTED, StopTraining, mark_phases, train_until_stopped, unbounded_epochs
-
-
-def trainer_class(mode: str):
-    """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack, or inline augmentation), or the ceiling."""
-    if mode == "stock":
-        from yolofeed.ultralytics_seam import DetectionTrainer
-
-        return DetectionTrainer
-    if mode == "yolofeed":
-        from yolofeed.train import FastDetectionTrainer
-
-        return FastDetectionTrainer
-    if mode == "yolofeed_jpeg":  # the same trainer on a jpeg pack, decoded on the GPU
-        from yolofeed.train import FastDetectionTrainer
-
-        return FastDetectionTrainer.with_options(pack_format="jpeg")
-    if mode == "yolofeed_inline":  # augmented in preprocess_batch, not one batch ahead: the sync it saves
-        from yolofeed.train import FastDetectionTrainer
-
-        return FastDetectionTrainer.with_options(augment_ahead=False)
-    if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
-        from yolofeed.bench.ceiling import CeilingTrainer
-
-        return CeilingTrainer if mode == "ceiling" else type("CeilingTrainer", (CeilingTrainer,),
-                                                             {"sync_free_step": False, "sync_free_loss": False})
-    raise ValueError(f"unknown mode {mode!r}")
+from yolofeed.ultralytics_seam import (FIX, LOGGER, TESTED, StopTraining, mark_phases, train_until_stopped,
+                                       unbounded_epochs)
 
 
 @dataclass
@@ -136,8 +111,6 @@ class Progress:
 @contextlib.contextmanager
 def ultralytics_quiet(quiet: bool) -> Iterator[None]:
     """Hold back Ultralytics' INFO logging and progress bars (its TQDM is off above INFO); warnings still show."""
-    from yolofeed.ultralytics_seam import LOGGER
-
     level = LOGGER.level
     if quiet:
         LOGGER.setLevel(logging.WARNING)
@@ -160,11 +133,16 @@ def queued_batches(loader: Any) -> int:
     return 0
 
 
-def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
+def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
             time_validation: bool = False, accounting: bool = True, progress: Progress | None = None) -> Profile:
-    """Train ``mode`` with Ultralytics ``args`` for ``warmup + steps`` steps and measure it.
+    """Train ``trainer_class`` with Ultralytics ``args`` for ``warmup + steps`` steps and measure it.
+
+    The first step only starts the step clock (its data wait cannot be known); the ``warmup`` steps after it are
+    measured and left out; the ``steps`` after those are the profile.
 
     Args:
+        mode: the name the profile and its run folder go by (``stock``, ``yolofeed``...).
+        trainer_class: an Ultralytics ``DetectionTrainer`` (sub)class.
         args: training overrides (model, data, imgsz, batch, workers, device, ...); validation,
             plots and checkpoints are switched off and mosaic kept on unless the caller says otherwise.
         warmup: steps ignored at the start; raised to the loader's queue (``queued_batches``) if that is
@@ -173,8 +151,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
         accounting: phase marks and the system sampler on (False measures their overhead by difference).
         progress: count the steps on this bar, and hold back Ultralytics' own output meanwhile.
     """
-    rates = StepTimer(warmup=warmup, window=window)
-    phases = PhaseTimer(cuda=False, keep=None)  # every step kept (its default is the last 200); cuda set below
+    clock = StepClock(phases=accounting, keep=None)  # every step kept (the default is the last 200); cuda set below
     sampler = SystemSampler()
     callbacks = CallbackClock()
     state: dict[str, Any] = {"system": None, "warmup": warmup}
@@ -196,33 +173,29 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
             say(f"yolofeed: warm-up of {queued} steps, not {warmup}: the loader's {trainer.train_loader.num_workers} "
                 f"workers hold up to {queued} batches ready, which a shorter warm-up would measure instead of the "
                 "loader")
-            state["warmup"] = rates.warmup = queued
+            state["warmup"] = queued
             if progress is not None:
                 progress.grow(queued - warmup)
-        phases.cuda = trainer.device.type == "cuda"
+        clock.cuda = trainer.device.type == "cuda"
         if accounting:
-            state["unmark"] = mark_phases(trainer, phases.mark)
+            state["unmark"] = mark_phases(trainer, clock.mark)
             sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
 
     def on_start(trainer) -> None:
-        rates.batch_ready()
-        if accounting:
-            phases.batch_ready()
+        clock.batch_ready()
 
     def on_end(trainer) -> None:
-        rates.step_done(trainer.batch_size)
+        clock.step_done(trainer.batch_size)
         if progress is not None:
             progress.step()
-        if accounting:
-            phases.step_done(trainer.batch_size)
-        n = len(rates)
+        n = len(clock)
         if n == state["warmup"] and accounting:
             sampler.restart_window()
             callbacks.start()
             state["t_measure"] = time.perf_counter()
             if torch.cuda.is_available() and trainer.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-        if n >= state["warmup"] + steps:  # len(rates) counts from the second step: the first only opens the clock
+        if n >= state["warmup"] + steps:  # len(clock) counts from the second step: the first only starts the clock
             state["system"] = sampler.stop()
             callbacks.stop()
             raise StopTraining
@@ -232,7 +205,7 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
     if progress is not None:
         progress.start(mode)
     with ultralytics_quiet(progress is not None):
-        trainer = trainer_class(mode)(overrides=full)
+        trainer = trainer_class(overrides=full)
         for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
                           ("on_train_batch_end", on_end)):
             trainer.add_callback(event, fn)
@@ -240,31 +213,33 @@ def profile(mode: str, args: dict[str, Any], steps: int, warmup: int, window: in
             callbacks.wrap(trainer.callbacks, skip=(on_train_start, on_start, on_end))
         try:
             stopped = train_until_stopped(trainer)
-        finally:
+            system = state["system"] or sampler.stop()
+            val_rate = None
+            if stopped and time_validation and getattr(trainer, "validator", None) is not None:
+                if progress is not None:
+                    progress.start(mode, ": one validation pass")
+                t0 = time.perf_counter()
+                trainer.validate()
+                val_rate = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
+        finally:  # a run that failed leaves no probe process, loader thread or wrapped method behind either
             if "unmark" in state:
                 state["unmark"]()
-        system = state["system"] or sampler.stop()
-        val_rate = None
-        if stopped and time_validation and getattr(trainer, "validator", None) is not None:
-            if progress is not None:
-                progress.start(mode, ": one validation pass")
-            t0 = time.perf_counter()
-            trainer.validate()
-            val_rate = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
-    for name in ("train_loader", "test_loader"):
-        loader = getattr(trainer, name, None)
-        if hasattr(loader, "close"):
-            loader.close()
+            sampler.stop()
+            for name in ("train_loader", "test_loader"):
+                loader = getattr(trainer, name, None)
+                if hasattr(loader, "close"):
+                    loader.close()
     if not stopped:  # the loop ended before the steps: fewer steps must not be reported as if they were all
-        raise UltralyticsError(f"{mode}: the training loop ended after {len(rates)} of {state['warmup'] + steps} "
+        raise UltralyticsError(f"{mode}: the training loop ended after {len(clock)} of {state['warmup'] + steps} "
                                f"steps although the profile lifts its epoch limit (a time= limit, or an "
                                f"Ultralytics other than {TESTED}: {FIX})")
-    if phases.cuda:
+    if clock.cuda:
         torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
     warmup = state["warmup"]
-    # the phase timer also records the first step, which only opens the step timer's clock: one more to skip
-    stats, ph = rates.compute(), phases.summary(skip=warmup + 1)
-    measured = list(phases.records)[warmup + 1:]
+    measured = clock.resolved(skip=warmup)
+    stats = step_stats(measured, window)
+    ph = phase_summary(measured) if accounting else PhaseSummary(0)
+    measured = measured if accounting else []  # no phases, no sampler: no timeline
     cuda = trainer.device.type == "cuda"
     t0 = state.get("t_measure", 0.0)
     timeline = sampler.timeline()
