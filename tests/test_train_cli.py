@@ -15,7 +15,8 @@ import torch
 
 from yolofeed.cli import build_config, main
 from yolofeed.errors import ConfigError
-from yolofeed.train.run import SPEED_FILE, resume_checkpoint
+from yolofeed.monitor.throughput import REPORT
+from yolofeed.train.run import resume_checkpoint
 
 TINY = ["epochs=1", "imgsz=40", "batch=8", "device=cpu", "workers=0", "plots=False", "exist_ok=True"]
 
@@ -143,7 +144,7 @@ def test_resume_forms(synth_root, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Resuming training" in r.stdout and "yolofeed train: 24 images in" in r.stdout
     assert [row["epoch"].strip() for row in _rows(tmp_path / "c")] == ["1", "2"]
-    assert (tmp_path / "c" / SPEED_FILE).exists()
+    assert not (tmp_path / "c" / REPORT).exists()  # written by DDP rank 0 only
     r = _run(["train", f"model={last}", "resume=True"])
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "finished run" in r.stderr and "nothing to resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -2,54 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.train import keys
-
-
-SPEED_FILE = "yolofeed_speed.json"  # in the run folder: how a DDP launch's rank 0 reports back to the launcher
-
-
-class _Throughput:
-    """Training images per second over the training steps only (validation and saving excluded).
-
-    Counts the images of each batch the step received (``FastDetectionTrainer.batch_images``: a last,
-    partial batch counts what it holds). Under DDP these callbacks run in the worker processes Ultralytics
-    launches, not in ours: rank 0 counts its batches times the number of GPUs (ranks' batches differ by one
-    image at most), writes the figures to ``SPEED_FILE`` at the end, and the launcher reads them from there.
-    """
-
-    def __init__(self):
-        self.images, self.seconds, self._t0 = 0, 0.0, None
-
-    def epoch_start(self, trainer) -> None:
-        self._t0 = time.perf_counter()
-
-    def batch_end(self, trainer) -> None:
-        self.images += trainer.batch_images * max(trainer.world_size, 1)
-
-    def epoch_end(self, trainer) -> None:
-        if self._t0 is not None:
-            self.seconds += time.perf_counter() - self._t0
-
-    def train_end(self, trainer) -> None:
-        (Path(trainer.save_dir) / SPEED_FILE).write_text(json.dumps({"images": self.images, "seconds": self.seconds}))
-
-    def load(self, save_dir: Path) -> None:
-        """Take the figures a DDP rank 0 wrote, when this process trained nothing itself."""
-        f = Path(save_dir) / SPEED_FILE
-        if not self.images and f.is_file():
-            d = json.loads(f.read_text())
-            self.images, self.seconds = d["images"], d["seconds"]
-
-    @property
-    def rate(self) -> float:
-        return self.images / self.seconds if self.seconds else 0.0
 
 
 def resume_checkpoint(cfg: TrainConfig) -> str | None:
@@ -120,20 +78,21 @@ def run(cfg: TrainConfig) -> Path:
             raise ConfigError("yolofeed train needs data=path/to/data.yaml (or resume=.../last.pt)")
         model, kwargs = load_model(cfg.model), {"data": cfg.data, **cfg.extra}
     from yolofeed.monitor.live import attach, options_from
+    from yolofeed.monitor.throughput import RunThroughput
 
     monitor = options_from(cfg)
     if monitor is not None:
         attach(model, **monitor)
-    speed = _Throughput()
-    model.add_callback("on_train_epoch_start", speed.epoch_start)
-    model.add_callback("on_train_batch_end", speed.batch_end)
-    model.add_callback("on_train_epoch_end", speed.epoch_end)
-    model.add_callback("on_train_end", speed.train_end)
+    speed = RunThroughput()  # under DDP its callbacks run in the ranks, which report back (monitor/throughput.py)
+    for event, fn in speed.callbacks().items():
+        model.add_callback(event, fn)
     model.train(trainer=trainer, **kwargs)
     tr = model.trainer
-    speed.load(tr.save_dir)
     best = tr.best if tr.best.exists() else tr.last
     gpus = f"{tr.world_size} GPUs" if tr.world_size > 1 else str(tr.device)
-    print(f"yolofeed train: {speed.images:,} images in {speed.seconds:.1f} s of training steps "
-          f"({speed.rate:,.0f} img/s on {gpus}); weights: {best}", flush=True)
+    if speed.learn_from_ranks(tr.save_dir):
+        print(f"yolofeed train: {speed.images:,} images in {speed.seconds:.1f} s of training steps "
+              f"({speed.rate:,.0f} img/s on {gpus}); weights: {best}", flush=True)
+    else:
+        print(f"yolofeed train: the DDP ranks reported no speed; weights: {best}", flush=True)
     return best
