@@ -70,22 +70,26 @@ def check_version(installed: str, allow_untested: bool = False) -> None:
 
 check_version(ultralytics.__version__, allow_untested=os.environ.get(UNTESTED_ENV) == "1")
 
-try:  # every Ultralytics name yolofeed uses; a release that moved one says which, in one line
-    import ultralytics.utils.tqdm as _tqdm
-    from ultralytics import YOLO
-    from ultralytics.cfg import DEFAULT_CFG_DICT, check_cfg, get_cfg, parse_key_value_pair, smart_value
-    from ultralytics.data.dataset import YOLODataset
-    from ultralytics.data.utils import IMG_FORMATS, check_det_dataset, exif_size, get_split_fraction, img2label_paths
-    from ultralytics.models.yolo.detect import DetectionTrainer
-    from ultralytics.nn.tasks import DetectionModel, guess_model_task, yaml_model_load
-    from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML
-    from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss
-    from ultralytics.utils.metrics import bbox_iou
-    from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh
-    from ultralytics.utils.patches import _image_open as pil_open  # Pillow's opener, without the pi-heif auto-install
-    from ultralytics.utils.patches import imread
-    from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors
-    from ultralytics.utils.torch_utils import parse_device, torch_distributed_zero_first, unwrap_model
+try:  # every Ultralytics name yolofeed uses, and who uses it; a release that moved one says which, in one line
+    import ultralytics.utils.tqdm as _tqdm  # progress_bar_drawn (read at call time: tests patch it)
+    from ultralytics import YOLO  # train.run, bench.parity: the model a run trains
+    from ultralytics.cfg import (  # cli, train.keys, augment.hyp: Ultralytics' keys, defaults and key=value reading
+        DEFAULT_CFG_DICT, check_cfg, get_cfg, parse_key_value_pair, smart_value)
+    from ultralytics.data.dataset import YOLODataset  # bench.parity: builds Ultralytics' label caches up front
+    from ultralytics.data.utils import (  # pack: which files a split holds and how a sample is checked
+        IMG_FORMATS, check_det_dataset, exif_size, get_split_fraction, img2label_paths)
+    from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
+    from ultralytics.nn.tasks import DetectionModel, guess_model_task, yaml_model_load  # train.keys: a model's task
+    from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
+    from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss  # train.loss subclasses
+    from ultralytics.utils.metrics import bbox_iou  # train.loss: the box loss's CIoU
+    from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh  # pack.verify, train.loss: box formats
+    from ultralytics.utils.patches import _image_open as pil_open  # pack.verify: Pillow's opener, without the
+    # pi-heif auto-install Ultralytics' patched Image.open does (nothing may install or download at run time)
+    from ultralytics.utils.patches import imread  # pack.verify: the decoder Ultralytics' datasets use
+    from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors  # train.loss
+    from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
+        parse_device, torch_distributed_zero_first, unwrap_model)
 except ImportError as e:
     raise UltralyticsVersionError(f"Ultralytics {ultralytics.__version__}: {e}; yolofeed works with Ultralytics "
                                   f"{TESTED}: {FIX}") from None
@@ -97,7 +101,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "RANK", "StopTraining", "TaskAlignedAssigner", "VERSION",
     "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "criterion",
     "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "get_cfg", "get_split_fraction",
-    "guess_model_task", "img2label_paths", "imread", "launches_ddp", "make_anchors", "make_criterion", "mark_phases",
+    "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
     "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first",
     "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "xywh2xyxy", "xyxy2xywh",
@@ -260,10 +264,8 @@ def normalised_source(fn: Any) -> str:
         OSError: the source is not available (an installation without .py files).
     """
     node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    body = getattr(node, "body", [])
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        node.body = body[1:] or [ast.Pass()]
+    if ast.get_docstring(node, clean=False) is not None:
+        node.body = node.body[1:] or [ast.Pass()]
     return ast.unparse(node) + "\n"
 
 
@@ -294,12 +296,6 @@ def data_complete(trainer: Any) -> bool:
     """``trainer.data["complete"]``: a dataset already cut to ``fraction`` when downloaded (``build_yolo_dataset``
     then uses all of it)."""
     return bool(trainer.data.get("complete"))
-
-
-def launches_ddp(trainer: Any) -> bool:
-    """Whether this trainer launches DDP worker processes instead of training (``BaseTrainer.ddp``): Ultralytics
-    runs ``torch.distributed.run`` on a cloudpickled copy of the trainer, and this process's callbacks never run."""
-    return bool(getattr(trainer, "ddp", False))
 
 
 # -- the training loop ---------------------------------------------------------------------------------------------
