@@ -206,6 +206,10 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="FastDetectionTrainer's override must do what it does (mosaic, mixup, cutmix off)"),
     Pinned("ultralytics.engine.trainer.BaseTrainer.optimizer_step", "f01be97330da83e1",
            why="the monitor's optimiser phase starts where it is entered"),
+    Pinned("ultralytics.utils.dist.generate_ddp_file", "78b554dd99221047",
+           why="DDP ranks rebuild the trainer as trainer_class(cfg, overrides, _callbacks) from a cloudpickle of the "
+               "class (FastDetectionTrainer.with_options' options ride on it) and of the callbacks "
+               "(monitor/throughput.py's report to the launcher rides on those)"),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
            why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
 )
