@@ -9,7 +9,6 @@ import pytest
 
 from helpers import FakeClock
 from yolofeed.monitor import StepClock, SystemSampler
-from yolofeed.monitor.steps import step_stats
 
 
 def test_step_rates_and_data_wait():
@@ -21,7 +20,7 @@ def test_step_rates_and_data_wait():
         timer.batch_ready()
         clock.t += 0.4
         timer.step_done(8)
-    s = step_stats(timer.resolved(skip=2), window=2)
+    s = timer.compute(skip=2, window=2)
     assert s.steps == 6 and s.images_per_s == pytest.approx(16.0) and s.step_ms == pytest.approx(500.0)
     assert s.data_wait_fraction == pytest.approx(0.2)
     assert len(s.windows) == 3
@@ -39,7 +38,7 @@ def test_mean_step_beside_the_median_when_batches_come_in_bursts():
         timer.batch_ready()
         clock.t += 0.1
         timer.step_done(64)
-    s = step_stats(timer.resolved(), window=4)
+    s = timer.compute(window=4)
     assert s.step_ms == pytest.approx(100.0)  # the median: a step from the queue
     assert s.mean_step_ms == pytest.approx(1e3 * (16 * 0.1 + 4 * 1.0) / 16)  # 350 ms: wall time / steps
     assert 64 / (s.mean_step_ms / 1e3) == pytest.approx(s.images_per_s)  # the row agrees with img/s
@@ -52,7 +51,7 @@ def test_step_without_batch_ready_counts_no_wait():
     timer.step_done(4)
     clock.t += 2.0
     timer.step_done(4)
-    s = step_stats(timer.resolved(), window=1)
+    s = timer.compute(window=1)
     assert s.data_wait_fraction == 0.0 and s.images_per_s == pytest.approx(2.0)
 
 

@@ -162,6 +162,10 @@ class StepClock:
         self._resolve()
         return list(self.records)[skip:]
 
+    def compute(self, skip: int = 0, window: int = 10) -> StepStats:
+        """``step_stats`` of the resolved steps after the first ``skip`` (warm-up)."""
+        return step_stats(self.resolved(skip), window)
+
     def summary(self, last: int | None = None) -> PhaseSummary:
         """``phase_summary`` of the last ``last`` resolved steps (all kept ones by default)."""
         recs = self.resolved()
