@@ -83,11 +83,13 @@ def test_no_stage_imports_its_way_back_to_itself():
 
 
 def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
-    """A cycle hidden by lazy imports, or a module that only works after another was imported, fails here."""
+    """A cycle hidden by lazy imports, or a module that only works after another was imported, fails here; and
+    so does one that needs the optional tensorboard package to import."""
     names = [m for m in _modules() if m != "yolofeed.__main__"]  # __main__ runs the command line
     if importlib.util.find_spec("triton") is None:  # optional: the Triton kernels need it (CUDA builds of torch)
         names = [m for m in names if not m.endswith("_triton")]
     code = ("import importlib, sys\n"
+            "sys.modules['tensorboard'] = None  # optional: every module imports without it\n"
             f"for name in {names!r}:\n"
             "    for loaded in [m for m in sys.modules if m.startswith('yolofeed')]:\n"
             "        del sys.modules[loaded]  # each module first, as if nothing of yolofeed were loaded\n"

@@ -4,9 +4,7 @@ line beside the progress bar, TensorBoard as an option, and a monitored CPU run.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -322,24 +320,17 @@ def test_the_summary_line_starts_a_line_of_its_own(monkeypatch):
     assert any("1/2" in line for line in lines[lines.index("yolofeed: 1,234 img/s | summary") + 1:])  # bar goes on
 
 
-def test_tensorboard_is_optional(tmp_path):
-    """Without the tensorboard package yolofeed imports, the monitor runs, and says once what is missing."""
-    code = f"""
-import sys
-sys.modules["tensorboard"] = None  # as if not installed: 'import tensorboard' raises ImportError
-import yolofeed, yolofeed.cli, yolofeed.monitor, yolofeed.train, yolofeed.monitor.profile
-from pathlib import Path
-from yolofeed.monitor.live import open_tensorboard
-assert open_tensorboard(Path({str(tmp_path)!r}) / "a") is None
-assert open_tensorboard(Path({str(tmp_path)!r}) / "b") is None
-print("imports ok")
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "YOLO_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr
-    text = r.stdout + r.stderr
-    assert "imports ok" in text and text.count("tensorboard package is missing") == 1
-    assert "pip install tensorboard" in text
+def test_tensorboard_is_optional(tmp_path, monkeypatch, said):
+    """Without the tensorboard package the monitor runs and says once what is missing (and every module of yolofeed
+    imports without it: tests/test_imports.py)."""
+    import yolofeed.monitor.live as live
+
+    for name in ("tensorboard", "torch.utils.tensorboard"):  # as if not installed: importing it raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(live, "_SAID", set())  # a fresh process: nothing said yet
+    assert live.open_tensorboard(tmp_path / "a") is None and live.open_tensorboard(tmp_path / "b") is None
+    missing = [m for m in said if "tensorboard package is missing" in m]
+    assert len(missing) == 1 and "pip install tensorboard" in missing[0]
 
 
 @pytest.mark.slow
