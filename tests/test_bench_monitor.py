@@ -243,9 +243,9 @@ def test_gpu_utilisation_is_a_median_over_the_rate_windows():
 
 
 @pytest.mark.slow
-def test_profile_keeps_every_step_past_the_phase_timers_default(synth_root, tmp_path):
-    """The phase timer keeps its last 200 steps by default; a profile of more (warm-up + steps) must keep them
-    all, or its breakdown and timeline would index from the wrong step."""
+def test_profile_keeps_every_step_past_the_step_clocks_default(synth_root, tmp_path):
+    """The step clock keeps its last 200 steps by default; a profile of more (warm-up + steps) must keep them
+    all, or its rates, breakdown and timeline would start from the wrong step."""
     from yolofeed.monitor.profile import profile
     from yolofeed.ultralytics_seam import DetectionTrainer
 
