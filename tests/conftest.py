@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics: no network checks, no
 
 import yolofeed.synth as synth  # noqa: E402
 from yolofeed.config import SynthConfig  # noqa: E402
+from yolofeed.pack import Pack, open_or_build  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -50,3 +52,23 @@ def dataset(synth_root, tmp_path) -> Path:
     text = (root / "data.yaml").read_text().replace(str(synth_root), str(root))
     (root / "data.yaml").write_text(text)
     return root
+
+
+@pytest.fixture(scope="session")
+def pack(synth_root, tmp_path_factory) -> Callable[..., Pack]:
+    """``pack(imgsz, storage="raw", split="train")``: a pack of the session's synthetic dataset.
+
+    Each (split, imgsz, storage) is built once per session, into a temporary folder of its own (never beside
+    the dataset), and every call opens it afresh: a test may close or drop its Pack.
+    """
+    root = tmp_path_factory.mktemp("packs")
+    built: dict[tuple[str, int, str], Path] = {}
+
+    def make(imgsz: int, storage: str = "raw", split: str = "train") -> Pack:
+        key = (split, imgsz, storage)
+        if key not in built:
+            built[key] = open_or_build(synth_root / "data.yaml", split, imgsz, storage, out=root / f"{storage}-{imgsz}",
+                                       rebuild="auto", progress=False, workers=2).path
+        return Pack.open(built[key])
+
+    return make

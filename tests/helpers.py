@@ -1,8 +1,12 @@
-"""Test helpers: Ultralytics' own view of a dataset, and a zoo of bad samples."""
+"""Test helpers: Ultralytics' own view of a dataset, a zoo of bad samples, batches for the augmentation, and a
+guard against host syncs. Shared by test modules, which never import one another."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
@@ -124,3 +128,89 @@ def source_batch(pack, indices, device="cpu"):
         cls[k, :len(lb)], boxes[k, :len(lb)] = torch.from_numpy(lb[:, 0]), torch.from_numpy(lb[:, 1:])
         valid[k, :len(lb)] = True
     return SourceBatch(images.to(device), hw.to(device), cls.to(device), boxes.to(device), valid.to(device))
+
+
+def random_augmented(b: int, k: int, p: float, seed: int, device: str = "cpu"):
+    """An ``AugmentedBatch`` of b blank 128-px images with k box slots each, a slot valid with probability p.
+
+    Shape:
+        img: (b, 3, 128, 128) uint8; cls: (b, k); boxes: (b, k, 4) xyxy pixels; valid: (b, k) bool.
+    """
+    import torch
+
+    from yolofeed.augment.pipeline import AugmentedBatch
+
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(b, k, 2, generator=g) * 100
+    boxes = torch.cat([xy, xy + torch.rand(b, k, 2, generator=g) * 28], -1)
+    valid = torch.rand(b, k, generator=g) < p
+    cls = torch.randint(0, 80, (b, k), generator=g).float()
+    out = AugmentedBatch(torch.zeros(b, 3, 128, 128, dtype=torch.uint8), cls, boxes, valid)
+    return AugmentedBatch(*(t.to(device) for t in (out.img, out.cls, out.boxes, out.valid)))
+
+
+def to_device(obj, device):
+    """A tensor, or a dataclass of tensors (augmentation parameters), on ``device``; anything else as is."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj):
+        return type(obj)(**{f.name: to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj)})
+    return obj
+
+
+@contextlib.contextmanager
+def no_host_sync() -> Iterator[None]:
+    """Inside the block, any CUDA call that waits for the GPU raises (``torch.cuda.set_sync_debug_mode("error")``).
+
+    The work queued before the block is finished first, so that nothing launched earlier is charged to it.
+    """
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def compare_with_reference(pack, device: str, configs: list[dict], n: int = 8) -> list[tuple[int, float]]:
+    """The augmentation's kernels on ``device`` against the CPU torch reference, given the same draws.
+
+    On a CPU ``device`` the Triton kernels run anyway (under Triton's interpreter: the caller sets
+    ``TRITON_INTERPRET=1``). Boxes and validity must agree; pixels are compared by the caller.
+
+    Returns:
+        Per config: (largest absolute pixel difference, fraction of pixels identical).
+    """
+    import torch
+
+    from yolofeed.augment import AugmentHyp, GpuAugment, pipeline, warp
+
+    batch = source_batch(pack, list(range(n)))
+    results = []
+    for kw in configs:
+        aug = GpuAugment(AugmentHyp(imgsz=pack.imgsz, **kw))
+        params = aug.sample(n, torch.Generator().manual_seed(5))
+        ref = aug.apply(batch, params)
+        dev_batch = type(batch)(*(t.to(device) for t in (batch.images, batch.hw, batch.cls, batch.boxes, batch.valid)))
+        dev_params = to_device(params, device)
+        if device == "cpu":  # force the Triton path on CPU tensors (interpreter)
+            from yolofeed.augment import compose_triton, warp_triton
+
+            orig_w, orig_c = pipeline.warp, pipeline.compose
+            pipeline.warp = lambda *a: warp_triton.warp(*a, warp.BORDER)
+            pipeline.compose = compose_triton.compose
+            try:
+                got = aug.apply(dev_batch, dev_params)
+            finally:
+                pipeline.warp, pipeline.compose = orig_w, orig_c
+        else:
+            got = aug.apply(dev_batch, dev_params)
+        d = (got.img.cpu().int() - ref.img.int()).abs()
+        assert torch.equal(got.valid.cpu(), ref.valid)
+        torch.testing.assert_close(got.boxes.cpu()[ref.valid], ref.boxes[ref.valid], atol=1e-3, rtol=0)
+        results.append((int(d.max()), float((d == 0).float().mean())))
+    return results

@@ -6,18 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import no_host_sync
 from yolofeed.augment import AugmentedBatch, AugmentHyp, GpuAugment
 from yolofeed.loader import TrainLoader
-from yolofeed.pack import open_or_build
 from yolofeed.train.ahead import AugmentAhead
 
 HYP = dict(mixup=0.5, cutmix=0.5, degrees=5.0)
 KEYS = ("img", "cls", "bboxes", "batch_idx")
-
-
-@pytest.fixture(scope="module")
-def pack64(synth_root):
-    return open_or_build(synth_root / "data.yaml", "train", 64, rebuild="auto", progress=False, workers=2)
 
 
 class StaticAugment:
@@ -59,7 +54,8 @@ def _assert_same(got, want):
 
 
 @pytest.mark.parametrize("sync", [True, False])
-def test_lookahead_yields_the_plain_sequence(pack64, sync):
+def test_lookahead_yields_the_plain_sequence(pack, sync):
+    pack64 = pack(64)
     hyp = AugmentHyp(imgsz=64, **HYP)
     want = _plain(TrainLoader(pack64, 5, "cpu", seed=1, sync=sync), hyp, seed=9)
     assert [len(d["img"]) for d in want] == [5, 5, 5, 5, 4]  # a full epoch, the last batch partial
@@ -71,7 +67,8 @@ def test_lookahead_yields_the_plain_sequence(pack64, sync):
     assert ahead.batch_size == 5 and ahead.sampler.epoch == 1  # the loader's attributes show through
 
 
-def test_nothing_is_launched_before_the_first_request(pack64):
+def test_nothing_is_launched_before_the_first_request(pack):
+    pack64 = pack(64)
     aug = StaticAugment(AugmentHyp(imgsz=64), seed=0)
     it = iter(AugmentAhead(TrainLoader(pack64, 5, "cpu"), aug))
     assert aug.calls == 0  # iter() alone (Ultralytics' enumerate before close_mosaic) starts nothing
@@ -80,7 +77,8 @@ def test_nothing_is_launched_before_the_first_request(pack64):
     it.close()
 
 
-def test_an_abandoned_pass_stops_the_loader_and_the_next_is_a_full_epoch(pack64):
+def test_an_abandoned_pass_stops_the_loader_and_the_next_is_a_full_epoch(pack):
+    pack64 = pack(64)
     loader = TrainLoader(pack64, 5, "cpu", seed=2)
     ahead = AugmentAhead(loader, StaticAugment(AugmentHyp(imgsz=64), seed=0))
     for k, _ in enumerate(ahead):
@@ -96,8 +94,9 @@ def test_an_abandoned_pass_stops_the_loader_and_the_next_is_a_full_epoch(pack64)
     assert sorted(files) == sorted(pack64.im_files)  # every sample once
 
 
-def test_lookahead_never_crosses_an_epoch(pack64):
+def test_lookahead_never_crosses_an_epoch(pack):
     """Each pass augments only its own batches, with the augmenter current when the pass runs."""
+    pack64 = pack(64)
     hyps = iter([AugmentHyp(imgsz=64, **HYP), AugmentHyp(imgsz=64, **HYP).closed()])
     current = {}
 
@@ -140,30 +139,26 @@ def test_trainer_with_and_without_lookahead_gives_the_same_batches(synth_root, t
 
 
 @pytest.mark.gpu
-def test_cuda_lookahead_equals_the_plain_path_and_never_syncs(synth_root):
+def test_cuda_lookahead_equals_the_plain_path_and_never_syncs(pack):
     """Graphed augmentation one batch ahead: the same batches as augment-then-flatten, and after the
     first request (graph capture, first count) no host sync: no ``.item()``, no boolean indexing."""
     from yolofeed.augment.graphs import GraphedAugment
 
-    pack = open_or_build(synth_root / "data.yaml", "train", 160, rebuild="auto", progress=False, workers=2)
+    p160 = pack(160)
     hyp = AugmentHyp(imgsz=160, **HYP)
     plain = GraphedAugment(GpuAugment(hyp), seed=7)
     want = []
-    for b in TrainLoader(pack, 8, "cuda", seed=1):  # 24 images: three full batches, one graph
+    for b in TrainLoader(p160, 8, "cuda", seed=1):  # 24 images: three full batches, one graph
         d = plain(b["source"]).to_ultralytics()
         d["img"] = d["img"].float()  # copied out of the graph's memory before the next replay
         want.append({**{k: v.cpu() for k, v in d.items()}, "im_file": b["im_file"]})
-    ahead = AugmentAhead(TrainLoader(pack, 8, "cuda", seed=1), GraphedAugment(GpuAugment(hyp), seed=7))
+    ahead = AugmentAhead(TrainLoader(p160, 8, "cuda", seed=1), GraphedAugment(GpuAugment(hyp), seed=7))
     it = iter(ahead)
     got = [next(it)]  # captures the graph and reads the first count: syncs allowed
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with no_host_sync():
         for d in it:
             d["scaled"] = d["img"] / 255  # what Ultralytics' preprocess_batch adds
             got.append(d)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
     assert len(got) == len(want) == 3
     for g, w in zip(got, want):
         assert g["im_file"] == w["im_file"]

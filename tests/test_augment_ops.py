@@ -22,17 +22,15 @@ from yolofeed.augment import AugmentHyp, GpuAugment, color, geometry, mix
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.augment.pipeline import compose
 from yolofeed.augment.warp import warp_reference
-from yolofeed.pack import open_or_build
 
 S = 160
 B = 6
 
 
 @pytest.fixture(scope="module")
-def packed(synth_root):
-    pack = open_or_build(synth_root / "data.yaml", "train", S, rebuild="auto", progress=False, workers=2)
-    ref = ultralytics_dataset(synth_root / "data.yaml", "train", S)
-    return pack, ref
+def reference(synth_root):
+    """Ultralytics' own dataset of the packed split: its load_image and labels are the reference."""
+    return ultralytics_dataset(synth_root / "data.yaml", "train", S)
 
 
 def _geometry_only(**kw) -> AugmentHyp:
@@ -70,14 +68,14 @@ def _ultralytics_geometry(ref, hyp, params, b):
     {"mosaic_grid": 9, "scale": 0.3},
     {"mosaic": 0.5, "translate": 0.3, "scale": 0.9},
 ], ids=["default", "no-mosaic", "perspective", "mosaic9", "mixed"])
-def test_mosaic_and_perspective_equal_ultralytics(packed, kw):
-    pack, ref = packed
+def test_mosaic_and_perspective_equal_ultralytics(pack, reference, kw):
+    train = pack(S)
     hyp = _geometry_only(**kw)
     aug = GpuAugment(hyp)
     params = aug.sample(B, torch.Generator().manual_seed(len(kw)))
-    out = aug.apply(source_batch(pack, list(range(B))), params)
+    out = aug.apply(source_batch(train, list(range(B))), params)
     for b in range(B):
-        theirs = _ultralytics_geometry(ref, hyp, params, b)
+        theirs = _ultralytics_geometry(reference, hyp, params, b)
         ours_img = out.img[b].permute(1, 2, 0).numpy()
         np.testing.assert_array_equal(ours_img, theirs["img"][..., ::-1])  # exact, seams and borders included
         inst = theirs["instances"]
@@ -138,14 +136,14 @@ def test_mixup_equals_ultralytics():
     assert 0.3 < float(p.ratio.min()) and float(p.ratio.max()) < 0.7  # Beta(32, 32) is tight around 0.5
 
 
-def test_cutmix_equals_ultralytics(packed):
-    pack, ref = packed
+def test_cutmix_equals_ultralytics(pack):
+    train = pack(S)
     hyp = _geometry_only(cutmix=1.0, mosaic=0.0)
     aug = GpuAugment(hyp)
     checked = 0
     for seed in range(6):
         params = aug.sample(B, torch.Generator().manual_seed(seed))
-        batch = source_batch(pack, list(range(B)))
+        batch = source_batch(train, list(range(B)))
         out = aug.apply(batch, params)
         base = aug.geometry(batch, params)  # every row before mixing: the B samples, then their CutMix partners
         assert len(base.img) == 2 * B and bool((params.cutmix.partner == torch.arange(B, 2 * B)).all())
@@ -186,24 +184,24 @@ def test_cutmix_equals_ultralytics(packed):
     assert checked >= 5
 
 
-def test_letterbox_equals_ultralytics(packed):
-    pack, _ = packed
+def test_letterbox_equals_ultralytics(pack):
+    train = pack(S)
     idx = list(range(5))
-    batch = source_batch(pack, idx)
+    batch = source_batch(train, idx)
     for shape in ((S, S), (S, 192), (192, 224)):  # square val, and rect batch shapes (never smaller than images)
         ours, off = letterbox(batch.images, batch.hw, shape)
         for k, i in enumerate(idx):
-            theirs = LetterBox(new_shape=shape, scaleup=False)(image=np.ascontiguousarray(pack.image(i)))
+            theirs = LetterBox(new_shape=shape, scaleup=False)(image=np.ascontiguousarray(train.image(i)))
             np.testing.assert_array_equal(ours[k].permute(1, 2, 0).numpy(), theirs)
     with pytest.raises(ValueError, match="do not fit"):
         letterbox(batch.images, batch.hw, (64, 64))
 
 
-def test_probability_zero_is_the_identity(packed):
+def test_probability_zero_is_the_identity(pack):
     """Nothing on: an S x S input comes out unchanged, boxes and all."""
-    pack, _ = packed
+    train = pack(S)
     hyp = AugmentHyp(imgsz=S, mosaic=0.0, translate=0.0, scale=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, fliplr=0.0)
-    batch = source_batch(pack, list(range(B)))
+    batch = source_batch(train, list(range(B)))
     rng = torch.Generator().manual_seed(0)
     batch.images = torch.randint(0, 256, batch.images.shape, dtype=torch.uint8, generator=rng)
     batch.hw[:] = S

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from helpers import random_augmented
 from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch, geometry
 from yolofeed.augment.warp import warp_reference
 
@@ -127,23 +128,11 @@ def test_sampled_probabilities():
     assert abs(p.perspective.scale.mean().item() - 1.0) < 0.01 and p.perspective.scale.min() >= 0.5
 
 
-def _random_augmented(b: int, k: int, p: float, seed: int, device: str = "cpu"):
-    from yolofeed.augment.pipeline import AugmentedBatch
-
-    g = torch.Generator().manual_seed(seed)
-    xy = torch.rand(b, k, 2, generator=g) * 100
-    boxes = torch.cat([xy, xy + torch.rand(b, k, 2, generator=g) * 28], -1)
-    valid = torch.rand(b, k, generator=g) < p
-    cls = torch.randint(0, 80, (b, k), generator=g).float()
-    out = AugmentedBatch(torch.zeros(b, 3, 128, 128, dtype=torch.uint8), cls, boxes, valid)
-    return AugmentedBatch(*(t.to(device) for t in (out.img, out.cls, out.boxes, out.valid)))
-
-
 def test_flattening_with_a_known_count_equals_boolean_indexing():
     """The sync-free flattening (count known on the host) gives the boolean-indexing rows, in the same order."""
     cases = [(4, 7, 0.5), (4, 7, 0.0), (4, 7, 1.0), (1, 5, 0.5), (1, 1, 1.0), (3, 0, 0.5), (16, 32, 0.1)]
     for seed, (b, k, p) in enumerate(cases):
-        out = _random_augmented(b, k, p, seed)
+        out = random_augmented(b, k, p, seed)
         ref = out.to_ultralytics()
         got = out.to_ultralytics(total=int(out.valid.sum()))
         assert got.keys() == ref.keys()

@@ -22,21 +22,14 @@ from yolofeed.loader import TrainLoader
 from yolofeed.loader.batch import _decode_jpegs
 from yolofeed.loader.decode import decode_into
 from yolofeed.loader.prefetch import Prefetcher
-from yolofeed.pack import open_or_build
 
 IMGSZ = 160  # synth_root holds 160x120, 120x160, 160x160, 160x90 (kept), 200x150 (shrunk), 128x96 (enlarged)
 CPU_MAX, CPU_MEAN = 1, 0.25  # torchvision CPU vs cv2, measured: max 1 level, mean <= 0.13
-# nvJPEG vs libjpeg-turbo: different IDCT and chroma upsampling (see module doc). Measured on the H200
-# (2026-11-30, 05:46 UTC) on these synthetic images (sharp colour edges): decode alone, mean 2.45 levels,
+# nvJPEG vs libjpeg-turbo: different IDCT and chroma upsampling (see module doc). Measured on the H200 on these
+# synthetic images (sharp colour edges; BENCHMARKS.md, "Raw and jpeg packs"): decode alone, mean 2.45 levels,
 # 99.9th percentile 55, max 138; through the loader (decode + resize vs the raw pack), mean 2.87 and
 # p99.9 62. A wrong decode (stale or overwritten memory, a colour swap) moves the mean by tens of levels.
 GPU_MEAN, GPU_P999 = 3.0, 64
-
-
-@pytest.fixture(scope="module")
-def jpg(synth_root):
-    return open_or_build(synth_root / "data.yaml", "train", IMGSZ, storage="jpeg", rebuild="auto", progress=False,
-                         workers=2)
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +55,8 @@ def _decode(pack, indices, device="cpu", fill=7) -> torch.Tensor:
     return out
 
 
-def test_decode_equals_cv2_within_a_level_and_writes_only_the_image(jpg):
+def test_decode_equals_cv2_within_a_level_and_writes_only_the_image(pack):
+    jpg = pack(IMGSZ, "jpeg")
     idx = np.arange(len(jpg))
     resized = (jpg.ori_shapes != jpg.shapes).any(1)
     up = resized & (jpg.ori_shapes[:, 0] < jpg.shapes[:, 0])
@@ -76,7 +70,8 @@ def test_decode_equals_cv2_within_a_level_and_writes_only_the_image(jpg):
         assert (ours[k, h:] == 7).all() and (ours[k, :, w:] == 7).all()
 
 
-def test_grouped_batch_equals_images_one_at_a_time(jpg):
+def test_grouped_batch_equals_images_one_at_a_time(pack):
+    jpg = pack(IMGSZ, "jpeg")
     idx = np.random.default_rng(0).permutation(len(jpg))[:13]  # mixed shapes, groups out of order
     batch = _decode(jpg, idx)
     for k, i in enumerate(idx):
@@ -92,7 +87,8 @@ def _epoch(loader):
     return out
 
 
-def test_prefetcher_torchvision_equals_cv2_labels_and_pixels_within_a_level(jpg):
+def test_prefetcher_torchvision_equals_cv2_labels_and_pixels_within_a_level(pack):
+    jpg = pack(IMGSZ, "jpeg")
     a = _epoch(TrainLoader(jpg, 5, "cpu", seed=1, sync=True, decode="torchvision"))
     b = _epoch(TrainLoader(jpg, 5, "cpu", seed=1, sync=True, decode="cv2"))
     assert len(a) == len(b) == 5
@@ -104,7 +100,8 @@ def test_prefetcher_torchvision_equals_cv2_labels_and_pixels_within_a_level(jpg)
         assert d.max() <= CPU_MAX and d.mean() < CPU_MEAN
 
 
-def test_torchvision_decode_sync_and_async_yield_identical_batches(jpg):
+def test_torchvision_decode_sync_and_async_yield_identical_batches(pack):
+    jpg = pack(IMGSZ, "jpeg")
     a = _epoch(TrainLoader(jpg, 5, "cpu", seed=2, sync=True, decode="torchvision"))
     b = _epoch(TrainLoader(jpg, 5, "cpu", seed=2, sync=False, decode="torchvision"))
     for x, y in zip(a, b):
@@ -114,19 +111,22 @@ def test_torchvision_decode_sync_and_async_yield_identical_batches(jpg):
         assert all(torch.equal(u, v) for u, v in zip(x[2:], y[2:]))
 
 
-def test_device_decode_allocates_no_host_image_buffer(jpg):
+def test_device_decode_allocates_no_host_image_buffer(pack):
+    jpg = pack(IMGSZ, "jpeg")
     p = Prefetcher(jpg, "cpu", 4, decode="torchvision")
     assert p.slots[0].host.images.numel() == 0 and p.slots[0].dev.images.shape == (4, IMGSZ, IMGSZ, 3)
     assert Prefetcher(jpg, "cpu", 4).slots[0].host.images.shape == (4, IMGSZ, IMGSZ, 3)  # auto: cv2 on the CPU
 
 
-def test_unknown_decoder_is_a_config_error(jpg):
+def test_unknown_decoder_is_a_config_error(pack):
+    jpg = pack(IMGSZ, "jpeg")
     with pytest.raises(ConfigError, match="torchvision"):
         Prefetcher(jpg, "cpu", 4, decode="gpu")
 
 
-def test_a_refused_file_falls_back_to_opencv_and_is_reported_once(jpg, monkeypatch, caplog):
+def test_a_refused_file_falls_back_to_opencv_and_is_reported_once(pack, monkeypatch, caplog):
     """torchvision's CPU decoder reads CMYK (nvJPEG may not): a decoder that refuses one file stands in."""
+    jpg = pack(IMGSZ, "jpeg")
     import torchvision.io
 
     bad = 3
@@ -166,8 +166,9 @@ def _cmyk_jpeg(h=72, w=96) -> np.ndarray:
 
 # -- CUDA: run on the device machine -------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_cuda_decode_equals_cv2_within_three_levels(jpg):
+def test_cuda_decode_equals_cv2_within_three_levels(pack):
     """nvJPEG vs libjpeg-turbo: mean < 3 levels; the tail is at colour edges (chroma upsampling)."""
+    jpg = pack(IMGSZ, "jpeg")
     idx = np.arange(len(jpg))
     ours = _decode(jpg, idx, "cuda")
     d = _diffs(ours, _cv2(jpg, idx), jpg.shapes)
@@ -187,7 +188,7 @@ def test_cuda_decode_equals_cv2_within_three_levels(jpg):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("side", [False, True])
-def test_cuda_decode_never_overwrites_memory_the_stream_still_reads(jpg, side):
+def test_cuda_decode_never_overwrites_memory_the_stream_still_reads(pack, side):
     """pytorch/vision#9606: nvJPEG writes freed blocks that queued kernels still read, unless we drain first.
 
     Each round: tensors the size of the decoder's outputs hold known values; a long matmul chain is
@@ -195,6 +196,7 @@ def test_cuda_decode_never_overwrites_memory_the_stream_still_reads(jpg, side):
     back to the allocator); then the decode runs. A decoder that wrote a recycled block before the sums
     ran changes a sum; the decode itself must equal the first round's.
     """
+    jpg = pack(IMGSZ, "jpeg")
     dev = torch.device("cuda")
     idx = np.arange(len(jpg))
     sizes = [3 * int(h) * int(w) for h, w in jpg.ori_shapes]  # decoder outputs: (3, h0, w0) uint8
@@ -219,8 +221,9 @@ def test_cuda_decode_never_overwrites_memory_the_stream_still_reads(jpg, side):
 
 
 @pytest.mark.gpu
-def test_cuda_loader_jpeg_batches_equal_raw_batches_within_tolerance(synth_root, jpg):
-    raw = open_or_build(synth_root / "data.yaml", "train", IMGSZ, rebuild="auto", progress=False, workers=2)
+def test_cuda_loader_jpeg_batches_equal_raw_batches_within_tolerance(pack):
+    jpg = pack(IMGSZ, "jpeg")
+    raw = pack(IMGSZ)
     for sync in (True, False):
         a = TrainLoader(raw, 6, "cuda", seed=4, sync=sync)
         b = TrainLoader(jpg, 6, "cuda", seed=4, sync=sync)  # auto: torchvision (nvJPEG) on CUDA
@@ -230,4 +233,5 @@ def test_cuda_loader_jpeg_batches_equal_raw_batches_within_tolerance(synth_root,
             sx, sy = x["source"], y["source"]
             assert torch.equal(sx.hw, sy.hw) and torch.equal(sx.cls, sy.cls) and torch.equal(sx.valid, sy.valid)
             d = _diffs(sx.images, sy.images, sx.hw.cpu())
+            print(f"nvJPEG through the loader vs the raw pack: mean {d.mean():.3f}, p99.9 {np.percentile(d, 99.9):.1f}")
             assert d.mean() < GPU_MEAN and np.percentile(d, 99.9) <= GPU_P999

@@ -71,11 +71,6 @@ def test_fraction_counts_files_as_ultralytics_does(synth_root, tmp_path):
         fraction_subset(tried, source_positions(pack), 0)
 
 
-@pytest.fixture(scope="module")
-def pack64(synth_root):
-    return open_or_build(synth_root / "data.yaml", "train", 64, rebuild="auto", progress=False, workers=2)
-
-
 def _epoch(loader):
     """Each batch's contents; images only inside each image's (h, w): the rest of a slot is never read."""
     out = []
@@ -86,7 +81,8 @@ def _epoch(loader):
     return out
 
 
-def test_sync_and_async_yield_identical_batches(pack64):
+def test_sync_and_async_yield_identical_batches(pack):
+    pack64 = pack(64)
     a = _epoch(TrainLoader(pack64, 5, "cpu", seed=1, sync=True))
     b = _epoch(TrainLoader(pack64, 5, "cpu", seed=1, sync=False))
     assert len(a) == len(b) == 5
@@ -95,7 +91,8 @@ def test_sync_and_async_yield_identical_batches(pack64):
             assert np.array_equal(u, v) if isinstance(u, np.ndarray) else torch.equal(u, v)
 
 
-def test_batches_hold_the_pack_samples(pack64):
+def test_batches_hold_the_pack_samples(pack):
+    pack64 = pack(64)
     loader = TrainLoader(pack64, 7, "cpu", seed=2)
     seen = []
     for b in loader:
@@ -115,8 +112,9 @@ def test_batches_hold_the_pack_samples(pack64):
     assert sorted(second) == sorted(seen) and second != seen  # the next iteration is the next epoch
 
 
-def test_jpeg_pack_batches_equal_raw_pack_batches(synth_root, pack64):
-    jpg = open_or_build(synth_root / "data.yaml", "train", 64, storage="jpeg", rebuild="auto", progress=False)
+def test_jpeg_pack_batches_equal_raw_pack_batches(pack):
+    pack64 = pack(64)
+    jpg = pack(64, "jpeg")
     for a, b in zip(TrainLoader(pack64, 6, "cpu", seed=4, sync=True), TrainLoader(jpg, 6, "cpu", seed=4, sync=True)):
         assert np.array_equal(a["indices"], b["indices"])
         for k, i in enumerate(a["indices"]):
@@ -124,7 +122,8 @@ def test_jpeg_pack_batches_equal_raw_pack_batches(synth_root, pack64):
             assert torch.equal(a["source"].images[k, :h, :w], b["source"].images[k, :h, :w])
 
 
-def test_loader_errors_reach_the_training_thread(pack64, monkeypatch):
+def test_loader_errors_reach_the_training_thread(pack, monkeypatch):
+    pack64 = pack(64)
     import yolofeed.loader.prefetch as prefetch
 
     def broken(*a, **k):
@@ -136,7 +135,8 @@ def test_loader_errors_reach_the_training_thread(pack64, monkeypatch):
     assert isinstance(e.value.__cause__, OSError)  # the thread's own traceback travels with it
 
 
-def test_stopping_mid_epoch_stops_the_thread(pack64):
+def test_stopping_mid_epoch_stops_the_thread(pack):
+    pack64 = pack(64)
     loader = TrainLoader(pack64, 2, "cpu")
     it = iter(loader)
     next(it)
@@ -147,7 +147,7 @@ def test_stopping_mid_epoch_stops_the_thread(pack64):
 
 @pytest.mark.parametrize("keys", [{}, {"fraction": [1.0, 0.75], "classes": EVEN, "single_cls": True},
                                   {"fraction": [1.0, 5], "classes": 3}])
-def test_val_batches_equal_ultralytics_val_loader(synth_root, keys):
+def test_val_batches_equal_ultralytics_val_loader(synth_root, pack, keys):
     """Same order, shapes, pixels, labels and metadata: the validator computes the same metrics. With a val
     fraction (a share or a count, cut before the aspect-ratio sort), classes and single_cls too."""
     from ultralytics.cfg import get_cfg
@@ -159,14 +159,14 @@ def test_val_batches_equal_ultralytics_val_loader(synth_root, keys):
     cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, **keys})
     ds = build_yolo_dataset(cfg, data["val"], batch, data, mode="val", rect=True, stride=32)
     theirs = list(build_dataloader(ds, batch, 0, shuffle=False, rank=-1))
-    pack = open_or_build(synth_root / "data.yaml", "val", imgsz, rebuild="auto", progress=False)
+    val = pack(imgsz, split="val")
     fraction = keys.get("fraction", [1.0, 1.0])[1]
-    ours = list(ValLoader(pack, batch, "cpu", stride=32, fraction=fraction, classes=keys.get("classes"),
+    ours = list(ValLoader(val, batch, "cpu", stride=32, fraction=fraction, classes=keys.get("classes"),
                           single_cls=keys.get("single_cls", False)))
     assert len(ours) == len(theirs) and sum(len(b["im_file"]) for b in ours) == len(ds)
     if keys:  # the keys changed something: fewer images, fewer boxes than those images hold, images left empty
-        used = [pack.im_files.index(f) for b in ours for f in b["im_file"]]
-        assert len(ds) < len(pack) and sum(len(b["cls"]) for b in ours) < sum(len(pack.labels(i)) for i in used)
+        used = [val.im_files.index(f) for b in ours for f in b["im_file"]]
+        assert len(ds) < len(val) and sum(len(b["cls"]) for b in ours) < sum(len(val.labels(i)) for i in used)
         if keys["classes"] == 3:  # most images hold no box of class 3: they stay, as background images
             assert any(not (b["batch_idx"] == k).any() for b in ours for k in range(len(b["im_file"])))
     for a, b in zip(ours, theirs):
@@ -181,14 +181,14 @@ def test_val_batches_equal_ultralytics_val_loader(synth_root, keys):
 
 
 @pytest.mark.parametrize("classes, single_cls", [(EVEN, False), (EVEN, True), (None, True), (7, False)])
-def test_labels_are_filtered_and_merged_as_ultralytics_does(synth_root, classes, single_cls):
+def test_labels_are_filtered_and_merged_as_ultralytics_does(synth_root, pack, classes, single_cls):
     """classes= drops other classes' boxes (keeps the images, keeps the ids), single_cls= makes every id 0: the
     loader's labels, its batches and the dataset facade all equal Ultralytics' update_labels, image by image."""
     from helpers import ultralytics_dataset
 
     ref = ultralytics_dataset(synth_root / "data.yaml", "train", 64, classes=classes, single_cls=single_cls)
-    pack = open_or_build(synth_root / "data.yaml", "train", 64, rebuild="auto", progress=False)
-    loader = TrainLoader(pack, 5, "cpu", seed=1, sync=True, classes=classes, single_cls=single_cls)
+    train = pack(64)
+    loader = TrainLoader(train, 5, "cpu", seed=1, sync=True, classes=classes, single_cls=single_cls)
     theirs = {lb["im_file"]: lb for lb in ref.labels}
     assert [lb["im_file"] for lb in loader.dataset.labels] == list(theirs)  # no image dropped
     for lb in loader.dataset.labels:
@@ -203,7 +203,7 @@ def test_labels_are_filtered_and_merged_as_ultralytics_does(synth_root, classes,
             np.testing.assert_array_equal(src.cls[k][src.valid[k]].numpy(), lb["cls"][:, 0])
             delivered += len(lb["cls"])
     assert delivered == sum(len(lb["cls"]) for lb in ref.labels)
-    everything = sum(len(pack.labels(i)) for i in range(len(pack)))
+    everything = sum(len(train.labels(i)) for i in range(len(train)))
     kept = set(np.concatenate([lb["cls"][:, 0] for lb in ref.labels]).tolist())
     if classes is not None:
         assert delivered < everything and kept <= ({0.0} if single_cls else {float(c) for c in np.atleast_1d(classes)})
@@ -211,7 +211,8 @@ def test_labels_are_filtered_and_merged_as_ultralytics_does(synth_root, classes,
         assert kept <= {0.0}
 
 
-def test_classes_must_be_class_ids(pack64):
+def test_classes_must_be_class_ids(pack):
+    pack64 = pack(64)
     for bad in ("0,1", 1.5, [0, "a"], -1, True, []):
         with pytest.raises(ConfigError, match="class id"):
             TrainLoader(pack64, 4, "cpu", classes=bad)

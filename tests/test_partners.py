@@ -11,6 +11,7 @@ Three levels:
 
 from __future__ import annotations
 
+import contextlib
 import random
 from unittest import mock
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import source_batch
+from helpers import no_host_sync, source_batch
 from yolofeed import synth
 from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch
 from yolofeed.augment.geometry import Partners
@@ -26,7 +27,6 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.config import SynthConfig
 from yolofeed.errors import ConfigError
 from yolofeed.loader.sampler import EpochSampler
-from yolofeed.pack import open_or_build
 
 
 def _tiny_batch(ids: np.ndarray, width: int = 3, side: int = 4) -> SourceBatch:
@@ -112,21 +112,21 @@ def test_draws_are_uniform_over_the_window():
         assert (share - 1 / len(expect)).abs().max() < 0.01  # sampling sd ~0.0025
 
 
-def test_pooled_augmentation_equals_the_gathered_batch(synth_root):
+def test_pooled_augmentation_equals_the_gathered_batch(pack):
     """The same draws give the same pixels and boxes whether sources are the ring or the images gathered as a batch."""
-    pack = open_or_build(synth_root / "data.yaml", "train", 64, rebuild="auto", progress=False, workers=2)
+    train = pack(64)
     hyp = AugmentHyp(imgsz=64, mixup=0.5, cutmix=0.5, degrees=10.0)
     aug, gen = GpuAugment(hyp), torch.Generator().manual_seed(3)
     pool = PartnerPool(10, 5)
-    order = np.random.default_rng(2).permutation(len(pack))
+    order = np.random.default_rng(2).permutation(len(train))
     checked = 0
     for start in range(0, 20, 5):
         ids = order[start:start + 5]
-        first = pool.push(source_batch(pack, ids.tolist()), ids)
+        first = pool.push(source_batch(train, ids.tolist()), ids)
         params = aug.sample(len(ids), gen, partners=pool.partners(first, len(ids)))
         pooled = aug.apply(pool.sources, params)
         rows = params.mosaic.sources.unique()
-        gathered = source_batch(pack, pool.ids[rows.numpy()].tolist())
+        gathered = source_batch(train, pool.ids[rows.numpy()].tolist())
         pad = pool.sources.valid.shape[1] - gathered.valid.shape[1]  # the ring's label width
         gathered.boxes = torch.nn.functional.pad(gathered.boxes, (0, 0, 0, pad))
         gathered.cls = torch.nn.functional.pad(gathered.cls, (0, pad))
@@ -182,13 +182,8 @@ def test_graphed_pool_draws_from_the_moving_window():
         graphed = GraphedAugment(GpuAugment(hyp), seed=0, device="cuda", pool=PartnerPool(20, 9))
 
         def run(batch, graphed=graphed, k=k):
-            if outs[k]:  # captured on the first call
-                torch.cuda.synchronize()
-                torch.cuda.set_sync_debug_mode("error")
-            try:
+            with no_host_sync() if outs[k] else contextlib.nullcontext():  # captured on the first call
                 out = graphed(batch)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
             outs[k].append(out.img.clone())
             return out
 
