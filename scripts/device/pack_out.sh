@@ -1,4 +1,0 @@
-# Source me last: bundle what a run left under $OUT into one archive (the device tool returns at most 8 files).
-(cd "$OUT" && find . -type f \( -name '*.json' -o -name '*.png' -o -name '*.txt' -o -name '*.csv' -o -name '*.html' \) \
-   ! -path './results.tgz' -print0 | tar czf results.tgz --null -T - && find . -type f ! -name results.tgz -delete \
-   && find . -mindepth 1 -type d -empty -delete)

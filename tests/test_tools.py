@@ -1,0 +1,168 @@
+"""Every tool in tools/ runs: on the CPU on a tiny dataset where it can, else up to where it needs CUDA.
+
+The figures these tools produce come from the GPU machines (``python -m tools.reproduce``); here they must
+only run, refuse what they cannot do with one clear line, and agree with BENCHMARKS.md's sections.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools import pack_crc_cost, parity_merge
+from tools.device import (amp_steps, augment_bench, decode_ceiling, gpu_gaps, io_probe, kernel_top, monitor_overhead,
+                          step_ab, syncs, val_equality)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHELL = sorted((ROOT / "tools" / "device").glob("*.sh"))
+PARITY_REPORTS = [ROOT / "docs" / "parity" / f"yolo11n-seeds{s}.json" for s in ("0-3", "4-7")]
+
+
+# -- shell tools -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script", SHELL, ids=[s.name for s in SHELL])
+def test_shell_tools_parse_and_say_how_to_use_them(script):
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    if script.read_text().startswith("#!"):  # run as commands (the rest are sourced)
+        r = subprocess.run(["bash", str(script), "-h"], capture_output=True, text=True, cwd=ROOT, timeout=10)
+        assert r.returncode == 0 and "Usage: bash tools/device/" in r.stdout, r.stdout + r.stderr
+
+
+# -- CPU tools -----------------------------------------------------------------------------------------------------
+def test_parity_merge_combines_reports_and_refuses_mixed_or_repeated_runs(tmp_path, capsys):
+    parity_merge.main([str(p) for p in PARITY_REPORTS])
+    out = capsys.readouterr().out
+    assert "+0.09" in out and "loss bands overlap" in out  # the 8-seed row of BENCHMARKS.md
+    with pytest.raises(SystemExit, match="appears twice"):
+        parity_merge.merge([PARITY_REPORTS[0], PARITY_REPORTS[0]])
+    other = json.loads(PARITY_REPORTS[1].read_text())
+    other["config"]["epochs"] += 1
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="not the same comparison"):
+        parity_merge.merge([PARITY_REPORTS[0], tmp_path / "other.json"])
+
+
+def test_pack_crc_cost_measures_a_tiny_pack(dataset, capsys):
+    pack_crc_cost.main([str(dataset), "--batch", "4", "--imgsz", "64", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert re.search(r"gather \(the loader's copy, one thread\): [\d.]+ GB/s", out)
+    assert re.search(r"crc32 of the same payloads .*: [\d.]+ GB/s", out) and "Pack.damaged()" in out
+
+
+def test_io_probe_writes_and_removes_its_file(tmp_path, capsys):
+    target = tmp_path / "probe.bin"
+    io_probe.main([str(target), "--images", "8", "--bytes", "4096", "--workers", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 and all("GB/s" in line and "fsync" in line for line in lines)
+    assert not target.exists()
+    with pytest.raises(SystemExit, match="GB free"):
+        io_probe.main([str(target), "--images", "1000", "--bytes", str(1 << 50)])
+
+
+def test_decode_ceiling_reads_every_image(synth_root):
+    images, nbytes = decode_ceiling.rate(str(synth_root / "data.yaml"), 1, imgsz=64)
+    assert images > 0 and nbytes > 0
+
+
+def test_augment_bench_cpu_smoke(dataset):
+    res = augment_bench.bench(str(dataset / "data.yaml"), "cpu", batch=4, imgsz=64, iters=1)
+    assert res["device"] == "cpu" and res["full_default_ms"] > 0 and res["op_compose_mixup_hsv_ms"] > 0
+    assert not any(k.startswith("graphed") for k in res)  # CUDA graphs: CUDA only
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device"):
+            augment_bench.bench(str(dataset / "data.yaml"), "cuda", batch=4, imgsz=64, iters=1)
+
+
+def test_val_equality_same_metrics_through_both_loaders(dataset, tmp_path):
+    from ultralytics import YOLO
+
+    weights = tmp_path / "untrained.pt"
+    YOLO("yolo11n.yaml").save(weights)
+    res = val_equality.compare(str(weights), str(dataset / "data.yaml"), {"imgsz": 64, "batch": 4, "device": "cpu"})
+    assert set(res["stock"]) == set(res["yolofeed_val_loader"]) and res["largest_difference"] < 1e-3
+    with pytest.raises(SystemExit, match="Usage"):
+        val_equality.main([str(weights)])
+
+
+# -- tools that look inside training steps ------------------------------------------------------------------------
+def _event(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def test_gpu_gaps_charges_each_idle_stretch_to_the_loop_phase():
+    """Two kernels with a 30 us gap while the loop sat in backward; the next kernel was launched after the gap."""
+    events = [_event("python_function", "trainer.py(1): _do_train", 0, 1000),
+              _event("python_function", "loss.py(9): backward", 100, 200),
+              _event("cuda_runtime", "cudaLaunchKernel", 150, 5, correlation=1),
+              _event("cuda_runtime", "cudaStreamSynchronize", 200, 40),
+              _event("cuda_runtime", "cudaLaunchKernel", 245, 5, correlation=2),
+              _event("kernel", "gemm", 160, 50, tid=7, correlation=1),
+              _event("kernel", "relu", 240, 10, tid=7, correlation=2)]
+    r = gpu_gaps.gaps(events)
+    assert r["n"] == 1 and r["idle_us"] == 30 and r["window_us"] == 90
+    assert r["phase"]["loss.py(9): backward"] == 30 and r["runtime"]["cudaStreamSynchronize"] == 30
+    assert r["late"] == {"host late: next work launched after the GPU ran dry": 30}
+    assert "GPU idle 0.0 ms (33.3 %) in 1 gaps" in gpu_gaps.report(r, 1, "t")
+    assert gpu_gaps.gaps([e for e in events if e["cat"] != "kernel"])["n"] == 0  # a CPU trace: no GPU work
+
+
+@pytest.mark.slow
+def test_gpu_gaps_runs_a_few_cpu_steps(dataset, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    gpu_gaps.main([str(dataset / "data.yaml"), "yolofeed", "--batch", "4", "--imgsz", "32", "--warmup", "1",
+                   "--steps", "1"])
+    assert "yolofeed, yolo11n.yaml, batch 4, imgsz 32" in (tmp_path / "gpu_gaps_yolofeed.txt").read_text()
+
+
+def test_step_variants_set_the_trainer_options():
+    assert step_ab.trainer_class("yolofeed_stock_step").sync_free_step is False
+    assert step_ab.trainer_class("yolofeed_stock_loss").sync_free_loss is False
+    ceiling = step_ab.trainer_class("ceiling_sync_free_loss")
+    assert ceiling.sync_free_loss is True and ceiling.__name__ == "CeilingTrainer"
+    with pytest.raises(ValueError, match="unknown mode 'yolofeed_fast'"):
+        step_ab.main(["data.yaml", "yolo11n.yaml", "yolofeed,yolofeed_fast"])  # before any training
+    with pytest.raises(ValueError, match="unknown mode"):
+        kernel_top.main(["data.yaml", "ceiling,nope"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_syncs_refuses_to_count_without_cuda():
+    with pytest.raises(SystemExit, match="needs CUDA"):
+        syncs.main(["data.yaml", "yolofeed"])
+
+
+@pytest.mark.gpu
+def test_step_tools_on_cuda(dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    data = str(dataset / "data.yaml")
+    syncs.main([data, "yolofeed", "--batch", "8", "--imgsz", "64"])
+    assert "synchronising CUDA calls a step" in (tmp_path / "syncs_yolofeed_yolo11n.txt").read_text()
+    step_ab.main([data, "yolo11n.yaml", "yolofeed_stock_step,yolofeed", "--batch", "8", "--imgsz", "64", "--steps",
+                  "4", "--warmup", "2"])
+    assert len(json.loads((tmp_path / "step_ab_yolo11n.json").read_text())) == 2
+    kernel_top.main([data, "yolofeed", "--batch", "8", "--imgsz", "64", "--warmup", "2", "--steps", "2"])
+    assert "GPU time" in (tmp_path / "kernel_top_yolofeed_yolo11n.txt").read_text()
+
+
+@pytest.mark.slow
+def test_monitor_overhead_alternates_windows_on_the_cpu(dataset):
+    res = monitor_overhead.measure(str(dataset / "data.yaml"), "yolo11n.yaml", batch=4, imgsz=32, windows=1,
+                                   window=1, warmup=1, device="cpu")
+    assert len(res["windows_on"]) == len(res["windows_off"]) == 1 and res["median_on"] > 0
+
+
+@pytest.mark.slow
+def test_amp_steps_records_every_optimiser_step(dataset, tmp_path):
+    amp_steps.main(["t", "yolofeed", "0", str(dataset / "data.yaml"), str(tmp_path), "model=yolo11n.yaml",
+                    "imgsz=32", "batch=8", "nbs=8", "device=cpu", "stop_after=1", "sync_free_step=False"])
+    r = json.loads((tmp_path / "t.json").read_text())
+    assert len(r["epochs"]) == 1 and len(r["steps"]) == 3  # 24 images, batch 8 = nbs: a step every batch
+    assert all(epoch == 0 and norm >= 0 for epoch, norm, *_ in r["steps"])
+    assert r["options"] == {"sync_free_step": False}
+    with pytest.raises(SystemExit, match="Usage"):
+        amp_steps.main(["t", "sideways", "0", "d", "o"])
