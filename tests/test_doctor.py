@@ -25,7 +25,8 @@ CASES = {
     "gpu_bound": {},
     "cpu_augmentation": dict(data_wait=0.55, gpu_util=38, own_cores_busy=15.2, machine_cores_busy=15.5),
     "too_few_workers": dict(data_wait=0.60, gpu_util=30, workers=2, own_cores_busy=2.9, machine_cores_busy=3.0),
-    # measured on the H200 machine (BENCHMARKS.md, 2026-11-30 05:55 UTC): workers=1, batch 64
+    # measured on the H200 machine (tools/device/doctor_plant.sh; BENCHMARKS.md, the doctor's planted cases):
+    # workers=1, batch 64
     "too_few_workers_h200": dict(data_wait=0.92, gpu_util=5.8, workers=1, own_cores_busy=1.17,
                                  machine_cores_busy=1.19, batch=64, images_per_s=66.4, step_ms=970,
                                  yolofeed_images_per_s=918),
@@ -33,7 +34,7 @@ CASES = {
     "cpu_contention": dict(data_wait=0.40, gpu_util=50, own_cores_busy=8, machine_cores_busy=15.8),
     "host_to_device": dict(preprocess_share=0.30, gpu_util=70, data_wait=0.02),
     "small_batch": dict(batch=4, step_ms=22, gpu_util=35, data_wait=0.03),
-    # measured on the H200 machine (BENCHMARKS.md, planted-doctor run of 2026-11-30, 05:55 UTC), yolo11n, 640 px:
+    # measured on the H200 machine (the same planted cases), yolo11n, 640 px:
     # mixup + cutmix + degrees on 16 workers, batch 128: the loader kept up, a saturated CPU starved the loop
     "cpu_augmentation_h200": dict(data_wait=0.0065, gpu_util=45.4, workers=16, own_cores_busy=15.9,
                                   machine_cores_busy=15.92, images_per_s=689.5, step_ms=174.6,
@@ -42,15 +43,15 @@ CASES = {
     "cpu_contention_h200": dict(data_wait=0.0112, gpu_util=42.8, workers=16, own_cores_busy=8.65,
                                 machine_cores_busy=15.98, images_per_s=814.2, step_ms=154.8,
                                 yolofeed_images_per_s=1490),
-    # ... batch 4, 8 workers: 62 ms steps of host overhead, GPU 16 % busy
+    # ... batch 4, 8 workers, in a run with 62 ms steps of host overhead, GPU 16 % busy
     "small_batch_h200": dict(data_wait=0.0044, gpu_util=15.9, workers=8, batch=4, own_cores_busy=2.08,
                              machine_cores_busy=2.02, images_per_s=65.7, step_ms=61.5),
     # ... the images evicted from the page cache, reads capped at 10 MB/s (cgroup io.max), batch 32, 16 workers
-    # (07:12 UTC, after the warm-up grew to cover the workers' queue of 64 batches)
+    # (the warm-up covering the workers' queue of 64 batches)
     "disk_io_h200": dict(data_wait=0.679, gpu_util=7.9, workers=16, batch=32, own_cores_busy=2.08,
                          machine_cores_busy=2.01, iowait=0.82, disk_read_mb_s=10.4, images_per_s=214.9, step_ms=67.2),
     "optimizer": dict(optimizer_share=0.40, gpu_util=40, optimizer="SGD"),
-    # yolofeed's breakdown in the bench, yolo11n at batch 16 (BENCHMARKS.md, 06:53 UTC): optimizer=auto chose MuSGD
+    # yolofeed's breakdown in `yolofeed bench` on the H200, yolo11n at batch 16: optimizer=auto chose MuSGD
     # (over 10,000 iterations), whose step took 44 % of each step (38 of 87 ms in the phase means); data wait 2 %,
     # GPU 22 %. Without this rule the small-batch rule would have named the batch.
     "optimizer_h200": dict(data_wait=0.0203, gpu_util=22.3, batch=16, step_ms=84.07, optimizer_share=0.436,
@@ -104,7 +105,7 @@ def test_findings_that_hold_alongside():
     v = diagnose(replace(FED, val_images_per_s=100, amp=False))  # 500 val images at 100/s vs 7 s of training
     assert [x.rule for x in v] == ["gpu_bound", "validation", "amp_off"]
     assert not v[1].bottleneck and "val=False" in v[1].advice[0]
-    # measured on the H200 machine (2026-11-30): 2,000 val images at 112 img/s beside 4,000 train at 572 img/s
+    # measured on the H200 machine: 2,000 val images at 112 img/s beside 4,000 train at 572 img/s
     h200 = replace(FED, n_train=4000, n_val=2000, val_images_per_s=112.2, images_per_s=571.6)
     assert "validation" in [x.rule for x in diagnose(h200)]
     assert "validation" not in [x.rule for x in diagnose(replace(h200, n_val=100))]  # 0.9 s against 7 s: 13 %

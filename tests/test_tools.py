@@ -14,13 +14,57 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import pack_crc_cost, parity_merge
+from tools import parity_merge, pack_crc_cost, reproduce
 from tools.device import (amp_steps, augment_bench, decode_ceiling, gpu_gaps, io_probe, kernel_top, monitor_overhead,
                           step_ab, syncs, val_equality)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHELL = sorted((ROOT / "tools" / "device").glob("*.sh"))
 PARITY_REPORTS = [ROOT / "docs" / "parity" / f"yolo11n-seeds{s}.json" for s in ("0-3", "4-7")]
+
+
+# -- tools.reproduce and BENCHMARKS.md -----------------------------------------------------------------------------
+def test_every_benchmarks_section_names_a_reproduce_section_and_back():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    named = set(re.findall(r"`python -m tools\.reproduce ([a-z0-9-]+)`", text))
+    assert named and named <= set(reproduce.SECTIONS), named - set(reproduce.SECTIONS)
+    for s in reproduce.SECTIONS.values():
+        assert s.heading in headings, f"section {s.name}: no '## {s.heading}' in BENCHMARKS.md"
+        assert s.name in named, f"BENCHMARKS.md never says how to run section {s.name}"
+    for h in headings:  # each section of figures says how to reproduce them
+        body = text.split(f"## {h}\n", 1)[1].split("\n## ", 1)[0]
+        assert "python -m tools.reproduce" in body, f"'## {h}' names no reproduce section"
+
+
+def test_reproduce_lists_sections_and_prints_without_running(capsys, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("--print ran a command"))
+    assert reproduce.main([]) == 0
+    listing = capsys.readouterr().out
+    assert all(name in listing for name in reproduce.SECTIONS)
+    assert reproduce.main(["ddp", "--print", "--bundle"]) == 0
+    out = capsys.readouterr().out
+    assert "source tools/device/setup.sh" in out and "device=0,1" in out and "pack_out.sh" in out
+
+
+def test_reproduce_refuses_a_gpu_section_without_cuda_before_running_anything(capsys, monkeypatch):
+    monkeypatch.setattr(reproduce, "cuda_devices", lambda: 1)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran without the GPUs it needs"))
+    assert reproduce.main(["parity"]) == 2  # two GPUs wanted, one seen
+    err = capsys.readouterr().err
+    assert "needs 2 CUDA device(s) (nvidia-h200-x2); torch sees 1" in err
+    assert reproduce.main(["no-such-section"]) == 2
+    assert "the sections are: throughput" in capsys.readouterr().err
+
+
+def test_reproduce_runs_a_cpu_section(monkeypatch):
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, cwd: calls.append((cmd, cwd)) or subprocess.CompletedProcess(
+        cmd, 0))
+    monkeypatch.setattr(reproduce, "cuda_devices", lambda: pytest.fail("a CPU section asked for CUDA"))
+    assert reproduce.main(["parity-merge"]) == 0
+    (cmd, cwd), = calls
+    assert cmd[:2] == ["bash", "-c"] and "python3 -m tools.parity_merge docs/parity/" in cmd[2] and cwd == ROOT
 
 
 # -- shell tools -------------------------------------------------------------------------------------------------

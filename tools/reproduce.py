@@ -1,0 +1,152 @@
+"""Reproduce a section of BENCHMARKS.md: one command per section, run on the machine that section names.
+
+Usage (from the repository root):
+    python -m tools.reproduce                  list the sections: machine, time, what each measures
+    python -m tools.reproduce SECTION          print the section's commands, then run them
+    python -m tools.reproduce SECTION --print  print them only
+
+A section runs as one bash script: ``tools/device/setup.sh`` first (it installs wheels carried in ``.whl/`` where
+there are any, puts ``src/`` on the path and records the machine in ``$OUT/env.txt``), then the commands. Results
+go to ``$OUT`` (default /tmp/out); ``--bundle`` packs them into ``$OUT/results.tgz`` at the end. A section that
+needs GPUs stops before running anything where torch sees fewer CUDA devices than it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = "steps=100 warmup=30 workers=16 batch=128 imgsz=640 data=/tmp/synth/data.yaml"
+SYNTH_10K = "python3 -m yolofeed synth out=/tmp/synth n_train=10000 n_val=500 seed=0"
+PACK_10K = "python3 -m yolofeed pack data=/tmp/synth/data.yaml imgsz=640"
+SMALL_320 = "python3 -m yolofeed synth out=/tmp/parity n_train=3000 n_val=500 imgsz=320 seed=0"
+X2 = "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"  # NVLink multicast off
+PLANT_DATA = "[ -f /tmp/plant/data.yaml ] || python3 -m yolofeed synth out=/tmp/plant n_train=4000 n_val=2000 seed=0"
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of BENCHMARKS.md and the commands that reproduce its figures."""
+
+    name: str
+    heading: str  # the BENCHMARKS.md heading whose figures it reproduces
+    kind: str  # the device kind it was measured on
+    gpus: int  # CUDA devices it needs (0: none)
+    minutes: int  # about, on that machine, once the machine is up
+    commands: tuple[str, ...]
+
+    def script(self, bundle: bool) -> str:
+        """The bash script: set-up, the commands, and (``bundle``) the results packed into one archive.
+
+        ``python3`` is the interpreter running this module (its folder goes first on PATH: a venv's, say).
+        """
+        lines = [f'export PATH="{Path(sys.executable).parent}:$PATH"', "source tools/device/setup.sh", "set +e",
+                 *self.commands]
+        if bundle:
+            lines.append("source tools/device/pack_out.sh")
+        return "\n".join(lines) + "\n"
+
+
+SECTIONS = {s.name: s for s in (
+    Section("throughput", "Training throughput", "nvidia-h200", 1, 9, (
+        SYNTH_10K, PACK_10K,
+        f"timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling,ceiling_stock {BENCH} "
+        "out=$OUT/bench_yolo11n",
+        f"timeout 140 python3 -m yolofeed bench model=yolo11s.yaml modes=stock,yolofeed,ceiling {BENCH} "
+        "out=$OUT/bench_yolo11s",
+        f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
+        "out=$OUT/bench_yolo26n")),
+    Section("jpeg", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 5, (
+        SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
+        f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_inline,yolofeed_jpeg "
+        f"{BENCH} out=$OUT/bench_jpeg",
+        "python3 -m pytest -q -s -m gpu tests/test_decode.py -p no:cacheprovider "
+        "-k 'decode_equals_cv2 or loader_jpeg' 2>&1 | tee $OUT/jpeg_pixels.txt")),
+    Section("steps", "Host syncs in a step", "nvidia-h200", 1, 9, (
+        SYNTH_10K, PACK_10K,
+        *(f"timeout 60 python3 -m tools.device.syncs /tmp/synth/data.yaml {v} yolo11n.yaml"
+          for v in ("ceiling_stock", "yolofeed_stock_loss", "yolofeed")),
+        "timeout 200 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml "
+        "yolofeed_stock_step,yolofeed,yolofeed,yolofeed_stock_step",
+        "timeout 200 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml "
+        "yolofeed_stock_loss,yolofeed,yolofeed_stock_loss,yolofeed")),
+    Section("pack", "Pack build rate", "nvidia-h200", 0, 6, ("bash tools/device/pack_bench.sh",)),
+    Section("crc", "Checking pixels on every read", "any (CPU)", 0, 1, ("python3 -m tools.pack_crc_cost",)),
+    Section("augment", "GPU augmentation", "nvidia-h200", 1, 3, (
+        "python3 -m yolofeed synth out=/tmp/synth-aug n_train=1024 n_val=8 seed=0",
+        "python3 -m pytest -q -m gpu tests/test_augment_gpu.py -p no:cacheprovider -rA 2>&1 | tail -12",
+        "python3 -m tools.device.augment_bench /tmp/synth-aug/data.yaml")),
+    Section("doctor-1", "Doctor on planted bottlenecks", "nvidia-h200", 1, 6, (
+        PLANT_DATA, "PLANT_DATA=/tmp/plant bash tools/device/doctor_plant.sh workers,augment,contention,gpu_bound")),
+    Section("doctor-2", "Doctor on planted bottlenecks", "nvidia-h200", 1, 7, (
+        PLANT_DATA, "PLANT_DATA=/tmp/plant bash tools/device/doctor_plant.sh small_batch,validation,disk")),
+    Section("overhead", "Accounting overhead", "nvidia-h200", 1, 3, (
+        PLANT_DATA, "python3 -m tools.device.monitor_overhead /tmp/plant/data.yaml")),
+    Section("val-equality", "Validation through the pack", "nvidia-h200", 1, 6, (
+        SMALL_320,
+        "python3 -m yolofeed train model=yolo11n.yaml data=/tmp/parity/data.yaml epochs=30 imgsz=320 batch=64 "
+        "seed=0 project=/tmp/runs name=val_equality exist_ok=True plots=False",
+        "python3 -m tools.device.val_equality /tmp/runs/val_equality/weights/best.pt /tmp/parity/data.yaml "
+        "imgsz=320 batch=32 device=0 | tee $OUT/val_equality.json")),
+    Section("ddp", "Two GPUs (DDP)", "nvidia-h200-x2", 2, 4, (
+        X2, SMALL_320, "python3 -m yolofeed pack data=/tmp/parity/data.yaml imgsz=320",
+        "timeout 200 python3 -m yolofeed train model=yolo11n.yaml data=/tmp/parity/data.yaml imgsz=320 epochs=2 "
+        "batch=128 device=0,1 project=$OUT/ddp name=yolofeed exist_ok=True plots=False 2>&1 | tail -25",
+        "find $OUT/ddp -name '*.pt' -delete")),
+    Section("parity", "Training quality", "nvidia-h200-x2", 2, 9, ("bash tools/device/parity.sh",)),
+    Section("parity-more", "Training quality", "nvidia-h200-x2", 2, 8, (
+        "NO_GPU_TESTS=1 NO_SMOKE=1 FIRST11=4 SEEDS11=4 PAR11=4 LIMIT=390 bash tools/device/parity.sh",)),
+    Section("parity-merge", "Training quality", "any (CPU)", 0, 1, (
+        "python3 -m tools.parity_merge docs/parity/yolo11n-seeds0-3.json docs/parity/yolo11n-seeds4-7.json",)),
+    Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
+        "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
+)}
+
+
+def listing() -> str:
+    """The sections as a table: name, machine, GPUs, minutes, the BENCHMARKS.md heading."""
+    rows = [f"{'section':<13} {'machine':<15} {'GPUs':>4} {'~min':>5}  BENCHMARKS.md section"]
+    rows += [f"{s.name:<13} {s.kind:<15} {s.gpus:>4} {s.minutes:>5}  {s.heading}" for s in SECTIONS.values()]
+    return "\n".join(rows)
+
+
+def cuda_devices() -> int:
+    """CUDA devices torch sees here (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.reproduce", description=__doc__.split("\n\n")[0])
+    ap.add_argument("section", nargs="?", help="a section name; none: list them")
+    ap.add_argument("--print", action="store_true", dest="print_only", help="print the commands, run nothing")
+    ap.add_argument("--bundle", action="store_true", help="pack $OUT into $OUT/results.tgz at the end")
+    a = ap.parse_args(argv)
+    if a.section is None:
+        print(listing())
+        return 0
+    s = SECTIONS.get(a.section)
+    if s is None:
+        print(f"reproduce: no section {a.section!r}; the sections are: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    script = s.script(a.bundle)
+    print(f"# {s.name}: BENCHMARKS.md, '{s.heading}' ({s.kind}, ~{s.minutes} min)\n{script}", flush=True)
+    if a.print_only:
+        return 0
+    have = cuda_devices() if s.gpus else 0
+    if have < s.gpus:
+        print(f"reproduce: section {s.name!r} needs {s.gpus} CUDA device(s) ({s.kind}); torch sees {have} here. "
+              "Run it on that machine, or use --print to see the commands.", file=sys.stderr)
+        return 2
+    return subprocess.run(["bash", "-c", script], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
