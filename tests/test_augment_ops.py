@@ -12,6 +12,7 @@ import random
 from types import SimpleNamespace
 from unittest import mock
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -121,6 +122,20 @@ def test_hsv_equals_ultralytics():
         with mock.patch.object(np.random, "uniform", return_value=u):
             t.apply_image({"img": bgr})  # in place
         np.testing.assert_array_equal(ours[b].permute(1, 2, 0).numpy(), bgr[..., ::-1])
+
+
+def test_hsv_conversions_equal_opencv():
+    """``rgb_to_hsv`` and ``hsv_to_rgb`` are ``cv2.cvtColor``'s uint8 RGB <-> HSV (hue 0-179), bit for bit: every
+    (red, green) pair with blue in steps of 15, and every (hue, saturation) pair with value in steps of 15."""
+    levels = np.arange(256, dtype=np.uint8)
+    r, g, b = np.meshgrid(levels, levels, levels[::15], indexing="ij")
+    rgb = np.stack([r, g, b], -1).reshape(256, -1, 3)  # one image, 1.2 M colours
+    np.testing.assert_array_equal(color.rgb_to_hsv(torch.from_numpy(rgb)).numpy(),
+                                  cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV))
+    h, s, v = np.meshgrid(np.arange(180, dtype=np.uint8), levels, levels[::15], indexing="ij")
+    hsv = np.stack([h, s, v], -1).reshape(180, -1, 3)  # 0.8 M triples
+    np.testing.assert_array_equal(color.hsv_to_rgb(torch.from_numpy(hsv)).numpy(),
+                                  cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB))
 
 
 def test_mixup_equals_ultralytics():

@@ -2,7 +2,9 @@
 
 ``hyp`` reads Ultralytics' settings; ``geometry`` samples mosaic/perspective/flip parameters and moves
 boxes; ``warp`` samples pixels through them in one pass; ``mix`` and ``color`` do MixUp, CutMix and
-HSV; ``pipeline`` puts them in Ultralytics' order; ``letterbox`` prepares validation batches.
+HSV; ``pipeline`` puts them in Ultralytics' order; ``pool`` keeps the images partners are drawn from
+(Ultralytics' buffer); ``graphs`` replays the whole pipeline as a CUDA graph; ``warp_triton`` and
+``compose_triton`` are the two pixel kernels; ``letterbox`` prepares validation batches.
 """
 
 from yolofeed.augment.hyp import AugmentHyp

@@ -17,7 +17,7 @@ from torch import Tensor
 from yolofeed.augment.geometry import FlipParams, Layout
 from yolofeed.augment.warp import inverse_matrix
 
-BLOCK = 128  # measured on the H200: 128 px per program, 4 warps, 1.8 ms vs 3.2-4.2 ms for 256-1024 (BENCHMARKS.md)
+BLOCK = 128  # with 4 warps: 1.96 ms for 128 images at 640 px on the H200, 3.3 ms for 128/2 and 256/4 (BENCHMARKS.md)
 
 
 @triton.jit

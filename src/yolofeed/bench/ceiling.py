@@ -13,7 +13,7 @@ from yolofeed.train.loss import CANDIDATES
 from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
 from yolofeed.ultralytics_seam import DetectionTrainer
 
-REPLAYED = 4  # batches held on the GPU (as CONTEXT.md's measurement did)
+REPLAYED = 4  # augmented batches held on the GPU and replayed in turn
 
 
 class _EpochlessSampler:

@@ -24,7 +24,7 @@ same time (validation cost, AMP off, CPU-only).
 "The trainer starved": data wait low, yet the GPU < 70 % busy while >= 70 % of the machine's cores
 are busy. The loader keeps up, but the training loop (one Python thread launching every kernel)
 gets too little CPU: on the H200 machine, mixup + cutmix on 16 workers made yolo11n's forward pass
-take 102 ms of host time instead of 25 (BENCHMARKS.md), with no data wait at all.
+take 102 ms of host time instead of 25, with no data wait at all.
 """
 
 from __future__ import annotations

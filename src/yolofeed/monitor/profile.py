@@ -126,7 +126,7 @@ def queued_batches(loader: Any) -> int:
     Ultralytics' train loader starts its workers when it is built, so while the trainer sets up (model,
     optimiser, AMP check) they fill ``workers x prefetch_factor`` batches (64 at 16 workers). Steps served
     from that queue run at GPU speed whatever the loader's own speed: a window inside it measures the
-    queue, not the loader (on 2026-11-30 a 10 MB/s disk read as 1,330 img/s with 1 % data wait).
+    queue, not the loader (a disk capped at 10 MB/s read as 1,330 img/s with 1 % data wait that way).
     """
     if isinstance(loader, torch.utils.data.DataLoader) and loader.num_workers > 0:
         return loader.num_workers * (loader.prefetch_factor or 2)

@@ -28,11 +28,11 @@ What is checked, and when (CRC32 from ``zlib``: no new dependency):
   1.7-3 GB/s measured below. A damaged or foreign file is refused with what is damaged and the
   command that rebuilds it.
 * Payloads (the pixels): their CRC32s are checked by ``Pack.verify`` (``yolofeed pack ...
-  verify=True``) and at the end of every build, never on every read. ``python
-  scripts/pack_crc_cost.py`` on the 2-core development machine (raw 640-px pack, batches of 64, page
-  cache warm, three runs): the loader's copy ran at 4.3-5.3 GB/s, ``zlib.crc32`` of the same bytes at
-  1.7-3.0 GB/s; checking in the loader's thread would take 2.7-4.2x the copy's time and cap it at
-  1,300-2,100 img/s, around what one H200 trains yolo11n at (~1,700 img/s). Not cheap, so not done:
+  verify=True``) and at the end of every build, never on every read. ``python -m tools.pack_crc_cost``
+  on the 2-core development machine (raw 640-px pack, batches of 64, page cache warm, three runs): the
+  loader's copy ran at 4.3-5.3 GB/s, ``zlib.crc32`` of the same bytes at 1.7-3.0 GB/s; checking in the
+  loader's thread would take 2.7-4.2x the copy's time and cap it at 1,300-2,100 img/s, around what one
+  H200 trains yolo11n at (~1,700 img/s). Not cheap, so not done:
   reads rely on the page cache and the disk's own error correction, and ``verify=True`` is there after a disk
   or copy fault.
 """

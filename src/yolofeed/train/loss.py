@@ -1,6 +1,6 @@
 """Ultralytics' detection loss without host syncs, given two counts the loader learned a step early.
 
-In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``scripts/device/syncs.py``;
+In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``tools/device/syncs.py``;
 YOLO26's end-to-end loss runs it twice). The first drains the forward pass; after it the GPU idles while
 the host launches the target assignment's small kernels between syncs: 15 ms of a 78 ms yolo11n step at
 batch 128 on the H200, with no data work at all. Without syncs the host launches the loss while the GPU
@@ -18,8 +18,8 @@ still runs the forward pass. Where they come from, and what replaces them (same 
   differ in the last bit (more terms, in a different reduction tree).
 
 ``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
-memory (``early_candidates``: on the anchor grid, (B, K, levels) work; a first form with a (B, K, anchors)
-mask cost more GPU time than the syncs, BENCHMARKS.md); the ceiling counts its replayed batches once. A
+memory (``early_candidates``: on the anchor grid, (B, K, levels) work; a (B, K, anchors) mask would cost
+more GPU time than the syncs it saves); the ceiling counts its replayed batches once. A
 batch without them takes Ultralytics' own path. The first steps do too: the anchors come from the first
 loss call. A wrong count (a bug) is caught on the device and read once an epoch (``check_counts``).
 On by default in both trainers (``sync_free_loss=False`` turns it off).
@@ -108,7 +108,7 @@ def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor],
     Padded row j reads flat anchor j (``bound`` is at most B x anchors): finite values, given weight 0 by the
     caller. Distinct on purpose: the backward of the gathers accumulates repeated indices one after another
     (``indexing_backward_kernel``), and ~40k padded rows all on anchor (0, 0) cost 41 ms of GPU time a yolo11n
-    step at batch 128 on the H200 (``scripts/device/kernel_top.py``, BENCHMARKS.md). Here no anchor is read by
+    step at batch 128 on the H200 (``tools/device/kernel_top.py``). Here no anchor is read by
     more than two rows.
 
     Returns:
