@@ -101,15 +101,29 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """Stock Ultralytics vs yolofeed vs the GPU-resident ceiling, in turn, on the same data, model and batch."""
+class MeasuredRunConfig:
+    """The keys of the commands that train a setup for a few steps and measure it (``bench``, ``doctor``)."""
 
     data: str = key(None, "Ultralytics data yaml (e.g. from yolofeed synth)")
-    model: str = key("yolo11n.yaml", "model yaml")
-    batch: int = key(128, "batch size")
+    model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
+    batch: int = key(16, "batch size (Ultralytics' default)")
     imgsz: int = key(640, "image size")
-    steps: int = key(100, "measured training steps per mode, after warm-up")
-    warmup: int = key(20, "steps ignored at the start of each mode")
+    steps: int = key(40, "measured training steps per mode, after warm-up")
+    warmup: int = key(10, "steps ignored at the start of each mode")
+
+
+def redefault(config_cls: type, name: str, default: Any) -> Any:
+    """The key ``name`` of ``config_cls`` (its help, choices and minimum) with another default."""
+    return field(default=default, metadata=config_cls.__dataclass_fields__[name].metadata)
+
+
+@dataclass(frozen=True)
+class BenchConfig(MeasuredRunConfig):
+    """Stock Ultralytics vs yolofeed vs the GPU-resident ceiling, in turn, on the same data, model and batch."""
+
+    batch: int = key(128, "batch size")
+    steps: int = redefault(MeasuredRunConfig, "steps", 100)
+    warmup: int = redefault(MeasuredRunConfig, "warmup", 20)
     window: int = key(10, "steps per rate window; the reported rate is the median window")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
@@ -140,16 +154,10 @@ class ParityConfig:
 
 
 @dataclass(frozen=True)
-class DoctorConfig:
+class DoctorConfig(MeasuredRunConfig):
     """Profile a training setup for a few steps and say where the time goes and what to change."""
 
-    data: str = key(None, "Ultralytics data yaml")
-    model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
-    batch: int = key(16, "batch size (Ultralytics' default)")
-    imgsz: int = key(640, "image size")
     workers: int = key(8, "DataLoader workers (Ultralytics' default)")
-    steps: int = key(40, "measured training steps, after warm-up")
-    warmup: int = key(10, "steps ignored at the start")
     yolofeed: bool = key(True, "also profile yolofeed train on the same setup, for the expected gain")
     time_validation: bool = key(True, "time one validation pass (for the validation-cost rule)")
     out: str = key("runs/doctor", "report folder: report.html, report.json, timeline.png, breakdown.png, and "
