@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from tools.device.run_steps import profile_steps, run_steps
-    from yolofeed.doctor.profile import trainer_class
+    from yolofeed.bench.modes import trainer_class
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data")

@@ -22,46 +22,41 @@ import tempfile
 import time
 
 
-class _Done(Exception):
-    """Raised from the batch callback once every window is measured."""
-
-
 def measure(data: str, model: str, batch: int, imgsz: int, windows: int, window: int, warmup: int,
             device: str | None = None) -> dict:
     """Images a second in each "on" and "off" window, their medians and the overhead (1 - on / off)."""
-    from yolofeed.monitor.live import install_phase_marks
-    from yolofeed.monitor.phases import PhaseTimer
+    from yolofeed.monitor.steps import StepClock
     from yolofeed.monitor.system import SystemSampler
     from yolofeed.train import FastDetectionTrainer
+    from yolofeed.ultralytics_seam import StopTraining, mark_phases, train_until_stopped, unbounded_epochs
 
-    phases, sampler = PhaseTimer(), SystemSampler()
-    state: dict = {"n": 0, "on": False, "hooks": [], "t": None, "rates": {True: [], False: []}}
+    clock, sampler = StepClock(), SystemSampler()
+    state: dict = {"n": 0, "on": False, "unmark": None, "t": None, "rates": {True: [], False: []}}
 
     def switch(trainer, on: bool) -> None:
         if on:
-            state["hooks"] = install_phase_marks(trainer, phases)
+            state["unmark"] = mark_phases(trainer, clock.mark)
             os.kill(sampler._proc.pid, signal.SIGCONT)
         else:
-            for h in state["hooks"]:
-                h.remove()
-            state["hooks"] = []
-            trainer.__dict__.pop("optimizer_step", None)  # the wrapper install_phase_marks set on the instance
+            if state["unmark"] is not None:
+                state["unmark"]()
+            state["unmark"] = None
             os.kill(sampler._proc.pid, signal.SIGSTOP)
         state["on"] = on
 
     def on_train_start(trainer) -> None:
-        trainer.epochs = 10**6  # the window count ends the run
-        phases.cuda = trainer.device.type == "cuda"
+        unbounded_epochs(trainer)  # the window count ends the run
+        clock.cuda = trainer.device.type == "cuda"
         sampler.start(trainer.device)
         switch(trainer, False)
 
     def on_batch_start(trainer) -> None:
         if state["on"]:
-            phases.batch_ready()
+            clock.batch_ready()
 
     def on_batch_end(trainer) -> None:
         if state["on"]:
-            phases.step_done(trainer.batch_size)
+            clock.step_done(trainer.batch_size)
         n = state["n"] = state["n"] + 1
         if n < warmup or (n - warmup) % window:
             return
@@ -69,7 +64,7 @@ def measure(data: str, model: str, batch: int, imgsz: int, windows: int, window:
         if state["t"] is not None:
             state["rates"][state["on"]].append(window * trainer.batch_size / (now - state["t"]))
         if (n - warmup) // window >= 2 * windows:
-            raise _Done
+            raise StopTraining
         switch(trainer, not state["on"])
         state["t"] = time.perf_counter()  # the switch itself is not timed
 
@@ -83,9 +78,7 @@ def measure(data: str, model: str, batch: int, imgsz: int, windows: int, window:
                           ("on_train_batch_end", on_batch_end)):
             trainer.add_callback(event, fn)
         try:
-            trainer.train()
-        except _Done:
-            pass
+            train_until_stopped(trainer)
         finally:
             if sampler._proc is not None:
                 os.kill(sampler._proc.pid, signal.SIGCONT)

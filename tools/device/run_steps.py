@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-
-class Enough(Exception):
-    """Raised from ``on_batch_end`` once the script has seen the steps it wanted."""
+from yolofeed.ultralytics_seam import StopTraining as Enough  # raised from on_batch_end: the steps wanted are seen
+from yolofeed.ultralytics_seam import train_until_stopped, unbounded_epochs
 
 
 def profile_steps(warmup: int, steps: int, **profile_kwargs: Any) -> tuple[Callable[[Any], None], dict]:
@@ -41,13 +40,9 @@ def run_steps(cls: type, args: dict[str, Any], on_batch_end: Callable[[Any], Non
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
             "workers": 16, **args}  # workers: the bench's; a yolofeed trainer ignores it
     trainer = cls(overrides=full)
-    # as doctor/profile.py: the step count ends the run, never the epoch count
-    trainer.add_callback("on_train_start", lambda t: setattr(t, "epochs", 10**6))
+    trainer.add_callback("on_train_start", unbounded_epochs)  # the step count ends the run, never the epoch count
     trainer.add_callback("on_train_batch_end", on_batch_end)
-    try:
-        trainer.train()
-    except Enough:
-        pass
+    train_until_stopped(trainer)
     for name in ("train_loader", "test_loader"):
         if hasattr(getattr(trainer, name, None), "close"):
             getattr(trainer, name).close()

@@ -15,11 +15,10 @@ import argparse
 import json
 import os
 import tempfile
-from unittest import mock
 
-import yolofeed.doctor.profile as prof
+from yolofeed.bench.modes import trainer_class as mode_class
+from yolofeed.monitor.profile import profile
 
-MODE_CLASS = prof.trainer_class  # the bench's modes; ``trainer_class`` adds the suffixes
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
             "_sync_free_loss": {"sync_free_loss": True}}
 
@@ -28,9 +27,9 @@ def trainer_class(variant: str) -> type:
     """The trainer class of ``variant``: a bench mode, with the options its suffix names as class attributes."""
     for suffix, options in SUFFIXES.items():
         if variant.endswith(suffix):
-            cls = MODE_CLASS(variant.removesuffix(suffix))
+            cls = mode_class(variant.removesuffix(suffix))
             return type(cls.__name__, (cls,), options)
-    return MODE_CLASS(variant)
+    return mode_class(variant)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,11 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     for v in variants:
         trainer_class(v)  # an unknown variant stops here, before any training
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(prof, "trainer_class", trainer_class):
+    with tempfile.TemporaryDirectory() as tmp:
         for v in variants:
             args = {"model": a.model, "data": a.data, "imgsz": a.imgsz, "batch": a.batch, "workers": 16,
                     "project": tmp}
-            p = prof.profile(v, args, steps=a.steps, warmup=a.warmup)
+            p = profile(v, trainer_class(v), args, steps=a.steps, warmup=a.warmup)
             rows.append({"variant": v, "images_per_s": p.images_per_s, "gpu_util": p.gpu_util,
                          "step_ms": p.step_ms, "optimizer": p.optimizer, "phases_ms": p.phases_ms,
                          "own_cores_busy": p.own_cores_busy})
