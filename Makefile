@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo  - create .venv, install, generate a synthetic dataset and run the main job on it
-#   make test  - create .venv if needed, install, run the tests (CPU only)
+#   make test  - create .venv if needed, install, lint (ruff, rules in pyproject.toml), run the tests (CPU only)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 demo: $(VENV)/.installed

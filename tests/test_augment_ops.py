@@ -101,8 +101,8 @@ def test_flips_equal_ultralytics():
             p = {"flip": on, "h": S, "w": S, "direction": direction, "flip_idx": None}
             labels = f.apply_instances(f.apply_image(labels, p), p)
         fp = geometry.FlipParams(torch.tensor([ud]), torch.tensor([lr]))
-        layout = geometry.Layout(torch.tensor([[0]]), torch.tensor([[[0, 0, S, S]]]), torch.zeros(1, 1, 2, dtype=torch.long),
-                                 torch.tensor([[S, S]]), torch.tensor([False]))
+        layout = geometry.Layout(torch.tensor([[0]]), torch.tensor([[[0, 0, S, S]]]),
+                                 torch.zeros(1, 1, 2, dtype=torch.long), torch.tensor([[S, S]]), torch.tensor([False]))
         ours = warp_reference(torch.from_numpy(img)[None], layout, torch.eye(3)[None], fp, S, False)
         np.testing.assert_array_equal(ours[0].permute(1, 2, 0).numpy(), labels["img"])
         labels["instances"].convert_bbox("xyxy")
@@ -151,6 +151,15 @@ def test_mixup_equals_ultralytics():
     assert 0.3 < float(p.ratio.min()) and float(p.ratio.max()) < 0.7  # Beta(32, 32) is tight around 0.5
 
 
+def _labels_of(rows, k: int) -> dict:
+    """Row ``k`` of augmented rows as Ultralytics' labels dict (HWC image, xyxy pixel boxes)."""
+    from ultralytics.utils.instance import Instances
+
+    return {"img": np.ascontiguousarray(rows.img[k].permute(1, 2, 0).numpy()),
+            "cls": rows.cls[k][rows.valid[k]].numpy()[:, None],
+            "instances": Instances(rows.boxes[k][rows.valid[k]].numpy().copy(), bbox_format="xyxy", normalized=False)}
+
+
 def test_cutmix_equals_ultralytics(pack):
     train = pack(S)
     hyp = _geometry_only(cutmix=1.0, mosaic=0.0)
@@ -165,18 +174,11 @@ def test_cutmix_equals_ultralytics(pack):
         boxes, valid = base.boxes[:B], base.valid[:B]
         plan = mix.plan_cutmix(params.cutmix, boxes, valid, base.boxes, base.valid, S)
         areas = mix.cutmix_areas(params.cutmix, S)
-        from ultralytics.utils.instance import Instances
-
         for b in range(B):
             if not bool(params.cutmix.apply[b]):
                 continue
             j = int(params.cutmix.partner[b])
-            def labels_of(k):
-                return {"img": np.ascontiguousarray(base.img[k].permute(1, 2, 0).numpy()),
-                        "cls": base.cls[k][base.valid[k]].numpy()[:, None],
-                        "instances": Instances(base.boxes[k][base.valid[k]].numpy().copy(), bbox_format="xyxy",
-                                               normalized=False)}
-            labels, partner = labels_of(b), labels_of(j)
+            labels, partner = _labels_of(base, b), _labels_of(base, j)
             cm = CutMix(SimpleNamespace(get_image_and_label=lambda i, pl=partner: pl), p=1.0)
             lam = params.cutmix.lam[b].tolist()
             c = (params.cutmix.centre[b] * S).floor().long().tolist()

@@ -22,7 +22,8 @@ def _painted_batch(n: int, seed: int = 0) -> tuple[SourceBatch, torch.Tensor]:
     boxes = torch.zeros(n, 1, 4)
     for i in range(n):  # test set-up, not the hot path
         h, w = hw[i].tolist()
-        bw, bh = torch.randint(12, w // 2, (1,), generator=g).item(), torch.randint(12, h // 2, (1,), generator=g).item()
+        bw = torch.randint(12, w // 2, (1,), generator=g).item()
+        bh = torch.randint(12, h // 2, (1,), generator=g).item()
         x1, y1 = torch.randint(0, w - bw, (1,), generator=g).item(), torch.randint(0, h - bh, (1,), generator=g).item()
         images[i, y1:y1 + bh, x1:x1 + bw] = colours[i]
         boxes[i, 0] = torch.tensor([(x1 + bw / 2) / w, (y1 + bh / 2) / h, bw / w, bh / h])
@@ -74,8 +75,8 @@ def test_box_transforms_compose_as_matrices():
 
 def _single(img: torch.Tensor) -> tuple:
     h, w = img.shape[1:3]
-    layout = geometry.Layout(torch.tensor([[0]]), torch.tensor([[[0, 0, w, h]]]), torch.zeros(1, 1, 2, dtype=torch.long),
-                             torch.tensor([[h, w]]), torch.tensor([False]))
+    layout = geometry.Layout(torch.tensor([[0]]), torch.tensor([[[0, 0, w, h]]]),
+                             torch.zeros(1, 1, 2, dtype=torch.long), torch.tensor([[h, w]]), torch.tensor([False]))
     return layout, geometry.FlipParams(torch.tensor([False]), torch.tensor([False]))
 
 
@@ -119,7 +120,8 @@ def test_integer_shift_is_an_exact_copy():
 def test_sampled_probabilities():
     hyp = AugmentHyp(mosaic=0.3, mixup=0.6, fliplr=0.25, flipud=0.75, bgr=0.5)
     p = GpuAugment(hyp).sample(20000, torch.Generator().manual_seed(0))
-    for got, want in ((p.mosaic.apply, 0.3), (p.mixup.apply, 0.6), (p.flips.lr, 0.25), (p.flips.ud, 0.75), (p.bgr, 0.5)):
+    for got, want in ((p.mosaic.apply, 0.3), (p.mixup.apply, 0.6), (p.flips.lr, 0.25), (p.flips.ud, 0.75),
+                      (p.bgr, 0.5)):
         assert abs(got.float().mean().item() - want) < 0.015
     assert abs(p.mixup.ratio.mean().item() - 0.5) < 0.005 and abs(p.mixup.ratio.std().item() - (1 / 260) ** 0.5) < 0.003
     # each sample blends with a row of its own: a fresh mosaic of an image drawn uniformly from the batch

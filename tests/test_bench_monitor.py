@@ -249,7 +249,8 @@ def test_profile_keeps_every_step_past_the_step_clocks_default(synth_root, tmp_p
     from yolofeed.monitor.profile import profile
     from yolofeed.ultralytics_seam import DetectionTrainer
 
-    p = profile("stock", DetectionTrainer, {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2,
-                          "device": "cpu", "project": str(tmp_path)}, steps=205, warmup=3, window=41)
+    args = {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2, "device": "cpu",
+            "project": str(tmp_path)}
+    p = profile("stock", DetectionTrainer, args, steps=205, warmup=3, window=41)
     assert p.steps == 205 and len(p.timeline["step_t"]) == 205 and p.warmup == 3
     assert p.timeline["step_t"][0] > 0  # the first measured step ends after the clock starts

@@ -12,9 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from yolofeed.doctor.rules import Facts, diagnose
-
 from helpers import FakeClock
+from yolofeed.doctor.rules import Facts, diagnose
 
 # a healthy GPU run: fed, busy, big steps; each case below changes what makes its cause true
 FED = Facts(images_per_s=1500, step_ms=85, data_wait=0.01, preprocess_share=0.03, gpu_util=92, cores=16,
@@ -30,7 +29,8 @@ CASES = {
     "too_few_workers_h200": dict(data_wait=0.92, gpu_util=5.8, workers=1, own_cores_busy=1.17,
                                  machine_cores_busy=1.19, batch=64, images_per_s=66.4, step_ms=970,
                                  yolofeed_images_per_s=918),
-    "disk_io": dict(data_wait=0.45, gpu_util=45, iowait=0.35, disk_read_mb_s=180, own_cores_busy=4, machine_cores_busy=4),
+    "disk_io": dict(data_wait=0.45, gpu_util=45, iowait=0.35, disk_read_mb_s=180, own_cores_busy=4,
+                    machine_cores_busy=4),
     "cpu_contention": dict(data_wait=0.40, gpu_util=50, own_cores_busy=8, machine_cores_busy=15.8),
     "host_to_device": dict(preprocess_share=0.30, gpu_util=70, data_wait=0.02),
     "small_batch": dict(batch=4, step_ms=22, gpu_util=35, data_wait=0.03),
@@ -97,7 +97,8 @@ def test_callback_clock_times_each_callback_and_skips_its_own():
         for fn in callbacks["on_train_batch_end"]:
             fn(None)
     ms = cc.ms_per_step(10)
-    assert list(ms) == [f"{__name__}.test_callback_clock_times_each_callback_and_skips_its_own.<locals>.logger_batch_end"]
+    here = f"{__name__}.test_callback_clock_times_each_callback_and_skips_its_own.<locals>"
+    assert list(ms) == [f"{here}.logger_batch_end"]
     assert abs(ms[next(iter(ms))] - 4.0) < 1e-9
 
 

@@ -300,7 +300,6 @@ def test_single_cls_says_which_images_stock_would_also_use(synth_root, tmp_path,
     """Stock skips its class-range check under single_cls and keeps a label with class 85 of 80; the pack
     skips it: the run says so, naming the file, instead of training on fewer images silently."""
     from helpers import copy_dataset, ultralytics_dataset
-
     from yolofeed import FastDetectionTrainer
 
     root = copy_dataset(synth_root, tmp_path / "ds")

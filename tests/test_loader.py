@@ -53,7 +53,8 @@ def test_drop_last_drops_the_same_on_every_rank():
         lens = {len(EpochSampler(np.arange(37), 5, rank=r, world_size=ws, drop_last=True).batches()) for r in range(ws)}
         assert len(lens) == 1
         for r in range(ws):
-            assert all(len(x) == 5 for x in EpochSampler(np.arange(37), 5, rank=r, world_size=ws, drop_last=True).batches())
+            sampler = EpochSampler(np.arange(37), 5, rank=r, world_size=ws, drop_last=True)
+            assert all(len(x) == 5 for x in sampler.batches())
 
 
 def test_fraction_counts_files_as_ultralytics_does(synth_root, tmp_path):

@@ -72,7 +72,7 @@ def test_ring_keeps_pixels_sizes_and_labels():
     pool = PartnerPool(7, 5)
     rng = np.random.default_rng(1)
     seen: dict[int, SourceBatch] = {}
-    for step in range(12):
+    for _ in range(12):
         ids = rng.choice(1000, int(rng.integers(1, 6)), replace=False)
         batch = _tiny_batch(ids, width=int(rng.integers(1, 4)))
         first = pool.push(batch, ids)

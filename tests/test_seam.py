@@ -50,8 +50,7 @@ def drift(pinned: seam.Pinned) -> str | None:
                                         f"{pinned.ultralytics} (installed: Ultralytics {seam.VERSION})"))
 
 
-@pytest.mark.parametrize("pinned", PINNED, ids=[p.ultralytics.rsplit(".", 2)[-2] + "." + p.ultralytics.rsplit(".", 1)[-1]
-                                                  for p in PINNED])
+@pytest.mark.parametrize("pinned", PINNED, ids=[".".join(p.ultralytics.rsplit(".", 2)[-2:]) for p in PINNED])
 def test_copied_and_relied_on_methods_have_not_drifted(pinned):
     recorded = (RECORDED / f"{pinned.ultralytics}.txt").read_text()
     assert seam.source_hash(recorded) == pinned.sha256, "the recorded source and the seam's hash disagree"

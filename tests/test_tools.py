@@ -14,9 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import parity_merge, pack_crc_cost, reproduce
-from tools.device import (amp_steps, augment_bench, decode_ceiling, gpu_gaps, io_probe, kernel_top, monitor_overhead,
-                          step_ab, syncs, val_equality)
+from tools import pack_crc_cost, parity_merge, reproduce
+from tools.device import (
+    amp_steps,
+    augment_bench,
+    decode_ceiling,
+    gpu_gaps,
+    io_probe,
+    kernel_top,
+    monitor_overhead,
+    step_ab,
+    syncs,
+    val_equality,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHELL = sorted((ROOT / "tools" / "device").glob("*.sh"))

@@ -15,8 +15,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from yolofeed import __version__
-from yolofeed.config import (BenchConfig, DoctorConfig, PackConfig, ParityConfig, SynthConfig, TrainConfig,
-                             fields_of)
+from yolofeed.config import BenchConfig, DoctorConfig, PackConfig, ParityConfig, SynthConfig, TrainConfig, fields_of
 from yolofeed.errors import ConfigError, DatasetError, YolofeedError
 
 
@@ -33,9 +32,11 @@ COMMANDS: dict[str, Command] = {
                      "yolofeed synth out=datasets/synth n_train=10000 n_val=1000"),
     "pack": Command("yolofeed.pack.build:run", PackConfig, "pack a YOLO dataset into one memory-mappable store",
                     "yolofeed pack data=datasets/synth/data.yaml imgsz=640"),
-    "train": Command("yolofeed.train.run:run", TrainConfig, "Ultralytics training fed from the GPU (any yolo train key)",
+    "train": Command("yolofeed.train.run:run", TrainConfig,
+                     "Ultralytics training fed from the GPU (any yolo train key)",
                      "yolofeed train model=yolo11n.yaml data=datasets/synth/data.yaml epochs=100 batch=128"),
-    "doctor": Command("yolofeed.doctor.run:run", DoctorConfig, "profile a training setup: where the time goes, what to change",
+    "doctor": Command("yolofeed.doctor.run:run", DoctorConfig,
+                      "profile a training setup: where the time goes, what to change",
                       "yolofeed doctor model=yolo11n.yaml data=coco.yaml batch=64 workers=8"),
     "bench": Command("yolofeed.bench.run:run", BenchConfig, "stock vs yolofeed vs GPU-resident ceiling, side by side",
                      "yolofeed bench model=yolo11n.yaml data=datasets/synth/data.yaml batch=128 imgsz=640"),

@@ -70,7 +70,7 @@ class PackConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Train with Ultralytics' DetectionTrainer fed by a GPU-resident pipeline. Any ``yolo train`` key passes through."""
+    """Ultralytics' DetectionTrainer fed by a GPU-resident pipeline; any ``yolo train`` key passes through."""
 
     model: str | None = key(None, "model yaml or weights, as for yolo train (e.g. yolo11n.yaml); required unless "
                             "resume=path")

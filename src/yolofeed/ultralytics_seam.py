@@ -74,22 +74,37 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     import ultralytics.utils.tqdm as _tqdm  # progress_bar_drawn (read at call time: tests patch it)
     from ultralytics import YOLO  # train.run, bench.parity: the model a run trains
     from ultralytics.cfg import (  # cli, train.keys, augment.hyp: Ultralytics' keys, defaults and key=value reading
-        DEFAULT_CFG_DICT, check_cfg, get_cfg, parse_key_value_pair, smart_value)
+        DEFAULT_CFG_DICT,
+        check_cfg,
+        get_cfg,
+        parse_key_value_pair,
+        smart_value,
+    )
     from ultralytics.data.dataset import YOLODataset  # bench.parity: builds Ultralytics' label caches up front
     from ultralytics.data.utils import (  # pack: which files a split holds and how a sample is checked
-        IMG_FORMATS, check_det_dataset, exif_size, get_split_fraction, img2label_paths)
+        IMG_FORMATS,
+        check_det_dataset,
+        exif_size,
+        get_split_fraction,
+        img2label_paths,
+    )
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
     from ultralytics.nn.tasks import DetectionModel, guess_model_task, yaml_model_load  # train.keys: a model's task
     from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
     from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss  # train.loss subclasses
     from ultralytics.utils.metrics import bbox_iou  # train.loss: the box loss's CIoU
     from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh  # pack.verify, train.loss: box formats
-    from ultralytics.utils.patches import _image_open as pil_open  # pack.verify: Pillow's opener, without the
-    # pi-heif auto-install Ultralytics' patched Image.open does (nothing may install or download at run time)
+
+    # pack.verify: Pillow's opener, without the pi-heif auto-install Ultralytics' patched Image.open does (nothing
+    # may install or download at run time)
+    from ultralytics.utils.patches import _image_open as pil_open
     from ultralytics.utils.patches import imread  # pack.verify: the decoder Ultralytics' datasets use
     from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors  # train.loss
     from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
-        parse_device, torch_distributed_zero_first, unwrap_model)
+        parse_device,
+        torch_distributed_zero_first,
+        unwrap_model,
+    )
 except ImportError as e:
     raise UltralyticsVersionError(f"Ultralytics {ultralytics.__version__}: {e}; yolofeed works with Ultralytics "
                                   f"{TESTED}: {FIX}") from None
@@ -183,7 +198,8 @@ COPIED: tuple[Pinned, ...] = (
            "stride_val as a Python scalar; SyncFreeDetectionLoss.early_candidates repeats its steps to count ahead"),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
            "yolofeed.train.loss.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead"),
-    Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0", "yolofeed.train.loss.SyncFreeBboxLoss.forward",
+    Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0",
+           "yolofeed.train.loss.SyncFreeBboxLoss.forward",
            "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0"),
 )
 

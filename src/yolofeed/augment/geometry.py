@@ -334,7 +334,8 @@ class FlipParams:
     lr: Tensor
 
 
-def sample_flips(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None, device: torch.device) -> FlipParams:
+def sample_flips(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
+                 device: torch.device) -> FlipParams:
     return FlipParams(coin(generator, batch_size, hyp.flipud, device), coin(generator, batch_size, hyp.fliplr, device))
 
 

@@ -27,7 +27,8 @@ def letterbox_offsets(hw: Tensor, shape: Tensor) -> Tensor:
     return _py_round(d - 0.1).long()
 
 
-def letterbox(images: Tensor, hw: Tensor, shape: tuple[int, int] | Tensor, border: int = BORDER) -> tuple[Tensor, Tensor]:
+def letterbox(images: Tensor, hw: Tensor, shape: tuple[int, int] | Tensor,
+              border: int = BORDER) -> tuple[Tensor, Tensor]:
     """Centre each image on a ``shape`` canvas filled with ``border``.
 
     Args:

@@ -78,7 +78,10 @@ def cutmix_areas(p: CutMixParams, size: int) -> Tensor:
 
 
 def ioa(a: Tensor, b: Tensor, eps: float = 1e-7) -> Tensor:
-    """Intersection over the area of ``b`` (Ultralytics' ``bbox_ioa``). Shape: a (..., A, 4), b (..., K, 4) -> (..., A, K)."""
+    """Intersection over the area of ``b`` (Ultralytics' ``bbox_ioa``).
+
+    Shape: a (..., A, 4), b (..., K, 4) -> (..., A, K).
+    """
     lt = torch.maximum(a[..., :, None, :2], b[..., None, :, :2])
     rb = torch.minimum(a[..., :, None, 2:], b[..., None, :, 2:])
     inter = (rb - lt).clamp(min=0).prod(-1)

@@ -55,6 +55,14 @@ def _fma(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
+def _row(ys: Tensor, A: Tensor, j: int) -> Tensor:
+    """``float(y * A[j]) + A[j + 1]`` per output row: two roundings, as OpenCV's row term.
+
+    Shape: ys (n, H) float32; A (n, 9). Returns (n, H, 1).
+    """
+    return ((ys * A[:, j, None]) + A[:, j + 1, None])[:, :, None]
+
+
 def _fetch(sources: Tensor, layout: Layout, b: Tensor, cx: Tensor, cy: Tensor, border: int) -> Tensor:
     """Canvas pixels (cx, cy) of samples ``b``: the covering tile's source pixel, else ``border``.
 
@@ -95,14 +103,11 @@ def warp_reference(sources: Tensor, layout: Layout, M: Tensor, flips: FlipParams
         xs = torch.where(flips.lr[sl, None], size - 1 - ar, ar).float()  # (n, W) output index after flip
         ys = torch.where(flips.ud[sl, None], size - 1 - ar, ar).float()  # (n, H)
 
-        def row(j: int) -> Tensor:  # float(y * M[j]) + M[j + 1]: two roundings, as OpenCV's row term
-            return ((ys * A[:, j, None]) + A[:, j + 1, None])[:, :, None]
-
         X = xs[:, None, :].expand(-1, size, -1)
-        sx = _fma(A[:, 0, None, None].expand_as(X), X, row(1).expand_as(X))
-        sy = _fma(A[:, 3, None, None].expand_as(X), X, row(4).expand_as(X))
+        sx = _fma(A[:, 0, None, None].expand_as(X), X, _row(ys, A, 1).expand_as(X))
+        sy = _fma(A[:, 3, None, None].expand_as(X), X, _row(ys, A, 4).expand_as(X))
         if perspective:
-            w = _fma(A[:, 6, None, None].expand_as(X), X, row(7).expand_as(X))
+            w = _fma(A[:, 6, None, None].expand_as(X), X, _row(ys, A, 7).expand_as(X))
             sx, sy = sx / w, sy / w
         fx, fy = torch.floor(sx), torch.floor(sy)
         ax, ay = (sx - fx)[..., None], (sy - fy)[..., None]

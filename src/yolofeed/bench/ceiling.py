@@ -71,7 +71,8 @@ class CeilingTrainer(SyncFreeStep, DetectionTrainer):
             return loader
         batches = []
         for batch in loader:
-            batches.append({k: v.to(self.device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()})
+            batches.append({k: v.to(self.device, non_blocking=True) if hasattr(v, "to") else v
+                            for k, v in batch.items()})
             if len(batches) == REPLAYED:
                 break
         replay = ReplayLoader(batches, len(loader), loader.dataset, loader.batch_size)

@@ -290,7 +290,8 @@ def run(cfg: ParityConfig) -> Summary:
     _prepare(cfg)
     jobs = [Job(side, seed, f"{side}-seed{seed}", out / "logs" / f"{side}-seed{seed}.log")
             for seed in range(cfg.first_seed, cfg.first_seed + cfg.seeds) for side in SIDES]
-    title = f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, batch {cfg.batch}"
+    title = (f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, "
+             f"batch {cfg.batch}")
 
     def spec(job: Job) -> dict:
         args = {"data": str(Path(cfg.data).resolve()), "epochs": cfg.epochs, "imgsz": cfg.imgsz, "batch": cfg.batch,

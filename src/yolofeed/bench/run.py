@@ -23,6 +23,7 @@ from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError
 from yolofeed.monitor.profile import Progress, profile
+
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 

@@ -120,6 +120,16 @@ def _slower(f: Facts) -> bool:
     return bool(f.yolofeed_images_per_s) and f.yolofeed_images_per_s < f.images_per_s
 
 
+def _more_workers(f: Facts) -> int:
+    """Workers to try: double, or enough to use the idle cores, at least one more, at most the cores."""
+    return min(f.cores, max(2 * f.workers, f.workers + round(f.idle_cores), f.workers + 1))
+
+
+def _more_data(f: Facts) -> float:
+    """How much faster data could come: bounded by the wait removed and by the idle cores put to work."""
+    return min(1 / (1 - f.data_wait), (f.own_cores_busy + f.idle_cores) / max(f.own_cores_busy, 1e-9))
+
+
 def _gain(f: Facts) -> str:
     if _slower(f):
         return (f"but measured here yolofeed was slower: {f.yolofeed_images_per_s:,.0f} img/s vs "
@@ -138,7 +148,8 @@ RULES: list[Rule] = [
      lambda f: (f.data_wait >= T["wait_high"] or _starved(f))
      and f.other_cores_busy >= max(T["contention_cores"], T["contention_share"] * f.cores),
      lambda f: Verdict("cpu_contention", "Another process is taking the CPU that training needs",
-                       f"other processes kept {f.other_cores_busy:.1f} of {f.cores} cores busy; " + _waited_or_starved(f),
+                       f"other processes kept {f.other_cores_busy:.1f} of {f.cores} cores busy; "
+                       + _waited_or_starved(f),
                        ["stop or renice the other process (top / htop shows it)",
                         f"yolofeed train needs about one core for data, so it suffers least: {_gain(f)}"])),
     ("disk_io",
@@ -155,9 +166,8 @@ RULES: list[Rule] = [
      lambda f: Verdict("too_few_workers", "Too few DataLoader workers for this GPU",
                        f"workers={f.workers} kept {f.own_cores_busy:.1f} cores busy while {f.idle_cores:.1f} of "
                        f"{f.cores} cores sat idle; each step waited {_pct(f.data_wait)} for data",
-                       [f"workers={min(f.cores, max(2 * f.workers, f.workers + round(f.idle_cores), f.workers + 1))}: about "
-                        f"{min(1 / (1 - f.data_wait), (f.own_cores_busy + f.idle_cores) / max(f.own_cores_busy, 1e-9)):.1f}"
-                        "x more data per second, until the GPU is the limit",
+                       [f"workers={_more_workers(f)}: about {_more_data(f):.1f}x more data per second, until the "
+                        "GPU is the limit",
                         "or yolofeed train, which needs no workers: " + _gain(f)])),
     ("cpu_augmentation",
      lambda f: f.gpu_util is not None and (f.data_wait >= T["wait_high"] or _starved(f))

@@ -22,7 +22,8 @@ from yolofeed.pack import Pack
 RECT_PAD = 0.5  # Ultralytics builds validation datasets with pad=0.5
 
 
-def rect_batches(ori_shapes: np.ndarray, batch_size: int, imgsz: int, stride: int) -> tuple[np.ndarray, list, np.ndarray]:
+def rect_batches(ori_shapes: np.ndarray, batch_size: int, imgsz: int,
+                 stride: int) -> tuple[np.ndarray, list, np.ndarray]:
     """Ultralytics' ``BaseDataset.set_rectangle``: aspect-ratio order, batches, and each batch's (h, w).
 
     Returns:

@@ -22,8 +22,15 @@ from yolofeed.errors import UltralyticsError
 from yolofeed.monitor.callbacks import CallbackClock
 from yolofeed.monitor.steps import PhaseSummary, StepClock, phase_summary, step_stats, window_median
 from yolofeed.monitor.system import SystemSampler
-from yolofeed.ultralytics_seam import (FIX, LOGGER, TESTED, StopTraining, mark_phases, train_until_stopped,
-                                       unbounded_epochs)
+from yolofeed.ultralytics_seam import (
+    FIX,
+    LOGGER,
+    TESTED,
+    StopTraining,
+    mark_phases,
+    train_until_stopped,
+    unbounded_epochs,
+)
 
 
 @dataclass

@@ -67,8 +67,18 @@ from yolofeed.config import PackConfig, usable_cores
 from yolofeed.errors import DatasetError, PackError, StalePackError
 from yolofeed.pack.lock import FolderLock, process_alive, process_start
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
-from yolofeed.pack.store import (INDEX_DTYPE, STORAGES, SUFFIX, Pack, _pwrite_all, align, payload_crcs,
-                                 rebuild_command, store_dir, write_tail)
+from yolofeed.pack.store import (
+    INDEX_DTYPE,
+    STORAGES,
+    SUFFIX,
+    Pack,
+    _pwrite_all,
+    align,
+    payload_crcs,
+    rebuild_command,
+    store_dir,
+    write_tail,
+)
 from yolofeed.pack.verify import SampleError, exif_size, load_sample, pil_open, resized_hw
 
 LOGGER = logging.getLogger(__name__)

@@ -134,12 +134,14 @@ def list_images(paths: list[str]) -> list[str]:
         elif p.is_file():
             with open(p, encoding="utf-8-sig") as t:
                 parent = str(p.parent) + os.sep
-                found += [x.replace("./", parent, 1) if x.startswith("./") else x for x in t.read().strip().splitlines()]
+                lines = t.read().strip().splitlines()
+                found += [x.replace("./", parent, 1) if x.startswith("./") else x for x in lines]
         else:
             raise DatasetError(f"'{p}' does not exist. Check the data yaml's path: and split entries.")
     im_files = sorted(x.replace("/", os.sep) for x in found if x.rpartition(".")[-1].lower() in IMG_FORMATS)
     if not im_files:
-        raise DatasetError(f"no images found in {', '.join(paths)}. Supported formats: {', '.join(sorted(IMG_FORMATS))}.")
+        raise DatasetError(f"no images found in {', '.join(paths)}. "
+                           f"Supported formats: {', '.join(sorted(IMG_FORMATS))}.")
     return im_files
 
 

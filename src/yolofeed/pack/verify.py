@@ -98,7 +98,8 @@ def check_image(path: str) -> ImageInfo:
     except FileNotFoundError:
         raise SampleError("image file not found") from None
     except Exception as e:
-        raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; re-export or remove it") from None
+        raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; "
+                          "re-export or remove it") from None
     if h < MIN_SIDE or w < MIN_SIDE:
         raise SampleError(f"image is {w}x{h} px; Ultralytics needs at least {MIN_SIDE} px a side: remove it")
     if fmt.lower() not in IMG_FORMATS | {"jpeg2000"}:

@@ -272,6 +272,7 @@ def check_device(device: Any) -> str:
         ConfigError: a device that is not the CPU or CUDA indices this machine has.
     """
     import torch
+
     from yolofeed.ultralytics_seam import parse_device
 
     canonical = parse_device(device if device is not None else "")

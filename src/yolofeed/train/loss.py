@@ -39,8 +39,17 @@ from torch import Tensor
 
 from yolofeed import ultralytics_seam as seam
 from yolofeed.augment.pipeline import normalised_xywh  # to_ultralytics' own formula: the same box values
-from yolofeed.ultralytics_seam import (BboxLoss, TaskAlignedAssigner, bbox2dist, bbox_iou, make_anchors,
-                                       unwrap_model, v8DetectionLoss, xywh2xyxy, xyxy2xywh)
+from yolofeed.ultralytics_seam import (
+    BboxLoss,
+    TaskAlignedAssigner,
+    bbox2dist,
+    bbox_iou,
+    make_anchors,
+    unwrap_model,
+    v8DetectionLoss,
+    xywh2xyxy,
+    xyxy2xywh,
+)
 
 
 @dataclass

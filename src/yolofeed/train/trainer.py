@@ -10,9 +10,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only five thin
   and ``single_cls`` applied as Ultralytics' datasets apply them; packs are built on first use.
 * The augmentation runs on the device (``GraphedAugment`` on CUDA: one graph replay per batch), with
   mosaic, MixUp and CutMix partners drawn from the images loaded lately (``PartnerPool``: Ultralytics'
-  ``dataset.buffer``, same size by default), one batch ahead (``AugmentAhead`` wraps the train loader: the host never waits for it), and the
-  trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader yields raw batches and
-  ``preprocess_batch`` augments them (a host sync per step to learn the box count).
+  ``dataset.buffer``, same size by default), one batch ahead (``AugmentAhead`` wraps the train loader: the
+  host never waits for it), and the trainer gets Ultralytics' batch. With ``augment_ahead=False`` the loader
+  yields raw batches and ``preprocess_batch`` augments them (a host sync per step to learn the box count).
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
 * The step loses its host sync after the backward pass (``SyncFreeStep``, train/step.py): the progress
   bar's loss items reach the host one step late (the epoch's mean loss stays exact), and the detection
@@ -38,8 +38,18 @@ from yolofeed.pack.build import no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
-from yolofeed.ultralytics_seam import (DEFAULT_CFG, LOGGER, RANK, DetectionTrainer, data_complete, data_split,
-                                       data_yaml, get_split_fraction, torch_distributed_zero_first, unwrap_model)
+from yolofeed.ultralytics_seam import (
+    DEFAULT_CFG,
+    LOGGER,
+    RANK,
+    DetectionTrainer,
+    data_complete,
+    data_split,
+    data_yaml,
+    get_split_fraction,
+    torch_distributed_zero_first,
+    unwrap_model,
+)
 
 
 class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
