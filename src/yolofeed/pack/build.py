@@ -44,6 +44,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -75,11 +76,12 @@ from yolofeed.pack.store import (
     _pwrite_all,
     align,
     payload_crcs,
+    printable,
     rebuild_command,
     store_dir,
     write_tail,
 )
-from yolofeed.pack.verify import SampleError, exif_size, load_sample, pil_open, resized_hw
+from yolofeed.pack.verify import SampleError, exif_size, file_problem, load_sample, pil_open, resized_hw
 
 LOGGER = logging.getLogger(__name__)
 TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
@@ -179,12 +181,25 @@ def _close_worker() -> None:
 
 
 def _label_crc(lb_file: str) -> int:
-    """CRC32 of a label file's bytes; 0 when it cannot be read (its sample reports why)."""
+    """CRC32 of a label file's bytes; 0 when it is missing, not a regular file or cannot be read.
+
+    A FIFO, socket or device is not read (it could block forever): Ultralytics' ``os.path.isfile`` test
+    calls it missing, and so does ``read_labels``. Opened without blocking, then checked on the open
+    descriptor, so a file swapped for a FIFO between a check and the open cannot hang the build either.
+    """
     try:
-        with open(lb_file, "rb") as f:
+        fd = os.open(lb_file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError:
+        return 0
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0
+        with open(fd, "rb", closefd=False) as f:
             return zlib.crc32(f.read())
     except OSError:
         return 0
+    finally:
+        os.close(fd)
 
 
 def _process(task: tuple[int, str, str]) -> tuple:
@@ -377,6 +392,8 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     picks = np.unique(np.linspace(0, n - 1, min(n, SPACE_SAMPLE)).round().astype(np.int64))
     payloads, label_bytes = [], []
     for i in picks.tolist():
+        if file_problem(src.im_files[i]):  # skipped by the build; a FIFO would block the header read forever
+            continue
         try:
             if storage == "raw":
                 with pil_open(src.im_files[i]) as im:
@@ -572,7 +589,7 @@ def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], work
     finally:
         del written
     if len(bad):
-        names = ", ".join(files[i] for i in bad[:3])
+        names = ", ".join(printable(files[i]) for i in bad[:3])
         raise PackError(f"pack {split}: {len(bad)} image(s) read back from {tmp} differ from what was written "
                         f"({names}): a disk or memory fault, or a bug in yolofeed. Nothing was published; build "
                         "again, and check the disk (dmesg) if it happens again")
@@ -613,7 +630,8 @@ def _write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[
     lines = [f"# {dest.name}: {len(skipped)} skipped, {len(notes)} notes. file<TAB>status<TAB>reason"]
     lines += [f"{f}\tskipped\t{r}" for f, r in skipped] + [f"{f}\tnote\t{r}" for f, r in notes]
     tmp = report.with_name(f".{report.name}{TMP_MARK}{os.getpid()}")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # a name that is not UTF-8 is written as its bytes, so the report names the very file (cut -f1 | xargs ...)
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogateescape")
     os.replace(tmp, report)
     return report
 
@@ -675,7 +693,7 @@ def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource
     if rebuild == "check":
         changed = np.nonzero(_label_crcs(src.label_files) != pack.label_crc)[0]
         if len(changed):
-            names = ", ".join(src.label_files[i] for i in changed[:3])
+            names = ", ".join(printable(src.label_files[i]) for i in changed[:3])
             raise StalePackError(f"{path} is stale: {len(changed)} label file(s) changed content since it was "
                                  f"built, keeping their size and time ({names}); {fix}")
     if verify:
@@ -792,7 +810,7 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
     else:
         lines[0] += f", up to date (built {h['created']})"
     for f, r in h["skipped"][:max_listed]:
-        lines.append(f"  skipped {f}: {r}")
+        lines.append(f"  skipped {printable(f)}: {printable(r)}")
     if len(h["skipped"]) > max_listed:
         lines.append(f"  ... {len(h['skipped']) - max_listed} more skipped")
     for note, count in Counter(n.split(":")[0] for _, n in h["notes"]).most_common(5):
@@ -818,7 +836,8 @@ def run(cfg: PackConfig) -> list[BuildResult]:
 
 def read_report(dest: Path) -> list[list[str]]:
     """Rows of a pack's report file (for tests and the doctor)."""
-    return [line.split("\t") for line in report_path(dest).read_text(encoding="utf-8").splitlines()[1:]]
+    text = report_path(dest).read_text(encoding="utf-8", errors="surrogateescape")
+    return [line.split("\t") for line in text.splitlines()[1:]]
 
 
 __all__ = ["BuildResult", "build_split", "cache_root", "ensure_split", "no_labels", "open_or_build", "pack_folders",

@@ -11,7 +11,8 @@ can tell a finished file from an interrupted one::
   of the image's payload.
 * labels: (M, 5) float32 [class, x, y, w, h] normalised; image i owns rows
   ``label_start[i] : label_start[i] + label_count[i]``.
-* files: the image paths, NUL-separated UTF-8 (paths cannot contain NUL).
+* files: the image paths, NUL-separated, as the file system's bytes (``os.fsencode``: UTF-8, with a name
+  that is not valid UTF-8 kept byte for byte, as Linux allows and Ultralytics accepts; paths cannot hold NUL).
 * label_crc: one uint32 per source image tried (skipped ones too, in source order): the CRC32 of
   its label file's bytes (0 when missing), for ``rebuild=check``.
 * header: format version, imgsz, storage, source fingerprint, counts, skipped samples, build stats,
@@ -76,6 +77,12 @@ SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("
 
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def printable(path: str) -> str:
+    """A file name for a message or a text file: bytes that are not UTF-8 shown as ``\\xe9`` (a terminal or a
+    UTF-8 file cannot take the lone surrogates Python decodes them to)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 class Pack:
@@ -244,7 +251,7 @@ class Pack:
     @cached_property
     def im_files(self) -> list[str]:
         """Source image paths, in pack order (Ultralytics' sorted order, skipped files left out)."""
-        return [f.decode("utf-8") for f in self.files_bytes_split()]
+        return [os.fsdecode(f) for f in self.files_bytes_split()]
 
     # -- samples ----------------------------------------------------------------------------
     def image(self, i: int) -> np.ndarray:
@@ -322,7 +329,8 @@ class Pack:
         if len(bad):
             fix = fix or _fix_from_header(self.path, self.header)
             files = self.im_files
-            names = ", ".join(files[i] for i in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            names = ", ".join(printable(files[i]) for i in bad[:3])
+            names += f" and {len(bad) - 3} more" if len(bad) > 3 else ""
             raise PackError(f"{self.path} is damaged: the stored pixels of {len(bad)} image(s) fail their "
                             f"checksum ({names}); {fix}")
 
@@ -351,7 +359,7 @@ def write_tail(fd: int, data_end: int, index: np.ndarray, labels: np.ndarray, fi
     sections, sums = {}, {}
     for name, blob in (("index", index.astype(INDEX_DTYPE).tobytes()),
                        ("labels", np.ascontiguousarray(labels, np.float32).tobytes()),
-                       ("files", "\0".join(files).encode("utf-8")),
+                       ("files", b"\0".join(map(os.fsencode, files))),
                        ("label_crc", np.ascontiguousarray(label_crc, np.uint32).tobytes())):
         _pwrite_all(fd, blob, pos)
         sections[name], sums[name] = [pos, len(blob)], zlib.crc32(blob)

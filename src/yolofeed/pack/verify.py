@@ -14,10 +14,11 @@ user's data intact and the run offline:
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import io
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 
 import cv2
@@ -62,28 +63,64 @@ class Sample:
     notes: list[str] = field(default_factory=list)
 
 
+def _is_heif(path: str) -> bool:
+    """Whether the file starts as an ISO media file (HEIC/HEIF/AVIF: an ``ftyp`` box at byte 4)."""
+    with open(path, "rb") as f:
+        return f.read(12)[4:8] == b"ftyp"
+
+
 def _open(path: str) -> Image.Image:
     try:
         return pil_open(path)
     except Image.UnidentifiedImageError:
+        if not _is_heif(path):
+            raise SampleError("not an image: Pillow recognises no image format in its bytes (a text or other file "
+                              "with an image's name?); replace it with the image or remove it") from None
         try:  # HEIC/HEIF: only with the plugin the user already has; never install at run time
             from pi_heif import register_heif_opener
         except ImportError:
-            raise SampleError("not an image Pillow can identify (HEIC/HEIF needs 'pip install pi-heif'); "
+            raise SampleError("a HEIC/HEIF image, which Pillow reads only with 'pip install pi-heif'; "
                               "convert it to JPEG or PNG or remove it") from None
         register_heif_opener()
         return pil_open(path)
+
+
+def file_problem(path: str) -> str:
+    """Why ``path`` cannot be read as an image file, found without opening it; "" when it can be.
+
+    One ``os.stat``. A FIFO (or a socket, a device) is refused here because opening it would block
+    the reader forever (Ultralytics hangs on one); a folder, a broken link or a link loop, an empty
+    file each get their own reason rather than Pillow's "cannot identify" for all of them.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "image file not found" + (" (a broken symbolic link)" if os.path.islink(path) else "")
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop: point the link at an image file or remove it"
+        return f"cannot read the file ({e.strerror or e}); check its permissions or remove it"
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder with an image's name, not an image file: rename or remove it"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket or device"
+        return (f"not a regular file but {kind}, never read (a read could block forever): replace it with the image "
+                "file or remove it")
+    if st.st_size == 0:  # say so, rather than Pillow's "cannot identify" and the HEIC hint
+        return "empty file (0 bytes): re-export the image or remove it"
+    return ""
 
 
 def check_image(path: str) -> ImageInfo:
     """Ultralytics' ``check_image`` without its rewrite: integrity, size >= 10 px, a known format.
 
     Raises:
-        SampleError: the file is missing, empty, unreadable, truncated, too small or of an unknown format.
+        SampleError: the file is missing, not a regular file, empty, unreadable, truncated, too small or of
+            an unknown format.
     """
-    with contextlib.suppress(OSError):  # a missing file is reported below
-        if os.path.getsize(path) == 0:  # say so, rather than Pillow's "cannot identify" and the HEIC hint
-            raise SampleError("empty file (0 bytes): re-export the image or remove it")
+    problem = file_problem(path)
+    if problem:
+        raise SampleError(problem)
     try:
         with _open(path) as im:
             im.verify()  # Pillow's integrity check: headers and, for PNG, chunk CRCs
@@ -97,6 +134,11 @@ def check_image(path: str) -> ImageInfo:
         raise
     except FileNotFoundError:
         raise SampleError("image file not found") from None
+    except OSError as e:
+        if e.errno is None:  # Pillow's own errors ("image file is truncated") carry no errno
+            raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; re-export or remove "
+                              "it") from None
+        raise SampleError(f"cannot read the file ({e.strerror or e}); check its permissions or remove it") from None
     except Exception as e:
         raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; "
                           "re-export or remove it") from None
