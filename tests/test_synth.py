@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from yolofeed import synth
+from yolofeed.cli import main
 from yolofeed.config import SynthConfig
 from yolofeed.errors import ConfigError
 
@@ -113,3 +115,43 @@ def test_a_learnable_set_for_accuracy_comparisons(tmp_path):
     for bad in (dict(classes=0), dict(classes=81), dict(boxes=0)):
         with pytest.raises(ConfigError):
             synth.run(SynthConfig(out=str(tmp_path / "bad"), n_train=1, n_val=0, imgsz=64, **bad))
+
+
+def test_settings_that_cannot_make_the_dataset_are_refused(tmp_path, capsys):
+    """Each used to be taken: negative counts wrote nothing and said nothing, imgsz=0 drew 32 px images, a
+    min_box larger than the images failed in a worker (ValueError: high <= 0), out= a file gave a traceback."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    base = dict(out=str(tmp_path / "new"), n_train=2, n_val=1, imgsz=32, workers=1)
+    side = synth.smallest_side(32)
+    for bad, words in ((dict(n_train=-3), "cannot be negative"), (dict(n_val=-1), "cannot be negative"),
+                       (dict(imgsz=0), "imgsz=0: expected at least 32"), (dict(imgsz=31), "at least 32"),
+                       (dict(min_box=side), f"use min_box={side - 1} or less"),
+                       (dict(out=str(a_file)), "is a file")):
+        with pytest.raises(ConfigError, match=words):
+            synth.run(SynthConfig(**{**base, **bad}))
+    assert not (tmp_path / "new").exists()
+    assert main(["synth", f"out={a_file}"]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+    # the largest min_box that fits is drawn, exactly: figures may be min_box + 1 px tall
+    root = synth.run(SynthConfig(**{**base, "min_box": side - 1, "n_train": 6})).parent
+    assert len(list((root / "images" / "train").glob("*.jpg"))) == 6
+
+
+def test_a_folder_holding_another_dataset_is_refused_and_the_same_one_rewritten(tmp_path):
+    """Synth into a folder of another dataset used to mix the two (5 + 5 images, then 2 + 2 with another
+    seed: 5 + 5 files, most of them old, reported as 2 + 2). The same command again, as 'make demo' runs it,
+    rewrites the same bytes."""
+    cfg = SynthConfig(out=str(tmp_path / "d"), n_train=5, n_val=5, imgsz=64, seed=1, workers=1)
+    root = synth.run(cfg).parent
+    first = _digest(root)
+    assert synth.run(cfg).parent == root and _digest(root) == first
+    with pytest.raises(ConfigError, match="already holds another dataset with seed=1 n_train=5 n_val=5 imgsz=64"):
+        synth.run(dataclasses.replace(cfg, n_train=2, n_val=2, seed=9))
+    assert _digest(root) == first  # untouched
+    (root / synth.MANIFEST).unlink()  # a user's dataset, or one an older yolofeed wrote: its settings are unknown
+    with pytest.raises(ConfigError, match=f"data.yaml, images, labels, and no {synth.MANIFEST}"):
+        synth.run(cfg)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert synth.run(dataclasses.replace(cfg, out=str(empty))).parent == empty  # an empty folder is fine

@@ -17,6 +17,7 @@ number of processes.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -190,13 +191,80 @@ def _jobs(root: Path, cfg: SynthConfig) -> Iterator[tuple[Path, SynthConfig, str
             yield root, cfg, split, i
 
 
-def run(cfg: SynthConfig) -> Path:
-    """Write the dataset described by ``cfg``; returns the path of its data.yaml."""
-    names = [CLASS_NAMES[i] for i in class_ids(cfg.classes)]
+MANIFEST = "synth.json"  # in out=: the settings that wrote the folder; the same settings again rewrite the same bytes
+MIN_IMGSZ = 32  # px: the smallest image side render draws
+
+
+def smallest_side(imgsz: int) -> int:
+    """The shortest side of any image ``render`` draws at ``imgsz``."""
+    return min(max(MIN_IMGSZ, round(imgsz * f)) for shape in SHAPE_CHOICES for f in shape)
+
+
+def manifest(cfg: SynthConfig) -> dict:
+    """What makes the files of ``out=``: every setting but the number of processes (the bytes do not depend on it)."""
+    return {"generator": "yolofeed synth", "seed": cfg.seed, "n_train": cfg.n_train, "n_val": cfg.n_val,
+            "imgsz": cfg.imgsz, "classes": cfg.classes, "boxes": cfg.boxes, "min_box": cfg.min_box}
+
+
+def check(cfg: SynthConfig) -> Path:
+    """Refuse settings that cannot make the dataset asked for, and an ``out=`` that holds another one.
+
+    A folder written by the same settings (its ``synth.json`` says so) is fine: the run rewrites the same
+    bytes, so ``make demo`` can run again. A folder with another dataset in it (other settings, or files
+    and no ``synth.json``) is refused: new files would mix with its old ones.
+
+    Returns:
+        The dataset's folder, absolute.
+
+    Raises:
+        ConfigError: a count below 0, imgsz below 32, a box setting that cannot be drawn, out= a file or a
+            folder holding another dataset.
+    """
+    class_ids(cfg.classes)
+    if cfg.n_train < 0 or cfg.n_val < 0:
+        raise ConfigError(f"n_train={cfg.n_train} n_val={cfg.n_val}: image counts cannot be negative")
+    if cfg.imgsz < MIN_IMGSZ:
+        raise ConfigError(f"imgsz={cfg.imgsz}: expected at least {MIN_IMGSZ} (the long side of the commonest image)")
     if cfg.boxes < 1 or cfg.min_box < 2:
         raise ConfigError(f"boxes={cfg.boxes} min_box={cfg.min_box}: expected at least 1 box per image and "
                           "figures of at least 2 px")
-    root = Path(cfg.out).expanduser().resolve()
+    side = smallest_side(cfg.imgsz)
+    if cfg.min_box >= side:  # render may draw a figure min_box + 1 px tall: it must fit inside every image
+        raise ConfigError(f"min_box={cfg.min_box}: figures that large do not fit the smallest images of imgsz="
+                          f"{cfg.imgsz} ({side} px on their short side); use min_box={side - 1} or less, or a larger "
+                          "imgsz=")
+    try:
+        root = Path(cfg.out).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # a symbolic link loop
+        raise ConfigError(f"out={cfg.out}: cannot resolve the path ({e})") from None
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"out={cfg.out} is a file; out= names the folder the dataset is written to (made if "
+                          "missing)")
+    found = [p.name for p in (root / "data.yaml", root / "images", root / "labels") if p.exists()]
+    if found:
+        try:
+            written = json.loads((root / MANIFEST).read_text())
+        except (OSError, ValueError):
+            written = None
+        if written != manifest(cfg):
+            was = (" with " + " ".join(f"{k}={v}" for k, v in written.items() if k != "generator")
+                   if isinstance(written, dict) else f" ({', '.join(found)}, and no {MANIFEST} of yolofeed synth)")
+            raise ConfigError(f"out={cfg.out} already holds another dataset{was}; new files would mix with its old "
+                              "ones. Choose another out=, or delete that folder first")
+    return root
+
+
+def run(cfg: SynthConfig) -> Path:
+    """Write the dataset described by ``cfg``; returns the path of its data.yaml.
+
+    Raises:
+        ConfigError: see ``check``.
+    """
+    names = [CLASS_NAMES[i] for i in class_ids(cfg.classes)]
+    root = check(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    # first: a run stopped half-way leaves a folder the same command completes, and another one refuses
+    _atomic_write(root / MANIFEST, json.dumps(manifest(cfg), indent=1).encode())
     for split in ("train", "val"):
         for kind in ("images", "labels"):
             (root / kind / split).mkdir(parents=True, exist_ok=True)
