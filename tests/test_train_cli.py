@@ -55,8 +55,9 @@ def test_the_resume_forms_of_yolo_train(tmp_path, monkeypatch, argv, expect):
     assert resume_checkpoint(build_config("train", argv)) == expect
 
 
-def test_resume_without_a_checkpoint_is_one_line(tmp_path):
-    for argv, words in ((["resume"], "resume needs the checkpoint"),
+def test_resume_without_a_checkpoint_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a bare resume looks for the newest last.pt here, as yolo train does
+    for argv, words in ((["resume"], "no last.pt under"),
                         ([f"resume={tmp_path}/nope.pt"], "no checkpoint at"),
                         ([f"model={tmp_path}/nope.pt", "resume"], "no checkpoint at")):
         with pytest.raises(ConfigError, match=words):

@@ -169,6 +169,14 @@ def check_paths(config: typing.Any) -> None:
         ConfigError: a folder key (``pack_dir=``, pack's ``out=``) names an existing file.
     """
     data = getattr(config, "data", None)
+    if isinstance(data, str) and data.strip().startswith("[") and data.strip().endswith("]"):
+        raise ConfigError(f"data={data}: a list of data yamls; yolofeed works on one dataset at a time (Ultralytics' "
+                          "multi-dataset fine-tuning is not supported): run once per data yaml")
+    if isinstance(data, str) and Path(data).expanduser().is_dir():
+        inside = sorted(p.name for p in Path(data).expanduser().glob("*.y*ml"))
+        hint = f": pass the data yaml inside it, e.g. data={Path(data) / inside[0]}" if inside else (
+            " with no data yaml in it: pass data=path/to/data.yaml")
+        raise DatasetError(f"data={data} is a folder{hint}")
     if isinstance(data, str) and not Path(data).expanduser().is_file():
         raise DatasetError(f"data={data}: file not found. Pass data=path/to/data.yaml, a local Ultralytics data yaml "
                            "('yolofeed synth' makes one to try)")

@@ -101,6 +101,9 @@ def run(cfg: BenchConfig) -> dict:
         raise ConfigError(f"modes={cfg.modes}: unknown {bad}; choose from {', '.join(MODES)}")
     if cfg.steps < cfg.window:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
+    from yolofeed.train.keys import check_device
+
+    check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"

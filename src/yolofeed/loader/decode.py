@@ -51,8 +51,8 @@ def decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> np.ndarray:
 
     im = cv2.imdecode(encoded, cv2.IMREAD_COLOR)
     if im is None:  # the build proved OpenCV reads every stored file: these bytes changed on disk since
-        raise PackError(f"{name}: OpenCV cannot decode the JPEG bytes stored in the pack (the pack file is damaged); "
-                        "rebuild it with 'yolofeed pack data=... rebuild=always'")
+        # the loader that read them adds the pack's own rebuild command (Pack.fix) to the message
+        raise PackError(f"{name}: OpenCV cannot decode the JPEG bytes stored in the pack (the pack file is damaged)")
     if im.shape[:2] != (h, w):
         im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
     return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)

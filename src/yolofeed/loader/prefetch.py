@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from yolofeed.augment import SourceBatch
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
 from yolofeed.loader.decode import decode_into
 from yolofeed.loader.labels import LabelView
@@ -155,15 +155,24 @@ class Prefetcher:
                 self._fill(slot, indices)
                 ready.put((k, indices))
         except Exception as e:  # handed to the consumer, which raises it in the training thread
-            err = LoaderError(f"the loader thread stopped at batch {k + 1} of {len(batches)} of the epoch, reading "
-                              f"{self.pack.path}: {type(e).__name__}: {e}")
-            err.__cause__ = e  # the traceback shows where in the thread it failed
-            ready.put(err)
+            ready.put(self._error(e, k, len(batches)))
             return
         except BaseException as e:
             ready.put(e)
             return
         ready.put(_STOP)
+
+    def _error(self, e: Exception, k: int, n: int) -> Exception:
+        """What the training thread raises for a failure while loading batch ``k`` of ``n``.
+
+        A damaged pack (``PackError``: bytes that no longer decode) is the user's to fix, in one line with the
+        command that rebuilds this very pack; anything else is a ``LoaderError`` with its cause chained.
+        """
+        where = f"the loader thread stopped at batch {k + 1} of {n} of the epoch, reading {self.pack.path}"
+        err = (PackError(f"{where}: {e}; {self.pack.fix}") if isinstance(e, PackError)
+               else LoaderError(f"{where}: {type(e).__name__}: {e}"))
+        err.__cause__ = e  # the traceback shows where in the thread it failed
+        return err
 
     # -- consumer -------------------------------------------------------------------------
     def _deliver(self, k: int, indices: np.ndarray) -> LoadedBatch:
@@ -184,10 +193,13 @@ class Prefetcher:
         self.close()
         if self.sync:
             slot = self.slots[0]
-            for indices in batches:
+            for k, indices in enumerate(batches):
                 if slot.consumed is not None:  # one slot: the GPU must be done with the last batch (a host wait;
                     slot.consumed.synchronize()  # sync mode is for tests and debugging)
-                self._fill(slot, indices)
+                try:
+                    self._fill(slot, indices)
+                except PackError as e:
+                    raise self._error(e, k, len(batches)) from e
                 yield self._deliver(0, indices)
                 if slot.consumed is not None:
                     slot.consumed.record(torch.cuda.current_stream(self.device))

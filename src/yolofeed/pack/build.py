@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import mmap
 import multiprocessing as mp
@@ -122,6 +123,7 @@ class BuildResult:
     pack: Pack
     built: bool  # False: an up-to-date pack was reused
     seconds: float = 0.0
+    verified: bool = False  # every payload's checksum was read back (verify=True on a reused pack)
 
 
 # -- worker side: runs in each build process ---------------------------------------------------
@@ -405,9 +407,10 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
             continue
         with contextlib.suppress(OSError):
             label_bytes.append(os.path.getsize(src.label_files[i]))
-    # index + label CRC + worst-case report lines per image, labels at most twice their text, the paths
+    # index + label CRC + worst-case header and report lines per image, labels at most twice their text, the
+    # paths, and the header's fixed part: its class names and ~2 KB of keys, counts and section alignment
     tail = n * (INDEX_DTYPE.itemsize + 4 + 256 + 2 * float(np.mean(label_bytes) if label_bytes else 0))
-    tail += sum(len(os.fsencode(f)) + 1 for f in src.im_files) + (1 << 20)
+    tail += sum(len(os.fsencode(f)) + 1 for f in src.im_files) + len(json.dumps(list(src.names), indent=1)) + 4096
     estimate = int(n * float(np.mean(payloads) if payloads else 0) + tail)
     bound = int(n * align(imgsz * imgsz * 3) + tail) if storage == "raw" else estimate
     free = shutil.disk_usage(folder).free
@@ -494,9 +497,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
     # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
     mapped = capacity if workers > 1 and space.free >= space.bound and _reserve(fd, capacity) else 0
-    if capacity and not mapped:
-        LOGGER.info(f"pack {src.split}: {_gb(space.free)} free, up to {_gb(space.bound)} needed: writing without "
-                    "reserving the space first (slower; a full disk stops the build with a message)")
+    if capacity and not mapped and workers > 1:  # one writer never maps: nothing to say
+        LOGGER.info(f"pack {src.split}: workers write with pwrite rather than a shared map (the disk space for the "
+                    f"largest possible pack, {_gb(space.bound)}, is not reserved up front; {_gb(space.free)} free)")
     ctx = _mp_context()
     counter = ctx.Value("Q", 0)
     initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped)
@@ -641,10 +644,21 @@ def report_path(dest: Path) -> Path:
     return dest.with_name(dest.name.removesuffix(SUFFIX) + ".report.txt")
 
 
-def _writable(folder: Path) -> OSError | None:
-    """None if packs can be written in ``folder`` (created if missing), else the error that says why not."""
+def _writable(folder: Path, create: bool = True) -> OSError | None:
+    """None if packs can be written in ``folder``, else the error that says why not.
+
+    Args:
+        create: make the folder when it is missing; False: make nothing, and try its first existing parent
+            (a file there, say, is ``NotADirectoryError``).
+    """
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        else:
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            if not folder.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file, not a folder")
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
@@ -652,17 +666,20 @@ def _writable(folder: Path) -> OSError | None:
     return None
 
 
-def _build_folder(folders: list[Path], split: str, chosen: bool) -> Path:
+def _build_folder(folders: list[Path], split: str, chosen: bool, create: bool = True) -> Path:
     """The first folder of ``folders`` where a pack can be written; says so when it is not the first.
+
+    Args:
+        create: see ``_writable``; False also keeps quiet (a check before the build, which says it again).
 
     Raises:
         PackError: none is writable (``chosen``: the user named the only one with out= / pack_dir=).
     """
     errors = []
     for folder in folders:
-        err = _writable(folder)
+        err = _writable(folder, create)
         if err is None:
-            if errors:
+            if errors and create:
                 LOGGER.warning(f"pack: {folders[0]} is not writable ({errors[0].strerror or errors[0]}); "
                                f"the {split} pack goes to {folder} instead (choose the folder with out= for "
                                "yolofeed pack, pack_dir= for yolofeed train)")
@@ -714,6 +731,50 @@ def no_labels(pack: Pack, training: bool = False) -> str:
     return ""
 
 
+def _expected(src: SplitSource, imgsz: int, storage: str) -> dict[str, Any]:
+    """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``)."""
+    return {"data": src.yaml_file, "imgsz": imgsz, "storage": storage, "fingerprint": src.fingerprint()}
+
+
+def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, storage: str, fix: str, rebuild: str,
+              verify: bool) -> tuple[Pack | None, list[PackError]]:
+    """The first valid pack ``name`` in ``folders``, and why each other one found there was refused."""
+    expect = _expected(src, imgsz, storage)
+    errors = []
+    for folder in folders:
+        if (folder / name).exists():
+            try:
+                return _open_checked(folder / name, expect, fix, src, rebuild, verify), errors
+            except PackError as e:
+                errors.append(e)
+    return None, errors
+
+
+def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
+                out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+    """Refuse now what ``ensure_split`` would refuse later, before a training run makes its folder or model.
+
+    With ``rebuild="never"``: the pack must exist and be valid and current (it is opened: its metadata
+    checksums, and a stat of every source file for the fingerprint). Otherwise, when no pack file is there
+    yet: some folder must take one (nothing is created; the build makes the folder). Reads no image.
+
+    Raises:
+        PackError / StalePackError / DatasetError: as ``ensure_split`` would.
+    """
+    if rebuild not in REBUILDS:
+        raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
+    d = data if isinstance(data, dict) else load_data_yaml(data)
+    folders = pack_folders(d["yaml_file"], imgsz, storage, out)
+    name = f"{split}{SUFFIX}"
+    if rebuild == "never":
+        fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
+        pack, errors = _existing(folders, name, split_source(d, split), imgsz, storage, fix, rebuild, False)
+        if pack is None:
+            raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
+    elif not any((folder / name).exists() for folder in folders):
+        _build_folder(folders, split, chosen=bool(out), create=False)
+
+
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
                  progress: bool = True, sync: bool = False, verify: bool = False) -> BuildResult:
@@ -742,17 +803,10 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-    expect = {"data": src.yaml_file, "imgsz": imgsz, "storage": storage, "fingerprint": src.fingerprint()}
     result = None
     if rebuild != "always":
-        errors = []
-        for folder in folders:
-            if (folder / name).exists():
-                try:
-                    result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False)
-                    break
-                except PackError as e:
-                    errors.append(e)
+        pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, verify)
+        result = BuildResult(pack, built=False, verified=verify) if pack is not None else None
         if result is None and rebuild == "never":
             raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
         if result is None:
@@ -763,7 +817,9 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         with _locked(folder):
             if rebuild != "always":  # another process may have built it while we waited for the lock
                 with contextlib.suppress(PackError):
-                    result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False)
+                    expect = _expected(src, imgsz, storage)
+                    result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False,
+                                         verified=verify)
             if result is None:
                 t0 = time.perf_counter()
                 pack = build_split(src, folder / name, imgsz, storage, workers, progress, sync)
@@ -809,6 +865,8 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
         lines[0] += f", built in {result.seconds:.1f} s ({rate:,.0f} img/s, {h['build']['workers']} workers{synced})"
     else:
         lines[0] += f", up to date (built {h['created']})"
+        if result.verified:
+            lines[0] += f"; verified: the stored pixels of all {c['images']:,} images match their checksums"
     for f, r in h["skipped"][:max_listed]:
         lines.append(f"  skipped {printable(f)}: {printable(r)}")
     if len(h["skipped"]) > max_listed:
@@ -840,5 +898,5 @@ def read_report(dest: Path) -> list[list[str]]:
     return [line.split("\t") for line in text.splitlines()[1:]]
 
 
-__all__ = ["BuildResult", "build_split", "cache_root", "ensure_split", "no_labels", "open_or_build", "pack_folders",
-           "rebuild_command", "run", "store_dir", "summary"]
+__all__ = ["BuildResult", "build_split", "cache_root", "check_split", "ensure_split", "no_labels", "open_or_build",
+           "pack_folders", "rebuild_command", "run", "store_dir", "summary"]

@@ -134,8 +134,12 @@ class Pack:
             if magic != MAGIC:
                 raise PackError(f"{path} is not a finished yolofeed pack (no trailer: foreign file or an "
                                 f"interrupted build); {generic}")
-            if h_off + h_len + TRAILER.size != size or h_len > MAX_HEADER:
-                raise PackError(f"{path} is truncated or padded (header at {h_off}+{h_len}, file {size} B); {generic}")
+            if h_off >= size or h_len >= size or h_len > MAX_HEADER:  # no file this short holds such a header
+                raise PackError(f"{path} is damaged: its trailer points outside the file (a header of {h_len:,} "
+                                f"bytes at byte {h_off:,} of {size:,}); {generic}")
+            if h_off + h_len + TRAILER.size != size:
+                raise PackError(f"{path} is truncated or padded: its trailer says {h_off + h_len + TRAILER.size:,} "
+                                f"bytes, the file has {size:,}; {generic}")
             f.seek(h_off)
             blob = f.read(h_len)
         try:
@@ -229,6 +233,11 @@ class Pack:
     @property
     def split(self) -> str:
         return self.header["split"]
+
+    @property
+    def fix(self) -> str:
+        """What to do about damage found while reading: "rebuild it with: <the exact command for this pack>"."""
+        return _fix_from_header(self.path, self.header) or "rebuild it with 'yolofeed pack data=... rebuild=always'"
 
     @property
     def imgsz(self) -> int:
@@ -435,9 +444,13 @@ def _fix_from_header(path: Path, header: dict[str, Any]) -> str:
 
 def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> Path:
     """Where the packs of a data yaml live: ``out``, or beside the yaml (see ``build.pack_folders``)."""
-    if out:
-        return Path(out).expanduser().resolve()
-    y = Path(yaml_file).resolve()
+    try:
+        if out:
+            return Path(out).expanduser().resolve()
+        y = Path(yaml_file).resolve()
+    except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
+        raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
+                        ) from None
     return y.parent / "yolofeed-packs" / f"{y.stem}-{storage}-{imgsz}"
 
 

@@ -77,7 +77,8 @@ RULES: dict[str, Rule] = {
     "data": Rule(OURS, "one Ultralytics detection data yaml, a local file; packs are built from it on first use",
                  _listed, "a list of data yamls", "yolofeed trains on one dataset per run (Ultralytics' "
                  "multi-dataset fine-tuning is not supported); run yolofeed train once per data yaml"),
-    "cfg": Rule(STOCK, "a yaml of keys: Ultralytics merges it, and every key in it goes through this table"),
+    "cfg": Rule(OURS, "a yaml of yolo train keys, read as yolo train reads it (model= and data= too): the command "
+                      "line's keys override the file's, and every key goes through this table"),
     "device": Rule(OURS, "CUDA GPUs (several: DDP, as in yolo train) or the CPU", _gpu_backend, "mps, npu, xpu",
                    "yolofeed's loader and augmentation run on CUDA GPUs and the CPU only; use 'yolo train' on "
                    "Apple, Ascend or Intel devices"),
@@ -112,7 +113,8 @@ RULES: dict[str, Rule] = {
                  "training use 'yolo train'"),
     "cos_lr": Rule(STOCK, "Ultralytics' scheduler"),
     "close_mosaic": Rule(OURS, "the GPU augmentation turns mosaic, mixup and cutmix off for the last N epochs"),
-    "resume": Rule(OURS, "resume=path/to/last.pt, or model=path/to/last.pt with resume=True or a bare 'resume'"),
+    "resume": Rule(OURS, "resume=path/to/last.pt, or model=path/to/last.pt with resume=True or a bare 'resume'; a "
+                         "bare 'resume' alone takes the newest last.pt under the current folder, as yolo train does"),
     "amp": Rule(STOCK, "Ultralytics' AMP check and GradScaler"),
     "fraction": Rule(OURS, "the first share (or count) of each split's sorted files, as yolo train cuts them; a "
                            "[train, val, test] list too"),
@@ -193,9 +195,13 @@ def check(args: Any) -> None:
     Raises:
         ConfigError: a refused value; its message says why and what to do.
     """
-    task = model_task(value_of(args, "model"), value_of(args, "task"))
+    model, asked = value_of(args, "model"), value_of(args, "task")
+    task = model_task(model, asked)
     if task != "detect":
-        raise ConfigError(f"task={task} (model={value_of(args, 'model')}): {RULES['task'].reason}")
+        if asked == task and model_task(model, None) == "detect":  # a detection model: task= alone is the problem
+            raise ConfigError(f"task={task}: yolofeed trains detection models only, and model={model} is a detection "
+                              f"model: drop task= (or pass task=detect). To train a {task} model use 'yolo train'")
+        raise ConfigError(f"task={task} (model={model}): {RULES['task'].reason}")
     if (why := refusal(args)) is not None:
         raise ConfigError(why)
 
@@ -278,6 +284,8 @@ def check_device(device: Any) -> str:
     canonical = parse_device(device if device is not None else "")
     if canonical in ("", "cpu") or _gpu_backend(canonical):  # other backends: RULES["device"] refuses them
         return canonical
+    # as typed: device=0,1 reaches here as the tuple (0, 1), which Ultralytics' value parser makes of it
+    device = ",".join(map(str, device)) if isinstance(device, (list, tuple)) else device
     indices = canonical.split(",")
     if not all(i.isdigit() for i in indices):
         raise ConfigError(f"device={device}: expected cpu, a CUDA GPU index such as device=0, or several such as "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +24,91 @@ def resume_checkpoint(cfg: TrainConfig) -> str | None:
     if value is None or str(value).lower() == "false":
         return None
     path = cfg.model if str(value).lower() == "true" else value
-    if not path:
-        raise ConfigError("resume needs the checkpoint to continue: resume=path/to/last.pt, or "
-                          "model=path/to/last.pt resume")
+    if not path:  # as yolo train: the newest last*.pt under the current folder
+        from ultralytics.utils.files import get_latest_run
+
+        path = get_latest_run()
+        if not path:
+            raise ConfigError(f"resume: no last.pt under {Path.cwd()} to continue (a bare 'resume' takes the newest "
+                              "one there, as yolo train does); pass resume=path/to/last.pt, or model=path/to/last.pt "
+                              "resume")
+        print(f"yolofeed train: resuming the newest checkpoint under this folder, {path}", flush=True)
     if not Path(path).is_file():
         raise ConfigError(f"resume: no checkpoint at {path}; point at a run's weights/last.pt")
     return str(path)
 
 
-def load_model(name: str) -> Any:
-    """``YOLO(name)``, with a missing file reported in one line.
+def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
+    """``cfg=file.yaml`` read as ``yolo train`` reads it: every key in the file, under the command line's.
+
+    The file may hold model=, data= and resume= (yolofeed's own keys here: the file fills them when the
+    command line leaves them out) and any other ``yolo train`` key, which goes to Ultralytics as if typed
+    and is checked as such.
 
     Raises:
-        ConfigError: neither a file nor a model Ultralytics knows by name.
+        ConfigError: no such file, or not a yaml mapping.
+    """
+    path = cfg.extra.get("cfg")
+    if path is None:
+        return cfg
+    from ultralytics.utils import YAML
+    from ultralytics.utils.checks import check_yaml
+
+    try:
+        loaded = YAML.load(check_yaml(path))
+    except FileNotFoundError:
+        raise ConfigError(f"cfg={path}: file not found. cfg= names a yaml of yolo train keys (a run's args.yaml, "
+                          "say), whose keys the command line's override") from None
+    except (ValueError, AssertionError) as e:  # YAML syntax, not a mapping, not a .yaml name
+        raise ConfigError(f"cfg={path}: {' '.join(str(e).split())}") from None
+    loaded.pop("cfg", None)
+    own = {k: loaded.pop(k) for k in ("model", "data", "resume") if k in loaded}
+    fill = {k: v for k, v in own.items() if getattr(cfg, k) is None and v is not None}
+    extra = {**loaded, **{k: v for k, v in cfg.extra.items() if k != "cfg"}}
+    return dataclasses.replace(cfg, **fill, extra=extra)
+
+
+def check_model_file(name: str) -> None:
+    """A model yaml that is not one (a data yaml passed as model=, say), refused before Ultralytics builds it.
+
+    Raises:
+        ConfigError: the yaml has no backbone and head, or is not valid YAML.
+    """
+    if not str(name).lower().endswith((".yaml", ".yml")):
+        return
+    from ultralytics.nn.tasks import yaml_model_load
+
+    try:
+        spec = yaml_model_load(name)
+    except FileNotFoundError:  # said by load_model, with the fix
+        return
+    except ValueError as e:
+        raise ConfigError(f"model={name}: {' '.join(str(e).split())}") from None
+    if not (spec.get("backbone") and spec.get("head")):
+        data_like = " (it reads as a data yaml: pass it as data=)" if {"train", "names", "nc"} & set(spec) else ""
+        raise ConfigError(f"model={name} is not a model yaml: it has no backbone: and head:{data_like}. Pass a model "
+                          "yaml such as model=yolo11n.yaml, or weights such as model=path/to/best.pt")
+
+
+def load_model(name: str, key: str = "model") -> Any:
+    """``YOLO(name)``, with a missing, damaged or wrong file reported in one line (naming ``key=``).
+
+    Raises:
+        ConfigError: neither a file nor a model Ultralytics knows by name; a yaml that is not a model's; a
+            ``.pt`` that does not load.
     """
     from yolofeed.ultralytics_seam import YOLO
 
+    check_model_file(name)
     try:
         return YOLO(name)
+    except TypeError as e:  # Ultralytics' torch_safe_load: empty, truncated, not a pickle, TorchScript, foreign types
+        if "checkpoint" not in str(e):
+            raise
+        reason = " ".join(str(e).replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")
+        raise ConfigError(f"{key}={name}: not a PyTorch checkpoint Ultralytics can load (damaged or truncated?): "
+                          f"{reason}. Point at a run's weights/last.pt or best.pt, or train from a model "
+                          "yaml") from None
     except FileNotFoundError:
         raise ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of "
                           "a model .yaml or .pt, or a name such as model=yolo11n.yaml") from None
@@ -57,6 +125,7 @@ def run(cfg: TrainConfig) -> Path:
     reserved = {"trainer", "model"} & set(cfg.extra)
     if reserved:
         raise ConfigError(f"{', '.join(sorted(reserved))}= cannot be passed here: yolofeed train sets the trainer")
+    cfg = with_cfg_file(cfg)
     keys.check_overrides(cfg.extra, own=[f.name for f in fields_of(TrainConfig)])
     if cfg.pack_dir and Path(cfg.pack_dir).exists() and not Path(cfg.pack_dir).is_dir():
         raise ConfigError(f"pack_dir={cfg.pack_dir} is a file; pack_dir= names the folder packs go to (made if "
@@ -64,8 +133,10 @@ def run(cfg: TrainConfig) -> Path:
     trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
                                                 pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool)
     checkpoint = resume_checkpoint(cfg)
+    # the task and refused values known from the command line, before Ultralytics builds a model (and prints it)
+    keys.check({**cfg.extra, "model": checkpoint or cfg.model, "data": cfg.data})
     if checkpoint:
-        model = load_model(checkpoint)
+        model = load_model(checkpoint, "resume")
         if model.ckpt.get("epoch", -1) < 0 or model.ckpt.get("optimizer") is None:
             raise ConfigError(f"{checkpoint} is the checkpoint of a finished run (no epoch or optimizer state left): "
                               f"nothing to resume. Start a new run from it with model={checkpoint} and no resume")

@@ -34,7 +34,7 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import open_or_build
-from yolofeed.pack.build import no_labels
+from yolofeed.pack.build import check_split, no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -102,6 +102,35 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         super().check_resume(overrides)
         keys.check(self.args)
         self.args.device = keys.check_device(self.args.device)
+        if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
+            self._check_data()
+
+    def _check_data(self) -> None:
+        """The data yaml as Ultralytics' ``get_dataset`` reads it, and the packs this run will use.
+
+        Ultralytics checks the yaml after making the run folder and reports a mistake in it as a ``RuntimeError``
+        under two tracebacks; here it is one ``DatasetError`` line with Ultralytics' reason, and a missing or stale
+        pack under ``pack_rebuild=never``, or a ``pack_dir`` no pack can be written to, is refused too. Costs a
+        yaml read and, with ``never``, a pack open (a stat of every source file), both done again later.
+
+        Raises:
+            DatasetError: the data yaml or a split is unusable.
+            PackError: see ``check_split``.
+        """
+        from ultralytics.data.utils import check_det_dataset
+
+        try:
+            data = check_det_dataset(self.args.data, split=self.args.split)
+        except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
+            reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
+            raise DatasetError(f"data={self.args.data}: {reason}") from None
+        side = train_side(self.args.imgsz)
+        # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
+        # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
+        sure = self.pack_rebuild != "never" or train_side(self.args.imgsz, 64) == side
+        rebuild = self.pack_rebuild if sure else "auto"
+        for split in dict.fromkeys(("train", self.args.split)):
+            check_split(data["yaml_file"], split, side, self.pack_format, self.pack_dir, rebuild)
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:

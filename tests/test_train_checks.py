@@ -1,0 +1,179 @@
+"""What ``yolofeed train`` checks before Ultralytics makes the run folder or builds a model, and the one line each
+mistake gets: the data yaml (read by Ultralytics' own ``check_det_dataset``), model= and resume= files, cfg=, the
+packs the run needs, and a pack damaged under a running loader.
+
+Each used to end in a traceback (two, for the data yaml) and, for most, a run folder left behind; cfg= holding
+model= and data= was refused though ``yolo train cfg=...`` trains. RELIABILITY.md lists these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from yolofeed.cli import build_config, main
+from yolofeed.errors import ConfigError, PackError, YolofeedError
+from yolofeed.loader.prefetch import Prefetcher
+from yolofeed.pack import open_or_build
+from yolofeed.pack.build import store_dir
+from yolofeed.train.run import resume_checkpoint, with_cfg_file
+
+TINY = ["imgsz=64", "epochs=1", "batch=8", "device=cpu", "workers=0", "plots=False"]
+
+
+def _one_line(capsys, argv: list[str]) -> str:
+    """Run the CLI in this process; the one stderr line of a user error (any other exception fails the test)."""
+    assert main(argv) == 1
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
+def _train(tmp_path: Path, *args: str) -> list[str]:
+    return ["train", "model=yolo11n.yaml", *TINY, f"project={tmp_path / 'runs'}", "name=r", *args]
+
+
+DATA_MISTAKES = {  # data yaml text -> Ultralytics' reason, kept in the line
+    "no_val": ("train: images/train\nnames: {0: a}\n", "'val:' key missing"),
+    "empty": ("", "'train:' key missing"),
+    "broken": ("train: [\n", "YAML syntax error"),
+    "no_names": ("train: images/train\nval: images/val\n", "either 'names' or 'nc' are required"),
+    "names_nc": ("train: images/train\nval: images/val\nnc: 3\nnames: [a, b]\n", "'names' length 2 and 'nc: 3' must match"),
+    "val_folder": ("train: images/train\nval: images/nope\nnames: {0: a}\n", "images not found, missing path"),
+}
+
+
+@pytest.mark.parametrize("case", DATA_MISTAKES)
+def test_data_yaml_mistakes_are_one_line_with_ultralytics_reason_and_no_run_folder(case, synth_root, tmp_path, capsys):
+    text, reason = DATA_MISTAKES[case]
+    yaml_file = tmp_path / f"{case}.yaml"
+    yaml_file.write_text(f"path: {synth_root}\n" + text)
+    line = _one_line(capsys, _train(tmp_path, f"data={yaml_file}"))
+    assert f"data={yaml_file}: " in line and reason in line and "❌" not in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_split_and_unusable_packs_are_refused_before_the_run_folder(dataset, tmp_path, capsys):
+    data = f"data={dataset / 'data.yaml'}"
+    assert "'test:' images not found" in _one_line(capsys, _train(tmp_path, data, "split=test"))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    line = _one_line(capsys, _train(tmp_path, data, f"pack_dir={a_file / 'packs'}"))
+    assert f"cannot write packs to {a_file / 'packs'} ({a_file} is a file" in line and "pack_dir=" in line
+    line = _one_line(capsys, _train(tmp_path, data, "pack_rebuild=never"))
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    assert f"pack {folder / 'train.yfpack'} does not exist" in line
+    assert f"yolofeed pack data={dataset / 'data.yaml'} imgsz=64 format=raw rebuild=always" in line
+    open_or_build(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False)
+    open_or_build(dataset / "data.yaml", "val", 64, rebuild="auto", workers=1, progress=False)
+    label = dataset / "labels" / "val" / "val_000002.txt"
+    label.write_text(label.read_text() + "0 0.5 0.5 0.1 0.1\n")  # the val pack is stale now
+    line = _one_line(capsys, _train(tmp_path, data, "pack_rebuild=never"))
+    assert f"{folder / 'val.yfpack'} is stale" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def _checkpoint(path: Path) -> Path:
+    """A real Ultralytics checkpoint of a freshly built yolo11n (no training needed)."""
+    from ultralytics import YOLO
+
+    YOLO("yolo11n.yaml").save(path)
+    return path
+
+
+def test_model_and_resume_files_that_are_not_models(synth_root, tmp_path, capsys):
+    data = f"data={synth_root / 'data.yaml'}"
+    line = _one_line(capsys, ["train", f"model={synth_root / 'data.yaml'}", data, f"project={tmp_path}"])
+    assert "is not a model yaml" in line and "pass it as data=" in line  # was KeyError: 'backbone'
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(2000))
+    truncated = tmp_path / "last.pt"
+    truncated.write_bytes(_checkpoint(tmp_path / "whole.pt").read_bytes()[:100_000])
+    for argv in ([f"model={garbage}"], [f"resume={garbage}"], [f"resume={truncated}"], [f"model={truncated}", "resume"]):
+        line = _one_line(capsys, ["train", *argv, data, *TINY, f"project={tmp_path / 'runs'}"])
+        key = "resume" if any(a.startswith("resume") for a in argv) else "model"
+        assert f"{key}=" in line and "not a PyTorch checkpoint" in line and "damaged or truncated" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_other_tasks_are_refused_before_the_model_is_built(synth_root, tmp_path, capsys):
+    data = f"data={synth_root / 'data.yaml'}"
+    assert main(["train", "model=yolo11n-cls.yaml", data, f"project={tmp_path}"]) == 1
+    captured = capsys.readouterr()
+    assert "task=classify" in captured.err and "parameters" not in captured.out + captured.err  # no model summary
+    line = _one_line(capsys, ["train", "model=yolo11n.yaml", "task=segment", data, f"project={tmp_path}"])
+    assert "model=yolo11n.yaml is a detection model: drop task=" in line and "pick a detection model" not in line
+
+
+def test_cfg_file_is_read_as_yolo_train_reads_it(synth_root, tmp_path, capsys, monkeypatch):
+    """Its keys fill what the command line leaves out, model= and data= included; a missing file is one line."""
+    assert "cfg=/nope/cfg.yaml: file not found" in _one_line(capsys, ["train", "cfg=/nope/cfg.yaml"])
+    cfg_file = tmp_path / "cfg_all.yaml"
+    cfg_file.write_text(f"model: yolo11n.yaml\ndata: {synth_root / 'data.yaml'}\nimgsz: 64\nepochs: 3\nlr0: 0.02\n"
+                        f"project: {tmp_path / 'runs'}\n")
+    cfg = with_cfg_file(build_config("train", [f"cfg={cfg_file}", "epochs=1", "device=cpu"]))
+    assert (cfg.model, cfg.data) == ("yolo11n.yaml", str(synth_root / "data.yaml"))
+    assert cfg.extra == {"imgsz": 64, "epochs": 1, "lr0": 0.02, "project": str(tmp_path / "runs"), "device": "cpu"}
+
+    seen = {}
+
+    class Handed(Exception):
+        pass
+
+    def train(self, trainer=None, **kwargs):
+        seen.update(kwargs, model=self.model_name)
+        raise Handed
+
+    monkeypatch.setattr("ultralytics.engine.model.Model.train", train)
+    with pytest.raises(Handed):  # no longer "yolofeed train needs model=..."
+        main(["train", f"cfg={cfg_file}", "epochs=1", "device=cpu"])
+    assert seen["model"] == "yolo11n.yaml" and seen["data"] == str(synth_root / "data.yaml")
+    assert (seen["epochs"], seen["imgsz"], seen["lr0"]) == (1, 64, 0.02) and "cfg" not in seen
+
+
+def test_a_bare_resume_takes_the_newest_last_pt_here_as_yolo_train_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=f"no last.pt under {tmp_path}"):
+        resume_checkpoint(build_config("train", ["resume"]))
+    (tmp_path / "runs" / "x" / "weights").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "weights" / "last.pt").write_bytes(b"")
+    assert Path(resume_checkpoint(build_config("train", ["resume"]))).resolve() == (
+        tmp_path / "runs" / "x" / "weights" / "last.pt")
+
+
+@pytest.mark.parametrize("command", ["doctor", "bench"])
+def test_doctor_and_bench_check_the_device_before_profiling(command, synth_root, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = _one_line(capsys, [command, f"data={synth_root / 'data.yaml'}", "device=0,1", f"out={tmp_path / 'out'}"])
+    assert "device=0,1: torch sees no CUDA GPU" in line and "device=cpu" in line  # not device=(0, 1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_jpeg_pack_names_its_own_rebuild_command(dataset):
+    """Bytes of a stored JPEG that no longer decode: a PackError (one line in the CLI, not a LoaderError under two
+    tracebacks) with the command that rebuilds this jpeg 64-px pack, not the default raw 640 one."""
+    pack = open_or_build(dataset / "data.yaml", "train", 64, storage="jpeg", rebuild="auto", workers=1, progress=False)
+    r = pack.index[2]
+    with open(pack.path, "r+b") as f:
+        f.seek(int(r["offset"]))
+        f.write(bytes(int(r["nbytes"])))  # the whole payload zeroed: no JPEG marker left
+    damaged = type(pack).open(pack.path)
+    command = f"rebuild it with: yolofeed pack data={dataset / 'data.yaml'} imgsz=64 format=jpeg rebuild=always"
+    for sync in (False, True):
+        with pytest.raises(PackError) as e:
+            list(Prefetcher(damaged, "cpu", 4, sync=sync, decode="cv2").iterate([np.arange(4), np.arange(4, 8)]))
+        assert isinstance(e.value, YolofeedError) and command in str(e.value) and "data=..." not in str(e.value)
+        assert "batch 1 of 2" in str(e.value) and Path(pack.im_files[2]).name in str(e.value)
+
+
+def test_cfg_values_reach_the_trainer_checks(synth_root, tmp_path, capsys):
+    """A refused value in the cfg file is refused as if typed."""
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(json.dumps({"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "rect": True}))
+    assert "rect=True" in _one_line(capsys, ["train", f"cfg={cfg_file}", f"project={tmp_path / 'runs'}"])
+    assert not (tmp_path / "runs").exists()
