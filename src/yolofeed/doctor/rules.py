@@ -189,7 +189,7 @@ RULES: list[Rule] = [
      lambda f: f.gpu_util is not None and f.data_wait < T["wait_high"] and f.optimizer_share >= T["optimizer_share"],
      lambda f: Verdict("optimizer", "The optimiser step takes a large share of every step",
                        f"the optimiser step ({f.optimizer or 'unknown'}: clip, step, EMA) took "
-                       f"{f.optimizer_share * f.step_ms:.0f} ms of each {f.step_ms:.0f} ms step "
+                       f"{f.optimizer_share * f.step_ms:.0f} ms of the median {f.step_ms:.0f} ms step "
                        f"({_pct(f.optimizer_share)})",
                        (["optimizer=AdamW (or SGD): optimizer=auto picks MuSGD when a run has more than 10,000 "
                          "iterations (epochs x images / batch), and its Newton-Schulz steps cost a small model more "
@@ -200,7 +200,7 @@ RULES: list[Rule] = [
      lambda f: f.data_wait < T["wait_low"] * 2 and f.gpu_util is not None and f.gpu_util < T["util_low"]
      and (f.batch <= T["small_batch"] or f.step_ms < T["small_step_ms"]),
      lambda f: Verdict("small_batch", "The batch is too small to fill the GPU",
-                       f"steps take {f.step_ms:.0f} ms with batch={f.batch} and the GPU is busy only "
+                       f"the median step takes {f.step_ms:.0f} ms with batch={f.batch} and the GPU is busy only "
                        f"{f.gpu_util:.0f} % of the time: per-step overhead dominates",
                        [f"batch={2 * f.batch} (or batch=-1 for Ultralytics' auto-batch): more images per step for "
                         "about the same overhead", "if memory is short, keep batch and accumulate (nbs)"])),
@@ -237,8 +237,9 @@ ALSO: list[Rule] = [
     ("logging",
      lambda f: bool(f.callbacks_ms) and sum(f.callbacks_ms.values()) >= T["logging_share"] * f.step_ms,
      lambda f: Verdict("logging", "Logging callbacks take a share of every step",
-                       f"the trainer's callbacks took {sum(f.callbacks_ms.values()):.1f} ms of each {f.step_ms:.0f} ms "
-                       "step; most: " + ", ".join(f"{k} {v:.1f} ms" for k, v in list(f.callbacks_ms.items())[:3]),
+                       f"the trainer's callbacks took {sum(f.callbacks_ms.values()):.1f} ms of the median "
+                       f"{f.step_ms:.0f} ms step; most: "
+                       + ", ".join(f"{k} {v:.1f} ms" for k, v in list(f.callbacks_ms.items())[:3]),
                        ["switch off the integration you do not read (yolo settings wandb=False, tensorboard=False, "
                         "mlflow=False, ...) or make it log once per epoch"], bottleneck=False)),
     ("amp_off",
@@ -262,8 +263,8 @@ def diagnose(f: Facts) -> list[Verdict]:
     out = []
     if f.gpu_util is None and not any(t(f) for name, t, _ in RULES if name in ("cpu_contention", "disk_io")):
         out.append(Verdict("cpu_only_compute", "CPU-only run: the model's compute sets the pace",
-                           f"each step took {f.step_ms:.0f} ms, {_pct(f.data_wait)} of it waiting for data, with "
-                           f"{f.own_cores_busy:.1f} of {f.cores} cores busy",
+                           f"the median step took {f.step_ms:.0f} ms, {_pct(f.data_wait)} of all step time waiting "
+                           f"for data, with {f.own_cores_busy:.1f} of {f.cores} cores busy",
                            ["train on a GPU (device=0); the data-pipeline verdicts apply once a GPU is in the loop"]))
         return out + [verdict(f) for name, test, verdict in ALSO if test(f) and name != "cpu_only"]
     for _, test, verdict in RULES:

@@ -118,9 +118,16 @@ def serve(collector: Collector, addr: str, port: int, log: logging.Logger, tries
         except OSError as e:
             if e.errno == errno.EADDRINUSE and p < last:
                 continue
+            if e.errno == errno.EADDRINUSE:
+                fix = "Choose a free prometheus_port= (or 0 for any free port)."
+            elif e.errno == errno.EACCES:
+                fix = "Ports below 1024 need privileges: choose prometheus_port=1024 or above."
+            else:  # EADDRNOTAVAIL, or a name that does not resolve (socket.gaierror): the address is the problem
+                fix = (f"prometheus_addr={addr} is not an address of this machine: use 127.0.0.1 (this machine only) "
+                       "or 0.0.0.0 (every interface).")
             log.warning(f"yolofeed monitor: no Prometheus endpoint on {addr}:{port}"
                         + (f"-{last}" if last > port else "") + f" ({e.strerror or e}); training goes on "
-                        "without it. Choose a free prometheus_port= (or 0 for any free port).")
+                        f"without it. {fix}")
             return None
         endpoint = Endpoint(server, addr, server.server_port)
         if p != port:
