@@ -91,6 +91,8 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
     from ultralytics.nn.tasks import DetectionModel, guess_model_task, yaml_model_load  # train.keys: a model's task
     from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
+    from ultralytics.utils.checks import check_yaml  # train.run: finds a cfg= file as yolo train does
+    from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
     from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss  # train.loss subclasses
     from ultralytics.utils.metrics import bbox_iou  # train.loss: the box loss's CIoU
     from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh  # pack.verify, train.loss: box formats
@@ -114,8 +116,9 @@ VERSION: str = ultralytics.__version__
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
     "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "RANK", "StopTraining", "TaskAlignedAssigner", "VERSION",
-    "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "criterion",
-    "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "get_cfg", "get_split_fraction",
+    "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml", "criterion",
+    "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "get_cfg", "get_latest_run",
+    "get_split_fraction",
     "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
     "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first",

@@ -25,7 +25,7 @@ def resume_checkpoint(cfg: TrainConfig) -> str | None:
         return None
     path = cfg.model if str(value).lower() == "true" else value
     if not path:  # as yolo train: the newest last*.pt under the current folder
-        from ultralytics.utils.files import get_latest_run
+        from yolofeed.ultralytics_seam import get_latest_run
 
         path = get_latest_run()
         if not path:
@@ -51,8 +51,7 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
     path = cfg.extra.get("cfg")
     if path is None:
         return cfg
-    from ultralytics.utils import YAML
-    from ultralytics.utils.checks import check_yaml
+    from yolofeed.ultralytics_seam import YAML, check_yaml
 
     try:
         loaded = YAML.load(check_yaml(path))
@@ -76,7 +75,7 @@ def check_model_file(name: str) -> None:
     """
     if not str(name).lower().endswith((".yaml", ".yml")):
         return
-    from ultralytics.nn.tasks import yaml_model_load
+    from yolofeed.ultralytics_seam import yaml_model_load
 
     try:
         spec = yaml_model_load(name)

@@ -43,6 +43,7 @@ from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
     DetectionTrainer,
+    check_det_dataset,
     data_complete,
     data_split,
     data_yaml,
@@ -117,8 +118,6 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             DatasetError: the data yaml or a split is unusable.
             PackError: see ``check_split``.
         """
-        from ultralytics.data.utils import check_det_dataset
-
         try:
             data = check_det_dataset(self.args.data, split=self.args.split)
         except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
