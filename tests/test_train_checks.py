@@ -21,6 +21,7 @@ from yolofeed.errors import ConfigError, PackError, YolofeedError
 from yolofeed.loader.prefetch import Prefetcher
 from yolofeed.pack import open_or_build
 from yolofeed.pack.build import store_dir
+from yolofeed.train import FastDetectionTrainer
 from yolofeed.train.run import resume_checkpoint, with_cfg_file
 
 TINY = ["imgsz=64", "epochs=1", "batch=8", "device=cpu", "workers=0", "plots=False"]
@@ -43,7 +44,8 @@ DATA_MISTAKES = {  # data yaml text -> Ultralytics' reason, kept in the line
     "empty": ("", "'train:' key missing"),
     "broken": ("train: [\n", "YAML syntax error"),
     "no_names": ("train: images/train\nval: images/val\n", "either 'names' or 'nc' are required"),
-    "names_nc": ("train: images/train\nval: images/val\nnc: 3\nnames: [a, b]\n", "'names' length 2 and 'nc: 3' must match"),
+    "names_nc": ("train: images/train\nval: images/val\nnc: 3\nnames: [a, b]\n",
+                 "'names' length 2 and 'nc: 3' must match"),
     "val_folder": ("train: images/train\nval: images/nope\nnames: {0: a}\n", "images not found, missing path"),
 }
 
@@ -65,16 +67,24 @@ def test_a_missing_split_and_unusable_packs_are_refused_before_the_run_folder(da
     a_file.write_text("x")
     line = _one_line(capsys, _train(tmp_path, data, f"pack_dir={a_file / 'packs'}"))
     assert f"cannot write packs to {a_file / 'packs'} ({a_file} is a file" in line and "pack_dir=" in line
-    line = _one_line(capsys, _train(tmp_path, data, "pack_rebuild=never"))
+    assert not (tmp_path / "runs").exists()
+
+    # the same checks run inside Ultralytics' __init__ (check_resume) for Python API users: no model is built yet
+    never = FastDetectionTrainer.with_options(pack_rebuild="never")
+    overrides = dict(model="yolo11n.yaml", data=str(dataset / "data.yaml"), imgsz=64, device="cpu",
+                     project=str(tmp_path / "runs"), name="r")
     folder = store_dir(dataset / "data.yaml", 64, "raw")
-    assert f"pack {folder / 'train.yfpack'} does not exist" in line
-    assert f"yolofeed pack data={dataset / 'data.yaml'} imgsz=64 format=raw rebuild=always" in line
+    with pytest.raises(PackError, match=rf"pack {folder / 'train.yfpack'} does not exist; rebuild it with: yolofeed "
+                                        rf"pack data={dataset / 'data.yaml'} imgsz=64 format=raw rebuild=always"):
+        never(overrides=overrides)
     open_or_build(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False)
     open_or_build(dataset / "data.yaml", "val", 64, rebuild="auto", workers=1, progress=False)
     label = dataset / "labels" / "val" / "val_000002.txt"
     label.write_text(label.read_text() + "0 0.5 0.5 0.1 0.1\n")  # the val pack is stale now
-    line = _one_line(capsys, _train(tmp_path, data, "pack_rebuild=never"))
-    assert f"{folder / 'val.yfpack'} is stale" in line
+    with pytest.raises(PackError, match=f"{folder / 'val.yfpack'} is stale"):
+        never(overrides=overrides)
+    with pytest.raises(PackError, match="cannot write packs to"):
+        FastDetectionTrainer.with_options(pack_dir=str(a_file / "packs"))(overrides=overrides)
     assert not (tmp_path / "runs").exists()
 
 
@@ -94,7 +104,8 @@ def test_model_and_resume_files_that_are_not_models(synth_root, tmp_path, capsys
     garbage.write_bytes(os.urandom(2000))
     truncated = tmp_path / "last.pt"
     truncated.write_bytes(_checkpoint(tmp_path / "whole.pt").read_bytes()[:100_000])
-    for argv in ([f"model={garbage}"], [f"resume={garbage}"], [f"resume={truncated}"], [f"model={truncated}", "resume"]):
+    for argv in ([f"model={garbage}"], [f"resume={garbage}"], [f"resume={truncated}"],
+                 [f"model={truncated}", "resume"]):
         line = _one_line(capsys, ["train", *argv, data, *TINY, f"project={tmp_path / 'runs'}"])
         key = "resume" if any(a.startswith("resume") for a in argv) else "model"
         assert f"{key}=" in line and "not a PyTorch checkpoint" in line and "damaged or truncated" in line, line

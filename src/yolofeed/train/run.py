@@ -119,7 +119,7 @@ def load_model(name: str, key: str = "model") -> Any:
 
 def run(cfg: TrainConfig) -> Path:
     """Train; returns the path of the best weights."""
-    from yolofeed.train.trainer import FastDetectionTrainer
+    from yolofeed.train.trainer import FastDetectionTrainer, check_data_yaml
 
     reserved = {"trainer", "model"} & set(cfg.extra)
     if reserved:
@@ -132,8 +132,11 @@ def run(cfg: TrainConfig) -> Path:
     trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
                                                 pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool)
     checkpoint = resume_checkpoint(cfg)
-    # the task and refused values known from the command line, before Ultralytics builds a model (and prints it)
+    # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
+    # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs
     keys.check({**cfg.extra, "model": checkpoint or cfg.model, "data": cfg.data})
+    if cfg.data and not checkpoint:
+        check_data_yaml(cfg.data, cfg.extra.get("split") or "val")
     if checkpoint:
         model = load_model(checkpoint, "resume")
         if model.ckpt.get("epoch", -1) < 0 or model.ckpt.get("optimizer") is None:

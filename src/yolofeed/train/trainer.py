@@ -118,11 +118,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             DatasetError: the data yaml or a split is unusable.
             PackError: see ``check_split``.
         """
-        try:
-            data = check_det_dataset(self.args.data, split=self.args.split)
-        except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
-            reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
-            raise DatasetError(f"data={self.args.data}: {reason}") from None
+        data = check_data_yaml(self.args.data, self.args.split)
         side = train_side(self.args.imgsz)
         # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
         # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
@@ -257,6 +253,19 @@ def _warn_single_cls_gap(pack: Any) -> None:
                        f"data yaml's nc; yolo train would train on them under single_cls, the pack left them out "
                        f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')}). Fix "
                        "their labels or the yaml's names, then the pack rebuilds")
+
+
+def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
+    """Ultralytics' ``check_det_dataset``, its complaint as one ``DatasetError`` line that keeps its reason.
+
+    Raises:
+        DatasetError: the yaml is missing, broken, lacks train/val/names, or the split's images are missing.
+    """
+    try:
+        return check_det_dataset(data, split=split)
+    except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
+        reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
+        raise DatasetError(f"data={data}: {reason}") from None
 
 
 def train_side(imgsz: int | list[int], stride: int = 32) -> int:
