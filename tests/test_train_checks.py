@@ -145,6 +145,9 @@ def test_cfg_file_is_read_as_yolo_train_reads_it(synth_root, tmp_path, capsys, m
         main(["train", f"cfg={cfg_file}", "epochs=1", "device=cpu"])
     assert seen["model"] == "yolo11n.yaml" and seen["data"] == str(synth_root / "data.yaml")
     assert (seen["epochs"], seen["imgsz"], seen["lr0"]) == (1, 64, 0.02) and "cfg" not in seen
+    cfg_file.write_text(cfg_file.read_text() + "pack_format: jpeg\n")
+    line = _one_line(capsys, ["train", f"cfg={cfg_file}"])
+    assert "holds pack_format: yolofeed's own keys go on the command line" in line
 
 
 def test_a_bare_resume_takes_the_newest_last_pt_here_as_yolo_train_does(tmp_path, monkeypatch):

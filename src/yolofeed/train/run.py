@@ -61,6 +61,10 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
     except (ValueError, AssertionError) as e:  # YAML syntax, not a mapping, not a .yaml name
         raise ConfigError(f"cfg={path}: {' '.join(str(e).split())}") from None
     loaded.pop("cfg", None)
+    ours = sorted(set(loaded) & {f.name for f in fields_of(TrainConfig)} - {"model", "data", "resume"})
+    if ours:  # the command line would not know whether it set them or left their defaults
+        raise ConfigError(f"cfg={path} holds {', '.join(ours)}: yolofeed's own keys go on the command line; cfg= "
+                          "holds yolo train keys (model=, data= and resume= too)")
     own = {k: loaded.pop(k) for k in ("model", "data", "resume") if k in loaded}
     fill = {k: v for k, v in own.items() if getattr(cfg, k) is None and v is not None}
     extra = {**loaded, **{k: v for k, v in cfg.extra.items() if k != "cfg"}}
