@@ -23,7 +23,7 @@ import torch
 from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch, color, geometry, mix
 from yolofeed.augment.pipeline import compose
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
-from yolofeed.augment.warp import warp
+from yolofeed.augment.warp import triton_kernels, warp
 from yolofeed.loader import TrainLoader
 from yolofeed.pack import Pack, open_or_build
 
@@ -106,9 +106,7 @@ def bench(data: str, device: str, batch: int, imgsz: int, iters: int) -> dict:
     res["op_boxes_ms"] = timed(lambda b: geometry.flip_boxes(geometry.warp_boxes(*geometry.mosaic_boxes(
         layout, b.boxes, b.valid, b.hw), M, scale, S, False)[0], p.flips, S), batches)
     res["op_warp_fused_ms"] = timed(lambda b: warp(b.images, layout, M, p.flips, S, False), batches)
-    if dev.type == "cuda":
-        from yolofeed.augment import warp_triton
-
+    if dev.type == "cuda" and (warp_triton := triton_kernels()) is not None:  # block sizes: Triton's kernel only
         for blk, nw in ((64, 2), (128, 2), (128, 4), (256, 4), (256, 8)):
             res[f"op_warp_fused_block{blk}_warps{nw}_ms"] = timed(
                 lambda b, blk=blk, nw=nw: warp_triton.warp(b.images, layout, M, p.flips, S, False, 114, blk, nw),

@@ -14,6 +14,7 @@ kernel on CUDA (with MixUp, CutMix and the BGR swap).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,13 @@ def rgb_to_hsv(rgb: Tensor) -> Tensor:
     return torch.stack([h, s, v], -1)
 
 
+@functools.cache
+def sector_table(device: torch.device) -> Tensor:
+    """``SECTOR_BGR`` on ``device``, copied there once: a CUDA graph cannot capture a copy from pageable host
+    memory, and its warm-up runs (``graphs.py``) call this first."""
+    return torch.tensor(SECTOR_BGR, device=device)
+
+
 def hsv_to_rgb(hsv: Tensor) -> Tensor:
     """``cv2.cvtColor(..., COLOR_HSV2RGB)`` for uint8 (hue 0-179): exact.
 
@@ -69,7 +77,7 @@ def hsv_to_rgb(hsv: Tensor) -> Tensor:
 
     tab = torch.stack([v, v * (1 - s), v * one_minus(s, h), v * one_minus(s, 1 - h)], -1)
     sector = (pre - torch.trunc(pre * torch.tensor(1 / 6.0, dtype=f32)) * 6).long()
-    idx = torch.tensor(SECTOR_BGR, device=hsv.device)[sector]  # (..., 3) table entries for b, g, r
+    idx = sector_table(hsv.device)[sector]  # (..., 3) table entries for b, g, r
     bgr = torch.gather(tab, -1, idx) * 255
     return torch.trunc(bgr).clamp(0, 255).to(torch.uint8).flip(-1)
 
