@@ -199,13 +199,18 @@ def test_a_bad_key_or_type_is_one_line(overrides, words):
     keys.check_overrides({"half": True, "epochs": 3, "augmentations": None, "save_dir": "x"})  # all valid
 
 
-def test_start_notes_say_what_differs():
+def test_start_notes_say_what_differs(monkeypatch):
+    monkeypatch.setattr(keys, "triton_available", lambda: True)
     cpu = keys.start_notes({"workers": 0, "multi_scale": 0.0, "cache": False}, "cpu")
     assert len(cpu) == 1 and "slower than stock" in cpu[0] and "yolo train" in cpu[0] and "GPU" in cpu[0]
     gpu = keys.start_notes({"workers": 8, "multi_scale": 0.5, "cache": "ram"}, "cuda")
     assert [n.split(":")[1].split("=")[0].strip() for n in gpu] == ["multi_scale", "cache", "workers"]
     assert "Ultralytics' own path" in gpu[0]
     assert keys.start_notes({"workers": 8, "multi_scale": 0.0, "cache": False}, "cuda") == [gpu[2]]
+    monkeypatch.setattr(keys, "triton_available", lambda: False)  # CUDA without Triton: said, with the cost
+    slow = keys.start_notes({"workers": 0, "multi_scale": 0.0, "cache": False}, "cuda")
+    assert len(slow) == 1 and "Triton is not installed" in slow[0] and "install" in slow[0]
+    assert keys.start_notes({"workers": 0, "multi_scale": 0.0, "cache": False}, "cpu") == cpu  # the CPU needs none
 
 
 # -- the same state as stock ----------------------------------------------------------------------------
