@@ -9,7 +9,7 @@ model= and data= was refused though ``yolo train cfg=...`` trains. RELIABILITY.m
 from __future__ import annotations
 
 import json
-import os
+import random
 from pathlib import Path
 
 import numpy as np
@@ -101,11 +101,15 @@ def test_model_and_resume_files_that_are_not_models(synth_root, tmp_path, capsys
     line = _one_line(capsys, ["train", f"model={synth_root / 'data.yaml'}", data, f"project={tmp_path}"])
     assert "is not a model yaml" in line and "pass it as data=" in line  # was KeyError: 'backbone'
     garbage = tmp_path / "garbage.pt"
-    garbage.write_bytes(os.urandom(2000))
+    garbage.write_bytes(random.Random(0).randbytes(2000))  # Ultralytics says TypeError naming the checkpoint
     truncated = tmp_path / "last.pt"
     truncated.write_bytes(_checkpoint(tmp_path / "whole.pt").read_bytes()[:100_000])
+    # random bytes that unpickle into other errors, which escape Ultralytics' own check
+    escaping = {seed: tmp_path / f"garbage{seed}.pt" for seed in (43, 45, 195)}  # Overflow, Value, UnicodeDecode
+    for seed, path in escaping.items():
+        path.write_bytes(random.Random(seed).randbytes(2000))
     for argv in ([f"model={garbage}"], [f"resume={garbage}"], [f"resume={truncated}"],
-                 [f"model={truncated}", "resume"]):
+                 [f"model={truncated}", "resume"], *([f"model={p}"] for p in escaping.values())):
         line = _one_line(capsys, ["train", *argv, data, *TINY, f"project={tmp_path / 'runs'}"])
         key = "resume" if any(a.startswith("resume") for a in argv) else "model"
         assert f"{key}=" in line and "not a PyTorch checkpoint" in line and "damaged or truncated" in line, line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,18 @@ def check_model_file(name: str) -> None:
                           "yaml such as model=yolo11n.yaml, or weights such as model=path/to/best.pt")
 
 
+# What unpickling a damaged or foreign file raises: Ultralytics turns most into a TypeError naming the checkpoint;
+# random bytes also give these (1 file in 15).
+UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, ValueError, OverflowError, MemoryError,
+                     EOFError, RuntimeError)
+
+
+def _is_weights_file(name: str) -> bool:
+    """An existing file that is not a yaml: what Ultralytics unpickles."""
+    path = Path(name)
+    return path.is_file() and path.suffix.lower() not in (".yaml", ".yml")
+
+
 def load_model(name: str, key: str = "model") -> Any:
     """``YOLO(name)``, with a missing, damaged or wrong file reported in one line (naming ``key=``).
 
@@ -105,13 +118,13 @@ def load_model(name: str, key: str = "model") -> Any:
     check_model_file(name)
     try:
         return YOLO(name)
-    except TypeError as e:  # Ultralytics' torch_safe_load: empty, truncated, not a pickle, TorchScript, foreign types
-        if "checkpoint" not in str(e):
+    except UNPICKLING_ERRORS as e:  # Ultralytics' torch_safe_load wraps most as TypeError, the rest escape it
+        if not _is_weights_file(name) or (isinstance(e, TypeError) and "checkpoint" not in str(e)):
             raise
-        reason = " ".join(str(e).replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")
+        reason = " ".join(str(e).replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")[:300]
         raise ConfigError(f"{key}={name}: not a PyTorch checkpoint Ultralytics can load (damaged or truncated?): "
-                          f"{reason}. Point at a run's weights/last.pt or best.pt, or train from a model "
-                          "yaml") from None
+                          f"{type(e).__name__}: {reason}. Point at a run's weights/last.pt or best.pt, or train "
+                          "from a model yaml") from None
     except FileNotFoundError:
         raise ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of "
                           "a model .yaml or .pt, or a name such as model=yolo11n.yaml") from None
