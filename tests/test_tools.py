@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,15 @@ def test_reproduce_lists_sections_and_prints_without_running(capsys, monkeypatch
     assert "source tools/device/setup.sh" in out and "device=0,1" in out and "pack_out.sh" in out
 
 
+def test_reproduce_runs_several_sections_as_one_script_making_each_dataset_once(capsys, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("--print ran a command"))
+    assert reproduce.main(["throughput", "multi-scale", "no-triton", "--print"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(reproduce.SYNTH_10K) == 1 and out.count(reproduce.PACK_10K + "\n") == 1
+    assert out.count("source tools/device/setup.sh") == 1
+    assert out.index("out=$OUT/bench_yolo11n") < out.index("multi_scale=0.5") < out.index("tools.device.no_triton")
+
+
 def test_reproduce_refuses_a_gpu_section_without_cuda_before_running_anything(capsys, monkeypatch):
     monkeypatch.setattr(reproduce, "cuda_devices", lambda: 1)
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("ran without the GPUs it needs"))
@@ -89,9 +99,12 @@ def test_shell_tools_parse_and_say_how_to_use_them(script):
 
 # -- CPU tools -----------------------------------------------------------------------------------------------------
 def test_parity_merge_combines_reports_and_refuses_mixed_or_repeated_runs(tmp_path, capsys):
-    parity_merge.main([str(p) for p in PARITY_REPORTS])
+    parity_merge.main([str(p) for p in PARITY_REPORTS] + ["--plot", str(tmp_path / "p.png")])
     out = capsys.readouterr().out
-    assert "+0.09" in out and "loss bands overlap" in out  # the 8-seed row of BENCHMARKS.md
+    assert "+0.09" in out and "loss bands overlap" in out  # the 8-seed rows of BENCHMARKS.md
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    parity_merge.main([str(ROOT / "docs" / "parity" / f"yolo26n-seeds{s}.json") for s in ("0-2", "3-7")])
+    assert "+0.16" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="appears twice"):
         parity_merge.merge([PARITY_REPORTS[0], PARITY_REPORTS[0]])
     other = json.loads(PARITY_REPORTS[1].read_text())
@@ -99,6 +112,18 @@ def test_parity_merge_combines_reports_and_refuses_mixed_or_repeated_runs(tmp_pa
     (tmp_path / "other.json").write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="not the same comparison"):
         parity_merge.merge([PARITY_REPORTS[0], tmp_path / "other.json"])
+
+
+def test_no_triton_hides_triton_from_yolofeed_and_runs_the_module():
+    probe = ("from tools.device.no_triton import hide_triton; hide_triton()\n"
+             "from yolofeed.augment.warp import triton_kernels\n"
+             "assert triton_kernels() is None\n"
+             "try:\n    import triton\nexcept ImportError:\n    print('hidden')\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "hidden", out.stderr
+    out = subprocess.run([sys.executable, "-m", "tools.device.no_triton", "yolofeed", "version"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr
 
 
 def test_pack_crc_cost_measures_a_tiny_pack(dataset, capsys):

@@ -1,6 +1,6 @@
 """Combine the parity.json files of one comparison (different seeds) into one verdict.
 
-Usage: python -m tools.parity_merge A/parity.json B/parity.json ...
+Usage: python -m tools.parity_merge A/parity.json B/parity.json ... [--plot merged.png]
 
 The runs must share model, epochs, imgsz and batch (checked), and no (side, seed) run may appear twice; the
 verdict, the interval and the loss bands are computed over all of them, as ``yolofeed parity`` would have.
@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from yolofeed.bench.parity import Job, Summary, summarise, table
+from yolofeed.bench.parity import Job, Summary, plot, summarise, table
 
 KEYS = ("model", "epochs", "imgsz", "batch")
 
@@ -35,8 +35,12 @@ def merge(paths: list[Path]) -> tuple[list[Job], Summary]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", nargs="+", type=Path, help="parity.json files written by yolofeed parity")
+    ap.add_argument("--plot", type=Path, help="also plot every run's mAP50-95 and losses by epoch here (PNG)")
     a = ap.parse_args(argv)
     jobs, s = merge(a.reports)
+    if a.plot:
+        first = json.loads(a.reports[0].read_text())
+        plot(jobs, a.plot, first.get("title", first["config"]["model"]))
     print(table(jobs, s))
     print(s.verdict)
     print("loss bands overlap:", {k: round(v, 2) for k, v in s.overlap.items()})

@@ -1,12 +1,13 @@
 """Reproduce a section of BENCHMARKS.md: one command per section, run on the machine that section names.
 
 Usage (from the repository root):
-    python -m tools.reproduce                  list the sections: machine, time, what each measures
-    python -m tools.reproduce SECTION          print the section's commands, then run them
-    python -m tools.reproduce SECTION --print  print them only
+    python -m tools.reproduce                      list the sections: machine, time, what each measures
+    python -m tools.reproduce SECTION...           print the sections' commands, then run them
+    python -m tools.reproduce SECTION... --print   print them only
 
-A section runs as one bash script: ``tools/device/setup.sh`` first (it installs wheels carried in ``.whl/`` where
-there are any, puts ``src/`` on the path and records the machine in ``$OUT/env.txt``), then the commands. Results
+The sections named run in turn as one bash script: ``tools/device/setup.sh`` first (it installs wheels carried in
+``.whl/`` where there are any, puts ``src/`` on the path and records the machine in ``$OUT/env.txt``), then each
+command once (sections that make the same dataset make it once). Results
 go to ``$OUT`` (default /tmp/out); ``--bundle`` packs them into ``$OUT/results.tgz`` at the end. A section that
 needs GPUs stops before running anything where torch sees fewer CUDA devices than it needs.
 """
@@ -39,16 +40,6 @@ class Section:
     minutes: int  # about, on that machine, once the machine is up
     commands: tuple[str, ...]
 
-    def script(self, bundle: bool) -> str:
-        """The bash script: set-up, the commands, and (``bundle``) the results packed into one archive.
-
-        ``python3`` is the interpreter running this module (its folder goes first on PATH: a venv's, say).
-        """
-        lines = [f'export PATH="{Path(sys.executable).parent}:$PATH"', "source tools/device/setup.sh", "set +e",
-                 *self.commands]
-        if bundle:
-            lines.append("source tools/device/pack_out.sh")
-        return "\n".join(lines) + "\n"
 
 
 SECTIONS = {s.name: s for s in (
@@ -60,6 +51,19 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
+    Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
+        SYNTH_10K, PACK_10K,
+        f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "
+        "out=$OUT/bench_multi_scale")),
+    Section("no-triton", "Without Triton", "nvidia-h200", 1, 3, (
+        SYNTH_10K, PACK_10K,
+        f"timeout 150 python3 -m tools.device.no_triton yolofeed bench model=yolo11n.yaml modes=yolofeed,ceiling "
+        f"{BENCH} out=$OUT/bench_no_triton",
+        "python3 -m yolofeed synth out=/tmp/synth-aug n_train=1024 n_val=8 seed=0",
+        "mkdir -p $OUT/triton $OUT/no_triton",
+        "OUT=$OUT/triton python3 -m tools.device.augment_bench /tmp/synth-aug/data.yaml > /dev/null",
+        "OUT=$OUT/no_triton python3 -m tools.device.no_triton tools.device.augment_bench /tmp/synth-aug/data.yaml "
+        "> /dev/null")),
     Section("jpeg", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 5, (
         SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_inline,yolofeed_jpeg "
@@ -100,11 +104,29 @@ SECTIONS = {s.name: s for s in (
     Section("parity", "Training quality", "nvidia-h200-x2", 2, 9, ("bash tools/device/parity.sh",)),
     Section("parity-more", "Training quality", "nvidia-h200-x2", 2, 8, (
         "NO_GPU_TESTS=1 NO_SMOKE=1 FIRST11=4 SEEDS11=4 PAR11=4 LIMIT=390 bash tools/device/parity.sh",)),
+    Section("parity-26", "Training quality", "nvidia-h200-x2", 2, 7, (
+        "SEEDS11=0 FIRST26=3 SEEDS26=5 PAR26=5 CORES26=0-31 LIMIT=450 bash tools/device/parity.sh",)),
     Section("parity-merge", "Training quality", "any (CPU)", 0, 1, (
-        "python3 -m tools.parity_merge docs/parity/yolo11n-seeds0-3.json docs/parity/yolo11n-seeds4-7.json",)),
+        "python3 -m tools.parity_merge docs/parity/yolo11n-seeds0-3.json docs/parity/yolo11n-seeds4-7.json "
+        "--plot $OUT/parity-yolo11n.png",
+        "python3 -m tools.parity_merge docs/parity/yolo26n-seeds0-2.json docs/parity/yolo26n-seeds3-7.json "
+        "--plot $OUT/parity-yolo26n.png")),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
 )}
+
+
+def script(sections: list[Section], bundle: bool) -> str:
+    """One bash script for ``sections`` in turn: set-up once, each command once (the first section to name a
+    dataset's synth or pack runs it), and (``bundle``) the results packed into one archive.
+
+    ``python3`` is the interpreter running this module (its folder goes first on PATH: a venv's, say).
+    """
+    commands = list(dict.fromkeys(c for s in sections for c in s.commands))
+    lines = [f'export PATH="{Path(sys.executable).parent}:$PATH"', "source tools/device/setup.sh", "set +e", *commands]
+    if bundle:
+        lines.append("source tools/device/pack_out.sh")
+    return "\n".join(lines) + "\n"
 
 
 def listing() -> str:
@@ -125,27 +147,32 @@ def cuda_devices() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.reproduce", description=__doc__.split("\n\n")[0])
-    ap.add_argument("section", nargs="?", help="a section name; none: list them")
+    ap.add_argument("sections", nargs="*", metavar="SECTION", help="section names, run in turn; none: list them")
     ap.add_argument("--print", action="store_true", dest="print_only", help="print the commands, run nothing")
     ap.add_argument("--bundle", action="store_true", help="pack $OUT into $OUT/results.tgz at the end")
     a = ap.parse_args(argv)
-    if a.section is None:
+    if not a.sections:
         print(listing())
         return 0
-    s = SECTIONS.get(a.section)
-    if s is None:
-        print(f"reproduce: no section {a.section!r}; the sections are: {', '.join(SECTIONS)}", file=sys.stderr)
+    unknown = [n for n in a.sections if n not in SECTIONS]
+    if unknown:
+        print(f"reproduce: no section {unknown[0]!r}; the sections are: {', '.join(SECTIONS)}", file=sys.stderr)
         return 2
-    script = s.script(a.bundle)
-    print(f"# {s.name}: BENCHMARKS.md, '{s.heading}' ({s.kind}, ~{s.minutes} min)\n{script}", flush=True)
+    chosen = [SECTIONS[n] for n in dict.fromkeys(a.sections)]
+    text = script(chosen, a.bundle)
+    for s in chosen:
+        print(f"# {s.name}: BENCHMARKS.md, '{s.heading}' ({s.kind}, ~{s.minutes} min)")
+    print(text, flush=True)
     if a.print_only:
         return 0
-    have = cuda_devices() if s.gpus else 0
-    if have < s.gpus:
+    need = max(s.gpus for s in chosen)
+    have = cuda_devices() if need else 0
+    if have < need:
+        s = next(s for s in chosen if s.gpus > have)
         print(f"reproduce: section {s.name!r} needs {s.gpus} CUDA device(s) ({s.kind}); torch sees {have} here. "
               "Run it on that machine, or use --print to see the commands.", file=sys.stderr)
         return 2
-    return subprocess.run(["bash", "-c", script], cwd=ROOT).returncode
+    return subprocess.run(["bash", "-c", text], cwd=ROOT).returncode
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 # that trains. Writes $OUT/p11.json, p26.json (each parity.json), p11.png, p26.png and parity_runs.tgz.
 # Usage: bash tools/device/parity.sh
 # Environment: SEEDS11=4 FIRST11=0 PAR11=4 CORES11=0-17 SEEDS26=3 FIRST26=0 PAR26=3 CORES26=18-31 EPOCHS=30
-# N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1.
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,9p' "$0"; exit 0; fi
+# N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1. SEEDS11=0 or SEEDS26=0 skips that
+# model.
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,16 +33,22 @@ if [ $SMOKE = 0 ]; then
 from ultralytics.cfg import get_cfg; d = check_det_dataset('$D/data.yaml')
 [YOLODataset(img_path=d[s], imgsz=320, augment=False, data=d, hyp=get_cfg()) for s in ('train', 'val')]" > /dev/null 2>&1
   common="data=$D/data.yaml epochs=${EPOCHS:-30} imgsz=320 batch=64 device=0,1"
-  taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo11n.yaml seeds=${SEEDS11:-4} \
-    first_seed=${FIRST11:-0} parallel=${PAR11:-4} $common out=$OUT/p11 > $OUT/p11.txt 2>&1 &
-  taskset -c ${CORES26:-18-31} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo26n.yaml seeds=${SEEDS26:-3} \
-    first_seed=${FIRST26:-0} parallel=${PAR26:-3} $common out=$OUT/p26 > $OUT/p26.txt 2>&1 &
+  sides=""
+  if [ "${SEEDS11:-4}" != 0 ]; then
+    sides="$sides p11"
+    taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo11n.yaml seeds=${SEEDS11:-4} \
+      first_seed=${FIRST11:-0} parallel=${PAR11:-4} $common out=$OUT/p11 > $OUT/p11.txt 2>&1 &
+  fi
+  if [ "${SEEDS26:-3}" != 0 ]; then
+    sides="$sides p26"
+    taskset -c ${CORES26:-18-31} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo26n.yaml \
+      seeds=${SEEDS26:-3} first_seed=${FIRST26:-0} parallel=${PAR26:-3} $common out=$OUT/p26 > $OUT/p26.txt 2>&1 &
+  fi
   wait
-  for p in p11 p26; do
+  for p in $sides; do
     tr '\r' '\n' < $OUT/$p.txt | grep -v "parity runs:\|Scanning\|Fast image" | tail -14
     cp $OUT/$p/parity.png $OUT/$p.png 2>/dev/null; cp $OUT/$p/parity.json $OUT/$p.json 2>/dev/null
   done
-  tar czf $OUT/parity_runs.tgz -C $OUT p11/logs p26/logs $(cd $OUT && ls -d p11/runs/*/results.csv p26/runs/*/results.csv) \
-    2>/dev/null
+  tar czf $OUT/parity_runs.tgz -C $OUT $(cd $OUT && ls -d p*/logs p*/runs/*/results.csv) 2>/dev/null
   rm -rf $OUT/p11 $OUT/p26 $OUT/p11.txt $OUT/p26.txt
 fi

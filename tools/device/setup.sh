@@ -3,7 +3,11 @@
 # in $OUT/env.txt. Leaves `set -eo pipefail`.
 set -eo pipefail
 if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  wheels="$(ls .whl/*.whl | xargs -n1 basename | sort | tr '\n' ' ')"
+  if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$wheels" ]; then  # installed once a machine
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    echo "$wheels" > /tmp/site/.wheels
+  fi
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
