@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo  - create .venv, install, generate a synthetic dataset and run the main job on it
-#   make test  - create .venv if needed, install, lint (ruff, rules in pyproject.toml), run the tests (CPU only)
+#   make test  - create .venv if needed, install, lint (ruff, rules in pyproject.toml), run the tests (CPU only,
+#                two processes, each test file in one of them)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -19,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 demo: $(VENV)/.installed
 	$(PY) -m yolofeed synth out=$(DEMO)/data n_train=256 n_val=64 seed=0

@@ -1,12 +1,13 @@
-"""Ours vs Ultralytics' pipeline over >= 5,000 augmented samples of the synthetic dataset.
+"""Ours vs Ultralytics' pipeline over >= 2,500 augmented samples of the synthetic dataset.
 
 The ops match Ultralytics exactly given the same draws (test_augment_ops.py); what can still differ
 is how draws are made, chiefly mosaic and mix partners taken from the batch instead of a buffer of
 recent images. These statistics must agree:
 
-* boxes per image: means within 5 % (sampling error of the mean at n = 5,000 is ~1 %);
-* box width, height and area: two-sample Kolmogorov-Smirnov distance < 0.03 (~100 k boxes a side: a
-  real geometric bug, e.g. a wrong scale range or a missed clip, moves it past 0.1);
+* boxes per image: means within 5 % (sampling error of the mean at n = 2,560 is ~1.4 %);
+* box width, height and area: two-sample Kolmogorov-Smirnov distance < 0.03 (~50 k boxes a side, where
+  chance alone stays under 0.01; a real geometric bug, e.g. a wrong scale range or a missed clip, moves
+  it past 0.1);
 * per-channel pixel mean within 1.5 levels and std within 3 %;
 * fraction of pure-grey pixels (the 114 mosaic/border fill, which HSV keeps grey) within 1 point.
 """
@@ -25,7 +26,7 @@ from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.config import SynthConfig
 from yolofeed.pack import open_or_build
 
-S, N_SAMPLES, BATCH = 160, 5120, 128
+S, N_SAMPLES, BATCH = 160, 2560, 128  # the CPU reference augments ~80 samples/s: the test's cost
 
 
 def ks(a: np.ndarray, b: np.ndarray) -> float:
@@ -100,7 +101,7 @@ def yolofeed_stats(yaml_file) -> dict:
 @pytest.mark.slow
 def test_statistics_match_ultralytics(data):
     theirs, ours = ultralytics_stats(data), yolofeed_stats(data)
-    assert ours["n"] >= 5000 and theirs["n"] >= 5000
+    assert ours["n"] >= 2500 and theirs["n"] >= 2500
     report = (f"boxes/img {ours['boxes']:.2f} vs {theirs['boxes']:.2f}; mean {ours['mean']} vs {theirs['mean']}; "
               f"std {ours['std']} vs {theirs['std']}; grey {ours['grey']:.4f} vs {theirs['grey']:.4f}; "
               + "; ".join(f"KS {k} {ks(ours[k], theirs[k]):.4f}" for k in ("w", "h", "area")))
