@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -193,6 +194,10 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     assert "1000000" not in captured.out + captured.err and "Starting training" not in captured.out
     assert "training stopped" not in captured.out + captured.err  # the profile's own stop is no failed run
     assert f"{6 * (2 + 4 + 1)}/{6 * (2 + 4 + 1)}" in captured.err  # the bar ends exactly on its total
+    # 24 images at batch 4: the first epoch ends inside the 7 steps, so every mode reports it, at no extra step
+    assert all(r["first_epoch_images_per_s"] > 0 and r["first_epoch_s"] > 0 for r in report["results"])
+    assert all(0 < r["first_step_s"] < r["first_epoch_s"] + 60 for r in report["results"])
+    assert "1st epoch" in text and "÷ steady" in text and "1st step" in text
 
 
 def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):
@@ -243,6 +248,25 @@ def test_gpu_utilisation_is_a_median_over_the_rate_windows():
 
 
 @pytest.mark.slow
+def test_profile_trains_on_to_the_end_of_the_first_epoch_and_measures_only_its_steps(synth_root, tmp_path):
+    """first_epoch=True: steps that end inside the first epoch (12 steps of 2 here) train on to its end; the rate
+    windows stay the requested steps, the progress bar grows to the epoch, and the epoch's rate is its images over
+    its wall time."""
+    from yolofeed.monitor.profile import Progress, profile
+    from yolofeed.ultralytics_seam import DetectionTrainer
+
+    args = {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2, "device": "cpu",
+            "project": str(tmp_path), "workers": 0}
+    bar = Progress(["stock"], steps=2, warmup=1, file=io.StringIO())
+    p = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1, progress=bar, first_epoch=True)
+    assert p.steps == 2 and len(p.timeline["step_t"]) == 2 and len(p.windows) == 2
+    assert bar.bar.total == bar.bar.n == 12 + 1  # the first step of epoch 2 ends the profile: the bar ends on it
+    assert p.first_epoch_s > 0 and p.first_epoch_images_per_s == pytest.approx(24 / p.first_epoch_s, rel=0.01)
+    assert 0 < p.first_step_s
+    short = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1)  # the default: no epoch's end
+    assert short.first_epoch_s is None and short.first_epoch_images_per_s is None and short.first_step_s > 0
+
+
 def test_profile_keeps_every_step_past_the_step_clocks_default(synth_root, tmp_path):
     """The step clock keeps its last 200 steps by default; a profile of more (warm-up + steps) must keep them
     all, or its rates, breakdown and timeline would start from the wrong step."""

@@ -51,6 +51,10 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
+    Section("first-epoch", "First epoch", "nvidia-h200", 1, 5, (
+        SYNTH_10K, PACK_10K,
+        f"timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling {BENCH} "
+        "first_epoch=True out=$OUT/bench_first_epoch")),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "

@@ -125,6 +125,9 @@ class BenchConfig(MeasuredRunConfig):
     steps: int = redefault(MeasuredRunConfig, "steps", 100)
     warmup: int = redefault(MeasuredRunConfig, "warmup", 20)
     window: int = key(10, "steps per rate window; the reported rate is the median window")
+    first_epoch: bool = key(True, "also train each mode to the end of its first epoch, if the steps end inside it, "
+                            "and report that epoch's img/s (a run's one-off costs fall in it); False on a dataset "
+                            "whose epoch is long")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
                      "one batch ahead), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "

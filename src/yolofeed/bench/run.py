@@ -1,6 +1,8 @@
 """``yolofeed bench``: each mode trains for warm-up + N steps under the same settings; we time the steps.
 
-For each mode: steady-state images/s (median of windows after warm-up), NVML GPU utilisation,
+For each mode: steady-state images/s (median of windows after warm-up), the first epoch's images/s (the whole
+epoch, set-up costs that fall in it included; ``first_epoch=True``), the time from building the trainer to its
+first step, NVML GPU utilisation,
 the share of step time spent waiting for the next batch, host CPU cores busy and peak GPU
 memory. Modes run one after another in this process, on the same data, model, batch and imgsz:
 ``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer, raw pack), ``ceiling``
@@ -32,23 +34,32 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     """Train ``mode`` for ``warmup + steps`` steps and return its figures (``progress``: the bench's step bar)."""
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
-    p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, cfg.window, progress=progress)
+    p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, cfg.window, progress=progress,
+                first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
-            "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms")
+            "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
+            "first_step_s", "first_epoch_s", "first_epoch_images_per_s")
     return {k: getattr(p, k) for k in keys}
 
 
 def table(results: list[dict]) -> str:
+    """One line a mode: the steady rate (median window) and, where measured, the first epoch's and the time to the
+    first step."""
     ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
     lines = [f"{'mode':<16}{'img/s':>9}{'÷ ceiling':>11}{'mean step':>11}{'GPU util':>10}{'data wait':>11}"
-             f"{'CPU cores':>11}{'GPU mem':>9}"]
+             f"{'CPU cores':>11}{'GPU mem':>9}{'1st epoch':>11}{'÷ steady':>10}{'1st step':>10}"]
     for r in results:
         ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
         util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
         mem = f"{r['gpu_mem_peak_gb']:.1f} GB" if r["gpu_mem_peak_gb"] is not None else "-"
         step = f"{r['mean_step_ms']:,.0f} ms" if r.get("mean_step_ms") else "-"
+        first = r.get("first_epoch_images_per_s")
+        first_col = f"{first:>11,.0f}{first / r['images_per_s']:>10.2f}" if first and r["images_per_s"] else \
+            f"{'-':>11}{'-':>10}"
+        to_step = f"{r['first_step_s']:.1f} s" if r.get("first_step_s") is not None else "-"
         lines.append(f"{r['mode']:<16}{r['images_per_s']:>9,.0f}{ratio:>11}{step:>11}{util:>10}"
-                     f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}")
+                     f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}{first_col}"
+                     f"{to_step:>10}")
     return "\n".join(lines)
 
 

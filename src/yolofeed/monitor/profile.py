@@ -67,6 +67,9 @@ class Profile:
     callbacks_ms: dict[str, float] = field(default_factory=dict)  # host ms per step in each trainer callback
     optimizer: str = ""  # the optimiser's class (optimizer=auto chooses by the run's length)
     mean_step_ms: float = 0.0  # wall time of the measured steps / steps: agrees with images_per_s when steps burst
+    first_step_s: float | None = None  # from building the trainer to the end of its first step (set-up included)
+    first_epoch_images_per_s: float | None = None  # the whole first epoch: its images / its wall time
+    first_epoch_s: float | None = None  # from the first epoch's start to its end (None: the profile ended inside it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -141,7 +144,8 @@ def queued_batches(loader: Any) -> int:
 
 
 def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
-            time_validation: bool = False, accounting: bool = True, progress: Progress | None = None) -> Profile:
+            time_validation: bool = False, accounting: bool = True, progress: Progress | None = None,
+            first_epoch: bool = False) -> Profile:
     """Train ``trainer_class`` with Ultralytics ``args`` for ``warmup + steps`` steps and measure it.
 
     The first step only starts the step clock (its data wait cannot be known); the ``warmup`` steps after it are
@@ -157,11 +161,13 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         time_validation: also run one validation pass and time it (for the doctor's validation rule).
         accounting: phase marks and the system sampler on (False measures their overhead by difference).
         progress: count the steps on this bar, and hold back Ultralytics' own output meanwhile.
+        first_epoch: train on to the end of the first epoch if the steps end inside it, and report that epoch's
+            rate (every one-off cost of a run falls inside it). The time to the first step is always reported.
     """
     clock = StepClock(phases=accounting, keep=None)  # every step kept (the default is the last 200); cuda set below
     sampler = SystemSampler()
     callbacks = CallbackClock()
-    state: dict[str, Any] = {"system": None, "warmup": warmup}
+    state: dict[str, Any] = {"system": None, "warmup": warmup, "epoch_steps": 0}
 
     def say(text: str) -> None:
         if progress is not None:
@@ -184,9 +190,24 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             if progress is not None:
                 progress.grow(queued - warmup)
         clock.cuda = trainer.device.type == "cuda"
+        state["epoch_steps"] = len(trainer.train_loader)
+        more = state["epoch_steps"] - (state["warmup"] + steps)  # the first step is counted on the bar already
+        if first_epoch and more > 0 and progress is not None:
+            progress.grow(more)
         if accounting:
             state["unmark"] = mark_phases(trainer, clock.mark)
             sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
+
+    def on_epoch_start(trainer) -> None:
+        if "t_epoch" not in state:
+            state["t_epoch"] = time.perf_counter()
+
+    def on_epoch_end(trainer) -> None:
+        if "first_epoch_s" not in state:
+            if clock.cuda:
+                torch.cuda.synchronize(trainer.device)  # the epoch ends when its last step's work does
+            state["first_epoch_s"] = time.perf_counter() - state["t_epoch"]
+            state["first_epoch_images"] = len(trainer.train_loader.dataset)
 
     def on_start(trainer) -> None:
         clock.batch_ready()
@@ -195,6 +216,10 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         clock.step_done(trainer.batch_size)
         if progress is not None:
             progress.step()
+        if "first_step_s" not in state:
+            if clock.cuda:
+                torch.cuda.synchronize(trainer.device)  # once: the first step's work done, not only queued
+            state["first_step_s"] = time.perf_counter() - state["t_build"]
         n = len(clock)
         if n == state["warmup"] and accounting:
             sampler.restart_window()
@@ -202,9 +227,10 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             state["t_measure"] = time.perf_counter()
             if torch.cuda.is_available() and trainer.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-        if n >= state["warmup"] + steps:  # len(clock) counts from the second step: the first only starts the clock
+        if n >= state["warmup"] + steps and state["system"] is None:  # len(clock) counts from the second step
             state["system"] = sampler.stop()
             callbacks.stop()
+        if state["system"] is not None and (not first_epoch or "first_epoch_s" in state):
             raise StopTraining
 
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
@@ -212,12 +238,15 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     if progress is not None:
         progress.start(mode)
     with ultralytics_quiet(progress is not None):
+        state["t_build"] = time.perf_counter()
         trainer = trainer_class(overrides=full)
-        for event, fn in (("on_train_start", on_train_start), ("on_train_batch_start", on_start),
-                          ("on_train_batch_end", on_end)):
+        ours = (("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
+                ("on_train_epoch_end", on_epoch_end), ("on_train_batch_start", on_start),
+                ("on_train_batch_end", on_end))
+        for event, fn in ours:
             trainer.add_callback(event, fn)
         if accounting:  # every other callback (loggers, integrations) is timed: the doctor's logging rule
-            callbacks.wrap(trainer.callbacks, skip=(on_train_start, on_start, on_end))
+            callbacks.wrap(trainer.callbacks, skip=tuple(fn for _, fn in ours))
         try:
             stopped = train_until_stopped(trainer)
             system = state["system"] or sampler.stop()
@@ -243,7 +272,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     if clock.cuda:
         torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
     warmup = state["warmup"]
-    measured = clock.resolved(skip=warmup)
+    measured = clock.resolved(skip=warmup)[:steps]  # first_epoch: the steps trained on to its end are not windows
     stats = step_stats(measured, window)
     ph = phase_summary(measured) if accounting else PhaseSummary(0)
     measured = measured if accounting else []  # no phases, no sampler: no timeline
@@ -275,7 +304,11 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         ram_used_gb=round(system.ram_used_gb, 2) if system.ram_used_gb is not None else None,
         swap_used_gb=round(system.swap_used_gb, 2) if system.swap_used_gb is not None else None,
         timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()},
-        optimizer=state.get("optimizer", ""))
+        optimizer=state.get("optimizer", ""),
+        first_step_s=round(state["first_step_s"], 2) if "first_step_s" in state else None,
+        first_epoch_s=round(state["first_epoch_s"], 2) if "first_epoch_s" in state else None,
+        first_epoch_images_per_s=round(state["first_epoch_images"] / state["first_epoch_s"], 1)
+        if "first_epoch_s" in state else None)
     del trainer
     gc.collect()
     if cuda:
