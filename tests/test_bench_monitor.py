@@ -263,6 +263,7 @@ def test_profile_trains_on_to_the_end_of_the_first_epoch_and_measures_only_its_s
     assert bar.bar.total == bar.bar.n == 12 + 1  # the first step of epoch 2 ends the profile: the bar ends on it
     assert p.first_epoch_s > 0 and p.first_epoch_images_per_s == pytest.approx(24 / p.first_epoch_s, rel=0.01)
     assert 0 < p.first_step_s
+    assert len(p.first_epoch_step_ms) == 12 - 1 and all(ms > 0 for ms in p.first_epoch_step_ms)  # all but the 1st
     short = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1)  # the default: no epoch's end
     assert short.first_epoch_s is None and short.first_epoch_images_per_s is None and short.first_step_s > 0
 

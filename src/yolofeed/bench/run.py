@@ -38,7 +38,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
                 first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
-            "first_step_s", "first_epoch_s", "first_epoch_images_per_s")
+            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms")
     return {k: getattr(p, k) for k in keys}
 
 

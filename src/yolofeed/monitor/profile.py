@@ -70,6 +70,7 @@ class Profile:
     first_step_s: float | None = None  # from building the trainer to the end of its first step (set-up included)
     first_epoch_images_per_s: float | None = None  # the whole first epoch: its images / its wall time
     first_epoch_s: float | None = None  # from the first epoch's start to its end (None: the profile ended inside it)
+    first_epoch_step_ms: list[float] = field(default_factory=list)  # host wall time of each of its steps but the first
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +209,8 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
                 torch.cuda.synchronize(trainer.device)  # the epoch ends when its last step's work does
             state["first_epoch_s"] = time.perf_counter() - state["t_epoch"]
             state["first_epoch_images"] = len(trainer.train_loader.dataset)
+            # where the epoch's time went: one-off costs show as long steps (a capture, a compile, a new shape)
+            state["first_epoch_step_ms"] = [round(1000 * (r.t_end - r.t_start), 1) for r in clock.records]
 
     def on_start(trainer) -> None:
         clock.batch_ready()
@@ -308,7 +311,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         first_step_s=round(state["first_step_s"], 2) if "first_step_s" in state else None,
         first_epoch_s=round(state["first_epoch_s"], 2) if "first_epoch_s" in state else None,
         first_epoch_images_per_s=round(state["first_epoch_images"] / state["first_epoch_s"], 1)
-        if "first_epoch_s" in state else None)
+        if "first_epoch_s" in state else None, first_epoch_step_ms=state.get("first_epoch_step_ms", []))
     del trainer
     gc.collect()
     if cuda:
