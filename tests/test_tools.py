@@ -17,6 +17,7 @@ import torch
 
 from tools import pack_crc_cost, parity_merge, reproduce
 from tools.device import (
+    allreduce_bw,
     amp_steps,
     augment_bench,
     decode_ceiling,
@@ -141,6 +142,19 @@ def test_io_probe_writes_and_removes_its_file(tmp_path, capsys):
     assert not target.exists()
     with pytest.raises(SystemExit, match="GB free"):
         io_probe.main([str(target), "--images", "1000", "--bytes", str(1 << 50)])
+
+
+def test_allreduce_bw_times_gloo_and_predicts_a_models_gradient_all_reduce(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    res = allreduce_bw.main(["--cpu", "2", "--max-mb", "1", "--iters", "1", "--model", "yolo11n.yaml"])
+    assert res["world"] == 2 and res["backend"] == "gloo"
+    assert res["gradient_bytes"] == 4 * 2_624_064  # Ultralytics' summary of yolo11n: "2,624,064 gradients"
+    assert [r["bytes"] for r in res["sizes"]] == [1 << 20, res["gradient_bytes"]] and res["allreduce_ms"] > 0
+    assert json.loads((tmp_path / "allreduce_bw.json").read_text()) == json.loads(json.dumps(res))
+    assert allreduce_bw.bus_factor(2) == 1.0 and allreduce_bw.bus_factor(8) == 1.75
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs 2 or more CUDA GPUs"):
+            allreduce_bw.main([])
 
 
 def test_decode_ceiling_reads_every_image(synth_root):
