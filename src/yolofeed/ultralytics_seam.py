@@ -229,6 +229,9 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="DDP ranks rebuild the trainer as trainer_class(cfg, overrides, _callbacks) from a cloudpickle of the "
                "class (FastDetectionTrainer.with_options' options ride on it) and of the callbacks "
                "(monitor/throughput.py's report to the launcher rides on those)"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.train", "6df46979cf5bb5e5",
+           why="self.ddp: the launching process runs the ranks with subprocess.run(check=True) and trains nothing "
+               "itself (monitor/profile.py: its ranks report to it and leave with status 0)"),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
            why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
 )
@@ -428,6 +431,12 @@ class StopTraining(BaseException):
     logs a failed run there) does not take it for a failure. Ultralytics' ``train`` lets it through after its
     ``finally`` (deterministic mode off, teardown callbacks).
     """
+
+
+def launches_ranks(trainer: Any) -> bool:
+    """Whether ``trainer.train()`` launches DDP ranks as subprocesses (several devices, and this process is not a
+    rank) instead of training here: Ultralytics' ``trainer.ddp``."""
+    return bool(getattr(trainer, "ddp", False))
 
 
 def train_until_stopped(trainer: Any) -> bool:

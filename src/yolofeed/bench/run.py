@@ -13,6 +13,10 @@ memory. Modes run one after another in this process, on the same data, model, ba
 ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: train/step.py,
 train/loss.py). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
 steps are measured.
+
+With several GPUs (``device=0,1``) each mode goes through Ultralytics' own DDP launch: every rank profiles its
+own steps and GPU, and the row is their total (images/s summed, the slowest rank's steps), each GPU's share on
+the line below it (``monitor/profile.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
                 first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
-            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms")
+            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks")
     return {k: getattr(p, k) for k in keys}
 
 
@@ -60,6 +64,12 @@ def table(results: list[dict]) -> str:
         lines.append(f"{r['mode']:<16}{r['images_per_s']:>9,.0f}{ratio:>11}{step:>11}{util:>10}"
                      f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}{first_col}"
                      f"{to_step:>10}")
+    for r in results:  # DDP: the row above is the total; each GPU's share
+        if r.get("ranks"):
+            per = " / ".join(f"{x['images_per_s']:,.0f}" for x in r["ranks"])
+            util = " / ".join("-" if x["gpu_util"] is None else f"{x['gpu_util']:.0f}" for x in r["ranks"])
+            lines.append(f"  {r['mode']} on {len(r['ranks'])} GPUs: img/s per GPU {per}; GPU util {util} %; "
+                         f"host cores {r['cpu_cores_busy']:.1f} busy in all ({r['own_cores_busy']:.1f} training)")
     return "\n".join(lines)
 
 

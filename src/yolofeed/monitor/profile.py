@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
+import os
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 import torch
@@ -22,11 +27,13 @@ from yolofeed.errors import UltralyticsError
 from yolofeed.monitor.callbacks import CallbackClock
 from yolofeed.monitor.steps import PhaseSummary, StepClock, phase_summary, step_stats, window_median
 from yolofeed.monitor.system import SystemSampler
+from yolofeed.monitor.throughput import distributed
 from yolofeed.ultralytics_seam import (
     FIX,
     LOGGER,
     TESTED,
     StopTraining,
+    launches_ranks,
     mark_phases,
     train_until_stopped,
     unbounded_epochs,
@@ -71,6 +78,7 @@ class Profile:
     first_epoch_images_per_s: float | None = None  # the whole first epoch: its images / its wall time
     first_epoch_s: float | None = None  # from the first epoch's start to its end (None: the profile ended inside it)
     first_epoch_step_ms: list[float] = field(default_factory=list)  # host wall time of each of its steps but the first
+    ranks: list[dict] = field(default_factory=list)  # DDP: each GPU's figures (the fields above are their total)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +152,84 @@ def queued_batches(loader: Any) -> int:
     return 0
 
 
+RANKS_REPORT = "yolofeed_profile_ranks.json"  # in the run folder: how DDP rank 0 hands the ranks' profiles over
+
+
+def report_and_exit(own: Profile, trainer: Any, token: str) -> None:
+    """In a DDP rank at the profile's last step: gather every rank's profile to rank 0, which writes them to
+    ``RANKS_REPORT`` in the run folder with the launcher's ``token``; then every rank leaves with status 0.
+
+    Every rank calls this at the same step (DDP keeps them in step). Leaving by ``os._exit`` skips Ultralytics'
+    end of training (validation, saving, plots), which a profile does not want, and which an exception would
+    turn into a failed launch.
+    """
+    dist = torch.distributed
+    gathered: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, own.to_dict())
+    if dist.get_rank() == 0:
+        path = Path(trainer.save_dir) / RANKS_REPORT
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"token": token, "ranks": gathered}))
+        os.replace(tmp, path)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def read_rank_reports(save_dir: Any, token: str, mode: str) -> list[Profile]:
+    """The ranks' profiles that rank 0 wrote for this launch (``token``), one per GPU.
+
+    Raises:
+        UltralyticsError: no report for this launch (a rank failed: its output is above).
+    """
+    path = Path(save_dir) / RANKS_REPORT
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        report = {}
+    if report.get("token") != token or not report.get("ranks"):
+        raise UltralyticsError(f"{mode}: the DDP ranks ended without their profile in {path} (a rank failed: see "
+                               f"its output above; or an Ultralytics other than {TESTED}: {FIX})")
+    return [Profile(**r) for r in report["ranks"]]
+
+
+def combine_ranks(ranks: list[Profile]) -> Profile:
+    """One profile for a DDP run: images/s summed over the GPUs, the slowest rank's steps and first epoch.
+
+    The machine's figures (cores busy, iowait, disk, RAM) are rank 0's sampler's, which sees the whole machine; the
+    cores of the training processes are summed over the ranks; GPU figures are the ranks' mean, each rank's kept in
+    ``ranks``.
+    """
+    r0 = ranks[0]
+
+    def mean(key: str) -> float | None:
+        vals = [getattr(r, key) for r in ranks if getattr(r, key) is not None]
+        return round(sum(vals) / len(vals), 2) if vals else None
+
+    firsts = [r.first_epoch_s for r in ranks]
+    out = Profile(**r0.to_dict())
+    out.images_per_s = round(sum(r.images_per_s for r in ranks), 1)  # each rank steps through its own images
+    out.step_ms = max(r.step_ms for r in ranks)
+    out.mean_step_ms = max(r.mean_step_ms for r in ranks)
+    out.data_wait_fraction = round(sum(r.data_wait_fraction for r in ranks) / len(ranks), 4)
+    out.windows = [round(sum(w), 1) for w in zip(*(r.windows for r in ranks))]
+    out.gpu_util, out.gpu_clock_mhz, out.gpu_power_w = mean("gpu_util"), mean("gpu_clock_mhz"), mean("gpu_power_w")
+    out.gpu_mem_peak_gb = max((r.gpu_mem_peak_gb for r in ranks if r.gpu_mem_peak_gb is not None), default=None)
+    out.own_cores_busy = round(sum(r.own_cores_busy for r in ranks), 2)
+    out.batch = sum(r.batch for r in ranks)
+    out.device = ",".join(r.device for r in ranks)
+    out.first_step_s = max((r.first_step_s for r in ranks if r.first_step_s is not None), default=None)
+    out.first_epoch_s = None if None in firsts else max(firsts)
+    out.first_epoch_images_per_s = None if out.first_epoch_s is None else round(r0.n_train / out.first_epoch_s, 1)
+    out.ranks = [{"device": r.device, "images_per_s": r.images_per_s, "step_ms": r.step_ms,
+                  "data_wait_fraction": r.data_wait_fraction, "gpu_util": r.gpu_util,
+                  "own_cores_busy": r.own_cores_busy, "first_epoch_s": r.first_epoch_s} for r in ranks]
+    return out
+
+
 def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, warmup: int, window: int = 10,
             time_validation: bool = False, accounting: bool = True, progress: Progress | None = None,
             first_epoch: bool = False) -> Profile:
@@ -166,13 +252,20 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             rate (every one-off cost of a run falls inside it). The time to the first step is always reported.
     """
     clock = StepClock(phases=accounting, keep=None)  # every step kept (the default is the last 200); cuda set below
-    sampler = SystemSampler()
     callbacks = CallbackClock()
-    state: dict[str, Any] = {"system": None, "warmup": warmup, "epoch_steps": 0}
+    # the sampler is made where training runs: it holds a lock and a probe process, and a DDP launch pickles these
+    # callbacks (closures, their state included) into every rank first
+    state: dict[str, Any] = {"system": None, "warmup": warmup, "epoch_steps": 0, "token": uuid.uuid4().hex,
+                             "progress": progress}  # None in DDP ranks: a bar is the launcher's, and not picklable
+
+    def sampler() -> SystemSampler:
+        if "sampler" not in state:
+            state["sampler"] = SystemSampler()
+        return state["sampler"]
 
     def say(text: str) -> None:
-        if progress is not None:
-            progress.write(text)
+        if state["progress"] is not None:
+            state["progress"].write(text)
         else:
             print(text, flush=True)
 
@@ -181,6 +274,8 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         # optimiser is built from the run's own epochs (optimizer=auto picks MuSGD over AdamW past
         # 10,000 iterations, and MuSGD's Newton-Schulz steps cost ~40 ms of launches per yolo11n step).
         unbounded_epochs(trainer)
+        if distributed() and state["quiet"]:  # a DDP rank: the launcher's bar stands for it
+            LOGGER.setLevel(logging.WARNING)
         state["optimizer"] = type(trainer.optimizer).__name__
         queued = queued_batches(trainer.train_loader)
         if queued > warmup:
@@ -188,16 +283,16 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
                 f"workers hold up to {queued} batches ready, which a shorter warm-up would measure instead of the "
                 "loader")
             state["warmup"] = queued
-            if progress is not None:
-                progress.grow(queued - warmup)
+            if state["progress"] is not None:
+                state["progress"].grow(queued - warmup)
         clock.cuda = trainer.device.type == "cuda"
         state["epoch_steps"] = len(trainer.train_loader)
         more = state["epoch_steps"] - (state["warmup"] + steps)  # the first step is counted on the bar already
-        if first_epoch and more > 0 and progress is not None:
-            progress.grow(more)
+        if first_epoch and more > 0 and state["progress"] is not None:
+            state["progress"].grow(more)
         if accounting:
             state["unmark"] = mark_phases(trainer, clock.mark)
-            sampler.start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
+            sampler().start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
 
     def on_epoch_start(trainer) -> None:
         if "t_epoch" not in state:
@@ -217,24 +312,71 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
 
     def on_end(trainer) -> None:
         clock.step_done(trainer.batch_size)
-        if progress is not None:
-            progress.step()
+        if state["progress"] is not None:
+            state["progress"].step()
         if "first_step_s" not in state:
             if clock.cuda:
                 torch.cuda.synchronize(trainer.device)  # once: the first step's work done, not only queued
             state["first_step_s"] = time.perf_counter() - state["t_build"]
         n = len(clock)
         if n == state["warmup"] and accounting:
-            sampler.restart_window()
+            sampler().restart_window()
             callbacks.start()
             state["t_measure"] = time.perf_counter()
             if torch.cuda.is_available() and trainer.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
         if n >= state["warmup"] + steps and state["system"] is None:  # len(clock) counts from the second step
-            state["system"] = sampler.stop()
+            state["system"] = sampler().stop()
             callbacks.stop()
         if state["system"] is not None and (not first_epoch or "first_epoch_s" in state):
+            if distributed():  # a DDP rank: report to the launcher and leave (a raise would fail the launch)
+                report_and_exit(result(trainer), trainer, state["token"])
             raise StopTraining
+
+    def result(trainer) -> Profile:
+        """This process's profile of the steps it trained (each DDP rank makes its own)."""
+        if clock.cuda:
+            torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
+        warmup, system, val_rate = state["warmup"], state["system"], state.get("val_rate")
+        measured = clock.resolved(skip=warmup)[:steps]  # first_epoch: the steps trained on to its end are not windows
+        stats = step_stats(measured, window)
+        ph = phase_summary(measured) if accounting else PhaseSummary(0)
+        measured = measured if accounting else []  # no phases, no sampler: no timeline
+        cuda = trainer.device.type == "cuda"
+        t0 = state.get("t_measure", 0.0)
+        timeline = sampler().timeline()
+        timeline["step_t"] = [r.t_end - t0 for r in measured]  # from the end of the last warm-up step
+        timeline["step_wait_fraction"] = [r.ms["data_wait"] / max(r.total_ms, 1e-9) for r in measured]
+        gpu_util = system.gpu_util
+        # over the img/s windows, as a median: a one-off stall (the epoch's last, smaller batch) skews a mean
+        if gpu_util is not None and timeline["step_t"] and len(timeline["gpu_util"]) == len(timeline["t"]):
+            shift = timeline["t0"] - t0  # the probe's perf_counter clock, from the first sample after warm-up
+            edges = [0.0] + timeline["step_t"][window - 1::window]
+            median = window_median([x + shift for x in timeline["t"]], timeline["gpu_util"], edges)
+            gpu_util = gpu_util if median is None else median
+        prof = Profile(
+            mode=mode, device=str(trainer.device), images_per_s=round(stats.images_per_s, 1),
+            step_ms=round(stats.step_ms, 2), mean_step_ms=round(stats.mean_step_ms, 2),
+            data_wait_fraction=round(stats.data_wait_fraction, 4),
+            windows=[round(w, 1) for w in stats.windows], steps=stats.steps, warmup=warmup,
+            phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=gpu_util,
+            gpu_clock_mhz=system.gpu_clock_mhz, gpu_power_w=system.gpu_power_w,
+            cpu_cores_busy=round(system.cpu_cores_busy, 2), own_cores_busy=round(system.own_cores_busy, 2),
+            iowait=round(system.iowait, 4), disk_read_mb_s=round(system.disk_read_mb_s, 1), cores=system.cores,
+            gpu_mem_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
+            batch=trainer.batch_size, workers=int(trainer.args.workers), n_train=len(trainer.train_loader.dataset),
+            n_val=len(getattr(getattr(trainer, "test_loader", None), "dataset", ())),  # DDP: rank 0's only
+            val_images_per_s=round(val_rate, 1) if val_rate else None,
+            busiest_core=round(system.busiest_core, 3),
+            ram_used_gb=round(system.ram_used_gb, 2) if system.ram_used_gb is not None else None,
+            swap_used_gb=round(system.swap_used_gb, 2) if system.swap_used_gb is not None else None,
+            timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()},
+            optimizer=state.get("optimizer", ""),
+            first_step_s=round(state["first_step_s"], 2) if "first_step_s" in state else None,
+            first_epoch_s=round(state["first_epoch_s"], 2) if "first_epoch_s" in state else None,
+            first_epoch_images_per_s=round(state["first_epoch_images"] / state["first_epoch_s"], 1)
+            if "first_epoch_s" in state else None, first_epoch_step_ms=state.get("first_epoch_step_ms", []))
+        return prof
 
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
             "name": mode, **args}
@@ -243,6 +385,9 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     with ultralytics_quiet(progress is not None):
         state["t_build"] = time.perf_counter()
         trainer = trainer_class(overrides=full)
+        state["quiet"] = progress is not None
+        if launches_ranks(trainer):  # the ranks get pickled copies of these callbacks, without the bar
+            state["progress"] = None
         ours = (("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
                 ("on_train_epoch_end", on_epoch_end), ("on_train_batch_start", on_start),
                 ("on_train_batch_end", on_end))
@@ -252,18 +397,20 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             callbacks.wrap(trainer.callbacks, skip=tuple(fn for _, fn in ours))
         try:
             stopped = train_until_stopped(trainer)
-            system = state["system"] or sampler.stop()
-            val_rate = None
+            if launches_ranks(trainer):  # Ultralytics' DDP launch: the ranks trained, and reported
+                return combine_ranks(read_rank_reports(trainer.save_dir, state["token"], mode))
+            state["system"] = state["system"] or sampler().stop()
             if stopped and time_validation and getattr(trainer, "validator", None) is not None:
                 if progress is not None:
                     progress.start(mode, ": one validation pass")
                 t0 = time.perf_counter()
                 trainer.validate()
-                val_rate = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
+                state["val_rate"] = len(trainer.test_loader.dataset) / (time.perf_counter() - t0)
         finally:  # a run that failed leaves no probe process, loader thread or wrapped method behind either
             if "unmark" in state:
                 state["unmark"]()
-            sampler.stop()
+            if "sampler" in state:
+                state["sampler"].stop()
             for name in ("train_loader", "test_loader"):
                 loader = getattr(trainer, name, None)
                 if hasattr(loader, "close"):
@@ -272,48 +419,9 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         raise UltralyticsError(f"{mode}: the training loop ended after {len(clock)} of {state['warmup'] + steps} "
                                f"steps although the profile lifts its epoch limit (a time= limit, or an "
                                f"Ultralytics other than {TESTED}: {FIX})")
-    if clock.cuda:
-        torch.cuda.synchronize()  # after the measured steps: lets the last steps' events resolve
-    warmup = state["warmup"]
-    measured = clock.resolved(skip=warmup)[:steps]  # first_epoch: the steps trained on to its end are not windows
-    stats = step_stats(measured, window)
-    ph = phase_summary(measured) if accounting else PhaseSummary(0)
-    measured = measured if accounting else []  # no phases, no sampler: no timeline
-    cuda = trainer.device.type == "cuda"
-    t0 = state.get("t_measure", 0.0)
-    timeline = sampler.timeline()
-    timeline["step_t"] = [r.t_end - t0 for r in measured]  # from the end of the last warm-up step
-    timeline["step_wait_fraction"] = [r.ms["data_wait"] / max(r.total_ms, 1e-9) for r in measured]
-    gpu_util = system.gpu_util
-    # over the img/s windows, as a median: a one-off stall (cuDNN tuning the epoch's last, smaller batch) skews a mean
-    if gpu_util is not None and timeline["step_t"] and len(timeline["gpu_util"]) == len(timeline["t"]):
-        shift = timeline["t0"] - t0  # the probe's perf_counter clock, from the first sample after warm-up
-        edges = [0.0] + timeline["step_t"][window - 1::window]
-        median = window_median([x + shift for x in timeline["t"]], timeline["gpu_util"], edges)
-        gpu_util = gpu_util if median is None else median
-    result = Profile(
-        mode=mode, device=str(trainer.device), images_per_s=round(stats.images_per_s, 1),
-        step_ms=round(stats.step_ms, 2), mean_step_ms=round(stats.mean_step_ms, 2),
-        data_wait_fraction=round(stats.data_wait_fraction, 4),
-        windows=[round(w, 1) for w in stats.windows], steps=stats.steps, warmup=warmup,
-        phases_ms={k: round(v, 2) for k, v in ph.ms.items()}, gpu_util=gpu_util,
-        gpu_clock_mhz=system.gpu_clock_mhz, gpu_power_w=system.gpu_power_w,
-        cpu_cores_busy=round(system.cpu_cores_busy, 2), own_cores_busy=round(system.own_cores_busy, 2),
-        iowait=round(system.iowait, 4), disk_read_mb_s=round(system.disk_read_mb_s, 1), cores=system.cores,
-        gpu_mem_peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2) if cuda else None,
-        batch=trainer.batch_size, workers=int(trainer.args.workers), n_train=len(trainer.train_loader.dataset),
-        n_val=len(trainer.test_loader.dataset), val_images_per_s=round(val_rate, 1) if val_rate else None,
-        busiest_core=round(system.busiest_core, 3),
-        ram_used_gb=round(system.ram_used_gb, 2) if system.ram_used_gb is not None else None,
-        swap_used_gb=round(system.swap_used_gb, 2) if system.swap_used_gb is not None else None,
-        timeline=timeline, callbacks_ms={k: round(v, 3) for k, v in callbacks.ms_per_step(steps).items()},
-        optimizer=state.get("optimizer", ""),
-        first_step_s=round(state["first_step_s"], 2) if "first_step_s" in state else None,
-        first_epoch_s=round(state["first_epoch_s"], 2) if "first_epoch_s" in state else None,
-        first_epoch_images_per_s=round(state["first_epoch_images"] / state["first_epoch_s"], 1)
-        if "first_epoch_s" in state else None, first_epoch_step_ms=state.get("first_epoch_step_ms", []))
+    res = result(trainer)
     del trainer
     gc.collect()
-    if cuda:
+    if clock.cuda:
         torch.cuda.empty_cache()
-    return result
+    return res
