@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 # The built-in formats: module name under this package -> what it stores, for help text. The first is the default.
 BUILTIN = {
-    "raw": "decoded RGB pixels, copied to the GPU as they are (about imgsz x imgsz x 3 bytes an image)",
-    "jpeg": "encoded JPEG bytes, about 10x smaller, decoded on the GPU (nvJPEG)",
+    "raw": "decoded RGB pixels",
+    "jpeg": "encoded bytes (about 10x smaller), decoded later on the GPU",
 }
 DEFAULT = next(iter(BUILTIN))
 _LOADED: dict[str, Codec] = {}  # built-in codecs imported so far, and registered ones
