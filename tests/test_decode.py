@@ -16,12 +16,11 @@ import pytest
 import torch
 from PIL import Image
 
-import yolofeed.loader.decode as decode
+import yolofeed.pack.codecs.jpeg as decode
 from yolofeed.errors import ConfigError
 from yolofeed.loader import TrainLoader
-from yolofeed.loader.batch import _decode_jpegs
-from yolofeed.loader.decode import decode_into
 from yolofeed.loader.prefetch import Prefetcher
+from yolofeed.pack.codecs.jpeg import decode_into
 
 IMGSZ = 160  # synth_root holds 160x120, 120x160, 160x160, 160x90 (kept), 200x150 (shrunk), 128x96 (enlarged)
 CPU_MAX, CPU_MEAN = 1, 0.25  # torchvision CPU vs cv2, measured: max 1 level, mean <= 0.13
@@ -39,7 +38,7 @@ def _fresh_refusals(monkeypatch):
 
 def _cv2(pack, indices) -> torch.Tensor:
     out = np.zeros((len(indices), pack.imgsz, pack.imgsz, 3), np.uint8)
-    _decode_jpegs(pack, np.asarray(indices), out)
+    pack.codec.gather(pack, np.asarray(indices), out)  # decode="cv2": OpenCV on the host
     return torch.from_numpy(out)
 
 
@@ -142,7 +141,7 @@ def test_a_refused_file_falls_back_to_opencv_and_is_reported_once(pack, monkeypa
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", refusing)
     idx = np.array([0, bad, 5, 9])
-    with caplog.at_level(logging.WARNING, logger="yolofeed.loader.decode"):
+    with caplog.at_level(logging.WARNING, logger="yolofeed.pack.codecs.jpeg"):
         for _ in range(2):  # the second time the file goes straight to OpenCV: no batch-wide retry
             calls.clear()
             p = Prefetcher(jpg, "cpu", 4, sync=True, decode="torchvision")

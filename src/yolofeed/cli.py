@@ -15,7 +15,16 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from yolofeed import __version__
-from yolofeed.config import BenchConfig, DoctorConfig, PackConfig, ParityConfig, SynthConfig, TrainConfig, fields_of
+from yolofeed.config import (
+    PACK_FORMATS,
+    BenchConfig,
+    DoctorConfig,
+    PackConfig,
+    ParityConfig,
+    SynthConfig,
+    TrainConfig,
+    fields_of,
+)
 from yolofeed.errors import ConfigError, DatasetError, YolofeedError
 
 
@@ -103,6 +112,16 @@ def _bare_word(name: str, fields: dict, passthrough: str | None) -> str | bool |
     return None
 
 
+def choices_of(f: typing.Any) -> tuple[str, ...] | None:
+    """The values a config field allows: its ``choices``, the pack codecs' names for ``PACK_FORMATS``, or None."""
+    choices = f.metadata.get("choices")
+    if choices == PACK_FORMATS:
+        from yolofeed.pack.codecs import names
+
+        return names()
+    return choices
+
+
 def build_config(command: str, args: list[str]) -> typing.Any:
     """Parse ``key=value`` words into the command's config dataclass.
 
@@ -142,7 +161,7 @@ def build_config(command: str, args: list[str]) -> typing.Any:
             value = parse_value(text.strip(), str(f.type))
         except ValueError as e:
             raise ConfigError(f"{name}={text}: {e} (the key is {f.type})") from None
-        choices = f.metadata.get("choices")
+        choices = choices_of(f)
         if choices and value not in choices:
             raise ConfigError(f"{name}={text}: expected one of {', '.join(choices)}")
         minimum = f.metadata.get("minimum")
@@ -200,9 +219,14 @@ def help_text(command: str | None = None) -> str:
                 lines.append(f"      {'...':<10} {f.metadata['help']}")
                 continue
             default = "required" if f.default is None and "None" not in str(f.type) else f"default {f.default!r}"
-            choices = f.metadata.get("choices")
+            choices = choices_of(f)
             extra = f" [{'|'.join(choices)}]" if choices else ""
-            lines.append(f"      {f.name + '=':<13} {f.metadata['help']}{extra} ({default})")
+            what = f.metadata["help"]
+            if f.metadata.get("choices") == PACK_FORMATS:  # each format's line, from the codec registry
+                from yolofeed.pack.codecs import summaries
+
+                what += ": " + "; ".join(f"{name}: {line}" for name, line in summaries().items())
+            lines.append(f"      {f.name + '=':<13} {what}{extra} ({default})")
         lines.append("")
     lines.append("  help     this text; 'yolofeed COMMAND help' shows one command")
     return "\n".join(lines)

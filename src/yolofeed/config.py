@@ -12,10 +12,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+# ``choices=`` of the keys that name a pack storage format: the CLI reads the names (and their help) from the
+# codec registry, ``yolofeed.pack.codecs``, when it parses or prints them; this module imports no stage.
+PACK_FORMATS = "pack formats"
+DEFAULT_PACK_FORMAT = "raw"  # the registry's default (codecs.DEFAULT); a test keeps the two equal
 
-def key(default: Any, help: str, choices: tuple[str, ...] | None = None,  # noqa: A002 - mirrors argparse
+
+def key(default: Any, help: str, choices: tuple[str, ...] | str | None = None,  # noqa: A002 - mirrors argparse
         minimum: int | None = None) -> Any:
-    """A config field with its help text (and allowed values, for strings; the smallest value, for numbers)."""
+    """A config field with its help text (and allowed values, for strings; the smallest value, for numbers).
+
+    Args:
+        choices: the allowed values, or ``PACK_FORMATS``: the pack codecs' names, looked up when used.
+    """
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
@@ -54,8 +63,7 @@ class PackConfig:
 
     data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
     imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=32)
-    format: str = key("raw", "raw: decoded RGB pixels; jpeg: encoded bytes, decoded later on the GPU",
-                      ("raw", "jpeg"))
+    format: str = key(DEFAULT_PACK_FORMAT, "storage", PACK_FORMATS)
     out: str | None = key(None, "pack folder; default <data yaml folder>/yolofeed-packs/<yaml stem>-<format>-<imgsz>")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
@@ -77,7 +85,7 @@ class TrainConfig:
     data: str | None = key(None, "Ultralytics data yaml (not needed with resume=)")
     resume: str | None = key(None, "a last.pt to continue training from; or model=.../last.pt with resume=True "
                              "(or a bare 'resume'), as in yolo train")
-    pack_format: str = key("raw", "pack storage: raw pixels, or jpeg bytes decoded on the GPU", ("raw", "jpeg"))
+    pack_format: str = key(DEFAULT_PACK_FORMAT, "pack storage", PACK_FORMATS)
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
                             "contents; never: refuse them", ("auto", "check", "always", "never"))
     pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
@@ -150,7 +158,7 @@ class ParityConfig:
     batch: int = key(16, "batch size")
     device: str = key("", "GPUs to spread runs over, e.g. 0,1; cpu; default GPU 0 if there is one")
     parallel: int = key(1, "runs at once on each GPU (a small model leaves a large GPU mostly idle)")
-    pack_format: str = key("raw", "yolofeed's pack storage", ("raw", "jpeg"))
+    pack_format: str = key(DEFAULT_PACK_FORMAT, "yolofeed's pack storage", PACK_FORMATS)
     partner_pool: str = key("auto", "yolofeed's partner pool (see yolofeed train)")
     out: str = key("runs/parity", "folder for parity.json, parity.png, each run's folder and log")
     extra: dict = passthrough("every other key=value goes to both sides' training (any yolo train key)")

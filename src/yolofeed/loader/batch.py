@@ -1,4 +1,4 @@
-"""A pack batch in host memory: images and padded labels gathered from the memory map in one call."""
+"""A pack batch in host memory: images (written by the pack's codec) and padded labels, in one call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolofeed.loader.decode import decode_cv2
 from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
 
@@ -46,45 +45,22 @@ def label_width(pack: Pack, labels: LabelView | None = None) -> int:
     return (LabelView.of(pack) if labels is None else labels).width
 
 
-def _decode_jpegs(pack: Pack, indices: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """CPU decode of a jpeg pack's bytes, resized as Ultralytics' load_image (2 threads: the loader's CPU budget).
-
-    The same pixels as a raw pack for files kept byte for byte; re-encoded files (non-JPEG sources,
-    EXIF-rotated or restored ones) carry their quality-95 re-encoding.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    shapes = pack.shapes[indices]
-    files = pack.im_files
-
-    def one(k: int) -> None:
-        i = int(indices[k])
-        h, w = (int(v) for v in shapes[k])
-        out[k, :h, :w] = decode_cv2(pack.encoded(i), h, w, files[i])
-
-    with ThreadPoolExecutor(2) as ex:
-        list(ex.map(one, range(len(indices))))
-    return shapes
-
-
 def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = True,
            labels: LabelView | None = None) -> int:
-    """Fill ``buf`` with samples ``indices``: one memcpy per image from the page cache, labels vectorised.
+    """Fill ``buf`` with samples ``indices``: the pack's codec writes the pixels, labels are vectorised.
 
     Args:
-        images: False gathers only hw, labels and counts (jpeg packs decoded on the device later).
+        images: False gathers only hw, labels and counts (the codec decodes the images on the device later).
         labels: the labels to deliver (``classes``/``single_cls`` applied); None: the pack's own.
 
     Returns:
         n, the number of samples written (rows ``:n`` are valid).
     """
     n = len(indices)
-    if not images:
-        hw = pack.shapes[np.asarray(indices, dtype=np.int64)]
-    elif pack.storage == "jpeg":
-        hw = _decode_jpegs(pack, np.asarray(indices, dtype=np.int64), buf.images[:n].numpy())
+    if images:  # raw: one memcpy per image from the page cache; jpeg: decoded on two host threads
+        hw = pack.codec.gather(pack, np.asarray(indices, dtype=np.int64), buf.images[:n])
     else:
-        hw = pack.gather(indices, buf.images[:n])
+        hw = pack.shapes[np.asarray(indices, dtype=np.int64)]
     buf.hw[:n] = torch.from_numpy(hw)
     labels = LabelView.of(pack) if labels is None else labels
     idx = np.asarray(indices, dtype=np.int64)

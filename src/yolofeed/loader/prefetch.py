@@ -7,10 +7,12 @@ device buffers on its own CUDA stream, recording an event. The training thread m
 wait on that event, never on the disk, and records a "consumed" event once it has moved on, which
 frees the slot. ffcv's epoch iterator and timm's PrefetchLoader are the models.
 
-Jpeg packs are decoded by one of two decoders. ``cv2``: two host threads decode into the pinned
-buffer, which is copied like a raw batch. ``torchvision``: only labels go through the pinned buffers;
-the JPEG bytes are decoded on the delivery device (nvJPEG on CUDA) straight into the slot's device
-buffer, on the same side stream (see ``decode.py``). ``auto`` picks torchvision on CUDA.
+The pack's codec (``yolofeed.pack.codecs``) makes the pixels, in one of two places. On the host
+(``Codec.gather``: a raw pack's memcpy, or a jpeg pack's ``decode="cv2"`` on two threads) into the pinned
+buffer, which is copied to the device. Or on the device (``Codec.decode``, when ``decodes_on_device``:
+a jpeg pack's ``decode="torchvision"``, nvJPEG on CUDA): only labels go through the pinned buffers, and
+the codec writes the images straight into the slot's device buffer, on the same side stream. ``auto``
+lets the codec choose (jpeg: torchvision on CUDA, cv2 elsewhere).
 
 On a machine without CUDA the same code runs with plain memory and no streams; ``sync=True``
 gathers in the caller's thread instead (the tests compare the two).
@@ -29,7 +31,6 @@ import torch
 from yolofeed.augment import SourceBatch
 from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
-from yolofeed.loader.decode import decode_into
 from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
 
@@ -42,7 +43,7 @@ class LoaderError(RuntimeError):
 
 
 def decodes_on_device(pack: Pack, device: torch.device, decode: str) -> bool:
-    """Whether a jpeg pack's images are decoded by torchvision on ``device`` (else by cv2 on the host).
+    """Whether the pack's codec makes the images on ``device`` (``Codec.decode``), else on the host (``gather``).
 
     Raises:
         ConfigError: ``decode`` is not one of ``DECODERS``.
@@ -50,9 +51,7 @@ def decodes_on_device(pack: Pack, device: torch.device, decode: str) -> bool:
     if decode not in DECODERS:
         raise ConfigError(f"decode={decode!r}: expected one of {', '.join(DECODERS)} (auto: torchvision on CUDA, "
                           "cv2 elsewhere)")
-    if pack.storage != "jpeg":
-        return False  # raw packs hold pixels: nothing to decode
-    return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
+    return pack.codec.decodes_on_device(device, decode)
 
 
 @dataclass
@@ -99,8 +98,9 @@ class Prefetcher:
         max_batch: largest batch the sampler produces.
         slots: ring size; 3 lets one batch be gathered while one copies and one trains.
         sync: gather in the calling thread (tests, debugging).
-        decode: jpeg packs only: "torchvision" decodes on ``device`` (nvJPEG on CUDA, libjpeg-turbo on
-            the CPU), "cv2" on two host threads, "auto" is torchvision on CUDA and cv2 elsewhere.
+        decode: for codecs that decode (jpeg): "torchvision" decodes on ``device`` (nvJPEG on CUDA,
+            libjpeg-turbo on the CPU), "cv2" on two host threads, "auto" lets the codec choose (jpeg:
+            torchvision on CUDA, cv2 elsewhere).
         labels: the labels to deliver (``classes``/``single_cls`` applied, ``LabelView``); None: the pack's.
 
     Raises:
@@ -121,7 +121,7 @@ class Prefetcher:
     # -- producer -------------------------------------------------------------------------
     def _fill(self, slot: _Slot, indices: np.ndarray) -> None:
         n = slot.n = gather(self.pack, indices, slot.host, images=not self.on_device, labels=self.labels)
-        skip = 1 if self.on_device else 0  # images come from the decoder, not from the host buffer
+        skip = 1 if self.on_device else 0  # images come from the codec's decode, not from the host buffer
         pairs = list(zip(slot.host.tensors(), slot.dev.tensors()))[skip:]
         if self.stream is not None:
             with torch.cuda.stream(self.stream):  # host -> device on the side stream, from pinned memory
@@ -137,10 +137,8 @@ class Prefetcher:
                 self._decode(slot, indices)
 
     def _decode(self, slot: _Slot, indices: np.ndarray) -> None:
-        """The batch's JPEG bytes, decoded on the device into the slot's device images (current stream)."""
-        files = self.pack.im_files
-        decode_into([self.pack.encoded(int(i)) for i in indices], self.pack.shapes[np.asarray(indices, np.int64)],
-                    slot.dev.images[:slot.n], names=[files[i] for i in indices])
+        """The batch's payloads, decoded by the pack's codec into the slot's device images (current stream)."""
+        self.pack.codec.decode(self.pack, np.asarray(indices, np.int64), slot.dev.images[:slot.n])
 
     def _produce(self, batches: list[np.ndarray], free: queue.Queue, ready: queue.Queue) -> None:
         k = 0

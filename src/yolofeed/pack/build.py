@@ -1,13 +1,14 @@
 """Build pack files in parallel, atomically, and open them only when they match their source.
 
-One pass over the split: worker processes verify, decode and resize a sample each (the CPU cost:
-JPEG decode dominates, ~2 ms per 640x480 image per core), take its CRC32 and write its pixels at an
-offset they reserve from a shared counter, so payloads never travel back through a pipe; the parent
-only collects metadata and labels. Every payload is then read back and checked against its CRC32
-(threads; zlib releases the GIL), the index, labels and header are appended, and the file, written
-under a temporary name, is renamed into place. The two CRC32 passes cost 0.3-0.55 ms per 640-px raw
-image each on the 2-core development machine (1.7-3 GB/s), next to ~2.5 ms of decode and resize: the
-read-back took 0.1-0.3 s of 1.4-2.7 s builds of 512 such images there (noisy, shared cores).
+One pass over the split: worker processes verify a sample each and have the format's codec encode it
+(``yolofeed.pack.codecs``; raw: decode and resize, where JPEG decode dominates the CPU cost, ~2 ms per
+640x480 image per core), take its CRC32 and write its payload at an offset they reserve from a shared
+counter, so payloads never travel back through a pipe; the parent only collects metadata and labels.
+Every payload is then read back and checked against its CRC32 (threads; zlib releases the GIL), the
+index, labels and header are appended, and the file, written under a temporary name, is renamed into
+place. The two CRC32 passes cost 0.3-0.55 ms per 640-px raw image each on the 2-core development
+machine (1.7-3 GB/s), next to ~2.5 ms of decode and resize: the read-back took 0.1-0.3 s of 1.4-2.7 s
+builds of 512 such images there (noisy, shared cores).
 
 Faults, and what a build does about them (RELIABILITY.md lists each case with its test):
 
@@ -18,11 +19,11 @@ Faults, and what a build does about them (RELIABILITY.md lists each case with it
   lock; it removes the dead builder's temporary file. While a build runs, SIGTERM stops it as Ctrl-C
   does: workers stopped, temporary file removed, exit status 143.
 * Disk space: checked before writing against the pack's size, estimated from up to 256 image
-  headers. Raw payloads go through a shared mmap only once ``posix_fallocate`` has reserved every
-  byte; otherwise through ``pwrite``, which reports a full disk as an error where a write to an
-  unbacked mmap page would kill the process with SIGBUS. A full disk, a worker that died or any
-  other failure ends in one ``PackError`` that says what happened and what to do, with the
-  temporary file removed.
+  headers. Payloads of a format with a largest size (``Codec.max_payload``: raw pixels) go through a
+  shared mmap only once ``posix_fallocate`` has reserved every byte; otherwise through ``pwrite``,
+  which reports a full disk as an error where a write to an unbacked mmap page would kill the process
+  with SIGBUS. A full disk, a worker that died or any other failure ends in one ``PackError`` that
+  says what happened and what to do, with the temporary file removed.
 * A dataset folder that is not writable (shared read-only datasets): packs go to the user's cache
   folder instead, and the log says where (``pack_folders``).
 
@@ -67,11 +68,11 @@ from tqdm import tqdm
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
 from yolofeed.errors import DatasetError, PackError, StalePackError
+from yolofeed.pack import codecs
 from yolofeed.pack.lock import FolderLock, process_alive, process_start
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.store import (
     INDEX_DTYPE,
-    STORAGES,
     SUFFIX,
     Pack,
     _pwrite_all,
@@ -82,7 +83,7 @@ from yolofeed.pack.store import (
     store_dir,
     write_tail,
 )
-from yolofeed.pack.verify import SampleError, exif_size, file_problem, load_sample, pil_open, resized_hw
+from yolofeed.pack.verify import SampleError, file_problem, load_sample
 
 LOGGER = logging.getLogger(__name__)
 TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
@@ -371,7 +372,7 @@ def _sigterm_stops_build() -> Iterator[None]:
 class _Space:
     free: int  # bytes free in the pack folder before the build
     estimate: int  # bytes the pack is expected to take
-    bound: int  # bytes it takes at most (raw: every image imgsz x imgsz)
+    bound: int  # bytes it takes at most (the format's largest payload for every image), else the estimate
 
 
 def _gb(nbytes: float) -> str:
@@ -390,19 +391,14 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     Raises:
         PackError: the pack will not fit; the message gives bytes needed and free, the folder and the fix.
     """
-    n = len(src.im_files)
+    n, codec = len(src.im_files), codecs.get(storage)
     picks = np.unique(np.linspace(0, n - 1, min(n, SPACE_SAMPLE)).round().astype(np.int64))
     payloads, label_bytes = [], []
     for i in picks.tolist():
         if file_problem(src.im_files[i]):  # skipped by the build; a FIFO would block the header read forever
             continue
         try:
-            if storage == "raw":
-                with pil_open(src.im_files[i]) as im:
-                    w, h = exif_size(im)
-                payloads.append(align(int(np.prod(resized_hw(h, w, imgsz))) * 3))
-            else:
-                payloads.append(align(os.path.getsize(src.im_files[i])))
+            payloads.append(codec.payload_estimate(src.im_files[i], imgsz))
         except Exception:  # an unreadable image is skipped by the build: it takes no space
             continue
         with contextlib.suppress(OSError):
@@ -412,7 +408,8 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     tail = n * (INDEX_DTYPE.itemsize + 4 + 256 + 2 * float(np.mean(label_bytes) if label_bytes else 0))
     tail += sum(len(os.fsencode(f)) + 1 for f in src.im_files) + len(json.dumps(list(src.names), indent=1)) + 4096
     estimate = int(n * float(np.mean(payloads) if payloads else 0) + tail)
-    bound = int(n * align(imgsz * imgsz * 3) + tail) if storage == "raw" else estimate
+    largest = codec.max_payload(imgsz)
+    bound = int(n * align(largest) + tail) if largest is not None else estimate
     free = shutil.disk_usage(folder).free
     if free < estimate:
         how = "" if len(picks) == n else f", estimated from the headers of {len(payloads)} of its {n:,} images"
@@ -422,7 +419,7 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     return _Space(free, estimate, bound)
 
 
-def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = "raw", workers: int = 0,
+def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.DEFAULT, workers: int = 0,
                 progress: bool = True, sync: bool = False) -> Pack:
     """Verify, decode and write every sample of ``src`` into the pack file ``dest``.
 
@@ -441,8 +438,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = "raw", 
         PackError: the disk is (or would be) full, a worker process died, a payload read back wrong,
             or writing failed; nothing is published and the temporary file is removed.
     """
-    if storage not in STORAGES:
-        raise PackError(f"format={storage}: expected one of {', '.join(STORAGES)}")
+    codecs.get(storage)  # an unknown format: PackError, before anything is written
     t0 = time.perf_counter()
     n = len(src.im_files)
     workers = max(1, min(workers or usable_cores(), n))
@@ -490,10 +486,11 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
         The skipped samples and the notes, for the report file.
     """
     n = len(src.im_files)
-    # Raw payloads are at most imgsz x imgsz x 3. Reserve that much up front when it fits (write_tail
-    # gives back what was not used): on a sparse file every first write to a page allocates a block
-    # under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
-    capacity = n * align(imgsz * imgsz * 3) if storage == "raw" else 0
+    # A format whose payloads are bounded (raw pixels: imgsz x imgsz x 3) reserves that much up front when it
+    # fits (write_tail gives back what was not used): on a sparse file every first write to a page allocates a
+    # block under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
+    largest = codecs.get(storage).max_payload(imgsz)
+    capacity = n * align(largest) if largest is not None else 0
     # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
     # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
     mapped = capacity if workers > 1 and space.free >= space.bound and _reserve(fd, capacity) else 0
@@ -750,7 +747,7 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, stor
     return None, errors
 
 
-def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
+def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
                 out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
     """Refuse now what ``ensure_split`` would refuse later, before a training run makes its folder or model.
 
@@ -775,7 +772,7 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
         _build_folder(folders, split, chosen=bool(out), create=False)
 
 
-def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
+def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
                  progress: bool = True, sync: bool = False, verify: bool = False) -> BuildResult:
     """Open the pack of one split, building it if asked to.
@@ -832,7 +829,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     return result
 
 
-def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = "raw",
+def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
                   out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
                   progress: bool = True, sync: bool = False, verify: bool = False) -> Pack:
     """The pack of one split, valid for ``imgsz``/``storage`` and the current source files.

@@ -5,8 +5,8 @@ can tell a finished file from an interrupted one::
 
     [payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
 
-* payloads: each image's bytes at a 64-byte aligned offset: raw packs hold (h, w, 3) RGB uint8
-  exactly as Ultralytics' ``load_image`` returns them (after BGR->RGB); jpeg packs hold encoded files.
+* payloads: each image's bytes at a 64-byte aligned offset, as the codec of the header's ``storage``
+  encoded them (``yolofeed.pack.codecs``: decoded pixels, encoded files, ...).
 * index: one ``INDEX_DTYPE`` record per image, in Ultralytics' (sorted) image order, with the CRC32
   of the image's payload.
 * labels: (M, 5) float32 [class, x, y, w, h] normalised; image i owns rows
@@ -15,7 +15,7 @@ can tell a finished file from an interrupted one::
   that is not valid UTF-8 kept byte for byte, as Linux allows and Ultralytics accepts; paths cannot hold NUL).
 * label_crc: one uint32 per source image tried (skipped ones too, in source order): the CRC32 of
   its label file's bytes (0 when missing), for ``rebuild=check``.
-* header: format version, imgsz, storage, source fingerprint, counts, skipped samples, build stats,
+* header: format version, imgsz, storage (the codec's name), source fingerprint, counts, skipped samples, build stats,
   and the CRC32 of every section above but the payloads.
 * trailer: written last. A file without it was never finished; the builder also writes under a
   temporary name and renames, so a reader never sees a half-written file under the real name.
@@ -53,6 +53,7 @@ import numpy as np
 
 from yolofeed.config import usable_cores
 from yolofeed.errors import PackError, StalePackError
+from yolofeed.pack import codecs
 
 FORMAT_NAME = "yolofeed-pack"
 FORMAT_VERSION = 2  # 2: payload, section and header CRC32s; label file CRC32s; counts.label_files
@@ -62,14 +63,13 @@ MAGIC = b"YOLOFEEDPACK"  # 12 bytes
 TRAILER = struct.Struct("<12sIQQ")
 ALIGN = 64  # payload alignment: cache lines, and friendly to vectorised copies
 SUFFIX = ".yfpack"
-STORAGES = ("raw", "jpeg")
 MAX_HEADER = 1 << 30  # bytes: a larger "header" is a damaged trailer, not a header worth reading
 COORD_TOLERANCE = 1.01  # as pack/verify.py: Ultralytics accepts normalised coordinates up to 1 % out of range
 
 INDEX_DTYPE = np.dtype([
     ("offset", "<u8"), ("nbytes", "<u8"),  # payload position in the file
     ("h0", "<u4"), ("w0", "<u4"),  # original (decoded, EXIF-upright) size
-    ("h", "<u4"), ("w", "<u4"),  # stored size (raw) or size after the loader's resize (jpeg)
+    ("h", "<u4"), ("w", "<u4"),  # size the loader delivers (Ultralytics' load_image size)
     ("label_start", "<u8"), ("label_count", "<u4"), ("crc32", "<u4"),  # crc32: zlib.crc32 of the payload
 ])
 SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("u1"), "label_crc": np.dtype("<u4")}
@@ -88,8 +88,9 @@ def printable(path: str) -> str:
 class Pack:
     """Read-only view of one split's pack file.
 
-    ``image(i)`` and ``labels(i)`` are zero-copy views into the memory map; ``gather`` copies many
-    images into a caller's (pinned) buffer in one call.
+    ``labels(i)``, ``encoded(i)`` and (formats that store pixels) ``image(i)`` are zero-copy views into the
+    memory map; ``gather`` copies many payloads as pixels into a caller's (pinned) buffer in one call. The
+    format's codec (``codec``, picked by the header's ``storage``) says how payloads become pixels.
 
     Example:
         >>> pack = Pack.open("datasets/synth/yolofeed-packs/data-raw-640/train.yfpack")
@@ -98,6 +99,7 @@ class Pack:
 
     def __init__(self, path: Path, header: dict[str, Any], mm: np.memmap):
         self.path, self.header, self._mm = path, header, mm
+        self.codec = codecs.get(header["storage"])
         sec = header["sections"]
         self.index = self._section(sec["index"], INDEX_DTYPE)
         self.label_table = self._section(sec["labels"], np.float32).reshape(-1, 5)
@@ -111,7 +113,7 @@ class Pack:
 
         Args:
             path: a ``.yfpack`` file.
-            expect: header values the caller needs (e.g. ``{"imgsz": 640, "storage": "raw",
+            expect: header values the caller needs (e.g. ``{"imgsz": 640, "storage": codecs.DEFAULT,
                 "data": yaml path, "fingerprint": ...}``); any mismatch raises ``StalePackError``.
             fix: the command that rebuilds this pack, quoted in error messages (default: built from
                 the header when it is readable).
@@ -196,10 +198,9 @@ class Pack:
             return "an index record points outside the payloads"
         if n and (int((idx["label_start"] + idx["label_count"]).max()) > len(self.label_table)):
             return "an index record points outside the labels"
-        if n and self.storage == "raw" and (
-                (idx["nbytes"] != idx["h"].astype(np.uint64) * idx["w"] * 3).any()
-                or max(int(idx["h"].max()), int(idx["w"].max())) > self.imgsz or int(idx["h"].min()) < 1):
-            return "an index record has a size that is not an image of this pack"
+        problem = self.codec.index_problem(idx, self.imgsz)
+        if problem:
+            return problem
         if len(self.files_bytes_split()) != n:
             return "its file list does not match its index"
         lb = self.label_table
@@ -245,11 +246,12 @@ class Pack:
 
     @property
     def storage(self) -> str:
+        """The format's name, which picks its codec (``yolofeed.pack.codecs``)."""
         return self.header["storage"]
 
     @property
     def shapes(self) -> np.ndarray:
-        """(N, 2) stored (h, w): what ``image(i)`` returns (raw) or the loader resizes to (jpeg)."""
+        """(N, 2) (h, w) each image is delivered at: Ultralytics' ``load_image`` size."""
         return np.stack([self.index["h"], self.index["w"]], 1).astype(np.int64)
 
     @property
@@ -264,14 +266,15 @@ class Pack:
 
     # -- samples ----------------------------------------------------------------------------
     def image(self, i: int) -> np.ndarray:
-        """Image ``i`` as a read-only (h, w, 3) uint8 RGB view of the file (raw packs)."""
-        if self.storage != "raw":
-            raise PackError(f"{self.path} stores JPEG bytes; use encoded(i), or build a raw pack with format=raw")
-        r = self.index[i]
-        return self._mm[r["offset"]:r["offset"] + r["nbytes"]].reshape(int(r["h"]), int(r["w"]), 3)
+        """Image ``i`` as a read-only (h, w, 3) uint8 RGB view of the file (formats that store pixels).
+
+        Raises:
+            PackError: the pack's format stores no pixels (its codec says what to use instead).
+        """
+        return self.codec.image(self, i)
 
     def encoded(self, i: int) -> np.ndarray:
-        """Image ``i``'s stored bytes as a 1-D uint8 view (the JPEG file, for jpeg packs)."""
+        """Image ``i``'s stored bytes (its payload) as a 1-D uint8 view."""
         r = self.index[i]
         return self._mm[r["offset"]:r["offset"] + r["nbytes"]]
 
@@ -281,7 +284,9 @@ class Pack:
         return self.label_table[r["label_start"]:r["label_start"] + r["label_count"]]
 
     def gather(self, indices: Any, out: Any) -> np.ndarray:
-        """Copy images ``indices`` into the top-left corner of ``out[k]`` (raw packs).
+        """Copy the payloads of ``indices``, read as (h, w, 3) pixels, into the top-left corner of ``out[k]``.
+
+        The host gather of formats that store pixels: one memcpy per image.
 
         Args:
             indices: B sample indices.
@@ -409,7 +414,9 @@ def _header_problem(h: dict[str, Any], h_off: int) -> str:
     for key, kind in spec.items():
         if not isinstance(h.get(key), kind):
             return f"header key '{key}' is missing or not a {kind.__name__}"
-    if h["storage"] not in STORAGES or h["imgsz"] < 1:
+    if codecs.find(h["storage"]) is None:
+        return f"its storage format {h['storage']!r} is not one this yolofeed reads ({', '.join(codecs.names())})"
+    if h["imgsz"] < 1:
         return f"header has storage={h['storage']!r}, imgsz={h['imgsz']!r}"
     src = h["source"]
     if not (isinstance(src.get("data"), str) and isinstance(src.get("fingerprint"), str)
@@ -436,7 +443,7 @@ def _fix_from_header(path: Path, header: dict[str, Any]) -> str:
         data, imgsz, storage = str(header["source"]["data"]), int(header["imgsz"]), str(header["storage"])
     except (KeyError, TypeError, ValueError):
         return ""
-    if storage not in STORAGES:
+    if codecs.find(storage) is None:
         return ""
     out = path.parent if path.parent != store_dir(data, imgsz, storage) else None
     return f"rebuild it with: {rebuild_command(data, imgsz, storage, out)}"

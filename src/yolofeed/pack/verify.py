@@ -1,4 +1,4 @@
-"""Check and decode one sample with Ultralytics' rules, never touching the user's files.
+"""Check and decode one sample with Ultralytics' rules, never touching the user's files; its codec stores it.
 
 The rules are those of ``ultralytics.data.utils.verify_image_label`` (detection, no keypoints) and
 the pixels those of ``BaseDataset.load_image``: the same decoder (``ultralytics.utils.patches.imread``),
@@ -25,11 +25,11 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
+from yolofeed.pack import codecs
 from yolofeed.ultralytics_seam import IMG_FORMATS, exif_size, imread, pil_open, segments2boxes
 
 MIN_SIDE = 10  # px, Ultralytics' check_image minimum
 COORD_TOLERANCE = 1.01  # Ultralytics accepts normalised coordinates up to 1 % out of range
-JPEG_REENCODE_QUALITY = 95  # for format=jpeg packs of non-JPEG or EXIF-rotated sources
 
 
 class SampleError(Exception):
@@ -52,7 +52,7 @@ class Sample:
     """One verified sample, ready for the store.
 
     Shape:
-        payload: raw storage (h, w, 3) uint8 RGB; jpeg storage (nbytes,) uint8 encoded JPEG.
+        payload: the bytes the pack stores, as the format's codec encoded them (``Codec.encode``).
         labels: (n, 5) float32 rows [class, x_centre, y_centre, width, height], normalised.
     """
 
@@ -248,42 +248,16 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, storage: str) -
     """Verify one image/label pair and produce what the store keeps for it.
 
     Args:
-        storage: "raw" keeps RGB pixels resized as Ultralytics' ``load_image``; "jpeg" keeps the
-            encoded file when a GPU JPEG decoder can read it as is, else a quality-95 re-encode of
-            the upright pixels (noted in the report).
+        storage: the pack's format: its codec (``yolofeed.pack.codecs``) encodes the checked image.
 
     Raises:
         SampleError: the sample must be skipped; the message is the reason.
+        PackError: no codec is named ``storage``.
     """
+    codec = codecs.get(storage)
     info = check_image(im_file)
     labels, notes = read_labels(lb_file, nc)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
-    if storage == "raw":
-        im = decode_bgr(im_file, info)
-        h0, w0 = im.shape[:2]
-        h, w = resized_hw(h0, w0, imgsz)
-        if (h, w) != (h0, w0):
-            im = cv2.resize(im, (w, h), interpolation=cv2.INTER_LINEAR)
-        return Sample(cv2.cvtColor(im, cv2.COLOR_BGR2RGB), (h0, w0), (h, w), labels, notes)
-    if storage == "jpeg":
-        keep_as_is = (info.format == "JPEG" and info.restored is None and info.orientation == 1
-                      and info.mode in ("RGB", "L"))
-        if keep_as_is:
-            payload = np.fromfile(im_file, np.uint8)
-            # A 1/8-scale decode (DCT scaling, ~10x cheaper than a full one) proves the entropy-coded
-            # data is readable, which Pillow's verify() does not look at.
-            if cv2.imdecode(payload, cv2.IMREAD_REDUCED_COLOR_8) is None:
-                raise SampleError("OpenCV cannot decode the JPEG data; re-export it or remove it")
-            h0, w0 = info.hw
-        else:
-            im = decode_bgr(im_file, info)
-            h0, w0 = im.shape[:2]
-            ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, JPEG_REENCODE_QUALITY])
-            if not ok:
-                raise SampleError("could not re-encode the image as JPEG")
-            payload = buf.reshape(-1)
-            notes.append(f"{info.format or 'image'} (orientation {info.orientation}, {info.mode}) "
-                         f"re-encoded as JPEG q{JPEG_REENCODE_QUALITY} for GPU decoding")
-        return Sample(payload, (h0, w0), resized_hw(h0, w0, imgsz), labels, notes)
-    raise ValueError(f"unknown storage {storage!r}")
+    payload, ori_hw, hw = codec.encode(im_file, info, imgsz, notes)
+    return Sample(payload, ori_hw, hw, labels, notes)

@@ -33,7 +33,7 @@ from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
-from yolofeed.pack import open_or_build
+from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.build import check_split, no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
@@ -58,11 +58,11 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
 
     Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
     ``yolofeed train``. Pack options are class attributes (Ultralytics rejects unknown training
-    keys); ``FastDetectionTrainer.with_options(pack_format="jpeg")`` makes a configured subclass,
+    keys); ``FastDetectionTrainer.with_options(pack_dir="/fast/ssd")`` makes a configured subclass,
     which Ultralytics' DDP launch pickles by value, so every rank sees the same options.
     """
 
-    pack_format: str = "raw"  # "raw" (decoded pixels) or "jpeg" (encoded, decoded on the GPU)
+    pack_format: str = codecs.DEFAULT  # how the pack stores images: a name of yolofeed.pack.codecs
     pack_rebuild: str = "auto"  # build missing or stale packs; "check": also label contents; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
@@ -72,7 +72,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
-        """A subclass with options set, e.g. ``with_options(pack_format="jpeg", pack_dir="/fast/ssd")``."""
+        """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
         known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "sync_free_step",
                  "sync_free_loss")
         unknown = set(options) - set(known)

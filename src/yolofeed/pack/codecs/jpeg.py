@@ -1,19 +1,30 @@
-"""JPEG bytes -> resized RGB pixels on the delivery device: torchvision's batched decode (nvJPEG on CUDA).
+"""The jpeg format: the encoded files, decoded when loaded (on the GPU with nvJPEG, or on two host threads).
 
-One ``decode_jpeg`` call per batch, then one resize and one indexed write per group of images that
-share a (decoded size, target size) pair: a COCO-like batch is a handful of groups, so a batch costs
-a handful of kernels, not several per image. The same code runs on the CPU (libjpeg-turbo behind the
-same call), which is how the tests exercise the grouping, the resize and the fallbacks.
+Build: a JPEG that a GPU decoder reads as is (baseline or progressive JPEG, RGB or grey, upright, no
+trailing bytes) is kept byte for byte; any other image is decoded as Ultralytics decodes it and
+re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). About 10x smaller than raw.
+
+Device (``decode="torchvision"``, the default on CUDA): one ``decode_jpeg`` call per batch, then one
+resize and one indexed write per group of images that share a (decoded size, target size) pair: a
+COCO-like batch is a handful of groups, so a batch costs a handful of kernels, not several per image.
+The same code runs on the CPU (libjpeg-turbo behind the same call), which is how the tests exercise the
+grouping, the resize and the fallbacks.
 
 An image the batched call refuses (nvJPEG declines some CMYK and unusual JPEGs) is decoded alone on
 the same device; one that still fails is decoded on the host by OpenCV, exactly as the ``cv2`` path
 and Ultralytics' ``load_image`` decode it, and reported once.
+
+Host (``decode="cv2"``, the default without CUDA): two threads decode with OpenCV and resize as
+``load_image`` into the pinned buffer, which the loader copies like a raw batch.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,8 +32,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from yolofeed.errors import PackError
+from yolofeed.pack.codecs import BUILTIN, Codec
+from yolofeed.pack.store import Pack, align
+from yolofeed.pack.verify import ImageInfo, SampleError, decode_bgr, resized_hw
 
 LOGGER = logging.getLogger(__name__)
+REENCODE_QUALITY = 95  # for non-JPEG, EXIF-rotated, CMYK or restored sources
+HOST_THREADS = 2  # the cv2 decoder's threads: the loader's CPU budget
 
 # Files the device decoder refused: reported once, then sent straight to OpenCV, so one odd file
 # does not send its whole batch through the one-by-one retry every epoch.
@@ -119,4 +135,70 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
             out[torch.tensor(ks, device=out.device), :h, :w] = x
 
 
-__all__ = ["decode_cv2", "decode_into"]
+
+
+class Jpeg(Codec):
+    name = "jpeg"
+    summary = BUILTIN[name]
+
+    def encode(self, im_file: str, info: ImageInfo, imgsz: int, notes: list[str]) -> tuple[Any, tuple, tuple]:
+        import cv2
+
+        keep_as_is = (info.format == "JPEG" and info.restored is None and info.orientation == 1
+                      and info.mode in ("RGB", "L"))
+        if keep_as_is:
+            payload = np.fromfile(im_file, np.uint8)
+            # A 1/8-scale decode (DCT scaling, ~10x cheaper than a full one) proves the entropy-coded
+            # data is readable, which Pillow's verify() does not look at.
+            if cv2.imdecode(payload, cv2.IMREAD_REDUCED_COLOR_8) is None:
+                raise SampleError("OpenCV cannot decode the JPEG data; re-export it or remove it")
+            h0, w0 = info.hw
+        else:
+            im = decode_bgr(im_file, info)
+            h0, w0 = im.shape[:2]
+            ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, REENCODE_QUALITY])
+            if not ok:
+                raise SampleError("could not re-encode the image as JPEG")
+            payload = buf.reshape(-1)
+            notes.append(f"{info.format or 'image'} (orientation {info.orientation}, {info.mode}) "
+                         f"re-encoded as JPEG q{REENCODE_QUALITY} for GPU decoding")
+        return payload, (h0, w0), resized_hw(h0, w0, imgsz)
+
+    def payload_estimate(self, im_file: str, imgsz: int) -> int:
+        return align(os.path.getsize(im_file))
+
+    def image(self, pack: Pack, i: int) -> np.ndarray:
+        raise PackError(f"{pack.path} stores JPEG bytes; use encoded(i), or build a raw pack with format=raw")
+
+    def gather(self, pack: Pack, indices: np.ndarray, out: Any) -> np.ndarray:
+        """CPU decode on ``HOST_THREADS`` threads, resized as Ultralytics' load_image.
+
+        The same pixels as a raw pack for files kept byte for byte; re-encoded files (non-JPEG sources,
+        EXIF-rotated or restored ones) carry their quality-95 re-encoding.
+        """
+        buf = out.numpy() if hasattr(out, "numpy") else out
+        indices = np.asarray(indices, dtype=np.int64)
+        shapes = pack.shapes[indices]
+        files = pack.im_files
+
+        def one(k: int) -> None:
+            i = int(indices[k])
+            h, w = (int(v) for v in shapes[k])
+            buf[k, :h, :w] = decode_cv2(pack.encoded(i), h, w, files[i])
+
+        with ThreadPoolExecutor(HOST_THREADS) as ex:
+            list(ex.map(one, range(len(indices))))
+        return shapes
+
+    def decodes_on_device(self, device: torch.device, decode: str) -> bool:
+        return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
+
+    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor) -> None:
+        files = pack.im_files
+        decode_into([pack.encoded(int(i)) for i in indices], pack.shapes[np.asarray(indices, np.int64)], out,
+                    names=[files[i] for i in indices])
+
+
+CODEC = Jpeg()
+
+__all__ = ["CODEC", "Jpeg", "decode_cv2", "decode_into"]

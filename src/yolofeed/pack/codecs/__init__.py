@@ -1,0 +1,178 @@
+"""Pack storage formats: one codec per format, registered under the name a pack's header records.
+
+As ffcv's fields, a codec is the whole life of an image in one format:
+
+* build time, in a build worker: ``encode`` turns one checked source image into the payload bytes the
+  pack stores, and says the sizes the index records (original and resized (h, w));
+  ``payload_estimate``/``max_payload`` size the pack before it is written;
+* open time: ``index_problem`` checks the index records against what this format can hold;
+* the loader's host thread: ``gather`` writes a batch's RGB pixels into the (pinned) host buffer, which
+  the loader copies to the device on its side stream;
+* the device, on the loader's side stream: when ``decodes_on_device`` says so, the host buffer holds no
+  pixels and ``decode`` writes the batch's RGB pixels straight into the slot's device buffer.
+
+Either way the augmentation receives (N, S, S, 3) uint8 RGB images, image k in the top-left
+``(h, w)`` corner of row k. A new format is one new module in this folder (a ``Codec`` subclass named
+``CODEC``) and its name in ``BUILTIN``; a codec from elsewhere (a test, a plug-in) is added with ``register``.
+
+This module is light on purpose (no numpy, no torch): ``yolofeed help`` lists the formats from it. A
+built-in codec's module is imported the first time its name is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from yolofeed.errors import PackError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from yolofeed.pack.store import Pack
+    from yolofeed.pack.verify import ImageInfo
+
+# The built-in formats: module name under this package -> what it stores, for help text. The first is the default.
+BUILTIN = {
+    "raw": "decoded RGB pixels",
+    "jpeg": "encoded bytes (about 10x smaller), decoded later on the GPU",
+}
+DEFAULT = next(iter(BUILTIN))
+_LOADED: dict[str, Codec] = {}  # built-in codecs imported so far, and registered ones
+
+
+class Codec:
+    """One storage format. Subclasses override what their format does differently; see the module docstring.
+
+    Every method is called with the pack (or the build worker's arguments) it works on, so a codec keeps no
+    state of its own and one instance serves every pack of its format.
+    """
+
+    name: str = ""
+    summary: str = ""  # one line for help text: what a payload holds
+
+    # -- build time ---------------------------------------------------------------------------
+    def encode(self, im_file: str, info: ImageInfo, imgsz: int, notes: list[str]) -> tuple[Any, tuple, tuple]:
+        """The payload of one checked image (``verify.check_image`` read its header), in a build worker.
+
+        Args:
+            notes: append what the pack report should say about this image (a re-encode, say).
+
+        Returns:
+            (payload, (h0, w0), (h, w)): a contiguous uint8 array whose bytes are stored; the original
+            (decoded, EXIF-upright) size; the size the loader delivers (Ultralytics' ``load_image`` size).
+
+        Raises:
+            verify.SampleError: the image must be skipped; the message is the reason.
+        """
+        raise NotImplementedError
+
+    def payload_estimate(self, im_file: str, imgsz: int) -> int:
+        """Bytes one image's payload will take, from its header or size (no decode): sizes the pack up front."""
+        raise NotImplementedError
+
+    def max_payload(self, imgsz: int) -> int | None:
+        """The largest payload an image can have, when the format bounds it (the build reserves that much)."""
+        return None
+
+    # -- open time ----------------------------------------------------------------------------
+    def index_problem(self, index: np.ndarray, imgsz: int) -> str:
+        """What is wrong with a pack's index records for this format (``Pack.open``); "" when nothing."""
+        return ""
+
+    # -- host: the loader's thread -----------------------------------------------------------------
+    def image(self, pack: Pack, i: int) -> np.ndarray:
+        """Image ``i`` as a read-only (h, w, 3) uint8 RGB view of the file, for formats that store pixels.
+
+        Raises:
+            PackError: this format stores no pixels.
+        """
+        raise PackError(f"{pack.path} stores {self.name} payloads, not pixels; use encoded(i), or build a "
+                        f"{DEFAULT} pack with format={DEFAULT}")
+
+    def gather(self, pack: Pack, indices: np.ndarray, out: Any) -> np.ndarray:
+        """Write images ``indices`` as RGB pixels into the top-left corner of ``out[k]``, on the host.
+
+        Args:
+            indices: (B,) int64 sample indices.
+            out: a (>=B, S, S, 3) uint8 numpy array or CPU torch tensor (pinned, say); the area right of and
+                below each image is left as it was.
+
+        Returns:
+            (B, 2) int64 (h, w) of each image.
+        """
+        raise NotImplementedError
+
+    # -- device: the loader's side stream ----------------------------------------------------------
+    def decodes_on_device(self, device: torch.device, decode: str) -> bool:
+        """Whether the loader calls ``decode`` (pixels made on ``device``) instead of ``gather`` (made on the host).
+
+        Args:
+            decode: the loader's ``decode=`` option ("auto", "torchvision" or "cv2", already checked).
+        """
+        return False
+
+    def decode(self, pack: Pack, indices: np.ndarray, out: torch.Tensor) -> None:
+        """Write images ``indices`` as RGB pixels into ``out[k, :h, :w]`` on ``out.device``, on the current stream.
+
+        Called from the loader's thread with its side stream current: it may wait on that stream (never on
+        the training stream).
+
+        Shape:
+            out: (>=B, S, S, 3) uint8.
+        """
+        raise NotImplementedError
+
+
+def names() -> tuple[str, ...]:
+    """Every format this yolofeed reads and writes: the built-in ones (default first), then registered ones."""
+    return tuple(BUILTIN) + tuple(n for n in _LOADED if n not in BUILTIN)
+
+
+def summaries() -> dict[str, str]:
+    """Format name -> one line on what it stores (help text), without importing any codec."""
+    return {n: BUILTIN.get(n) or _LOADED[n].summary for n in names()}
+
+
+def find(name: str) -> Codec | None:
+    """The codec registered as ``name``, or None: the check of a pack header's ``storage``."""
+    if not isinstance(name, str):
+        return None
+    if name not in _LOADED and name in BUILTIN:
+        _LOADED[name] = importlib.import_module(f"{__name__}.{name}").CODEC
+    return _LOADED.get(name)
+
+
+def get(name: str) -> Codec:
+    """The codec of format ``name``.
+
+    Raises:
+        PackError: no codec has that name; the message lists the formats there are.
+    """
+    codec = find(name)
+    if codec is None:
+        raise PackError(f"format={name}: expected one of {', '.join(names())}")
+    return codec
+
+
+def register(codec: Codec) -> Codec:
+    """Add a codec under ``codec.name`` (a plug-in's, a test's); returns it.
+
+    Raises:
+        ValueError: the name is empty, not usable in a folder name, or taken.
+    """
+    name = codec.name
+    if not name or not name.replace("_", "").isalnum() or name in BUILTIN or name in _LOADED:
+        raise ValueError(f"cannot register a codec as {name!r}: the name is empty, not alphanumeric, or taken")
+    _LOADED[name] = codec
+    return codec
+
+
+def unregister(name: str) -> None:
+    """Remove a codec ``register`` added (tests); the built-in ones stay."""
+    if name not in BUILTIN:
+        _LOADED.pop(name, None)
+
+
+__all__ = ["BUILTIN", "DEFAULT", "Codec", "find", "get", "names", "register", "summaries", "unregister"]
