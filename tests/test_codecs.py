@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import zlib
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -68,7 +70,8 @@ def inverted(request):
 
 def test_the_registry_names_every_format_once_default_first():
     names = codecs.names()
-    assert names[0] == codecs.DEFAULT == DEFAULT_PACK_FORMAT  # config.py keeps the default without importing us
+    assert names[0] == codecs.DEFAULT and DEFAULT_PACK_FORMAT == codecs.AUTO  # config.py keeps it without importing us
+    assert codecs.choices() == (codecs.AUTO, *names) and codecs.COMPACT in names
     assert len(set(names)) == len(names) and set(codecs.BUILTIN) <= set(names)
     for name in names:
         assert codecs.get(name).name == name and codecs.summaries()[name]
@@ -89,11 +92,12 @@ def test_the_registry_names_every_format_once_default_first():
 def test_format_keys_accept_exactly_the_registry_and_list_it(command, args):
     name = next(f.name for f in fields_of(build_config(command, args).__class__)
                 if f.metadata.get("choices") == PACK_FORMATS)
-    for fmt in codecs.names():
+    for fmt in codecs.choices():  # auto, then every format
         assert getattr(build_config(command, [*args, f"{name}={fmt}"]), name) == fmt
+    assert getattr(build_config(command, args), name) == codecs.AUTO  # the default
     with pytest.raises(ConfigError) as e:
         build_config(command, [*args, f"{name}=webp"])
-    assert f"{name}=webp: expected one of {', '.join(codecs.names())}" in str(e.value)
+    assert f"{name}=webp: expected one of {', '.join(codecs.choices())}" in str(e.value)
     line = next(x for x in help_text(command).splitlines() if x.strip().startswith(f"{name}="))
     for fmt, summary in codecs.summaries().items():
         assert f"{fmt}: {summary}" in line
@@ -153,3 +157,47 @@ def test_the_format_names_appear_only_in_the_codec_modules():
         found += [f"{path.relative_to(src)}: {name!r}" for name in codecs.BUILTIN
                   if f'"{name}"' in text or f"'{name}'" in text]
     assert found == [], found
+
+
+def test_auto_picks_the_default_format_where_its_packs_fit_comfortably_in_memory():
+    gb = 10**9
+    name, why = codecs.choose(9 * gb, 125 * gb)
+    assert name == codecs.DEFAULT and "9.0 GB" in why and "125 GB" in why
+    name, why = codecs.choose(108 * gb, 125 * gb)  # COCO at 640 raw on the H200 machine
+    assert name == codecs.COMPACT and "108.0 GB" in why and f"pack_format={codecs.DEFAULT}" in why
+    assert codecs.choose(int(codecs.RAM_SHARE * 32 * gb), 32 * gb)[0] == codecs.DEFAULT  # the bound is inclusive
+
+
+def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):
+    import logging
+
+    from yolofeed.pack import build
+
+    data = tmp_path / "d"
+    shutil.copytree(synth_root, data)
+    yaml_file = str(data / "data.yaml")
+    build._auto_storage.cache_clear()
+    monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
+    with caplog.at_level(logging.INFO):
+        p = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
+        build.open_or_build(yaml_file, "val", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
+    assert p.storage == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
+    assert sum(f"format {codecs.DEFAULT} ({codecs.AUTO})" in r.message for r in caplog.records) == 1  # said once
+    build._auto_storage.cache_clear()
+    # the packs of this tiny set take ~0.3 MB raw: 100 KB of memory is too little for them, so the compact format
+    monkeypatch.setattr(build, "memory_limit", lambda: 10**5)
+    q = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
+    assert q.storage == codecs.COMPACT
+    build._auto_storage.cache_clear()
+
+
+def test_memory_limit_takes_a_lower_cgroup_limit(tmp_path):
+    from yolofeed.pack import build
+
+    ram = psutil.virtual_memory().total
+    assert 0 < build.memory_limit() <= ram
+    limit = tmp_path / "memory.max"
+    limit.write_text("1073741824\n")
+    assert build.memory_limit((str(tmp_path / "absent"), str(limit))) == min(1 << 30, ram)
+    limit.write_text("max\n")  # cgroup v2's "no limit"
+    assert build.memory_limit((str(limit),)) == ram

@@ -116,9 +116,9 @@ def choices_of(f: typing.Any) -> tuple[str, ...] | None:
     """The values a config field allows: its ``choices``, the pack codecs' names for ``PACK_FORMATS``, or None."""
     choices = f.metadata.get("choices")
     if choices == PACK_FORMATS:
-        from yolofeed.pack.codecs import names
+        from yolofeed.pack.codecs import choices as pack_choices
 
-        return names()
+        return pack_choices()
     return choices
 
 
@@ -223,9 +223,10 @@ def help_text(command: str | None = None) -> str:
             extra = f" [{'|'.join(choices)}]" if choices else ""
             what = f.metadata["help"]
             if f.metadata.get("choices") == PACK_FORMATS:  # each format's line, from the codec registry
-                from yolofeed.pack.codecs import summaries
+                from yolofeed.pack import codecs
 
-                what += ": " + "; ".join(f"{name}: {line}" for name, line in summaries().items())
+                what += (f": {codecs.AUTO}: {codecs.DEFAULT} where the packs fit in half the memory, else "
+                         f"{codecs.COMPACT}; " + "; ".join(f"{n}: {line}" for n, line in codecs.summaries().items()))
             lines.append(f"      {f.name + '=':<13} {what}{extra} ({default})")
         lines.append("")
     lines.append("  help     this text; 'yolofeed COMMAND help' shows one command")

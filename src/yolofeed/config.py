@@ -15,7 +15,7 @@ from typing import Any
 # ``choices=`` of the keys that name a pack storage format: the CLI reads the names (and their help) from the
 # codec registry, ``yolofeed.pack.codecs``, when it parses or prints them; this module imports no stage.
 PACK_FORMATS = "pack formats"
-DEFAULT_PACK_FORMAT = "raw"  # the registry's default (codecs.DEFAULT); a test keeps the two equal
+DEFAULT_PACK_FORMAT = "auto"  # codecs.AUTO: chosen for the dataset and the machine; a test keeps the two equal
 
 
 def key(default: Any, help: str, choices: tuple[str, ...] | str | None = None,  # noqa: A002 - mirrors argparse

@@ -16,13 +16,16 @@ def trainer_class(mode: str) -> type:
 
         return DetectionTrainer
     if mode.startswith("yolofeed") and mode in MODES:
+        from yolofeed.pack import codecs
         from yolofeed.train import FastDetectionTrainer
 
         if mode == "yolofeed_jpeg":  # the same trainer on a jpeg pack, decoded on the GPU
             return FastDetectionTrainer.with_options(pack_format="jpeg")
+        # the raw pack, whatever pack_format=auto would pick for the data here: the modes name their format
+        raw = FastDetectionTrainer.with_options(pack_format=codecs.DEFAULT)
         if mode == "yolofeed_inline":  # augmented in preprocess_batch, not one batch ahead: the sync it saves
-            return FastDetectionTrainer.with_options(augment_ahead=False)
-        return FastDetectionTrainer
+            return raw.with_options(augment_ahead=False)
+        return raw
     if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CeilingTrainer
 

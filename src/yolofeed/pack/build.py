@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -63,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from tqdm import tqdm
 
 from yolofeed import __version__
@@ -392,7 +394,36 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
         PackError: the pack will not fit; the message gives bytes needed and free, the folder and the fix.
     """
     n, codec = len(src.im_files), codecs.get(storage)
-    picks = np.unique(np.linspace(0, n - 1, min(n, SPACE_SAMPLE)).round().astype(np.int64))
+    estimate, tail, sampled = _estimate(src, imgsz, storage)
+    largest = codec.max_payload(imgsz)
+    bound = int(n * align(largest) + tail) if largest is not None else estimate
+    free = shutil.disk_usage(folder).free
+    if free < estimate:
+        how = "" if sampled == n else f", estimated from the headers of {sampled} of its {n:,} images"
+        raise PackError(f"not enough free space for the {src.split} pack in {folder}: it needs "
+                        f"{_gb(estimate)} ({estimate:,} bytes{how}), {_gb(free)} ({free:,} bytes) are free. "
+                        f"Free some space, or {MOVE_HINT}")
+    return _Space(free, estimate, bound)
+
+
+def _tail_bytes(src: SplitSource, label_bytes: list[int]) -> float:
+    """Everything of a pack but the payloads: index + label CRC + worst-case header and report lines per image,
+    labels at most twice their text, the paths, and the header's fixed part (class names, ~2 KB of keys)."""
+    n = len(src.im_files)
+    tail = n * (INDEX_DTYPE.itemsize + 4 + 256 + 2 * float(np.mean(label_bytes) if label_bytes else 0))
+    return tail + sum(len(os.fsencode(f)) + 1 for f in src.im_files) + len(json.dumps(list(src.names), indent=1)) + 4096
+
+
+def estimate_bytes(src: SplitSource, imgsz: int, storage: str) -> int:
+    """The size of a split's pack in ``storage``, from the headers of up to ``SPACE_SAMPLE`` images evenly spread
+    (exact for smaller splits; a header read is a fraction of a millisecond)."""
+    return _estimate(src, imgsz, storage)[0]
+
+
+def _estimate(src: SplitSource, imgsz: int, storage: str) -> tuple[int, float, int]:
+    """``estimate_bytes``, the part of it that is not payloads, and how many image headers were read."""
+    n, codec = len(src.im_files), codecs.get(storage)
+    picks = np.unique(np.linspace(0, n - 1, min(n, SPACE_SAMPLE)).round().astype(np.int64)) if n else []
     payloads, label_bytes = [], []
     for i in picks.tolist():
         if file_problem(src.im_files[i]):  # skipped by the build; a FIFO would block the header read forever
@@ -403,20 +434,8 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
             continue
         with contextlib.suppress(OSError):
             label_bytes.append(os.path.getsize(src.label_files[i]))
-    # index + label CRC + worst-case header and report lines per image, labels at most twice their text, the
-    # paths, and the header's fixed part: its class names and ~2 KB of keys, counts and section alignment
-    tail = n * (INDEX_DTYPE.itemsize + 4 + 256 + 2 * float(np.mean(label_bytes) if label_bytes else 0))
-    tail += sum(len(os.fsencode(f)) + 1 for f in src.im_files) + len(json.dumps(list(src.names), indent=1)) + 4096
-    estimate = int(n * float(np.mean(payloads) if payloads else 0) + tail)
-    largest = codec.max_payload(imgsz)
-    bound = int(n * align(largest) + tail) if largest is not None else estimate
-    free = shutil.disk_usage(folder).free
-    if free < estimate:
-        how = "" if len(picks) == n else f", estimated from the headers of {len(payloads)} of its {n:,} images"
-        raise PackError(f"not enough free space for the {src.split} pack in {folder}: it needs "
-                        f"{_gb(estimate)} ({estimate:,} bytes{how}), {_gb(free)} ({free:,} bytes) are free. "
-                        f"Free some space, or {MOVE_HINT}")
-    return _Space(free, estimate, bound)
+    tail = _tail_bytes(src, label_bytes)
+    return int(n * float(np.mean(payloads) if payloads else 0) + tail), tail, len(payloads)
 
 
 def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.DEFAULT, workers: int = 0,
@@ -747,6 +766,38 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, stor
     return None, errors
 
 
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
+
+
+def memory_limit(cgroup_files: tuple[str, ...] = CGROUP_LIMITS) -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit where that is lower (containers,
+    job schedulers)."""
+    total = psutil.virtual_memory().total
+    for path in cgroup_files:
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(path).read_text().strip()))  # "max" (no limit) is a ValueError
+    return total
+
+
+@functools.cache
+def _auto_storage(yaml_file: str, imgsz: int) -> str:
+    """``pack_format=auto`` for one dataset and image size, said once a process: the default format where the
+    train and val packs in it fit comfortably in memory, else the compact one (``codecs.choose``)."""
+    d = load_data_yaml(yaml_file)
+    total = 0
+    for split in ("train", "val"):
+        with contextlib.suppress(DatasetError):  # a split the yaml lacks: its pack is never made
+            total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
+    name, why = codecs.choose(total, memory_limit())
+    LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
+    return name
+
+
+def resolve_storage(data: dict, storage: str, imgsz: int) -> str:
+    """``storage``, with ``auto`` replaced by the format it picks for this dataset, image size and machine."""
+    return _auto_storage(str(data["yaml_file"]), int(imgsz)) if storage == codecs.AUTO else storage
+
+
 def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
                 out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
     """Refuse now what ``ensure_split`` would refuse later, before a training run makes its folder or model.
@@ -761,6 +812,7 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    storage = resolve_storage(d, storage, imgsz)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     if rebuild == "never":
@@ -796,6 +848,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    storage = resolve_storage(d, storage, imgsz)
     src = split_source(d, split)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"

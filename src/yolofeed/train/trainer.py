@@ -62,7 +62,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     which Ultralytics' DDP launch pickles by value, so every rank sees the same options.
     """
 
-    pack_format: str = codecs.DEFAULT  # how the pack stores images: a name of yolofeed.pack.codecs
+    pack_format: str = codecs.AUTO  # how the pack stores images: a yolofeed.pack.codecs name; auto: chosen by size
     pack_rebuild: str = "auto"  # build missing or stale packs; "check": also label contents; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch

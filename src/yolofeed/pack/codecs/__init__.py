@@ -39,6 +39,9 @@ BUILTIN = {
     "jpeg": "encoded bytes (about 10x smaller), decoded later on the GPU",
 }
 DEFAULT = next(iter(BUILTIN))
+AUTO = "auto"  # pack_format=auto (yolofeed's default): ``choose`` picks a built-in format for the dataset and machine
+COMPACT = "jpeg"  # what ``auto`` picks where the default's packs would crowd the machine's RAM
+RAM_SHARE = 0.5  # ... more than this share of it: the page cache must keep a pack beside the training's own memory
 _LOADED: dict[str, Codec] = {}  # built-in codecs imported so far, and registered ones
 
 
@@ -130,6 +133,29 @@ def names() -> tuple[str, ...]:
     return tuple(BUILTIN) + tuple(n for n in _LOADED if n not in BUILTIN)
 
 
+def choices() -> tuple[str, ...]:
+    """What a ``format=``/``pack_format=`` key accepts: ``auto``, then every format's name."""
+    return (AUTO, *names())
+
+
+def choose(default_bytes: int, ram_bytes: int) -> tuple[str, str]:
+    """``auto``'s pick: the default format where its packs fit comfortably in RAM, else the compact one.
+
+    Args:
+        default_bytes: the estimated size of the dataset's packs in the default format.
+        ram_bytes: the memory this process may use (the machine's, or its cgroup's limit).
+
+    Returns:
+        (format name, the reason in words, for the log).
+    """
+    size, ram = f"{default_bytes / 1e9:,.1f} GB", f"{ram_bytes / 1e9:,.0f} GB"
+    if default_bytes <= RAM_SHARE * ram_bytes:
+        return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
+                         "page cache keeps them")
+    return COMPACT, (f"{DEFAULT} packs would take {size}, more than {RAM_SHARE:.0%} of the {ram} of memory here; "
+                     f"{COMPACT} packs are about 10x smaller (pack_format={DEFAULT} to choose {DEFAULT} anyway)")
+
+
 def summaries() -> dict[str, str]:
     """Format name -> one line on what it stores (help text), without importing any codec."""
     return {n: BUILTIN.get(n) or _LOADED[n].summary for n in names()}
@@ -175,4 +201,5 @@ def unregister(name: str) -> None:
         _LOADED.pop(name, None)
 
 
-__all__ = ["BUILTIN", "DEFAULT", "Codec", "find", "get", "names", "register", "summaries", "unregister"]
+__all__ = ["AUTO", "BUILTIN", "COMPACT", "DEFAULT", "Codec", "choices", "choose", "find", "get", "names", "register",
+           "summaries", "unregister"]
