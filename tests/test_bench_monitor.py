@@ -263,12 +263,37 @@ def test_profile_trains_on_to_the_end_of_the_first_epoch_and_measures_only_its_s
     bar = Progress(["stock"], steps=2, warmup=1, file=io.StringIO())
     p = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1, progress=bar, first_epoch=True)
     assert p.steps == 2 and len(p.timeline["step_t"]) == 2 and len(p.windows) == 2
-    assert bar.bar.total == bar.bar.n == 12 + 1  # the first step of epoch 2 ends the profile: the bar ends on it
+    assert bar.bar.total == bar.bar.n == 12  # the epoch's end ends the profile: the bar ends on its total
     assert p.first_epoch_s > 0 and p.first_epoch_images_per_s == pytest.approx(24 / p.first_epoch_s, rel=0.01)
     assert 0 < p.first_step_s
     assert len(p.first_epoch_step_ms) == 12 - 1 and all(ms > 0 for ms in p.first_epoch_step_ms)  # all but the 1st
     short = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1)  # the default: no epoch's end
     assert short.first_epoch_s is None and short.first_epoch_images_per_s is None and short.first_step_s > 0
+
+
+def test_a_first_epoch_cut_short_reports_the_measured_steps_without_first_epoch_figures(synth_root, tmp_path):
+    """A time= limit that ends the first epoch after the measured steps: the steps are reported, and no first-epoch
+    rate is made from part of an epoch."""
+    from yolofeed.monitor.profile import profile
+    from yolofeed.ultralytics_seam import DetectionTrainer
+
+    class TimesOut(DetectionTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.add_callback("on_train_batch_end", self.expire)
+            self.seen = 0
+
+        @staticmethod
+        def expire(trainer):  # after 6 of the epoch's 12 steps, time= has run out (Ultralytics checks every step)
+            trainer.seen += 1
+            if trainer.seen == 6:
+                trainer.train_time_start = -1e12
+
+    args = {"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 32, "batch": 2, "device": "cpu",
+            "project": str(tmp_path), "workers": 0, "time": 1.0, "nbs": 2}  # nbs=batch: time= is checked every step
+    p = profile("stock", TimesOut, args, steps=2, warmup=1, window=1, first_epoch=True)
+    assert p.steps == 2 and p.images_per_s > 0
+    assert p.first_epoch_s is None and p.first_epoch_images_per_s is None and p.first_epoch_step_ms == []
 
 
 def test_profile_keeps_every_step_past_the_step_clocks_default(synth_root, tmp_path):

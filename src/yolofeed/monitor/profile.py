@@ -13,6 +13,7 @@ import gc
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -116,8 +117,8 @@ class Progress:
         self.bar.total += steps
         self.bar.refresh()
 
-    def step(self) -> None:
-        self.bar.update()
+    def step(self, n: int = 1) -> None:
+        self.bar.update(n)
 
     def write(self, text: str) -> None:
         """Print a line above the bar (the bar is redrawn below it)."""
@@ -191,8 +192,8 @@ def read_rank_reports(save_dir: Any, token: str, mode: str) -> list[Profile]:
     except (OSError, ValueError):
         report = {}
     if report.get("token") != token or not report.get("ranks"):
-        raise UltralyticsError(f"{mode}: the DDP ranks ended without their profile in {path} (a rank failed: see "
-                               f"its output above; or an Ultralytics other than {TESTED}: {FIX})")
+        raise UltralyticsError(f"{mode}: the DDP ranks ended their training loop before the profile's steps, so no "
+                               f"profile is in {path} (a time= limit, or an Ultralytics other than {TESTED}: {FIX})")
     return [Profile(**r) for r in report["ranks"]]
 
 
@@ -255,7 +256,8 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     callbacks = CallbackClock()
     # the sampler is made where training runs: it holds a lock and a probe process, and a DDP launch pickles these
     # callbacks (closures, their state included) into every rank first
-    state: dict[str, Any] = {"system": None, "warmup": warmup, "epoch_steps": 0, "token": uuid.uuid4().hex,
+    state: dict[str, Any] = {"system": None, "warmup": warmup, "epoch_steps": 0, "epoch0_steps": 0,
+                             "token": uuid.uuid4().hex, "rank_of_launch": False,
                              "progress": progress}  # None in DDP ranks: a bar is the launcher's, and not picklable
 
     def sampler() -> SystemSampler:
@@ -266,7 +268,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     def say(text: str) -> None:
         if state["progress"] is not None:
             state["progress"].write(text)
-        else:
+        elif not (state["rank_of_launch"] and distributed() and torch.distributed.get_rank() > 0):  # once, not per GPU
             print(text, flush=True)
 
     def on_train_start(trainer) -> None:
@@ -274,7 +276,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         # optimiser is built from the run's own epochs (optimizer=auto picks MuSGD over AdamW past
         # 10,000 iterations, and MuSGD's Newton-Schulz steps cost ~40 ms of launches per yolo11n step).
         unbounded_epochs(trainer)
-        if distributed() and state["quiet"]:  # a DDP rank: the launcher's bar stands for it
+        if state["rank_of_launch"] and state["quiet"]:  # a DDP rank: the launcher's bar stands for it
             LOGGER.setLevel(logging.WARNING)
         state["optimizer"] = type(trainer.optimizer).__name__
         queued = queued_batches(trainer.train_loader)
@@ -287,7 +289,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
                 state["progress"].grow(queued - warmup)
         clock.cuda = trainer.device.type == "cuda"
         state["epoch_steps"] = len(trainer.train_loader)
-        more = state["epoch_steps"] - (state["warmup"] + steps)  # the first step is counted on the bar already
+        more = state["epoch_steps"] - (state["warmup"] + steps + 1)  # the epoch's steps past the bar's total
         if first_epoch and more > 0 and state["progress"] is not None:
             state["progress"].grow(more)
         if accounting:
@@ -299,19 +301,30 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             state["t_epoch"] = time.perf_counter()
 
     def on_epoch_end(trainer) -> None:
-        if "first_epoch_s" not in state:
-            if clock.cuda:
-                torch.cuda.synchronize(trainer.device)  # the epoch ends when its last step's work does
-            state["first_epoch_s"] = time.perf_counter() - state["t_epoch"]
-            state["first_epoch_images"] = len(trainer.train_loader.dataset)
-            # where the epoch's time went: one-off costs show as long steps (a capture, a compile, a new shape)
-            state["first_epoch_step_ms"] = [round(1000 * (r.t_end - r.t_start), 1) for r in clock.records]
+        if "first_epoch_s" in state or state.get("first_epoch_cut"):
+            return
+        if state["epoch0_steps"] < len(trainer.train_loader):  # cut short (a time= limit): no first-epoch figures
+            state["first_epoch_cut"] = True
+            if state["system"] is not None:  # the steps were measured before the cut: report them
+                finish(trainer)
+            return
+        if clock.cuda:
+            torch.cuda.synchronize(trainer.device)  # the epoch ends when its last step's work does
+        state["first_epoch_s"] = time.perf_counter() - state["t_epoch"]
+        state["first_epoch_images"] = len(trainer.train_loader.dataset)
+        # where the epoch's time went: one-off costs show as long steps (a capture, a compile, a new shape); after
+        # the sync every step is resolved, the epoch's last (smaller) batch included
+        state["first_epoch_step_ms"] = [round(1000 * (r.t_end - r.t_start), 1) for r in clock.resolved()]
+        if first_epoch and state["system"] is not None:  # the steps were measured already: done at the epoch's end
+            finish(trainer)
 
     def on_start(trainer) -> None:
         clock.batch_ready()
 
     def on_end(trainer) -> None:
         clock.step_done(trainer.batch_size)
+        if "t_epoch" in state and "first_epoch_s" not in state:
+            state["epoch0_steps"] += 1
         if state["progress"] is not None:
             state["progress"].step()
         if "first_step_s" not in state:
@@ -329,9 +342,13 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             state["system"] = sampler().stop()
             callbacks.stop()
         if state["system"] is not None and (not first_epoch or "first_epoch_s" in state):
-            if distributed():  # a DDP rank: report to the launcher and leave (a raise would fail the launch)
-                report_and_exit(result(trainer), trainer, state["token"])
-            raise StopTraining
+            finish(trainer)
+
+    def finish(trainer) -> None:
+        """End the profile: a DDP rank reports to its launcher and leaves (a raise would fail the launch)."""
+        if state["rank_of_launch"]:
+            report_and_exit(result(trainer), trainer, state["token"])
+        raise StopTraining
 
     def result(trainer) -> Profile:
         """This process's profile of the steps it trained (each DDP rank makes its own)."""
@@ -386,8 +403,8 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         state["t_build"] = time.perf_counter()
         trainer = trainer_class(overrides=full)
         state["quiet"] = progress is not None
-        if launches_ranks(trainer):  # the ranks get pickled copies of these callbacks, without the bar
-            state["progress"] = None
+        if launches_ranks(trainer):  # the ranks get pickled copies of these callbacks (this state), without the bar
+            state["progress"], state["rank_of_launch"] = None, True
         ours = (("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
                 ("on_train_epoch_end", on_epoch_end), ("on_train_batch_start", on_start),
                 ("on_train_batch_end", on_end))
@@ -396,9 +413,16 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         if accounting:  # every other callback (loggers, integrations) is timed: the doctor's logging rule
             callbacks.wrap(trainer.callbacks, skip=tuple(fn for _, fn in ours))
         try:
-            stopped = train_until_stopped(trainer)
-            if launches_ranks(trainer):  # Ultralytics' DDP launch: the ranks trained, and reported
-                return combine_ranks(read_rank_reports(trainer.save_dir, state["token"], mode))
+            try:
+                stopped = train_until_stopped(trainer)
+            except subprocess.CalledProcessError as e:  # Ultralytics' DDP launch: a rank failed
+                raise UltralyticsError(f"{mode}: a DDP rank failed (exit status {e.returncode}); its output is "
+                                       "above") from None
+            if state["rank_of_launch"]:  # the ranks trained, and reported
+                combined = combine_ranks(read_rank_reports(trainer.save_dir, state["token"], mode))
+                if progress is not None:
+                    progress.step(warmup + steps + 1)  # the ranks' steps, on the launcher's bar at once
+                return combined
             state["system"] = state["system"] or sampler().stop()
             if stopped and time_validation and getattr(trainer, "validator", None) is not None:
                 if progress is not None:
