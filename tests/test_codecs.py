@@ -82,6 +82,8 @@ def test_the_registry_names_every_format_once_default_first():
         codecs.register(type(codecs.get(codecs.DEFAULT))())
     with pytest.raises(ValueError, match="not alphanumeric"):
         codecs.register(type("Slash", (codecs.Codec,), {"name": "a/b"})())
+    with pytest.raises(ValueError, match="taken"):  # auto names the choice, not a format
+        codecs.register(type("Auto", (codecs.Codec,), {"name": codecs.AUTO})())
 
 
 @pytest.mark.parametrize("command, args", [
@@ -165,6 +167,7 @@ def test_auto_picks_the_default_format_where_its_packs_fit_comfortably_in_memory
     assert name == codecs.DEFAULT and "9.0 GB" in why and "125 GB" in why
     name, why = codecs.choose(108 * gb, 125 * gb)  # COCO at 640 raw on the H200 machine
     assert name == codecs.COMPACT and "108.0 GB" in why and f"pack_format={codecs.DEFAULT}" in why
+    assert f"format={codecs.DEFAULT} for yolofeed pack" in why  # that command's key
     assert codecs.choose(int(codecs.RAM_SHARE * 32 * gb), 32 * gb)[0] == codecs.DEFAULT  # the bound is inclusive
 
 
@@ -173,21 +176,30 @@ def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path,
 
     from yolofeed.pack import build
 
-    data = tmp_path / "d"
-    shutil.copytree(synth_root, data)
-    yaml_file = str(data / "data.yaml")
+    def fresh(name: str) -> str:
+        shutil.copytree(synth_root, tmp_path / name)
+        return str(tmp_path / name / "data.yaml")
+
     build._auto_storage.cache_clear()
     monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
+    yaml_file = fresh("big")
     with caplog.at_level(logging.INFO):
         p = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
         build.open_or_build(yaml_file, "val", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
     assert p.storage == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
     assert sum(f"format {codecs.DEFAULT} ({codecs.AUTO})" in r.message for r in caplog.records) == 1  # said once
-    build._auto_storage.cache_clear()
     # the packs of this tiny set take ~0.3 MB raw: 100 KB of memory is too little for them, so the compact format
     monkeypatch.setattr(build, "memory_limit", lambda: 10**5)
-    q = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
-    assert q.storage == codecs.COMPACT
+    build._auto_storage.cache_clear()
+    assert build.open_or_build(fresh("small"), "train", 64, storage=codecs.AUTO, rebuild="auto",
+                               progress=False).storage == codecs.COMPACT
+    # ... unless a pack is built already: a machine that would choose otherwise uses it, and builds nothing
+    build._auto_storage.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="never", progress=False)
+    assert again.path == p.path and again.storage == codecs.DEFAULT
+    assert any("already built" in r.message and str(p.path) in r.message for r in caplog.records)
     build._auto_storage.cache_clear()
 
 

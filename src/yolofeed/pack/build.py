@@ -769,20 +769,54 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, stor
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
 
 
-def memory_limit(cgroup_files: tuple[str, ...] = CGROUP_LIMITS) -> int:
+def _own_cgroup_limits() -> tuple[str, ...]:
+    """The memory limit files of this process's own cgroup (a job scheduler's nested one), then the root's."""
+    own = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():  # "0::/path" (v2), "4:memory:/path" (v1)
+            _, controllers, rel = line.split(":", 2)
+            if controllers == "":
+                own.append(f"/sys/fs/cgroup{rel}/memory.max")
+            elif "memory" in controllers.split(","):
+                own.append(f"/sys/fs/cgroup/memory{rel}/memory.limit_in_bytes")
+    return (*own, *CGROUP_LIMITS)
+
+
+def memory_limit(cgroup_files: tuple[str, ...] | None = None) -> int:
     """Bytes of memory this process may use: the machine's, or its cgroup's limit where that is lower (containers,
-    job schedulers)."""
+    job schedulers).
+
+    Args:
+        cgroup_files: limit files to read; default this process's cgroup's and the root's.
+    """
     total = psutil.virtual_memory().total
-    for path in cgroup_files:
+    for path in _own_cgroup_limits() if cgroup_files is None else cgroup_files:
         with contextlib.suppress(OSError, ValueError):
             total = min(total, int(Path(path).read_text().strip()))  # "max" (no limit) is a ValueError
     return total
 
 
+def _built_format(yaml_file: str, imgsz: int, out: str | None) -> tuple[str, Path] | None:
+    """The format and path of a train pack already built for this dataset and size, if any (reads its header)."""
+    for name in codecs.names():
+        for folder in pack_folders(yaml_file, imgsz, name, out):
+            path = folder / f"train{SUFFIX}"
+            if path.is_file():
+                with contextlib.suppress(PackError, OSError, ValueError):  # a damaged one: decided afresh
+                    if Pack.open(path).storage == name:
+                        return name, path
+    return None
+
+
 @functools.cache
-def _auto_storage(yaml_file: str, imgsz: int) -> str:
-    """``pack_format=auto`` for one dataset and image size, said once a process: the default format where the
-    train and val packs in it fit comfortably in memory, else the compact one (``codecs.choose``)."""
+def _auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
+    """``pack_format=auto`` for one dataset, image size and pack folder, said once a process: the format of a pack
+    already built there (so machines that would choose differently share one, and nothing is built twice), else
+    the default format where the train and val packs fit comfortably in memory, else the compact one."""
+    built = _built_format(yaml_file, imgsz, out)
+    if built is not None:
+        LOGGER.info(f"pack: format {built[0]} ({codecs.AUTO}): the {built[0]} pack already built, {built[1]}")
+        return built[0]
     d = load_data_yaml(yaml_file)
     total = 0
     for split in ("train", "val"):
@@ -793,9 +827,11 @@ def _auto_storage(yaml_file: str, imgsz: int) -> str:
     return name
 
 
-def resolve_storage(data: dict, storage: str, imgsz: int) -> str:
-    """``storage``, with ``auto`` replaced by the format it picks for this dataset, image size and machine."""
-    return _auto_storage(str(data["yaml_file"]), int(imgsz)) if storage == codecs.AUTO else storage
+def resolve_storage(data: dict, storage: str, imgsz: int, out: str | os.PathLike | None = None) -> str:
+    """``storage``, with ``auto`` replaced by the format it picks for this dataset, image size, folder and machine."""
+    if storage != codecs.AUTO:
+        return storage
+    return _auto_storage(str(data["yaml_file"]), int(imgsz), str(out) if out else None)
 
 
 def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
@@ -812,7 +848,7 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
-    storage = resolve_storage(d, storage, imgsz)
+    storage = resolve_storage(d, storage, imgsz, out)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     if rebuild == "never":
@@ -848,7 +884,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
-    storage = resolve_storage(d, storage, imgsz)
+    storage = resolve_storage(d, storage, imgsz, out)
     src = split_source(d, split)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"

@@ -153,7 +153,8 @@ def choose(default_bytes: int, ram_bytes: int) -> tuple[str, str]:
         return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
                          "page cache keeps them")
     return COMPACT, (f"{DEFAULT} packs would take {size}, more than {RAM_SHARE:.0%} of the {ram} of memory here; "
-                     f"{COMPACT} packs are about 10x smaller (pack_format={DEFAULT} to choose {DEFAULT} anyway)")
+                     f"{COMPACT} packs are about 10x smaller (pack_format={DEFAULT}, or format={DEFAULT} for yolofeed "
+                     f"pack, to choose {DEFAULT} anyway)")
 
 
 def summaries() -> dict[str, str]:
@@ -189,7 +190,7 @@ def register(codec: Codec) -> Codec:
         ValueError: the name is empty, not usable in a folder name, or taken.
     """
     name = codec.name
-    if not name or not name.replace("_", "").isalnum() or name in BUILTIN or name in _LOADED:
+    if not name or not name.replace("_", "").isalnum() or name in BUILTIN or name in _LOADED or name == AUTO:
         raise ValueError(f"cannot register a codec as {name!r}: the name is empty, not alphanumeric, or taken")
     _LOADED[name] = codec
     return codec
