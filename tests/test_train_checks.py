@@ -108,8 +108,12 @@ def test_model_and_resume_files_that_are_not_models(synth_root, tmp_path, capsys
     escaping = {seed: tmp_path / f"garbage{seed}.pt" for seed in (43, 45, 195)}  # Overflow, Value, UnicodeDecode
     for seed, path in escaping.items():
         path.write_bytes(random.Random(seed).randbytes(2000))
+    # PyTorch files that hold no model: a tensor or a list saved alone, a dict without one
+    foreign = {name: tmp_path / f"{name}.pt" for name in ("tensor", "list", "dict")}
+    for name, obj in zip(foreign, (torch.zeros(3), [1, 2], {"epoch": 3})):
+        torch.save(obj, foreign[name])
     for argv in ([f"model={garbage}"], [f"resume={garbage}"], [f"resume={truncated}"],
-                 [f"model={truncated}", "resume"], *([f"model={p}"] for p in escaping.values())):
+                 [f"model={truncated}", "resume"], *([f"model={p}"] for p in [*escaping.values(), *foreign.values()])):
         line = _one_line(capsys, ["train", *argv, data, *TINY, f"project={tmp_path / 'runs'}"])
         key = "resume" if any(a.startswith("resume") for a in argv) else "model"
         assert f"{key}=" in line and "not a PyTorch checkpoint" in line and "damaged or truncated" in line, line

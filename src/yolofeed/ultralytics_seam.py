@@ -89,7 +89,12 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         img2label_paths,
     )
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
-    from ultralytics.nn.tasks import DetectionModel, guess_model_task, yaml_model_load  # train.keys: a model's task
+    from ultralytics.nn.tasks import (  # train.keys: a model's task
+        DetectionModel,
+        guess_model_task,
+        torch_safe_load,  # train.run: a .pt read as YOLO() reads it, to check it first
+        yaml_model_load,
+    )
     from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
     from ultralytics.utils.checks import check_yaml  # train.run: finds a cfg= file as yolo train does
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
@@ -121,9 +126,9 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "get_split_fraction",
     "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
-    "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first",
-    "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "xywh2xyxy", "xyxy2xywh",
-    "yaml_model_load",
+    "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first", "torch_safe_load",
+    "launches_ranks", "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "xywh2xyxy",
+    "xyxy2xywh", "yaml_model_load",
 ]
 
 

@@ -96,14 +96,39 @@ def check_model_file(name: str) -> None:
 
 # What unpickling a damaged or foreign file raises: Ultralytics turns most into a TypeError naming the checkpoint;
 # random bytes also give these (1 file in 15).
-UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, ValueError, OverflowError, MemoryError,
-                     EOFError, RuntimeError)
+UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, ValueError, OverflowError, EOFError,
+                     RuntimeError)
+
+
+def _not_a_checkpoint(name: str, key: str, e: BaseException | str) -> ConfigError:
+    reason = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
+    reason = " ".join(reason.replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")[:300]
+    return ConfigError(f"{key}={name}: not a PyTorch checkpoint Ultralytics can load (damaged or truncated?): "
+                       f"{reason}. Point at a run's weights/last.pt or best.pt, or train from a model yaml")
+
+
+def check_checkpoint(name: str, key: str = "model") -> None:
+    """Read a weights file as ``YOLO()`` will (Ultralytics' ``torch_safe_load``), so a damaged or foreign one is one
+    line; errors after the read stay Ultralytics' own. Costs a second read of the file (a second or so for the
+    largest YOLO weights).
+
+    Raises:
+        ConfigError: it does not unpickle, or holds no model (a bare tensor, a list...).
+    """
+    from yolofeed.ultralytics_seam import torch_safe_load
+
+    try:
+        ckpt, _ = torch_safe_load(name)
+    except (*UNPICKLING_ERRORS, AttributeError) as e:  # AttributeError: a tensor or list saved alone (no .model)
+        raise _not_a_checkpoint(name, key, e) from None
+    if not isinstance(ckpt, dict) or not (ckpt.get("ema") or ckpt.get("model")):
+        raise _not_a_checkpoint(name, key, f"it holds a {type(ckpt).__name__}, not an Ultralytics model")
 
 
 def _is_weights_file(name: str) -> bool:
-    """An existing file that is not a yaml: what Ultralytics unpickles."""
+    """An existing ``.pt`` file: what Ultralytics unpickles."""
     path = Path(name)
-    return path.is_file() and path.suffix.lower() not in (".yaml", ".yml")
+    return path.is_file() and path.suffix.lower() == ".pt"
 
 
 def load_model(name: str, key: str = "model") -> Any:
@@ -116,15 +141,14 @@ def load_model(name: str, key: str = "model") -> Any:
     from yolofeed.ultralytics_seam import YOLO
 
     check_model_file(name)
+    if _is_weights_file(name):
+        check_checkpoint(name, key)
     try:
         return YOLO(name)
-    except UNPICKLING_ERRORS as e:  # Ultralytics' torch_safe_load wraps most as TypeError, the rest escape it
-        if not _is_weights_file(name) or (isinstance(e, TypeError) and "checkpoint" not in str(e)):
+    except TypeError as e:  # not a file: a name Ultralytics resolves (and reads as above)
+        if "checkpoint" not in str(e):
             raise
-        reason = " ".join(str(e).replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")[:300]
-        raise ConfigError(f"{key}={name}: not a PyTorch checkpoint Ultralytics can load (damaged or truncated?): "
-                          f"{type(e).__name__}: {reason}. Point at a run's weights/last.pt or best.pt, or train "
-                          "from a model yaml") from None
+        raise _not_a_checkpoint(name, key, e) from None
     except FileNotFoundError:
         raise ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of "
                           "a model .yaml or .pt, or a name such as model=yolo11n.yaml") from None
