@@ -101,10 +101,10 @@ def test_shell_tools_parse_and_say_how_to_use_them(script):
 
 # -- CPU tools -----------------------------------------------------------------------------------------------------
 def test_parity_merge_combines_reports_and_refuses_mixed_or_repeated_runs(tmp_path, capsys):
-    parity_merge.main([str(p) for p in PARITY_REPORTS] + ["--plot", str(tmp_path / "p.png")])
+    parity_merge.main([str(p) for p in PARITY_REPORTS] + ["--plot", str(tmp_path / "new" / "p.png")])
     out = capsys.readouterr().out
     assert "+0.09" in out and "loss bands overlap" in out  # the 8-seed rows of BENCHMARKS.md
-    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "new" / "p.png").read_bytes()[:4] == b"\x89PNG"  # its folder made
     parity_merge.main([str(ROOT / "docs" / "parity" / f"yolo26n-seeds{s}.json") for s in ("0-2", "3-7")])
     assert "+0.16" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="appears twice"):

@@ -38,12 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plot", type=Path, help="also plot every run's mAP50-95 and losses by epoch here (PNG)")
     a = ap.parse_args(argv)
     jobs, s = merge(a.reports)
-    if a.plot:
-        first = json.loads(a.reports[0].read_text())
-        plot(jobs, a.plot, first.get("title", first["config"]["model"]))
     print(table(jobs, s))
     print(s.verdict)
-    print("loss bands overlap:", {k: round(v, 2) for k, v in s.overlap.items()})
+    print("loss bands overlap:", {k: round(v, 2) for k, v in s.overlap.items()}, flush=True)
+    if a.plot:
+        first = json.loads(a.reports[0].read_text())
+        a.plot.parent.mkdir(parents=True, exist_ok=True)
+        plot(jobs, a.plot, first.get("title", first["config"]["model"]))
 
 
 if __name__ == "__main__":
