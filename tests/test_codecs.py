@@ -176,8 +176,8 @@ def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path,
 
     from yolofeed.pack import build
 
-    def fresh(name: str) -> str:
-        shutil.copytree(synth_root, tmp_path / name)
+    def fresh(name: str) -> str:  # the dataset without the packs other tests built into the shared copy
+        shutil.copytree(synth_root, tmp_path / name, ignore=shutil.ignore_patterns("yolofeed-packs"))
         return str(tmp_path / name / "data.yaml")
 
     build._auto_storage.cache_clear()
