@@ -4,6 +4,10 @@
 ``StepClock`` for the rates and the phase breakdown, ``SystemSampler`` for GPU/CPU/disk, ``CallbackClock`` for the
 trainer's other callbacks), and a clean stop after the requested steps (no validation, no checkpoint). The caller
 chooses the trainer class; the profile knows nothing of the modes that name them (``bench.modes``).
+
+With several GPUs Ultralytics' DDP launch trains in rank processes, which get cloudpickled copies of the profile's
+callbacks: each rank profiles itself, rank 0 gathers the ranks' profiles into the run folder
+(``report_and_exit``), and the launching process combines them (``combine_ranks``).
 """
 
 from __future__ import annotations
@@ -184,7 +188,7 @@ def read_rank_reports(save_dir: Any, token: str, mode: str) -> list[Profile]:
     """The ranks' profiles that rank 0 wrote for this launch (``token``), one per GPU.
 
     Raises:
-        UltralyticsError: no report for this launch (a rank failed: its output is above).
+        UltralyticsError: no report for this launch (the ranks' loop ended before the profile's steps).
     """
     path = Path(save_dir) / RANKS_REPORT
     try:
