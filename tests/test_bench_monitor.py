@@ -174,9 +174,9 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     out = tmp_path / "bench"
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
                  "window=2", "device=cpu", "workers=0", f"out={out}",
-                 "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,ceiling,ceiling_stock"]) == 0
+                 "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,yolofeed_nopool,ceiling,ceiling_stock"]) == 0
     report = json.loads((out / "bench.json").read_text())
-    modes = ["stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling", "ceiling_stock"]
+    modes = ["stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "ceiling", "ceiling_stock"]
     assert [r["mode"] for r in report["results"]] == modes
     assert all(r["images_per_s"] > 0 and r["steps"] == 4 for r in report["results"])
     assert all(r["mean_step_ms"] > 0 for r in report["results"])
@@ -196,7 +196,7 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     # the profile's own step bar, not Ultralytics' epoch bar with its 10**6 epochs
     assert "1000000" not in captured.out + captured.err and "Starting training" not in captured.out
     assert "training stopped" not in captured.out + captured.err  # the profile's own stop is no failed run
-    assert f"{6 * (2 + 4 + 1)}/{6 * (2 + 4 + 1)}" in captured.err  # the bar ends exactly on its total
+    assert f"{7 * (2 + 4 + 1)}/{7 * (2 + 4 + 1)}" in captured.err  # the bar ends exactly on its total
     # 24 images at batch 4: the first epoch ends inside the 7 steps, so every mode reports it, at no extra step
     assert all(r["first_epoch_images_per_s"] > 0 and r["first_epoch_s"] > 0 for r in report["results"])
     assert all(0 < r["first_step_s"] < r["first_epoch_s"] + 60 for r in report["results"])
@@ -371,3 +371,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_bench_modes_name_their_options():
+    from yolofeed.bench.modes import MODES, trainer_class
+    from yolofeed.pack import codecs
+
+    yolofeed = {m: trainer_class(m) for m in MODES if m.startswith("yolofeed")}
+    assert {m: c.pack_format for m, c in yolofeed.items()} == {
+        "yolofeed": codecs.DEFAULT, "yolofeed_jpeg": "jpeg", "yolofeed_inline": codecs.DEFAULT,
+        "yolofeed_nopool": codecs.DEFAULT}  # raw unless named: whatever pack_format=auto would pick here
+    assert yolofeed["yolofeed_nopool"].partner_pool == 0 and yolofeed["yolofeed"].partner_pool == "auto"
+    assert yolofeed["yolofeed_inline"].augment_ahead is False and yolofeed["yolofeed"].augment_ahead is True
+    with pytest.raises(ValueError, match="unknown mode"):
+        trainer_class("yolofeed_fast")

@@ -138,7 +138,8 @@ class BenchConfig(MeasuredRunConfig):
                             "whose epoch is long")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
-                     "one batch ahead), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
+                     "one batch ahead), yolofeed_nopool (mosaic partners from the batch itself, partner_pool=0), "
+                     "ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
                      "loss: what yolofeed's sync-free step and loss add)")
     out: str = key("runs/bench", "folder for bench.json, bench.png and each mode's Ultralytics run folder "
                    "(runs/<mode>: args.yaml, TensorBoard events if enabled; no weights)")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "ceiling", "ceiling_stock")
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "ceiling", "ceiling_stock")
 
 
 def trainer_class(mode: str) -> type:
-    """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack, or inline augmentation), or the ceiling.
+    """The trainer of a mode: stock Ultralytics, yolofeed (raw or jpeg pack, inline augmentation, no partner pool),
+    or the ceiling.
 
     Raises:
         ValueError: not one of ``MODES``.
@@ -25,6 +26,8 @@ def trainer_class(mode: str) -> type:
         raw = FastDetectionTrainer.with_options(pack_format=codecs.DEFAULT)
         if mode == "yolofeed_inline":  # augmented in preprocess_batch, not one batch ahead: the sync it saves
             return raw.with_options(augment_ahead=False)
+        if mode == "yolofeed_nopool":  # partners from the batch itself: what the partner pool costs or saves
+            return raw.with_options(partner_pool=0)
         return raw
     if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CeilingTrainer

@@ -31,6 +31,7 @@ from yolofeed.errors import ConfigError
 from yolofeed.monitor.profile import Progress, profile
 
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
+           "yolofeed_nopool": "#4c72b0",
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 
