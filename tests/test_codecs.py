@@ -169,6 +169,7 @@ def test_auto_picks_the_default_format_where_its_packs_fit_comfortably_in_memory
     assert name == codecs.COMPACT and "108.0 GB" in why and f"pack_format={codecs.DEFAULT}" in why
     assert f"format={codecs.DEFAULT} for yolofeed pack" in why  # that command's key
     assert codecs.choose(int(codecs.RAM_SHARE * 32 * gb), 32 * gb)[0] == codecs.DEFAULT  # the bound is inclusive
+    assert "(3.0 MB)" in codecs.choose(3 * 10**6, 32 * gb)[1]  # a small set's size reads as such, not "0.0 GB"
 
 
 def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):

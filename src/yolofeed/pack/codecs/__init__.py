@@ -148,7 +148,8 @@ def choose(default_bytes: int, ram_bytes: int) -> tuple[str, str]:
     Returns:
         (format name, the reason in words, for the log).
     """
-    size, ram = f"{default_bytes / 1e9:,.1f} GB", f"{ram_bytes / 1e9:,.0f} GB"
+    size = f"{default_bytes / 1e9:,.1f} GB" if default_bytes >= 1e8 else f"{default_bytes / 1e6:,.1f} MB"
+    ram = f"{ram_bytes / 1e9:,.0f} GB"
     if default_bytes <= RAM_SHARE * ram_bytes:
         return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
                          "page cache keeps them")
