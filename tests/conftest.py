@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +16,31 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics: no network checks, no
 import yolofeed.synth as synth  # noqa: E402
 from yolofeed.config import SynthConfig  # noqa: E402
 from yolofeed.pack import Pack, open_or_build  # noqa: E402
+
+
+def _own_tqdm_lock() -> None:
+    """Give a forked test process tqdm locks of its own.
+
+    tqdm guards every bar, even a disabled one, with a multiprocessing RLock that every process forked
+    after its creation shares. These tests kill forked builds with SIGKILL; one killed while holding that
+    lock would block every later bar of the whole test session, in every process (a build that never
+    exits, reported as a hang far from its cause).
+    """
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return
+    std.TqdmDefaultWriteLock.th_lock = threading.RLock()  # another thread may have held it at the fork
+    if "mp_lock" in vars(std.TqdmDefaultWriteLock):
+        del std.TqdmDefaultWriteLock.mp_lock  # made again on first use, in this process
+    classes = [std.tqdm]
+    while classes:
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        if "_lock" in vars(cls):
+            del cls._lock
+
+
+os.register_at_fork(after_in_child=_own_tqdm_lock)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,6 +113,7 @@ def test_kill_at_random_moments_never_publishes_a_bad_pack(big):
 
 # -- killed by PID alone: the build's parent dies, its workers are not signalled -----------------------------
 KILL_BOUND = 60.0  # s: only to tell a hang from a slow machine; the builds below take about a second
+_STACKS: list = []
 
 
 def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_watch: str,
@@ -132,6 +135,8 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
 
     os.setsid()  # a process group of its own (it and its workers), for the Ctrl-C case
     sys.stderr = open(marker.with_suffix(".err"), "w")  # what the user would read
+    _STACKS.append(open(marker.with_suffix(".stack"), "w"))  # kept open: faulthandler writes to its descriptor
+    faulthandler.register(signal.SIGUSR1, file=_STACKS[-1], all_threads=True)  # _join: where a hang waits
 
     def pause(*_: object) -> None:
         marker.touch()
@@ -175,6 +180,17 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
         sys.exit(main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train", "workers=2", "rebuild=always"]))
     else:
         open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2, progress=False)
+
+
+def _join(proc: Any, marker: Path) -> None:
+    """Wait for a build process to exit; one still running after KILL_BOUND fails the test with its stacks."""
+    proc.join(KILL_BOUND)
+    if proc.exitcode is None:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        stacks = marker.with_suffix(".stack").read_text()
+        proc.kill()
+        pytest.fail(f"the build process did not exit within {KILL_BOUND:.0f} s; its threads:\n{stacks}")
 
 
 def _running(pid: int) -> bool:
@@ -248,7 +264,7 @@ def test_killing_the_builder_alone_leaves_no_worker_and_no_lock(dataset, tmp_pat
         os.killpg(proc.pid, sig)  # as a terminal does
     else:
         os.kill(proc.pid, sig)  # the parent alone: its workers get no signal from us
-    proc.join(KILL_BOUND)
+    _join(proc, marker)
     assert proc.exitcode == {signal.SIGKILL: -signal.SIGKILL, signal.SIGTERM: 143, signal.SIGINT: 130}[sig]
     assert _wait_for(lambda: not any(map(_running, workers))), "workers outlived their parent"
     assert not (folder / "train.yfpack").exists()
@@ -282,7 +298,7 @@ def test_a_signal_delivered_to_another_thread_still_stops_the_build(dataset, tmp
     assert _wait_for(marker.exists)
     workers = psutil.Process(proc.pid).children(recursive=True)
     os.kill(proc.pid, sig)
-    proc.join(KILL_BOUND)
+    _join(proc, marker)
     assert proc.exitcode == {signal.SIGTERM: 143, signal.SIGINT: 130}[sig], "the signal was not acted on: a hang"
     assert _wait_for(lambda: not any(_running(w.pid) for w in workers))
     assert not list(store_dir(yaml_file, 64, "raw").glob(".*.tmp-*"))
@@ -301,7 +317,7 @@ def test_a_worker_killed_mid_build_is_one_clear_error(dataset, tmp_path):
     assert _wait_for(marker.exists)
     workers = psutil.Process(proc.pid).children(recursive=True)
     workers[0].kill()
-    proc.join(KILL_BOUND)
+    _join(proc, marker)
     assert proc.exitcode == 1
     err = marker.with_suffix(".err").read_text()
     assert "yolofeed pack: error: a worker process building the train pack died (killed by signal 9 (SIGKILL))" in err
@@ -379,6 +395,6 @@ def test_a_second_build_waits_for_the_first_and_says_for_whom(dataset, tmp_path,
         assert _wait_for(lambda: f"waiting for PID {proc.pid} on this host" in caplog.text)
         assert "(running)" in caplog.text and "to finish building in" in caplog.text and not done.is_set()
         os.kill(proc.pid, signal.SIGTERM)
-        proc.join(KILL_BOUND)
+        _join(proc, marker)
         assert done.wait(KILL_BOUND), "the waiter did not go on after the first build was stopped"
     assert len(Pack.open(store_dir(yaml_file, 64, "raw") / "train.yfpack")) == 24
