@@ -163,13 +163,18 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
 
         build.write_tail = tail
     if signals_to_other_threads:
-        real_wait = build.wait
+        import multiprocessing.connection
+        import threading
+
+        real_wait = multiprocessing.connection.wait  # what Workers.imap waits in (this process only)
 
         def wait(*a, **k):
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             return real_wait(*a, **k)
 
-        build.wait = wait
+        multiprocessing.connection.wait = wait
+        # the thread the kernel then hands the signal to (in real use: tqdm's monitor, a library's thread)
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
     if parent_watch == "watch":
         sys.platform = "darwin"  # this process only: no prctl, the watch thread alone
     elif parent_watch == "none":

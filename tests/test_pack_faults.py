@@ -433,7 +433,7 @@ def test_spawned_workers_build_the_same_pack(dataset, tmp_path, monkeypatch):
     import multiprocessing as mp
 
     ref = _build(dataset)
-    monkeypatch.setattr(build, "_mp_context", lambda: mp.get_context("spawn"))
+    monkeypatch.setattr(build, "mp_context", lambda: mp.get_context("spawn"))
     pack = _build(dataset, workers=2, out=tmp_path / "spawned")
     for i in range(len(pack)):
         np.testing.assert_array_equal(pack.image(i), ref.image(i))

@@ -17,12 +17,12 @@ number of processes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from yolofeed.config import SynthConfig, usable_cores
 from yolofeed.errors import ConfigError
+from yolofeed.pack.workers import Workers, signals_between_waits
 
 LOGGER = logging.getLogger(__name__)
 
@@ -271,10 +272,18 @@ def run(cfg: SynthConfig) -> Path:
     total = cfg.n_train + cfg.n_val
     workers = cfg.workers or usable_cores()
     nbytes = 0
-    with ProcessPoolExecutor(workers) if workers > 1 else _Serial() as pool:
-        for size in tqdm(pool.map(_write_one, _jobs(root, cfg), chunksize=16), total=total,
-                         desc=f"synth {root}", unit="img"):
-            nbytes += size
+    jobs = _jobs(root, cfg)
+    chunks = iter(lambda: list(itertools.islice(jobs, 16)), [])
+    pool = Workers(workers, _no_setup, ())
+    try:
+        with signals_between_waits() as act_on_signals, tqdm(total=total, desc=f"synth {root}", unit="img") as bar:
+            for size in pool.imap(_write_chunk, chunks, act_on_signals):
+                nbytes += size
+                bar.update()
+    except BaseException:
+        pool.stop()  # Ctrl-C: a rerun of the same command completes the folder
+        raise
+    pool.close()
     data = {
         "path": str(root),
         "train": str(root / "images" / "train"),
@@ -288,15 +297,9 @@ def run(cfg: SynthConfig) -> Path:
     return root / "data.yaml"
 
 
-class _Serial:
-    """A stand-in for a process pool with one worker: no fork, easier to debug."""
+def _no_setup() -> None:
+    pass
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        return False
-
-    @staticmethod
-    def map(fn, iterable, chunksize=1):
-        return map(fn, iterable)
+def _write_chunk(jobs: list[tuple[Path, SynthConfig, str, int]]) -> list[int]:
+    return [_write_one(job) for job in jobs]

@@ -43,7 +43,6 @@ import hashlib
 import json
 import logging
 import mmap
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -56,8 +55,7 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,6 +84,7 @@ from yolofeed.pack.store import (
     write_tail,
 )
 from yolofeed.pack.verify import SampleError, file_problem, load_sample
+from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
 
 LOGGER = logging.getLogger(__name__)
 TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
@@ -141,9 +140,7 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
         parent: (PID, start time) of the building process for a worker process; None in-process.
     """
     if parent is not None:
-        _die_with_parent(*parent)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, which fork copied
+        _die_with_parent(*parent)  # signals: see workers._serve
     fd = os.open(tmp_path, os.O_RDWR | getattr(os, "O_BINARY", 0))
     # Raw packs are written through a shared mapping of the pre-allocated file: 16 processes copy into
     # the page cache at ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s
@@ -231,66 +228,6 @@ def _process(task: tuple[int, str, str]) -> tuple:
 
 def _process_chunk(tasks: list[tuple[int, str, str]]) -> list[tuple]:
     return [_process(t) for t in tasks]
-
-
-def _results(pool: Any, tasks: list[tuple[int, str, str]], chunk: int) -> Iterator[tuple]:
-    """``_process`` of every task, chunk by chunk as they complete (in any order).
-
-    Waits at most 0.5 s at a time: the kernel may deliver SIGINT or SIGTERM to any thread, and Python
-    runs the handler only once the main thread wakes. A wait on a future without a timeout would not
-    wake while every worker is stuck (a hung network read, say), and Ctrl-C would do nothing.
-    """
-    if isinstance(pool, _InProcess):
-        yield from map(_process, tasks)
-        return
-    pending = {pool.submit(_process_chunk, tasks[k:k + chunk]) for k in range(0, len(tasks), chunk)}
-    while pending:
-        done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-        for future in done:
-            yield from future.result()
-
-
-class _InProcess:
-    """The pool interface for workers=1: no fork, easy to debug and profile."""
-
-    def __init__(self, initializer: Any, initargs: tuple):
-        initializer(*initargs)
-
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        _close_worker()
-
-
-def _mp_context() -> Any:
-    """fork where there is one (workers start at once, sharing the imported modules); spawn elsewhere."""
-    return mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
-
-
-def _stop_pool(pool: Any) -> None:
-    """End a pool now: queued tasks cancelled, workers terminated (not left to finish the whole split)."""
-    if isinstance(pool, _InProcess):
-        pool.shutdown()
-        return
-    # ProcessPoolExecutor has no public way to stop running workers before Python 3.14
-    kill = getattr(pool, "terminate_workers", None)
-    if kill is not None:
-        kill()
-    else:
-        for p in list((getattr(pool, "_processes", None) or {}).values()):
-            with contextlib.suppress(OSError, ValueError):
-                p.terminate()
-    pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _exit_codes(processes: list) -> str:
-    """How a stopped pool's workers ended, e.g. "killed by signal 9 (SIGKILL)", for the error message."""
-    codes = {p.exitcode for p in processes} - {None, 0}
-    if codes - {-signal.SIGTERM}:  # the pool itself sends SIGTERM to the other workers once one died
-        codes -= {-signal.SIGTERM}
-    words = []
-    for c in sorted(codes):
-        name = signal.Signals(-c).name if -c in signal.valid_signals() else "?"
-        words.append(f"killed by signal {-c} ({name})" if c < 0 else f"exit status {c}")
-    return ", ".join(words)
 
 
 class _Writeback(threading.Thread):
@@ -516,12 +453,11 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     if capacity and not mapped and workers > 1:  # one writer never maps: nothing to say
         LOGGER.info(f"pack {src.split}: workers write with pwrite rather than a shared map (the disk space for the "
                     f"largest possible pack, {_gb(space.bound)}, is not reserved up front; {_gb(space.free)} free)")
-    ctx = _mp_context()
+    ctx = mp_context()
     counter = ctx.Value("Q", 0)
     initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped)
     me = (os.getpid(), process_start(os.getpid()) or 0.0)
-    pool = (ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(*initargs, me))
-            if workers > 1 else _InProcess(_init_worker, initargs))
+    pool = Workers(workers, _init_worker, (*initargs, me) if workers > 1 else initargs, _close_worker, ctx)
     index = np.zeros(n, INDEX_DTYPE)
     labels: list[np.ndarray | None] = [None] * n
     label_crc = np.zeros(n, np.uint32)
@@ -532,9 +468,10 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     why: dict[int, str] = {}  # results arrive in completion order; the report lists them in source order
     noted: dict[int, list[str]] = {}
     try:
-        with (_Writeback(fd) if sync else contextlib.nullcontext(),
+        with (signals_between_waits() as check, _Writeback(fd) if sync else contextlib.nullcontext(),
               tqdm(total=n, unit="img", disable=not progress, desc=f"pack {src.split}") as bar):
-            for i, lcrc, reason, meta in _results(pool, tasks, chunk):
+            chunks = (tasks[k:k + chunk] for k in range(0, n, chunk))
+            for i, lcrc, reason, meta in pool.imap(_process_chunk, chunks, check):
                 bar.update()
                 label_crc[i] = lcrc
                 if reason is not None:
@@ -545,17 +482,14 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                 index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), crc)
                 labels[i] = lb
                 noted[i] = sample_notes
-    except BrokenProcessPool:
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        _stop_pool(pool)  # joins them: their exit codes are known after it
-        how = _exit_codes(processes)
-        raise PackError(f"a worker process building the {src.split} pack died ({how or 'no exit status'}); "
-                        "nothing was published. Signal 9 is usually the out-of-memory killer: build with fewer "
-                        "workers= ; a crash while decoding one image is found with workers=1") from None
+    except WorkerDied as e:  # the workers are stopped already
+        raise PackError(f"a worker process building the {src.split} pack died ({e}); nothing was published. "
+                        "Signal 9 is usually the out-of-memory killer: build with fewer workers= ; a crash while "
+                        "decoding one image is found with workers=1") from None
     except BaseException:
-        _stop_pool(pool)
+        pool.stop()
         raise
-    pool.shutdown(wait=True)
+    pool.close()
     skipped += [(src.im_files[i], why[i]) for i in sorted(why)]
     notes += [(src.im_files[i], note) for i in sorted(noted) for note in noted[i]]
     keep = np.array([lb is not None for lb in labels], bool)

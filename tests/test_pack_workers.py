@@ -1,0 +1,131 @@
+"""The pack build's worker processes: every result once, errors carried over, and stopping never hangs."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from yolofeed.pack.workers import WorkerDied, Workers, signals_between_waits
+
+BOUND = 30.0  # s: only to tell a hang from a slow machine
+
+
+def _square(chunk: list[int]) -> list[int]:
+    return [x * x for x in chunk]
+
+
+def _disk_full(chunk: list[int]) -> list[int]:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _die_on_seven(chunk: list[int]) -> list[int]:
+    if 7 in chunk:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+    return chunk
+
+
+def _huge(chunk: list[int]) -> list[bytes]:
+    return [bytes(64 << 20)]  # far beyond a pipe's buffer: the worker is still writing it when it is stopped
+
+
+def _nothing(*_: object) -> None:
+    pass
+
+
+def _bad_init(*_: object) -> None:
+    raise RuntimeError("cannot open the temporary file")
+
+
+def _within(seconds: float, fn):
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(value=fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still waiting after {seconds} s: a hang"
+    return out.get("value")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_item_comes_back_once(n):
+    pool = Workers(n, _nothing, ())
+    chunks = [list(range(k, min(k + 4, 50))) for k in range(0, 50, 4)]
+    got = list(pool.imap(_square, iter(chunks), lambda: None))
+    pool.close()
+    assert sorted(got) == [x * x for x in range(50)]
+    assert all(p.exitcode == 0 for p in pool.processes)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_an_error_in_a_worker_reaches_the_caller_as_itself(n):
+    pool = Workers(n, _nothing, ())
+    with pytest.raises(OSError) as e:
+        list(pool.imap(_disk_full, iter([[1], [2]]), lambda: None))
+    pool.stop()
+    assert e.value.errno == errno.ENOSPC
+
+
+def test_a_failed_initializer_is_raised_not_reported_as_a_death():
+    pool = Workers(2, _bad_init, ())
+    with pytest.raises(RuntimeError, match="cannot open the temporary file"):
+        list(pool.imap(_square, iter([[1], [2], [3]]), lambda: None))
+    pool.stop()
+
+
+def test_a_killed_worker_is_one_error_that_says_how_and_the_others_end():
+    pool = Workers(2, _nothing, ())
+    with pytest.raises(WorkerDied, match=r"killed by signal 9 \(SIGKILL\)"):
+        list(pool.imap(_die_on_seven, iter([[k] for k in range(20)]), lambda: None))
+    assert all(p.exitcode is not None for p in pool.processes)
+
+
+def test_stopping_while_a_worker_writes_its_result_does_not_hang():
+    """The case that hung ProcessPoolExecutor's shutdown: a worker ended with half a message in its pipe."""
+    pool = Workers(2, _nothing, ())
+
+    def check():
+        raise KeyboardInterrupt  # Ctrl-C, acted on as soon as the first bytes of a result arrive
+
+    with pytest.raises(KeyboardInterrupt):
+        list(pool.imap(_huge, iter([[1], [2]]), check))
+    _within(BOUND, pool.stop)
+    assert all(p.exitcode == -signal.SIGTERM for p in pool.processes)
+
+
+def test_signals_wait_for_check_then_run_the_previous_handler():
+    with signals_between_waits() as check:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # delivered and noted: nothing raised here, inside a lock or not
+        with pytest.raises(KeyboardInterrupt):
+            check()
+        check()  # noted once, acted on once
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_signal_after_the_last_check_is_acted_on_at_the_end():
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with signals_between_waits():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert seen == []
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_ignored_signal_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with signals_between_waits() as check:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            check()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
