@@ -3,7 +3,8 @@
 For batches of a jpeg pack in epoch order: the host's copy of the encoded files into tensors, torchvision's
 ``decode_jpeg`` call (nvJPEG), and the grouped resize and write into the batch buffer, each timed to the GPU's
 end (synchronised), then the whole ``decode_into`` as the loader calls it, on a side stream. Prints and writes
-``$OUT/jpeg_decode.json``: ms per batch (median) and img/s of each part.
+``$OUT/jpeg_decode.json``: ms per batch (median) and img/s of each part, and the GPU time a batch of the
+decode's kernels (torch.profiler over 5 batches), kernel by kernel.
 
 Usage: python -m tools.device.jpeg_decode PACK [--batch 128] [--batches 40] [--device cuda]
 """
@@ -61,10 +62,26 @@ def main() -> None:
             parts["host_copy"].append(t1 - t0)
             parts["decode_jpeg"].append(t2 - t1)
             parts["decode_into"].append(t3 - t2)
+    # the decode's GPU work, kernel by kernel: what of it competes with training for the GPU
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for b in range(5):
+            idx = order[b * a.batch:][:a.batch]
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                jpeg.decode_into([pack.encoded(int(i)) for i in idx], pack.shapes[idx], out,
+                                 names=[pack.im_files[i] for i in idx])
+            sync()
+    events = prof.key_averages()
+    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    kernels = sorted(((getattr(e, key) / 5e3, e.key[:90]) for e in events if getattr(e, key) > 0), reverse=True)
     n = a.batch
     report = {"pack": a.pack, "device": str(dev), "batch": n, "batches": a.batches - 5,
               "torch": torch.__version__, **{k: {"ms": round(1e3 * statistics.median(v), 2),
-                                                 "img_s": round(n / statistics.median(v))} for k, v in parts.items()}}
+                                                 "img_s": round(n / statistics.median(v))} for k, v in parts.items()},
+              "gpu_ms_per_batch": round(sum(ms for ms, _ in kernels), 2),
+              "kernels_ms_per_batch": [[round(ms, 3), name] for ms, name in kernels[:25]]}
     print(json.dumps(report))
     (Path(os.environ.get("OUT", ".")) / "jpeg_decode.json").write_text(json.dumps(report, indent=1))
 

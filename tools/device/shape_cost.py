@@ -15,6 +15,7 @@ Usage: python -m tools.device.shape_cost [--model yolo11n.yaml] [--batch 128] [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -41,35 +42,44 @@ def main() -> None:
     init_seeds(0, deterministic=True)
     if a.no_cudnn:
         torch.backends.cudnn.enabled = False
-    dev = torch.device("cuda")
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = DetectionModel(a.model, nc=80, verbose=False).to(dev).train()
     calls: list[tuple[str, float]] = []
 
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def tensors(x) -> list[torch.Tensor]:  # the head's outputs: a dict (boxes, scores, feats), lists or a tensor
+        if isinstance(x, torch.Tensor):
+            return [x]
+        return [t for v in (x.values() if isinstance(x, dict) else x) for t in tensors(v)]
+
     def step(m: torch.nn.Module, n: int) -> None:
         x = torch.rand(n, 3, a.imgsz, a.imgsz, device=dev)
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast(dev.type, dtype=torch.float16, enabled=dev.type == "cuda"):
             out = m(x)
-        sum(o.float().sum() for o in (out if isinstance(out, (list, tuple)) else [out])).backward()
+        sum(t.float().sum() for t in tensors(out)).backward()
 
     def timed(name: str, n: int) -> None:
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         step(model, n)
-        torch.cuda.synchronize()
+        sync()
         calls.append((name, round(1e3 * (time.perf_counter() - t0), 1)))
 
     warm_s = None
     timed(f"batch {a.batch}, first", a.batch)
     if a.background:
         other = copy.deepcopy(model)
-        side = torch.cuda.Stream(dev)
+        side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         done = {}
 
         def warm() -> None:
             t0 = time.perf_counter()
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                 step(other, a.last)
-            side.synchronize()
+            sync()
             done["s"] = time.perf_counter() - t0
 
         th = threading.Thread(target=warm)
