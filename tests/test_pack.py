@@ -113,6 +113,36 @@ def test_gather_into_caller_buffers(dataset):
         pack.gather(list(range(7)), out)
 
 
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_will_need_asks_for_exactly_each_payload_page_aligned(dataset, storage, monkeypatch):
+    import mmap
+
+    pack = _build(dataset, storage=storage)
+    calls = []
+    real = pack._mapping
+
+    class Recording:  # the kernel's side of madvise cannot be seen from here: record what it is asked
+        def madvise(self, option, start, length):
+            calls.append((option, start, length))
+            return real.madvise(option, start, length)  # and still make the real call: it must be accepted
+
+    monkeypatch.setattr(pack, "_mapping", Recording())
+    idx = [len(pack) - 1, 0, 7, 7]  # the last payload, which ends where the sections start, and a repeat
+    pack.will_need(idx)
+    assert len(calls) == len(idx)
+    for (option, start, length), i in zip(calls, idx):
+        r = pack.index[i]
+        assert option == mmap.MADV_WILLNEED and start % mmap.PAGESIZE == 0
+        assert start <= r["offset"] and start + length == r["offset"] + r["nbytes"]
+        assert r["offset"] - start < mmap.PAGESIZE
+    before = pack.gather(idx[:3], np.zeros((3, 160, 160, 3), np.uint8)) if storage == "raw" else None
+    monkeypatch.delattr(mmap, "MADV_WILLNEED")  # a system without madvise: the gather goes on without it
+    pack.will_need(idx)
+    assert len(calls) == len(idx)
+    if storage == "raw":
+        np.testing.assert_array_equal(pack.gather(idx[:3], np.zeros((3, 160, 160, 3), np.uint8)), before)
+
+
 def test_jpeg_storage_keeps_the_bytes(dataset):
     add_bad_samples(dataset)
     raw = _build(dataset)

@@ -57,6 +57,7 @@ def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = Tru
         n, the number of samples written (rows ``:n`` are valid).
     """
     n = len(indices)
+    pack.will_need(indices)  # the batch's bytes read from storage once, queued together, if not cached
     if images:  # raw: one memcpy per image from the page cache; jpeg: decoded on two host threads
         hw = pack.codec.gather(pack, np.asarray(indices, dtype=np.int64), buf.images[:n])
     else:

@@ -41,6 +41,7 @@ What is checked, and when (CRC32 from ``zlib``: no new dependency):
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import zlib
@@ -97,8 +98,8 @@ class Pack:
         >>> img = pack.image(0)  # (h, w, 3) uint8 RGB, a view of the file
     """
 
-    def __init__(self, path: Path, header: dict[str, Any], mm: np.memmap):
-        self.path, self.header, self._mm = path, header, mm
+    def __init__(self, path: Path, header: dict[str, Any], mm: np.ndarray, mapping: mmap.mmap | None = None):
+        self.path, self.header, self._mm, self._mapping = path, header, mm, mapping
         self.codec = codecs.get(header["storage"])
         sec = header["sections"]
         self.index = self._section(sec["index"], INDEX_DTYPE)
@@ -173,8 +174,9 @@ class Pack:
                 what = {"fingerprint": "the source images or labels changed since it was built"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
                 raise StalePackError(f"{path} is stale: {what}; {fix}")
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
-        pack = cls(path, header, mm)
+        with open(path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        pack = cls(path, header, np.frombuffer(mapping, dtype=np.uint8), mapping)
         problem = pack._content_problem()
         if problem:
             raise PackError(f"{path} is damaged: {problem}; {fix}")
@@ -277,6 +279,25 @@ class Pack:
         """Image ``i``'s stored bytes (its payload) as a 1-D uint8 view."""
         r = self.index[i]
         return self._mm[r["offset"]:r["offset"] + r["nbytes"]]
+
+    def will_need(self, indices: Any) -> None:
+        """Ask the kernel to read the payloads of ``indices`` now, all at once (``madvise(MADV_WILLNEED)``).
+
+        The loader calls it before it copies or decodes a batch. A page fault on a memory map reads
+        around the page it faults on: when the pack does not fit in the memory the process may use, the
+        pages read around are evicted before the loader reaches them, and each epoch reads the pack
+        several times from storage (6x, measured, in a memory cgroup smaller than the pack). Reading
+        exactly the batch's byte ranges, queued together, reads each byte once. A no-op where the
+        pages are cached, and on systems without ``madvise``.
+        """
+        if self._mapping is None or not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        rec = self.index[np.asarray(indices, dtype=np.int64)]
+        start = rec["offset"].astype(np.int64)
+        end = start + rec["nbytes"].astype(np.int64)
+        start -= start % mmap.PAGESIZE  # madvise takes page-aligned starts
+        for a, b in zip(start.tolist(), end.tolist()):  # a syscall per image, ~1 us with the pages cached
+            self._mapping.madvise(mmap.MADV_WILLNEED, a, b - a)
 
     def labels(self, i: int) -> np.ndarray:
         """(n, 5) float32 [class, x, y, w, h] normalised, a view."""
