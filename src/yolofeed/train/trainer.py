@@ -38,6 +38,7 @@ from yolofeed.pack.build import check_split, no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
+from yolofeed.train.warmup import batch_sizes, warm_up
 from yolofeed.ultralytics_seam import (
     DEFAULT_CFG,
     LOGGER,
@@ -68,13 +69,14 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
     # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
+    warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     # sync_free_step, sync_free_loss: the step's options (SyncFreeStep, train/step.py)
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
-        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "sync_free_step",
-                 "sync_free_loss")
+        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up",
+                 "sync_free_step", "sync_free_loss")
         unknown = set(options) - set(known)
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
@@ -93,6 +95,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         self.batch_images = 0  # images in the last batch handed to the step (the throughput counts real images)
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
+        self._warm: tuple[Any, int] | None = None  # the train loader's sampler and label width, for the warm-up
+        self.add_callback("on_pretrain_routine_end", FastDetectionTrainer._warm_up)
 
     def check_resume(self, overrides: dict[str, Any]) -> None:
         """Ultralytics' resume check, then the final arguments (a checkpoint's included) against ``keys.RULES``.
@@ -157,6 +161,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
+            self._warm = loader.sampler, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
             if not self.augment_ahead:
                 return loader
@@ -178,6 +183,17 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
                                 f"'yolofeed train resume={self.last}' once the cause is fixed"
                                 if saved else "No epoch was saved yet: start again once the cause is fixed"))
             raise
+
+    def _warm_up(self) -> None:
+        """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): cuDNN's set-up for each batch size."""
+        if not self.warm_up or self.device.type != "cuda" or self._warm is None:
+            return  # on the CPU there is no such set-up to pay
+        sampler, width = self._warm
+        seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, self.amp)
+        if RANK in (-1, 0):
+            sizes = ", ".join(str(n) for n in batch_sizes(sampler))
+            LOGGER.info(f"yolofeed: cuDNN set up for batch sizes {sizes} in {seconds:.1f} s before the first epoch "
+                        "(stock pays it inside its first epoch)")
 
     # -- augmentation -------------------------------------------------------------------------
     def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:

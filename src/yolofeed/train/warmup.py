@@ -1,0 +1,92 @@
+"""The first epoch's one-off costs, paid before it starts: cuDNN's set-up for each batch size an epoch trains.
+
+A model's first forward and backward pass at a batch size it has not met costs seconds in every process: cuDNN
+chooses and builds a plan for each convolution, forward and both backward passes. For yolo11n on an H200 that is
+4.3-6.6 s for the full batch and 3.3-4.3 s for each other size (BENCHMARKS.md, "First epoch"); with cuDNN off
+there is no such cost. Stock Ultralytics pays it too: its first step, and the epoch's last, smaller batch at the
+very end of the first epoch. With a 10k-image set at 640 an epoch trains in under 6 s, so these costs alone
+halved the first epoch's rate.
+
+``warm_up`` runs one forward and backward pass of a copy of the model for each batch size this rank's epoch
+will train (the full batch, the last batch's, a DDP rank's batch + 1), in the training thread (PyTorch keeps
+cuDNN's plans per thread), under the step's autocast. The copy keeps the trained model, its gradients, batch-norm
+statistics and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to
+before it: the first epoch then trains at the steady rate, and the time to the first step stays below stock's.
+It also compiles the augmentation's Triton kernels (a throwaway augmenter on a blank batch: the training
+augmenter's draws and partner pool are untouched).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from yolofeed.augment import GpuAugment, SourceBatch
+
+
+def batch_sizes(sampler: Any) -> list[int]:
+    """The distinct batch sizes of one epoch of ``sampler`` (an ``EpochSampler``), the full batch first."""
+    sizes = {len(b) for b in sampler.batches()}
+    return sorted(sizes, key=lambda n: (n != sampler.batch_size, -n))
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output: the detection head returns a dict (boxes, scores, feats), lists, a tensor."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    values = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else []
+    return [t for v in values for t in _tensors(v)]
+
+
+def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.device, amp: bool) -> None:
+    """One forward and backward pass of a copy of ``model`` at each batch size, on blank images.
+
+    The convolutions meet the shapes, dtypes and layout of a training step (contiguous NCHW float under
+    autocast), which is what cuDNN's plans depend on; the loss does not matter, so it is the outputs' sum.
+    """
+    twin = copy.deepcopy(model).train()  # its own parameters, buffers and autograd nodes (DDP's hooks stay behind)
+    for n in sizes:
+        x = torch.zeros(n, 3, imgsz, imgsz, device=device)
+        with torch.autocast(device.type, enabled=amp):
+            out = twin(x)
+        sum(t.float().sum() for t in _tensors(out)).backward()
+        twin.zero_grad(set_to_none=True)
+    del twin
+
+
+def blank_source(n: int, imgsz: int, width: int, device: torch.device) -> SourceBatch:
+    """``n`` grey images of ``imgsz`` with one box each: a batch the augmentation accepts, whatever it draws."""
+    valid = torch.zeros(n, width, dtype=torch.bool, device=device)
+    valid[:, 0] = True
+    boxes = torch.tensor([0.5, 0.5, 0.5, 0.5], device=device).repeat(n, width, 1)  # normalised xywh
+    return SourceBatch(torch.full((n, imgsz, imgsz, 3), 114, dtype=torch.uint8, device=device),
+                       torch.full((n, 2), imgsz, dtype=torch.int64, device=device),
+                       torch.zeros(n, width, device=device), boxes, valid)
+
+
+def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.device) -> None:
+    """Run a throwaway copy of the augmentation once on a blank batch: its Triton kernels compile now."""
+    gen = torch.Generator(device=device).manual_seed(0) if device.type == "cuda" else torch.Generator().manual_seed(0)
+    augment(blank_source(n, augment.hyp.imgsz, width, device), gen, None)
+
+
+def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
+            amp: bool) -> float:
+    """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took."""
+    t0 = time.perf_counter()
+    rng = torch.get_rng_state(), np.random.get_state()  # a blank pass draws nothing, but be sure
+    cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    sizes = batch_sizes(sampler)
+    warm_model(model, sizes, augment.hyp.imgsz, device, amp)
+    warm_augmentation(augment, sizes[0], width, device)
+    torch.set_rng_state(rng[0])
+    np.random.set_state(rng[1])
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng, device)
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0

@@ -1,0 +1,92 @@
+"""The warm-up before the first epoch: every batch size an epoch trains, and nothing of the training touched."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.loader.sampler import EpochSampler
+from yolofeed.train import trainer as trainer_module
+from yolofeed.train.warmup import batch_sizes, warm_model, warm_up
+
+
+@pytest.mark.parametrize("n, batch, rank, world, want", [
+    (10000, 128, 0, 1, [128, 16]),  # the 10k-image benchmark: 78 full batches and one of 16
+    (256, 128, 0, 1, [128]),  # no partial batch: one size
+    (10001, 128, 0, 2, [128, 9]),  # DDP: rank 0's shard holds the odd sample, in its last batch
+    (10001, 128, 1, 2, [128, 8]),
+    (5, 128, 0, 1, [5]),  # a dataset smaller than the batch: one batch, of its size
+    (257, 128, 0, 2, [129]),  # rank 0: 129 images, one batch: the odd sample joins the last batch (B + 1)
+])
+def test_batch_sizes_are_the_epochs_own_full_batch_first(n, batch, rank, world, want):
+    sampler = EpochSampler(np.arange(n), batch, rank=rank, world_size=world)
+    assert batch_sizes(sampler) == want
+    assert set(want) == {len(b) for b in sampler.batches()}
+
+
+@pytest.fixture(scope="module")
+def model():
+    from ultralytics.nn.tasks import DetectionModel
+
+    return DetectionModel("yolo11n.yaml", nc=80, verbose=False).train()
+
+
+def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def test_warm_model_leaves_the_trained_model_as_it_was(model):
+    before = _state(model)
+    warm_model(model, [4, 2], 64, torch.device("cpu"), amp=False)
+    after = _state(model)
+    assert before.keys() == after.keys()
+    for k in before:  # weights, batch-norm running statistics and their counters
+        torch.testing.assert_close(after[k], before[k], rtol=0, atol=0, msg=k)
+    assert all(p.grad is None for p in model.parameters()) and model.training
+
+
+def test_warm_up_draws_nothing_from_the_random_streams(model):
+    sampler = EpochSampler(np.arange(10), 4)
+    augment = GpuAugment(AugmentHyp.from_args(imgsz=64))
+    torch.manual_seed(3)
+    np.random.seed(3)
+    t, n = torch.get_rng_state(), np.random.get_state()
+    seconds = warm_up(model, sampler, augment, 3, torch.device("cpu"), amp=False)
+    assert seconds > 0
+    assert torch.equal(torch.get_rng_state(), t)
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), n))
+
+
+@pytest.mark.parametrize("device, enabled, called", [("cuda", True, True), ("cpu", True, False),
+                                                     ("cuda", False, False)])
+def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeypatch, device, enabled, called):
+    seen = []
+    monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append(a) or 1.0)
+    sampler = EpochSampler(np.arange(10000), 128)
+    fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(sampler, 7), model=model,
+                           hyp=AugmentHyp.from_args(imgsz=640), amp=True)
+    trainer_module.FastDetectionTrainer._warm_up(fake)
+    assert bool(seen) == called
+    if called:
+        m, s, augment, width, dev, amp = seen[0]
+        assert m is model and s is sampler and width == 7 and dev.type == "cuda" and amp is True
+        assert augment.hyp.imgsz == 640
+    assert "warm_up" in trainer_module.FastDetectionTrainer.with_options(warm_up=False).__dict__
+
+
+@pytest.mark.gpu
+def test_cuda_warm_up_under_autocast_leaves_the_model_and_the_streams_as_they_were(model):
+    dev = torch.device("cuda")
+    m = model.to(dev)
+    before = _state(m)
+    cuda_rng = torch.cuda.get_rng_state(dev)
+    warm_up(m, EpochSampler(np.arange(40), 16), GpuAugment(AugmentHyp.from_args(imgsz=128)), 5, dev, amp=True)
+    for k, v in _state(m).items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, msg=k)
+    assert all(p.grad is None for p in m.parameters())
+    assert torch.equal(torch.cuda.get_rng_state(dev), cuda_rng)
+    model.to("cpu")
