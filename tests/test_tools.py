@@ -265,3 +265,55 @@ def test_amp_steps_records_every_optimiser_step(dataset, tmp_path):
     assert r["options"] == {"sync_free_step": False}
     with pytest.raises(SystemExit, match="Usage"):
         amp_steps.main(["t", "sideways", "0", "d", "o"])
+
+
+# -- first epoch, host memory and the jpeg decode ---------------------------------------------------------------
+def _tool(module: str, *args: str, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", f"tools.device.{module}", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_loader_memory_reports_each_epoch(pack, storage, tmp_path):
+    p = pack(64, storage)
+    r = _tool("loader_memory", str(p.path), "--device", "cpu", "--batch", "4", "--epochs", "2", "--label", storage,
+              out=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / f"loader_memory-{storage}.json").read_text())
+    assert report["storage"] == storage and [e["images"] for e in report["epochs"]] == [len(p)] * 2
+    assert all(e["rss_anon"] > 0 and e["img_s"] > 0 for e in report["epochs"])
+
+
+def test_jpeg_decode_times_each_part(pack, tmp_path):
+    r = _tool("jpeg_decode", str(pack(64, "jpeg").path), "--device", "cpu", "--batch", "4", "--batches", "6",
+              out=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "jpeg_decode.json").read_text())
+    assert report["batches"] == 1 and all(report[k]["ms"] > 0 for k in ("host_copy", "decode_jpeg", "decode_into"))
+
+
+def test_shape_cost_times_each_new_batch_size(tmp_path):
+    r = _tool("shape_cost", "--batch", "2", "--last", "1", "--imgsz", "64", "--background", out=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "shape_cost.jsonl").read_text().splitlines()[-1])
+    names = [name for name, _ in report["calls_ms"]]
+    assert names[0] == "batch 2, first" and "batch 1, first" in names and "batch 3, first" in names
+    assert report["background_warm_s"] > 0
+
+
+def test_evict_drops_a_file_from_the_page_cache_and_says_how_to_use_it(tmp_path):
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 8192)
+    assert _tool("evict", str(f), out=tmp_path).returncode == 0 and f.read_bytes() == b"x" * 8192
+    r = _tool("evict", out=tmp_path)
+    assert r.returncode == 1 and "Usage: python -m tools.device.evict FILE" in r.stderr
+
+
+def test_capture_cost_times_each_call_an_epoch_makes(tmp_path):
+    r = _tool("capture_cost", "--device", "cpu", "--batch", "4", "--imgsz", "64", "--last", "2", "--steady", "2",
+              out=tmp_path)
+    assert r.returncode == 0, r.stderr
+    calls = [name for name, _ in json.loads((tmp_path / "capture_cost.json").read_text())["calls_ms"]]
+    assert calls[0].startswith("first batch") and calls.count("steady") == 2
+    assert "last batch of 2, first time" in calls and "batch of 5, first time" in calls

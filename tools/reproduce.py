@@ -25,7 +25,14 @@ BENCH = "steps=100 warmup=30 workers=16 batch=128 imgsz=640 data=/tmp/synth/data
 SYNTH_10K = "python3 -m yolofeed synth out=/tmp/synth n_train=10000 n_val=500 seed=0"
 PACK_10K = "python3 -m yolofeed pack data=/tmp/synth/data.yaml imgsz=640"
 SMALL_320 = "python3 -m yolofeed synth out=/tmp/parity n_train=3000 n_val=500 imgsz=320 seed=0"
+RAW_10K = "/tmp/synth/yolofeed-packs/data-raw-640/train.yfpack"
+JPEG_10K = "/tmp/synth/yolofeed-packs/data-jpeg-640/train.yfpack"
+LIMIT_6G = "bash tools/device/in_memory_limit.sh 6442450944"  # a memory cgroup of 6 GiB, less than the raw pack
 X2 = "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"  # NVLink multicast off
+LABELS_10K = ("python3 -c \"from ultralytics.data.dataset import YOLODataset; from ultralytics.cfg import get_cfg; "
+              "from ultralytics.data.utils import check_det_dataset; d = check_det_dataset('/tmp/synth/data.yaml'); "
+              "YOLODataset(img_path=d['train'], imgsz=640, augment=False, data=d, hyp=get_cfg())\" > /dev/null")
+# stock's label cache, written before its bench as a user's second run finds it
 PLANT_DATA = "[ -f /tmp/plant/data.yaml ] || python3 -m yolofeed synth out=/tmp/plant n_train=4000 n_val=2000 seed=0"
 
 
@@ -51,10 +58,14 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
-    Section("first-epoch", "First epoch", "nvidia-h200", 1, 5, (
-        SYNTH_10K, PACK_10K,
-        f"timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling {BENCH} "
-        "first_epoch=True out=$OUT/bench_first_epoch")),
+    Section("first-epoch", "First epoch", "nvidia-h200", 1, 9, (
+        SYNTH_10K, PACK_10K, LABELS_10K,
+        *(f"timeout 170 python3 -m yolofeed bench model={m}.yaml modes={mode} {BENCH} first_epoch=True "
+          f"out=$OUT/first_epoch_{m}_{mode}_{k}" for k, (m, mode) in enumerate(
+              (("yolo11n", "yolofeed"), ("yolo11n", "stock"), ("yolo11n", "yolofeed"), ("yolo26n", "yolofeed"),
+               ("yolo26n", "stock")))),
+        *(f"timeout 60 python3 -m tools.device.shape_cost {v}"
+          for v in ("", "--no-cudnn", "--background", "--model yolo26n.yaml")))),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "
@@ -68,12 +79,26 @@ SECTIONS = {s.name: s for s in (
         "OUT=$OUT/triton python3 -m tools.device.augment_bench /tmp/synth-aug/data.yaml > /dev/null",
         "OUT=$OUT/no_triton python3 -m tools.device.no_triton tools.device.augment_bench /tmp/synth-aug/data.yaml "
         "> /dev/null")),
-    Section("jpeg", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 5, (
+    Section("jpeg", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 8, (
         SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_inline,yolofeed_jpeg "
         f"{BENCH} out=$OUT/bench_jpeg",
+        f"timeout 130 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_jpeg {BENCH} "
+        "first_epoch=False out=$OUT/bench_raw_jpeg",
+        "timeout 150 python3 -m tools.device.kernel_top /tmp/synth/data.yaml yolofeed,yolofeed_jpeg yolo11n.yaml",
+        "timeout 90 python3 -m tools.device.jpeg_decode /tmp/synth/yolofeed-packs/data-jpeg-640/train.yfpack",
         "python3 -m pytest -q -s -m gpu tests/test_decode.py -p no:cacheprovider "
         "-k 'decode_equals_cv2 or loader_jpeg' 2>&1 | tee $OUT/jpeg_pixels.txt")),
+    Section("memory", "Packs larger than the memory allowed", "nvidia-h200", 1, 7, (
+        SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
+        f"python3 -m tools.device.loader_memory {RAW_10K} --label raw",
+        f"python3 -m tools.device.loader_memory {JPEG_10K} --label jpeg",
+        f"python3 -m tools.device.evict {RAW_10K} {JPEG_10K}",
+        f"{LIMIT_6G} python3 -m tools.device.loader_memory {RAW_10K} --epochs 3 --label raw-limit",
+        f"{LIMIT_6G} python3 -m tools.device.loader_memory {JPEG_10K} --epochs 3 --label jpeg-limit",
+        f"python3 -m tools.device.evict {RAW_10K} {JPEG_10K}",
+        f"timeout 250 {LIMIT_6G} python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed_jpeg,yolofeed "
+        f"{BENCH} first_epoch=False out=$OUT/bench_limit")),
     Section("steps", "Host syncs in a step", "nvidia-h200", 1, 9, (
         SYNTH_10K, PACK_10K,
         *(f"timeout 60 python3 -m tools.device.syncs /tmp/synth/data.yaml {v} yolo11n.yaml"

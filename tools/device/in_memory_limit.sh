@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Run a command in a memory cgroup of its own, limited to LIMIT bytes (the page cache it uses counts), then
-# print the group's peak usage and whether the kernel had to kill for memory. Needs root; cgroup v2 or v1.
-#
-# Usage: tools/device/in_memory_limit.sh LIMIT_BYTES command [args...]
+# Run a command in a memory cgroup of its own, limited to LIMIT (the page cache it uses counts), then print the
+# group's peak usage and whether the kernel had to kill for memory. Needs root; cgroup v2 or v1.
+# LIMIT: bytes, or with an IEC suffix (6G = 6 GiB).
+# Usage: bash tools/device/in_memory_limit.sh LIMIT command [args...]
 set -euo pipefail
-limit=$1
+if [[ $# -lt 2 || $1 == -h || $1 == --help ]]; then
+    sed -n '2,5p' "$0" | sed 's/^# //'
+    [[ $# -ge 1 && ( $1 == -h || $1 == --help ) ]] && exit 0 || exit 2
+fi
+if ! limit=$(numfmt --from=iec "$1" 2>/dev/null) || [[ ! $limit =~ ^[0-9]+$ ]] || (( limit == 0 )); then
+    echo "in_memory_limit.sh: LIMIT '$1' is not a size (bytes, or 6G for 6 GiB)" >&2
+    exit 2
+fi
 shift
 name="yolofeed-limit-$$"
 if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then  # v2
     group=/sys/fs/cgroup/$name
-    mkdir "$group"
-    echo "$limit" > "$group/memory.max"
-    echo 0 > "$group/memory.swap.max" 2>/dev/null || true
-    peak_file=memory.peak
+    limit_file=memory.max peak_file=memory.peak
 else  # v1
     group=/sys/fs/cgroup/memory/$name
-    mkdir "$group"
-    echo "$limit" > "$group/memory.limit_in_bytes"
-    peak_file=memory.max_usage_in_bytes
+    limit_file=memory.limit_in_bytes peak_file=memory.max_usage_in_bytes
+fi
+if ! mkdir "$group" 2>/dev/null; then
+    echo "in_memory_limit.sh: cannot make the cgroup $group (needs root and a writable cgroup tree)" >&2
+    exit 1
 fi
 cleanup() {
     if [[ -f "$group/$peak_file" ]]; then
@@ -31,6 +37,8 @@ cleanup() {
     rmdir "$group" 2>/dev/null || true
 }
 trap cleanup EXIT
+echo "$limit" > "$group/$limit_file"
+[[ $limit_file == memory.max ]] && { echo 0 > "$group/memory.swap.max"; } 2>/dev/null || true
 set +e
 bash -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' limit-runner "$group" "$@"
 rc=$?
