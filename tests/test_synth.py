@@ -95,6 +95,27 @@ def test_photo_like_weight_and_counts(tmp_path):
     assert len(shapes) >= 3  # several shapes
 
 
+def test_quality_sets_the_weight_and_nothing_else(tmp_path):
+    """quality=95 weighs about what COCO's photos do (~160 KB at 640 px); the pictures and labels stay the same."""
+    base = dict(n_train=8, n_val=0, imgsz=640, seed=1, workers=2)
+    plain = synth.run(SynthConfig(out=str(tmp_path / "q90"), **base)).parent
+    heavy = synth.run(SynthConfig(out=str(tmp_path / "q95"), quality=95, **base)).parent
+    files = sorted(p.name for p in (plain / "images" / "train").glob("*.jpg"))
+    light = [(plain / "images" / "train" / f).stat().st_size for f in files]
+    weight = [(heavy / "images" / "train" / f).stat().st_size for f in files]
+    assert all(w > 1.3 * x for w, x in zip(weight, light)) and 120e3 <= np.mean(weight) <= 200e3
+    for f in files:
+        a, b = (cv2.imread(str(r / "images" / "train" / f)).astype(int) for r in (plain, heavy))
+        assert np.abs(a - b).mean() < 8  # the same picture, encoded finer (another picture differs by tens)
+        stem = Path(f).stem + ".txt"
+        assert (plain / "labels" / "train" / stem).read_bytes() == (heavy / "labels" / "train" / stem).read_bytes()
+    assert "quality" not in synth.manifest(SynthConfig(**base))  # folders written before quality= still match
+    assert synth.manifest(SynthConfig(quality=95, **base))["quality"] == 95
+    for bad in (0, 101):
+        with pytest.raises(ConfigError, match=f"quality={bad}: JPEG quality runs from 1 to 100"):
+            synth.run(SynthConfig(out=str(tmp_path / "bad"), quality=bad, **base))
+
+
 def test_a_learnable_set_for_accuracy_comparisons(tmp_path):
     """classes=8 boxes=8 min_box=16: 8 classes that differ in shape and colour, 1-8 figures of >= 16 px."""
     root = synth.run(SynthConfig(out=str(tmp_path / "easy"), n_train=24, n_val=2, imgsz=160, seed=2, classes=8,
