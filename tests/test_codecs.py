@@ -172,6 +172,40 @@ def test_auto_picks_the_default_format_where_its_packs_fit_comfortably_in_memory
     assert "(3.0 MB)" in codecs.choose(3 * 10**6, 32 * gb)[1]  # a small set's size reads as such, not "0.0 GB"
 
 
+def test_auto_picks_the_compact_format_where_the_default_would_not_fit_on_the_disk():
+    gb = 10**9
+    # COCO at 640 raw (~110 GB) on a machine with 256 GB of memory but 100 GB free where the packs go
+    name, why = codecs.choose(110 * gb, 256 * gb, 100 * gb, "/data/yolofeed-packs")
+    assert name == codecs.COMPACT and "110.0 GB" in why and "100.0 GB free in /data/yolofeed-packs" in why
+    assert f"pack_format={codecs.DEFAULT}" in why
+    assert codecs.choose(9 * gb, 125 * gb, 100 * gb)[0] == codecs.DEFAULT  # fits both
+    assert codecs.choose(9 * gb, 125 * gb, None)[0] == codecs.DEFAULT  # free space unknown: memory decides
+    assert codecs.choose(90 * gb, 256 * gb, 100 * gb)[0] == codecs.DEFAULT  # 90 % of the free space: still fits
+    assert codecs.choose(91 * gb, 256 * gb, 100 * gb)[0] == codecs.COMPACT
+
+
+def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):
+    from yolofeed.pack import build
+
+    shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
+    seen = []
+    real = shutil.disk_usage
+
+    def usage(path):
+        seen.append(Path(path))
+        return real(path)._replace(free=1000)  # 1 kB free: no pack fits
+
+    monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
+    monkeypatch.setattr(build.shutil, "disk_usage", usage)
+    build._auto_storage.cache_clear()
+    try:
+        assert build.resolve_storage({"yaml_file": str(tmp_path / "d" / "data.yaml")}, codecs.AUTO, 64) == \
+            codecs.COMPACT
+    finally:
+        build._auto_storage.cache_clear()
+    assert seen == [tmp_path / "d"]  # the packs' folder does not exist yet: the dataset's folder holds the space
+
+
 def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):
     import logging
 

@@ -756,9 +756,21 @@ def _auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
     for split in ("train", "val"):
         with contextlib.suppress(DatasetError):  # a split the yaml lacks: its pack is never made
             total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
-    name, why = codecs.choose(total, memory_limit())
+    folder = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)[0]
+    disk = _existing_ancestor(folder)
+    free = shutil.disk_usage(disk).free if disk is not None else None
+    name, why = codecs.choose(total, memory_limit(), free, str(disk))
     LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
     return name
+
+
+def _existing_ancestor(folder: Path) -> Path | None:
+    """``folder`` or its nearest parent that exists: where a pack to be built there would take its space."""
+    for p in (folder, *folder.parents):
+        with contextlib.suppress(OSError):
+            if p.is_dir():
+                return p
+    return None
 
 
 def resolve_storage(data: dict, storage: str, imgsz: int, out: str | os.PathLike | None = None) -> str:

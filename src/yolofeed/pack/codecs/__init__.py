@@ -42,6 +42,7 @@ DEFAULT = next(iter(BUILTIN))
 AUTO = "auto"  # pack_format=auto (yolofeed's default): ``choose`` picks a built-in format for the dataset and machine
 COMPACT = "jpeg"  # what ``auto`` picks where the default's packs would crowd the machine's RAM
 RAM_SHARE = 0.5  # ... more than this share of it: the page cache must keep a pack beside the training's own memory
+DISK_SHARE = 0.9  # ... or more than this share of the free space where the packs go
 _LOADED: dict[str, Codec] = {}  # built-in codecs imported so far, and registered ones
 
 
@@ -138,24 +139,35 @@ def choices() -> tuple[str, ...]:
     return (AUTO, *names())
 
 
-def choose(default_bytes: int, ram_bytes: int) -> tuple[str, str]:
-    """``auto``'s pick: the default format where its packs fit comfortably in RAM, else the compact one.
+def choose(default_bytes: int, ram_bytes: int, free_bytes: int | None = None, where: str = "") -> tuple[str, str]:
+    """``auto``'s pick: the default format where its packs fit comfortably in RAM and on the disk, else the compact one.
+
+    Read from storage, a raw pack needs ~1.7 GB/s of reads to train yolo11n at full speed on an H200, a jpeg pack
+    ~0.15 GB/s (BENCHMARKS.md, "Packs larger than the memory allowed"): raw only pays where the page cache keeps it.
 
     Args:
         default_bytes: the estimated size of the dataset's packs in the default format.
         ram_bytes: the memory this process may use (the machine's, or its cgroup's limit).
+        free_bytes: free space on the disk the packs go to (None: not known, not checked).
+        where: that disk's folder, for the reason.
 
     Returns:
         (format name, the reason in words, for the log).
     """
-    size = f"{default_bytes / 1e9:,.1f} GB" if default_bytes >= 1e8 else f"{default_bytes / 1e6:,.1f} MB"
-    ram = f"{ram_bytes / 1e9:,.0f} GB"
-    if default_bytes <= RAM_SHARE * ram_bytes:
-        return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
-                         "page cache keeps them")
-    return COMPACT, (f"{DEFAULT} packs would take {size}, more than {RAM_SHARE:.0%} of the {ram} of memory here; "
-                     f"{COMPACT} packs are about 10x smaller (pack_format={DEFAULT}, or format={DEFAULT} for yolofeed "
-                     f"pack, to choose {DEFAULT} anyway)")
+    def gb(n: int) -> str:
+        return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+    size, ram = gb(default_bytes), f"{ram_bytes / 1e9:,.0f} GB"
+    anyway = f"pack_format={DEFAULT}, or format={DEFAULT} for yolofeed pack, to choose {DEFAULT} anyway"
+    if default_bytes > RAM_SHARE * ram_bytes:
+        return COMPACT, (f"{DEFAULT} packs would take {size}, more than {RAM_SHARE:.0%} of the {ram} of memory here; "
+                         f"{COMPACT} packs are about 10x smaller ({anyway})")
+    if free_bytes is not None and default_bytes > DISK_SHARE * free_bytes:
+        place = where or "their folder"
+        return COMPACT, (f"{DEFAULT} packs would take {size}, more than the {gb(free_bytes)} free in {place}; "
+                         f"{COMPACT} packs are about 10x smaller (free space, or {anyway})")
+    return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
+                     "page cache keeps them")
 
 
 def summaries() -> dict[str, str]:
