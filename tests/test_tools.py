@@ -317,3 +317,14 @@ def test_capture_cost_times_each_call_an_epoch_makes(tmp_path):
     calls = [name for name, _ in json.loads((tmp_path / "capture_cost.json").read_text())["calls_ms"]]
     assert calls[0].startswith("first batch") and calls.count("steady") == 2
     assert "last batch of 2, first time" in calls and "batch of 5, first time" in calls
+
+
+def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
+    r = _tool("build_parts", str(synth_root / "data.yaml"), "--workers", "2", "--imgsz", "64", "--repeats", "1",
+              out=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "build_parts.json").read_text())
+    assert report["decode_ceiling_img_s"] > 0
+    assert set(report["variants"]) == {"as built", "no payload CRC32 (nor read-back)",
+                                       "payloads not written (nor read-back)", "no read-back check"}
+    assert all(len(v) == 1 and v[0] > 0 for v in report["variants"].values())
