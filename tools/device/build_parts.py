@@ -5,9 +5,10 @@ without the payload's CRC32 (the workers'; the read-back check off too, which ne
 payloads (nor the read-back); without the read-back check alone. Workers fork from this process, so the parts
 are swapped out here before each build. The rate of each against the decode ceiling (``decode_ceiling.py``: verify,
 decode and resize in N processes, nothing written) says what keeps the build below it. Writes
-``$OUT/build_parts.json``. The packs it makes are throwaways in a temporary folder.
+``$OUT/build_parts.json``. The packs it makes are throwaways in a temporary folder. ``--settle`` syncs before each
+build, so that none starts while the last one's pages are still being written to disk.
 
-Usage: python -m tools.device.build_parts DATA_YAML [--workers 16] [--imgsz 640] [--repeats 2]
+Usage: python -m tools.device.build_parts DATA_YAML [--workers 16] [--imgsz 640] [--repeats 2] [--settle]
 """
 
 from __future__ import annotations
@@ -48,14 +49,21 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--settle", action="store_true", help="sync before each build: none starts with earlier "
+                    "builds' pages still waiting to be written to disk (the kernel throttles writers then)")
     a = ap.parse_args()
     images, _ = decode_ceiling.rate(a.data, a.workers, imgsz=a.imgsz)
-    report = {"data": a.data, "workers": a.workers, "imgsz": a.imgsz, "decode_ceiling_img_s": round(images),
+    report = {"data": a.data, "workers": a.workers, "imgsz": a.imgsz, "settle": a.settle,
+              "decode_ceiling_img_s": round(images),
               "variants": {}}
     print(f"decode ceiling, {a.workers} processes: {images:,.0f} img/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(a.repeats):
             for name, patches in VARIANTS.items():
+                if a.settle:
+                    t_sync = time.perf_counter()
+                    os.sync()
+                    print(f"  sync before it: {time.perf_counter() - t_sync:.1f} s", flush=True)
                 with ExitStack() as stack:
                     for attr, value in patches.items():
                         stack.enter_context(mock.patch.object(build, attr, value))
