@@ -107,7 +107,10 @@ SECTIONS = {s.name: s for s in (
         "yolofeed_stock_step,yolofeed,yolofeed,yolofeed_stock_step",
         "timeout 200 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml "
         "yolofeed_stock_loss,yolofeed,yolofeed_stock_loss,yolofeed")),
-    Section("pack", "Pack build rate", "nvidia-h200", 0, 6, ("bash tools/device/pack_bench.sh",)),
+    Section("pack", "Pack build rate", "nvidia-h200", 0, 8, (
+        "bash tools/device/pack_bench.sh",
+        "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 2",
+        "timeout 100 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 8 --repeats 1")),
     Section("crc", "Checking pixels on every read", "any (CPU)", 0, 1, ("python3 -m tools.pack_crc_cost",)),
     Section("augment", "GPU augmentation", "nvidia-h200", 1, 3, (
         "python3 -m yolofeed synth out=/tmp/synth-aug n_train=1024 n_val=8 seed=0",
