@@ -89,9 +89,10 @@ def main() -> None:
             timed("", a.batch)
             during.append(calls.pop()[1])
         th.join()
-        calls.append((f"batch {a.batch} during the warm-up: {len(during)} passes, median", sorted(during)[len(during) // 2]))
+        median = sorted(during)[len(during) // 2]
+        calls.append((f"batch {a.batch} during the warm-up: {len(during)} passes, median", median))
         warm_s = round(done["s"], 2)
-    for k in range(2):
+    for _ in range(2):
         timed(f"batch {a.batch}, again", a.batch)
     timed(f"batch {a.last}, first", a.last)
     timed(f"batch {a.last}, again", a.last)
