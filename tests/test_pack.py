@@ -114,33 +114,40 @@ def test_gather_into_caller_buffers(dataset):
 
 
 @pytest.mark.parametrize("storage", ["raw", "jpeg"])
-def test_will_need_asks_for_exactly_each_payload_page_aligned(dataset, storage, monkeypatch):
-    import mmap
+def test_will_need_asks_for_exactly_each_payload(dataset, storage, monkeypatch):
+    import pickle
 
     pack = _build(dataset, storage=storage)
     calls = []
-    real = pack._mapping
+    real = os.posix_fadvise
 
-    class Recording:  # the kernel's side of madvise cannot be seen from here: record what it is asked
-        def madvise(self, option, start, length):
-            calls.append((option, start, length))
-            return real.madvise(option, start, length)  # and still make the real call: it must be accepted
+    def recording(fd, offset, length, advice):  # the kernel's side cannot be seen from here: record what it is asked
+        calls.append((fd, offset, length, advice))
+        return real(fd, offset, length, advice)  # and still make the real call: it must be accepted
 
-    monkeypatch.setattr(pack, "_mapping", Recording())
+    monkeypatch.setattr(os, "posix_fadvise", recording)
     idx = [len(pack) - 1, 0, 7, 7]  # the last payload, which ends where the sections start, and a repeat
     pack.will_need(idx)
-    assert len(calls) == len(idx)
-    for (option, start, length), i in zip(calls, idx):
-        r = pack.index[i]
-        assert option == mmap.MADV_WILLNEED and start % mmap.PAGESIZE == 0
-        assert start <= r["offset"] and start + length == r["offset"] + r["nbytes"]
-        assert r["offset"] - start < mmap.PAGESIZE
-    before = pack.gather(idx[:3], np.zeros((3, 160, 160, 3), np.uint8)) if storage == "raw" else None
-    monkeypatch.delattr(mmap, "MADV_WILLNEED")  # a system without madvise: the gather goes on without it
-    pack.will_need(idx)
-    assert len(calls) == len(idx)
+    assert [(off, n) for _, off, n, _ in calls] == [(int(pack.index[i]["offset"]), int(pack.index[i]["nbytes"]))
+                                                    for i in idx]
+    assert {advice for *_, advice in calls} == {os.POSIX_FADV_WILLNEED}
+    assert os.path.samefile(f"/proc/self/fd/{calls[0][0]}", pack.path)  # the pack's own descriptor
+    clone = pickle.loads(pickle.dumps(pack))  # an unpickled copy reopens the file: its descriptor stays open
+    del pack
+    calls.clear()
+    clone.will_need([0])
+    assert len(calls) == 1 and os.path.samefile(f"/proc/self/fd/{calls[0][0]}", clone.path)
+
+    def failing(*a):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(os, "posix_fadvise", failing)
+    clone.will_need([0, 1])  # advice only: a failure turns it off, the gather goes on
+    assert not clone._file.advise
     if storage == "raw":
-        np.testing.assert_array_equal(pack.gather(idx[:3], np.zeros((3, 160, 160, 3), np.uint8)), before)
+        out = np.zeros((2, 160, 160, 3), np.uint8)
+        hw = clone.gather([0, 1], out)
+        np.testing.assert_array_equal(out[0, :hw[0][0], :hw[0][1]], clone.image(0))
 
 
 def test_jpeg_storage_keeps_the_bytes(dataset):

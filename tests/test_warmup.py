@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -68,7 +69,7 @@ def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeyp
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append(a) or 1.0)
     sampler = EpochSampler(np.arange(10000), 128)
     fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(sampler, 7), model=model,
-                           hyp=AugmentHyp.from_args(imgsz=640), amp=True)
+                           hyp=AugmentHyp.from_args(imgsz=640), amp=True, args=SimpleNamespace(amp=True))
     trainer_module.FastDetectionTrainer._warm_up(fake)
     assert bool(seen) == called
     if called:
@@ -76,6 +77,36 @@ def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeyp
         assert m is model and s is sampler and width == 7 and dev.type == "cuda" and amp is True
         assert augment.hyp.imgsz == 640
     assert "warm_up" in trainer_module.FastDetectionTrainer.with_options(warm_up=False).__dict__
+
+
+def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_fails(model, monkeypatch, caplog):
+    seen = []
+    sampler = EpochSampler(np.arange(100), 16)
+
+    def fake(amp_key):
+        return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(sampler, 3), model=model,
+                               hyp=AugmentHyp.from_args(imgsz=64), amp=True, args=SimpleNamespace(amp=amp_key))
+
+    monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append(a[-1]) or 1.0)
+    trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16
+    trainer_module.FastDetectionTrainer._warm_up(fake(True))
+    assert seen == [torch.bfloat16, True]
+
+    def out_of_memory(*a):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(trainer_module, "warm_up", out_of_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    with caplog.at_level(logging.WARNING):
+        trainer_module.FastDetectionTrainer._warm_up(fake(True))  # training goes on
+    assert "skipped the warm-up before the first epoch (OutOfMemoryError: CUDA out of memory" in caplog.text
+
+
+def test_warm_up_copes_with_no_labels_and_no_batches(model):
+    augment = GpuAugment(AugmentHyp.from_args(imgsz=64))
+    cpu = torch.device("cpu")
+    assert warm_up(model, EpochSampler(np.arange(6), 4), augment, 0, cpu, amp=False) > 0  # width 0: no labels
+    assert warm_up(model, EpochSampler(np.arange(3), 4, drop_last=True), augment, 2, cpu, amp=False) == 0.0
 
 
 @pytest.mark.gpu

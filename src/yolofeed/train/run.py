@@ -171,7 +171,8 @@ def run(cfg: TrainConfig) -> Path:
         raise ConfigError(f"pack_dir={cfg.pack_dir} is a file; pack_dir= names the folder packs go to (made if "
                           "missing)")
     trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
-                                                pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool)
+                                                pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool,
+                                                warm_up=cfg.warm_up)
     checkpoint = resume_checkpoint(cfg)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs

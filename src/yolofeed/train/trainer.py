@@ -189,7 +189,14 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         if not self.warm_up or self.device.type != "cuda" or self._warm is None:
             return  # on the CPU there is no such set-up to pay
         sampler, width = self._warm
-        seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, self.amp)
+        amp = torch.bfloat16 if self.args.amp == "bf16" else self.amp  # the step's autocast, as Ultralytics sets it
+        try:
+            seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp)
+        except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # the first step meets it where Ultralytics copes
+            torch.cuda.empty_cache()
+            LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:200]}); training goes on, its first epoch pays cuDNN's set-up")
+            return
         if RANK in (-1, 0):
             sizes = ", ".join(str(n) for n in batch_sizes(sampler))
             LOGGER.info(f"yolofeed: cuDNN set up for batch sizes {sizes} in {seconds:.1f} s before the first epoch "

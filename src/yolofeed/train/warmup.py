@@ -2,18 +2,23 @@
 
 A model's first forward and backward pass at a batch size it has not met costs seconds in every process: cuDNN
 chooses and builds a plan for each convolution, forward and both backward passes. For yolo11n on an H200 that is
-4.3-6.6 s for the full batch and 3.3-4.3 s for each other size (BENCHMARKS.md, "First epoch"); with cuDNN off
+4.3-6.6 s for the full batch and 3.1-4.3 s for each other size (BENCHMARKS.md, "First epoch"); with cuDNN off
 there is no such cost. Stock Ultralytics pays it too: its first step, and the epoch's last, smaller batch at the
-very end of the first epoch. With a 10k-image set at 640 an epoch trains in under 6 s, so these costs alone
-halved the first epoch's rate.
+very end of the first epoch. With a 10k-image set at 640 an epoch trains in under 6 s, so these costs alone cut
+the first epoch's rate to a third of the steady one.
 
 ``warm_up`` runs one forward and backward pass of a copy of the model for each batch size this rank's epoch
 will train (the full batch, the last batch's, a DDP rank's batch + 1), in the training thread (PyTorch keeps
 cuDNN's plans per thread), under the step's autocast. The copy keeps the trained model, its gradients, batch-norm
 statistics and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to
-before it: the first epoch then trains at the steady rate, and the time to the first step stays below stock's.
-It also compiles the augmentation's Triton kernels (a throwaway augmenter on a blank batch: the training
-augmenter's draws and partner pool are untouched).
+before it: the first epoch then trains at the steady rate, and the time to the first step stays below stock's
+(the run as a whole saves only what the warm-up overlaps: 1-3 s). It also compiles the augmentation's Triton
+kernels (a throwaway augmenter on a blank batch: the training augmenter's draws and partner pool are untouched).
+With ``multi_scale`` only the base size is warmed: every other scale pays its set-up when it first comes.
+
+A warm-up that runs out of GPU memory, or that cuDNN cannot plan, is skipped with one line: the training's own
+first step then meets the same limit, where Ultralytics handles it (it halves the batch on a first-epoch
+out-of-memory error).
 """
 
 from __future__ import annotations
@@ -43,24 +48,32 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return [t for v in values for t in _tensors(v)]
 
 
-def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.device, amp: bool) -> None:
+def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.device,
+               amp: bool | torch.dtype) -> None:
     """One forward and backward pass of a copy of ``model`` at each batch size, on blank images.
 
-    The convolutions meet the shapes, dtypes and layout of a training step (contiguous NCHW float under
-    autocast), which is what cuDNN's plans depend on; the loss does not matter, so it is the outputs' sum.
+    The convolutions meet the shapes, dtypes and layout of a training step (contiguous NCHW float under the
+    step's autocast), which is what cuDNN's plans depend on; the loss does not matter, so it is the outputs' sum.
+
+    Args:
+        amp: the step's autocast, as Ultralytics' ``autocast`` takes it: True (float16), False, or a dtype
+            (``torch.bfloat16`` for ``amp=bf16``).
     """
     twin = copy.deepcopy(model).train()  # its own parameters, buffers and autograd nodes (DDP's hooks stay behind)
+    dtype = amp if isinstance(amp, torch.dtype) else torch.float16
     for n in sizes:
         x = torch.zeros(n, 3, imgsz, imgsz, device=device)
-        with torch.autocast(device.type, enabled=amp):
+        with torch.autocast(device.type, dtype=dtype, enabled=bool(amp)):
             out = twin(x)
         sum(t.float().sum() for t in _tensors(out)).backward()
         twin.zero_grad(set_to_none=True)
+        del x, out  # one size's activations at a time: the peak stays a training step's
     del twin
 
 
 def blank_source(n: int, imgsz: int, width: int, device: torch.device) -> SourceBatch:
     """``n`` grey images of ``imgsz`` with one box each: a batch the augmentation accepts, whatever it draws."""
+    width = max(1, width)  # a set without labels (or classes= keeping none) pads to one slot, as the loader does
     valid = torch.zeros(n, width, dtype=torch.bool, device=device)
     valid[:, 0] = True
     boxes = torch.tensor([0.5, 0.5, 0.5, 0.5], device=device).repeat(n, width, 1)  # normalised xywh
@@ -76,12 +89,18 @@ def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.dev
 
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
-            amp: bool) -> float:
-    """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took."""
+            amp: bool | torch.dtype) -> float:
+    """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took.
+
+    Raises:
+        torch.cuda.OutOfMemoryError, RuntimeError: as the passes raise them (the trainer skips the warm-up).
+    """
     t0 = time.perf_counter()
+    sizes = batch_sizes(sampler)
+    if not sizes:  # an epoch without batches (drop_last with fewer images than a batch): nothing to meet
+        return 0.0
     rng = torch.get_rng_state(), np.random.get_state()  # a blank pass draws nothing, but be sure
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    sizes = batch_sizes(sampler)
     warm_model(model, sizes, augment.hyp.imgsz, device, amp)
     warm_augmentation(augment, sizes[0], width, device)
     torch.set_rng_state(rng[0])
