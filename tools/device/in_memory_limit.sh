@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Run a command in a memory cgroup of its own, limited to LIMIT (the page cache it uses counts), then print the
-# group's peak usage and whether the kernel had to kill for memory. Needs root; cgroup v2 or v1.
+# group's peak usage and whether the kernel had to kill for memory. Needs root; cgroup v2 or v1. Pages already
+# cached are charged to the group that read them first: evict the files first (python -m tools.device.evict).
 # LIMIT: bytes, or with an IEC suffix (6G = 6 GiB).
 # Usage: bash tools/device/in_memory_limit.sh LIMIT command [args...]
 set -euo pipefail
 if [[ $# -lt 2 || $1 == -h || $1 == --help ]]; then
-    sed -n '2,5p' "$0" | sed 's/^# //'
+    sed -n '2,6p' "$0" | sed 's/^# //'
     [[ $# -ge 1 && ( $1 == -h || $1 == --help ) ]] && exit 0 || exit 2
 fi
 if ! limit=$(numfmt --from=iec "$1" 2>/dev/null) || [[ ! $limit =~ ^[0-9]+$ ]] || (( limit == 0 )); then
@@ -37,6 +38,11 @@ cleanup() {
     rmdir "$group" 2>/dev/null || true
 }
 trap cleanup EXIT
+if [[ ! -f "$group/$limit_file" ]]; then
+    echo "in_memory_limit.sh: $group has no $limit_file: the memory controller is not enabled for child groups" \
+         "(cgroup v2: echo +memory > $(dirname "$group")/cgroup.subtree_control)" >&2
+    exit 1
+fi
 echo "$limit" > "$group/$limit_file"
 [[ $limit_file == memory.max ]] && { echo 0 > "$group/memory.swap.max"; } 2>/dev/null || true
 set +e

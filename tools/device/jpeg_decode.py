@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.autograd import DeviceType
 
 from yolofeed.pack import Pack
 from yolofeed.pack.codecs import jpeg
@@ -75,7 +76,9 @@ def main() -> None:
             sync()
     events = prof.key_averages()
     key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    kernels = sorted(((getattr(e, key) / 5e3, e.key[:90]) for e in events if getattr(e, key) > 0), reverse=True)
+    # the GPU's own events (kernels, copies): an op's self device time would count its kernels a second time
+    kernels = sorted(((getattr(e, key) / 5e3, e.key[:90]) for e in events
+                      if e.device_type == DeviceType.CUDA and getattr(e, key) > 0), reverse=True)
     n = a.batch
     report = {"pack": a.pack, "device": str(dev), "batch": n, "batches": a.batches - 5,
               "torch": torch.__version__, **{k: {"ms": round(1e3 * statistics.median(v), 2),

@@ -14,6 +14,8 @@ import argparse
 import os
 import tempfile
 
+from torch.autograd import DeviceType
+
 from tools.device.run_steps import profile_steps, run_steps
 from tools.device.step_ab import trainer_class
 
@@ -27,8 +29,10 @@ def top(variant: str, data: str, model: str, batch: int = 128, imgsz: int = 640,
         run_steps(trainer_class(variant), args, on_batch_end)
     events = state["prof"].key_averages()
     key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    total = sum(getattr(e, key) for e in events)
-    rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:30]
+    # the GPU's own events (kernels, copies) hold its time; an op's self device time is its kernels' again
+    total = sum(getattr(e, key) for e in events if e.device_type == DeviceType.CUDA)
+    ops = [e for e in events if e.device_type == DeviceType.CPU]
+    rows = sorted(ops, key=lambda e: getattr(e, key), reverse=True)[:30]
     lines = [f"{variant}, {model}: GPU time {total / 1e3 / steps:.1f} ms a step ({steps} steps); by op (self):"]
     lines += [f"  {getattr(e, key) / 1e3 / steps:8.2f} ms  {e.count / steps:7.1f} calls  {e.key[:90]}" for e in rows]
     return "\n".join(lines)
