@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 
 import cv2
@@ -176,3 +177,15 @@ def test_a_folder_holding_another_dataset_is_refused_and_the_same_one_rewritten(
     empty = tmp_path / "empty"
     empty.mkdir()
     assert synth.run(dataclasses.replace(cfg, out=str(empty))).parent == empty  # an empty folder is fine
+
+
+def test_a_folder_at_another_quality_is_refused_naming_it(tmp_path):
+    """A folder written before quality= existed (no "quality" in its synth.json) is at the default: quality=95 on it
+    was refused with a message listing identical settings; a synth.json naming quality=90 refused the default run."""
+    cfg = SynthConfig(out=str(tmp_path / "d"), n_train=2, n_val=0, imgsz=64, seed=1, workers=1)
+    root = synth.run(cfg).parent
+    with pytest.raises(ConfigError, match=r"quality=90 \(this run asks for quality=95\)"):
+        synth.run(dataclasses.replace(cfg, quality=95))
+    written = json.loads((root / synth.MANIFEST).read_text())
+    (root / synth.MANIFEST).write_text(json.dumps({**written, "quality": 90}))
+    assert synth.run(cfg).parent == root  # the same dataset, its quality named

@@ -254,9 +254,16 @@ def check(cfg: SynthConfig) -> Path:
             written = json.loads((root / MANIFEST).read_text())
         except (OSError, ValueError):
             written = None
-        if written != manifest(cfg):
-            was = (" with " + " ".join(f"{k}={v}" for k, v in written.items() if k != "generator")
-                   if isinstance(written, dict) else f" ({', '.join(found)}, and no {MANIFEST} of yolofeed synth)")
+        asked = {**manifest(cfg), "quality": cfg.quality}  # a manifest without quality was written at the default
+        if isinstance(written, dict):
+            written = {**written, "quality": written.get("quality", JPEG_QUALITY)}
+        if written != asked:
+            if isinstance(written, dict):
+                differ = " ".join(f"{k}={v}" for k, v in asked.items() if written.get(k) != v)
+                was = (" with " + " ".join(f"{k}={v}" for k, v in written.items() if k != "generator")
+                       + f" (this run asks for {differ})")
+            else:
+                was = f" ({', '.join(found)}, and no {MANIFEST} of yolofeed synth)"
             raise ConfigError(f"out={cfg.out} already holds another dataset{was}; new files would mix with its old "
                               "ones. Choose another out=, or delete that folder first")
     return root
