@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.errors import ConfigError
 from yolofeed.loader.sampler import EpochSampler
 from yolofeed.train import trainer as trainer_module
 from yolofeed.train.warmup import batch_sizes, warm_model, warm_up
@@ -121,3 +122,12 @@ def test_cuda_warm_up_under_autocast_leaves_the_model_and_the_streams_as_they_we
     assert all(p.grad is None for p in m.parameters())
     assert torch.equal(torch.cuda.get_rng_state(dev), cuda_rng)
     model.to("cpu")
+
+
+@pytest.mark.parametrize("value", ["False", "no", 0, None])
+def test_with_options_refuses_a_bool_option_that_is_not_a_bool(value):
+    """with_options(warm_up="False") used to warm up: a non-empty string is true."""
+    with pytest.raises(ConfigError, match=f"warm_up={value!r}: expected True or False"):
+        trainer_module.FastDetectionTrainer.with_options(warm_up=value)
+    with pytest.raises(ConfigError, match="augment_ahead"):
+        trainer_module.FastDetectionTrainer.with_options(augment_ahead=value)

@@ -81,6 +81,9 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
                               f"expected {', '.join(known)}")
+        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss"):  # "False" would read as True
+            if name in options and not isinstance(options[name], bool):
+                raise ConfigError(f"FastDetectionTrainer option {name}={options[name]!r}: expected True or False")
         return type(cls.__name__, (cls,), dict(options))
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
