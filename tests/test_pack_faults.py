@@ -177,6 +177,26 @@ def test_too_little_space_is_refused_before_writing(dataset, monkeypatch):
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
 
 
+def test_no_room_even_for_the_lock_record_is_one_clear_error(dataset, monkeypatch):
+    """A disk with no byte free takes the empty lock file but not its holder record: that used to escape as an
+    OSError traceback from the lock, holding the lock; now one PackError, and the lock is free again."""
+    from yolofeed.pack.lock import FolderLock
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FolderLock, "_write_holder", full)
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with pytest.raises(PackError, match=rf"no space left in {folder}, not even for the build lock .*free some "
+                                        r"space, or put the packs on a disk with room"):
+        _build(dataset)
+    monkeypatch.undo()
+    lock = FolderLock(folder)
+    assert lock.try_acquire()  # released: neither this thread's guard nor the record lock is left held
+    lock.release()
+    assert len(_build(dataset)) == 24
+
+
 @pytest.mark.parametrize("imgsz", [32, 96])
 def test_space_estimate_is_exact_for_small_splits(dataset, imgsz):
     """The up-front size (from image headers) against the pack actually built: above its payloads, below the

@@ -259,10 +259,24 @@ class _Writeback(threading.Thread):
 # -- parent side ------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold the folder's build lock; once held, remove what builders that died left behind."""
-    with FolderLock(folder):
+    """Hold the folder's build lock; once held, remove what builders that died left behind.
+
+    Raises:
+        PackError: the folder has no space left even for the lock's record.
+    """
+    lock = FolderLock(folder)
+    try:
+        lock.acquire()
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise PackError(f"no space left in {folder}, not even for the build lock ({e.strerror}); free some space, "
+                        f"or {MOVE_HINT}") from None
+    try:
         _remove_leftovers(folder)
         yield
+    finally:
+        lock.release()
 
 
 def _remove_leftovers(folder: Path) -> None:

@@ -165,7 +165,7 @@ class FolderLock:
             self._thread_lock.release()
             self._thread_lock = None
             return False
-        self._write_holder()
+        self._record()
         return True
 
     def acquire(self) -> FolderLock:
@@ -195,7 +195,7 @@ class FolderLock:
         if self.previous is not None:
             LOGGER.warning(f"pack: the previous builder in {self.folder}, {self.previous.describe()}, died "
                            "without finishing; taking over")
-        self._write_holder()
+        self._record()
         return self
 
     def _report(self, holder: Holder | None, waited: float) -> None:
@@ -269,6 +269,14 @@ class FolderLock:
             return Holder.parse(self.path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             return None
+
+    def _record(self) -> None:
+        """Write the holder record of a lock just taken; a failed write (a full disk) lets the lock go again."""
+        try:
+            self._write_holder()
+        except BaseException:
+            self.release()
+            raise
 
     def _write_holder(self) -> None:
         blob = Holder.me().dumps().encode("utf-8")
