@@ -206,6 +206,29 @@ def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path
     assert seen == [tmp_path / "d"]  # the packs' folder does not exist yet: the dataset's folder holds the space
 
 
+def test_auto_reads_the_free_space_of_the_cache_where_the_dataset_is_read_only(synth_root, tmp_path, monkeypatch):
+    """Beside a read-only dataset the packs go to the user cache: its free space decides, not the dataset's disk
+    (a 2 MB cache under a read-only dataset on a large disk chose raw, then the val pack did not fit)."""
+    from yolofeed.pack import build
+
+    shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    real_writable, real_usage = build._writable, shutil.disk_usage
+    beside = tmp_path / "d" / "yolofeed-packs"
+    monkeypatch.setattr(build, "_writable", lambda f, create=True: OSError(30, "Read-only file system")
+                        if f.is_relative_to(beside) else real_writable(f, create))
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: real_usage(p)._replace(
+        free=1000 if Path(p).is_relative_to(tmp_path / "cache") else 10**12))
+    monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
+    build._auto_storage.cache_clear()
+    try:
+        assert build.resolve_storage({"yaml_file": str(tmp_path / "d" / "data.yaml")}, codecs.AUTO, 64) == \
+            codecs.COMPACT
+    finally:
+        build._auto_storage.cache_clear()
+
+
 def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):
     import logging
 

@@ -770,7 +770,9 @@ def _auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
     for split in ("train", "val"):
         with contextlib.suppress(DatasetError):  # a split the yaml lacks: its pack is never made
             total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
-    folder = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)[0]
+    folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)
+    # where the build will write: beside a read-only dataset that is the user cache, on another disk
+    folder = next((f for f in folders if _writable(f, create=False) is None), folders[0])
     disk = _existing_ancestor(folder)
     free = shutil.disk_usage(disk).free if disk is not None else None
     name, why = codecs.choose(total, memory_limit(), free, str(disk))
