@@ -182,6 +182,8 @@ def test_auto_picks_the_compact_format_where_the_default_would_not_fit_on_the_di
     assert codecs.choose(9 * gb, 125 * gb, None)[0] == codecs.DEFAULT  # free space unknown: memory decides
     assert codecs.choose(90 * gb, 256 * gb, 100 * gb)[0] == codecs.DEFAULT  # 90 % of the free space: still fits
     assert codecs.choose(91 * gb, 256 * gb, 100 * gb)[0] == codecs.COMPACT
+    # 95 GB is not "more than the 100 GB free": the reason names the share that decided
+    assert "95.0 GB, more than 90% of the 100.0 GB free" in codecs.choose(95 * gb, 256 * gb, 100 * gb)[1]
 
 
 def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):

@@ -164,8 +164,8 @@ def choose(default_bytes: int, ram_bytes: int, free_bytes: int | None = None, wh
                          f"{COMPACT} packs are about 10x smaller ({anyway})")
     if free_bytes is not None and default_bytes > DISK_SHARE * free_bytes:
         place = where or "their folder"
-        return COMPACT, (f"{DEFAULT} packs would take {size}, more than the {gb(free_bytes)} free in {place}; "
-                         f"{COMPACT} packs are about 10x smaller (free space, or {anyway})")
+        return COMPACT, (f"{DEFAULT} packs would take {size}, more than {DISK_SHARE:.0%} of the {gb(free_bytes)} "
+                         f"free in {place}; {COMPACT} packs are about 10x smaller (free space, or {anyway})")
     return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
                      "page cache keeps them")
 
