@@ -99,6 +99,37 @@ def test_shell_tools_parse_and_say_how_to_use_them(script):
         assert r.returncode == 0 and "Usage: bash tools/device/" in r.stdout, r.stdout + r.stderr
 
 
+def _cgroup_root() -> Path | None:
+    """Where in_memory_limit.sh makes its groups, if this process may (root with a memory cgroup tree)."""
+    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")
+    root = v2 if (v2 / "cgroup.controllers").is_file() else v1
+    return root if os.geteuid() == 0 and root.is_dir() and os.access(root, os.W_OK) else None
+
+
+@pytest.mark.skipif(_cgroup_root() is None, reason="needs root and a writable memory cgroup tree")
+def test_in_memory_limit_stopped_alone_stops_its_command_and_removes_its_group(tmp_path):
+    """SIGTERM to the script alone (as timeout sends it) used to leave the command running and the group behind."""
+    import signal
+    import time
+
+    alive = tmp_path / "alive"
+    child = f"import time, pathlib; pathlib.Path({str(alive)!r}).write_text('x'); time.sleep(60)"
+    p = subprocess.Popen(["bash", str(ROOT / "tools/device/in_memory_limit.sh"), "200M", sys.executable, "-c", child],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    group = _cgroup_root() / f"yolofeed-limit-{p.pid}"
+    for _ in range(200):  # the child has started inside the group
+        if alive.exists():
+            break
+        time.sleep(0.05)
+    pids = (group / "cgroup.procs").read_text().split()
+    assert pids
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=20)
+    assert "stopping the command still running" in err and not group.exists()
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
 # -- CPU tools -----------------------------------------------------------------------------------------------------
 def test_parity_merge_combines_reports_and_refuses_mixed_or_repeated_runs(tmp_path, capsys):
     parity_merge.main([str(p) for p in PARITY_REPORTS] + ["--plot", str(tmp_path / "new" / "p.png")])

@@ -35,7 +35,21 @@ cleanup() {
     elif [[ -f "$group/memory.oom_control" ]]; then
         echo "memory.oom_control: $(tr '\n' ' ' < "$group/memory.oom_control")"
     fi
-    rmdir "$group" 2>/dev/null || true
+    # the script stopped alone (SIGTERM from timeout, SIGHUP) while its command ran: bash runs this trap at once,
+    # so the command is still in the group; stop it (TERM, KILL after 5 s), else the group could not be removed
+    local pids tries
+    pids=$(cat "$group/cgroup.procs" 2>/dev/null || true)
+    if [[ -n $pids ]]; then
+        echo "in_memory_limit.sh: stopping the command still running in $group (pids ${pids//$'\n'/ })" >&2
+        kill -TERM $pids 2>/dev/null || true
+        for tries in $(seq 100); do
+            pids=$(cat "$group/cgroup.procs" 2>/dev/null || true)
+            [[ -z $pids ]] && break
+            (( tries == 50 )) && { kill -KILL $pids 2>/dev/null || true; }
+            sleep 0.1
+        done
+    fi
+    rmdir "$group" 2>/dev/null || echo "in_memory_limit.sh: could not remove $group (rmdir it by hand)" >&2
 }
 trap cleanup EXIT
 if [[ ! -f "$group/$limit_file" ]]; then
