@@ -339,6 +339,12 @@ def test_evict_drops_a_file_from_the_page_cache_and_says_how_to_use_it(tmp_path)
     assert _tool("evict", str(f), out=tmp_path).returncode == 0 and f.read_bytes() == b"x" * 8192
     r = _tool("evict", out=tmp_path)
     assert r.returncode == 1 and "Usage: python -m tools.device.evict FILE" in r.stderr
+    # a missing file, a folder or a device: one line each, not a traceback, and the other files still evicted
+    r = _tool("evict", str(tmp_path / "missing"), str(tmp_path), os.devnull, str(f), out=tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"evict: {tmp_path / 'missing'}: No such file or directory",
+                                     f"evict: {tmp_path}: not a regular file: name the files themselves",
+                                     f"evict: {os.devnull}: not a regular file: name the files themselves"]
 
 
 def test_capture_cost_times_each_call_an_epoch_makes(tmp_path):
