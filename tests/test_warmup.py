@@ -102,6 +102,14 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         trainer_module.FastDetectionTrainer._warm_up(fake(True))  # training goes on
     assert "skipped the warm-up before the first epoch (OutOfMemoryError: CUDA out of memory" in caplog.text
 
+    def one_value(*a):  # a batch of 1 at a size whose last feature map is 1x1: stock fails on it in the epoch too
+        raise ValueError("Expected more than 1 value per channel when training, got input size [1, 256, 1, 1]")
+
+    monkeypatch.setattr(trainer_module, "warm_up", one_value)
+    with caplog.at_level(logging.WARNING):
+        trainer_module.FastDetectionTrainer._warm_up(fake(True))
+    assert "skipped the warm-up before the first epoch (ValueError: Expected more than 1 value" in caplog.text
+
 
 def test_warm_up_copes_with_no_labels_and_no_batches(model):
     augment = GpuAugment(AugmentHyp.from_args(imgsz=64))

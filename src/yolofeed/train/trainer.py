@@ -195,7 +195,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         amp = torch.bfloat16 if self.args.amp == "bf16" else self.amp  # the step's autocast, as Ultralytics sets it
         try:
             seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp)
-        except (torch.cuda.OutOfMemoryError, RuntimeError) as e:  # the first step meets it where Ultralytics copes
+        except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
+            # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()
             LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: "
                            f"{str(e).splitlines()[0][:200]}); training goes on, its first epoch pays cuDNN's set-up")
