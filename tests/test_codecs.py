@@ -186,6 +186,17 @@ def test_auto_picks_the_compact_format_where_the_default_would_not_fit_on_the_di
     assert "95.0 GB, more than 90% of the 100.0 GB free" in codecs.choose(95 * gb, 256 * gb, 100 * gb)[1]
 
 
+def _auto_choice(yaml_file: Path) -> str:
+    """What format=auto picks for a data yaml at imgsz 64, decided afresh (the choice is cached per process)."""
+    from yolofeed.pack import build
+
+    build._auto_storage.cache_clear()
+    try:
+        return build.resolve_storage({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
+    finally:
+        build._auto_storage.cache_clear()
+
+
 def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):
     from yolofeed.pack import build
 
@@ -199,12 +210,7 @@ def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path
 
     monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
     monkeypatch.setattr(build.shutil, "disk_usage", usage)
-    build._auto_storage.cache_clear()
-    try:
-        assert build.resolve_storage({"yaml_file": str(tmp_path / "d" / "data.yaml")}, codecs.AUTO, 64) == \
-            codecs.COMPACT
-    finally:
-        build._auto_storage.cache_clear()
+    assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
     assert seen == [tmp_path / "d"]  # the packs' folder does not exist yet: the dataset's folder holds the space
 
 
@@ -223,12 +229,7 @@ def test_auto_reads_the_free_space_of_the_cache_where_the_dataset_is_read_only(s
     monkeypatch.setattr(build.shutil, "disk_usage", lambda p: real_usage(p)._replace(
         free=1000 if Path(p).is_relative_to(tmp_path / "cache") else 10**12))
     monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
-    build._auto_storage.cache_clear()
-    try:
-        assert build.resolve_storage({"yaml_file": str(tmp_path / "d" / "data.yaml")}, codecs.AUTO, 64) == \
-            codecs.COMPACT
-    finally:
-        build._auto_storage.cache_clear()
+    assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
 
 
 def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):
