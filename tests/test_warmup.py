@@ -110,6 +110,14 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         trainer_module.FastDetectionTrainer._warm_up(fake(True))
     assert "skipped the warm-up before the first epoch (ValueError: Expected more than 1 value" in caplog.text
 
+    def silent(*a):
+        raise RuntimeError()  # no message at all
+
+    monkeypatch.setattr(trainer_module, "warm_up", silent)
+    with caplog.at_level(logging.WARNING):
+        trainer_module.FastDetectionTrainer._warm_up(fake(True))
+    assert "skipped the warm-up before the first epoch (RuntimeError: )" in caplog.text
+
 
 def test_warm_up_copes_with_no_labels_and_no_batches(model):
     augment = GpuAugment(AugmentHyp.from_args(imgsz=64))

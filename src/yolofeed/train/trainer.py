@@ -198,8 +198,9 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()
-            LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0][:200]}); training goes on, its first epoch pays cuDNN's set-up")
+            first_line = (str(e).splitlines() or [""])[0][:200]
+            LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: {first_line}); "
+                           "training goes on, its first epoch pays cuDNN's set-up")
             return
         if RANK in (-1, 0):
             sizes = ", ".join(str(n) for n in batch_sizes(sampler))
