@@ -153,11 +153,7 @@ class Workers:
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.send(None)
-        for p in self._procs:
-            p.join()
-        self._close_pipes()
-        if not self._procs:
-            self._finalizer()
+        self._finish()
 
     def stop(self) -> None:
         """End the workers now, mid-chunk (SIGTERM; their own handler is the default, which ends them)."""
@@ -165,16 +161,17 @@ class Workers:
             if p.exitcode is None:
                 with contextlib.suppress(OSError, ValueError):
                     p.terminate()
+        self._finish()
+
+    def _finish(self) -> None:
+        """Wait for the worker processes, close their pipes; in-process (no workers), run the finalizer here."""
         for p in self._procs:
             p.join()
-        self._close_pipes()
-        if not self._procs:
-            self._finalizer()
-
-    def _close_pipes(self) -> None:
         for conn in self._conns:
             conn.close()
         self._conns = []
+        if not self._procs:
+            self._finalizer()
 
 
 def exit_codes(processes: list) -> str:
