@@ -254,6 +254,11 @@ def test_step_variants_set_the_trainer_options():
     assert step_ab.trainer_class("yolofeed_stock_loss").sync_free_loss is False
     ceiling = step_ab.trainer_class("ceiling_sync_free_loss")
     assert ceiling.sync_free_loss is True and ceiling.__name__ == "CeilingTrainer"
+    assert step_ab.trainer_class("yolofeed_jpeg_unstaged").pack_format == "jpeg"
+    from yolofeed.pack.codecs.jpeg import Jpeg
+    with step_ab.patched("yolofeed_jpeg_unstaged"):
+        assert Jpeg().staging_bytes(None, 128) == 0  # nothing staged: the files are copied one by one
+    assert Jpeg.staging_bytes is not step_ab.PATCHES["_unstaged"][2]  # undone
     with pytest.raises(ValueError, match="unknown mode 'yolofeed_fast'"):
         step_ab.main(["data.yaml", "yolo11n.yaml", "yolofeed,yolofeed_fast"])  # before any training
     with pytest.raises(ValueError, match="unknown mode"):

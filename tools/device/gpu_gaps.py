@@ -1,6 +1,7 @@
 """Where the GPU idles during training steps, and what the training loop was doing then.
 
 Usage: python -m tools.device.gpu_gaps DATA_YAML [MODE] [MODEL] [--batch 128] [--imgsz 640] [--warmup 40] [--steps 10]
+        [--no-stack]
     MODE: a ``yolofeed bench`` mode (ceiling, the default; yolofeed; stock); MODEL: yolo11n.yaml by default.
     Writes $OUT/gpu_gaps_<mode>.txt (and prints it); ``--trace PATH`` also keeps the gzipped chrome trace.
 
@@ -18,7 +19,9 @@ any stream (NVML's utilisation counts the same thing). Every gap, however short,
 Short gaps between small kernels add up when the host launches more slowly than the GPU runs them, so the
 report sorts gaps by size too. The profiler's Python stacks slow the host (a yolo11n ceiling step on the H200:
 ~78 ms without, 133 ms with), so a fast step reads launch-bound throughout and its ranking says little; there
-``syncs`` (which syncs, on which line) is the better guide. On the CPU there are no GPU events and no gaps.
+``syncs`` (which syncs, on which line) is the better guide, or ``--no-stack``: the host near its own speed, gaps
+charged only to the CUDA call and to who waited (the phase and line read "-"). On the CPU there are no GPU events
+and no gaps.
 """
 
 from __future__ import annotations
@@ -181,9 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--trace", help="also keep the profiler's chrome trace here (gzipped)")
+    ap.add_argument("--no-stack", action="store_true",
+                    help="no Python stacks: the host runs near its own speed, gaps are charged to runtime calls only")
     a = ap.parse_args(argv)
     cls = trainer_class(a.mode)
-    on_batch_end, state = profile_steps(a.warmup, a.steps, with_stack=True)  # stacks: the Python lines
+    on_batch_end, state = profile_steps(a.warmup, a.steps, with_stack=not a.no_stack)  # stacks: the Python lines
     with tempfile.TemporaryDirectory() as tmp:
         args = {"model": a.model, "data": a.data, "imgsz": a.imgsz, "batch": a.batch, "project": tmp, "name": a.mode}
         run_steps(cls, args, on_batch_end)
@@ -194,9 +199,12 @@ def main(argv: list[str] | None = None) -> None:
         if a.trace:
             with open(trace, "rb") as src, gzip.open(a.trace, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-    text = report(gaps(events), a.steps, f"{a.mode}, {a.model}, batch {a.batch}, imgsz {a.imgsz}, under torch.profiler")
+    how = "without Python stacks" if a.no_stack else "with Python stacks"
+    text = report(gaps(events), a.steps, f"{a.mode}, {a.model}, batch {a.batch}, imgsz {a.imgsz}, under torch.profiler "
+                  f"{how}")
     print(text)
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), f"gpu_gaps_{a.mode}.txt"), "w") as f:
+    name = f"gpu_gaps_{a.mode}{'_no_stack' if a.no_stack else ''}.txt"
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), name), "w") as f:
         f.write(text + "\n")
 
 

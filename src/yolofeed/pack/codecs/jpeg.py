@@ -74,7 +74,7 @@ def decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> np.ndarray:
     return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
 
 
-def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
+def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out: Tensor,
                 names: Sequence[str] | None = None) -> None:
     """Decode JPEGs on ``out.device`` and write each, resized to ``shapes[k]``, into ``out[k]``'s top-left corner.
 
@@ -87,7 +87,8 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
     on a side stream from a loader thread, never on the training stream.
 
     Args:
-        encoded: B JPEG files, 1-D uint8 arrays (views of a pack's memory map are fine).
+        encoded: B JPEG files, 1-D uint8 CPU tensors (used as they are) or arrays (views of a pack's memory map
+            are fine: each is copied into a tensor).
         shapes: target (h, w) of each image.
         out: images are written to ``out[k, :h, :w]``; the rest of ``out`` is left as it was.
         names: each image's file, for the warning when one falls back to OpenCV.
@@ -100,8 +101,8 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
         return
     names = list(names) if names is not None else [f"image {k} of the batch" for k in range(n)]
     hw = [(int(h), int(w)) for h, w in np.asarray(shapes).tolist()]
-    # A fresh tensor per file: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
-    data = [torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
+    # An array becomes a fresh tensor: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
+    data = [e if isinstance(e, Tensor) else torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
     on_host = [k for k in range(n) if names[k] in _REFUSED]
     todo = [k for k in range(n) if names[k] not in _REFUSED]
     images: dict[int, Tensor] = {}
@@ -193,10 +194,20 @@ class Jpeg(Codec):
     def decodes_on_device(self, device: torch.device, decode: str) -> bool:
         return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
 
-    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor) -> None:
+    def staging_bytes(self, pack: Pack, batch: int) -> int:
+        """The ``batch`` largest files together: no batch of that many needs more."""
+        return int(np.sort(pack.index["nbytes"])[-batch:].sum()) if batch > 0 and len(pack) else 0
+
+    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor, staging: Tensor | None = None) -> None:
+        idx = np.asarray(indices, np.int64)
         files = pack.im_files
-        decode_into([pack.encoded(int(i)) for i in indices], pack.shapes[np.asarray(indices, np.int64)], out,
-                    names=[files[i] for i in indices])
+        if staging is None:
+            encoded: Sequence[Any] = [pack.encoded(i) for i in idx.tolist()]
+        else:  # one copy per file into the pinned buffer, then views of it made in one call: nvJPEG copies
+            # the files to the GPU from pinned memory, and no array is allocated per file
+            _, sizes = pack.gather_encoded(idx, staging)
+            encoded = torch.split(staging[:int(sizes.sum())], sizes.tolist())
+        decode_into(encoded, pack.shapes[idx], out, names=[files[i] for i in idx.tolist()])
 
 
 CODEC = Jpeg()
