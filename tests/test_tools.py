@@ -241,6 +241,24 @@ def test_gpu_gaps_charges_each_idle_stretch_to_the_loop_phase():
     assert gpu_gaps.gaps([e for e in events if e["cat"] != "kernel"])["n"] == 0  # a CPU trace: no GPU work
 
 
+def test_gpu_gaps_threads_split_host_time_and_stream_time():
+    """The training thread: 30 of 100 us in ops; a loader thread's sync; the main stream idles while another works."""
+    events = [_event("python_function", "trainer.py(1): _do_train", 0, 100),
+              _event("cpu_op", "aten::conv", 0, 20), _event("cpu_op", "aten::add", 10, 20),  # nested: 30 us, not 40
+              _event("cuda_runtime", "cudaLaunchKernel", 12, 5, correlation=1),
+              _event("cpu_op", "aten::copy_", 0, 10, tid=2),
+              _event("cuda_runtime", "cudaStreamSynchronize", 20, 50, tid=2),
+              _event("kernel", "gemm", 0, 40, tid=7, stream=7), _event("kernel", "gemm", 60, 40, tid=7, stream=7),
+              _event("kernel", "decode", 30, 50, tid=8, stream=9)]
+    r = gpu_gaps.threads(events)
+    assert r["window_us"] == 100 and r["main"] == 1
+    assert r["threads"][1]["ops_us"] == 30 and r["threads"][2]["runtime"]["cudaStreamSynchronize"] == 50
+    assert r["streams"][7]["busy_us"] == 80 and r["streams"][9]["busy_us"] == 50
+    text = gpu_gaps.threads_report(r, 1)
+    assert "thread 1 (training loop): ops 0.03, outside ops 0.07; cudaLaunchKernel 0.01" in text
+    assert "stream 7: busy 0.08, idle 0.02, 2 items" in text
+
+
 @pytest.mark.slow
 def test_gpu_gaps_runs_a_few_cpu_steps(dataset, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OUT", str(tmp_path))

@@ -149,6 +149,69 @@ def gaps(events: list[dict], min_us: float = 0.0) -> dict:
     return out
 
 
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of (start, end) spans."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def threads(events: list[dict]) -> dict:
+    """Who works when: each host thread's time in aten ops and in CUDA calls, and the busiest stream's kernel time.
+
+    A launch-bound training thread loses time outside its ops (Python, or waiting for the GIL that another thread
+    holds) or inside its CUDA calls (a driver lock another thread holds); its stream then idles between kernels
+    even where another stream's kernels keep the GPU as a whole busy, which ``gaps`` cannot see.
+
+    Returns ``window_us`` (first GPU event to last), ``main`` (the training loop's thread id), ``threads``: per thread
+    id, ``ops_us`` (union of its aten ops), ``runtime`` (a Counter of CUDA call us by name); ``streams``: per stream id,
+    ``busy_us`` (union of its kernels, copies and memsets) and ``kernels``.
+    """
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    out: dict = {"window_us": 0.0, "main": None, "threads": {}, "streams": {}}
+    if not gpu:
+        return out
+    out["window_us"] = max(e["ts"] + e.get("dur", 0) for e in gpu) - min(e["ts"] for e in gpu)
+    out["main"] = main_thread(events)
+    by_stream: dict = collections.defaultdict(list)
+    for e in gpu:
+        by_stream[e.get("args", {}).get("stream", "?")].append((e["ts"], e["ts"] + e.get("dur", 0)))
+    out["streams"] = {k: {"busy_us": _union_us(v), "kernels": len(v)} for k, v in by_stream.items()}
+    ops: dict = collections.defaultdict(list)
+    runtime: dict = collections.defaultdict(collections.Counter)
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            ops[e.get("tid")].append((e["ts"], e["ts"] + e.get("dur", 0)))
+        elif e.get("cat") in {"cuda_runtime", "cuda_driver"}:
+            runtime[e.get("tid")][e["name"]] += e.get("dur", 0)
+    for tid in set(ops) | set(runtime):
+        out["threads"][tid] = {"ops_us": _union_us(ops.get(tid, [])),
+                               "runtime": runtime.get(tid, collections.Counter())}
+    return out
+
+
+def threads_report(result: dict, steps: int) -> str:
+    """``threads``' result as text, ms a step."""
+    w = result["window_us"]
+    if not w:
+        return "no GPU work recorded"
+    lines = [f"\nhost threads, ms a step of the {w / 1e3 / steps:.1f} ms window (in aten ops; CUDA calls by name):"]
+    ranked = sorted(result["threads"].items(), key=lambda kv: -(kv[1]["ops_us"] + sum(kv[1]["runtime"].values())))
+    for tid, t in ranked[:4]:
+        who = "training loop" if tid == result["main"] else "other"
+        calls = ", ".join(f"{n} {us / 1e3 / steps:.2f}" for n, us in t["runtime"].most_common(6))
+        lines.append(f"  thread {tid} ({who}): ops {t['ops_us'] / 1e3 / steps:.2f}, outside ops "
+                     f"{(w - t['ops_us']) / 1e3 / steps:.2f}; {calls}")
+    lines.append("streams, ms a step busy (kernels, copies, memsets):")
+    for k, st in sorted(result["streams"].items(), key=lambda kv: -kv[1]["busy_us"]):
+        busy, items = st["busy_us"] / 1e3 / steps, st["kernels"] / steps
+        lines.append(f"  stream {k}: busy {busy:.2f}, idle {w / 1e3 / steps - busy:.2f}, {items:.0f} items")
+    return "\n".join(lines)
+
+
 def report(result: dict, steps: int, title: str) -> str:
     """``gaps``' result as text: the idle share, idle ms a step by each counter, and the longest gaps."""
     w, idle = result["window_us"], result["idle_us"]
@@ -201,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
                 shutil.copyfileobj(src, dst)
     how = "without Python stacks" if a.no_stack else "with Python stacks"
     text = report(gaps(events), a.steps, f"{a.mode}, {a.model}, batch {a.batch}, imgsz {a.imgsz}, under torch.profiler "
-                  f"{how}")
+                  f"{how}") + "\n" + threads_report(threads(events), a.steps)
     print(text)
     name = f"gpu_gaps_{a.mode}{'_no_stack' if a.no_stack else ''}.txt"
     with open(os.path.join(os.environ.get("OUT", "/tmp"), name), "w") as f:

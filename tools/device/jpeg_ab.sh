@@ -3,21 +3,24 @@
 # set: raw and jpeg steps side by side in one process (the files staged in one pinned buffer, and unstaged), in
 # both orders; the GPU's idle gaps of each under the profiler without Python stacks; then the raw pack's loader
 # in a 6 GiB memory cgroup, its pages evicted (posix_fadvise(WILLNEED) reads each batch). ~7 min on nvidia-h200.
-# Usage: bash tools/device/jpeg_ab.sh
+# Usage: bash tools/device/jpeg_ab.sh      Environment: PARTS="steps gaps memory" (the default: all three)
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,6p' "$0"; exit 0; fi
+PARTS="${PARTS:-steps gaps memory}"
 source tools/device/setup.sh
 set +e
 D=/tmp/synth
 [ -f $D/data.yaml ] || python3 -m yolofeed synth out=$D n_train=10000 n_val=500 seed=0 2>&1 | tail -1
-for f in raw jpeg; do python3 -m yolofeed pack data=$D/data.yaml imgsz=640 format=$f 2>&1 | grep "pack train"; done
-timeout 330 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml \
+for f in raw jpeg; do python3 -m yolofeed pack data=$D/data.yaml imgsz=640 format=$f 2>&1 | tr "\r" "\n" | grep "pack train.*built"; done
+[[ $PARTS == *steps* ]] && timeout 330 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml \
   yolofeed,yolofeed_jpeg,yolofeed_jpeg_unstaged,yolofeed_jpeg_unstaged,yolofeed_jpeg,yolofeed 2>&1 | grep STEP_AB
-for m in yolofeed_jpeg yolofeed; do
-  timeout 100 python3 -m tools.device.gpu_gaps $D/data.yaml $m --no-stack --steps 20 2>&1 | grep -A40 "under torch"
+[[ $PARTS == *gaps* ]] && for m in yolofeed_jpeg yolofeed; do
+  timeout 100 python3 -m tools.device.gpu_gaps $D/data.yaml $m --no-stack --steps 20 2>&1 | grep -A60 "under torch"
 done
 RAW=$D/yolofeed-packs/data-raw-640/train.yfpack
-python3 -m tools.device.evict $RAW
-timeout 120 bash tools/device/in_memory_limit.sh 6442450944 python3 -m tools.device.loader_memory $RAW --epochs 3 \
-  --label raw-limit 2>&1 | tail -6
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -3
+if [[ $PARTS == *memory* ]]; then
+  python3 -m tools.device.evict $RAW
+  timeout 120 bash tools/device/in_memory_limit.sh 6442450944 python3 -m tools.device.loader_memory $RAW --epochs 3 \
+    --label raw-limit 2>&1 | tail -6
+fi
+[[ $PARTS == *steps* ]] && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -3
 source tools/device/pack_out.sh
