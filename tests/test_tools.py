@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -274,13 +275,34 @@ def test_step_variants_set_the_trainer_options():
     assert ceiling.sync_free_loss is True and ceiling.__name__ == "CeilingTrainer"
     assert step_ab.trainer_class("yolofeed_jpeg_unstaged").pack_format == "jpeg"
     from yolofeed.pack.codecs.jpeg import Jpeg
+    staging_bytes = Jpeg.staging_bytes
     with step_ab.patched("yolofeed_jpeg_unstaged"):
         assert Jpeg().staging_bytes(None, 128) == 0  # nothing staged: the files are copied one by one
-    assert Jpeg.staging_bytes is not step_ab.PATCHES["_unstaged"][2]  # undone
+    assert Jpeg.staging_bytes is staging_bytes  # undone
+    assert step_ab.trainer_class("yolofeed_blocking_sync").__name__ == "FastDetectionTrainer"
     with pytest.raises(ValueError, match="unknown mode 'yolofeed_fast'"):
         step_ab.main(["data.yaml", "yolo11n.yaml", "yolofeed,yolofeed_fast"])  # before any training
     with pytest.raises(ValueError, match="unknown mode"):
         kernel_top.main(["data.yaml", "ceiling,nope"])
+
+
+def test_step_ab_names_the_threads_that_used_the_cpu():
+    done, stop = threading.Event(), threading.Event()
+
+    def spin():
+        sum(i * i for i in range(3_000_000))  # ~0.2 s of CPU
+        done.set()
+        stop.wait()  # alive while it is counted
+
+    before = step_ab.thread_cpu()
+    t = threading.Thread(target=spin, name="spinner")
+    t.start()
+    done.wait()
+    after = step_ab.thread_cpu()
+    stop.set()
+    t.join()
+    assert after[t.native_id][0] == "spinner" and after[t.native_id][1] > 0.05
+    assert step_ab.busiest(before, after, 1.0, n=1).startswith("spinner 0.")  # the busiest thread, in cores
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

@@ -6,7 +6,8 @@ VARIANT: a ``yolofeed bench`` mode (``ceiling``, ``yolofeed``, ...), alone or wi
 (Ultralytics' optimiser step, which reads the loss items on the host after the backward pass), ``_stock_loss``
 (Ultralytics' detection loss, 16 host syncs a step) or ``_sync_free_loss`` (yolofeed's, the default); then
 optionally ``_unstaged`` (a jpeg pack's files handed to nvJPEG as fresh pageable copies, not staged in one
-pinned buffer).
+pinned buffer) or ``_blocking_sync`` (host waits on CUDA sleep instead of spinning a core). Each line also names the
+threads that used the most CPU during the variant's whole run.
 Each variant runs in turn, ``--steps`` measured steps after a 30-step warm-up (the bench's settings): one line
 each, and ``$OUT/step_ab_<model>.json``. Run the variants in both orders to see the drift between runs.
 """
@@ -15,19 +16,52 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
+import ctypes
 import json
 import os
 import tempfile
+import threading
+import time
 
 from yolofeed.bench.modes import trainer_class as mode_class
 from yolofeed.monitor.profile import profile
 
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
             "_sync_free_loss": {"sync_free_loss": True}}
-# Suffixes that change yolofeed's code for the variant, not an option: (class, attribute, replacement).
-# _unstaged: a jpeg pack's loader hands nvJPEG one fresh pageable copy of each file, not views of one pinned buffer.
-PATCHES = {"_unstaged": ("yolofeed.pack.codecs.jpeg:Jpeg", "staging_bytes", lambda self, pack, batch: 0)}
+@contextlib.contextmanager
+def _unstaged():
+    """A jpeg pack's loader hands nvJPEG a fresh pageable copy of each file, not views of one pinned buffer."""
+    from yolofeed.pack.codecs.jpeg import Jpeg
+
+    old = Jpeg.staging_bytes
+    Jpeg.staging_bytes = lambda self, pack, batch: 0
+    try:
+        yield
+    finally:
+        Jpeg.staging_bytes = old
+
+
+@contextlib.contextmanager
+def _blocking_sync():
+    """The CUDA context's host waits (stream and device syncs) sleep instead of spinning a core."""
+    import torch
+
+    if not torch.cuda.is_available():
+        yield
+        return
+    torch.zeros(1, device="cuda")  # the primary context exists and is current on this thread
+    drv = ctypes.CDLL("libcuda.so.1")
+    old = ctypes.c_uint()
+    if drv.cuCtxGetFlags(ctypes.byref(old)) or drv.cuCtxSetFlags(ctypes.c_uint((old.value & ~0x7) | 0x4)):
+        raise RuntimeError("cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC) failed")
+    try:
+        yield
+    finally:
+        drv.cuCtxSetFlags(old)
+
+
+# Suffixes that change the code or the CUDA context for the variant, not an option; undone after it.
+PATCHES = {"_unstaged": _unstaged, "_blocking_sync": _blocking_sync}
 
 
 def trainer_class(variant: str) -> type:
@@ -42,20 +76,33 @@ def trainer_class(variant: str) -> type:
 
 @contextlib.contextmanager
 def patched(variant: str):
-    """The code change ``variant``'s suffix names (``PATCHES``), undone on leaving."""
+    """The change ``variant``'s suffix names (``PATCHES``), undone on leaving."""
     suffix = next((s for s in PATCHES if variant.endswith(s)), None)
-    if suffix is None:
+    with PATCHES[suffix]() if suffix else contextlib.nullcontext():
         yield
-        return
-    where, attr, value = PATCHES[suffix]
-    module, name = where.split(":")
-    owner = getattr(importlib.import_module(module), name)
-    old = getattr(owner, attr)
-    setattr(owner, attr, value)
-    try:
-        yield
-    finally:
-        setattr(owner, attr, old)
+
+
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds each thread of this process has used so far, by thread id: (name, seconds). Linux only."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        out[int(tid)] = (names.get(int(tid), comm), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def busiest(before: dict, after: dict, seconds: float, n: int = 6) -> str:
+    """The ``n`` threads that used the most CPU between two ``thread_cpu`` readings, in cores over ``seconds``."""
+    used = sorted(((cpu - before.get(tid, ("", 0.0))[1], name) for tid, (name, cpu) in after.items()), reverse=True)
+    return ", ".join(f"{name} {cpu / max(seconds, 1e-9):.2f}" for cpu, name in used[:n] if cpu > 0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,13 +123,16 @@ def main(argv: list[str] | None = None) -> None:
         for v in variants:
             args = {"model": a.model, "data": a.data, "imgsz": a.imgsz, "batch": a.batch, "workers": 16,
                     "project": tmp}
+            cpu0, t0 = thread_cpu(), time.perf_counter()
             with patched(v):
                 p = profile(v, trainer_class(v), args, steps=a.steps, warmup=a.warmup)
+            threads = busiest(cpu0, thread_cpu(), time.perf_counter() - t0)
             rows.append({"variant": v, "images_per_s": p.images_per_s, "gpu_util": p.gpu_util,
                          "step_ms": p.step_ms, "optimizer": p.optimizer, "phases_ms": p.phases_ms,
-                         "own_cores_busy": p.own_cores_busy})
+                         "own_cores_busy": p.own_cores_busy, "thread_cores": threads})
             print(f"STEP_AB {a.model} {v:<22} {p.images_per_s:8.0f} img/s  GPU {p.gpu_util or 0:5.1f} %  "
-                  f"step {p.step_ms:6.1f} ms  {p.optimizer}  {p.phases_ms}", flush=True)
+                  f"step {p.step_ms:6.1f} ms  {p.optimizer}  {p.phases_ms}\n  host cores {p.own_cores_busy}; busiest "
+                  f"threads (cores, the whole run): {threads}", flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), f"step_ab_{a.model.removesuffix('.yaml')}.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
