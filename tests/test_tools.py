@@ -12,8 +12,10 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -273,17 +275,41 @@ def test_step_variants_set_the_trainer_options():
     assert step_ab.trainer_class("yolofeed_stock_loss").sync_free_loss is False
     ceiling = step_ab.trainer_class("ceiling_sync_free_loss")
     assert ceiling.sync_free_loss is True and ceiling.__name__ == "CeilingTrainer"
-    assert step_ab.trainer_class("yolofeed_jpeg_unstaged").pack_format == "jpeg"
-    from yolofeed.pack.codecs.jpeg import Jpeg
-    staging_bytes = Jpeg.staging_bytes
-    with step_ab.patched("yolofeed_jpeg_unstaged"):
-        assert Jpeg().staging_bytes(None, 128) == 0  # nothing staged: the files are copied one by one
-    assert Jpeg.staging_bytes is staging_bytes  # undone
+    assert step_ab.trainer_class("yolofeed_jpeg_no_nvjpeg").pack_format == "jpeg"
     assert step_ab.trainer_class("yolofeed_blocking_sync").__name__ == "FastDetectionTrainer"
     with pytest.raises(ValueError, match="unknown mode 'yolofeed_fast'"):
         step_ab.main(["data.yaml", "yolo11n.yaml", "yolofeed,yolofeed_fast"])  # before any training
     with pytest.raises(ValueError, match="unknown mode"):
         kernel_top.main(["data.yaml", "ceiling,nope"])
+
+
+def test_jpeg_ablations_leave_out_the_decode_or_the_placing_and_are_undone(pack, monkeypatch):
+    import torchvision.io
+
+    from yolofeed.pack.codecs import jpeg
+
+    jpg = pack(160, "jpeg")
+    idx = np.arange(6)
+    full = torch.zeros((6, 160, 160, 3), dtype=torch.uint8)
+    jpg.codec.decode(jpg, idx, full)
+    decode, place = jpeg.Jpeg.decode, jpeg.place
+
+    def refuse(*a, **k):
+        raise AssertionError("nvJPEG's stand-in called the decoder")
+
+    with step_ab.patched("yolofeed_jpeg_no_place"):
+        kept = torch.full_like(full, 7)
+        jpg.codec.decode(jpg, idx, kept)
+        assert torch.equal(kept, torch.full_like(full, 7))  # decoded, never written
+    placed = []
+    with monkeypatch.context() as m, step_ab.patched("yolofeed_jpeg_no_nvjpeg"):
+        m.setattr(torchvision.io, "decode_jpeg", refuse)
+        m.setattr(jpeg, "place", lambda images, hw, out: placed.append((images, hw)))
+        jpg.codec.decode(jpg, idx, full)
+    images, hw = placed[0]  # blank images of each file's decoded size, to be placed at its delivered size
+    assert [tuple(images[k].shape) for k in range(6)] == [(3, h0, w0) for h0, w0 in jpg.ori_shapes[idx].tolist()]
+    assert hw == [tuple(x) for x in jpg.shapes[idx].tolist()]
+    assert jpeg.Jpeg.decode is decode and jpeg.place is place  # undone
 
 
 def test_step_ab_names_the_threads_that_used_the_cpu():
@@ -294,15 +320,15 @@ def test_step_ab_names_the_threads_that_used_the_cpu():
         done.set()
         stop.wait()  # alive while it is counted
 
-    before = step_ab.thread_cpu()
-    t = threading.Thread(target=spin, name="spinner")
-    t.start()
-    done.wait()
-    after = step_ab.thread_cpu()
-    stop.set()
-    t.join()
-    assert after[t.native_id][0] == "spinner" and after[t.native_id][1] > 0.05
-    assert step_ab.busiest(before, after, 1.0, n=1).startswith("spinner 0.")  # the busiest thread, in cores
+    with step_ab.ThreadCpu(every=0.01) as cpu:
+        t = threading.Thread(target=spin, name="spinner")
+        t.start()
+        done.wait()
+        time.sleep(0.05)  # a reading while it lives
+        stop.set()
+        t.join()  # ended: its last reading stays
+    assert cpu.after[t.native_id][0] == "spinner" and cpu.after[t.native_id][1] > 0.05
+    assert step_ab.busiest(cpu.before, cpu.after, 1.0, n=1).startswith("spinner 0.")  # the busiest, in cores
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

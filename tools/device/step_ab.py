@@ -5,9 +5,10 @@ Usage: python -m tools.device.step_ab DATA_YAML MODEL VARIANT[,VARIANT...] [--ba
 VARIANT: a ``yolofeed bench`` mode (``ceiling``, ``yolofeed``, ...), alone or with a suffix: ``_stock_step``
 (Ultralytics' optimiser step, which reads the loss items on the host after the backward pass), ``_stock_loss``
 (Ultralytics' detection loss, 16 host syncs a step) or ``_sync_free_loss`` (yolofeed's, the default); then
-optionally ``_unstaged`` (a jpeg pack's files handed to nvJPEG as fresh pageable copies, not staged in one
-pinned buffer) or ``_blocking_sync`` (host waits on CUDA sleep instead of spinning a core). Each line also names the
-threads that used the most CPU during the variant's whole run.
+optionally one change to the code: ``_no_nvjpeg`` (a jpeg pack's loader without nvJPEG's decode: blank images of
+the right sizes, resized and written as usual), ``_no_place`` (nvJPEG's decode without the resize and write) or
+``_blocking_sync`` (host waits on CUDA sleep instead of spinning a core). Each line also names the threads that
+used the most CPU during the variant's run.
 Each variant runs in turn, ``--steps`` measured steps after a 30-step warm-up (the bench's settings): one line
 each, and ``$OUT/step_ab_<model>.json``. Run the variants in both orders to see the drift between runs.
 """
@@ -23,29 +24,52 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+import torch
+
 from yolofeed.bench.modes import trainer_class as mode_class
 from yolofeed.monitor.profile import profile
 
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
             "_sync_free_loss": {"sync_free_loss": True}}
 @contextlib.contextmanager
-def _unstaged():
-    """A jpeg pack's loader hands nvJPEG a fresh pageable copy of each file, not views of one pinned buffer."""
-    from yolofeed.pack.codecs.jpeg import Jpeg
+def _no_nvjpeg():
+    """A jpeg pack's loader does all its own work but nvJPEG's: blank images of each file's decoded size stand in for
+    the decode (the files are not copied either); they are resized and written as decoded ones are."""
+    from yolofeed.pack.codecs import jpeg
 
-    old = Jpeg.staging_bytes
-    Jpeg.staging_bytes = lambda self, pack, batch: 0
+    def decode(self, pack, indices, out):
+        idx = np.asarray(indices, np.int64)
+        images = {k: torch.empty((3, h0, w0), dtype=torch.uint8, device=out.device)
+                  for k, (h0, w0) in enumerate(pack.ori_shapes[idx].tolist())}
+        jpeg.place(images, [tuple(hw) for hw in pack.shapes[idx].tolist()], out)
+
+    with _swap(jpeg.Jpeg, "decode", decode):
+        yield
+
+
+@contextlib.contextmanager
+def _no_place():
+    """A jpeg pack's loader decodes with nvJPEG but neither resizes nor writes the images (stale ones stay)."""
+    from yolofeed.pack.codecs import jpeg
+
+    with _swap(jpeg, "place", lambda images, hw, out: None):
+        yield
+
+
+@contextlib.contextmanager
+def _swap(owner: object, attr: str, value: object):
+    old = getattr(owner, attr)
+    setattr(owner, attr, value)
     try:
         yield
     finally:
-        Jpeg.staging_bytes = old
+        setattr(owner, attr, old)
 
 
 @contextlib.contextmanager
 def _blocking_sync():
     """The CUDA context's host waits (stream and device syncs) sleep instead of spinning a core."""
-    import torch
-
     if not torch.cuda.is_available():
         yield
         return
@@ -61,7 +85,7 @@ def _blocking_sync():
 
 
 # Suffixes that change the code or the CUDA context for the variant, not an option; undone after it.
-PATCHES = {"_unstaged": _unstaged, "_blocking_sync": _blocking_sync}
+PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_blocking_sync": _blocking_sync}
 
 
 def trainer_class(variant: str) -> type:
@@ -99,6 +123,30 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+class ThreadCpu:
+    """Every thread's CPU seconds, read every ``every`` s while in use: a thread that ends (a loader's, at the end
+    of training) keeps its last reading. ``before`` and ``after`` are ``thread_cpu``-like dicts."""
+
+    def __init__(self, every: float = 0.5):
+        self.every, self.before, self.after = every, {}, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="thread-cpu", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.after.update(thread_cpu())
+
+    def __enter__(self) -> ThreadCpu:
+        self.before = thread_cpu()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.after.update(thread_cpu())
+
+
 def busiest(before: dict, after: dict, seconds: float, n: int = 6) -> str:
     """The ``n`` threads that used the most CPU between two ``thread_cpu`` readings, in cores over ``seconds``."""
     used = sorted(((cpu - before.get(tid, ("", 0.0))[1], name) for tid, (name, cpu) in after.items()), reverse=True)
@@ -123,10 +171,10 @@ def main(argv: list[str] | None = None) -> None:
         for v in variants:
             args = {"model": a.model, "data": a.data, "imgsz": a.imgsz, "batch": a.batch, "workers": 16,
                     "project": tmp}
-            cpu0, t0 = thread_cpu(), time.perf_counter()
-            with patched(v):
+            t0 = time.perf_counter()
+            with patched(v), ThreadCpu() as cpu:
                 p = profile(v, trainer_class(v), args, steps=a.steps, warmup=a.warmup)
-            threads = busiest(cpu0, thread_cpu(), time.perf_counter() - t0)
+            threads = busiest(cpu.before, cpu.after, time.perf_counter() - t0)
             rows.append({"variant": v, "images_per_s": p.images_per_s, "gpu_util": p.gpu_util,
                          "step_ms": p.step_ms, "optimizer": p.optimizer, "phases_ms": p.phases_ms,
                          "own_cores_busy": p.own_cores_busy, "thread_cores": threads})

@@ -74,7 +74,7 @@ def decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> np.ndarray:
     return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
 
 
-def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out: Tensor,
+def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
                 names: Sequence[str] | None = None) -> None:
     """Decode JPEGs on ``out.device`` and write each, resized to ``shapes[k]``, into ``out[k]``'s top-left corner.
 
@@ -87,8 +87,7 @@ def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out:
     on a side stream from a loader thread, never on the training stream.
 
     Args:
-        encoded: B JPEG files, 1-D uint8 CPU tensors (used as they are) or arrays (views of a pack's memory map
-            are fine: each is copied into a tensor).
+        encoded: B JPEG files, 1-D uint8 arrays (views of a pack's memory map are fine).
         shapes: target (h, w) of each image.
         out: images are written to ``out[k, :h, :w]``; the rest of ``out`` is left as it was.
         names: each image's file, for the warning when one falls back to OpenCV.
@@ -101,8 +100,8 @@ def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out:
         return
     names = list(names) if names is not None else [f"image {k} of the batch" for k in range(n)]
     hw = [(int(h), int(w)) for h, w in np.asarray(shapes).tolist()]
-    # An array becomes a fresh tensor: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
-    data = [e if isinstance(e, Tensor) else torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
+    # A fresh tensor per file: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
+    data = [torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
     on_host = [k for k in range(n) if names[k] in _REFUSED]
     todo = [k for k in range(n) if names[k] not in _REFUSED]
     images: dict[int, Tensor] = {}
@@ -120,7 +119,16 @@ def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out:
     for k in on_host:
         h, w = hw[k]
         out[k, :h, :w] = torch.from_numpy(decode_cv2(np.asarray(encoded[k]), h, w, names[k])).to(out.device)
+    place(images, hw, out)
 
+
+def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor) -> None:
+    """Write decoded image k, resized to ``hw[k]``, into ``out[k]``'s top-left corner: a few kernels per group of
+    images that share a (decoded size, target size) pair, not per image.
+
+    Shape:
+        images: k -> (3, h0, w0) uint8 on ``out.device``. out: (>=B, H, W, 3) uint8.
+    """
     groups: dict[tuple[tuple[int, int], tuple[int, int]], list[int]] = {}
     for k, im in images.items():
         groups.setdefault((tuple(im.shape[1:]), hw[k]), []).append(k)
@@ -134,7 +142,6 @@ def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out:
             out[ks[0], :h, :w] = x[0]
         else:
             out[torch.tensor(ks, device=out.device), :h, :w] = x
-
 
 
 
@@ -194,22 +201,12 @@ class Jpeg(Codec):
     def decodes_on_device(self, device: torch.device, decode: str) -> bool:
         return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
 
-    def staging_bytes(self, pack: Pack, batch: int) -> int:
-        """The ``batch`` largest files together: no batch of that many needs more."""
-        return int(np.sort(pack.index["nbytes"])[-batch:].sum()) if batch > 0 and len(pack) else 0
-
-    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor, staging: Tensor | None = None) -> None:
-        idx = np.asarray(indices, np.int64)
+    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor) -> None:
         files = pack.im_files
-        if staging is None:
-            encoded: Sequence[Any] = [pack.encoded(i) for i in idx.tolist()]
-        else:  # one copy per file into the pinned buffer, then views of it made in one call: nvJPEG copies
-            # the files to the GPU from pinned memory, and no array is allocated per file
-            _, sizes = pack.gather_encoded(idx, staging)
-            encoded = torch.split(staging[:int(sizes.sum())], sizes.tolist())
-        decode_into(encoded, pack.shapes[idx], out, names=[files[i] for i in idx.tolist()])
+        decode_into([pack.encoded(int(i)) for i in indices], pack.shapes[np.asarray(indices, np.int64)], out,
+                    names=[files[i] for i in indices])
 
 
 CODEC = Jpeg()
 
-__all__ = ["CODEC", "Jpeg", "decode_cv2", "decode_into"]
+__all__ = ["CODEC", "Jpeg", "decode_cv2", "decode_into", "place"]
