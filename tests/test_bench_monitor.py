@@ -218,6 +218,27 @@ def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):
     assert len(err) == 1 and str(blocker / "sub") in err[0] and "out=" in err[0]
 
 
+def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypatch, capsys):
+    """The bench's yolofeed modes name the raw pack; where it cannot fit, the one-line error offers the jpeg mode."""
+    import yolofeed.bench.run as bench
+    from yolofeed.cli import main
+    from yolofeed.errors import PackSpaceError
+
+    def profile(mode, *a, **k):
+        if mode in ("yolofeed", "yolofeed_jpeg"):
+            raise PackSpaceError(f"not enough free space for the train pack in {tmp_path} ({mode})")
+        pytest.fail(f"{mode} trained after the error")
+
+    monkeypatch.setattr(bench, "profile", profile)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text("")
+    assert main(["bench", "data=d.yaml", "modes=yolofeed,stock", f"out={tmp_path / 'b'}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it: the bench's progress bar
+    assert "not enough free space" in err and err.endswith("modes=yolofeed_jpeg,stock")
+    assert main(["bench", "data=d.yaml", "modes=yolofeed_jpeg", f"out={tmp_path / 'b'}"]) == 1
+    assert "bench the jpeg pack" not in capsys.readouterr().err  # the jpeg mode's own shortage: nothing to offer
+
+
 def test_warm_up_covers_the_batches_a_torch_loader_queues_before_the_first_step():
     """Ultralytics' workers fill workers x prefetch_factor batches while the trainer sets up; steps served from
     that queue say nothing of the loader, so the profile's warm-up must be at least that long."""

@@ -24,7 +24,7 @@ import pytest
 
 import yolofeed.pack.build as build
 from yolofeed.cli import build_config, main
-from yolofeed.errors import DatasetError, PackError, StalePackError
+from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.build import ensure_split, store_dir
 from yolofeed.pack.store import INDEX_DTYPE, MAGIC, TRAILER
@@ -170,7 +170,7 @@ def test_a_payload_that_does_not_land_stops_the_build(dataset, monkeypatch):
 def test_too_little_space_is_refused_before_writing(dataset, monkeypatch):
     monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 10**5, 10**5))
     folder = store_dir(dataset / "data.yaml", 64, "raw")
-    with pytest.raises(PackError, match=rf"not enough free space for the train pack in {folder}: it needs "
+    with pytest.raises(PackSpaceError, match=rf"not enough free space for the train pack in {folder}: it needs "
                                         r"[\d.]+ [MK]B \([\d,]+ bytes\), 100 KB \(100,000 bytes\) are free\. Free "
                                         r"some space, or .*out=/path \(yolofeed pack\) or pack_dir=/path"):
         _build(dataset)

@@ -23,6 +23,10 @@ class PackError(YolofeedError):
     """A pack is missing, unreadable, truncated or not a yolofeed pack."""
 
 
+class PackSpaceError(PackError):
+    """A pack would not fit in the free space of its folder (found before anything is written)."""
+
+
 class StalePackError(PackError):
     """A valid pack that does not match what is asked of it (source changed, other imgsz or version)."""
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, PackSpaceError
 from yolofeed.monitor.profile import Progress, profile
 
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
@@ -134,7 +134,13 @@ def run(cfg: BenchConfig) -> dict:
     progress = Progress(modes, cfg.steps, cfg.warmup)
     try:
         for m in modes:
-            results.append(run_mode(m, cfg, out / "runs", progress))
+            try:
+                results.append(run_mode(m, cfg, out / "runs", progress))
+            except PackSpaceError as e:
+                if m.startswith("yolofeed") and m != "yolofeed_jpeg":  # these modes name the raw pack, whatever
+                    instead = ",".join(dict.fromkeys("yolofeed_jpeg" if x == m else x for x in modes))  # auto picks
+                    raise PackSpaceError(f"{e}; or bench the jpeg pack, about 10x smaller: modes={instead}") from e
+                raise
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
                       "notes": slower_than_stock(results)}
             # after each mode: an interrupted bench keeps what it measured

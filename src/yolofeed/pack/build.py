@@ -67,7 +67,7 @@ from tqdm import tqdm
 
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
-from yolofeed.errors import DatasetError, PackError, StalePackError
+from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs
 from yolofeed.pack.lock import FolderLock, process_alive, process_start
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
@@ -351,7 +351,7 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     free = shutil.disk_usage(folder).free
     if free < estimate:
         how = "" if sampled == n else f", estimated from the headers of {sampled} of its {n:,} images"
-        raise PackError(f"not enough free space for the {src.split} pack in {folder}: it needs "
+        raise PackSpaceError(f"not enough free space for the {src.split} pack in {folder}: it needs "
                         f"{_gb(estimate)} ({estimate:,} bytes{how}), {_gb(free)} ({free:,} bytes) are free. "
                         f"Free some space, or {MOVE_HINT}")
     return _Space(free, estimate, bound)
