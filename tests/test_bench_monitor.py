@@ -225,7 +225,7 @@ def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypat
     from yolofeed.errors import PackSpaceError
 
     def profile(mode, *a, **k):
-        if mode in ("yolofeed", "yolofeed_jpeg"):
+        if mode.startswith("yolofeed"):
             raise PackSpaceError(f"not enough free space for the train pack in {tmp_path} ({mode})")
         pytest.fail(f"{mode} trained after the error")
 
@@ -235,6 +235,9 @@ def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypat
     assert main(["bench", "data=d.yaml", "modes=yolofeed,stock", f"out={tmp_path / 'b'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it: the bench's progress bar
     assert "not enough free space" in err and err.endswith("modes=yolofeed_jpeg,stock")
+    assert main(["bench", "data=d.yaml", "modes=yolofeed_inline,stock,yolofeed_nopool", f"out={tmp_path / 'b'}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # both raw-pack modes give way to the one jpeg mode
+    assert "raw pack's yolofeed_inline, yolofeed_nopool: modes=yolofeed_jpeg,stock" in err
     assert main(["bench", "data=d.yaml", "modes=yolofeed_jpeg", f"out={tmp_path / 'b'}"]) == 1
     assert "bench the jpeg pack" not in capsys.readouterr().err  # the jpeg mode's own shortage: nothing to offer
 

@@ -103,8 +103,10 @@ SECTIONS = {s.name: s for s in (
         f"python3 -m tools.device.evict {RAW_10K} {JPEG_10K}",
         f"timeout 250 {LIMIT_6G} python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed_jpeg,yolofeed "
         f"{BENCH} first_epoch=True out=$OUT/bench_limit")),
-    Section("jpeg-host", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 8, (
-        "PARTS='steps gaps' bash tools/device/jpeg_ab.sh",)),
+    Section("jpeg-host", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 6, (
+        "PARTS=gaps bash tools/device/jpeg_ab.sh",
+        "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg_blocking_sync,yolofeed_blocking_sync,"
+        "yolofeed_jpeg_blocking_sync,yolofeed_jpeg bash tools/device/jpeg_ab.sh")),
     Section("coco-data", "COCO scale on one machine", "nvidia-h200", 0, 8, (
         "PHASE=data bash tools/device/coco_scale.sh",)),
     Section("coco-train", "COCO scale on one machine", "nvidia-h200", 1, 6, (

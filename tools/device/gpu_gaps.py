@@ -3,7 +3,8 @@
 Usage: python -m tools.device.gpu_gaps DATA_YAML [MODE] [MODEL] [--batch 128] [--imgsz 640] [--warmup 40] [--steps 10]
         [--no-stack]
     MODE: a ``yolofeed bench`` mode (ceiling, the default; yolofeed; stock); MODEL: yolo11n.yaml by default.
-    Writes $OUT/gpu_gaps_<mode>.txt (and prints it); ``--trace PATH`` also keeps the gzipped chrome trace.
+    Writes $OUT/gpu_gaps_<mode>.txt (gpu_gaps_<mode>_no_stack.txt with --no-stack; and prints it); ``--trace PATH``
+    also keeps the gzipped chrome trace.
 
 Trains MODE for ``--warmup`` steps, then records ``--steps`` steps with torch.profiler (CPU ops, CUDA runtime,
 kernels, Python stacks) and lists the GPU's idle gaps: stretches in which no kernel, copy or memset runs on
@@ -101,9 +102,14 @@ def own_line(chain: list[str]) -> str:
 
 
 def main_thread(events: list[dict]) -> object:
-    """The training loop's thread: the one running ``_do_train`` (else the one with the most CPU ops)."""
+    """The training loop's thread: the one running ``_do_train``; without Python stacks, the one that steps the
+    optimiser (torch's ``Optimizer.step#...`` annotation: the autograd engine's thread can run more ops); else the
+    one with the most CPU ops."""
     for e in events:
         if e.get("cat") == "python_function" and e["name"].endswith(": _do_train"):
+            return e.get("tid")
+    for e in events:
+        if e.get("cat") == "user_annotation" and e["name"].startswith("Optimizer.step#"):
             return e.get("tid")
     return collections.Counter(e.get("tid") for e in events if e.get("cat") == "cpu_op").most_common(1)[0][0]
 
@@ -160,21 +166,22 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
 
 
 def threads(events: list[dict]) -> dict:
-    """Who works when: each host thread's time in aten ops and in CUDA calls, and the busiest stream's kernel time.
+    """Who works when: each host thread's time in aten ops and in CUDA calls, and each stream's busy time.
 
     A launch-bound training thread loses time outside its ops (Python, or waiting for the GIL that another thread
     holds) or inside its CUDA calls (a driver lock another thread holds); its stream then idles between kernels
     even where another stream's kernels keep the GPU as a whole busy, which ``gaps`` cannot see.
 
     Returns ``window_us`` (first GPU event to last), ``main`` (the training loop's thread id), ``threads``: per thread
-    id, ``ops_us`` (union of its aten ops), ``runtime`` (a Counter of CUDA call us by name); ``streams``: per stream id,
-    ``busy_us`` (union of its kernels, copies and memsets) and ``kernels``.
+    id, ``ops_us`` (union of its aten ops, within the window), ``runtime`` (a Counter of CUDA call us by name);
+    ``streams``: per stream id, ``busy_us`` (union of its kernels, copies and memsets) and ``kernels``.
     """
     gpu = [e for e in events if e.get("cat") in GPU_CATS]
     out: dict = {"window_us": 0.0, "main": None, "threads": {}, "streams": {}}
     if not gpu:
         return out
-    out["window_us"] = max(e["ts"] + e.get("dur", 0) for e in gpu) - min(e["ts"] for e in gpu)
+    t0, t1 = min(e["ts"] for e in gpu), max(e["ts"] + e.get("dur", 0) for e in gpu)
+    out["window_us"] = t1 - t0
     out["main"] = main_thread(events)
     by_stream: dict = collections.defaultdict(list)
     for e in gpu:
@@ -183,8 +190,10 @@ def threads(events: list[dict]) -> dict:
     ops: dict = collections.defaultdict(list)
     runtime: dict = collections.defaultdict(collections.Counter)
     for e in events:
-        if e.get("cat") == "cpu_op":
-            ops[e.get("tid")].append((e["ts"], e["ts"] + e.get("dur", 0)))
+        if e.get("cat") == "cpu_op":  # clipped to the window: "outside ops" is the window's rest
+            a, b = max(e["ts"], t0), min(e["ts"] + e.get("dur", 0), t1)
+            if b > a:
+                ops[e.get("tid")].append((a, b))
         elif e.get("cat") in {"cuda_runtime", "cuda_driver"}:
             runtime[e.get("tid")][e["name"]] += e.get("dur", 0)
     for tid in set(ops) | set(runtime):

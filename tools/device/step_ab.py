@@ -32,14 +32,19 @@ from yolofeed.monitor.profile import profile
 
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
             "_sync_free_loss": {"sync_free_loss": True}}
+
+
 @contextlib.contextmanager
 def _no_nvjpeg():
-    """A jpeg pack's loader does all its own work but nvJPEG's: blank images of each file's decoded size stand in for
-    the decode (the files are not copied either); they are resized and written as decoded ones are."""
+    """A jpeg pack's loader without nvJPEG: blank images of each file's decoded size stand in for the decode, then are
+    resized and written as decoded ones are. The side stream's sync before the decode stays; the 128 host copies of
+    the files that the decode reads go with it."""
     from yolofeed.pack.codecs import jpeg
 
     def decode(self, pack, indices, out):
         idx = np.asarray(indices, np.int64)
+        if out.device.type == "cuda":
+            torch.cuda.current_stream(out.device).synchronize()  # as jpeg._decode_jpeg does
         images = {k: torch.empty((3, h0, w0), dtype=torch.uint8, device=out.device)
                   for k, (h0, w0) in enumerate(pack.ori_shapes[idx].tolist())}
         jpeg.place(images, [tuple(hw) for hw in pack.shapes[idx].tolist()], out)
@@ -69,28 +74,43 @@ def _swap(owner: object, attr: str, value: object):
 
 @contextlib.contextmanager
 def _blocking_sync():
-    """The CUDA context's host waits (stream and device syncs) sleep instead of spinning a core."""
+    """The CUDA context's host waits (stream and device syncs) sleep instead of spinning a core (CUDA only)."""
     if not torch.cuda.is_available():
+        print("step_ab: _blocking_sync changes nothing without CUDA", flush=True)
         yield
         return
     torch.zeros(1, device="cuda")  # the primary context exists and is current on this thread
-    drv = ctypes.CDLL("libcuda.so.1")
-    old = ctypes.c_uint()
-    if drv.cuCtxGetFlags(ctypes.byref(old)) or drv.cuCtxSetFlags(ctypes.c_uint((old.value & ~0x7) | 0x4)):
-        raise RuntimeError("cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC) failed")
+    drv = ctypes.CDLL("libcuda.so.1")  # cuCtxSetFlags: CUDA 12.1 drivers and later
+    old, now = ctypes.c_uint(), ctypes.c_uint()
+    sched, blocking = 0x7, 0x4  # CU_CTX_SCHED_MASK, CU_CTX_SCHED_BLOCKING_SYNC
+    if (drv.cuCtxGetFlags(ctypes.byref(old)) or drv.cuCtxSetFlags(ctypes.c_uint(old.value & ~sched | blocking))
+            or drv.cuCtxGetFlags(ctypes.byref(now)) or now.value & sched != blocking):
+        raise RuntimeError(f"cuCtxSetFlags(CU_CTX_SCHED_BLOCKING_SYNC) did not take (flags {now.value:#x})")
     try:
         yield
     finally:
-        drv.cuCtxSetFlags(old)
+        if drv.cuCtxSetFlags(old):
+            print(f"step_ab: could not restore the CUDA context's flags ({old.value:#x}); later variants sleep too",
+                  flush=True)
 
 
 # Suffixes that change the code or the CUDA context for the variant, not an option; undone after it.
 PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_blocking_sync": _blocking_sync}
 
 
+JPEG_ONLY = ("_no_nvjpeg", "_no_place")  # change the jpeg loader: meaningless on another mode
+
+
 def trainer_class(variant: str) -> type:
-    """The trainer class of ``variant``: a bench mode, with the options its suffix names as class attributes."""
-    variant = next((variant.removesuffix(s) for s in PATCHES if variant.endswith(s)), variant)
+    """The trainer class of ``variant``: a bench mode, with the options its suffix names as class attributes.
+
+    Raises:
+        ValueError: an unknown mode, or a jpeg loader change on a mode without a jpeg pack.
+    """
+    patch = next((s for s in PATCHES if variant.endswith(s)), "")
+    variant = variant.removesuffix(patch) if patch else variant
+    if patch in JPEG_ONLY and "jpeg" not in variant:
+        raise ValueError(f"{variant}{patch}: {patch} changes the jpeg pack's loader; use it on yolofeed_jpeg")
     for suffix, options in SUFFIXES.items():
         if variant.endswith(suffix):
             cls = mode_class(variant.removesuffix(suffix))
@@ -134,7 +154,14 @@ class ThreadCpu:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self.after.update(thread_cpu())
+            self._read()
+
+    def _read(self) -> None:
+        """One reading. A thread keeps the Python name it had: one that is starting or ending is already or
+        still in /proc but not among Python's threads, which would name it by its process's name."""
+        python = {t.native_id for t in threading.enumerate()}
+        for tid, (name, cpu) in thread_cpu().items():
+            self.after[tid] = (name if tid in python else self.after.get(tid, (name,))[0], cpu)
 
     def __enter__(self) -> ThreadCpu:
         self.before = thread_cpu()
@@ -144,7 +171,7 @@ class ThreadCpu:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.after.update(thread_cpu())
+        self._read()
 
 
 def busiest(before: dict, after: dict, seconds: float, n: int = 6) -> str:

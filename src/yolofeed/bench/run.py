@@ -137,10 +137,13 @@ def run(cfg: BenchConfig) -> dict:
             try:
                 results.append(run_mode(m, cfg, out / "runs", progress))
             except PackSpaceError as e:
-                if m.startswith("yolofeed") and m != "yolofeed_jpeg":  # these modes name the raw pack, whatever
-                    instead = ",".join(dict.fromkeys("yolofeed_jpeg" if x == m else x for x in modes))  # auto picks
-                    raise PackSpaceError(f"{e}; or bench the jpeg pack, about 10x smaller: modes={instead}") from e
-                raise
+                # every yolofeed mode but yolofeed_jpeg trains from the raw pack, whatever format=auto would pick
+                raw = [x for x in modes if x.startswith("yolofeed") and x != "yolofeed_jpeg"]
+                if m not in raw:
+                    raise
+                instead = ",".join(dict.fromkeys("yolofeed_jpeg" if x in raw else x for x in modes))
+                raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller, in place of the raw pack's "
+                                     f"{', '.join(raw)}: modes={instead}") from e
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
                       "notes": slower_than_stock(results)}
             # after each mode: an interrupted bench keeps what it measured

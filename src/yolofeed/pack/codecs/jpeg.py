@@ -2,7 +2,8 @@
 
 Build: a JPEG that a GPU decoder reads as is (baseline or progressive JPEG, RGB or grey, upright, no
 trailing bytes) is kept byte for byte; any other image is decoded as Ultralytics decodes it and
-re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). About 10x smaller than raw.
+re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x smaller than raw (photos at
+640: 90-150 KB against 0.9 MB).
 
 Device (``decode="torchvision"``, the default on CUDA): one ``decode_jpeg`` call per batch, then one
 resize and one indexed write per group of images that share a (decoded size, target size) pair: a
@@ -142,7 +143,6 @@ def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor)
             out[ks[0], :h, :w] = x[0]
         else:
             out[torch.tensor(ks, device=out.device), :h, :w] = x
-
 
 
 class Jpeg(Codec):
