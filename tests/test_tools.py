@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tools import pack_crc_cost, parity_merge, reproduce
+from tools import lossless_cost, pack_crc_cost, parity_merge, reproduce
 from tools.device import (
     allreduce_bw,
     amp_steps,
@@ -160,6 +160,15 @@ def test_no_triton_hides_triton_from_yolofeed_and_runs_the_module():
     out = subprocess.run([sys.executable, "-m", "tools.device.no_triton", "yolofeed", "version"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr
+
+
+def test_lossless_cost_names_size_and_cores_for_each_way(capsys):
+    lossless_cost.main(["--imgsz", "64", "--repeats", "1", "--rate", "100"])
+    out = capsys.readouterr().out
+    assert "bus.jpg 48x64: raw 9 KB; jpeg q95" in out  # Ultralytics' bundled photo, resized as load_image does
+    ways = re.findall(r"  (zlib level 1|zlib level 6|png): ([\d.]+)x smaller, one core decodes [\d,]+ img/s: "
+                      r"[\d.]+ cores for 100 img/s", out)
+    assert len(ways) == 6 and all(float(x) > 1 for _, x in ways)  # two photos, three ways each; each smaller
 
 
 def test_pack_crc_cost_measures_a_tiny_pack(dataset, capsys):

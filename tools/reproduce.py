@@ -124,6 +124,7 @@ SECTIONS = {s.name: s for s in (
         "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 2",
         "timeout 100 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 8 --repeats 1")),
     Section("crc", "Checking pixels on every read", "any (CPU)", 0, 1, ("python3 -m tools.pack_crc_cost",)),
+    Section("lossless", "Raw and jpeg packs, augmenting ahead", "any (CPU)", 0, 1, ("python3 -m tools.lossless_cost",)),
     Section("augment", "GPU augmentation", "nvidia-h200", 1, 3, (
         "python3 -m yolofeed synth out=/tmp/synth-aug n_train=1024 n_val=8 seed=0",
         "python3 -m pytest -q -m gpu tests/test_augment_gpu.py -p no:cacheprovider -rA 2>&1 | tail -12",
