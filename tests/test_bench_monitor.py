@@ -191,7 +191,9 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     assert env["date"] and env["ultralytics"] and env["torch"] and env["cpu"] and env["ram_gb"] > 0
     slower = [r for r in report["results"] if r["mode"].startswith("yolofeed")
               and r["images_per_s"] < report["results"][0]["images_per_s"]]
-    assert len(report["notes"]) == len(slower)  # said plainly, for each yolofeed mode slower than stock
+    said = [n for n in report["notes"] if "slower than stock" in n]
+    assert len(said) == len(slower)  # said plainly, for each yolofeed mode slower than stock
+    assert all(r["optimizer"] for r in report["results"])  # which optimiser optimizer=auto picked, for each mode
     assert all(f"NOTE: {n}" in text for n in report["notes"])
     # the profile's own step bar, not Ultralytics' epoch bar with its 10**6 epochs
     assert "1000000" not in captured.out + captured.err and "Starting training" not in captured.out
@@ -216,6 +218,18 @@ def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):
     assert main(["bench", "data=d.yaml", f"out={blocker / 'sub'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(blocker / "sub") in err[0] and "out=" in err[0]
+
+
+def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
+    from yolofeed.bench.run import heavy_optimizer
+
+    rows = [{"mode": "yolofeed_jpeg", "optimizer": "MuSGD", "mean_step_ms": 130.0, "phases_ms": {"optimizer": 45.0}},
+            {"mode": "stock", "optimizer": "AdamW", "mean_step_ms": 80.0, "phases_ms": {"optimizer": 0.5}},
+            {"mode": "ceiling", "optimizer": "SGD", "mean_step_ms": 0.0, "phases_ms": {}}]
+    notes = heavy_optimizer(rows)
+    assert len(notes) == 1 and notes[0].startswith("yolofeed_jpeg: the optimiser step (MuSGD) took 45 ms of its 130 ms")
+    assert "more than 10,000 iterations" in notes[0] and notes[0].endswith("optimizer=AdamW compares the loaders at a "
+                                                                             "lighter step")
 
 
 def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypatch, capsys):

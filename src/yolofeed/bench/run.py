@@ -43,7 +43,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
                 first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
-            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks")
+            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer")
     return {k: getattr(p, k) for k in keys}
 
 
@@ -84,6 +84,20 @@ def slower_than_stock(results: list[dict]) -> list[str]:
             f"{stock['images_per_s']:,.0f} img/s" + ("" if r["gpu_util"] is not None else
                                                      " (no GPU: on the CPU, train with stock Ultralytics)")
             for r in results if r["mode"].startswith("yolofeed") and r["images_per_s"] < stock["images_per_s"]]
+
+
+def heavy_optimizer(results: list[dict], share: float = 0.25) -> list[str]:
+    """A sentence for each mode whose optimiser step took ``share`` of its step or more: at a long run's length
+    ``optimizer=auto`` picks MuSGD, whose step can outweigh the data pipeline both loaders are compared on."""
+    notes = []
+    for r in results:
+        ms, step = (r.get("phases_ms") or {}).get("optimizer", 0.0), r.get("mean_step_ms") or 0.0
+        if step and ms >= share * step:
+            why = (" (optimizer=auto picks MuSGD for runs of more than 10,000 iterations: this dataset's length at "
+                   "the default epochs=100)") if r.get("optimizer") == "MuSGD" else ""
+            notes.append(f"{r['mode']}: the optimiser step ({r.get('optimizer') or 'unknown'}) took {ms:.0f} ms of "
+                         f"its {step:.0f} ms step{why}; optimizer=AdamW compares the loaders at a lighter step")
+    return notes
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
@@ -145,7 +159,7 @@ def run(cfg: BenchConfig) -> dict:
                 raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller, in place of the raw pack's "
                                      f"{', '.join(raw)}: modes={instead}") from e
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
-                      "notes": slower_than_stock(results)}
+                      "notes": slower_than_stock(results) + heavy_optimizer(results)}
             # after each mode: an interrupted bench keeps what it measured
             (out / "bench.json").write_text(json.dumps(report, indent=1))
     finally:
