@@ -5,8 +5,9 @@
 # profiler without Python stacks; then the raw pack's loader in a 6 GiB memory cgroup, its pages evicted
 # (posix_fadvise(WILLNEED) reads each batch). ~8 min on nvidia-h200; PARTS splits it where a call allows less.
 # Usage: bash tools/device/jpeg_ab.sh
-# Environment: PARTS="steps gaps memory" (the default: all three); VARIANTS (step_ab's, comma-separated)
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,8p' "$0"; exit 0; fi
+# Environment: PARTS="steps gaps memory" (the default: all three; "first" adds the time to the first step and the
+# first epoch of a jpeg pack, a raw pack and stock, in fresh processes); VARIANTS (step_ab's, comma-separated)
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,9p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
 VARIANTS="${VARIANTS:-yolofeed,$J,${J}_no_nvjpeg,${J}_no_place,${J}_no_place,${J}_no_nvjpeg,$J,yolofeed}"
@@ -23,6 +24,12 @@ done
 [[ $PARTS == *gaps* ]] && for m in yolofeed_jpeg yolofeed; do
   timeout 90 python3 -m tools.device.gpu_gaps $D/data.yaml $m --no-stack --steps 20 2>&1 | grep -A60 "under torch"
 done
+if [[ $PARTS == *first* ]]; then  # a process each: cuDNN's and nvJPEG's one-off costs are paid once a process
+  for m in yolofeed_jpeg yolofeed stock; do
+    timeout 150 python3 -m yolofeed bench model=yolo11n.yaml data=$D/data.yaml imgsz=640 batch=128 workers=16 \
+      modes=$m steps=60 warmup=20 first_epoch=True out=$OUT/first_$m 2>&1 | tr '\r' '\n' | grep -A3 "^mode "
+  done
+fi
 RAW=$D/yolofeed-packs/data-raw-640/train.yfpack
 if [[ $PARTS == *memory* ]]; then
   python3 -m tools.device.evict $RAW
