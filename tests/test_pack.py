@@ -264,6 +264,21 @@ def test_cli_pack_prints_summary(dataset, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("advice", [None, 999], ids=["no-populate", "refused-advice"])
+def test_pages_populated_or_not_the_pixels_are_the_same(dataset, monkeypatch, advice):
+    """MADV_POPULATE_WRITE only faults pages in early: without it, or where the kernel refuses it, the copy writes the
+    same bytes (a refused advice is an EINVAL the workers stop asking after)."""
+    from yolofeed.pack import build
+
+    ref = _build(dataset, workers=2)
+    images = [ref.image(i).copy() for i in range(len(ref))]
+    monkeypatch.setattr(build, "MADV_POPULATE_WRITE", advice)  # inherited by the forked workers
+    pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
+    assert len(pack) == len(images)
+    for i, im in enumerate(images):
+        np.testing.assert_array_equal(pack.image(i), im)
+
+
 def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, caplog):
     import errno
     import logging

@@ -2,13 +2,18 @@
 
 Builds the training split of a data yaml (``open_or_build(..., rebuild="always")``, N workers) in turn: as it is;
 without the payload's CRC32 (the workers'; the read-back check off too, which needs them); without writing the
-payloads (nor the read-back); without the read-back check alone. Workers fork from this process, so the parts
+payloads (nor the read-back); without the read-back check alone; with each payload's pages faulted in one by
+one by its copy (no ``MADV_POPULATE_WRITE``). Workers fork from this process, so the parts
 are swapped out here before each build. The rate of each against the decode ceiling (``decode_ceiling.py``: verify,
 decode and resize in N processes, nothing written) says what keeps the build below it. Writes
-``$OUT/build_parts.json``. The packs it makes are throwaways in a temporary folder. ``--settle`` syncs before each
-build, so that none starts while the last one's pages are still being written to disk.
+``$OUT/build_parts.json``. The packs it makes are throwaways in a temporary folder (``--dir``: under that folder;
+``/dev/shm`` takes the disk out). ``--settle`` syncs before each build, so that none starts while the last one's
+pages are still being written to disk. Each line also gives the CPU time an image of the workers (user and
+kernel) and of the building process (its threads: the read-back check's CRC32s, the writeback), against the
+decode ceiling's workers.
 
-Usage: python -m tools.device.build_parts DATA_YAML [--workers 16] [--imgsz 640] [--repeats 2] [--settle]
+Usage: python -m tools.device.build_parts DATA_YAML [--workers 16] [--imgsz 640] [--repeats 2] [--settle] [--dir D]
+    [--variants 'as built,pages']
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import tempfile
 import time
 from contextlib import ExitStack
@@ -24,6 +30,7 @@ from unittest import mock
 
 from tools.device import decode_ceiling
 from yolofeed.pack import build
+from yolofeed.pack.source import split_source
 
 
 class _NoCrc:
@@ -40,10 +47,23 @@ VARIANTS = {
     "payloads not written (nor read-back)": {"_pwrite_all": lambda *a, **k: None, "_reserve": lambda *a, **k: False,
                                              "_check_written": lambda *a, **k: None},
     "no read-back check": {"_check_written": lambda *a, **k: None},
+    "pages faulted in one by one (no MADV_POPULATE_WRITE)": {"MADV_POPULATE_WRITE": None},
 }
 
 
-def main() -> None:
+def cpu() -> tuple[float, float, float]:
+    """CPU seconds so far: this process's (all its threads), and its ended children's, user and kernel."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime, kids.ru_stime
+
+
+def per_image_ms(before: tuple[float, float, float], after: tuple[float, float, float], n: int) -> dict[str, float]:
+    """CPU ms an image between two ``cpu()`` readings: the building process, the workers' user and kernel time."""
+    d = [(b - a) * 1e3 / max(n, 1) for a, b in zip(before, after)]
+    return {"parent": round(d[0], 2), "workers_user": round(d[1], 2), "workers_kernel": round(d[2], 2)}
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data")
     ap.add_argument("--workers", type=int, default=16)
@@ -51,15 +71,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--settle", action="store_true", help="sync before each build: none starts with earlier "
                     "builds' pages still waiting to be written to disk (the kernel throttles writers then)")
-    a = ap.parse_args()
+    ap.add_argument("--dir", help="where the throwaway packs go (default: the system's temporary folder)")
+    ap.add_argument("--variants", help="comma-separated start of the variants' names to run (default: all), "
+                    "e.g. 'as built,pages'")
+    a = ap.parse_args(argv)
+    chosen = {k: v for k, v in VARIANTS.items()
+              if not a.variants or any(k.startswith(w.strip()) for w in a.variants.split(","))}
+    n = len(split_source(a.data, "train").im_files)
+    c0 = cpu()
     images, _ = decode_ceiling.rate(a.data, a.workers, imgsz=a.imgsz)
-    report = {"data": a.data, "workers": a.workers, "imgsz": a.imgsz, "settle": a.settle,
-              "decode_ceiling_img_s": round(images),
-              "variants": {}}
-    print(f"decode ceiling, {a.workers} processes: {images:,.0f} img/s", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    ceiling_cpu = per_image_ms(c0, cpu(), n + 4 * a.workers)  # its warm-up decodes 4 images a process more
+    report = {"data": a.data, "workers": a.workers, "imgsz": a.imgsz, "settle": a.settle, "dir": a.dir,
+              "decode_ceiling_img_s": round(images), "decode_ceiling_cpu_ms": ceiling_cpu,
+              "variants": {}, "cpu_ms": {}}
+    print(f"decode ceiling, {a.workers} processes: {images:,.0f} img/s; CPU ms an image {ceiling_cpu}", flush=True)
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         for rep in range(a.repeats):
-            for name, patches in VARIANTS.items():
+            for name, patches in chosen.items():
                 if a.settle:
                     t_sync = time.perf_counter()
                     os.sync()
@@ -67,13 +95,15 @@ def main() -> None:
                 with ExitStack() as stack:
                     for attr, value in patches.items():
                         stack.enter_context(mock.patch.object(build, attr, value))
-                    t0 = time.perf_counter()
+                    c0, t0 = cpu(), time.perf_counter()
                     pack = build.open_or_build(a.data, "train", a.imgsz, "raw", out=str(Path(tmp) / "p"),
                                                rebuild="always", workers=a.workers, progress=False)
-                    seconds = time.perf_counter() - t0
+                    seconds, used = time.perf_counter() - t0, per_image_ms(c0, cpu(), n)
                 rate = len(pack) / seconds
                 report["variants"].setdefault(name, []).append(round(rate))
-                print(f"{name}, rep {rep + 1}: {rate:,.0f} img/s ({rate / images:.0%} of the ceiling)", flush=True)
+                report["cpu_ms"].setdefault(name, []).append(used)
+                print(f"{name}, rep {rep + 1}: {rate:,.0f} img/s ({rate / images:.0%} of the ceiling); CPU ms an "
+                      f"image {used}", flush=True)
                 del pack
     (Path(os.environ.get("OUT", ".")) / "build_parts.json").write_text(json.dumps(report, indent=1))
 

@@ -130,6 +130,8 @@ class BuildResult:
 
 # -- worker side: runs in each build process ---------------------------------------------------
 _W: dict[str, Any] = {}
+# madvise(MADV_POPULATE_WRITE), Linux 5.14+: a payload's pages faulted in, writable, in one call
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 
 
 def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, mapped: int,
@@ -220,10 +222,27 @@ def _process(task: tuple[int, str, str]) -> tuple:
         offset = _W["counter"].value
         _W["counter"].value = align(offset + payload.nbytes)
     if _W["mm"] is not None and offset + payload.nbytes <= _W["mapped"]:
+        _populate(_W["mm"], offset, payload.nbytes)
         _W["mm"][offset:offset + payload.nbytes] = payload
     else:
         _pwrite_all(_W["fd"], payload, offset)  # a full disk raises ENOSPC here, in the parent's map
     return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes)
+
+
+def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> None:
+    """Fault in the pages of ``mm[offset:offset + nbytes]``, writable, before the copy writes them.
+
+    A 0.9 MB payload's copy otherwise faults its ~225 pages in one by one: about a third more kernel time (0.48-0.57
+    against 0.32-0.34 ms an image on a page cache in memory, one process, this workstation). Where the kernel
+    refuses (before Linux 5.14: EINVAL) the copy faults them as before, and this worker stops asking.
+    """
+    if MADV_POPULATE_WRITE is None or not _W.get("populate", True):
+        return
+    start = offset - offset % mmap.PAGESIZE
+    try:
+        mm.madvise(MADV_POPULATE_WRITE, start, offset + nbytes - start)
+    except (OSError, ValueError):
+        _W["populate"] = False
 
 
 def _process_chunk(tasks: list[tuple[int, str, str]]) -> list[tuple]:
