@@ -230,6 +230,9 @@ def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
     assert len(notes) == 1 and notes[0].startswith("yolofeed_jpeg: the optimiser step (MuSGD) took 45 ms of its 130 ms")
     assert "more than 10,000 iterations" in notes[0] and notes[0].endswith("optimizer=AdamW compares the loaders at a "
                                                                              "lighter step")
+    assert "10,000 iterations" not in heavy_optimizer(rows, asked="MuSGD")[0]  # chosen by hand: no auto to explain
+    rows[1]["phases_ms"]["optimizer"] = 30.0  # a heavy AdamW step: said, with no lighter optimiser to offer
+    assert heavy_optimizer(rows)[1] == "stock: the optimiser step (AdamW) took 30 ms of its 80 ms step"
 
 
 def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypatch, capsys):

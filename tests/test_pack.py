@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import yolofeed.pack.build as build_module
 from helpers import BAD_CASES, add_bad_samples, copy_dataset, ultralytics_dataset
 from yolofeed.errors import DatasetError, PackError, StalePackError
 from yolofeed.pack import Pack, open_or_build
@@ -264,6 +265,40 @@ def test_cli_pack_prints_summary(dataset, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(build_module.MADV_POPULATE_WRITE is None, reason="Linux only")
+def test_populate_asks_until_the_kernel_refuses_and_says_where_pages_cannot_be_backed(tmp_path, monkeypatch):
+    import errno
+    import mmap
+
+    f = tmp_path / "file"
+    f.write_bytes(bytes(1 << 20))
+    with open(f, "r+b") as fh, mmap.mmap(fh.fileno(), 1 << 20) as mm:
+        monkeypatch.setitem(build_module._W, "populate", True)
+        assert build_module._populate(mm, 100, 50_000)  # an unaligned payload: its pages from the one holding byte 100
+        if not build_module._W["populate"]:
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14)")
+        monkeypatch.setattr(build_module, "MADV_POPULATE_WRITE", 999)  # an advice no kernel knows: EINVAL
+        assert build_module._populate(mm, 100, 50_000) and build_module._W["populate"] is False  # stops asking
+
+    class Spy:
+        def __init__(self):
+            self.calls, self.error = [], 0
+
+        def madvise(self, *a):
+            self.calls.append(a)
+            if self.error:
+                raise OSError(self.error, os.strerror(self.error))
+
+    spy = Spy()
+    monkeypatch.setattr(build_module, "MADV_POPULATE_WRITE", 23)
+    assert build_module._populate(spy, 100, 10) and spy.calls == []  # refused once: this worker asks no more
+    monkeypatch.setitem(build_module._W, "populate", True)
+    page = mmap.PAGESIZE
+    assert build_module._populate(spy, 2 * page + 100, 10) and spy.calls == [(23, 2 * page, 110)]  # its page's start
+    spy.error = errno.ENOSPC  # a reservation the filesystem did not keep: the copy would die of SIGBUS
+    assert build_module._populate(spy, 0, 10) is False and build_module._W["populate"]  # pwrite then; asks again
+
+
 @pytest.mark.parametrize("advice", [None, 999], ids=["no-populate", "refused-advice"])
 def test_pages_populated_or_not_the_pixels_are_the_same(dataset, monkeypatch, advice):
     """MADV_POPULATE_WRITE only faults pages in early: without it, or where the kernel refuses it, the copy writes the
@@ -273,7 +308,11 @@ def test_pages_populated_or_not_the_pixels_are_the_same(dataset, monkeypatch, ad
     ref = _build(dataset, workers=2)
     images = [ref.image(i).copy() for i in range(len(ref))]
     monkeypatch.setattr(build, "MADV_POPULATE_WRITE", advice)  # inherited by the forked workers
+    reserved = []
+    real_reserve = build._reserve
+    monkeypatch.setattr(build, "_reserve", lambda *a: reserved.append(real_reserve(*a)) or reserved[-1])
     pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
+    assert reserved == [True]  # the workers wrote through the mapping, where the advice applies
     assert len(pack) == len(images)
     for i, im in enumerate(images):
         np.testing.assert_array_equal(pack.image(i), im)

@@ -453,5 +453,14 @@ def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
     report = json.loads((tmp_path / "build_parts.json").read_text())
     assert report["decode_ceiling_img_s"] > 0
     assert set(report["variants"]) == {"as built", "no payload CRC32 (nor read-back)",
-                                       "payloads not written (nor read-back)", "no read-back check"}
+                                       "payloads not written (nor read-back)", "no read-back check",
+                                       "pages faulted in one by one (no MADV_POPULATE_WRITE)"}
     assert all(len(v) == 1 and v[0] > 0 for v in report["variants"].values())
+    assert set(report["cpu_ms"]) == set(report["variants"])
+    assert all(ms["workers_user"] > 0 for runs in report["cpu_ms"].values() for ms in runs)  # reaped: counted
+    r = _tool("build_parts", str(synth_root / "data.yaml"), "--workers", "1", "--imgsz", "64", "--repeats", "1",
+              "--variants", "as built", "--dir", str(tmp_path), out=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads((tmp_path / "build_parts.json").read_text())["variants"]) == ["as built"]
+    r = _tool("build_parts", str(synth_root / "data.yaml"), "--variants", "fastest", out=tmp_path)
+    assert r.returncode == 2 and "names none of" in r.stderr

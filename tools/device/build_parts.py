@@ -77,10 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     chosen = {k: v for k, v in VARIANTS.items()
               if not a.variants or any(k.startswith(w.strip()) for w in a.variants.split(","))}
+    if not chosen:
+        ap.error(f"--variants {a.variants!r} names none of: {'; '.join(VARIANTS)}")
     n = len(split_source(a.data, "train").im_files)
     c0 = cpu()
     images, _ = decode_ceiling.rate(a.data, a.workers, imgsz=a.imgsz)
-    ceiling_cpu = per_image_ms(c0, cpu(), n + 4 * a.workers)  # its warm-up decodes 4 images a process more
+    ceiling_cpu = per_image_ms(c0, cpu(), n + min(n, 4 * a.workers))  # its warm-up decodes up to 4 a process more
     report = {"data": a.data, "workers": a.workers, "imgsz": a.imgsz, "settle": a.settle, "dir": a.dir,
               "decode_ceiling_img_s": round(images), "decode_ceiling_cpu_ms": ceiling_cpu,
               "variants": {}, "cpu_ms": {}}

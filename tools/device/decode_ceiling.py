@@ -8,6 +8,8 @@ Usage: python -m tools.device.decode_ceiling DATA_YAML WORKERS [--imgsz 640]
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -32,7 +34,9 @@ def rate(data: str, workers: int, imgsz: int = 640) -> tuple[float, float]:
     src = split_source(data, "train")
     tasks = list(zip(src.im_files, src.label_files))
     fn = partial(one, nc=src.nc, imgsz=imgsz)
-    with ProcessPoolExecutor(workers) as ex:
+    # forked, as the build's workers are: children of this process (build_parts reads their CPU time)
+    ctx = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+    with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
         list(ex.map(fn, tasks[:workers * 4]))  # warm up the processes
         t0 = time.perf_counter()
         nbytes = sum(ex.map(fn, tasks, chunksize=64))

@@ -86,17 +86,24 @@ def slower_than_stock(results: list[dict]) -> list[str]:
             for r in results if r["mode"].startswith("yolofeed") and r["images_per_s"] < stock["images_per_s"]]
 
 
-def heavy_optimizer(results: list[dict], share: float = 0.25) -> list[str]:
+def heavy_optimizer(results: list[dict], asked: str = "auto", share: float = 0.25) -> list[str]:
     """A sentence for each mode whose optimiser step took ``share`` of its step or more: at a long run's length
-    ``optimizer=auto`` picks MuSGD, whose step can outweigh the data pipeline both loaders are compared on."""
+    ``optimizer=auto`` picks MuSGD, whose step can outweigh the data pipeline both loaders are compared on.
+
+    Args:
+        asked: the run's ``optimizer=`` ("auto" unless given).
+    """
     notes = []
     for r in results:
         ms, step = (r.get("phases_ms") or {}).get("optimizer", 0.0), r.get("mean_step_ms") or 0.0
-        if step and ms >= share * step:
-            why = (" (optimizer=auto picks MuSGD for runs of more than 10,000 iterations: this dataset's length at "
-                   "the default epochs=100)") if r.get("optimizer") == "MuSGD" else ""
-            notes.append(f"{r['mode']}: the optimiser step ({r.get('optimizer') or 'unknown'}) took {ms:.0f} ms of "
-                         f"its {step:.0f} ms step{why}; optimizer=AdamW compares the loaders at a lighter step")
+        name = r.get("optimizer") or "unknown"
+        if not step or ms < share * step:
+            continue
+        why = (" (optimizer=auto picks MuSGD for runs of more than 10,000 iterations at this run's epochs)"
+               if name == "MuSGD" and str(asked).lower() == "auto" else "")
+        lighter = "" if name in ("AdamW", "SGD") else "; optimizer=AdamW compares the loaders at a lighter step"
+        notes.append(f"{r['mode']}: the optimiser step ({name}) took {ms:.0f} ms of its {step:.0f} ms step"
+                     f"{why}{lighter}")
     return notes
 
 
@@ -159,7 +166,8 @@ def run(cfg: BenchConfig) -> dict:
                 raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller, in place of the raw pack's "
                                      f"{', '.join(raw)}: modes={instead}") from e
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
-                      "notes": slower_than_stock(results) + heavy_optimizer(results)}
+                      "notes": slower_than_stock(results)
+                      + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))}
             # after each mode: an interrupted bench keeps what it measured
             (out / "bench.json").write_text(json.dumps(report, indent=1))
     finally:

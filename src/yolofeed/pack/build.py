@@ -149,7 +149,7 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
     # (measured on the H200 machine, BENCHMARKS.md). Only when every byte is allocated: a page the
     # filesystem cannot back (disk full) would kill the writer with SIGBUS.
     mm = mmap.mmap(fd, mapped) if mapped else None
-    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, mapped=mapped)
+    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, mapped=mapped, populate=True)
     import cv2
 
     cv2.setNumThreads(1)  # one image per process; OpenCV's own threads would only contend
@@ -221,28 +221,36 @@ def _process(task: tuple[int, str, str]) -> tuple:
     with _W["counter"].get_lock():  # reserve [offset, offset + nbytes) in the shared file
         offset = _W["counter"].value
         _W["counter"].value = align(offset + payload.nbytes)
-    if _W["mm"] is not None and offset + payload.nbytes <= _W["mapped"]:
-        _populate(_W["mm"], offset, payload.nbytes)
+    if _W["mm"] is not None and offset + payload.nbytes <= _W["mapped"] and _populate(_W["mm"], offset, payload.nbytes):
         _W["mm"][offset:offset + payload.nbytes] = payload
     else:
         _pwrite_all(_W["fd"], payload, offset)  # a full disk raises ENOSPC here, in the parent's map
     return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes)
 
 
-def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> None:
+def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:
     """Fault in the pages of ``mm[offset:offset + nbytes]``, writable, before the copy writes them.
 
-    A 0.9 MB payload's copy otherwise faults its ~225 pages in one by one: about a third more kernel time (0.48-0.57
-    against 0.32-0.34 ms an image on a page cache in memory, one process, this workstation). Where the kernel
-    refuses (before Linux 5.14: EINVAL) the copy faults them as before, and this worker stops asking.
+    A 0.9 MB payload's copy otherwise faults its ~225 pages in one by one, at about 1.5x the kernel time of one
+    madvise first (BENCHMARKS.md, "Pack build rate"). Where the kernel refuses the advice (before Linux 5.14:
+    EINVAL) the copy faults them as before, and this worker stops asking.
+
+    Returns:
+        False where the kernel says these pages cannot be backed (EFAULT, a full disk: a reservation a copy-on-write
+        filesystem did not keep), where the copy would die of SIGBUS: the caller writes with pwrite instead, which
+        fails with a clean ENOSPC. True otherwise.
     """
     if MADV_POPULATE_WRITE is None or not _W.get("populate", True):
-        return
+        return True
     start = offset - offset % mmap.PAGESIZE
     try:
         mm.madvise(MADV_POPULATE_WRITE, start, offset + nbytes - start)
-    except (OSError, ValueError):
+    except OSError as e:
+        if e.errno == errno.EFAULT or e.errno in DISK_FULL:
+            return False
+        LOGGER.debug(f"pack worker: madvise(MADV_POPULATE_WRITE) refused ({e}); the copies fault pages in")
         _W["populate"] = False
+    return True
 
 
 def _process_chunk(tasks: list[tuple[int, str, str]]) -> list[tuple]:
