@@ -299,7 +299,7 @@ def test_populate_asks_until_the_kernel_refuses_and_says_where_pages_cannot_be_b
     assert build_module._populate(spy, 0, 10) is False and build_module._W["populate"]  # pwrite then; asks again
 
 
-@pytest.mark.parametrize("advice", [None, 999], ids=["no-populate", "refused-advice"])
+@pytest.mark.parametrize("advice", [None, 999, "unbacked"], ids=["no-populate", "refused-advice", "unbacked-pages"])
 def test_pages_populated_or_not_the_pixels_are_the_same(dataset, monkeypatch, advice):
     """MADV_POPULATE_WRITE only faults pages in early: without it, or where the kernel refuses it, the copy writes the
     same bytes (a refused advice is an EINVAL the workers stop asking after)."""
@@ -307,7 +307,10 @@ def test_pages_populated_or_not_the_pixels_are_the_same(dataset, monkeypatch, ad
 
     ref = _build(dataset, workers=2)
     images = [ref.image(i).copy() for i in range(len(ref))]
-    monkeypatch.setattr(build, "MADV_POPULATE_WRITE", advice)  # inherited by the forked workers
+    if advice == "unbacked":  # the kernel says no page can be backed: every payload goes through pwrite
+        monkeypatch.setattr(build, "_populate", lambda *a: False)
+    else:
+        monkeypatch.setattr(build, "MADV_POPULATE_WRITE", advice)  # inherited by the forked workers
     reserved = []
     real_reserve = build._reserve
     monkeypatch.setattr(build, "_reserve", lambda *a: reserved.append(real_reserve(*a)) or reserved[-1])
