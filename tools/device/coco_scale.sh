@@ -5,8 +5,9 @@
 # bench: img/s, GPU utilisation and host cores side by side. The bench's mode is yolofeed_jpeg: its yolofeed mode
 # is the raw pack, which this disk cannot hold. On the 16-core nvidia-h200: PHASE=data (~7.5 min), then at once,
 # on the still-warm machine, PHASE=train (~5.5 min); in one call on nvidia-h200-x2 (32 cores).
-# Usage: bash tools/device/coco_scale.sh        Environment: PHASE=all|data|train, N_TRAIN=118287
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,8p' "$0"; exit 0; fi
+# Usage: bash tools/device/coco_scale.sh        Environment: PHASE=all|data|train, N_TRAIN=118287, OPTIMIZER (the
+# bench's optimizer=; unset: auto, which picks MuSGD at this length)
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,9p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
 D=/tmp/coco-like
@@ -27,7 +28,8 @@ d = check_det_dataset('$D/data.yaml'); YOLODataset(img_path=d['train'], imgsz=64
 fi
 if [ "${PHASE:-all}" != data ]; then
   timeout 420 python3 -m yolofeed bench model=yolo11n.yaml data=$D/data.yaml imgsz=640 batch=128 workers=16 \
-    modes=yolofeed_jpeg,stock warmup=30 steps=300 first_epoch=True out=$OUT/bench_coco > $OUT/bench_coco.txt 2>&1
+    modes=yolofeed_jpeg,stock warmup=30 steps=300 first_epoch=True ${OPTIMIZER:+optimizer=$OPTIMIZER} \
+    out=$OUT/bench_coco > $OUT/bench_coco.txt 2>&1
   tr '\r' '\n' < $OUT/bench_coco.txt | grep -v "step/s]" | tail -12
   find $OUT -name '*.pt' -delete
   find $OUT -path '*/runs/*' -type f ! -name results.csv ! -name args.yaml -delete
