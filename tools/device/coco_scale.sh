@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's COCO-scale run: a synthetic set the size of COCO train2017 (118,287 images at 640, JPEG quality 95:
+# COCO scale on one machine: a synthetic set the size of COCO train2017 (118,287 images at 640, JPEG quality 95:
 # about 145 KB each, 17 GB), its pack (format=auto: jpeg, since the raw pack, ~110 GB, fits neither the disk nor
 # half the memory), then one full epoch each of yolofeed on that jpeg pack and stock (yolo11n, batch 128) in one
 # bench: img/s, GPU utilisation and host cores side by side. The bench's mode is yolofeed_jpeg: its yolofeed mode
