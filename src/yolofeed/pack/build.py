@@ -295,7 +295,7 @@ def _locked(folder: Path) -> Iterator[None]:
     try:
         lock.acquire()
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno not in DISK_FULL:
             raise
         raise PackError(f"no space left in {folder}, not even for the build lock ({e.strerror}); free some space, "
                         f"or {MOVE_HINT}") from None
@@ -379,8 +379,8 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     if free < estimate:
         how = "" if sampled == n else f", estimated from the headers of {sampled} of its {n:,} images"
         raise PackSpaceError(f"not enough free space for the {src.split} pack in {folder}: it needs "
-                        f"{_gb(estimate)} ({estimate:,} bytes{how}), {_gb(free)} ({free:,} bytes) are free. "
-                        f"Free some space, or {MOVE_HINT}")
+                             f"{_gb(estimate)} ({estimate:,} bytes{how}), {_gb(free)} ({free:,} bytes) are free. "
+                             f"Free some space, or {MOVE_HINT}")
     return _Space(free, estimate, bound)
 
 
