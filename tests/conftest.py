@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -41,6 +42,12 @@ def _own_tqdm_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_own_tqdm_lock)
+
+# The signal tests play a user's Ctrl-C. A shell that starts pytest in the background (`make test &`, nohup)
+# hands it SIGINT ignored, and Python then installs no KeyboardInterrupt handler: put Python's own back, so the
+# tests see what a user's terminal gives.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
