@@ -54,7 +54,7 @@ class Inverted(codecs.Codec):
     def decodes_on_device(self, device, decode):
         return self.on_device
 
-    def decode(self, pack, indices, out):
+    def decode(self, pack, indices, out, staging=None):
         for k, i in enumerate(indices.tolist()):
             h, w = (int(v) for v in pack.shapes[i])
             stored = torch.from_numpy(np.array(pack.encoded(i))).view(h, w, 3).to(out.device)

@@ -117,6 +117,34 @@ def test_device_decode_allocates_no_host_image_buffer(pack):
     assert Prefetcher(jpg, "cpu", 4).slots[0].host.images.shape == (4, IMGSZ, IMGSZ, 3)  # auto: cv2 on the CPU
 
 
+def test_staged_decode_equals_decode_from_the_map_and_the_largest_files_fit(pack):
+    """The loader stages a batch's files in one reused host buffer: same pixels, whatever the buffer held before."""
+    jpg = pack(IMGSZ, "jpeg")
+    b = 5
+    largest = np.argsort(jpg.index["nbytes"])[-b:]
+    p = Prefetcher(jpg, "cpu", b, decode="torchvision")
+    assert p.staging.numel() == int(jpg.index["nbytes"][largest].sum())
+    p.staging.fill_(0xAB)
+    for idx in (largest, np.arange(b)[::-1], largest[:2]):  # the buffer is reused: no batch sees an older one
+        staged = torch.full((b, IMGSZ, IMGSZ, 3), 7, dtype=torch.uint8)
+        jpg.codec.decode(jpg, idx, staged, p.staging)
+        assert torch.equal(staged[:len(idx)], _decode(jpg, idx))
+        assert torch.equal(staged[len(idx):], torch.full_like(staged[len(idx):], 7))
+    assert Prefetcher(jpg, "cpu", b, decode="cv2").staging is None  # decoded on the host: nothing staged
+
+
+def test_files_too_big_to_pin_are_decoded_unstaged(pack, monkeypatch):
+    from yolofeed.pack.codecs import jpeg
+
+    jpg = pack(IMGSZ, "jpeg")
+    monkeypatch.setattr(jpeg, "STAGING_MAX", int(np.sort(jpg.index["nbytes"])[-3:].sum()) - 1)
+    p = Prefetcher(jpg, "cpu", 3, decode="torchvision")
+    assert p.staging is None  # the 3 largest files pass the cap: each is copied on its own
+    out = torch.full((3, IMGSZ, IMGSZ, 3), 7, dtype=torch.uint8)
+    jpg.codec.decode(jpg, np.arange(3), out, p.staging)
+    assert torch.equal(out, _decode(jpg, np.arange(3)))
+
+
 def test_unknown_decoder_is_a_config_error(pack):
     jpg = pack(IMGSZ, "jpeg")
     with pytest.raises(ConfigError, match="torchvision"):

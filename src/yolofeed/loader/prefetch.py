@@ -10,8 +10,9 @@ frees the slot. ffcv's epoch iterator and timm's PrefetchLoader are the models.
 The pack's codec (``yolofeed.pack.codecs``) makes the pixels, in one of two places. On the host
 (``Codec.gather``: a raw pack's memcpy, or a jpeg pack's ``decode="cv2"`` on two threads) into the pinned
 buffer, which is copied to the device. Or on the device (``Codec.decode``, when ``decodes_on_device``:
-a jpeg pack's ``decode="torchvision"``, nvJPEG on CUDA): only labels go through the pinned buffers, and
-the codec writes the images straight into the slot's device buffer, on the same side stream. ``auto``
+a jpeg pack's ``decode="torchvision"``, nvJPEG on CUDA): only labels go through the pinned buffers, the
+codec stages the batch's payloads in one more pinned buffer (``Codec.staging_bytes``) and writes the images
+straight into the slot's device buffer, on the same side stream. ``auto``
 lets the codec choose (jpeg: torchvision on CUDA, cv2 elsewhere).
 
 On a machine without CUDA the same code runs with plain memory and no streams; ``sync=True``
@@ -115,6 +116,11 @@ class Prefetcher:
         self.slots = [_Slot(pack, max_batch, self.device, self.on_device, self.labels)
                       for _ in range(1 if sync else slots)]
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # One staging buffer serves every slot: batches are decoded one at a time, and ``decode`` waits for the
+        # side stream's reads of the last batch before refilling it.
+        staged = pack.codec.staging_bytes(pack, max_batch) if self.on_device else 0
+        self.staging = (torch.empty(staged, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+                        if staged else None)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -138,7 +144,7 @@ class Prefetcher:
 
     def _decode(self, slot: _Slot, indices: np.ndarray) -> None:
         """The batch's payloads, decoded by the pack's codec into the slot's device images (current stream)."""
-        self.pack.codec.decode(self.pack, np.asarray(indices, np.int64), slot.dev.images[:slot.n])
+        self.pack.codec.decode(self.pack, np.asarray(indices, np.int64), slot.dev.images[:slot.n], self.staging)
 
     def _produce(self, batches: list[np.ndarray], free: queue.Queue, ready: queue.Queue) -> None:
         k = 0

@@ -9,7 +9,8 @@ As ffcv's fields, a codec is the whole life of an image in one format:
 * the loader's host thread: ``gather`` writes a batch's RGB pixels into the (pinned) host buffer, which
   the loader copies to the device on its side stream;
 * the device, on the loader's side stream: when ``decodes_on_device`` says so, the host buffer holds no
-  pixels and ``decode`` writes the batch's RGB pixels straight into the slot's device buffer.
+  pixels and ``decode`` writes the batch's RGB pixels straight into the slot's device buffer, staging the
+  payloads in a pinned host buffer of ``staging_bytes`` first if it asks for one.
 
 Either way the augmentation receives (N, S, S, 3) uint8 RGB images, image k in the top-left
 ``(h, w)`` corner of row k. A new format is one new module in this folder (a ``Codec`` subclass named
@@ -117,11 +118,20 @@ class Codec:
         """
         return False
 
-    def decode(self, pack: Pack, indices: np.ndarray, out: torch.Tensor) -> None:
+    def staging_bytes(self, pack: Pack, batch: int) -> int:
+        """Host bytes ``decode`` may stage a batch of up to ``batch`` payloads in (the loader pins them); 0: none."""
+        return 0
+
+    def decode(self, pack: Pack, indices: np.ndarray, out: torch.Tensor, staging: torch.Tensor | None = None) -> None:
         """Write images ``indices`` as RGB pixels into ``out[k, :h, :w]`` on ``out.device``, on the current stream.
 
         Called from the loader's thread with its side stream current: it may wait on that stream (never on
         the training stream).
+
+        Args:
+            staging: None, or a 1-D uint8 host tensor of ``staging_bytes(pack, len(indices))`` or more (pinned on
+                CUDA machines), the same buffer every batch: ``decode`` may overwrite it once the current stream's
+                reads of it (the last batch's copies to the device) are done.
 
         Shape:
             out: (>=B, S, S, 3) uint8.

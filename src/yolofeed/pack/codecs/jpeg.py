@@ -40,6 +40,7 @@ from yolofeed.pack.verify import ImageInfo, SampleError, decode_bgr, resized_hw
 LOGGER = logging.getLogger(__name__)
 REENCODE_QUALITY = 95  # for non-JPEG, EXIF-rotated, CMYK or restored sources
 HOST_THREADS = 2  # the cv2 decoder's threads: the loader's CPU budget
+STAGING_MAX = 1 << 30  # pinned host bytes the loader may hold for a batch's files (COCO-like, batch 128: ~25 MB)
 
 # Files the device decoder refused: reported once, then sent straight to OpenCV, so one odd file
 # does not send its whole batch through the one-by-one retry every epoch.
@@ -75,7 +76,7 @@ def decode_cv2(encoded: np.ndarray, h: int, w: int, name: str) -> np.ndarray:
     return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
 
 
-def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
+def decode_into(encoded: Sequence[np.ndarray | Tensor], shapes: np.ndarray, out: Tensor,
                 names: Sequence[str] | None = None) -> None:
     """Decode JPEGs on ``out.device`` and write each, resized to ``shapes[k]``, into ``out[k]``'s top-left corner.
 
@@ -88,7 +89,8 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
     on a side stream from a loader thread, never on the training stream.
 
     Args:
-        encoded: B JPEG files, 1-D uint8 arrays (views of a pack's memory map are fine).
+        encoded: B JPEG files, 1-D uint8 CPU tensors (used as they are) or arrays (views of a pack's memory map
+            are fine: each is copied into a tensor).
         shapes: target (h, w) of each image.
         out: images are written to ``out[k, :h, :w]``; the rest of ``out`` is left as it was.
         names: each image's file, for the warning when one falls back to OpenCV.
@@ -101,8 +103,8 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
         return
     names = list(names) if names is not None else [f"image {k} of the batch" for k in range(n)]
     hw = [(int(h), int(w)) for h, w in np.asarray(shapes).tolist()]
-    # A fresh tensor per file: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
-    data = [torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
+    # An array becomes a fresh tensor: torch.frombuffer on a read-only memory map warns, and a copy is ~100 KB.
+    data = [e if isinstance(e, Tensor) else torch.from_numpy(np.array(e, dtype=np.uint8)) for e in encoded]
     on_host = [k for k in range(n) if names[k] in _REFUSED]
     todo = [k for k in range(n) if names[k] not in _REFUSED]
     images: dict[int, Tensor] = {}
@@ -124,8 +126,12 @@ def decode_into(encoded: Sequence[np.ndarray], shapes: np.ndarray, out: Tensor,
 
 
 def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor) -> None:
-    """Write decoded image k, resized to ``hw[k]``, into ``out[k]``'s top-left corner: a few kernels per group of
-    images that share a (decoded size, target size) pair, not per image.
+    """Write decoded image k, resized to ``hw[k]``, into ``out[k]``'s top-left corner: one resize per group of
+    images that share a (decoded size, target size) pair, then one copy per image.
+
+    The copy per image is a plain strided copy (CHW to HWC). An indexed write per group would be one launch,
+    but under Ultralytics' ``deterministic=True`` CUDA's indexed write sorts its index and copies the whole
+    target view out and back, beside the training step.
 
     Shape:
         images: k -> (3, h0, w0) uint8 on ``out.device``. out: (>=B, H, W, 3) uint8.
@@ -134,15 +140,14 @@ def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor)
     for k, im in images.items():
         groups.setdefault((tuple(im.shape[1:]), hw[k]), []).append(k)
     for (src, (h, w)), ks in groups.items():
-        x = torch.stack([images[k] for k in ks]) if len(ks) > 1 else images[ks[0]][None]
-        if src != (h, w):
-            x = F.interpolate(x.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=False)
-            x = x.round_().clamp_(0, 255).to(torch.uint8)
-        x = x.permute(0, 2, 3, 1)  # CHW -> HWC: the write below does the layout change, no extra copy
-        if len(ks) == 1:
-            out[ks[0], :h, :w] = x[0]
+        if src == (h, w):
+            resized = [images[k] for k in ks]
         else:
-            out[torch.tensor(ks, device=out.device), :h, :w] = x
+            x = torch.stack([images[k] for k in ks]) if len(ks) > 1 else images[ks[0]][None]
+            x = F.interpolate(x.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=False)
+            resized = x.round_().clamp_(0, 255).to(torch.uint8)
+        for k, im in zip(ks, resized):
+            out[k, :h, :w].copy_(im.permute(1, 2, 0))  # CHW -> HWC in the copy: no extra pass
 
 
 class Jpeg(Codec):
@@ -201,10 +206,25 @@ class Jpeg(Codec):
     def decodes_on_device(self, device: torch.device, decode: str) -> bool:
         return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
 
-    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor) -> None:
+    def staging_bytes(self, pack: Pack, batch: int) -> int:
+        """The ``batch`` largest files together (no batch of that many needs more); 0 (no staging: a pageable copy
+        per file) where that passes ``STAGING_MAX``, which packs of multi-megabyte photos can."""
+        need = int(np.sort(pack.index["nbytes"])[-batch:].sum()) if batch > 0 and len(pack) else 0
+        return need if need <= STAGING_MAX else 0
+
+    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor, staging: Tensor | None = None) -> None:
+        idx = np.asarray(indices, np.int64)
         files = pack.im_files
-        decode_into([pack.encoded(int(i)) for i in indices], pack.shapes[np.asarray(indices, np.int64)], out,
-                    names=[files[i] for i in indices])
+        if staging is None:
+            encoded: Sequence[Any] = [pack.encoded(i) for i in idx.tolist()]
+        else:  # one copy per file into the pinned buffer, then views of it made in one call: nvJPEG copies
+            # the files to the GPU from pinned memory without blocking (from pageable memory each copy holds up
+            # the training threads' CUDA calls: measured), and no array is allocated per file.
+            if out.device.type == "cuda":  # the last batch's copies from this buffer are done before it is refilled
+                torch.cuda.current_stream(out.device).synchronize()
+            _, sizes = pack.gather_encoded(idx, staging)
+            encoded = torch.split(staging[:int(sizes.sum())], sizes.tolist())
+        decode_into(encoded, pack.shapes[idx], out, names=[files[i] for i in idx.tolist()])
 
 
 CODEC = Jpeg()
