@@ -325,7 +325,27 @@ def test_jpeg_ablations_leave_out_the_decode_or_the_placing_and_are_undone(pack,
     images, hw = placed[0]  # blank images of each file's decoded size, to be placed at its delivered size
     assert [tuple(images[k].shape) for k in range(6)] == [(3, h0, w0) for h0, w0 in jpg.ori_shapes[idx].tolist()]
     assert hw == [tuple(x) for x in jpg.shapes[idx].tolist()]
+    with monkeypatch.context() as m, step_ab.patched("yolofeed_jpeg_no_decode"):
+        m.setattr(torchvision.io, "decode_jpeg", refuse)
+        m.setattr(jpeg, "place", refuse)
+        kept = torch.full_like(full, 7)
+        jpg.codec.decode(jpg, idx, kept)
+        assert torch.equal(kept, torch.full_like(full, 7))  # nothing decoded, nothing written
     assert jpeg.Jpeg.decode is decode and jpeg.place is place  # undone
+    assert step_ab.trainer_class("yolofeed_train_priority").__name__ == "FastDetectionTrainer"
+    assert step_ab.split_patches("yolofeed_jpeg_no_place_pageable_files") == ("yolofeed_jpeg", ["_no_place",
+                                                                                                 "_pageable_files"])
+    with pytest.raises(ValueError, match="use it on yolofeed_jpeg"):
+        step_ab.trainer_class("yolofeed_pageable_files_train_priority")
+    with step_ab.patched("yolofeed_jpeg_pageable_files"):
+        assert jpg.codec.staging_bytes(jpg, 6) == 0  # each file its own tensor again
+    assert jpg.codec.staging_bytes(jpg, 6) > 0
+    with step_ab.patched("yolofeed_jpeg_indexed_place"):  # the indexed write: the same pixels
+        indexed = torch.zeros_like(full)
+        jpg.codec.decode(jpg, idx, indexed)
+    assert torch.equal(indexed, full) and jpeg.place is place
+    with step_ab.patched("yolofeed_train_priority"):  # without CUDA: says so and changes nothing
+        pass
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")

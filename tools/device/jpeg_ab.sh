@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a jpeg pack's step loses time against a raw pack's, yolo11n, batch 128, the 10k
-# set: raw and jpeg steps side by side in one process, with the jpeg loader's parts left out in turn (nvJPEG's
-# decode; the resize and write), in both orders; the GPU's idle gaps and each thread's and stream's time under the
+# set: raw and jpeg steps side by side in one process, with the jpeg loader's earlier choices put back in turn (each
+# file in its own pageable tensor; one indexed write per group) and its work left out (no kernel), in both orders; the GPU's idle gaps and each thread's and stream's time under the
 # profiler without Python stacks; then the raw pack's loader in a 6 GiB memory cgroup, its pages evicted
 # (posix_fadvise(WILLNEED) reads each batch). ~8 min on nvidia-h200; PARTS splits it where a call allows less.
 # Usage: bash tools/device/jpeg_ab.sh
@@ -10,7 +10,8 @@
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,9p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
-VARIANTS="${VARIANTS:-yolofeed,$J,${J}_no_nvjpeg,${J}_no_place,${J}_no_place,${J}_no_nvjpeg,$J,yolofeed}"
+VARIANTS="${VARIANTS:-yolofeed,$J,${J}_pageable_files,${J}_indexed_place,${J}_no_decode,${J}_no_decode,${J}_indexed_place,\
+${J}_pageable_files,$J,yolofeed}"
 source tools/device/setup.sh
 set +e
 lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))"
@@ -19,8 +20,8 @@ D=/tmp/synth
 for f in raw jpeg; do
   python3 -m yolofeed pack data=$D/data.yaml imgsz=640 format=$f 2>&1 | tr "\r" "\n" | grep "pack train.*built"
 done
-[[ $PARTS == *steps* ]] && timeout 330 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml $VARIANTS 2>&1 \
-  | grep -A1 STEP_AB
+[[ $PARTS == *steps* ]] && timeout 480 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml $VARIANTS 2>&1 \
+  | grep -A2 STEP_AB
 [[ $PARTS == *gaps* ]] && for m in yolofeed_jpeg yolofeed; do
   timeout 90 python3 -m tools.device.gpu_gaps $D/data.yaml $m --no-stack --steps 20 2>&1 | grep -A60 "under torch"
 done

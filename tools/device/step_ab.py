@@ -5,10 +5,18 @@ Usage: python -m tools.device.step_ab DATA_YAML MODEL VARIANT[,VARIANT...] [--ba
 VARIANT: a ``yolofeed bench`` mode (``ceiling``, ``yolofeed``, ...), alone or with a suffix: ``_stock_step``
 (Ultralytics' optimiser step, which reads the loss items on the host after the backward pass), ``_stock_loss``
 (Ultralytics' detection loss, 16 host syncs a step) or ``_sync_free_loss`` (yolofeed's, the default); then
-optionally one change to the code: ``_no_nvjpeg`` (a jpeg pack's loader without nvJPEG's decode: blank images of
-the right sizes, resized and written as usual), ``_no_place`` (nvJPEG's decode without the resize and write) or
-``_blocking_sync`` (host waits on CUDA sleep instead of spinning a core). Each line also names the threads that
-used the most CPU during the variant's run.
+optionally changes to the code, one or more in a row:
+- ``_no_nvjpeg``: a jpeg pack's loader without nvJPEG's decode (blank images of the right sizes, resized and
+  written as usual);
+- ``_no_place``: nvJPEG's decode without the resize and write;
+- ``_no_decode``: neither (the files are read and the side stream synced; no kernel runs);
+- ``_pageable_files``: nvJPEG reads each file from its own pageable tensor, not from the loader's pinned buffer;
+- ``_indexed_place``: one indexed write per group of images, not a copy per image;
+- ``_train_priority``: the training thread's work on a stream of the highest priority, so that the loader's
+  kernels cannot hold SMs it waits for;
+- ``_blocking_sync``: host waits on CUDA sleep instead of spinning a core.
+Each line also names the threads that used the most CPU during the variant's run, and the caching allocator's
+cudaMalloc/cudaFree calls.
 Each variant runs in turn, ``--steps`` measured steps after a 30-step warm-up (the bench's settings): one line
 each, and ``$OUT/step_ab_<model>.json``. Run the variants in both orders to see the drift between runs.
 """
@@ -41,7 +49,7 @@ def _no_nvjpeg():
     the files that the decode reads go with it."""
     from yolofeed.pack.codecs import jpeg
 
-    def decode(self, pack, indices, out):
+    def decode(self, pack, indices, out, staging=None):
         idx = np.asarray(indices, np.int64)
         if out.device.type == "cuda":
             torch.cuda.current_stream(out.device).synchronize()  # as jpeg._decode_jpeg does
@@ -50,6 +58,76 @@ def _no_nvjpeg():
         jpeg.place(images, [tuple(hw) for hw in pack.shapes[idx].tolist()], out)
 
     with _swap(jpeg.Jpeg, "decode", decode):
+        yield
+
+
+@contextlib.contextmanager
+def _no_decode():
+    """A jpeg pack's loader reads the batch's files and syncs its stream as nvJPEG's decode does, and launches nothing
+    (stale images stay)."""
+    from yolofeed.pack.codecs import jpeg
+
+    def decode(self, pack, indices, out, staging=None):
+        [torch.from_numpy(np.array(pack.encoded(int(i)), dtype=np.uint8)) for i in indices]
+        if out.device.type == "cuda":
+            torch.cuda.current_stream(out.device).synchronize()
+
+    with _swap(jpeg.Jpeg, "decode", decode):
+        yield
+
+
+@contextlib.contextmanager
+def _pageable_files():
+    """nvJPEG reads each file from its own pageable tensor, as before the loader staged them in one pinned buffer."""
+    from yolofeed.pack.codecs import jpeg
+
+    with _swap(jpeg.Jpeg, "staging_bytes", lambda self, pack, batch: 0):
+        yield
+
+
+def _place_index(images, hw, out):
+    """The resize-and-write as one indexed write per group (the row indices in one pinned copy a batch)."""
+    import torch.nn.functional as F
+
+    groups: dict = {}
+    for k, im in images.items():
+        groups.setdefault((tuple(im.shape[1:]), hw[k]), []).append(k)
+    rows = [k for ks in groups.values() if len(ks) > 1 for k in ks]
+    index = (torch.tensor(rows, dtype=torch.int64, pin_memory=out.device.type == "cuda").to(out.device,
+                                                                                             non_blocking=True)
+             if rows else None)
+    start = 0
+    for (src, (h, w)), ks in groups.items():
+        x = torch.stack([images[k] for k in ks]) if len(ks) > 1 else images[ks[0]][None]
+        if src != (h, w):
+            x = F.interpolate(x.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=False)
+            x = x.round_().clamp_(0, 255).to(torch.uint8)
+        x = x.permute(0, 2, 3, 1)
+        if len(ks) == 1:
+            out[ks[0], :h, :w] = x[0]
+        else:
+            out[index[start:start + len(ks)], :h, :w] = x
+            start += len(ks)
+
+
+@contextlib.contextmanager
+def _indexed_place():
+    """The jpeg loader writes each group of images with one indexed write (``_place_index``), not a copy each."""
+    from yolofeed.pack.codecs import jpeg
+
+    with _swap(jpeg, "place", _place_index):
+        yield
+
+
+@contextlib.contextmanager
+def _train_priority():
+    """The training thread's current stream has CUDA's highest priority: its blocks go before the loader's side stream
+    (CUDA only)."""
+    if not torch.cuda.is_available():
+        print("step_ab: _train_priority changes nothing without CUDA", flush=True)
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.Stream(priority=torch.cuda.Stream.priority_range()[1])):
         yield
 
 
@@ -94,11 +172,21 @@ def _blocking_sync():
                   flush=True)
 
 
-# Suffixes that change the code or the CUDA context for the variant, not an option; undone after it.
-PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_blocking_sync": _blocking_sync}
+# Suffixes that change the code or the CUDA context for the variant, not an option; undone after it. Several may
+# follow one another (``yolofeed_jpeg_no_place_pageable_files``).
+PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_no_decode": _no_decode,
+           "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_train_priority": _train_priority,
+           "_blocking_sync": _blocking_sync}
+JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place")  # the jpeg loader's
 
 
-JPEG_ONLY = ("_no_nvjpeg", "_no_place")  # change the jpeg loader: meaningless on another mode
+def split_patches(variant: str) -> tuple[str, list[str]]:
+    """``variant`` without its trailing ``PATCHES`` suffixes, and those suffixes in the order they are written."""
+    patches = []
+    while suffix := next((s for s in PATCHES if variant.endswith(s)), None):
+        patches.insert(0, suffix)
+        variant = variant.removesuffix(suffix)
+    return variant, patches
 
 
 def trainer_class(variant: str) -> type:
@@ -107,10 +195,10 @@ def trainer_class(variant: str) -> type:
     Raises:
         ValueError: an unknown mode, or a jpeg loader change on a mode without a jpeg pack.
     """
-    patch = next((s for s in PATCHES if variant.endswith(s)), "")
-    variant = variant.removesuffix(patch) if patch else variant
-    if patch in JPEG_ONLY and "jpeg" not in variant:
-        raise ValueError(f"{variant}{patch}: {patch} changes the jpeg pack's loader; use it on yolofeed_jpeg")
+    variant, patches = split_patches(variant)
+    for patch in patches:
+        if patch in JPEG_ONLY and "jpeg" not in variant:
+            raise ValueError(f"{variant}{patch}: {patch} changes the jpeg pack's loader; use it on yolofeed_jpeg")
     for suffix, options in SUFFIXES.items():
         if variant.endswith(suffix):
             cls = mode_class(variant.removesuffix(suffix))
@@ -120,9 +208,10 @@ def trainer_class(variant: str) -> type:
 
 @contextlib.contextmanager
 def patched(variant: str):
-    """The change ``variant``'s suffix names (``PATCHES``), undone on leaving."""
-    suffix = next((s for s in PATCHES if variant.endswith(s)), None)
-    with PATCHES[suffix]() if suffix else contextlib.nullcontext():
+    """The changes ``variant``'s suffixes name (``PATCHES``), undone on leaving."""
+    with contextlib.ExitStack() as stack:
+        for patch in split_patches(variant)[1]:
+            stack.enter_context(PATCHES[patch]())
         yield
 
 
@@ -180,6 +269,15 @@ def busiest(before: dict, after: dict, seconds: float, n: int = 6) -> str:
     return ", ".join(f"{name} {cpu / max(seconds, 1e-9):.2f}" for cpu, name in used[:n] if cpu > 0)
 
 
+def allocator_calls() -> dict[str, int]:
+    """The caching allocator's cumulative cudaMalloc and cudaFree calls and retries (a cudaFree waits for the whole
+    device); empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data")
@@ -198,16 +296,17 @@ def main(argv: list[str] | None = None) -> None:
         for v in variants:
             args = {"model": a.model, "data": a.data, "imgsz": a.imgsz, "batch": a.batch, "workers": 16,
                     "project": tmp}
-            t0 = time.perf_counter()
+            t0, mem0 = time.perf_counter(), allocator_calls()
             with patched(v), ThreadCpu() as cpu:
                 p = profile(v, trainer_class(v), args, steps=a.steps, warmup=a.warmup)
             threads = busiest(cpu.before, cpu.after, time.perf_counter() - t0)
+            mem = {k: n - mem0.get(k, 0) for k, n in allocator_calls().items()}
             rows.append({"variant": v, "images_per_s": p.images_per_s, "gpu_util": p.gpu_util,
                          "step_ms": p.step_ms, "optimizer": p.optimizer, "phases_ms": p.phases_ms,
-                         "own_cores_busy": p.own_cores_busy, "thread_cores": threads})
+                         "own_cores_busy": p.own_cores_busy, "thread_cores": threads, "allocator_calls": mem})
             print(f"STEP_AB {a.model} {v:<22} {p.images_per_s:8.0f} img/s  GPU {p.gpu_util or 0:5.1f} %  "
                   f"step {p.step_ms:6.1f} ms  {p.optimizer}  {p.phases_ms}\n  host cores {p.own_cores_busy}; busiest "
-                  f"threads (cores, the whole run): {threads}", flush=True)
+                  f"threads (cores, the whole run): {threads}\n  allocator calls (the whole run): {mem}", flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), f"step_ab_{a.model.removesuffix('.yaml')}.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
