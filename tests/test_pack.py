@@ -100,6 +100,13 @@ def test_no_usable_image_is_a_clear_error(dataset):
     assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
 
 
+def test_header_times_the_build_by_phase(dataset):
+    build = _build(dataset).header["build"]
+    phases = build["phases_s"]
+    assert list(phases) == ["plan", "start", "payloads", "check"]
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= build["seconds"] + 0.004  # rounding
+
+
 def test_gather_into_caller_buffers(dataset):
     pack = _build(dataset)
     idx = [5, 0, 17, 5]

@@ -10,7 +10,9 @@ decode and resize in N processes, nothing written) says what keeps the build bel
 ``/dev/shm`` takes the disk out). ``--settle`` syncs before each build, so that none starts while the last one's
 pages are still being written to disk. Each line also gives the CPU time an image of the workers (user and
 kernel) and of the building process (its threads: the read-back check's CRC32s, the writeback), against the
-decode ceiling's workers.
+decode ceiling's workers, and the build's phases in seconds from the pack's header (``plan``: fingerprint and
+space check; ``start``: the workers' start to the first result; ``payloads``; ``check``: the read-back) against the
+whole call (listing the source, writing the tail and opening the pack besides).
 
 Usage: python -m tools.device.build_parts DATA_YAML [--workers 16] [--imgsz 640] [--repeats 2] [--settle] [--dir D]
     [--variants 'as built,pages']
@@ -102,10 +104,12 @@ def main(argv: list[str] | None = None) -> None:
                                                rebuild="always", workers=a.workers, progress=False)
                     seconds, used = time.perf_counter() - t0, per_image_ms(c0, cpu(), n)
                 rate = len(pack) / seconds
+                phases = pack.header["build"]["phases_s"]
                 report["variants"].setdefault(name, []).append(round(rate))
                 report["cpu_ms"].setdefault(name, []).append(used)
+                report.setdefault("phases_s", {}).setdefault(name, []).append({**phases, "all": round(seconds, 3)})
                 print(f"{name}, rep {rep + 1}: {rate:,.0f} img/s ({rate / images:.0%} of the ceiling); CPU ms an "
-                      f"image {used}", flush=True)
+                      f"image {used}; seconds {phases} of {seconds:.2f}", flush=True)
                 del pack
     (Path(os.environ.get("OUT", ".")) / "build_parts.json").write_text(json.dumps(report, indent=1))
 

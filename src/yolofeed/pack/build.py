@@ -498,7 +498,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     counter = ctx.Value("Q", 0)
     initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped)
     me = (os.getpid(), process_start(os.getpid()) or 0.0)
+    started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
     pool = Workers(workers, _init_worker, (*initargs, me) if workers > 1 else initargs, _close_worker, ctx)
+    first = None
     index = np.zeros(n, INDEX_DTYPE)
     labels: list[np.ndarray | None] = [None] * n
     label_crc = np.zeros(n, np.uint32)
@@ -513,6 +515,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
               tqdm(total=n, unit="img", disable=not progress, desc=f"pack {src.split}") as bar):
             chunks = (tasks[k:k + chunk] for k in range(0, n, chunk))
             for i, lcrc, reason, meta in pool.imap(_process_chunk, chunks, check):
+                first = first or time.perf_counter()
                 bar.update()
                 label_crc[i] = lcrc
                 if reason is not None:
@@ -531,6 +534,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
         pool.stop()
         raise
     pool.close()
+    filled = time.perf_counter()
     skipped += [(src.im_files[i], why[i]) for i in sorted(why)]
     notes += [(src.im_files[i], note) for i in sorted(noted) for note in noted[i]]
     keep = np.array([lb is not None for lb in labels], bool)
@@ -542,6 +546,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     kept_labels = [lb for lb in labels if lb is not None]
     files = [f for f, k in zip(src.im_files, keep) if k]
     _check_written(tmp, fd, index, files, workers, src.split)
+    checked = time.perf_counter()
     counts = np.array([len(lb) for lb in kept_labels], np.int64)
     index["label_start"] = np.concatenate([[0], np.cumsum(counts)[:-1]])
     table = np.concatenate(kept_labels) if counts.sum() else np.zeros((0, 5), np.float32)
@@ -557,7 +562,11 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
         "counts": {"images": int(keep.sum()), "boxes": int(counts.sum()), "skipped": len(skipped),
                    "tried": n, "label_files": int(keep.sum()) - missing, "data_bytes": int(index["nbytes"].sum())},
         "skipped": skipped, "notes": notes,
-        "build": {"workers": workers, "seconds": round(seconds, 3), "sync": sync},
+        "build": {"workers": workers, "seconds": round(seconds, 3), "sync": sync,
+                  # fingerprint and space check; workers' start to the first result; the payloads; read-back
+                  "phases_s": {k: round(b - a, 3) for k, a, b in (
+                      ("plan", t0, started), ("start", started, first or filled), ("payloads", first or filled, filled),
+                      ("check", filled, checked))}},
     }
     write_tail(fd, int(counter.value), index, table, files, label_crc, header)
     LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s")
