@@ -40,7 +40,7 @@ from yolofeed.pack.verify import ImageInfo, SampleError, decode_bgr, resized_hw
 LOGGER = logging.getLogger(__name__)
 REENCODE_QUALITY = 95  # for non-JPEG, EXIF-rotated, CMYK or restored sources
 HOST_THREADS = 2  # the cv2 decoder's threads: the loader's CPU budget
-STAGING_MAX = 1 << 30  # pinned host bytes the loader may hold for a batch's files (COCO-like, batch 128: ~25 MB)
+STAGING_MAX = 1 << 30  # pinned host bytes the loader may hold for a batch's files (COCO-like, batch 128: ~30 MB)
 
 # Files the device decoder refused: reported once, then sent straight to OpenCV, so one odd file
 # does not send its whole batch through the one-by-one retry every epoch.
