@@ -5,11 +5,11 @@ trailing bytes) is kept byte for byte; any other image is decoded as Ultralytics
 re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x smaller than raw (photos at
 640: 90-150 KB against 0.9 MB).
 
-Device (``decode="torchvision"``, the default on CUDA): one ``decode_jpeg`` call per batch, then one
-resize and one indexed write per group of images that share a (decoded size, target size) pair: a
-COCO-like batch is a handful of groups, so a batch costs a handful of kernels, not several per image.
-The same code runs on the CPU (libjpeg-turbo behind the same call), which is how the tests exercise the
-grouping, the resize and the fallbacks.
+Device (``decode="torchvision"``, the default on CUDA): the loader stages a batch's files in one pinned
+buffer, one ``decode_jpeg`` call decodes them all, then one resize per group of images that share a
+(decoded size, target size) pair (a COCO-like batch is a handful of groups) and one strided copy per image
+write them into the batch. The same code runs on the CPU (libjpeg-turbo behind the same call), which is
+how the tests exercise the grouping, the resize and the fallbacks.
 
 An image the batched call refuses (nvJPEG declines some CMYK and unusual JPEGs) is decoded alone on
 the same device; one that still fails is decoded on the host by OpenCV, exactly as the ``cv2`` path
