@@ -131,6 +131,11 @@ def test_staged_decode_equals_decode_from_the_map_and_the_largest_files_fit(pack
         assert torch.equal(staged[:len(idx)], _decode(jpg, idx))
         assert torch.equal(staged[len(idx):], torch.full_like(staged[len(idx):], 7))
     assert Prefetcher(jpg, "cpu", b, decode="cv2").staging is None  # decoded on the host: nothing staged
+    repeated = np.repeat(largest[-1:], b)  # the largest file b times (a padded batch): more than the buffer holds
+    assert jpg.index["nbytes"][repeated].sum() > p.staging.numel()
+    staged = torch.full((b, IMGSZ, IMGSZ, 3), 7, dtype=torch.uint8)
+    jpg.codec.decode(jpg, repeated, staged, p.staging)
+    assert torch.equal(staged, _decode(jpg, repeated))
 
 
 def test_files_too_big_to_pin_are_decoded_unstaged(pack, monkeypatch):

@@ -215,14 +215,16 @@ class Jpeg(Codec):
     def decode(self, pack: Pack, indices: np.ndarray, out: Tensor, staging: Tensor | None = None) -> None:
         idx = np.asarray(indices, np.int64)
         files = pack.im_files
-        if staging is None:
+        sizes = pack.index["nbytes"][idx].astype(np.int64)
+        # A batch that repeats large files (a padded last batch) can outgrow the buffer: it goes unstaged.
+        if staging is None or sizes.sum() > staging.numel():
             encoded: Sequence[Any] = [pack.encoded(i) for i in idx.tolist()]
         else:  # one copy per file into the pinned buffer, then views of it made in one call: nvJPEG copies
             # the files to the GPU from pinned memory without blocking (from pageable memory each copy holds up
             # the training threads' CUDA calls: measured), and no array is allocated per file.
             if out.device.type == "cuda":  # the last batch's copies from this buffer are done before it is refilled
                 torch.cuda.current_stream(out.device).synchronize()
-            _, sizes = pack.gather_encoded(idx, staging)
+            pack.gather_encoded(idx, staging)
             encoded = torch.split(staging[:int(sizes.sum())], sizes.tolist())
         decode_into(encoded, pack.shapes[idx], out, names=[files[i] for i in idx.tolist()])
 
