@@ -177,6 +177,18 @@ def test_too_little_space_is_refused_before_writing(dataset, monkeypatch):
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
 
 
+def test_a_pack_that_cannot_fit_is_refused_by_the_pre_run_check_too(dataset, monkeypatch):
+    """``check_split`` runs in a DDP launcher before any rank: the space error must come from there, with its type
+    (the bench adds its jpeg hint to a PackSpaceError), and nothing may be created."""
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 10**5, 10**5))
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with pytest.raises(PackSpaceError, match="not enough free space for the train pack in "):
+        build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")
+    assert not folder.exists()
+    monkeypatch.undo()
+    build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # room: nothing to say
+
+
 def test_no_room_even_for_the_lock_record_is_one_clear_error(dataset, monkeypatch):
     """A disk with no byte free takes the empty lock file but not its holder record: that used to escape as an
     OSError traceback from the lock, holding the lock; now one PackError, and the lock is free again."""

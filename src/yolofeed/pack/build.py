@@ -838,10 +838,13 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
 
     With ``rebuild="never"``: the pack must exist and be valid and current (it is opened: its metadata
     checksums, and a stat of every source file for the fingerprint). Otherwise, when no pack file is there
-    yet: some folder must take one (nothing is created; the build makes the folder). Reads no image.
+    yet: some folder must take one (nothing is created; the build makes the folder), with the free space for
+    it (the split is listed and up to ``SPACE_SAMPLE`` image headers are read, as the build will). A DDP
+    launcher thereby refuses a pack that cannot fit in its own process, with the error's own type, before any
+    rank starts.
 
     Raises:
-        PackError / StalePackError / DatasetError: as ``ensure_split`` would.
+        PackError / PackSpaceError / StalePackError / DatasetError: as ``ensure_split`` would.
     """
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
@@ -855,7 +858,9 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
         if pack is None:
             raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
     elif not any((folder / name).exists() for folder in folders):
-        _build_folder(folders, split, chosen=bool(out), create=False)
+        anchor = _existing_ancestor(_build_folder(folders, split, chosen=bool(out), create=False))
+        if anchor is not None:
+            _plan_space(split_source(d, split), anchor, imgsz, storage)
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
