@@ -22,8 +22,8 @@ if [ "${PHASE:-all}" != train ]; then
   echo "pack: $((SECONDS - t)) s"; t=$SECONDS
   python3 -c "from ultralytics.data.dataset import YOLODataset
 from ultralytics.data.utils import check_det_dataset; from ultralytics.cfg import get_cfg
-d = check_det_dataset('$D/data.yaml'); YOLODataset(img_path=d['train'], imgsz=640, augment=False, data=d, hyp=get_cfg())" \
-    > /dev/null
+d = check_det_dataset('$D/data.yaml')
+YOLODataset(img_path=d['train'], imgsz=640, augment=False, data=d, hyp=get_cfg())" > /dev/null
   echo "stock's label scan: $((SECONDS - t)) s"
 fi
 if [ "${PHASE:-all}" != data ]; then
