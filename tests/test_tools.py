@@ -29,6 +29,7 @@ from tools.device import (
     io_probe,
     kernel_top,
     monitor_overhead,
+    setup_timeline,
     step_ab,
     syncs,
     val_equality,
@@ -346,6 +347,24 @@ def test_jpeg_ablations_leave_out_the_decode_or_the_placing_and_are_undone(pack,
     assert torch.equal(indexed, full) and jpeg.place is place
     with step_ab.patched("yolofeed_train_priority"):  # without CUDA: says so and changes nothing
         pass
+
+
+def test_setup_timeline_times_each_set_up_method_once_from_the_build():
+    class Trainer:
+        def __init__(self):
+            self.calls = 0
+
+        def get_dataloader(self, n):
+            self.calls += 1
+            time.sleep(0.02)
+            return n * 2
+
+    events, t0 = [], [0.0]
+    t = setup_timeline.timed_class(Trainer, events, t0)()
+    assert t0[0] > 0 and t.get_dataloader(3) == 6 and t.get_dataloader(4) == 8 and t.calls == 2
+    assert [e["event"] for e in events] == ["get_dataloader"]  # the first call only
+    assert events[0]["took_s"] >= 0.02 and events[0]["at_s"] >= 0
+    assert not hasattr(setup_timeline.timed_class(Trainer, [], [0.0]), "_warm_up")  # only methods the class has
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
