@@ -349,6 +349,26 @@ def test_jpeg_ablations_leave_out_the_decode_or_the_placing_and_are_undone(pack,
         pass
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_placing_on_the_training_side_delivers_the_same_batches(pack, sync):
+    from yolofeed.loader.prefetch import Prefetcher
+    from yolofeed.pack.codecs import jpeg
+
+    jpg = pack(160, "jpeg")
+    batches = [np.arange(k, k + 5) for k in range(0, 15, 5)]
+
+    def images():  # each image's own rows and columns: the rest of a slot is whatever its buffer held
+        p = Prefetcher(jpg, "cpu", 5, sync=sync, decode="torchvision")
+        return [torch.cat([im[:h, :w].flatten() for im, (h, w) in zip(b.source.images, b.source.hw.tolist())])
+                for b in p.iterate(batches)]
+
+    plain = images()
+    with step_ab.patched("yolofeed_jpeg_place_on_train"):
+        deferred = images()
+        assert jpeg.place is not step_ab._place_index  # the stash stands in for it while patched
+    assert all(torch.equal(a, b) for a, b in zip(plain, deferred)) and len(deferred) == len(batches)
+
+
 def test_setup_timeline_times_each_set_up_method_once_from_the_build():
     class Trainer:
         def __init__(self):

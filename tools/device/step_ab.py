@@ -12,6 +12,8 @@ optionally changes to the code, one or more in a row:
 - ``_no_decode``: neither (the files are read and the side stream synced; no kernel runs);
 - ``_pageable_files``: nvJPEG reads each file from its own pageable tensor, not from the loader's pinned buffer;
 - ``_indexed_place``: one indexed write per group of images, not a copy per image;
+- ``_place_on_train``: the resize and write in the training thread, on the training stream, as each batch is
+  delivered (serial with the step, not beside it);
 - ``_train_priority``: the training thread's work on a stream of the highest priority, so that the loader's
   kernels cannot hold SMs it waits for;
 - ``_blocking_sync``: host waits on CUDA sleep instead of spinning a core.
@@ -120,6 +122,33 @@ def _indexed_place():
 
 
 @contextlib.contextmanager
+def _place_on_train():
+    """The jpeg loader decodes on its side stream as usual, but the resize and write run in the training thread, on
+    the training stream, when the batch is delivered: serial with the step instead of beside it."""
+    from yolofeed.loader.prefetch import Prefetcher
+    from yolofeed.pack.codecs import jpeg
+
+    real_place, real_deliver, pending = jpeg.place, Prefetcher._deliver, {}
+
+    def stash(images, hw, out):  # the loader thread: keep the decoded images for the training thread
+        pending[out.data_ptr()] = (images, hw, out)
+
+    def deliver(self, k, indices):
+        batch = real_deliver(self, k, indices)  # the training stream waits for the slot's decode here
+        job = pending.pop(self.slots[k].dev.images.data_ptr(), None)
+        if job is not None:
+            images, hw, out = job
+            if out.device.type == "cuda":  # made on the side stream, read on this one: not to be reused before
+                for im in images.values():
+                    im.record_stream(torch.cuda.current_stream(out.device))
+            real_place(images, hw, out)
+        return batch
+
+    with _swap(jpeg, "place", stash), _swap(Prefetcher, "_deliver", deliver):
+        yield
+
+
+@contextlib.contextmanager
 def _train_priority():
     """The training thread's current stream has CUDA's highest priority: its blocks go before the loader's side stream
     (CUDA only)."""
@@ -175,9 +204,9 @@ def _blocking_sync():
 # Suffixes that change the code or the CUDA context for the variant, not an option; undone after it. Several may
 # follow one another (``yolofeed_jpeg_no_place_pageable_files``).
 PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_no_decode": _no_decode,
-           "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_train_priority": _train_priority,
-           "_blocking_sync": _blocking_sync}
-JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place")  # the jpeg loader's
+           "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_place_on_train": _place_on_train,
+           "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
+JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place", "_place_on_train")
 
 
 def split_patches(variant: str) -> tuple[str, list[str]]:
