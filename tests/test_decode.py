@@ -138,6 +138,30 @@ def test_staged_decode_equals_decode_from_the_map_and_the_largest_files_fit(pack
     assert torch.equal(staged, _decode(jpg, repeated))
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_loader_stages_every_batch_in_its_buffer(pack, monkeypatch, sync):
+    """The loader hands its staging buffer to the decode: each batch's files are gathered into it, not copied apart."""
+    from yolofeed.pack.store import Pack
+
+    jpg = pack(IMGSZ, "jpeg")
+    staged = []
+    real = Pack.gather_encoded
+
+    def spy(self, indices, out):
+        staged.append((np.array(indices), out))
+        return real(self, indices, out)
+
+    monkeypatch.setattr(Pack, "gather_encoded", spy)
+    p = Prefetcher(jpg, "cpu", 4, sync=sync, decode="torchvision")
+    batches = [np.array([0, 5, 9, 2]), np.array([7, 1, 3])]
+    got = [b.source.images.clone() for b in p.iterate(batches)]
+    assert [list(i) for i, _ in staged] == [list(b) for b in batches]
+    assert all(out is p.staging for _, out in staged)
+    for images, idx in zip(got, batches):
+        ref = _decode(jpg, idx)
+        assert all(torch.equal(images[k, :h, :w], ref[k, :h, :w]) for k, (h, w) in enumerate(jpg.shapes[idx].tolist()))
+
+
 def test_files_too_big_to_pin_are_decoded_unstaged(pack, monkeypatch):
     from yolofeed.pack.codecs import jpeg
 
@@ -259,7 +283,7 @@ def test_cuda_loader_jpeg_batches_equal_raw_batches_within_tolerance(pack):
     for sync in (True, False):
         a = TrainLoader(raw, 6, "cuda", seed=4, sync=sync)
         b = TrainLoader(jpg, 6, "cuda", seed=4, sync=sync)  # auto: torchvision (nvJPEG) on CUDA
-        assert b.prefetcher.on_device
+        assert b.prefetcher.on_device and b.prefetcher.staging.is_pinned()  # nvJPEG's reads do not block
         for x, y in zip(a, b):
             assert np.array_equal(x["indices"], y["indices"])
             sx, sy = x["source"], y["source"]

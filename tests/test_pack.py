@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from pathlib import Path
 
@@ -100,11 +101,40 @@ def test_no_usable_image_is_a_clear_error(dataset):
     assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
 
 
-def test_header_times_the_build_by_phase(dataset):
-    build = _build(dataset).header["build"]
+class _FakeTime:
+    """The build module's ``time`` with a clock that moves only when a test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_header_times_the_build_by_phase(dataset, monkeypatch):
+    """Each phase's seconds are the time spent in that phase's work: planning 10 s, 1 s an image, checking 100 s."""
+    clock = _FakeTime()
+    monkeypatch.setattr(build_module, "time", clock)
+
+    def costs(fn, seconds):
+        def timed(*a, **k):
+            clock.now += seconds
+            return fn(*a, **k)
+        return timed
+
+    monkeypatch.setattr(build_module, "_plan_space", costs(build_module._plan_space, 10))
+    monkeypatch.setattr(build_module, "_process", costs(build_module._process, 1))  # workers=1: in this process
+    monkeypatch.setattr(build_module, "_check_written", costs(build_module._check_written, 100))
+    pack = _build(dataset, workers=1)
+    build, tried = pack.header["build"], pack.header["counts"]["tried"]
     phases = build["phases_s"]
     assert list(phases) == ["plan", "start", "payloads", "check"]
-    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= build["seconds"] + 0.004  # rounding
+    assert phases["plan"] == 10 and phases["check"] == 100
+    assert phases["start"] > 0 and phases["start"] + phases["payloads"] == tried  # the first result, then the rest
+    assert sum(phases.values()) == build["seconds"]
 
 
 def test_gather_into_caller_buffers(dataset):

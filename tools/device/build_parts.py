@@ -10,9 +10,10 @@ decode and resize in N processes, nothing written) says what keeps the build bel
 ``/dev/shm`` takes the disk out). ``--settle`` syncs before each build, so that none starts while the last one's
 pages are still being written to disk. Each line also gives the CPU time an image of the workers (user and
 kernel) and of the building process (its threads: the read-back check's CRC32s, the writeback), against the
-decode ceiling's workers, and the build's phases in seconds from the pack's header (``plan``: fingerprint and
-space check; ``start``: the workers' start to the first result; ``payloads``; ``check``: the read-back) against the
-whole call (listing the source, writing the tail and opening the pack besides).
+decode ceiling's workers, and the build's phases in seconds from the pack's header (``plan``: fingerprint, space
+check and the file's up-front reservation; ``start``: the workers' start and the first chunk of up to 64 images, to
+the first result; ``payloads``: the rest; ``check``: the read-back) against the whole call (listing the source,
+writing the tail and opening the pack besides).
 
 Usage: python -m tools.device.build_parts DATA_YAML [--workers 16] [--imgsz 640] [--repeats 2] [--settle] [--dir D]
     [--variants 'as built,pages']

@@ -11,8 +11,8 @@
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
-VARIANTS="${VARIANTS:-yolofeed,$J,${J}_pageable_files,${J}_indexed_place,${J}_no_decode,${J}_no_decode,${J}_indexed_place,\
-${J}_pageable_files,$J,yolofeed}"
+VARIANTS="${VARIANTS:-yolofeed,$J,${J}_pageable_files,${J}_indexed_place,${J}_no_decode,${J}_no_decode,\
+${J}_indexed_place,${J}_pageable_files,$J,yolofeed}"
 source tools/device/setup.sh
 set +e
 lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))"

@@ -563,7 +563,8 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                    "tried": n, "label_files": int(keep.sum()) - missing, "data_bytes": int(index["nbytes"].sum())},
         "skipped": skipped, "notes": notes,
         "build": {"workers": workers, "seconds": round(seconds, 3), "sync": sync,
-                  # fingerprint and space check; workers' start to the first result; the payloads; read-back
+                  # plan: fingerprint, space check, the file's reservation; start: the workers' start and the
+                  # first chunk's images (up to 64); payloads: the rest; check: the read-back
                   "phases_s": {k: round(b - a, 3) for k, a, b in (
                       ("plan", t0, started), ("start", started, first or filled), ("payloads", first or filled, filled),
                       ("check", filled, checked))}},
