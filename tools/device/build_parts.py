@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}, rep {rep + 1}: {rate:,.0f} img/s ({rate / images:.0%} of the ceiling); CPU ms an "
                       f"image {used}; seconds {phases} of {seconds:.2f}", flush=True)
                 del pack
-    (Path(os.environ.get("OUT", ".")) / "build_parts.json").write_text(json.dumps(report, indent=1))
+    (Path(os.environ.get("OUT", "/tmp")) / "build_parts.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

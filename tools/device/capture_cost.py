@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     dev = torch.device(a.device)
-    out_file = Path(os.environ.get("OUT", ".")) / "capture_cost.json"
+    out_file = Path(os.environ.get("OUT", "/tmp")) / "capture_cost.json"
     report: dict = {"batch": a.batch, "imgsz": a.imgsz, "last": a.last, "width": a.width, "device": str(dev),
                     "torch": torch.__version__, "calls_ms": []}
     if dev.type == "cuda":

@@ -117,7 +117,7 @@ def main() -> None:
         print(json.dumps(report["epochs"][-1]), flush=True)
     loader.close()
     sampler.stop.set()
-    out = Path(os.environ.get("OUT", ".")) / f"loader_memory{'-' + a.label if a.label else ''}.json"
+    out = Path(os.environ.get("OUT", "/tmp")) / f"loader_memory{'-' + a.label if a.label else ''}.json"
     out.write_text(json.dumps(report, indent=1))
 
 

@@ -70,7 +70,8 @@ def _no_decode():
     from yolofeed.pack.codecs import jpeg
 
     def decode(self, pack, indices, out, staging=None):
-        [torch.from_numpy(np.array(pack.encoded(int(i)), dtype=np.uint8)) for i in indices]
+        for i in indices:  # the copies the unstaged decode makes, dropped
+            torch.from_numpy(np.array(pack.encoded(int(i)), dtype=np.uint8))
         if out.device.type == "cuda":
             torch.cuda.current_stream(out.device).synchronize()
 

@@ -12,8 +12,8 @@ The pack's codec (``yolofeed.pack.codecs``) makes the pixels, in one of two plac
 buffer, which is copied to the device. Or on the device (``Codec.decode``, when ``decodes_on_device``:
 a jpeg pack's ``decode="torchvision"``, nvJPEG on CUDA): only labels go through the pinned buffers, the
 codec stages the batch's payloads in one more pinned buffer (``Codec.staging_bytes``) and writes the images
-straight into the slot's device buffer, on the same side stream. ``auto``
-lets the codec choose (jpeg: torchvision on CUDA, cv2 elsewhere).
+straight into the slot's device buffer, on the same side stream. ``auto`` lets the codec choose (jpeg:
+torchvision on CUDA, cv2 elsewhere).
 
 On a machine without CUDA the same code runs with plain memory and no streams; ``sync=True``
 gathers in the caller's thread instead (the tests compare the two).

@@ -207,8 +207,9 @@ class Jpeg(Codec):
         return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
 
     def staging_bytes(self, pack: Pack, batch: int) -> int:
-        """The ``batch`` largest files together (no batch of that many needs more); 0 (no staging: a pageable copy
-        per file) where that passes ``STAGING_MAX``, which packs of multi-megabyte photos can."""
+        """The ``batch`` largest files together: no batch of that many distinct images needs more (``decode``
+        leaves a batch that repeats files past it unstaged). 0, no staging (a pageable copy per file), where that
+        passes ``STAGING_MAX``, which packs of multi-megabyte photos can."""
         need = int(np.sort(pack.index["nbytes"])[-batch:].sum()) if batch > 0 and len(pack) else 0
         return need if need <= STAGING_MAX else 0
 
