@@ -6,6 +6,7 @@ only run, refuse what they cannot do with one clear line, and agree with BENCHMA
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -369,7 +370,7 @@ def test_placing_on_the_training_side_delivers_the_same_batches(pack, sync):
     assert all(torch.equal(a, b) for a, b in zip(plain, deferred)) and len(deferred) == len(batches)
 
 
-def test_setup_timeline_times_each_set_up_method_once_from_the_build():
+def test_setup_timeline_times_each_call_of_a_set_up_method_from_the_build():
     class Trainer:
         def __init__(self):
             self.calls = 0
@@ -382,9 +383,11 @@ def test_setup_timeline_times_each_set_up_method_once_from_the_build():
     events, t0 = [], [0.0]
     t = setup_timeline.timed_class(Trainer, events, t0)()
     assert t0[0] > 0 and t.get_dataloader(3) == 6 and t.get_dataloader(4) == 8 and t.calls == 2
-    assert [e["event"] for e in events] == ["get_dataloader"]  # the first call only
-    assert events[0]["took_s"] >= 0.02 and events[0]["at_s"] >= 0
+    assert [e["event"] for e in events] == ["get_dataloader", "get_dataloader"]  # each call: train and val
+    assert all(e["took_s"] >= 0.02 for e in events) and 0 <= events[0]["at_s"] < events[1]["at_s"]
     assert not hasattr(setup_timeline.timed_class(Trainer, [], [0.0]), "_warm_up")  # only methods the class has
+    for module, name in setup_timeline.FUNCTIONS:  # a rename fails here, not on the GPU machine
+        assert callable(getattr(importlib.import_module(module), name))
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")

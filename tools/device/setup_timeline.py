@@ -2,10 +2,11 @@
 
 Each mode (a ``yolofeed bench`` mode, or a step_ab variant) runs in its own process, as a user's run would: its
 trainer class gets timers around the set-up methods it has (``SETUP``: the model, the packs and loaders, the
-validator, cuDNN's and Triton's warm-up...) and a first-occurrence time for every Ultralytics callback, and trains
+optimizer, the validator...), yolofeed's warm-up gets them too (``FUNCTIONS``: cuDNN's plans, Triton's compiles;
+CUDA only), every Ultralytics callback gets a first-occurrence time, and the trainer trains
 through ``monitor.profile`` (``--steps`` steps after ``--warmup``). The result is one line per event, in order:
-seconds since the trainer was built, and how long each timed method took the first time it ran (a method that
-runs inside another, a pack inside a loader, shows inside it). Writes ``$OUT/setup_timeline.json``.
+seconds since the trainer was built, and how long each call of a timed method took (a method that runs inside
+another, a pack inside a loader, shows inside it). Writes ``$OUT/setup_timeline.json``.
 
 Usage: python -m tools.device.setup_timeline DATA_YAML MODEL MODE[,MODE...] [--batch 128] [--imgsz 640]
 """
@@ -13,7 +14,9 @@ Usage: python -m tools.device.setup_timeline DATA_YAML MODEL MODE[,MODE...] [--b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import importlib
 import json
 import os
 import subprocess
@@ -21,33 +24,44 @@ import sys
 import tempfile
 import time
 from typing import Any
+from unittest import mock
 
 # Trainer methods timed where the class has them: Ultralytics' set-up and yolofeed's own.
-SETUP = ("_setup_train", "setup_model", "set_model_attributes", "get_dataloader", "_pack", "build_dataset",
-         "get_validator", "_warm_up", "_check_data", "auto_batch")
+SETUP = ("_setup_train", "setup_model", "set_model_attributes", "_build_train_pipeline", "get_dataloader", "_pack",
+         "build_dataset", "build_optimizer", "get_validator", "set_class_weights", "_check_data", "auto_batch")
+
+
+# Module functions timed the same way, where they are looked up: the warm-up as the trainer calls it (CUDA only; the
+# trainer registers its own ``_warm_up`` as a callback, which a subclass's timer would not see), its model passes
+# (cuDNN's plans, one batch size after another) and its augmentation (Triton's compiles, the CUDA-graph capture).
+FUNCTIONS = (("yolofeed.train.trainer", "warm_up"), ("yolofeed.train.warmup", "warm_model"),
+             ("yolofeed.train.warmup", "warm_augmentation"))
+
+
+def _timer(name: str, fn, events: list[dict[str, Any]], t0: list[float]):
+    """``fn`` recording each call in ``events``: its start since ``t0[0]`` and its seconds."""
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:  # every call: the set-up methods run a few times (the train and the val loader), not per step
+            events.append({"event": name, "at_s": round(start - t0[0], 3),
+                           "took_s": round(time.perf_counter() - start, 3)})
+    return timed
 
 
 def timed_class(base: type, events: list[dict[str, Any]], t0: list[float]) -> type:
-    """``base`` with the first call of each ``SETUP`` method it has recorded in ``events`` (start, seconds), and
-    ``t0[0]`` set when the trainer is built."""
-
-    def wrap(name: str, method):
-        @functools.wraps(method)
-        def timed(self, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                if not any(e["event"] == name for e in events):
-                    events.append({"event": name, "at_s": round(start - t0[0], 3),
-                                   "took_s": round(time.perf_counter() - start, 3)})
-        return timed
+    """``base`` with each call of its ``SETUP`` methods recorded in ``events`` (start, seconds), and ``t0[0]`` set
+    when the trainer is built."""
 
     def __init__(self, *args, **kwargs):
         t0[0] = time.perf_counter()
         base.__init__(self, *args, **kwargs)
 
-    attrs = {name: wrap(name, getattr(base, name)) for name in SETUP if callable(getattr(base, name, None))}
+    attrs = {name: _timer(name, getattr(base, name), events, t0) for name in SETUP
+             if callable(getattr(base, name, None))}
     return type(base.__name__, (base,), {"__init__": __init__, **attrs})
 
 
@@ -60,7 +74,7 @@ def one(data: str, model: str, mode: str, batch: int, imgsz: int, steps: int, wa
 
     events: list[dict[str, Any]] = []
     t0 = [time.perf_counter()]
-    cls = timed_class(trainer_class(mode), events, t0)
+    timed = timed_class(trainer_class(mode), events, t0)
     seen: set[str] = set()
 
     def first(name: str):
@@ -70,17 +84,21 @@ def one(data: str, model: str, mode: str, batch: int, imgsz: int, steps: int, wa
                 events.append({"event": name, "at_s": round(time.perf_counter() - t0[0], 3)})
         return callback
 
-    original = cls.__init__
+    class Trainer(timed):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for name in default_callbacks:
+                self.add_callback(name, first(name))
 
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        for name in default_callbacks:
-            self.add_callback(name, first(name))
-
-    cls.__init__ = __init__
-    with tempfile.TemporaryDirectory() as tmp, patched(mode):
-        p = profile(mode, cls, {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "workers": 16,
-                                "project": tmp}, steps=steps, warmup=warmup)
+    Trainer.__name__ = timed.__name__
+    with contextlib.ExitStack() as stack:
+        for module, name in FUNCTIONS:
+            owner = importlib.import_module(module)
+            stack.enter_context(mock.patch.object(owner, name, _timer(name, getattr(owner, name), events, t0)))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        stack.enter_context(patched(mode))
+        p = profile(mode, Trainer, {"model": model, "data": data, "imgsz": imgsz, "batch": batch, "workers": 16,
+                                    "project": tmp}, steps=steps, warmup=warmup)
     return {"mode": mode, "first_step_s": p.first_step_s, "images_per_s": p.images_per_s,
             "events": sorted(events, key=lambda e: e["at_s"])}
 
