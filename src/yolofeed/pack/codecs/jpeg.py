@@ -221,8 +221,8 @@ class Jpeg(Codec):
         if staging is None or sizes.sum() > staging.numel():
             encoded: Sequence[Any] = [pack.encoded(i) for i in idx.tolist()]
         else:  # one copy per file into the pinned buffer, then views of it made in one call: nvJPEG copies
-            # the files to the GPU from pinned memory without blocking (from pageable memory each copy holds up
-            # the training threads' CUDA calls: measured), and no array is allocated per file.
+            # the files to the GPU from pinned memory without blocking (read from 128 pageable tensors, the decode
+            # alone slowed the training beside it by ~10 %: BENCHMARKS.md), and no array is allocated per file.
             if out.device.type == "cuda":  # the last batch's copies from this buffer are done before it is refilled
                 torch.cuda.current_stream(out.device).synchronize()
             pack.gather_encoded(idx, staging)
