@@ -35,14 +35,17 @@ class PackDataset:
 
     @cached_property
     def labels(self) -> list[dict]:
-        """Ultralytics' label dicts (views into the pack): im_file, shape (original hw), cls (n, 1), bboxes (n, 4)."""
-        shapes = self.pack.ori_shapes
-        out = []
-        for i, f in zip(self.indices, self.im_files):
-            lb = self.label_view(int(i))
-            out.append({"im_file": f, "shape": tuple(int(v) for v in shapes[i]), "cls": lb[:, :1], "bboxes": lb[:, 1:],
-                        "segments": [], "normalized": True, "bbox_format": "xywh"})
-        return out
+        """Ultralytics' label dicts (views into the pack): im_file, shape (original hw), cls (n, 1), bboxes (n, 4).
+
+        Ultralytics' trainer reads them all before the first step (its ``max_det`` check): one dict and two row
+        slices an image, the bounds and shapes turned into Python lists first (~5 us an image, 0.6 s for COCO).
+        """
+        lv, idx = self.label_view, self.indices
+        starts, ends = lv.start[idx].tolist(), (lv.start[idx] + lv.count[idx]).tolist()
+        cls, boxes = lv.table[:, :1], lv.table[:, 1:]
+        shapes = map(tuple, self.pack.ori_shapes[idx].tolist())
+        return [{"im_file": f, "shape": hw, "cls": cls[a:b], "bboxes": boxes[a:b], "segments": [], "normalized": True,
+                 "bbox_format": "xywh"} for f, a, b, hw in zip(self.im_files, starts, ends, shapes)]
 
     def close_mosaic(self, hyp=None) -> None:
         """Ultralytics calls this to end mosaic; augmentation lives on the GPU (FastDetectionTrainer) instead."""
