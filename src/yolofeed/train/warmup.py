@@ -11,9 +11,12 @@ the first epoch's rate to a third of the steady one.
 will train (the full batch, the last batch's, a DDP rank's batch + 1), in the training thread (PyTorch keeps
 cuDNN's plans per thread), under the step's autocast. The copy keeps the trained model, its gradients, batch-norm
 statistics and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to
-before it: the first epoch then trains at the steady rate, and the time to the first step stays below stock's
-(the run as a whole saves only what the warm-up overlaps: 1-3 s). It also compiles the augmentation's Triton
-kernels (a throwaway augmenter on a blank batch: the training augmenter's draws and partner pool are untouched).
+before it: the first epoch then trains at the steady rate (the run as a whole saves only what the warm-up
+overlaps: 1-3 s). On a 10k-image set the time to the first step stays below stock's; at COCO's size with a jpeg
+pack it came 10 s after stock's (BENCHMARKS.md, "COCO scale on one machine"), where stock meets the last batch's
+set-up only at the end of a two-minute epoch (how much of that gap the warm-up makes is not measured).
+It also compiles the augmentation's Triton kernels (a throwaway augmenter on a blank batch: the training
+augmenter's draws and partner pool are untouched).
 With ``multi_scale`` only the base size is warmed: every other scale pays its set-up when it first comes.
 
 A warm-up that runs out of GPU memory, or that cuDNN cannot plan, is skipped with one line: the training's own
