@@ -109,7 +109,8 @@ SECTIONS = {s.name: s for s in (
         "yolofeed_jpeg_blocking_sync,yolofeed_jpeg bash tools/device/jpeg_ab.sh")),
     Section("jpeg-parts", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 9, (
         "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed bash tools/device/jpeg_ab.sh",
-        "PARTS=steps bash tools/device/jpeg_ab.sh")),
+        "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg_no_decode,yolofeed_train_priority,"
+        "yolofeed_train_priority,yolofeed_jpeg_no_decode,yolofeed_jpeg,yolofeed bash tools/device/jpeg_ab.sh")),
     Section("coco-data", "COCO scale on one machine", "nvidia-h200", 0, 8, (
         "PHASE=data bash tools/device/coco_scale.sh",)),
     Section("coco-train", "COCO scale on one machine", "nvidia-h200", 1, 6, (

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Where a jpeg pack's step loses time against a raw pack's, yolo11n, batch 128, the 10k set: raw and jpeg steps
-# side by side in one process, with the jpeg loader's earlier choices put back in turn (each file in its own
-# pageable tensor; one indexed write per group) and its work left out (no kernel), in both orders; the GPU's idle
-# gaps and each thread's and stream's time under the profiler without Python stacks; then the raw pack's loader in
-# a 6 GiB memory cgroup, its pages evicted (posix_fadvise(WILLNEED) reads each batch). ~10 min on nvidia-h200;
-# PARTS splits it where a call allows less.
+# side by side in one process, three of each, with the jpeg loader changed in turn (no resize and write; the resize
+# and write on the training stream; the training stream at the highest priority; each file in its own pageable
+# tensor), in both orders; the GPU's idle gaps and each thread's and stream's time under the profiler without
+# Python stacks; then the raw pack's loader in a 6 GiB memory cgroup, its pages evicted (posix_fadvise(WILLNEED)
+# reads each batch). ~11 min on nvidia-h200; PARTS splits it where a call allows less.
 # Usage: bash tools/device/jpeg_ab.sh
 # Environment: PARTS="steps gaps memory" (the default: all three; "first" adds the time to the first step and the
 # first epoch of a jpeg pack, a raw pack and stock, in fresh processes); VARIANTS (step_ab's, comma-separated)
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
-VARIANTS="${VARIANTS:-yolofeed,$J,${J}_pageable_files,${J}_indexed_place,${J}_no_decode,${J}_no_decode,\
-${J}_indexed_place,${J}_pageable_files,$J,yolofeed}"
+VARIANTS="${VARIANTS:-yolofeed,$J,${J}_no_place,${J}_place_on_train,${J}_train_priority,${J}_pageable_files,yolofeed,$J,\
+${J}_pageable_files,${J}_train_priority,${J}_place_on_train,${J}_no_place,$J,yolofeed}"
 source tools/device/setup.sh
 set +e
 lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))"
