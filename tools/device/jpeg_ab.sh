@@ -11,8 +11,8 @@
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
-VARIANTS="${VARIANTS:-yolofeed,$J,${J}_no_place,${J}_place_on_train,${J}_train_priority,${J}_pageable_files,yolofeed,$J,\
-${J}_pageable_files,${J}_train_priority,${J}_place_on_train,${J}_no_place,$J,yolofeed}"
+VARIANTS="${VARIANTS:-yolofeed,$J,${J}_no_place,${J}_place_on_train,${J}_train_priority,${J}_pageable_files,\
+yolofeed,$J,${J}_pageable_files,${J}_train_priority,${J}_place_on_train,${J}_no_place,$J,yolofeed}"
 source tools/device/setup.sh
 set +e
 lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))"
