@@ -370,6 +370,18 @@ def test_placing_on_the_training_side_delivers_the_same_batches(pack, sync):
     assert all(torch.equal(a, b) for a, b in zip(plain, deferred)) and len(deferred) == len(batches)
 
 
+def test_warming_the_full_batch_only_leaves_the_last_batch_to_the_epoch():
+    from yolofeed.loader.sampler import EpochSampler
+    from yolofeed.train import trainer, warmup
+
+    sampler = EpochSampler(np.arange(10000), 128)
+    assert warmup.batch_sizes(sampler) == [128, 16]
+    with step_ab.patched("yolofeed_warm_full_only"):
+        assert warmup.batch_sizes(sampler) == trainer.batch_sizes(sampler) == [128]
+        assert warmup.batch_sizes(EpochSampler(np.arange(5), 128)) == [5]  # one batch, smaller than the batch size
+    assert warmup.batch_sizes(sampler) == trainer.batch_sizes(sampler) == [128, 16]  # undone
+
+
 def test_setup_timeline_times_each_call_of_a_set_up_method_from_the_build():
     class Trainer:
         def __init__(self):

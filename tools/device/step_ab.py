@@ -14,6 +14,7 @@ optionally changes to the code, one or more in a row:
 - ``_indexed_place``: one indexed write per group of images, not a copy per image;
 - ``_place_on_train``: the resize and write in the training thread, on the training stream, as each batch is
   delivered (serial with the step, not beside it);
+- ``_warm_full_only``: the warm-up meets the full batch size only (the last batch's cuDNN set-up comes with it);
 - ``_train_priority``: the training thread's work on a stream of the highest priority, so that the loader's
   kernels cannot hold SMs it waits for;
 - ``_blocking_sync``: host waits on CUDA sleep instead of spinning a core.
@@ -150,6 +151,21 @@ def _place_on_train():
 
 
 @contextlib.contextmanager
+def _warm_full_only():
+    """The warm-up meets the full batch size only: the epoch's last, smaller batch pays its cuDNN set-up when it
+    comes, as stock's does."""
+    from yolofeed.train import trainer, warmup
+
+    real = warmup.batch_sizes
+
+    def full_only(sampler):
+        return real(sampler)[:1]  # the full batch comes first
+
+    with _swap(warmup, "batch_sizes", full_only), _swap(trainer, "batch_sizes", full_only):
+        yield
+
+
+@contextlib.contextmanager
 def _train_priority():
     """The training thread's current stream has CUDA's highest priority: its blocks go before the loader's side stream
     (CUDA only)."""
@@ -206,7 +222,7 @@ def _blocking_sync():
 # follow one another (``yolofeed_jpeg_no_place_pageable_files``).
 PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_no_decode": _no_decode,
            "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_place_on_train": _place_on_train,
-           "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
+           "_warm_full_only": _warm_full_only, "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
 JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place", "_place_on_train")
 
 
