@@ -182,8 +182,8 @@ def test_a_pack_that_cannot_fit_is_refused_by_the_pre_run_check_too(dataset, mon
     (the bench adds its jpeg hint to a PackSpaceError), and nothing may be created."""
     monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 10**5, 10**5))
     folder = store_dir(dataset / "data.yaml", 64, "raw")
-    with pytest.raises(PackSpaceError, match="not enough free space for the train pack in "):
-        build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")
+    with pytest.raises(PackSpaceError, match=f"not enough free space for the train pack in {folder}: "):
+        build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # where the build would put it
     assert not folder.exists()
     monkeypatch.undo()
     build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # room: nothing to say

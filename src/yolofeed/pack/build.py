@@ -375,7 +375,7 @@ def _plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> _Sp
     estimate, tail, sampled = _estimate(src, imgsz, storage)
     largest = codec.max_payload(imgsz)
     bound = int(n * align(largest) + tail) if largest is not None else estimate
-    free = shutil.disk_usage(folder).free
+    free = shutil.disk_usage(_existing_ancestor(folder) or folder).free  # a folder the build has yet to make
     if free < estimate:
         how = "" if sampled == n else f", estimated from the headers of {sampled} of its {n:,} images"
         raise PackSpaceError(f"not enough free space for the {src.split} pack in {folder}: it needs "
@@ -859,9 +859,8 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
         if pack is None:
             raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
     elif not any((folder / name).exists() for folder in folders):
-        anchor = _existing_ancestor(_build_folder(folders, split, chosen=bool(out), create=False))
-        if anchor is not None:
-            _plan_space(split_source(d, split), anchor, imgsz, storage)
+        _plan_space(split_source(d, split), _build_folder(folders, split, chosen=bool(out), create=False), imgsz,
+                    storage)
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
