@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -220,7 +224,61 @@ def _cmyk_jpeg(h=72, w=96) -> np.ndarray:
     return np.frombuffer(buf.getvalue(), np.uint8)
 
 
+def _placements(device: str, seed: int = 0):
+    """Decoded-like CHW images of every kind of size pair, some slots left out (refused files), and the torch path's
+    result: slots out of order in a batch view of a larger buffer, padding 7."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = {0: ((48, 64), (48, 64)), 2: ((60, 80), (48, 64)), 5: ((30, 40), (48, 64)), 1: ((64, 48), (64, 48)),
+             4: ((50, 50), (64, 64)), 6: ((64, 36), (64, 36)), 3: ((81, 99), (52, 64)), 8: ((1, 1), (3, 5))}
+    images = {k: torch.randint(0, 256, (3, *src), generator=g, dtype=torch.uint8).to(device)
+              for k, (src, _) in pairs.items()}
+    hw = [pairs.get(k, (None, (10, 10)))[1] for k in range(9)]
+    buf = torch.full((11, 64, 64, 3), 7, dtype=torch.uint8, device=device)
+    ref = buf.clone()
+    decode.place(images, hw, ref[:9])
+    return images, hw, buf, ref, [k for k, (src, dst) in pairs.items() if src == dst]
+
+
+@pytest.mark.slow
+def test_place_kernel_equals_the_torch_ops_in_the_interpreter():
+    """``place_triton`` under Triton's interpreter (a subprocess): the torch path's pixels, nothing written outside."""
+    pytest.importorskip("triton")
+    code = textwrap.dedent(f"""
+        import sys, torch; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_decode import _placements
+        from yolofeed.pack.codecs import place_triton
+        images, hw, buf, ref, kept = _placements("cpu")
+        place_triton.place(images, hw, buf[:9])
+        d = (buf.int() - ref.int()).abs()
+        print(int(d.max()), int(d[kept].max()), int((buf[9:] != 7).sum()))
+    """)
+    env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    worst, worst_kept, outside = map(int, r.stdout.split()[-3:])
+    assert worst <= 1 and worst_kept == 0 and outside == 0  # the padding is compared with the torch path's in worst
+
+
 # -- CUDA: run on the device machine -------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_place_kernel_equals_the_torch_ops(pack, monkeypatch):
+    """One kernel for the batch (CUDA) against the torch ops (a copy per image, a resize per group), on random
+    images and on nvJPEG's decode of the pack: within a level where resized (fma), exact where kept."""
+    assert decode.triton_kernels() is not None
+    images, hw, buf, ref, kept = _placements("cuda")
+    decode.place(images, hw, buf[:9])  # CUDA: the kernel
+    d = (buf.int() - ref.int()).abs()
+    assert d.max() <= 1 and d[kept].max() == 0 and (buf[9:] == 7).all()
+    jpg = pack(IMGSZ, "jpeg")
+    idx = np.arange(len(jpg))
+    ours = _decode(jpg, idx, "cuda")
+    monkeypatch.setattr(decode, "triton_kernels", lambda: None)
+    torch_ops = _decode(jpg, idx, "cuda")
+    d = (ours.int() - torch_ops.int()).abs()
+    kept = torch.from_numpy((jpg.ori_shapes == jpg.shapes).all(1))
+    assert d.max() <= 1 and d[kept].max() == 0
+
+
 @pytest.mark.gpu
 def test_cuda_decode_equals_cv2_within_three_levels(pack):
     """nvJPEG vs libjpeg-turbo: mean < 3 levels; the tail is at colour edges (chroma upsampling)."""

@@ -346,6 +346,10 @@ def test_jpeg_ablations_leave_out_the_decode_or_the_placing_and_are_undone(pack,
         indexed = torch.zeros_like(full)
         jpg.codec.decode(jpg, idx, indexed)
     assert torch.equal(indexed, full) and jpeg.place is place
+    kernels = jpeg.triton_kernels
+    with step_ab.patched("yolofeed_jpeg_torch_place"):
+        assert jpeg.triton_kernels() is None  # the torch ops, even on CUDA
+    assert jpeg.triton_kernels is kernels
     with step_ab.patched("yolofeed_train_priority"):  # without CUDA: says so and changes nothing
         pass
 

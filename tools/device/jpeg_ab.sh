@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Where a jpeg pack's step loses time against a raw pack's, yolo11n, batch 128, the 10k set: raw and jpeg steps
-# side by side in one process, three of each, with the jpeg loader changed in turn (no resize and write; the resize
-# and write on the training stream; the training stream at the highest priority; each file in its own pageable
-# tensor), in both orders; the GPU's idle gaps and each thread's and stream's time under the profiler without
+# Where a jpeg pack's step loses time against a raw pack's, yolo11n, batch 128, the 10k set: the decode and the
+# resize and write of a batch alone on the GPU (place_cost.py); raw and jpeg steps side by side in one process,
+# three of each, beside the jpeg loader with the resize and write in torch ops instead of one Triton kernel, and
+# without them, in both orders; the GPU's idle gaps and each thread's and stream's time under the profiler without
 # Python stacks; then the raw pack's loader in a 6 GiB memory cgroup, its pages evicted (posix_fadvise(WILLNEED)
 # reads each batch). ~11 min on nvidia-h200; PARTS splits it where a call allows less.
 # Usage: bash tools/device/jpeg_ab.sh
@@ -11,8 +11,8 @@
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
-VARIANTS="${VARIANTS:-yolofeed,$J,${J}_no_place,${J}_place_on_train,${J}_train_priority,${J}_pageable_files,\
-yolofeed,$J,${J}_pageable_files,${J}_train_priority,${J}_place_on_train,${J}_no_place,$J,yolofeed}"
+VARIANTS="${VARIANTS:-yolofeed,$J,${J}_torch_place,${J}_no_place,yolofeed,$J,${J}_torch_place,${J}_no_place,\
+${J}_no_place,${J}_torch_place,$J,yolofeed}"
 source tools/device/setup.sh
 set +e
 lscpu | grep -E "^(Model name|Thread|Core|Socket|CPU\(s\))"
@@ -21,6 +21,8 @@ D=/tmp/synth
 for f in raw jpeg; do
   python3 -m yolofeed pack data=$D/data.yaml imgsz=640 format=$f 2>&1 | tr "\r" "\n" | grep "pack train.*built"
 done
+[[ $PARTS == *steps* ]] && python3 -m tools.device.place_cost $D/yolofeed-packs/data-jpeg-640/train.yfpack \
+  | grep PLACE_COST
 [[ $PARTS == *steps* ]] && timeout 480 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml $VARIANTS 2>&1 \
   | grep -A2 STEP_AB
 [[ $PARTS == *gaps* ]] && for m in yolofeed_jpeg yolofeed; do

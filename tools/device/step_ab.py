@@ -12,6 +12,7 @@ optionally changes to the code, one or more in a row:
 - ``_no_decode``: neither (the files are read and the side stream synced; no kernel runs);
 - ``_pageable_files``: nvJPEG reads each file from its own pageable tensor, not from the loader's pinned buffer;
 - ``_indexed_place``: one indexed write per group of images, not a copy per image;
+- ``_torch_place``: the resize and write in torch (a copy per image, a resize per group), not one Triton kernel;
 - ``_place_on_train``: the resize and write in the training thread, on the training stream, as each batch is
   delivered (serial with the step, not beside it);
 - ``_warm_full_only``: the warm-up meets the full batch size only (the last batch's cuDNN set-up comes with it);
@@ -124,6 +125,16 @@ def _indexed_place():
 
 
 @contextlib.contextmanager
+def _torch_place():
+    """The jpeg loader resizes and writes with torch ops (a copy per image, a resize per group of sizes), not with
+    ``place_triton``'s one kernel."""
+    from yolofeed.pack.codecs import jpeg
+
+    with _swap(jpeg, "triton_kernels", lambda: None):
+        yield
+
+
+@contextlib.contextmanager
 def _place_on_train():
     """The jpeg loader decodes on its side stream as usual, but the resize and write run in the training thread, on
     the training stream, when the batch is delivered: serial with the step instead of beside it."""
@@ -221,9 +232,11 @@ def _blocking_sync():
 # Suffixes that change the code or the CUDA context for the variant, not an option; undone after it. Several may
 # follow one another (``yolofeed_jpeg_no_place_pageable_files``).
 PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_no_decode": _no_decode,
-           "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_place_on_train": _place_on_train,
+           "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_torch_place": _torch_place,
+           "_place_on_train": _place_on_train,
            "_warm_full_only": _warm_full_only, "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
-JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place", "_place_on_train")
+JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place", "_torch_place",
+             "_place_on_train")
 
 
 def split_patches(variant: str) -> tuple[str, list[str]]:

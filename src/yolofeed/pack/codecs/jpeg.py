@@ -133,9 +133,14 @@ def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor)
     but under Ultralytics' ``deterministic=True`` CUDA's indexed write sorts its index and copies the whole
     target view out and back, beside the training step.
 
+    On CUDA, one Triton kernel does all of it (``place_triton``).
+
     Shape:
         images: k -> (3, h0, w0) uint8 on ``out.device``. out: (>=B, H, W, 3) uint8.
     """
+    if out.is_cuda and out.stride()[2:] == (3, 1) and (kernels := triton_kernels()) is not None:
+        kernels.place(images, hw, out)
+        return
     groups: dict[tuple[tuple[int, int], tuple[int, int]], list[int]] = {}
     for k, im in images.items():
         groups.setdefault((tuple(im.shape[1:]), hw[k]), []).append(k)
@@ -148,6 +153,15 @@ def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor)
             resized = x.round_().clamp_(0, 255).to(torch.uint8)
         for k, im in zip(ks, resized):
             out[k, :h, :w].copy_(im.permute(1, 2, 0))  # CHW -> HWC in the copy: no extra pass
+
+
+def triton_kernels():
+    """The Triton module, or None where Triton is not installed (torch without CUDA wheels, macOS...)."""
+    try:
+        from yolofeed.pack.codecs import place_triton
+    except ImportError:
+        return None
+    return place_triton
 
 
 class Jpeg(Codec):
