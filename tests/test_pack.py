@@ -334,6 +334,10 @@ def test_populate_asks_until_the_kernel_refuses_and_says_where_pages_cannot_be_b
     assert build_module._populate(spy, 2 * page + 100, 10) and spy.calls == [(23, 2 * page, 110)]  # its page's start
     spy.error = errno.ENOSPC  # a reservation the filesystem did not keep: the copy would die of SIGBUS
     assert build_module._populate(spy, 0, 10) is False and build_module._W["populate"]  # pwrite then; asks again
+    monkeypatch.setitem(build_module._W, "backed", False)  # a tmpfs file extended, not reserved: the advice is the
+    spy.error = errno.EINVAL  # only guard, so where the kernel refuses it, every payload goes through pwrite
+    assert build_module._populate(spy, 0, 10) is False and build_module._W["populate"] is False
+    assert build_module._populate(spy, 0, 10) is False
 
 
 @pytest.mark.parametrize("advice", [None, 999, "unbacked"], ids=["no-populate", "refused-advice", "unbacked-pages"])

@@ -256,18 +256,41 @@ def test_disk_full_mid_build_is_one_clear_error(dataset, monkeypatch, workers):
     assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
 
 
+@contextlib.contextmanager
+def _tmpfs(folder: Path, size: str):
+    folder.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                                        str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the simulated disk-full tests cover the logic")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
 @pytest.fixture()
 def small_disk(tmp_path):
     """A real 1 MB filesystem (tmpfs), where mounting is allowed (root); skipped elsewhere."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                                                       capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here (needs root); the simulated disk-full tests cover the logic")
-    try:
+    with _tmpfs(tmp_path / "small", "1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(dataset, tmp_path, monkeypatch):
+    """On a tmpfs the workers fault in what they write (populate advice) instead of the building process allocating
+    the whole bound first: no posix_fallocate, no payload through pwrite, the same pixels as on disk."""
+    if build.MADV_POPULATE_WRITE is None:
+        pytest.skip("Linux only")
+    ref = _build(dataset, imgsz=160, workers=2)
+    with _tmpfs(tmp_path / "shm", "64m") as mnt:
+        assert build._in_memory(mnt) and not build._in_memory(tmp_path)
+        reserved = []
+        monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
+        monkeypatch.setattr(build, "_pwrite_all", lambda *a: os._exit(3))  # forked workers inherit it: a dead worker
+        pack = _build(dataset, imgsz=160, workers=2, out=mnt)
+        assert pack.path.parent == mnt and not reserved and len(pack) == len(ref)
+        for i in range(len(ref)):
+            np.testing.assert_array_equal(pack.image(i), ref.image(i))
+        assert shutil.disk_usage(mnt).used < 2 * pack.path.stat().st_size  # only what was written is allocated
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -278,8 +301,11 @@ def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
     with pytest.raises(PackError, match=f"not enough free space for the train pack in {small_disk}"):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
     monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))
+    reserved = []
+    monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
     with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    assert not reserved  # two workers: the populate advice met the full tmpfs, and pwrite reported it
     monkeypatch.undo()
     assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
     usage = shutil.disk_usage(small_disk)

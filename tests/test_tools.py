@@ -532,7 +532,7 @@ def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
     assert report["decode_ceiling_img_s"] > 0
     assert set(report["variants"]) == {"as built", "no payload CRC32 (nor read-back)",
                                        "payloads not written (nor read-back)", "no read-back check",
-                                       "pages faulted in one by one (no MADV_POPULATE_WRITE)"}
+                                       "reserved up front", "pages faulted in one by one (no MADV_POPULATE_WRITE)"}
     assert all(len(v) == 1 and v[0] > 0 for v in report["variants"].values())
     assert set(report["cpu_ms"]) == set(report["variants"])
     assert all(ms["workers_user"] > 0 for runs in report["cpu_ms"].values() for ms in runs)  # reaped: counted

@@ -2,8 +2,9 @@
 
 Builds the training split of a data yaml (``open_or_build(..., rebuild="always")``, N workers) in turn: as it is;
 without the payload's CRC32 (the workers'; the read-back check off too, which needs them); without writing the
-payloads (nor the read-back); without the read-back check alone; with each payload's pages faulted in one by
-one by its copy (no ``MADV_POPULATE_WRITE``). Workers fork from this process, so the parts
+payloads (nor the read-back); without the read-back check alone; with the file's bound reserved up front on a tmpfs
+too, as on a disk; with each payload's pages faulted in one by one by its copy (no ``MADV_POPULATE_WRITE``; the
+bound reserved up front). Workers fork from this process, so the parts
 are swapped out here before each build. The rate of each against the decode ceiling (``decode_ceiling.py``: verify,
 decode and resize in N processes, nothing written) says what keeps the build below it. Writes
 ``$OUT/build_parts.json``. The packs it makes are throwaways in a temporary folder (``--dir``: under that folder;
@@ -48,9 +49,13 @@ VARIANTS = {
     "as built": {},
     "no payload CRC32 (nor read-back)": {"zlib": _NoCrc, "_check_written": lambda *a, **k: None},
     "payloads not written (nor read-back)": {"_pwrite_all": lambda *a, **k: None, "_reserve": lambda *a, **k: False,
-                                             "_check_written": lambda *a, **k: None},
+                                             "_in_memory": lambda *a: False, "_check_written": lambda *a, **k: None},
     "no read-back check": {"_check_written": lambda *a, **k: None},
-    "pages faulted in one by one (no MADV_POPULATE_WRITE)": {"MADV_POPULATE_WRITE": None},
+    # on a tmpfs, as on a disk: every byte of the bound allocated by posix_fallocate before the workers start
+    "reserved up front": {"_in_memory": lambda *a: False},
+    # reserved up front too: on a tmpfs that is not, the advice is what lets the workers write through the map
+    "pages faulted in one by one (no MADV_POPULATE_WRITE)": {"MADV_POPULATE_WRITE": None,
+                                                             "_in_memory": lambda *a: False},
 }
 
 

@@ -20,10 +20,11 @@ Faults, and what a build does about them (RELIABILITY.md lists each case with it
   does: workers stopped, temporary file removed, exit status 143.
 * Disk space: checked before writing against the pack's size, estimated from up to 256 image
   headers. Payloads of a format with a largest size (``Codec.max_payload``: raw pixels) go through a
-  shared mmap only once ``posix_fallocate`` has reserved every byte; otherwise through ``pwrite``,
-  which reports a full disk as an error where a write to an unbacked mmap page would kill the process
-  with SIGBUS. A full disk, a worker that died or any other failure ends in one ``PackError`` that
-  says what happened and what to do, with the temporary file removed.
+  shared mmap only once ``posix_fallocate`` has reserved every byte (on a tmpfs: once each payload's
+  pages are faulted in by ``madvise(MADV_POPULATE_WRITE)``, which reports a full tmpfs as an error);
+  otherwise through ``pwrite``, which reports a full disk as an error where a write to an unbacked mmap
+  page would kill the process with SIGBUS. A full disk, a worker that died or any other failure ends in
+  one ``PackError`` that says what happened and what to do, with the temporary file removed.
 * A dataset folder that is not writable (shared read-only datasets): packs go to the user's cache
   folder instead, and the log says where (``pack_folders``).
 
@@ -134,11 +135,13 @@ _W: dict[str, Any] = {}
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
 
 
-def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, mapped: int,
+def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, mapped: int, backed: bool = True,
                  parent: tuple[int, float] | None = None) -> None:
     """Open the temporary file (and map it when ``mapped`` bytes were reserved) in a build worker.
 
     Args:
+        backed: the mapped bytes are allocated on the disk. False (a tmpfs file merely extended): a payload goes
+            through the mapping only once the populate advice has faulted its pages in.
         parent: (PID, start time) of the building process for a worker process; None in-process.
     """
     if parent is not None:
@@ -149,7 +152,8 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
     # (measured on the H200 machine, BENCHMARKS.md). Only when every byte is allocated: a page the
     # filesystem cannot back (disk full) would kill the writer with SIGBUS.
     mm = mmap.mmap(fd, mapped) if mapped else None
-    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, mapped=mapped, populate=True)
+    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, mapped=mapped, populate=True,
+              backed=backed)
     import cv2
 
     cv2.setNumThreads(1)  # one image per process; OpenCV's own threads would only contend
@@ -237,11 +241,12 @@ def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:
 
     Returns:
         False where the kernel says these pages cannot be backed (EFAULT, a full disk: a reservation a copy-on-write
-        filesystem did not keep), where the copy would die of SIGBUS: the caller writes with pwrite instead, which
-        fails with a clean ENOSPC. True otherwise.
+        filesystem did not keep, or a full tmpfs), where the copy would die of SIGBUS: the caller writes with pwrite
+        instead, which fails with a clean ENOSPC. False also where nothing was reserved (``_W["backed"]`` False) and
+        the advice is unavailable. True otherwise.
     """
     if MADV_POPULATE_WRITE is None or not _W.get("populate", True):
-        return True
+        return _W.get("backed", True)
     start = offset - offset % mmap.PAGESIZE
     try:
         mm.madvise(MADV_POPULATE_WRITE, start, offset + nbytes - start)
@@ -250,6 +255,7 @@ def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:
             return False
         LOGGER.debug(f"pack worker: madvise(MADV_POPULATE_WRITE) refused ({e}); the copies fault pages in")
         _W["populate"] = False
+        return _W.get("backed", True)
     return True
 
 
@@ -490,13 +496,22 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     capacity = n * align(largest) if largest is not None else 0
     # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
     # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
-    mapped = capacity if workers > 1 and space.free >= space.bound and _reserve(fd, capacity) else 0
+    mapped, backed = 0, True
+    if workers > 1 and space.free >= space.bound:
+        if capacity and _in_memory(tmp.parent):  # tmpfs has no journal to spare, and its reservation allocates
+            # every page of the bound in this process (1.4-2.5 s for 12 GB on the H200 machine) where the workers
+            # would fault in only what they write, in parallel; each worker's populate advice, which reports a full
+            # tmpfs as EFAULT, stands in for the reservation
+            os.ftruncate(fd, capacity)
+            mapped, backed = capacity, False
+        elif _reserve(fd, capacity):
+            mapped = capacity
     if capacity and not mapped and workers > 1:  # one writer never maps: nothing to say
         LOGGER.info(f"pack {src.split}: workers write with pwrite rather than a shared map (the disk space for the "
                     f"largest possible pack, {_gb(space.bound)}, is not reserved up front; {_gb(space.free)} free)")
     ctx = mp_context()
     counter = ctx.Value("Q", 0)
-    initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped)
+    initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped, backed)
     me = (os.getpid(), process_start(os.getpid()) or 0.0)
     started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
     pool = Workers(workers, _init_worker, (*initargs, me) if workers > 1 else initargs, _close_worker, ctx)
@@ -597,6 +612,17 @@ def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], work
         raise PackError(f"pack {split}: {len(bad)} image(s) read back from {tmp} differ from what was written "
                         f"({names}): a disk or memory fault, or a bug in yolofeed. Nothing was published; build "
                         "again, and check the disk (dmesg) if it happens again")
+
+
+def _in_memory(folder: Path) -> bool:
+    """Whether ``folder`` is on a tmpfs (``/dev/shm``, often ``/tmp``): its files live in memory, not on a disk."""
+    path = os.path.realpath(folder)
+    try:
+        mounts = psutil.disk_partitions(all=True)
+    except (OSError, RuntimeError):  # no mount table to read: treat it as a disk
+        return False
+    under = [m for m in mounts if path == m.mountpoint or path.startswith(m.mountpoint.rstrip(os.sep) + os.sep)]
+    return bool(under) and max(under, key=lambda m: len(m.mountpoint)).fstype == "tmpfs"
 
 
 def _reserve(fd: int, nbytes: int) -> bool:
