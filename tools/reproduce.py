@@ -107,10 +107,10 @@ SECTIONS = {s.name: s for s in (
         "PARTS=gaps bash tools/device/jpeg_ab.sh",
         "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg_blocking_sync,yolofeed_blocking_sync,"
         "yolofeed_jpeg_blocking_sync,yolofeed_jpeg bash tools/device/jpeg_ab.sh")),
-    Section("jpeg-parts", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 9, (
-        "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed bash tools/device/jpeg_ab.sh",
-        "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg_no_decode,yolofeed_train_priority,"
-        "yolofeed_train_priority,yolofeed_jpeg_no_decode,yolofeed_jpeg,yolofeed bash tools/device/jpeg_ab.sh")),
+    Section("jpeg-parts", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 10, (
+        "PARTS='steps first' VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg,"
+        "yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg bash tools/device/jpeg_ab.sh",
+        "PARTS=steps bash tools/device/jpeg_ab.sh")),
     Section("coco-data", "COCO scale on one machine", "nvidia-h200", 0, 8, (
         "PHASE=data bash tools/device/coco_scale.sh",)),
     Section("coco-train", "COCO scale on one machine", "nvidia-h200", 1, 6, (
@@ -126,7 +126,8 @@ SECTIONS = {s.name: s for s in (
     Section("pack", "Pack build rate", "nvidia-h200", 0, 8, (
         "bash tools/device/pack_bench.sh",
         "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 2 --settle",
-        "timeout 120 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 1 --dir /dev/shm",
+        "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 3 --dir /dev/shm "
+        "--variants 'as built,reserved up front,payloads not written (nor read-back)'",
         "timeout 100 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 8 --repeats 1")),
     Section("crc", "Checking pixels on every read", "any (CPU)", 0, 1, ("python3 -m tools.pack_crc_cost",)),
     Section("lossless", "Raw and jpeg packs, augmenting ahead", "any (CPU)", 0, 1, ("python3 -m tools.lossless_cost",)),
