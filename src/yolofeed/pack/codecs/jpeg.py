@@ -6,10 +6,11 @@ re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x sma
 640: 90-150 KB against 0.9 MB).
 
 Device (``decode="torchvision"``, the default on CUDA): the loader stages a batch's files in one pinned
-buffer, one ``decode_jpeg`` call decodes them all, then one resize per group of images that share a
-(decoded size, target size) pair (a COCO-like batch is a handful of groups) and one strided copy per image
-write them into the batch. The same code runs on the CPU (libjpeg-turbo behind the same call), which is
-how the tests exercise the grouping, the resize and the fallbacks.
+buffer, one ``decode_jpeg`` call decodes them all, then one Triton kernel resizes them and writes them into
+the batch (``place_triton``). Elsewhere torch ops do that: one resize per group of images that share a
+(decoded size, target size) pair (a COCO-like batch is a handful of groups) and one strided copy per image.
+The same code runs on the CPU (libjpeg-turbo behind the same call), which is how the tests exercise the
+grouping, the resize and the fallbacks.
 
 An image the batched call refuses (nvJPEG declines some CMYK and unusual JPEGs) is decoded alone on
 the same device; one that still fails is decoded on the host by OpenCV, exactly as the ``cv2`` path
