@@ -70,6 +70,18 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture(autouse=True)
+def _packs_built_on_a_disk(monkeypatch):
+    """Builds see a disk wherever pytest's temporary folder lies (a tmpfs on some systems), so that every test takes
+    the same write path; only the tmpfs a test mounts (``helpers.tmpfs``) is one."""
+    from helpers import TMPFS_MOUNTS
+    from yolofeed.pack import build
+
+    real = build._in_memory
+    monkeypatch.setattr(build, "_in_memory", lambda folder: any(Path(os.path.realpath(folder)).is_relative_to(m)
+                                                                for m in TMPFS_MOUNTS) and real(folder))
+
+
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory) -> Path:
     """A small synthetic dataset, made once per session. Copy it before changing it."""

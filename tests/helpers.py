@@ -1,16 +1,18 @@
-"""Test helpers: Ultralytics' own view of a dataset, a zoo of bad samples, batches for the augmentation, and a
-guard against host syncs. Shared by test modules, which never import one another."""
+"""Test helpers: Ultralytics' own view of a dataset, a zoo of bad samples, batches for the augmentation, a
+guard against host syncs, and real tmpfs mounts. Shared by test modules, which never import one another."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 from PIL import Image
 
 GOOD_LABEL = "3 0.5 0.5 0.25 0.25\n"
@@ -35,6 +37,25 @@ def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int, classes=None, s
     data = check_det_dataset(str(yaml_file), autodownload=False)
     return YOLODataset(img_path=data[split], imgsz=imgsz, augment=False, data=data, hyp=get_cfg(),
                        batch_size=4, rect=False, classes=classes, single_cls=single_cls)
+
+
+# tmpfs folders mounted by tests that mean one (``tmpfs``); elsewhere the build is told it writes to a disk (conftest)
+TMPFS_MOUNTS: list[Path] = []
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str):
+    """A real tmpfs of ``size`` mounted at ``folder`` (made here), where mounting is allowed (root); skips elsewhere."""
+    folder.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                                        str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the simulated disk-full tests cover the logic")
+    TMPFS_MOUNTS.append(folder.resolve())
+    try:
+        yield folder
+    finally:
+        TMPFS_MOUNTS.remove(folder.resolve())
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def copy_dataset(src: Path, dst: Path) -> Path:

@@ -229,13 +229,14 @@ def _placements(device: str, seed: int = 0):
     result: slots out of order in a batch view of a larger buffer, padding 7."""
     g = torch.Generator().manual_seed(seed)
     pairs = {0: ((48, 64), (48, 64)), 2: ((60, 80), (48, 64)), 5: ((30, 40), (48, 64)), 1: ((64, 48), (64, 48)),
-             4: ((50, 50), (64, 64)), 6: ((64, 36), (64, 36)), 3: ((81, 99), (52, 64)), 8: ((1, 1), (3, 5))}
+             4: ((50, 50), (64, 64)), 6: ((64, 36), (64, 36)), 3: ((81, 99), (52, 64)), 8: ((1, 1), (3, 5)),
+             9: ((40, 64), (40, 30)), 10: ((20, 33), (48, 33))}  # 9, 10: one side kept, the other resized
     images = {k: torch.randint(0, 256, (3, *src), generator=g, dtype=torch.uint8).to(device)
               for k, (src, _) in pairs.items()}
-    hw = [pairs.get(k, (None, (10, 10)))[1] for k in range(9)]
-    buf = torch.full((11, 64, 64, 3), 7, dtype=torch.uint8, device=device)
+    hw = [pairs.get(k, (None, (10, 10)))[1] for k in range(11)]  # 7: no image (a refused file), left as it was
+    buf = torch.full((13, 64, 64, 3), 7, dtype=torch.uint8, device=device)
     ref = buf.clone()
-    decode.place(images, hw, ref[:9])
+    decode.place(images, hw, ref[:11])
     return images, hw, buf, ref, [k for k, (src, dst) in pairs.items() if src == dst]
 
 
@@ -248,15 +249,19 @@ def test_place_kernel_equals_the_torch_ops_in_the_interpreter():
         from test_decode import _placements
         from yolofeed.pack.codecs import place_triton
         images, hw, buf, ref, kept = _placements("cpu")
-        place_triton.place(images, hw, buf[:9])
+        place_triton.place(images, hw, buf[:11])
         d = (buf.int() - ref.int()).abs()
-        print(int(d.max()), int(d[kept].max()), int((buf[9:] != 7).sum()))
+        print(int(d.max()), int((d > 0).sum()), int(d[kept].max()), int((buf[11:] != 7).sum()))
     """)
     env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    worst, worst_kept, outside = map(int, r.stdout.split()[-3:])
-    assert worst <= 1 and worst_kept == 0 and outside == 0  # the padding is compared with the torch path's in worst
+    worst, differ, worst_kept, outside = map(int, r.stdout.split()[-4:])
+    # Both sides in float32 without fused multiply-adds here, but not in the same order of operations: a blend that
+    # lands next to a half may round the other way (33 of the ~60,000 values). A rounding off by one in the kernel
+    # (halves up, or floor) moves 256 or thousands.
+    print(f"interpreter vs torch: {differ} values differ, by at most {worst}")
+    assert worst <= 1 and differ <= 64 and worst_kept == 0 and outside == 0  # padding, refused slot: compared too
 
 
 # -- CUDA: run on the device machine -------------------------------------------------------------------------
@@ -266,9 +271,11 @@ def test_cuda_place_kernel_equals_the_torch_ops(pack, monkeypatch):
     images and on nvJPEG's decode of the pack: within a level where resized (fma), exact where kept."""
     assert decode.triton_kernels() is not None
     images, hw, buf, ref, kept = _placements("cuda")
-    decode.place(images, hw, buf[:9])  # CUDA: the kernel
+    decode.place(images, hw, buf[:11])  # CUDA: the kernel
     d = (buf.int() - ref.int()).abs()
-    assert d.max() <= 1 and d[kept].max() == 0 and (buf[9:] == 7).all()
+    assert d.max() <= 1 and d[kept].max() == 0 and (buf[11:] == 7).all()
+    with pytest.raises(ValueError, match="do not fit a batch"):
+        decode.place(images, hw, buf[:10])  # slot 10 is past the batch: refused, where the kernel would write on
     jpg = pack(IMGSZ, "jpeg")
     idx = np.arange(len(jpg))
     ours = _decode(jpg, idx, "cuda")

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import yolofeed.pack.build as build
+from helpers import tmpfs
 from yolofeed.cli import build_config, main
 from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import Pack, open_or_build
@@ -144,6 +145,18 @@ def test_damage_to_header_index_or_labels_is_refused_with_the_rebuild_command(da
         Pack.open(f)
 
 
+@pytest.mark.parametrize("field,value", [("h", 65), ("w", 0), ("h0", 0)])
+def test_a_jpeg_pack_whose_index_holds_an_impossible_size_is_refused(dataset, tmp_path, field, value):
+    """Right checksums, an image too large for the batch slot (or empty): refused before the device decode sees it."""
+    pack = _build(dataset, storage="jpeg")
+    index = np.array(pack.index)
+    index[1][field] = value
+    f = tmp_path / "crafted.yfpack"
+    _craft(pack.path, f, {"index": index.astype(INDEX_DTYPE).tobytes()})
+    with pytest.raises(PackError, match="an index record has a size that is not an image of this pack.*rebuild it"):
+        Pack.open(f)
+
+
 def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):
     pack = _build(dataset)
     _craft(pack.path, pack.path, header=lambda x: {k: v for k, v in x.items() if k != "split"})
@@ -256,22 +269,10 @@ def test_disk_full_mid_build_is_one_clear_error(dataset, monkeypatch, workers):
     assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
 
 
-@contextlib.contextmanager
-def _tmpfs(folder: Path, size: str):
-    folder.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                                                        str(folder)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here (needs root); the simulated disk-full tests cover the logic")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
 @pytest.fixture()
 def small_disk(tmp_path):
     """A real 1 MB filesystem (tmpfs), where mounting is allowed (root); skipped elsewhere."""
-    with _tmpfs(tmp_path / "small", "1m") as mnt:
+    with tmpfs(tmp_path / "small", "1m") as mnt:
         yield mnt
 
 
@@ -281,8 +282,8 @@ def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(datas
     if build.MADV_POPULATE_WRITE is None:
         pytest.skip("Linux only")
     ref = _build(dataset, imgsz=160, workers=2)
-    with _tmpfs(tmp_path / "shm", "64m") as mnt:
-        assert build._in_memory(mnt) and not build._in_memory(tmp_path)
+    with tmpfs(tmp_path / "shm", "64m") as mnt:
+        assert build._in_memory(mnt) and not build._in_memory(tmp_path)  # pytest's folder: a disk (conftest)
         reserved = []
         monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
         monkeypatch.setattr(build, "_pwrite_all", lambda *a: os._exit(3))  # forked workers inherit it: a dead worker
@@ -310,6 +311,19 @@ def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
     assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
     usage = shutil.disk_usage(small_disk)
     assert usage.used < 64 * 1024, usage  # the tmpfs is empty again but for the lock file
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("advice", ["real", "refused", "absent"])
+def test_a_full_tmpfs_never_kills_a_worker(dataset, small_disk, monkeypatch, workers, advice):
+    """Nothing reserved on a tmpfs: whatever the populate advice does (works, refused, missing from Python), a payload
+    whose pages are not faulted in goes through pwrite, so a full tmpfs is the disk-full error, not a SIGBUS."""
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))  # the up-front check fooled
+    if advice != "real":
+        monkeypatch.setattr(build, "MADV_POPULATE_WRITE", 999 if advice == "refused" else None)  # EINVAL / none
+    with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
+        _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
 
 
 # -- a read-only dataset --------------------------------------------------------------------------------------

@@ -147,10 +147,10 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
     if parent is not None:
         _die_with_parent(*parent)  # signals: see workers._serve
     fd = os.open(tmp_path, os.O_RDWR | getattr(os, "O_BINARY", 0))
-    # Raw packs are written through a shared mapping of the pre-allocated file: 16 processes copy into
-    # the page cache at ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s
-    # (measured on the H200 machine, BENCHMARKS.md). Only when every byte is allocated: a page the
-    # filesystem cannot back (disk full) would kill the writer with SIGBUS.
+    # Raw packs are written through a shared mapping of the file: 16 processes copy into the page cache at
+    # ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s (measured on the H200 machine,
+    # BENCHMARKS.md). Only where every byte is allocated (or, not ``backed``, every payload's pages faulted in
+    # first): a page the filesystem cannot back (disk full) would kill the writer with SIGBUS.
     mm = mmap.mmap(fd, mapped) if mapped else None
     _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, storage=storage, mapped=mapped, populate=True,
               backed=backed)
@@ -253,7 +253,8 @@ def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:
     except OSError as e:
         if e.errno == errno.EFAULT or e.errno in DISK_FULL:
             return False
-        LOGGER.debug(f"pack worker: madvise(MADV_POPULATE_WRITE) refused ({e}); the copies fault pages in")
+        LOGGER.debug(f"pack worker: madvise(MADV_POPULATE_WRITE) refused ({e}); the copies fault pages in "
+                     f"{'' if _W.get('backed', True) else '(none reserved: the payloads go through pwrite)'}")
         _W["populate"] = False
         return _W.get("backed", True)
     return True
@@ -499,7 +500,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     mapped, backed = 0, True
     if workers > 1 and space.free >= space.bound:
         if capacity and _in_memory(tmp.parent):  # tmpfs has no journal to spare, and its reservation allocates
-            # every page of the bound in this process (1.4-2.5 s for 12 GB on the H200 machine) where the workers
+            # every page of the bound in this process (1.3-2.5 s for 12 GB on the H200 machine) where the workers
             # would fault in only what they write, in parallel; each worker's populate advice, which reports a full
             # tmpfs as EFAULT, stands in for the reservation
             os.ftruncate(fd, capacity)
@@ -622,7 +623,8 @@ def _in_memory(folder: Path) -> bool:
     except (OSError, RuntimeError):  # no mount table to read: treat it as a disk
         return False
     under = [m for m in mounts if path == m.mountpoint or path.startswith(m.mountpoint.rstrip(os.sep) + os.sep)]
-    return bool(under) and max(under, key=lambda m: len(m.mountpoint)).fstype == "tmpfs"
+    # the deepest mount point; of two on the same point, the later one (the mount table's order), which hides the other
+    return bool(under) and max(reversed(under), key=lambda m: len(m.mountpoint)).fstype == "tmpfs"
 
 
 def _reserve(fd: int, nbytes: int) -> bool:

@@ -14,6 +14,7 @@ copied exactly).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -26,7 +27,7 @@ BLOCK = 256  # pixels of one output row a program
 
 @triton.jit
 def _round_even(x):
-    r = tl.floor(x + 0.5)  # exact for 0 <= x < 256: x has at most 16 fractional bits there
+    r = tl.floor(x + 0.5)  # x + 0.5 may round up (x just below a half), the tie test below rounds the same way
     tie = (r - x) == 0.5
     odd = (r.to(tl.int32) & 1) == 1
     return tl.where(tie & odd, r - 1.0, r)
@@ -34,7 +35,7 @@ def _round_even(x):
 
 @triton.jit
 def _source_index(scale, dst):
-    """PyTorch's ``area_pixel_compute_source_index`` (align_corners=False): index, its next one, weight."""
+    """PyTorch's ``area_pixel_compute_source_index`` (align_corners=False): the index below and its weight."""
     s = tl.maximum(scale * (dst.to(tl.float32) + 0.5) - 0.5, 0.0)
     i = s.to(tl.int32)  # s >= 0: truncation is floor
     return i, s - i.to(tl.float32)
@@ -53,20 +54,20 @@ def _lerp(src, plane, a00, a01, a10, a11, wx, wy, mask):
 
 
 @triton.jit
-def place_kernel(ptrs_ptr, meta_ptr, out_ptr, out_image, out_row, BLOCK: tl.constexpr):
+def place_kernel(table_ptr, out_ptr, out_image, out_row, BLOCK: tl.constexpr):
     i = tl.program_id(0)
-    y = tl.program_id(1)
-    m = meta_ptr + i * 5  # slot in out, decoded h0 and w0, target h and w
-    h0, w0 = tl.load(m + 1), tl.load(m + 2)
-    h, w = tl.load(m + 3), tl.load(m + 4)
+    y = tl.program_id(1).to(tl.int64)
+    m = table_ptr + i * 6  # image i's CHW bytes, its slot in out, decoded h0 and w0, target h and w
+    h0, w0 = tl.load(m + 2), tl.load(m + 3)
+    h, w = tl.load(m + 4), tl.load(m + 5)
     if y < h:
         x = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
         mask = x < w
-        src = tl.load(ptrs_ptr + i).to(tl.pointer_type(tl.uint8))  # image i's CHW bytes
-        plane = h0.to(tl.int64) * w0
-        dst = out_ptr + tl.load(m).to(tl.int64) * out_image + y.to(tl.int64) * out_row + x * 3
+        src = tl.load(m).to(tl.pointer_type(tl.uint8))
+        plane = h0 * w0
+        dst = out_ptr + tl.load(m + 1) * out_image + y * out_row + x * 3
         if (h0 == h) & (w0 == w):
-            a = src + y.to(tl.int64) * w0 + x
+            a = src + y * w0 + x
             r = tl.load(a, mask=mask)
             g = tl.load(a + plane, mask=mask)
             b = tl.load(a + 2 * plane, mask=mask)
@@ -75,7 +76,7 @@ def place_kernel(ptrs_ptr, meta_ptr, out_ptr, out_image, out_row, BLOCK: tl.cons
             x1, wx = _source_index(tl.div_rn(w0.to(tl.float32), w.to(tl.float32)), x)
             y2 = tl.where(y1 < h0 - 1, y1 + 1, y1)
             x2 = tl.where(x1 < w0 - 1, x1 + 1, x1)
-            r1, r2 = y1.to(tl.int64) * w0, y2.to(tl.int64) * w0
+            r1, r2 = y1 * w0, y2 * w0
             r = _lerp(src, 0, r1 + x1, r1 + x2, r2 + x1, r2 + x2, wx, wy, mask)
             g = _lerp(src, plane, r1 + x1, r1 + x2, r2 + x1, r2 + x2, wx, wy, mask)
             b = _lerp(src, 2 * plane, r1 + x1, r1 + x2, r2 + x1, r2 + x2, wx, wy, mask)
@@ -94,9 +95,17 @@ def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor)
         return
     ks = list(images)
     ims = [images[k].contiguous() for k in ks]
-    meta = torch.tensor([(k, im.shape[1], im.shape[2], *hw[k]) for k, im in zip(ks, ims)], dtype=torch.int32)
-    ptrs = torch.tensor([im.data_ptr() for im in ims], dtype=torch.int64)
-    if out.is_cuda:  # both from pinned memory: the copies do not block the loader thread
-        meta, ptrs = (t.pin_memory().to(out.device, non_blocking=True) for t in (meta, ptrs))
-    grid = (len(ks), max(h for h, _ in hw), triton.cdiv(max(w for _, w in hw), BLOCK))
-    place_kernel[grid](ptrs, meta, out, out.stride(0), out.stride(1), BLOCK=BLOCK, num_warps=4)
+    # one int64 table (pointer, slot, h0, w0, h, w), one copy to the device; host work only, no launch per image
+    table = torch.tensor([(im.data_ptr(), k, im.shape[1], im.shape[2], *hw[k]) for k, im in zip(ks, ims)],
+                         dtype=torch.int64)
+    top = table[:, 1:].amax(0).tolist()
+    # the kernel does not check its bounds, where the torch ops raise: an image must fit its slot of ``out``
+    if table[:, 2:].amin().item() < 1 or top[0] >= out.shape[0] or top[3] > out.shape[1] or top[4] > out.shape[2]:
+        raise ValueError(f"place: images of up to {top[3]}x{top[4]} into slots up to {top[0]} do not fit a batch "
+                         f"of shape {tuple(out.shape)}")
+    with torch.cuda.device(out.device) if out.is_cuda else contextlib.nullcontext():  # the launch goes to the
+        # current device's current stream: the loader's side stream on ``out``'s device
+        if out.is_cuda:  # from pinned memory: the copy does not block the loader thread
+            table = table.pin_memory().to(out.device, non_blocking=True)
+        grid = (len(ks), top[3], triton.cdiv(top[4], BLOCK))
+        place_kernel[grid](table, out, out.stride(0), out.stride(1), BLOCK=BLOCK, num_warps=4)
