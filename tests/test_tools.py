@@ -26,6 +26,7 @@ from tools.device import (
     amp_steps,
     augment_bench,
     decode_ceiling,
+    evict,
     gpu_gaps,
     io_probe,
     kernel_top,
@@ -372,6 +373,36 @@ def test_placing_on_the_training_side_delivers_the_same_batches(pack, sync):
         deferred = images()
         assert jpeg.place is not step_ab._place_index  # the stash stands in for it while patched
     assert all(torch.equal(a, b) for a, b in zip(plain, deferred)) and len(deferred) == len(batches)
+
+
+def test_uncached_packs_are_read_from_storage_every_epoch(pack, capsys):
+    from yolofeed.loader.prefetch import Prefetcher
+
+    jpg = pack(160, "jpeg")
+    init, batches = Prefetcher.__init__, [np.arange(k, k + 4) for k in range(0, len(jpg) - 3, 4)]
+
+    def epoch(p) -> int:
+        before = step_ab.read_bytes()
+        for _ in p.iterate(batches):
+            pass
+        return step_ab.read_bytes() - before
+
+    probe = jpg.path.with_name("probe.bin")  # are this filesystem's reads counted as storage reads?
+    probe.write_bytes(bytes(1 << 20))
+    evict.evict(str(probe))
+    before = step_ab.read_bytes()
+    probe.read_bytes()
+    probe.unlink()
+    if step_ab.read_bytes() == before:
+        pytest.skip("this filesystem's reads are not counted as storage reads (/proc/self/io): a tmpfs?")
+    with step_ab.patched("yolofeed_jpeg_uncached"):
+        p = Prefetcher(jpg, "cpu", 4, decode="cv2")  # its pack dropped from memory as it opens
+        for _ in range(2):
+            assert epoch(p) >= 0.9 * int(jpg.index["nbytes"][:len(batches) * 4].sum())  # each byte read
+            step_ab.page_out(jpg)  # what the variant's thread does every second
+    assert Prefetcher.__init__ is init
+    out = capsys.readouterr().out
+    assert re.search(rf"_uncached: [\d.]+ GB read from storage in \d+ s .*packs {jpg.path}$", out, re.M)
 
 
 def test_warming_the_full_batch_only_leaves_the_last_batch_to_the_epoch():

@@ -7,7 +7,8 @@
 # reads each batch). ~11 min on nvidia-h200; PARTS splits it where a call allows less.
 # Usage: bash tools/device/jpeg_ab.sh
 # Environment: PARTS="steps gaps memory" (the default: all three; "first" adds the time to the first step and the
-# first epoch of a jpeg pack, a raw pack and stock, in fresh processes); VARIANTS (step_ab's, comma-separated)
+# first epoch of a jpeg pack, a raw pack and stock, in fresh processes; "storage" adds raw and jpeg steps beside
+# jpeg and raw read from storage every epoch, step_ab's _uncached, ~3 min); VARIANTS (step_ab's, comma-separated)
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
@@ -25,6 +26,8 @@ done
   | grep PLACE_COST
 [[ $PARTS == *steps* ]] && timeout 480 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml $VARIANTS 2>&1 \
   | grep -A2 STEP_AB
+[[ $PARTS == *storage* ]] && timeout 300 python3 -m tools.device.step_ab $D/data.yaml yolo11n.yaml \
+  yolofeed,$J,${J}_uncached,yolofeed_uncached,${J}_uncached,$J,yolofeed 2>&1 | grep -E -A2 "STEP_AB|_uncached:"
 [[ $PARTS == *gaps* ]] && for m in yolofeed_jpeg yolofeed; do
   timeout 90 python3 -m tools.device.gpu_gaps $D/data.yaml $m --no-stack --steps 20 2>&1 | grep -A60 "under torch"
 done

@@ -15,6 +15,9 @@ optionally changes to the code, one or more in a row:
 - ``_torch_place``: the resize and write in torch (a copy per image, a resize per group), not one Triton kernel;
 - ``_place_on_train``: the resize and write in the training thread, on the training stream, as each batch is
   delivered (serial with the step, not beside it);
+- ``_uncached``: every pack the loader reads is dropped from memory each second (its map paged out, its cached
+  pages dropped), so that each epoch reads it from storage, as a pack larger than the memory allowed is read; the
+  line after says how many bytes the process read from storage meanwhile;
 - ``_warm_full_only``: the warm-up meets the full batch size only (the last batch's cuDNN set-up comes with it);
 - ``_train_priority``: the training thread's work on a stream of the highest priority, so that the loader's
   kernels cannot hold SMs it waits for;
@@ -161,6 +164,63 @@ def _place_on_train():
         yield
 
 
+MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now (Python's mmap module names it only where it was built to)
+
+
+def read_bytes() -> int:
+    """Bytes this process has read from storage so far (``/proc/self/io``, Linux); 0 where there is no such file."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def page_out(pack) -> None:
+    """Drop ``pack``'s pages from memory: this process's map of it paged out, then what the page cache still holds
+    (written first: a pack just built may still have dirty pages, which cannot be dropped)."""
+    os.fsync(pack._file.fd)
+    arr = pack._mm  # the whole file, mapped from a page boundary (Pack.open)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # a kernel before 5.4 refuses the advice (EINVAL): then only the pages no map holds are dropped below
+    libc.madvise(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes), MADV_PAGEOUT)
+    os.posix_fadvise(pack._file.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+@contextlib.contextmanager
+def _uncached(every: float = 1.0):
+    """Every pack a loader opens during the variant is dropped from memory every ``every`` seconds (``page_out``): each
+    epoch reads it from storage, where the page cache would otherwise keep it. Prints the bytes read meanwhile: a
+    batch whose pages go after the loader asked for them (``will_need``) and before it read them is read twice, so
+    this errs on the side of more reading than a pack too large for memory would need."""
+    from yolofeed.loader.prefetch import Prefetcher
+
+    real_init, packs, stop = Prefetcher.__init__, [], threading.Event()
+
+    def init(self, pack, *a, **k):
+        real_init(self, pack, *a, **k)
+        page_out(pack)
+        packs.append(pack)
+
+    def drop():
+        while not stop.wait(every):
+            for pack in list(packs):
+                page_out(pack)
+
+    before, t0 = read_bytes(), time.perf_counter()
+    thread = threading.Thread(target=drop, daemon=True, name="step_ab-page-out")
+    thread.start()
+    try:
+        with _swap(Prefetcher, "__init__", init):
+            yield
+    finally:
+        stop.set()
+        thread.join()
+        gb, s = (read_bytes() - before) / 1e9, time.perf_counter() - t0
+        print(f"step_ab: _uncached: {gb:.2f} GB read from storage in {s:.0f} s ({gb / max(s, 1e-9):.2f} GB/s), "
+              f"packs {', '.join(sorted({str(p.path) for p in packs}))}", flush=True)
+
+
 @contextlib.contextmanager
 def _warm_full_only():
     """The warm-up meets the full batch size only: the epoch's last, smaller batch pays its cuDNN set-up when it
@@ -233,8 +293,8 @@ def _blocking_sync():
 # follow one another (``yolofeed_jpeg_no_place_pageable_files``).
 PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_no_decode": _no_decode,
            "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_torch_place": _torch_place,
-           "_place_on_train": _place_on_train,
-           "_warm_full_only": _warm_full_only, "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
+           "_place_on_train": _place_on_train, "_uncached": _uncached, "_warm_full_only": _warm_full_only,
+           "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
 JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place", "_torch_place",
              "_place_on_train")
 
