@@ -253,8 +253,8 @@ def _populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:
     except OSError as e:
         if e.errno == errno.EFAULT or e.errno in DISK_FULL:
             return False
-        LOGGER.debug(f"pack worker: madvise(MADV_POPULATE_WRITE) refused ({e}); the copies fault pages in "
-                     f"{'' if _W.get('backed', True) else '(none reserved: the payloads go through pwrite)'}")
+        then = "the copies fault pages in" if _W.get("backed", True) else "nothing is reserved: payloads go by pwrite"
+        LOGGER.debug(f"pack worker: madvise(MADV_POPULATE_WRITE) refused ({e}); {then}")
         _W["populate"] = False
         return _W.get("backed", True)
     return True
