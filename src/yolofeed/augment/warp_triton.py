@@ -45,7 +45,7 @@ def fetch(src_ptr, tiles_ptr, b, cx, cy, ch, cw, hm, wm, mask, T: tl.constexpr, 
 
 @triton.jit
 def round_even(x):
-    r = tl.floor(x + 0.5)  # exact for 0 <= x < 256: x has at most 16 fractional bits there
+    r = tl.floor(x + 0.5)  # x + 0.5 may round up (x just below a half): the tie test below rounds the same way
     tie = (r - x) == 0.5
     odd = (r.to(tl.int32) & 1) == 1
     return tl.where(tie & odd, r - 1.0, r)

@@ -22,15 +22,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from yolofeed.augment.warp_triton import round_even  # the warp's rounding: half to even, as torch's round_
+
 BLOCK = 256  # pixels of one output row a program
-
-
-@triton.jit
-def _round_even(x):
-    r = tl.floor(x + 0.5)  # x + 0.5 may round up (x just below a half), the tie test below rounds the same way
-    tie = (r - x) == 0.5
-    odd = (r.to(tl.int32) & 1) == 1
-    return tl.where(tie & odd, r - 1.0, r)
 
 
 @triton.jit
@@ -50,7 +44,7 @@ def _lerp(src, plane, a00, a01, a10, a11, wx, wy, mask):
     top = (1.0 - wx) * p00 + wx * p01
     bottom = (1.0 - wx) * p10 + wx * p11
     v = (1.0 - wy) * top + wy * bottom
-    return tl.minimum(tl.maximum(_round_even(v), 0.0), 255.0).to(tl.uint8)
+    return tl.minimum(tl.maximum(round_even(v), 0.0), 255.0).to(tl.uint8)
 
 
 @triton.jit
