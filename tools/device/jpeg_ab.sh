@@ -8,8 +8,9 @@
 # Usage: bash tools/device/jpeg_ab.sh
 # Environment: PARTS="steps gaps memory" (the default: all three; "first" adds the time to the first step and the
 # first epoch of a jpeg pack, a raw pack and stock, in fresh processes; "storage" adds raw and jpeg steps beside
-# jpeg and raw read from storage every epoch, step_ab's _uncached, ~3 min); VARIANTS (step_ab's, comma-separated)
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
+# jpeg and raw read from storage every epoch, step_ab's _uncached, ~3 min; "setup" adds where the time to the
+# first step goes for the same three, setup_timeline.py, ~3 min); VARIANTS (step_ab's, comma-separated)
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,12p' "$0"; exit 0; fi
 PARTS="${PARTS:-steps gaps memory}"
 J=yolofeed_jpeg
 VARIANTS="${VARIANTS:-yolofeed,$J,${J}_torch_place,${J}_no_place,yolofeed,$J,${J}_torch_place,${J}_no_place,\
@@ -37,11 +38,13 @@ if [[ $PARTS == *first* ]]; then  # a process each: cuDNN's and nvJPEG's one-off
       modes=$m steps=60 warmup=20 first_epoch=True out=$OUT/first_$m 2>&1 | tr '\r' '\n' | grep -A3 "^mode "
   done
 fi
+[[ $PARTS == *setup* ]] && timeout 300 python3 -m tools.device.setup_timeline $D/data.yaml yolo11n.yaml \
+  yolofeed_jpeg,yolofeed,stock
 RAW=$D/yolofeed-packs/data-raw-640/train.yfpack
 if [[ $PARTS == *memory* ]]; then
   python3 -m tools.device.evict $RAW
   timeout 120 bash tools/device/in_memory_limit.sh 6442450944 python3 -m tools.device.loader_memory $RAW --epochs 3 \
     --label raw-limit 2>&1 | tail -6
 fi
-[[ $PARTS == *steps* ]] && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -3
+[[ $PARTS == *steps* || $PARTS == *storage* ]] && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -3
 source tools/device/pack_out.sh
