@@ -377,6 +377,7 @@ def test_placing_on_the_training_side_delivers_the_same_batches(pack, sync):
 
 def test_uncached_packs_are_read_from_storage_every_epoch(pack, capsys):
     from yolofeed.loader.prefetch import Prefetcher
+    from yolofeed.pack.store import Pack
 
     jpg = pack(160, "jpeg")
     init, batches = Prefetcher.__init__, [np.arange(k, k + 4) for k in range(0, len(jpg) - 3, 4)]
@@ -403,6 +404,14 @@ def test_uncached_packs_are_read_from_storage_every_epoch(pack, capsys):
     assert Prefetcher.__init__ is init
     out = capsys.readouterr().out
     assert re.search(rf"_uncached: [\d.]+ GB read from storage in \d+ s .*packs {jpg.path}$", out, re.M)
+    assert "stays in memory" not in out
+
+    twin = Pack.open(jpg.path)  # a second map of the file, as an earlier variant's live pack: its pages stay
+    epoch(Prefetcher(twin, "cpu", 4, decode="cv2"))
+    with step_ab.patched("yolofeed_jpeg_uncached"):
+        p = Prefetcher(jpg, "cpu", 4, decode="cv2")
+        assert epoch(p) < 0.5 * int(jpg.index["nbytes"][:len(batches) * 4].sum())
+    assert re.search(rf"_uncached: \d+% of {jpg.path} stays in memory", capsys.readouterr().out)
 
 
 def test_warming_the_full_batch_only_leaves_the_last_batch_to_the_epoch():

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import tempfile
@@ -178,13 +179,27 @@ def read_bytes() -> int:
 
 def page_out(pack) -> None:
     """Drop ``pack``'s pages from memory: this process's map of it paged out, then what the page cache still holds
-    (written first: a pack just built may still have dirty pages, which cannot be dropped)."""
+    (written first: a pack just built may still have dirty pages, which cannot be dropped). Pages that another map
+    of the same file holds (another ``Pack`` of it still alive, here or in another process) stay: see
+    ``resident``."""
     os.fsync(pack._file.fd)
     arr = pack._mm  # the whole file, mapped from a page boundary (Pack.open)
     libc = ctypes.CDLL(None, use_errno=True)
     # a kernel before 5.4 refuses the advice (EINVAL): then only the pages no map holds are dropped below
     libc.madvise(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes), MADV_PAGEOUT)
     os.posix_fadvise(pack._file.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def resident(pack) -> float:
+    """The fraction of ``pack``'s file that is in memory (``mincore`` over its map); -1 where that cannot be
+    read."""
+    arr = pack._mm
+    page = os.sysconf("SC_PAGE_SIZE")
+    vec = (ctypes.c_ubyte * ((arr.nbytes + page - 1) // page))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not len(vec) or libc.mincore(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes), vec) != 0:
+        return -1.0
+    return float((np.frombuffer(vec, np.uint8) & 1).mean())
 
 
 @contextlib.contextmanager
@@ -196,10 +211,14 @@ def _uncached(every: float = 1.0):
     from yolofeed.loader.prefetch import Prefetcher
 
     real_init, packs, stop = Prefetcher.__init__, [], threading.Event()
+    gc.collect()  # an earlier variant's packs, held by reference cycles, would keep their maps and so the pages
 
     def init(self, pack, *a, **k):
         real_init(self, pack, *a, **k)
         page_out(pack)
+        if (left := resident(pack)) > 0.05:  # another map of the file holds its pages: epochs would read memory
+            print(f"step_ab: _uncached: {left:.0%} of {pack.path} stays in memory after its page-out (another map "
+                  "of it is alive); this variant's reads are not all from storage", flush=True)
         packs.append(pack)
 
     def drop():
