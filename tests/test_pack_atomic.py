@@ -178,7 +178,7 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
     if parent_watch == "watch":
         sys.platform = "darwin"  # this process only: no prctl, the watch thread alone
     elif parent_watch == "none":
-        build._die_with_parent = lambda *a: None
+        build.die_with_parent = lambda *a: None
     if entry == "pack":
         from yolofeed.cli import main
 

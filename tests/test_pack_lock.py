@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 import yolofeed.pack.lock as lock
-from yolofeed.pack.lock import FolderLock, Holder, process_start
+from yolofeed.pack.lock import FolderLock, Holder
+from yolofeed.processes import process_start
 
 BOUND = 60.0  # s: only to tell a hang from a slow machine
 

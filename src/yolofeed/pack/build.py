@@ -70,7 +70,7 @@ from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
 from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs
-from yolofeed.pack.lock import FolderLock, process_alive, process_start
+from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.store import (
     INDEX_DTYPE,
@@ -86,6 +86,7 @@ from yolofeed.pack.store import (
 )
 from yolofeed.pack.verify import SampleError, file_problem, load_sample
 from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
+from yolofeed.processes import die_with_parent, process_start
 
 LOGGER = logging.getLogger(__name__)
 TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
@@ -145,7 +146,7 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
         parent: (PID, start time) of the building process for a worker process; None in-process.
     """
     if parent is not None:
-        _die_with_parent(*parent)  # signals: see workers._serve
+        die_with_parent(*parent)  # signals: see workers._serve
     fd = os.open(tmp_path, os.O_RDWR | getattr(os, "O_BINARY", 0))
     # Raw packs are written through a shared mapping of the file: 16 processes copy into the page cache at
     # ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s (measured on the H200 machine,
@@ -157,28 +158,6 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
     import cv2
 
     cv2.setNumThreads(1)  # one image per process; OpenCV's own threads would only contend
-
-
-def _die_with_parent(pid: int, started: float) -> None:
-    """End this worker when the building process dies, however it dies (it may not get to stop us)."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError) as e:  # the watch below still ends us, within a second
-            LOGGER.debug(f"pack worker: prctl(PR_SET_PDEATHSIG) unavailable ({e})")
-    if os.getppid() != pid:  # the parent died before prctl took effect
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(pid, started), daemon=True, name="yolofeed-parent-watch").start()
-
-
-def _watch_parent(pid: int, started: float, every: float = 1.0) -> None:
-    """Exit once the parent is gone: reparented (POSIX), or its PID is free or reused (everywhere)."""
-    while True:
-        time.sleep(every)
-        if os.getppid() != pid or not process_alive(pid, started):
-            os._exit(1)
 
 
 def _close_worker() -> None:

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from yolofeed.processes import process_alive, process_start
+
 try:
     import fcntl
 except ImportError:  # Windows: the file mechanism
@@ -44,32 +46,11 @@ LOGGER = logging.getLogger(__name__)
 LOCK_NAME = ".lock"
 OWNER_NAME = ".lock.owner"
 BREAK_NAME = ".lock.break"
-START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
 STALE_BREAK = 30.0  # s: a break file older than this belongs to a waiter that died while breaking
 UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, getattr(errno, "ENOTSUP", -1)}
 
 _threads: dict[str, threading.Lock] = {}  # record locks are per process: threads take turns here first
 _threads_guard = threading.Lock()
-
-
-def process_start(pid: int) -> float | None:
-    """The start time (epoch seconds) of process ``pid`` on this host; None if there is no such process."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
-        return None
-    except psutil.AccessDenied:  # exists, owned by someone else: no start time to compare
-        return float("nan")
-
-
-def process_alive(pid: int, started: float) -> bool:
-    """Whether process ``pid`` on this host is still the one that started at ``started`` (not a reused PID)."""
-    start = process_start(pid)
-    if start is None:
-        return False
-    return start != start or abs(start - started) < START_TOLERANCE  # NaN: exists, not ours to inspect
 
 
 @dataclass(frozen=True)

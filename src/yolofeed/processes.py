@@ -1,0 +1,61 @@
+"""Processes that must not outlive the one that started them: whether a process is still the one we knew, and a
+child that dies with its parent.
+
+A pack build's workers and a bench's modes run in child processes. A parent killed alone (``kill -9``, the OOM
+killer) cannot stop them: left running, a build's workers keep its files and a bench's mode keeps its GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+LOGGER = logging.getLogger(__name__)
+START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
+
+
+def process_start(pid: int) -> float | None:
+    """The start time (epoch seconds) of process ``pid`` on this host; None if there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError):
+        return None
+    except psutil.AccessDenied:  # exists, owned by someone else: no start time to compare
+        return float("nan")
+
+
+def process_alive(pid: int, started: float) -> bool:
+    """Whether process ``pid`` on this host is still the one that started at ``started`` (not a reused PID)."""
+    start = process_start(pid)
+    if start is None:
+        return False
+    return start != start or abs(start - started) < START_TOLERANCE  # NaN: exists, not ours to inspect
+
+
+def die_with_parent(pid: int, started: float) -> None:
+    """End this process when its parent (``pid``, started at ``started``) dies, however it dies: the kernel's
+    parent-death signal on Linux, and everywhere a thread that watches the parent every second."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError) as e:  # the watch below still ends us, within a second
+            LOGGER.debug(f"prctl(PR_SET_PDEATHSIG) unavailable ({e})")
+    if os.getppid() != pid:  # the parent died before prctl took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(pid, started), daemon=True, name="yolofeed-parent-watch").start()
+
+
+def _watch_parent(pid: int, started: float, every: float = 1.0) -> None:
+    """Exit once the parent is gone: reparented (POSIX), or its PID is free or reused (everywhere)."""
+    while True:
+        time.sleep(every)
+        if os.getppid() != pid or not process_alive(pid, started):
+            os._exit(1)
