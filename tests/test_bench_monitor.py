@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -173,7 +175,7 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
 
     out = tmp_path / "bench"
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
-                 "window=2", "device=cpu", "workers=0", f"out={out}",
+                 "window=2", "device=cpu", "workers=0", f"out={out}", "isolate=False",
                  "modes=stock,yolofeed,yolofeed_jpeg,yolofeed_inline,yolofeed_nopool,ceiling,ceiling_stock"]) == 0
     report = json.loads((out / "bench.json").read_text())
     modes = ["stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "ceiling", "ceiling_stock"]
@@ -203,6 +205,63 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     assert all(r["first_epoch_images_per_s"] > 0 and r["first_epoch_s"] > 0 for r in report["results"])
     assert all(0 < r["first_step_s"] < r["first_epoch_s"] + 60 for r in report["results"])
     assert "1st epoch" in text and "÷ steady" in text and "1st step" in text
+
+
+@pytest.mark.slow
+def test_bench_trains_each_mode_in_a_process_of_its_own(synth_root, tmp_path, capfd, monkeypatch):
+    """As a user's run does: each mode pays its own one-off costs, and its steps still count on the bench's bar."""
+    import yolofeed.bench.run as bench
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(bench, "run_mode", lambda *a, **k: pytest.fail("a mode trained in the bench's process"))
+    out = tmp_path / "bench"
+    assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
+                 "window=2", "device=cpu", "workers=0", f"out={out}", "modes=stock,yolofeed"]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["mode"] for r in report["results"]] == ["stock", "yolofeed"]
+    assert all(r["images_per_s"] > 0 and r["steps"] == 4 and r["first_step_s"] > 0 for r in report["results"])
+    assert all((out / "runs" / m / "args.yaml").is_file() for m in ("stock", "yolofeed"))
+    err = capfd.readouterr().err
+    assert f"{2 * (2 + 4 + 1)}/{2 * (2 + 4 + 1)}" in err and "yolofeed (2/2)" in err  # the bar ends on its total
+
+
+def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path, capsys):
+    from yolofeed.cli import main
+
+    empty = tmp_path / "images" / "train"
+    empty.mkdir(parents=True)
+    (tmp_path / "d.yaml").write_text(f"path: {tmp_path}\ntrain: images/train\nval: images/train\nnames: {{0: a}}\n")
+    assert main(["bench", f"data={tmp_path / 'd.yaml'}", "imgsz=64", "batch=4", "device=cpu", "workers=0",
+                 f"out={tmp_path / 'b'}", "modes=yolofeed"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("yolofeed bench: error: no images found in ") and str(empty) in err
+
+
+@pytest.mark.slow
+def test_a_bench_killed_alone_leaves_no_mode_training(synth_root, tmp_path):
+    import psutil
+
+    out = tmp_path / "b"
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    bench = subprocess.Popen([sys.executable, "-m", "yolofeed", "bench", f"data={synth_root / 'data.yaml'}",
+                              "imgsz=64", "batch=4", "steps=100000", "warmup=2", "window=2", "device=cpu",
+                              "workers=0", f"out={out}", "modes=yolofeed"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    mode = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "runs" / "yolofeed" / "args.yaml").is_file():  # the mode's trainer is built: it trains
+            assert bench.poll() is None and time.monotonic() < deadline, "the bench never started its mode"
+            time.sleep(0.2)
+        mode = [c for c in psutil.Process(bench.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(mode) == 1
+        bench.kill()  # the bench's process alone, not its group
+        bench.wait()
+        mode[0].wait(timeout=10)  # raises psutil.TimeoutExpired while it still trains
+    finally:
+        for p in [bench, *mode]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                p.kill()
 
 
 def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):

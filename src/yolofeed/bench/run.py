@@ -14,21 +14,32 @@ ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: 
 train/loss.py). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
 steps are measured.
 
-With several GPUs (``device=0,1``) each mode goes through Ultralytics' own DDP launch: every rank profiles its
-own steps and GPU, and the row is their total (images/s summed, the slowest rank's steps), each GPU's share on
-the line below it (``monitor/profile.py``).
+Each mode trains in a process of its own (``isolate=True``), as a user's run does: it pays its own one-off costs
+(CUDA's context, cuDNN's plans for each batch size, Triton's compiles), which shape its first step and its first
+epoch. In one process a later mode would find an earlier one's paid: at COCO's size stock's first step came at
+14 s after yolofeed's in one process, and at 28 s in a process of its own (BENCHMARKS.md). With several GPUs
+(``device=0,1``) each mode goes through Ultralytics' own DDP launch, whose ranks are processes of their own:
+every rank profiles its own steps and GPU, and the row is their total (images/s summed, the slowest rank's
+steps), each GPU's share on the line below it (``monitor/profile.py``).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import pickle
+import queue
+import traceback
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
-from yolofeed.errors import ConfigError, PackSpaceError
+from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
+from yolofeed.processes import die_with_parent, process_start
 
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "yolofeed_nopool": "#4c72b0",
@@ -45,6 +56,81 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
             "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer")
     return {k: getattr(p, k) for k in keys}
+
+
+class _ForwardedProgress:
+    """The bench's bar as a mode's own process sees it: each call goes over ``channel`` to the bar in the bench's
+    process (a message a step: microseconds beside a training step)."""
+
+    def __init__(self, channel: Any):
+        self.channel = channel
+
+    def start(self, mode: str, what: str = "") -> None:
+        self.channel.put(("start", mode, what))
+
+    def grow(self, steps: int) -> None:
+        self.channel.put(("grow", steps))
+
+    def step(self, n: int = 1) -> None:
+        self.channel.put(("step", n))
+
+    def write(self, text: str) -> None:
+        self.channel.put(("write", text))
+
+
+def _mode_process(mode: str, cfg: BenchConfig, project: Path, channel: Any, parent: tuple[int, float]) -> None:
+    """A mode's own process: ``run_mode``, its result or its error sent back over ``channel``."""
+    die_with_parent(*parent)  # a bench killed alone leaves no training behind on the GPU
+    try:
+        channel.put(("result", run_mode(mode, cfg, project, _ForwardedProgress(channel))))
+    except BaseException as e:  # Ctrl-C too: the bench's process decides what to say
+        if not isinstance(e, (YolofeedError, KeyboardInterrupt)):  # an unexpected error: its trace, as in-process
+            traceback.print_exc()
+        try:
+            pickle.dumps(e)
+        except Exception:  # an exception that does not pickle still comes back, as its type and message
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        channel.put(("error", e))
+
+
+def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress) -> dict:
+    """``run_mode`` in a fresh process of its own (spawned: nothing of this one's CUDA, cuDNN or compiled kernels),
+    its steps counted on ``progress``; its error raised here.
+
+    Raises:
+        RuntimeError: the process ended without a result (killed, out of memory).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    channel = ctx.Queue()
+    me = os.getpid()
+    proc = ctx.Process(target=_mode_process, name=f"yolofeed-bench-{mode}",
+                       args=(mode, cfg, project, channel, (me, process_start(me) or 0.0)))
+    proc.start()  # not a daemon: a mode's pack build starts processes of its own
+    try:
+        while True:
+            try:
+                message = channel.get(timeout=0.5)
+            except queue.Empty:
+                if proc.is_alive():
+                    continue
+                try:  # what it sent just before it exited
+                    message = channel.get(timeout=2.0)
+                except queue.Empty:
+                    raise RuntimeError(f"bench: mode {mode}'s process ended without a result (exit code "
+                                       f"{proc.exitcode}); run it alone with modes={mode} isolate=False to see "
+                                       "why") from None
+            kind, *rest = message
+            if kind == "result":
+                return rest[0]
+            if kind == "error":
+                raise rest[0]
+            getattr(progress, kind)(*rest)
+    finally:
+        proc.join(10)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        channel.close()
 
 
 def table(results: list[dict]) -> str:
@@ -146,17 +232,19 @@ def run(cfg: BenchConfig) -> dict:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
     from yolofeed.train.keys import check_device
 
-    check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
+    device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
+    # with several GPUs each mode's ranks are processes of their own already
+    one_process = not cfg.isolate or "," in device
     progress = Progress(modes, cfg.steps, cfg.warmup)
     try:
         for m in modes:
             try:
-                results.append(run_mode(m, cfg, out / "runs", progress))
+                results.append((run_mode if one_process else run_isolated)(m, cfg, out / "runs", progress))
             except PackSpaceError as e:
                 # every yolofeed mode but yolofeed_jpeg trains from the raw pack, whatever format=auto would pick
                 raw = [x for x in modes if x.startswith("yolofeed") and x != "yolofeed_jpeg"]
