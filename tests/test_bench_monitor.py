@@ -253,7 +253,7 @@ def test_a_bench_killed_alone_leaves_no_mode_training(synth_root, tmp_path):
         while not (out / "runs" / "yolofeed" / "args.yaml").is_file():  # the mode's trainer is built: it trains
             assert bench.poll() is None and time.monotonic() < deadline, "the bench never started its mode"
             time.sleep(0.2)
-        mode = [c for c in psutil.Process(bench.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        mode = [c for c in psutil.Process(bench.pid).children() if "mode_main" in " ".join(c.cmdline())]
         assert len(mode) == 1
         bench.kill()  # the bench's process alone, not its group
         bench.wait()
@@ -308,13 +308,14 @@ def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypat
     monkeypatch.setattr(bench, "profile", profile)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.yaml").write_text("")
-    assert main(["bench", "data=d.yaml", "modes=yolofeed,stock", f"out={tmp_path / 'b'}"]) == 1
+    assert main(["bench", "data=d.yaml", "modes=yolofeed,stock", f"out={tmp_path / 'b'}", "isolate=False"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it: the bench's progress bar
     assert "not enough free space" in err and err.endswith("modes=yolofeed_jpeg,stock")
-    assert main(["bench", "data=d.yaml", "modes=yolofeed_inline,stock,yolofeed_nopool", f"out={tmp_path / 'b'}"]) == 1
+    assert main(["bench", "data=d.yaml", "modes=yolofeed_inline,stock,yolofeed_nopool", f"out={tmp_path / 'b'}",
+                 "isolate=False"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]  # both raw-pack modes give way to the one jpeg mode
     assert "raw pack's yolofeed_inline, yolofeed_nopool: modes=yolofeed_jpeg,stock" in err
-    assert main(["bench", "data=d.yaml", "modes=yolofeed_jpeg", f"out={tmp_path / 'b'}"]) == 1
+    assert main(["bench", "data=d.yaml", "modes=yolofeed_jpeg", f"out={tmp_path / 'b'}", "isolate=False"]) == 1
     assert "bench the jpeg pack" not in capsys.readouterr().err  # the jpeg mode's own shortage: nothing to offer
 
 

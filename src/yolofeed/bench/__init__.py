@@ -1,1 +1,1 @@
-"""``yolofeed bench``: stock Ultralytics vs yolofeed vs the GPU-resident ceiling, in one process."""
+"""``yolofeed bench``: stock Ultralytics vs yolofeed vs the GPU-resident ceiling, side by side."""

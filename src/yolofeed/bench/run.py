@@ -29,11 +29,12 @@ import json
 import multiprocessing
 import os
 import pickle
-import queue
+import subprocess
+import sys
 import traceback
 from dataclasses import asdict
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
@@ -59,30 +60,35 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
 
 
 class _ForwardedProgress:
-    """The bench's bar as a mode's own process sees it: each call goes over ``channel`` to the bar in the bench's
+    """The bench's bar as a mode's own process sees it: each call goes over ``conn`` to the bar in the bench's
     process (a message a step: microseconds beside a training step)."""
 
-    def __init__(self, channel: Any):
-        self.channel = channel
+    def __init__(self, conn: Connection):
+        self.conn = conn
 
     def start(self, mode: str, what: str = "") -> None:
-        self.channel.put(("start", mode, what))
+        self.conn.send(("start", mode, what))
 
     def grow(self, steps: int) -> None:
-        self.channel.put(("grow", steps))
+        self.conn.send(("grow", steps))
 
     def step(self, n: int = 1) -> None:
-        self.channel.put(("step", n))
+        self.conn.send(("step", n))
 
     def write(self, text: str) -> None:
-        self.channel.put(("write", text))
+        self.conn.send(("write", text))
 
 
-def _mode_process(mode: str, cfg: BenchConfig, project: Path, channel: Any, parent: tuple[int, float]) -> None:
-    """A mode's own process: ``run_mode``, its result or its error sent back over ``channel``."""
-    die_with_parent(*parent)  # a bench killed alone leaves no training behind on the GPU
+def mode_main(argv: list[str] | None = None) -> None:
+    """A mode's own process (``run_isolated`` starts it): argv is the bench's end of the pipe (a file descriptor),
+    and the bench's PID and start time. Receives (mode, cfg, project), sends back progress and then the result of
+    ``run_mode`` or its error."""
+    fd, pid, started = sys.argv[1:] if argv is None else argv
+    die_with_parent(int(pid), float(started))  # a bench killed alone leaves no training behind on the GPU
+    conn = Connection(int(fd))
+    mode, cfg, project = conn.recv()
     try:
-        channel.put(("result", run_mode(mode, cfg, project, _ForwardedProgress(channel))))
+        conn.send(("result", run_mode(mode, cfg, project, _ForwardedProgress(conn))))
     except BaseException as e:  # Ctrl-C too: the bench's process decides what to say
         if not isinstance(e, (YolofeedError, KeyboardInterrupt)):  # an unexpected error: its trace, as in-process
             traceback.print_exc()
@@ -90,47 +96,44 @@ def _mode_process(mode: str, cfg: BenchConfig, project: Path, channel: Any, pare
             pickle.dumps(e)
         except Exception:  # an exception that does not pickle still comes back, as its type and message
             e = RuntimeError(f"{type(e).__name__}: {e}")
-        channel.put(("error", e))
+        conn.send(("error", e))
 
 
 def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress) -> dict:
-    """``run_mode`` in a fresh process of its own (spawned: nothing of this one's CUDA, cuDNN or compiled kernels),
-    its steps counted on ``progress``; its error raised here.
+    """``run_mode`` in a fresh Python process of its own, started as a user's ``yolo train`` is (nothing of this
+    process's CUDA, cuDNN or compiled kernels), its steps counted on ``progress``; its error raised here. POSIX.
 
     Raises:
         RuntimeError: the process ended without a result (killed, out of memory).
     """
-    ctx = multiprocessing.get_context("spawn")
-    channel = ctx.Queue()
+    ours, theirs = multiprocessing.Pipe()  # a socket pair: its child end is passed as a file descriptor
     me = os.getpid()
-    proc = ctx.Process(target=_mode_process, name=f"yolofeed-bench-{mode}",
-                       args=(mode, cfg, project, channel, (me, process_start(me) or 0.0)))
-    proc.start()  # not a daemon: a mode's pack build starts processes of its own
+    proc = subprocess.Popen([sys.executable, "-c", "from yolofeed.bench.run import mode_main; mode_main()",
+                             str(theirs.fileno()), str(me), repr(process_start(me) or 0.0)],
+                            pass_fds=(theirs.fileno(),))
+    theirs.close()
     try:
+        ours.send((mode, cfg, project))
         while True:
             try:
-                message = channel.get(timeout=0.5)
-            except queue.Empty:
-                if proc.is_alive():
-                    continue
-                try:  # what it sent just before it exited
-                    message = channel.get(timeout=2.0)
-                except queue.Empty:
-                    raise RuntimeError(f"bench: mode {mode}'s process ended without a result (exit code "
-                                       f"{proc.exitcode}); run it alone with modes={mode} isolate=False to see "
-                                       "why") from None
-            kind, *rest = message
+                kind, *rest = ours.recv()
+            except EOFError:
+                proc.wait()
+                raise RuntimeError(f"bench: mode {mode}'s process ended without a result (exit code "
+                                   f"{proc.returncode}); run it alone with modes={mode} isolate=False to see why"
+                                   ) from None
             if kind == "result":
                 return rest[0]
             if kind == "error":
                 raise rest[0]
             getattr(progress, kind)(*rest)
     finally:
-        proc.join(10)
-        if proc.exitcode is None:
+        ours.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
             proc.kill()
-            proc.join()
-        channel.close()
+            proc.wait()
 
 
 def table(results: list[dict]) -> str:
@@ -238,8 +241,8 @@ def run(cfg: BenchConfig) -> dict:
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
-    # with several GPUs each mode's ranks are processes of their own already
-    one_process = not cfg.isolate or "," in device
+    # with several GPUs each mode's ranks are processes of their own already; Windows cannot pass the pipe
+    one_process = not cfg.isolate or "," in device or os.name == "nt"
     progress = Progress(modes, cfg.steps, cfg.warmup)
     try:
         for m in modes:
