@@ -197,6 +197,8 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     assert len(said) == len(slower)  # said plainly, for each yolofeed mode slower than stock
     assert all(r["optimizer"] for r in report["results"])  # which optimiser optimizer=auto picked, for each mode
     assert all(f"NOTE: {n}" in text for n in report["notes"])
+    assert any(n.startswith("yolofeed, yolofeed_jpeg, yolofeed_inline, yolofeed_nopool, ceiling, ceiling_stock "
+                            "trained in this process after stock") for n in report["notes"])
     # the profile's own step bar, not Ultralytics' epoch bar with its 10**6 epochs
     assert "1000000" not in captured.out + captured.err and "Starting training" not in captured.out
     assert "training stopped" not in captured.out + captured.err  # the profile's own stop is no failed run
@@ -216,9 +218,10 @@ def test_bench_trains_each_mode_in_a_process_of_its_own(synth_root, tmp_path, ca
     monkeypatch.setattr(bench, "run_mode", lambda *a, **k: pytest.fail("a mode trained in the bench's process"))
     out = tmp_path / "bench"
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
-                 "window=2", "device=cpu", "workers=0", f"out={out}", "modes=stock,yolofeed"]) == 0
+                 "window=2", "device=cpu", "workers=0", f"out={out}", "modes=stock,yolofeed", "isolate=True"]) == 0
     report = json.loads((out / "bench.json").read_text())
     assert [r["mode"] for r in report["results"]] == ["stock", "yolofeed"]
+    assert not any("trained in this process" in n for n in report["notes"])
     assert all(r["images_per_s"] > 0 and r["steps"] == 4 and r["first_step_s"] > 0 for r in report["results"])
     assert all((out / "runs" / m / "args.yaml").is_file() for m in ("stock", "yolofeed"))
     err = capfd.readouterr().err
@@ -232,7 +235,7 @@ def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path
     empty.mkdir(parents=True)
     (tmp_path / "d.yaml").write_text(f"path: {tmp_path}\ntrain: images/train\nval: images/train\nnames: {{0: a}}\n")
     assert main(["bench", f"data={tmp_path / 'd.yaml'}", "imgsz=64", "batch=4", "device=cpu", "workers=0",
-                 f"out={tmp_path / 'b'}", "modes=yolofeed"]) == 1
+                 f"out={tmp_path / 'b'}", "modes=yolofeed", "isolate=True"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("yolofeed bench: error: no images found in ") and str(empty) in err
 
@@ -245,8 +248,8 @@ def test_a_bench_killed_alone_leaves_no_mode_training(synth_root, tmp_path):
     env = os.environ | {"YOLO_OFFLINE": "1"}
     bench = subprocess.Popen([sys.executable, "-m", "yolofeed", "bench", f"data={synth_root / 'data.yaml'}",
                               "imgsz=64", "batch=4", "steps=100000", "warmup=2", "window=2", "device=cpu",
-                              "workers=0", f"out={out}", "modes=yolofeed"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                              "workers=0", f"out={out}", "modes=yolofeed", "isolate=True"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     mode = []
     try:
         deadline = time.monotonic() + 120

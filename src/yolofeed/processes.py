@@ -38,16 +38,24 @@ def process_alive(pid: int, started: float) -> bool:
     return start != start or abs(start - started) < START_TOLERANCE  # NaN: exists, not ours to inspect
 
 
+def kill_with_parent() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux's parent-death signal; it holds across
+    ``exec``, so it also serves as ``subprocess.Popen(preexec_fn=kill_with_parent)``). False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError) as e:
+        LOGGER.debug(f"prctl(PR_SET_PDEATHSIG) unavailable ({e})")
+        return False
+
+
 def die_with_parent(pid: int, started: float) -> None:
     """End this process when its parent (``pid``, started at ``started``) dies, however it dies: the kernel's
     parent-death signal on Linux, and everywhere a thread that watches the parent every second."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError) as e:  # the watch below still ends us, within a second
-            LOGGER.debug(f"prctl(PR_SET_PDEATHSIG) unavailable ({e})")
+    kill_with_parent()  # where it fails, the watch below still ends us, within a second
     if os.getppid() != pid:  # the parent died before prctl took effect
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(pid, started), daemon=True, name="yolofeed-parent-watch").start()

@@ -29,6 +29,7 @@ import numpy as np
 from yolofeed.bench.stats import Difference, bands_overlap, mean_sd, welch
 from yolofeed.config import ParityConfig, usable_cores
 from yolofeed.errors import ConfigError
+from yolofeed.processes import kill_with_parent
 
 SIDES = ("stock", "yolofeed")
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0"}
@@ -85,12 +86,7 @@ def _preexec(cores: list[int]):
     def setup() -> None:
         if cores and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cores)
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # not Linux: the parent's handler below still stops them
-            pass
+        kill_with_parent()  # not Linux: the parent's handler below still stops them
     return setup
 
 

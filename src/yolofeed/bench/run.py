@@ -14,13 +14,15 @@ ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: 
 train/loss.py). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
 steps are measured.
 
-Each mode trains in a process of its own (``isolate=True``), as a user's run does: it pays its own one-off costs
-(CUDA's context, cuDNN's plans for each batch size, Triton's compiles), which shape its first step and its first
-epoch. In one process a later mode would find an earlier one's paid: at COCO's size stock's first step came at
-14 s after yolofeed's in one process, and at 28 s in a process of its own (BENCHMARKS.md). With several GPUs
-(``device=0,1``) each mode goes through Ultralytics' own DDP launch, whose ranks are processes of their own:
-every rank profiles its own steps and GPU, and the row is their total (images/s summed, the slowest rank's
-steps), each GPU's share on the line below it (``monitor/profile.py``).
+With ``isolate=True`` each mode trains in a process of its own, as a user's run does: it pays its own one-off
+costs (CUDA's context, cuDNN's plans for each batch size, Triton's compiles), which shape its first step and its
+first epoch. In one process (the default) a later mode finds an earlier one's paid: at COCO's size stock's first
+step came at 14 s after yolofeed's in one process, and at 28 s in a process of its own (BENCHMARKS.md), and the
+bench says so under its table.
+
+With several GPUs (``device=0,1``) each mode goes through Ultralytics' own DDP launch, whose ranks are processes
+of their own: every rank profiles its own steps and GPU, and the row is their total (images/s summed, the slowest
+rank's steps), each GPU's share on the line below it (``monitor/profile.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
-from yolofeed.processes import die_with_parent, process_start
+from yolofeed.processes import die_with_parent, kill_with_parent, process_start
 
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "yolofeed_nopool": "#4c72b0",
@@ -84,7 +86,13 @@ def mode_main(argv: list[str] | None = None) -> None:
     and the bench's PID and start time. Receives (mode, cfg, project), sends back progress and then the result of
     ``run_mode`` or its error."""
     fd, pid, started = sys.argv[1:] if argv is None else argv
-    die_with_parent(int(pid), float(started))  # a bench killed alone leaves no training behind on the GPU
+    # a bench killed alone leaves no training behind on the GPU: on Linux the parent-death signal set before exec
+    # (no thread of ours in a process that forks DataLoader workers), elsewhere a thread that watches the bench; and
+    # a mode that sends its next step to a dead bench fails there
+    if not sys.platform.startswith("linux"):
+        die_with_parent(int(pid), float(started))
+    elif os.getppid() != int(pid):  # the bench died before the signal was set
+        os._exit(1)
     conn = Connection(int(fd))
     mode, cfg, project = conn.recv()
     try:
@@ -110,7 +118,7 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
     me = os.getpid()
     proc = subprocess.Popen([sys.executable, "-c", "from yolofeed.bench.run import mode_main; mode_main()",
                              str(theirs.fileno()), str(me), repr(process_start(me) or 0.0)],
-                            pass_fds=(theirs.fileno(),))
+                            pass_fds=(theirs.fileno(),), preexec_fn=kill_with_parent)
     theirs.close()
     try:
         ours.send((mode, cfg, project))
@@ -173,6 +181,17 @@ def slower_than_stock(results: list[dict]) -> list[str]:
             f"{stock['images_per_s']:,.0f} img/s" + ("" if r["gpu_util"] is not None else
                                                      " (no GPU: on the CPU, train with stock Ultralytics)")
             for r in results if r["mode"].startswith("yolofeed") and r["images_per_s"] < stock["images_per_s"]]
+
+
+def warm_modes(results: list[dict], isolated: bool) -> list[str]:
+    """A sentence when modes after the first trained in the process of an earlier one: their first step and first
+    epoch came after its one-off costs."""
+    if isolated or len(results) < 2:
+        return []
+    later = ", ".join(r["mode"] for r in results[1:])
+    return [f"{later} trained in this process after {results[0]['mode']}, whose one-off costs (CUDA's context, "
+            "cuDNN's plans, compiles) they did not pay again: their first step and first epoch look faster than a "
+            "run of their own; isolate=True trains each mode in a process of its own"]
 
 
 def heavy_optimizer(results: list[dict], asked: str = "auto", share: float = 0.25) -> list[str]:
@@ -241,13 +260,13 @@ def run(cfg: BenchConfig) -> dict:
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
-    # with several GPUs each mode's ranks are processes of their own already; Windows cannot pass the pipe
-    one_process = not cfg.isolate or "," in device or os.name == "nt"
+    ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
+    own = cfg.isolate and not ranks and os.name != "nt"  # Windows cannot pass run_isolated's pipe
     progress = Progress(modes, cfg.steps, cfg.warmup)
     try:
         for m in modes:
             try:
-                results.append((run_mode if one_process else run_isolated)(m, cfg, out / "runs", progress))
+                results.append((run_isolated if own else run_mode)(m, cfg, out / "runs", progress))
             except PackSpaceError as e:
                 # every yolofeed mode but yolofeed_jpeg trains from the raw pack, whatever format=auto would pick
                 raw = [x for x in modes if x.startswith("yolofeed") and x != "yolofeed_jpeg"]
@@ -258,7 +277,8 @@ def run(cfg: BenchConfig) -> dict:
                                      f"{', '.join(raw)}: modes={instead}") from e
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
                       "notes": slower_than_stock(results)
-                      + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))}
+                      + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
+                      + warm_modes(results, own or ranks)}
             # after each mode: an interrupted bench keeps what it measured
             (out / "bench.json").write_text(json.dumps(report, indent=1))
     finally:
