@@ -111,10 +111,16 @@ SECTIONS = {s.name: s for s in (
         "PARTS='steps first' VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg,"
         "yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg bash tools/device/jpeg_ab.sh",
         "PARTS=steps bash tools/device/jpeg_ab.sh")),
+    Section("jpeg-storage", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 4, (
+        "PARTS=storage bash tools/device/jpeg_ab.sh",)),
+    Section("jpeg-setup", "First epoch", "nvidia-h200", 1, 4, (
+        "PARTS=setup bash tools/device/jpeg_ab.sh",)),
     Section("coco-data", "COCO scale on one machine", "nvidia-h200", 0, 8, (
         "PHASE=data bash tools/device/coco_scale.sh",)),
     Section("coco-train", "COCO scale on one machine", "nvidia-h200", 1, 6, (
         "PHASE=train bash tools/device/coco_scale.sh",)),
+    Section("coco-first", "COCO scale on one machine", "nvidia-h200", 1, 3, (
+        "PHASE=first bash tools/device/coco_scale.sh",)),
     Section("steps", "Host syncs in a step", "nvidia-h200", 1, 9, (
         SYNTH_10K, PACK_10K,
         *(f"timeout 60 python3 -m tools.device.syncs /tmp/synth/data.yaml {v} yolo11n.yaml"
