@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Scaling from one GPU to two on nvidia-h200-x2 (~7 min): the all-reduce bandwidth (allreduce_bw.py), then yolofeed and
 # stock under Ultralytics' DDP (device=0,1, batch 256: 128 a GPU) against one GPU (device=0, batch 128, on 16
-# cores, one bench process a mode), each a bench through its first epoch (its wall time: the epoch-time scaling) and on (the step rate).
-# 10,000 synthetic images at 640, yolo11n. Everything lands in $OUT/results.tgz.
+# cores, one bench process a mode), each a bench through its first epoch (its wall time: the epoch-time scaling)
+# and on (the step rate). 10,000 synthetic images at 640, yolo11n. Everything lands in $OUT/results.tgz.
 # Usage: bash tools/device/ddp_scaling.sh
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,6p' "$0"; exit 0; fi
 source tools/device/setup.sh
