@@ -114,9 +114,11 @@ def main(pid: int, interval: float, gpu_spec: str) -> None:
         t1 = time.perf_counter()
         (busy1, iow1), disk1, own1 = cores.read(), psutil.disk_io_counters(), tree.cpu(t1)
         dt = t1 - t0
-        per_core = [max(0.0, b1 - b0) / dt for b0, b1 in zip(busy0, busy1)]
+        # a core is busy at most all the time: /proc/stat counts in ticks (10 ms), so over a short interval a
+        # core's ticks can outrun the wall clock read beside them
+        per_core = [min(1.0, max(0.0, b1 - b0) / dt) for b0, b1 in zip(busy0, busy1)]
         mem, swap = psutil.virtual_memory(), psutil.swap_memory()
-        s = {"t": t1, "cpu": sum(per_core), "busiest": min(1.0, max(per_core, default=0.0)),
+        s = {"t": t1, "cpu": sum(per_core), "busiest": max(per_core, default=0.0),
              "own": max(0.0, own1 - own0) / dt, "iow": max(0.0, iow1 - iow0) / max(cores.n * dt, 1e-9),
              "ram": (mem.total - mem.available) / 1e9, "swap": swap.used / 1e9}
         if disk0 is not None and disk1 is not None:
