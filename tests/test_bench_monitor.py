@@ -240,24 +240,35 @@ def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path
     assert err.startswith("yolofeed bench: error: no images found in ") and str(empty) in err
 
 
+def _bench_process(synth_root, out, **keys) -> subprocess.Popen:
+    """``yolofeed bench`` of the yolofeed mode in its own process (isolate=True), steps without end."""
+    args = {"data": synth_root / "data.yaml", "imgsz": 64, "batch": 4, "steps": 100000, "warmup": 2, "window": 2,
+            "device": "cpu", "workers": 0, "out": out, "modes": "yolofeed", "isolate": True, **keys}
+    return subprocess.Popen([sys.executable, "-m", "yolofeed", "bench", *(f"{k}={v}" for k, v in args.items())],
+                            env=os.environ | {"YOLO_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _training_mode(bench: subprocess.Popen, out) -> list:
+    """The bench's mode process, once its trainer is built (it trains): a list of one psutil.Process."""
+    import psutil
+
+    deadline = time.monotonic() + 120
+    while not (out / "runs" / "yolofeed" / "args.yaml").is_file():
+        assert bench.poll() is None and time.monotonic() < deadline, "the bench never started its mode"
+        time.sleep(0.2)
+    mode = [c for c in psutil.Process(bench.pid).children() if "mode_main" in " ".join(c.cmdline())]
+    assert len(mode) == 1
+    return mode
+
+
 @pytest.mark.slow
 def test_a_bench_killed_alone_leaves_no_mode_training(synth_root, tmp_path):
     import psutil
 
-    out = tmp_path / "b"
-    env = os.environ | {"YOLO_OFFLINE": "1"}
-    bench = subprocess.Popen([sys.executable, "-m", "yolofeed", "bench", f"data={synth_root / 'data.yaml'}",
-                              "imgsz=64", "batch=4", "steps=100000", "warmup=2", "window=2", "device=cpu",
-                              "workers=0", f"out={out}", "modes=yolofeed", "isolate=True"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    mode = []
+    bench, mode = _bench_process(synth_root, tmp_path / "b"), []
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "runs" / "yolofeed" / "args.yaml").is_file():  # the mode's trainer is built: it trains
-            assert bench.poll() is None and time.monotonic() < deadline, "the bench never started its mode"
-            time.sleep(0.2)
-        mode = [c for c in psutil.Process(bench.pid).children() if "mode_main" in " ".join(c.cmdline())]
-        assert len(mode) == 1
+        mode = _training_mode(bench, tmp_path / "b")
         bench.kill()  # the bench's process alone, not its group
         bench.wait()
         mode[0].wait(timeout=10)  # raises psutil.TimeoutExpired while it still trains
@@ -265,6 +276,58 @@ def test_a_bench_killed_alone_leaves_no_mode_training(synth_root, tmp_path):
         for p in [bench, *mode]:
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                 p.kill()
+
+
+@pytest.mark.slow
+def test_a_mode_process_killed_alone_is_the_benchs_one_line_error(synth_root, tmp_path):
+    import psutil
+
+    bench, mode = _bench_process(synth_root, tmp_path / "b"), []
+    try:
+        mode = _training_mode(bench, tmp_path / "b")
+        mode[0].kill()  # as the OOM killer would
+        _, err = bench.communicate(timeout=30)  # a bench still waiting for it fails here
+        assert bench.returncode == 1
+        assert err.strip().splitlines()[-1] == ("yolofeed bench: error: mode yolofeed's process ended without a "
+                                                "result (killed by SIGKILL); its output above says why, or run it "
+                                                "alone with modes=yolofeed isolate=False")
+    finally:
+        for p in [bench, *mode]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                p.kill()
+
+
+class Odd(Exception):
+    """Pickles (a module's class), but does not unpickle: its constructor takes other arguments than its args."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}-{b}")
+
+
+def test_a_modes_error_comes_back_whole_or_as_its_type_and_message(monkeypatch):
+    """What the mode's process sends: its steps, then the error as it is, or as a RuntimeError where it would
+    not survive the trip (a constructor with other arguments pickles, but does not unpickle)."""
+    import multiprocessing
+
+    import yolofeed.bench.run as bench
+    from yolofeed.config import BenchConfig
+    from yolofeed.errors import DatasetError
+
+    for error, expect in ((DatasetError("no images"), DatasetError("no images")),
+                          (Odd(1, 2), RuntimeError("Odd: 1-2"))):
+        def run_mode(mode, cfg, project, progress, error=error):
+            progress.grow(3)
+            raise error
+
+        monkeypatch.setattr(bench, "run_mode", run_mode)
+        ours, theirs = multiprocessing.Pipe()
+        ours.send(("stock", BenchConfig(data="d.yaml"), "runs"))
+        bench.mode_main([str(os.dup(theirs.fileno())), str(os.getppid()), "0"])  # its own descriptor, as passed
+        assert ours.recv() == ("grow", 3)
+        kind, got = ours.recv()
+        assert kind == "error" and type(got) is type(expect) and str(got) == str(expect)
+        ours.close()
+        theirs.close()
 
 
 def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bench as a user runs it, each mode in a process of its own (isolate=True, the default): stock, a raw pack and
+# The bench with each mode in a process of its own (isolate=True), as a user's runs are: stock, a raw pack and
 # a jpeg pack, yolo11n, batch 128, imgsz 640, the 10k set with both packs built and stock's label cache written (a
 # user's second run); steady rate, first epoch and time to the first step. Then every GPU test. ~7 min on a fresh
 # nvidia-h200.
@@ -16,7 +16,7 @@ python3 -c "from ultralytics.data.dataset import YOLODataset; from ultralytics.c
 from ultralytics.data.utils import check_det_dataset; d = check_det_dataset('$D/data.yaml')
 YOLODataset(img_path=d['train'], imgsz=640, augment=False, data=d, hyp=get_cfg())" > /dev/null
 timeout 300 python3 -m yolofeed bench model=yolo11n.yaml data=$D/data.yaml imgsz=640 batch=128 workers=16 \
-  modes=stock,yolofeed,yolofeed_jpeg steps=60 warmup=20 first_epoch=True out=$OUT/bench_isolated 2>&1 \
+  modes=stock,yolofeed,yolofeed_jpeg steps=60 warmup=20 first_epoch=True isolate=True out=$OUT/bench_isolated 2>&1 \
   | tr '\r' '\n' | grep -v "step/s\]" | tail -8
 timeout 200 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -30 > $OUT/gpu_tests.txt
 tail -4 $OUT/gpu_tests.txt

@@ -27,10 +27,12 @@ rank's steps), each GPU's share on the line below it (``monitor/profile.py``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import traceback
@@ -42,7 +44,7 @@ from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
-from yolofeed.processes import die_with_parent, kill_with_parent, process_start
+from yolofeed.processes import die_with_parent, process_start
 
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "yolofeed_nopool": "#4c72b0",
@@ -61,6 +63,18 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     return {k: getattr(p, k) for k in keys}
 
 
+class _BenchGone(BaseException):
+    """The bench's end of the pipe is closed: it stopped first (what it says is said). A BaseException, so that no
+    ``except Exception`` on the way out of the training keeps the mode running."""
+
+
+def _send(conn: Connection, message: tuple) -> None:
+    try:
+        conn.send(message)
+    except OSError as e:  # EPIPE, ECONNRESET: the bench is gone
+        raise _BenchGone from e
+
+
 class _ForwardedProgress:
     """The bench's bar as a mode's own process sees it: each call goes over ``conn`` to the bar in the bench's
     process (a message a step: microseconds beside a training step)."""
@@ -69,42 +83,59 @@ class _ForwardedProgress:
         self.conn = conn
 
     def start(self, mode: str, what: str = "") -> None:
-        self.conn.send(("start", mode, what))
+        _send(self.conn, ("start", mode, what))
 
     def grow(self, steps: int) -> None:
-        self.conn.send(("grow", steps))
+        _send(self.conn, ("grow", steps))
 
     def step(self, n: int = 1) -> None:
-        self.conn.send(("step", n))
+        _send(self.conn, ("step", n))
 
     def write(self, text: str) -> None:
-        self.conn.send(("write", text))
+        _send(self.conn, ("write", text))
+
+
+# The mode's process: the parent-death signal first (stdlib only, before torch's seconds of imports), then the mode;
+# a Ctrl-C that arrives while it imports ends it as one would end a run.
+_MODE_MAIN = ("import sys\nfrom yolofeed.processes import kill_with_parent\nkill_with_parent()\ntry:\n"
+              "    from yolofeed.bench.run import mode_main\n    mode_main()\nexcept KeyboardInterrupt:\n"
+              "    sys.exit(130)\n")
 
 
 def mode_main(argv: list[str] | None = None) -> None:
-    """A mode's own process (``run_isolated`` starts it): argv is the bench's end of the pipe (a file descriptor),
-    and the bench's PID and start time. Receives (mode, cfg, project), sends back progress and then the result of
-    ``run_mode`` or its error."""
+    """A mode's own process (``run_isolated`` starts it): argv is its end of the bench's socket pair (a file
+    descriptor), and the bench's PID and start time. Receives (mode, cfg, project), sends back progress and then
+    the result of ``run_mode`` or its error.
+
+    A bench killed alone leaves no training behind on the GPU: on Linux the parent-death signal (set by
+    ``_MODE_MAIN``: no thread of ours in a process that forks DataLoader workers), elsewhere a thread that watches
+    the bench; and a mode whose next message finds the bench gone stops there.
+    """
     fd, pid, started = sys.argv[1:] if argv is None else argv
-    # a bench killed alone leaves no training behind on the GPU: on Linux the parent-death signal set before exec
-    # (no thread of ours in a process that forks DataLoader workers), elsewhere a thread that watches the bench; and
-    # a mode that sends its next step to a dead bench fails there
     if not sys.platform.startswith("linux"):
         die_with_parent(int(pid), float(started))
     elif os.getppid() != int(pid):  # the bench died before the signal was set
         os._exit(1)
     conn = Connection(int(fd))
-    mode, cfg, project = conn.recv()
     try:
-        conn.send(("result", run_mode(mode, cfg, project, _ForwardedProgress(conn))))
+        try:
+            mode, cfg, project = conn.recv()
+        except (EOFError, OSError):  # the bench went before it said what to run
+            raise _BenchGone from None
+        _send(conn, ("result", run_mode(mode, cfg, project, _ForwardedProgress(conn))))
+    except _BenchGone:
+        sys.exit(1)
     except BaseException as e:  # Ctrl-C too: the bench's process decides what to say
         if not isinstance(e, (YolofeedError, KeyboardInterrupt)):  # an unexpected error: its trace, as in-process
             traceback.print_exc()
         try:
-            pickle.dumps(e)
-        except Exception:  # an exception that does not pickle still comes back, as its type and message
+            pickle.loads(pickle.dumps(e))  # an exception whose constructor takes other arguments pickles, not back
+        except Exception:
             e = RuntimeError(f"{type(e).__name__}: {e}")
-        conn.send(("error", e))
+        try:
+            _send(conn, ("error", e))
+        except _BenchGone:
+            sys.exit(1)
 
 
 def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress) -> dict:
@@ -112,36 +143,58 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
     process's CUDA, cuDNN or compiled kernels), its steps counted on ``progress``; its error raised here. POSIX.
 
     Raises:
-        RuntimeError: the process ended without a result (killed, out of memory).
+        YolofeedError: the process ended without a result (killed, out of memory), or failed with an error that is
+            not one of yolofeed's (its traceback, printed by that process, is above).
     """
     ours, theirs = multiprocessing.Pipe()  # a socket pair: its child end is passed as a file descriptor
     me = os.getpid()
-    proc = subprocess.Popen([sys.executable, "-c", "from yolofeed.bench.run import mode_main; mode_main()",
-                             str(theirs.fileno()), str(me), repr(process_start(me) or 0.0)],
-                            pass_fds=(theirs.fileno(),), preexec_fn=kill_with_parent)
-    theirs.close()
+    proc = subprocess.Popen([sys.executable, "-c", _MODE_MAIN, str(theirs.fileno()), str(me),
+                             repr(process_start(me) or 0.0)], pass_fds=(theirs.fileno(),))
+    theirs.close()  # the child's copy only: its exit then ends our reads
+    done = False
     try:
-        ours.send((mode, cfg, project))
-        while True:
-            try:
+        try:
+            ours.send((mode, cfg, project))
+            while True:
                 kind, *rest = ours.recv()
-            except EOFError:
-                proc.wait()
-                raise RuntimeError(f"bench: mode {mode}'s process ended without a result (exit code "
-                                   f"{proc.returncode}); run it alone with modes={mode} isolate=False to see why"
-                                   ) from None
-            if kind == "result":
-                return rest[0]
-            if kind == "error":
-                raise rest[0]
-            getattr(progress, kind)(*rest)
+                if kind == "result":
+                    done = True
+                    return rest[0]
+                if kind == "error":
+                    done = True
+                    error = rest[0]
+                    if isinstance(error, (YolofeedError, KeyboardInterrupt)):
+                        raise error
+                    raise YolofeedError(f"mode {mode} stopped with {type(error).__name__}: {error} (its traceback "
+                                        "is above)") from error
+                getattr(progress, kind)(*rest)
+        except (EOFError, OSError):  # the process ended (or reset the pipe) before it sent what it owed
+            proc.wait()
+            code = proc.returncode
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else f"exit code {code}"
+            raise YolofeedError(f"mode {mode}'s process ended without a result ({how}); its output above says why, "
+                                f"or run it alone with modes={mode} isolate=False") from None
     finally:
         ours.close()
+        _stop(proc, gently=not done)
+
+
+def _stop(proc: subprocess.Popen, gently: bool) -> None:
+    """Wait for a mode's process to end. ``gently`` (the bench stops early: Ctrl-C, an error): ask it first with
+    SIGINT, as a Ctrl-C would, so that a pack it builds is cleaned up; then SIGTERM, then SIGKILL."""
+    steps = [(None, 1.0), (signal.SIGINT, 10.0), (signal.SIGTERM, 5.0)] if gently else [(None, 10.0)]
+    for sig, wait in steps:
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
         try:
-            proc.wait(10)
+            proc.wait(wait)
+            return
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+    proc.kill()
+    proc.wait()
 
 
 def table(results: list[dict]) -> str:
@@ -255,13 +308,16 @@ def run(cfg: BenchConfig) -> dict:
     from yolofeed.train.keys import check_device
 
     device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
+    if cfg.isolate and os.name == "nt":
+        raise ConfigError("isolate=True needs a POSIX system (the mode's process gets its pipe as a file "
+                          "descriptor); on Windows run one bench per mode instead: modes=stock, then modes=yolofeed")
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
-    own = cfg.isolate and not ranks and os.name != "nt"  # Windows cannot pass run_isolated's pipe
+    own = cfg.isolate and not ranks
     progress = Progress(modes, cfg.steps, cfg.warmup)
     try:
         for m in modes:

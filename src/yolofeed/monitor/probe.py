@@ -134,4 +134,7 @@ def main(pid: int, interval: float, gpu_spec: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])
+    try:
+        main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])
+    except KeyboardInterrupt:  # a Ctrl-C reaches the whole group: the run says "interrupted", not the probe
+        sys.exit(130)
