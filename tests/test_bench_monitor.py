@@ -263,15 +263,20 @@ def _training_mode(bench: subprocess.Popen, out) -> list:
 
 
 @pytest.mark.slow
-def test_a_bench_killed_alone_leaves_no_mode_training(synth_root, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_bench_stopped_alone_leaves_no_mode_training(synth_root, tmp_path, sig):
+    import signal
+
     import psutil
 
     bench, mode = _bench_process(synth_root, tmp_path / "b"), []
     try:
         mode = _training_mode(bench, tmp_path / "b")
-        bench.kill()  # the bench's process alone, not its group
-        bench.wait()
+        os.kill(bench.pid, getattr(signal, sig))  # the bench's process alone, not its group
+        bench.wait(timeout=30)
         mode[0].wait(timeout=10)  # raises psutil.TimeoutExpired while it still trains
+        # SIGTERM: the bench stops its mode first, then exits as a SIGTERM'd build does
+        assert bench.returncode == (-signal.SIGKILL if sig == "SIGKILL" else 128 + signal.SIGTERM)
     finally:
         for p in [bench, *mode]:
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
@@ -328,6 +333,50 @@ def test_a_modes_error_comes_back_whole_or_as_its_type_and_message(monkeypatch):
         assert kind == "error" and type(got) is type(expect) and str(got) == str(expect)
         ours.close()
         theirs.close()
+
+
+def test_a_mode_process_that_ends_before_it_reads_is_the_benchs_one_line_error(monkeypatch):
+    """It leaves the bench's message unread, so the bench's read meets a reset connection, not an end of file."""
+    import yolofeed.bench.run as bench
+    from yolofeed.config import BenchConfig
+    from yolofeed.errors import YolofeedError
+
+    monkeypatch.setattr(bench, "_MODE_MAIN", "import os, time\ntime.sleep(0.5)\nos._exit(3)\n")
+    with pytest.raises(YolofeedError, match=r"^mode stock's process ended without a result \(exit code 3\)"):
+        bench.run_isolated("stock", BenchConfig(data="d.yaml"), "runs", None)
+
+
+def test_a_mode_whose_bench_is_gone_stops_at_its_next_step():
+    import multiprocessing
+
+    import yolofeed.bench.run as bench
+
+    ours, theirs = multiprocessing.Pipe()
+    ours.close()
+    with pytest.raises(bench._BenchGone):
+        bench._ForwardedProgress(theirs).step()
+    theirs.close()
+
+
+@pytest.mark.parametrize("ignores_sigint", [False, True])
+def test_a_mode_stopped_early_is_asked_with_sigint_then_sigterm(tmp_path, ignores_sigint):
+    """SIGINT first (a pack build cleans up on it, as on Ctrl-C); one that ignores it gets SIGTERM."""
+    import signal
+
+    import yolofeed.bench.run as bench
+
+    said = tmp_path / "said"
+    handler = "signal.SIG_IGN" if ignores_sigint else "lambda *a: (open(said, 'w').write('SIGINT'), sys.exit(130))"
+    child = subprocess.Popen([sys.executable, "-c", f"import signal, sys, time\nsaid = {str(said)!r}\n"
+                              f"signal.signal(signal.SIGINT, {handler})\nopen(said + '.up', 'w').close()\n"
+                              "time.sleep(60)\n"])
+    while not (tmp_path / "said.up").exists():
+        time.sleep(0.05)
+    bench._stop(child, gently=True, waits=(0.2, 2.0, 2.0))
+    if ignores_sigint:
+        assert child.returncode == -signal.SIGTERM and not said.exists()
+    else:
+        assert child.returncode == 130 and said.read_text() == "SIGINT"
 
 
 def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):

@@ -7,12 +7,14 @@ killer) cannot stop them: left running, a build's workers keep its files and a b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 LOGGER = logging.getLogger(__name__)
 START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
@@ -67,3 +69,24 @@ def _watch_parent(pid: int, started: float, every: float = 1.0) -> None:
         time.sleep(every)
         if os.getppid() != pid or not process_alive(pid, started):
             os._exit(1)
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """While inside, SIGTERM (``timeout``, ``docker stop``, a scheduler) ends this process as Ctrl-C does, its
+    clean-up running, then with exit status 143 (``SystemExit``).
+
+    Only in the main thread and where nobody else handles SIGTERM; the previous handler is put back after.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import pickle
@@ -44,7 +45,7 @@ from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
-from yolofeed.processes import die_with_parent, process_start
+from yolofeed.processes import die_with_parent, process_start, sigterm_exits
 
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "yolofeed_nopool": "#4c72b0",
@@ -61,6 +62,9 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
             "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer")
     return {k: getattr(p, k) for k in keys}
+
+
+_SAID = (YolofeedError, KeyboardInterrupt, SystemExit)  # raised as they are: the CLI says them in a line, or exits
 
 
 class _BenchGone(BaseException):
@@ -116,6 +120,7 @@ def mode_main(argv: list[str] | None = None) -> None:
         die_with_parent(int(pid), float(started))
     elif os.getppid() != int(pid):  # the bench died before the signal was set
         os._exit(1)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # as the CLI: the pack build's lines, say
     conn = Connection(int(fd))
     try:
         try:
@@ -125,8 +130,8 @@ def mode_main(argv: list[str] | None = None) -> None:
         _send(conn, ("result", run_mode(mode, cfg, project, _ForwardedProgress(conn))))
     except _BenchGone:
         sys.exit(1)
-    except BaseException as e:  # Ctrl-C too: the bench's process decides what to say
-        if not isinstance(e, (YolofeedError, KeyboardInterrupt)):  # an unexpected error: its trace, as in-process
+    except BaseException as e:  # Ctrl-C and SIGTERM too: the bench's process decides what to say
+        if not isinstance(e, _SAID):  # an unexpected error: its trace, as in-process
             traceback.print_exc()
         try:
             pickle.loads(pickle.dumps(e))  # an exception whose constructor takes other arguments pickles, not back
@@ -163,7 +168,7 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
                 if kind == "error":
                     done = True
                     error = rest[0]
-                    if isinstance(error, (YolofeedError, KeyboardInterrupt)):
+                    if isinstance(error, _SAID):
                         raise error
                     raise YolofeedError(f"mode {mode} stopped with {type(error).__name__}: {error} (its traceback "
                                         "is above)") from error
@@ -180,10 +185,11 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
         _stop(proc, gently=not done)
 
 
-def _stop(proc: subprocess.Popen, gently: bool) -> None:
-    """Wait for a mode's process to end. ``gently`` (the bench stops early: Ctrl-C, an error): ask it first with
-    SIGINT, as a Ctrl-C would, so that a pack it builds is cleaned up; then SIGTERM, then SIGKILL."""
-    steps = [(None, 1.0), (signal.SIGINT, 10.0), (signal.SIGTERM, 5.0)] if gently else [(None, 10.0)]
+def _stop(proc: subprocess.Popen, gently: bool, waits: tuple[float, float, float] = (2.0, 10.0, 5.0)) -> None:
+    """Wait for a mode's process to end. ``gently`` (the bench stops early: Ctrl-C, SIGTERM, an error): give it
+    ``waits[0]`` s to end by itself (a Ctrl-C reaches it too), then ask with SIGINT, so that a pack it builds is
+    cleaned up, for ``waits[1]`` s; then SIGTERM for ``waits[2]`` s; then SIGKILL. Otherwise wait ``waits[1]`` s."""
+    steps = [(None, waits[0]), (signal.SIGINT, waits[1]), (signal.SIGTERM, waits[2])] if gently else [(None, waits[1])]
     for sig, wait in steps:
         if sig is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -319,6 +325,11 @@ def run(cfg: BenchConfig) -> dict:
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
     own = cfg.isolate and not ranks
     progress = Progress(modes, cfg.steps, cfg.warmup)
+    # a SIGTERM to the bench alone (timeout, docker stop) stops its mode's process first, cleanly, instead of
+    # killing the bench at once and so the mode with it, mid pack-build
+    stack = contextlib.ExitStack()
+    if own:
+        stack.enter_context(sigterm_exits())
     try:
         for m in modes:
             try:
@@ -338,6 +349,7 @@ def run(cfg: BenchConfig) -> dict:
             # after each mode: an interrupted bench keeps what it measured
             (out / "bench.json").write_text(json.dumps(report, indent=1))
     finally:
+        stack.close()
         progress.close()
     plot(results, out / "bench.png", title)
     notes = "".join(f"\nNOTE: {n}" for n in report["notes"])

@@ -46,7 +46,6 @@ import logging
 import mmap
 import os
 import shutil
-import signal
 import stat
 import sys
 import tempfile
@@ -86,7 +85,7 @@ from yolofeed.pack.store import (
 )
 from yolofeed.pack.verify import SampleError, file_problem, load_sample
 from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
-from yolofeed.processes import die_with_parent, process_start
+from yolofeed.processes import die_with_parent, process_start, sigterm_exits
 
 LOGGER = logging.getLogger(__name__)
 TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
@@ -314,26 +313,6 @@ def _remove_leftovers_if_idle(folder: Path) -> None:
                 lock.release()
 
 
-@contextlib.contextmanager
-def _sigterm_stops_build() -> Iterator[None]:
-    """While a build runs, SIGTERM ends it as Ctrl-C does (clean-up runs), then the process exits with 143.
-
-    Only in the main thread and where nobody else handles SIGTERM; the previous handler is put back after.
-    """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 @dataclass
 class _Space:
     free: int  # bytes free in the pack folder before the build
@@ -427,7 +406,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
     workers = max(1, min(workers or usable_cores(), n))
     fingerprint = src.fingerprint()
     space = _plan_space(src, dest.parent, imgsz, storage)
-    with _sigterm_stops_build():
+    with sigterm_exits():  # a build stopped by SIGTERM removes its temporary file, as with Ctrl-C
         tmp = dest.with_name(f".{dest.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
         try:
