@@ -22,11 +22,13 @@ for c in ${CASES//,/ }; do
     small_batch) doc small_batch batch=4 workers=8 time_validation=False yolofeed=False ;;
     contention)  # 12 busy processes in a session of their own, killed as a group afterwards (a pattern such as
                  # pkill -f takes is a regular expression and can miss them: they would run on into the next cases)
-                 setsid python3 -c "import multiprocessing as m; [m.Process(target=lambda: [0 for _ in iter(int, 1)]).start() for _ in range(12)]" &
+                 setsid python3 -c "import multiprocessing as m
+for _ in range(12): m.Process(target=lambda: [0 for _ in iter(int, 1)]).start()" &
                  HOG=$!; sleep 2; doc contention batch=128 workers=16 time_validation=False; kill -- -$HOG; sleep 1 ;;
     validation)  doc validation batch=64 workers=16 ;;
-    gpu_bound)   python3 -m yolofeed doctor model=yolo11x.yaml data=$D/data.yaml imgsz=640 batch=32 workers=16 steps=16 \
-                   warmup=8 time_validation=False yolofeed=False out=$OUT/plant_gpu_bound 2>&1 | grep -A30 "^yolofeed doctor:" | tee -a $OUT/plant.txt ;;
+    gpu_bound)   python3 -m yolofeed doctor model=yolo11x.yaml data=$D/data.yaml imgsz=640 batch=32 workers=16 \
+                   steps=16 warmup=8 time_validation=False yolofeed=False out=$OUT/plant_gpu_bound 2>&1 \
+                   | grep -A30 "^yolofeed doctor:" | tee -a $OUT/plant.txt ;;
     disk)        # the dataset's files evicted from the page cache (posix_fadvise DONTNEED: the libraries stay cached;
                  # dropping every cache made torch's own imports crawl at the cap) and, where cgroup v2 has the io
                  # controller, this shell's reads capped at 10 MB/s (~110 synthetic images/s of 90 KB)
@@ -55,7 +57,8 @@ for p in pathlib.Path(sys.argv[1]).rglob('*'):
                  echo "dataset on $src ($dev), $(findmnt -no FSTYPE -T $D)" | tee -a $OUT/plant.txt
                  if [ -w /sys/fs/cgroup/cgroup.subtree_control ]; then
                    mkdir -p /sys/fs/cgroup/slowio && echo "+io" > /sys/fs/cgroup/cgroup.subtree_control
-                   echo "$dev rbps=10485760" > /sys/fs/cgroup/slowio/io.max && echo $$ > /sys/fs/cgroup/slowio/cgroup.procs \
+                   echo "$dev rbps=10485760" > /sys/fs/cgroup/slowio/io.max \
+                     && echo $$ > /sys/fs/cgroup/slowio/cgroup.procs \
                      && echo "reads capped: $(cat /sys/fs/cgroup/slowio/io.max)" | tee -a $OUT/plant.txt
                  fi
                  # batch 32: the warm-up covers the 16 workers' queue (64 batches, monitor/profile.py), so warm-up and

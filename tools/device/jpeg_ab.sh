@@ -46,5 +46,6 @@ if [[ $PARTS == *memory* ]]; then
   timeout 120 bash tools/device/in_memory_limit.sh 6442450944 python3 -m tools.device.loader_memory $RAW --epochs 3 \
     --label raw-limit 2>&1 | tail -6
 fi
-[[ $PARTS == *steps* || $PARTS == *storage* ]] && python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -3
+[[ $PARTS == *steps* || $PARTS == *storage* ]] && python3 -m pytest -q -p no:cacheprovider -m gpu \
+  tests/test_decode.py 2>&1 | tail -3
 source tools/device/pack_out.sh

@@ -20,7 +20,9 @@ du -sh $D/images/train | log
 
 # Page cache warm (the files were just written). Three repeats each: the medians are the figures.
 for rep in 1 2 3; do echo "== pack raw, 16 workers, rep $rep ==" | log; pack splits=train rebuild=always; done
-for rep in 1 2 3; do echo "== pack raw, 16 workers, sync=True, rep $rep ==" | log; pack splits=train rebuild=always sync=True; done
+for rep in 1 2 3; do
+  echo "== pack raw, 16 workers, sync=True, rep $rep ==" | log; pack splits=train rebuild=always sync=True
+done
 [ "$1" = quick ] || { echo "== pack raw, 2 workers ==" | log; pack splits=train rebuild=always workers=2; }
 if sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
   echo "== pack raw, cold page cache, 16 workers ==" | log; pack splits=train rebuild=always

@@ -31,13 +31,14 @@ if [ $SMOKE = 0 ]; then
   python3 -m yolofeed pack data=$D/data.yaml imgsz=320 2>&1 | grep -v "img/s\]"  # both commands find it built
   python3 -c "from ultralytics.data.dataset import YOLODataset; from ultralytics.data.utils import check_det_dataset
 from ultralytics.cfg import get_cfg; d = check_det_dataset('$D/data.yaml')
-[YOLODataset(img_path=d[s], imgsz=320, augment=False, data=d, hyp=get_cfg()) for s in ('train', 'val')]" > /dev/null 2>&1
+for s in ('train', 'val'):
+    YOLODataset(img_path=d[s], imgsz=320, augment=False, data=d, hyp=get_cfg())" > /dev/null 2>&1
   common="data=$D/data.yaml epochs=${EPOCHS:-30} imgsz=320 batch=64 device=0,1"
   sides=""
   if [ "${SEEDS11:-4}" != 0 ]; then
     sides="$sides p11"
-    taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo11n.yaml seeds=${SEEDS11:-4} \
-      first_seed=${FIRST11:-0} parallel=${PAR11:-4} $common out=$OUT/p11 > $OUT/p11.txt 2>&1 &
+    taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo11n.yaml \
+      seeds=${SEEDS11:-4} first_seed=${FIRST11:-0} parallel=${PAR11:-4} $common out=$OUT/p11 > $OUT/p11.txt 2>&1 &
   fi
   if [ "${SEEDS26:-3}" != 0 ]; then
     sides="$sides p26"

@@ -17,5 +17,7 @@ mkdir -p "$OUT"
 {
   date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null || true; nproc; free -g | head -2
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-  python3 -c "import sys, torch, torchvision, cv2, numpy, ultralytics; print(sys.version.split()[0], 'torch', torch.__version__, 'tv', torchvision.__version__, 'cv2', cv2.__version__, 'numpy', numpy.__version__, 'ultralytics', ultralytics.__version__)"
+  python3 -c "import sys, torch, torchvision, cv2, numpy, ultralytics as u; print(sys.version.split()[0], \
+    'torch', torch.__version__, 'tv', torchvision.__version__, 'cv2', cv2.__version__, 'numpy', numpy.__version__, \
+    'ultralytics', u.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
