@@ -86,6 +86,15 @@ class Codec:
         """What is wrong with a pack's index records for this format (``Pack.open``); "" when nothing."""
         return ""
 
+    @staticmethod
+    def sizes_problem(index: np.ndarray, imgsz: int, *stored: str) -> str:
+        """``index_problem`` for the sizes every format records: each image at least 1x1 and at most imgsz (what
+        the loader writes into a batch slot of imgsz x imgsz), and at least 1 in the ``stored`` fields too."""
+        if len(index) and (max(int(index["h"].max()), int(index["w"].max())) > imgsz
+                           or min(int(index[f].min()) for f in ("h", "w", *stored)) < 1):
+            return "an index record has a size that is not an image of this pack"
+        return ""
+
     # -- host: the loader's thread -----------------------------------------------------------------
     def image(self, pack: Pack, i: int) -> np.ndarray:
         """Image ``i`` as a read-only (h, w, 3) uint8 RGB view of the file, for formats that store pixels.

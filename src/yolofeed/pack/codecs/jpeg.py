@@ -197,11 +197,7 @@ class Jpeg(Codec):
 
     def index_problem(self, index: np.ndarray, imgsz: int) -> str:
         # the device decode writes each image into a batch slot of imgsz x imgsz without checking its size
-        if len(index) and (max(int(index["h"].max()), int(index["w"].max())) > imgsz
-                           or min(int(index["h"].min()), int(index["w"].min()), int(index["h0"].min()),
-                                  int(index["w0"].min())) < 1):
-            return "an index record has a size that is not an image of this pack"
-        return ""
+        return self.sizes_problem(index, imgsz, "h0", "w0")
 
     def image(self, pack: Pack, i: int) -> np.ndarray:
         raise PackError(f"{pack.path} stores JPEG bytes; use encoded(i), or build a raw pack with format=raw")

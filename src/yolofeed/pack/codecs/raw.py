@@ -40,10 +40,9 @@ class Raw(Codec):
         return imgsz * imgsz * 3
 
     def index_problem(self, index: np.ndarray, imgsz: int) -> str:
-        if len(index) and ((index["nbytes"] != index["h"].astype(np.uint64) * index["w"] * 3).any()
-                           or max(int(index["h"].max()), int(index["w"].max())) > imgsz or int(index["h"].min()) < 1):
+        if len(index) and (index["nbytes"] != index["h"].astype(np.uint64) * index["w"] * 3).any():
             return "an index record has a size that is not an image of this pack"
-        return ""
+        return self.sizes_problem(index, imgsz)
 
     def image(self, pack: Pack, i: int) -> np.ndarray:
         r = pack.index[i]
