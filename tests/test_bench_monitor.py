@@ -218,7 +218,7 @@ def test_bench_trains_each_mode_in_a_process_of_its_own(synth_root, tmp_path, ca
     monkeypatch.setattr(bench, "run_mode", lambda *a, **k: pytest.fail("a mode trained in the bench's process"))
     out = tmp_path / "bench"
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=4", "steps=4", "warmup=2",
-                 "window=2", "device=cpu", "workers=0", f"out={out}", "modes=stock,yolofeed", "isolate=True"]) == 0
+                 "window=2", "device=cpu", "workers=0", f"out={out}", "modes=stock,yolofeed"]) == 0  # the default
     report = json.loads((out / "bench.json").read_text())
     assert [r["mode"] for r in report["results"]] == ["stock", "yolofeed"]
     assert not any("trained in this process" in n for n in report["notes"])

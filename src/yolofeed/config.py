@@ -140,7 +140,7 @@ class BenchConfig(MeasuredRunConfig):
     first_epoch: bool = key(True, "also train each mode to the end of its first epoch, if the steps end inside it, "
                             "and report that epoch's img/s (a run's one-off costs fall in it); False on a dataset "
                             "whose epoch is long")
-    isolate: bool = key(False, "train each mode in a process of its own, as a user's run is, paying its own one-off "
+    isolate: bool = key(True, "train each mode in a process of its own, as a user's run is, paying its own one-off "
                         "costs (CUDA's context, cuDNN's plans, compiles); False trains them all in this process, where "
                         "a later mode finds an earlier one's costs paid (its first step and first epoch look faster)")
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "

@@ -4,7 +4,7 @@ For each mode: steady-state images/s (median of windows after warm-up), the firs
 epoch, set-up costs that fall in it included; ``first_epoch=True``), the time from building the trainer to its
 first step, NVML GPU utilisation,
 the share of step time spent waiting for the next batch, host CPU cores busy and peak GPU
-memory. Modes run one after another in this process, on the same data, model, batch and imgsz:
+memory. Modes run one after another, on the same data, model, batch and imgsz:
 ``stock`` (Ultralytics' DetectionTrainer), ``yolofeed`` (FastDetectionTrainer, raw pack), ``ceiling``
 (the same trainer as yolofeed replaying batches already on the GPU), and on request ``yolofeed_jpeg``
 (FastDetectionTrainer with a jpeg pack decoded on the GPU: raw vs jpeg side by side with
@@ -14,11 +14,11 @@ ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: 
 train/loss.py). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
 steps are measured.
 
-With ``isolate=True`` each mode trains in a process of its own, as a user's run does: it pays its own one-off
-costs (CUDA's context, cuDNN's plans for each batch size, Triton's compiles), which shape its first step and its
-first epoch. In one process (the default) a later mode finds an earlier one's paid: at COCO's size stock's first
-step came at 14 s after yolofeed's in one process, and at 28 s in a process of its own (BENCHMARKS.md), and the
-bench says so under its table.
+Each mode trains in a process of its own (``isolate=True``, the default; POSIX only), as a user's run does: it
+pays its own one-off costs (CUDA's context, cuDNN's plans for each batch size, Triton's compiles), which shape its
+first step and its first epoch. With ``isolate=False`` (and on Windows) they train in turn in this process, where a
+later mode finds an earlier one's paid: at COCO's size stock's first step came at 14 s after yolofeed's in one
+process, and at 28 s in a process of its own (BENCHMARKS.md), and the bench says so under its table.
 
 With several GPUs (``device=0,1``) each mode goes through Ultralytics' own DDP launch, whose ranks are processes
 of their own: every rank profiles its own steps and GPU, and the row is their total (images/s summed, the slowest
@@ -250,7 +250,9 @@ def warm_modes(results: list[dict], isolated: bool) -> list[str]:
     later = ", ".join(r["mode"] for r in results[1:])
     return [f"{later} trained in this process after {results[0]['mode']}, whose one-off costs (CUDA's context, "
             "cuDNN's plans, compiles) they did not pay again: their first step and first epoch look faster than a "
-            "run of their own; isolate=True trains each mode in a process of its own"]
+            "run of their own; " + ("one bench per mode (modes=stock, then modes=yolofeed) gives each a process of "
+                                    "its own" if os.name == "nt" else "isolate=True trains each mode in a process of "
+                                    "its own")]
 
 
 def heavy_optimizer(results: list[dict], asked: str = "auto", share: float = 0.25) -> list[str]:
@@ -314,16 +316,15 @@ def run(cfg: BenchConfig) -> dict:
     from yolofeed.train.keys import check_device
 
     device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
-    if cfg.isolate and os.name == "nt":
-        raise ConfigError("isolate=True needs a POSIX system (the mode's process gets its pipe as a file "
-                          "descriptor); on Windows run one bench per mode instead: modes=stock, then modes=yolofeed")
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
     title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
-    own = cfg.isolate and not ranks
+    # the mode's process gets its pipe as a file descriptor (POSIX); on Windows the modes train in this process,
+    # and the note under the table says to run one bench per mode
+    own = cfg.isolate and not ranks and os.name != "nt"
     progress = Progress(modes, cfg.steps, cfg.warmup)
     # a SIGTERM to the bench alone (timeout, docker stop) stops its mode's process first, cleanly, instead of
     # killing the bench at once and so the mode with it, mid pack-build
