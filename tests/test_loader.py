@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -144,6 +146,97 @@ def test_stopping_mid_epoch_stops_the_thread(pack):
     it.close()
     assert loader.prefetcher._thread is None
     assert len(list(loader)) == len(loader)  # and the next epoch runs normally
+
+
+def _fills(loader, monkeypatch) -> list[np.ndarray]:
+    """The index arrays the loader thread fills, in the order it fills them."""
+    log, fill = [], loader.prefetcher._fill
+
+    def logged(slot, indices):
+        fill(slot, indices)
+        log.append(np.asarray(indices).copy())
+
+    monkeypatch.setattr(loader.prefetcher, "_fill", logged)
+    return log
+
+
+def _wait_for(done, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "the loader thread did not get there"
+        time.sleep(0.01)
+
+
+def _epoch_batches(loader, epoch: int) -> list[np.ndarray]:
+    sampler = copy.copy(loader.sampler)
+    sampler.set_epoch(epoch)
+    return sampler.batches()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_the_next_epochs_first_batches_load_while_an_epoch_ends(pack, monkeypatch, device, storage):
+    """Each epoch yields what it yields alone, and the thread loads the next one's first batches, once each."""
+    pack64 = pack(64, storage)
+    ahead = TrainLoader(pack64, 5, device, seed=1)
+    alone = TrainLoader(pack64, 5, device, seed=1, across_epochs=False)
+    log, n = _fills(ahead, monkeypatch), len(ahead)
+    for epoch in range(3):
+        for x, y in zip(_epoch(ahead), _epoch(alone), strict=True):
+            for u, v in zip(x, y, strict=True):
+                assert np.array_equal(u, v) if isinstance(u, np.ndarray) else torch.equal(u, v)
+        # before the next epoch is asked for, a slot's worth of its first batches are loaded
+        _wait_for(lambda e=epoch: len(log) >= (e + 1) * n + 3)
+        ahead.reset()  # Ultralytics' after close_mosaic: the batches loaded ahead stay
+    want = [b for e in range(4) for b in _epoch_batches(ahead, e)][:3 * n + 3]
+    assert len(log) == len(want) and all(np.array_equal(a, b) for a, b in zip(log, want))  # none loaded twice
+    ahead.close()
+    assert ahead.prefetcher._thread is None
+
+
+def test_an_epoch_other_than_the_one_loaded_ahead_gets_its_own_batches(pack):
+    """A resume, a NaN-recovery redo or set_epoch(other): the batches loaded ahead are dropped."""
+    loader = TrainLoader(pack(64), 5, "cpu", seed=1)
+    list(loader)  # epoch 0; epoch 1's first batches load
+    for epoch in (7, 7, 0):  # another epoch, the same one again (a redo), and back
+        loader.sampler.set_epoch(epoch)
+        got = [b["indices"] for b in loader]
+        assert len(got) == len(loader) and all(np.array_equal(a, b) for a, b in
+                                               zip(got, _epoch_batches(loader, epoch)))
+
+
+def test_prime_loads_an_epochs_first_batches_before_it_is_iterated(pack, monkeypatch):
+    loader = TrainLoader(pack(64), 5, "cpu", seed=1)
+    log, n = _fills(loader, monkeypatch), len(loader)
+    loader.sampler.set_epoch(2)
+    loader.prime()
+    _wait_for(lambda: len(log) >= 3)
+    want = _epoch_batches(loader, 2)
+    assert all(np.array_equal(a, b) for a, b in zip(log, want[:3]))
+    loader.prime()  # again: nothing reloads
+    got = [b["indices"] for b in loader]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(log[:n], want, strict=True))  # each batch loaded once
+    loader.close()
+
+
+def test_a_failure_loading_ahead_is_raised_in_the_epoch_it_belongs_to(pack, monkeypatch):
+    import yolofeed.loader.prefetch as prefetch
+
+    loader = TrainLoader(pack(64), 5, "cpu", seed=1)
+    n, calls, gather = len(loader), itertools.count(), prefetch.gather
+
+    def flaky(*a, **k):
+        if next(calls) == n:  # the next epoch's first batch, loaded while this one ends
+            raise OSError("disk went away")
+        return gather(*a, **k)
+
+    monkeypatch.setattr(prefetch, "gather", flaky)
+    assert len(list(loader)) == n  # this epoch is whole
+    with pytest.raises(prefetch.LoaderError, match=rf"batch 1 of {n} .*OSError: disk went away"):
+        list(loader)
+    assert loader.prefetcher._thread is None
+    assert len(list(loader)) == n  # and the epoch after runs
 
 
 @pytest.mark.parametrize("keys", [{}, {"fraction": [1.0, 0.75], "classes": EVEN, "single_cls": True},

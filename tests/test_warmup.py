@@ -66,16 +66,21 @@ def test_warm_up_draws_nothing_from_the_random_streams(model):
 @pytest.mark.parametrize("device, enabled, called", [("cuda", True, True), ("cpu", True, False),
                                                      ("cuda", False, False)])
 def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeypatch, device, enabled, called):
-    seen = []
-    monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append(a) or 1.0)
+    """And on every device, the first epoch's batches start loading first (the epoch a resume starts at)."""
+    seen, primed = [], []
+    monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append((*a, list(primed))) or 1.0)
     sampler = EpochSampler(np.arange(10000), 128)
-    fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(sampler, 7), model=model,
-                           hyp=AugmentHyp.from_args(imgsz=640), amp=True, args=SimpleNamespace(amp=True))
+    loader = SimpleNamespace(sampler=sampler, prime=lambda: primed.append(sampler.epoch))
+    fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model,
+                           hyp=AugmentHyp.from_args(imgsz=640), amp=True, args=SimpleNamespace(amp=True),
+                           start_epoch=3)
     trainer_module.FastDetectionTrainer._warm_up(fake)
+    assert primed == [3]
     assert bool(seen) == called
     if called:
-        m, s, augment, width, dev, amp = seen[0]
+        m, s, augment, width, dev, amp, primed_before = seen[0]
         assert m is model and s is sampler and width == 7 and dev.type == "cuda" and amp is True
+        assert primed_before == [3]  # the loading overlaps the warm-up
         assert augment.hyp.imgsz == 640
     assert "warm_up" in trainer_module.FastDetectionTrainer.with_options(warm_up=False).__dict__
 
@@ -85,8 +90,10 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
     sampler = EpochSampler(np.arange(100), 16)
 
     def fake(amp_key):
-        return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(sampler, 3), model=model,
-                               hyp=AugmentHyp.from_args(imgsz=64), amp=True, args=SimpleNamespace(amp=amp_key))
+        loader = SimpleNamespace(sampler=sampler, prime=lambda: None)
+        return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model,
+                               hyp=AugmentHyp.from_args(imgsz=64), amp=True, args=SimpleNamespace(amp=amp_key),
+                               start_epoch=0)
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16

@@ -15,6 +15,14 @@ codec stages the batch's payloads in one more pinned buffer (``Codec.staging_byt
 straight into the slot's device buffer, on the same side stream. ``auto`` lets the codec choose (jpeg:
 torchvision on CUDA, cv2 elsewhere).
 
+The thread outlives an epoch when told what comes next (``iterate(batches, then=next_batches)``, the train
+loader's next epoch; ``start(batches)`` before the first): as the last batches of an epoch free their slots it
+loads the next epoch's first ones, during Ultralytics' epoch end (validation, checkpoint) or the warm-up before the
+first epoch, so an epoch's first step does not wait for the thread's start, its first gather or decode, or (first
+epoch) nvJPEG's set-up and the place kernel's compile. ``iterate`` picks them up if its batches are the ones
+loaded (a resume, a NaN-recovery redo or an out-of-memory retry asks for others: those are dropped and loading
+starts again).
+
 On a machine without CUDA the same code runs with plain memory and no streams; ``sync=True``
 gathers in the caller's thread instead (the tests compare the two).
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -123,6 +132,10 @@ class Prefetcher:
                         if staged else None)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._todo: queue.Queue = queue.Queue()  # (indices, k, n): batch k of an epoch of n, in load order
+        self._free: queue.Queue = queue.Queue()  # slot numbers the thread may fill
+        self._ready: queue.Queue = queue.Queue()  # (slot, indices) filled, or the thread's exception
+        self._queued: deque[list[np.ndarray]] = deque()  # the epochs handed to the thread and not yet iterated
 
     # -- producer -------------------------------------------------------------------------
     def _fill(self, slot: _Slot, indices: np.ndarray) -> None:
@@ -146,25 +159,26 @@ class Prefetcher:
         """The batch's payloads, decoded by the pack's codec into the slot's device images (current stream)."""
         self.pack.codec.decode(self.pack, np.asarray(indices, np.int64), slot.dev.images[:slot.n], self.staging)
 
-    def _produce(self, batches: list[np.ndarray], free: queue.Queue, ready: queue.Queue) -> None:
-        k = 0
+    def _produce(self, todo: queue.Queue, free: queue.Queue, ready: queue.Queue) -> None:
+        k = n = 0
         try:
-            for k, indices in enumerate(batches):
-                k = free.get()
-                if k is _STOP or self._stop.is_set():
+            while True:
+                item = todo.get()
+                if item is _STOP or self._stop.is_set():
                     return
-                slot = self.slots[k]
+                indices, k, n = item
+                slot_k = free.get()
+                if slot_k is _STOP or self._stop.is_set():
+                    return
+                slot = self.slots[slot_k]
                 if slot.consumed is not None:
                     slot.consumed.synchronize()  # the GPU has finished with this slot's device buffers
                 self._fill(slot, indices)
-                ready.put((k, indices))
+                ready.put((slot_k, indices))
         except Exception as e:  # handed to the consumer, which raises it in the training thread
-            ready.put(self._error(e, k, len(batches)))
-            return
+            ready.put(self._error(e, k, n))
         except BaseException as e:
             ready.put(e)
-            return
-        ready.put(_STOP)
 
     def _error(self, e: Exception, k: int, n: int) -> Exception:
         """What the training thread raises for a failure while loading batch ``k`` of ``n``.
@@ -192,51 +206,92 @@ class Prefetcher:
             slot.consumed.record(torch.cuda.current_stream(self.device))
         free.put(k)
 
-    def iterate(self, batches: list[np.ndarray]) -> Iterator[LoadedBatch]:
-        """Yield the batches in order; each is valid until the next one is requested."""
-        self.close()
-        if self.sync:
-            slot = self.slots[0]
-            for k, indices in enumerate(batches):
-                if slot.consumed is not None:  # one slot: the GPU must be done with the last batch (a host wait;
-                    slot.consumed.synchronize()  # sync mode is for tests and debugging)
-                try:
-                    self._fill(slot, indices)
-                except PackError as e:
-                    raise self._error(e, k, len(batches)) from e
-                yield self._deliver(0, indices)
-                if slot.consumed is not None:
-                    slot.consumed.record(torch.cuda.current_stream(self.device))
-            return
-        free: queue.Queue = queue.Queue()
-        ready: queue.Queue = queue.Queue()
+    def _launch(self) -> None:
+        """A fresh thread with every slot free and nothing to load."""
+        self._todo, self._free, self._ready = queue.Queue(), queue.Queue(), queue.Queue()
         for k in range(len(self.slots)):
-            free.put(k)
+            self._free.put(k)
         self._stop.clear()
-        self._thread = threading.Thread(target=self._produce, args=(batches, free, ready), daemon=True,
-                                        name="yolofeed-loader")
+        self._thread = threading.Thread(target=self._produce, args=(self._todo, self._free, self._ready),
+                                         daemon=True, name="yolofeed-loader")
         self._thread.start()
-        self._free = free
+
+    def _queue(self, batches: list[np.ndarray]) -> None:
+        for k, indices in enumerate(batches):
+            self._todo.put((indices, k, len(batches)))
+        self._queued.append(batches)
+
+    def start(self, batches: list[np.ndarray]) -> None:
+        """Start loading ``batches`` now; ``iterate`` with the same batches yields them (nothing in sync mode)."""
+        if self.sync or (self._queued and _same(self._queued[0], batches)):
+            return
+        self.close()
+        self._launch()
+        self._queue(batches)
+
+    def iterate(self, batches: list[np.ndarray], then: list[np.ndarray] | None = None) -> Iterator[LoadedBatch]:
+        """Yield the batches in order; each is valid until the next one is requested.
+
+        Args:
+            then: the batches the next ``iterate`` will most likely ask for (the next epoch's): the thread goes on
+                into them as slots free up. None: the thread ends with these batches.
+        """
+        if self.sync:
+            yield from self._iterate_here(batches)
+            return
+        if not (self._queued and _same(self._queued[0], batches)):  # not loaded, or loaded for another epoch
+            self.close()
+            self._launch()
+            self._queue(batches)
+        if then is not None:
+            self._queue(then)
+        else:
+            self._todo.put(_STOP)
+        ready, free, out = self._ready, self._free, None
         try:
-            while True:
+            for _ in range(len(batches)):
                 item = ready.get()
-                if item is _STOP:
-                    return
                 if isinstance(item, BaseException):
                     raise item
-                k, indices = item
-                yield self._deliver(k, indices)
-                self._release(k, free)
-        finally:
+                out, indices = item
+                yield self._deliver(out, indices)
+                self._release(out, free)
+                out = None
+        except BaseException:  # abandoned (GeneratorExit) or failed mid-epoch: what was loaded ahead is out of order
+            if out is not None:  # work already enqueued may still read the slot handed out: its next fill waits
+                self._release(out, free)
             self.close()
+            raise
+        self._queued.popleft()
+
+    def _iterate_here(self, batches: list[np.ndarray]) -> Iterator[LoadedBatch]:
+        """Sync mode: each batch gathered in the caller's thread into the one slot."""
+        slot = self.slots[0]
+        for k, indices in enumerate(batches):
+            if slot.consumed is not None:  # one slot: the GPU must be done with the last batch (a host wait;
+                slot.consumed.synchronize()  # sync mode is for tests and debugging)
+            try:
+                self._fill(slot, indices)
+            except PackError as e:
+                raise self._error(e, k, len(batches)) from e
+            yield self._deliver(0, indices)
+            if slot.consumed is not None:
+                slot.consumed.record(torch.cuda.current_stream(self.device))
 
     def close(self) -> None:
-        """Stop the background thread (mid-epoch too) and wait for it."""
+        """Stop the background thread (mid-epoch too), wait for it, and drop what it loaded ahead."""
         if self._thread is not None and self._thread.is_alive():
             self._stop.set()
             self._free.put(_STOP)
+            self._todo.put(_STOP)
             self._thread.join()
         self._thread = None
+        self._queued.clear()
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    """Whether two epochs' batch lists are the same batches in the same order (~80 array compares at 10k images)."""
+    return len(a) == len(b) and all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def to_device_source(source: SourceBatch, device: torch.device | str) -> SourceBatch:

@@ -98,7 +98,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         self.batch_images = 0  # images in the last batch handed to the step (the throughput counts real images)
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
-        self._warm: tuple[Any, int] | None = None  # the train loader's sampler and label width, for the warm-up
+        self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
         self.add_callback("on_pretrain_routine_end", FastDetectionTrainer._warm_up)
 
     def check_resume(self, overrides: dict[str, Any]) -> None:
@@ -164,7 +164,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
-            self._warm = loader.sampler, loader.prefetcher.labels.width
+            self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
             if not self.augment_ahead:
                 return loader
@@ -188,10 +188,16 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             raise
 
     def _warm_up(self) -> None:
-        """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): cuDNN's set-up for each batch size."""
-        if not self.warm_up or self.device.type != "cuda" or self._warm is None:
+        """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and
+        cuDNN is set up for each batch size meanwhile."""
+        if self._warm is None:
+            return
+        loader, width = self._warm
+        sampler = loader.sampler
+        sampler.set_epoch(self.start_epoch)  # as on_train_epoch_start will: the batches loaded are the epoch's
+        loader.prime()  # the loader thread's start, first gather and decode (nvJPEG's set-up) overlap the warm-up
+        if not self.warm_up or self.device.type != "cuda":
             return  # on the CPU there is no such set-up to pay
-        sampler, width = self._warm
         amp = torch.bfloat16 if self.args.amp == "bf16" else self.amp  # the step's autocast, as Ultralytics sets it
         try:
             seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp)
