@@ -26,6 +26,7 @@ from tools.device import (
     amp_steps,
     augment_bench,
     decode_ceiling,
+    epochs_ab,
     evict,
     gpu_gaps,
     io_probe,
@@ -424,6 +425,34 @@ def test_warming_the_full_batch_only_leaves_the_last_batch_to_the_epoch():
         assert warmup.batch_sizes(sampler) == trainer.batch_sizes(sampler) == [128]
         assert warmup.batch_sizes(EpochSampler(np.arange(5), 128)) == [5]  # one batch, smaller than the batch size
     assert warmup.batch_sizes(sampler) == trainer.batch_sizes(sampler) == [128, 16]  # undone
+
+
+def test_epoch_alone_loads_each_epoch_when_it_is_iterated_and_is_undone(pack, monkeypatch):
+    from yolofeed.loader import TrainLoader
+
+    with step_ab.patched("yolofeed_epoch_alone"):
+        loader = TrainLoader(pack(64), 5, "cpu")
+        loader.prime()
+        assert not loader.prefetcher._queued  # nothing primed
+        list(loader)
+        assert not loader.prefetcher._queued  # nothing loaded ahead: the thread ends with the epoch
+    loader = TrainLoader(pack(64), 5, "cpu")
+    list(loader)
+    assert len(loader.prefetcher._queued) == 1  # undone: the next epoch's batches load
+    loader.close()
+
+
+def test_epochs_ab_rates_each_epoch_against_the_later_epochs_steady_step():
+    # two epochs of 10 images at batch 4 (4, 4, 2): 0.1 s a full step; epoch 1 starts 1 s late, epoch 2 0.05 s late
+    row = {"mode": "m", "images": 10, "batch": 4, "epoch_start_s": [5.0, 7.0], "epoch_end_s": [6.3, 7.35],
+           "step_end_s": [[6.0, 6.1, 6.3], [7.05, 7.15, 7.25, 7.35]]}
+    s = epochs_ab.summary(row)
+    assert s["steady_step_ms"] == pytest.approx(100) and s["steady_img_s"] == pytest.approx(40)
+    first, second = s["epochs"]
+    assert first["wall_s"] == pytest.approx(1.3) and first["first_step_s"] == pytest.approx(1.0)
+    assert first["of_steady"] == pytest.approx(10 / 1.3 / 40, abs=1e-3) and first["gap_before_s"] is None
+    assert second["of_steady"] == pytest.approx(10 / 0.35 / 40, abs=1e-3) and second["gap_before_s"] == 0.7
+    assert s["first_step_at_s"] == 6.0
 
 
 def test_setup_timeline_times_each_call_of_a_set_up_method_from_the_build():

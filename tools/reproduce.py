@@ -67,6 +67,16 @@ SECTIONS = {s.name: s for s in (
                ("yolo26n", "stock")))),
         *(f"timeout 60 python3 -m tools.device.shape_cost {v}"
           for v in ("", "--no-cudnn", "--background", "--model yolo26n.yaml")))),
+    Section("first-own", "First epoch", "nvidia-h200", 1, 6, (
+        SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg", LABELS_10K,
+        f"timeout 220 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,yolofeed_jpeg {BENCH_SHORT} "
+        "first_epoch=True out=$OUT/first_own_yolo11n",
+        f"timeout 160 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed {BENCH_SHORT} "
+        "first_epoch=True out=$OUT/first_own_yolo26n")),
+    Section("epoch-starts", "First epoch", "nvidia-h200", 1, 5, (
+        SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
+        "timeout 300 python3 -m tools.device.epochs_ab /tmp/synth/data.yaml yolo11n.yaml yolofeed_epoch_alone,"
+        "yolofeed,yolofeed_jpeg_epoch_alone,yolofeed_jpeg --epochs 4")),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "

@@ -256,6 +256,21 @@ def _warm_full_only():
 
 
 @contextlib.contextmanager
+def _epoch_alone():
+    """Each epoch starts its loading when it is iterated, as before the loader ran across epochs: no next epoch's
+    batches loaded while one ends, none primed during the warm-up."""
+    from yolofeed.loader.train import TrainLoader
+
+    init = TrainLoader.__init__
+
+    def alone(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "across_epochs": False})
+
+    with _swap(TrainLoader, "__init__", alone), _swap(TrainLoader, "prime", lambda self: None):
+        yield
+
+
+@contextlib.contextmanager
 def _train_priority():
     """The training thread's current stream has CUDA's highest priority: its blocks go before the loader's side stream
     (CUDA only)."""
@@ -313,7 +328,7 @@ def _blocking_sync():
 PATCHES = {"_no_nvjpeg": _no_nvjpeg, "_no_place": _no_place, "_no_decode": _no_decode,
            "_pageable_files": _pageable_files, "_indexed_place": _indexed_place, "_torch_place": _torch_place,
            "_place_on_train": _place_on_train, "_uncached": _uncached, "_warm_full_only": _warm_full_only,
-           "_train_priority": _train_priority, "_blocking_sync": _blocking_sync}
+           "_train_priority": _train_priority, "_blocking_sync": _blocking_sync, "_epoch_alone": _epoch_alone}
 JPEG_ONLY = ("_no_nvjpeg", "_no_place", "_no_decode", "_pageable_files", "_indexed_place", "_torch_place",
              "_place_on_train")
 
