@@ -194,6 +194,18 @@ def test_the_next_epochs_first_batches_load_while_an_epoch_ends(pack, monkeypatc
     assert ahead.prefetcher._thread is None
 
 
+def test_a_loader_dropped_while_it_loads_ahead_stops_its_thread(pack):
+    """A user's loader, or a bench's, dropped after an epoch: its thread, waiting for an epoch that never comes, must
+    not keep the slots' pinned and device buffers alive."""
+    loader = TrainLoader(pack(64), 5, "cpu")
+    list(loader)
+    thread = loader.prefetcher._thread
+    assert thread.is_alive()  # the next epoch's first batches loaded, waiting for it
+    del loader  # if the thread is mid-fill, the last reference goes there, and it stops after that fill
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
 def test_an_epoch_other_than_the_one_loaded_ahead_gets_its_own_batches(pack):
     """A resume, a NaN-recovery redo or set_epoch(other): the batches loaded ahead are dropped."""
     loader = TrainLoader(pack(64), 5, "cpu", seed=1)

@@ -64,6 +64,13 @@ def test_other_detection_families_train(synth_root, runs, model):
     assert (runs / model / "weights" / "last.pt").exists()
 
 
+def _loader_threads() -> set:
+    """The loader threads alive now (other tests' loaders not yet collected included: compare before and after)."""
+    import threading
+
+    return {t for t in threading.enumerate() if t.name == "yolofeed-loader" and t.is_alive()}
+
+
 @pytest.mark.slow
 def test_out_of_memory_in_the_first_epoch_halves_the_batch_and_goes_on(synth_root, runs):
     """Ultralytics' own OOM retry rebuilds the loaders at half the batch: ours must rebuild too (a new
@@ -84,11 +91,11 @@ def test_out_of_memory_in_the_first_epoch_halves_the_batch_and_goes_on(synth_roo
             return super().preprocess_batch(batch)
 
     m = YOLO("yolo11n.yaml")
+    before = _loader_threads()
     m.train(trainer=OomOnce, data=str(synth_root / "data.yaml"), project=str(runs), name="oom", **{**TINY, "epochs": 1})
     assert OomOnce.raised and OomOnce.batches and max(OomOnce.batches) == TINY["batch"] // 2
     assert (runs / "oom" / "weights" / "last.pt").exists()
-    import threading
-    assert not [t for t in threading.enumerate() if t.name == "yolofeed-loader" and t.is_alive()]  # none left
+    assert not _loader_threads() - before  # none left
 
 
 @pytest.mark.slow
@@ -137,7 +144,6 @@ def test_loader_failure_mid_epoch_names_the_cause_and_leaves_a_resumable_checkpo
     to resume from, and the log says so. Ultralytics itself saves nothing when an exception ends a run: last.pt
     is the one its previous epoch saved."""
     import logging
-    import threading
 
     from ultralytics import YOLO
 
@@ -154,6 +160,7 @@ def test_loader_failure_mid_epoch_names_the_cause_and_leaves_a_resumable_checkpo
         return real(*a, **k)
 
     prefetch.gather = failing
+    before = _loader_threads()
     try:
         m = YOLO("yolo11n.yaml")
         with caplog.at_level(logging.ERROR), pytest.raises(prefetch.LoaderError) as e:
@@ -164,7 +171,7 @@ def test_loader_failure_mid_epoch_names_the_cause_and_leaves_a_resumable_checkpo
     assert re.search(r"the loader thread stopped at batch \d of 3 of the epoch", str(e.value))
     assert "train.yfpack: OSError: [Errno 5] Input/output error" in str(e.value)
     assert isinstance(e.value.__cause__, OSError)
-    assert not [t for t in threading.enumerate() if t.name == "yolofeed-loader" and t.is_alive()]
+    assert not _loader_threads() - before
     last = runs / "loader-fault" / "weights" / "last.pt"
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
     assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None  # what Ultralytics' resume needs

@@ -59,14 +59,9 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
-    Section("first-epoch", "First epoch", "nvidia-h200", 1, 9, (
-        SYNTH_10K, PACK_10K, LABELS_10K,
-        *(f"timeout 170 python3 -m yolofeed bench model={m}.yaml modes={mode} {BENCH} first_epoch=True "
-          f"out=$OUT/first_epoch_{m}_{mode}_{k}" for k, (m, mode) in enumerate(
-              (("yolo11n", "yolofeed"), ("yolo11n", "stock"), ("yolo11n", "yolofeed"), ("yolo26n", "yolofeed"),
-               ("yolo26n", "stock")))),
-        *(f"timeout 60 python3 -m tools.device.shape_cost {v}"
-          for v in ("", "--no-cudnn", "--background", "--model yolo26n.yaml")))),
+    Section("shape-cost", "First epoch", "nvidia-h200", 1, 3, tuple(
+        f"timeout 60 python3 -m tools.device.shape_cost {v}"
+        for v in ("", "--no-cudnn", "--background", "--model yolo26n.yaml"))),
     Section("first-own", "First epoch", "nvidia-h200", 1, 6, (
         SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg", LABELS_10K,
         f"timeout 220 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,yolofeed_jpeg {BENCH_SHORT} "

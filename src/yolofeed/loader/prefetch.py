@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -130,12 +131,11 @@ class Prefetcher:
         staged = pack.codec.staging_bytes(pack, max_batch) if self.on_device else 0
         self.staging = (torch.empty(staged, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
                         if staged else None)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._todo: queue.Queue = queue.Queue()  # (indices, k, n): batch k of an epoch of n, in load order
-        self._free: queue.Queue = queue.Queue()  # slot numbers the thread may fill
-        self._ready: queue.Queue = queue.Queue()  # (slot, indices) filled, or the thread's exception
+        self._running: list[_Thread] = []  # the loader thread, while there is one
         self._queued: deque[list[np.ndarray]] = deque()  # the epochs handed to the thread and not yet iterated
+        # a loader thread waiting for a next epoch that never comes must not keep the slots' buffers (pinned host
+        # and device memory) alive: it holds no reference to its Prefetcher, which stops it when dropped
+        weakref.finalize(self, _stop_all, self._running)
 
     # -- producer -------------------------------------------------------------------------
     def _fill(self, slot: _Slot, indices: np.ndarray) -> None:
@@ -158,27 +158,6 @@ class Prefetcher:
     def _decode(self, slot: _Slot, indices: np.ndarray) -> None:
         """The batch's payloads, decoded by the pack's codec into the slot's device images (current stream)."""
         self.pack.codec.decode(self.pack, np.asarray(indices, np.int64), slot.dev.images[:slot.n], self.staging)
-
-    def _produce(self, todo: queue.Queue, free: queue.Queue, ready: queue.Queue) -> None:
-        k = n = 0
-        try:
-            while True:
-                item = todo.get()
-                if item is _STOP or self._stop.is_set():
-                    return
-                indices, k, n = item
-                slot_k = free.get()
-                if slot_k is _STOP or self._stop.is_set():
-                    return
-                slot = self.slots[slot_k]
-                if slot.consumed is not None:
-                    slot.consumed.synchronize()  # the GPU has finished with this slot's device buffers
-                self._fill(slot, indices)
-                ready.put((slot_k, indices))
-        except Exception as e:  # handed to the consumer, which raises it in the training thread
-            ready.put(self._error(e, k, n))
-        except BaseException as e:
-            ready.put(e)
 
     def _error(self, e: Exception, k: int, n: int) -> Exception:
         """What the training thread raises for a failure while loading batch ``k`` of ``n``.
@@ -206,19 +185,17 @@ class Prefetcher:
             slot.consumed.record(torch.cuda.current_stream(self.device))
         free.put(k)
 
+    @property
+    def _thread(self) -> threading.Thread | None:
+        return self._running[0].thread if self._running else None
+
     def _launch(self) -> None:
         """A fresh thread with every slot free and nothing to load."""
-        self._todo, self._free, self._ready = queue.Queue(), queue.Queue(), queue.Queue()
-        for k in range(len(self.slots)):
-            self._free.put(k)
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._produce, args=(self._todo, self._free, self._ready),
-                                         daemon=True, name="yolofeed-loader")
-        self._thread.start()
+        self._running.append(_Thread(self, len(self.slots)))
 
     def _queue(self, batches: list[np.ndarray]) -> None:
         for k, indices in enumerate(batches):
-            self._todo.put((indices, k, len(batches)))
+            self._running[0].todo.put((indices, k, len(batches)))
         self._queued.append(batches)
 
     def start(self, batches: list[np.ndarray]) -> None:
@@ -246,8 +223,8 @@ class Prefetcher:
         if then is not None:
             self._queue(then)
         else:
-            self._todo.put(_STOP)
-        ready, free, out = self._ready, self._free, None
+            self._running[0].todo.put(_STOP)
+        ready, free, out = self._running[0].ready, self._running[0].free, None
         try:
             for _ in range(len(batches)):
                 item = ready.get()
@@ -280,13 +257,64 @@ class Prefetcher:
 
     def close(self) -> None:
         """Stop the background thread (mid-epoch too), wait for it, and drop what it loaded ahead."""
-        if self._thread is not None and self._thread.is_alive():
-            self._stop.set()
-            self._free.put(_STOP)
-            self._todo.put(_STOP)
-            self._thread.join()
-        self._thread = None
+        _stop_all(self._running)
         self._queued.clear()
+
+
+class _Thread:
+    """A loader thread and its queues. It reaches its Prefetcher through a weak reference, and holds it only while
+    it fills a slot: a Prefetcher dropped while its thread waits is collected, and its finalizer stops the thread."""
+
+    def __init__(self, owner: Prefetcher, slots: int):
+        self.todo: queue.Queue = queue.Queue()  # (indices, k, n): batch k of an epoch of n, in load order
+        self.free: queue.Queue = queue.Queue()  # slot numbers the thread may fill
+        self.ready: queue.Queue = queue.Queue()  # (slot, indices) filled, or the thread's exception
+        for k in range(slots):
+            self.free.put(k)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=_produce, args=(weakref.ref(owner), self), daemon=True,
+                                       name="yolofeed-loader")
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (mid-epoch too) and wait for it, unless this is that thread (a finalizer run there)."""
+        self.stopping.set()
+        self.free.put(_STOP)
+        self.todo.put(_STOP)
+        if self.thread is not threading.current_thread():
+            self.thread.join()
+
+
+def _stop_all(running: list[_Thread]) -> None:
+    while running:
+        running.pop().stop()
+
+
+def _produce(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
+    k = n = 0
+    try:
+        while True:
+            item = t.todo.get()
+            if item is _STOP or t.stopping.is_set():
+                return
+            indices, k, n = item
+            slot_k = t.free.get()
+            if slot_k is _STOP or t.stopping.is_set():
+                return
+            p = owner()
+            if p is None:
+                return
+            slot = p.slots[slot_k]
+            if slot.consumed is not None:
+                slot.consumed.synchronize()  # the GPU has finished with this slot's device buffers
+            p._fill(slot, indices)
+            del p, slot  # no reference while waiting: see _Thread
+            t.ready.put((slot_k, indices))
+    except Exception as e:  # handed to the consumer, which raises it in the training thread
+        p = owner()
+        t.ready.put(p._error(e, k, n) if p is not None else e)
+    except BaseException as e:
+        t.ready.put(e)
 
 
 def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
