@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import queue
+import threading
 import time
 
 import numpy as np
@@ -14,6 +16,7 @@ from helpers import add_bad_samples, copy_dataset
 from yolofeed.errors import ConfigError
 from yolofeed.loader import EpochSampler, TrainLoader, ValLoader
 from yolofeed.loader.dataset import source_positions
+from yolofeed.loader.prefetch import LoaderError
 from yolofeed.loader.sampler import fraction_subset
 from yolofeed.pack import open_or_build
 
@@ -204,6 +207,69 @@ def test_a_loader_dropped_while_it_loads_ahead_stops_its_thread(pack):
     del loader  # if the thread is mid-fill, the last reference goes there, and it stops after that fill
     thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def _next(it, seconds: float = 10.0):
+    """next(it) in a helper thread: ("ok", batch), ("err", exception) or ("hang", None)."""
+    box: queue.Queue = queue.Queue()
+
+    def run():
+        try:
+            box.put(("ok", next(it)))
+        except BaseException as e:  # handed back to the test
+            box.put(("err", e))
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        return box.get(timeout=seconds)
+    except queue.Empty:
+        return "hang", None
+
+
+@pytest.mark.parametrize("taken", ["one", "all"])
+def test_a_stale_pass_dropped_after_a_new_one_started_leaves_the_new_one_running(pack, taken):
+    """A pass dropped late (a reference kept, a cycle, a zip or islice that never asks past the n-th batch) stops its
+    own thread, not the one a later pass of the same loader reads from."""
+    loader = TrainLoader(pack(64), 5, "cpu", seed=1)
+    n = len(loader)
+    old = iter(loader)
+    for _ in range(1 if taken == "one" else n):
+        next(old)
+    new = iter(loader)
+    got = [_next(new)]
+    del old  # its GeneratorExit runs now
+    got += [_next(new) for _ in range(n - 1)]
+    assert [state for state, _ in got] == ["ok"] * n
+    loader.close()
+
+
+def test_a_pass_closed_under_it_raises_instead_of_waiting_for_good(pack):
+    loader = TrainLoader(pack(64), 5, "cpu", seed=1)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    for _ in range(len(loader)):  # the batches the thread had loaded already, then the error
+        state, e = _next(it)
+        if state != "ok":
+            break
+    assert state == "err" and isinstance(e, LoaderError) and "closed while this pass was iterating" in str(e)
+    it = iter(loader)
+    for _ in range(len(loader)):
+        next(it)
+    loader.close()  # after the last batch: the pass ends as any other
+    state, e = _next(it)
+    assert state == "err" and isinstance(e, StopIteration), e
+    assert len(list(loader)) == len(loader)  # and the loader goes on
+
+
+def test_the_next_epochs_batches_are_a_loader_alones_for_every_ddp_rank(pack):
+    for rank in range(3):
+        a = TrainLoader(pack(64), 3, "cpu", seed=2, rank=rank, world_size=3)
+        b = TrainLoader(pack(64), 3, "cpu", seed=2, rank=rank, world_size=3, across_epochs=False)
+        for _ in range(3):
+            x, y = [t["indices"] for t in a], [t["indices"] for t in b]
+            assert all(np.array_equal(u, v) for u, v in zip(x, y, strict=True))
+        a.close()
 
 
 def test_an_epoch_other_than_the_one_loaded_ahead_gets_its_own_batches(pack):

@@ -99,6 +99,27 @@ def test_out_of_memory_in_the_first_epoch_halves_the_batch_and_goes_on(synth_roo
 
 
 @pytest.mark.slow
+def test_a_failure_between_epochs_leaves_no_loader_thread(synth_root, runs):
+    """Ctrl-C (or any error) in validation, a checkpoint or a callback: the train loader had started on the next
+    epoch, Ultralytics closes its loaders only when training ends normally, and the YOLO object keeps the trainer."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class FailInVal(FastDetectionTrainer):
+        def validate(self):
+            raise KeyboardInterrupt
+
+    before = _loader_threads()
+    model = YOLO("yolo11n.yaml")
+    with pytest.raises(KeyboardInterrupt):
+        model.train(trainer=FailInVal, data=str(synth_root / "data.yaml"), project=str(runs), name="between",
+                    **{**TINY, "epochs": 2})
+    assert model.trainer is not None  # it lives on with the model: so would the loader's thread and its slots
+    assert not _loader_threads() - before
+
+
+@pytest.mark.slow
 def test_cli_resumes_a_killed_run(synth_root, runs):
     env = os.environ | {"YOLO_OFFLINE": "1"}
     run = runs / "killed"

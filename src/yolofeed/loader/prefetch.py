@@ -131,7 +131,8 @@ class Prefetcher:
         staged = pack.codec.staging_bytes(pack, max_batch) if self.on_device else 0
         self.staging = (torch.empty(staged, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
                         if staged else None)
-        self._running: list[_Thread] = []  # the loader thread, while there is one
+        # the loader thread while there is one: a list, so that the finalizer below shares it without holding self
+        self._running: list[_Thread] = []
         self._queued: deque[list[np.ndarray]] = deque()  # the epochs handed to the thread and not yet iterated
         # a loader thread waiting for a next epoch that never comes must not keep the slots' buffers (pinned host
         # and device memory) alive: it holds no reference to its Prefetcher, which stops it when dropped
@@ -189,10 +190,6 @@ class Prefetcher:
     def _thread(self) -> threading.Thread | None:
         return self._running[0].thread if self._running else None
 
-    def _launch(self) -> None:
-        """A fresh thread with every slot free and nothing to load."""
-        self._running.append(_Thread(self, len(self.slots)))
-
     def _queue(self, batches: list[np.ndarray]) -> None:
         for k, indices in enumerate(batches):
             self._running[0].todo.put((indices, k, len(batches)))
@@ -203,7 +200,7 @@ class Prefetcher:
         if self.sync or (self._queued and _same(self._queued[0], batches)):
             return
         self.close()
-        self._launch()
+        self._running.append(_Thread(self, len(self.slots)))  # every slot free, nothing to load yet
         self._queue(batches)
 
     def iterate(self, batches: list[np.ndarray], then: list[np.ndarray] | None = None) -> Iterator[LoadedBatch]:
@@ -216,18 +213,18 @@ class Prefetcher:
         if self.sync:
             yield from self._iterate_here(batches)
             return
-        if not (self._queued and _same(self._queued[0], batches)):  # not loaded, or loaded for another epoch
-            self.close()
-            self._launch()
-            self._queue(batches)
+        self.start(batches)  # what is loaded already if these are the batches queued first, else a fresh thread
+        t = self._running[0]  # this pass's thread: a later pass or close() may replace it
         if then is not None:
             self._queue(then)
         else:
-            self._running[0].todo.put(_STOP)
-        ready, free, out = self._running[0].ready, self._running[0].free, None
+            t.todo.put(_STOP)
+        ready, free, out = t.ready, t.free, None
         try:
             for _ in range(len(batches)):
                 item = ready.get()
+                if item is _STOP:  # close(), or a later pass, stopped this pass's thread
+                    raise LoaderError("the loader was closed while this pass was iterating it; iterate it again")
                 if isinstance(item, BaseException):
                     raise item
                 out, indices = item
@@ -237,9 +234,13 @@ class Prefetcher:
         except BaseException:  # abandoned (GeneratorExit) or failed mid-epoch: what was loaded ahead is out of order
             if out is not None:  # work already enqueued may still read the slot handed out: its next fill waits
                 self._release(out, free)
-            self.close()
+            if self._running and self._running[0] is t:
+                self.close()
+            else:  # a later pass's thread is not this pass's to stop
+                t.stop()
             raise
-        self._queued.popleft()
+        if self._running and self._running[0] is t:
+            self._queued.popleft()
 
     def _iterate_here(self, batches: list[np.ndarray]) -> Iterator[LoadedBatch]:
         """Sync mode: each batch gathered in the caller's thread into the one slot."""
@@ -281,6 +282,7 @@ class _Thread:
         self.stopping.set()
         self.free.put(_STOP)
         self.todo.put(_STOP)
+        self.ready.put(_STOP)  # a pass still waiting on this thread raises instead of waiting for good
         if self.thread is not threading.current_thread():
             self.thread.join()
 

@@ -186,6 +186,12 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
                                 f"'yolofeed train resume={self.last}' once the cause is fixed"
                                 if saved else "No epoch was saved yet: start again once the cause is fixed"))
             raise
+        finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
+            # loading the next epoch (an error or Ctrl-C in validation, a checkpoint or a callback), and the YOLO
+            # object keeps this trainer: stop it and free its slots now
+            for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
+                if hasattr(loader, "close"):
+                    loader.close()
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and
