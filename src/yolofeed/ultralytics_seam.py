@@ -95,6 +95,8 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         torch_safe_load,  # train.run: a .pt read as YOLO() reads it, to check it first
         yaml_model_load,
     )
+    from ultralytics.optim import muon as _muon  # train.musgd: the module its copy of muon_update comes from
+    from ultralytics.optim.muon import MuSGD, zeropower_via_newtonschulz5  # train.musgd subclasses and calls them
     from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
     from ultralytics.utils.checks import check_yaml  # train.run: finds a cfg= file as yolo train does
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
@@ -120,15 +122,16 @@ VERSION: str = ultralytics.__version__
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
-    "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "RANK", "StopTraining", "TaskAlignedAssigner", "VERSION",
-    "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml", "criterion",
+    "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "MuSGD", "RANK", "StopTraining", "TaskAlignedAssigner",
+    "VERSION", "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml",
+    "criterion",
     "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "get_cfg", "get_latest_run",
     "get_split_fraction",
     "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
     "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first", "torch_safe_load",
     "launches_ranks", "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "xywh2xyxy",
-    "xyxy2xywh", "yaml_model_load",
+    "xyxy2xywh", "yaml_model_load", "zeropower_via_newtonschulz5",
 ]
 
 
@@ -153,6 +156,9 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "pair_overlaps", "the sync-free assigner calls it"),
     (BboxLoss, "forward", "the sync-free box loss overrides it (COPIED)"),
+    (MuSGD, "step", "FastMuSGD copies it (COPIED) and steps instead of it"),
+    (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),
+    (DetectionTrainer, "build_optimizer", "yolofeed's trainer makes the MuSGD it builds a FastMuSGD"),
 )
 
 
@@ -169,7 +175,7 @@ def check_required(required: tuple[tuple[Any, str, str], ...] = REQUIRED) -> Non
     """
     for owner, name, why in required:
         if not hasattr(owner, name):
-            raise UltralyticsVersionError(str(_missing(f"{owner.__name__}.{name}", why)))
+            raise UltralyticsVersionError(str(_missing(f"{owner.__name__.rsplit('.', 1)[-1]}.{name}", why)))
 
 
 check_required()
@@ -209,6 +215,10 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0",
            "yolofeed.train.loss.SyncFreeBboxLoss.forward",
            "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0"),
+    Pinned("ultralytics.optim.muon.muon_update", "6909629a03ae1c80", "yolofeed.train.musgd.muon_update",
+           "beta and 1 - beta as device scalars (a multiply, then an add, where stock fuses them)"),
+    Pinned("ultralytics.optim.muon.MuSGD.step", "e5bd4a18e6039cf8", "yolofeed.train.musgd.FastMuSGD._update",
+           "the buffers of a plan made once, the scalars read from the device, a found_inf step skipped there"),
 )
 
 # What the copies and the overrides assume: a change here can break them without touching a copied line.
@@ -228,6 +238,11 @@ RELIED_ON: tuple[Pinned, ...] = (
                "callback order, close_mosaic then train_loader.reset(), criterion.update() before on_train_epoch_end"),
     Pinned("ultralytics.engine.trainer.BaseTrainer._close_dataloader_mosaic", "44a21ac6bb616b47",
            why="FastDetectionTrainer's override must do what it does (mosaic, mixup, cutmix off)"),
+    Pinned("ultralytics.optim.muon.zeropower_via_newtonschulz5", "3b85ee3595e6dbfb",
+           why="FastMuSGD's update calls it as stock's does: no host sync in it, so it can be captured"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.build_optimizer", "668843690c3d2151",
+           why="builds MuSGD(groups, muon=, sgd=) where yolofeed's trainer adopts it; the groups' keys (use_muon, "
+               "nesterov, lr, momentum, weight_decay) are the ones FastMuSGD reads"),
     Pinned("ultralytics.engine.trainer.BaseTrainer.optimizer_step", "f01be97330da83e1",
            why="the monitor's optimiser phase starts where it is entered"),
     Pinned("ultralytics.utils.dist.generate_ddp_file", "78b554dd99221047",

@@ -1,10 +1,12 @@
 """Training variants side by side in one process: Ultralytics' step or loss against yolofeed's sync-free ones.
 
 Usage: python -m tools.device.step_ab DATA_YAML MODEL VARIANT[,VARIANT...] [--batch 128] [--imgsz 640] [--steps 100]
+        [--optimizer auto]
 
 VARIANT: a ``yolofeed bench`` mode (``ceiling``, ``yolofeed``, ...), alone or with a suffix: ``_stock_step``
 (Ultralytics' optimiser step, which reads the loss items on the host after the backward pass), ``_stock_loss``
-(Ultralytics' detection loss, 16 host syncs a step) or ``_sync_free_loss`` (yolofeed's, the default); then
+(Ultralytics' detection loss, 16 host syncs a step), ``_sync_free_loss`` (yolofeed's, the default) or
+``_stock_musgd`` (Ultralytics' MuSGD as it is, not stepped as FastMuSGD: with ``--optimizer MuSGD``); then
 optionally changes to the code, one or more in a row:
 - ``_no_nvjpeg``: a jpeg pack's loader without nvJPEG's decode (blank images of the right sizes, resized and
   written as usual);
@@ -47,7 +49,7 @@ from yolofeed.bench.modes import trainer_class as mode_class
 from yolofeed.monitor.profile import profile
 
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
-            "_sync_free_loss": {"sync_free_loss": True}}
+            "_sync_free_loss": {"sync_free_loss": True}, "_stock_musgd": {"fast_musgd": False}}
 
 
 @contextlib.contextmanager
@@ -440,6 +442,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--optimizer", default="auto", help="Ultralytics' optimizer= (auto: AdamW for these short runs)")
     a = ap.parse_args(argv)
     variants = a.variants.split(",")
     for v in variants:
@@ -448,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for v in variants:
             args = {"model": a.model, "data": a.data, "imgsz": a.imgsz, "batch": a.batch, "workers": 16,
-                    "project": tmp}
+                    "project": tmp, "optimizer": a.optimizer}
             t0, mem0 = time.perf_counter(), allocator_calls()
             with patched(v), ThreadCpu() as cpu:
                 p = profile(v, trainer_class(v), args, steps=a.steps, warmup=a.warmup)

@@ -33,5 +33,6 @@ def trainer_class(mode: str) -> type:
         from yolofeed.bench.ceiling import CeilingTrainer
 
         return CeilingTrainer if mode == "ceiling" else type("CeilingTrainer", (CeilingTrainer,),
-                                                             {"sync_free_step": False, "sync_free_loss": False})
+                                                             {"sync_free_step": False, "sync_free_loss": False,
+                                                              "fast_musgd": False})
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

@@ -100,7 +100,9 @@ RULES: dict[str, Rule] = {
     "save_dir": Rule(STOCK, "run folder, as in yolo train"),
     "pretrained": Rule(STOCK, "Ultralytics' weight loading"),
     "cls_remap": Rule(UNUSED, "multi-dataset fine-tuning only (a list of data yamls, refused under data)"),
-    "optimizer": Rule(STOCK, "Ultralytics' optimizer"),
+    "optimizer": Rule(STOCK, "Ultralytics' optimizer; the MuSGD it builds (optimizer=MuSGD, or auto past 10,000 "
+                             "iterations) steps as one CUDA graph, the same update within float32 roundings "
+                             "(train/musgd.py)"),
     "verbose": Rule(STOCK, "Ultralytics' logging"),
     "seed": Rule(OURS, "seeds Ultralytics (model, CUDA) and yolofeed's shuffle and GPU augmentation: the same "
                        "distributions as stock, other random draws"),

@@ -21,6 +21,7 @@ import torch
 
 from yolofeed import ultralytics_seam as seam
 from yolofeed.train import loss as train_loss
+from yolofeed.train.musgd import FastMuSGD
 
 
 class HostLossItems:
@@ -95,11 +96,14 @@ class SyncFreeStep:
 
     ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
     ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss.py) instead of
-    syncing for them; ``False`` keeps Ultralytics' loss as it is.
+    syncing for them; ``False`` keeps Ultralytics' loss as it is. ``fast_musgd`` steps the MuSGD Ultralytics builds
+    (``optimizer=MuSGD``, or ``auto`` past 10,000 iterations) as one CUDA graph (train/musgd.py); ``False`` keeps
+    Ultralytics' own.
     """
 
     sync_free_step: bool = True
     sync_free_loss: bool = True
+    fast_musgd: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -111,6 +115,11 @@ class SyncFreeStep:
         if self.sync_free_loss:
             self.add_callback("on_train_start", lambda t: train_loss.install(t.model))
             self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
+
+    def build_optimizer(self, *args: Any, **kwargs: Any):
+        """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""
+        optimizer = super().build_optimizer(*args, **kwargs)
+        return FastMuSGD.adopt(optimizer) if self.fast_musgd else optimizer
 
 
 def _items(trainer: Any) -> HostLossItems | None:

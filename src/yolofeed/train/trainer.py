@@ -70,18 +70,18 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
     # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
-    # sync_free_step, sync_free_loss: the step's options (SyncFreeStep, train/step.py)
+    # sync_free_step, sync_free_loss, fast_musgd: the step's options (SyncFreeStep, train/step.py)
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
         known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up",
-                 "sync_free_step", "sync_free_loss")
+                 "sync_free_step", "sync_free_loss", "fast_musgd")
         unknown = set(options) - set(known)
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
                               f"expected {', '.join(known)}")
-        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss"):  # "False" would read as True
+        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd"):  # "False": True
             if name in options and not isinstance(options[name], bool):
                 raise ConfigError(f"FastDetectionTrainer option {name}={options[name]!r}: expected True or False")
         return type(cls.__name__, (cls,), dict(options))

@@ -1,0 +1,266 @@
+"""FastMuSGD against Ultralytics' MuSGD: the same update, the same state, a skipped step that changes nothing.
+
+The optimisers are built by Ultralytics' own ``build_optimizer`` (its eight groups: Muon matrices, weights, biases and
+batch-norm weights, each with the head's ``cv3`` at three times the learning rate) over yolo11n's parameters, and fed
+the same gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from yolofeed.train.musgd import FastMuSGD
+from yolofeed.ultralytics_seam import DetectionModel, DetectionTrainer, MuSGD
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return DetectionModel("yolo11n.yaml", nc=8, verbose=False)
+
+
+def build(model, fast: bool, lr=0.01, momentum=0.9, decay=5e-4, powers_of_two: bool = False):
+    """Ultralytics' MuSGD for ``model`` (a copy), made a FastMuSGD when ``fast``. ``powers_of_two``: every scalar a
+    power of two (each group's lr 0.25, muon 0.5, momentum 0.5, decay 0.5), where multiply-then-add is exact."""
+    model = copy.deepcopy(model)
+    opt = DetectionTrainer.build_optimizer(SimpleNamespace(), model, "MuSGD", lr, momentum, decay)
+    assert type(opt) is MuSGD and len(opt.param_groups) == 8
+    if powers_of_two:
+        opt.muon = 0.5
+        for g in opt.param_groups:
+            g["lr"], g["momentum"] = 0.25, 0.5
+            g["weight_decay"] = 0.5 if g["weight_decay"] else 0.0
+    return model, (FastMuSGD.adopt(opt) if fast else opt)
+
+
+def gradients(model, seed: int, scale: float = 1.0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = (torch.randn(p.shape, generator=g) * scale).to(p.dtype)
+
+
+def steps(model, opt, n: int, warm_up: bool = False, first_seed: int = 0) -> None:
+    """``n`` steps; ``warm_up``: lr and momentum moved before each, as Ultralytics' warm-up moves them."""
+    for k in range(n):
+        if warm_up:
+            for g in opt.param_groups:
+                g["lr"], g["momentum"] = 0.01 * (k + 1) / n, 0.8 + 0.1 * k / n
+        gradients(model, first_seed + k)
+        opt.step()
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def same_state(oa, ob) -> bool:
+    sa, sb = oa.state_dict()["state"], ob.state_dict()["state"]
+    return sa.keys() == sb.keys() and all(sa[k].keys() == sb[k].keys() and all(
+        torch.equal(sa[k][n], sb[k][n]) for n in sa[k]) for k in sa)
+
+
+def test_powers_of_two_give_stocks_bits(model):
+    """Where every scalar is a power of two, a product with it is exact, so the one difference from stock (a multiply
+    then an add where stock fuses them) vanishes: the parameters and every buffer agree bit for bit."""
+    (a, oa), (b, ob) = build(model, False, powers_of_two=True), build(model, True, powers_of_two=True)
+    steps(a, oa, 4)
+    steps(b, ob, 4)
+    assert not same(a, model) and same(a, b) and same_state(oa, ob)
+    assert ob._plan is not None  # the planned path stepped, not stock's fallback
+
+
+def test_ultralytics_hyperparameters_differ_by_roundings_only(model):
+    """With Ultralytics' own scalars (lr 0.01, 3x for the head, muon 0.2, momentum 0.9, decay) and a warm-up moving
+    them every step, the update differs from stock's by float32 roundings, amplified at most by the bf16
+    Newton-Schulz: far under 0.1 % of the update, everywhere."""
+    (a, oa), (b, ob) = build(model, False), build(model, True)
+    steps(a, oa, 6, warm_up=True)
+    steps(b, ob, 6, warm_up=True)
+    worst = 0.0
+    for x0, x, y in zip(model.state_dict().values(), a.state_dict().values(), b.state_dict().values()):
+        if x.dtype.is_floating_point and not torch.equal(x, x0):
+            worst = max(worst, float((x - y).norm() / (x - x0).norm()))
+    assert 0 <= worst < 1e-3, worst
+
+
+def test_a_skipped_step_changes_nothing_and_the_next_is_stocks(model):
+    """GradScaler on a non-finite gradient: stock's step is not called; ours is, with found_inf on the device, and
+    must leave every parameter and buffer bit for bit as it was. The next steps then agree with stock's."""
+    (a, oa), (b, ob) = build(model, False, powers_of_two=True), build(model, True, powers_of_two=True)
+    for m, opt in ((a, oa), (b, ob)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
+        for k in range(4):
+            scaler.scale(torch.zeros(()))  # what a backward of a scaled loss starts with: the scale made
+            gradients(m, k, scale=scaler.get_scale())
+            if k == 1:
+                next(p for p in m.parameters() if p.ndim == 4).grad[0, 0, 0, 0] = float("inf")
+                before = copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict())
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            if k == 1:
+                assert all(torch.equal(x, y) for x, y in zip(before[0].values(), m.state_dict().values()))
+                assert opt.state_dict()["state"].keys() == before[1]["state"].keys()
+    assert not same(a, model) and same(a, b) and same_state(oa, ob)
+
+
+def test_gradients_still_scaled_are_unscaled_on_the_device(model):
+    """scaler.step without unscale_ first: GradScaler hands over grad_scale, and the step divides by it as
+    GradScaler's own unscale does (a power-of-two scale: exact either way)."""
+    (a, oa), (b, ob) = build(model, False, powers_of_two=True), build(model, True, powers_of_two=True)
+    for m, opt in ((a, oa), (b, ob)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**6)
+        for k in range(3):
+            scaler.scale(torch.zeros(()))
+            gradients(m, k, scale=scaler.get_scale())
+            scaler.step(opt)
+            scaler.update()
+    assert same(a, b) and same_state(oa, ob)
+
+
+def test_state_dicts_are_stocks_both_ways(model):
+    """A FastMuSGD checkpoint resumes a stock MuSGD and the other way round, and the runs go on identically."""
+    (a, oa), (b, ob) = build(model, False, powers_of_two=True), build(model, True, powers_of_two=True)
+    steps(a, oa, 2)
+    steps(b, ob, 2)
+    assert oa.state_dict()["param_groups"] == ob.state_dict()["param_groups"] and same_state(oa, ob)
+    (a2, oa2), (b2, ob2) = build(model, True, powers_of_two=True), build(model, False, powers_of_two=True)
+    a2.load_state_dict(a.state_dict())
+    oa2.load_state_dict(copy.deepcopy(oa.state_dict()))  # stock's state into ours
+    b2.load_state_dict(b.state_dict())
+    ob2.load_state_dict(copy.deepcopy(ob.state_dict()))  # ours into stock's
+    for m, opt in ((a, oa), (b, ob), (a2, oa2), (b2, ob2)):
+        steps(m, opt, 2, first_seed=10)
+    assert same(a, b) and same(a, a2) and same(b, b2) and same_state(oa, oa2) and same_state(ob, ob2)
+
+
+def test_a_parameter_that_loses_its_gradient_is_skipped_as_stock_skips_it(model, caplog):
+    (a, oa), (b, ob) = build(model, False, powers_of_two=True), build(model, True, powers_of_two=True)
+    for m, opt in ((a, oa), (b, ob)):
+        with caplog.at_level(logging.INFO, logger="yolofeed.train.musgd"):
+            for k in range(4):
+                gradients(m, k)
+                if k >= 2:  # a frozen layer, a branch not taken
+                    for p in list(m.parameters())[5:9]:
+                        p.grad = None
+                opt.step()
+    assert same(a, b) and same_state(oa, ob)
+    assert caplog.text.count("graph made again") == 1
+
+
+def test_a_parameter_the_graph_cannot_take_steps_as_stock(model, caplog):
+    (a, oa), (b, ob) = build(model, False, powers_of_two=True), build(model, True, powers_of_two=True)
+    for m in (a, b):
+        m.model[0].conv.double()
+    with caplog.at_level(logging.INFO, logger="yolofeed.train.musgd"):
+        for m, opt in ((a, oa), (b, ob)):
+            steps(m, opt, 2)
+    assert same(a, b) and same_state(oa, ob) and ob._plan is None
+    assert caplog.text.count("steps as Ultralytics' own: a parameter of (16, 3, 3, 3) is torch.float64") == 1
+
+
+def test_only_a_stock_musgd_is_adopted():
+    class Other(MuSGD):
+        pass
+
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    other, sgd = Other([p]), torch.optim.SGD([p], lr=0.1)
+    assert FastMuSGD.adopt(other) is other and type(other) is Other
+    assert FastMuSGD.adopt(sgd) is sgd and type(sgd) is torch.optim.SGD
+    assert FastMuSGD._step_supports_amp_scaling and not getattr(MuSGD, "_step_supports_amp_scaling", False)
+
+
+def test_the_trainer_steps_the_musgd_ultralytics_builds_as_fast_musgd(model):
+    """Both of yolofeed's trainers adopt it; fast_musgd=False keeps Ultralytics' own, and no other optimiser changes."""
+    from yolofeed.bench.modes import trainer_class
+    from yolofeed.train import FastDetectionTrainer
+
+    for cls, expected in ((FastDetectionTrainer, FastMuSGD), (trainer_class("ceiling"), FastMuSGD),
+                          (trainer_class("ceiling_stock"), MuSGD),
+                          (FastDetectionTrainer.with_options(fast_musgd=False), MuSGD)):
+        trainer = cls.__new__(cls)  # build_optimizer reads nothing of the trainer for a named optimiser
+        built = trainer.build_optimizer(copy.deepcopy(model), "MuSGD", 0.01, 0.9, 5e-4)
+        assert type(built) is expected, cls
+        adamw = trainer.build_optimizer(copy.deepcopy(model), "AdamW", 0.001, 0.9, 5e-4)
+        assert type(adamw) is torch.optim.AdamW
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_what_the_eager_update_makes_without_a_host_sync(model):
+    """On CUDA: the first step eager (the warm-up), the second captured, the rest replayed; each equals the eager
+    update of the same plan bit for bit, and a replayed step with GradScaler waits for nothing on the host."""
+    from helpers import no_host_sync
+
+    (a, oa), (b, ob) = build(model, True), build(model, True)
+    a.cuda(), b.cuda()
+    ob._plan = None
+    for k in range(5):
+        for m, opt in ((a, oa), (b, ob)):
+            gradients(m, k)
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad = p.grad.cuda()
+            if opt is ob and ob._plan is not None:
+                ob._plan.graph = False  # b stays eager throughout
+            opt.step()
+    assert oa._plan.graph not in (None, False) and ob._plan.graph is False
+    assert same(a, b) and same_state(oa, ob)
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale(torch.zeros((), device="cuda"))
+    gradients(a, 9, scale=scaler.get_scale())
+    for p in a.parameters():
+        if p.grad is not None:
+            p.grad = p.grad.cuda()
+    scaler.unscale_(oa)
+    with no_host_sync():
+        scaler.step(oa)
+        scaler.update()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt_after_the_first_save(trainer) -> None:
+    raise _Interrupted  # last.pt of epoch 1 is on disk, with the optimiser's state: a run killed there
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, then", [("yolofeed", "stock"), ("stock", "yolofeed")])
+def test_a_musgd_checkpoint_resumes_under_the_other_trainer(synth_root, tmp_path, first, then):
+    """A yolofeed run's last.pt resumes under yolo train and the other way round: the optimiser state comes back
+    whole into the other's optimiser, and the run ends."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    trainers = {"yolofeed": {"trainer": FastDetectionTrainer}, "stock": {}}
+    args = dict(data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=8, device="cpu", workers=0,
+                plots=False, verbose=False, optimizer="MuSGD", project=str(tmp_path), name="run", exist_ok=True)
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_model_save", _interrupt_after_the_first_save)
+    with pytest.raises(_Interrupted):
+        model.train(**args, **trainers[first])
+    last = tmp_path / "run" / "weights" / "last.pt"
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    assert saved["epoch"] == 0 and saved["optimizer"]["state"]
+    loaded = {}
+
+    def keep_state(trainer) -> None:
+        loaded["type"] = type(trainer.optimizer)
+        loaded["state"] = copy.deepcopy(trainer.optimizer.state_dict())
+
+    resumed = YOLO(str(last))
+    resumed.add_callback("on_train_start", keep_state)
+    resumed.train(resume=True, **trainers[then])
+    assert loaded["type"] is (FastMuSGD if then == "yolofeed" else MuSGD)
+    want, got = saved["optimizer"]["state"], loaded["state"]["state"]
+    assert want.keys() == got.keys() and all(torch.equal(want[k][n].float(), got[k][n]) for k in want for n in want[k])
+    with open(tmp_path / "run" / "results.csv") as f:
+        assert len(f.read().strip().splitlines()) == 1 + 2  # epoch 1 from the first trainer, epoch 2 from the other
