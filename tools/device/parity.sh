@@ -6,23 +6,25 @@
 # that trains. Writes $OUT/p11.json, p26.json (each parity.json), p11.png, p26.png and parity_runs.tgz.
 # Usage: bash tools/device/parity.sh
 # Environment: SEEDS11=4 FIRST11=0 PAR11=4 CORES11=0-17 SEEDS26=3 FIRST26=0 PAR26=3 CORES26=18-31 EPOCHS=30
-# N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1. SEEDS11=0 or SEEDS26=0 skips that
+# N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1 DEVICES=0,1 (one GPU: DEVICES=0;
+# the GPU tests then share it) EXTRA="optimizer=MuSGD" (more keys for both sides). SEEDS11=0 or SEEDS26=0 skips that
 # model.
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,10p' "$0"; exit 0; fi
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,11p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 D=/tmp/parity
+DEVICES=${DEVICES:-0,1}
 if [ -z "$NO_GPU_TESTS" ]; then
-  (CUDA_VISIBLE_DEVICES=1 timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 \
+  (CUDA_VISIBLE_DEVICES=${DEVICES##*,} timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 \
     | grep -E "PASSED|FAILED|SKIPPED|Error|assert|passed|failed" | tail -40 > $OUT/gpu_tests.txt) &
 fi
 python3 -m yolofeed synth out=$D n_train=${N_TRAIN:-2000} n_val=${N_VAL:-200} imgsz=320 classes=8 boxes=20 min_box=8 \
   seed=0 2>&1 | grep -v "img/s\]"
 SMOKE=0
 if [ -z "$NO_SMOKE" ]; then
-  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m yolofeed train model=yolo26n.yaml data=$D/data.yaml imgsz=320 epochs=1 \
-    batch=64 project=/tmp/smoke name=smoke exist_ok=True plots=False > $OUT/smoke.txt 2>&1
+  CUDA_VISIBLE_DEVICES=${DEVICES%%,*} timeout 120 python3 -m yolofeed train model=yolo26n.yaml data=$D/data.yaml \
+    imgsz=320 epochs=1 batch=64 project=/tmp/smoke name=smoke exist_ok=True plots=False $EXTRA > $OUT/smoke.txt 2>&1
   SMOKE=$?
 fi
 grep -v "it/s\|━" $OUT/smoke.txt 2>/dev/null | tail -4
@@ -33,7 +35,7 @@ if [ $SMOKE = 0 ]; then
 from ultralytics.cfg import get_cfg; d = check_det_dataset('$D/data.yaml')
 for s in ('train', 'val'):
     YOLODataset(img_path=d[s], imgsz=320, augment=False, data=d, hyp=get_cfg())" > /dev/null 2>&1
-  common="data=$D/data.yaml epochs=${EPOCHS:-30} imgsz=320 batch=64 device=0,1"
+  common="data=$D/data.yaml epochs=${EPOCHS:-30} imgsz=320 batch=64 device=$DEVICES $EXTRA"
   sides=""
   if [ "${SEEDS11:-4}" != 0 ]; then
     sides="$sides p11"
