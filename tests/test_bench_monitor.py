@@ -228,6 +228,44 @@ def test_bench_trains_each_mode_in_a_process_of_its_own(synth_root, tmp_path, ca
     assert f"{2 * (2 + 4 + 1)}/{2 * (2 + 4 + 1)}" in err and "yolofeed (2/2)" in err  # the bar ends on its total
 
 
+@pytest.mark.slow
+def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_root, tmp_path, capfd):
+    """whole_run=E: each mode trains E epochs at Ultralytics' defaults (validation, checkpoints, plots, the final
+    validation) in a process of its own, and every part of its wall time is accounted for."""
+    from yolofeed.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=8", "device=cpu", "workers=0",
+                 f"out={out}", "whole_run=2"]) == 0  # the default modes, the ceiling left out
+    report = json.loads((out / "bench.json").read_text())
+    assert [r["mode"] for r in report["results"]] == ["stock", "yolofeed"]
+    for r in report["results"]:
+        run = out / "runs" / r["mode"]
+        assert [e["epoch"] for e in r["epochs"]] == [1, 2] and r["images"] == 24 and r["optimizer"] == "AdamW"
+        for e in r["epochs"]:  # validated every epoch, inside the epoch's time
+            assert 0 < e["train_s"] and 0 < e["val_s"] and e["train_s"] + e["val_s"] <= e["epoch_s"]
+        assert r["setup_s"] > 0 and r["final_s"] > 0
+        assert r["setup_s"] + sum(e["epoch_s"] for e in r["epochs"]) + r["final_s"] <= r["wall_s"] + 0.01
+        assert (run / "weights" / "best.pt").is_file() and (run / "weights" / "last.pt").is_file()
+        assert len((run / "results.csv").read_text().strip().splitlines()) == 1 + 2
+        assert (run / "results.png").is_file()  # plots at their default
+    captured = capfd.readouterr()
+    assert "whole runs of 2 epochs" in captured.out and "speed-up" in captured.out and "1st epoch" in captured.out
+    assert "12/12" in captured.err  # the bar counts every batch of both runs: 2 x 2 epochs x 3 batches
+    assert (out / "bench.png").stat().st_size > 1000
+
+
+def test_a_whole_run_refuses_the_ceiling_and_a_second_epoch_count(synth_root, tmp_path, capsys):
+    from yolofeed.cli import main
+
+    for extra, said in ((["modes=stock,ceiling"], "a ceiling replays four batches"),
+                        (["modes=stock,yolofeed", "epochs=3"], "whole_run= is the run's epochs")):
+        assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", "whole_run=2",
+                     *extra]) != 0
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "bench.json").exists()
+
+
 def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path, capsys):
     from yolofeed.cli import main
 

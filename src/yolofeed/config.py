@@ -143,6 +143,10 @@ class BenchConfig(MeasuredRunConfig):
     isolate: bool = key(True, "train each mode in a process of its own, as a user's run is, paying its own one-off "
                         "costs (CUDA's context, cuDNN's plans, compiles); False trains them all in this process, where "
                         "a later mode finds an earlier one's costs paid (its first step and first epoch look faster)")
+    whole_run: int = key(0, "train each mode this many whole epochs as a user's run does (validation every epoch, "
+                         "checkpoints, plots, the final validation, optimizer=auto as for that length; first epoch "
+                         "included) and time the run end to end (modes stock,yolofeed unless given); 0: measure "
+                         "training steps only", minimum=0)
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
                      "one batch ahead), yolofeed_nopool (mosaic partners from the batch itself, partner_pool=0), "

@@ -41,21 +41,26 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from yolofeed.bench import whole
 from yolofeed.bench.modes import MODES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
 from yolofeed.processes import die_with_parent, process_start, sigterm_exits
 
+WHOLE_RUN_DEFAULT = (BenchConfig.modes, "stock,yolofeed")  # the modes of a whole run where modes= is not given
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "yolofeed_nopool": "#4c72b0",
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 
 def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
-    """Train ``mode`` for ``warmup + steps`` steps and return its figures (``progress``: the bench's step bar)."""
+    """Train ``mode`` for ``warmup + steps`` steps, or ``whole_run`` whole epochs, and return its figures
+    (``progress``: the bench's step bar)."""
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
+    if cfg.whole_run:
+        return whole.whole_run(mode, trainer_class(mode), args, cfg.whole_run, progress=progress)
     p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, cfg.window, progress=progress,
                 first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
@@ -308,24 +313,35 @@ def run(cfg: BenchConfig) -> dict:
     from yolofeed.monitor.system import environment
 
     modes = [m.strip() for m in cfg.modes.split(",") if m.strip()]
+    if cfg.whole_run and cfg.modes == WHOLE_RUN_DEFAULT[0]:  # the default's ceiling makes no model: leave it out
+        modes = WHOLE_RUN_DEFAULT[1].split(",")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ConfigError(f"modes={cfg.modes}: unknown {bad}; choose from {', '.join(MODES)}")
-    if cfg.steps < cfg.window:
+    if cfg.steps < cfg.window and not cfg.whole_run:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
+    replayed = [m for m in modes if m.startswith("ceiling")]
+    if cfg.whole_run and replayed:
+        raise ConfigError(f"whole_run={cfg.whole_run} with modes {', '.join(replayed)}: a ceiling replays four "
+                          "batches, it makes no model worth validating; time whole runs of stock and yolofeed modes, "
+                          "e.g. modes=stock,yolofeed")
+    if cfg.whole_run and "epochs" in cfg.extra:
+        raise ConfigError(f"epochs={cfg.extra['epochs']} with whole_run={cfg.whole_run}: whole_run= is the run's "
+                          "epochs; give one of them")
     from yolofeed.train.keys import check_device
 
     device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
-    title = f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, {cfg.steps} steps after {cfg.warmup}+ warm-up"
+    title = (f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, " + (
+        f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up"))
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
     # the mode's process gets its pipe as a file descriptor (POSIX); on Windows the modes train in this process,
     # and the note under the table says to run one bench per mode
     own = cfg.isolate and not ranks and os.name != "nt"
-    progress = Progress(modes, cfg.steps, cfg.warmup)
+    progress = Progress(modes, 0, 0) if cfg.whole_run else Progress(modes, cfg.steps, cfg.warmup)
     # a SIGTERM to the bench alone (timeout, docker stop) stops its mode's process first, cleanly, instead of
     # killing the bench at once and so the mode with it, mid pack-build
     stack = contextlib.ExitStack()
@@ -343,17 +359,18 @@ def run(cfg: BenchConfig) -> dict:
                 instead = ",".join(dict.fromkeys("yolofeed_jpeg" if x in raw else x for x in modes))
                 raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller, in place of the raw pack's "
                                      f"{', '.join(raw)}: modes={instead}") from e
-            report = {"config": asdict(cfg), "environment": about, "results": results, "title": title,
-                      "notes": slower_than_stock(results)
-                      + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
-                      + warm_modes(results, own or ranks)}
+            notes = warm_modes(results, own or ranks) if cfg.whole_run else (
+                slower_than_stock(results) + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
+                + warm_modes(results, own or ranks))
+            report = {"config": asdict(cfg), "environment": about, "results": results, "title": title, "notes": notes}
             # after each mode: an interrupted bench keeps what it measured
             (out / "bench.json").write_text(json.dumps(report, indent=1))
     finally:
         stack.close()
         progress.close()
-    plot(results, out / "bench.png", title)
+    (whole.plot if cfg.whole_run else plot)(results, out / "bench.png", title)
     notes = "".join(f"\nNOTE: {n}" for n in report["notes"])
-    print(title + "\n" + table(results) + notes + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}, runs in "
+    text = (whole.table if cfg.whole_run else table)(results)
+    print(title + "\n" + text + notes + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}, runs in "
           f"{out / 'runs'}", flush=True)
     return report

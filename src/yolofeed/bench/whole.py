@@ -1,0 +1,180 @@
+"""The whole run, as a user makes it: ``yolofeed bench whole_run=E`` trains each mode for E epochs and times it.
+
+``yolofeed bench`` otherwise measures training steps only, with validation and checkpoints off. A user lives with the
+whole run: the set-up, the first epoch, validation after every epoch, a checkpoint and results.csv row after each,
+the last validation of best.pt, the plots; and the optimiser ``optimizer=auto`` picks for the run's length. Here
+every setting is Ultralytics' default but those the caller gives, and ``epochs`` is E.
+
+What is timed, on the host clock of the mode's own process (``isolate=True``):
+
+* ``wall_s``: from building the trainer to ``train()`` returning (set-up, every epoch, the final validation, plots);
+* per epoch (``epochs``): ``train_s`` (its training steps; the GPU synced at their end), ``val_s`` (its validation,
+  ``on_val_start`` to ``on_val_end``), and ``epoch_s`` (from its start to ``on_fit_epoch_end``: validation, the
+  results.csv row and the checkpoint included);
+* ``setup_s`` (building the trainer to the first epoch's start) and ``final_s`` (the last epoch's end to the end:
+  best.pt validated again, the plots).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from yolofeed.monitor.profile import Progress, ultralytics_quiet
+from yolofeed.ultralytics_seam import LOGGER
+
+FIGURES = ("mode", "wall_s", "setup_s", "final_s", "epochs", "images", "optimizer", "device")
+
+
+def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
+              progress: Progress | None = None) -> dict:
+    """Train ``trainer_class`` with Ultralytics ``args`` for ``epochs`` epochs, every other setting its default, and
+    return the timings this module's docstring lists (``FIGURES``), each epoch's in ``epochs``.
+
+    Args:
+        progress: the bench's bar: counts batches (its total grown by this run's), holds back Ultralytics' output.
+    """
+    state: dict[str, Any] = {"epochs": [], "t_val": None}
+
+    def now() -> float:
+        return time.perf_counter()
+
+    def on_train_start(trainer) -> None:
+        state["optimizer"] = type(trainer.optimizer).__name__
+        state["images"] = len(trainer.train_loader.dataset)
+        if progress is not None:
+            progress.grow(epochs * len(trainer.train_loader) - 1)
+
+    def on_epoch_start(trainer) -> None:
+        state["epochs"].append({"epoch": trainer.epoch + 1, "t0": now()})
+
+    def on_epoch_end(trainer) -> None:
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)  # the steps end when their work does; validation syncs anyway
+        state["epochs"][-1]["train_s"] = now() - state["epochs"][-1]["t0"]
+
+    def on_val_start(validator) -> None:
+        state["t_val"] = now()
+
+    def on_val_end(validator) -> None:
+        if state["t_val"] is not None and state["epochs"] and "epoch_s" not in state["epochs"][-1]:
+            record = state["epochs"][-1]
+            record["val_s"] = record.get("val_s", 0.0) + now() - state["t_val"]
+        state["t_val"] = None
+
+    def on_fit_epoch_end(trainer) -> None:  # also after the final validation of best.pt: that one is not an epoch's
+        if state["epochs"] and "epoch_s" not in state["epochs"][-1]:
+            state["epochs"][-1]["epoch_s"] = now() - state["epochs"][-1]["t0"]
+            state["t_last"] = now()
+
+    def on_batch_end(trainer) -> None:
+        if progress is not None:
+            progress.step()
+
+    full = {"exist_ok": True, "name": mode, **args, "epochs": epochs}
+    if progress is not None:
+        progress.start(mode, f": {epochs} epochs")
+    with ultralytics_quiet(progress is not None):
+        t_build = now()
+        trainer = trainer_class(overrides=full)
+        for event, fn in (("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
+                          ("on_train_epoch_end", on_epoch_end), ("on_val_start", on_val_start),
+                          ("on_val_end", on_val_end), ("on_fit_epoch_end", on_fit_epoch_end),
+                          ("on_train_batch_end", on_batch_end)):
+            trainer.add_callback(event, fn)  # the validator shares the trainer's callbacks
+        try:
+            trainer.train()
+        finally:
+            for name in ("train_loader", "test_loader"):
+                loader = getattr(trainer, name, None)
+                if hasattr(loader, "close"):
+                    loader.close()
+        t_end = now()
+    records = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items() if k != "t0"}
+               for r in state["epochs"]]
+    result = {"mode": mode, "wall_s": round(t_end - t_build, 2),
+              "setup_s": round(state["epochs"][0]["t0"] - t_build, 2) if state["epochs"] else None,
+              "final_s": round(t_end - state["t_last"], 2) if "t_last" in state else None,
+              "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
+              "device": str(trainer.device)}
+    if len(records) < epochs:
+        LOGGER.warning(f"yolofeed bench: {mode} trained {len(records)} of {epochs} epochs (early stopping, time=)")
+    del trainer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def later(result: dict, key: str) -> float | None:
+    """The median of ``key`` over the epochs after the first (the steady state a long run lives on), or the first's
+    where there is one epoch only."""
+    values = [r[key] for r in result["epochs"][1:] if r.get(key) is not None] or \
+        [r[key] for r in result["epochs"][:1] if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def table(results: list[dict]) -> str:
+    """One line a mode: the wall time and its speed-up on stock (stock's time over the mode's), the set-up, the first
+    and later epochs (validation in them) and their speed-up, the later epochs' validation and training rate, and the
+    end."""
+    stock = next((r for r in results if r["mode"] == "stock"), None)
+    lines = [f"{'mode':<16}{'wall':>9}{'speed-up':>10}{'set-up':>8}{'1st epoch':>11}{'later':>8}{'speed-up':>10}"
+             f"{'val':>7}{'train img/s':>13}{'end':>7}  optimizer"]
+    for r in results:
+        first = r["epochs"][0]["epoch_s"] if r["epochs"] and "epoch_s" in r["epochs"][0] else None
+        epoch, val, train = later(r, "epoch_s"), later(r, "val_s"), later(r, "train_s")
+        rate = r["images"] / train if r.get("images") and train else None
+        wall_ratio = f"{stock['wall_s'] / r['wall_s']:.2f}" if stock and r is not stock and r["wall_s"] else "-"
+        s_epoch = later(stock, "epoch_s") if stock else None
+        epoch_ratio = f"{s_epoch / epoch:.2f}" if s_epoch and epoch and r is not stock else "-"
+
+        def s(x: float | None, fmt: str = "") -> str:
+            return "-" if x is None else (fmt or ("{:.2f} s" if x < 1 else "{:.1f} s")).format(x)
+
+        lines.append(f"{r['mode']:<16}{s(r['wall_s']):>9}{wall_ratio:>10}{s(r['setup_s']):>8}{s(first):>11}"
+                     f"{s(epoch):>8}{epoch_ratio:>10}{s(val):>7}{s(rate, '{:,.0f}'):>13}{s(r['final_s']):>7}  "
+                     f"{r.get('optimizer') or '-'}")
+    return "\n".join(lines)
+
+
+PARTS = (("set-up", "#bbbbbb"), ("training steps", "#2a7ab0"), ("validation", "#dd8452"),
+         ("rows, checkpoints", "#8172b2"), ("final validation, plots", "#937860"))
+
+
+def parts(result: dict) -> list[float]:
+    """Where a run's wall time went, in ``PARTS``' order (seconds); what no part names goes to the first or last."""
+    epochs = result["epochs"]
+    train = sum(r.get("train_s", 0.0) for r in epochs)
+    val = sum(r.get("val_s", 0.0) for r in epochs)
+    rest = sum(max(r.get("epoch_s", 0.0) - r.get("train_s", 0.0) - r.get("val_s", 0.0), 0.0) for r in epochs)
+    return [result.get("setup_s") or 0.0, train, val, rest, result.get("final_s") or 0.0]
+
+
+def plot(results: list[dict], path: Any, title: str) -> None:
+    """One horizontal bar a mode, its wall time split into ``PARTS``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.7 + 0.55 * len(results)), dpi=120)
+    for y, r in enumerate(results):
+        left = 0.0
+        for (name, colour), width in zip(PARTS, parts(r)):
+            ax.barh(y, width, left=left, color=colour, label=name if y == 0 else None)
+            left += width
+        ax.annotate(f"{r['wall_s']:,.0f} s", (left, y), xytext=(3, 0), textcoords="offset points", va="center",
+                    fontsize=8)
+    ax.set_yticks(range(len(results)), [r["mode"] for r in results])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds to the end of the run")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
