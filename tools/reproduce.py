@@ -62,6 +62,16 @@ SECTIONS = {s.name: s for s in (
     Section("shape-cost", "First epoch", "nvidia-h200", 1, 3, tuple(
         f"timeout 60 python3 -m tools.device.shape_cost {v}"
         for v in ("", "--no-cudnn", "--background", "--model yolo26n.yaml"))),
+    Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
+        "PARTS=phase,tests bash tools/device/musgd.sh",)),
+    Section("musgd", "The optimiser step with MuSGD", "nvidia-h200", 1, 7, (
+        "PARTS=ab,bench bash tools/device/musgd.sh",)),
+    Section("parity-musgd", "Training quality", "nvidia-h200", 1, 8, (
+        "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=500 "
+        "NO_SMOKE=1 bash tools/device/parity.sh",)),
+    Section("whole-run", "The whole run", "nvidia-h200", 1, 7, ("OPTS=auto LIMIT=430 bash tools/device/whole_run.sh",)),
+    Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, (
+        "OPTS=MuSGD LIMIT=500 bash tools/device/whole_run.sh",)),
     Section("first-own", "First epoch", "nvidia-h200", 1, 6, (
         SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg", LABELS_10K,
         f"timeout 220 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,yolofeed_jpeg {BENCH_SHORT} "
