@@ -198,3 +198,50 @@ def test_loader_failure_mid_epoch_names_the_cause_and_leaves_a_resumable_checkpo
     assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None  # what Ultralytics' resume needs
     assert "training stopped in epoch 2 by LoaderError" in caplog.text
     assert f"yolofeed train resume={last}" in caplog.text
+
+
+def test_val_period_validates_every_nth_epoch_the_last_and_where_early_stopping_may_stop(monkeypatch):
+    from types import SimpleNamespace
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.ultralytics_seam import DetectionTrainer
+
+    monkeypatch.setattr(DetectionTrainer, "validate", lambda self: ({"metrics/mAP50-95(B)": 0.5}, 0.5))
+    trainer = FastDetectionTrainer.with_options(val_period=3).__new__(FastDetectionTrainer.with_options(val_period=3))
+    trainer.epochs, trainer.stop = 7, False
+    trainer.stopper = SimpleNamespace(possible_stop=False)
+    trainer.metrics = {"metrics/mAP50-95(B)": 0.0, "val/box_loss": 0.0}
+    validated = []
+    for epoch in range(7):
+        trainer.epoch = epoch
+        metrics, fitness = trainer.validate()
+        if fitness is not None:
+            validated.append(epoch + 1)
+        else:  # the columns kept, each nan: no stale value is written as if measured
+            assert metrics.keys() == trainer.metrics.keys() and all(v != v for v in metrics.values())
+    assert validated == [3, 6, 7]
+    trainer.epoch = 0
+    for flag in ("possible_stop", "stop"):  # Ultralytics validates there whatever val= says: so does val_period
+        owner = trainer.stopper if flag == "possible_stop" else trainer
+        setattr(owner, flag, True)
+        assert trainer.validate()[1] == 0.5
+        setattr(owner, flag, False)
+    with pytest.raises(Exception, match="val_period=0: expected a whole number"):
+        FastDetectionTrainer.with_options(val_period=0)
+
+
+@pytest.mark.slow
+def test_cli_val_period_writes_nan_rows_and_keeps_the_best_validated_epoch(synth_root, runs):
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "yolofeed", "train", "model=yolo11n.yaml",
+                        f"data={synth_root / 'data.yaml'}", "epochs=3", "imgsz=64", "batch=8", "device=cpu",
+                        "workers=0", "plots=False", f"project={runs}", "name=val-period", "exist_ok=True",
+                        "val_period=2"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open(runs / "val-period" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    key = next(k for k in rows[0] if "mAP50-95" in k)
+    assert [row[key].strip() == "nan" for row in rows] == [True, False, False]  # epoch 2 (the period) and 3 (last)
+    best = torch.load(runs / "val-period" / "weights" / "best.pt", map_location="cpu", weights_only=False)
+    metrics = best["train_metrics"]  # what was known when it was saved: a validated epoch's, not epoch 1's nan
+    assert metrics["fitness"] is not None and metrics[key] == metrics[key]

@@ -94,6 +94,9 @@ class TrainConfig:
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
                             "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "
                             "smaller number for small GPUs; 0 = the batch itself")
+    val_period: int = key(1, "validate every N epochs and at the last (1: every epoch, as yolo train); an epoch not "
+                          "validated writes nan metrics to results.csv, and best.pt is the best validated epoch's",
+                          minimum=1)
     warm_up: bool = key(True, "on CUDA, train each batch size's first pass before the first epoch (cuDNN's set-up, "
                         "3-7 s a size, which stock pays inside its first epoch); False: inside it, as stock")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)

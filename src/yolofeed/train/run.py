@@ -172,7 +172,7 @@ def run(cfg: TrainConfig) -> Path:
                           "missing)")
     trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
                                                 pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool,
-                                                warm_up=cfg.warm_up)
+                                                warm_up=cfg.warm_up, val_period=cfg.val_period)
     checkpoint = resume_checkpoint(cfg)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs

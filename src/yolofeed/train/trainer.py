@@ -70,17 +70,22 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
     # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
+    val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     # sync_free_step, sync_free_loss, fast_musgd: the step's options (SyncFreeStep, train/step.py)
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
         known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up",
-                 "sync_free_step", "sync_free_loss", "fast_musgd")
+                 "sync_free_step", "sync_free_loss", "fast_musgd", "val_period")
         unknown = set(options) - set(known)
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
                               f"expected {', '.join(known)}")
+        period = options.get("val_period", 1)
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ConfigError(f"FastDetectionTrainer option val_period={period!r}: expected a whole number of epochs, "
+                              "1 or more (1 validates every epoch, as Ultralytics does)")
         for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd"):  # "False": True
             if name in options and not isinstance(options[name], bool):
                 raise ConfigError(f"FastDetectionTrainer option {name}={options[name]!r}: expected True or False")
@@ -192,6 +197,20 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
+
+    def validate(self):
+        """Ultralytics' validation every ``val_period``-th epoch, at the last, and wherever its early stopping may stop
+        the run (``possible_stop``, ``stop``); the epochs between are not validated.
+
+        An epoch not validated writes ``nan`` for every validation metric in results.csv (and hands it to the loggers)
+        and has no fitness: best.pt stays the best validated epoch's (before the first validation it follows last.pt,
+        as with ``val=False``), and ``patience`` counts epochs since the best validated one, checked at validations.
+        """
+        epoch = self.epoch + 1
+        if (self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs
+                or self.stopper.possible_stop or self.stop):
+            return super().validate()
+        return {k: float("nan") for k in self.metrics}, None
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and
