@@ -9,6 +9,7 @@ ever changed or deleted. RELIABILITY.md lists these tests with their outcomes.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ from helpers import as_another_user, cli_lines, copy_dataset, world_readable_dir
 from yolofeed.errors import PackError
 from yolofeed.pack import open_or_build
 from yolofeed.pack.build import store_dir
+from yolofeed.pack.store import PREAMBLE
 
 VICTIM = b"precious: not yolofeed's\n"
 BOUND = 60.0  # s: only to tell a hang from a slow machine
@@ -131,3 +133,122 @@ def test_a_lock_another_user_owns_is_one_line(synth_root):
         assert rc == 1 and len(lines) == 1, lines
         assert f"cannot open {lock} (Permission denied; owned by " in lines[0]
         assert "yolofeed needs to read and write it (its build lock)" in lines[0] and "out=" in lines[0]
+
+
+# -- the report --------------------------------------------------------------------------------------------------
+def test_the_report_is_never_written_through_a_link_or_over_a_file_yolofeed_did_not_make(dataset, tmp_path, caplog):
+    """The report's temporary name was predictable (``.train.report.txt.tmp-<pid>``) and written through a link;
+    ``train.report.txt`` itself was overwritten whatever it was. Now: a new name taken with O_EXCL; a report name
+    that holds someone else's file or a link is left as it is, with a warning, and the pack is still built."""
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    folder = _folder(yaml_file, out)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (folder / f".train.report.txt.tmp-{os.getpid()}").symlink_to(victim)  # the old name of this process's report
+    pack = _build(yaml_file, out)
+    assert victim.read_bytes() == VICTIM
+    assert (folder / "train.report.txt").read_text().startswith("# train.yfpack: 0 skipped, 0 notes.")
+
+    for planted in ("own notes", "link"):
+        report = folder / "train.report.txt"
+        report.unlink()
+        if planted == "own notes":
+            report.write_bytes(VICTIM)
+        else:
+            report.symlink_to(victim)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert _build(yaml_file, out, rebuild="always") and pack.path.exists()
+        assert "did not write its report" in caplog.text and f"{report} is" in caplog.text
+        assert victim.read_bytes() == VICTIM and (report.is_symlink() == (planted == "link"))
+        if planted == "own notes":
+            assert report.read_bytes() == VICTIM
+
+
+# -- the temporary file and the leftover sweep -------------------------------------------------------------------
+def test_a_planted_temporary_name_is_passed_over(dataset, tmp_path, monkeypatch):
+    """Someone who guesses the build's temporary name and plants a link there first: the build draws another name
+    (O_EXCL never opens what is there), and the link's target is untouched."""
+    import secrets
+
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    folder = _folder(yaml_file, out)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    tokens = iter(["0badc0de", "0badc0de", "1234abcd"] + [None] * 10)
+    real = secrets.token_hex
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(tokens) or real(n))
+    planted = folder / f".train.yfpack.tmp-{os.getpid()}-0badc0de"
+    planted.symlink_to(victim)
+    assert len(_build(yaml_file, out)) == 24
+    assert victim.read_bytes() == VICTIM and planted.is_symlink()
+
+
+def test_only_yolofeeds_own_temporary_files_are_swept(dataset, tmp_path, caplog):
+    """The sweep deleted every ``.*.tmp-*`` file of the folder (out= may be any folder). Now only a regular file
+    named as a build names its temporary files and starting as yolofeed writes them: a dead build's pack or report."""
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    folder = _folder(yaml_file, out)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    theirs = {
+        ".notes.tmp-1": VICTIM,  # an editor's, a sync tool's
+        ".train.yfpack.tmp-1-deadbeef": VICTIM,  # named as ours, not ours
+        ".train.report.txt.tmp-1-deadbeef": VICTIM,
+    }
+    for name, data in theirs.items():
+        (folder / name).write_bytes(data)
+    (folder / ".train.yfpack.tmp-2-deadbeef").symlink_to(victim)  # a link named as ours: not followed, not deleted
+    (folder / ".val.yfpack.tmp-3-deadbeef").mkdir()
+    dead = {".train.yfpack.tmp-4-0123abcd": PREAMBLE + b"\0" * 1000,  # what a killed build leaves
+            ".train.report.txt.tmp-4-0123abcd": b"# train.yfpack: 1 skipped, 0 notes. file<TAB>status<TAB>reason\nx\n"}
+    for name, data in dead.items():
+        (folder / name).write_bytes(data)
+    with caplog.at_level(logging.INFO):
+        _build(yaml_file, out)
+    for name, data in theirs.items():
+        assert (folder / name).read_bytes() == data, name
+    assert (folder / ".train.yfpack.tmp-2-deadbeef").is_symlink() and victim.read_bytes() == VICTIM
+    assert (folder / ".val.yfpack.tmp-3-deadbeef").is_dir()
+    assert not any((folder / name).exists() for name in dead)
+    assert "removed .train.yfpack.tmp-4-0123abcd" in caplog.text
+    assert f"left {folder / '.train.yfpack.tmp-1-deadbeef'} alone (a regular file)" in caplog.text
+
+
+# -- the pack's own name -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("planted", ["own file", "link to a pack"])
+def test_a_pack_name_holding_what_yolofeed_did_not_write_is_never_replaced(dataset, tmp_path, planted):
+    """A file of the user's own named train.yfpack was replaced by a rebuild=auto build (it is not a pack, so it was
+    "rebuilt"); a link to a pack on another disk was replaced by a file here. Now: refused before the build, with
+    one line, and left as it is."""
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    dest = _folder(yaml_file, out) / "train.yfpack"
+    elsewhere = tmp_path / "other-disk"
+    if planted == "own file":
+        dest.write_bytes(VICTIM)
+        before = VICTIM
+    else:
+        real = _build(yaml_file, elsewhere)
+        before = real.path.read_bytes()
+        dest.symlink_to(real.path)
+        sorted((dataset / "labels" / "train").glob("*.txt"))[0].write_text("1 0.5 0.5 0.2 0.2\n")  # now stale
+    words = "is a file yolofeed did not write" if planted == "own file" else "is a symbolic link to"
+    rc, lines = cli_lines(_pack_args(yaml_file, out))
+    assert rc == 1 and len(lines) == 1 and f"{dest} {words}" in lines[0] and "the train pack" in lines[0], lines
+    with pytest.raises(PackError, match=words):
+        _build(yaml_file, out)
+    assert (dest.resolve().read_bytes() if planted == "link to a pack" else dest.read_bytes()) == before
+    assert dest.is_symlink() == (planted == "link to a pack")
+    assert not [p for p in dest.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_pack_yolofeed_wrote_before_the_preamble_is_still_replaced(dataset, tmp_path):
+    """Packs written before the preamble (payloads from byte 0) are known by their trailer: rebuilt as before."""
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    pack = _build(yaml_file, out)
+    data = pack.path.read_bytes()
+    assert data.startswith(PREAMBLE)
+    old = bytearray(data)
+    old[:len(PREAMBLE)] = bytes(len(PREAMBLE))  # as an older build left those bytes: no preamble, same trailer
+    pack.path.write_bytes(bytes(old))
+    assert _build(yaml_file, out, rebuild="always").path.read_bytes().startswith(PREAMBLE)

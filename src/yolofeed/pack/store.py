@@ -3,8 +3,12 @@
 Layout (little-endian), chosen so a parallel build can write images in one pass and a reader
 can tell a finished file from an interrupted one::
 
-    [payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
+    [preamble][payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
 
+* preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
+  temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
+  payloads and tail come much later). Packs written before it was added have their payloads from byte 0, under the
+  same format version: readers go by the index's offsets, never by where payloads start.
 * payloads: each image's bytes at a 64-byte aligned offset, as the codec of the header's ``storage``
   encoded them (``yolofeed.pack.codecs``: decoded pixels, encoded files, ...).
 * index: one ``INDEX_DTYPE`` record per image, in Ultralytics' (sorted) image order, with the CRC32
@@ -67,6 +71,7 @@ MAGIC = b"YOLOFEEDPACK"  # 12 bytes
 TRAILER = struct.Struct("<12sIQQ")
 ALIGN = 64  # payload alignment: cache lines, and friendly to vectorised copies
 SUFFIX = ".yfpack"
+PREAMBLE = (MAGIC + b" pack, written by yolofeed pack\n").ljust(ALIGN, b"\0")
 MAX_HEADER = 1 << 30  # bytes: a larger "header" is a damaged trailer, not a header worth reading
 COORD_TOLERANCE = 1.01  # as pack/verify.py: Ultralytics accepts normalised coordinates up to 1 % out of range
 
@@ -392,6 +397,19 @@ class Pack:
     def __setstate__(self, state: dict[str, Any]) -> None:
         other = Pack.open(state["path"])
         self.__dict__.update(other.__dict__)
+
+
+def is_pack_file(fd: int) -> bool:
+    """Whether the open file ``fd`` is a pack or a build's temporary file, yolofeed's to replace or delete: it starts
+    with the preamble, or (a pack written before the preamble) ends with a pack trailer."""
+    size = os.fstat(fd).st_size
+    with open(fd, "rb", closefd=False) as f:
+        if f.read(len(PREAMBLE)) == PREAMBLE:
+            return True
+        if size < TRAILER.size:
+            return False
+        f.seek(size - TRAILER.size)
+        return f.read(TRAILER.size).startswith(MAGIC)
 
 
 def write_tail(fd: int, data_end: int, index: np.ndarray, labels: np.ndarray, files: list[str],
