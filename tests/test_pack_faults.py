@@ -288,7 +288,7 @@ def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(datas
         monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
         monkeypatch.setattr(build, "_pwrite_all", lambda *a: os._exit(3))  # forked workers inherit it: a dead worker
         pack = _build(dataset, imgsz=160, workers=2, out=mnt)
-        assert pack.path.parent == mnt and not reserved and len(pack) == len(ref)
+        assert pack.path.parent == mnt / "data-raw-160" and not reserved and len(pack) == len(ref)
         for i in range(len(ref)):
             np.testing.assert_array_equal(pack.image(i), ref.image(i))
         assert shutil.disk_usage(mnt).used < 2 * pack.path.stat().st_size  # only what was written is allocated
@@ -308,7 +308,8 @@ def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
     assert not reserved  # two workers: the populate advice met the full tmpfs, and pwrite reported it
     monkeypatch.undo()
-    assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
+    folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
+    assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
     usage = shutil.disk_usage(small_disk)
     assert usage.used < 64 * 1024, usage  # the tmpfs is empty again but for the lock file
 
@@ -323,7 +324,8 @@ def test_a_full_tmpfs_never_kills_a_worker(dataset, small_disk, monkeypatch, wor
         monkeypatch.setattr(build, "MADV_POPULATE_WRITE", 999 if advice == "refused" else None)  # EINVAL / none
     with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
-    assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
+    folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
+    assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
 
 
 # -- a read-only dataset --------------------------------------------------------------------------------------
@@ -363,7 +365,8 @@ def test_read_only_dataset_packs_go_to_the_user_cache(read_only, tmp_path, monke
     assert not again.built and again.pack.path == pack.path
     assert main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train"]) == 0
     assert f"-> {pack.path}" in capsys.readouterr().out
-    with pytest.raises(PackError, match=f"cannot write packs to {read_only / 'mine'} .*pass a writable folder: out="):
+    with pytest.raises(PackError, match=f"cannot write packs to {read_only / 'mine' / 'data-raw-64'} .*pass a writable "
+                                        "folder: out="):
         open_or_build(yaml_file, "train", 64, out=read_only / "mine", rebuild="auto")
 
 
@@ -371,7 +374,8 @@ def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
     a = build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
     b = build.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
     assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == build.cache_root()
-    assert build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [tmp_path / "o"]
+    assert build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [
+        tmp_path / "o" / "data-raw-640"]  # out= gets the per-dataset folder too
 
 
 # -- a label file edited behind the fingerprint's back ----------------------------------------------------------
@@ -493,7 +497,7 @@ def test_no_posix_calls_needed(dataset, tmp_path):
     r = json.loads(report.read_text())
     assert [f for f in r["failed"] if f.split(":")[0] not in baseline] == []
     assert r["mechanism"] == "file"
-    pack = Pack.open(tmp_path / "out" / "train.yfpack")
+    pack = Pack.open(store_dir(dataset / "data.yaml", 64, "raw", tmp_path / "out") / "train.yfpack")
     assert pack.im_files == ref.im_files and not len(pack.damaged())
     for i in range(len(pack)):
         np.testing.assert_array_equal(pack.image(i), ref.image(i))

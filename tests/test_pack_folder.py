@@ -252,3 +252,39 @@ def test_a_pack_yolofeed_wrote_before_the_preamble_is_still_replaced(dataset, tm
     old[:len(PREAMBLE)] = bytes(len(PREAMBLE))  # as an older build left those bytes: no preamble, same trailer
     pack.path.write_bytes(bytes(old))
     assert _build(yaml_file, out, rebuild="always").path.read_bytes().startswith(PREAMBLE)
+
+
+# -- one out= folder for several datasets and sizes --------------------------------------------------------------
+def test_two_datasets_and_two_sizes_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):
+    """``out=``/``pack_dir=`` put every pack directly in the folder: a second dataset or imgsz replaced the first's
+    pack, and each run rebuilt the other's. Now each gets <yaml stem>-<format>-<imgsz> there, as the default
+    location always had; a pack left directly in out= by an older yolofeed is named, not used nor deleted."""
+    from yolofeed.pack.build import check_split, ensure_split
+
+    a = dataset / "data.yaml"
+    b = dataset / "coco.yaml"
+    b.write_text(a.read_text())
+    out = tmp_path / "shared"
+    runs = [(a, 64), (a, 96), (b, 64)]
+
+    def each(**kw):
+        return [ensure_split(y, "train", s, "raw", out=out, workers=1, progress=False, **kw) for y, s in runs]
+
+    first = each(rebuild="auto")
+    assert all(r.built for r in first) and len({r.pack.path for r in first}) == 3
+    assert [r.pack.path.parent for r in first] == [out / "data-raw-64", out / "data-raw-96", out / "coco-raw-64"]
+    assert not any(r.built for r in each(rebuild="auto"))  # nothing rebuilt: no pack replaced another
+    for y, s in runs:  # yolofeed train's own check (pack_dir= is out=) finds each
+        check_split(y, "train", s, "raw", out, "never")
+    rc, lines = cli_lines(["pack", f"data={b}", "imgsz=64", "format=raw", "splits=train", f"out={out}"])
+    assert rc == 0 and not lines
+
+    old = out / "train.yfpack"  # where an older yolofeed put the pack
+    old.write_bytes(first[0].pack.path.read_bytes())
+    with pytest.raises(PackError, match=rf"{out / 'data-raw-32' / 'train.yfpack'} does not exist \({old} is where "
+                                        r"packs of out= went before .*delete it once nothing needs it\)"):
+        ensure_split(a, "train", 32, "raw", out=out, rebuild="never")
+    with caplog.at_level(logging.INFO):
+        ensure_split(a, "train", 32, "raw", out=out, rebuild="auto", workers=1, progress=False)
+    assert f"building the train pack in {out / 'data-raw-32'} ({old} is where packs of out= went" in caplog.text
+    assert old.read_bytes() == first[0].pack.path.read_bytes()

@@ -120,7 +120,7 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
                  out: str | os.PathLike | None = None) -> list[Path]:
     """Where the packs of a data yaml may be, in order of preference.
 
-    ``[out]`` when given; else beside the yaml (``store_dir``), then
+    ``[<out>/<yaml stem>-<format>-<imgsz>]`` when ``out`` is given; else beside the yaml (``store_dir``), then
     ``<cache_root>/<yaml stem>-<hash of the yaml's path>/<stem>-<format>-<imgsz>`` for datasets whose
     folder is read-only (the hash keeps two datasets' ``data.yaml`` apart).
     """
@@ -901,7 +901,7 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
         fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
         pack, errors = _existing(folders, name, split_source(d, split), imgsz, storage, fix, rebuild, False)
         if pack is None:
-            raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
+            raise errors[0] if errors else _missing(folders[0] / name, out, fix)
     elif not any((folder / name).exists() for folder in folders):
         _plan_space(split_source(d, split), _build_folder(folders, split, chosen=bool(out), create=False), imgsz,
                     storage)
@@ -941,12 +941,14 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, verify)
         result = BuildResult(pack, built=False, verified=verify) if pack is not None else None
         if result is None and rebuild == "never":
-            raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
+            raise errors[0] if errors else _missing(folders[0] / name, out, fix)
     if result is None:
         folder = _build_folder(folders, split, chosen=bool(out))
         files.check_replaceable(folder / name, is_pack_file, f"the {split} pack")  # before saying "Rebuilding"
         for e in errors:
             LOGGER.info(f"pack: {e}. Rebuilding.")
+        if _old_layout(out, name):
+            LOGGER.info(f"pack: building the {split} pack in {folder}{_old_layout(out, name)}")
         with _locked(folder):
             if rebuild != "always":  # another process may have built it while we waited for the lock
                 with contextlib.suppress(PackError):
@@ -963,6 +965,19 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if warning:
         LOGGER.warning(f"WARNING pack {split}: {warning}")
     return result
+
+
+def _old_layout(out: str | os.PathLike | None, name: str) -> str:
+    """A note for a pack file directly in ``out``, where packs went before each got a folder of its own there; ""."""
+    old = Path(out).expanduser() / name if out else None
+    if old is None or not old.is_file():
+        return ""
+    return (f" ({old} is where packs of out= went before each data yaml, format and imgsz got a folder of its own in "
+            "it: this yolofeed does not read it there; delete it once nothing needs it)")
+
+
+def _missing(path: Path, out: str | os.PathLike | None, fix: str) -> PackError:
+    return PackError(f"pack {path} does not exist{_old_layout(out, path.name)}; {fix}")
 
 
 def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,

@@ -500,20 +500,27 @@ def _fix_from_header(path: Path, header: dict[str, Any]) -> str:
         return ""
     if codecs.find(storage) is None:
         return ""
-    out = path.parent if path.parent != store_dir(data, imgsz, storage) else None
+    folder = path.parent
+    if folder == store_dir(data, imgsz, storage):
+        out = None
+    elif folder.name == store_dir(data, imgsz, storage).name:  # <out>/<stem>-<format>-<imgsz>: rebuilt by out=<out>
+        out = folder.parent
+    else:  # a pack file moved elsewhere: a new one is built under the folder it is in
+        out = folder
     return f"rebuild it with: {rebuild_command(data, imgsz, storage, out)}"
 
 
 def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> Path:
-    """Where the packs of a data yaml live: ``out``, or beside the yaml (see ``build.pack_folders``)."""
+    """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>``, the folder being ``out``, or
+    ``yolofeed-packs`` beside the yaml (see ``build.pack_folders``). Each dataset, format and size in a folder of its
+    own, so that several of them share one ``out=`` without replacing each other's packs."""
     try:
-        if out:
-            return Path(out).expanduser().resolve()
         y = Path(yaml_file).resolve()
+        base = Path(out).expanduser().resolve() if out else y.parent / "yolofeed-packs"
     except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
         raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
                         ) from None
-    return y.parent / "yolofeed-packs" / f"{y.stem}-{storage}-{imgsz}"
+    return base / f"{y.stem}-{storage}-{imgsz}"
 
 
 def rebuild_command(yaml_file: str, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> str:
