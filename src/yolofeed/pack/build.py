@@ -72,7 +72,7 @@ from tqdm import tqdm
 
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
-from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
+from yolofeed.errors import DatasetError, NewerPackError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.files import TMP_MARK
 from yolofeed.pack.lock import FolderLock
@@ -787,7 +787,7 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, stor
     expect = _expected(src, imgsz, storage)
     errors = []
     for folder in folders:
-        if (folder / name).exists():
+        if os.path.lexists(folder / name):  # a broken link, a link loop: said as such, not "does not exist"
             try:
                 return _open_checked(folder / name, expect, fix, src, rebuild, verify), errors
             except PackError as e:
@@ -945,8 +945,11 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if result is None:
         folder = _build_folder(folders, split, chosen=bool(out))
         files.check_replaceable(folder / name, is_pack_file, f"the {split} pack")  # before saying "Rebuilding"
-        for e in errors:
-            LOGGER.info(f"pack: {e}. Rebuilding.")
+        for e in errors:  # a newer yolofeed's pack is worth a warning: that yolofeed will rebuild it in turn
+            if isinstance(e, NewerPackError):
+                LOGGER.warning(f"WARNING pack: {e}. Rebuilding.")
+            else:
+                LOGGER.info(f"pack: {e}. Rebuilding.")
         if _old_layout(out, name):
             LOGGER.info(f"pack: building the {split} pack in {folder}{_old_layout(out, name)}")
         with _locked(folder):
