@@ -206,7 +206,7 @@ def test_file_lock_waits_for_a_live_holder_and_for_another_host(tmp_path, caplog
                     FolderLock(folder, poll=0.01, sleep=give_up_after(3)).acquire()
         assert f"waiting for PID {child.pid} on this host" in caplog.text and "(running)" in caplog.text
         assert "PID 4242 on host build-node-7" in caplog.text and "cannot be checked from here" in caplog.text
-        assert f"delete {tmp_path / 'b' / '.lock.owner'}" in caplog.text
+        assert f"delete it: rm {tmp_path / 'b' / '.lock.owner'}" in caplog.text
         assert Holder.parse((tmp_path / "b" / ".lock.owner").read_text()) == other  # left alone
         os.kill(child.pid, signal.SIGKILL)
         child.join()

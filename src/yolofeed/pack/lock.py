@@ -30,6 +30,7 @@ import errno
 import json
 import logging
 import os
+import shlex
 import socket
 import sys
 import threading
@@ -205,7 +206,7 @@ class FolderLock:
             holder.state() if holder else "", "")
         hint = ""
         if holder is not None and holder.state() == "unknown" and self.mechanism == "file":
-            hint = f". If no build runs there any more, delete {self.path}"
+            hint = f". If no build runs there any more, delete it: rm {shlex.quote(str(self.path))}"
         LOGGER.info(f"pack: waiting for {who}{f' ({state})' if state else ''} to finish building in "
                     f"{self.folder}; waited {waited:.0f} s{hint}")
 

@@ -50,6 +50,7 @@ import json
 import logging
 import mmap
 import os
+import shlex
 import stat
 import struct
 import zlib
@@ -583,9 +584,10 @@ def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str |
 
 
 def rebuild_command(yaml_file: str, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> str:
-    """The exact command that rebuilds this pack, for error messages."""
-    cmd = f"yolofeed pack data={yaml_file} imgsz={imgsz} format={storage}"
-    return cmd + (f" out={out}" if out else "") + " rebuild=always"
+    """The exact command that rebuilds this pack, for error messages: quoted for a POSIX shell, so that a path with a
+    space or a quote in it pastes whole."""
+    return shlex.join(["yolofeed", "pack", f"data={yaml_file}", f"imgsz={imgsz}", f"format={storage}",
+                       *([f"out={out}"] if out else []), "rebuild=always"])
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
