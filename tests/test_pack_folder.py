@@ -111,6 +111,22 @@ def test_a_lock_that_is_not_yolofeeds_is_one_line_and_left_as_it_is(dataset, tmp
     assert not (lock.parent / "train.yfpack").exists()
 
 
+def test_yolofeed_train_refuses_a_lock_that_is_not_yolofeeds_before_the_run_folder(dataset, tmp_path):
+    """The pack is built after Ultralytics made the run folder and the model: the check before them (``check_split``,
+    in the trainer's ``__init__``) looks at the lock file a build would take, as it looks at the free space."""
+    from yolofeed.train import FastDetectionTrainer
+
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (_folder(yaml_file, out) / ".lock").symlink_to(victim)
+    overrides = dict(model="yolo11n.yaml", data=str(yaml_file), imgsz=64, device="cpu", project=str(tmp_path / "runs"),
+                     name="r")
+    with pytest.raises(PackError, match=r"\.lock is a symbolic link to .*its build lock"):
+        FastDetectionTrainer.with_options(pack_dir=str(out), pack_format="raw")(overrides=overrides)
+    assert not (tmp_path / "runs").exists() and victim.read_bytes() == VICTIM
+
+
 def _pack_as_other_user(yaml_file: Path, out: Path) -> tuple:
     return cli_lines(_pack_args(yaml_file, out))
 

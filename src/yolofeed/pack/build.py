@@ -902,9 +902,10 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
         pack, errors = _existing(folders, name, split_source(d, split), imgsz, storage, fix, rebuild, False)
         if pack is None:
             raise errors[0] if errors else _missing(folders[0] / name, out, fix)
-    elif not any((folder / name).exists() for folder in folders):
-        _plan_space(split_source(d, split), _build_folder(folders, split, chosen=bool(out), create=False), imgsz,
-                    storage)
+    elif not any(os.path.lexists(folder / name) for folder in folders):
+        folder = _build_folder(folders, split, chosen=bool(out), create=False)
+        FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
+        _plan_space(split_source(d, split), folder, imgsz, storage)
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,

@@ -55,6 +55,7 @@ BREAK_NAME = ".lock.break"
 STALE_BREAK = 30.0  # s: a break file older than this belongs to a waiter that died while breaking
 UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, getattr(errno, "ENOTSUP", -1)}
 PURPOSE = "its build lock"
+FOREIGN = "a file yolofeed did not write (it holds something other than a holder record)"
 RECORD_LIMIT = 1 << 16  # bytes: a holder record is ~300; a larger file is not one
 
 _threads: dict[str, threading.Lock] = {}  # record locks are per process: threads take turns here first
@@ -148,6 +149,25 @@ class FolderLock:
         return self.folder / (LOCK_NAME if self.mechanism == "kernel" else OWNER_NAME)
 
     # -- acquiring ---------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise now what taking the lock would raise about the lock file there, making and writing nothing.
+
+        Raises:
+            PackError: the kernel mechanism's lock file is not one yolofeed made, or this user may not write it.
+        """
+        if self.mechanism != "kernel" or not os.path.lexists(self.path):
+            return
+        fd = files.open_file(self.path, os.O_RDONLY, PURPOSE, single_link=True)
+        try:
+            ours = _record_of(_read_fd(fd))[1]
+        finally:
+            os.close(fd)
+        if not ours:
+            raise files.refused(self.path, PURPOSE, FOREIGN)
+        if not os.access(self.path, os.W_OK):
+            raise files.denied(self.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "read and write",
+                               PURPOSE)
+
     def try_acquire(self) -> bool:
         """Take the lock if nobody holds it, without waiting or taking over; True if taken."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -235,8 +255,7 @@ class FolderLock:
             if not ours:  # checked before the record is written over it
                 os.close(self._fd)
                 self._fd = -1
-                raise files.refused(self.path, PURPOSE, "a file yolofeed did not write (it holds something other than "
-                                    "a holder record)")
+                raise files.refused(self.path, PURPOSE, FOREIGN)
             return True
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | files.SAFE, 0o644)
