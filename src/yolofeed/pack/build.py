@@ -564,8 +564,8 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                            "Commonest reasons:\n  " + "\n  ".join(f"{c}x {r}" for r, c in top))
     index = index[keep]
     kept_labels = [lb for lb in labels if lb is not None]
-    files = [f for f, k in zip(src.im_files, keep) if k]
-    _check_written(tmp, fd, index, files, workers, src.split)
+    kept_files = [f for f, k in zip(src.im_files, keep) if k]
+    _check_written(tmp, fd, index, kept_files, workers, src.split)
     checked = time.perf_counter()
     counts = np.array([len(lb) for lb in kept_labels], np.int64)
     index["label_start"] = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -589,12 +589,12 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                       ("plan", t0, started), ("start", started, first or filled), ("payloads", first or filled, filled),
                       ("check", filled, checked))}},
     }
-    write_tail(fd, int(counter.value), index, table, files, label_crc, header)
+    write_tail(fd, int(counter.value), index, table, kept_files, label_crc, header)
     LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s")
     return skipped, notes
 
 
-def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], workers: int, split: str) -> None:
+def _check_written(tmp: Path, fd: int, index: np.ndarray, im_files: list[str], workers: int, split: str) -> None:
     """Read every payload back from the file and compare it with the CRC32 its worker took before writing.
 
     Catches what would otherwise train silently on wrong pixels: two payloads written over each other,
@@ -613,7 +613,7 @@ def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], work
     finally:
         mm.close()
     if len(bad):
-        names = ", ".join(printable(files[i]) for i in bad[:3])
+        names = ", ".join(printable(im_files[i]) for i in bad[:3])
         raise PackError(f"pack {split}: {len(bad)} image(s) read back from {tmp} differ from what was written "
                         f"({names}): a disk or memory fault, or a bug in yolofeed. Nothing was published; build "
                         "again, and check the disk (dmesg) if it happens again")
