@@ -192,14 +192,6 @@ def check_replaceable(path: Path, ours: Callable[[int], bool], purpose: str) -> 
         raise refused(path, purpose, "a file yolofeed did not write (its bytes are not those yolofeed writes there)")
 
 
-def starts_with(prefix: bytes) -> Callable[[int], bool]:
-    """An ``ours`` for ``check_replaceable``: the file begins with ``prefix``."""
-    def ours(fd: int) -> bool:
-        with open(fd, "rb", closefd=False) as f:
-            return f.read(len(prefix)) == prefix
-    return ours
-
-
 def write_replacing(path: Path, data: bytes, ours: Callable[[int], bool], purpose: str) -> None:
     """Write ``data`` to ``path`` atomically (a new temporary file, then a rename), never over what is not yolofeed's.
 
