@@ -235,3 +235,66 @@ def compare_with_reference(pack, device: str, configs: list[dict], n: int = 8) -
         torch.testing.assert_close(got.boxes.cpu()[ref.valid], ref.boxes[ref.valid], atol=1e-3, rtol=0)
         results.append((int(d.max()), float((d == 0).float().mean())))
     return results
+
+
+@contextlib.contextmanager
+def world_readable_dir() -> Iterator[Path]:
+    """A folder under ``/tmp`` that every user may read (pytest's own folders are 0700, closed to another user)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="yolofeed-shared-"))
+    try:
+        folder.chmod(0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+NOBODY = 65534
+
+
+def as_another_user(fn, *args):
+    """``fn(*args)`` in a forked child running as user nobody, where this process is root (root reads and writes
+    files of mode 000, so only another user meets a real permission error); as this user elsewhere, where a mode
+    000 file refuses its owner too. Returns ``fn``'s result; its exception comes back as ``(type name, message)``."""
+    import multiprocessing as mp
+    import os
+
+    def child(conn):
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            conn.send(("ok", fn(*args)))
+        except BaseException as e:  # sent back whole: the test reads it
+            conn.send(("error", (type(e).__name__, str(e))))
+        finally:
+            conn.close()
+
+    ours, theirs = mp.get_context("fork").Pipe()
+    proc = mp.get_context("fork").Process(target=child, args=(theirs,))
+    proc.start()
+    theirs.close()
+    if not ours.poll(120):
+        proc.kill()
+        pytest.fail("the other user's process gave no answer within 120 s (a hang)")
+    kind, value = ours.recv()
+    proc.join(30)
+    return value if kind == "ok" else ("raised", *value)
+
+
+def cli_lines(argv: list[str]) -> tuple[int, list[str]]:
+    """``yolofeed`` run in this process: its exit status and the non-empty lines it wrote to stderr."""
+    import io
+    import sys
+
+    from yolofeed.cli import main
+
+    err, real = io.StringIO(), sys.stderr
+    sys.stderr = err
+    try:
+        rc = main(argv)
+    finally:
+        sys.stderr = real
+    return rc, [x for x in err.getvalue().splitlines() if x.strip()]

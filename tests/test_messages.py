@@ -103,3 +103,33 @@ def test_prometheus_blames_the_address_or_the_port_whichever_is_wrong():
         taken.listen()
         assert serve(collector, "127.0.0.1", taken.getsockname()[1], log, tries=1) is None
     assert "Choose a free prometheus_port=" in seen[-1] and "prometheus_addr" not in seen[-1]
+
+
+def test_commands_in_messages_paste_into_a_shell_with_a_space_in_the_path(synth_root, tmp_path, capsys):
+    """A rebuild command printed ``data=/my data/data.yaml`` unquoted: pasted, the shell split it into two arguments.
+    Now every printed command is quoted for the shell; the test pastes it (``shlex.split``) and runs it."""
+    import shlex
+
+    from helpers import copy_dataset
+    from yolofeed.pack.build import store_dir
+
+    root = copy_dataset(synth_root, tmp_path / "my data")
+    yaml_file, out = root / "data.yaml", tmp_path / "my packs"
+    for where in (None, out):
+        pack = open_or_build(yaml_file, "val", 64, "raw", out=where, rebuild="auto", workers=1, progress=False)
+        data = bytearray(pack.path.read_bytes())
+        _, _, h_off, _ = TRAILER.unpack(bytes(data[-TRAILER.size:]))
+        data[h_off] ^= 0xFF  # the header no longer parses: the command comes from the caller
+        pack.path.write_bytes(bytes(data))
+        with pytest.raises(PackError) as e:
+            open_or_build(yaml_file, "val", 64, "raw", out=where, rebuild="never")
+        command = str(e.value).split("rebuild it with: ", 1)[1]
+        argv = shlex.split(command)
+        assert argv[:2] == ["yolofeed", "pack"] and f"data={yaml_file}" in argv, argv
+        assert (f"out={out}" in argv) == (where is not None)
+        assert main(argv[1:] + ["splits=val", "workers=1"]) == 0
+        assert len(Pack.open(store_dir(yaml_file, 64, "raw", where) / "val.yfpack")) == 8
+    capsys.readouterr()
+    line = _one_line(capsys, ["pack", f"data={root}"])
+    hint = line.split("e.g. ", 1)[1]
+    assert shlex.split(hint) == [f"data={yaml_file}"], line

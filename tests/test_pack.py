@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import zlib
 from pathlib import Path
@@ -226,14 +227,22 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
     assert rebuilt.built
     np.testing.assert_array_equal(rebuilt.pack.labels(3), [[0, 0.5, 0.5, 0.5, 0.5]])
 
-    # another imgsz (at the same place, via out=) is refused with a message naming both sizes
-    out = store_dir(yaml_file, 160, "raw")
+    # a pack of another imgsz where this one belongs (moved there by hand: each size has a folder of its own) is
+    # refused with a message naming both sizes
+    built = store_dir(yaml_file, 160, "raw") / "train.yfpack"
+    moved = store_dir(yaml_file, 320, "raw") / "train.yfpack"
+    moved.parent.mkdir()
+    shutil.copy(built, moved)
     with pytest.raises(StalePackError, match="built for imgsz=160, this run asks for imgsz=320.*imgsz=320"):
-        open_or_build(yaml_file, "train", 320, out=out)
-    # a pack of another dataset at the same place is named as such
-    other = dataset / "other.yaml"
+        open_or_build(yaml_file, "train", 320)
+    # a pack of another dataset of the same name, in a shared out=, is named as such
+    other = dataset / "other" / "data.yaml"
+    other.parent.mkdir()
     other.write_text((dataset / "data.yaml").read_text())
-    with pytest.raises(StalePackError, match=r"was built from .*data.yaml, not from .*other.yaml"):
+    out = dataset / "shared"
+    store_dir(yaml_file, 160, "raw", out).mkdir(parents=True)
+    shutil.copy(built, store_dir(yaml_file, 160, "raw", out) / "train.yfpack")
+    with pytest.raises(StalePackError, match=r"was built from .*ds/data.yaml, not from .*other/data.yaml"):
         open_or_build(other, "train", 160, out=out)
     # missing pack with rebuild=never
     with pytest.raises(PackError, match="does not exist.*yolofeed pack"):

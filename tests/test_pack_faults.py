@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import zlib
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 import yolofeed.pack.build as build
-from helpers import tmpfs
+from helpers import as_another_user, cli_lines, copy_dataset, tmpfs, world_readable_dir
 from yolofeed.cli import build_config, main
 from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import Pack, open_or_build
@@ -167,6 +168,175 @@ def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):
     assert r.built and r.pack.split == "train" and "Rebuilding" in caplog.text
 
 
+@pytest.mark.parametrize("case", ["nested", "not utf-8", "huge length", "nul in data", "offset near 2**64",
+                                  "label start near 2**64", "imgsz 10**30", "created a dict"])
+def test_a_crafted_header_is_damaged_with_the_rebuild_command(dataset, tmp_path, case):
+    """Headers a foreign tool or an attacker could write, checksums made right: deep nesting raised RecursionError
+    from json.loads, a NUL in the source path ValueError from the rebuild command's path, offsets near 2**64
+    wrapped the bounds check round. Each is "damaged" with the rebuild command, under rebuild=never, and rebuilt by
+    rebuild=auto."""
+    pack = _build(dataset)
+    f = tmp_path / "crafted.yfpack"
+    index = np.array(pack.index)
+    if case == "nested":
+        _craft(pack.path, f, blob=b"[" * 200_000 + b"]" * 200_000)
+    elif case == "not utf-8":
+        _craft(pack.path, f, blob=b'{"format": "yolofeed-pack", "x": "\xff\xfe"}')
+    elif case == "huge length":  # a trailer whose header length is the whole file: no header fits
+        data = bytearray(pack.path.read_bytes())
+        magic, crc, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
+        data[-TRAILER.size:] = TRAILER.pack(magic, crc, 0, len(data) - TRAILER.size)
+        f.write_bytes(bytes(data))
+    elif case == "nul in data":
+        _craft(pack.path, f, header=lambda h: {**h, "source": {**h["source"], "data": "/a\0b/data.yaml"}})
+    elif case == "offset near 2**64":
+        index[0]["offset"], index[0]["nbytes"] = 2**64 - 64, 128  # their sum wraps round to 64
+        _craft(pack.path, f, {"index": index.astype(INDEX_DTYPE).tobytes()})
+    elif case == "label start near 2**64":
+        index[0]["label_start"] = 2**64 - 1
+        _craft(pack.path, f, {"index": index.astype(INDEX_DTYPE).tobytes()})
+    elif case == "imgsz 10**30":
+        _craft(pack.path, f, header=lambda h: {**h, "imgsz": 10**30})
+    else:
+        _craft(pack.path, f, header=lambda h: {**h, "created": {"a": [1, {"b": None}]}})
+    with pytest.raises(PackError, match=r"is damaged.*rebuild it with"):
+        Pack.open(f, fix="rebuild it with: yolofeed pack ...")
+    with pytest.raises(PackError, match=r"is damaged.*rebuild it with"):
+        Pack.open(f)
+    shutil.copy(f, pack.path)
+    with pytest.raises(PackError, match=rf"{pack.path} is damaged.*rebuild it with: yolofeed pack data="):
+        open_or_build(dataset / "data.yaml", "train", 64, rebuild="never")
+    assert ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False).built
+
+
+def _mutations(header: dict, rng: np.random.Generator, n: int):
+    """``n`` copies of a header, each with one value somewhere in it replaced by a hostile one."""
+    junk = [None, True, -1, 0, 2**63, 2**64 + 5, 10**30, 1.5, float("nan"), float("inf"), "", "\0", "x" * 10_000,
+            [], [1], [[[]]], {}, {"a": 1}, [2**64, -1], "raw", "../../etc", [0, 2**62]]
+
+    def paths(obj, prefix=()):
+        yield prefix
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+        for k, v in list(items)[:50]:
+            yield from paths(v, (*prefix, k))
+
+    where = [p for p in paths(header) if p]
+    for _ in range(n):
+        h = json.loads(json.dumps(header))
+        path = where[rng.integers(len(where))]
+        node = h
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = junk[rng.integers(len(junk))]
+        yield path, h
+
+
+def test_random_header_values_are_damaged_or_stale_never_a_traceback(dataset, tmp_path):
+    """600 headers, each with one value (a key of any depth) replaced by a hostile one, checksums made right: each
+    opens (a value nothing reads, such as a class name) and is then summarised and read as a reused pack is, or is
+    refused with a PackError that ends in the rebuild command. Any other exception is a traceback a user would see
+    (a skipped entry that is not a pair broke the summary)."""
+    pack = _build(dataset)
+    _, header, _ = _parts(pack.path)
+    f = tmp_path / "fuzzed.yfpack"
+    refused = 0
+    for path, h in _mutations(header, np.random.default_rng(30), 600):
+        _craft(pack.path, f, header=lambda _, h=h: h)
+        try:
+            fuzzed = Pack.open(f, fix="rebuild it with: yolofeed pack ...")
+            build.summary(build.BuildResult(fuzzed, built=False))
+            build.no_labels(fuzzed)
+            assert fuzzed.fix and fuzzed.im_files and fuzzed.image(0).size and len(fuzzed.labels(0)) >= 0
+        except PackError as e:
+            assert str(e).endswith("rebuild it with: yolofeed pack ...") and "\n" not in str(e), (path, str(e))
+            refused += 1
+        except Exception as e:  # noqa: BLE001 - the test's point: nothing but a PackError may escape
+            pytest.fail(f"header value at {path} replaced: {type(e).__name__}: {e}")
+    assert 100 < refused < 600  # the mutations reach both what is checked and what is not
+
+
+@pytest.mark.parametrize("what", ["folder", "link to /dev/zero", "fifo", "broken link", "link loop"])
+def test_a_pack_path_that_is_not_a_regular_file_says_what_it_is(dataset, tmp_path, what):
+    """All of these said "does not exist". Now: what it is and what to do, in one line; rebuild=auto refuses to replace
+    it (it is not yolofeed's) rather than build for minutes and fail at the rename; a FIFO is never read (no hang)."""
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    dest = store_dir(yaml_file, 64, "raw", out) / "train.yfpack"
+    dest.parent.mkdir(parents=True)
+    words = {"folder": "is not a regular file but a folder", "fifo": "is not a regular file but a FIFO (named pipe)",
+             "link to /dev/zero": "is not a regular file but a symbolic link to /dev/zero (a character device)",
+             "broken link": f"is a symbolic link to {tmp_path / 'gone'} (which does not exist): point the link at a "
+                            "pack or remove it",
+             "link loop": "a link loop"}[what]
+    if what == "folder":
+        dest.mkdir()
+    elif what == "fifo":
+        os.mkfifo(dest)
+    elif what == "link to /dev/zero":
+        dest.symlink_to("/dev/zero")
+    elif what == "broken link":
+        dest.symlink_to(tmp_path / "gone")
+    else:
+        dest.symlink_to(dest)
+    with pytest.raises(PackError, match=re.escape(f"{dest} ") + r".*" + re.escape(words)):
+        Pack.open(dest)
+    args = ["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", "workers=1", f"out={out}"]
+    rc, lines = cli_lines([*args, "rebuild=never"])
+    assert rc == 1 and len(lines) == 1 and words in lines[0] and "rebuild it with: yolofeed pack" in lines[0], lines
+    rc, lines = cli_lines(args)  # rebuild=auto: not yolofeed's to replace
+    assert rc == 1 and len(lines) == 1 and f"{dest} is " in lines[0] and "not a file yolofeed made" in lines[0], lines
+    assert os.path.lexists(dest) and (what != "folder" or dest.is_dir())
+
+
+def _open_as_other_user(path: Path, yaml_file: Path, out: Path) -> list:
+    try:
+        Pack.open(path)
+    except PackError as e:
+        api = str(e)
+    return [api, cli_lines(["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", f"out={out}",
+                            "rebuild=never"]), cli_lines(["pack", f"data={yaml_file}", "imgsz=64", "format=raw",
+                                                          "splits=train", f"out={out}", "workers=1"])]
+
+
+def test_a_pack_another_user_cannot_read_is_one_line(synth_root):
+    """A pack of another user's, closed to this one (mode 0600; as root the test reads it as user nobody, since no
+    mode stops root): was a PermissionError traceback from Pack.open. Now one line with the owner, the mode and what
+    to do, from the API and the CLI, and rebuild=auto leaves the file alone (it cannot tell it is a pack)."""
+    with world_readable_dir() as shared:
+        root = copy_dataset(synth_root, shared / "ds")
+        subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
+        yaml_file, out = root / "data.yaml", shared / "packs"
+        pack = open_or_build(yaml_file, "train", 64, "raw", out=out, rebuild="auto", workers=1, progress=False)
+        for p in (out, pack.path.parent):
+            p.chmod(0o1777)
+        pack.path.chmod(0o600 if os.geteuid() == 0 else 0o000)
+        result = as_another_user(_open_as_other_user, pack.path, yaml_file, out)
+        api, (rc, lines), (rc_auto, lines_auto) = result
+        words = f"cannot open {pack.path} (Permission denied; owned by "
+        assert words in api and "yolofeed needs to read it (a pack)" in api and "out=" in api
+        assert rc == 1 and len(lines) == 1 and words in lines[0], lines
+        assert rc_auto == 1 and len(lines_auto) == 1 and words in lines_auto[0], lines_auto
+        pack.path.chmod(0o644)
+        assert len(Pack.open(pack.path)) == 24  # untouched
+
+
+def test_a_pack_from_a_newer_yolofeed_is_named_before_it_is_rebuilt(dataset, caplog):
+    """A pack of format 3 was rebuilt by rebuild=auto with an info line, "has pack format 3". Now it is said to be a
+    newer yolofeed's: refused by rebuild=never, a warning before rebuild=auto replaces it."""
+    from yolofeed.errors import NewerPackError
+
+    pack = _build(dataset)
+    _craft(pack.path, pack.path, header=lambda h: {**h, "format_version": 3, "yolofeed_version": "9.0.0"})
+    words = rf"{pack.path} was built by a newer yolofeed \(9.0.0, pack format 3\); this yolofeed \(.*\) reads format 2"
+    with pytest.raises(NewerPackError, match=words + ".*rebuild it with: yolofeed pack"):
+        open_or_build(dataset / "data.yaml", "train", 64, rebuild="never")
+    rc, lines = cli_lines(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=train", "rebuild=never"])
+    assert rc == 1 and len(lines) == 1 and "built by a newer yolofeed (9.0.0, pack format 3)" in lines[0], lines
+    with caplog.at_level(logging.INFO):
+        assert ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False).built
+    newer = [r for r in caplog.records if "newer yolofeed" in r.getMessage()]
+    assert newer and newer[0].levelno == logging.WARNING and "Rebuilding" in newer[0].getMessage()
+
+
 def test_a_payload_that_does_not_land_stops_the_build(dataset, monkeypatch):
     """The end-of-build check: a worker's write that did not store what it encoded is caught, nothing published."""
     real = build._pwrite_all
@@ -288,7 +458,7 @@ def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(datas
         monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
         monkeypatch.setattr(build, "_pwrite_all", lambda *a: os._exit(3))  # forked workers inherit it: a dead worker
         pack = _build(dataset, imgsz=160, workers=2, out=mnt)
-        assert pack.path.parent == mnt and not reserved and len(pack) == len(ref)
+        assert pack.path.parent == mnt / "data-raw-160" and not reserved and len(pack) == len(ref)
         for i in range(len(ref)):
             np.testing.assert_array_equal(pack.image(i), ref.image(i))
         assert shutil.disk_usage(mnt).used < 2 * pack.path.stat().st_size  # only what was written is allocated
@@ -308,7 +478,8 @@ def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
     assert not reserved  # two workers: the populate advice met the full tmpfs, and pwrite reported it
     monkeypatch.undo()
-    assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
+    folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
+    assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
     usage = shutil.disk_usage(small_disk)
     assert usage.used < 64 * 1024, usage  # the tmpfs is empty again but for the lock file
 
@@ -323,7 +494,8 @@ def test_a_full_tmpfs_never_kills_a_worker(dataset, small_disk, monkeypatch, wor
         monkeypatch.setattr(build, "MADV_POPULATE_WRITE", 999 if advice == "refused" else None)  # EINVAL / none
     with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
-    assert _no_temp_files(small_disk) and not (small_disk / "train.yfpack").exists()
+    folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
+    assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
 
 
 # -- a read-only dataset --------------------------------------------------------------------------------------
@@ -363,7 +535,8 @@ def test_read_only_dataset_packs_go_to_the_user_cache(read_only, tmp_path, monke
     assert not again.built and again.pack.path == pack.path
     assert main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train"]) == 0
     assert f"-> {pack.path}" in capsys.readouterr().out
-    with pytest.raises(PackError, match=f"cannot write packs to {read_only / 'mine'} .*pass a writable folder: out="):
+    with pytest.raises(PackError, match=f"cannot write packs to {read_only / 'mine' / 'data-raw-64'} .*pass a writable "
+                                        "folder: out="):
         open_or_build(yaml_file, "train", 64, out=read_only / "mine", rebuild="auto")
 
 
@@ -371,7 +544,8 @@ def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
     a = build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
     b = build.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
     assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == build.cache_root()
-    assert build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [tmp_path / "o"]
+    assert build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [
+        tmp_path / "o" / "data-raw-640"]  # out= gets the per-dataset folder too
 
 
 # -- a label file edited behind the fingerprint's back ----------------------------------------------------------
@@ -493,7 +667,7 @@ def test_no_posix_calls_needed(dataset, tmp_path):
     r = json.loads(report.read_text())
     assert [f for f in r["failed"] if f.split(":")[0] not in baseline] == []
     assert r["mechanism"] == "file"
-    pack = Pack.open(tmp_path / "out" / "train.yfpack")
+    pack = Pack.open(store_dir(dataset / "data.yaml", 64, "raw", tmp_path / "out") / "train.yfpack")
     assert pack.im_files == ref.im_files and not len(pack.damaged())
     for i in range(len(pack)):
         np.testing.assert_array_equal(pack.image(i), ref.image(i))

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import yolofeed.pack.lock as lock
+from yolofeed.errors import PackError
 from yolofeed.pack.lock import FolderLock, Holder
 from yolofeed.processes import process_start
 
@@ -206,7 +207,7 @@ def test_file_lock_waits_for_a_live_holder_and_for_another_host(tmp_path, caplog
                     FolderLock(folder, poll=0.01, sleep=give_up_after(3)).acquire()
         assert f"waiting for PID {child.pid} on this host" in caplog.text and "(running)" in caplog.text
         assert "PID 4242 on host build-node-7" in caplog.text and "cannot be checked from here" in caplog.text
-        assert f"delete {tmp_path / 'b' / '.lock.owner'}" in caplog.text
+        assert f"delete it: rm {tmp_path / 'b' / '.lock.owner'}" in caplog.text
         assert Holder.parse((tmp_path / "b" / ".lock.owner").read_text()) == other  # left alone
         os.kill(child.pid, signal.SIGKILL)
         child.join()
@@ -224,6 +225,43 @@ def test_file_lock_left_unrecorded_is_broken_after_a_while(tmp_path, file_mechan
     os.utime(tmp_path / ".lock.owner", (old, old))
     with FolderLock(tmp_path, poll=0.01):
         assert Holder.parse((tmp_path / ".lock.owner").read_text()).pid == os.getpid()
+
+
+@pytest.mark.parametrize("planted", ["fifo", "junk", "folder", "junk break file"])
+def test_a_file_lock_that_is_not_yolofeeds_is_refused_never_broken(tmp_path, file_mechanism, planted):
+    """The file mechanism read a waiting lock's record with read_text (a FIFO there blocked the waiter for good),
+    and broke a stale lock by deleting the file whatever it held (a folder was an IsADirectoryError). Now a record is
+    read without blocking, and a lock file (or a break file) that is not yolofeed's is one line, left as it is."""
+    owner = tmp_path / ".lock.owner"
+    target = tmp_path / ".lock.break" if planted == "junk break file" else owner
+    if planted == "fifo":
+        os.mkfifo(owner)
+    elif planted == "folder":
+        owner.mkdir()
+    else:
+        target.write_bytes(b"my own notes\n")
+        if planted == "junk break file":
+            owner.write_text("")  # a holder that never recorded itself: broken once stale
+    old = time.time() - lock.STALE_BREAK - 5
+    os.utime(target, (old, old), follow_symlinks=False)
+    os.utime(owner, (old, old), follow_symlinks=False)
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(error=_raised(FolderLock(tmp_path, poll=0.01).acquire)),
+                         daemon=True)
+    t.start()
+    t.join(BOUND)
+    assert not t.is_alive(), "the waiter blocked on the lock file"
+    assert isinstance(result["error"], PackError), result
+    assert f"{target} is " in str(result["error"]) and "its build lock" in str(result["error"])
+    assert os.path.lexists(target) and (planted != "junk" or target.read_bytes() == b"my own notes\n")
+
+
+def _raised(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as e:  # returned to the test
+        return e
+    return None
 
 
 def test_record_locks_refused_fall_back_to_the_file_lock(tmp_path, monkeypatch, caplog):

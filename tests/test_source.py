@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,6 +70,48 @@ def test_bad_yaml_is_explained(dataset, content, words):
     f.write_text(yaml.safe_dump(content))
     with pytest.raises(DatasetError, match=words):
         load_data_yaml(f)
+
+
+@pytest.mark.parametrize("classes", [{"nc": 0}, {"names": []}, {"nc": -2}, {"nc": 0, "names": []}])
+def test_a_data_yaml_with_no_class_is_refused_before_anything_is_built(dataset, capsys, classes):
+    """``nc: 0`` was packed, then refused as a damaged pack (its header's nc must be positive), and the rebuild command
+    that message gave failed the same way. Now one line up front, through the API and the CLI, and nothing made."""
+    from yolofeed.cli import main
+    from yolofeed.pack import open_or_build
+
+    f = dataset / "none.yaml"
+    f.write_text(yaml.safe_dump({"path": str(dataset), "train": "images/train", "val": "images/val", **classes}))
+    given = f"'nc: {classes['nc']}'" if "nc" in classes else "an empty 'names:'"
+    words = f"{f}: {given}: 0-class dataset, at least one class name is required in your dataset YAML"
+    with pytest.raises(DatasetError, match=re.escape(words)):
+        load_data_yaml(f)
+    with pytest.raises(DatasetError, match=re.escape(words)):
+        open_or_build(f, "train", 64, "raw", rebuild="auto", progress=False)
+    assert main(["pack", f"data={f}", "imgsz=64", "format=raw"]) == 1
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and words in lines[0] and "names:" in lines[0], lines
+    assert not (dataset / "yolofeed-packs").exists()
+
+
+def _read_as_other_user(f: Path) -> str:
+    try:
+        load_data_yaml(f)
+    except DatasetError as e:
+        return str(e)
+    return "read"
+
+
+def test_a_data_yaml_this_user_may_not_read_is_one_line(synth_root):
+    """Was a PermissionError traceback from the YAML reader (found while testing another user's packs)."""
+    from helpers import as_another_user, copy_dataset, world_readable_dir
+
+    with world_readable_dir() as shared:
+        root = copy_dataset(synth_root, shared / "ds")
+        (root / "data.yaml").chmod(0o600 if os.geteuid() == 0 else 0o000)
+        root.chmod(0o755)
+        message = as_another_user(_read_as_other_user, root / "data.yaml")
+        assert message == f"{root / 'data.yaml'}: cannot read it (Permission denied); make it readable by this user " \
+                          "(chmod a+r), or pass a data yaml of your own", message
 
 
 def test_missing_paths_are_named(dataset, tmp_path):

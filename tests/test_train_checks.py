@@ -60,13 +60,23 @@ def test_data_yaml_mistakes_are_one_line_with_ultralytics_reason_and_no_run_fold
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_data_yaml_with_no_class_is_one_line_before_the_run_folder(synth_root, tmp_path, capsys):
+    """``nc: 0``: Ultralytics' own check (``check_class_names``) refuses it, in the words yolofeed pack now uses too."""
+    yaml_file = tmp_path / "none.yaml"
+    yaml_file.write_text(f"path: {synth_root}\ntrain: images/train\nval: images/val\nnc: 0\n")
+    line = _one_line(capsys, _train(tmp_path, f"data={yaml_file}"))
+    assert f"data={yaml_file}: '0-class dataset, at least one class name is required" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_missing_split_and_unusable_packs_are_refused_before_the_run_folder(dataset, tmp_path, capsys):
     data = f"data={dataset / 'data.yaml'}"
     assert "'test:' images not found" in _one_line(capsys, _train(tmp_path, data, "split=test"))
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     line = _one_line(capsys, _train(tmp_path, data, f"pack_dir={a_file / 'packs'}"))
-    assert f"cannot write packs to {a_file / 'packs'} ({a_file} is a file" in line and "pack_dir=" in line
+    assert f"cannot write packs to {a_file / 'packs' / 'data-raw-64'} ({a_file} is a file" in line
+    assert "pack_dir=" in line
     assert not (tmp_path / "runs").exists()
 
     # the same checks run inside Ultralytics' __init__ (check_resume) for Python API users: no model is built yet

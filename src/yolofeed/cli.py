@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import logging
+import shlex
 import sys
 import typing
 from dataclasses import MISSING, dataclass
@@ -193,7 +194,7 @@ def check_paths(config: typing.Any) -> None:
                           "multi-dataset fine-tuning is not supported): run once per data yaml")
     if isinstance(data, str) and Path(data).expanduser().is_dir():
         inside = sorted(p.name for p in Path(data).expanduser().glob("*.y*ml"))
-        hint = f": pass the data yaml inside it, e.g. data={Path(data) / inside[0]}" if inside else (
+        hint = f": pass the data yaml inside it, e.g. {shlex.quote(f'data={Path(data) / inside[0]}')}" if inside else (
             " with no data yaml in it: pass data=path/to/data.yaml")
         raise DatasetError(f"data={data} is a folder{hint}")
     if isinstance(data, str) and not Path(data).expanduser().is_file():

@@ -66,7 +66,8 @@ class PackConfig:
     data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
     imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=32)
     format: str = key(DEFAULT_PACK_FORMAT, "storage", PACK_FORMATS)
-    out: str | None = key(None, "pack folder; default <data yaml folder>/yolofeed-packs/<yaml stem>-<format>-<imgsz>")
+    out: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own in "
+                          "it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
     rebuild: str = key("auto", "auto: build missing or stale packs (a changed path, size or time, as Ultralytics' "
@@ -90,7 +91,8 @@ class TrainConfig:
     pack_format: str = key(DEFAULT_PACK_FORMAT, "pack storage", PACK_FORMATS)
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
                             "contents; never: refuse them", ("auto", "check", "always", "never"))
-    pack_dir: str | None = key(None, "pack folder; default beside the data yaml")
+    pack_dir: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own "
+                               "in it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
                             "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "
                             "smaller number for small GPUs; 0 = the batch itself")

@@ -31,6 +31,10 @@ class StalePackError(PackError):
     """A valid pack that does not match what is asked of it (source changed, other imgsz or version)."""
 
 
+class NewerPackError(StalePackError):
+    """A pack of a format version above the one this yolofeed writes: a newer yolofeed built it."""
+
+
 class UltralyticsError(YolofeedError):
     """The installed Ultralytics lacks something yolofeed relies on (``yolofeed.ultralytics_seam`` says what)."""
 

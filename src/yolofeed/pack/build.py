@@ -27,6 +27,11 @@ Faults, and what a build does about them (RELIABILITY.md lists each case with it
   one ``PackError`` that says what happened and what to do, with the temporary file removed.
 * A dataset folder that is not writable (shared read-only datasets): packs go to the user's cache
   folder instead, and the log says where (``pack_folders``).
+* A folder that holds other files, or is shared with other users: every file a build writes there is
+  opened without following a link, under a name taken with ``O_EXCL`` (``pack/files.py``); the
+  temporary file starts with the pack's preamble, and only files so named that start so are swept as
+  leftovers; a pack or report is replaced only where what is there is one yolofeed wrote. Anything
+  else under those names is refused with one line that names it.
 
 A pack is rebuilt when a source file's path, size or modification time changes, or ``nc`` does: the
 rule of Ultralytics' label cache (``get_hash`` over label and image files). A label file edited in
@@ -45,13 +50,13 @@ import json
 import logging
 import mmap
 import os
+import re
 import shutil
 import stat
 import sys
 import tempfile
 import threading
 import time
-import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -67,16 +72,19 @@ from tqdm import tqdm
 
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
-from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
-from yolofeed.pack import codecs
+from yolofeed.errors import DatasetError, NewerPackError, PackError, PackSpaceError, StalePackError
+from yolofeed.pack import codecs, files
+from yolofeed.pack.files import TMP_MARK
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.store import (
     INDEX_DTYPE,
+    PREAMBLE,
     SUFFIX,
     Pack,
     _pwrite_all,
     align,
+    is_pack_file,
     payload_crcs,
     printable,
     rebuild_command,
@@ -88,7 +96,11 @@ from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_betwe
 from yolofeed.processes import die_with_parent, process_start, sigterm_exits
 
 LOGGER = logging.getLogger(__name__)
-TMP_MARK = ".tmp-"  # temporary pack files are ".<split>.yfpack.tmp-<pid>-<token>"
+# a build's temporary files: ".<split>.yfpack.tmp-<pid>-<token>" and ".<split>.report.txt.tmp-<pid>-<token>"
+TEMP_NAME = re.compile(rf"^\.(?P<name>.+){re.escape(TMP_MARK)}\d+-[0-9a-f]{{8}}$")
+# the report's first line, as every yolofeed has written it: what proves a report file to be yolofeed's
+REPORT_SUFFIX = ".report.txt"
+REPORT_HEAD = re.compile(rb"# [^\n]+\.yfpack: \d+ skipped, \d+ notes\. file<TAB>status<TAB>reason\n")
 REBUILDS = ("never", "auto", "check", "always")
 DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG}
 SPACE_SAMPLE = 256  # image headers read to estimate a pack's size before building it
@@ -108,7 +120,7 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
                  out: str | os.PathLike | None = None) -> list[Path]:
     """Where the packs of a data yaml may be, in order of preference.
 
-    ``[out]`` when given; else beside the yaml (``store_dir``), then
+    ``[<out>/<yaml stem>-<format>-<imgsz>]`` when ``out`` is given; else beside the yaml (``store_dir``), then
     ``<cache_root>/<yaml stem>-<hash of the yaml's path>/<stem>-<format>-<imgsz>`` for datasets whose
     folder is read-only (the hash keeps two datasets' ``data.yaml`` apart).
     """
@@ -146,7 +158,7 @@ def _init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str,
     """
     if parent is not None:
         die_with_parent(*parent)  # signals: see workers._serve
-    fd = os.open(tmp_path, os.O_RDWR | getattr(os, "O_BINARY", 0))
+    fd = os.open(tmp_path, os.O_RDWR | files.SAFE)
     # Raw packs are written through a shared mapping of the file: 16 processes copy into the page cache at
     # ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s (measured on the H200 machine,
     # BENCHMARKS.md). Only where every byte is allocated (or, not ``backed``, every payload's pages faulted in
@@ -291,21 +303,49 @@ def _locked(folder: Path) -> Iterator[None]:
         lock.release()
 
 
+def _leftovers(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The temporary files of builds in ``folder``: those proven to be yolofeed's, and those only named like them.
+
+    Proven: a regular file (not a link), named as a build names its temporary files, that starts as yolofeed writes
+    them (the pack's preamble, the report's first line). A file of any other kind or content is not yolofeed's
+    to delete, whatever its name.
+    """
+    ours, others = [], []
+    for path in folder.glob(f".*{TMP_MARK}*"):
+        m = TEMP_NAME.match(path.name)
+        if m is None:
+            continue
+        start = files.head(path, 256)  # None: a link, a folder, a FIFO ...
+        if start is not None and (m["name"].endswith(SUFFIX) and start.startswith(PREAMBLE)
+                                  or m["name"].endswith(REPORT_SUFFIX) and REPORT_HEAD.match(start)):
+            ours.append(path)
+        else:
+            others.append(path)
+    return ours, others
+
+
 def _remove_leftovers(folder: Path) -> None:
-    """Delete temporary files in ``folder``; only under its lock, when no one else can be writing them."""
-    for stale in folder.glob(f".*{TMP_MARK}*"):
+    """Delete the temporary files of builds that did not finish; only under the folder's lock, when no one else can be
+    writing them, and only those proven to be yolofeed's (``_leftovers``)."""
+    ours, others = _leftovers(folder)
+    for stale in ours:
         with contextlib.suppress(OSError):
             size = stale.stat().st_size
             stale.unlink()
             LOGGER.info(f"pack: removed {stale.name} ({size / 1e6:,.0f} MB), left by a build that did not finish")
+    for other in others:
+        LOGGER.info(f"pack: left {other} alone ({files.describe(other)}): it is named as a yolofeed temporary file, "
+                    "but yolofeed did not write it (an older yolofeed did, or another program); delete it yourself if "
+                    "nothing needs it")
 
 
 def _remove_leftovers_if_idle(folder: Path) -> None:
     """After reusing a pack: a dead builder's temporary file goes too, if no build runs there now."""
-    if not any(folder.glob(f".*{TMP_MARK}*")):
+    if not _leftovers(folder)[0]:
         return
     lock = FolderLock(folder)
-    with contextlib.suppress(OSError):  # a read-only folder, say: the files stay, nothing else is wrong
+    # a read-only folder, a lock file that is not yolofeed's: the files stay, nothing else is wrong
+    with contextlib.suppress(OSError, PackError):
         if lock.try_acquire():
             try:
                 _remove_leftovers(folder)
@@ -405,17 +445,20 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
     n = len(src.im_files)
     workers = max(1, min(workers or usable_cores(), n))
     fingerprint = src.fingerprint()
+    purpose = f"the {src.split} pack"
+    files.check_replaceable(dest, is_pack_file, purpose)  # before the build's minutes, not only after them
     space = _plan_space(src, dest.parent, imgsz, storage)
     with sigterm_exits():  # a build stopped by SIGTERM removes its temporary file, as with Ctrl-C
-        tmp = dest.with_name(f".{dest.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
+        fd, tmp = files.create_temp(dest.parent, dest.name)
         try:
             try:
+                os.write(fd, PREAMBLE)  # first: what proves the file to be yolofeed's, should the build die
                 skipped, notes = _fill(src, tmp, fd, imgsz, storage, workers, progress, sync, fingerprint, space, t0)
                 if sync:
                     os.fsync(fd)  # the rename below must not publish a file whose bytes are not on disk
             finally:
                 os.close(fd)
+            files.check_replaceable(dest, is_pack_file, purpose)  # again: what is there may have changed meanwhile
             os.replace(tmp, dest)
         except BaseException as e:  # KeyboardInterrupt and SIGTERM included: leave nothing half-written behind
             tmp.unlink(missing_ok=True)
@@ -434,6 +477,9 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
         _fsync_dir(dest.parent)
     try:
         _write_report(dest, skipped, notes)
+    except PackError as e:  # something that is not yolofeed's report is under its name: left as it is
+        LOGGER.warning(f"pack {src.split}: did not write its report: {e}; the skipped images and notes are in the "
+                       "pack's header too")
     except OSError as e:  # the pack is whole and published; its report is a convenience (the header lists the same)
         LOGGER.warning(f"pack {src.split}: could not write {report_path(dest)} ({e.strerror or e}); "
                        "the skipped images and notes are in the pack's header too")
@@ -452,7 +498,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     # fits (write_tail gives back what was not used): on a sparse file every first write to a page allocates a
     # block under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
     largest = codecs.get(storage).max_payload(imgsz)
-    capacity = n * align(largest) if largest is not None else 0
+    capacity = len(PREAMBLE) + n * align(largest) if largest is not None else 0
     # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
     # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
     mapped, backed = 0, True
@@ -469,7 +515,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
         LOGGER.info(f"pack {src.split}: workers write with pwrite rather than a shared map (the disk space for the "
                     f"largest possible pack, {_gb(space.bound)}, is not reserved up front; {_gb(space.free)} free)")
     ctx = mp_context()
-    counter = ctx.Value("Q", 0)
+    counter = ctx.Value("Q", len(PREAMBLE))  # payloads go after the preamble
     initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped, backed)
     me = (os.getpid(), process_start(os.getpid()) or 0.0)
     started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
@@ -518,8 +564,8 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                            "Commonest reasons:\n  " + "\n  ".join(f"{c}x {r}" for r, c in top))
     index = index[keep]
     kept_labels = [lb for lb in labels if lb is not None]
-    files = [f for f, k in zip(src.im_files, keep) if k]
-    _check_written(tmp, fd, index, files, workers, src.split)
+    kept_files = [f for f, k in zip(src.im_files, keep) if k]
+    _check_written(tmp, fd, index, kept_files, workers, src.split)
     checked = time.perf_counter()
     counts = np.array([len(lb) for lb in kept_labels], np.int64)
     index["label_start"] = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -543,12 +589,12 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                       ("plan", t0, started), ("start", started, first or filled), ("payloads", first or filled, filled),
                       ("check", filled, checked))}},
     }
-    write_tail(fd, int(counter.value), index, table, files, label_crc, header)
+    write_tail(fd, int(counter.value), index, table, kept_files, label_crc, header)
     LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s")
     return skipped, notes
 
 
-def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], workers: int, split: str) -> None:
+def _check_written(tmp: Path, fd: int, index: np.ndarray, im_files: list[str], workers: int, split: str) -> None:
     """Read every payload back from the file and compare it with the CRC32 its worker took before writing.
 
     Catches what would otherwise train silently on wrong pixels: two payloads written over each other,
@@ -561,13 +607,13 @@ def _check_written(tmp: Path, fd: int, index: np.ndarray, files: list[str], work
     size = os.fstat(fd).st_size
     if not len(index) or not size:
         return
-    written = np.memmap(tmp, dtype=np.uint8, mode="r", shape=(size,))
+    mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)  # the file this build made, not whatever has its name now
     try:
-        bad = np.nonzero(payload_crcs(written, index, workers) != index["crc32"])[0]
+        bad = np.nonzero(payload_crcs(np.frombuffer(mm, np.uint8), index, workers) != index["crc32"])[0]
     finally:
-        del written
+        mm.close()
     if len(bad):
-        names = ", ".join(printable(files[i]) for i in bad[:3])
+        names = ", ".join(printable(im_files[i]) for i in bad[:3])
         raise PackError(f"pack {split}: {len(bad)} image(s) read back from {tmp} differ from what was written "
                         f"({names}): a disk or memory fault, or a bug in yolofeed. Nothing was published; build "
                         "again, and check the disk (dmesg) if it happens again")
@@ -599,7 +645,7 @@ def _reserve(fd: int, nbytes: int) -> bool:
         fallocate(fd, 0, nbytes)
         return True
     except OSError as e:  # ENOSPC, or EOPNOTSUPP on some filesystems: slower, still correct
-        os.ftruncate(fd, 0)  # give back whatever part was allocated
+        os.ftruncate(fd, len(PREAMBLE))  # give back whatever part was allocated, keep the preamble
         LOGGER.info(f"pack: could not reserve {_gb(nbytes)} up front ({e.strerror}); writing with pwrite")
         return False
 
@@ -615,20 +661,32 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[str, str]]) -> Path:
-    """``<split>.report.txt``: one line per skipped sample and per note, tab-separated."""
+    """``<split>.report.txt``: one line per skipped sample and per note, tab-separated.
+
+    Written to a new temporary file and renamed over the last report (``files.write_replacing``); never over a file
+    that does not start as a report does (a link, someone's file of that name).
+
+    Raises:
+        PackError: something else is under the report's name; nothing is written.
+    """
     report = report_path(dest)
     lines = [f"# {dest.name}: {len(skipped)} skipped, {len(notes)} notes. file<TAB>status<TAB>reason"]
     lines += [f"{f}\tskipped\t{r}" for f, r in skipped] + [f"{f}\tnote\t{r}" for f, r in notes]
-    tmp = report.with_name(f".{report.name}{TMP_MARK}{os.getpid()}")
     # a name that is not UTF-8 is written as its bytes, so the report names the very file (cut -f1 | xargs ...)
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogateescape")
-    os.replace(tmp, report)
+    data = ("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape")
+    files.write_replacing(report, data, _is_report, f"the {dest.name.removesuffix(SUFFIX)} pack's report")
     return report
+
+
+def _is_report(fd: int) -> bool:
+    """Whether the open file ``fd`` starts as a report yolofeed wrote (``REPORT_HEAD``)."""
+    with open(fd, "rb", closefd=False) as f:
+        return REPORT_HEAD.match(f.read(256)) is not None
 
 
 def report_path(dest: Path) -> Path:
     """The report file beside a pack: ``<split>.report.txt``."""
-    return dest.with_name(dest.name.removesuffix(SUFFIX) + ".report.txt")
+    return dest.with_name(dest.name.removesuffix(SUFFIX) + REPORT_SUFFIX)
 
 
 def _writable(folder: Path, create: bool = True) -> OSError | None:
@@ -729,7 +787,7 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, stor
     expect = _expected(src, imgsz, storage)
     errors = []
     for folder in folders:
-        if (folder / name).exists():
+        if os.path.lexists(folder / name):  # a broken link, a link loop: said as such, not "does not exist"
             try:
                 return _open_checked(folder / name, expect, fix, src, rebuild, verify), errors
             except PackError as e:
@@ -843,10 +901,11 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
         fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
         pack, errors = _existing(folders, name, split_source(d, split), imgsz, storage, fix, rebuild, False)
         if pack is None:
-            raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
-    elif not any((folder / name).exists() for folder in folders):
-        _plan_space(split_source(d, split), _build_folder(folders, split, chosen=bool(out), create=False), imgsz,
-                    storage)
+            raise errors[0] if errors else _missing(folders[0] / name, out, fix)
+    elif not any(os.path.lexists(folder / name) for folder in folders):
+        folder = _build_folder(folders, split, chosen=bool(out), create=False)
+        FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
+        _plan_space(split_source(d, split), folder, imgsz, storage)
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
@@ -878,17 +937,22 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-    result = None
+    result, errors = None, []
     if rebuild != "always":
         pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, verify)
         result = BuildResult(pack, built=False, verified=verify) if pack is not None else None
         if result is None and rebuild == "never":
-            raise errors[0] if errors else PackError(f"pack {folders[0] / name} does not exist; {fix}")
-        if result is None:
-            for e in errors:
-                LOGGER.info(f"pack: {e}. Rebuilding.")
+            raise errors[0] if errors else _missing(folders[0] / name, out, fix)
     if result is None:
         folder = _build_folder(folders, split, chosen=bool(out))
+        files.check_replaceable(folder / name, is_pack_file, f"the {split} pack")  # before saying "Rebuilding"
+        for e in errors:  # a newer yolofeed's pack is worth a warning: that yolofeed will rebuild it in turn
+            if isinstance(e, NewerPackError):
+                LOGGER.warning(f"WARNING pack: {e}. Rebuilding.")
+            else:
+                LOGGER.info(f"pack: {e}. Rebuilding.")
+        if _old_layout(out, name):
+            LOGGER.info(f"pack: building the {split} pack in {folder}{_old_layout(out, name)}")
         with _locked(folder):
             if rebuild != "always":  # another process may have built it while we waited for the lock
                 with contextlib.suppress(PackError):
@@ -905,6 +969,19 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if warning:
         LOGGER.warning(f"WARNING pack {split}: {warning}")
     return result
+
+
+def _old_layout(out: str | os.PathLike | None, name: str) -> str:
+    """A note for a pack file directly in ``out``, where packs went before each got a folder of its own there; ""."""
+    old = Path(out).expanduser() / name if out else None
+    if old is None or not old.is_file():
+        return ""
+    return (f" ({old} is where packs of out= went before each data yaml, format and imgsz got a folder of its own in "
+            "it: this yolofeed does not read it there; delete it once nothing needs it)")
+
+
+def _missing(path: Path, out: str | os.PathLike | None, fix: str) -> PackError:
+    return PackError(f"pack {path} does not exist{_old_layout(out, path.name)}; {fix}")
 
 
 def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,

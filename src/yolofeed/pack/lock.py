@@ -17,6 +17,10 @@ and writes the file only through the descriptor it locked. Either way the holder
 waits for and for how long, and the next holder says so when it finds the record of a holder that
 died. The kernel lock costs one ``fcntl`` call; a waiter polls every ``poll`` seconds (0.5 s:
 nothing next to a pack build).
+
+The lock files are opened as ``pack/files.py`` opens a pack folder's files: a symbolic link, a folder, a
+FIFO, a file with other hard links or one holding anything but a holder record is refused with one line
+(``PackError``), never written through, emptied or deleted; so is a file this user may not open.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import errno
 import json
 import logging
 import os
+import shlex
 import socket
 import sys
 import threading
@@ -35,6 +40,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from yolofeed.pack import files
 from yolofeed.processes import process_alive, process_start
 
 try:
@@ -48,6 +54,9 @@ OWNER_NAME = ".lock.owner"
 BREAK_NAME = ".lock.break"
 STALE_BREAK = 30.0  # s: a break file older than this belongs to a waiter that died while breaking
 UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, getattr(errno, "ENOTSUP", -1)}
+PURPOSE = "its build lock"
+FOREIGN = "a file yolofeed did not write (it holds something other than a holder record)"
+RECORD_LIMIT = 1 << 16  # bytes: a holder record is ~300; a larger file is not one
 
 _threads: dict[str, threading.Lock] = {}  # record locks are per process: threads take turns here first
 _threads_guard = threading.Lock()
@@ -92,12 +101,25 @@ class Holder:
         return f"PID {self.pid} on {where} ('{self.command}', holding it since {since})"
 
 
-def _read_fd(fd: int, limit: int = 1 << 16) -> str:
+def _read_fd(fd: int, limit: int = RECORD_LIMIT) -> bytes:
     os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, limit)
+
+
+def _record_of(data: bytes | None) -> tuple[Holder | None, bool]:
+    """The holder a lock file's bytes record, and whether they are a lock file yolofeed wrote at all.
+
+    Empty (released, or made and not yet recorded), a holder record, or the start of one (a holder killed while
+    writing it) are yolofeed's; anything else is someone else's file, which the lock must not empty.
+    """
+    if data is None:
+        return None, False
     try:
-        return os.read(fd, limit).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return ""
+        return None, False
+    holder = Holder.parse(text)
+    return holder, holder is not None or text == "" or text.startswith('{"pid": ')
 
 
 class FolderLock:
@@ -127,6 +149,25 @@ class FolderLock:
         return self.folder / (LOCK_NAME if self.mechanism == "kernel" else OWNER_NAME)
 
     # -- acquiring ---------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise now what taking the lock would raise about the lock file there, making and writing nothing.
+
+        Raises:
+            PackError: the kernel mechanism's lock file is not one yolofeed made, or this user may not write it.
+        """
+        if self.mechanism != "kernel" or not os.path.lexists(self.path):
+            return
+        fd = files.open_file(self.path, os.O_RDONLY, PURPOSE, single_link=True)
+        try:
+            ours = _record_of(_read_fd(fd))[1]
+        finally:
+            os.close(fd)
+        if not ours:
+            raise files.refused(self.path, PURPOSE, FOREIGN)
+        if not os.access(self.path, os.W_OK):
+            raise files.denied(self.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "read and write",
+                               PURPOSE)
+
     def try_acquire(self) -> bool:
         """Take the lock if nobody holds it, without waiting or taking over; True if taken."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -185,15 +226,19 @@ class FolderLock:
             holder.state() if holder else "", "")
         hint = ""
         if holder is not None and holder.state() == "unknown" and self.mechanism == "file":
-            hint = f". If no build runs there any more, delete {self.path}"
+            hint = f". If no build runs there any more, delete it: rm {shlex.quote(str(self.path))}"
         LOGGER.info(f"pack: waiting for {who}{f' ({state})' if state else ''} to finish building in "
                     f"{self.folder}; waited {waited:.0f} s{hint}")
 
     def _try(self) -> bool:
-        """One non-blocking attempt; switches to the file mechanism where record locks are refused."""
+        """One non-blocking attempt; switches to the file mechanism where record locks are refused.
+
+        Raises:
+            PackError: the lock file is not one yolofeed made (see the module docstring), or may not be opened.
+        """
         if self.mechanism == "kernel":
             if self._fd < 0:
-                self._fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fd = files.open_file(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, PURPOSE, single_link=True)
             try:
                 fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -206,10 +251,14 @@ class FolderLock:
                 self._fd, self.mechanism = -1, "file"
                 return self._try()
             # read through our own descriptor: closing any other descriptor of the file would drop the lock
-            self.previous = Holder.parse(_read_fd(self._fd))  # a holder that released it left it empty
+            self.previous, ours = _record_of(_read_fd(self._fd))  # a holder that released it left it empty
+            if not ours:  # checked before the record is written over it
+                os.close(self._fd)
+                self._fd = -1
+                raise files.refused(self.path, PURPOSE, FOREIGN)
             return True
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | files.SAFE, 0o644)
         except FileExistsError:
             self.previous = None  # another waiter took over first
             return False
@@ -220,36 +269,51 @@ class FolderLock:
         if holder is not None:
             return holder.state() == "dead"
         try:
-            return time.time() - self.path.stat().st_mtime > STALE_BREAK
+            return time.time() - os.lstat(self.path).st_mtime > STALE_BREAK
         except OSError:
             return False
 
     def _break(self, dead: Holder | None) -> None:
-        """Remove the file lock of a dead holder, unless another waiter got there first."""
+        """Remove the file lock of a dead holder, unless another waiter got there first.
+
+        Raises:
+            PackError: the lock file, or the break file of a waiter that died, is not one yolofeed made.
+        """
         brk = self.folder / BREAK_NAME
         try:
-            fd = os.open(brk, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(brk, os.O_WRONLY | os.O_CREAT | os.O_EXCL | files.SAFE, 0o644)
         except FileExistsError:
-            with contextlib.suppress(OSError):
-                if time.time() - brk.stat().st_mtime > STALE_BREAK:
-                    brk.unlink()
+            self._remove_stale_break(brk)
             self.sleep(self.poll)
             return
         try:
             os.close(fd)
-            if self._read_holder() == dead and self._dead(dead):  # still the dead one: nobody took over
+            holder, ours = _record_of(files.head(self.path, RECORD_LIMIT))
+            if not ours and os.path.lexists(self.path):
+                raise files.refused(self.path, PURPOSE)
+            if holder == dead and self._dead(dead):  # still the dead one: nobody took over
                 self.path.unlink(missing_ok=True)
                 self.previous = dead
         finally:
             brk.unlink(missing_ok=True)
 
+    @staticmethod
+    def _remove_stale_break(brk: Path) -> None:
+        """Remove the break file of a waiter that died while breaking (older than STALE_BREAK s)."""
+        try:
+            stale = time.time() - os.lstat(brk).st_mtime > STALE_BREAK
+        except OSError:
+            return
+        if stale and files.head(brk, 1) != b"":  # yolofeed makes it empty, and it stays so
+            raise files.refused(brk, PURPOSE)
+        if stale:
+            with contextlib.suppress(OSError):
+                brk.unlink()
+
     # -- the holder record -------------------------------------------------------------------
     def _read_holder(self) -> Holder | None:
-        """The record in the lock file, read by a process that does not hold the lock."""
-        try:
-            return Holder.parse(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError):
-            return None
+        """The record in the lock file, read by a process that does not hold the lock (never blocking on a FIFO)."""
+        return _record_of(files.head(self.path, RECORD_LIMIT))[0]
 
     def _record(self) -> None:
         """Write the holder record of a lock just taken; a failed write (a full disk) lets the lock go again."""

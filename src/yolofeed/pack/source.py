@@ -76,6 +76,9 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
         d = YAML.load(file, append_filename=True)
     except ValueError as e:
         raise DatasetError(f"{file}: not a valid YAML mapping ({e}). Fix the file's syntax.") from None
+    except OSError as e:  # another user's file, mode 000
+        raise DatasetError(f"{file}: cannot read it ({e.strerror or e}); make it readable by this user "
+                           "(chmod a+r), or pass a data yaml of your own") from None
     if not isinstance(d, dict) or not d:
         raise DatasetError(f"{file}: empty or not a mapping. A data yaml needs train:, val: and names:.")
     if "val" not in d and "validation" in d:
@@ -100,6 +103,10 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
         nc = len(names)
     else:
         names = [f"class_{i}" for i in range(nc)]
+    if nc < 1:  # refused here rather than built and then refused as a damaged pack
+        given = f"'nc: {d['nc']}'" if d.get("nc") is not None else "an empty 'names:'"
+        raise DatasetError(f"{file}: {given}: 0-class dataset, at least one class name is required in your dataset "
+                           "YAML (Ultralytics' words: it refuses such a set too). List the classes in names:")
     d["nc"], d["names"] = nc, [str(n) for n in names]
     if d.get("channels", 3) != 3:
         raise DatasetError(f"{file}: channels={d['channels']}; yolofeed packs 3-channel (RGB) datasets only.")

@@ -3,8 +3,12 @@
 Layout (little-endian), chosen so a parallel build can write images in one pass and a reader
 can tell a finished file from an interrupted one::
 
-    [payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
+    [preamble][payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
 
+* preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
+  temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
+  payloads and tail come much later). Packs written before it was added have their payloads from byte 0, under the
+  same format version: readers go by the index's offsets, never by where payloads start.
 * payloads: each image's bytes at a 64-byte aligned offset, as the codec of the header's ``storage``
   encoded them (``yolofeed.pack.codecs``: decoded pixels, encoded files, ...).
 * index: one ``INDEX_DTYPE`` record per image, in Ultralytics' (sorted) image order, with the CRC32
@@ -41,10 +45,13 @@ What is checked, and when (CRC32 from ``zlib``: no new dependency):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import mmap
 import os
+import shlex
+import stat
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -54,9 +61,10 @@ from typing import Any
 
 import numpy as np
 
+from yolofeed import __version__
 from yolofeed.config import usable_cores
-from yolofeed.errors import PackError, StalePackError
-from yolofeed.pack import codecs
+from yolofeed.errors import NewerPackError, PackError, StalePackError
+from yolofeed.pack import codecs, files
 
 LOGGER = logging.getLogger(__name__)
 FORMAT_NAME = "yolofeed-pack"
@@ -67,8 +75,12 @@ MAGIC = b"YOLOFEEDPACK"  # 12 bytes
 TRAILER = struct.Struct("<12sIQQ")
 ALIGN = 64  # payload alignment: cache lines, and friendly to vectorised copies
 SUFFIX = ".yfpack"
+PREAMBLE = (MAGIC + b" pack, written by yolofeed pack\n").ljust(ALIGN, b"\0")
 MAX_HEADER = 1 << 30  # bytes: a larger "header" is a damaged trailer, not a header worth reading
 COORD_TOLERANCE = 1.01  # as pack/verify.py: Ultralytics accepts normalised coordinates up to 1 % out of range
+GENERIC_FIX = "rebuild it with 'yolofeed pack data=... rebuild=always'"
+# what interpreting a crafted header can raise beyond the checks (a value of the wrong kind or size): damage too
+HEADER_ERRORS = (KeyError, TypeError, ValueError, IndexError, OverflowError, RecursionError, AttributeError)
 
 INDEX_DTYPE = np.dtype([
     ("offset", "<u8"), ("nbytes", "<u8"),  # payload position in the file
@@ -92,9 +104,34 @@ def printable(path: str) -> str:
 class _ReadFile:
     """A pack file's read-only descriptor, closed when no Pack (nor a copy made by unpickling) holds it."""
 
-    def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    def __init__(self, fd: int):
+        self.fd = fd
         self.advise = hasattr(os, "posix_fadvise")  # not on Windows or macOS
+
+    @classmethod
+    def open(cls, path: Path, fix: str) -> _ReadFile:
+        """Open a pack for reading: a regular file (through a link, a user's choice of where it lies), never blocking.
+
+        Raises:
+            PackError: missing, not a regular file (a folder, a FIFO, a device), or one this user may not read.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | files.NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+        except FileNotFoundError:
+            if os.path.islink(path):
+                raise PackError(f"{path} is {files.describe(path)}: point the link at a pack or remove it, then "
+                                f"{fix}") from None
+            raise PackError(f"pack {path} does not exist; {fix}") from None
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise files.denied(path, e, "read", "a pack") from None
+            raise PackError(f"cannot open {path} ({e.strerror or e}): it is {files.describe(path)}; move it away, "
+                            f"then {fix}") from None
+        file = cls(fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO opened without blocking, a device, a folder
+            raise PackError(f"{path} is not a regular file but {files.describe(path)}: a pack is a file that yolofeed "
+                            f"pack writes; move it away, then {fix}")
+        return file
 
     def __del__(self) -> None:
         with contextlib.suppress(OSError, AttributeError):
@@ -140,40 +177,60 @@ class Pack:
             StalePackError: of another format version, or valid but not matching ``expect``.
         """
         path = Path(path)
-        generic = fix or "rebuild it with 'yolofeed pack data=... rebuild=always'"
-        if not path.is_file():
-            raise PackError(f"pack {path} does not exist; {generic}")
-        size = path.stat().st_size
-        if size < TRAILER.size:
-            raise PackError(f"{path} is {size} bytes: not a finished yolofeed pack; {generic}")
-        with open(path, "rb") as f:
-            f.seek(size - TRAILER.size)
-            magic, h_crc, h_off, h_len = TRAILER.unpack(f.read(TRAILER.size))
-            if magic != MAGIC:
-                raise PackError(f"{path} is not a finished yolofeed pack (no trailer: foreign file or an "
-                                f"interrupted build); {generic}")
-            if h_off >= size or h_len >= size or h_len > MAX_HEADER:  # no file this short holds such a header
-                raise PackError(f"{path} is damaged: its trailer points outside the file (a header of {h_len:,} "
-                                f"bytes at byte {h_off:,} of {size:,}); {generic}")
-            if h_off + h_len + TRAILER.size != size:
-                raise PackError(f"{path} is truncated or padded: its trailer says {h_off + h_len + TRAILER.size:,} "
-                                f"bytes, the file has {size:,}; {generic}")
-            f.seek(h_off)
-            blob = f.read(h_len)
+        generic = fix or GENERIC_FIX
+        file = _ReadFile.open(path, generic)
+        try:
+            size = os.fstat(file.fd).st_size
+            if size < TRAILER.size:
+                raise PackError(f"{path} is {size} bytes: not a finished yolofeed pack; {generic}")
+            with open(file.fd, "rb", closefd=False) as f:
+                f.seek(size - TRAILER.size)
+                magic, h_crc, h_off, h_len = TRAILER.unpack(f.read(TRAILER.size))
+                if magic != MAGIC:
+                    raise PackError(f"{path} is not a finished yolofeed pack (no trailer: foreign file or an "
+                                    f"interrupted build); {generic}")
+                if h_off >= size or h_len >= size or h_len > MAX_HEADER:  # no file this short holds such a header
+                    raise PackError(f"{path} is damaged: its trailer points outside the file (a header of {h_len:,} "
+                                    f"bytes at byte {h_off:,} of {size:,}); {generic}")
+                if h_off + h_len + TRAILER.size != size:
+                    raise PackError(f"{path} is truncated or padded: its trailer says "
+                                    f"{h_off + h_len + TRAILER.size:,} bytes, the file has {size:,}; {generic}")
+                f.seek(h_off)
+                blob = f.read(h_len)
+        except OSError as e:  # EIO from a failing disk, say
+            raise PackError(f"cannot read {path} ({e.strerror or e}); check the disk (dmesg), or {generic}") from None
         try:
             header = json.loads(blob)
-        except ValueError:
-            header = None
+        except (ValueError, RecursionError) as e:  # invalid UTF-8 is a ValueError; deep nesting a RecursionError
+            header = "deep" if isinstance(e, RecursionError) else None
         if not isinstance(header, dict):
-            why = "checksum mismatch" if zlib.crc32(blob) != h_crc else "checksum ok, not JSON: a foreign file"
+            why = ("checksum mismatch" if zlib.crc32(blob) != h_crc else "checksum ok, nested too deep to read: a "
+                   "foreign file" if header == "deep" else "checksum ok, not JSON: a foreign file")
             raise PackError(f"{path} is damaged: its header is not readable ({why}); {generic}")
         if header.get("format") != FORMAT_NAME:
-            raise PackError(f"{path} is not a yolofeed pack (format {header.get('format')!r}); {generic}")
+            raise PackError(f"{path} is not a yolofeed pack (format {printable(str(header.get('format')))[:40]!r}); "
+                            f"{generic}")
         fix = fix or _fix_from_header(path, header) or generic
-        if header.get("format_version") != FORMAT_VERSION:
-            raise StalePackError(
-                f"{path} has pack format {header.get('format_version')} (yolofeed "
-                f"{header.get('yolofeed_version')}); this yolofeed reads format {FORMAT_VERSION}: {fix}")
+        try:
+            return cls._validated(path, header, blob, h_crc, h_off, expect, fix, file)
+        except HEADER_ERRORS as e:
+            raise PackError(f"{path} is damaged or foreign: its header cannot be read ({type(e).__name__}: "
+                            f"{printable(str(e))[:200]}); {fix}") from None
+
+    @classmethod
+    def _validated(cls, path: Path, header: dict[str, Any], blob: bytes, h_crc: int, h_off: int,
+                   expect: dict[str, Any] | None, fix: str, file: _ReadFile) -> Pack:
+        """The rest of ``open``, once the header is a yolofeed JSON object: version, checksums, keys, content."""
+        version = header.get("format_version")
+        if version != FORMAT_VERSION:
+            built_by = printable(str(header.get("yolofeed_version")))[:40]
+            if type(version) is int and version > FORMAT_VERSION:
+                raise NewerPackError(f"{path} was built by a newer yolofeed ({built_by}, pack format {version}); this "
+                                     f"yolofeed ({__version__}) reads format {FORMAT_VERSION}: train with that "
+                                     "yolofeed or upgrade this one (a pack this one rebuilds, the newer one rebuilds "
+                                     f"again), or {fix}")
+            raise StalePackError(f"{path} has pack format {printable(str(version))[:40]} (yolofeed {built_by}); this "
+                                 f"yolofeed reads format {FORMAT_VERSION}: {fix}")
         if zlib.crc32(blob) != h_crc:
             raise PackError(f"{path} is damaged: its header fails its checksum; {fix}")
         problem = _header_problem(header, h_off)
@@ -189,7 +246,6 @@ class Pack:
                 what = {"fingerprint": "the source images or labels changed since it was built"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
                 raise StalePackError(f"{path} is stale: {what}; {fix}")
-        file = _ReadFile(path)
         pack = cls(path, header, np.frombuffer(mmap.mmap(file.fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8), file)
         problem = pack._content_problem()
         if problem:
@@ -210,9 +266,12 @@ class Pack:
         data_end = min(off for off, _ in self.header["sections"].values())
         if n != c["images"] or len(self.label_table) != c["boxes"] or len(self.label_crc) != c["tried"]:
             return "its sections disagree with the header's counts"
-        if n and (int((idx["offset"] + idx["nbytes"]).max()) > data_end or (idx["offset"] % ALIGN).any()):
+        # each term bounded first, so that the uint64 sums cannot wrap around (a crafted offset near 2**64)
+        if n and (int(idx["offset"].max()) > data_end or int(idx["nbytes"].max()) > data_end
+                  or int((idx["offset"] + idx["nbytes"]).max()) > data_end or (idx["offset"] % ALIGN).any()):
             return "an index record points outside the payloads"
-        if n and (int((idx["label_start"] + idx["label_count"]).max()) > len(self.label_table)):
+        if n and (int(idx["label_start"].max()) > len(self.label_table)
+                  or int((idx["label_start"] + idx["label_count"]).max()) > len(self.label_table)):
             return "an index record points outside the labels"
         problem = self.codec.index_problem(idx, self.imgsz)
         if problem:
@@ -254,7 +313,7 @@ class Pack:
     @property
     def fix(self) -> str:
         """What to do about damage found while reading: "rebuild it with: <the exact command for this pack>"."""
-        return _fix_from_header(self.path, self.header) or "rebuild it with 'yolofeed pack data=... rebuild=always'"
+        return _fix_from_header(self.path, self.header) or GENERIC_FIX
 
     @property
     def imgsz(self) -> int:
@@ -394,6 +453,19 @@ class Pack:
         self.__dict__.update(other.__dict__)
 
 
+def is_pack_file(fd: int) -> bool:
+    """Whether the open file ``fd`` is a pack or a build's temporary file, yolofeed's to replace or delete: it starts
+    with the preamble, or (a pack written before the preamble) ends with a pack trailer."""
+    size = os.fstat(fd).st_size
+    with open(fd, "rb", closefd=False) as f:
+        if f.read(len(PREAMBLE)) == PREAMBLE:
+            return True
+        if size < TRAILER.size:
+            return False
+        f.seek(size - TRAILER.size)
+        return f.read(TRAILER.size).startswith(MAGIC)
+
+
 def write_tail(fd: int, data_end: int, index: np.ndarray, labels: np.ndarray, files: list[str],
                label_crc: np.ndarray, header: dict[str, Any]) -> int:
     """Append the index, labels, file list, label file CRCs, header and trailer after the payloads.
@@ -453,13 +525,18 @@ def _header_problem(h: dict[str, Any], h_off: int) -> str:
             return f"header key '{key}' is missing or not a {kind.__name__}"
     if codecs.find(h["storage"]) is None:
         return f"its storage format {h['storage']!r} is not one this yolofeed reads ({', '.join(codecs.names())})"
-    if h["imgsz"] < 1:
+    if not 1 <= h["imgsz"] < 2**32:  # the index holds image sides as uint32
         return f"header has storage={h['storage']!r}, imgsz={h['imgsz']!r}"
     src = h["source"]
     if not (isinstance(src.get("data"), str) and isinstance(src.get("fingerprint"), str)
             and isinstance(src.get("label_dir"), str) and isinstance(src.get("nc"), int) and src["nc"] > 0
             and isinstance(src.get("names"), list)):
         return "header's source (data, fingerprint, label_dir, nc, names) is missing or malformed"
+    if "\0" in src["data"] or "\0" in src["label_dir"]:  # no file system allows one in a path
+        return "header's source paths hold a NUL byte"
+    for key in ("skipped", "notes"):  # read as (file, reason) pairs by the summary and the reuse message
+        if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in h[key]):
+            return f"header's {key} are not (file, reason) pairs"
     for key in ("images", "boxes", "tried", "skipped", "label_files", "data_bytes"):
         if not isinstance(h["counts"].get(key), int):
             return f"header's counts.{key} is missing or not an integer"
@@ -475,33 +552,42 @@ def _header_problem(h: dict[str, Any], h_off: int) -> str:
 
 
 def _fix_from_header(path: Path, header: dict[str, Any]) -> str:
-    """The rebuild command for a pack whose header names its source, or ""."""
+    """The rebuild command for a pack whose header names its source, or "" (a header too damaged to tell)."""
     try:
         data, imgsz, storage = str(header["source"]["data"]), int(header["imgsz"]), str(header["storage"])
-    except (KeyError, TypeError, ValueError):
+        if codecs.find(storage) is None or imgsz < 1 or "\0" in data:
+            return ""
+        default = store_dir(data, imgsz, storage)
+    except (*HEADER_ERRORS, PackError, OSError):  # a path that cannot be resolved (a link loop, too long)
         return ""
-    if codecs.find(storage) is None:
-        return ""
-    out = path.parent if path.parent != store_dir(data, imgsz, storage) else None
+    folder = path.parent
+    if folder == default:
+        out = None
+    elif folder.name == default.name:  # <out>/<stem>-<format>-<imgsz>: rebuilt by out=<out>
+        out = folder.parent
+    else:  # a pack file moved elsewhere: a new one is built under the folder it is in
+        out = folder
     return f"rebuild it with: {rebuild_command(data, imgsz, storage, out)}"
 
 
 def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> Path:
-    """Where the packs of a data yaml live: ``out``, or beside the yaml (see ``build.pack_folders``)."""
+    """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>``, the folder being ``out``, or
+    ``yolofeed-packs`` beside the yaml (see ``build.pack_folders``). Each dataset, format and size in a folder of its
+    own, so that several of them share one ``out=`` without replacing each other's packs."""
     try:
-        if out:
-            return Path(out).expanduser().resolve()
         y = Path(yaml_file).resolve()
+        base = Path(out).expanduser().resolve() if out else y.parent / "yolofeed-packs"
     except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
         raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
                         ) from None
-    return y.parent / "yolofeed-packs" / f"{y.stem}-{storage}-{imgsz}"
+    return base / f"{y.stem}-{storage}-{imgsz}"
 
 
 def rebuild_command(yaml_file: str, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> str:
-    """The exact command that rebuilds this pack, for error messages."""
-    cmd = f"yolofeed pack data={yaml_file} imgsz={imgsz} format={storage}"
-    return cmd + (f" out={out}" if out else "") + " rebuild=always"
+    """The exact command that rebuilds this pack, for error messages: quoted for a POSIX shell, so that a path with a
+    space or a quote in it pastes whole."""
+    return shlex.join(["yolofeed", "pack", f"data={yaml_file}", f"imgsz={imgsz}", f"format={storage}",
+                       *([f"out={out}"] if out else []), "rebuild=always"])
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,8 @@ def run(cfg: TrainConfig) -> Path:
         model = load_model(checkpoint, "resume")
         if model.ckpt.get("epoch", -1) < 0 or model.ckpt.get("optimizer") is None:
             raise ConfigError(f"{checkpoint} is the checkpoint of a finished run (no epoch or optimizer state left): "
-                              f"nothing to resume. Start a new run from it with model={checkpoint} and no resume")
+                              f"nothing to resume. Start a new run from it with {shlex.quote(f'model={checkpoint}')} "
+                              "and no resume")
         kwargs = {**cfg.extra, "resume": checkpoint, **({"data": cfg.data} if cfg.data else {})}
     else:
         if not cfg.model:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from functools import partial
 from typing import Any
 
@@ -187,8 +188,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
                 started = getattr(self, "train_time_start", None)
                 saved = self.last.is_file() and (started is None or self.last.stat().st_mtime >= started - 1)
                 LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
-                             + (f"The last finished epoch is in {self.last}; continue with "
-                                f"'yolofeed train resume={self.last}' once the cause is fixed"
+                             + (f"The last finished epoch is in {self.last}; once the cause is fixed, continue "
+                                f"with: {shlex.join(['yolofeed', 'train', f'resume={self.last}'])}"
                                 if saved else "No epoch was saved yet: start again once the cause is fixed"))
             raise
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
