@@ -207,6 +207,10 @@ def test_bench_runs_every_mode_and_writes_its_report(synth_root, tmp_path, capfd
     assert all(r["first_epoch_images_per_s"] > 0 and r["first_epoch_s"] > 0 for r in report["results"])
     assert all(0 < r["first_step_s"] < r["first_epoch_s"] + 60 for r in report["results"])
     assert "1st epoch" in text and "÷ steady" in text and "1st step" in text
+    # efficiency beside utilisation: 3 x Ultralytics' forward GFLOPs at imgsz 64; no MFU without a GPU's peak
+    assert all(0 < r["forward_gflops"] < 1 and r["train_tflops"] == pytest.approx(
+        r["images_per_s"] * 3 * r["forward_gflops"] / 1e3) and r["mfu"] is None for r in report["results"])
+    assert "TFLOP/s (MFU)" in text
 
 
 @pytest.mark.slow

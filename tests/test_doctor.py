@@ -286,6 +286,8 @@ def test_doctor_runs_on_the_cpu(synth_root, tmp_path, capfd):
     assert stock["optimizer"] == "AdamW"  # optimizer=auto for a short run (under 10,000 iterations)
     assert stock["ram_used_gb"] > 0 and 0 <= stock["busiest_core"] <= 1 and stock["cores"] >= 1
     assert stock["mean_step_ms"] >= stock["step_ms"] * 0.5 and stock["mean_step_ms"] > 0
+    assert stock["train_tflops"] > 0 and stock["mfu"] is None  # efficiency beside utilisation; no GPU, no peak
+    assert "training TFLOP/s" in (out / "report.html").read_text()
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["command"].startswith("yolofeed doctor data=") and report["environment"]["date"]
     stock_rate, yolofeed_rate = (p["images_per_s"] for p in report["profiles"])
@@ -297,6 +299,8 @@ def test_optimizer_advice_names_musgd_only_when_it_ran():
     sgd = diagnose(replace(FED, **CASES["optimizer"]))[0]
     assert "37 ms of the median 84 ms step (44 %)" in musgd.evidence and "MuSGD" in musgd.evidence
     assert any("optimizer=AdamW" in a for a in musgd.advice) and not any("MuSGD" in a for a in sgd.advice)
+    # yolofeed's MuSGD first: the same optimiser, cheaper; another optimiser changes the training
+    assert "one CUDA graph" in musgd.advice[0] and "optimizer=AdamW" in musgd.advice[1]
 
 
 

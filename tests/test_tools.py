@@ -606,7 +606,8 @@ def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
                                        "reserved up front", "pages faulted in one by one (no MADV_POPULATE_WRITE)"}
     assert all(len(v) == 1 and v[0] > 0 for v in report["variants"].values())
     assert set(report["cpu_ms"]) == set(report["variants"])
-    assert all(ms["workers_user"] > 0 for runs in report["cpu_ms"].values() for ms in runs)  # reaped: counted
+    # reaped: counted (over all the variants: one variant's workers on 24 tiny images can fall inside one clock tick)
+    assert sum(ms["workers_user"] + ms["workers_kernel"] for runs in report["cpu_ms"].values() for ms in runs) > 0
     assert all(sum(p[k] for k in ("plan", "start", "payloads", "check")) <= p["all"]
                for runs in report["phases_s"].values() for p in runs)  # the build's phases within the whole call
     r = _tool("build_parts", str(synth_root / "data.yaml"), "--workers", "1", "--imgsz", "64", "--repeats", "1",

@@ -110,6 +110,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.utils.patches import imread  # pack.verify: the decoder Ultralytics' datasets use
     from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors  # train.loss
     from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
+        get_flops,  # monitor.profile: a model's forward GFLOPs, as Ultralytics' model summary counts them
         parse_device,
         torch_distributed_zero_first,
         unwrap_model,
@@ -124,9 +125,8 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
     "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "MuSGD", "RANK", "StopTraining", "TaskAlignedAssigner",
     "VERSION", "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml",
-    "criterion",
-    "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "get_cfg", "get_latest_run",
-    "get_split_fraction",
+    "criterion", "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "forward_gflops",
+    "get_cfg", "get_latest_run", "get_split_fraction",
     "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
     "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first", "torch_safe_load",
@@ -403,6 +403,13 @@ def swap_class(obj: Any, ultralytics_class: type, ours: type) -> bool:
         return False
     obj.__class__ = ours
     return True
+
+
+def forward_gflops(trainer: Any) -> float | None:
+    """The trainer's model's forward GFLOPs for one image at its training size (``get_flops``: THOP, a multiply-add
+    as 2 FLOPs), or None where Ultralytics cannot count them (it returns 0.0: no THOP, a model THOP cannot trace)."""
+    gflops = get_flops(unwrap_model(trainer.model), trainer.args.imgsz)
+    return float(gflops) if gflops else None
 
 
 def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]:

@@ -65,7 +65,8 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
                 first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
-            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer")
+            "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer",
+            "forward_gflops", "peak_tflops", "train_tflops", "mfu")
     return {k: getattr(p, k) for k in keys}
 
 
@@ -212,8 +213,8 @@ def table(results: list[dict]) -> str:
     """One line a mode: the steady rate (median window) and, where measured, the first epoch's and the time to the
     first step."""
     ceiling = next((r["images_per_s"] for r in results if r["mode"] == "ceiling"), None)
-    lines = [f"{'mode':<16}{'img/s':>9}{'÷ ceiling':>11}{'mean step':>11}{'GPU util':>10}{'data wait':>11}"
-             f"{'CPU cores':>11}{'GPU mem':>9}{'1st epoch':>11}{'÷ steady':>10}{'1st step':>10}"]
+    lines = [f"{'mode':<16}{'img/s':>9}{'÷ ceiling':>11}{'mean step':>11}{'GPU util':>10}{'TFLOP/s (MFU)':>15}"
+             f"{'data wait':>11}{'CPU cores':>11}{'GPU mem':>9}{'1st epoch':>11}{'÷ steady':>10}{'1st step':>10}"]
     for r in results:
         ratio = f"{r['images_per_s'] / ceiling:.2f}" if ceiling else "-"
         util = f"{r['gpu_util']:.0f} %" if r["gpu_util"] is not None else "-"
@@ -223,7 +224,7 @@ def table(results: list[dict]) -> str:
         first_col = f"{first:>11,.0f}{first / r['images_per_s']:>10.2f}" if first and r["images_per_s"] else \
             f"{'-':>11}{'-':>10}"
         to_step = f"{r['first_step_s']:.1f} s" if r.get("first_step_s") is not None else "-"
-        lines.append(f"{r['mode']:<16}{r['images_per_s']:>9,.0f}{ratio:>11}{step:>11}{util:>10}"
+        lines.append(f"{r['mode']:<16}{r['images_per_s']:>9,.0f}{ratio:>11}{step:>11}{util:>10}{efficiency(r):>15}"
                      f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}{first_col}"
                      f"{to_step:>10}")
     for r in results:  # DDP: the row above is the total; each GPU's share
@@ -233,6 +234,13 @@ def table(results: list[dict]) -> str:
             lines.append(f"  {r['mode']} on {len(r['ranks'])} GPUs: img/s per GPU {per}; GPU util {util} %; "
                          f"host cores {r['cpu_cores_busy']:.1f} busy in all ({r['own_cores_busy']:.1f} training)")
     return "\n".join(lines)
+
+
+def efficiency(r: dict) -> str:
+    """A mode's training TFLOP/s and, on a GPU of known peak, its MFU: "33.2 (3.4 %)"."""
+    if r.get("train_tflops") is None:
+        return "-"
+    return f"{r['train_tflops']:.1f}" + (f" ({100 * r['mfu']:.1f} %)" if r.get("mfu") is not None else "")
 
 
 def slower_than_stock(results: list[dict]) -> list[str]:

@@ -156,13 +156,18 @@ def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]
             return "-"
         return f"{p['ram_used_gb']:.1f} GB" + (f", swap {p['swap_used_gb']:.1f} GB" if p.get("swap_used_gb") else "")
 
+    def flops(p: dict) -> str:
+        if p.get("train_tflops") is None:
+            return "-"
+        return f"{p['train_tflops']:.1f}" + (f" ({100 * p['mfu']:.1f} % MFU)" if p.get("mfu") is not None else "")
+
     def mean_step(p: dict) -> str:
         return f"{p['mean_step_ms']:.1f}" if p.get("mean_step_ms") else "-"
 
     rows = "".join(
         f"<tr><td>{e(p['mode'])}</td><td>{p['images_per_s']:,.0f}</td><td>{mean_step(p)}</td>"
         f"<td>{p['step_ms']:.1f}</td>"
-        f"<td>{100 * p['data_wait_fraction']:.0f} %</td><td>{util(p)}</td>"
+        f"<td>{100 * p['data_wait_fraction']:.0f} %</td><td>{util(p)}</td><td>{flops(p)}</td>"
         f"<td>{p['own_cores_busy']:.1f} / {p['cores']}</td><td>{100 * p.get('busiest_core', 0):.0f} %</td>"
         f"<td>{memory(p)}</td></tr>" for p in profiles)
     items = "".join(
@@ -177,13 +182,15 @@ li.main>b{{color:#b00}}li{{margin-bottom:.8em}}span{{color:#555}}</style></head>
 <table class="env">{env_table}</table>
 <h2>Verdict</h2><ul>{items}</ul>
 <h2>Measured</h2><table><tr><th>run</th><th>img/s</th><th>mean step, ms<br>(wall time / steps)</th>
-<th>median step, ms</th><th>data wait</th><th>GPU busy</th>
+<th>median step, ms</th><th>data wait</th><th>GPU busy</th><th>training TFLOP/s</th>
 <th>cores busy / cores</th><th>busiest core</th><th>RAM in use</th></tr>{rows}</table>
 <h2>Step breakdown</h2>{_img(out / 'breakdown.png')}
 <h2>Timeline</h2>{_img(out / 'timeline.png')}
 <p style="color:#888">Figures: img/s is the median rate over windows of steps after warm-up; the mean step is the
 measured steps' wall time over their number and agrees with it (batch / mean step), while the median step is the
 typical step, which hides the waiting when batches arrive in bursts. GPU busy is NVML utilisation (time a kernel
-ran), not the share of the chip's arithmetic used. Raw numbers in report.json.</p></body></html>"""
+ran), not the share of the chip's arithmetic used; training TFLOP/s is img/s x 3 x the model's forward GFLOPs at
+the training size (Ultralytics' count), and MFU its share of the GPU's dense bf16/fp16 peak (the vendor's datasheet).
+Raw numbers in report.json.</p></body></html>"""
     (out / "report.html").write_text(page, encoding="utf-8")
     return out / "report.html"

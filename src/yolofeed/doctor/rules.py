@@ -191,9 +191,12 @@ RULES: list[Rule] = [
                        f"the optimiser step ({f.optimizer or 'unknown'}: clip, step, EMA) took "
                        f"{f.optimizer_share * f.step_ms:.0f} ms of the median {f.step_ms:.0f} ms step "
                        f"({_pct(f.optimizer_share)})",
-                       (["optimizer=AdamW (or SGD): optimizer=auto picks MuSGD when a run has more than 10,000 "
-                         "iterations (epochs x images / batch), and its Newton-Schulz steps cost a small model more "
-                         "than its forward pass; check that accuracy holds"] if f.optimizer == "MuSGD" else [])
+                       (["yolofeed train keeps Ultralytics' MuSGD and its update (within float32 roundings) and "
+                         "steps it as one CUDA graph, its found_inf read on the GPU: yolo11n's optimiser step at "
+                         "batch 128 on an H200 fell from 46-49 ms to 3.9 ms; " + _gain(f),
+                         "only if that is not enough, optimizer=AdamW (or SGD): optimizer=auto picks MuSGD when a run "
+                         "has more than 10,000 iterations (epochs x images / batch); another optimiser trains "
+                         "differently, so check that accuracy holds"] if f.optimizer == "MuSGD" else [])
                        + ["a batch above nbs=64: the optimiser runs once per max(batch, 64) images, so a larger "
                           "batch spreads its cost"])),
     ("small_batch",

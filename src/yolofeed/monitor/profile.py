@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import torch
 
 from yolofeed.errors import UltralyticsError
+from yolofeed.monitor import efficiency
 from yolofeed.monitor.callbacks import CallbackClock
 from yolofeed.monitor.steps import PhaseSummary, StepClock, phase_summary, step_stats, window_median
 from yolofeed.monitor.system import SystemSampler
@@ -38,6 +39,7 @@ from yolofeed.ultralytics_seam import (
     LOGGER,
     TESTED,
     StopTraining,
+    forward_gflops,
     launches_ranks,
     mark_phases,
     train_until_stopped,
@@ -84,6 +86,10 @@ class Profile:
     first_epoch_s: float | None = None  # from the first epoch's start to its end (None: the profile ended inside it)
     first_epoch_step_ms: list[float] = field(default_factory=list)  # host wall time of each of its steps but the first
     ranks: list[dict] = field(default_factory=list)  # DDP: each GPU's figures (the fields above are their total)
+    forward_gflops: float | None = None  # one image's forward pass at the training size (monitor/efficiency.py)
+    peak_tflops: float | None = None  # the GPU's dense bf16/fp16 peak, per GPU (None: not in the table, or no GPU)
+    train_tflops: float | None = None  # achieved: images/s x 3 x forward GFLOPs
+    mfu: float | None = None  # train_tflops over the peak of the GPUs trained on
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -229,6 +235,7 @@ def combine_ranks(ranks: list[Profile]) -> Profile:
     out.first_step_s = max((r.first_step_s for r in ranks if r.first_step_s is not None), default=None)
     out.first_epoch_s = None if None in firsts else max(firsts)
     out.first_epoch_images_per_s = None if out.first_epoch_s is None else round(r0.n_train / out.first_epoch_s, 1)
+    out.train_tflops, out.mfu = efficiency.achieved(out.images_per_s, r0.forward_gflops, r0.peak_tflops, len(ranks))
     out.ranks = [{"device": r.device, "images_per_s": r.images_per_s, "step_ms": r.step_ms,
                   "data_wait_fraction": r.data_wait_fraction, "gpu_util": r.gpu_util,
                   "own_cores_busy": r.own_cores_busy, "first_epoch_s": r.first_epoch_s} for r in ranks]
@@ -397,6 +404,9 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
             first_epoch_s=round(state["first_epoch_s"], 2) if "first_epoch_s" in state else None,
             first_epoch_images_per_s=round(state["first_epoch_images"] / state["first_epoch_s"], 1)
             if "first_epoch_s" in state else None, first_epoch_step_ms=state.get("first_epoch_step_ms", []))
+        prof.forward_gflops = forward_gflops(trainer)
+        prof.peak_tflops = efficiency.peak_tflops(torch.cuda.get_device_name(trainer.device)) if cuda else None
+        prof.train_tflops, prof.mfu = efficiency.achieved(prof.images_per_s, prof.forward_gflops, prof.peak_tflops)
         return prof
 
     full = {"val": False, "plots": False, "save": False, "close_mosaic": 0, "verbose": False, "exist_ok": True,
