@@ -182,3 +182,53 @@ def test_items_reach_the_host_without_a_sync():
         loss, items = crit(None, {})
     assert items["box"].device.type == "cpu" and float(items["box"]) == 1.0  # the first step's, already here
     assert float(loss) == 44.0
+
+
+def test_channels_last_is_the_same_arithmetic_within_float32_roundings():
+    """The channels_last lever changes the layout, not the function: on the same input and weights, yolo11n's outputs
+    and every gradient differ from the NCHW model's by under a thousandth of what AMP (bf16 autocast) changes."""
+    from yolofeed.ultralytics_seam import DetectionModel
+
+    torch.manual_seed(0)
+    nchw = DetectionModel("yolo11n.yaml", nc=8, verbose=False).train()
+    nhwc = copy.deepcopy(nchw).to(memory_format=torch.channels_last)
+    amp = copy.deepcopy(nchw)
+    assert next(p for p in nhwc.parameters() if p.ndim == 4).is_contiguous(memory_format=torch.channels_last)
+    x = torch.rand(2, 3, 96, 96)
+    outs = []
+    for model, img, autocast in ((nchw, x, False), (nhwc, x.contiguous(memory_format=torch.channels_last), False),
+                                 (amp, x, True)):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(img)  # the head's training output: boxes, scores and the feature maps
+        preds = [t.float() for t in (out["boxes"], out["scores"], *out["feats"])]
+        weights = [torch.linspace(-1, 1, p.numel()).reshape(p.shape) for p in preds]  # a loss that sees every value
+        sum((p * w).sum() for p, w in zip(preds, weights)).backward()
+        outs.append([p.detach() for p in preds])
+    for a, b, c in zip(*outs):
+        assert (a - b).norm() < 1e-3 * (a - c).norm()
+    for (name, a), b, c in zip(nchw.named_parameters(), nhwc.parameters(), amp.parameters()):
+        if a.grad is not None:
+            assert (a.grad - b.grad).norm() < 1e-3 * (a.grad - c.grad).norm(), name
+
+
+@pytest.mark.slow
+def test_channels_last_trains_with_the_model_and_its_ema_channels_last(synth_root, tmp_path):
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    seen = {}
+
+    def look(trainer):
+        convs = [p for p in trainer.model.parameters() if p.ndim == 4]
+        seen["model"] = all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+        seen["ema"] = all(p.is_contiguous(memory_format=torch.channels_last)
+                          for p in trainer.ema.ema.parameters() if p.ndim == 4)
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_epoch_end", look)
+    model.train(trainer=FastDetectionTrainer.with_options(channels_last=True), data=str(synth_root / "data.yaml"),
+                epochs=1, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False,
+                project=str(tmp_path), name="cl", exist_ok=True)
+    assert seen["model"] and seen["ema"]
+    assert (tmp_path / "cl" / "weights" / "best.pt").is_file()

@@ -72,13 +72,13 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
-    # sync_free_step, sync_free_loss, fast_musgd: the step's options (SyncFreeStep, train/step.py)
+    # sync_free_step, sync_free_loss, fast_musgd, channels_last: the step's options (SyncFreeStep, train/step.py)
 
     @classmethod
     def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
         known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up",
-                 "sync_free_step", "sync_free_loss", "fast_musgd", "val_period")
+                 "sync_free_step", "sync_free_loss", "fast_musgd", "channels_last", "val_period")
         unknown = set(options) - set(known)
         if unknown:
             raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
@@ -87,7 +87,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ConfigError(f"FastDetectionTrainer option val_period={period!r}: expected a whole number of epochs, "
                               "1 or more (1 validates every epoch, as Ultralytics does)")
-        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd"):  # "False": True
+        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd",
+                     "channels_last"):  # "False" would read as True
             if name in options and not isinstance(options[name], bool):
                 raise ConfigError(f"FastDetectionTrainer option {name}={options[name]!r}: expected True or False")
         return type(cls.__name__, (cls,), dict(options))
