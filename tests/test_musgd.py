@@ -258,3 +258,27 @@ def test_a_musgd_checkpoint_resumes_under_the_other_trainer(synth_root, tmp_path
     assert want.keys() == got.keys() and all(torch.equal(want[k][n].float(), got[k][n]) for k in want for n in want[k])
     with open(tmp_path / "run" / "results.csv") as f:
         assert len(f.read().strip().splitlines()) == 1 + 2  # epoch 1 from the first trainer, epoch 2 from the other
+
+
+@pytest.mark.gpu
+def test_a_capture_that_fails_stays_eager_with_one_line(model, monkeypatch, caplog):
+    """Out of memory (or any error) while capturing: the step is made eagerly, that once and from then on, said
+    once; the parameters are what an eager FastMuSGD makes."""
+    (a, oa), (b, ob) = build(model, True), build(model, True)
+    a.cuda(), b.cuda()
+
+    def no_graph(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (planted)")
+
+    with caplog.at_level(logging.INFO, logger="yolofeed.train.musgd"):
+        for k in range(4):
+            for m, opt in ((a, oa), (b, ob)):
+                gradients(m, k)
+                if opt is ob and ob._plan is not None:
+                    ob._plan.graph = False
+                with monkeypatch.context() as patch:
+                    if opt is oa:
+                        patch.setattr(torch.cuda, "graph", no_graph)
+                    opt.step()
+    assert oa._plan.graph is False and same(a, b) and same_state(oa, ob)
+    assert caplog.text.count("stays eager: its CUDA graph could not be captured (OutOfMemoryError") == 1
