@@ -133,3 +133,25 @@ def test_commands_in_messages_paste_into_a_shell_with_a_space_in_the_path(synth_
     line = _one_line(capsys, ["pack", f"data={root}"])
     hint = line.split("e.g. ", 1)[1]
     assert shlex.split(hint) == [f"data={yaml_file}"], line
+
+
+def test_a_build_from_python_says_its_summary_once(dataset):
+    """From Python, with no logging configured, a clean build said nothing: its summary (the format chosen and why,
+    the counts, '-> <pack>') is logged at INFO, which Python drops. Now yolofeed says it as Ultralytics says its own
+    lines, and under the CLI's logging (``basicConfig``) it is said once, not twice."""
+    import os
+    import subprocess
+    import sys
+
+    build = ("import logging, sys\n"
+             "if sys.argv[2] == 'cli':\n"
+             "    logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+             "from yolofeed.pack import open_or_build\n"
+             "open_or_build(sys.argv[1], 'val', 64, 'auto', rebuild='always', workers=1, progress=False)\n")
+    for logs in ("python", "cli"):
+        r = subprocess.run([sys.executable, "-c", build, str(dataset / "data.yaml"), logs], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "YOLO_OFFLINE": "1"})
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("pack: format raw (auto): ") == 1, r.stderr
+        assert r.stderr.count("pack val: 8 images") == 1 and r.stderr.count("  -> ") == 1, r.stderr
+        assert "val.yfpack" in r.stderr.split("  -> ")[1]
