@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import socket
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +157,58 @@ def test_a_build_from_python_says_its_summary_once(dataset):
         assert r.stderr.count("pack: format raw (auto): ") == 1, r.stderr
         assert r.stderr.count("pack val: 8 images") == 1 and r.stderr.count("  -> ") == 1, r.stderr
         assert "val.yfpack" in r.stderr.split("  -> ")[1]
+
+
+@pytest.fixture()
+def ultralytics_datasets(tmp_path, monkeypatch):
+    """Ultralytics' datasets folder (its settings' ``datasets_dir``) moved to an empty one; the user cache too."""
+    import ultralytics.data.utils
+
+    from yolofeed.pack import source
+
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    monkeypatch.setattr(source, "DATASETS_DIR", folder)
+    monkeypatch.setattr(ultralytics.data.utils, "DATASETS_DIR", folder)
+    monkeypatch.setattr(ultralytics.data.utils, "safe_download", lambda *a, **k: pytest.fail("it downloaded"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return folder
+
+
+def test_a_dataset_ultralytics_ships_is_found_by_name_and_never_downloaded(ultralytics_datasets, synth_root,
+                                                                            tmp_path, capsys):
+    """``data=coco8.yaml`` was "file not found", where ``yolo train`` finds the yaml among the ones Ultralytics ships.
+    Now it is found as there; offline, with its images not here, one line says which path is missing and that
+    yolofeed does not download (through the CLI and FastDetectionTrainer, whose check would have downloaded it);
+    with the images in Ultralytics' datasets folder it packs, into the user cache (never into the package)."""
+    from yolofeed.errors import DatasetError
+    from yolofeed.train import FastDetectionTrainer
+
+    for data in ("coco8.yaml", "coco8"):
+        line = _one_line(capsys, ["pack", f"data={data}", "imgsz=64"])
+        assert f"data={data}: the images of coco8.yaml are not on this machine: " in line, line
+        assert f"{ultralytics_datasets / 'coco8' / 'images' / 'train'} does not exist" in line
+        assert "yolofeed does not download datasets" in line and "check_det_dataset(" in line
+    line = _one_line(capsys, ["train", "model=yolo11n.yaml", "data=coco8.yaml", "device=cpu"])
+    assert "does not download" in line
+    with pytest.raises(DatasetError, match="does not download"):
+        FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": "coco8.yaml", "device": "cpu",
+                                        "project": str(tmp_path / "runs")})
+    assert not (tmp_path / "runs").exists()
+    assert "nor a dataset yaml Ultralytics ships" in _one_line(capsys, ["pack", "data=no-such-set.yaml"])
+
+    for split in ("train", "val"):  # coco8's layout, with the synthetic set's files
+        for kind in ("images", "labels"):
+            shutil.copytree(synth_root / kind / split, ultralytics_datasets / "coco8" / kind / split)
+    assert main(["pack", "data=coco8.yaml", "imgsz=64", "workers=1"]) == 0
+    out = capsys.readouterr().out
+    packs = [Path(x.split("-> ", 1)[1]) for x in out.splitlines() if "-> " in x]
+    assert len(packs) == 2 and all(p.is_file() and p.is_relative_to(tmp_path / "cache") for p in packs), out
+    assert len(Pack.open(packs[0])) == 24
+
+
+def test_the_help_examples_name_no_dataset_that_is_not_here():
+    """The doctor's example was data=coco.yaml: a 20 GB download that yolofeed refuses to make."""
+    from yolofeed.cli import COMMANDS
+
+    assert not any("coco" in spec.example for spec in COMMANDS.values())

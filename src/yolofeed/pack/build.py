@@ -94,6 +94,7 @@ from yolofeed.pack.store import (
 from yolofeed.pack.verify import SampleError, file_problem, load_sample
 from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
 from yolofeed.processes import die_with_parent, process_start, sigterm_exits
+from yolofeed.ultralytics_seam import packaged
 
 LOGGER = logging.getLogger(__name__)
 # a build's temporary files: ".<split>.yfpack.tmp-<pid>-<token>" and ".<split>.report.txt.tmp-<pid>-<token>"
@@ -122,13 +123,15 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
 
     ``[<out>/<yaml stem>-<format>-<imgsz>]`` when ``out`` is given; else beside the yaml (``store_dir``), then
     ``<cache_root>/<yaml stem>-<hash of the yaml's path>/<stem>-<format>-<imgsz>`` for datasets whose
-    folder is read-only (the hash keeps two datasets' ``data.yaml`` apart).
+    folder is read-only (the hash keeps two datasets' ``data.yaml`` apart). A yaml Ultralytics ships
+    (``data=coco8.yaml``) gets the cache folder only: packs never go into the installed package.
     """
     if out:
         return [store_dir(yaml_file, imgsz, storage, out)]
     y = Path(yaml_file).resolve()
     key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
-    return [store_dir(y, imgsz, storage), cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{storage}-{imgsz}"]
+    cache = cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{storage}-{imgsz}"
+    return [cache] if packaged(y) else [store_dir(y, imgsz, storage), cache]
 
 
 @dataclass
