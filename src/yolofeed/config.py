@@ -101,6 +101,15 @@ class TrainConfig:
                           minimum=1)
     warm_up: bool = key(True, "on CUDA, train each batch size's first pass before the first epoch (cuDNN's set-up, "
                         "3-7 s a size, which stock pays inside its first epoch); False: inside it, as stock")
+    # the step's options (FastDetectionTrainer.with_options): each True is a speed-up, False Ultralytics' way
+    augment_ahead: bool = key(True, "augment each batch one step ahead; False: in preprocess_batch, with a host sync "
+                              "a step")
+    sync_free_step: bool = key(True, "the step without its host sync after the backward pass (the progress bar's "
+                               "losses arrive a step late); False: Ultralytics' step")
+    sync_free_loss: bool = key(True, "the detection loss takes its counts from the batch instead of syncing for them "
+                               "(the same loss); False: Ultralytics' loss")
+    fast_musgd: bool = key(True, "step the MuSGD Ultralytics builds as one CUDA graph (the same update); False: "
+                           "Ultralytics' MuSGD")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
                         "prometheus_port= or an alert_*/summary_seconds key turns it on too")
