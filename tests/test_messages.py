@@ -16,7 +16,7 @@ import pytest
 
 from yolofeed.cli import main
 from yolofeed.doctor.rules import Facts, diagnose
-from yolofeed.errors import PackError
+from yolofeed.errors import DatasetError, PackError
 from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.store import TRAILER
 
@@ -212,3 +212,20 @@ def test_the_help_examples_name_no_dataset_that_is_not_here():
     from yolofeed.cli import COMMANDS
 
     assert not any("coco" in spec.example for spec in COMMANDS.values())
+
+
+def test_a_wrong_train_path_is_said_before_anything_else(dataset, caplog, capsys):
+    """A typo in the data yaml's train: path first logged "pack: format raw (auto): its raw packs (0.0 MB) fit ...",
+    from an estimate that had left the split out, then refused the path. Now the path is the one line, naming
+    its key."""
+    from yolofeed.pack.build import check_split
+
+    yaml_file = dataset / "data.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("images/train", "images/trian"))
+    with caplog.at_level(logging.INFO):
+        line = _one_line(capsys, ["pack", f"data={yaml_file}", "imgsz=64"])
+        with pytest.raises(DatasetError) as e:  # what yolofeed train checks before its run folder
+            check_split(yaml_file, "train", 64, "auto", rebuild="auto")
+    assert f"{yaml_file}: 'train:' '{dataset / 'images' / 'trian'}' does not exist" in line
+    assert "'train:'" in str(e.value) and "trian" in str(e.value)
+    assert "format" not in caplog.text and "fit" not in caplog.text

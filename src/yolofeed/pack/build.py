@@ -852,7 +852,7 @@ def _auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
     d = load_data_yaml(yaml_file)
     total = 0
     for split in ("train", "val"):
-        with contextlib.suppress(DatasetError):  # a split the yaml lacks: its pack is never made
+        if d.get(split):  # a split the yaml lacks: its pack is never made; one whose path is wrong: refused now
             total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
     folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk

@@ -212,6 +212,9 @@ def split_source(data: str | os.PathLike | dict[str, Any], split: str) -> SplitS
         raise DatasetError(f"{d['yaml_file']}: no '{split}:' entry. Splits present: "
                            f"{', '.join(k for k in SPLIT_KEYS if d.get(k))}.")
     paths = d[split] if isinstance(d[split], list) else [d[split]]
-    im_files = list_images(paths)
+    try:
+        im_files = list_images(paths)
+    except DatasetError as e:  # which key of which yaml names the path
+        raise DatasetError(f"{d['yaml_file']}: '{split}:' {e}") from None
     return SplitSource(split=split, yaml_file=d["yaml_file"], paths=tuple(paths), im_files=tuple(im_files),
                        label_files=tuple(img2label_paths(im_files)), nc=d["nc"], names=tuple(d["names"]))
