@@ -100,3 +100,25 @@ def test_file_names_that_are_not_utf8_round_trip(dataset, capsys):
     np.testing.assert_array_equal(pack.labels(k), np.loadtxt(lab / "train_000003.txt", ndmin=2, dtype=np.float32))
     assert [Path(f).name for f, _ in pack.header["skipped"]] == [f"{raw}-empty.jpg"]
     assert [Path(row[0]).name for row in read_report(pack.path)] == [f"{raw}-empty.jpg"]
+
+
+def test_a_name_with_a_newline_or_a_tab_stays_one_report_entry(dataset, capsys):
+    """Linux allows a newline or a tab in a file name: the report (one entry a line, tab-separated) broke in two
+    lines, or grew a column. Such a field is now quoted as ``ls`` quotes such names (``$'...'``), which pastes into
+    bash as the very name and ``read_report`` reads back; the summary shows it escaped, on one line."""
+    img = dataset / "images" / "train"
+    odd = [img / "two\nlines.jpg", img / "a\ttab, it's.jpg", img / "$'looks quoted'.jpg"]
+    for path in odd:
+        path.write_bytes(b"")  # skipped: empty
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]) == 0
+    out = capsys.readouterr().out
+    assert "two\\nlines.jpg: empty file" in out and "a\\ttab, it's.jpg: empty file" in out
+    dest = store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack"
+    lines = (dest.parent / "train.report.txt").read_text().split("\n")[1:-1]
+    assert len(lines) == 3 and all(len(line.split("\t")) == 3 for line in lines), lines
+    assert sorted(row[0] for row in read_report(dest)) == sorted(map(str, odd))
+    quoted = [line.split("\t")[0] for line in lines if line.startswith("$'")]
+    assert len(quoted) == 2  # the newline and the tab; a quote or a $ alone needs none
+    if shutil.which("bash"):  # pasted into a shell, each names its file
+        for field in quoted:
+            assert subprocess.run(["bash", "-c", f"test -e {field}"]).returncode == 0, field

@@ -78,6 +78,7 @@ from yolofeed.pack.files import TMP_MARK
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.store import (
+    CONTROL,
     INDEX_DTYPE,
     PREAMBLE,
     SUFFIX,
@@ -674,11 +675,37 @@ def _write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[
     """
     report = report_path(dest)
     lines = [f"# {dest.name}: {len(skipped)} skipped, {len(notes)} notes. file<TAB>status<TAB>reason"]
-    lines += [f"{f}\tskipped\t{r}" for f, r in skipped] + [f"{f}\tnote\t{r}" for f, r in notes]
+    lines += [f"{report_field(f)}\tskipped\t{report_field(r)}" for f, r in skipped]
+    lines += [f"{report_field(f)}\tnote\t{report_field(r)}" for f, r in notes]
     # a name that is not UTF-8 is written as its bytes, so the report names the very file (cut -f1 | xargs ...)
     data = ("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape")
     files.write_replacing(report, data, _is_report, f"the {dest.name.removesuffix(SUFFIX)} pack's report")
     return report
+
+
+SHELL_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+QUOTED_FIELD = re.compile(r"\$'(.*)'", re.DOTALL)
+
+
+def report_field(text: str) -> str:
+    """A file name or reason as one field of a report line: as it is, unless it holds a control character (a
+    newline or tab in a name, legal on Linux, would break the line or its columns): then quoted as ``ls`` and
+    bash quote such names, ``$'...'`` with ``\\n``, ``\\t``, ``\\xHH``, ``\\\\`` and ``\\'``, which pastes into
+    a shell as the very name and ``read_report`` reads back. A name that starts as such a field is quoted too."""
+    if not CONTROL.search(text) and not QUOTED_FIELD.fullmatch(text):
+        return text
+    escaped = "".join(SHELL_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if CONTROL.match(c) else c) for c in text)
+    return f"$'{escaped}'"
+
+
+def _unquote_field(field: str) -> str:
+    """``report_field`` undone."""
+    m = QUOTED_FIELD.fullmatch(field)
+    if m is None:
+        return field
+    back = {v[1]: k for k, v in SHELL_ESCAPES.items()}
+    return re.sub(r"\\(x[0-9a-f]{2}|.)", lambda e: chr(int(e[1][1:], 16)) if len(e[1]) == 3 else back.get(e[1], e[0]),
+                  m[1])
 
 
 def _is_report(fd: int) -> bool:
@@ -1050,7 +1077,7 @@ def run(cfg: PackConfig) -> list[BuildResult]:
 def read_report(dest: Path) -> list[list[str]]:
     """Rows of a pack's report file (for tests and the doctor)."""
     text = report_path(dest).read_text(encoding="utf-8", errors="surrogateescape")
-    return [line.split("\t") for line in text.splitlines()[1:]]
+    return [[_unquote_field(f) for f in line.split("\t")] for line in text.split("\n")[1:] if line]
 
 
 __all__ = ["BuildResult", "build_split", "cache_root", "check_split", "ensure_split", "no_labels", "open_or_build",
