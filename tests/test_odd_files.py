@@ -122,3 +122,21 @@ def test_a_name_with_a_newline_or_a_tab_stays_one_report_entry(dataset, capsys):
     if shutil.which("bash"):  # pasted into a shell, each names its file
         for field in quoted:
             assert subprocess.run(["bash", "-c", f"test -e {field}"]).returncode == 0, field
+
+
+def test_an_image_too_wide_for_a_jpeg_pack_points_to_a_raw_pack(dataset, capsys):
+    """A PNG 70,000 px wide (Ultralytics trains on it) was skipped from a jpeg pack as "could not re-encode the image
+    as JPEG", with no way out; JPEG's sides end at 65,500 px. Now the reason says so and names format=raw, which
+    keeps it."""
+    import cv2
+
+    img, lab = dataset / "images" / "train", dataset / "labels" / "train"
+    cv2.imwrite(str(img / "panorama.png"), np.full((20, 70_000, 3), 127, np.uint8))
+    (lab / "panorama.txt").write_text("0 0.5 0.5 0.1 0.5\n")
+    base = ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]
+    assert main(base + ["format=jpeg"]) == 0
+    reason = dict(Pack.open(store_dir(dataset / "data.yaml", 64, "jpeg") / "train.yfpack").header["skipped"])
+    why = reason[str(img / "panorama.png")]
+    assert "70000x20 px" in why and "65,500 px" in why and "format=raw" in why, why
+    assert main(base + ["format=raw"]) == 0
+    assert str(img / "panorama.png") in Pack.open(store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack").im_files
