@@ -229,3 +229,9 @@ def test_a_wrong_train_path_is_said_before_anything_else(dataset, caplog, capsys
     assert f"{yaml_file}: 'train:' '{dataset / 'images' / 'trian'}' does not exist" in line
     assert "'train:'" in str(e.value) and "trian" in str(e.value)
     assert "format" not in caplog.text and "fit" not in caplog.text
+
+
+def test_splits_naming_no_split_is_one_line(dataset, capsys):
+    """``splits=,`` packed nothing and said nothing (exit 0)."""
+    line = _one_line(capsys, ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=,"])
+    assert "splits=,: names no split" in line and "splits=train,val" in line

@@ -72,7 +72,7 @@ from tqdm import tqdm
 
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
-from yolofeed.errors import DatasetError, NewerPackError, PackError, PackSpaceError, StalePackError
+from yolofeed.errors import ConfigError, DatasetError, NewerPackError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.files import TMP_MARK
 from yolofeed.pack.lock import FolderLock
@@ -1063,8 +1063,11 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
 
 def run(cfg: PackConfig) -> list[BuildResult]:
     """``yolofeed pack``: build or check the packs of every requested split and print a summary."""
+    splits = list(dict.fromkeys(s.strip() for s in cfg.splits.split(",") if s.strip()))
+    if not splits:
+        raise ConfigError(f"splits={cfg.splits}: names no split; list the data yaml's splits to pack, comma-separated, "
+                          "e.g. splits=train,val")
     d = load_data_yaml(cfg.data)
-    splits = [s.strip() for s in cfg.splits.split(",") if s.strip()]
     results = []
     for split in splits:
         r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync,
