@@ -94,8 +94,8 @@ class TrainConfig:
     pack_dir: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own "
                                "in it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
-                            "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "
-                            "smaller number for small GPUs; 0 = the batch itself")
+                            "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.39 GB of GPU memory at 640 px and batch "
+                            "128; a smaller number for small GPUs; 0 = the batch itself")
     val_period: int = key(1, "validate every N epochs and at the last (1: every epoch, as yolo train); an epoch not "
                           "validated writes nan metrics to results.csv, and best.pt is the best validated epoch's",
                           minimum=1)

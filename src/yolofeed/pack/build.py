@@ -437,7 +437,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
             build is still atomic against a killed process (the page cache outlives the process)
             and the kernel writes the file back within about 30 s; a crash inside that window
             leaves a file that is short of its trailer, which ``Pack.open`` refuses. The cost is the
-            disk's write time: about 4 s for the 9.3 GB synthetic 640-px pack on the H200 machine.
+            disk's write time: about 4 s for the 9.32 GB synthetic 640-px pack on the H200 machine.
 
     Raises:
         DatasetError: no sample of the split is usable (the message lists the commonest reasons).

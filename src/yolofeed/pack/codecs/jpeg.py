@@ -2,8 +2,9 @@
 
 Build: a JPEG that a GPU decoder reads as is (baseline or progressive JPEG, RGB or grey, upright, no
 trailing bytes) is kept byte for byte; any other image is decoded as Ultralytics decodes it and
-re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x smaller than raw (photos at
-640: 90-150 KB against 0.9 MB).
+re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x smaller than raw for photos of
+about imgsz (at 640: 90-150 KB against 0.93 MB, BENCHMARKS.md); a JPEG much larger than imgsz can outweigh its
+raw payload, which holds it resized.
 
 Device (``decode="torchvision"``, the default on CUDA): the loader stages a batch's files in one pinned
 buffer, one ``decode_jpeg`` call decodes them all, then one Triton kernel resizes them and writes them into
