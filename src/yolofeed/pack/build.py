@@ -879,7 +879,7 @@ def _auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
     d = load_data_yaml(yaml_file)
     total = 0
     for split in ("train", "val"):
-        if d.get(split):  # a split the yaml lacks: its pack is never made; one whose path is wrong: refused now
+        with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
             total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
     folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk
@@ -924,18 +924,19 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
     storage = resolve_storage(d, storage, imgsz, out)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     if rebuild == "never":
         fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-        pack, errors = _existing(folders, name, split_source(d, split), imgsz, storage, fix, rebuild, False)
+        pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, False)
         if pack is None:
             raise errors[0] if errors else _missing(folders[0] / name, out, fix)
     elif not any(os.path.lexists(folder / name) for folder in folders):
         folder = _build_folder(folders, split, chosen=bool(out), create=False)
         FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
-        _plan_space(split_source(d, split), folder, imgsz, storage)
+        _plan_space(src, folder, imgsz, storage)
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
@@ -962,8 +963,8 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
     storage = resolve_storage(d, storage, imgsz, out)
-    src = split_source(d, split)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
