@@ -221,7 +221,7 @@ def test_a_fraction_says_the_whole_split_is_packed(fraction, monkeypatch):
     notes = keys.start_notes({"fraction": fraction}, "cuda")
     assert len(notes) == 1 and f"fraction={fraction}: the pack holds the whole split" in notes[0]
     assert "one pack serves every fraction" in notes[0]
-    assert keys.start_notes({"fraction": 1.0}, "cuda") == []
+    assert keys.start_notes({"fraction": 1.0}, "cuda") == keys.start_notes({"fraction": [1.0, 1]}, "cuda") == []
 
 
 # -- the same state as stock ----------------------------------------------------------------------------
