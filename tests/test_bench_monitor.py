@@ -279,7 +279,8 @@ def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path
     assert main(["bench", f"data={tmp_path / 'd.yaml'}", "imgsz=64", "batch=4", "device=cpu", "workers=0",
                  f"out={tmp_path / 'b'}", "modes=yolofeed", "isolate=True"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("yolofeed bench: error: no images found in ") and str(empty) in err
+    assert err.startswith(f"yolofeed bench: error: {tmp_path / 'd.yaml'}: 'train:' no images found in ")
+    assert str(empty) in err
 
 
 def _bench_process(synth_root, out, **keys) -> subprocess.Popen:

@@ -314,3 +314,18 @@ def test_the_environment_is_read_without_starting_cuda():
             "assert e['gpus'] and e['driver'], e\nassert not torch.cuda.is_initialized()\nprint('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_workers_the_run_did_not_use_are_said_with_the_reason(tmp_path, monkeypatch, capsys):
+    """``doctor workers=2`` on the CPU printed "workers 0": Ultralytics trains there without workers, unsaid."""
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: _fake_profile(mode))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text("")
+    assert main(["doctor", "data=d.yaml", "workers=2", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "workers 0 (workers=2 asked; Ultralytics trains on the CPU without DataLoader workers)" in out, out
+    assert main(["doctor", "data=d.yaml", "workers=0", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
+    assert ", workers 0, device cpu" in capsys.readouterr().out  # as asked: nothing to explain

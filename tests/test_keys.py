@@ -214,6 +214,16 @@ def test_start_notes_say_what_differs(monkeypatch):
     assert keys.start_notes({"workers": 0, "multi_scale": 0.0, "cache": False}, "cpu") == cpu  # the CPU needs none
 
 
+@pytest.mark.parametrize("fraction", [0.25, 100, [0.5, 1.0]])
+def test_a_fraction_says_the_whole_split_is_packed(fraction, monkeypatch):
+    """``fraction=0.1`` packed the whole split and said nothing of it (a user sees a build of all the images)."""
+    monkeypatch.setattr(keys, "triton_available", lambda: True)
+    notes = keys.start_notes({"fraction": fraction}, "cuda")
+    assert len(notes) == 1 and f"fraction={fraction}: the pack holds the whole split" in notes[0]
+    assert "one pack serves every fraction" in notes[0]
+    assert keys.start_notes({"fraction": 1.0}, "cuda") == keys.start_notes({"fraction": [1.0, 1]}, "cuda") == []
+
+
 # -- the same state as stock ----------------------------------------------------------------------------
 def test_same_arguments_optimizer_schedule_and_model_as_stock(setups):
     from ultralytics.utils.torch_utils import unwrap_model

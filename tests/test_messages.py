@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import socket
 import struct
+from pathlib import Path
 
 import pytest
 
 from yolofeed.cli import main
 from yolofeed.doctor.rules import Facts, diagnose
-from yolofeed.errors import PackError
+from yolofeed.errors import DatasetError, PackError
 from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.store import TRAILER
 
@@ -133,3 +135,106 @@ def test_commands_in_messages_paste_into_a_shell_with_a_space_in_the_path(synth_
     line = _one_line(capsys, ["pack", f"data={root}"])
     hint = line.split("e.g. ", 1)[1]
     assert shlex.split(hint) == [f"data={yaml_file}"], line
+
+
+def test_a_build_from_python_says_its_summary_once(dataset):
+    """From Python, with no logging configured, a clean build said nothing: its summary (the format chosen and why,
+    the counts, '-> <pack>') is logged at INFO, which Python drops. Now yolofeed says it as Ultralytics says its own
+    lines, and under the CLI's logging (``basicConfig``) it is said once, not twice."""
+    import os
+    import subprocess
+    import sys
+
+    build = ("import logging, sys\n"
+             "if sys.argv[2] == 'cli':\n"
+             "    logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+             "from yolofeed.pack import open_or_build\n"
+             "open_or_build(sys.argv[1], 'val', 64, 'auto', rebuild='always', workers=1, progress=False)\n")
+    for logs in ("python", "cli"):
+        r = subprocess.run([sys.executable, "-c", build, str(dataset / "data.yaml"), logs], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "YOLO_OFFLINE": "1"})
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("pack: format raw (auto): ") == 1, r.stderr
+        assert r.stderr.count("pack val: 8 images") == 1 and r.stderr.count("  -> ") == 1, r.stderr
+        assert "val.yfpack" in r.stderr.split("  -> ")[1]
+
+
+@pytest.fixture()
+def ultralytics_datasets(tmp_path, monkeypatch):
+    """Ultralytics' datasets folder (its settings' ``datasets_dir``) moved to an empty one; the user cache too."""
+    import ultralytics.data.utils
+
+    from yolofeed.pack import source
+
+    folder = tmp_path / "datasets"
+    folder.mkdir()
+    monkeypatch.setattr(source, "DATASETS_DIR", folder)
+    monkeypatch.setattr(ultralytics.data.utils, "DATASETS_DIR", folder)
+    monkeypatch.setattr(ultralytics.data.utils, "safe_download", lambda *a, **k: pytest.fail("it downloaded"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return folder
+
+
+def test_a_dataset_ultralytics_ships_is_found_by_name_and_never_downloaded(ultralytics_datasets, synth_root,
+                                                                            tmp_path, capsys):
+    """``data=coco8.yaml`` was "file not found", where ``yolo train`` finds the yaml among the ones Ultralytics ships.
+    Now it is found as there; offline, with its images not here, one line says which path is missing and that
+    yolofeed does not download (through the CLI and FastDetectionTrainer, whose check would have downloaded it);
+    with the images in Ultralytics' datasets folder it packs, into the user cache (never into the package)."""
+    from yolofeed.errors import DatasetError
+    from yolofeed.train import FastDetectionTrainer
+
+    for data in ("coco8.yaml", "coco8"):
+        line = _one_line(capsys, ["pack", f"data={data}", "imgsz=64"])
+        assert f"data={data}: the images of coco8.yaml are not on this machine: " in line, line
+        assert f"{ultralytics_datasets / 'coco8' / 'images' / 'train'} does not exist" in line
+        assert "yolofeed does not download datasets" in line and "check_det_dataset(" in line
+    line = _one_line(capsys, ["train", "model=yolo11n.yaml", "data=coco8.yaml", "device=cpu"])
+    assert "does not download" in line
+    with pytest.raises(DatasetError, match="does not download"):
+        FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": "coco8.yaml", "device": "cpu",
+                                        "project": str(tmp_path / "runs")})
+    assert not (tmp_path / "runs").exists()
+    assert "nor a dataset yaml Ultralytics ships" in _one_line(capsys, ["pack", "data=no-such-set.yaml"])
+
+    for split in ("train", "val"):  # coco8's layout, with the synthetic set's files
+        for kind in ("images", "labels"):
+            shutil.copytree(synth_root / kind / split, ultralytics_datasets / "coco8" / kind / split)
+    assert main(["pack", "data=coco8.yaml", "imgsz=64", "workers=1"]) == 0
+    out = capsys.readouterr().out
+    packs = [Path(x.split("-> ", 1)[1]) for x in out.splitlines() if "-> " in x]
+    assert len(packs) == 2 and all(p.is_file() and p.is_relative_to(tmp_path / "cache") for p in packs), out
+    assert len(Pack.open(packs[0])) == 24
+
+
+def test_the_help_examples_name_no_dataset_that_is_not_here():
+    """The doctor's example was data=coco.yaml: a 20 GB download that yolofeed refuses to make."""
+    from yolofeed.cli import COMMANDS
+
+    assert not any("coco" in spec.example for spec in COMMANDS.values())
+
+
+def test_a_wrong_train_path_is_said_before_anything_else(dataset, caplog, capsys):
+    """A typo in the data yaml's train: path first logged "pack: format raw (auto): its raw packs (0.0 MB) fit ...",
+    from an estimate that had left the split out, then refused the path. Now the path is the one line, naming
+    its key."""
+    from yolofeed.pack.build import check_split
+
+    yaml_file = dataset / "data.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("images/train", "images/trian"))
+    with caplog.at_level(logging.INFO):
+        line = _one_line(capsys, ["pack", f"data={yaml_file}", "imgsz=64"])
+        with pytest.raises(DatasetError) as e:  # what yolofeed train checks before its run folder
+            check_split(yaml_file, "train", 64, "auto", rebuild="auto")
+    assert f"{yaml_file}: 'train:' '{dataset / 'images' / 'trian'}' does not exist" in line
+    assert "'train:'" in str(e.value) and "trian" in str(e.value)
+    assert "format" not in caplog.text and "fit" not in caplog.text
+    # a split not packed now may be wrong (found by the full suite: an earlier fix refused splits=train here)
+    yaml_file.write_text(yaml_file.read_text().replace("images/trian", "images/train").replace("images/val", "nope"))
+    assert main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train", "workers=1"]) == 0
+
+
+def test_splits_naming_no_split_is_one_line(dataset, capsys):
+    """``splits=,`` packed nothing and said nothing (exit 0)."""
+    line = _one_line(capsys, ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=,"])
+    assert "splits=,: names no split" in line and "splits=train,val" in line

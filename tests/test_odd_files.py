@@ -100,3 +100,43 @@ def test_file_names_that_are_not_utf8_round_trip(dataset, capsys):
     np.testing.assert_array_equal(pack.labels(k), np.loadtxt(lab / "train_000003.txt", ndmin=2, dtype=np.float32))
     assert [Path(f).name for f, _ in pack.header["skipped"]] == [f"{raw}-empty.jpg"]
     assert [Path(row[0]).name for row in read_report(pack.path)] == [f"{raw}-empty.jpg"]
+
+
+def test_a_name_with_a_newline_or_a_tab_stays_one_report_entry(dataset, capsys):
+    """Linux allows a newline or a tab in a file name: the report (one entry a line, tab-separated) broke in two
+    lines, or grew a column. Such a field is now quoted as ``ls`` quotes such names (``$'...'``), which pastes into
+    bash as the very name and ``read_report`` reads back; the summary shows it escaped, on one line."""
+    img = dataset / "images" / "train"
+    odd = [img / "two\nlines.jpg", img / "a\ttab, it's.jpg", img / "$'looks quoted'.jpg"]
+    for path in odd:
+        path.write_bytes(b"")  # skipped: empty
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]) == 0
+    out = capsys.readouterr().out
+    assert "two\\nlines.jpg: empty file" in out and "a\\ttab, it's.jpg: empty file" in out
+    dest = store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack"
+    lines = (dest.parent / "train.report.txt").read_text().split("\n")[1:-1]
+    assert len(lines) == 3 and all(len(line.split("\t")) == 3 for line in lines), lines
+    assert sorted(row[0] for row in read_report(dest)) == sorted(map(str, odd))
+    quoted = [line.split("\t")[0] for line in lines if line.startswith("$'")]
+    assert len(quoted) == 2  # the newline and the tab; a quote or a $ alone needs none
+    if shutil.which("bash"):  # pasted into a shell, each names its file
+        for field in quoted:
+            assert subprocess.run(["bash", "-c", f"test -e {field}"]).returncode == 0, field
+
+
+def test_an_image_too_wide_for_a_jpeg_pack_points_to_a_raw_pack(dataset, capsys):
+    """A PNG 70,000 px wide (Ultralytics trains on it) was skipped from a jpeg pack as "could not re-encode the image
+    as JPEG", with no way out; JPEG's sides end at 65,500 px. Now the reason says so and names format=raw, which
+    keeps it."""
+    import cv2
+
+    img, lab = dataset / "images" / "train", dataset / "labels" / "train"
+    cv2.imwrite(str(img / "panorama.png"), np.full((20, 70_000, 3), 127, np.uint8))
+    (lab / "panorama.txt").write_text("0 0.5 0.5 0.1 0.5\n")
+    base = ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]
+    assert main(base + ["format=jpeg"]) == 0
+    reason = dict(Pack.open(store_dir(dataset / "data.yaml", 64, "jpeg") / "train.yfpack").header["skipped"])
+    why = reason[str(img / "panorama.png")]
+    assert "70000x20 px" in why and "65,500 px" in why and "format=raw" in why, why
+    assert main(base + ["format=raw"]) == 0
+    assert str(img / "panorama.png") in Pack.open(store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack").im_files

@@ -149,3 +149,28 @@ def test_resume_forms(synth_root, tmp_path):
     r = _run(["train", f"model={last}", "resume=True"])
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "finished run" in r.stderr and "nothing to resume" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_every_trainer_option_is_a_key_of_yolofeed_train(monkeypatch):
+    """``augment_ahead=False``, which the README offers, was refused ("Did you mean 'augment'?"): the step's options
+    were ``FastDetectionTrainer.with_options`` keywords only. Now each option is a key, handed to the trainer."""
+    from yolofeed.train import run as train_run
+    from yolofeed.train.trainer import FastDetectionTrainer
+
+    with pytest.raises(ConfigError) as e:
+        FastDetectionTrainer.with_options(no_such_option=1)
+    options = str(e.value).split("expected ", 1)[1].split(", ")
+    flags = [o for o in options if isinstance(getattr(FastDetectionTrainer, o), bool)]
+    assert {"augment_ahead", "sync_free_step", "sync_free_loss", "fast_musgd"} <= set(flags)
+
+    class Given(Exception):
+        pass
+
+    def given(cls, **chosen):
+        raise Given(chosen)
+
+    monkeypatch.setattr(FastDetectionTrainer, "with_options", classmethod(given))
+    with pytest.raises(Given) as e:
+        train_run.run(build_config("train", ["model=m.yaml", *(f"{o}=False" for o in flags)]))
+    chosen = e.value.args[0]
+    assert set(chosen) == set(options) and all(chosen[o] is False for o in flags)

@@ -47,7 +47,7 @@ COMMANDS: dict[str, Command] = {
                      "yolofeed train model=yolo11n.yaml data=datasets/synth/data.yaml epochs=100 batch=128"),
     "doctor": Command("yolofeed.doctor.run:run", DoctorConfig,
                       "profile a training setup: where the time goes, what to change",
-                      "yolofeed doctor model=yolo11n.yaml data=coco.yaml batch=64 workers=8"),
+                      "yolofeed doctor model=yolo11n.yaml data=datasets/synth/data.yaml batch=64 workers=8"),
     "bench": Command("yolofeed.bench.run:run", BenchConfig, "stock vs yolofeed vs GPU-resident ceiling, side by side",
                      "yolofeed bench model=yolo11n.yaml data=datasets/synth/data.yaml batch=128 imgsz=640"),
     "parity": Command("yolofeed.bench.parity:run", ParityConfig, "stock vs yolofeed model quality over several seeds",
@@ -197,9 +197,14 @@ def check_paths(config: typing.Any) -> None:
         hint = f": pass the data yaml inside it, e.g. {shlex.quote(f'data={Path(data) / inside[0]}')}" if inside else (
             " with no data yaml in it: pass data=path/to/data.yaml")
         raise DatasetError(f"data={data} is a folder{hint}")
-    if isinstance(data, str) and not Path(data).expanduser().is_file():
-        raise DatasetError(f"data={data}: file not found. Pass data=path/to/data.yaml, a local Ultralytics data yaml "
-                           "('yolofeed synth' makes one to try)")
+    if isinstance(data, str):
+        from yolofeed.pack.source import check_downloaded
+        from yolofeed.ultralytics_seam import find_dataset_yaml
+
+        if find_dataset_yaml(Path(data).expanduser()) is None:  # a file, or a yaml Ultralytics ships (coco8.yaml)
+            raise DatasetError(f"data={data}: file not found, nor a dataset yaml Ultralytics ships (such as "
+                               "coco8.yaml). Pass data=path/to/data.yaml ('yolofeed synth' makes one to try)")
+        check_downloaded(data)  # before a stock trainer (doctor, bench, parity) would download it
     folders = ["pack_dir"] + (["out"] if isinstance(config, PackConfig) else [])
     for name in folders:
         folder = getattr(config, name, None)

@@ -94,13 +94,22 @@ class TrainConfig:
     pack_dir: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own "
                                "in it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
-                            "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.4 GB of GPU memory at 640 px; a "
-                            "smaller number for small GPUs; 0 = the batch itself")
+                            "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.39 GB of GPU memory at 640 px and batch "
+                            "128; a smaller number for small GPUs; 0 = the batch itself")
     val_period: int = key(1, "validate every N epochs and at the last (1: every epoch, as yolo train); an epoch not "
                           "validated writes nan metrics to results.csv, and best.pt is the best validated epoch's",
                           minimum=1)
     warm_up: bool = key(True, "on CUDA, train each batch size's first pass before the first epoch (cuDNN's set-up, "
                         "3-7 s a size, which stock pays inside its first epoch); False: inside it, as stock")
+    # the step's options (FastDetectionTrainer.with_options): each True is a speed-up, False Ultralytics' way
+    augment_ahead: bool = key(True, "augment each batch one step ahead; False: in preprocess_batch, with a host sync "
+                              "a step")
+    sync_free_step: bool = key(True, "the step without its host sync after the backward pass (the progress bar's "
+                               "losses arrive a step late); False: Ultralytics' step")
+    sync_free_loss: bool = key(True, "the detection loss takes its counts from the batch instead of syncing for them "
+                               "(the same loss); False: Ultralytics' loss")
+    fast_musgd: bool = key(True, "step the MuSGD Ultralytics builds as one CUDA graph (the same update); False: "
+                           "Ultralytics' MuSGD")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
                         "prometheus_port= or an alert_*/summary_seconds key turns it on too")

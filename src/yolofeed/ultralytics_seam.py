@@ -98,7 +98,10 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.optim import muon as _muon  # train.musgd: the module its copy of muon_update comes from
     from ultralytics.optim.muon import MuSGD, zeropower_via_newtonschulz5  # train.musgd subclasses and calls them
     from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
-    from ultralytics.utils.checks import check_yaml  # train.run: finds a cfg= file as yolo train does
+    from ultralytics.utils.checks import (  # train.run: cfg=; pack.source: data=coco8.yaml; as yolo train finds them
+        check_file,
+        check_yaml,
+    )
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
     from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss  # train.loss subclasses
     from ultralytics.utils.metrics import bbox_iou  # train.loss: the box loss's CIoU
@@ -125,8 +128,8 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
     "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "MuSGD", "RANK", "StopTraining", "TaskAlignedAssigner",
     "VERSION", "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml",
-    "criterion", "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "forward_gflops",
-    "get_cfg", "get_latest_run", "get_split_fraction",
+    "criterion", "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "find_dataset_yaml",
+    "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "packaged",
     "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
     "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first", "torch_safe_load",
@@ -319,6 +322,30 @@ def normalised_source(fn: Any) -> str:
 def source_hash(text: str) -> str:
     """The first 16 hex digits of the SHA-256 of a normalised source."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- the data yaml ---------------------------------------------------------------------------------------------------
+def find_dataset_yaml(data: str | os.PathLike) -> str | None:
+    """The data yaml ``check_det_dataset`` reads for ``data=``: the file itself, else one of the dataset yamls
+    Ultralytics ships (``cfg/datasets``), by name (``coco8.yaml``, or a bare ``coco8``), as ``yolo train`` finds them;
+    None when there is none. Never downloads: a URL is None (``check_file`` would fetch it)."""
+    name = str(data).strip()
+    if not name or "://" in name:
+        return None
+    if os.path.exists(name):
+        return name
+    suffix = os.path.splitext(name)[1].lower()
+    for candidate in [name] if suffix in (".yaml", ".yml") else [f"{name}.yaml", f"{name}.yml"]:
+        found = check_file(candidate, download=False, hard=False)  # a search of Ultralytics' package folder
+        if found:
+            return str(found)
+    return None
+
+
+def packaged(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies inside the installed Ultralytics package (a dataset yaml found by name there)."""
+    root = os.path.dirname(os.path.realpath(ultralytics.__file__))
+    return os.path.realpath(path).startswith(root + os.sep)
 
 
 # -- the trainer's data ----------------------------------------------------------------------------------------------

@@ -365,8 +365,8 @@ def run(cfg: BenchConfig) -> dict:
                 if m not in raw:
                     raise
                 instead = ",".join(dict.fromkeys("yolofeed_jpeg" if x in raw else x for x in modes))
-                raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller, in place of the raw pack's "
-                                     f"{', '.join(raw)}: modes={instead}") from e
+                raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller for photos of about imgsz, in place "
+                                     f"of the raw pack's {', '.join(raw)}: modes={instead}") from e
             notes = warm_modes(results, own or ranks) if cfg.whole_run else (
                 slower_than_stock(results) + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
                 + warm_modes(results, own or ranks))

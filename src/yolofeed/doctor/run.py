@@ -37,6 +37,16 @@ def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
                  optimizer_share=ph.get("optimizer", 0.0) / total, optimizer=stock.get("optimizer", ""))
 
 
+def workers_said(asked: int, stock: dict) -> str:
+    """The DataLoader workers stock ran with, and why where that is not what ``workers=`` asked for."""
+    used = stock["workers"]
+    if used == asked:
+        return str(used)
+    cpu = stock["device"] in ("cpu", "mps")
+    why = "Ultralytics trains on the CPU without DataLoader workers" if cpu else "set so by Ultralytics"
+    return f"{used} (workers={asked} asked; {why})"
+
+
 def run(cfg: DoctorConfig) -> list:
     """Profile stock (and yolofeed), diagnose, print the verdict, write the report folder.
 
@@ -68,8 +78,8 @@ def run(cfg: DoctorConfig) -> list:
     by_mode = {p["mode"]: p for p in profiles}
     verdicts = diagnose(facts_from(by_mode["stock"], by_mode.get("yolofeed"), bool(cfg.extra.get("amp", True))))
     summary = (f"{cfg.model} on {cfg.data}, batch {profiles[0]['batch']}, imgsz {cfg.imgsz}, "
-               f"workers {profiles[0]['workers']}, device {profiles[0]['device']}, {cfg.steps} steps after "
-               f"{profiles[0]['warmup']}")
+               f"workers {workers_said(cfg.workers, profiles[0])}, device {profiles[0]['device']}, {cfg.steps} steps "
+               f"after {profiles[0]['warmup']}")
     failed = None
     try:
         html = report.write(out, {"summary": summary, "command": command, **cfg.__dict__}, profiles, verdicts, env)

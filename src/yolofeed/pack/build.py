@@ -72,12 +72,13 @@ from tqdm import tqdm
 
 from yolofeed import __version__
 from yolofeed.config import PackConfig, usable_cores
-from yolofeed.errors import DatasetError, NewerPackError, PackError, PackSpaceError, StalePackError
+from yolofeed.errors import ConfigError, DatasetError, NewerPackError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.files import TMP_MARK
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.store import (
+    CONTROL,
     INDEX_DTYPE,
     PREAMBLE,
     SUFFIX,
@@ -94,6 +95,7 @@ from yolofeed.pack.store import (
 from yolofeed.pack.verify import SampleError, file_problem, load_sample
 from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
 from yolofeed.processes import die_with_parent, process_start, sigterm_exits
+from yolofeed.ultralytics_seam import packaged
 
 LOGGER = logging.getLogger(__name__)
 # a build's temporary files: ".<split>.yfpack.tmp-<pid>-<token>" and ".<split>.report.txt.tmp-<pid>-<token>"
@@ -122,13 +124,15 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
 
     ``[<out>/<yaml stem>-<format>-<imgsz>]`` when ``out`` is given; else beside the yaml (``store_dir``), then
     ``<cache_root>/<yaml stem>-<hash of the yaml's path>/<stem>-<format>-<imgsz>`` for datasets whose
-    folder is read-only (the hash keeps two datasets' ``data.yaml`` apart).
+    folder is read-only (the hash keeps two datasets' ``data.yaml`` apart). A yaml Ultralytics ships
+    (``data=coco8.yaml``) gets the cache folder only: packs never go into the installed package.
     """
     if out:
         return [store_dir(yaml_file, imgsz, storage, out)]
     y = Path(yaml_file).resolve()
     key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
-    return [store_dir(y, imgsz, storage), cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{storage}-{imgsz}"]
+    cache = cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{storage}-{imgsz}"
+    return [cache] if packaged(y) else [store_dir(y, imgsz, storage), cache]
 
 
 @dataclass
@@ -433,7 +437,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
             build is still atomic against a killed process (the page cache outlives the process)
             and the kernel writes the file back within about 30 s; a crash inside that window
             leaves a file that is short of its trailer, which ``Pack.open`` refuses. The cost is the
-            disk's write time: about 4 s for the 9.3 GB synthetic 640-px pack on the H200 machine.
+            disk's write time: about 4 s for the 9.32 GB synthetic 640-px pack on the H200 machine.
 
     Raises:
         DatasetError: no sample of the split is usable (the message lists the commonest reasons).
@@ -671,11 +675,37 @@ def _write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[
     """
     report = report_path(dest)
     lines = [f"# {dest.name}: {len(skipped)} skipped, {len(notes)} notes. file<TAB>status<TAB>reason"]
-    lines += [f"{f}\tskipped\t{r}" for f, r in skipped] + [f"{f}\tnote\t{r}" for f, r in notes]
+    lines += [f"{report_field(f)}\tskipped\t{report_field(r)}" for f, r in skipped]
+    lines += [f"{report_field(f)}\tnote\t{report_field(r)}" for f, r in notes]
     # a name that is not UTF-8 is written as its bytes, so the report names the very file (cut -f1 | xargs ...)
     data = ("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape")
     files.write_replacing(report, data, _is_report, f"the {dest.name.removesuffix(SUFFIX)} pack's report")
     return report
+
+
+SHELL_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+QUOTED_FIELD = re.compile(r"\$'(.*)'", re.DOTALL)
+
+
+def report_field(text: str) -> str:
+    """A file name or reason as one field of a report line: as it is, unless it holds a control character (a
+    newline or tab in a name, legal on Linux, would break the line or its columns): then quoted as ``ls`` and
+    bash quote such names, ``$'...'`` with ``\\n``, ``\\t``, ``\\xHH``, ``\\\\`` and ``\\'``, which pastes into
+    a shell as the very name and ``read_report`` reads back. A name that starts as such a field is quoted too."""
+    if not CONTROL.search(text) and not QUOTED_FIELD.fullmatch(text):
+        return text
+    escaped = "".join(SHELL_ESCAPES.get(c) or (f"\\x{ord(c):02x}" if CONTROL.match(c) else c) for c in text)
+    return f"$'{escaped}'"
+
+
+def _unquote_field(field: str) -> str:
+    """``report_field`` undone."""
+    m = QUOTED_FIELD.fullmatch(field)
+    if m is None:
+        return field
+    back = {v[1]: k for k, v in SHELL_ESCAPES.items()}
+    return re.sub(r"\\(x[0-9a-f]{2}|.)", lambda e: chr(int(e[1][1:], 16)) if len(e[1]) == 3 else back.get(e[1], e[0]),
+                  m[1])
 
 
 def _is_report(fd: int) -> bool:
@@ -849,7 +879,7 @@ def _auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
     d = load_data_yaml(yaml_file)
     total = 0
     for split in ("train", "val"):
-        with contextlib.suppress(DatasetError):  # a split the yaml lacks: its pack is never made
+        with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
             total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
     folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk
@@ -894,18 +924,19 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
     storage = resolve_storage(d, storage, imgsz, out)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     if rebuild == "never":
         fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-        pack, errors = _existing(folders, name, split_source(d, split), imgsz, storage, fix, rebuild, False)
+        pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, False)
         if pack is None:
             raise errors[0] if errors else _missing(folders[0] / name, out, fix)
     elif not any(os.path.lexists(folder / name) for folder in folders):
         folder = _build_folder(folders, split, chosen=bool(out), create=False)
         FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
-        _plan_space(split_source(d, split), folder, imgsz, storage)
+        _plan_space(src, folder, imgsz, storage)
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
@@ -932,8 +963,8 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
     storage = resolve_storage(d, storage, imgsz, out)
-    src = split_source(d, split)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
@@ -1033,8 +1064,11 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
 
 def run(cfg: PackConfig) -> list[BuildResult]:
     """``yolofeed pack``: build or check the packs of every requested split and print a summary."""
+    splits = list(dict.fromkeys(s.strip() for s in cfg.splits.split(",") if s.strip()))
+    if not splits:
+        raise ConfigError(f"splits={cfg.splits}: names no split; list the data yaml's splits to pack, comma-separated, "
+                          "e.g. splits=train,val")
     d = load_data_yaml(cfg.data)
-    splits = [s.strip() for s in cfg.splits.split(",") if s.strip()]
     results = []
     for split in splits:
         r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync,
@@ -1047,7 +1081,7 @@ def run(cfg: PackConfig) -> list[BuildResult]:
 def read_report(dest: Path) -> list[list[str]]:
     """Rows of a pack's report file (for tests and the doctor)."""
     text = report_path(dest).read_text(encoding="utf-8", errors="surrogateescape")
-    return [line.split("\t") for line in text.splitlines()[1:]]
+    return [[_unquote_field(f) for f in line.split("\t")] for line in text.split("\n")[1:] if line]
 
 
 __all__ = ["BuildResult", "build_split", "cache_root", "check_split", "ensure_split", "no_labels", "open_or_build",

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from yolofeed.errors import DatasetError
-from yolofeed.ultralytics_seam import DATASETS_DIR, IMG_FORMATS, YAML, img2label_paths
+from yolofeed.ultralytics_seam import DATASETS_DIR, IMG_FORMATS, YAML, find_dataset_yaml, img2label_paths
 
 SPLIT_KEYS = ("train", "val", "test", "minival")
 
@@ -62,14 +64,19 @@ class SplitSource:
 def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
     """Read an Ultralytics data yaml and resolve its paths as ``check_det_dataset`` does.
 
+    ``data`` is a path, or the name of a dataset yaml Ultralytics ships (``coco8.yaml``), found as ``yolo train``
+    finds it. Nothing is downloaded (``check_downloaded``).
+
     Raises:
         DatasetError: the file is missing or not a mapping, ``train``/``val`` or ``names``/``nc``
-            are missing or inconsistent.
+            are missing or inconsistent; the images of a dataset Ultralytics would download are not here.
     """
-    file = Path(data).expanduser()
+    found = find_dataset_yaml(Path(data).expanduser())
+    file = Path(found) if found else Path(data).expanduser()
     if not file.is_file():
-        raise DatasetError(f"data yaml '{data}' not found. Pass data=path/to/data.yaml "
-                           "(or run 'yolofeed synth' to make a dataset to try).")
+        raise DatasetError(f"data yaml '{data}' not found: neither a file nor a dataset yaml Ultralytics ships (such "
+                           "as coco8.yaml). Pass data=path/to/data.yaml (or run 'yolofeed synth' to make a dataset "
+                           "to try).")
     if file.suffix.lower() not in (".yaml", ".yml"):
         raise DatasetError(f"data='{data}' is not a .yaml file: yolofeed packs Ultralytics detection data yamls.")
     try:
@@ -110,7 +117,14 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
     d["nc"], d["names"] = nc, [str(n) for n in names]
     if d.get("channels", 3) != 3:
         raise DatasetError(f"{file}: channels={d['channels']}; yolofeed packs 3-channel (RGB) datasets only.")
+    _resolve_paths(d)
+    d["yaml_file"] = str(file.resolve())
+    _refuse_undownloaded(d, data)
+    return d
 
+
+def _resolve_paths(d: dict[str, Any]) -> None:
+    """The dataset root and each split's paths made absolute in ``d``, as ``check_det_dataset`` makes them."""
     path = Path(d.get("path") or Path(d["yaml_file"]).parent)  # dataset root
     if not path.exists() and not path.is_absolute():
         path = (DATASETS_DIR / path).resolve()  # Ultralytics' settings folder, as check_det_dataset does
@@ -124,8 +138,47 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
                 d[k] = str(x)
             else:
                 d[k] = [str((path / x).resolve()) for x in d[k]]
-    d["yaml_file"] = str(file.resolve())
-    return d
+
+
+def _refuse_undownloaded(d: dict[str, Any], data: Any) -> None:
+    """Refuse a dataset whose yaml says how to download it (``download:``) while its train or val images are not
+    here: where ``check_det_dataset`` would download it, yolofeed says what is missing.
+
+    Raises:
+        DatasetError: naming the first missing path and the command that downloads the set with Ultralytics.
+    """
+    if not d.get("download"):
+        return
+    missing = [p for k in ("train", "val") for p in ([d[k]] if isinstance(d.get(k), str) else d.get(k) or [])
+               if not Path(p).exists()]
+    if not missing:
+        return
+    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+    call = f"check_det_dataset({json.dumps(str(data))})"
+    fetch = shlex.join(["python", "-c", f"from ultralytics.data.utils import check_det_dataset; {call}"])
+    raise DatasetError(f"data={data}: the images of {Path(d['yaml_file']).name} are not on this machine: {missing[0]} "
+                       f"does not exist{more}. yolofeed does not download datasets (Ultralytics would, here, from the "
+                       f"yaml's download: entry): download it once with Ultralytics, {fetch}, which puts it in "
+                       f"{d['path']}; or pass data= the yaml of a copy you have")
+
+
+def check_downloaded(data: Any) -> None:
+    """``_refuse_undownloaded`` for ``data=`` before Ultralytics' ``check_det_dataset`` reads it (which would download
+    the set); quiet about a yaml it cannot read or resolve: Ultralytics' own check says what is wrong with it.
+
+    Raises:
+        DatasetError: the images of a dataset Ultralytics would download are not here.
+    """
+    if not isinstance(data, (str, os.PathLike)) or (found := find_dataset_yaml(Path(data).expanduser())) is None:
+        return
+    try:
+        d = YAML.load(found, append_filename=True)
+        if not isinstance(d, dict):
+            return
+        _resolve_paths(d)
+    except Exception:  # broken YAML, odd paths: said by check_det_dataset, in Ultralytics' words
+        return
+    _refuse_undownloaded(d, data)
 
 
 def list_images(paths: list[str]) -> list[str]:
@@ -159,6 +212,9 @@ def split_source(data: str | os.PathLike | dict[str, Any], split: str) -> SplitS
         raise DatasetError(f"{d['yaml_file']}: no '{split}:' entry. Splits present: "
                            f"{', '.join(k for k in SPLIT_KEYS if d.get(k))}.")
     paths = d[split] if isinstance(d[split], list) else [d[split]]
-    im_files = list_images(paths)
+    try:
+        im_files = list_images(paths)
+    except DatasetError as e:  # which key of which yaml names the path
+        raise DatasetError(f"{d['yaml_file']}: '{split}:' {e}") from None
     return SplitSource(split=split, yaml_file=d["yaml_file"], paths=tuple(paths), im_files=tuple(im_files),
                        label_files=tuple(img2label_paths(im_files)), nc=d["nc"], names=tuple(d["names"]))

@@ -50,6 +50,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import shlex
 import stat
 import struct
@@ -95,10 +96,15 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a newline or tab in a file name (legal on Linux) would break a line
+
+
 def printable(path: str) -> str:
     """A file name for a message or a text file: bytes that are not UTF-8 shown as ``\\xe9`` (a terminal or a
-    UTF-8 file cannot take the lone surrogates Python decodes them to)."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+    UTF-8 file cannot take the lone surrogates Python decodes them to), and control characters as ``\\n``,
+    ``\\t`` or ``\\x1b``, so that a message stays on one line."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text) if CONTROL.search(text) else text
 
 
 class _ReadFile:

@@ -119,7 +119,8 @@ RULES: dict[str, Rule] = {
                          "bare 'resume' alone takes the newest last.pt under the current folder, as yolo train does"),
     "amp": Rule(STOCK, "Ultralytics' AMP check and GradScaler"),
     "fraction": Rule(OURS, "the first share (or count) of each split's sorted files, as yolo train cuts them; a "
-                           "[train, val, test] list too"),
+                           "[train, val, test] list too. The pack holds the whole split (one pack for every fraction; "
+                           "said at start)"),
     "profile": Rule(STOCK, "Ultralytics' loggers"),
     "freeze": Rule(STOCK, "Ultralytics freezes the layers"),
     "multi_scale": Rule(STOCK, "Ultralytics' preprocess_batch resizes each batch; the detection loss then takes "
@@ -326,6 +327,11 @@ def start_notes(args: Any, device_type: str) -> list[str]:
     if value_of(args, "cache"):
         notes.append(f"yolofeed: cache={value_of(args, 'cache')} is not needed: packs are memory-mapped and the page "
                      "cache keeps them in RAM")
+    fraction = value_of(args, "fraction")
+    if fraction is not None and any(f != 1 for f in (fraction if isinstance(fraction, (list, tuple)) else [fraction])):
+        notes.append(f"yolofeed: fraction={fraction}: the pack holds the whole split and training reads its share, "
+                     "as yolo train cuts it; one pack serves every fraction, so none rebuilds it (built once: 4-11 s "
+                     "for 10,000 images at 640 on the H200 machine)")
     if value_of(args, "workers"):  # Ultralytics sets 0 on the CPU itself
         notes.append(f"yolofeed: workers={value_of(args, 'workers')} is not used: one thread gathers batches from "
                      "the pack and the device augments them (Ultralytics' start line says 0 dataloader workers)")

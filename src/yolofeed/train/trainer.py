@@ -36,6 +36,7 @@ from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.build import check_split, no_labels
+from yolofeed.pack.source import check_downloaded
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -322,8 +323,9 @@ def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
     Raises:
         DatasetError: the yaml is missing, broken, lacks train/val/names, or the split's images are missing.
     """
+    check_downloaded(data)  # where check_det_dataset would download the set: what is missing, in one line
     try:
-        return check_det_dataset(data, split=split)
+        return check_det_dataset(data, autodownload=False, split=split)  # nothing may download at run time
     except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
         reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
         raise DatasetError(f"data={data}: {reason}") from None

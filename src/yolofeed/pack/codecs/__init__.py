@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # The built-in formats: module name under this package -> what it stores, for help text. The first is the default.
 BUILTIN = {
     "raw": "decoded RGB pixels",
-    "jpeg": "encoded bytes (5-10x smaller), decoded later on the GPU",
+    "jpeg": "encoded bytes (5-10x smaller for photos of about imgsz), decoded later on the GPU",
 }
 DEFAULT = next(iter(BUILTIN))
 AUTO = "auto"  # pack_format=auto (yolofeed's default): ``choose`` picks a built-in format for the dataset and machine
@@ -180,11 +180,12 @@ def choose(default_bytes: int, ram_bytes: int, free_bytes: int | None = None, wh
     anyway = f"pack_format={DEFAULT}, or format={DEFAULT} for yolofeed pack, to choose {DEFAULT} anyway"
     if default_bytes > RAM_SHARE * ram_bytes:
         return COMPACT, (f"{DEFAULT} packs would take {size}, more than {RAM_SHARE:.0%} of the {ram} of memory here; "
-                         f"{COMPACT} packs are 5-10x smaller ({anyway})")
+                         f"{COMPACT} packs are 5-10x smaller for photos of about imgsz ({anyway})")
     if free_bytes is not None and default_bytes > DISK_SHARE * free_bytes:
         place = where or "their folder"
         return COMPACT, (f"{DEFAULT} packs would take {size}, more than {DISK_SHARE:.0%} of the {gb(free_bytes)} "
-                         f"free in {place}; {COMPACT} packs are 5-10x smaller (free space, or {anyway})")
+                         f"free in {place}; {COMPACT} packs are 5-10x smaller for photos of about imgsz (free space, "
+                         f"or {anyway})")
     return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
                      "page cache keeps them")
 

@@ -2,8 +2,9 @@
 
 Build: a JPEG that a GPU decoder reads as is (baseline or progressive JPEG, RGB or grey, upright, no
 trailing bytes) is kept byte for byte; any other image is decoded as Ultralytics decodes it and
-re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x smaller than raw (photos at
-640: 90-150 KB against 0.9 MB).
+re-encoded at quality ``REENCODE_QUALITY`` (noted in the pack report). 5-10x smaller than raw for photos of
+about imgsz (at 640: 90-150 KB against 0.93 MB, BENCHMARKS.md); a JPEG much larger than imgsz can outweigh its
+raw payload, which holds it resized.
 
 Device (``decode="torchvision"``, the default on CUDA): the loader stages a batch's files in one pinned
 buffer, one ``decode_jpeg`` call decodes them all, then one Triton kernel resizes them and writes them into
@@ -41,6 +42,8 @@ from yolofeed.pack.verify import ImageInfo, SampleError, decode_bgr, resized_hw
 LOGGER = logging.getLogger(__name__)
 REENCODE_QUALITY = 95  # for non-JPEG, EXIF-rotated, CMYK or restored sources
 HOST_THREADS = 2  # the cv2 decoder's threads: the loader's CPU budget
+JPEG_MAX_SIDE = 65_500  # libjpeg's JPEG_MAX_DIMENSION: no JPEG, so no re-encoding, has a longer side
+RAW_INSTEAD = "a raw pack keeps it: format=raw (pack_format=raw for yolofeed train)"
 STAGING_MAX = 1 << 30  # pinned host bytes the loader may hold for a batch's files (COCO-like, batch 128: ~30 MB)
 
 # Files the device decoder refused: reported once, then sent straight to OpenCV, so one odd file
@@ -184,9 +187,13 @@ class Jpeg(Codec):
         else:
             im = decode_bgr(im_file, info)
             h0, w0 = im.shape[:2]
+            if max(h0, w0) > JPEG_MAX_SIDE:
+                raise SampleError(f"{w0}x{h0} px: a jpeg pack re-encodes this {info.format or 'image'} as JPEG, "
+                                  f"whose sides end at {JPEG_MAX_SIDE:,} px; {RAW_INSTEAD}")
             ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, REENCODE_QUALITY])
             if not ok:
-                raise SampleError("could not re-encode the image as JPEG")
+                raise SampleError(f"OpenCV could not re-encode the {w0}x{h0} px {info.format or 'image'} as JPEG, "
+                                  f"which a jpeg pack stores; {RAW_INSTEAD}")
             payload = buf.reshape(-1)
             notes.append(f"{info.format or 'image'} (orientation {info.orientation}, {info.mode}) "
                          f"re-encoded as JPEG q{REENCODE_QUALITY} for GPU decoding")
