@@ -175,7 +175,8 @@ def run(cfg: TrainConfig) -> Path:
                                                 pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool,
                                                 warm_up=cfg.warm_up, val_period=cfg.val_period,
                                                 augment_ahead=cfg.augment_ahead, sync_free_step=cfg.sync_free_step,
-                                                sync_free_loss=cfg.sync_free_loss, fast_musgd=cfg.fast_musgd)
+                                                sync_free_loss=cfg.sync_free_loss, fast_musgd=cfg.fast_musgd,
+                                                channels_last=cfg.channels_last)
     checkpoint = resume_checkpoint(cfg)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs
