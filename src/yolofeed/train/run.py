@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import shlex
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.train import keys
+from yolofeed.train.checkpoints import UNPICKLING_ERRORS, way_on
 
 
 def resume_checkpoint(cfg: TrainConfig) -> str | None:
@@ -95,17 +95,15 @@ def check_model_file(name: str) -> None:
                           "yaml such as model=yolo11n.yaml, or weights such as model=path/to/best.pt")
 
 
-# What unpickling a damaged or foreign file raises: Ultralytics turns most into a TypeError naming the checkpoint;
-# random bytes also give these (1 file in 15).
-UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, ValueError, OverflowError, EOFError,
-                     RuntimeError)
-
-
 def _not_a_checkpoint(name: str, key: str, e: BaseException | str) -> ConfigError:
+    """The error for a weights file that does not load; for ``resume=``, naming the run's checkpoint to go on from
+    (a killed write used to truncate last.pt: checkpoints.py)."""
     reason = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
     reason = " ".join(reason.replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")[:300]
+    on = way_on(name) if key == "resume" else ("point at a run's weights/last.pt or best.pt, or train from a model "
+                                               "yaml")
     return ConfigError(f"{key}={name}: not a PyTorch checkpoint Ultralytics can load (damaged or truncated?): "
-                       f"{reason}. Point at a run's weights/last.pt or best.pt, or train from a model yaml")
+                       f"{reason}; {on}")
 
 
 def check_checkpoint(name: str, key: str = "model") -> None:

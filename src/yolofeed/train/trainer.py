@@ -1,7 +1,7 @@
 """The Ultralytics seam: ``DetectionTrainer`` fed from packs and augmented on the GPU.
 
 Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
-schedulers, validation, checkpoints, results.csv, resume and DDP. Only five things change:
+schedulers, validation, checkpoints, results.csv, resume and DDP. Only these things change:
 
 * ``check_resume`` (inside Ultralytics' ``__init__``, before the device or the run folder) checks the final
   arguments against ``train/keys.py``: a key yolofeed cannot honour stops the run there, in one line.
@@ -18,6 +18,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only five thin
   bar's loss items reach the host one step late (the epoch's mean loss stays exact), and the detection
   loss takes the counts it would sync for from the batch (train/loss.py; ``sync_free_loss=False``:
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
+* Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
+  file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.build import check_split, no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
+from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.warmup import batch_sizes, warm_up
 from yolofeed.ultralytics_seam import (
     DEFAULT_CFG,
+    LOCAL_RANK,
     LOGGER,
     RANK,
     DetectionTrainer,
@@ -52,6 +56,7 @@ from yolofeed.ultralytics_seam import (
     get_split_fraction,
     torch_distributed_zero_first,
     unwrap_model,
+    write_checkpoints_as,
 )
 
 
@@ -198,6 +203,35 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save_model(self):
+        """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
+        a kill mid-write leaves the previous checkpoint whole (train/checkpoints.py). Temporary files of a writer
+        killed earlier in this folder are removed first."""
+        write_checkpoints_as(self, AtomicPath)
+        sweep(self.wdir)
+        return super().save_model()
+
+    def final_eval(self):
+        """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam.py), its in-place rewrites of last.pt and best.pt
+        (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt."""
+        model = self.best if self.best.exists() else None
+        with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
+            if RANK in {-1, 0}:
+                ckpt = strip_atomically(self.last) if self.last.exists() else {}
+                if model:
+                    # update best.pt train_metrics from last.pt
+                    strip_atomically(self.best, updates={"train_results": ckpt.get("train_results")})
+        if model:
+            LOGGER.info(f"\nValidating {model}...")
+            self.validator.args.plots = self.args.plots
+            self.validator.args.compile = False  # disable final val compile as too slow
+            self.metrics = self.validator(model=model)
+            self.metrics.pop("fitness", None)
+            self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
+            self.run_callbacks("on_fit_epoch_end")
+            self.epoch -= 1  # restore epoch
 
     def validate(self):
         """Ultralytics' validation every ``val_period``-th epoch, at the last, and wherever its early stopping may stop
