@@ -37,7 +37,7 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
-from yolofeed.pack.build import check_split, no_labels
+from yolofeed.pack.build import check_splits, no_labels
 from yolofeed.train import keys
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
@@ -134,7 +134,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
 
         Raises:
             DatasetError: the data yaml or a split is unusable.
-            PackError: see ``check_split``.
+            PackError: see ``check_splits``.
         """
         data = check_data_yaml(self.args.data, self.args.split)
         side = train_side(self.args.imgsz)
@@ -142,8 +142,9 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
         sure = self.pack_rebuild != "never" or train_side(self.args.imgsz, 64) == side
         rebuild = self.pack_rebuild if sure else "auto"
-        for split in dict.fromkeys(("train", self.args.split)):
-            check_split(data["yaml_file"], split, side, self.pack_format, self.pack_dir, rebuild)
+        # every pack the run will build, its space counted together: one at a time, the val pack used to fail for
+        # want of room once the train pack was written
+        check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir, rebuild)
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:
