@@ -322,6 +322,13 @@ class TrainingMonitor:
         return callback
 
 
+def attached(callbacks: dict[str, list[Callable]]) -> bool:
+    """Whether a ``TrainingMonitor``'s callbacks are among Ultralytics' ``{event: [fn, ...]}`` already (``attach``
+    to the model copies them into the trainer, and into each DDP rank's)."""
+    return any(isinstance(getattr(getattr(fn, "__wrapped__", None), "__self__", None), TrainingMonitor)
+               for fns in callbacks.values() for fn in fns)
+
+
 def attach(target: Any, **config: Any) -> TrainingMonitor:
     """Monitor a run: ``target`` is a ``YOLO(...)`` model (before ``.train()``) or a trainer.
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
-from yolofeed.train import keys
+from yolofeed.train import keys, options
 from yolofeed.train.checkpoints import UNPICKLING_ERRORS, way_on
 
 
@@ -157,6 +157,38 @@ def load_model(name: str, key: str = "model") -> Any:
                           "such as model=yolo11n.yaml") from None
 
 
+TRAINER_KEYS = ("pack_format", "pack_rebuild", "pack_dir", "partner_pool", "warm_up", "val_period")  # with_options'
+
+
+def given_keys(cfg: TrainConfig) -> set[str]:
+    """yolofeed train's own keys the user gave: typed on the command line (even at their default), or, for a config
+    made in Python, set away from their default."""
+    return set(cfg.given) | {f.name for f in fields_of(TrainConfig)
+                             if not f.metadata.get("passthrough") and getattr(cfg, f.name) != f.default}
+
+
+def monitor_options(cfg: TrainConfig, given: set[str], recorded: dict | None) -> dict | None:
+    """The live monitor's options: the command line's for a new run; on resume the run's recorded ones, with the
+    monitor keys given again in their place (``monitor=False`` turns it off).
+
+    Raises:
+        ConfigError: a monitor key's value is refused (``MonitorConfig``).
+    """
+    from yolofeed.monitor.live import TRAIN_KEYS, MonitorConfig, options_from
+
+    if recorded is None:
+        return options_from(cfg)
+    before = recorded.get("monitor")
+    again = [k for k in TRAIN_KEYS if k in given]
+    if "monitor" in given and not cfg.monitor:
+        return None
+    if before is None or not (again or "monitor" in given):
+        return options_from(cfg) if before is None else before
+    merged = {**before, **{k: getattr(cfg, k) for k in again}}
+    MonitorConfig(**merged)  # checks the values now, before the model is built
+    return merged
+
+
 def run(cfg: TrainConfig) -> Path:
     """Train; returns the path of the best weights."""
     from yolofeed.train.trainer import FastDetectionTrainer, check_data_yaml
@@ -169,9 +201,6 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.pack_dir and Path(cfg.pack_dir).exists() and not Path(cfg.pack_dir).is_dir():
         raise ConfigError(f"pack_dir={cfg.pack_dir} is a file; pack_dir= names the folder packs go to (made if "
                           "missing)")
-    trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
-                                                pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool,
-                                                warm_up=cfg.warm_up, val_period=cfg.val_period)
     checkpoint = resume_checkpoint(cfg)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs
@@ -192,10 +221,17 @@ def run(cfg: TrainConfig) -> Path:
         if not cfg.data:
             raise ConfigError("yolofeed train needs data=path/to/data.yaml (or resume=.../last.pt)")
         model, kwargs = load_model(cfg.model), {"data": cfg.data, **cfg.extra}
-    from yolofeed.monitor.live import attach, options_from
+    from yolofeed.monitor.live import attach
     from yolofeed.monitor.throughput import RunThroughput
 
-    monitor = options_from(cfg)
+    given = given_keys(cfg)
+    recorded = None
+    if checkpoint:  # the run's own options (the trainer restores them too; the monitor is attached here)
+        recorded = options.read(options.file_for(checkpoint, model.ckpt.get("train_args", {}).get("save_dir")))
+    monitor = monitor_options(cfg, given, recorded)
+    # only the options given: on resume the trainer restores the others from the run (train/options.py)
+    trainer = FastDetectionTrainer.with_options(**{k: getattr(cfg, k) for k in TRAINER_KEYS if k in given},
+                                                monitor=monitor)
     if monitor is not None:
         attach(model, **monitor)
     speed = RunThroughput()  # under DDP its callbacks run in the ranks, which report back (monitor/throughput.py)

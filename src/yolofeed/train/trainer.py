@@ -4,7 +4,8 @@ Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EM
 schedulers, validation, checkpoints, results.csv, resume and DDP. Only these things change:
 
 * ``check_resume`` (inside Ultralytics' ``__init__``, before the device or the run folder) checks the final
-  arguments against ``train/keys.py``: a key yolofeed cannot honour stops the run there, in one line.
+  arguments against ``train/keys.py``: a key yolofeed cannot honour stops the run there, in one line. A resumed run
+  gets back yolofeed's own options, which the run folder keeps in ``yolofeed.yaml`` (train/options.py).
 * ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
   ``ValLoader`` (Ultralytics' rect + letterbox batches), each with the split's ``fraction``, ``classes``
   and ``single_cls`` applied as Ultralytics' datasets apply them; packs are built on first use.
@@ -38,7 +39,7 @@ from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.build import check_splits, no_labels
-from yolofeed.train import keys
+from yolofeed.train import keys, options
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -77,31 +78,32 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
+    monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd: the step's options (SyncFreeStep, train/step.py)
+    _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
 
     @classmethod
-    def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
-        """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
-        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up",
-                 "sync_free_step", "sync_free_loss", "fast_musgd", "val_period")
-        unknown = set(options) - set(known)
-        if unknown:
-            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
-                              f"expected {', '.join(known)}")
-        period = options.get("val_period", 1)
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ConfigError(f"FastDetectionTrainer option val_period={period!r}: expected a whole number of epochs, "
-                              "1 or more (1 validates every epoch, as Ultralytics does)")
-        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd"):  # "False": True
-            if name in options and not isinstance(options[name], bool):
-                raise ConfigError(f"FastDetectionTrainer option {name}={options[name]!r}: expected True or False")
-        return type(cls.__name__, (cls,), dict(options))
+    def with_options(cls, **given: Any) -> type[FastDetectionTrainer]:
+        """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``.
+
+        The run records every option in ``<run>/yolofeed.yaml`` and a resume restores them (train/options.py); one
+        given here to the resuming trainer wins over the recorded one.
+        """
+        options.check(given)
+        return type(cls.__name__, (cls,), {**given, "_given": cls._given | frozenset(given)})
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         keys.check_overrides(overrides or {})  # before Ultralytics' get_cfg: a typo is one line, not its help text
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
         for line in keys.start_notes(self.args, self.device.type):
             LOGGER.info(line)
+        if RANK in (-1, 0):  # Ultralytics made the run folder and wrote args.yaml there
+            options.record(self.save_dir, self.run_options())
+        if self.monitor is not None:
+            from yolofeed.monitor.live import attach, attached
+
+            if not attached(self.callbacks):  # yolofeed train attaches it to the model, which hands it over
+                attach(self, **self.monitor)
         # the side Ultralytics will train at, for the default stride; get_dataloader refits it to the model's
         self.hyp = AugmentHyp.from_args(self.args, imgsz=train_side(self.args.imgsz))
         self._augment = None
@@ -112,6 +114,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
         self.add_callback("on_pretrain_routine_end", FastDetectionTrainer._warm_up)
 
+    def run_options(self) -> dict[str, Any]:
+        """yolofeed's options of this run (``with_options``' keys), as it uses them."""
+        return {name: getattr(self, name) for name in options.OPTIONS}
+
     def check_resume(self, overrides: dict[str, Any]) -> None:
         """Ultralytics' resume check, then the final arguments (a checkpoint's included) against ``keys.RULES``.
 
@@ -119,10 +125,38 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         refused key or a missing GPU stops the run in one line with nothing built.
         """
         super().check_resume(overrides)
+        if self.resume:
+            self._restore_options()
         keys.check(self.args)
         self.args.device = keys.check_device(self.args.device)
         if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
             self._check_data()
+
+    def _restore_options(self) -> None:
+        """The options recorded with the run being resumed (``<run>/yolofeed.yaml``); those given again win.
+
+        Raises:
+            ConfigError: the run's yolofeed.yaml is damaged or holds what this yolofeed does not know.
+        """
+        path = options.file_for(self.args.resume, getattr(self.args, "save_dir", None))
+        recorded = options.read(path)
+        if recorded is None:
+            LOGGER.info(f"yolofeed: resuming without {path} (a run of stock Ultralytics or of an older yolofeed): "
+                        "yolofeed's options are their defaults and those given")
+            return
+        restored, kept = [], []
+        for name, value in recorded.items():
+            ours = options.normal(name, getattr(self, name))
+            if name in type(self)._given:
+                if ours != value:
+                    kept.append(f"{name}={getattr(self, name)!r} (recorded {value!r})")
+            else:
+                if ours != value:
+                    restored.append(f"{name}={value!r}")
+                setattr(self, name, value)
+        LOGGER.info(f"yolofeed: resuming with this run's options from {path}"
+                    + (f": {', '.join(restored)}" if restored else " (yolofeed's defaults)")
+                    + (f"; given again, and so used instead: {', '.join(kept)}" if kept else ""))
 
     def _check_data(self) -> None:
         """The data yaml as Ultralytics' ``get_dataset`` reads it, and the packs this run will use.
