@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     except YolofeedError as e:
         print(f"yolofeed {command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"yolofeed {command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
+        print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
         return 130
     return 0
