@@ -93,7 +93,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         return type(cls.__name__, (cls,), {**given, "_given": cls._given | frozenset(given)})
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
-        keys.check_overrides(overrides or {})  # before Ultralytics' get_cfg: a typo is one line, not its help text
+        # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
+        keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=python_route)
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
         for line in keys.start_notes(self.args, self.device.type):
             LOGGER.info(line)
@@ -367,6 +368,23 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
         self.hyp = self.hyp.closed()
         self._augment = None
+
+
+def python_route(name: str, value: Any) -> str | None:
+    """Where a key of ``yolofeed train`` that Ultralytics does not know goes when passed to ``YOLO(...).train()``
+    (the trainer's options, the live monitor's keys); None for any other key."""
+    from yolofeed.monitor.live import TRAIN_KEYS
+
+    if name == "monitor":
+        call = "monitor={}" if value else "monitor=None"  # {}: on, with the monitor's defaults
+    elif name in TRAIN_KEYS:
+        call = f"monitor={{{name!r}: {value!r}}}"
+    elif name in options.OPTIONS:
+        call = f"{name}={value!r}"
+    else:
+        return None
+    return (f"'{name}' is a key of 'yolofeed train', not of Ultralytics' train(): from Python it goes through the "
+            f"trainer, YOLO(...).train(trainer=FastDetectionTrainer.with_options({call}), ...)")
 
 
 def _warn_single_cls_gap(pack: Any) -> None:
