@@ -205,7 +205,7 @@ def _fake_profile(mode: str):
     return Profile(**{**base, **{k: v for k, v in p.items() if k in keys and k != "gpu_util"}})
 
 
-def test_doctor_checks_out_before_profiling(tmp_path, monkeypatch, capsys):
+def test_doctor_checks_out_before_profiling(synth_root, tmp_path, monkeypatch, capsys):
     """out= naming a file (or a folder under one) once cost minutes of profiling, then a NotADirectoryError with no
     verdict. Now: one line, naming the folder, before anything trains."""
     import yolofeed.doctor.run as doctor
@@ -213,16 +213,15 @@ def test_doctor_checks_out_before_profiling(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")  # data= must name a file (the CLI checks that first)
     blocker = tmp_path / "report.txt"
     blocker.write_text("not a folder")
-    for out in (blocker, blocker / "sub"):
-        assert main(["doctor", "data=d.yaml", f"out={out}"]) == 1
+    for out in (blocker, blocker / "sub"):  # model= and data= are checked first: they must be right
+        assert main(["doctor", f"data={synth_root / 'data.yaml'}", f"out={out}"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"out={out}" in err[0] and "folder" in err[0], err
 
 
-def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(tmp_path, monkeypatch, capsys):
+def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(synth_root, tmp_path, monkeypatch, capsys):
     import errno
 
     import yolofeed.doctor.run as doctor
@@ -234,8 +233,7 @@ def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(tmp_path,
     monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: _fake_profile(mode))
     monkeypatch.setattr(doctor.report, "write", full_disk)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")
-    assert main(["doctor", "data=d.yaml", f"out={tmp_path / 'doc'}", "device=cpu"]) == 1
+    assert main(["doctor", f"data={synth_root / 'data.yaml'}", f"out={tmp_path / 'doc'}", "device=cpu"]) == 1
     captured = capsys.readouterr()
     assert "VERDICT:" in captured.out and "report: not written" in captured.out
     errors = [line for line in captured.err.splitlines() if "error" in line]  # stderr also holds the step bar

@@ -315,6 +315,9 @@ def run(cfg: ParityConfig) -> Summary:
     from yolofeed.train import keys
 
     keys.check_overrides(cfg.extra, own=[f.name for f in fields(cfg)], command="yolofeed parity")  # a typo: one line
+    from yolofeed.train.run import check_model_and_data
+
+    check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # as yolofeed train: before any run
     out = Path(cfg.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))

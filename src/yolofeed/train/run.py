@@ -85,8 +85,8 @@ def check_model_file(name: str) -> None:
 
     try:
         spec = yaml_model_load(name)
-    except FileNotFoundError:  # said by load_model, with the fix
-        return
+    except FileNotFoundError:  # not a file, and no model yaml of Ultralytics' own by that name
+        raise _no_such_model(name) from None
     except ValueError as e:
         raise ConfigError(f"model={name}: {' '.join(str(e).split())}") from None
     if not (spec.get("backbone") and spec.get("head")):
@@ -149,8 +149,7 @@ def load_model(name: str, key: str = "model") -> Any:
             raise
         raise _not_a_checkpoint(name, key, e) from None
     except FileNotFoundError:
-        raise ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of "
-                          "a model .yaml or .pt, or a name such as model=yolo11n.yaml") from None
+        raise _no_such_model(name) from None
     except ConnectionError:  # Ultralytics' weights by name (yolo11n.pt) are downloaded on first use
         raise ConfigError(f"model={name}: not on this machine, and its download failed (offline?). Download it once "
                           "with network access, pass the path of a local .pt, or train from scratch with a yaml "
@@ -187,6 +186,31 @@ def monitor_options(cfg: TrainConfig, given: set[str], recorded: dict | None) ->
     merged = {**before, **{k: getattr(cfg, k) for k in again}}
     MonitorConfig(**merged)  # checks the values now, before the model is built
     return merged
+
+
+def _no_such_model(name: str) -> ConfigError:
+    return ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of a "
+                       "model .yaml or .pt, or a name such as model=yolo11n.yaml")
+
+
+def check_model_and_data(model: str, data: str, split: str = "val") -> None:
+    """``model=`` and ``data=`` checked as ``yolofeed train`` checks them, building nothing (``yolofeed doctor`` and
+    ``yolofeed parity``, before their folders and runs): a model yaml must be one (Ultralytics' own names included),
+    a ``.pt`` path must exist and load; the data yaml goes through Ultralytics' ``check_det_dataset``. A bare weights
+    name (``yolo11n.pt``) not on this machine is left to Ultralytics, which downloads it.
+
+    Raises:
+        ConfigError: the model is missing, not a model or does not load.
+        DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
+    """
+    from yolofeed.train.trainer import check_data_yaml
+
+    check_model_file(model)
+    if _is_weights_file(model):
+        check_checkpoint(model)
+    elif str(model).lower().endswith(".pt") and Path(model).name != str(model):  # a path, not a name to download
+        raise _no_such_model(model)
+    check_data_yaml(data, split)
 
 
 def run(cfg: TrainConfig) -> Path:
