@@ -261,7 +261,14 @@ def run(cfg: TrainConfig) -> Path:
     speed = RunThroughput()  # under DDP its callbacks run in the ranks, which report back (monitor/throughput.py)
     for event, fn in speed.callbacks().items():
         model.add_callback(event, fn)
-    model.train(trainer=trainer, **kwargs)
+    try:
+        model.train(trainer=trainer, **kwargs)
+    except KeyboardInterrupt:  # Ctrl-C: the CLI says "interrupted" and this, in one line
+        tr = model.trainer
+        saved = tr.resumable_checkpoint() if isinstance(tr, FastDetectionTrainer) else None
+        raise KeyboardInterrupt(f"the last finished epoch is in {saved}; continue with: "
+                                f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
+                                "no epoch was saved yet") from None
     tr = model.trainer
     best = tr.best if tr.best.exists() else tr.last
     gpus = f"{tr.world_size} GPUs" if tr.world_size > 1 else str(tr.device)

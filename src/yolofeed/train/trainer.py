@@ -28,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
+import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -93,6 +95,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         return type(cls.__name__, (cls,), {**given, "_given": cls._given | frozenset(given)})
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
+        self._started = time.time()  # a last.pt older than this is not this run's (resumable_checkpoint)
         # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
         keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=python_route)
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
@@ -226,11 +229,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             return super()._do_train()
         except Exception as e:
             if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
-                started = getattr(self, "train_time_start", None)
-                saved = self.last.is_file() and (started is None or self.last.stat().st_mtime >= started - 1)
+                saved = self.resumable_checkpoint()
                 LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
-                             + (f"The last finished epoch is in {self.last}; once the cause is fixed, continue "
-                                f"with: {shlex.join(['yolofeed', 'train', f'resume={self.last}'])}"
+                             + (f"The last finished epoch is in {saved}; once the cause is fixed, continue "
+                                f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
                                 if saved else "No epoch was saved yet: start again once the cause is fixed"))
             raise
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
@@ -241,6 +243,15 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
                     loader.close()
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def resumable_checkpoint(self) -> Path | None:
+        """The checkpoint a stopped run continues from: the last.pt this run saved, else the one it resumed from;
+        None before either (a reused run folder's older last.pt is another run's)."""
+        last = getattr(self, "last", None)
+        if last is not None and last.is_file() and last.stat().st_mtime >= self._started - 1:
+            return Path(last)
+        resumed = getattr(self.args, "resume", None) if getattr(self, "resume", False) else None
+        return Path(resumed) if resumed and Path(resumed).is_file() else None
+
     def save_model(self):
         """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
         a kill mid-write leaves the previous checkpoint whole (train/checkpoints.py). Temporary files of a writer
