@@ -48,6 +48,14 @@ def test_a_write_stopped_half_way_leaves_the_old_file_whole(tmp_path, monkeypatc
     assert write_atomically(last, b"new") == 3 and last.read_bytes() == b"new" and _temps(tmp_path) == []
 
 
+def test_the_replaced_checkpoint_keeps_its_mode(tmp_path):
+    last = tmp_path / "last.pt"
+    last.write_bytes(b"old")
+    last.chmod(0o600)  # a user who keeps their weights private: an in-place write kept that
+    write_atomically(last, b"new")
+    assert last.stat().st_mode & 0o777 == 0o600
+
+
 def test_a_link_at_the_checkpoint_is_replaced_never_written_through(tmp_path):
     target = tmp_path / "elsewhere.pt"
     target.write_bytes(b"not yours")

@@ -79,6 +79,10 @@ def write_atomically(path: str | os.PathLike, data: bytes | bytearray | memoryvi
     fd, tmp = create_temp(path)
     try:
         try:
+            with contextlib.suppress(OSError, AttributeError):  # the mode of the file it replaces, as an in-place
+                mode = os.stat(path, follow_symlinks=False).st_mode  # write keeps it (no fchmod on Windows)
+                if stat.S_ISREG(mode):
+                    os.fchmod(fd, stat.S_IMODE(mode))
             rest = view
             while rest:
                 rest = rest[os.write(fd, rest):]
