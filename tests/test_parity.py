@@ -218,3 +218,24 @@ def test_a_mistyped_training_key_is_one_line_before_anything_runs(synth_root, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mosiac" in err[0] and "mosaic" in err[0]
     assert not (tmp_path / "parity.json").exists()
+
+
+def test_a_comparison_whose_every_run_failed_is_an_error_naming_a_log(synth_root, tmp_path, monkeypatch, capsys):
+    """It printed "0 seeds each finished" and exited 0."""
+    import yolofeed.bench.parity as parity
+    from yolofeed.cli import main
+
+    class Failed:
+        pid, returncode = 0, 1
+
+        def poll(self):
+            return 1
+
+    monkeypatch.setattr(parity, "_prepare", lambda cfg: None)
+    monkeypatch.setattr(parity, "_launch", lambda job, spec: Failed())
+    monkeypatch.setattr(parity.time, "sleep", lambda s: None)
+    assert main(["parity", f"data={synth_root / 'data.yaml'}", "seeds=2", "epochs=1", "device=cpu",
+                 f"out={tmp_path}"]) == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("yolofeed parity:")]
+    assert err == [f"yolofeed parity: error: no run finished (the first failed with exit 1): its log says why, "
+                   f"{tmp_path / 'logs' / 'stock-seed0.log'}"]

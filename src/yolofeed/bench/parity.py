@@ -375,12 +375,13 @@ def run(cfg: ParityConfig) -> Summary:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
     s = _report(cfg, jobs, title, out)
-    plot(jobs, out / "parity.png", title)
-    print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n-> {out / 'parity.json'}, {out / 'parity.png'}", flush=True)
-    if not any(j.ok for j in jobs):
+    if not any(j.ok for j in jobs):  # nothing to plot or compare: the table names each run's log
+        print(f"{title}\n{table(jobs, s)}", flush=True)
         failed = next(j for j in jobs if not j.ok)
         raise YolofeedError(f"no run finished (the first failed with exit {failed.returncode}): its log says why, "
                             f"{failed.log}")
+    plot(jobs, out / "parity.png", title)
+    print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n-> {out / 'parity.json'}, {out / 'parity.png'}", flush=True)
     return s
 
 
