@@ -205,7 +205,7 @@ def _fake_profile(mode: str):
     return Profile(**{**base, **{k: v for k, v in p.items() if k in keys and k != "gpu_util"}})
 
 
-def test_doctor_checks_out_before_profiling(tmp_path, monkeypatch, capsys):
+def test_doctor_checks_out_before_profiling(synth_root, tmp_path, monkeypatch, capsys):
     """out= naming a file (or a folder under one) once cost minutes of profiling, then a NotADirectoryError with no
     verdict. Now: one line, naming the folder, before anything trains."""
     import yolofeed.doctor.run as doctor
@@ -213,16 +213,15 @@ def test_doctor_checks_out_before_profiling(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")  # data= must name a file (the CLI checks that first)
     blocker = tmp_path / "report.txt"
     blocker.write_text("not a folder")
-    for out in (blocker, blocker / "sub"):
-        assert main(["doctor", "data=d.yaml", f"out={out}"]) == 1
+    for out in (blocker, blocker / "sub"):  # model= and data= are checked first: they must be right
+        assert main(["doctor", f"data={synth_root / 'data.yaml'}", f"out={out}"]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"out={out}" in err[0] and "folder" in err[0], err
 
 
-def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(tmp_path, monkeypatch, capsys):
+def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(synth_root, tmp_path, monkeypatch, capsys):
     import errno
 
     import yolofeed.doctor.run as doctor
@@ -234,8 +233,7 @@ def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(tmp_path,
     monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: _fake_profile(mode))
     monkeypatch.setattr(doctor.report, "write", full_disk)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")
-    assert main(["doctor", "data=d.yaml", f"out={tmp_path / 'doc'}", "device=cpu"]) == 1
+    assert main(["doctor", f"data={synth_root / 'data.yaml'}", f"out={tmp_path / 'doc'}", "device=cpu"]) == 1
     captured = capsys.readouterr()
     assert "VERDICT:" in captured.out and "report: not written" in captured.out
     errors = [line for line in captured.err.splitlines() if "error" in line]  # stderr also holds the step bar
@@ -316,16 +314,15 @@ def test_the_environment_is_read_without_starting_cuda():
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
-def test_workers_the_run_did_not_use_are_said_with_the_reason(tmp_path, monkeypatch, capsys):
+def test_workers_the_run_did_not_use_are_said_with_the_reason(synth_root, tmp_path, monkeypatch, capsys):
     """``doctor workers=2`` on the CPU printed "workers 0": Ultralytics trains there without workers, unsaid."""
     import yolofeed.doctor.run as doctor
     from yolofeed.cli import main
 
     monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: _fake_profile(mode))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")
-    assert main(["doctor", "data=d.yaml", "workers=2", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
+    data = f"data={synth_root / 'data.yaml'}"  # checked before the (faked) profiles, as yolofeed train checks it
+    assert main(["doctor", data, "workers=2", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
     out = capsys.readouterr().out
     assert "workers 0 (workers=2 asked; Ultralytics trains on the CPU without DataLoader workers)" in out, out
-    assert main(["doctor", "data=d.yaml", "workers=0", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
+    assert main(["doctor", data, "workers=0", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
     assert ", workers 0, device cpu" in capsys.readouterr().out  # as asked: nothing to explain

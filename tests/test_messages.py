@@ -238,3 +238,30 @@ def test_splits_naming_no_split_is_one_line(dataset, capsys):
     """``splits=,`` packed nothing and said nothing (exit 0)."""
     line = _one_line(capsys, ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=,"])
     assert "splits=,: names no split" in line and "splits=train,val" in line
+
+
+@pytest.mark.parametrize("key, value, call", [
+    ("pack_rebuild", "always", "with_options(pack_rebuild='always')"),
+    ("pack_dir", "/fast/ssd", "with_options(pack_dir='/fast/ssd')"),
+    ("val_period", 5, "with_options(val_period=5)"),
+    ("augment_ahead", False, "with_options(augment_ahead=False)"),
+    ("prometheus_port", 9400, "with_options(monitor={'prometheus_port': 9400})"),
+    ("monitor", True, "with_options(monitor={})"),
+])
+def test_yolofeeds_own_keys_passed_to_ultralytics_train_say_where_they_go(synth_root, tmp_path, key, value, call):
+    """``YOLO(...).train(trainer=FastDetectionTrainer, pack_rebuild="always")`` answered "'pack_rebuild' is not a key
+    of 'yolofeed train'", which it is."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"),
+                                   project=str(tmp_path), **{key: value})
+    assert str(e.value) == (f"'{key}' is a key of 'yolofeed train', not of Ultralytics' train(): from Python it goes "
+                            f"through the trainer, YOLO(...).train(trainer=FastDetectionTrainer.{call}, ...)")
+    assert not list(tmp_path.iterdir())  # refused before the run folder
+    with pytest.raises(ConfigError, match="Did you mean 'pack_rebuild'"):  # a typo of one is still a typo
+        YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"),
+                                   pack_rebiuld="always")

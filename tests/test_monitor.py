@@ -241,6 +241,30 @@ def test_the_endpoint_binds_the_address_asked_for(tmp_path):
         mon.close()
 
 
+def test_an_endpoint_other_machines_can_reach_is_said_once_with_how_to_keep_it_local(tmp_path, said):
+    """prometheus_addr=0.0.0.0 served every interface without a word, and the endpoint has no authentication and
+    names the run's folder."""
+    from yolofeed.monitor.exporter import exposure
+
+    mon, _ = _monitored(tmp_path, gpu=False, prometheus_addr="0.0.0.0")
+    try:
+        for _ in range(3):
+            mon.publish()
+        warned = [m for m in said if "without authentication" in m]
+        assert len(warned) == 1, said
+        assert f"serves http://0.0.0.0:{mon.endpoint.port}/metrics on every network interface" in warned[0]
+        assert str(tmp_path / "train3") in warned[0] and "use prometheus_addr=127.0.0.1" in warned[0]
+    finally:
+        mon.close()
+    said.clear()
+    mon, _ = _monitored(tmp_path, gpu=False)  # the default: this machine only, nothing to say
+    mon.close()
+    assert not [m for m in said if "without authentication" in m]
+    assert [exposure(a) for a in ("127.0.0.1", "::1", "localhost", "127.0.0.2")] == [None] * 4
+    assert exposure("::") == "on every network interface" and exposure("10.1.2.3") == "on 10.1.2.3"
+    assert exposure("gpu-box.example") == "on gpu-box.example, as that name resolves"
+
+
 def test_monitor_keys_reach_yolofeed_train():
     from yolofeed.cli import build_config
     from yolofeed.config import TrainConfig

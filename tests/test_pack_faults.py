@@ -372,6 +372,39 @@ def test_a_pack_that_cannot_fit_is_refused_by_the_pre_run_check_too(dataset, mon
     build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # room: nothing to say
 
 
+def test_packs_that_fit_one_at_a_time_but_not_together_are_refused_before_the_first(dataset, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """Room for the train pack and for the val pack, not for both: checked one at a time, the val pack failed for want
+    of room after the train pack was written (and after the run folder and the model). Now ``yolofeed pack``, the
+    trainer's pre-run check (through the CLI) and ``FastDetectionTrainer`` itself refuse it first, nothing written."""
+    from yolofeed.pack.source import load_data_yaml, split_source
+    from yolofeed.train import FastDetectionTrainer
+
+    d = load_data_yaml(dataset / "data.yaml")
+    need = {s: build.estimate_bytes(split_source(d, s), 64, "raw") for s in ("train", "val")}
+    free = max(need.values()) + (min(need.values()) // 2)  # either alone fits, the two do not
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - free, free))
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    message = (rf"not enough free space for the train and val packs in {folder}: together they need [\d.]+ [MK]B "
+               rf"\({sum(need.values()):,} bytes: train [\d.]+ [MK]B, val [\d.]+ [MK]B\), [\d.]+ [MK]B \({free:,} "
+               r"bytes\) are free\. Free some space, or put the packs on a disk with room")
+    with pytest.raises(PackSpaceError, match=message):
+        build.check_splits(dataset / "data.yaml", ("train", "val"), 64, "raw", rebuild="auto")
+    build.check_split(dataset / "data.yaml", "val", 64, "raw", rebuild="auto")  # alone it fits: nothing to say
+    with pytest.raises(PackSpaceError, match=message):
+        build.run(build_config("pack", [f"data={dataset / 'data.yaml'}", "imgsz=64", "format=raw", "workers=1"]))
+    assert not folder.exists()  # no train pack written first
+    runs = tmp_path / "runs"
+    assert main(["train", "model=yolo11n.yaml", f"data={dataset / 'data.yaml'}", "imgsz=64", "pack_format=raw",
+                 "device=cpu", f"project={runs}"]) == 1
+    assert re.search(message, capsys.readouterr().err)
+    with pytest.raises(PackSpaceError, match=message):
+        FastDetectionTrainer.with_options(pack_format="raw")(overrides={"model": "yolo11n.yaml", "imgsz": 64,
+                                                            "data": str(dataset / "data.yaml"), "device": "cpu",
+                                                            "project": str(runs)})
+    assert not runs.exists() and not folder.exists()
+
+
 def test_no_room_even_for_the_lock_record_is_one_clear_error(dataset, monkeypatch):
     """A disk with no byte free takes the empty lock file but not its holder record: that used to escape as an
     OSError traceback from the lock, holding the lock; now one PackError, and the lock is free again."""

@@ -44,8 +44,8 @@ def test_welch_by_hand():
     d = stats.welch([1, 2, 3, 4], [2, 4, 6, 8])
     assert d.diff == 2.5 and d.df == pytest.approx(75 / 17)
     assert (d.low, d.high) == pytest.approx((2.5 - 3.864167, 2.5 + 3.864167), abs=1e-5)
-    same = stats.welch([3.0, 3.0], [4.0, 4.0])
-    assert (same.diff, same.low, same.high) == (1.0, 1.0, 1.0)
+    same = stats.welch([3.0, 3.0], [4.0, 4.0])  # no spread on either side: no interval (it was 1.0 … 1.0)
+    assert same.diff == 1.0 and math.isnan(same.low) and math.isnan(same.high)
     one = stats.welch([1.0], [2.0, 3.0])
     assert one.diff == 1.5 and math.isnan(one.low) and math.isnan(one.high)
 
@@ -83,13 +83,46 @@ def test_verdicts():
     better = [_job("stock", s, v) for s, v in enumerate([30.0, 30.2])] + \
              [_job("yolofeed", s, v) for s, v in enumerate([31.0, 31.2])]
     assert summarise(better).verdict.startswith("yolofeed trains better: +1.00")
-    apart = [_job("stock", s, 40.0, [2.0, 1.0 + 0.01 * s]) for s in range(2)] + \
-            [_job("yolofeed", s, 40.0, [2.5, 1.5 + 0.01 * s]) for s in range(2)]
+    apart = [_job("stock", s, 40.0 + 0.2 * s, [2.0, 1.0 + 0.01 * s]) for s in range(2)] + \
+            [_job("yolofeed", s, 40.0 + 0.2 * s, [2.5, 1.5 + 0.01 * s]) for s in range(2)]
     s = summarise(apart)
     assert s.overlap["train/box_loss"] == 0.0 and not s.passed and "train/box_loss bands overlap in 0 %" in s.verdict
     failed = Job("yolofeed", 1, "yolofeed-seed1", Path("/x.log"), returncode=1)
     s = summarise([_job("stock", 0, 40.0), _job("stock", 1, 41.0), _job("yolofeed", 0, 40.0), failed])
-    assert s.passed is None and s.verdict.startswith("not enough runs for a verdict: 2 stock / 1 yolofeed")
+    assert s.passed is None and s.verdict.startswith("no verdict: 2 stock / 1 yolofeed seeds finished, and a verdict "
+                                                     "needs at least 2 a side")
+
+
+@pytest.mark.parametrize("case, stock, yolofeed, words", [
+    ("nothing learnt", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], "every stock run ended at mAP50-95 0.00: nothing was learnt"),
+    ("one side learnt nothing", [0.0, 0.0], [1.0, 1.2], "every stock run ended at mAP50-95 0.00"),
+    ("no spread", [40.0, 40.0], [40.1, 40.4], "the 2 stock runs all ended at exactly 40.00 mAP50-95 (sd 0)"),
+    ("not a number", [40.0, float("nan")], [40.1, 40.4], "the final mAP50-95 of stock seed(s) 1 is not a number"),
+    ("one side missing", [], [40.1, 40.4], "0 stock / 2 yolofeed seeds finished"),
+])
+def test_no_verdict_from_degenerate_values(case, stock, yolofeed, words):
+    """Every mAP at 0 gave "+0.00 … +0.00; parity holds" (passed: true): a verdict from runs that learnt nothing."""
+    s = summarise([_job("stock", k, v) for k, v in enumerate(stock)] +
+                  [_job("yolofeed", k, v) for k, v in enumerate(yolofeed)])
+    assert s.passed is None and s.verdict.startswith("no verdict: ") and words in s.verdict, s.verdict
+    assert "nan" not in s.verdict and "parity holds" not in s.verdict and "CI" not in s.verdict
+
+
+def test_a_plot_of_one_epoch_shows_its_points(tmp_path, monkeypatch):
+    """A line through one point draws nothing: a one-epoch comparison plotted blank."""
+    import matplotlib.pyplot as plt
+
+    from yolofeed.bench.parity import plot
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    jobs = [_job(side, k, 10.0 + k) for side in ("stock", "yolofeed") for k in range(2)]
+    for j in jobs:
+        j.curves = {k: v[-1:] for k, v in j.curves.items()}  # one epoch
+    plot(jobs, tmp_path / "parity.png", "one epoch")
+    lines = [line for ax in figures[0].axes for line in ax.lines]
+    assert len(lines) == 4  # mAP and box loss, each side
+    assert all(len(line.get_xdata()) == 1 and line.get_marker() not in (None, "", "None") for line in lines)
 
 
 def test_devices_and_slots():
@@ -119,9 +152,12 @@ def test_tiny_parity_end_to_end(synth_root, tmp_path):
     assert report["seeds"] == {"stock": [0, 1], "yolofeed": [0, 1]}
     assert (tmp_path / "parity.png").stat().st_size > 10_000
     verdict = report["verdict"]
-    assert verdict in r.stdout and verdict.split(":")[0] in ("no difference detected", "yolofeed trains worse",
-                                                             "yolofeed trains better")
-    assert "2 seeds each" in verdict
+    assert verdict in r.stdout
+    if all(v == 0 for side in report["final"].values() for v in side["map50_95"]):  # one epoch at 64 px: the usual
+        assert report["passed"] is None and verdict.startswith("no verdict: every stock run ended at mAP50-95 0.00")
+    else:
+        assert verdict.split(":")[0] in ("no difference detected", "yolofeed trains worse", "yolofeed trains better",
+                                         "no verdict")
     for x in report["runs"]:  # each run is a normal Ultralytics run folder
         assert (tmp_path / "runs" / f"{x['side']}-seed{x['seed']}" / "weights" / "last.pt").exists()
 
@@ -147,6 +183,34 @@ def test_killing_parity_alone_stops_its_trainings(synth_root, tmp_path):
     assert not alive, [p.cmdline() for p in alive]
 
 
+@pytest.mark.slow
+def test_parity_stopped_by_sigterm_says_so_and_gives_no_verdict(synth_root, tmp_path):
+    """SIGTERM to parity alone (a scheduler's stop) while its runs train: exit 143 and one line saying it was stopped,
+    no verdict and no "+nan points" (it exited 130 as for Ctrl-C, and parity.json said "difference so far +nan
+    points"); the runs are stopped."""
+    import psutil
+
+    proc = subprocess.Popen(_parity_cmd(synth_root, tmp_path, 2, epochs=50), env=os.environ | {"YOLO_OFFLINE": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(proc.pid)
+    t0 = time.monotonic()
+    children: list[psutil.Process] = []
+    while time.monotonic() - t0 < 300 and len(children) < 2 and proc.poll() is None:
+        children = parent.children(recursive=True)
+        time.sleep(0.2)
+    assert len(children) >= 2, "the trainings never started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    lines = [x for x in err.splitlines() if x.startswith("yolofeed parity:")]
+    assert len(lines) == 1 and "stopped by SIGTERM with 0 of 4 runs finished: no verdict" in lines[0], err[-2000:]
+    assert "nan" not in out + lines[0] and "parity holds" not in out and "Traceback" not in err
+    report = json.loads((tmp_path / "parity.json").read_text())
+    assert report["passed"] is None and report["stopped"] == "SIGTERM" and "nan" not in report["verdict"]
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive
+
+
 def test_a_mistyped_training_key_is_one_line_before_anything_runs(synth_root, tmp_path, capsys):
     from yolofeed.cli import main
 
@@ -154,3 +218,24 @@ def test_a_mistyped_training_key_is_one_line_before_anything_runs(synth_root, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mosiac" in err[0] and "mosaic" in err[0]
     assert not (tmp_path / "parity.json").exists()
+
+
+def test_a_comparison_whose_every_run_failed_is_an_error_naming_a_log(synth_root, tmp_path, monkeypatch, capsys):
+    """It printed "0 seeds each finished" and exited 0."""
+    import yolofeed.bench.parity as parity
+    from yolofeed.cli import main
+
+    class Failed:
+        pid, returncode = 0, 1
+
+        def poll(self):
+            return 1
+
+    monkeypatch.setattr(parity, "_prepare", lambda cfg: None)
+    monkeypatch.setattr(parity, "_launch", lambda job, spec: Failed())
+    monkeypatch.setattr(parity.time, "sleep", lambda s: None)
+    assert main(["parity", f"data={synth_root / 'data.yaml'}", "seeds=2", "epochs=1", "device=cpu",
+                 f"out={tmp_path}"]) == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("yolofeed parity:")]
+    assert err == [f"yolofeed parity: error: no run finished (the first failed with exit 1): its log says why, "
+                   f"{tmp_path / 'logs' / 'stock-seed0.log'}"]

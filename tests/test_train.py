@@ -245,3 +245,66 @@ def test_cli_val_period_writes_nan_rows_and_keeps_the_best_validated_epoch(synth
     best = torch.load(runs / "val-period" / "weights" / "best.pt", map_location="cpu", weights_only=False)
     metrics = best["train_metrics"]  # what was known when it was saved: a validated epoch's, not epoch 1's nan
     assert metrics["fitness"] is not None and metrics[key] == metrics[key]
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_an_epoch_says_how_to_resume(synth_root, tmp_path):
+    """Ctrl-C (SIGINT to the training process) once an epoch is saved: one line names the command that continues,
+    quoted for the shell (the run folder here has a space in it), and the command resumes. It said "interrupted"."""
+    import shlex
+
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    project = tmp_path / "my runs"
+    last = project / "r" / "weights" / "last.pt"
+    proc = subprocess.Popen([sys.executable, "-m", "yolofeed", "train", "model=yolo11n.yaml",
+                             f"data={synth_root / 'data.yaml'}", "epochs=3", "imgsz=64", "batch=8", "device=cpu",
+                             "workers=0", "plots=False", f"project={project}", "name=r"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 600 and proc.poll() is None:
+        try:
+            torch.load(last, map_location="cpu", weights_only=False)
+            break
+        except Exception:  # not saved yet
+            time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 130, err[-2000:]
+    line = [x for x in err.splitlines() if x.startswith("yolofeed train:")][-1]
+    assert line.startswith(f"yolofeed train: interrupted; the last finished epoch is in {last}; continue with: ")
+    argv = shlex.split(line.split("continue with: ")[1])
+    assert argv == ["yolofeed", "train", f"resume={last}"]
+    r = subprocess.run([sys.executable, "-m", *argv], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_ctrl_c_before_any_epoch_says_none_was_saved(synth_root, tmp_path, monkeypatch, capsys):
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.cli import main
+
+    def interrupted(trainer):
+        raise KeyboardInterrupt  # Ctrl-C while the first epoch is set up
+
+    monkeypatch.setattr(FastDetectionTrainer, "_warm_up", interrupted)
+    assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", "epochs=1", "imgsz=64",
+                 "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}", "name=r"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "yolofeed train: interrupted; no epoch was saved yet"
+
+
+def test_the_checkpoint_a_stopped_run_continues_from(tmp_path):
+    """This run's last.pt; before its first save, the checkpoint it resumed from (it used to say "no epoch was saved
+    yet" there); never an older run's last.pt in a reused folder (exist_ok=True)."""
+    from types import SimpleNamespace
+
+    from yolofeed import FastDetectionTrainer
+
+    last, source = tmp_path / "last.pt", tmp_path / "best.pt"
+    last.write_bytes(b"older")
+    source.write_bytes(b"resumed from")
+    os.utime(last, (time.time() - 3600, time.time() - 3600))
+    t = SimpleNamespace(last=last, _started=time.time(), resume=False, args=SimpleNamespace(resume=False))
+    assert FastDetectionTrainer.resumable_checkpoint(t) is None  # another run's
+    t.resume, t.args.resume = True, str(source)
+    assert FastDetectionTrainer.resumable_checkpoint(t) == source
+    last.write_bytes(b"saved by this run")
+    assert FastDetectionTrainer.resumable_checkpoint(t) == last

@@ -209,3 +209,22 @@ def test_cfg_values_reach_the_trainer_checks(synth_root, tmp_path, capsys):
     cfg_file.write_text(json.dumps({"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "rect": True}))
     assert "rect=True" in _one_line(capsys, ["train", f"cfg={cfg_file}", f"project={tmp_path / 'runs'}"])
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["doctor", "parity"])
+def test_doctor_and_parity_check_the_model_and_the_data_yaml_first(command, synth_root, tmp_path, capsys):
+    """A model that does not exist: the doctor ended in a FileNotFoundError traceback after it had started; parity
+    ran every run, each failing, and said "0 seeds each finished ... +nan points" with exit 0. A data yaml whose val
+    folder is missing: found by the runs. Now each is one line before anything is made, as in yolofeed train."""
+    data = synth_root / "data.yaml"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(f"path: {synth_root}\ntrain: images/train\nval: images/nope\nnames: {{0: a}}\n")
+    out = tmp_path / "out"
+    common = [f"out={out}", "imgsz=64", "batch=8", "device=cpu"]
+    for argv, words in (([f"data={data}", "model=nope.yaml"], "model=nope.yaml: no such file, and not a model"),
+                        ([f"data={data}", f"model={tmp_path / 'runs' / 'best.pt'}"], "best.pt: no such file"),
+                        ([f"data={data}", f"model={data}"], "is not a model yaml"),
+                        ([f"data={broken}", "model=yolo11n.yaml"], f"data={broken}: ")):
+        line = _one_line(capsys, [command, *argv, *common])
+        assert words in line, line
+        assert not out.exists()

@@ -6,6 +6,7 @@ so ``yolofeed help`` stays instant.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import logging
@@ -172,6 +173,8 @@ def build_config(command: str, args: list[str]) -> typing.Any:
     for f in fields.values():
         if f.default is None and f.name not in values and "None" not in str(f.type) and f.default_factory is MISSING:
             raise ConfigError(f"'yolofeed {command}' needs {f.name}=... Example: {spec.example}")
+    if any(f.metadata.get("internal") for f in dataclasses.fields(spec.config)):
+        values["given"] = frozenset(values)  # config.typed: the keys typed, whatever their value
     if passthrough:
         if extra:  # Ultralytics' keys and types, checked as its get_cfg would (which prints its help and raises)
             from yolofeed.train.keys import check_overrides
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     except YolofeedError as e:
         print(f"yolofeed {command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"yolofeed {command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
+        print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
         return 130
     return 0

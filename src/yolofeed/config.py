@@ -33,6 +33,11 @@ def passthrough(help: str) -> Any:  # noqa: A002 - mirrors argparse
     return field(default_factory=dict, metadata={"help": help, "choices": None, "passthrough": True})
 
 
+def typed(help: str) -> Any:  # noqa: A002 - mirrors argparse
+    """The field the command line fills with the keys it was given (not a key itself: ``fields_of`` leaves it out)."""
+    return field(default=frozenset(), metadata={"help": help, "choices": None, "internal": True})
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (the affinity mask, not the machine's count)."""
     try:
@@ -87,7 +92,8 @@ class TrainConfig:
                             "resume=path")
     data: str | None = key(None, "Ultralytics data yaml (not needed with resume=)")
     resume: str | None = key(None, "a last.pt to continue training from; or model=.../last.pt with resume=True "
-                             "(or a bare 'resume'), as in yolo train")
+                             "(or a bare 'resume'), as in yolo train. yolofeed's own keys come back from the run's "
+                             "yolofeed.yaml; one given again wins")
     pack_format: str = key(DEFAULT_PACK_FORMAT, "pack storage", PACK_FORMATS)
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
                             "contents; never: refuse them", ("auto", "check", "always", "never"))
@@ -127,6 +133,8 @@ class TrainConfig:
     alert_seconds: float = key(30.0, "... for this many seconds (one warning per episode)")
     summary_seconds: float = key(30.0, "seconds between the monitor's one-line summaries")
     extra: dict = passthrough("every other key=value goes to Ultralytics' train")
+    given: frozenset = typed("yolofeed's own keys typed on the command line: on resume, one typed again wins over the "
+                             "run's recorded value, even when it is the default")
 
 
 @dataclass(frozen=True)
@@ -206,5 +214,5 @@ class DoctorConfig(MeasuredRunConfig):
 
 
 def fields_of(config_cls: type) -> list[dataclasses.Field]:
-    """The keys of a config class, in declaration order."""
-    return list(dataclasses.fields(config_cls))
+    """The keys of a config class, in declaration order (not the field the command line fills itself: ``typed``)."""
+    return [f for f in dataclasses.fields(config_cls) if not f.metadata.get("internal")]

@@ -97,7 +97,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     )
     from ultralytics.optim import muon as _muon  # train.musgd: the module its copy of muon_update comes from
     from ultralytics.optim.muon import MuSGD, zeropower_via_newtonschulz5  # train.musgd subclasses and calls them
-    from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOGGER, RANK, VERBOSE, YAML  # paths, config, logging
+    from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOCAL_RANK, LOGGER, RANK, VERBOSE, YAML  # paths, config
     from ultralytics.utils.checks import (  # train.run: cfg=; pack.source: data=coco8.yaml; as yolo train finds them
         check_file,
         check_yaml,
@@ -115,6 +115,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
         get_flops,  # monitor.profile: a model's forward GFLOPs, as Ultralytics' model summary counts them
         parse_device,
+        strip_optimizer,  # train.checkpoints: the final checkpoints, written to a temporary file
         torch_distributed_zero_first,
         unwrap_model,
     )
@@ -126,14 +127,16 @@ VERSION: str = ultralytics.__version__
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
-    "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOGGER", "MuSGD", "RANK", "StopTraining", "TaskAlignedAssigner",
+    "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOCAL_RANK", "LOGGER", "MuSGD", "RANK", "StopTraining",
+    "TaskAlignedAssigner",
     "VERSION", "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml",
     "criterion", "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "find_dataset_yaml",
     "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "packaged",
     "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
     "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
     "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first", "torch_safe_load",
-    "launches_ranks", "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "xywh2xyxy",
+    "launches_ranks", "strip_optimizer", "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss",
+    "write_checkpoints_as", "xywh2xyxy",
     "xyxy2xywh", "yaml_model_load", "zeropower_via_newtonschulz5",
 ]
 
@@ -163,6 +166,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),
     (DetectionTrainer, "build_optimizer", "yolofeed's trainer makes the MuSGD it builds a FastMuSGD"),
     (DetectionTrainer, "validate", "yolofeed's trainer skips it between val_period epochs (without it: every epoch)"),
+    (DetectionTrainer, "save_model", "yolofeed's trainer makes its checkpoint writes atomic around it"),
+    (DetectionTrainer, "final_eval", "yolofeed's trainer copies it (COPIED) to strip the final checkpoints atomically"),
 )
 
 
@@ -223,6 +228,10 @@ COPIED: tuple[Pinned, ...] = (
            "beta and 1 - beta as device scalars (a multiply, then an add, where stock fuses them)"),
     Pinned("ultralytics.optim.muon.MuSGD.step", "e5bd4a18e6039cf8", "yolofeed.train.musgd.FastMuSGD._update",
            "the buffers of a plan made once, the scalars read from the device, a found_inf step skipped there"),
+    Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.final_eval", "b13bdb214501858e",
+           "yolofeed.train.trainer.FastDetectionTrainer.final_eval",
+           "strip_optimizer writes last.pt and best.pt to a temporary file renamed over them "
+           "(train/checkpoints.py::strip_atomically), not over them in place"),
 )
 
 # What the copies and the overrides assume: a change here can break them without touching a copied line.
@@ -256,6 +265,9 @@ RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.engine.trainer.BaseTrainer.train", "6df46979cf5bb5e5",
            why="self.ddp: the launching process runs the ranks with subprocess.run(check=True) and trains nothing "
                "itself (monitor/profile.py: its ranks report to it and leave with status 0)"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.save_model", "292ea8c55f928750",
+           why="serialises the checkpoint once and writes it only with write_bytes on self.last, self.best and "
+               "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic)"),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
            why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
 )
@@ -501,6 +513,22 @@ def train_until_stopped(trainer: Any) -> bool:
     except StopTraining:
         return True
     return False
+
+
+# -- checkpoints -----------------------------------------------------------------------------------------------------
+def write_checkpoints_as(trainer: Any, path_class: type) -> None:
+    """Make the trainer's checkpoint paths instances of ``path_class`` (a ``Path`` subclass), so that
+    ``BaseTrainer.save_model`` writes every checkpoint through its ``write_bytes``.
+
+    ``save_model`` serialises once, then writes the bytes with ``write_bytes`` on ``trainer.last``, ``trainer.best``
+    and ``trainer.wdir / f"epoch{N}.pt"`` (RELIED_ON; pathlib keeps the class across ``/``). Idempotent.
+    """
+    for name in ("wdir", "last", "best"):
+        path = getattr(trainer, name, None)
+        if path is None:
+            raise _missing(f"trainer.{name}", "yolofeed writes the run's checkpoints atomically at")
+        if type(path) is not path_class:
+            setattr(trainer, name, path_class(path))
 
 
 # -- output --------------------------------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ The answer is the difference of the two sides' mean final mAP50-95 with Welch's 
 
 Parity holds when the mean difference is within +-0.5 mAP50-95 points, the interval's lower end is
 above -1.0 point, and each training loss's mean +- sd bands of the two sides overlap in at least 90 %
-of epochs. A verdict needs at least two seeds a side; more give a narrower interval.
+of epochs. A verdict needs at least two seeds a side (more give a narrower interval), final values that are numbers,
+runs that learnt something (not every one at 0) and a spread on each side (not every run at the same value): without
+them the verdict line says what is missing and ``passed`` is null. A comparison stopped early (Ctrl-C: exit 130;
+SIGTERM: exit 143) stops its runs, keeps what finished in parity.json and gives no verdict.
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from yolofeed.bench.stats import Difference, bands_overlap, mean_sd, welch
 from yolofeed.config import ParityConfig, usable_cores
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, YolofeedError
 from yolofeed.processes import kill_with_parent
 
 SIDES = ("stock", "yolofeed")
@@ -158,7 +161,12 @@ class Summary:
 
 
 def summarise(jobs: list[Job]) -> Summary:
-    """The comparison over the runs that finished; see the module docstring for the bar."""
+    """The comparison over the runs that finished; see the module docstring for the bar.
+
+    No verdict comes from fewer than two runs a side, from a final mAP that is not a number, from a side whose runs
+    all ended at 0 (nothing learnt: every model is equally useless), or from a side whose runs all ended at the same
+    value (no spread: the interval would be a point). The verdict then says what is missing, and ``passed`` is None.
+    """
     done = {s: sorted((j for j in jobs if j.side == s and j.ok), key=lambda j: j.seed) for s in SIDES}
     final = {s: {"map50_95": [100 * j.curves[MAP][-1] for j in done[s]],
                  "map50": [100 * j.curves[MAP50][-1] for j in done[s]]} for s in SIDES}
@@ -172,10 +180,11 @@ def summarise(jobs: list[Job]) -> Summary:
     n = {s: len(done[s]) for s in SIDES}
     seeds = f"{n['stock']} stock / {n['yolofeed']} yolofeed seeds" if n["stock"] != n["yolofeed"] \
         else f"{n['stock']} seeds each"
-    if min(n.values()) < 2:
-        verdict = (f"not enough runs for a verdict: {seeds} finished (at least 2 a side); "
-                   f"difference so far {d.diff:+.2f} points")
-        return Summary({s: [j.seed for j in done[s]] for s in SIDES}, final, d, overlap, None, verdict)
+    missing = _missing(done, final, n, seeds)
+    if missing:
+        so_far = f"; difference so far {d.diff:+.2f} points" if math.isfinite(d.diff) else ""
+        return Summary({s: [j.seed for j in done[s]] for s in SIDES}, final, d, overlap, None,
+                       f"no verdict: {'; '.join(missing)}{so_far}")
     ci = f"(95 % CI {d.low:+.2f} … {d.high:+.2f}, {seeds})"
     if d.low > 0:
         verdict = f"yolofeed trains better: {d.diff:+.2f} mAP50-95 points {ci}"
@@ -191,6 +200,27 @@ def summarise(jobs: list[Job]) -> Summary:
     fails += [f"{k} bands overlap in {100 * v:.0f} % of epochs" for k, v in overlap.items() if v < OVERLAP_BAR]
     verdict += "; parity holds" if not fails else f"; parity not shown ({', '.join(fails)})"
     return Summary({s: [j.seed for j in done[s]] for s in SIDES}, final, d, overlap, not fails, verdict)
+
+
+def _missing(done: dict[str, list[Job]], final: dict, n: dict[str, int], seeds: str) -> list[str]:
+    """What a verdict lacks, in words; [] when the finished runs can carry one."""
+    if min(n.values()) < 2:
+        return [f"{seeds} finished, and a verdict needs at least 2 a side (more give a narrower interval)"]
+    missing = []
+    for side in SIDES:
+        values = final[side]["map50_95"]
+        bad = [j.seed for j, v in zip(done[side], values) if not math.isfinite(v)]
+        if bad:
+            missing.append(f"the final mAP50-95 of {side} seed(s) {', '.join(map(str, bad))} is not a number "
+                           "(see their results.csv)")
+        elif all(v == 0 for v in values):
+            missing.append(f"every {side} run ended at mAP50-95 0.00: nothing was learnt, so there is nothing to "
+                           "compare (train longer: epochs=, or check the data and the labels)")
+        elif max(values) == min(values):
+            missing.append(f"the {n[side]} {side} runs all ended at exactly {values[0]:.2f} mAP50-95 (sd 0): no "
+                           "spread to build an interval on (do the seeds change the runs? deterministic settings "
+                           "or a cut dataset can make them equal)")
+    return missing
 
 
 def _stack(curves: list[list[float]]) -> np.ndarray:
@@ -210,9 +240,13 @@ def table(jobs: list[Job], s: Summary) -> str:
         else:
             lines.append(f"{j.side:<10}{j.seed:>5}  failed (exit {j.returncode}): see {j.log}")
     for side in SIDES:
+        if not s.final[side]["map50_95"]:
+            lines.append(f"{side + ' mean':<15}  no run finished")
+            continue
         m, sd = mean_sd(s.final[side]["map50_95"])
         m50, sd50 = mean_sd(s.final[side]["map50"])
-        lines.append(f"{side + ' mean':<15}{m:>10.2f}{m50:>8.2f}   sd {sd:.2f} / {sd50:.2f}")
+        spread = f"sd {sd:.2f} / {sd50:.2f}" if len(s.final[side]["map50_95"]) > 1 else "sd - (one run)"
+        lines.append(f"{side + ' mean':<15}{m:>10.2f}{m50:>8.2f}   {spread}")
     return "\n".join(lines)
 
 
@@ -236,7 +270,9 @@ def plot(jobs: list[Job], path: Path, title: str) -> None:
             scale = 100 if key == MAP else 1
             m, sd = a.mean(0) * scale, (a.std(0, ddof=1) if len(a) > 1 else np.zeros(a.shape[1])) * scale
             x = np.arange(1, a.shape[1] + 1)
-            ax.plot(x, m, color=COLOURS[side], label=f"{side} ({len(a)} seeds)")
+            # a line through one point draws nothing: with few epochs each one is a marker
+            ax.plot(x, m, color=COLOURS[side], label=f"{side} ({len(a)} seeds)",
+                    marker="o" if a.shape[1] <= 20 else None, markersize=4)
             ax.fill_between(x, m - sd, m + sd, color=COLOURS[side], alpha=0.25, linewidth=0)
         ax.set_title("mAP50-95 (points)" if key == MAP else key, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
@@ -279,6 +315,9 @@ def run(cfg: ParityConfig) -> Summary:
     from yolofeed.train import keys
 
     keys.check_overrides(cfg.extra, own=[f.name for f in fields(cfg)], command="yolofeed parity")  # a typo: one line
+    from yolofeed.train.run import check_model_and_data
+
+    check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # as yolofeed train: before any run
     out = Path(cfg.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
@@ -299,7 +338,7 @@ def run(cfg: ParityConfig) -> Summary:
 
     pending, running, free = list(jobs), {}, list(range(len(places)))
     bar = tqdm(total=len(jobs), desc="parity runs", unit="run")
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: end the runs, keep the report
+    previous = signal.signal(signal.SIGTERM, _terminate)  # a scheduler's stop: end the runs, keep the report
     try:
         while pending or running:
             while pending and free:
@@ -320,27 +359,51 @@ def run(cfg: ParityConfig) -> Summary:
                     tqdm.write(f"parity: {job.name} failed (exit {job.returncode}); log: {job.log}")
                 _report(cfg, jobs, title, out)  # after each run: an interrupted comparison keeps what finished
             bar.set_postfix_str(", ".join(j.name for j, _, _ in running.values()))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
         _stop([p for _, p, _ in running.values()])
-        _report(cfg, jobs, title, out)
-        raise
+        bar.close()  # its line ends before ours
+        how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        _report(cfg, jobs, title, out, stopped=how)
+        done = sum(j.ok for j in jobs)
+        said = (f"stopped by {how} with {done} of {len(jobs)} runs finished: no verdict (the comparison is not "
+                f"complete); what finished is in {out / 'parity.json'}")
+        if isinstance(e, Terminated):
+            print(f"yolofeed parity: {said}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise KeyboardInterrupt(said) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
     s = _report(cfg, jobs, title, out)
+    if not any(j.ok for j in jobs):  # nothing to plot or compare: the table names each run's log
+        print(f"{title}\n{table(jobs, s)}", flush=True)
+        failed = next(j for j in jobs if not j.ok)
+        raise YolofeedError(f"no run finished (the first failed with exit {failed.returncode}): its log says why, "
+                            f"{failed.log}")
     plot(jobs, out / "parity.png", title)
     print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n-> {out / 'parity.json'}, {out / 'parity.png'}", flush=True)
     return s
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+class Terminated(Exception):
+    """SIGTERM (a scheduler's stop, ``timeout``) while the runs train: stop them, keep the report, exit 143."""
 
 
-def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path) -> Summary:
-    """Summarise the runs that finished and write parity.json."""
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: str | None = None) -> Summary:
+    """Summarise the runs that finished and write parity.json.
+
+    Args:
+        stopped: what stopped the comparison before its runs finished ("SIGTERM", "Ctrl-C"): no verdict then.
+    """
     s = summarise(jobs)
-    report = {"config": asdict(cfg), "title": title, "verdict": s.verdict, "passed": s.passed,
+    if stopped is not None:
+        s = replace(s, passed=None, verdict=f"no verdict: stopped by {stopped} with {sum(j.ok for j in jobs)} of "
+                                            f"{len(jobs)} runs finished")
+    report = {"config": asdict(cfg), "title": title, "verdict": s.verdict, "passed": s.passed, "stopped": stopped,
               "difference": asdict(s.difference), "final": s.final, "seeds": s.seeds, "loss_overlap": s.overlap,
               "bars": {"mean_points": MEAN_BAR, "ci_low_points": LOW_BAR, "loss_overlap": OVERLAP_BAR},
               "runs": [{"side": j.side, "seed": j.seed, "ok": j.ok, "returncode": j.returncode, "wall_s": j.wall_s,

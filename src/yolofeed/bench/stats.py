@@ -79,7 +79,9 @@ def mean_sd(values) -> tuple[float, float]:
 class Difference:
     """``b - a`` of two sample means with Welch's confidence interval.
 
-    ``low``/``high`` are nan when either side has fewer than two values (no spread to go by).
+    ``low``/``high`` are nan when either side has fewer than two values or one that is not a number, or when
+    neither side varies (no spread to go by: a zero-width interval would claim a certainty that a few equal runs do
+    not give).
     """
 
     diff: float
@@ -94,12 +96,12 @@ def welch(a, b, level: float = 0.95) -> Difference:
     (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
     na, nb = len(a), len(b)
     diff = mb - ma
-    if na < 2 or nb < 2:
+    if na < 2 or nb < 2 or not math.isfinite(diff):  # too few values, or one that is not a number
         return Difference(diff, math.nan, math.nan, math.nan, level)
     va, vb = sa * sa / na, sb * sb / nb
     se2 = va + vb
-    if se2 == 0.0:  # every run of both sides agreed exactly
-        return Difference(diff, diff, diff, math.inf, level)
+    if se2 == 0.0:  # every run of both sides agreed exactly: no interval
+        return Difference(diff, math.nan, math.nan, math.nan, level)
     df = se2 * se2 / (va * va / (na - 1) + vb * vb / (nb - 1))
     half = t_ppf(0.5 + level / 2.0, df) * math.sqrt(se2)
     return Difference(diff, diff - half, diff + half, df, level)

@@ -9,6 +9,7 @@ from yolofeed.errors import ConfigError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
 from yolofeed.monitor.system import environment
 from yolofeed.train.keys import check_device
+from yolofeed.train.run import check_model_and_data
 
 
 def trainer_class(mode: str) -> type:
@@ -56,6 +57,7 @@ def run(cfg: DoctorConfig) -> list:
     if cfg.steps < 5:
         raise ConfigError(f"steps={cfg.steps}: the doctor needs at least 5 measured steps")
     check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any profiling
+    check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these, before out= is made
     out = report.writable_folder(cfg.out)
     runs = out / "runs"  # each mode's Ultralytics run folder (args.yaml, TensorBoard events when enabled)
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "workers": cfg.workers,

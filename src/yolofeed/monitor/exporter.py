@@ -13,6 +13,7 @@ second by default): a scrape costs the training loop nothing, and a series whose
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -95,6 +96,35 @@ class Endpoint:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def exposure(addr: str) -> str | None:
+    """Who other than this machine can reach an endpoint bound to ``addr``, in words; None for a loopback address.
+
+    A host name other than ``localhost`` counts as reachable: it may resolve to any interface.
+    """
+    if addr.strip().lower() == "localhost":
+        return None
+    try:
+        ip = ipaddress.ip_address(addr.strip("[]"))
+    except ValueError:
+        return f"on {addr}, as that name resolves"
+    if ip.is_loopback:
+        return None
+    return "on every network interface" if ip.is_unspecified else f"on {addr}"
+
+
+def exposed_warning(endpoint: Endpoint, save_dir: str) -> str | None:
+    """The warning for an endpoint other machines can reach (it has no authentication, and names the run's folder);
+    None for one only this machine can."""
+    where = exposure(endpoint.addr)
+    if where is None:
+        return None
+    return (f"yolofeed monitor: prometheus_addr={endpoint.addr} serves {endpoint.url} {where}, without authentication: "
+            f"anyone who can reach port {endpoint.port} of this machine can read the run's metrics, and they name "
+            f"the run's folder ({save_dir}). To keep them on this machine, use prometheus_addr=127.0.0.1 (the "
+            "default) and let Prometheus scrape through an SSH tunnel; otherwise allow only the Prometheus server to "
+            "that port (a firewall)")
 
 
 def serve(collector: Collector, addr: str, port: int, log: logging.Logger, tries: int = 10) -> Endpoint | None:

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from yolofeed.errors import ConfigError
-from yolofeed.monitor.exporter import Collector, Endpoint, serve
+from yolofeed.monitor.exporter import Collector, Endpoint, exposed_warning, serve
 from yolofeed.monitor.steps import PHASES, StepClock
 from yolofeed.monitor.system import SystemSampler
 from yolofeed.ultralytics_seam import LOGGER, mark_phases, progress_bar_drawn  # our lines go where Ultralytics' go
@@ -214,6 +214,9 @@ class TrainingMonitor:
                                   self.cfg.prometheus_port, LOGGER)
             if self.endpoint is not None:
                 LOGGER.info(f"yolofeed monitor: Prometheus metrics on {self.endpoint.url}")
+                warning = exposed_warning(self.endpoint, str(save_dir))
+                if warning:  # once, as the endpoint opens: it serves every scrape after without a word
+                    LOGGER.warning(warning)
         if self.cfg.tensorboard:
             self.writer = open_tensorboard(save_dir / "yolofeed_tb")
         self._last_publish = self._last_summary = self.clock()
@@ -320,6 +323,13 @@ class TrainingMonitor:
 
         callback.__wrapped__ = fn
         return callback
+
+
+def attached(callbacks: dict[str, list[Callable]]) -> bool:
+    """Whether a ``TrainingMonitor``'s callbacks are among Ultralytics' ``{event: [fn, ...]}`` already (``attach``
+    to the model copies them into the trainer, and into each DDP rank's)."""
+    return any(isinstance(getattr(getattr(fn, "__wrapped__", None), "__self__", None), TrainingMonitor)
+               for fns in callbacks.values() for fn in fns)
 
 
 def attach(target: Any, **config: Any) -> TrainingMonitor:

@@ -913,30 +913,61 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
 
     With ``rebuild="never"``: the pack must exist and be valid and current (it is opened: its metadata
     checksums, and a stat of every source file for the fingerprint). Otherwise, when no pack file is there
-    yet: some folder must take one (nothing is created; the build makes the folder), with the free space for
-    it (the split is listed and up to ``SPACE_SAMPLE`` image headers are read, as the build will). A DDP
-    launcher thereby refuses a pack that cannot fit in its own process, with the error's own type, before any
-    rank starts.
+    yet (or ``rebuild="always"``): some folder must take one (nothing is created; the build makes the folder), with
+    the free space for it (the split is listed and up to ``SPACE_SAMPLE`` image headers are read, as the build will).
+    A DDP launcher thereby refuses a pack that cannot fit in its own process, with the error's own type, before any
+    rank starts. ``check_splits`` checks several splits, and their packs' space together.
 
     Raises:
         PackError / PackSpaceError / StalePackError / DatasetError: as ``ensure_split`` would.
     """
+    check_splits(data, (split,), imgsz, storage, out, rebuild)
+
+
+def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[str], imgsz: int = 640,
+                 storage: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+    """``check_split`` for each split, and the free space for every pack still to build, added up per disk.
+
+    The packs of a run are built one after the other and each stays: checked one at a time, each fits the free
+    space, and the val pack fails for want of room once the train pack is written. A pack file already there is
+    reused or rebuilt under ``rebuild="auto"``; only a build can tell which (it opens the pack), so it is not counted.
+
+    Raises:
+        PackSpaceError: the packs to build do not fit together (or one alone does not); the message gives each one's
+            size, the sum and the free space.
+        PackError / StalePackError / DatasetError: as ``check_split``.
+    """
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
-    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
+    # a wrong path: refused before format=auto says what it chose (without the split)
+    sources = {split: split_source(d, split) for split in dict.fromkeys(splits)}
     storage = resolve_storage(d, storage, imgsz, out)
     folders = pack_folders(d["yaml_file"], imgsz, storage, out)
-    name = f"{split}{SUFFIX}"
-    if rebuild == "never":
-        fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-        pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, False)
-        if pack is None:
-            raise errors[0] if errors else _missing(folders[0] / name, out, fix)
-    elif not any(os.path.lexists(folder / name) for folder in folders):
-        folder = _build_folder(folders, split, chosen=bool(out), create=False)
-        FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
-        _plan_space(src, folder, imgsz, storage)
+    due: dict[int, list[tuple[str, Path, _Space]]] = {}  # disk (st_dev) -> the packs to build there
+    for split, src in sources.items():
+        name = f"{split}{SUFFIX}"
+        if rebuild == "never":
+            fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
+            pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, False)
+            if pack is None:
+                raise errors[0] if errors else _missing(folders[0] / name, out, fix)
+        elif rebuild == "always" or not any(os.path.lexists(folder / name) for folder in folders):
+            folder = _build_folder(folders, split, chosen=bool(out), create=False)
+            FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
+            space = _plan_space(src, folder, imgsz, storage)  # this one alone
+            disk = _existing_ancestor(folder) or folder
+            due.setdefault(os.stat(disk).st_dev, []).append((split, folder, space))
+    for packs in due.values():
+        need = sum(space.estimate for _, _, space in packs)
+        free = min(space.free for _, _, space in packs)
+        if len(packs) > 1 and free < need:
+            names = " and ".join(split for split, _, _ in packs)
+            each = ", ".join(f"{split} {_gb(space.estimate)}" for split, _, space in packs)
+            where = ", ".join(dict.fromkeys(str(folder) for _, folder, _ in packs))
+            raise PackSpaceError(f"not enough free space for the {names} packs in {where}: together they need "
+                                 f"{_gb(need)} ({need:,} bytes: {each}), {_gb(free)} ({free:,} bytes) are free. "
+                                 f"Free some space, or {MOVE_HINT}")
 
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
@@ -1069,6 +1100,8 @@ def run(cfg: PackConfig) -> list[BuildResult]:
         raise ConfigError(f"splits={cfg.splits}: names no split; list the data yaml's splits to pack, comma-separated, "
                           "e.g. splits=train,val")
     d = load_data_yaml(cfg.data)
+    if cfg.rebuild != "never":  # every pack to build must fit, together, before the first is written
+        check_splits(d, splits, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild)
     results = []
     for split in splits:
         r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync,
@@ -1084,5 +1117,5 @@ def read_report(dest: Path) -> list[list[str]]:
     return [[_unquote_field(f) for f in line.split("\t")] for line in text.split("\n")[1:] if line]
 
 
-__all__ = ["BuildResult", "build_split", "cache_root", "check_split", "ensure_split", "no_labels", "open_or_build",
-           "pack_folders", "rebuild_command", "run", "store_dir", "summary"]
+__all__ = ["BuildResult", "build_split", "cache_root", "check_split", "check_splits", "ensure_split", "no_labels",
+           "open_or_build", "pack_folders", "rebuild_command", "run", "store_dir", "summary"]

@@ -157,6 +157,10 @@ class FolderLock:
         """
         if self.mechanism != "kernel" or not os.path.lexists(self.path):
             return
+        if os.path.isfile(self.path) and not os.path.islink(self.path) and not os.access(self.path, os.R_OK | os.W_OK):
+            # said as taking the lock says it (the open below, for reading only, would say "read")
+            raise files.denied(self.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "read and write",
+                               PURPOSE)
         fd = files.open_file(self.path, os.O_RDONLY, PURPOSE, single_link=True)
         try:
             ours = _record_of(_read_fd(fd))[1]

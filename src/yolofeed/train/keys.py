@@ -255,18 +255,27 @@ def check_names(names: Iterable[str], own: Iterable[str] = (), command: str = "y
                               f"'{command} help' lists yolofeed's keys, 'yolo cfg' Ultralytics' keys.")
 
 
-def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command: str = "yolofeed train") -> None:
+def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command: str = "yolofeed train",
+                    routes: Callable[[str, Any], str | None] | None = None) -> None:
     """Keys handed to Ultralytics, checked as ``ultralytics.cfg.get_cfg`` checks them, but in one line.
 
     Args:
         overrides: key -> value, as Ultralytics' ``smart_value`` reads the command line.
         own: the command's own keys (offered as the closest match of a typo).
+        routes: for a key Ultralytics does not know, the message that says where it goes instead, or None (the
+            trainer's: a key of ``yolofeed train`` passed to ``YOLO(...).train()`` goes through ``with_options``).
 
     Raises:
-        ConfigError: an unknown key (with the closest valid one), or a value of the wrong type or range.
+        ConfigError: an unknown key (with the closest valid one, or where it goes), or a value of the wrong type or
+            range.
     """
     from yolofeed.ultralytics_seam import check_cfg
 
+    if routes is not None:
+        valid = valid_names()
+        for name, value in overrides.items():
+            if name not in valid and (said := routes(name, value)):
+                raise ConfigError(said)
     check_names(overrides, own, command)
     try:
         check_cfg(dict(overrides))  # on a copy: it converts values in place

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import shlex
 from pathlib import Path
 from typing import Any
 
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
-from yolofeed.train import keys
+from yolofeed.train import keys, options
+from yolofeed.train.checkpoints import UNPICKLING_ERRORS, way_on
 
 
 def resume_checkpoint(cfg: TrainConfig) -> str | None:
@@ -85,8 +85,8 @@ def check_model_file(name: str) -> None:
 
     try:
         spec = yaml_model_load(name)
-    except FileNotFoundError:  # said by load_model, with the fix
-        return
+    except FileNotFoundError:  # not a file, and no model yaml of Ultralytics' own by that name
+        raise _no_such_model(name) from None
     except ValueError as e:
         raise ConfigError(f"model={name}: {' '.join(str(e).split())}") from None
     if not (spec.get("backbone") and spec.get("head")):
@@ -95,17 +95,15 @@ def check_model_file(name: str) -> None:
                           "yaml such as model=yolo11n.yaml, or weights such as model=path/to/best.pt")
 
 
-# What unpickling a damaged or foreign file raises: Ultralytics turns most into a TypeError naming the checkpoint;
-# random bytes also give these (1 file in 15).
-UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, ValueError, OverflowError, EOFError,
-                     RuntimeError)
-
-
 def _not_a_checkpoint(name: str, key: str, e: BaseException | str) -> ConfigError:
+    """The error for a weights file that does not load; for ``resume=``, naming the run's checkpoint to go on from
+    (a killed write used to truncate last.pt: checkpoints.py)."""
     reason = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
     reason = " ".join(reason.replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")[:300]
+    on = way_on(name) if key == "resume" else ("point at a run's weights/last.pt or best.pt, or train from a model "
+                                               "yaml")
     return ConfigError(f"{key}={name}: not a PyTorch checkpoint Ultralytics can load (damaged or truncated?): "
-                       f"{reason}. Point at a run's weights/last.pt or best.pt, or train from a model yaml")
+                       f"{reason}; {on}")
 
 
 def check_checkpoint(name: str, key: str = "model") -> None:
@@ -151,12 +149,69 @@ def load_model(name: str, key: str = "model") -> Any:
             raise
         raise _not_a_checkpoint(name, key, e) from None
     except FileNotFoundError:
-        raise ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of "
-                          "a model .yaml or .pt, or a name such as model=yolo11n.yaml") from None
+        raise _no_such_model(name) from None
     except ConnectionError:  # Ultralytics' weights by name (yolo11n.pt) are downloaded on first use
         raise ConfigError(f"model={name}: not on this machine, and its download failed (offline?). Download it once "
                           "with network access, pass the path of a local .pt, or train from scratch with a yaml "
                           "such as model=yolo11n.yaml") from None
+
+
+TRAINER_KEYS = ("pack_format", "pack_rebuild", "pack_dir", "partner_pool", "warm_up", "val_period", "augment_ahead",
+                "sync_free_step", "sync_free_loss", "fast_musgd", "channels_last")  # with_options'
+
+
+def given_keys(cfg: TrainConfig) -> set[str]:
+    """yolofeed train's own keys the user gave: typed on the command line (even at their default), or, for a config
+    made in Python, set away from their default."""
+    return set(cfg.given) | {f.name for f in fields_of(TrainConfig)
+                             if not f.metadata.get("passthrough") and getattr(cfg, f.name) != f.default}
+
+
+def monitor_options(cfg: TrainConfig, given: set[str], recorded: dict | None) -> dict | None:
+    """The live monitor's options: the command line's for a new run; on resume the run's recorded ones, with the
+    monitor keys given again in their place (``monitor=False`` turns it off).
+
+    Raises:
+        ConfigError: a monitor key's value is refused (``MonitorConfig``).
+    """
+    from yolofeed.monitor.live import TRAIN_KEYS, MonitorConfig, options_from
+
+    if recorded is None:
+        return options_from(cfg)
+    before = recorded.get("monitor")
+    again = [k for k in TRAIN_KEYS if k in given]
+    if "monitor" in given and not cfg.monitor:
+        return None
+    if before is None or not (again or "monitor" in given):
+        return options_from(cfg) if before is None else before
+    merged = {**before, **{k: getattr(cfg, k) for k in again}}
+    MonitorConfig(**merged)  # checks the values now, before the model is built
+    return merged
+
+
+def _no_such_model(name: str) -> ConfigError:
+    return ConfigError(f"model={name}: no such file, and not a model Ultralytics knows by name. Pass the path of a "
+                       "model .yaml or .pt, or a name such as model=yolo11n.yaml")
+
+
+def check_model_and_data(model: str, data: str, split: str = "val") -> None:
+    """``model=`` and ``data=`` checked as ``yolofeed train`` checks them, building nothing (``yolofeed doctor`` and
+    ``yolofeed parity``, before their folders and runs): a model yaml must be one (Ultralytics' own names included),
+    a ``.pt`` path must exist and load; the data yaml goes through Ultralytics' ``check_det_dataset``. A bare weights
+    name (``yolo11n.pt``) not on this machine is left to Ultralytics, which downloads it.
+
+    Raises:
+        ConfigError: the model is missing, not a model or does not load.
+        DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
+    """
+    from yolofeed.train.trainer import check_data_yaml
+
+    check_model_file(model)
+    if _is_weights_file(model):
+        check_checkpoint(model)
+    elif str(model).lower().endswith(".pt") and Path(model).name != str(model):  # a path, not a name to download
+        raise _no_such_model(model)
+    check_data_yaml(data, split)
 
 
 def run(cfg: TrainConfig) -> Path:
@@ -171,12 +226,6 @@ def run(cfg: TrainConfig) -> Path:
     if cfg.pack_dir and Path(cfg.pack_dir).exists() and not Path(cfg.pack_dir).is_dir():
         raise ConfigError(f"pack_dir={cfg.pack_dir} is a file; pack_dir= names the folder packs go to (made if "
                           "missing)")
-    trainer = FastDetectionTrainer.with_options(pack_format=cfg.pack_format, pack_rebuild=cfg.pack_rebuild,
-                                                pack_dir=cfg.pack_dir, partner_pool=cfg.partner_pool,
-                                                warm_up=cfg.warm_up, val_period=cfg.val_period,
-                                                augment_ahead=cfg.augment_ahead, sync_free_step=cfg.sync_free_step,
-                                                sync_free_loss=cfg.sync_free_loss, fast_musgd=cfg.fast_musgd,
-                                                channels_last=cfg.channels_last)
     checkpoint = resume_checkpoint(cfg)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs
@@ -197,16 +246,30 @@ def run(cfg: TrainConfig) -> Path:
         if not cfg.data:
             raise ConfigError("yolofeed train needs data=path/to/data.yaml (or resume=.../last.pt)")
         model, kwargs = load_model(cfg.model), {"data": cfg.data, **cfg.extra}
-    from yolofeed.monitor.live import attach, options_from
+    from yolofeed.monitor.live import attach
     from yolofeed.monitor.throughput import RunThroughput
 
-    monitor = options_from(cfg)
+    given = given_keys(cfg)
+    recorded = None
+    if checkpoint:  # the run's own options (the trainer restores them too; the monitor is attached here)
+        recorded = options.read(options.file_for(checkpoint, model.ckpt.get("train_args", {}).get("save_dir")))
+    monitor = monitor_options(cfg, given, recorded)
+    # only the options given: on resume the trainer restores the others from the run (train/options.py)
+    trainer = FastDetectionTrainer.with_options(**{k: getattr(cfg, k) for k in TRAINER_KEYS if k in given},
+                                                monitor=monitor)
     if monitor is not None:
         attach(model, **monitor)
     speed = RunThroughput()  # under DDP its callbacks run in the ranks, which report back (monitor/throughput.py)
     for event, fn in speed.callbacks().items():
         model.add_callback(event, fn)
-    model.train(trainer=trainer, **kwargs)
+    try:
+        model.train(trainer=trainer, **kwargs)
+    except KeyboardInterrupt:  # Ctrl-C: the CLI says "interrupted" and this, in one line
+        tr = model.trainer
+        saved = tr.resumable_checkpoint() if isinstance(tr, FastDetectionTrainer) else None
+        raise KeyboardInterrupt(f"the last finished epoch is in {saved}; continue with: "
+                                f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
+                                "no epoch was saved yet") from None
     tr = model.trainer
     best = tr.best if tr.best.exists() else tr.last
     gpus = f"{tr.world_size} GPUs" if tr.world_size > 1 else str(tr.device)

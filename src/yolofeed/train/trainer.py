@@ -1,10 +1,11 @@
 """The Ultralytics seam: ``DetectionTrainer`` fed from packs and augmented on the GPU.
 
 Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
-schedulers, validation, checkpoints, results.csv, resume and DDP. Only five things change:
+schedulers, validation, checkpoints, results.csv, resume and DDP. Only these things change:
 
 * ``check_resume`` (inside Ultralytics' ``__init__``, before the device or the run folder) checks the final
-  arguments against ``train/keys.py``: a key yolofeed cannot honour stops the run there, in one line.
+  arguments against ``train/keys.py``: a key yolofeed cannot honour stops the run there, in one line. A resumed run
+  gets back yolofeed's own options, which the run folder keeps in ``yolofeed.yaml`` (train/options.py).
 * ``get_dataloader`` returns a ``TrainLoader`` (raw pack samples on the device, prefetched) and a
   ``ValLoader`` (Ultralytics' rect + letterbox batches), each with the split's ``fraction``, ``classes``
   and ``single_cls`` applied as Ultralytics' datasets apply them; packs are built on first use.
@@ -18,6 +19,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only five thin
   bar's loss items reach the host one step late (the epoch's mean loss stays exact), and the detection
   loss takes the counts it would sync for from the batch (train/loss.py; ``sync_free_loss=False``:
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
+* Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
+  file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
+import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,14 +40,16 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
-from yolofeed.pack.build import check_split, no_labels
+from yolofeed.pack.build import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
-from yolofeed.train import keys
+from yolofeed.train import keys, options
 from yolofeed.train.ahead import AugmentAhead
+from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.warmup import batch_sizes, warm_up
 from yolofeed.ultralytics_seam import (
     DEFAULT_CFG,
+    LOCAL_RANK,
     LOGGER,
     RANK,
     DetectionTrainer,
@@ -53,6 +60,7 @@ from yolofeed.ultralytics_seam import (
     get_split_fraction,
     torch_distributed_zero_first,
     unwrap_model,
+    write_checkpoints_as,
 )
 
 
@@ -73,32 +81,34 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
+    monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, channels_last: the step's options (SyncFreeStep, train/step.py)
+    _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
 
     @classmethod
-    def with_options(cls, **options: Any) -> type[FastDetectionTrainer]:
-        """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``."""
-        known = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up",
-                 "sync_free_step", "sync_free_loss", "fast_musgd", "channels_last", "val_period")
-        unknown = set(options) - set(known)
-        if unknown:
-            raise ConfigError(f"unknown FastDetectionTrainer options {sorted(unknown)}; "
-                              f"expected {', '.join(known)}")
-        period = options.get("val_period", 1)
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ConfigError(f"FastDetectionTrainer option val_period={period!r}: expected a whole number of epochs, "
-                              "1 or more (1 validates every epoch, as Ultralytics does)")
-        for name in ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd",
-                     "channels_last"):  # "False" would read as True
-            if name in options and not isinstance(options[name], bool):
-                raise ConfigError(f"FastDetectionTrainer option {name}={options[name]!r}: expected True or False")
-        return type(cls.__name__, (cls,), dict(options))
+    def with_options(cls, **given: Any) -> type[FastDetectionTrainer]:
+        """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``.
+
+        The run records every option in ``<run>/yolofeed.yaml`` and a resume restores them (train/options.py); one
+        given here to the resuming trainer wins over the recorded one.
+        """
+        options.check(given)
+        return type(cls.__name__, (cls,), {**given, "_given": cls._given | frozenset(given)})
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
-        keys.check_overrides(overrides or {})  # before Ultralytics' get_cfg: a typo is one line, not its help text
+        self._started = time.time()  # a last.pt older than this is not this run's (resumable_checkpoint)
+        # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
+        keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=python_route)
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
         for line in keys.start_notes(self.args, self.device.type):
             LOGGER.info(line)
+        if RANK in (-1, 0):  # Ultralytics made the run folder and wrote args.yaml there
+            options.record(self.save_dir, self.run_options())
+        if self.monitor is not None:
+            from yolofeed.monitor.live import attach, attached
+
+            if not attached(self.callbacks):  # yolofeed train attaches it to the model, which hands it over
+                attach(self, **self.monitor)
         # the side Ultralytics will train at, for the default stride; get_dataloader refits it to the model's
         self.hyp = AugmentHyp.from_args(self.args, imgsz=train_side(self.args.imgsz))
         self._augment = None
@@ -109,6 +119,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
         self.add_callback("on_pretrain_routine_end", FastDetectionTrainer._warm_up)
 
+    def run_options(self) -> dict[str, Any]:
+        """yolofeed's options of this run (``with_options``' keys), as it uses them."""
+        return {name: getattr(self, name) for name in options.OPTIONS}
+
     def check_resume(self, overrides: dict[str, Any]) -> None:
         """Ultralytics' resume check, then the final arguments (a checkpoint's included) against ``keys.RULES``.
 
@@ -116,10 +130,38 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         refused key or a missing GPU stops the run in one line with nothing built.
         """
         super().check_resume(overrides)
+        if self.resume:
+            self._restore_options()
         keys.check(self.args)
         self.args.device = keys.check_device(self.args.device)
         if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
             self._check_data()
+
+    def _restore_options(self) -> None:
+        """The options recorded with the run being resumed (``<run>/yolofeed.yaml``); those given again win.
+
+        Raises:
+            ConfigError: the run's yolofeed.yaml is damaged or holds what this yolofeed does not know.
+        """
+        path = options.file_for(self.args.resume, getattr(self.args, "save_dir", None))
+        recorded = options.read(path)
+        if recorded is None:
+            LOGGER.info(f"yolofeed: resuming without {path} (a run of stock Ultralytics or of an older yolofeed): "
+                        "yolofeed's options are their defaults and those given")
+            return
+        restored, kept = [], []
+        for name, value in recorded.items():
+            ours = options.normal(name, getattr(self, name))
+            if name in type(self)._given:
+                if ours != value:
+                    kept.append(f"{name}={getattr(self, name)!r} (recorded {value!r})")
+            else:
+                if ours != value:
+                    restored.append(f"{name}={value!r}")
+                setattr(self, name, value)
+        LOGGER.info(f"yolofeed: resuming with this run's options from {path}"
+                    + (f": {', '.join(restored)}" if restored else " (yolofeed's defaults)")
+                    + (f"; given again, and so used instead: {', '.join(kept)}" if kept else ""))
 
     def _check_data(self) -> None:
         """The data yaml as Ultralytics' ``get_dataset`` reads it, and the packs this run will use.
@@ -131,7 +173,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
 
         Raises:
             DatasetError: the data yaml or a split is unusable.
-            PackError: see ``check_split``.
+            PackError: see ``check_splits``.
         """
         data = check_data_yaml(self.args.data, self.args.split)
         side = train_side(self.args.imgsz)
@@ -139,8 +181,9 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
         sure = self.pack_rebuild != "never" or train_side(self.args.imgsz, 64) == side
         rebuild = self.pack_rebuild if sure else "auto"
-        for split in dict.fromkeys(("train", self.args.split)):
-            check_split(data["yaml_file"], split, side, self.pack_format, self.pack_dir, rebuild)
+        # every pack the run will build, its space counted together: one at a time, the val pack used to fail for
+        # want of room once the train pack was written
+        check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir, rebuild)
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:
@@ -187,11 +230,10 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             return super()._do_train()
         except Exception as e:
             if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
-                started = getattr(self, "train_time_start", None)
-                saved = self.last.is_file() and (started is None or self.last.stat().st_mtime >= started - 1)
+                saved = self.resumable_checkpoint()
                 LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
-                             + (f"The last finished epoch is in {self.last}; once the cause is fixed, continue "
-                                f"with: {shlex.join(['yolofeed', 'train', f'resume={self.last}'])}"
+                             + (f"The last finished epoch is in {saved}; once the cause is fixed, continue "
+                                f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
                                 if saved else "No epoch was saved yet: start again once the cause is fixed"))
             raise
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
@@ -200,6 +242,44 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def resumable_checkpoint(self) -> Path | None:
+        """The checkpoint a stopped run continues from: the last.pt this run saved, else the one it resumed from;
+        None before either (a reused run folder's older last.pt is another run's)."""
+        last = getattr(self, "last", None)
+        if last is not None and last.is_file() and last.stat().st_mtime >= self._started - 1:
+            return Path(last)
+        resumed = getattr(self.args, "resume", None) if getattr(self, "resume", False) else None
+        return Path(resumed) if resumed and Path(resumed).is_file() else None
+
+    def save_model(self):
+        """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
+        a kill mid-write leaves the previous checkpoint whole (train/checkpoints.py). Temporary files of a writer
+        killed earlier in this folder are removed first."""
+        write_checkpoints_as(self, AtomicPath)
+        sweep(self.wdir)
+        return super().save_model()
+
+    def final_eval(self):
+        """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam.py), its in-place rewrites of last.pt and best.pt
+        (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt."""
+        model = self.best if self.best.exists() else None
+        with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
+            if RANK in {-1, 0}:
+                ckpt = strip_atomically(self.last) if self.last.exists() else {}
+                if model:
+                    # update best.pt train_metrics from last.pt
+                    strip_atomically(self.best, updates={"train_results": ckpt.get("train_results")})
+        if model:
+            LOGGER.info(f"\nValidating {model}...")
+            self.validator.args.plots = self.args.plots
+            self.validator.args.compile = False  # disable final val compile as too slow
+            self.metrics = self.validator(model=model)
+            self.metrics.pop("fitness", None)
+            self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
+            self.run_callbacks("on_fit_epoch_end")
+            self.epoch -= 1  # restore epoch
 
     def validate(self):
         """Ultralytics' validation every ``val_period``-th epoch, at the last, and wherever its early stopping may stop
@@ -300,6 +380,23 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
         self.hyp = self.hyp.closed()
         self._augment = None
+
+
+def python_route(name: str, value: Any) -> str | None:
+    """Where a key of ``yolofeed train`` that Ultralytics does not know goes when passed to ``YOLO(...).train()``
+    (the trainer's options, the live monitor's keys); None for any other key."""
+    from yolofeed.monitor.live import TRAIN_KEYS
+
+    if name == "monitor":
+        call = "monitor={}" if value else "monitor=None"  # {}: on, with the monitor's defaults
+    elif name in TRAIN_KEYS:
+        call = f"monitor={{{name!r}: {value!r}}}"
+    elif name in options.OPTIONS:
+        call = f"{name}={value!r}"
+    else:
+        return None
+    return (f"'{name}' is a key of 'yolofeed train', not of Ultralytics' train(): from Python it goes through the "
+            f"trainer, YOLO(...).train(trainer=FastDetectionTrainer.with_options({call}), ...)")
 
 
 def _warn_single_cls_gap(pack: Any) -> None:

@@ -1,0 +1,236 @@
+"""A run's checkpoints written so that a kill never costs the previous one, and the way on when one is damaged anyway.
+
+Ultralytics writes ``last.pt``, ``best.pt`` and ``epochN.pt`` in place (``Path.write_bytes``: the file is truncated,
+then written), and rewrites ``last.pt`` and ``best.pt`` in place again at the end (``strip_optimizer``). A SIGKILL, the
+OOM killer or a power cut in that window leaves an empty or truncated file, and the checkpoint it replaced is gone:
+the run cannot be resumed, or its best weights are lost. Here each is written to a new temporary file in the same
+folder, fsynced, and renamed over the old one: a reader sees the old file or the new one, whole. The fsync costs the
+disk's write time of one checkpoint (5 MB for yolo11n, about 110 MB for yolo11x) once an epoch.
+
+A writer killed mid-write leaves its temporary file (``.last.pt.tmp-<pid>-<8 hex digits>``); the next save in that
+folder removes those of writers that are no longer running, when they hold nothing or the start of a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import pickle
+import re
+import secrets
+import shlex
+import stat
+from pathlib import Path
+from typing import Any
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
+CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+TEMP = re.compile(r"\.(?P<name>.+\.pt)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
+ZIP = b"PK\x03\x04"  # torch.save's format (a zip archive) starts so
+EPOCH_FILE = re.compile(r"epoch(\d+)\.pt")
+# What unpickling a damaged or foreign file raises: Ultralytics turns most into a TypeError naming the checkpoint;
+# random bytes also give these (1 file in 15).
+UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, ValueError, OverflowError, EOFError,
+                     RuntimeError)
+
+
+def create_temp(path: Path) -> tuple[int, Path]:
+    """A new file ``.<name>.tmp-<pid>-<random>`` beside ``path``, open for writing (``O_EXCL``: a name planted ahead
+    is never opened, another is drawn). Mode 0666 less the umask, as ``write_bytes`` gives."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise OSError(errno.EEXIST, f"no free temporary name beside {path} after 100 tries")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX); nothing where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a folder: the rename is atomic all the same
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> int:
+    """Replace ``path`` with ``data``: a temporary file beside it, fsynced, renamed over it.
+
+    Killed at any moment, ``path`` holds its old bytes or the new ones, never part of them. A link at ``path`` is
+    replaced by the file, its target left as it was.
+
+    Returns:
+        The number of bytes written (as ``Path.write_bytes``).
+
+    Raises:
+        OSError: the write failed (a full disk); ``path`` is as it was and the temporary file is removed.
+    """
+    path = Path(path)
+    view = memoryview(data).cast("B")
+    fd, tmp = create_temp(path)
+    try:
+        try:
+            with contextlib.suppress(OSError, AttributeError):  # the mode of the file it replaces, as an in-place
+                mode = os.stat(path, follow_symlinks=False).st_mode  # write keeps it (no fchmod on Windows)
+                if stat.S_ISREG(mode):
+                    os.fchmod(fd, stat.S_IMODE(mode))
+            rest = view
+            while rest:
+                rest = rest[os.write(fd, rest):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C and SIGTERM included: nothing half-written is left
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+    return len(view)
+
+
+class AtomicPath(type(Path())):
+    """A path whose ``write_bytes`` replaces the file atomically (``write_atomically``); everything else is Path's.
+
+    ``AtomicPath(folder) / name`` is an ``AtomicPath`` too (pathlib keeps the class).
+    """
+
+    def write_bytes(self, data: Any) -> int:
+        return write_atomically(self, data)
+
+
+def strip_atomically(path: Path, updates: dict | None = None) -> dict:
+    """Ultralytics' ``strip_optimizer`` of ``path`` (the final checkpoint: EMA weights in half precision, no
+    optimizer), written to a temporary file renamed over ``path`` instead of over it in place.
+
+    Returns:
+        What ``strip_optimizer`` returns: the checkpoint saved, or {} when ``path`` was not a valid one (left as it
+        was; Ultralytics says so).
+    """
+    from yolofeed.ultralytics_seam import LOGGER, strip_optimizer
+
+    fd, tmp = create_temp(path)
+    os.close(fd)
+
+    def in_place_words(record: logging.LogRecord) -> bool:  # its line names the file as the in-place strip does
+        if isinstance(record.msg, str):
+            record.msg = record.msg.replace(f" saved as {tmp},", "")
+        return True
+
+    LOGGER.addFilter(in_place_words)
+    try:
+        ckpt = strip_optimizer(path, s=str(tmp), updates=updates)
+        if ckpt:
+            fd = os.open(tmp, os.O_RDONLY | CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+    finally:
+        LOGGER.removeFilter(in_place_words)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return ckpt
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:  # Windows: no signal 0; keep the file
+        return True
+    return True
+
+
+def sweep(folder: Path) -> list[Path]:
+    """Remove the temporary checkpoints in ``folder`` left by writers that died mid-write; returns those removed.
+
+    Only a regular file named as ``create_temp`` names them, of a process that no longer runs, holding nothing (killed
+    before its first byte) or the start of a torch checkpoint. Anything else is left alone.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = TEMP.fullmatch(entry.name)
+        if m is None or int(m["pid"]) == os.getpid() or _alive(int(m["pid"])):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | CLOEXEC)
+        except OSError:
+            continue
+        try:
+            ours = stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(ZIP)) in (b"", ZIP)
+        except OSError:
+            ours = False
+        finally:
+            os.close(fd)
+        if ours:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def resumable_epoch(path: Path) -> int | None:
+    """The epoch (0-based) a checkpoint can resume after, or None: it does not load, or holds a finished run (no
+    optimizer state: ``strip_optimizer`` made it)."""
+    from yolofeed.ultralytics_seam import torch_safe_load
+
+    try:
+        ckpt, _ = torch_safe_load(str(path))
+    except (*UNPICKLING_ERRORS, AttributeError, OSError):
+        return None
+    if not isinstance(ckpt, dict) or ckpt.get("optimizer") is None or not isinstance(ckpt.get("epoch"), int):
+        return None
+    return ckpt["epoch"] if ckpt["epoch"] >= 0 else None
+
+
+def newest_resumable(damaged: Path) -> tuple[Path, int] | None:
+    """The checkpoint beside ``damaged`` that resumes furthest: ``best.pt``, or the newest ``epochN.pt`` that loads.
+
+    Reads best.pt and the epoch files from the newest down until one loads (a read each).
+    """
+    folder = damaged.parent
+    found = []
+    best = folder / "best.pt"
+    if best != damaged and (epoch := resumable_epoch(best)) is not None:
+        found.append((epoch, best))
+    numbered = sorted(((int(m[1]), p) for p in folder.glob("epoch*.pt") if (m := EPOCH_FILE.fullmatch(p.name))),
+                      reverse=True)
+    for _, p in numbered:
+        if p != damaged and (epoch := resumable_epoch(p)) is not None:
+            found.append((epoch, p))
+            break
+    if not found:
+        return None
+    epoch, path = max(found, key=lambda x: x[0])
+    return path, epoch
+
+
+def way_on(damaged: str | os.PathLike) -> str:
+    """What to do when ``resume=`` names a checkpoint that does not load: the run's checkpoint to go on from."""
+    path = Path(damaged)
+    found = newest_resumable(path)
+    if found is None:
+        return (f"no other checkpoint in {path.parent} loads (best.pt, epochN.pt): start the run again, from a model "
+                "yaml such as model=yolo11n.yaml")
+    other, epoch = found
+    return (f"the newest checkpoint of this run that loads is {other} (saved after epoch {epoch + 1}): continue from "
+            f"it with: {shlex.join(['yolofeed', 'train', f'resume={other}'])}")

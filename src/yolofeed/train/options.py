@@ -1,0 +1,132 @@
+"""yolofeed's own options of a training run: checked, kept in the run folder, and restored when the run resumes.
+
+Ultralytics keeps a run's training keys in ``args.yaml`` and in every checkpoint (``train_args``) and restores them on
+resume, but refuses keys it does not know, so ``FastDetectionTrainer``'s options (``with_options``: where the packs
+go and how they are stored, the partner pool, val_period, the step's switches, the live monitor) cannot ride there.
+The trainer writes them to ``<run>/yolofeed.yaml`` beside args.yaml when it makes the run folder (atomically, as the
+checkpoints), and reads them back when the run resumes, through ``yolofeed train resume=...`` and through
+``YOLO(".../last.pt").train(resume=True, trainer=FastDetectionTrainer)`` alike. A run without one (trained by stock
+Ultralytics, or by an older yolofeed) resumes with the defaults and what is given, and the log says so.
+
+On resume an option given again (on the command line, or to ``with_options``) wins over the recorded one, and the log
+names both; yolofeed.yaml then records it for the next resume. Every option here says how the run is fed and watched,
+not what it learns, like the keys Ultralytics lets a resume change (batch, workers, device, cache, val...).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from yolofeed import __version__
+from yolofeed.errors import ConfigError
+
+FILE = "yolofeed.yaml"
+# FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
+OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up", "val_period",
+           "sync_free_step", "sync_free_loss", "fast_musgd", "channels_last", "monitor")
+SWITCHES = ("augment_ahead", "warm_up", "sync_free_step", "sync_free_loss", "fast_musgd", "channels_last")
+REBUILDS = ("auto", "check", "always", "never")
+
+
+def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
+    """Refuse an unknown option or a value of the wrong kind, in one line.
+
+    Args:
+        where: what holds them, for the message: "FastDetectionTrainer" (``with_options``), or a yolofeed.yaml.
+
+    Raises:
+        ConfigError: naming the option, its value and what is expected.
+    """
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        newer = " (written by a newer yolofeed?)" if where != "FastDetectionTrainer" else ""
+        raise ConfigError(f"{where}: unknown options {sorted(unknown)}{newer}; expected {', '.join(OPTIONS)}")
+    period = options.get("val_period", 1)
+    if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+        raise ConfigError(f"{where} option val_period={period!r}: expected a whole number of epochs, 1 or more (1 "
+                          "validates every epoch, as Ultralytics does)")
+    for name in SWITCHES:  # the string "False" would be True
+        if name in options and not isinstance(options[name], bool):
+            raise ConfigError(f"{where} option {name}={options[name]!r}: expected True or False")
+    for name in ("pack_format", "pack_dir"):
+        if options.get(name) is not None and not isinstance(options[name], (str, os.PathLike)):
+            raise ConfigError(f"{where} option {name}={options[name]!r}: expected a string")
+    if "pack_rebuild" in options and options["pack_rebuild"] not in REBUILDS:
+        raise ConfigError(f"{where} option pack_rebuild={options['pack_rebuild']!r}: expected one of "
+                          f"{', '.join(REBUILDS)}")
+    pool = options.get("partner_pool", "auto")
+    if isinstance(pool, bool) or not isinstance(pool, (int, str)):
+        raise ConfigError(f"{where} option partner_pool={pool!r}: expected 'auto', a number of images, or 0")
+    monitor = options.get("monitor")
+    if monitor is not None:
+        from yolofeed.monitor.live import MonitorConfig
+
+        if not isinstance(monitor, dict):
+            raise ConfigError(f"{where} option monitor={monitor!r}: expected None (off) or a dict of the monitor's "
+                              "keys, e.g. monitor={'prometheus_port': 9400}")
+        try:
+            MonitorConfig(**monitor)
+        except TypeError as e:  # a key MonitorConfig does not have
+            raise ConfigError(f"{where} option monitor={monitor!r}: {e}; the keys are "
+                              "yolofeed.monitor.MonitorConfig's") from None
+
+
+def normal(name: str, value: Any) -> Any:
+    """A value as recorded: ``pack_dir`` as an absolute path (a resume from another folder finds the same packs)."""
+    if name == "pack_dir" and value is not None:
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def record(save_dir: str | os.PathLike, options: dict[str, Any]) -> Path:
+    """Write ``<save_dir>/yolofeed.yaml`` (atomically: a resume never finds half of it)."""
+    from yolofeed.train.checkpoints import write_atomically
+
+    path = Path(save_dir) / FILE
+    body = yaml.safe_dump({k: normal(k, options[k]) for k in OPTIONS if k in options}, sort_keys=False)
+    write_atomically(path, (f"# yolofeed {__version__}: FastDetectionTrainer's options of this run, restored when it "
+                            "resumes (an option given again then wins)\n" + body).encode())
+    return path
+
+
+def file_for(checkpoint: str | os.PathLike, save_dir: str | os.PathLike | None = None) -> Path:
+    """Where a checkpoint's run keeps its yolofeed.yaml: the run folder it lies in (``<run>/weights/last.pt``), else
+    the ``save_dir`` its training arguments name."""
+    beside = Path(checkpoint).expanduser().resolve().parent
+    if beside.name == "weights" and (beside.parent / FILE).exists() or not save_dir:
+        return (beside.parent if beside.name == "weights" else beside) / FILE
+    return Path(save_dir) / FILE
+
+
+def read(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The options recorded in ``path``; None when there is no such file.
+
+    Raises:
+        ConfigError: the file is not a yolofeed.yaml (broken YAML, not a mapping, unknown options or values).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read this run's yolofeed options ({getattr(e, 'strerror', None) or e}); "
+                          "fix its permissions, or delete it to resume with yolofeed's defaults") from None
+    try:
+        options = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is damaged ({' '.join(str(e).split())}); delete it to resume with yolofeed's "
+                          "defaults and the options given") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"{path} is damaged (it holds a {type(options).__name__}, not yolofeed's options); delete it "
+                          "to resume with yolofeed's defaults and the options given")
+    try:
+        check(options, where=str(path))
+    except ConfigError as e:
+        raise ConfigError(f"{e}. Fix {path}, or delete it to resume with yolofeed's defaults and the options given") \
+            from None
+    return options

@@ -1,0 +1,214 @@
+"""A run's checkpoints survive a kill mid-write, and a resume of a damaged one names the checkpoint to go on from.
+
+Ultralytics writes last.pt, best.pt and epochN.pt in place (truncate, then write): a SIGKILL in that window left an
+empty or truncated last.pt, with the previous one gone. RELIABILITY.md lists these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from yolofeed.cli import main
+from yolofeed.train import checkpoints
+from yolofeed.train.checkpoints import AtomicPath, sweep, write_atomically
+
+
+def _temps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if checkpoints.TEMP.fullmatch(p.name))
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, OSError])
+def test_a_write_stopped_half_way_leaves_the_old_file_whole(tmp_path, monkeypatch, fault):
+    """Ctrl-C (or a full disk) after half the bytes: the old checkpoint is untouched and no temporary file is left."""
+    last = tmp_path / "last.pt"
+    last.write_bytes(b"old checkpoint")
+    real, calls = os.write, []
+
+    def half(fd, data):
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise fault(28, "No space left on device") if fault is OSError else fault()
+        return real(fd, bytes(data[: len(data) // 2]))
+
+    monkeypatch.setattr(checkpoints.os, "write", half)
+    with pytest.raises(fault):
+        write_atomically(last, b"x" * 1000)
+    assert last.read_bytes() == b"old checkpoint" and _temps(tmp_path) == []
+    monkeypatch.undo()
+    assert write_atomically(last, b"new") == 3 and last.read_bytes() == b"new" and _temps(tmp_path) == []
+
+
+def test_the_replaced_checkpoint_keeps_its_mode(tmp_path):
+    last = tmp_path / "last.pt"
+    last.write_bytes(b"old")
+    last.chmod(0o600)  # a user who keeps their weights private: an in-place write kept that
+    write_atomically(last, b"new")
+    assert last.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_link_at_the_checkpoint_is_replaced_never_written_through(tmp_path):
+    target = tmp_path / "elsewhere.pt"
+    target.write_bytes(b"not yours")
+    (tmp_path / "last.pt").symlink_to(target)
+    write_atomically(tmp_path / "last.pt", b"ckpt")
+    assert target.read_bytes() == b"not yours" and not (tmp_path / "last.pt").is_symlink()
+
+
+def test_the_trainers_checkpoint_paths_write_atomically_epoch_files_too(tmp_path):
+    from yolofeed.ultralytics_seam import write_checkpoints_as
+
+    wdir = tmp_path / "weights"
+    trainer = SimpleNamespace(wdir=wdir, last=wdir / "last.pt", best=wdir / "best.pt")
+    write_checkpoints_as(trainer, AtomicPath)
+    write_checkpoints_as(trainer, AtomicPath)  # every save calls it: the paths stay as they are
+    assert all(type(p) is AtomicPath for p in (trainer.wdir, trainer.last, trainer.best, trainer.wdir / "epoch3.pt"))
+    assert trainer.last == wdir / "last.pt"  # the same path for every reader
+    with pytest.raises(Exception, match=r"trainer\.best"):
+        write_checkpoints_as(SimpleNamespace(wdir=wdir, last=wdir / "last.pt"), AtomicPath)
+
+
+def test_only_a_dead_writers_temporary_checkpoints_are_swept(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)  # a process that has ended (its PID is free, or reused by something alive: then kept)
+    files = {f".last.pt.tmp-{dead}-0123abcd": b"", f".best.pt.tmp-{dead}-89abcdef": checkpoints.ZIP + b"rest",
+             f".last.pt.tmp-{dead}-00000000": b"the user's own bytes", f".last.pt.tmp-{os.getppid()}-11111111": b"",
+             f".last.pt.tmp-{os.getpid()}-22222222": b""}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / f".epoch1.pt.tmp-{dead}-33333333").symlink_to(tmp_path / f".last.pt.tmp-{dead}-00000000")
+    removed = sweep(tmp_path)
+    if checkpoints._alive(dead):
+        pytest.skip(f"PID {dead} was reused at once")
+    assert sorted(p.name for p in removed) == sorted(list(files)[:2])
+    assert (tmp_path / f".last.pt.tmp-{dead}-00000000").read_bytes() == b"the user's own bytes"
+    assert len(_temps(tmp_path)) == 4  # the user's file, the link, a live writer's and our own
+
+
+def _fake_checkpoint(path: Path, epoch: int, optimizer: bool = True) -> Path:
+    torch.save({"epoch": epoch, "optimizer": {"state": {}} if optimizer else None, "ema": None, "model": None}, path)
+    return path
+
+
+def test_resuming_a_damaged_last_pt_names_the_newest_checkpoint_that_loads(tmp_path, capsys):
+    weights = tmp_path / "run" / "weights"
+    weights.mkdir(parents=True)
+    last = _fake_checkpoint(weights / "last.pt", 7)
+    last.write_bytes(last.read_bytes()[:40])  # what an in-place write killed half-way left
+    _fake_checkpoint(weights / "best.pt", 2)
+    _fake_checkpoint(weights / "epoch4.pt", 4)
+    (weights / "epoch6.pt").write_bytes(b"")  # killed too: the newest epoch file that loads is epoch 4's
+    _fake_checkpoint(weights / "epoch5.pt", -1, optimizer=False)  # stripped: a finished run's, cannot resume
+    assert main(["train", f"resume={last}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"resume={last}: not a PyTorch checkpoint Ultralytics can load" in err[0], err
+    command = err[0].split("continue from it with: ")[1]
+    assert "(saved after epoch 5)" in err[0] and shlex.split(command) == ["yolofeed", "train",
+                                                                         f"resume={weights / 'epoch4.pt'}"]
+    for p in weights.glob("epoch*.pt"):
+        p.unlink()
+    assert main(["train", f"resume={last}"]) == 1
+    assert f"resume={weights / 'best.pt'}" in capsys.readouterr().err
+    (weights / "best.pt").unlink()
+    assert main(["train", f"resume={last}"]) == 1
+    assert f"no other checkpoint in {weights} loads" in capsys.readouterr().err
+
+
+def _loads(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["epoch"]
+
+
+def _kill_during_a_checkpoint_write(cmd: list[str], weights: Path, env: dict) -> tuple[int, str]:
+    """Start ``cmd`` (a training), wait until a checkpoint exists there (the one before), then SIGKILL the training
+    process alone while it writes the next one. Returns the epoch last.pt held before the kill, and what showed the
+    write in progress."""
+    last = weights / "last.pt"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        before = None
+        while before is None and time.monotonic() - t0 < 300 and proc.poll() is None:
+            try:
+                before, size = _loads(last), last.stat().st_size
+            except Exception:  # not there yet, or being written
+                time.sleep(0.05)
+        assert before is not None, "no checkpoint to keep was ever written"
+        seen = ""
+        while not seen and time.monotonic() - t0 < 300 and proc.poll() is None:  # poll as fast as we can
+            with os.scandir(weights) as entries:
+                if any(checkpoints.TEMP.fullmatch(e.name) for e in entries):
+                    seen = "a temporary checkpoint being written"
+            try:
+                if last.stat().st_size < size:
+                    seen = "last.pt shorter than the checkpoint before (written in place)"
+            except FileNotFoundError:
+                seen = "last.pt gone"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert seen, f"the training ended (rc {proc.returncode}) before a write could be caught"
+        return before, seen
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_killing_the_trainer_during_checkpoint_writes_never_loses_the_checkpoint_before(synth_root, tmp_path):
+    """SIGKILL to the training process alone, three times, each while it writes a checkpoint (the test watches the
+    weights folder and kills at the first sign of a write); each time the last.pt before still loads, and the run
+    resumes from it and finishes. Ultralytics' in-place write left last.pt truncated here."""
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    weights = tmp_path / "killed" / "weights"
+    start = [sys.executable, "-m", "yolofeed", "train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}",
+             "epochs=3", "imgsz=64", "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}",
+             "name=killed", "exist_ok=True"]
+    resume = [sys.executable, "-m", "yolofeed", "train", f"resume={weights / 'last.pt'}"]
+    for cycle in range(3):
+        before, seen = _kill_during_a_checkpoint_write(start if cycle == 0 else resume, weights, env)
+        after = _loads(weights / "last.pt")  # a truncated file raises here
+        assert after >= before, (cycle, seen)
+        if (weights / "best.pt").exists():
+            _loads(weights / "best.pt")
+    r = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert torch.load(weights / "best.pt", map_location="cpu", weights_only=False)["epoch"] == -1  # stripped: done
+    assert _temps(weights) == []  # the killed writers' temporary files were swept by the next saves
+
+
+def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):
+    """At the end Ultralytics rewrites last.pt and best.pt in place without their optimizer (``strip_optimizer``); a
+    kill there truncated the run's best weights. Here a save that writes half its file, then stops."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    YOLO("yolo11n.yaml").save(weights / "last.pt")
+    whole = (weights / "last.pt").read_bytes()
+    real = torch.save
+
+    def half(obj, f, *a, **k):
+        real(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:1000])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", half)
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"))
+    with pytest.raises(KeyboardInterrupt):
+        FastDetectionTrainer.final_eval(trainer)
+    assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
+    monkeypatch.undo()
+    FastDetectionTrainer.final_eval(trainer)  # no best.pt: nothing validated
+    stripped = torch.load(weights / "last.pt", map_location="cpu", weights_only=False)
+    assert stripped["optimizer"] is None and stripped["epoch"] == -1 and _temps(weights) == []

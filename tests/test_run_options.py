@@ -1,0 +1,173 @@
+"""yolofeed's own options of a run are kept with it and come back when it resumes, through the CLI and the Python API.
+
+They used to be forgotten: a run started with ``pack_dir=/fast/ssd`` resumed building raw packs beside the dataset.
+On resume an option given again wins over the recorded one (train/options.py). RELIABILITY.md lists these tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from yolofeed.cli import build_config
+from yolofeed.errors import ConfigError
+from yolofeed.train import FastDetectionTrainer, options
+
+TINY = dict(epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
+MONITOR = {"prometheus_port": 0, "tensorboard": False, "summary_seconds": 5.0}
+
+
+class Stopped(KeyboardInterrupt):
+    pass
+
+
+def _stop_after_first_save(trainer) -> None:
+    if trainer.epoch == 0:
+        raise Stopped
+
+
+def _stopped_run(data: Path, project: Path, name: str, **given) -> Path:
+    """A run stopped after its first epoch was saved (as a Ctrl-C there leaves it); returns its last.pt."""
+    from ultralytics import YOLO
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_model_save", _stop_after_first_save)
+    with pytest.raises(Stopped):
+        model.train(trainer=FastDetectionTrainer.with_options(**given), data=str(data), project=str(project),
+                    name=name, **TINY)
+    return project / name / "weights" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def stopped(synth_root, tmp_path_factory) -> tuple[Path, Path]:
+    """A stopped run with options away from their defaults, and its pack_dir; its yolofeed.yaml put back after each
+    test (a resuming trainer records the options it runs with)."""
+    root = tmp_path_factory.mktemp("options")
+    packs = root / "fast ssd"  # a space: it must come back as it was
+    last = _stopped_run(synth_root / "data.yaml", root / "runs", "stopped", pack_dir=str(packs), val_period=2,
+                        partner_pool=0, warm_up=False, monitor=MONITOR)
+    return last, packs
+
+
+@pytest.fixture()
+def run(stopped):
+    last, packs = stopped
+    record = last.parents[1] / options.FILE
+    text = record.read_text()
+    yield last, packs
+    record.write_text(text)
+
+
+def test_the_run_folder_records_every_option(run):
+    last, packs = run
+    recorded = yaml.safe_load((last.parents[1] / "yolofeed.yaml").read_text())
+    assert set(recorded) == set(options.OPTIONS)
+    assert (recorded["pack_dir"], recorded["val_period"], recorded["partner_pool"]) == (str(packs), 2, 0)
+    assert recorded["warm_up"] is False and recorded["monitor"] == MONITOR and recorded["pack_rebuild"] == "auto"
+
+
+def test_the_python_api_resume_restores_them_and_a_given_one_wins(run, caplog):
+    """``YOLO(last.pt).train(resume=True, trainer=FastDetectionTrainer)`` builds the trainer so: the options were
+    the class defaults there (pack_dir None: packs beside the dataset)."""
+    from yolofeed.monitor.live import attached
+
+    last, packs = run
+    with caplog.at_level(logging.INFO, logger="ultralytics"):
+        t = FastDetectionTrainer(overrides={"resume": str(last)})
+    assert (t.pack_dir, t.val_period, t.partner_pool, t.warm_up, t.monitor) == (str(packs), 2, 0, False, MONITOR)
+    assert attached(t.callbacks)  # the monitor is back too
+    assert f"resuming with this run's options from {last.parents[1] / 'yolofeed.yaml'}: pack_dir=" in caplog.text
+    other = str(packs.parent / "other")
+    t = FastDetectionTrainer.with_options(pack_dir=other, monitor=None)(overrides={"resume": str(last)})
+    assert (t.pack_dir, t.monitor, t.val_period, t.partner_pool) == (other, None, 2, 0) and not attached(t.callbacks)
+    assert f"given again, and so used instead: pack_dir={other!r} (recorded {str(packs)!r})" in caplog.text
+    assert yaml.safe_load((last.parents[1] / "yolofeed.yaml").read_text())["pack_dir"] == other  # for the next resume
+
+
+def test_a_damaged_record_is_one_line_before_anything_is_built(run):
+    last, _ = run
+    record = last.parents[1] / "yolofeed.yaml"
+    for text, words in (("pack_dir: [\n", "is damaged"), ("- a\n", "holds a list"),
+                        ("val_period: 0\n", "option val_period=0: expected a whole number"),
+                        ("speed: 11\n", "unknown options ['speed'] (written by a newer yolofeed?)")):
+        record.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            FastDetectionTrainer(overrides={"resume": str(last)})
+        assert words in str(e.value) and str(record) in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert "delete it" in str(e.value)
+
+
+def test_the_command_line_tells_a_key_typed_again_from_a_default():
+    base = ["resume=runs/x/weights/last.pt"]
+    assert build_config("train", base + ["pack_rebuild=auto"]).given == {"resume", "pack_rebuild"}
+    from yolofeed.train.run import given_keys
+
+    assert given_keys(build_config("train", base)) == {"resume"}
+    assert "pack_rebuild" in given_keys(build_config("train", base + ["pack_rebuild=auto"]))  # the default, typed
+    from yolofeed.config import TrainConfig
+
+    assert given_keys(TrainConfig(resume="x", val_period=3)) == {"resume", "val_period"}  # made in Python
+
+
+def test_yolofeed_train_resume_hands_the_recorded_monitor_and_only_the_given_options_over(run, monkeypatch):
+    """The wiring in train/run.py: the trainer restores what is not given; the monitor, attached here, is the
+    recorded one with the keys typed again in their place."""
+    import ultralytics.engine.model
+
+    import yolofeed.monitor.live as live
+    from yolofeed.train.run import run as train_run
+
+    last, _ = run
+    seen = {}
+
+    class Handed(Exception):
+        pass
+
+    def train(self, trainer=None, **kwargs):
+        seen["trainer"] = trainer
+        raise Handed
+
+    monkeypatch.setattr(live, "attach", lambda target, **cfg: seen.update(monitor=cfg))
+    monkeypatch.setattr(ultralytics.engine.model.Model, "train", train)
+    with pytest.raises(Handed):
+        train_run(build_config("train", [f"resume={last}", "pack_rebuild=auto", "summary_seconds=9"]))
+    assert seen["monitor"] == {**MONITOR, "summary_seconds": 9.0}
+    trainer = seen["trainer"]
+    assert trainer._given == {"pack_rebuild", "monitor"} and trainer.pack_rebuild == "auto"
+    seen.clear()
+    with pytest.raises(Handed):
+        train_run(build_config("train", [f"resume={last}", "monitor=False"]))
+    assert "monitor" not in seen and seen["trainer"].monitor is None  # turned off, and recorded so
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["cli", "python"])
+def test_a_resume_builds_its_packs_where_the_run_put_them(dataset, tmp_path, how, caplog):
+    """The issue's case end to end: a run started with pack_dir= and stopped; its packs removed; ``yolofeed train
+    resume=`` and ``YOLO(last.pt).train(resume=True, trainer=FastDetectionTrainer)`` build them again in pack_dir
+    (not beside the dataset, as they did), with the run's monitor."""
+    import shutil
+
+    packs = tmp_path / "packs"
+    last = _stopped_run(dataset / "data.yaml", tmp_path / "runs", "r", pack_dir=str(packs), monitor=MONITOR)
+    shutil.rmtree(packs)
+    if how == "cli":
+        r = subprocess.run([sys.executable, "-m", "yolofeed", "train", f"resume={last}"], capture_output=True,
+                           text=True, env=os.environ | {"YOLO_OFFLINE": "1"}, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = r.stdout + r.stderr
+    else:
+        from ultralytics import YOLO
+
+        with caplog.at_level(logging.INFO, logger="ultralytics"):
+            YOLO(str(last)).train(resume=True, trainer=FastDetectionTrainer)
+        out = caplog.text
+    assert sorted(p.name for p in packs.glob("*/*.yfpack")) == ["train.yfpack", "val.yfpack"]
+    assert not (dataset / "yolofeed-packs").exists()
+    assert "yolofeed monitor: Prometheus metrics on http://127.0.0.1:" in out
