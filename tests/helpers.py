@@ -298,3 +298,24 @@ def cli_lines(argv: list[str]) -> tuple[int, list[str]]:
     finally:
         sys.stderr = real
     return rc, [x for x in err.getvalue().splitlines() if x.strip()]
+
+
+def within(seconds: float, fn):
+    """fn(), or a test failure if it has not returned after ``seconds`` (a hang)."""
+    import threading
+
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # re-raised in the test's thread
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still waiting after {seconds} s: a hang"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers import within
 from yolofeed import synth
 from yolofeed.config import SynthConfig
 from yolofeed.errors import PackError
@@ -216,27 +217,6 @@ def _wait_for(condition, seconds: float = KILL_BOUND) -> bool:
     return condition()
 
 
-def _within(seconds: float, fn):
-    """fn(), or a test failure if it has not returned after ``seconds`` (a hang)."""
-    import threading
-
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # re-raised in the test's thread
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still waiting after {seconds} s: a hang"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 @pytest.mark.parametrize("entry, moment, sig, parent_watch", [
     ("pack", "mid", signal.SIGINT, "linux"),  # Ctrl-C: the whole process group
     ("pack", "early", signal.SIGKILL, "linux"),
@@ -278,7 +258,7 @@ def test_killing_the_builder_alone_leaves_no_worker_and_no_lock(dataset, tmp_pat
     assert "Traceback" not in marker.with_suffix(".err").read_text()
 
     with caplog.at_level(logging.INFO):
-        pack = _within(KILL_BOUND, lambda: open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2,
+        pack = within(KILL_BOUND, lambda: open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2,
                                                          progress=False))
     assert not list(folder.glob(".*.tmp-*"))
     if sig == signal.SIGKILL:
@@ -348,7 +328,7 @@ def test_orphaned_workers_never_hold_the_lock(dataset, tmp_path):
     assert _wait_for(lambda: not _running(proc.pid))  # not join(): the orphans hold its sentinel pipe open
     try:
         assert any(_running(w.pid) for w in workers)  # they live on, as they did with flock
-        pack = _within(KILL_BOUND, lambda: open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2,
+        pack = within(KILL_BOUND, lambda: open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2,
                                                          progress=False))
         assert len(pack) == 24
     finally:

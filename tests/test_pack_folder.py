@@ -13,12 +13,11 @@ import logging
 import os
 import re
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
-from helpers import as_another_user, cli_lines, copy_dataset, world_readable_dir
+from helpers import as_another_user, cli_lines, copy_dataset, within, world_readable_dir
 from yolofeed.errors import PackError
 from yolofeed.pack import open_or_build
 from yolofeed.pack.build import store_dir
@@ -42,25 +41,6 @@ def _folder(yaml_file: Path, out: Path) -> Path:
     folder = store_dir(yaml_file, 64, "raw", out)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def _within(seconds: float, fn):
-    """fn(), or a test failure if it has not returned after ``seconds`` (a hang)."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # re-raised in the test's thread
-            out["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"still waiting after {seconds} s: a hang"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 # -- the lock --------------------------------------------------------------------------------------------------
@@ -101,10 +81,10 @@ def test_a_lock_that_is_not_yolofeeds_is_one_line_and_left_as_it_is(dataset, tmp
         os.link(victim, lock)
     else:
         lock.write_bytes(VICTIM)
-    rc, lines = _within(BOUND, lambda: cli_lines(_pack_args(yaml_file, out)))
+    rc, lines = within(BOUND, lambda: cli_lines(_pack_args(yaml_file, out)))
     assert rc == 1 and len(lines) == 1 and f"{lock} {words}" in lines[0] and "its build lock" in lines[0], lines
     with pytest.raises(PackError, match=re.escape(words)):
-        _within(BOUND, lambda: _build(yaml_file, out))
+        within(BOUND, lambda: _build(yaml_file, out))
     assert victim.read_bytes() == VICTIM
     if planted == "foreign file":
         assert lock.read_bytes() == VICTIM

@@ -162,6 +162,20 @@ def test_tiny_parity_end_to_end(synth_root, tmp_path):
         assert (tmp_path / "runs" / f"{x['side']}-seed{x['seed']}" / "weights" / "last.pt").exists()
 
 
+def _trainings(proc: subprocess.Popen, n: int = 2) -> list:
+    """The processes of a parity's runs once ``n`` of them train (psutil.Process each; up to 300 s)."""
+    import psutil
+
+    parent = psutil.Process(proc.pid)
+    t0 = time.monotonic()
+    children: list[psutil.Process] = []
+    while time.monotonic() - t0 < 300 and len(children) < n and proc.poll() is None:
+        children = parent.children(recursive=True)
+        time.sleep(0.2)
+    assert len(children) >= n, "the trainings never started"
+    return children
+
+
 @pytest.mark.slow
 def test_killing_parity_alone_stops_its_trainings(synth_root, tmp_path):
     """SIGKILL to the parity process only (as an OOM killer would): no training is left running."""
@@ -170,13 +184,7 @@ def test_killing_parity_alone_stops_its_trainings(synth_root, tmp_path):
     proc = subprocess.Popen(_parity_cmd(synth_root, tmp_path, 2, epochs=50),
                             env=os.environ | {"YOLO_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    parent = psutil.Process(proc.pid)
-    t0 = time.monotonic()
-    children: list[psutil.Process] = []
-    while time.monotonic() - t0 < 300 and len(children) < 2 and proc.poll() is None:
-        children = parent.children(recursive=True)
-        time.sleep(0.2)
-    assert len(children) >= 2, "the trainings never started"
+    children = _trainings(proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=60)
@@ -192,13 +200,7 @@ def test_parity_stopped_by_sigterm_says_so_and_gives_no_verdict(synth_root, tmp_
 
     proc = subprocess.Popen(_parity_cmd(synth_root, tmp_path, 2, epochs=50), env=os.environ | {"YOLO_OFFLINE": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    parent = psutil.Process(proc.pid)
-    t0 = time.monotonic()
-    children: list[psutil.Process] = []
-    while time.monotonic() - t0 < 300 and len(children) < 2 and proc.poll() is None:
-        children = parent.children(recursive=True)
-        time.sleep(0.2)
-    assert len(children) >= 2, "the trainings never started"
+    children = _trainings(proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
