@@ -49,6 +49,23 @@ def test_labels_equal_ultralytics_label_cache(dataset):
     assert pack.header["counts"]["boxes"] == sum(len(lb["cls"]) for lb in ref.labels)
 
 
+def test_duplicate_labels_are_ultralytics_duplicates_for_polygons_too(dataset):
+    """Two different polygons of one class with the same box are two labels in Ultralytics' YOLODataset (it compares
+    polygons, not boxes); the pack made them one. A polygon given twice is one in both, in Ultralytics' order."""
+    from yolofeed.pack.verify import read_labels
+
+    lb_file = sorted((dataset / "labels" / "val").glob("*.txt"))[0]
+    square = "0.2 0.2 0.6 0.2 0.6 0.6 0.2 0.6"  # a square, and a diamond with the same box
+    diamond = "0.4 0.2 0.6 0.4 0.4 0.6 0.2 0.4"
+    lb_file.write_text(f"1 {diamond}\n1 {square}\n1 {diamond}\n2 {square}\n")
+    labels, notes = read_labels(str(lb_file), nc=8)
+    assert len(labels) == 3 and notes == ["1 duplicate labels removed"]
+    pack = _build(dataset, split="val")
+    ref = ultralytics_dataset(dataset / "data.yaml", "val", 160)
+    for i, lb in enumerate(ref.labels):
+        np.testing.assert_array_equal(pack.labels(i), np.concatenate([lb["cls"], lb["bboxes"]], 1))
+
+
 def test_bad_samples_are_skipped_like_ultralytics_and_reported(synth_root, tmp_path):
     ours_root = copy_dataset(synth_root, tmp_path / "ours")
     theirs_root = copy_dataset(synth_root, tmp_path / "theirs")  # Ultralytics rewrites files: give it a copy

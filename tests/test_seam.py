@@ -79,7 +79,7 @@ def test_every_copy_overrides_the_method_it_copies():
         owner = seam.resolve(pinned.ours.rsplit(".", 1)[0])
         original = seam.resolve(pinned.ultralytics.rsplit(".", 1)[0])
         if inspect.ismodule(original):  # a function copied as a function
-            assert inspect.isfunction(ours) and ours.__name__ == pinned.ultralytics.rsplit(".", 1)[-1], pinned
+            assert inspect.isfunction(ours), pinned
         else:
             assert issubclass(owner, original) and callable(ours), pinned
         owner_name, name = pinned.ultralytics.rsplit(".", 2)[-2:]

@@ -80,6 +80,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         parse_key_value_pair,
         smart_value,
     )
+    from ultralytics.data import utils as _data_utils  # pack.verify: the module its label rules are copied from
     from ultralytics.data.dataset import YOLODataset  # bench.parity: builds Ultralytics' label caches up front
     from ultralytics.data.utils import (  # pack: which files a split holds and how a sample is checked
         IMG_FORMATS,
@@ -164,6 +165,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (BboxLoss, "forward", "the sync-free box loss overrides it (COPIED)"),
     (MuSGD, "step", "FastMuSGD copies it (COPIED) and steps instead of it"),
     (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),
+    (_data_utils, "verify_image_label", "pack/verify.py copies its label rules (COPIED)"),
     (DetectionTrainer, "build_optimizer", "yolofeed's trainer makes the MuSGD it builds a FastMuSGD"),
     (DetectionTrainer, "validate", "yolofeed's trainer skips it between val_period epochs (without it: every epoch)"),
     (DetectionTrainer, "save_model", "yolofeed's trainer makes its checkpoint writes atomic around it"),
@@ -224,6 +226,9 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0",
            "yolofeed.train.loss.SyncFreeBboxLoss.forward",
            "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0"),
+    Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_labels",
+           "the label half only (its image checks are pack.verify's own): Ultralytics' columns, bounds, class range, "
+           "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line"),
     Pinned("ultralytics.optim.muon.muon_update", "6909629a03ae1c80", "yolofeed.train.musgd.muon_update",
            "beta and 1 - beta as device scalars (a multiply, then an add, where stock fuses them)"),
     Pinned("ultralytics.optim.muon.MuSGD.step", "e5bd4a18e6039cf8", "yolofeed.train.musgd.FastMuSGD._update",

@@ -172,7 +172,8 @@ def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
 
     Returns:
         labels: (n, 5) float32 [class, x, y, w, h]; duplicates removed (then in ``np.unique`` order,
-            as Ultralytics leaves them). Segment rows (polygons) become their boxes.
+            as Ultralytics leaves them): equal rows, or for polygons equal class and polygon (two polygons with one
+            box are two labels, as in Ultralytics' ``verify_image_label``). Segment rows become their boxes.
         notes: "label file missing", "label file empty", "N duplicate labels removed".
 
     Raises:
@@ -194,6 +195,7 @@ def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
             segments = [np.array(r[1:], dtype=np.float32).reshape(-1, 2) for r in rows]
             lb = np.concatenate((classes.reshape(-1, 1), segments2boxes(segments)), 1)
         else:
+            segments = []
             lb = np.array(rows, dtype=np.float32)
     except ValueError as e:  # ragged rows, non-numeric text, odd polygon length
         raise SampleError(f"{lb_file} is not numeric YOLO rows of 'class x y w h' ({e}); fix the file") from None
@@ -216,6 +218,9 @@ def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
                           f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
     notes = []
     _, keep = np.unique(lb, axis=0, return_index=True)
+    if len(keep) < len(lb) and segments:  # distinct polygons can share a class and box: duplicates by polygon
+        polygons = np.array([c.tobytes() + p.tobytes() for c, p in zip(lb[:, 0], segments)], dtype=object)
+        _, keep = np.unique(polygons, return_index=True)
     if len(keep) < len(lb):
         notes.append(f"{len(lb) - len(keep)} duplicate labels removed")
         lb = lb[keep]
