@@ -75,6 +75,24 @@ def test_powers_of_two_give_stocks_bits(model):
     assert ob._plan is not None  # the planned path stepped, not stock's fallback
 
 
+def test_channels_last_parameters_give_stocks_bits_too(model):
+    """On CUDA Ultralytics trains in channels-last memory (its channels_last=None default): the convolution filters,
+    their gradients and momentum buffers are NHWC, stock's muon_update takes its NHWC path, and so must ours."""
+    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    (a, oa), (b, ob) = build(nhwc, False, powers_of_two=True), build(nhwc, True, powers_of_two=True)
+    for m, opt in ((a, oa), (b, ob)):
+        for k in range(3):
+            gradients(m, k)
+            for p in m.parameters():
+                if p.grad is not None and p.ndim == 4:
+                    p.grad = p.grad.contiguous(memory_format=torch.channels_last)  # as autograd lays them out
+            opt.step()
+    assert not same(a, nhwc) and same(a, b) and same_state(oa, ob)
+    conv = next(p for p in b.parameters() if p.ndim == 4 and p.shape[1] > 1)
+    view = ob._plan.grads[[id(p) for p in ob._plan.with_grad].index(id(conv))]
+    assert view.stride() == conv.stride() != conv.contiguous().stride()  # the flat buffer in the parameter's layout
+
+
 def test_ultralytics_hyperparameters_differ_by_roundings_only(model):
     """With Ultralytics' own scalars (lr 0.01, 3x for the head, muon 0.2, momentum 0.9, decay) and a warm-up moving
     them every step, the update differs from stock's by float32 roundings, amplified at most by the bf16

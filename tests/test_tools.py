@@ -293,8 +293,6 @@ def test_step_variants_set_the_trainer_options():
     assert step_ab.trainer_class("yolofeed_stock_loss").sync_free_loss is False
     assert step_ab.trainer_class("ceiling_stock_musgd").fast_musgd is False
     assert step_ab.trainer_class("ceiling").fast_musgd is True
-    assert step_ab.trainer_class("yolofeed_channels_last").channels_last is True
-    assert step_ab.trainer_class("yolofeed").channels_last is False
     ceiling = step_ab.trainer_class("ceiling_sync_free_loss")
     assert ceiling.sync_free_loss is True and ceiling.__name__ == "CeilingTrainer"
     assert step_ab.trainer_class("yolofeed_jpeg_no_nvjpeg").pack_format == "jpeg"

@@ -116,9 +116,6 @@ class TrainConfig:
                                "(the same loss); False: Ultralytics' loss")
     fast_musgd: bool = key(True, "step the MuSGD Ultralytics builds as one CUDA graph (the same update); False: "
                            "Ultralytics' MuSGD")
-    channels_last: bool = key(False, "the model, its EMA and each batch in channels-last memory, as cuDNN's "
-                              "tensor-core kernels lay data out (the same function within float32 roundings); off "
-                              "until measured faster (BENCHMARKS.md)")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
                         "prometheus_port= or an alert_*/summary_seconds key turns it on too")

@@ -6,8 +6,7 @@ Usage: python -m tools.device.step_ab DATA_YAML MODEL VARIANT[,VARIANT...] [--ba
 VARIANT: a ``yolofeed bench`` mode (``ceiling``, ``yolofeed``, ...), alone or with a suffix: ``_stock_step``
 (Ultralytics' optimiser step, which reads the loss items on the host after the backward pass), ``_stock_loss``
 (Ultralytics' detection loss, 16 host syncs a step), ``_sync_free_loss`` (yolofeed's, the default) or
-``_stock_musgd`` (Ultralytics' MuSGD as it is, not stepped as FastMuSGD: with ``--optimizer MuSGD``) or
-``_channels_last`` (the model, its EMA and the batches in channels-last memory); then
+``_stock_musgd`` (Ultralytics' MuSGD as it is, not stepped as FastMuSGD: with ``--optimizer MuSGD``); then
 optionally changes to the code, one or more in a row:
 - ``_no_nvjpeg``: a jpeg pack's loader without nvJPEG's decode (blank images of the right sizes, resized and
   written as usual);
@@ -50,8 +49,7 @@ from yolofeed.bench.modes import trainer_class as mode_class
 from yolofeed.monitor.profile import profile
 
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
-            "_sync_free_loss": {"sync_free_loss": True}, "_stock_musgd": {"fast_musgd": False},
-            "_channels_last": {"channels_last": True}}
+            "_sync_free_loss": {"sync_free_loss": True}, "_stock_musgd": {"fast_musgd": False}}
 
 
 @contextlib.contextmanager

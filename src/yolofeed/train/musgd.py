@@ -241,8 +241,11 @@ class FastMuSGD(MuSGD):
             return None
         flat = torch.zeros(sum(p.numel() for p in with_grad), dtype=torch.float32, device=device)
         views, offset = {}, 0  # by id: a tensor's == compares values
-        for p in with_grad:
-            views[id(p)] = flat[offset: offset + p.numel()].view(p.shape)
+        for p in with_grad:  # in the parameter's own layout (channels-last on CUDA under Ultralytics' default), so
+            # that the gradients' copy and every multi-tensor op stay on the dense fast path
+            dense = p.is_contiguous() or (p.ndim == 4 and p.is_contiguous(memory_format=torch.channels_last))
+            views[id(p)] = (flat.as_strided(p.shape, p.stride(), offset) if dense
+                            else flat[offset: offset + p.numel()].view(p.shape))
             offset += p.numel()
         groups = []
         for row, group in enumerate(self.param_groups):

@@ -104,7 +104,6 @@ class SyncFreeStep:
     sync_free_step: bool = True
     sync_free_loss: bool = True
     fast_musgd: bool = True
-    channels_last: bool = False  # the model, its EMA and each batch in channels-last memory (see _to_channels_last)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -116,39 +115,11 @@ class SyncFreeStep:
         if self.sync_free_loss:
             self.add_callback("on_train_start", lambda t: train_loss.install(t.model))
             self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
-        if self.channels_last:
-            self.add_callback("on_pretrain_routine_end", _to_channels_last)
-
-    def preprocess_batch(self, batch: dict) -> dict:
-        """Ultralytics' preprocessing (the trainers' own before it); with ``channels_last`` the images are made
-        channels-last too (one copy of the float batch), so that the first convolution needs no conversion."""
-        batch = super().preprocess_batch(batch)
-        if self.channels_last and getattr(self, "_channels_last_on", False):
-            batch["img"] = batch["img"].contiguous(memory_format=torch.channels_last)
-        return batch
 
     def build_optimizer(self, *args: Any, **kwargs: Any):
         """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""
         optimizer = super().build_optimizer(*args, **kwargs)
         return FastMuSGD.adopt(optimizer) if self.fast_musgd else optimizer
-
-
-def _to_channels_last(trainer: Any) -> None:
-    """The model and its EMA in channels-last memory, before the warm-up and the first step.
-
-    Under AMP on tensor-core GPUs cuDNN's convolutions and batch norms run on NHWC data: with the default NCHW
-    layout every convolution transposes its input and output around the kernel. The parameters stay the same
-    objects (``Module.to`` replaces their data), so the optimiser's groups still hold them; the same arithmetic,
-    other cuDNN kernels (tests/test_step.py bounds the difference). Not under DDP, whose gradient buckets were laid
-    out from the parameters' strides when the model was wrapped.
-    """
-    if getattr(trainer, "world_size", 1) > 1:
-        seam.LOGGER.info("yolofeed: channels_last stays off under DDP (its gradient buckets follow NCHW parameters)")
-        return
-    seam.unwrap_model(trainer.model).to(memory_format=torch.channels_last)
-    if getattr(trainer, "ema", None) is not None:
-        trainer.ema.ema.to(memory_format=torch.channels_last)
-    trainer._channels_last_on = True
 
 
 def _items(trainer: Any) -> HostLossItems | None:
