@@ -210,13 +210,14 @@ def test_the_trainer_steps_the_musgd_ultralytics_builds_as_fast_musgd(model):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replays_what_the_eager_update_makes_without_a_host_sync(model):
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])  # the latter: Ultralytics' on CUDA
+def test_cuda_graph_replays_what_the_eager_update_makes_without_a_host_sync(model, layout):
     """On CUDA: the first step eager (the warm-up), the second captured, the rest replayed; each equals the eager
     update of the same plan bit for bit, and a replayed step with GradScaler waits for nothing on the host."""
     from helpers import no_host_sync
 
     (a, oa), (b, ob) = build(model, True), build(model, True)
-    a.cuda(), b.cuda()
+    a.cuda().to(memory_format=layout), b.cuda().to(memory_format=layout)
     ob._plan = None
     for k in range(5):
         for m, opt in ((a, oa), (b, ob)):
