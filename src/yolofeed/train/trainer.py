@@ -78,7 +78,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     pack_dir: str | None = None  # default: beside the data yaml
     augment_ahead: bool = True  # augment one batch ahead (no host sync per step); False: in preprocess_batch
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
-    # min(n, 8 x batch, 1000) per GPU (1.4 GB at 640 px); a smaller number for small GPUs; 0: the batch itself
+    # min(n, 8 x batch, 1000) per GPU (1.39 GB at 640 px, batch 128); fewer for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
