@@ -249,7 +249,7 @@ def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_r
         for e in r["epochs"]:  # validated every epoch, inside the epoch's time
             assert 0 < e["train_s"] and 0 < e["val_s"] and e["train_s"] + e["val_s"] <= e["epoch_s"]
         assert r["setup_s"] > 0 and r["final_s"] > 0
-        assert r["setup_s"] + sum(e["epoch_s"] for e in r["epochs"]) + r["final_s"] <= r["wall_s"] + 0.01
+        assert r["setup_s"] + sum(e["epoch_s"] for e in r["epochs"]) + r["final_s"] <= r["wall_s"] + 0.05  # rounding
         assert (run / "weights" / "best.pt").is_file() and (run / "weights" / "last.pt").is_file()
         assert len((run / "results.csv").read_text().strip().splitlines()) == 1 + 2
         assert (run / "results.png").is_file()  # plots at their default
