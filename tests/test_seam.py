@@ -12,6 +12,7 @@ import difflib
 import inspect
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,57 @@ def record(folder: Path = RECORDED) -> None:
 
 if __name__ == "__main__" and sys.argv[1:] == ["record"]:
     record(Path(__file__).resolve().parent / "data" / f"ultralytics-{seam.VERSION}")
+
+
+class _Net(__import__("torch").nn.Module):
+    """A model the way the monitor sees one: layers in ``model``, the last one the head."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SiLU(), torch.nn.Conv2d(4, 2, 1))
+
+    def forward(self, x):
+        return self.model(x)
+
+
+@pytest.mark.parametrize("compile_model", [False, True])
+def test_step_phases_are_marked_in_order_and_a_compiled_graph_stays_whole(compile_model):
+    """forward, loss, backward, optimizer in turn; under torch.compile no mark lands inside the compiled graph
+    (a hook there splits it: a graph break) and the marks come from the outer module and the scaler."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    net = _Net()
+    model = torch.compile(net, backend="eager") if compile_model else net
+    marks: list[str] = []
+
+    class Trainer:  # the method on the class, as Ultralytics' is
+        def optimizer_step(self):
+            marks.append("step")
+
+    trainer = Trainer()
+    trainer.model, trainer.scaler = model, torch.amp.GradScaler("cpu", enabled=False)
+
+    def mark(phase: str) -> None:  # reads a clock, as the monitor's does: dynamo cannot trace it, a graph break
+        time.perf_counter()
+        marks.append(phase)
+
+    undo = seam.mark_phases(trainer, mark)
+    for _ in range(2):
+        preds = trainer.model(torch.zeros(1, 3, 8, 8))
+        loss = preds.sum()  # the criterion, outside the model when compiled (Ultralytics' compile path)
+        trainer.scaler.scale(loss).backward()
+        trainer.optimizer_step()
+    want = ["forward", "loss", "backward", "optimizer", "step"]
+    assert marks == want * 2
+    assert not counters["graph_break"]
+    assert seam.compiled(trainer) is compile_model
+    undo()
+    marks.clear()
+    trainer.scaler.scale(trainer.model(torch.zeros(1, 3, 8, 8)).sum())
+    trainer.optimizer_step()
+    assert marks == ["step"]

@@ -456,6 +456,19 @@ def forward_gflops(trainer: Any) -> float | None:
     return float(gflops) if gflops else None
 
 
+def compiled(trainer: Any) -> bool:
+    """Whether the trainer's model runs under ``torch.compile`` (``compile=True``: ``attempt_compile`` wrapped it,
+    and ``unwrap_model`` finds the model under its ``_orig_mod``)."""
+    return unwrap_model(trainer.model) is not _unparallel(trainer.model)
+
+
+def _unparallel(m: Any) -> Any:
+    """The module under DataParallel / DistributedDataParallel wrappers (their ``module``), compile left on."""
+    while type(m).__name__ in ("DataParallel", "DistributedDataParallel"):
+        m = m.module
+    return m
+
+
 def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]:
     """Call ``mark(phase)`` where each phase of a training step starts; returns a function that undoes it.
 
@@ -463,14 +476,31 @@ def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]
     ``Detect`` layer of a ``DetectionModel``), "backward" when the model (which computes the loss) returns,
     "optimizer" where ``trainer.optimizer_step`` is entered: Ultralytics has no callback before the optimiser step,
     so the method is wrapped on the instance.
+
+    A compiled model (``compile=True``) takes no hook inside it: a hook that records a CUDA event breaks the
+    compiled graph in two. Ultralytics' step then calls the model for the predictions and its ``loss`` apart
+    (``_do_train``), so "forward" and "loss" mark the outer module's call and return, and "backward" is where
+    ``trainer.scaler.scale`` is entered (the loss is scaled for the backward pass).
     """
     model = unwrap_model(trainer.model)
     layers = getattr(model, "model", None)
     if layers is None or not len(layers):
         raise _missing("model.model[-1] (the detection head)", "the monitor marks the loss phase at")
-    hooks = [model.register_forward_pre_hook(lambda m, a: mark("forward")),
-             layers[-1].register_forward_hook(lambda m, a, o: mark("loss")),
-             model.register_forward_hook(lambda m, a, o: mark("backward"))]
+    if compiled(trainer):
+        hooks = [trainer.model.register_forward_pre_hook(lambda m, a: mark("forward")),
+                 trainer.model.register_forward_hook(lambda m, a, o: mark("loss"))]
+        scaler, scale = trainer.scaler, trainer.scaler.scale
+
+        def scale_marked(*args: Any, **kwargs: Any) -> Any:
+            mark("backward")
+            return scale(*args, **kwargs)
+
+        scaler.scale = scale_marked
+    else:
+        hooks = [model.register_forward_pre_hook(lambda m, a: mark("forward")),
+                 layers[-1].register_forward_hook(lambda m, a, o: mark("loss")),
+                 model.register_forward_hook(lambda m, a, o: mark("backward"))]
+        scaler = scale_marked = None
     step = trainer.optimizer_step
 
     def optimizer_step() -> None:
@@ -484,6 +514,8 @@ def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]
             h.remove()
         if trainer.__dict__.get("optimizer_step") is optimizer_step:
             del trainer.__dict__["optimizer_step"]
+        if scaler is not None and scaler.__dict__.get("scale") is scale_marked:
+            del scaler.__dict__["scale"]
 
     return undo
 
