@@ -644,3 +644,22 @@ def test_bench_modes_name_their_options():
     assert yolofeed["yolofeed_inline"].augment_ahead is False and yolofeed["yolofeed"].augment_ahead is True
     with pytest.raises(ValueError, match="unknown mode"):
         trainer_class("yolofeed_fast")
+
+
+def test_bench_step_switches_reach_yolofeed_and_the_ceiling_not_stock(tmp_path):
+    from yolofeed.bench.modes import trainer_class
+    from yolofeed.cli import build_config
+    from yolofeed.ultralytics_seam import DetectionTrainer
+
+    off = {"cudnn_benchmark": False, "fast_musgd": False}
+    for mode in ("yolofeed", "yolofeed_jpeg", "ceiling"):
+        cls = trainer_class(mode, off)
+        assert (cls.cudnn_benchmark, cls.fast_musgd, cls.sync_free_loss) == (False, False, True), mode
+        assert trainer_class(mode).cudnn_benchmark is True
+    assert trainer_class("stock", off) is DetectionTrainer
+    stock_step = trainer_class("ceiling_stock", {"cudnn_benchmark": False})
+    assert (stock_step.sync_free_step, stock_step.fast_musgd, stock_step.cudnn_benchmark) == (False, False, False)
+    with pytest.raises(ValueError, match="unknown step switches"):
+        trainer_class("ceiling", {"channels_last": True})
+    cfg = build_config("bench", ["data=x.yaml", "cudnn_benchmark=False", "deterministic=False"])
+    assert cfg.cudnn_benchmark is False and cfg.extra == {"deterministic": False}

@@ -182,3 +182,43 @@ def test_items_reach_the_host_without_a_sync():
         loss, items = crit(None, {})
     assert items["box"].device.type == "cpu" and float(items["box"]) == 1.0  # the first step's, already here
     assert float(loss) == 44.0
+
+
+@pytest.mark.parametrize("deterministic,device,want", [(False, "cuda", True), (True, "cuda", False),
+                                                       (False, "cpu", False)])
+def test_cudnn_benchmark_only_in_the_training_steps_of_a_run_not_asking_to_be_reproducible(deterministic, device,
+                                                                                          want):
+    """On from before the warm-up (it then times the convolutions) through each epoch's steps; off before
+    validation (a new shape each rectangular batch) and at the end; never under deterministic=True or off CUDA."""
+    from types import SimpleNamespace
+
+    from yolofeed.train import step as train_step
+    from yolofeed.train.trainer import FastDetectionTrainer
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        trainer = SimpleNamespace(device=torch.device(device), args=SimpleNamespace(deterministic=deterministic))
+        train_step._benchmark_on(trainer)
+        assert torch.backends.cudnn.benchmark is want
+        train_step._benchmark_off(trainer)
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def test_cudnn_benchmark_is_on_before_the_warm_up_and_off_before_validation(synth_root, tmp_path):
+    from yolofeed.train import step as train_step
+    from yolofeed.train.trainer import FastDetectionTrainer
+
+    t = FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"),
+                                        "imgsz": 64, "device": "cpu", "project": str(tmp_path), "name": "b"})
+    routine = t.callbacks["on_pretrain_routine_end"]
+    assert routine.index(train_step._benchmark_on) < routine.index(FastDetectionTrainer._warm_up)
+    assert t.callbacks["on_train_epoch_end"][0] is train_step._benchmark_off  # before anything reads the epoch
+    assert train_step._benchmark_on in t.callbacks["on_train_epoch_start"]
+    assert train_step._benchmark_off in t.callbacks["teardown"]
+    off = FastDetectionTrainer.with_options(cudnn_benchmark=False)(
+        overrides={"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "imgsz": 64, "device": "cpu",
+                   "project": str(tmp_path), "name": "c"})
+    assert train_step._benchmark_on not in off.callbacks["on_train_epoch_start"]

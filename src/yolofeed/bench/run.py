@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from yolofeed.bench import whole
-from yolofeed.bench.modes import MODES, trainer_class
+from yolofeed.bench.modes import MODES, STEP_SWITCHES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.monitor.profile import Progress, profile
@@ -59,9 +59,10 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     (``progress``: the bench's step bar)."""
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
+    trainer = trainer_class(mode, {k: getattr(cfg, k) for k in STEP_SWITCHES if not getattr(cfg, k)})
     if cfg.whole_run:
-        return whole.whole_run(mode, trainer_class(mode), args, cfg.whole_run, progress=progress)
-    p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, cfg.window, progress=progress,
+        return whole.whole_run(mode, trainer, args, cfg.whole_run, progress=progress)
+    p = profile(mode, trainer, args, cfg.steps, cfg.warmup, cfg.window, progress=progress,
                 first_epoch=cfg.first_epoch)
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
