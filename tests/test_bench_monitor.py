@@ -651,15 +651,15 @@ def test_bench_step_switches_reach_yolofeed_and_the_ceiling_not_stock(tmp_path):
     from yolofeed.cli import build_config
     from yolofeed.ultralytics_seam import DetectionTrainer
 
-    off = {"cudnn_benchmark": False, "fast_musgd": False}
+    off = {"sync_free_step": False, "fast_musgd": False}
     for mode in ("yolofeed", "yolofeed_jpeg", "ceiling"):
         cls = trainer_class(mode, off)
-        assert (cls.cudnn_benchmark, cls.fast_musgd, cls.sync_free_loss) == (False, False, True), mode
-        assert trainer_class(mode).cudnn_benchmark is True
+        assert (cls.sync_free_step, cls.fast_musgd, cls.sync_free_loss) == (False, False, True), mode
+        assert trainer_class(mode).fast_musgd is True
     assert trainer_class("stock", off) is DetectionTrainer
-    stock_step = trainer_class("ceiling_stock", {"cudnn_benchmark": False})
-    assert (stock_step.sync_free_step, stock_step.fast_musgd, stock_step.cudnn_benchmark) == (False, False, False)
+    stock_step = trainer_class("ceiling_stock", {"sync_free_loss": True})
+    assert (stock_step.sync_free_step, stock_step.sync_free_loss, stock_step.fast_musgd) == (False, False, False)
     with pytest.raises(ValueError, match="unknown step switches"):
         trainer_class("ceiling", {"channels_last": True})
-    cfg = build_config("bench", ["data=x.yaml", "cudnn_benchmark=False", "deterministic=False"])
-    assert cfg.cudnn_benchmark is False and cfg.extra == {"deterministic": False}
+    cfg = build_config("bench", ["data=x.yaml", "fast_musgd=False", "deterministic=False"])
+    assert cfg.fast_musgd is False and cfg.extra == {"deterministic": False}

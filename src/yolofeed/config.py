@@ -116,9 +116,6 @@ class TrainConfig:
                                "(the same loss); False: Ultralytics' loss")
     fast_musgd: bool = key(True, "step the MuSGD Ultralytics builds as one CUDA graph (the same update); False: "
                            "Ultralytics' MuSGD")
-    cudnn_benchmark: bool = key(True, "with deterministic=False, cuDNN times its algorithms for each convolution "
-                                "shape and keeps the fastest, in the training steps (off under deterministic=True, "
-                                "Ultralytics' default); False: cuDNN's heuristic choice, as stock")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
                         "prometheus_port= or an alert_*/summary_seconds key turns it on too")
@@ -181,7 +178,6 @@ class BenchConfig(MeasuredRunConfig):
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)
     sync_free_loss: bool = redefault(TrainConfig, "sync_free_loss", True)
     fast_musgd: bool = redefault(TrainConfig, "fast_musgd", True)
-    cudnn_benchmark: bool = redefault(TrainConfig, "cudnn_benchmark", True)
     out: str = key("runs/bench", "folder for bench.json, bench.png and each mode's Ultralytics run folder "
                    "(runs/<mode>: args.yaml, TensorBoard events if enabled; no weights)")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "ceiling", "ceiling_stock")
-STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "cudnn_benchmark")  # SyncFreeStep's (train/step.py)
+STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd")  # SyncFreeStep's (train/step.py)
 
 
 def trainer_class(mode: str, step: dict[str, bool] | None = None) -> type:

@@ -344,6 +344,7 @@ def run(cfg: BenchConfig) -> dict:
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
     title = (f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, " + (
         f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up"))
+    title += "".join(f", {k}=False" for k in STEP_SWITCHES if not getattr(cfg, k))  # yolofeed's step, not all of it
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already

@@ -98,15 +98,12 @@ class SyncFreeStep:
     ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss.py) instead of
     syncing for them; ``False`` keeps Ultralytics' loss as it is. ``fast_musgd`` steps the MuSGD Ultralytics builds
     (``optimizer=MuSGD``, or ``auto`` past 10,000 iterations) as one CUDA graph (train/musgd.py); ``False`` keeps
-    Ultralytics' own. ``cudnn_benchmark`` lets cuDNN time its algorithms for each convolution's shapes and keep the
-    fastest, during the training steps of a run with ``deterministic=False`` (see ``_benchmark_on``); ``False``
-    keeps Ultralytics' heuristic choice.
+    Ultralytics' own.
     """
 
     sync_free_step: bool = True
     sync_free_loss: bool = True
     fast_musgd: bool = True
-    cudnn_benchmark: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -118,11 +115,6 @@ class SyncFreeStep:
         if self.sync_free_loss:
             self.add_callback("on_train_start", lambda t: train_loss.install(t.model))
             self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
-        if self.cudnn_benchmark:
-            seam.run_first(self, "on_pretrain_routine_end", _benchmark_on)  # first: the warm-up then times them
-            self.add_callback("on_train_epoch_start", _benchmark_on)
-            seam.run_first(self, "on_train_epoch_end", _benchmark_off)
-            self.add_callback("teardown", _benchmark_off)
 
     def build_optimizer(self, *args: Any, **kwargs: Any):
         """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""
@@ -172,25 +164,6 @@ def counts_for_ultralytics_batch(trainer: Any, batch: dict) -> dict[str, int] | 
     if gt is None:
         return {train_loss.MAX_BOXES: n}
     return {train_loss.MAX_BOXES: n, train_loss.CANDIDATES: int(loss.early_candidates(gt))}
-
-
-def _benchmark_on(trainer: Any) -> None:
-    """cuDNN's benchmark mode for the training steps of a run that does not ask to be reproducible.
-
-    Ultralytics leaves ``torch.backends.cudnn.benchmark`` off and picks each convolution's algorithm by cuDNN's
-    heuristics. On, cuDNN times every algorithm once per convolution shape (a forward and two backward passes
-    for each of the model's convolutions: seconds, paid in the warm-up before the first epoch) and keeps the
-    fastest. Which one is fastest can differ between runs, and so can the last bits of the results, so it stays
-    off under ``deterministic=True`` (Ultralytics' default: "reproducible but may be slower"). The training
-    steps meet one shape per batch size; validation meets a new one with every rectangular batch, each timed
-    again, so it is off outside the training steps (``_benchmark_off``).
-    """
-    if trainer.device.type == "cuda" and not trainer.args.deterministic:
-        torch.backends.cudnn.benchmark = True
-
-
-def _benchmark_off(trainer: Any) -> None:
-    torch.backends.cudnn.benchmark = False
 
 
 def _reset_items(trainer: Any) -> None:
