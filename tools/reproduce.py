@@ -70,6 +70,10 @@ SECTIONS = {s.name: s for s in (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=500 "
         "NO_SMOKE=1 bash tools/device/parity.sh",)),
     Section("whole-run", "The whole run", "nvidia-h200", 1, 7, ("OPTS=auto LIMIT=430 bash tools/device/whole_run.sh",)),
+    Section("step-compile", "The step itself: levers measured", "nvidia-h200", 1, 10, (
+        "LEVERS=compile bash tools/device/step_levers.sh",)),
+    Section("step-deterministic", "The step itself: levers measured", "nvidia-h200", 1, 3, (
+        "LEVERS=deterministic bash tools/device/step_levers.sh",)),
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, (
         "OPTS=MuSGD LIMIT=500 bash tools/device/whole_run.sh",)),
     Section("first-own", "First epoch", "nvidia-h200", 1, 6, (
