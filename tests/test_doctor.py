@@ -196,7 +196,7 @@ def test_a_slower_yolofeed_is_said_plainly():
 
 def _fake_profile(mode: str):
     """What ``profile`` returns, without training: the doctor's own logic around it is under test."""
-    from yolofeed.monitor.profile import Profile
+    from yolofeed.measure.result import Profile
 
     p = _profile(mode, 0.3 if mode == "stock" else 0.01)
     keys = {f for f in Profile.__dataclass_fields__}

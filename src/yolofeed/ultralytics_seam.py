@@ -114,7 +114,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.utils.patches import imread  # pack.verify: the decoder Ultralytics' datasets use
     from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors  # train.loss
     from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
-        get_flops,  # monitor.profile: a model's forward GFLOPs, as Ultralytics' model summary counts them
+        get_flops,  # measure.profile: a model's forward GFLOPs, as Ultralytics' model summary counts them
         parse_device,
         strip_optimizer,  # train.checkpoints: the final checkpoints, written to a temporary file
         torch_distributed_zero_first,
@@ -269,7 +269,7 @@ RELIED_ON: tuple[Pinned, ...] = (
                "(monitor/throughput.py's report to the launcher rides on those)"),
     Pinned("ultralytics.engine.trainer.BaseTrainer.train", "6df46979cf5bb5e5",
            why="self.ddp: the launching process runs the ranks with subprocess.run(check=True) and trains nothing "
-               "itself (monitor/profile.py: its ranks report to it and leave with status 0)"),
+               "itself (measure/ranks.py: its ranks report to it and leave with status 0)"),
     Pinned("ultralytics.engine.trainer.BaseTrainer.save_model", "292ea8c55f928750",
            why="serialises the checkpoint once and writes it only with write_bytes on self.last, self.best and "
                "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic)"),

@@ -61,7 +61,7 @@ for p in pathlib.Path(sys.argv[1]).rglob('*'):
                      && echo $$ > /sys/fs/cgroup/slowio/cgroup.procs \
                      && echo "reads capped: $(cat /sys/fs/cgroup/slowio/io.max)" | tee -a $OUT/plant.txt
                  fi
-                 # batch 32: the warm-up covers the 16 workers' queue (64 batches, monitor/profile.py), so warm-up and
+                 # batch 32: the warm-up covers the 16 workers' queue (64 batches, measure/profile.py), so warm-up and
                  # measured steps read 2,368 of the 4,000 images once; a second epoch would come from the page cache
                  doc disk batch=32 workers=16 time_validation=False yolofeed=False steps=10 warmup=4 ;;
   esac

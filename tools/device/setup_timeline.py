@@ -4,7 +4,7 @@ Each mode (a ``yolofeed bench`` mode, or a step_ab variant) runs in its own proc
 trainer class gets timers around the set-up methods it has (``SETUP``: the model, the packs and loaders, the
 optimizer, the validator...), yolofeed's warm-up gets them too (``FUNCTIONS``: cuDNN's plans, Triton's compiles;
 CUDA only), every Ultralytics callback gets a first-occurrence time, and the trainer trains
-through ``monitor.profile`` (``--steps`` steps after ``--warmup``). The result is one line per event, in order:
+through ``measure.profile`` (``--steps`` steps after ``--warmup``). The result is one line per event, in order:
 seconds since the trainer was built, and how long each call of a timed method took (a method that runs inside
 another, a pack inside a loader, shows inside it). Writes ``$OUT/setup_timeline.json``.
 
@@ -70,7 +70,7 @@ def one(data: str, model: str, mode: str, batch: int, imgsz: int, steps: int, wa
     from ultralytics.utils.callbacks.base import default_callbacks
 
     from tools.device.step_ab import patched, trainer_class
-    from yolofeed.monitor.profile import profile
+    from yolofeed.measure.profile import profile
 
     events: list[dict[str, Any]] = []
     t0 = [time.perf_counter()]

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from yolofeed.bench.modes import trainer_class as mode_class
-from yolofeed.monitor.profile import profile
+from yolofeed.measure.profile import profile
 
 SUFFIXES = {"_stock_step": {"sync_free_step": False}, "_stock_loss": {"sync_free_loss": False},
             "_sync_free_loss": {"sync_free_loss": True}, "_stock_musgd": {"fast_musgd": False}}

@@ -22,7 +22,7 @@ process, and at 28 s in a process of its own (BENCHMARKS.md), and the bench says
 
 With several GPUs (``device=0,1``) each mode goes through Ultralytics' own DDP launch, whose ranks are processes
 of their own: every rank profiles its own steps and GPU, and the row is their total (images/s summed, the slowest
-rank's steps), each GPU's share on the line below it (``monitor/profile.py``).
+rank's steps), each GPU's share on the line below it (``measure/ranks.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from yolofeed.bench import whole
 from yolofeed.bench.modes import MODES, STEP_SWITCHES, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
-from yolofeed.monitor.profile import Progress, profile
+from yolofeed.measure.profile import profile
+from yolofeed.measure.progress import Progress
 from yolofeed.processes import die_with_parent, process_start, sigterm_exits
 
 WHOLE_RUN_DEFAULT = (BenchConfig.modes, "stock,yolofeed")  # the modes of a whole run where modes= is not given
@@ -341,7 +342,7 @@ def run(cfg: BenchConfig) -> dict:
 
     device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
-    # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (monitor/profile.py)
+    # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
     title = (f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, " + (
         f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up"))
     title += "".join(f", {k}=False" for k in STEP_SWITCHES if not getattr(cfg, k))  # yolofeed's step, not all of it

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from yolofeed.monitor.profile import Progress, ultralytics_quiet
+from yolofeed.measure.progress import Progress, ultralytics_quiet
 from yolofeed.ultralytics_seam import LOGGER
 
 FIGURES = ("mode", "wall_s", "setup_s", "final_s", "epochs", "images", "optimizer", "device")

@@ -6,7 +6,8 @@ from yolofeed.config import DoctorConfig
 from yolofeed.doctor import report
 from yolofeed.doctor.rules import Facts, diagnose
 from yolofeed.errors import ConfigError, YolofeedError
-from yolofeed.monitor.profile import Progress, profile
+from yolofeed.measure.profile import profile
+from yolofeed.measure.progress import Progress
 from yolofeed.monitor.system import environment
 from yolofeed.train.keys import check_device
 from yolofeed.train.run import check_model_and_data

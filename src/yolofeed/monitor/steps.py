@@ -4,7 +4,7 @@
 epochs begin and end; it keeps a ``StepRecord`` per step and running totals. The figures are plain functions of the
 records: ``step_stats`` (steady-state img/s, data wait, median and mean step: ``yolofeed bench`` and ``doctor``),
 ``phase_summary`` (where a step's time goes: the doctor's breakdown, the live monitor). The Ultralytics callbacks
-that feed a clock are thin adapters: ``monitor.live`` (live monitoring), ``monitor.profile`` (bench and doctor) and
+that feed a clock are thin adapters: ``monitor.live`` (live monitoring), ``measure.profile`` (bench and doctor) and
 ``monitor.throughput`` (``yolofeed train``'s closing line).
 
 A step is recorded once the clock knows when it began: at the previous step's end, or at ``epoch_start``. The first
