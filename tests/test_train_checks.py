@@ -211,11 +211,12 @@ def test_cfg_values_reach_the_trainer_checks(synth_root, tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("command", ["doctor", "parity"])
-def test_doctor_and_parity_check_the_model_and_the_data_yaml_first(command, synth_root, tmp_path, capsys):
+@pytest.mark.parametrize("command", ["doctor", "parity", "bench"])
+def test_doctor_parity_and_bench_check_the_model_and_the_data_yaml_first(command, synth_root, tmp_path, capsys):
     """A model that does not exist: the doctor ended in a FileNotFoundError traceback after it had started; parity
-    ran every run, each failing, and said "0 seeds each finished ... +nan points" with exit 0. A data yaml whose val
-    folder is missing: found by the runs. Now each is one line before anything is made, as in yolofeed train."""
+    ran every run, each failing, and said "0 seeds each finished ... +nan points" with exit 0; the bench started its
+    first mode, which stopped with a traceback. A data yaml whose val folder is missing: found by the runs. Now each
+    is one line before anything is made, as in yolofeed train."""
     data = synth_root / "data.yaml"
     broken = tmp_path / "broken.yaml"
     broken.write_text(f"path: {synth_root}\ntrain: images/train\nval: images/nope\nnames: {{0: a}}\n")

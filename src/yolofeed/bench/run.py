@@ -339,8 +339,10 @@ def run(cfg: BenchConfig) -> dict:
         raise ConfigError(f"epochs={cfg.extra['epochs']} with whole_run={cfg.whole_run}: whole_run= is the run's "
                           "epochs; give one of them")
     from yolofeed.train.keys import check_device
+    from yolofeed.train.run import check_model_and_data
 
     device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
+    check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these: not in a mode's traceback
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
     title = (f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, " + (
