@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import lossless_cost, pack_crc_cost, parity_merge, reproduce
+from tools import pack_crc_cost, parity_merge, reproduce
 from tools.device import augment_bench, decode_ceiling, io_probe, monitor_overhead, step_ab, val_equality
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,37 +89,6 @@ def test_shell_tools_parse_and_say_how_to_use_them(script):
         assert r.returncode == 0 and "Usage: bash tools/device/" in r.stdout, r.stdout + r.stderr
 
 
-def _cgroup_root() -> Path | None:
-    """Where in_memory_limit.sh makes its groups, if this process may (root with a memory cgroup tree)."""
-    v2, v1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")
-    root = v2 if (v2 / "cgroup.controllers").is_file() else v1
-    return root if os.geteuid() == 0 and root.is_dir() and os.access(root, os.W_OK) else None
-
-
-@pytest.mark.skipif(_cgroup_root() is None, reason="needs root and a writable memory cgroup tree")
-def test_in_memory_limit_stopped_alone_stops_its_command_and_removes_its_group(tmp_path):
-    """SIGTERM to the script alone (as timeout sends it) used to leave the command running and the group behind."""
-    import signal
-    import time
-
-    alive = tmp_path / "alive"
-    child = f"import time, pathlib; pathlib.Path({str(alive)!r}).write_text('x'); time.sleep(60)"
-    p = subprocess.Popen(["bash", str(ROOT / "tools/device/in_memory_limit.sh"), "200M", sys.executable, "-c", child],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    group = _cgroup_root() / f"yolofeed-limit-{p.pid}"
-    for _ in range(200):  # the child has started inside the group
-        if alive.exists():
-            break
-        time.sleep(0.05)
-    pids = (group / "cgroup.procs").read_text().split()
-    assert pids
-    p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=20)
-    assert "stopping the command still running" in err and not group.exists()
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
-
-
 # -- CPU tools -----------------------------------------------------------------------------------------------------
 def test_parity_merge_combines_reports_and_refuses_mixed_or_repeated_runs(tmp_path, capsys):
     parity_merge.main([str(p) for p in PARITY_REPORTS] + ["--plot", str(tmp_path / "new" / "p.png")])
@@ -147,15 +116,6 @@ def test_no_triton_hides_triton_from_yolofeed_and_runs_the_module():
     out = subprocess.run([sys.executable, "-m", "tools.device.no_triton", "yolofeed", "version"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip(), out.stderr
-
-
-def test_lossless_cost_names_size_and_cores_for_each_way(capsys):
-    lossless_cost.main(["--imgsz", "64", "--repeats", "1", "--rate", "100"])
-    out = capsys.readouterr().out
-    assert "bus.jpg 48x64: raw 9 KB; jpeg q95" in out  # Ultralytics' bundled photo, resized as load_image does
-    ways = re.findall(r"  (zlib level 1|zlib level 6|png): ([\d.]+)x smaller, one core decodes [\d,]+ img/s: "
-                      r"[\d.]+ cores for 100 img/s", out)
-    assert len(ways) == 6 and all(float(x) > 1 for _, x in ways)  # two photos, three ways each; each smaller
 
 
 def test_pack_crc_cost_measures_a_tiny_pack(dataset, capsys):
@@ -251,36 +211,11 @@ def test_monitor_overhead_alternates_windows_on_the_cpu(dataset):
     assert len(res["windows_on"]) == len(res["windows_off"]) == 1 and res["median_on"] > 0
 
 
-# -- host memory and the pack build ------------------------------------------------------------------------------
+# -- the pack build --------------------------------------------------------------------------------------------
 def _tool(module: str, *args: str, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OUT": str(out), "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     return subprocess.run([sys.executable, "-m", f"tools.device.{module}", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=300)
-
-
-@pytest.mark.parametrize("storage", ["raw", "jpeg"])
-def test_loader_memory_reports_each_epoch(pack, storage, tmp_path):
-    p = pack(64, storage)
-    r = _tool("loader_memory", str(p.path), "--device", "cpu", "--batch", "4", "--epochs", "2", "--label", storage,
-              out=tmp_path)
-    assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / f"loader_memory-{storage}.json").read_text())
-    assert report["storage"] == storage and [e["images"] for e in report["epochs"]] == [len(p)] * 2
-    assert all(e["rss_anon"] > 0 and e["img_s"] > 0 for e in report["epochs"])
-
-
-def test_evict_drops_a_file_from_the_page_cache_and_says_how_to_use_it(tmp_path):
-    f = tmp_path / "f.bin"
-    f.write_bytes(b"x" * 8192)
-    assert _tool("evict", str(f), out=tmp_path).returncode == 0 and f.read_bytes() == b"x" * 8192
-    r = _tool("evict", out=tmp_path)
-    assert r.returncode == 1 and "Usage: python -m tools.device.evict FILE" in r.stderr
-    # a missing file, a folder or a device: one line each, not a traceback, and the other files still evicted
-    r = _tool("evict", str(tmp_path / "missing"), str(tmp_path), os.devnull, str(f), out=tmp_path)
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.splitlines() == [f"evict: {tmp_path / 'missing'}: No such file or directory",
-                                     f"evict: {tmp_path}: not a regular file: name the files themselves",
-                                     f"evict: {os.devnull}: not a regular file: name the files themselves"]
 
 
 def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
