@@ -26,15 +26,31 @@ BENCH_SHORT = BENCH.replace("steps=100 warmup=30", "steps=60 warmup=20")
 SYNTH_10K = "python3 -m yolofeed synth out=/tmp/synth n_train=10000 n_val=500 seed=0"
 PACK_10K = "python3 -m yolofeed pack data=/tmp/synth/data.yaml imgsz=640"
 SMALL_320 = "python3 -m yolofeed synth out=/tmp/parity n_train=3000 n_val=500 imgsz=320 seed=0"
-RAW_10K = "/tmp/synth/yolofeed-packs/data-raw-640/train.yfpack"
-JPEG_10K = "/tmp/synth/yolofeed-packs/data-jpeg-640/train.yfpack"
-LIMIT_6G = "bash tools/device/in_memory_limit.sh 6442450944"  # a memory cgroup of 6 GiB, less than the raw pack
 X2 = "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"  # NVLink multicast off
 LABELS_10K = ("python3 -c \"from ultralytics.data.dataset import YOLODataset; from ultralytics.cfg import get_cfg; "
               "from ultralytics.data.utils import check_det_dataset; d = check_det_dataset('/tmp/synth/data.yaml'); "
               "YOLODataset(img_path=d['train'], imgsz=640, augment=False, data=d, hyp=get_cfg())\" > /dev/null")
-# stock's label cache, written before its bench as a user's second run finds it
+# stock's label cache, written before its bench as a user's second run finds it (the whole run: validation's too)
+LABELS_10K_BOTH = LABELS_10K.replace("YOLODataset(img_path=d['train']", "[YOLODataset(img_path=d[s]").replace(
+    "hyp=get_cfg())", "hyp=get_cfg()) for s in ('train', 'val')]")
 PLANT_DATA = "[ -f /tmp/plant/data.yaml ] || python3 -m yolofeed synth out=/tmp/plant n_train=4000 n_val=2000 seed=0"
+NO_WEIGHTS = "find $OUT -name '*.pt' -delete"
+BENCH_1 = "workers=16 batch=128 imgsz=640 data=/tmp/synth/data.yaml"  # a bench of one's own steps and warm-up
+LEVER = f"steps=60 warmup=30 first_epoch=False isolate=True {BENCH_1}"  # the ceiling, one lever at a time
+
+
+def whole_run(optimizer: str, limit: int) -> tuple[str, ...]:
+    """The whole run of 10 epochs, stock and yolofeed, ``optimizer=``: the 10k set, its raw pack, both label caches."""
+    return (SYNTH_10K, PACK_10K, LABELS_10K_BOTH,
+            f"timeout {limit} python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed whole_run=10 "
+            f"optimizer={optimizer} {BENCH_1} out=$OUT/whole_{optimizer}", NO_WEIGHTS)
+
+
+def lever(model: str, modes: str, option: str, limit: int) -> str:
+    """One bench at the ceiling with one of the step's levers set."""
+    name = f"{model}_{option.replace('=', '-')}"
+    return (f"timeout {limit} python3 -m yolofeed bench model={model}.yaml modes={modes} {option} {LEVER} "
+            f"out=$OUT/levers_{name}")
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,7 @@ class Section:
     commands: tuple[str, ...]
 
 
-
+JPEG = "Raw and jpeg packs"
 SECTIONS = {s.name: s for s in (
     Section("throughput", "Training throughput", "nvidia-h200", 1, 9, (
         SYNTH_10K, PACK_10K,
@@ -59,33 +75,33 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
-    Section("shape-cost", "First epoch", "nvidia-h200", 1, 3, tuple(
-        f"timeout 60 python3 -m tools.device.shape_cost {v}"
-        for v in ("", "--no-cudnn", "--background", "--model yolo26n.yaml"))),
+    Section("whole-run", "The whole run", "nvidia-h200", 1, 7, whole_run("auto", 430)),
+    Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
-        "PARTS=phase,tests bash tools/device/musgd.sh",)),
+        "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
+        "| tee $OUT/optimizer_phase.txt",
+        "timeout 150 python3 -m pytest -q -m gpu tests/test_musgd.py tests/test_step.py -p no:cacheprovider -rA 2>&1 "
+        "| tail -30 | tee $OUT/gpu_tests_step.txt")),
     Section("musgd", "The optimiser step with MuSGD", "nvidia-h200", 1, 7, (
-        "PARTS=ab,bench bash tools/device/musgd.sh",)),
-    Section("parity-musgd", "Training quality", "nvidia-h200", 1, 8, (
-        "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=500 "
-        "NO_SMOKE=1 bash tools/device/parity.sh",)),
-    Section("whole-run", "The whole run", "nvidia-h200", 1, 7, ("OPTS=auto LIMIT=430 bash tools/device/whole_run.sh",)),
+        SYNTH_10K, PACK_10K,
+        "timeout 300 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml "
+        "ceiling_stock_musgd,ceiling,yolofeed_stock_musgd,yolofeed --optimizer MuSGD --steps 60 --warmup 30",
+        LABELS_10K,
+        f"timeout 330 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+        f"first_epoch=True isolate=True optimizer=MuSGD {BENCH_1} out=$OUT/bench_musgd", NO_WEIGHTS)),
     Section("step-compile", "The step itself: levers measured", "nvidia-h200", 1, 10, (
-        "LEVERS=compile bash tools/device/step_levers.sh",)),
+        SYNTH_10K, PACK_10K, lever("yolo11n", "ceiling", "compile=False", 120),
+        lever("yolo11n", "ceiling,yolofeed", "compile=True", 330), lever("yolo26n", "ceiling", "compile=False", 120),
+        lever("yolo26n", "ceiling", "compile=True", 300), NO_WEIGHTS)),
     Section("step-deterministic", "The step itself: levers measured", "nvidia-h200", 1, 3, (
-        "LEVERS=deterministic bash tools/device/step_levers.sh",)),
-    Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, (
-        "OPTS=MuSGD LIMIT=500 bash tools/device/whole_run.sh",)),
+        SYNTH_10K, PACK_10K, lever("yolo11n", "ceiling", "deterministic=True", 120),
+        lever("yolo11n", "ceiling", "deterministic=False", 120), NO_WEIGHTS)),
     Section("first-own", "First epoch", "nvidia-h200", 1, 6, (
         SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg", LABELS_10K,
         f"timeout 220 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,yolofeed_jpeg {BENCH_SHORT} "
         "first_epoch=True out=$OUT/first_own_yolo11n",
         f"timeout 160 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed {BENCH_SHORT} "
         "first_epoch=True out=$OUT/first_own_yolo26n")),
-    Section("epoch-starts", "First epoch", "nvidia-h200", 1, 5, (
-        SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
-        "timeout 300 python3 -m tools.device.epochs_ab /tmp/synth/data.yaml yolo11n.yaml yolofeed_epoch_alone,"
-        "yolofeed,yolofeed_jpeg_epoch_alone,yolofeed_jpeg --epochs 4")),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "
@@ -99,63 +115,24 @@ SECTIONS = {s.name: s for s in (
         "OUT=$OUT/triton python3 -m tools.device.augment_bench /tmp/synth-aug/data.yaml > /dev/null",
         "OUT=$OUT/no_triton python3 -m tools.device.no_triton tools.device.augment_bench /tmp/synth-aug/data.yaml "
         "> /dev/null")),
-    Section("jpeg", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 8, (
+    Section("jpeg-parts", JPEG, "nvidia-h200", 1, 8, (
         SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
-        f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_inline,yolofeed_jpeg "
-        f"{BENCH} out=$OUT/bench_jpeg",
-        f"timeout 130 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_jpeg {BENCH} "
-        "first_epoch=False out=$OUT/bench_raw_jpeg",
-        "timeout 150 python3 -m tools.device.kernel_top /tmp/synth/data.yaml yolofeed,yolofeed_jpeg yolo11n.yaml",
-        "timeout 90 python3 -m tools.device.jpeg_decode /tmp/synth/yolofeed-packs/data-jpeg-640/train.yfpack",
-        "python3 -m pytest -q -s -m gpu tests/test_decode.py -p no:cacheprovider "
-        "-k 'decode_equals_cv2 or loader_jpeg' 2>&1 | tee $OUT/jpeg_pixels.txt")),
-    Section("memory", "Packs larger than the memory allowed", "nvidia-h200", 1, 7, (
-        SYNTH_10K, PACK_10K, PACK_10K + " format=jpeg",
-        f"python3 -m tools.device.loader_memory {RAW_10K} --label raw",
-        f"python3 -m tools.device.loader_memory {JPEG_10K} --label jpeg",
-        f"python3 -m tools.device.evict {RAW_10K} {JPEG_10K}",
-        f"{LIMIT_6G} python3 -m tools.device.loader_memory {RAW_10K} --epochs 3 --label raw-limit",
-        f"{LIMIT_6G} python3 -m tools.device.loader_memory {JPEG_10K} --epochs 3 --label jpeg-limit",
-        f"python3 -m tools.device.evict {RAW_10K} {JPEG_10K}",
-        f"timeout 150 {LIMIT_6G} python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed {BENCH_SHORT} "
-        "first_epoch=False out=$OUT/bench_limit_raw",
-        f"python3 -m tools.device.evict {RAW_10K} {JPEG_10K}",
-        f"timeout 250 {LIMIT_6G} python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed_jpeg,yolofeed "
-        f"{BENCH} first_epoch=True out=$OUT/bench_limit")),
-    Section("jpeg-host", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 6, (
-        "PARTS=gaps bash tools/device/jpeg_ab.sh",
-        "PARTS=steps VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg_blocking_sync,yolofeed_blocking_sync,"
-        "yolofeed_jpeg_blocking_sync,yolofeed_jpeg bash tools/device/jpeg_ab.sh")),
-    Section("jpeg-parts", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 10, (
-        "PARTS='steps first' VARIANTS=yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg,"
-        "yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg bash tools/device/jpeg_ab.sh",
-        "PARTS=steps bash tools/device/jpeg_ab.sh")),
-    Section("jpeg-storage", "Raw and jpeg packs, augmenting ahead", "nvidia-h200", 1, 4, (
-        "PARTS=storage bash tools/device/jpeg_ab.sh",)),
-    Section("jpeg-setup", "First epoch", "nvidia-h200", 1, 4, (
-        "PARTS=setup bash tools/device/jpeg_ab.sh",)),
+        "timeout 480 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml yolofeed,yolofeed_jpeg,"
+        "yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg",
+        "timeout 240 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml yolofeed,yolofeed_jpeg,"
+        "yolofeed_jpeg,yolofeed",
+        "python3 -m pytest -q -m gpu tests/test_decode.py -p no:cacheprovider 2>&1 | tail -3")),
     Section("coco-data", "COCO scale on one machine", "nvidia-h200", 0, 8, (
         "PHASE=data bash tools/device/coco_scale.sh",)),
     Section("coco-train", "COCO scale on one machine", "nvidia-h200", 1, 6, (
         "PHASE=train bash tools/device/coco_scale.sh",)),
-    Section("coco-first", "COCO scale on one machine", "nvidia-h200", 1, 3, (
-        "PHASE=first bash tools/device/coco_scale.sh",)),
-    Section("steps", "Host syncs in a step", "nvidia-h200", 1, 9, (
-        SYNTH_10K, PACK_10K,
-        *(f"timeout 60 python3 -m tools.device.syncs /tmp/synth/data.yaml {v} yolo11n.yaml"
-          for v in ("ceiling_stock", "yolofeed_stock_loss", "yolofeed")),
-        "timeout 200 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml "
-        "yolofeed_stock_step,yolofeed,yolofeed,yolofeed_stock_step",
-        "timeout 200 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml "
-        "yolofeed_stock_loss,yolofeed,yolofeed_stock_loss,yolofeed")),
     Section("pack", "Pack build rate", "nvidia-h200", 0, 8, (
         "bash tools/device/pack_bench.sh",
-        "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 2 --settle",
         "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 3 --dir /dev/shm "
         "--variants 'as built,reserved up front,payloads not written (nor read-back)'",
-        "timeout 100 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 8 --repeats 1")),
+        "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 3 "
+        "--dir /dev/shm")),
     Section("crc", "Checking pixels on every read", "any (CPU)", 0, 1, ("python3 -m tools.pack_crc_cost",)),
-    Section("lossless", "Raw and jpeg packs, augmenting ahead", "any (CPU)", 0, 1, ("python3 -m tools.lossless_cost",)),
     Section("augment", "GPU augmentation", "nvidia-h200", 1, 3, (
         "python3 -m yolofeed synth out=/tmp/synth-aug n_train=1024 n_val=8 seed=0",
         "python3 -m pytest -q -m gpu tests/test_augment_gpu.py -p no:cacheprovider -rA 2>&1 | tail -12",
@@ -182,6 +159,9 @@ SECTIONS = {s.name: s for s in (
         "NO_GPU_TESTS=1 NO_SMOKE=1 FIRST11=4 SEEDS11=4 PAR11=4 LIMIT=390 bash tools/device/parity.sh",)),
     Section("parity-26", "Training quality", "nvidia-h200-x2", 2, 7, (
         "SEEDS11=0 FIRST26=3 SEEDS26=5 PAR26=5 CORES26=0-31 LIMIT=450 bash tools/device/parity.sh",)),
+    Section("parity-musgd", "Training quality", "nvidia-h200", 1, 8, (
+        "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=500 "
+        "NO_SMOKE=1 bash tools/device/parity.sh",)),
     Section("parity-merge", "Training quality", "any (CPU)", 0, 1, (
         "python3 -m tools.parity_merge docs/parity/yolo11n-seeds0-3.json docs/parity/yolo11n-seeds4-7.json "
         "--plot $OUT/parity-yolo11n.png",
@@ -207,8 +187,8 @@ def script(sections: list[Section], bundle: bool) -> str:
 
 def listing() -> str:
     """The sections as a table: name, machine, GPUs, minutes, the BENCHMARKS.md heading."""
-    rows = [f"{'section':<13} {'machine':<15} {'GPUs':>4} {'~min':>5}  BENCHMARKS.md section"]
-    rows += [f"{s.name:<13} {s.kind:<15} {s.gpus:>4} {s.minutes:>5}  {s.heading}" for s in SECTIONS.values()]
+    rows = [f"{'section':<18} {'machine':<15} {'GPUs':>4} {'~min':>5}  BENCHMARKS.md section"]
+    rows += [f"{s.name:<18} {s.kind:<15} {s.gpus:>4} {s.minutes:>5}  {s.heading}" for s in SECTIONS.values()]
     return "\n".join(rows)
 
 

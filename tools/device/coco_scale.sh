@@ -5,20 +5,12 @@
 # bench: img/s, GPU utilisation and host cores side by side. The bench's mode is yolofeed_jpeg: its yolofeed mode
 # is the raw pack, which this disk cannot hold. On the 16-core nvidia-h200: PHASE=data (~7.5 min), then at once,
 # on the still-warm machine, PHASE=train (~5.5 min); in one call on nvidia-h200-x2 (32 cores).
-# PHASE=first (after data, ~5 min): where the time to the first step goes, in a process each: yolofeed_jpeg, the
-# same with the warm-up at the full batch size only, and stock (tools/device/setup_timeline.py).
-# Usage: bash tools/device/coco_scale.sh        Environment: PHASE=all|data|train|first, N_TRAIN=118287, OPTIMIZER
+# Usage: bash tools/device/coco_scale.sh        Environment: PHASE=all|data|train, N_TRAIN=118287, OPTIMIZER
 # (the bench's optimizer=; unset: auto, which picks MuSGD at this length)
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,11p' "$0"; exit 0; fi
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,9p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
 D=/tmp/coco-like
-if [ "${PHASE:-all}" = first ]; then
-  timeout 500 python3 -m tools.device.setup_timeline $D/data.yaml yolo11n.yaml \
-    yolofeed_jpeg,yolofeed_jpeg_warm_full_only,stock
-  source tools/device/pack_out.sh
-  exit 0
-fi
 if [ "${PHASE:-all}" != train ]; then
   df -h /tmp | tail -1
   t=$SECONDS
