@@ -136,7 +136,7 @@ def source_batch(pack, indices, device="cpu"):
     """A yolofeed SourceBatch of pack samples (what the loader will deliver), for augmentation tests."""
     import torch
 
-    from yolofeed.augment import SourceBatch
+    from yolofeed.schema import SourceBatch
 
     n, s = len(indices), pack.imgsz
     images = torch.zeros((n, s, s, 3), dtype=torch.uint8)
@@ -159,7 +159,7 @@ def random_augmented(b: int, k: int, p: float, seed: int, device: str = "cpu"):
     """
     import torch
 
-    from yolofeed.augment.pipeline import AugmentedBatch
+    from yolofeed.schema import AugmentedBatch
 
     g = torch.Generator().manual_seed(seed)
     xy = torch.rand(b, k, 2, generator=g) * 100

@@ -8,6 +8,7 @@ HSV; ``pipeline`` puts them in Ultralytics' order; ``pool`` keeps the images par
 """
 
 from yolofeed.augment.hyp import AugmentHyp
-from yolofeed.augment.pipeline import AugmentedBatch, AugmentParams, GpuAugment, SourceBatch
+from yolofeed.augment.pipeline import AugmentParams, GpuAugment
+from yolofeed.schema import AugmentedBatch, SourceBatch  # what augment takes and gives
 
 __all__ = ["AugmentHyp", "AugmentParams", "AugmentedBatch", "GpuAugment", "SourceBatch"]

@@ -30,22 +30,7 @@ from yolofeed.augment import color, geometry, mix
 from yolofeed.augment.geometry import Partners
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.warp import warp
-
-
-@dataclass
-class SourceBatch:
-    """What the loader hands over: stored images and their labels, on the target device.
-
-    Shape:
-        images: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left ``hw[i]`` corner.
-        hw: (N, 2) int64. cls: (N, L) float32. boxes: (N, L, 4) float32 normalised xywh. valid: (N, L) bool.
-    """
-
-    images: Tensor
-    hw: Tensor
-    cls: Tensor
-    boxes: Tensor
-    valid: Tensor
+from yolofeed.schema import AugmentedBatch, SourceBatch
 
 
 @dataclass
@@ -68,52 +53,6 @@ class AugmentParams:
     def size(self) -> int:
         """B, the samples in the batch."""
         return len(self.bgr)
-
-
-@dataclass
-class AugmentedBatch:
-    """The augmented batch, boxes still padded.
-
-    Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool.
-    """
-
-    img: Tensor
-    cls: Tensor
-    boxes: Tensor
-    valid: Tensor
-
-    def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
-        """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,).
-
-        Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
-        N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
-        e.g. read a step early from pinned memory) nothing waits: row j is the valid entry whose
-        running count is j + 1, found by ``searchsorted`` (no scatter: no duplicate writes, so it
-        stays deterministic under ``torch.use_deterministic_algorithms``).
-
-        Args:
-            total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
-                rows or an index error.
-        """
-        size = self.img.shape[-1]
-        if total is None:
-            v = self.valid
-            idx = torch.arange(len(v), device=v.device, dtype=torch.float32)[:, None].expand_as(v)
-            cls, b, batch_idx = self.cls[v], self.boxes[v], idx[v]
-        else:
-            flat = self.valid.flatten()
-            want = torch.arange(1, total + 1, device=flat.device)
-            src = torch.searchsorted(flat.cumsum(0), want)  # (N,) flat (B*K) position of each valid box
-            cls = self.cls.flatten().index_select(0, src)
-            b = self.boxes.flatten(0, 1).index_select(0, src)
-            batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
-        return {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
-
-
-def normalised_xywh(b: Tensor, size: int) -> Tensor:
-    """Pixel xyxy boxes (..., 4) to Ultralytics' normalised xywh, elementwise (the same values in any layout)."""
-    return torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
-                        b[..., 3] - b[..., 1]], -1) / size
 
 
 def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,
@@ -257,6 +196,7 @@ class GpuAugment:
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:
         """Augment a loaded batch; with ``pool``, push it there first and draw partners from the pool."""
+        batch.require_detection("GpuAugment")
         n, dev = batch.images.shape[0], batch.images.device
         if pool is None or not self.needs_partners:
             return self.apply(batch, self.sample(n, generator, dev))
