@@ -17,8 +17,9 @@ import tempfile
 import numpy as np
 import torch
 
+from yolofeed.kernels import place_triton
 from yolofeed.pack import Pack
-from yolofeed.pack.codecs import jpeg, place_triton
+from yolofeed.pack.codecs import jpeg
 
 
 def _time(fn, repeats: int) -> float:

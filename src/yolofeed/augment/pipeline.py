@@ -30,6 +30,7 @@ from yolofeed.augment import color, geometry, mix
 from yolofeed.augment.geometry import Partners
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.warp import warp
+from yolofeed.kernels.compose import compose_reference
 from yolofeed.schema import AugmentedBatch, SourceBatch
 
 
@@ -62,36 +63,12 @@ def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan |
     rows = len(warped) if rows is None else rows
     if warped.is_cuda:
         try:
-            from yolofeed.augment import compose_triton
-        except ImportError:  # no Triton: the torch reference below, slower but the same
+            from yolofeed.kernels import compose_triton
+        except ImportError:  # no Triton: the torch reference, slower but the same
             pass
         else:
             return compose_triton.compose(warped, mixup, cut, luts, bgr, rows)
     return compose_reference(warped, mixup, cut, luts, bgr, rows)
-
-
-def compose_reference(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None,
-                      luts: Tensor | None, bgr: Tensor | None, rows: int | None = None) -> Tensor:
-    """The torch implementation of ``compose`` (CPU, tests).
-
-    Shape: warped (R, 3, S, S) uint8; luts (rows, 3, 256) uint8. Returns (rows, 3, S, S) uint8.
-    """
-    out = warped[:len(warped) if rows is None else rows]
-    if mixup is not None:  # numpy: (uint8 * r + uint8 * (1 - r)).astype(uint8): float64, truncated
-        r = mixup.ratio[:, None, None, None]
-        blend = (out.double() * r + warped[mixup.partner].double() * (1 - r)).to(torch.uint8)
-        out = torch.where(mixup.apply[:, None, None, None], blend, out)
-    if cut is not None:
-        s = warped.shape[-1]
-        ar = torch.arange(s, device=warped.device)
-        x1, y1, x2, y2 = (cut.area[:, j, None] for j in range(4))
-        inside = ((ar >= y1) & (ar < y2))[:, :, None] & ((ar >= x1) & (ar < x2))[:, None, :]  # (B, S, S)
-        out = torch.where((inside & cut.apply[:, None, None])[:, None], warped[cut.partner], out)
-    if luts is not None:
-        out = color.apply_hsv(out, luts)
-    if bgr is not None:
-        out = torch.where(bgr[:, None, None, None], out.flip(1), out)
-    return out
 
 
 @dataclass
