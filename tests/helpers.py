@@ -136,7 +136,7 @@ def source_batch(pack, indices, device="cpu"):
     """A yolofeed SourceBatch of pack samples (what the loader will deliver), for augmentation tests."""
     import torch
 
-    from yolofeed.augment import SourceBatch
+    from yolofeed.schema import SourceBatch
 
     n, s = len(indices), pack.imgsz
     images = torch.zeros((n, s, s, 3), dtype=torch.uint8)
@@ -159,7 +159,7 @@ def random_augmented(b: int, k: int, p: float, seed: int, device: str = "cpu"):
     """
     import torch
 
-    from yolofeed.augment.pipeline import AugmentedBatch
+    from yolofeed.schema import AugmentedBatch
 
     g = torch.Generator().manual_seed(seed)
     xy = torch.rand(b, k, 2, generator=g) * 100
@@ -208,7 +208,7 @@ def compare_with_reference(pack, device: str, configs: list[dict], n: int = 8) -
     """
     import torch
 
-    from yolofeed.augment import AugmentHyp, GpuAugment, pipeline, warp
+    from yolofeed.augment import AugmentHyp, GpuAugment, pipeline
 
     batch = source_batch(pack, list(range(n)))
     results = []
@@ -219,10 +219,11 @@ def compare_with_reference(pack, device: str, configs: list[dict], n: int = 8) -
         dev_batch = type(batch)(*(t.to(device) for t in (batch.images, batch.hw, batch.cls, batch.boxes, batch.valid)))
         dev_params = to_device(params, device)
         if device == "cpu":  # force the Triton path on CPU tensors (interpreter)
-            from yolofeed.augment import compose_triton, warp_triton
+            from yolofeed.kernels import compose_triton, warp_triton
+            from yolofeed.kernels.warp import BORDER
 
             orig_w, orig_c = pipeline.warp, pipeline.compose
-            pipeline.warp = lambda *a: warp_triton.warp(*a, warp.BORDER)
+            pipeline.warp = lambda *a: warp_triton.warp(*a, BORDER)
             pipeline.compose = compose_triton.compose
             try:
                 got = aug.apply(dev_batch, dev_params)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from helpers import no_host_sync
-from yolofeed.augment import AugmentedBatch, AugmentHyp, GpuAugment
+from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.loader import TrainLoader
+from yolofeed.schema import AugmentedBatch
 from yolofeed.train.ahead import AugmentAhead
 
 HYP = dict(mixup=0.5, cutmix=0.5, degrees=5.0)

@@ -93,7 +93,7 @@ def test_graphed_augment_without_triton_equals_the_triton_path(pack, monkeypatch
     aug = GpuAugment(AugmentHyp(imgsz=160, mixup=0.3, cutmix=0.3, degrees=5.0))
     with_triton = GraphedAugment(aug, seed=3)(batch).img.clone()
     monkeypatch.setattr(warp_module, "triton_kernels", lambda: None)
-    monkeypatch.setitem(sys.modules, "yolofeed.augment.compose_triton", None)  # its import raises ImportError
+    monkeypatch.setitem(sys.modules, "yolofeed.kernels.compose_triton", None)  # its import raises ImportError
     without = GraphedAugment(aug, seed=3)(batch).img
     assert torch.equal(with_triton, without)
 

@@ -22,7 +22,8 @@ from helpers import source_batch, ultralytics_dataset
 from yolofeed.augment import AugmentHyp, GpuAugment, color, geometry, mix
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.augment.pipeline import compose
-from yolofeed.augment.warp import warp_reference
+from yolofeed.kernels.hsv import apply_hsv, hsv_to_rgb, rgb_to_hsv
+from yolofeed.kernels.warp import warp_reference
 
 S = 160
 B = 6
@@ -114,7 +115,7 @@ def test_hsv_equals_ultralytics():
     p = color.sample_hsv(4, hyp, torch.Generator().manual_seed(1), torch.device("cpu"))
     imgs = torch.from_numpy(np.random.default_rng(2).integers(0, 256, (4, 3, 64, 64), dtype=np.uint8))
     imgs[:, :, :8, :8] = 255  # pure white, which 8.3.79's lut_sat[0] = 0 keeps white
-    ours = color.apply_hsv(imgs, color.hsv_luts(p))
+    ours = apply_hsv(imgs, color.hsv_luts(p))
     t = RandomHSV(hgain=hyp.hsv_h, sgain=hyp.hsv_s, vgain=hyp.hsv_v)
     for b in range(4):
         bgr = np.ascontiguousarray(imgs[b].permute(1, 2, 0).numpy()[..., ::-1])
@@ -130,11 +131,11 @@ def test_hsv_conversions_equal_opencv():
     levels = np.arange(256, dtype=np.uint8)
     r, g, b = np.meshgrid(levels, levels, levels[::15], indexing="ij")
     rgb = np.stack([r, g, b], -1).reshape(256, -1, 3)  # one image, 1.2 M colours
-    np.testing.assert_array_equal(color.rgb_to_hsv(torch.from_numpy(rgb)).numpy(),
+    np.testing.assert_array_equal(rgb_to_hsv(torch.from_numpy(rgb)).numpy(),
                                   cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV))
     h, s, v = np.meshgrid(np.arange(180, dtype=np.uint8), levels, levels[::15], indexing="ij")
     hsv = np.stack([h, s, v], -1).reshape(180, -1, 3)  # 0.8 M triples
-    np.testing.assert_array_equal(color.hsv_to_rgb(torch.from_numpy(hsv)).numpy(),
+    np.testing.assert_array_equal(hsv_to_rgb(torch.from_numpy(hsv)).numpy(),
                                   cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB))
 
 

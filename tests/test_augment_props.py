@@ -7,7 +7,7 @@ import torch
 
 from helpers import random_augmented
 from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch, geometry
-from yolofeed.augment.warp import warp_reference
+from yolofeed.kernels.warp import warp_reference
 
 S = 128
 

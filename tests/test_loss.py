@@ -11,7 +11,7 @@ from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 from ultralytics.utils.tal import TaskAlignedAssigner
 
 from helpers import no_host_sync
-from yolofeed.augment.pipeline import AugmentedBatch
+from yolofeed.schema import AugmentedBatch
 from yolofeed.train import loss as sfl
 
 COUNTS = [3, 0, 5, 1, 0, 2]  # boxes per image: two empty images, the largest not first

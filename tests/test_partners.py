@@ -21,12 +21,13 @@ import torch
 
 from helpers import no_host_sync, source_batch
 from yolofeed import synth
-from yolofeed.augment import AugmentHyp, GpuAugment, SourceBatch
+from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry import Partners
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.config import SynthConfig
 from yolofeed.errors import ConfigError
 from yolofeed.loader.sampler import EpochSampler
+from yolofeed.schema import SourceBatch
 
 
 def _tiny_batch(ids: np.ndarray, width: int = 3, side: int = 4) -> SourceBatch:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from yolofeed.augment.pipeline import AugmentedBatch, GpuAugment, SourceBatch
+from yolofeed.augment.pipeline import GpuAugment
 from yolofeed.augment.pool import LABEL_BUCKET, PartnerPool
+from yolofeed.schema import AugmentedBatch, SourceBatch
 
 
 @dataclass
@@ -88,6 +89,7 @@ class GraphedAugment:
 
     def __call__(self, batch: SourceBatch) -> AugmentedBatch:
         """Copy ``batch`` into the graph's inputs or the pool's ring (device copies) and replay."""
+        batch.require_detection("GraphedAugment")
         first = self.pool.push(batch) if self.pool is not None else None  # before a capture: the ring exists
         key, width = self._padded(batch)
         cap = self._graphs.get(key)

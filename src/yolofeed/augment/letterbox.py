@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from yolofeed.augment.warp import BORDER
+from yolofeed.kernels.warp import BORDER
 
 
 def _py_round(x: Tensor) -> Tensor:

@@ -30,22 +30,8 @@ from yolofeed.augment import color, geometry, mix
 from yolofeed.augment.geometry import Partners
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.warp import warp
-
-
-@dataclass
-class SourceBatch:
-    """What the loader hands over: stored images and their labels, on the target device.
-
-    Shape:
-        images: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left ``hw[i]`` corner.
-        hw: (N, 2) int64. cls: (N, L) float32. boxes: (N, L, 4) float32 normalised xywh. valid: (N, L) bool.
-    """
-
-    images: Tensor
-    hw: Tensor
-    cls: Tensor
-    boxes: Tensor
-    valid: Tensor
+from yolofeed.kernels.compose import compose_reference
+from yolofeed.schema import AugmentedBatch, SourceBatch
 
 
 @dataclass
@@ -70,52 +56,6 @@ class AugmentParams:
         return len(self.bgr)
 
 
-@dataclass
-class AugmentedBatch:
-    """The augmented batch, boxes still padded.
-
-    Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool.
-    """
-
-    img: Tensor
-    cls: Tensor
-    boxes: Tensor
-    valid: Tensor
-
-    def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
-        """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,).
-
-        Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
-        N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
-        e.g. read a step early from pinned memory) nothing waits: row j is the valid entry whose
-        running count is j + 1, found by ``searchsorted`` (no scatter: no duplicate writes, so it
-        stays deterministic under ``torch.use_deterministic_algorithms``).
-
-        Args:
-            total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
-                rows or an index error.
-        """
-        size = self.img.shape[-1]
-        if total is None:
-            v = self.valid
-            idx = torch.arange(len(v), device=v.device, dtype=torch.float32)[:, None].expand_as(v)
-            cls, b, batch_idx = self.cls[v], self.boxes[v], idx[v]
-        else:
-            flat = self.valid.flatten()
-            want = torch.arange(1, total + 1, device=flat.device)
-            src = torch.searchsorted(flat.cumsum(0), want)  # (N,) flat (B*K) position of each valid box
-            cls = self.cls.flatten().index_select(0, src)
-            b = self.boxes.flatten(0, 1).index_select(0, src)
-            batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
-        return {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
-
-
-def normalised_xywh(b: Tensor, size: int) -> Tensor:
-    """Pixel xyxy boxes (..., 4) to Ultralytics' normalised xywh, elementwise (the same values in any layout)."""
-    return torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
-                        b[..., 3] - b[..., 1]], -1) / size
-
-
 def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,
             bgr: Tensor | None, rows: int | None = None) -> Tensor:
     """MixUp, CutMix, HSV and the BGR swap per pixel of the first ``rows`` rows (default all), in Ultralytics'
@@ -123,36 +63,12 @@ def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan |
     rows = len(warped) if rows is None else rows
     if warped.is_cuda:
         try:
-            from yolofeed.augment import compose_triton
-        except ImportError:  # no Triton: the torch reference below, slower but the same
+            from yolofeed.kernels import compose_triton
+        except ImportError:  # no Triton: the torch reference, slower but the same
             pass
         else:
             return compose_triton.compose(warped, mixup, cut, luts, bgr, rows)
     return compose_reference(warped, mixup, cut, luts, bgr, rows)
-
-
-def compose_reference(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None,
-                      luts: Tensor | None, bgr: Tensor | None, rows: int | None = None) -> Tensor:
-    """The torch implementation of ``compose`` (CPU, tests).
-
-    Shape: warped (R, 3, S, S) uint8; luts (rows, 3, 256) uint8. Returns (rows, 3, S, S) uint8.
-    """
-    out = warped[:len(warped) if rows is None else rows]
-    if mixup is not None:  # numpy: (uint8 * r + uint8 * (1 - r)).astype(uint8): float64, truncated
-        r = mixup.ratio[:, None, None, None]
-        blend = (out.double() * r + warped[mixup.partner].double() * (1 - r)).to(torch.uint8)
-        out = torch.where(mixup.apply[:, None, None, None], blend, out)
-    if cut is not None:
-        s = warped.shape[-1]
-        ar = torch.arange(s, device=warped.device)
-        x1, y1, x2, y2 = (cut.area[:, j, None] for j in range(4))
-        inside = ((ar >= y1) & (ar < y2))[:, :, None] & ((ar >= x1) & (ar < x2))[:, None, :]  # (B, S, S)
-        out = torch.where((inside & cut.apply[:, None, None])[:, None], warped[cut.partner], out)
-    if luts is not None:
-        out = color.apply_hsv(out, luts)
-    if bgr is not None:
-        out = torch.where(bgr[:, None, None, None], out.flip(1), out)
-    return out
 
 
 @dataclass
@@ -257,6 +173,7 @@ class GpuAugment:
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:
         """Augment a loaded batch; with ``pool``, push it there first and draw partners from the pool."""
+        batch.require_detection("GpuAugment")
         n, dev = batch.images.shape[0], batch.images.device
         if pool is None or not self.needs_partners:
             return self.apply(batch, self.sample(n, generator, dev))

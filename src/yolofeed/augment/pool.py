@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.geometry import Partners
-from yolofeed.augment.pipeline import SourceBatch
 from yolofeed.errors import ConfigError
+from yolofeed.schema import SourceBatch
 
 LABEL_BUCKET = 16  # label slots per image are padded up to a multiple of this (few CUDA graphs, one ring width)
 MAX_BUFFER = 1000  # Ultralytics' cap on max_buffer_length

@@ -39,11 +39,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from yolofeed.augment import SourceBatch
 from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
 from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
+from yolofeed.schema import SourceBatch
 
 _STOP = object()
 DECODERS = ("auto", "torchvision", "cv2")

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from yolofeed.augment import AugmentedBatch, SourceBatch
+from yolofeed.schema import AugmentedBatch, SourceBatch
 from yolofeed.train.loss import CANDIDATES, MAX_BOXES
 
 

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from yolofeed import ultralytics_seam as seam
-from yolofeed.augment.pipeline import normalised_xywh  # to_ultralytics' own formula: the same box values
+from yolofeed.schema import normalised_xywh  # to_ultralytics' own formula: the same box values
 from yolofeed.ultralytics_seam import (
     BboxLoss,
     TaskAlignedAssigner,

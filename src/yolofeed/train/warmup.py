@@ -34,7 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from yolofeed.augment import GpuAugment, SourceBatch
+from yolofeed.augment import GpuAugment
+from yolofeed.schema import SourceBatch
 
 
 def batch_sizes(sampler: Any) -> list[int]:

@@ -162,7 +162,7 @@ def place(images: dict[int, Tensor], hw: Sequence[tuple[int, int]], out: Tensor)
 def triton_kernels():
     """The Triton module, or None where Triton is not installed (torch without CUDA wheels, macOS...)."""
     try:
-        from yolofeed.pack.codecs import place_triton
+        from yolofeed.kernels import place_triton
     except ImportError:
         return None
     return place_triton

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofeed.augment.geometry import FlipParams, Layout
-from yolofeed.augment.warp import inverse_matrix
+from yolofeed.kernels.common_triton import round_even
+from yolofeed.kernels.warp import Flips, Tiles, inverse_matrix
 
 BLOCK = 128  # with 4 warps: 1.96 ms for 128 images at 640 px on the H200, 3.3 ms for 128/2 and 256/4 (BENCHMARKS.md)
 
@@ -42,13 +42,6 @@ def fetch(src_ptr, tiles_ptr, b, cx, cy, ch, cw, hm, wm, mask, T: tl.constexpr, 
     g = tl.where(found, tl.load(src_ptr + addr + 1, mask=m, other=0).to(tl.float32), BORDER)
     bl = tl.where(found, tl.load(src_ptr + addr + 2, mask=m, other=0).to(tl.float32), BORDER)
     return r, g, bl
-
-@triton.jit
-def round_even(x):
-    r = tl.floor(x + 0.5)  # x + 0.5 may round up (x just below a half): the tie test below rounds the same way
-    tie = (r - x) == 0.5
-    odd = (r.to(tl.int32) & 1) == 1
-    return tl.where(tie & odd, r - 1.0, r)
 
 @triton.jit
 def lerp(ax, ay, p00, p01, p10, p11):
@@ -90,9 +83,10 @@ def warp_kernel(src_ptr, out_ptr, inv_ptr, tiles_ptr, canvas_ptr, flip_ptr, hm, 
     tl.store(out + 2 * S * S, lerp(ax, ay, b00, b01, b10, b11), mask=mask)
 
 
-def warp(sources: Tensor, layout: Layout, M: Tensor, flips: FlipParams, size: int, perspective: bool,
+def warp(sources: Tensor, layout: Tiles, M: Tensor, flips: Flips, size: int, perspective: bool,
          border: int, block: int = BLOCK, num_warps: int = 4) -> Tensor:
-    """Same contract as ``warp.warp``; sources and parameters on one CUDA device (or CPU under TRITON_INTERPRET=1)."""
+    """Same contract as ``augment.warp.warp``; sources and parameters on one CUDA device (or CPU under
+    TRITON_INTERPRET=1)."""
     bsz, t = layout.src.shape
     dev = sources.device
     inv = inverse_matrix(M, perspective).contiguous()

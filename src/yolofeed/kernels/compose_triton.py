@@ -1,4 +1,4 @@
-"""``pipeline.compose`` (MixUp, CutMix, HSV, BGR swap) as one elementwise Triton kernel.
+"""``compose.py``'s pass (MixUp, CutMix, HSV, BGR swap) as one elementwise Triton kernel.
 
 One program per block of pixels of one sample reads its own pixel (and the partners' where MixUp
 or CutMix apply), runs OpenCV's RGB -> HSV integer arithmetic, the image's three LUTs and
@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofeed.augment import color
-from yolofeed.augment.mix import CutMixPlan, MixUpParams
+from yolofeed.kernels.compose import CutMix, MixUp
+from yolofeed.kernels.hsv import division_tables
 
 BLOCK = 512
 
@@ -97,9 +97,9 @@ def compose_kernel(a_ptr, out_ptr, mix_ptr, ratio_ptr, cut_ptr, lut_ptr, sdiv_pt
     tl.store(out + 2 * plane, bl.to(tl.uint8), mask=mask)
 
 
-def compose(warped: Tensor, mixup: MixUpParams | None, cut: CutMixPlan | None, luts: Tensor | None,
+def compose(warped: Tensor, mixup: MixUp | None, cut: CutMix | None, luts: Tensor | None,
             bgr: Tensor | None, rows: int | None = None) -> Tensor:
-    """Same contract as ``pipeline.compose``: the first ``rows`` rows (default all) are composed."""
+    """Same contract as ``augment.pipeline.compose``: the first ``rows`` rows (default all) are composed."""
     _, _, size, _ = warped.shape
     bsz = len(warped) if rows is None else rows
     dev = warped.device
@@ -108,7 +108,7 @@ def compose(warped: Tensor, mixup: MixUpParams | None, cut: CutMixPlan | None, l
     ratio = mixup.ratio.double().contiguous() if mixup is not None else torch.zeros(1, dtype=torch.float64, device=dev)
     cutp = (torch.cat([cut.apply.long()[:, None], cut.partner.long()[:, None], cut.area.long()], 1).contiguous()
             if cut is not None else dummy_i)
-    sdiv, hdiv = color.division_tables(dev)
+    sdiv, hdiv = division_tables(dev)
     lut = luts.contiguous() if luts is not None else torch.zeros(1, dtype=torch.uint8, device=dev)
     swap = bgr.to(torch.int32).contiguous() if bgr is not None else torch.zeros(1, dtype=torch.int32, device=dev)
     out = torch.empty((bsz, *warped.shape[1:]), dtype=warped.dtype, device=dev)

@@ -1,4 +1,5 @@
-"""``jpeg.place`` as one Triton kernel: a batch's decoded images resized and written into the batch in one launch.
+"""``pack.codecs.jpeg.place`` as one Triton kernel: a batch's decoded images resized and written into the batch in
+one launch. The torch path, its reference, is ``jpeg.place`` itself, which picks this kernel on CUDA.
 
 The torch path launches a copy per image (CHW to HWC) and, per group of images that share a size pair, a
 stack, a float copy, the resize, the rounding and a narrowing copy: ~140 launches and five float passes
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from yolofeed.augment.warp_triton import round_even  # the warp's rounding: half to even, as torch's round_
+from yolofeed.kernels.common_triton import round_even  # the warp's rounding: half to even, as torch's round_
 
 BLOCK = 256  # pixels of one output row a program
 

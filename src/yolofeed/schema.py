@@ -1,0 +1,108 @@
+"""The batches the stages hand on: the loader's ``SourceBatch`` to augment, augment's ``AugmentedBatch`` to train.
+
+Labels are padded to a fixed number of slots per image, with a validity mask, so that shapes stay static
+(CUDA graphs, no host syncs). Detection fills images, classes and boxes; ``keypoints``, ``angles`` and
+``masks`` are the room for pose, oriented boxes and segmentation, None in a detection batch. Every
+per-slot field shares the one ``valid`` mask. Below the loader and augment, so both import it and
+neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.errors import ConfigError
+
+LABEL_KINDS = ("keypoints", "angles", "masks")  # beyond detection's classes and boxes; None where not carried
+
+
+class LabelKinds:
+    """Which optional label kinds a batch carries, and the refusal of an op that would drop them."""
+
+    def kinds(self) -> tuple[str, ...]:
+        """The optional label kinds this batch carries: () for detection."""
+        return tuple(k for k in LABEL_KINDS if getattr(self, k) is not None)
+
+    def require_detection(self, op: str) -> None:
+        """Raise where this batch carries labels ``op`` would drop (it reads classes and boxes only)."""
+        if kinds := self.kinds():
+            raise ConfigError(f"{op} takes detection labels (classes and boxes); this batch also carries "
+                              f"{', '.join(kinds)}, which it would drop: train a detection model (task=detect)")
+
+
+@dataclass
+class SourceBatch(LabelKinds):
+    """What the loader hands over: stored images and their labels, on the target device.
+
+    Shape:
+        images: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left ``hw[i]`` corner.
+        hw: (N, 2) int64. cls: (N, L) float32. boxes: (N, L, 4) float32 normalised xywh. valid: (N, L) bool.
+        keypoints: (N, L, P, 3) float32 normalised x, y and visibility (0: the point is absent).
+        angles: (N, L) float32 radians of the oriented boxes. masks: (N, L, Hmax, Wmax) bool, one per slot.
+    """
+
+    images: Tensor
+    hw: Tensor
+    cls: Tensor
+    boxes: Tensor
+    valid: Tensor
+    keypoints: Tensor | None = None
+    angles: Tensor | None = None
+    masks: Tensor | None = None
+
+
+@dataclass
+class AugmentedBatch(LabelKinds):
+    """The augmented batch, boxes still padded.
+
+    Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool;
+    keypoints (B, K, P, 3) float32 pixels and visibility; angles (B, K) float32 radians; masks (B, K, S, S) bool.
+    """
+
+    img: Tensor
+    cls: Tensor
+    boxes: Tensor
+    valid: Tensor
+    keypoints: Tensor | None = None
+    angles: Tensor | None = None
+    masks: Tensor | None = None
+
+    def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
+        """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,).
+
+        Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
+        N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
+        e.g. read a step early from pinned memory) nothing waits: row j is the valid entry whose
+        running count is j + 1, found by ``searchsorted`` (no scatter: no duplicate writes, so it
+        stays deterministic under ``torch.use_deterministic_algorithms``).
+
+        Args:
+            total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
+                rows or an index error.
+        """
+        self.require_detection("AugmentedBatch.to_ultralytics")
+        size = self.img.shape[-1]
+        if total is None:
+            v = self.valid
+            idx = torch.arange(len(v), device=v.device, dtype=torch.float32)[:, None].expand_as(v)
+            cls, b, batch_idx = self.cls[v], self.boxes[v], idx[v]
+        else:
+            flat = self.valid.flatten()
+            want = torch.arange(1, total + 1, device=flat.device)
+            src = torch.searchsorted(flat.cumsum(0), want)  # (N,) flat (B*K) position of each valid box
+            cls = self.cls.flatten().index_select(0, src)
+            b = self.boxes.flatten(0, 1).index_select(0, src)
+            batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
+        return {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
+
+
+def normalised_xywh(b: Tensor, size: int) -> Tensor:
+    """Pixel xyxy boxes (..., 4) to Ultralytics' normalised xywh, elementwise (the same values in any layout)."""
+    return torch.stack([(b[..., 0] + b[..., 2]) / 2, (b[..., 1] + b[..., 3]) / 2, b[..., 2] - b[..., 0],
+                        b[..., 3] - b[..., 1]], -1) / size
+
+
+__all__ = ["LABEL_KINDS", "AugmentedBatch", "SourceBatch", "normalised_xywh"]

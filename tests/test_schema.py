@@ -1,0 +1,45 @@
+"""The batches between stages: a detection batch carries classes and boxes only, and an op that reads only those
+refuses a batch that carries more, rather than dropping it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helpers import random_augmented
+from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.augment.graphs import GraphedAugment
+from yolofeed.errors import ConfigError
+from yolofeed.schema import LABEL_KINDS, AugmentedBatch, SourceBatch
+
+
+def _source(n: int = 2, width: int = 3, side: int = 32) -> SourceBatch:
+    return SourceBatch(torch.zeros((n, side, side, 3), dtype=torch.uint8), torch.full((n, 2), side),
+                       torch.zeros(n, width), torch.full((n, width, 4), 0.5), torch.ones(n, width, dtype=torch.bool))
+
+
+def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills_none():
+    for kind in (SourceBatch, AugmentedBatch):
+        assert set(LABEL_KINDS) <= {f.name for f in dataclasses.fields(kind)}
+    assert _source().kinds() == ()
+    assert random_augmented(2, 4, 0.5, seed=0).kinds() == ()
+
+
+def test_the_augmentation_refuses_labels_it_would_drop():
+    src = dataclasses.replace(_source(), keypoints=torch.zeros(2, 3, 17, 3))
+    assert src.kinds() == ("keypoints",)
+    with pytest.raises(ConfigError, match="also carries keypoints, which it would drop"):
+        GpuAugment(AugmentHyp(imgsz=32))(src)
+    with pytest.raises(ConfigError, match="GraphedAugment"):
+        GraphedAugment(GpuAugment(AugmentHyp(imgsz=32)), device="cpu")(src)  # before any CUDA work
+    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), angles=torch.zeros(2, 4))
+    with pytest.raises(ConfigError, match="angles"):
+        out.to_ultralytics()
+
+
+def test_a_detection_batch_augments_as_before():
+    out = GpuAugment(AugmentHyp(imgsz=32))(_source(), torch.Generator().manual_seed(0))
+    assert isinstance(out, AugmentedBatch) and out.kinds() == ()
+    assert set(out.to_ultralytics()) == {"img", "cls", "bboxes", "batch_idx"}
