@@ -1,7 +1,7 @@
 """Run a module as if Triton were not installed: what a user without Triton gets (the torch reference kernels).
 
 ``import triton`` raises ImportError in this process, so yolofeed's warp and compose fall back to their torch
-implementations (``augment/warp.py``, ``augment/pipeline.py``), on the GPU as elsewhere.
+references (``kernels/warp.py``, ``kernels/compose.py``), on the GPU as elsewhere.
 
 Usage: python -m tools.device.no_triton MODULE [ARGS...]
 e.g.   python -m tools.device.no_triton yolofeed bench model=yolo11n.yaml modes=yolofeed data=...
