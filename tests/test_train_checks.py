@@ -20,7 +20,7 @@ from yolofeed.cli import build_config, main
 from yolofeed.errors import ConfigError, PackError, YolofeedError
 from yolofeed.loader.prefetch import Prefetcher
 from yolofeed.pack import open_or_build
-from yolofeed.pack.build import store_dir
+from yolofeed.pack.paths import store_dir
 from yolofeed.train import FastDetectionTrainer
 from yolofeed.train.run import resume_checkpoint, with_cfg_file
 

@@ -185,7 +185,7 @@ def page_out(pack) -> None:
     of the same file holds (another ``Pack`` of it still alive, here or in another process) stay: see
     ``resident``."""
     os.fsync(pack._file.fd)
-    arr = pack._mm  # the whole file, mapped from a page boundary (Pack.open)
+    arr = pack.buffer  # the whole file, mapped from a page boundary (Pack.open)
     libc = ctypes.CDLL(None, use_errno=True)
     # a kernel before 5.4 refuses the advice (EINVAL): then only the pages no map holds are dropped below
     libc.madvise(ctypes.c_void_p(arr.ctypes.data), ctypes.c_size_t(arr.nbytes), MADV_PAGEOUT)
@@ -195,7 +195,7 @@ def page_out(pack) -> None:
 def resident(pack) -> float:
     """The fraction of ``pack``'s file that is in memory (``mincore`` over its map); -1 where that cannot be
     read."""
-    arr = pack._mm
+    arr = pack.buffer
     page = os.sysconf("SC_PAGE_SIZE")
     vec = (ctypes.c_ubyte * ((arr.nbytes + page - 1) // page))()
     libc = ctypes.CDLL(None, use_errno=True)

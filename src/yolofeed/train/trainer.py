@@ -40,7 +40,7 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
-from yolofeed.pack.build import check_splits, no_labels
+from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
 from yolofeed.train import keys, options
 from yolofeed.train.ahead import AugmentAhead
