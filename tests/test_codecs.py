@@ -1,4 +1,4 @@
-"""The storage-format seam: the codec registry, and a format added by a test alone (no other module touched)."""
+"""The format seam: the codec registry, and a format added by a test alone (no other module touched)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_a_format_added_by_one_module_builds_opens_verifies_and_loads(synth_root
     raw = pack(IMGSZ)
     built = open_or_build(synth_root / "data.yaml", "train", IMGSZ, inverted.name, out=tmp_path, rebuild="auto",
                           progress=False, workers=1)
-    assert built.codec is inverted and built.storage == inverted.name
+    assert built.codec is inverted and built.format == inverted.name
     again = open_or_build(synth_root / "data.yaml", "train", IMGSZ, inverted.name, out=tmp_path, rebuild="never",
                           verify=True)  # reopened by its header's name, every payload's checksum read back
     assert again.path == built.path and again.im_files == raw.im_files
@@ -191,11 +191,11 @@ def _auto_choice(yaml_file: Path) -> str:
     """What format=auto picks for a data yaml at imgsz 64, decided afresh (the choice is cached per process)."""
     from yolofeed.pack import auto
 
-    auto.auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
     try:
-        return auto.resolve_storage({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
+        return auto.resolve_format({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
     finally:
-        auto.auto_storage.cache_clear()
+        auto.auto_format.cache_clear()
 
 
 def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):
@@ -247,27 +247,27 @@ def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path,
         shutil.copytree(synth_root, tmp_path / name, ignore=shutil.ignore_patterns("yolofeed-packs"))
         return str(tmp_path / name / "data.yaml")
 
-    auto.auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
     monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
     yaml_file = fresh("big")
     with caplog.at_level(logging.INFO):
-        p = rebuild.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
-        rebuild.open_or_build(yaml_file, "val", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
-    assert p.storage == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
+        p = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="auto", progress=False)
+        rebuild.open_or_build(yaml_file, "val", 64, format=codecs.AUTO, rebuild="auto", progress=False)
+    assert p.format == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
     assert sum(f"format {codecs.DEFAULT} ({codecs.AUTO})" in r.message for r in caplog.records) == 1  # said once
     # the packs of this tiny set take ~0.3 MB raw: 100 KB of memory is too little for them, so the compact format
     monkeypatch.setattr(auto, "memory_limit", lambda: 10**5)
-    auto.auto_storage.cache_clear()
-    assert rebuild.open_or_build(fresh("small"), "train", 64, storage=codecs.AUTO, rebuild="auto",
-                                 progress=False).storage == codecs.COMPACT
+    auto.auto_format.cache_clear()
+    assert rebuild.open_or_build(fresh("small"), "train", 64, format=codecs.AUTO, rebuild="auto",
+                                 progress=False).format == codecs.COMPACT
     # ... unless a pack is built already: a machine that would choose otherwise uses it, and builds nothing
-    auto.auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        again = rebuild.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="never", progress=False)
-    assert again.path == p.path and again.storage == codecs.DEFAULT
+        again = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="never", progress=False)
+    assert again.path == p.path and again.format == codecs.DEFAULT
     assert any("already built" in r.message and str(p.path) in r.message for r in caplog.records)
-    auto.auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
 
 
 def test_memory_limit_takes_a_lower_cgroup_limit(tmp_path):

@@ -157,7 +157,7 @@ def test_damage_to_header_index_or_labels_is_refused_with_the_rebuild_command(da
 @pytest.mark.parametrize("field,value", [("h", 65), ("w", 0), ("h0", 0)])
 def test_a_jpeg_pack_whose_index_holds_an_impossible_size_is_refused(dataset, tmp_path, field, value):
     """Right checksums, an image too large for the batch slot (or empty): refused before the device decode sees it."""
-    pack = _build(dataset, storage="jpeg")
+    pack = _build(dataset, format="jpeg")
     index = np.array(pack.index)
     index[1][field] = value
     f = tmp_path / "crafted.yfpack"

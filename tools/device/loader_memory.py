@@ -96,7 +96,7 @@ def main() -> None:
     a = ap.parse_args()
     dev = torch.device(a.device)
     pack = Pack.open(a.pack)
-    report = {"pack": a.pack, "storage": pack.storage, "images": len(pack), "pack_bytes": Path(a.pack).stat().st_size,
+    report = {"pack": a.pack, "storage": pack.format, "images": len(pack), "pack_bytes": Path(a.pack).stat().st_size,
               "device": str(dev), "batch": a.batch, "label": a.label, "cgroup": cgroup_memory(), "epochs": []}
     loader = TrainLoader(pack, a.batch, dev, seed=0, decode=a.decode)
     sampler = Sampler()

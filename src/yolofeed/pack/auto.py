@@ -32,13 +32,13 @@ def built_format(yaml_file: str, imgsz: int, out: str | None) -> tuple[str, Path
             path = folder / f"train{SUFFIX}"
             if path.is_file():
                 with contextlib.suppress(PackError, OSError, ValueError):  # a damaged one: decided afresh
-                    if Pack.open(path).storage == name:
+                    if Pack.open(path).format == name:
                         return name, path
     return None
 
 
 @functools.cache
-def auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
+def auto_format(yaml_file: str, imgsz: int, out: str | None) -> str:
     """``pack_format=auto`` for one dataset, image size and pack folder, said once a process: the format of a pack
     already built there (so machines that would choose differently share one, and nothing is built twice), else
     the default format where the train and val packs fit comfortably in memory, else the compact one."""
@@ -61,8 +61,8 @@ def auto_storage(yaml_file: str, imgsz: int, out: str | None) -> str:
     return name
 
 
-def resolve_storage(data: dict, storage: str, imgsz: int, out: str | os.PathLike | None = None) -> str:
-    """``storage``, with ``auto`` replaced by the format it picks for this dataset, image size, folder and machine."""
-    if storage != codecs.AUTO:
-        return storage
-    return auto_storage(str(data["yaml_file"]), int(imgsz), str(out) if out else None)
+def resolve_format(data: dict, format: str, imgsz: int, out: str | os.PathLike | None = None) -> str:
+    """``format``, with ``auto`` replaced by the format it picks for this dataset, image size, folder and machine."""
+    if format != codecs.AUTO:
+        return format
+    return auto_format(str(data["yaml_file"]), int(imgsz), str(out) if out else None)

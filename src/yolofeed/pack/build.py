@@ -119,7 +119,7 @@ def locked(folder: Path) -> Iterator[None]:
         lock.release()
 
 
-def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.DEFAULT, workers: int = 0,
+def build_split(src: SplitSource, dest: Path, imgsz: int, format: str = codecs.DEFAULT, workers: int = 0,
                 progress: bool = True, sync: bool = False) -> Pack:
     """Verify, decode and write every sample of ``src`` into the pack file ``dest``.
 
@@ -138,21 +138,21 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
         PackError: the disk is (or would be) full, a worker process died, a payload read back wrong,
             or writing failed; nothing is published and the temporary file is removed.
     """
-    codecs.get(storage)  # an unknown format: PackError, before anything is written
+    codecs.get(format)  # an unknown format: PackError, before anything is written
     t0 = time.perf_counter()
     n = len(src.im_files)
     workers = max(1, min(workers or usable_cores(), n))
     fingerprint = src.fingerprint()
     purpose = f"the {src.split} pack"
     files.check_replaceable(dest, is_pack_file, purpose)  # before the build's minutes, not only after them
-    space = plan_space(src, dest.parent, imgsz, storage)
+    space = plan_space(src, dest.parent, imgsz, format)
     disk = current()
     with sigterm_exits():  # a build stopped by SIGTERM removes its temporary file, as with Ctrl-C
         fd, tmp = disk.create_temp(dest.parent, dest.name)
         try:
             try:
                 disk.pwrite(fd, PREAMBLE, 0)  # first: what proves the file to be yolofeed's, should the build die
-                skipped, notes = _fill(src, tmp, fd, imgsz, storage, workers, progress, sync, fingerprint, space, t0,
+                skipped, notes = _fill(src, tmp, fd, imgsz, format, workers, progress, sync, fingerprint, space, t0,
                                        disk)
                 if sync:
                     disk.fsync(fd)  # the rename below must not publish a file whose bytes are not on disk
@@ -185,7 +185,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, storage: str = codecs.
     return Pack.open(dest)
 
 
-def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, workers: int, progress: bool, sync: bool,
+def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers: int, progress: bool, sync: bool,
           fingerprint: str, space: Space, t0: float, disk: Disk) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The body of ``build_split``: write every sample, check the payloads, append the tail to ``tmp`` (``fd``).
 
@@ -196,7 +196,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     # A format whose payloads are bounded (raw pixels: imgsz x imgsz x 3) reserves that much up front when it
     # fits (the tail's truncate gives back what was not used): on a sparse file every first write to a page allocates a
     # block under the filesystem journal, which held 16 writers to ~1,000 img/s on the H200 machine.
-    largest = codecs.get(storage).max_payload(imgsz)
+    largest = codecs.get(format).max_payload(imgsz)
     capacity = len(PREAMBLE) + n * align(largest) if largest is not None else 0
     # One writer gains nothing from the mapping (pwrite outruns one core's decoding), and in-process a
     # SIGBUS (a full copy-on-write filesystem, whose reservations do not hold) would end the build's own process
@@ -215,7 +215,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
                     f"largest possible pack, {gb(space.bound)}, is not reserved up front; {gb(space.free)} free)")
     ctx = mp_context()
     counter = ctx.Value("Q", len(PREAMBLE))  # payloads go after the preamble
-    initargs = (str(tmp), counter, src.nc, imgsz, storage, mapped, backed, disk)
+    initargs = (str(tmp), counter, src.nc, imgsz, format, mapped, backed, disk)
     me = (os.getpid(), process_start(os.getpid()) or 0.0)
     started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
     pool = Workers(workers, init_worker, (*initargs, me) if workers > 1 else initargs, close_worker, ctx)
@@ -274,7 +274,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, storage: str, worker
     header = {
         "yolofeed_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "split": src.split, "imgsz": imgsz, "storage": storage, "channels": 3, "color": "RGB",
+        "split": src.split, "imgsz": imgsz, "storage": format, "channels": 3, "color": "RGB",
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
                    "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},

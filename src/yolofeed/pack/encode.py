@@ -29,7 +29,7 @@ LOGGER = logging.getLogger(__name__)
 _W: dict[str, Any] = {}  # this worker's state: its descriptor, mapping, codec, Disk ...
 
 
-def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, mapped: int, backed: bool = True,
+def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, format: str, mapped: int, backed: bool = True,
                 disk: Disk | None = None, parent: tuple[int, float] | None = None) -> None:
     """Open the temporary file (and map it when ``mapped`` bytes were reserved) in a build worker.
 
@@ -47,7 +47,7 @@ def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, storage: str, 
     # BENCHMARKS.md). Only where every byte is allocated (or, not ``backed``, every payload's pages faulted in
     # first): a page the filesystem cannot back (disk full) would kill the writer with SIGBUS.
     mm = mmap.mmap(fd, mapped) if mapped else None
-    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, codec=codecs.get(storage), mapped=mapped,
+    _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, codec=codecs.get(format), mapped=mapped,
               populate=True, backed=backed, disk=disk or current())
     import cv2
 

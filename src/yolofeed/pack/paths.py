@@ -34,7 +34,7 @@ def cache_root() -> Path:
     return base / "yolofeed" / "packs"
 
 
-def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> Path:
+def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | os.PathLike | None = None) -> Path:
     """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>``, the folder being ``out``, or
     ``yolofeed-packs`` beside the yaml (see ``pack_folders``). Each dataset, format and size in a folder of its
     own, so that several of them share one ``out=`` without replacing each other's packs."""
@@ -44,10 +44,10 @@ def store_dir(yaml_file: str | os.PathLike, imgsz: int, storage: str, out: str |
     except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
         raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
                         ) from None
-    return base / f"{y.stem}-{storage}-{imgsz}"
+    return base / f"{y.stem}-{format}-{imgsz}"
 
 
-def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
+def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
                  out: str | os.PathLike | None = None) -> list[Path]:
     """Where the packs of a data yaml may be, in order of preference.
 
@@ -57,27 +57,27 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, storage: str,
     (``data=coco8.yaml``) gets the cache folder only: packs never go into the installed package.
     """
     if out:
-        return [store_dir(yaml_file, imgsz, storage, out)]
+        return [store_dir(yaml_file, imgsz, format, out)]
     y = Path(yaml_file).resolve()
     key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
-    cache = cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{storage}-{imgsz}"
-    return [cache] if packaged(y) else [store_dir(y, imgsz, storage), cache]
+    cache = cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{format}-{imgsz}"
+    return [cache] if packaged(y) else [store_dir(y, imgsz, format), cache]
 
 
-def rebuild_command(yaml_file: str, imgsz: int, storage: str, out: str | os.PathLike | None = None) -> str:
+def rebuild_command(yaml_file: str, imgsz: int, format: str, out: str | os.PathLike | None = None) -> str:
     """The exact command that rebuilds this pack, for error messages: quoted for a POSIX shell, so that a path with a
     space or a quote in it pastes whole."""
-    return shlex.join(["yolofeed", "pack", f"data={yaml_file}", f"imgsz={imgsz}", f"format={storage}",
+    return shlex.join(["yolofeed", "pack", f"data={yaml_file}", f"imgsz={imgsz}", f"format={format}",
                        *([f"out={out}"] if out else []), "rebuild=always"])
 
 
 def fix_from_header(path: Path, header: dict[str, Any]) -> str:
     """The rebuild command for a pack whose header names its source, or "" (a header too damaged to tell)."""
     try:
-        data, imgsz, storage = str(header["source"]["data"]), int(header["imgsz"]), str(header["storage"])
-        if codecs.find(storage) is None or imgsz < 1 or "\0" in data:
+        data, imgsz, format = str(header["source"]["data"]), int(header["imgsz"]), str(header["storage"])
+        if codecs.find(format) is None or imgsz < 1 or "\0" in data:
             return ""
-        default = store_dir(data, imgsz, storage)
+        default = store_dir(data, imgsz, format)
     except (*HEADER_ERRORS, PackError, OSError):  # a path that cannot be resolved (a link loop, too long)
         return ""
     folder = path.parent
@@ -87,7 +87,7 @@ def fix_from_header(path: Path, header: dict[str, Any]) -> str:
         out = folder.parent
     else:  # a pack file moved elsewhere: a new one is built under the folder it is in
         out = folder
-    return f"rebuild it with: {rebuild_command(data, imgsz, storage, out)}"
+    return f"rebuild it with: {rebuild_command(data, imgsz, format, out)}"
 
 
 def build_folder(folders: list[Path], split: str, chosen: bool, create: bool = True) -> Path:

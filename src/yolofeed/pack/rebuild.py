@@ -22,7 +22,7 @@ import numpy as np
 
 from yolofeed.errors import NewerPackError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs, files
-from yolofeed.pack.auto import resolve_storage
+from yolofeed.pack.auto import resolve_format
 from yolofeed.pack.build import build_split, locked
 from yolofeed.pack.disk import current, existing_ancestor, leftovers
 from yolofeed.pack.encode import label_crc
@@ -78,15 +78,15 @@ def no_labels(pack: Pack, training: bool = False) -> str:
     return ""
 
 
-def _expected(src: SplitSource, imgsz: int, storage: str) -> dict[str, Any]:
+def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
     """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``)."""
-    return {"data": src.yaml_file, "imgsz": imgsz, "storage": storage, "fingerprint": src.fingerprint()}
+    return {"data": src.yaml_file, "imgsz": imgsz, "storage": format, "fingerprint": src.fingerprint()}
 
 
-def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, storage: str, fix: str, rebuild: str,
+def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,
               verify: bool) -> tuple[Pack | None, list[PackError]]:
     """The first valid pack ``name`` in ``folders``, and why each other one found there was refused."""
-    expect = _expected(src, imgsz, storage)
+    expect = _expected(src, imgsz, format)
     errors = []
     for folder in folders:
         if os.path.lexists(folder / name):  # a broken link, a link loop: said as such, not "does not exist"
@@ -97,7 +97,7 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, stor
     return None, errors
 
 
-def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
+def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                 out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
     """Refuse now what ``ensure_split`` would refuse later, before a training run makes its folder or model.
 
@@ -111,11 +111,11 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
     Raises:
         PackError / PackSpaceError / StalePackError / DatasetError: as ``ensure_split`` would.
     """
-    check_splits(data, (split,), imgsz, storage, out, rebuild)
+    check_splits(data, (split,), imgsz, format, out, rebuild)
 
 
 def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[str], imgsz: int = 640,
-                 storage: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+                 format: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
     """``check_split`` for each split, and the free space for every pack still to build, added up per disk.
 
     The packs of a run are built one after the other and each stays: checked one at a time, each fits the free
@@ -132,20 +132,20 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
     d = data if isinstance(data, dict) else load_data_yaml(data)
     # a wrong path: refused before format=auto says what it chose (without the split)
     sources = {split: split_source(d, split) for split in dict.fromkeys(splits)}
-    storage = resolve_storage(d, storage, imgsz, out)
-    folders = pack_folders(d["yaml_file"], imgsz, storage, out)
+    format = resolve_format(d, format, imgsz, out)
+    folders = pack_folders(d["yaml_file"], imgsz, format, out)
     due: dict[int, list[tuple[str, Path, Space]]] = {}  # disk (st_dev) -> the packs to build there
     for split, src in sources.items():
         name = f"{split}{SUFFIX}"
         if rebuild == "never":
-            fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
-            pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, False)
+            fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out)}"
+            pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, False)
             if pack is None:
                 raise errors[0] if errors else missing(folders[0] / name, out, fix)
         elif rebuild == "always" or not any(os.path.lexists(folder / name) for folder in folders):
             folder = build_folder(folders, split, chosen=bool(out), create=False)
             FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
-            space = plan_space(src, folder, imgsz, storage)  # this one alone
+            space = plan_space(src, folder, imgsz, format)  # this one alone
             disk = existing_ancestor(folder) or folder
             due.setdefault(os.stat(disk).st_dev, []).append((split, folder, space))
     for packs in due.values():
@@ -160,7 +160,7 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
                                  f"Free some space, or {MOVE_HINT}")
 
 
-def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
+def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
                  progress: bool = True, sync: bool = False, verify: bool = False) -> BuildResult:
     """Open the pack of one split, building it if asked to.
@@ -185,13 +185,13 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
     src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
-    storage = resolve_storage(d, storage, imgsz, out)
-    folders = pack_folders(d["yaml_file"], imgsz, storage, out)
+    format = resolve_format(d, format, imgsz, out)
+    folders = pack_folders(d["yaml_file"], imgsz, format, out)
     name = f"{split}{SUFFIX}"
-    fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, storage, out)}"
+    fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out)}"
     result, errors = None, []
     if rebuild != "always":
-        pack, errors = _existing(folders, name, src, imgsz, storage, fix, rebuild, verify)
+        pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, verify)
         result = BuildResult(pack, built=False, verified=verify) if pack is not None else None
         if result is None and rebuild == "never":
             raise errors[0] if errors else missing(folders[0] / name, out, fix)
@@ -208,12 +208,12 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         with locked(folder):
             if rebuild != "always":  # another process may have built it while we waited for the lock
                 with contextlib.suppress(PackError):
-                    expect = _expected(src, imgsz, storage)
+                    expect = _expected(src, imgsz, format)
                     result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False,
                                          verified=verify)
             if result is None:
                 t0 = time.perf_counter()
-                pack = build_split(src, folder / name, imgsz, storage, workers, progress, sync)
+                pack = build_split(src, folder / name, imgsz, format, workers, progress, sync)
                 result = BuildResult(pack, built=True, seconds=time.perf_counter() - t0)
     if not result.built:
         _remove_leftovers_if_idle(result.pack.path.parent)
@@ -237,16 +237,16 @@ def _remove_leftovers_if_idle(folder: Path) -> None:
                 lock.release()
 
 
-def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, storage: str = codecs.DEFAULT,
+def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                   out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
                   progress: bool = True, sync: bool = False, verify: bool = False) -> Pack:
-    """The pack of one split, valid for ``imgsz``/``storage`` and the current source files.
+    """The pack of one split, valid for ``imgsz``/``format`` and the current source files.
 
     Says what ``yolofeed pack`` says: the summary after a build (a warning when images were
     skipped: their reasons and the report file), and a one-line reminder of skipped images when an
     existing pack is reused. See ``ensure_split`` for the arguments and errors.
     """
-    r = ensure_split(data, split, imgsz, storage, out, rebuild, workers, progress, sync, verify)
+    r = ensure_split(data, split, imgsz, format, out, rebuild, workers, progress, sync, verify)
     skipped = r.pack.header["skipped"]
     if r.built:
         (LOGGER.warning if skipped else LOGGER.info)(summary(r))

@@ -41,7 +41,7 @@ def gb(nbytes: float) -> str:
     return f"{nbytes / 1e6:,.1f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:,.0f} KB"
 
 
-def plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> Space:
+def plan_space(src: SplitSource, folder: Path, imgsz: int, format: str) -> Space:
     """Compare the pack's size with the folder's free space before writing anything.
 
     The size is estimated from the headers of up to ``SPACE_SAMPLE`` images, evenly spread (exact
@@ -50,8 +50,8 @@ def plan_space(src: SplitSource, folder: Path, imgsz: int, storage: str) -> Spac
     Raises:
         PackError: the pack will not fit; the message gives bytes needed and free, the folder and the fix.
     """
-    n, codec = len(src.im_files), codecs.get(storage)
-    estimate, tail, sampled = _estimate(src, imgsz, storage)
+    n, codec = len(src.im_files), codecs.get(format)
+    estimate, tail, sampled = _estimate(src, imgsz, format)
     largest = codec.max_payload(imgsz)
     bound = int(n * align(largest) + tail) if largest is not None else estimate
     free = current().free(folder)
@@ -71,15 +71,15 @@ def _tail_bytes(src: SplitSource, label_bytes: list[int]) -> float:
     return tail + sum(len(os.fsencode(f)) + 1 for f in src.im_files) + len(json.dumps(list(src.names), indent=1)) + 4096
 
 
-def estimate_bytes(src: SplitSource, imgsz: int, storage: str) -> int:
-    """The size of a split's pack in ``storage``, from the headers of up to ``SPACE_SAMPLE`` images evenly spread
+def estimate_bytes(src: SplitSource, imgsz: int, format: str) -> int:
+    """The size of a split's pack in ``format``, from the headers of up to ``SPACE_SAMPLE`` images evenly spread
     (exact for smaller splits; a header read is a fraction of a millisecond)."""
-    return _estimate(src, imgsz, storage)[0]
+    return _estimate(src, imgsz, format)[0]
 
 
-def _estimate(src: SplitSource, imgsz: int, storage: str) -> tuple[int, float, int]:
+def _estimate(src: SplitSource, imgsz: int, format: str) -> tuple[int, float, int]:
     """``estimate_bytes``, the part of it that is not payloads, and how many image headers were read."""
-    n, codec = len(src.im_files), codecs.get(storage)
+    n, codec = len(src.im_files), codecs.get(format)
     picks = np.unique(np.linspace(0, n - 1, min(n, SPACE_SAMPLE)).round().astype(np.int64)) if n else []
     payloads, label_bytes = [], []
     for i in picks.tolist():

@@ -264,7 +264,7 @@ class Pack:
 
     def __repr__(self) -> str:
         return (f"Pack({str(self.path)!r}, split={self.split!r}, images={len(self)}, "
-                f"storage={self.storage!r}, imgsz={self.imgsz})")
+                f"format={self.format!r}, imgsz={self.imgsz})")
 
     @property
     def split(self) -> str:
@@ -280,8 +280,8 @@ class Pack:
         return self.header["imgsz"]
 
     @property
-    def storage(self) -> str:
-        """The format's name, which picks its codec (``yolofeed.pack.codecs``)."""
+    def format(self) -> str:
+        """The pack's format (the header's key ``storage``, kept from packs already written): it picks the codec."""
         return self.header["storage"]
 
     @property

@@ -26,7 +26,7 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
     c = h["counts"]
     size = p.path.stat().st_size
     lines = [f"pack {p.split}: {c['images']:,} images, {c['boxes']:,} boxes, {c['skipped']} skipped, "
-             f"{size / 1e9:.2f} GB ({p.storage}, imgsz {p.imgsz})"]
+             f"{size / 1e9:.2f} GB ({p.format}, imgsz {p.imgsz})"]
     if result.built:
         rate = c["tried"] / max(result.seconds, 1e-9)
         synced = ", synced to disk" if h["build"].get("sync") else ""

@@ -1,4 +1,4 @@
-"""Pack storage formats: one codec per format, registered under the name a pack's header records.
+"""The registry of pack formats: one codec implements each, registered under the name a pack's header records.
 
 As ffcv's fields, a codec is the whole life of an image in one format:
 
@@ -63,7 +63,7 @@ class PackView(Protocol):
 
 
 class Codec:
-    """One storage format. Subclasses override what their format does differently; see the module docstring.
+    """One format's codec. Subclasses override what their format does differently; see the module docstring.
 
     Every method is called with the pack (or the build worker's arguments) it works on, so a codec keeps no
     state of its own and one instance serves every pack of its format.
@@ -212,7 +212,7 @@ def summaries() -> dict[str, str]:
 
 
 def find(name: str) -> Codec | None:
-    """The codec registered as ``name``, or None: the check of a pack header's ``storage``."""
+    """The codec registered as ``name``, or None: the check of the format a pack's header names."""
     if not isinstance(name, str):
         return None
     if name not in _LOADED and name in BUILTIN:
