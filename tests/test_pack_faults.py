@@ -99,6 +99,39 @@ def _craft(path: Path, out: Path, sections: dict[str, bytes] | None = None, head
     out.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), off, len(blob)))
 
 
+def test_a_new_section_leaves_the_others_as_they_are(dataset, tmp_path):
+    """A new label kind is one more named section: written after the others, which keep their bytes, a pack with it
+    opens and reads as before, and its checksum is checked although this yolofeed does not read it."""
+    pack = _build(dataset)
+    data, h, off = _parts(pack.path)
+    extra = np.arange(len(pack) * 17 * 3, dtype=np.float32).tobytes()  # say, 17 keypoints (x, y, v) an image
+
+    def with_extra(content: bytes) -> bytes:
+        start = align(off)
+        head = dict(h, sections={**h["sections"], "keypoints": [start, len(content)]},
+                    checksums={**h["checksums"], "keypoints": zlib.crc32(extra)})
+        blob = json.dumps(head).encode()
+        body = bytes(data[:off]).ljust(start, b"\0") + content
+        body = body.ljust(align(len(body)), b"\0")
+        return body + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), len(body), len(blob))
+
+    f = tmp_path / "keypoints.yfpack"
+    f.write_bytes(with_extra(extra))
+    newer = Pack.open(f, fix="rebuild it with: yolofeed pack ...")
+    assert newer.header["sections"]["keypoints"][1] == len(extra)
+    for name in ("index", "labels", "files", "label_crc"):  # where they were, byte for byte
+        assert newer.header["sections"][name] == h["sections"][name]
+    assert newer.im_files == pack.im_files and len(newer.damaged()) == 0
+    for i in range(len(pack)):
+        np.testing.assert_array_equal(newer.image(i), pack.image(i))
+        np.testing.assert_array_equal(newer.labels(i), pack.labels(i))
+    damaged = bytearray(extra)
+    damaged[5] ^= 0xFF
+    f.write_bytes(with_extra(bytes(damaged)))
+    with pytest.raises(PackError, match="is damaged: its keypoints section fails its checksum; rebuild it with"):
+        Pack.open(f, fix="rebuild it with: yolofeed pack ...")
+
+
 def test_damage_to_header_index_or_labels_is_refused_with_the_rebuild_command(dataset, tmp_path):
     pack = _build(dataset)
     nc = pack.header["source"]["nc"]

@@ -60,7 +60,16 @@ from yolofeed.errors import DatasetError, PackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.disk import Disk, current
 from yolofeed.pack.encode import close_worker, init_worker, process_chunk
-from yolofeed.pack.layout import INDEX_DTYPE, PREAMBLE, align, encode_tail, is_pack_file, payload_crcs, printable
+from yolofeed.pack.layout import (
+    INDEX_DTYPE,
+    PREAMBLE,
+    align,
+    detection_sections,
+    encode_tail,
+    is_pack_file,
+    payload_crcs,
+    printable,
+)
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.report import report_path, write_report
 from yolofeed.pack.source import SplitSource
@@ -288,7 +297,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                       ("plan", t0, started), ("start", started, first or filled), ("payloads", first or filled, filled),
                       ("check", filled, checked))}},
     }
-    start, tail = encode_tail(int(counter.value), index, table, kept_files, label_crc, header)
+    start, tail = encode_tail(int(counter.value), detection_sections(index, table, kept_files, label_crc), header)
     disk.pwrite(fd, tail, start)
     disk.truncate(fd, start + len(tail))  # a reservation's unused end given back
     LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s")

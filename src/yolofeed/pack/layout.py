@@ -25,10 +25,13 @@ can tell a finished file from an interrupted one::
 * trailer: written last. A file without it was never finished; the builder also writes under a
   temporary name and renames, so a reader never sees a half-written file under the real name.
 
-Sections are found by name, never by position: a reader checks the sections it knows (``SECTIONS``) and passes
-over any other name in the header. So a new label kind (keypoints, masks, angles) is a new named section with
-its own dtype and checksum, appended by the writer, and the existing sections keep their bytes; the format
-version changes only where an existing section's meaning does (it refuses older packs with their rebuild command).
+Sections are found by name, never by position, and each has its own CRC32. A reader requires the sections it knows
+(``SECTIONS``), and checks the bounds and CRC32 of every section the header lists, one it does not know too. So a
+new label kind (keypoints, masks, angles) is one more named section, written by ``encode_tail`` after these with
+its own checksum, and the existing sections keep their bytes and meaning: packs without it read as before, and
+this version reads packs with it (``test_a_new_section_leaves_the_others_as_they_are``). The format version
+changes only where an existing section's meaning does; a reader refuses a pack of another version with its
+rebuild command.
 
 ``Pack.open`` (pack/store.py) checks the header's CRC32, its keys and types (``header_problem``), every section's
 bounds and CRC32, and the index and label values; payload CRC32s are checked by ``Pack.verify`` and at the end of
@@ -97,13 +100,28 @@ def is_pack_file(fd: int) -> bool:
         return f.read(TRAILER.size).startswith(MAGIC)
 
 
-def encode_tail(data_end: int, index: np.ndarray, labels: np.ndarray, files: list[str], label_crc: np.ndarray,
-                header: dict[str, Any]) -> tuple[int, bytes]:
-    """The index, labels, file list, label file CRCs, header and trailer, as the bytes that follow the payloads.
+def detection_sections(index: np.ndarray, labels: np.ndarray, files: list[str],
+                       label_crc: np.ndarray) -> dict[str, bytes]:
+    """The bytes of the sections every pack has (``SECTIONS``), in file order.
+
+    Args:
+        index: (N,) ``INDEX_DTYPE`` records of the images kept.
+        labels: (M, 5) float32 [class, x, y, w, h], image i's rows from ``index["label_start"][i]``.
+        files: the N image paths.
+        label_crc: (tried,) uint32, the CRC32 of each source label file's bytes.
+    """
+    return {"index": index.astype(INDEX_DTYPE).tobytes(),
+            "labels": np.ascontiguousarray(labels, np.float32).tobytes(),
+            "files": b"\0".join(map(os.fsencode, files)),
+            "label_crc": np.ascontiguousarray(label_crc, np.uint32).tobytes()}
+
+
+def encode_tail(data_end: int, sections: dict[str, bytes], header: dict[str, Any]) -> tuple[int, bytes]:
+    """The sections, header and trailer, as the bytes that follow the payloads.
 
     Args:
         data_end: payloads occupy ``[0, data_end)``.
-        label_crc: (tried,) uint32, the CRC32 of each source label file's bytes.
+        sections: name -> bytes, in file order: ``detection_sections``, and any section a new label kind adds.
         header: completed with ``sections``, ``checksums``, ``format`` and ``format_version`` here.
 
     Returns:
@@ -111,15 +129,12 @@ def encode_tail(data_end: int, index: np.ndarray, labels: np.ndarray, files: lis
         ``ALIGN``; the file ends with them.
     """
     start = pos = align(data_end)
-    sections, sums, parts = {}, {}, []
-    for name, blob in (("index", index.astype(INDEX_DTYPE).tobytes()),
-                       ("labels", np.ascontiguousarray(labels, np.float32).tobytes()),
-                       ("files", b"\0".join(map(os.fsencode, files))),
-                       ("label_crc", np.ascontiguousarray(label_crc, np.uint32).tobytes())):
-        sections[name], sums[name] = [pos, len(blob)], zlib.crc32(blob)
+    where, sums, parts = {}, {}, []
+    for name, blob in sections.items():
+        where[name], sums[name] = [pos, len(blob)], zlib.crc32(blob)
         parts.append(blob.ljust(align(len(blob)), b"\0"))
         pos = align(pos + len(blob))
-    header = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **header, "sections": sections,
+    header = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **header, "sections": where,
               "checksums": sums}
     blob = json.dumps(header, indent=1).encode("utf-8")
     parts += [blob, TRAILER.pack(MAGIC, zlib.crc32(blob), pos, len(blob))]
@@ -173,12 +188,12 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
     for key in ("images", "boxes", "tried", "skipped", "label_files", "data_bytes"):
         if not isinstance(h["counts"].get(key), int):
             return f"header's counts.{key} is missing or not an integer"
-    for name, dtype in SECTIONS.items():
-        where = h["sections"].get(name)
-        if not ints(where, 2) or where[0] + where[1] > h_off or where[1] % dtype.itemsize:
-            return f"header's {name} section {where} is malformed or out of bounds"
+    for name in (*SECTIONS, *(n for n in h["sections"] if n not in SECTIONS)):  # a section it does not know: checked
+        where, itemsize = h["sections"].get(name), SECTIONS[name].itemsize if name in SECTIONS else 1  # as bytes
+        if not ints(where, 2) or where[0] + where[1] > h_off or where[1] % itemsize:
+            return f"header's {printable(str(name))[:40]} section {where} is malformed or out of bounds"
         if not isinstance(h["checksums"].get(name), int):
-            return f"header's checksum of the {name} section is missing"
+            return f"header's checksum of the {printable(str(name))[:40]} section is missing"
     if h["sections"]["labels"][1] % (5 * 4):
         return "header's labels section is not whole rows"
     return ""
