@@ -76,6 +76,8 @@ SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("
 
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a newline or tab in a file name (legal on Linux) would break a line
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from yolofeed.pack import files
 from yolofeed.pack.layout import CONTROL, SUFFIX
 
-# the report's first line, as every yolofeed has written it: what proves a report file to be yolofeed's
 REPORT_SUFFIX = ".report.txt"
+# the report's first line, as every yolofeed has written it: what proves a report file to be yolofeed's
 REPORT_HEAD = re.compile(rb"# [^\n]+\.yfpack: \d+ skipped, \d+ notes\. file<TAB>status<TAB>reason\n")
 
 
@@ -34,6 +34,8 @@ def write_report(dest: Path, skipped: list[tuple[str, str]], notes: list[tuple[s
     data = ("\n".join(lines) + "\n").encode("utf-8", errors="surrogateescape")
     files.write_replacing(report, data, _is_report, f"the {dest.name.removesuffix(SUFFIX)} pack's report")
     return report
+
+
 SHELL_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 QUOTED_FIELD = re.compile(r"\$'(.*)'", re.DOTALL)
 

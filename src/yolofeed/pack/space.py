@@ -29,6 +29,8 @@ MOVE_HINT = "put the packs on a disk with room: out=/path (yolofeed pack) or pac
 
 @dataclass
 class Space:
+    """A pack's size against the free space where it goes, measured before its build."""
+
     free: int  # bytes free in the pack folder before the build
     estimate: int  # bytes the pack is expected to take
     bound: int  # bytes it takes at most (the format's largest payload for every image), else the estimate
