@@ -71,15 +71,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture(autouse=True)
-def _packs_built_on_a_disk(monkeypatch):
+def _packs_built_on_a_disk():
     """Builds see a disk wherever pytest's temporary folder lies (a tmpfs on some systems), so that every test takes
     the same write path; only the tmpfs a test mounts (``helpers.tmpfs``) is one."""
-    from helpers import TMPFS_MOUNTS
-    from yolofeed.pack import build
+    from helpers import OnDisk
+    from yolofeed.pack import disk
 
-    real = build._in_memory
-    monkeypatch.setattr(build, "_in_memory", lambda folder: any(Path(os.path.realpath(folder)).is_relative_to(m)
-                                                                for m in TMPFS_MOUNTS) and real(folder))
+    with disk.using(OnDisk()):
+        yield
 
 
 @pytest.fixture(scope="session")

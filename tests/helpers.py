@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import cv2
 import numpy as np
 import pytest
 from PIL import Image
+
+from yolofeed.pack.disk import Disk
 
 GOOD_LABEL = "3 0.5 0.5 0.25 0.25\n"
 
@@ -41,6 +44,14 @@ def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int, classes=None, s
 
 # tmpfs folders mounted by tests that mean one (``tmpfs``); elsewhere the build is told it writes to a disk (conftest)
 TMPFS_MOUNTS: list[Path] = []
+
+
+class OnDisk(Disk):
+    """The real file system, where only the tmpfs a test mounts (``tmpfs``) is one: builds take the same write path
+    wherever pytest's temporary folder lies (a tmpfs on some systems). Tests' failing disks subclass it."""
+
+    def in_memory(self, folder: Path) -> bool:
+        return any(Path(os.path.realpath(folder)).is_relative_to(m) for m in TMPFS_MOUNTS) and super().in_memory(folder)
 
 
 @contextlib.contextmanager
@@ -140,7 +151,7 @@ def source_batch(pack, indices, device="cpu"):
 
     n, s = len(indices), pack.imgsz
     images = torch.zeros((n, s, s, 3), dtype=torch.uint8)
-    hw = torch.from_numpy(pack.gather(indices, images))
+    hw = torch.from_numpy(pack.codec.gather(pack, np.asarray(indices, np.int64), images))
     labels = [np.array(pack.labels(i)) for i in indices]
     width = max(1, max(len(lb) for lb in labels))
     cls, boxes = torch.zeros(n, width), torch.zeros(n, width, 4)

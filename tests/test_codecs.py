@@ -1,4 +1,4 @@
-"""The storage-format seam: the codec registry, and a format added by a test alone (no other module touched)."""
+"""The format seam: the codec registry, and a format added by a test alone (no other module touched)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import psutil
 import pytest
 import torch
 
+from helpers import OnDisk
 from yolofeed.cli import build_config, help_text
 from yolofeed.config import DEFAULT_PACK_FORMAT, PACK_FORMATS, fields_of
 from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader import TrainLoader
 from yolofeed.pack import Pack, codecs, open_or_build
-from yolofeed.pack.store import MAGIC, TRAILER
+from yolofeed.pack.layout import MAGIC, TRAILER
 from yolofeed.pack.verify import ImageInfo
 
 IMGSZ = 64
@@ -45,7 +46,7 @@ class Inverted(codecs.Codec):
         return codecs.get("raw").payload_estimate(im_file, imgsz)
 
     def gather(self, pack, indices, out):
-        hw = pack.gather(indices, out)
+        hw = codecs.get("raw").gather(pack, indices, out)
         buf = out.numpy() if hasattr(out, "numpy") else out
         for k, (h, w) in enumerate(hw.tolist()):
             np.subtract(255, buf[k, :h, :w], out=buf[k, :h, :w])
@@ -126,7 +127,7 @@ def test_a_format_added_by_one_module_builds_opens_verifies_and_loads(synth_root
     raw = pack(IMGSZ)
     built = open_or_build(synth_root / "data.yaml", "train", IMGSZ, inverted.name, out=tmp_path, rebuild="auto",
                           progress=False, workers=1)
-    assert built.codec is inverted and built.storage == inverted.name
+    assert built.codec is inverted and built.format == inverted.name
     again = open_or_build(synth_root / "data.yaml", "train", IMGSZ, inverted.name, out=tmp_path, rebuild="never",
                           verify=True)  # reopened by its header's name, every payload's checksum read back
     assert again.path == built.path and again.im_files == raw.im_files
@@ -188,89 +189,94 @@ def test_auto_picks_the_compact_format_where_the_default_would_not_fit_on_the_di
 
 def _auto_choice(yaml_file: Path) -> str:
     """What format=auto picks for a data yaml at imgsz 64, decided afresh (the choice is cached per process)."""
-    from yolofeed.pack import build
+    from yolofeed.pack import auto
 
-    build._auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
     try:
-        return build.resolve_storage({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
+        return auto.resolve_format({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
     finally:
-        build._auto_storage.cache_clear()
+        auto.auto_format.cache_clear()
 
 
 def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):
-    from yolofeed.pack import build
+    from yolofeed.pack import auto, disk
 
     shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
     seen = []
-    real = shutil.disk_usage
 
-    def usage(path):
-        seen.append(Path(path))
-        return real(path)._replace(free=1000)  # 1 kB free: no pack fits
+    class Small(OnDisk):
+        def free(self, folder):
+            seen.append(Path(folder))
+            return 1000  # 1 kB free: no pack fits
 
-    monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
-    monkeypatch.setattr(build.shutil, "disk_usage", usage)
-    assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
+    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
+    with disk.using(Small()):
+        assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
     assert seen == [tmp_path / "d"]  # the packs' folder does not exist yet: the dataset's folder holds the space
 
 
 def test_auto_reads_the_free_space_of_the_cache_where_the_dataset_is_read_only(synth_root, tmp_path, monkeypatch):
     """Beside a read-only dataset the packs go to the user cache: its free space decides, not the dataset's disk
     (a 2 MB cache under a read-only dataset on a large disk chose raw, then the val pack did not fit)."""
-    from yolofeed.pack import build
+    from yolofeed.pack import auto, disk
 
     shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
-    real_writable, real_usage = build._writable, shutil.disk_usage
     beside = tmp_path / "d" / "yolofeed-packs"
-    monkeypatch.setattr(build, "_writable", lambda f, create=True: OSError(30, "Read-only file system")
-                        if f.is_relative_to(beside) else real_writable(f, create))
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: real_usage(p)._replace(
-        free=1000 if Path(p).is_relative_to(tmp_path / "cache") else 10**12))
-    monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
-    assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
+
+    class ReadOnlyDataset(OnDisk):
+        def writable(self, folder, create=True):
+            return OSError(30, "Read-only file system") if folder.is_relative_to(beside) else super().writable(
+                folder, create)
+
+        def free(self, folder):
+            return 1000 if Path(folder).is_relative_to(tmp_path / "cache") else 10**12
+
+    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
+    with disk.using(ReadOnlyDataset()):
+        assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
 
 
 def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):
     import logging
 
-    from yolofeed.pack import build
+    from yolofeed.pack import auto, rebuild
 
     def fresh(name: str) -> str:  # the dataset without the packs other tests built into the shared copy
         shutil.copytree(synth_root, tmp_path / name, ignore=shutil.ignore_patterns("yolofeed-packs"))
         return str(tmp_path / name / "data.yaml")
 
-    build._auto_storage.cache_clear()
-    monkeypatch.setattr(build, "memory_limit", lambda: 10**12)
+    auto.auto_format.cache_clear()
+    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
     yaml_file = fresh("big")
     with caplog.at_level(logging.INFO):
-        p = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
-        build.open_or_build(yaml_file, "val", 64, storage=codecs.AUTO, rebuild="auto", progress=False)
-    assert p.storage == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
+        p = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="auto", progress=False)
+        rebuild.open_or_build(yaml_file, "val", 64, format=codecs.AUTO, rebuild="auto", progress=False)
+    assert p.format == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
     assert sum(f"format {codecs.DEFAULT} ({codecs.AUTO})" in r.message for r in caplog.records) == 1  # said once
     # the packs of this tiny set take ~0.3 MB raw: 100 KB of memory is too little for them, so the compact format
-    monkeypatch.setattr(build, "memory_limit", lambda: 10**5)
-    build._auto_storage.cache_clear()
-    assert build.open_or_build(fresh("small"), "train", 64, storage=codecs.AUTO, rebuild="auto",
-                               progress=False).storage == codecs.COMPACT
+    monkeypatch.setattr(auto, "memory_limit", lambda: 10**5)
+    auto.auto_format.cache_clear()
+    assert rebuild.open_or_build(fresh("small"), "train", 64, format=codecs.AUTO, rebuild="auto",
+                                 progress=False).format == codecs.COMPACT
     # ... unless a pack is built already: a machine that would choose otherwise uses it, and builds nothing
-    build._auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        again = build.open_or_build(yaml_file, "train", 64, storage=codecs.AUTO, rebuild="never", progress=False)
-    assert again.path == p.path and again.storage == codecs.DEFAULT
+        again = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="never", progress=False)
+    assert again.path == p.path and again.format == codecs.DEFAULT
     assert any("already built" in r.message and str(p.path) in r.message for r in caplog.records)
-    build._auto_storage.cache_clear()
+    auto.auto_format.cache_clear()
 
 
 def test_memory_limit_takes_a_lower_cgroup_limit(tmp_path):
-    from yolofeed.pack import build
+    from yolofeed.pack import memory
 
     ram = psutil.virtual_memory().total
-    assert 0 < build.memory_limit() <= ram
+    assert 0 < memory.memory_limit() <= ram
     limit = tmp_path / "memory.max"
     limit.write_text("1073741824\n")
-    assert build.memory_limit((str(tmp_path / "absent"), str(limit))) == min(1 << 30, ram)
+    assert memory.memory_limit((str(tmp_path / "absent"), str(limit))) == min(1 << 30, ram)
     limit.write_text("max\n")  # cgroup v2's "no limit"
-    assert build.memory_limit((str(limit),)) == ram
+    assert memory.memory_limit((str(limit),)) == ram

@@ -145,17 +145,17 @@ def test_staged_decode_equals_decode_from_the_map_and_the_largest_files_fit(pack
 @pytest.mark.parametrize("sync", [True, False])
 def test_loader_stages_every_batch_in_its_buffer(pack, monkeypatch, sync):
     """The loader hands its staging buffer to the decode: each batch's files are gathered into it, not copied apart."""
-    from yolofeed.pack.store import Pack
+    from yolofeed.pack.codecs import jpeg
 
     jpg = pack(IMGSZ, "jpeg")
     staged = []
-    real = Pack.gather_encoded
+    real = jpeg.gather_encoded
 
-    def spy(self, indices, out):
+    def spy(pack, indices, out):
         staged.append((np.array(indices), out))
-        return real(self, indices, out)
+        return real(pack, indices, out)
 
-    monkeypatch.setattr(Pack, "gather_encoded", spy)
+    monkeypatch.setattr(jpeg, "gather_encoded", spy)
     p = Prefetcher(jpg, "cpu", 4, sync=sync, decode="torchvision")
     batches = [np.array([0, 5, 9, 2]), np.array([7, 1, 3])]
     got = [b.source.images.clone() for b in p.iterate(batches)]

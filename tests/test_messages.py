@@ -18,7 +18,7 @@ from yolofeed.cli import main
 from yolofeed.doctor.rules import Facts, diagnose
 from yolofeed.errors import DatasetError, PackError
 from yolofeed.pack import Pack, open_or_build
-from yolofeed.pack.store import TRAILER
+from yolofeed.pack.layout import TRAILER
 
 
 def _one_line(capsys, argv: list[str]) -> str:
@@ -113,7 +113,7 @@ def test_commands_in_messages_paste_into_a_shell_with_a_space_in_the_path(synth_
     import shlex
 
     from helpers import copy_dataset
-    from yolofeed.pack.build import store_dir
+    from yolofeed.pack.paths import store_dir
 
     root = copy_dataset(synth_root, tmp_path / "my data")
     yaml_file, out = root / "data.yaml", tmp_path / "my packs"
@@ -218,7 +218,7 @@ def test_a_wrong_train_path_is_said_before_anything_else(dataset, caplog, capsys
     """A typo in the data yaml's train: path first logged "pack: format raw (auto): its raw packs (0.0 MB) fit ...",
     from an estimate that had left the split out, then refused the path. Now the path is the one line, naming
     its key."""
-    from yolofeed.pack.build import check_split
+    from yolofeed.pack.rebuild import check_split
 
     yaml_file = dataset / "data.yaml"
     yaml_file.write_text(yaml_file.read_text().replace("images/train", "images/trian"))

@@ -19,7 +19,8 @@ import pytest
 
 from yolofeed.cli import main
 from yolofeed.pack import Pack
-from yolofeed.pack.build import read_report, store_dir
+from yolofeed.pack.paths import store_dir
+from yolofeed.pack.report import read_report
 from yolofeed.pack.source import split_source
 from yolofeed.pack.verify import SampleError, check_image
 
@@ -41,7 +42,7 @@ def test_a_fifo_as_label_or_image_never_blocks_a_build(dataset):
     os.mkfifo(dataset / "images" / "train" / "zz_fifo.jpg")
     code = (
         "import sys\n"
-        "from yolofeed.pack.build import ensure_split\n"
+        "from yolofeed.pack.rebuild import ensure_split\n"
         "for rebuild, workers in (('auto', 1), ('check', 1), ('always', 2)):\n"
         f"    r = ensure_split({str(dataset / 'data.yaml')!r}, 'train', 64, rebuild=rebuild, workers=workers,\n"
         "                     progress=False)\n"

@@ -14,11 +14,15 @@ import pytest
 import torch
 
 import yolofeed.pack.build as build_module
-from helpers import BAD_CASES, add_bad_samples, copy_dataset, ultralytics_dataset
+import yolofeed.pack.encode as encode
+from helpers import BAD_CASES, OnDisk, add_bad_samples, copy_dataset, ultralytics_dataset
 from yolofeed.errors import DatasetError, PackError, StalePackError
-from yolofeed.pack import Pack, open_or_build
-from yolofeed.pack.build import ensure_split, read_report, store_dir, summary
-from yolofeed.pack.store import MAGIC, TRAILER
+from yolofeed.pack import Pack, disk, open_or_build
+from yolofeed.pack.layout import MAGIC, TRAILER
+from yolofeed.pack.paths import store_dir
+from yolofeed.pack.rebuild import ensure_split
+from yolofeed.pack.report import read_report
+from yolofeed.pack.summary import summary
 
 
 def _build(root: Path, split="train", imgsz=160, storage="raw", workers=2, **kw) -> Pack:
@@ -143,8 +147,8 @@ def test_header_times_the_build_by_phase(dataset, monkeypatch):
             return fn(*a, **k)
         return timed
 
-    monkeypatch.setattr(build_module, "_plan_space", costs(build_module._plan_space, 10))
-    monkeypatch.setattr(build_module, "_process", costs(build_module._process, 1))  # workers=1: in this process
+    monkeypatch.setattr(build_module, "plan_space", costs(build_module.plan_space, 10))
+    monkeypatch.setattr(encode, "process", costs(encode.process, 1))  # workers=1: in this process
     monkeypatch.setattr(build_module, "_check_written", costs(build_module._check_written, 100))
     pack = _build(dataset, workers=1)
     build, tried = pack.header["build"], pack.header["counts"]["tried"]
@@ -159,14 +163,14 @@ def test_gather_into_caller_buffers(dataset):
     pack = _build(dataset)
     idx = [5, 0, 17, 5]
     out = torch.full((6, 160, 160, 3), 7, dtype=torch.uint8)  # a pinned tensor in real use
-    hw = pack.gather(idx, out)
+    hw = pack.codec.gather(pack, idx, out)
     for k, i in enumerate(idx):
         h, w = hw[k]
         np.testing.assert_array_equal(out[k, :h, :w].numpy(), pack.image(i))
         assert (out[k, h:] == 7).all() and (out[k, :, w:] == 7).all()  # the rest is left as it was
     assert (out[4:] == 7).all()
     with pytest.raises(ValueError, match="cannot hold"):
-        pack.gather(list(range(7)), out)
+        pack.codec.gather(pack, list(range(7)), out)
 
 
 @pytest.mark.parametrize("storage", ["raw", "jpeg"])
@@ -202,7 +206,7 @@ def test_will_need_asks_for_exactly_each_payload(dataset, storage, monkeypatch):
     assert not clone._file.advise
     if storage == "raw":
         out = np.zeros((2, 160, 160, 3), np.uint8)
-        hw = clone.gather([0, 1], out)
+        hw = clone.codec.gather(clone, [0, 1], out)
         np.testing.assert_array_equal(out[0, :hw[0][0], :hw[0][1]], clone.image(0))
 
 
@@ -222,7 +226,9 @@ def test_jpeg_storage_keeps_the_bytes(dataset):
             assert bytes(jpg.encoded(i)) == Path(f).read_bytes()  # JPEGs kept byte for byte
     reencoded = {Path(f).name for f, n in jpg.header["notes"] if "re-encoded" in n}
     assert {"rotated.jpg", "plain.png", "trailing.jpg"} <= reencoded
-    starts, sizes = jpg.gather_encoded([2, 0], buf := np.zeros(10**6, np.uint8))
+    from yolofeed.pack.codecs.jpeg import gather_encoded
+
+    starts, sizes = gather_encoded(jpg, [2, 0], buf := np.zeros(10**6, np.uint8))
     assert bytes(buf[starts[1]:starts[1] + sizes[1]]) == bytes(jpg.encoded(0))
     with pytest.raises(PackError, match="format=raw"):
         jpg.image(0)
@@ -328,20 +334,25 @@ def test_cli_pack_prints_summary(dataset, capsys):
     assert "up to date" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(build_module.MADV_POPULATE_WRITE is None, reason="Linux only")
+@pytest.mark.skipif(disk.MADV_POPULATE_WRITE is None, reason="Linux only")
 def test_populate_asks_until_the_kernel_refuses_and_says_where_pages_cannot_be_backed(tmp_path, monkeypatch):
     import errno
     import mmap
 
+    class Advice(OnDisk):
+        def __init__(self, advice):
+            self.advice = advice
+
     f = tmp_path / "file"
     f.write_bytes(bytes(1 << 20))
     with open(f, "r+b") as fh, mmap.mmap(fh.fileno(), 1 << 20) as mm:
-        monkeypatch.setitem(build_module._W, "populate", True)
-        assert build_module._populate(mm, 100, 50_000)  # an unaligned payload: its pages from the one holding byte 100
-        if not build_module._W["populate"]:
+        monkeypatch.setitem(encode._W, "populate", True)
+        monkeypatch.setitem(encode._W, "disk", OnDisk())
+        assert encode.populate(mm, 100, 50_000)  # an unaligned payload: its pages from the one holding byte 100
+        if not encode._W["populate"]:
             pytest.skip("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14)")
-        monkeypatch.setattr(build_module, "MADV_POPULATE_WRITE", 999)  # an advice no kernel knows: EINVAL
-        assert build_module._populate(mm, 100, 50_000) and build_module._W["populate"] is False  # stops asking
+        monkeypatch.setitem(encode._W, "disk", Advice(999))  # an advice no kernel knows: EINVAL
+        assert encode.populate(mm, 100, 50_000) and encode._W["populate"] is False  # stops asking
 
     class Spy:
         def __init__(self):
@@ -353,53 +364,62 @@ def test_populate_asks_until_the_kernel_refuses_and_says_where_pages_cannot_be_b
                 raise OSError(self.error, os.strerror(self.error))
 
     spy = Spy()
-    monkeypatch.setattr(build_module, "MADV_POPULATE_WRITE", 23)
-    assert build_module._populate(spy, 100, 10) and spy.calls == []  # refused once: this worker asks no more
-    monkeypatch.setitem(build_module._W, "populate", True)
+    monkeypatch.setitem(encode._W, "disk", Advice(23))
+    assert encode.populate(spy, 100, 10) and spy.calls == []  # refused once: this worker asks no more
+    monkeypatch.setitem(encode._W, "populate", True)
     page = mmap.PAGESIZE
-    assert build_module._populate(spy, 2 * page + 100, 10) and spy.calls == [(23, 2 * page, 110)]  # its page's start
+    assert encode.populate(spy, 2 * page + 100, 10) and spy.calls == [(23, 2 * page, 110)]  # its page's start
     spy.error = errno.ENOSPC  # a reservation the filesystem did not keep: the copy would die of SIGBUS
-    assert build_module._populate(spy, 0, 10) is False and build_module._W["populate"]  # pwrite then; asks again
-    monkeypatch.setitem(build_module._W, "backed", False)  # a tmpfs file extended, not reserved: the advice is the
+    assert encode.populate(spy, 0, 10) is False and encode._W["populate"]  # pwrite then; asks again
+    monkeypatch.setitem(encode._W, "backed", False)  # a tmpfs file extended, not reserved: the advice is the
     spy.error = errno.EINVAL  # only guard, so where the kernel refuses it, every payload goes through pwrite
-    assert build_module._populate(spy, 0, 10) is False and build_module._W["populate"] is False
-    assert build_module._populate(spy, 0, 10) is False
+    assert encode.populate(spy, 0, 10) is False and encode._W["populate"] is False
+    assert encode.populate(spy, 0, 10) is False
 
 
 @pytest.mark.parametrize("advice", [None, 999, "unbacked"], ids=["no-populate", "refused-advice", "unbacked-pages"])
-def test_pages_populated_or_not_the_pixels_are_the_same(dataset, monkeypatch, advice):
+def test_pages_populated_or_not_the_pixels_are_the_same(dataset, advice):
     """MADV_POPULATE_WRITE only faults pages in early: without it, or where the kernel refuses it, the copy writes the
     same bytes (a refused advice is an EINVAL the workers stop asking after)."""
-    from yolofeed.pack import build
+    import errno
 
     ref = _build(dataset, workers=2)
     images = [ref.image(i).copy() for i in range(len(ref))]
-    if advice == "unbacked":  # the kernel says no page can be backed: every payload goes through pwrite
-        monkeypatch.setattr(build, "_populate", lambda *a: False)
-    else:
-        monkeypatch.setattr(build, "MADV_POPULATE_WRITE", advice)  # inherited by the forked workers
     reserved = []
-    real_reserve = build._reserve
-    monkeypatch.setattr(build, "_reserve", lambda *a: reserved.append(real_reserve(*a)) or reserved[-1])
-    pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
+
+    class Pages(OnDisk):
+        def populate(self, mm, start, nbytes):
+            if advice == "unbacked":  # the kernel says no page can be backed: every payload goes through pwrite
+                raise OSError(errno.EFAULT, "Bad address")
+            super().populate(mm, start, nbytes)
+
+        def allocate(self, fd, nbytes):
+            reserved.append(super().allocate(fd, nbytes))
+            return reserved[-1]
+
+    pages = Pages()
+    if advice != "unbacked":
+        pages.advice = advice  # given to the workers with their arguments
+    with disk.using(pages):
+        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
     assert reserved == [True]  # the workers wrote through the mapping, where the advice applies
     assert len(pack) == len(images)
     for i, im in enumerate(images):
         np.testing.assert_array_equal(pack.image(i), im)
 
 
-def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, monkeypatch, caplog):
+def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, caplog):
     import errno
     import logging
 
     ref = _build(dataset, workers=1)
     images = [ref.image(i).copy() for i in range(len(ref))]
 
-    def no_space(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class NoSpace(OnDisk):
+        def allocate(self, fd, nbytes):
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO), disk.using(NoSpace()):
         pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
     assert "could not reserve" in caplog.text and "writing with pwrite" in caplog.text
     assert pack.path.stat().st_size == ref.path.stat().st_size

@@ -20,7 +20,7 @@ from yolofeed import synth
 from yolofeed.config import SynthConfig
 from yolofeed.errors import PackError
 from yolofeed.pack import Pack, open_or_build
-from yolofeed.pack.build import store_dir
+from yolofeed.pack.paths import store_dir
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,8 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
             so the kernel hands them to another thread (as it may at any time): Python runs the handler
             only when the main thread wakes.
     """
-    import yolofeed.pack.build as build
+    from helpers import OnDisk
+    from yolofeed.pack import disk, encode
 
     os.setsid()  # a process group of its own (it and its workers), for the Ctrl-C case
     sys.stderr = open(marker.with_suffix(".err"), "w")  # what the user would read
@@ -143,10 +144,21 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
         marker.touch()
         time.sleep(600)
 
-    if moment == "early":
-        build._reserve = pause
-    elif moment == "mid":
-        real_load, seen = build.load_sample, []
+    class Paused(OnDisk):
+        """Stops for good where the moment is: at the reservation ("early"), or just before the rename ("publish")."""
+
+        def allocate(self, fd: int, nbytes: int) -> bool:
+            if moment == "early":
+                pause()
+            return super().allocate(fd, nbytes)
+
+        def publish(self, *a: object) -> None:
+            if moment == "publish":
+                pause()
+            super().publish(*a)
+
+    if moment == "mid":
+        real_load, seen = encode.load_sample, []
 
         def load(*a, **k):
             seen.append(1)
@@ -154,15 +166,7 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
                 pause()
             return real_load(*a, **k)
 
-        build.load_sample = load
-    else:
-        real_tail = build.write_tail
-
-        def tail(*a, **k):
-            real_tail(*a, **k)
-            pause()
-
-        build.write_tail = tail
+        encode.load_sample = load
     if signals_to_other_threads:
         import multiprocessing.connection
         import threading
@@ -179,12 +183,12 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
     if parent_watch == "watch":
         sys.platform = "darwin"  # this process only: no prctl, the watch thread alone
     elif parent_watch == "none":
-        build.die_with_parent = lambda *a: None
-    if entry == "pack":
-        from yolofeed.cli import main
+        encode.die_with_parent = lambda *a: None
+    with disk.using(Paused()):
+        if entry == "pack":
+            from yolofeed.cli import main
 
-        sys.exit(main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train", "workers=2", "rebuild=always"]))
-    else:
+            sys.exit(main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train", "workers=2", "rebuild=always"]))
         open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2, progress=False)
 
 

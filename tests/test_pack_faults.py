@@ -17,21 +17,29 @@ import re
 import shutil
 import subprocess
 import zlib
-from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import yolofeed.pack.build as build
-from helpers import as_another_user, cli_lines, copy_dataset, tmpfs, world_readable_dir
+from helpers import OnDisk, as_another_user, cli_lines, copy_dataset, tmpfs, world_readable_dir
 from yolofeed.cli import build_config, main
 from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
-from yolofeed.pack import Pack, open_or_build
-from yolofeed.pack.build import ensure_split, store_dir
-from yolofeed.pack.store import INDEX_DTYPE, MAGIC, TRAILER
+from yolofeed.pack import Pack, build, command, disk, open_or_build, paths, rebuild, source, space
+from yolofeed.pack.layout import INDEX_DTYPE, MAGIC, TRAILER, align
+from yolofeed.pack.paths import store_dir
+from yolofeed.pack.rebuild import ensure_split
+from yolofeed.pack.summary import BuildResult, summary
 
-Usage = namedtuple("Usage", "total used free")
+
+class Free(OnDisk):
+    """A disk that says ``nbytes`` are free, whatever it has."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def free(self, folder: Path) -> int:
+        return self.nbytes
 
 
 def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:
@@ -89,6 +97,39 @@ def _craft(path: Path, out: Path, sections: dict[str, bytes] | None = None, head
     h = header(h) if callable(header) else h
     blob = json.dumps(h).encode() if blob is None else blob
     out.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), off, len(blob)))
+
+
+def test_a_new_section_leaves_the_others_as_they_are(dataset, tmp_path):
+    """A new label kind is one more named section: written after the others, which keep their bytes, a pack with it
+    opens and reads as before, and its checksum is checked although this yolofeed does not read it."""
+    pack = _build(dataset)
+    data, h, off = _parts(pack.path)
+    extra = np.arange(len(pack) * 17 * 3, dtype=np.float32).tobytes()  # say, 17 keypoints (x, y, v) an image
+
+    def with_extra(content: bytes) -> bytes:
+        start = align(off)
+        head = dict(h, sections={**h["sections"], "keypoints": [start, len(content)]},
+                    checksums={**h["checksums"], "keypoints": zlib.crc32(extra)})
+        blob = json.dumps(head).encode()
+        body = bytes(data[:off]).ljust(start, b"\0") + content
+        body = body.ljust(align(len(body)), b"\0")
+        return body + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), len(body), len(blob))
+
+    f = tmp_path / "keypoints.yfpack"
+    f.write_bytes(with_extra(extra))
+    newer = Pack.open(f, fix="rebuild it with: yolofeed pack ...")
+    assert newer.header["sections"]["keypoints"][1] == len(extra)
+    for name in ("index", "labels", "files", "label_crc"):  # where they were, byte for byte
+        assert newer.header["sections"][name] == h["sections"][name]
+    assert newer.im_files == pack.im_files and len(newer.damaged()) == 0
+    for i in range(len(pack)):
+        np.testing.assert_array_equal(newer.image(i), pack.image(i))
+        np.testing.assert_array_equal(newer.labels(i), pack.labels(i))
+    damaged = bytearray(extra)
+    damaged[5] ^= 0xFF
+    f.write_bytes(with_extra(bytes(damaged)))
+    with pytest.raises(PackError, match="is damaged: its keypoints section fails its checksum; rebuild it with"):
+        Pack.open(f, fix="rebuild it with: yolofeed pack ...")
 
 
 def test_damage_to_header_index_or_labels_is_refused_with_the_rebuild_command(dataset, tmp_path):
@@ -149,7 +190,7 @@ def test_damage_to_header_index_or_labels_is_refused_with_the_rebuild_command(da
 @pytest.mark.parametrize("field,value", [("h", 65), ("w", 0), ("h0", 0)])
 def test_a_jpeg_pack_whose_index_holds_an_impossible_size_is_refused(dataset, tmp_path, field, value):
     """Right checksums, an image too large for the batch slot (or empty): refused before the device decode sees it."""
-    pack = _build(dataset, storage="jpeg")
+    pack = _build(dataset, format="jpeg")
     index = np.array(pack.index)
     index[1][field] = value
     f = tmp_path / "crafted.yfpack"
@@ -244,8 +285,8 @@ def test_random_header_values_are_damaged_or_stale_never_a_traceback(dataset, tm
         _craft(pack.path, f, header=lambda _, h=h: h)
         try:
             fuzzed = Pack.open(f, fix="rebuild it with: yolofeed pack ...")
-            build.summary(build.BuildResult(fuzzed, built=False))
-            build.no_labels(fuzzed)
+            summary(BuildResult(fuzzed, built=False))
+            rebuild.no_labels(fuzzed)
             assert fuzzed.fix and fuzzed.im_files and fuzzed.image(0).size and len(fuzzed.labels(0)) >= 0
         except PackError as e:
             assert str(e).endswith("rebuild it with: yolofeed pack ...") and "\n" not in str(e), (path, str(e))
@@ -339,41 +380,43 @@ def test_a_pack_from_a_newer_yolofeed_is_named_before_it_is_rebuilt(dataset, cap
 
 def test_a_payload_that_does_not_land_stops_the_build(dataset, monkeypatch):
     """The end-of-build check: a worker's write that did not store what it encoded is caught, nothing published."""
-    real = build._pwrite_all
-    monkeypatch.setattr(build, "_reserve", lambda fd, n: False)  # payloads through _pwrite_all
-    monkeypatch.setattr(build, "_pwrite_all", lambda fd, data, off: real(fd, bytes(len(data)), off))
+    class Lost(OnDisk):
+        def allocate(self, fd, nbytes):
+            return False  # payloads through pwrite
+
+        def write_payload(self, fd, data, offset):  # what lands is zeros
+            super().write_payload(fd, bytes(len(data)), offset)
+
     with pytest.raises(PackError, match=r"image\(s\) read back from .* differ from what was written.*Nothing was "
-                                        "published"):
+                                        "published"), disk.using(Lost()):
         _build(dataset, workers=2)
     folder = store_dir(dataset / "data.yaml", 64, "raw")
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
 
 
 # -- disk space ---------------------------------------------------------------------------------------------
-def test_too_little_space_is_refused_before_writing(dataset, monkeypatch):
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 10**5, 10**5))
+def test_too_little_space_is_refused_before_writing(dataset):
     folder = store_dir(dataset / "data.yaml", 64, "raw")
-    with pytest.raises(PackSpaceError, match=rf"not enough free space for the train pack in {folder}: it needs "
-                                        r"[\d.]+ [MK]B \([\d,]+ bytes\), 100 KB \(100,000 bytes\) are free\. Free "
-                                        r"some space, or .*out=/path \(yolofeed pack\) or pack_dir=/path"):
+    with disk.using(Free(10**5)), pytest.raises(
+            PackSpaceError, match=rf"not enough free space for the train pack in {folder}: it needs "
+                                  r"[\d.]+ [MK]B \([\d,]+ bytes\), 100 KB \(100,000 bytes\) are free\. Free "
+                                  r"some space, or .*out=/path \(yolofeed pack\) or pack_dir=/path"):
         _build(dataset)
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
 
 
-def test_a_pack_that_cannot_fit_is_refused_by_the_pre_run_check_too(dataset, monkeypatch):
+def test_a_pack_that_cannot_fit_is_refused_by_the_pre_run_check_too(dataset):
     """``check_split`` runs in a DDP launcher before any rank: the space error must come from there, with its type
     (the bench adds its jpeg hint to a PackSpaceError), and nothing may be created."""
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 10**5, 10**5))
     folder = store_dir(dataset / "data.yaml", 64, "raw")
-    with pytest.raises(PackSpaceError, match=f"not enough free space for the train pack in {folder}: "):
-        build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # where the build would put it
+    with (disk.using(Free(10**5)),
+          pytest.raises(PackSpaceError, match=f"not enough free space for the train pack in {folder}: ")):
+        rebuild.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # where the build would put it
     assert not folder.exists()
-    monkeypatch.undo()
-    build.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # room: nothing to say
+    rebuild.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # room: nothing to say
 
 
-def test_packs_that_fit_one_at_a_time_but_not_together_are_refused_before_the_first(dataset, tmp_path, monkeypatch,
-                                                                                       capsys):
+def test_packs_that_fit_one_at_a_time_but_not_together_are_refused_before_the_first(dataset, tmp_path, capsys):
     """Room for the train pack and for the val pack, not for both: checked one at a time, the val pack failed for want
     of room after the train pack was written (and after the run folder and the model). Now ``yolofeed pack``, the
     trainer's pre-run check (through the CLI) and ``FastDetectionTrainer`` itself refuse it first, nothing written."""
@@ -381,27 +424,27 @@ def test_packs_that_fit_one_at_a_time_but_not_together_are_refused_before_the_fi
     from yolofeed.train import FastDetectionTrainer
 
     d = load_data_yaml(dataset / "data.yaml")
-    need = {s: build.estimate_bytes(split_source(d, s), 64, "raw") for s in ("train", "val")}
+    need = {s: space.estimate_bytes(split_source(d, s), 64, "raw") for s in ("train", "val")}
     free = max(need.values()) + (min(need.values()) // 2)  # either alone fits, the two do not
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - free, free))
-    folder = store_dir(dataset / "data.yaml", 64, "raw")
-    message = (rf"not enough free space for the train and val packs in {folder}: together they need [\d.]+ [MK]B "
-               rf"\({sum(need.values()):,} bytes: train [\d.]+ [MK]B, val [\d.]+ [MK]B\), [\d.]+ [MK]B \({free:,} "
-               r"bytes\) are free\. Free some space, or put the packs on a disk with room")
-    with pytest.raises(PackSpaceError, match=message):
-        build.check_splits(dataset / "data.yaml", ("train", "val"), 64, "raw", rebuild="auto")
-    build.check_split(dataset / "data.yaml", "val", 64, "raw", rebuild="auto")  # alone it fits: nothing to say
-    with pytest.raises(PackSpaceError, match=message):
-        build.run(build_config("pack", [f"data={dataset / 'data.yaml'}", "imgsz=64", "format=raw", "workers=1"]))
-    assert not folder.exists()  # no train pack written first
-    runs = tmp_path / "runs"
-    assert main(["train", "model=yolo11n.yaml", f"data={dataset / 'data.yaml'}", "imgsz=64", "pack_format=raw",
-                 "device=cpu", f"project={runs}"]) == 1
-    assert re.search(message, capsys.readouterr().err)
-    with pytest.raises(PackSpaceError, match=message):
-        FastDetectionTrainer.with_options(pack_format="raw")(overrides={"model": "yolo11n.yaml", "imgsz": 64,
-                                                            "data": str(dataset / "data.yaml"), "device": "cpu",
-                                                            "project": str(runs)})
+    with disk.using(Free(free)):
+        folder = store_dir(dataset / "data.yaml", 64, "raw")
+        message = (rf"not enough free space for the train and val packs in {folder}: together they need [\d.]+ [MK]B "
+                   rf"\({sum(need.values()):,} bytes: train [\d.]+ [MK]B, val [\d.]+ [MK]B\), [\d.]+ [MK]B \({free:,} "
+                   r"bytes\) are free\. Free some space, or put the packs on a disk with room")
+        with pytest.raises(PackSpaceError, match=message):
+            rebuild.check_splits(dataset / "data.yaml", ("train", "val"), 64, "raw", rebuild="auto")
+        rebuild.check_split(dataset / "data.yaml", "val", 64, "raw", rebuild="auto")  # alone it fits: nothing to say
+        with pytest.raises(PackSpaceError, match=message):
+            command.run(build_config("pack", [f"data={dataset / 'data.yaml'}", "imgsz=64", "format=raw", "workers=1"]))
+        assert not folder.exists()  # no train pack written first
+        runs = tmp_path / "runs"
+        assert main(["train", "model=yolo11n.yaml", f"data={dataset / 'data.yaml'}", "imgsz=64", "pack_format=raw",
+                     "device=cpu", f"project={runs}"]) == 1
+        assert re.search(message, capsys.readouterr().err)
+        with pytest.raises(PackSpaceError, match=message):
+            FastDetectionTrainer.with_options(pack_format="raw")(overrides={"model": "yolo11n.yaml", "imgsz": 64,
+                                                                "data": str(dataset / "data.yaml"), "device": "cpu",
+                                                                "project": str(runs)})
     assert not runs.exists() and not folder.exists()
 
 
@@ -430,43 +473,43 @@ def test_space_estimate_is_exact_for_small_splits(dataset, imgsz):
     """The up-front size (from image headers) against the pack actually built: above its payloads, below the
     upper bound, and not far above the real size, so a build that fits a tight disk is not refused (a fixed
     1 MB margin made the estimate of a 32-px pack ten times its size)."""
-    src = build.split_source(dataset / "data.yaml", "train")
-    space = build._plan_space(src, dataset, imgsz, "raw")
+    src = source.split_source(dataset / "data.yaml", "train")
+    planned = space.plan_space(src, dataset, imgsz, "raw")
     pack = _build(dataset, imgsz=imgsz)
-    payloads = int(sum(build.align(int(n)) for n in pack.index["nbytes"]))
-    assert payloads <= space.estimate <= space.bound
-    assert space.estimate <= 1.5 * pack.path.stat().st_size
+    payloads = int(sum(align(int(n)) for n in pack.index["nbytes"]))
+    assert payloads <= planned.estimate <= planned.bound
+    assert planned.estimate <= 1.5 * pack.path.stat().st_size
 
 
-def _full_after(writes: int):
-    """A _pwrite_all that fails with ENOSPC after ``writes`` writes in each process (a disk filling up)."""
-    done = []
-    real = build._pwrite_all
+class FillsUp(OnDisk):
+    """A disk that fails with ENOSPC after ``writes`` payload writes in each process (a disk filling up), and
+    reserves nothing."""
 
-    def write(fd, data, offset):
-        if len(done) >= writes:
+    def __init__(self, writes: int):
+        self.writes = writes
+
+    def allocate(self, fd, nbytes):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write_payload(self, fd, data, offset):
+        if self.writes <= 0:
             raise OSError(errno.ENOSPC, "No space left on device")
-        done.append(1)
-        real(fd, data, offset)
-    return write
+        self.writes -= 1
+        super().write_payload(fd, data, offset)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_disk_full_mid_build_is_one_clear_error(dataset, monkeypatch, workers):
+def test_disk_full_mid_build_is_one_clear_error(dataset, workers):
     """Room for the estimate, not for the upper bound: no reservation, no mmap, and a write meets ENOSPC."""
     import psutil
 
-    def no_room(fd, offset, length):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "posix_fallocate", no_room, raising=False)
-    monkeypatch.setattr(build, "_pwrite_all", _full_after(3))
     folder = store_dir(dataset / "data.yaml", 64, "raw")
-    with pytest.raises(PackError, match=rf"the disk filled up while writing the train pack in {folder} \(No space "
-                                        r"left on device\): it needs about [\d.]+ [KMG]B, [\d.,]+ [KMG]B were free "
-                                        r"when the build started\. Nothing was published and the temporary file is "
-                                        r"removed\. .*"
-                                        r"pack_dir="):
+    with disk.using(FillsUp(3)), pytest.raises(
+            PackError, match=rf"the disk filled up while writing the train pack in {folder} \(No space "
+                             r"left on device\): it needs about [\d.]+ [KMG]B, [\d.,]+ [KMG]B were free "
+                             r"when the build started\. Nothing was published and the temporary file is "
+                             r"removed\. .*"
+                             r"pack_dir="):
         _build(dataset, workers=workers)
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
     assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
@@ -479,17 +522,24 @@ def small_disk(tmp_path):
         yield mnt
 
 
-def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(dataset, tmp_path, monkeypatch):
+def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(dataset, tmp_path):
     """On a tmpfs the workers fault in what they write (populate advice) instead of the building process allocating
     the whole bound first: no posix_fallocate, no payload through pwrite, the same pixels as on disk."""
-    if build.MADV_POPULATE_WRITE is None:
+    if disk.MADV_POPULATE_WRITE is None:
         pytest.skip("Linux only")
     ref = _build(dataset, imgsz=160, workers=2)
-    with tmpfs(tmp_path / "shm", "64m") as mnt:
-        assert build._in_memory(mnt) and not build._in_memory(tmp_path)  # pytest's folder: a disk (conftest)
-        reserved = []
-        monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
-        monkeypatch.setattr(build, "_pwrite_all", lambda *a: os._exit(3))  # forked workers inherit it: a dead worker
+    reserved = []
+
+    class MapOnly(OnDisk):
+        def allocate(self, fd, nbytes):
+            reserved.append(nbytes)
+            return True
+
+        def write_payload(self, fd, data, offset):  # forked workers inherit it: a dead worker
+            os._exit(3)
+
+    with tmpfs(tmp_path / "shm", "64m") as mnt, disk.using(MapOnly()) as on:
+        assert on.in_memory(mnt) and not on.in_memory(tmp_path)  # pytest's folder: a disk (conftest)
         pack = _build(dataset, imgsz=160, workers=2, out=mnt)
         assert pack.path.parent == mnt / "data-raw-160" and not reserved and len(pack) == len(ref)
         for i in range(len(ref)):
@@ -498,19 +548,23 @@ def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(datas
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
+def test_real_full_disk(dataset, small_disk, workers):
     """A real 1 MB tmpfs. First the up-front check refuses; then, with the check fooled, the real
     posix_fallocate and pwrite meet ENOSPC: one PackError, no SIGBUS (it would kill this process or a
     worker), the temporary file removed and the disk empty again."""
     with pytest.raises(PackError, match=f"not enough free space for the train pack in {small_disk}"):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))
     reserved = []
-    monkeypatch.setattr(os, "posix_fallocate", lambda *a: reserved.append(a))
-    with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
+
+    class Fooled(Free):  # the up-front check fooled; a reservation that would only be pretended
+        def allocate(self, fd, nbytes):
+            reserved.append(nbytes)
+            return True
+
+    with (disk.using(Fooled(10**12)),
+          pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}")):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
     assert not reserved  # two workers: the populate advice met the full tmpfs, and pwrite reported it
-    monkeypatch.undo()
     folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
     assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
     usage = shutil.disk_usage(small_disk)
@@ -519,13 +573,14 @@ def test_real_full_disk(dataset, small_disk, monkeypatch, workers):
 
 @pytest.mark.parametrize("workers", [2, 3])
 @pytest.mark.parametrize("advice", ["real", "refused", "absent"])
-def test_a_full_tmpfs_never_kills_a_worker(dataset, small_disk, monkeypatch, workers, advice):
+def test_a_full_tmpfs_never_kills_a_worker(dataset, small_disk, workers, advice):
     """Nothing reserved on a tmpfs: whatever the populate advice does (works, refused, missing from Python), a payload
     whose pages are not faulted in goes through pwrite, so a full tmpfs is the disk-full error, not a SIGBUS."""
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))  # the up-front check fooled
+    fooled = Free(10**12)  # the up-front check fooled
     if advice != "real":
-        monkeypatch.setattr(build, "MADV_POPULATE_WRITE", 999 if advice == "refused" else None)  # EINVAL / none
-    with pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}"):
+        fooled.advice = 999 if advice == "refused" else None  # EINVAL / none
+    with (disk.using(fooled),
+          pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}")):
         _build(dataset, imgsz=160, workers=workers, out=small_disk)
     folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
     assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
@@ -574,10 +629,10 @@ def test_read_only_dataset_packs_go_to_the_user_cache(read_only, tmp_path, monke
 
 
 def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
-    a = build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
-    b = build.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
-    assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == build.cache_root()
-    assert build.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [
+    a = paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
+    b = paths.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
+    assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == paths.cache_root()
+    assert paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [
         tmp_path / "o" / "data-raw-640"]  # out= gets the per-dataset folder too
 
 
@@ -587,7 +642,7 @@ def test_label_edited_to_the_same_size_and_time_needs_rebuild_check(dataset, cap
 
     yaml_file = dataset / "data.yaml"
     assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
-    src = build.split_source(yaml_file, "train")
+    src = source.split_source(yaml_file, "train")
     lb = Path(src.label_files[2])
     st, text = lb.stat(), lb.read_text()
     cls = int(text.split()[0])
@@ -600,8 +655,8 @@ def test_label_edited_to_the_same_size_and_time_needs_rebuild_check(dataset, cap
     assert get_hash(list(src.label_files) + list(src.im_files)) == before
     assert not ensure_split(yaml_file, "train", 64, rebuild="auto", progress=False).built
     with pytest.raises(StalePackError, match=rf"1 label file\(s\) changed content .*{lb.name}.*rebuild it with"):
-        build._open_checked(store_dir(yaml_file, 64, "raw") / "train.yfpack", {}, "rebuild it with ...", src,
-                            "check", False)
+        rebuild._open_checked(store_dir(yaml_file, 64, "raw") / "train.yfpack", {}, "rebuild it with ...", src,
+                              "check", False)
     with caplog.at_level(logging.INFO):
         r = ensure_split(yaml_file, "train", 64, rebuild="check", workers=1, progress=False)
     assert r.built and "changed content" in caplog.text
@@ -669,7 +724,8 @@ def _build_without_posix(yaml_file: Path, out: Path, report: Path) -> None:
             importlib.import_module(info.name)
         except ImportError as e:
             failed.append(f"{info.name}: {e}")
-    from yolofeed.pack.build import FolderLock, ensure_split
+    from yolofeed.pack.lock import FolderLock
+    from yolofeed.pack.rebuild import ensure_split
 
     mechanism = FolderLock(out).mechanism
     sizes = [ensure_split(yaml_file, "train", 64, out=out, rebuild="always", workers=w, progress=False,

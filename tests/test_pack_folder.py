@@ -20,8 +20,8 @@ import pytest
 from helpers import as_another_user, cli_lines, copy_dataset, within, world_readable_dir
 from yolofeed.errors import PackError
 from yolofeed.pack import open_or_build
-from yolofeed.pack.build import store_dir
-from yolofeed.pack.store import PREAMBLE
+from yolofeed.pack.layout import PREAMBLE
+from yolofeed.pack.paths import store_dir
 
 VICTIM = b"precious: not yolofeed's\n"
 BOUND = 60.0  # s: only to tell a hang from a slow machine
@@ -255,7 +255,7 @@ def test_two_datasets_and_two_sizes_in_one_pack_folder_keep_their_packs(dataset,
     """``out=``/``pack_dir=`` put every pack directly in the folder: a second dataset or imgsz replaced the first's
     pack, and each run rebuilt the other's. Now each gets <yaml stem>-<format>-<imgsz> there, as the default
     location always had; a pack left directly in out= by an older yolofeed is named, not used nor deleted."""
-    from yolofeed.pack.build import check_split, ensure_split
+    from yolofeed.pack.rebuild import check_split, ensure_split
 
     a = dataset / "data.yaml"
     b = dataset / "coco.yaml"

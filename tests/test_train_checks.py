@@ -20,7 +20,7 @@ from yolofeed.cli import build_config, main
 from yolofeed.errors import ConfigError, PackError, YolofeedError
 from yolofeed.loader.prefetch import Prefetcher
 from yolofeed.pack import open_or_build
-from yolofeed.pack.build import store_dir
+from yolofeed.pack.paths import store_dir
 from yolofeed.train import FastDetectionTrainer
 from yolofeed.train.run import resume_checkpoint, with_cfg_file
 
@@ -189,7 +189,7 @@ def test_doctor_and_bench_check_the_device_before_profiling(command, synth_root,
 def test_a_damaged_jpeg_pack_names_its_own_rebuild_command(dataset):
     """Bytes of a stored JPEG that no longer decode: a PackError (one line in the CLI, not a LoaderError under two
     tracebacks) with the command that rebuilds this jpeg 64-px pack, not the default raw 640 one."""
-    pack = open_or_build(dataset / "data.yaml", "train", 64, storage="jpeg", rebuild="auto", workers=1, progress=False)
+    pack = open_or_build(dataset / "data.yaml", "train", 64, format="jpeg", rebuild="auto", workers=1, progress=False)
     r = pack.index[2]
     with open(pack.path, "r+b") as f:
         f.seek(int(r["offset"]))

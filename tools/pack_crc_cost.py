@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     batches = [rng.choice(len(pack), batch, replace=False) for _ in range(len(pack) // batch)]
     buf = np.zeros((batch, s, s, 3), np.uint8)
     nbytes = int(sum(pack.index["nbytes"][b].sum() for b in batches))
-    mm = pack._mm
+    mm = pack.buffer
 
     def gather():
         for b in batches:
-            pack.gather(b, buf)
+            pack.codec.gather(pack, b, buf)
 
     def crc():
         for b in batches:

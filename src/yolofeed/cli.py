@@ -41,7 +41,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "synth": Command("yolofeed.synth:run", SynthConfig, "write a synthetic COCO-like YOLO dataset",
                      "yolofeed synth out=datasets/synth n_train=10000 n_val=1000"),
-    "pack": Command("yolofeed.pack.build:run", PackConfig, "pack a YOLO dataset into one memory-mappable store",
+    "pack": Command("yolofeed.pack.command:run", PackConfig, "pack a YOLO dataset into one memory-mappable store",
                     "yolofeed pack data=datasets/synth/data.yaml imgsz=640"),
     "train": Command("yolofeed.train.run:run", TrainConfig,
                      "Ultralytics training fed from the GPU (any yolo train key)",

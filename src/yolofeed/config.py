@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-# ``choices=`` of the keys that name a pack storage format: the CLI reads the names (and their help) from the
+# ``choices=`` of the keys that name a pack format: the CLI reads the names (and their help) from the
 # codec registry, ``yolofeed.pack.codecs``, when it parses or prints them; this module imports no stage.
 PACK_FORMATS = "pack formats"
 DEFAULT_PACK_FORMAT = "auto"  # codecs.AUTO: chosen for the dataset and the machine; a test keeps the two equal
@@ -70,7 +70,7 @@ class PackConfig:
 
     data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
     imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=32)
-    format: str = key(DEFAULT_PACK_FORMAT, "storage", PACK_FORMATS)
+    format: str = key(DEFAULT_PACK_FORMAT, "pack format", PACK_FORMATS)
     out: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own in "
                           "it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
@@ -94,7 +94,7 @@ class TrainConfig:
     resume: str | None = key(None, "a last.pt to continue training from; or model=.../last.pt with resume=True "
                              "(or a bare 'resume'), as in yolo train. yolofeed's own keys come back from the run's "
                              "yolofeed.yaml; one given again wins")
-    pack_format: str = key(DEFAULT_PACK_FORMAT, "pack storage", PACK_FORMATS)
+    pack_format: str = key(DEFAULT_PACK_FORMAT, "pack format", PACK_FORMATS)
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
                             "contents; never: refuse them", ("auto", "check", "always", "never"))
     pack_dir: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own "
@@ -196,7 +196,7 @@ class ParityConfig:
     batch: int = key(16, "batch size")
     device: str = key("", "GPUs to spread runs over, e.g. 0,1; cpu; default GPU 0 if there is one")
     parallel: int = key(1, "runs at once on each GPU (a small model leaves a large GPU mostly idle)")
-    pack_format: str = key(DEFAULT_PACK_FORMAT, "yolofeed's pack storage", PACK_FORMATS)
+    pack_format: str = key(DEFAULT_PACK_FORMAT, "yolofeed's pack format", PACK_FORMATS)
     partner_pool: str = key("auto", "yolofeed's partner pool (see yolofeed train)")
     out: str = key("runs/parity", "folder for parity.json, parity.png, each run's folder and log")
     extra: dict = passthrough("every other key=value goes to both sides' training (any yolo train key)")

@@ -33,29 +33,50 @@ from pathlib import Path
 from unittest import mock
 
 from tools.device import decode_ceiling
-from yolofeed.pack import build
+from yolofeed.pack import build, disk, encode, rebuild
 from yolofeed.pack.source import split_source
 
 
 class _NoCrc:
-    """Stands in for ``zlib`` in the build module: CRC32 returns 0 without reading its input."""
+    """Stands in for ``zlib`` in the workers' module: CRC32 returns 0 without reading its input."""
 
     @staticmethod
     def crc32(data, value=0):  # noqa: ARG004 - zlib's signature
         return 0
 
 
+class _OnDisk(disk.Disk):
+    """Every folder a disk, a tmpfs too: the bound is reserved up front by posix_fallocate before the workers start."""
+
+    def in_memory(self, folder):
+        return False
+
+
+class _NoPayloads(_OnDisk):
+    """Payloads not written, nothing reserved: the workers' pwrite is skipped (the preamble and tail are written)."""
+
+    def write_payload(self, fd, data, offset):
+        pass
+
+    def allocate(self, fd, nbytes):
+        return False
+
+
+class _NoAdvice(_OnDisk):
+    advice = None
+
+
+_NO_CHECK = (build, "_check_written", lambda *a, **k: None)
+# name -> (the Disk the build uses, module attributes swapped out)
 VARIANTS = {
-    "as built": {},
-    "no payload CRC32 (nor read-back)": {"zlib": _NoCrc, "_check_written": lambda *a, **k: None},
-    "payloads not written (nor read-back)": {"_pwrite_all": lambda *a, **k: None, "_reserve": lambda *a, **k: False,
-                                             "_in_memory": lambda *a: False, "_check_written": lambda *a, **k: None},
-    "no read-back check": {"_check_written": lambda *a, **k: None},
+    "as built": (disk.Disk(), []),
+    "no payload CRC32 (nor read-back)": (disk.Disk(), [(encode, "zlib", _NoCrc), _NO_CHECK]),
+    "payloads not written (nor read-back)": (_NoPayloads(), [_NO_CHECK]),
+    "no read-back check": (disk.Disk(), [_NO_CHECK]),
     # on a tmpfs, as on a disk: every byte of the bound allocated by posix_fallocate before the workers start
-    "reserved up front": {"_in_memory": lambda *a: False},
+    "reserved up front": (_OnDisk(), []),
     # reserved up front too: on a tmpfs that is not, the advice is what lets the workers write through the map
-    "pages faulted in one by one (no MADV_POPULATE_WRITE)": {"MADV_POPULATE_WRITE": None,
-                                                             "_in_memory": lambda *a: False},
+    "pages faulted in one by one (no MADV_POPULATE_WRITE)": (_NoAdvice(), []),
 }
 
 
@@ -97,17 +118,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"decode ceiling, {a.workers} processes: {images:,.0f} img/s; CPU ms an image {ceiling_cpu}", flush=True)
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         for rep in range(a.repeats):
-            for name, patches in chosen.items():
+            for name, (files, patches) in chosen.items():
                 if a.settle:
                     t_sync = time.perf_counter()
                     os.sync()
                     print(f"  sync before it: {time.perf_counter() - t_sync:.1f} s", flush=True)
                 with ExitStack() as stack:
-                    for attr, value in patches.items():
-                        stack.enter_context(mock.patch.object(build, attr, value))
+                    stack.enter_context(disk.using(files))
+                    for module, attr, value in patches:
+                        stack.enter_context(mock.patch.object(module, attr, value))
                     c0, t0 = cpu(), time.perf_counter()
-                    pack = build.open_or_build(a.data, "train", a.imgsz, "raw", out=str(Path(tmp) / "p"),
-                                               rebuild="always", workers=a.workers, progress=False)
+                    pack = rebuild.open_or_build(a.data, "train", a.imgsz, "raw", out=str(Path(tmp) / "p"),
+                                                 rebuild="always", workers=a.workers, progress=False)
                     seconds, used = time.perf_counter() - t0, per_image_ms(c0, cpu(), n)
                 rate = len(pack) / seconds
                 phases = pack.header["build"]["phases_s"]

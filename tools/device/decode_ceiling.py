@@ -16,6 +16,7 @@ from functools import partial
 
 import cv2
 
+from yolofeed.pack import codecs
 from yolofeed.pack.source import split_source
 from yolofeed.pack.verify import SampleError, load_sample
 
@@ -24,7 +25,7 @@ def one(files: tuple[str, str], nc: int, imgsz: int) -> int:
     """Verify and load one (image, label) pair as a raw pack stores it; returns the pixel bytes (0: skipped)."""
     cv2.setNumThreads(1)
     try:
-        return load_sample(*files, nc, imgsz, "raw").payload.nbytes
+        return load_sample(*files, nc, imgsz, codecs.get("raw").encode).payload.nbytes
     except SampleError:  # a pack skips it too
         return 0
 

@@ -294,7 +294,7 @@ def _prepare(cfg: ParityConfig) -> None:
     data = check_det_dataset(cfg.data, autodownload=False)
     for split in ("train", "val"):
         YOLODataset(img_path=data[split], imgsz=cfg.imgsz, augment=False, data=data, hyp=get_cfg(), rect=False)
-        open_or_build(cfg.data, split, cfg.imgsz, storage=cfg.pack_format, rebuild="auto", progress=True)
+        open_or_build(cfg.data, split, cfg.imgsz, format=cfg.pack_format, rebuild="auto", progress=True)
 
 
 def run(cfg: ParityConfig) -> Summary:

@@ -19,13 +19,13 @@ import io
 import math
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-from yolofeed.pack import codecs
 from yolofeed.ultralytics_seam import IMG_FORMATS, exif_size, imread, pil_open, segments2boxes
 
 MIN_SIDE = 10  # px, Ultralytics' check_image minimum
@@ -249,20 +249,18 @@ def decode_bgr(path: str, info: ImageInfo) -> np.ndarray:
     return im
 
 
-def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, storage: str) -> Sample:
+def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callable[..., tuple]) -> Sample:
     """Verify one image/label pair and produce what the store keeps for it.
 
     Args:
-        storage: the pack's format: its codec (``yolofeed.pack.codecs``) encodes the checked image.
+        encode: the ``encode`` of the pack's format's codec (``yolofeed.pack.codecs``), given the checked image.
 
     Raises:
         SampleError: the sample must be skipped; the message is the reason.
-        PackError: no codec is named ``storage``.
     """
-    codec = codecs.get(storage)
     info = check_image(im_file)
     labels, notes = read_labels(lb_file, nc)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
-    payload, ori_hw, hw = codec.encode(im_file, info, imgsz, notes)
+    payload, ori_hw, hw = encode(im_file, info, imgsz, notes)
     return Sample(payload, ori_hw, hw, labels, notes)

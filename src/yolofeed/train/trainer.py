@@ -40,7 +40,7 @@ from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
-from yolofeed.pack.build import check_splits, no_labels
+from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
 from yolofeed.train import keys, options
 from yolofeed.train.ahead import AugmentAhead
@@ -195,7 +195,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     def _pack(self, split: str, rank: int):
         imgsz = self.args.imgsz if isinstance(self.args.imgsz, int) else max(self.args.imgsz)
         with torch_distributed_zero_first(rank):  # rank 0 builds a missing pack, the others wait and open it
-            return open_or_build(data_yaml(self), split, int(imgsz), storage=self.pack_format,
+            return open_or_build(data_yaml(self), split, int(imgsz), format=self.pack_format,
                                  out=self.pack_dir, rebuild=self.pack_rebuild, progress=rank in (-1, 0))
 
     def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0, mode: str = "train"):

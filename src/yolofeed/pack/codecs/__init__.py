@@ -1,4 +1,4 @@
-"""Pack storage formats: one codec per format, registered under the name a pack's header records.
+"""The registry of pack formats: one codec implements each, registered under the name a pack's header records.
 
 As ffcv's fields, a codec is the whole life of an image in one format:
 
@@ -23,7 +23,8 @@ built-in codec's module is imported the first time its name is asked for.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from yolofeed.errors import PackError
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from yolofeed.pack.store import Pack
     from yolofeed.pack.verify import ImageInfo
 
 # The built-in formats: module name under this package -> what it stores, for help text. The first is the default.
@@ -47,8 +47,23 @@ DISK_SHARE = 0.9  # ... or more than this share of the free space where the pack
 _LOADED: dict[str, Codec] = {}  # built-in codecs imported so far, and registered ones
 
 
+class PackView(Protocol):
+    """What a codec reads of a pack: ``yolofeed.pack.store.Pack`` is one (the codecs import no reader)."""
+
+    path: Path
+    index: np.ndarray  # one ``layout.INDEX_DTYPE`` record per image
+    buffer: np.ndarray  # the whole file, 1-D uint8, a read-only view of its memory map
+    imgsz: int
+    shapes: np.ndarray
+    im_files: list[str]
+
+    def __len__(self) -> int: ...
+
+    def encoded(self, i: int) -> np.ndarray: ...
+
+
 class Codec:
-    """One storage format. Subclasses override what their format does differently; see the module docstring.
+    """One format's codec. Subclasses override what their format does differently; see the module docstring.
 
     Every method is called with the pack (or the build worker's arguments) it works on, so a codec keeps no
     state of its own and one instance serves every pack of its format.
@@ -96,7 +111,7 @@ class Codec:
         return ""
 
     # -- host: the loader's thread -----------------------------------------------------------------
-    def image(self, pack: Pack, i: int) -> np.ndarray:
+    def image(self, pack: PackView, i: int) -> np.ndarray:
         """Image ``i`` as a read-only (h, w, 3) uint8 RGB view of the file, for formats that store pixels.
 
         Raises:
@@ -105,7 +120,7 @@ class Codec:
         raise PackError(f"{pack.path} stores {self.name} payloads, not pixels; use encoded(i), or build a "
                         f"{DEFAULT} pack with format={DEFAULT}")
 
-    def gather(self, pack: Pack, indices: np.ndarray, out: Any) -> np.ndarray:
+    def gather(self, pack: PackView, indices: np.ndarray, out: Any) -> np.ndarray:
         """Write images ``indices`` as RGB pixels into the top-left corner of ``out[k]``, on the host.
 
         Args:
@@ -127,11 +142,12 @@ class Codec:
         """
         return False
 
-    def staging_bytes(self, pack: Pack, batch: int) -> int:
+    def staging_bytes(self, pack: PackView, batch: int) -> int:
         """Host bytes ``decode`` may stage a batch of up to ``batch`` payloads in (the loader pins them); 0: none."""
         return 0
 
-    def decode(self, pack: Pack, indices: np.ndarray, out: torch.Tensor, staging: torch.Tensor | None = None) -> None:
+    def decode(self, pack: PackView, indices: np.ndarray, out: torch.Tensor,
+               staging: torch.Tensor | None = None) -> None:
         """Write images ``indices`` as RGB pixels into ``out[k, :h, :w]`` on ``out.device``, on the current stream.
 
         Called from the loader's thread with its side stream current: it may wait on that stream (never on
@@ -196,7 +212,7 @@ def summaries() -> dict[str, str]:
 
 
 def find(name: str) -> Codec | None:
-    """The codec registered as ``name``, or None: the check of a pack header's ``storage``."""
+    """The codec registered as ``name``, or None: the check of the format a pack's header names."""
     if not isinstance(name, str):
         return None
     if name not in _LOADED and name in BUILTIN:
@@ -235,5 +251,5 @@ def unregister(name: str) -> None:
         _LOADED.pop(name, None)
 
 
-__all__ = ["AUTO", "BUILTIN", "COMPACT", "DEFAULT", "Codec", "choices", "choose", "find", "get", "names", "register",
-           "summaries", "unregister"]
+__all__ = ["AUTO", "BUILTIN", "COMPACT", "DEFAULT", "Codec", "PackView", "choices", "choose", "find", "get", "names",
+           "register", "summaries", "unregister"]

@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from yolofeed.errors import PackError
-from yolofeed.pack.codecs import BUILTIN, Codec
-from yolofeed.pack.store import Pack, align
+from yolofeed.pack.codecs import BUILTIN, Codec, PackView
+from yolofeed.pack.layout import align
 from yolofeed.pack.verify import ImageInfo, SampleError, decode_bgr, resized_hw
 
 LOGGER = logging.getLogger(__name__)
@@ -206,10 +206,10 @@ class Jpeg(Codec):
         # the device decode writes each image into a batch slot of imgsz x imgsz without checking its size
         return self.sizes_problem(index, imgsz, "h0", "w0")
 
-    def image(self, pack: Pack, i: int) -> np.ndarray:
+    def image(self, pack: PackView, i: int) -> np.ndarray:
         raise PackError(f"{pack.path} stores JPEG bytes; use encoded(i), or build a raw pack with format=raw")
 
-    def gather(self, pack: Pack, indices: np.ndarray, out: Any) -> np.ndarray:
+    def gather(self, pack: PackView, indices: np.ndarray, out: Any) -> np.ndarray:
         """CPU decode on ``HOST_THREADS`` threads, resized as Ultralytics' load_image.
 
         The same pixels as a raw pack for files kept byte for byte; re-encoded files (non-JPEG sources,
@@ -232,14 +232,14 @@ class Jpeg(Codec):
     def decodes_on_device(self, device: torch.device, decode: str) -> bool:
         return decode == "torchvision" or (decode == "auto" and device.type == "cuda")
 
-    def staging_bytes(self, pack: Pack, batch: int) -> int:
+    def staging_bytes(self, pack: PackView, batch: int) -> int:
         """The ``batch`` largest files together: no batch of that many distinct images needs more (``decode``
         leaves a batch that repeats files past it unstaged). 0, no staging (a pageable copy per file), where that
         passes ``STAGING_MAX``, which packs of multi-megabyte photos can."""
         need = int(np.sort(pack.index["nbytes"])[-batch:].sum()) if batch > 0 and len(pack) else 0
         return need if need <= STAGING_MAX else 0
 
-    def decode(self, pack: Pack, indices: np.ndarray, out: Tensor, staging: Tensor | None = None) -> None:
+    def decode(self, pack: PackView, indices: np.ndarray, out: Tensor, staging: Tensor | None = None) -> None:
         idx = np.asarray(indices, np.int64)
         files = pack.im_files
         sizes = pack.index["nbytes"][idx].astype(np.int64)
@@ -251,11 +251,29 @@ class Jpeg(Codec):
             # alone slowed the training beside it by ~10 %: BENCHMARKS.md), and no array is allocated per file.
             if out.device.type == "cuda":  # the last batch's copies from this buffer are done before it is refilled
                 torch.cuda.current_stream(out.device).synchronize()
-            pack.gather_encoded(idx, staging)
+            gather_encoded(pack, idx, staging)
             encoded = torch.split(staging[:int(sizes.sum())], sizes.tolist())
         decode_into(encoded, pack.shapes[idx], out, names=[files[i] for i in idx.tolist()])
 
 
+def gather_encoded(pack: PackView, indices: Any, out: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the stored bytes of ``indices`` into the 1-D uint8 buffer ``out``.
+
+    Returns:
+        (starts, sizes): (B,) int64 byte ranges of each image within ``out``.
+    """
+    buf = out.numpy() if hasattr(out, "numpy") else out
+    rec = pack.index[np.asarray(indices, dtype=np.int64)]
+    sizes = rec["nbytes"].astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    if sizes.sum() > len(buf):
+        raise ValueError(f"out holds {len(buf)} bytes, these images need {int(sizes.sum())}")
+    mm = pack.buffer
+    for s, off, n in zip(starts.tolist(), rec["offset"].tolist(), sizes.tolist()):
+        buf[s:s + n] = mm[off:off + n]  # one memcpy per file; numpy releases the GIL for it
+    return starts, sizes
+
+
 CODEC = Jpeg()
 
-__all__ = ["CODEC", "Jpeg", "decode_cv2", "decode_into", "place"]
+__all__ = ["CODEC", "Jpeg", "decode_cv2", "decode_into", "gather_encoded", "place"]

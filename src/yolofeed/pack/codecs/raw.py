@@ -2,7 +2,7 @@
 
 Build: OpenCV decode (the decoder Ultralytics uses), long side resized to imgsz with ``cv2.INTER_LINEAR``,
 stored as (h, w, 3) uint8 RGB. Host: one memcpy per image from the memory map into the pinned buffer
-(``Pack.gather``), which the loader copies to the device; nothing is decoded there. The fastest format
+(``Raw.gather``), which the loader copies to the device; nothing is decoded there. The fastest format
 to read, and the largest: about imgsz x imgsz x 3 bytes an image.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from yolofeed.pack.codecs import BUILTIN, Codec
-from yolofeed.pack.store import Pack, align
+from yolofeed.pack.codecs import BUILTIN, Codec, PackView
+from yolofeed.pack.layout import align
 from yolofeed.pack.verify import ImageInfo, decode_bgr, exif_size, pil_open, resized_hw
 
 
@@ -44,12 +44,33 @@ class Raw(Codec):
             return "an index record has a size that is not an image of this pack"
         return self.sizes_problem(index, imgsz)
 
-    def image(self, pack: Pack, i: int) -> np.ndarray:
+    def image(self, pack: PackView, i: int) -> np.ndarray:
         r = pack.index[i]
         return pack.encoded(i).reshape(int(r["h"]), int(r["w"]), 3)
 
-    def gather(self, pack: Pack, indices: np.ndarray, out: Any) -> np.ndarray:
-        return pack.gather(indices, out)
+    def gather(self, pack: PackView, indices: np.ndarray, out: Any) -> np.ndarray:
+        """Copy the payloads of ``indices``, read as (h, w, 3) pixels, into the top-left corner of ``out[k]``.
+
+        One memcpy per image.
+
+        Args:
+            indices: B sample indices.
+            out: a (>=B, imgsz, imgsz, 3) uint8 numpy array or CPU torch tensor (pinned, say);
+                the area right of and below each image is left as it was.
+
+        Returns:
+            (B, 2) int64 (h, w) of each copied image.
+        """
+        buf = out.numpy() if hasattr(out, "numpy") else out  # a torch tensor shares its memory
+        idx = np.asarray(indices, dtype=np.int64)
+        rec = pack.index[idx]
+        if len(idx) > len(buf) or (len(idx) and (rec["h"].max() > buf.shape[1] or rec["w"].max() > buf.shape[2])):
+            raise ValueError(f"out {tuple(buf.shape)} cannot hold {len(idx)} images of up to "
+                             f"{pack.imgsz}x{pack.imgsz}")
+        for k, r in enumerate(rec):  # one memcpy per image; numpy releases the GIL for these copies
+            h, w, off = int(r["h"]), int(r["w"]), int(r["offset"])
+            buf[k, :h, :w] = pack.buffer[off:off + h * w * 3].reshape(h, w, 3)
+        return np.stack([rec["h"], rec["w"]], 1).astype(np.int64)
 
 
 CODEC = Raw()

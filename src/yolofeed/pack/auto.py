@@ -1,0 +1,68 @@
+"""``pack_format=auto``: the format a dataset's packs are built in, chosen once a process.
+
+The format of a pack already built (so machines that would choose differently share one), else
+``codecs.choose`` on the packs' estimated size, this process's memory and the free space where they go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from pathlib import Path
+
+from yolofeed.errors import DatasetError, PackError
+from yolofeed.pack import codecs
+from yolofeed.pack.disk import current, existing_ancestor
+from yolofeed.pack.layout import SUFFIX
+from yolofeed.pack.memory import memory_limit
+from yolofeed.pack.paths import pack_folders
+from yolofeed.pack.source import load_data_yaml, split_source
+from yolofeed.pack.space import estimate_bytes
+from yolofeed.pack.store import Pack
+
+LOGGER = logging.getLogger(__name__)
+
+
+def built_format(yaml_file: str, imgsz: int, out: str | None) -> tuple[str, Path] | None:
+    """The format and path of a train pack already built for this dataset and size, if any (reads its header)."""
+    for name in codecs.names():
+        for folder in pack_folders(yaml_file, imgsz, name, out):
+            path = folder / f"train{SUFFIX}"
+            if path.is_file():
+                with contextlib.suppress(PackError, OSError, ValueError):  # a damaged one: decided afresh
+                    if Pack.open(path).format == name:
+                        return name, path
+    return None
+
+
+@functools.cache
+def auto_format(yaml_file: str, imgsz: int, out: str | None) -> str:
+    """``pack_format=auto`` for one dataset, image size and pack folder, said once a process: the format of a pack
+    already built there (so machines that would choose differently share one, and nothing is built twice), else
+    the default format where the train and val packs fit comfortably in memory, else the compact one."""
+    built = built_format(yaml_file, imgsz, out)
+    if built is not None:
+        LOGGER.info(f"pack: format {built[0]} ({codecs.AUTO}): the {built[0]} pack already built, {built[1]}")
+        return built[0]
+    d = load_data_yaml(yaml_file)
+    total = 0
+    for split in ("train", "val"):
+        with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
+            total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
+    folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)
+    # where the build will write: beside a read-only dataset that is the user cache, on another disk
+    folder = next((f for f in folders if current().writable(f, create=False) is None), folders[0])
+    where = existing_ancestor(folder)
+    free = current().free(where) if where is not None else None
+    name, why = codecs.choose(total, memory_limit(), free, str(where))
+    LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
+    return name
+
+
+def resolve_format(data: dict, format: str, imgsz: int, out: str | os.PathLike | None = None) -> str:
+    """``format``, with ``auto`` replaced by the format it picks for this dataset, image size, folder and machine."""
+    if format != codecs.AUTO:
+        return format
+    return auto_format(str(data["yaml_file"]), int(imgsz), str(out) if out else None)

@@ -1,0 +1,27 @@
+"""``yolofeed pack``: build or check the packs of every requested split, and print what each build did."""
+
+from __future__ import annotations
+
+from yolofeed.config import PackConfig
+from yolofeed.errors import ConfigError
+from yolofeed.pack.rebuild import check_splits, ensure_split
+from yolofeed.pack.source import load_data_yaml
+from yolofeed.pack.summary import BuildResult, summary
+
+
+def run(cfg: PackConfig) -> list[BuildResult]:
+    """``yolofeed pack``: build or check the packs of every requested split and print a summary."""
+    splits = list(dict.fromkeys(s.strip() for s in cfg.splits.split(",") if s.strip()))
+    if not splits:
+        raise ConfigError(f"splits={cfg.splits}: names no split; list the data yaml's splits to pack, comma-separated, "
+                          "e.g. splits=train,val")
+    d = load_data_yaml(cfg.data)
+    if cfg.rebuild != "never":  # every pack to build must fit, together, before the first is written
+        check_splits(d, splits, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild)
+    results = []
+    for split in splits:
+        r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync,
+                         verify=cfg.verify)
+        print(summary(r), flush=True)
+        results.append(r)
+    return results

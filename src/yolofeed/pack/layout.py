@@ -1,0 +1,201 @@
+"""The pack file's layout: one memory-mappable file per split, its sections, trailer and checksums.
+
+Layout (little-endian), chosen so a parallel build can write images in one pass and a reader
+can tell a finished file from an interrupted one::
+
+    [preamble][payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
+
+* preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
+  temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
+  payloads and tail come much later). Packs written before it was added have their payloads from byte 0, under the
+  same format version: readers go by the index's offsets, never by where payloads start.
+* payloads: each image's bytes at a 64-byte aligned offset, as the codec of the header's format (its key
+  ``storage``) encoded them (``yolofeed.pack.codecs``: decoded pixels, encoded files, ...).
+* index: one ``INDEX_DTYPE`` record per image, in Ultralytics' (sorted) image order, with the CRC32
+  of the image's payload.
+* labels: (M, 5) float32 [class, x, y, w, h] normalised; image i owns rows
+  ``label_start[i] : label_start[i] + label_count[i]``.
+* files: the image paths, NUL-separated, as the file system's bytes (``os.fsencode``: UTF-8, with a name
+  that is not valid UTF-8 kept byte for byte, as Linux allows and Ultralytics accepts; paths cannot hold NUL).
+* label_crc: one uint32 per source image tried (skipped ones too, in source order): the CRC32 of
+  its label file's bytes (0 when missing), for ``rebuild=check``.
+* header: format version, imgsz, ``storage`` (the format's name), source fingerprint, counts, skipped samples,
+  build stats, and where each section above but the payloads lies (``sections``: name -> [offset, length]) with
+  its CRC32 (``checksums``: name -> CRC32).
+* trailer: written last. A file without it was never finished; the builder also writes under a
+  temporary name and renames, so a reader never sees a half-written file under the real name.
+
+Sections are found by name, never by position, and each has its own CRC32. A reader requires the sections it knows
+(``SECTIONS``), and checks the bounds and CRC32 of every section the header lists, one it does not know too. So a
+new label kind (keypoints, masks, angles) is one more named section, written by ``encode_tail`` after these with
+its own checksum, and the existing sections keep their bytes and meaning: packs without it read as before, and
+this version reads packs with it (``test_a_new_section_leaves_the_others_as_they_are``). The format version
+changes only where an existing section's meaning does; a reader refuses a pack of another version with its
+rebuild command.
+
+``Pack.open`` (pack/store.py) checks the header's CRC32, its keys and types (``header_problem``), every section's
+bounds and CRC32, and the index and label values; payload CRC32s are checked by ``Pack.verify`` and at the end of
+every build, never on every read (see store.py for the cost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from yolofeed.config import usable_cores
+
+FORMAT_NAME = "yolofeed-pack"
+FORMAT_VERSION = 2  # 2: payload, section and header CRC32s; label file CRC32s; counts.label_files
+MAGIC = b"YOLOFEEDPACK"  # 12 bytes
+# magic, CRC32 of the header bytes, header offset, header length. Format 1 had 4 fixed bytes where the
+# CRC32 now is, so a format-1 file still reaches the version check and its "rebuild" message.
+TRAILER = struct.Struct("<12sIQQ")
+ALIGN = 64  # payload alignment: cache lines, and friendly to vectorised copies
+SUFFIX = ".yfpack"
+PREAMBLE = (MAGIC + b" pack, written by yolofeed pack\n").ljust(ALIGN, b"\0")
+MAX_HEADER = 1 << 30  # bytes: a larger "header" is a damaged trailer, not a header worth reading
+COORD_TOLERANCE = 1.01  # as pack/verify.py: Ultralytics accepts normalised coordinates up to 1 % out of range
+# what interpreting a crafted header can raise beyond the checks (a value of the wrong kind or size): damage too
+HEADER_ERRORS = (KeyError, TypeError, ValueError, IndexError, OverflowError, RecursionError, AttributeError)
+INDEX_DTYPE = np.dtype([
+    ("offset", "<u8"), ("nbytes", "<u8"),  # payload position in the file
+    ("h0", "<u4"), ("w0", "<u4"),  # original (decoded, EXIF-upright) size
+    ("h", "<u4"), ("w", "<u4"),  # size the loader delivers (Ultralytics' load_image size)
+    ("label_start", "<u8"), ("label_count", "<u4"), ("crc32", "<u4"),  # crc32: zlib.crc32 of the payload
+])
+SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("u1"), "label_crc": np.dtype("<u4")}
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a newline or tab in a file name (legal on Linux) would break a line
+
+
+def printable(path: str) -> str:
+    """A file name for a message or a text file: bytes that are not UTF-8 shown as ``\\xe9`` (a terminal or a
+    UTF-8 file cannot take the lone surrogates Python decodes them to), and control characters as ``\\n``,
+    ``\\t`` or ``\\x1b``, so that a message stays on one line."""
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return CONTROL.sub(lambda m: repr(m.group())[1:-1], text) if CONTROL.search(text) else text
+
+
+def is_pack_file(fd: int) -> bool:
+    """Whether the open file ``fd`` is a pack or a build's temporary file, yolofeed's to replace or delete: it starts
+    with the preamble, or (a pack written before the preamble) ends with a pack trailer."""
+    size = os.fstat(fd).st_size
+    with open(fd, "rb", closefd=False) as f:
+        if f.read(len(PREAMBLE)) == PREAMBLE:
+            return True
+        if size < TRAILER.size:
+            return False
+        f.seek(size - TRAILER.size)
+        return f.read(TRAILER.size).startswith(MAGIC)
+
+
+def detection_sections(index: np.ndarray, labels: np.ndarray, files: list[str],
+                       label_crc: np.ndarray) -> dict[str, bytes]:
+    """The bytes of the sections every pack has (``SECTIONS``), in file order.
+
+    Args:
+        index: (N,) ``INDEX_DTYPE`` records of the images kept.
+        labels: (M, 5) float32 [class, x, y, w, h], image i's rows from ``index["label_start"][i]``.
+        files: the N image paths.
+        label_crc: (tried,) uint32, the CRC32 of each source label file's bytes.
+    """
+    return {"index": index.astype(INDEX_DTYPE).tobytes(),
+            "labels": np.ascontiguousarray(labels, np.float32).tobytes(),
+            "files": b"\0".join(map(os.fsencode, files)),
+            "label_crc": np.ascontiguousarray(label_crc, np.uint32).tobytes()}
+
+
+def encode_tail(data_end: int, sections: dict[str, bytes], header: dict[str, Any]) -> tuple[int, bytes]:
+    """The sections, header and trailer, as the bytes that follow the payloads.
+
+    Args:
+        data_end: payloads occupy ``[0, data_end)``.
+        sections: name -> bytes, in file order: ``detection_sections``, and any section a new label kind adds.
+        header: completed with ``sections``, ``checksums``, ``format`` and ``format_version`` here.
+
+    Returns:
+        (offset, tail): where the tail starts (``data_end`` aligned) and its bytes, sections zero-padded to
+        ``ALIGN``; the file ends with them.
+    """
+    start = pos = align(data_end)
+    where, sums, parts = {}, {}, []
+    for name, blob in sections.items():
+        where[name], sums[name] = [pos, len(blob)], zlib.crc32(blob)
+        parts.append(blob.ljust(align(len(blob)), b"\0"))
+        pos = align(pos + len(blob))
+    header = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **header, "sections": where,
+              "checksums": sums}
+    blob = json.dumps(header, indent=1).encode("utf-8")
+    parts += [blob, TRAILER.pack(MAGIC, zlib.crc32(blob), pos, len(blob))]
+    return start, b"".join(parts)
+
+
+def payload_crcs(mm: np.ndarray, index: np.ndarray, threads: int = 0) -> np.ndarray:
+    """(N,) uint32 CRC32 of each payload ``mm[offset:offset + nbytes]``, on ``threads`` threads (0: all cores)."""
+    out = np.zeros(len(index), np.uint32)
+    offsets, sizes = index["offset"].tolist(), index["nbytes"].tolist()
+
+    def run(lo_hi: tuple[int, int]) -> None:
+        for i in range(*lo_hi):
+            out[i] = zlib.crc32(mm[offsets[i]:offsets[i] + sizes[i]])
+
+    threads = max(1, min(threads or usable_cores(), len(index)))
+    step = max(1, -(-len(index) // (threads * 4)))
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(run, [(lo, min(lo + step, len(index))) for lo in range(0, len(index), step)]))
+    return out
+
+
+def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> str:
+    """What is missing or malformed in a header of the current format version; "" when it is well formed.
+
+    Args:
+        formats: the format names this yolofeed reads (``codecs.names()``).
+    """
+    def ints(v: Any, n: int) -> bool:
+        return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)
+
+    spec = {"split": str, "imgsz": int, "storage": str, "source": dict, "counts": dict, "skipped": list,
+            "notes": list, "sections": dict, "checksums": dict, "created": str}
+    for key, kind in spec.items():
+        if not isinstance(h.get(key), kind):
+            return f"header key '{key}' is missing or not a {kind.__name__}"
+    if h["storage"] not in formats:
+        return f"its storage format {h['storage']!r} is not one this yolofeed reads ({', '.join(formats)})"
+    if not 1 <= h["imgsz"] < 2**32:  # the index holds image sides as uint32
+        return f"header has storage={h['storage']!r}, imgsz={h['imgsz']!r}"
+    src = h["source"]
+    if not (isinstance(src.get("data"), str) and isinstance(src.get("fingerprint"), str)
+            and isinstance(src.get("label_dir"), str) and isinstance(src.get("nc"), int) and src["nc"] > 0
+            and isinstance(src.get("names"), list)):
+        return "header's source (data, fingerprint, label_dir, nc, names) is missing or malformed"
+    if "\0" in src["data"] or "\0" in src["label_dir"]:  # no file system allows one in a path
+        return "header's source paths hold a NUL byte"
+    for key in ("skipped", "notes"):  # read as (file, reason) pairs by the summary and the reuse message
+        if not all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in h[key]):
+            return f"header's {key} are not (file, reason) pairs"
+    for key in ("images", "boxes", "tried", "skipped", "label_files", "data_bytes"):
+        if not isinstance(h["counts"].get(key), int):
+            return f"header's counts.{key} is missing or not an integer"
+    for name in (*SECTIONS, *(n for n in h["sections"] if n not in SECTIONS)):  # a section it does not know: checked
+        where, itemsize = h["sections"].get(name), SECTIONS[name].itemsize if name in SECTIONS else 1  # as bytes
+        if not ints(where, 2) or where[0] + where[1] > h_off or where[1] % itemsize:
+            return f"header's {printable(str(name))[:40]} section {where} is malformed or out of bounds"
+        if not isinstance(h["checksums"].get(name), int):
+            return f"header's checksum of the {printable(str(name))[:40]} section is missing"
+    if h["sections"]["labels"][1] % (5 * 4):
+        return "header's labels section is not whole rows"
+    return ""

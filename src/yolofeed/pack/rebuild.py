@@ -1,0 +1,257 @@
+"""When a pack is reused, refused or rebuilt: the ``rebuild=`` policy, and the checks before a run starts.
+
+A pack is rebuilt when a source file's path, size or modification time changes, or ``nc`` does: the
+rule of Ultralytics' label cache (``get_hash`` over label and image files). A label file edited in
+place to the same size with its modification time put back passes that rule, in Ultralytics too;
+``rebuild=check`` also compares the CRC32 of every label file's bytes with the ones recorded at build
+time (one read of each label file: small files, about a second per 100k on a local disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from yolofeed.errors import NewerPackError, PackError, PackSpaceError, StalePackError
+from yolofeed.pack import codecs, files
+from yolofeed.pack.auto import resolve_format
+from yolofeed.pack.build import build_split, locked
+from yolofeed.pack.disk import current, existing_ancestor, leftovers
+from yolofeed.pack.encode import label_crc
+from yolofeed.pack.layout import SUFFIX, is_pack_file, printable
+from yolofeed.pack.lock import FolderLock
+from yolofeed.pack.paths import build_folder, missing, old_layout, pack_folders, rebuild_command
+from yolofeed.pack.report import report_path
+from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
+from yolofeed.pack.space import MOVE_HINT, Space, gb, plan_space
+from yolofeed.pack.store import Pack
+from yolofeed.pack.summary import BuildResult, summary
+
+LOGGER = logging.getLogger(__name__)
+
+REBUILDS = ("never", "auto", "check", "always")
+
+
+def _label_crcs(label_files: tuple[str, ...]) -> np.ndarray:
+    """CRC32 of every label file's bytes (0 when missing), read on a few threads (small files: I/O-bound)."""
+    with ThreadPoolExecutor(8) as pool:
+        return np.fromiter(pool.map(label_crc, label_files, chunksize=256), np.uint32, len(label_files))
+
+
+def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource, rebuild: str,
+                  verify: bool) -> Pack:
+    """``Pack.open`` plus the checks ``rebuild=check`` and ``verify=True`` ask for.
+
+    Raises:
+        PackError / StalePackError: as ``Pack.open``; stale label contents; damaged payloads.
+    """
+    pack = Pack.open(path, expect, fix)
+    if rebuild == "check":
+        changed = np.nonzero(_label_crcs(src.label_files) != pack.label_crc)[0]
+        if len(changed):
+            names = ", ".join(printable(src.label_files[i]) for i in changed[:3])
+            raise StalePackError(f"{path} is stale: {len(changed)} label file(s) changed content since it was "
+                                 f"built, keeping their size and time ({names}); {fix}")
+    if verify:
+        pack.verify(fix=fix)
+    return pack
+
+
+def no_labels(pack: Pack, training: bool = False) -> str:
+    """Ultralytics' warning (``training``: its refusal) for a split without labels; "" when it has some."""
+    c, where = pack.header["counts"], pack.header["source"]["label_dir"]
+    if c["label_files"] == 0:
+        consequence = ("Ultralytics refuses to train on such a split, and so does yolofeed" if training else
+                       "training may not work correctly (Ultralytics refuses to train on such a split)")
+        return (f"No labels found in {where}: none of the {c['images']:,} images of split '{pack.split}' has a "
+                f"label file; {consequence}. Put YOLO .txt labels there, one per image, named as the image")
+    if c["boxes"] == 0:
+        return f"Labels are missing or empty in {where} (split '{pack.split}'), training may not work correctly"
+    return ""
+
+
+def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
+    """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``)."""
+    return {"data": src.yaml_file, "imgsz": imgsz, "storage": format, "fingerprint": src.fingerprint()}
+
+
+def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,
+              verify: bool) -> tuple[Pack | None, list[PackError]]:
+    """The first valid pack ``name`` in ``folders``, and why each other one found there was refused."""
+    expect = _expected(src, imgsz, format)
+    errors = []
+    for folder in folders:
+        if os.path.lexists(folder / name):  # a broken link, a link loop: said as such, not "does not exist"
+            try:
+                return _open_checked(folder / name, expect, fix, src, rebuild, verify), errors
+            except PackError as e:
+                errors.append(e)
+    return None, errors
+
+
+def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
+                out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+    """Refuse now what ``ensure_split`` would refuse later, before a training run makes its folder or model.
+
+    With ``rebuild="never"``: the pack must exist and be valid and current (it is opened: its metadata
+    checksums, and a stat of every source file for the fingerprint). Otherwise, when no pack file is there
+    yet (or ``rebuild="always"``): some folder must take one (nothing is created; the build makes the folder), with
+    the free space for it (the split is listed and up to ``SPACE_SAMPLE`` image headers are read, as the build will).
+    A DDP launcher thereby refuses a pack that cannot fit in its own process, with the error's own type, before any
+    rank starts. ``check_splits`` checks several splits, and their packs' space together.
+
+    Raises:
+        PackError / PackSpaceError / StalePackError / DatasetError: as ``ensure_split`` would.
+    """
+    check_splits(data, (split,), imgsz, format, out, rebuild)
+
+
+def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[str], imgsz: int = 640,
+                 format: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+    """``check_split`` for each split, and the free space for every pack still to build, added up per disk.
+
+    The packs of a run are built one after the other and each stays: checked one at a time, each fits the free
+    space, and the val pack fails for want of room once the train pack is written. A pack file already there is
+    reused or rebuilt under ``rebuild="auto"``; only a build can tell which (it opens the pack), so it is not counted.
+
+    Raises:
+        PackSpaceError: the packs to build do not fit together (or one alone does not); the message gives each one's
+            size, the sum and the free space.
+        PackError / StalePackError / DatasetError: as ``check_split``.
+    """
+    if rebuild not in REBUILDS:
+        raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
+    d = data if isinstance(data, dict) else load_data_yaml(data)
+    # a wrong path: refused before format=auto says what it chose (without the split)
+    sources = {split: split_source(d, split) for split in dict.fromkeys(splits)}
+    format = resolve_format(d, format, imgsz, out)
+    folders = pack_folders(d["yaml_file"], imgsz, format, out)
+    due: dict[int, list[tuple[str, Path, Space]]] = {}  # disk (st_dev) -> the packs to build there
+    for split, src in sources.items():
+        name = f"{split}{SUFFIX}"
+        if rebuild == "never":
+            fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out)}"
+            pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, False)
+            if pack is None:
+                raise errors[0] if errors else missing(folders[0] / name, out, fix)
+        elif rebuild == "always" or not any(os.path.lexists(folder / name) for folder in folders):
+            folder = build_folder(folders, split, chosen=bool(out), create=False)
+            FolderLock(folder).check()  # a lock file that is not yolofeed's: refused before a run folder is made
+            space = plan_space(src, folder, imgsz, format)  # this one alone
+            disk = existing_ancestor(folder) or folder
+            due.setdefault(os.stat(disk).st_dev, []).append((split, folder, space))
+    for packs in due.values():
+        need = sum(space.estimate for _, _, space in packs)
+        free = min(space.free for _, _, space in packs)
+        if len(packs) > 1 and free < need:
+            names = " and ".join(split for split, _, _ in packs)
+            each = ", ".join(f"{split} {gb(space.estimate)}" for split, _, space in packs)
+            where = ", ".join(dict.fromkeys(str(folder) for _, folder, _ in packs))
+            raise PackSpaceError(f"not enough free space for the {names} packs in {where}: together they need "
+                                 f"{gb(need)} ({need:,} bytes: {each}), {gb(free)} ({free:,} bytes) are free. "
+                                 f"Free some space, or {MOVE_HINT}")
+
+
+def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
+                 out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
+                 progress: bool = True, sync: bool = False, verify: bool = False) -> BuildResult:
+    """Open the pack of one split, building it if asked to.
+
+    Args:
+        data: data yaml path, or a dict from ``load_data_yaml``.
+        out: the pack folder; None: beside the data yaml, or the user's cache folder when that is not
+            writable (``pack_folders``).
+        rebuild: "never" refuses a missing or stale pack with the command that fixes it; "auto"
+            builds it; "check" is "auto" that also compares the label files' contents (see the
+            module docstring); "always" builds even an up-to-date one.
+        sync: see ``build_split``.
+        verify: check every payload's CRC32 of an existing pack (a read of the whole file); a
+            damaged one is refused ("never") or rebuilt. A new build checks its payloads anyway.
+
+    Raises:
+        PackError / StalePackError: with rebuild="never", the pack is missing, damaged or stale; no
+            writable folder; the disk is full.
+        DatasetError: the data yaml or the split is unusable.
+    """
+    if rebuild not in REBUILDS:
+        raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
+    d = data if isinstance(data, dict) else load_data_yaml(data)
+    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
+    format = resolve_format(d, format, imgsz, out)
+    folders = pack_folders(d["yaml_file"], imgsz, format, out)
+    name = f"{split}{SUFFIX}"
+    fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out)}"
+    result, errors = None, []
+    if rebuild != "always":
+        pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, verify)
+        result = BuildResult(pack, built=False, verified=verify) if pack is not None else None
+        if result is None and rebuild == "never":
+            raise errors[0] if errors else missing(folders[0] / name, out, fix)
+    if result is None:
+        folder = build_folder(folders, split, chosen=bool(out))
+        files.check_replaceable(folder / name, is_pack_file, f"the {split} pack")  # before saying "Rebuilding"
+        for e in errors:  # a newer yolofeed's pack is worth a warning: that yolofeed will rebuild it in turn
+            if isinstance(e, NewerPackError):
+                LOGGER.warning(f"WARNING pack: {e}. Rebuilding.")
+            else:
+                LOGGER.info(f"pack: {e}. Rebuilding.")
+        if old_layout(out, name):
+            LOGGER.info(f"pack: building the {split} pack in {folder}{old_layout(out, name)}")
+        with locked(folder):
+            if rebuild != "always":  # another process may have built it while we waited for the lock
+                with contextlib.suppress(PackError):
+                    expect = _expected(src, imgsz, format)
+                    result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False,
+                                         verified=verify)
+            if result is None:
+                t0 = time.perf_counter()
+                pack = build_split(src, folder / name, imgsz, format, workers, progress, sync)
+                result = BuildResult(pack, built=True, seconds=time.perf_counter() - t0)
+    if not result.built:
+        _remove_leftovers_if_idle(result.pack.path.parent)
+    warning = no_labels(result.pack)
+    if warning:
+        LOGGER.warning(f"WARNING pack {split}: {warning}")
+    return result
+
+
+def _remove_leftovers_if_idle(folder: Path) -> None:
+    """After reusing a pack: a dead builder's temporary file goes too, if no build runs there now."""
+    if not leftovers(folder)[0]:
+        return
+    lock = FolderLock(folder)
+    # a read-only folder, a lock file that is not yolofeed's: the files stay, nothing else is wrong
+    with contextlib.suppress(OSError, PackError):
+        if lock.try_acquire():
+            try:
+                current().remove_leftovers(folder)
+            finally:
+                lock.release()
+
+
+def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
+                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
+                  progress: bool = True, sync: bool = False, verify: bool = False) -> Pack:
+    """The pack of one split, valid for ``imgsz``/``format`` and the current source files.
+
+    Says what ``yolofeed pack`` says: the summary after a build (a warning when images were
+    skipped: their reasons and the report file), and a one-line reminder of skipped images when an
+    existing pack is reused. See ``ensure_split`` for the arguments and errors.
+    """
+    r = ensure_split(data, split, imgsz, format, out, rebuild, workers, progress, sync, verify)
+    skipped = r.pack.header["skipped"]
+    if r.built:
+        (LOGGER.warning if skipped else LOGGER.info)(summary(r))
+    elif skipped:
+        top = "; ".join(f"{c}x {why}" for why, c in Counter(why for _, why in skipped).most_common(2))
+        LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}); "
+                       f"full list: {report_path(r.pack.path)}")
+    return r.pack
