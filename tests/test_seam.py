@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +121,63 @@ def test_another_ultralytics_version_is_one_line_naming_the_version_that_works()
         assert "\n" not in text and other in text and seam.TESTED in text and f"ultralytics=={seam.TESTED}" in text
     with pytest.warns(UserWarning, match="8.5.0"):
         seam.check_version("8.5.0", allow_untested=True)
+
+
+def test_every_rule_yolofeed_mirrors_names_its_code():
+    """A relied-on method with ``ours`` is a rule yolofeed re-implements: its code must still be where it says."""
+    mirrored = [p for p in seam.RELIED_ON if p.ours]
+    assert {p.ultralytics.rsplit(".", 1)[-1] for p in mirrored} >= {"__init__", "load_image", "update_labels"}
+    for pinned in seam.COPIED + tuple(mirrored):
+        assert callable(seam.resolve(pinned.ours)), pinned.ours
+
+
+def test_the_trainer_state_yolofeed_reads_is_assigned_by_ultralytics():
+    assigned = seam.assigned_attributes(seam.DetectionTrainer)
+    assert {"last", "best", "wdir", "start_epoch", "amp", "world_size", "stopper", "stop"} <= assigned
+    assert {"save_dir", "epochs"} <= assigned and "possible_stop" in seam.assigned_attributes(seam.EarlyStopping)
+    seam.check_trainer_state()
+
+    class Trainer(dict):  # sets last and wdir, not best; dict's methods are not read (another package)
+        def __init__(self):
+            super().__init__()
+            self.last, (self.wdir, self.epoch) = 1, (2, 3)
+            self.epoch += 1
+
+    assert seam.assigned_attributes(Trainer) == {"last", "wdir", "epoch"}
+    with pytest.raises(UltralyticsVersionError, match=r"^Ultralytics \S+ has no Trainer\.best, which yolofeed strips"
+                       ) as e:
+        seam.check_trainer_state({"last": (Trainer, "x"), "best": (Trainer, "yolofeed strips it")})
+    assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and seam.TESTED in str(e.value)
+
+
+def test_the_trainer_state_is_read_through_the_seam():
+    """Each reader returns the attribute; a missing one is one line naming it and what yolofeed does with it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    t = SimpleNamespace(last=Path("l.pt"), best=Path("b.pt"), wdir=Path("w"), start_epoch=3, amp=True, world_size=0,
+                        stop=False, stopper=SimpleNamespace(possible_stop=False), args=SimpleNamespace(amp=True))
+    assert (seam.checkpoint(t, "last"), seam.checkpoint(t, "best"), seam.weights_dir(t)) == (
+        Path("l.pt"), Path("b.pt"), Path("w"))
+    assert seam.start_epoch(t) == 3 and seam.world_size(t) == 0 and seam.step_autocast(t) is True
+    t.args.amp = "bf16"
+    assert seam.step_autocast(t) is torch.bfloat16
+    assert not seam.may_stop(t)
+    t.stopper.possible_stop = True
+    assert seam.may_stop(t)
+    t.stopper.possible_stop, t.stop = False, True
+    assert seam.may_stop(t)
+    with pytest.raises(ValueError, match="'last' or 'best'"):
+        seam.checkpoint(t, "wdir")
+    del t.start_epoch
+    with pytest.raises(UltralyticsError, match=r"no trainer\.start_epoch, which yolofeed's warm-up") as e:
+        seam.start_epoch(t)
+    assert "\n" not in str(e.value) and seam.TESTED in str(e.value)
+    # trainer.py reads none of them directly any more
+    text = (SRC / "train" / "trainer.py").read_text()
+    direct = [n for n in seam.TRAINER_STATE if re.search(rf"\bself\.{n}\b", text)]
+    assert direct == [], direct
 
 
 def test_a_missing_attribute_is_one_line_naming_the_version_that_works():
