@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -123,6 +124,42 @@ def test_another_ultralytics_version_is_one_line_naming_the_version_that_works()
         seam.check_version("8.5.0", allow_untested=True)
 
 
+def test_the_range_is_every_release_from_the_lowest_to_the_tested_one():
+    """8.4.183 to 8.4.190 (TESTED the newest): the boundaries in, their neighbours out, the refusal one line that names
+    the range and the pip command."""
+    assert seam.SUPPORTED == ((8, 4, 183), (8, 4, 191)) and seam.RANGE == "8.4.183 to 8.4.190"
+    assert seam.parse_version(seam.TESTED) == (8, 4, 190) and seam.SUPPORTED[1] == (8, 4, 191)
+    for inside in ("8.4.183", "8.4.186", "8.4.190", "8.4.183.post1"):
+        seam.check_version(inside)
+    for outside in ("8.4.182", "8.4.180", "8.4.191", "8.4.1830"):
+        with pytest.raises(UltralyticsVersionError) as e:
+            seam.check_version(outside)
+        text = str(e.value)
+        assert "\n" not in text and outside in text and "Ultralytics 8.4.183 to 8.4.190 only" in text, text
+        assert text.endswith(": pip install ultralytics==8.4.190"), text
+
+
+def test_the_range_is_named_in_pyproject_and_the_readme():
+    root = Path(__file__).resolve().parents[1]
+    assert seam.REQUIREMENT == "ultralytics>=8.4.183,<8.4.191"
+    assert f'"{seam.REQUIREMENT}",' in (root / "pyproject.toml").read_text()
+    assert f"Ultralytics {seam.RANGE}" in (root / "README.md").read_text()
+
+
+def test_the_installed_ultralytics_is_the_one_asked_for():
+    """Under `make test-releases` (YOLOFEED_EXPECT_ULTRALYTICS=X): the release imported is X, from its own folder,
+    not the venv's 8.4.190 found first by mistake."""
+    import ultralytics
+
+    expected = os.environ.get("YOLOFEED_EXPECT_ULTRALYTICS")
+    print(f"ultralytics {ultralytics.__version__} from {Path(ultralytics.__file__).parent}")
+    if not expected:
+        pytest.skip("YOLOFEED_EXPECT_ULTRALYTICS is not set (make test-releases sets it)")
+    assert seam.VERSION == ultralytics.__version__ == expected
+    assert seam.resolve("ultralytics.data.base.BaseDataset").__module__ == "ultralytics.data.base"
+    assert Path(inspect.getsourcefile(seam.DetectionTrainer)).is_relative_to(Path(ultralytics.__file__).parent)
+
+
 def test_every_rule_yolofeed_mirrors_names_its_code():
     """A relied-on method with ``ours`` is a rule yolofeed re-implements: its code must still be where it says."""
     mirrored = [p for p in seam.RELIED_ON if p.ours]
@@ -147,7 +184,7 @@ def test_the_trainer_state_yolofeed_reads_is_assigned_by_ultralytics():
     with pytest.raises(UltralyticsVersionError, match=r"^Ultralytics \S+ has no Trainer\.best, which yolofeed strips"
                        ) as e:
         seam.check_trainer_state({"last": (Trainer, "x"), "best": (Trainer, "yolofeed strips it")})
-    assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and seam.TESTED in str(e.value)
+    assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and seam.RANGE in str(e.value)
 
 
 def test_the_trainer_state_is_read_through_the_seam():
@@ -173,7 +210,7 @@ def test_the_trainer_state_is_read_through_the_seam():
     del t.start_epoch
     with pytest.raises(UltralyticsError, match=r"no trainer\.start_epoch, which yolofeed's warm-up") as e:
         seam.start_epoch(t)
-    assert "\n" not in str(e.value) and seam.TESTED in str(e.value)
+    assert "\n" not in str(e.value) and seam.RANGE in str(e.value)
     # trainer.py reads none of them directly any more
     text = (SRC / "train" / "trainer.py").read_text()
     direct = [n for n in seam.TRAINER_STATE if re.search(rf"\bself\.{n}\b", text)]

@@ -2,10 +2,11 @@
 
 yolofeed trains with Ultralytics' own ``DetectionTrainer``; it overrides a few of its methods, reads and sets some
 of its state, and carries modified copies of a few of its methods (the sync-free loss). All of that holds for the
-Ultralytics it was written against (``TESTED``) and for no other version by construction. This module:
+Ultralytics releases whose copied and relied-on methods read as those of the release they were copied from
+(``TESTED``): ``SUPPORTED``, the releases checked one by one against the recorded sources. This module:
 
-* checks the installed version when it is imported. No other module of ``src/yolofeed`` imports Ultralytics
-  (``tests/test_seam.py`` checks it), so importing any stage that uses Ultralytics (``yolofeed.train``,
+* checks the installed version when it is imported (in ``SUPPORTED``). No other module of ``src/yolofeed`` imports
+  Ultralytics (``tests/test_seam.py`` checks it), so importing any stage that uses Ultralytics (``yolofeed.train``,
   ``yolofeed.pack``...) with another version raises ``UltralyticsVersionError``: an ``ImportError`` (the module
   cannot be used) and a ``YolofeedError``, which the CLI prints as one line before any work starts. ``import
   yolofeed`` itself stays free of Ultralytics, so ``yolofeed help`` works with any version.
@@ -47,8 +48,15 @@ import ultralytics
 
 from yolofeed.errors import UltralyticsError, UltralyticsVersionError
 
-TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one CI runs
-SUPPORTED = ((8, 4, 190), (8, 4, 191))  # [lowest, first unsupported): a new release needs its copies checked
+TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one `make test` runs
+# [lowest, first unsupported): every method in COPIED and RELIED_ON reads in each of these releases as in TESTED, and
+# each holds every attribute of REQUIRED and TRAINER_STATE. Below 8.4.183 the label rules the pack copies differ
+# (8.4.182: negative values, 8.4.183: a label file's UTF-8 BOM) and below 8.4.180 the assigner the sync-free loss
+# copies has no pair_overlaps; above 8.4.190 nothing is released yet, so nothing is checked. `make test-releases` runs
+# the seam tests and a training under the oldest, a middle and the newest of them.
+SUPPORTED = ((8, 4, 183), (8, 4, 191))
+RANGE = f"{'.'.join(map(str, SUPPORTED[0]))} to {TESTED}"  # for messages: "8.4.183 to 8.4.190"
+REQUIREMENT = f"ultralytics>={'.'.join(map(str, SUPPORTED[0]))},<{'.'.join(map(str, SUPPORTED[1]))}"  # pyproject's
 FIX = f"pip install ultralytics=={TESTED}"
 UNTESTED_ENV = "YOLOFEED_UNTESTED_ULTRALYTICS"  # "1": another version only warns (for trying a new release)
 
@@ -62,13 +70,13 @@ def check_version(installed: str, allow_untested: bool = False) -> None:
     """Raise unless ``installed`` lies in ``SUPPORTED`` (only warn with ``allow_untested``).
 
     Raises:
-        UltralyticsVersionError: one line: the installed version, the one that works, the fix.
+        UltralyticsVersionError: one line: the installed version, the range that works, the fix.
     """
     low, high = SUPPORTED
     if low <= parse_version(installed) < high:
         return
-    message = (f"Ultralytics {installed} is installed, but yolofeed works with Ultralytics {TESTED} only (it "
-               f"overrides and copies parts of that version's trainer and loss): {FIX}")
+    message = (f"Ultralytics {installed} is installed, but yolofeed works with Ultralytics {RANGE} only (it "
+               f"overrides and copies parts of their trainer and loss): {FIX}")
     if not allow_untested:
         raise UltralyticsVersionError(message)
     warnings.warn(f"{message}. {UNTESTED_ENV}=1 is set: going on with an untested Ultralytics", stacklevel=2)
@@ -129,7 +137,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     )
 except ImportError as e:
     raise UltralyticsVersionError(f"Ultralytics {ultralytics.__version__}: {e}; yolofeed works with Ultralytics "
-                                  f"{TESTED}: {FIX}") from None
+                                  f"{RANGE}: {FIX}") from None
 
 VERSION: str = ultralytics.__version__
 
@@ -183,7 +191,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
 
 def _missing(what: str, why: str) -> UltralyticsError:
     return UltralyticsError(f"Ultralytics {VERSION} has no {what}, which {why}; yolofeed works with Ultralytics "
-                            f"{TESTED}: {FIX}")
+                            f"{RANGE}: {FIX}")
 
 
 def check_required(required: tuple[tuple[Any, str, str], ...] = REQUIRED) -> None:
@@ -264,7 +272,7 @@ def check_trainer_state(state: dict[str, tuple[type, str]] = TRAINER_STATE) -> N
     """Raise on the first attribute of ``state`` that no method of its class assigns in the installed source.
 
     Raises:
-        UltralyticsVersionError: one line naming the attribute, what yolofeed does with it, and the version that works.
+        UltralyticsVersionError: one line naming the attribute, what yolofeed does with it, and the range that works.
     """
     assigned: dict[type, set[str]] = {}
     for cls, _ in state.values():

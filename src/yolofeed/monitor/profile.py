@@ -37,7 +37,7 @@ from yolofeed.monitor.throughput import distributed
 from yolofeed.ultralytics_seam import (
     FIX,
     LOGGER,
-    TESTED,
+    RANGE,
     StopTraining,
     forward_gflops,
     launches_ranks,
@@ -203,7 +203,7 @@ def read_rank_reports(save_dir: Any, token: str, mode: str) -> list[Profile]:
         report = {}
     if report.get("token") != token or not report.get("ranks"):
         raise UltralyticsError(f"{mode}: the DDP ranks ended their training loop before the profile's steps, so no "
-                               f"profile is in {path} (a time= limit, or an Ultralytics other than {TESTED}: {FIX})")
+                               f"profile is in {path} (a time= limit, or an Ultralytics outside {RANGE}: {FIX})")
     return [Profile(**r) for r in report["ranks"]]
 
 
@@ -456,7 +456,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     if not stopped:  # the loop ended before the steps: fewer steps must not be reported as if they were all
         raise UltralyticsError(f"{mode}: the training loop ended after {len(clock)} of {state['warmup'] + steps} "
                                f"steps although the profile lifts its epoch limit (a time= limit, or an "
-                               f"Ultralytics other than {TESTED}: {FIX})")
+                               f"Ultralytics outside {RANGE}: {FIX})")
     res = result(trainer)
     del trainer
     gc.collect()
