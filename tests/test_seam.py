@@ -139,11 +139,17 @@ def test_the_range_is_every_release_from_the_lowest_to_the_tested_one():
         assert text.endswith(": pip install ultralytics==8.4.190"), text
 
 
-def test_the_range_is_named_in_pyproject_and_the_readme():
+def test_the_range_is_named_in_pyproject_the_readme_and_the_makefile():
+    """pyproject's requirement and README's line name the range; `make test-releases` runs its two ends and a middle."""
     root = Path(__file__).resolve().parents[1]
     assert seam.REQUIREMENT == "ultralytics>=8.4.183,<8.4.191"
     assert f'"{seam.REQUIREMENT}",' in (root / "pyproject.toml").read_text()
     assert f"Ultralytics {seam.RANGE}" in (root / "README.md").read_text()
+    releases = re.search(r"^RELEASES\s*:=(.*)$", (root / "Makefile").read_text(), re.M).group(1).split()
+    low, high = seam.SUPPORTED
+    assert len(releases) == 3 and releases[0] == ".".join(map(str, low)) and releases[-1] == seam.TESTED, releases
+    assert all(low <= seam.parse_version(v) < high for v in releases), releases
+    assert "make test-releases" in (root / ".ci" / "run").read_text()
 
 
 def test_the_installed_ultralytics_is_the_one_asked_for():
