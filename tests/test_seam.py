@@ -1,8 +1,12 @@
 """The seam to Ultralytics: one module imports it, the version and every attribute relied on are checked at import,
 and every copied (or relied on) method still reads as it did when it was copied.
 
-After moving to a new Ultralytics release and checking the copies against it, record its sources again with
-``python tests/test_seam.py record`` and put the printed hashes into ``ultralytics_seam.COPIED``/``RELIED_ON``.
+The recorded sources are ``TESTED``'s; every release of ``SUPPORTED`` reads the same. To try another release, install
+it apart (``pip install --no-deps --target DIR ultralytics==X``) and run this file with ``PYTHONPATH=DIR`` and
+``YOLOFEED_UNTESTED_ULTRALYTICS=1``: each method that reads otherwise fails with its diff. Widen ``SUPPORTED`` only
+where no diff changes what a copy or an override assumes (``make test-releases`` then runs the new end). After moving
+``TESTED`` to a new release and porting the copies, record its sources again with ``python tests/test_seam.py record``
+and put the printed hashes into ``ultralytics_seam.COPIED``/``RELIED_ON``.
 """
 
 from __future__ import annotations
