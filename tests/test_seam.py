@@ -221,6 +221,9 @@ def test_the_trainer_state_is_read_through_the_seam():
     with pytest.raises(UltralyticsError, match=r"no trainer\.start_epoch, which yolofeed's warm-up") as e:
         seam.start_epoch(t)
     assert "\n" not in str(e.value) and seam.RANGE in str(e.value)
+    del t.stopper.possible_stop
+    with pytest.raises(UltralyticsError, match=r"no trainer\.stopper\.possible_stop, which yolofeed validates"):
+        seam.may_stop(t)
     # trainer.py reads none of them directly any more
     text = (SRC / "train" / "trainer.py").read_text()
     direct = [n for n in seam.TRAINER_STATE if re.search(rf"\bself\.{n}\b", text)]

@@ -52,8 +52,8 @@ TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the 
 # [lowest, first unsupported): every method in COPIED and RELIED_ON reads in each of these releases as in TESTED, and
 # each holds every attribute of REQUIRED and TRAINER_STATE. Below 8.4.183 the label rules the pack copies differ
 # (8.4.182: negative values, 8.4.183: a label file's UTF-8 BOM) and below 8.4.180 the assigner the sync-free loss
-# copies has no pair_overlaps; above 8.4.190 nothing is released yet, so nothing is checked. `make test-releases` runs
-# the seam tests and a training under the oldest, a middle and the newest of them.
+# copies has no pair_overlaps. A release after TESTED is refused until its sources are checked. `make test-releases`
+# runs the seam tests and a training under the oldest, a middle and the newest of them.
 SUPPORTED = ((8, 4, 183), (8, 4, 191))
 RANGE = f"{'.'.join(map(str, SUPPORTED[0]))} to {TESTED}"  # for messages: "8.4.183 to 8.4.190"
 REQUIREMENT = f"ultralytics>={'.'.join(map(str, SUPPORTED[0]))},<{'.'.join(map(str, SUPPORTED[1]))}"  # pyproject's
@@ -290,7 +290,7 @@ def check_trainer_state(state: dict[str, tuple[type, str]] = TRAINER_STATE) -> N
 check_trainer_state()
 
 
-def _state(obj: Any, name: str) -> Any:
+def _state(obj: Any, name: str, where: str = "trainer") -> Any:
     """``obj.<name>`` (an attribute of ``TRAINER_STATE``), or one line saying which is missing and why it matters.
 
     Raises:
@@ -299,7 +299,7 @@ def _state(obj: Any, name: str) -> Any:
     try:
         return getattr(obj, name)
     except AttributeError:
-        raise _missing(f"trainer.{name}", TRAINER_STATE[name][1]) from None
+        raise _missing(f"{where}.{name}", TRAINER_STATE[name][1]) from None
 
 
 def checkpoint(trainer: Any, which: str) -> Any:
@@ -335,7 +335,7 @@ def may_stop(trainer: Any) -> bool:
     """Whether this epoch may end the run early: Ultralytics' early stopping may stop it after this epoch's validation
     (``EarlyStopping.possible_stop``) or the run is stopping (``BaseTrainer.stop``: a ``time=`` limit, early stopping
     on another rank)."""
-    return bool(_state(_state(trainer, "stopper"), "possible_stop") or _state(trainer, "stop"))
+    return bool(_state(_state(trainer, "stopper"), "possible_stop", "trainer.stopper") or _state(trainer, "stop"))
 
 
 # -- copies and the methods they assume ----------------------------------------------------------------------------
