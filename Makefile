@@ -16,9 +16,11 @@ export YOLO_OFFLINE := 1
 # where each is installed apart from the venv's (pip --target, no dependencies: the venv's serve every 8.4 release).
 RELEASES     := 8.4.183 8.4.186 8.4.190
 RELEASES_DIR := .releases
-# One real training per release, the quickest: yolofeed's trainer for 2 epochs and stock for 1, their results.csv
-# compared (about 10 s on 2 cores).
-RELEASE_TESTS := tests/test_seam.py tests/test_train.py::test_trains_and_writes_ultralytics_results
+# Per release: the seam (versions, attributes, recorded sources), the tests that hold yolofeed's copies and ops to that
+# release's own (the loss, the augmentation, the keys table), and one real training, the quickest: yolofeed's trainer
+# for 2 epochs and stock for 1, their results.csv compared. About a minute a release on 2 cores.
+RELEASE_TESTS := tests/test_seam.py tests/test_loss.py tests/test_augment_ops.py tests/test_keys.py \
+                 tests/test_train.py::test_trains_and_writes_ultralytics_results
 
 .PHONY: demo test test-releases clean
 
