@@ -2,6 +2,8 @@
 #   make demo  - create .venv, install, generate a synthetic dataset and run the main job on it
 #   make test  - create .venv if needed, install, lint (ruff, rules in pyproject.toml), run the tests (CPU only,
 #                two processes, each test file in one of them)
+#   make test-releases - the seam's tests and a CPU training under the oldest, a middle and the newest Ultralytics
+#                of the range yolofeed supports (ultralytics_seam.SUPPORTED), each installed into its own folder
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,7 +12,17 @@ DEMO   := demo
 # Nothing may download at run time: Ultralytics skips its network checks with this.
 export YOLO_OFFLINE := 1
 
-.PHONY: demo test clean
+# The oldest, a middle and the newest release of ultralytics_seam.SUPPORTED (tests/test_seam.py checks the ends), and
+# where each is installed apart from the venv's (pip --target, no dependencies: the venv's serve every 8.4 release).
+RELEASES     := 8.4.183 8.4.186 8.4.190
+RELEASES_DIR := .releases
+# Per release: the seam (versions, attributes, recorded sources), the tests that hold yolofeed's copies and ops to that
+# release's own (the loss, the augmentation, the keys table), and one real training, the quickest: yolofeed's trainer
+# for 2 epochs and stock for 1, their results.csv compared. About a minute a release on 2 cores.
+RELEASE_TESTS := tests/test_seam.py tests/test_loss.py tests/test_augment_ops.py tests/test_keys.py \
+                 tests/test_train.py::test_trains_and_writes_ultralytics_results
+
+.PHONY: demo test test-releases clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +34,15 @@ test: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n 2 --dist loadfile
 
+# Each release first on the path; YOLOFEED_EXPECT_ULTRALYTICS makes the seam's tests fail if another one is imported.
+test-releases: $(VENV)/.installed
+	@set -e; for v in $(RELEASES); do \
+	  dir=$(abspath $(RELEASES_DIR))/$$v; \
+	  [ -f $$dir/ultralytics/__init__.py ] || $(PY) -m pip install --quiet --no-deps --target $$dir ultralytics==$$v; \
+	  PYTHONPATH=$$dir$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -c 'import ultralytics; print("== Ultralytics", ultralytics.__version__, "from", ultralytics.__file__)'; \
+	  PYTHONPATH=$$dir$${PYTHONPATH:+:$$PYTHONPATH} YOLOFEED_EXPECT_ULTRALYTICS=$$v $(PY) -m pytest -q $(RELEASE_TESTS); \
+	done
+
 demo: $(VENV)/.installed
 	$(PY) -m yolofeed synth out=$(DEMO)/data n_train=256 n_val=64 seed=0
 	$(PY) -m yolofeed pack data=$(DEMO)/data/data.yaml imgsz=320
@@ -29,4 +50,4 @@ demo: $(VENV)/.installed
 		project=$(abspath $(DEMO))/runs name=train exist_ok=True plots=False verbose=False
 
 clean:
-	rm -rf $(DEMO) .pytest_cache
+	rm -rf $(DEMO) .pytest_cache $(RELEASES_DIR)

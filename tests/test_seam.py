@@ -1,8 +1,12 @@
 """The seam to Ultralytics: one module imports it, the version and every attribute relied on are checked at import,
 and every copied (or relied on) method still reads as it did when it was copied.
 
-After moving to a new Ultralytics release and checking the copies against it, record its sources again with
-``python tests/test_seam.py record`` and put the printed hashes into ``ultralytics_seam.COPIED``/``RELIED_ON``.
+The recorded sources are ``TESTED``'s; every release of ``SUPPORTED`` reads the same. To try another release, install
+it apart (``pip install --no-deps --target DIR ultralytics==X``) and run this file with ``PYTHONPATH=DIR`` and
+``YOLOFEED_UNTESTED_ULTRALYTICS=1``: each method that reads otherwise fails with its diff. Widen ``SUPPORTED`` only
+where no diff changes what a copy or an override assumes (``make test-releases`` then runs the new end). After moving
+``TESTED`` to a new release and porting the copies, record its sources again with ``python tests/test_seam.py record``
+and put the printed hashes into ``ultralytics_seam.COPIED``/``RELIED_ON``.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import os
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +126,108 @@ def test_another_ultralytics_version_is_one_line_naming_the_version_that_works()
         assert "\n" not in text and other in text and seam.TESTED in text and f"ultralytics=={seam.TESTED}" in text
     with pytest.warns(UserWarning, match="8.5.0"):
         seam.check_version("8.5.0", allow_untested=True)
+
+
+def test_the_range_is_every_release_from_the_lowest_to_the_tested_one():
+    """8.4.183 to 8.4.190 (TESTED the newest): the boundaries in, their neighbours out, the refusal one line that names
+    the range and the pip command."""
+    assert seam.SUPPORTED == ((8, 4, 183), (8, 4, 191)) and seam.RANGE == "8.4.183 to 8.4.190"
+    assert seam.parse_version(seam.TESTED) == (8, 4, 190) and seam.SUPPORTED[1] == (8, 4, 191)
+    for inside in ("8.4.183", "8.4.186", "8.4.190", "8.4.183.post1"):
+        seam.check_version(inside)
+    for outside in ("8.4.182", "8.4.180", "8.4.191", "8.4.1830"):
+        with pytest.raises(UltralyticsVersionError) as e:
+            seam.check_version(outside)
+        text = str(e.value)
+        assert "\n" not in text and outside in text and "Ultralytics 8.4.183 to 8.4.190 only" in text, text
+        assert text.endswith(": pip install ultralytics==8.4.190"), text
+
+
+def test_the_range_is_named_in_pyproject_the_readme_and_the_makefile():
+    """pyproject's requirement and README's line name the range; `make test-releases` runs its two ends and a middle."""
+    root = Path(__file__).resolve().parents[1]
+    assert seam.REQUIREMENT == "ultralytics>=8.4.183,<8.4.191"
+    assert f'"{seam.REQUIREMENT}",' in (root / "pyproject.toml").read_text()
+    assert f"Ultralytics {seam.RANGE}" in (root / "README.md").read_text()
+    releases = re.search(r"^RELEASES\s*:=(.*)$", (root / "Makefile").read_text(), re.M).group(1).split()
+    low, high = seam.SUPPORTED
+    assert len(releases) == 3 and releases[0] == ".".join(map(str, low)) and releases[-1] == seam.TESTED, releases
+    assert all(low <= seam.parse_version(v) < high for v in releases), releases
+    assert "make test-releases" in (root / ".ci" / "run").read_text()
+
+
+def test_the_installed_ultralytics_is_the_one_asked_for():
+    """Under `make test-releases` (YOLOFEED_EXPECT_ULTRALYTICS=X): the release imported is X, from its own folder,
+    not the venv's 8.4.190 found first by mistake."""
+    import ultralytics
+
+    expected = os.environ.get("YOLOFEED_EXPECT_ULTRALYTICS")
+    print(f"ultralytics {ultralytics.__version__} from {Path(ultralytics.__file__).parent}")
+    if not expected:
+        pytest.skip("YOLOFEED_EXPECT_ULTRALYTICS is not set (make test-releases sets it)")
+    assert seam.VERSION == ultralytics.__version__ == expected
+    assert seam.resolve("ultralytics.data.base.BaseDataset").__module__ == "ultralytics.data.base"
+    assert Path(inspect.getsourcefile(seam.DetectionTrainer)).is_relative_to(Path(ultralytics.__file__).parent)
+
+
+def test_every_rule_yolofeed_mirrors_names_its_code():
+    """A relied-on method with ``ours`` is a rule yolofeed re-implements: its code must still be where it says."""
+    mirrored = [p for p in seam.RELIED_ON if p.ours]
+    assert {p.ultralytics.rsplit(".", 1)[-1] for p in mirrored} >= {"__init__", "load_image", "update_labels"}
+    for pinned in seam.COPIED + tuple(mirrored):
+        assert callable(seam.resolve(pinned.ours)), pinned.ours
+
+
+def test_the_trainer_state_yolofeed_reads_is_assigned_by_ultralytics():
+    assigned = seam.assigned_attributes(seam.DetectionTrainer)
+    assert {"last", "best", "wdir", "start_epoch", "amp", "world_size", "stopper", "stop"} <= assigned
+    assert {"save_dir", "epochs"} <= assigned and "possible_stop" in seam.assigned_attributes(seam.EarlyStopping)
+    seam.check_trainer_state()
+
+    class Trainer(dict):  # sets last and wdir, not best; dict's methods are not read (another package)
+        def __init__(self):
+            super().__init__()
+            self.last, (self.wdir, self.epoch) = 1, (2, 3)
+            self.epoch += 1
+
+    assert seam.assigned_attributes(Trainer) == {"last", "wdir", "epoch"}
+    with pytest.raises(UltralyticsVersionError, match=r"^Ultralytics \S+ has no Trainer\.best, which yolofeed strips"
+                       ) as e:
+        seam.check_trainer_state({"last": (Trainer, "x"), "best": (Trainer, "yolofeed strips it")})
+    assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and seam.RANGE in str(e.value)
+
+
+def test_the_trainer_state_is_read_through_the_seam():
+    """Each reader returns the attribute; a missing one is one line naming it and what yolofeed does with it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    t = SimpleNamespace(last=Path("l.pt"), best=Path("b.pt"), wdir=Path("w"), start_epoch=3, amp=True, world_size=0,
+                        stop=False, stopper=SimpleNamespace(possible_stop=False), args=SimpleNamespace(amp=True))
+    assert (seam.checkpoint(t, "last"), seam.checkpoint(t, "best"), seam.weights_dir(t)) == (
+        Path("l.pt"), Path("b.pt"), Path("w"))
+    assert seam.start_epoch(t) == 3 and seam.world_size(t) == 0 and seam.step_autocast(t) is True
+    t.args.amp = "bf16"
+    assert seam.step_autocast(t) is torch.bfloat16
+    assert not seam.may_stop(t)
+    t.stopper.possible_stop = True
+    assert seam.may_stop(t)
+    t.stopper.possible_stop, t.stop = False, True
+    assert seam.may_stop(t)
+    with pytest.raises(ValueError, match="'last' or 'best'"):
+        seam.checkpoint(t, "wdir")
+    del t.start_epoch
+    with pytest.raises(UltralyticsError, match=r"no trainer\.start_epoch, which yolofeed's warm-up") as e:
+        seam.start_epoch(t)
+    assert "\n" not in str(e.value) and seam.RANGE in str(e.value)
+    del t.stopper.possible_stop
+    with pytest.raises(UltralyticsError, match=r"no trainer\.stopper\.possible_stop, which yolofeed validates"):
+        seam.may_stop(t)
+    # trainer.py reads none of them directly any more
+    text = (SRC / "train" / "trainer.py").read_text()
+    direct = [n for n in seam.TRAINER_STATE if re.search(rf"\bself\.{n}\b", text)]
+    assert direct == [], direct
 
 
 def test_a_missing_attribute_is_one_line_naming_the_version_that_works():

@@ -2,10 +2,11 @@
 
 yolofeed trains with Ultralytics' own ``DetectionTrainer``; it overrides a few of its methods, reads and sets some
 of its state, and carries modified copies of a few of its methods (the sync-free loss). All of that holds for the
-Ultralytics it was written against (``TESTED``) and for no other version by construction. This module:
+Ultralytics releases whose copied and relied-on methods read as those of the release they were copied from
+(``TESTED``): ``SUPPORTED``, the releases checked one by one against the recorded sources. This module:
 
-* checks the installed version when it is imported. No other module of ``src/yolofeed`` imports Ultralytics
-  (``tests/test_seam.py`` checks it), so importing any stage that uses Ultralytics (``yolofeed.train``,
+* checks the installed version when it is imported (in ``SUPPORTED``). No other module of ``src/yolofeed`` imports
+  Ultralytics (``tests/test_seam.py`` checks it), so importing any stage that uses Ultralytics (``yolofeed.train``,
   ``yolofeed.pack``...) with another version raises ``UltralyticsVersionError``: an ``ImportError`` (the module
   cannot be used) and a ``YolofeedError``, which the CLI prints as one line before any work starts. ``import
   yolofeed`` itself stays free of Ultralytics, so ``yolofeed help`` works with any version.
@@ -13,11 +14,15 @@ Ultralytics it was written against (``TESTED``) and for no other version by cons
   then says what moved);
 * checks, at import too, that every Ultralytics method yolofeed overrides, wraps or relies on is still there
   (``REQUIRED``): a renamed ``_close_dataloader_mosaic`` would otherwise leave mosaic on for a whole run, silently;
+* checks, at import too, that the trainer's attributes yolofeed reads (``TRAINER_STATE``: ``last``, ``start_epoch``,
+  ``amp``...) are still assigned in the installed source, and reads each through a function here (``checkpoint``,
+  ``start_epoch``, ``step_autocast``...);
 * re-exports every Ultralytics name yolofeed uses, and wraps each reach into an object's state (the callbacks'
   order, ``tloss``, the criterion, the detection head, ``epochs``...) in a small function that names what it
   touches and why; an attribute missing at run time raises ``UltralyticsError`` in one line;
 * lists what yolofeed copied (``COPIED``: Ultralytics' method, our copy, the hash of the source it was copied
-  from), the methods those copies and our overrides assume unchanged (``RELIED_ON``), the classes swapped in
+  from), the methods those copies and our overrides assume unchanged (``RELIED_ON``; with ``ours``, a rule yolofeed
+  re-implements in its own shape: the partner pool's size, the label filters), the classes swapped in
   place (``SWAPPED``) and what Ultralytics reads from our loaders (``TRAIN_LOADER_ATTRIBUTES``, ``VAL_...``).
   ``tests/test_seam.py`` compares the hashed methods with the installed source and fails with a diff on drift.
 """
@@ -25,6 +30,7 @@ Ultralytics it was written against (``TESTED``) and for no other version by cons
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import inspect
@@ -37,12 +43,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import ultralytics
 
 from yolofeed.errors import UltralyticsError, UltralyticsVersionError
 
-TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one CI runs
-SUPPORTED = ((8, 4, 190), (8, 4, 191))  # [lowest, first unsupported): a new release needs its copies checked
+TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one `make test` runs
+# [lowest, first unsupported): every method in COPIED and RELIED_ON reads in each of these releases as in TESTED, and
+# each holds every attribute of REQUIRED and TRAINER_STATE. Below 8.4.183 the label rules the pack copies differ
+# (8.4.182: negative values, 8.4.183: a label file's UTF-8 BOM) and below 8.4.180 the assigner the sync-free loss
+# copies has no pair_overlaps. A release after TESTED is refused until its sources are checked. `make test-releases`
+# runs the seam tests and a training under the oldest, a middle and the newest of them.
+SUPPORTED = ((8, 4, 183), (8, 4, 191))
+RANGE = f"{'.'.join(map(str, SUPPORTED[0]))} to {TESTED}"  # for messages: "8.4.183 to 8.4.190"
+REQUIREMENT = f"ultralytics>={'.'.join(map(str, SUPPORTED[0]))},<{'.'.join(map(str, SUPPORTED[1]))}"  # pyproject's
 FIX = f"pip install ultralytics=={TESTED}"
 UNTESTED_ENV = "YOLOFEED_UNTESTED_ULTRALYTICS"  # "1": another version only warns (for trying a new release)
 
@@ -56,13 +70,13 @@ def check_version(installed: str, allow_untested: bool = False) -> None:
     """Raise unless ``installed`` lies in ``SUPPORTED`` (only warn with ``allow_untested``).
 
     Raises:
-        UltralyticsVersionError: one line: the installed version, the one that works, the fix.
+        UltralyticsVersionError: one line: the installed version, the range that works, the fix.
     """
     low, high = SUPPORTED
     if low <= parse_version(installed) < high:
         return
-    message = (f"Ultralytics {installed} is installed, but yolofeed works with Ultralytics {TESTED} only (it "
-               f"overrides and copies parts of that version's trainer and loss): {FIX}")
+    message = (f"Ultralytics {installed} is installed, but yolofeed works with Ultralytics {RANGE} only (it "
+               f"overrides and copies parts of their trainer and loss): {FIX}")
     if not allow_untested:
         raise UltralyticsVersionError(message)
     warnings.warn(f"{message}. {UNTESTED_ENV}=1 is set: going on with an untested Ultralytics", stacklevel=2)
@@ -114,6 +128,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.utils.patches import imread  # pack.verify: the decoder Ultralytics' datasets use
     from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors  # train.loss
     from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
+        EarlyStopping,  # train.trainer: whether early stopping may stop the run (may_stop)
         get_flops,  # measure.profile: a model's forward GFLOPs, as Ultralytics' model summary counts them
         parse_device,
         strip_optimizer,  # train.checkpoints: the final checkpoints, written to a temporary file
@@ -122,23 +137,23 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     )
 except ImportError as e:
     raise UltralyticsVersionError(f"Ultralytics {ultralytics.__version__}: {e}; yolofeed works with Ultralytics "
-                                  f"{TESTED}: {FIX}") from None
+                                  f"{RANGE}: {FIX}") from None
 
 VERSION: str = ultralytics.__version__
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "BboxLoss", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT", "DetectionModel", "DetectionTrainer",
-    "E2EDetectLoss", "E2ELoss", "IMG_FORMATS", "LOCAL_RANK", "LOGGER", "MuSGD", "RANK", "StopTraining",
-    "TaskAlignedAssigner",
-    "VERSION", "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou", "check_cfg", "check_det_dataset", "check_yaml",
-    "criterion", "data_complete", "data_split", "data_yaml", "detection_losses_in", "exif_size", "find_dataset_yaml",
-    "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "packaged",
-    "guess_model_task", "img2label_paths", "imread", "make_anchors", "make_criterion", "mark_phases",
-    "parse_device", "parse_key_value_pair", "pil_open", "progress_bar_drawn", "run_first", "segments2boxes",
-    "set_criterion", "set_epoch_loss", "smart_value", "swap_class", "torch_distributed_zero_first", "torch_safe_load",
-    "launches_ranks", "strip_optimizer", "train_until_stopped", "unbounded_epochs", "unwrap_model", "v8DetectionLoss",
-    "write_checkpoints_as", "xywh2xyxy",
-    "xyxy2xywh", "yaml_model_load", "zeropower_via_newtonschulz5",
+    "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
+    "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
+    "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
+    "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",
+    "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER", "make_anchors",
+    "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device", "parse_key_value_pair",
+    "pil_open", "progress_bar_drawn", "RANK", "run_first", "segments2boxes", "set_criterion", "set_epoch_loss",
+    "smart_value", "start_epoch", "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
+    "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",
+    "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "VERSION", "weights_dir", "world_size",
+    "write_checkpoints_as", "xywh2xyxy", "xyxy2xywh", "YAML", "yaml_model_load", "YOLO", "YOLODataset",
+    "zeropower_via_newtonschulz5",
 ]
 
 
@@ -166,6 +181,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (MuSGD, "step", "FastMuSGD copies it (COPIED) and steps instead of it"),
     (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),
     (_data_utils, "verify_image_label", "pack/verify.py copies its label rules (COPIED)"),
+    (_data_utils, "check_image", "pack/verify.py copies its image rules (COPIED)"),
     (DetectionTrainer, "build_optimizer", "yolofeed's trainer makes the MuSGD it builds a FastMuSGD"),
     (DetectionTrainer, "validate", "yolofeed's trainer skips it between val_period epochs (without it: every epoch)"),
     (DetectionTrainer, "save_model", "yolofeed's trainer makes its checkpoint writes atomic around it"),
@@ -175,7 +191,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
 
 def _missing(what: str, why: str) -> UltralyticsError:
     return UltralyticsError(f"Ultralytics {VERSION} has no {what}, which {why}; yolofeed works with Ultralytics "
-                            f"{TESTED}: {FIX}")
+                            f"{RANGE}: {FIX}")
 
 
 def check_required(required: tuple[tuple[Any, str, str], ...] = REQUIRED) -> None:
@@ -190,6 +206,136 @@ def check_required(required: tuple[tuple[Any, str, str], ...] = REQUIRED) -> Non
 
 
 check_required()
+
+
+# -- the trainer's state -------------------------------------------------------------------------------------------
+# Attributes of a trainer that Ultralytics sets in its methods (not on the class, so REQUIRED cannot see them) and
+# yolofeed reads: (the class that sets them, what yolofeed does with it). Checked at import in the installed source:
+# an attribute no method of that class (or an Ultralytics base of it) assigns any more fails in one line. yolofeed
+# reads each through the function below that names it.
+TRAINER_STATE: dict[str, tuple[type, str]] = {
+    "last": (DetectionTrainer, "yolofeed names it as the checkpoint a stopped run resumes from and strips it "
+                               "atomically at the end"),
+    "best": (DetectionTrainer, "yolofeed strips it atomically at the end and validates it"),
+    "wdir": (DetectionTrainer, "yolofeed removes the temporary files of a killed checkpoint writer there"),
+    "start_epoch": (DetectionTrainer, "yolofeed's warm-up loads the first batches of the epoch training starts at "
+                                      "(not 0 after a resume)"),
+    "amp": (DetectionTrainer, "yolofeed's warm-up runs under the step's autocast"),
+    "world_size": (DetectionTrainer, "yolofeed's train loader shards the pack by it under DDP"),
+    "stopper": (DetectionTrainer, "yolofeed validates wherever early stopping may stop the run"),
+    "stop": (DetectionTrainer, "yolofeed validates wherever the run is about to stop"),
+    "possible_stop": (EarlyStopping, "yolofeed validates wherever early stopping may stop the run"),
+}
+
+
+def assigned_attributes(cls: type) -> set[str]:
+    """The names ``self.<name> = ...`` assigns (tuple targets included) in the methods of ``cls`` and of its bases
+    from the same package (Ultralytics' for a trainer), as their installed source reads.
+
+    Raises:
+        OSError: the source is not available (an installation without .py files).
+    """
+    package = cls.__module__.split(".")[0]
+    names = set()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] != package:
+            continue
+        for node in ast.walk(_class_source(klass)):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            for target in targets:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        names.add(t.attr)
+    return names
+
+
+def _class_source(klass: type) -> ast.AST:
+    """The parsed source of a class: found in its module's parsed file (a module-level class; each file parsed once),
+    else through ``inspect.getsource``, which parses the whole file again for each class."""
+    path = inspect.getsourcefile(klass)
+    if path:
+        found = (n for n in _parsed_file(path).body if isinstance(n, ast.ClassDef) and n.name == klass.__qualname__)
+        node = next(found, None)
+        if node is not None:
+            return node
+    return ast.parse(textwrap.dedent(inspect.getsource(klass)))
+
+
+@functools.cache  # emptied after the check at import
+def _parsed_file(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
+def check_trainer_state(state: dict[str, tuple[type, str]] = TRAINER_STATE) -> None:
+    """Raise on the first attribute of ``state`` that no method of its class assigns in the installed source.
+
+    Raises:
+        UltralyticsVersionError: one line naming the attribute, what yolofeed does with it, and the range that works.
+    """
+    assigned: dict[type, set[str]] = {}
+    for cls, _ in state.values():
+        if cls not in assigned:
+            try:
+                assigned[cls] = assigned_attributes(cls)
+            except (OSError, TypeError):  # no source to read (compiled): the readers below still fail in one line
+                assigned[cls] = set(state)
+    _parsed_file.cache_clear()
+    for name, (cls, why) in state.items():
+        if name not in assigned[cls]:
+            raise UltralyticsVersionError(str(_missing(f"{cls.__name__}.{name}", why)))
+
+
+check_trainer_state()
+
+
+def _state(obj: Any, name: str, where: str = "trainer") -> Any:
+    """``obj.<name>`` (an attribute of ``TRAINER_STATE``), or one line saying which is missing and why it matters.
+
+    Raises:
+        UltralyticsError: the object has no such attribute (yet: Ultralytics sets some during set-up).
+    """
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise _missing(f"{where}.{name}", TRAINER_STATE[name][1]) from None
+
+
+def checkpoint(trainer: Any, which: str) -> Any:
+    """The path of the trainer's ``"last"`` or ``"best"`` checkpoint (``BaseTrainer.__init__``: ``wdir / last.pt``,
+    ``wdir / best.pt``; a ``Path`` until ``write_checkpoints_as`` swaps its class)."""
+    if which not in ("last", "best"):
+        raise ValueError(f"which={which!r}: expected 'last' or 'best'")
+    return _state(trainer, which)
+
+
+def weights_dir(trainer: Any) -> Any:
+    """The folder the trainer writes its checkpoints in (``BaseTrainer.wdir``, ``<save_dir>/weights``)."""
+    return _state(trainer, "wdir")
+
+
+def start_epoch(trainer: Any) -> int:
+    """The epoch training starts at: 0, or the one after a resumed checkpoint's (``resume_training``)."""
+    return int(_state(trainer, "start_epoch"))
+
+
+def step_autocast(trainer: Any) -> Any:
+    """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
+    ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
+    return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+
+
+def world_size(trainer: Any) -> int:
+    """The number of DDP ranks (``BaseTrainer.world_size``: 0 on the CPU, 1 on one GPU)."""
+    return int(_state(trainer, "world_size"))
+
+
+def may_stop(trainer: Any) -> bool:
+    """Whether this epoch may end the run early: Ultralytics' early stopping may stop it after this epoch's validation
+    (``EarlyStopping.possible_stop``) or the run is stopping (``BaseTrainer.stop``: a ``time=`` limit, early stopping
+    on another rank)."""
+    return bool(_state(_state(trainer, "stopper"), "possible_stop", "trainer.stopper") or _state(trainer, "stop"))
 
 
 # -- copies and the methods they assume ----------------------------------------------------------------------------
@@ -229,6 +375,9 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_labels",
            "the label half only (its image checks are pack.verify's own): Ultralytics' columns, bounds, class range, "
            "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line"),
+    Pinned("ultralytics.data.utils.check_image", "6f4910f41f1cbe8e", "yolofeed.pack.verify.check_image",
+           "Pillow's verify, the EXIF-corrected size of at least 10 px a side, the formats Ultralytics reads, a JPEG "
+           "without its end marker restored (in memory: the user's file is not rewritten)"),
     Pinned("ultralytics.optim.muon.muon_update", "6909629a03ae1c80", "yolofeed.train.musgd.muon_update",
            "beta and 1 - beta as device scalars (a multiply, then an add, where stock fuses them)"),
     Pinned("ultralytics.optim.muon.MuSGD.step", "e5bd4a18e6039cf8", "yolofeed.train.musgd.FastMuSGD._update",
@@ -275,6 +424,15 @@ RELIED_ON: tuple[Pinned, ...] = (
                "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic)"),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
            why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
+    # Rules yolofeed re-implements in its own shape (``ours``), not as a copy of the method
+    Pinned("ultralytics.data.base.BaseDataset.__init__", "8a5554f533938b34",
+           "yolofeed.augment.pool.ultralytics_capacity",
+           why="the partner pool's default size is its max_buffer_length: min(n, 8 x batch, 1000) when augmenting"),
+    Pinned("ultralytics.data.base.BaseDataset.load_image", "7cba5ab6064ad87d", "yolofeed.augment.pool.PartnerPool",
+           why="the pool keeps the images loaded lately as its buffer does (the oldest dropped once it holds "
+               "max_buffer_length); pack.verify.resized_hw resizes as it does (long side, ceil, INTER_LINEAR)"),
+    Pinned("ultralytics.data.base.BaseDataset.update_labels", "b9ff4ae08d5bf474", "yolofeed.loader.labels.LabelView.of",
+           why="classes= keeps the rows of those classes (ids not renumbered), then single_cls makes every id 0"),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods

@@ -33,7 +33,7 @@ from yolofeed.monitor.throughput import distributed
 from yolofeed.ultralytics_seam import (
     FIX,
     LOGGER,
-    TESTED,
+    RANGE,
     StopTraining,
     forward_gflops,
     launches_ranks,
@@ -311,7 +311,7 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
     if not stopped:  # the loop ended before the steps: fewer steps must not be reported as if they were all
         raise UltralyticsError(f"{mode}: the training loop ended after {len(p.clock)} of {p.warmup + steps} "
                                f"steps although the profile lifts its epoch limit (a time= limit, or an "
-                               f"Ultralytics other than {TESTED}: {FIX})")
+                               f"Ultralytics outside {RANGE}: {FIX})")
     res = p.result(trainer)
     del trainer
     gc.collect()

@@ -15,7 +15,7 @@ import torch
 from yolofeed.errors import UltralyticsError
 from yolofeed.measure.result import Profile
 from yolofeed.monitor import efficiency
-from yolofeed.ultralytics_seam import FIX, TESTED
+from yolofeed.ultralytics_seam import FIX, RANGE
 
 RANKS_REPORT = "yolofeed_profile_ranks.json"  # in the run folder: how DDP rank 0 hands the ranks' profiles over
 
@@ -57,7 +57,7 @@ def read_rank_reports(save_dir: Any, token: str, mode: str) -> list[Profile]:
         report = {}
     if report.get("token") != token or not report.get("ranks"):
         raise UltralyticsError(f"{mode}: the DDP ranks ended their training loop before the profile's steps, so no "
-                               f"profile is in {path} (a time= limit, or an Ultralytics other than {TESTED}: {FIX})")
+                               f"profile is in {path} (a time= limit, or an Ultralytics outside {RANGE}: {FIX})")
     return [Profile(**r) for r in report["ranks"]]
 
 

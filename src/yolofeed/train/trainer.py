@@ -54,12 +54,18 @@ from yolofeed.ultralytics_seam import (
     RANK,
     DetectionTrainer,
     check_det_dataset,
+    checkpoint,
     data_complete,
     data_split,
     data_yaml,
     get_split_fraction,
+    may_stop,
+    start_epoch,
+    step_autocast,
     torch_distributed_zero_first,
     unwrap_model,
+    weights_dir,
+    world_size,
     write_checkpoints_as,
 )
 
@@ -211,7 +217,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         if mode == "train":
             if self.hyp.imgsz != pack.imgsz:  # the model's stride is known now (imgsz=100 trains at 128)
                 self.hyp, self._augment = dataclasses.replace(self.hyp, imgsz=pack.imgsz), None
-            world = max(self.world_size, 1)
+            world = max(world_size(self), 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
@@ -247,8 +253,8 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     def resumable_checkpoint(self) -> Path | None:
         """The checkpoint a stopped run continues from: the last.pt this run saved, else the one it resumed from;
         None before either (a reused run folder's older last.pt is another run's)."""
-        last = getattr(self, "last", None)
-        if last is not None and last.is_file() and last.stat().st_mtime >= self._started - 1:
+        last = checkpoint(self, "last")
+        if last.is_file() and last.stat().st_mtime >= self._started - 1:
             return Path(last)
         resumed = getattr(self.args, "resume", None) if getattr(self, "resume", False) else None
         return Path(resumed) if resumed and Path(resumed).is_file() else None
@@ -258,19 +264,20 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         a kill mid-write leaves the previous checkpoint whole (train/checkpoints.py). Temporary files of a writer
         killed earlier in this folder are removed first."""
         write_checkpoints_as(self, AtomicPath)
-        sweep(self.wdir)
+        sweep(weights_dir(self))
         return super().save_model()
 
     def final_eval(self):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam.py), its in-place rewrites of last.pt and best.pt
         (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt."""
-        model = self.best if self.best.exists() else None
+        last, best = checkpoint(self, "last"), checkpoint(self, "best")
+        model = best if best.exists() else None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
             if RANK in {-1, 0}:
-                ckpt = strip_atomically(self.last) if self.last.exists() else {}
+                ckpt = strip_atomically(last) if last.exists() else {}
                 if model:
                     # update best.pt train_metrics from last.pt
-                    strip_atomically(self.best, updates={"train_results": ckpt.get("train_results")})
+                    strip_atomically(best, updates={"train_results": ckpt.get("train_results")})
         if model:
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
@@ -290,8 +297,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         as with ``val=False``), and ``patience`` counts epochs since the best validated one, checked at validations.
         """
         epoch = self.epoch + 1
-        if (self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs
-                or self.stopper.possible_stop or self.stop):
+        if self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs or may_stop(self):
             return super().validate()
         return {k: float("nan") for k in self.metrics}, None
 
@@ -302,11 +308,11 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
             return
         loader, width = self._warm
         sampler = loader.sampler
-        sampler.set_epoch(self.start_epoch)  # as on_train_epoch_start will: the batches loaded are the epoch's
+        sampler.set_epoch(start_epoch(self))  # as on_train_epoch_start will: the batches loaded are the epoch's
         loader.prime()  # the loader thread's start, first gather and decode (nvJPEG's set-up) overlap the warm-up
         if not self.warm_up or self.device.type != "cuda":
             return  # on the CPU there is no such set-up to pay
-        amp = torch.bfloat16 if self.args.amp == "bf16" else self.amp  # the step's autocast, as Ultralytics sets it
+        amp = step_autocast(self)
         try:
             seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp)
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
