@@ -1,6 +1,6 @@
 """Ultralytics' detection loss without host syncs, given two counts the loader learned a step early.
 
-In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``tools/device/syncs.py``;
+In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``torch.cuda.set_sync_debug_mode`` counts them;
 YOLO26's end-to-end loss runs it twice). The first drains the forward pass; after it the GPU idles while
 the host launches the target assignment's small kernels between syncs: 15 ms of a 78 ms yolo11n step at
 batch 128 on the H200, with no data work at all. Without syncs the host launches the loss while the GPU
@@ -117,7 +117,7 @@ def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor],
     Padded row j reads flat anchor j (``bound`` is at most B x anchors): finite values, given weight 0 by the
     caller. Distinct on purpose: the backward of the gathers accumulates repeated indices one after another
     (``indexing_backward_kernel``), and ~40k padded rows all on anchor (0, 0) cost 41 ms of GPU time a yolo11n
-    step at batch 128 on the H200 (``tools/device/kernel_top.py``). Here no anchor is read by
+    step at batch 128 on the H200 (the profiler's kernel table). Here no anchor is read by
     more than two rows.
 
     Returns:
