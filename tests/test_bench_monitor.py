@@ -420,14 +420,14 @@ def test_a_mode_stopped_early_is_asked_with_sigint_then_sigterm(tmp_path, ignore
         assert child.returncode == 130 and said.read_text() == "SIGINT"
 
 
-def test_bench_checks_out_before_training(tmp_path, monkeypatch, capsys):
+def test_bench_checks_out_before_training(synth_root, tmp_path, monkeypatch, capsys):
     """A bad out= costs a second, not the whole bench: nothing trains."""
     import yolofeed.bench.run as bench
     from yolofeed.cli import main
 
     monkeypatch.setattr(bench, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")  # data= must name a file (the CLI checks that first)
+    (tmp_path / "d.yaml").write_text((synth_root / "data.yaml").read_text())  # a data yaml (checked first)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     assert main(["bench", "data=d.yaml", f"out={blocker / 'sub'}"]) == 1
@@ -450,7 +450,7 @@ def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
     assert heavy_optimizer(rows)[1] == "stock: the optimiser step (AdamW) took 30 ms of its 80 ms step"
 
 
-def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypatch, capsys):
+def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(synth_root, tmp_path, monkeypatch, capsys):
     """The bench's yolofeed modes name the raw pack; where it cannot fit, the one-line error offers the jpeg mode."""
     import yolofeed.bench.run as bench
     from yolofeed.cli import main
@@ -463,7 +463,7 @@ def test_a_raw_pack_too_big_for_the_disk_names_the_jpeg_mode(tmp_path, monkeypat
 
     monkeypatch.setattr(bench, "profile", profile)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "d.yaml").write_text("")
+    (tmp_path / "d.yaml").write_text((synth_root / "data.yaml").read_text())  # checked before any mode runs
     assert main(["bench", "data=d.yaml", "modes=yolofeed,stock", f"out={tmp_path / 'b'}", "isolate=False"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]  # the lines before it: the bench's progress bar
     assert "not enough free space" in err and err.endswith("modes=yolofeed_jpeg,stock")

@@ -1,7 +1,7 @@
 """Ultralytics' detection loss without host syncs, given two counts the loader learned a step early.
 
-In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``torch.cuda.set_sync_debug_mode`` counts them;
-YOLO26's end-to-end loss runs it twice). The first drains the forward pass; after it the GPU idles while
+In Ultralytics 8.4.190 one yolo11n loss makes 16 synchronising CUDA calls (``torch.cuda.set_sync_debug_mode``
+counts them; YOLO26's end-to-end loss runs it twice). The first drains the forward pass; after it the GPU idles while
 the host launches the target assignment's small kernels between syncs: 15 ms of a 78 ms yolo11n step at
 batch 128 on the H200, with no data work at all. Without syncs the host launches the loss while the GPU
 still runs the forward pass. Where they come from, and what replaces them (same values, same order):

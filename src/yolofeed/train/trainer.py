@@ -268,7 +268,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         return super().save_model()
 
     def final_eval(self):
-        """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam.py), its in-place rewrites of last.pt and best.pt
+        """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
         (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
