@@ -1,0 +1,241 @@
+"""The training step alone, on one GPU-resident batch: where its kernels' time goes, and what each lever saves.
+
+    python -m tools.step_levers model=yolo11n.yaml batch=128 imgsz=640 out=$OUT/levers
+
+The step is the ceiling's (yolofeed's sync-free loss, Ultralytics' model, fp16 autocast, channels-last), without
+the optimiser: forward, loss, backward. Each lever is timed against the plain step in the same process, alternating,
+so the GPU's clock and temperature are shared. The batch is random boxes on noise: the kernels' cost depends on
+shapes and box counts, not on content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+
+def _batch(b: int, imgsz: int, boxes: int, device: str, generator: torch.Generator) -> dict:
+    """Ultralytics' collated batch: ``boxes`` boxes in each image, normalised xywh."""
+    n = b * boxes
+    wh = torch.rand(n, 2, generator=generator) * 0.3 + 0.02
+    xy = torch.rand(n, 2, generator=generator) * (1 - wh) + wh / 2
+    return {"img": torch.rand(b, 3, imgsz, imgsz, generator=generator).to(device),
+            "batch_idx": torch.arange(b).repeat_interleave(boxes).float().to(device),
+            "cls": torch.randint(0, 80, (n, 1), generator=generator).float().to(device),
+            "bboxes": torch.cat([xy, wh], 1).to(device)}
+
+
+def _model(cfg: str, device: str):
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    model = DetectionModel(cfg, nc=80, verbose=False).to(device).to(memory_format=torch.channels_last)
+    model.args = get_cfg()
+    return model.train()
+
+
+def _with_counts(model, batch: dict) -> dict:
+    """The sync-free loss's two counts for ``batch``, as the ceiling reads them once per replayed batch."""
+    from yolofeed.train import loss as train_loss
+    from yolofeed.train.step import counts_for_ultralytics_batch
+
+    train_loss.install(model)
+    trainer = SimpleNamespace(sync_free_loss=True, args=SimpleNamespace(multi_scale=0), model=model)
+    counts = counts_for_ultralytics_batch(trainer, batch) or {}
+    with torch.autocast("cuda", dtype=torch.float16):
+        model.loss({**batch, **counts}, model(batch["img"]))  # given max_boxes, it makes the anchors
+    return {**batch, **(counts_for_ultralytics_batch(trainer, batch) or counts)}
+
+
+def _step(model, batch: dict, forward=None) -> None:
+    forward = forward or model
+    with torch.autocast("cuda", dtype=torch.float16):
+        preds = forward(batch["img"])
+        loss, _ = model.loss(batch, preds)
+    (loss.sum() * 1024.0).backward()  # a GradScaler's scale: one multiply
+    for p in model.parameters():
+        p.grad = None
+
+
+def _time(fn, n: int) -> float:
+    """Mean ms of ``fn`` over ``n`` calls, by CUDA events (the queue is full: the GPU's time)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+CATEGORIES = (  # kernel name pattern -> what it is (first match wins)
+    ("batch norm", r"bn_|batch_norm|batchnorm|welford|cudnn::bn"),
+    ("convolution", r"conv|implicit|gemm|xmma|cutlass|sm90|sm80|wgrad|dgrad|fprop|nhwc|winograd|cudnn"),
+    ("SiLU", r"silu"),
+    ("copy/cat", r"copy|cat|transpose|permute|index|gather|scatter|upsample|nearest"),
+    ("reduction", r"reduce|sum|max|min|topk|sort|radix|scan|argmax"),
+    ("elementwise", r"elementwise|vectorized|unrolled|pointwise|triton"),
+)
+
+
+def _breakdown(model, batch: dict, steps: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            _step(model, batch)
+        torch.cuda.synchronize()
+    kernels, by_cat = [], defaultdict(float)
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if us <= 0 or e.key.startswith(("ProfilerStep", "cuda")):
+            continue
+        cat = next((c for c, rx in CATEGORIES if re.search(rx, e.key, re.I)), "other")
+        by_cat[cat] += us / steps / 1e3
+        kernels.append((us / steps / 1e3, e.count // steps, cat, e.key[:110]))
+    kernels.sort(reverse=True)
+    return {"by_category_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
+            "kernels_per_step": sum(k[1] for k in kernels), "top": kernels[:40]}
+
+
+def _phases(model, batch: dict, n: int) -> dict:
+    """Forward, loss and backward apart (a sync between them: for the split, not the sum)."""
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    out = defaultdict(float)
+    for _ in range(n):
+        torch.cuda.synchronize()
+        ev[0].record()
+        with torch.autocast("cuda", dtype=torch.float16):
+            preds = model(batch["img"])
+            ev[1].record()
+            loss, _ = model.loss(batch, preds)
+        ev[2].record()
+        (loss.sum() * 1024.0).backward()
+        ev[3].record()
+        torch.cuda.synchronize()
+        for p in model.parameters():
+            p.grad = None
+        for k, (a, b) in {"forward": (0, 1), "loss": (1, 2), "backward": (2, 3)}.items():
+            out[k] += ev[a].elapsed_time(ev[b]) / n
+    return dict(out)
+
+
+# ---- levers: each returns a forward to use in place of the model's, or changes the model in place ----
+
+def _bn_silu(x, w, b, rm, rv, momentum: float, eps: float):
+    return F.silu(F.batch_norm(x, rm, rv, w, b, True, momentum, eps))
+
+
+def lever_compiled_bn_silu(model):
+    """Every Conv's batch norm and SiLU as one inductor kernel (forward and backward); the convolution stays cuDNN's."""
+    from ultralytics.nn.modules.conv import Conv
+
+    fused = torch.compile(_bn_silu, dynamic=True)
+    for m in model.modules():
+        if type(m) is Conv and isinstance(m.act, torch.nn.SiLU) and isinstance(m.bn, torch.nn.BatchNorm2d):
+            def forward(x, m=m):
+                bn = m.bn
+                bn.num_batches_tracked.add_(1)
+                return fused(m.conv(x), bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+            m.forward = forward
+    return None
+
+
+def lever_compiled_blocks(model):
+    """Every top-level layer compiled on its own (regional compile, inductor), the loss and the head eager."""
+    for i, m in enumerate(model.model[:-1]):
+        model.model[i] = torch.compile(m, dynamic=False)
+    return None
+
+
+def lever_cuda_graph(model, batch: dict):
+    """The forward and backward of the model (not the loss) captured as CUDA graphs (static shapes)."""
+    def flat(img):
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            p = model(img)
+        return (p["boxes"], p["scores"], *p["feats"])
+
+    graphed = torch.cuda.make_graphed_callables(flat, (batch["img"].clone(),), num_warmup_iters=3)
+
+    def forward(img):
+        out = graphed(img)
+        return {"boxes": out[0], "scores": out[1], "feats": list(out[2:])}
+    return forward
+
+
+def lever_bf16(model):
+    """Not a lever of ours: Ultralytics' ``amp=bf16`` key, for scale."""
+    return "bf16"
+
+
+def main(argv: list[str]) -> None:
+    args = dict(a.split("=", 1) for a in argv)
+    cfg, b, imgsz = args.get("model", "yolo11n.yaml"), int(args.get("batch", 128)), int(args.get("imgsz", 640))
+    n, out = int(args.get("n", 20)), Path(args.get("out", "/tmp/levers"))
+    levers = args.get("levers", "compiled_bn_silu,compiled_blocks,cuda_graph").split(",")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cudnn.deterministic = True  # Ultralytics' deterministic=True default
+    g = torch.Generator().manual_seed(0)
+    report = {"model": cfg, "batch": b, "imgsz": imgsz, "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(), "levers": {}}
+    model = _model(cfg, "cuda")
+    batch = _with_counts(model, _batch(b, imgsz, 24, "cuda", g))
+    for _ in range(5):
+        _step(model, batch)
+    report["base_ms"] = _time(lambda: _step(model, batch), n)
+    report["phases_ms"] = _phases(model, batch, 5)
+    report["breakdown"] = _breakdown(model, batch, 3)
+    print(json.dumps({k: report[k] for k in ("base_ms", "phases_ms")}), flush=True)
+    for c, ms in report["breakdown"]["by_category_ms"].items():
+        print(f"  {c:<14}{ms:8.2f} ms", flush=True)
+    for name in levers:
+        torch.manual_seed(0)
+        other = _model(cfg, "cuda")
+        other.load_state_dict(model.state_dict())
+        obatch = _with_counts(other, batch)
+        t0 = time.perf_counter()
+        try:
+            fwd = lever_cuda_graph(other, obatch) if name == "cuda_graph" else globals()[f"lever_{name}"](other)
+            if fwd == "bf16":
+                def run():
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        loss, _ = other.loss(obatch, other(obatch["img"]))
+                    loss.sum().backward()
+                    for p in other.parameters():
+                        p.grad = None
+            else:
+                def run():
+                    _step(other, obatch, fwd)
+            for _ in range(5):
+                run()
+            torch.cuda.synchronize()
+            ready = time.perf_counter() - t0
+            base, lev = [], []
+            for _ in range(3):  # alternate: shared clocks
+                base.append(_time(lambda: _step(model, batch), n))
+                lev.append(_time(run, n))
+            res = {"base_ms": min(base), "lever_ms": min(lev), "speedup": min(base) / min(lev),
+                   "ready_s": ready}
+        except Exception as e:  # a lever that cannot run is a finding, not a crash
+            res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        report["levers"][name] = res
+        print(name, json.dumps(res), flush=True)
+        del other
+        torch.cuda.empty_cache()
+    (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
+    top = "\n".join(f"{ms:8.3f} ms {cnt:5d}x {cat:<12} {name}" for ms, cnt, cat, name in report["breakdown"]["top"])
+    (out / f"{Path(cfg).stem}_kernels.txt").write_text(top + "\n")
+    print(top)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
