@@ -157,19 +157,73 @@ def lever_compiled_blocks(model):
     return None
 
 
-def lever_cuda_graph(model, batch: dict):
-    """The forward and backward of the model (not the loss) captured as CUDA graphs (static shapes)."""
-    def flat(img):
+class _Flat(torch.nn.Module):
+    """The model's training output as a flat tuple (what a graphed callable may return)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, img):
         with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
-            p = model(img)
+            p = self.model(img)
         return (p["boxes"], p["scores"], *p["feats"])
 
-    graphed = torch.cuda.make_graphed_callables(flat, (batch["img"].clone(),), num_warmup_iters=3)
+
+def lever_cuda_graph(model, batch: dict):
+    """The forward and backward of the model (not the loss) captured as CUDA graphs (static shapes)."""
+    graphed = torch.cuda.make_graphed_callables(_Flat(model), (batch["img"].clone(),), num_warmup_iters=3)
 
     def forward(img):
         out = graphed(img)
         return {"boxes": out[0], "scores": out[1], "feats": list(out[2:])}
     return forward
+
+
+def lever_split_cv1(model):
+    """C2f/C3k2's first convolution as two half convolutions (the same weight, sliced), so that neither half is a
+    strided channel slice of an NHWC tensor: the bottlenecks' inputs need no contiguous copy, forward or backward."""
+    from ultralytics.nn.modules.block import C2f
+
+    def half(cv, x, s):
+        conv, bn = cv.conv, cv.bn
+        z = F.conv2d(x, conv.weight[s], None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        z = F.batch_norm(z, bn.running_mean[s], bn.running_var[s], bn.weight[s], bn.bias[s], True, bn.momentum, bn.eps)
+        return cv.act(z)
+
+    for m in model.modules():
+        if isinstance(m, C2f) and type(m).forward is C2f.forward:
+            def forward(x, m=m):
+                m.cv1.bn.num_batches_tracked.add_(1)
+                y = [half(m.cv1, x, slice(0, m.c)), half(m.cv1, x, slice(m.c, 2 * m.c))]
+                y.extend(b(y[-1]) for b in m.m)
+                return m.cv2(torch.cat(y, 1))
+            m.forward = forward
+    return None
+
+
+def lever_nchw(model):
+    """Not a lever of ours: Ultralytics' ``channels_last=False``, for scale."""
+    model.to(memory_format=torch.contiguous_format)
+    return None
+
+
+def _copies(model, batch: dict) -> list:
+    """The copying ops of one step (copy_, cat, clone, fill), by device time, with their shapes and callers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True, with_stack=True) as prof:
+        _step(model, batch)
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True, group_by_stack_n=4):
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if us > 0 and e.key in ("aten::copy_", "aten::cat", "aten::fill_", "aten::zero_", "aten::add_",
+                                "aten::upsample_nearest2d", "aten::_to_copy", "aten::index", "aten::index_put_"):
+            stack = [f for f in (e.stack or []) if "site-packages/torch" not in f][:3]
+            rows.append((round(us / 1e3, 3), e.count, e.key, str(e.input_shapes)[:90], stack))
+    rows.sort(key=lambda r: -r[0])
+    return rows[:30]
 
 
 def lever_bf16(model):
@@ -194,9 +248,11 @@ def main(argv: list[str]) -> None:
     report["base_ms"] = _time(lambda: _step(model, batch), n)
     report["phases_ms"] = _phases(model, batch, 5)
     report["breakdown"] = _breakdown(model, batch, 3)
+    report["copies"] = _copies(model, batch) if "copies" in args else []
     print(json.dumps({k: report[k] for k in ("base_ms", "phases_ms")}), flush=True)
     for c, ms in report["breakdown"]["by_category_ms"].items():
         print(f"  {c:<14}{ms:8.2f} ms", flush=True)
+    (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
     for name in levers:
         torch.manual_seed(0)
         other = _model(cfg, "cuda")
@@ -229,6 +285,7 @@ def main(argv: list[str]) -> None:
             res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         report["levers"][name] = res
         print(name, json.dumps(res), flush=True)
+        (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
         del other
         torch.cuda.empty_cache()
     (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
