@@ -18,67 +18,12 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import coin, matmul3, uniform
+from yolofeed.augment.partners import Partners
 
 BOX_WH_MIN = 2.0  # Ultralytics box_candidates: width and height must exceed 2 px
 BOX_AR_MAX = 100.0  # ... aspect ratio below 100
 BOX_AREA_RATIO = 0.10  # ... and keep more than 10 % of the (scaled) original area
-
-
-def uniform(generator: torch.Generator | None, shape: tuple[int, ...], low: Tensor | float, high: Tensor | float,
-            device: torch.device) -> Tensor:
-    """``random.uniform(low, high)`` per element, float64: ``low + (high - low) * U[0, 1)``."""
-    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
-    return low + (high - low) * u
-
-
-def coin(generator: torch.Generator | None, batch_size: int, p: float, device: torch.device) -> Tensor:
-    """(B,) bool, each True with probability ``p`` (Ultralytics' ``random.uniform(0, 1) <= p`` per image)."""
-    return torch.rand(batch_size, generator=generator, device=device) < p
-
-
-# -- partners -------------------------------------------------------------------------------------
-@dataclass
-class Partners:
-    """Which rows of the source images each sample of a batch may take partners from.
-
-    A sample draws a row uniformly from the ``window`` rows that end at ``newest`` and count back (modulo
-    ``ring``): for a pool, the images loaded up to and including its own; for ``within_batch``, the batch.
-
-    Shape: own (B,) int64, each sample's own row; newest (B,) int64; window (B,) int64, each >= 1.
-    """
-
-    own: Tensor
-    newest: Tensor
-    window: Tensor
-    ring: int
-
-    @classmethod
-    def within_batch(cls, batch_size: int, device: torch.device | str = "cpu") -> Partners:
-        """Partners from the batch itself (rows 0..B-1, uniformly): the pool switched off."""
-        own = torch.arange(batch_size, device=device)
-        full = torch.full_like(own, batch_size)
-        return cls(own, full - 1, full, max(batch_size, 1))
-
-    def draw(self, k: int, generator: torch.Generator | None) -> Tensor:
-        """(B, k) int64 rows, each uniform over its sample's window, with replacement (``random.choices``)."""
-        u = torch.rand((len(self.own), k), generator=generator, device=self.own.device, dtype=torch.float64)
-        back = (u * self.window[:, None]).long().minimum(self.window[:, None] - 1)  # 0 .. window-1
-        return (self.newest[:, None] - back) % self.ring
-
-    def mix_partner(self, generator: torch.Generator | None) -> Partners:
-        """One more image per sample, drawn from its window, with that window for its own mosaic partners.
-
-        Ultralytics' MixUp and CutMix blend in a fresh Mosaic + RandomPerspective of one more image: this
-        is that image (Ultralytics picks it from the whole dataset; a window of the epoch's shuffle is a
-        uniform sample of it too).
-        """
-        return Partners(self.draw(1, generator)[:, 0], self.newest, self.window, self.ring)
-
-    @staticmethod
-    def cat(parts: list[Partners]) -> Partners:
-        """One ``Partners`` for the rows of several, in order (all over the same ring)."""
-        return Partners(*(torch.cat([getattr(p, f) for p in parts]) for f in ("own", "newest", "window")),
-                        parts[0].ring)
 
 
 # -- mosaic --------------------------------------------------------------------------------------
@@ -275,16 +220,6 @@ def perspective_matrix(p: PerspectiveParams, canvas_hw: Tensor, size: int) -> tu
     T[:, 0, 2] = (p.translate_x * size).float()
     T[:, 1, 2] = (p.translate_y * size).float()
     return matmul3(T, matmul3(S, matmul3(R, matmul3(P, C)))), p.scale.float()
-
-
-def matmul3(a: Tensor, b: Tensor) -> Tensor:
-    """(B, 3, 3) @ (B, 3, 3) in float32 as (a0 b0 + a1 b1) + a2 b2, one rounding per operation.
-
-    Written out so every device computes the same bits (a BLAS call may fuse or reorder, and the warp
-    reproduces OpenCV exactly only from an identical matrix).
-    """
-    t = a[:, :, :, None] * b[:, None, :, :]  # (B, i, k, j) products
-    return (t[:, :, 0] + t[:, :, 1]) + t[:, :, 2]
 
 
 def transform_boxes(boxes: Tensor, M: Tensor, perspective: bool) -> Tensor:

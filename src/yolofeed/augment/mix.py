@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from yolofeed.augment.geometry import coin
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import coin
 
 MIXUP_BETA = 32.0  # Ultralytics: r ~ Beta(32, 32)
 CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from yolofeed.augment.pool import PartnerPool
 
 from yolofeed.augment import color, geometry, mix
-from yolofeed.augment.geometry import Partners
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import coin
+from yolofeed.augment.partners import Partners
 from yolofeed.augment.warp import warp
 from yolofeed.kernels.compose import compose_reference
 from yolofeed.schema import AugmentedBatch, SourceBatch
@@ -131,7 +132,7 @@ class GpuAugment:
             mixup=mix.sample_mixup(next(blocks) if h.mixup > 0 else off, h, generator),
             cutmix=mix.sample_cutmix(next(blocks) if h.cutmix > 0 else off, h, generator),
             hsv=color.sample_hsv(batch_size, h, generator, dev),
-            bgr=geometry.coin(generator, batch_size, h.bgr, dev))
+            bgr=coin(generator, batch_size, h.bgr, dev))
 
     def geometry(self, sources: SourceBatch, p: AugmentParams) -> Geometry:
         """Mosaic, perspective and flips of every augmented row: one warp pass, boxes through the same matrices."""
