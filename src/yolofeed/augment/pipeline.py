@@ -128,7 +128,7 @@ class GpuAugment:
         return AugmentParams(
             mosaic=geometry.sample_mosaic(every, h, generator),
             perspective=geometry.sample_perspective(n, h, generator, dev),
-            flips=geometry.sample_flips(n, h, generator, dev),
+            flips=geometry.FlipParams(coin(generator, n, h.flipud, dev), coin(generator, n, h.fliplr, dev)),
             mixup=mix.sample_mixup(next(blocks) if h.mixup > 0 else off, h, generator),
             cutmix=mix.sample_cutmix(next(blocks) if h.cutmix > 0 else off, h, generator),
             hsv=color.sample_hsv(batch_size, h, generator, dev),
