@@ -28,17 +28,22 @@ from torch import Tensor
 if TYPE_CHECKING:
     from yolofeed.augment.pool import PartnerPool
 
-from yolofeed.augment.color import RandomHSV, ToBGR
-from yolofeed.augment.geometry import FlipParams, Mosaic, RandomFlip, RandomPerspective
+from yolofeed.augment.color.bgr import ToBGR
+from yolofeed.augment.color.hsv import RandomHSV
+from yolofeed.augment.geometry.flip import FlipParams, RandomFlip
+from yolofeed.augment.geometry.mosaic import Mosaic
+from yolofeed.augment.geometry.perspective import RandomPerspective
 from yolofeed.augment.hyp import AugmentHyp
-from yolofeed.augment.mix import CutMix, CutMixPlan, MixUp, MixUpParams
+from yolofeed.augment.mix.cutmix import CutMix, CutMixPlan
+from yolofeed.augment.mix.mixup import MixUp, MixUpParams
 from yolofeed.augment.op import Draw, GeometricOp, Labels, Op, PixelOp, WarpPlan
 from yolofeed.augment.partners import Partners
 from yolofeed.augment.warp import warp
 from yolofeed.kernels.compose import compose_reference
 from yolofeed.schema import AugmentedBatch, SourceBatch
 
-# Ultralytics' v8_transforms, in its order. An augmentation is one op file and one line here (and its key in hyp.py).
+# Ultralytics' v8_transforms, in its order. An augmentation is one op file and one line here, with its import
+# above (and its key in hyp.py): CONTRIBUTING.md, "An augmentation".
 OPS: tuple[Op, ...] = (
     Mosaic(),
     RandomPerspective(),
