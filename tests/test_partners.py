@@ -22,7 +22,7 @@ import torch
 from helpers import no_host_sync, source_batch
 from yolofeed import synth
 from yolofeed.augment import AugmentHyp, GpuAugment
-from yolofeed.augment.geometry import Partners
+from yolofeed.augment.partners import Partners
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.config import SynthConfig
 from yolofeed.errors import ConfigError

@@ -1,10 +1,11 @@
 """Stage 3: a GPU batch -> Ultralytics' augmented training batch (``v8_transforms``), batched.
 
-``hyp`` reads Ultralytics' settings; ``geometry`` samples mosaic/perspective/flip parameters and moves
-boxes; ``warp`` samples pixels through them in one pass; ``mix`` and ``color`` draw MixUp, CutMix and
-HSV; ``pipeline`` puts them in Ultralytics' order; ``pool`` keeps the images partners are drawn from
-(Ultralytics' buffer); ``graphs`` replays the whole pipeline as a CUDA graph; ``letterbox`` prepares
-validation batches. The two pixel passes (warp, compose) are in ``yolofeed.kernels``.
+Each augmentation is an op, one file in the folder of its kind (``geometry/``: mosaic, perspective, flips;
+``mix/``: MixUp, CutMix; ``color/``: HSV, the BGR swap), holding its params, its draws and its hooks (``op.py``
+says what an op is). ``pipeline`` lists the ops in Ultralytics' order and fuses them into two pixel passes, the
+warp (``warp``) and compose (in ``yolofeed.kernels``). ``hyp`` reads Ultralytics' settings; ``partners`` and
+``pool`` say which images partners are drawn from (Ultralytics' buffer); ``graphs`` replays the whole pipeline as
+a CUDA graph; ``letterbox`` prepares validation batches.
 """
 
 from yolofeed.augment.hyp import AugmentHyp

@@ -1,11 +1,12 @@
-"""The whole training augmentation on a GPU batch, in Ultralytics' order.
+"""The whole training augmentation on a GPU batch: Ultralytics' ops in its order, fused into two passes over pixels.
 
     mosaic (4 or 9) -> random perspective -> MixUp -> CutMix -> HSV -> flip up-down -> flip left-right -> Format
 
-Two passes over pixels: ``warp`` (mosaic placement, perspective and flips in one sampling pass),
-then ``compose`` (MixUp, CutMix, HSV and the BGR swap, one elementwise pass). Boxes stay in padded
-(B, K, 4) tensors with a validity mask until ``AugmentedBatch.to_ultralytics`` packs them into
-Ultralytics' collated form.
+``OPS`` is that list, one op per file (``geometry/``, ``mix/``, ``color/``; ``op.py`` says what an op is). The
+fusion plan maps each op onto one pass: ``warp`` (the geometric ops: mosaic placement, perspective and flips,
+one sampling pass through the product of their steps), then ``compose`` (the pixel ops: MixUp, CutMix, HSV and
+the BGR swap, one elementwise pass). Boxes stay in padded (B, K, 4) tensors with a validity mask until
+``AugmentedBatch.to_ultralytics`` packs them into Ultralytics' collated form.
 
 Partners come from the source images (``Partners``): the batch itself, or a ``PartnerPool`` of the
 images loaded lately, as Ultralytics' buffer. MixUp and CutMix each blend in one more augmented row
@@ -17,6 +18,7 @@ still a fair Bernoulli(fliplr) draw independent of its content.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,37 +28,70 @@ from torch import Tensor
 if TYPE_CHECKING:
     from yolofeed.augment.pool import PartnerPool
 
-from yolofeed.augment import color, geometry, mix
-from yolofeed.augment.geometry import Partners
+from yolofeed.augment.color.bgr import ToBGR
+from yolofeed.augment.color.hsv import RandomHSV
+from yolofeed.augment.geometry.flip import FlipParams, RandomFlip
+from yolofeed.augment.geometry.mosaic import Mosaic
+from yolofeed.augment.geometry.perspective import RandomPerspective
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.mix.cutmix import CutMix, CutMixPlan
+from yolofeed.augment.mix.mixup import MixUp, MixUpParams
+from yolofeed.augment.op import Draw, GeometricOp, Labels, Op, PixelOp, WarpPlan
+from yolofeed.augment.partners import Partners
 from yolofeed.augment.warp import warp
 from yolofeed.kernels.compose import compose_reference
 from yolofeed.schema import AugmentedBatch, SourceBatch
 
+# Ultralytics' v8_transforms, in its order. An augmentation is one op file and one line here, with its import
+# above (and its key in hyp.py): CONTRIBUTING.md, "An augmentation".
+OPS: tuple[Op, ...] = (
+    Mosaic(),
+    RandomPerspective(),
+    MixUp(),
+    CutMix(),
+    RandomHSV(),
+    RandomFlip("flipud"),
+    RandomFlip("fliplr"),
+    ToBGR(),  # Format's bgr
+)
 
-@dataclass
-class AugmentParams:
-    """Every random draw of one batch; replayable.
 
-    The geometric draws (mosaic, perspective, flips) have one row per augmented image: the B samples,
-    then B MixUp partners (if MixUp is on), then B CutMix partners (if CutMix is on). The rest have B rows.
+def fusion_plan(ops: tuple[Op, ...]) -> tuple[tuple[GeometricOp, ...], tuple[PixelOp, ...]]:
+    """Each op onto its pass, in list order within each: (the warp's geometric ops, compose's pixel ops).
+
+    Every geometric op runs before every pixel op. HSV and the BGR swap change each pixel where it is, so a flip
+    commutes with them exactly; with MixUp and CutMix it commutes in distribution (see above). The draws are made
+    in the same order, warp first: the generator's sequence is the plan's.
+    """
+    unplanned = [type(op).__name__ for op in ops if not isinstance(op, (GeometricOp, PixelOp))]
+    if unplanned:
+        raise TypeError(f"ops {unplanned} join neither pass: an op is a GeometricOp (warp) or a PixelOp (compose)")
+    return tuple(op for op in ops if isinstance(op, GeometricOp)), tuple(op for op in ops if isinstance(op, PixelOp))
+
+
+WARP, COMPOSE = fusion_plan(OPS)
+
+
+class _Draws:
+    """Every random draw of one batch, replayable: ``size`` (B), then one field per op, named as the op, in draw order.
+
+    The geometric ops' draws have one row per augmented image: the B samples, then B MixUp partners (if MixUp is
+    on), then B CutMix partners (if CutMix is on). The pixel ops' have B rows.
     """
 
-    mosaic: geometry.MosaicParams
-    perspective: geometry.PerspectiveParams
-    flips: geometry.FlipParams
-    mixup: mix.MixUpParams
-    cutmix: mix.CutMixParams
-    hsv: color.HSVParams
-    bgr: Tensor  # (B,) bool: output BGR instead of RGB (Ultralytics' ``bgr`` probability)
-
     @property
-    def size(self) -> int:
-        """B, the samples in the batch."""
-        return len(self.bgr)
+    def flips(self) -> FlipParams:
+        """Both flips, as the warp reads them."""
+        return FlipParams(self.flipud, self.fliplr)
 
 
-def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan | None, luts: Tensor | None,
+# A dataclass of the ops' draws, made from the plan so that a new op needs no field written here.
+AugmentParams = dataclasses.make_dataclass(
+    "AugmentParams", [("size", int)] + [(op.name, op.Params) for op in WARP + COMPOSE], bases=(_Draws,),
+    namespace={"__module__": __name__, "__doc__": _Draws.__doc__})
+
+
+def compose(warped: Tensor, mixup: MixUpParams | None, cut: CutMixPlan | None, luts: Tensor | None,
             bgr: Tensor | None, rows: int | None = None) -> Tensor:
     """MixUp, CutMix, HSV and the BGR swap per pixel of the first ``rows`` rows (default all), in Ultralytics'
     order; partners are any rows of ``warped``. A Triton kernel on CUDA, ``compose_reference`` elsewhere."""
@@ -72,17 +107,14 @@ def compose(warped: Tensor, mixup: mix.MixUpParams | None, cut: mix.CutMixPlan |
 
 
 @dataclass
-class Geometry:
-    """Every augmented row after mosaic, perspective and flips, before mixing.
+class Geometry(Labels):
+    """Every augmented row after the warp (mosaic, perspective and flips), before mixing.
 
     Shape: img (R, 3, S, S) uint8; cls (R, K) float32; boxes (R, K, 4) float32 xyxy pixels; valid (R, K) bool.
     R = B samples, then their MixUp partners, then their CutMix partners (``AugmentParams``).
     """
 
     img: Tensor
-    cls: Tensor
-    boxes: Tensor
-    valid: Tensor
 
 
 class GpuAugment:
@@ -100,17 +132,18 @@ class GpuAugment:
 
     @property
     def mixers(self) -> int:
-        """Extra augmented rows per sample: one for MixUp, one for CutMix, where they are on."""
-        return int(self.hyp.mixup > 0) + int(self.hyp.cutmix > 0)
+        """Extra augmented rows per sample: one for each mixing op that is on (MixUp, CutMix)."""
+        return sum(op.mixes and op.on(self.hyp) for op in COMPOSE)
 
     @property
     def needs_partners(self) -> bool:
-        """Whether any draw takes other images (mosaic, MixUp, CutMix); else a partner pool is not needed."""
-        return self.hyp.mosaic > 0 or self.mixers > 0
+        """Whether any op that is on takes other images (mosaic, MixUp, CutMix); else a partner pool is not needed."""
+        return any(op.takes_images and op.on(self.hyp) for op in OPS)
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None,
                device: torch.device | str = "cpu", partners: Partners | None = None) -> AugmentParams:
-        """Draw every random parameter of a batch (on ``device``, from ``generator``).
+        """Draw every random parameter of a batch (on ``device``, from ``generator``): the mixing partners, then
+        each op's draws in the plan's order.
 
         Args:
             partners: where each sample's own image and its partners are among the source images;
@@ -123,27 +156,23 @@ class GpuAugment:
         every = Partners.cat(rows) if len(rows) > 1 else partners
         n = len(every.own)
         blocks = iter(torch.arange(batch_size, n, device=dev).reshape(-1, batch_size))  # each mixer's partner rows
-        off = torch.zeros(batch_size, dtype=torch.long, device=dev)  # an op that is off: never read
-        return AugmentParams(
-            mosaic=geometry.sample_mosaic(every, h, generator),
-            perspective=geometry.sample_perspective(n, h, generator, dev),
-            flips=geometry.sample_flips(n, h, generator, dev),
-            mixup=mix.sample_mixup(next(blocks) if h.mixup > 0 else off, h, generator),
-            cutmix=mix.sample_cutmix(next(blocks) if h.cutmix > 0 else off, h, generator),
-            hsv=color.sample_hsv(batch_size, h, generator, dev),
-            bgr=geometry.coin(generator, batch_size, h.bgr, dev))
+        off = torch.zeros(batch_size, dtype=torch.long, device=dev)  # a mixing op that is off: never read
+        draws = {op.name: op.sample(Draw(n, dev, every), h, generator) for op in WARP}
+        for op in COMPOSE:
+            partner = (next(blocks) if op.on(h) else off) if op.mixes else None
+            draws[op.name] = op.sample(Draw(batch_size, dev, partners, partner), h, generator)
+        return AugmentParams(size=batch_size, **draws)
 
     def geometry(self, sources: SourceBatch, p: AugmentParams) -> Geometry:
-        """Mosaic, perspective and flips of every augmented row: one warp pass, boxes through the same matrices."""
-        s = self.hyp.imgsz
-        persp = self.hyp.perspective != 0  # Ultralytics switches warpAffine -> warpPerspective on the setting
-        layout = geometry.mosaic_layout(p.mosaic, sources.hw, s)
-        boxes, valid = geometry.mosaic_boxes(layout, sources.boxes, sources.valid, sources.hw)
-        cls = sources.cls[layout.src].reshape(len(layout.src), -1)
-        M, scale = geometry.perspective_matrix(p.perspective, layout.canvas_hw, s)
-        img = warp(sources.images, layout, M, p.flips, s, persp)
-        boxes, valid = geometry.warp_boxes(boxes, valid, M, scale, s, persp)
-        return Geometry(img, cls, geometry.flip_boxes(boxes, p.flips, s), valid)
+        """The geometric ops on every augmented row: one warp pass, boxes through the same steps."""
+        plan = WarpPlan(self.hyp.imgsz, sources.hw)
+        labels = Labels(sources.cls, sources.boxes, sources.valid)
+        for op in WARP:
+            draws = getattr(p, op.name)
+            plan = op.warp_step(plan, draws, self.hyp)
+            labels = op.apply_boxes(labels, plan, draws, self.hyp)
+        img = warp(sources.images, plan.tiles, plan.matrix, FlipParams(plan.ud, plan.lr), plan.size, plan.projective)
+        return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, img=img)
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         """Apply drawn parameters: pure, so a test can replay them through Ultralytics.
@@ -151,24 +180,15 @@ class GpuAugment:
         Args:
             sources: the images ``p`` indexes: the batch, or the pool's ring it was pushed into.
         """
-        h, s, b = self.hyp, self.hyp.imgsz, p.size
-        g = self.geometry(sources, p)
-        boxes, valid, cls = g.boxes[:b], g.valid[:b], g.cls[:b]
-        mixup = p.mixup if h.mixup > 0 else None
-        if mixup is not None:
-            j = mixup.partner
-            boxes = torch.cat([boxes, g.boxes[j]], 1)
-            valid = torch.cat([valid, g.valid[j] & mixup.apply[:, None]], 1)
-            cls = torch.cat([cls, g.cls[j]], 1)
-        cut = None
-        if h.cutmix > 0:
-            cut = mix.plan_cutmix(p.cutmix, boxes, valid, g.boxes, g.valid, s)
-            boxes = torch.cat([boxes, cut.boxes], 1)
-            valid = torch.cat([valid, cut.take], 1)
-            cls = torch.cat([cls, g.cls[cut.partner]], 1)
-        luts = color.hsv_luts(p.hsv) if p.hsv.enabled else None
-        img = compose(g.img, mixup, cut, luts, p.bgr if h.bgr > 0 else None, b)
-        return AugmentedBatch(img, cls, boxes, valid)
+        b = p.size
+        rows = self.geometry(sources, p)
+        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b])
+        terms = {}
+        for op in COMPOSE:
+            draws = getattr(p, op.name)
+            terms[op.term] = term = op.compose_term(draws, labels, rows, self.hyp)
+            labels = op.apply_boxes(labels, rows, term)
+        return AugmentedBatch(compose(rows.img, rows=b, **terms), labels.cls, labels.boxes, labels.valid)
 
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolofeed.augment.geometry import Partners
+from yolofeed.augment.partners import Partners
 from yolofeed.errors import ConfigError
 from yolofeed.schema import SourceBatch
 

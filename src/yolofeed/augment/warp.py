@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from yolofeed.augment.geometry import FlipParams, Layout
+from yolofeed.augment.geometry.flip import FlipParams
+from yolofeed.augment.geometry.mosaic import Layout
 from yolofeed.kernels.warp import BORDER, warp_reference
 
 

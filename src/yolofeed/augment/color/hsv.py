@@ -1,9 +1,9 @@
-"""Colour: Ultralytics' ``RandomHSV`` (LUTs in OpenCV's 8-bit HSV space), bit for bit.
+"""Ultralytics' ``RandomHSV`` (LUTs in OpenCV's 8-bit HSV space), bit for bit.
 
-Ultralytics converts BGR -> HSV with ``cv2.cvtColor`` (hue 0-179), maps each channel through a
-per-image LUT, and converts back. Here: the per-image gains and their LUTs; the conversions and the
-lookup are pixel work, in the compose kernel (``kernels/hsv.py`` is their torch reference, exact to
-``cv2``; ``kernels/compose_triton.py`` runs them in one pass with MixUp, CutMix and the BGR swap).
+Ultralytics converts BGR -> HSV with ``cv2.cvtColor`` (hue 0-179), maps each channel through a per-image LUT,
+and converts back. Here: the per-image gains and their LUTs; the conversions and the lookup are pixel work, a
+term of the compose pass (``kernels/hsv.py`` is their torch reference, exact to ``cv2``;
+``kernels/compose_triton.py`` runs them in one pass with MixUp, CutMix and the BGR swap).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import Draw, Labels, PixelOp
 from yolofeed.kernels.hsv import HUE_RANGE
 
 
@@ -45,3 +46,18 @@ def hsv_luts(p: HSVParams) -> Tensor:
     val = (x * (r[:, 2] + 1)).clamp(0, 255)
     sat[:, 0] = 0  # Ultralytics 8.3.79: keeps pure white white
     return torch.stack([hue, sat, val], 1).to(torch.uint8)
+
+
+class RandomHSV(PixelOp):
+    """Ultralytics' ``RandomHSV`` (``hsv_h``, ``hsv_s``, ``hsv_v``); boxes stay where they are."""
+
+    name, Params, term = "hsv", HSVParams, "luts"
+
+    def on(self, hyp: AugmentHyp) -> bool:
+        return bool(hyp.hsv_h or hyp.hsv_s or hyp.hsv_v)
+
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> HSVParams:
+        return sample_hsv(draw.rows, hyp, generator, draw.device)
+
+    def compose_term(self, p: HSVParams, labels: Labels, rows: Labels, hyp: AugmentHyp) -> Tensor | None:
+        return hsv_luts(p) if p.enabled else None

@@ -1,48 +1,23 @@
-"""Mixing two augmented images: Ultralytics' ``MixUp`` and ``CutMix``.
+"""Ultralytics' ``CutMix``: a rectangle of a partner pasted into each sample where it covers none of its boxes.
 
-In Ultralytics the partner is a fresh mosaic + perspective of one more image. Here too: the pipeline
-augments one extra row per sample for each mixing op (``Partners.mix_partner``: an image from the sample's
-partner window, with its own mosaic, perspective and flip), and ``partner`` names that row.
+As MixUp, the partner is one more augmented row per sample (``Partners.mix_partner``). ``plan_cutmix`` is
+``CutMix.get_params`` + ``apply_instances`` for every sample at once: the area and the partner boxes it takes;
+the paste is a term of the compose pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from yolofeed.augment.geometry import coin
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import Draw, Labels, PixelOp, coin
 
-MIXUP_BETA = 32.0  # Ultralytics: r ~ Beta(32, 32)
 CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image
 CUTMIX_IOA = 0.10  # a partner box is taken if at least 10 % of it lies in the cut region
-
-
-def _beta_symmetric(a: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """Beta(a, a) for integer a as X / (X + Y), X, Y ~ Gamma(a) = sums of a exponentials: exact, and seedable
-    on any device (torch's Beta sampler takes no generator)."""
-    u = torch.rand((*shape, 2, a), generator=generator, device=device, dtype=torch.float64)
-    g = -torch.log1p(-u).sum(-1)  # log1p(-u): u in [0, 1) never gives log(0)
-    return g[..., 0] / (g[..., 0] + g[..., 1])
-
-
-@dataclass
-class MixUpParams:
-    """Shape: apply (B,) bool; ratio (B,) float64; partner (B,) int64 rows of the augmented images."""
-
-    apply: Tensor
-    ratio: Tensor
-    partner: Tensor
-
-
-def sample_mixup(partner: Tensor, hyp: AugmentHyp, generator: torch.Generator | None) -> MixUpParams:
-    """Draw MixUp for each sample; ``partner`` (B,) are the augmented rows they blend with."""
-    batch_size, device = len(partner), partner.device
-    apply = coin(generator, batch_size, hyp.mixup, device)
-    ratio = _beta_symmetric(int(MIXUP_BETA), (batch_size,), generator, device)
-    return MixUpParams(apply, ratio, partner)
 
 
 @dataclass
@@ -127,3 +102,26 @@ def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Te
                            (pb[..., 2] - x1).clamp(0, None).minimum(x2 - x1) + x1,
                            (pb[..., 3] - y1).clamp(0, None).minimum(y2 - y1) + y1], -1)
     return CutMixPlan(apply, a, take & apply[:, None], clipped, p.partner)
+
+
+class CutMix(PixelOp):
+    """Ultralytics' ``CutMix`` with probability ``cutmix``."""
+
+    name, Params, term, takes_images, mixes = "cutmix", CutMixParams, "cut", True, True
+
+    def on(self, hyp: AugmentHyp) -> bool:
+        return hyp.cutmix > 0
+
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> CutMixParams:
+        return sample_cutmix(draw.partner, hyp, generator)
+
+    def compose_term(self, p: CutMixParams, labels: Labels, rows: Labels, hyp: AugmentHyp) -> CutMixPlan | None:
+        return plan_cutmix(p, labels.boxes, labels.valid, rows.boxes, rows.valid, hyp.imgsz) if self.on(hyp) else None
+
+    def apply_boxes(self, labels: Labels, rows: Labels, term: CutMixPlan | None) -> Labels:
+        """The partner's boxes in the pasted area, clipped to it, after the sample's."""
+        if term is None:
+            return labels
+        return dataclasses.replace(labels, cls=torch.cat([labels.cls, rows.cls[term.partner]], 1),
+                                   boxes=torch.cat([labels.boxes, term.boxes], 1),
+                                   valid=torch.cat([labels.valid, term.take], 1))

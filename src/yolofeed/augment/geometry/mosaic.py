@@ -1,0 +1,181 @@
+"""Ultralytics' ``Mosaic`` (its 2x2, or the 3x3 ``Mosaic(n=9)``): the first step of the warp.
+
+It places tiles by integer offsets on a canvas (``Layout``: where each tile's pixels land); the warp never builds
+the canvas, it looks each output pixel's neighbours up in the tile that covers them (``kernels/warp.py``). The
+boxes: every tile's stored boxes on the canvas, clipped to it (``mosaic_boxes``). Everything is batched; loops run
+over the 4 or 9 tiles, never over samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, coin, uniform
+from yolofeed.augment.partners import Partners
+
+
+@dataclass
+class MosaicParams:
+    """Per-sample mosaic draws.
+
+    Shape:
+        apply: (B,) bool. center: (B, 2) int64 canvas (xc, yc), 4-grid only.
+        sources: (B, T) int64 rows of the source images (the batch, or a ``PartnerPool``'s ring) of the tiles;
+            column 0 is the sample's own image.
+    """
+
+    apply: Tensor
+    center: Tensor
+    sources: Tensor
+    grid: int
+
+
+def sample_mosaic(partners: Partners, hyp: AugmentHyp, generator: torch.Generator | None) -> MosaicParams:
+    """Draw mosaic decisions, centres and partner images, one sample per row of ``partners``.
+
+    Each sample's own image is tile 0; the other tiles are drawn uniformly, with replacement, from its
+    window (``Partners``): Ultralytics' ``random.choices(dataset.buffer, k=n - 1)``.
+    """
+    s, t, dev = hyp.imgsz, hyp.mosaic_grid, partners.own.device
+    batch_size = len(partners.own)
+    apply = coin(generator, batch_size, hyp.mosaic, dev)
+    border = -s // 2  # Ultralytics' self.border (floor division of the negative)
+    c = uniform(generator, (batch_size, 2), -border, 2 * s + border, dev).floor().long()  # int(uniform(...))
+    sources = torch.cat([partners.own[:, None], partners.draw(t - 1, generator)], 1)
+    return MosaicParams(apply, c, sources, t)
+
+
+@dataclass
+class Layout:
+    """Where each tile's pixels land on a sample's canvas.
+
+    A canvas pixel (cx, cy) inside ``rect[b, k]`` shows source pixel (cx - pad_x, cy - pad_y) of
+    image ``src[b, k]``; later tiles win where rectangles overlap (the 9-grid, as Ultralytics
+    pastes in order); anything else is the fill value 114.
+
+    Shape:
+        src: (B, T) int64. rect: (B, T, 4) int64 x1, y1, x2, y2 (empty when x2 <= x1). pad: (B, T, 2) int64.
+        canvas_hw: (B, 2) int64. mosaic: (B,) bool.
+    """
+
+    src: Tensor
+    rect: Tensor
+    pad: Tensor
+    canvas_hw: Tensor
+    mosaic: Tensor
+
+
+def mosaic_layout(p: MosaicParams, hw: Tensor, imgsz: int) -> Layout:
+    """Ultralytics' ``Mosaic.get_params`` for every sample at once (single images where ``apply`` is False).
+
+    Args:
+        hw: (N, 2) int64 stored (h, w) of the batch's images.
+    """
+    s = imgsz
+    src = p.sources
+    h, w = hw[src, 0], hw[src, 1]  # (B, T)
+    zero = torch.zeros_like(h)
+    if p.grid == 4:
+        xc, yc = p.center[:, :1], p.center[:, 1:]
+        two_s = torch.full_like(h, 2 * s)
+        x1a = torch.stack([(xc - w[:, 0:1]).clamp(min=0)[:, 0], xc[:, 0], (xc - w[:, 2:3]).clamp(min=0)[:, 0],
+                           xc[:, 0]], 1)
+        y1a = torch.stack([(yc - h[:, 0:1]).clamp(min=0)[:, 0], (yc - h[:, 1:2]).clamp(min=0)[:, 0], yc[:, 0],
+                           yc[:, 0]], 1)
+        x2a = torch.stack([xc[:, 0], torch.minimum(xc + w[:, 1:2], two_s[:, :1])[:, 0], xc[:, 0],
+                           torch.minimum(xc + w[:, 3:4], two_s[:, :1])[:, 0]], 1)
+        y2a = torch.stack([yc[:, 0], yc[:, 0], torch.minimum(yc + h[:, 2:3], two_s[:, :1])[:, 0],
+                           torch.minimum(yc + h[:, 3:4], two_s[:, :1])[:, 0]], 1)
+        # source top-left: right/bottom-aligned for tiles left of / above the centre
+        k = torch.arange(4, device=h.device)  # built on the device: no host-to-device copy in the hot path
+        x1b = torch.where(k % 2 == 0, w - (x2a - x1a), zero)  # tiles 0, 2 (left of the centre) right-aligned
+        y1b = torch.where(k < 2, h - (y2a - y1a), zero)  # tiles 0, 1 (above the centre) bottom-aligned
+        rect = torch.stack([x1a, y1a, x2a, y2a], -1)
+        pad = torch.stack([x1a - x1b, y1a - y1b], -1)
+        canvas = torch.full((len(src), 2), 2 * s, dtype=torch.long, device=h.device)
+    else:  # 3x3: Ultralytics places tiles on a 3s canvas, then crops ceil(s/2) off each side
+        off = -(-s // 2)
+        h0, w0 = h[:, 0], w[:, 0]
+        corners = []
+        hp, wp = h[:, 0], w[:, 0]
+        for k in range(9):
+            hk, wk = h[:, k], w[:, k]
+            c = {0: (s, s, s + wk, s + hk), 1: (s, s - hk, s + wk, s), 2: (s + wp, s - hk, s + wp + wk, s),
+                 3: (s + w0, s, s + w0 + wk, s + hk), 4: (s + w0, s + hp, s + w0 + wk, s + hp + hk),
+                 5: (s + w0 - wk, s + h0, s + w0, s + h0 + hk), 6: (s + w0 - wp - wk, s + h0, s + w0 - wp, s + h0 + hk),
+                 7: (s - wk, s + h0 - hk, s, s + h0), 8: (s - wk, s + h0 - hp - hk, s, s + h0 - hp)}[k]
+            corners.append(torch.stack([v if isinstance(v, Tensor) else torch.full_like(hk, v) for v in c], -1))
+            hp, wp = hk, wk
+        c = torch.stack(corners, 1)  # (B, 9, 4) in 3s-canvas coordinates, before clipping at 0
+        rect = c.clamp(min=0) - off
+        pad = c[..., :2] - off
+        canvas = torch.full((len(src), 2), 3 * s - 2 * off, dtype=torch.long, device=h.device)
+    # samples without mosaic: their own image, alone, on a canvas of its size
+    single_rect = torch.zeros_like(rect)
+    single_rect[:, 0, 2], single_rect[:, 0, 3] = w[:, 0], h[:, 0]
+    m = p.apply[:, None, None]
+    return Layout(src=src, rect=torch.where(m, rect, single_rect), pad=torch.where(m, pad, torch.zeros_like(pad)),
+                  canvas_hw=torch.where(p.apply[:, None], canvas, hw[src[:, 0]]), mosaic=p.apply)
+
+
+def xywhn_to_xyxy(boxes: Tensor, hw: Tensor) -> Tensor:
+    """Normalised xywh -> pixel xyxy, in Ultralytics' order (convert, then denormalise), float32.
+
+    Shape:
+        boxes: (..., 4). hw: (..., 2) broadcastable (h, w).
+    """
+    xy, half = boxes[..., :2], boxes[..., 2:] / 2
+    xyxy = torch.cat([xy - half, xy + half], -1)
+    wh = torch.stack([hw[..., 1], hw[..., 0]], -1).to(boxes.dtype)
+    return xyxy * torch.cat([wh, wh], -1)
+
+
+def mosaic_boxes(layout: Layout, boxes: Tensor, valid: Tensor, hw: Tensor) -> tuple[Tensor, Tensor]:
+    """Every tile's boxes on the canvas, clipped to it, zero-area ones dropped (mosaic samples only).
+
+    Args:
+        boxes: (N, L, 4) normalised xywh of the batch's images; valid: (N, L) bool.
+        hw: (N, 2) stored (h, w).
+
+    Returns:
+        (B, T*L, 4) float32 pixel xyxy on the canvas, and (B, T*L) bool.
+    """
+    b, t = layout.src.shape
+    src_boxes = boxes[layout.src]  # (B, T, L, 4)
+    xyxy = xywhn_to_xyxy(src_boxes, hw[layout.src][:, :, None, :])
+    xyxy = xyxy + layout.pad.repeat(1, 1, 2)[:, :, None, :].to(xyxy.dtype)
+    ok = valid[layout.src].clone()
+    ok[:, 1:] &= layout.mosaic[:, None, None]  # single images keep only their own labels
+    xyxy, ok = xyxy.reshape(b, -1, 4), ok.reshape(b, -1)
+    ch, cw = layout.canvas_hw[:, 0, None].to(xyxy.dtype), layout.canvas_hw[:, 1, None].to(xyxy.dtype)
+    clipped = torch.stack([xyxy[..., 0].clamp(min=0).minimum(cw), xyxy[..., 1].clamp(min=0).minimum(ch),
+                           xyxy[..., 2].clamp(min=0).minimum(cw), xyxy[..., 3].clamp(min=0).minimum(ch)], -1)
+    area_ok = (clipped[..., 2] - clipped[..., 0]) * (clipped[..., 3] - clipped[..., 1]) > 0
+    m = layout.mosaic[:, None]
+    return torch.where(m[..., None], clipped, xyxy), ok & torch.where(m, area_ok, torch.ones_like(area_ok))
+
+
+class Mosaic(GeometricOp):
+    """Ultralytics' ``Mosaic``: each row's canvas of its own image and ``mosaic_grid - 1`` partners, by ``mosaic``."""
+
+    name, Params, takes_images = "mosaic", MosaicParams, True
+
+    def on(self, hyp: AugmentHyp) -> bool:
+        return hyp.mosaic > 0
+
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> MosaicParams:
+        return sample_mosaic(draw.partners, hyp, generator)
+
+    def warp_step(self, plan: WarpPlan, p: MosaicParams, hyp: AugmentHyp) -> WarpPlan:
+        return dataclasses.replace(plan, tiles=mosaic_layout(p, plan.hw, hyp.imgsz))
+
+    def apply_boxes(self, labels: Labels, plan: WarpPlan, p: MosaicParams, hyp: AugmentHyp) -> Labels:
+        """The stored labels of each row's tiles, on its canvas: (N, L) source rows -> (R, T * L)."""
+        layout = plan.tiles
+        boxes, valid = mosaic_boxes(layout, labels.boxes, labels.valid, plan.hw)
+        return Labels(labels.cls[layout.src].reshape(len(layout.src), -1), boxes, valid)

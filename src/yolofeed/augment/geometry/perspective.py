@@ -1,0 +1,132 @@
+"""Ultralytics' ``RandomPerspective``: rotation, scale, shear, translation and perspective as one (R, 3, 3) matrix.
+
+``M = T @ S @ R @ P @ C`` (Ultralytics' order) maps mosaic canvas pixels to output pixels; the warp samples
+the image through it once, and the boxes go through the same matrix here (their corners, then the hull, clipped
+and filtered as ``box_candidates``). The draws are float64 like Python's ``random``, the matrix float32 like
+OpenCV's, so the warp reproduces ``cv2.warpAffine`` / ``warpPerspective`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, matmul3, uniform
+
+BOX_WH_MIN = 2.0  # Ultralytics box_candidates: width and height must exceed 2 px
+BOX_AR_MAX = 100.0  # ... aspect ratio below 100
+BOX_AREA_RATIO = 0.10  # ... and keep more than 10 % of the (scaled) original area
+
+
+@dataclass
+class PerspectiveParams:
+    """Per-sample draws of ``RandomPerspective`` (Ultralytics' names), float64 like Python's ``random``.
+
+    Shape: every field (B,). ``translate`` fields are fractions of the output size.
+    """
+
+    persp_x: Tensor
+    persp_y: Tensor
+    angle: Tensor
+    scale: Tensor
+    shear_x: Tensor
+    shear_y: Tensor
+    translate_x: Tensor
+    translate_y: Tensor
+
+
+def sample_perspective(batch_size: int, hyp: AugmentHyp, generator: torch.Generator | None,
+                       device: torch.device) -> PerspectiveParams:
+    """Draw rotation, scale, shear, translation and perspective as ``RandomPerspective`` does."""
+    n = (batch_size,)
+    p, d, sh, t = hyp.perspective, hyp.degrees, hyp.shear, hyp.translate
+    lo, hi = (hyp.scale if isinstance(hyp.scale, (tuple, list)) else (1 - hyp.scale, 1 + hyp.scale))
+    return PerspectiveParams(
+        persp_x=uniform(generator, n, -p, p, device), persp_y=uniform(generator, n, -p, p, device),
+        angle=uniform(generator, n, -d, d, device), scale=uniform(generator, n, lo, hi, device),
+        shear_x=uniform(generator, n, -sh, sh, device), shear_y=uniform(generator, n, -sh, sh, device),
+        translate_x=uniform(generator, n, 0.5 - t, 0.5 + t, device),
+        translate_y=uniform(generator, n, 0.5 - t, 0.5 + t, device))
+
+
+def perspective_matrix(p: PerspectiveParams, canvas_hw: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """Ultralytics' ``_compute_affine_matrix``: ``M = T @ S @ R @ P @ C`` in float32.
+
+    Returns:
+        M: (B, 3, 3) float32, canvas pixel -> output pixel. scale: (B,) float32.
+    """
+    b, dev = canvas_hw.shape[0], canvas_hw.device
+    eye = torch.eye(3, dtype=torch.float32, device=dev).repeat(b, 1, 1)
+    C, P, R, S, T = (eye.clone() for _ in range(5))
+    C[:, 0, 2] = -canvas_hw[:, 1].to(torch.float32) / 2
+    C[:, 1, 2] = -canvas_hw[:, 0].to(torch.float32) / 2
+    P[:, 2, 0], P[:, 2, 1] = p.persp_x.float(), p.persp_y.float()
+    a = p.angle * (math.pi / 180)  # cv2.getRotationMatrix2D, centre (0, 0): computed in float64
+    alpha, beta = torch.cos(a) * p.scale, torch.sin(a) * p.scale
+    R[:, 0, 0], R[:, 0, 1], R[:, 1, 0], R[:, 1, 1] = alpha.float(), beta.float(), (-beta).float(), alpha.float()
+    S[:, 0, 1] = torch.tan(p.shear_x * (math.pi / 180)).float()
+    S[:, 1, 0] = torch.tan(p.shear_y * (math.pi / 180)).float()
+    T[:, 0, 2] = (p.translate_x * size).float()
+    T[:, 1, 2] = (p.translate_y * size).float()
+    return matmul3(T, matmul3(S, matmul3(R, matmul3(P, C)))), p.scale.float()
+
+
+def transform_boxes(boxes: Tensor, M: Tensor, perspective: bool) -> Tensor:
+    """Ultralytics' ``apply_bboxes``: the four corners through ``M``, then their bounding box.
+
+    Shape:
+        boxes: (B, K, 4) xyxy. M: (B, 3, 3). Returns (B, K, 4).
+    """
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    corners = torch.stack([torch.stack([x1, y1], -1), torch.stack([x2, y2], -1), torch.stack([x1, y2], -1),
+                           torch.stack([x2, y1], -1)], -2)  # (B, K, 4, 2)
+    xy1 = torch.cat([corners, torch.ones_like(corners[..., :1])], -1)  # (B, K, 4, 3)
+    out = xy1 @ M.transpose(1, 2)[:, None]  # (B, K, 4, 3)
+    xy = out[..., :2] / out[..., 2:3] if perspective else out[..., :2]
+    return torch.cat([xy.amin(-2), xy.amax(-2)], -1)
+
+
+def box_candidates(before: Tensor, after: Tensor, area_thr: float = BOX_AREA_RATIO, eps: float = 1e-16) -> Tensor:
+    """Ultralytics' ``box_candidates``: wide and tall enough, not too thin, enough area kept.
+
+    Shape: before, after: (..., 4) xyxy. Returns (...) bool.
+    """
+    w1, h1 = before[..., 2] - before[..., 0], before[..., 3] - before[..., 1]
+    w2, h2 = after[..., 2] - after[..., 0], after[..., 3] - after[..., 1]
+    ar = torch.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > BOX_WH_MIN) & (h2 > BOX_WH_MIN) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < BOX_AR_MAX)
+
+
+def warp_boxes(boxes: Tensor, valid: Tensor, M: Tensor, scale: Tensor, size: int,
+               perspective: bool) -> tuple[Tensor, Tensor]:
+    """``RandomPerspective.apply_instances`` for boxes: transform, clip to the output, filter.
+
+    Returns:
+        (B, K, 4) xyxy in output pixels, and the updated (B, K) validity.
+    """
+    new = transform_boxes(boxes, M, perspective).clamp(0, size)
+    old = boxes * scale[:, None, None]  # Ultralytics compares against the original box scaled by s
+    return new, valid & box_candidates(old, new)
+
+
+class RandomPerspective(GeometricOp):
+    """Ultralytics' ``RandomPerspective`` (``degrees``, ``translate``, ``scale``, ``shear``, ``perspective``): always
+    on, the identity where they are all 0; ``perspective != 0`` switches to warpPerspective, as Ultralytics does."""
+
+    name, Params = "perspective", PerspectiveParams
+
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> PerspectiveParams:
+        return sample_perspective(draw.rows, hyp, generator, draw.device)
+
+    def warp_step(self, plan: WarpPlan, p: PerspectiveParams, hyp: AugmentHyp) -> WarpPlan:
+        M, _ = perspective_matrix(p, plan.tiles.canvas_hw, hyp.imgsz)
+        return plan.then(M, projective=hyp.perspective != 0)
+
+    def apply_boxes(self, labels: Labels, plan: WarpPlan, p: PerspectiveParams, hyp: AugmentHyp) -> Labels:
+        boxes, valid = warp_boxes(labels.boxes, labels.valid, plan.step, p.scale.float(), hyp.imgsz, plan.projective)
+        return dataclasses.replace(labels, boxes=boxes, valid=valid)

@@ -1,0 +1,68 @@
+"""Ultralytics' ``MixUp``: each sample blended with a partner, ``r * sample + (1 - r) * partner``, r ~ Beta(32, 32).
+
+The partner is a fresh mosaic + perspective of one more image, as in Ultralytics: the pipeline augments one
+extra row per sample for it (``Partners.mix_partner``) and ``partner`` names that row. The blend is a term of
+the compose pass; the partner's boxes join the sample's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import Draw, Labels, PixelOp, coin
+
+MIXUP_BETA = 32.0  # Ultralytics: r ~ Beta(32, 32)
+
+
+def _beta_symmetric(a: int, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Beta(a, a) for integer a as X / (X + Y), X, Y ~ Gamma(a) = sums of a exponentials: exact, and seedable
+    on any device (torch's Beta sampler takes no generator)."""
+    u = torch.rand((*shape, 2, a), generator=generator, device=device, dtype=torch.float64)
+    g = -torch.log1p(-u).sum(-1)  # log1p(-u): u in [0, 1) never gives log(0)
+    return g[..., 0] / (g[..., 0] + g[..., 1])
+
+
+@dataclass
+class MixUpParams:
+    """Shape: apply (B,) bool; ratio (B,) float64; partner (B,) int64 rows of the augmented images."""
+
+    apply: Tensor
+    ratio: Tensor
+    partner: Tensor
+
+
+def sample_mixup(partner: Tensor, hyp: AugmentHyp, generator: torch.Generator | None) -> MixUpParams:
+    """Draw MixUp for each sample; ``partner`` (B,) are the augmented rows they blend with."""
+    batch_size, device = len(partner), partner.device
+    apply = coin(generator, batch_size, hyp.mixup, device)
+    ratio = _beta_symmetric(int(MIXUP_BETA), (batch_size,), generator, device)
+    return MixUpParams(apply, ratio, partner)
+
+
+class MixUp(PixelOp):
+    """Ultralytics' ``MixUp`` with probability ``mixup``."""
+
+    name, Params, term, takes_images, mixes = "mixup", MixUpParams, "mixup", True, True
+
+    def on(self, hyp: AugmentHyp) -> bool:
+        return hyp.mixup > 0
+
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> MixUpParams:
+        return sample_mixup(draw.partner, hyp, generator)
+
+    def compose_term(self, p: MixUpParams, labels: Labels, rows: Labels, hyp: AugmentHyp) -> MixUpParams | None:
+        return p if self.on(hyp) else None
+
+    def apply_boxes(self, labels: Labels, rows: Labels, term: MixUpParams | None) -> Labels:
+        """The partner's boxes after the sample's, kept where the sample mixes."""
+        if term is None:
+            return labels
+        j = term.partner
+        return dataclasses.replace(labels, cls=torch.cat([labels.cls, rows.cls[j]], 1),
+                                   boxes=torch.cat([labels.boxes, rows.boxes[j]], 1),
+                                   valid=torch.cat([labels.valid, rows.valid[j] & term.apply[:, None]], 1))

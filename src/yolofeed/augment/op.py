@@ -1,0 +1,168 @@
+"""What an augmentation op is: its draws apart from their application, and one hook per label kind (kornia's way).
+
+An op ``sample``s its random parameters (a small dataclass of per-row tensors), so a test can replay them through
+Ultralytics' CPU op. It applies them inside one of the two fused passes over pixels: a ``GeometricOp`` adds its
+step to the warp (mosaic's tiles, a (R, 3, 3) matrix, a flip's reflection), a ``PixelOp`` its term to compose
+(MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way; ``apply_keypoints``,
+``apply_angles`` and ``apply_masks`` are where pose, OBB and segmentation will move theirs. ``augment.pipeline``
+lists the ops in Ultralytics' order and fuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.partners import Partners
+from yolofeed.kernels.warp import Tiles
+
+
+def uniform(generator: torch.Generator | None, shape: tuple[int, ...], low: Tensor | float, high: Tensor | float,
+            device: torch.device) -> Tensor:
+    """``random.uniform(low, high)`` per element, float64: ``low + (high - low) * U[0, 1)``."""
+    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return low + (high - low) * u
+
+
+def coin(generator: torch.Generator | None, batch_size: int, p: float, device: torch.device) -> Tensor:
+    """(B,) bool, each True with probability ``p`` (Ultralytics' ``random.uniform(0, 1) <= p`` per image)."""
+    return torch.rand(batch_size, generator=generator, device=device) < p
+
+
+def matmul3(a: Tensor, b: Tensor) -> Tensor:
+    """(B, 3, 3) @ (B, 3, 3) in float32 as (a0 b0 + a1 b1) + a2 b2, one rounding per operation.
+
+    Written out so every device computes the same bits (a BLAS call may fuse or reorder, and the warp
+    reproduces OpenCV exactly only from an identical matrix).
+    """
+    t = a[:, :, :, None] * b[:, None, :, :]  # (B, i, k, j) products
+    return (t[:, :, 0] + t[:, :, 1]) + t[:, :, 2]
+
+
+@dataclass
+class Draw:
+    """What an op draws for.
+
+    Attributes:
+        rows: how many rows: every augmented row for a geometric op (the B samples, then B more per mixing op
+            that is on), the B samples for a pixel op.
+        partners: where each of those rows takes its source images from (the mosaic's tiles).
+        partner: a mixing op's (B,) int64 partner rows among the augmented rows; None for the other ops.
+    """
+
+    rows: int
+    device: torch.device
+    partners: Partners
+    partner: Tensor | None = None
+
+
+@dataclass
+class Labels:
+    """Detection labels of each row, padded: the stored normalised xywh boxes before the mosaic, pixel xyxy after.
+
+    Shape: cls (R, K) float32; boxes (R, K, 4) float32; valid (R, K) bool. Pose, OBB and segmentation add their
+    kinds here (``schema.LABEL_KINDS``), each moved by the ops' hook for it.
+    """
+
+    cls: Tensor
+    boxes: Tensor
+    valid: Tensor
+
+
+@dataclass
+class WarpPlan:
+    """The warp pass as the geometric ops build it, one after another: the inputs of ``augment.warp.warp``.
+
+    Shape: hw (N, 2) int64 stored sizes of the source images; tiles: the mosaic's ``Layout`` of the R rows;
+    matrix (R, 3, 3) float32 canvas -> output, the product of the ops' matrices; step: the latest op's own
+    matrix, which its label hooks move labels by; ud, lr (R,) bool reflections of the output (the flips).
+    """
+
+    size: int
+    hw: Tensor
+    tiles: Tiles | None = None
+    matrix: Tensor | None = None
+    step: Tensor | None = None
+    projective: bool = False  # a matrix has a perspective row: warpPerspective instead of warpAffine
+    ud: Tensor | None = None
+    lr: Tensor | None = None
+
+    def then(self, M: Tensor, projective: bool) -> WarpPlan:
+        """This plan followed by matrix ``M`` (canvas pixels of the plan's output -> output pixels)."""
+        if self.ud is not None or self.lr is not None:  # the kernel reflects its final output index
+            raise ValueError("a matrix after a flip: the warp reflects the output last, so flips are the last "
+                             "geometric ops (augment.pipeline.OPS)")
+        matrix = M if self.matrix is None else matmul3(M, self.matrix)
+        return dataclasses.replace(self, matrix=matrix, step=M, projective=self.projective or projective)
+
+
+class Op(ABC):
+    """One augmentation: ``sample`` its draws, then apply them through the hooks of its kind.
+
+    Attributes:
+        name: its field of ``AugmentParams``, named after its Ultralytics key.
+        Params: what ``sample`` returns: a dataclass of per-row tensors, or one tensor.
+        takes_images: it reads source images besides the row's own (mosaic tiles, mix partners); where no op
+            that is on does, ``GpuAugment`` needs no partner pool.
+        mixes: it blends one more augmented row into each sample (MixUp, CutMix): where it is on, the warp
+            makes B rows more, and its ``Draw.partner`` names them.
+    """
+
+    name: str
+    Params: type
+    takes_images = False
+    mixes = False
+    # The hooks for the label kinds detection does not carry (kornia's apply_transform_keypoint, _mask): None until
+    # pose, OBB and segmentation write them, op by op; until then GpuAugment refuses such batches (require_detection).
+    apply_keypoints = None
+    apply_angles = None
+    apply_masks = None
+
+    def on(self, hyp: AugmentHyp) -> bool:
+        """Whether its setting lets it change anything; its draws are made either way, so their order is fixed."""
+        return True
+
+    @abstractmethod
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> Any:
+        """Its random draws for ``draw.rows`` rows on ``draw.device``, from ``generator``."""
+
+
+class GeometricOp(Op):
+    """An op that moves pixels: a step of the warp pass, which samples each output pixel once through all of them."""
+
+    @abstractmethod
+    def warp_step(self, plan: WarpPlan, p: Any, hyp: AugmentHyp) -> WarpPlan:
+        """The plan with this op's step: the mosaic's tiles, a matrix (``plan.then``) or a reflection."""
+
+    @abstractmethod
+    def apply_boxes(self, labels: Labels, plan: WarpPlan, p: Any, hyp: AugmentHyp) -> Labels:
+        """The labels moved by this op's step (``plan`` as ``warp_step`` returned it)."""
+
+
+class PixelOp(Op):
+    """An op that changes pixel values where they are: a term of the compose pass, one elementwise pass for all.
+
+    Attributes:
+        term: its argument of ``augment.pipeline.compose``; a new term is new arithmetic in ``kernels/compose.py``
+            and ``compose_triton.py``.
+    """
+
+    term: str
+
+    @abstractmethod
+    def compose_term(self, p: Any, labels: Labels, rows: Labels, hyp: AugmentHyp) -> Any:
+        """What compose reads of this op, or None where it is off.
+
+        Args:
+            labels: the samples' labels so far (B rows). rows: every augmented row's own labels, partners included.
+        """
+
+    def apply_boxes(self, labels: Labels, rows: Labels, term: Any) -> Labels:
+        """The samples' labels after this op (``term`` as ``compose_term`` returned it): unchanged by default."""
+        return labels
