@@ -246,7 +246,7 @@ def test_place_kernel_equals_the_torch_ops_in_the_interpreter():
     pytest.importorskip("triton")
     code = textwrap.dedent(f"""
         import sys, torch; sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_decode import _placements
+        from test_codecs_jpeg import _placements
         from yolofeed.kernels import place_triton
         images, hw, buf, ref, kept = _placements("cpu")
         place_triton.place(images, hw, buf[:11])
