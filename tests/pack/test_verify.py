@@ -1,28 +1,26 @@
-"""The pack: same pixels and labels as Ultralytics, bad samples reported, stale packs refused."""
+"""One sample checked and decoded with Ultralytics' rules (pack/verify.py): the same pixels and labels as
+Ultralytics, bad samples skipped as it skips them with the reason reported, and files that are not images (a FIFO,
+a folder, a link loop, a text file named .jpg) each with its own reason, never a hang. RELIABILITY.md lists these
+tests with their outcomes.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import time
-import zlib
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-import yolofeed.pack.build as build_module
-import yolofeed.pack.encode as encode
-from helpers import BAD_CASES, OnDisk, add_bad_samples, copy_dataset, ultralytics_dataset
-from yolofeed.errors import DatasetError, PackError, StalePackError
-from yolofeed.pack import Pack, disk, open_or_build
-from yolofeed.pack.layout import MAGIC, TRAILER
+from helpers import BAD_CASES, add_bad_samples, copy_dataset, ultralytics_dataset
+from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.paths import store_dir
 from yolofeed.pack.rebuild import ensure_split
 from yolofeed.pack.report import read_report
 from yolofeed.pack.summary import summary
+from yolofeed.pack.verify import SampleError, check_image
 
 
 def _build(root: Path, split="train", imgsz=160, storage="raw", workers=2, **kw) -> Pack:
@@ -115,313 +113,59 @@ def test_notes_for_backgrounds_duplicates_and_restored(dataset):
     assert "duplicate" in notes["dupes.jpg"] and "restored" in notes["trailing.jpg"]
 
 
-def test_no_usable_image_is_a_clear_error(dataset):
-    for p in (dataset / "images" / "val").glob("*.jpg"):
-        p.write_bytes(b"not a jpeg")
-    with pytest.raises(DatasetError, match="no usable image in split 'val'"):
-        _build(dataset, split="val")
-    assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
+# -- files that are not plain images and labels ------------------------------------------------------------------------
+fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 
 
-class _FakeTime:
-    """The build module's ``time`` with a clock that moves only when a test says so."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def __getattr__(self, name):
-        return getattr(time, name)
+# The build runs in a child process: were a FIFO opened for reading, the child would block forever, and
+# the bound (far above the ~5 s this takes) turns that hang into a failure instead of a stuck test run.
+HANG_BOUND_S = 120
 
 
-def test_header_times_the_build_by_phase(dataset, monkeypatch):
-    """Each phase's seconds are the time spent in that phase's work: planning 10 s, 1 s an image, checking 100 s."""
-    clock = _FakeTime()
-    monkeypatch.setattr(build_module, "time", clock)
-
-    def costs(fn, seconds):
-        def timed(*a, **k):
-            clock.now += seconds
-            return fn(*a, **k)
-        return timed
-
-    monkeypatch.setattr(build_module, "plan_space", costs(build_module.plan_space, 10))
-    monkeypatch.setattr(encode, "process", costs(encode.process, 1))  # workers=1: in this process
-    monkeypatch.setattr(build_module, "_check_written", costs(build_module._check_written, 100))
-    pack = _build(dataset, workers=1)
-    build, tried = pack.header["build"], pack.header["counts"]["tried"]
-    phases = build["phases_s"]
-    assert list(phases) == ["plan", "start", "payloads", "check"]
-    assert phases["plan"] == 10 and phases["check"] == 100
-    assert phases["start"] > 0 and phases["start"] + phases["payloads"] == tried  # the first result, then the rest
-    assert sum(phases.values()) == build["seconds"]
-
-
-def test_gather_into_caller_buffers(dataset):
-    pack = _build(dataset)
-    idx = [5, 0, 17, 5]
-    out = torch.full((6, 160, 160, 3), 7, dtype=torch.uint8)  # a pinned tensor in real use
-    hw = pack.codec.gather(pack, idx, out)
-    for k, i in enumerate(idx):
-        h, w = hw[k]
-        np.testing.assert_array_equal(out[k, :h, :w].numpy(), pack.image(i))
-        assert (out[k, h:] == 7).all() and (out[k, :, w:] == 7).all()  # the rest is left as it was
-    assert (out[4:] == 7).all()
-    with pytest.raises(ValueError, match="cannot hold"):
-        pack.codec.gather(pack, list(range(7)), out)
+@fifo
+def test_a_fifo_as_label_or_image_never_blocks_a_build(dataset):
+    """A FIFO label is a missing label (the image trains as a background, as in Ultralytics, whose
+    ``os.path.isfile`` test says so); a FIFO image is skipped with its reason. Builds with one worker, with
+    two, and ``rebuild=check`` (which reads every label file) all finish."""
+    label = dataset / "labels" / "train" / "train_000001.txt"
+    label.unlink()
+    os.mkfifo(label)
+    os.mkfifo(dataset / "images" / "train" / "zz_fifo.jpg")
+    code = (
+        "import sys\n"
+        "from yolofeed.pack.rebuild import ensure_split\n"
+        "for rebuild, workers in (('auto', 1), ('check', 1), ('always', 2)):\n"
+        f"    r = ensure_split({str(dataset / 'data.yaml')!r}, 'train', 64, rebuild=rebuild, workers=workers,\n"
+        "                     progress=False)\n"
+        "    print(rebuild, r.built, len(r.pack))\n")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_BOUND_S, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["auto", "True", "24", "check", "False", "24", "always", "True", "24"]
+    pack = Pack.open(store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack")
+    notes = {Path(f).name: n for f, n in pack.header["notes"]}
+    skipped = {Path(f).name: why for f, why in pack.header["skipped"]}
+    assert notes["train_000001.jpg"].startswith("label file missing")
+    assert len(pack.labels(pack.im_files.index(str(dataset / "images" / "train" / "train_000001.jpg")))) == 0
+    assert "FIFO" in skipped["zz_fifo.jpg"] and "block" in skipped["zz_fifo.jpg"]
 
 
-@pytest.mark.parametrize("storage", ["raw", "jpeg"])
-def test_will_need_asks_for_exactly_each_payload(dataset, storage, monkeypatch):
-    import pickle
-
-    pack = _build(dataset, storage=storage)
-    calls = []
-    real = os.posix_fadvise
-
-    def recording(fd, offset, length, advice):  # the kernel's side cannot be seen from here: record what it is asked
-        calls.append((fd, offset, length, advice))
-        return real(fd, offset, length, advice)  # and still make the real call: it must be accepted
-
-    monkeypatch.setattr(os, "posix_fadvise", recording)
-    idx = [len(pack) - 1, 0, 7, 7]  # the last payload, which ends where the sections start, and a repeat
-    pack.will_need(idx)
-    assert [(off, n) for _, off, n, _ in calls] == [(int(pack.index[i]["offset"]), int(pack.index[i]["nbytes"]))
-                                                    for i in idx]
-    assert {advice for *_, advice in calls} == {os.POSIX_FADV_WILLNEED}
-    assert os.path.samefile(f"/proc/self/fd/{calls[0][0]}", pack.path)  # the pack's own descriptor
-    clone = pickle.loads(pickle.dumps(pack))  # an unpickled copy reopens the file: its descriptor stays open
-    del pack
-    calls.clear()
-    clone.will_need([0])
-    assert len(calls) == 1 and os.path.samefile(f"/proc/self/fd/{calls[0][0]}", clone.path)
-
-    def failing(*a):
-        raise OSError(22, "Invalid argument")
-
-    monkeypatch.setattr(os, "posix_fadvise", failing)
-    clone.will_need([0, 1])  # advice only: a failure turns it off, the gather goes on
-    assert not clone._file.advise
-    if storage == "raw":
-        out = np.zeros((2, 160, 160, 3), np.uint8)
-        hw = clone.codec.gather(clone, [0, 1], out)
-        np.testing.assert_array_equal(out[0, :hw[0][0], :hw[0][1]], clone.image(0))
-
-
-def test_jpeg_storage_keeps_the_bytes(dataset):
-    add_bad_samples(dataset)
-    raw = _build(dataset)
-    jpg = _build(dataset, storage="jpeg")
-    assert jpg.im_files == raw.im_files and jpg.path.stat().st_size < raw.path.stat().st_size / 3
-    import cv2
-
-    for i, f in enumerate(jpg.im_files):
-        dec = cv2.imdecode(jpg.encoded(i), cv2.IMREAD_COLOR)
-        assert dec is not None and dec.shape[:2] == tuple(jpg.ori_shapes[i])
-        assert tuple(jpg.shapes[i]) == tuple(raw.shapes[i])
-        np.testing.assert_array_equal(jpg.labels(i), raw.labels(i))
-        if Path(f).name.startswith("train_"):
-            assert bytes(jpg.encoded(i)) == Path(f).read_bytes()  # JPEGs kept byte for byte
-    reencoded = {Path(f).name for f, n in jpg.header["notes"] if "re-encoded" in n}
-    assert {"rotated.jpg", "plain.png", "trailing.jpg"} <= reencoded
-    from yolofeed.pack.codecs.jpeg import gather_encoded
-
-    starts, sizes = gather_encoded(jpg, [2, 0], buf := np.zeros(10**6, np.uint8))
-    assert bytes(buf[starts[1]:starts[1] + sizes[1]]) == bytes(jpg.encoded(0))
-    with pytest.raises(PackError, match="format=raw"):
-        jpg.image(0)
-
-
-def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
-    yaml_file = dataset / "data.yaml"
-    first = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
-    assert first.built
-    again = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
-    assert not again.built and again.pack.header["created"] == first.pack.header["created"]
-
-    # a changed source file is detected; the message names the rebuild command
-    lb = sorted((dataset / "labels" / "train").glob("*.txt"))[3]
-    lb.write_text("0 0.5 0.5 0.5 0.5\n")
-    with pytest.raises(StalePackError, match=r"source images or labels changed.*yolofeed pack data=.* imgsz=160"):
-        open_or_build(yaml_file, "train", 160)
-    rebuilt = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
-    assert rebuilt.built
-    np.testing.assert_array_equal(rebuilt.pack.labels(3), [[0, 0.5, 0.5, 0.5, 0.5]])
-
-    # a pack of another imgsz where this one belongs (moved there by hand: each size has a folder of its own) is
-    # refused with a message naming both sizes
-    built = store_dir(yaml_file, 160, "raw") / "train.yfpack"
-    moved = store_dir(yaml_file, 320, "raw") / "train.yfpack"
-    moved.parent.mkdir()
-    shutil.copy(built, moved)
-    with pytest.raises(StalePackError, match="built for imgsz=160, this run asks for imgsz=320.*imgsz=320"):
-        open_or_build(yaml_file, "train", 320)
-    # a pack of another dataset of the same name, in a shared out=, is named as such
-    other = dataset / "other" / "data.yaml"
-    other.parent.mkdir()
-    other.write_text((dataset / "data.yaml").read_text())
-    out = dataset / "shared"
-    store_dir(yaml_file, 160, "raw", out).mkdir(parents=True)
-    shutil.copy(built, store_dir(yaml_file, 160, "raw", out) / "train.yfpack")
-    with pytest.raises(StalePackError, match=r"was built from .*ds/data.yaml, not from .*other/data.yaml"):
-        open_or_build(other, "train", 160, out=out)
-    # missing pack with rebuild=never
-    with pytest.raises(PackError, match="does not exist.*yolofeed pack"):
-        open_or_build(yaml_file, "val", 160)
-
-
-def _rewrite_header(path: Path, crc: int | None = None, drop: tuple[str, ...] = (), **changes) -> None:
-    """Rewrite a pack's header; ``crc``: the trailer's header checksum (None: the right one)."""
-    data = bytearray(path.read_bytes())
-    magic, _, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
-    header = json.loads(bytes(data[off:off + n]))
-    header.update(changes)
-    for key in drop:
-        del header[key]
-    blob = json.dumps(header).encode()
-    path.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob) if crc is None else crc, off,
-                                                             len(blob)))
-
-
-def test_foreign_truncated_and_old_packs_are_refused(dataset, tmp_path):
-    pack = _build(dataset)
-    good = pack.path.read_bytes()
-    cases = {
-        "foreign": os.urandom(5000),
-        "empty": b"",
-        "truncated": good[: len(good) // 2],
-        "cut-trailer": good[:-5],
-        "padded": good + b"\0" * 64,
-    }
-    for name, data in cases.items():
-        f = tmp_path / f"{name}.yfpack"
-        f.write_bytes(data)
-        with pytest.raises(PackError):
-            Pack.open(f)
-    old = tmp_path / "old.yfpack"
-    old.write_bytes(good)
-    _rewrite_header(old, format_version=0, yolofeed_version="0.0.1")
-    with pytest.raises(StalePackError, match="format 0 .*reads format 2"):
-        Pack.open(old)
-    v1 = tmp_path / "v1.yfpack"  # format 1's trailer held b"\0\1\0\0" where the header's checksum now is
-    v1.write_bytes(good)
-    _rewrite_header(v1, crc=int.from_bytes(b"\x00\x01\x00\x00", "little"), format_version=1)
-    with pytest.raises(StalePackError, match=f"format 1 .*reads format 2: rebuild it with: yolofeed pack "
-                                             f"data={dataset / 'data.yaml'} imgsz=160 format=raw out={tmp_path}"):
-        Pack.open(v1)
-    assert len(Pack.open(pack.path)) == 24  # the good file still opens
-
-
-def test_pickles_by_path(dataset):
-    import pickle
-
-    pack = _build(dataset)
-    clone = pickle.loads(pickle.dumps(pack))
-    assert len(pickle.dumps(pack)) < 1000
-    np.testing.assert_array_equal(clone.image(3), pack.image(3))
-
-
-def test_cli_pack_prints_summary(dataset, capsys):
-    from yolofeed.cli import main
-
-    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=128", "workers=2", "sync=True"]) == 0
-    out = capsys.readouterr().out
-    assert "pack train: 24 images" in out and "pack val: 8 images" in out and "img/s" in out
-    assert "synced to disk" in out
-    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=128"]) == 0
-    assert "up to date" in capsys.readouterr().out
-
-
-@pytest.mark.skipif(disk.MADV_POPULATE_WRITE is None, reason="Linux only")
-def test_populate_asks_until_the_kernel_refuses_and_says_where_pages_cannot_be_backed(tmp_path, monkeypatch):
-    import errno
-    import mmap
-
-    class Advice(OnDisk):
-        def __init__(self, advice):
-            self.advice = advice
-
-    f = tmp_path / "file"
-    f.write_bytes(bytes(1 << 20))
-    with open(f, "r+b") as fh, mmap.mmap(fh.fileno(), 1 << 20) as mm:
-        monkeypatch.setitem(encode._W, "populate", True)
-        monkeypatch.setitem(encode._W, "disk", OnDisk())
-        assert encode.populate(mm, 100, 50_000)  # an unaligned payload: its pages from the one holding byte 100
-        if not encode._W["populate"]:
-            pytest.skip("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14)")
-        monkeypatch.setitem(encode._W, "disk", Advice(999))  # an advice no kernel knows: EINVAL
-        assert encode.populate(mm, 100, 50_000) and encode._W["populate"] is False  # stops asking
-
-    class Spy:
-        def __init__(self):
-            self.calls, self.error = [], 0
-
-        def madvise(self, *a):
-            self.calls.append(a)
-            if self.error:
-                raise OSError(self.error, os.strerror(self.error))
-
-    spy = Spy()
-    monkeypatch.setitem(encode._W, "disk", Advice(23))
-    assert encode.populate(spy, 100, 10) and spy.calls == []  # refused once: this worker asks no more
-    monkeypatch.setitem(encode._W, "populate", True)
-    page = mmap.PAGESIZE
-    assert encode.populate(spy, 2 * page + 100, 10) and spy.calls == [(23, 2 * page, 110)]  # its page's start
-    spy.error = errno.ENOSPC  # a reservation the filesystem did not keep: the copy would die of SIGBUS
-    assert encode.populate(spy, 0, 10) is False and encode._W["populate"]  # pwrite then; asks again
-    monkeypatch.setitem(encode._W, "backed", False)  # a tmpfs file extended, not reserved: the advice is the
-    spy.error = errno.EINVAL  # only guard, so where the kernel refuses it, every payload goes through pwrite
-    assert encode.populate(spy, 0, 10) is False and encode._W["populate"] is False
-    assert encode.populate(spy, 0, 10) is False
-
-
-@pytest.mark.parametrize("advice", [None, 999, "unbacked"], ids=["no-populate", "refused-advice", "unbacked-pages"])
-def test_pages_populated_or_not_the_pixels_are_the_same(dataset, advice):
-    """MADV_POPULATE_WRITE only faults pages in early: without it, or where the kernel refuses it, the copy writes the
-    same bytes (a refused advice is an EINVAL the workers stop asking after)."""
-    import errno
-
-    ref = _build(dataset, workers=2)
-    images = [ref.image(i).copy() for i in range(len(ref))]
-    reserved = []
-
-    class Pages(OnDisk):
-        def populate(self, mm, start, nbytes):
-            if advice == "unbacked":  # the kernel says no page can be backed: every payload goes through pwrite
-                raise OSError(errno.EFAULT, "Bad address")
-            super().populate(mm, start, nbytes)
-
-        def allocate(self, fd, nbytes):
-            reserved.append(super().allocate(fd, nbytes))
-            return reserved[-1]
-
-    pages = Pages()
-    if advice != "unbacked":
-        pages.advice = advice  # given to the workers with their arguments
-    with disk.using(pages):
-        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
-    assert reserved == [True]  # the workers wrote through the mapping, where the advice applies
-    assert len(pack) == len(images)
-    for i, im in enumerate(images):
-        np.testing.assert_array_equal(pack.image(i), im)
-
-
-def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, caplog):
-    import errno
-    import logging
-
-    ref = _build(dataset, workers=1)
-    images = [ref.image(i).copy() for i in range(len(ref))]
-
-    class NoSpace(OnDisk):
-        def allocate(self, fd, nbytes):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    with caplog.at_level(logging.INFO), disk.using(NoSpace()):
-        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
-    assert "could not reserve" in caplog.text and "writing with pwrite" in caplog.text
-    assert pack.path.stat().st_size == ref.path.stat().st_size
-    for i, im in enumerate(images):
-        np.testing.assert_array_equal(pack.image(i), im)
+def test_files_that_are_not_images_get_their_own_reason(tmp_path):
+    """Not the HEIC hint for a text file, nor "corrupt or truncated" for a link loop."""
+    text = tmp_path / "notes.jpg"
+    text.write_text("hello, not a photo\n")
+    (tmp_path / "loop1.jpg").symlink_to(tmp_path / "loop2.jpg")
+    (tmp_path / "loop2.jpg").symlink_to(tmp_path / "loop1.jpg")
+    (tmp_path / "dangling.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    (tmp_path / "folder.jpg").mkdir()
+    heic = tmp_path / "photo.jpg"  # an ISO media file's start: the HEIC hint is right for this one
+    heic.write_bytes(b"\0\0\0\x18ftypheic" + bytes(200))
+    expect = {text: "Pillow recognises no image format", tmp_path / "loop1.jpg": "symbolic link loop",
+              tmp_path / "dangling.jpg": "broken symbolic link", tmp_path / "folder.jpg": "a folder",
+              heic: "HEIC/HEIF"}
+    for path, words in expect.items():
+        with pytest.raises(SampleError) as e:
+            check_image(str(path))
+        assert words in str(e.value), (path.name, str(e.value))
+        if path != heic:
+            assert "HEIC" not in str(e.value) and "corrupt" not in str(e.value)
