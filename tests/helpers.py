@@ -1,13 +1,16 @@
 """Test helpers: Ultralytics' own view of a dataset, a zoo of bad samples, batches for the augmentation, a
-guard against host syncs, and real tmpfs mounts. Shared by test modules, which never import one another."""
+guard against host syncs, real tmpfs mounts, a disk with the free space a test says, and packs taken apart and
+crafted. Shared by test modules, which never import one another."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 from PIL import Image
 
 from yolofeed.pack.disk import Disk
+from yolofeed.pack.layout import MAGIC, TRAILER
 
 GOOD_LABEL = "3 0.5 0.5 0.25 0.25\n"
 
@@ -52,6 +56,38 @@ class OnDisk(Disk):
 
     def in_memory(self, folder: Path) -> bool:
         return any(Path(os.path.realpath(folder)).is_relative_to(m) for m in TMPFS_MOUNTS) and super().in_memory(folder)
+
+
+class Free(OnDisk):
+    """A disk that says ``nbytes`` are free, whatever it has."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def free(self, folder: Path) -> int:
+        return self.nbytes
+
+
+def pack_parts(path: Path) -> tuple[bytearray, dict, int]:
+    """A pack file's bytes, its header and the header's offset."""
+    data = bytearray(path.read_bytes())
+    _, _, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
+    return data, json.loads(bytes(data[off:off + n])), off
+
+
+def craft_pack(path: Path, out: Path, sections: dict[str, bytes] | None = None, header: dict | None = None,
+               blob: bytes | None = None) -> None:
+    """Write a copy of a pack with sections replaced (same sizes) and every checksum made right again:
+    what a writer bug or a foreign tool would produce, which checksums alone cannot catch."""
+    data, h, off = pack_parts(path)
+    for name, content in (sections or {}).items():
+        s_off, s_len = h["sections"][name]
+        assert len(content) == s_len
+        data[s_off:s_off + s_len] = content
+        h["checksums"][name] = zlib.crc32(content)
+    h = header(h) if callable(header) else h
+    blob = json.dumps(h).encode() if blob is None else blob
+    out.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), off, len(blob)))
 
 
 @contextlib.contextmanager

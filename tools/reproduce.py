@@ -121,7 +121,7 @@ SECTIONS = {s.name: s for s in (
         "yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg,yolofeed_jpeg,yolofeed,yolofeed,yolofeed_jpeg",
         "timeout 240 python3 -m tools.device.step_ab /tmp/synth/data.yaml yolo11n.yaml yolofeed,yolofeed_jpeg,"
         "yolofeed_jpeg,yolofeed",
-        "python3 -m pytest -q -m gpu tests/test_decode.py -p no:cacheprovider 2>&1 | tail -3")),
+        "python3 -m pytest -q -m gpu tests/pack/test_codecs_jpeg.py -p no:cacheprovider 2>&1 | tail -3")),
     Section("coco-data", "COCO scale on one machine", "nvidia-h200", 0, 8, (
         "PHASE=data bash tools/device/coco_scale.sh",)),
     Section("coco-train", "COCO scale on one machine", "nvidia-h200", 1, 6, (

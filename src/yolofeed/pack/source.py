@@ -2,7 +2,7 @@
 
 Mirrors ``ultralytics.data.utils.check_det_dataset`` (path resolution, nc/names) and
 ``BaseDataset.get_img_files`` (folders, ``.txt`` lists, lists of both) without their side effects:
-no downloads, no font checks, no rewriting of user files. ``tests/test_source.py`` holds the two
+no downloads, no font checks, no rewriting of user files. ``tests/pack/test_source.py`` holds the two
 side by side.
 """
 

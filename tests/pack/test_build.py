@@ -1,10 +1,19 @@
-"""A pack build killed at any moment leaves nothing a reader accepts, and the next run recovers."""
+"""Writing one split's pack (pack/build.py), in parallel and atomically, and the faults a build meets.
+
+A build times its phases, refuses a split with no usable image, checks every payload it wrote, says in one line
+that the disk filled up (a simulated disk, and a real 1 MB tmpfs where mounting is allowed), writes a tmpfs through
+the map without a reservation, and builds the same pack with spawned workers. Killed at any moment it leaves nothing
+a reader accepts, no worker and no lock, and the next run recovers.
+RELIABILITY.md lists these tests with their outcomes.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import faulthandler
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,14 +24,249 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import within
+import yolofeed.pack.build as build_module
+import yolofeed.pack.encode as encode
+from helpers import Free, OnDisk, tmpfs, within
 from yolofeed import synth
 from yolofeed.config import SynthConfig
-from yolofeed.errors import PackError
-from yolofeed.pack import Pack, open_or_build
+from yolofeed.errors import DatasetError, PackError
+from yolofeed.pack import Pack, build, disk, open_or_build
 from yolofeed.pack.paths import store_dir
 
 
+def _build160(root: Path, split="train", imgsz=160, storage="raw", workers=2, **kw) -> Pack:
+    """A split's pack at 160 px, built by two workers (``_build``: the train split at 64 px, one worker)."""
+    return open_or_build(root / "data.yaml", split, imgsz, storage, rebuild="auto", workers=workers,
+                         progress=False, **kw)
+
+
+def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:
+    return open_or_build(root / "data.yaml", "train", imgsz, rebuild="auto", workers=workers, progress=False, **kw)
+
+
+def _no_temp_files(folder: Path) -> bool:
+    return not list(folder.glob(".*.tmp-*"))
+
+
+def test_no_usable_image_is_a_clear_error(dataset):
+    for p in (dataset / "images" / "val").glob("*.jpg"):
+        p.write_bytes(b"not a jpeg")
+    with pytest.raises(DatasetError, match="no usable image in split 'val'"):
+        _build160(dataset, split="val")
+    assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
+
+
+class _FakeTime:
+    """The build module's ``time`` with a clock that moves only when a test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_header_times_the_build_by_phase(dataset, monkeypatch):
+    """Each phase's seconds are the time spent in that phase's work: planning 10 s, 1 s an image, checking 100 s."""
+    clock = _FakeTime()
+    monkeypatch.setattr(build_module, "time", clock)
+
+    def costs(fn, seconds):
+        def timed(*a, **k):
+            clock.now += seconds
+            return fn(*a, **k)
+        return timed
+
+    monkeypatch.setattr(build_module, "plan_space", costs(build_module.plan_space, 10))
+    monkeypatch.setattr(encode, "process", costs(encode.process, 1))  # workers=1: in this process
+    monkeypatch.setattr(build_module, "_check_written", costs(build_module._check_written, 100))
+    pack = _build160(dataset, workers=1)
+    build, tried = pack.header["build"], pack.header["counts"]["tried"]
+    phases = build["phases_s"]
+    assert list(phases) == ["plan", "start", "payloads", "check"]
+    assert phases["plan"] == 10 and phases["check"] == 100
+    assert phases["start"] > 0 and phases["start"] + phases["payloads"] == tried  # the first result, then the rest
+    assert sum(phases.values()) == build["seconds"]
+
+
+def test_a_payload_that_does_not_land_stops_the_build(dataset, monkeypatch):
+    """The end-of-build check: a worker's write that did not store what it encoded is caught, nothing published."""
+    class Lost(OnDisk):
+        def allocate(self, fd, nbytes):
+            return False  # payloads through pwrite
+
+        def write_payload(self, fd, data, offset):  # what lands is zeros
+            super().write_payload(fd, bytes(len(data)), offset)
+
+    with pytest.raises(PackError, match=r"image\(s\) read back from .* differ from what was written.*Nothing was "
+                                        "published"), disk.using(Lost()):
+        _build(dataset, workers=2)
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
+
+
+# -- disk space: a reservation refused, a disk that fills up, a tmpfs --------------------------------------------------
+def test_pwrite_fallback_when_space_cannot_be_reserved(dataset, caplog):
+    import errno
+    import logging
+
+    ref = _build160(dataset, workers=1)
+    images = [ref.image(i).copy() for i in range(len(ref))]
+
+    class NoSpace(OnDisk):
+        def allocate(self, fd, nbytes):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with caplog.at_level(logging.INFO), disk.using(NoSpace()):
+        pack = open_or_build(dataset / "data.yaml", "train", 160, rebuild="always", workers=2, progress=False)
+    assert "could not reserve" in caplog.text and "writing with pwrite" in caplog.text
+    assert pack.path.stat().st_size == ref.path.stat().st_size
+    for i, im in enumerate(images):
+        np.testing.assert_array_equal(pack.image(i), im)
+
+
+def test_no_room_even_for_the_lock_record_is_one_clear_error(dataset, monkeypatch):
+    """A disk with no byte free takes the empty lock file but not its holder record: that used to escape as an
+    OSError traceback from the lock, holding the lock; now one PackError, and the lock is free again."""
+    from yolofeed.pack.lock import FolderLock
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FolderLock, "_write_holder", full)
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with pytest.raises(PackError, match=rf"no space left in {folder}, not even for the build lock .*free some "
+                                        r"space, or put the packs on a disk with room"):
+        _build(dataset)
+    monkeypatch.undo()
+    lock = FolderLock(folder)
+    assert lock.try_acquire()  # released: neither this thread's guard nor the record lock is left held
+    lock.release()
+    assert len(_build(dataset)) == 24
+
+
+class FillsUp(OnDisk):
+    """A disk that fails with ENOSPC after ``writes`` payload writes in each process (a disk filling up), and
+    reserves nothing."""
+
+    def __init__(self, writes: int):
+        self.writes = writes
+
+    def allocate(self, fd, nbytes):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write_payload(self, fd, data, offset):
+        if self.writes <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.writes -= 1
+        super().write_payload(fd, data, offset)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_disk_full_mid_build_is_one_clear_error(dataset, workers):
+    """Room for the estimate, not for the upper bound: no reservation, no mmap, and a write meets ENOSPC."""
+    import psutil
+
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with disk.using(FillsUp(3)), pytest.raises(
+            PackError, match=rf"the disk filled up while writing the train pack in {folder} \(No space "
+                             r"left on device\): it needs about [\d.]+ [KMG]B, [\d.,]+ [KMG]B were free "
+                             r"when the build started\. Nothing was published and the temporary file is "
+                             r"removed\. .*"
+                             r"pack_dir="):
+        _build(dataset, workers=workers)
+    assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
+    assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A real 1 MB filesystem (tmpfs), where mounting is allowed (root); skipped elsewhere."""
+    with tmpfs(tmp_path / "small", "1m") as mnt:
+        yield mnt
+
+
+def test_a_pack_in_memory_is_written_through_the_map_without_a_reservation(dataset, tmp_path):
+    """On a tmpfs the workers fault in what they write (populate advice) instead of the building process allocating
+    the whole bound first: no posix_fallocate, no payload through pwrite, the same pixels as on disk."""
+    if disk.MADV_POPULATE_WRITE is None:
+        pytest.skip("Linux only")
+    ref = _build(dataset, imgsz=160, workers=2)
+    reserved = []
+
+    class MapOnly(OnDisk):
+        def allocate(self, fd, nbytes):
+            reserved.append(nbytes)
+            return True
+
+        def write_payload(self, fd, data, offset):  # forked workers inherit it: a dead worker
+            os._exit(3)
+
+    with tmpfs(tmp_path / "shm", "64m") as mnt, disk.using(MapOnly()) as on:
+        assert on.in_memory(mnt) and not on.in_memory(tmp_path)  # pytest's folder: a disk (conftest)
+        pack = _build(dataset, imgsz=160, workers=2, out=mnt)
+        assert pack.path.parent == mnt / "data-raw-160" and not reserved and len(pack) == len(ref)
+        for i in range(len(ref)):
+            np.testing.assert_array_equal(pack.image(i), ref.image(i))
+        assert shutil.disk_usage(mnt).used < 2 * pack.path.stat().st_size  # only what was written is allocated
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_real_full_disk(dataset, small_disk, workers):
+    """A real 1 MB tmpfs. First the up-front check refuses; then, with the check fooled, the real
+    posix_fallocate and pwrite meet ENOSPC: one PackError, no SIGBUS (it would kill this process or a
+    worker), the temporary file removed and the disk empty again."""
+    with pytest.raises(PackError, match=f"not enough free space for the train pack in {small_disk}"):
+        _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    reserved = []
+
+    class Fooled(Free):  # the up-front check fooled; a reservation that would only be pretended
+        def allocate(self, fd, nbytes):
+            reserved.append(nbytes)
+            return True
+
+    with (disk.using(Fooled(10**12)),
+          pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}")):
+        _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    assert not reserved  # two workers: the populate advice met the full tmpfs, and pwrite reported it
+    folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
+    assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
+    usage = shutil.disk_usage(small_disk)
+    assert usage.used < 64 * 1024, usage  # the tmpfs is empty again but for the lock file
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("advice", ["real", "refused", "absent"])
+def test_a_full_tmpfs_never_kills_a_worker(dataset, small_disk, workers, advice):
+    """Nothing reserved on a tmpfs: whatever the populate advice does (works, refused, missing from Python), a payload
+    whose pages are not faulted in goes through pwrite, so a full tmpfs is the disk-full error, not a SIGBUS."""
+    fooled = Free(10**12)  # the up-front check fooled
+    if advice != "real":
+        fooled.advice = 999 if advice == "refused" else None  # EINVAL / none
+    with (disk.using(fooled),
+          pytest.raises(PackError, match=f"the disk filled up while writing the train pack in {small_disk}")):
+        _build(dataset, imgsz=160, workers=workers, out=small_disk)
+    folder = store_dir(dataset / "data.yaml", 160, "raw", small_disk)
+    assert _no_temp_files(folder) and not (folder / "train.yfpack").exists()
+
+
+# -- spawned workers, as on macOS and Windows (last: spawn leaves its resource tracker running) ------------------------
+@pytest.mark.slow
+def test_spawned_workers_build_the_same_pack(dataset, tmp_path, monkeypatch):
+    """Workers started by spawn, as on macOS and Windows: same bytes, and they end with the build."""
+    import multiprocessing as mp
+
+    ref = _build(dataset)
+    monkeypatch.setattr(build, "mp_context", lambda: mp.get_context("spawn"))
+    pack = _build(dataset, workers=2, out=tmp_path / "spawned")
+    for i in range(len(pack)):
+        np.testing.assert_array_equal(pack.image(i), ref.image(i))
+
+
+# -- killed at any moment: nothing a reader accepts is published, and the next run recovers ----------------------------
 @pytest.fixture(scope="module")
 def big(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("killme")
@@ -112,8 +356,10 @@ def test_kill_at_random_moments_never_publishes_a_bad_pack(big):
     assert os.listdir(folder)  # sanity: the folder still exists
 
 
-# -- killed by PID alone: the build's parent dies, its workers are not signalled -----------------------------
+# -- killed by PID alone: the build's parent dies, its workers are not signalled ---------------------------------------
 KILL_BOUND = 60.0  # s: only to tell a hang from a slow machine; the builds below take about a second
+
+
 _STACKS: list = []
 
 

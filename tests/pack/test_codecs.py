@@ -1,27 +1,29 @@
-"""The format seam: the codec registry, and a format added by a test alone (no other module touched)."""
+"""The format seam (pack/codecs/__init__.py): the codec registry, a format added by a test alone (no other module
+touched), the sizes every format's index must hold, and ``choose``, the rule ``pack_format=auto`` applies.
+"""
 
 from __future__ import annotations
 
-import json
-import shutil
-import zlib
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
-from helpers import OnDisk
+from helpers import craft_pack
 from yolofeed.cli import build_config, help_text
 from yolofeed.config import DEFAULT_PACK_FORMAT, PACK_FORMATS, fields_of
 from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader import TrainLoader
 from yolofeed.pack import Pack, codecs, open_or_build
-from yolofeed.pack.layout import MAGIC, TRAILER
+from yolofeed.pack.layout import INDEX_DTYPE
 from yolofeed.pack.verify import ImageInfo
 
 IMGSZ = 64
+
+
+def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:
+    return open_or_build(root / "data.yaml", "train", imgsz, rebuild="auto", workers=workers, progress=False, **kw)
 
 
 class Inverted(codecs.Codec):
@@ -106,23 +108,6 @@ def test_format_keys_accept_exactly_the_registry_and_list_it(command, args):
         assert f"{fmt}: {summary}" in line
 
 
-def test_a_header_naming_an_unknown_format_is_refused_in_one_line(pack, tmp_path):
-    good = pack(IMGSZ)
-    data = bytearray(good.path.read_bytes())
-    _, _, off, n = TRAILER.unpack(bytes(data[-TRAILER.size:]))
-    header = json.loads(bytes(data[off:off + n]))
-    header["storage"] = "webp"  # a newer yolofeed's format, or a foreign tool's: checksums made right again
-    blob = json.dumps(header).encode()
-    foreign = tmp_path / "train.yfpack"
-    foreign.write_bytes(bytes(data[:off]) + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), off, len(blob)))
-    with pytest.raises(PackError) as e:
-        Pack.open(foreign)
-    message = str(e.value)
-    assert "\n" not in message and str(foreign) in message
-    assert f"its storage format 'webp' is not one this yolofeed reads ({', '.join(codecs.names())})" in message
-    assert "rebuild" in message and "yolofeed pack data=" in message
-
-
 def test_a_format_added_by_one_module_builds_opens_verifies_and_loads(synth_root, pack, inverted, tmp_path):
     raw = pack(IMGSZ)
     built = open_or_build(synth_root / "data.yaml", "train", IMGSZ, inverted.name, out=tmp_path, rebuild="auto",
@@ -162,6 +147,18 @@ def test_the_format_names_appear_only_in_the_codec_modules():
     assert found == [], found
 
 
+@pytest.mark.parametrize("field,value", [("h", 65), ("w", 0), ("h0", 0)])
+def test_a_jpeg_pack_whose_index_holds_an_impossible_size_is_refused(dataset, tmp_path, field, value):
+    """Right checksums, an image too large for the batch slot (or empty): refused before the device decode sees it."""
+    pack = _build(dataset, format="jpeg")
+    index = np.array(pack.index)
+    index[1][field] = value
+    f = tmp_path / "crafted.yfpack"
+    craft_pack(pack.path, f, {"index": index.astype(INDEX_DTYPE).tobytes()})
+    with pytest.raises(PackError, match="an index record has a size that is not an image of this pack.*rebuild it"):
+        Pack.open(f)
+
+
 def test_auto_picks_the_default_format_where_its_packs_fit_comfortably_in_memory():
     gb = 10**9
     name, why = codecs.choose(9 * gb, 125 * gb)
@@ -185,98 +182,3 @@ def test_auto_picks_the_compact_format_where_the_default_would_not_fit_on_the_di
     assert codecs.choose(91 * gb, 256 * gb, 100 * gb)[0] == codecs.COMPACT
     # 95 GB is not "more than the 100 GB free": the reason names the share that decided
     assert "95.0 GB, more than 90% of the 100.0 GB free" in codecs.choose(95 * gb, 256 * gb, 100 * gb)[1]
-
-
-def _auto_choice(yaml_file: Path) -> str:
-    """What format=auto picks for a data yaml at imgsz 64, decided afresh (the choice is cached per process)."""
-    from yolofeed.pack import auto
-
-    auto.auto_format.cache_clear()
-    try:
-        return auto.resolve_format({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
-    finally:
-        auto.auto_format.cache_clear()
-
-
-def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):
-    from yolofeed.pack import auto, disk
-
-    shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
-    seen = []
-
-    class Small(OnDisk):
-        def free(self, folder):
-            seen.append(Path(folder))
-            return 1000  # 1 kB free: no pack fits
-
-    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
-    with disk.using(Small()):
-        assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
-    assert seen == [tmp_path / "d"]  # the packs' folder does not exist yet: the dataset's folder holds the space
-
-
-def test_auto_reads_the_free_space_of_the_cache_where_the_dataset_is_read_only(synth_root, tmp_path, monkeypatch):
-    """Beside a read-only dataset the packs go to the user cache: its free space decides, not the dataset's disk
-    (a 2 MB cache under a read-only dataset on a large disk chose raw, then the val pack did not fit)."""
-    from yolofeed.pack import auto, disk
-
-    shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    beside = tmp_path / "d" / "yolofeed-packs"
-
-    class ReadOnlyDataset(OnDisk):
-        def writable(self, folder, create=True):
-            return OSError(30, "Read-only file system") if folder.is_relative_to(beside) else super().writable(
-                folder, create)
-
-        def free(self, folder):
-            return 1000 if Path(folder).is_relative_to(tmp_path / "cache") else 10**12
-
-    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
-    with disk.using(ReadOnlyDataset()):
-        assert _auto_choice(tmp_path / "d" / "data.yaml") == codecs.COMPACT
-
-
-def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path, monkeypatch, caplog):
-    import logging
-
-    from yolofeed.pack import auto, rebuild
-
-    def fresh(name: str) -> str:  # the dataset without the packs other tests built into the shared copy
-        shutil.copytree(synth_root, tmp_path / name, ignore=shutil.ignore_patterns("yolofeed-packs"))
-        return str(tmp_path / name / "data.yaml")
-
-    auto.auto_format.cache_clear()
-    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
-    yaml_file = fresh("big")
-    with caplog.at_level(logging.INFO):
-        p = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="auto", progress=False)
-        rebuild.open_or_build(yaml_file, "val", 64, format=codecs.AUTO, rebuild="auto", progress=False)
-    assert p.format == codecs.DEFAULT and p.path.parent.name.endswith(f"-{codecs.DEFAULT}-64")
-    assert sum(f"format {codecs.DEFAULT} ({codecs.AUTO})" in r.message for r in caplog.records) == 1  # said once
-    # the packs of this tiny set take ~0.3 MB raw: 100 KB of memory is too little for them, so the compact format
-    monkeypatch.setattr(auto, "memory_limit", lambda: 10**5)
-    auto.auto_format.cache_clear()
-    assert rebuild.open_or_build(fresh("small"), "train", 64, format=codecs.AUTO, rebuild="auto",
-                                 progress=False).format == codecs.COMPACT
-    # ... unless a pack is built already: a machine that would choose otherwise uses it, and builds nothing
-    auto.auto_format.cache_clear()
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        again = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="never", progress=False)
-    assert again.path == p.path and again.format == codecs.DEFAULT
-    assert any("already built" in r.message and str(p.path) in r.message for r in caplog.records)
-    auto.auto_format.cache_clear()
-
-
-def test_memory_limit_takes_a_lower_cgroup_limit(tmp_path):
-    from yolofeed.pack import memory
-
-    ram = psutil.virtual_memory().total
-    assert 0 < memory.memory_limit() <= ram
-    limit = tmp_path / "memory.max"
-    limit.write_text("1073741824\n")
-    assert memory.memory_limit((str(tmp_path / "absent"), str(limit))) == min(1 << 30, ram)
-    limit.write_text("max\n")  # cgroup v2's "no limit"
-    assert memory.memory_limit((str(limit),)) == ram

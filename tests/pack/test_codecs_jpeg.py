@@ -1,4 +1,6 @@
-"""Device JPEG decode (torchvision; nvJPEG on CUDA): the cv2 path's pixels within a level, any grouping, odd files.
+"""The jpeg format (pack/codecs/jpeg.py). Build: JPEGs kept byte for byte, others re-encoded, an image too wide
+for JPEG pointed to a raw pack. Device decode (torchvision; nvJPEG on CUDA): the cv2 path's pixels within a
+level, any grouping, odd files.
 
 On the CPU torchvision decodes with libjpeg-turbo, as OpenCV does: unresized images are identical
 and the only difference is the resize (float bilinear vs OpenCV's 11-bit fixed point), measured at
@@ -14,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,13 +24,70 @@ import torch
 from PIL import Image
 
 import yolofeed.pack.codecs.jpeg as decode
-from yolofeed.errors import ConfigError
+from helpers import add_bad_samples
+from yolofeed.cli import main
+from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader import TrainLoader
 from yolofeed.loader.prefetch import Prefetcher
+from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.codecs.jpeg import decode_into
+from yolofeed.pack.paths import store_dir
 
+
+def _build(root: Path, split="train", imgsz=160, storage="raw", workers=2, **kw) -> Pack:
+    return open_or_build(root / "data.yaml", split, imgsz, storage, rebuild="auto", workers=workers,
+                         progress=False, **kw)
+
+
+def test_jpeg_storage_keeps_the_bytes(dataset):
+    add_bad_samples(dataset)
+    raw = _build(dataset)
+    jpg = _build(dataset, storage="jpeg")
+    assert jpg.im_files == raw.im_files and jpg.path.stat().st_size < raw.path.stat().st_size / 3
+    import cv2
+
+    for i, f in enumerate(jpg.im_files):
+        dec = cv2.imdecode(jpg.encoded(i), cv2.IMREAD_COLOR)
+        assert dec is not None and dec.shape[:2] == tuple(jpg.ori_shapes[i])
+        assert tuple(jpg.shapes[i]) == tuple(raw.shapes[i])
+        np.testing.assert_array_equal(jpg.labels(i), raw.labels(i))
+        if Path(f).name.startswith("train_"):
+            assert bytes(jpg.encoded(i)) == Path(f).read_bytes()  # JPEGs kept byte for byte
+    reencoded = {Path(f).name for f, n in jpg.header["notes"] if "re-encoded" in n}
+    assert {"rotated.jpg", "plain.png", "trailing.jpg"} <= reencoded
+    from yolofeed.pack.codecs.jpeg import gather_encoded
+
+    starts, sizes = gather_encoded(jpg, [2, 0], buf := np.zeros(10**6, np.uint8))
+    assert bytes(buf[starts[1]:starts[1] + sizes[1]]) == bytes(jpg.encoded(0))
+    with pytest.raises(PackError, match="format=raw"):
+        jpg.image(0)
+
+
+def test_an_image_too_wide_for_a_jpeg_pack_points_to_a_raw_pack(dataset, capsys):
+    """A PNG 70,000 px wide (Ultralytics trains on it) was skipped from a jpeg pack as "could not re-encode the image
+    as JPEG", with no way out; JPEG's sides end at 65,500 px. Now the reason says so and names format=raw, which
+    keeps it."""
+    import cv2
+
+    img, lab = dataset / "images" / "train", dataset / "labels" / "train"
+    cv2.imwrite(str(img / "panorama.png"), np.full((20, 70_000, 3), 127, np.uint8))
+    (lab / "panorama.txt").write_text("0 0.5 0.5 0.1 0.5\n")
+    base = ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]
+    assert main(base + ["format=jpeg"]) == 0
+    reason = dict(Pack.open(store_dir(dataset / "data.yaml", 64, "jpeg") / "train.yfpack").header["skipped"])
+    why = reason[str(img / "panorama.png")]
+    assert "70000x20 px" in why and "65,500 px" in why and "format=raw" in why, why
+    assert main(base + ["format=raw"]) == 0
+    assert str(img / "panorama.png") in Pack.open(store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack").im_files
+
+
+# -- device decode -----------------------------------------------------------------------------------------------------
 IMGSZ = 160  # synth_root holds 160x120, 120x160, 160x160, 160x90 (kept), 200x150 (shrunk), 128x96 (enlarged)
+
+
 CPU_MAX, CPU_MEAN = 1, 0.25  # torchvision CPU vs cv2, measured: max 1 level, mean <= 0.13
+
+
 # nvJPEG vs libjpeg-turbo: different IDCT and chroma upsampling (see module doc). Measured on the H200 on these
 # synthetic images (sharp colour edges; BENCHMARKS.md, "Raw and jpeg packs"): decode alone, mean 2.45 levels,
 # 99.9th percentile 55, max 138; through the loader (decode + resize vs the raw pack), mean 2.87 and
@@ -245,8 +305,8 @@ def test_place_kernel_equals_the_torch_ops_in_the_interpreter():
     """``place_triton`` under Triton's interpreter (a subprocess): the torch path's pixels, nothing written outside."""
     pytest.importorskip("triton")
     code = textwrap.dedent(f"""
-        import sys, torch; sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_decode import _placements
+        import sys, torch; sys.path[:0] = [{os.path.dirname(__file__)!r}, {str(Path(__file__).parents[1])!r}]
+        from test_codecs_jpeg import _placements
         from yolofeed.kernels import place_triton
         images, hw, buf, ref, kept = _placements("cpu")
         place_triton.place(images, hw, buf[:11])
@@ -264,7 +324,7 @@ def test_place_kernel_equals_the_torch_ops_in_the_interpreter():
     assert worst <= 1 and differ <= 64 and worst_kept == 0 and outside == 0  # padding, refused slot: compared too
 
 
-# -- CUDA: run on the device machine -------------------------------------------------------------------------
+# -- CUDA: run on the device machine -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_cuda_place_kernel_equals_the_torch_ops(pack, monkeypatch):
     """One kernel for the batch (CUDA) against the torch ops (a copy per image, a resize per group), on random

@@ -1,0 +1,101 @@
+"""Where the packs of a data yaml live (pack/paths.py): a folder per dataset, format and size, beside the yaml, under
+``out=`` or, for a read-only dataset, in the user's cache. RELIABILITY.md lists these tests with their outcomes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+import pytest
+
+from helpers import cli_lines
+from yolofeed.cli import main
+from yolofeed.errors import PackError
+from yolofeed.pack import open_or_build, paths
+from yolofeed.pack.rebuild import ensure_split
+
+
+@pytest.fixture()
+def read_only(dataset):
+    """The dataset folder made read-only for real: a read-only bind mount as root, chmod otherwise."""
+    if os.geteuid() == 0:
+        ok = (subprocess.run(["mount", "--bind", str(dataset), str(dataset)], capture_output=True).returncode == 0
+              and subprocess.run(["mount", "-o", "remount,bind,ro", str(dataset)], capture_output=True).returncode == 0)
+        if not ok:
+            subprocess.run(["umount", "-l", str(dataset)], capture_output=True)
+            pytest.skip("root without mount: chmod would not stop root from writing")
+        try:
+            yield dataset
+        finally:
+            subprocess.run(["umount", "-l", str(dataset)], capture_output=True)
+    else:
+        os.chmod(dataset, 0o555)
+        try:
+            if os.access(dataset, os.W_OK):
+                pytest.skip("chmod does not make this folder read-only here")
+            yield dataset
+        finally:
+            os.chmod(dataset, 0o755)
+
+
+def test_read_only_dataset_packs_go_to_the_user_cache(read_only, tmp_path, monkeypatch, caplog, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    yaml_file = read_only / "data.yaml"
+    with caplog.at_level(logging.WARNING):
+        pack = open_or_build(yaml_file, "train", 64, rebuild="auto", workers=2, progress=False)
+    cache = tmp_path / "cache" / "yolofeed" / "packs"
+    assert pack.path.is_relative_to(cache) and len(pack) == 24
+    assert f"{read_only / 'yolofeed-packs'}" in caplog.text and "is not writable" in caplog.text
+    assert f"goes to {pack.path.parent} instead" in caplog.text
+    again = ensure_split(yaml_file, "train", 64, rebuild="never")  # found again, where it went
+    assert not again.built and again.pack.path == pack.path
+    assert main(["pack", f"data={yaml_file}", "imgsz=64", "splits=train"]) == 0
+    assert f"-> {pack.path}" in capsys.readouterr().out
+    with pytest.raises(PackError, match=f"cannot write packs to {read_only / 'mine' / 'data-raw-64'} .*pass a writable "
+                                        "folder: out="):
+        open_or_build(yaml_file, "train", 64, out=read_only / "mine", rebuild="auto")
+
+
+def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
+    a = paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
+    b = paths.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
+    assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == paths.cache_root()
+    assert paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [
+        tmp_path / "o" / "data-raw-640"]  # out= gets the per-dataset folder too
+
+
+def test_two_datasets_and_two_sizes_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):
+    """``out=``/``pack_dir=`` put every pack directly in the folder: a second dataset or imgsz replaced the first's
+    pack, and each run rebuilt the other's. Now each gets <yaml stem>-<format>-<imgsz> there, as the default
+    location always had; a pack left directly in out= by an older yolofeed is named, not used nor deleted."""
+    from yolofeed.pack.rebuild import check_split, ensure_split
+
+    a = dataset / "data.yaml"
+    b = dataset / "coco.yaml"
+    b.write_text(a.read_text())
+    out = tmp_path / "shared"
+    runs = [(a, 64), (a, 96), (b, 64)]
+
+    def each(**kw):
+        return [ensure_split(y, "train", s, "raw", out=out, workers=1, progress=False, **kw) for y, s in runs]
+
+    first = each(rebuild="auto")
+    assert all(r.built for r in first) and len({r.pack.path for r in first}) == 3
+    assert [r.pack.path.parent for r in first] == [out / "data-raw-64", out / "data-raw-96", out / "coco-raw-64"]
+    assert not any(r.built for r in each(rebuild="auto"))  # nothing rebuilt: no pack replaced another
+    for y, s in runs:  # yolofeed train's own check (pack_dir= is out=) finds each
+        check_split(y, "train", s, "raw", out, "never")
+    rc, lines = cli_lines(["pack", f"data={b}", "imgsz=64", "format=raw", "splits=train", f"out={out}"])
+    assert rc == 0 and not lines
+
+    old = out / "train.yfpack"  # where an older yolofeed put the pack
+    old.write_bytes(first[0].pack.path.read_bytes())
+    with pytest.raises(PackError, match=rf"{out / 'data-raw-32' / 'train.yfpack'} does not exist \({old} is where "
+                                        r"packs of out= went before .*delete it once nothing needs it\)"):
+        ensure_split(a, "train", 32, "raw", out=out, rebuild="never")
+    with caplog.at_level(logging.INFO):
+        ensure_split(a, "train", 32, "raw", out=out, rebuild="auto", workers=1, progress=False)
+    assert f"building the train pack in {out / 'data-raw-32'} ({old} is where packs of out= went" in caplog.text
+    assert old.read_bytes() == first[0].pack.path.read_bytes()

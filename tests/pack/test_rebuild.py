@@ -1,0 +1,227 @@
+"""When a pack is reused, refused or rebuilt (pack/rebuild.py), and the checks before a run starts.
+
+Stale sources, a label edited to the same size and time (``rebuild=check``), a malformed or newer pack, packs that
+do not fit the free space (alone or together), a lock that is not yolofeed's, skipped images and a split with no
+labels said when a pack is built or reused. RELIABILITY.md lists these tests with their outcomes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import Free, cli_lines, craft_pack
+from yolofeed.cli import build_config, main
+from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
+from yolofeed.pack import Pack, command, disk, open_or_build, rebuild, source, space
+from yolofeed.pack.paths import store_dir
+from yolofeed.pack.rebuild import ensure_split
+
+
+def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:
+    return open_or_build(root / "data.yaml", "train", imgsz, rebuild="auto", workers=workers, progress=False, **kw)
+
+
+def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
+    yaml_file = dataset / "data.yaml"
+    first = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
+    assert first.built
+    again = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
+    assert not again.built and again.pack.header["created"] == first.pack.header["created"]
+
+    # a changed source file is detected; the message names the rebuild command
+    lb = sorted((dataset / "labels" / "train").glob("*.txt"))[3]
+    lb.write_text("0 0.5 0.5 0.5 0.5\n")
+    with pytest.raises(StalePackError, match=r"source images or labels changed.*yolofeed pack data=.* imgsz=160"):
+        open_or_build(yaml_file, "train", 160)
+    rebuilt = ensure_split(yaml_file, "train", 160, rebuild="auto", progress=False)
+    assert rebuilt.built
+    np.testing.assert_array_equal(rebuilt.pack.labels(3), [[0, 0.5, 0.5, 0.5, 0.5]])
+
+    # a pack of another imgsz where this one belongs (moved there by hand: each size has a folder of its own) is
+    # refused with a message naming both sizes
+    built = store_dir(yaml_file, 160, "raw") / "train.yfpack"
+    moved = store_dir(yaml_file, 320, "raw") / "train.yfpack"
+    moved.parent.mkdir()
+    shutil.copy(built, moved)
+    with pytest.raises(StalePackError, match="built for imgsz=160, this run asks for imgsz=320.*imgsz=320"):
+        open_or_build(yaml_file, "train", 320)
+    # a pack of another dataset of the same name, in a shared out=, is named as such
+    other = dataset / "other" / "data.yaml"
+    other.parent.mkdir()
+    other.write_text((dataset / "data.yaml").read_text())
+    out = dataset / "shared"
+    store_dir(yaml_file, 160, "raw", out).mkdir(parents=True)
+    shutil.copy(built, store_dir(yaml_file, 160, "raw", out) / "train.yfpack")
+    with pytest.raises(StalePackError, match=r"was built from .*ds/data.yaml, not from .*other/data.yaml"):
+        open_or_build(other, "train", 160, out=out)
+    # missing pack with rebuild=never
+    with pytest.raises(PackError, match="does not exist.*yolofeed pack"):
+        open_or_build(yaml_file, "val", 160)
+
+
+def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):
+    pack = _build(dataset)
+    craft_pack(pack.path, pack.path, header=lambda x: {k: v for k, v in x.items() if k != "split"})
+    with pytest.raises(PackError, match="header key 'split' is missing"):
+        open_or_build(dataset / "data.yaml", "train", 64, rebuild="never")
+    with caplog.at_level(logging.INFO):
+        r = ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False)
+    assert r.built and r.pack.split == "train" and "Rebuilding" in caplog.text
+
+
+def test_a_pack_from_a_newer_yolofeed_is_named_before_it_is_rebuilt(dataset, caplog):
+    """A pack of format 3 was rebuilt by rebuild=auto with an info line, "has pack format 3". Now it is said to be a
+    newer yolofeed's: refused by rebuild=never, a warning before rebuild=auto replaces it."""
+    from yolofeed.errors import NewerPackError
+
+    pack = _build(dataset)
+    craft_pack(pack.path, pack.path, header=lambda h: {**h, "format_version": 3, "yolofeed_version": "9.0.0"})
+    words = rf"{pack.path} was built by a newer yolofeed \(9.0.0, pack format 3\); this yolofeed \(.*\) reads format 2"
+    with pytest.raises(NewerPackError, match=words + ".*rebuild it with: yolofeed pack"):
+        open_or_build(dataset / "data.yaml", "train", 64, rebuild="never")
+    rc, lines = cli_lines(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=train", "rebuild=never"])
+    assert rc == 1 and len(lines) == 1 and "built by a newer yolofeed (9.0.0, pack format 3)" in lines[0], lines
+    with caplog.at_level(logging.INFO):
+        assert ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False).built
+    newer = [r for r in caplog.records if "newer yolofeed" in r.getMessage()]
+    assert newer and newer[0].levelno == logging.WARNING and "Rebuilding" in newer[0].getMessage()
+
+
+# -- a label file edited behind the fingerprint's back -----------------------------------------------------------------
+def test_label_edited_to_the_same_size_and_time_needs_rebuild_check(dataset, caplog):
+    from ultralytics.data.utils import get_hash
+
+    yaml_file = dataset / "data.yaml"
+    assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
+    src = source.split_source(yaml_file, "train")
+    lb = Path(src.label_files[2])
+    st, text = lb.stat(), lb.read_text()
+    cls = int(text.split()[0])
+    edited = f"{(cls + 1) % 10}{text[len(str(cls)):]}" if cls < 10 else f"{cls - 1}{text[len(str(cls)):]}"
+    before = get_hash(list(src.label_files) + list(src.im_files))
+    lb.write_text(edited)
+    os.utime(lb, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert lb.stat().st_size == st.st_size and lb.read_text() != text
+    # Ultralytics' label cache keeps its old labels here; so does the default rule, which is the same
+    assert get_hash(list(src.label_files) + list(src.im_files)) == before
+    assert not ensure_split(yaml_file, "train", 64, rebuild="auto", progress=False).built
+    with pytest.raises(StalePackError, match=rf"1 label file\(s\) changed content .*{lb.name}.*rebuild it with"):
+        rebuild._open_checked(store_dir(yaml_file, 64, "raw") / "train.yfpack", {}, "rebuild it with ...", src,
+                              "check", False)
+    with caplog.at_level(logging.INFO):
+        r = ensure_split(yaml_file, "train", 64, rebuild="check", workers=1, progress=False)
+    assert r.built and "changed content" in caplog.text
+    i = r.pack.im_files.index(src.im_files[2])
+    assert int(r.pack.labels(i)[:, 0].min()) != int(r.pack.labels(i)[:, 0].max()) or \
+        sorted(r.pack.labels(i)[:, 0].tolist()) != sorted([cls] * len(r.pack.labels(i)))
+    assert not ensure_split(yaml_file, "train", 64, rebuild="check", progress=False).built  # up to date now
+    assert build_config("pack", ["data=x.yaml", "rebuild=check"]).rebuild == "check"
+    assert build_config("train", ["data=x.yaml", "model=m.yaml", "pack_rebuild=check"]).pack_rebuild == "check"
+
+
+# -- the checks before a run: free space, the lock file ----------------------------------------------------------------
+def test_a_pack_that_cannot_fit_is_refused_by_the_pre_run_check_too(dataset):
+    """``check_split`` runs in a DDP launcher before any rank: the space error must come from there, with its type
+    (the bench adds its jpeg hint to a PackSpaceError), and nothing may be created."""
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with (disk.using(Free(10**5)),
+          pytest.raises(PackSpaceError, match=f"not enough free space for the train pack in {folder}: ")):
+        rebuild.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # where the build would put it
+    assert not folder.exists()
+    rebuild.check_split(dataset / "data.yaml", "train", 64, "raw", rebuild="auto")  # room: nothing to say
+
+
+def test_packs_that_fit_one_at_a_time_but_not_together_are_refused_before_the_first(dataset, tmp_path, capsys):
+    """Room for the train pack and for the val pack, not for both: checked one at a time, the val pack failed for want
+    of room after the train pack was written (and after the run folder and the model). Now ``yolofeed pack``, the
+    trainer's pre-run check (through the CLI) and ``FastDetectionTrainer`` itself refuse it first, nothing written."""
+    from yolofeed.pack.source import load_data_yaml, split_source
+    from yolofeed.train import FastDetectionTrainer
+
+    d = load_data_yaml(dataset / "data.yaml")
+    need = {s: space.estimate_bytes(split_source(d, s), 64, "raw") for s in ("train", "val")}
+    free = max(need.values()) + (min(need.values()) // 2)  # either alone fits, the two do not
+    with disk.using(Free(free)):
+        folder = store_dir(dataset / "data.yaml", 64, "raw")
+        message = (rf"not enough free space for the train and val packs in {folder}: together they need [\d.]+ [MK]B "
+                   rf"\({sum(need.values()):,} bytes: train [\d.]+ [MK]B, val [\d.]+ [MK]B\), [\d.]+ [MK]B \({free:,} "
+                   r"bytes\) are free\. Free some space, or put the packs on a disk with room")
+        with pytest.raises(PackSpaceError, match=message):
+            rebuild.check_splits(dataset / "data.yaml", ("train", "val"), 64, "raw", rebuild="auto")
+        rebuild.check_split(dataset / "data.yaml", "val", 64, "raw", rebuild="auto")  # alone it fits: nothing to say
+        with pytest.raises(PackSpaceError, match=message):
+            command.run(build_config("pack", [f"data={dataset / 'data.yaml'}", "imgsz=64", "format=raw", "workers=1"]))
+        assert not folder.exists()  # no train pack written first
+        runs = tmp_path / "runs"
+        assert main(["train", "model=yolo11n.yaml", f"data={dataset / 'data.yaml'}", "imgsz=64", "pack_format=raw",
+                     "device=cpu", f"project={runs}"]) == 1
+        assert re.search(message, capsys.readouterr().err)
+        with pytest.raises(PackSpaceError, match=message):
+            FastDetectionTrainer.with_options(pack_format="raw")(overrides={"model": "yolo11n.yaml", "imgsz": 64,
+                                                                "data": str(dataset / "data.yaml"), "device": "cpu",
+                                                                "project": str(runs)})
+    assert not runs.exists() and not folder.exists()
+
+
+VICTIM = b"precious: not yolofeed's\n"
+
+
+def _folder(yaml_file: Path, out: Path) -> Path:
+    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
+    folder = store_dir(yaml_file, 64, "raw", out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_yolofeed_train_refuses_a_lock_that_is_not_yolofeeds_before_the_run_folder(dataset, tmp_path):
+    """The pack is built after Ultralytics made the run folder and the model: the check before them (``check_split``,
+    in the trainer's ``__init__``) looks at the lock file a build would take, as it looks at the free space."""
+    from yolofeed.train import FastDetectionTrainer
+
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (_folder(yaml_file, out) / ".lock").symlink_to(victim)
+    overrides = dict(model="yolo11n.yaml", data=str(yaml_file), imgsz=64, device="cpu", project=str(tmp_path / "runs"),
+                     name="r")
+    with pytest.raises(PackError, match=r"\.lock is a symbolic link to .*its build lock"):
+        FastDetectionTrainer.with_options(pack_dir=str(out), pack_format="raw")(overrides=overrides)
+    assert not (tmp_path / "runs").exists() and victim.read_bytes() == VICTIM
+
+
+# -- messages: skipped images on first use, no labels at all -----------------------------------------------------------
+def test_first_use_build_says_which_images_were_skipped_and_why(dataset, caplog):
+    (dataset / "images" / "train" / "zero.jpg").write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        _build(dataset)
+    assert "zero.jpg: empty file (0 bytes)" in caplog.text and "HEIC" not in caplog.text
+    assert "train.report.txt" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _build(dataset)  # reused: still said, in one line, as Ultralytics repeats its cache's warnings
+    assert "1 image(s) were skipped when it was built (1x empty file (0 bytes)" in caplog.text
+    assert "train.report.txt" in caplog.text
+
+
+def test_no_labels_folder_warns_at_pack_time_and_training_refuses(dataset, tmp_path, caplog):
+    from yolofeed import FastDetectionTrainer
+
+    shutil.rmtree(dataset / "labels")
+    with caplog.at_level(logging.WARNING):
+        pack = open_or_build(dataset / "data.yaml", "val", 64, rebuild="auto", workers=1, progress=False)
+    assert len(pack) == 8
+    assert f"No labels found in {dataset / 'labels' / 'val'}" in caplog.text
+    assert "training may not work correctly" in caplog.text
+    trainer = FastDetectionTrainer(overrides=dict(model="yolo11n.yaml", data=str(dataset / "data.yaml"), imgsz=64,
+                                                  device="cpu", project=str(tmp_path), name="nolabels", plots=False,
+                                                  exist_ok=True))
+    with pytest.raises(DatasetError, match=f"No labels found in {dataset / 'labels' / 'train'}.*Ultralytics refuses "
+                                           "to train on such a split"):
+        trainer.get_dataloader(trainer.data["train"], 4, -1, "train")

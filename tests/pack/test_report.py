@@ -1,0 +1,81 @@
+"""The report beside a pack (pack/report.py): one entry a line whatever the file's name, never written through a
+link or over a file yolofeed did not write. RELIABILITY.md lists these tests with their outcomes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from yolofeed.cli import main
+from yolofeed.pack import open_or_build
+from yolofeed.pack.paths import store_dir
+from yolofeed.pack.report import read_report
+
+VICTIM = b"precious: not yolofeed's\n"
+
+
+def _build(yaml_file: Path, out: Path, **kw):
+    kw = {"rebuild": "auto", "workers": 1, "progress": False, **kw}
+    return open_or_build(yaml_file, "train", 64, "raw", out=out, **kw)
+
+
+def _folder(yaml_file: Path, out: Path) -> Path:
+    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
+    folder = store_dir(yaml_file, 64, "raw", out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_the_report_is_never_written_through_a_link_or_over_a_file_yolofeed_did_not_make(dataset, tmp_path, caplog):
+    """The report's temporary name was predictable (``.train.report.txt.tmp-<pid>``) and written through a link;
+    ``train.report.txt`` itself was overwritten whatever it was. Now: a new name taken with O_EXCL; a report name
+    that holds someone else's file or a link is left as it is, with a warning, and the pack is still built."""
+    yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
+    folder = _folder(yaml_file, out)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    (folder / f".train.report.txt.tmp-{os.getpid()}").symlink_to(victim)  # the old name of this process's report
+    pack = _build(yaml_file, out)
+    assert victim.read_bytes() == VICTIM
+    assert (folder / "train.report.txt").read_text().startswith("# train.yfpack: 0 skipped, 0 notes.")
+
+    for planted in ("own notes", "link"):
+        report = folder / "train.report.txt"
+        report.unlink()
+        if planted == "own notes":
+            report.write_bytes(VICTIM)
+        else:
+            report.symlink_to(victim)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert _build(yaml_file, out, rebuild="always") and pack.path.exists()
+        assert "did not write its report" in caplog.text and f"{report} is" in caplog.text
+        assert victim.read_bytes() == VICTIM and (report.is_symlink() == (planted == "link"))
+        if planted == "own notes":
+            assert report.read_bytes() == VICTIM
+
+
+def test_a_name_with_a_newline_or_a_tab_stays_one_report_entry(dataset, capsys):
+    """Linux allows a newline or a tab in a file name: the report (one entry a line, tab-separated) broke in two
+    lines, or grew a column. Such a field is now quoted as ``ls`` quotes such names (``$'...'``), which pastes into
+    bash as the very name and ``read_report`` reads back; the summary shows it escaped, on one line."""
+    img = dataset / "images" / "train"
+    odd = [img / "two\nlines.jpg", img / "a\ttab, it's.jpg", img / "$'looks quoted'.jpg"]
+    for path in odd:
+        path.write_bytes(b"")  # skipped: empty
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]) == 0
+    out = capsys.readouterr().out
+    assert "two\\nlines.jpg: empty file" in out and "a\\ttab, it's.jpg: empty file" in out
+    dest = store_dir(dataset / "data.yaml", 64, "raw") / "train.yfpack"
+    lines = (dest.parent / "train.report.txt").read_text().split("\n")[1:-1]
+    assert len(lines) == 3 and all(len(line.split("\t")) == 3 for line in lines), lines
+    assert sorted(row[0] for row in read_report(dest)) == sorted(map(str, odd))
+    quoted = [line.split("\t")[0] for line in lines if line.startswith("$'")]
+    assert len(quoted) == 2  # the newline and the tab; a quote or a $ alone needs none
+    if shutil.which("bash"):  # pasted into a shell, each names its file
+        for field in quoted:
+            assert subprocess.run(["bash", "-c", f"test -e {field}"]).returncode == 0, field
