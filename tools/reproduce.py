@@ -167,6 +167,13 @@ SECTIONS = {s.name: s for s in (
         "--plot $OUT/parity-yolo11n.png",
         "python3 -m tools.parity_merge docs/parity/yolo26n-seeds0-2.json docs/parity/yolo26n-seeds3-7.json "
         "--plot $OUT/parity-yolo26n.png")),
+    Section("parity-musgd-more", "Training quality", "nvidia-h200", 1, 9, (
+        "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
+        "LIMIT=470 NO_SMOKE=1 bash tools/device/parity.sh",)),
+    Section("step-levers", "The step alone: where its time goes", "nvidia-h200", 1, 6, (
+        "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml copies=1 "
+        "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
+        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 out=$OUT/levers")),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
 )}
