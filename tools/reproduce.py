@@ -173,7 +173,8 @@ SECTIONS = {s.name: s for s in (
     Section("step-levers", "The step alone: where its time goes", "nvidia-h200", 1, 6, (
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml copies=1 "
         "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
-        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 out=$OUT/levers")),
+        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 "
+        "out=$OUT/levers")),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
 )}

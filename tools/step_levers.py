@@ -231,6 +231,38 @@ def lever_bf16(model):
     return "bf16"
 
 
+def _lever(name: str, cfg: str, model, batch: dict, n: int) -> dict:
+    """One lever on a copy of ``model``, timed against ``model`` itself, alternately."""
+    torch.manual_seed(0)
+    other = _model(cfg, "cuda")
+    other.load_state_dict(model.state_dict())
+    obatch = _with_counts(other, batch)
+    t0 = time.perf_counter()
+    try:
+        fwd = lever_cuda_graph(other, obatch) if name == "cuda_graph" else globals()[f"lever_{name}"](other)
+        if fwd == "bf16":
+            def run():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss, _ = other.loss(obatch, other(obatch["img"]))
+                loss.sum().backward()
+                for p in other.parameters():
+                    p.grad = None
+        else:
+            def run():
+                _step(other, obatch, fwd)
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+        ready = time.perf_counter() - t0
+        base, lev = [], []
+        for _ in range(3):  # alternate: shared clocks
+            base.append(_time(lambda: _step(model, batch), n))
+            lev.append(_time(run, n))
+        return {"base_ms": min(base), "lever_ms": min(lev), "speedup": min(base) / min(lev), "ready_s": ready}
+    except Exception as e:  # a lever that cannot run is a finding, not a crash
+        return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+
+
 def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv)
     cfg, b, imgsz = args.get("model", "yolo11n.yaml"), int(args.get("batch", 128)), int(args.get("imgsz", 640))
@@ -254,39 +286,10 @@ def main(argv: list[str]) -> None:
         print(f"  {c:<14}{ms:8.2f} ms", flush=True)
     (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
     for name in levers:
-        torch.manual_seed(0)
-        other = _model(cfg, "cuda")
-        other.load_state_dict(model.state_dict())
-        obatch = _with_counts(other, batch)
-        t0 = time.perf_counter()
-        try:
-            fwd = lever_cuda_graph(other, obatch) if name == "cuda_graph" else globals()[f"lever_{name}"](other)
-            if fwd == "bf16":
-                def run():
-                    with torch.autocast("cuda", dtype=torch.bfloat16):
-                        loss, _ = other.loss(obatch, other(obatch["img"]))
-                    loss.sum().backward()
-                    for p in other.parameters():
-                        p.grad = None
-            else:
-                def run():
-                    _step(other, obatch, fwd)
-            for _ in range(5):
-                run()
-            torch.cuda.synchronize()
-            ready = time.perf_counter() - t0
-            base, lev = [], []
-            for _ in range(3):  # alternate: shared clocks
-                base.append(_time(lambda: _step(model, batch), n))
-                lev.append(_time(run, n))
-            res = {"base_ms": min(base), "lever_ms": min(lev), "speedup": min(base) / min(lev),
-                   "ready_s": ready}
-        except Exception as e:  # a lever that cannot run is a finding, not a crash
-            res = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        res = _lever(name, cfg, model, batch, n)
         report["levers"][name] = res
         print(name, json.dumps(res), flush=True)
         (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
-        del other
         torch.cuda.empty_cache()
     (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
     top = "\n".join(f"{ms:8.3f} ms {cnt:5d}x {cat:<12} {name}" for ms, cnt, cat, name in report["breakdown"]["top"])
