@@ -89,11 +89,11 @@ SECTIONS = {s.name: s for s in (
         LABELS_10K,
         f"timeout 330 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"first_epoch=True isolate=True optimizer=MuSGD {BENCH_1} out=$OUT/bench_musgd", NO_WEIGHTS)),
-    Section("step-compile", "The step itself: levers measured", "nvidia-h200", 1, 10, (
+    Section("step-compile", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 10, (
         SYNTH_10K, PACK_10K, lever("yolo11n", "ceiling", "compile=False", 120),
         lever("yolo11n", "ceiling,yolofeed", "compile=True", 330), lever("yolo26n", "ceiling", "compile=False", 120),
         lever("yolo26n", "ceiling", "compile=True", 300), NO_WEIGHTS)),
-    Section("step-deterministic", "The step itself: levers measured", "nvidia-h200", 1, 3, (
+    Section("step-deterministic", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 3, (
         SYNTH_10K, PACK_10K, lever("yolo11n", "ceiling", "deterministic=True", 120),
         lever("yolo11n", "ceiling", "deterministic=False", 120), NO_WEIGHTS)),
     Section("first-own", "First epoch", "nvidia-h200", 1, 6, (
@@ -170,7 +170,7 @@ SECTIONS = {s.name: s for s in (
     Section("parity-musgd-more", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=470 NO_SMOKE=1 bash tools/device/parity.sh",)),
-    Section("step-levers", "The step alone: where its time goes", "nvidia-h200", 1, 6, (
+    Section("step-levers", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml copies=1 "
         "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 "
