@@ -166,7 +166,9 @@ SECTIONS = {s.name: s for s in (
         "python3 -m tools.parity_merge docs/parity/yolo11n-seeds0-3.json docs/parity/yolo11n-seeds4-7.json "
         "--plot $OUT/parity-yolo11n.png",
         "python3 -m tools.parity_merge docs/parity/yolo26n-seeds0-2.json docs/parity/yolo26n-seeds3-7.json "
-        "--plot $OUT/parity-yolo26n.png")),
+        "--plot $OUT/parity-yolo26n.png",
+        "python3 -m tools.parity_merge docs/parity/yolo11n-musgd-seeds0-3.json docs/parity/yolo11n-musgd-seeds4-7.json "
+        "--plot $OUT/parity-yolo11n-musgd.png")),
     Section("parity-musgd-more", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=470 NO_SMOKE=1 bash tools/device/parity.sh",)),
