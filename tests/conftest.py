@@ -117,3 +117,22 @@ def pack(synth_root, tmp_path_factory) -> Callable[..., Pack]:
         return Pack.open(built[key])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def pose_root(tmp_path_factory) -> Path:
+    """A small synthetic pose dataset (``task=pose``: 5 keypoints a figure), made once per session. Copy it before
+    changing it."""
+    root = tmp_path_factory.mktemp("synth-pose")
+    synth.run(SynthConfig(out=str(root), n_train=16, n_val=6, imgsz=160, seed=5, classes=8, boxes=6, min_box=16,
+                          task="pose", workers=2))
+    return root
+
+
+@pytest.fixture()
+def pose_dataset(pose_root, tmp_path) -> Path:
+    """A private copy of the synthetic pose dataset (its data.yaml pointing at the copy)."""
+    root = tmp_path / "pose"
+    shutil.copytree(pose_root, root, ignore=shutil.ignore_patterns("yolofeed-packs", "*.cache"))
+    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(pose_root), str(root)))
+    return root

@@ -189,3 +189,87 @@ def test_a_folder_at_another_quality_is_refused_naming_it(tmp_path):
     written = json.loads((root / synth.MANIFEST).read_text())
     (root / synth.MANIFEST).write_text(json.dumps({**written, "quality": 90}))
     assert synth.run(cfg).parent == root  # the same dataset, its quality named
+
+
+# -- task=pose -----------------------------------------------------------------------------------------------------
+def _pose_rows(label_file: Path) -> np.ndarray:
+    """(n, 20) float32 label rows: class, box, then 5 keypoints of x, y, visibility."""
+    return np.loadtxt(label_file, dtype=np.float32, ndmin=2)
+
+
+def test_pose_labels_parse_under_ultralytics_with_the_same_counts(pose_dataset):
+    """Ultralytics' own YOLODataset (task=pose) reads every image and every row, box and keypoints as written; the
+    yaml has coco8-pose's keys; visible, occluded and unlabelled points all occur."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    d = yaml.safe_load((pose_dataset / "data.yaml").read_text())
+    assert d["kpt_shape"] == [len(synth.KEYPOINTS), 3] and d["flip_idx"] == synth.FLIP_IDX
+    assert d["kpt_names"][0] == list(synth.KEYPOINTS) and len(d["kpt_names"]) == d["nc"] == 8
+    data = check_det_dataset(str(pose_dataset / "data.yaml"), autodownload=False)
+    seen = []
+    for split, n in (("train", 16), ("val", 6)):
+        ref = YOLODataset(img_path=data[split], imgsz=160, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                          rect=False, task="pose")
+        assert len(ref.labels) == n
+        for lb in ref.labels:
+            rows = _pose_rows(pose_dataset / "labels" / split / f"{Path(lb['im_file']).stem}.txt")
+            np.testing.assert_array_equal(lb["cls"][:, 0], rows[:, 0])
+            np.testing.assert_array_equal(lb["bboxes"], rows[:, 1:5])
+            np.testing.assert_array_equal(lb["keypoints"], rows[:, 5:].reshape(-1, 5, 3))
+            seen.append(rows[:, 5:].reshape(-1, 5, 3))
+    v = np.concatenate(seen)[..., 2]
+    assert set(np.unique(v).tolist()) == {0, 1, 2} and (v == 2).mean() > 0.75
+    assert (np.concatenate(seen)[v == 0][:, :2] == 0).all()  # an unlabelled point is 0 0 0, as COCO writes it
+
+
+def test_pose_pictures_are_the_detection_pictures_with_the_occluders_painted(tmp_path):
+    """Same seed: the boxes and classes of task=detect, its pixels everywhere but at the grey discs over the occluded
+    points; each visible side point is on its figure (the pixel inside the box there has the figure's colour), each
+    occluded one under a grey disc; flip_idx maps a mirrored figure's points onto its own."""
+    colours = np.array(list(synth.COLOURS.values()), np.float32)
+    ids = synth.class_ids(8)
+    checked = {1: 0, 2: 0}
+    for index in range(12):
+        plain = synth.render(4, "train", index, 160, 8, 8, 16)
+        pose = synth.with_keypoints(plain, 4, "train", index, 8)
+        assert [r.split()[:5] for r in synth.label_text(pose).splitlines()] == [
+            r.split() for r in synth.label_text(plain).splitlines()]
+        changed = (pose.image != plain.image).any(-1)
+        for (x1, y1, x2, y2), label, points in zip(plain.boxes.tolist(), plain.classes.tolist(), pose.keypoints):
+            changed[y1:y2, x1:x2] = False
+            for j, (x, y, v) in enumerate(points[:4].tolist()):  # the side points: on the box's edge
+                col, row = min(int(x), x2 - 1), min(int(y), y2 - 1)
+                if v == 2:
+                    dist = np.abs(colours - pose.image[row, col].astype(np.float32)).sum(1)
+                    assert dist.argmin() == ids[label] % len(colours), (index, j)
+                elif v == 1:
+                    px = pose.image[row, col].astype(int)
+                    assert np.ptp(px) < 40 and (px != plain.image[row, col]).any(), (index, j, px)
+                checked[int(v)] = checked.get(int(v), 0) + 1  # v=0 too: an unlabelled point is 0 0 0
+            mirrored = points.copy()
+            mirrored[:, 0] = np.where(points[:, 2] > 0, x1 + x2 - points[:, 0], 0)
+            shape = synth.SHAPES[ids[label] // len(synth.COLOURS)]
+            want = synth.figure_keypoints(shape, x1, y1, x2, y2)  # every figure is its own mirror image
+            np.testing.assert_allclose(mirrored[synth.FLIP_IDX][:, :2][points[synth.FLIP_IDX][:, 2] > 0],
+                                       want[points[synth.FLIP_IDX][:, 2] > 0], atol=1e-9)
+        assert not changed.any()  # nothing outside the figures' boxes was painted
+    assert checked[1] >= 3 and checked[2] >= 40
+
+
+def test_pose_is_its_own_dataset_for_the_folder_check(tmp_path):
+    """A pose folder is not a detection folder of the same settings (and the other way round); the same command
+    again rewrites the same bytes."""
+    cfg = SynthConfig(out=str(tmp_path / "p"), n_train=3, n_val=1, imgsz=64, seed=1, task="pose", workers=1)
+    root = synth.run(cfg).parent
+    first = _digest(root)
+    assert synth.run(cfg).parent == root and _digest(root) == first
+    assert json.loads((root / synth.MANIFEST).read_text())["task"] == "pose"
+    with pytest.raises(ConfigError, match=r"task=pose quality=90 \(this run asks for task=detect\)"):
+        synth.run(dataclasses.replace(cfg, task="detect"))
+    assert "task" not in synth.manifest(dataclasses.replace(cfg, task="detect"))  # detection folders still match
+    with pytest.raises(ConfigError, match="task=segment: expected detect or pose"):
+        synth.run(dataclasses.replace(cfg, task="segment", out=str(tmp_path / "s")))
+    assert main(["synth", f"out={tmp_path / 'cli'}", "n_train=2", "n_val=1", "imgsz=64", "task=pose"]) == 0
+    assert yaml.safe_load((tmp_path / "cli" / "data.yaml").read_text())["kpt_shape"] == [5, 3]

@@ -12,12 +12,19 @@ For accuracy comparisons the defaults are too hard to learn in a few dozen epoch
 80 classes that share shapes and colours): ``classes=8 boxes=8 min_box=16`` gives 8 classes that
 differ in both shape and colour, fewer and larger figures, on which yolo11n learns quickly.
 
+``task=pose`` adds five keypoints to each figure, in its own upright frame: the middle of its top, right, bottom
+and left extremes (where it touches its box) and its box's centre, a model can find them as it finds the box. About
+one point in ten is painted over by a grey disc (visibility 1: labelled, occluded), one in twenty is not labelled
+(0 0 0, as COCO writes such a point), the rest are visible (2). The pictures are those of ``task=detect`` with the discs
+added (their draws come from a stream of their own), and ``task=detect`` writes the bytes it always wrote.
+
 Files are a pure function of (seed, split, index): the same seed gives the same bytes, in any
 number of processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -54,6 +61,12 @@ SHAPE_CHOICES = ((1.0, 0.75), (1.0, 0.75), (1.0, 0.75), (0.75, 1.0), (1.0, 1.0),
 MIN_BOX = 8  # px: smaller figures are not learnable after JPEG and a 640 resize
 MAX_BOXES = 20
 JPEG_QUALITY = 90  # the default of quality=
+SPLITS = {"train": 0, "val": 1}  # a split's term of the seed (others: 2)
+KEYPOINTS = ("top", "right", "bottom", "left", "centre")  # task=pose: each figure's points, in its upright frame
+# A mirror swaps the figure's right and left. Ultralytics applies one flip_idx to both flips: a flip upside down is a
+# mirror too (a half turn and a left-right flip), so the figure's top point, now lowest, is still its top.
+FLIP_IDX = [0, 3, 2, 1, 4]
+OCCLUDED, UNLABELLED = 0.10, 0.05  # task=pose: shares of points painted over (visibility 1) and not labelled (0)
 
 
 @dataclass(frozen=True)
@@ -62,12 +75,13 @@ class Sample:
 
     Shape:
         image: (H, W, 3) uint8 RGB. boxes: (N, 4) int pixel x1, y1, x2, y2 (x2, y2 exclusive).
-        classes: (N,) int.
+        classes: (N,) int. keypoints: (N, K, 3) float64 pixel x, y and visibility (0, 1, 2), or None (detection).
     """
 
     image: np.ndarray
     boxes: np.ndarray
     classes: np.ndarray
+    keypoints: np.ndarray | None = None
 
 
 def figure_mask(shape: str, w: int, h: int) -> np.ndarray:
@@ -128,7 +142,7 @@ def render(seed: int, split: str, index: int, imgsz: int = 640, classes: int = l
         min_box: the smallest figure side, in pixels of the drawn image.
     """
     ids = class_ids(classes)
-    rng = np.random.default_rng([seed, {"train": 0, "val": 1}.get(split, 2), index])
+    rng = np.random.default_rng([seed, SPLITS.get(split, 2), index])
     fw, fh = SHAPE_CHOICES[rng.integers(len(SHAPE_CHOICES))]
     w, h = max(32, round(imgsz * fw)), max(32, round(imgsz * fh))
     img = _background(rng, h, w)
@@ -159,18 +173,61 @@ def render(seed: int, split: str, index: int, imgsz: int = 640, classes: int = l
     return Sample(image, np.array(drawn, np.int64).reshape(-1, 4), np.array(labels, np.int64))
 
 
+def figure_keypoints(shape: str, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
+    """(5, 2) pixel x, y of ``KEYPOINTS``: where the figure touches the top, right, bottom and left sides of its box
+    (the middle of the pixels it has there, on the box's edge), and the box's centre."""
+    m = figure_mask(shape, x2 - x1, y2 - y1)
+    cols, rows = np.arange(x2 - x1) + 0.5, np.arange(y2 - y1) + 0.5  # pixel centres
+    return np.array([[x1 + cols[m[0]].mean(), y1], [x2, y1 + rows[m[:, -1]].mean()],
+                     [x1 + cols[m[-1]].mean(), y2], [x1, y1 + rows[m[:, 0]].mean()],
+                     [(x1 + x2) / 2, (y1 + y2) / 2]], np.float64)
+
+
+def with_keypoints(sample: Sample, seed: int, split: str, index: int, classes: int = len(CLASS_NAMES)) -> Sample:
+    """``sample`` with its figures' keypoints (``figure_keypoints``), some painted over (visibility 1) or left
+    unlabelled (0), a pure function of its arguments; the discs are drawn from a stream of their own, so the
+    detection sample's draws, and its bytes, stay as they are.
+
+    Args:
+        classes: as for ``render`` (which class is which figure).
+    """
+    ids = class_ids(classes)
+    rng = np.random.default_rng([seed, SPLITS.get(split, 2), index, 1])
+    image = sample.image.copy()
+    points = np.zeros((len(sample.boxes), len(KEYPOINTS), 3))
+    draw = rng.random((len(sample.boxes), len(KEYPOINTS)))
+    for k, ((x1, y1, x2, y2), label) in enumerate(zip(sample.boxes.tolist(), sample.classes.tolist())):
+        xy = figure_keypoints(SHAPES[ids[label] // len(COLOURS)], x1, y1, x2, y2)
+        points[k, :, :2], points[k, :, 2] = xy, 2
+        radius = max(2.0, 0.25 * min(x2 - x1, y2 - y1))
+        yy, xx = np.mgrid[y1:y2, x1:x2] + 0.5
+        for j in np.nonzero(draw[k] < OCCLUDED)[0]:  # a grey disc over the point, inside the figure's box only
+            disc = (xx - xy[j, 0]) ** 2 + (yy - xy[j, 1]) ** 2 <= radius**2
+            grey = rng.uniform(90, 170) + rng.normal(0, 6, size=(int(disc.sum()), 1))
+            image[y1:y2, x1:x2][disc] = np.clip(grey, 0, 255).astype(np.uint8)
+            points[k, j, 2] = 1
+        points[k, (draw[k] >= OCCLUDED) & (draw[k] < OCCLUDED + UNLABELLED)] = 0  # not labelled: 0 0 0
+    return dataclasses.replace(sample, image=image, keypoints=points)
+
+
 def label_text(sample: Sample) -> str:
-    """YOLO label lines: class x_centre y_centre width height, normalised to [0, 1]."""
+    """YOLO label lines: class x_centre y_centre width height, normalised to [0, 1]; with keypoints, each point's
+    x y (normalised) and visibility after them."""
     h, w = sample.image.shape[:2]
     rows = []
-    for (x1, y1, x2, y2), c in zip(sample.boxes.tolist(), sample.classes.tolist()):
-        rows.append(f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}")
+    for k, ((x1, y1, x2, y2), c) in enumerate(zip(sample.boxes.tolist(), sample.classes.tolist())):
+        row = f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
+        if sample.keypoints is not None:
+            row += "".join(f" {x / w:.6f} {y / h:.6f} {int(v)}" for x, y, v in sample.keypoints[k].tolist())
+        rows.append(row)
     return "\n".join(rows) + "\n"
 
 
 def _write_one(args: tuple[Path, SynthConfig, str, int]) -> int:
     root, cfg, split, index = args
     sample = render(cfg.seed, split, index, cfg.imgsz, cfg.classes, cfg.boxes, cfg.min_box)
+    if cfg.task == "pose":
+        sample = with_keypoints(sample, cfg.seed, split, index, cfg.classes)
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR),
                            [cv2.IMWRITE_JPEG_QUALITY, cfg.quality])
     if not ok:
@@ -208,7 +265,15 @@ def manifest(cfg: SynthConfig) -> dict:
                "imgsz": cfg.imgsz, "classes": cfg.classes, "boxes": cfg.boxes, "min_box": cfg.min_box}
     if cfg.quality != JPEG_QUALITY:  # named only when not the default: folders written before it existed still match
         written["quality"] = cfg.quality
+    if cfg.task != "detect":  # the same
+        written["task"] = cfg.task
     return written
+
+
+def _settings(written: dict) -> dict:
+    """A manifest with the keys it names only when not the default (task, quality) named."""
+    rest = {k: v for k, v in written.items() if k not in ("task", "quality")}
+    return {**rest, "task": written.get("task", "detect"), "quality": written.get("quality", JPEG_QUALITY)}
 
 
 def check(cfg: SynthConfig) -> Path:
@@ -230,6 +295,8 @@ def check(cfg: SynthConfig) -> Path:
         raise ConfigError(f"n_train={cfg.n_train} n_val={cfg.n_val}: image counts cannot be negative")
     if cfg.imgsz < MIN_IMGSZ:
         raise ConfigError(f"imgsz={cfg.imgsz}: expected at least {MIN_IMGSZ} (the long side of the commonest image)")
+    if cfg.task not in ("detect", "pose"):
+        raise ConfigError(f"task={cfg.task}: expected detect or pose")
     if not 1 <= cfg.quality <= 100:
         raise ConfigError(f"quality={cfg.quality}: JPEG quality runs from 1 to 100 (90 is the default, 95 weighs "
                           "about what COCO's photos do)")
@@ -254,9 +321,9 @@ def check(cfg: SynthConfig) -> Path:
             written = json.loads((root / MANIFEST).read_text())
         except (OSError, ValueError):
             written = None
-        asked = {**manifest(cfg), "quality": cfg.quality}  # a manifest without quality was written at the default
+        asked = _settings(manifest(cfg))  # a manifest without quality (or task) was written at the default
         if isinstance(written, dict):
-            written = {**written, "quality": written.get("quality", JPEG_QUALITY)}
+            written = _settings(written)
         if written != asked:
             if isinstance(written, dict):
                 differ = " ".join(f"{k}={v}" for k, v in asked.items() if written.get(k) != v)
@@ -298,13 +365,12 @@ def run(cfg: SynthConfig) -> Path:
         pool.stop()  # Ctrl-C: a rerun of the same command completes the folder
         raise
     pool.close()
-    data = {
-        "path": str(root),
-        "train": str(root / "images" / "train"),
-        "val": str(root / "images" / "val"),
-        "nc": len(names),
-        "names": dict(enumerate(names)),
-    }
+    data = {"path": str(root), "train": str(root / "images" / "train"), "val": str(root / "images" / "val")}
+    if cfg.task == "pose":  # where Ultralytics' coco8-pose.yaml has them
+        data |= {"kpt_shape": [len(KEYPOINTS), 3], "flip_idx": FLIP_IDX}
+    data |= {"nc": len(names), "names": dict(enumerate(names))}
+    if cfg.task == "pose":
+        data["kpt_names"] = {i: list(KEYPOINTS) for i in range(len(names))}
     (root / "data.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     LOGGER.info(f"synth: {total} images ({nbytes / max(total, 1) / 1e3:.0f} KB mean) in {root}\n"
                 f"data yaml: {root / 'data.yaml'}")
