@@ -13,7 +13,7 @@ from ultralytics.data.base import BaseDataset
 from ultralytics.data.utils import check_det_dataset, img2label_paths
 
 from yolofeed.errors import DatasetError
-from yolofeed.pack.source import list_images, load_data_yaml, split_source
+from yolofeed.pack.source import kpt_shape_of, list_images, load_data_yaml, split_source
 
 
 def _ultralytics_files(paths):
@@ -133,3 +133,38 @@ def test_fingerprint_follows_files(dataset):
     lb = next((dataset / "labels" / "train").glob("*.txt"))
     lb.write_text(lb.read_text() + "0 0.5 0.5 0.1 0.1\n")
     assert split_source(f, "train").fingerprint() != a
+
+
+def test_kpt_shape_is_refused_where_ultralytics_refuses_it_and_keys_the_fingerprint(pose_dataset, dataset):
+    """task=pose needs kpt_shape [K > 0, 2 or 3] (YOLODataset refuses the same values, in the words quoted); a
+    detection split of a pose yaml reads it too. Another kpt_shape is another fingerprint; a yaml without one hashes
+    as before keypoints were read."""
+    import hashlib
+
+    from ultralytics.data.dataset import YOLODataset
+
+    d = load_data_yaml(pose_dataset / "data.yaml")
+    assert split_source(d, "train", "pose").kpt_shape == (5, 3) and split_source(d, "train", "pose").task == "pose"
+    assert split_source(d, "train").kpt_shape == (5, 3) and split_source(d, "train").task == "detect"
+    for bad in ([0, 3], [5, 4], [5, 1], None, [5], "5,3", [5.0, 3], [True, 3]):
+        with pytest.raises(DatasetError, match=r"'kpt_shape' in data.yaml missing or incorrect.*'kpt_shape: \[17, 3"):
+            kpt_shape_of({**d, "kpt_shape": bad}, "pose")
+        if isinstance(bad, list) and all(type(x) is int for x in bad) and len(bad) == 2:
+            with pytest.raises(ValueError, match="'kpt_shape' in data.yaml missing or incorrect"):
+                YOLODataset(img_path=d["train"], data={**d, "kpt_shape": bad}, task="pose")
+    with pytest.raises(DatasetError, match=r"'kpt_shape: \[5\]' must be \[number of keypoints, number of dims\]"):
+        kpt_shape_of({**d, "kpt_shape": [5]})
+    with pytest.raises(DatasetError, match="task=segment: yolofeed packs detect and pose datasets"):
+        split_source(d, "train", "segment")
+    plain = load_data_yaml(dataset / "data.yaml")
+    with pytest.raises(DatasetError, match="missing or incorrect"):
+        split_source(plain, "train", "pose")
+    src = split_source(plain, "train")
+    h = hashlib.sha256(f"nc={src.nc}\0".encode())  # the fingerprint packs were built with before keypoints
+    for p in (*src.im_files, *src.label_files):
+        st = os.stat(p)
+        h.update(os.fsencode(p) + b"\0" + f"{st.st_size}:{st.st_mtime_ns}\0".encode())
+    assert src.kpt_shape is None and src.fingerprint() == h.hexdigest()
+    pose = split_source(d, "train", "pose")
+    assert pose.fingerprint() != split_source({**d, "kpt_shape": [5, 2]}, "train", "pose").fingerprint()
+    assert split_source(d, "train").fingerprint() == pose.fingerprint()  # the task is the header's, not the hash's

@@ -169,3 +169,98 @@ def test_files_that_are_not_images_get_their_own_reason(tmp_path):
         assert words in str(e.value), (path.name, str(e.value))
         if path != heic:
             assert "HEIC" not in str(e.value) and "corrupt" not in str(e.value)
+
+
+# -- pose labels -------------------------------------------------------------------------------------------------------
+KPT = "0.4 0.4 2 0.6 0.6 1"  # two keypoints (kpt_shape [2, 3]) inside a box at the centre
+# label text -> whether Ultralytics keeps the image, for kpt_shape [2, 3] (11 columns a row)
+POSE_CASES: dict[str, tuple[str, bool]] = {
+    "good": (f"0 0.5 0.5 0.2 0.2 {KPT}\n3 0.2 0.3 0.1 0.1 0.15 0.25 2 0.25 0.35 0\n", True),
+    "short": ("0 0.5 0.5 0.2 0.2 0.4 0.4 2\n", False),  # a keypoint short
+    "box_only": ("0 0.5 0.5 0.2 0.2\n", False),  # a detection row in a pose set
+    "segment": ("0 0.1 0.1 0.4 0.1 0.4 0.5 0.1 0.5 0.2 0.2\n", True),  # 11 numbers: read as a pose row, as there
+    "ragged": (f"0 0.5 0.5 0.2 0.2 {KPT}\n1 0.5 0.5 0.2 0.2\n", False),
+    "text": (f"person 0.5 0.5 0.2 0.2 {KPT}\n", False),
+    "kpt_above": ("0 0.5 0.5 0.2 0.2 1.2 0.4 2 0.6 0.6 1\n", False),
+    "kpt_edge": ("0 0.5 0.5 0.2 0.2 1.005 0.4 2 0.6 1.01 1\n", True),  # within Ultralytics' 1 %
+    "box_above": (f"0 1.5 0.5 0.2 0.2 {KPT}\n", True),  # the box is not checked from above for pose
+    "kpt_slightly_negative": ("0 0.5 0.5 0.2 0.2 -0.005 0.4 2 0.6 0.6 1\n", True),
+    "kpt_negative": ("0 0.5 0.5 0.2 0.2 -0.5 0.4 2 0.6 0.6 1\n", False),
+    "visibility_negative": ("0 0.5 0.5 0.2 0.2 0.4 0.4 -1 0.6 0.6 1\n", False),
+    "visibility_fraction": ("0 0.5 0.5 0.2 0.2 0.4 0.4 0.5 0.6 0.6 7\n", True),
+    "kpt_nan": ("0 0.5 0.5 0.2 0.2 nan 0.4 2 0.6 0.6 1\n", False),
+    "cls_fraction": (f"1.5 0.5 0.5 0.2 0.2 {KPT}\n", False),
+    "cls_range": (f"8 0.5 0.5 0.2 0.2 {KPT}\n", False),
+    "dupes": (f"5 0.5 0.5 0.2 0.2 {KPT}\n1 0.3 0.3 0.1 0.1 {KPT}\n5 0.5 0.5 0.2 0.2 {KPT}\n", True),
+    "same_box_other_points": (f"5 0.5 0.5 0.2 0.2 {KPT}\n5 0.5 0.5 0.2 0.2 0.45 0.45 2 0.6 0.6 1\n", True),
+    "empty": ("", True),
+    "missing": (None, True),
+}
+
+
+def _ultralytics_verify(im_file: Path, lb_file: Path, nc: int, kpt_shape, keypoint: bool):
+    from ultralytics.data.utils import verify_image_label
+
+    return verify_image_label((str(im_file), str(lb_file), "", keypoint, nc, *kpt_shape, False))
+
+
+@pytest.mark.parametrize("dims", [3, 2])
+@pytest.mark.parametrize("case", list(POSE_CASES))
+def test_pose_rows_are_checked_as_ultralytics_checks_them(tmp_path, case, dims):
+    """Each pose case kept or refused as Ultralytics' verify_image_label (task=pose) keeps or refuses it, with the same
+    boxes, keypoints (D = 2: its visibility from the signs) and duplicates removed; a refusal says why in one line."""
+    from yolofeed.pack.verify import read_pose_labels
+
+    text, _ = POSE_CASES[case]
+    if dims == 2 and text:  # the same cases for kpt_shape [2, 2]: each point's third value dropped
+        text = "\n".join(" ".join(w for j, w in enumerate(r.split()) if j < 5 or (j - 5) % 3 != 2)
+                         if len(r.split()) == 11 else r for r in text.splitlines()) + "\n"
+    im = tmp_path / "a.jpg"
+    im.write_bytes(BAD_CASES["plain.png"][0])  # any image Ultralytics reads
+    lb = tmp_path / "a.txt"
+    if text is not None:
+        lb.write_text(text)
+    ref = _ultralytics_verify(im, lb, 8, (2, dims), True)
+    try:
+        labels, kpts, notes = read_pose_labels(str(lb), 8, (2, dims))
+    except SampleError as e:
+        assert ref[0] is None, (case, str(e))
+        assert "\n" not in str(e) and str(lb) in str(e)
+        if "columns" in ref[-1]:
+            assert f"labels require {5 + 2 * dims} columns each" in str(e) and ref[-1].endswith(
+                f"labels require {5 + 2 * dims} columns each")
+        return
+    assert ref[0] is not None, (case, ref[-1])
+    np.testing.assert_array_equal(labels, ref[1])
+    np.testing.assert_array_equal(kpts, ref[4].reshape(-1, 2, 3))
+    assert kpts.dtype == np.float32 and kpts.shape == (len(labels), 2, 3)
+    assert ("duplicate" in ref[-1]) == any("duplicate" in n for n in notes)
+
+
+def test_the_pose_cases_cover_what_they_say():
+    """The table above is what Ultralytics does (kept or refused, for kpt_shape [2, 3]), so the comparison covers
+    both outcomes of each rule."""
+    assert {kept for _, kept in POSE_CASES.values()} == {True, False}
+
+
+def test_a_box_task_on_a_pose_yaml_keeps_the_boxes_of_pose_rows(tmp_path):
+    """Detection training on a pose dataset: Ultralytics drops the keypoints of rows of exactly 5 + K x D columns and
+    reads every other row as before (a segment stays a segment); yolofeed read such rows as polygons."""
+    from yolofeed.pack.verify import read_labels
+
+    im = tmp_path / "a.jpg"
+    im.write_bytes(BAD_CASES["plain.png"][0])
+    lb = tmp_path / "a.txt"
+    for text in (f"0 0.5 0.5 0.2 0.2 {KPT}\n3 0.2 0.3 0.1 0.1 {KPT}\n", f"0 0.5 0.5 0.2 0.2 {KPT}\n1 0.5 0.5 0.1 0.1\n",
+                 "2 0.1 0.1 0.4 0.1 0.4 0.5 0.1 0.5\n", f"0 0.5 0.5 0.2 0.2 {KPT} 0.1\n"):  # the last: 12 columns
+        lb.write_text(text)
+        ref = _ultralytics_verify(im, lb, 8, (2, 3), False)
+        try:
+            ours, _ = read_labels(str(lb), 8, (2, 3))
+        except SampleError:
+            assert ref[0] is None, text
+            continue
+        np.testing.assert_array_equal(ours, ref[1])
+    lb.write_text(f"0 0.5 0.5 0.2 0.2 {KPT}\n")
+    with pytest.raises(SampleError, match="coordinates above 1"):  # without kpt_shape: a polygon, visibility 2 and all
+        read_labels(str(lb), 8)

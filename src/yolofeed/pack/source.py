@@ -3,7 +3,7 @@
 Mirrors ``ultralytics.data.utils.check_det_dataset`` (path resolution, nc/names) and
 ``BaseDataset.get_img_files`` (folders, ``.txt`` lists, lists of both) without their side effects:
 no downloads, no font checks, no rewriting of user files. ``tests/pack/test_source.py`` holds the two
-side by side.
+side by side. A split is read for a task: ``detect``, or ``pose`` with the yaml's ``kpt_shape`` (``kpt_shape_of``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from yolofeed.errors import DatasetError
 from yolofeed.ultralytics_seam import DATASETS_DIR, IMG_FORMATS, YAML, find_dataset_yaml, img2label_paths
 
 SPLIT_KEYS = ("train", "val", "test", "minival")
+TASKS = ("detect", "pose")  # the tasks a pack is built for: their labels differ (pose: keypoints after each box)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class SplitSource:
         im_files: image files, sorted as Ultralytics sorts them.
         label_files: the label path Ultralytics derives for each image.
         nc: number of classes; labels with a class >= nc are rejected.
+        task: "detect" or "pose" (``TASKS``): which of Ultralytics' label rules apply.
+        kpt_shape: the yaml's (keypoints, dims per keypoint), or None. Pose rows are class, box and then these; a
+            detection split of such a yaml drops them from rows that have exactly that many columns.
     """
 
     split: str
@@ -43,14 +47,19 @@ class SplitSource:
     label_files: tuple[str, ...]
     nc: int
     names: tuple[str, ...]
+    task: str = "detect"
+    kpt_shape: tuple[int, int] | None = None
 
     def fingerprint(self) -> str:
-        """A hash of every image and label path with its size and mtime, and nc.
+        """A hash of every image and label path with its size and mtime, nc, and kpt_shape where the yaml has one.
 
-        Same inputs as Ultralytics' ``get_hash`` for its label cache: an edited, added, removed or
-        touched file changes it.
+        Same inputs as Ultralytics' ``get_hash`` for its label cache (``YOLODataset.get_cache_hash``): an edited,
+        added, removed or touched file changes it, and so does another kpt_shape (the task, its other input, is the
+        pack header's ``task``). A yaml without kpt_shape hashes as it did before keypoints were read.
         """
         h = hashlib.sha256(f"nc={self.nc}\0".encode())
+        if self.kpt_shape is not None:
+            h.update(f"kpt_shape={self.kpt_shape[0]},{self.kpt_shape[1]}\0".encode())
         for p in (*self.im_files, *self.label_files):
             h.update(os.fsencode(p) + b"\0")
             try:
@@ -205,9 +214,43 @@ def list_images(paths: list[str]) -> list[str]:
     return im_files
 
 
-def split_source(data: str | os.PathLike | dict[str, Any], split: str) -> SplitSource:
-    """The files of ``split`` in a data yaml (a path, or a dict already loaded by ``load_data_yaml``)."""
+def kpt_shape_of(d: dict[str, Any], task: str = "detect") -> tuple[int, int] | None:
+    """The data yaml's ``kpt_shape`` as (keypoints, dims), or None where it has none (and the task is not pose).
+
+    Ultralytics' rule (``YOLODataset.__init__``): pose needs ``kpt_shape: [K, D]`` with K > 0 and D 2 (x, y) or 3
+    (x, y, visibility); a detection split reads it, when given, only to drop keypoints from pose rows.
+
+    Raises:
+        DatasetError: ``task`` is not one of ``TASKS``; pose without a valid kpt_shape; a kpt_shape that is not two
+            whole numbers.
+    """
+    if task not in TASKS:
+        raise DatasetError(f"task={task}: yolofeed packs {' and '.join(TASKS)} datasets")
+    shape = d.get("kpt_shape")
+    whole = (isinstance(shape, (list, tuple)) and len(shape) == 2
+             and all(isinstance(x, int) and not isinstance(x, bool) for x in shape))
+    if task == "pose" and not (whole and shape[0] > 0 and shape[1] in (2, 3)):
+        raise DatasetError(f"{d.get('yaml_file', 'the data yaml')}: 'kpt_shape' in data.yaml missing or incorrect "
+                           f"(it is {shape!r}). Should be a list with [number of keypoints, number of dims (2 for x,y "
+                           "or 3 for x,y,visible)], i.e. 'kpt_shape: [17, 3]' (Ultralytics' words: a pose dataset "
+                           "needs it)")
+    if shape is None:
+        return None
+    if not whole or min(shape) < 0:
+        raise DatasetError(f"{d.get('yaml_file', 'the data yaml')}: 'kpt_shape: {shape!r}' must be [number of "
+                           "keypoints, number of dims], e.g. [17, 3]; fix it or remove it (a detection dataset does "
+                           "not need it)")
+    return (shape[0], shape[1]) if shape[0] * shape[1] else None
+
+
+def split_source(data: str | os.PathLike | dict[str, Any], split: str, task: str = "detect") -> SplitSource:
+    """The files of ``split`` in a data yaml (a path, or a dict already loaded by ``load_data_yaml``), for ``task``.
+
+    Raises:
+        DatasetError: as ``load_data_yaml``, ``list_images`` and ``kpt_shape_of``.
+    """
     d = data if isinstance(data, dict) else load_data_yaml(data)
+    kpt_shape = kpt_shape_of(d, task)  # before listing the images: a pose yaml without kpt_shape is refused at once
     if not d.get(split):
         raise DatasetError(f"{d['yaml_file']}: no '{split}:' entry. Splits present: "
                            f"{', '.join(k for k in SPLIT_KEYS if d.get(k))}.")
@@ -217,4 +260,5 @@ def split_source(data: str | os.PathLike | dict[str, Any], split: str) -> SplitS
     except DatasetError as e:  # which key of which yaml names the path
         raise DatasetError(f"{d['yaml_file']}: '{split}:' {e}") from None
     return SplitSource(split=split, yaml_file=d["yaml_file"], paths=tuple(paths), im_files=tuple(im_files),
-                       label_files=tuple(img2label_paths(im_files)), nc=d["nc"], names=tuple(d["names"]))
+                       label_files=tuple(img2label_paths(im_files)), nc=d["nc"], names=tuple(d["names"]), task=task,
+                       kpt_shape=kpt_shape)

@@ -1,15 +1,18 @@
 """Check and decode one sample with Ultralytics' rules, never touching the user's files; its codec stores it.
 
-The rules are those of ``ultralytics.data.utils.verify_image_label`` (detection, no keypoints) and
-the pixels those of ``BaseDataset.load_image``: the same decoder (``ultralytics.utils.patches.imread``),
-the same long-side resize with ``cv2.INTER_LINEAR``. Two deliberate differences, both to keep the
-user's data intact and the run offline:
+The rules are those of ``ultralytics.data.utils.verify_image_label`` (``read_labels`` for detection,
+``read_pose_labels`` for pose) and the pixels those of ``BaseDataset.load_image``: the same decoder
+(``ultralytics.utils.patches.imread``), the same long-side resize with ``cv2.INTER_LINEAR``. Two deliberate
+differences, both to keep the user's data intact and the run offline:
 
 * A JPEG with bytes after its end marker is "restored" by Ultralytics by rewriting the file; we
   build the same restored bytes in memory (Pillow, quality 100, no subsampling) and decode those,
   so the pixels equal what Ultralytics trains on after its rewrite.
 * A file Pillow cannot identify makes Ultralytics pip-install ``pi-heif``; we use Pillow's own
   opener and report the file (registering pi-heif only if it is already installed).
+
+And one in the labels: a pose row's box and visibility are only checked from below by Ultralytics, so ``inf`` passes
+there; a pack holds finite numbers, and such a row is refused (a finite box above 1 passes, as there).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Sample:
     Shape:
         payload: the bytes the pack stores, as the format's codec encoded them (``Codec.encode``).
         labels: (n, 5) float32 rows [class, x_centre, y_centre, width, height], normalised.
+        keypoints: (n, K, 3) float32 normalised x, y and visibility, one row per label (pose); None for detection.
     """
 
     payload: np.ndarray
@@ -61,6 +65,7 @@ class Sample:
     hw: tuple[int, int]
     labels: np.ndarray
     notes: list[str] = field(default_factory=list)
+    keypoints: np.ndarray | None = None
 
 
 def _is_heif(path: str) -> bool:
@@ -167,8 +172,44 @@ def _restore_jpeg(path: str) -> bytes:
         raise SampleError(f"JPEG is truncated or corrupt ({e}); re-export or remove it") from None
 
 
-def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
+def _rows(lb_file: str) -> list[list[str]] | None:
+    """The label file's rows of words, as Ultralytics splits them; None when there is no file.
+
+    Raises:
+        SampleError: not readable as UTF-8 text.
+    """
+    if not os.path.isfile(lb_file):
+        return None
+    try:
+        with open(lb_file, encoding="utf-8-sig") as f:
+            return [x.split() for x in f.read().strip().splitlines() if x.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise SampleError(f"cannot read label file {lb_file} ({e}); it must be UTF-8 text") from None
+
+
+def _check_values(lb: np.ndarray, lb_file: str, nc: int) -> None:
+    """Ultralytics' checks every row of a task shares: finite, not negative (boxes to -0.01), whole classes < nc.
+
+    Raises:
+        SampleError: the first rule broken, with the file and the fix.
+    """
+    if not np.isfinite(lb).all():
+        raise SampleError(f"{lb_file} holds NaN or infinite values; fix or remove those rows")
+    if not (lb.min() >= 0 or (lb.min() >= -0.01 and lb[:, 3:5].min() >= 0)):
+        raise SampleError(f"{lb_file} has negative values ({lb[lb < 0][:4].tolist()}); fix those rows")
+    if not (lb[:, 0] % 1 == 0).all():
+        raise SampleError(f"{lb_file} has non-integer class ids ({lb[:, 0][lb[:, 0] % 1 != 0][:4].tolist()})")
+    if lb[:, 0].max() >= nc:
+        raise SampleError(f"{lb_file} uses class {int(lb[:, 0].max())} but the data yaml has nc={nc} "
+                          f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
+
+
+def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[str]]:
     """Parse and check a YOLO label file with Ultralytics' rules.
+
+    Args:
+        kpt_shape: the data yaml's (keypoints, dims), if it has one: a row of exactly 5 + K x D columns is a pose
+            row, whose keypoints are dropped (Ultralytics' "pose labels for a box task: keep the box").
 
     Returns:
         labels: (n, 5) float32 [class, x, y, w, h]; duplicates removed (then in ``np.unique`` order,
@@ -180,13 +221,11 @@ def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
         SampleError: columns, coordinates outside [0, 1], negative or non-finite values, fractional
             class ids or a class >= nc. The message names the file and the fix.
     """
-    if not os.path.isfile(lb_file):
+    rows = _rows(lb_file)
+    if rows is None:
         return np.zeros((0, 5), np.float32), ["label file missing: used as a background image"]
-    try:
-        with open(lb_file, encoding="utf-8-sig") as f:
-            rows = [x.split() for x in f.read().strip().splitlines() if x.strip()]
-    except (OSError, UnicodeDecodeError) as e:
-        raise SampleError(f"cannot read label file {lb_file} ({e}); it must be UTF-8 text") from None
+    if kpt_shape is not None:
+        rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
     try:
         if any(len(r) > 6 for r in rows):  # segment polygons: class x1 y1 x2 y2 ...
             if any(len(r) == 5 for r in rows):
@@ -203,19 +242,11 @@ def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
         return np.zeros((0, 5), np.float32), ["label file empty: used as a background image"]
     if lb.ndim != 2 or lb.shape[1] != 5:
         raise SampleError(f"{lb_file} rows have {lb.shape[-1]} columns; detection labels need 5 (class x y w h)")
-    if not np.isfinite(lb).all():
-        raise SampleError(f"{lb_file} holds NaN or infinite values; fix or remove those rows")
-    if lb[:, 1:].max() > COORD_TOLERANCE:
+    if np.isfinite(lb).all() and lb[:, 1:].max() > COORD_TOLERANCE:
         bad = lb[:, 1:][lb[:, 1:] > COORD_TOLERANCE]
         raise SampleError(f"{lb_file} has coordinates above 1 ({bad[:4].tolist()}): YOLO labels are normalised "
                           "to [0, 1] by image width and height; convert pixel boxes by dividing")
-    if not (lb.min() >= 0 or (lb.min() >= -0.01 and lb[:, 3:5].min() >= 0)):
-        raise SampleError(f"{lb_file} has negative values ({lb[lb < 0][:4].tolist()}); fix those rows")
-    if not (lb[:, 0] % 1 == 0).all():
-        raise SampleError(f"{lb_file} has non-integer class ids ({lb[:, 0][lb[:, 0] % 1 != 0][:4].tolist()})")
-    if lb[:, 0].max() >= nc:
-        raise SampleError(f"{lb_file} uses class {int(lb[:, 0].max())} but the data yaml has nc={nc} "
-                          f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
+    _check_values(lb, lb_file, nc)
     notes = []
     _, keep = np.unique(lb, axis=0, return_index=True)
     if len(keep) < len(lb) and segments:  # distinct polygons can share a class and box: duplicates by polygon
@@ -225,6 +256,56 @@ def read_labels(lb_file: str, nc: int) -> tuple[np.ndarray, list[str]]:
         notes.append(f"{len(lb) - len(keep)} duplicate labels removed")
         lb = lb[keep]
     return lb, notes
+
+
+def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Parse and check a YOLO pose label file with Ultralytics' rules (``verify_image_label`` with ``keypoint``).
+
+    Every row is ``class x y w h`` and K keypoints of D values (``kpt_shape``: (K, D)): x y, or x y visibility. The
+    keypoints' x and y must be at most 1.01 (the box is not checked from above, as in Ultralytics), every value at
+    least 0 (-0.01 where the box's size is not negative); no segment rows.
+
+    Returns:
+        labels: (n, 5) float32 [class, x, y, w, h]. keypoints: (n, K, 3) float32 x, y, visibility; for D = 2 the
+            visibility is Ultralytics': 0 where x or y is negative, else 1. Duplicate rows (box and keypoints equal)
+            removed, then in ``np.unique`` order, as Ultralytics leaves them.
+        notes: "label file missing", "label file empty", "N duplicate labels removed".
+
+    Raises:
+        SampleError: a row of another number of columns (Ultralytics: "labels require N columns each"), keypoint
+            coordinates above 1, negative or non-finite values, fractional class ids or a class >= nc.
+    """
+    k, d = kpt_shape
+    width = 5 + k * d
+    rows = _rows(lb_file)
+    if not rows:
+        note = "label file missing" if rows is None else "label file empty"
+        return np.zeros((0, 5), np.float32), np.zeros((0, k, 3), np.float32), [f"{note}: used as a background image"]
+    try:
+        lb = np.array(rows, dtype=np.float32)
+    except ValueError as e:  # ragged rows, non-numeric text
+        raise SampleError(f"{lb_file} is not numeric YOLO pose rows of 'class x y w h' and {k} keypoints ({e}); fix "
+                          "the file") from None
+    if lb.shape[1] != width:
+        raise SampleError(f"{lb_file} rows have {lb.shape[1]} columns; pose labels require {width} columns each "
+                          f"(class x y w h, then {k} keypoints of {d} values: the yaml's kpt_shape [{k}, {d}]); fix "
+                          "the rows or the yaml's kpt_shape")
+    points = lb[:, 5:].reshape(-1, d)[:, :2]
+    if np.isfinite(lb).all() and points.max() > COORD_TOLERANCE:
+        bad = points[points > COORD_TOLERANCE][:4].tolist()
+        raise SampleError(f"{lb_file} has keypoint coordinates above 1 ({bad}): YOLO keypoints are normalised to "
+                          "[0, 1] by image width and height; convert pixel coordinates by dividing")
+    _check_values(lb, lb_file, nc)
+    notes = []
+    _, keep = np.unique(lb, axis=0, return_index=True)
+    if len(keep) < len(lb):
+        notes.append(f"{len(lb) - len(keep)} duplicate labels removed")
+        lb = lb[keep]
+    kpts = lb[:, 5:].reshape(-1, k, d)
+    if d == 2:
+        seen = np.where((kpts[..., 0] < 0) | (kpts[..., 1] < 0), 0.0, 1.0).astype(np.float32)
+        kpts = np.concatenate([kpts, seen[..., None]], axis=-1)
+    return np.ascontiguousarray(lb[:, :5]), np.ascontiguousarray(kpts), notes
 
 
 def resized_hw(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
@@ -249,18 +330,25 @@ def decode_bgr(path: str, info: ImageInfo) -> np.ndarray:
     return im
 
 
-def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callable[..., tuple]) -> Sample:
+def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callable[..., tuple], task: str = "detect",
+                kpt_shape: tuple[int, int] | None = None) -> Sample:
     """Verify one image/label pair and produce what the store keeps for it.
 
     Args:
         encode: the ``encode`` of the pack's format's codec (``yolofeed.pack.codecs``), given the checked image.
+        task: "detect" (``read_labels``) or "pose" (``read_pose_labels``, which needs ``kpt_shape``).
+        kpt_shape: the data yaml's (keypoints, dims), or None.
 
     Raises:
         SampleError: the sample must be skipped; the message is the reason.
     """
     info = check_image(im_file)
-    labels, notes = read_labels(lb_file, nc)
+    keypoints = None
+    if task == "pose":
+        labels, keypoints, notes = read_pose_labels(lb_file, nc, kpt_shape)
+    else:
+        labels, notes = read_labels(lb_file, nc, kpt_shape)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)
-    return Sample(payload, ori_hw, hw, labels, notes)
+    return Sample(payload, ori_hw, hw, labels, notes, keypoints)

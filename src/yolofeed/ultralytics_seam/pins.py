@@ -102,6 +102,18 @@ RELIED_ON: tuple[Pinned, ...] = (
                "max_buffer_length); pack.verify.resized_hw resizes as it does (long side, ceil, INTER_LINEAR)"),
     Pinned("ultralytics.data.base.BaseDataset.update_labels", "b9ff4ae08d5bf474", "yolofeed.loader.labels.LabelView.of",
            why="classes= keeps the rows of those classes (ids not renumbered), then single_cls makes every id 0"),
+    # pose (task=pose packs): the label half of verify_image_label with keypoints, the yaml's kpt_shape, the cache key
+    Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_pose_labels",
+           why="with keypoint=True: 5 + K x D columns a row, keypoint x and y at most 1.01 (the box not checked "
+               "from above), the signs and classes as for boxes, duplicates by whole row, D = 2 gets visibility 0 "
+               "where x or y < 0; with a kpt_shape and a box task, rows of exactly 5 + K x D columns keep their box "
+               "only (read_labels)"),
+    Pinned("ultralytics.data.dataset.YOLODataset.__init__", "d99a787c3fd10c06", "yolofeed.pack.source.kpt_shape_of",
+           why="task=pose needs kpt_shape [K, D] with K > 0 and D 2 or 3, refused in its words otherwise"),
+    Pinned("ultralytics.data.dataset.YOLODataset.get_cache_hash", "4586c8269202c69e",
+           "yolofeed.pack.source.SplitSource.fingerprint",
+           why="the label cache is remade when kpt_shape changes (in the pack's fingerprint) or use_keypoints does "
+               "(the pack header's task, which Pack.open compares)"),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
