@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -633,3 +634,31 @@ def test_a_second_build_waits_for_the_first_and_says_for_whom(dataset, tmp_path,
         _join(proc, marker)
         assert done.wait(KILL_BOUND), "the waiter did not go on after the first build was stopped"
     assert len(Pack.open(store_dir(yaml_file, 64, "raw") / "train.yfpack")) == 24
+
+
+# -- pose packs --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_a_pose_pack_holds_a_keypoints_section_aligned_with_its_labels(pose_dataset, storage):
+    """task=pose writes the keypoints section after the detection sections, with its CRC32, one (K, 3) row per labels
+    row; the header says the task and the yaml's kpt_shape; the detection sections mean what they mean in a detection
+    pack of the same yaml, whose header names no keypoints (and whose folder is another)."""
+    pose = open_or_build(pose_dataset / "data.yaml", "train", 64, storage, rebuild="auto", workers=2, progress=False,
+                         task="pose")
+    plain = open_or_build(pose_dataset / "data.yaml", "train", 64, storage, rebuild="auto", workers=2, progress=False)
+    h = pose.header
+    assert h["task"] == "pose" and h["kpt_shape"] == [5, 3] and pose.kpt_shape == (5, 3)
+    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "keypoints"]
+    off, n = h["sections"]["keypoints"]
+    assert n == h["counts"]["boxes"] * 5 * 3 * 4 and h["checksums"]["keypoints"] == zlib.crc32(pose.buffer[off:off + n])
+    assert pose.keypoint_table.shape == (len(pose.label_table), 5, 3) and pose.keypoint_table.dtype == np.float32
+    assert plain.task == "detect" and plain.keypoint_table is None and plain.keypoints(0) is None
+    assert "keypoints" not in plain.header["sections"] and "kpt_shape" not in plain.header
+    assert plain.path.parent.name.endswith("-64") and pose.path.parent.name.endswith("-64-pose")
+    assert pose.im_files == plain.im_files
+    for i in range(len(pose)):
+        rows = np.loadtxt(pose_dataset / "labels" / "train" / f"{Path(pose.im_files[i]).stem}.txt", dtype=np.float32,
+                          ndmin=2)
+        np.testing.assert_array_equal(pose.labels(i), rows[:, :5])  # the file's order: no duplicates here
+        np.testing.assert_array_equal(pose.keypoints(i), rows[:, 5:].reshape(-1, 5, 3))
+        np.testing.assert_array_equal(plain.labels(i), rows[:, :5])  # a box task keeps the boxes of pose rows
+        np.testing.assert_array_equal(pose.encoded(i), plain.encoded(i))

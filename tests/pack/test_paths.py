@@ -99,3 +99,23 @@ def test_two_datasets_and_two_sizes_in_one_pack_folder_keep_their_packs(dataset,
         ensure_split(a, "train", 32, "raw", out=out, rebuild="auto", workers=1, progress=False)
     assert f"building the train pack in {out / 'data-raw-32'} ({old} is where packs of out= went" in caplog.text
     assert old.read_bytes() == first[0].pack.path.read_bytes()
+
+
+def test_a_pose_pack_has_a_folder_of_its_own_and_its_rebuild_command_says_task_pose(tmp_path):
+    """``-pose`` after the detection folder's name, beside the yaml, under out= and in the cache; the command read
+    from a pose pack's header names task=pose (a detection pack's names no task, as before)."""
+    from yolofeed.pack.paths import fix_from_header, pack_folders, rebuild_command, store_dir
+
+    y = tmp_path / "data.yaml"
+    y.write_text("")
+    assert store_dir(y, 640, "raw", task="pose").name == "data-raw-640-pose"
+    assert store_dir(y, 640, "raw").name == "data-raw-640"
+    assert [f.name for f in pack_folders(y, 640, "jpeg", task="pose")] == ["data-jpeg-640-pose"] * 2
+    assert pack_folders(y, 640, "raw", tmp_path / "out", task="pose") == [tmp_path / "out" / "data-raw-640-pose"]
+    assert rebuild_command(str(y), 640, "raw", task="pose").endswith("imgsz=640 format=raw task=pose rebuild=always")
+    header = {"source": {"data": str(y)}, "imgsz": 640, "storage": "raw", "task": "pose"}
+    assert fix_from_header(store_dir(y, 640, "raw", task="pose") / "train.yfpack", header) == (
+        f"rebuild it with: {rebuild_command(str(y), 640, 'raw', task='pose')}")
+    out = tmp_path / "out"
+    assert f"task=pose out={out} " in fix_from_header(store_dir(y, 640, "raw", out, "pose") / "train.yfpack", header)
+    assert "task=" not in fix_from_header(store_dir(y, 640, "raw") / "train.yfpack", {**header, "task": "detect"})

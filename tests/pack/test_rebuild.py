@@ -225,3 +225,40 @@ def test_no_labels_folder_warns_at_pack_time_and_training_refuses(dataset, tmp_p
     with pytest.raises(DatasetError, match=f"No labels found in {dataset / 'labels' / 'train'}.*Ultralytics refuses "
                                            "to train on such a split"):
         trainer.get_dataloader(trainer.data["train"], 4, -1, "train")
+
+
+def test_pose_and_detection_packs_of_one_yaml_are_kept_apart_and_refuse_each_other(pose_dataset, capsys):
+    """A pose yaml packs for both tasks, each in its own folder, and each is reused; a detection pack where the pose
+    pack belongs (put there by hand) is refused, naming both tasks and the command with task=pose, and rebuilt under
+    rebuild=auto; another kpt_shape in the yaml rebuilds the pose pack; a missing one names task=pose."""
+    yaml_file = pose_dataset / "data.yaml"
+    with pytest.raises(PackError, match=r"does not exist.*yolofeed pack data=\S+ imgsz=64 format=raw task=pose"):
+        open_or_build(yaml_file, "train", 64, "raw", task="pose")
+    assert main(["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", "task=pose"]) == 0
+    assert "up to date" not in capsys.readouterr().out
+    pose = ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False, task="pose")
+    plain = ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False)
+    assert not pose.built and plain.built and pose.pack.path.parent != plain.pack.path.parent
+    assert ensure_split(yaml_file, "train", 64, "raw", rebuild="never", task="pose").pack.task == "pose"
+    assert not ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False).built
+
+    where = store_dir(yaml_file, 64, "raw", task="pose") / "train.yfpack"
+    assert where == pose.pack.path
+    shutil.copy(plain.pack.path, where)
+    with pytest.raises(StalePackError) as e:
+        open_or_build(yaml_file, "train", 64, "raw", task="pose")
+    text = str(e.value)
+    assert "it was built for task=detect, this run asks for task=pose" in text and "\n" not in text
+    assert text.endswith(f"yolofeed pack data={yaml_file} imgsz=64 format=raw task=pose rebuild=always"), text
+    again = ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False, task="pose")
+    assert again.built and again.pack.task == "pose"
+    shutil.copy(again.pack.path, plain.pack.path)  # and the other way round
+    with pytest.raises(StalePackError, match="built for task=pose, this run asks for task=detect.*format=raw rebui"):
+        open_or_build(yaml_file, "train", 64, "raw")
+
+    text = yaml_file.read_text().replace("- 5\n- 3\n", "- 5\n- 2\n", 1)  # kpt_shape [5, 2]: rows are 15 columns
+    yaml_file.write_text(text)
+    with pytest.raises(StalePackError, match="source images or labels changed"):
+        open_or_build(yaml_file, "train", 64, "raw", task="pose")
+    with pytest.raises(DatasetError, match=r"(?s)16 tried.*rows have 20 columns; pose labels require 15 columns each"):
+        ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False, task="pose")

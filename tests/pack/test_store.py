@@ -362,3 +362,69 @@ def test_a_pack_another_user_cannot_read_is_one_line(synth_root):
         assert rc_auto == 1 and len(lines_auto) == 1 and words in lines_auto[0], lines_auto
         pack.path.chmod(0o644)
         assert len(Pack.open(pack.path)) == 24  # untouched
+
+
+def _pose(root: Path, imgsz: int = 64) -> Pack:
+    return open_or_build(root / "data.yaml", "train", imgsz, "raw", rebuild="auto", workers=1, progress=False,
+                         task="pose")
+
+
+def test_a_damaged_or_crafted_keypoints_section_is_refused_with_the_pose_rebuild_command(pose_dataset, tmp_path):
+    """A byte of the keypoints section flipped on disk fails its CRC32; right checksums around wrong content (a
+    keypoint at x = 3, a NaN, a section one row short, a pose header without kpt_shape or keypoints) are damage too.
+    Each is one line naming the command that rebuilds the pose pack, task=pose in it."""
+    pack = _pose(pose_dataset)
+    good, h, _ = pack_parts(pack.path)
+    off, n = h["sections"]["keypoints"]
+    fix = (f"rebuild it with: yolofeed pack data={pose_dataset / 'data.yaml'} imgsz=64 format=raw task=pose "
+           f"out={tmp_path} rebuild=always")
+    flipped = bytearray(good)
+    flipped[off + 5] ^= 0xFF
+    f = tmp_path / "flipped.yfpack"
+    f.write_bytes(bytes(flipped))
+    with pytest.raises(PackError) as e:
+        Pack.open(f)
+    assert str(e.value) == f"{f} is damaged: its keypoints section fails its checksum; {fix}"
+    far, nan = np.array(pack.keypoint_table), np.array(pack.keypoint_table)
+    far[2, 1, 0], nan[0, 0, 2] = 3.0, np.nan
+    crafted = {
+        "far": ({"keypoints": far.tobytes()}, None, "the keypoints hold values outside"),
+        "nan": ({"keypoints": nan.tobytes()}, None, "not finite"),
+        "short": (None, lambda x: {**x, "sections": {**x["sections"], "keypoints": [off, n - 60]}},
+                  "keypoints section is not one row of K x 3 values per label"),
+        "no-kpt-shape": (None, lambda x: {k: v for k, v in x.items() if k != "kpt_shape"}, "kpt_shape None is missing"),
+        "no-section": (None, lambda x: {**x, "sections": {k: v for k, v in x["sections"].items() if k != "keypoints"}},
+                       "keypoints section None is malformed"),
+        "task": (None, lambda x: {**x, "task": "obb"}, "its task 'obb' is not one this yolofeed reads"),
+    }
+    for name, (sections, header, words) in crafted.items():
+        f = tmp_path / f"{name}.yfpack"
+        craft_pack(pack.path, f, sections, header)
+        with pytest.raises(PackError) as e:
+            Pack.open(f)
+        message = str(e.value)
+        assert words in message and "\n" not in message and "damaged" in message, (name, message)
+        assert message.endswith(fix) or name == "task", (name, message)  # "obb": no task this yolofeed rebuilds
+
+
+def test_a_pose_packs_box_may_pass_1_as_ultralytics_lets_it_and_a_detection_packs_may_not(pose_dataset, dataset,
+                                                                                          tmp_path):
+    """Ultralytics does not check a pose row's box from above (only its keypoints): such a pack opens; the same box
+    in a detection pack is damage. A detection pack written before packs had a task reads as a detection pack."""
+    pose = _pose(pose_dataset)
+    labels = np.array(pose.label_table)
+    labels[0, 1] = 1.5
+    f = tmp_path / "pose.yfpack"
+    craft_pack(pose.path, f, {"labels": labels.tobytes()})
+    assert Pack.open(f).labels(0)[0, 1] == np.float32(1.5)
+    plain = _build(dataset)
+    labels = np.array(plain.label_table)
+    labels[0, 1] = 1.5
+    craft_pack(plain.path, f, {"labels": labels.tobytes()})
+    with pytest.raises(PackError, match="the labels hold coordinates outside"):
+        Pack.open(f)
+    craft_pack(plain.path, f, header=lambda x: {k: v for k, v in x.items() if k != "task"})
+    old = Pack.open(f, expect={"task": "detect"})
+    assert old.task == "detect" and old.keypoint_table is None and old.kpt_shape is None
+    with pytest.raises(StalePackError, match="it was built for task=detect, this run asks for task=pose"):
+        Pack.open(f, expect={"task": "pose"})

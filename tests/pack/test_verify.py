@@ -264,3 +264,49 @@ def test_a_box_task_on_a_pose_yaml_keeps_the_boxes_of_pose_rows(tmp_path):
     lb.write_text(f"0 0.5 0.5 0.2 0.2 {KPT}\n")
     with pytest.raises(SampleError, match="coordinates above 1"):  # without kpt_shape: a polygon, visibility 2 and all
         read_labels(str(lb), 8)
+
+
+def test_bad_pose_rows_are_skipped_like_ultralytics_and_reported(pose_root, tmp_path):
+    """A pose set with bad rows (kpt_shape [5, 3], 20 columns): the pack keeps the images Ultralytics' YOLODataset
+    (task=pose) keeps, with its boxes and keypoints, and lists each image it skips with the reason in its header and
+    report; nothing else is left out."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    kpt = " ".join(["0.5 0.5 2"] * 5)
+    cases = {  # image -> (label text, kept by Ultralytics, words of our reason)
+        "p_good.jpg": (f"1 0.5 0.5 0.2 0.2 {kpt}\n", True, ""),
+        "p_short.jpg": (f"1 0.5 0.5 0.2 0.2 {kpt} 0.1\n", False, "pose labels require 20 columns each"),
+        "p_box.jpg": ("1 0.5 0.5 0.2 0.2\n", False, "pose labels require 20 columns each"),
+        "p_far.jpg": (f"1 0.5 0.5 0.2 0.2 {kpt.replace('0.5 0.5 2', '1.5 0.5 2', 1)}\n", False,
+                      "keypoint coordinates above 1"),
+        "p_negative.jpg": (f"1 0.5 0.5 0.2 0.2 {kpt.replace('0.5 0.5 2', '0.5 0.5 -1', 1)}\n", False, "negative"),
+        "p_class.jpg": (f"9 0.5 0.5 0.2 0.2 {kpt}\n", False, "nc=8"),
+        "p_dupes.jpg": (f"1 0.5 0.5 0.2 0.2 {kpt}\n1 0.5 0.5 0.2 0.2 {kpt}\n", True, ""),
+        "p_box_above.jpg": (f"1 1.2 0.5 0.2 0.2 {kpt}\n", True, ""),
+        "p_empty.jpg": ("", True, ""),
+    }
+    ours_root, theirs_root = (copy_dataset(pose_root, tmp_path / name) for name in ("ours", "theirs"))
+    for root in (ours_root, theirs_root):
+        for name, (label, _, _) in cases.items():
+            (root / "images" / "train" / name).write_bytes(BAD_CASES["plain.png"][0])
+            (root / "labels" / "train" / name.replace(".jpg", ".txt")).write_text(label)
+    pack = open_or_build(ours_root / "data.yaml", "train", 64, "raw", rebuild="auto", workers=2, progress=False,
+                         task="pose")
+    data = check_det_dataset(str(theirs_root / "data.yaml"), autodownload=False)
+    ref = YOLODataset(img_path=data["train"], imgsz=64, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                      rect=False, task="pose")
+    assert [Path(f).name for f in pack.im_files] == [Path(lb["im_file"]).name for lb in ref.labels]
+    for i, lb in enumerate(ref.labels):
+        np.testing.assert_array_equal(pack.labels(i), np.concatenate([lb["cls"], lb["bboxes"]], 1))
+        np.testing.assert_array_equal(pack.keypoints(i), lb["keypoints"])
+    skipped = {Path(f).name: why for f, why in pack.header["skipped"]}
+    report = {Path(row[0]).name: row[1] for row in read_report(pack.path)}
+    assert set(skipped) == {name for name, (_, kept, _) in cases.items() if not kept}
+    for name, (_, kept, words) in cases.items():
+        if not kept:
+            assert words in skipped[name] and report[name] == "skipped", (name, skipped[name])
+    notes = {Path(f).name: n for f, n in pack.header["notes"]}
+    assert "duplicate" in notes["p_dupes.jpg"] and "empty" in notes["p_empty.jpg"]
+    assert pack.header["counts"]["skipped"] == len(skipped) and len(pack) == 16 + 4

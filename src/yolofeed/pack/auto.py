@@ -25,10 +25,10 @@ from yolofeed.pack.store import Pack
 LOGGER = logging.getLogger(__name__)
 
 
-def built_format(yaml_file: str, imgsz: int, out: str | None) -> tuple[str, Path] | None:
-    """The format and path of a train pack already built for this dataset and size, if any (reads its header)."""
+def built_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detect") -> tuple[str, Path] | None:
+    """The format and path of a train pack already built for this dataset, size and task, if any (reads its header)."""
     for name in codecs.names():
-        for folder in pack_folders(yaml_file, imgsz, name, out):
+        for folder in pack_folders(yaml_file, imgsz, name, out, task):
             path = folder / f"train{SUFFIX}"
             if path.is_file():
                 with contextlib.suppress(PackError, OSError, ValueError):  # a damaged one: decided afresh
@@ -38,11 +38,11 @@ def built_format(yaml_file: str, imgsz: int, out: str | None) -> tuple[str, Path
 
 
 @functools.cache
-def auto_format(yaml_file: str, imgsz: int, out: str | None) -> str:
+def auto_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detect") -> str:
     """``pack_format=auto`` for one dataset, image size and pack folder, said once a process: the format of a pack
     already built there (so machines that would choose differently share one, and nothing is built twice), else
     the default format where the train and val packs fit comfortably in memory, else the compact one."""
-    built = built_format(yaml_file, imgsz, out)
+    built = built_format(yaml_file, imgsz, out, task)
     if built is not None:
         LOGGER.info(f"pack: format {built[0]} ({codecs.AUTO}): the {built[0]} pack already built, {built[1]}")
         return built[0]
@@ -51,7 +51,7 @@ def auto_format(yaml_file: str, imgsz: int, out: str | None) -> str:
     for split in ("train", "val"):
         with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
             total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
-    folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out)
+    folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out, task)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk
     folder = next((f for f in folders if current().writable(f, create=False) is None), folders[0])
     where = existing_ancestor(folder)
@@ -61,8 +61,10 @@ def auto_format(yaml_file: str, imgsz: int, out: str | None) -> str:
     return name
 
 
-def resolve_format(data: dict, format: str, imgsz: int, out: str | os.PathLike | None = None) -> str:
-    """``format``, with ``auto`` replaced by the format it picks for this dataset, image size, folder and machine."""
+def resolve_format(data: dict, format: str, imgsz: int, out: str | os.PathLike | None = None,
+                   task: str = "detect") -> str:
+    """``format``, with ``auto`` replaced by the format it picks for this dataset, image size, folder, task and
+    machine."""
     if format != codecs.AUTO:
         return format
-    return auto_format(str(data["yaml_file"]), int(imgsz), str(out) if out else None)
+    return auto_format(str(data["yaml_file"]), int(imgsz), str(out) if out else None, task)

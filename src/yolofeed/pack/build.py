@@ -67,6 +67,7 @@ from yolofeed.pack.layout import (
     detection_sections,
     encode_tail,
     is_pack_file,
+    keypoint_section,
     payload_crcs,
     printable,
 )
@@ -224,13 +225,14 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                     f"largest possible pack, {gb(space.bound)}, is not reserved up front; {gb(space.free)} free)")
     ctx = mp_context()
     counter = ctx.Value("Q", len(PREAMBLE))  # payloads go after the preamble
-    initargs = (str(tmp), counter, src.nc, imgsz, format, mapped, backed, disk)
-    me = (os.getpid(), process_start(os.getpid()) or 0.0)
+    me = (os.getpid(), process_start(os.getpid()) or 0.0) if workers > 1 else None
+    initargs = (str(tmp), counter, src.nc, imgsz, format, mapped, backed, disk, me, src.task, src.kpt_shape)
     started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
-    pool = Workers(workers, init_worker, (*initargs, me) if workers > 1 else initargs, close_worker, ctx)
+    pool = Workers(workers, init_worker, initargs, close_worker, ctx)
     first = None
     index = np.zeros(n, INDEX_DTYPE)
     labels: list[np.ndarray | None] = [None] * n
+    keypoints: list[np.ndarray | None] = [None] * n  # pose: (n_i, K, 3) per image, aligned with its labels
     label_crc = np.zeros(n, np.uint32)
     skipped: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
@@ -250,9 +252,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                     why[i] = reason
                     bar.set_postfix(skipped=len(why), refresh=False)
                     continue
-                off, nbytes, crc, h0, w0, h, w, lb, sample_notes = meta
+                off, nbytes, crc, h0, w0, h, w, lb, sample_notes, kp = meta
                 index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), crc)
-                labels[i] = lb
+                labels[i], keypoints[i] = lb, kp
                 noted[i] = sample_notes
     except WorkerDied as e:  # the workers are stopped already
         raise PackError(f"a worker process building the {src.split} pack died ({e}); nothing was published. "
@@ -278,12 +280,18 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     counts = np.array([len(lb) for lb in kept_labels], np.int64)
     index["label_start"] = np.concatenate([[0], np.cumsum(counts)[:-1]])
     table = np.concatenate(kept_labels) if counts.sum() else np.zeros((0, 5), np.float32)
+    sections = detection_sections(index, table, kept_files, label_crc)
+    if src.task == "pose":  # rows in the labels' order: the same images kept, each its labels' count of rows
+        k = src.kpt_shape[0]
+        kept = [kp for kp, lb in zip(keypoints, labels) if lb is not None]
+        sections["keypoints"] = keypoint_section(np.concatenate(kept) if counts.sum() else np.zeros((0, k, 3)))
     missing = sum(1 for _, note in notes if note.startswith("label file missing"))
     seconds = time.perf_counter() - t0
     header = {
         "yolofeed_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "split": src.split, "imgsz": imgsz, "storage": format, "channels": 3, "color": "RGB",
+        "split": src.split, "imgsz": imgsz, "storage": format, "task": src.task,
+        **({"kpt_shape": list(src.kpt_shape)} if src.task == "pose" else {}), "channels": 3, "color": "RGB",
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
                    "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},
@@ -297,7 +305,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                       ("plan", t0, started), ("start", started, first or filled), ("payloads", first or filled, filled),
                       ("check", filled, checked))}},
     }
-    start, tail = encode_tail(int(counter.value), detection_sections(index, table, kept_files, label_crc), header)
+    start, tail = encode_tail(int(counter.value), sections, header)
     disk.pwrite(fd, tail, start)
     disk.truncate(fd, start + len(tail))  # a reservation's unused end given back
     LOGGER.debug(f"pack {src.split}: filled in {seconds:.2f} s")

@@ -17,11 +17,11 @@ def run(cfg: PackConfig) -> list[BuildResult]:
                           "e.g. splits=train,val")
     d = load_data_yaml(cfg.data)
     if cfg.rebuild != "never":  # every pack to build must fit, together, before the first is written
-        check_splits(d, splits, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild)
+        check_splits(d, splits, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.task)
     results = []
     for split in splits:
         r = ensure_split(d, split, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.workers, sync=cfg.sync,
-                         verify=cfg.verify)
+                         verify=cfg.verify, task=cfg.task)
         print(summary(r), flush=True)
         results.append(r)
     return results

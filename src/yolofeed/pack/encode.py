@@ -30,7 +30,8 @@ _W: dict[str, Any] = {}  # this worker's state: its descriptor, mapping, codec, 
 
 
 def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, format: str, mapped: int, backed: bool = True,
-                disk: Disk | None = None, parent: tuple[int, float] | None = None) -> None:
+                disk: Disk | None = None, parent: tuple[int, float] | None = None, task: str = "detect",
+                kpt_shape: tuple[int, int] | None = None) -> None:
     """Open the temporary file (and map it when ``mapped`` bytes were reserved) in a build worker.
 
     Args:
@@ -38,6 +39,7 @@ def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, format: str, m
             through the mapping only once the populate advice has faulted its pages in.
         disk: the build's file operations (default ``disk.current()``).
         parent: (PID, start time) of the building process for a worker process; None in-process.
+        task, kpt_shape: which label rules apply (``verify.load_sample``).
     """
     if parent is not None:
         die_with_parent(*parent)  # signals: see workers._serve
@@ -48,7 +50,7 @@ def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, format: str, m
     # first): a page the filesystem cannot back (disk full) would kill the writer with SIGBUS.
     mm = mmap.mmap(fd, mapped) if mapped else None
     _W.update(fd=fd, mm=mm, counter=counter, nc=nc, imgsz=imgsz, codec=codecs.get(format), mapped=mapped,
-              populate=True, backed=backed, disk=disk or current())
+              populate=True, backed=backed, disk=disk or current(), task=task, kpt_shape=kpt_shape)
     import cv2
 
     cv2.setNumThreads(1)  # one image per process; OpenCV's own threads would only contend
@@ -88,7 +90,8 @@ def process(task: tuple[int, str, str]) -> tuple:
     i, im_file, lb_file = task
     lcrc = label_crc(lb_file)
     try:
-        s = load_sample(im_file, lb_file, _W["nc"], _W["imgsz"], _W["codec"].encode)
+        s = load_sample(im_file, lb_file, _W["nc"], _W["imgsz"], _W["codec"].encode, _W.get("task", "detect"),
+                        _W.get("kpt_shape"))
     except SampleError as e:
         return i, lcrc, str(e), None
     except Exception as e:  # anything else Ultralytics would also count as corrupt: report, don't die
@@ -102,7 +105,7 @@ def process(task: tuple[int, str, str]) -> tuple:
         _W["mm"][offset:offset + payload.nbytes] = payload
     else:
         _W["disk"].write_payload(_W["fd"], payload, offset)  # a full disk raises ENOSPC here, in the parent's map
-    return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes)
+    return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes, s.keypoints)
 
 
 def populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:

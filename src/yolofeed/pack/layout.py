@@ -3,7 +3,7 @@
 Layout (little-endian), chosen so a parallel build can write images in one pass and a reader
 can tell a finished file from an interrupted one::
 
-    [preamble][payloads ...][index][labels][files][label_crc][header JSON][trailer: magic, header CRC32, offset, length]
+    [preamble][payloads ...][index][labels][files][label_crc]([keypoints])[header JSON][trailer: magic, CRC32, ...]
 
 * preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
   temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
@@ -19,9 +19,13 @@ can tell a finished file from an interrupted one::
   that is not valid UTF-8 kept byte for byte, as Linux allows and Ultralytics accepts; paths cannot hold NUL).
 * label_crc: one uint32 per source image tried (skipped ones too, in source order): the CRC32 of
   its label file's bytes (0 when missing), for ``rebuild=check``.
-* header: format version, imgsz, ``storage`` (the format's name), source fingerprint, counts, skipped samples,
-  build stats, and where each section above but the payloads lies (``sections``: name -> [offset, length]) with
-  its CRC32 (``checksums``: name -> CRC32).
+* keypoints (pose packs only, ``task: pose``): (M, K, 3) float32 [x, y, visibility], row j the keypoints of labels
+  row j, x and y normalised as the boxes are; K is the header's ``kpt_shape[0]``. A yaml's ``kpt_shape: [K, 2]`` is
+  stored as K x 3 too, with Ultralytics' visibility (0 where x or y is negative, else 1).
+* header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect" or "pose"; packs written
+  before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), source fingerprint, counts, skipped
+  samples, build stats, and where each section above but the payloads lies (``sections``: name -> [offset, length])
+  with its CRC32 (``checksums``: name -> CRC32).
 * trailer: written last. A file without it was never finished; the builder also writes under a
   temporary name and renames, so a reader never sees a half-written file under the real name.
 
@@ -72,6 +76,10 @@ INDEX_DTYPE = np.dtype([
     ("label_start", "<u8"), ("label_count", "<u4"), ("crc32", "<u4"),  # crc32: zlib.crc32 of the payload
 ])
 SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("u1"), "label_crc": np.dtype("<u4")}
+# The label kinds' sections: each in the packs of its task only (``TASK_SECTIONS``), required there.
+LABEL_SECTIONS = {"keypoints": np.dtype("<f4")}
+TASKS = ("detect", "pose")  # what a pack is built for: its label rules differ (pose: keypoints after each box)
+TASK_SECTIONS = {"detect": (), "pose": ("keypoints",)}
 
 
 def align(n: int) -> int:
@@ -118,12 +126,21 @@ def detection_sections(index: np.ndarray, labels: np.ndarray, files: list[str],
             "label_crc": np.ascontiguousarray(label_crc, np.uint32).tobytes()}
 
 
+def keypoint_section(keypoints: np.ndarray) -> bytes:
+    """The bytes of the keypoints section.
+
+    Args:
+        keypoints: (M, K, 3) float32 [x, y, visibility], row j those of labels row j.
+    """
+    return np.ascontiguousarray(keypoints, np.float32).tobytes()
+
+
 def encode_tail(data_end: int, sections: dict[str, bytes], header: dict[str, Any]) -> tuple[int, bytes]:
     """The sections, header and trailer, as the bytes that follow the payloads.
 
     Args:
         data_end: payloads occupy ``[0, data_end)``.
-        sections: name -> bytes, in file order: ``detection_sections``, and any section a new label kind adds.
+        sections: name -> bytes, in file order: ``detection_sections``, then a label kind's (``keypoint_section``).
         header: completed with ``sections``, ``checksums``, ``format`` and ``format_version`` here.
 
     Returns:
@@ -190,12 +207,23 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
     for key in ("images", "boxes", "tried", "skipped", "label_files", "data_bytes"):
         if not isinstance(h["counts"].get(key), int):
             return f"header's counts.{key} is missing or not an integer"
-    for name in (*SECTIONS, *(n for n in h["sections"] if n not in SECTIONS)):  # a section it does not know: checked
-        where, itemsize = h["sections"].get(name), SECTIONS[name].itemsize if name in SECTIONS else 1  # as bytes
+    task = h.get("task", "detect")  # packs written before tasks are detection packs
+    if task not in TASKS:
+        return f"its task {printable(str(task))[:40]!r} is not one this yolofeed reads ({', '.join(TASKS)})"
+    if task == "pose":
+        k = h.get("kpt_shape")
+        if not ints(k, 2) or k[0] < 1 or k[1] not in (2, 3):
+            return f"header's kpt_shape {printable(str(k))[:40]} is missing or malformed (a pose pack's [K, 2 or 3])"
+    known = {**SECTIONS, **{n: LABEL_SECTIONS[n] for n in TASK_SECTIONS[task]}}
+    for name in (*known, *(n for n in h["sections"] if n not in known)):  # a section it does not know: checked
+        where, itemsize = h["sections"].get(name), known[name].itemsize if name in known else 1  # as bytes
         if not ints(where, 2) or where[0] + where[1] > h_off or where[1] % itemsize:
             return f"header's {printable(str(name))[:40]} section {where} is malformed or out of bounds"
         if not isinstance(h["checksums"].get(name), int):
             return f"header's checksum of the {printable(str(name))[:40]} section is missing"
     if h["sections"]["labels"][1] % (5 * 4):
         return "header's labels section is not whole rows"
+    rows = h["sections"]["labels"][1] // (5 * 4)
+    if task == "pose" and h["sections"]["keypoints"][1] != rows * h["kpt_shape"][0] * 3 * 4:
+        return "header's keypoints section is not one row of K x 3 values per label"
     return ""

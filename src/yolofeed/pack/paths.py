@@ -1,8 +1,9 @@
 """Where the packs of a data yaml live, and the command that rebuilds one.
 
-A pack folder is ``<folder>/<yaml stem>-<format>-<imgsz>``: beside the yaml (``yolofeed-packs``), under ``out=``,
-or, for a dataset whose folder is read-only, under the user's cache folder. Error messages quote the exact
-``yolofeed pack`` command that rebuilds a pack, worked out from its header and where it lies.
+A pack folder is ``<folder>/<yaml stem>-<format>-<imgsz>`` (``-pose`` after it for a pose pack): beside the yaml
+(``yolofeed-packs``), under ``out=``, or, for a dataset whose folder is read-only, under the user's cache folder.
+Error messages quote the exact ``yolofeed pack`` command that rebuilds a pack, worked out from its header and where
+it lies.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from yolofeed.errors import PackError
 from yolofeed.pack import codecs
 from yolofeed.pack.disk import current
-from yolofeed.pack.layout import HEADER_ERRORS
+from yolofeed.pack.layout import HEADER_ERRORS, TASKS
 from yolofeed.ultralytics_seam import packaged
 
 LOGGER = logging.getLogger(__name__)
@@ -34,21 +35,29 @@ def cache_root() -> Path:
     return base / "yolofeed" / "packs"
 
 
-def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | os.PathLike | None = None) -> Path:
-    """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>``, the folder being ``out``, or
-    ``yolofeed-packs`` beside the yaml (see ``pack_folders``). Each dataset, format and size in a folder of its
-    own, so that several of them share one ``out=`` without replacing each other's packs."""
+def folder_name(stem: str, imgsz: int, format: str, task: str = "detect") -> str:
+    """``<stem>-<format>-<imgsz>``, and ``-<task>`` after it for a task other than detection."""
+    return f"{stem}-{format}-{imgsz}" + (f"-{task}" if task != "detect" else "")
+
+
+def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | os.PathLike | None = None,
+              task: str = "detect") -> Path:
+    """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>`` (``-pose`` after it for
+    ``task="pose"``), the folder being ``out``, or ``yolofeed-packs`` beside the yaml (see ``pack_folders``). Each
+    dataset, format, size and task in a folder of its own, so that several of them share one ``out=`` without
+    replacing each other's packs (a pose yaml's detection and pose packs keep different images: their label rules
+    differ)."""
     try:
         y = Path(yaml_file).resolve()
         base = Path(out).expanduser().resolve() if out else y.parent / "yolofeed-packs"
     except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
         raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
                         ) from None
-    return base / f"{y.stem}-{format}-{imgsz}"
+    return base / folder_name(y.stem, imgsz, format, task)
 
 
 def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
-                 out: str | os.PathLike | None = None) -> list[Path]:
+                 out: str | os.PathLike | None = None, task: str = "detect") -> list[Path]:
     """Where the packs of a data yaml may be, in order of preference.
 
     ``[<out>/<yaml stem>-<format>-<imgsz>]`` when ``out`` is given; else beside the yaml (``store_dir``), then
@@ -57,27 +66,30 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
     (``data=coco8.yaml``) gets the cache folder only: packs never go into the installed package.
     """
     if out:
-        return [store_dir(yaml_file, imgsz, format, out)]
+        return [store_dir(yaml_file, imgsz, format, out, task)]
     y = Path(yaml_file).resolve()
     key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
-    cache = cache_root() / f"{y.stem}-{key}" / f"{y.stem}-{format}-{imgsz}"
-    return [cache] if packaged(y) else [store_dir(y, imgsz, format), cache]
+    cache = cache_root() / f"{y.stem}-{key}" / folder_name(y.stem, imgsz, format, task)
+    return [cache] if packaged(y) else [store_dir(y, imgsz, format, task=task), cache]
 
 
-def rebuild_command(yaml_file: str, imgsz: int, format: str, out: str | os.PathLike | None = None) -> str:
+def rebuild_command(yaml_file: str, imgsz: int, format: str, out: str | os.PathLike | None = None,
+                    task: str = "detect") -> str:
     """The exact command that rebuilds this pack, for error messages: quoted for a POSIX shell, so that a path with a
     space or a quote in it pastes whole."""
     return shlex.join(["yolofeed", "pack", f"data={yaml_file}", f"imgsz={imgsz}", f"format={format}",
-                       *([f"out={out}"] if out else []), "rebuild=always"])
+                       *([f"task={task}"] if task != "detect" else []), *([f"out={out}"] if out else []),
+                       "rebuild=always"])
 
 
 def fix_from_header(path: Path, header: dict[str, Any]) -> str:
     """The rebuild command for a pack whose header names its source, or "" (a header too damaged to tell)."""
     try:
         data, imgsz, format = str(header["source"]["data"]), int(header["imgsz"]), str(header["storage"])
-        if codecs.find(format) is None or imgsz < 1 or "\0" in data:
+        task = str(header.get("task", "detect"))
+        if codecs.find(format) is None or imgsz < 1 or "\0" in data or task not in TASKS:
             return ""
-        default = store_dir(data, imgsz, format)
+        default = store_dir(data, imgsz, format, task=task)
     except (*HEADER_ERRORS, PackError, OSError):  # a path that cannot be resolved (a link loop, too long)
         return ""
     folder = path.parent
@@ -87,7 +99,7 @@ def fix_from_header(path: Path, header: dict[str, Any]) -> str:
         out = folder.parent
     else:  # a pack file moved elsewhere: a new one is built under the folder it is in
         out = folder
-    return f"rebuild it with: {rebuild_command(data, imgsz, format, out)}"
+    return f"rebuild it with: {rebuild_command(data, imgsz, format, out, task)}"
 
 
 def build_folder(folders: list[Path], split: str, chosen: bool, create: bool = True) -> Path:

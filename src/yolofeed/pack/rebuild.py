@@ -79,8 +79,10 @@ def no_labels(pack: Pack, training: bool = False) -> str:
 
 
 def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
-    """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``)."""
-    return {"data": src.yaml_file, "imgsz": imgsz, "storage": format, "fingerprint": src.fingerprint()}
+    """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``): the task right after
+    the data, so that a detection pack found where a pose pack is wanted says so rather than something vaguer."""
+    return {"data": src.yaml_file, "task": src.task, "imgsz": imgsz, "storage": format,
+            "fingerprint": src.fingerprint()}
 
 
 def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,
@@ -98,7 +100,7 @@ def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, form
 
 
 def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
-                out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+                out: str | os.PathLike | None = None, rebuild: str = "never", task: str = "detect") -> None:
     """Refuse now what ``ensure_split`` would refuse later, before a training run makes its folder or model.
 
     With ``rebuild="never"``: the pack must exist and be valid and current (it is opened: its metadata
@@ -111,11 +113,12 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
     Raises:
         PackError / PackSpaceError / StalePackError / DatasetError: as ``ensure_split`` would.
     """
-    check_splits(data, (split,), imgsz, format, out, rebuild)
+    check_splits(data, (split,), imgsz, format, out, rebuild, task)
 
 
 def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[str], imgsz: int = 640,
-                 format: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never") -> None:
+                 format: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never",
+                 task: str = "detect") -> None:
     """``check_split`` for each split, and the free space for every pack still to build, added up per disk.
 
     The packs of a run are built one after the other and each stays: checked one at a time, each fits the free
@@ -131,14 +134,14 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
     # a wrong path: refused before format=auto says what it chose (without the split)
-    sources = {split: split_source(d, split) for split in dict.fromkeys(splits)}
-    format = resolve_format(d, format, imgsz, out)
-    folders = pack_folders(d["yaml_file"], imgsz, format, out)
+    sources = {split: split_source(d, split, task) for split in dict.fromkeys(splits)}
+    format = resolve_format(d, format, imgsz, out, task)
+    folders = pack_folders(d["yaml_file"], imgsz, format, out, task)
     due: dict[int, list[tuple[str, Path, Space]]] = {}  # disk (st_dev) -> the packs to build there
     for split, src in sources.items():
         name = f"{split}{SUFFIX}"
         if rebuild == "never":
-            fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out)}"
+            fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out, task)}"
             pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, False)
             if pack is None:
                 raise errors[0] if errors else missing(folders[0] / name, out, fix)
@@ -162,7 +165,7 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
 
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
-                 progress: bool = True, sync: bool = False, verify: bool = False) -> BuildResult:
+                 progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect") -> BuildResult:
     """Open the pack of one split, building it if asked to.
 
     Args:
@@ -175,6 +178,8 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         sync: see ``build_split``.
         verify: check every payload's CRC32 of an existing pack (a read of the whole file); a
             damaged one is refused ("never") or rebuilt. A new build checks its payloads anyway.
+        task: "detect", or "pose" (the yaml's kpt_shape, Ultralytics' pose label rules, a keypoints section; its
+            packs in a folder of their own, ``paths.store_dir``). A pack built for the other task is stale.
 
     Raises:
         PackError / StalePackError: with rebuild="never", the pack is missing, damaged or stale; no
@@ -184,11 +189,11 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
-    src = split_source(d, split)  # a wrong path: refused before format=auto says what it chose (without the split)
-    format = resolve_format(d, format, imgsz, out)
-    folders = pack_folders(d["yaml_file"], imgsz, format, out)
+    src = split_source(d, split, task)  # a wrong path: refused before format=auto says what it chose
+    format = resolve_format(d, format, imgsz, out, task)
+    folders = pack_folders(d["yaml_file"], imgsz, format, out, task)
     name = f"{split}{SUFFIX}"
-    fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out)}"
+    fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out, task)}"
     result, errors = None, []
     if rebuild != "always":
         pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, verify)
@@ -239,14 +244,14 @@ def _remove_leftovers_if_idle(folder: Path) -> None:
 
 def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                   out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
-                  progress: bool = True, sync: bool = False, verify: bool = False) -> Pack:
+                  progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect") -> Pack:
     """The pack of one split, valid for ``imgsz``/``format`` and the current source files.
 
     Says what ``yolofeed pack`` says: the summary after a build (a warning when images were
     skipped: their reasons and the report file), and a one-line reminder of skipped images when an
     existing pack is reused. See ``ensure_split`` for the arguments and errors.
     """
-    r = ensure_split(data, split, imgsz, format, out, rebuild, workers, progress, sync, verify)
+    r = ensure_split(data, split, imgsz, format, out, rebuild, workers, progress, sync, verify, task)
     skipped = r.pack.header["skipped"]
     if r.built:
         (LOGGER.warning if skipped else LOGGER.info)(summary(r))

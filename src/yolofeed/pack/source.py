@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from yolofeed.errors import DatasetError
+from yolofeed.pack.layout import TASKS
 from yolofeed.ultralytics_seam import DATASETS_DIR, IMG_FORMATS, YAML, find_dataset_yaml, img2label_paths
 
 SPLIT_KEYS = ("train", "val", "test", "minival")
-TASKS = ("detect", "pose")  # the tasks a pack is built for: their labels differ (pose: keypoints after each box)
 
 
 @dataclass(frozen=True)

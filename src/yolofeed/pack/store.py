@@ -4,7 +4,8 @@ What is checked, and when (CRC32 from ``zlib``: no new dependency):
 
 * ``Pack.open``: the header's CRC32 (kept in the trailer), its keys and types, every section's
   bounds and CRC32, and the index and label values (payloads inside the file, sizes those of an
-  image of this pack, classes in ``[0, nc)``, finite coordinates within Ultralytics' tolerance).
+  image of this pack, classes in ``[0, nc)``, finite coordinates within Ultralytics' tolerance; a pose pack's
+  keypoints too, by its rules: boxes not bounded from above, keypoints' x and y are).
   Cost: one CRC32 pass over the metadata, ~30 MB for COCO's 118k training images, 10-20 ms at the
   1.7-3 GB/s measured below. A damaged or foreign file is refused with what is damaged and the
   command that rebuilds it.
@@ -57,6 +58,7 @@ from yolofeed.pack.layout import (
 from yolofeed.pack.paths import GENERIC_FIX, fix_from_header
 
 LOGGER = logging.getLogger(__name__)
+DEFAULTS = {"task": "detect"}  # header keys packs written before them lack: what those packs are
 
 
 class _ReadFile:
@@ -117,6 +119,9 @@ class Pack:
         self.label_table = self._section(sec["labels"], np.float32).reshape(-1, 5)
         self.label_crc = self._section(sec["label_crc"], np.uint32)
         self._files_section = sec["files"]
+        # pose: (M, K, 3) [x, y, visibility], row j the keypoints of label_table row j; None in a detection pack
+        self.keypoint_table = (self._section(sec["keypoints"], np.float32).reshape(-1, self.kpt_shape[0], 3)
+                               if self.task == "pose" else None)
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
@@ -126,7 +131,7 @@ class Pack:
         Args:
             path: a ``.yfpack`` file.
             expect: header values the caller needs (e.g. ``{"imgsz": 640, "storage": codecs.DEFAULT,
-                "data": yaml path, "fingerprint": ...}``); any mismatch raises ``StalePackError``.
+                "data": yaml path, "task": "pose", "fingerprint": ...}``); any mismatch raises ``StalePackError``.
             fix: the command that rebuilds this pack, quoted in error messages (default: built from
                 the header when it is readable).
 
@@ -200,7 +205,7 @@ class Pack:
             raise StalePackError(f"{path} was built from {header['source'].get('data')}, not from "
                                  f"{expect['data']}; point out= elsewhere or {fix}")
         for key, want in expect.items():
-            have = header["source"].get(key) if key in ("fingerprint", "data") else header.get(key)
+            have = header["source"].get(key) if key in ("fingerprint", "data") else header.get(key, DEFAULTS.get(key))
             if have != want:
                 what = {"fingerprint": "the source images or labels changed since it was built"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
@@ -246,8 +251,16 @@ class Pack:
             if (cls < 0).any() or (cls >= nc).any() or (cls % 1 != 0).any():
                 bad = cls[(cls < 0) | (cls >= nc) | (cls % 1 != 0)][:3].tolist()
                 return f"the labels hold classes {bad} outside 0-{nc - 1} (nc={nc})"
-            if lb[:, 1:].max() > COORD_TOLERANCE or lb[:, 1:].min() < -0.01 or lb[:, 3:].min() < 0:
+            # a pose row's box is not bounded from above (verify.read_pose_labels, as Ultralytics)
+            top = lb[:, 1:].max() if self.keypoint_table is None else -np.inf
+            if top > COORD_TOLERANCE or lb[:, 1:].min() < -0.01 or lb[:, 3:].min() < 0:
                 return "the labels hold coordinates outside [0, 1]"
+        kp = self.keypoint_table
+        if kp is not None and len(kp):
+            if len(kp) != len(lb):
+                return "its keypoints section does not have one row per label"
+            if not np.isfinite(kp).all() or kp[..., :2].max() > COORD_TOLERANCE or kp.min() < -0.01:
+                return "the keypoints hold values outside [0, 1] (x, y) or below 0, or not finite"
         return ""
 
     def files_bytes_split(self) -> list[bytes]:
@@ -282,6 +295,16 @@ class Pack:
     def format(self) -> str:
         """The pack's format (the header's key ``storage``, kept from packs already written): it picks the codec."""
         return self.header["storage"]
+
+    @property
+    def task(self) -> str:
+        """What the pack was built for: "detect" or "pose" (its label rules, and the keypoints section)."""
+        return self.header.get("task", DEFAULTS["task"])
+
+    @property
+    def kpt_shape(self) -> tuple[int, int] | None:
+        """Pose: the data yaml's (K, D) the pack was built for (stored as K x 3 either way); None for detection."""
+        return tuple(self.header["kpt_shape"]) if self.task == "pose" else None
 
     @property
     def shapes(self) -> np.ndarray:
@@ -337,6 +360,14 @@ class Pack:
         """(n, 5) float32 [class, x, y, w, h] normalised, a view."""
         r = self.index[i]
         return self.label_table[r["label_start"]:r["label_start"] + r["label_count"]]
+
+    def keypoints(self, i: int) -> np.ndarray | None:
+        """(n, K, 3) float32 [x, y, visibility], x and y normalised, one row per label of ``labels(i)``, a view;
+        None for a detection pack."""
+        if self.keypoint_table is None:
+            return None
+        r = self.index[i]
+        return self.keypoint_table[r["label_start"]:r["label_start"] + r["label_count"]]
 
     # -- payload checksums --------------------------------------------------------------------
     def damaged(self, threads: int = 0) -> np.ndarray:
