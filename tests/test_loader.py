@@ -7,6 +7,7 @@ import itertools
 import queue
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -388,3 +389,115 @@ def test_classes_must_be_class_ids(pack):
     for bad in ("0,1", 1.5, [0, "a"], -1, True, []):
         with pytest.raises(ConfigError, match="class id"):
             TrainLoader(pack64, 4, "cpu", classes=bad)
+
+
+# -- pose packs: keypoints beside the boxes ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pose_pack(pose_root, tmp_path_factory):
+    """``pose_pack(imgsz, storage="raw", split="train", task="pose")``: packs of the session's pose dataset."""
+    out = tmp_path_factory.mktemp("pose-packs")
+
+    def make(imgsz: int = 64, storage: str = "raw", split: str = "train", task: str = "pose"):
+        return open_or_build(pose_root / "data.yaml", split, imgsz, storage, out=out, rebuild="auto", progress=False,
+                             workers=2, task=task)
+
+    return make
+
+
+def _label_rows(pose_root, im_file: str) -> np.ndarray:
+    split = "val" if "/val/" in im_file else "train"
+    return np.loadtxt(pose_root / "labels" / split / f"{Path(im_file).stem}.txt", dtype=np.float32, ndmin=2)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_pose_batches_carry_the_label_files_keypoints(pose_root, pose_pack, device, storage):
+    """SourceBatch.keypoints: (N, L, K, 3) float32 on the batch's device, padded like the boxes and under the same
+    valid mask; its valid rows are the label files' values (x, y, visibility), its padding zeros. A detection pack of
+    the same yaml delivers None, and the same boxes."""
+    pose, plain = pose_pack(64, storage), pose_pack(64, storage, task="detect")
+    seen = 0
+    for a, b in zip(TrainLoader(pose, 5, device, seed=3), TrainLoader(plain, 5, device, seed=3), strict=True):
+        src, other = a["source"], b["source"]
+        n, width = src.valid.shape
+        assert src.keypoints.shape == (n, width, 5, 3) and src.keypoints.dtype == torch.float32
+        assert src.keypoints.device.type == device and other.keypoints is None and other.kinds() == ()
+        assert src.kinds() == ("keypoints",) and torch.equal(src.boxes, other.boxes)
+        kp = src.keypoints.cpu()
+        for k, f in enumerate(a["im_file"]):
+            rows = _label_rows(pose_root, f)
+            assert int(src.valid[k].sum()) == len(rows)
+            assert torch.equal(kp[k, :len(rows)], torch.from_numpy(rows[:, 5:].reshape(-1, 5, 3)))
+            assert not kp[k, len(rows):].any()
+            seen += 1
+    assert seen == len(pose)
+
+
+def test_pose_batches_are_the_same_sync_and_async_and_cost_no_host_sync_on_the_gpu_path(pose_pack):
+    """The thread's batches equal the caller's own (keypoints too); on CUDA, delivering them waits for nothing."""
+    pose = pose_pack()
+    a = [b["source"].keypoints.clone() for b in TrainLoader(pose, 4, "cpu", seed=1, sync=True)]
+    b = [b["source"].keypoints.clone() for b in TrainLoader(pose, 4, "cpu", seed=1)]
+    assert len(a) == len(b) == 4 and all(torch.equal(x, y) for x, y in zip(a, b))
+    if torch.cuda.is_available():
+        from helpers import no_host_sync
+
+        loader = TrainLoader(pose, 4, "cuda", seed=1)
+        it = iter(loader)
+        first = next(it)["source"].keypoints
+        with no_host_sync():
+            rest = [b["source"].keypoints.sum() for b in it]
+        assert torch.equal(first.cpu(), a[0]) and len(rest) == 3
+
+
+@pytest.mark.parametrize("classes, single_cls", [(None, False), ([0, 2, 4], False), ([1, 3], True)])
+def test_pose_labels_are_filtered_as_ultralytics_filters_them(pose_root, pose_pack, classes, single_cls):
+    """classes= drops the keypoints of the boxes it drops (Ultralytics' update_labels masks both); the dataset facade
+    gives Ultralytics' label dicts, keypoints included, image by image, and the batches carry the same points."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    root = copy_dataset(pose_root, Path(pose_pack().path).parent.parent / f"copy-{classes}-{single_cls}")
+    data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
+    ref = YOLODataset(img_path=data["train"], imgsz=64, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                      rect=False, task="pose", classes=classes, single_cls=single_cls)
+    theirs = {Path(lb["im_file"]).name: lb for lb in ref.labels}
+    loader = TrainLoader(pose_pack(), 4, "cpu", seed=2, sync=True, classes=classes, single_cls=single_cls)
+    for lb in loader.dataset.labels:
+        want = theirs[Path(lb["im_file"]).name]
+        np.testing.assert_array_equal(lb["keypoints"], want["keypoints"])
+        np.testing.assert_array_equal(lb["cls"], want["cls"])
+    delivered = 0
+    for b in loader:
+        src = b["source"]
+        for k, f in enumerate(b["im_file"]):
+            want = theirs[Path(f).name]
+            np.testing.assert_array_equal(src.keypoints[k][src.valid[k]].numpy(), want["keypoints"])
+            delivered += len(want["cls"])
+    assert delivered == sum(len(lb["cls"]) for lb in ref.labels)
+
+
+def test_pose_val_batches_equal_ultralytics_pose_val_loader(pose_root, pose_pack):
+    """The validator's keypoints: letterboxed as the boxes are, normalised by the batch shape, visibility as stored,
+    equal to Ultralytics' pose val loader's (rect batches, task=pose); a detection pack's batch has none."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    imgsz, batch = 96, 4
+    root = copy_dataset(pose_root, Path(pose_pack().path).parent.parent / "copy-val")
+    data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
+    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "task": "pose"})
+    ds = build_yolo_dataset(cfg, data["val"], batch, data, mode="val", rect=True, stride=32)
+    theirs = list(build_dataloader(ds, batch, 0, shuffle=False, rank=-1))
+    ours = list(ValLoader(pose_pack(imgsz, split="val"), batch, "cpu", stride=32))
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert [Path(f).name for f in a["im_file"]] == [Path(f).name for f in b["im_file"]]
+        assert torch.equal(a["img"], b["img"]) and torch.equal(a["batch_idx"], b["batch_idx"])
+        torch.testing.assert_close(a["bboxes"], b["bboxes"], atol=1e-6, rtol=0)
+        assert a["keypoints"].shape == b["keypoints"].shape == (len(a["cls"]), 5, 3)
+        torch.testing.assert_close(a["keypoints"], b["keypoints"], atol=1e-6, rtol=0)
+    plain = next(iter(ValLoader(pose_pack(imgsz, split="val", task="detect"), batch, "cpu", stride=32)))
+    assert "keypoints" not in plain

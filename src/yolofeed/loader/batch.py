@@ -17,7 +17,8 @@ class HostBuffers:
     """Reusable (pinned, on CUDA machines) buffers for one batch.
 
     Shape: images (B, S, S, 3) uint8, or (B, 0, 0, 3) when images are decoded on the device; hw (B, 2) int64;
-    labels (B, L, 5) float32 [class, x, y, w, h]; counts (B,) int64. B is the largest batch the sampler
+    labels (B, L, 5) float32 [class, x, y, w, h]; counts (B,) int64; keypoints (B, L, K, 3) float32 [x, y,
+    visibility], zero past each image's count, or None (detection). B is the largest batch the sampler
     makes (batch + 1), L the pack's most labels per image.
     """
 
@@ -25,19 +26,25 @@ class HostBuffers:
     hw: Tensor
     labels: Tensor
     counts: Tensor
+    keypoints: Tensor | None = None
 
     @classmethod
-    def allocate(cls, batch: int, imgsz: int, width: int, pin: bool, images: bool = True) -> HostBuffers:
-        """Empty buffers; ``images=False`` leaves out the image buffer (B x S x S x 3 bytes: 157 MB at 128 x 640)."""
+    def allocate(cls, batch: int, imgsz: int, width: int, pin: bool, images: bool = True,
+                 keypoints: int = 0) -> HostBuffers:
+        """Empty buffers; ``images=False`` leaves out the image buffer (B x S x S x 3 bytes: 157 MB at 128 x 640);
+        ``keypoints`` K > 0 adds the keypoint buffer (B x L x K x 12 bytes)."""
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
-        side = imgsz if images else 0
+        side, width = (imgsz if images else 0), max(1, width)
         return cls(empty((batch, side, side, 3), torch.uint8), empty((batch, 2), torch.int64),
-                   empty((batch, max(1, width), 5), torch.float32), empty((batch,), torch.int64))
+                   empty((batch, width, 5), torch.float32), empty((batch,), torch.int64),
+                   empty((batch, width, keypoints, 3), torch.float32) if keypoints else None)
 
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.images, self.hw, self.labels, self.counts
+    def tensors(self) -> tuple[Tensor, ...]:
+        """The buffers in field order, the keypoints' only where there are keypoints."""
+        return (self.images, self.hw, self.labels, self.counts,
+                *((self.keypoints,) if self.keypoints is not None else ()))
 
 
 def label_width(pack: Pack, labels: LabelView | None = None) -> int:
@@ -68,9 +75,13 @@ def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = Tru
     counts, starts, table = labels.count[idx], labels.start[idx], labels.table
     width = buf.labels.shape[1]
     j = np.arange(width)
-    rows = starts[:, None] + j
+    rows = np.minimum(starts[:, None] + j, max(len(table) - 1, 0))  # (n, L) table rows, padding clamped in range
     have = j < counts[:, None]
-    lab = np.where(have[..., None], table[np.minimum(rows, max(len(table) - 1, 0))] if len(table) else 0.0, 0.0)
+    lab = np.where(have[..., None], table[rows] if len(table) else 0.0, 0.0)
     buf.labels[:n] = torch.from_numpy(lab.astype(np.float32))
     buf.counts[:n] = torch.from_numpy(counts)
+    if buf.keypoints is not None:  # the same rows of the keypoint table: one gather, no loop per image
+        kp = labels.keypoints
+        buf.keypoints[:n] = torch.from_numpy(np.where(have[..., None, None], kp[rows] if len(kp) else 0.0, 0.0)
+                                             .astype(np.float32))
     return n

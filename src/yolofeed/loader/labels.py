@@ -4,7 +4,8 @@ Ultralytics applies both keys in ``BaseDataset.update_labels`` when it builds a 
 validation alike: boxes of other classes are dropped (the image stays, as a background image when none is
 left; class ids are not renumbered), then every class id becomes 0 under ``single_cls``. The same here,
 once per loader, on a copy of the label table (20 bytes a box): the pack on disk never changes, so one
-pack serves every choice of ``classes`` and ``single_cls``.
+pack serves every choice of ``classes`` and ``single_cls``. A pose pack's keypoints follow their rows (Ultralytics
+filters them with the same mask).
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class LabelView:
 
     Shape:
         start, count: (N,) int64, one per pack image. table: (M, 5) float32 [class, x, y, w, h] normalised.
+        keypoints: (M, K, 3) float32 [x, y, visibility], row j those of table row j; None for a detection pack.
     """
 
     start: np.ndarray
     count: np.ndarray
     table: np.ndarray
+    keypoints: np.ndarray | None = None
 
     @classmethod
     def of(cls, pack: Pack, classes: Any = None, single_cls: bool = False) -> LabelView:
@@ -57,9 +60,9 @@ class LabelView:
         include = class_ids(classes)
         start = pack.index["label_start"].astype(np.int64)
         count = pack.index["label_count"].astype(np.int64)
-        table = pack.label_table
+        table, keypoints = pack.label_table, pack.keypoint_table
         if include is None and not single_cls:
-            return cls(start, count, table)
+            return cls(start, count, table, keypoints)
         owner = np.repeat(np.arange(len(count)), count)  # every image's rows, in image order
         rows = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
         if include is not None:
@@ -69,7 +72,8 @@ class LabelView:
         if single_cls:
             kept[:, 0] = 0.0
         count = np.bincount(owner, minlength=len(count)).astype(np.int64)
-        return cls(np.cumsum(count) - count, count, kept.reshape(-1, 5))
+        kept_keypoints = None if keypoints is None else np.array(keypoints[rows], dtype=np.float32)
+        return cls(np.cumsum(count) - count, count, kept.reshape(-1, 5), kept_keypoints)
 
     def __call__(self, i: int) -> np.ndarray:
         """(n, 5) labels of image ``i``."""

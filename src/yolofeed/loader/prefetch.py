@@ -81,9 +81,10 @@ class _Slot:
     def __init__(self, pack: Pack, batch: int, device: torch.device, on_device: bool, labels: LabelView):
         pin = device.type == "cuda"
         width = label_width(pack, labels)
-        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device)
+        k = 0 if labels.keypoints is None else labels.keypoints.shape[1]  # pose: K keypoints a label, one more copy
+        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device, keypoints=k)
         if device.type == "cpu":
-            self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False)
+            self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False, keypoints=k)
         else:
             s = pack.imgsz
             self.dev = HostBuffers(torch.empty((batch, s, s, 3), dtype=torch.uint8, device=device),
@@ -97,7 +98,8 @@ def _source(buf: HostBuffers, n: int) -> SourceBatch:
     lab = buf.labels[:n]
     width = lab.shape[1]
     valid = torch.arange(width, device=lab.device)[None, :] < buf.counts[:n, None]
-    return SourceBatch(buf.images[:n], buf.hw[:n], lab[..., 0], lab[..., 1:], valid)
+    keypoints = buf.keypoints[:n] if buf.keypoints is not None else None
+    return SourceBatch(buf.images[:n], buf.hw[:n], lab[..., 0], lab[..., 1:], valid, keypoints)
 
 
 class Prefetcher:
@@ -325,8 +327,9 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 
 def to_device_source(source: SourceBatch, device: torch.device | str) -> SourceBatch:
-    """A copy of a SourceBatch on another device (tests, tools)."""
-    return SourceBatch(*(t.to(device) for t in (source.images, source.hw, source.cls, source.boxes, source.valid)))
+    """A copy of a SourceBatch on another device (tests, tools), its optional label kinds too."""
+    return SourceBatch(*(t.to(device) for t in (source.images, source.hw, source.cls, source.boxes, source.valid)),
+                       **{k: getattr(source, k).to(device) for k in source.kinds()})
 
 
 __all__ = ["LoadedBatch", "LoaderError", "Prefetcher", "to_device_source"]

@@ -95,6 +95,10 @@ class ValLoader:
         xywh = torch.cat([(x1y1 + x2y2) / 2, x2y2 - x1y1], -1) / torch.tensor([W, H, W, H], device=img.device)
         v = src.valid
         bidx = torch.arange(len(v), device=img.device, dtype=torch.float32)[:, None].expand_as(v)
+        extra = {}
+        if src.keypoints is not None:  # pose: the points move as the boxes do (Instances: denormalize, + pad)
+            xy = (src.keypoints[..., :2] * wh[:, :, None] + pad[:, :, None]) / torch.tensor([W, H], device=img.device)
+            extra["keypoints"] = torch.cat([xy, src.keypoints[..., 2:]], -1)[v]
         ori = self.pack.ori_shapes[b.indices]
         res = self.pack.shapes[b.indices]
         offs = off.tolist()  # validation only, once per batch: the validator needs these on the host anyway
@@ -102,7 +106,7 @@ class ValLoader:
                 "im_file": b.im_file,
                 "ori_shape": [tuple(int(x) for x in s) for s in ori],
                 "resized_shape": [tuple(shape) for _ in range(len(ori))],
-                "ratio_pad": [((r[0] / o[0], r[1] / o[1]), (p[1], p[0])) for r, o, p in zip(res, ori, offs)]}
+                "ratio_pad": [((r[0] / o[0], r[1] / o[1]), (p[1], p[0])) for r, o, p in zip(res, ori, offs)], **extra}
 
     def reset(self) -> None:
         self.prefetcher.close()
