@@ -123,7 +123,7 @@ class FastTrainer(SyncFreeStep):
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
-        self.add_callback("on_pretrain_routine_end", FastTrainer._warm_up)
+        self.add_callback("on_pretrain_routine_end", type(self)._warm_up)  # a subclass's own, if it has one
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""
