@@ -367,3 +367,29 @@ def within(seconds: float, fn):
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+# -- a train pack at 64 px under out=, and files planted where it goes (tests/pack: disk, files, lock, rebuild, report)
+VICTIM = b"precious: not yolofeed's\n"  # a file yolofeed did not write: it must survive
+
+
+def build_out(yaml_file, out, **kw):
+    """The train pack at 64 px under ``out=``."""
+    from yolofeed.pack import open_or_build
+
+    kw = {"rebuild": "auto", "workers": 1, "progress": False, **kw}
+    return open_or_build(yaml_file, "train", 64, "raw", out=out, **kw)
+
+
+def pack_args(yaml_file, out) -> list[str]:
+    """``yolofeed pack``'s arguments for the same pack."""
+    return ["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", "workers=1", f"out={out}"]
+
+
+def planted_folder(yaml_file, out):
+    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
+    from yolofeed.pack.paths import store_dir
+
+    folder = store_dir(yaml_file, 64, "raw", out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

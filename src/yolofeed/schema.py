@@ -28,9 +28,16 @@ class LabelKinds:
 
     def require_detection(self, op: str) -> None:
         """Raise where this batch carries labels ``op`` would drop (it reads classes and boxes only)."""
-        if kinds := self.kinds():
-            raise ConfigError(f"{op} takes detection labels (classes and boxes); this batch also carries "
-                              f"{', '.join(kinds)}, which it would drop: train a detection model (task=detect)")
+        self.require_only(op, ())
+
+    def require_only(self, op: str, carried: tuple[str, ...]) -> None:
+        """Raise where this batch carries labels ``op`` would drop: it reads classes, boxes and ``carried``."""
+        if kinds := tuple(k for k in self.kinds() if k not in carried):
+            takes, tasks = "detection labels (classes and boxes)", "a detection model (task=detect)"
+            if carried:
+                takes, tasks = ", ".join(("classes", "boxes", *carried)), "a task whose labels it takes"
+            raise ConfigError(f"{op} takes {takes}; this batch also carries {', '.join(kinds)}, which it would drop: "
+                              f"train {tasks}")
 
 
 @dataclass
@@ -71,7 +78,9 @@ class AugmentedBatch(LabelKinds):
     masks: Tensor | None = None
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
-        """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,).
+        """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,);
+        with keypoints also ``keypoints`` (N, P, 3) float32: x / S, y / S and visibility (``Format``'s
+        normalisation, concatenated as ``YOLODataset.collate_fn`` does), row j the keypoints of box j.
 
         Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
         N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
@@ -83,12 +92,14 @@ class AugmentedBatch(LabelKinds):
             total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
                 rows or an index error.
         """
-        self.require_detection("AugmentedBatch.to_ultralytics")
+        self.require_only("AugmentedBatch.to_ultralytics", ("keypoints",))
         size = self.img.shape[-1]
+        kp = self.keypoints
         if total is None:
             v = self.valid
             idx = torch.arange(len(v), device=v.device, dtype=torch.float32)[:, None].expand_as(v)
             cls, b, batch_idx = self.cls[v], self.boxes[v], idx[v]
+            kp = None if kp is None else kp[v]
         else:
             flat = self.valid.flatten()
             want = torch.arange(1, total + 1, device=flat.device)
@@ -96,7 +107,11 @@ class AugmentedBatch(LabelKinds):
             cls = self.cls.flatten().index_select(0, src)
             b = self.boxes.flatten(0, 1).index_select(0, src)
             batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
-        return {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
+            kp = None if kp is None else kp.flatten(0, 1).index_select(0, src)
+        out = {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
+        if kp is not None:
+            out["keypoints"] = torch.cat([kp[..., :2] / size, kp[..., 2:]], -1)
+        return out
 
 
 def normalised_xywh(b: Tensor, size: int) -> Tensor:

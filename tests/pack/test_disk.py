@@ -13,24 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers import VICTIM
+from helpers import build_out as _build_out
+from helpers import planted_folder as _folder
 from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.layout import PREAMBLE
 from yolofeed.pack.paths import store_dir
-
-VICTIM = b"precious: not yolofeed's\n"
-
-
-def _build_out(yaml_file: Path, out: Path, **kw):
-    """The train pack at 64 px under ``out=``."""
-    kw = {"rebuild": "auto", "workers": 1, "progress": False, **kw}
-    return open_or_build(yaml_file, "train", 64, "raw", out=out, **kw)
-
-
-def _folder(yaml_file: Path, out: Path) -> Path:
-    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
-    folder = store_dir(yaml_file, 64, "raw", out)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:

@@ -8,33 +8,15 @@ as it is. RELIABILITY.md lists these tests with their outcomes.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from helpers import cli_lines
+from helpers import VICTIM, cli_lines
+from helpers import build_out as _build
+from helpers import pack_args as _pack_args
+from helpers import planted_folder as _folder
 from yolofeed.errors import PackError
-from yolofeed.pack import open_or_build
 from yolofeed.pack.layout import PREAMBLE
-from yolofeed.pack.paths import store_dir
-
-VICTIM = b"precious: not yolofeed's\n"
-
-
-def _build(yaml_file: Path, out: Path, **kw):
-    kw = {"rebuild": "auto", "workers": 1, "progress": False, **kw}
-    return open_or_build(yaml_file, "train", 64, "raw", out=out, **kw)
-
-
-def _pack_args(yaml_file: Path, out: Path) -> list[str]:
-    return ["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", "workers=1", f"out={out}"]
-
-
-def _folder(yaml_file: Path, out: Path) -> Path:
-    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
-    folder = store_dir(yaml_file, 64, "raw", out)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_a_planted_temporary_name_is_passed_over(dataset, tmp_path, monkeypatch):

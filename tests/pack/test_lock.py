@@ -26,11 +26,12 @@ from pathlib import Path
 import pytest
 
 import yolofeed.pack.lock as lock
-from helpers import as_another_user, cli_lines, copy_dataset, within, world_readable_dir
+from helpers import VICTIM, as_another_user, cli_lines, copy_dataset, within, world_readable_dir
+from helpers import build_out as _build
+from helpers import pack_args as _pack_args
+from helpers import planted_folder as _folder
 from yolofeed.errors import PackError
-from yolofeed.pack import open_or_build
 from yolofeed.pack.lock import FolderLock, Holder
-from yolofeed.pack.paths import store_dir
 from yolofeed.processes import process_start
 
 BOUND = 60.0  # s: only to tell a hang from a slow machine
@@ -291,25 +292,6 @@ def test_record_locks_refused_fall_back_to_the_file_lock(tmp_path, monkeypatch, 
 
 
 # -- the lock files: what a shared pack folder may hold under their names ----------------------------------------------
-VICTIM = b"precious: not yolofeed's\n"
-
-
-def _build(yaml_file: Path, out: Path, **kw):
-    kw = {"rebuild": "auto", "workers": 1, "progress": False, **kw}
-    return open_or_build(yaml_file, "train", 64, "raw", out=out, **kw)
-
-
-def _pack_args(yaml_file: Path, out: Path) -> list[str]:
-    return ["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", "workers=1", f"out={out}"]
-
-
-def _folder(yaml_file: Path, out: Path) -> Path:
-    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
-    folder = store_dir(yaml_file, 64, "raw", out)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 @pytest.mark.parametrize("target", ["a file", "a missing file"])
 def test_a_lock_that_is_a_link_is_refused_and_its_target_never_written(dataset, tmp_path, target):
     """A ``.lock`` linked to a file was emptied (opened with O_CREAT and truncated through the link); linked to a

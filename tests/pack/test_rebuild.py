@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import Free, cli_lines, craft_pack
+from helpers import VICTIM, Free, cli_lines, craft_pack
+from helpers import planted_folder as _folder
 from yolofeed.cli import build_config, main
 from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import Pack, command, disk, open_or_build, rebuild, source, space
@@ -168,16 +169,6 @@ def test_packs_that_fit_one_at_a_time_but_not_together_are_refused_before_the_fi
                                                                 "data": str(dataset / "data.yaml"), "device": "cpu",
                                                                 "project": str(runs)})
     assert not runs.exists() and not folder.exists()
-
-
-VICTIM = b"precious: not yolofeed's\n"
-
-
-def _folder(yaml_file: Path, out: Path) -> Path:
-    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
-    folder = store_dir(yaml_file, 64, "raw", out)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_yolofeed_train_refuses_a_lock_that_is_not_yolofeeds_before_the_run_folder(dataset, tmp_path):

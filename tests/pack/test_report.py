@@ -8,26 +8,13 @@ import logging
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
+from helpers import VICTIM
+from helpers import build_out as _build
+from helpers import planted_folder as _folder
 from yolofeed.cli import main
-from yolofeed.pack import open_or_build
 from yolofeed.pack.paths import store_dir
 from yolofeed.pack.report import read_report
-
-VICTIM = b"precious: not yolofeed's\n"
-
-
-def _build(yaml_file: Path, out: Path, **kw):
-    kw = {"rebuild": "auto", "workers": 1, "progress": False, **kw}
-    return open_or_build(yaml_file, "train", 64, "raw", out=out, **kw)
-
-
-def _folder(yaml_file: Path, out: Path) -> Path:
-    """The folder the train pack of ``out=`` goes to, made (so that files can be planted in it first)."""
-    folder = store_dir(yaml_file, 64, "raw", out)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def test_the_report_is_never_written_through_a_link_or_over_a_file_yolofeed_did_not_make(dataset, tmp_path, caplog):

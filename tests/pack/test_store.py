@@ -364,6 +364,40 @@ def test_a_pack_another_user_cannot_read_is_one_line(synth_root):
         assert len(Pack.open(pack.path)) == 24  # untouched
 
 
+def test_the_names_before_the_codec_owned_its_gather_warn_and_work_as_the_new_ones(dataset):
+    """Python code written against the earlier API (``Pack.storage``, ``Pack.gather``, ``Pack.gather_encoded``,
+    ``storage=``) keeps working, with a DeprecationWarning naming the new one."""
+    from yolofeed.pack.codecs.jpeg import gather_encoded
+
+    pack = _build(dataset)
+    with pytest.warns(DeprecationWarning, match="Pack.format"):
+        assert pack.storage == pack.format == "raw"
+    idx = np.array([2, 0, 1])
+    new, old = np.zeros((3, 64, 64, 3), np.uint8), np.zeros((3, 64, 64, 3), np.uint8)
+    hw = pack.codec.gather(pack, idx, new)
+    with pytest.warns(DeprecationWarning, match="codec.gather"):
+        assert (pack.gather(idx, old) == hw).all()
+    assert (old == new).all() and new.any()
+    a, b = np.zeros(3 * 64 * 64 * 3, np.uint8), np.zeros(3 * 64 * 64 * 3, np.uint8)
+    starts, sizes = gather_encoded(pack, idx, a)
+    with pytest.warns(DeprecationWarning, match="gather_encoded"):
+        s2, n2 = pack.gather_encoded(idx, b)
+    assert (starts == s2).all() and (sizes == n2).all() and (a == b).all()
+    with pytest.warns(DeprecationWarning, match="use format="):
+        again = open_or_build(dataset / "data.yaml", "train", 64, storage="raw", rebuild="auto", workers=1,
+                              progress=False)
+    assert again.path == pack.path
+
+
+def test_reading_a_pack_loads_no_ultralytics():
+    """``yolofeed.pack.store`` (and what it imports) reads packs without importing Ultralytics (nor torch)."""
+    import sys
+
+    code = "import sys, yolofeed.pack.store; print(sorted(m for m in ('ultralytics', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def _pose(root: Path, imgsz: int = 64) -> Pack:
     return open_or_build(root / "data.yaml", "train", imgsz, "raw", rebuild="auto", workers=1, progress=False,
                          task="pose")

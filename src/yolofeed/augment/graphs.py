@@ -53,17 +53,19 @@ class GraphedAugment:
     def _padded(self, batch: SourceBatch) -> tuple[tuple, int]:
         n, width = batch.valid.shape
         width = -(-max(width, 1) // LABEL_BUCKET) * LABEL_BUCKET
-        return (n, *batch.images.shape[1:], width), width
+        points = None if batch.keypoints is None else tuple(batch.keypoints.shape[2:])
+        return (n, *batch.images.shape[1:], width, points), width
 
     def _capture(self, key: tuple, width: int) -> _Captured:
-        n, hm, wm, _, _ = key
+        n, hm, wm, _, _, points = key
         dev = self.device
         static = first = None
         if self.pool is None:
             static = SourceBatch(torch.zeros((n, hm, wm, 3), dtype=torch.uint8, device=dev),
                                  torch.ones((n, 2), dtype=torch.long, device=dev) * min(hm, wm),
                                  torch.zeros((n, width), device=dev), torch.zeros((n, width, 4), device=dev),
-                                 torch.zeros((n, width), dtype=torch.bool, device=dev))
+                                 torch.zeros((n, width), dtype=torch.bool, device=dev),
+                                 keypoints=None if points is None else torch.zeros((n, width, *points), device=dev))
         else:
             first = torch.zeros((), dtype=torch.long, device=dev)
 
@@ -89,7 +91,7 @@ class GraphedAugment:
 
     def __call__(self, batch: SourceBatch) -> AugmentedBatch:
         """Copy ``batch`` into the graph's inputs or the pool's ring (device copies) and replay."""
-        batch.require_detection("GraphedAugment")
+        self.aug.check(batch, "GraphedAugment")
         first = self.pool.push(batch) if self.pool is not None else None  # before a capture: the ring exists
         key, width = self._padded(batch)
         cap = self._graphs.get(key)
@@ -107,6 +109,9 @@ class GraphedAugment:
             s.cls[:, :n].copy_(batch.cls, non_blocking=True)
             s.boxes[:, :n].copy_(batch.boxes, non_blocking=True)
             s.valid[:, :n].copy_(batch.valid, non_blocking=True)
+            if batch.keypoints is not None:
+                s.keypoints.zero_()
+                s.keypoints[:, :n].copy_(batch.keypoints, non_blocking=True)
         cap.graph.replay()
         return cap.output
 

@@ -26,6 +26,11 @@ class AugmentHyp:
         imgsz: output side; mosaic canvases are 2 * imgsz.
         mosaic_grid: 4 (Ultralytics' default 2x2) or 9 (its 3x3 ``Mosaic(n=9)`` variant). yolofeed-only:
             ``v8_transforms`` always uses 4.
+        kpt_shape: the pose task's (keypoints per instance, 2 or 3 values each), the data yaml's ``kpt_shape``;
+            None for a task without keypoints. Batches carry (x, y, visibility) either way: with 2 values the
+            visibility is derived when labels are read, as Ultralytics' ``verify_image_label`` does.
+        flip_idx: the data yaml's ``flip_idx``, the keypoint order after a flip (left and right swapped). Without
+            it a pose task does not flip: both flips are switched off with a warning, as ``v8_transforms`` does.
     """
 
     imgsz: int = 640
@@ -46,6 +51,8 @@ class AugmentHyp:
     close_mosaic: int = 10
     copy_paste: float = 0.0
     mosaic_grid: int = 4
+    kpt_shape: tuple[int, int] | None = None
+    flip_idx: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for k in PROBABILITIES:
@@ -56,16 +63,44 @@ class AugmentHyp:
             raise ConfigError(f"mosaic_grid={self.mosaic_grid}: expected 4 or 9")
         if self.imgsz < 32:
             raise ConfigError(f"imgsz={self.imgsz}: expected at least 32")
+        self._check_keypoints()
         if self.copy_paste:
             warnings.warn("copy_paste needs segment labels; yolofeed trains detection boxes and ignores it "
                           f"(copy_paste={self.copy_paste})", stacklevel=2)
 
+    def _check_keypoints(self) -> None:
+        """``kpt_shape`` and ``flip_idx`` as tuples, checked as ``v8_transforms`` checks them (frozen: set in place)."""
+        if self.kpt_shape is not None:
+            shape = tuple(int(v) for v in self.kpt_shape)
+            if len(shape) != 2 or shape[0] < 1 or shape[1] not in (2, 3):
+                raise ConfigError(f"kpt_shape={list(self.kpt_shape)}: expected [keypoints per instance, 2 or 3] "
+                                  "(the data yaml's kpt_shape, e.g. [17, 3])")
+            object.__setattr__(self, "kpt_shape", shape)
+        if self.flip_idx is not None:
+            object.__setattr__(self, "flip_idx", tuple(int(v) for v in self.flip_idx))
+        if self.kpt_shape is None:
+            if self.flip_idx:
+                raise ConfigError(f"flip_idx={list(self.flip_idx)} without kpt_shape: flip_idx orders keypoints, "
+                                  "give the data yaml's kpt_shape with it")
+            return
+        k = self.kpt_shape[0]
+        if self.flip_idx and (len(self.flip_idx) != k or not all(0 <= i < k for i in self.flip_idx)):
+            raise ConfigError(f"flip_idx={list(self.flip_idx)}: expected kpt_shape[0]={k} indices, each in 0..{k - 1} "
+                              "(the keypoint each one becomes after a flip), as in the data yaml")
+        if not self.flip_idx and (self.fliplr > 0 or self.flipud > 0):
+            warnings.warn("no flip_idx for the keypoints (data yaml): fliplr and flipud switched off, as Ultralytics' "
+                          f"v8_transforms does (fliplr={self.fliplr}, flipud={self.flipud})", stacklevel=4)
+            object.__setattr__(self, "fliplr", 0.0)
+            object.__setattr__(self, "flipud", 0.0)
+
     @classmethod
-    def from_args(cls, args: Any = None, **overrides: Any) -> AugmentHyp:
+    def from_args(cls, args: Any = None, data: dict | None = None, **overrides: Any) -> AugmentHyp:
         """Read the keys from Ultralytics training args (a namespace or dict); missing keys take the defaults.
 
         Args:
             args: e.g. ``trainer.args``; None uses Ultralytics' ``DEFAULT_CFG``.
+            data: the dataset's yaml, e.g. ``trainer.data``: where ``args.task`` is ``pose`` its ``kpt_shape`` and
+                ``flip_idx`` are read (Ultralytics' ``use_keypoints``); other tasks carry no keypoints.
         """
         from yolofeed.ultralytics_seam import get_cfg
 
@@ -74,6 +109,9 @@ class AugmentHyp:
         if "imgsz" in src and src["imgsz"] is not None:
             imgsz = src["imgsz"]
             values["imgsz"] = int(max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz)
+        if data is not None and src.get("task") == "pose":
+            values["kpt_shape"] = data.get("kpt_shape")
+            values["flip_idx"] = data.get("flip_idx") or None
         return cls(**(values | overrides))
 
     def closed(self) -> AugmentHyp:

@@ -3,9 +3,9 @@
 An op ``sample``s its random parameters (a small dataclass of per-row tensors), so a test can replay them through
 Ultralytics' CPU op. It applies them inside one of the two fused passes over pixels: a ``GeometricOp`` adds its
 step to the warp (mosaic's tiles, a (R, 3, 3) matrix, a flip's reflection), a ``PixelOp`` its term to compose
-(MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way; ``apply_keypoints``,
-``apply_angles`` and ``apply_masks`` are where pose, OBB and segmentation will move theirs. ``augment.pipeline``
-lists the ops in Ultralytics' order and fuses them.
+(MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way, ``apply_keypoints`` the pose
+task's keypoints; ``apply_angles`` and ``apply_masks`` are where OBB and segmentation will move theirs.
+``augment.pipeline`` lists the ops in Ultralytics' order and fuses them.
 """
 
 from __future__ import annotations
@@ -62,17 +62,31 @@ class Draw:
     partner: Tensor | None = None
 
 
+def clip_keypoints(kp: Tensor, w: Tensor | float, h: Tensor | float) -> Tensor:
+    """Ultralytics' ``Instances.clip`` for keypoints: visibility 0 where a point lies outside [0, w] x [0, h], then
+    x and y clipped to it.
+
+    Shape: kp (..., P, 3) pixel x, y, visibility; w, h: numbers, or tensors broadcastable to kp[..., 0].
+    """
+    x, y, v = kp.unbind(-1)
+    out = (x < 0) | (x > w) | (y < 0) | (y > h)
+    x, y = (c.clamp(min=0).minimum(hi) if isinstance(hi, Tensor) else c.clamp(0, hi) for c, hi in ((x, w), (y, h)))
+    return torch.stack([x, y, v.masked_fill(out, 0)], -1)
+
+
 @dataclass
 class Labels:
-    """Detection labels of each row, padded: the stored normalised xywh boxes before the mosaic, pixel xyxy after.
+    """The labels of each row, padded: the stored normalised xywh boxes before the mosaic, pixel xyxy after.
 
-    Shape: cls (R, K) float32; boxes (R, K, 4) float32; valid (R, K) bool. Pose, OBB and segmentation add their
-    kinds here (``schema.LABEL_KINDS``), each moved by the ops' hook for it.
+    Shape: cls (R, K) float32; boxes (R, K, 4) float32; valid (R, K) bool; keypoints (R, K, P, 3) float32 x, y
+    (normalised before the mosaic, pixels after) and visibility, or None (detection). OBB and segmentation will
+    add their kinds here (``schema.LABEL_KINDS``), each moved by the ops' hook for it.
     """
 
     cls: Tensor
     boxes: Tensor
     valid: Tensor
+    keypoints: Tensor | None = None
 
 
 @dataclass
@@ -119,7 +133,8 @@ class Op(ABC):
     takes_images = False
     mixes = False
     # The hooks for the label kinds detection does not carry (kornia's apply_transform_keypoint, _mask): None until
-    # pose, OBB and segmentation write them, op by op; until then GpuAugment refuses such batches (require_detection).
+    # a task writes them, op by op; GpuAugment refuses a batch of a kind some op has None for (pipeline.CARRIED).
+    # Every op of OPS moves keypoints (GeometricOp.apply_keypoints, PixelOp.apply_keypoints); angles and masks: none.
     apply_keypoints = None
     apply_angles = None
     apply_masks = None
@@ -144,6 +159,9 @@ class GeometricOp(Op):
     def apply_boxes(self, labels: Labels, plan: WarpPlan, p: Any, hyp: AugmentHyp) -> Labels:
         """The labels moved by this op's step (``plan`` as ``warp_step`` returned it)."""
 
+    # apply_keypoints(keypoints, plan, p, hyp) -> Tensor: the keypoints moved by this step, row-aligned with the
+    # boxes ``apply_boxes`` returns (they share its ``valid``). Called only where the batch carries keypoints.
+
 
 class PixelOp(Op):
     """An op that changes pixel values where they are: a term of the compose pass, one elementwise pass for all.
@@ -166,3 +184,8 @@ class PixelOp(Op):
     def apply_boxes(self, labels: Labels, rows: Labels, term: Any) -> Labels:
         """The samples' labels after this op (``term`` as ``compose_term`` returned it): unchanged by default."""
         return labels
+
+    def apply_keypoints(self, keypoints: Tensor, rows: Labels, term: Any) -> Tensor:
+        """The samples' (B, K, P, 3) keypoints after this op, row-aligned with ``apply_boxes``' labels: unchanged by
+        default (a mixing op adds its partner's). Called only where the batch carries keypoints."""
+        return keypoints

@@ -6,14 +6,17 @@
 fusion plan maps each op onto one pass: ``warp`` (the geometric ops: mosaic placement, perspective and flips,
 one sampling pass through the product of their steps), then ``compose`` (the pixel ops: MixUp, CutMix, HSV and
 the BGR swap, one elementwise pass). Boxes stay in padded (B, K, 4) tensors with a validity mask until
-``AugmentedBatch.to_ultralytics`` packs them into Ultralytics' collated form.
+``AugmentedBatch.to_ultralytics`` packs them into Ultralytics' collated form; the pose task's keypoints ride in
+(B, K, P, 3) beside them, each op's ``apply_keypoints`` after its ``apply_boxes``, sharing their ``valid``. A
+detection batch (keypoints None) runs no keypoint work and draws exactly what it drew before.
 
 Partners come from the source images (``Partners``): the batch itself, or a ``PartnerPool`` of the
 images loaded lately, as Ultralytics' buffer. MixUp and CutMix each blend in one more augmented row
 per sample (a fresh mosaic of one more image, as in Ultralytics), so with both on the warp samples 3B
 images. Flips are applied before mixing (each row its own), which changes nothing a detector can see:
 in Ultralytics a mixed pair shares one flip draw, here each half has its own; each half's flip is
-still a fair Bernoulli(fliplr) draw independent of its content.
+still a fair Bernoulli(fliplr) draw independent of its content. Keypoints likewise: each half is reflected and
+reordered by ``flip_idx`` with its own row's flip.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from yolofeed.augment.mix.mixup import MixUp, MixUpParams
 from yolofeed.augment.op import Draw, GeometricOp, Labels, Op, PixelOp, WarpPlan
 from yolofeed.augment.partners import Partners
 from yolofeed.augment.warp import warp
+from yolofeed.errors import ConfigError
 from yolofeed.kernels.compose import compose_reference
-from yolofeed.schema import AugmentedBatch, SourceBatch
+from yolofeed.schema import LABEL_KINDS, AugmentedBatch, SourceBatch
 
 # Ultralytics' v8_transforms, in its order. An augmentation is one op file and one line here, with its import
 # above (and its key in hyp.py): CONTRIBUTING.md, "An augmentation".
@@ -70,6 +74,8 @@ def fusion_plan(ops: tuple[Op, ...]) -> tuple[tuple[GeometricOp, ...], tuple[Pix
 
 
 WARP, COMPOSE = fusion_plan(OPS)
+# The label kinds beyond classes and boxes that every op has a hook for: a batch of any other kind is refused.
+CARRIED = tuple(k for k in LABEL_KINDS if all(callable(getattr(op, f"apply_{k}", None)) for op in OPS))
 
 
 class _Draws:
@@ -110,11 +116,12 @@ def compose(warped: Tensor, mixup: MixUpParams | None, cut: CutMixPlan | None, l
 class Geometry(Labels):
     """Every augmented row after the warp (mosaic, perspective and flips), before mixing.
 
-    Shape: img (R, 3, S, S) uint8; cls (R, K) float32; boxes (R, K, 4) float32 xyxy pixels; valid (R, K) bool.
-    R = B samples, then their MixUp partners, then their CutMix partners (``AugmentParams``).
+    Shape: img (R, 3, S, S) uint8; cls (R, K) float32; boxes (R, K, 4) float32 xyxy pixels; valid (R, K) bool;
+    keypoints (R, K, P, 3) float32 pixels and visibility, or None. R = B samples, then their MixUp partners, then
+    their CutMix partners (``AugmentParams``).
     """
 
-    img: Tensor
+    img: Tensor = dataclasses.field(kw_only=True)  # after Labels' optional keypoints
 
 
 class GpuAugment:
@@ -129,6 +136,26 @@ class GpuAugment:
 
     def __init__(self, hyp: AugmentHyp):
         self.hyp = hyp
+
+    def check(self, batch: SourceBatch, who: str = "GpuAugment") -> None:
+        """Refuse a batch whose labels the ops would drop or misread (host-side shapes only: no sync).
+
+        Keypoints need the data's ``kpt_shape`` in the settings (``AugmentHyp.kpt_shape``, with its ``flip_idx``):
+        without it a flip would reflect them without reordering left and right.
+        """
+        batch.require_only(who, CARRIED)
+        kp = batch.keypoints
+        if kp is None:
+            return
+        shape = self.hyp.kpt_shape
+        if shape is None:
+            raise ConfigError(f"{who}: this batch carries keypoints ({kp.shape[2]} per instance) and the augmentation "
+                              "was given no kpt_shape: pass the data yaml's kpt_shape and flip_idx "
+                              "(AugmentHyp.from_args(args, data=...), or AugmentHyp(kpt_shape=..., flip_idx=...))")
+        if kp.dim() != 4 or kp.shape[2] != shape[0] or kp.shape[3] != 3 or kp.shape[:2] != batch.valid.shape:
+            raise ConfigError(f"{who}: keypoints of shape {tuple(kp.shape)}, expected (images, label slots, "
+                              f"{shape[0]}, 3) = {(*batch.valid.shape, shape[0], 3)} for kpt_shape={list(shape)} "
+                              "(x, y and visibility, visibility derived where the data has 2 values)")
 
     @property
     def mixers(self) -> int:
@@ -164,15 +191,17 @@ class GpuAugment:
         return AugmentParams(size=batch_size, **draws)
 
     def geometry(self, sources: SourceBatch, p: AugmentParams) -> Geometry:
-        """The geometric ops on every augmented row: one warp pass, boxes through the same steps."""
+        """The geometric ops on every augmented row: one warp pass, boxes (and keypoints) through the same steps."""
+        self.check(sources)
         plan = WarpPlan(self.hyp.imgsz, sources.hw)
-        labels = Labels(sources.cls, sources.boxes, sources.valid)
+        labels = Labels(sources.cls, sources.boxes, sources.valid, sources.keypoints)
         for op in WARP:
             draws = getattr(p, op.name)
             plan = op.warp_step(plan, draws, self.hyp)
-            labels = op.apply_boxes(labels, plan, draws, self.hyp)
+            kp = None if labels.keypoints is None else op.apply_keypoints(labels.keypoints, plan, draws, self.hyp)
+            labels = dataclasses.replace(op.apply_boxes(labels, plan, draws, self.hyp), keypoints=kp)
         img = warp(sources.images, plan.tiles, plan.matrix, FlipParams(plan.ud, plan.lr), plan.size, plan.projective)
-        return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, img=img)
+        return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, keypoints=labels.keypoints, img=img)
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         """Apply drawn parameters: pure, so a test can replay them through Ultralytics.
@@ -182,18 +211,21 @@ class GpuAugment:
         """
         b = p.size
         rows = self.geometry(sources, p)
-        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b])
+        kp = rows.keypoints
+        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b], None if kp is None else kp[:b])
         terms = {}
         for op in COMPOSE:
             draws = getattr(p, op.name)
             terms[op.term] = term = op.compose_term(draws, labels, rows, self.hyp)
-            labels = op.apply_boxes(labels, rows, term)
-        return AugmentedBatch(compose(rows.img, rows=b, **terms), labels.cls, labels.boxes, labels.valid)
+            kp = None if labels.keypoints is None else op.apply_keypoints(labels.keypoints, rows, term)
+            labels = dataclasses.replace(op.apply_boxes(labels, rows, term), keypoints=kp)
+        return AugmentedBatch(compose(rows.img, rows=b, **terms), labels.cls, labels.boxes, labels.valid,
+                              keypoints=labels.keypoints)
 
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:
         """Augment a loaded batch; with ``pool``, push it there first and draw partners from the pool."""
-        batch.require_detection("GpuAugment")
+        self.check(batch)
         n, dev = batch.images.shape[0], batch.images.device
         if pool is None or not self.needs_partners:
             return self.apply(batch, self.sample(n, generator, dev))

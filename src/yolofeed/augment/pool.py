@@ -12,7 +12,8 @@ a ring of rows as it arrives (the copy the CUDA graph's input needed anyway, so 
 reaches back as far as Ultralytics' buffer would. The ring has ``max_batch`` rows more than the window,
 so a batch never overwrites an image one of its own samples may still draw.
 
-Memory: ``rows * imgsz**2 * 3`` bytes of images, 1.39 GB at 640 px for Ultralytics' cap (999 + 129 rows).
+Memory: ``rows * imgsz**2 * 3`` bytes of images, 1.39 GB at 640 px for Ultralytics' cap (999 + 129 rows); the
+labels, keypoints included, are small beside them.
 ``partner_pool=0`` (``within_batch``) takes partners from the batch itself and needs none.
 """
 
@@ -34,6 +35,11 @@ BATCHES_BUFFERED = 8  # ... and its batch multiple
 def ultralytics_capacity(n_images: int, batch: int) -> int:
     """Ultralytics' ``max_buffer_length`` for a training set of ``n_images`` and a per-rank ``batch``."""
     return min(n_images, BATCHES_BUFFERED * batch, MAX_BUFFER)
+
+
+def _keypoint_shape(batch: SourceBatch) -> tuple[int, ...] | None:
+    """(P, 3) of a batch's keypoints per label slot, None without keypoints."""
+    return None if batch.keypoints is None else tuple(batch.keypoints.shape[2:])
 
 
 class PartnerPool:
@@ -68,10 +74,12 @@ class PartnerPool:
         _, hm, wm, c = batch.images.shape
         width = -(-max(batch.valid.shape[1], 1) // LABEL_BUCKET) * LABEL_BUCKET
         dev, r = batch.images.device, self.rows
+        kp = batch.keypoints
         return SourceBatch(torch.zeros((r, hm, wm, c), dtype=torch.uint8, device=dev),
                            torch.ones((r, 2), dtype=torch.int64, device=dev) * min(hm, wm),
                            torch.zeros((r, width), device=dev), torch.zeros((r, width, 4), device=dev),
-                           torch.zeros((r, width), dtype=torch.bool, device=dev))
+                           torch.zeros((r, width), dtype=torch.bool, device=dev),
+                           keypoints=None if kp is None else torch.zeros((r, width, *kp.shape[2:]), device=dev))
 
     def push(self, batch: SourceBatch, ids: np.ndarray | None = None) -> int:
         """Copy a loaded batch into the ring (asynchronously, on the current stream).
@@ -91,6 +99,9 @@ class PartnerPool:
         if batch.images.shape[1:] != ring.images.shape[1:] or width > ring.valid.shape[1]:
             raise ValueError(f"batch images {tuple(batch.images.shape[1:])} with {width} label slots do not fit the "
                              f"partner pool's {tuple(ring.images.shape[1:])} and {ring.valid.shape[1]}")
+        if _keypoint_shape(batch) != _keypoint_shape(ring):
+            raise ValueError(f"batch keypoints {_keypoint_shape(batch)} per slot do not fit the partner pool's "
+                             f"{_keypoint_shape(ring)} (None: no keypoints): one pool serves one dataset")
         first, start = self.loaded, self.loaded % self.rows
         head = min(n, self.rows - start)
         for lo, count, at in ((start, head, 0), (0, n - head, head)):  # at most two runs: the ring wraps once
@@ -103,6 +114,8 @@ class PartnerPool:
             ring.cls[rows, :width].copy_(batch.cls[src], non_blocking=True)
             ring.boxes[rows, :width].copy_(batch.boxes[src], non_blocking=True)
             ring.valid[rows, :width].copy_(batch.valid[src], non_blocking=True)
+            if batch.keypoints is not None:
+                ring.keypoints[rows, :width].copy_(batch.keypoints[src], non_blocking=True)
             if ids is not None:
                 self.ids[rows] = np.asarray(ids)[src]
         self.loaded += n

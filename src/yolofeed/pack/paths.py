@@ -19,7 +19,6 @@ from yolofeed.errors import PackError
 from yolofeed.pack import codecs
 from yolofeed.pack.disk import current
 from yolofeed.pack.layout import HEADER_ERRORS, TASKS
-from yolofeed.ultralytics_seam import packaged
 
 LOGGER = logging.getLogger(__name__)
 
@@ -70,6 +69,8 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
     y = Path(yaml_file).resolve()
     key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
     cache = cache_root() / f"{y.stem}-{key}" / folder_name(y.stem, imgsz, format, task)
+    from yolofeed.ultralytics_seam import packaged  # here: reading a pack (store.py) loads no Ultralytics
+
     return [cache] if packaged(y) else [store_dir(y, imgsz, format, task=task), cache]
 
 

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -163,9 +164,18 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
                                  f"Free some space, or {MOVE_HINT}")
 
 
+def _format_from_storage(format: str, storage: str | None) -> str:
+    """``storage=``, the keyword's name before ``format=``: warns, then means ``format=``."""
+    if storage is None:
+        return format
+    warnings.warn("storage= is deprecated: use format=", DeprecationWarning, stacklevel=3)
+    return storage
+
+
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
-                 progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect") -> BuildResult:
+                 progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect", *,
+                 storage: str | None = None) -> BuildResult:
     """Open the pack of one split, building it if asked to.
 
     Args:
@@ -186,6 +196,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
             writable folder; the disk is full.
         DatasetError: the data yaml or the split is unusable.
     """
+    format = _format_from_storage(format, storage)
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
     d = data if isinstance(data, dict) else load_data_yaml(data)
@@ -244,14 +255,16 @@ def _remove_leftovers_if_idle(folder: Path) -> None:
 
 def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                   out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
-                  progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect") -> Pack:
+                  progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect", *,
+                  storage: str | None = None) -> Pack:
     """The pack of one split, valid for ``imgsz``/``format`` and the current source files.
 
     Says what ``yolofeed pack`` says: the summary after a build (a warning when images were
     skipped: their reasons and the report file), and a one-line reminder of skipped images when an
     existing pack is reused. See ``ensure_split`` for the arguments and errors.
     """
-    r = ensure_split(data, split, imgsz, format, out, rebuild, workers, progress, sync, verify, task)
+    r = ensure_split(data, split, imgsz, _format_from_storage(format, storage), out, rebuild, workers, progress, sync,
+                     verify, task)
     skipped = r.pack.header["skipped"]
     if r.built:
         (LOGGER.warning if skipped else LOGGER.info)(summary(r))

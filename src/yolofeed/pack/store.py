@@ -31,6 +31,7 @@ import logging
 import mmap
 import os
 import stat
+import warnings
 import zlib
 from functools import cached_property
 from pathlib import Path
@@ -96,6 +97,10 @@ class _ReadFile:
     def __del__(self) -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.close(self.fd)
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
 
 
 class Pack:
@@ -295,6 +300,25 @@ class Pack:
     def format(self) -> str:
         """The pack's format (the header's key ``storage``, kept from packs already written): it picks the codec."""
         return self.header["storage"]
+
+    # -- names of the API before the format's codec owned its gather (they warn, then work as before) ------------
+    @property
+    def storage(self) -> str:
+        """Deprecated: ``format``."""
+        _renamed("Pack.storage", "Pack.format")
+        return self.format
+
+    def gather(self, indices: Any, out: Any) -> np.ndarray:
+        """Deprecated: ``pack.codec.gather(pack, indices, out)``."""
+        _renamed("Pack.gather(indices, out)", "pack.codec.gather(pack, indices, out)")
+        return self.codec.gather(self, np.asarray(indices, dtype=np.int64), out)
+
+    def gather_encoded(self, indices: Any, out: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Deprecated: ``yolofeed.pack.codecs.jpeg.gather_encoded(pack, indices, out)``."""
+        from yolofeed.pack.codecs.jpeg import gather_encoded
+
+        _renamed("Pack.gather_encoded(indices, out)", "yolofeed.pack.codecs.jpeg.gather_encoded(pack, indices, out)")
+        return gather_encoded(self, indices, out)
 
     @property
     def task(self) -> str:

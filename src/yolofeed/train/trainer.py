@@ -1,4 +1,4 @@
-"""The Ultralytics seam: ``DetectionTrainer`` fed from packs and augmented on the GPU.
+"""Ultralytics' trainer fed from packs and augmented on the GPU: ``FastTrainer``, and ``FastDetectionTrainer``.
 
 Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
 schedulers, validation, checkpoints, results.csv, resume and DDP. Only these things change:
@@ -70,13 +70,13 @@ from yolofeed.ultralytics_seam import (
 )
 
 
-class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
-    """``DetectionTrainer`` with a GPU-resident data pipeline.
+class FastTrainer(SyncFreeStep):
+    """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
 
-    Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
-    ``yolofeed train``. Pack options are class attributes (Ultralytics rejects unknown training
-    keys); ``FastDetectionTrainer.with_options(pack_dir="/fast/ssd")`` makes a configured subclass,
-    which Ultralytics' DDP launch pickles by value, so every rank sees the same options.
+    A task's trainer is this mixin and Ultralytics' trainer of that task: the pack, the loaders, the augmentation,
+    the step, checkpoints and validation are the same for every task; what differs is what the batches carry.
+    Pack options are class attributes (Ultralytics rejects unknown training keys); ``with_options(pack_dir=...)``
+    makes a configured subclass, which Ultralytics' DDP launch pickles by value, so every rank sees the same options.
     """
 
     pack_format: str = codecs.AUTO  # how the pack stores images: a yolofeed.pack.codecs name; auto: chosen by size
@@ -92,7 +92,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
 
     @classmethod
-    def with_options(cls, **given: Any) -> type[FastDetectionTrainer]:
+    def with_options(cls, **given: Any) -> type[FastTrainer]:
         """A subclass with options set, e.g. ``with_options(pack_rebuild="never", pack_dir="/fast/ssd")``.
 
         The run records every option in ``<run>/yolofeed.yaml`` and a resume restores them (train/options.py); one
@@ -123,7 +123,7 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
-        self.add_callback("on_pretrain_routine_end", FastDetectionTrainer._warm_up)
+        self.add_callback("on_pretrain_routine_end", type(self)._warm_up)  # a subclass's own, if it has one
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""
@@ -386,6 +386,14 @@ class FastDetectionTrainer(SyncFreeStep, DetectionTrainer):
         LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
         self.hyp = self.hyp.closed()
         self._augment = None
+
+
+class FastDetectionTrainer(FastTrainer, DetectionTrainer):
+    """``DetectionTrainer`` with a GPU-resident data pipeline.
+
+    Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
+    ``yolofeed train``; ``FastDetectionTrainer.with_options(pack_dir="/fast/ssd")`` sets yolofeed's options.
+    """
 
 
 def python_route(name: str, value: Any) -> str | None:

@@ -1,15 +1,16 @@
 """The geometric ops, one per file; they move pixels, so each is a step of the one warp pass.
 
 ``mosaic`` places tiles on a canvas, ``perspective`` maps the canvas to the output by one (R, 3, 3) matrix,
-``flip`` reflects the output; each moves the boxes the same way. The pass itself is ``augment.warp``.
+``flip`` reflects the output; each moves the boxes and keypoints the same way. The pass itself is ``augment.warp``.
 """
 
-from yolofeed.augment.geometry.flip import FlipParams, RandomFlip, flip_axis, flip_boxes
+from yolofeed.augment.geometry.flip import FlipParams, RandomFlip, flip_axis, flip_boxes, flip_keypoints
 from yolofeed.augment.geometry.mosaic import (
     Layout,
     Mosaic,
     MosaicParams,
     mosaic_boxes,
+    mosaic_keypoints,
     mosaic_layout,
     sample_mosaic,
     xywhn_to_xyxy,
@@ -22,8 +23,10 @@ from yolofeed.augment.geometry.perspective import (
     sample_perspective,
     transform_boxes,
     warp_boxes,
+    warp_keypoints,
 )
 
 __all__ = ["FlipParams", "Layout", "Mosaic", "MosaicParams", "PerspectiveParams", "RandomFlip", "RandomPerspective",
-           "box_candidates", "flip_axis", "flip_boxes", "mosaic_boxes", "mosaic_layout", "perspective_matrix",
-           "sample_mosaic", "sample_perspective", "transform_boxes", "warp_boxes", "xywhn_to_xyxy"]
+           "box_candidates", "flip_axis", "flip_boxes", "flip_keypoints", "mosaic_boxes", "mosaic_keypoints",
+           "mosaic_layout", "perspective_matrix", "sample_mosaic", "sample_perspective", "transform_boxes",
+           "warp_boxes", "warp_keypoints", "xywhn_to_xyxy"]

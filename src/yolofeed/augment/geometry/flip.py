@@ -2,7 +2,8 @@
 
 A flip is the warp's last step, a reflection of the output index (x -> S - 1 - x) rather than a matrix: that
 moves whole pixels, exactly as ``np.fliplr`` after the warp does, where a matrix would resample them. Boxes
-reflect about the image edges (x -> S - x, ``Instances.fliplr``).
+reflect about the image edges (x -> S - x, ``Instances.fliplr``), keypoints too, and a flipped row's keypoints
+take the data's ``flip_idx`` order (left and right swapped), on either flip as Ultralytics' ``RandomFlip`` does.
 """
 
 from __future__ import annotations
@@ -39,6 +40,25 @@ def flip_axis(boxes: Tensor, flip: Tensor, size: int, axis: int) -> Tensor:
     return torch.stack([x1, y1, x2, y2], -1)
 
 
+def flip_keypoints(keypoints: Tensor, flip: Tensor, size: int, axis: int,
+                   flip_idx: tuple[int, ...] | None) -> Tensor:
+    """Reflect the keypoints of flipped rows along x (``axis`` 0) or y (1), c -> size - c, and reorder them by
+    ``flip_idx`` (``RandomFlip.apply_instances``: ``keypoints[:, flip_idx]``); visibility unchanged.
+
+    Shape: keypoints (B, K, P, 3); flip (B,) bool. Returns (B, K, P, 3).
+    """
+    on = flip[:, None, None]
+    x, y, v = keypoints.unbind(-1)
+    if axis == 0:
+        x = torch.where(on, size - x, x)
+    else:
+        y = torch.where(on, size - y, y)
+    moved = torch.stack([x, y, v], -1)
+    if flip_idx:  # a stack of views (one copy kernel): indexing by a list would copy it from the host
+        moved = torch.where(on[..., None], torch.stack([moved[:, :, j] for j in flip_idx], 2), moved)
+    return moved
+
+
 def flip_boxes(boxes: Tensor, p: FlipParams, size: int) -> Tensor:
     """Both flips of ``p`` (``Instances.flipud``, then ``fliplr``)."""
     return flip_axis(flip_axis(boxes, p.ud, size, 1), p.lr, size, 0)
@@ -67,3 +87,6 @@ class RandomFlip(GeometricOp):
 
     def apply_boxes(self, labels: Labels, plan: WarpPlan, p: Tensor, hyp: AugmentHyp) -> Labels:
         return dataclasses.replace(labels, boxes=flip_axis(labels.boxes, p, hyp.imgsz, self.axis))
+
+    def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: Tensor, hyp: AugmentHyp) -> Tensor:
+        return flip_keypoints(keypoints, p, hyp.imgsz, self.axis, hyp.flip_idx)

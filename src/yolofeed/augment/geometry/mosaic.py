@@ -2,7 +2,8 @@
 
 It places tiles by integer offsets on a canvas (``Layout``: where each tile's pixels land); the warp never builds
 the canvas, it looks each output pixel's neighbours up in the tile that covers them (``kernels/warp.py``). The
-boxes: every tile's stored boxes on the canvas, clipped to it (``mosaic_boxes``). Everything is batched; loops run
+boxes: every tile's stored boxes on the canvas, clipped to it (``mosaic_boxes``); their keypoints the same way, a
+point off the canvas made invisible (``mosaic_keypoints``). Everything is batched; loops run
 over the 4 or 9 tiles, never over samples.
 """
 
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.hyp import AugmentHyp
-from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, coin, uniform
+from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, coin, uniform
 from yolofeed.augment.partners import Partners
 
 
@@ -160,6 +161,27 @@ def mosaic_boxes(layout: Layout, boxes: Tensor, valid: Tensor, hw: Tensor) -> tu
     return torch.where(m[..., None], clipped, xyxy), ok & torch.where(m, area_ok, torch.ones_like(area_ok))
 
 
+def mosaic_keypoints(layout: Layout, keypoints: Tensor, hw: Tensor) -> Tensor:
+    """Every tile's keypoints on the canvas (``Mosaic._update_labels``: denormalise, then add the tile's offset),
+    clipped to it on mosaic samples (``_cat_labels``' ``Instances.clip``: visibility 0 off the canvas).
+
+    Args:
+        keypoints: (N, L, P, 3) normalised x, y and visibility of the batch's images. hw: (N, 2) stored (h, w).
+
+    Returns:
+        (B, T*L, P, 3) float32 canvas pixels, row-aligned with ``mosaic_boxes``.
+    """
+    b = len(layout.src)
+    kp = keypoints[layout.src]  # (B, T, L, P, 3)
+    size = hw[layout.src].to(kp.dtype)  # (B, T, 2) h, w
+    pad = layout.pad.to(kp.dtype)  # (B, T, 2) x, y
+    x = kp[..., 0] * size[:, :, None, None, 1] + pad[:, :, None, None, 0]  # float32 x * w, then + padw, as numpy
+    y = kp[..., 1] * size[:, :, None, None, 0] + pad[:, :, None, None, 1]
+    kp = torch.stack([x, y, kp[..., 2]], -1).reshape(b, -1, *kp.shape[-2:])
+    ch, cw = (layout.canvas_hw[:, j, None, None].to(kp.dtype) for j in (0, 1))
+    return torch.where(layout.mosaic[:, None, None, None], clip_keypoints(kp, cw, ch), kp)
+
+
 class Mosaic(GeometricOp):
     """Ultralytics' ``Mosaic``: each row's canvas of its own image and ``mosaic_grid - 1`` partners, by ``mosaic``."""
 
@@ -179,3 +201,7 @@ class Mosaic(GeometricOp):
         layout = plan.tiles
         boxes, valid = mosaic_boxes(layout, labels.boxes, labels.valid, plan.hw)
         return Labels(labels.cls[layout.src].reshape(len(layout.src), -1), boxes, valid)
+
+    def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: MosaicParams, hyp: AugmentHyp) -> Tensor:
+        """The stored keypoints of each row's tiles, on its canvas: (N, L, P, 3) -> (R, T * L, P, 3)."""
+        return mosaic_keypoints(plan.tiles, keypoints, plan.hw)

@@ -2,8 +2,10 @@
 
 ``M = T @ S @ R @ P @ C`` (Ultralytics' order) maps mosaic canvas pixels to output pixels; the warp samples
 the image through it once, and the boxes go through the same matrix here (their corners, then the hull, clipped
-and filtered as ``box_candidates``). The draws are float64 like Python's ``random``, the matrix float32 like
-OpenCV's, so the warp reproduces ``cv2.warpAffine`` / ``warpPerspective`` bit for bit.
+and filtered as ``box_candidates``), the keypoints too (``warp_keypoints``: a point that leaves the output is
+made invisible; a filtered box takes its keypoints with it, as they share its slot). The draws are float64 like
+Python's ``random``, the matrix float32 like OpenCV's, so the warp reproduces ``cv2.warpAffine`` /
+``warpPerspective`` bit for bit.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.hyp import AugmentHyp
-from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, matmul3, uniform
+from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, matmul3, uniform
 
 BOX_WH_MIN = 2.0  # Ultralytics box_candidates: width and height must exceed 2 px
 BOX_AR_MAX = 100.0  # ... aspect ratio below 100
@@ -114,6 +116,18 @@ def warp_boxes(boxes: Tensor, valid: Tensor, M: Tensor, scale: Tensor, size: int
     return new, valid & box_candidates(old, new)
 
 
+def warp_keypoints(keypoints: Tensor, M: Tensor, size: int) -> Tensor:
+    """Ultralytics' ``apply_keypoints`` then ``Instances.clip``: each point through ``M`` with the perspective divide
+    (always: by exactly 1 for an affine ``M``), visibility 0 where it left the output, x and y clipped to it.
+
+    Shape: keypoints (B, K, P, 3) canvas pixels and visibility; M (B, 3, 3). Returns (B, K, P, 3) output pixels.
+    """
+    xy1 = torch.cat([keypoints[..., :2], torch.ones_like(keypoints[..., :1])], -1)  # (B, K, P, 3)
+    out = xy1 @ M.transpose(1, 2)[:, None]
+    xy = out[..., :2] / out[..., 2:3]
+    return clip_keypoints(torch.cat([xy, keypoints[..., 2:3]], -1), size, size)
+
+
 class RandomPerspective(GeometricOp):
     """Ultralytics' ``RandomPerspective`` (``degrees``, ``translate``, ``scale``, ``shear``, ``perspective``): always
     on, the identity where they are all 0; ``perspective != 0`` switches to warpPerspective, as Ultralytics does."""
@@ -130,3 +144,6 @@ class RandomPerspective(GeometricOp):
     def apply_boxes(self, labels: Labels, plan: WarpPlan, p: PerspectiveParams, hyp: AugmentHyp) -> Labels:
         boxes, valid = warp_boxes(labels.boxes, labels.valid, plan.step, p.scale.float(), hyp.imgsz, plan.projective)
         return dataclasses.replace(labels, boxes=boxes, valid=valid)
+
+    def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: PerspectiveParams, hyp: AugmentHyp) -> Tensor:
+        return warp_keypoints(keypoints, plan.step, hyp.imgsz)

@@ -1,8 +1,9 @@
 """Ultralytics' ``CutMix``: a rectangle of a partner pasted into each sample where it covers none of its boxes.
 
 As MixUp, the partner is one more augmented row per sample (``Partners.mix_partner``). ``plan_cutmix`` is
-``CutMix.get_params`` + ``apply_instances`` for every sample at once: the area and the partner boxes it takes;
-the paste is a term of the compose pass.
+``CutMix.get_params`` + ``apply_instances`` for every sample at once: the area and the partner boxes it takes
+(their keypoints clipped to the area, invisible outside it: ``cutmix_keypoints``); the paste is a term of the
+compose pass.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.hyp import AugmentHyp
-from yolofeed.augment.op import Draw, Labels, PixelOp, coin
+from yolofeed.augment.op import Draw, Labels, PixelOp, clip_keypoints, coin
 
 CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image
 CUTMIX_IOA = 0.10  # a partner box is taken if at least 10 % of it lies in the cut region
@@ -104,6 +105,23 @@ def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Te
     return CutMixPlan(apply, a, take & apply[:, None], clipped, p.partner)
 
 
+def cutmix_keypoints(plan: CutMixPlan, partner_keypoints: Tensor) -> Tensor:
+    """``CutMix.apply_instances`` for keypoints: the partner's, moved to the area's corner, clipped to the area
+    (visibility 0 outside it), moved back, as Ultralytics does around ``Instances.clip``.
+
+    Args:
+        partner_keypoints: every augmented row's own (R, K2, P, 3) pixel keypoints before mixing.
+
+    Returns:
+        (B, K2, P, 3), row-aligned with ``plan.boxes`` (``plan.take`` says which are pasted).
+    """
+    kp = partner_keypoints[plan.partner]
+    x1, y1, x2, y2 = (plan.area[:, j, None, None].to(kp.dtype) for j in range(4))
+    local = torch.stack([kp[..., 0] - x1, kp[..., 1] - y1, kp[..., 2]], -1)  # add_padding(-x1, -y1)
+    x, y, v = clip_keypoints(local, x2 - x1, y2 - y1).unbind(-1)
+    return torch.stack([x + x1, y + y1, v], -1)
+
+
 class CutMix(PixelOp):
     """Ultralytics' ``CutMix`` with probability ``cutmix``."""
 
@@ -125,3 +143,7 @@ class CutMix(PixelOp):
         return dataclasses.replace(labels, cls=torch.cat([labels.cls, rows.cls[term.partner]], 1),
                                    boxes=torch.cat([labels.boxes, term.boxes], 1),
                                    valid=torch.cat([labels.valid, term.take], 1))
+
+    def apply_keypoints(self, keypoints: Tensor, rows: Labels, term: CutMixPlan | None) -> Tensor:
+        """The partner's keypoints in the pasted area, after the sample's, in its boxes' slots."""
+        return keypoints if term is None else torch.cat([keypoints, cutmix_keypoints(term, rows.keypoints)], 1)

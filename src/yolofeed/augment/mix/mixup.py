@@ -2,7 +2,7 @@
 
 The partner is a fresh mosaic + perspective of one more image, as in Ultralytics: the pipeline augments one
 extra row per sample for it (``Partners.mix_partner``) and ``partner`` names that row. The blend is a term of
-the compose pass; the partner's boxes join the sample's.
+the compose pass; the partner's boxes (and keypoints) join the sample's.
 """
 
 from __future__ import annotations
@@ -66,3 +66,7 @@ class MixUp(PixelOp):
         return dataclasses.replace(labels, cls=torch.cat([labels.cls, rows.cls[j]], 1),
                                    boxes=torch.cat([labels.boxes, rows.boxes[j]], 1),
                                    valid=torch.cat([labels.valid, rows.valid[j] & term.apply[:, None]], 1))
+
+    def apply_keypoints(self, keypoints: Tensor, rows: Labels, term: MixUpParams | None) -> Tensor:
+        """The partner's keypoints after the sample's (``Instances.concatenate``), in its boxes' slots."""
+        return keypoints if term is None else torch.cat([keypoints, rows.keypoints[term.partner]], 1)
