@@ -34,7 +34,7 @@ SETUP = dict(
     agnostic_nms=True, nms=None, dnn=False, show_labels=False, show_conf=False, plots=False, dis=5.0, quantize=None,
 )
 ELSEWHERE = {
-    "task": "test_every_refusal_stops_the_run_before_anything_is_built (segment, pose and obb models)",
+    "task": "test_every_refusal_stops_the_run_before_anything_is_built (segment and obb models); test_train_pose.py",
     "mode": "always train",
     "model": "both set-ups build yolo11n.yaml; test_model_task_is_read_from_the_yaml",
     "data": "both set-ups use the synthetic data yaml; a list is refused",
@@ -45,6 +45,8 @@ ELSEWHERE = {
     "resume": "test_train_cli.py::test_resume_forms and test_train.py::test_cli_resumes_a_killed_run",
     "distill_model": "refused", "augmentations": "refused", "copy_paste": "refused above 0",
     "rect": "refused when True",
+    **{k: "test_train_pose.py::test_the_keypoint_loss_gains_reach_ultralytics_pose_loss_unchanged"
+       for k in ("pose", "kobj", "rle")},
 }
 
 

@@ -34,14 +34,14 @@ if _LOGGER.level == logging.NOTSET:  # a level the user set before importing yol
     _LOGGER.setLevel(logging.INFO)
 _LOGGER.addHandler(_UntilConfigured())
 
-__all__ = ["__version__", "ConfigError", "DatasetError", "FastDetectionTrainer", "PackError", "StalePackError",
-           "YolofeedError"]
+__all__ = ["__version__", "ConfigError", "DatasetError", "FastDetectionTrainer", "FastPoseTrainer", "PackError",
+           "StalePackError", "YolofeedError"]
 
 
 def __getattr__(name: str):
     """``yolofeed.FastDetectionTrainer`` without importing torch and Ultralytics for ``yolofeed help``."""
-    if name == "FastDetectionTrainer":
-        from yolofeed.train import FastDetectionTrainer
+    if name in ("FastDetectionTrainer", "FastPoseTrainer"):
+        from yolofeed import train
 
-        return FastDetectionTrainer
+        return getattr(train, name)
     raise AttributeError(f"module 'yolofeed' has no attribute {name!r}")

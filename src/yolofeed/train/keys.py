@@ -69,9 +69,9 @@ PREDICT = "prediction, tracking or export only"
 
 RULES: dict[str, Rule] = {
     # what and where
-    "task": Rule(OURS, "detect", lambda v: v not in (None, "detect"), "any other task",
-                 "yolofeed trains detection models only. Train this model with 'yolo train' (same keys), or pick "
-                 "a detection model such as model=yolo11n.yaml"),
+    "task": Rule(OURS, "detect, pose", lambda v: v not in (None, "detect", "pose"), "any other task",
+                 "yolofeed trains detection and pose models (oriented boxes, segmentation and classification not "
+                 "yet). Train this model with 'yolo train' (same keys), or pick one such as model=yolo11n.yaml"),
     "mode": Rule(STOCK, "train"),
     "model": Rule(STOCK, "a detection model yaml or .pt, built or loaded by Ultralytics (other tasks: see task)"),
     "data": Rule(OURS, "one Ultralytics detection data yaml, a local file; packs are built from it on first use",
@@ -168,9 +168,11 @@ RULES: dict[str, Rule] = {
                                             "visualize", "augment", "agnostic_nms", "nms", "dnn", "show_labels",
                                             "show_conf")},
     "plots": Rule(STOCK, "Ultralytics' plots (label plots from the loader's labels)"),
+    # pose: the loss's keypoint gains, Ultralytics' PoseTrainer's
+    **{k: Rule(STOCK, "pose only: the keypoint loss's gains (FastPoseTrainer)") for k in ("pose", "kobj", "rle")},
     # other tasks
-    **{k: Rule(UNUSED, "segmentation, pose, OBB, classification or depth only") for k in (
-        "overlap_mask", "mask_ratio", "dropout", "pose", "kobj", "rle", "angle", "dlog", "dgrad", "dlam",
+    **{k: Rule(UNUSED, "segmentation, OBB, classification or depth only") for k in (
+        "overlap_mask", "mask_ratio", "dropout", "angle", "dlog", "dgrad", "dlam",
         "auto_augment", "erasing")},
     # prediction and export
     **{k: Rule(UNUSED, PREDICT) for k in (
@@ -192,21 +194,40 @@ def refusal(args: Any) -> str | None:
     return None
 
 
-def check(args: Any) -> None:
+TRAINED = {"detect": "FastDetectionTrainer", "pose": "FastPoseTrainer"}  # the tasks yolofeed trains, and their trainer
+KIND = {"detect": "detection", "segment": "segmentation", "obb": "oriented-box", "classify": "classification"}
+
+
+def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
     """Raise on the first refused value, model task included (before anything is built).
+
+    Args:
+        carried: the tasks the trainer at hand trains (``FastDetectionTrainer``: detect; ``yolofeed train``: any in
+            ``TRAINED``, it picks the trainer by the model's task).
 
     Raises:
         ConfigError: a refused value; its message says why and what to do.
     """
     model, asked = value_of(args, "model"), value_of(args, "task")
-    task = model_task(model, asked)
-    if task != "detect":
-        if asked == task and model_task(model, None) == "detect":  # a detection model: task= alone is the problem
-            raise ConfigError(f"task={task}: yolofeed trains detection models only, and model={model} is a detection "
-                              f"model: drop task= (or pass task=detect). To train a {task} model use 'yolo train'")
+    task, own = model_task(model, asked), model_task(model, None)
+    if own != "detect" and own != task:  # the model's head is of another task than the one asked (a trainer's own)
+        task = own
+    if task not in carried:
+        if asked == task and own in carried:  # the model is of a carried task: task= is the problem
+            raise ConfigError(f"task={task}: model={model} is a {KIND.get(own, own)} model: drop task= (or pass "
+                              f"task={own})")
+        if task in TRAINED:
+            raise ConfigError(f"model={model} is a {KIND.get(task, task)} model: train it with yolofeed's "
+                              f"{TRAINED[task]} (YOLO(...).train(trainer={TRAINED[task]}), or yolofeed train, which "
+                              "picks it)")
         raise ConfigError(f"task={task} (model={model}): {RULES['task'].reason}")
-    if (why := refusal(args)) is not None:
+    if (why := refusal({**args, "task": None} if isinstance(args, dict) else _without_task(args))) is not None:
         raise ConfigError(why)
+
+
+def _without_task(args: Any) -> dict[str, Any]:
+    """Ultralytics' arguments as a dict, the task (checked above) left out."""
+    return {k: v for k, v in vars(args).items() if k != "task"}
 
 
 def model_task(model: Any, task: str | None) -> str:

@@ -88,7 +88,7 @@ def record(save_dir: str | os.PathLike, options: dict[str, Any]) -> Path:
 
     path = Path(save_dir) / FILE
     body = yaml.safe_dump({k: normal(k, options[k]) for k in OPTIONS if k in options}, sort_keys=False)
-    write_atomically(path, (f"# yolofeed {__version__}: FastDetectionTrainer's options of this run, restored when it "
+    write_atomically(path, (f"# yolofeed {__version__}: the trainer's options of this run, restored when it "
                             "resumes (an option given again then wins)\n" + body).encode())
     return path
 

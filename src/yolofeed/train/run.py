@@ -1,4 +1,5 @@
-"""``yolofeed train``: ``YOLO(model).train(trainer=FastDetectionTrainer, ...)`` with a speed summary."""
+"""``yolofeed train``: ``YOLO(model).train(trainer=FastDetectionTrainer, ...)`` with a speed summary (the trainer
+of the model's task: ``FastPoseTrainer`` for a pose model)."""
 
 from __future__ import annotations
 
@@ -216,7 +217,7 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
 
 def run(cfg: TrainConfig) -> Path:
     """Train; returns the path of the best weights."""
-    from yolofeed.train.trainer import FastDetectionTrainer, check_data_yaml
+    from yolofeed.train.trainer import TRAINERS, FastTrainer, check_data_yaml
 
     reserved = {"trainer", "model"} & set(cfg.extra)
     if reserved:
@@ -228,7 +229,7 @@ def run(cfg: TrainConfig) -> Path:
                           "missing)")
     checkpoint = resume_checkpoint(cfg)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
-    # (and prints it); FastDetectionTrainer.check_resume checks the final arguments again, and the packs
+    # (and prints it); the trainer's check_resume checks the final arguments again, and the packs
     keys.check({**cfg.extra, "model": checkpoint or cfg.model, "data": cfg.data})
     if cfg.data and not checkpoint:
         check_data_yaml(cfg.data, cfg.extra.get("split") or "val")
@@ -255,8 +256,9 @@ def run(cfg: TrainConfig) -> Path:
         recorded = options.read(options.file_for(checkpoint, model.ckpt.get("train_args", {}).get("save_dir")))
     monitor = monitor_options(cfg, given, recorded)
     # only the options given: on resume the trainer restores the others from the run (train/options.py)
-    trainer = FastDetectionTrainer.with_options(**{k: getattr(cfg, k) for k in TRAINER_KEYS if k in given},
-                                                monitor=monitor)
+    task = keys.model_task(checkpoint or cfg.model, cfg.extra.get("task"))
+    trainer = TRAINERS[task].with_options(**{k: getattr(cfg, k) for k in TRAINER_KEYS if k in given},
+                                           monitor=monitor)
     if monitor is not None:
         attach(model, **monitor)
     speed = RunThroughput()  # under DDP its callbacks run in the ranks, which report back (monitor/throughput.py)
@@ -266,7 +268,7 @@ def run(cfg: TrainConfig) -> Path:
         model.train(trainer=trainer, **kwargs)
     except KeyboardInterrupt:  # Ctrl-C: the CLI says "interrupted" and this, in one line
         tr = model.trainer
-        saved = tr.resumable_checkpoint() if isinstance(tr, FastDetectionTrainer) else None
+        saved = tr.resumable_checkpoint() if isinstance(tr, FastTrainer) else None
         raise KeyboardInterrupt(f"the last finished epoch is in {saved}; continue with: "
                                 f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
                                 "no epoch was saved yet") from None

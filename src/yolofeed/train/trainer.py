@@ -53,6 +53,7 @@ from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
     DetectionTrainer,
+    PoseTrainer,
     check_det_dataset,
     checkpoint,
     data_complete,
@@ -79,6 +80,7 @@ class FastTrainer(SyncFreeStep):
     makes a configured subclass, which Ultralytics' DDP launch pickles by value, so every rank sees the same options.
     """
 
+    carried_task: str = "detect"  # the task of Ultralytics' trainer this mixin sits before (keys.TRAINED)
     pack_format: str = codecs.AUTO  # how the pack stores images: a yolofeed.pack.codecs name; auto: chosen by size
     pack_rebuild: str = "auto"  # build missing or stale packs; "check": also label contents; "never" refuses them
     pack_dir: str | None = None  # default: beside the data yaml
@@ -116,7 +118,7 @@ class FastTrainer(SyncFreeStep):
             if not attached(self.callbacks):  # yolofeed train attaches it to the model, which hands it over
                 attach(self, **self.monitor)
         # the side Ultralytics will train at, for the default stride; get_dataloader refits it to the model's
-        self.hyp = AugmentHyp.from_args(self.args, imgsz=train_side(self.args.imgsz))
+        self.hyp = AugmentHyp.from_args(self.args, data=self.data, imgsz=train_side(self.args.imgsz))
         self._augment = None
         self._pool: PartnerPool | None = None
         self.batch_images = 0  # images in the last batch handed to the step (the throughput counts real images)
@@ -138,7 +140,7 @@ class FastTrainer(SyncFreeStep):
         super().check_resume(overrides)
         if self.resume:
             self._restore_options()
-        keys.check(self.args)
+        keys.check(self.args, carried=(self.carried_task,))
         self.args.device = keys.check_device(self.args.device)
         if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
             self._check_data()
@@ -189,7 +191,8 @@ class FastTrainer(SyncFreeStep):
         rebuild = self.pack_rebuild if sure else "auto"
         # every pack the run will build, its space counted together: one at a time, the val pack used to fail for
         # want of room once the train pack was written
-        check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir, rebuild)
+        check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir, rebuild,
+                     self.args.task)
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:
@@ -202,7 +205,8 @@ class FastTrainer(SyncFreeStep):
         imgsz = self.args.imgsz if isinstance(self.args.imgsz, int) else max(self.args.imgsz)
         with torch_distributed_zero_first(rank):  # rank 0 builds a missing pack, the others wait and open it
             return open_or_build(data_yaml(self), split, int(imgsz), format=self.pack_format,
-                                 out=self.pack_dir, rebuild=self.pack_rebuild, progress=rank in (-1, 0))
+                                 out=self.pack_dir, rebuild=self.pack_rebuild, progress=rank in (-1, 0),
+                                 task=self.args.task)
 
     def get_dataloader(self, dataset_path: Any, batch_size: int = 16, rank: int = 0, mode: str = "train"):
         pack = self._pack(self._split_of(dataset_path), rank)
@@ -394,6 +398,20 @@ class FastDetectionTrainer(FastTrainer, DetectionTrainer):
     Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
     ``yolofeed train``; ``FastDetectionTrainer.with_options(pack_dir="/fast/ssd")`` sets yolofeed's options.
     """
+
+
+class FastPoseTrainer(FastTrainer, PoseTrainer):
+    """``PoseTrainer`` with a GPU-resident data pipeline: keypoints in the pack (a pose pack, ``task=pose``), through
+    every augmentation op (``flip_idx`` from the data yaml), to Ultralytics' pose loss and validator.
+
+    Use it as ``YOLO("yolo11n-pose.yaml").train(trainer=FastPoseTrainer, data=...)``; ``yolofeed train`` picks it for
+    a pose model.
+    """
+
+    carried_task = "pose"
+
+
+TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer}  # by the model's task (keys.TRAINED names them)
 
 
 def python_route(name: str, value: Any) -> str | None:

@@ -75,21 +75,24 @@ def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.dev
     del twin
 
 
-def blank_source(n: int, imgsz: int, width: int, device: torch.device) -> SourceBatch:
-    """``n`` grey images of ``imgsz`` with one box each: a batch the augmentation accepts, whatever it draws."""
+def blank_source(n: int, imgsz: int, width: int, device: torch.device,
+                 kpt_shape: tuple[int, int] | None = None) -> SourceBatch:
+    """``n`` grey images of ``imgsz`` with one box each (and its keypoints, for ``kpt_shape``): a batch the
+    augmentation accepts, whatever it draws."""
     width = max(1, width)  # a set without labels (or classes= keeping none) pads to one slot, as the loader does
     valid = torch.zeros(n, width, dtype=torch.bool, device=device)
     valid[:, 0] = True
     boxes = torch.tensor([0.5, 0.5, 0.5, 0.5], device=device).repeat(n, width, 1)  # normalised xywh
+    keypoints = None if kpt_shape is None else torch.full((n, width, kpt_shape[0], 3), 0.5, device=device)
     return SourceBatch(torch.full((n, imgsz, imgsz, 3), 114, dtype=torch.uint8, device=device),
                        torch.full((n, 2), imgsz, dtype=torch.int64, device=device),
-                       torch.zeros(n, width, device=device), boxes, valid)
+                       torch.zeros(n, width, device=device), boxes, valid, keypoints=keypoints)
 
 
 def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.device) -> None:
     """Run a throwaway copy of the augmentation once on a blank batch: its Triton kernels compile now."""
     gen = torch.Generator(device=device).manual_seed(0) if device.type == "cuda" else torch.Generator().manual_seed(0)
-    augment(blank_source(n, augment.hyp.imgsz, width, device), gen, None)
+    augment(blank_source(n, augment.hyp.imgsz, width, device, augment.hyp.kpt_shape), gen, None)
 
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
