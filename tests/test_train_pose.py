@@ -96,3 +96,13 @@ def test_the_keypoint_loss_gains_reach_ultralytics_pose_loss_unchanged(pose_data
     trainer.set_model_attributes()
     hyp = trainer.model.init_criterion().hyp
     assert (hyp.pose, hyp.kobj, hyp.rle) == (6.0, 2.0, 0.5)
+
+
+@pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
+def test_doctor_bench_and_parity_refuse_a_pose_model_up_front(pose_dataset, tmp_path, capsys, command):
+    from yolofeed.cli import main
+
+    assert main([command, "model=yolo11n-pose.yaml", f"data={pose_dataset / 'data.yaml'}", "device=cpu",
+                 f"out={tmp_path / 'out'}"]) != 0
+    assert "is a pose model: yolofeed doctor, bench and parity take detection models only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -202,12 +202,16 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
     name (``yolo11n.pt``) not on this machine is left to Ultralytics, which downloads it.
 
     Raises:
-        ConfigError: the model is missing, not a model or does not load.
+        ConfigError: the model is missing, not a model, does not load, or is not a detection model.
         DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
     """
     from yolofeed.train.trainer import check_data_yaml
 
     check_model_file(model)
+    task = keys.model_task(model, None)
+    if task != "detect":  # their modes, the ceiling's replay and the doctor's rules are detection's
+        raise ConfigError(f"model={model} is a {keys.KIND.get(task, task)} model: yolofeed doctor, bench and parity "
+                          "take detection models only for now (yolofeed train trains it)")
     if _is_weights_file(model):
         check_checkpoint(model)
     elif str(model).lower().endswith(".pt") and Path(model).name != str(model):  # a path, not a name to download
