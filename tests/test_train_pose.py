@@ -99,10 +99,34 @@ def test_the_keypoint_loss_gains_reach_ultralytics_pose_loss_unchanged(pose_data
 
 
 @pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
-def test_doctor_bench_and_parity_refuse_a_pose_model_up_front(pose_dataset, tmp_path, capsys, command):
+def test_doctor_bench_and_parity_refuse_a_model_of_a_task_yolofeed_does_not_train(pose_dataset, tmp_path, capsys,
+                                                                                  command):
     from yolofeed.cli import main
 
-    assert main([command, "model=yolo11n-pose.yaml", f"data={pose_dataset / 'data.yaml'}", "device=cpu",
+    assert main([command, "model=yolo11n-seg.yaml", f"data={pose_dataset / 'data.yaml'}", "device=cpu",
                  f"out={tmp_path / 'out'}"]) != 0
-    assert "is a pose model: yolofeed doctor, bench and parity take detection models only" in capsys.readouterr().err
+    assert ("is a segmentation model: yolofeed doctor, bench and parity take detection and pose models"
+            in capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_bench_compares_a_pose_model_with_its_own_trainers(pose_dataset, tmp_path):
+    """yolofeed's pose trainer and the pose ceiling (replayed batches with their keypoints) train a pose model's
+    steps side by side; stock is Ultralytics' PoseTrainer (bench/modes.py)."""
+    import json
+
+    from ultralytics.models.yolo.pose import PoseTrainer
+
+    from yolofeed.bench.ceiling import CeilingPoseTrainer
+    from yolofeed.bench.modes import trainer_class
+    from yolofeed.cli import main
+    from yolofeed.train import FastPoseTrainer
+
+    assert trainer_class("stock", task="pose") is PoseTrainer
+    assert trainer_class("ceiling", task="pose") is CeilingPoseTrainer
+    assert issubclass(trainer_class("yolofeed", task="pose"), FastPoseTrainer)
+    assert main(["bench", "model=yolo11n-pose.yaml", f"data={pose_dataset / 'data.yaml'}", "modes=yolofeed,ceiling",
+                 "steps=10", "warmup=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
+    results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
+    assert [r["mode"] for r in results] == ["yolofeed", "ceiling"] and all(r["images_per_s"] > 0 for r in results)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from yolofeed.train.loss import CANDIDATES
 from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
-from yolofeed.ultralytics_seam import DetectionTrainer
+from yolofeed.ultralytics_seam import DetectionTrainer, PoseTrainer
 
 REPLAYED = 4  # augmented batches held on the GPU and replayed in turn
 
@@ -49,8 +49,9 @@ class ReplayLoader:
         pass
 
 
-class CeilingTrainer(SyncFreeStep, DetectionTrainer):
-    """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory.
+class Ceiling(SyncFreeStep):
+    """Before an Ultralytics trainer in the bases: its training loader replays ``REPLAYED`` augmented batches from
+    device memory (``CeilingTrainer``: detection's; ``CeilingPoseTrainer``: pose's).
 
     Its step is yolofeed's (``SyncFreeStep``), so that the ceiling differs from yolofeed in the data alone:
     the loss's counts (train/loss.py) are read once per replayed batch, as soon as the loss can say.
@@ -79,3 +80,14 @@ class CeilingTrainer(SyncFreeStep, DetectionTrainer):
         if hasattr(loader, "close"):
             loader.close()  # its workers are not needed any more
         return replay
+
+
+class CeilingTrainer(Ceiling, DetectionTrainer):
+    """``DetectionTrainer`` whose training loader replays ``REPLAYED`` augmented batches from device memory."""
+
+
+class CeilingPoseTrainer(Ceiling, PoseTrainer):
+    """``PoseTrainer`` whose training loader replays ``REPLAYED`` augmented batches, keypoints too, from the device."""
+
+
+CEILINGS = {"detect": CeilingTrainer, "pose": CeilingPoseTrainer}

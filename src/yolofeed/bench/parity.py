@@ -128,9 +128,10 @@ def train_one(spec: dict) -> None:
 
     trainer = None
     if spec["side"] == "yolofeed":
-        from yolofeed.train.trainer import FastDetectionTrainer
+        from yolofeed.train.keys import model_task
+        from yolofeed.train.trainer import TRAINERS
 
-        trainer = FastDetectionTrainer.with_options(**spec["options"])
+        trainer = TRAINERS[model_task(spec["model"], None)].with_options(**spec["options"])
     t0 = time.perf_counter()
     YOLO(spec["model"]).train(trainer=trainer, **spec["args"])
     Path(spec["args"]["project"], spec["args"]["name"], "wall.json").write_text(

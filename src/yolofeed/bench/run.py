@@ -60,7 +60,10 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     (``progress``: the bench's step bar)."""
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "project": str(project),
             **cfg.extra}
-    trainer = trainer_class(mode, {k: getattr(cfg, k) for k in STEP_SWITCHES if not getattr(cfg, k)})
+    from yolofeed.train.keys import model_task
+
+    trainer = trainer_class(mode, {k: getattr(cfg, k) for k in STEP_SWITCHES if not getattr(cfg, k)},
+                            model_task(cfg.model, None))
     if cfg.whole_run:
         return whole.whole_run(mode, trainer, args, cfg.whole_run, progress=progress)
     p = profile(mode, trainer, args, cfg.steps, cfg.warmup, cfg.window, progress=progress,

@@ -9,19 +9,20 @@ from yolofeed.errors import ConfigError, YolofeedError
 from yolofeed.measure.profile import profile
 from yolofeed.measure.progress import Progress
 from yolofeed.monitor.system import environment
-from yolofeed.train.keys import check_device
+from yolofeed.train.keys import check_device, model_task
 from yolofeed.train.run import check_model_and_data
 
 
-def trainer_class(mode: str) -> type:
-    """The doctor profiles the user's setup as Ultralytics trains it (``stock``), then with ``yolofeed``."""
+def trainer_class(mode: str, task: str = "detect") -> type:
+    """The doctor profiles the user's setup as Ultralytics trains it (``stock``), then with ``yolofeed``; the trainers
+    of the model's ``task`` (detect, pose)."""
     if mode == "stock":
-        from yolofeed.ultralytics_seam import DetectionTrainer
+        from yolofeed.ultralytics_seam import DetectionTrainer, PoseTrainer
 
-        return DetectionTrainer
-    from yolofeed.train import FastDetectionTrainer
+        return {"detect": DetectionTrainer, "pose": PoseTrainer}[task]
+    from yolofeed.train.trainer import TRAINERS
 
-    return FastDetectionTrainer
+    return TRAINERS[task]
 
 
 def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
@@ -59,6 +60,7 @@ def run(cfg: DoctorConfig) -> list:
         raise ConfigError(f"steps={cfg.steps}: the doctor needs at least 5 measured steps")
     check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any profiling
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these, before out= is made
+    task = model_task(cfg.model, None)
     out = report.writable_folder(cfg.out)
     runs = out / "runs"  # each mode's Ultralytics run folder (args.yaml, TensorBoard events when enabled)
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "workers": cfg.workers,
@@ -73,7 +75,7 @@ def run(cfg: DoctorConfig) -> list:
             progress.write(f"yolofeed doctor: profiling {mode} ({k + 1}/{len(modes)}): {cfg.warmup} warm-up + "
                            f"{cfg.steps} steps" + (" + one validation pass" if mode == "stock" and cfg.time_validation
                                                    else ""))
-            p = profile(mode, trainer_class(mode), args, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
+            p = profile(mode, trainer_class(mode, task), args, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
                         time_validation=cfg.time_validation and mode == "stock", progress=progress)
             profiles.append(p.to_dict())
     finally:

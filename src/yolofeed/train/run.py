@@ -209,9 +209,9 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
 
     check_model_file(model)
     task = keys.model_task(model, None)
-    if task != "detect":  # their modes, the ceiling's replay and the doctor's rules are detection's
+    if task not in keys.TRAINED:  # their modes are yolofeed's trainers of a task and Ultralytics' of the same
         raise ConfigError(f"model={model} is a {keys.KIND.get(task, task)} model: yolofeed doctor, bench and parity "
-                          "take detection models only for now (yolofeed train trains it)")
+                          f"take {' and '.join(keys.KIND.get(t, t) for t in keys.TRAINED)} models")
     if _is_weights_file(model):
         check_checkpoint(model)
     elif str(model).lower().endswith(".pt") and Path(model).name != str(model):  # a path, not a name to download
