@@ -197,10 +197,15 @@ def test_graphed_pool_draws_from_the_moving_window():
 N_IMAGES, BATCH, EPOCHS, IMGSZ = 400, 8, 2, 64  # buffer min(400, 64, 1000) = 64; 100 batches
 
 
-@pytest.fixture(scope="module")
-def composition_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("composition")
-    return synth.run(SynthConfig(out=str(root), n_train=N_IMAGES, n_val=2, imgsz=IMGSZ, seed=5, workers=2))
+POSE = {"kpt_shape": (5, 3), "flip_idx": (0, 3, 2, 1, 4)}  # yolofeed synth task=pose's
+
+
+@pytest.fixture(scope="module", params=["detect", "pose"])
+def composition_data(tmp_path_factory, request):
+    """The set both sides compose batches from, and its task (a pose set: keypoints ride along, draws unchanged)."""
+    root = tmp_path_factory.mktemp(f"composition-{request.param}")
+    return synth.run(SynthConfig(out=str(root), n_train=N_IMAGES, n_val=2, imgsz=IMGSZ, seed=5, workers=2,
+                                 task=request.param)), request.param
 
 
 class Composition:
@@ -230,7 +235,7 @@ class Composition:
                 "partner_sd": partner_counts.std(), "ages": np.array(self.ages)}
 
 
-def ultralytics_composition(yaml_file) -> dict:
+def ultralytics_composition(yaml_file, task: str = "detect") -> dict:
     """Ultralytics' own training DataLoader (one process: one buffer), instrumented, for EPOCHS epochs."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data.augment import Mosaic
@@ -240,7 +245,7 @@ def ultralytics_composition(yaml_file) -> dict:
 
     d = check_det_dataset(str(yaml_file), autodownload=False)
     ds = YOLODataset(img_path=d["train"], imgsz=IMGSZ, augment=True, hyp=get_cfg(overrides={"imgsz": IMGSZ}),
-                     data=d, batch_size=BATCH, rect=False)
+                     data=d, batch_size=BATCH, rect=False, task=task)
     comp, state = Composition(), {"sample": 0, "epoch": 0, "image": None}
     get_item, get_indexes = YOLODataset.__getitem__, Mosaic.get_indexes
 
@@ -265,11 +270,12 @@ def ultralytics_composition(yaml_file) -> dict:
     return comp.summary()
 
 
-def yolofeed_composition() -> dict:
+def yolofeed_composition(task: str = "detect") -> dict:
     """The trainer's sampler + partner pool + mosaic draws for the same epochs (pixels play no part here)."""
     sampler = EpochSampler(np.arange(N_IMAGES), BATCH, seed=0)
     pool = PartnerPool(ultralytics_capacity(N_IMAGES, BATCH), BATCH + 1)
-    aug, gen = GpuAugment(AugmentHyp(imgsz=IMGSZ)), torch.Generator().manual_seed(0)
+    hyp = AugmentHyp(imgsz=IMGSZ, **(POSE if task == "pose" else {}))
+    aug, gen = GpuAugment(hyp), torch.Generator().manual_seed(0)
     comp, batch_no = Composition(), 0
     for epoch in range(EPOCHS):
         sampler.set_epoch(epoch)
@@ -302,7 +308,8 @@ def test_batches_are_composed_as_ultralytics_composes_them(composition_data):
     * partner age in batches (batches since the partner was loaded): means within 5 % and
       Kolmogorov-Smirnov distance < 0.04 (2,400 draws a side: the 1 % critical value is 0.047).
     """
-    theirs, ours = ultralytics_composition(composition_data), yolofeed_composition()
+    data, task = composition_data  # the same for pose (its augmentation: the same draws, keypoints ride along)
+    theirs, ours = ultralytics_composition(data, task), yolofeed_composition(task)
     report = (f"batches {ours['batches']} vs {theirs['batches']}; distinct/batch {ours['distinct']:.2f} vs "
               f"{theirs['distinct']:.2f}; partner appearances {ours['partner_mean']:.3f}±{ours['partner_sd']:.3f} vs "
               f"{theirs['partner_mean']:.3f}±{theirs['partner_sd']:.3f}; age {ours['ages'].mean():.2f} vs "
