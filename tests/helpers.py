@@ -129,13 +129,22 @@ def _png(arr: np.ndarray) -> bytes:
     return buf.tobytes()
 
 
+def _jpeg2000() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(21).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(buf, "JPEG2000")
+    return buf.getvalue()
+
+
 def _rotated_jpeg() -> bytes:
     exif = Image.Exif()
     exif[274] = 6  # rotate 90 degrees clockwise to view
     return _jpeg(40, 90, seed=5, exif=exif.tobytes())
 
 
-# name -> (image bytes, label text or None for no label file, kept by Ultralytics?, words the reason must contain)
+# name -> (image bytes, label text or None for no label file, kept by Ultralytics? (a bool, or a function of the
+# installed release's LabelRules where the releases of the range differ), words the reason must contain)
 BAD_CASES: dict[str, tuple[bytes, str | None, bool, str]] = {
     "garbage.jpg": (b"hello world" * 100, GOOD_LABEL, False, "not"),
     "empty.jpg": (b"", GOOD_LABEL, False, "empty file (0 bytes)"),
@@ -155,15 +164,26 @@ BAD_CASES: dict[str, tuple[bytes, str | None, bool, str]] = {
     "inf.jpg": (_jpeg(seed=10), "1 0.5 inf 0.1 0.1\n", False, "infinite"),
     "cols.jpg": (_jpeg(seed=11), "1 0.5 0.5 0.1\n", False, "columns"),
     "text.jpg": (_jpeg(seed=12), "person 0.5 0.5 0.1 0.1\n", False, "numeric"),
-    "frac.jpg": (_jpeg(seed=13), "1.5 0.5 0.5 0.1 0.1\n", False, "non-integer"),
+    "frac.jpg": (_jpeg(seed=13), "1.5 0.5 0.5 0.1 0.1\n", lambda r: not r.integer_classes, "non-integer"),
     "ragged.jpg": (_jpeg(seed=14), "1 0.5 0.5 0.1 0.1\n2 0.5 0.5 0.1\n", False, "numeric"),
     "mixed.jpg": (_jpeg(seed=15), "2 0.1 0.1 0.4 0.1 0.4 0.5 0.1 0.5\n1 0.5 0.5 0.1 0.1\n", False, "mixes"),
     "dupes.jpg": (_jpeg(seed=16), "5 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n5 0.5 0.5 0.2 0.2\n", True, ""),
     "segment.jpg": (_jpeg(seed=17), "2 0.1 0.1 0.4 0.1 0.4 0.5 0.1 0.5\n", True, ""),
     "empty_label.jpg": (_jpeg(seed=18), "", True, ""),
     "no_label.jpg": (_jpeg(seed=19), None, True, ""),
-    "bom_label.jpg": (_jpeg(seed=20), "\ufeff4 0.5 0.5 0.3 0.3\n", True, ""),
+    "bom_label.jpg": (_jpeg(seed=20), "\ufeff4 0.5 0.5 0.3 0.3\n", lambda r: r.encoding == "utf-8-sig", "numeric"),
+    "blank_line.jpg": (_jpeg(seed=22), "1 0.5 0.5 0.1 0.1\n \n2 0.3 0.3 0.1 0.1\n", lambda r: r.blank_lines, "numeric"),
+    "thin.jpg": (_jpeg(seed=23), "1 0.5 0.5 -0.005 0.1\n", lambda r: not r.negative_sizes, "negative"),
+    "picture.jp2": (_jpeg2000(), GOOD_LABEL, lambda r: r.jpeg2000, "format"),
 }
+
+
+def kept(name: str, rules=None) -> bool:
+    """Whether Ultralytics keeps a case of BAD_CASES, under ``rules`` (default: the installed release's)."""
+    from yolofeed.ultralytics_seam import LABEL_RULES
+
+    keep = BAD_CASES[name][2]
+    return keep(rules or LABEL_RULES) if callable(keep) else keep
 
 
 def add_bad_samples(root: Path, split: str = "train") -> dict[str, str]:

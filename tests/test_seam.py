@@ -1,12 +1,15 @@
 """The seam to Ultralytics: one module imports it, the version and every attribute relied on are checked at import,
 and every copied (or relied on) method still reads as it did when it was copied.
 
-The recorded sources are ``TESTED``'s; every release of ``SUPPORTED`` reads the same. To try another release, install
-it apart (``pip install --no-deps --target DIR ultralytics==X``) and run this file with ``PYTHONPATH=DIR`` and
-``YOLOFEED_UNTESTED_ULTRALYTICS=1``: each method that reads otherwise fails with its diff. Widen ``SUPPORTED`` only
-where no diff changes what a copy or an override assumes (``make test-releases`` then runs the new end). After moving
-``TESTED`` to a new release and porting the copies, record its sources again with ``python tests/test_seam.py record``
-and put the printed hashes into ``ultralytics_seam.COPIED``/``RELIED_ON``.
+The recorded sources are ``TESTED``'s (``tests/data/ultralytics-<TESTED>/``) and those of the older releases a pinned
+method reads otherwise in (``Reviewed``, in ``tests/data/ultralytics-<its first release>/``): each release of
+``SUPPORTED`` must read as the one recorded for it, and a hash is accepted only for the releases it is recorded for.
+To try another release, install it apart (``pip install --no-deps --target DIR ultralytics==X``) and run this file
+with ``PYTHONPATH=DIR`` and ``YOLOFEED_UNTESTED_ULTRALYTICS=1``: each method that reads otherwise fails with its diff.
+Widen ``SUPPORTED`` only where each diff is reviewed: irrelevant to what yolofeed relies on, or served by a variant the
+seam chooses by release (``make test-releases`` then runs the new end). After moving ``TESTED`` to a new release and
+porting the copies, record its sources again with ``python tests/test_seam.py record`` and put the printed hashes into
+``ultralytics_seam.COPIED``/``RELIED_ON`` (the old ones, with their releases and reasons, into ``others``).
 """
 
 from __future__ import annotations
@@ -27,8 +30,16 @@ from yolofeed import ultralytics_seam as seam
 from yolofeed.errors import UltralyticsError, UltralyticsVersionError, YolofeedError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "yolofeed"
-RECORDED = Path(__file__).resolve().parent / "data" / f"ultralytics-{seam.TESTED}"
+DATA = Path(__file__).resolve().parent / "data"
+RECORDED = DATA / f"ultralytics-{seam.TESTED}"
 PINNED = seam.COPIED + seam.RELIED_ON
+
+
+def recorded(pinned: seam.Pinned, version: seam.Release = seam.RELEASE) -> tuple[str, Path]:
+    """The release whose recorded source a release of the range must read as, and that file."""
+    reviewed = pinned.reviewed(version)
+    first = seam.TESTED if reviewed is None else reviewed.releases[0]
+    return first, (RECORDED if reviewed is None else DATA / f"ultralytics-{first}") / f"{pinned.ultralytics}.txt"
 
 
 def _imports_of(path: Path) -> set[str]:
@@ -47,37 +58,59 @@ def test_only_the_seam_imports_ultralytics():
     assert users == ["ultralytics_seam/__init__.py"]  # pins.py and source.py read it as text and by name
 
 
-def drift(pinned: seam.Pinned) -> str | None:
-    """A unified diff from the recorded source of ``pinned`` to the installed one; None when they agree."""
-    recorded = (RECORDED / f"{pinned.ultralytics}.txt").read_text()
+def drift(pinned: seam.Pinned, text: str | None = None) -> str | None:
+    """A unified diff from the source of ``pinned`` recorded for the installed release (or ``text``) to the installed
+    one; None when they agree."""
+    first, path = recorded(pinned)
+    text = path.read_text() if text is None else text
     installed = seam.normalised_source(seam.resolve(pinned.ultralytics))
-    if installed == recorded:
+    if installed == text:
         return None
-    return "".join(difflib.unified_diff(recorded.splitlines(True), installed.splitlines(True),
-                                        f"{pinned.ultralytics} (Ultralytics {seam.TESTED})",
+    return "".join(difflib.unified_diff(text.splitlines(True), installed.splitlines(True),
+                                        f"{pinned.ultralytics} (recorded: Ultralytics {first})",
                                         f"{pinned.ultralytics} (installed: Ultralytics {seam.VERSION})"))
 
 
 @pytest.mark.parametrize("pinned", PINNED, ids=[".".join(p.ultralytics.rsplit(".", 2)[-2:]) for p in PINNED])
 def test_copied_and_relied_on_methods_have_not_drifted(pinned):
-    recorded = (RECORDED / f"{pinned.ultralytics}.txt").read_text()
-    assert seam.source_hash(recorded) == pinned.sha256, "the recorded source and the seam's hash disagree"
+    first, path = recorded(pinned)
+    assert seam.source_hash(path.read_text()) == pinned.sha256_for(seam.RELEASE), (
+        f"the source recorded for {first} and the seam's hash disagree")
     diff = drift(pinned)
     if diff is not None:
         what = f"yolofeed's copy {pinned.ours}" if pinned.ours else "what yolofeed assumes of it"
-        pytest.fail(f"{pinned.ultralytics} changed since it was copied ({what}: {pinned.why}); port the change, "
-                    f"then record the sources again (this file's docstring):\n{diff}")
+        reviewed = pinned.reviewed(seam.RELEASE)
+        seen = f"; reviewed for {'-'.join(reviewed.releases)}: {reviewed.why}" if reviewed else ""
+        pytest.fail(f"{pinned.ultralytics} reads otherwise than recorded for Ultralytics {seam.VERSION} ({what}: "
+                    f"{pinned.why}{seen}); port the change, then record the sources again (this file's "
+                    f"docstring):\n{diff}")
 
 
-def test_a_drifted_method_fails_with_a_diff(tmp_path, monkeypatch):
+def test_a_drifted_method_fails_with_a_diff():
     """The drift check can fail: an edited recording gives a diff that shows the edited line on both sides."""
     pinned = seam.COPIED[0]
-    text = (RECORDED / f"{pinned.ultralytics}.txt").read_text().replace("loss[0] *= self.hyp.box",
-                                                                         "loss[0] *= 2 * self.hyp.box")
-    (tmp_path / f"{pinned.ultralytics}.txt").write_text(text)
-    monkeypatch.setattr(sys.modules[__name__], "RECORDED", tmp_path)
-    diff = drift(pinned)
+    text = recorded(pinned)[1].read_text().replace("loss[0] *= self.hyp.box", "loss[0] *= 2 * self.hyp.box")
+    diff = drift(pinned, text)
     assert diff is not None and "-    loss[0] *= 2 * self.hyp.box" in diff and "+    loss[0] *= self.hyp.box" in diff
+
+
+def test_each_reviewed_source_is_recorded_for_its_releases_only():
+    """Every older source is recorded and hashes as listed; its releases lie in the range below TESTED, oldest first,
+    apart; a hash is accepted for those releases alone (TESTED's for the rest)."""
+    low, high = seam.SUPPORTED
+    for pinned in PINNED:
+        last = low[:2] + (low[2] - 1,)
+        for r in pinned.others:
+            first, end = seam.parse_version(r.releases[0]), seam.parse_version(r.releases[1])
+            assert last < first <= end < seam.parse_version(seam.TESTED), (pinned.ultralytics, r.releases)
+            path = DATA / f"ultralytics-{r.releases[0]}" / f"{pinned.ultralytics}.txt"
+            assert seam.source_hash(path.read_text()) == r.sha256 != pinned.sha256, (pinned.ultralytics, r.releases)
+            assert r.why and (not r.stock or pinned in seam.COPIED), (pinned.ultralytics, r.releases)
+            assert pinned.sha256_for(first) == pinned.sha256_for(end) == r.sha256
+            assert pinned.sha256_for(last) != r.sha256  # the release before reads otherwise
+            last = end
+        assert pinned.sha256_for(seam.parse_version(seam.TESTED)) == pinned.sha256
+        assert pinned.sha256_for(high[:2] + (high[2] - 1,)) == pinned.sha256
 
 
 def test_every_copy_overrides_the_method_it_copies():
@@ -129,24 +162,24 @@ def test_another_ultralytics_version_is_one_line_naming_the_version_that_works()
 
 
 def test_the_range_is_every_release_from_the_lowest_to_the_tested_one():
-    """8.4.183 to 8.4.190 (TESTED the newest): the boundaries in, their neighbours out, the refusal one line that names
+    """8.4.138 to 8.4.190 (TESTED the newest): the boundaries in, their neighbours out, the refusal one line that names
     the range and the pip command."""
-    assert seam.SUPPORTED == ((8, 4, 183), (8, 4, 191)) and seam.RANGE == "8.4.183 to 8.4.190"
+    assert seam.SUPPORTED == ((8, 4, 138), (8, 4, 191)) and seam.RANGE == "8.4.138 to 8.4.190"
     assert seam.parse_version(seam.TESTED) == (8, 4, 190) and seam.SUPPORTED[1] == (8, 4, 191)
-    for inside in ("8.4.183", "8.4.186", "8.4.190", "8.4.183.post1"):
+    for inside in ("8.4.138", "8.4.164", "8.4.190", "8.4.138.post1"):
         seam.check_version(inside)
-    for outside in ("8.4.182", "8.4.180", "8.4.191", "8.4.1830"):
+    for outside in ("8.4.137", "8.4.100", "8.4.191", "8.4.1380"):
         with pytest.raises(UltralyticsVersionError) as e:
             seam.check_version(outside)
         text = str(e.value)
-        assert "\n" not in text and outside in text and "Ultralytics 8.4.183 to 8.4.190 only" in text, text
+        assert "\n" not in text and outside in text and "Ultralytics 8.4.138 to 8.4.190 only" in text, text
         assert text.endswith(": pip install ultralytics==8.4.190"), text
 
 
 def test_the_range_is_named_in_pyproject_the_readme_and_the_makefile():
     """pyproject's requirement and README's line name the range; `make test-releases` runs its two ends and a middle."""
     root = Path(__file__).resolve().parents[1]
-    assert seam.REQUIREMENT == "ultralytics>=8.4.183,<8.4.191"
+    assert seam.REQUIREMENT == "ultralytics>=8.4.138,<8.4.191"
     assert f'"{seam.REQUIREMENT}",' in (root / "pyproject.toml").read_text()
     assert f"Ultralytics {seam.RANGE}" in (root / "README.md").read_text()
     releases = re.search(r"^RELEASES\s*:=(.*)$", (root / "Makefile").read_text(), re.M).group(1).split()
@@ -276,6 +309,99 @@ def test_our_loaders_have_what_ultralytics_reads(synth_root, tmp_path):
     finally:
         train.close()
         val.close()
+
+
+def test_the_label_rules_are_those_of_the_installed_source():
+    """Each rule of the installed release's LABEL_RULES, and each constant pack.verify takes from it, reads so in the
+    installed verify_image_label and check_image; the rules of the other releases read otherwise."""
+    rules = seam.LABEL_RULES
+    labels = seam.normalised_source(seam.resolve("ultralytics.data.utils.verify_image_label"))
+    image = seam.normalised_source(seam.resolve("ultralytics.data.utils.check_image"))
+    found = {
+        "encoding": "utf-8-sig" if "encoding='utf-8-sig'" in labels else "utf-8",
+        "blank_lines": "splitlines() if x.strip()]" in labels,
+        "polygon_duplicates": "c.tobytes() + s.tobytes()" in labels,
+        "integer_classes": "(lb[:, 0] % 1 == 0).all()" in labels,
+        "negative_sizes": "lb[:, 3:5].min() >= 0" in labels,
+        "jpeg2000": "IMG_FORMATS | {'jpeg2000'}" in image,
+    }
+    assert found == {k: getattr(rules, k) for k in found}, (seam.VERSION, rules)
+    assert "encoding='utf-8'" in labels or rules.encoding == "utf-8-sig"
+    assert "if len(x)]" in labels or rules.blank_lines
+    assert f"points.max() <= {rules.coord_max}" in labels and f">= -{rules.negative}" in labels
+    assert f"(shape[0] > {rules.min_side - 1}) & (shape[1] > {rules.min_side - 1})" in image
+    # the rule sets: oldest first, each from a release where verify_image_label or check_image changed
+    eras = {r.releases[0] for p in seam.COPIED if p.ultralytics.startswith("ultralytics.data.utils.") for r in p.others}
+    sets = seam.LABEL_RULE_SETS
+    assert sets[0].since == "8.4.138" and sets[-1] == seam.label_rules(seam.parse_version(seam.TESTED))
+    assert [seam.parse_version(r.since) for r in sets] == sorted(seam.parse_version(r.since) for r in sets)
+    assert {r.since for r in sets[1:-1]} <= eras and len(set(sets)) == len(sets)
+    assert seam.label_rules((8, 4, 163)) == sets[0] and seam.label_rules((8, 4, 181)).since == "8.4.165"
+
+
+@pytest.mark.parametrize("since", [r.since for r in seam.LABEL_RULE_SETS])
+def test_a_pack_records_its_label_rules_and_is_stale_under_others(since, synth_root, tmp_path, monkeypatch):
+    """A pack says which release's label rules built it; another release's rules make it stale (rebuilt under auto);
+    a pack of an older yolofeed, which names none, was built under 8.4.183's."""
+    import yolofeed.pack.build as build
+    import yolofeed.pack.rebuild as rebuild
+    from yolofeed.errors import StalePackError
+    from yolofeed.pack import Pack, open_or_build
+    from yolofeed.pack.store import label_rules_of
+
+    rules = next(r for r in seam.LABEL_RULE_SETS if r.since == since)
+    yaml = synth_root / "data.yaml"
+    for module in (build, rebuild):
+        monkeypatch.setattr(module, "LABEL_RULES", rules)
+    pack = open_or_build(yaml, "val", 64, out=tmp_path, rebuild="auto", progress=False)
+    assert pack.header["label_rules"] == since and label_rules_of(pack.header) == rules
+    assert label_rules_of({}).since == "8.4.183"
+    other = seam.LABEL_RULE_SETS[0 if since != "8.4.138" else -1]
+    for module in (build, rebuild):
+        monkeypatch.setattr(module, "LABEL_RULES", other)
+    with pytest.raises(StalePackError, match=f"rules of Ultralytics {since} on.*as {other.since} on does"):
+        open_or_build(yaml, "val", 64, out=tmp_path, rebuild="never", progress=False)
+    rebuilt = open_or_build(yaml, "val", 64, out=tmp_path, rebuild="auto", progress=False)
+    assert rebuilt.header["label_rules"] == other.since
+    assert isinstance(Pack.open(rebuilt.path), Pack)
+
+
+def test_the_assigners_overlaps_are_the_installed_releases():
+    """Before 8.4.180 get_box_metrics computed its overlaps inline (iou_calculation of the gathered boxes); from
+    8.4.180 pair_overlaps does: seam.pair_overlaps takes the installed release's way, and both give the same values."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(2, 3, 2, generator=g) * 50
+    gt = torch.cat([xy, xy + 5 + torch.rand(2, 3, 2, generator=g) * 20], -1)
+    xy = torch.rand(2, 7, 2, generator=g) * 50
+    pd = torch.cat([xy, xy + 5 + torch.rand(2, 7, 2, generator=g) * 20], -1)
+    indices = tuple(torch.nonzero(torch.rand(2, 3, 7, generator=g) > 0.5).unbind(1))
+    assigner = seam.TaskAlignedAssigner()
+    inline = assigner.iou_calculation(gt[indices[:2]], pd[indices[0], indices[2]])
+    torch.testing.assert_close(seam.pair_overlaps(assigner, indices, gt, pd), inline, rtol=0, atol=0)
+    if hasattr(assigner, "pair_overlaps"):
+        assert seam.since("8.4.180")
+        torch.testing.assert_close(assigner.pair_overlaps(indices, gt, pd), inline, rtol=0, atol=0)
+    else:
+        assert not seam.since("8.4.180")
+
+
+def test_where_releases_differ_the_seam_chooses_by_release(monkeypatch):
+    """Ultralytics' own MuSGD under 8.4.138 (its update's arithmetic differs from the copy's); no multi-GPU run under
+    8.4.138-139 (their DDP ranks lose yolofeed's trainer), refused in one line naming the fix."""
+    muon = "ultralytics.optim.muon.muon_update"
+    for version, serves, ddp in (((8, 4, 138), False, False), ((8, 4, 139), True, False), ((8, 4, 140), True, True),
+                                 (seam.parse_version(seam.TESTED), True, True)):
+        monkeypatch.setattr(seam, "RELEASE", version)
+        assert seam.copy_serves(muon) is serves
+        assert all(seam.copy_serves(p.ultralytics) for p in seam.COPIED if p.ultralytics != muon)
+        if ddp:
+            seam.check_ddp()
+        else:
+            with pytest.raises(UltralyticsError, match="multi-GPU") as e:
+                seam.check_ddp()
+            assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and "device=0" in str(e.value)
 
 
 def record(folder: Path = RECORDED) -> None:

@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import BAD_CASES, add_bad_samples, copy_dataset, ultralytics_dataset
+from helpers import BAD_CASES, add_bad_samples, copy_dataset, kept, ultralytics_dataset
 from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.paths import store_dir
 from yolofeed.pack.rebuild import ensure_split
 from yolofeed.pack.report import read_report
 from yolofeed.pack.summary import summary
-from yolofeed.pack.verify import SampleError, check_image
+from yolofeed.pack.verify import SampleError, check_image, read_labels
+from yolofeed.ultralytics_seam import LABEL_RULE_SETS, LABEL_RULES
 
 
 def _build(root: Path, split="train", imgsz=160, storage="raw", workers=2, **kw) -> Pack:
@@ -54,14 +55,15 @@ def test_labels_equal_ultralytics_label_cache(dataset):
 def test_duplicate_labels_are_ultralytics_duplicates_for_polygons_too(dataset):
     """Two different polygons of one class with the same box are two labels in Ultralytics' YOLODataset (it compares
     polygons, not boxes); the pack made them one. A polygon given twice is one in both, in Ultralytics' order."""
-    from yolofeed.pack.verify import read_labels
-
     lb_file = sorted((dataset / "labels" / "val").glob("*.txt"))[0]
     square = "0.2 0.2 0.6 0.2 0.6 0.6 0.2 0.6"  # a square, and a diamond with the same box
     diamond = "0.4 0.2 0.6 0.4 0.4 0.6 0.2 0.4"
     lb_file.write_text(f"1 {diamond}\n1 {square}\n1 {diamond}\n2 {square}\n")
     labels, notes = read_labels(str(lb_file), nc=8)
-    assert len(labels) == 3 and notes == ["1 duplicate labels removed"]
+    if LABEL_RULES.polygon_duplicates:  # 8.4.165 on; before, duplicates by class and box: two labels
+        assert len(labels) == 3 and notes == ["1 duplicate labels removed"]
+    else:
+        assert len(labels) == 2 and notes == ["2 duplicate labels removed"]
     pack = _build(dataset, split="val")
     ref = ultralytics_dataset(dataset / "data.yaml", "val", 160)
     for i, lb in enumerate(ref.labels):
@@ -86,13 +88,13 @@ def test_bad_samples_are_skipped_like_ultralytics_and_reported(synth_root, tmp_p
     # every skipped case has a report line naming the file and the reason
     report = {Path(row[0]).name: row for row in read_report(pack.path)}
     skipped = {Path(f).name: r for f, r in pack.header["skipped"]}
-    for name, (_, _, kept, words) in BAD_CASES.items():
-        if kept:
+    for name, (_, _, _, words) in BAD_CASES.items():
+        if kept(name):
             assert name not in skipped
         else:
             assert name in skipped and report[name][1] == "skipped"
             assert words in skipped[name], (name, skipped[name])
-    assert pack.header["counts"]["skipped"] == sum(not c[2] for c in BAD_CASES.values())
+    assert pack.header["counts"]["skipped"] == sum(not kept(name) for name in BAD_CASES)
     text = summary(ensure_split(ours_root / "data.yaml", "train", 160, rebuild="never", progress=False))
     assert "skipped" in text and "report.txt" in text
 
@@ -103,6 +105,28 @@ def test_bad_samples_are_skipped_like_ultralytics_and_reported(synth_root, tmp_p
     # the good samples survive intact
     good = [i for i, f in enumerate(pack.im_files) if Path(f).name.startswith("train_")]
     assert len(good) == 24
+
+
+@pytest.mark.parametrize("rules", LABEL_RULE_SETS, ids=[r.since for r in LABEL_RULE_SETS])
+def test_each_releases_rules_keep_what_that_release_keeps(rules, tmp_path):
+    """Under the label rules of each release of the range (not only the installed one), a case is kept exactly where
+    that release keeps it: the BOM (8.4.183), negative sizes (8.4.182), whitespace lines and polygon duplicates
+    (8.4.165), fractional class ids and JPEG 2000 (8.4.164)."""
+    for name, (data, label, _, words) in BAD_CASES.items():
+        img, lb = tmp_path / name, tmp_path / f"{Path(name).stem}.txt"
+        img.write_bytes(data)
+        if label is not None:
+            lb.write_text(label, encoding="utf-8")
+        try:
+            check_image(str(img), rules)
+            read_labels(str(lb), 80, rules)
+        except SampleError as e:
+            assert not kept(name, rules) and words in str(e), (rules.since, name, str(e))
+        else:
+            assert kept(name, rules), (rules.since, name)
+    square, diamond = "0.2 0.2 0.6 0.2 0.6 0.6 0.2 0.6", "0.4 0.2 0.6 0.4 0.4 0.6 0.2 0.4"  # one box, two polygons
+    lb.write_text(f"1 {diamond}\n1 {square}\n")
+    assert len(read_labels(str(lb), 80, rules)[0]) == (2 if rules.polygon_duplicates else 1)
 
 
 def test_notes_for_backgrounds_duplicates_and_restored(dataset):
@@ -303,9 +327,9 @@ def test_bad_pose_rows_are_skipped_like_ultralytics_and_reported(pose_root, tmp_
         np.testing.assert_array_equal(pack.keypoints(i), lb["keypoints"])
     skipped = {Path(f).name: why for f, why in pack.header["skipped"]}
     report = {Path(row[0]).name: row[1] for row in read_report(pack.path)}
-    assert set(skipped) == {name for name, (_, kept, _) in cases.items() if not kept}
-    for name, (_, kept, words) in cases.items():
-        if not kept:
+    assert set(skipped) == {name for name, (_, keeps, _) in cases.items() if not keeps}
+    for name, (_, keeps, words) in cases.items():
+        if not keeps:
             assert words in skipped[name] and report[name] == "skipped", (name, skipped[name])
     notes = {Path(f).name: n for f, n in pack.header["notes"]}
     assert "duplicate" in notes["p_dupes.jpg"] and "empty" in notes["p_empty.jpg"]

@@ -78,6 +78,7 @@ from yolofeed.pack.space import DISK_FULL, MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
 from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
 from yolofeed.processes import process_start, sigterm_exits
+from yolofeed.ultralytics_seam import LABEL_RULES
 
 LOGGER = logging.getLogger(__name__)
 
@@ -292,6 +293,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "split": src.split, "imgsz": imgsz, "storage": format, "task": src.task,
         **({"kpt_shape": list(src.kpt_shape)} if src.task == "pose" else {}), "channels": 3, "color": "RGB",
+        "label_rules": LABEL_RULES.since,  # the installed Ultralytics' (pack.verify): another's makes the pack stale
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
                    "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},

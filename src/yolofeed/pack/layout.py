@@ -66,7 +66,6 @@ ALIGN = 64  # payload alignment: cache lines, and friendly to vectorised copies
 SUFFIX = ".yfpack"
 PREAMBLE = (MAGIC + b" pack, written by yolofeed pack\n").ljust(ALIGN, b"\0")
 MAX_HEADER = 1 << 30  # bytes: a larger "header" is a damaged trailer, not a header worth reading
-COORD_TOLERANCE = 1.01  # as pack/verify.py: Ultralytics accepts normalised coordinates up to 1 % out of range
 # what interpreting a crafted header can raise beyond the checks (a value of the wrong kind or size): damage too
 HEADER_ERRORS = (KeyError, TypeError, ValueError, IndexError, OverflowError, RecursionError, AttributeError)
 INDEX_DTYPE = np.dtype([

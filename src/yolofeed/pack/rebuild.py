@@ -35,6 +35,7 @@ from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.space import MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
 from yolofeed.pack.summary import BuildResult, summary
+from yolofeed.ultralytics_seam import LABEL_RULES
 
 LOGGER = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
     """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``): the task right after
     the data, so that a detection pack found where a pose pack is wanted says so rather than something vaguer."""
     return {"data": src.yaml_file, "task": src.task, "imgsz": imgsz, "storage": format,
-            "fingerprint": src.fingerprint()}
+            "fingerprint": src.fingerprint(),
+            "label_rules": LABEL_RULES.since}  # a pack checked under another release's label rules is stale
 
 
 def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,

@@ -44,7 +44,6 @@ from yolofeed.errors import NewerPackError, PackError, StalePackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.layout import (
     ALIGN,
-    COORD_TOLERANCE,
     FORMAT_NAME,
     FORMAT_VERSION,
     HEADER_ERRORS,
@@ -57,9 +56,19 @@ from yolofeed.pack.layout import (
     printable,
 )
 from yolofeed.pack.paths import GENERIC_FIX, fix_from_header
+from yolofeed.ultralytics_seam import LABEL_RULE_SETS, LABEL_RULES, LabelRules
 
 LOGGER = logging.getLogger(__name__)
 DEFAULTS = {"task": "detect"}  # header keys packs written before them lack: what those packs are
+# The label rules of a pack whose header names none: a yolofeed that supported Ultralytics 8.4.183-190 only built it
+UNRECORDED_LABEL_RULES = "8.4.183"
+
+
+def label_rules_of(header: dict[str, Any]) -> LabelRules:
+    """The label rules a pack was built under (``header["label_rules"]``, the first release of those rules); the
+    installed release's where the name is unknown (a newer yolofeed's: the pack is stale for this one anyway)."""
+    since = header.get("label_rules", UNRECORDED_LABEL_RULES)
+    return next((r for r in LABEL_RULE_SETS if r.since == since), LABEL_RULES)
 
 
 class _ReadFile:
@@ -210,9 +219,13 @@ class Pack:
             raise StalePackError(f"{path} was built from {header['source'].get('data')}, not from "
                                  f"{expect['data']}; point out= elsewhere or {fix}")
         for key, want in expect.items():
-            have = header["source"].get(key) if key in ("fingerprint", "data") else header.get(key, DEFAULTS.get(key))
+            have = (header["source"].get(key) if key in ("fingerprint", "data")
+                    else header.get(key, UNRECORDED_LABEL_RULES) if key == "label_rules"
+                    else header.get(key, DEFAULTS.get(key)))
             if have != want:
-                what = {"fingerprint": "the source images or labels changed since it was built"}.get(
+                what = {"fingerprint": "the source images or labels changed since it was built",
+                        "label_rules": f"its labels were checked with the rules of Ultralytics {have} on, and the "
+                                       f"installed Ultralytics checks them as {want} on does"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
                 raise StalePackError(f"{path} is stale: {what}; {fix}")
         pack = cls(path, header, np.frombuffer(mmap.mmap(file.fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8), file)
@@ -253,18 +266,23 @@ class Pack:
             cls = lb[:, 0]
             if not np.isfinite(lb).all():
                 return "the labels hold NaN or infinite values"
-            if (cls < 0).any() or (cls >= nc).any() or (cls % 1 != 0).any():
-                bad = cls[(cls < 0) | (cls >= nc) | (cls % 1 != 0)][:3].tolist()
-                return f"the labels hold classes {bad} outside 0-{nc - 1} (nc={nc})"
+            rules = label_rules_of(self.header)  # what its build accepted: fractional ids before 8.4.164, ...
+            wrong = (cls >= nc) | (cls < (0 if rules.integer_classes else -rules.negative))
+            if rules.integer_classes:
+                wrong |= cls % 1 != 0
+            if wrong.any():
+                return f"the labels hold classes {cls[wrong][:3].tolist()} outside 0-{nc - 1} (nc={nc})"
             # a pose row's box is not bounded from above (verify.read_pose_labels, as Ultralytics)
             top = lb[:, 1:].max() if self.keypoint_table is None else -np.inf
-            if top > COORD_TOLERANCE or lb[:, 1:].min() < -0.01 or lb[:, 3:].min() < 0:
+            if (top > rules.coord_max or lb[:, 1:].min() < -rules.negative
+                    or (rules.negative_sizes and lb[:, 3:].min() < 0)):
                 return "the labels hold coordinates outside [0, 1]"
         kp = self.keypoint_table
         if kp is not None and len(kp):
             if len(kp) != len(lb):
                 return "its keypoints section does not have one row per label"
-            if not np.isfinite(kp).all() or kp[..., :2].max() > COORD_TOLERANCE or kp.min() < -0.01:
+            top = label_rules_of(self.header).coord_max
+            if not np.isfinite(kp).all() or kp[..., :2].max() > top or kp.min() < -0.01:
                 return "the keypoints hold values outside [0, 1] (x, y) or below 0, or not finite"
         return ""
 

@@ -1,7 +1,9 @@
 """Check and decode one sample with Ultralytics' rules, never touching the user's files; its codec stores it.
 
 The rules are those of ``ultralytics.data.utils.verify_image_label`` (``read_labels`` for detection,
-``read_pose_labels`` for pose) and the pixels those of ``BaseDataset.load_image``: the same decoder
+``read_pose_labels`` for pose) in the installed release (``ultralytics_seam.LABEL_RULES``: a few changed within the
+range yolofeed supports, and a pack records which it was built under) and the pixels those of
+``BaseDataset.load_image``: the same decoder
 (``ultralytics.utils.patches.imread``), the same long-side resize with ``cv2.INTER_LINEAR``. Two deliberate
 differences, both to keep the user's data intact and the run offline:
 
@@ -29,10 +31,15 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-from yolofeed.ultralytics_seam import IMG_FORMATS, exif_size, imread, pil_open, segments2boxes
-
-MIN_SIDE = 10  # px, Ultralytics' check_image minimum
-COORD_TOLERANCE = 1.01  # Ultralytics accepts normalised coordinates up to 1 % out of range
+from yolofeed.ultralytics_seam import (
+    IMG_FORMATS,
+    LABEL_RULES,
+    LabelRules,
+    exif_size,
+    imread,
+    pil_open,
+    segments2boxes,
+)
 
 
 class SampleError(Exception):
@@ -116,8 +123,9 @@ def file_problem(path: str) -> str:
     return ""
 
 
-def check_image(path: str) -> ImageInfo:
-    """Ultralytics' ``check_image`` without its rewrite: integrity, size >= 10 px, a known format.
+def check_image(path: str, rules: LabelRules = LABEL_RULES) -> ImageInfo:
+    """Ultralytics' ``check_image`` without its rewrite: integrity, size >= 10 px, a known format (``rules``: the
+    installed release's; JPEG 2000 from 8.4.164).
 
     Raises:
         SampleError: the file is missing, not a regular file, empty, unreadable, truncated, too small or of
@@ -147,9 +155,9 @@ def check_image(path: str) -> ImageInfo:
     except Exception as e:
         raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; "
                           "re-export or remove it") from None
-    if h < MIN_SIDE or w < MIN_SIDE:
-        raise SampleError(f"image is {w}x{h} px; Ultralytics needs at least {MIN_SIDE} px a side: remove it")
-    if fmt.lower() not in IMG_FORMATS | {"jpeg2000"}:
+    if h < rules.min_side or w < rules.min_side:
+        raise SampleError(f"image is {w}x{h} px; Ultralytics needs at least {rules.min_side} px a side: remove it")
+    if fmt.lower() not in IMG_FORMATS | ({"jpeg2000"} if rules.jpeg2000 else set()):
         raise SampleError(f"image format {fmt or 'unknown'} is not one Ultralytics reads; convert it to JPEG or PNG")
     info = ImageInfo((h, w), fmt, orientation, mode)
     if fmt in ("JPEG", "JPG"):
@@ -172,40 +180,45 @@ def _restore_jpeg(path: str) -> bytes:
         raise SampleError(f"JPEG is truncated or corrupt ({e}); re-export or remove it") from None
 
 
-def _rows(lb_file: str) -> list[list[str]] | None:
-    """The label file's rows of words, as Ultralytics splits them; None when there is no file.
+def _rows(lb_file: str, rules: LabelRules = LABEL_RULES) -> list[list[str]] | None:
+    """The label file's rows of words, as the installed Ultralytics splits them; None when there is no file.
 
     Raises:
-        SampleError: not readable as UTF-8 text.
+        SampleError: not readable as text in ``rules.encoding``.
     """
     if not os.path.isfile(lb_file):
         return None
     try:
-        with open(lb_file, encoding="utf-8-sig") as f:
-            return [x.split() for x in f.read().strip().splitlines() if x.strip()]
+        with open(lb_file, encoding=rules.encoding) as f:
+            lines = f.read().strip().splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise SampleError(f"cannot read label file {lb_file} ({e}); it must be UTF-8 text") from None
+    return [x.split() for x in lines if (x.strip() if rules.blank_lines else x)]
 
 
-def _check_values(lb: np.ndarray, lb_file: str, nc: int) -> None:
-    """Ultralytics' checks every row of a task shares: finite, not negative (boxes to -0.01), whole classes < nc.
+def _check_values(lb: np.ndarray, lb_file: str, nc: int, rules: LabelRules = LABEL_RULES) -> None:
+    """Ultralytics' checks every row of a task shares: finite, not negative (boxes to -0.01), whole classes < nc, as
+    the installed release checks them (``rules``).
 
     Raises:
         SampleError: the first rule broken, with the file and the fix.
     """
     if not np.isfinite(lb).all():
         raise SampleError(f"{lb_file} holds NaN or infinite values; fix or remove those rows")
-    if not (lb.min() >= 0 or (lb.min() >= -0.01 and lb[:, 3:5].min() >= 0)):
+    low = lb.min()
+    if not (low >= 0 or (low >= -rules.negative and (not rules.negative_sizes or lb[:, 3:5].min() >= 0))):
         raise SampleError(f"{lb_file} has negative values ({lb[lb < 0][:4].tolist()}); fix those rows")
-    if not (lb[:, 0] % 1 == 0).all():
+    if rules.integer_classes and not (lb[:, 0] % 1 == 0).all():
         raise SampleError(f"{lb_file} has non-integer class ids ({lb[:, 0][lb[:, 0] % 1 != 0][:4].tolist()})")
     if lb[:, 0].max() >= nc:
         raise SampleError(f"{lb_file} uses class {int(lb[:, 0].max())} but the data yaml has nc={nc} "
                           f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
 
 
-def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[str]]:
-    """Parse and check a YOLO label file with Ultralytics' rules.
+def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None,
+                rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, list[str]]:
+    """Parse and check a YOLO label file with Ultralytics' rules (``rules``: the installed release's; where the
+    releases differ, ``LabelRules`` says how).
 
     Args:
         kpt_shape: the data yaml's (keypoints, dims), if it has one: a row of exactly 5 + K x D columns is a pose
@@ -214,14 +227,15 @@ def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None)
     Returns:
         labels: (n, 5) float32 [class, x, y, w, h]; duplicates removed (then in ``np.unique`` order,
             as Ultralytics leaves them): equal rows, or for polygons equal class and polygon (two polygons with one
-            box are two labels, as in Ultralytics' ``verify_image_label``). Segment rows become their boxes.
+            box are two labels, as in Ultralytics' ``verify_image_label`` from 8.4.165). Segment rows become their
+            boxes.
         notes: "label file missing", "label file empty", "N duplicate labels removed".
 
     Raises:
         SampleError: columns, coordinates outside [0, 1], negative or non-finite values, fractional
             class ids or a class >= nc. The message names the file and the fix.
     """
-    rows = _rows(lb_file)
+    rows = _rows(lb_file, rules)
     if rows is None:
         return np.zeros((0, 5), np.float32), ["label file missing: used as a background image"]
     if kpt_shape is not None:
@@ -236,20 +250,20 @@ def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None)
         else:
             segments = []
             lb = np.array(rows, dtype=np.float32)
-    except ValueError as e:  # ragged rows, non-numeric text, odd polygon length
+    except (ValueError, IndexError) as e:  # ragged rows, non-numeric text (a BOM too), odd polygon length, no value
         raise SampleError(f"{lb_file} is not numeric YOLO rows of 'class x y w h' ({e}); fix the file") from None
     if not len(lb):
         return np.zeros((0, 5), np.float32), ["label file empty: used as a background image"]
     if lb.ndim != 2 or lb.shape[1] != 5:
         raise SampleError(f"{lb_file} rows have {lb.shape[-1]} columns; detection labels need 5 (class x y w h)")
-    if np.isfinite(lb).all() and lb[:, 1:].max() > COORD_TOLERANCE:
-        bad = lb[:, 1:][lb[:, 1:] > COORD_TOLERANCE]
+    if np.isfinite(lb).all() and lb[:, 1:].max() > rules.coord_max:
+        bad = lb[:, 1:][lb[:, 1:] > rules.coord_max]
         raise SampleError(f"{lb_file} has coordinates above 1 ({bad[:4].tolist()}): YOLO labels are normalised "
                           "to [0, 1] by image width and height; convert pixel boxes by dividing")
-    _check_values(lb, lb_file, nc)
+    _check_values(lb, lb_file, nc, rules)
     notes = []
     _, keep = np.unique(lb, axis=0, return_index=True)
-    if len(keep) < len(lb) and segments:  # distinct polygons can share a class and box: duplicates by polygon
+    if len(keep) < len(lb) and segments and rules.polygon_duplicates:  # distinct polygons can share a box
         polygons = np.array([c.tobytes() + p.tobytes() for c, p in zip(lb[:, 0], segments)], dtype=object)
         _, keep = np.unique(polygons, return_index=True)
     if len(keep) < len(lb):
@@ -258,7 +272,8 @@ def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None)
     return lb, notes
 
 
-def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int],
+                     rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Parse and check a YOLO pose label file with Ultralytics' rules (``verify_image_label`` with ``keypoint``).
 
     Every row is ``class x y w h`` and K keypoints of D values (``kpt_shape``: (K, D)): x y, or x y visibility. The
@@ -277,7 +292,7 @@ def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int]) -> tuple
     """
     k, d = kpt_shape
     width = 5 + k * d
-    rows = _rows(lb_file)
+    rows = _rows(lb_file, rules)
     if not rows:
         note = "label file missing" if rows is None else "label file empty"
         return np.zeros((0, 5), np.float32), np.zeros((0, k, 3), np.float32), [f"{note}: used as a background image"]
@@ -291,11 +306,11 @@ def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int]) -> tuple
                           f"(class x y w h, then {k} keypoints of {d} values: the yaml's kpt_shape [{k}, {d}]); fix "
                           "the rows or the yaml's kpt_shape")
     points = lb[:, 5:].reshape(-1, d)[:, :2]
-    if np.isfinite(lb).all() and points.max() > COORD_TOLERANCE:
-        bad = points[points > COORD_TOLERANCE][:4].tolist()
+    if np.isfinite(lb).all() and points.max() > rules.coord_max:
+        bad = points[points > rules.coord_max][:4].tolist()
         raise SampleError(f"{lb_file} has keypoint coordinates above 1 ({bad}): YOLO keypoints are normalised to "
                           "[0, 1] by image width and height; convert pixel coordinates by dividing")
-    _check_values(lb, lb_file, nc)
+    _check_values(lb, lb_file, nc, rules)
     notes = []
     _, keep = np.unique(lb, axis=0, return_index=True)
     if len(keep) < len(lb):

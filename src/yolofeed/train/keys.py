@@ -32,6 +32,9 @@ STOCK, OURS, REPLACED, UNUSED = "stock", "yolofeed", "replaced", "unused"
 # Keys Ultralytics accepts beyond default.yaml: check_dict_alignment's allowed extras, and the old names
 # cfg._handle_deprecation maps or drops with a warning (ultralytics 8.4; tests/test_keys.py checks them).
 EXTRA_KEYS = ("augmentations", "save_dir")
+# Keys of default.yaml in older releases of the seam's range only, deprecated names since (8.4.142 maps end2end onto
+# nms, 8.4.164 drops keras): each has its row, for the releases that have it.
+OLDER_KEYS = ("end2end", "keras")
 DEPRECATED_KEYS = ("boxes", "hide_labels", "hide_conf", "line_thickness", "end2end", "int8", "half",
                    "label_smoothing", "save_hybrid", "crop_fraction", "keras")
 
@@ -167,6 +170,7 @@ RULES: dict[str, Rule] = {
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
                                             "visualize", "augment", "agnostic_nms", "nms", "dnn", "show_labels",
                                             "show_conf")},
+    "end2end": Rule(STOCK, f"{VALIDATOR} (a key until 8.4.141; from 8.4.142 an old name of nms)"),
     "plots": Rule(STOCK, "Ultralytics' plots (label plots from the loader's labels)"),
     # pose: the loss's keypoint gains, Ultralytics' PoseTrainer's
     **{k: Rule(STOCK, "pose only: the keypoint loss's gains (FastPoseTrainer)") for k in ("pose", "kobj", "rle")},
@@ -178,6 +182,7 @@ RULES: dict[str, Rule] = {
     **{k: Rule(UNUSED, PREDICT) for k in (
         "source", "vid_stride", "stream_buffer", "retina_masks", "embed", "show", "save_frames", "save_crop",
         "show_boxes", "line_width", "format", "optimize", "dynamic", "simplify", "opset", "workspace", "tracker")},
+    "keras": Rule(UNUSED, f"{PREDICT} (a key until 8.4.163)"),
 }
 
 
@@ -309,6 +314,7 @@ def check_device(device: Any) -> str:
 
     Raises:
         ConfigError: a device that is not the CPU or CUDA indices this machine has.
+        UltralyticsError: several devices, under a release that cannot start yolofeed's DDP ranks (``check_ddp``).
     """
     import torch
 
@@ -330,6 +336,10 @@ def check_device(device: Any) -> str:
     n = torch.cuda.device_count()
     if any(int(i) >= n for i in indices):
         raise ConfigError(f"device={device}: torch sees {n} CUDA GPU(s) here, device=0 to device={n - 1}")
+    if len(indices) > 1:
+        from yolofeed.ultralytics_seam import check_ddp
+
+        check_ddp()  # releases whose DDP ranks cannot rebuild yolofeed's trainer refuse it here, in one line
     return canonical
 
 
@@ -392,9 +402,9 @@ def markdown() -> str:
 
 
 def _ultralytics_version() -> str:
-    """The releases the table holds for: every one of the seam's range has the same keys and defaults
-    (`make test-releases` checks the table under its ends and a middle)."""
-    from yolofeed.ultralytics_seam import RANGE
+    """The releases the table holds for, and whose defaults it shows: the seam's range (`make test-releases` checks
+    the table under its ends and a middle; older releases lack no key, and have OLDER_KEYS), the defaults TESTED's."""
+    from yolofeed.ultralytics_seam import RANGE, TESTED
 
-    return RANGE
+    return f"{RANGE}; the defaults of {TESTED}"
 

@@ -25,8 +25,9 @@ loss call. A wrong count (a bug) is caught on the device and read once an epoch 
 On by default in both trainers (``sync_free_loss=False`` turns it off).
 
 The copied methods (and the Ultralytics methods they assume unchanged) are registered in
-``yolofeed.ultralytics_seam.COPIED`` and ``RELIED_ON`` with the hash of their 8.4.190 source; ``tests/test_seam.py``
-fails with a diff when the installed Ultralytics moves away from it.
+``yolofeed.ultralytics_seam.COPIED`` and ``RELIED_ON`` with the hash of their 8.4.190 source and of each older source
+reviewed; ``tests/test_seam.py`` fails with a diff when the installed Ultralytics moves away from them. Before 8.4.180
+``get_box_metrics`` computes its overlaps inline: ``seam.pair_overlaps`` does as the installed release does.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class SyncFreeAssigner(TaskAlignedAssigner):
         wrong = mask_gt.sum() != self.candidates[0]  # checked on the device; read once an epoch (check_counts)
         self.mismatch = wrong if self.mismatch is None else self.mismatch | wrong
         bbox_scores = pd_scores[indices[0], indices[2], gt_labels[indices[0], indices[1], 0].long()]
-        overlap_values = self.pair_overlaps(indices, gt_bboxes, pd_bboxes)
+        overlap_values = seam.pair_overlaps(self, indices, gt_bboxes, pd_bboxes)  # inline before 8.4.180
         align_values = bbox_scores.pow(self.alpha) * overlap_values.pow(self.beta)
         overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
         align_metric = torch.zeros(shape, dtype=align_values.dtype, device=pd_scores.device)
@@ -218,9 +219,12 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
         return out
 
     def get_assigned_targets_and_loss(self, preds: dict[str, Tensor], batch: dict[str, Any], **assign_kwargs):
-        """Ultralytics 8.4.190's code with the counts from the batch (see the module docstring)."""
+        """Ultralytics 8.4.190's code with the counts from the batch (see the module docstring); older releases of
+        the range compute the same values (``COPIED`` says how each differs)."""
         n = batch.get(MAX_BOXES)
-        if n is None or assign_kwargs or self.device.type == "mps" or self.__dict__.get("_yf_off"):
+        # n == 0, a batch without boxes: no sync to save (the assigner returns at once), and before 8.4.144 its
+        # foreground mask is float there, which only Ultralytics' own guard (8.4.138-153) keeps from the box loss
+        if not n or assign_kwargs or self.device.type == "mps" or self.__dict__.get("_yf_off"):
             return super().get_assigned_targets_and_loss(preds, batch, **assign_kwargs)
         loss = torch.zeros(3, device=self.device)  # box, cls, dfl
         pred_distri, pred_scores = (preds["boxes"].permute(0, 2, 1).contiguous(),

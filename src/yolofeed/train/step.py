@@ -119,7 +119,14 @@ class SyncFreeStep:
     def build_optimizer(self, *args: Any, **kwargs: Any):
         """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""
         optimizer = super().build_optimizer(*args, **kwargs)
-        return FastMuSGD.adopt(optimizer) if self.fast_musgd else optimizer
+        if not self.fast_musgd:
+            return optimizer
+        if not seam.copy_serves("ultralytics.optim.muon.muon_update"):  # 8.4.138: its update is another arithmetic
+            if type(optimizer) is seam.MuSGD:
+                seam.LOGGER.info(f"yolofeed: Ultralytics {seam.VERSION}'s MuSGD steps as it is (fast_musgd copies the "
+                                 "update of 8.4.139 on, which this release computes otherwise)")
+            return optimizer
+        return FastMuSGD.adopt(optimizer)
 
 
 def _items(trainer: Any) -> HostLossItems | None:

@@ -3,7 +3,8 @@
 yolofeed trains with Ultralytics' own ``DetectionTrainer``; it overrides a few of its methods, reads and sets some
 of its state, and carries modified copies of a few of its methods (the sync-free loss). All of that holds for the
 Ultralytics releases whose copied and relied-on methods read as those of the release they were copied from
-(``TESTED``): ``SUPPORTED``, the releases checked one by one against the recorded sources. This module:
+(``TESTED``), or as a source reviewed for them: ``SUPPORTED``, the releases checked one by one against the recorded
+sources. This module:
 
 * checks the installed version when it is imported (in ``SUPPORTED``). No other module of ``src/yolofeed`` imports
   Ultralytics (``tests/test_seam.py`` checks it), so importing any stage that uses Ultralytics (``yolofeed.train``,
@@ -24,16 +25,19 @@ Ultralytics releases whose copied and relied-on methods read as those of the rel
   it was copied from), the methods those copies and our overrides assume unchanged (``RELIED_ON``; with
   ``ours``, a rule yolofeed re-implements in its own shape: the partner pool's size, the label filters), the
   classes swapped in place (``SWAPPED``) and what Ultralytics reads from our loaders
-  (``TRAIN_LOADER_ATTRIBUTES``, ``VAL_...``).
+  (``TRAIN_LOADER_ATTRIBUTES``, ``VAL_...``); a pinned method whose source differs in older releases of the range
+  lists each such source (``Reviewed``: the releases, the hash, why yolofeed serves them), and the label rules of
+  each release are ``LABEL_RULE_SETS``.
   ``tests/test_seam.py`` compares the hashed methods with the installed source (read by ``source.py``) and fails
-  with a diff on drift. Only this file imports Ultralytics.
+  with a diff on drift. Only this file imports Ultralytics;
+* chooses, where releases of the range differ in what yolofeed does, the installed release's way, in one function
+  each (``since``: ``LABEL_RULES``, ``pair_overlaps``, ``copy_serves``, ``check_ddp``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -45,30 +49,33 @@ from yolofeed.errors import UltralyticsError, UltralyticsVersionError
 from yolofeed.ultralytics_seam import source
 from yolofeed.ultralytics_seam.pins import (
     COPIED,
+    LABEL_RULE_SETS,
     RELIED_ON,
     SWAPPED,
     TRAIN_LOADER_ATTRIBUTES,
     VAL_LOADER_ATTRIBUTES,
+    LabelRules,
     Pinned,
+    Release,
+    Reviewed,
+    label_rules,
 )
+from yolofeed.ultralytics_seam.pins import release as parse_version
 from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_hash
 
 TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one `make test` runs
-# [lowest, first unsupported): every method in COPIED and RELIED_ON reads in each of these releases as in TESTED, and
-# each holds every attribute of REQUIRED and TRAINER_STATE. Below 8.4.183 the label rules the pack copies differ
-# (8.4.182: negative values, 8.4.183: a label file's UTF-8 BOM) and below 8.4.180 the assigner the sync-free loss
-# copies has no pair_overlaps. A release after TESTED is refused until its sources are checked. `make test-releases`
-# runs the seam tests and a training under the oldest, a middle and the newest of them.
-SUPPORTED = ((8, 4, 183), (8, 4, 191))
-RANGE = f"{'.'.join(map(str, SUPPORTED[0]))} to {TESTED}"  # for messages: "8.4.183 to 8.4.190"
+# [lowest, first unsupported): every 8.4 release of the three months to TESTED (8.4.138: 2026-09-01). Each method in
+# COPIED and RELIED_ON reads in each of these releases as in TESTED or as one of its `others`, reviewed one by one:
+# most differ where yolofeed does not look; where yolofeed's behaviour must differ, the seam chooses by release
+# (`since`): the label rules (LABEL_RULES), the assigner's overlaps (pair_overlaps, 8.4.180), Ultralytics' own MuSGD
+# under 8.4.138 (copy_serves), no multi-GPU under 8.4.138-139 (check_ddp). Each holds every attribute of REQUIRED and
+# TRAINER_STATE. Below 8.4.138 nothing was reviewed, and a release after TESTED is refused until its sources are
+# checked. `make test-releases` runs the seam tests and a training under the oldest, a middle and the newest of them.
+SUPPORTED = ((8, 4, 138), (8, 4, 191))
+RANGE = f"{'.'.join(map(str, SUPPORTED[0]))} to {TESTED}"  # for messages: "8.4.138 to 8.4.190"
 REQUIREMENT = f"ultralytics>={'.'.join(map(str, SUPPORTED[0]))},<{'.'.join(map(str, SUPPORTED[1]))}"  # pyproject's
 FIX = f"pip install ultralytics=={TESTED}"
 UNTESTED_ENV = "YOLOFEED_UNTESTED_ULTRALYTICS"  # "1": another version only warns (for trying a new release)
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """The leading numbers of a version string: ``"8.4.190"`` -> (8, 4, 190); ``"8.4.190.dev0"`` -> (8, 4, 190)."""
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
 def check_version(installed: str, allow_untested: bool = False) -> None:
@@ -146,6 +153,17 @@ except ImportError as e:
                                   f"{RANGE}: {FIX}") from None
 
 VERSION: str = ultralytics.__version__
+RELEASE: Release = parse_version(VERSION)
+
+
+def since(first: str) -> bool:
+    """Whether the installed Ultralytics is ``first`` or later (the seam's only test of a release: each use names
+    what changed there)."""
+    return RELEASE >= parse_version(first)
+
+
+# The label rules pack.verify applies: the installed release's (pins.LABEL_RULE_SETS), recorded in every pack it builds
+LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
@@ -161,8 +179,11 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "write_checkpoints_as", "xywh2xyxy", "xyxy2xywh", "YAML", "yaml_model_load", "YOLO", "YOLODataset",
     "zeropower_via_newtonschulz5",
     # what yolofeed copied and relies on (pins.py), and reading the installed source (source.py)
-    "COPIED", "normalised_source", "Pinned", "RELIED_ON", "resolve", "source_hash", "SWAPPED",
+    "COPIED", "normalised_source", "Pinned", "RELIED_ON", "resolve", "Reviewed", "source_hash", "SWAPPED",
     "TRAIN_LOADER_ATTRIBUTES", "VAL_LOADER_ATTRIBUTES",
+    # where the releases of the range differ
+    "check_ddp", "copy_serves", "LABEL_RULE_SETS", "LABEL_RULES", "label_rules", "LabelRules", "pair_overlaps",
+    "parse_version", "RELEASE", "Release", "since",
 ]
 
 
@@ -185,7 +206,9 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (v8DetectionLoss, "bbox_decode", "the sync-free loss calls it"),
     (TaskAlignedAssigner, "select_candidates_in_gts", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),
-    (TaskAlignedAssigner, "pair_overlaps", "the sync-free assigner calls it"),
+    # 8.4.180 moved get_box_metrics' overlaps into pair_overlaps; before, it called iou_calculation itself
+    (TaskAlignedAssigner, "pair_overlaps" if since("8.4.180") else "iou_calculation",
+     "the sync-free assigner calls it (seam.pair_overlaps)"),
     (BboxLoss, "forward", "the sync-free box loss overrides it (COPIED)"),
     (MuSGD, "step", "FastMuSGD copies it (COPIED) and steps instead of it"),
     (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),
@@ -305,6 +328,45 @@ def may_stop(trainer: Any) -> bool:
     (``EarlyStopping.possible_stop``) or the run is stopping (``BaseTrainer.stop``: a ``time=`` limit, early stopping
     on another rank)."""
     return bool(_state(_state(trainer, "stopper"), "possible_stop", "trainer.stopper") or _state(trainer, "stop"))
+
+
+# -- where releases of the range differ -----------------------------------------------------------------------------
+# Each function here is the one place a difference between releases reaches yolofeed's code (the ``Reviewed`` entry
+# of the method in pins.py says why); the label rules are LABEL_RULES, above.
+def pair_overlaps(assigner: Any, indices: tuple, gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Tensor:
+    """``TaskAlignedAssigner.get_box_metrics``' overlaps of the candidate (image, box, anchor) pairs ``indices``: its
+    ``pair_overlaps`` (8.4.180 on), or what it computed inline before (``iou_calculation`` of the gathered boxes).
+
+    Shape:
+        indices: three (N,) index tensors; gt_bboxes: (B, K, 4); pd_bboxes: (B, A, 4); returns (N,).
+    """
+    if since("8.4.180"):
+        return assigner.pair_overlaps(indices, gt_bboxes, pd_bboxes)
+    return assigner.iou_calculation(gt_bboxes[indices[:2]], pd_bboxes[indices[0], indices[2]])
+
+
+def copy_serves(ultralytics_name: str) -> bool:
+    """Whether yolofeed's copy of a COPIED method is the installed release's code; False where the release's code
+    differs in what the copy does (a ``Reviewed`` with ``stock``): yolofeed takes Ultralytics' own path there."""
+    pinned = next(p for p in COPIED if p.ultralytics == ultralytics_name)
+    reviewed = pinned.reviewed(RELEASE)
+    return reviewed is None or not reviewed.stock
+
+
+def check_ddp() -> None:
+    """Raise where the installed release cannot start DDP ranks of yolofeed's trainer (called for several devices).
+
+    Before 8.4.140 ``generate_ddp_file`` has the ranks import the trainer class by module and name and build it
+    without the launcher's callbacks: ``with_options``' options (pack_dir, ...) and the monitor's report would not
+    reach them (RELIED_ON says what yolofeed relies on there).
+
+    Raises:
+        UltralyticsError: one line: why, and the two ways out.
+    """
+    if not since("8.4.140"):
+        raise UltralyticsError(f"Ultralytics {VERSION} starts multi-GPU (DDP) ranks from the trainer's class name "
+                               "alone, without yolofeed's options and callbacks (8.4.140 pickles them along): train "
+                               f"on one GPU (device=0), or {FIX}")
 
 
 # -- the data yaml ---------------------------------------------------------------------------------------------------

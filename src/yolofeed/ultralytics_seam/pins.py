@@ -1,11 +1,43 @@
 """What yolofeed copied from Ultralytics and what it relies on, each with the hash of the source it was written against:
 ``COPIED`` (Ultralytics' method, our copy), ``RELIED_ON`` (methods our copies and overrides assume unchanged; with
-``ours``, a rule yolofeed re-implements in its own shape), ``SWAPPED`` (classes swapped in place) and what
-Ultralytics reads from our loaders. ``tests/test_seam.py`` compares the hashes with the installed source."""
+``ours``, a rule yolofeed re-implements in its own shape), ``SWAPPED`` (classes swapped in place), what Ultralytics
+reads from our loaders, and the label rules of each release (``LABEL_RULE_SETS``). A pinned method whose source
+differs in older releases of the range lists each such source (``Reviewed``: the releases, the hash, why yolofeed
+serves them). ``tests/test_seam.py`` compares the hashes with the installed source."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+Release = tuple[int, ...]
+
+
+def release(text: str) -> Release:
+    """The leading numbers of a version string: ``"8.4.190"`` -> (8, 4, 190); ``"8.4.190.dev0"`` -> (8, 4, 190)."""
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    """Another source of a pinned method, in older releases of the range, read against ``TESTED``'s and judged.
+
+    Attributes:
+        releases: the first and the last release (both included) whose source hashes to ``sha256``; that source is
+            recorded in ``tests/data/ultralytics-<first>/``.
+        sha256: as ``Pinned.sha256``.
+        why: what differs from the next source, and why yolofeed serves these releases anyway (it does not touch what
+            yolofeed relies on), or what yolofeed does differently under them (a variant the seam chooses).
+        stock: yolofeed's copy is not these releases' code: yolofeed takes Ultralytics' own path under them.
+    """
+
+    releases: tuple[str, str]
+    sha256: str
+    why: str
+    stock: bool = False
+
+    def covers(self, version: Release) -> bool:
+        return release(self.releases[0]) <= version <= release(self.releases[1])
 
 
 @dataclass(frozen=True)
@@ -14,15 +46,31 @@ class Pinned:
 
     Attributes:
         ultralytics: its qualified name (module path, then class and method).
-        sha256: the first 16 hex digits of the SHA-256 of ``normalised_source`` at ``TESTED``.
+        sha256: the first 16 hex digits of the SHA-256 of ``normalised_source`` at ``TESTED``, and in every release
+            of the range that ``others`` does not cover.
         ours: the qualified name of yolofeed's modified copy ("" for a method relied on, not copied).
         why: what the copy changes, or what yolofeed assumes of the method.
+        others: the other sources of older releases of the range, oldest first, each reviewed.
     """
 
     ultralytics: str
     sha256: str
     ours: str = ""
     why: str = ""
+    others: tuple[Reviewed, ...] = ()
+
+    def reviewed(self, version: Release) -> Reviewed | None:
+        """The reviewed source of an older release, or None where the release reads as ``TESTED``."""
+        return next((r for r in self.others if r.covers(version)), None)
+
+    def sha256_for(self, version: Release) -> str:
+        """The hash the source of this method has in that release of the range."""
+        r = self.reviewed(version)
+        return self.sha256 if r is None else r.sha256
+
+
+def _r(first: str, last: str, sha256: str, why: str, stock: bool = False) -> Reviewed:
+    return Reviewed((first, last), sha256, why, stock)
 
 
 # Modified copies, kept beside the classes they belong to for readability (train/loss.py says why each differs).
@@ -30,25 +78,73 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.v8DetectionLoss.get_assigned_targets_and_loss", "a4753d10641f935a",
            "yolofeed.train.loss.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
            "the anchors and image size cached per feature-map shape; the most boxes per image and the candidates' "
-           "count from the batch"),
+           "count from the batch",
+           others=(
+               _r("8.4.138", "8.4.153", "418f07badd332a6b",
+                  "target_scores_sum by max() and the box loss skipped without foreground, two syncs: the same values;"
+                  " a batch without boxes takes Ultralytics' path (8.4.138-143's assigner gives it a float foreground "
+                  "mask)"),
+               _r("8.4.154", "8.4.179", "739c9164c07d9a54",
+                  "no **assign_kwargs (the pose loss's keypoints), which the copy never passes: the same code"),
+           )),
     Pinned("ultralytics.utils.loss.v8DetectionLoss.preprocess", "87a9252ed8b00264",
-           "yolofeed.train.loss.SyncFreeDetectionLoss._pad", "the most boxes per image given, not learnt (a sync)"),
+           "yolofeed.train.loss.SyncFreeDetectionLoss._pad", "the most boxes per image given, not learnt (a sync)",
+           others=(
+               _r("8.4.138", "8.4.182", "0348e52095097cf4",
+                  "no MPS branch (the padding rounded up to a power of two there): the copy never runs on MPS"),
+           )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.select_candidates_in_gts", "6610e5e5c1bf9e8a",
            "yolofeed.train.loss.SyncFreeAssigner.select_candidates_in_gts",
            "stride_val as a Python scalar; SyncFreeDetectionLoss.early_candidates repeats its steps to count ahead"),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
-           "yolofeed.train.loss.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead"),
+           "yolofeed.train.loss.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead",
+           others=(
+               _r("8.4.138", "8.4.179", "fdc62ca61a541e12",
+                  "the pairs' overlaps inline, iou_calculation of the gathered boxes, which 8.4.180 moved into "
+                  "pair_overlaps: the copy calls seam.pair_overlaps, which computes them so before 8.4.180"),
+           )),
     Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0",
            "yolofeed.train.loss.SyncFreeBboxLoss.forward",
-           "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0"),
+           "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0",
+           others=(
+               _r("8.4.138", "8.4.153", "b1faf3641ed25502",
+                  "indexes with the boolean foreground mask, not its nonzero() indices: the same rows, in the same "
+                  "order"),
+           )),
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_labels",
            "the label half only (its image checks are pack.verify's own): Ultralytics' columns, bounds, class range, "
-           "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line"),
+           "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line",
+           others=(
+               _r("8.4.138", "8.4.163", "f20276a261423482",
+                  "label rules 8.4.138 (LABEL_RULE_SETS): a whitespace line refuses the file, fractional class ids "
+                  "kept, duplicates by row only, any value down to -0.01, no BOM"),
+               _r("8.4.164", "8.4.164", "8f1f3eed99f3e42c",
+                  "label rules 8.4.164: fractional class ids refused; otherwise 8.4.138's"),
+               _r("8.4.165", "8.4.181", "b5365a77e6d285d5",
+                  "label rules 8.4.165: whitespace lines skipped, polygon duplicates by polygon; any value down to "
+                  "-0.01, no BOM"),
+               _r("8.4.182", "8.4.182", "62ac0b3bb1fe515a",
+                  "label rules 8.4.182: negative values for x and y only; no BOM (it makes the first class id "
+                  "non-numeric)"),
+           )),
     Pinned("ultralytics.data.utils.check_image", "6f4910f41f1cbe8e", "yolofeed.pack.verify.check_image",
            "Pillow's verify, the EXIF-corrected size of at least 10 px a side, the formats Ultralytics reads, a JPEG "
-           "without its end marker restored (in memory: the user's file is not rewritten)"),
+           "without its end marker restored (in memory: the user's file is not rewritten)",
+           others=(
+               _r("8.4.138", "8.4.163", "e1a13190859980bc",
+                  "refuses Pillow's JPEG2000 format (LabelRules.jpeg2000); otherwise 8.4.164's"),
+               _r("8.4.164", "8.4.166", "5605e1bc6a633916",
+                  "writes the restored JPEG over the file in place (8.4.167: through a temporary file): the same "
+                  "bytes, which pack.verify builds in memory"),
+           )),
     Pinned("ultralytics.optim.muon.muon_update", "6909629a03ae1c80", "yolofeed.train.musgd.muon_update",
-           "beta and 1 - beta as device scalars (a multiply, then an add, where stock fuses them)"),
+           "beta and 1 - beta as device scalars (a multiply, then an add, where stock fuses them)",
+           others=(
+               _r("8.4.138", "8.4.138", "15fed64f6586fe44",
+                  "buckets by rows with tall matrices transposed and pads columns (8.4.139: by columns, rows padded): "
+                  "other arithmetic, so yolofeed steps this release's own MuSGD (FastMuSGD is not adopted)",
+                  stock=True),
+           )),
     Pinned("ultralytics.optim.muon.MuSGD.step", "e5bd4a18e6039cf8", "yolofeed.train.musgd.FastMuSGD._update",
            "the buffers of a plan made once, the scalars read from the device, a found_inf step skipped there"),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.final_eval", "b13bdb214501858e",
@@ -60,46 +156,131 @@ COPIED: tuple[Pinned, ...] = (
 # What the copies and the overrides assume: a change here can break them without touching a copied line.
 RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.forward", "20d350afbb2b781e",
-           why="sets bs and n_max_boxes, falls back to one image at a time on OOM (the copies check bs)"),
+           why="sets bs and n_max_boxes, falls back to one image at a time on OOM (the copies check bs)",
+           others=(
+               _r("8.4.138", "8.4.143", "c0231a66822a8bb1",
+                  "a float foreground mask for a batch without boxes (8.4.144: bool): the sync-free loss leaves such a"
+                  " batch to Ultralytics' path, whose guard (8.4.138-153) keeps it from the box loss"),
+               _r("8.4.144", "8.4.179", "e3ff61ff0459ab05",
+                  "no **extra for _forward (the pose assigner's keypoints); bs, n_max_boxes and the OOM fallback as in"
+                  " TESTED"),
+           )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_pos_mask", "68acdb6a15a4181d",
-           why="get_box_metrics' candidates are select_candidates_in_gts' mask times mask_gt (early_candidates)"),
+           why="get_box_metrics' candidates are select_candidates_in_gts' mask times mask_gt (early_candidates)",
+           others=(
+               _r("8.4.138", "8.4.179", "a2b0c26006af5a2a",
+                  "no **extra for get_box_metrics; the candidates are select_candidates_in_gts' mask times mask_gt as "
+                  "in TESTED"),
+           )),
     Pinned("ultralytics.utils.tal.make_anchors", "1ca25b452a34c3bd",
-           why="the sync-free loss caches its anchors per feature-map shape"),
+           why="the sync-free loss caches its anchors per feature-map shape",
+           others=(
+               _r("8.4.138", "8.4.153", "e452e954714f4b55",
+                  "each arange made on the feature map's device (8.4.154: on the CPU, then moved): the same anchors, "
+                  "made per call in both"),
+           )),
     Pinned("ultralytics.utils.loss.v8DetectionLoss.loss", "0707424632ac0a83",
            why="calls get_assigned_targets_and_loss with the batch, where the counts ride"),
     Pinned("ultralytics.utils.loss.E2ELoss.__call__", "32fa04b768edcc2c",
            why="YOLO26: the two plain detection losses (one2many, one2one) get the same batch"),
     Pinned("ultralytics.engine.trainer.BaseTrainer._do_train", "400861d91b504ebd",
            why="the loop the sync-free step, the callbacks and the pack loaders are fitted to: tloss and loss_items, "
-               "callback order, close_mosaic then train_loader.reset(), criterion.update() before on_train_epoch_end"),
+               "callback order, close_mosaic then train_loader.reset(), criterion.update() before on_train_epoch_end",
+           others=(
+               _r("8.4.138", "8.4.156", "69b14bba96c36f0e",
+                  "closes mosaic at epoch == epochs - close_mosaic only: a resume past it keeps mosaic on, in "
+                  "yolofeed's augmentation too (the loop calls the override); the order of the rest as in TESTED"),
+               _r("8.4.157", "8.4.157", "041f110d8aebfcdf",
+                  "an OOM retry does not close mosaic again: its rebuilt dataset has mosaic on, yolofeed's "
+                  "augmentation keeps its closed settings (as from 8.4.158)"),
+               _r("8.4.158", "8.4.161", "572d20bfd0807ad0",
+                  "an OOM retry neither closes the train loader (the dropped loader's finalizer stops its thread: "
+                  "loader/prefetch.py) nor gives the validator the new val loader (it keeps the first, still open)"),
+               _r("8.4.162", "8.4.163", "64715499e6ab2374",
+                  "runs on_batch_end each step (gone in 8.4.164): yolofeed registers none; the monitor times it"),
+               _r("8.4.164", "8.4.171", "e0ff91178f975d52",
+                  "NaN recovery keeps last_opt_step and the gradients (8.4.172 resets them): Ultralytics' own"),
+               _r("8.4.172", "8.4.182", "d2ad805e752cb30f",
+                  "warm-up raises accumulate towards nbs / batch, up to nw excluded (8.4.183: towards the accumulate "
+                  "set up): Ultralytics' own schedule, which yolofeed's step runs inside"),
+           )),
     Pinned("ultralytics.engine.trainer.BaseTrainer._close_dataloader_mosaic", "44a21ac6bb616b47",
            why="FastDetectionTrainer's override must do what it does (mosaic, mixup, cutmix off)"),
     Pinned("ultralytics.optim.muon.zeropower_via_newtonschulz5", "3b85ee3595e6dbfb",
            why="FastMuSGD's update calls it as stock's does: no host sync in it, so it can be captured"),
     Pinned("ultralytics.engine.trainer.BaseTrainer.build_optimizer", "668843690c3d2151",
            why="builds MuSGD(groups, muon=, sgd=) where yolofeed's trainer adopts it; the groups' keys (use_muon, "
-               "nesterov, lr, momentum, weight_decay) are the ones FastMuSGD reads"),
+               "nesterov, lr, momentum, weight_decay) are the ones FastMuSGD reads",
+           others=(
+               _r("8.4.138", "8.4.153", "e3a00f5eb1245ca9",
+                  "no fused= for Adam and AdamW on CUDA: yolofeed adopts a MuSGD only, built as in TESTED"),
+               _r("8.4.154", "8.4.167", "306f9373d73d6116", "another log line for optimizer=auto"),
+               _r("8.4.168", "8.4.171", "0674c7808391a5d1",
+                  "optimizer=auto does not write the optimiser and lr0 it chose back into args (yolofeed reads "
+                  "neither)"),
+           )),
     Pinned("ultralytics.engine.trainer.BaseTrainer.optimizer_step", "f01be97330da83e1",
            why="the monitor's optimiser phase starts where it is entered"),
     Pinned("ultralytics.utils.dist.generate_ddp_file", "78b554dd99221047",
            why="DDP ranks rebuild the trainer as trainer_class(cfg, overrides, _callbacks) from a cloudpickle of the "
                "class (FastDetectionTrainer.with_options' options ride on it) and of the callbacks "
-               "(monitor/throughput.py's report to the launcher rides on those)"),
+               "(monitor/throughput.py's report to the launcher rides on those)",
+           others=(
+               _r("8.4.138", "8.4.139", "6ad256394b720820",
+                  "ranks import the trainer class by module and name, without its callbacks: yolofeed's options and "
+                  "callbacks would not reach them, so a multi-GPU run is refused (seam.check_ddp)"),
+               _r("8.4.140", "8.4.171", "6e0aa0b84c583ccd",
+                  "no check_requirements('cloudpickle>=3.1.1') (yolofeed requires it); the trainer pickled as in "
+                  "TESTED"),
+           )),
     Pinned("ultralytics.engine.trainer.BaseTrainer.train", "6df46979cf5bb5e5",
            why="self.ddp: the launching process runs the ranks with subprocess.run(check=True) and trains nothing "
-               "itself (measure/ranks.py: its ranks report to it and leave with status 0)"),
+               "itself (measure/ranks.py: its ranks report to it and leave with status 0)",
+           others=(
+               _r("8.4.138", "8.4.176", "ffd2cf96212ac5e6",
+                  "teardown callbacks after the try, so not after StopTraining (yolofeed registers none); self.ddp and"
+                  " subprocess.run(check=True) as in TESTED"),
+           )),
     Pinned("ultralytics.engine.trainer.BaseTrainer.save_model", "292ea8c55f928750",
            why="serialises the checkpoint once and writes it only with write_bytes on self.last, self.best and "
-               "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic)"),
+               "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic)",
+           others=(
+               _r("8.4.138", "8.4.138", "c616f854b3d94053",
+                  "unwrap_model(self.ema.ema), not the EMA model as is: the same single serialisation and writes"),
+               _r("8.4.139", "8.4.142", "e1c94960ce26e71c", "no QAT state in the checkpoint: the same writes"),
+               _r("8.4.143", "8.4.171", "9dda48b2cf590642",
+                  "no early-stopping state in the checkpoint: the same writes"),
+           )),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
            why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
     # Rules yolofeed re-implements in its own shape (``ours``), not as a copy of the method
     Pinned("ultralytics.data.base.BaseDataset.__init__", "8a5554f533938b34",
            "yolofeed.augment.pool.ultralytics_capacity",
-           why="the partner pool's default size is its max_buffer_length: min(n, 8 x batch, 1000) when augmenting"),
+           why="the partner pool's default size is its max_buffer_length: min(n, 8 x batch, 1000) when augmenting",
+           others=(
+               _r("8.4.138", "8.4.157", "8c87e5164d0c499e", "the transforms built from hyp itself, not a copy of it"),
+               _r("8.4.158", "8.4.163", "9f5204f6c0831c08", "type annotations only"),
+               _r("8.4.164", "8.4.168", "c4ef61743a41254b", "as 8.4.170-174 (8.4.169 only renames the .npy cache)"),
+               _r("8.4.169", "8.4.169", "b263df3c7a07bd52",
+                  "names the .npy image cache image.jpg.npy, not image.npy: a cache yolofeed never reads"),
+               _r("8.4.170", "8.4.174", "c4ef61743a41254b",
+                  "cv2_flag for 1 or 3 channels only (yolofeed packs 3); max_buffer_length as in TESTED"),
+               _r("8.4.175", "8.4.177", "8356e02df2d1b6ef", "type annotations only"),
+           )),
     Pinned("ultralytics.data.base.BaseDataset.load_image", "7cba5ab6064ad87d", "yolofeed.augment.pool.PartnerPool",
            why="the pool keeps the images loaded lately as its buffer does (the oldest dropped once it holds "
-               "max_buffer_length); pack.verify.resized_hw resizes as it does (long side, ceil, INTER_LINEAR)"),
+               "max_buffer_length); pack.verify.resized_hw resizes as it does (long side, ceil, INTER_LINEAR)",
+           others=(
+               _r("8.4.138", "8.4.165", "b794d34536b6e3cd",
+                  "reads a .npy image cache whenever there is one (a cache yolofeed never reads); the resize for an "
+                  "int imgsz and the buffer as in TESTED"),
+               _r("8.4.166", "8.4.170", "3b4343954ef216a9",
+                  "reads the .npy cache with cache=disk only (undone in 8.4.171)"),
+               _r("8.4.171", "8.4.174", "b794d34536b6e3cd", "as 8.4.138-165"),
+               _r("8.4.175", "8.4.177", "475c83b47ae14d7f",
+                  "an int imgsz only (8.4.178 takes (h, w) too): the same long-side resize for the int yolofeed gives"),
+               _r("8.4.178", "8.4.178", "97a1b380945e9129", "the (h, w) imgsz read in other lines: the same sizes"),
+           )),
     Pinned("ultralytics.data.base.BaseDataset.update_labels", "b9ff4ae08d5bf474", "yolofeed.loader.labels.LabelView.of",
            why="classes= keeps the rows of those classes (ids not renumbered), then single_cls makes every id 0"),
     # pose (task=pose packs): the label half of verify_image_label with keypoints, the yaml's kpt_shape, the cache key
@@ -146,3 +327,54 @@ VAL_LOADER_ATTRIBUTES: dict[str, str] = {
     "batch_size": "the warm-up's batch shape",
     "close": "called at the end of training",
 }
+
+
+@dataclass(frozen=True)
+class LabelRules:
+    """The rules of ``verify_image_label`` and ``check_image`` (COPIED) that changed within the range, as one release
+    applies them to a detection label file; ``pack.verify`` applies those of the installed release, and a pack records
+    which (``since``: a pack built under other rules is stale). ``tests/test_seam.py`` finds each in the installed
+    source.
+
+    Attributes:
+        since: the first release of these rules.
+        encoding: how a label file is read: "utf-8-sig" (8.4.183) reads past a UTF-8 BOM; with "utf-8" the BOM stays
+            on the first class id, which is then not a number, and the file is refused.
+        blank_lines: a line of whitespace alone is skipped (8.4.165); before, it is a row of no values, which refuses
+            the file.
+        polygon_duplicates: segment rows are duplicates when class and polygon are equal (8.4.165); before, when
+            class and box are.
+        integer_classes: a fractional class id refuses the file (8.4.164); before, it is kept as it is.
+        negative_sizes: below 0 only x and y may go, down to -``negative`` (8.4.182); before, every value may.
+        jpeg2000: Pillow's "JPEG2000" format is an image format (8.4.164); before, such a file is refused.
+        coord_max: the largest normalised coordinate (points.max() <= 1.01).
+        negative: how far below 0 a value may go (lb.min() >= -0.01).
+        min_side: the smallest image side in pixels (shape > 9).
+    """
+
+    since: str
+    encoding: str = "utf-8-sig"
+    blank_lines: bool = True
+    polygon_duplicates: bool = True
+    integer_classes: bool = True
+    negative_sizes: bool = True
+    jpeg2000: bool = True
+    coord_max: float = 1.01
+    negative: float = 0.01
+    min_side: int = 10
+
+
+# Each release's rules: the last whose ``since`` is not above it (oldest first; TESTED's last).
+LABEL_RULE_SETS: tuple[LabelRules, ...] = (
+    LabelRules("8.4.138", encoding="utf-8", blank_lines=False, polygon_duplicates=False, integer_classes=False,
+               negative_sizes=False, jpeg2000=False),
+    LabelRules("8.4.164", encoding="utf-8", blank_lines=False, polygon_duplicates=False, negative_sizes=False),
+    LabelRules("8.4.165", encoding="utf-8", negative_sizes=False),
+    LabelRules("8.4.182", encoding="utf-8"),
+    LabelRules("8.4.183"),
+)
+
+
+def label_rules(version: Release) -> LabelRules:
+    """The label rules of a release of the range (an older one gets the oldest known, a newer one TESTED's)."""
+    return next((r for r in reversed(LABEL_RULE_SETS) if release(r.since) <= version), LABEL_RULE_SETS[0])
