@@ -280,7 +280,7 @@ def test_a_box_task_on_a_pose_yaml_keeps_the_boxes_of_pose_rows(tmp_path):
         lb.write_text(text)
         ref = _ultralytics_verify(im, lb, 8, (2, 3), False)
         try:
-            ours, _ = read_labels(str(lb), 8, (2, 3))
+            ours, _ = read_labels(str(lb), 8, kpt_shape=(2, 3))
         except SampleError:
             assert ref[0] is None, text
             continue

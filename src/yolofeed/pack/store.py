@@ -56,19 +56,16 @@ from yolofeed.pack.layout import (
     printable,
 )
 from yolofeed.pack.paths import GENERIC_FIX, fix_from_header
-from yolofeed.ultralytics_seam import LABEL_RULE_SETS, LABEL_RULES, LabelRules
+from yolofeed.ultralytics_seam import LABEL_RULES, UNRECORDED_LABEL_RULES, LabelRules, label_rules_named
 
 LOGGER = logging.getLogger(__name__)
 DEFAULTS = {"task": "detect"}  # header keys packs written before them lack: what those packs are
-# The label rules of a pack whose header names none: a yolofeed that supported Ultralytics 8.4.183-190 only built it
-UNRECORDED_LABEL_RULES = "8.4.183"
 
 
 def label_rules_of(header: dict[str, Any]) -> LabelRules:
     """The label rules a pack was built under (``header["label_rules"]``, the first release of those rules); the
     installed release's where the name is unknown (a newer yolofeed's: the pack is stale for this one anyway)."""
-    since = header.get("label_rules", UNRECORDED_LABEL_RULES)
-    return next((r for r in LABEL_RULE_SETS if r.since == since), LABEL_RULES)
+    return label_rules_named(header.get("label_rules", UNRECORDED_LABEL_RULES)) or LABEL_RULES
 
 
 class _ReadFile:

@@ -215,8 +215,8 @@ def _check_values(lb: np.ndarray, lb_file: str, nc: int, rules: LabelRules = LAB
                           f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
 
 
-def read_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int] | None = None,
-                rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, list[str]]:
+def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
+                kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[str]]:
     """Parse and check a YOLO label file with Ultralytics' rules (``rules``: the installed release's; where the
     releases differ, ``LabelRules`` says how).
 
@@ -362,7 +362,7 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
     if task == "pose":
         labels, keypoints, notes = read_pose_labels(lb_file, nc, kpt_shape)
     else:
-        labels, notes = read_labels(lb_file, nc, kpt_shape)
+        labels, notes = read_labels(lb_file, nc, kpt_shape=kpt_shape)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)

@@ -53,12 +53,14 @@ from yolofeed.ultralytics_seam.pins import (
     RELIED_ON,
     SWAPPED,
     TRAIN_LOADER_ATTRIBUTES,
+    UNRECORDED_LABEL_RULES,
     VAL_LOADER_ATTRIBUTES,
     LabelRules,
     Pinned,
     Release,
     Reviewed,
     label_rules,
+    label_rules_named,
 )
 from yolofeed.ultralytics_seam.pins import release as parse_version
 from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_hash
@@ -182,8 +184,8 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "COPIED", "normalised_source", "Pinned", "RELIED_ON", "resolve", "Reviewed", "source_hash", "SWAPPED",
     "TRAIN_LOADER_ATTRIBUTES", "VAL_LOADER_ATTRIBUTES",
     # where the releases of the range differ
-    "check_ddp", "copy_serves", "LABEL_RULE_SETS", "LABEL_RULES", "label_rules", "LabelRules", "pair_overlaps",
-    "parse_version", "RELEASE", "Release", "since",
+    "check_ddp", "copy_serves", "LABEL_RULE_SETS", "LABEL_RULES", "label_rules", "label_rules_named", "LabelRules",
+    "pair_overlaps", "parse_version", "RELEASE", "Release", "since", "UNRECORDED_LABEL_RULES",
 ]
 
 

@@ -375,6 +375,15 @@ LABEL_RULE_SETS: tuple[LabelRules, ...] = (
 )
 
 
+# The rules of a pack whose header names none: a yolofeed that supported Ultralytics 8.4.183-190 only built it
+UNRECORDED_LABEL_RULES = "8.4.183"
+
+
 def label_rules(version: Release) -> LabelRules:
     """The label rules of a release of the range (an older one gets the oldest known, a newer one TESTED's)."""
     return next((r for r in reversed(LABEL_RULE_SETS) if release(r.since) <= version), LABEL_RULE_SETS[0])
+
+
+def label_rules_named(since: str) -> LabelRules | None:
+    """The label rules whose first release is ``since`` (as a pack records them), or None for a name not known."""
+    return next((r for r in LABEL_RULE_SETS if r.since == since), None)
