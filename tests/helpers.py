@@ -413,3 +413,12 @@ def planted_folder(yaml_file, out):
     folder = store_dir(yaml_file, 64, "raw", out)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def _pose_trained() -> bool:
+    from yolofeed import ultralytics_seam as seam
+
+    return seam.RELEASE >= seam.parse_version(seam.POSE_SINCE)
+
+
+POSE_TRAINED = _pose_trained()  # the installed Ultralytics is one whose pose rules yolofeed follows (seam.check_task)

@@ -73,6 +73,10 @@ def drift(pinned: seam.Pinned, text: str | None = None) -> str | None:
 
 @pytest.mark.parametrize("pinned", PINNED, ids=[".".join(p.ultralytics.rsplit(".", 2)[-2:]) for p in PINNED])
 def test_copied_and_relied_on_methods_have_not_drifted(pinned):
+    if pinned.since and seam.RELEASE < seam.parse_version(pinned.since):  # the feature relying on it is refused here
+        with pytest.raises(UltralyticsError, match=f"Ultralytics {pinned.since} on"):
+            seam.check_task("pose")
+        return
     first, path = recorded(pinned)
     assert seam.source_hash(path.read_text()) == pinned.sha256_for(seam.RELEASE), (
         f"the source recorded for {first} and the seam's hash disagree")
@@ -324,6 +328,7 @@ def test_the_label_rules_are_those_of_the_installed_source():
         "integer_classes": "(lb[:, 0] % 1 == 0).all()" in labels,
         "negative_sizes": "lb[:, 3:5].min() >= 0" in labels,
         "jpeg2000": "IMG_FORMATS | {'jpeg2000'}" in image,
+        "pose_box_rows": "if nkpt and (not keypoint):" in labels,
     }
     assert found == {k: getattr(rules, k) for k in found}, (seam.VERSION, rules)
     assert "encoding='utf-8'" in labels or rules.encoding == "utf-8-sig"

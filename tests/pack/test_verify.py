@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import BAD_CASES, add_bad_samples, copy_dataset, kept, ultralytics_dataset
+from helpers import BAD_CASES, POSE_TRAINED, add_bad_samples, copy_dataset, kept, ultralytics_dataset
 from yolofeed.pack import Pack, open_or_build
 from yolofeed.pack.paths import store_dir
 from yolofeed.pack.rebuild import ensure_split
@@ -290,6 +290,7 @@ def test_a_box_task_on_a_pose_yaml_keeps_the_boxes_of_pose_rows(tmp_path):
         read_labels(str(lb), 8)
 
 
+@pytest.mark.skipif(not POSE_TRAINED, reason="pose packs need Ultralytics POSE_SINCE or newer (refused: test_seam.py)")
 def test_bad_pose_rows_are_skipped_like_ultralytics_and_reported(pose_root, tmp_path):
     """A pose set with bad rows (kpt_shape [5, 3], 20 columns): the pack keeps the images Ultralytics' YOLODataset
     (task=pose) keeps, with its boxes and keypoints, and lists each image it skips with the reason in its header and

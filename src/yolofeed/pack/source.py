@@ -249,6 +249,9 @@ def split_source(data: str | os.PathLike | dict[str, Any], split: str, task: str
     Raises:
         DatasetError: as ``load_data_yaml``, ``list_images`` and ``kpt_shape_of``.
     """
+    from yolofeed.ultralytics_seam import check_task
+
+    check_task(task)  # pose: the installed release's pose rules must be the ones yolofeed follows
     d = data if isinstance(data, dict) else load_data_yaml(data)
     kpt_shape = kpt_shape_of(d, task)  # before listing the images: a pose yaml without kpt_shape is refused at once
     if not d.get(split):

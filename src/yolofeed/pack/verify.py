@@ -238,7 +238,7 @@ def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     rows = _rows(lb_file, rules)
     if rows is None:
         return np.zeros((0, 5), np.float32), ["label file missing: used as a background image"]
-    if kpt_shape is not None:
+    if kpt_shape is not None and rules.pose_box_rows:
         rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
     try:
         if any(len(r) > 6 for r in rows):  # segment polygons: class x1 y1 x2 y2 ...

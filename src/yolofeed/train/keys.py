@@ -226,6 +226,9 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
                               f"{TRAINED[task]} (YOLO(...).train(trainer={TRAINED[task]}), or yolofeed train, which "
                               "picks it)")
         raise ConfigError(f"task={task} (model={model}): {RULES['task'].reason}")
+    from yolofeed.ultralytics_seam import check_task
+
+    check_task(task)  # pose under a release older than the pose rules yolofeed follows: one line, before any build
     if (why := refusal({**args, "task": None} if isinstance(args, dict) else _without_task(args))) is not None:
         raise ConfigError(why)
 

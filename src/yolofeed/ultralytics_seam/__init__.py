@@ -50,6 +50,7 @@ from yolofeed.ultralytics_seam import source
 from yolofeed.ultralytics_seam.pins import (
     COPIED,
     LABEL_RULE_SETS,
+    POSE_SINCE,
     RELIED_ON,
     SWAPPED,
     TRAIN_LOADER_ATTRIBUTES,
@@ -168,6 +169,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
+    "check_task", "POSE_SINCE",
     "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
@@ -353,6 +355,18 @@ def copy_serves(ultralytics_name: str) -> bool:
     pinned = next(p for p in COPIED if p.ultralytics == ultralytics_name)
     reviewed = pinned.reviewed(RELEASE)
     return reviewed is None or not reviewed.stock
+
+
+def check_task(task: str) -> None:
+    """Raise where the installed release is older than the rules yolofeed follows for ``task`` (pose: ``POSE_SINCE``).
+
+    Raises:
+        UltralyticsError: one line: the release installed, the one needed, the fix.
+    """
+    if task == "pose" and RELEASE < parse_version(POSE_SINCE):
+        raise UltralyticsError(f"task=pose: yolofeed follows the pose label rules of Ultralytics {POSE_SINCE} on, and "
+                               f"{VERSION} is installed (it reads pose labels and its label cache otherwise); {FIX} "
+                               "(detection trains under every release of the range)")
 
 
 def check_ddp() -> None:

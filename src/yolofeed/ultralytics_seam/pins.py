@@ -51,6 +51,9 @@ class Pinned:
         ours: the qualified name of yolofeed's modified copy ("" for a method relied on, not copied).
         why: what the copy changes, or what yolofeed assumes of the method.
         others: the other sources of older releases of the range, oldest first, each reviewed.
+        since: where set, the first release whose source yolofeed's use of it was written against; under older
+            releases of the range the feature that relies on it is refused (``check_task``), so the source is not
+            compared there.
     """
 
     ultralytics: str
@@ -58,6 +61,7 @@ class Pinned:
     ours: str = ""
     why: str = ""
     others: tuple[Reviewed, ...] = ()
+    since: str = ""
 
     def reviewed(self, version: Release) -> Reviewed | None:
         """The reviewed source of an older release, or None where the release reads as ``TESTED``."""
@@ -71,6 +75,11 @@ class Pinned:
 
 def _r(first: str, last: str, sha256: str, why: str, stock: bool = False) -> Reviewed:
     return Reviewed((first, last), sha256, why, stock)
+
+
+# The first release whose pose rules (verify_image_label with keypoints, YOLODataset's kpt_shape check and cache key)
+# yolofeed follows: pose packs and pose training are refused under older releases of the range.
+POSE_SINCE = "8.4.183"
 
 
 # Modified copies, kept beside the classes they belong to for readability (train/loss.py says why each differs).
@@ -283,18 +292,20 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.data.base.BaseDataset.update_labels", "b9ff4ae08d5bf474", "yolofeed.loader.labels.LabelView.of",
            why="classes= keeps the rows of those classes (ids not renumbered), then single_cls makes every id 0"),
-    # pose (task=pose packs): the label half of verify_image_label with keypoints, the yaml's kpt_shape, the cache key
+    # pose (task=pose packs, from POSE_SINCE): the label half of verify_image_label with keypoints, the yaml's
+    # kpt_shape, the cache key; older releases read each otherwise (8.4.138-182), and pose is refused there
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_pose_labels",
            why="with keypoint=True: 5 + K x D columns a row, keypoint x and y at most 1.01 (the box not checked "
                "from above), the signs and classes as for boxes, duplicates by whole row, D = 2 gets visibility 0 "
                "where x or y < 0; with a kpt_shape and a box task, rows of exactly 5 + K x D columns keep their box "
-               "only (read_labels)"),
+               "only (read_labels)", since=POSE_SINCE),
     Pinned("ultralytics.data.dataset.YOLODataset.__init__", "d99a787c3fd10c06", "yolofeed.pack.source.kpt_shape_of",
-           why="task=pose needs kpt_shape [K, D] with K > 0 and D 2 or 3, refused in its words otherwise"),
+           why="task=pose needs kpt_shape [K, D] with K > 0 and D 2 or 3, refused in its words otherwise",
+           since=POSE_SINCE),
     Pinned("ultralytics.data.dataset.YOLODataset.get_cache_hash", "4586c8269202c69e",
            "yolofeed.pack.source.SplitSource.fingerprint",
            why="the label cache is remade when kpt_shape changes (in the pack's fingerprint) or use_keypoints does "
-               "(the pack header's task, which Pack.open compares)"),
+               "(the pack header's task, which Pack.open compares)", since=POSE_SINCE),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
@@ -347,6 +358,8 @@ class LabelRules:
         integer_classes: a fractional class id refuses the file (8.4.164); before, it is kept as it is.
         negative_sizes: below 0 only x and y may go, down to -``negative`` (8.4.182); before, every value may.
         jpeg2000: Pillow's "JPEG2000" format is an image format (8.4.164); before, such a file is refused.
+        pose_box_rows: a box task on a yaml with ``kpt_shape`` keeps the box of each pose row (8.4.164); before, a
+            pose row is a row of more than 6 values, read as a polygon.
         coord_max: the largest normalised coordinate (points.max() <= 1.01).
         negative: how far below 0 a value may go (lb.min() >= -0.01).
         min_side: the smallest image side in pixels (shape > 9).
@@ -359,6 +372,7 @@ class LabelRules:
     integer_classes: bool = True
     negative_sizes: bool = True
     jpeg2000: bool = True
+    pose_box_rows: bool = True
     coord_max: float = 1.01
     negative: float = 0.01
     min_side: int = 10
@@ -367,7 +381,7 @@ class LabelRules:
 # Each release's rules: the last whose ``since`` is not above it (oldest first; TESTED's last).
 LABEL_RULE_SETS: tuple[LabelRules, ...] = (
     LabelRules("8.4.138", encoding="utf-8", blank_lines=False, polygon_duplicates=False, integer_classes=False,
-               negative_sizes=False, jpeg2000=False),
+               negative_sizes=False, jpeg2000=False, pose_box_rows=False),
     LabelRules("8.4.164", encoding="utf-8", blank_lines=False, polygon_duplicates=False, negative_sizes=False),
     LabelRules("8.4.165", encoding="utf-8", negative_sizes=False),
     LabelRules("8.4.182", encoding="utf-8"),
