@@ -129,6 +129,25 @@ def pose_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def obb_root(tmp_path_factory) -> Path:
+    """A small synthetic OBB dataset (``task=obb``: rows of 4 corners), made once per session. Copy it before
+    changing it."""
+    root = tmp_path_factory.mktemp("synth-obb")
+    synth.run(SynthConfig(out=str(root), n_train=12, n_val=4, imgsz=128, seed=5, classes=8, boxes=6, min_box=12,
+                          task="obb", workers=2))
+    return root
+
+
+@pytest.fixture()
+def obb_dataset(obb_root, tmp_path) -> Path:
+    """A private copy of the synthetic OBB dataset (its data.yaml pointing at the copy)."""
+    root = tmp_path / "obb"
+    shutil.copytree(obb_root, root, ignore=shutil.ignore_patterns("yolofeed-packs", "*.cache"))
+    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(obb_root), str(root)))
+    return root
+
+
 @pytest.fixture()
 def pose_dataset(pose_root, tmp_path) -> Path:
     """A private copy of the synthetic pose dataset (its data.yaml pointing at the copy)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import cv2
@@ -269,7 +270,71 @@ def test_pose_is_its_own_dataset_for_the_folder_check(tmp_path):
     with pytest.raises(ConfigError, match=r"task=pose quality=90 \(this run asks for task=detect\)"):
         synth.run(dataclasses.replace(cfg, task="detect"))
     assert "task" not in synth.manifest(dataclasses.replace(cfg, task="detect"))  # detection folders still match
-    with pytest.raises(ConfigError, match="task=segment: expected detect or pose"):
+    with pytest.raises(ConfigError, match="task=segment: expected detect, pose or obb"):
         synth.run(dataclasses.replace(cfg, task="segment", out=str(tmp_path / "s")))
     assert main(["synth", f"out={tmp_path / 'cli'}", "n_train=2", "n_val=1", "imgsz=64", "task=pose"]) == 0
     assert yaml.safe_load((tmp_path / "cli" / "data.yaml").read_text())["kpt_shape"] == [5, 3]
+
+
+# -- task=obb ------------------------------------------------------------------------------------------------------
+def test_detect_and_pose_write_the_bytes_they_wrote_before_obb(tmp_path):
+    """The digests of a small detection and pose set, as written before task=obb existed (its draws are its own)."""
+    for task, want in (("detect", "3d76c5e87a187deb"), ("pose", "6d0507998a140416")):
+        root = synth.run(SynthConfig(out=str(tmp_path / task), n_train=3, n_val=2, imgsz=96, seed=3, classes=8,
+                                     boxes=4, min_box=12, task=task, workers=1)).parent
+        h = hashlib.sha256()
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and p.suffix in (".jpg", ".txt"):
+                h.update(str(p.relative_to(root)).encode())
+                h.update(p.read_bytes())
+        assert h.hexdigest()[:16] == want, task
+
+
+def test_obb_labels_parse_under_ultralytics_as_dota8(tmp_path):
+    """Ultralytics' YOLODataset (task=obb) reads every image and row: its segments are the written corners, its boxes
+    their enclosing box (segments2boxes); the same seed writes the same bytes in any number of processes."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    cfg = SynthConfig(out=str(tmp_path / "a"), n_train=8, n_val=3, imgsz=128, seed=2, classes=8, boxes=6, min_box=12,
+                      task="obb", workers=1)
+    root = synth.run(cfg).parent
+    again = synth.run(dataclasses.replace(cfg, out=str(tmp_path / "b"), workers=2)).parent
+    assert _digest(root) == _digest(again) and json.loads((root / synth.MANIFEST).read_text())["task"] == "obb"
+    data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
+    for split, n in (("train", 8), ("val", 3)):
+        ref = YOLODataset(img_path=data[split], imgsz=128, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                          rect=False, task="obb")
+        assert len(ref.labels) == n
+        for lb in ref.labels:
+            rows = np.loadtxt(root / "labels" / split / f"{Path(lb['im_file']).stem}.txt", np.float32, ndmin=2)
+            assert rows.shape[1] == 9 and (rows[:, 1:] >= 0).all() and (rows[:, 1:] <= 1).all()
+            np.testing.assert_array_equal(lb["cls"][:, 0], rows[:, 0])
+            quads = rows[:, 1:].reshape(-1, 4, 2)
+            np.testing.assert_array_equal(np.stack(lb["segments"]), quads)
+            lo, hi = quads.min(1), quads.max(1)
+            np.testing.assert_allclose(lb["bboxes"], np.concatenate([(lo + hi) / 2, hi - lo], 1), atol=1e-6)
+    with pytest.raises(ConfigError, match=r"task=obb quality=90 \(this run asks for task=detect\)"):
+        synth.run(dataclasses.replace(cfg, task="detect"))
+
+
+def test_obb_figures_lie_in_their_turned_boxes_at_angles_of_every_kind():
+    """Inside each turned box at least 30 % of the pixels are nearest the class's colour (the figure: a ring fills
+    about half its box); the corners run clockwise, at more angles than the four right ones."""
+    colours = np.array(list(synth.COLOURS.values()), np.float32)
+    ids = synth.class_ids(8)
+    angles = []
+    for index in range(8):
+        s = synth.render_obb(6, "train", index, 160, 8, 6, 14)
+        assert len(s.corners) == len(s.classes) >= 1
+        nearest = np.abs(s.image[:, :, None].astype(np.float32) - colours).sum(-1).argmin(-1)
+        for quad, label in zip(s.corners, s.classes.tolist()):
+            edge, turn = quad[1] - quad[0], quad[2] - quad[1]
+            assert edge[0] * turn[1] - edge[1] * turn[0] > 0  # clockwise on the image (y down)
+            angles.append(math.degrees(math.atan2(edge[1], edge[0])) % 90)
+            inside = np.zeros(s.image.shape[:2], np.uint8)
+            cv2.fillPoly(inside, [np.round(quad).astype(np.int32)], 1)
+            hits = np.bincount(nearest[inside.astype(bool)], minlength=len(colours))
+            assert hits[ids[label] % len(colours)] >= 0.3 * hits.sum(), (index, label, hits)
+    assert np.histogram(angles, bins=3, range=(0, 90))[0].min() >= 2

@@ -62,8 +62,9 @@ class SynthConfig:
     quality: int = key(90, "JPEG quality of the written images, 1-100: 90 is about 95 KB an image at 640 px, "
                        "95 about 155 KB, as COCO's photos weigh", minimum=1)
     task: str = key("detect", "detect: class and box rows; pose: each figure's 5 keypoints (top, right, bottom, left, "
-                    "centre; some occluded or unlabelled) after its box, and kpt_shape and flip_idx in data.yaml",
-                    ("detect", "pose"))
+                    "centre; some occluded or unlabelled) after its box, and kpt_shape and flip_idx in data.yaml; obb: "
+                    "figures turned by any angle, rows of class and their 4 corners (x1 y1 ... x4 y4), as DOTA's",
+                    ("detect", "pose", "obb"))
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
 
 
@@ -77,8 +78,9 @@ class PackConfig:
     out: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own in "
                           "it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
-    task: str = key("detect", "detect, or pose: the yaml's kpt_shape, Ultralytics' pose label rules and the "
-                    "keypoints stored too (in <yaml stem>-<format>-<imgsz>-pose)", ("detect", "pose"))
+    task: str = key("detect", "detect; pose: the yaml's kpt_shape, Ultralytics' pose label rules and the "
+                    "keypoints stored too (in <yaml stem>-<format>-<imgsz>-pose); obb: rows of 4 corners, stored "
+                    "beside their enclosing boxes (in ...-obb)", ("detect", "pose", "obb"))
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
     rebuild: str = key("auto", "auto: build missing or stale packs (a changed path, size or time, as Ultralytics' "
                        "label cache); check: auto, and compare the label files' contents too; always: rebuild; "

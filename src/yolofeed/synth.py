@@ -18,6 +18,11 @@ one point in ten is painted over by a grey disc (visibility 1: labelled, occlude
 (0 0 0, as COCO writes such a point), the rest are visible (2). The pictures are those of ``task=detect`` with the discs
 added (their draws come from a stream of their own), and ``task=detect`` writes the bytes it always wrote.
 
+``task=obb`` draws pictures of its own (a stream of their own): each figure turned by an angle drawn uniformly in
+[0, 180) degrees about its centre, labelled by its turned box's 4 corners, clockwise on the image from the corner that
+was its top left (``class x1 y1 x2 y2 x3 y3 x4 y4``, normalised, as Ultralytics' DOTA8), the whole turned box inside
+the image and apart from the others' enclosing boxes.
+
 Files are a pure function of (seed, split, index): the same seed gives the same bytes, in any
 number of processes.
 """
@@ -76,12 +81,15 @@ class Sample:
     Shape:
         image: (H, W, 3) uint8 RGB. boxes: (N, 4) int pixel x1, y1, x2, y2 (x2, y2 exclusive).
         classes: (N,) int. keypoints: (N, K, 3) float64 pixel x, y and visibility (0, 1, 2), or None (detection).
+        corners: (N, 4, 2) float64 pixel x, y of each figure's turned box (task=obb; ``boxes`` then encloses them,
+            rounded outwards), or None.
     """
 
     image: np.ndarray
     boxes: np.ndarray
     classes: np.ndarray
     keypoints: np.ndarray | None = None
+    corners: np.ndarray | None = None
 
 
 def figure_mask(shape: str, w: int, h: int) -> np.ndarray:
@@ -210,10 +218,66 @@ def with_keypoints(sample: Sample, seed: int, split: str, index: int, classes: i
     return dataclasses.replace(sample, image=image, keypoints=points)
 
 
+def render_obb(seed: int, split: str, index: int, imgsz: int = 640, classes: int = len(CLASS_NAMES),
+               boxes: int = MAX_BOXES, min_box: int = MIN_BOX) -> Sample:
+    """Draw image ``index`` of ``split`` for ``task=obb``: figures turned about their centres, a pure function of its
+    arguments (a stream of draws of its own, so ``render``'s are untouched). Arguments as for ``render``; ``min_box``
+    bounds the figure's own sides, before turning.
+    """
+    ids = class_ids(classes)
+    rng = np.random.default_rng([seed, SPLITS.get(split, 2), index, 2])
+    fw, fh = SHAPE_CHOICES[rng.integers(len(SHAPE_CHOICES))]
+    w, h = max(32, round(imgsz * fw)), max(32, round(imgsz * fh))
+    img = _background(rng, h, w)
+    occupied = np.zeros((h, w), bool)
+    drawn, labels, corners = [], [], []
+    want = int(rng.integers(1, boxes + 1))
+    max_side = max(min_box + 1, int(0.42 * min(h, w)))  # a turned figure's enclosing box is up to 1.41 x its side
+    for _ in range(want * 30):
+        if len(drawn) == want:
+            break
+        bw = int(math.exp(rng.uniform(math.log(min_box), math.log(max_side))))
+        bh = int(np.clip(bw * math.exp(rng.uniform(-0.7, 0.7)), min_box, max_side))
+        theta = rng.uniform(0, math.pi)
+        c, s = math.cos(theta), math.sin(theta)
+        ew, eh = abs(bw * c) + abs(bh * s), abs(bw * s) + abs(bh * c)  # the turned box's enclosing box
+        if ew >= w - 1 or eh >= h - 1:
+            continue
+        cx, cy = rng.uniform(ew / 2, w - ew / 2), rng.uniform(eh / 2, h - eh / 2)
+        local = np.array([[-bw, -bh], [bw, -bh], [bw, bh], [-bw, bh]], np.float64) / 2  # clockwise, y down
+        quad = local @ np.array([[c, s], [-s, c]]) + (cx, cy)  # turned by theta (clockwise on the image)
+        x1, y1 = int(math.floor(quad[:, 0].min())), int(math.floor(quad[:, 1].min()))
+        x2, y2 = int(math.ceil(quad[:, 0].max())), int(math.ceil(quad[:, 1].max()))
+        if occupied[max(0, y1 - 2):y2 + 2, max(0, x1 - 2):x2 + 2].any():
+            continue
+        label = int(rng.integers(len(ids)))
+        cls = ids[label]
+        mask = figure_mask(SHAPES[cls // len(COLOURS)], bw, bh)
+        yy, xx = np.mgrid[y1:y2, x1:x2] + 0.5  # pixel centres of the enclosing box, into the figure's own frame
+        u = (xx - cx) * c + (yy - cy) * s + bw / 2
+        v = -(xx - cx) * s + (yy - cy) * c + bh / 2
+        inside = (u >= 0) & (u < bw) & (v >= 0) & (v < bh)
+        inside[inside] = mask[v[inside].astype(int), u[inside].astype(int)]
+        colour = np.array(list(COLOURS.values())[cls % len(COLOURS)], np.float32)
+        region = img[y1:y2, x1:x2]
+        region[inside] = colour + (region[inside] - region[inside].mean(0)) * 0.25
+        occupied[y1:y2, x1:x2] = True
+        drawn.append((x1, y1, x2, y2))
+        labels.append(label)
+        corners.append(quad)
+    img += rng.normal(0, 6, size=img.shape).astype(np.float32)
+    image = np.clip(img, 0, 255).astype(np.uint8)
+    return Sample(image, np.array(drawn, np.int64).reshape(-1, 4), np.array(labels, np.int64),
+                  corners=np.array(corners, np.float64).reshape(-1, 4, 2))
+
+
 def label_text(sample: Sample) -> str:
     """YOLO label lines: class x_centre y_centre width height, normalised to [0, 1]; with keypoints, each point's
-    x y (normalised) and visibility after them."""
+    x y (normalised) and visibility after them; with corners (task=obb), class and the 4 corners' x y instead."""
     h, w = sample.image.shape[:2]
+    if sample.corners is not None:
+        return "".join(f"{c} " + " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in quad.tolist()) + "\n"
+                       for c, quad in zip(sample.classes.tolist(), sample.corners)) or "\n"
     rows = []
     for k, ((x1, y1, x2, y2), c) in enumerate(zip(sample.boxes.tolist(), sample.classes.tolist())):
         row = f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
@@ -225,7 +289,8 @@ def label_text(sample: Sample) -> str:
 
 def _write_one(args: tuple[Path, SynthConfig, str, int]) -> int:
     root, cfg, split, index = args
-    sample = render(cfg.seed, split, index, cfg.imgsz, cfg.classes, cfg.boxes, cfg.min_box)
+    draw = render_obb if cfg.task == "obb" else render
+    sample = draw(cfg.seed, split, index, cfg.imgsz, cfg.classes, cfg.boxes, cfg.min_box)
     if cfg.task == "pose":
         sample = with_keypoints(sample, cfg.seed, split, index, cfg.classes)
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR),
@@ -295,8 +360,8 @@ def check(cfg: SynthConfig) -> Path:
         raise ConfigError(f"n_train={cfg.n_train} n_val={cfg.n_val}: image counts cannot be negative")
     if cfg.imgsz < MIN_IMGSZ:
         raise ConfigError(f"imgsz={cfg.imgsz}: expected at least {MIN_IMGSZ} (the long side of the commonest image)")
-    if cfg.task not in ("detect", "pose"):
-        raise ConfigError(f"task={cfg.task}: expected detect or pose")
+    if cfg.task not in ("detect", "pose", "obb"):
+        raise ConfigError(f"task={cfg.task}: expected detect, pose or obb")
     if not 1 <= cfg.quality <= 100:
         raise ConfigError(f"quality={cfg.quality}: JPEG quality runs from 1 to 100 (90 is the default, 95 weighs "
                           "about what COCO's photos do)")

@@ -662,3 +662,30 @@ def test_a_pose_pack_holds_a_keypoints_section_aligned_with_its_labels(pose_data
         np.testing.assert_array_equal(pose.keypoints(i), rows[:, 5:].reshape(-1, 5, 3))
         np.testing.assert_array_equal(plain.labels(i), rows[:, :5])  # a box task keeps the boxes of pose rows
         np.testing.assert_array_equal(pose.encoded(i), plain.encoded(i))
+
+
+# -- OBB packs ---------------------------------------------------------------------------------------------------------
+def test_an_obb_pack_holds_a_corners_section_aligned_with_its_labels(obb_dataset):
+    """task=obb writes the corners section after the detection sections, with its CRC32, one (4, 2) row per labels
+    row; the labels rows are the boxes Ultralytics' OBB dataset gives (segments2boxes of the corners) and the
+    corners its segments; the header says the task; the folder is <stem>-<format>-<imgsz>-obb."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    pack = open_or_build(obb_dataset / "data.yaml", "train", 64, "raw", rebuild="auto", workers=2, progress=False,
+                         task="obb")
+    h = pack.header
+    assert h["task"] == "obb" and pack.task == "obb" and "kpt_shape" not in h and pack.keypoint_table is None
+    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "corners"]
+    off, n = h["sections"]["corners"]
+    assert n == h["counts"]["boxes"] * 4 * 2 * 4 and h["checksums"]["corners"] == zlib.crc32(pack.buffer[off:off + n])
+    assert pack.corner_table.shape == (len(pack.label_table), 4, 2) and pack.corner_table.dtype == np.float32
+    assert pack.path.parent.name.endswith("-raw-64-obb")
+    data = check_det_dataset(str(obb_dataset / "data.yaml"), autodownload=False)
+    ref = YOLODataset(img_path=data["train"], imgsz=64, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                      rect=False, task="obb")
+    assert [Path(f).name for f in pack.im_files] == [Path(lb["im_file"]).name for lb in ref.labels]
+    for i, lb in enumerate(ref.labels):
+        np.testing.assert_array_equal(pack.labels(i), np.concatenate([lb["cls"], lb["bboxes"]], 1))
+        np.testing.assert_array_equal(pack.corners(i), np.stack(lb["segments"]))

@@ -253,3 +253,27 @@ def test_pose_and_detection_packs_of_one_yaml_are_kept_apart_and_refuse_each_oth
         open_or_build(yaml_file, "train", 64, "raw", task="pose")
     with pytest.raises(DatasetError, match=r"(?s)16 tried.*rows have 20 columns; pose labels require 15 columns each"):
         ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False, task="pose")
+
+
+def test_obb_and_detection_packs_of_one_yaml_are_kept_apart_and_refuse_each_other(obb_dataset):
+    """An OBB yaml packs for task=obb in <stem>-<format>-<imgsz>-obb; a detection pack put where it belongs is
+    refused, naming both tasks and the command with task=obb, and rebuilt under rebuild=auto; a detection build of
+    the same yaml reads its 9-column rows as polygons, their boxes (Ultralytics' detect task does so too)."""
+    yaml_file = obb_dataset / "data.yaml"
+    with pytest.raises(PackError, match=r"does not exist.*yolofeed pack data=\S+ imgsz=64 format=raw task=obb"):
+        open_or_build(yaml_file, "train", 64, "raw", task="obb")
+    assert main(["pack", f"data={yaml_file}", "imgsz=64", "format=raw", "splits=train", "task=obb"]) == 0
+    obb = ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False, task="obb")
+    plain = ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False)
+    assert not obb.built and plain.built and obb.pack.path.parent.name == plain.pack.path.parent.name + "-obb"
+    np.testing.assert_array_equal(obb.pack.label_table, plain.pack.label_table)
+    where = store_dir(yaml_file, 64, "raw", task="obb") / "train.yfpack"
+    assert where == obb.pack.path
+    shutil.copy(plain.pack.path, where)
+    with pytest.raises(StalePackError) as e:
+        open_or_build(yaml_file, "train", 64, "raw", task="obb")
+    text = str(e.value)
+    assert "it was built for task=detect, this run asks for task=obb" in text and "\n" not in text
+    assert text.endswith(f"yolofeed pack data={yaml_file} imgsz=64 format=raw task=obb rebuild=always"), text
+    again = ensure_split(yaml_file, "train", 64, "raw", rebuild="auto", progress=False, task="obb")
+    assert again.built and again.pack.task == "obb"

@@ -387,3 +387,42 @@ def test_the_names_before_the_codec_owned_its_gather_warn_and_work_as_the_new_on
         again = open_or_build(dataset / "data.yaml", "train", 64, storage="raw", rebuild="auto", workers=1,
                               progress=False)
     assert again.path == pack.path
+
+
+def test_a_damaged_or_crafted_corners_section_is_refused_with_the_obb_rebuild_command(obb_dataset, tmp_path):
+    """A flipped byte of the corners section fails its CRC32; right checksums around wrong content (a NaN corner,
+    corners off their box, a section one row short, an obb header without the section) are damage too; each is one
+    line naming the command that rebuilds the obb pack. Another task's pack is not one of these."""
+    pack = open_or_build(obb_dataset / "data.yaml", "train", 64, "raw", rebuild="auto", workers=1, progress=False,
+                         task="obb")
+    good, h, _ = pack_parts(pack.path)
+    off, n = h["sections"]["corners"]
+    fix = (f"rebuild it with: yolofeed pack data={obb_dataset / 'data.yaml'} imgsz=64 format=raw task=obb "
+           f"out={tmp_path} rebuild=always")
+    flipped = bytearray(good)
+    flipped[off + 5] ^= 0xFF
+    f = tmp_path / "flipped.yfpack"
+    f.write_bytes(bytes(flipped))
+    with pytest.raises(PackError) as e:
+        Pack.open(f)
+    assert str(e.value) == f"{f} is damaged: its corners section fails its checksum; {fix}"
+    nan, off_box = np.array(pack.corner_table), np.array(pack.corner_table)
+    nan[0, 1, 0], off_box[1, 2, 1] = np.nan, off_box[1, 2, 1] + 0.5
+    crafted = {
+        "nan": ({"corners": nan.tobytes()}, None, "the corners hold values that are not finite"),
+        "off-box": ({"corners": off_box.tobytes()}, None, "the corners do not lie on their labels' boxes"),
+        "short": (None, lambda x: {**x, "sections": {**x["sections"], "corners": [off, n - 32]}},
+                  "corners section is not one row of 4 x 2 values per label"),
+        "no-section": (None, lambda x: {**x, "sections": {k: v for k, v in x["sections"].items() if k != "corners"}},
+                       "corners section None is malformed"),
+    }
+    for name, (sections, header, words) in crafted.items():
+        f = tmp_path / f"{name}.yfpack"
+        craft_pack(pack.path, f, sections, header)
+        with pytest.raises(PackError) as e:
+            Pack.open(f)
+        message = str(e.value)
+        assert words in message and "\n" not in message and "damaged" in message, (name, message)
+        assert message.endswith(fix), (name, message)
+    with pytest.raises(StalePackError, match="it was built for task=obb, this run asks for task=detect"):
+        Pack.open(pack.path, expect={"task": "detect"})

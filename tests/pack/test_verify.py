@@ -335,3 +335,62 @@ def test_bad_pose_rows_are_skipped_like_ultralytics_and_reported(pose_root, tmp_
     notes = {Path(f).name: n for f, n in pack.header["notes"]}
     assert "duplicate" in notes["p_dupes.jpg"] and "empty" in notes["p_empty.jpg"]
     assert pack.header["counts"]["skipped"] == len(skipped) and len(pack) == 16 + 4
+
+
+# -- OBB labels --------------------------------------------------------------------------------------------------------
+QUAD = "0.3 0.2 0.6 0.3 0.5 0.6 0.2 0.5"  # a turned box's 4 corners, clockwise
+# label text -> (kept by Ultralytics' verify_image_label for task=obb, kept by yolofeed)
+OBB_CASES: dict[str, tuple[str | None, bool, bool]] = {
+    "good": (f"0 {QUAD}\n3 0.1 0.1 0.2 0.1 0.2 0.2 0.1 0.2\n", True, True),
+    "odd": ("0 0.3 0.2 0.6 0.3 0.5 0.6 0.2\n", False, False),  # 7 coordinates: its reshape fails there
+    "mixed": (f"0 {QUAD}\n1 0.5 0.5 0.2 0.2\n", False, False),  # "labels mix segment and detection rows"
+    "boxes": ("0 0.5 0.5 0.2 0.2\n", True, False),  # kept here, the run refused by verify_labels; ours: the file
+    "triangle": ("0 0.3 0.2 0.6 0.3 0.5 0.6\n", True, False),  # a polygon of 3: ours refuses (not 4 corners)
+    "hexagon": (f"0 {QUAD} 0.1 0.1 0.15 0.15\n", True, False),
+    "text": (f"plane {QUAD}\n", False, False),
+    "corner_far": ("0 0.3 0.2 1.6 0.3 0.5 0.6 0.2 0.5\n", False, False),  # its box's centre above 1.01
+    "corner_edge": ("0 0.3 0.2 1.015 0.3 0.5 0.6 0.2 0.5\n", True, True),  # the box is checked, not the corner
+    "corner_negative": ("0 -0.3 0.2 0.6 0.3 0.5 0.6 0.2 0.5\n", True, True),  # the box's centre and size >= 0
+    "corner_far_negative": ("0 -0.9 0.2 0.6 0.3 0.5 0.6 0.2 0.5\n", False, False),
+    "nan": ("0 nan 0.2 0.6 0.3 0.5 0.6 0.2 0.5\n", False, False),
+    "cls_fraction": (f"1.5 {QUAD}\n", False, False),
+    "cls_range": (f"8 {QUAD}\n", False, False),
+    "dupes": (f"5 {QUAD}\n1 0.1 0.1 0.2 0.1 0.2 0.2 0.1 0.2\n5 {QUAD}\n", True, True),
+    "same_box_other_corners": (f"5 {QUAD}\n5 0.2 0.2 0.6 0.2 0.6 0.6 0.2 0.6\n", True, True),
+    "empty": ("", True, True),
+    "missing": (None, True, True),
+}
+
+
+@pytest.mark.parametrize("case", list(OBB_CASES))
+def test_obb_rows_are_checked_as_ultralytics_checks_them(tmp_path, case):
+    """Each OBB case kept or refused as Ultralytics' verify_image_label (task=obb: rows read as segments) keeps or
+    refuses it, with its boxes (the corners' enclosing box), its segments as our corners, and its duplicates removed;
+    our two own refusals (box rows, other than 4 corners) say so in one line."""
+    from yolofeed.pack.verify import read_obb_labels
+
+    text, theirs, ours = OBB_CASES[case]
+    im, lb = tmp_path / "a.jpg", tmp_path / "a.txt"
+    im.write_bytes(BAD_CASES["plain.png"][0])
+    if text is not None:
+        lb.write_text(text)
+    ref = _ultralytics_verify(im, lb, 8, (0, 0), False)
+    assert (ref[0] is not None) == theirs, (case, ref[-1])
+    try:
+        labels, corners, notes = read_obb_labels(str(lb), 8)
+    except SampleError as e:
+        assert not ours and "\n" not in str(e) and str(lb) in str(e), (case, str(e))
+        if theirs:
+            assert "OBB labels require 9 columns each" in str(e)
+        return
+    assert ours, case
+    np.testing.assert_array_equal(labels, ref[1])
+    np.testing.assert_array_equal(corners, np.stack(ref[3]) if ref[3] else np.zeros((0, 4, 2), np.float32))
+    assert corners.dtype == np.float32 and corners.shape == (len(labels), 4, 2)
+    assert ("duplicate" in ref[-1]) == any("duplicate" in n for n in notes)
+
+
+def test_the_obb_cases_cover_what_they_say():
+    """Both outcomes of Ultralytics and of ours occur, and ours differs only where it refuses more."""
+    assert {t for _, t, _ in OBB_CASES.values()} == {o for _, _, o in OBB_CASES.values()} == {True, False}
+    assert all(t or not o for _, t, o in OBB_CASES.values())

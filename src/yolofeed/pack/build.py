@@ -64,6 +64,7 @@ from yolofeed.pack.layout import (
     INDEX_DTYPE,
     PREAMBLE,
     align,
+    corner_section,
     detection_sections,
     encode_tail,
     is_pack_file,
@@ -234,6 +235,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     index = np.zeros(n, INDEX_DTYPE)
     labels: list[np.ndarray | None] = [None] * n
     keypoints: list[np.ndarray | None] = [None] * n  # pose: (n_i, K, 3) per image, aligned with its labels
+    corners: list[np.ndarray | None] = [None] * n  # obb: (n_i, 4, 2) per image, aligned with its labels
     label_crc = np.zeros(n, np.uint32)
     skipped: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
@@ -253,9 +255,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                     why[i] = reason
                     bar.set_postfix(skipped=len(why), refresh=False)
                     continue
-                off, nbytes, crc, h0, w0, h, w, lb, sample_notes, kp = meta
+                off, nbytes, crc, h0, w0, h, w, lb, sample_notes, kp, quads = meta
                 index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), crc)
-                labels[i], keypoints[i] = lb, kp
+                labels[i], keypoints[i], corners[i] = lb, kp, quads
                 noted[i] = sample_notes
     except WorkerDied as e:  # the workers are stopped already
         raise PackError(f"a worker process building the {src.split} pack died ({e}); nothing was published. "
@@ -286,6 +288,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         k = src.kpt_shape[0]
         kept = [kp for kp, lb in zip(keypoints, labels) if lb is not None]
         sections["keypoints"] = keypoint_section(np.concatenate(kept) if counts.sum() else np.zeros((0, k, 3)))
+    if src.task == "obb":  # the same: each kept image's corners, one row per label row
+        kept = [q for q, lb in zip(corners, labels) if lb is not None]
+        sections["corners"] = corner_section(np.concatenate(kept) if counts.sum() else np.zeros((0, 4, 2)))
     missing = sum(1 for _, note in notes if note.startswith("label file missing"))
     seconds = time.perf_counter() - t0
     header = {

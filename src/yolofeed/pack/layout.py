@@ -3,7 +3,7 @@
 Layout (little-endian), chosen so a parallel build can write images in one pass and a reader
 can tell a finished file from an interrupted one::
 
-    [preamble][payloads ...][index][labels][files][label_crc]([keypoints])[header JSON][trailer: magic, CRC32, ...]
+    [preamble][payloads ...][index][labels][files][label_crc]([keypoints|corners])[header JSON][trailer: magic, ...]
 
 * preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
   temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
@@ -22,7 +22,10 @@ can tell a finished file from an interrupted one::
 * keypoints (pose packs only, ``task: pose``): (M, K, 3) float32 [x, y, visibility], row j the keypoints of labels
   row j, x and y normalised as the boxes are; K is the header's ``kpt_shape[0]``. A yaml's ``kpt_shape: [K, 2]`` is
   stored as K x 3 too, with Ultralytics' visibility (0 where x or y is negative, else 1).
-* header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect" or "pose"; packs written
+* corners (OBB packs only, ``task: obb``): (M, 4, 2) float32 [x, y] of each rotated box's 4 corners as the label
+  file lists them, row j those of labels row j, normalised as the boxes are; labels row j is their enclosing box
+  (Ultralytics' ``segments2boxes``, what its OBB dataset's ``bboxes`` hold before ``Format`` makes x, y, w, h, r).
+* header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect", "pose" or "obb"; packs written
   before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), source fingerprint, counts, skipped
   samples, build stats, and where each section above but the payloads lies (``sections``: name -> [offset, length])
   with its CRC32 (``checksums``: name -> CRC32).
@@ -76,9 +79,9 @@ INDEX_DTYPE = np.dtype([
 ])
 SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("u1"), "label_crc": np.dtype("<u4")}
 # The label kinds' sections: each in the packs of its task only (``TASK_SECTIONS``), required there.
-LABEL_SECTIONS = {"keypoints": np.dtype("<f4")}
-TASKS = ("detect", "pose")  # what a pack is built for: its label rules differ (pose: keypoints after each box)
-TASK_SECTIONS = {"detect": (), "pose": ("keypoints",)}
+LABEL_SECTIONS = {"keypoints": np.dtype("<f4"), "corners": np.dtype("<f4")}
+TASKS = ("detect", "pose", "obb")  # what a pack is built for: its label rules differ (pose: keypoints after each box)
+TASK_SECTIONS = {"detect": (), "pose": ("keypoints",), "obb": ("corners",)}
 
 
 def align(n: int) -> int:
@@ -132,6 +135,15 @@ def keypoint_section(keypoints: np.ndarray) -> bytes:
         keypoints: (M, K, 3) float32 [x, y, visibility], row j those of labels row j.
     """
     return np.ascontiguousarray(keypoints, np.float32).tobytes()
+
+
+def corner_section(corners: np.ndarray) -> bytes:
+    """The bytes of the corners section.
+
+    Args:
+        corners: (M, 4, 2) float32 [x, y], row j those of labels row j.
+    """
+    return np.ascontiguousarray(corners, np.float32).tobytes()
 
 
 def encode_tail(data_end: int, sections: dict[str, bytes], header: dict[str, Any]) -> tuple[int, bytes]:
@@ -225,4 +237,6 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
     rows = h["sections"]["labels"][1] // (5 * 4)
     if task == "pose" and h["sections"]["keypoints"][1] != rows * h["kpt_shape"][0] * 3 * 4:
         return "header's keypoints section is not one row of K x 3 values per label"
+    if task == "obb" and h["sections"]["corners"][1] != rows * 4 * 2 * 4:
+        return "header's corners section is not one row of 4 x 2 values per label"
     return ""

@@ -190,8 +190,9 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         sync: see ``build_split``.
         verify: check every payload's CRC32 of an existing pack (a read of the whole file); a
             damaged one is refused ("never") or rebuilt. A new build checks its payloads anyway.
-        task: "detect", or "pose" (the yaml's kpt_shape, Ultralytics' pose label rules, a keypoints section; its
-            packs in a folder of their own, ``paths.store_dir``). A pack built for the other task is stale.
+        task: "detect", "pose" (the yaml's kpt_shape, Ultralytics' pose label rules, a keypoints section) or "obb"
+            (4-corner rows, a corners section); each task's packs in a folder of their own (``paths.store_dir``).
+            A pack built for another task is stale.
 
     Raises:
         PackError / StalePackError: with rebuild="never", the pack is missing, damaged or stale; no

@@ -35,7 +35,7 @@ class SplitSource:
         im_files: image files, sorted as Ultralytics sorts them.
         label_files: the label path Ultralytics derives for each image.
         nc: number of classes; labels with a class >= nc are rejected.
-        task: "detect" or "pose" (``TASKS``): which of Ultralytics' label rules apply.
+        task: "detect", "pose" or "obb" (``TASKS``): which of Ultralytics' label rules apply.
         kpt_shape: the yaml's (keypoints, dims per keypoint), or None. Pose rows are class, box and then these; a
             detection split of such a yaml drops them from rows that have exactly that many columns.
     """
@@ -225,7 +225,7 @@ def kpt_shape_of(d: dict[str, Any], task: str = "detect") -> tuple[int, int] | N
             whole numbers.
     """
     if task not in TASKS:
-        raise DatasetError(f"task={task}: yolofeed packs {' and '.join(TASKS)} datasets")
+        raise DatasetError(f"task={task}: yolofeed packs {', '.join(TASKS[:-1])} and {TASKS[-1]} datasets")
     shape = d.get("kpt_shape")
     whole = (isinstance(shape, (list, tuple)) and len(shape) == 2
              and all(isinstance(x, int) and not isinstance(x, bool) for x in shape))

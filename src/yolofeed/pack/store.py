@@ -133,6 +133,9 @@ class Pack:
         # pose: (M, K, 3) [x, y, visibility], row j the keypoints of label_table row j; None in a detection pack
         self.keypoint_table = (self._section(sec["keypoints"], np.float32).reshape(-1, self.kpt_shape[0], 3)
                                if self.task == "pose" else None)
+        # obb: (M, 4, 2) [x, y] of the rotated box of label_table row j (its enclosing box); None in other packs
+        self.corner_table = (self._section(sec["corners"], np.float32).reshape(-1, 4, 2)
+                             if self.task == "obb" else None)
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
@@ -281,6 +284,15 @@ class Pack:
             top = label_rules_of(self.header).coord_max
             if not np.isfinite(kp).all() or kp[..., :2].max() > top or kp.min() < -0.01:
                 return "the keypoints hold values outside [0, 1] (x, y) or below 0, or not finite"
+        quads = self.corner_table
+        if quads is not None and len(quads):
+            if len(quads) != len(lb):
+                return "its corners section does not have one row per label"
+            if not np.isfinite(quads).all():
+                return "the corners hold values that are not finite"
+            lo, hi = quads.min(1), quads.max(1)  # each row's box is its corners' enclosing box (segments2boxes)
+            if np.abs(np.concatenate([(lo + hi) / 2, hi - lo], 1) - lb[:, 1:]).max() > 1e-5:
+                return "the corners do not lie on their labels' boxes (each box encloses its row's 4 corners)"
         return ""
 
     def files_bytes_split(self) -> list[bytes]:
@@ -337,7 +349,8 @@ class Pack:
 
     @property
     def task(self) -> str:
-        """What the pack was built for: "detect" or "pose" (its label rules, and the keypoints section)."""
+        """What the pack was built for: "detect", "pose" or "obb" (its label rules, and the keypoints or corners
+        section)."""
         return self.header.get("task", DEFAULTS["task"])
 
     @property
@@ -407,6 +420,14 @@ class Pack:
             return None
         r = self.index[i]
         return self.keypoint_table[r["label_start"]:r["label_start"] + r["label_count"]]
+
+    def corners(self, i: int) -> np.ndarray | None:
+        """(n, 4, 2) float32 [x, y] normalised, the rotated box of each label of ``labels(i)`` (which is its enclosing
+        box), a view; None for a pack of another task."""
+        if self.corner_table is None:
+            return None
+        r = self.index[i]
+        return self.corner_table[r["label_start"]:r["label_start"] + r["label_count"]]
 
     # -- payload checksums --------------------------------------------------------------------
     def damaged(self, threads: int = 0) -> np.ndarray:

@@ -1,8 +1,9 @@
 """Check and decode one sample with Ultralytics' rules, never touching the user's files; its codec stores it.
 
 The rules are those of ``ultralytics.data.utils.verify_image_label`` (``read_labels`` for detection,
-``read_pose_labels`` for pose) in the installed release (``ultralytics_seam.LABEL_RULES``: a few changed within the
-range yolofeed supports, and a pack records which it was built under) and the pixels those of
+``read_pose_labels`` for pose, ``read_obb_labels`` for OBB, which takes detection's segment path and refuses two
+files Ultralytics does not skip: its docstring says which) in the installed release (``ultralytics_seam.LABEL_RULES``:
+a few changed within the range yolofeed supports, and a pack records which it was built under) and the pixels those of
 ``BaseDataset.load_image``: the same decoder
 (``ultralytics.utils.patches.imread``), the same long-side resize with ``cv2.INTER_LINEAR``. Two deliberate
 differences, both to keep the user's data intact and the run offline:
@@ -65,6 +66,7 @@ class Sample:
         payload: the bytes the pack stores, as the format's codec encoded them (``Codec.encode``).
         labels: (n, 5) float32 rows [class, x_centre, y_centre, width, height], normalised.
         keypoints: (n, K, 3) float32 normalised x, y and visibility, one row per label (pose); None for detection.
+        corners: (n, 4, 2) float32 normalised x, y of each label's rotated box (obb); None otherwise.
     """
 
     payload: np.ndarray
@@ -73,6 +75,7 @@ class Sample:
     labels: np.ndarray
     notes: list[str] = field(default_factory=list)
     keypoints: np.ndarray | None = None
+    corners: np.ndarray | None = None
 
 
 def _is_heif(path: str) -> bool:
@@ -240,6 +243,18 @@ def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
         return np.zeros((0, 5), np.float32), ["label file missing: used as a background image"]
     if kpt_shape is not None and rules.pose_box_rows:
         rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
+    lb, _, notes = _box_rows(rows, lb_file, nc, rules)
+    return lb, notes
+
+
+def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
+              rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
+    """``verify_image_label``'s rows without keypoints: box rows, or segment rows as their boxes (``read_labels``).
+
+    Returns:
+        labels: (n, 5) float32, duplicates removed. segments: the (P, 2) polygons of the rows kept ([] for box
+            rows). notes: "label file empty", "N duplicate labels removed".
+    """
     try:
         if any(len(r) > 6 for r in rows):  # segment polygons: class x1 y1 x2 y2 ...
             if any(len(r) == 5 for r in rows):
@@ -253,7 +268,7 @@ def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     except (ValueError, IndexError) as e:  # ragged rows, non-numeric text (a BOM too), odd polygon length, no value
         raise SampleError(f"{lb_file} is not numeric YOLO rows of 'class x y w h' ({e}); fix the file") from None
     if not len(lb):
-        return np.zeros((0, 5), np.float32), ["label file empty: used as a background image"]
+        return np.zeros((0, 5), np.float32), [], ["label file empty: used as a background image"]
     if lb.ndim != 2 or lb.shape[1] != 5:
         raise SampleError(f"{lb_file} rows have {lb.shape[-1]} columns; detection labels need 5 (class x y w h)")
     if np.isfinite(lb).all() and lb[:, 1:].max() > rules.coord_max:
@@ -269,7 +284,51 @@ def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     if len(keep) < len(lb):
         notes.append(f"{len(lb) - len(keep)} duplicate labels removed")
         lb = lb[keep]
-    return lb, notes
+        segments = [segments[i] for i in keep] if segments else []
+    return lb, segments, notes
+
+
+def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
+                    kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Parse and check a YOLO OBB label file: ``verify_image_label`` for task=obb, which reads every row
+    ``class x1 y1 x2 y2 x3 y3 x4 y4`` as a segment (``read_labels``' rules: its box the polygon's enclosing box, the
+    bounds, signs and classes checked on that box, not on the corners; duplicates by class and polygon).
+
+    Two rules are ours, both refusing the file where Ultralytics would not skip it: a file of box rows alone (5
+    columns), for which Ultralytics' ``YOLODataset.verify_labels`` stops the whole run ("OBB dataset requires equal
+    numbers of boxes and segments"), and a polygon of other than 4 corners, which Ultralytics fits a rotated box to
+    (``cv2.minAreaRect``) where the pack keeps the 4 corners as they are written.
+
+    Args:
+        kpt_shape: as for ``read_labels`` (a pose row keeps its box, and is then a box row).
+
+    Returns:
+        labels: (n, 5) float32 [class, x, y, w, h], the box enclosing the corners (Ultralytics' ``segments2boxes``).
+        corners: (n, 4, 2) float32 normalised x, y, row j the corners of labels row j.
+        notes: "label file missing", "label file empty", "N duplicate labels removed".
+
+    Raises:
+        SampleError: Ultralytics' refusals as ``read_labels`` has them, a file of box rows, a row of another number
+            of corners.
+    """
+    rows = _rows(lb_file, rules)
+    if rows is None:
+        return np.zeros((0, 5), np.float32), np.zeros((0, 4, 2), np.float32), ["label file missing: used as a "
+                                                                               "background image"]
+    if kpt_shape is not None:
+        rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
+    lb, segments, notes = _box_rows(rows, lb_file, nc, rules)
+    if len(lb) and not segments:
+        raise SampleError(f"{lb_file} holds box rows of 5 columns (class x y w h); OBB labels require 9 columns each "
+                          "(class x1 y1 x2 y2 x3 y3 x4 y4: the 4 corners): Ultralytics refuses the whole run on such a "
+                          "file ('Please supply an OBB dataset, not a detect dataset'); convert the rows or pack the "
+                          "yaml with task=detect")
+    if any(len(p) != 4 for p in segments):
+        n = next(len(p) for p in segments if len(p) != 4)
+        raise SampleError(f"{lb_file} has a polygon of {n} points; OBB labels require 9 columns each (class and the 4 "
+                          "corners x1 y1 ... x4 y4 of the rotated box); write each object's 4 corners")
+    corners = np.stack(segments) if segments else np.zeros((0, 4, 2), np.float32)
+    return np.ascontiguousarray(lb), np.ascontiguousarray(corners, dtype=np.float32), notes
 
 
 def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int],
@@ -351,19 +410,22 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
 
     Args:
         encode: the ``encode`` of the pack's format's codec (``yolofeed.pack.codecs``), given the checked image.
-        task: "detect" (``read_labels``) or "pose" (``read_pose_labels``, which needs ``kpt_shape``).
+        task: "detect" (``read_labels``), "pose" (``read_pose_labels``, which needs ``kpt_shape``) or "obb"
+            (``read_obb_labels``).
         kpt_shape: the data yaml's (keypoints, dims), or None.
 
     Raises:
         SampleError: the sample must be skipped; the message is the reason.
     """
     info = check_image(im_file)
-    keypoints = None
+    keypoints = corners = None
     if task == "pose":
         labels, keypoints, notes = read_pose_labels(lb_file, nc, kpt_shape)
+    elif task == "obb":
+        labels, corners, notes = read_obb_labels(lb_file, nc, kpt_shape=kpt_shape)
     else:
         labels, notes = read_labels(lb_file, nc, kpt_shape=kpt_shape)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)
-    return Sample(payload, ori_hw, hw, labels, notes, keypoints)
+    return Sample(payload, ori_hw, hw, labels, notes, keypoints, corners)

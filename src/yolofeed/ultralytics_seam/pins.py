@@ -122,7 +122,9 @@ COPIED: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_labels",
            "the label half only (its image checks are pack.verify's own): Ultralytics' columns, bounds, class range, "
-           "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line",
+           "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line. "
+           "task=obb (pack.verify.read_obb_labels) is this segment path (keypoint=False), each row's 4 corners kept "
+           "beside its box: a change here reaches both",
            others=(
                _r("8.4.138", "8.4.163", "f20276a261423482",
                   "label rules 8.4.138 (LABEL_RULE_SETS): a whitespace line refuses the file, fractional class ids "
