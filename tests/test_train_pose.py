@@ -82,6 +82,8 @@ def test_a_trainer_refuses_a_model_of_another_task_in_one_line(synth_root, tmp_p
         FastDetectionTrainer(overrides=dict(model="yolo11n-pose.yaml", data=data, project=str(tmp_path), **TINY))
     with pytest.raises(ConfigError, match="trains detection and pose models"):
         FastPoseTrainer(overrides=dict(model="yolo11n-seg.yaml", data=data, project=str(tmp_path), **TINY))
+    with pytest.raises(ConfigError, match="is a detection model, and this run is task=pose: pick a pose model"):
+        FastPoseTrainer(overrides=dict(model="yolo11n.yaml", data=data, project=str(tmp_path), **TINY))
     assert not list(tmp_path.iterdir())  # refused before the run folder
 
 

@@ -217,6 +217,11 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
     task, own = model_task(model, asked), model_task(model, None)
     if own != "detect" and own != task:  # the model's head is of another task than the one asked (a trainer's own)
         task = own
+    if own == "detect" and task != "detect" and task in TRAINED and str(model).lower().endswith((".yaml", ".yml")):
+        # a detection yaml's head for a pose run: Ultralytics fails building the model (KeyError: 'kpt_shape')
+        raise ConfigError(f"model={model} is a detection model, and this run is task={task}: pick a {task} model "
+                          f"such as model=yolo11n-{task}.yaml, or train this one as detection (drop task=; "
+                          f"FastDetectionTrainer)")
     if task not in carried:
         if asked == task and own in carried:  # the model is of a carried task: task= is the problem
             raise ConfigError(f"task={task}: model={model} is a {KIND.get(own, own)} model: drop task= (or pass "
