@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics: no network checks, no downloads
 
 import yolofeed.synth as synth  # noqa: E402
+from helpers import copy_dataset  # noqa: E402
 from yolofeed.config import SynthConfig  # noqa: E402
 from yolofeed.pack import Pack, open_or_build  # noqa: E402
 
@@ -142,16 +143,10 @@ def obb_root(tmp_path_factory) -> Path:
 @pytest.fixture()
 def obb_dataset(obb_root, tmp_path) -> Path:
     """A private copy of the synthetic OBB dataset (its data.yaml pointing at the copy)."""
-    root = tmp_path / "obb"
-    shutil.copytree(obb_root, root, ignore=shutil.ignore_patterns("yolofeed-packs", "*.cache"))
-    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(obb_root), str(root)))
-    return root
+    return copy_dataset(obb_root, tmp_path / "obb")
 
 
 @pytest.fixture()
 def pose_dataset(pose_root, tmp_path) -> Path:
     """A private copy of the synthetic pose dataset (its data.yaml pointing at the copy)."""
-    root = tmp_path / "pose"
-    shutil.copytree(pose_root, root, ignore=shutil.ignore_patterns("yolofeed-packs", "*.cache"))
-    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(pose_root), str(root)))
-    return root
+    return copy_dataset(pose_root, tmp_path / "pose")
