@@ -177,6 +177,11 @@ SECTIONS = {s.name: s for s in (
         "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 "
         "out=$OUT/levers")),
+    Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
+        "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 levers=triton_bn_silu,native_bn "
+        "out=$OUT/levers_bn",
+        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu,native_bn "
+        "out=$OUT/levers_bn")),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
 )}

@@ -150,6 +150,82 @@ def lever_compiled_bn_silu(model):
     return None
 
 
+def _swap_bn_silu(model, fused) -> int:
+    """Every Conv with batch norm and SiLU: its convolution as it is, then ``fused(x, bn)``. Returns how many."""
+    from ultralytics.nn.modules.conv import Conv
+
+    n = 0
+    for m in model.modules():
+        if type(m) is Conv and type(m.act) is torch.nn.SiLU and type(m.bn) is torch.nn.BatchNorm2d:
+            def forward(x, m=m):
+                m.bn.num_batches_tracked.add_(1)
+                return fused(m.conv(x), m.bn)
+            m.forward = forward
+            n += 1
+    return n
+
+
+def lever_triton_bn_silu(model):
+    """Every Conv's batch norm and SiLU as yolofeed's Triton op (kernels/bn_silu.py), forward and backward."""
+    from yolofeed.kernels.bn_silu import bn_silu, fusable
+
+    def fused(x, bn):
+        if not fusable(x):
+            return F.silu(bn(x))
+        return bn_silu(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+    _swap_bn_silu(model, fused)
+    return None
+
+
+def lever_native_bn(model):
+    """Every Conv's batch norm through ATen's own channels-last kernels (``native_batch_norm``), not cuDNN's."""
+    def fused(x, bn):
+        return F.silu(torch.native_batch_norm(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, True,
+                                              bn.momentum, bn.eps)[0])
+    _swap_bn_silu(model, fused)
+    return None
+
+
+def _bn_shapes(model, batch: dict, n: int) -> list:
+    """Each distinct Conv activation of one forward: cuDNN's batch norm + SiLU against the Triton op, forward and
+    backward, ms (the same tensors, alternately)."""
+    from ultralytics.nn.modules.conv import Conv
+
+    from yolofeed.kernels.bn_silu import bn_silu
+
+    shapes = defaultdict(int)  # shape -> Convs of that shape in one forward
+
+    def count(mod, inp, out):
+        shapes[tuple(inp[0].shape)] += 1
+    hooks = [m.bn.register_forward_hook(count) for m in model.modules() if type(m) is Conv]
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        model(batch["img"])
+    for h in hooks:
+        h.remove()
+    rows = []
+    for shape, count in shapes.items():
+        x = torch.randn(shape, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        bn = torch.nn.BatchNorm2d(shape[1], eps=1e-3, momentum=0.03).cuda()
+        g = torch.randn_like(x)
+
+        def cudnn():
+            y = F.silu(bn(x))
+            y.backward(g)
+
+        def triton():
+            y = bn_silu(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+            y.backward(g)
+        for fn in (cudnn, triton):
+            fn()
+        a = min(_time(cudnn, n) for _ in range(3))
+        b = min(_time(triton, n) for _ in range(3))
+        rows.append({"shape": list(shape), "convs": count, "cudnn_ms": round(a, 4), "triton_ms": round(b, 4),
+                     "speedup": round(a / b, 3)})
+        print("bn_silu", json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def lever_compiled_blocks(model):
     """Every top-level layer compiled on its own (regional compile, inductor), the loss and the head eager."""
     for i, m in enumerate(model.model[:-1]):
@@ -281,6 +357,7 @@ def main(argv: list[str]) -> None:
     report["phases_ms"] = _phases(model, batch, 5)
     report["breakdown"] = _breakdown(model, batch, 3)
     report["copies"] = _copies(model, batch) if "copies" in args else []
+    report["bn_shapes"] = _bn_shapes(model, batch, n) if "bn_shapes" in args else []
     print(json.dumps({k: report[k] for k in ("base_ms", "phases_ms")}), flush=True)
     for c, ms in report["breakdown"]["by_category_ms"].items():
         print(f"  {c:<14}{ms:8.2f} ms", flush=True)

@@ -1,0 +1,131 @@
+"""The fused batch norm + SiLU (kernels/bn_silu.py) computes what ``F.silu(F.batch_norm(..., training=True))`` does:
+the output, the three gradients and the running statistics, within float32 rounding of another summation order.
+
+On CPU the torch reference is held to PyTorch's ops, and the Triton kernels to PyTorch's ops under Triton's
+interpreter (in a subprocess). On CUDA (marked ``gpu``) the Triton kernels are held to cuDNN's batch norm at the shapes
+yolo11n trains with, in fp16 channels-last as under AMP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from yolofeed.kernels.bn_silu import bn_silu, fusable, reference
+
+MOMENTUM, EPS = 0.03, 1e-3  # Ultralytics' initialize_weights
+
+
+def _case(shape, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n, c, h, w = shape
+    x = (torch.randn(shape, generator=g) * 2 + torch.randn(c, 1, 1, generator=g) * 3)  # a mean off zero per channel
+    x = x.to(device, dtype).to(memory_format=torch.channels_last)
+    return {"x": x, "w": (torch.rand(c, generator=g) + 0.5).to(device), "b": torch.randn(c, generator=g).to(device),
+            "rm": torch.randn(c, generator=g).to(device), "rv": (torch.rand(c, generator=g) + 0.5).to(device),
+            "dy": torch.randn(shape, generator=g).to(device, dtype).to(memory_format=torch.channels_last)}
+
+
+def _run(fn, case):
+    """Output, dx, dw, db, running mean and var after one training forward and backward of ``fn``."""
+    x = case["x"].detach().clone().requires_grad_(True)
+    w, b = case["w"].clone().requires_grad_(True), case["b"].clone().requires_grad_(True)
+    rm, rv = case["rm"].clone(), case["rv"].clone()
+    y = fn(x, w, b, rm, rv)
+    y.backward(case["dy"])
+    return [t.detach().float() for t in (y, x.grad, w.grad, b.grad, rm, rv)]
+
+
+def _torch(x, w, b, rm, rv):
+    return F.silu(F.batch_norm(x, rm, rv, w, b, True, MOMENTUM, EPS))
+
+
+def _ours(x, w, b, rm, rv):
+    return bn_silu(x, w, b, rm, rv, MOMENTUM, EPS)
+
+
+def _worst(a, b):
+    """The largest difference of each result, relative to that result's largest magnitude."""
+    return [float((p - q).abs().max() / q.abs().max().clamp_min(1e-12)) for p, q in zip(a, b)]
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 9, 7), (3, 80, 5, 5), (1, 130, 4, 3), (1, 8, 1, 2)])
+def test_reference_equals_pytorch_batch_norm_and_silu(shape):
+    case = _case(shape)
+    assert max(_worst(_run(_ours, case), _run(_torch, case))) < 1e-5
+
+
+def test_reference_moves_running_statistics_as_batch_norm():
+    """The running variance takes the unbiased variance; a step with momentum 0 leaves both as they were."""
+    case = _case((2, 4, 3, 3))
+    ours, theirs = _run(_ours, case), _run(_torch, case)
+    torch.testing.assert_close(ours[4], theirs[4])
+    torch.testing.assert_close(ours[5], theirs[5])
+    rm, rv = case["rm"].clone(), case["rv"].clone()
+    bn_silu(case["x"], case["w"], case["b"], rm, rv, 0.0, EPS)
+    assert torch.equal(rm, case["rm"]) and torch.equal(rv, case["rv"])
+
+
+def test_fusable_takes_dense_channels_last_only():
+    x = torch.randn(2, 8, 4, 4)
+    assert not fusable(x)  # NCHW: the caller takes batch norm as it is
+    assert fusable(x.to(memory_format=torch.channels_last))
+    assert not fusable(x.to(memory_format=torch.channels_last)[:, :4])  # a channel slice: rows are not dense
+    assert not fusable(torch.randn(1, 8, 1, 1).to(memory_format=torch.channels_last))  # one value a channel
+    assert not fusable(torch.randn(2, 8, 4).float())
+
+
+@pytest.mark.slow
+def test_triton_kernels_equal_pytorch_in_the_interpreter():
+    pytest.importorskip("triton")
+    code = textwrap.dedent(f"""
+        import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import test_bn_silu as t
+        from yolofeed.kernels.bn_silu import _TritonBNSiLU
+        def triton(x, w, b, rm, rv):
+            return _TritonBNSiLU.apply(x, w, b, rm, rv, t.MOMENTUM, t.EPS)
+        out = []
+        for shape in [(2, 16, 9, 7), (3, 80, 5, 5), (1, 130, 4, 3), (2, 8, 37, 41)]:
+            case = t._case(shape)
+            out.append(t._worst(t._run(triton, case), t._run(t._torch, case)))
+        print(json.dumps(out))
+    """)
+    env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for worst in json.loads(r.stdout.strip().splitlines()[-1]):
+        assert max(worst) < 1e-5, worst
+
+
+# yolo11n's Conv activations at batch 8 of 640 px (the kernels' row groups and channel blocks as at batch 128)
+SHAPES = [(8, 16, 320, 320), (8, 32, 160, 160), (8, 8, 160, 160), (8, 64, 80, 80), (8, 80, 80, 80),
+          (8, 128, 40, 40), (8, 256, 20, 20)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES)
+def test_triton_equals_cudnn_in_fp16_channels_last(shape):
+    """fp16 in and out as under AMP: the output and dx within fp16 rounding of cuDNN's (a few units in the last
+    place of the largest value), dw and db and the running statistics within float32 summation order."""
+    case = _case(shape, torch.float16, "cuda")
+    ours, theirs = _run(_ours, case), _run(_torch, case)
+    worst = _worst(ours, theirs)
+    assert worst[0] < 2e-3 and worst[1] < 2e-3, worst
+    assert max(worst[2:]) < 1e-4, worst
+
+
+@pytest.mark.gpu
+def test_triton_makes_no_host_sync():
+    from helpers import no_host_sync
+
+    case = _case((4, 32, 40, 40), torch.float16, "cuda")
+    _run(_ours, case)  # Triton compiles on first use
+    with no_host_sync():
+        _run(_ours, case)
