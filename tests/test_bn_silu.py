@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from yolofeed.kernels.bn_silu import bn_silu, fusable, reference
+from yolofeed.kernels.bn_silu import bn_silu, fusable
 
 MOMENTUM, EPS = 0.03, 1e-3  # Ultralytics' initialize_weights
 

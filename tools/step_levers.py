@@ -209,11 +209,11 @@ def _bn_shapes(model, batch: dict, n: int) -> list:
         bn = torch.nn.BatchNorm2d(shape[1], eps=1e-3, momentum=0.03).cuda()
         g = torch.randn_like(x)
 
-        def cudnn():
+        def cudnn(x=x, bn=bn, g=g):
             y = F.silu(bn(x))
             y.backward(g)
 
-        def triton():
+        def triton(x=x, bn=bn, g=g):
             y = bn_silu(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
             y.backward(g)
         for fn in (cudnn, triton):
