@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from yolofeed.kernels.bn_silu import bn_silu, fusable
+from yolofeed.kernels.bn_silu import bn_silu, fusable, reference
 
 MOMENTUM, EPS = 0.03, 1e-3  # Ultralytics' initialize_weights
 
@@ -111,14 +111,18 @@ SHAPES = [(8, 16, 320, 320), (8, 32, 160, 160), (8, 8, 160, 160), (8, 64, 80, 80
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES)
-def test_triton_equals_cudnn_in_fp16_channels_last(shape):
-    """fp16 in and out as under AMP: the output and dx within fp16 rounding of cuDNN's (a few units in the last
-    place of the largest value), dw and db and the running statistics within float32 summation order."""
+def test_triton_is_as_close_to_float64_as_cudnn_in_fp16_channels_last(shape):
+    """fp16 in and out as under AMP, against the float64 arithmetic on the same fp16 inputs: each of the six results
+    (output, dx, dw, db, running mean and var) within 1.5 times cuDNN's own error (cuDNN rounds the BN output and
+    SiLU's gradient to fp16 between its two ops; the fused op keeps them in float32), or float32 rounding."""
     case = _case(shape, torch.float16, "cuda")
-    ours, theirs = _run(_ours, case), _run(_torch, case)
-    worst = _worst(ours, theirs)
-    assert worst[0] < 2e-3 and worst[1] < 2e-3, worst
-    assert max(worst[2:]) < 1e-4, worst
+    wide = {k: v.double() if v.dtype != torch.float16 else v for k, v in case.items()}
+
+    def truth(x, w, b, rm, rv):
+        return reference(x.double(), w.double(), b.double(), rm, rv, MOMENTUM, EPS)
+    exact = _run(truth, {**wide, "dy": case["dy"].double()})
+    ours, cudnn = _worst(_run(_ours, case), exact), _worst(_run(_torch, case), exact)
+    assert all(o <= 1.5 * t + 1e-6 for o, t in zip(ours, cudnn)), (ours, cudnn)
 
 
 @pytest.mark.gpu

@@ -178,10 +178,15 @@ SECTIONS = {s.name: s for s in (
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 "
         "out=$OUT/levers")),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
-        "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 levers=triton_bn_silu,native_bn "
-        "out=$OUT/levers_bn",
-        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu,native_bn "
-        "out=$OUT/levers_bn")),
+        "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
+        "levers=triton_bn_silu,cuda_graph,triton_bn_silu+cuda_graph out=$OUT/levers_bn",
+        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu out=$OUT/levers_bn")),
+    Section("pose-throughput", "Pose", "nvidia-h200", 1, 7, (
+        "python3 -m yolofeed synth out=/tmp/synth-pose n_train=10000 n_val=500 seed=0 task=pose 2>&1 | tail -2",
+        "python3 -m yolofeed pack data=/tmp/synth-pose/data.yaml imgsz=640 task=pose 2>&1 | tail -2",
+        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-pose/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='pose')"),
+        "timeout 330 python3 -m yolofeed bench model=yolo11n-pose.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+        + BENCH_1.replace("/tmp/synth/", "/tmp/synth-pose/") + " out=$OUT/bench_pose", NO_WEIGHTS)),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
 )}

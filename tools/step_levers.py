@@ -186,6 +186,17 @@ def lever_native_bn(model):
     return None
 
 
+def _kernel_ms(fn, n: int) -> float:
+    """The GPU's kernel time of one call of ``fn`` (the profiler's device time, summed), ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()) / n / 1e3
+
+
 def _bn_shapes(model, batch: dict, n: int) -> list:
     """Each distinct Conv activation of one forward: cuDNN's batch norm + SiLU against the Triton op, forward and
     backward, ms (the same tensors, alternately)."""
@@ -216,13 +227,21 @@ def _bn_shapes(model, batch: dict, n: int) -> list:
         def triton(x=x, bn=bn, g=g):
             y = bn_silu(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
             y.backward(g)
-        for fn in (cudnn, triton):
+        out = {"shape": list(shape), "convs": count}
+        for name, fn in (("cudnn", cudnn), ("triton", triton)):
             fn()
-        a = min(_time(cudnn, n) for _ in range(3))
-        b = min(_time(triton, n) for _ in range(3))
-        rows.append({"shape": list(shape), "convs": count, "cudnn_ms": round(a, 4), "triton_ms": round(b, 4),
-                     "speedup": round(a / b, 3)})
-        print("bn_silu", json.dumps(rows[-1]), flush=True)
+            out[f"{name}_ms"] = round(min(_time(fn, n) for _ in range(3)), 4)  # the pace: GPU or host, the slower
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out[f"{name}_host_ms"] = round((time.perf_counter() - t0) / n * 1e3, 4)  # the host's cost, queued ahead
+            torch.cuda.synchronize()
+            out[f"{name}_gpu_ms"] = round(_kernel_ms(fn, n), 4)
+        out["speedup"] = round(out["cudnn_ms"] / out["triton_ms"], 3)
+        out["gpu_speedup"] = round(out["cudnn_gpu_ms"] / out["triton_gpu_ms"], 3)
+        rows.append(out)
+        print("bn_silu", json.dumps(out), flush=True)
     return rows
 
 
@@ -315,7 +334,10 @@ def _lever(name: str, cfg: str, model, batch: dict, n: int) -> dict:
     obatch = _with_counts(other, batch)
     t0 = time.perf_counter()
     try:
-        fwd = lever_cuda_graph(other, obatch) if name == "cuda_graph" else globals()[f"lever_{name}"](other)
+        fwd = None
+        for part in name.split("+"):  # levers together: a+b
+            made = lever_cuda_graph(other, obatch) if part == "cuda_graph" else globals()[f"lever_{part}"](other)
+            fwd = made or fwd
         if fwd == "bf16":
             def run():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -334,7 +356,8 @@ def _lever(name: str, cfg: str, model, batch: dict, n: int) -> dict:
         for _ in range(3):  # alternate: shared clocks
             base.append(_time(lambda: _step(model, batch), n))
             lev.append(_time(run, n))
-        return {"base_ms": min(base), "lever_ms": min(lev), "speedup": min(base) / min(lev), "ready_s": ready}
+        return {"base_ms": min(base), "lever_ms": min(lev), "speedup": min(base) / min(lev), "ready_s": ready,
+                "base_kernels_ms": _kernel_ms(lambda: _step(model, batch), 3), "lever_kernels_ms": _kernel_ms(run, 3)}
     except Exception as e:  # a lever that cannot run is a finding, not a crash
         return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
 

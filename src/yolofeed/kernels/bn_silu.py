@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 _GROUPS = 512  # row groups of the statistics passes: about four programs per SM of an H100/H200
-_FLAT = 2048  # elements per program of the elementwise passes
+_TILE = 4096  # elements of a program's tile
+_tickets: dict[tuple, Tensor] = {}  # (device, stream) -> the statistics passes' ticket counters, int32 zeros
 
 
 def fusable(x: Tensor) -> bool:
@@ -32,16 +33,35 @@ def _rows(x: Tensor) -> Tensor:
     return x.permute(0, 2, 3, 1).reshape(n * h * w, c)
 
 
-def _blocks(m: int, c: int) -> tuple[int, int, int, int]:
-    """BLOCK_C, BLOCK_M, rows per program and the number of row groups G for an (m, c) activation."""
+def _row_stride(dy: Tensor) -> int | None:
+    """The row stride of ``dy`` seen as (M, C) rows of unit channel stride (a channel slice of a wider channels-last
+    tensor has one), or None where its strides are not rows."""
+    n, c, h, w = dy.shape
+    s = dy.stride()
+    r = s[3]
+    ok = (s[1] == 1 or c == 1) and r >= c and s[2] == w * r and (s[0] == h * w * r or n == 1)
+    return r if ok else None
+
+
+def _plan(m: int, c: int) -> tuple[int, ...]:
+    """The statistics passes' BLOCK_C, BLOCK_M, rows per program and row groups G, and the elementwise passes'
+    BLOCK_C and BLOCK_M, for an (m, c) activation."""
     import triton
 
     block_c = min(triton.next_power_of_2(c), 64)
-    block_m = max(4096 // block_c, 16)
-    c_blocks = triton.cdiv(c, block_c)
-    groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_GROUPS, c_blocks)))
+    block_m = max(_TILE // block_c, 16)
+    groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_GROUPS, triton.cdiv(c, block_c))))
     rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
-    return block_c, block_m, rows, triton.cdiv(m, rows)
+    flat_c = min(triton.next_power_of_2(c), 256)
+    return block_c, block_m, rows, triton.cdiv(m, rows), flat_c, max(_TILE // flat_c, 1)
+
+
+def _tickets_for(x: Tensor, n: int) -> Tensor:
+    key = (x.device, torch.cuda.current_stream(x.device).stream_id if x.is_cuda else 0)
+    t = _tickets.get(key)
+    if t is None or len(t) < n:
+        t = _tickets[key] = torch.zeros(max(n, 1024), device=x.device, dtype=torch.int32)
+    return t
 
 
 class _TritonBNSiLU(torch.autograd.Function):
@@ -54,16 +74,17 @@ class _TritonBNSiLU(torch.autograd.Function):
 
         rows = _rows(x)
         m, c = rows.shape
-        block_c, block_m, per, groups = _blocks(m, c)
+        plan = block_c, block_m, per, groups, flat_c, flat_m = _plan(m, c)
         part = torch.empty(groups, 2, c, device=x.device, dtype=torch.float32)
         save = torch.empty(6, c, device=x.device, dtype=torch.float32)
-        k.stats[(groups, triton.cdiv(c, block_c))](rows, part, m, c, per, BLOCK_M=block_m, BLOCK_C=block_c)
-        k.finalize[(triton.cdiv(c, block_c),)](part, groups, m, c, per, weight, bias, running_mean, running_var,
-                                                save, momentum, eps, BLOCK_G=64, BLOCK_C=block_c)
+        cb = triton.cdiv(c, block_c)
+        k.stats[(groups, cb)](rows, part, _tickets_for(x, cb), save, weight, bias, running_mean, running_var, m, c,
+                              per, groups, momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=64)
         y = torch.empty_like(x)  # channels-last, as x
-        k.apply[(triton.cdiv(m * c, _FLAT),)](rows, _rows(y), save, m * c, c, BLOCK=_FLAT)
+        k.apply[(triton.cdiv(m, flat_m), triton.cdiv(c, flat_c))](rows, _rows(y), save, m, c, BLOCK_M=flat_m,
+                                                                   BLOCK_C=flat_c)
         ctx.save_for_backward(x, save)
-        ctx.blocks = block_c, block_m, per, groups
+        ctx.plan, ctx.dtypes = plan, (weight.dtype, bias.dtype)
         return y
 
     @staticmethod
@@ -73,26 +94,30 @@ class _TritonBNSiLU(torch.autograd.Function):
         from yolofeed.kernels import bn_silu_triton as k
 
         x, save = ctx.saved_tensors
-        block_c, block_m, per, groups = ctx.blocks
-        dy = dy.contiguous(memory_format=torch.channels_last)
-        rows, drows = _rows(x), _rows(dy)
+        block_c, block_m, per, groups, flat_c, flat_m = ctx.plan
+        stride = _row_stride(dy)
+        if stride is None:  # a layout the next op's backward rarely gives: one copy
+            dy = dy.contiguous(memory_format=torch.channels_last)
+            stride = dy.shape[1]
+        rows = _rows(x)
         m, c = rows.shape
         part = torch.empty(groups, 2, c, device=x.device, dtype=torch.float32)
-        k.grad_stats[(groups, triton.cdiv(c, block_c))](rows, drows, save, part, m, c, per, BLOCK_M=block_m,
-                                                         BLOCK_C=block_c)
         dw = torch.empty(c, device=x.device, dtype=torch.float32)
         db = torch.empty(c, device=x.device, dtype=torch.float32)
-        k.grad_finalize[(triton.cdiv(c, block_c),)](part, groups, m, c, save, dw, db, BLOCK_G=64, BLOCK_C=block_c)
+        cb = triton.cdiv(c, block_c)
+        k.grad_stats[(groups, cb)](rows, dy, stride, save, part, _tickets_for(x, cb), dw, db, m, c, per, groups,
+                                   BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=64)
         dx = torch.empty_like(x)
-        k.grad_apply[(triton.cdiv(m * c, _FLAT),)](rows, drows, _rows(dx), save, m * c, c, BLOCK=_FLAT)
-        return dx, dw, db, None, None, None, None
+        k.grad_apply[(triton.cdiv(m, flat_m), triton.cdiv(c, flat_c))](rows, dy, stride, _rows(dx), save, m, c,
+                                                                        BLOCK_M=flat_m, BLOCK_C=flat_c)
+        return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1]), None, None, None, None
 
 
 def reference(x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor, momentum: float,
               eps: float) -> Tensor:
     """The same arithmetic in torch ops (float32 statistics, the BN output recomputed in the backward by autograd's
     own formulas): the CPU path, and the yardstick the Triton path is tested against."""
-    xf = x.float()
+    xf = x if x.dtype == torch.float64 else x.float()
     dims = (0, 2, 3)
     m = x.numel() // x.shape[1]
     with torch.no_grad():
@@ -102,7 +127,8 @@ def reference(x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, run
         running_var.mul_(1 - momentum).add_(var * (m / max(m - 1, 1)), alpha=momentum)
     mean = xf.mean(dims, keepdim=True)
     var = xf.var(dims, unbiased=False, keepdim=True)
-    z = (xf - mean) * torch.rsqrt(var + eps) * weight.float()[None, :, None, None] + bias.float()[None, :, None, None]
+    w, b = (t.to(xf.dtype)[None, :, None, None] for t in (weight, bias))
+    z = (xf - mean) * torch.rsqrt(var + eps) * w + b
     return torch.nn.functional.silu(z).to(x.dtype)
 
 

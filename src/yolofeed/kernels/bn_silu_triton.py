@@ -3,10 +3,15 @@
 cuDNN's NHWC batch norm and the SiLU after it read and write the activation about 17 times a step between them
 (forward and backward); these kernels read it 7 times and write it twice:
 
-- forward: ``stats`` reads x once (per-channel mean and M2 by Chan's merge, one partial per row group), ``finalize``
-  merges the partials and updates the running statistics, ``apply`` reads x and writes silu(x * scale + shift);
-- backward: ``grad_stats`` reads x and dy (the BN output is recomputed, never stored), ``grad_finalize`` gives the
-  weight's and the bias's gradients, ``grad_apply`` reads x and dy again and writes dx.
+- forward: ``stats`` reads x once (per-channel mean and M2 by Chan's merge, one partial per row group; the last
+  program of a channel block merges the partials and updates the running statistics), ``apply`` reads x and writes
+  silu(x * scale + shift);
+- backward: ``grad_stats`` reads x and dy (the BN output is recomputed, never stored; the last program gives the
+  weight's and the bias's gradients), ``grad_apply`` reads x and dy again and writes dx.
+
+Two launches a direction: on the small activations of a detector's later layers the launches, not the bytes, cost
+the time. "The last program" is a ticket counter per channel block (``tickets``, int32 zeros, reset by the last
+program): the partials are stored before a release-acquire atomic, and read after it from L2 (``.cg``).
 
 Every sum is in float32; the activation stays in its own dtype. ``bn_silu.py`` is the torch reference of the same
 arithmetic and the autograd Function that picks one.
@@ -19,88 +24,80 @@ import triton.language as tl
 
 
 @triton.jit
-def stats(x_ptr, part_ptr, M, C, rows_per_prog, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Per row group g, per channel: mean and M2 of x[g's rows, c]. part: (G, 2, C) float32."""
+def _merge(mean, m2, n, bmean, bm2, nb):
+    """Chan's parallel merge of (mean, M2, count) with another (bmean, bm2, nb)."""
+    tot = n + nb
+    delta = bmean - mean
+    return mean + delta * (nb / tot), m2 + bm2 + delta * delta * (n * nb / tot), tot
+
+
+@triton.jit
+def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, M, C, rows_per_prog, G, momentum,
+          eps, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Per row group g, per channel: mean and M2 of x[g's rows, c] into part (G, 2, C) float32. The last program of
+    the channel block merges the G partials, updates running_mean and running_var (unbiased) in place and writes
+    save (6, C) float32 rows mean, invstd, scale = w * invstd, shift = b - mean * scale."""
     g = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cb = tl.program_id(1)
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     start = g * rows_per_prog
     end = tl.minimum(start + rows_per_prog, M)
     mean = tl.zeros([BLOCK_C], tl.float32)
     m2 = tl.zeros([BLOCK_C], tl.float32)
     for r0 in range(start, end, BLOCK_M):
-        n = (r0 - start).to(tl.float32)  # rows merged so far
         rows = r0 + tl.arange(0, BLOCK_M)
-        rmask = rows < end
-        mask = rmask[:, None] & cmask[None, :]
+        mask = (rows < end)[:, None] & cmask[None, :]
         x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         nt = tl.minimum(end - r0, BLOCK_M).to(tl.float32)
         tmean = tl.sum(x, 0) / nt
         d = tl.where(mask, x - tmean[None, :], 0.0)
-        tm2 = tl.sum(d * d, 0)
-        tot = n + nt
-        delta = tmean - mean
-        mean += delta * (nt / tot)
-        m2 += tm2 + delta * delta * (n * nt / tot)
+        mean, m2, _ = _merge(mean, m2, (r0 - start).to(tl.float32), tmean, tl.sum(d * d, 0), nt)
     base = part_ptr + g * 2 * C + cols
     tl.store(base, mean, mask=cmask)
     tl.store(base + C, m2, mask=cmask)
+    if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
+        n = tl.zeros([BLOCK_C], tl.float32)
+        mean = tl.zeros([BLOCK_C], tl.float32)
+        m2 = tl.zeros([BLOCK_C], tl.float32)
+        for g0 in range(0, G, BLOCK_G):
+            gs = g0 + tl.arange(0, BLOCK_G)
+            gmask = gs < G
+            mask = gmask[:, None] & cmask[None, :]
+            ng = tl.where(gmask, tl.minimum(tl.maximum(M - gs * rows_per_prog, 0), rows_per_prog), 0).to(tl.float32)
+            at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
+            pmean = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+            pm2 = tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
+            nb = tl.sum(ng, 0)
+            bmean = tl.sum(pmean * ng[:, None], 0) / nb
+            d = tl.where(mask, pmean - bmean[None, :], 0.0)
+            mean, m2, n = _merge(mean, m2, n, bmean, tl.sum(pm2, 0) + tl.sum(d * d * ng[:, None], 0), nb)
+        invstd = 1.0 / tl.sqrt(m2 / n + eps)
+        scale = tl.load(w_ptr + cols, mask=cmask, other=1.0) * invstd
+        rm = tl.load(rm_ptr + cols, mask=cmask, other=0.0)
+        rv = tl.load(rv_ptr + cols, mask=cmask, other=0.0)
+        tl.store(rm_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=cmask)
+        tl.store(rv_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / tl.maximum(n - 1.0, 1.0)), mask=cmask)
+        tl.store(save_ptr + cols, mean, mask=cmask)
+        tl.store(save_ptr + C + cols, invstd, mask=cmask)
+        tl.store(save_ptr + 2 * C + cols, scale, mask=cmask)
+        tl.store(save_ptr + 3 * C + cols, tl.load(b_ptr + cols, mask=cmask, other=0.0) - mean * scale, mask=cmask)
+        tl.store(tickets_ptr + cb, 0)
 
 
 @triton.jit
-def finalize(part_ptr, G, M, C, rows_per_prog, w_ptr, b_ptr, rm_ptr, rv_ptr, save_ptr, momentum, eps,
-             BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Merge the G partials; update running_mean and running_var (unbiased) in place.
-
-    save: (4, C) float32 rows mean, invstd, scale = w * invstd, shift = b - mean * scale."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+def apply(x_ptr, y_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """y = silu(x * scale + shift), over (BLOCK_M, BLOCK_C) tiles: the channels' constants loaded once a tile."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    n = tl.zeros([BLOCK_C], tl.float32)
-    mean = tl.zeros([BLOCK_C], tl.float32)
-    m2 = tl.zeros([BLOCK_C], tl.float32)
-    for g0 in range(0, G, BLOCK_G):
-        gs = g0 + tl.arange(0, BLOCK_G)
-        gmask = gs < G
-        mask = gmask[:, None] & cmask[None, :]
-        ng = tl.minimum(tl.maximum(M - gs * rows_per_prog, 0), rows_per_prog).to(tl.float32)
-        ng = tl.where(gmask, ng, 0.0)
-        at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
-        pmean = tl.load(at, mask=mask, other=0.0)
-        pm2 = tl.load(at + C, mask=mask, other=0.0)
-        nb = tl.sum(ng, 0)
-        bmean = tl.sum(pmean * ng[:, None], 0) / nb
-        d = tl.where(mask, pmean - bmean[None, :], 0.0)
-        bm2 = tl.sum(pm2, 0) + tl.sum(d * d * ng[:, None], 0)
-        tot = n + nb
-        delta = bmean - mean
-        mean += delta * (nb / tot)
-        m2 += bm2 + delta * delta * (n * nb / tot)
-        n = tot
-    var = m2 / n
-    invstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + cols, mask=cmask, other=1.0)
-    b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
-    scale = w * invstd
-    rm = tl.load(rm_ptr + cols, mask=cmask, other=0.0)
-    rv = tl.load(rv_ptr + cols, mask=cmask, other=0.0)
-    tl.store(rm_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=cmask)
-    tl.store(rv_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / tl.maximum(n - 1.0, 1.0)), mask=cmask)
-    tl.store(save_ptr + cols, mean, mask=cmask)
-    tl.store(save_ptr + C + cols, invstd, mask=cmask)
-    tl.store(save_ptr + 2 * C + cols, scale, mask=cmask)
-    tl.store(save_ptr + 3 * C + cols, b - mean * scale, mask=cmask)
-
-
-@triton.jit
-def apply(x_ptr, y_ptr, save_ptr, n_elements, C, BLOCK: tl.constexpr):
-    """y = silu(x * scale + shift), elementwise over the flat (M, C) activation."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
-    c = offs % C
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    z = x * tl.load(save_ptr + 2 * C + c, mask=mask, other=0.0) + tl.load(save_ptr + 3 * C + c, mask=mask, other=0.0)
-    y = z / (1.0 + tl.exp(-z))
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    mask = (rows < M)[:, None] & cmask[None, :]
+    at = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)
+    shift = tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)
+    z = x * scale[None, :] + shift[None, :]
+    tl.store(y_ptr + at, (z / (1.0 + tl.exp(-z))).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -112,66 +109,64 @@ def _dz(x, dy, scale, shift):
 
 
 @triton.jit
-def grad_stats(x_ptr, dy_ptr, save_ptr, part_ptr, M, C, rows_per_prog, BLOCK_M: tl.constexpr,
-               BLOCK_C: tl.constexpr):
-    """Per row group g, per channel: sum(dz) and sum(dz * xhat). part: (G, 2, C) float32."""
+def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr, db_ptr, M, C, rows_per_prog, G,
+               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Per row group g, per channel: sum(dz) and sum(dz * xhat) into part (G, 2, C) float32. The last program of the
+    channel block sums the partials: db, dw (the bias's and the weight's gradients), and save's rows 4 and 5 become
+    db / M and dw / M. dy's rows are ``dy_stride`` apart (a channel slice of a wider NHWC tensor)."""
     g = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cb = tl.program_id(1)
+    cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    mean = tl.load(save_ptr + cols, mask=cmask, other=0.0)
-    invstd = tl.load(save_ptr + C + cols, mask=cmask, other=0.0)
-    scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)
-    shift = tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)
+    mean = tl.load(save_ptr + cols, mask=cmask, other=0.0)[None, :]
+    invstd = tl.load(save_ptr + C + cols, mask=cmask, other=0.0)[None, :]
+    scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)[None, :]
+    shift = tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)[None, :]
     start = g * rows_per_prog
     end = tl.minimum(start + rows_per_prog, M)
     sdz = tl.zeros([BLOCK_C], tl.float32)
     sdzx = tl.zeros([BLOCK_C], tl.float32)
     for r0 in range(start, end, BLOCK_M):
-        rows = r0 + tl.arange(0, BLOCK_M)
+        rows = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
         mask = (rows < end)[:, None] & cmask[None, :]
-        at = rows.to(tl.int64)[:, None] * C + cols[None, :]
-        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        dz = _dz(x, dy, scale[None, :], shift[None, :])
+        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dz = _dz(x, dy, scale, shift)
         sdz += tl.sum(dz, 0)
-        sdzx += tl.sum(dz * (x - mean[None, :]) * invstd[None, :], 0)
+        sdzx += tl.sum(dz * (x - mean) * invstd, 0)
     base = part_ptr + g * 2 * C + cols
     tl.store(base, sdz, mask=cmask)
     tl.store(base + C, sdzx, mask=cmask)
+    if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
+        db = tl.zeros([BLOCK_C], tl.float32)
+        dw = tl.zeros([BLOCK_C], tl.float32)
+        for g0 in range(0, G, BLOCK_G):
+            gs = g0 + tl.arange(0, BLOCK_G)
+            mask = (gs < G)[:, None] & cmask[None, :]
+            at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
+            db += tl.sum(tl.load(at, mask=mask, other=0.0, cache_modifier=".cg"), 0)
+            dw += tl.sum(tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg"), 0)
+        tl.store(dw_ptr + cols, dw, mask=cmask)
+        tl.store(db_ptr + cols, db, mask=cmask)
+        tl.store(save_ptr + 4 * C + cols, db / M, mask=cmask)
+        tl.store(save_ptr + 5 * C + cols, dw / M, mask=cmask)
+        tl.store(tickets_ptr + cb, 0)
 
 
 @triton.jit
-def grad_finalize(part_ptr, G, M, C, save_ptr, dw_ptr, db_ptr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
-    """db = sum(dz), dw = sum(dz * xhat) over the partials; save's rows 4 and 5 become db / M and dw / M."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+def grad_apply(x_ptr, dy_ptr, dy_stride, dx_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dx = scale * (dz - db / M - xhat * dw / M), over (BLOCK_M, BLOCK_C) tiles."""
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
-    db = tl.zeros([BLOCK_C], tl.float32)
-    dw = tl.zeros([BLOCK_C], tl.float32)
-    for g0 in range(0, G, BLOCK_G):
-        gs = g0 + tl.arange(0, BLOCK_G)
-        mask = (gs < G)[:, None] & cmask[None, :]
-        at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
-        db += tl.sum(tl.load(at, mask=mask, other=0.0), 0)
-        dw += tl.sum(tl.load(at + C, mask=mask, other=0.0), 0)
-    tl.store(dw_ptr + cols, dw, mask=cmask)
-    tl.store(db_ptr + cols, db, mask=cmask)
-    tl.store(save_ptr + 4 * C + cols, db / M, mask=cmask)
-    tl.store(save_ptr + 5 * C + cols, dw / M, mask=cmask)
-
-
-@triton.jit
-def grad_apply(x_ptr, dy_ptr, dx_ptr, save_ptr, n_elements, C, BLOCK: tl.constexpr):
-    """dx = scale * (dz - db / M - xhat * dw / M), elementwise."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n_elements
-    c = offs % C
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    mean = tl.load(save_ptr + c, mask=mask, other=0.0)
-    invstd = tl.load(save_ptr + C + c, mask=mask, other=0.0)
-    scale = tl.load(save_ptr + 2 * C + c, mask=mask, other=0.0)
-    dz = _dz(x, dy, scale, tl.load(save_ptr + 3 * C + c, mask=mask, other=0.0))
-    k1 = tl.load(save_ptr + 4 * C + c, mask=mask, other=0.0)
-    k2 = tl.load(save_ptr + 5 * C + c, mask=mask, other=0.0)
+    mask = (rows < M)[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.load(save_ptr + cols, mask=cmask, other=0.0)[None, :]
+    invstd = tl.load(save_ptr + C + cols, mask=cmask, other=0.0)[None, :]
+    scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)[None, :]
+    dz = _dz(x, dy, scale, tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)[None, :])
+    k1 = tl.load(save_ptr + 4 * C + cols, mask=cmask, other=0.0)[None, :]
+    k2 = tl.load(save_ptr + 5 * C + cols, mask=cmask, other=0.0)[None, :]
     dx = scale * (dz - k1 - (x - mean) * invstd * k2)
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    tl.store(dx_ptr + rows[:, None] * C + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
