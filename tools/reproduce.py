@@ -179,8 +179,9 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/levers")),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
-        "levers=triton_bn_silu,cuda_graph,triton_bn_silu+cuda_graph out=$OUT/levers_bn",
-        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu out=$OUT/levers_bn")),
+        "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",
+        "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu,triton_bn_silu_narrow "
+        "out=$OUT/levers_bn")),
     Section("pose-throughput", "Pose", "nvidia-h200", 1, 7, (
         "python3 -m yolofeed synth out=/tmp/synth-pose n_train=10000 n_val=500 seed=0 task=pose 2>&1 | tail -2",
         "python3 -m yolofeed pack data=/tmp/synth-pose/data.yaml imgsz=640 task=pose 2>&1 | tail -2",

@@ -177,6 +177,18 @@ def lever_triton_bn_silu(model):
     return None
 
 
+def lever_triton_bn_silu_narrow(model):
+    """The Triton op only where an activation has at most 32 channels (the early, large layers); cuDNN elsewhere."""
+    from yolofeed.kernels.bn_silu import bn_silu, fusable
+
+    def fused(x, bn):
+        if x.shape[1] > 32 or not fusable(x):
+            return F.silu(bn(x))
+        return bn_silu(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+    _swap_bn_silu(model, fused)
+    return None
+
+
 def lever_native_bn(model):
     """Every Conv's batch norm through ATen's own channels-last kernels (``native_batch_norm``), not cuDNN's."""
     def fused(x, bn):

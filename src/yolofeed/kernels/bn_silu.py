@@ -27,12 +27,6 @@ def fusable(x: Tensor) -> bool:
             and x.shape[0] * x.shape[2] * x.shape[3] > 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
-def _rows(x: Tensor) -> Tensor:
-    """The (M, C) row view of a channels-last (N, C, H, W) tensor (no copy)."""
-    n, c, h, w = x.shape
-    return x.permute(0, 2, 3, 1).reshape(n * h * w, c)
-
-
 def _row_stride(dy: Tensor) -> int | None:
     """The row stride of ``dy`` seen as (M, C) rows of unit channel stride (a channel slice of a wider channels-last
     tensor has one), or None where its strides are not rows."""
@@ -43,73 +37,78 @@ def _row_stride(dy: Tensor) -> int | None:
     return r if ok else None
 
 
-def _plan(m: int, c: int) -> tuple[int, ...]:
-    """The statistics passes' BLOCK_C, BLOCK_M, rows per program and row groups G, and the elementwise passes'
-    BLOCK_C and BLOCK_M, for an (m, c) activation."""
-    import triton
-
-    block_c = min(triton.next_power_of_2(c), 64)
-    block_m = max(_TILE // block_c, 16)
-    groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_GROUPS, triton.cdiv(c, block_c))))
-    rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
-    flat_c = min(triton.next_power_of_2(c), 256)
-    return block_c, block_m, rows, triton.cdiv(m, rows), flat_c, max(_TILE // flat_c, 1)
+_plans: dict[tuple[int, int], tuple] = {}
 
 
-def _tickets_for(x: Tensor, n: int) -> Tensor:
+def _plan(m: int, c: int) -> tuple:
+    """For an (m, c) activation: the statistics passes' grid, BLOCK_M, BLOCK_C, rows per program and row groups G;
+    the elementwise passes' grid, BLOCK_M and BLOCK_C. Cached: the host's time per launch is what the small
+    activations of a detector's later layers cost."""
+    plan = _plans.get((m, c))
+    if plan is None:
+        import triton
+
+        block_c = min(triton.next_power_of_2(c), 64)
+        block_m = max(_TILE // block_c, 16)
+        cb = triton.cdiv(c, block_c)
+        groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_GROUPS, cb)))
+        rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
+        groups = triton.cdiv(m, rows)
+        flat_c = min(triton.next_power_of_2(c), 256)
+        flat_m = max(_TILE // flat_c, 1)
+        plan = _plans[(m, c)] = ((groups, cb), block_m, block_c, rows, groups,
+                                 (triton.cdiv(m, flat_m), triton.cdiv(c, flat_c)), flat_m, flat_c)
+    return plan
+
+
+def _tickets_for(x: Tensor) -> Tensor:
     key = (x.device, torch.cuda.current_stream(x.device).stream_id if x.is_cuda else 0)
     t = _tickets.get(key)
-    if t is None or len(t) < n:
-        t = _tickets[key] = torch.zeros(max(n, 1024), device=x.device, dtype=torch.int32)
+    if t is None:
+        t = _tickets[key] = torch.zeros(4096, device=x.device, dtype=torch.int32)
     return t
 
 
 class _TritonBNSiLU(torch.autograd.Function):
+    """x, y and dx are passed as they are: a channels-last dense (N, C, H, W) tensor is the (M, C) rows in memory."""
+
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor,
                 momentum: float, eps: float) -> Tensor:
-        import triton
-
         from yolofeed.kernels import bn_silu_triton as k
 
-        rows = _rows(x)
-        m, c = rows.shape
-        plan = block_c, block_m, per, groups, flat_c, flat_m = _plan(m, c)
-        part = torch.empty(groups, 2, c, device=x.device, dtype=torch.float32)
-        save = torch.empty(6, c, device=x.device, dtype=torch.float32)
-        cb = triton.cdiv(c, block_c)
-        k.stats[(groups, cb)](rows, part, _tickets_for(x, cb), save, weight, bias, running_mean, running_var, m, c,
-                              per, groups, momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=64)
+        c = x.shape[1]
+        m = x.numel() // c
+        grid, block_m, block_c, per, groups, flat_grid, flat_m, flat_c = plan = _plan(m, c)
+        work = torch.empty(groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
+        save = work[groups * 2 * c:]
+        k.stats[grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, per, groups,
+                      momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=64)
         y = torch.empty_like(x)  # channels-last, as x
-        k.apply[(triton.cdiv(m, flat_m), triton.cdiv(c, flat_c))](rows, _rows(y), save, m, c, BLOCK_M=flat_m,
-                                                                   BLOCK_C=flat_c)
+        k.apply[flat_grid](x, y, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c)
         ctx.save_for_backward(x, save)
         ctx.plan, ctx.dtypes = plan, (weight.dtype, bias.dtype)
         return y
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        import triton
-
         from yolofeed.kernels import bn_silu_triton as k
 
         x, save = ctx.saved_tensors
-        block_c, block_m, per, groups, flat_c, flat_m = ctx.plan
+        grid, block_m, block_c, per, groups, flat_grid, flat_m, flat_c = ctx.plan
         stride = _row_stride(dy)
         if stride is None:  # a layout the next op's backward rarely gives: one copy
             dy = dy.contiguous(memory_format=torch.channels_last)
             stride = dy.shape[1]
-        rows = _rows(x)
-        m, c = rows.shape
-        part = torch.empty(groups, 2, c, device=x.device, dtype=torch.float32)
+        c = x.shape[1]
+        m = x.numel() // c
+        part = torch.empty(groups * 2 * c, device=x.device, dtype=torch.float32)
         dw = torch.empty(c, device=x.device, dtype=torch.float32)
         db = torch.empty(c, device=x.device, dtype=torch.float32)
-        cb = triton.cdiv(c, block_c)
-        k.grad_stats[(groups, cb)](rows, dy, stride, save, part, _tickets_for(x, cb), dw, db, m, c, per, groups,
-                                   BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=64)
+        k.grad_stats[grid](x, dy, stride, save, part, _tickets_for(x), dw, db, m, c, per, groups, BLOCK_M=block_m,
+                           BLOCK_C=block_c, BLOCK_G=64)
         dx = torch.empty_like(x)
-        k.grad_apply[(triton.cdiv(m, flat_m), triton.cdiv(c, flat_c))](rows, dy, stride, _rows(dx), save, m, c,
-                                                                        BLOCK_M=flat_m, BLOCK_C=flat_c)
+        k.grad_apply[flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c)
         return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1]), None, None, None, None
 
 

@@ -3,7 +3,7 @@
 cuDNN's NHWC batch norm and the SiLU after it read and write the activation about 17 times a step between them
 (forward and backward); these kernels read it 7 times and write it twice:
 
-- forward: ``stats`` reads x once (per-channel mean and M2 by Chan's merge, one partial per row group; the last
+- forward: ``stats`` reads x once (per-channel shifted sums, one partial per row group; the last
   program of a channel block merges the partials and updates the running statistics), ``apply`` reads x and writes
   silu(x * scale + shift);
 - backward: ``grad_stats`` reads x and dy (the BN output is recomputed, never stored; the last program gives the
@@ -24,60 +24,50 @@ import triton.language as tl
 
 
 @triton.jit
-def _merge(mean, m2, n, bmean, bm2, nb):
-    """Chan's parallel merge of (mean, M2, count) with another (bmean, bm2, nb)."""
-    tot = n + nb
-    delta = bmean - mean
-    return mean + delta * (nb / tot), m2 + bm2 + delta * delta * (n * nb / tot), tot
-
-
-@triton.jit
 def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, M, C, rows_per_prog, G, momentum,
           eps, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Per row group g, per channel: mean and M2 of x[g's rows, c] into part (G, 2, C) float32. The last program of
-    the channel block merges the G partials, updates running_mean and running_var (unbiased) in place and writes
-    save (6, C) float32 rows mean, invstd, scale = w * invstd, shift = b - mean * scale."""
+    """Per row group g, per channel: sum(x - k) and sum((x - k)^2) of x[g's rows, c] into part (G, 2, C) float32, k
+    the channel's value in row 0 (shifted sums: the variance loses nothing to cancellation where the mean is far from
+    zero). Each lane of the tile accumulates on its own; one reduction a program. The last program of the channel
+    block sums the G partials, updates running_mean and running_var (unbiased) in place and writes save (6, C)
+    float32 rows mean, invstd, scale = w * invstd, shift = b - mean * scale."""
     g = tl.program_id(0)
     cb = tl.program_id(1)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
+    k = tl.load(x_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     start = g * rows_per_prog
     end = tl.minimum(start + rows_per_prog, M)
-    mean = tl.zeros([BLOCK_C], tl.float32)
-    m2 = tl.zeros([BLOCK_C], tl.float32)
+    s1 = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+    s2 = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
     for r0 in range(start, end, BLOCK_M):
-        rows = r0 + tl.arange(0, BLOCK_M)
+        rows = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
         mask = (rows < end)[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        nt = tl.minimum(end - r0, BLOCK_M).to(tl.float32)
-        tmean = tl.sum(x, 0) / nt
-        d = tl.where(mask, x - tmean[None, :], 0.0)
-        mean, m2, _ = _merge(mean, m2, (r0 - start).to(tl.float32), tmean, tl.sum(d * d, 0), nt)
+        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - k, 0.0)
+        s1 += d
+        s2 += d * d
     base = part_ptr + g * 2 * C + cols
-    tl.store(base, mean, mask=cmask)
-    tl.store(base + C, m2, mask=cmask)
+    tl.store(base, tl.sum(s1, 0), mask=cmask)
+    tl.store(base + C, tl.sum(s2, 0), mask=cmask)
     if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
-        n = tl.zeros([BLOCK_C], tl.float32)
-        mean = tl.zeros([BLOCK_C], tl.float32)
-        m2 = tl.zeros([BLOCK_C], tl.float32)
+        t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
+        t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
         for g0 in range(0, G, BLOCK_G):
             gs = g0 + tl.arange(0, BLOCK_G)
-            gmask = gs < G
-            mask = gmask[:, None] & cmask[None, :]
-            ng = tl.where(gmask, tl.minimum(tl.maximum(M - gs * rows_per_prog, 0), rows_per_prog), 0).to(tl.float32)
+            mask = (gs < G)[:, None] & cmask[None, :]
             at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
-            pmean = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
-            pm2 = tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
-            nb = tl.sum(ng, 0)
-            bmean = tl.sum(pmean * ng[:, None], 0) / nb
-            d = tl.where(mask, pmean - bmean[None, :], 0.0)
-            mean, m2, n = _merge(mean, m2, n, bmean, tl.sum(pm2, 0) + tl.sum(d * d * ng[:, None], 0), nb)
-        invstd = 1.0 / tl.sqrt(m2 / n + eps)
+            t1 += tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+            t2 += tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
+        d1 = tl.sum(t1, 0) / M
+        var = tl.maximum(tl.sum(t2, 0) / M - d1 * d1, 0.0)
+        mean = tl.sum(k, 0) + d1
+        invstd = 1.0 / tl.sqrt(var + eps)
         scale = tl.load(w_ptr + cols, mask=cmask, other=1.0) * invstd
         rm = tl.load(rm_ptr + cols, mask=cmask, other=0.0)
         rv = tl.load(rv_ptr + cols, mask=cmask, other=0.0)
         tl.store(rm_ptr + cols, (1.0 - momentum) * rm + momentum * mean, mask=cmask)
-        tl.store(rv_ptr + cols, (1.0 - momentum) * rv + momentum * (m2 / tl.maximum(n - 1.0, 1.0)), mask=cmask)
+        tl.store(rv_ptr + cols, (1.0 - momentum) * rv + momentum * (var * M / tl.maximum(M - 1, 1)), mask=cmask)
         tl.store(save_ptr + cols, mean, mask=cmask)
         tl.store(save_ptr + C + cols, invstd, mask=cmask)
         tl.store(save_ptr + 2 * C + cols, scale, mask=cmask)
@@ -97,14 +87,14 @@ def apply(x_ptr, y_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.const
     scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)
     shift = tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)
     z = x * scale[None, :] + shift[None, :]
-    tl.store(y_ptr + at, (z / (1.0 + tl.exp(-z))).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + at, (z * tl.sigmoid(z)).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dz(x, dy, scale, shift):
     """d silu(z) / dz * dy at z = x * scale + shift (recomputed from x)."""
     z = x * scale + shift
-    s = 1.0 / (1.0 + tl.exp(-z))
+    s = tl.sigmoid(z)
     return dy * s * (1.0 + z * (1.0 - s))
 
 
@@ -124,28 +114,30 @@ def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr
     shift = tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)[None, :]
     start = g * rows_per_prog
     end = tl.minimum(start + rows_per_prog, M)
-    sdz = tl.zeros([BLOCK_C], tl.float32)
-    sdzx = tl.zeros([BLOCK_C], tl.float32)
+    sdz = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)  # per lane: one reduction a program
+    sdzx = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
     for r0 in range(start, end, BLOCK_M):
         rows = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
         mask = (rows < end)[:, None] & cmask[None, :]
         x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dz = _dz(x, dy, scale, shift)
-        sdz += tl.sum(dz, 0)
-        sdzx += tl.sum(dz * (x - mean) * invstd, 0)
+        sdz += dz
+        sdzx += dz * (x - mean) * invstd
     base = part_ptr + g * 2 * C + cols
-    tl.store(base, sdz, mask=cmask)
-    tl.store(base + C, sdzx, mask=cmask)
+    tl.store(base, tl.sum(sdz, 0), mask=cmask)
+    tl.store(base + C, tl.sum(sdzx, 0), mask=cmask)
     if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
-        db = tl.zeros([BLOCK_C], tl.float32)
-        dw = tl.zeros([BLOCK_C], tl.float32)
+        t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
+        t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
         for g0 in range(0, G, BLOCK_G):
             gs = g0 + tl.arange(0, BLOCK_G)
             mask = (gs < G)[:, None] & cmask[None, :]
             at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
-            db += tl.sum(tl.load(at, mask=mask, other=0.0, cache_modifier=".cg"), 0)
-            dw += tl.sum(tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg"), 0)
+            t1 += tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+            t2 += tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
+        db = tl.sum(t1, 0)
+        dw = tl.sum(t2, 0)
         tl.store(dw_ptr + cols, dw, mask=cmask)
         tl.store(db_ptr + cols, db, mask=cmask)
         tl.store(save_ptr + 4 * C + cols, db / M, mask=cmask)
