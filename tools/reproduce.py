@@ -182,6 +182,9 @@ SECTIONS = {s.name: s for s in (
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu,triton_bn_silu_narrow "
         "out=$OUT/levers_bn")),
+    Section("parity-pose", "Pose", "nvidia-h200", 1, 9, (
+        "DEVICES=0 TASK=pose MODEL11=yolo11n-pose.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
+        "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
     Section("pose-throughput", "Pose", "nvidia-h200", 1, 7, (
         "python3 -m yolofeed synth out=/tmp/synth-pose n_train=10000 n_val=500 seed=0 task=pose 2>&1 | tail -2",
         "python3 -m yolofeed pack data=/tmp/synth-pose/data.yaml imgsz=640 task=pose 2>&1 | tail -2",

@@ -8,19 +8,21 @@
 # Environment: SEEDS11=4 FIRST11=0 PAR11=4 CORES11=0-17 SEEDS26=3 FIRST26=0 PAR26=3 CORES26=18-31 EPOCHS=30
 # N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1 DEVICES=0,1 (one GPU: DEVICES=0;
 # the GPU tests then share it) EXTRA="optimizer=MuSGD" (more keys for both sides). SEEDS11=0 or SEEDS26=0 skips that
-# model.
+# model. TASK=pose (or obb) makes a set of that task and trains MODEL11 (default yolo11n.yaml; e.g. yolo11n-pose.yaml).
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,11p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-D=/tmp/parity
+D=/tmp/parity${TASK:+-$TASK}
+TASK=${TASK:-detect}
+MODEL11=${MODEL11:-yolo11n.yaml}
 DEVICES=${DEVICES:-0,1}
 if [ -z "$NO_GPU_TESTS" ]; then
   (CUDA_VISIBLE_DEVICES=${DEVICES##*,} timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 \
     | grep -E "PASSED|FAILED|SKIPPED|Error|assert|passed|failed" | tail -40 > $OUT/gpu_tests.txt) &
 fi
 python3 -m yolofeed synth out=$D n_train=${N_TRAIN:-2000} n_val=${N_VAL:-200} imgsz=320 classes=8 boxes=20 min_box=8 \
-  seed=0 2>&1 | grep -v "img/s\]"
+  seed=0 task=$TASK 2>&1 | grep -v "img/s\]"
 SMOKE=0
 if [ -z "$NO_SMOKE" ]; then
   CUDA_VISIBLE_DEVICES=${DEVICES%%,*} timeout 120 python3 -m yolofeed train model=yolo26n.yaml data=$D/data.yaml \
@@ -30,16 +32,16 @@ fi
 grep -v "it/s\|━" $OUT/smoke.txt 2>/dev/null | tail -4
 wait; cat $OUT/gpu_tests.txt 2>/dev/null
 if [ $SMOKE = 0 ]; then
-  python3 -m yolofeed pack data=$D/data.yaml imgsz=320 2>&1 | grep -v "img/s\]"  # both commands find it built
+  python3 -m yolofeed pack data=$D/data.yaml imgsz=320 task=$TASK 2>&1 | grep -v "img/s\]"  # both commands find it built
   python3 -c "from ultralytics.data.dataset import YOLODataset; from ultralytics.data.utils import check_det_dataset
 from ultralytics.cfg import get_cfg; d = check_det_dataset('$D/data.yaml')
 for s in ('train', 'val'):
-    YOLODataset(img_path=d[s], imgsz=320, augment=False, data=d, hyp=get_cfg())" > /dev/null 2>&1
+    YOLODataset(img_path=d[s], imgsz=320, augment=False, data=d, hyp=get_cfg(), task='$TASK')" > /dev/null 2>&1
   common="data=$D/data.yaml epochs=${EPOCHS:-30} imgsz=320 batch=64 device=$DEVICES $EXTRA"
   sides=""
   if [ "${SEEDS11:-4}" != 0 ]; then
     sides="$sides p11"
-    taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=yolo11n.yaml \
+    taskset -c ${CORES11:-0-17} timeout ${LIMIT:-420} python3 -m yolofeed parity model=$MODEL11 \
       seeds=${SEEDS11:-4} first_seed=${FIRST11:-0} parallel=${PAR11:-4} $common out=$OUT/p11 > $OUT/p11.txt 2>&1 &
   fi
   if [ "${SEEDS26:-3}" != 0 ]; then
