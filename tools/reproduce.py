@@ -182,6 +182,11 @@ SECTIONS = {s.name: s for s in (
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu,triton_bn_silu_narrow "
         "out=$OUT/levers_bn")),
+    Section("step-graphed", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
+        "timeout 150 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_bn_silu.py tests/test_step.py "
+        "-p no:cacheprovider --tb=short 2>&1 | tail -25 | tee $OUT/gpu_tests_graphed.txt",
+        "timeout 120 python3 -m tools.step_levers model=yolo11n.yaml levers=graphed,graphed_unfused out=$OUT/levers_g",
+        "timeout 100 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed out=$OUT/levers_g")),
     Section("parity-pose", "Pose", "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=pose MODEL11=yolo11n-pose.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),

@@ -189,6 +189,27 @@ def lever_triton_bn_silu_narrow(model):
     return None
 
 
+def lever_graphed(model):
+    """yolofeed's graphed step (train/graphed.py) as its trainer installs it: forward and backward replayed as CUDA
+    graphs, batch norm and SiLU fused; the loss eager."""
+    from yolofeed.train import graphed
+
+    for m in graphed.fusable_convs(model):
+        m.__class__ = graphed.FusedConv
+    model.__class__ = graphed._graphed_class(type(model))
+    model.__dict__["_graph"] = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, print)
+    return None
+
+
+def lever_graphed_unfused(model):
+    """The graphed step with Ultralytics' batch norm and SiLU (what the graph alone gives)."""
+    from yolofeed.train import graphed
+
+    model.__class__ = graphed._graphed_class(type(model))
+    model.__dict__["_graph"] = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, print)
+    return None
+
+
 def lever_native_bn(model):
     """Every Conv's batch norm through ATen's own channels-last kernels (``native_batch_norm``), not cuDNN's."""
     def fused(x, bn):

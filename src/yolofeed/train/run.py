@@ -158,7 +158,7 @@ def load_model(name: str, key: str = "model") -> Any:
 
 
 TRAINER_KEYS = ("pack_format", "pack_rebuild", "pack_dir", "partner_pool", "warm_up", "val_period", "augment_ahead",
-                "sync_free_step", "sync_free_loss", "fast_musgd")  # with_options'
+                "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step")  # with_options'
 
 
 def given_keys(cfg: TrainConfig) -> set[str]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from yolofeed import ultralytics_seam as seam
+from yolofeed.train import graphed
 from yolofeed.train import loss as train_loss
 from yolofeed.train.musgd import FastMuSGD
 
@@ -98,12 +99,14 @@ class SyncFreeStep:
     ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss.py) instead of
     syncing for them; ``False`` keeps Ultralytics' loss as it is. ``fast_musgd`` steps the MuSGD Ultralytics builds
     (``optimizer=MuSGD``, or ``auto`` past 10,000 iterations) as one CUDA graph (train/musgd.py); ``False`` keeps
-    Ultralytics' own.
+    Ultralytics' own. ``graphed_step`` replays the model's forward and backward as CUDA graphs with batch norm and
+    SiLU fused (train/graphed.py); ``False`` runs them eagerly, as Ultralytics does.
     """
 
     sync_free_step: bool = True
     sync_free_loss: bool = True
     fast_musgd: bool = True
+    graphed_step: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -115,6 +118,8 @@ class SyncFreeStep:
         if self.sync_free_loss:
             self.add_callback("on_train_start", lambda t: train_loss.install(t.model))
             self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
+        if self.graphed_step:
+            self.add_callback("on_train_start", lambda t: graphed.install(t))
 
     def build_optimizer(self, *args: Any, **kwargs: Any):
         """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""

@@ -90,7 +90,7 @@ class FastTrainer(SyncFreeStep):
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
-    # sync_free_step, sync_free_loss, fast_musgd: the step's options (SyncFreeStep, train/step.py)
+    # sync_free_step, sync_free_loss, fast_musgd, graphed_step: the step's options (SyncFreeStep, train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
 
     @classmethod

@@ -120,6 +120,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     )
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
+    from ultralytics.nn.modules.conv import Conv  # train.graphed: FusedConv subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
         DetectionModel,
         guess_model_task,
@@ -169,7 +170,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "check_task", "POSE_SINCE",
+    "check_task", "POSE_SINCE", "Conv",
     "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
@@ -205,6 +206,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "preprocess_batch", "yolofeed augments there when it does not augment ahead"),
     (DetectionTrainer, "optimizer_step", "the monitor marks the optimiser phase where it is entered"),
     (DetectionModel, "init_criterion", "the sync-free step wraps the criterion it makes"),
+    (DetectionModel, "predict", "the graphed step overrides it (train/graphed.py) and calls it"),
+    (Conv, "forward", "FusedConv overrides it (train/graphed.py) and calls it"),
     (v8DetectionLoss, "get_assigned_targets_and_loss", "the sync-free loss overrides it (COPIED)"),
     (v8DetectionLoss, "preprocess", "the sync-free loss copies it (COPIED)"),
     (v8DetectionLoss, "bbox_decode", "the sync-free loss calls it"),

@@ -308,6 +308,14 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.pack.source.SplitSource.fingerprint",
            why="the label cache is remade when kpt_shape changes (in the pack's fingerprint) or use_keypoints does "
                "(the pack header's task, which Pack.open compares)", since=POSE_SINCE),
+    Pinned("ultralytics.nn.modules.conv.Conv.forward", "5eed1f9d8f3e5a46",
+           "yolofeed.train.graphed.FusedConv.forward",
+           why="act(bn(conv(x))): FusedConv runs bn and act (a BatchNorm2d and a SiLU) as one op while a graph is "
+               "captured, and calls this forward otherwise"),
+    Pinned("ultralytics.nn.tasks.BaseModel.predict", "50f29e9d8fd224ba",
+           "yolofeed.train.graphed.GraphedPredict.predict",
+           why="the training forward: x alone (profile, augment and embed off) runs _predict_once, which the graph "
+               "captures; GraphedPredict calls this predict for every other call"),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
@@ -316,6 +324,7 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.utils.loss.v8DetectionLoss", "yolofeed.train.loss.SyncFreeDetectionLoss", "train/loss.py::install"),
     ("ultralytics.utils.tal.TaskAlignedAssigner", "yolofeed.train.loss.SyncFreeAssigner", "train/loss.py::install"),
     ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.SyncFreeBboxLoss", "train/loss.py::install"),
+    ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
 )
 
 # What Ultralytics' trainer reads from a training loader (ours: loader.TrainLoader, train.ahead.AugmentAhead,

@@ -1,0 +1,226 @@
+"""The model's training forward and backward replayed as CUDA graphs, with batch norm and SiLU fused.
+
+yolo11n's step at batch 128 launches about 2,000 kernels (forward, loss, backward), and the host takes about as long
+to launch them as the GPU takes to run them (BENCHMARKS.md, "The step itself"). A kernel that makes the GPU's part
+faster then makes the step no faster: the fused batch norm + SiLU (kernels/bn_silu.py) cuts the GPU's time and adds
+host time. Replayed as a graph, the model's forward and its backward cost the host one launch each, so the GPU's
+savings reach the step.
+
+``install(trainer)`` (at ``on_train_start``, after the EMA copied the model) does two things to the training model:
+
+* every Ultralytics ``Conv`` whose batch norm and activation are plain ``BatchNorm2d`` and ``SiLU`` becomes a
+  ``FusedConv``: while a graph is being captured its batch norm and SiLU run as the one Triton op; otherwise (an eager
+  step, validation, any other caller) exactly Ultralytics' ``Conv.forward``;
+* the model's class gains ``GraphedPredict``: ``predict`` in training mode, on a CUDA batch of the shape of the first
+  full batch, replays the graph (``torch.cuda.make_graphed_callables``: the forward and the backward, each one graph;
+  the loss stays eager); any other call is Ultralytics' ``predict``. The capture happens on the first such batch:
+  three warm-up passes and the capture, with every batch-norm buffer restored after them, so the model's statistics
+  see each training batch once, as stock's do.
+
+Both swapped classes pickle and deep-copy as Ultralytics' own (``__reduce_ex__``): Ultralytics copies the training
+model into a new EMA when it resumes or recovers from a NaN, and a checkpoint must load without yolofeed. The state
+dict is untouched.
+
+Where the graph cannot serve, the step stays eager and one line says why: another process group (DDP), a compiled
+model, gradient accumulation (the graph's gradient buffers are reused by every replay), no Triton, and a capture that
+fails or runs out of memory (the model is restored and the capture is not tried again).
+"""
+
+from __future__ import annotations
+
+import copyreg
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from yolofeed import ultralytics_seam as seam
+from yolofeed.kernels.bn_silu import bn_silu, fusable
+
+WARMUP = 3  # make_graphed_callables' warm-up passes before the capture (its default)
+
+
+class _StockPickle:
+    """Copies and pickles as the Ultralytics class this one was swapped from (``_stock``), without ``_graph``."""
+
+    _stock: type
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        state = dict(self.__dict__)
+        state.pop("_graph", None)
+        return copyreg._reconstructor, (self._stock, object, None), state  # __newobj__ insists on the own class
+
+
+class FusedConv(_StockPickle, seam.Conv):
+    """Ultralytics' ``Conv``; while ``fused`` (a graph capture), batch norm and SiLU as one Triton op."""
+
+    _stock = seam.Conv
+    fused = False  # set on the instance around a capture (``_fusing``)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused or not self.training:
+            return super().forward(x)
+        y = self.conv(x)
+        bn = self.bn
+        if not (fusable(y) and bn.training and bn.momentum is not None):
+            return self.act(bn(y))
+        bn.num_batches_tracked.add_(1)  # as BatchNorm2d counts (its momentum is set: the count is not read)
+        return bn_silu(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+
+
+def fusable_convs(model: nn.Module) -> list[nn.Module]:
+    """The model's Convs that ``FusedConv`` takes: exactly Ultralytics' Conv, BatchNorm2d (affine, tracking) and
+    SiLU."""
+    return [m for m in model.modules()
+            if type(m) in (seam.Conv, FusedConv) and type(m.act) is nn.SiLU and type(m.bn) is nn.BatchNorm2d
+            and m.bn.affine and m.bn.track_running_stats]
+
+
+class _Fusing:
+    """Inside the block, the model's FusedConvs fuse (the warm-up passes compile the Triton kernels, the capture
+    records them); after it, an eager call is Ultralytics' Conv again."""
+
+    def __init__(self, convs: list[FusedConv]):
+        self.convs = convs
+
+    def __enter__(self) -> None:
+        for m in self.convs:
+            m.fused = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for m in self.convs:
+            m.__dict__.pop("fused", None)
+
+
+class _Flat(nn.Module):
+    """The model's training predictions as a flat tuple of tensors (what a graphed callable returns)."""
+
+    def __init__(self, model: nn.Module, autocast: dict):
+        super().__init__()
+        self.model = model
+        self.autocast = autocast
+        self.spec = None
+
+    def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.autocast("cuda", **self.autocast, cache_enabled=False):  # a graph cannot keep autocast's cache
+            preds = self.model._stock.predict(self.model, img)
+        flat, self.spec = pytree.tree_flatten(preds)
+        return tuple(flat)
+
+
+class _Graph:
+    """The graphed forward and backward for one input shape, made on first use."""
+
+    def __init__(self, model: nn.Module, autocast: dict, log: Any):
+        self.model, self.autocast, self.log = model, autocast, log
+        self.shape: tuple[int, ...] | None = None
+        self.flat: _Flat | None = None
+        self.failed = False
+
+    def takes(self, x: torch.Tensor) -> bool:
+        if self.failed or not x.is_cuda or not torch.is_grad_enabled():
+            return False
+        return self.shape is None or tuple(x.shape) == self.shape
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        if self.flat is None:
+            self._capture(x)
+            if self.flat is None:
+                return None
+        out = self.flat(x)
+        return pytree.tree_unflatten(list(out), self.flat.spec)
+
+    def _capture(self, x: torch.Tensor) -> None:
+        model = self.model
+        buffers = [b.detach().clone() for b in model.buffers()]
+        flat = _Flat(model, self.autocast)
+        convs = [m for m in model.modules() if isinstance(m, FusedConv)]
+        try:
+            with _Fusing(convs):
+                torch.cuda.make_graphed_callables(flat, (x.detach().clone(),), num_warmup_iters=WARMUP,
+                                                  allow_unused_input=True)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # OOM, an op that cannot be captured
+            self.failed = True
+            torch.cuda.empty_cache()
+            self.log(f"yolofeed: the training step stays eager (its CUDA graph could not be made: "
+                     f"{type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            return
+        finally:
+            with torch.no_grad():
+                for b, saved in zip(model.buffers(), buffers):
+                    b.copy_(saved)  # the warm-up and capture passes moved the batch-norm statistics
+        self.flat, self.shape = flat, tuple(x.shape)
+        self.log(f"yolofeed: the training forward and backward replay as CUDA graphs at batch {x.shape[0]}, "
+                 f"{x.shape[-1]} px ({len(convs)} batch norms + SiLU fused); other shapes run eager")
+
+
+class GraphedPredict(_StockPickle):
+    """Before the model's own class: ``predict`` in training mode replays ``_graph`` where it takes the batch."""
+
+    def predict(self, x: Any, profile: bool = False, augment: bool = False, embed: Any = None, **kwargs: Any) -> Any:
+        graph = self.__dict__.get("_graph")
+        if graph is not None and self.training and not (profile or augment or embed or kwargs) and graph.takes(x):
+            out = graph(x)
+            if out is not None:
+                return out
+        return self._stock.predict(self, x, profile=profile, augment=augment, embed=embed, **kwargs)
+
+
+_graphed_classes: dict[type, type] = {}
+
+
+def _graphed_class(cls: type) -> type:
+    """``cls`` with ``GraphedPredict`` before it (one class per model class, so that instances share it)."""
+    if cls not in _graphed_classes:
+        _graphed_classes[cls] = type(f"Graphed{cls.__name__}", (GraphedPredict, cls),
+                                     {"_stock": cls, "__module__": __name__})
+    return _graphed_classes[cls]
+
+
+def why_not(trainer: Any) -> str | None:
+    """Why the trainer's step cannot replay as a graph, or None."""
+    if trainer.device.type != "cuda":
+        return "not on CUDA"
+    if seam.world_size(trainer) > 1:
+        return "DDP: each rank's backward feeds its gradient all-reduce"
+    if seam.compiled(trainer):
+        return "compile=True: the model is already compiled"
+    if getattr(trainer, "accumulate", 1) != 1:
+        return (f"gradients accumulate over {trainer.accumulate} batches (batch {trainer.batch_size} < nbs "
+                f"{trainer.args.nbs}), and a graph's gradient buffers are reused by every replay")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed (the fused batch norm is a Triton kernel)"
+    return None
+
+
+def install(trainer: Any) -> bool:
+    """Swap the training model's Convs and class (see the module's doc); returns whether the graph will be tried."""
+    why = why_not(trainer)
+    if why is not None:
+        if trainer.device.type == "cuda":  # elsewhere there is nothing to graph: no line
+            seam.LOGGER.info(f"yolofeed: the training step stays eager ({why})")
+        return False
+    model = seam.unwrap_model(trainer.model)
+    if isinstance(model, GraphedPredict):
+        return True
+    for m in fusable_convs(model):
+        seam.swap_class(m, seam.Conv, FusedConv)
+    model.__class__ = _graphed_class(type(model))
+    amp = seam.step_autocast(trainer)
+    autocast = {"enabled": bool(amp), "dtype": amp if isinstance(amp, torch.dtype) else torch.float16}
+    model.__dict__["_graph"] = _Graph(model, autocast, seam.LOGGER.info)
+    return True
+
+
+def uninstall(model: nn.Module) -> None:
+    """The model as Ultralytics made it again (its classes, no graph)."""
+    model = seam.unwrap_model(model)
+    if isinstance(model, GraphedPredict):
+        model.__dict__.pop("_graph", None)
+        model.__class__ = model._stock
+    for m in model.modules():
+        if type(m) is FusedConv:
+            m.__class__ = seam.Conv
