@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from yolofeed.bench import stats
-from yolofeed.bench.parity import MAP, MAP50, Job, devices_of, slots, summarise
+from yolofeed.bench.parity import MAP, MAP50, Job, devices_of, slots, summarise, table
 from yolofeed.errors import ConfigError
 
 
@@ -61,6 +61,19 @@ def _job(side: str, seed: int, final: float, loss: list[float] | None = None) ->
     j.curves = {MAP: [final / 200, final / 100], MAP50: [0.5, final / 80],
                 "train/box_loss": loss or [2.0, 1.0]}
     return j
+
+
+def test_a_pose_comparison_is_made_on_the_keypoints_metric():
+    """A pose run's results.csv has box and keypoint metrics: the verdict is on mAP50-95(P), whatever the boxes say."""
+    jobs = []
+    for side, finals in (("stock", [40.0, 40.4, 39.8, 40.2]), ("yolofeed", [40.1, 40.5, 39.9, 40.3])):
+        for seed, v in enumerate(finals):
+            j = _job(side, seed, 90.0 if side == "stock" else 10.0)  # the boxes: far apart
+            j.curves |= {"metrics/mAP50-95(P)": [v / 200, v / 100], "metrics/mAP50(P)": [0.5, v / 80]}
+            jobs.append(j)
+    s = summarise(jobs)
+    assert s.verdict.startswith("no difference detected: +0.10 mAP50-95(P) points"), s.verdict
+    assert "mAP50-95(P)" in table(jobs, s).splitlines()[0]
 
 
 def test_verdicts():

@@ -36,7 +36,22 @@ from yolofeed.processes import kill_with_parent
 
 SIDES = ("stock", "yolofeed")
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0"}
-MAP, MAP50 = "metrics/mAP50-95(B)", "metrics/mAP50(B)"
+MAP, MAP50 = "metrics/mAP50-95(B)", "metrics/mAP50(B)"  # the boxes' (every task's results.csv has them)
+TASK_METRICS = ("P", "M", "B")  # the task's own metric first: pose's keypoints (P), segmentation's masks (M), boxes
+
+
+def metrics(jobs: list[Job]) -> tuple[str, str]:
+    """The results.csv columns the comparison is made on: the task's own mAP50-95 and mAP50 (a pose run's (P), a
+    segmentation run's (M), else the boxes')."""
+    keys = {k for j in jobs if j.ok for k in j.curves}
+    kind = next((t for t in TASK_METRICS if f"metrics/mAP50-95({t})" in keys), "B")
+    return f"metrics/mAP50-95({kind})", f"metrics/mAP50({kind})"
+
+
+def metric_name(jobs: list[Job]) -> str:
+    """How the verdict names the metric: "mAP50-95" for boxes, "mAP50-95(P)" for keypoints..."""
+    key = metrics(jobs)[0]
+    return "mAP50-95" if key == MAP else key.split("/", 1)[1]
 MEAN_BAR, LOW_BAR, OVERLAP_BAR = 0.5, -1.0, 0.9  # points, points, share of epochs
 
 
@@ -169,8 +184,10 @@ def summarise(jobs: list[Job]) -> Summary:
     value (no spread: the interval would be a point). The verdict then says what is missing, and ``passed`` is None.
     """
     done = {s: sorted((j for j in jobs if j.side == s and j.ok), key=lambda j: j.seed) for s in SIDES}
-    final = {s: {"map50_95": [100 * j.curves[MAP][-1] for j in done[s]],
-                 "map50": [100 * j.curves[MAP50][-1] for j in done[s]]} for s in SIDES}
+    key, key50 = metrics(jobs)
+    name = metric_name(jobs)
+    final = {s: {"map50_95": [100 * j.curves[key][-1] for j in done[s]],
+                 "map50": [100 * j.curves[key50][-1] for j in done[s]]} for s in SIDES}
     d = welch(final["stock"]["map50_95"], final["yolofeed"]["map50_95"])
     losses = sorted({k for s in SIDES for j in done[s] for k in j.curves if k.startswith("train/")})
     overlap = {}
@@ -188,11 +205,11 @@ def summarise(jobs: list[Job]) -> Summary:
                        f"no verdict: {'; '.join(missing)}{so_far}")
     ci = f"(95 % CI {d.low:+.2f} … {d.high:+.2f}, {seeds})"
     if d.low > 0:
-        verdict = f"yolofeed trains better: {d.diff:+.2f} mAP50-95 points {ci}"
+        verdict = f"yolofeed trains better: {d.diff:+.2f} {name} points {ci}"
     elif d.high < 0:
-        verdict = f"yolofeed trains worse: {d.diff:+.2f} mAP50-95 points {ci}"
+        verdict = f"yolofeed trains worse: {d.diff:+.2f} {name} points {ci}"
     else:
-        verdict = f"no difference detected: {d.diff:+.2f} mAP50-95 points {ci}"
+        verdict = f"no difference detected: {d.diff:+.2f} {name} points {ci}"
     fails = []
     if abs(d.diff) > MEAN_BAR:
         fails.append(f"|difference| > {MEAN_BAR}")
@@ -233,11 +250,13 @@ def _stack(curves: list[list[float]]) -> np.ndarray:
 
 
 def table(jobs: list[Job], s: Summary) -> str:
-    lines = [f"{'side':<10}{'seed':>5}{'mAP50-95':>10}{'mAP50':>8}{'epochs':>8}{'wall':>8}"]
+    key, key50 = metrics(jobs)
+    name = metric_name(jobs)
+    lines = [f"{'side':<10}{'seed':>5}{name:>13}{name.replace('50-95', '50'):>11}{'epochs':>8}{'wall':>8}"]
     for j in sorted(jobs, key=lambda j: (j.side, j.seed)):
         if j.ok:
-            lines.append(f"{j.side:<10}{j.seed:>5}{100 * j.curves[MAP][-1]:>10.2f}{100 * j.curves[MAP50][-1]:>8.2f}"
-                         f"{len(j.curves[MAP]):>8}{j.wall_s:>7.0f}s")
+            lines.append(f"{j.side:<10}{j.seed:>5}{100 * j.curves[key][-1]:>13.2f}{100 * j.curves[key50][-1]:>11.2f}"
+                         f"{len(j.curves[key]):>8}{j.wall_s:>7.0f}s")
         else:
             lines.append(f"{j.side:<10}{j.seed:>5}  failed (exit {j.returncode}): see {j.log}")
     for side in SIDES:
@@ -247,7 +266,7 @@ def table(jobs: list[Job], s: Summary) -> str:
         m, sd = mean_sd(s.final[side]["map50_95"])
         m50, sd50 = mean_sd(s.final[side]["map50"])
         spread = f"sd {sd:.2f} / {sd50:.2f}" if len(s.final[side]["map50_95"]) > 1 else "sd - (one run)"
-        lines.append(f"{side + ' mean':<15}{m:>10.2f}{m50:>8.2f}   {spread}")
+        lines.append(f"{side + ' mean':<15}{m:>13.2f}{m50:>11.2f}   {spread}")
     return "\n".join(lines)
 
 
@@ -259,23 +278,24 @@ def plot(jobs: list[Job], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     done = [j for j in jobs if j.ok]
-    keys = [MAP] + sorted({k for j in done for k in j.curves if k.startswith("train/")})
+    key = metrics(jobs)[0]
+    keys = [key] + sorted({k for j in done for k in j.curves if k.startswith("train/")})
     cols = min(2, len(keys))
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), dpi=110, squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    for ax, k in zip(axes.flat, keys):
         for side in SIDES:
-            a = _stack([j.curves.get(key, []) for j in done if j.side == side])
+            a = _stack([j.curves.get(k, []) for j in done if j.side == side])
             if not a.size:
                 continue
-            scale = 100 if key == MAP else 1
+            scale = 100 if k == keys[0] else 1
             m, sd = a.mean(0) * scale, (a.std(0, ddof=1) if len(a) > 1 else np.zeros(a.shape[1])) * scale
             x = np.arange(1, a.shape[1] + 1)
             # a line through one point draws nothing: with few epochs each one is a marker
             ax.plot(x, m, color=COLOURS[side], label=f"{side} ({len(a)} seeds)",
                     marker="o" if a.shape[1] <= 20 else None, markersize=4)
             ax.fill_between(x, m - sd, m + sd, color=COLOURS[side], alpha=0.25, linewidth=0)
-        ax.set_title("mAP50-95 (points)" if key == MAP else key, fontsize=9)
+        ax.set_title(f"{metric_name(jobs)} (points)" if k == keys[0] else k, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(keys):]:

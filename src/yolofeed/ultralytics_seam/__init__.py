@@ -522,7 +522,8 @@ def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]
     "forward" at the model's forward pre-hook, "loss" at the detection head's output (``model.model[-1]``, the
     ``Detect`` layer of a ``DetectionModel``), "backward" when the model (which computes the loss) returns,
     "optimizer" where ``trainer.optimizer_step`` is entered: Ultralytics has no callback before the optimiser step,
-    so the method is wrapped on the instance.
+    so the method is wrapped on the instance. Under the graphed step (train/graphed.py) the head's hook does not run
+    (the forward is a graph replay): "forward" then spans the forward and the loss.
 
     A compiled model (``compile=True``) takes no hook inside it: a hook that records a CUDA event breaks the
     compiled graph in two. Ultralytics' step then calls the model for the predictions and its ``loss`` apart
@@ -544,9 +545,15 @@ def mark_phases(trainer: Any, mark: Callable[[str], None]) -> Callable[[], None]
 
         scaler.scale = scale_marked
     else:
-        hooks = [model.register_forward_pre_hook(lambda m, a: mark("forward")),
-                 layers[-1].register_forward_hook(lambda m, a, o: mark("loss")),
-                 model.register_forward_hook(lambda m, a, o: mark("backward"))]
+        cuda = any(p.is_cuda for p in model.parameters())
+
+        def marking(phase: str) -> Callable[..., None]:  # not inside a CUDA graph's capture (train/graphed.py):
+            if not cuda:  # replays skip hooks
+                return lambda *_: mark(phase)
+            return lambda *_: None if torch.cuda.is_current_stream_capturing() else mark(phase)
+        hooks = [model.register_forward_pre_hook(marking("forward")),
+                 layers[-1].register_forward_hook(marking("loss")),
+                 model.register_forward_hook(marking("backward"))]
         scaler = scale_marked = None
     step = trainer.optimizer_step
 
