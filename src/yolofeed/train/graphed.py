@@ -137,7 +137,8 @@ class _Graph:
         flat = _Flat(model, self.autocast)
         convs = [m for m in model.modules() if isinstance(m, FusedConv)]
         try:
-            with _Fusing(convs):
+            # the step's own autocast caches casts, which a capture cannot keep: this one is the step's, uncached
+            with _Fusing(convs), torch.autocast("cuda", **self.autocast, cache_enabled=False):
                 torch.cuda.make_graphed_callables(flat, (x.detach().clone(),), num_warmup_iters=WARMUP,
                                                   allow_unused_input=True)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # OOM, an op that cannot be captured
