@@ -120,8 +120,8 @@ def test_graphed_step_is_an_option_recorded_and_checked():
     from yolofeed.train import options
     from yolofeed.train.trainer import FastDetectionTrainer
 
-    assert "graphed_step" in options.OPTIONS and FastDetectionTrainer.graphed_step is True
-    assert FastDetectionTrainer.with_options(graphed_step=False).graphed_step is False
+    assert "graphed_step" in options.OPTIONS and FastDetectionTrainer.graphed_step is False  # until its GPU test holds
+    assert FastDetectionTrainer.with_options(graphed_step=True).graphed_step is True
     with pytest.raises(ConfigError, match="graphed_step='no'"):
         FastDetectionTrainer.with_options(graphed_step="no")
 

@@ -55,6 +55,13 @@ COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2"
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 
+def _switches(cfg: BenchConfig) -> dict[str, bool]:
+    """The step's switches set otherwise than the trainer's defaults (``SyncFreeStep``'s class attributes)."""
+    from yolofeed.train.step import SyncFreeStep
+
+    return {k: getattr(cfg, k) for k in STEP_SWITCHES if getattr(cfg, k) != getattr(SyncFreeStep, k)}
+
+
 def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     """Train ``mode`` for ``warmup + steps`` steps, or ``whole_run`` whole epochs, and return its figures
     (``progress``: the bench's step bar)."""
@@ -62,8 +69,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
             **cfg.extra}
     from yolofeed.train.keys import model_task
 
-    trainer = trainer_class(mode, {k: getattr(cfg, k) for k in STEP_SWITCHES if not getattr(cfg, k)},
-                            model_task(cfg.model, None))
+    trainer = trainer_class(mode, _switches(cfg), model_task(cfg.model, None))
     if cfg.whole_run:
         return whole.whole_run(mode, trainer, args, cfg.whole_run, progress=progress)
     p = profile(mode, trainer, args, cfg.steps, cfg.warmup, cfg.window, progress=progress,
@@ -350,7 +356,7 @@ def run(cfg: BenchConfig) -> dict:
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
     title = (f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, " + (
         f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up"))
-    title += "".join(f", {k}=False" for k in STEP_SWITCHES if not getattr(cfg, k))  # yolofeed's step, not all of it
+    title += "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not as it is by default
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
