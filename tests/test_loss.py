@@ -11,6 +11,7 @@ from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 from ultralytics.utils.tal import TaskAlignedAssigner
 
 from helpers import no_host_sync
+from yolofeed import ultralytics_seam as seam
 from yolofeed.schema import AugmentedBatch
 from yolofeed.train import loss as sfl
 
@@ -199,6 +200,48 @@ def test_padded_rows_never_make_a_gradient_non_finite(reg_max, dtype):
         torch.testing.assert_close(x.float(), y.float(), rtol=1e-3, atol=1e-6)
 
 
+def _pose_batch(counts: list[int], k: int, seed: int) -> dict:
+    """An Ultralytics pose batch: boxes as ``_augmented``'s, each with ``k`` keypoints inside it (some unlabelled)."""
+    g = torch.Generator().manual_seed(seed)
+    b = _ultralytics(_augmented(counts, seed=seed))
+    xywh = b["bboxes"]
+    xy = xywh[:, None, :2] + (torch.rand(len(xywh), k, 2, generator=g) - 0.5) * xywh[:, None, 2:]
+    vis = torch.randint(0, 3, (len(xywh), k, 1), generator=g).float()  # 0: absent, 1 covered, 2 visible
+    b["keypoints"] = torch.cat([xy * (vis > 0), vis], -1)
+    return b
+
+
+@pytest.mark.parametrize("counts", [COUNTS, [0, 0, 0]])
+def test_the_pose_loss_and_its_gradients_equal_ultralytics(counts):
+    """SyncFreePoseLoss against v8PoseLoss: the five losses and every gradient, to the last bits of longer sums; a
+    batch without boxes takes Ultralytics' path (no count), one whose boxes get no anchor has keypoint losses 0."""
+    from ultralytics.nn.tasks import PoseModel
+
+    if not seam.since(seam.POSE_SINCE):
+        pytest.skip(f"pose is served from Ultralytics {seam.POSE_SINCE}")
+    torch.manual_seed(0)
+    model = PoseModel("yolo11n-pose.yaml", nc=4, data_kpt_shape=(5, 3), verbose=False).train()
+    model.args = get_cfg()
+    b = _pose_batch(counts, 5, seed=2)
+    preds = model(b["img"])
+
+    def run(batch):
+        model.zero_grad()
+        loss, _ = model.loss(batch, preds)
+        loss.sum().backward(retain_graph=True)
+        return loss.detach().clone(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    want = run(b)
+    swapped = sfl.install(model)
+    assert [type(x) for x in swapped] == [sfl.SyncFreePoseLoss]
+    got = run({**b, sfl.MAX_BOXES: max(counts)})
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-7)
+    assert len(got[1]) == len(want[1])
+    for x, y in zip(got[1], want[1]):  # float32 sums in another order, through the backbone: relative to each tensor,
+        # with a floor of float32's rounding on losses of order 10-100
+        assert (x - y).abs().max() <= 1e-5 * y.abs().max() + 1e-6, ((x - y).abs().max(), y.abs().max())
+
+
 def test_install_leaves_other_tasks_alone():
     seg = _model("yolo11n-seg.yaml", SegmentationModel)
     seg.criterion = seg.init_criterion()
@@ -227,6 +270,31 @@ def test_cuda_loss_with_counts_makes_no_host_sync(yaml):
             got.sum().backward()
     assert int(early) == candidates
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_pose_loss_with_counts_makes_no_host_sync():
+    from ultralytics.nn.tasks import PoseModel
+
+    model = PoseModel("yolo11n-pose.yaml", nc=4, data_kpt_shape=(5, 3), verbose=False).cuda().train()
+    model.args = get_cfg()
+    b = {k: v.cuda() for k, v in _pose_batch(COUNTS, 5, seed=3).items()}
+    from types import SimpleNamespace
+
+    from yolofeed.train.step import counts_for_ultralytics_batch
+
+    sfl.install(model)
+    trainer = SimpleNamespace(sync_free_loss=True, args=SimpleNamespace(multi_scale=0), model=model)
+    with torch.autocast("cuda"):
+        preds = model(b["img"])
+        want = model.loss(b, preds)[0]
+        model.loss({**b, sfl.MAX_BOXES: max(COUNTS)}, preds)  # caches the anchors (and syncs, once)
+        counts = counts_for_ultralytics_batch(trainer, b)
+        assert set(counts) == {sfl.MAX_BOXES, sfl.CANDIDATES}
+        with no_host_sync():
+            got = model.loss({**b, **counts}, preds)[0]
+            got.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -119,6 +119,8 @@ def test_each_reviewed_source_is_recorded_for_its_releases_only():
 
 def test_every_copy_overrides_the_method_it_copies():
     for pinned in seam.COPIED:
+        if pinned.since and not seam.since(pinned.since):  # a feature refused under this release: not served
+            continue
         ours = seam.resolve(pinned.ours)
         owner = seam.resolve(pinned.ours.rsplit(".", 1)[0])
         original = seam.resolve(pinned.ultralytics.rsplit(".", 1)[0])

@@ -307,6 +307,71 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
         return (total * mask_gt[..., 0].long()).sum()
 
 
+
+class SyncFreePoseLoss(SyncFreeDetectionLoss, seam.v8PoseLoss):
+    """``v8PoseLoss`` without its syncs, given the batch's counts: the box part is ``SyncFreeDetectionLoss``'s, and the
+    keypoint part is computed over every anchor, the foreground's terms kept by a mask, where Ultralytics gathers the
+    foreground anchors (``fg_mask.sum()``, ``masks.any()``, ``nonzero`` and boolean indexing: a sync each) and pads
+    the keypoints to a count it learns on the host (``int(counts.max())``). The same sums and means, over more terms
+    that are zero (the last bit may differ); the same gradients (zero off the foreground)."""
+
+    def loss(self, preds: dict[str, Tensor], batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Ultralytics 8.4.190's ``v8PoseLoss.loss`` with the keypoint part as ``_keypoints_loss``."""
+        n = batch.get(MAX_BOXES)
+        if not n or self.device.type == "mps" or self.__dict__.get("_yf_off"):
+            return super().loss(preds, batch)  # v8PoseLoss.loss, whose assignment is still ours where it can be
+        pred_kpts = preds["kpts"].permute(0, 2, 1).contiguous()
+        loss = torch.zeros(5, device=self.device)  # box, kpt_location, kpt_visibility, cls, dfl
+        (fg_mask, target_gt_idx, target_bboxes, anchor_points, stride_tensor), det_loss, _ = (
+            self.get_assigned_targets_and_loss(preds, batch))
+        loss[0], loss[3], loss[4] = det_loss[0], det_loss[1], det_loss[2]
+        batch_size = pred_kpts.shape[0]
+        imgsz = self._constants(preds["feats"], pred_kpts.dtype).imgsz
+        pred_kpts = self.kpts_decode(anchor_points, pred_kpts.view(batch_size, -1, *self.kpt_shape))
+        loss[1], loss[2] = self._keypoints_loss(fg_mask, target_gt_idx, self._padded_keypoints(batch, batch_size, n,
+                                                                                                 imgsz),
+                                                stride_tensor, target_bboxes, pred_kpts)
+        loss[1] *= self.hyp.pose
+        loss[2] *= self.hyp.kobj
+        return loss * batch_size, dict(zip(self.loss_names, loss.detach()))
+
+    def _padded_keypoints(self, batch: dict[str, Any], batch_size: int, n: int, imgsz: Tensor) -> Tensor:
+        """``_batch_keypoints`` with the most boxes in one image given: (B, n, K, 3) pixels, no sync."""
+        keypoints = batch["keypoints"].to(self.device).float()
+        if keypoints.shape[-1] == 2:  # no visibility flag: every keypoint counts
+            keypoints = torch.cat((keypoints, torch.ones_like(keypoints[..., :1])), -1)
+        batch_idx = batch["batch_idx"].flatten().long()
+        counts = torch.bincount(batch_idx, minlength=batch_size)
+        batched = keypoints.new_zeros((batch_size, n, *keypoints.shape[1:]))
+        within_idx = torch.arange(len(batch_idx), device=keypoints.device) - (counts.cumsum(0) - counts)[batch_idx]
+        batched[batch_idx, within_idx] = keypoints
+        batched[..., :2] *= imgsz[[1, 0]]
+        return batched
+
+    def _keypoints_loss(self, fg: Tensor, target_gt_idx: Tensor, keypoints: Tensor, stride_tensor: Tensor,
+                        target_bboxes: Tensor, pred_kpts: Tensor) -> tuple[Tensor, Tensor]:
+        """``calculate_keypoints_loss`` and ``KeypointLoss`` over every anchor (B, A), the foreground's terms kept:
+        the means divide by the foreground's size on the device (0 without a foreground, as Ultralytics' guard)."""
+        b = torch.arange(fg.shape[0], device=fg.device)[:, None]
+        gt = keypoints[b, target_gt_idx]  # (B, A, K, 3): each anchor's box's keypoints
+        stride = stride_tensor.view(1, -1, 1)
+        gt = torch.cat((gt[..., :2] / stride[..., None], gt[..., 2:]), -1)
+        area = xyxy2xywh(target_bboxes / stride)[..., 2:].prod(-1)  # (B, A)
+        pred = pred_kpts.float()
+        kpt_mask = gt[..., 2] != 0
+        k = kpt_mask.shape[-1]
+        d = (pred[..., 0] - gt[..., 0]).pow(2) + (pred[..., 1] - gt[..., 1]).pow(2)
+        factor = k / (kpt_mask.sum(-1) + 1e-9)
+        sigmas = self.keypoint_loss.sigmas
+        e = d / ((2 * sigmas).pow(2) * (area[..., None] + 1e-9) * 2)
+        keep = fg[..., None].float()
+        rows = (fg.sum() * k).clamp(min=1)  # the mean's denominator: foreground anchors x keypoints
+        kpts_loss = (factor[..., None] * ((1 - torch.exp(-e)) * kpt_mask) * keep).sum() / rows
+        if pred.shape[-1] != 3:
+            return kpts_loss, torch.zeros((), device=fg.device)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(pred[..., 2], kpt_mask.float(), reduction="none")
+        return kpts_loss, (bce * keep).sum() / rows
+
 def check_counts(model: torch.nn.Module) -> bool:
     """Whether every candidate count since the last check was right (one host sync). A wrong one (a bug:
     nonzero_static then drops or pads candidates) is logged and switches the counts off for the rest of the run."""
@@ -328,14 +393,16 @@ def detection_losses(model: torch.nn.Module) -> list[v8DetectionLoss]:
     """The plain detection losses in the model's criterion: itself, or YOLO26's two (E2E)."""
     crit = seam.criterion(model)
     crit = getattr(crit, "criterion", crit)  # inside train/step.py's HostLossItems
-    return [x for x in seam.detection_losses_in(crit) if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss)]
+    return [x for x in seam.detection_losses_in(crit)
+            if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss, seam.v8PoseLoss, SyncFreePoseLoss)]
 
 
 def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
     """Swap the model's plain detection losses (and their assigner and box loss) to the sync-free classes.
 
-    Creates the criterion as Ultralytics would if the model has none yet. Segmentation, pose and OBB
-    losses are left alone. Idempotent. Returns the swapped losses.
+    Creates the criterion as Ultralytics would if the model has none yet. A pose loss (``v8PoseLoss``, from the
+    release pose is served by) becomes ``SyncFreePoseLoss``; segmentation and OBB losses are left alone. Idempotent.
+    Returns the swapped losses.
     """
     m = unwrap_model(model)
     if next(m.parameters()).is_cuda and torch.__version__ < "2.6":
@@ -345,10 +412,11 @@ def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
     out = []
     for loss in detection_losses(model):
         if type(loss.assigner) is TaskAlignedAssigner and type(loss.bbox_loss) is BboxLoss:  # all three, or none
-            seam.swap_class(loss, v8DetectionLoss, SyncFreeDetectionLoss)
+            if not seam.swap_class(loss, v8DetectionLoss, SyncFreeDetectionLoss) and seam.since(seam.POSE_SINCE):
+                seam.swap_class(loss, seam.v8PoseLoss, SyncFreePoseLoss)
             seam.swap_class(loss.assigner, TaskAlignedAssigner, SyncFreeAssigner)
             seam.swap_class(loss.bbox_loss, BboxLoss, SyncFreeBboxLoss)
-        if type(loss) is SyncFreeDetectionLoss:
+        if isinstance(loss, SyncFreeDetectionLoss):
             out.append(loss)
     return out
 

@@ -135,7 +135,14 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         check_yaml,
     )
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
-    from ultralytics.utils.loss import BboxLoss, E2EDetectLoss, E2ELoss, v8DetectionLoss  # train.loss subclasses
+    from ultralytics.utils.loss import (  # train.loss subclasses them
+        BboxLoss,
+        E2EDetectLoss,
+        E2ELoss,
+        KeypointLoss,
+        v8DetectionLoss,
+        v8PoseLoss,
+    )
     from ultralytics.utils.metrics import bbox_iou  # train.loss: the box loss's CIoU
     from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh  # pack.verify, train.loss: box formats
 
@@ -170,7 +177,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "check_task", "POSE_SINCE", "Conv",
+    "check_task", "POSE_SINCE", "Conv", "v8PoseLoss",
     "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
@@ -211,6 +218,10 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (v8DetectionLoss, "get_assigned_targets_and_loss", "the sync-free loss overrides it (COPIED)"),
     (v8DetectionLoss, "preprocess", "the sync-free loss copies it (COPIED)"),
     (v8DetectionLoss, "bbox_decode", "the sync-free loss calls it"),
+    (v8PoseLoss, "loss", "the sync-free pose loss overrides it (COPIED)"),
+    (v8PoseLoss, "calculate_keypoints_loss", "the sync-free pose loss copies it (COPIED)"),
+    (v8PoseLoss, "kpts_decode", "the sync-free pose loss calls it"),
+    (KeypointLoss, "forward", "the sync-free pose loss copies it (COPIED)"),
     (TaskAlignedAssigner, "select_candidates_in_gts", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),
     # 8.4.180 moved get_box_metrics' overlaps into pair_overlaps; before, it called iou_calculation itself
@@ -226,6 +237,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "save_model", "yolofeed's trainer makes its checkpoint writes atomic around it"),
     (DetectionTrainer, "final_eval", "yolofeed's trainer copies it (COPIED) to strip the final checkpoints atomically"),
 )
+if since(POSE_SINCE):  # pose is served from 8.4.183 (check_task); older releases have no _batch_keypoints
+    REQUIRED += ((v8PoseLoss, "_batch_keypoints", "the sync-free pose loss copies it (COPIED)"),)
 
 
 def _missing(what: str, why: str) -> UltralyticsError:

@@ -96,6 +96,16 @@ COPIED: tuple[Pinned, ...] = (
                _r("8.4.154", "8.4.179", "739c9164c07d9a54",
                   "no **assign_kwargs (the pose loss's keypoints), which the copy never passes: the same code"),
            )),
+    Pinned("ultralytics.utils.loss.v8PoseLoss.loss", "f44d09b6cf28a065", "yolofeed.train.loss.SyncFreePoseLoss.loss",
+           "imgsz from the cached constants; the keypoint part without the fg_mask.sum() guard (_keypoints_loss is 0 "
+           "without a foreground)", since=POSE_SINCE),
+    Pinned("ultralytics.utils.loss.v8PoseLoss._batch_keypoints", "3c246c7f85087ad1",
+           "yolofeed.train.loss.SyncFreePoseLoss._padded_keypoints", "the most boxes per image given, not learnt (a "
+           "sync)", since=POSE_SINCE),
+    Pinned("ultralytics.utils.loss.v8PoseLoss.calculate_keypoints_loss", "9548edeff5d502e6",
+           "yolofeed.train.loss.SyncFreePoseLoss._keypoints_loss", "over every anchor, the foreground's terms kept by "
+           "a mask, where Ultralytics gathers the foreground (masks.any(), nonzero, boolean indexing)",
+           since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.v8DetectionLoss.preprocess", "87a9252ed8b00264",
            "yolofeed.train.loss.SyncFreeDetectionLoss._pad", "the most boxes per image given, not learnt (a sync)",
            others=(
@@ -308,6 +318,11 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.pack.source.SplitSource.fingerprint",
            why="the label cache is remade when kpt_shape changes (in the pack's fingerprint) or use_keypoints does "
                "(the pack header's task, which Pack.open compares)", since=POSE_SINCE),
+    Pinned("ultralytics.utils.loss.KeypointLoss.forward", "f3cbcb5a041c7d15",
+           "yolofeed.train.loss.SyncFreePoseLoss._keypoints_loss", why="its mean as a masked sum over every anchor, "
+           "divided by the foreground anchors x keypoints", since=POSE_SINCE),
+    Pinned("ultralytics.utils.loss.v8PoseLoss.kpts_decode", "a2b39c0643892390",
+           why="SyncFreePoseLoss.loss decodes the keypoints with it, as v8PoseLoss.loss does", since=POSE_SINCE),
     Pinned("ultralytics.nn.modules.conv.Conv.forward", "5eed1f9d8f3e5a46",
            "yolofeed.train.graphed.FusedConv.forward",
            why="act(bn(conv(x))): FusedConv runs bn and act (a BatchNorm2d and a SiLU) as one op while a graph is "
@@ -324,6 +339,7 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.utils.loss.v8DetectionLoss", "yolofeed.train.loss.SyncFreeDetectionLoss", "train/loss.py::install"),
     ("ultralytics.utils.tal.TaskAlignedAssigner", "yolofeed.train.loss.SyncFreeAssigner", "train/loss.py::install"),
     ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.SyncFreeBboxLoss", "train/loss.py::install"),
+    ("ultralytics.utils.loss.v8PoseLoss", "yolofeed.train.loss.SyncFreePoseLoss", "train/loss.py::install"),
     ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
 )
 
