@@ -182,4 +182,4 @@ def test_graphed_fused_steps_follow_eager_stock_steps():
             scale = sa[k].abs().max().clamp_min(1e-3)
             assert (sa[k] - sb[k]).abs().max() <= 2e-2 * scale, (k, float((sa[k] - sb[k]).abs().max()), float(scale))
         else:
-            assert torch.equal(sa[k], sb[k]), (k, sa[k], sb[k])  # num_batches_tracked: one count a training batch, as stock
+            assert torch.equal(sa[k], sb[k]), (k, sa[k], sb[k])  # num_batches_tracked: a count a batch, as stock

@@ -16,7 +16,8 @@ import torch
 from helpers import add_bad_samples, copy_dataset
 from yolofeed.errors import ConfigError
 from yolofeed.loader import EpochSampler, TrainLoader, ValLoader
-from yolofeed.loader.dataset import source_positions
+from yolofeed.loader.dataset import PackDataset, source_positions
+from yolofeed.loader.labels import LabelView
 from yolofeed.loader.prefetch import LoaderError
 from yolofeed.loader.sampler import fraction_subset
 from yolofeed.pack import open_or_build
@@ -501,3 +502,52 @@ def test_pose_val_batches_equal_ultralytics_pose_val_loader(pose_root, pose_pack
         torch.testing.assert_close(a["keypoints"], b["keypoints"], atol=1e-6, rtol=0)
     plain = next(iter(ValLoader(pose_pack(imgsz, split="val", task="detect"), batch, "cpu", stride=32)))
     assert "keypoints" not in plain
+
+
+# -- OBB packs: four corners beside each box --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def obb_pack(obb_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("obb-packs")
+
+    def make(imgsz: int = 64, storage: str = "raw", split: str = "train", task: str = "obb"):
+        return open_or_build(obb_root / "data.yaml", split, imgsz, storage, out=out, rebuild="auto", progress=False,
+                             workers=2, task=task)
+
+    return make
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_obb_batches_carry_the_label_files_corners(obb_root, obb_pack, device):
+    """SourceBatch.corners: (N, L, 4, 2) float32, padded like the boxes and under the same valid mask; its valid rows
+    are the label files' corners, its padding zeros; the boxes enclose them (segments2boxes). The dataset facade's
+    label dicts carry them as Ultralytics' OBB labels do, as segments."""
+    pack = obb_pack()
+    seen = 0
+    for a in TrainLoader(pack, 5, device, seed=3):
+        src = a["source"]
+        n, width = src.valid.shape
+        assert src.corners.shape == (n, width, 4, 2) and src.corners.dtype == torch.float32
+        assert src.corners.device.type == device and src.keypoints is None and src.kinds() == ("corners",)
+        corners, boxes = src.corners.cpu(), src.boxes.cpu()
+        for k, f in enumerate(a["im_file"]):
+            split = "val" if "/val/" in f else "train"
+            rows = np.loadtxt(obb_root / "labels" / split / f"{Path(f).stem}.txt", dtype=np.float32, ndmin=2)
+            assert int(src.valid[k].sum()) == len(rows)
+            assert torch.equal(corners[k, :len(rows)], torch.from_numpy(rows[:, 1:].reshape(-1, 4, 2)))
+            assert not corners[k, len(rows):].any()
+            lo, hi = corners[k, :len(rows)].amin(1), corners[k, :len(rows)].amax(1)
+            torch.testing.assert_close(boxes[k, :len(rows)], torch.cat([(lo + hi) / 2, hi - lo], -1))
+            seen += 1
+    assert seen == len(pack)
+
+    lv = LabelView.of(pack)
+    for i, d in enumerate(PackDataset(pack).labels):
+        assert np.array_equal(d["segments"], lv.corners[lv.start[i]:lv.start[i] + lv.count[i]])
+
+
+def test_obb_labels_are_filtered_with_their_corners(obb_pack):
+    """classes= drops the corners of the boxes it drops, row for row."""
+    pack = obb_pack()
+    full, some = LabelView.of(pack), LabelView.of(pack, classes=[0, 1, 2])
+    keep = np.isin(full.table[:, 0], [0, 1, 2])
+    assert np.array_equal(some.corners, full.corners[keep]) and len(some.corners) == len(some.table)

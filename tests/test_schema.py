@@ -28,17 +28,17 @@ def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills
 
 
 def test_the_augmentation_refuses_labels_it_would_drop():
-    """Keypoints go through every op (test_augment_keypoints.py); angles and masks through none yet."""
+    """Keypoints go through every op (test_augment_keypoints.py); corners and masks through none yet."""
     assert dataclasses.replace(_source(), keypoints=torch.zeros(2, 3, 17, 3)).kinds() == ("keypoints",)
     src = dataclasses.replace(_source(), masks=torch.zeros(2, 3, 32, 32, dtype=torch.bool))
     with pytest.raises(ConfigError, match="also carries masks, which it would drop"):
         GpuAugment(AugmentHyp(imgsz=32))(src)
     with pytest.raises(ConfigError, match="GraphedAugment"):
         GraphedAugment(GpuAugment(AugmentHyp(imgsz=32)), device="cpu")(src)  # before any CUDA work
-    with pytest.raises(ConfigError, match="angles"):
-        GpuAugment(AugmentHyp(imgsz=32))(dataclasses.replace(_source(), angles=torch.zeros(2, 3)))
-    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), angles=torch.zeros(2, 4))
-    with pytest.raises(ConfigError, match="angles"):
+    with pytest.raises(ConfigError, match="corners"):
+        GpuAugment(AugmentHyp(imgsz=32))(dataclasses.replace(_source(), corners=torch.zeros(2, 3, 4, 2)))
+    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), corners=torch.zeros(2, 4, 4, 2))
+    with pytest.raises(ConfigError, match="corners"):
         out.to_ultralytics()
 
 

@@ -1,7 +1,7 @@
 """The batches the stages hand on: the loader's ``SourceBatch`` to augment, augment's ``AugmentedBatch`` to train.
 
 Labels are padded to a fixed number of slots per image, with a validity mask, so that shapes stay static
-(CUDA graphs, no host syncs). Detection fills images, classes and boxes; ``keypoints``, ``angles`` and
+(CUDA graphs, no host syncs). Detection fills images, classes and boxes; ``keypoints``, ``corners`` and
 ``masks`` are the room for pose, oriented boxes and segmentation, None in a detection batch. Every
 per-slot field shares the one ``valid`` mask. Below the loader and augment, so both import it and
 neither imports the other for it.
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from yolofeed.errors import ConfigError
 
-LABEL_KINDS = ("keypoints", "angles", "masks")  # beyond detection's classes and boxes; None where not carried
+LABEL_KINDS = ("keypoints", "corners", "masks")  # beyond detection's classes and boxes; None where not carried
 
 
 class LabelKinds:
@@ -48,7 +48,9 @@ class SourceBatch(LabelKinds):
         images: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left ``hw[i]`` corner.
         hw: (N, 2) int64. cls: (N, L) float32. boxes: (N, L, 4) float32 normalised xywh. valid: (N, L) bool.
         keypoints: (N, L, P, 3) float32 normalised x, y and visibility (0: the point is absent).
-        angles: (N, L) float32 radians of the oriented boxes. masks: (N, L, Hmax, Wmax) bool, one per slot.
+        corners: (N, L, 4, 2) float32 normalised x, y of the oriented boxes' corners (Ultralytics moves them as
+            segments; their xywhr is made at the end, as ``Format`` makes it).
+        masks: (N, L, Hmax, Wmax) bool, one per slot.
     """
 
     images: Tensor
@@ -57,7 +59,7 @@ class SourceBatch(LabelKinds):
     boxes: Tensor
     valid: Tensor
     keypoints: Tensor | None = None
-    angles: Tensor | None = None
+    corners: Tensor | None = None
     masks: Tensor | None = None
 
 
@@ -66,7 +68,7 @@ class AugmentedBatch(LabelKinds):
     """The augmented batch, boxes still padded.
 
     Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool;
-    keypoints (B, K, P, 3) float32 pixels and visibility; angles (B, K) float32 radians; masks (B, K, S, S) bool.
+    keypoints (B, K, P, 3) float32 pixels and visibility; corners (B, K, 4, 2) float32 pixels; masks (B, K, S, S) bool.
     """
 
     img: Tensor
@@ -74,7 +76,7 @@ class AugmentedBatch(LabelKinds):
     boxes: Tensor
     valid: Tensor
     keypoints: Tensor | None = None
-    angles: Tensor | None = None
+    corners: Tensor | None = None
     masks: Tensor | None = None
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:

@@ -4,7 +4,7 @@ An op ``sample``s its random parameters (a small dataclass of per-row tensors), 
 Ultralytics' CPU op. It applies them inside one of the two fused passes over pixels: a ``GeometricOp`` adds its
 step to the warp (mosaic's tiles, a (R, 3, 3) matrix, a flip's reflection), a ``PixelOp`` its term to compose
 (MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way, ``apply_keypoints`` the pose
-task's keypoints; ``apply_angles`` and ``apply_masks`` are where OBB and segmentation will move theirs.
+task's keypoints; ``apply_corners`` and ``apply_masks`` are where OBB and segmentation will move theirs.
 ``augment.pipeline`` lists the ops in Ultralytics' order and fuses them.
 """
 
@@ -134,9 +134,9 @@ class Op(ABC):
     mixes = False
     # The hooks for the label kinds detection does not carry (kornia's apply_transform_keypoint, _mask): None until
     # a task writes them, op by op; GpuAugment refuses a batch of a kind some op has None for (pipeline.CARRIED).
-    # Every op of OPS moves keypoints (GeometricOp.apply_keypoints, PixelOp.apply_keypoints); angles and masks: none.
+    # Every op of OPS moves keypoints (GeometricOp.apply_keypoints, PixelOp.apply_keypoints); corners, masks: none yet.
     apply_keypoints = None
-    apply_angles = None
+    apply_corners = None
     apply_masks = None
 
     def on(self, hyp: AugmentHyp) -> bool:

@@ -18,8 +18,8 @@ class HostBuffers:
 
     Shape: images (B, S, S, 3) uint8, or (B, 0, 0, 3) when images are decoded on the device; hw (B, 2) int64;
     labels (B, L, 5) float32 [class, x, y, w, h]; counts (B,) int64; keypoints (B, L, K, 3) float32 [x, y,
-    visibility], zero past each image's count, or None (detection). B is the largest batch the sampler
-    makes (batch + 1), L the pack's most labels per image.
+    visibility] and corners (B, L, 4, 2) float32 [x, y], zero past each image's count, or None (detection). B is
+    the largest batch the sampler makes (batch + 1), L the pack's most labels per image.
     """
 
     images: Tensor
@@ -27,24 +27,33 @@ class HostBuffers:
     labels: Tensor
     counts: Tensor
     keypoints: Tensor | None = None
+    corners: Tensor | None = None
 
     @classmethod
     def allocate(cls, batch: int, imgsz: int, width: int, pin: bool, images: bool = True,
-                 keypoints: int = 0) -> HostBuffers:
+                 keypoints: int = 0, corners: bool = False) -> HostBuffers:
         """Empty buffers; ``images=False`` leaves out the image buffer (B x S x S x 3 bytes: 157 MB at 128 x 640);
-        ``keypoints`` K > 0 adds the keypoint buffer (B x L x K x 12 bytes)."""
+        ``keypoints`` K > 0 adds the keypoint buffer (B x L x K x 12 bytes), ``corners`` the corners' (B x L x 32)."""
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
         side, width = (imgsz if images else 0), max(1, width)
         return cls(empty((batch, side, side, 3), torch.uint8), empty((batch, 2), torch.int64),
                    empty((batch, width, 5), torch.float32), empty((batch,), torch.int64),
-                   empty((batch, width, keypoints, 3), torch.float32) if keypoints else None)
+                   empty((batch, width, keypoints, 3), torch.float32) if keypoints else None,
+                   empty((batch, width, 4, 2), torch.float32) if corners else None)
 
     def tensors(self) -> tuple[Tensor, ...]:
-        """The buffers in field order, the keypoints' only where there are keypoints."""
+        """The buffers in field order, the per-row ones (keypoints, corners) only where the batch has them."""
         return (self.images, self.hw, self.labels, self.counts,
-                *((self.keypoints,) if self.keypoints is not None else ()))
+                *(t for t in (self.keypoints, self.corners) if t is not None))
+
+    def like(self, images: Tensor, device: torch.device) -> HostBuffers:
+        """Buffers of the same shapes on ``device``, the images given (the device side of a prefetch slot)."""
+        def on(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.empty_like(t, device=device)
+        return HostBuffers(images, on(self.hw), on(self.labels), on(self.counts), on(self.keypoints),
+                           on(self.corners))
 
 
 def label_width(pack: Pack, labels: LabelView | None = None) -> int:
@@ -80,8 +89,8 @@ def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = Tru
     lab = np.where(have[..., None], table[rows] if len(table) else 0.0, 0.0)
     buf.labels[:n] = torch.from_numpy(lab.astype(np.float32))
     buf.counts[:n] = torch.from_numpy(counts)
-    if buf.keypoints is not None:  # the same rows of the keypoint table: one gather, no loop per image
-        kp = labels.keypoints
-        buf.keypoints[:n] = torch.from_numpy(np.where(have[..., None, None], kp[rows] if len(kp) else 0.0, 0.0)
-                                             .astype(np.float32))
+    for out, per_row in ((buf.keypoints, labels.keypoints), (buf.corners, labels.corners)):
+        if out is not None:  # the same rows of a per-row table: one gather, no loop per image
+            out[:n] = torch.from_numpy(np.where(have[..., None, None], per_row[rows] if len(per_row) else 0.0, 0.0)
+                                       .astype(np.float32))
     return n

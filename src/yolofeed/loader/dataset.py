@@ -36,7 +36,8 @@ class PackDataset:
     @cached_property
     def labels(self) -> list[dict]:
         """Ultralytics' label dicts (views into the pack): im_file, shape (original hw), cls (n, 1), bboxes (n, 4),
-        and for a pose pack keypoints (n, K, 3).
+        and for a pose pack keypoints (n, K, 3); an OBB pack's segments are its corners (n, 4, 2), as Ultralytics'
+        OBB labels carry them.
 
         Ultralytics' trainer reads them all before the first step (its ``max_det`` check): one dict and two row
         slices an image, the bounds and shapes turned into Python lists first (~5 us an image, 0.6 s for COCO).
@@ -50,6 +51,9 @@ class PackDataset:
         if lv.keypoints is not None:  # pose: a third row slice an image
             for d, a, b in zip(out, starts, ends):
                 d["keypoints"] = lv.keypoints[a:b]
+        if lv.corners is not None:  # OBB
+            for d, a, b in zip(out, starts, ends):
+                d["segments"] = lv.corners[a:b]
         return out
 
     def close_mosaic(self, hyp=None) -> None:

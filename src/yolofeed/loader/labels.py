@@ -40,13 +40,15 @@ class LabelView:
 
     Shape:
         start, count: (N,) int64, one per pack image. table: (M, 5) float32 [class, x, y, w, h] normalised.
-        keypoints: (M, K, 3) float32 [x, y, visibility], row j those of table row j; None for a detection pack.
+        keypoints: (M, K, 3) float32 [x, y, visibility], row j those of table row j; None but for a pose pack.
+        corners: (M, 4, 2) float32 normalised x, y, row j the oriented box of table row j; None but for an OBB pack.
     """
 
     start: np.ndarray
     count: np.ndarray
     table: np.ndarray
     keypoints: np.ndarray | None = None
+    corners: np.ndarray | None = None
 
     @classmethod
     def of(cls, pack: Pack, classes: Any = None, single_cls: bool = False) -> LabelView:
@@ -60,9 +62,9 @@ class LabelView:
         include = class_ids(classes)
         start = pack.index["label_start"].astype(np.int64)
         count = pack.index["label_count"].astype(np.int64)
-        table, keypoints = pack.label_table, pack.keypoint_table
+        table, keypoints, corners = pack.label_table, pack.keypoint_table, pack.corner_table
         if include is None and not single_cls:
-            return cls(start, count, table, keypoints)
+            return cls(start, count, table, keypoints, corners)
         owner = np.repeat(np.arange(len(count)), count)  # every image's rows, in image order
         rows = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
         if include is not None:
@@ -72,8 +74,9 @@ class LabelView:
         if single_cls:
             kept[:, 0] = 0.0
         count = np.bincount(owner, minlength=len(count)).astype(np.int64)
-        kept_keypoints = None if keypoints is None else np.array(keypoints[rows], dtype=np.float32)
-        return cls(np.cumsum(count) - count, count, kept.reshape(-1, 5), kept_keypoints)
+        def kept_rows(per_row):  # the same rows of a per-row section
+            return None if per_row is None else np.array(per_row[rows], dtype=np.float32)
+        return cls(np.cumsum(count) - count, count, kept.reshape(-1, 5), kept_rows(keypoints), kept_rows(corners))
 
     def __call__(self, i: int) -> np.ndarray:
         """(n, 5) labels of image ``i``."""

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
@@ -82,13 +83,13 @@ class _Slot:
         pin = device.type == "cuda"
         width = label_width(pack, labels)
         k = 0 if labels.keypoints is None else labels.keypoints.shape[1]  # pose: K keypoints a label, one more copy
-        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device, keypoints=k)
+        rows = {"keypoints": k, "corners": labels.corners is not None}  # OBB: 4 corners a label
+        self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device, **rows)
         if device.type == "cpu":
-            self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False, keypoints=k)
+            self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False, **rows)
         else:
             s = pack.imgsz
-            self.dev = HostBuffers(torch.empty((batch, s, s, 3), dtype=torch.uint8, device=device),
-                                   *(torch.empty_like(t, device=device) for t in self.host.tensors()[1:]))
+            self.dev = self.host.like(torch.empty((batch, s, s, 3), dtype=torch.uint8, device=device), device)
         self.copied = torch.cuda.Event() if pin else None
         self.consumed = torch.cuda.Event() if pin else None
         self.n = 0
@@ -98,8 +99,10 @@ def _source(buf: HostBuffers, n: int) -> SourceBatch:
     lab = buf.labels[:n]
     width = lab.shape[1]
     valid = torch.arange(width, device=lab.device)[None, :] < buf.counts[:n, None]
-    keypoints = buf.keypoints[:n] if buf.keypoints is not None else None
-    return SourceBatch(buf.images[:n], buf.hw[:n], lab[..., 0], lab[..., 1:], valid, keypoints)
+    def rows(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t[:n]
+    return SourceBatch(buf.images[:n], buf.hw[:n], lab[..., 0], lab[..., 1:], valid, rows(buf.keypoints),
+                       rows(buf.corners))
 
 
 class Prefetcher:

@@ -34,7 +34,7 @@ can tell a finished file from an interrupted one::
 
 Sections are found by name, never by position, and each has its own CRC32. A reader requires the sections it knows
 (``SECTIONS``), and checks the bounds and CRC32 of every section the header lists, one it does not know too. So a
-new label kind (keypoints, masks, angles) is one more named section, written by ``encode_tail`` after these with
+new label kind (keypoints, corners, masks) is one more named section, written by ``encode_tail`` after these with
 its own checksum, and the existing sections keep their bytes and meaning: packs without it read as before, and
 this version reads packs with it (``test_a_new_section_leaves_the_others_as_they_are``). The format version
 changes only where an existing section's meaning does; a reader refuses a pack of another version with its
