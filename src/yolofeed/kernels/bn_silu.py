@@ -19,6 +19,10 @@ from torch import Tensor
 _GROUPS = 512  # row groups of the statistics passes: about four programs per SM of an H100/H200
 _TILE = 4096  # elements of a program's tile
 _tickets: dict[tuple, Tensor] = {}  # (device, stream) -> the statistics passes' ticket counters, int32 zeros
+# Set around a CUDA graph's capture: the graph's replays then use counters no eager call shares (a stream id is
+# reused by later streams, which could run beside a replay).
+own_tickets: Tensor | None = None
+TICKETS = 4096  # counters: one per channel block of 64
 
 
 def fusable(x: Tensor) -> bool:
@@ -62,10 +66,12 @@ def _plan(m: int, c: int) -> tuple:
 
 
 def _tickets_for(x: Tensor) -> Tensor:
+    if own_tickets is not None:  # a graph's capture: counters of its own (train/graphed.py)
+        return own_tickets
     key = (x.device, torch.cuda.current_stream(x.device).stream_id if x.is_cuda else 0)
     t = _tickets.get(key)
     if t is None:
-        t = _tickets[key] = torch.zeros(4096, device=x.device, dtype=torch.int32)
+        t = _tickets[key] = torch.zeros(TICKETS, device=x.device, dtype=torch.int32)
     return t
 
 

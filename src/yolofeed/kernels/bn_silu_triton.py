@@ -50,6 +50,7 @@ def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, 
     base = part_ptr + g * 2 * C + cols
     tl.store(base, tl.sum(s1, 0), mask=cmask)
     tl.store(base + C, tl.sum(s2, 0), mask=cmask)
+    tl.debug_barrier()  # every warp's partial stored before the ticket is taken (the atomic's release covers them)
     if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
         t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
         t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
@@ -127,6 +128,7 @@ def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr
     base = part_ptr + g * 2 * C + cols
     tl.store(base, tl.sum(sdz, 0), mask=cmask)
     tl.store(base + C, tl.sum(sdzx, 0), mask=cmask)
+    tl.debug_barrier()  # every warp's partial stored before the ticket is taken (the atomic's release covers them)
     if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
         t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
         t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)

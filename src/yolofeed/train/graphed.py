@@ -23,6 +23,10 @@ Both swapped classes pickle and deep-copy as Ultralytics' own (``__reduce_ex__``
 model into a new EMA when it resumes or recovers from a NaN, and a checkpoint must load without yolofeed. The state
 dict is untouched.
 
+The graph's backward hands out its own gradient buffers, which autograd may keep as the parameters' ``.grad``: the
+optimiser must drop the gradients between steps (``zero_grad(set_to_none=True)``, Ultralytics' default), not zero
+them in place, or the next replay's gradient would be added to itself.
+
 Where the graph cannot serve, the step stays eager and one line says why: another process group (DDP), a compiled
 model, gradient accumulation (the graph's gradient buffers are reused by every replay), no Triton, and a capture that
 fails or runs out of memory (the model is restored and the capture is not tried again).
@@ -38,6 +42,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from yolofeed import ultralytics_seam as seam
+from yolofeed.kernels import bn_silu as bn_silu_op
 from yolofeed.kernels.bn_silu import bn_silu, fusable
 
 WARMUP = 3  # make_graphed_callables' warm-up passes before the capture (its default)
@@ -138,18 +143,22 @@ class _Graph:
         buffers = [b.detach().clone() for b in model.buffers()]
         flat = _Flat(model, self.autocast)
         convs = [m for m in model.modules() if isinstance(m, FusedConv)]
+        self.tickets = torch.zeros(bn_silu_op.TICKETS, device=x.device, dtype=torch.int32)
+        bn_silu_op.own_tickets = self.tickets
         try:
             # the step's own autocast caches casts, which a capture cannot keep: this one is the step's, uncached
             with _Fusing(convs), torch.autocast("cuda", **self.autocast, cache_enabled=False):
                 torch.cuda.make_graphed_callables(flat, (x.detach().clone(),), num_warmup_iters=WARMUP,
                                                   allow_unused_input=True)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # OOM, an op that cannot be captured
+        except Exception as e:  # OOM, an op that cannot be captured, what make_graphed_callables asserts
+            # (hooks on the module, buffers that require grad, outputs that are not tensors)
             self.failed = True
             torch.cuda.empty_cache()
             self.log(f"yolofeed: the training step stays eager (its CUDA graph could not be made: "
                      f"{type(e).__name__}: {str(e).splitlines()[0][:200]})")
             return
         finally:
+            bn_silu_op.own_tickets = None
             with torch.no_grad():
                 for b, saved in zip(model.buffers(), buffers):
                     b.copy_(saved)  # the warm-up and capture passes moved the batch-norm statistics
