@@ -393,16 +393,19 @@ def test_classes_must_be_class_ids(pack):
 
 
 # -- pose packs: keypoints beside the boxes ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def pose_pack(pose_root, tmp_path_factory):
-    """``pose_pack(imgsz, storage="raw", split="train", task="pose")``: packs of the session's pose dataset."""
-    out = tmp_path_factory.mktemp("pose-packs")
-
-    def make(imgsz: int = 64, storage: str = "raw", split: str = "train", task: str = "pose"):
-        return open_or_build(pose_root / "data.yaml", split, imgsz, storage, out=out, rebuild="auto", progress=False,
+def _packs_of(root, out, default_task: str):
+    """``make(imgsz, storage="raw", split="train", task=default_task)``: packs of the dataset at ``root``."""
+    def make(imgsz: int = 64, storage: str = "raw", split: str = "train", task: str = default_task):
+        return open_or_build(root / "data.yaml", split, imgsz, storage, out=out, rebuild="auto", progress=False,
                              workers=2, task=task)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def pose_pack(pose_root, tmp_path_factory):
+    """``pose_pack(imgsz, storage="raw", split="train", task="pose")``: packs of the session's pose dataset."""
+    return _packs_of(pose_root, tmp_path_factory.mktemp("pose-packs"), "pose")
 
 
 def _label_rows(pose_root, im_file: str) -> np.ndarray:
@@ -507,13 +510,8 @@ def test_pose_val_batches_equal_ultralytics_pose_val_loader(pose_root, pose_pack
 # -- OBB packs: four corners beside each box --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def obb_pack(obb_root, tmp_path_factory):
-    out = tmp_path_factory.mktemp("obb-packs")
-
-    def make(imgsz: int = 64, storage: str = "raw", split: str = "train", task: str = "obb"):
-        return open_or_build(obb_root / "data.yaml", split, imgsz, storage, out=out, rebuild="auto", progress=False,
-                             workers=2, task=task)
-
-    return make
+    """``obb_pack(imgsz, ...)``: packs of the session's OBB dataset."""
+    return _packs_of(obb_root, tmp_path_factory.mktemp("obb-packs"), "obb")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

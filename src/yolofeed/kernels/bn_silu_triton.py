@@ -24,6 +24,31 @@ import triton.language as tl
 
 
 @triton.jit
+def _sum_partials(part_ptr, G, C, cols, cmask, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The two rows of part (G, 2, C) summed over the G groups, for the channels ``cols`` (read from L2: other
+    programs stored them)."""
+    t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
+    t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        gs = g0 + tl.arange(0, BLOCK_G)
+        mask = (gs < G)[:, None] & cmask[None, :]
+        at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
+        t1 += tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+        t2 += tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.sum(t1, 0), tl.sum(t2, 0)
+
+
+@triton.jit
+def _last_of_block(part_ptr, tickets_ptr, g, cb, C, G, cols, cmask, a, b):
+    """Store this program's partials (a, b) and take a ticket: whether it is the channel block's last program."""
+    base = part_ptr + g * 2 * C + cols
+    tl.store(base, a, mask=cmask)
+    tl.store(base + C, b, mask=cmask)
+    tl.debug_barrier()  # every warp's partial stored before the ticket is taken (the atomic's release covers them)
+    return tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1
+
+
+@triton.jit
 def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, M, C, rows_per_prog, G, momentum,
           eps, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
     """Per row group g, per channel: sum(x - k) and sum((x - k)^2) of x[g's rows, c] into part (G, 2, C) float32, k
@@ -47,21 +72,10 @@ def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, 
         d = tl.where(mask, x - k, 0.0)
         s1 += d
         s2 += d * d
-    base = part_ptr + g * 2 * C + cols
-    tl.store(base, tl.sum(s1, 0), mask=cmask)
-    tl.store(base + C, tl.sum(s2, 0), mask=cmask)
-    tl.debug_barrier()  # every warp's partial stored before the ticket is taken (the atomic's release covers them)
-    if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
-        t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
-        t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
-        for g0 in range(0, G, BLOCK_G):
-            gs = g0 + tl.arange(0, BLOCK_G)
-            mask = (gs < G)[:, None] & cmask[None, :]
-            at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
-            t1 += tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
-            t2 += tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
-        d1 = tl.sum(t1, 0) / M
-        var = tl.maximum(tl.sum(t2, 0) / M - d1 * d1, 0.0)
+    if _last_of_block(part_ptr, tickets_ptr, g, cb, C, G, cols, cmask, tl.sum(s1, 0), tl.sum(s2, 0)):
+        t1, t2 = _sum_partials(part_ptr, G, C, cols, cmask, BLOCK_G, BLOCK_C)
+        d1 = t1 / M
+        var = tl.maximum(t2 / M - d1 * d1, 0.0)
         mean = tl.sum(k, 0) + d1
         invstd = 1.0 / tl.sqrt(var + eps)
         scale = tl.load(w_ptr + cols, mask=cmask, other=1.0) * invstd
@@ -125,21 +139,8 @@ def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr
         dz = _dz(x, dy, scale, shift)
         sdz += dz
         sdzx += dz * (x - mean) * invstd
-    base = part_ptr + g * 2 * C + cols
-    tl.store(base, tl.sum(sdz, 0), mask=cmask)
-    tl.store(base + C, tl.sum(sdzx, 0), mask=cmask)
-    tl.debug_barrier()  # every warp's partial stored before the ticket is taken (the atomic's release covers them)
-    if tl.atomic_add(tickets_ptr + cb, 1, sem="acq_rel") == G - 1:
-        t1 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
-        t2 = tl.zeros([BLOCK_G, BLOCK_C], tl.float32)
-        for g0 in range(0, G, BLOCK_G):
-            gs = g0 + tl.arange(0, BLOCK_G)
-            mask = (gs < G)[:, None] & cmask[None, :]
-            at = part_ptr + gs[:, None] * 2 * C + cols[None, :]
-            t1 += tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
-            t2 += tl.load(at + C, mask=mask, other=0.0, cache_modifier=".cg")
-        db = tl.sum(t1, 0)
-        dw = tl.sum(t2, 0)
+    if _last_of_block(part_ptr, tickets_ptr, g, cb, C, G, cols, cmask, tl.sum(sdz, 0), tl.sum(sdzx, 0)):
+        db, dw = _sum_partials(part_ptr, G, C, cols, cmask, BLOCK_G, BLOCK_C)
         tl.store(dw_ptr + cols, dw, mask=cmask)
         tl.store(db_ptr + cols, db, mask=cmask)
         tl.store(save_ptr + 4 * C + cols, db / M, mask=cmask)
