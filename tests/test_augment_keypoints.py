@@ -356,6 +356,11 @@ def test_keypoint_settings_are_checked_as_ultralytics_checks_them():
         AugmentHyp(kpt_shape=(P, 3), flip_idx=(0, 1, 2))
     with pytest.raises(ConfigError, match="kpt_shape"):
         AugmentHyp(kpt_shape=(P, 4))
+    for bad in ([None] * P, [1.5, 3, 2, 1, 4], ["0", "3", "2", "1", "4"], "abc", 5, True):  # one line, no traceback
+        with pytest.raises(ConfigError, match="flip_idx=.*whole numbers"):
+            AugmentHyp(kpt_shape=(P, 3), flip_idx=bad)
+    with pytest.raises(ConfigError, match="kpt_shape"):
+        AugmentHyp(kpt_shape=[5.0, 3])
     with pytest.warns(UserWarning, match="no flip_idx"):  # v8_transforms: no flip_idx, no flips for pose
         hyp = AugmentHyp(kpt_shape=[P, 2], fliplr=0.5, flipud=0.1)
     assert (hyp.fliplr, hyp.flipud, hyp.kpt_shape) == (0.0, 0.0, (P, 2))

@@ -165,6 +165,20 @@ def test_model_task_is_read_from_the_yaml(model, task):
     assert keys.model_task("yolo11n.yaml", "pose") == "pose"  # a task the model object already knows wins
 
 
+def test_a_weights_files_task_is_what_it_holds_whatever_its_name(tmp_path):
+    """A run's last.pt (resume=) or a renamed fine-tuned copy: the task from the checkpoint, not the file name; a file
+    that does not read falls back to the name (its loader reports it)."""
+    from ultralytics.nn.tasks import DetectionModel, PoseModel
+
+    pose = PoseModel("yolo11n-pose.yaml", nc=2, data_kpt_shape=(5, 3), verbose=False)
+    torch.save({"model": pose, "train_args": {"task": "pose"}}, tmp_path / "last.pt")
+    torch.save({"ema": pose, "train_args": {}}, tmp_path / "mine.pt")  # no task recorded: the head says
+    torch.save({"model": DetectionModel("yolo11n.yaml", verbose=False)}, tmp_path / "weights-pose.pt")
+    (tmp_path / "bad-pose.pt").write_bytes(b"not a checkpoint")
+    found = [keys.model_task(tmp_path / n, None) for n in ("last.pt", "mine.pt", "weights-pose.pt", "bad-pose.pt")]
+    assert found == ["pose", "pose", "detect", "pose"]
+
+
 def test_a_cfg_yaml_goes_through_the_table(synth_root, tmp_path):
     """cfg=custom.yaml: Ultralytics merges its keys before the trainer sees them, so they are checked too."""
     from ultralytics import YOLO

@@ -396,3 +396,30 @@ def test_the_obb_cases_cover_what_they_say():
     """Both outcomes of Ultralytics and of ours occur, and ours differs only where it refuses more."""
     assert {t for _, t, _ in OBB_CASES.values()} == {o for _, _, o in OBB_CASES.values()} == {True, False}
     assert all(t or not o for _, t, o in OBB_CASES.values())
+
+
+@pytest.mark.parametrize("text, says", [("0 0.1 0.1 0.5 0.1 0.5\n", "a row of 6 columns"),
+                                        ("0 0.1 0.1 0.5 0.1 0.5 0.5 0.1\n", "a row of 8 columns"),
+                                        ("0 0.5 0.5 0.2 0.2 " + "0.5 0.5 2 " * 5 + "\n", "pose rows")])
+def test_obb_refusals_name_the_obb_format(tmp_path, text, says):
+    """A malformed OBB row is refused (Ultralytics skips the file too) in words about OBB rows, not detection's."""
+    from yolofeed.pack.verify import SampleError, read_obb_labels
+
+    lb = tmp_path / "a.txt"
+    lb.write_text(text)
+    with pytest.raises(SampleError, match=says) as e:
+        read_obb_labels(str(lb), 8, kpt_shape=(5, 3))
+    assert "9 columns" in str(e.value) and "class x y w h'" not in str(e.value)
+
+
+def test_a_reason_quoting_a_binary_file_is_shortened(tmp_path):
+    """A parser quoting a megabyte of a binary label file does not fill the report: the reason keeps its start (the
+    file) and its end (the fix)."""
+    from yolofeed.pack.verify import SampleError, read_labels
+
+    lb = tmp_path / "junk.txt"
+    lb.write_bytes(b"a" * 1_000_000)
+    with pytest.raises(SampleError) as e:
+        read_labels(str(lb), 8)
+    message = str(e.value)
+    assert len(message) <= SampleError.LIMIT and message.startswith(str(lb)) and message.endswith("fix the file")

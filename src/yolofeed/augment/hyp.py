@@ -7,6 +7,7 @@ Ultralytics' ``default.yaml`` (through ``DEFAULT_CFG``), so they cannot drift fr
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,15 @@ from yolofeed.errors import ConfigError
 KEYS = ("mosaic", "mixup", "cutmix", "degrees", "translate", "scale", "shear", "perspective", "hsv_h", "hsv_s",
         "hsv_v", "flipud", "fliplr", "bgr", "close_mosaic", "copy_paste")
 PROBABILITIES = ("mosaic", "mixup", "cutmix", "flipud", "fliplr", "bgr", "copy_paste")
+
+
+def _whole_numbers(values: Any) -> tuple[int, ...] | None:
+    """``values`` as a tuple of ints where it is a list or tuple of whole numbers (not bools, floats or strings)."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+        return None
+    return tuple(int(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -71,13 +81,17 @@ class AugmentHyp:
     def _check_keypoints(self) -> None:
         """``kpt_shape`` and ``flip_idx`` as tuples, checked as ``v8_transforms`` checks them (frozen: set in place)."""
         if self.kpt_shape is not None:
-            shape = tuple(int(v) for v in self.kpt_shape)
-            if len(shape) != 2 or shape[0] < 1 or shape[1] not in (2, 3):
-                raise ConfigError(f"kpt_shape={list(self.kpt_shape)}: expected [keypoints per instance, 2 or 3] "
+            shape = _whole_numbers(self.kpt_shape)
+            if shape is None or len(shape) != 2 or shape[0] < 1 or shape[1] not in (2, 3):
+                raise ConfigError(f"kpt_shape={self.kpt_shape!r}: expected [keypoints per instance, 2 or 3] "
                                   "(the data yaml's kpt_shape, e.g. [17, 3])")
             object.__setattr__(self, "kpt_shape", shape)
         if self.flip_idx is not None:
-            object.__setattr__(self, "flip_idx", tuple(int(v) for v in self.flip_idx))
+            idx = _whole_numbers(self.flip_idx)
+            if idx is None:
+                raise ConfigError(f"flip_idx={self.flip_idx!r}: expected a list of keypoint indices (whole numbers, "
+                                  "e.g. [0, 2, 1, 4, 3]), as in the data yaml")
+            object.__setattr__(self, "flip_idx", idx)
         if self.kpt_shape is None:
             if self.flip_idx:
                 raise ConfigError(f"flip_idx={list(self.flip_idx)} without kpt_shape: flip_idx orders keypoints, "

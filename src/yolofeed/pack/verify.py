@@ -44,7 +44,15 @@ from yolofeed.ultralytics_seam import (
 
 
 class SampleError(Exception):
-    """This sample cannot be used; the message is the reason shown in the pack report."""
+    """This sample cannot be used; the message is the reason shown in the pack report (long ones shortened in the
+    middle: a binary file's bytes quoted by a parser must not fill the report)."""
+
+    LIMIT = 400  # characters
+
+    def __init__(self, message: str = ""):
+        if len(message) > self.LIMIT:
+            message = f"{message[:self.LIMIT - 80]} [...] {message[-70:]}"
+        super().__init__(message)
 
 
 @dataclass
@@ -315,11 +323,18 @@ def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     if rows is None:
         return np.zeros((0, 5), np.float32), np.zeros((0, 4, 2), np.float32), ["label file missing: used as a "
                                                                                "background image"]
+    pose_rows = kpt_shape is not None and any(len(r) == 5 + kpt_shape[0] * kpt_shape[1] for r in rows)
     if kpt_shape is not None:
         rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
+    odd = next((len(r) for r in rows if len(r) != 5 and len(r) % 2 == 0), None)
+    if odd is not None:  # an odd number of coordinates: no polygon (Ultralytics skips the file too)
+        raise SampleError(f"{lb_file} has a row of {odd} columns; OBB labels require 9 columns each (class x1 y1 x2 "
+                          "y2 x3 y3 x4 y4: the 4 corners); fix the file")
     lb, segments, notes = _box_rows(rows, lb_file, nc, rules)
     if len(lb) and not segments:
-        raise SampleError(f"{lb_file} holds box rows of 5 columns (class x y w h); OBB labels require 9 columns each "
+        what = (f"pose rows (class, box and {kpt_shape[0]} keypoints)" if pose_rows
+                else "box rows of 5 columns (class x y w h)")
+        raise SampleError(f"{lb_file} holds {what}; OBB labels require 9 columns each "
                           "(class x1 y1 x2 y2 x3 y3 x4 y4: the 4 corners): Ultralytics refuses the whole run on such a "
                           "file ('Please supply an OBB dataset, not a detect dataset'); convert the rows or pack the "
                           "yaml with task=detect")

@@ -255,12 +255,27 @@ def model_task(model: Any, task: str | None) -> str:
     except FileNotFoundError:  # reported with the fix where the model is loaded
         return "detect"
     guessed = guess_model_task(spec) if isinstance(spec, dict) and spec.get("head") else None
+    if guessed is None and path.lower().endswith(".pt") and Path(path).is_file():
+        guessed = _weights_task(path)  # a run's last.pt, a fine-tuned copy: what it holds, whatever its name
     if guessed is None and not isinstance(spec, dict):  # weights or a name: the file name's -seg, -pose...
         stem = Path(path).stem
         guessed = next((t for t, tag in (("segment", "-seg"), ("pose", "-pose"), ("obb", "-obb"),
                                          ("classify", "-cls"), ("semantic", "-sem"), ("depth", "-depth"))
                         if tag in stem), None)
     return guessed or "detect"
+
+
+def _weights_task(path: str) -> str | None:
+    """The task of the model in a weights file, as Ultralytics reads it (its training arguments', else its head's), or
+    None where the file does not read (the trainer reports that one with the fix)."""
+    from yolofeed.ultralytics_seam import guess_model_task, torch_safe_load
+
+    try:
+        ckpt, _ = torch_safe_load(path)
+        task = (ckpt.get("train_args") or {}).get("task")
+        return task if isinstance(task, str) else guess_model_task(ckpt.get("ema") or ckpt.get("model"))
+    except Exception:  # damaged or foreign: train.run.check_checkpoint says so in one line
+        return None
 
 
 def valid_names() -> set[str]:
