@@ -340,8 +340,9 @@ class SyncFreePoseLoss(SyncFreeDetectionLoss, seam.v8PoseLoss):
         keypoints = batch["keypoints"].to(self.device).float()
         if keypoints.shape[-1] == 2:  # no visibility flag: every keypoint counts
             keypoints = torch.cat((keypoints, torch.ones_like(keypoints[..., :1])), -1)
-        batch_idx = batch["batch_idx"].flatten().long()
-        counts = torch.bincount(batch_idx, minlength=batch_size)
+        batch_idx = batch["batch_idx"].flatten().long().to(keypoints.device)
+        counts = torch.zeros(batch_size, dtype=torch.long, device=keypoints.device)
+        counts.scatter_add_(0, batch_idx, torch.ones_like(batch_idx))  # bincount on CUDA syncs for its size
         batched = keypoints.new_zeros((batch_size, n, *keypoints.shape[1:]))
         within_idx = torch.arange(len(batch_idx), device=keypoints.device) - (counts.cumsum(0) - counts)[batch_idx]
         batched[batch_idx, within_idx] = keypoints
