@@ -384,3 +384,9 @@ def test_training_with_the_sync_free_loss_ends_with_the_same_weights(synth_root,
                                atol=2e-5)  # results.csv keeps 5 decimals: the tolerance of its last one
     for k, v in weights["stock_loss"].items():
         torch.testing.assert_close(weights["sync_free"][k], v, rtol=1e-3, atol=1e-4, msg=k)
+
+
+def test_pose_keypoint_decode_is_ultralytics():
+    g = torch.Generator().manual_seed(0)
+    anchors, kpts = torch.rand(30, 2, generator=g) * 20, torch.randn(2, 30, 5, 3, generator=g)
+    assert torch.equal(sfl.SyncFreePoseLoss.kpts_decode(anchors, kpts), seam.v8PoseLoss.kpts_decode(anchors, kpts))

@@ -335,6 +335,16 @@ class SyncFreePoseLoss(SyncFreeDetectionLoss, seam.v8PoseLoss):
         loss[2] *= self.hyp.kobj
         return loss * batch_size, dict(zip(self.loss_names, loss.detach()))
 
+    @staticmethod
+    def kpts_decode(anchor_points: Tensor, pred_kpts: Tensor) -> Tensor:
+        """``v8PoseLoss.kpts_decode``, the anchors' columns sliced (Ultralytics indexes them with a list, which copies
+        the index to the GPU from pageable memory: a sync on every call)."""
+        y = pred_kpts.clone()
+        y[..., :2] *= 2.0
+        y[..., 0] += anchor_points[:, 0:1] - 0.5
+        y[..., 1] += anchor_points[:, 1:2] - 0.5
+        return y
+
     def _padded_keypoints(self, batch: dict[str, Any], batch_size: int, n: int, imgsz: Tensor) -> Tensor:
         """``_batch_keypoints`` with the most boxes in one image given: (B, n, K, 3) pixels, no sync."""
         keypoints = batch["keypoints"].to(self.device).float()
@@ -346,7 +356,7 @@ class SyncFreePoseLoss(SyncFreeDetectionLoss, seam.v8PoseLoss):
         batched = keypoints.new_zeros((batch_size, n, *keypoints.shape[1:]))
         within_idx = torch.arange(len(batch_idx), device=keypoints.device) - (counts.cumsum(0) - counts)[batch_idx]
         batched[batch_idx, within_idx] = keypoints
-        batched[..., :2] *= imgsz[[1, 0]]
+        batched[..., :2] *= imgsz.flip(0)  # (w, h): a list index would copy itself to the GPU and sync
         return batched
 
     def _keypoints_loss(self, fg: Tensor, target_gt_idx: Tensor, keypoints: Tensor, stride_tensor: Tensor,
@@ -372,6 +382,7 @@ class SyncFreePoseLoss(SyncFreeDetectionLoss, seam.v8PoseLoss):
             return kpts_loss, torch.zeros((), device=fg.device)
         bce = torch.nn.functional.binary_cross_entropy_with_logits(pred[..., 2], kpt_mask.float(), reduction="none")
         return kpts_loss, (bce * keep).sum() / rows
+
 
 def check_counts(model: torch.nn.Module) -> bool:
     """Whether every candidate count since the last check was right (one host sync). A wrong one (a bug:

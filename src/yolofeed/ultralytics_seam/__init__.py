@@ -220,7 +220,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (v8DetectionLoss, "bbox_decode", "the sync-free loss calls it"),
     (v8PoseLoss, "loss", "the sync-free pose loss overrides it (COPIED)"),
     (v8PoseLoss, "calculate_keypoints_loss", "the sync-free pose loss copies it (COPIED)"),
-    (v8PoseLoss, "kpts_decode", "the sync-free pose loss calls it"),
+    (v8PoseLoss, "kpts_decode", "the sync-free pose loss overrides it (COPIED)"),
     (KeypointLoss, "forward", "the sync-free pose loss copies it (COPIED)"),
     (TaskAlignedAssigner, "select_candidates_in_gts", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),

@@ -322,7 +322,9 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.train.loss.SyncFreePoseLoss._keypoints_loss", why="its mean as a masked sum over every anchor, "
            "divided by the foreground anchors x keypoints", since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.v8PoseLoss.kpts_decode", "a2b39c0643892390",
-           why="SyncFreePoseLoss.loss decodes the keypoints with it, as v8PoseLoss.loss does", since=POSE_SINCE),
+           "yolofeed.train.loss.SyncFreePoseLoss.kpts_decode",
+           why="the keypoints x 2 plus the anchor less 0.5, the anchors' columns sliced where Ultralytics indexes them "
+               "with a list (a host-to-device copy, which syncs)", since=POSE_SINCE),
     Pinned("ultralytics.nn.modules.conv.Conv.forward", "5eed1f9d8f3e5a46",
            "yolofeed.train.graphed.FusedConv.forward",
            why="act(bn(conv(x))): FusedConv runs bn and act (a BatchNorm2d and a SiLU) as one op while a graph is "
