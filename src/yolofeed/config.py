@@ -123,9 +123,9 @@ class TrainConfig:
                                "(the same loss); False: Ultralytics' loss")
     fast_musgd: bool = key(True, "step the MuSGD Ultralytics builds as one CUDA graph (the same update); False: "
                            "Ultralytics' MuSGD")
-    graphed_step: bool = key(False, "on one CUDA GPU, replay the model's forward and backward as CUDA graphs, batch "
-                             "norm and SiLU fused (the loss eager); experimental: not yet held to the eager step "
-                             "on a GPU; False: eager, as Ultralytics")
+    graphed_step: bool = key(True, "on one CUDA GPU with Triton, replay the model's forward and backward as CUDA "
+                             "graphs at the full batch's shape, batch norm and SiLU fused (the loss eager); False: "
+                             "eager, as Ultralytics")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
     monitor: bool = key(False, "live step breakdown, GPU/CPU load, low-utilisation alert, Prometheus, TensorBoard; "
                         "prometheus_port= or an alert_*/summary_seconds key turns it on too")
@@ -188,7 +188,7 @@ class BenchConfig(MeasuredRunConfig):
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)
     sync_free_loss: bool = redefault(TrainConfig, "sync_free_loss", True)
     fast_musgd: bool = redefault(TrainConfig, "fast_musgd", True)
-    graphed_step: bool = redefault(TrainConfig, "graphed_step", False)
+    graphed_step: bool = redefault(TrainConfig, "graphed_step", True)
     out: str = key("runs/bench", "folder for bench.json, bench.png and each mode's Ultralytics run folder "
                    "(runs/<mode>: args.yaml, TensorBoard events if enabled; no weights)")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")

@@ -6,9 +6,8 @@ faster then makes the step no faster: the fused batch norm + SiLU (kernels/bn_si
 host time. Replayed as a graph, the model's forward and its backward cost the host one launch each, so the GPU's
 savings reach the step.
 
-``install(trainer)`` (at ``on_train_start``, after the EMA copied the model, with ``graphed_step=True``; off by
-default until the GPU test that holds the graphed steps to the eager ones passes) does two things to the training
-model:
+``install(trainer)`` (at ``on_train_start``, after the EMA copied the model, with ``graphed_step``, the default) does
+two things to the training model:
 
 * every Ultralytics ``Conv`` whose batch norm and activation are plain ``BatchNorm2d`` and ``SiLU`` becomes a
   ``FusedConv``: while a graph is being captured its batch norm and SiLU run as the one Triton op; otherwise (an eager

@@ -99,14 +99,14 @@ class SyncFreeStep:
     ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss.py) instead of
     syncing for them; ``False`` keeps Ultralytics' loss as it is. ``fast_musgd`` steps the MuSGD Ultralytics builds
     (``optimizer=MuSGD``, or ``auto`` past 10,000 iterations) as one CUDA graph (train/musgd.py); ``False`` keeps
-    Ultralytics' own. ``graphed_step=True`` replays the model's forward and backward as CUDA graphs with batch norm
-    and SiLU fused (train/graphed.py); off by default until its GPU test holds it to the eager step.
+    Ultralytics' own. ``graphed_step`` replays the model's forward and backward as CUDA graphs with batch norm and
+    SiLU fused (train/graphed.py); ``False`` keeps them eager, as Ultralytics'.
     """
 
     sync_free_step: bool = True
     sync_free_loss: bool = True
     fast_musgd: bool = True
-    graphed_step: bool = False
+    graphed_step: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
