@@ -187,6 +187,10 @@ SECTIONS = {s.name: s for s in (
         "-p no:cacheprovider --tb=short 2>&1 | tail -25 | tee $OUT/gpu_tests_graphed.txt",
         "timeout 120 python3 -m tools.step_levers model=yolo11n.yaml levers=graphed,graphed_unfused out=$OUT/levers_g",
         "timeout 100 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed out=$OUT/levers_g")),
+    Section("graphed-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
+        "PARTS=tests,ab bash tools/device/graphed_bench.sh",)),
+    Section("graphed-musgd-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
+        "PARTS=musgd,26n bash tools/device/graphed_bench.sh",)),
     Section("parity-pose", "Pose", "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=pose MODEL11=yolo11n-pose.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
