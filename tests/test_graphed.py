@@ -94,14 +94,15 @@ def test_swapped_model_without_a_graph_predicts_as_ultralytics():
 
 
 def _trainer(**kw):
-    args = SimpleNamespace(nbs=64)
+    args = kw.pop("args", SimpleNamespace(nbs=64, multi_scale=0.0))
     return SimpleNamespace(device=torch.device(kw.pop("device", "cuda")), world_size=kw.pop("world_size", 1),
                            model=kw.pop("model", None), accumulate=kw.pop("accumulate", 1), batch_size=16,
                            args=args, **kw)
 
 
 @pytest.mark.parametrize("kw, why", [({"device": "cpu"}, "not on CUDA"), ({"world_size": 2}, "DDP"),
-                                     ({"accumulate": 4}, "accumulate over 4 batches")])
+                                     ({"accumulate": 4}, "accumulate over 4 batches"),
+                                     ({"args": SimpleNamespace(nbs=64, multi_scale=0.5)}, "multi_scale=0.5")])
 def test_where_the_graph_cannot_serve_the_step_stays_eager_with_one_line(kw, why, caplog, monkeypatch):
     monkeypatch.setattr("yolofeed.ultralytics_seam.compiled", lambda t: False)
     model = _model()

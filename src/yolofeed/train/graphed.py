@@ -27,7 +27,8 @@ optimiser must drop the gradients between steps (``zero_grad(set_to_none=True)``
 them in place, or the next replay's gradient would be added to itself.
 
 Where the graph cannot serve, the step stays eager and one line says why: another process group (DDP), a compiled
-model, gradient accumulation (the graph's gradient buffers are reused by every replay), no Triton, and a capture that
+model, ``multi_scale`` (a size a batch), gradient accumulation (the graph's gradient buffers are reused by every
+replay), no Triton, and a capture that
 fails or runs out of memory (the model is restored and the capture is not tried again).
 """
 
@@ -197,6 +198,9 @@ def why_not(trainer: Any) -> str | None:
         return "DDP: each rank's backward feeds its gradient all-reduce"
     if seam.compiled(trainer):
         return "compile=True: the model is already compiled"
+    if (getattr(trainer.args, "multi_scale", 0) or 0) > 0:
+        return (f"multi_scale={trainer.args.multi_scale}: each batch takes its own image size, and a graph replays "
+                "one")
     if getattr(trainer, "accumulate", 1) != 1:
         return (f"gradients accumulate over {trainer.accumulate} batches (batch {trainer.batch_size} < nbs "
                 f"{trainer.args.nbs}), and a graph's gradient buffers are reused by every replay")
