@@ -46,8 +46,8 @@ def xyxyxyxy2xywhr(points: Tensor) -> Tensor:
         ``cx, cy, w, h, theta`` in the dtype and on the device of ``points``.
 
     Shape:
-        points (N, P, 2) or (N, 2P), P >= 1. Returns (N, 5). About four (N, P, P) temporaries live at once:
-        0.4 GB at N = 2000, P = 100 in float32 (0.7 GB in float64).
+        points (N, P, 2) or (N, 2P), P >= 1. Returns (N, 5). About four (rows, P, P) temporaries live at once,
+        rows in chunks of at most ``CHUNK`` / P² (64 MB in float32).
     """
     if points.ndim == 2 and points.shape[-1] % 2 == 0:
         points = points.reshape(points.shape[0], -1, 2)
@@ -55,6 +55,19 @@ def xyxyxyxy2xywhr(points: Tensor) -> Tensor:
         raise ValueError(f"xyxyxyxy2xywhr: expected points of shape (N, P, 2) or (N, 2P) with P >= 1, "
                          f"got {tuple(points.shape)}")
     p = points.to(torch.float64 if points.dtype == torch.float64 else torch.float32)
+    rows = max(1, CHUNK // points.shape[1] ** 2)
+    if len(p) <= rows:
+        return _rects(p).to(points.dtype)
+    # Chunks of rows bound the (rows, P, P) temporaries (an image of DOTA's holds hundreds of boxes): one more
+    # set of launches a chunk, the chunks' count known from the shape on the host.
+    return torch.cat([_rects(c) for c in p.split(rows)]).to(points.dtype)
+
+
+CHUNK = 1 << 22  # rows x P x P elements a chunk: about 64 MB of float32 temporaries (four live at once)
+
+
+def _rects(p: Tensor) -> Tensor:
+    """``xyxyxyxy2xywhr`` of (N, P, 2) float32 or float64 points, in their dtype."""
     centroid = p.mean(1, keepdim=True)  # inside the hull, so inside every vertex's cone
     q = p - centroid  # small coordinates: the projections below lose less to rounding
 
@@ -101,4 +114,4 @@ def xyxyxyxy2xywhr(points: Tensor) -> Tensor:
     theta = torch.where(theta >= 3 * math.pi / 4, theta - math.pi, theta)  # [0, pi) -> [-pi/4, 3pi/4)
     theta = theta.clamp_min(-math.pi / 4)  # the subtraction may round an ulp below
     w, h = torch.maximum(wa, wb), torch.minimum(wa, wb)
-    return torch.stack([cx, cy, w, h, theta], -1).to(points.dtype)
+    return torch.stack([cx, cy, w, h, theta], -1)
