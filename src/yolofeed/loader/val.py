@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from yolofeed.augment.geometry.rboxes import xyxyxyxy2xywhr
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.loader.dataset import PackDataset
 from yolofeed.loader.labels import LabelView
@@ -99,10 +100,16 @@ class ValLoader:
         if src.keypoints is not None:  # pose: the points move as the boxes do (Instances: denormalize, + pad)
             xy = (src.keypoints[..., :2] * wh[:, :, None] + pad[:, :, None]) / torch.tensor([W, H], device=img.device)
             extra["keypoints"] = torch.cat([xy, src.keypoints[..., 2:]], -1)[v]
+        if src.corners is not None:  # OBB: Format(return_obb) takes the minimum-area rectangle of the moved corners
+            # Ultralytics resamples the 4 corners to 100 points on their edges first; unclipped, the hull and so the
+            # rectangle are the 4 corners' (the 100 would cost 625x the work)
+            rboxes = xyxyxyxy2xywhr((src.corners * wh[:, :, None] + pad[:, :, None])[v])  # (N, 4, 2) pixels
+            extra["bboxes"] = torch.cat([rboxes[:, :4] / torch.tensor([W, H, W, H], device=img.device),
+                                         rboxes[:, 4:]], -1)
         ori = self.pack.ori_shapes[b.indices]
         res = self.pack.shapes[b.indices]
         offs = off.tolist()  # validation only, once per batch: the validator needs these on the host anyway
-        return {"img": img, "cls": src.cls[v][:, None], "bboxes": xywh[v], "batch_idx": bidx[v],
+        return {"img": img, "cls": src.cls[v][:, None], "bboxes": xywh[v], "batch_idx": bidx[v],  # OBB: in extra
                 "im_file": b.im_file,
                 "ori_shape": [tuple(int(x) for x in s) for s in ori],
                 "resized_shape": [tuple(shape) for _ in range(len(ori))],
