@@ -62,6 +62,7 @@ class _Constants:
     imgsz: Tensor  # (2,) h, w in pixels, the predictions' dtype
     scale: Tensor  # (4,) w, h, w, h: the padding's scale
     centers: list[tuple[Tensor, Tensor]]  # per level: (w,) x and (h,) y anchor centres in pixels, float32, sorted
+    hw: tuple[float, float]  # imgsz on the host, float(imgsz[0]), float(imgsz[1]): the OBB loss's tiny-box filter
 
 
 MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
@@ -178,15 +179,14 @@ class SyncFreeBboxLoss(BboxLoss):
         return loss_iou, loss_dfl
 
 
-class SyncFreeDetectionLoss(v8DetectionLoss):
-    """``v8DetectionLoss`` that reads ``max_boxes`` and ``tal_candidates`` from the batch when it has them.
-
-    Installed by swapping classes in place (``install``): the criterion's state (hyperparameters, the
-    E2E schedule around it) stays Ultralytics'.
+class SyncFreeLoss:
+    """What the sync-free losses share (a base before Ultralytics' loss class): the constants Ultralytics recomputes
+    with syncs every call, cached per feature-map shape, and those of the last call (the next batch's counts use them).
     """
 
     def _constants(self, feats: list[Tensor], dtype: torch.dtype) -> _Constants:
-        """Anchors, stride per anchor, imgsz and its (w, h, w, h) scale for these feature maps: made once."""
+        """Anchors, stride per anchor, imgsz and its (w, h, w, h) scale for these feature maps: made once (with
+        syncs: make_anchors', and imgsz read to the host)."""
         cache = self.__dict__.setdefault("_yf_constants", {})
         shapes = tuple(tuple(f.shape[2:]) for f in feats)
         key = (shapes, feats[0].dtype, dtype, feats[0].device)
@@ -199,9 +199,23 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
                 level = xy[off:off + h * w].float()
                 centers.append((level[:w, 0].contiguous(), level[::w, 1].contiguous()))
                 off += h * w
-            cache[key] = _Constants(anchor_points, stride_tensor, imgsz, imgsz[[1, 0, 1, 0]], centers)
+            cache[key] = _Constants(anchor_points, stride_tensor, imgsz, imgsz[[1, 0, 1, 0]], centers,
+                                    tuple(imgsz.tolist()))
             self.__dict__["_yf_last"] = key
         return cache[key]
+
+    def last_constants(self) -> _Constants | None:
+        """The constants of the last loss call (None before the first): the next batch's, unless its size changes."""
+        key = self.__dict__.get("_yf_last")
+        return None if key is None else self.__dict__["_yf_constants"][key]
+
+
+class SyncFreeDetectionLoss(SyncFreeLoss, v8DetectionLoss):
+    """``v8DetectionLoss`` that reads ``max_boxes`` and ``tal_candidates`` from the batch when it has them.
+
+    Installed by swapping classes in place (``install``): the criterion's state (hyperparameters, the
+    E2E schedule around it) stays Ultralytics'.
+    """
 
     def _pad(self, targets: Tensor, batch_size: int, n: int, scale_tensor: Tensor) -> Tensor:
         """Ultralytics' ``preprocess`` with the most boxes in one image given: the same tensor, no sync."""
@@ -217,6 +231,14 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
         out[batch_idx, within_idx] = targets[:, 1:]  # a count too small: an index error, never a silent drop
         out[..., 1:5] = xywh2xyxy(out[..., 1:5].mul_(scale_tensor))
         return out
+
+    def padded_gt(self, batch: dict[str, Tensor], n: int) -> Tensor | None:
+        """This loss's padded pixel boxes for an Ultralytics batch, (B, n, 4) xyxy (None before the first call)."""
+        c = self.last_constants()
+        if c is None:
+            return None
+        targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
+        return self._pad(targets.to(self.device), len(batch["img"]), n, c.scale)[..., 1:5]
 
     def get_assigned_targets_and_loss(self, preds: dict[str, Tensor], batch: dict[str, Any], **assign_kwargs):
         """Ultralytics 8.4.190's code with the counts from the batch (see the module docstring); older releases of
@@ -268,11 +290,6 @@ class SyncFreeDetectionLoss(v8DetectionLoss):
         loss[2] *= self.hyp.dfl
         return ((fg_mask, target_gt_idx, target_bboxes, anchor_points, stride_tensor), loss,
                 dict(zip(self.loss_names, loss.detach())))
-
-    def last_constants(self) -> _Constants | None:
-        """The constants of the last loss call (None before the first): the next batch's, unless its size changes."""
-        key = self.__dict__.get("_yf_last")
-        return None if key is None else self.__dict__["_yf_constants"][key]
 
     def early_candidates(self, gt_xyxy: Tensor) -> Tensor | None:
         """The count ``get_box_metrics`` will gather for these boxes, on the device (no sync); None before the
@@ -409,7 +426,7 @@ def detection_losses(model: torch.nn.Module) -> list[v8DetectionLoss]:
             if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss, seam.v8PoseLoss, SyncFreePoseLoss)]
 
 
-def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
+def install(model: torch.nn.Module) -> list[SyncFreeLoss]:
     """Swap the model's plain detection losses (and their assigner and box loss) to the sync-free classes.
 
     Creates the criterion as Ultralytics would if the model has none yet. A pose loss (``v8PoseLoss``, from the
@@ -428,18 +445,15 @@ def install(model: torch.nn.Module) -> list[SyncFreeDetectionLoss]:
                 seam.swap_class(loss, seam.v8PoseLoss, SyncFreePoseLoss)
             seam.swap_class(loss.assigner, TaskAlignedAssigner, SyncFreeAssigner)
             seam.swap_class(loss.bbox_loss, BboxLoss, SyncFreeBboxLoss)
-        if isinstance(loss, SyncFreeDetectionLoss):
+        if isinstance(loss, SyncFreeLoss):
             out.append(loss)
     return out
 
 
-def padded_gt_from_ultralytics(batch: dict[str, Tensor], n: int, loss: SyncFreeDetectionLoss) -> Tensor | None:
-    """The loss's padded pixel boxes for an Ultralytics batch (the ceiling's replayed batches)."""
-    c = loss.last_constants()
-    if c is None:
-        return None
-    targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
-    return loss._pad(targets.to(loss.device), len(batch["img"]), n, c.scale)[..., 1:5]
+def padded_gt_from_ultralytics(batch: dict[str, Tensor], n: int, loss: SyncFreeLoss) -> Tensor | None:
+    """The loss's padded pixel boxes for an Ultralytics batch (the ceiling's replayed batches), as its
+    ``early_candidates`` takes them; None before the first loss call."""
+    return loss.padded_gt(batch, n)
 
 
 def padded_gt_from_augmented(boxes: Tensor, valid: Tensor, size: int, loss: SyncFreeDetectionLoss) -> Tensor | None:

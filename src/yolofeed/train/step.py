@@ -147,12 +147,11 @@ def _install_host_items(trainer: Any) -> None:
                                                         else criterion))
 
 
-def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeDetectionLoss | None:
-    """The first sync-free detection loss of the trainer's model, if counts for it make sense now."""
+def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeLoss | None:
+    """The first sync-free loss of the trainer's model, if counts for it make sense now."""
     if not getattr(trainer, "sync_free_loss", False) or getattr(trainer.args, "multi_scale", 0) > 0:
         return None  # multi_scale: the next step's image size, and so its anchors, are not known ahead
-    losses = [x for x in train_loss.detection_losses(trainer.model)
-              if isinstance(x, train_loss.SyncFreeDetectionLoss)]
+    losses = [x for x in train_loss.detection_losses(trainer.model) if isinstance(x, train_loss.SyncFreeLoss)]
     return losses[0] if losses else None
 
 
