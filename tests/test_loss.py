@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -390,3 +391,262 @@ def test_pose_keypoint_decode_is_ultralytics():
     g = torch.Generator().manual_seed(0)
     anchors, kpts = torch.rand(30, 2, generator=g) * 20, torch.randn(2, 30, 5, 3, generator=g)
     assert torch.equal(sfl.SyncFreePoseLoss.kpts_decode(anchors, kpts), seam.v8PoseLoss.kpts_decode(anchors, kpts))
+
+
+# -- OBB -------------------------------------------------------------------------------------------------------------
+OBB_COUNTS = [3, 0, 5, 40, 0, 2]  # boxes per image before the tiny-box filter: two empty images, one crowded
+
+
+def _obb_rows(counts: list[int], size: int, seed: int, tiny: float = 0.2) -> torch.Tensor:
+    """(N, 7) batch index, class, normalised xywhr, sorted by image as Ultralytics collates them: about ``tiny`` of the
+    boxes with a side under 2 px (the loss's filter drops them), a third axis-aligned (theta 0, edges on pixels)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i, c in enumerate(counts):
+        xy = size * (0.15 + 0.7 * torch.rand(c, 2, generator=g))
+        wh = size * (0.03 + 0.4 * torch.rand(c, 2, generator=g))
+        side = torch.randint(0, 2, (c,), generator=g)
+        small = torch.rand(c, generator=g) < tiny
+        wh[small, side[small]] = 1.0 + torch.rand(int(small.sum()), generator=g)  # 1-2 px: dropped
+        theta = torch.rand(c, 1, generator=g) * math.pi - math.pi / 4  # [-pi/4, 3pi/4), xyxyxyxy2xywhr's range
+        straight = torch.rand(c, generator=g) < 1 / 3
+        theta[straight] = 0.0
+        xy[straight], wh[straight & ~small] = xy[straight].round(), wh[straight & ~small].round()
+        cls = torch.randint(0, 4, (c, 1), generator=g).float()
+        rows.append(torch.cat([torch.full((c, 1), float(i)), cls, xy / size, wh / size, theta], 1))
+    return torch.cat(rows)
+
+
+def _obb_batch(counts: list[int], size: int = 64, seed: int = 0, tiny: float = 0.2) -> dict:
+    rows = _obb_rows(counts, size, seed, tiny)
+    g = torch.Generator().manual_seed(seed)
+    return {"img": torch.rand(len(counts), 3, size, size, generator=g), "batch_idx": rows[:, 0], "cls": rows[:, 1:2],
+            "bboxes": rows[:, 2:]}
+
+
+def _slots(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's boxes in per-image slots, as an augmented batch holds them: (B, K, 5) normalised xywhr, valid
+    (B, K), a hole before each image's boxes (slots need not be packed first)."""
+    idx = batch["batch_idx"].long()
+    counts = torch.bincount(idx, minlength=len(batch["img"]))
+    k = int(counts.max()) + 1
+    within = torch.arange(len(idx)) - (counts.cumsum(0) - counts)[idx] + 1
+    rboxes = torch.zeros(len(counts), k, 5)
+    valid = torch.zeros(len(counts), k, dtype=torch.bool)
+    rboxes[idx, within], valid[idx, within] = batch["bboxes"], True
+    return rboxes, valid
+
+
+def _obb_model(yaml: str) -> torch.nn.Module:
+    from ultralytics.nn.tasks import OBBModel
+
+    m = OBBModel(yaml, nc=4, verbose=False).train()
+    m.args = get_cfg()
+    return m
+
+
+def _leaves(preds):
+    """The head's outputs as leaves of their own: the gradients the loss gives the predictions."""
+    if isinstance(preds, dict):
+        return {k: _leaves(v) for k, v in preds.items()}
+    if isinstance(preds, list):
+        return [_leaves(v) for v in preds]
+    return preds.detach().clone().requires_grad_(True)
+
+
+def _predictions(preds) -> list[torch.Tensor]:
+    """Every prediction tensor the loss differentiates (``feats`` give it only shapes)."""
+    if isinstance(preds, dict):
+        return [x for k in sorted(preds) if k != "feats" for x in _predictions(preds[k])]
+    return [preds]
+
+
+def _trainer(model):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(sync_free_loss=True, args=SimpleNamespace(multi_scale=0), model=model)
+
+
+@pytest.mark.parametrize("yaml", ["yolo11n-obb.yaml", "yolo26n-obb.yaml"])  # DFL; reg_max 1 and E2E (two losses)
+@pytest.mark.parametrize("counts,tiny", [(OBB_COUNTS, 0.2), ([2, 0, 3], 1.0)])  # the second: every box dropped
+def test_the_obb_loss_and_its_gradients_equal_ultralytics(yaml, counts, tiny):
+    """SyncFreeOBBLoss against v8OBBLoss at random weights: the four losses and the gradients w.r.t. every prediction,
+    to float32 rounding of longer sums; without counts Ultralytics' path bit for bit; the counts from the trainer's
+    route (counts_for_ultralytics_batch), the candidates' equal to those Ultralytics' rotated assigner gathers; a
+    wrong one caught by check_counts, then ignored."""
+    from yolofeed.train.step import counts_for_ultralytics_batch
+
+    torch.manual_seed(0)
+    model = _obb_model(yaml)
+    b = _obb_batch(counts, seed=1, tiny=tiny)
+    w, h = b["bboxes"][:, 2] * 64, b["bboxes"][:, 3] * 64
+    dropped = int(((w < 2) | (h < 2)).sum())
+    assert dropped > 0 and (dropped == len(w) if tiny == 1.0 else dropped < len(w))
+    preds = _leaves(model(b["img"]))
+
+    def run(batch):
+        loss, items = model.loss(batch, preds)
+        return loss.detach().clone(), torch.autograd.grad(loss.sum(), _predictions(preds)), items
+
+    want = run(b)  # the criterion Ultralytics made, untouched
+    stock = model.criterion
+    trainer = _trainer(model)
+    assert counts_for_ultralytics_batch(trainer, b) is None  # no sync-free loss yet
+    swapped = sfl.install(model)
+    assert model.criterion is stock and sfl.install(model) == swapped
+    assert [type(x) for x in swapped] == [sfl.SyncFreeOBBLoss] * (1 if yaml.startswith("yolo11") else 2)
+    assert all(type(x.assigner) is sfl.SyncFreeRotatedAssigner and type(x.bbox_loss) is sfl.SyncFreeRotatedBboxLoss
+               for x in swapped)
+    got = run(b)  # no counts: Ultralytics' own path, bit for bit
+    assert torch.equal(got[0], want[0]) and all(torch.equal(x, y) for x, y in zip(got[1], want[1]))
+
+    def close(got):
+        torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+        assert got[2].keys() == want[2].keys()
+        for x, y in zip(got[1], want[1]):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-9)
+
+    first = counts_for_ultralytics_batch(trainer, b)  # before the anchors: the most boxes only
+    assert first == {sfl.MAX_BOXES: max(counts)}
+    close(run({**b, **first}))  # the assigner measures its candidates; the rest without syncs
+    both = counts_for_ultralytics_batch(trainer, b)
+    assert set(both) == {sfl.MAX_BOXES, sfl.CANDIDATES}
+    seen = _stock_candidates(model, b, preds)  # none where every box is dropped: Ultralytics' assigner returns early
+    assert seen == ([both[sfl.CANDIDATES]] * len(swapped) if tiny < 1 else [])
+    assert tiny < 1 or both[sfl.CANDIDATES] == 0
+    rboxes, valid = _slots(b)  # the augmented route: the same boxes in slots, holes and dropped boxes as zeros
+    assert int(sfl.early_rbox_candidates_for(swapped[0], rboxes, valid)) == both[sfl.CANDIDATES]
+    assert sfl.early_candidates_for(swapped[0], _augmented(COUNTS)) is None  # an AugmentedBatch has no rboxes yet
+    close(run({**b, **both}))
+    assert all(x.assigner.candidates is None and x.bbox_loss.bound is None for x in swapped)  # nothing left over
+    assert sfl.check_counts(model)
+    run({**b, **both, sfl.CANDIDATES: both[sfl.CANDIDATES] + 1})  # a wrong count: caught at the check
+    assert not sfl.check_counts(model)
+    got = run({**b, **both, sfl.CANDIDATES: both[sfl.CANDIDATES] + 1})  # then ignored
+    assert torch.equal(got[0], want[0])
+
+
+def test_padded_rboxes_are_ultralytics_filtered_rows_then_zeros():
+    """The padding keeps every row: the boxes the tiny-box filter keeps, in order, then zeros, as Ultralytics'
+    preprocess of the filtered rows (whose width is the most kept boxes in one image), zero columns after."""
+    model = _obb_model("yolo11n-obb.yaml")
+    (loss,) = sfl.install(model)
+    b = _obb_batch(OBB_COUNTS, seed=3)
+    model.loss({**b, sfl.MAX_BOXES: max(OBB_COUNTS)}, model(b["img"]))  # caches the constants
+    c = loss.last_constants()
+    targets = torch.cat([b["batch_idx"][:, None], b["cls"], b["bboxes"]], 1)
+    rw, rh = targets[:, 4] * float(c.imgsz[1]), targets[:, 5] * float(c.imgsz[0])
+    kept = targets[(rw >= 2) & (rh >= 2)]
+    want = seam.v8OBBLoss.preprocess(loss, kept, len(OBB_COUNTS), scale_tensor=c.imgsz[[1, 0, 1, 0]])
+    got = loss._pad_rboxes(targets, len(OBB_COUNTS), max(OBB_COUNTS), c)
+    assert want.shape[1] < got.shape[1] == max(OBB_COUNTS)
+    assert torch.equal(got[:, :want.shape[1]], want) and not got[:, want.shape[1]:].any()
+    with pytest.raises(IndexError):  # a count too small is an error, never a silent drop
+        loss._pad_rboxes(targets, len(OBB_COUNTS), want.shape[1] - 1, c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # float16: the anchors under AMP
+@pytest.mark.parametrize("hw", [(128, 128), (96, 160)])  # square, and a rect batch's shape
+def test_counted_rotated_candidates_equal_the_assigners_mask(dtype, hw):
+    """The row-by-row count (a binary search per comparison) equals Ultralytics' rotated candidate mask summed, for
+    axis-aligned boxes whose edges lie on anchor centres or a hair off, boxes a hair off axis, thin boxes along a row,
+    any angle, sides under stride_val (raised), boxes off the image, padding rows; our copy of the test equals
+    Ultralytics' bit for bit."""
+    from ultralytics.utils.tal import RotatedTaskAlignedAssigner
+
+    model = _obb_model("yolo11n-obb.yaml")
+    (loss,) = sfl.install(model)
+    feats = [torch.empty(1, 1, hw[0] // s, hw[1] // s, dtype=dtype) for s in (8, 16, 32)]
+    c = loss._constants(feats, dtype)
+    centers = c.anchor_points * c.stride_tensor
+    stock = RotatedTaskAlignedAssigner.select_candidates_in_gts
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        b, k = 3, 12
+        on = 4.0 + 8.0 * torch.randint(0, 20, (b, k, 4), generator=g).float()  # edges on stride-8 centres
+        x0, x1 = torch.minimum(on[..., 0], on[..., 2]), torch.maximum(on[..., 0], on[..., 2]) + 8
+        y0, y1 = torch.minimum(on[..., 1], on[..., 3]), torch.maximum(on[..., 1], on[..., 3]) + 8
+        xywh = torch.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], -1)
+        xywh = xywh + torch.randint(-1, 2, (b, k, 4), generator=g) * 1e-3 * (torch.rand(b, k, 1, generator=g) < 0.3)
+        pick = torch.rand(b, k, generator=g)
+        theta = torch.where(pick < 0.3, 0.0, torch.where(pick < 0.45, math.pi / 2, torch.rand(b, k, generator=g) *
+                                                          math.pi - math.pi / 4))
+        theta = torch.where((pick > 0.45) & (pick < 0.6), torch.randn(b, k, generator=g) * 1e-5, theta)  # a hair off
+        gt = torch.cat([xywh, theta[..., None]], -1)
+        thin = torch.rand(b, k, generator=g) < 0.1  # on a row of centres, raised to stride_val: edges on rows
+        gt[thin] = torch.tensor([hw[1] / 2, 12.0, hw[1] * 0.8, 1e-3, 0.0])
+        small = torch.rand(b, k, 1, generator=g) < 0.2
+        gt[..., 2:4] = torch.where(small, gt[..., 2:4].clamp(max=5.0), gt[..., 2:4])  # under stride_val: raised
+        off = torch.rand(b, k, 1, generator=g) < 0.1
+        gt[..., :2] = torch.where(off, gt[..., :2] - 0.8 * max(hw), gt[..., :2])  # mostly off the image
+        gt[torch.rand(b, k, generator=g) < 0.2] = 0.0  # padding rows
+        mask_gt = gt.sum(2, keepdim=True).gt_(0.0)
+        theirs = stock(loss.assigner, centers, gt.clone(), mask_gt)
+        assert torch.equal(loss.assigner.select_candidates_in_gts(centers, gt.clone(), mask_gt), theirs), trial
+        assert int(loss.early_candidates(gt)) == int((theirs * mask_gt).bool().sum()), trial
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rotated_padded_rows_never_make_a_gradient_non_finite(dtype):
+    """A background anchor's box or angle that is not finite is not Ultralytics' business (it never reads it); read
+    by a padded row, or by the angle loss over every anchor, it must not reach the gradients. They equal
+    Ultralytics'."""
+    from ultralytics.utils.loss import RotatedBboxLoss
+
+    g = torch.Generator().manual_seed(0)
+    b, a = 2, 50
+    boxes = torch.cat([torch.rand(b, a, 2, generator=g) * 20, 1 + torch.rand(b, a, 2, generator=g) * 5,
+                       torch.rand(b, a, 1, generator=g)], -1)
+    boxes[1, 3, 2:4] = float("inf")  # on image 1, which has no foreground
+    boxes[1, 4, 4] = float("nan")
+    target = torch.cat([torch.rand(b, a, 2, generator=g) * 20, 1 + torch.rand(b, a, 2, generator=g) * 5,
+                        torch.rand(b, a, 1, generator=g)], -1)
+    scores = torch.rand(b, a, 8, generator=g)
+    fg = torch.zeros(b, a, dtype=torch.bool)
+    fg[0, :7] = True
+    scores = scores * fg[..., None]  # as the assigner leaves them: zero off the foreground
+    anchors, stride = torch.rand(a, 2, generator=g) * 20, torch.full((a, 1), 8.0)
+    tss = scores.sum()
+    dist0 = torch.randn(b, a, 64, generator=g)
+    grads = []
+    for ours in (True, False):
+        loss = RotatedBboxLoss(16)
+        if ours:
+            loss.__class__, loss.bound = sfl.SyncFreeRotatedBboxLoss, b * a  # every anchor a row: padding on image 1
+        pred, dist = boxes.to(dtype).requires_grad_(True), dist0.to(dtype).requires_grad_(True)
+        iou, dfl = loss(dist, pred, anchors, target, scores, tss, fg, torch.tensor([320.0, 320.0]), stride)
+        if ours:
+            angle = sfl.SyncFreeOBBLoss._angle_loss(pred, target, fg, scores, tss)
+        else:
+            angle = seam.v8OBBLoss.calculate_angle_loss(None, pred, target, fg, scores[fg].sum(-1), tss)
+        (iou + dfl + angle).backward()
+        grads.append((pred.grad, dist.grad, iou.detach(), dfl.detach(), angle.detach()))
+    ours, theirs = grads
+    assert all(x.isfinite().all() for x in ours[:2])
+    for x, y in zip(ours, theirs):
+        torch.testing.assert_close(x.float(), y.float(), rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("yaml", ["yolo11n-obb.yaml", "yolo26n-obb.yaml"])
+def test_cuda_obb_loss_with_counts_makes_no_host_sync(yaml):
+    from yolofeed.train.step import counts_for_ultralytics_batch
+
+    model = _obb_model(yaml).cuda()
+    b = _obb_batch(OBB_COUNTS, seed=3)
+    rboxes, valid = (t.cuda() for t in _slots(b))
+    b = {k: v.cuda() for k, v in b.items()}
+    (first, *_) = sfl.install(model)
+    with torch.autocast("cuda"):
+        preds = model(b["img"])
+        want = model.loss(b, preds)[0]
+        model.loss({**b, sfl.MAX_BOXES: max(OBB_COUNTS)}, preds)  # caches the anchors (and syncs, once)
+        counts = counts_for_ultralytics_batch(_trainer(model), b)
+        assert set(counts) == {sfl.MAX_BOXES, sfl.CANDIDATES}
+        with no_host_sync():
+            early = sfl.early_rbox_candidates_for(first, rboxes, valid)
+            got = model.loss({**b, **counts}, preds)[0]
+            got.sum().backward()
+    assert int(early) == counts[sfl.CANDIDATES]
+    assert sfl.check_counts(model)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

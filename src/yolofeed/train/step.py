@@ -148,7 +148,8 @@ def _install_host_items(trainer: Any) -> None:
 
 
 def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeLoss | None:
-    """The first sync-free loss of the trainer's model, if counts for it make sense now."""
+    """The first sync-free loss (detection, pose or OBB) of the trainer's model, if counts for it make sense now:
+    YOLO26's two losses gather the same candidates (the same boxes, anchors and stride_val)."""
     if not getattr(trainer, "sync_free_loss", False) or getattr(trainer.args, "multi_scale", 0) > 0:
         return None  # multi_scale: the next step's image size, and so its anchors, are not known ahead
     losses = [x for x in train_loss.detection_losses(trainer.model) if isinstance(x, train_loss.SyncFreeLoss)]
@@ -165,7 +166,8 @@ def counts_for_ultralytics_batch(trainer: Any, batch: dict) -> dict[str, int] | 
     """The loss's counts for an Ultralytics batch, read on the host (syncs: for batches used many times).
 
     Before the loss has made its anchors only ``max_boxes``: a loss call given it makes them (the candidates'
-    count needs them), so the next call for the batch can say both.
+    count needs them), so the next call for the batch can say both. For OBB ``max_boxes`` counts the boxes before
+    the loss's tiny-box filter (the padding's bound), and the candidates those it keeps.
     """
     loss = _sync_free_loss(trainer)
     if loss is None or batch["batch_idx"].numel() == 0:

@@ -140,17 +140,30 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         E2EDetectLoss,
         E2ELoss,
         KeypointLoss,
+        RotatedBboxLoss,
         v8DetectionLoss,
+        v8OBBLoss,
         v8PoseLoss,
     )
-    from ultralytics.utils.metrics import bbox_iou  # train.loss: the box loss's CIoU
-    from ultralytics.utils.ops import segments2boxes, xywh2xyxy, xyxy2xywh  # pack.verify, train.loss: box formats
+    from ultralytics.utils.metrics import bbox_iou, probiou  # train.loss: the box losses' CIoU and ProbIoU
+    from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats
+        segments2boxes,
+        xywh2xyxy,
+        xywhr2xyxyxyxy,
+        xyxy2xywh,
+    )
 
     # pack.verify: Pillow's opener, without the pi-heif auto-install Ultralytics' patched Image.open does (nothing
     # may install or download at run time)
     from ultralytics.utils.patches import _image_open as pil_open
     from ultralytics.utils.patches import imread  # pack.verify: the decoder Ultralytics' datasets use
-    from ultralytics.utils.tal import TaskAlignedAssigner, bbox2dist, make_anchors  # train.loss
+    from ultralytics.utils.tal import (  # train.loss
+        RotatedTaskAlignedAssigner,
+        TaskAlignedAssigner,
+        bbox2dist,
+        make_anchors,
+        rbox2dist,
+    )
     from ultralytics.utils.torch_utils import (  # train: devices, DDP rank 0 first, the model inside DDP/compile
         EarlyStopping,  # train.trainer: whether early stopping may stop the run (may_stop)
         get_flops,  # measure.profile: a model's forward GFLOPs, as Ultralytics' model summary counts them
@@ -178,6 +191,7 @@ LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "check_task", "POSE_SINCE", "Conv", "v8PoseLoss",
+    "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
@@ -228,6 +242,14 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (TaskAlignedAssigner, "pair_overlaps" if since("8.4.180") else "iou_calculation",
      "the sync-free assigner calls it (seam.pair_overlaps)"),
     (BboxLoss, "forward", "the sync-free box loss overrides it (COPIED)"),
+    (v8OBBLoss, "loss", "the sync-free OBB loss overrides it (COPIED)"),
+    (v8OBBLoss, "preprocess", "the sync-free OBB loss copies it (COPIED)"),
+    (v8OBBLoss, "calculate_angle_loss", "the sync-free OBB loss copies it (COPIED)"),
+    (v8OBBLoss, "bbox_decode", "the sync-free OBB loss calls it"),
+    (RotatedBboxLoss, "forward", "the sync-free rotated box loss overrides it (COPIED)"),
+    (RotatedTaskAlignedAssigner, "select_candidates_in_gts", "the sync-free rotated assigner overrides it (COPIED)"),
+    (RotatedTaskAlignedAssigner, "get_box_metrics", "the sync-free rotated assigner overrides it (as the assigner's)"),
+    (RotatedTaskAlignedAssigner, "iou_calculation", "the sync-free rotated assigner's overlaps call it"),
     (MuSGD, "step", "FastMuSGD copies it (COPIED) and steps instead of it"),
     (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),
     (_data_utils, "verify_image_label", "pack/verify.py copies its label rules (COPIED)"),

@@ -130,6 +130,41 @@ COPIED: tuple[Pinned, ...] = (
                   "indexes with the boolean foreground mask, not its nonzero() indices: the same rows, in the same "
                   "order"),
            )),
+    # OBB (train/loss.py::SyncFreeOBBLoss): the loss, its padding, its angle loss, the rotated box loss and candidates
+    Pinned("ultralytics.utils.loss.v8OBBLoss.loss", "98579daf4366c3bc", "yolofeed.train.loss.SyncFreeOBBLoss.loss",
+           "the anchors and image size cached per feature-map shape; the tiny-box filter a mask; the most boxes per "
+           "image and the candidates' count from the batch; max(sum, 1) by clamp; the box and angle losses without "
+           "the fg_mask.sum() guard (0 without a foreground)",
+           others=(
+               _r("8.4.138", "8.4.161", "cf0c94e010cf15ef",
+                  "the error for a detection dataset (4 box columns) names data=dota8.yaml, where 8.4.162 names "
+                  "coco8.yaml: the copy hands such a batch to Ultralytics' own loss, which raises its own message"),
+           )),
+    Pinned("ultralytics.utils.loss.v8OBBLoss.preprocess", "5fb71e472f623812",
+           "yolofeed.train.loss.SyncFreeOBBLoss._pad_rboxes",
+           "after the tiny-box filter as a mask, with the most boxes per image given (a sync): the rows the filter "
+           "keeps, then zeros",
+           others=(
+               _r("8.4.138", "8.4.182", "09f8c7b0cd5c390b",
+                  "no MPS branch (the padding rounded up to a power of two there): the copy never runs on MPS"),
+           )),
+    Pinned("ultralytics.utils.loss.v8OBBLoss.calculate_angle_loss", "98d6862f269e265d",
+           "yolofeed.train.loss.SyncFreeOBBLoss._angle_loss",
+           "over every anchor, the foreground's terms kept by a mask, where Ultralytics gathers them (boolean "
+           "indexing)"),
+    Pinned("ultralytics.utils.loss.RotatedBboxLoss.forward", "f14d9a4658460b88",
+           "yolofeed.train.loss.SyncFreeRotatedBboxLoss.forward",
+           "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0 on a unit "
+           "box"),
+    Pinned("ultralytics.utils.tal.RotatedTaskAlignedAssigner.select_candidates_in_gts", "18252a314c4e7fcf",
+           "yolofeed.train.loss.SyncFreeRotatedAssigner.select_candidates_in_gts",
+           "stride_val as a Python scalar; SyncFreeOBBLoss.early_candidates repeats its steps (_rbox_edges, then its "
+           "dot products' arithmetic) to count ahead",
+           others=(
+               _r("8.4.138", "8.4.156", "7db79aca2edb78da",
+                  "ap.ab as (ap * ab).sum(-1) of an (ap, ab) pair tensor, not apx * abx + apy * aby: the same products "
+                  "added, the same values (the count ahead holds for both)"),
+           )),
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_labels",
            "the label half only (its image checks are pack.verify's own): Ultralytics' columns, bounds, class range, "
            "segments as boxes, and duplicates by row, or by class and polygon for segments; refusals as one line. "
@@ -187,7 +222,8 @@ RELIED_ON: tuple[Pinned, ...] = (
                   " TESTED"),
            )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_pos_mask", "68acdb6a15a4181d",
-           why="get_box_metrics' candidates are select_candidates_in_gts' mask times mask_gt (early_candidates)",
+           why="get_box_metrics' candidates are select_candidates_in_gts' mask times mask_gt (early_candidates: the "
+               "rotated assigner's too)",
            others=(
                _r("8.4.138", "8.4.179", "a2b0c26006af5a2a",
                   "no **extra for get_box_metrics; the candidates are select_candidates_in_gts' mask times mask_gt as "
@@ -224,6 +260,23 @@ RELIED_ON: tuple[Pinned, ...] = (
                _r("8.4.172", "8.4.182", "d2ad805e752cb30f",
                   "warm-up raises accumulate towards nbs / batch, up to nw excluded (8.4.183: towards the accumulate "
                   "set up): Ultralytics' own schedule, which yolofeed's step runs inside"),
+           )),
+    Pinned("ultralytics.utils.loss.v8OBBLoss.__init__", "96efa731d7399507",
+           why="the assigner a RotatedTaskAlignedAssigner (its stride a list, so stride_val a Python number) and the "
+               "box loss a RotatedBboxLoss: install swaps exactly these",
+           others=(
+               _r("8.4.138", "8.4.163", "67e5c8df297f0ad0", "tal_topk without its type annotation: the same losses"),
+           )),
+    Pinned("ultralytics.utils.loss.v8OBBLoss.bbox_decode", "4a8d051edb75018d",
+           why="SyncFreeOBBLoss.loss calls it: xywhr from the distances and angles, elementwise, no sync"),
+    Pinned("ultralytics.utils.tal.RotatedTaskAlignedAssigner.iou_calculation", "3ff47a8fcd40fb09",
+           why="the rotated candidates' overlaps (ProbIoU), through seam.pair_overlaps as the stock assigner's"),
+    Pinned("ultralytics.nn.tasks.OBBModel.init_criterion", "9679d8c99aa81b8f",
+           why="an OBB model's criterion is a v8OBBLoss, or E2ELoss's two (YOLO26): install swaps each",
+           others=(
+               _r("8.4.138", "8.4.141", "b150e378e35bb6c7",
+                  "E2ELoss when the model is end2end, not when its head has one2one_cv2: the same losses for the "
+                  "yolo11 and yolo26 OBB models"),
            )),
     Pinned("ultralytics.engine.trainer.BaseTrainer._close_dataloader_mosaic", "44a21ac6bb616b47",
            why="FastDetectionTrainer's override must do what it does (mosaic, mixup, cutmix off)"),
@@ -342,6 +395,10 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.utils.tal.TaskAlignedAssigner", "yolofeed.train.loss.SyncFreeAssigner", "train/loss.py::install"),
     ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.SyncFreeBboxLoss", "train/loss.py::install"),
     ("ultralytics.utils.loss.v8PoseLoss", "yolofeed.train.loss.SyncFreePoseLoss", "train/loss.py::install"),
+    ("ultralytics.utils.loss.v8OBBLoss", "yolofeed.train.loss.SyncFreeOBBLoss", "train/loss.py::install"),
+    ("ultralytics.utils.tal.RotatedTaskAlignedAssigner", "yolofeed.train.loss.SyncFreeRotatedAssigner",
+     "train/loss.py::install"),
+    ("ultralytics.utils.loss.RotatedBboxLoss", "yolofeed.train.loss.SyncFreeRotatedBboxLoss", "train/loss.py::install"),
     ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
 )
 
