@@ -261,6 +261,20 @@ RELIED_ON: tuple[Pinned, ...] = (
                   "warm-up raises accumulate towards nbs / batch, up to nw excluded (8.4.183: towards the accumulate "
                   "set up): Ultralytics' own schedule, which yolofeed's step runs inside"),
            )),
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner.select_highest_overlaps", "34d352b758bea330",
+           why="no host sync; the max over boxes keeps the first of equal overlaps, so rows of zeros after an image's "
+               "boxes change no assignment (SyncFreeOBBLoss pads to the most boxes before the tiny-box filter, "
+               "Ultralytics to the most after it)",
+           others=(
+               _r("8.4.138", "8.4.153", "6197bbb330735b7d",
+                  "resolves anchors on several boxes only `if fg_mask.max() > 1`: one host sync a call, the sync-free "
+                  "detection and OBB losses' alike (the one left under these releases); argmax keeps the first of "
+                  "equal overlaps, as in TESTED"),
+               _r("8.4.154", "8.4.156", "a977ac627a606470",
+                  "argmax where TESTED takes max().indices (the first of equal values both), fg_mask as the sum of "
+                  "mask_pos: the same assignment, no sync"),
+               _r("8.4.157", "8.4.177", "2b255dbc155b28bf", "no NPU branch: the same on the CPU and CUDA"),
+           )),
     Pinned("ultralytics.utils.loss.v8OBBLoss.__init__", "96efa731d7399507",
            why="the assigner a RotatedTaskAlignedAssigner (its stride a list, so stride_val a Python number) and the "
                "box loss a RotatedBboxLoss: install swaps exactly these",
