@@ -419,7 +419,8 @@ def _rbox_edges(gt_bboxes: Tensor, mask_gt: Tensor, stride_val: float) -> tuple[
     """
     gt = gt_bboxes.clone()
     wh_mask = gt[..., 2:4] < stride_val
-    gt[..., 2:4] = torch.where((wh_mask * mask_gt).bool(), float(stride_val), gt[..., 2:4])  # a 0-d tensor: a sync
+    # a Python scalar, where Ultralytics builds a 0-d tensor per call (a host copy: a sync)
+    gt[..., 2:4] = torch.where((wh_mask * mask_gt).bool(), float(stride_val), gt[..., 2:4])
     a, b, _, d = xywhr2xyxyxyxy(gt).split(1, dim=-2)
     ab, ad = b - a, d - a
     return a, ab, ad, (ab * ab).sum(dim=-1), (ad * ad).sum(dim=-1)
