@@ -1,14 +1,27 @@
-"""Oriented boxes (OBB) as Ultralytics moves them: the 100-point resample of their corners and the OBB clip
-(``Instances.clip(preserve_obb=True)``), held equal to Ultralytics' own functions on the same points.
+"""Oriented boxes (OBB) through every op: equal to Ultralytics' own transforms given the same draws.
 
-A segment that the clip replaced is a rectangle whose corners may start from another corner than Ultralytics' (the
-frame's direction is taken mod pi): such rows are compared as corner sequences. Where the frame is tied (two
-minimum-area rectangles within ``TIED`` of one area, as any near-rectangle has), the replay answers the clip's
-``cv2.minAreaRect`` with our frame (``TiesAsOurs``); an exact tie (a rhombus) is held to either of the two.
+As ``test_augment_keypoints.py`` does for pose: yolofeed draws, and the draws are replayed through Ultralytics'
+``Mosaic``, ``RandomPerspective``, ``MixUp``, ``CutMix``, ``RandomFlip`` and ``Format(return_obb=True)``, built as
+``v8_transforms`` builds them for an OBB dataset (``preserve_obb``), on ``Instances`` whose segments are
+``YOLODataset.update_labels_info``'s 100-point resample of the same corners. Points and boxes agree within 1e-3 px,
+classes exactly, row for row. A segment that the OBB clip replaced is a rectangle whose corners may start from
+another corner than Ultralytics' (the frame's direction is taken mod pi): such rows are compared as corner sequences.
+The oriented boxes are compared as rectangles (``xyxyxyxy2xywhr`` from the 4 corners here, from all 100 points
+there), theta where the sides differ.
+
+Where a segment's minimum-area rectangle is not unique, which one comes out is decided by rounding, here as in
+OpenCV (whose ``minAreaRect`` sees all 100 points, each a float32 rounding off its edge). Exact ties are rare (a
+rhombus: ``test_a_tied_frame_gives_one_of_ultralytics_rectangles``); near ties are not: the rectangles along two
+edges that meet at an almost right angle, as an annotator's quadrilateral has 4 of, differ in area by about 1e-5 of
+it and in angle by the corner's deviation from 90 degrees. So the replay answers the clip's ``cv2.minAreaRect`` with
+our frame where ours is as small within ``TIED`` (``TiesAsOurs``: Ultralytics' own clip, in the frame rounding gave
+us), and ``Format``'s boxes are compared as ``test_rboxes.py`` compares them: the same rectangle, or, where the
+minimum is so tied, a rectangle as small that holds every point.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from types import SimpleNamespace
@@ -18,14 +31,19 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from ultralytics.data.augment import Format, Mosaic, RandomFlip, RandomPerspective
+from ultralytics.data.augment import CutMix, Format, MixUp, Mosaic, RandomFlip, RandomPerspective
 from ultralytics.data.dataset import YOLODataset
 from ultralytics.utils import instance as ul_instance
 from ultralytics.utils import ops
 from ultralytics.utils.instance import Instances
+from ultralytics.utils.metrics import bbox_ioa
 
-from yolofeed.augment import AugmentHyp, geometry
+from helpers import no_host_sync, to_device
+from yolofeed.augment import AugmentHyp, GpuAugment, geometry, mix
 from yolofeed.augment.geometry import obb
+from yolofeed.augment.op import Labels, WarpPlan
+from yolofeed.augment.pipeline import WARP
+from yolofeed.augment.pool import PartnerPool
 from yolofeed.schema import SourceBatch
 
 S, B = 160, 6
@@ -311,3 +329,370 @@ def test_a_tied_frame_gives_one_of_ultralytics_rectangles():
     for r in np.flatnonzero(crossing):
         gaps = [min(np.abs(np.roll(ours[0, r].numpy()[V], k, 0) - f[r][V]).max() for k in range(4)) for f in frames]
         assert min(gaps) <= 1e-2, (r, gaps)
+
+
+def _ours_after_mosaic(batch: SourceBatch, hyp: AugmentHyp, params) -> Labels:
+    op = WARP[0]
+    plan = op.warp_step(WarpPlan(S, batch.hw), params.mosaic, hyp)
+    labels = Labels(batch.cls, batch.boxes, batch.valid, segments=obb.resample_corners(batch.corners))
+    return op.apply_corners(labels, op.apply_boxes(labels, plan, params.mosaic, hyp), plan, params.mosaic, hyp)
+
+
+@pytest.mark.parametrize("grid", [4, 9])
+def test_the_mosaic_moves_and_clips_oriented_boxes_as_ultralytics(grid, ties):
+    """``Mosaic`` alone: each tile's segments offset onto the canvas, those crossing its edge clipped as the OBB clip
+    does, those left without area dropped (``remove_zero_area_boxes``); a sample without mosaic keeps its own."""
+    batch = obb_batch(B, seed=grid, side=0.8)
+    hyp = _hyp(mosaic=0.6, mosaic_grid=grid)
+    params = GpuAugment(hyp).sample(B, torch.Generator().manual_seed(0))
+    ours = _ours_after_mosaic(batch, hyp, params)
+    ref = Reference(batch)
+    kept = 0
+    for b in range(B):
+        labels = ultralytics_mosaic(ref, hyp, params, b)
+        labels["instances"].denormalize(*labels["img"].shape[1::-1])  # a sample without mosaic: still normalised
+        kept += assert_row(ours, b, labels)
+    assert not params.mosaic.apply.all()
+    assert kept >= 3 * B
+    assert clipped(ours.segments[ours.valid].numpy()).sum() >= 2  # some crossed the canvas' edge
+
+
+@pytest.mark.parametrize("kw", [
+    {},  # Ultralytics' defaults: mosaic 1.0, translate 0.1, scale 0.5, affine
+    {"mosaic": 0.0, "degrees": 30.0, "shear": 5.0},
+    {"degrees": 10.0, "perspective": 0.0008},  # warpPerspective: the perspective divide
+    {"mosaic_grid": 9, "scale": 0.3},
+    {"mosaic": 0.5, "translate": 0.3, "scale": 0.9, "degrees": 180.0},  # many boxes pushed across the output's edge
+], ids=["default", "no-mosaic", "perspective", "mosaic9", "mixed"])
+def test_mosaic_and_perspective_move_oriented_boxes_as_ultralytics(kw, ties):
+    """Mosaic then ``RandomPerspective``: the segments through M, each box made from its moved points
+    (``apply_segments``), the OBB clip to the output, ``box_candidates`` with area_thr 0.01."""
+    batch = obb_batch(B, seed=len(kw))
+    hyp = _hyp(**kw)
+    aug = GpuAugment(hyp)
+    params = aug.sample(B, torch.Generator().manual_seed(len(kw)))
+    out = aug.geometry(batch, params)
+    ref = Reference(batch)
+    kept = sum(assert_row(out, b, ultralytics_geometry(ref, hyp, params, b)) for b in range(B))
+    assert kept >= B
+    if kw.get("translate"):
+        assert clipped(out.segments[:B][out.valid[:B]].numpy()).sum() >= 2
+
+
+def test_perspective_keeps_a_box_with_more_than_1_percent_of_its_area(ties):
+    """Where the labels have segments Ultralytics keeps a box that keeps more than 1 % of its (scaled) area, where
+    detection needs 10 %: a box pushed all but 5 % out of the output stays, clipped to a rectangle 5 px wide."""
+    corners = torch.tensor([[[0.0, 40.0], [100.0, 40.0], [100.0, 80.0], [0.0, 80.0]]]) / S  # 100 x 40 px
+    boxes = torch.tensor([[[50.0, 60.0, 100.0, 40.0]]]) / S
+    batch = SourceBatch(torch.zeros((1, S, S, 3), dtype=torch.uint8), torch.tensor([[S, S]]), torch.zeros(1, 1), boxes,
+                        torch.ones(1, 1, dtype=torch.bool), corners=corners[None])
+    aug = GpuAugment(_hyp(mosaic=0.0))
+    params = aug.sample(1, torch.Generator().manual_seed(0))
+    one = torch.ones(1, dtype=torch.float64)
+    params.perspective = dataclasses.replace(params.perspective, scale=one, translate_x=one * (0.5 + 155 / S),
+                                             translate_y=one * 0.5)  # 155 px to the right: x in [155, 255]
+    out = aug.apply(batch, params)
+    assert out.valid[0, 0] and not out.valid[0, 1:].any()  # its own image's one box, no mosaic tiles
+    torch.testing.assert_close(out.boxes[0, 0], torch.tensor([155.0, 40.0, 160.0, 80.0]))
+    torch.testing.assert_close(out.rboxes[0, 0, :4], torch.tensor([157.5, 60.0, 40.0, 5.0]))
+    labels = ultralytics_geometry(Reference(batch), aug.hyp, params, 0)
+    assert_row(aug.geometry(batch, params), 0, labels)
+    detection = aug.apply(dataclasses.replace(batch, corners=None), params)
+    assert not detection.valid.any()  # 5 % of the box: too little without segments
+
+
+def test_flips_move_the_segments_as_ultralytics():
+    g = torch.Generator().manual_seed(0)
+    seg = obb.resample_corners(torch.rand(1, 3, 4, 2, generator=g) * S)
+    boxes = obb.segment_bounds(seg)
+    for ud, lr in ((True, False), (False, True), (True, True), (False, False)):
+        labels = {"img": np.zeros((S, S, 3), np.uint8), "instances": Instances(
+            boxes[0].numpy().copy(), seg[0].numpy().copy(), bbox_format="xyxy", normalized=False)}
+        theirs = ultralytics_flips(labels, ud, lr)["instances"]
+        ours = geometry.flip_segments(geometry.flip_segments(seg, torch.tensor([ud]), S, 1), torch.tensor([lr]), S, 0)
+        assert np.array_equal(ours[0].numpy(), theirs.segments)  # S - x: exact
+        theirs.convert_bbox("xyxy")
+        fp = geometry.FlipParams(torch.tensor([ud]), torch.tensor([lr]))
+        np.testing.assert_allclose(geometry.flip_boxes(boxes, fp, S)[0].numpy(), theirs.bboxes, atol=1e-4)
+
+
+def _labels_of(rows, k: int) -> dict:
+    """Row ``k`` of our augmented rows as Ultralytics' labels dict (HWC image, xyxy pixel boxes, segments)."""
+    v = rows.valid[k]
+    return {"img": np.ascontiguousarray(rows.img[k].permute(1, 2, 0).numpy()), "cls": rows.cls[k][v].numpy()[:, None],
+            "instances": Instances(rows.boxes[k][v].numpy().copy(), rows.segments[k][v].numpy().copy(),
+                                   bbox_format="xyxy", normalized=False)}
+
+
+def test_mixup_keeps_both_images_oriented_boxes_as_ultralytics():
+    batch = obb_batch(B, seed=7)
+    aug = GpuAugment(_hyp(mixup=0.6))
+    params = aug.sample(B, torch.Generator().manual_seed(7))
+    base = aug.geometry(batch, params)
+    out = aug.apply(batch, params)
+    assert params.mixup.apply.any() and not params.mixup.apply.all()
+    assert out.rboxes.shape == (*out.valid.shape, 5)
+    ours = _compose_labels(aug, batch, params)  # the mixed segments, which the oriented boxes are made of
+    for b in range(B):
+        labels = _labels_of(base, b)
+        if bool(params.mixup.apply[b]):
+            labels["mix_labels"] = [_labels_of(base, int(params.mixup.partner[b]))]
+            labels = MixUp(Reference(batch), p=1.0).apply_instances(labels, {})
+        assert_row(ours, b, labels)
+
+
+def _compose_labels(aug: GpuAugment, batch: SourceBatch, params) -> Labels:
+    """The samples' labels after the pixel ops, segments included (what ``apply`` makes its oriented boxes of)."""
+    from yolofeed.augment.pipeline import COMPOSE
+
+    rows = aug.geometry(batch, params)
+    b = params.size
+    labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b], segments=rows.segments[:b])
+    for op in COMPOSE:
+        term = op.compose_term(getattr(params, op.name), labels, rows, aug.hyp)
+        labels = op.apply_corners(labels, op.apply_boxes(labels, rows, term), rows, term)
+    return labels
+
+
+def _ultralytics_cutmix(labels: dict, partner: dict, params, b: int) -> dict:
+    """Ultralytics' CutMix (preserve_obb) on sample b's labels with our draws."""
+    cm = CutMix(SimpleNamespace(get_image_and_label=lambda i: partner, use_obb=True), p=1.0)
+    c = (params.cutmix.centre[b] * S).floor().long().tolist()
+    areas = mix.cutmix_areas(params.cutmix, S)[b].numpy()
+    inst = labels["instances"]
+    inst.convert_bbox("xyxy")
+    free = [k for k in range(3) if bbox_ioa(areas[k:k + 1], inst.bboxes).sum() <= 0]
+    chosen = max(free, key=lambda k: float(params.cutmix.pick[b, k])) if free else None
+    with mock.patch.object(cm, "get_indexes", return_value=0), \
+            mock.patch.object(np.random, "beta", side_effect=params.cutmix.lam[b].tolist()), \
+            mock.patch.object(np.random, "randint", side_effect=[v for k in range(3) for v in c[k]]), \
+            mock.patch.object(np.random, "choice", return_value=chosen):
+        cp = cm.get_params(labels)
+    labels = cm.apply_instances(cm.apply_image(labels, cp), cp)
+    labels.pop("mix_labels", None)
+    return labels
+
+
+def test_cutmix_takes_the_partner_boxes_as_ultralytics_obb(ties):
+    """The partner's boxes with at least 1 % of their box in the area (10 % where the sample has none), clipped to the
+    area as the OBB clip does, those left without area dropped; the area pasted where any was taken."""
+    checked = taken = reshaped = 0
+    for seed in range(5):
+        batch = obb_batch(B, seed=10 + seed, width=3, side=0.3)
+        aug = GpuAugment(_hyp(cutmix=1.0, mosaic=0.0, scale=0.9))
+        params = aug.sample(B, torch.Generator().manual_seed(seed))
+        base = aug.geometry(batch, params)
+        ours = _compose_labels(aug, batch, params)
+        k = base.valid.shape[1]
+        for b in range(B):
+            partner = _labels_of(base, int(params.cutmix.partner[b]))
+            checked += assert_row(ours, b, _ultralytics_cutmix(_labels_of(base, b), partner, params, b)) > 0
+        pasted = ours.segments[:, k:][ours.valid[:, k:]].numpy()
+        taken += len(pasted)
+        reshaped += clipped(pasted).sum()
+    assert checked >= 15 and taken >= 5 and reshaped >= 2
+
+
+def test_cutmix_takes_from_1_percent_where_the_sample_has_segments():
+    """``get_params``: ``0.01 if len(labels["instances"].segments) else 0.1``: 1 % for an OBB sample with a box, 10 %
+    for one without any, and for detection."""
+    boxes = torch.tensor([[[0.0, 0.0, 10.0, 10.0]], [[0.0, 0.0, 0.0, 0.0]]])
+    valid = torch.tensor([[True], [False]])
+    partner = torch.tensor([[[50.0, 50.0, 150.0, 150.0]]]).repeat(2, 1, 1)  # 5 % of it in the area below
+    p = mix.CutMixParams(torch.ones(2, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.float64),
+                         torch.zeros(2, 3, 2, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64),
+                         torch.arange(2))
+    with mock.patch.object(mix.cutmix, "cutmix_areas", return_value=torch.tensor([[130.0, 50.0, 155.0, 70.0]] * 3)
+                           .expand(2, 3, 4)):
+        obb_plan = mix.plan_cutmix(p, boxes, valid, partner, torch.ones(2, 1, dtype=torch.bool), S, segments=True)
+        det_plan = mix.plan_cutmix(p, boxes, valid, partner, torch.ones(2, 1, dtype=torch.bool), S)
+    assert obb_plan.take[:, 0].tolist() == [True, False] and not det_plan.take.any()
+    assert obb_plan.apply.tolist() == [True, False]
+
+
+def _format_and_collate(per_sample: list[dict]) -> dict:
+    """Ultralytics' ``Format`` as ``YOLODataset.build_transforms`` appends it for task=obb, then ``collate_fn``."""
+    fmt = Format(bbox_format="xywh", normalize=True, return_mask=False, return_keypoint=False, return_obb=True,
+                 batch_idx=True, mask_ratio=4, mask_overlap=True, bgr=0.0)
+    keys = ("img", "cls", "bboxes", "batch_idx")
+    return YOLODataset.collate_fn([{k: v for k, v in fmt(x).items() if k in keys} for x in per_sample])
+
+
+def assert_rboxes(ours: torch.Tensor, theirs: torch.Tensor, points: np.ndarray) -> int:
+    """Normalised xywhr rows as rectangles: centre and sides within TOL px, theta where the sides differ (a square's
+    is ambiguous by pi/2: its corners are compared); or, where Ultralytics' minimum is tied (another direction as
+    small within ``TIED``), ours holds every point and is as small.
+
+    Shape: ours, theirs (N, 5); points (N, 100, 2) pixels, the segments Ultralytics made them of. Returns the tied rows.
+    """
+    assert ours.shape == theirs.shape and ours.dtype == torch.float32, (ours.shape, theirs.shape)
+    assert ((ours[:, 4] >= -math.pi / 4) & (ours[:, 4] < 3 * math.pi / 4)).all()
+    a, b = ours.double().numpy().copy(), theirs.double().numpy().copy()
+    a[:, :4] *= S
+    b[:, :4] *= S
+    gap = np.linalg.norm(ops.xywhr2xyxyxyxy(a)[:, :, None] - ops.xywhr2xyxyxyxy(b)[:, None], axis=-1).min(2).max(1)
+    same = gap <= TOL
+    np.testing.assert_allclose(a[same, :4], b[same, :4], atol=TOL, rtol=0)
+    sides = same & (b[:, 2] - b[:, 3] > TOL)
+    turn = np.abs((a[:, 4] - b[:, 4] + math.pi / 2) % math.pi - math.pi / 2)[sides] * b[sides, 2] / 2
+    assert (turn <= TOL).all(), f"theta moves the corners by up to {turn.max()} px"
+    for r in np.flatnonzero(~same):
+        cx, cy, w, h, theta = a[r]
+        u = np.array([math.cos(theta), math.sin(theta)])
+        rel = points[r].astype(np.float64) - [cx, cy]
+        assert (np.abs(rel @ u) <= w / 2 + TOL).all() and (np.abs(rel @ [-u[1], u[0]]) <= h / 2 + TOL).all(), r
+        assert w * h <= b[r, 2] * b[r, 3] * (1 + TIED), f"row {r}: {a[r]} is no minimum beside Ultralytics' {b[r]}"
+    return int((~same).sum())
+
+
+@pytest.mark.parametrize("kw, n, labels", [
+    ({"mixup": 0.5, "flipud": 0.5, "fliplr": 0.5, "degrees": 30.0, "translate": 0.2}, B, {}),
+    ({"mixup": 0.5, "cutmix": 1.0, "mosaic": 0.0, "scale": 0.9}, 12, {"width": 2, "side": 0.3}),  # room to paste
+], ids=["mixup-flips", "mixup-cutmix"])
+def test_the_pipeline_gives_ultralytics_obb_batch(kw, n, labels, ties):
+    """v8_transforms' ops in its order for task=obb (Mosaic, RandomPerspective, MixUp, CutMix, RandomFlip up-down and
+    left-right, then Format(return_obb=True) and collate_fn), our draws replayed, against ``to_ultralytics()``.
+
+    As for pose (test_augment_keypoints.py): our flips run per row before mixing, so the partners' flip draws are set
+    to their sample's; with CutMix on the flips are off.
+    """
+    batch = obb_batch(n, seed=21, **labels)
+    hyp = _hyp(**({"hsv_h": 0.015} | kw))  # HSV leaves the labels alone
+    aug = GpuAugment(hyp)
+    params = aug.sample(n, torch.Generator().manual_seed(21))
+    for f in ("flipud", "fliplr"):
+        flips = getattr(params, f)
+        setattr(params, f, flips[:n].repeat(len(flips) // n))  # each partner row flips as its sample
+    out = aug.apply(batch, params)
+    ref = Reference(batch)
+    per_sample, pasted = [], 0
+    for b in range(n):
+        labels = ultralytics_geometry(ref, hyp, params, b)
+        if hyp.mixup and bool(params.mixup.apply[b]):
+            labels["mix_labels"] = [ultralytics_geometry(ref, hyp, params, int(params.mixup.partner[b]))]
+            labels = MixUp(ref, p=1.0).apply_instances(labels, {})
+            labels.pop("mix_labels")
+        if hyp.cutmix and bool(params.cutmix.apply[b]):
+            partner = ultralytics_geometry(ref, hyp, params, int(params.cutmix.partner[b]))
+            before = len(labels["instances"])
+            labels = _ultralytics_cutmix(labels, partner, params, b)
+            pasted += len(labels["instances"]) > before
+        per_sample.append(ultralytics_flips(labels, bool(params.flipud[b]), bool(params.fliplr[b])))
+    points = np.concatenate([x["instances"].segments for x in per_sample])  # what Format makes its boxes of
+    theirs = _format_and_collate(per_sample)
+    ours = out.to_ultralytics()
+    assert set(ours) == {"img", "cls", "bboxes", "batch_idx"} and len(theirs["bboxes"]) > 2 * n
+    assert_rboxes(ours["bboxes"], theirs["bboxes"], points)
+    assert torch.equal(ours["batch_idx"], theirs["batch_idx"]) and torch.equal(ours["cls"], theirs["cls"])
+    if hyp.fliplr:
+        assert params.fliplr[:n].any() and params.flipud[:n].any() and not params.fliplr[:n].all()
+    if hyp.cutmix:
+        assert pasted >= 3
+
+
+def test_probability_zero_is_the_identity_for_oriented_boxes():
+    """Nothing on: an S x S image's oriented boxes come out as its corners' minimum-area rectangles, in pixels, and
+    normalised as Format normalises them."""
+    batch = obb_batch(B, seed=3)
+    batch.hw[:] = S
+    hyp = AugmentHyp(imgsz=S, mosaic=0.0, translate=0.0, scale=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, fliplr=0.0)
+    out = GpuAugment(hyp)(batch, torch.Generator().manual_seed(0))
+    n = batch.valid.shape[1]
+    v = out.valid[:, :n]
+    assert v.sum() > B and torch.equal(v, batch.valid) and not out.valid[:, n:].any()
+    points = np.stack(ops.resample_segments(list((batch.corners * S)[v].numpy()), obb.POINTS))
+    norm = torch.from_numpy(ops.xyxyxyxy2xywhr(points)).float()
+    norm[:, :4] /= S
+    assert_rboxes(out.to_ultralytics()["bboxes"], norm, points)
+    torch.testing.assert_close(out.boxes[:, :n][v], geometry.xywhn_to_xyxy(batch.boxes, batch.hw[:, None])[v])
+
+
+def test_a_detection_batch_draws_as_before():
+    """The same batch with and without corners: the same draws (segments add none), the same pixels; the boxes differ
+    only by the OBB rules (made from the points, 1 % of the area), never for a box inside the output."""
+    batch = obb_batch(B, seed=4)
+    detection = dataclasses.replace(batch, corners=None)
+    hyp = AugmentHyp(imgsz=S, mixup=0.5, cutmix=0.5, degrees=5.0, flipud=0.3)
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    plain, oriented = GpuAugment(hyp)(detection, g1), GpuAugment(hyp)(batch, g2)
+    assert torch.equal(g1.get_state(), g2.get_state())
+    assert plain.rboxes is None and plain.kinds() == () and oriented.kinds() == ("rboxes",)
+    assert set(plain.to_ultralytics()) == {"img", "cls", "bboxes", "batch_idx"}
+    assert plain.to_ultralytics()["bboxes"].shape[1] == 4 and oriented.to_ultralytics()["bboxes"].shape[1] == 5
+    p = GpuAugment(hyp).sample(B, torch.Generator().manual_seed(1))
+    p.cutmix.apply[:] = False  # CutMix takes partner boxes from 1 % with segments: the pasted pixels may differ
+    assert torch.equal(GpuAugment(hyp).apply(detection, p).img, GpuAugment(hyp).apply(batch, p).img)
+
+
+def test_flattening_oriented_boxes_with_a_known_count_equals_boolean_indexing():
+    out = GpuAugment(_hyp(mixup=0.5))(obb_batch(B, seed=5), torch.Generator().manual_seed(5))
+    ref, got = out.to_ultralytics(), out.to_ultralytics(total=int(out.valid.sum()))
+    assert got.keys() == ref.keys()
+    for key in ref:
+        assert torch.equal(got[key], ref[key]), key
+    assert ref["bboxes"].shape == (int(out.valid.sum()), 5)
+    torch.testing.assert_close(ref["bboxes"][:, :4] * S, out.rboxes[out.valid][:, :4])
+
+
+def test_the_pool_keeps_corners_and_gives_the_gathered_batch():
+    """Partners from a PartnerPool's ring: the same oriented boxes as the images gathered as a batch."""
+    batch = obb_batch(B, seed=6, width=3)
+    aug, pool = GpuAugment(_hyp(mixup=0.5, degrees=5.0)), PartnerPool(12, B)
+    first = pool.push(batch)
+    params = aug.sample(B, torch.Generator().manual_seed(6), partners=pool.partners(first, B))
+    pooled = aug.apply(pool.sources, params)
+    assert torch.equal(pool.sources.corners[:B, :3], batch.corners)
+    pad = pool.sources.valid.shape[1] - 3
+    gathered = SourceBatch(batch.images, batch.hw, torch.nn.functional.pad(batch.cls, (0, pad)),
+                           torch.nn.functional.pad(batch.boxes, (0, 0, 0, pad)),
+                           torch.nn.functional.pad(batch.valid, (0, pad)),
+                           corners=torch.nn.functional.pad(batch.corners, (0, 0, 0, 0, 0, pad)))
+    plain = aug.apply(gathered, params)
+    assert torch.equal(pooled.valid, plain.valid) and pooled.valid.any()
+    assert torch.equal(pooled.rboxes[pooled.valid], plain.rboxes[plain.valid])
+    with pytest.raises(ValueError, match="corners"):
+        pool.push(dataclasses.replace(batch, corners=None))  # one pool, one dataset
+
+
+def _on_cuda(batch: SourceBatch) -> SourceBatch:
+    return SourceBatch(*(t.cuda() for t in (batch.images, batch.hw, batch.cls, batch.boxes, batch.valid)),
+                       corners=batch.corners.cuda())
+
+
+@pytest.mark.gpu
+def test_cuda_oriented_boxes_equal_the_cpu_path_and_make_no_host_sync():
+    batch = obb_batch(16, seed=30)
+    aug = GpuAugment(_hyp(mixup=0.5, cutmix=0.5, degrees=20.0, translate=0.2, fliplr=0.5, flipud=0.2))
+    params = aug.sample(16, torch.Generator().manual_seed(30))
+    ref, got = aug.apply(batch, params), aug.apply(_on_cuda(batch), to_device(params, "cuda"))
+    assert torch.equal(got.valid.cpu(), ref.valid)
+    v = ref.valid
+    torch.testing.assert_close(got.boxes.cpu()[v], ref.boxes[v], atol=TOL, rtol=0)
+    points = _compose_labels(aug, batch, params).segments[v].numpy()
+    assert_rboxes(got.to_ultralytics()["bboxes"].cpu(), ref.to_ultralytics()["bboxes"], points)
+    cuda, g = _on_cuda(batch), torch.Generator(device="cuda").manual_seed(0)
+    pool = PartnerPool(40, 16)
+    for run in (lambda: aug(cuda, g), lambda: aug(cuda, g, pool)):
+        run()  # warm up: Triton compiles on first use
+        with no_host_sync():
+            out = run()
+        total = int(out.valid.sum())
+        with no_host_sync():
+            flat = out.to_ultralytics(total=total)
+        assert flat["bboxes"].shape == (total, 5)
+
+
+@pytest.mark.gpu
+def test_graphed_augment_carries_oriented_boxes():
+    from yolofeed.augment.graphs import GraphedAugment
+
+    cuda = _on_cuda(obb_batch(16, seed=31))
+    aug = GpuAugment(_hyp(mixup=0.3, degrees=5.0, fliplr=0.5))
+    for pool in (None, PartnerPool(40, 16)):
+        a, b = GraphedAugment(aug, seed=7, pool=pool), GraphedAugment(aug, seed=7, pool=pool and PartnerPool(40, 16))
+        first = [x.rboxes.clone() for x in (a(cuda), b(cuda))]
+        assert torch.equal(first[0], first[1])  # same seed, same draws
+        with no_host_sync():
+            out = a(cuda)
+        assert a.captured == 1 and not torch.equal(out.rboxes, first[0])  # each replay draws anew
+        assert out.rboxes.shape == (*out.valid.shape, 5)
