@@ -67,6 +67,12 @@ def vertices(segments: Tensor) -> Tensor:
     return torch.stack([segments[..., i, :] for i in VERTICES], -2)
 
 
+def _on(v: Tensor | float, like: Tensor) -> Tensor:
+    """``v`` as a tensor of ``like``'s dtype and device: a number by a fill kernel (a tensor made from a Python number
+    on the GPU is a copy from pageable host memory, which waits)."""
+    return v.to(like.dtype) if isinstance(v, Tensor) else torch.full((), float(v), dtype=like.dtype, device=like.device)
+
+
 def _cross(ax: Tensor, ay: Tensor, bx: Tensor, by: Tensor) -> Tensor:
     return ax * by - ay * bx
 
@@ -116,7 +122,7 @@ def clip_frame(quad: Tensor) -> Tensor:
     return torch.where(wide.squeeze(-1), theta, theta + math.pi / 2)  # the longer side's, as Ultralytics turns it
 
 
-def visible_part(quad: Tensor, w: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def visible_part(quad: Tensor, w: Tensor | float, h: Tensor | float) -> tuple[Tensor, Tensor, Tensor]:
     """The part of each convex quadrilateral inside [0, w] x [0, h] (``cv2.intersectConvexConvex``), as the ends of
     its boundary pieces: each edge of the quadrilateral clipped to the rectangle (Liang-Barsky) and each side of the
     rectangle clipped to the quadrilateral (Cyrus-Beck). Those ends are the vertices of the intersection, so its
@@ -129,12 +135,12 @@ def visible_part(quad: Tensor, w: Tensor, h: Tensor) -> tuple[Tensor, Tensor, Te
     Returns:
         points (..., 16, 2), ok (..., 16) bool (which points exist), area (...) float64: 0 where nothing is visible.
     """
-    w, h = (torch.as_tensor(v, dtype=quad.dtype, device=quad.device).expand(quad.shape[:-2]) for v in (w, h))
+    w, h = (_on(v, quad).expand(quad.shape[:-2]) for v in (w, h))
     a, b = quad, quad.roll(-1, -2)
     ax, ay = a.unbind(-1)
     dx, dy = (b - a).unbind(-1)
     W, H = w[..., None], h[..., None]
-    inf = torch.tensor(math.inf, dtype=quad.dtype, device=quad.device)
+    inf = math.inf
 
     # the quadrilateral's edges a + t d, t in [0, 1], against x >= 0, x <= w, y >= 0, y <= h: (..., 4 edges, 4 sides)
     p = torch.stack([-dx, dx, -dy, dy], -1)
@@ -208,8 +214,7 @@ def clip_obb(segments: Tensor, boxes: Tensor, w: Tensor | float, h: Tensor | flo
     if rows is not None:
         inside = inside | ~rows[:, None]
     quad = vertices(segments)
-    points, ok, area = visible_part(hull4(quad), *(torch.as_tensor(v, dtype=segments.dtype, device=segments.device)
-                                            for v in (w, h)))
+    points, ok, area = visible_part(hull4(quad), _on(w, segments), _on(h, segments))
     visible = (area > 0) & ~inside
     m = ok[..., None]
     lo = torch.where(m, points, math.inf).amin(-2)
