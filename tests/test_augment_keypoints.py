@@ -372,17 +372,17 @@ def test_keypoint_settings_are_checked_as_ultralytics_checks_them():
     assert AugmentHyp.from_args({"task": "detect"}, data=data).kpt_shape is None  # keypoints only for pose
 
 
-def test_an_augmented_batch_with_corners_or_masks_is_still_refused():
+def test_an_augmented_batch_with_masks_is_still_refused():
     out = GpuAugment(_hyp())(pose_batch(2, seed=9), torch.Generator().manual_seed(0))
     assert isinstance(out, AugmentedBatch) and out.kinds() == ("keypoints",)
-    with pytest.raises(ConfigError, match="corners"):
-        dataclasses.replace(out, corners=torch.zeros(*out.valid.shape, 4, 2)).to_ultralytics()
+    with pytest.raises(ConfigError, match="masks"):
+        dataclasses.replace(out, masks=torch.zeros(*out.valid.shape, S, S, dtype=torch.bool)).to_ultralytics()
     with pytest.raises(ConfigError, match="masks, which it would drop"):
         GpuAugment(_hyp())(dataclasses.replace(pose_batch(2, seed=9), masks=torch.zeros(2, 5, S, S, dtype=torch.bool)))
 
 
-def test_every_op_carries_keypoints_and_none_corners_or_masks():
-    assert CARRIED == ("keypoints",)
+def test_every_op_carries_keypoints_and_corners_and_none_masks():
+    assert CARRIED == ("keypoints", "corners")
 
 
 def _on_cuda(batch: SourceBatch) -> SourceBatch:

@@ -12,7 +12,7 @@ from helpers import random_augmented
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.graphs import GraphedAugment
 from yolofeed.errors import ConfigError
-from yolofeed.schema import LABEL_KINDS, AugmentedBatch, SourceBatch
+from yolofeed.schema import AUGMENTED_KINDS, LABEL_KINDS, AugmentedBatch, SourceBatch
 
 
 def _source(n: int = 2, width: int = 3, side: int = 32) -> SourceBatch:
@@ -21,24 +21,27 @@ def _source(n: int = 2, width: int = 3, side: int = 32) -> SourceBatch:
 
 
 def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills_none():
+    assert SourceBatch.KINDS == LABEL_KINDS and tuple(AUGMENTED_KINDS) == LABEL_KINDS
+    assert AugmentedBatch.KINDS == ("keypoints", "rboxes", "masks")  # OBB's corners leave as oriented boxes
     for kind in (SourceBatch, AugmentedBatch):
-        assert set(LABEL_KINDS) <= {f.name for f in dataclasses.fields(kind)}
+        assert set(kind.KINDS) <= {f.name for f in dataclasses.fields(kind)}
     assert _source().kinds() == ()
     assert random_augmented(2, 4, 0.5, seed=0).kinds() == ()
 
 
 def test_the_augmentation_refuses_labels_it_would_drop():
-    """Keypoints go through every op (test_augment_keypoints.py); corners and masks through none yet."""
+    """Keypoints and corners go through every op (test_augment_keypoints.py, test_augment_obb.py); masks through none
+    yet."""
     assert dataclasses.replace(_source(), keypoints=torch.zeros(2, 3, 17, 3)).kinds() == ("keypoints",)
     src = dataclasses.replace(_source(), masks=torch.zeros(2, 3, 32, 32, dtype=torch.bool))
     with pytest.raises(ConfigError, match="also carries masks, which it would drop"):
         GpuAugment(AugmentHyp(imgsz=32))(src)
     with pytest.raises(ConfigError, match="GraphedAugment"):
         GraphedAugment(GpuAugment(AugmentHyp(imgsz=32)), device="cpu")(src)  # before any CUDA work
-    with pytest.raises(ConfigError, match="corners"):
-        GpuAugment(AugmentHyp(imgsz=32))(dataclasses.replace(_source(), corners=torch.zeros(2, 3, 4, 2)))
-    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), corners=torch.zeros(2, 4, 4, 2))
-    with pytest.raises(ConfigError, match="corners"):
+    with pytest.raises(ConfigError, match=r"corners of shape \(2, 3, 8\), expected"):
+        GpuAugment(AugmentHyp(imgsz=32))(dataclasses.replace(_source(), corners=torch.zeros(2, 3, 8)))
+    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), masks=torch.zeros(2, 4, 32, 32, dtype=torch.bool))
+    with pytest.raises(ConfigError, match="masks, which it would drop"):
         out.to_ultralytics()
 
 

@@ -2,9 +2,9 @@
 
 Labels are padded to a fixed number of slots per image, with a validity mask, so that shapes stay static
 (CUDA graphs, no host syncs). Detection fills images, classes and boxes; ``keypoints``, ``corners`` and
-``masks`` are the room for pose, oriented boxes and segmentation, None in a detection batch. Every
-per-slot field shares the one ``valid`` mask. Below the loader and augment, so both import it and
-neither imports the other for it.
+``masks`` are the room for pose, oriented boxes and segmentation, None in a detection batch; the augmentation
+hands the oriented boxes on as ``rboxes`` (``AUGMENTED_KINDS``). Every per-slot field shares the one ``valid``
+mask. Below the loader and augment, so both import it and neither imports the other for it.
 """
 
 from __future__ import annotations
@@ -17,14 +17,22 @@ from torch import Tensor
 from yolofeed.errors import ConfigError
 
 LABEL_KINDS = ("keypoints", "corners", "masks")  # beyond detection's classes and boxes; None where not carried
+# what each kind is in the augmented batch: OBB's corners leave the augmentation as oriented boxes (Format's xywhr)
+AUGMENTED_KINDS = {"keypoints": "keypoints", "corners": "rboxes", "masks": "masks"}
 
 
 class LabelKinds:
-    """Which optional label kinds a batch carries, and the refusal of an op that would drop them."""
+    """Which optional label kinds a batch carries, and the refusal of an op that would drop them.
+
+    Attributes:
+        KINDS: the batch's fields of the optional kinds.
+    """
+
+    KINDS: tuple[str, ...] = LABEL_KINDS
 
     def kinds(self) -> tuple[str, ...]:
         """The optional label kinds this batch carries: () for detection."""
-        return tuple(k for k in LABEL_KINDS if getattr(self, k) is not None)
+        return tuple(k for k in self.KINDS if getattr(self, k) is not None)
 
     def require_detection(self, op: str) -> None:
         """Raise where this batch carries labels ``op`` would drop (it reads classes and boxes only)."""
@@ -68,21 +76,26 @@ class AugmentedBatch(LabelKinds):
     """The augmented batch, boxes still padded.
 
     Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool;
-    keypoints (B, K, P, 3) float32 pixels and visibility; corners (B, K, 4, 2) float32 pixels; masks (B, K, S, S) bool.
+    keypoints (B, K, P, 3) float32 pixels and visibility; rboxes (B, K, 5) float32 oriented boxes cx, cy, w, h in
+    pixels and theta in radians, canonical as Ultralytics' ``xyxyxyxy2xywhr`` (w the longer side, theta in
+    [-pi/4, 3pi/4)), beside ``boxes`` their axis-aligned bounds; masks (B, K, S, S) bool.
     """
+
+    KINDS = tuple(AUGMENTED_KINDS.values())
 
     img: Tensor
     cls: Tensor
     boxes: Tensor
     valid: Tensor
     keypoints: Tensor | None = None
-    corners: Tensor | None = None
+    rboxes: Tensor | None = None
     masks: Tensor | None = None
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
         """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,);
         with keypoints also ``keypoints`` (N, P, 3) float32: x / S, y / S and visibility (``Format``'s
-        normalisation, concatenated as ``YOLODataset.collate_fn`` does), row j the keypoints of box j.
+        normalisation, concatenated as ``YOLODataset.collate_fn`` does), row j the keypoints of box j; with
+        oriented boxes ``bboxes`` is (N, 5) float32 cx / S, cy / S, w / S, h / S, theta (``Format(return_obb=True)``).
 
         Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
         N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
@@ -94,14 +107,14 @@ class AugmentedBatch(LabelKinds):
             total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
                 rows or an index error.
         """
-        self.require_only("AugmentedBatch.to_ultralytics", ("keypoints",))
+        self.require_only("AugmentedBatch.to_ultralytics", ("keypoints", "rboxes"))
         size = self.img.shape[-1]
-        kp = self.keypoints
+        kp, rb = self.keypoints, self.rboxes
         if total is None:
             v = self.valid
             idx = torch.arange(len(v), device=v.device, dtype=torch.float32)[:, None].expand_as(v)
             cls, b, batch_idx = self.cls[v], self.boxes[v], idx[v]
-            kp = None if kp is None else kp[v]
+            kp, rb = (None if t is None else t[v] for t in (kp, rb))
         else:
             flat = self.valid.flatten()
             want = torch.arange(1, total + 1, device=flat.device)
@@ -109,8 +122,9 @@ class AugmentedBatch(LabelKinds):
             cls = self.cls.flatten().index_select(0, src)
             b = self.boxes.flatten(0, 1).index_select(0, src)
             batch_idx = src.div(max(self.valid.shape[1], 1), rounding_mode="floor").to(torch.float32)
-            kp = None if kp is None else kp.flatten(0, 1).index_select(0, src)
-        out = {"img": self.img, "cls": cls[:, None], "bboxes": normalised_xywh(b, size), "batch_idx": batch_idx}
+            kp, rb = (None if t is None else t.flatten(0, 1).index_select(0, src) for t in (kp, rb))
+        boxes = normalised_xywh(b, size) if rb is None else torch.cat([rb[..., :4] / size, rb[..., 4:]], -1)
+        out = {"img": self.img, "cls": cls[:, None], "bboxes": boxes, "batch_idx": batch_idx}
         if kp is not None:
             out["keypoints"] = torch.cat([kp[..., :2] / size, kp[..., 2:]], -1)
         return out
@@ -122,4 +136,4 @@ def normalised_xywh(b: Tensor, size: int) -> Tensor:
                         b[..., 3] - b[..., 1]], -1) / size
 
 
-__all__ = ["LABEL_KINDS", "AugmentedBatch", "SourceBatch", "normalised_xywh"]
+__all__ = ["AUGMENTED_KINDS", "LABEL_KINDS", "AugmentedBatch", "SourceBatch", "normalised_xywh"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from yolofeed.augment.pipeline import GpuAugment
-from yolofeed.augment.pool import LABEL_BUCKET, PartnerPool
+from yolofeed.augment.pool import LABEL_BUCKET, PartnerPool, slot_shapes
 from yolofeed.schema import AugmentedBatch, SourceBatch
 
 
@@ -53,11 +53,11 @@ class GraphedAugment:
     def _padded(self, batch: SourceBatch) -> tuple[tuple, int]:
         n, width = batch.valid.shape
         width = -(-max(width, 1) // LABEL_BUCKET) * LABEL_BUCKET
-        points = None if batch.keypoints is None else tuple(batch.keypoints.shape[2:])
-        return (n, *batch.images.shape[1:], width, points), width
+        per_slot = tuple(slot_shapes(batch).items())  # keypoints (P, 3), corners (4, 2)
+        return (n, *batch.images.shape[1:], width, per_slot), width
 
     def _capture(self, key: tuple, width: int) -> _Captured:
-        n, hm, wm, _, _, points = key
+        n, hm, wm, _, _, per_slot = key
         dev = self.device
         static = first = None
         if self.pool is None:
@@ -65,7 +65,7 @@ class GraphedAugment:
                                  torch.ones((n, 2), dtype=torch.long, device=dev) * min(hm, wm),
                                  torch.zeros((n, width), device=dev), torch.zeros((n, width, 4), device=dev),
                                  torch.zeros((n, width), dtype=torch.bool, device=dev),
-                                 keypoints=None if points is None else torch.zeros((n, width, *points), device=dev))
+                                 **{k: torch.zeros((n, width, *shape), device=dev) for k, shape in per_slot})
         else:
             first = torch.zeros((), dtype=torch.long, device=dev)
 
@@ -109,9 +109,9 @@ class GraphedAugment:
             s.cls[:, :n].copy_(batch.cls, non_blocking=True)
             s.boxes[:, :n].copy_(batch.boxes, non_blocking=True)
             s.valid[:, :n].copy_(batch.valid, non_blocking=True)
-            if batch.keypoints is not None:
-                s.keypoints.zero_()
-                s.keypoints[:, :n].copy_(batch.keypoints, non_blocking=True)
+            for k in slot_shapes(batch):  # keypoints, corners
+                getattr(s, k).zero_()
+                getattr(s, k)[:, :n].copy_(getattr(batch, k), non_blocking=True)
         cap.graph.replay()
         return cap.output
 

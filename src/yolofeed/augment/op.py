@@ -4,7 +4,8 @@ An op ``sample``s its random parameters (a small dataclass of per-row tensors), 
 Ultralytics' CPU op. It applies them inside one of the two fused passes over pixels: a ``GeometricOp`` adds its
 step to the warp (mosaic's tiles, a (R, 3, 3) matrix, a flip's reflection), a ``PixelOp`` its term to compose
 (MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way, ``apply_keypoints`` the pose
-task's keypoints; ``apply_corners`` and ``apply_masks`` are where OBB and segmentation will move theirs.
+task's keypoints, ``apply_corners`` the oriented boxes' segments (and the boxes Ultralytics makes of them);
+``apply_masks`` is where segmentation will move its masks.
 ``augment.pipeline`` lists the ops in Ultralytics' order and fuses them.
 """
 
@@ -79,14 +80,17 @@ class Labels:
     """The labels of each row, padded: the stored normalised xywh boxes before the mosaic, pixel xyxy after.
 
     Shape: cls (R, K) float32; boxes (R, K, 4) float32; valid (R, K) bool; keypoints (R, K, P, 3) float32 x, y
-    (normalised before the mosaic, pixels after) and visibility, or None (detection). OBB and segmentation will
-    add their kinds here (``schema.LABEL_KINDS``), each moved by the ops' hook for it.
+    (normalised before the mosaic, pixels after) and visibility, or None (detection); segments (R, K, 100, 2)
+    float32 x, y of each oriented box (its 4 corners resampled as Ultralytics does, ``geometry.obb``; normalised
+    before the mosaic, pixels after), or None. Segmentation will add its masks here (``schema.LABEL_KINDS``), moved
+    by the ops' hook for them.
     """
 
     cls: Tensor
     boxes: Tensor
     valid: Tensor
     keypoints: Tensor | None = None
+    segments: Tensor | None = None
 
 
 @dataclass
@@ -134,7 +138,7 @@ class Op(ABC):
     mixes = False
     # The hooks for the label kinds detection does not carry (kornia's apply_transform_keypoint, _mask): None until
     # a task writes them, op by op; GpuAugment refuses a batch of a kind some op has None for (pipeline.CARRIED).
-    # Every op of OPS moves keypoints (GeometricOp.apply_keypoints, PixelOp.apply_keypoints); corners, masks: none yet.
+    # Every op of OPS moves keypoints (apply_keypoints) and OBB's corners (apply_corners); masks: none yet.
     apply_keypoints = None
     apply_corners = None
     apply_masks = None
@@ -161,6 +165,9 @@ class GeometricOp(Op):
 
     # apply_keypoints(keypoints, plan, p, hyp) -> Tensor: the keypoints moved by this step, row-aligned with the
     # boxes ``apply_boxes`` returns (they share its ``valid``). Called only where the batch carries keypoints.
+    # apply_corners(labels, moved, plan, p, hyp) -> Labels: ``moved`` (what apply_boxes made of ``labels``) with the
+    # segments moved by this step, and with the boxes and ``valid`` Ultralytics makes where segments exist (it derives
+    # the boxes from them and filters by its OBB rules). Called only where the batch carries oriented boxes.
 
 
 class PixelOp(Op):
@@ -189,3 +196,13 @@ class PixelOp(Op):
         """The samples' (B, K, P, 3) keypoints after this op, row-aligned with ``apply_boxes``' labels: unchanged by
         default (a mixing op adds its partner's). Called only where the batch carries keypoints."""
         return keypoints
+
+    def apply_corners(self, labels: Labels, moved: Labels, rows: Labels, term: Any) -> Labels:
+        """``moved`` (``apply_boxes``' labels) with the samples' (B, K, 100, 2) segments after this op, and the boxes
+        and ``valid`` Ultralytics makes where segments exist: the segments unchanged by default (a mixing op adds its
+        partner's). Called only where the batch carries oriented boxes.
+
+        Args:
+            labels: the samples' labels before this op, segments included.
+        """
+        return dataclasses.replace(moved, segments=labels.segments)

@@ -7,8 +7,13 @@ fusion plan maps each op onto one pass: ``warp`` (the geometric ops: mosaic plac
 one sampling pass through the product of their steps), then ``compose`` (the pixel ops: MixUp, CutMix, HSV and
 the BGR swap, one elementwise pass). Boxes stay in padded (B, K, 4) tensors with a validity mask until
 ``AugmentedBatch.to_ultralytics`` packs them into Ultralytics' collated form; the pose task's keypoints ride in
-(B, K, P, 3) beside them, each op's ``apply_keypoints`` after its ``apply_boxes``, sharing their ``valid``. A
-detection batch (keypoints None) runs no keypoint work and draws exactly what it drew before.
+(B, K, P, 3) beside them, each op's ``apply_keypoints`` after its ``apply_boxes``, sharing their ``valid``. OBB's
+corners enter as Ultralytics' 100-point segments (``geometry.obb.resample_corners``, once, on the source rows) and
+ride in (R, K, 100, 2), each op's ``apply_corners`` after its ``apply_boxes``: where segments exist Ultralytics makes
+the boxes from them and filters by its OBB rules (8.4.190's ``preserve_obb`` clip, 1 % area thresholds), so that
+hook gives the boxes and ``valid`` too; ``Format``'s
+oriented boxes are made of them at the end (``AugmentedBatch.rboxes``). A detection batch (keypoints and corners
+None) runs no keypoint or segment work and draws exactly what it drew before.
 
 Partners come from the source images (``Partners``): the batch itself, or a ``PartnerPool`` of the
 images loaded lately, as Ultralytics' buffer. MixUp and CutMix each blend in one more augmented row
@@ -16,7 +21,7 @@ per sample (a fresh mosaic of one more image, as in Ultralytics), so with both o
 images. Flips are applied before mixing (each row its own), which changes nothing a detector can see:
 in Ultralytics a mixed pair shares one flip draw, here each half has its own; each half's flip is
 still a fair Bernoulli(fliplr) draw independent of its content. Keypoints likewise: each half is reflected and
-reordered by ``flip_idx`` with its own row's flip.
+reordered by ``flip_idx`` with its own row's flip; segments too.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from yolofeed.augment.color.bgr import ToBGR
 from yolofeed.augment.color.hsv import RandomHSV
 from yolofeed.augment.geometry.flip import FlipParams, RandomFlip
 from yolofeed.augment.geometry.mosaic import Mosaic
+from yolofeed.augment.geometry.obb import obb_rboxes, resample_corners
 from yolofeed.augment.geometry.perspective import RandomPerspective
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.mix.cutmix import CutMix, CutMixPlan
@@ -117,15 +123,16 @@ class Geometry(Labels):
     """Every augmented row after the warp (mosaic, perspective and flips), before mixing.
 
     Shape: img (R, 3, S, S) uint8; cls (R, K) float32; boxes (R, K, 4) float32 xyxy pixels; valid (R, K) bool;
-    keypoints (R, K, P, 3) float32 pixels and visibility, or None. R = B samples, then their MixUp partners, then
-    their CutMix partners (``AugmentParams``).
+    keypoints (R, K, P, 3) float32 pixels and visibility, or None; segments (R, K, 100, 2) float32 pixels, or None.
+    R = B samples, then their MixUp partners, then their CutMix partners (``AugmentParams``).
     """
 
-    img: Tensor = dataclasses.field(kw_only=True)  # after Labels' optional keypoints
+    img: Tensor = dataclasses.field(kw_only=True)  # after Labels' optional keypoints and segments
 
 
 class GpuAugment:
-    """Ultralytics' detection training augmentation (``v8_transforms``), batched on the batch's device.
+    """Ultralytics' training augmentation (``v8_transforms``) for detection, pose and OBB batches, batched on the
+    batch's device.
 
     Example:
         >>> aug = GpuAugment(AugmentHyp.from_args(trainer.args))
@@ -144,6 +151,11 @@ class GpuAugment:
         without it a flip would reflect them without reordering left and right.
         """
         batch.require_only(who, CARRIED)
+        corners = batch.corners
+        if corners is not None and (corners.dim() != 4 or corners.shape[2:] != (4, 2)
+                                    or corners.shape[:2] != batch.valid.shape):
+            raise ConfigError(f"{who}: corners of shape {tuple(corners.shape)}, expected (images, label slots, 4, 2) "
+                              f"= {(*batch.valid.shape, 4, 2)}: each oriented box's 4 corners, x and y")
         kp = batch.keypoints
         if kp is None:
             return
@@ -191,17 +203,23 @@ class GpuAugment:
         return AugmentParams(size=batch_size, **draws)
 
     def geometry(self, sources: SourceBatch, p: AugmentParams) -> Geometry:
-        """The geometric ops on every augmented row: one warp pass, boxes (and keypoints) through the same steps."""
+        """The geometric ops on every augmented row: one warp pass, boxes (keypoints, segments) through the same
+        steps."""
         self.check(sources)
         plan = WarpPlan(self.hyp.imgsz, sources.hw)
-        labels = Labels(sources.cls, sources.boxes, sources.valid, sources.keypoints)
+        # the corners as Ultralytics' dataset gives them, 100 points each: every source row once (a pool's whole
+        # ring, a few float64 kernels), before the mosaic gathers them 4 or 9 times
+        segments = None if sources.corners is None else resample_corners(sources.corners)
+        labels = Labels(sources.cls, sources.boxes, sources.valid, sources.keypoints, segments)
         for op in WARP:
             draws = getattr(p, op.name)
             plan = op.warp_step(plan, draws, self.hyp)
             kp = None if labels.keypoints is None else op.apply_keypoints(labels.keypoints, plan, draws, self.hyp)
-            labels = dataclasses.replace(op.apply_boxes(labels, plan, draws, self.hyp), keypoints=kp)
+            moved = dataclasses.replace(op.apply_boxes(labels, plan, draws, self.hyp), keypoints=kp, segments=None)
+            labels = moved if segments is None else op.apply_corners(labels, moved, plan, draws, self.hyp)
         img = warp(sources.images, plan.tiles, plan.matrix, FlipParams(plan.ud, plan.lr), plan.size, plan.projective)
-        return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, keypoints=labels.keypoints, img=img)
+        return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, keypoints=labels.keypoints,
+                        segments=labels.segments, img=img)
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         """Apply drawn parameters: pure, so a test can replay them through Ultralytics.
@@ -211,16 +229,19 @@ class GpuAugment:
         """
         b = p.size
         rows = self.geometry(sources, p)
-        kp = rows.keypoints
-        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b], None if kp is None else kp[:b])
+        kp, seg = rows.keypoints, rows.segments
+        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b], None if kp is None else kp[:b],
+                        None if seg is None else seg[:b])
         terms = {}
         for op in COMPOSE:
             draws = getattr(p, op.name)
             terms[op.term] = term = op.compose_term(draws, labels, rows, self.hyp)
             kp = None if labels.keypoints is None else op.apply_keypoints(labels.keypoints, rows, term)
-            labels = dataclasses.replace(op.apply_boxes(labels, rows, term), keypoints=kp)
+            moved = dataclasses.replace(op.apply_boxes(labels, rows, term), keypoints=kp, segments=None)
+            labels = moved if seg is None else op.apply_corners(labels, moved, rows, term)
+        rboxes = None if seg is None else obb_rboxes(labels.segments)  # Format(return_obb=True): from 4 corners
         return AugmentedBatch(compose(rows.img, rows=b, **terms), labels.cls, labels.boxes, labels.valid,
-                              keypoints=labels.keypoints)
+                              keypoints=labels.keypoints, rboxes=rboxes)
 
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:

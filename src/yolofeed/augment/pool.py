@@ -13,7 +13,7 @@ reaches back as far as Ultralytics' buffer would. The ring has ``max_batch`` row
 so a batch never overwrites an image one of its own samples may still draw.
 
 Memory: ``rows * imgsz**2 * 3`` bytes of images, 1.39 GB at 640 px for Ultralytics' cap (999 + 129 rows); the
-labels, keypoints included, are small beside them.
+labels, keypoints and OBB corners included, are small beside them.
 ``partner_pool=0`` (``within_batch``) takes partners from the batch itself and needs none.
 """
 
@@ -37,9 +37,13 @@ def ultralytics_capacity(n_images: int, batch: int) -> int:
     return min(n_images, BATCHES_BUFFERED * batch, MAX_BUFFER)
 
 
-def _keypoint_shape(batch: SourceBatch) -> tuple[int, ...] | None:
-    """(P, 3) of a batch's keypoints per label slot, None without keypoints."""
-    return None if batch.keypoints is None else tuple(batch.keypoints.shape[2:])
+SLOT_KINDS = ("keypoints", "corners")  # the optional kinds of a fixed shape per label slot, kept in the ring
+
+
+def slot_shapes(batch: SourceBatch) -> dict[str, tuple[int, ...]]:
+    """What a batch carries per label slot beyond classes and boxes: {kind: its shape per slot}, e.g.
+    {"keypoints": (P, 3)} or {"corners": (4, 2)}; {} for detection."""
+    return {k: tuple(getattr(batch, k).shape[2:]) for k in SLOT_KINDS if getattr(batch, k) is not None}
 
 
 class PartnerPool:
@@ -74,12 +78,11 @@ class PartnerPool:
         _, hm, wm, c = batch.images.shape
         width = -(-max(batch.valid.shape[1], 1) // LABEL_BUCKET) * LABEL_BUCKET
         dev, r = batch.images.device, self.rows
-        kp = batch.keypoints
         return SourceBatch(torch.zeros((r, hm, wm, c), dtype=torch.uint8, device=dev),
                            torch.ones((r, 2), dtype=torch.int64, device=dev) * min(hm, wm),
                            torch.zeros((r, width), device=dev), torch.zeros((r, width, 4), device=dev),
                            torch.zeros((r, width), dtype=torch.bool, device=dev),
-                           keypoints=None if kp is None else torch.zeros((r, width, *kp.shape[2:]), device=dev))
+                           **{k: torch.zeros((r, width, *size), device=dev) for k, size in slot_shapes(batch).items()})
 
     def push(self, batch: SourceBatch, ids: np.ndarray | None = None) -> int:
         """Copy a loaded batch into the ring (asynchronously, on the current stream).
@@ -99,9 +102,9 @@ class PartnerPool:
         if batch.images.shape[1:] != ring.images.shape[1:] or width > ring.valid.shape[1]:
             raise ValueError(f"batch images {tuple(batch.images.shape[1:])} with {width} label slots do not fit the "
                              f"partner pool's {tuple(ring.images.shape[1:])} and {ring.valid.shape[1]}")
-        if _keypoint_shape(batch) != _keypoint_shape(ring):
-            raise ValueError(f"batch keypoints {_keypoint_shape(batch)} per slot do not fit the partner pool's "
-                             f"{_keypoint_shape(ring)} (None: no keypoints): one pool serves one dataset")
+        if slot_shapes(batch) != slot_shapes(ring):
+            raise ValueError(f"batch labels {slot_shapes(batch)} per slot (beyond classes and boxes) do not fit the "
+                             f"partner pool's {slot_shapes(ring)}: one pool serves one dataset")
         first, start = self.loaded, self.loaded % self.rows
         head = min(n, self.rows - start)
         for lo, count, at in ((start, head, 0), (0, n - head, head)):  # at most two runs: the ring wraps once
@@ -114,8 +117,8 @@ class PartnerPool:
             ring.cls[rows, :width].copy_(batch.cls[src], non_blocking=True)
             ring.boxes[rows, :width].copy_(batch.boxes[src], non_blocking=True)
             ring.valid[rows, :width].copy_(batch.valid[src], non_blocking=True)
-            if batch.keypoints is not None:
-                ring.keypoints[rows, :width].copy_(batch.keypoints[src], non_blocking=True)
+            for k in slot_shapes(batch):  # keypoints, corners
+                getattr(ring, k)[rows, :width].copy_(getattr(batch, k)[src], non_blocking=True)
             if ids is not None:
                 self.ids[rows] = np.asarray(ids)[src]
         self.loaded += n

@@ -1,10 +1,18 @@
 """The geometric ops, one per file; they move pixels, so each is a step of the one warp pass.
 
 ``mosaic`` places tiles on a canvas, ``perspective`` maps the canvas to the output by one (R, 3, 3) matrix,
-``flip`` reflects the output; each moves the boxes and keypoints the same way. The pass itself is ``augment.warp``.
+``flip`` reflects the output; each moves the boxes, keypoints and OBB segments the same way (``obb``: Ultralytics'
+resample and clip of oriented boxes, ``rboxes``: their minimum-area rectangles). The pass itself is ``augment.warp``.
 """
 
-from yolofeed.augment.geometry.flip import FlipParams, RandomFlip, flip_axis, flip_boxes, flip_keypoints
+from yolofeed.augment.geometry.flip import (
+    FlipParams,
+    RandomFlip,
+    flip_axis,
+    flip_boxes,
+    flip_keypoints,
+    flip_segments,
+)
 from yolofeed.augment.geometry.mosaic import (
     Layout,
     Mosaic,
@@ -12,9 +20,12 @@ from yolofeed.augment.geometry.mosaic import (
     mosaic_boxes,
     mosaic_keypoints,
     mosaic_layout,
+    mosaic_segments,
     sample_mosaic,
+    tile_boxes,
     xywhn_to_xyxy,
 )
+from yolofeed.augment.geometry.obb import clip_obb, obb_rboxes, resample_corners
 from yolofeed.augment.geometry.perspective import (
     PerspectiveParams,
     RandomPerspective,
@@ -24,9 +35,11 @@ from yolofeed.augment.geometry.perspective import (
     transform_boxes,
     warp_boxes,
     warp_keypoints,
+    warp_segments,
 )
 
 __all__ = ["FlipParams", "Layout", "Mosaic", "MosaicParams", "PerspectiveParams", "RandomFlip", "RandomPerspective",
-           "box_candidates", "flip_axis", "flip_boxes", "flip_keypoints", "mosaic_boxes", "mosaic_keypoints",
-           "mosaic_layout", "perspective_matrix", "sample_mosaic", "sample_perspective", "transform_boxes",
-           "warp_boxes", "warp_keypoints", "xywhn_to_xyxy"]
+           "box_candidates", "clip_obb", "flip_axis", "flip_boxes", "flip_keypoints", "flip_segments", "mosaic_boxes",
+           "mosaic_keypoints", "mosaic_layout", "mosaic_segments", "obb_rboxes", "perspective_matrix",
+           "resample_corners", "sample_mosaic", "sample_perspective", "tile_boxes", "transform_boxes", "warp_boxes",
+           "warp_keypoints", "warp_segments", "xywhn_to_xyxy"]

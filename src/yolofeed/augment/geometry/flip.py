@@ -3,7 +3,8 @@
 A flip is the warp's last step, a reflection of the output index (x -> S - 1 - x) rather than a matrix: that
 moves whole pixels, exactly as ``np.fliplr`` after the warp does, where a matrix would resample them. Boxes
 reflect about the image edges (x -> S - x, ``Instances.fliplr``), keypoints too, and a flipped row's keypoints
-take the data's ``flip_idx`` order (left and right swapped), on either flip as Ultralytics' ``RandomFlip`` does.
+take the data's ``flip_idx`` order (left and right swapped), on either flip as Ultralytics' ``RandomFlip`` does; an
+oriented box's segment reflects point by point (``Instances.fliplr``: x -> S - x).
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def flip_keypoints(keypoints: Tensor, flip: Tensor, size: int, axis: int,
     return moved
 
 
+def flip_segments(segments: Tensor, flip: Tensor, size: int, axis: int) -> Tensor:
+    """Reflect the segments of flipped rows along x (``axis`` 0) or y (1), c -> size - c (``Instances.flipud``,
+    ``fliplr``). Shape: segments (B, K, P, 2); flip (B,) bool. Returns (B, K, P, 2)."""
+    c = segments[..., axis]
+    moved = torch.where(flip[:, None, None], size - c, c)
+    return torch.stack([moved, segments[..., 1]] if axis == 0 else [segments[..., 0], moved], -1)
+
+
 def flip_boxes(boxes: Tensor, p: FlipParams, size: int) -> Tensor:
     """Both flips of ``p`` (``Instances.flipud``, then ``fliplr``)."""
     return flip_axis(flip_axis(boxes, p.ud, size, 1), p.lr, size, 0)
@@ -90,3 +99,6 @@ class RandomFlip(GeometricOp):
 
     def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: Tensor, hyp: AugmentHyp) -> Tensor:
         return flip_keypoints(keypoints, p, hyp.imgsz, self.axis, hyp.flip_idx)
+
+    def apply_corners(self, labels: Labels, moved: Labels, plan: WarpPlan, p: Tensor, hyp: AugmentHyp) -> Labels:
+        return dataclasses.replace(moved, segments=flip_segments(labels.segments, p, hyp.imgsz, self.axis))

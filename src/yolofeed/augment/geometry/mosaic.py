@@ -3,7 +3,8 @@
 It places tiles by integer offsets on a canvas (``Layout``: where each tile's pixels land); the warp never builds
 the canvas, it looks each output pixel's neighbours up in the tile that covers them (``kernels/warp.py``). The
 boxes: every tile's stored boxes on the canvas, clipped to it (``mosaic_boxes``); their keypoints the same way, a
-point off the canvas made invisible (``mosaic_keypoints``). Everything is batched; loops run
+point off the canvas made invisible (``mosaic_keypoints``); an oriented box's segment moved the same way and, where it
+leaves the canvas, clipped as Ultralytics' OBB clip does (``mosaic_segments``). Everything is batched; loops run
 over the 4 or 9 tiles, never over samples.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from yolofeed.augment.geometry.obb import box_area, clip_obb
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, coin, uniform
 from yolofeed.augment.partners import Partners
@@ -136,6 +138,18 @@ def xywhn_to_xyxy(boxes: Tensor, hw: Tensor) -> Tensor:
     return xyxy * torch.cat([wh, wh], -1)
 
 
+def tile_boxes(layout: Layout, boxes: Tensor, valid: Tensor, hw: Tensor) -> tuple[Tensor, Tensor]:
+    """Every tile's boxes on the canvas (``Mosaic._update_labels``), before the clip: (B, T*L, 4) pixel xyxy, and
+    (B, T*L) bool (a single image keeps only its own). Args as ``mosaic_boxes``."""
+    b, t = layout.src.shape
+    src_boxes = boxes[layout.src]  # (B, T, L, 4)
+    xyxy = xywhn_to_xyxy(src_boxes, hw[layout.src][:, :, None, :])
+    xyxy = xyxy + layout.pad.repeat(1, 1, 2)[:, :, None, :].to(xyxy.dtype)
+    ok = valid[layout.src].clone()
+    ok[:, 1:] &= layout.mosaic[:, None, None]  # single images keep only their own labels
+    return xyxy.reshape(b, -1, 4), ok.reshape(b, -1)
+
+
 def mosaic_boxes(layout: Layout, boxes: Tensor, valid: Tensor, hw: Tensor) -> tuple[Tensor, Tensor]:
     """Every tile's boxes on the canvas, clipped to it, zero-area ones dropped (mosaic samples only).
 
@@ -146,13 +160,7 @@ def mosaic_boxes(layout: Layout, boxes: Tensor, valid: Tensor, hw: Tensor) -> tu
     Returns:
         (B, T*L, 4) float32 pixel xyxy on the canvas, and (B, T*L) bool.
     """
-    b, t = layout.src.shape
-    src_boxes = boxes[layout.src]  # (B, T, L, 4)
-    xyxy = xywhn_to_xyxy(src_boxes, hw[layout.src][:, :, None, :])
-    xyxy = xyxy + layout.pad.repeat(1, 1, 2)[:, :, None, :].to(xyxy.dtype)
-    ok = valid[layout.src].clone()
-    ok[:, 1:] &= layout.mosaic[:, None, None]  # single images keep only their own labels
-    xyxy, ok = xyxy.reshape(b, -1, 4), ok.reshape(b, -1)
+    xyxy, ok = tile_boxes(layout, boxes, valid, hw)
     ch, cw = layout.canvas_hw[:, 0, None].to(xyxy.dtype), layout.canvas_hw[:, 1, None].to(xyxy.dtype)
     clipped = torch.stack([xyxy[..., 0].clamp(min=0).minimum(cw), xyxy[..., 1].clamp(min=0).minimum(ch),
                            xyxy[..., 2].clamp(min=0).minimum(cw), xyxy[..., 3].clamp(min=0).minimum(ch)], -1)
@@ -182,6 +190,32 @@ def mosaic_keypoints(layout: Layout, keypoints: Tensor, hw: Tensor) -> Tensor:
     return torch.where(layout.mosaic[:, None, None, None], clip_keypoints(kp, cw, ch), kp)
 
 
+def mosaic_segments(layout: Layout, labels: Labels, hw: Tensor) -> Labels:
+    """The oriented boxes of each row's tiles on its canvas: their segments denormalised and offset by the tile
+    (``_update_labels``), then on mosaic samples ``Instances.clip(canvas, preserve_obb=True)`` (``clip_obb``: a
+    segment that leaves the canvas becomes the rectangle of its visible part, its box that part's bounds, a box inside
+    stays unclipped) and ``remove_zero_area_boxes``.
+
+    Args:
+        labels: the batch's (N, L) labels, segments (N, L, 100, 2) normalised. hw: (N, 2) stored (h, w).
+
+    Returns:
+        (R, T*L) labels: cls, boxes, valid and segments (R, T*L, 100, 2) canvas pixels.
+    """
+    b = len(layout.src)
+    xyxy, ok = tile_boxes(layout, labels.boxes, labels.valid, hw)
+    seg = labels.segments[layout.src]  # (B, T, L, 100, 2): each tile's copy, the mosaic's largest label tensor
+    size = hw[layout.src].to(seg.dtype)  # (B, T, 2) h, w
+    pad = layout.pad.to(seg.dtype)
+    x = seg[..., 0] * size[:, :, None, None, 1] + pad[:, :, None, None, 0]  # float32 x * w, then + padw, as numpy
+    y = seg[..., 1] * size[:, :, None, None, 0] + pad[:, :, None, None, 1]
+    seg = torch.stack([x, y], -1).reshape(b, -1, *seg.shape[-2:])
+    ch, cw = (layout.canvas_hw[:, j, None].to(seg.dtype) for j in (0, 1))
+    boxes, seg = clip_obb(seg, xyxy, cw, ch, rows=layout.mosaic)
+    keep = ok & ((box_area(boxes) > 0) | ~layout.mosaic[:, None])
+    return Labels(labels.cls[layout.src].reshape(b, -1), boxes, keep, segments=seg)
+
+
 class Mosaic(GeometricOp):
     """Ultralytics' ``Mosaic``: each row's canvas of its own image and ``mosaic_grid - 1`` partners, by ``mosaic``."""
 
@@ -205,3 +239,9 @@ class Mosaic(GeometricOp):
     def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: MosaicParams, hyp: AugmentHyp) -> Tensor:
         """The stored keypoints of each row's tiles, on its canvas: (N, L, P, 3) -> (R, T * L, P, 3)."""
         return mosaic_keypoints(plan.tiles, keypoints, plan.hw)
+
+    def apply_corners(self, labels: Labels, moved: Labels, plan: WarpPlan, p: MosaicParams,
+                      hyp: AugmentHyp) -> Labels:
+        """The stored oriented boxes of each row's tiles, on its canvas, with the boxes and ``valid`` of Ultralytics'
+        OBB clip in place of ``moved``'s: (N, L, 100, 2) -> (R, T * L, 100, 2)."""
+        return dataclasses.replace(mosaic_segments(plan.tiles, labels, plan.hw), keypoints=moved.keypoints)

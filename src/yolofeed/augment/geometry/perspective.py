@@ -3,8 +3,10 @@
 ``M = T @ S @ R @ P @ C`` (Ultralytics' order) maps mosaic canvas pixels to output pixels; the warp samples
 the image through it once, and the boxes go through the same matrix here (their corners, then the hull, clipped
 and filtered as ``box_candidates``), the keypoints too (``warp_keypoints``: a point that leaves the output is
-made invisible; a filtered box takes its keypoints with it, as they share its slot). The draws are float64 like
-Python's ``random``, the matrix float32 like OpenCV's, so the warp reproduces ``cv2.warpAffine`` /
+made invisible; a filtered box takes its keypoints with it, as they share its slot). An oriented box's segment
+goes through it point by point and its box is made from the moved points, as Ultralytics' ``apply_segments`` does
+(``warp_segments``: clipped to the output as its OBB clip does, filtered with 1 % of the area). The draws are float64
+like Python's ``random``, the matrix float32 like OpenCV's, so the warp reproduces ``cv2.warpAffine`` /
 ``warpPerspective`` bit for bit.
 """
 
@@ -17,12 +19,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from yolofeed.augment.geometry.obb import clip_obb, segment_bounds
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, matmul3, uniform
 
 BOX_WH_MIN = 2.0  # Ultralytics box_candidates: width and height must exceed 2 px
 BOX_AR_MAX = 100.0  # ... aspect ratio below 100
 BOX_AREA_RATIO = 0.10  # ... and keep more than 10 % of the (scaled) original area
+BOX_AREA_RATIO_SEGMENTS = 0.01  # ... 1 % where the labels have segments (apply_instances: OBB)
 
 
 @dataclass
@@ -128,6 +132,28 @@ def warp_keypoints(keypoints: Tensor, M: Tensor, size: int) -> Tensor:
     return clip_keypoints(torch.cat([xy, keypoints[..., 2:3]], -1), size, size)
 
 
+def warp_segments(labels: Labels, M: Tensor, scale: Tensor, size: int) -> Labels:
+    """``RandomPerspective.apply_instances`` with segments (OBB, ``preserve_obb``): each point through ``M`` with the
+    perspective divide (always, as ``apply_segments`` does), each box the bounds of its moved points
+    (``segment2box`` of a segment inside the output), ``Instances.clip(preserve_obb=True)`` for the others
+    (``clip_obb``), then ``box_candidates`` against the old boxes with 1 % of the area.
+
+    Args:
+        labels: canvas pixels; segments (B, K, 100, 2). M: (B, 3, 3). scale: (B,) float32.
+
+    Returns:
+        the labels in output pixels: boxes, segments and ``valid`` replaced, classes kept.
+    """
+    seg = labels.segments
+    xy1 = torch.cat([seg, torch.ones_like(seg[..., :1])], -1)  # (B, K, 100, 3): 100 points a box, a few matmuls
+    out = xy1 @ M.transpose(1, 2)[:, None]
+    seg = out[..., :2] / out[..., 2:3]
+    boxes, seg = clip_obb(seg, segment_bounds(seg), size, size)
+    old = labels.boxes * scale[:, None, None]
+    valid = labels.valid & box_candidates(old, boxes, BOX_AREA_RATIO_SEGMENTS)
+    return dataclasses.replace(labels, boxes=boxes, valid=valid, segments=seg)
+
+
 class RandomPerspective(GeometricOp):
     """Ultralytics' ``RandomPerspective`` (``degrees``, ``translate``, ``scale``, ``shear``, ``perspective``): always
     on, the identity where they are all 0; ``perspective != 0`` switches to warpPerspective, as Ultralytics does."""
@@ -147,3 +173,9 @@ class RandomPerspective(GeometricOp):
 
     def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: PerspectiveParams, hyp: AugmentHyp) -> Tensor:
         return warp_keypoints(keypoints, plan.step, hyp.imgsz)
+
+    def apply_corners(self, labels: Labels, moved: Labels, plan: WarpPlan, p: PerspectiveParams,
+                      hyp: AugmentHyp) -> Labels:
+        """The segments through the step, and the boxes made from them in place of ``moved``'s (``warp_segments``)."""
+        warped = warp_segments(labels, plan.step, p.scale.float(), hyp.imgsz)
+        return dataclasses.replace(warped, keypoints=moved.keypoints)

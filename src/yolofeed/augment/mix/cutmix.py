@@ -2,8 +2,8 @@
 
 As MixUp, the partner is one more augmented row per sample (``Partners.mix_partner``). ``plan_cutmix`` is
 ``CutMix.get_params`` + ``apply_instances`` for every sample at once: the area and the partner boxes it takes
-(their keypoints clipped to the area, invisible outside it: ``cutmix_keypoints``); the paste is a term of the
-compose pass.
+(their keypoints clipped to the area, invisible outside it: ``cutmix_keypoints``; oriented boxes by Ultralytics' OBB
+clip, those left with no area dropped: ``cutmix_segments``); the paste is a term of the compose pass.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from yolofeed.augment.geometry.obb import box_area, clip_obb
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, Labels, PixelOp, clip_keypoints, coin
 
 CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image
 CUTMIX_IOA = 0.10  # a partner box is taken if at least 10 % of it lies in the cut region
+CUTMIX_IOA_SEGMENTS = 0.01  # ... 1 % where the sample has segments (an OBB sample with at least one box)
 
 
 @dataclass
@@ -81,12 +83,14 @@ class CutMixPlan:
 
 
 def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Tensor, partner_valid: Tensor,
-                size: int) -> CutMixPlan:
+                size: int, segments: bool = False) -> CutMixPlan:
     """``CutMix.get_params`` + ``apply_instances`` for every sample at once.
 
     Args:
         boxes, valid: the sample's boxes (after MixUp), (B, K, 4) xyxy pixels and (B, K).
         partner_boxes, partner_valid: every augmented row's own boxes before mixing, (R, K2, 4) and (R, K2).
+        segments: the labels carry segments (OBB): a partner box is taken from 1 % of it in the area where the sample
+            has any box (``len(labels["instances"].segments)``), from 10 % where it has none.
     """
     areas = cutmix_areas(p, size)  # (B, 3, 4)
     overlap = (ioa(areas, boxes) * valid[:, None, :]).sum(-1)  # (B, 3)
@@ -94,7 +98,8 @@ def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Te
     score = torch.where(free, p.pick, torch.full_like(p.pick, -1.0))
     area = torch.gather(areas, 1, score.argmax(1)[:, None, None].expand(-1, 1, 4))[:, 0]  # a uniform free area
     pb, pv = partner_boxes[p.partner], partner_valid[p.partner]
-    take = pv & (ioa(area[:, None], pb)[:, 0] >= CUTMIX_IOA)
+    least = torch.where(valid.any(1), CUTMIX_IOA_SEGMENTS, CUTMIX_IOA)[:, None] if segments else CUTMIX_IOA
+    take = pv & (ioa(area[:, None], pb)[:, 0] >= least)
     apply = p.apply & free.any(1) & take.any(1)
     a = area.long()
     x1, y1, x2, y2 = (a[:, j, None].to(pb.dtype) for j in range(4))
@@ -122,6 +127,25 @@ def cutmix_keypoints(plan: CutMixPlan, partner_keypoints: Tensor) -> Tensor:
     return torch.stack([x + x1, y + y1, v], -1)
 
 
+def cutmix_segments(plan: CutMixPlan, rows: Labels) -> tuple[Tensor, Tensor, Tensor]:
+    """``CutMix.apply_instances`` for oriented boxes (``preserve_obb``): the partner's segments and boxes moved to the
+    area's corner, ``Instances.clip`` to the area as the OBB clip does (``clip_obb``: one inside it stays as it is),
+    ``remove_zero_area_boxes``, moved back.
+
+    Args:
+        rows: every augmented row's own labels before mixing: boxes (R, K2, 4), segments (R, K2, 100, 2) pixels.
+
+    Returns:
+        boxes (B, K2, 4), segments (B, K2, 100, 2) and the (B, K2) taken (``plan.take`` less those left no area).
+    """
+    seg, pb = rows.segments[plan.partner], rows.boxes[plan.partner]
+    x1, y1, x2, y2 = (plan.area[:, j, None].to(seg.dtype) for j in range(4))
+    xy = torch.stack([x1, y1], -1)[:, :, None]  # (B, 1, 1, 2)
+    boxes, local = clip_obb(seg - xy, pb - torch.cat([xy, xy], -1)[:, :, 0], x2 - x1, y2 - y1)  # add_padding(-x1, -y1)
+    take = plan.take & (box_area(boxes) > 0)
+    return boxes + torch.cat([xy, xy], -1)[:, :, 0], local + xy, take
+
+
 class CutMix(PixelOp):
     """Ultralytics' ``CutMix`` with probability ``cutmix``."""
 
@@ -134,7 +158,10 @@ class CutMix(PixelOp):
         return sample_cutmix(draw.partner, hyp, generator)
 
     def compose_term(self, p: CutMixParams, labels: Labels, rows: Labels, hyp: AugmentHyp) -> CutMixPlan | None:
-        return plan_cutmix(p, labels.boxes, labels.valid, rows.boxes, rows.valid, hyp.imgsz) if self.on(hyp) else None
+        if not self.on(hyp):
+            return None
+        obb = labels.segments is not None
+        return plan_cutmix(p, labels.boxes, labels.valid, rows.boxes, rows.valid, hyp.imgsz, segments=obb)
 
     def apply_boxes(self, labels: Labels, rows: Labels, term: CutMixPlan | None) -> Labels:
         """The partner's boxes in the pasted area, clipped to it, after the sample's."""
@@ -147,3 +174,13 @@ class CutMix(PixelOp):
     def apply_keypoints(self, keypoints: Tensor, rows: Labels, term: CutMixPlan | None) -> Tensor:
         """The partner's keypoints in the pasted area, after the sample's, in its boxes' slots."""
         return keypoints if term is None else torch.cat([keypoints, cutmix_keypoints(term, rows.keypoints)], 1)
+
+    def apply_corners(self, labels: Labels, moved: Labels, rows: Labels, term: CutMixPlan | None) -> Labels:
+        """The partner's oriented boxes in the pasted area, after the sample's: their segments, and the boxes and
+        ``valid`` of Ultralytics' OBB clip in place of ``moved``'s clipped boxes."""
+        if term is None:
+            return dataclasses.replace(moved, segments=labels.segments)
+        boxes, seg, take = cutmix_segments(term, rows)
+        return dataclasses.replace(moved, boxes=torch.cat([labels.boxes, boxes], 1),
+                                   valid=torch.cat([labels.valid, take], 1),
+                                   segments=torch.cat([labels.segments, seg], 1))

@@ -2,7 +2,7 @@
 
 The partner is a fresh mosaic + perspective of one more image, as in Ultralytics: the pipeline augments one
 extra row per sample for it (``Partners.mix_partner``) and ``partner`` names that row. The blend is a term of
-the compose pass; the partner's boxes (and keypoints) join the sample's.
+the compose pass; the partner's boxes (and keypoints, or oriented boxes' segments) join the sample's.
 """
 
 from __future__ import annotations
@@ -70,3 +70,8 @@ class MixUp(PixelOp):
     def apply_keypoints(self, keypoints: Tensor, rows: Labels, term: MixUpParams | None) -> Tensor:
         """The partner's keypoints after the sample's (``Instances.concatenate``), in its boxes' slots."""
         return keypoints if term is None else torch.cat([keypoints, rows.keypoints[term.partner]], 1)
+
+    def apply_corners(self, labels: Labels, moved: Labels, rows: Labels, term: MixUpParams | None) -> Labels:
+        """The partner's segments after the sample's (``Instances.concatenate``), in its boxes' slots."""
+        seg = labels.segments if term is None else torch.cat([labels.segments, rows.segments[term.partner]], 1)
+        return dataclasses.replace(moved, segments=seg)
