@@ -36,7 +36,8 @@ SETUP = dict(
     dis=5.0, quantize=None,
 )  # nms at its default: None from 8.4.142, False before (a bool key then)
 ELSEWHERE = {
-    "task": "test_every_refusal_stops_the_run_before_anything_is_built (segment and obb models); test_train_pose.py",
+    "task": ("test_every_refusal_stops_the_run_before_anything_is_built (a segment model); test_train_pose.py, "
+             "test_train_obb.py"),
     "mode": "always train",
     "model": "both set-ups build yolo11n.yaml; test_model_task_is_read_from_the_yaml",
     "data": "both set-ups use the synthetic data yaml; a list is refused",

@@ -516,7 +516,11 @@ def test_the_obb_loss_and_its_gradients_equal_ultralytics(yaml, counts, tiny):
     assert tiny < 1 or both[sfl.CANDIDATES] == 0
     rboxes, valid = _slots(b)  # the augmented route: the same boxes in slots, holes and dropped boxes as zeros
     assert int(sfl.early_rbox_candidates_for(swapped[0], rboxes, valid)) == both[sfl.CANDIDATES]
-    assert sfl.early_candidates_for(swapped[0], _augmented(COUNTS)) is None  # an AugmentedBatch has no rboxes yet
+    assert sfl.early_candidates_for(swapped[0], _augmented(COUNTS)) is None  # a detection batch: no oriented boxes
+    size = b["img"].shape[-1]  # 64: a power of 2, so pixels / size gives back the same bits
+    aug = AugmentedBatch(img=b["img"], cls=torch.zeros(valid.shape), boxes=torch.zeros(*valid.shape, 4), valid=valid,
+                         rboxes=torch.cat([rboxes[..., :4] * size, rboxes[..., 4:]], -1))
+    assert int(sfl.early_candidates_for(swapped[0], aug)) == both[sfl.CANDIDATES]  # AugmentAhead's route
     close(run({**b, **both}))
     assert all(x.assigner.candidates is None and x.bbox_loss.bound is None for x in swapped)  # nothing left over
     assert sfl.check_counts(model)

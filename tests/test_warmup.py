@@ -68,7 +68,7 @@ def test_warm_up_draws_nothing_from_the_random_streams(model):
 def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeypatch, device, enabled, called):
     """And on every device, the first epoch's batches start loading first (the epoch a resume starts at)."""
     seen, primed = [], []
-    monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append((*a, list(primed))) or 1.0)
+    monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append((*a, list(primed))) or 1.0)
     sampler = EpochSampler(np.arange(10000), 128)
     loader = SimpleNamespace(sampler=sampler, prime=lambda: primed.append(sampler.epoch))
     fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model,
@@ -95,12 +95,12 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
                                hyp=AugmentHyp.from_args(imgsz=64), amp=True, args=SimpleNamespace(amp=amp_key),
                                start_epoch=0)
 
-    monkeypatch.setattr(trainer_module, "warm_up", lambda *a: seen.append(a[-1]) or 1.0)
+    monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16
     trainer_module.FastDetectionTrainer._warm_up(fake(True))
     assert seen == [torch.bfloat16, True]
 
-    def out_of_memory(*a):
+    def out_of_memory(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(trainer_module, "warm_up", out_of_memory)
@@ -109,7 +109,7 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         trainer_module.FastDetectionTrainer._warm_up(fake(True))  # training goes on
     assert "skipped the warm-up before the first epoch (OutOfMemoryError: CUDA out of memory" in caplog.text
 
-    def one_value(*a):  # a batch of 1 at a size whose last feature map is 1x1: stock fails on it in the epoch too
+    def one_value(*a, **k):  # a batch of 1 at a size whose last feature map is 1x1: stock fails on it in the epoch too
         raise ValueError("Expected more than 1 value per channel when training, got input size [1, 256, 1, 1]")
 
     monkeypatch.setattr(trainer_module, "warm_up", one_value)
@@ -117,7 +117,7 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         trainer_module.FastDetectionTrainer._warm_up(fake(True))
     assert "skipped the warm-up before the first epoch (ValueError: Expected more than 1 value" in caplog.text
 
-    def silent(*a):
+    def silent(*a, **k):
         raise RuntimeError()  # no message at all
 
     monkeypatch.setattr(trainer_module, "warm_up", silent)
@@ -154,3 +154,11 @@ def test_with_options_refuses_a_bool_option_that_is_not_a_bool(value):
         trainer_module.FastDetectionTrainer.with_options(warm_up=value)
     with pytest.raises(ConfigError, match="augment_ahead"):
         trainer_module.FastDetectionTrainer.with_options(augment_ahead=value)
+
+
+def test_an_obb_run_warms_its_augmentation_on_a_blank_batch_of_oriented_boxes():
+    from yolofeed.train.warmup import blank_source, warm_augmentation
+
+    src = blank_source(4, 64, 3, torch.device("cpu"), corners=True)
+    assert src.kinds() == ("corners",) and src.corners.shape == (4, 3, 4, 2)
+    warm_augmentation(GpuAugment(AugmentHyp.from_args(imgsz=64)), 4, 3, torch.device("cpu"), corners=True)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from yolofeed.train.loss import CANDIDATES
 from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
-from yolofeed.ultralytics_seam import DetectionTrainer, PoseTrainer
+from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer
 
 REPLAYED = 4  # augmented batches held on the GPU and replayed in turn
 
@@ -90,4 +90,9 @@ class CeilingPoseTrainer(Ceiling, PoseTrainer):
     """``PoseTrainer`` whose training loader replays ``REPLAYED`` augmented batches, keypoints too, from the device."""
 
 
-CEILINGS = {"detect": CeilingTrainer, "pose": CeilingPoseTrainer}
+class CeilingOBBTrainer(Ceiling, OBBTrainer):
+    """``OBBTrainer`` whose training loader replays ``REPLAYED`` augmented batches, oriented boxes too, from the
+    device."""
+
+
+CEILINGS = {"detect": CeilingTrainer, "pose": CeilingPoseTrainer, "obb": CeilingOBBTrainer}

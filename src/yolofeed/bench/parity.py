@@ -52,6 +52,8 @@ def metric_name(jobs: list[Job]) -> str:
     """How the verdict names the metric: "mAP50-95" for boxes, "mAP50-95(P)" for keypoints..."""
     key = metrics(jobs)[0]
     return "mAP50-95" if key == MAP else key.split("/", 1)[1]
+
+
 MEAN_BAR, LOW_BAR, OVERLAP_BAR = 0.5, -1.0, 0.9  # points, points, share of epochs
 
 

@@ -1,5 +1,5 @@
 """Stage 4: the Ultralytics seam (``FastDetectionTrainer``) and the ``yolofeed train`` command."""
 
-from yolofeed.train.trainer import FastDetectionTrainer, FastPoseTrainer
+from yolofeed.train.trainer import FastDetectionTrainer, FastOBBTrainer, FastPoseTrainer
 
-__all__ = ["FastDetectionTrainer", "FastPoseTrainer"]
+__all__ = ["FastDetectionTrainer", "FastOBBTrainer", "FastPoseTrainer"]

@@ -72,8 +72,8 @@ PREDICT = "prediction, tracking or export only"
 
 RULES: dict[str, Rule] = {
     # what and where
-    "task": Rule(OURS, "detect, pose", lambda v: v not in (None, "detect", "pose"), "any other task",
-                 "yolofeed trains detection and pose models (oriented boxes, segmentation and classification not "
+    "task": Rule(OURS, "detect, pose, obb", lambda v: v not in (None, "detect", "pose", "obb"), "any other task",
+                 "yolofeed trains detection, pose and oriented-box models (segmentation and classification not "
                  "yet). Train this model with 'yolo train' (same keys), or pick one such as model=yolo11n.yaml"),
     "mode": Rule(STOCK, "train"),
     "model": Rule(STOCK, "a detection model yaml or .pt, built or loaded by Ultralytics (other tasks: see task)"),
@@ -199,8 +199,15 @@ def refusal(args: Any) -> str | None:
     return None
 
 
-TRAINED = {"detect": "FastDetectionTrainer", "pose": "FastPoseTrainer"}  # the tasks yolofeed trains, and their trainer
+TRAINED = {"detect": "FastDetectionTrainer", "pose": "FastPoseTrainer",  # the tasks yolofeed trains, and their trainer
+           "obb": "FastOBBTrainer"}
 KIND = {"detect": "detection", "segment": "segmentation", "obb": "oriented-box", "classify": "classification"}
+
+
+def a_kind(task: str) -> str:
+    """"a detection", "an oriented-box": the task's kind of model with its article."""
+    kind = KIND.get(task, task)
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
 def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
@@ -219,15 +226,16 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
         task = own
     if own == "detect" and task != "detect" and task in TRAINED and str(model).lower().endswith((".yaml", ".yml")):
         # a detection yaml's head for a pose run: Ultralytics fails building the model (KeyError: 'kpt_shape')
-        raise ConfigError(f"model={model} is a detection model, and this run is task={task}: pick a {task} model "
-                          f"such as model=yolo11n-{task}.yaml, or train this one as detection (drop task=; "
+        article = "an" if task[:1] in "aeiou" else "a"
+        raise ConfigError(f"model={model} is a detection model, and this run is task={task}: pick {article} {task} "
+                          f"model such as model=yolo11n-{task}.yaml, or train this one as detection (drop task=; "
                           f"FastDetectionTrainer)")
     if task not in carried:
         if asked == task and own in carried:  # the model is of a carried task: task= is the problem
-            raise ConfigError(f"task={task}: model={model} is a {KIND.get(own, own)} model: drop task= (or pass "
+            raise ConfigError(f"task={task}: model={model} is {a_kind(own)} model: drop task= (or pass "
                               f"task={own})")
         if task in TRAINED:
-            raise ConfigError(f"model={model} is a {KIND.get(task, task)} model: train it with yolofeed's "
+            raise ConfigError(f"model={model} is {a_kind(task)} model: train it with yolofeed's "
                               f"{TRAINED[task]} (YOLO(...).train(trainer={TRAINED[task]}), or yolofeed train, which "
                               "picks it)")
         raise ConfigError(f"task={task} (model={model}): {RULES['task'].reason}")

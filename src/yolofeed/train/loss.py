@@ -778,9 +778,13 @@ def padded_rboxes_from_augmented(rboxes: Tensor, valid: Tensor, loss: SyncFreeOB
 
 def early_candidates_for(loss: SyncFreeLoss, out: Any) -> Tensor | None:
     """``early_candidates`` for an ``AugmentedBatch``, or None before the loss has cached its anchors (or for an OBB
-    loss, whose boxes are not in the batch yet: ``early_rbox_candidates_for``)."""
+    loss, a batch without oriented boxes)."""
     if isinstance(loss, SyncFreeOBBLoss):
-        return None
+        if out.rboxes is None:
+            return None
+        size = out.img.shape[-1]  # to_ultralytics' normalisation, elementwise: the same bits the loss will read
+        return early_rbox_candidates_for(loss, torch.cat([out.rboxes[..., :4] / size, out.rboxes[..., 4:]], -1),
+                                         out.valid)
     gt = padded_gt_from_augmented(out.boxes, out.valid, out.img.shape[-1], loss)
     return None if gt is None else loss.early_candidates(gt)
 

@@ -210,8 +210,9 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
     check_model_file(model)
     task = keys.model_task(model, None)
     if task not in keys.TRAINED:  # their modes are yolofeed's trainers of a task and Ultralytics' of the same
-        raise ConfigError(f"model={model} is a {keys.KIND.get(task, task)} model: yolofeed doctor, bench and parity "
-                          f"take {' and '.join(keys.KIND.get(t, t) for t in keys.TRAINED)} models")
+        kinds = [keys.KIND.get(t, t) for t in keys.TRAINED]
+        raise ConfigError(f"model={model} is {keys.a_kind(task)} model: yolofeed doctor, bench and parity "
+                          f"take {', '.join(kinds[:-1])} and {kinds[-1]} models")
     if _is_weights_file(model):
         check_checkpoint(model)
     elif str(model).lower().endswith(".pt") and Path(model).name != str(model):  # a path, not a name to download

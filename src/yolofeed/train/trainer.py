@@ -53,6 +53,7 @@ from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
     DetectionTrainer,
+    OBBTrainer,
     PoseTrainer,
     check_det_dataset,
     checkpoint,
@@ -318,7 +319,8 @@ class FastTrainer(SyncFreeStep):
             return  # on the CPU there is no such set-up to pay
         amp = step_autocast(self)
         try:
-            seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp)
+            seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp,
+                              corners=getattr(self, "carried_task", "detect") == "obb")
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()
@@ -411,7 +413,19 @@ class FastPoseTrainer(FastTrainer, PoseTrainer):
     carried_task = "pose"
 
 
-TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer}  # by the model's task (keys.TRAINED names them)
+class FastOBBTrainer(FastTrainer, OBBTrainer):
+    """``OBBTrainer`` with a GPU-resident data pipeline: each oriented box's corners in the pack (an OBB pack,
+    ``task=obb``), through every augmentation op as Ultralytics moves them (100 points on the box's edges), to the
+    minimum-area rectangle Ultralytics' OBB loss and validator take.
+
+    Use it as ``YOLO("yolo11n-obb.yaml").train(trainer=FastOBBTrainer, data=...)``; ``yolofeed train`` picks it for
+    an OBB model.
+    """
+
+    carried_task = "obb"
+
+
+TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer}  # keys.TRAINED names them
 
 
 def python_route(name: str, value: Any) -> str | None:

@@ -76,28 +76,32 @@ def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.dev
 
 
 def blank_source(n: int, imgsz: int, width: int, device: torch.device,
-                 kpt_shape: tuple[int, int] | None = None) -> SourceBatch:
-    """``n`` grey images of ``imgsz`` with one box each (and its keypoints, for ``kpt_shape``): a batch the
-    augmentation accepts, whatever it draws."""
+                 kpt_shape: tuple[int, int] | None = None, corners: bool = False) -> SourceBatch:
+    """``n`` grey images of ``imgsz`` with one box each (and its keypoints, for ``kpt_shape``; its four corners, with
+    ``corners``): a batch the augmentation accepts, whatever it draws."""
     width = max(1, width)  # a set without labels (or classes= keeping none) pads to one slot, as the loader does
     valid = torch.zeros(n, width, dtype=torch.bool, device=device)
     valid[:, 0] = True
     boxes = torch.tensor([0.5, 0.5, 0.5, 0.5], device=device).repeat(n, width, 1)  # normalised xywh
     keypoints = None if kpt_shape is None else torch.full((n, width, kpt_shape[0], 3), 0.5, device=device)
+    square = torch.tensor([[0.25, 0.25], [0.75, 0.25], [0.75, 0.75], [0.25, 0.75]], device=device)  # the box's
     return SourceBatch(torch.full((n, imgsz, imgsz, 3), 114, dtype=torch.uint8, device=device),
                        torch.full((n, 2), imgsz, dtype=torch.int64, device=device),
-                       torch.zeros(n, width, device=device), boxes, valid, keypoints=keypoints)
+                       torch.zeros(n, width, device=device), boxes, valid, keypoints=keypoints,
+                       corners=square.repeat(n, width, 1, 1) if corners else None)
 
 
-def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.device) -> None:
-    """Run a throwaway copy of the augmentation once on a blank batch: its Triton kernels compile now."""
+def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.device, corners: bool = False) -> None:
+    """Run a throwaway copy of the augmentation once on a blank batch (of OBBs, with ``corners``): its Triton kernels
+    compile now."""
     gen = torch.Generator(device=device).manual_seed(0) if device.type == "cuda" else torch.Generator().manual_seed(0)
-    augment(blank_source(n, augment.hyp.imgsz, width, device, augment.hyp.kpt_shape), gen, None)
+    augment(blank_source(n, augment.hyp.imgsz, width, device, augment.hyp.kpt_shape, corners), gen, None)
 
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
-            amp: bool | torch.dtype) -> float:
-    """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took.
+            amp: bool | torch.dtype, corners: bool = False) -> float:
+    """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took. ``corners``: the
+    batches are OBBs'.
 
     Raises:
         torch.cuda.OutOfMemoryError, RuntimeError: as the passes raise them (the trainer skips the warm-up).
@@ -109,7 +113,7 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
     rng = torch.get_rng_state(), np.random.get_state()  # a blank pass draws nothing, but be sure
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     warm_model(model, sizes, augment.hyp.imgsz, device, amp)
-    warm_augmentation(augment, sizes[0], width, device)
+    warm_augmentation(augment, sizes[0], width, device, corners)
     torch.set_rng_state(rng[0])
     np.random.set_state(rng[1])
     if cuda_rng is not None:

@@ -119,6 +119,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         img2label_paths,
     )
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
+    from ultralytics.models.yolo.obb import OBBTrainer  # train.trainer: FastOBBTrainer subclasses it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
     from ultralytics.nn.modules.conv import Conv  # train.graphed: FusedConv subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
@@ -198,7 +199,8 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",
     "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER", "make_anchors",
     "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device", "parse_key_value_pair",
-    "pil_open", "PoseTrainer", "progress_bar_drawn", "RANK", "run_first", "segments2boxes", "set_criterion",
+    "pil_open", "OBBTrainer", "PoseTrainer", "progress_bar_drawn", "RANK", "run_first", "segments2boxes",
+    "set_criterion",
     "set_epoch_loss", "smart_value", "start_epoch", "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",
     "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "VERSION", "weights_dir", "world_size",

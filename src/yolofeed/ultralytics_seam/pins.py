@@ -392,6 +392,51 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.train.loss.SyncFreePoseLoss.kpts_decode",
            why="the keypoints x 2 plus the anchor less 0.5, the anchors' columns sliced where Ultralytics indexes them "
                "with a list (a host-to-device copy, which syncs)", since=POSE_SINCE),
+    # oriented boxes (task=obb): the rules the GPU augmentation and the validation batches re-implement
+    Pinned("ultralytics.data.dataset.YOLODataset.update_labels_info", "63a36af060b99cc0",
+           "yolofeed.augment.geometry.obb.resample_corners",
+           why="an OBB's 4 corners resampled to 100 points (resample_segments) before any op",
+           others=(_r("8.4.138", "8.4.160", "6ad4edaac581cff9",
+                      "resamples every segment list, where 8.4.161 skips it for a semantic-mask format: the same for "
+                      "OBB"),)),
+    Pinned("ultralytics.utils.ops.resample_segments", "4575a32eb1ebeda2",
+           "yolofeed.augment.geometry.obb.resample_corners",
+           why="a closed polygon's n points by np.interp: linspace(0, len, n - len) with each vertex inserted"),
+    Pinned("ultralytics.utils.instance.Instances.clip", "958ab3fb19b478a7", "yolofeed.augment.geometry.obb.clip_obb",
+           why="preserve_obb: a segment not wholly inside becomes the rectangle of its visible part "
+               "(intersectConvexConvex with the canvas) in its own minimum-area frame, resampled; none visible: zeros"),
+    Pinned("ultralytics.data.augment.Mosaic._cat_labels", "aaae112c70310982",
+           "yolofeed.augment.geometry.mosaic.Mosaic.apply_corners",
+           why="the tiles' instances clipped to the canvas with preserve_obb, then remove_zero_area_boxes"),
+    Pinned("ultralytics.data.augment.RandomPerspective.apply_instances", "017c3934f4e7bc1d",
+           "yolofeed.augment.geometry.perspective.RandomPerspective.apply_corners",
+           why="with segments the boxes come from the moved points (apply_segments), the clip keeps the OBB "
+               "(preserve_obb) and box_candidates takes area_thr 0.01"),
+    Pinned("ultralytics.data.augment.RandomPerspective.apply_segments", "4b62a9f81c5f49c5",
+           "yolofeed.augment.geometry.perspective.RandomPerspective.apply_corners",
+           why="the points through M with the perspective divide, each box segment2box of its points; with "
+               "preserve_obb no clip of the points to their box"),
+    Pinned("ultralytics.utils.ops.segment2box", "d58b7c477e7d8b11",
+           why="a segment wholly inside the image gives its points' bounds (the only case the OBB path meets before "
+               "the clip decides)",
+           others=(_r("8.4.138", "8.4.163", "ab3559b15a0127b7",
+                      "without the early return for a segment wholly outside: the polygon clip then finds no point "
+                      "and returns zeros too"),)),
+    Pinned("ultralytics.data.augment.CutMix.apply_instances", "232dac6a65e0a9c2",
+           "yolofeed.augment.mix.cutmix.CutMix.apply_corners",
+           why="an OBB sample with boxes takes a partner box from 1 % of it inside the area; the partner's clipped "
+               "with preserve_obb, zero-area ones dropped"),
+    Pinned("ultralytics.utils.ops.xyxyxyxy2xywhr", "b1abfdfbf65fc502",
+           "yolofeed.augment.geometry.rboxes.xyxyxyxy2xywhr",
+           why="cv2.minAreaRect of each point set, w the longer side, theta in [-pi/4, 3pi/4)",
+           others=(_r("8.4.138", "8.4.182", "90ff39d7b3311182",
+                      "the points not cast to float32 first: the same rectangles for float32 points, which "
+                      "Format hands it"),)),
+    Pinned("ultralytics.data.augment.Format.apply_instances", "5c35b5be4b5e53a9",
+           "yolofeed.schema.AugmentedBatch.to_ultralytics",
+           why="return_obb: bboxes are xyxyxyxy2xywhr of the segments, x, w / image width and y, h / its height",
+           others=(_r("8.4.138", "8.4.161", "bb987a8caf10588a",
+                      "semantic masks' overlap resolved otherwise: the OBB branch is the same"),)),
     Pinned("ultralytics.nn.modules.conv.Conv.forward", "5eed1f9d8f3e5a46",
            "yolofeed.train.graphed.FusedConv.forward",
            why="act(bn(conv(x))): FusedConv runs bn and act (a BatchNorm2d and a SiLU) as one op while a graph is "

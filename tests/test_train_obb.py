@@ -1,0 +1,103 @@
+"""FastOBBTrainer on the CPU: an OBB model trains from an OBB pack, its batches carry the oriented boxes Ultralytics'
+OBB loss reads, and it writes what ``yolo train`` writes for OBB; bench compares an OBB model with its own trainers."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+TINY = dict(epochs=1, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
+
+
+def _columns(run: Path) -> list[str]:
+    with open(run / "results.csv") as f:
+        return next(csv.reader(f))
+
+
+def test_the_batches_carry_the_oriented_boxes_ultralytics_obb_loss_reads(obb_dataset, tmp_path):
+    """One augmented batch of FastOBBTrainer's loader, through Ultralytics' own OBB loss: each box is (cx, cy, w, h,
+    theta), the first four normalised, w the longer side and theta in [-pi/4, 3pi/4) (Ultralytics' canonical form),
+    row-aligned with the classes, and the loss is finite."""
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import OBBModel
+
+    from yolofeed import FastOBBTrainer
+
+    trainer = FastOBBTrainer(overrides=dict(model="yolo11n-obb.yaml", data=str(obb_dataset / "data.yaml"),
+                                            project=str(tmp_path), name="r", **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=8, rank=-1, mode="train")
+    try:
+        batch = trainer.preprocess_batch(next(iter(loader)))
+    finally:
+        loader.close()
+    n = len(batch["cls"])
+    b = batch["bboxes"]
+    assert n > 0 and b.shape == (n, 5) and len(batch["batch_idx"]) == n
+    assert (b[:, :2] >= 0).all() and (b[:, :2] <= 1).all() and (b[:, 2] >= b[:, 3]).all()
+    assert (b[:, 4] >= -math.pi / 4).all() and (b[:, 4] < 3 * math.pi / 4).all()
+    model = OBBModel("yolo11n-obb.yaml", nc=trainer.data["nc"], verbose=False)
+    model.args = get_cfg()
+    loss, _ = model.loss(batch, model(batch["img"]))
+    assert torch.isfinite(loss).all() and loss.sum() > 0
+
+
+@pytest.mark.slow
+def test_an_obb_model_trains_from_an_obb_pack_and_writes_ultralytics_obb_files(obb_dataset, tmp_path):
+    from ultralytics import YOLO
+    from ultralytics.models.yolo.obb import OBBTrainer
+
+    from yolofeed import FastOBBTrainer
+    from yolofeed.pack import Pack
+
+    seen = []
+    stock = YOLO("yolo11n-obb.yaml")
+    stock.train(trainer=OBBTrainer, data=str(obb_dataset / "data.yaml"), project=str(tmp_path), name="stock", **TINY)
+    ours = YOLO("yolo11n-obb.yaml")
+    ours.add_callback("on_train_batch_end", lambda t: seen.append(t.batch_images))
+    ours.train(trainer=FastOBBTrainer, data=str(obb_dataset / "data.yaml"), project=str(tmp_path), name="ours",
+               **TINY)
+    assert seen and all(n > 0 for n in seen)
+    assert _columns(tmp_path / "ours") == _columns(tmp_path / "stock")
+    packs = list(obb_dataset.glob("yolofeed-packs/*-obb/train.yfpack"))
+    assert len(packs) == 1 and Pack.open(packs[0]).header["task"] == "obb"
+    best = YOLO(str(tmp_path / "ours" / "weights" / "best.pt"))
+    assert best.task == "obb"
+    metrics = best.val(data=str(obb_dataset / "data.yaml"), imgsz=64, device="cpu", plots=False, verbose=False)
+    assert metrics.box is not None  # yolo val reads yolofeed's best.pt as an OBB model
+
+
+def test_a_trainer_refuses_a_model_of_another_task_in_one_line(obb_dataset, tmp_path):
+    from yolofeed import FastDetectionTrainer, FastOBBTrainer
+    from yolofeed.errors import ConfigError
+
+    data = str(obb_dataset / "data.yaml")
+    with pytest.raises(ConfigError, match="is an oriented-box model: train it with yolofeed's FastOBBTrainer"):
+        FastDetectionTrainer(overrides=dict(model="yolo11n-obb.yaml", data=data, project=str(tmp_path / "runs"),
+                                            **TINY))
+    with pytest.raises(ConfigError, match="is a detection model, and this run is task=obb: pick an obb model"):
+        FastOBBTrainer(overrides=dict(model="yolo11n.yaml", data=data, project=str(tmp_path / "runs"), **TINY))
+    assert not (tmp_path / "runs").exists()  # refused before the run folder
+
+
+@pytest.mark.slow
+def test_bench_compares_an_obb_model_with_its_own_trainers(obb_dataset, tmp_path):
+    import json
+
+    from ultralytics.models.yolo.obb import OBBTrainer
+
+    from yolofeed.bench.ceiling import CeilingOBBTrainer
+    from yolofeed.bench.modes import trainer_class
+    from yolofeed.cli import main
+    from yolofeed.train import FastOBBTrainer
+
+    assert trainer_class("stock", task="obb") is OBBTrainer
+    assert trainer_class("ceiling", task="obb") is CeilingOBBTrainer
+    assert issubclass(trainer_class("yolofeed", task="obb"), FastOBBTrainer)
+    assert main(["bench", "model=yolo11n-obb.yaml", f"data={obb_dataset / 'data.yaml'}", "modes=yolofeed,ceiling",
+                 "steps=10", "warmup=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
+    results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
+    assert [r["mode"] for r in results] == ["yolofeed", "ceiling"] and all(r["images_per_s"] > 0 for r in results)
