@@ -101,3 +101,30 @@ def test_bench_compares_an_obb_model_with_its_own_trainers(obb_dataset, tmp_path
                  "steps=10", "warmup=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
     results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
     assert [r["mode"] for r in results] == ["yolofeed", "ceiling"] and all(r["images_per_s"] > 0 for r in results)
+
+
+@pytest.mark.slow
+def test_obb_training_uses_the_counts_read_ahead_and_they_are_right(obb_dataset, tmp_path, monkeypatch):
+    """FastOBBTrainer on the CPU: after the first steps every OBB loss call takes the candidate count AugmentAhead
+    computed a step early from the augmented oriented boxes, and every epoch's check finds them right."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastOBBTrainer
+    from yolofeed.train import loss as sfl
+
+    calls = {"counted": 0, "measured": 0}
+    own = sfl.SyncFreeRotatedAssigner.get_box_metrics
+
+    def spy(self, *a, **k):
+        calls["counted" if self.candidates is not None else "measured"] += 1
+        return own(self, *a, **k)
+
+    checks = []
+    check = sfl.check_counts
+    monkeypatch.setattr(sfl.SyncFreeRotatedAssigner, "get_box_metrics", spy)
+    monkeypatch.setattr(sfl, "check_counts", lambda model: checks.append(check(model)) or checks[-1])
+    YOLO("yolo11n-obb.yaml").train(trainer=FastOBBTrainer, data=str(obb_dataset / "data.yaml"), project=str(tmp_path),
+                                   name="r", epochs=2, imgsz=64, batch=4, device="cpu", workers=0, plots=False,
+                                   verbose=False, val=False)
+    assert calls["measured"] == 2 and calls["counted"] >= 2  # the first two batches: before the anchors are known
+    assert checks == [True, True]
