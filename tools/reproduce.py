@@ -183,8 +183,8 @@ SECTIONS = {s.name: s for s in (
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=triton_bn_silu,triton_bn_silu_narrow "
         "out=$OUT/levers_bn")),
     Section("step-graphed", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
-        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_bn_silu.py tests/test_step.py tests/test_loss.py "
-        "-p no:cacheprovider --tb=short 2>&1 | tail -25 | tee $OUT/gpu_tests_graphed.txt",
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_bn_silu.py tests/test_step.py "
+        "tests/test_loss.py -p no:cacheprovider --tb=short 2>&1 | tail -25 | tee $OUT/gpu_tests_graphed.txt",
         "timeout 120 python3 -m tools.step_levers model=yolo11n.yaml levers=graphed,graphed_unfused out=$OUT/levers_g",
         "timeout 100 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed out=$OUT/levers_g")),
     Section("graphed-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
