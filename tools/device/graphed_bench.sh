@@ -4,7 +4,7 @@
 #   ab     yolo11n, yolofeed and the ceiling, graphed_step=False then True, first epoch and steady
 #   musgd  yolo11n with optimizer=MuSGD, stock and yolofeed
 #   26n    yolo26n, stock, yolofeed and the ceiling
-# Usage: PARTS=tests,ab bash tools/device/graphed_bench.sh    (default: every part; about 12 minutes)
+# Usage: bash tools/device/graphed_bench.sh    Environment: PARTS=tests,ab (default: every part; about 12 minutes)
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,8p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
