@@ -5,7 +5,7 @@
 #   musgd  yolo11n with optimizer=MuSGD, stock and yolofeed
 #   26n    yolo26n, stock, yolofeed and the ceiling
 # Usage: bash tools/device/graphed_bench.sh    Environment: PARTS=tests,ab (default: every part; about 12 minutes)
-if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,8p' "$0"; exit 0; fi
+if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,7p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
 PARTS=",${PARTS:-tests,ab,musgd,26n},"
