@@ -66,6 +66,7 @@ class Section:
 
 
 JPEG = "Raw and jpeg packs"
+OBB = "Oriented boxes (OBB)"
 SECTIONS = {s.name: s for s in (
     Section("throughput", "Training throughput", "nvidia-h200", 1, 9, (
         SYNTH_10K, PACK_10K,
@@ -200,8 +201,18 @@ SECTIONS = {s.name: s for s in (
         LABELS_10K.replace("/tmp/synth/", "/tmp/synth-pose/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='pose')"),
         "timeout 330 python3 -m yolofeed bench model=yolo11n-pose.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         + BENCH_1.replace("/tmp/synth/", "/tmp/synth-pose/") + " out=$OUT/bench_pose", NO_WEIGHTS)),
-    Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 3, (
-        "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 | tail -40 | tee $OUT/gpu_tests.txt",)),
+    Section("parity-obb", OBB, "nvidia-h200", 1, 9, (
+        "DEVICES=0 TASK=obb MODEL11=yolo11n-obb.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
+        "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
+    Section("obb-throughput", OBB, "nvidia-h200", 1, 6, (
+        "python3 -m yolofeed synth out=/tmp/synth-obb n_train=10000 n_val=500 seed=0 task=obb 2>&1 | tail -2",
+        "python3 -m yolofeed pack data=/tmp/synth-obb/data.yaml imgsz=640 task=obb 2>&1 | tail -2",
+        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-obb/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='obb')"),
+        "timeout 330 python3 -m yolofeed bench model=yolo11n-obb.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+        + BENCH_1.replace("/tmp/synth/", "/tmp/synth-obb/") + " out=$OUT/bench_obb", NO_WEIGHTS)),
+    Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
+        "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
+        "tail -40 $OUT/gpu_tests.txt",)),
 )}
 
 
