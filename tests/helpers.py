@@ -46,6 +46,24 @@ def ultralytics_dataset(yaml_file: Path, split: str, imgsz: int, classes=None, s
                        batch_size=4, rect=False, classes=classes, single_cls=single_cls)
 
 
+# The OpenCV release whose warpAffine/warpPerspective arithmetic ``kernels.warp`` reproduces bit for bit (its float
+# path: float32 coordinates, fused lerps, round half to even); the test extra pins it. Other releases round otherwise
+# (``kernels.warp`` says by how much), within these bounds.
+WARP_EXACT_OPENCV = "5.0."
+WARP_LEVELS = {"5": 1, "4": 4}  # OpenCV major release -> the most levels a value may differ by
+
+
+def assert_warp_equal(ours: np.ndarray, theirs: np.ndarray) -> None:
+    """An image warped by yolofeed equals OpenCV's: exactly under ``WARP_EXACT_OPENCV``, else within its release's
+    bound."""
+    if cv2.__version__.startswith(WARP_EXACT_OPENCV):
+        np.testing.assert_array_equal(ours, theirs)  # exact, seams and borders included
+    else:
+        most = WARP_LEVELS.get(cv2.__version__.split(".")[0], 0)
+        diff = np.abs(ours.astype(np.int16) - theirs.astype(np.int16))
+        assert diff.max() <= most, f"OpenCV {cv2.__version__}: warps differ by {diff.max()} levels (at most {most})"
+
+
 # tmpfs folders mounted by tests that mean one (``tmpfs``); elsewhere the build is told it writes to a disk (conftest)
 TMPFS_MOUNTS: list[Path] = []
 

@@ -2,7 +2,8 @@
 
 Parameters are drawn by yolofeed and replayed through Ultralytics (its ops take a ``params`` dict;
 where they draw internally, the draw is patched to return ours). Images are compared exactly:
-the warp and HSV reproduce OpenCV's arithmetic bit for bit. Boxes within 1e-3 px (float32 matrix
+the warp and HSV reproduce OpenCV's arithmetic bit for bit (the warp that of the release the test extra pins; other
+releases round within one level, ``helpers.assert_warp_equal``). Boxes within 1e-3 px (float32 matrix
 products in another summation order), the same boxes kept.
 """
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from ultralytics.data.augment import CutMix, LetterBox, MixUp, Mosaic, RandomFlip, RandomHSV, RandomPerspective
 
-from helpers import source_batch, ultralytics_dataset
+from helpers import assert_warp_equal, source_batch, ultralytics_dataset
 from yolofeed.augment import AugmentHyp, GpuAugment, color, geometry, mix
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.augment.pipeline import compose
@@ -79,7 +80,7 @@ def test_mosaic_and_perspective_equal_ultralytics(pack, reference, kw):
     for b in range(B):
         theirs = _ultralytics_geometry(reference, hyp, params, b)
         ours_img = out.img[b].permute(1, 2, 0).numpy()
-        np.testing.assert_array_equal(ours_img, theirs["img"][..., ::-1])  # exact, seams and borders included
+        assert_warp_equal(ours_img, theirs["img"][..., ::-1])
         inst = theirs["instances"]
         inst.convert_bbox("xyxy")
         v = out.valid[b]

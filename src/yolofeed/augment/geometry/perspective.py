@@ -7,7 +7,7 @@ made invisible; a filtered box takes its keypoints with it, as they share its sl
 goes through it point by point and its box is made from the moved points, as Ultralytics' ``apply_segments`` does
 (``warp_segments``: clipped to the output as its OBB clip does, filtered with 1 % of the area). The draws are float64
 like Python's ``random``, the matrix float32 like OpenCV's, so the warp reproduces ``cv2.warpAffine`` /
-``warpPerspective`` bit for bit.
+``warpPerspective`` bit for bit (OpenCV 5.0; ``kernels.warp`` says how other releases round).
 """
 
 from __future__ import annotations
