@@ -114,6 +114,10 @@ class TrainConfig:
                           minimum=1)
     warm_up: bool = key(True, "on CUDA, train each batch size's first pass before the first epoch (cuDNN's set-up, "
                         "3-7 s a size, which stock pays inside its first epoch); False: inside it, as stock")
+    validate_beside: bool = key(False, "on one CUDA GPU, run each validation in a thread of its own whose cuDNN set-up "
+                                "for every validation's batch shapes is paid during the first epoch (the same "
+                                "calls, metrics and files; not yet measured on a GPU); False: in the training "
+                                "thread, as stock")
     # the step's options (FastDetectionTrainer.with_options): each True is a speed-up, False Ultralytics' way
     augment_ahead: bool = key(True, "augment each batch one step ahead; False: in preprocess_batch, with a host sync "
                               "a step")

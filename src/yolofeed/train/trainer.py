@@ -21,6 +21,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
+* With ``validate_beside`` on one CUDA GPU, validations run in a thread of their own, whose cuDNN set-up for every
+  validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread waits
+  for each, as for its own.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from yolofeed.train import keys, options
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
+from yolofeed.train.validation import ValidationThread, loader_shapes, warm
 from yolofeed.train.warmup import batch_sizes, warm_up
 from yolofeed.ultralytics_seam import (
     DEFAULT_CFG,
@@ -55,6 +59,7 @@ from yolofeed.ultralytics_seam import (
     DetectionTrainer,
     OBBTrainer,
     PoseTrainer,
+    batches_per_step,
     check_det_dataset,
     checkpoint,
     data_complete,
@@ -66,6 +71,8 @@ from yolofeed.ultralytics_seam import (
     step_autocast,
     torch_distributed_zero_first,
     unwrap_model,
+    validation_loader,
+    validation_models,
     weights_dir,
     world_size,
     write_checkpoints_as,
@@ -89,10 +96,13 @@ class FastTrainer(SyncFreeStep):
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
     # min(n, 8 x batch, 1000) per GPU (1.39 GB at 640 px, batch 128); fewer for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
+    validate_beside: bool = False  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step: the step's options (SyncFreeStep, train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
+    _validations: ValidationThread | None = None  # where validations run (None: the training thread)
+    _warm_validations_after: int | None = None  # training batches left before their set-up starts beside them
 
     @classmethod
     def with_options(cls, **given: Any) -> type[FastTrainer]:
@@ -127,6 +137,8 @@ class FastTrainer(SyncFreeStep):
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
         self.add_callback("on_pretrain_routine_end", type(self)._warm_up)  # a subclass's own, if it has one
+        self.add_callback("on_pretrain_routine_end", type(self)._start_validation_thread)
+        self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""
@@ -253,6 +265,9 @@ class FastTrainer(SyncFreeStep):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
+            if self._validations is not None:
+                self._validations.close()
+                self._validations = None
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:
@@ -274,7 +289,8 @@ class FastTrainer(SyncFreeStep):
 
     def final_eval(self):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
-        (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt."""
+        (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt. The validation runs in
+        the validation thread, where there is one."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
@@ -287,7 +303,7 @@ class FastTrainer(SyncFreeStep):
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
             self.validator.args.compile = False  # disable final val compile as too slow
-            self.metrics = self.validator(model=model)
+            self.metrics = self._in_validation_thread(self.validator, model=model)
             self.metrics.pop("fitness", None)
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
             self.run_callbacks("on_fit_epoch_end")
@@ -303,8 +319,56 @@ class FastTrainer(SyncFreeStep):
         """
         epoch = self.epoch + 1
         if self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs or may_stop(self):
-            return super().validate()
+            return self._in_validation_thread(super().validate)
         return {k: float("nan") for k in self.metrics}, None
+
+    # -- validation beside the training ---------------------------------------------------------
+    def _validates_beside(self) -> bool:
+        """Whether validations run in a thread of their own: with ``validate_beside`` on one CUDA GPU (under DDP a
+        validation gathers across ranks in the ranks' own threads; the CPU has no cuDNN set-up to pay ahead)."""
+        return bool(self.validate_beside) and RANK == -1 and self.device.type == "cuda"
+
+    def _start_validation_thread(self) -> None:
+        """Before the first epoch (``on_pretrain_routine_end``): the thread validations will run in. Their set-up
+        starts beside the training once the step's CUDA graphs are captured: the graphed step at the first batch,
+        FastMuSGD at its second optimiser step (every ``accumulate`` batches). A capture in the default global mode
+        fails where another thread allocates meanwhile."""
+        if not self._validates_beside():
+            return
+        self._validations = ValidationThread(self.device)
+        self._warm_validations_after = 2 * batches_per_step(self) + 1
+
+    def _count_to_validation_warm_up(self) -> None:
+        """After each training batch (``on_train_batch_end``): start the validations' set-up once the captures are
+        made."""
+        if self._warm_validations_after is None:
+            return
+        self._warm_validations_after -= 1
+        if self._warm_validations_after <= 0:
+            self._warm_validations()
+
+    def _warm_validations(self) -> None:
+        """Queue one blank pass at each shape the validations will meet, on copies of the models they run (made here,
+        in the training thread, between two steps); the validation thread runs it while training goes on."""
+        self._warm_validations_after = None
+        if self._validations is None:
+            return
+        models = validation_models(self)
+        # a training pass's peak per image bounds an inference pass's: the set-up never takes what training needs
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
+        per_image = peak / max(int(self.args.batch), 1)
+        shapes = loader_shapes(validation_loader(self))
+        self._validations.submit(warm, models, shapes, train_side(self.args.imgsz), self.device, per_image)
+
+    def _in_validation_thread(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` in the validation thread, waited for (its exception raised here), where there is
+        one and it runs; else here. A validation before the set-up was queued (an epoch of few batches) queues it
+        first."""
+        if self._validations is None or not self._validations.alive:
+            return fn(*args, **kwargs)
+        if self._warm_validations_after is not None:
+            self._warm_validations()
+        return self._validations.run(fn, *args, **kwargs)
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and

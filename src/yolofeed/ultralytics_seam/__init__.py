@@ -121,6 +121,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
     from ultralytics.models.yolo.obb import OBBTrainer  # train.trainer: FastOBBTrainer subclasses it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
+    from ultralytics.nn.autobackend import AutoBackend  # train.validation: the final validation's model, warmed
     from ultralytics.nn.modules.conv import Conv  # train.graphed: FusedConv subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
         DetectionModel,
@@ -193,7 +194,8 @@ LABEL_RULES: LabelRules = label_rules(RELEASE)
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "check_task", "POSE_SINCE", "Conv", "v8PoseLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
-    "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml", "checkpoint", "criterion",
+    "batches_per_step", "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml",
+    "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",
@@ -203,7 +205,9 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "set_criterion",
     "set_epoch_loss", "smart_value", "start_epoch", "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",
-    "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "VERSION", "weights_dir", "world_size",
+    "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "validation_loader", "validation_models", "VERSION",
+    "weights_dir",
+    "world_size",
     "write_checkpoints_as", "xywh2xyxy", "xyxy2xywh", "YAML", "yaml_model_load", "YOLO", "YOLODataset",
     "zeropower_via_newtonschulz5",
     # what yolofeed copied and relies on (pins.py), and reading the installed source (source.py)
@@ -297,6 +301,10 @@ TRAINER_STATE: dict[str, tuple[type, str]] = {
     "start_epoch": (DetectionTrainer, "yolofeed's warm-up loads the first batches of the epoch training starts at "
                                       "(not 0 after a resume)"),
     "amp": (DetectionTrainer, "yolofeed's warm-up runs under the step's autocast"),
+    "ema": (DetectionTrainer, "yolofeed's validation thread warms copies of the models validated from it"),
+    "accumulate": (DetectionTrainer, "yolofeed's validation thread starts its set-up once the optimiser has stepped "
+                                     "twice (FastMuSGD's capture)"),
+    "test_loader": (DetectionTrainer, "yolofeed's validation thread sets up cuDNN for its batches' shapes"),
     "world_size": (DetectionTrainer, "yolofeed's train loader shards the pack by it under DDP"),
     "stopper": (DetectionTrainer, "yolofeed validates wherever early stopping may stop the run"),
     "stop": (DetectionTrainer, "yolofeed validates wherever the run is about to stop"),
@@ -360,6 +368,40 @@ def step_autocast(trainer: Any) -> Any:
     """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
     ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
     return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+
+
+def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch.dtype, bool]]:
+    """Copies of the models Ultralytics' validations run, set up as ``BaseValidator.__call__`` (RELIED_ON) sets them
+    up, for a blank forward pass at each shape they will meet: each (model, autocast dtype or None, input dtype,
+    whether it first runs at batch 1). Made from the EMA, so call it once the EMA exists (``on_pretrain_routine_end``).
+
+    * every epoch's validation: the EMA, float32 in eval mode and in the training model's layout, under float16
+      autocast with ``amp`` (every release of the range), on half inputs;
+    * the final validation's: best.pt (the EMA's weights) through ``AutoBackend``: fused, in half precision with
+      ``amp``, in the layout ``channels_last`` asks for (contiguous on CUDA by default), warmed at batch 1 first.
+
+    Only cuDNN's per-shape set-up is wanted from them: what the passes compute is thrown away.
+    """
+    import copy
+
+    amp = trainer.device.type != "cpu" and bool(_state(trainer, "amp"))
+    ema = _state(trainer, "ema").ema
+    half = torch.float16 if amp else torch.float32
+    epoch = copy.deepcopy(ema).float().eval()
+    final = AutoBackend(model=copy.deepcopy(ema), device=trainer.device, fp16=amp, fuse=True,
+                        channels_last=trainer.args.channels_last, verbose=False)
+    return [(epoch, torch.float16 if amp else None, half, False), (final, None, half, True)]
+
+
+def batches_per_step(trainer: Any) -> int:
+    """The batches whose gradients the optimiser steps on at most (``BaseTrainer.accumulate``, ``nbs / batch``; fewer
+    in the warm-up epochs)."""
+    return max(int(_state(trainer, "accumulate")), 1)
+
+
+def validation_loader(trainer: Any) -> Any:
+    """The loader every validation of the run reads (``BaseTrainer.test_loader``)."""
+    return _state(trainer, "test_loader")
 
 
 def world_size(trainer: Any) -> int:

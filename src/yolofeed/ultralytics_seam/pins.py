@@ -445,6 +445,33 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.train.graphed.GraphedPredict.predict",
            why="the training forward: x alone (profile, augment and embed off) runs _predict_once, which the graph "
                "captures; GraphedPredict calls this predict for every other call"),
+    Pinned("ultralytics.engine.validator.BaseValidator.__call__", "a0264553ccbc64a5",
+           "yolofeed.ultralytics_seam.validation_models",
+           why="an epoch's validation runs the EMA in float32 under float16 autocast (amp) on half inputs at the val "
+               "loader's shapes; the final one wraps best.pt in AutoBackend (fp16 with amp, fused, channels_last as "
+               "args.channels_last) and warms it at batch 1 first: the shapes yolofeed's validation thread sets up",
+           others=(
+               _r("8.4.138", "8.4.138", "5cae88af24b6e547",
+                  "validates ema.ema or the model (a compiled one's _orig_mod), as float32 under the same autocast; "
+                  "the final validation as in TESTED"),
+               _r("8.4.139", "8.4.139", "8b077fd1485d62b0",
+                  "the EMA as float32 under the same autocast; end2end set otherwise (not a convolution's shape)"),
+               _r("8.4.140", "8.4.141", "6211a8aeeb8aeacb",
+                  "the model from get_model (the EMA), float32 under the same autocast; end2end set otherwise"),
+               _r("8.4.142", "8.4.152", "e4ecb4a08c2ca160",
+                  "the validator's names are not set from the model (not a convolution's shape)"),
+               _r("8.4.153", "8.4.163", "dda838de7e7a5008",
+                  "converts an ndjson dataset without its split (not a convolution's shape)"),
+               _r("8.4.164", "8.4.174", "3b1e6ce6a0803d35",
+                  "an exported model's imgsz read otherwise; a .pt model's validation as in TESTED"),
+               _r("8.4.175", "8.4.177", "ed9a3741c16af313",
+                  "imgsz checked as one side: the final warm-up at (1, 3, imgsz, imgsz), as TESTED's for a square "
+                  "imgsz"),
+               _r("8.4.178", "8.4.178", "b7ef10ccc25ce47e",
+                  "a non-.pt model warms at args.batch (a .pt at batch 1, as in TESTED)"),
+               _r("8.4.179", "8.4.182", "af37c1154d53932d",
+                  "converts an ndjson dataset on training validations too (not a convolution's shape)"),
+           )),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods

@@ -1,0 +1,131 @@
+"""Validation in a thread of its own, whose cuDNN set-up is paid while the first epoch trains.
+
+cuDNN plans a convolution's forward once per thread and input shape, and the plan costs host time: for yolo11n on an
+H200, about 1.9 s for each new batch shape of a validation (BENCHMARKS.md, "The whole run"). Ultralytics validates in
+the training thread, so its first validation pays that for each shape of the val loader (rect batches: one shape per
+aspect-ratio group, two on a square set, dozens on COCO), and its final validation pays it again for best.pt, fused, in
+the contiguous layout and warmed at batch 1 first. Both sides of a run pay it; neither can pay it ahead in the training
+thread without stopping the training for as long.
+
+``ValidationThread`` is one worker thread that yolofeed's trainer hands each validation to (every epoch's, and the
+final one), waiting for it: the same calls on the same inputs in the same order, so the metrics, plots and files are
+Ultralytics'. Before the first epoch the trainer also hands it ``warm``: one blank forward pass at each shape those
+validations will meet, on copies of the models they will run (``seam.validation_models``), which the worker runs while
+the first epoch trains. Its host time is on another core; its GPU time is a few tens of milliseconds a pass. A pass
+runs only where the GPU's free memory holds the conservative ``bytes_per_image`` (a training pass's peak per image)
+times its batch, so it never takes memory the training needs; a pass that fails is skipped with one line, and that
+validation pays its own set-up as stock's does. Nothing the passes compute is kept.
+
+It runs with the trainer's ``validate_beside`` on one CUDA GPU. Under DDP (validation gathers across ranks, in the
+ranks' own threads), on the CPU and by default the trainer validates in the training thread, as Ultralytics does.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from torch import nn
+
+from yolofeed.ultralytics_seam import LOGGER
+
+Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
+
+
+class ValidationThread:
+    """One daemon worker thread that runs what it is given in turn (``run`` waits, ``submit`` does not).
+
+    A daemon: a run stopped in the training thread (Ctrl-C, an error) does not wait at exit for a validation the worker
+    is still in. The worker uses ``device`` as its current CUDA device (the training thread's is not inherited).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="yolofeed-validation", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while (job := self._jobs.get()) is not None:
+            fn, args, kwargs, done = job
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # handed to the waiting thread, which raises it there
+                done.set_exception(e)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+        """Queue ``fn(*args, **kwargs)`` behind what is queued; its future holds the result or the exception."""
+        if not self._thread.is_alive():
+            raise RuntimeError("yolofeed's validation thread has stopped")
+        done: Future = Future()
+        self._jobs.put((fn, args, kwargs, done))
+        return done
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the worker, after what is queued; returns its result or raises its exception."""
+        return self.submit(fn, *args, **kwargs).result()
+
+    def close(self) -> None:
+        """The worker ends once what is queued is done (it is not waited for)."""
+        self._jobs.put(None)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def loader_shapes(loader: Any) -> list[Shape]:
+    """The distinct (batch, height, width) of a validation loader's batches, in the order it yields them (a
+    ``loader.ValLoader``: its rect batches and their shapes); [] for a loader that does not say."""
+    batches, shapes = getattr(loader, "batches", None), getattr(loader, "shapes", None)
+    if batches is None or shapes is None:
+        return []
+    return list(dict.fromkeys((len(b), int(h), int(w)) for b, (h, w) in zip(batches, shapes)))
+
+
+def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], shapes: list[Shape], imgsz: int,
+         device: torch.device, bytes_per_image: float, log: Callable[[str], None] = LOGGER.info) -> int:
+    """One blank forward pass of each model at each shape (and at batch 1 first where it says so), in this thread.
+
+    Args:
+        models: (model, autocast dtype or None, input dtype, warm at batch 1 first), as ``seam.validation_models``.
+        shapes: the validation batches' distinct shapes.
+        imgsz: the side of the batch-1 warm-up (Ultralytics warms the final model at (1, 3, imgsz, imgsz)).
+        bytes_per_image: a pass at batch n runs only where the GPU has n times this free (outside torch's cache).
+        log: where the one line at the end (or at a failure) goes.
+
+    Returns:
+        the passes run.
+    """
+    t0, done = time.perf_counter(), 0
+    try:
+        for model, autocast, dtype, first_one in models:
+            for n, h, w in ([(1, imgsz, imgsz)] if first_one else []) + shapes:
+                if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < n * bytes_per_image:
+                    continue  # the training may need it: this validation pays its own set-up
+                x = torch.zeros(n, 3, h, w, device=device, dtype=dtype)
+                with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float16,
+                                                     enabled=autocast is not None):
+                    model(x)
+                del x
+                done += 1
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+        first_line = (str(e).splitlines() or [""])[0][:200]
+        log(f"yolofeed: stopped setting up the validations' cuDNN plans after {done} batch shapes "
+            f"({type(e).__name__}: {first_line}); the others pay their own set-up")
+        return done
+    finally:
+        models.clear()  # the copies' memory goes back now, not when the trainer ends
+    if done:
+        log(f"yolofeed: cuDNN set up for the validations' {done} batch shapes in {time.perf_counter() - t0:.1f} s, "
+            "beside the first epoch")
+    return done

@@ -1,0 +1,150 @@
+"""Validation in a thread of its own (train/validation.py): the worker runs what it is given in order and hands back
+results and exceptions; the set-up passes run each model at each shape and give up with one line; and a training run
+validates there, every epoch and at the end, with Ultralytics' files."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from yolofeed.train.validation import ValidationThread, loader_shapes, warm
+
+TINY = dict(epochs=2, imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True)
+
+
+def test_the_thread_runs_jobs_in_order_and_hands_back_results_and_exceptions():
+    worker = ValidationThread(torch.device("cpu"))
+    order, gate = [], threading.Event()
+    first = worker.submit(lambda: (gate.wait(5), order.append("first")))
+    assert not first.done()  # submit does not wait
+    gate.set()
+    assert worker.run(lambda: order.append("second") or threading.current_thread().name) == "yolofeed-validation"
+    assert order == ["first", "second"] and first.done()  # run waits behind what was queued
+    with pytest.raises(ZeroDivisionError):
+        worker.run(lambda: 1 / 0)
+    assert worker.alive  # an exception ends the job, not the worker
+    worker.close()
+    worker._thread.join(5)
+    assert not worker.alive
+    with pytest.raises(RuntimeError, match="validation thread has stopped"):
+        worker.submit(print)
+
+
+class _Shapes(nn.Module):
+    """Records the shape and dtype of each input; fails from the ``fail_at``-th call."""
+
+    def __init__(self, fail_at: int | None = None):
+        super().__init__()
+        self.seen, self.fail_at = [], fail_at
+
+    def forward(self, x):
+        if self.fail_at is not None and len(self.seen) >= self.fail_at:
+            raise RuntimeError("CUDA error: an illegal memory access\nmore")
+        self.seen.append((tuple(x.shape), x.dtype, torch.is_grad_enabled()))
+        return x
+
+
+def test_warm_runs_each_model_at_each_shape_and_the_batch_1_warm_up_first():
+    epoch, final = _Shapes(), _Shapes()
+    models = [(epoch, None, torch.float32, False), (final, None, torch.float16, True)]
+    lines = []
+    shapes = [(16, 64, 96), (7, 96, 64)]
+    assert warm(models, shapes, 96, torch.device("cpu"), 1e9, log=lines.append) == 5
+    assert epoch.seen == [((16, 3, 64, 96), torch.float32, False), ((7, 3, 96, 64), torch.float32, False)]
+    assert [s for s, _, _ in final.seen] == [(1, 3, 96, 96), (16, 3, 64, 96), (7, 3, 96, 64)]
+    assert {d for _, d, _ in final.seen} == {torch.float16}
+    assert models == []  # the copies are let go at once
+    assert len(lines) == 1 and "5 batch shapes" in lines[0]
+
+
+def test_warm_gives_up_at_a_failure_with_one_line():
+    model = _Shapes(fail_at=1)
+    models = [(model, None, torch.float32, False)]
+    lines = []
+    assert warm(models, [(4, 32, 32), (2, 32, 32)], 32, torch.device("cpu"), 1e9, log=lines.append) == 1
+    assert len(lines) == 1 and "RuntimeError: CUDA error: an illegal memory access" in lines[0]
+    assert "more" not in lines[0] and "after 1 batch shapes" in lines[0] and models == []
+
+
+def test_loader_shapes_are_the_distinct_batch_shapes_in_order():
+    loader = SimpleNamespace(batches=[[0, 1, 2], [3, 4, 5], [6, 7], [8]],
+                             shapes=torch.tensor([[64, 96], [64, 96], [96, 64], [96, 64]]))
+    assert loader_shapes(loader) == [(3, 64, 96), (2, 96, 64), (1, 96, 64)]
+    assert loader_shapes(SimpleNamespace()) == []  # a loader that does not say
+
+
+def test_validate_beside_is_an_option_off_by_default_and_only_on_one_cuda_gpu():
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import options
+
+    assert "validate_beside" in options.OPTIONS and FastDetectionTrainer.validate_beside is False
+    on = FastDetectionTrainer.with_options(validate_beside=True)
+    trainer = on.__new__(on)
+    trainer.device = torch.device("cpu")
+    assert not trainer._validates_beside()  # the CPU has no cuDNN set-up to pay ahead
+    trainer.device = torch.device("cuda", 0)
+    assert trainer._validates_beside()
+    with pytest.raises(ConfigError, match="validate_beside='yes'"):
+        FastDetectionTrainer.with_options(validate_beside="yes")
+
+
+def _train_beside(synth_root, runs, name, device, **kw):
+    """A tiny run whose validations go through the validation thread (on the CPU too, where the option alone would
+    keep them in the training thread), recording the thread each validation ran in."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class Beside(FastDetectionTrainer.with_options(validate_beside=True)):
+        def _validates_beside(self):
+            return True
+
+    threads = []
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_val_start", lambda v: threads.append(threading.current_thread().name))
+    model.train(trainer=Beside, data=str(synth_root / "data.yaml"), project=str(runs), name=name, device=device,
+                **{**TINY, **kw})
+    return model, threads
+
+
+@pytest.mark.slow
+def test_a_run_validates_in_the_thread_every_epoch_and_at_the_end(synth_root, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    model, threads = _train_beside(synth_root, tmp_path, "beside", "cpu")
+    assert threads == ["yolofeed-validation"] * 3  # two epochs, then best.pt at the end
+    assert "cuDNN set up for the validations'" in caplog.text  # the set-up passes ran, before the first validation
+    with open(tmp_path / "beside" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    key = next(k for k in rows[0] if "mAP50-95" in k)
+    assert len(rows) == 2 and all(0.0 <= float(r[key]) <= 1.0 for r in rows)
+    assert model.trainer._validations is None  # closed with the run
+
+
+@pytest.mark.slow
+def test_a_validation_that_fails_in_the_thread_fails_the_run_there(synth_root, tmp_path, monkeypatch):
+    from yolofeed.ultralytics_seam import DetectionTrainer
+
+    def broken(self):
+        raise OSError(f"disk gone (in {threading.current_thread().name})")
+
+    monkeypatch.setattr(DetectionTrainer, "validate", broken)
+    with pytest.raises(OSError, match=r"disk gone \(in yolofeed-validation\)"):
+        _train_beside(synth_root, tmp_path, "fails", "cpu", epochs=1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_set_up_runs_beside_the_first_epoch_and_the_step_still_graphs(synth_root, tmp_path, caplog):
+    """The set-up passes start after the step's captures (a capture in global mode fails where another thread
+    allocates): the graphed step and FastMuSGD still replay graphs, and every validation ran in the thread."""
+    caplog.set_level(logging.INFO)
+    model, threads = _train_beside(synth_root, tmp_path, "gpu", 0, optimizer="MuSGD", nbs=8)  # no accumulation
+    assert threads == ["yolofeed-validation"] * 3
+    assert "replay as CUDA graphs" in caplog.text and "could not be" not in caplog.text
+    assert "cuDNN set up for the validations'" in caplog.text
