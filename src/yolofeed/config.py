@@ -76,7 +76,8 @@ class PackConfig:
     imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=32)
     format: str = key(DEFAULT_PACK_FORMAT, "pack format", PACK_FORMATS)
     out: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own in "
-                          "it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
+                          "it, <yaml stem>-<format>-<imgsz> (a second yaml of that name <yaml stem>-<hash of its "
+                          "path>-<format>-<imgsz>); default <data yaml folder>/yolofeed-packs")
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
     task: str = key("detect", "detect; pose: the yaml's kpt_shape, Ultralytics' pose label rules and the "
                     "keypoints stored too (in <yaml stem>-<format>-<imgsz>-pose); obb: rows of 4 corners, stored "
@@ -105,7 +106,8 @@ class TrainConfig:
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
                             "contents; never: refuse them", ("auto", "check", "always", "never"))
     pack_dir: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own "
-                               "in it, <yaml stem>-<format>-<imgsz>; default <data yaml folder>/yolofeed-packs")
+                               "in it, <yaml stem>-<format>-<imgsz> (a second yaml of that name <yaml stem>-<hash of "
+                               "its path>-<format>-<imgsz>); default <data yaml folder>/yolofeed-packs")
     partner_pool: str = key("auto", "images mosaic/MixUp/CutMix partners are drawn from, per GPU: auto = "
                             "Ultralytics' buffer, min(n, 8 x batch, 1000), 1.39 GB of GPU memory at 640 px and batch "
                             "128; a smaller number for small GPUs; 0 = the batch itself")

@@ -31,6 +31,10 @@ class StalePackError(PackError):
     """A valid pack that does not match what is asked of it (source changed, other imgsz or version)."""
 
 
+class ForeignPackError(StalePackError):
+    """A valid pack built from another data yaml (two yamls of one name under one ``out=`` / ``pack_dir=``)."""
+
+
 class NewerPackError(StalePackError):
     """A pack of a format version above the one this yolofeed writes: a newer yolofeed built it."""
 

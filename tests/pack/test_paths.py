@@ -62,8 +62,37 @@ def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
     a = paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw")
     b = paths.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw")
     assert a[0] != b[0] and a[1] != b[1] and a[1].parent.parent == b[1].parent.parent == paths.cache_root()
-    assert paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o") == [
-        tmp_path / "o" / "data-raw-640"]  # out= gets the per-dataset folder too
+    a_out = paths.pack_folders(tmp_path / "a" / "data.yaml", 640, "raw", out=tmp_path / "o")
+    b_out = paths.pack_folders(tmp_path / "b" / "data.yaml", 640, "raw", out=tmp_path / "o")
+    assert a_out[0] == b_out[0] == tmp_path / "o" / "data-raw-640"  # out= gets the per-dataset folder too
+    assert a_out[1] != b_out[1] and a_out[1].parent == tmp_path / "o" and a_out[1].name.startswith("data-")
+
+
+def test_two_datasets_named_data_yaml_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):
+    """Two datasets' data.yaml under one out=: the second used to find the first's pack in <out>/data-raw-64, call it
+    stale and rebuild over it, and each run of either rebuilt the other's. The second now builds in
+    <out>/data-<hash of its path>-raw-64, and both are reused from then on, whatever rebuild= asks."""
+    from helpers import copy_dataset
+
+    a, b = dataset / "data.yaml", copy_dataset(dataset, tmp_path / "other") / "data.yaml"
+    out = tmp_path / "shared"
+
+    def build(y, **kw):
+        return ensure_split(y, "train", 64, "raw", out=out, workers=1, progress=False, **kw)
+
+    first = build(a, rebuild="auto")
+    with caplog.at_level(logging.INFO):
+        second = build(b, rebuild="auto")
+    assert first.pack.path.parent == out / "data-raw-64" and second.built
+    assert second.pack.path.parent == paths.pack_folders(b, 64, "raw", out)[1]
+    assert f"{out / 'data-raw-64'} holds the packs of another data yaml named data.yaml" in caplog.text
+    again = [build(a, rebuild="auto"), build(b, rebuild="auto"), build(b, rebuild="never"), build(a, rebuild="never")]
+    assert not any(r.built for r in again)  # neither replaced the other's
+    assert [r.pack.path for r in again] == [first.pack.path, second.pack.path, second.pack.path, first.pack.path]
+    assert build(b, rebuild="always").pack.path == second.pack.path  # "always" rebuilds its own, not a's
+    assert build(a, rebuild="auto").built is False
+    fix = paths.fix_from_header(second.pack.path, second.pack.header)  # the command in its messages
+    assert f"out={out}" in fix and f"data={b}" in fix
 
 
 def test_two_datasets_and_two_sizes_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):
@@ -111,7 +140,7 @@ def test_a_pose_pack_has_a_folder_of_its_own_and_its_rebuild_command_says_task_p
     assert store_dir(y, 640, "raw", task="pose").name == "data-raw-640-pose"
     assert store_dir(y, 640, "raw").name == "data-raw-640"
     assert [f.name for f in pack_folders(y, 640, "jpeg", task="pose")] == ["data-jpeg-640-pose"] * 2
-    assert pack_folders(y, 640, "raw", tmp_path / "out", task="pose") == [tmp_path / "out" / "data-raw-640-pose"]
+    assert pack_folders(y, 640, "raw", tmp_path / "out", task="pose")[0] == tmp_path / "out" / "data-raw-640-pose"
     assert rebuild_command(str(y), 640, "raw", task="pose").endswith("imgsz=640 format=raw task=pose rebuild=always")
     header = {"source": {"data": str(y)}, "imgsz": 640, "storage": "raw", "task": "pose"}
     assert fix_from_header(store_dir(y, 640, "raw", task="pose") / "train.yfpack", header) == (

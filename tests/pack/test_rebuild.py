@@ -19,7 +19,7 @@ import pytest
 from helpers import VICTIM, Free, cli_lines, craft_pack
 from helpers import planted_folder as _folder
 from yolofeed.cli import build_config, main
-from yolofeed.errors import DatasetError, PackError, PackSpaceError, StalePackError
+from yolofeed.errors import DatasetError, ForeignPackError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import Pack, command, disk, open_or_build, rebuild, source, space
 from yolofeed.pack.paths import store_dir
 from yolofeed.pack.rebuild import ensure_split
@@ -60,7 +60,11 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
     out = dataset / "shared"
     store_dir(yaml_file, 160, "raw", out).mkdir(parents=True)
     shutil.copy(built, store_dir(yaml_file, 160, "raw", out) / "train.yfpack")
-    with pytest.raises(StalePackError, match=r"was built from .*ds/data.yaml, not from .*other/data.yaml"):
+    foreign = store_dir(yaml_file, 160, "raw", out) / "train.yfpack"
+    with pytest.raises(ForeignPackError, match=r"was built from .*ds/data.yaml, not from .*other/data.yaml"):
+        Pack.open(foreign, {"data": str(other)})
+    # ... and left to it: the other yaml's pack goes to a folder of its own there (tests/pack/test_paths.py)
+    with pytest.raises(PackError, match=r"shared/data-[0-9a-f]{12}-raw-160/train.yfpack does not exist.*out="):
         open_or_build(other, "train", 160, out=out)
     # missing pack with rebuild=never
     with pytest.raises(PackError, match="does not exist.*yolofeed pack"):

@@ -26,13 +26,14 @@ LOGGER = logging.getLogger(__name__)
 
 
 def built_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detect") -> tuple[str, Path] | None:
-    """The format and path of a train pack already built for this dataset, size and task, if any (reads its header)."""
+    """The format and path of a train pack already built for this dataset, size and task, if any (reads its header;
+    another yaml's pack in a folder of the same name does not count)."""
     for name in codecs.names():
         for folder in pack_folders(yaml_file, imgsz, name, out, task):
             path = folder / f"train{SUFFIX}"
             if path.is_file():
                 with contextlib.suppress(PackError, OSError, ValueError):  # a damaged one: decided afresh
-                    if Pack.open(path).format == name:
+                    if Pack.open(path, {"data": yaml_file}).format == name:
                         return name, path
     return None
 

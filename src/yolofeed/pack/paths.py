@@ -1,7 +1,8 @@
 """Where the packs of a data yaml live, and the command that rebuilds one.
 
 A pack folder is ``<folder>/<yaml stem>-<format>-<imgsz>`` (``-pose`` after it for a pose pack): beside the yaml
-(``yolofeed-packs``), under ``out=``, or, for a dataset whose folder is read-only, under the user's cache folder.
+(``yolofeed-packs``), under ``out=`` (``<yaml stem>-<hash of its path>-...`` there for a second yaml of the same name),
+or, for a dataset whose folder is read-only, under the user's cache folder.
 Error messages quote the exact ``yolofeed pack`` command that rebuilds a pack, worked out from its header and where
 it lies.
 """
@@ -55,20 +56,28 @@ def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | 
     return base / folder_name(y.stem, imgsz, format, task)
 
 
+def _path_key(yaml_file: Path) -> str:
+    """12 hex digits of the yaml's resolved path: two datasets' ``data.yaml`` get different folders."""
+    return hashlib.sha256(os.fsencode(str(yaml_file))).hexdigest()[:12]
+
+
 def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
                  out: str | os.PathLike | None = None, task: str = "detect") -> list[Path]:
     """Where the packs of a data yaml may be, in order of preference.
 
-    ``[<out>/<yaml stem>-<format>-<imgsz>]`` when ``out`` is given; else beside the yaml (``store_dir``), then
-    ``<cache_root>/<yaml stem>-<hash of the yaml's path>/<stem>-<format>-<imgsz>`` for datasets whose
-    folder is read-only (the hash keeps two datasets' ``data.yaml`` apart). A yaml Ultralytics ships
-    (``data=coco8.yaml``) gets the cache folder only: packs never go into the installed package.
+    When ``out`` is given: ``<out>/<yaml stem>-<format>-<imgsz>``, then ``<out>/<yaml stem>-<hash of the yaml's
+    path>-<format>-<imgsz>`` for a yaml whose first folder holds another yaml of that name's packs (two datasets'
+    ``data.yaml`` under one ``out=``: ``rebuild.own_folders`` skips the taken one). Else beside the yaml
+    (``store_dir``), then ``<cache_root>/<yaml stem>-<hash>/<stem>-<format>-<imgsz>`` for datasets whose folder is
+    read-only. A yaml Ultralytics ships (``data=coco8.yaml``) gets the cache folder only: packs never go into the
+    installed package.
     """
     if out:
-        return [store_dir(yaml_file, imgsz, format, out, task)]
+        plain = store_dir(yaml_file, imgsz, format, out, task)
+        y = Path(yaml_file).resolve()
+        return [plain, plain.with_name(folder_name(f"{y.stem}-{_path_key(y)}", imgsz, format, task))]
     y = Path(yaml_file).resolve()
-    key = hashlib.sha256(os.fsencode(str(y))).hexdigest()[:12]
-    cache = cache_root() / f"{y.stem}-{key}" / folder_name(y.stem, imgsz, format, task)
+    cache = cache_root() / f"{y.stem}-{_path_key(y)}" / folder_name(y.stem, imgsz, format, task)
     from yolofeed.ultralytics_seam import packaged  # here: reading a pack (store.py) loads no Ultralytics
 
     return [cache] if packaged(y) else [store_dir(y, imgsz, format, task=task), cache]
@@ -96,8 +105,8 @@ def fix_from_header(path: Path, header: dict[str, Any]) -> str:
     folder = path.parent
     if folder == default:
         out = None
-    elif folder.name == default.name:  # <out>/<stem>-<format>-<imgsz>: rebuilt by out=<out>
-        out = folder.parent
+    elif folder.name in {f.name for f in pack_folders(data, imgsz, format, folder.parent, task)}:
+        out = folder.parent  # <out>/<stem>[-<hash>]-<format>-<imgsz>: rebuilt by out=<out>
     else:  # a pack file moved elsewhere: a new one is built under the folder it is in
         out = folder
     return f"rebuild it with: {rebuild_command(data, imgsz, format, out, task)}"

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from yolofeed.errors import NewerPackError, PackError, PackSpaceError, StalePackError
+from yolofeed.errors import ForeignPackError, NewerPackError, PackError, PackSpaceError, StalePackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.auto import resolve_format
 from yolofeed.pack.build import build_split, locked
@@ -78,6 +78,27 @@ def no_labels(pack: Pack, training: bool = False) -> str:
     if c["boxes"] == 0:
         return f"Labels are missing or empty in {where} (split '{pack.split}'), training may not work correctly"
     return ""
+
+
+def own_folders(folders: list[Path], yaml_file: str) -> list[Path]:
+    """``folders`` (``paths.pack_folders``) less those holding a pack built from another data yaml: two datasets'
+    ``data.yaml`` under one ``out=`` each keep their own packs, where the second used to rebuild over the first's
+    at every run. The last folder where each is taken. Reads the header of each pack file there."""
+    own = [folder for folder in folders if _taken_by(folder, yaml_file) is None]
+    return own or folders[-1:]
+
+
+def _taken_by(folder: Path, yaml_file: str) -> Path | None:
+    """A pack in ``folder`` built from another data yaml than ``yaml_file``, or None."""
+    with contextlib.suppress(OSError):
+        for path in sorted(folder.glob(f"*{SUFFIX}")):
+            try:
+                Pack.open(path, {"data": yaml_file})
+            except ForeignPackError:
+                return path
+            except PackError:  # damaged, another version: replaced by this yaml's as before
+                continue
+    return None
 
 
 def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
@@ -139,7 +160,7 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
     # a wrong path: refused before format=auto says what it chose (without the split)
     sources = {split: split_source(d, split, task) for split in dict.fromkeys(splits)}
     format = resolve_format(d, format, imgsz, out, task)
-    folders = pack_folders(d["yaml_file"], imgsz, format, out, task)
+    folders = own_folders(pack_folders(d["yaml_file"], imgsz, format, out, task), d["yaml_file"])
     due: dict[int, list[tuple[str, Path, Space]]] = {}  # disk (st_dev) -> the packs to build there
     for split, src in sources.items():
         name = f"{split}{SUFFIX}"
@@ -205,7 +226,8 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     d = data if isinstance(data, dict) else load_data_yaml(data)
     src = split_source(d, split, task)  # a wrong path: refused before format=auto says what it chose
     format = resolve_format(d, format, imgsz, out, task)
-    folders = pack_folders(d["yaml_file"], imgsz, format, out, task)
+    every = pack_folders(d["yaml_file"], imgsz, format, out, task)
+    folders = own_folders(every, d["yaml_file"])
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out, task)}"
     result, errors = None, []
@@ -216,6 +238,9 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
             raise errors[0] if errors else missing(folders[0] / name, out, fix)
     if result is None:
         folder = build_folder(folders, split, chosen=bool(out))
+        if folder != every[0] and folder.parent == every[0].parent:
+            LOGGER.info(f"pack: {every[0]} holds the packs of another data yaml named {Path(d['yaml_file']).name} "
+                        f"({_taken_by(every[0], d['yaml_file'])}); this one's go to {folder}")
         files.check_replaceable(folder / name, is_pack_file, f"the {split} pack")  # before saying "Rebuilding"
         for e in errors:  # a newer yolofeed's pack is worth a warning: that yolofeed will rebuild it in turn
             if isinstance(e, NewerPackError):

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from yolofeed import __version__
-from yolofeed.errors import NewerPackError, PackError, StalePackError
+from yolofeed.errors import ForeignPackError, NewerPackError, PackError, StalePackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.layout import (
     ALIGN,
@@ -216,7 +216,7 @@ class Pack:
             raise PackError(f"{path} is damaged or foreign: {problem}; {fix}")
         expect = dict(expect or {})
         if "data" in expect and header["source"].get("data") != expect["data"]:  # checked first: the clearer
-            raise StalePackError(f"{path} was built from {header['source'].get('data')}, not from "
+            raise ForeignPackError(f"{path} was built from {header['source'].get('data')}, not from "
                                  f"{expect['data']}; point out= elsewhere or {fix}")
         for key, want in expect.items():
             have = (header["source"].get(key) if key in ("fingerprint", "data")
