@@ -140,6 +140,22 @@ def obb_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def segment_root(tmp_path_factory) -> Path:
+    """A small synthetic segmentation dataset (``task=segment``: each figure's outline), made once per session. Copy
+    it before changing it."""
+    root = tmp_path_factory.mktemp("synth-segment")
+    synth.run(SynthConfig(out=str(root), n_train=12, n_val=4, imgsz=128, seed=5, classes=8, boxes=6, min_box=12,
+                          task="segment", workers=2))
+    return root
+
+
+@pytest.fixture()
+def segment_dataset(segment_root, tmp_path) -> Path:
+    """A private copy of the synthetic segmentation dataset (its data.yaml pointing at the copy)."""
+    return copy_dataset(segment_root, tmp_path / "segment")
+
+
 @pytest.fixture()
 def obb_dataset(obb_root, tmp_path) -> Path:
     """A private copy of the synthetic OBB dataset (its data.yaml pointing at the copy)."""

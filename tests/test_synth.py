@@ -270,8 +270,10 @@ def test_pose_is_its_own_dataset_for_the_folder_check(tmp_path):
     with pytest.raises(ConfigError, match=r"task=pose quality=90 \(this run asks for task=detect\)"):
         synth.run(dataclasses.replace(cfg, task="detect"))
     assert "task" not in synth.manifest(dataclasses.replace(cfg, task="detect"))  # detection folders still match
-    with pytest.raises(ConfigError, match="task=segment: expected detect, pose or obb"):
-        synth.run(dataclasses.replace(cfg, task="segment", out=str(tmp_path / "s")))
+    with pytest.raises(ConfigError, match="task=classify: expected detect, pose, obb or segment"):
+        synth.run(dataclasses.replace(cfg, task="classify", out=str(tmp_path / "s")))
+    with pytest.raises(ConfigError, match=r"task=pose quality=90 \(this run asks for task=segment\)"):
+        synth.run(dataclasses.replace(cfg, task="segment"))  # the same pictures as detect, other labels
     assert main(["synth", f"out={tmp_path / 'cli'}", "n_train=2", "n_val=1", "imgsz=64", "task=pose"]) == 0
     assert yaml.safe_load((tmp_path / "cli" / "data.yaml").read_text())["kpt_shape"] == [5, 3]
 
@@ -338,3 +340,41 @@ def test_obb_figures_lie_in_their_turned_boxes_at_angles_of_every_kind():
             hits = np.bincount(nearest[inside.astype(bool)], minlength=len(colours))
             assert hits[ids[label] % len(colours)] >= 0.3 * hits.sum(), (index, label, hits)
     assert np.histogram(angles, bins=3, range=(0, 90))[0].min() >= 2
+
+
+# -- task=segment ------------------------------------------------------------------------------------------------------
+def test_segment_sets_are_the_detection_pictures_labelled_by_outlines_ultralytics_reads(segment_root, tmp_path):
+    """task=segment writes task=detect's pictures byte for byte; Ultralytics' segment dataset reads every image and
+    row, each polygon as written (3 points or more), its box enclosing it; each outline runs along its figure: the
+    polygon filled covers the figure's pixels (its outer boundary: a ring's hole too) and little more."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    detect = synth.run(SynthConfig(out=str(tmp_path / "d"), n_train=12, n_val=4, imgsz=128, seed=5, classes=8,
+                                   boxes=6, min_box=12, workers=1)).parent
+    for p in sorted((detect / "images").rglob("*.jpg")):
+        assert p.read_bytes() == (segment_root / p.relative_to(detect)).read_bytes()
+    data = check_det_dataset(str(segment_root / "data.yaml"), autodownload=False)
+    for split, n in (("train", 12), ("val", 4)):
+        ref = YOLODataset(img_path=data[split], imgsz=128, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                          rect=False, task="segment")
+        assert len(ref.labels) == n
+        for lb in ref.labels:
+            rows = (segment_root / "labels" / split / f"{Path(lb['im_file']).stem}.txt").read_text().splitlines()
+            assert len(rows) == len(lb["segments"]) == len(lb["cls"]) > 0
+            for row, poly, box in zip(rows, lb["segments"], lb["bboxes"]):
+                written = np.array(row.split()[1:], np.float32).reshape(-1, 2)
+                np.testing.assert_array_equal(poly, written)
+                assert len(poly) >= 3 and np.allclose((poly.min(0) + poly.max(0)) / 2, box[:2], atol=1e-6)
+    sample = synth.render(5, "train", 0, 128, 8, 6, 12)
+    outlined = synth.with_polygons(sample, 8)
+    h, w = sample.image.shape[:2]
+    for (x1, y1, x2, y2), c, poly in zip(sample.boxes.tolist(), sample.classes.tolist(), outlined.polygons):
+        shape = synth.SHAPES[synth.class_ids(8)[c] // len(synth.COLOURS)]
+        figure = np.zeros((h, w), np.uint8)
+        figure[y1:y2, x1:x2] = synth.figure_mask(shape, x2 - x1, y2 - y1)
+        filled = np.zeros((h, w), np.uint8)
+        cv2.fillPoly(filled, [np.round(poly - 0.5).astype(np.int32)], 1)
+        assert (filled[figure > 0] == 1).mean() > 0.98, shape
+        assert filled.sum() <= (x2 - x1) * (y2 - y1), shape  # inside its box

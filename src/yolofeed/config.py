@@ -63,8 +63,9 @@ class SynthConfig:
                        "95 about 155 KB, as COCO's photos weigh", minimum=1)
     task: str = key("detect", "detect: class and box rows; pose: each figure's 5 keypoints (top, right, bottom, left, "
                     "centre; some occluded or unlabelled) after its box, and kpt_shape and flip_idx in data.yaml; obb: "
-                    "figures turned by any angle, rows of class and their 4 corners (x1 y1 ... x4 y4), as DOTA's",
-                    ("detect", "pose", "obb"))
+                    "figures turned by any angle, rows of class and their 4 corners (x1 y1 ... x4 y4), as DOTA's; "
+                    "segment: the pictures of detect, rows of class and each figure's outline (x1 y1 x2 y2 ...)",
+                    ("detect", "pose", "obb", "segment"))
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
 
 
@@ -81,7 +82,8 @@ class PackConfig:
     splits: str = key("train,val", "comma-separated splits of the data yaml to pack")
     task: str = key("detect", "detect; pose: the yaml's kpt_shape, Ultralytics' pose label rules and the "
                     "keypoints stored too (in <yaml stem>-<format>-<imgsz>-pose); obb: rows of 4 corners, stored "
-                    "beside their enclosing boxes (in ...-obb)", ("detect", "pose", "obb"))
+                    "beside their enclosing boxes (in ...-obb); segment: polygon rows, stored as written beside "
+                    "their enclosing boxes (in ...-segment)", ("detect", "pose", "obb", "segment"))
     workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
     rebuild: str = key("auto", "auto: build missing or stale packs (a changed path, size or time, as Ultralytics' "
                        "label cache); check: auto, and compare the label files' contents too; always: rebuild; "

@@ -23,6 +23,10 @@ added (their draws come from a stream of their own), and ``task=detect`` writes 
 was its top left (``class x1 y1 x2 y2 x3 y3 x4 y4``, normalised, as Ultralytics' DOTA8), the whole turned box inside
 the image and apart from the others' enclosing boxes.
 
+``task=segment`` draws the pictures of ``task=detect`` (the same bytes) and labels each figure by its outline, a
+polygon of pixel centres (``cv2.findContours``, its outer boundary: a ring's or frame's hole is inside the polygon),
+as ``class x1 y1 x2 y2 ...``, normalised (Ultralytics' coco8-seg).
+
 Files are a pure function of (seed, split, index): the same seed gives the same bytes, in any
 number of processes.
 """
@@ -83,6 +87,7 @@ class Sample:
         classes: (N,) int. keypoints: (N, K, 3) float64 pixel x, y and visibility (0, 1, 2), or None (detection).
         corners: (N, 4, 2) float64 pixel x, y of each figure's turned box (task=obb; ``boxes`` then encloses them,
             rounded outwards), or None.
+        polygons: N arrays of (P, 2) float64 pixel x, y of each figure's outline (task=segment), or None.
     """
 
     image: np.ndarray
@@ -90,6 +95,7 @@ class Sample:
     classes: np.ndarray
     keypoints: np.ndarray | None = None
     corners: np.ndarray | None = None
+    polygons: list[np.ndarray] | None = None
 
 
 def figure_mask(shape: str, w: int, h: int) -> np.ndarray:
@@ -271,10 +277,33 @@ def render_obb(seed: int, split: str, index: int, imgsz: int = 640, classes: int
                   corners=np.array(corners, np.float64).reshape(-1, 4, 2))
 
 
+def figure_outline(shape: str, x1: int, y1: int, x2: int, y2: int) -> np.ndarray:
+    """(P, 2) float64 pixel x, y of the outline of a figure drawn in the box (x1, y1, x2, y2): the centres of its
+    boundary pixels where the boundary turns (``cv2.findContours``' simple chain), its largest outer contour."""
+    mask = figure_mask(shape, x2 - x1, y2 - y1).astype(np.uint8)
+    contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    outline = max(contours, key=cv2.contourArea).reshape(-1, 2).astype(np.float64)
+    if len(outline) < 3:  # a figure one pixel thin: its box's corners
+        outline = np.array([[0, 0], [x2 - x1 - 1, 0], [x2 - x1 - 1, y2 - y1 - 1], [0, y2 - y1 - 1]], np.float64)
+    return outline + 0.5 + np.array([x1, y1])
+
+
+def with_polygons(sample: Sample, classes: int = len(CLASS_NAMES)) -> Sample:
+    """``sample`` (of ``render``) with each figure's outline: no draw of its own, so the pictures stay detect's."""
+    ids = class_ids(classes)
+    polygons = [figure_outline(SHAPES[ids[c] // len(COLOURS)], *box)
+                for box, c in zip(sample.boxes.tolist(), sample.classes.tolist())]
+    return dataclasses.replace(sample, polygons=polygons)
+
+
 def label_text(sample: Sample) -> str:
     """YOLO label lines: class x_centre y_centre width height, normalised to [0, 1]; with keypoints, each point's
-    x y (normalised) and visibility after them; with corners (task=obb), class and the 4 corners' x y instead."""
+    x y (normalised) and visibility after them; with corners (task=obb), class and the 4 corners' x y instead; with
+    polygons (task=segment), class and the polygon's points' x y."""
     h, w = sample.image.shape[:2]
+    if sample.polygons is not None:
+        return "".join(f"{c} " + " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in poly.tolist()) + "\n"
+                       for c, poly in zip(sample.classes.tolist(), sample.polygons)) or "\n"
     if sample.corners is not None:
         return "".join(f"{c} " + " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in quad.tolist()) + "\n"
                        for c, quad in zip(sample.classes.tolist(), sample.corners)) or "\n"
@@ -293,6 +322,8 @@ def _write_one(args: tuple[Path, SynthConfig, str, int]) -> int:
     sample = draw(cfg.seed, split, index, cfg.imgsz, cfg.classes, cfg.boxes, cfg.min_box)
     if cfg.task == "pose":
         sample = with_keypoints(sample, cfg.seed, split, index, cfg.classes)
+    elif cfg.task == "segment":
+        sample = with_polygons(sample, cfg.classes)
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(sample.image, cv2.COLOR_RGB2BGR),
                            [cv2.IMWRITE_JPEG_QUALITY, cfg.quality])
     if not ok:
@@ -360,8 +391,8 @@ def check(cfg: SynthConfig) -> Path:
         raise ConfigError(f"n_train={cfg.n_train} n_val={cfg.n_val}: image counts cannot be negative")
     if cfg.imgsz < MIN_IMGSZ:
         raise ConfigError(f"imgsz={cfg.imgsz}: expected at least {MIN_IMGSZ} (the long side of the commonest image)")
-    if cfg.task not in ("detect", "pose", "obb"):
-        raise ConfigError(f"task={cfg.task}: expected detect, pose or obb")
+    if cfg.task not in ("detect", "pose", "obb", "segment"):
+        raise ConfigError(f"task={cfg.task}: expected detect, pose, obb or segment")
     if not 1 <= cfg.quality <= 100:
         raise ConfigError(f"quality={cfg.quality}: JPEG quality runs from 1 to 100 (90 is the default, 95 weighs "
                           "about what COCO's photos do)")

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import faulthandler
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -689,3 +690,68 @@ def test_an_obb_pack_holds_a_corners_section_aligned_with_its_labels(obb_dataset
     for i, lb in enumerate(ref.labels):
         np.testing.assert_array_equal(pack.labels(i), np.concatenate([lb["cls"], lb["bboxes"]], 1))
         np.testing.assert_array_equal(pack.corners(i), np.stack(lb["segments"]))
+
+
+# -- segment packs -----------------------------------------------------------------------------------------------------
+def test_a_segment_pack_holds_its_polygons_as_ultralytics_reads_them(segment_dataset):
+    """task=segment writes the polygon_lengths and polygon_points sections after the detection sections, each with its
+    CRC32, one polygon per labels row; the labels rows and polygons are those Ultralytics' segment dataset reads
+    (its label cache: boxes by segments2boxes, the polygons as written, before its 1,000-point resample), including
+    a duplicate polygon removed and two polygons of one box kept; the folder is <stem>-<format>-<imgsz>-segment."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import check_det_dataset
+
+    label = sorted((segment_dataset / "labels" / "train").glob("*.txt"))[0]
+    rows = label.read_text().splitlines()
+    twin = rows[0].split()  # the same box, another polygon: its points in reverse order
+    twin = [twin[0], *[v for k in range(len(twin[1:]) // 2 - 1, -1, -1) for v in twin[1 + 2 * k:3 + 2 * k]]]
+    label.write_text("\n".join([*rows, rows[0], " ".join(twin)]) + "\n")
+    pack = open_or_build(segment_dataset / "data.yaml", "train", 64, "raw", rebuild="auto", workers=2,
+                         progress=False, task="segment")
+    h = pack.header
+    assert h["task"] == "segment" and pack.task == "segment" and pack.corner_table is None
+    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "polygon_lengths", "polygon_points"]
+    for name in ("polygon_lengths", "polygon_points"):
+        off, n = h["sections"][name]
+        assert h["checksums"][name] == zlib.crc32(pack.buffer[off:off + n])
+    assert len(pack.polygon_lengths) == len(pack.label_table) == h["counts"]["boxes"]
+    assert pack.path.parent.name.endswith("-raw-64-segment")
+    data = check_det_dataset(str(segment_dataset / "data.yaml"), autodownload=False)
+    ref = YOLODataset(img_path=data["train"], imgsz=64, augment=False, data=data, hyp=get_cfg(), batch_size=4,
+                      rect=False, task="segment")
+    assert [Path(f).name for f in pack.im_files] == [Path(lb["im_file"]).name for lb in ref.labels]
+    for i, lb in enumerate(ref.labels):
+        np.testing.assert_array_equal(pack.labels(i), np.concatenate([lb["cls"], lb["bboxes"]], 1))
+        polygons = pack.polygons(i)
+        assert len(polygons) == len(lb["segments"]) and all(len(p) >= 3 for p in polygons)
+        for ours, theirs in zip(polygons, lb["segments"]):
+            np.testing.assert_array_equal(ours, theirs)
+    first = pack.im_files.index(str(label.with_suffix(".jpg")).replace(f"{os.sep}labels{os.sep}",
+                                                                       f"{os.sep}images{os.sep}"))
+    assert len(pack.labels(first)) == len(rows) + 1  # the duplicate removed, the twin kept
+    assert any("1 duplicate labels removed" in note for _, note in h["notes"])
+
+
+@pytest.mark.parametrize("rows, why", [
+    (["0 0.5 0.5 0.2 0.2"], "holds box rows of 5 columns.*segment labels require a polygon each.*task=detect"),
+    (["0 0.1 0.1 0.3 0.1 0.2 0.3", "1 0.5 0.5 0.2 0.2"], "mixes segment and box rows"),
+    (["0 0.1 0.1 0.3 0.1 0.2 0.3 0.4"], "not numeric YOLO rows"),  # an odd number of coordinates
+    (["0 0.1 0.1 1.3 0.1 0.2 0.3"], "coordinates above 1"),
+    (["9 0.1 0.1 0.3 0.1 0.2 0.3"], "uses class 9 but the data yaml has nc=8"),
+], ids=["boxes", "mixed", "odd", "outside", "class"])
+def test_bad_segment_labels_are_skipped_with_the_file_and_the_fix(segment_dataset, rows, why):
+    """Each file Ultralytics' segment dataset would not use is skipped and reported with its reason; the other images
+    are packed. A file of box rows is ours to skip: Ultralytics refuses the whole run on it."""
+    from ultralytics.data.utils import verify_image_label
+
+    label = sorted((segment_dataset / "labels" / "train").glob("*.txt"))[1]
+    label.write_text("\n".join(rows) + "\n")
+    image = str(label.with_suffix(".jpg")).replace(f"{os.sep}labels{os.sep}", f"{os.sep}images{os.sep}")
+    theirs = verify_image_label((image, str(label), "", False, 8, 0, 0, False))
+    assert (theirs[0] is None) == (not why.startswith("holds box rows"))  # Ultralytics skips the file, but box rows
+    pack = open_or_build(segment_dataset / "data.yaml", "train", 64, "raw", rebuild="auto", workers=1,
+                         progress=False, task="segment")
+    skipped = dict(pack.header["skipped"])
+    assert image in skipped and re.search(why, skipped[image]) and str(label) in skipped[image]
+    assert image not in pack.im_files and len(pack.im_files) == 11

@@ -154,8 +154,8 @@ def test_kpt_shape_is_refused_where_ultralytics_refuses_it_and_keys_the_fingerpr
                 YOLODataset(img_path=d["train"], data={**d, "kpt_shape": bad}, task="pose")
     with pytest.raises(DatasetError, match=r"'kpt_shape: \[5\]' must be \[number of keypoints, number of dims\]"):
         kpt_shape_of({**d, "kpt_shape": [5]})
-    with pytest.raises(DatasetError, match="task=segment: yolofeed packs detect, pose and obb datasets"):
-        split_source(d, "train", "segment")
+    with pytest.raises(DatasetError, match="task=classify: yolofeed packs detect, pose, obb and segment datasets"):
+        split_source(d, "train", "classify")
     plain = load_data_yaml(dataset / "data.yaml")
     with pytest.raises(DatasetError, match="missing or incorrect"):
         split_source(plain, "train", "pose")

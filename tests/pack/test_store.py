@@ -426,3 +426,49 @@ def test_a_damaged_or_crafted_corners_section_is_refused_with_the_obb_rebuild_co
         assert message.endswith(fix), (name, message)
     with pytest.raises(StalePackError, match="it was built for task=obb, this run asks for task=detect"):
         Pack.open(pack.path, expect={"task": "detect"})
+
+
+def test_a_damaged_or_crafted_polygon_section_is_refused_with_the_segment_rebuild_command(segment_dataset, tmp_path):
+    """A flipped byte of either polygon section fails its CRC32; right checksums around wrong content (a NaN point, a
+    point off its box, a polygon of 2 points, lengths that add up to more points than there are, a lengths section
+    one row short) are damage too; each is one line naming the command that rebuilds the segment pack."""
+    pack = open_or_build(segment_dataset / "data.yaml", "train", 64, "raw", rebuild="auto", workers=1, progress=False,
+                         task="segment")
+    good, h, _ = pack_parts(pack.path)
+    fix = (f"rebuild it with: yolofeed pack data={segment_dataset / 'data.yaml'} imgsz=64 format=raw task=segment "
+           f"out={tmp_path} rebuild=always")
+    for name in ("polygon_lengths", "polygon_points"):
+        off, n = h["sections"][name]
+        flipped = bytearray(good)
+        flipped[off + 1] ^= 0xFF
+        f = tmp_path / f"flipped-{name}.yfpack"
+        f.write_bytes(bytes(flipped))
+        with pytest.raises(PackError) as e:
+            Pack.open(f)
+        assert str(e.value) == f"{f} is damaged: its {name} section fails its checksum; {fix}"
+    points, lengths = np.array(pack.polygon_points), np.array(pack.polygon_lengths)
+    nan, off_box = points.copy(), points.copy()
+    nan[3, 0] = np.nan
+    off_box[int(lengths[0]) + 1, 1] += 0.5  # a point of the second polygon, outside its box
+    two, more = lengths.copy(), lengths.copy()
+    two[0], two[1] = 2, two[1] + two[0] - 2  # the same points, the first polygon 2 of them
+    more[-1] += 1
+    off, n = h["sections"]["polygon_lengths"]
+    crafted = {
+        "nan": ({"polygon_points": nan.tobytes()}, None, "the polygons hold values that are not finite"),
+        "off-box": ({"polygon_points": off_box.tobytes()}, None, "the polygons do not lie on their labels' boxes"),
+        "two-points": ({"polygon_lengths": two.tobytes()}, None, "a polygon has fewer than 3 points"),
+        "too-many": ({"polygon_lengths": more.tobytes()}, None, "its polygon lengths do not add up to its points"),
+        "short": (None, lambda x: {**x, "sections": {**x["sections"], "polygon_lengths": [off, n - 4]}},
+                  "polygon sections are not one length per label and whole points"),
+    }
+    for name, (sections, header, words) in crafted.items():
+        f = tmp_path / f"{name}.yfpack"
+        craft_pack(pack.path, f, sections, header)
+        with pytest.raises(PackError) as e:
+            Pack.open(f)
+        message = str(e.value)
+        assert words in message and "\n" not in message and "damaged" in message, (name, message)
+        assert message.endswith(fix), (name, message)
+    with pytest.raises(StalePackError, match="it was built for task=segment, this run asks for task=detect"):
+        Pack.open(pack.path, expect={"task": "detect"})

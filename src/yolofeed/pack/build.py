@@ -70,6 +70,7 @@ from yolofeed.pack.layout import (
     is_pack_file,
     keypoint_section,
     payload_crcs,
+    polygon_sections,
     printable,
 )
 from yolofeed.pack.lock import FolderLock
@@ -236,6 +237,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     labels: list[np.ndarray | None] = [None] * n
     keypoints: list[np.ndarray | None] = [None] * n  # pose: (n_i, K, 3) per image, aligned with its labels
     corners: list[np.ndarray | None] = [None] * n  # obb: (n_i, 4, 2) per image, aligned with its labels
+    polygons: list[list[np.ndarray] | None] = [None] * n  # segment: n_i polygons per image, aligned with its labels
     label_crc = np.zeros(n, np.uint32)
     skipped: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
@@ -255,9 +257,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                     why[i] = reason
                     bar.set_postfix(skipped=len(why), refresh=False)
                     continue
-                off, nbytes, crc, h0, w0, h, w, lb, sample_notes, kp, quads = meta
+                off, nbytes, crc, h0, w0, h, w, lb, sample_notes, kp, quads, polys = meta
                 index[i] = (off, nbytes, h0, w0, h, w, 0, len(lb), crc)
-                labels[i], keypoints[i], corners[i] = lb, kp, quads
+                labels[i], keypoints[i], corners[i], polygons[i] = lb, kp, quads, polys
                 noted[i] = sample_notes
     except WorkerDied as e:  # the workers are stopped already
         raise PackError(f"a worker process building the {src.split} pack died ({e}); nothing was published. "
@@ -291,6 +293,8 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     if src.task == "obb":  # the same: each kept image's corners, one row per label row
         kept = [q for q, lb in zip(corners, labels) if lb is not None]
         sections["corners"] = corner_section(np.concatenate(kept) if counts.sum() else np.zeros((0, 4, 2)))
+    if src.task == "segment":  # the same: each kept image's polygons, one per label row
+        sections.update(polygon_sections([p for ps, lb in zip(polygons, labels) if lb is not None for p in ps]))
     missing = sum(1 for _, note in notes if note.startswith("label file missing"))
     seconds = time.perf_counter() - t0
     header = {

@@ -106,7 +106,7 @@ def process(task: tuple[int, str, str]) -> tuple:
     else:
         _W["disk"].write_payload(_W["fd"], payload, offset)  # a full disk raises ENOSPC here, in the parent's map
     return i, lcrc, None, (offset, payload.nbytes, crc, *s.ori_hw, *s.hw, s.labels, s.notes, s.keypoints,
-                                s.corners)
+                                s.corners, s.polygons)
 
 
 def populate(mm: mmap.mmap, offset: int, nbytes: int) -> bool:

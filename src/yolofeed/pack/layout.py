@@ -3,7 +3,8 @@
 Layout (little-endian), chosen so a parallel build can write images in one pass and a reader
 can tell a finished file from an interrupted one::
 
-    [preamble][payloads ...][index][labels][files][label_crc]([keypoints|corners])[header JSON][trailer: magic, ...]
+    [preamble][payloads ...][index][labels][files][label_crc]([keypoints|corners|polygon_lengths polygon_points])
+    [header JSON][trailer: magic, ...]
 
 * preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
   temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
@@ -25,8 +26,13 @@ can tell a finished file from an interrupted one::
 * corners (OBB packs only, ``task: obb``): (M, 4, 2) float32 [x, y] of each rotated box's 4 corners as the label
   file lists them, row j those of labels row j, normalised as the boxes are; labels row j is their enclosing box
   (Ultralytics' ``segments2boxes``, what its OBB dataset's ``bboxes`` hold before ``Format`` makes x, y, w, h, r).
-* header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect", "pose" or "obb"; packs written
-  before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), source fingerprint, counts, skipped
+* polygon_lengths, polygon_points (segment packs only, ``task: segment``): (M,) uint32, the number of points of each
+  label row's polygon as its label file lists it (3 or more), and (P, 2) float32 [x, y] of all of them, row j's
+  after rows 0 .. j-1's, normalised as the boxes are; labels row j is its polygon's enclosing box (``segments2boxes``).
+  Ultralytics resamples each polygon to 1,000 points when it loads the labels: the pack keeps them as written.
+* header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect", "pose", "obb" or "segment";
+  packs written before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), source fingerprint, counts,
+  skipped
   samples, build stats, and where each section above but the payloads lies (``sections``: name -> [offset, length])
   with its CRC32 (``checksums``: name -> CRC32).
 * trailer: written last. A file without it was never finished; the builder also writes under a
@@ -79,9 +85,11 @@ INDEX_DTYPE = np.dtype([
 ])
 SECTIONS = {"index": INDEX_DTYPE, "labels": np.dtype("<f4"), "files": np.dtype("u1"), "label_crc": np.dtype("<u4")}
 # The label kinds' sections: each in the packs of its task only (``TASK_SECTIONS``), required there.
-LABEL_SECTIONS = {"keypoints": np.dtype("<f4"), "corners": np.dtype("<f4")}
-TASKS = ("detect", "pose", "obb")  # what a pack is built for: its label rules differ (pose: keypoints after each box)
-TASK_SECTIONS = {"detect": (), "pose": ("keypoints",), "obb": ("corners",)}
+LABEL_SECTIONS = {"keypoints": np.dtype("<f4"), "corners": np.dtype("<f4"), "polygon_lengths": np.dtype("<u4"),
+                  "polygon_points": np.dtype("<f4")}
+TASKS = ("detect", "pose", "obb", "segment")  # what a pack is built for: its label rules differ (pose: keypoints...)
+TASK_SECTIONS = {"detect": (), "pose": ("keypoints",), "obb": ("corners",),
+                 "segment": ("polygon_lengths", "polygon_points")}
 
 
 def align(n: int) -> int:
@@ -144,6 +152,17 @@ def corner_section(corners: np.ndarray) -> bytes:
         corners: (M, 4, 2) float32 [x, y], row j those of labels row j.
     """
     return np.ascontiguousarray(corners, np.float32).tobytes()
+
+
+def polygon_sections(polygons: list[np.ndarray]) -> dict[str, bytes]:
+    """The bytes of the polygon_lengths and polygon_points sections.
+
+    Args:
+        polygons: M arrays of (P_j, 2) float32 [x, y], polygon j that of labels row j.
+    """
+    lengths = np.array([len(p) for p in polygons], np.uint32)
+    points = np.concatenate(polygons) if polygons else np.zeros((0, 2), np.float32)
+    return {"polygon_lengths": lengths.tobytes(), "polygon_points": np.ascontiguousarray(points, np.float32).tobytes()}
 
 
 def encode_tail(data_end: int, sections: dict[str, bytes], header: dict[str, Any]) -> tuple[int, bytes]:
@@ -239,4 +258,7 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
         return "header's keypoints section is not one row of K x 3 values per label"
     if task == "obb" and h["sections"]["corners"][1] != rows * 4 * 2 * 4:
         return "header's corners section is not one row of 4 x 2 values per label"
+    if task == "segment" and (h["sections"]["polygon_lengths"][1] != rows * 4
+                              or h["sections"]["polygon_points"][1] % (2 * 4)):
+        return "header's polygon sections are not one length per label and whole points"
     return ""

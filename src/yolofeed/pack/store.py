@@ -136,6 +136,13 @@ class Pack:
         # obb: (M, 4, 2) [x, y] of the rotated box of label_table row j (its enclosing box); None in other packs
         self.corner_table = (self._section(sec["corners"], np.float32).reshape(-1, 4, 2)
                              if self.task == "obb" else None)
+        # segment: (M,) points of label_table row j's polygon, (P, 2) [x, y] of all of them in row order, and (M + 1,)
+        # where each row's start (the lengths' cumulative sum, made here once); None in other packs
+        self.polygon_lengths = self.polygon_points = self.polygon_starts = None
+        if self.task == "segment":
+            self.polygon_lengths = self._section(sec["polygon_lengths"], np.uint32)
+            self.polygon_points = self._section(sec["polygon_points"], np.float32).reshape(-1, 2)
+            self.polygon_starts = np.concatenate([[0], np.cumsum(self.polygon_lengths, dtype=np.int64)])
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
@@ -293,6 +300,31 @@ class Pack:
             lo, hi = quads.min(1), quads.max(1)  # each row's box is its corners' enclosing box (segments2boxes)
             if np.abs(np.concatenate([(lo + hi) / 2, hi - lo], 1) - lb[:, 1:]).max() > 1e-5:
                 return "the corners do not lie on their labels' boxes (each box encloses its row's 4 corners)"
+        if self.polygon_lengths is not None:
+            problem = self._polygon_problem()
+            if problem:
+                return problem
+        return ""
+
+    def _polygon_problem(self) -> str:
+        """What is wrong with a segment pack's polygons: one per label row, 3 points or more each, as many points as
+        the lengths add up to, finite, each row's box the one enclosing its polygon; "" when nothing."""
+        lengths, points, lb = self.polygon_lengths, self.polygon_points, self.label_table
+        if len(lengths) != len(lb):
+            return "its polygon_lengths section does not have one length per label"
+        if len(lengths) and int(lengths.min()) < 3:
+            return "a polygon has fewer than 3 points"
+        if int(self.polygon_starts[-1]) != len(points):
+            return "its polygon lengths do not add up to its points"
+        if not len(points):
+            return ""
+        if not np.isfinite(points).all():
+            return "the polygons hold values that are not finite"
+        starts = self.polygon_starts[:-1]
+        lo = np.stack([np.minimum.reduceat(points[:, k], starts) for k in range(2)], 1)
+        hi = np.stack([np.maximum.reduceat(points[:, k], starts) for k in range(2)], 1)
+        if np.abs(np.concatenate([(lo + hi) / 2, hi - lo], 1) - lb[:, 1:]).max() > 1e-5:
+            return "the polygons do not lie on their labels' boxes (each box encloses its row's polygon)"
         return ""
 
     def files_bytes_split(self) -> list[bytes]:
@@ -349,8 +381,8 @@ class Pack:
 
     @property
     def task(self) -> str:
-        """What the pack was built for: "detect", "pose" or "obb" (its label rules, and the keypoints or corners
-        section)."""
+        """What the pack was built for: "detect", "pose", "obb" or "segment" (its label rules, and the keypoints,
+        corners or polygons sections)."""
         return self.header.get("task", DEFAULTS["task"])
 
     @property
@@ -428,6 +460,15 @@ class Pack:
             return None
         r = self.index[i]
         return self.corner_table[r["label_start"]:r["label_start"] + r["label_count"]]
+
+    def polygons(self, i: int) -> list[np.ndarray] | None:
+        """The (P_j, 2) float32 [x, y] normalised polygon of each label of ``labels(i)`` (whose box encloses it), as
+        its label file lists it, views; None for a pack of another task."""
+        if self.polygon_lengths is None:
+            return None
+        r = self.index[i]
+        bounds = self.polygon_starts[r["label_start"]:r["label_start"] + r["label_count"] + 1].tolist()
+        return [self.polygon_points[a:b] for a, b in zip(bounds, bounds[1:])]
 
     # -- payload checksums --------------------------------------------------------------------
     def damaged(self, threads: int = 0) -> np.ndarray:

@@ -75,6 +75,8 @@ class Sample:
         labels: (n, 5) float32 rows [class, x_centre, y_centre, width, height], normalised.
         keypoints: (n, K, 3) float32 normalised x, y and visibility, one row per label (pose); None for detection.
         corners: (n, 4, 2) float32 normalised x, y of each label's rotated box (obb); None otherwise.
+        polygons: n arrays of (P_j, 2) float32 normalised x, y, each label's polygon as written (segment); None
+            otherwise.
     """
 
     payload: np.ndarray
@@ -84,6 +86,7 @@ class Sample:
     notes: list[str] = field(default_factory=list)
     keypoints: np.ndarray | None = None
     corners: np.ndarray | None = None
+    polygons: list[np.ndarray] | None = None
 
 
 def _is_heif(path: str) -> bool:
@@ -346,6 +349,42 @@ def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     return np.ascontiguousarray(lb), np.ascontiguousarray(corners, dtype=np.float32), notes
 
 
+def read_segment_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
+                        kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
+    """Parse and check a YOLO segment label file: ``verify_image_label`` for task=segment, which is detection's (rows
+    ``class x1 y1 x2 y2 x3 y3 ...`` of 3 or more points, each becoming its enclosing box; ``read_labels``' rules and
+    duplicates), keeping the polygons.
+
+    One rule is ours, refusing the file where Ultralytics would not skip it: a file of box rows (5 columns), for which
+    Ultralytics' ``YOLODataset.get_labels`` stops the whole run ("Segment dataset requires equal numbers of boxes and
+    segments").
+
+    Args:
+        kpt_shape: as for ``read_labels``.
+
+    Returns:
+        labels: (n, 5) float32 [class, x, y, w, h], each the box enclosing its polygon (``segments2boxes``).
+        polygons: n arrays of (P_j, 2) float32 normalised x, y, polygon j that of labels row j, as written.
+        notes: "label file missing", "label file empty", "N duplicate labels removed".
+
+    Raises:
+        SampleError: Ultralytics' refusals as ``read_labels`` has them (a file mixing segment and box rows too), a
+            file of box rows.
+    """
+    rows = _rows(lb_file, rules)
+    if rows is None:
+        return np.zeros((0, 5), np.float32), [], ["label file missing: used as a background image"]
+    if kpt_shape is not None and rules.pose_box_rows:
+        rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
+    lb, segments, notes = _box_rows(rows, lb_file, nc, rules)
+    if len(lb) and not segments:
+        raise SampleError(f"{lb_file} holds box rows of 5 columns (class x y w h); segment labels require a polygon "
+                          "each (class x1 y1 x2 y2 x3 y3 ...: 3 points or more): Ultralytics refuses the whole run on "
+                          "such a file ('Please supply a segment dataset, not a detect dataset'); convert the rows or "
+                          "pack the yaml with task=detect")
+    return np.ascontiguousarray(lb), [np.ascontiguousarray(p, np.float32) for p in segments], notes
+
+
 def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int],
                      rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Parse and check a YOLO pose label file with Ultralytics' rules (``verify_image_label`` with ``keypoint``).
@@ -425,22 +464,24 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
 
     Args:
         encode: the ``encode`` of the pack's format's codec (``yolofeed.pack.codecs``), given the checked image.
-        task: "detect" (``read_labels``), "pose" (``read_pose_labels``, which needs ``kpt_shape``) or "obb"
-            (``read_obb_labels``).
+        task: "detect" (``read_labels``), "pose" (``read_pose_labels``, which needs ``kpt_shape``), "obb"
+            (``read_obb_labels``) or "segment" (``read_segment_labels``).
         kpt_shape: the data yaml's (keypoints, dims), or None.
 
     Raises:
         SampleError: the sample must be skipped; the message is the reason.
     """
     info = check_image(im_file)
-    keypoints = corners = None
+    keypoints = corners = polygons = None
     if task == "pose":
         labels, keypoints, notes = read_pose_labels(lb_file, nc, kpt_shape)
     elif task == "obb":
         labels, corners, notes = read_obb_labels(lb_file, nc, kpt_shape=kpt_shape)
+    elif task == "segment":
+        labels, polygons, notes = read_segment_labels(lb_file, nc, kpt_shape=kpt_shape)
     else:
         labels, notes = read_labels(lb_file, nc, kpt_shape=kpt_shape)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)
-    return Sample(payload, ori_hw, hw, labels, notes, keypoints, corners)
+    return Sample(payload, ori_hw, hw, labels, notes, keypoints, corners, polygons)
