@@ -2,7 +2,8 @@
 
 ``mosaic`` places tiles on a canvas, ``perspective`` maps the canvas to the output by one (R, 3, 3) matrix,
 ``flip`` reflects the output; each moves the boxes, keypoints and OBB segments the same way (``obb``: Ultralytics'
-resample and clip of oriented boxes, ``rboxes``: their minimum-area rectangles). The pass itself is ``augment.warp``.
+resample and clip of oriented boxes, ``rboxes``: their minimum-area rectangles; ``polygons``: segmentation polygons
+resampled as Ultralytics resamples them). The pass itself is ``augment.warp``.
 """
 
 from yolofeed.augment.geometry.flip import (
@@ -37,9 +38,11 @@ from yolofeed.augment.geometry.perspective import (
     warp_keypoints,
     warp_segments,
 )
+from yolofeed.augment.geometry.polygons import resample_polygons
 
 __all__ = ["FlipParams", "Layout", "Mosaic", "MosaicParams", "PerspectiveParams", "RandomFlip", "RandomPerspective",
            "box_candidates", "clip_obb", "flip_axis", "flip_boxes", "flip_keypoints", "flip_segments", "mosaic_boxes",
            "mosaic_keypoints", "mosaic_layout", "mosaic_segments", "obb_rboxes", "perspective_matrix",
-           "resample_corners", "sample_mosaic", "sample_perspective", "tile_boxes", "transform_boxes", "warp_boxes",
+           "resample_corners", "resample_polygons", "sample_mosaic", "sample_perspective", "tile_boxes",
+           "transform_boxes", "warp_boxes",
            "warp_keypoints", "warp_segments", "xywhn_to_xyxy"]
