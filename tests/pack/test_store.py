@@ -388,6 +388,18 @@ def test_the_names_before_the_codec_owned_its_gather_warn_and_work_as_the_new_on
                               progress=False)
     assert again.path == pack.path
 
+def _each_refused_as_damaged(pack: Pack, crafted: dict, fix: str, folder) -> None:
+    """Each crafted copy of ``pack`` (name -> (sections, header rewrite, words)) is refused in one line saying it is
+    damaged, with ``words``, ending with the command ``fix``."""
+    for name, (sections, header, words) in crafted.items():
+        f = folder / f"{name}.yfpack"
+        craft_pack(pack.path, f, sections, header)
+        with pytest.raises(PackError) as e:
+            Pack.open(f)
+        message = str(e.value)
+        assert words in message and "\n" not in message and "damaged" in message, (name, message)
+        assert message.endswith(fix), (name, message)
+
 
 def test_a_damaged_or_crafted_corners_section_is_refused_with_the_obb_rebuild_command(obb_dataset, tmp_path):
     """A flipped byte of the corners section fails its CRC32; right checksums around wrong content (a NaN corner,
@@ -416,14 +428,7 @@ def test_a_damaged_or_crafted_corners_section_is_refused_with_the_obb_rebuild_co
         "no-section": (None, lambda x: {**x, "sections": {k: v for k, v in x["sections"].items() if k != "corners"}},
                        "corners section None is malformed"),
     }
-    for name, (sections, header, words) in crafted.items():
-        f = tmp_path / f"{name}.yfpack"
-        craft_pack(pack.path, f, sections, header)
-        with pytest.raises(PackError) as e:
-            Pack.open(f)
-        message = str(e.value)
-        assert words in message and "\n" not in message and "damaged" in message, (name, message)
-        assert message.endswith(fix), (name, message)
+    _each_refused_as_damaged(pack, crafted, fix, tmp_path)
     with pytest.raises(StalePackError, match="it was built for task=obb, this run asks for task=detect"):
         Pack.open(pack.path, expect={"task": "detect"})
 
@@ -462,13 +467,6 @@ def test_a_damaged_or_crafted_polygon_section_is_refused_with_the_segment_rebuil
         "short": (None, lambda x: {**x, "sections": {**x["sections"], "polygon_lengths": [off, n - 4]}},
                   "polygon sections are not one length per label and whole points"),
     }
-    for name, (sections, header, words) in crafted.items():
-        f = tmp_path / f"{name}.yfpack"
-        craft_pack(pack.path, f, sections, header)
-        with pytest.raises(PackError) as e:
-            Pack.open(f)
-        message = str(e.value)
-        assert words in message and "\n" not in message and "damaged" in message, (name, message)
-        assert message.endswith(fix), (name, message)
+    _each_refused_as_damaged(pack, crafted, fix, tmp_path)
     with pytest.raises(StalePackError, match="it was built for task=segment, this run asks for task=detect"):
         Pack.open(pack.path, expect={"task": "detect"})
