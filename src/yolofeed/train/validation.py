@@ -1,7 +1,8 @@
 """Validation in a thread of its own, whose cuDNN set-up is paid while the first epoch trains.
 
-cuDNN plans a convolution's forward once per thread and input shape, and the plan costs host time: for yolo11n on an
-H200, about 1.9 s for each new batch shape of a validation (BENCHMARKS.md, "The whole run"). Ultralytics validates in
+cuDNN plans a convolution's forward once per thread and input shape, and the plan costs host time (seconds for each
+new batch shape of a validation on an H200: ``tools/device/first_pass.py`` measures it; not yet recorded in
+BENCHMARKS.md). Ultralytics validates in
 the training thread, so its first validation pays that for each shape of the val loader (rect batches: one shape per
 aspect-ratio group, two on a square set, dozens on COCO), and its final validation pays it again for best.pt, fused, in
 the contiguous layout and warmed at batch 1 first. Both sides of a run pay it; neither can pay it ahead in the training
