@@ -1,11 +1,10 @@
 """Validation in a thread of its own, whose cuDNN set-up is paid while the first epoch trains.
 
-cuDNN plans a convolution's forward once per thread and input shape, and the plan costs host time (seconds for each
-new batch shape of a validation on an H200: ``tools/device/first_pass.py`` measures it; not yet recorded in
-BENCHMARKS.md). Ultralytics validates in
-the training thread, so its first validation pays that for each shape of the val loader (rect batches: one shape per
-aspect-ratio group, two on a square set, dozens on COCO), and its final validation pays it again for best.pt, fused, in
-the contiguous layout and warmed at batch 1 first. Both sides of a run pay it; neither can pay it ahead in the training
+cuDNN plans a convolution's forward once per thread and input shape, and the plan costs host time: seconds for each
+new batch shape of a validation (``tools/device/first_pass.py`` measures it). Ultralytics validates in the training
+thread, so its first validation pays that for each shape of the val loader (rect batches: one shape per aspect-ratio
+group, two on a square set, dozens on COCO), and its final validation pays it again for best.pt, fused, in the
+contiguous layout and warmed at batch 1 first. Both sides of a run pay it; neither can pay it ahead in the training
 thread without stopping the training for as long.
 
 ``ValidationThread`` is one worker thread that yolofeed's trainer hands each validation to (every epoch's, and the
