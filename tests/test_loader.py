@@ -575,3 +575,60 @@ def test_obb_val_batches_equal_ultralytics_obb_val_loader(obb_root, obb_pack):
         d = (a["bboxes"][:, 4] - b["bboxes"][:, 4]).abs()
         square = (b["bboxes"][:, 2] - b["bboxes"][:, 3]).abs() < 1e-4  # w = h: the angle is either side's
         assert (d[~square] < 1e-4).all() and ((d[square] < 1e-4) | ((d[square] - math.pi / 2).abs() < 1e-4)).all()
+
+
+# -- segment packs: each box's polygon ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def segment_pack(segment_root, tmp_path_factory):
+    """``segment_pack(imgsz, ...)``: packs of the session's segmentation dataset."""
+    return _packs_of(segment_root, tmp_path_factory.mktemp("segment-packs"), "segment")
+
+
+def _polygons_written(root, im_file: str) -> list[np.ndarray]:
+    split = "val" if "/val/" in im_file else "train"
+    rows = (root / "labels" / split / f"{Path(im_file).stem}.txt").read_text().splitlines()
+    return [np.array(r.split()[1:], np.float32).reshape(-1, 2) for r in rows]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_segment_batches_carry_the_label_files_polygons(segment_root, segment_pack, device):
+    """SourceBatch.polygons: (N, L, P, 2) float32, P the pack's longest polygon, and polygon_lengths (N, L) int64,
+    padded like the boxes and under the same valid mask; each valid slot holds its label file's polygon, then zeros;
+    an empty slot is length 0 and zeros. The dataset facade's label dicts carry them as Ultralytics' segment labels
+    do, as segments."""
+    pack = segment_pack()
+    longest = int(pack.polygon_lengths.max())
+    seen = 0
+    for a in TrainLoader(pack, 5, device, seed=3):
+        src = a["source"]
+        n, width = src.valid.shape
+        assert src.polygons.shape == (n, width, longest, 2) and src.polygon_lengths.shape == (n, width)
+        assert src.polygons.device.type == device and src.kinds() == ("polygons",)
+        polygons, lengths = src.polygons.cpu(), src.polygon_lengths.cpu()
+        for k, f in enumerate(a["im_file"]):
+            written = _polygons_written(segment_root, f)
+            assert int(src.valid[k].sum()) == len(written)
+            assert lengths[k].tolist() == [len(p) for p in written] + [0] * (width - len(written))
+            for j, p in enumerate(written):
+                assert torch.equal(polygons[k, j, :len(p)], torch.from_numpy(p))
+                assert not polygons[k, j, len(p):].any()
+            assert not polygons[k, len(written):].any()
+            seen += 1
+    assert seen == len(pack)
+    for i, d in enumerate(PackDataset(pack).labels):
+        written = _polygons_written(segment_root, pack.im_files[i])
+        assert len(d["segments"]) == len(written) and all(np.array_equal(a, b) for a, b in zip(d["segments"], written))
+
+
+def test_segment_labels_are_filtered_with_their_polygons(segment_pack):
+    """classes= drops the polygons of the boxes it drops, row for row, and the batches pad to what is left."""
+    pack = segment_pack()
+    full, some = LabelView.of(pack), LabelView.of(pack, classes=[0, 1, 2])
+    keep = np.isin(full.table[:, 0], [0, 1, 2])
+    for view, rows in ((full, np.arange(len(full.table))), (some, np.flatnonzero(keep))):
+        points, starts, lengths = view.polygons
+        assert len(lengths) == len(view.table) == len(rows)
+        for j, r in enumerate(rows):  # each kept row's polygon is the pack's polygon of that row
+            np.testing.assert_array_equal(points[starts[j]:starts[j] + lengths[j]],
+                                          pack.polygon_points[pack.polygon_starts[r]:pack.polygon_starts[r + 1]])
+    assert some.polygon_width == int(some.polygons[2].max()) <= full.polygon_width

@@ -30,11 +30,11 @@ def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills
 
 
 def test_the_augmentation_refuses_labels_it_would_drop():
-    """Keypoints and corners go through every op (test_augment_keypoints.py, test_augment_obb.py); masks through none
-    yet."""
+    """Keypoints and corners go through every op (test_augment_keypoints.py, test_augment_obb.py); polygons through
+    none yet."""
     assert dataclasses.replace(_source(), keypoints=torch.zeros(2, 3, 17, 3)).kinds() == ("keypoints",)
-    src = dataclasses.replace(_source(), masks=torch.zeros(2, 3, 32, 32, dtype=torch.bool))
-    with pytest.raises(ConfigError, match="also carries masks, which it would drop"):
+    src = dataclasses.replace(_source(), polygons=torch.zeros(2, 3, 5, 2), polygon_lengths=torch.full((2, 3), 5))
+    with pytest.raises(ConfigError, match="also carries polygons, which it would drop"):
         GpuAugment(AugmentHyp(imgsz=32))(src)
     with pytest.raises(ConfigError, match="GraphedAugment"):
         GraphedAugment(GpuAugment(AugmentHyp(imgsz=32)), device="cpu")(src)  # before any CUDA work

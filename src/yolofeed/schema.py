@@ -2,9 +2,10 @@
 
 Labels are padded to a fixed number of slots per image, with a validity mask, so that shapes stay static
 (CUDA graphs, no host syncs). Detection fills images, classes and boxes; ``keypoints``, ``corners`` and
-``masks`` are the room for pose, oriented boxes and segmentation, None in a detection batch; the augmentation
-hands the oriented boxes on as ``rboxes`` (``AUGMENTED_KINDS``). Every per-slot field shares the one ``valid``
-mask. Below the loader and augment, so both import it and neither imports the other for it.
+``polygons`` are the room for pose, oriented boxes and segmentation, None in a detection batch; the augmentation
+hands the oriented boxes on as ``rboxes`` and the polygons as ``masks`` (``AUGMENTED_KINDS``), as Ultralytics'
+``Format`` makes them. Every per-slot field shares the one ``valid`` mask. Below the loader and augment, so both import
+it and neither imports the other for it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from torch import Tensor
 
 from yolofeed.errors import ConfigError
 
-LABEL_KINDS = ("keypoints", "corners", "masks")  # beyond detection's classes and boxes; None where not carried
-# what each kind is in the augmented batch: OBB's corners leave the augmentation as oriented boxes (Format's xywhr)
-AUGMENTED_KINDS = {"keypoints": "keypoints", "corners": "rboxes", "masks": "masks"}
+LABEL_KINDS = ("keypoints", "corners", "polygons")  # beyond detection's classes and boxes; None where not carried
+# what each kind is in the augmented batch: OBB's corners leave the augmentation as oriented boxes (Format's xywhr),
+# segmentation's polygons as masks (Format's polygons2masks)
+AUGMENTED_KINDS = {"keypoints": "keypoints", "corners": "rboxes", "polygons": "masks"}
 
 
 class LabelKinds:
@@ -58,7 +60,9 @@ class SourceBatch(LabelKinds):
         keypoints: (N, L, P, 3) float32 normalised x, y and visibility (0: the point is absent).
         corners: (N, L, 4, 2) float32 normalised x, y of the oriented boxes' corners (Ultralytics moves them as
             segments; their xywhr is made at the end, as ``Format`` makes it).
-        masks: (N, L, Hmax, Wmax) bool, one per slot.
+        polygons: (N, L, P, 2) float32 normalised x, y of each slot's polygon as its label file lists it, zero past
+            its ``polygon_lengths`` (N, L) int64 points (0 in a slot without a label); P the most any row has.
+            Ultralytics resamples them (``geometry.polygons``) before the ops move them and makes masks at the end.
     """
 
     images: Tensor
@@ -68,7 +72,8 @@ class SourceBatch(LabelKinds):
     valid: Tensor
     keypoints: Tensor | None = None
     corners: Tensor | None = None
-    masks: Tensor | None = None
+    polygons: Tensor | None = None
+    polygon_lengths: Tensor | None = None  # with polygons: how many of each slot's P points are its own
 
 
 @dataclass

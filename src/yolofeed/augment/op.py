@@ -5,7 +5,7 @@ Ultralytics' CPU op. It applies them inside one of the two fused passes over pix
 step to the warp (mosaic's tiles, a (R, 3, 3) matrix, a flip's reflection), a ``PixelOp`` its term to compose
 (MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way, ``apply_keypoints`` the pose
 task's keypoints, ``apply_corners`` the oriented boxes' segments (and the boxes Ultralytics makes of them);
-``apply_masks`` is where segmentation will move its masks.
+``apply_polygons`` is where segmentation will move its polygons.
 ``augment.pipeline`` lists the ops in Ultralytics' order and fuses them.
 """
 
@@ -82,7 +82,7 @@ class Labels:
     Shape: cls (R, K) float32; boxes (R, K, 4) float32; valid (R, K) bool; keypoints (R, K, P, 3) float32 x, y
     (normalised before the mosaic, pixels after) and visibility, or None (detection); segments (R, K, 100, 2)
     float32 x, y of each oriented box (its 4 corners resampled as Ultralytics does, ``geometry.obb``; normalised
-    before the mosaic, pixels after), or None. Segmentation will add its masks here (``schema.LABEL_KINDS``), moved
+    before the mosaic, pixels after), or None. Segmentation will add its polygons here (``schema.LABEL_KINDS``), moved
     by the ops' hook for them.
     """
 
@@ -138,10 +138,10 @@ class Op(ABC):
     mixes = False
     # The hooks for the label kinds detection does not carry (kornia's apply_transform_keypoint, _mask): None until
     # a task writes them, op by op; GpuAugment refuses a batch of a kind some op has None for (pipeline.CARRIED).
-    # Every op of OPS moves keypoints (apply_keypoints) and OBB's corners (apply_corners); masks: none yet.
+    # Every op of OPS moves keypoints (apply_keypoints) and OBB's corners (apply_corners); polygons: none yet.
     apply_keypoints = None
     apply_corners = None
-    apply_masks = None
+    apply_polygons = None
 
     def on(self, hyp: AugmentHyp) -> bool:
         """Whether its setting lets it change anything; its draws are made either way, so their order is fixed."""

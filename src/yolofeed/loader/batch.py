@@ -18,8 +18,10 @@ class HostBuffers:
 
     Shape: images (B, S, S, 3) uint8, or (B, 0, 0, 3) when images are decoded on the device; hw (B, 2) int64;
     labels (B, L, 5) float32 [class, x, y, w, h]; counts (B,) int64; keypoints (B, L, K, 3) float32 [x, y,
-    visibility] and corners (B, L, 4, 2) float32 [x, y], zero past each image's count, or None (detection). B is
-    the largest batch the sampler makes (batch + 1), L the pack's most labels per image.
+    visibility] and corners (B, L, 4, 2) float32 [x, y], zero past each image's count, or None (detection);
+    polygons (B, L, P, 2) float32 [x, y] and polygon_lengths (B, L) int64, zero past each polygon's length and each
+    image's count, or None. B is the largest batch the sampler makes (batch + 1), L the pack's most labels per image,
+    P its most points per polygon.
     """
 
     images: Tensor
@@ -28,12 +30,15 @@ class HostBuffers:
     counts: Tensor
     keypoints: Tensor | None = None
     corners: Tensor | None = None
+    polygons: Tensor | None = None
+    polygon_lengths: Tensor | None = None
 
     @classmethod
     def allocate(cls, batch: int, imgsz: int, width: int, pin: bool, images: bool = True,
-                 keypoints: int = 0, corners: bool = False) -> HostBuffers:
+                 keypoints: int = 0, corners: bool = False, polygons: int = 0) -> HostBuffers:
         """Empty buffers; ``images=False`` leaves out the image buffer (B x S x S x 3 bytes: 157 MB at 128 x 640);
-        ``keypoints`` K > 0 adds the keypoint buffer (B x L x K x 12 bytes), ``corners`` the corners' (B x L x 32)."""
+        ``keypoints`` K > 0 adds the keypoint buffer (B x L x K x 12 bytes), ``corners`` the corners' (B x L x 32),
+        ``polygons`` P > 0 the polygons' (B x L x (P x 8 + 8))."""
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
@@ -41,19 +46,22 @@ class HostBuffers:
         return cls(empty((batch, side, side, 3), torch.uint8), empty((batch, 2), torch.int64),
                    empty((batch, width, 5), torch.float32), empty((batch,), torch.int64),
                    empty((batch, width, keypoints, 3), torch.float32) if keypoints else None,
-                   empty((batch, width, 4, 2), torch.float32) if corners else None)
+                   empty((batch, width, 4, 2), torch.float32) if corners else None,
+                   empty((batch, width, polygons, 2), torch.float32) if polygons else None,
+                   empty((batch, width), torch.int64) if polygons else None)
 
     def tensors(self) -> tuple[Tensor, ...]:
-        """The buffers in field order, the per-row ones (keypoints, corners) only where the batch has them."""
+        """The buffers in field order, the per-row ones (keypoints, corners, polygons) only where the batch has
+        them."""
         return (self.images, self.hw, self.labels, self.counts,
-                *(t for t in (self.keypoints, self.corners) if t is not None))
+                *(t for t in (self.keypoints, self.corners, self.polygons, self.polygon_lengths) if t is not None))
 
     def like(self, images: Tensor, device: torch.device) -> HostBuffers:
         """Buffers of the same shapes on ``device``, the images given (the device side of a prefetch slot)."""
         def on(t: Tensor | None) -> Tensor | None:
             return None if t is None else torch.empty_like(t, device=device)
         return HostBuffers(images, on(self.hw), on(self.labels), on(self.counts), on(self.keypoints),
-                           on(self.corners))
+                           on(self.corners), on(self.polygons), on(self.polygon_lengths))
 
 
 def label_width(pack: Pack, labels: LabelView | None = None) -> int:
@@ -93,4 +101,13 @@ def gather(pack: Pack, indices: np.ndarray, buf: HostBuffers, images: bool = Tru
         if out is not None:  # the same rows of a per-row table: one gather, no loop per image
             out[:n] = torch.from_numpy(np.where(have[..., None, None], per_row[rows] if len(per_row) else 0.0, 0.0)
                                        .astype(np.float32))
+    if buf.polygons is not None:  # each slot's points: one gather of (n, L, P) point indices, no loop per polygon
+        points, starts, lengths = labels.polygons
+        length = np.where(have, lengths[rows] if len(lengths) else 0, 0)
+        k = np.arange(buf.polygons.shape[2])
+        at = np.minimum((starts[rows] if len(starts) else 0)[..., None] + k, max(len(points) - 1, 0))
+        inside = k < length[..., None]
+        buf.polygons[:n] = torch.from_numpy(np.where(inside[..., None], points[at] if len(points) else 0.0, 0.0)
+                                            .astype(np.float32))
+        buf.polygon_lengths[:n] = torch.from_numpy(length.astype(np.int64))
     return n

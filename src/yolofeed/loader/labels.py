@@ -4,8 +4,8 @@ Ultralytics applies both keys in ``BaseDataset.update_labels`` when it builds a 
 validation alike: boxes of other classes are dropped (the image stays, as a background image when none is
 left; class ids are not renumbered), then every class id becomes 0 under ``single_cls``. The same here,
 once per loader, on a copy of the label table (20 bytes a box): the pack on disk never changes, so one
-pack serves every choice of ``classes`` and ``single_cls``. A pose pack's keypoints follow their rows (Ultralytics
-filters them with the same mask).
+pack serves every choice of ``classes`` and ``single_cls``. A pose pack's keypoints, an OBB pack's corners and a
+segment pack's polygons follow their rows (Ultralytics filters them with the same mask).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class LabelView:
         start, count: (N,) int64, one per pack image. table: (M, 5) float32 [class, x, y, w, h] normalised.
         keypoints: (M, K, 3) float32 [x, y, visibility], row j those of table row j; None but for a pose pack.
         corners: (M, 4, 2) float32 normalised x, y, row j the oriented box of table row j; None but for an OBB pack.
+        polygons: (points, starts, lengths), row j's polygon ``points[starts[j]:starts[j] + lengths[j]]``: (P, 2)
+            float32 normalised x, y (the pack's, never copied), (M,) int64 and (M,) int64; None but for a segment pack.
     """
 
     start: np.ndarray
@@ -49,6 +51,7 @@ class LabelView:
     table: np.ndarray
     keypoints: np.ndarray | None = None
     corners: np.ndarray | None = None
+    polygons: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def of(cls, pack: Pack, classes: Any = None, single_cls: bool = False) -> LabelView:
@@ -63,8 +66,11 @@ class LabelView:
         start = pack.index["label_start"].astype(np.int64)
         count = pack.index["label_count"].astype(np.int64)
         table, keypoints, corners = pack.label_table, pack.keypoint_table, pack.corner_table
+        polygons = None
+        if pack.polygon_lengths is not None:
+            polygons = (pack.polygon_points, pack.polygon_starts[:-1], pack.polygon_lengths.astype(np.int64))
         if include is None and not single_cls:
-            return cls(start, count, table, keypoints, corners)
+            return cls(start, count, table, keypoints, corners, polygons)
         owner = np.repeat(np.arange(len(count)), count)  # every image's rows, in image order
         rows = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
         if include is not None:
@@ -76,7 +82,10 @@ class LabelView:
         count = np.bincount(owner, minlength=len(count)).astype(np.int64)
         def kept_rows(per_row):  # the same rows of a per-row section
             return None if per_row is None else np.array(per_row[rows], dtype=np.float32)
-        return cls(np.cumsum(count) - count, count, kept.reshape(-1, 5), kept_rows(keypoints), kept_rows(corners))
+        if polygons is not None:  # the kept rows' starts and lengths; the points stay the pack's
+            polygons = (polygons[0], polygons[1][rows], polygons[2][rows])
+        return cls(np.cumsum(count) - count, count, kept.reshape(-1, 5), kept_rows(keypoints), kept_rows(corners),
+                   polygons)
 
     def __call__(self, i: int) -> np.ndarray:
         """(n, 5) labels of image ``i``."""
@@ -87,6 +96,11 @@ class LabelView:
     def width(self) -> int:
         """The most labels one image has (the loader pads to it)."""
         return int(self.count.max()) if len(self.count) else 0
+
+    @property
+    def polygon_width(self) -> int:
+        """The most points one polygon has (the loader pads polygons to it); 0 without polygons."""
+        return int(self.polygons[2].max()) if self.polygons is not None and len(self.polygons[2]) else 0
 
 
 __all__ = ["LabelView", "class_ids"]

@@ -83,7 +83,8 @@ class _Slot:
         pin = device.type == "cuda"
         width = label_width(pack, labels)
         k = 0 if labels.keypoints is None else labels.keypoints.shape[1]  # pose: K keypoints a label, one more copy
-        rows = {"keypoints": k, "corners": labels.corners is not None}  # OBB: 4 corners a label
+        rows = {"keypoints": k, "corners": labels.corners is not None,  # OBB: 4 corners a label
+                "polygons": labels.polygon_width}  # segment: the longest polygon's points a label
         self.host = HostBuffers.allocate(batch, pack.imgsz, width, pin, images=not on_device, **rows)
         if device.type == "cpu":
             self.dev = HostBuffers.allocate(batch, pack.imgsz, width, False, **rows)
@@ -102,7 +103,7 @@ def _source(buf: HostBuffers, n: int) -> SourceBatch:
     def rows(t: Tensor | None) -> Tensor | None:
         return None if t is None else t[:n]
     return SourceBatch(buf.images[:n], buf.hw[:n], lab[..., 0], lab[..., 1:], valid, rows(buf.keypoints),
-                       rows(buf.corners))
+                       rows(buf.corners), rows(buf.polygons), rows(buf.polygon_lengths))
 
 
 class Prefetcher:
