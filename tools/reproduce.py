@@ -39,10 +39,11 @@ BENCH_1 = "workers=16 batch=128 imgsz=640 data=/tmp/synth/data.yaml"  # a bench 
 LEVER = f"steps=60 warmup=30 first_epoch=False isolate=True {BENCH_1}"  # the ceiling, one lever at a time
 
 
-def whole_run(optimizer: str, limit: int) -> tuple[str, ...]:
-    """The whole run of 10 epochs, stock and yolofeed, ``optimizer=``: the 10k set, its raw pack, both label caches."""
+def whole_run(optimizer: str, limit: int, modes: str = "stock,yolofeed") -> tuple[str, ...]:
+    """The whole run of 10 epochs, stock and yolofeed (or ``modes``), ``optimizer=``: the 10k set, its raw pack, both
+    label caches."""
     return (SYNTH_10K, PACK_10K, LABELS_10K_BOTH,
-            f"timeout {limit} python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed whole_run=10 "
+            f"timeout {limit} python3 -m yolofeed bench model=yolo11n.yaml modes={modes} whole_run=10 "
             f"optimizer={optimizer} {BENCH_1} out=$OUT/whole_{optimizer}", NO_WEIGHTS)
 
 
@@ -78,6 +79,8 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo26n")),
     Section("whole-run", "The whole run", "nvidia-h200", 1, 7, whole_run("auto", 430)),
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
+    Section("whole-run-beside", "The whole run", "nvidia-h200", 1, 9,
+            whole_run("auto", 520, "stock,yolofeed,yolofeed_beside")),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
         "| tee $OUT/optimizer_phase.txt",

@@ -190,7 +190,8 @@ class BenchConfig(MeasuredRunConfig):
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
                      "one batch ahead), yolofeed_nopool (mosaic partners from the batch itself, partner_pool=0), "
-                     "ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
+                     "yolofeed_beside (validate_beside=True: validations set up during the first epoch; with "
+                     "whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
                      "loss: what yolofeed's sync-free step and loss add)")
     # the step's options, as yolofeed train takes them: for the yolofeed modes and the ceiling (stock: Ultralytics')
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "ceiling", "ceiling_stock")
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_beside", "ceiling",
+         "ceiling_stock")
 STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step")  # SyncFreeStep's (train/step.py)
 
 
 def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "detect") -> type:
     """The trainer of a mode for the model's ``task`` (detect, pose, obb): stock Ultralytics, yolofeed (raw or jpeg
-    pack, inline augmentation, no partner pool), or the ceiling; ``step`` sets the step's switches (``STEP_SWITCHES``)
-    of the yolofeed modes and the ceiling (``ceiling_stock`` turns the first three off whatever it says; stock has
-    none).
+    pack, inline augmentation, no partner pool, validations in a thread of their own), or the ceiling; ``step`` sets
+    the step's switches (``STEP_SWITCHES``) of the yolofeed modes and the ceiling (``ceiling_stock`` turns the first
+    three off whatever it says; stock has none).
 
     Raises:
         ValueError: not one of ``MODES``.
@@ -35,6 +36,8 @@ def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "d
             return raw.with_options(augment_ahead=False)
         if mode == "yolofeed_nopool":  # partners from the batch itself: what the partner pool costs or saves
             return raw.with_options(partner_pool=0)
+        if mode == "yolofeed_beside":  # validations set up beside the first epoch: what a whole run saves by it
+            return raw.with_options(validate_beside=True)
         return raw
     if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CEILINGS
