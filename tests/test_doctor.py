@@ -326,3 +326,27 @@ def test_workers_the_run_did_not_use_are_said_with_the_reason(synth_root, tmp_pa
     assert "workers 0 (workers=2 asked; Ultralytics trains on the CPU without DataLoader workers)" in out, out
     assert main(["doctor", data, "workers=0", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
     assert ", workers 0, device cpu" in capsys.readouterr().out  # as asked: nothing to explain
+
+
+def test_a_model_whose_task_the_data_cannot_train_is_one_line_in_doctor_bench_and_parity(synth_root, obb_root,
+                                                                                        tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Ultralytics' own trainer (each command's stock side) stopped in a traceback on a pose model without the yaml's
+    kpt_shape, or an oriented-box model on box rows; yolofeed train refused both in one line. Now so do doctor, bench
+    and parity, before anything trains. The doctor profiles an OBB model against Ultralytics' OBBTrainer."""
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+    from yolofeed.ultralytics_seam import OBBTrainer
+
+    monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled a model its data cannot train"))
+    detect = synth_root / "data.yaml"
+    for command in ("doctor", "bench", "parity"):
+        for model, words in (("yolo11n-pose.yaml", "'kpt_shape' in data.yaml missing"),
+                             ("yolo11n-obb.yaml", r"is an oriented-box model and .* holds box rows \(class x y w h")):
+            assert main([command, f"model={model}", f"data={detect}", f"out={tmp_path / command}"]) == 1
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and re.search(words, err[0]), (command, err)
+    assert doctor.trainer_class("stock", "obb") is OBBTrainer
+    from yolofeed.train.run import check_model_and_data
+
+    check_model_and_data("yolo11n-obb.yaml", str(obb_root / "data.yaml"))  # its own kind of data: no complaint

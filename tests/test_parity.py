@@ -254,3 +254,15 @@ def test_a_comparison_whose_every_run_failed_is_an_error_naming_a_log(synth_root
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("yolofeed parity:")]
     assert err == [f"yolofeed parity: error: no run finished (the first failed with exit 1): its log says why, "
                    f"{tmp_path / 'logs' / 'stock-seed0.log'}"]
+
+
+def test_parity_prepares_the_packs_and_label_caches_of_the_models_task(obb_dataset):
+    """The packs its runs would otherwise race to build are those of the model's task (an OBB model's: -obb), and no
+    detection pack of an OBB dataset, which no run reads, is built beside them."""
+    from yolofeed.bench.parity import _prepare
+    from yolofeed.config import ParityConfig
+
+    _prepare(ParityConfig(data=str(obb_dataset / "data.yaml"), model="yolo11n-obb.yaml", imgsz=64, pack_format="raw"))
+    assert sorted(p.name for p in (obb_dataset / "yolofeed-packs").iterdir()) == ["data-raw-64-obb"]
+    assert sorted(p.name for p in (obb_dataset / "yolofeed-packs" / "data-raw-64-obb").glob("*.yfpack")) == [
+        "train.yfpack", "val.yfpack"]

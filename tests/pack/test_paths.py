@@ -148,3 +148,10 @@ def test_a_pose_pack_has_a_folder_of_its_own_and_its_rebuild_command_says_task_p
     out = tmp_path / "out"
     assert f"task=pose out={out} " in fix_from_header(store_dir(y, 640, "raw", out, "pose") / "train.yfpack", header)
     assert "task=" not in fix_from_header(store_dir(y, 640, "raw") / "train.yfpack", {**header, "task": "detect"})
+
+
+def test_rebuild_commands_name_out_as_an_absolute_path(tmp_path, monkeypatch):
+    """A relative out= in a rebuild command built elsewhere when pasted in another folder (data= was absolute)."""
+    monkeypatch.chdir(tmp_path)
+    command = paths.rebuild_command(str(tmp_path / "data.yaml"), 64, "raw", "sp")
+    assert f"out={tmp_path / 'sp'}" in command and "out=sp " not in command

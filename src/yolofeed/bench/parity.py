@@ -312,12 +312,15 @@ def plot(jobs: list[Job], path: Path, title: str) -> None:
 def _prepare(cfg: ParityConfig) -> None:
     """Build what concurrent runs would otherwise race to build: yolofeed's packs and Ultralytics' label caches."""
     from yolofeed.pack import open_or_build
+    from yolofeed.train.keys import model_task
     from yolofeed.ultralytics_seam import YOLODataset, check_det_dataset, get_cfg
 
     data = check_det_dataset(cfg.data, autodownload=False)
+    task = model_task(cfg.model, None)  # the packs and label caches of the model's task, which the runs use
     for split in ("train", "val"):
-        YOLODataset(img_path=data[split], imgsz=cfg.imgsz, augment=False, data=data, hyp=get_cfg(), rect=False)
-        open_or_build(cfg.data, split, cfg.imgsz, format=cfg.pack_format, rebuild="auto", progress=True)
+        YOLODataset(img_path=data[split], imgsz=cfg.imgsz, augment=False, data=data, hyp=get_cfg(), rect=False,
+                    task=task)
+        open_or_build(cfg.data, split, cfg.imgsz, format=cfg.pack_format, rebuild="auto", progress=True, task=task)
 
 
 def run(cfg: ParityConfig) -> Summary:

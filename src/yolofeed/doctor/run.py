@@ -15,11 +15,11 @@ from yolofeed.train.run import check_model_and_data
 
 def trainer_class(mode: str, task: str = "detect") -> type:
     """The doctor profiles the user's setup as Ultralytics trains it (``stock``), then with ``yolofeed``; the trainers
-    of the model's ``task`` (detect, pose)."""
+    of the model's ``task`` (detect, pose, obb)."""
     if mode == "stock":
-        from yolofeed.ultralytics_seam import DetectionTrainer, PoseTrainer
+        from yolofeed.bench.modes import trainer_class as bench_trainer
 
-        return {"detect": DetectionTrainer, "pose": PoseTrainer}[task]
+        return bench_trainer("stock", task=task)
     from yolofeed.train.trainer import TRAINERS
 
     return TRAINERS[task]

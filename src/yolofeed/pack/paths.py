@@ -88,8 +88,8 @@ def rebuild_command(yaml_file: str, imgsz: int, format: str, out: str | os.PathL
     """The exact command that rebuilds this pack, for error messages: quoted for a POSIX shell, so that a path with a
     space or a quote in it pastes whole."""
     return shlex.join(["yolofeed", "pack", f"data={yaml_file}", f"imgsz={imgsz}", f"format={format}",
-                       *([f"task={task}"] if task != "detect" else []), *([f"out={out}"] if out else []),
-                       "rebuild=always"])
+                       *([f"task={task}"] if task != "detect" else []),
+                       *([f"out={os.path.abspath(os.path.expanduser(out))}"] if out else []), "rebuild=always"])
 
 
 def fix_from_header(path: Path, header: dict[str, Any]) -> str:
