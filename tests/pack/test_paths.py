@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -93,6 +94,21 @@ def test_two_datasets_named_data_yaml_in_one_pack_folder_keep_their_packs(datase
     assert build(a, rebuild="auto").built is False
     fix = paths.fix_from_header(second.pack.path, second.pack.header)  # the command in its messages
     assert f"out={out}" in fix and f"data={b}" in fix
+    # a third yaml of that name whose second folder is a link planted to the first's: neither is replaced
+    c = copy_dataset(dataset, tmp_path / "third") / "data.yaml"
+    hashed = paths.pack_folders(c, 64, "raw", out)[1]
+    hashed.symlink_to(out / "data-raw-64", target_is_directory=True)
+    before = first.pack.path.read_bytes()
+    for rebuild in ("auto", "always"):
+        with pytest.raises(PackError, match=r"hold another data yaml's packs .*yolofeed replaces none of them"):
+            build(c, rebuild=rebuild)
+    assert first.pack.path.read_bytes() == before
+    # without out=, a dataset copied with its packs: the copy's folder holds the original's pack, rebuilt in place
+    ensure_split(a, "train", 64, "raw", workers=1, progress=False, rebuild="auto")
+    copied = copy_dataset(dataset, tmp_path / "moved")
+    shutil.copytree(dataset / "yolofeed-packs", copied / "yolofeed-packs")
+    own = ensure_split(copied / "data.yaml", "train", 64, "raw", workers=1, progress=False, rebuild="auto")
+    assert own.built and own.pack.path == copied / "yolofeed-packs" / "data-raw-64" / "train.yfpack"
 
 
 def test_two_datasets_and_two_sizes_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):

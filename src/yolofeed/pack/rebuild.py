@@ -80,12 +80,24 @@ def no_labels(pack: Pack, training: bool = False) -> str:
     return ""
 
 
-def own_folders(folders: list[Path], yaml_file: str) -> list[Path]:
-    """``folders`` (``paths.pack_folders``) less those holding a pack built from another data yaml: two datasets'
-    ``data.yaml`` under one ``out=`` each keep their own packs, where the second used to rebuild over the first's
-    at every run. The last folder where each is taken. Reads the header of each pack file there."""
+def own_folders(folders: list[Path], yaml_file: str, out: str | os.PathLike | None) -> list[Path]:
+    """Under ``out=``, ``folders`` (``paths.pack_folders``) less those holding a pack built from another data yaml:
+    two datasets' ``data.yaml`` under one ``out=`` each keep their own packs, where the second used to rebuild over
+    the first's at every run of either. Reads the header of each pack file there. Without ``out`` the folders are
+    this yaml's own (beside it, or keyed by its path): a pack of another path there is a copied dataset's, rebuilt.
+
+    Raises:
+        PackError: every folder holds another yaml's packs (a link planted at the second, say): none is replaced.
+    """
+    if not out:
+        return folders
     own = [folder for folder in folders if _taken_by(folder, yaml_file) is None]
-    return own or folders[-1:]
+    if not own:
+        taken = ", ".join(str(_taken_by(folder, yaml_file)) for folder in folders)
+        raise PackError(f"the pack folders of {yaml_file} under out={out} hold another data yaml's packs ({taken}); "
+                        f"yolofeed replaces none of them: pass another out= (yolofeed pack) or pack_dir= (yolofeed "
+                        "train), or delete those folders")
+    return own
 
 
 def _taken_by(folder: Path, yaml_file: str) -> Path | None:
@@ -160,7 +172,7 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
     # a wrong path: refused before format=auto says what it chose (without the split)
     sources = {split: split_source(d, split, task) for split in dict.fromkeys(splits)}
     format = resolve_format(d, format, imgsz, out, task)
-    folders = own_folders(pack_folders(d["yaml_file"], imgsz, format, out, task), d["yaml_file"])
+    folders = own_folders(pack_folders(d["yaml_file"], imgsz, format, out, task), d["yaml_file"], out)
     due: dict[int, list[tuple[str, Path, Space]]] = {}  # disk (st_dev) -> the packs to build there
     for split, src in sources.items():
         name = f"{split}{SUFFIX}"
@@ -227,7 +239,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     src = split_source(d, split, task)  # a wrong path: refused before format=auto says what it chose
     format = resolve_format(d, format, imgsz, out, task)
     every = pack_folders(d["yaml_file"], imgsz, format, out, task)
-    folders = own_folders(every, d["yaml_file"])
+    folders = own_folders(every, d["yaml_file"], out)
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out, task)}"
     result, errors = None, []
