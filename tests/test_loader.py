@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 import queue
 import threading
 import time
@@ -553,28 +552,29 @@ def test_obb_labels_are_filtered_with_their_corners(obb_pack):
 
 
 def test_obb_val_batches_equal_ultralytics_obb_val_loader(obb_root, obb_pack):
-    """The validator's oriented boxes: the corners letterboxed as the boxes are, then Format(return_obb)'s minimum-area
-    rectangle normalised by the batch shape, equal to Ultralytics' OBB val loader's (rect batches, task=obb)."""
+    """The validator's oriented boxes: the corners resampled and letterboxed as the boxes are, then Format(return_obb)'s
+    minimum-area rectangle normalised by the batch shape, equal to Ultralytics' OBB val loader's (rect batches,
+    task=obb), value for value: a rhombus too, whose two rectangles of least area tie (cv2.minAreaRect picks one)."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
 
     imgsz, batch = 96, 3
     root = copy_dataset(obb_root, Path(obb_pack().path).parent.parent / "copy-val")
+    label = sorted((root / "labels" / "val").glob("*.txt"))[0]
+    label.write_text(label.read_text() + "3 0.5 0.1 0.9 0.5 0.5 0.9 0.1 0.5\n")  # a rhombus in a 4:3 image
     data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
     cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "task": "obb"})
     ds = build_yolo_dataset(cfg, data["val"], batch, data, mode="val", rect=True, stride=32)
     theirs = list(build_dataloader(ds, batch, 0, shuffle=False, rank=-1))
-    ours = list(ValLoader(obb_pack(imgsz, split="val"), batch, "cpu", stride=32))
+    pack = _packs_of(root, root.parent / "copy-val-packs", "obb")(imgsz, split="val")
+    ours = list(ValLoader(pack, batch, "cpu", stride=32))
     assert len(ours) == len(theirs) == 2
     for a, b in zip(ours, theirs):
         assert [Path(f).name for f in a["im_file"]] == [Path(f).name for f in b["im_file"]]
         assert torch.equal(a["img"], b["img"]) and torch.equal(a["batch_idx"], b["batch_idx"])
         assert a["bboxes"].shape == b["bboxes"].shape == (len(a["cls"]), 5)
-        torch.testing.assert_close(a["bboxes"][:, :4], b["bboxes"][:, :4], atol=1e-5, rtol=1e-5)
-        d = (a["bboxes"][:, 4] - b["bboxes"][:, 4]).abs()
-        square = (b["bboxes"][:, 2] - b["bboxes"][:, 3]).abs() < 1e-4  # w = h: the angle is either side's
-        assert (d[~square] < 1e-4).all() and ((d[square] < 1e-4) | ((d[square] - math.pi / 2).abs() < 1e-4)).all()
+        assert torch.equal(a["bboxes"], b["bboxes"])
 
 
 # -- segment packs: each box's polygon ---------------------------------------------------------------------------------

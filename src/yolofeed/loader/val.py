@@ -12,13 +12,14 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from yolofeed.augment.geometry.rboxes import xyxyxyxy2xywhr
+from yolofeed.augment.geometry.obb import resample_corners
 from yolofeed.augment.letterbox import letterbox
 from yolofeed.loader.dataset import PackDataset
 from yolofeed.loader.labels import LabelView
 from yolofeed.loader.prefetch import Prefetcher
 from yolofeed.loader.train import subset
 from yolofeed.pack import Pack
+from yolofeed.ultralytics_seam import xyxyxyxy2xywhr
 
 RECT_PAD = 0.5  # Ultralytics builds validation datasets with pad=0.5
 
@@ -100,10 +101,11 @@ class ValLoader:
         if src.keypoints is not None:  # pose: the points move as the boxes do (Instances: denormalize, + pad)
             xy = (src.keypoints[..., :2] * wh[:, :, None] + pad[:, :, None]) / torch.tensor([W, H], device=img.device)
             extra["keypoints"] = torch.cat([xy, src.keypoints[..., 2:]], -1)[v]
-        if src.corners is not None:  # OBB: Format(return_obb) takes the minimum-area rectangle of the moved corners
-            # Ultralytics resamples the 4 corners to 100 points on their edges first; unclipped, the hull and so the
-            # rectangle are the 4 corners' (the 100 would cost 625x the work)
-            rboxes = xyxyxyxy2xywhr((src.corners * wh[:, :, None] + pad[:, :, None])[v])  # (N, 4, 2) pixels
+        if src.corners is not None:  # OBB: Format(return_obb) takes the minimum-area rectangle of the moved segments
+            # Ultralytics' own (cv2.minAreaRect on the host, a sync: validation only), of its 100 points: where two
+            # rectangles tie (a rhombus) the one it picks is stock's, which the batched one on the GPU may not be
+            segments = (resample_corners(src.corners) * wh[:, :, None] + pad[:, :, None])[v]  # (N, 100, 2) pixels
+            rboxes = xyxyxyxy2xywhr(segments)
             extra["bboxes"] = torch.cat([rboxes[:, :4] / torch.tensor([W, H, W, H], device=img.device),
                                          rboxes[:, 4:]], -1)
         ori = self.pack.ori_shapes[b.indices]

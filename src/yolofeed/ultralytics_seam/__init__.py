@@ -148,11 +148,12 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         v8PoseLoss,
     )
     from ultralytics.utils.metrics import bbox_iou, probiou  # train.loss: the box losses' CIoU and ProbIoU
-    from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats
+    from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats; loader.val: OBB's as Format makes them
         segments2boxes,
         xywh2xyxy,
         xywhr2xyxyxyxy,
         xyxy2xywh,
+        xyxyxyxy2xywhr,
     )
 
     # pack.verify: Pillow's opener, without the pi-heif auto-install Ultralytics' patched Image.open does (nothing
@@ -194,6 +195,7 @@ LABEL_RULES: LabelRules = label_rules(RELEASE)
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "check_task", "POSE_SINCE", "Conv", "v8PoseLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
+    "xyxyxyxy2xywhr",
     "batches_per_step", "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml",
     "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
