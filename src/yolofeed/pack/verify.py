@@ -344,7 +344,9 @@ def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     if any(len(p) != 4 for p in segments):
         n = next(len(p) for p in segments if len(p) != 4)
         raise SampleError(f"{lb_file} has a polygon of {n} points; OBB labels require 9 columns each (class and the 4 "
-                          "corners x1 y1 ... x4 y4 of the rotated box); write each object's 4 corners")
+                          "corners x1 y1 ... x4 y4 of the rotated box): yolo train fits a rotated box to such a "
+                          "polygon (its minimum-area rectangle, after each augmentation), yolofeed moves 4 corners; "
+                          "write each object's 4 corners, or train this dataset with yolo train")
     corners = np.stack(segments) if segments else np.zeros((0, 4, 2), np.float32)
     return np.ascontiguousarray(lb), np.ascontiguousarray(corners, dtype=np.float32), notes
 
