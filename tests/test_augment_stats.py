@@ -78,9 +78,10 @@ def ultralytics_stats(yaml_file) -> dict:
     st, order = Stats(), []
     while len(order) < N_SAMPLES:
         order += np.random.permutation(len(ds)).tolist()
-    for i in order[:N_SAMPLES]:
-        s = ds[i]
-        st.add(s["img"][None], [len(s["bboxes"])], s["bboxes"][:, 2:].numpy())
+    for k in range(0, N_SAMPLES, BATCH):  # added a batch at a time, as ours: the same sums, far fewer small ops
+        samples = [ds[i] for i in order[k:k + BATCH]]
+        st.add(torch.stack([s["img"] for s in samples]), [len(s["bboxes"]) for s in samples],
+               np.concatenate([s["bboxes"][:, 2:].numpy() for s in samples]))
     return st.summary()
 
 
