@@ -98,7 +98,7 @@ def test_bench_compares_an_obb_model_with_its_own_trainers(obb_dataset, tmp_path
     assert trainer_class("ceiling", task="obb") is CeilingOBBTrainer
     assert issubclass(trainer_class("yolofeed", task="obb"), FastOBBTrainer)
     assert main(["bench", "model=yolo11n-obb.yaml", f"data={obb_dataset / 'data.yaml'}", "modes=yolofeed,ceiling",
-                 "steps=10", "warmup=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
+                 "steps=4", "warmup=2", "window=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
     results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
     assert [r["mode"] for r in results] == ["yolofeed", "ceiling"] and all(r["images_per_s"] > 0 for r in results)
 

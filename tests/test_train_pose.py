@@ -129,6 +129,6 @@ def test_bench_compares_a_pose_model_with_its_own_trainers(pose_dataset, tmp_pat
     assert trainer_class("ceiling", task="pose") is CeilingPoseTrainer
     assert issubclass(trainer_class("yolofeed", task="pose"), FastPoseTrainer)
     assert main(["bench", "model=yolo11n-pose.yaml", f"data={pose_dataset / 'data.yaml'}", "modes=yolofeed,ceiling",
-                 "steps=10", "warmup=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
+                 "steps=4", "warmup=2", "window=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
     results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
     assert [r["mode"] for r in results] == ["yolofeed", "ceiling"] and all(r["images_per_s"] > 0 for r in results)

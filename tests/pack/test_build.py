@@ -298,39 +298,49 @@ def _kill_after(proc: subprocess.Popen, folder: Path, delay: float, timeout: flo
     return False
 
 
+@pytest.fixture(scope="module")
+def reference(big) -> tuple[float, int, list[np.ndarray]]:
+    """The build the killed ones are measured against, made once for every moment: its seconds, its length and three
+    of its images (first, middle, last)."""
+    t0 = time.perf_counter()
+    ref = open_or_build(big / "data.yaml", "train", 320, rebuild="always", progress=False, workers=1)
+    seconds = time.perf_counter() - t0  # what the subprocess's build will take, start-up aside
+    images = [ref.image(i).copy() for i in (0, len(ref) // 2, len(ref) - 1)]
+    n = len(ref)
+    ref.path.unlink()
+    return seconds, n, images
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.6, 0.9])
-def test_killed_build_is_never_accepted(big, fraction):
+def test_killed_build_is_never_accepted(big, reference, fraction):
     yaml_file = big / "data.yaml"
     folder = store_dir(yaml_file, 320, "raw")
-    t0 = time.perf_counter()
-    ref = open_or_build(yaml_file, "train", 320, rebuild="always", progress=False, workers=1)
-    seconds = time.perf_counter() - t0  # what the subprocess's build will take, start-up aside
-    ref_images = [ref.image(i).copy() for i in (0, len(ref) // 2, len(ref) - 1)]
-    ref.path.unlink()
+    seconds, n_ref, ref_images = reference
+    (folder / "train.yfpack").unlink(missing_ok=True)  # the pack a test before this one left
 
     killed = _kill_after(_start(yaml_file), folder, fraction * seconds)
     final = folder / "train.yfpack"
     if fraction <= 0.3:  # later moments may land after the build on a fast run: either outcome is checked below
         assert killed and not final.exists(), "the build finished before it could be killed"
     if final.exists():  # killed after publishing: then it must be the whole pack
-        assert len(Pack.open(final)) == len(ref)
+        assert len(Pack.open(final)) == n_ref
         final.unlink()
     for f in folder.glob(".train.yfpack.tmp-*"):  # even opened by name, a temp file is refused unless it is whole
         try:  # (killed between writing the trailer and the rename, it is a finished pack under a temp name)
             whole = Pack.open(f)
         except PackError:
             continue
-        assert len(whole) == len(ref)
-        np.testing.assert_array_equal(whole.image(len(ref) - 1), ref_images[-1])
+        assert len(whole) == n_ref
+        np.testing.assert_array_equal(whole.image(n_ref - 1), ref_images[-1])
     with pytest.raises(PackError, match="does not exist"):
         open_or_build(yaml_file, "train", 320, rebuild="never")
 
     # the next run rebuilds, cleans up, and gives the same content
     pack = open_or_build(yaml_file, "train", 320, rebuild="auto", progress=False, workers=2)
     assert not list(folder.glob(".train.yfpack.tmp-*"))
-    assert len(pack) == len(ref)
-    for k, i in enumerate((0, len(ref) // 2, len(ref) - 1)):
+    assert len(pack) == n_ref
+    for k, i in enumerate((0, n_ref // 2, n_ref - 1)):
         np.testing.assert_array_equal(pack.image(i), ref_images[k])
 
 
