@@ -17,9 +17,9 @@ def trainer_class(mode: str, task: str = "detect") -> type:
     """The doctor profiles the user's setup as Ultralytics trains it (``stock``), then with ``yolofeed``; the trainers
     of the model's ``task`` (detect, pose, obb)."""
     if mode == "stock":
-        from yolofeed.bench.modes import trainer_class as bench_trainer
+        from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer
 
-        return bench_trainer("stock", task=task)
+        return {"detect": DetectionTrainer, "pose": PoseTrainer, "obb": OBBTrainer}[task]
     from yolofeed.train.trainer import TRAINERS
 
     return TRAINERS[task]
