@@ -109,6 +109,12 @@ def _renamed(old: str, new: str) -> None:
     warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
 
 
+def _encloses(lo: np.ndarray, hi: np.ndarray, labels: np.ndarray) -> bool:
+    """Whether each label row's box is the one from ``lo`` to ``hi`` (its points' bounds, ``segments2boxes``), to
+    float32 rounding. Shape: lo, hi (M, 2); labels (M, 5)."""
+    return bool(np.abs(np.concatenate([(lo + hi) / 2, hi - lo], 1) - labels[:, 1:]).max() <= 1e-5)
+
+
 class Pack:
     """Read-only view of one split's pack file.
 
@@ -224,7 +230,7 @@ class Pack:
         expect = dict(expect or {})
         if "data" in expect and header["source"].get("data") != expect["data"]:  # checked first: the clearer
             raise ForeignPackError(f"{path} was built from {header['source'].get('data')}, not from "
-                                 f"{expect['data']}; point out= elsewhere or {fix}")
+                                   f"{expect['data']}; point out= elsewhere or {fix}")
         for key, want in expect.items():
             have = (header["source"].get(key) if key in ("fingerprint", "data")
                     else header.get(key, UNRECORDED_LABEL_RULES) if key == "label_rules"
@@ -297,8 +303,7 @@ class Pack:
                 return "its corners section does not have one row per label"
             if not np.isfinite(quads).all():
                 return "the corners hold values that are not finite"
-            lo, hi = quads.min(1), quads.max(1)  # each row's box is its corners' enclosing box (segments2boxes)
-            if np.abs(np.concatenate([(lo + hi) / 2, hi - lo], 1) - lb[:, 1:]).max() > 1e-5:
+            if not _encloses(quads.min(1), quads.max(1), lb):  # each row's box is its corners' (segments2boxes)
                 return "the corners do not lie on their labels' boxes (each box encloses its row's 4 corners)"
         if self.polygon_lengths is not None:
             problem = self._polygon_problem()
@@ -323,7 +328,7 @@ class Pack:
         starts = self.polygon_starts[:-1]
         lo = np.stack([np.minimum.reduceat(points[:, k], starts) for k in range(2)], 1)
         hi = np.stack([np.maximum.reduceat(points[:, k], starts) for k in range(2)], 1)
-        if np.abs(np.concatenate([(lo + hi) / 2, hi - lo], 1) - lb[:, 1:]).max() > 1e-5:
+        if not _encloses(lo, hi, lb):
             return "the polygons do not lie on their labels' boxes (each box encloses its row's polygon)"
         return ""
 
