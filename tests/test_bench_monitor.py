@@ -248,11 +248,17 @@ def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_r
             assert 0 < e["train_s"] and 0 < e["val_s"] and e["train_s"] + e["val_s"] <= e["epoch_s"]
         assert r["setup_s"] > 0 and r["final_s"] > 0
         assert r["setup_s"] + sum(e["epoch_s"] for e in r["epochs"]) + r["final_s"] <= r["wall_s"] + 0.05  # rounding
+        parts = r["parts"]  # the set-up's and the end's parts lie inside them
+        assert parts["build_s"] + parts["setup_train_s"] <= r["setup_s"] + 0.02
+        assert 0 < parts["first_batch_s"] <= r["epochs"][0]["train_s"] + 0.01
+        assert 0 < parts["final_val_s"] <= r["final_s"] + 0.01
+        assert parts["warm_up_s"] is None  # on the CPU there is no warm-up
         assert (run / "weights" / "best.pt").is_file() and (run / "weights" / "last.pt").is_file()
         assert len((run / "results.csv").read_text().strip().splitlines()) == 1 + 2
         assert (run / "results.png").is_file()  # plots at their default
     captured = capfd.readouterr()
     assert "whole runs of 2 epochs" in captured.out and "speed-up" in captured.out and "1st epoch" in captured.out
+    assert "yolofeed: set-up: trainer" in captured.out and "end: final validation" in captured.out
     assert "12/12" in captured.err  # the bar counts every batch of both runs: 2 x 2 epochs x 3 batches
     assert (out / "bench.png").stat().st_size > 1000
 

@@ -176,6 +176,9 @@ SECTIONS = {s.name: s for s in (
     Section("parity-graphed", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 NO_GPU_TESTS=1 "
         "bash tools/device/parity.sh",)),
+    Section("parity-graphed-more", "Training quality", "nvidia-h200", 1, 9, (
+        "DEVICES=0 SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 "
+        "GPU_TESTS_BESIDE=1 bash tools/device/parity.sh",)),
     Section("parity-musgd-more", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=470 NO_SMOKE=1 bash tools/device/parity.sh",)),

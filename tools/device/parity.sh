@@ -9,6 +9,8 @@
 # N_TRAIN=2000 N_VAL=200 LIMIT=420 (seconds for the parity commands) NO_SMOKE=1 DEVICES=0,1 (one GPU: DEVICES=0;
 # the GPU tests then share it) EXTRA="optimizer=MuSGD" (more keys for both sides). SEEDS11=0 or SEEDS26=0 skips that
 # model. TASK=pose (or obb) makes a set of that task and trains MODEL11 (default yolo11n.yaml; e.g. yolo11n-pose.yaml).
+# GPU_TESTS_BESIDE=1 runs the whole GPU test set beside the parity runs (quality is measured, not time), in up to
+# GPU_TESTS_LIMIT seconds (default 150; 330 beside).
 if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,11p' "$0"; exit 0; fi
 source tools/device/setup.sh
 set +e
@@ -17,8 +19,9 @@ D=/tmp/parity${TASK:+-$TASK}
 TASK=${TASK:-detect}
 MODEL11=${MODEL11:-yolo11n.yaml}
 DEVICES=${DEVICES:-0,1}
+GT_LIMIT=${GPU_TESTS_LIMIT:-150}; [ -n "$GPU_TESTS_BESIDE" ] && GT_LIMIT=${GPU_TESTS_LIMIT:-330}
 if [ -z "$NO_GPU_TESTS" ]; then
-  (CUDA_VISIBLE_DEVICES=${DEVICES##*,} timeout 150 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 \
+  (CUDA_VISIBLE_DEVICES=${DEVICES##*,} timeout $GT_LIMIT python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rA 2>&1 \
     | grep -E "PASSED|FAILED|SKIPPED|Error|assert|passed|failed" | tail -40 > $OUT/gpu_tests.txt) &
 fi
 python3 -m yolofeed synth out=$D n_train=${N_TRAIN:-2000} n_val=${N_VAL:-200} imgsz=320 classes=8 boxes=20 min_box=8 \
@@ -30,7 +33,7 @@ if [ -z "$NO_SMOKE" ]; then
   SMOKE=$?
 fi
 grep -v "it/s\|━" $OUT/smoke.txt 2>/dev/null | tail -4
-wait; cat $OUT/gpu_tests.txt 2>/dev/null
+if [ -z "$GPU_TESTS_BESIDE" ]; then wait; cat $OUT/gpu_tests.txt 2>/dev/null; fi
 if [ $SMOKE = 0 ]; then
   python3 -m yolofeed pack data=$D/data.yaml imgsz=320 task=$TASK 2>&1 | grep -v "img/s\]"  # both commands find it built
   python3 -c "from ultralytics.data.dataset import YOLODataset; from ultralytics.data.utils import check_det_dataset
@@ -50,6 +53,7 @@ for s in ('train', 'val'):
       seeds=${SEEDS26:-3} first_seed=${FIRST26:-0} parallel=${PAR26:-3} $common out=$OUT/p26 > $OUT/p26.txt 2>&1 &
   fi
   wait
+  [ -n "$GPU_TESTS_BESIDE" ] && cat $OUT/gpu_tests.txt 2>/dev/null
   for p in $sides; do
     tr '\r' '\n' < $OUT/$p.txt | grep -v "parity runs:\|Scanning\|Fast image" | tail -14
     cp $OUT/$p/parity.png $OUT/$p.png 2>/dev/null; cp $OUT/$p/parity.json $OUT/$p.json 2>/dev/null

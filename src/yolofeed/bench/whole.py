@@ -12,7 +12,13 @@ What is timed, on the host clock of the mode's own process (``isolate=True``):
   ``on_val_start`` to ``on_val_end``), and ``epoch_s`` (from its start to ``on_fit_epoch_end``: validation, the
   results.csv row and the checkpoint included);
 * ``setup_s`` (building the trainer to the first epoch's start) and ``final_s`` (the last epoch's end to the end:
-  best.pt validated again, the plots).
+  best.pt validated again, the plots);
+* where they go (``parts``): ``build_s`` (the trainer's constructor: the data yaml's check, the model's build),
+  ``setup_train_s`` (``train()`` to the end of Ultralytics' ``_setup_train``: the model on the device, the AMP check,
+  the loaders, the optimiser; yolofeed's warm-up included), ``warm_up_s`` (yolofeed's warm-up alone, as its trainer
+  times it), ``first_batch_s`` (the first epoch's start to its first batch's end: the first step's one-off costs,
+  yolofeed's graph capture among them) and ``final_val_s`` (the final validation of best.pt, its plots included;
+  the rest of ``final_s`` is the run's own plots and the checkpoints' stripping).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 from yolofeed.measure.progress import Progress, ultralytics_quiet
 from yolofeed.ultralytics_seam import LOGGER
 
-FIGURES = ("mode", "wall_s", "setup_s", "final_s", "epochs", "images", "optimizer", "device")
+FIGURES = ("mode", "wall_s", "setup_s", "final_s", "parts", "epochs", "images", "optimizer", "device")
 
 
 def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
@@ -38,10 +44,13 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     Args:
         progress: the bench's bar: counts batches (its total grown by this run's), holds back Ultralytics' output.
     """
-    state: dict[str, Any] = {"epochs": [], "t_val": None}
+    state: dict[str, Any] = {"epochs": [], "t_val": None, "marks": {}}
 
     def now() -> float:
         return time.perf_counter()
+
+    def mark(name: str) -> None:
+        state["marks"].setdefault(name, now())  # the first time only
 
     def on_train_start(trainer) -> None:
         state["optimizer"] = type(trainer.optimizer).__name__
@@ -51,6 +60,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
 
     def on_epoch_start(trainer) -> None:
         state["epochs"].append({"epoch": trainer.epoch + 1, "t0": now()})
+        mark("first_epoch")
 
     def on_epoch_end(trainer) -> None:
         if trainer.device.type == "cuda":
@@ -64,6 +74,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         if state["t_val"] is not None and state["epochs"] and "epoch_s" not in state["epochs"][-1]:
             record = state["epochs"][-1]
             record["val_s"] = record.get("val_s", 0.0) + now() - state["t_val"]
+        elif state["t_val"] is not None and "t_last" in state:  # the final validation of best.pt
+            state["final_val_s"] = state.get("final_val_s", 0.0) + now() - state["t_val"]
         state["t_val"] = None
 
     def on_fit_epoch_end(trainer) -> None:  # also after the final validation of best.pt: that one is not an epoch's
@@ -72,6 +84,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
             state["t_last"] = now()
 
     def on_batch_end(trainer) -> None:
+        mark("first_batch")
         if progress is not None:
             progress.step()
 
@@ -81,7 +94,9 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     with ultralytics_quiet(progress is not None):
         t_build = now()
         trainer = trainer_class(overrides=full)
-        for event, fn in (("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
+        mark("built")
+        for event, fn in (("on_pretrain_routine_end", lambda t: mark("set_up")),  # after yolofeed's warm-up
+                          ("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
                           ("on_train_epoch_end", on_epoch_end), ("on_val_start", on_val_start),
                           ("on_val_end", on_val_end), ("on_fit_epoch_end", on_fit_epoch_end),
                           ("on_train_batch_end", on_batch_end)):
@@ -99,6 +114,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     result = {"mode": mode, "wall_s": round(t_end - t_build, 2),
               "setup_s": round(state["epochs"][0]["t0"] - t_build, 2) if state["epochs"] else None,
               "final_s": round(t_end - state["t_last"], 2) if "t_last" in state else None,
+              "parts": run_parts(state["marks"], t_build, getattr(trainer, "warm_up_s", None),
+                                 state.get("final_val_s")),
               "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
               "device": str(trainer.device)}
     if len(records) < epochs:
@@ -108,6 +125,20 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return result
+
+
+def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None,
+              final_val_s: float | None) -> dict[str, float | None]:
+    """The set-up's, the first batch's and the end's parts (the module's doc), seconds rounded; None where a mark
+    never came (a resumed run past its set-up, an epoch without batches)."""
+    def span(a: str | float, b: str) -> float | None:
+        start = marks.get(a) if isinstance(a, str) else a
+        return round(marks[b] - start, 2) if start is not None and b in marks else None
+
+    return {"build_s": span(t_build, "built"), "setup_train_s": span("built", "set_up"),
+            "warm_up_s": None if warm_up_s is None else round(warm_up_s, 2),
+            "first_batch_s": span("first_epoch", "first_batch"),
+            "final_val_s": None if final_val_s is None else round(final_val_s, 2)}
 
 
 def later(result: dict, key: str) -> float | None:
@@ -139,7 +170,21 @@ def table(results: list[dict]) -> str:
         lines.append(f"{r['mode']:<16}{s(r['wall_s']):>9}{wall_ratio:>10}{s(r['setup_s']):>8}{s(first):>11}"
                      f"{s(epoch):>8}{epoch_ratio:>10}{s(val):>7}{s(rate, '{:,.0f}'):>13}{s(r['final_s']):>7}  "
                      f"{r.get('optimizer') or '-'}")
+    for r in results:
+        lines.append(f"  {r['mode']}: " + breakdown(r))
     return "\n".join(lines)
+
+
+def breakdown(result: dict) -> str:
+    """Where a run's set-up, first batch and end went, in words (``run_parts``' figures)."""
+    p = result.get("parts") or {}
+
+    def s(key: str) -> str:
+        return "-" if p.get(key) is None else f"{p[key]:.1f} s"
+
+    warm = f" (warm-up {s('warm_up_s')})" if p.get("warm_up_s") is not None else ""
+    return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "
+            f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}")
 
 
 PARTS = (("set-up", "#bbbbbb"), ("training steps", "#2a7ab0"), ("validation", "#dd8452"),

@@ -96,6 +96,7 @@ class FastTrainer(SyncFreeStep):
     partner_pool: int | str = "auto"  # images partners are drawn from: "auto" as Ultralytics' buffer,
     # min(n, 8 x batch, 1000) per GPU (1.39 GB at 640 px, batch 128); fewer for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
+    warm_up_s: float | None = None  # the warm-up's seconds, once it ran
     validate_beside: bool = False  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
@@ -385,6 +386,7 @@ class FastTrainer(SyncFreeStep):
         try:
             seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp,
                               corners=getattr(self, "carried_task", "detect") == "obb")
+            self.warm_up_s = seconds  # the whole-run bench's breakdown reads it
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()
