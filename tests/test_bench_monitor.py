@@ -393,6 +393,32 @@ def test_a_mode_process_that_ends_before_it_reads_is_the_benchs_one_line_error(m
         bench.run_isolated("stock", BenchConfig(data="d.yaml"), "runs", None)
 
 
+def test_each_mode_process_compiles_its_kernels_into_an_empty_cache_of_its_own(monkeypatch, tmp_path):
+    """A mode after another of yolofeed's would otherwise read that one's compiled Triton kernels from the user's
+    cache: the order of the modes would decide their first epochs."""
+    from pathlib import Path
+
+    import yolofeed.bench.run as bench
+    from yolofeed.config import BenchConfig
+    from yolofeed.errors import YolofeedError
+
+    seen = tmp_path / "seen.txt"  # what each mode's process finds: its cache folders, and whether they hold anything
+    monkeypatch.setattr(bench, "_MODE_MAIN", (
+        "import os, pathlib\n"
+        "t, i = os.environ['TRITON_CACHE_DIR'], os.environ['TORCHINDUCTOR_CACHE_DIR']\n"
+        "os.makedirs(t); open(os.path.join(t, 'kernel'), 'w').close()\n"  # as a compile writes it
+        f"with open({str(seen)!r}, 'a') as f: f.write(t + ' ' + i + '\\n')\n"
+        "os._exit(3)\n"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "users"))
+    for mode in ("yolofeed", "yolofeed_beside"):
+        with pytest.raises(YolofeedError, match="ended without a result"):
+            bench.run_isolated(mode, BenchConfig(data="d.yaml"), "runs", None)
+    dirs = [line.split() for line in seen.read_text().splitlines()]
+    assert len(dirs) == 2 and dirs[0][0] != dirs[1][0] and dirs[0][1] != dirs[1][1]
+    assert all(Path(d).parent == Path(i).parent and not Path(d).parent.exists() for d, i in dirs)  # removed after
+    assert not (tmp_path / "users").exists()  # the user's own cache untouched
+
+
 def test_a_mode_whose_bench_is_gone_stops_at_its_next_step():
     import multiprocessing
 

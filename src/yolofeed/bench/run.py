@@ -36,6 +36,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -164,14 +165,22 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
     """``run_mode`` in a fresh Python process of its own, started as a user's ``yolo train`` is (nothing of this
     process's CUDA, cuDNN or compiled kernels), its steps counted on ``progress``; its error raised here. POSIX.
 
+    Each mode compiles its Triton (and inductor) kernels into an empty cache of its own, removed after it: a mode
+    that ran after another of yolofeed's would otherwise find that one's kernels in the user's cache and skip their
+    compile (about 11 s of yolo11n's first step on an H200), so the order of the modes would decide its first
+    epoch. Every mode's first epoch is then a first run's on this machine; a later run reads the compiled kernels.
+
     Raises:
         YolofeedError: the process ended without a result (killed, out of memory), or failed with an error that is
             not one of yolofeed's (its traceback, printed by that process, is above).
     """
     ours, theirs = multiprocessing.Pipe()  # a socket pair: its child end is passed as a file descriptor
     me = os.getpid()
+    caches = tempfile.TemporaryDirectory(prefix=f"yolofeed-bench-{mode}-kernels-", ignore_cleanup_errors=True)
+    env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(caches.name, "triton"),
+           "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches.name, "inductor")}
     proc = subprocess.Popen([sys.executable, "-c", _MODE_MAIN, str(theirs.fileno()), str(me),
-                             repr(process_start(me) or 0.0)], pass_fds=(theirs.fileno(),))
+                             repr(process_start(me) or 0.0)], pass_fds=(theirs.fileno(),), env=env)
     theirs.close()  # the child's copy only: its exit then ends our reads
     done = False
     try:
@@ -200,6 +209,7 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
     finally:
         ours.close()
         _stop(proc, gently=not done)
+        caches.cleanup()
 
 
 def _stop(proc: subprocess.Popen, gently: bool, waits: tuple[float, float, float] = (2.0, 10.0, 5.0)) -> None:
