@@ -410,7 +410,7 @@ def test_each_mode_process_compiles_its_kernels_into_an_empty_cache_of_its_own(m
         f"with open({str(seen)!r}, 'a') as f: f.write(t + ' ' + i + '\\n')\n"
         "os._exit(3)\n"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "users"))
-    for mode in ("yolofeed", "yolofeed_beside"):
+    for mode in ("yolofeed", "yolofeed_val_inline"):
         with pytest.raises(YolofeedError, match="ended without a result"):
             bench.run_isolated(mode, BenchConfig(data="d.yaml"), "runs", None)
     dirs = [line.split() for line in seen.read_text().splitlines()]
@@ -528,10 +528,10 @@ def test_bench_modes_name_their_options():
     yolofeed = {m: trainer_class(m) for m in MODES if m.startswith("yolofeed")}
     assert {m: c.pack_format for m, c in yolofeed.items()} == {
         "yolofeed": codecs.DEFAULT, "yolofeed_jpeg": "jpeg", "yolofeed_inline": codecs.DEFAULT,
-        "yolofeed_nopool": codecs.DEFAULT, "yolofeed_beside": codecs.DEFAULT}  # raw unless named, whatever
+        "yolofeed_nopool": codecs.DEFAULT, "yolofeed_val_inline": codecs.DEFAULT}  # raw unless named, whatever
     # pack_format=auto would pick here
     assert yolofeed["yolofeed_nopool"].partner_pool == 0 and yolofeed["yolofeed"].partner_pool == "auto"
-    assert yolofeed["yolofeed_beside"].validate_beside is True and yolofeed["yolofeed"].validate_beside is False
+    assert yolofeed["yolofeed_val_inline"].validate_beside is False and yolofeed["yolofeed"].validate_beside is True
     assert yolofeed["yolofeed_inline"].augment_ahead is False and yolofeed["yolofeed"].augment_ahead is True
     with pytest.raises(ValueError, match="unknown mode"):
         trainer_class("yolofeed_fast")

@@ -79,18 +79,22 @@ def test_loader_shapes_are_the_distinct_batch_shapes_in_order():
     assert loader_shapes(SimpleNamespace()) == []  # a loader that does not say
 
 
-def test_validate_beside_is_an_option_off_by_default_and_only_on_one_cuda_gpu():
+def test_validate_beside_is_an_option_on_by_default_and_only_on_one_cuda_gpu():
     from yolofeed import FastDetectionTrainer
     from yolofeed.errors import ConfigError
     from yolofeed.train import options
 
-    assert "validate_beside" in options.OPTIONS and FastDetectionTrainer.validate_beside is False
-    on = FastDetectionTrainer.with_options(validate_beside=True)
+    assert "validate_beside" in options.OPTIONS and FastDetectionTrainer.validate_beside is True
+    on = FastDetectionTrainer
     trainer = on.__new__(on)
     trainer.device = torch.device("cpu")
     assert not trainer._validates_beside()  # the CPU has no cuDNN set-up to pay ahead
     trainer.device = torch.device("cuda", 0)
     assert trainer._validates_beside()
+    off = FastDetectionTrainer.with_options(validate_beside=False)
+    trainer = off.__new__(off)
+    trainer.device = torch.device("cuda", 0)
+    assert not trainer._validates_beside()
     with pytest.raises(ConfigError, match="validate_beside='yes'"):
         FastDetectionTrainer.with_options(validate_beside="yes")
 

@@ -80,7 +80,7 @@ SECTIONS = {s.name: s for s in (
     Section("whole-run", "The whole run", "nvidia-h200", 1, 7, whole_run("auto", 430)),
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
     Section("whole-run-beside", "The whole run", "nvidia-h200", 1, 9,
-            whole_run("auto", 520, "stock,yolofeed,yolofeed_beside")),
+            whole_run("auto", 520, "stock,yolofeed,yolofeed_val_inline")),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
         "| tee $OUT/optimizer_phase.txt",

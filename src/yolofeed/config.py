@@ -118,10 +118,10 @@ class TrainConfig:
                           minimum=1)
     warm_up: bool = key(True, "on CUDA, train each batch size's first pass before the first epoch (cuDNN's set-up, "
                         "3-7 s a size, which stock pays inside its first epoch); False: inside it, as stock")
-    validate_beside: bool = key(False, "on one CUDA GPU, run each validation in a thread of its own whose cuDNN set-up "
+    validate_beside: bool = key(True, "on one CUDA GPU, run each validation in a thread of its own whose cuDNN set-up "
                                 "for every validation's batch shapes is paid during the first epoch (the same "
-                                "calls, metrics and files; not yet measured on a GPU); False: in the training "
-                                "thread, as stock")
+                                "calls, metrics and files; the final validation 4-6 s sooner); False: in the "
+                                "training thread, as stock")
     # the step's options (FastDetectionTrainer.with_options): each True is a speed-up, False Ultralytics' way
     augment_ahead: bool = key(True, "augment each batch one step ahead; False: in preprocess_batch, with a host sync "
                               "a step")
@@ -190,8 +190,8 @@ class BenchConfig(MeasuredRunConfig):
     modes: str = key("stock,yolofeed,ceiling", "comma-separated modes to run: stock, yolofeed, yolofeed_jpeg "
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
                      "one batch ahead), yolofeed_nopool (mosaic partners from the batch itself, partner_pool=0), "
-                     "yolofeed_beside (validate_beside=True: validations set up during the first epoch; with "
-                     "whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
+                     "yolofeed_val_inline (validate_beside=False: validations in the training thread, as "
+                     "stock; with whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
                      "loss: what yolofeed's sync-free step and loss add)")
     # the step's options, as yolofeed train takes them: for the yolofeed modes and the ceiling (stock: Ultralytics')
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)

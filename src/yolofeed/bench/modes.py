@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_beside", "ceiling",
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_val_inline", "ceiling",
          "ceiling_stock")
 STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step")  # SyncFreeStep's (train/step.py)
 
@@ -36,8 +36,8 @@ def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "d
             return raw.with_options(augment_ahead=False)
         if mode == "yolofeed_nopool":  # partners from the batch itself: what the partner pool costs or saves
             return raw.with_options(partner_pool=0)
-        if mode == "yolofeed_beside":  # validations set up beside the first epoch: what a whole run saves by it
-            return raw.with_options(validate_beside=True)
+        if mode == "yolofeed_val_inline":  # validations in the training thread: what a whole run saves beside it
+            return raw.with_options(validate_beside=False)
         return raw
     if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CEILINGS

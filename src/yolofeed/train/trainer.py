@@ -21,9 +21,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
-* With ``validate_beside`` on one CUDA GPU, validations run in a thread of their own, whose cuDNN set-up for every
-  validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread waits
-  for each, as for its own.
+* On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
+  for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
+  waits for each, as for its own.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class FastTrainer(SyncFreeStep):
     # min(n, 8 x batch, 1000) per GPU (1.39 GB at 640 px, batch 128); fewer for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     warm_up_s: float | None = None  # the warm-up's seconds, once it ran
-    validate_beside: bool = False  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
+    validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step: the step's options (SyncFreeStep, train/step.py)
