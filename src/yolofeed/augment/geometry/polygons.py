@@ -45,8 +45,9 @@ def resample_polygons(points: Tensor, lengths: Tensor, n: int = POINTS) -> Tenso
     k = torch.arange(n, dtype=torch.float64, device=dev)[None]  # (1, n)
     last = (count - 1).double()[:, None]
     span = length.double()[:, None]
-    # np.linspace(0, L, num): k * (L / (num - 1)), the end set to L exactly; positions past num are padding
-    lin = torch.where(k == last, span, k * (span / last.clamp(min=1)))
+    # np.linspace(0, L, num): k * (L / (num - 1)), the end set to L exactly (num = 1: just 0, a polygon of n - 2
+    # points); positions past num are padding
+    lin = torch.where((k == last) & (last > 0), span, k * (span / last.clamp(min=1)))
     lin = torch.where(k < count[:, None], lin, torch.full_like(lin, torch.inf))
     j = torch.arange(p + 1, dtype=torch.float64, device=dev)[None].expand(r, -1)  # vertex positions 0 .. P
     vertex = torch.where((j <= span) & inserts[:, None], j, torch.full_like(j, torch.inf))
