@@ -377,13 +377,10 @@ def test_an_augmented_batch_with_masks_is_still_refused():
     assert isinstance(out, AugmentedBatch) and out.kinds() == ("keypoints",)
     with pytest.raises(ConfigError, match="masks"):
         dataclasses.replace(out, masks=torch.zeros(*out.valid.shape, S, S, dtype=torch.bool)).to_ultralytics()
-    with pytest.raises(ConfigError, match="polygons, which it would drop"):
-        GpuAugment(_hyp())(dataclasses.replace(pose_batch(2, seed=9), polygons=torch.zeros(2, 5, 3, 2),
-                                               polygon_lengths=torch.full((2, 5), 3)))
 
 
-def test_every_op_carries_keypoints_and_corners_and_no_polygons_yet():
-    assert CARRIED == ("keypoints", "corners")
+def test_every_op_carries_keypoints_corners_and_polygons():
+    assert CARRIED == ("keypoints", "corners", "polygons")
 
 
 def _on_cuda(batch: SourceBatch) -> SourceBatch:

@@ -19,12 +19,13 @@ def _padded(polygons: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("n", [1000, 60, 12])
 def test_resample_equals_ultralytics_bit_for_bit(n):
-    """Polygons of 3 to 70 points (fewer than n, n itself, more: each of resample_segments' branches), with points
-    in [0, 1] as label files hold them and repeated points; every point equal to Ultralytics' float32."""
+    """Polygons of 3 to 70 points (fewer than n, n - 2: one linspace position, n itself, more: each of
+    resample_segments' branches), with points in [0, 1] as label files hold them and repeated points; every point
+    equal to Ultralytics' float32."""
     from ultralytics.utils.ops import resample_segments
 
     rng = np.random.default_rng(n)
-    polygons = [rng.random((k, 2), dtype=np.float32) for k in [3, 4, 5, 17, 33, 59, 60, 61, 70, 11, 12, 13]]
+    polygons = [rng.random((k, 2), dtype=np.float32) for k in [3, 4, 5, 17, 33, 59, 60, 61, 70, 11, 12, 13, 58, 10]]
     polygons.append(np.repeat(rng.random((1, 2), dtype=np.float32), 5, 0))  # one point five times
     polygons.append(np.array([[0, 0], [1, 0], [1, 1], [0, 1]], np.float32))  # exact binary fractions
     theirs = resample_segments([p.copy() for p in polygons], n=n)

@@ -22,7 +22,8 @@ def _source(n: int = 2, width: int = 3, side: int = 32) -> SourceBatch:
 
 def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills_none():
     assert SourceBatch.KINDS == LABEL_KINDS and tuple(AUGMENTED_KINDS) == LABEL_KINDS
-    assert AugmentedBatch.KINDS == ("keypoints", "rboxes", "masks")  # OBB's corners leave as oriented boxes
+    # OBB's corners leave as oriented boxes, segmentation's polygons as segments until their masks are made
+    assert AugmentedBatch.KINDS == ("keypoints", "rboxes", "masks", "segments")
     for kind in (SourceBatch, AugmentedBatch):
         assert set(kind.KINDS) <= {f.name for f in dataclasses.fields(kind)}
     assert _source().kinds() == ()
@@ -30,11 +31,12 @@ def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills
 
 
 def test_the_augmentation_refuses_labels_it_would_drop():
-    """Keypoints and corners go through every op (test_augment_keypoints.py, test_augment_obb.py); polygons through
-    none yet."""
+    """Keypoints, corners and polygons go through every op (test_augment_keypoints.py, test_augment_obb.py,
+    test_augment_segments.py); polygons without their lengths are refused."""
     assert dataclasses.replace(_source(), keypoints=torch.zeros(2, 3, 17, 3)).kinds() == ("keypoints",)
-    src = dataclasses.replace(_source(), polygons=torch.zeros(2, 3, 5, 2), polygon_lengths=torch.full((2, 3), 5))
-    with pytest.raises(ConfigError, match="also carries polygons, which it would drop"):
+    src = dataclasses.replace(_source(), polygons=torch.zeros(2, 3, 5, 2))
+    assert src.kinds() == ("polygons",)
+    with pytest.raises(ConfigError, match="no polygon_lengths"):
         GpuAugment(AugmentHyp(imgsz=32))(src)
     with pytest.raises(ConfigError, match="GraphedAugment"):
         GraphedAugment(GpuAugment(AugmentHyp(imgsz=32)), device="cpu")(src)  # before any CUDA work

@@ -4,8 +4,8 @@ Labels are padded to a fixed number of slots per image, with a validity mask, so
 (CUDA graphs, no host syncs). Detection fills images, classes and boxes; ``keypoints``, ``corners`` and
 ``polygons`` are the room for pose, oriented boxes and segmentation, None in a detection batch; the augmentation
 hands the oriented boxes on as ``rboxes`` and the polygons as ``masks`` (``AUGMENTED_KINDS``), as Ultralytics'
-``Format`` makes them. Every per-slot field shares the one ``valid`` mask. Below the loader and augment, so both import
-it and neither imports the other for it.
+``Format`` makes them; until the masks are made, the polygons as ``segments`` (pixels). Every per-slot field shares
+the one ``valid`` mask. Below the loader and augment, so both import it and neither imports the other for it.
 """
 
 from __future__ import annotations
@@ -83,10 +83,13 @@ class AugmentedBatch(LabelKinds):
     Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool;
     keypoints (B, K, P, 3) float32 pixels and visibility; rboxes (B, K, 5) float32 oriented boxes cx, cy, w, h in
     pixels and theta in radians, canonical as Ultralytics' ``xyxyxyxy2xywhr`` (w the longer side, theta in
-    [-pi/4, 3pi/4)), beside ``boxes`` their axis-aligned bounds; masks (B, K, S, S) bool.
+    [-pi/4, 3pi/4)), beside ``boxes`` their axis-aligned bounds; masks (B, K, S, S) bool; segments (B, K, W, 2)
+    float32 pixel x, y of the segmentation polygons, as Ultralytics' ``Instances.segments`` holds them before
+    ``Format`` makes masks of them: W 1,000 (more where a stored polygon is longer; a row of fewer points repeats its
+    last one, the same polygon).
     """
 
-    KINDS = tuple(AUGMENTED_KINDS.values())
+    KINDS = (*AUGMENTED_KINDS.values(), "segments")  # segments: the polygons before masks are made of them
 
     img: Tensor
     cls: Tensor
@@ -95,6 +98,7 @@ class AugmentedBatch(LabelKinds):
     keypoints: Tensor | None = None
     rboxes: Tensor | None = None
     masks: Tensor | None = None
+    segments: Tensor | None = None
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
         """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,);
@@ -112,6 +116,10 @@ class AugmentedBatch(LabelKinds):
             total: the exact number of valid boxes, ``int(valid.sum())``; a wrong count gives wrong
                 rows or an index error.
         """
+        if self.segments is not None and self.masks is None:
+            raise ConfigError("AugmentedBatch.to_ultralytics: this batch carries segmentation polygons and no masks; "
+                              "a segment model's loss reads masks: make them of the polygons first (Format's "
+                              "polygons2masks), or train a detection model on boxes")
         self.require_only("AugmentedBatch.to_ultralytics", ("keypoints", "rboxes"))
         size = self.img.shape[-1]
         kp, rb = self.keypoints, self.rboxes

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from yolofeed.augment.pipeline import GpuAugment
-from yolofeed.augment.pool import LABEL_BUCKET, PartnerPool, slot_shapes
+from yolofeed.augment.pool import LABEL_BUCKET, PartnerPool, slot_dtype, slot_shapes
 from yolofeed.schema import AugmentedBatch, SourceBatch
 
 
@@ -53,7 +53,7 @@ class GraphedAugment:
     def _padded(self, batch: SourceBatch) -> tuple[tuple, int]:
         n, width = batch.valid.shape
         width = -(-max(width, 1) // LABEL_BUCKET) * LABEL_BUCKET
-        per_slot = tuple(slot_shapes(batch).items())  # keypoints (P, 3), corners (4, 2)
+        per_slot = tuple(slot_shapes(batch).items())  # keypoints (P, 3), corners (4, 2), polygons (P, 2) and lengths
         return (n, *batch.images.shape[1:], width, per_slot), width
 
     def _capture(self, key: tuple, width: int) -> _Captured:
@@ -65,7 +65,8 @@ class GraphedAugment:
                                  torch.ones((n, 2), dtype=torch.long, device=dev) * min(hm, wm),
                                  torch.zeros((n, width), device=dev), torch.zeros((n, width, 4), device=dev),
                                  torch.zeros((n, width), dtype=torch.bool, device=dev),
-                                 **{k: torch.zeros((n, width, *shape), device=dev) for k, shape in per_slot})
+                                 **{k: torch.zeros((n, width, *shape), dtype=slot_dtype(k), device=dev)
+                                    for k, shape in per_slot})
         else:
             first = torch.zeros((), dtype=torch.long, device=dev)
 
@@ -109,7 +110,7 @@ class GraphedAugment:
             s.cls[:, :n].copy_(batch.cls, non_blocking=True)
             s.boxes[:, :n].copy_(batch.boxes, non_blocking=True)
             s.valid[:, :n].copy_(batch.valid, non_blocking=True)
-            for k in slot_shapes(batch):  # keypoints, corners
+            for k in slot_shapes(batch):  # keypoints, corners, polygons and their lengths
                 getattr(s, k).zero_()
                 getattr(s, k)[:, :n].copy_(getattr(batch, k), non_blocking=True)
         cap.graph.replay()

@@ -4,8 +4,8 @@ An op ``sample``s its random parameters (a small dataclass of per-row tensors), 
 Ultralytics' CPU op. It applies them inside one of the two fused passes over pixels: a ``GeometricOp`` adds its
 step to the warp (mosaic's tiles, a (R, 3, 3) matrix, a flip's reflection), a ``PixelOp`` its term to compose
 (MixUp, CutMix, HSV, the BGR swap). ``apply_boxes`` moves the boxes the same way, ``apply_keypoints`` the pose
-task's keypoints, ``apply_corners`` the oriented boxes' segments (and the boxes Ultralytics makes of them);
-``apply_polygons`` is where segmentation will move its polygons.
+task's keypoints, ``apply_corners`` the oriented boxes' segments (and the boxes Ultralytics makes of them),
+``apply_polygons`` the segmentation polygons (and the boxes and filters Ultralytics applies where they exist).
 ``augment.pipeline`` lists the ops in Ultralytics' order and fuses them.
 """
 
@@ -82,8 +82,11 @@ class Labels:
     Shape: cls (R, K) float32; boxes (R, K, 4) float32; valid (R, K) bool; keypoints (R, K, P, 3) float32 x, y
     (normalised before the mosaic, pixels after) and visibility, or None (detection); segments (R, K, 100, 2)
     float32 x, y of each oriented box (its 4 corners resampled as Ultralytics does, ``geometry.obb``; normalised
-    before the mosaic, pixels after), or None. Segmentation will add its polygons here (``schema.LABEL_KINDS``), moved
-    by the ops' hook for them.
+    before the mosaic, pixels after), or None. polygons (R, K, W, 2) float32 x, y of each segmentation polygon,
+    resampled as Ultralytics' dataset resamples them (``geometry.polygons.source_polygons``; normalised before the
+    mosaic, pixels after), or None; polygon_points (R,) int64 how many of the W points are row r's own, where rows
+    may differ (a stored polygon of more than 1,000 points; the rest repeat its last point), None where every row has
+    W = 1,000.
     """
 
     cls: Tensor
@@ -91,6 +94,8 @@ class Labels:
     valid: Tensor
     keypoints: Tensor | None = None
     segments: Tensor | None = None
+    polygons: Tensor | None = None
+    polygon_points: Tensor | None = None
 
 
 @dataclass
@@ -138,7 +143,7 @@ class Op(ABC):
     mixes = False
     # The hooks for the label kinds detection does not carry (kornia's apply_transform_keypoint, _mask): None until
     # a task writes them, op by op; GpuAugment refuses a batch of a kind some op has None for (pipeline.CARRIED).
-    # Every op of OPS moves keypoints (apply_keypoints) and OBB's corners (apply_corners); polygons: none yet.
+    # Every op of OPS moves keypoints (apply_keypoints), OBB's corners (apply_corners) and polygons (apply_polygons).
     apply_keypoints = None
     apply_corners = None
     apply_polygons = None
@@ -168,6 +173,9 @@ class GeometricOp(Op):
     # apply_corners(labels, moved, plan, p, hyp) -> Labels: ``moved`` (what apply_boxes made of ``labels``) with the
     # segments moved by this step, and with the boxes and ``valid`` Ultralytics makes where segments exist (it derives
     # the boxes from them and filters by its OBB rules). Called only where the batch carries oriented boxes.
+    # apply_polygons(labels, moved, plan, p, hyp) -> Labels: the same for segmentation: ``moved`` with the polygons
+    # (and polygon_points) moved by this step, and the boxes and ``valid`` Ultralytics makes where segments exist.
+    # Called only where the batch carries polygons.
 
 
 class PixelOp(Op):
@@ -206,3 +214,12 @@ class PixelOp(Op):
             labels: the samples' labels before this op, segments included.
         """
         return dataclasses.replace(moved, segments=labels.segments)
+
+    def apply_polygons(self, labels: Labels, moved: Labels, rows: Labels, term: Any) -> Labels:
+        """``moved`` (``apply_boxes``' labels) with the samples' (B, K, W, 2) polygons after this op: unchanged by
+        default (a mixing op adds its partner's). Called only where the batch carries polygons.
+
+        Args:
+            labels: the samples' labels before this op, polygons included.
+        """
+        return dataclasses.replace(moved, polygons=labels.polygons, polygon_points=labels.polygon_points)

@@ -12,8 +12,13 @@ corners enter as Ultralytics' 100-point segments (``geometry.obb.resample_corner
 ride in (R, K, 100, 2), each op's ``apply_corners`` after its ``apply_boxes``: where segments exist Ultralytics makes
 the boxes from them and filters by its OBB rules (8.4.190's ``preserve_obb`` clip, 1 % area thresholds), so that
 hook gives the boxes and ``valid`` too; ``Format``'s
-oriented boxes are made of them at the end (``AugmentedBatch.rboxes``). A detection batch (keypoints and corners
-None) runs no keypoint or segment work and draws exactly what it drew before.
+oriented boxes are made of them at the end (``AugmentedBatch.rboxes``). Segmentation's polygons enter as Ultralytics'
+dataset resamples them (``geometry.polygons.source_polygons``: 1,000 points, more in an image with a longer polygon)
+and ride in (R, K, W, 2), each op's ``apply_polygons`` after its ``apply_boxes``: where segments exist the perspective
+makes the boxes from them (``segment2box``, 1 % area threshold) and CutMix takes partners from 1 % of their box, and
+the mixing ops resample a row's polygons to the longer where the two halves differ (``Instances.concatenate``); they
+leave as ``AugmentedBatch.segments`` in pixels, for ``Format``'s masks. A detection batch (keypoints, corners and
+polygons None) runs no keypoint or segment work and draws exactly what it drew before.
 
 Partners come from the source images (``Partners``): the batch itself, or a ``PartnerPool`` of the
 images loaded lately, as Ultralytics' buffer. MixUp and CutMix each blend in one more augmented row
@@ -21,7 +26,7 @@ per sample (a fresh mosaic of one more image, as in Ultralytics), so with both o
 images. Flips are applied before mixing (each row its own), which changes nothing a detector can see:
 in Ultralytics a mixed pair shares one flip draw, here each half has its own; each half's flip is
 still a fair Bernoulli(fliplr) draw independent of its content. Keypoints likewise: each half is reflected and
-reordered by ``flip_idx`` with its own row's flip; segments too.
+reordered by ``flip_idx`` with its own row's flip; segments and polygons too.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from yolofeed.augment.geometry.flip import FlipParams, RandomFlip
 from yolofeed.augment.geometry.mosaic import Mosaic
 from yolofeed.augment.geometry.obb import obb_rboxes, resample_corners
 from yolofeed.augment.geometry.perspective import RandomPerspective
+from yolofeed.augment.geometry.polygons import source_polygons
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.mix.cutmix import CutMix, CutMixPlan
 from yolofeed.augment.mix.mixup import MixUp, MixUpParams
@@ -123,7 +129,8 @@ class Geometry(Labels):
     """Every augmented row after the warp (mosaic, perspective and flips), before mixing.
 
     Shape: img (R, 3, S, S) uint8; cls (R, K) float32; boxes (R, K, 4) float32 xyxy pixels; valid (R, K) bool;
-    keypoints (R, K, P, 3) float32 pixels and visibility, or None; segments (R, K, 100, 2) float32 pixels, or None.
+    keypoints (R, K, P, 3) float32 pixels and visibility, or None; segments (R, K, 100, 2) float32 pixels, or None;
+    polygons (R, K, W, 2) float32 pixels and polygon_points (R,), or None (``Labels``).
     R = B samples, then their MixUp partners, then their CutMix partners (``AugmentParams``).
     """
 
@@ -131,8 +138,8 @@ class Geometry(Labels):
 
 
 class GpuAugment:
-    """Ultralytics' training augmentation (``v8_transforms``) for detection, pose and OBB batches, batched on the
-    batch's device.
+    """Ultralytics' training augmentation (``v8_transforms``) for detection, pose, OBB and segment batches, batched
+    on the batch's device (a segment batch leaves with its polygons, ``AugmentedBatch.segments``, its masks not made).
 
     Example:
         >>> aug = GpuAugment(AugmentHyp.from_args(trainer.args))
@@ -156,6 +163,13 @@ class GpuAugment:
                                     or corners.shape[:2] != batch.valid.shape):
             raise ConfigError(f"{who}: corners of shape {tuple(corners.shape)}, expected (images, label slots, 4, 2) "
                               f"= {(*batch.valid.shape, 4, 2)}: each oriented box's 4 corners, x and y")
+        poly, lengths = batch.polygons, batch.polygon_lengths
+        if poly is not None and (poly.dim() != 4 or poly.shape[3] != 2 or poly.shape[:2] != batch.valid.shape
+                                 or lengths is None or lengths.shape != batch.valid.shape):
+            got = "no polygon_lengths" if lengths is None else f"polygon_lengths of shape {tuple(lengths.shape)}"
+            raise ConfigError(f"{who}: polygons of shape {tuple(poly.shape)} and {got}, expected (images, label "
+                              f"slots, points, 2) and (images, label slots) = {tuple(batch.valid.shape)}: each slot's "
+                              "polygon, x and y, padded to the longest, and how many points are its own")
         kp = batch.keypoints
         if kp is None:
             return
@@ -210,16 +224,25 @@ class GpuAugment:
         # the corners as Ultralytics' dataset gives them, 100 points each: every source row once (a pool's whole
         # ring, a few float64 kernels), before the mosaic gathers them 4 or 9 times
         segments = None if sources.corners is None else resample_corners(sources.corners)
-        labels = Labels(sources.cls, sources.boxes, sources.valid, sources.keypoints, segments)
+        # the polygons likewise, 1,000 points each (more in an image with a longer one): every source row once
+        polygons, points = (None, None) if sources.polygons is None else source_polygons(
+            sources.polygons, sources.polygon_lengths, sources.valid)
+        labels = Labels(sources.cls, sources.boxes, sources.valid, sources.keypoints, segments, polygons, points)
         for op in WARP:
             draws = getattr(p, op.name)
             plan = op.warp_step(plan, draws, self.hyp)
             kp = None if labels.keypoints is None else op.apply_keypoints(labels.keypoints, plan, draws, self.hyp)
-            moved = dataclasses.replace(op.apply_boxes(labels, plan, draws, self.hyp), keypoints=kp, segments=None)
-            labels = moved if segments is None else op.apply_corners(labels, moved, plan, draws, self.hyp)
+            moved = dataclasses.replace(op.apply_boxes(labels, plan, draws, self.hyp), keypoints=kp, segments=None,
+                                        polygons=None, polygon_points=None)
+            if segments is not None:
+                moved = op.apply_corners(labels, moved, plan, draws, self.hyp)
+            if polygons is not None:
+                moved = op.apply_polygons(labels, moved, plan, draws, self.hyp)
+            labels = moved
         img = warp(sources.images, plan.tiles, plan.matrix, FlipParams(plan.ud, plan.lr), plan.size, plan.projective)
         return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, keypoints=labels.keypoints,
-                        segments=labels.segments, img=img)
+                        segments=labels.segments, polygons=labels.polygons, polygon_points=labels.polygon_points,
+                        img=img)
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         """Apply drawn parameters: pure, so a test can replay them through Ultralytics.
@@ -229,19 +252,24 @@ class GpuAugment:
         """
         b = p.size
         rows = self.geometry(sources, p)
-        kp, seg = rows.keypoints, rows.segments
-        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b], None if kp is None else kp[:b],
-                        None if seg is None else seg[:b])
+        kp, seg, poly, points = rows.keypoints, rows.segments, rows.polygons, rows.polygon_points
+        labels = Labels(rows.cls[:b], rows.boxes[:b], rows.valid[:b], *(None if t is None else t[:b] for t in
+                                                                        (kp, seg, poly, points)))
         terms = {}
         for op in COMPOSE:
             draws = getattr(p, op.name)
             terms[op.term] = term = op.compose_term(draws, labels, rows, self.hyp)
             kp = None if labels.keypoints is None else op.apply_keypoints(labels.keypoints, rows, term)
-            moved = dataclasses.replace(op.apply_boxes(labels, rows, term), keypoints=kp, segments=None)
-            labels = moved if seg is None else op.apply_corners(labels, moved, rows, term)
+            moved = dataclasses.replace(op.apply_boxes(labels, rows, term), keypoints=kp, segments=None,
+                                        polygons=None, polygon_points=None)
+            if seg is not None:
+                moved = op.apply_corners(labels, moved, rows, term)
+            if poly is not None:
+                moved = op.apply_polygons(labels, moved, rows, term)
+            labels = moved
         rboxes = None if seg is None else obb_rboxes(labels.segments)  # Format(return_obb=True): from 4 corners
         return AugmentedBatch(compose(rows.img, rows=b, **terms), labels.cls, labels.boxes, labels.valid,
-                              keypoints=labels.keypoints, rboxes=rboxes)
+                              keypoints=labels.keypoints, rboxes=rboxes, segments=labels.polygons)
 
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:

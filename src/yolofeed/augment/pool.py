@@ -37,13 +37,20 @@ def ultralytics_capacity(n_images: int, batch: int) -> int:
     return min(n_images, BATCHES_BUFFERED * batch, MAX_BUFFER)
 
 
-SLOT_KINDS = ("keypoints", "corners")  # the optional kinds of a fixed shape per label slot, kept in the ring
+# the optional fields of a fixed shape per label slot, kept in the ring: a segment pack's polygons are padded to its
+# longest, so they have one too
+SLOT_KINDS = ("keypoints", "corners", "polygons", "polygon_lengths")
 
 
 def slot_shapes(batch: SourceBatch) -> dict[str, tuple[int, ...]]:
-    """What a batch carries per label slot beyond classes and boxes: {kind: its shape per slot}, e.g.
-    {"keypoints": (P, 3)} or {"corners": (4, 2)}; {} for detection."""
+    """What a batch carries per label slot beyond classes and boxes: {field: its shape per slot}, e.g.
+    {"keypoints": (P, 3)}, {"corners": (4, 2)} or {"polygons": (P, 2), "polygon_lengths": ()}; {} for detection."""
     return {k: tuple(getattr(batch, k).shape[2:]) for k in SLOT_KINDS if getattr(batch, k) is not None}
+
+
+def slot_dtype(kind: str) -> torch.dtype:
+    """The dtype of a per-slot field: point counts are int64, coordinates float32."""
+    return torch.int64 if kind == "polygon_lengths" else torch.float32
 
 
 class PartnerPool:
@@ -82,7 +89,8 @@ class PartnerPool:
                            torch.ones((r, 2), dtype=torch.int64, device=dev) * min(hm, wm),
                            torch.zeros((r, width), device=dev), torch.zeros((r, width, 4), device=dev),
                            torch.zeros((r, width), dtype=torch.bool, device=dev),
-                           **{k: torch.zeros((r, width, *size), device=dev) for k, size in slot_shapes(batch).items()})
+                           **{k: torch.zeros((r, width, *size), dtype=slot_dtype(k), device=dev)
+                              for k, size in slot_shapes(batch).items()})
 
     def push(self, batch: SourceBatch, ids: np.ndarray | None = None) -> int:
         """Copy a loaded batch into the ring (asynchronously, on the current stream).
@@ -117,7 +125,7 @@ class PartnerPool:
             ring.cls[rows, :width].copy_(batch.cls[src], non_blocking=True)
             ring.boxes[rows, :width].copy_(batch.boxes[src], non_blocking=True)
             ring.valid[rows, :width].copy_(batch.valid[src], non_blocking=True)
-            for k in slot_shapes(batch):  # keypoints, corners
+            for k in slot_shapes(batch):  # keypoints, corners, polygons and their lengths
                 getattr(ring, k)[rows, :width].copy_(getattr(batch, k)[src], non_blocking=True)
             if ids is not None:
                 self.ids[rows] = np.asarray(ids)[src]

@@ -331,9 +331,11 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 
 def to_device_source(source: SourceBatch, device: torch.device | str) -> SourceBatch:
-    """A copy of a SourceBatch on another device (tests, tools), its optional label kinds too."""
+    """A copy of a SourceBatch on another device (tests, tools), its optional label kinds too (polygons with their
+    lengths)."""
+    extra = (*source.kinds(), *(("polygon_lengths",) if source.polygons is not None else ()))
     return SourceBatch(*(t.to(device) for t in (source.images, source.hw, source.cls, source.boxes, source.valid)),
-                       **{k: getattr(source, k).to(device) for k in source.kinds()})
+                       **{k: getattr(source, k).to(device) for k in extra})
 
 
 __all__ = ["LoadedBatch", "LoaderError", "Prefetcher", "to_device_source"]

@@ -4,7 +4,7 @@ A flip is the warp's last step, a reflection of the output index (x -> S - 1 - x
 moves whole pixels, exactly as ``np.fliplr`` after the warp does, where a matrix would resample them. Boxes
 reflect about the image edges (x -> S - x, ``Instances.fliplr``), keypoints too, and a flipped row's keypoints
 take the data's ``flip_idx`` order (left and right swapped), on either flip as Ultralytics' ``RandomFlip`` does; an
-oriented box's segment reflects point by point (``Instances.fliplr``: x -> S - x).
+oriented box's segment and a segmentation polygon reflect point by point (``Instances.fliplr``: x -> S - x).
 """
 
 from __future__ import annotations
@@ -102,3 +102,7 @@ class RandomFlip(GeometricOp):
 
     def apply_corners(self, labels: Labels, moved: Labels, plan: WarpPlan, p: Tensor, hyp: AugmentHyp) -> Labels:
         return dataclasses.replace(moved, segments=flip_segments(labels.segments, p, hyp.imgsz, self.axis))
+
+    def apply_polygons(self, labels: Labels, moved: Labels, plan: WarpPlan, p: Tensor, hyp: AugmentHyp) -> Labels:
+        return dataclasses.replace(moved, polygons=flip_segments(labels.polygons, p, hyp.imgsz, self.axis),
+                                   polygon_points=labels.polygon_points)

@@ -4,7 +4,8 @@ It places tiles by integer offsets on a canvas (``Layout``: where each tile's pi
 the canvas, it looks each output pixel's neighbours up in the tile that covers them (``kernels/warp.py``). The
 boxes: every tile's stored boxes on the canvas, clipped to it (``mosaic_boxes``); their keypoints the same way, a
 point off the canvas made invisible (``mosaic_keypoints``); an oriented box's segment moved the same way and, where it
-leaves the canvas, clipped as Ultralytics' OBB clip does (``mosaic_segments``). Everything is batched; loops run
+leaves the canvas, clipped as Ultralytics' OBB clip does (``mosaic_segments``); a segmentation polygon moved the same
+way, its points clipped to the canvas (``mosaic_polygons``). Everything is batched; loops run
 over the 4 or 9 tiles, never over samples.
 """
 
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.geometry.obb import box_area, clip_obb
+from yolofeed.augment.geometry.polygons import to_longest
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, coin, uniform
 from yolofeed.augment.partners import Partners
@@ -190,6 +192,45 @@ def mosaic_keypoints(layout: Layout, keypoints: Tensor, hw: Tensor) -> Tensor:
     return torch.where(layout.mosaic[:, None, None, None], clip_keypoints(kp, cw, ch), kp)
 
 
+def on_canvas(layout: Layout, points: Tensor, hw: Tensor) -> Tensor:
+    """Each tile's points on its row's canvas (``_update_labels``: denormalise, then add the tile's offset, float32
+    x * w then + padw, as numpy does). Shape: points (N, L, P, 2) normalised -> (R, T*L, P, 2) pixels: each tile's
+    copy, the mosaic's largest label tensor."""
+    b = len(layout.src)
+    seg = points[layout.src]  # (R, T, L, P, 2)
+    size = hw[layout.src].to(seg.dtype)  # (R, T, 2) h, w
+    pad = layout.pad.to(seg.dtype)
+    x = seg[..., 0] * size[:, :, None, None, 1] + pad[:, :, None, None, 0]
+    y = seg[..., 1] * size[:, :, None, None, 0] + pad[:, :, None, None, 1]
+    return torch.stack([x, y], -1).reshape(b, -1, *seg.shape[-2:])
+
+
+def mosaic_polygons(layout: Layout, labels: Labels, moved: Labels, hw: Tensor) -> Labels:
+    """The segmentation polygons of each row's tiles on its canvas (``_update_labels``), then on mosaic samples
+    ``Instances.concatenate`` (where the tiles differ in points, each resampled to the most, in canvas pixels) and
+    ``Instances.clip`` (each point's x and y clipped to the canvas). The boxes and ``valid`` are ``moved``'s: the
+    stored boxes clipped and filtered as detection's (``mosaic_boxes``), as Ultralytics leaves them here.
+
+    Args:
+        labels: the batch's (N, L) labels, polygons (N, L, W, 2) normalised. moved: ``apply_boxes``' (R, T*L) labels.
+        hw: (N, 2) stored (h, w).
+
+    Returns:
+        ``moved`` with polygons (R, T*L, W, 2) canvas pixels and polygon_points (R,) (None where every row has 1,000).
+    """
+    seg = on_canvas(layout, labels.polygons, hw)
+    points = labels.polygon_points
+    if points is not None:  # a stored polygon of more than 1,000 points: tiles of another n are resampled
+        tile = points[layout.src]  # (R, T): each tile image's n; a tile without labels counts, as its (0, n, 2) does
+        points = torch.where(layout.mosaic, tile.amax(1), tile[:, 0])
+        slots = labels.polygons.shape[1]
+        seg = to_longest(seg, tile[:, :, None].expand(-1, -1, slots).reshape(len(tile), -1), points)
+    ch, cw = (layout.canvas_hw[:, j, None, None].to(seg.dtype) for j in (0, 1))
+    clipped = torch.stack([seg[..., 0].clamp(min=0).minimum(cw), seg[..., 1].clamp(min=0).minimum(ch)], -1)
+    seg = torch.where(layout.mosaic[:, None, None, None], clipped, seg)
+    return dataclasses.replace(moved, polygons=seg, polygon_points=points)
+
+
 def mosaic_segments(layout: Layout, labels: Labels, hw: Tensor) -> Labels:
     """The oriented boxes of each row's tiles on its canvas: their segments denormalised and offset by the tile
     (``_update_labels``), then on mosaic samples ``Instances.clip(canvas, preserve_obb=True)`` (``clip_obb``: a
@@ -204,12 +245,7 @@ def mosaic_segments(layout: Layout, labels: Labels, hw: Tensor) -> Labels:
     """
     b = len(layout.src)
     xyxy, ok = tile_boxes(layout, labels.boxes, labels.valid, hw)
-    seg = labels.segments[layout.src]  # (B, T, L, 100, 2): each tile's copy, the mosaic's largest label tensor
-    size = hw[layout.src].to(seg.dtype)  # (B, T, 2) h, w
-    pad = layout.pad.to(seg.dtype)
-    x = seg[..., 0] * size[:, :, None, None, 1] + pad[:, :, None, None, 0]  # float32 x * w, then + padw, as numpy
-    y = seg[..., 1] * size[:, :, None, None, 0] + pad[:, :, None, None, 1]
-    seg = torch.stack([x, y], -1).reshape(b, -1, *seg.shape[-2:])
+    seg = on_canvas(layout, labels.segments, hw)
     ch, cw = (layout.canvas_hw[:, j, None].to(seg.dtype) for j in (0, 1))
     boxes, seg = clip_obb(seg, xyxy, cw, ch, rows=layout.mosaic)
     keep = ok & ((box_area(boxes) > 0) | ~layout.mosaic[:, None])
@@ -245,3 +281,9 @@ class Mosaic(GeometricOp):
         """The stored oriented boxes of each row's tiles, on its canvas, with the boxes and ``valid`` of Ultralytics'
         OBB clip in place of ``moved``'s: (N, L, 100, 2) -> (R, T * L, 100, 2)."""
         return dataclasses.replace(mosaic_segments(plan.tiles, labels, plan.hw), keypoints=moved.keypoints)
+
+    def apply_polygons(self, labels: Labels, moved: Labels, plan: WarpPlan, p: MosaicParams,
+                       hyp: AugmentHyp) -> Labels:
+        """The stored polygons of each row's tiles, on its canvas, clipped to it (``mosaic_polygons``):
+        (N, L, W, 2) -> (R, T * L, W, 2)."""
+        return mosaic_polygons(plan.tiles, labels, moved, plan.hw)

@@ -5,8 +5,9 @@ the image through it once, and the boxes go through the same matrix here (their 
 and filtered as ``box_candidates``), the keypoints too (``warp_keypoints``: a point that leaves the output is
 made invisible; a filtered box takes its keypoints with it, as they share its slot). An oriented box's segment
 goes through it point by point and its box is made from the moved points, as Ultralytics' ``apply_segments`` does
-(``warp_segments``: clipped to the output as its OBB clip does, filtered with 1 % of the area). The draws are float64
-like Python's ``random``, the matrix float32 like OpenCV's, so the warp reproduces ``cv2.warpAffine`` /
+(``warp_segments``: clipped to the output as its OBB clip does, filtered with 1 % of the area); a segmentation
+polygon likewise, its box the bounds of its part inside the output (``warp_polygons``: ``segment2box``). The draws
+are float64 like Python's ``random``, the matrix float32 like OpenCV's, so the warp reproduces ``cv2.warpAffine`` /
 ``warpPerspective`` bit for bit (OpenCV 5.0; ``kernels.warp`` says how other releases round).
 """
 
@@ -20,13 +21,14 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.geometry.obb import clip_obb, segment_bounds
+from yolofeed.augment.geometry.polygons import polygon_boxes
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, matmul3, uniform
 
 BOX_WH_MIN = 2.0  # Ultralytics box_candidates: width and height must exceed 2 px
 BOX_AR_MAX = 100.0  # ... aspect ratio below 100
 BOX_AREA_RATIO = 0.10  # ... and keep more than 10 % of the (scaled) original area
-BOX_AREA_RATIO_SEGMENTS = 0.01  # ... 1 % where the labels have segments (apply_instances: OBB)
+BOX_AREA_RATIO_SEGMENTS = 0.01  # ... 1 % where the labels have segments (apply_instances: OBB, segment)
 
 
 @dataclass
@@ -154,6 +156,32 @@ def warp_segments(labels: Labels, M: Tensor, scale: Tensor, size: int) -> Labels
     return dataclasses.replace(labels, boxes=boxes, valid=valid, segments=seg)
 
 
+def warp_polygons(labels: Labels, M: Tensor, scale: Tensor, size: int) -> Labels:
+    """``RandomPerspective.apply_instances`` with segmentation polygons: ``apply_segments`` (each point through ``M``
+    with the perspective divide, always; each box ``segment2box`` of its moved points, the bounds of their part inside
+    the output: ``polygon_boxes``; each point clipped to its box), ``Instances.clip`` to the output, then
+    ``box_candidates`` against the old boxes with 1 % of the area.
+
+    Args:
+        labels: canvas pixels; polygons (B, K, W, 2). M: (B, 3, 3). scale: (B,) float32.
+
+    Returns:
+        the labels in output pixels: boxes, polygons and ``valid`` replaced, classes and polygon_points kept.
+    """
+    seg = labels.polygons
+    xy1 = torch.cat([seg, torch.ones_like(seg[..., :1])], -1)  # (B, K, W, 3): 1,000 points a polygon, a few matmuls
+    out = xy1 @ M.transpose(1, 2)[:, None]
+    seg = out[..., :2] / out[..., 2:3]
+    boxes = polygon_boxes(seg, size, size)
+    x = seg[..., 0].maximum(boxes[..., 0, None]).minimum(boxes[..., 2, None])  # np.clip(x, x1, x2)
+    y = seg[..., 1].maximum(boxes[..., 1, None]).minimum(boxes[..., 3, None])
+    seg = torch.stack([x.clamp(0, size), y.clamp(0, size)], -1)  # Instances.clip
+    boxes = boxes.clamp(0, size)
+    old = labels.boxes * scale[:, None, None]
+    valid = labels.valid & box_candidates(old, boxes, BOX_AREA_RATIO_SEGMENTS)
+    return dataclasses.replace(labels, boxes=boxes, valid=valid, polygons=seg)
+
+
 class RandomPerspective(GeometricOp):
     """Ultralytics' ``RandomPerspective`` (``degrees``, ``translate``, ``scale``, ``shear``, ``perspective``): always
     on, the identity where they are all 0; ``perspective != 0`` switches to warpPerspective, as Ultralytics does."""
@@ -179,3 +207,9 @@ class RandomPerspective(GeometricOp):
         """The segments through the step, and the boxes made from them in place of ``moved``'s (``warp_segments``)."""
         warped = warp_segments(labels, plan.step, p.scale.float(), hyp.imgsz)
         return dataclasses.replace(warped, keypoints=moved.keypoints)
+
+    def apply_polygons(self, labels: Labels, moved: Labels, plan: WarpPlan, p: PerspectiveParams,
+                       hyp: AugmentHyp) -> Labels:
+        """The polygons through the step, and the boxes made from them in place of ``moved``'s (``warp_polygons``)."""
+        warped = warp_polygons(labels, plan.step, p.scale.float(), hyp.imgsz)
+        return dataclasses.replace(warped, keypoints=moved.keypoints, segments=moved.segments)

@@ -21,36 +21,41 @@ from torch import Tensor
 POINTS = 1000  # Ultralytics' segment_resamples for segmentation (update_labels_info)
 
 
-def resample_polygons(points: Tensor, lengths: Tensor, n: int = POINTS) -> Tensor:
+def resample_polygons(points: Tensor, lengths: Tensor, n: int | Tensor = POINTS, width: int | None = None) -> Tensor:
     """Ultralytics' ``resample_segments(segments, n)`` of padded polygons, bit for bit.
 
     Args:
         points: (R, P, 2) float32 x, y, row r's first ``lengths[r]`` points its polygon, the rest padding (ignored).
         lengths: (R,) int64 points of each polygon, 1 to P (Ultralytics' labels have 3 or more).
-        n: the points each polygon is resampled to (``POINTS``, or more where the image's longest polygon is longer).
+        n: the points each polygon is resampled to (``POINTS``, or more where the image's longest polygon is longer):
+            one number, or (R,) int64 a row (images of a batch may differ, ``image_points``).
+        width: the points a row of the result holds, at least every ``n``; default ``n`` (a number).
 
     Returns:
-        (R, n, 2) float32. A row of exactly n points is returned as it is.
+        (R, width, 2) float32: row r's n[r] points, then its last point again up to ``width`` (the same closed
+        polygon, so the same mask). A row of exactly n points is returned as it is.
     """
     r, p, _ = points.shape
     dev = points.device
+    width = n if width is None else width
     if r == 0:
-        return points.new_zeros((0, n, 2))
+        return points.new_zeros((0, width, 2))
     length = lengths.to(dev, torch.int64)
     m = length + 1  # the closed polygon's points
     closed = torch.cat([points, points.new_zeros((r, 1, 2))], 1).double()
     closed.scatter_(1, length[:, None, None].expand(r, 1, 2), points[:, :1].double())  # the first point again, at L
     inserts = m < n  # rows whose vertex positions are inserted among fewer linspace positions
-    count = torch.where(inserts, n - m, torch.full_like(m, n))  # linspace's num
-    k = torch.arange(n, dtype=torch.float64, device=dev)[None]  # (1, n)
+    count = torch.where(inserts, n - m, torch.full_like(m, n) if isinstance(n, int) else n)  # linspace's num
+    k = torch.arange(width, dtype=torch.float64, device=dev)[None]  # (1, width)
     last = (count - 1).double()[:, None]
     span = length.double()[:, None]
-    # np.linspace(0, L, num): k * (L / (num - 1)), the end set to L exactly; positions past num are padding
-    lin = torch.where(k == last, span, k * (span / last.clamp(min=1)))
+    # np.linspace(0, L, num): k * (L / (num - 1)), the end set to L exactly (num = 1: just 0, a polygon of n - 2
+    # points); positions past num are padding
+    lin = torch.where((k == last) & (last > 0), span, k * (span / last.clamp(min=1)))
     lin = torch.where(k < count[:, None], lin, torch.full_like(lin, torch.inf))
     j = torch.arange(p + 1, dtype=torch.float64, device=dev)[None].expand(r, -1)  # vertex positions 0 .. P
     vertex = torch.where((j <= span) & inserts[:, None], j, torch.full_like(j, torch.inf))
-    x = torch.cat([vertex, lin], 1).sort(dim=1, stable=True).values[:, :n]  # vertices first among equal values
+    x = torch.cat([vertex, lin], 1).sort(dim=1, stable=True).values[:, :width]  # vertices first among equal values
     lo = x.floor().clamp(max=(span - 1).clamp(min=0)).long()  # the vertex at or before x; the last edge for x = L
     a = closed.gather(1, lo[..., None].expand(-1, -1, 2))
     b = closed.gather(1, (lo + 1).clamp(max=p)[..., None].expand(-1, -1, 2))
@@ -58,6 +63,107 @@ def resample_polygons(points: Tensor, lengths: Tensor, n: int = POINTS) -> Tenso
     out = (b - a) * t + a  # two kernels, as numpy rounds: no fused multiply-add
     end = closed.gather(1, length[:, None, None].expand(r, 1, 2))  # np.interp gives fp[-1] itself at x = xp[-1]
     out = torch.where((x == span)[..., None], end, out).float()
-    if p >= n:  # a polygon of exactly n points is kept as it is
-        out = torch.where((length == n)[:, None, None], points[:, :n], out)
-    return out
+    if isinstance(n, int) and width == n:
+        if p >= n:  # a polygon of exactly n points is kept as it is
+            out = torch.where((length == n)[:, None, None], points[:, :n], out)
+        return out
+    kept = points[:, :width] if p >= width else torch.cat([points, points.new_zeros((r, width - p, 2))], 1)
+    out = torch.where((length == n)[:, None, None], kept, out)
+    real = n.expand(r) if isinstance(n, Tensor) else torch.full((r,), n, device=dev)  # past them, its last point
+    tail = out.gather(1, (real - 1)[:, None, None].expand(r, 1, 2))
+    return torch.where((k[..., None] < real[:, None, None]), out, tail)
+
+
+def image_points(lengths: Tensor, valid: Tensor) -> Tensor:
+    """``update_labels_info``'s n of each image: ``POINTS``, or one more than its longest polygon where that is longer.
+
+    Shape: lengths (N, L) int64, valid (N, L) bool. Returns (N,) int64.
+    """
+    longest = torch.where(valid, lengths, 0).amax(1)
+    return torch.where(longest > POINTS, longest + 1, POINTS)
+
+
+def source_polygons(polygons: Tensor, lengths: Tensor, valid: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Each image's polygons as ``YOLODataset.update_labels_info`` gives them: resampled to the image's n points
+    (``image_points``), still normalised.
+
+    Where no stored polygon has more than ``POINTS`` points (P <= 1000: known from the shape, no sync) every image's
+    n is 1000: (N, L, 1000, 2) and no per-image count. Else each image's own n, the rows padded to P + 1 points (the
+    most any n can be) by their last point (``resample_polygons``), and the counts (N,).
+
+    Cost: a sort of 1000 + P float64 positions per slot, every slot of every source row (a pool's whole ring).
+
+    Shape: polygons (N, L, P, 2), lengths (N, L) int64, valid (N, L) bool. Returns (N, L, W, 2) float32 (zero in the
+    slots without a label), and (N,) int64 or None.
+    """
+    rows, slots, p, _ = polygons.shape
+    flat, length = polygons.reshape(-1, p, 2), lengths.reshape(-1).clamp(min=1)  # an empty slot: any one point
+    if p <= POINTS:
+        out, points = resample_polygons(flat, length, POINTS), None
+    else:
+        points = image_points(lengths, valid)
+        out = resample_polygons(flat, length, points[:, None].expand(-1, slots).reshape(-1), width=p + 1)
+    out = out.reshape(rows, slots, -1, 2)
+    return torch.where(valid[..., None, None], out, 0.0), points
+
+
+def to_longest(polygons: Tensor, points: Tensor, n: Tensor) -> Tensor:
+    """``Instances.concatenate`` where the parts differ in points: each polygon resampled to its row's longest, ``n``
+    (one already that long is kept as it is).
+
+    Shape: polygons (R, K, W, 2), each slot's first ``points`` (R, K) int64 its own; n (R,) int64. Returns
+    (R, K, W, 2).
+    """
+    rows, slots, w, _ = polygons.shape
+    out = resample_polygons(polygons.reshape(-1, w, 2), points.reshape(-1),
+                            n[:, None].expand(-1, slots).reshape(-1), width=w)
+    return out.reshape(rows, slots, w, 2)
+
+
+def inside_polygon(polygons: Tensor, px: float, py: float) -> Tensor:
+    """``cv2.pointPolygonTest(polygon, (px, py), False) >= 0`` of each polygon: OpenCV's crossing count (float32
+    differences, their products and difference in float64), the point on an edge or vertex counting as inside.
+
+    Shape: polygons (..., W, 2) float32, closed from the last point to the first. Returns (...) bool.
+    """
+    vx, vy = polygons.unbind(-1)
+    ux, uy = polygons.roll(1, -2).unbind(-1)  # each edge's start v0: the previous point, the last for the first
+    skip = ((uy <= py) & (vy <= py)) | ((uy > py) & (vy > py)) | ((ux < px) & (vx < px))
+    on_point = skip & (vy == py) & ((vx == px) | ((uy == py) & (((ux <= px) & (px <= vx)) | ((vx <= px) & (px <= ux)))))
+    dist = (py - uy).double() * (vx - ux).double() - (px - ux).double() * (vy - uy).double()
+    on_edge = ~skip & (dist == 0)
+    crosses = ~skip & (torch.where(vy < uy, -dist, dist) > 0)
+    return (on_point | on_edge).any(-1) | (crosses.sum(-1) % 2 == 1)
+
+
+def polygon_boxes(polygons: Tensor, w: int, h: int) -> Tensor:
+    """Ultralytics' ``segment2box(polygon, w, h)`` of each polygon: the bounds of its part inside [0, w] x [0, h].
+
+    Inside: its bounds; wholly beyond one side (by its bounds): zeros. Else the bounds of its points inside, of where
+    its edges (the closing one too) cross the image's sides within them, and of the image's corners inside it
+    (``inside_polygon``), in segment2box's float32 arithmetic; zeros where there are none.
+
+    Cost: per polygon point a few elementwise float32 passes for each of the 4 sides and 4 corners; no (W, W) product.
+
+    Shape: polygons (..., W, 2) float32 pixels. Returns (..., 4) xyxy.
+    """
+    x, y = polygons.unbind(-1)
+    lo_x, lo_y, hi_x, hi_y = x.amin(-1), y.amin(-1), x.amax(-1), y.amax(-1)
+    bounds = torch.stack([lo_x, lo_y, hi_x, hi_y], -1)
+    inside = (lo_x >= 0) & (lo_y >= 0) & (hi_x <= w) & (hi_y <= h)
+    outside = (hi_x < 0) | (hi_y < 0) | (lo_x > w) | (lo_y > h)
+    xs, ys, oks = [x], [y], [(x >= 0) & (y >= 0) & (x <= w) & (y <= h)]  # its points inside
+    dx, dy = (polygons.roll(-1, -2) - polygons).unbind(-1)  # each point's edge to the next, the last to the first
+    for axis, bound, lim in ((0, 0, h), (0, w, h), (1, 0, w), (1, h, w)):  # the sides x = 0, x = w, y = 0, y = h
+        t = (bound - (x, y)[axis]) / (dx, dy)[axis]  # 0 / 0 and c / 0 fail the test below, as numpy's nan and inf
+        ix, iy = x + t * dx, y + t * dy
+        xs.append(ix), ys.append(iy)
+        oks.append((t >= 0) & (t <= 1) & ((iy if axis == 0 else ix) >= 0) & ((iy if axis == 0 else ix) <= lim))
+    for cx, cy in ((0, 0), (w, 0), (0, h), (w, h)):  # the image's corners inside the polygon
+        oks.append(inside_polygon(polygons, cx, cy)[..., None])
+        xs.append(x.new_full(oks[-1].shape, cx)), ys.append(y.new_full(oks[-1].shape, cy))
+    px, py, ok = torch.cat(xs, -1), torch.cat(ys, -1), torch.cat(oks, -1)
+    part = torch.stack([torch.where(ok, px, torch.inf).amin(-1), torch.where(ok, py, torch.inf).amin(-1),
+                        torch.where(ok, px, -torch.inf).amax(-1), torch.where(ok, py, -torch.inf).amax(-1)], -1)
+    part = torch.where(ok.any(-1, keepdim=True), part, 0.0)  # no point: zeros
+    return torch.where(inside[..., None], bounds, torch.where(outside[..., None], 0.0, part))

@@ -3,7 +3,8 @@
 As MixUp, the partner is one more augmented row per sample (``Partners.mix_partner``). ``plan_cutmix`` is
 ``CutMix.get_params`` + ``apply_instances`` for every sample at once: the area and the partner boxes it takes
 (their keypoints clipped to the area, invisible outside it: ``cutmix_keypoints``; oriented boxes by Ultralytics' OBB
-clip, those left with no area dropped: ``cutmix_segments``); the paste is a term of the compose pass.
+clip, those left with no area dropped: ``cutmix_segments``; segmentation polygons point by point:
+``cutmix_polygons``); the paste is a term of the compose pass.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor
 
 from yolofeed.augment.geometry.obb import box_area, clip_obb
 from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.mix.mixup import concatenate
 from yolofeed.augment.op import Draw, Labels, PixelOp, clip_keypoints, coin
 
 CUTMIX_AREAS = 3  # Ultralytics' num_areas: candidate cut regions per image
@@ -89,8 +91,8 @@ def plan_cutmix(p: CutMixParams, boxes: Tensor, valid: Tensor, partner_boxes: Te
     Args:
         boxes, valid: the sample's boxes (after MixUp), (B, K, 4) xyxy pixels and (B, K).
         partner_boxes, partner_valid: every augmented row's own boxes before mixing, (R, K2, 4) and (R, K2).
-        segments: the labels carry segments (OBB): a partner box is taken from 1 % of it in the area where the sample
-            has any box (``len(labels["instances"].segments)``), from 10 % where it has none.
+        segments: the labels carry segments (OBB, segment): a partner box is taken from 1 % of it in the area where
+            the sample has any box (``len(labels["instances"].segments)``), from 10 % where it has none.
     """
     areas = cutmix_areas(p, size)  # (B, 3, 4)
     overlap = (ioa(areas, boxes) * valid[:, None, :]).sum(-1)  # (B, 3)
@@ -146,6 +148,23 @@ def cutmix_segments(plan: CutMixPlan, rows: Labels) -> tuple[Tensor, Tensor, Ten
     return boxes + torch.cat([xy, xy], -1)[:, :, 0], local + xy, take
 
 
+def cutmix_polygons(plan: CutMixPlan, rows: Labels) -> Tensor:
+    """``CutMix.apply_instances`` for segmentation polygons: the partner's, moved to the area's corner, each point
+    clipped to the area (``Instances.clip``), moved back.
+
+    Args:
+        rows: every augmented row's own labels before mixing, polygons (R, K2, W, 2) pixels.
+
+    Returns:
+        (B, K2, W, 2), row-aligned with ``plan.boxes`` (``plan.take`` says which are pasted).
+    """
+    seg = rows.polygons[plan.partner]
+    x1, y1, x2, y2 = (plan.area[:, j, None, None].to(seg.dtype) for j in range(4))
+    x = (seg[..., 0] - x1).clamp(min=0).minimum(x2 - x1) + x1  # add_padding(-x1, -y1), clip, add_padding(x1, y1)
+    y = (seg[..., 1] - y1).clamp(min=0).minimum(y2 - y1) + y1
+    return torch.stack([x, y], -1)
+
+
 class CutMix(PixelOp):
     """Ultralytics' ``CutMix`` with probability ``cutmix``."""
 
@@ -160,8 +179,8 @@ class CutMix(PixelOp):
     def compose_term(self, p: CutMixParams, labels: Labels, rows: Labels, hyp: AugmentHyp) -> CutMixPlan | None:
         if not self.on(hyp):
             return None
-        obb = labels.segments is not None
-        return plan_cutmix(p, labels.boxes, labels.valid, rows.boxes, rows.valid, hyp.imgsz, segments=obb)
+        segments = labels.segments is not None or labels.polygons is not None  # OBB or segment: from 1 %
+        return plan_cutmix(p, labels.boxes, labels.valid, rows.boxes, rows.valid, hyp.imgsz, segments=segments)
 
     def apply_boxes(self, labels: Labels, rows: Labels, term: CutMixPlan | None) -> Labels:
         """The partner's boxes in the pasted area, clipped to it, after the sample's."""
@@ -184,3 +203,11 @@ class CutMix(PixelOp):
         return dataclasses.replace(moved, boxes=torch.cat([labels.boxes, boxes], 1),
                                    valid=torch.cat([labels.valid, take], 1),
                                    segments=torch.cat([labels.segments, seg], 1))
+
+    def apply_polygons(self, labels: Labels, moved: Labels, rows: Labels, term: CutMixPlan | None) -> Labels:
+        """The partner's polygons in the pasted area, clipped to it, after the sample's (``Instances.concatenate``:
+        resampled to the more points where the two differ), in its boxes' slots."""
+        if term is None:
+            return dataclasses.replace(moved, polygons=labels.polygons, polygon_points=labels.polygon_points)
+        return dataclasses.replace(moved, **concatenate(labels, rows, term.partner, term.apply,
+                                                        cutmix_polygons(term, rows)))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from yolofeed.augment.geometry.polygons import to_longest
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, Labels, PixelOp, coin
 
@@ -42,6 +43,30 @@ def sample_mixup(partner: Tensor, hyp: AugmentHyp, generator: torch.Generator | 
     apply = coin(generator, batch_size, hyp.mixup, device)
     ratio = _beta_symmetric(int(MIXUP_BETA), (batch_size,), generator, device)
     return MixUpParams(apply, ratio, partner)
+
+
+def concatenate(labels: Labels, rows: Labels, partner: Tensor, mixed: Tensor,
+                partner_polygons: Tensor | None = None) -> dict[str, Tensor | None]:
+    """``Instances.concatenate([sample, partner])`` of segmentation polygons: the partner row's after the sample's;
+    where the two rows differ in points (``polygon_points``; a stored polygon of more than 1,000), both resampled to
+    the more, on the rows that mix (``mixed``).
+
+    Args:
+        labels: the samples' labels (B rows). rows: every augmented row's. partner: (B,) int64 rows of ``rows``.
+        partner_polygons: (B, K2, W, 2) the partner's polygons as taken (CutMix clips them); default its own.
+
+    Returns:
+        the fields ``polygons`` (B, K + K2, W, 2) and ``polygon_points`` (B,) or None.
+    """
+    theirs = rows.polygons[partner] if partner_polygons is None else partner_polygons
+    points = labels.polygon_points
+    if points is None:  # every row 1,000 points: a concatenation, nothing resampled
+        return {"polygons": torch.cat([labels.polygons, theirs], 1), "polygon_points": None}
+    other = rows.polygon_points[partner]
+    n = torch.where(mixed, torch.maximum(points, other), points)
+    ours = to_longest(labels.polygons, points[:, None].expand(labels.polygons.shape[:2]), n)
+    theirs = to_longest(theirs, other[:, None].expand(theirs.shape[:2]), n)  # a row that does not mix: unread
+    return {"polygons": torch.cat([ours, theirs], 1), "polygon_points": n}
 
 
 class MixUp(PixelOp):
@@ -75,3 +100,10 @@ class MixUp(PixelOp):
         """The partner's segments after the sample's (``Instances.concatenate``), in its boxes' slots."""
         seg = labels.segments if term is None else torch.cat([labels.segments, rows.segments[term.partner]], 1)
         return dataclasses.replace(moved, segments=seg)
+
+    def apply_polygons(self, labels: Labels, moved: Labels, rows: Labels, term: MixUpParams | None) -> Labels:
+        """The partner's polygons after the sample's (``Instances.concatenate``: where the two differ in points, each
+        resampled to the more), in its boxes' slots."""
+        if term is None:
+            return dataclasses.replace(moved, polygons=labels.polygons, polygon_points=labels.polygon_points)
+        return dataclasses.replace(moved, **concatenate(labels, rows, term.partner, term.apply))
