@@ -99,6 +99,36 @@ def test_validate_beside_is_an_option_on_by_default_and_only_on_one_cuda_gpu():
         FastDetectionTrainer.with_options(validate_beside="yes")
 
 
+def test_best_pts_set_up_waits_behind_the_first_validation_or_goes_just_before_the_final(monkeypatch):
+    """Queued with every epoch's model's, best.pt's passes would hold the first validation back; the final
+    validation, where it is the first (val=False), still finds them done."""
+    from types import SimpleNamespace
+
+    import yolofeed.train.trainer as tr
+    from yolofeed import FastDetectionTrainer
+
+    order = []
+    monkeypatch.setattr(tr, "validation_models", lambda t: ("every epoch's", "best.pt's"))
+    monkeypatch.setattr(tr, "validation_loader", lambda t: None)
+    monkeypatch.setattr(tr, "loader_shapes", lambda loader: [(2, 32, 32)])
+    monkeypatch.setattr(tr, "warm", lambda models, *a: order.append(("set-up", *models)))
+
+    def trainer():
+        t = FastDetectionTrainer.__new__(FastDetectionTrainer)
+        t.device, t.args = torch.device("cpu"), SimpleNamespace(batch=2, imgsz=32)
+        t._validations, t._warm_validations_after = tr.ValidationThread(t.device), 1
+        t._count_to_validation_warm_up()  # the captures made: the set-up is queued
+        return t
+
+    t = trainer()
+    for name in ("epoch 1", "epoch 2", "final"):
+        t._in_validation_thread(order.append, name, final=name == "final")
+    assert order == [("set-up", "every epoch's"), "epoch 1", ("set-up", "best.pt's"), "epoch 2", "final"]
+    order.clear()
+    trainer()._in_validation_thread(order.append, "final", final=True)
+    assert order == [("set-up", "every epoch's"), ("set-up", "best.pt's"), "final"]
+
+
 def _train_beside(synth_root, runs, name, device, **kw):
     """A tiny run whose validations go through the validation thread (on the CPU too, where the option alone would
     keep them in the training thread), recording the thread each validation ran in."""

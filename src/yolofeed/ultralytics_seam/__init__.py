@@ -375,7 +375,8 @@ def step_autocast(trainer: Any) -> Any:
 def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch.dtype, bool]]:
     """Copies of the models Ultralytics' validations run, set up as ``BaseValidator.__call__`` (RELIED_ON) sets them
     up, for a blank forward pass at each shape they will meet: each (model, autocast dtype or None, input dtype,
-    whether it first runs at batch 1). Made from the EMA, so call it once the EMA exists (``on_pretrain_routine_end``).
+    whether it first runs at batch 1), every epoch's first, the final validation's second. Made from the EMA, so call
+    it once the EMA exists (``on_pretrain_routine_end``).
 
     * every epoch's validation: the EMA, float32 in eval mode and in the training model's layout, under float16
       autocast with ``amp`` (every release of the range), on half inputs;
