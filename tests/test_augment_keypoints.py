@@ -10,15 +10,15 @@ before, from the same draws.
 from __future__ import annotations
 
 import dataclasses
-import random
 import warnings
 from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
 import pytest
+import replay
 import torch
-from ultralytics.data.augment import CutMix, Format, MixUp, Mosaic, RandomFlip, RandomPerspective
+from ultralytics.data.augment import CutMix, Format, MixUp, RandomFlip
 from ultralytics.data.dataset import YOLODataset
 from ultralytics.utils.instance import Instances
 from ultralytics.utils.metrics import bbox_ioa
@@ -74,34 +74,11 @@ class Reference:
 
 
 def ultralytics_geometry(ref: Reference, hyp: AugmentHyp, params, row: int) -> dict:
-    """Ultralytics' Mosaic -> RandomPerspective for augmented row ``row`` (a sample or a mix partner), our draws."""
-    mp = params.mosaic
-    labels = ref.get_image_and_label(int(mp.sources[row, 0]))
-    if bool(mp.apply[row]):
-        mosaic = Mosaic(ref, imgsz=S, p=1.0, n=hyp.mosaic_grid)
-        xc, yc = mp.center[row].tolist()
-        with mock.patch.object(mosaic, "get_indexes", return_value=mp.sources[row, 1:].tolist()), \
-                mock.patch.object(random, "uniform", side_effect=[float(yc), float(xc)]):  # yc is drawn first
-            p = mosaic.get_params(labels)
-        labels = mosaic.apply_instances(mosaic.apply_image(labels, p), p)
-        labels.pop("mix_labels", None)
-    canvas = torch.tensor([labels["img"].shape[:2]])
-    one = geometry.PerspectiveParams(*(getattr(params.perspective, f)[row:row + 1] for f in
-                                       geometry.PerspectiveParams.__dataclass_fields__))
-    M, scale = geometry.perspective_matrix(one, canvas, S)
-    rp = RandomPerspective(degrees=hyp.degrees, translate=hyp.translate, scale=hyp.scale, shear=hyp.shear,
-                           perspective=hyp.perspective, size=(S, S))
-    rparams = {"M": M[0].numpy(), "scale": float(scale[0]), "orig_shape": labels["img"].shape[:2], "size": (S, S)}
-    return rp.apply_instances(rp.apply_image(labels, rparams), rparams)
+    return replay.geometry(ref, hyp, params, row, S)
 
 
 def ultralytics_flips(labels: dict, ud: bool, lr: bool, flip_idx=FLIP_IDX) -> dict:
-    """``RandomFlip`` vertical, then horizontal, as ``v8_transforms`` builds them for pose (with ``flip_idx``)."""
-    for direction, on in (("vertical", ud), ("horizontal", lr)):
-        f = RandomFlip(p=1.0, direction=direction, flip_idx=list(flip_idx))
-        p = {"flip": on, "h": S, "w": S, "direction": direction, "flip_idx": f.flip_idx}
-        labels = f.apply_instances(f.apply_image(labels, p), p)
-    return labels
+    return replay.flips(labels, ud, lr, S, flip_idx)
 
 
 def assert_keypoints(ours: torch.Tensor, theirs: np.ndarray, what: str = "") -> None:
