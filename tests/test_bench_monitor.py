@@ -393,30 +393,31 @@ def test_a_mode_process_that_ends_before_it_reads_is_the_benchs_one_line_error(m
         bench.run_isolated("stock", BenchConfig(data="d.yaml"), "runs", None)
 
 
-def test_each_mode_process_compiles_its_kernels_into_an_empty_cache_of_its_own(monkeypatch, tmp_path):
-    """A mode after another of yolofeed's would otherwise read that one's compiled Triton kernels from the user's
-    cache: the order of the modes would decide their first epochs."""
-    from pathlib import Path
+def test_the_bench_compiles_yolofeeds_kernels_in_an_untimed_run_before_its_modes(monkeypatch, tmp_path):
+    """The first of yolofeed's modes would otherwise pay the Triton kernels' compile and a mode after it would not:
+    the order of the modes would decide their first epochs. The CPU compiles nothing."""
+    import torch
 
     import yolofeed.bench.run as bench
     from yolofeed.config import BenchConfig
-    from yolofeed.errors import YolofeedError
 
-    seen = tmp_path / "seen.txt"  # what each mode's process finds: its cache folders, and whether they hold anything
-    monkeypatch.setattr(bench, "_MODE_MAIN", (
-        "import os, pathlib\n"
-        "t, i = os.environ['TRITON_CACHE_DIR'], os.environ['TORCHINDUCTOR_CACHE_DIR']\n"
-        "os.makedirs(t); open(os.path.join(t, 'kernel'), 'w').close()\n"  # as a compile writes it
-        f"with open({str(seen)!r}, 'a') as f: f.write(t + ' ' + i + '\\n')\n"
-        "os._exit(3)\n"))
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "users"))
-    for mode in ("yolofeed", "yolofeed_val_inline"):
-        with pytest.raises(YolofeedError, match="ended without a result"):
-            bench.run_isolated(mode, BenchConfig(data="d.yaml"), "runs", None)
-    dirs = [line.split() for line in seen.read_text().splitlines()]
-    assert len(dirs) == 2 and dirs[0][0] != dirs[1][0] and dirs[0][1] != dirs[1][1]
-    assert all(Path(d).parent == Path(i).parent and not Path(d).parent.exists() for d, i in dirs)  # removed after
-    assert not (tmp_path / "users").exists()  # the user's own cache untouched
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench.compiles_kernels(["stock", "yolofeed"], own=True, device="0")
+    assert bench.compiles_kernels(["ceiling"], own=True, device="")
+    assert not bench.compiles_kernels(["stock"], own=True, device="0")  # stock compiles none of yolofeed's
+    assert not bench.compiles_kernels(["yolofeed"], own=False, device="0")  # in one process: the note says so
+    assert not bench.compiles_kernels(["yolofeed"], own=True, device="cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not bench.compiles_kernels(["yolofeed"], own=True, device="")
+
+    runs = []
+    monkeypatch.setattr(bench, "run_isolated", lambda mode, cfg, project, progress: runs.append((mode, cfg, project)))
+    cfg = BenchConfig(data="d.yaml", whole_run=10, steps=100, warmup=30)
+    bench.compile_kernels(cfg, tmp_path / "kernels")
+    (mode, short, project), = runs
+    assert mode == "yolofeed" and project == tmp_path / "kernels"
+    assert (short.whole_run, short.steps, short.warmup, short.first_epoch) == (0, cfg.window, 1, False)
+    assert short.model == cfg.model and short.batch == cfg.batch and short.imgsz == cfg.imgsz  # the same kernels
 
 
 def test_a_mode_whose_bench_is_gone_stops_at_its_next_step():

@@ -36,9 +36,8 @@ import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -165,22 +164,14 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
     """``run_mode`` in a fresh Python process of its own, started as a user's ``yolo train`` is (nothing of this
     process's CUDA, cuDNN or compiled kernels), its steps counted on ``progress``; its error raised here. POSIX.
 
-    Each mode compiles its Triton (and inductor) kernels into an empty cache of its own, removed after it: a mode
-    that ran after another of yolofeed's would otherwise find that one's kernels in the user's cache and skip their
-    compile (about 11 s of yolo11n's first step on an H200), so the order of the modes would decide its first
-    epoch. Every mode's first epoch is then a first run's on this machine; a later run reads the compiled kernels.
-
     Raises:
         YolofeedError: the process ended without a result (killed, out of memory), or failed with an error that is
             not one of yolofeed's (its traceback, printed by that process, is above).
     """
     ours, theirs = multiprocessing.Pipe()  # a socket pair: its child end is passed as a file descriptor
     me = os.getpid()
-    caches = tempfile.TemporaryDirectory(prefix=f"yolofeed-bench-{mode}-kernels-", ignore_cleanup_errors=True)
-    env = {**os.environ, "TRITON_CACHE_DIR": os.path.join(caches.name, "triton"),
-           "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches.name, "inductor")}
     proc = subprocess.Popen([sys.executable, "-c", _MODE_MAIN, str(theirs.fileno()), str(me),
-                             repr(process_start(me) or 0.0)], pass_fds=(theirs.fileno(),), env=env)
+                             repr(process_start(me) or 0.0)], pass_fds=(theirs.fileno(),))
     theirs.close()  # the child's copy only: its exit then ends our reads
     done = False
     try:
@@ -209,7 +200,34 @@ def run_isolated(mode: str, cfg: BenchConfig, project: Path, progress: Progress)
     finally:
         ours.close()
         _stop(proc, gently=not done)
-        caches.cleanup()
+
+
+class _Unseen:
+    """A progress bar that shows nothing: the kernels' run is not one of the bench's modes."""
+
+    def start(self, *a) -> None: ...
+    def grow(self, *a) -> None: ...
+    def step(self, *a) -> None: ...
+    def write(self, *a) -> None: ...
+
+
+def compiles_kernels(modes: list[str], own: bool, device: str) -> bool:
+    """Whether the bench compiles yolofeed's kernels before its timed modes (``compile_kernels``): modes of its own
+    in processes of their own, on a CUDA GPU (the CPU path compiles nothing)."""
+    import torch
+
+    ours = any(m.startswith(("yolofeed", "ceiling")) for m in modes)
+    return ours and own and device != "cpu" and torch.cuda.is_available()
+
+
+def compile_kernels(cfg: BenchConfig, project: Path) -> None:
+    """Before the timed modes, a short untimed run of the yolofeed mode (one window of steps, in a process of its own):
+    the Triton kernels of yolofeed's augmentation and graphed step compile into the machine's cache, as a user's
+    second run finds them, as it finds the pack and the label cache. Without it the first of yolofeed's modes paid
+    their compile (about 11 s of yolo11n's first step on an H200, cold) and a mode after it did not, so the order of
+    the modes decided their set-up and first epoch. Costs a process start and a few steps (10-25 s)."""
+    short = replace(cfg, steps=cfg.window, warmup=1, first_epoch=False, whole_run=0)
+    run_isolated("yolofeed", short, project, _Unseen())
 
 
 def _stop(proc: subprocess.Popen, gently: bool, waits: tuple[float, float, float] = (2.0, 10.0, 5.0)) -> None:
@@ -380,6 +398,10 @@ def run(cfg: BenchConfig) -> dict:
     if own:
         stack.enter_context(sigterm_exits())
     try:
+        if compiles_kernels(modes, own, device):
+            progress.write("yolofeed bench: compiling yolofeed's kernels (a few untimed steps), as a second run "
+                           "finds them")
+            compile_kernels(cfg, out / "runs" / "kernels")
         for m in modes:
             try:
                 results.append((run_isolated if own else run_mode)(m, cfg, out / "runs", progress))
