@@ -13,6 +13,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics: no network checks, no downloads
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    # one thread a worker (and a process it starts): make test runs a worker a core, and two workers of two threads
+    # each on two cores spend their time in OpenMP's spin-waits (the augmentation tests ran 1.5x slower)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # imported before this file (a plugin): it read the variable already
+        sys.modules["torch"].set_num_threads(1)
 
 import yolofeed.synth as synth  # noqa: E402
 from helpers import copy_dataset  # noqa: E402
