@@ -192,3 +192,94 @@ def test_bench_compares_a_segment_model_with_stock(segment_dataset, tmp_path):
                  "steps=4", "warmup=2", "window=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
     results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
     assert [r["mode"] for r in results] == ["yolofeed", "stock"] and all(r["images_per_s"] > 0 for r in results)
+
+
+def test_dropped_rasteriser_events_are_read_once_an_epoch_warned_and_given_room(segment_dataset, tmp_path,
+                                                                                monkeypatch, caplog):
+    """Too few event slots for the polygons: the batches still train (no check per step, nothing read), the epoch's
+    end reads the sum once, warns in one line and doubles the rasteriser's slots, with a new augmenter."""
+    from yolofeed.kernels import polyfill
+    from yolofeed.train import FastSegmentationTrainer
+
+    monkeypatch.setattr(polyfill, "default_events", lambda points, height, ratio: 3)  # far too few
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="r", epochs=1,
+        **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        for _, raw in zip(range(2), loader):
+            trainer.preprocess_batch(raw)
+    finally:
+        loader.close()
+    dropped = trainer._dropped
+    assert isinstance(dropped, torch.Tensor) and dropped.dim() == 0 and int(dropped) > 0
+    trainer.epoch = 0
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        trainer._check_masks()
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "\n" not in lines[0] and "2x its default slots" in lines[0]
+    assert trainer._mask_room == 2 and trainer._augment is None and trainer._dropped is None
+    assert trainer._new_augment().room == 2
+
+
+def _segment_source(segment_root, tmp_path, device: str, n: int = 8):
+    from yolofeed.loader import TrainLoader
+    from yolofeed.pack import open_or_build
+
+    pack = open_or_build(segment_root / "data.yaml", "train", 96, out=tmp_path / "packs", rebuild="auto",
+                         progress=False, task="segment")
+    loader = TrainLoader(pack, n, device, seed=3)
+    try:
+        return next(iter(loader))["source"]
+    finally:
+        loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", (True, False))
+def test_graphed_masked_augmentation_equals_masks_made_after_it_without_host_sync(segment_root, tmp_path, overlap):
+    """Under GraphedAugment the masks are made inside the augmentation's graph: the same batch as the graphed plain
+    augmentation (the same draws) with ``with_masks`` applied after it, eagerly; its Ultralytics batch (the count
+    known) is made without a host sync, and a second replay does not change the first batch's copy."""
+    from helpers import no_host_sync
+    from yolofeed.augment import AugmentHyp, GpuAugment
+    from yolofeed.augment.graphs import GraphedAugment
+    from yolofeed.augment.masks import MaskedAugment, with_masks
+
+    source = _segment_source(segment_root, tmp_path, "cuda")
+    hyp = AugmentHyp(imgsz=96, degrees=5.0, mixup=0.3)
+    plain = GraphedAugment(GpuAugment(hyp), seed=7)(source)
+    ref = with_masks(plain, 4, overlap).to_ultralytics()
+    graphed = GraphedAugment(MaskedAugment(hyp, 4, overlap), seed=7)
+    out = graphed(source)
+    total = int(out.valid.sum())
+    with no_host_sync():
+        got = out.to_ultralytics(total=total)
+    for key in ("cls", "bboxes", "batch_idx", "masks", "sem_masks"):
+        assert torch.equal(got[key], ref[key]), key
+    kept = got["masks"].clone()
+    graphed(source)  # the next replay overwrites the graph's memory, not the batch handed out
+    assert torch.equal(got["masks"], kept) and int(out.masks.overflow) == 0
+
+
+@pytest.mark.gpu
+def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, tmp_path):
+    """Two epochs on one GPU with every default on: the augmentation graphed and one batch ahead, the step's forward
+    and backward replayed as a CUDA graph (nbs = batch: no accumulation), validations beside; the masks' overflow is
+    read at each epoch's end; the run writes stock's files with finite segment losses."""
+    from ultralytics import YOLO
+
+    from yolofeed import ultralytics_seam as seam
+    from yolofeed.train import FastSegmentationTrainer
+
+    model = YOLO("yolo11n-seg.yaml")
+    model.train(trainer=FastSegmentationTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
+                name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False)
+    trainer = model.trainer
+    graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")
+    assert graph is not None and graph.flat is not None and not graph.failed  # the graphed step served
+    assert trainer._dropped is None and trainer._mask_room == 1  # read at the epochs' ends, nothing dropped
+    with open(tmp_path / "gpu" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(np.isfinite(float(r["train/seg_loss"])) for r in rows)
