@@ -81,6 +81,28 @@ def test_the_training_batch_is_formats_masks_of_the_augmented_polygons(segment_d
 
 
 @pytest.mark.parametrize("overlap", (True, False))
+def test_the_look_ahead_batch_equals_the_inline_one(segment_dataset, tmp_path, overlap):
+    """``AugmentAhead`` (the default: the batch's count read a step early, no sync) hands the step the same masks,
+    sem_masks and labels as augmenting in ``preprocess_batch`` does, for the same seed."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    batches = []
+    for ahead in (False, True):
+        trainer = FastSegmentationTrainer.with_options(augment_ahead=ahead)(overrides=dict(
+            model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
+            name=f"r{ahead}", overlap_mask=overlap, epochs=1, **TINY))
+        loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+        try:
+            batches.append(trainer.preprocess_batch(next(iter(loader))))
+        finally:
+            loader.close()
+    inline, ahead = batches
+    assert ahead["masks"].shape[0] == (4 if overlap else len(ahead["cls"]))
+    for key in ("img", "cls", "bboxes", "batch_idx", "masks", "sem_masks"):
+        assert torch.equal(inline[key], ahead[key]), key
+
+
+@pytest.mark.parametrize("overlap", (True, False))
 def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path, overlap):
     """The validator's batch: rect batches, letterboxed, the polygons resampled and moved as the boxes are, then
     Format's masks at the batch's shape and its label order: equal to Ultralytics' segment val loader's, value for
