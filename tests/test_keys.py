@@ -36,8 +36,10 @@ SETUP = dict(
     dis=5.0, quantize=None,
 )  # nms at its default: None from 8.4.142, False before (a bool key then)
 ELSEWHERE = {
-    "task": ("test_every_refusal_stops_the_run_before_anything_is_built (a segment model); test_train_pose.py, "
-             "test_train_obb.py"),
+    "task": ("test_every_refusal_stops_the_run_before_anything_is_built (a classification model); "
+             "test_train_pose.py, test_train_obb.py, test_train_segment.py"),
+    "overlap_mask": "test_train_segment.py: training and validation batches equal Format's, overlap on and off",
+    "mask_ratio": "test_train_segment.py: the masks' size; other ratios than 1-32 refused",
     "mode": "always train",
     "model": "both set-ups build yolo11n.yaml; test_model_task_is_read_from_the_yaml",
     "data": "both set-ups use the synthetic data yaml; a list is refused",
@@ -134,10 +136,10 @@ def test_yolofeed_overrides_only_the_data_path_of_the_trainer():
 
 # -- refusals -------------------------------------------------------------------------------------------
 REFUSED = {  # one refused value per refusing row
-    "task": {"model": "yolo11n-seg.yaml"}, "data": {"data": ["a.yaml", "b.yaml"]}, "device": {"device": "mps"},
+    "task": {"model": "yolo11n-cls.yaml"}, "data": {"data": ["a.yaml", "b.yaml"]}, "device": {"device": "mps"},
     "rect": {"rect": True}, "quantize": {"quantize": 8}, "distill_model": {"distill_model": "teacher.pt"},
     "augmentations": {"augmentations": [{"transform": "Blur"}]}, "copy_paste": {"copy_paste": 0.3},
-    "classes": {"classes": "0,1"},
+    "classes": {"classes": "0,1"}, "mask_ratio": {"mask_ratio": 3},
 }
 
 

@@ -11,6 +11,7 @@ import torch
 from helpers import random_augmented
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.graphs import GraphedAugment
+from yolofeed.augment.masks import with_masks
 from yolofeed.errors import ConfigError
 from yolofeed.schema import AUGMENTED_KINDS, LABEL_KINDS, AugmentedBatch, SourceBatch
 
@@ -32,7 +33,8 @@ def test_both_batches_have_room_for_every_label_kind_and_a_detection_batch_fills
 
 def test_the_augmentation_refuses_labels_it_would_drop():
     """Keypoints, corners and polygons go through every op (test_augment_keypoints.py, test_augment_obb.py,
-    test_augment_segments.py); polygons without their lengths are refused."""
+    test_augment_segments.py); polygons without their lengths are refused; the augmented polygons reach Ultralytics'
+    batch only as masks (``with_masks``; test_train_segment.py compares them with Format's)."""
     assert dataclasses.replace(_source(), keypoints=torch.zeros(2, 3, 17, 3)).kinds() == ("keypoints",)
     src = dataclasses.replace(_source(), polygons=torch.zeros(2, 3, 5, 2))
     assert src.kinds() == ("polygons",)
@@ -42,9 +44,11 @@ def test_the_augmentation_refuses_labels_it_would_drop():
         GraphedAugment(GpuAugment(AugmentHyp(imgsz=32)), device="cpu")(src)  # before any CUDA work
     with pytest.raises(ConfigError, match=r"corners of shape \(2, 3, 8\), expected"):
         GpuAugment(AugmentHyp(imgsz=32))(dataclasses.replace(_source(), corners=torch.zeros(2, 3, 8)))
-    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), masks=torch.zeros(2, 4, 32, 32, dtype=torch.bool))
-    with pytest.raises(ConfigError, match="masks, which it would drop"):
+    square = torch.tensor([[4.0, 4.0], [20.0, 4.0], [20.0, 20.0], [4.0, 20.0]])
+    out = dataclasses.replace(random_augmented(2, 4, 0.5, seed=0), segments=square.repeat(2, 4, 1, 1))
+    with pytest.raises(ConfigError, match="segmentation polygons and no masks"):
         out.to_ultralytics()
+    assert set(with_masks(out).to_ultralytics()) == {"img", "cls", "bboxes", "batch_idx", "masks", "sem_masks"}
 
 
 def test_a_detection_batch_augments_as_before():

@@ -136,7 +136,8 @@ def test_other_tasks_are_refused_before_the_model_is_built(synth_root, tmp_path,
     captured = capsys.readouterr()
     assert "task=classify" in captured.err and "parameters" not in captured.out + captured.err  # no model summary
     line = _one_line(capsys, ["train", "model=yolo11n.yaml", "task=segment", data, f"project={tmp_path}"])
-    assert "model=yolo11n.yaml is a detection model: drop task=" in line and "pick a detection model" not in line
+    assert "model=yolo11n.yaml is a detection model, and this run is task=segment: pick a segment model such as " \
+           "model=yolo11n-seg.yaml" in line and "drop task=" in line
 
 
 def test_cfg_file_is_read_as_yolo_train_reads_it(synth_root, tmp_path, capsys, monkeypatch):

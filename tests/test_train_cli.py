@@ -82,7 +82,8 @@ def test_user_mistakes_are_one_line(capsys, base, synth_root, tmp_path, monkeypa
     line = _errors(capsys, ["doctor", f"data={tmp_path}/nope.yaml"])
     assert "data=" in line and "not found" in line and "data=path/to/data.yaml" in line
     assert "rect=True" in _errors(capsys, base + ["rect"])
-    assert "trains detection, pose and oriented-box models" in _errors(capsys, ["train", "model=yolo11n-seg.yaml",
+    assert "trains detection, segmentation, pose and oriented-box models" in _errors(capsys, ["train",
+                                                                                         "model=yolo11n-cls.yaml",
                                                        f"data={synth_root / 'data.yaml'}"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     line = _errors(capsys, base + ["device=cuda"])

@@ -80,7 +80,9 @@ def test_a_trainer_refuses_a_model_of_another_task_in_one_line(synth_root, tmp_p
     data = str(synth_root / "data.yaml")
     with pytest.raises(ConfigError, match="is a pose model: train it with yolofeed's FastPoseTrainer"):
         FastDetectionTrainer(overrides=dict(model="yolo11n-pose.yaml", data=data, project=str(tmp_path), **TINY))
-    with pytest.raises(ConfigError, match="trains detection, pose and oriented-box models"):
+    with pytest.raises(ConfigError, match="trains detection, segmentation, pose and oriented-box models"):
+        FastPoseTrainer(overrides=dict(model="yolo11n-cls.yaml", data=data, project=str(tmp_path), **TINY))
+    with pytest.raises(ConfigError, match="is a segmentation model: train it with yolofeed's FastSegmentationTrainer"):
         FastPoseTrainer(overrides=dict(model="yolo11n-seg.yaml", data=data, project=str(tmp_path), **TINY))
     with pytest.raises(ConfigError, match="is a detection model, and this run is task=pose: pick a pose model"):
         FastPoseTrainer(overrides=dict(model="yolo11n.yaml", data=data, project=str(tmp_path), **TINY))
@@ -105,10 +107,10 @@ def test_doctor_bench_and_parity_refuse_a_model_of_a_task_yolofeed_does_not_trai
                                                                                   command):
     from yolofeed.cli import main
 
-    assert main([command, "model=yolo11n-seg.yaml", f"data={pose_dataset / 'data.yaml'}", "device=cpu",
+    assert main([command, "model=yolo11n-cls.yaml", f"data={pose_dataset / 'data.yaml'}", "device=cpu",
                  f"out={tmp_path / 'out'}"]) != 0
-    assert ("is a segmentation model: yolofeed doctor, bench and parity take detection, pose and oriented-box models"
-            in capsys.readouterr().err)
+    assert ("is a classification model: yolofeed doctor, bench and parity take detection, pose, oriented-box and "
+            "segmentation models" in capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
 
 

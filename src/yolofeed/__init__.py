@@ -35,12 +35,12 @@ if _LOGGER.level == logging.NOTSET:  # a level the user set before importing yol
 _LOGGER.addHandler(_UntilConfigured())
 
 __all__ = ["__version__", "ConfigError", "DatasetError", "FastDetectionTrainer", "FastOBBTrainer", "FastPoseTrainer",
-           "PackError", "StalePackError", "YolofeedError"]
+           "FastSegmentationTrainer", "PackError", "StalePackError", "YolofeedError"]
 
 
 def __getattr__(name: str):
     """``yolofeed.FastDetectionTrainer`` without importing torch and Ultralytics for ``yolofeed help``."""
-    if name in ("FastDetectionTrainer", "FastOBBTrainer", "FastPoseTrainer"):
+    if name in ("FastDetectionTrainer", "FastOBBTrainer", "FastPoseTrainer", "FastSegmentationTrainer"):
         from yolofeed import train
 
         return getattr(train, name)

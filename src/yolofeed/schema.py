@@ -11,6 +11,7 @@ the one ``valid`` mask. Below the loader and augment, so both import it and neit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -83,7 +84,9 @@ class AugmentedBatch(LabelKinds):
     Shape: img (B, 3, S, S) uint8 RGB; cls (B, K) float32; boxes (B, K, 4) float32 xyxy pixels; valid (B, K) bool;
     keypoints (B, K, P, 3) float32 pixels and visibility; rboxes (B, K, 5) float32 oriented boxes cx, cy, w, h in
     pixels and theta in radians, canonical as Ultralytics' ``xyxyxyxy2xywhr`` (w the longer side, theta in
-    [-pi/4, 3pi/4)), beside ``boxes`` their axis-aligned bounds; masks (B, K, S, S) bool; segments (B, K, W, 2)
+    [-pi/4, 3pi/4)), beside ``boxes`` their axis-aligned bounds; masks: the segment task's masks as ``Format`` makes
+    them (``augment.masks.SegmentMasks``: index masks (B, S / r, S / r), or one (B, K, S / r, S / r) per slot), the
+    per-slot labels then in its order (``SegmentMasks.reorder``: Ultralytics' area sort); segments (B, K, W, 2)
     float32 pixel x, y of the segmentation polygons, as Ultralytics' ``Instances.segments`` holds them before
     ``Format`` makes masks of them: W 1,000 (more where a stored polygon is longer; a row of fewer points repeats its
     last one, the same polygon).
@@ -97,14 +100,15 @@ class AugmentedBatch(LabelKinds):
     valid: Tensor
     keypoints: Tensor | None = None
     rboxes: Tensor | None = None
-    masks: Tensor | None = None
+    masks: Any = None  # augment.masks.SegmentMasks (a stage above this one: not imported here)
     segments: Tensor | None = None
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
         """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,);
         with keypoints also ``keypoints`` (N, P, 3) float32: x / S, y / S and visibility (``Format``'s
         normalisation, concatenated as ``YOLODataset.collate_fn`` does), row j the keypoints of box j; with
-        oriented boxes ``bboxes`` is (N, 5) float32 cx / S, cy / S, w / S, h / S, theta (``Format(return_obb=True)``).
+        oriented boxes ``bboxes`` is (N, 5) float32 cx / S, cy / S, w / S, h / S, theta (``Format(return_obb=True)``);
+        with masks also ``masks`` and ``sem_masks`` in ``collate_fn``'s layout (``SegmentMasks.collated``).
 
         Rows are in row-major (B, K) order either way. Without ``total`` boolean indexing must learn
         N: the host waits for every kernel that made ``valid``. With ``total`` (N, known on the host,
@@ -120,7 +124,7 @@ class AugmentedBatch(LabelKinds):
             raise ConfigError("AugmentedBatch.to_ultralytics: this batch carries segmentation polygons and no masks; "
                               "a segment model's loss reads masks: make them of the polygons first (Format's "
                               "polygons2masks), or train a detection model on boxes")
-        self.require_only("AugmentedBatch.to_ultralytics", ("keypoints", "rboxes"))
+        self.require_only("AugmentedBatch.to_ultralytics", ("keypoints", "rboxes", "masks", "segments"))
         size = self.img.shape[-1]
         kp, rb = self.keypoints, self.rboxes
         if total is None:
@@ -140,6 +144,8 @@ class AugmentedBatch(LabelKinds):
         out = {"img": self.img, "cls": cls[:, None], "bboxes": boxes, "batch_idx": batch_idx}
         if kp is not None:
             out["keypoints"] = torch.cat([kp[..., :2] / size, kp[..., 2:]], -1)
+        if self.masks is not None:
+            out.update(self.masks.collated(self.cls, total))
         return out
 
 

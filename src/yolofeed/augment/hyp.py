@@ -75,7 +75,7 @@ class AugmentHyp:
             raise ConfigError(f"imgsz={self.imgsz}: expected at least 32")
         self._check_keypoints()
         if self.copy_paste:
-            warnings.warn("copy_paste needs segment labels; yolofeed trains detection boxes and ignores it "
+            warnings.warn("copy-paste is not built in yolofeed's GPU augmentation yet; it is ignored here "
                           f"(copy_paste={self.copy_paste})", stacklevel=2)
 
     def _check_keypoints(self) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from yolofeed.train.loss import CANDIDATES
 from yolofeed.train.step import SyncFreeStep, counts_for_ultralytics_batch
-from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer
+from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer, SegmentationTrainer
 
 REPLAYED = 4  # augmented batches held on the GPU and replayed in turn
 
@@ -95,4 +95,10 @@ class CeilingOBBTrainer(Ceiling, OBBTrainer):
     device."""
 
 
-CEILINGS = {"detect": CeilingTrainer, "pose": CeilingPoseTrainer, "obb": CeilingOBBTrainer}
+class CeilingSegmentationTrainer(Ceiling, SegmentationTrainer):
+    """``SegmentationTrainer`` whose training loader replays ``REPLAYED`` augmented batches, masks too, from the
+    device."""
+
+
+CEILINGS = {"detect": CeilingTrainer, "pose": CeilingPoseTrainer, "obb": CeilingOBBTrainer,
+            "segment": CeilingSegmentationTrainer}

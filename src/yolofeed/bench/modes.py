@@ -8,18 +8,19 @@ STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step
 
 
 def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "detect") -> type:
-    """The trainer of a mode for the model's ``task`` (detect, pose, obb): stock Ultralytics, yolofeed (raw or jpeg
-    pack, inline augmentation, no partner pool, validations in a thread of their own), or the ceiling; ``step`` sets
-    the step's switches (``STEP_SWITCHES``) of the yolofeed modes and the ceiling (``ceiling_stock`` turns the first
-    three off whatever it says; stock has none).
+    """The trainer of a mode for the model's ``task`` (detect, segment, pose, obb): stock Ultralytics, yolofeed (raw or
+    jpeg pack, inline augmentation, no partner pool, validations in a thread of their own), or the ceiling; ``step``
+    sets the step's switches (``STEP_SWITCHES``) of the yolofeed modes and the ceiling (``ceiling_stock`` turns the
+    first three off whatever it says; stock has none).
 
     Raises:
         ValueError: not one of ``MODES``.
     """
     if mode == "stock":
-        from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer
+        from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer, SegmentationTrainer
 
-        return {"detect": DetectionTrainer, "pose": PoseTrainer, "obb": OBBTrainer}[task]
+        return {"detect": DetectionTrainer, "pose": PoseTrainer, "obb": OBBTrainer,
+                "segment": SegmentationTrainer}[task]
     step = dict(step or {})
     if set(step) - set(STEP_SWITCHES):
         raise ValueError(f"unknown step switches {sorted(set(step) - set(STEP_SWITCHES))}; expected "

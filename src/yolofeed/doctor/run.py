@@ -15,11 +15,12 @@ from yolofeed.train.run import check_model_and_data
 
 def trainer_class(mode: str, task: str = "detect") -> type:
     """The doctor profiles the user's setup as Ultralytics trains it (``stock``), then with ``yolofeed``; the trainers
-    of the model's ``task`` (detect, pose, obb)."""
+    of the model's ``task`` (detect, segment, pose, obb)."""
     if mode == "stock":
-        from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer
+        from yolofeed.ultralytics_seam import DetectionTrainer, OBBTrainer, PoseTrainer, SegmentationTrainer
 
-        return {"detect": DetectionTrainer, "pose": PoseTrainer, "obb": OBBTrainer}[task]
+        return {"detect": DetectionTrainer, "pose": PoseTrainer, "obb": OBBTrainer,
+                "segment": SegmentationTrainer}[task]
     from yolofeed.train.trainer import TRAINERS
 
     return TRAINERS[task]

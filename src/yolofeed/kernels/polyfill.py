@@ -133,6 +133,11 @@ def _line_run(j: Tensor, xs: Tensor, dx: Tensor, ady: Tensor) -> tuple[Tensor, T
     return torch.where(steep, x_steep, xs + lo), torch.where(steep, x_steep, xs + hi)
 
 
+def default_events(points: int, height: int, ratio: int) -> int:
+    """``fill_polygons``' event slots per polygon by default: ``points + 4 * sampled rows``."""
+    return points + 4 * len(sampled(height, ratio))
+
+
 def fill_polygons(points: Tensor, valid: Tensor, height: int, width: int, ratio: int = 1, chunk: int = 128,
                   events: int | None = None) -> tuple[Tensor, Tensor]:
     """``cv2.resize(cv2.fillPoly(zeros, [points.astype(int32)], 1), (width // ratio, height // ratio))`` for each
@@ -154,7 +159,7 @@ def fill_polygons(points: Tensor, valid: Tensor, height: int, width: int, ratio:
     p, n, _ = points.shape
     dev = points.device
     rows, cols = sampled(height, ratio, dev), sampled(width, ratio, dev)
-    per = events if events is not None else n + 4 * len(rows)
+    per = events if events is not None else default_events(n, height, ratio)
     out = torch.zeros((p, height // ratio, width // ratio), dtype=torch.uint8, device=dev)
     overflow = torch.zeros((), dtype=torch.int64, device=dev)
     for s in range(0, p, chunk):

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 
 from yolofeed.augment.geometry.obb import resample_corners
+from yolofeed.augment.geometry.polygons import source_polygons
 from yolofeed.augment.letterbox import letterbox
+from yolofeed.augment.masks import polygons_to_masks
 from yolofeed.loader.dataset import PackDataset
 from yolofeed.loader.labels import LabelView
 from yolofeed.loader.prefetch import Prefetcher
@@ -61,12 +63,15 @@ class ValLoader:
         decode: how jpeg packs are decoded: "auto", "torchvision" (on ``device``) or "cv2" (see ``Prefetcher``).
         fraction: the split's share or count of its sorted files (Ultralytics' ``get_split_fraction``).
         classes, single_cls: Ultralytics' keys: keep only these class ids; make every class id 0 (``LabelView``).
+        masks: for a segment pack, (``mask_ratio``, ``overlap_mask``): each batch carries ``Format``'s masks of its
+            letterboxed polygons, its labels in their order; None: the polygons are not read (a detection run).
     """
 
     def __init__(self, pack: Pack, batch_size: int, device: torch.device | str, stride: int = 32, sync: bool = False,
                  decode: str = "auto", fraction: float | int = 1.0, classes: int | list[int] | None = None,
-                 single_cls: bool = False):
+                 single_cls: bool = False, masks: tuple[int, bool] | None = None):
         self.pack, self.batch_size, self.device = pack, batch_size, torch.device(device)
+        self.masks = masks
         used = subset(pack, fraction)  # cut before the aspect-ratio sort, as Ultralytics cuts its file list
         labels = LabelView.of(pack, classes, single_cls)
         order, batches, self.shapes = rect_batches(pack.ori_shapes[used], batch_size, pack.imgsz, stride)
@@ -108,10 +113,21 @@ class ValLoader:
             rboxes = xyxyxyxy2xywhr(segments)
             extra["bboxes"] = torch.cat([rboxes[:, :4] / torch.tensor([W, H, W, H], device=img.device),
                                          rboxes[:, 4:]], -1)
+        cls, v = src.cls, src.valid
+        if src.polygons is not None and self.masks is not None:  # segment: Format's masks at the batch's shape
+            # the polygons as the dataset resamples them, moved as LetterBox moves the boxes (Instances: denormalize,
+            # + pad, in float32), then rasterised as polygons2masks(_overlap) does; with overlap the labels follow
+            # the masks' area order (Format reorders them)
+            polygons, _ = source_polygons(src.polygons, src.polygon_lengths, src.valid)
+            pixels = polygons * wh[:, :, None] + pad[:, :, None]
+            m = polygons_to_masks(pixels, v, int(H), int(W), *self.masks)
+            cls, xywh, v = m.reorder(cls), m.reorder(xywh), m.valid
+            bidx = m.reorder(bidx)
+            extra = {**extra, **m.collated(cls)}
         ori = self.pack.ori_shapes[b.indices]
         res = self.pack.shapes[b.indices]
         offs = off.tolist()  # validation only, once per batch: the validator needs these on the host anyway
-        return {"img": img, "cls": src.cls[v][:, None], "bboxes": xywh[v], "batch_idx": bidx[v],  # OBB: in extra
+        return {"img": img, "cls": cls[v][:, None], "bboxes": xywh[v], "batch_idx": bidx[v],  # OBB: in extra
                 "im_file": b.im_file,
                 "ori_shape": [tuple(int(x) for x in s) for s in ori],
                 "resized_shape": [tuple(shape) for _ in range(len(ori))],

@@ -1,5 +1,10 @@
 """Stage 4: the Ultralytics seam (``FastDetectionTrainer``) and the ``yolofeed train`` command."""
 
-from yolofeed.train.trainer import FastDetectionTrainer, FastOBBTrainer, FastPoseTrainer
+from yolofeed.train.trainer import (
+    FastDetectionTrainer,
+    FastOBBTrainer,
+    FastPoseTrainer,
+    FastSegmentationTrainer,
+)
 
-__all__ = ["FastDetectionTrainer", "FastOBBTrainer", "FastPoseTrainer"]
+__all__ = ["FastDetectionTrainer", "FastOBBTrainer", "FastPoseTrainer", "FastSegmentationTrainer"]

@@ -62,6 +62,10 @@ def _not_class_ids(value: Any) -> bool:
     return False
 
 
+def _not_a_side_divisor(value: Any) -> bool:
+    return value is not None and (isinstance(value, bool) or value not in (1, 2, 4, 8, 16, 32))
+
+
 def _listed(value: Any) -> bool:
     return isinstance(value, (list, tuple))
 
@@ -72,9 +76,10 @@ PREDICT = "prediction, tracking or export only"
 
 RULES: dict[str, Rule] = {
     # what and where
-    "task": Rule(OURS, "detect, pose, obb", lambda v: v not in (None, "detect", "pose", "obb"), "any other task",
-                 "yolofeed trains detection, pose and oriented-box models (segmentation and classification not "
-                 "yet). Train this model with 'yolo train' (same keys), or pick one such as model=yolo11n.yaml"),
+    "task": Rule(OURS, "detect, segment, pose, obb", lambda v: v not in (None, "detect", "segment", "pose", "obb"),
+                 "any other task", "yolofeed trains detection, segmentation, pose and oriented-box models "
+                 "(classification not yet). Train this model with 'yolo train' (same keys), or pick one such as "
+                 "model=yolo11n.yaml"),
     "mode": Rule(STOCK, "train"),
     "model": Rule(STOCK, "a detection model yaml or .pt, built or loaded by Ultralytics (other tasks: see task)"),
     "data": Rule(OURS, "one Ultralytics detection data yaml, a local file; packs are built from it on first use",
@@ -163,8 +168,9 @@ RULES: dict[str, Rule] = {
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
     "copy_paste": Rule(OURS, "0; refused above 0", lambda v: bool(v), "above 0",
-                       "copy-paste needs segment polygons, which yolofeed's packs do not keep (yolo train pastes "
-                       "objects when the labels are polygons). Train with copy_paste=0, or use 'yolo train'"),
+                       "copy-paste is not built in yolofeed's GPU augmentation yet (segmentation packs keep the "
+                       "polygons it pastes by, the op itself is missing). Train with copy_paste=0, or use "
+                       "'yolo train'"),
     "copy_paste_mode": Rule(UNUSED, "read only with copy_paste, which is refused"),
     # validation and plots during training
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
@@ -175,8 +181,15 @@ RULES: dict[str, Rule] = {
     # pose: the loss's keypoint gains, Ultralytics' PoseTrainer's
     **{k: Rule(STOCK, "pose only: the keypoint loss's gains (FastPoseTrainer)") for k in ("pose", "kobj", "rle")},
     # other tasks
-    **{k: Rule(UNUSED, "segmentation, OBB, classification or depth only") for k in (
-        "overlap_mask", "mask_ratio", "dropout", "angle", "dlog", "dgrad", "dlam",
+    # segmentation: Format's masks, made on the device (augment/masks.py) for training and validation batches
+    "overlap_mask": Rule(OURS, "segmentation only: one index mask per image (instances sorted by area) or one mask "
+                               "per instance, as Format makes them; the loss and validator read it too"),
+    "mask_ratio": Rule(OURS, "segmentation only: the masks' downsampling, as Format's", _not_a_side_divisor,
+                       "anything but 1, 2, 4, 8, 16 or 32", "yolofeed makes masks by a whole ratio that divides "
+                       "every image side (multiples of 32); pick mask_ratio=4 (the default) or another of 1, 2, 8, "
+                       "16, 32, or use 'yolo train'"),
+    **{k: Rule(UNUSED, "OBB, classification or depth only") for k in (
+        "dropout", "angle", "dlog", "dgrad", "dlam",
         "auto_augment", "erasing")},
     # prediction and export
     **{k: Rule(UNUSED, PREDICT) for k in (
@@ -200,7 +213,7 @@ def refusal(args: Any) -> str | None:
 
 
 TRAINED = {"detect": "FastDetectionTrainer", "pose": "FastPoseTrainer",  # the tasks yolofeed trains, and their trainer
-           "obb": "FastOBBTrainer"}
+           "obb": "FastOBBTrainer", "segment": "FastSegmentationTrainer"}
 KIND = {"detect": "detection", "segment": "segmentation", "obb": "oriented-box", "classify": "classification"}
 
 
@@ -227,8 +240,9 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
     if own == "detect" and task != "detect" and task in TRAINED and str(model).lower().endswith((".yaml", ".yml")):
         # a detection yaml's head for a pose run: Ultralytics fails building the model (KeyError: 'kpt_shape')
         article = "an" if task[:1] in "aeiou" else "a"
+        tag = {"segment": "seg"}.get(task, task)  # Ultralytics' file names: yolo11n-seg.yaml
         raise ConfigError(f"model={model} is a detection model, and this run is task={task}: pick {article} {task} "
-                          f"model such as model=yolo11n-{task}.yaml, or train this one as detection (drop task=; "
+                          f"model such as model=yolo11n-{tag}.yaml, or train this one as detection (drop task=; "
                           f"FastDetectionTrainer)")
     if task not in carried:
         if asked == task and own in carried:  # the model is of a carried task: task= is the problem

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from yolofeed.config import TrainConfig, fields_of
-from yolofeed.errors import ConfigError, DatasetError
+from yolofeed.errors import ConfigError
 from yolofeed.train import keys, options
 from yolofeed.train.checkpoints import UNPICKLING_ERRORS, way_on
 
@@ -206,7 +206,7 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
         ConfigError: the model is missing, not a model, does not load, or is not a detection model.
         DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
     """
-    from yolofeed.train.trainer import check_data_yaml
+    from yolofeed.train.trainer import check_data_yaml, check_task_data
 
     check_model_file(model)
     task = keys.model_task(model, None)
@@ -222,41 +222,9 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
     check_task_data(model, task, data)
 
 
-SAMPLED_LABELS = 200  # label files check_task_data reads at most, looking for the first with rows
-
-
-def check_task_data(model: str, task: str, data: str) -> None:
-    """Refuse in one line a dataset the model's task cannot train on, where Ultralytics' own trainer (the stock side
-    of doctor, bench and parity) would stop in a traceback: a pose model needs the yaml's ``kpt_shape``; an
-    oriented-box or segmentation model, rows of points, not of boxes (Ultralytics requires as many segments as boxes).
-    The first label file with rows among the train split's first ``SAMPLED_LABELS`` decides; none: no verdict.
-
-    Raises:
-        DatasetError: naming the model, the file and what its task needs.
-    """
-    from yolofeed.pack.source import split_source
-
-    src = split_source(data, "train", task)  # pose: the yaml's kpt_shape, as yolofeed train checks it
-    if task not in ("obb", "segment"):
-        return
-    for label_file in src.label_files[:SAMPLED_LABELS]:
-        try:
-            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
-        except (OSError, UnicodeDecodeError):
-            continue  # the pack's check reports it, file by file
-        if rows:
-            if all(len(r) == 5 for r in rows):
-                needs = ("the 4 corners of each rotated box (class x1 y1 ... x4 y4)" if task == "obb"
-                         else "a polygon for each object (class x1 y1 x2 y2 x3 y3 ...)")
-                raise DatasetError(f"model={model} is {keys.a_kind(task)} model and {label_file} holds box rows "
-                                   f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
-                                   "detection model")
-            return
-
-
 def run(cfg: TrainConfig) -> Path:
     """Train; returns the path of the best weights."""
-    from yolofeed.train.trainer import TRAINERS, FastTrainer, check_data_yaml
+    from yolofeed.train.trainer import TRAINERS, FastTrainer, check_data_yaml, check_task_data
 
     reserved = {"trainer", "model"} & set(cfg.extra)
     if reserved:
@@ -272,6 +240,9 @@ def run(cfg: TrainConfig) -> Path:
     keys.check({**cfg.extra, "model": checkpoint or cfg.model, "data": cfg.data})
     if cfg.data and not checkpoint:
         check_data_yaml(cfg.data, cfg.extra.get("split") or "val")
+        task = keys.model_task(cfg.model, cfg.extra.get("task"))
+        if task in ("segment", "obb"):  # box rows for such a model: one line before the model is built (and printed)
+            check_task_data(cfg.model, task, cfg.data)
     if checkpoint:
         model = load_model(checkpoint, "resume")
         if model.ckpt.get("epoch", -1) < 0 or model.ckpt.get("optimizer") is None:

@@ -1,4 +1,5 @@
-"""Ultralytics' trainer fed from packs and augmented on the GPU: ``FastTrainer``, and ``FastDetectionTrainer``.
+"""Ultralytics' trainer fed from packs and augmented on the GPU: ``FastTrainer``, and a trainer per task
+(``FastDetectionTrainer``, ``FastSegmentationTrainer``, ``FastPoseTrainer``, ``FastOBBTrainer``).
 
 Everything else is Ultralytics' own trainer: model, loss (YOLOv8/11/26), AMP, EMA, optimiser,
 schedulers, validation, checkpoints, results.csv, resume and DDP. Only these things change:
@@ -39,6 +40,7 @@ from typing import Any
 import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.augment.masks import MaskedAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
@@ -59,6 +61,7 @@ from yolofeed.ultralytics_seam import (
     DetectionTrainer,
     OBBTrainer,
     PoseTrainer,
+    SegmentationTrainer,
     batches_per_step,
     check_det_dataset,
     checkpoint,
@@ -199,6 +202,8 @@ class FastTrainer(SyncFreeStep):
             PackError: see ``check_splits``.
         """
         data = check_data_yaml(self.args.data, self.args.split)
+        if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
+            check_task_data(self.args.model, self.args.task, self.args.data)
         side = train_side(self.args.imgsz)
         # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
         # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
@@ -247,7 +252,8 @@ class FastTrainer(SyncFreeStep):
             counts = partial(early_candidates_augmented, self) if self.sync_free_loss else None
             return AugmentAhead(loader, self._augment_source, counts)
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
-        return ValLoader(pack, batch_size, self.device, stride=stride, fraction=fraction, **labels)
+        masks = (int(self.args.mask_ratio), bool(self.args.overlap_mask)) if self.carried_task == "segment" else None
+        return ValLoader(pack, batch_size, self.device, stride=stride, fraction=fraction, masks=masks, **labels)
 
     def _do_train(self):
         """Ultralytics' loop; when it fails, say which checkpoint resumes the run (Ultralytics saves none then)."""
@@ -398,7 +404,7 @@ class FastTrainer(SyncFreeStep):
             return  # on the CPU there is no such set-up to pay
         amp = step_autocast(self)
         try:
-            seconds = warm_up(unwrap_model(self.model), sampler, GpuAugment(self.hyp), width, self.device, amp,
+            seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
                               corners=getattr(self, "carried_task", "detect") == "obb")
             self.warm_up_s = seconds  # the whole-run bench's breakdown reads it
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
@@ -434,9 +440,13 @@ class FastTrainer(SyncFreeStep):
                         "for fewer)")
         return pool
 
+    def _new_augment(self) -> GpuAugment:
+        """The augmentation of this task's batches (``FastSegmentationTrainer``: with Format's masks)."""
+        return GpuAugment(self.hyp)
+
     def _augmenter(self):
         if self._augment is None:
-            aug = GpuAugment(self.hyp)
+            aug = self._new_augment()
             if self.device.type == "cuda":
                 from yolofeed.augment.graphs import GraphedAugment
 
@@ -505,7 +515,56 @@ class FastOBBTrainer(FastTrainer, OBBTrainer):
     carried_task = "obb"
 
 
-TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer}  # keys.TRAINED names them
+class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
+    """``SegmentationTrainer`` with a GPU-resident data pipeline: each instance's polygon in the pack (a segment pack,
+    ``task=segment``), through every augmentation op as Ultralytics moves it, then made into ``Format``'s masks on the
+    device (``augment.masks.MaskedAugment``: ``cv2.fillPoly`` and ``cv2.resize`` pixel for pixel, ``mask_ratio`` and
+    ``overlap_mask`` honoured, the labels in Ultralytics' area order), for Ultralytics' ``v8SegmentationLoss`` as it is
+    and its validator (validation masks made the same way after the letterbox, ``ValLoader``).
+
+    Use it as ``YOLO("yolo11n-seg.yaml").train(trainer=FastSegmentationTrainer, data=...)``; ``yolofeed train`` picks it
+    for a segmentation model. ``sync_free_loss`` stands aside (said at start): the segment loss keeps its host syncs.
+    """
+
+    carried_task = "segment"
+
+    def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
+        super().__init__(cfg, overrides, _callbacks)
+        self._dropped: torch.Tensor | None = None  # rasterisation events dropped this epoch, on the device
+        self._mask_room = 1  # the rasteriser's event slots, in multiples of its default; doubled after an overflow
+        self.add_callback("on_train_epoch_end", type(self)._check_masks)
+        if self.sync_free_loss:
+            self.add_callback("on_train_start", lambda t: LOGGER.info(
+                "yolofeed: sync_free_loss stands aside for segmentation: Ultralytics' v8SegmentationLoss runs as it "
+                "is, with its host syncs (a sync-free segment loss is not built yet)"))
+
+    def _new_augment(self) -> MaskedAugment:
+        return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self._mask_room)
+
+    def _augment_source(self, source):
+        out = super()._augment_source(source)
+        if out.masks is not None:  # a device add per batch, read once an epoch (_check_masks): no sync here
+            overflow = out.masks.overflow  # under GraphedAugment the graph's memory: added before the next replay
+            self._dropped = overflow.clone() if self._dropped is None else self._dropped + overflow
+        return out
+
+    def _check_masks(self) -> None:
+        """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway): whether the rasteriser
+        ran out of event slots for some polygon this epoch. That is warned, not raised (a long run keeps going): those
+        masks lacked some rows, the later epochs get twice the slots (the augmentation's graphs are made again)."""
+        if self._dropped is None:
+            return
+        dropped, self._dropped = int(self._dropped), None
+        if dropped:
+            self._mask_room *= 2
+            self._augment = None
+            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {dropped} polygon edge events did not fit the mask "
+                           "rasteriser's slots, so some training masks missed rows; from the next epoch it has "
+                           f"{self._mask_room}x its default slots (more memory per polygon)")
+
+
+TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer,  # keys.TRAINED names them
+            "segment": FastSegmentationTrainer}
 
 
 def python_route(name: str, value: Any) -> str | None:
@@ -552,6 +611,38 @@ def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
     except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
         reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
         raise DatasetError(f"data={data}: {reason}") from None
+
+
+SAMPLED_LABELS = 200  # label files check_task_data reads at most, looking for the first with rows
+
+
+def check_task_data(model: str, task: str, data: str) -> None:
+    """Refuse in one line a dataset the model's task cannot train on, where Ultralytics' own trainer (the stock side
+    of doctor, bench and parity) would stop in a traceback: a pose model needs the yaml's ``kpt_shape``; an
+    oriented-box or segmentation model, rows of points, not of boxes (Ultralytics requires as many segments as boxes).
+    The first label file with rows among the train split's first ``SAMPLED_LABELS`` decides; none: no verdict.
+
+    Raises:
+        DatasetError: naming the model, the file and what its task needs.
+    """
+    from yolofeed.pack.source import split_source
+
+    src = split_source(data, "train", task)  # pose: the yaml's kpt_shape, as yolofeed train checks it
+    if task not in ("obb", "segment"):
+        return
+    for label_file in src.label_files[:SAMPLED_LABELS]:
+        try:
+            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
+        except (OSError, UnicodeDecodeError):
+            continue  # the pack's check reports it, file by file
+        if rows:
+            if all(len(r) == 5 for r in rows):
+                needs = ("the 4 corners of each rotated box (class x1 y1 ... x4 y4)" if task == "obb"
+                         else "a polygon for each object (class x1 y1 x2 y2 x3 y3 ...)")
+                raise DatasetError(f"model={model} is {keys.a_kind(task)} model and {label_file} holds box rows "
+                                   f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
+                                   "detection model")
+            return
 
 
 def train_side(imgsz: int | list[int], stride: int = 32) -> int:

@@ -121,6 +121,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
     from ultralytics.models.yolo.obb import OBBTrainer  # train.trainer: FastOBBTrainer subclasses it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
+    from ultralytics.models.yolo.segment import SegmentationTrainer  # train.trainer: FastSegmentationTrainer
     from ultralytics.nn.autobackend import AutoBackend  # train.validation: the final validation's model, warmed
     from ultralytics.nn.modules.conv import Conv  # train.graphed: FusedConv subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
@@ -203,7 +204,8 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",
     "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER", "make_anchors",
     "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device", "parse_key_value_pair",
-    "pil_open", "OBBTrainer", "PoseTrainer", "progress_bar_drawn", "RANK", "run_first", "segments2boxes",
+    "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn", "RANK", "run_first",
+    "segments2boxes",
     "set_criterion",
     "set_epoch_loss", "smart_value", "start_epoch", "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",

@@ -1,0 +1,307 @@
+"""FastSegmentationTrainer on the CPU: a segment model trains from a segment pack; its training batches carry the masks
+Ultralytics' ``Format`` makes of the same augmented polygons, its validation batches equal stock's, and it writes what
+``yolo train`` writes for segmentation; what it cannot do is refused in one line."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import copy_dataset
+from yolofeed.errors import ConfigError, DatasetError
+
+TINY = dict(imgsz=64, batch=4, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
+
+
+def _columns(run: Path) -> list[str]:
+    with open(run / "results.csv") as f:
+        return next(csv.reader(f))
+
+
+def _stock_format(out, ratio: int, overlap: bool) -> dict:
+    """Ultralytics' ``Format`` (segment task) of each image of an augmented batch, from its polygons, boxes and classes
+    as the augmentation left them (Instances in pixels, as v8_transforms hands them over), then ``collate_fn``."""
+    from ultralytics.data.augment import Format
+    from ultralytics.data.dataset import YOLODataset
+    from ultralytics.utils.instance import Instances
+
+    fmt = Format(bbox_format="xywh", normalize=True, return_mask=True, batch_idx=True, mask_ratio=ratio,
+                 mask_overlap=overlap)
+    size = out.img.shape[-1]
+    items = []
+    for i in range(len(out.img)):
+        v = out.valid[i]
+        segments = out.segments[i][v].numpy()
+        inst = Instances(out.boxes[i][v].numpy(), segments=segments, bbox_format="xyxy", normalized=False)
+        items.append(fmt({"img": np.zeros((size, size, 3), np.uint8), "cls": out.cls[i][v].numpy()[:, None],
+                          "instances": inst}))
+    return YOLODataset.collate_fn(items)
+
+
+@pytest.mark.parametrize("overlap", (True, False))
+def test_the_training_batch_is_formats_masks_of_the_augmented_polygons(segment_dataset, tmp_path, overlap):
+    """One batch of FastSegmentationTrainer, through ``preprocess_batch``: its masks, sem_masks, classes, boxes and
+    batch indices equal what Ultralytics' ``Format`` + ``collate_fn`` make of the same augmented polygons (the same
+    draws, replayed without masks), in Ultralytics' label order; and Ultralytics' segment loss takes it."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import SegmentationModel
+
+    from yolofeed.augment import GpuAugment
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="r",
+        overlap_mask=overlap, mask_ratio=2, epochs=1, **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        raw = next(iter(loader))
+        source = raw["source"]
+        plain = GpuAugment(trainer.hyp)(source, torch.Generator().manual_seed(trainer.args.seed))  # the same draws
+        batch = trainer.preprocess_batch(raw)
+    finally:
+        loader.close()
+    assert plain.segments is not None and int(plain.valid.sum()) > 3
+    stock = _stock_format(plain, 2, overlap)
+    n = len(stock["cls"])
+    assert batch["masks"].shape == stock["masks"].shape == ((4,) if overlap else (n,)) + (32, 32)
+    assert torch.equal(batch["masks"].float(), stock["masks"].float())
+    assert torch.equal(batch["sem_masks"], stock["sem_masks"])
+    assert torch.equal(batch["cls"], stock["cls"]) and torch.equal(batch["batch_idx"], stock["batch_idx"])
+    assert torch.equal(batch["bboxes"], stock["bboxes"])
+    if overlap:  # the index masks name instances by rank: the order is the area sort, not the slots'
+        assert batch["masks"].max() > 1
+    model = SegmentationModel("yolo11n-seg.yaml", nc=trainer.data["nc"], verbose=False)
+    model.args = get_cfg(overrides={"overlap_mask": overlap})
+    loss, items = model.loss(batch, model(batch["img"]))
+    assert torch.isfinite(loss).all() and items["seg_loss"] > 0
+
+
+@pytest.mark.parametrize("overlap", (True, False))
+def test_the_look_ahead_batch_equals_the_inline_one(segment_dataset, tmp_path, overlap):
+    """``AugmentAhead`` (the default: the batch's count read a step early, no sync) hands the step the same masks,
+    sem_masks and labels as augmenting in ``preprocess_batch`` does, for the same seed."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    batches = []
+    for ahead in (False, True):
+        trainer = FastSegmentationTrainer.with_options(augment_ahead=ahead)(overrides=dict(
+            model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
+            name=f"r{ahead}", overlap_mask=overlap, epochs=1, **TINY))
+        loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+        try:
+            batches.append(trainer.preprocess_batch(next(iter(loader))))
+        finally:
+            loader.close()
+    inline, ahead = batches
+    assert ahead["masks"].shape[0] == (4 if overlap else len(ahead["cls"]))
+    for key in ("img", "cls", "bboxes", "batch_idx", "masks", "sem_masks"):
+        assert torch.equal(inline[key], ahead[key]), key
+
+
+@pytest.mark.parametrize("overlap", (True, False))
+def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path, overlap):
+    """The validator's batch: rect batches, letterboxed, the polygons resampled and moved as the boxes are, then
+    Format's masks at the batch's shape and its label order: equal to Ultralytics' segment val loader's, value for
+    value (masks, sem_masks, classes, boxes, batch indices, pixels)."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_dataloader, build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    from yolofeed.loader import ValLoader
+    from yolofeed.pack import open_or_build
+
+    imgsz, batch = 96, 3
+    root = copy_dataset(segment_root, tmp_path / "seg")
+    data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
+    cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "task": "segment", "overlap_mask": overlap,
+                             "mask_ratio": 4})
+    ds = build_yolo_dataset(cfg, data["val"], batch, data, mode="val", rect=True, stride=32)
+    theirs = list(build_dataloader(ds, batch, 0, shuffle=False, rank=-1))
+    pack = open_or_build(root / "data.yaml", "val", imgsz, out=tmp_path / "packs", rebuild="auto", progress=False,
+                         task="segment")
+    ours = list(ValLoader(pack, batch, "cpu", stride=32, masks=(4, overlap)))
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert [Path(f).name for f in a["im_file"]] == [Path(f).name for f in b["im_file"]]
+        assert torch.equal(a["img"], b["img"])
+        for key in ("cls", "bboxes", "batch_idx", "sem_masks"):
+            assert torch.equal(a[key], b[key]), key
+        assert a["masks"].shape == b["masks"].shape and torch.equal(a["masks"].float(), b["masks"].float())
+        assert int((b["masks"] > 0).sum()) > 0
+
+
+def test_copy_paste_and_odd_mask_ratios_are_refused_in_one_line(segment_dataset, tmp_path):
+    from yolofeed.train import FastSegmentationTrainer
+
+    base = dict(model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path / "runs"),
+                **TINY)
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.5: copy-paste is not built in yolofeed's GPU augmentation"):
+        FastSegmentationTrainer(overrides={**base, "copy_paste": 0.5})
+    with pytest.raises(ConfigError, match=r"^mask_ratio=3: yolofeed makes masks by a whole ratio"):
+        FastSegmentationTrainer(overrides={**base, "mask_ratio": 3})
+    assert not (tmp_path / "runs").exists()  # refused before the run folder
+
+
+def test_a_segment_model_on_box_labels_is_refused_in_one_line(synth_root, tmp_path, capsys):
+    """A detection dataset (rows of class x y w h) has no polygons to make masks of: one line that says so, from
+    yolofeed train, and from the Python API before the run folder."""
+    from yolofeed.cli import main
+    from yolofeed.train import FastSegmentationTrainer
+
+    data = str(synth_root / "data.yaml")
+    assert main(["train", "model=yolo11n-seg.yaml", f"data={data}", "imgsz=64", "epochs=1", "device=cpu",
+                 f"project={tmp_path / 'cli'}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "box rows" in err[0] and "polygon" in err[0], err
+    with pytest.raises(DatasetError, match="box rows") as e:
+        FastSegmentationTrainer(overrides=dict(model="yolo11n-seg.yaml", data=data, project=str(tmp_path / "api"),
+                                               **TINY))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
+
+
+@pytest.mark.slow
+def test_a_segment_model_trains_through_the_cli_and_the_api_and_writes_ultralytics_files(segment_dataset, tmp_path):
+    """Two epochs through ``yolofeed train`` and through ``YOLO(...).train(trainer=FastSegmentationTrainer)``: each
+    writes results.csv with stock's segment columns (a stock run's), and a best.pt and last.pt that Ultralytics'
+    ``YOLO(best.pt).val()`` reads as a segment model."""
+    from ultralytics import YOLO
+    from ultralytics.models.yolo.segment import SegmentationTrainer
+
+    from yolofeed.cli import main
+    from yolofeed.train import FastSegmentationTrainer
+
+    data = str(segment_dataset / "data.yaml")
+    YOLO("yolo11n-seg.yaml").train(trainer=SegmentationTrainer, data=data, project=str(tmp_path), name="stock",
+                                   epochs=1, **TINY)
+    stock = _columns(tmp_path / "stock")
+    assert "train/seg_loss" in stock and "metrics/mAP50-95(M)" in stock
+    seen = []
+    api = YOLO("yolo11n-seg.yaml")
+    api.add_callback("on_train_batch_end", lambda t: seen.append(t.batch_images))
+    api.train(trainer=FastSegmentationTrainer, data=data, project=str(tmp_path), name="api", epochs=2, **TINY)
+    assert seen and all(n > 0 for n in seen)
+    assert main(["train", "model=yolo11n-seg.yaml", f"data={data}", "epochs=2", "imgsz=64", "batch=4", "device=cpu",
+                 "plots=False", f"project={tmp_path}", "name=cli"]) == 0
+    for run in ("api", "cli"):
+        assert _columns(tmp_path / run) == stock
+        with open(tmp_path / run / "results.csv") as f:
+            assert len(f.read().strip().splitlines()) == 3  # the header and two epochs
+        assert (tmp_path / run / "weights" / "last.pt").is_file()
+        best = YOLO(str(tmp_path / run / "weights" / "best.pt"))
+        assert best.task == "segment"
+        metrics = best.val(data=data, imgsz=64, device="cpu", plots=False, verbose=False)
+        assert metrics.seg is not None  # yolo val reads yolofeed's best.pt as a segment model
+
+
+@pytest.mark.slow
+def test_bench_compares_a_segment_model_with_stock(segment_dataset, tmp_path):
+    import json
+
+    from ultralytics.models.yolo.segment import SegmentationTrainer
+
+    from yolofeed.bench.modes import trainer_class
+    from yolofeed.cli import main
+    from yolofeed.train import FastSegmentationTrainer
+
+    assert trainer_class("stock", task="segment") is SegmentationTrainer
+    assert issubclass(trainer_class("yolofeed", task="segment"), FastSegmentationTrainer)
+    assert main(["bench", "model=yolo11n-seg.yaml", f"data={segment_dataset / 'data.yaml'}", "modes=yolofeed,stock",
+                 "steps=4", "warmup=2", "window=2", "imgsz=64", "batch=4", "device=cpu", f"out={tmp_path / 'b'}"]) == 0
+    results = json.loads((tmp_path / "b" / "bench.json").read_text())["results"]
+    assert [r["mode"] for r in results] == ["yolofeed", "stock"] and all(r["images_per_s"] > 0 for r in results)
+
+
+def test_dropped_rasteriser_events_are_read_once_an_epoch_warned_and_given_room(segment_dataset, tmp_path,
+                                                                                monkeypatch, caplog):
+    """Too few event slots for the polygons: the batches still train (no check per step, nothing read), the epoch's
+    end reads the sum once, warns in one line and doubles the rasteriser's slots, with a new augmenter."""
+    from yolofeed.kernels import polyfill
+    from yolofeed.train import FastSegmentationTrainer
+
+    monkeypatch.setattr(polyfill, "default_events", lambda points, height, ratio: 3)  # far too few
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="r", epochs=1,
+        **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        for _, raw in zip(range(2), loader):
+            trainer.preprocess_batch(raw)
+    finally:
+        loader.close()
+    dropped = trainer._dropped
+    assert isinstance(dropped, torch.Tensor) and dropped.dim() == 0 and int(dropped) > 0
+    trainer.epoch = 0
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        trainer._check_masks()
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "\n" not in lines[0] and "2x its default slots" in lines[0]
+    assert trainer._mask_room == 2 and trainer._augment is None and trainer._dropped is None
+    assert trainer._new_augment().room == 2
+
+
+def _segment_source(segment_root, tmp_path, device: str, n: int = 8):
+    from yolofeed.loader import TrainLoader
+    from yolofeed.pack import open_or_build
+
+    pack = open_or_build(segment_root / "data.yaml", "train", 96, out=tmp_path / "packs", rebuild="auto",
+                         progress=False, task="segment")
+    loader = TrainLoader(pack, n, device, seed=3)
+    try:
+        return next(iter(loader))["source"]
+    finally:
+        loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", (True, False))
+def test_graphed_masked_augmentation_equals_masks_made_after_it_without_host_sync(segment_root, tmp_path, overlap):
+    """Under GraphedAugment the masks are made inside the augmentation's graph: the same batch as the graphed plain
+    augmentation (the same draws) with ``with_masks`` applied after it, eagerly; its Ultralytics batch (the count
+    known) is made without a host sync, and a second replay does not change the first batch's copy."""
+    from helpers import no_host_sync
+    from yolofeed.augment import AugmentHyp, GpuAugment
+    from yolofeed.augment.graphs import GraphedAugment
+    from yolofeed.augment.masks import MaskedAugment, with_masks
+
+    source = _segment_source(segment_root, tmp_path, "cuda")
+    hyp = AugmentHyp(imgsz=96, degrees=5.0, mixup=0.3)
+    plain = GraphedAugment(GpuAugment(hyp), seed=7)(source)
+    ref = with_masks(plain, 4, overlap).to_ultralytics()
+    graphed = GraphedAugment(MaskedAugment(hyp, 4, overlap), seed=7)
+    out = graphed(source)
+    total = int(out.valid.sum())
+    with no_host_sync():
+        got = out.to_ultralytics(total=total)
+    for key in ("cls", "bboxes", "batch_idx", "masks", "sem_masks"):
+        assert torch.equal(got[key], ref[key]), key
+    kept = got["masks"].clone()
+    graphed(source)  # the next replay overwrites the graph's memory, not the batch handed out
+    assert torch.equal(got["masks"], kept) and int(out.masks.overflow) == 0
+
+
+@pytest.mark.gpu
+def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, tmp_path):
+    """Two epochs on one GPU with every default on: the augmentation graphed and one batch ahead, the step's forward
+    and backward replayed as a CUDA graph (nbs = batch: no accumulation), validations beside; the masks' overflow is
+    read at each epoch's end; the run writes stock's files with finite segment losses."""
+    from ultralytics import YOLO
+
+    from yolofeed import ultralytics_seam as seam
+    from yolofeed.train import FastSegmentationTrainer
+
+    model = YOLO("yolo11n-seg.yaml")
+    model.train(trainer=FastSegmentationTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
+                name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False)
+    trainer = model.trainer
+    graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")
+    assert graph is not None and graph.flat is not None and not graph.failed  # the graphed step served
+    assert trainer._dropped is None and trainer._mask_room == 1  # read at the epochs' ends, nothing dropped
+    with open(tmp_path / "gpu" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(np.isfinite(float(r["train/seg_loss"])) for r in rows)
