@@ -402,18 +402,19 @@ def test_the_bench_compiles_yolofeeds_kernels_in_an_untimed_run_before_its_modes
     from yolofeed.config import BenchConfig
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert bench.compiles_kernels(["stock", "yolofeed"], own=True, device="0")
-    assert bench.compiles_kernels(["ceiling"], own=True, device="")
-    assert not bench.compiles_kernels(["stock"], own=True, device="0")  # stock compiles none of yolofeed's
-    assert not bench.compiles_kernels(["yolofeed"], own=False, device="0")  # in one process: the note says so
-    assert not bench.compiles_kernels(["yolofeed"], own=True, device="cpu")
+    assert bench.kernel_mode(["stock", "yolofeed"], own=True, device="0") == "yolofeed"
+    assert bench.kernel_mode(["stock", "yolofeed_jpeg", "yolofeed"], own=True, device="0") == "yolofeed_jpeg"
+    assert bench.kernel_mode(["ceiling"], own=True, device="") == "ceiling"
+    assert bench.kernel_mode(["stock"], own=True, device="0") is None  # stock compiles none of yolofeed's
+    assert bench.kernel_mode(["yolofeed"], own=False, device="0") is None  # in one process: the note says so
+    assert bench.kernel_mode(["yolofeed"], own=True, device="cpu") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not bench.compiles_kernels(["yolofeed"], own=True, device="")
+    assert bench.kernel_mode(["yolofeed"], own=True, device="") is None
 
     runs = []
     monkeypatch.setattr(bench, "run_isolated", lambda mode, cfg, project, progress: runs.append((mode, cfg, project)))
     cfg = BenchConfig(data="d.yaml", whole_run=10, steps=100, warmup=30)
-    bench.compile_kernels(cfg, tmp_path / "kernels")
+    bench.compile_kernels("yolofeed", cfg, tmp_path / "kernels")
     (mode, short, project), = runs
     assert mode == "yolofeed" and project == tmp_path / "kernels"
     assert (short.whole_run, short.steps, short.warmup, short.first_epoch) == (0, cfg.window, 1, False)

@@ -211,23 +211,24 @@ class _Unseen:
     def write(self, *a) -> None: ...
 
 
-def compiles_kernels(modes: list[str], own: bool, device: str) -> bool:
-    """Whether the bench compiles yolofeed's kernels before its timed modes (``compile_kernels``): modes of its own
-    in processes of their own, on a CUDA GPU (the CPU path compiles nothing)."""
+def kernel_mode(modes: list[str], own: bool, device: str) -> str | None:
+    """The mode whose short run compiles yolofeed's kernels before the timed modes (``compile_kernels``): the first of
+    yolofeed's own (its pack, so a jpeg-only bench builds no raw pack for it), where they train in processes of their
+    own on a CUDA GPU; None elsewhere (the CPU path compiles nothing; modes in one process share their compiles)."""
     import torch
 
-    ours = any(m.startswith(("yolofeed", "ceiling")) for m in modes)
-    return ours and own and device != "cpu" and torch.cuda.is_available()
+    ours = [m for m in modes if m.startswith(("yolofeed", "ceiling"))]
+    return ours[0] if ours and own and device != "cpu" and torch.cuda.is_available() else None
 
 
-def compile_kernels(cfg: BenchConfig, project: Path) -> None:
-    """Before the timed modes, a short untimed run of the yolofeed mode (one window of steps, in a process of its own):
-    the Triton kernels of yolofeed's augmentation and graphed step compile into the machine's cache, as a user's
-    second run finds them, as it finds the pack and the label cache. Without it the first of yolofeed's modes paid
-    their compile (about 11 s of yolo11n's first step on an H200, cold) and a mode after it did not, so the order of
-    the modes decided their set-up and first epoch. Costs a process start and a few steps (10-25 s)."""
+def compile_kernels(mode: str, cfg: BenchConfig, project: Path) -> None:
+    """Before the timed modes, a short untimed run of ``mode`` (one window of steps, in a process of its own): the
+    Triton kernels of yolofeed's augmentation and graphed step compile into the machine's cache, as a user's second
+    run finds them, as it finds the pack and the label cache. Without it the first of yolofeed's modes paid their
+    compile (about 11 s of yolo11n's first step on an H200, cold) and a mode after it did not, so the order of the
+    modes decided their set-up and first epoch. Costs a process start and a few steps (10-25 s)."""
     short = replace(cfg, steps=cfg.window, warmup=1, first_epoch=False, whole_run=0)
-    run_isolated("yolofeed", short, project, _Unseen())
+    run_isolated(mode, short, project, _Unseen())
 
 
 def _stop(proc: subprocess.Popen, gently: bool, waits: tuple[float, float, float] = (2.0, 10.0, 5.0)) -> None:
@@ -398,10 +399,11 @@ def run(cfg: BenchConfig) -> dict:
     if own:
         stack.enter_context(sigterm_exits())
     try:
-        if compiles_kernels(modes, own, device):
+        seed = kernel_mode(modes, own, device)
+        if seed is not None:
             progress.write("yolofeed bench: compiling yolofeed's kernels (a few untimed steps), as a second run "
                            "finds them")
-            compile_kernels(cfg, out / "runs" / "kernels")
+            compile_kernels(seed, cfg, out / "runs" / "kernels")
         for m in modes:
             try:
                 results.append((run_isolated if own else run_mode)(m, cfg, out / "runs", progress))
