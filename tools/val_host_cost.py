@@ -128,8 +128,10 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = None) -> dict[str, float]:
-    """One validation's host parts over ``data``; seconds per part."""
+def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = None,
+             batched: bool = False) -> dict[str, float]:
+    """One validation's host parts over ``data``; seconds per part. ``batched``: yolofeed's batched update_metrics."""
+    from yolofeed.train.val_metrics import update_metrics
     v = validator(nc)
     t = Counter()
 
@@ -153,7 +155,10 @@ def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = No
     with torch.inference_mode():
         for raw, batch in data:
             preds = part("postprocess", v.postprocess, raw)
-            part("update_metrics", v.update_metrics, preds, batch)
+            if batched:
+                part("update_metrics", update_metrics, v, preds, batch)
+            else:
+                part("update_metrics", v.update_metrics, preds, batch)
         stats = part("get_stats", v.get_stats)
     t["mAP50-95"] = stats["metrics/mAP50-95(B)"]
     return t
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{a.images} images, batch {a.batch}, imgsz {a.imgsz}, nc {a.nc}, 1 thread; ms per image (best of "
           f"{a.repeat}), aten ops per image")
     print(f"{'cand/img':>9} {'kept/img':>8} " + " ".join(f"{x:>15} {'ops/img':>8}" for x in parts)
-          + f" {'total':>7} {'mAP50-95':>8}")
+          + f" {'total':>7} {'mAP50-95':>8}   batched update_metrics: {'ms':>3} {'ops':>5} {'same mAP':>8}")
     counts = [int(c) for c in a.candidates.split(",")]
     for c in counts:
         data = batches(a.images, a.batch, a.imgsz, a.nc, c)
@@ -183,9 +188,14 @@ def main(argv: list[str] | None = None) -> None:
         kept = sum(len(x["conf"]) for raw, _ in data for x in validator(a.nc).postprocess(raw)) / a.images
         best = {k: min(r[k] for r in rs) for rs in [[run_once(data, a.nc) for _ in range(a.repeat)]] for k in parts}
         m = run_once(data, a.nc)["mAP50-95"]
+        fast = [run_once(data, a.nc, batched=True) for _ in range(a.repeat)]
+        fast_ms = min(r["update_metrics"] for r in fast) / a.images * 1e3
+        fast_ops: dict[str, int] = {}
+        same = run_once(data, a.nc, ops=fast_ops, batched=True)["mAP50-95"] == m
         ms = {k: best[k] / a.images * 1e3 for k in parts}
         print(f"{c:>9} {kept:>8.1f} " + " ".join(f"{ms[k]:>15.3f} {ops[k] / a.images:>8.0f}" for k in parts)
-              + f" {sum(ms.values()):>7.3f} {m:>8.4f}")
+              + f" {sum(ms.values()):>7.3f} {m:>8.4f}   {fast_ms:>7.3f} {fast_ops['update_metrics'] / a.images:>5.1f}"
+              f" {'yes' if same else 'NO':>5}")
     if a.profile:
         data = batches(a.images, a.batch, a.imgsz, a.nc, counts[-1])
         profilers = {k: cProfile.Profile() for k in parts}
