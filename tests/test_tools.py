@@ -239,3 +239,11 @@ def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
     assert list(json.loads((tmp_path / "build_parts.json").read_text())["variants"]) == ["as built"]
     r = _tool("build_parts", str(synth_root / "data.yaml"), "--variants", "fastest", out=tmp_path)
     assert r.returncode == 2 and "names none of" in r.stderr
+
+
+def test_val_host_cost_runs_and_the_batched_metrics_agree(capsys):
+    from tools import val_host_cost
+
+    val_host_cost.main(["--images", "6", "--batch", "4", "--imgsz", "128", "--candidates", "0,40", "--repeat", "1"])
+    rows = capsys.readouterr().out.strip().splitlines()[2:]
+    assert len(rows) == 2 and all(r.split()[-1] == "yes" for r in rows)

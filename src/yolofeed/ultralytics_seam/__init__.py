@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         img2label_paths,
     )
     from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
+    from ultralytics.models.yolo.detect import DetectionValidator  # train.val_metrics: whose statistics it batches
     from ultralytics.models.yolo.obb import OBBTrainer  # train.trainer: FastOBBTrainer subclasses it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
     from ultralytics.models.yolo.segment import SegmentationTrainer  # train.trainer: FastSegmentationTrainer
@@ -197,6 +199,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "check_task", "POSE_SINCE", "Conv", "v8PoseLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",
+    "batched_metrics_serve", "DetectionValidator", "record_image_stats",
     "batches_per_step", "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml",
     "checkpoint", "criterion",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
@@ -704,6 +707,29 @@ def write_checkpoints_as(trainer: Any, path_class: type) -> None:
             raise _missing(f"trainer.{name}", "yolofeed writes the run's checkpoints atomically at")
         if type(path) is not path_class:
             setattr(trainer, name, path_class(path))
+
+
+# -- validation ----------------------------------------------------------------------------------------------------
+def batched_metrics_serve(validator: Any) -> tuple[Any, Callable[[dict], dict]] | None:
+    """What ``train.val_metrics.update_metrics`` needs of a validator whose ``update_metrics`` only gathers statistics
+    (RELIED_ON: ``DetectionValidator.update_metrics``, ``_process_batch``, ``_prepare_batch``, ``match_predictions``):
+    its IoU thresholds (``iouv``, as numpy) and its ``_prepare_pred``; None where it does more or other work: a
+    subclass (segment, pose, OBB match otherwise), plots (the confusion matrix), ``save_json``, ``save_txt``."""
+    if type(validator) is not DetectionValidator:
+        return None
+    args = validator.args
+    if args.plots or args.save_json or args.save_txt:
+        return None
+    return validator.iouv.cpu().numpy(), validator._prepare_pred
+
+
+def record_image_stats(validator: Any, stat: dict) -> None:
+    """One image's statistics, as ``DetectionValidator.update_metrics`` records them: ``seen`` counts the image, and
+    ``metrics.update_stats`` takes its arrays and its file's name (the per-image metrics' key)."""
+    validator.seen += 1
+    stat = dict(stat)
+    stat["im_name"] = Path(stat.pop("im_file")).name
+    validator.metrics.update_stats(stat)
 
 
 # -- output --------------------------------------------------------------------------------------------------------

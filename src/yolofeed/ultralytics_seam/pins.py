@@ -472,6 +472,25 @@ RELIED_ON: tuple[Pinned, ...] = (
                _r("8.4.179", "8.4.182", "af37c1154d53932d",
                   "converts an ndjson dataset on training validations too (not a convolution's shape)"),
            )),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.update_metrics", "e78f427b6c3bf65a",
+           "yolofeed.train.val_metrics.update_metrics",
+           why="per image: _prepare_batch's targets, _prepare_pred, _process_batch's tp, and the stats it hands "
+               "metrics.update_stats (target_cls, np.unique of it, conf and pred_cls or float64 np.zeros(0), the "
+               "file's name); the rest (confusion matrix, json, txt) only under plots/save_json/save_txt, where "
+               "yolofeed calls this method instead (seam.batched_metrics_serve)"),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator._process_batch", "efa94cd20261fedc",
+           "yolofeed.train.val_metrics.update_metrics",
+           why="tp: zeros where the image has no targets or no detections, else match_predictions of box_iou "
+               "(greedy, not scipy)"),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator._prepare_batch", "3f2ab157f5a51754",
+           "yolofeed.train.val_metrics.update_metrics",
+           why="an image's targets: batch_idx == si in the batch's order, xywh2xyxy times the batch's (w, h, w, h)"),
+    Pinned("ultralytics.engine.validator.BaseValidator.match_predictions", "ea12b2486db93eca",
+           "yolofeed.train.val_metrics.match_batch",
+           why="greedy: class-masked IoU, detections in order that reach the lowest threshold with some target, "
+               "each claiming per threshold the unclaimed target of highest IoU (np.argmax: the first on a tie)"),
+    Pinned("ultralytics.utils.metrics.box_iou", "d8fb56828b474543", "yolofeed.train.val_metrics.padded_iou",
+           why="the IoU's float ops, element for element (slice products, + eps last)"),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods

@@ -1,0 +1,160 @@
+"""The batched update_metrics against Ultralytics' own, image by image: the same statistics, hence the same mAP."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from yolofeed.train.val_metrics import match_batch, padded_iou, update_metrics
+from yolofeed.ultralytics_seam import DetectionValidator
+
+NC = 5
+
+
+def validator(**args) -> DetectionValidator:
+    v = DetectionValidator(args=dict(conf=0.001, iou=0.7, max_det=300, plots=False, save_json=False, **args))
+    v.device, v.training, v.data = torch.device("cpu"), True, {"val": "val"}
+    v.dataloader = SimpleNamespace(dataset=SimpleNamespace(im_files=[]), sampler=[])
+    v.init_metrics(SimpleNamespace(names={i: str(i) for i in range(NC)}))
+    return v
+
+
+def make_batch(rng: np.random.Generator, n: int, h: int = 96, w: int = 128, grid: bool = False,
+               dtype=torch.float32, max_targets: int = 6, max_preds: int = 12):
+    """A validator batch and postprocess-like predictions. ``grid``: coordinates on a coarse grid and few classes, so
+    that IoUs and confidences tie and boxes repeat exactly."""
+    preds, cls, boxes, bidx = [], [], [], []
+    for i in range(n):
+        t = int(rng.integers(0, max_targets + 1))
+        p = int(rng.integers(0, max_preds + 1))
+        def xyxy(k):
+            if grid:
+                a = rng.integers(0, 4, (k, 2)) * 16.0
+                b = a + rng.integers(1, 4, (k, 2)) * 16.0
+            else:
+                a = rng.uniform(0, 80, (k, 2))
+                b = a + rng.uniform(1, 50, (k, 2))
+            return np.concatenate([a, b], 1).astype(np.float32)
+        tb = xyxy(t)
+        if t and p:  # detections near the targets, some exact copies
+            pb = np.concatenate([tb[rng.integers(0, t, p // 2)], xyxy(p - p // 2)])
+            pb[: p // 4] += rng.normal(0, 0 if grid else 3, (p // 4, 4)).astype(np.float32)
+        else:
+            pb = xyxy(p)
+        k = 2 if grid else NC
+        conf = np.sort(rng.choice([0.5, 0.25, 0.125], p) if grid else rng.uniform(0.001, 1, p))[::-1].copy()
+        preds.append({"bboxes": torch.from_numpy(pb).to(dtype), "conf": torch.from_numpy(conf).to(dtype),
+                      "cls": torch.from_numpy(rng.integers(0, k, p).astype(np.float32)).to(dtype),
+                      "extra": torch.zeros(p, 0, dtype=dtype)})
+        cls.append(rng.integers(0, k, t))
+        xywh = np.concatenate([(tb[:, :2] + tb[:, 2:]) / 2, tb[:, 2:] - tb[:, :2]], 1) / [w, h, w, h]
+        boxes.append(xywh.astype(np.float32))
+        bidx.append(np.full(t, i))
+    perm = rng.permutation(sum(len(c) for c in cls))  # batch_idx need not be sorted
+    batch = {"img": torch.zeros(n, 3, h, w), "cls": torch.from_numpy(np.concatenate(cls)[perm]).float()[:, None],
+             "bboxes": torch.from_numpy(np.concatenate(boxes)[perm]).float(),
+             "batch_idx": torch.from_numpy(np.concatenate(bidx)[perm]).float(),
+             "ori_shape": [(h, w)] * n, "ratio_pad": [((1.0, 1.0), (0, 0))] * n,
+             "im_file": [f"d/{i}.jpg" for i in range(n)]}
+    return preds, batch
+
+
+def clone(preds):
+    return [{k: v.clone() for k, v in p.items()} for p in preds]
+
+
+def assert_same(ours: DetectionValidator, theirs: DetectionValidator):
+    assert ours.seen == theirs.seen
+    for key in theirs.metrics.stats:
+        a, b = ours.metrics.stats[key], theirs.metrics.stats[key]
+        assert len(a) == len(b), key
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape, key
+            np.testing.assert_array_equal(x, y, err_msg=key)
+    assert ours.metrics.box.image_metrics == theirs.metrics.box.image_metrics
+    if theirs.metrics.stats["tp"]:
+        assert ours.get_stats() == theirs.get_stats()
+
+
+def run_both(batches, **args):
+    ours, theirs = validator(**args), validator(**args)
+    for preds, batch in batches:
+        assert update_metrics(ours, clone(preds), batch)
+        theirs.update_metrics(clone(preds), batch)
+    assert_same(ours, theirs)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_batches_match_ultralytics(seed):
+    rng = np.random.default_rng(seed)
+    run_both([make_batch(rng, int(rng.integers(1, 9))) for _ in range(3)])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ties_in_iou_and_score_and_repeated_boxes(seed):
+    rng = np.random.default_rng(100 + seed)
+    run_both([make_batch(rng, 6, grid=True, max_targets=8, max_preds=20) for _ in range(3)])
+
+
+def test_empty_images_no_predictions_no_targets():
+    rng = np.random.default_rng(7)
+    run_both([make_batch(rng, 4, max_targets=0), make_batch(rng, 4, max_preds=0),
+              make_batch(rng, 3, max_targets=0, max_preds=0), make_batch(rng, 5)])
+
+
+def test_single_cls_and_half_predictions():
+    rng = np.random.default_rng(8)
+    run_both([make_batch(rng, 5, dtype=torch.float16) for _ in range(2)], single_cls=True)
+    run_both([make_batch(rng, 5, dtype=torch.float16, grid=True) for _ in range(2)])
+
+
+def test_degenerate_boxes_give_the_same_nan_and_negative_ious():
+    rng = np.random.default_rng(9)
+    preds, batch = make_batch(rng, 4, max_targets=5, max_preds=10)
+    for p in preds:  # some boxes inside out (negative area), some of zero area: IoU negative, inf or NaN there
+        if len(p["bboxes"]):
+            p["bboxes"][0] = p["bboxes"][0][[2, 3, 0, 1]]
+            p["bboxes"][-1, 2:] = p["bboxes"][-1, :2]
+    run_both([(preds, batch)])
+
+
+def test_max_det_many_detections_few_targets():
+    rng = np.random.default_rng(10)
+    run_both([make_batch(rng, 3, max_targets=3, max_preds=300, grid=True)])
+
+
+def test_refuses_what_it_does_not_batch():
+    rng = np.random.default_rng(11)
+    preds, batch = make_batch(rng, 2)
+    for args in (dict(plots=True), dict(save_json=True), dict(save_txt=True)):
+        v = validator()
+        v.args.update(args) if hasattr(v.args, "update") else [setattr(v.args, k, x) for k, x in args.items()]
+        assert not update_metrics(v, clone(preds), batch)
+        assert v.seen == 0
+
+
+def test_match_batch_equals_match_predictions_per_image():
+    rng = np.random.default_rng(12)
+    v = validator()
+    thresholds = v.iouv.numpy()
+    iou = rng.choice([0.0, 0.5, 0.55, 0.7, 0.95, 1.0], (7, 5, 9)).astype(np.float32)  # ties everywhere
+    got = match_batch(iou, thresholds)
+    for b in range(7):
+        want = v.match_predictions(torch.zeros(9), torch.zeros(5), torch.from_numpy(iou[b])).numpy()
+        np.testing.assert_array_equal(got[b], want)
+
+
+def test_padded_iou_is_box_iou_bit_for_bit():
+    from ultralytics.utils.metrics import box_iou
+
+    rng = np.random.default_rng(13)
+    a = torch.from_numpy(rng.uniform(0, 100, (3, 4, 4)).astype(np.float32))
+    b = torch.from_numpy(rng.uniform(0, 100, (3, 6, 4)).astype(np.float32))
+    a[..., 2:] += a[..., :2]
+    b[..., 2:] += b[..., :2]
+    got = padded_iou(a, b)
+    for i in range(3):
+        assert torch.equal(got[i], box_iou(a[i], b[i]))
