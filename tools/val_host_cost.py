@@ -97,7 +97,8 @@ def batches(n: int, batch: int, imgsz: int, nc: int, candidates: int, seed: int 
             ratio_pad.append(((1.0, 1.0), (left, top)))
         xyxy = np.concatenate(boxes)
         xywh = np.concatenate([(xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]], 1) / [w, h, w, h]
-        batch = {"img": torch.zeros(len(group), 3, h, w), "cls": torch.from_numpy(np.concatenate(classes))[:, None].float(),
+        batch = {"img": torch.zeros(len(group), 3, h, w),
+                 "cls": torch.from_numpy(np.concatenate(classes))[:, None].float(),
                  "bboxes": torch.from_numpy(xywh).float(), "batch_idx": torch.from_numpy(np.concatenate(bidx)).float(),
                  "ori_shape": [tuple(ori[k]) for k in group], "ratio_pad": ratio_pad,
                  "im_file": [f"val/{k:06d}.jpg" for k in group]}

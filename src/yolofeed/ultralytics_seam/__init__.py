@@ -39,8 +39,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -119,8 +119,10 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         get_split_fraction,
         img2label_paths,
     )
-    from ultralytics.models.yolo.detect import DetectionTrainer  # train.trainer, bench.ceiling subclass it
-    from ultralytics.models.yolo.detect import DetectionValidator  # train.val_metrics: whose statistics it batches
+    from ultralytics.models.yolo.detect import (
+        DetectionTrainer,  # train.trainer, bench.ceiling subclass it
+        DetectionValidator,  # train.val_metrics: whose statistics it batches
+    )
     from ultralytics.models.yolo.obb import OBBTrainer  # train.trainer: FastOBBTrainer subclasses it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
     from ultralytics.models.yolo.segment import SegmentationTrainer  # train.trainer: FastSegmentationTrainer
