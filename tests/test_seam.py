@@ -73,7 +73,14 @@ def drift(pinned: seam.Pinned, text: str | None = None) -> str | None:
 
 @pytest.mark.parametrize("pinned", PINNED, ids=[".".join(p.ultralytics.rsplit(".", 2)[-2:]) for p in PINNED])
 def test_copied_and_relied_on_methods_have_not_drifted(pinned):
-    if pinned.since and seam.RELEASE < seam.parse_version(pinned.since):  # the feature relying on it is refused here
+    if pinned.since and seam.RELEASE < seam.parse_version(pinned.since):  # the feature relying on it is off here
+        if pinned.since == seam.VAL_METRICS_SINCE:  # Ultralytics' own update_metrics runs
+            from types import SimpleNamespace
+
+            plain = seam.DetectionValidator.__new__(seam.DetectionValidator)
+            plain.args = SimpleNamespace(plots=False, save_json=False, save_txt=False)
+            assert seam.batched_metrics_serve(plain) is None
+            return
         with pytest.raises(UltralyticsError, match=f"Ultralytics {pinned.since} on"):
             seam.check_task("pose")
         return

@@ -57,6 +57,7 @@ from yolofeed.ultralytics_seam.pins import (
     TRAIN_LOADER_ATTRIBUTES,
     UNRECORDED_LABEL_RULES,
     VAL_LOADER_ATTRIBUTES,
+    VAL_METRICS_SINCE,
     LabelRules,
     Pinned,
     Release,
@@ -198,7 +199,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "check_task", "POSE_SINCE", "Conv", "v8PoseLoss",
+    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "Conv", "v8PoseLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",
     "batched_metrics_serve", "DetectionValidator", "record_image_stats",
@@ -716,8 +717,9 @@ def batched_metrics_serve(validator: Any) -> tuple[Any, Callable[[dict], dict]] 
     """What ``train.val_metrics.update_metrics`` needs of a validator whose ``update_metrics`` only gathers statistics
     (RELIED_ON: ``DetectionValidator.update_metrics``, ``_process_batch``, ``_prepare_batch``, ``match_predictions``):
     its IoU thresholds (``iouv``, as numpy) and its ``_prepare_pred``; None where it does more or other work: a
-    subclass (segment, pose, OBB match otherwise), plots (the confusion matrix), ``save_json``, ``save_txt``."""
-    if type(validator) is not DetectionValidator:
+    subclass (segment, pose, OBB match otherwise), plots (the confusion matrix), ``save_json``, ``save_txt``, and a
+    release before ``VAL_METRICS_SINCE`` (whose sources were not reviewed for it)."""
+    if type(validator) is not DetectionValidator or not since(VAL_METRICS_SINCE):
         return None
     args = validator.args
     if args.plots or args.save_json or args.save_txt:

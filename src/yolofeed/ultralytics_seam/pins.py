@@ -80,6 +80,9 @@ def _r(first: str, last: str, sha256: str, why: str, stock: bool = False) -> Rev
 # The first release whose pose rules (verify_image_label with keypoints, YOLODataset's kpt_shape check and cache key)
 # yolofeed follows: pose packs and pose training are refused under older releases of the range.
 POSE_SINCE = "8.4.183"
+# The first release whose validator statistics train.val_metrics batches (its sources were reviewed for that release
+# alone): under older releases of the range Ultralytics' own update_metrics runs (batched_metrics_serve says None).
+VAL_METRICS_SINCE = "8.4.190"
 
 
 # Modified copies, kept beside the classes they belong to for readability (train/loss.py says why each differs).
@@ -477,20 +480,22 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="per image: _prepare_batch's targets, _prepare_pred, _process_batch's tp, and the stats it hands "
                "metrics.update_stats (target_cls, np.unique of it, conf and pred_cls or float64 np.zeros(0), the "
                "file's name); the rest (confusion matrix, json, txt) only under plots/save_json/save_txt, where "
-               "yolofeed calls this method instead (seam.batched_metrics_serve)"),
+               "yolofeed calls this method instead (seam.batched_metrics_serve)", since=VAL_METRICS_SINCE),
     Pinned("ultralytics.models.yolo.detect.val.DetectionValidator._process_batch", "efa94cd20261fedc",
            "yolofeed.train.val_metrics.update_metrics",
            why="tp: zeros where the image has no targets or no detections, else match_predictions of box_iou "
-               "(greedy, not scipy)"),
+               "(greedy, not scipy)", since=VAL_METRICS_SINCE),
     Pinned("ultralytics.models.yolo.detect.val.DetectionValidator._prepare_batch", "3f2ab157f5a51754",
            "yolofeed.train.val_metrics.update_metrics",
-           why="an image's targets: batch_idx == si in the batch's order, xywh2xyxy times the batch's (w, h, w, h)"),
+           why="an image's targets: batch_idx == si in the batch's order, xywh2xyxy times the batch's (w, h, w, h)",
+           since=VAL_METRICS_SINCE),
     Pinned("ultralytics.engine.validator.BaseValidator.match_predictions", "ea12b2486db93eca",
            "yolofeed.train.val_metrics.match_batch",
            why="greedy: class-masked IoU, detections in order that reach the lowest threshold with some target, "
-               "each claiming per threshold the unclaimed target of highest IoU (np.argmax: the first on a tie)"),
+               "each claiming per threshold the unclaimed target of highest IoU (np.argmax: the first on a tie)",
+           since=VAL_METRICS_SINCE),
     Pinned("ultralytics.utils.metrics.box_iou", "d8fb56828b474543", "yolofeed.train.val_metrics.padded_iou",
-           why="the IoU's float ops, element for element (slice products, + eps last)"),
+           why="the IoU's float ops, element for element (slice products, + eps last)", since=VAL_METRICS_SINCE),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
