@@ -102,11 +102,9 @@ def test_the_look_ahead_batch_equals_the_inline_one(segment_dataset, tmp_path, o
         assert torch.equal(inline[key], ahead[key]), key
 
 
-@pytest.mark.parametrize("overlap", (True, False))
-def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path, overlap):
-    """The validator's batch: rect batches, letterboxed, the polygons resampled and moved as the boxes are, then
-    Format's masks at the batch's shape and its label order: equal to Ultralytics' segment val loader's, value for
-    value (masks, sem_masks, classes, boxes, batch indices, pixels)."""
+def _assert_val_batches_equal(root: Path, tmp_path: Path, overlap: bool) -> None:
+    """yolofeed's validation batches of ``root``'s val split equal Ultralytics' segment val loader's, value for value
+    (masks, sem_masks, classes, boxes, batch indices, pixels)."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
@@ -115,7 +113,6 @@ def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path
     from yolofeed.pack import open_or_build
 
     imgsz, batch = 96, 3
-    root = copy_dataset(segment_root, tmp_path / "seg")
     data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
     cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "task": "segment", "overlap_mask": overlap,
                              "mask_ratio": 4})
@@ -132,6 +129,23 @@ def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path
             assert torch.equal(a[key], b[key]), key
         assert a["masks"].shape == b["masks"].shape and torch.equal(a["masks"].float(), b["masks"].float())
         assert int((b["masks"] > 0).sum()) > 0
+
+
+@pytest.mark.parametrize("overlap", (True, False))
+def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path, overlap):
+    """The validator's batch: rect batches, letterboxed, the polygons resampled and moved as the boxes are, then
+    Format's masks at the batch's shape and its label order: equal to Ultralytics' segment val loader's."""
+    _assert_val_batches_equal(copy_dataset(segment_root, tmp_path / "seg"), tmp_path, overlap)
+
+
+def test_a_polygon_row_of_one_point_is_kept_as_ultralytics_keeps_it(segment_root, tmp_path):
+    """A row ``class x y`` among polygon rows is a polygon of one point to ``verify_image_label`` (a zero-size box,
+    kept, counted by the validator): the pack keeps it too, opens (it once refused its own build as damaged, "fewer
+    than 3 points", and its rebuild command rebuilt the same pack), and its validation batches equal stock's."""
+    root = copy_dataset(segment_root, tmp_path / "seg")
+    for i, lf in enumerate(sorted((root / "labels" / "val").glob("*.txt"))):
+        lf.write_text(lf.read_text().rstrip("\n") + f"\n{i % 3} 0.{i + 2}1 0.{i + 3}7\n")
+    _assert_val_batches_equal(root, tmp_path, overlap=False)  # with overlap, tied areas sort as the machine does
 
 
 def test_copy_paste_and_odd_mask_ratios_are_refused_in_one_line(segment_dataset, tmp_path):

@@ -354,7 +354,7 @@ def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
 def read_segment_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
                         kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
     """Parse and check a YOLO segment label file: ``verify_image_label`` for task=segment, which is detection's (rows
-    ``class x1 y1 x2 y2 x3 y3 ...`` of 3 or more points, each becoming its enclosing box; ``read_labels``' rules and
+    ``class x1 y1 x2 y2 x3 y3 ...``, each becoming its enclosing box; ``read_labels``' rules and
     duplicates), keeping the polygons.
 
     One rule is ours, refusing the file where Ultralytics would not skip it: a file of box rows (5 columns), for which
