@@ -319,3 +319,27 @@ def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, 
     with open(tmp_path / "gpu" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(np.isfinite(float(r["train/seg_loss"])) for r in rows)
+
+
+def test_a_polygon_longer_than_ultralytics_1000_points_is_named_with_its_cost(segment_dataset, tmp_path, caplog):
+    """Every training batch is padded to the pack's longest polygon (static shapes): one outline of 1,500 points in
+    one image makes every step's polygon and mask work 1.5x. The run names that file and the fix once, rather than
+    train slower silently; a pack of short polygons says nothing."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    def warnings_of(name):
+        t = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+            model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name=name,
+            epochs=1, **TINY))
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            t.get_dataloader(t.data["train"], batch_size=4, rank=-1, mode="train").close()
+        return [r.getMessage() for r in caplog.records if "has a polygon of" in r.getMessage()]
+
+    assert warnings_of("short") == []
+    label = sorted((segment_dataset / "labels" / "train").glob("*.txt"))[2]
+    a = np.linspace(0, 2 * np.pi, 1500, endpoint=False)
+    ring = " ".join(f"{0.5 + 0.2 * np.cos(t):.5f} {0.5 + 0.2 * np.sin(t):.5f}" for t in a)
+    label.write_text(label.read_text() + f"1 {ring}\n")
+    said = warnings_of("long")
+    assert len(said) == 1 and label.stem in said[0] and "1,500 points" in said[0] and "1.5x" in said[0], said
