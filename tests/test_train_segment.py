@@ -102,11 +102,9 @@ def test_the_look_ahead_batch_equals_the_inline_one(segment_dataset, tmp_path, o
         assert torch.equal(inline[key], ahead[key]), key
 
 
-@pytest.mark.parametrize("overlap", (True, False))
-def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path, overlap):
-    """The validator's batch: rect batches, letterboxed, the polygons resampled and moved as the boxes are, then
-    Format's masks at the batch's shape and its label order: equal to Ultralytics' segment val loader's, value for
-    value (masks, sem_masks, classes, boxes, batch indices, pixels)."""
+def _assert_val_batches_equal(root: Path, tmp_path: Path, overlap: bool) -> None:
+    """yolofeed's validation batches of ``root``'s val split equal Ultralytics' segment val loader's, value for value
+    (masks, sem_masks, classes, boxes, batch indices, pixels)."""
     from ultralytics.cfg import get_cfg
     from ultralytics.data import build_dataloader, build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
@@ -115,7 +113,6 @@ def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path
     from yolofeed.pack import open_or_build
 
     imgsz, batch = 96, 3
-    root = copy_dataset(segment_root, tmp_path / "seg")
     data = check_det_dataset(str(root / "data.yaml"), autodownload=False)
     cfg = get_cfg(overrides={"imgsz": imgsz, "batch": batch, "task": "segment", "overlap_mask": overlap,
                              "mask_ratio": 4})
@@ -132,6 +129,23 @@ def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path
             assert torch.equal(a[key], b[key]), key
         assert a["masks"].shape == b["masks"].shape and torch.equal(a["masks"].float(), b["masks"].float())
         assert int((b["masks"] > 0).sum()) > 0
+
+
+@pytest.mark.parametrize("overlap", (True, False))
+def test_val_batches_equal_ultralytics_segment_val_loader(segment_root, tmp_path, overlap):
+    """The validator's batch: rect batches, letterboxed, the polygons resampled and moved as the boxes are, then
+    Format's masks at the batch's shape and its label order: equal to Ultralytics' segment val loader's."""
+    _assert_val_batches_equal(copy_dataset(segment_root, tmp_path / "seg"), tmp_path, overlap)
+
+
+def test_a_polygon_row_of_one_point_is_kept_as_ultralytics_keeps_it(segment_root, tmp_path):
+    """A row ``class x y`` among polygon rows is a polygon of one point to ``verify_image_label`` (a zero-size box,
+    kept, counted by the validator): the pack keeps it too, opens (it once refused its own build as damaged, "fewer
+    than 3 points", and its rebuild command rebuilt the same pack), and its validation batches equal stock's."""
+    root = copy_dataset(segment_root, tmp_path / "seg")
+    for i, lf in enumerate(sorted((root / "labels" / "val").glob("*.txt"))):
+        lf.write_text(lf.read_text().rstrip("\n") + f"\n{i % 3} 0.{i + 2}1 0.{i + 3}7\n")
+    _assert_val_batches_equal(root, tmp_path, overlap=False)  # with overlap, tied areas sort as the machine does
 
 
 def test_copy_paste_and_odd_mask_ratios_are_refused_in_one_line(segment_dataset, tmp_path):
@@ -305,3 +319,27 @@ def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, 
     with open(tmp_path / "gpu" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(np.isfinite(float(r["train/seg_loss"])) for r in rows)
+
+
+def test_a_polygon_longer_than_ultralytics_1000_points_is_named_with_its_cost(segment_dataset, tmp_path, caplog):
+    """Every training batch is padded to the pack's longest polygon (static shapes): one outline of 1,500 points in
+    one image makes every step's polygon and mask work 1.5x. The run names that file and the fix once, rather than
+    train slower silently; a pack of short polygons says nothing."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    def warnings_of(name):
+        t = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+            model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name=name,
+            epochs=1, **TINY))
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            t.get_dataloader(t.data["train"], batch_size=4, rank=-1, mode="train").close()
+        return [r.getMessage() for r in caplog.records if "has a polygon of" in r.getMessage()]
+
+    assert warnings_of("short") == []
+    label = sorted((segment_dataset / "labels" / "train").glob("*.txt"))[2]
+    a = np.linspace(0, 2 * np.pi, 1500, endpoint=False)
+    ring = " ".join(f"{0.5 + 0.2 * np.cos(t):.5f} {0.5 + 0.2 * np.sin(t):.5f}" for t in a)
+    label.write_text(label.read_text() + f"1 {ring}\n")
+    said = warnings_of("long")
+    assert len(said) == 1 and label.stem in said[0] and "1,500 points" in said[0] and "1.5x" in said[0], said

@@ -455,14 +455,14 @@ def test_a_damaged_or_crafted_polygon_section_is_refused_with_the_segment_rebuil
     nan, off_box = points.copy(), points.copy()
     nan[3, 0] = np.nan
     off_box[int(lengths[0]) + 1, 1] += 0.5  # a point of the second polygon, outside its box
-    two, more = lengths.copy(), lengths.copy()
-    two[0], two[1] = 2, two[1] + two[0] - 2  # the same points, the first polygon 2 of them
+    none, more = lengths.copy(), lengths.copy()
+    none[0], none[1] = 0, none[1] + none[0]  # the same points, the first polygon none of them
     more[-1] += 1
     off, n = h["sections"]["polygon_lengths"]
     crafted = {
         "nan": ({"polygon_points": nan.tobytes()}, None, "the polygons hold values that are not finite"),
         "off-box": ({"polygon_points": off_box.tobytes()}, None, "the polygons do not lie on their labels' boxes"),
-        "two-points": ({"polygon_lengths": two.tobytes()}, None, "a polygon has fewer than 3 points"),
+        "no-points": ({"polygon_lengths": none.tobytes()}, None, "a polygon has no points"),
         "too-many": ({"polygon_lengths": more.tobytes()}, None, "its polygon lengths do not add up to its points"),
         "short": (None, lambda x: {**x, "sections": {**x["sections"], "polygon_lengths": [off, n - 4]}},
                   "polygon sections are not one length per label and whole points"),

@@ -414,6 +414,54 @@ def test_obb_refusals_name_the_obb_format(tmp_path, text, says):
     assert "9 columns" in str(e.value) and "class x y w h'" not in str(e.value)
 
 
+# -- segment labels ----------------------------------------------------------------------------------------------------
+TRI = "0.2 0.2 0.4 0.2 0.3 0.4"  # a triangle's 3 points
+# label text -> (kept by Ultralytics' verify_image_label, kept by yolofeed, words of our refusal)
+SEGMENT_CASES: dict[str, tuple[str | None, bool, bool, str]] = {
+    "triangle": (f"0 {TRI}\n", True, True, ""),
+    "one_point": (f"0 {TRI}\n1 0.5 0.5\n", True, True, ""),  # a polygon of one point there: a zero-size box
+    "odd": ("0 0.2 0.2 0.4 0.2 0.3 0.4 0.5\n", False, False, "an odd number of coordinates (7)"),
+    "odd_short": (f"0 {TRI}\n1 0.5\n", False, False, "an odd number of coordinates (1)"),
+    "class_alone": (f"0 {TRI}\n2\n", False, False, "a polygon row with no point ('2')"),
+    "six_columns": ("0 0.2 0.2 0.4 0.2 0.3\n", False, False, "polygon rows the class, then 3 or more x y points"),
+    "mixed": (f"0 {TRI}\n1 0.5 0.5 0.2 0.2\n", False, False, "mixes segment and box rows"),
+    "boxes": ("0 0.5 0.5 0.2 0.2\n", True, False, "segment labels require a polygon"),  # the run refused there
+    "beyond_in_box": ("0 0.5 0.2 1.3 0.2 0.9 0.6\n", True, True, ""),  # the box is checked, not the points
+    "beyond": ("0 1.5 0.2 1.6 0.2 1.55 0.6\n", False, False, "coordinates above 1"),
+    "nan": ("0 0.2 0.2 nan 0.2 0.3 0.4\n", False, False, "NaN or infinite"),
+    "cls_range": (f"8 {TRI}\n", False, False, "uses class 8"),
+    "dupes": (f"0 {TRI}\n0 {TRI}\n", True, True, ""),
+    "empty": ("", True, True, ""),
+    "missing": (None, True, True, ""),
+}
+
+
+@pytest.mark.parametrize("case", list(SEGMENT_CASES))
+def test_segment_rows_are_checked_as_ultralytics_checks_them(tmp_path, case):
+    """Each segment case kept or refused as Ultralytics' verify_image_label keeps or skips it, with its boxes and
+    polygons; a refusal is one line naming the file and, for a malformed polygon row, that row in polygon words
+    (not Ultralytics' "cannot reshape array" or "detection labels need 5 columns")."""
+    from yolofeed.pack.verify import read_segment_labels
+
+    text, theirs, ours, words = SEGMENT_CASES[case]
+    im, lb = tmp_path / "a.jpg", tmp_path / "a.txt"
+    im.write_bytes(BAD_CASES["plain.png"][0])
+    if text is not None:
+        lb.write_text(text)
+    ref = _ultralytics_verify(im, lb, 8, (0, 0), False)
+    assert (ref[0] is not None) == theirs, (case, ref[-1])
+    try:
+        labels, polygons, notes = read_segment_labels(str(lb), 8)
+    except SampleError as e:
+        assert not ours and "\n" not in str(e) and str(lb) in str(e) and words in str(e), (case, str(e))
+        assert "reshape" not in str(e) and "identity" not in str(e) and "detection labels" not in str(e)
+        return
+    assert ours, case
+    np.testing.assert_array_equal(labels, ref[1])
+    assert len(polygons) == len(ref[3]) and all(np.array_equal(a, b) for a, b in zip(polygons, ref[3]))
+    assert ("duplicate" in ref[-1]) == any("duplicate" in n for n in notes)
+
+
 def test_a_reason_quoting_a_binary_file_is_shortened(tmp_path):
     """A parser quoting a megabyte of a binary label file does not fill the report: the reason keeps its start (the
     file) and its end (the fix)."""

@@ -27,8 +27,9 @@ can tell a finished file from an interrupted one::
   file lists them, row j those of labels row j, normalised as the boxes are; labels row j is their enclosing box
   (Ultralytics' ``segments2boxes``, what its OBB dataset's ``bboxes`` hold before ``Format`` makes x, y, w, h, r).
 * polygon_lengths, polygon_points (segment packs only, ``task: segment``): (M,) uint32, the number of points of each
-  label row's polygon as its label file lists it (3 or more), and (P, 2) float32 [x, y] of all of them, row j's
-  after rows 0 .. j-1's, normalised as the boxes are; labels row j is its polygon's enclosing box (``segments2boxes``).
+  label row's polygon as its label file lists it (1 or more: a row ``class x y`` among polygon rows is a polygon
+  of one point to Ultralytics), and (P, 2) float32 [x, y] of all of them, row j's after rows 0 .. j-1's,
+  normalised as the boxes are; labels row j is its polygon's enclosing box (``segments2boxes``).
   Ultralytics resamples each polygon to 1,000 points when it loads the labels: the pack keeps them as written.
 * header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect", "pose", "obb" or "segment";
   packs written before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), source fingerprint, counts,

@@ -312,13 +312,14 @@ class Pack:
         return ""
 
     def _polygon_problem(self) -> str:
-        """What is wrong with a segment pack's polygons: one per label row, 3 points or more each, as many points as
-        the lengths add up to, finite, each row's box the one enclosing its polygon; "" when nothing."""
+        """What is wrong with a segment pack's polygons: one per label row, a point or more each (a row ``class x y``
+        among polygon rows is a polygon of one point to Ultralytics, which keeps it), as many points as the lengths
+        add up to, finite, each row's box the one enclosing its polygon; "" when nothing."""
         lengths, points, lb = self.polygon_lengths, self.polygon_points, self.label_table
         if len(lengths) != len(lb):
             return "its polygon_lengths section does not have one length per label"
-        if len(lengths) and int(lengths.min()) < 3:
-            return "a polygon has fewer than 3 points"
+        if len(lengths) and int(lengths.min()) < 1:  # a row of a single point is Ultralytics' too (segments2boxes)
+            return "a polygon has no points"
         if int(self.polygon_starts[-1]) != len(points):
             return "its polygon lengths do not add up to its points"
         if not len(points):

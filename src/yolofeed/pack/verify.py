@@ -270,6 +270,12 @@ def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
         if any(len(r) > 6 for r in rows):  # segment polygons: class x1 y1 x2 y2 ...
             if any(len(r) == 5 for r in rows):
                 raise SampleError(f"{lb_file} mixes segment and box rows; use one kind per file")
+            # Ultralytics skips these files on a reshape or an empty reduction: say which row, in polygon words
+            if (short := next((r for r in rows if len(r) % 2 == 0 or len(r) == 1), None)) is not None:
+                what = "no point" if len(short) == 1 else f"an odd number of coordinates ({len(short) - 1})"
+                raise SampleError(f"{lb_file} has a polygon row with {what} ('{' '.join(short[:5])}"
+                                  f"{' ...' if len(short) > 5 else ''}'): polygon rows are the class, then x y "
+                                  "pairs (class x1 y1 x2 y2 x3 y3 ...); fix or remove that row")
             classes = np.array([r[0] for r in rows], dtype=np.float32)
             segments = [np.array(r[1:], dtype=np.float32).reshape(-1, 2) for r in rows]
             lb = np.concatenate((classes.reshape(-1, 1), segments2boxes(segments)), 1)
@@ -281,7 +287,8 @@ def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
     if not len(lb):
         return np.zeros((0, 5), np.float32), [], ["label file empty: used as a background image"]
     if lb.ndim != 2 or lb.shape[1] != 5:
-        raise SampleError(f"{lb_file} rows have {lb.shape[-1]} columns; detection labels need 5 (class x y w h)")
+        raise SampleError(f"{lb_file} rows have {lb.shape[-1]} columns; box rows have 5 (class x y w h), polygon rows "
+                          "the class, then 3 or more x y points (class x1 y1 x2 y2 x3 y3 ...); fix the file")
     if np.isfinite(lb).all() and lb[:, 1:].max() > rules.coord_max:
         bad = lb[:, 1:][lb[:, 1:] > rules.coord_max]
         raise SampleError(f"{lb_file} has coordinates above 1 ({bad[:4].tolist()}): YOLO labels are normalised "
@@ -354,7 +361,7 @@ def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
 def read_segment_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
                         kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
     """Parse and check a YOLO segment label file: ``verify_image_label`` for task=segment, which is detection's (rows
-    ``class x1 y1 x2 y2 x3 y3 ...`` of 3 or more points, each becoming its enclosing box; ``read_labels``' rules and
+    ``class x1 y1 x2 y2 x3 y3 ...``, each becoming its enclosing box; ``read_labels``' rules and
     duplicates), keeping the polygons.
 
     One rule is ours, refusing the file where Ultralytics would not skip it: a file of box rows (5 columns), for which

@@ -37,9 +37,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
+from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
 from yolofeed.augment.masks import MaskedAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
@@ -244,6 +246,8 @@ class FastTrainer(SyncFreeStep):
             world = max(world_size(self), 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
+            if rank in (-1, 0):
+                _warn_long_polygons(pack, loader.prefetcher.labels)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
             self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
@@ -597,6 +601,26 @@ def _warn_single_cls_gap(pack: Any) -> None:
                        f"data yaml's nc; yolo train would train on them under single_cls, the pack left them out "
                        f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')}). Fix "
                        "their labels or the yaml's names, then the pack rebuilds")
+
+
+def _warn_long_polygons(pack: Any, labels: Any) -> None:
+    """Say which polygon makes every training batch wider than Ultralytics' 1,000 points, and what it costs.
+
+    Ultralytics resamples an image's polygons to 1,000 points, or one more than its longest where that is longer, for
+    that image alone. The training batches here have one static shape (CUDA graphs replay it): every polygon slot of
+    every batch is padded to the pack's longest polygon, so resampling, warping, the boxes and the masks (work per slot
+    and point) cost that many times more on every step, not only where that image is drawn (one 5,000-point polygon
+    in 25 images: 4.6x the step time on the CPU). Said once, with the file and the fix, rather than slow silently.
+    """
+    width = labels.polygon_width
+    if width <= POLYGON_POINTS:
+        return
+    row = int(np.argmax(labels.polygons[2]))
+    image = int(np.searchsorted(np.cumsum(labels.count), row, side="right"))  # the image owning label row ``row``
+    LOGGER.warning(f"yolofeed: {pack.im_files[image]} has a polygon of {width:,} points: every training batch pads "
+                   f"its polygons to {width + 1:,} points (Ultralytics' 1,000 for the other images), so the polygon "
+                   f"and mask work of each step is about {(width + 1) / POLYGON_POINTS:.1f}x; simplify that outline "
+                   "to 1,000 points or fewer (e.g. cv2.approxPolyDP) for the usual speed")
 
 
 def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
