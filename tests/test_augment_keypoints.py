@@ -349,11 +349,11 @@ def test_keypoint_settings_are_checked_as_ultralytics_checks_them():
     assert AugmentHyp.from_args({"task": "detect"}, data=data).kpt_shape is None  # keypoints only for pose
 
 
-def test_an_augmented_batch_with_masks_is_still_refused():
+def test_an_augmented_batch_with_polygons_and_no_masks_is_refused():
     out = GpuAugment(_hyp())(pose_batch(2, seed=9), torch.Generator().manual_seed(0))
     assert isinstance(out, AugmentedBatch) and out.kinds() == ("keypoints",)
-    with pytest.raises(ConfigError, match="masks"):
-        dataclasses.replace(out, masks=torch.zeros(*out.valid.shape, S, S, dtype=torch.bool)).to_ultralytics()
+    with pytest.raises(ConfigError, match="no masks"):  # a segment loss would read masks that were never made
+        dataclasses.replace(out, segments=torch.zeros(*out.valid.shape, 1000, 2)).to_ultralytics()
 
 
 def test_every_op_carries_keypoints_corners_and_polygons():

@@ -71,9 +71,10 @@ def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeyp
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append((*a, list(primed))) or 1.0)
     sampler = EpochSampler(np.arange(10000), 128)
     loader = SimpleNamespace(sampler=sampler, prime=lambda: primed.append(sampler.epoch))
-    fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model,
-                           hyp=AugmentHyp.from_args(imgsz=640), amp=True, args=SimpleNamespace(amp=True),
-                           start_epoch=3)
+    hyp = AugmentHyp.from_args(imgsz=640)
+    fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model, hyp=hyp,
+                           amp=True, args=SimpleNamespace(amp=True), start_epoch=3,
+                           _new_augment=lambda: GpuAugment(hyp))  # the task's augmentation (detection's here)
     trainer_module.FastDetectionTrainer._warm_up(fake)
     assert primed == [3]
     assert bool(seen) == called
@@ -91,9 +92,10 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
 
     def fake(amp_key):
         loader = SimpleNamespace(sampler=sampler, prime=lambda: None)
-        return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model,
-                               hyp=AugmentHyp.from_args(imgsz=64), amp=True, args=SimpleNamespace(amp=amp_key),
-                               start_epoch=0)
+        hyp = AugmentHyp.from_args(imgsz=64)
+        return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
+                               amp=True, args=SimpleNamespace(amp=amp_key), start_epoch=0,
+                               _new_augment=lambda: GpuAugment(hyp))
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16
