@@ -746,7 +746,7 @@ def test_a_segment_pack_holds_its_polygons_as_ultralytics_reads_them(segment_dat
 @pytest.mark.parametrize("rows, why", [
     (["0 0.5 0.5 0.2 0.2"], "holds box rows of 5 columns.*segment labels require a polygon each.*task=detect"),
     (["0 0.1 0.1 0.3 0.1 0.2 0.3", "1 0.5 0.5 0.2 0.2"], "mixes segment and box rows"),
-    (["0 0.1 0.1 0.3 0.1 0.2 0.3 0.4"], "not numeric YOLO rows"),  # an odd number of coordinates
+    (["0 0.1 0.1 0.3 0.1 0.2 0.3 0.4"], "odd number of coordinates"),  # quoted, in polygon words
     (["0 0.1 0.1 1.3 0.1 0.2 0.3"], "coordinates above 1"),
     (["9 0.1 0.1 0.3 0.1 0.2 0.3"], "uses class 9 but the data yaml has nc=8"),
 ], ids=["boxes", "mixed", "odd", "outside", "class"])
