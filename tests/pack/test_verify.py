@@ -228,6 +228,16 @@ def _ultralytics_verify(im_file: Path, lb_file: Path, nc: int, kpt_shape, keypoi
     return verify_image_label((str(im_file), str(lb_file), "", keypoint, nc, *kpt_shape, False))
 
 
+def _case(tmp_path: Path, text: str | None) -> tuple[Path, tuple]:
+    """A label file of ``text`` (none where None) beside an image Ultralytics reads, and Ultralytics' verdict on it
+    (8 classes, no keypoints)."""
+    im, lb = tmp_path / "a.jpg", tmp_path / "a.txt"
+    im.write_bytes(BAD_CASES["plain.png"][0])
+    if text is not None:
+        lb.write_text(text)
+    return lb, _ultralytics_verify(im, lb, 8, (0, 0), False)
+
+
 @pytest.mark.parametrize("dims", [3, 2])
 @pytest.mark.parametrize("case", list(POSE_CASES))
 def test_pose_rows_are_checked_as_ultralytics_checks_them(tmp_path, case, dims):
@@ -372,11 +382,7 @@ def test_obb_rows_are_checked_as_ultralytics_checks_them(tmp_path, case):
     text, theirs, ours = OBB_CASES[case]
     if case == "cls_fraction" and not LABEL_RULES.integer_classes:  # before 8.4.164 a fractional class id is kept
         theirs = ours = True
-    im, lb = tmp_path / "a.jpg", tmp_path / "a.txt"
-    im.write_bytes(BAD_CASES["plain.png"][0])
-    if text is not None:
-        lb.write_text(text)
-    ref = _ultralytics_verify(im, lb, 8, (0, 0), False)
+    lb, ref = _case(tmp_path, text)
     assert (ref[0] is not None) == theirs, (case, ref[-1])
     try:
         labels, corners, notes = read_obb_labels(str(lb), 8)
@@ -444,11 +450,7 @@ def test_segment_rows_are_checked_as_ultralytics_checks_them(tmp_path, case):
     from yolofeed.pack.verify import read_segment_labels
 
     text, theirs, ours, words = SEGMENT_CASES[case]
-    im, lb = tmp_path / "a.jpg", tmp_path / "a.txt"
-    im.write_bytes(BAD_CASES["plain.png"][0])
-    if text is not None:
-        lb.write_text(text)
-    ref = _ultralytics_verify(im, lb, 8, (0, 0), False)
+    lb, ref = _case(tmp_path, text)
     assert (ref[0] is not None) == theirs, (case, ref[-1])
     try:
         labels, polygons, notes = read_segment_labels(str(lb), 8)
