@@ -39,6 +39,14 @@ BENCH_1 = "workers=16 batch=128 imgsz=640 data=/tmp/synth/data.yaml"  # a bench 
 LEVER = f"steps=60 warmup=30 first_epoch=False isolate=True {BENCH_1}"  # the ceiling, one lever at a time
 
 
+SECTIONS_SEG = (  # the segment set of 10k images, its pack, stock's label cache, and the bench side by side
+    "python3 -m yolofeed synth out=/tmp/synth-seg n_train=10000 n_val=500 seed=0 task=segment 2>&1 | tail -2",
+    "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 task=segment 2>&1 | tail -2",
+    LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='segment')"),
+    "timeout 360 python3 -m yolofeed bench model=yolo11n-seg.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+    + BENCH_1.replace("/tmp/synth/", "/tmp/synth-seg/") + " out=$OUT/bench_seg", NO_WEIGHTS)
+
+
 def whole_run(optimizer: str, limit: int, modes: str = "stock,yolofeed") -> tuple[str, ...]:
     """The whole run of 10 epochs, stock and yolofeed (or ``modes``), ``optimizer=``: the 10k set, its raw pack, both
     label caches."""
@@ -221,16 +229,14 @@ SECTIONS = {s.name: s for s in (
         LABELS_10K.replace("/tmp/synth/", "/tmp/synth-obb/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='obb')"),
         "timeout 330 python3 -m yolofeed bench model=yolo11n-obb.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         + BENCH_1.replace("/tmp/synth/", "/tmp/synth-obb/") + " out=$OUT/bench_obb", NO_WEIGHTS)),
-    Section("seg-throughput", "Segmentation", "nvidia-h200", 1, 8, (
-        "python3 -m yolofeed synth out=/tmp/synth-seg n_train=10000 n_val=500 seed=0 task=segment 2>&1 | tail -2",
-        "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 task=segment 2>&1 | tail -2",
-        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/").replace("hyp=get_cfg())",
-                                                                     "hyp=get_cfg(), task='segment')"),
-        "timeout 360 python3 -m yolofeed bench model=yolo11n-seg.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-        + BENCH_1.replace("/tmp/synth/", "/tmp/synth-seg/") + " out=$OUT/bench_seg", NO_WEIGHTS)),
+    Section("seg-throughput", "Segmentation", "nvidia-h200", 1, 8, SECTIONS_SEG),
     Section("parity-seg", "Segmentation", "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=segment MODEL11=yolo11n-seg.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 "
         "EPOCHS=30 LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
+    Section("seg-first", "Segmentation", "nvidia-h200", 1, 9, (
+        # the GPU tests beside the CPU-bound synth and pack; the bench waits for them and runs alone
+        "timeout 300 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1 &",
+        *SECTIONS_SEG[:3], "wait; tail -40 $OUT/gpu_tests.txt", *SECTIONS_SEG[3:])),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),
