@@ -226,6 +226,42 @@ def test_collated_masks_and_sem_masks_equal_format_and_collate(overlap):
     np.testing.assert_array_equal(ours_cls[m.valid].numpy(), stock["cls"][:, 0].numpy())
 
 
+@pytest.mark.parametrize("overlap", (True, False))
+def test_rasterising_the_valid_slots_only_gives_the_same_masks(overlap):
+    """``capacity`` at or above the valid slots' count (padding slots skipped) gives every mask, order and area of the
+    padded fill, bit for bit, with nothing counted as dropped; below it the first valid slots in row order keep their
+    masks, the rest are empty and counted in ``overflow``."""
+    segs, valid = _batch(5, 4, 10, 4, p_valid=0.4)
+    s, v = torch.from_numpy(segs), torch.from_numpy(valid)
+    full = polygons_to_masks(s, v, H, W, 4, overlap=overlap)
+    count = int(valid.sum())
+    for capacity in (count, count + 3, 4 * 10):
+        m = polygons_to_masks(s, v, H, W, 4, overlap=overlap, capacity=capacity)
+        for key in ("masks", "order", "valid", "areas"):
+            assert torch.equal(getattr(m, key), getattr(full, key)), (capacity, key)
+        assert int(m.overflow) == 0
+    short = polygons_to_masks(s, v, H, W, 4, overlap=False, capacity=count - 2)
+    every = polygons_to_masks(s, v, H, W, 4, overlap=False)
+    rows = np.flatnonzero(valid.reshape(-1))
+    kept, lost = rows[:count - 2], rows[count - 2:]
+    assert torch.equal(short.masks.flatten(0, 1)[kept], every.masks.flatten(0, 1)[kept])
+    assert int(short.masks.flatten(0, 1)[lost].sum()) == 0 < int(every.masks.flatten(0, 1)[lost].sum())
+    assert int(short.overflow) == 2
+
+
+def test_mask_capacity_bounds_a_batch_of_mosaics():
+    """The capacity holds every instance of every tile of a batch drawn from skewed label counts (far above what
+    the augmentation keeps), in whole chunks, and is well below the padded slots where images differ in counts."""
+    from yolofeed.augment.masks import mask_capacity
+
+    rng = np.random.default_rng(0)
+    counts = np.minimum(rng.geometric(0.12, 20_000), 90)  # mean ~8, a long tail to 90
+    cap = mask_capacity(128, 4, counts.mean(), counts.std())
+    drawn = np.array([counts[rng.integers(0, len(counts), 128 * 4)].sum() for _ in range(2000)])
+    assert cap % 128 == 0 and cap > drawn.max()
+    assert cap < 128 * 4 * counts.max() / 5
+
+
 def test_ratio_must_divide_the_image():
     with pytest.raises(ConfigError, match="mask_ratio=3"):
         polygons_to_masks(torch.zeros(1, 1, 4, 2), torch.ones(1, 1, dtype=torch.bool), 64, 64, 3)
@@ -241,4 +277,6 @@ def test_cuda_equals_cpu_without_host_sync():
     s, v = torch.from_numpy(segs).cuda(), torch.from_numpy(valid).cuda()
     with no_host_sync():
         gpu = polygons_to_masks(s, v, H, W, 4)
+        packed = polygons_to_masks(s, v, H, W, 4, capacity=int(valid.sum()))
     assert torch.equal(gpu.masks.cpu(), cpu.masks) and torch.equal(gpu.order.cpu(), cpu.order)
+    assert torch.equal(packed.masks.cpu(), cpu.masks) and int(packed.overflow) == 0

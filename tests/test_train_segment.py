@@ -259,6 +259,34 @@ def test_dropped_rasteriser_events_are_read_once_an_epoch_warned_and_given_room(
     assert trainer._new_augment().room == 2
 
 
+def test_the_training_masks_rasterise_the_instances_not_the_padding(segment_dataset, tmp_path, monkeypatch):
+    """Once the training loader exists the augmenter rasterises a bound of the instances a batch can hold (from the
+    training images' label counts), not every padded slot; those batches equal the ones that fill every slot, and a
+    capacity below a batch's instances is counted as dropped (the epoch end then gives it room)."""
+    from yolofeed.augment import masks
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="c", epochs=1,
+        **TINY))
+    assert trainer._new_augment().labels is None  # no loader yet: every slot
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        counts = loader.prefetcher.labels.count
+        aug = trainer._new_augment()
+        assert aug.labels == pytest.approx((counts.mean(), counts.std()))
+        source = next(iter(loader))["source"]
+    finally:
+        loader.close()
+    every = masks.MaskedAugment(aug.hyp, aug.mask_ratio, aug.overlap)
+    p = aug.sample(4, torch.Generator().manual_seed(1))
+    got, want = aug.apply(source, p), every.apply(source, p)
+    assert int(want.valid.sum()) > 0 and torch.equal(got.masks.masks, want.masks.masks)
+    assert torch.equal(got.cls, want.cls) and int(got.masks.overflow) == 0
+    monkeypatch.setattr(masks, "mask_capacity", lambda *a, **k: 1)
+    assert int(aug.apply(source, p).masks.overflow) == int(want.valid.sum()) - 1
+
+
 def _segment_source(segment_root, tmp_path, device: str, n: int = 8):
     from yolofeed.loader import TrainLoader
     from yolofeed.pack import open_or_build

@@ -230,6 +230,9 @@ SECTIONS = {s.name: s for s in (
         "timeout 330 python3 -m yolofeed bench model=yolo11n-obb.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         + BENCH_1.replace("/tmp/synth/", "/tmp/synth-obb/") + " out=$OUT/bench_obb", NO_WEIGHTS)),
     Section("seg-throughput", "Segmentation", "nvidia-h200", 1, 8, SECTIONS_SEG),
+    Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
+        *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
+        "| grep -v Warning")),
     Section("parity-seg", "Segmentation", "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=segment MODEL11=yolo11n-seg.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 "
         "EPOCHS=30 LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),

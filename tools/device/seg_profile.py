@@ -5,9 +5,10 @@ and writes to ``$OUT/seg_profile.json``:
 
 * the shapes that set the cost: the loader's label width L and polygon width P, the augmented batch's slots K and
   points W, and how many of the B x K slots hold an instance;
-* CUDA-event medians of the augmentation replayed as a CUDA graph, without masks and with them;
+* CUDA-event medians of the augmentation replayed as a CUDA graph: without masks, with masks of every padded slot,
+  and with masks of ``mask_capacity``'s bound (the trainer's);
 * the masks alone (``with_masks``, eager and graphed) over every padded slot, and ``fill_polygons`` over the valid
-  slots only, packed to the front (what rasterising only the instances would cost);
+  slots only, packed to the front, in chunks of 128, 256 and 512 polygons;
 * the 25 CUDA kernels that take the most time in one eager masked call (``torch.profiler``).
 
 Usage: python -m tools.device.seg_profile DATA_YAML [--batch 128] [--imgsz 640] [--iters 20]
@@ -25,7 +26,7 @@ import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.graphs import GraphedAugment
-from yolofeed.augment.masks import MaskedAugment, with_masks
+from yolofeed.augment.masks import MaskedAugment, mask_capacity, with_masks
 from yolofeed.kernels.polyfill import fill_polygons
 from yolofeed.loader import TrainLoader
 from yolofeed.pack import open_or_build
@@ -93,10 +94,17 @@ def main() -> None:
     res.update(K=k, W=w, valid_slots=int(out.valid.sum()), slots=b * k)
     print(json.dumps(res), flush=True)
 
-    gp = GraphedAugment(plain, seed=1) if dev.type == "cuda" else (lambda s: plain(s, g))
-    gm = GraphedAugment(MaskedAugment(hyp), seed=1) if dev.type == "cuda" else (lambda s: MaskedAugment(hyp)(s, g))
+    counts = pack.index["label_count"].astype("float64")
+    labels = (float(counts.mean()), float(counts.std()))
+    res["capacity"] = mask_capacity(b, k // source.valid.shape[1], *labels)
+
+    def graph_of(aug):
+        return GraphedAugment(aug, seed=1) if dev.type == "cuda" else (lambda s: aug(s, g))
+
+    gp, gm, gc = graph_of(plain), graph_of(MaskedAugment(hyp)), graph_of(MaskedAugment(hyp, labels=labels))
     res["graphed_plain_ms"] = median_ms(lambda: gp(source), a.iters)
-    res["graphed_masked_ms"] = median_ms(lambda: gm(source), a.iters)
+    res["graphed_masked_every_slot_ms"] = median_ms(lambda: gm(source), a.iters)
+    res["graphed_masked_ms"] = median_ms(lambda: gc(source), a.iters)
     res["eager_plain_ms"] = median_ms(lambda: plain(source, g), max(3, a.iters // 4))
     res["eager_masks_only_ms"] = median_ms(lambda: with_masks(out, 4, True), max(3, a.iters // 4))
     res["graphed_masks_only_ms"] = median_ms(graphed(lambda: with_masks(out, 4, True)), a.iters)
@@ -110,6 +118,9 @@ def main() -> None:
     allsegs, allvalid = out.segments.reshape(b * k, w, 2), out.valid.reshape(-1)
     res["graphed_fill_all_slots_ms"] = median_ms(
         graphed(lambda: fill_polygons(allsegs, allvalid, a.imgsz, a.imgsz, 4)), a.iters)
+    for chunk in (256, 512):
+        res[f"graphed_fill_valid_only_chunk{chunk}_ms"] = median_ms(
+            graphed(lambda: fill_polygons(segs, ones, a.imgsz, a.imgsz, 4, chunk=chunk)), a.iters)
     print(json.dumps(res), flush=True)
 
     masked = MaskedAugment(hyp)

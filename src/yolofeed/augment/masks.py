@@ -83,7 +83,8 @@ class SegmentMasks:
 
 
 def polygons_to_masks(segments: Tensor, valid: Tensor, height: int, width: int, mask_ratio: int = 4,
-                      overlap: bool = True, chunk: int = 128, events: int | None = None) -> SegmentMasks:
+                      overlap: bool = True, chunk: int = 128, events: int | None = None,
+                      capacity: int | None = None) -> SegmentMasks:
     """Ultralytics' ``Format`` masks (segment task) for a padded batch of polygons, on their device.
 
     No host sync and no loop over polygons (a fixed loop over chunks of them): it can be captured in a CUDA graph.
@@ -95,6 +96,10 @@ def polygons_to_masks(segments: Tensor, valid: Tensor, height: int, width: int, 
         mask_ratio: Ultralytics' ``mask_ratio`` (default 4).
         overlap: Ultralytics' ``overlap_mask`` (default True): one index mask per image.
         chunk, events: ``kernels.polyfill.fill_polygons``' working-set size and event slots per polygon.
+        capacity: polygons rasterised: the valid slots first (row-major), this many of them; the rest of the
+            ``B x K`` slots get empty masks, and valid slots past ``capacity`` are counted in ``overflow``. None:
+            every slot. The fill costs per polygon rasterised, valid or not, and most slots of a padded batch are
+            padding (a mosaic of 4 images has 4 x the pack's largest label count of slots).
 
     Returns:
         ``SegmentMasks``.
@@ -104,8 +109,15 @@ def polygons_to_masks(segments: Tensor, valid: Tensor, height: int, width: int, 
                           "divides both sides (imgsz is a multiple of 32: use mask_ratio 1, 2, 4, 8, 16 or 32)")
     b, k, n, _ = segments.shape
     h, w = height // mask_ratio, width // mask_ratio
-    flat, overflow = fill_polygons(segments.reshape(b * k, n, 2), valid.reshape(-1), height, width, mask_ratio,
-                                   chunk=chunk, events=events)
+    polys, live = segments.reshape(b * k, n, 2), valid.reshape(-1)
+    if capacity is None or capacity >= b * k:
+        flat, overflow = fill_polygons(polys, live, height, width, mask_ratio, chunk=chunk, events=events)
+    else:
+        first = (~live).to(torch.uint8).argsort(stable=True)[:capacity]  # the valid slots first, in row order
+        some, overflow = fill_polygons(polys.index_select(0, first), live.index_select(0, first), height, width,
+                                       mask_ratio, chunk=chunk, events=events)
+        flat = torch.zeros((b * k, h, w), dtype=torch.uint8, device=polys.device).index_copy_(0, first, some)
+        overflow = overflow + (live.sum() - capacity).clamp(min=0)
     inst = flat.view(b, k, h, w)
     # a reduction of uint8 to int64 casts its whole input first (on the CPU): a chunk of slots at a time
     areas = torch.cat([part.sum((-2, -1)) for part in flat.split(chunk)]).view(b, k)
@@ -173,7 +185,22 @@ def ultralytics_masks(m: SegmentMasks, cls: Tensor, total: int | None = None) ->
     return {"masks": m.masks.flatten(0, 1).index_select(0, src), "sem_masks": sem}
 
 
-def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, room: int = 1) -> AugmentedBatch:
+def mask_capacity(batch: int, tiles: int, mean: float, std: float, chunk: int = 128) -> int:
+    """Polygons to rasterise per batch (``polygons_to_masks``' ``capacity``) from the training set's labels an image:
+    a bound on the instances a batch can hold, ``tiles`` source images an augmented image (4 for a mosaic), each
+    instance of each kept (the crop drops many: a third of them are left on average), the mean plus 6 standard
+    deviations of the sum over the batch's ``batch x tiles`` draws; a multiple of ``chunk``.
+
+    Args:
+        mean, std: labels an image over the training set.
+    """
+    draws = batch * tiles
+    bound = draws * mean + 6.0 * (draws ** 0.5) * std
+    return max(chunk, -(-int(bound + 1) // chunk) * chunk)
+
+
+def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
+               capacity: int | None = None) -> AugmentedBatch:
     """``Format``'s last step for a segment batch: masks of the augmented polygons (``polygons_to_masks``), and every
     per-slot label in their order (with overlap Ultralytics sorts an image's labels by mask area), the polygons
     dropped. A batch without polygons is returned as it is. No host sync: a CUDA graph can hold it.
@@ -181,14 +208,16 @@ def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, r
     Args:
         out: the augmentation's batch, ``segments`` (B, K, W, 2) pixels.
         mask_ratio, overlap: Ultralytics' ``mask_ratio`` and ``overlap_mask``.
-        room: ``polyfill``'s event slots per polygon, in multiples of its default (``default_events``); too few are
-            counted in the masks' ``overflow``.
+        room: ``polyfill``'s event slots per polygon, in multiples of its default (``default_events``), and of
+            ``capacity``; too few of either are counted in the masks' ``overflow``.
+        capacity: the polygons rasterised per batch before ``room`` (``polygons_to_masks``); None: every slot.
     """
     if out.segments is None:
         return out
     side = out.img.shape[-1]
     events = None if room == 1 else room * default_events(out.segments.shape[2], side, mask_ratio)
-    m = polygons_to_masks(out.segments, out.valid, side, side, mask_ratio, overlap, events=events)
+    m = polygons_to_masks(out.segments, out.valid, side, side, mask_ratio, overlap, events=events,
+                          capacity=None if capacity is None else capacity * room)
     return AugmentedBatch(out.img, m.reorder(out.cls), m.reorder(out.boxes), m.valid,
                           keypoints=None if out.keypoints is None else m.reorder(out.keypoints),
                           rboxes=None if out.rboxes is None else m.reorder(out.rboxes), masks=m)
@@ -202,14 +231,23 @@ class MaskedAugment(GpuAugment):
     Args:
         hyp: the augmentation's settings.
         mask_ratio, overlap, room: see ``with_masks``.
+        labels: the training set's labels an image, mean and standard deviation: the polygons rasterised per batch
+            are then ``mask_capacity``'s bound (times ``room``) rather than every padded slot. None: every slot.
     """
 
-    def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1):
+    def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
+                 labels: tuple[float, float] | None = None):
         super().__init__(hyp)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
+        self.labels = labels
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
-        return with_masks(super().apply(sources, p), self.mask_ratio, self.overlap, self.room)
+        out = super().apply(sources, p)
+        capacity = None
+        if self.labels is not None:  # from the shapes alone (static under a graph): slots an image / source width
+            tiles = out.valid.shape[1] // max(sources.valid.shape[1], 1)
+            capacity = mask_capacity(out.valid.shape[0], tiles, *self.labels)
+        return with_masks(out, self.mask_ratio, self.overlap, self.room, capacity)
 
 
-__all__ = ["MaskedAugment", "SegmentMasks", "polygons_to_masks", "sem_masks", "ultralytics_masks", "with_masks"]
+__all__ = ["MaskedAugment", "SegmentMasks", "mask_capacity", "polygons_to_masks", "sem_masks", "ultralytics_masks", "with_masks"]

@@ -236,9 +236,14 @@ def _fill_chunk(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: 
     cover_hi = base + torch.searchsorted(cols, hi, right=True)
     parity = base + torch.searchsorted(cols, xpix + 1)
     one = torch.ones_like(slot, dtype=torch.int32)
-    index = torch.cat([parity, cover_lo, cover_hi])
+    size = c * nr * (nc + 1)
+    # the unused slots (most of them where few polygons are real) add their zeros across the histogram, one cell
+    # each: sent to one cell, their atomic adds would serialise on a GPU
+    spread = slot % size
+    index = torch.cat([torch.where(ok, parity, spread), torch.where(ok, cover_lo, spread),
+                       torch.where(ok, cover_hi, spread)])
     value = torch.cat([flips * one, (covers * one) << COVER_SHIFT, -((covers * one) << COVER_SHIFT)])
-    hist = torch.zeros(c * nr * (nc + 1), dtype=torch.int32, device=dev)
+    hist = torch.zeros(size, dtype=torch.int32, device=dev)
     hist.scatter_add_(0, index, value)
     acc = hist.view(c, nr, nc + 1).cumsum(-1, dtype=torch.int32)[..., :nc]
     # odd parity or any cover: every bit but the parity count's upper ones (one pass, not four)

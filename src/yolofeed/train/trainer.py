@@ -543,7 +543,11 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
                 "is, with its host syncs (a sync-free segment loss is not built yet)"))
 
     def _new_augment(self) -> MaskedAugment:
-        return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self._mask_room)
+        loader = self._warm[0] if self._warm is not None else None  # the training loader, once made
+        counts = loader.prefetcher.labels.count[loader.dataset.indices] if loader is not None else None
+        labels = (float(counts.mean()), float(counts.std())) if counts is not None and len(counts) else None
+        return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self._mask_room,
+                             labels)
 
     def _augment_source(self, source):
         out = super()._augment_source(source)
@@ -562,9 +566,9 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         if dropped:
             self._mask_room *= 2
             self._augment = None
-            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {dropped} polygon edge events did not fit the mask "
-                           "rasteriser's slots, so some training masks missed rows; from the next epoch it has "
-                           f"{self._mask_room}x its default slots (more memory per polygon)")
+            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {dropped} polygons or polygon edge events did not fit "
+                           "the mask rasteriser's slots, so some training masks were empty or missed rows; from the "
+                           f"next epoch it has {self._mask_room}x its default slots (more memory and time a batch)")
 
 
 TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer,  # keys.TRAINED names them
