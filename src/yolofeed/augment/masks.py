@@ -41,6 +41,9 @@ from yolofeed.errors import ConfigError
 from yolofeed.kernels.polyfill import default_events, fill_polygons
 from yolofeed.schema import AugmentedBatch, SourceBatch
 
+# polygons rasterised at once on a GPU: ~1 GB of working set at 640 / 4; the fill of 1,931 polygons took 15.1 ms
+# in chunks of 128 and 7.9 ms in chunks of 512 on an H200 (fewer, larger kernels)
+CUDA_CHUNK = 512
 SLOTS_AT_ONCE = 8  # slots per step of the reductions over slots: (B, 8, h, w) int32 (105 MB at B = 128, 640 / 4)
 
 
@@ -217,7 +220,8 @@ def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, r
     side = out.img.shape[-1]
     events = None if room == 1 else room * default_events(out.segments.shape[2], side, mask_ratio)
     m = polygons_to_masks(out.segments, out.valid, side, side, mask_ratio, overlap, events=events,
-                          capacity=None if capacity is None else capacity * room)
+                          capacity=None if capacity is None else capacity * room,
+                          chunk=CUDA_CHUNK if out.img.is_cuda else 128)
     return AugmentedBatch(out.img, m.reorder(out.cls), m.reorder(out.boxes), m.valid,
                           keypoints=None if out.keypoints is None else m.reorder(out.keypoints),
                           rboxes=None if out.rboxes is None else m.reorder(out.rboxes), masks=m)
