@@ -371,3 +371,19 @@ def test_a_polygon_longer_than_ultralytics_1000_points_is_named_with_its_cost(se
     label.write_text(label.read_text() + f"1 {ring}\n")
     said = warnings_of("long")
     assert len(said) == 1 and label.stem in said[0] and "1,500 points" in said[0] and "1.5x" in said[0], said
+
+
+def test_a_segment_run_says_at_start_that_it_is_not_faster_than_stock(segment_dataset, tmp_path, caplog):
+    """The segment loss stays Ultralytics' (its host syncs bound the step): the run says so in one line at its start,
+    with where the figures are, rather than promise a speed it does not reach."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer(overrides=dict(model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"),
+                                                     project=str(tmp_path), name="s", epochs=1, **TINY))
+    caplog.clear()
+    ours = [c for c in trainer.callbacks["on_train_start"] if "FastSegmentationTrainer" in c.__qualname__]
+    with caplog.at_level("INFO"):
+        for callback in ours:
+            callback(trainer)
+    lines = [r.getMessage() for r in caplog.records if "stands aside for segmentation" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and "not faster than 'yolo train'" in lines[0]

@@ -540,7 +540,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         if self.sync_free_loss:
             self.add_callback("on_train_start", lambda t: LOGGER.info(
                 "yolofeed: sync_free_loss stands aside for segmentation: Ultralytics' v8SegmentationLoss runs as it "
-                "is, with its host syncs (a sync-free segment loss is not built yet)"))
+                "is, a loop over the images with host syncs, and it bounds the step: segment training is not faster "
+                "than 'yolo train' yet (BENCHMARKS.md, Segmentation)"))
 
     def _new_augment(self) -> MaskedAugment:
         loader = self._warm[0] if self._warm is not None else None  # the training loader, once made
