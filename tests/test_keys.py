@@ -128,10 +128,11 @@ def test_yolofeed_overrides_only_the_data_path_of_the_trainer():
     stock = {n for c in DetectionTrainer.__mro__ for n in vars(c)}
     assert ours & stock == {"__init__", "check_resume", "get_dataloader", "preprocess_batch",
                             "_close_dataloader_mosaic", "_do_train", "build_optimizer", "validate", "save_model",
-                            "final_eval"}  # _do_train:
+                            "final_eval", "get_validator"}  # _do_train:
     # Ultralytics' loop, re-raised with the last.pt that resumes the run logged; build_optimizer: stock's, a MuSGD
     # adopted (the optimizer row); validate: stock's, skipped between val_period epochs (the val row); save_model
-    # and final_eval: stock's checkpoints (the save and save_period rows), each file written atomically
+    # and final_eval: stock's checkpoints (the save and save_period rows), each file written atomically;
+    # get_validator: stock's validator, its statistics gathered a batch at once (the same metrics: every val row)
 
 
 # -- refusals -------------------------------------------------------------------------------------------

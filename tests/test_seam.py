@@ -143,14 +143,15 @@ def test_every_copy_overrides_the_method_it_copies():
 def test_every_ultralytics_method_yolofeed_overrides_is_checked_at_import():
     """A method renamed upstream would leave our override unused, silently: each must be in REQUIRED."""
     from yolofeed.bench.ceiling import CeilingTrainer
-    from yolofeed.train import FastDetectionTrainer, loss
+    from yolofeed.train import FastDetectionTrainer, loss, val_metrics
 
     required = {(o, n) for o, n, _ in seam.REQUIRED}
     for ours, theirs in ((FastDetectionTrainer, seam.DetectionTrainer), (CeilingTrainer, seam.DetectionTrainer),
                          (loss.SyncFreeAssigner, seam.TaskAlignedAssigner),
                          (loss.SyncFreeBboxLoss, seam.BboxLoss), (loss.SyncFreeDetectionLoss, seam.v8DetectionLoss),
                          (loss.SyncFreeRotatedAssigner, seam.RotatedTaskAlignedAssigner),
-                         (loss.SyncFreeRotatedBboxLoss, seam.RotatedBboxLoss), (loss.SyncFreeOBBLoss, seam.v8OBBLoss)):
+                         (loss.SyncFreeRotatedBboxLoss, seam.RotatedBboxLoss), (loss.SyncFreeOBBLoss, seam.v8OBBLoss),
+                         (val_metrics.BatchedDetectionValidator, seam.DetectionValidator)):
         overridden = {n for k in ours.__mro__ if k.__module__.startswith("yolofeed") for n in vars(k)
                       if hasattr(theirs, n) and callable(getattr(theirs, n)) and not n.startswith("__")}
         assert overridden and {(theirs, n) for n in overridden} <= required, (ours, overridden)

@@ -158,3 +158,53 @@ def test_padded_iou_is_box_iou_bit_for_bit():
     got = padded_iou(a, b)
     for i in range(3):
         assert torch.equal(got[i], box_iou(a[i], b[i]))
+
+
+def test_the_trainer_batches_a_detection_validators_statistics_and_the_metrics_are_stocks(synth_root, monkeypatch):
+    """With ``batched_val_metrics`` (the default) the trainer's detection validator is the batched one, and a
+    validation through it serves every batch itself and hands Ultralytics' metrics the same per-image statistics as
+    Ultralytics' own validator (the same images and model); off, the trainer keeps Ultralytics' validator. A
+    validator of another class (pose, OBB, segment match otherwise) is never swapped."""
+    from ultralytics import YOLO
+    from ultralytics.utils.metrics import DetMetrics
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.train import val_metrics
+    from yolofeed.train.val_metrics import BatchedDetectionValidator, install
+    from yolofeed.ultralytics_seam import DetectionValidator
+
+    seen, served = [], []
+    clear = DetMetrics.clear_stats
+    monkeypatch.setattr(DetMetrics, "clear_stats", lambda self: (
+        seen.append({k: [np.array(a) for a in v] for k, v in self.stats.items()}), clear(self))[1])
+    batched = val_metrics.update_metrics
+    monkeypatch.setattr(val_metrics, "update_metrics", lambda *a: served.append(batched(*a)) or served[-1])
+    # an untrained model scores every box below Ultralytics' conf=0.001: a lower threshold gives each image its 300
+    kw = dict(data=str(synth_root / "data.yaml"), imgsz=96, batch=4, device="cpu", plots=False, verbose=False,
+              conf=1e-9)
+    torch.manual_seed(0)
+    model = YOLO("yolo11n.yaml")
+    stock = model.val(**kw)
+    assert not served
+    ours = model.val(validator=BatchedDetectionValidator, **kw)
+    assert served and all(served)
+    assert stock.results_dict == ours.results_dict
+    a, b = [x for x in seen if x.get("conf")]  # Ultralytics also clears before a validation
+    assert a.keys() == b.keys() and sum(len(c) for c in a["conf"]) > 1000
+    for key in a:
+        assert len(a[key]) == len(b[key]) and all(np.array_equal(x, y) and x.dtype == y.dtype
+                                                  for x, y in zip(a[key], b[key])), key
+
+    args = dict(model="yolo11n.yaml", data=str(synth_root / "data.yaml"), imgsz=64, batch=8, device="cpu",
+                plots=False, epochs=1)
+    for on in (True, False):
+        trainer = FastDetectionTrainer.with_options(batched_val_metrics=on)(overrides=args)
+        trainer.test_loader = None  # made in _setup_train; the validator only keeps it
+        validator = trainer.get_validator()
+        assert type(validator) is (BatchedDetectionValidator if on else DetectionValidator)
+
+    class PoseLike(DetectionValidator):  # a validator that matches otherwise keeps its class
+        pass
+
+    other = PoseLike.__new__(PoseLike)
+    assert not install(other) and type(other) is PoseLike

@@ -122,6 +122,9 @@ class TrainConfig:
                                 "for every validation's batch shapes is paid during the first epoch (the same "
                                 "calls, metrics and files; the final validation 4-6 s sooner); False: in the "
                                 "training thread, as stock")
+    batched_val_metrics: bool = key(True, "a detection validation gathers its statistics for a whole batch at once "
+                                    "(one IoU and one copy to the host; the same statistics and metrics); False: "
+                                    "image by image, as stock")
     # the step's options (FastDetectionTrainer.with_options): each True is a speed-up, False Ultralytics' way
     augment_ahead: bool = key(True, "augment each batch one step ahead; False: in preprocess_batch, with a host sync "
                               "a step")

@@ -49,7 +49,7 @@ from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
-from yolofeed.train import keys, options
+from yolofeed.train import keys, options, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -104,6 +104,7 @@ class FastTrainer(SyncFreeStep):
     warm_up_s: float | None = None  # the warm-up's seconds, once it ran
     validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
+    batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step: the step's options (SyncFreeStep, train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
@@ -321,6 +322,14 @@ class FastTrainer(SyncFreeStep):
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
             self.run_callbacks("on_fit_epoch_end")
             self.epoch -= 1  # restore epoch
+
+    def get_validator(self):
+        """Ultralytics' validator; with ``batched_val_metrics`` a detection validator gathers each batch's statistics
+        at once (``train/val_metrics.py``: the same statistics, one IoU and one copy to the host a batch)."""
+        validator = super().get_validator()
+        if self.batched_val_metrics:
+            val_metrics.install(validator)
+        return validator
 
     def validate(self):
         """Ultralytics' validation every ``val_period``-th epoch, at the last, and wherever its early stopping may stop

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolofeed.ultralytics_seam import batched_metrics_serve, record_image_stats, xywh2xyxy
+from yolofeed.ultralytics_seam import (
+    DetectionValidator,
+    batched_metrics_serve,
+    record_image_stats,
+    swap_class,
+    xywh2xyxy,
+)
 
 
 def padded_iou(targets: torch.Tensor, preds: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -135,3 +141,21 @@ def update_metrics(validator: Any, preds: list[dict[str, torch.Tensor]], batch: 
             "conf": conf[si] if m else np.zeros(0), "pred_cls": p_cls[si] if m else np.zeros(0),
             "im_file": batch["im_file"][si]})
     return True
+
+
+class BatchedDetectionValidator(DetectionValidator):
+    """Ultralytics' ``DetectionValidator`` whose ``update_metrics`` is ``update_metrics`` above where that serves
+    (plain statistics, a reviewed release) and Ultralytics' own elsewhere (the final validation's plots, json, txt).
+    Swapped in place (``install``); it adds a method only, and the validator's state is Ultralytics'."""
+
+    _stock = DetectionValidator
+
+    def update_metrics(self, preds: list[dict[str, torch.Tensor]], batch: dict[str, Any]) -> None:
+        if not update_metrics(self, preds, batch):
+            super().update_metrics(preds, batch)
+
+
+def install(validator: Any) -> bool:
+    """Make a plain ``DetectionValidator`` a ``BatchedDetectionValidator`` in place (pose, OBB and segment validators,
+    which match otherwise, are left as they are). Returns whether it was swapped."""
+    return swap_class(validator, DetectionValidator, BatchedDetectionValidator)

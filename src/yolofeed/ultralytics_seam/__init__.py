@@ -274,6 +274,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "validate", "yolofeed's trainer skips it between val_period epochs (without it: every epoch)"),
     (DetectionTrainer, "save_model", "yolofeed's trainer makes its checkpoint writes atomic around it"),
     (DetectionTrainer, "final_eval", "yolofeed's trainer copies it (COPIED) to strip the final checkpoints atomically"),
+    (DetectionTrainer, "get_validator", "yolofeed's trainer batches its validator's statistics (train/val_metrics.py)"),
+    (DetectionValidator, "update_metrics", "the batched validator overrides it and falls back to it"),
 )
 if since(POSE_SINCE):  # pose is served from 8.4.183 (check_task); older releases have no _batch_keypoints
     REQUIRED += ((v8PoseLoss, "_batch_keypoints", "the sync-free pose loss copies it (COPIED)"),)
@@ -719,7 +721,8 @@ def batched_metrics_serve(validator: Any) -> tuple[Any, Callable[[dict], dict]] 
     its IoU thresholds (``iouv``, as numpy) and its ``_prepare_pred``; None where it does more or other work: a
     subclass (segment, pose, OBB match otherwise), plots (the confusion matrix), ``save_json``, ``save_txt``, and a
     release before ``VAL_METRICS_SINCE`` (whose sources were not reviewed for it)."""
-    if type(validator) is not DetectionValidator or not since(VAL_METRICS_SINCE):
+    plain = type(validator) is DetectionValidator or getattr(type(validator), "_stock", None) is DetectionValidator
+    if not plain or not since(VAL_METRICS_SINCE):
         return None
     args = validator.args
     if args.plots or args.save_json or args.save_txt:

@@ -510,6 +510,8 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
      "train/loss.py::install"),
     ("ultralytics.utils.loss.RotatedBboxLoss", "yolofeed.train.loss.SyncFreeRotatedBboxLoss", "train/loss.py::install"),
     ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
+    ("ultralytics.models.yolo.detect.val.DetectionValidator", "yolofeed.train.val_metrics.BatchedDetectionValidator",
+     "train/val_metrics.py::install"),
 )
 
 # What Ultralytics' trainer reads from a training loader (ours: loader.TrainLoader, train.ahead.AugmentAhead,
