@@ -243,11 +243,115 @@ def test_the_pose_loss_and_its_gradients_equal_ultralytics(counts):
         assert (x - y).abs().max() <= 1e-5 * y.abs().max() + 1e-6, ((x - y).abs().max(), y.abs().max())
 
 
-def test_install_leaves_other_tasks_alone():
-    seg = _model("yolo11n-seg.yaml", SegmentationModel)
-    seg.criterion = seg.init_criterion()
-    assert sfl.install(seg) == []
-    assert type(seg.criterion).__name__ == "v8SegmentationLoss"
+def _segment_batch(counts: list[int], overlap: bool, seed: int, size: int = 64, ratio: int = 4) -> dict:
+    """An Ultralytics segment batch: ``_augmented``'s boxes, each instance's mask its box at mask resolution (with
+    overlap one index mask an image, later rows painted over earlier ones; without, one 0/1 mask a row)."""
+    b = _ultralytics(_augmented(counts, size=size, seed=seed))
+    h = size // ratio
+    xyxy = torch.cat([b["bboxes"][:, :2] - b["bboxes"][:, 2:] / 2, b["bboxes"][:, :2] + b["bboxes"][:, 2:] / 2], 1) * h
+    ys, xs = torch.arange(h)[:, None] + 0.5, torch.arange(h)[None] + 0.5
+    inside = ((xs >= xyxy[:, 0, None, None]) & (xs <= xyxy[:, 2, None, None]) & (ys >= xyxy[:, 1, None, None])
+              & (ys <= xyxy[:, 3, None, None]))  # (N, h, h)
+    if not overlap:
+        b["masks"] = inside.to(torch.uint8)
+        return b
+    masks = torch.zeros(len(counts), h, h, dtype=torch.uint8)
+    rank = torch.zeros(len(counts), dtype=torch.long)
+    for row, i in enumerate(b["batch_idx"].long().tolist()):
+        rank[i] += 1
+        masks[i][inside[row]] = int(rank[i])
+    b["masks"] = masks
+    return b
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("counts", [COUNTS, [0, 0, 0]])
+def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts):
+    """SyncFreeSegmentLoss against v8SegmentationLoss, overlap_mask on and off: the mask loss bit for bit (the same
+    per-image terms in the same order), the detection losses to the last bits of longer sums, every gradient; a batch
+    without boxes takes Ultralytics' path."""
+    if not seam.since(seam.SEGMENT_LOSS_SINCE):
+        pytest.skip(f"the sync-free segment loss serves from Ultralytics {seam.SEGMENT_LOSS_SINCE}")
+    torch.manual_seed(0)
+    model = _model("yolo11n-seg.yaml", SegmentationModel).train()
+    model.args.overlap_mask = overlap
+    aug = _augmented(counts, seed=4)
+    b = _segment_batch(counts, overlap, seed=4)
+    preds = model(b["img"])
+
+    def run(batch):
+        model.zero_grad()
+        loss, items = model.loss(batch, preds)
+        loss.sum().backward(retain_graph=True)
+        return loss.detach().clone(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    want = run(b)
+    swapped = sfl.install(model)
+    assert [type(x) for x in swapped] == [sfl.SyncFreeSegmentLoss] and swapped[0].overlap is overlap
+    assert torch.equal(run(b)[0], want[0])  # no counts: Ultralytics' path
+    if max(counts):
+        run({**b, sfl.MAX_BOXES: max(counts)})  # caches the anchors
+        counts_in = {sfl.MAX_BOXES: max(counts), sfl.CANDIDATES: sfl.early_candidates_for(swapped[0], aug)}
+    else:
+        counts_in = {sfl.MAX_BOXES: 0}
+    got = run({**b, **counts_in})
+    assert torch.equal(got[0][1], want[0][1])  # the mask loss
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert len(got[1]) == len(want[1])
+    for x, y in zip(got[1], want[1]):
+        assert (x - y).abs().max() <= 1e-5 * y.abs().max() + 1e-6, ((x - y).abs().max(), y.abs().max())
+
+
+def test_the_segment_loss_gathers_each_images_foreground_with_three_syncs_a_step(monkeypatch):
+    """The image loop of the mask loss indexes with tensors and host integers: what Ultralytics gathers image by
+    image by boolean indexing (about five syncs an image) comes from one ``nonzero`` and one read of the counts. Counted
+    on the CPU by the calls that sync on a GPU: ``nonzero`` and ``tolist`` once a step, whatever the batch size."""
+    if not seam.since(seam.SEGMENT_LOSS_SINCE):
+        pytest.skip(f"the sync-free segment loss serves from Ultralytics {seam.SEGMENT_LOSS_SINCE}")
+    counts = [2, 1, 3, 0, 2, 1, 1, 2]
+    model = _model("yolo11n-seg.yaml", SegmentationModel).train()
+    sfl.install(model)
+    b = _segment_batch(counts, True, seed=5)
+    preds = model(b["img"])
+    model.loss({**b, sfl.MAX_BOXES: max(counts)}, preds)
+    calls = {"nonzero": 0, "tolist": 0, "bool_index": 0}
+    nonzero, tolist, getitem = torch.Tensor.nonzero, torch.Tensor.tolist, torch.Tensor.__getitem__
+
+    def count(name, fn):
+        def wrapped(self, *a, **k):
+            calls[name] += 1
+            return fn(self, *a, **k)
+        return wrapped
+
+    def index(self, key):
+        if isinstance(key, torch.Tensor) and key.dtype == torch.bool:
+            calls["bool_index"] += 1
+        return getitem(self, key)
+
+    monkeypatch.setattr(torch.Tensor, "nonzero", count("nonzero", nonzero))
+    monkeypatch.setattr(torch.Tensor, "tolist", count("tolist", tolist))
+    monkeypatch.setattr(torch.Tensor, "__getitem__", index)
+    seg = model.criterion
+    aug = _augmented(counts, seed=5)
+    model.loss({**b, sfl.MAX_BOXES: max(counts), sfl.CANDIDATES: sfl.early_candidates_for(seg, aug)}, preds)
+    assert calls == {"nonzero": 1, "tolist": 1, "bool_index": 0}  # the whole loss, 6 images with instances
+    calls.update(nonzero=0, tolist=0)
+    fg = torch.zeros(len(counts), 5, dtype=torch.bool)
+    fg[0, 1] = fg[2, :3] = fg[7, 4] = True
+    rows = sfl._image_rows(fg, b["batch_idx"], True)
+    assert calls == {"nonzero": 1, "tolist": 1, "bool_index": 0}
+    assert [None if rows.anchors(i) is None else rows.anchors(i).tolist() for i in range(len(counts))] == [
+        [1], None, [0, 1, 2], None, None, None, None, [4]]
+    assert isinstance(seg, sfl.SyncFreeSegmentLoss)
+
+
+def test_install_leaves_a_classification_model_alone():
+    from ultralytics.nn.tasks import ClassificationModel
+
+    m = ClassificationModel("yolo11n-cls.yaml", nc=4, verbose=False)
+    m.args = get_cfg()
+    m.criterion = m.init_criterion()
+    assert sfl.install(m) == []
 
 
 @pytest.mark.gpu
@@ -653,4 +757,40 @@ def test_cuda_obb_loss_with_counts_makes_no_host_sync(yaml):
             got.sum().backward()
     assert int(early) == counts[sfl.CANDIDATES]
     assert sfl.check_counts(model)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_segment_loss_with_counts_syncs_three_times_where_ultralytics_syncs_per_image():
+    """On CUDA, counted by torch's sync debug mode: the sync-free segment loss waits for the GPU 3 times a step
+    (the foreground's guard, its size, its counts), Ultralytics' about five times an image; the same loss."""
+    import warnings
+
+    if not seam.since(seam.SEGMENT_LOSS_SINCE):
+        pytest.skip(f"the sync-free segment loss serves from Ultralytics {seam.SEGMENT_LOSS_SINCE}")
+    counts = [2, 1, 3, 0, 2, 1, 1, 2]
+    model = _model("yolo11n-seg.yaml", SegmentationModel).cuda().train()
+    b = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _segment_batch(counts, True, seed=6).items()}
+    aug = _augmented(counts, seed=6)
+
+    def syncs(batch):
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = model.loss(batch, preds)[0]
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return out, sum("synchronizing" in str(w.message) for w in seen)
+
+    with torch.autocast("cuda"):
+        preds = model(b["img"])
+        want, stock = syncs(b)
+        (loss,) = sfl.install(model)
+        model.loss({**b, sfl.MAX_BOXES: max(counts)}, preds)  # caches the anchors
+        candidates = sfl.early_candidates_for(loss, AugmentedBatch(*(t.cuda() for t in (
+            aug.img, aug.cls, aug.boxes, aug.valid))))
+        got, ours = syncs({**b, sfl.MAX_BOXES: max(counts), sfl.CANDIDATES: int(candidates)})
+    assert ours <= 3 < 10 < stock
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

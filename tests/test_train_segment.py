@@ -373,17 +373,29 @@ def test_a_polygon_longer_than_ultralytics_1000_points_is_named_with_its_cost(se
     assert len(said) == 1 and label.stem in said[0] and "1,500 points" in said[0] and "1.5x" in said[0], said
 
 
-def test_a_segment_run_says_at_start_that_it_is_not_faster_than_stock(segment_dataset, tmp_path, caplog):
-    """The segment loss stays Ultralytics' (its host syncs bound the step): the run says so in one line at its start,
-    with where the figures are, rather than promise a speed it does not reach."""
-    from yolofeed.train import FastSegmentationTrainer
 
-    trainer = FastSegmentationTrainer(overrides=dict(model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"),
-                                                     project=str(tmp_path), name="s", epochs=1, **TINY))
-    caplog.clear()
-    ours = [c for c in trainer.callbacks["on_train_start"] if "FastSegmentationTrainer" in c.__qualname__]
-    with caplog.at_level("INFO"):
-        for callback in ours:
-            callback(trainer)
-    lines = [r.getMessage() for r in caplog.records if "stands aside for segmentation" in r.getMessage()]
-    assert len(lines) == 1 and "\n" not in lines[0] and "not faster than 'yolo train'" in lines[0]
+def test_a_segment_run_takes_the_sync_free_segment_loss_with_its_counts(segment_dataset, tmp_path, monkeypatch):
+    """FastSegmentationTrainer (sync_free_loss, the default) swaps in SyncFreeSegmentLoss; after the first two
+    batches every loss call has the counts AugmentAhead read a step early, its mask loss runs on them, and every
+    epoch's check finds them right."""
+    from ultralytics import YOLO
+
+    from yolofeed.train import FastSegmentationTrainer
+    from yolofeed.train import loss as sfl
+
+    calls = {"counted": 0, "measured": 0}
+    own = sfl.SyncFreeSegmentLoss._segmentation_loss
+    checks = []
+    check = sfl.check_counts
+
+    def spy(self, *a, **k):
+        calls["counted"] += 1
+        return own(self, *a, **k)
+
+    monkeypatch.setattr(sfl.SyncFreeSegmentLoss, "_segmentation_loss", spy)
+    monkeypatch.setattr(sfl, "check_counts", lambda model: checks.append(check(model)) or checks[-1])
+    model = YOLO("yolo11n-seg.yaml")
+    model.train(trainer=FastSegmentationTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
+                name="s", epochs=2, val=False, **TINY)
+    assert [type(x) for x in sfl.detection_losses(model.trainer.model)] == [sfl.SyncFreeSegmentLoss]
+    assert calls["counted"] >= 2 and checks == [True, True]

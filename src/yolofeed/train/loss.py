@@ -33,6 +33,7 @@ reviewed; ``tests/test_seam.py`` fails with a diff when the installed Ultralytic
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -409,6 +410,124 @@ class SyncFreePoseLoss(SyncFreeDetectionLoss, seam.v8PoseLoss):
         return kpts_loss, (bce * keep).sum() / rows
 
 
+
+class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
+    """``v8SegmentationLoss`` with a few host syncs a step instead of several per image.
+
+    Ultralytics' mask loss loops over the images, and each image's foreground is gathered by boolean indexing
+    (``fg_mask_i.any()``, ``target_gt_idx_i[fg_mask_i]`` and three more, then ``masks[batch_idx == i]`` without
+    overlap): about five syncs an image, 640 at batch 128, each one leaving the GPU idle while the host launches the
+    next image's small kernels (139 ms of stock's phases at batch 128 on an H200, BENCHMARKS.md "Segmentation"). Here
+    the foreground's (image, anchor) pairs come from one ``nonzero`` and each image's share from one read of their
+    counts, so the loop indexes with tensors and host integers and never waits: 3 syncs a step (the foreground's
+    guard, its size, its counts). The detection part is ``SyncFreeDetectionLoss``'s (no sync, given the batch's
+    counts). Each image's mask loss is Ultralytics' ``single_mask_loss`` on the same rows in the same order (integer
+    indexing gathers what boolean indexing does), summed in the same order: the same mask loss, bit for bit.
+    """
+
+    def loss(self, preds: dict[str, Tensor], batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Ultralytics 8.4.190's ``v8SegmentationLoss.loss``, imgsz from the cached constants and the mask loss as
+        ``_segmentation_loss``."""
+        n = batch.get(MAX_BOXES)
+        if not n or self.device.type == "mps" or self.__dict__.get("_yf_off"):
+            return super().loss(preds, batch)  # v8SegmentationLoss.loss, whose assignment is still ours where it can be
+        pred_masks, proto = preds["mask_coefficient"].permute(0, 2, 1).contiguous(), preds["proto"]
+        loss = torch.zeros(5, device=self.device)  # box, seg, cls, dfl, semantic
+        if isinstance(proto, tuple) and len(proto) == 2:
+            proto, pred_semantic = proto
+        else:
+            pred_semantic = None
+        (fg_mask, target_gt_idx, target_bboxes, _, _), det_loss, _ = self.get_assigned_targets_and_loss(preds, batch)
+        loss[0], loss[2], loss[3] = det_loss[0], det_loss[1], det_loss[2]
+
+        batch_size, _, mask_h, mask_w = proto.shape
+        if fg_mask.sum():  # one sync, as Ultralytics'
+            masks = batch["masks"].to(self.device).float()
+            if tuple(masks.shape[-2:]) != (mask_h, mask_w):
+                proto = torch.nn.functional.interpolate(proto, masks.shape[-2:], mode="bilinear", align_corners=False)
+            imgsz = self._constants(preds["feats"], pred_masks.dtype).imgsz
+            rows = _image_rows(fg_mask, batch["batch_idx"].view(-1), self.overlap)
+            loss[1] = self._segmentation_loss(fg_mask, masks, target_gt_idx, target_bboxes, rows, proto, pred_masks,
+                                              imgsz)
+            if pred_semantic is not None:
+                sem_idx = batch["sem_masks"].to(self.device).long().unsqueeze(1)
+                if self.overlap:
+                    present = masks != 0
+                else:
+                    present = torch.zeros(batch_size, *masks.shape[-2:], dtype=torch.bool, device=self.device)
+                    for i in range(batch_size):
+                        instance_mask_i = masks[rows.targets(i)]
+                        if len(instance_mask_i):
+                            present[i] = instance_mask_i.sum(dim=0) != 0
+                sem_masks = torch.zeros(sem_idx.shape[0], self.nc, *sem_idx.shape[2:], device=self.device)
+                sem_masks.scatter_(1, sem_idx, present.unsqueeze(1).float())
+                loss[4] = self.bcedice_loss(pred_semantic, sem_masks)
+                loss[4] *= self.hyp.box
+        else:
+            loss[1] += (proto * 0).sum() + (pred_masks * 0).sum()
+            if pred_semantic is not None:
+                loss[4] += (pred_semantic * 0).sum()
+        loss[1] *= self.hyp.box
+        return loss * batch_size, dict(zip(self.loss_names, loss.detach()))
+
+    def _segmentation_loss(self, fg_mask: Tensor, masks: Tensor, target_gt_idx: Tensor, target_bboxes: Tensor,
+                           rows: _ImageRows, proto: Tensor, pred_masks: Tensor, imgsz: Tensor) -> Tensor:
+        """``calculate_segmentation_loss`` with each image's foreground from ``rows`` (no sync in the loop)."""
+        _, _, mask_h, mask_w = proto.shape
+        loss = 0
+        # imgsz[[1, 0, 1, 0]] and torch.tensor([...], device=...) copy from host memory: the same values made here
+        target_bboxes_normalized = target_bboxes / imgsz.flip(0).repeat(2)
+        marea = xyxy2xywh(target_bboxes_normalized)[..., 2:].prod(2)
+        size = torch.empty(4, device=proto.device)
+        size[0::2], size[1::2] = mask_w, mask_h
+        mxyxy = target_bboxes_normalized * size
+        for i in range(len(fg_mask)):
+            anchors = rows.anchors(i)
+            if anchors is not None:
+                mask_idx = target_gt_idx[i][anchors]
+                if self.overlap:
+                    gt_mask = (masks[i] == (mask_idx + 1).view(-1, 1, 1)).float()
+                else:
+                    gt_mask = masks[rows.targets(i)][mask_idx]
+                loss += self.single_mask_loss(gt_mask, pred_masks[i][anchors], proto[i], mxyxy[i][anchors],
+                                              marea[i][anchors])
+            else:
+                loss += (proto * 0).sum() + (pred_masks * 0).sum()
+        return loss / fg_mask.sum()
+
+
+class _ImageRows:
+    """Each image's foreground anchors (in ``fg_mask``'s order) and, without overlap, its target rows (in the batch's
+    order), from one ``nonzero`` and one read of the per-image counts: slices by host integers after that."""
+
+    def __init__(self, fg: Tensor, fg_counts: list[int], order: Tensor | None, target_counts: list[int] | None):
+        self.fg, self.order = fg, order
+        self.fg_edges = [0, *itertools.accumulate(fg_counts)]
+        self.t_edges = None if target_counts is None else [0, *itertools.accumulate(target_counts)]
+
+    def anchors(self, i: int) -> Tensor | None:
+        """Image ``i``'s foreground anchor indices (``fg_mask[i].nonzero()``), None where it has none."""
+        a, b = self.fg_edges[i], self.fg_edges[i + 1]
+        return self.fg[a:b, 1] if b > a else None
+
+    def targets(self, i: int) -> Tensor:
+        """Image ``i``'s target rows (``batch_idx == i``, in order) as indices into the batch's rows."""
+        return self.order[self.t_edges[i]:self.t_edges[i + 1]]
+
+
+def _image_rows(fg_mask: Tensor, batch_idx: Tensor, overlap: bool) -> _ImageRows:
+    """``_ImageRows`` of a batch: two syncs (the foreground's size; its and the targets' per-image counts)."""
+    b = len(fg_mask)
+    fg = fg_mask.nonzero()  # (N, 2) image, anchor: row-major, as boolean indexing walks each image's row
+    counts = [torch.bincount(fg[:, 0], minlength=b)]
+    order = None
+    if not overlap:
+        image = batch_idx.to(fg.device).long()
+        order = torch.argsort(image, stable=True)  # masks[batch_idx == i] keeps the batch's order within an image
+        counts.append(torch.bincount(image, minlength=b)[:b])
+    host = torch.stack(counts).tolist()
+    return _ImageRows(fg, host[0], order, None if overlap else host[1])
+
 def _rbox_edges(gt_bboxes: Tensor, mask_gt: Tensor, stride_val: float) -> tuple[Tensor, ...]:
     """The box side of ``RotatedTaskAlignedAssigner.select_candidates_in_gts``, by its own steps: each box's sides
     raised to ``stride_val`` (padding rows not), its corner ``a`` and the edges ``ab``, ``ad`` with their squared
@@ -710,7 +829,7 @@ def detection_losses(model: torch.nn.Module) -> list[v8DetectionLoss]:
     crit = getattr(crit, "criterion", crit)  # inside train/step.py's HostLossItems
     return [x for x in seam.detection_losses_in(crit)
             if type(x) in (v8DetectionLoss, SyncFreeDetectionLoss, seam.v8PoseLoss, SyncFreePoseLoss, v8OBBLoss,
-                           SyncFreeOBBLoss)]
+                           SyncFreeOBBLoss, seam.v8SegmentationLoss, SyncFreeSegmentLoss)]
 
 
 def install(model: torch.nn.Module) -> list[SyncFreeLoss]:
@@ -718,7 +837,8 @@ def install(model: torch.nn.Module) -> list[SyncFreeLoss]:
 
     Creates the criterion as Ultralytics would if the model has none yet. A pose loss (``v8PoseLoss``, from the
     release pose is served by) becomes ``SyncFreePoseLoss``, an OBB loss (``v8OBBLoss``, with its rotated assigner
-    and box loss) ``SyncFreeOBBLoss``; segmentation losses are left alone. Idempotent. Returns the swapped losses.
+    and box loss) ``SyncFreeOBBLoss``, a segment loss (``v8SegmentationLoss``, from ``SEGMENT_LOSS_SINCE``)
+    ``SyncFreeSegmentLoss``. Idempotent. Returns the swapped losses.
     """
     m = unwrap_model(model)
     if next(m.parameters()).is_cuda and torch.__version__ < "2.6":
@@ -730,6 +850,8 @@ def install(model: torch.nn.Module) -> list[SyncFreeLoss]:
         if type(loss.assigner) is TaskAlignedAssigner and type(loss.bbox_loss) is BboxLoss:  # all three, or none
             if not seam.swap_class(loss, v8DetectionLoss, SyncFreeDetectionLoss) and seam.since(seam.POSE_SINCE):
                 seam.swap_class(loss, seam.v8PoseLoss, SyncFreePoseLoss)
+            if seam.since(seam.SEGMENT_LOSS_SINCE):
+                seam.swap_class(loss, seam.v8SegmentationLoss, SyncFreeSegmentLoss)
             seam.swap_class(loss.assigner, TaskAlignedAssigner, SyncFreeAssigner)
             seam.swap_class(loss.bbox_loss, BboxLoss, SyncFreeBboxLoss)
         elif (type(loss) is v8OBBLoss and type(loss.assigner) is RotatedTaskAlignedAssigner

@@ -58,6 +58,7 @@ from yolofeed.ultralytics_seam.pins import (
     UNRECORDED_LABEL_RULES,
     VAL_LOADER_ATTRIBUTES,
     VAL_METRICS_SINCE,
+    SEGMENT_LOSS_SINCE,
     LabelRules,
     Pinned,
     Release,
@@ -152,6 +153,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         v8DetectionLoss,
         v8OBBLoss,
         v8PoseLoss,
+        v8SegmentationLoss,
     )
     from ultralytics.utils.metrics import bbox_iou, probiou  # train.loss: the box losses' CIoU and ProbIoU
     from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats; loader.val: OBB's as Format makes them
@@ -199,7 +201,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "Conv", "v8PoseLoss",
+    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "Conv", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",
     "batched_metrics_serve", "DetectionValidator", "record_image_stats",
@@ -277,6 +279,10 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "get_validator", "yolofeed's trainer batches its validator's statistics (train/val_metrics.py)"),
     (DetectionValidator, "update_metrics", "the batched validator overrides it and falls back to it"),
 )
+if since(SEGMENT_LOSS_SINCE):  # the sync-free segment loss serves from there (train/loss.py::install)
+    REQUIRED += ((v8SegmentationLoss, "loss", "the sync-free segment loss overrides it (COPIED)"),
+                 (v8SegmentationLoss, "calculate_segmentation_loss", "the sync-free segment loss copies it (COPIED)"),
+                 (v8SegmentationLoss, "single_mask_loss", "the sync-free segment loss calls it per image"))
 if since(POSE_SINCE):  # pose is served from 8.4.183 (check_task); older releases have no _batch_keypoints
     REQUIRED += ((v8PoseLoss, "_batch_keypoints", "the sync-free pose loss copies it (COPIED)"),)
 

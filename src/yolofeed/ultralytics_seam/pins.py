@@ -83,6 +83,9 @@ POSE_SINCE = "8.4.183"
 # The first release whose validator statistics train.val_metrics batches (its sources were reviewed for that release
 # alone): under older releases of the range Ultralytics' own update_metrics runs (batched_metrics_serve says None).
 VAL_METRICS_SINCE = "8.4.190"
+# The first release whose segment loss train.loss.SyncFreeSegmentLoss copies (its sources were reviewed for that
+# release alone): under older releases of the range Ultralytics' v8SegmentationLoss runs as it is.
+SEGMENT_LOSS_SINCE = "8.4.190"
 
 
 # Modified copies, kept beside the classes they belong to for readability (train/loss.py says why each differs).
@@ -102,6 +105,13 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.v8PoseLoss.loss", "f44d09b6cf28a065", "yolofeed.train.loss.SyncFreePoseLoss.loss",
            "imgsz from the cached constants; the keypoint part without the fg_mask.sum() guard (_keypoints_loss is 0 "
            "without a foreground)", since=POSE_SINCE),
+    Pinned("ultralytics.utils.loss.v8SegmentationLoss.loss", "0f6af14ba4d25d8a",
+           "yolofeed.train.loss.SyncFreeSegmentLoss.loss", "imgsz from the cached constants; each image's target "
+           "rows from one read of the counts (no boolean index per image)", since=SEGMENT_LOSS_SINCE),
+    Pinned("ultralytics.utils.loss.v8SegmentationLoss.calculate_segmentation_loss", "287eb18ef2e9947b",
+           "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "each image's foreground anchors from one "
+           "nonzero and one read of the counts, where Ultralytics gathers them by boolean indexing (a sync each); "
+           "the scales made on the device", since=SEGMENT_LOSS_SINCE),
     Pinned("ultralytics.utils.loss.v8PoseLoss._batch_keypoints", "3c246c7f85087ad1",
            "yolofeed.train.loss.SyncFreePoseLoss._padded_keypoints", "the most boxes per image given, not learnt (a "
            "sync)", since=POSE_SINCE),
@@ -506,6 +516,7 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.SyncFreeBboxLoss", "train/loss.py::install"),
     ("ultralytics.utils.loss.v8PoseLoss", "yolofeed.train.loss.SyncFreePoseLoss", "train/loss.py::install"),
     ("ultralytics.utils.loss.v8OBBLoss", "yolofeed.train.loss.SyncFreeOBBLoss", "train/loss.py::install"),
+    ("ultralytics.utils.loss.v8SegmentationLoss", "yolofeed.train.loss.SyncFreeSegmentLoss", "train/loss.py::install"),
     ("ultralytics.utils.tal.RotatedTaskAlignedAssigner", "yolofeed.train.loss.SyncFreeRotatedAssigner",
      "train/loss.py::install"),
     ("ultralytics.utils.loss.RotatedBboxLoss", "yolofeed.train.loss.SyncFreeRotatedBboxLoss", "train/loss.py::install"),
