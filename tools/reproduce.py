@@ -242,10 +242,10 @@ SECTIONS = {s.name: s for s in (
         *SECTIONS_SEG[:3], "wait; tail -40 $OUT/gpu_tests.txt", *SECTIONS_SEG[3:])),
     Section("val-metrics", "The whole run", "nvidia-h200", 1, 2, (
         "python3 -m yolofeed synth out=/tmp/synth-val n_train=16 n_val=500 seed=0 2>&1 | tail -1",
-        "timeout 200 python3 -m tools.device.val_metrics_ab /tmp/synth-val/data.yaml --turns 3 | tail -12")),
+        "timeout 200 python3 -m tools.device.val_metrics_ab /tmp/synth-val/data.yaml --turns 2 | tail -12")),
     Section("seg-again", "Segmentation", "nvidia-h200", 1, 7, (
         # the segment loss's and the masks' GPU tests beside the synth and pack; the bench waits for them
-        "timeout 200 python3 -m pytest -q -m gpu tests/test_loss.py tests/test_masks.py tests/test_train_segment.py "
+        "timeout 150 python3 -m pytest -q -m gpu tests/test_loss.py tests/test_masks.py "
         "-p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_seg.txt 2>&1 &",
         *SECTIONS_SEG[:3], "wait; tail -15 $OUT/gpu_tests_seg.txt", *SECTIONS_SEG[3:])),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
