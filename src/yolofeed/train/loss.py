@@ -419,8 +419,8 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
     overlap): about five syncs an image, 640 at batch 128, each one leaving the GPU idle while the host launches the
     next image's small kernels (139 ms of stock's phases at batch 128 on an H200, BENCHMARKS.md "Segmentation"). Here
     the foreground's (image, anchor) pairs come from one ``nonzero`` and each image's share from one read of their
-    counts, so the loop indexes with tensors and host integers and never waits: 3 syncs a step (the foreground's
-    guard, its size, its counts). The detection part is ``SyncFreeDetectionLoss``'s (no sync, given the batch's
+    counts, so the loop indexes with tensors and host integers and never waits: a few syncs a step (the foreground's
+    guard, ``nonzero``, the counts' read), where Ultralytics' makes about five an image. The detection part is ``SyncFreeDetectionLoss``'s (no sync, given the batch's
     counts). Each image's mask loss is Ultralytics' ``single_mask_loss`` on the same rows in the same order (integer
     indexing gathers what boolean indexing does), summed in the same order: the same mask loss, bit for bit.
     """
@@ -515,16 +515,21 @@ class _ImageRows:
         return self.order[self.t_edges[i]:self.t_edges[i + 1]]
 
 
+def _per_image(image: Tensor, b: int) -> Tensor:
+    """How many rows each of ``b`` images has: ``bincount``, which on CUDA syncs to learn its size."""
+    return torch.zeros(b, dtype=torch.long, device=image.device).scatter_add_(0, image, torch.ones_like(image))
+
+
 def _image_rows(fg_mask: Tensor, batch_idx: Tensor, overlap: bool) -> _ImageRows:
-    """``_ImageRows`` of a batch: two syncs (the foreground's size; its and the targets' per-image counts)."""
+    """``_ImageRows`` of a batch: two syncs (``nonzero``'s size; the per-image counts read)."""
     b = len(fg_mask)
     fg = fg_mask.nonzero()  # (N, 2) image, anchor: row-major, as boolean indexing walks each image's row
-    counts = [torch.bincount(fg[:, 0], minlength=b)]
+    counts = [_per_image(fg[:, 0], b)]
     order = None
     if not overlap:
         image = batch_idx.to(fg.device).long()
         order = torch.argsort(image, stable=True)  # masks[batch_idx == i] keeps the batch's order within an image
-        counts.append(torch.bincount(image, minlength=b)[:b])
+        counts.append(_per_image(image, b))
     host = torch.stack(counts).tolist()
     return _ImageRows(fg, host[0], order, None if overlap else host[1])
 

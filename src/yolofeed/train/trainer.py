@@ -536,8 +536,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
     and its validator (validation masks made the same way after the letterbox, ``ValLoader``).
 
     Use it as ``YOLO("yolo11n-seg.yaml").train(trainer=FastSegmentationTrainer, data=...)``; ``yolofeed train`` picks it
-    for a segmentation model. With ``sync_free_loss`` the segment loss is ``train.loss.SyncFreeSegmentLoss`` (3 host
-    syncs a step where Ultralytics' makes about 5 an image; the same mask loss).
+    for a segmentation model. With ``sync_free_loss`` the segment loss is ``train.loss.SyncFreeSegmentLoss`` (a few
+    host syncs a step where Ultralytics' makes about 5 an image; the same mask loss).
     """
 
     carried_task = "segment"
