@@ -243,6 +243,17 @@ def test_the_pose_loss_and_its_gradients_equal_ultralytics(counts):
         assert (x - y).abs().max() <= 1e-5 * y.abs().max() + 1e-6, ((x - y).abs().max(), y.abs().max())
 
 
+def _sem_masks(b: dict, overlap: bool) -> torch.Tensor:
+    """``Format``'s ``sem_masks`` of ``_segment_batch``'s masks: each pixel's class (0 where none covers it)."""
+    masks, cls, image = b["masks"].long(), b["cls"].view(-1), b["batch_idx"].long()
+    n = int(image.max()) + 1 if len(image) else len(masks)
+    sem = torch.zeros(n if not overlap else len(masks), *masks.shape[-2:])
+    for row, i in enumerate(image.tolist()):
+        inside = masks[i] == (row - int((image < i).sum()) + 1) if overlap else masks[row].bool()
+        sem[i][inside] = cls[row]
+    return sem
+
+
 def _segment_batch(counts: list[int], overlap: bool, seed: int, size: int = 64, ratio: int = 4) -> dict:
     """An Ultralytics segment batch: ``_augmented``'s boxes, each instance's mask its box at mask resolution (with
     overlap one index mask an image, later rows painted over earlier ones; without, one 0/1 mask a row)."""
@@ -266,17 +277,19 @@ def _segment_batch(counts: list[int], overlap: bool, seed: int, size: int = 64, 
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("counts", [COUNTS, [0, 0, 0]])
-def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts):
+def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts, yaml="yolo11n-seg.yaml"):
     """SyncFreeSegmentLoss against v8SegmentationLoss, overlap_mask on and off: the mask loss bit for bit (the same
     per-image terms in the same order), the detection losses to the last bits of longer sums, every gradient; a batch
-    without boxes takes Ultralytics' path."""
+    without boxes takes Ultralytics' path. YOLO26's segment loss (SegmentLoss26, its own assigner, a semantic head) is
+    left as Ultralytics' (the batch's counts are ignored): ``test_yolo26_segment_loss_stays_ultralytics``."""
     if not seam.since(seam.SEGMENT_LOSS_SINCE):
         pytest.skip(f"the sync-free segment loss serves from Ultralytics {seam.SEGMENT_LOSS_SINCE}")
     torch.manual_seed(0)
-    model = _model("yolo11n-seg.yaml", SegmentationModel).train()
+    model = _model(yaml, SegmentationModel).train()
     model.args.overlap_mask = overlap
     aug = _augmented(counts, seed=4)
     b = _segment_batch(counts, overlap, seed=4)
+    b["sem_masks"] = _sem_masks(b, overlap)
     preds = model(b["img"])
 
     def run(batch):
@@ -287,6 +300,9 @@ def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts):
 
     want = run(b)
     swapped = sfl.install(model)
+    if yaml.startswith("yolo26"):  # SegmentLoss26 with its own assigner (and a semantic head): Ultralytics' as it is
+        assert swapped == [] and torch.equal(run({**b, sfl.MAX_BOXES: max(counts)})[0], want[0])
+        return
     assert [type(x) for x in swapped] == [sfl.SyncFreeSegmentLoss] and swapped[0].overlap is overlap
     assert torch.equal(run(b)[0], want[0])  # no counts: Ultralytics' path
     if max(counts):
@@ -300,6 +316,10 @@ def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts):
     assert len(got[1]) == len(want[1])
     for x, y in zip(got[1], want[1]):
         assert (x - y).abs().max() <= 1e-5 * y.abs().max() + 1e-6, ((x - y).abs().max(), y.abs().max())
+
+
+def test_yolo26_segment_loss_stays_ultralytics():
+    test_the_segment_loss_and_its_gradients_equal_ultralytics(True, COUNTS, "yolo26n-seg.yaml")
 
 
 def test_the_segment_loss_gathers_each_images_foreground_with_one_nonzero_and_one_read(monkeypatch):
