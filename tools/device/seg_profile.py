@@ -120,7 +120,7 @@ def main() -> None:
         graphed(lambda: fill_polygons(allsegs, allvalid, a.imgsz, a.imgsz, 4)), a.iters)
     for chunk in (256, 512):
         res[f"graphed_fill_valid_only_chunk{chunk}_ms"] = median_ms(
-            graphed(lambda: fill_polygons(segs, ones, a.imgsz, a.imgsz, 4, chunk=chunk)), a.iters)
+            graphed(lambda chunk=chunk: fill_polygons(segs, ones, a.imgsz, a.imgsz, 4, chunk=chunk)), a.iters)
     print(json.dumps(res), flush=True)
 
     masked = MaskedAugment(hyp)

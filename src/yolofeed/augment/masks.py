@@ -254,4 +254,5 @@ class MaskedAugment(GpuAugment):
         return with_masks(out, self.mask_ratio, self.overlap, self.room, capacity)
 
 
-__all__ = ["MaskedAugment", "SegmentMasks", "mask_capacity", "polygons_to_masks", "sem_masks", "ultralytics_masks", "with_masks"]
+__all__ = ["MaskedAugment", "SegmentMasks", "mask_capacity", "polygons_to_masks", "sem_masks", "ultralytics_masks",
+           "with_masks"]

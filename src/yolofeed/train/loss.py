@@ -420,9 +420,10 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
     next image's small kernels (139 ms of stock's phases at batch 128 on an H200, BENCHMARKS.md "Segmentation"). Here
     the foreground's (image, anchor) pairs come from one ``nonzero`` and each image's share from one read of their
     counts, so the loop indexes with tensors and host integers and never waits: a few syncs a step (the foreground's
-    guard, ``nonzero``, the counts' read), where Ultralytics' makes about five an image. The detection part is ``SyncFreeDetectionLoss``'s (no sync, given the batch's
-    counts). Each image's mask loss is Ultralytics' ``single_mask_loss`` on the same rows in the same order (integer
-    indexing gathers what boolean indexing does), summed in the same order: the same mask loss, bit for bit.
+    guard, ``nonzero``, the counts' read), where Ultralytics' makes about five an image. The detection part is
+    ``SyncFreeDetectionLoss``'s (no sync, given the batch's counts). Each image's mask loss is Ultralytics'
+    ``single_mask_loss`` on the same rows in the same order (integer indexing gathers what boolean indexing does),
+    summed in the same order: the same mask loss, bit for bit.
     """
 
     def loss(self, preds: dict[str, Tensor], batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:

@@ -27,9 +27,10 @@ from yolofeed.errors import ConfigError
 FILE = "yolofeed.yaml"
 # FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
 OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up", "validate_beside",
-           "val_period", "batched_val_metrics", "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "monitor")
-SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "batched_val_metrics", "sync_free_step", "sync_free_loss", "fast_musgd",
-            "graphed_step")
+           "val_period", "batched_val_metrics", "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step",
+           "monitor")
+SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "batched_val_metrics", "sync_free_step", "sync_free_loss",
+            "fast_musgd", "graphed_step")
 REBUILDS = ("auto", "check", "always", "never")
 
 
