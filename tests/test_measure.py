@@ -47,7 +47,9 @@ def test_profile_trains_on_to_the_end_of_the_first_epoch_and_measures_only_its_s
     p = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1, progress=bar, first_epoch=True)
     assert p.steps == 2 and len(p.timeline["step_t"]) == 2 and len(p.windows) == 2
     assert bar.bar.total == bar.bar.n == 12  # the epoch's end ends the profile: the bar ends on its total
-    assert p.first_epoch_s > 0 and p.first_epoch_images_per_s == pytest.approx(24 / p.first_epoch_s, rel=0.01)
+    # the rate comes from the unrounded seconds, the seconds are kept to 0.01 s (1 % and more of a short epoch)
+    assert p.first_epoch_s > 0
+    assert 24 / (p.first_epoch_s + 0.005) - 0.05 <= p.first_epoch_images_per_s <= 24 / (p.first_epoch_s - 0.005) + 0.05
     assert 0 < p.first_step_s
     assert len(p.first_epoch_step_ms) == 12 - 1 and all(ms > 0 for ms in p.first_epoch_step_ms)  # all but the 1st
     short = profile("stock", DetectionTrainer, args, steps=2, warmup=1, window=1)  # the default: no epoch's end
