@@ -84,6 +84,22 @@ def test_graphed_augment_replays_new_draws_reproducibly(pack):
 
 
 @pytest.mark.gpu
+def test_a_graphed_augment_given_an_earlier_ones_generator_draws_on(pack):
+    """The trainer's augmenter made again (close_mosaic, more mask room) takes the old one's generator: its replays
+    go on from where the old one's stopped (its capture's warm-up runs take some draws), never from the seed again."""
+    from yolofeed.augment.graphs import GraphedAugment
+
+    batch = source_batch(pack(160), list(range(16)), "cuda")
+    aug = GpuAugment(AugmentHyp(imgsz=160, mixup=0.3, degrees=5.0))
+    first = GraphedAugment(aug, seed=7)
+    before = [first(batch).img.clone() for _ in range(2)]
+    after = GraphedAugment(aug, generator=first.generator)
+    assert after.generator is first.generator
+    drawn = [after(batch).img.clone() for _ in range(2)]
+    assert not any(torch.equal(d, b) for d in drawn for b in before) and not torch.equal(*drawn)
+
+
+@pytest.mark.gpu
 def test_graphed_augment_without_triton_equals_the_triton_path(pack, monkeypatch):
     """A CUDA user without Triton gets the torch reference kernels, captured in the same CUDA graph."""
     from yolofeed.augment import warp as warp_module

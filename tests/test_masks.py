@@ -262,6 +262,19 @@ def test_mask_capacity_bounds_a_batch_of_mosaics():
     assert cap < 128 * 4 * counts.max() / 5
 
 
+def test_mask_capacity_holds_a_heavy_tail_in_a_small_batch():
+    """A set of a few crowded images among sparse ones: the normal bound alone is exceeded by a small batch that
+    draws one crowded image; with the largest image's labels added it never is."""
+    from yolofeed.augment.masks import mask_capacity
+
+    rng = np.random.default_rng(1)
+    counts = np.where(rng.random(20_000) < 0.001, 400, rng.integers(1, 4, 20_000)).astype(float)
+    draws = np.array([counts[rng.integers(0, len(counts), 2 * 4)].sum() for _ in range(5_000)])
+    normal = 8 * counts.mean() + 6.0 * 8 ** 0.5 * counts.std()
+    assert (draws > normal).any()  # the case the largest image's term is for
+    assert draws.max() < mask_capacity(2, 4, counts.mean(), counts.std(), counts.max(), chunk=8)
+
+
 def test_ratio_must_divide_the_image():
     with pytest.raises(ConfigError, match="mask_ratio=3"):
         polygons_to_masks(torch.zeros(1, 1, 4, 2), torch.ones(1, 1, dtype=torch.bool), 64, 64, 3)

@@ -13,6 +13,7 @@ import torch
 
 from helpers import copy_dataset
 from yolofeed.errors import ConfigError, DatasetError
+from yolofeed.train import options
 
 TINY = dict(imgsz=64, batch=4, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
 
@@ -249,14 +250,44 @@ def test_dropped_rasteriser_events_are_read_once_an_epoch_warned_and_given_room(
         loader.close()
     dropped = trainer._dropped
     assert isinstance(dropped, torch.Tensor) and dropped.dim() == 0 and int(dropped) > 0
-    trainer.epoch = 0
+    trainer.epoch, trainer.epochs = 0, 3
     caplog.clear()
     with caplog.at_level("WARNING"):
         trainer._check_masks()
     lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(lines) == 1 and "\n" not in lines[0] and "2x its default slots" in lines[0]
-    assert trainer._mask_room == 2 and trainer._augment is None and trainer._dropped is None
+    assert trainer.mask_room == 2 and trainer._augment is None and trainer._dropped is None
     assert trainer._new_augment().room == 2
+    assert options.read(Path(trainer.save_dir) / options.FILE)["mask_room"] == 2  # a resume keeps the room
+    trainer._dropped, trainer.epoch = torch.tensor(5), trainer.epochs - 1  # the last epoch: no next one to promise
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        trainer._check_masks()
+    line = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "next epoch" not in line and "mask_room=4" in line
+
+
+def test_a_new_augmenter_continues_the_draws(segment_dataset, tmp_path):
+    """An augmenter made again (close_mosaic, more mask room, a new loader) draws on from the same generator: its
+    first batch is not the first augmenter's first batch again, and equals what the first augmenter would have
+    drawn next."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="g", epochs=1,
+        **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        source = next(iter(loader))["source"]
+    finally:
+        loader.close()
+    first = trainer._augment_source(source).img.clone()
+    state = trainer._generator.get_state()
+    second = trainer._augment_source(source).img.clone()
+    trainer._augment = None
+    trainer._generator.set_state(state)
+    again = trainer._augment_source(source).img
+    assert not torch.equal(first, second) and torch.equal(again, second)
 
 
 def test_the_training_masks_rasterise_the_instances_not_the_padding(segment_dataset, tmp_path, monkeypatch):
@@ -274,7 +305,7 @@ def test_the_training_masks_rasterise_the_instances_not_the_padding(segment_data
     try:
         counts = loader.prefetcher.labels.count
         aug = trainer._new_augment()
-        assert aug.labels == pytest.approx((counts.mean(), counts.std()))
+        assert aug.labels == pytest.approx((counts.mean(), counts.std(), counts.max()))
         source = next(iter(loader))["source"]
     finally:
         loader.close()
@@ -343,7 +374,7 @@ def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, 
     trainer = model.trainer
     graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")
     assert graph is not None and graph.flat is not None and not graph.failed  # the graphed step served
-    assert trainer._dropped is None and trainer._mask_room == 1  # read at the epochs' ends, nothing dropped
+    assert trainer._dropped is None and trainer.mask_room == 1  # read at the epochs' ends, nothing dropped
     with open(tmp_path / "gpu" / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(np.isfinite(float(r["train/seg_loss"])) for r in rows)

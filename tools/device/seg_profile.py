@@ -95,7 +95,7 @@ def main() -> None:
     print(json.dumps(res), flush=True)
 
     counts = pack.index["label_count"].astype("float64")
-    labels = (float(counts.mean()), float(counts.std()))
+    labels = (float(counts.mean()), float(counts.std()), float(counts.max()))
     res["capacity"] = mask_capacity(b, k // source.valid.shape[1], *labels)
 
     def graph_of(aug):

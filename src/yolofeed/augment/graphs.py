@@ -38,16 +38,20 @@ class GraphedAugment:
     Args:
         aug: the pipeline to capture.
         seed: seeds the graph's own generator; the same seed replays the same draws.
+        generator: the draws' generator instead (on ``device``; ``seed`` is then not used): one made for an earlier
+            augmenter continues its sequence.
         pool: where partners come from (each batch is pushed there); None, or an ``aug`` that takes no
             partners: the batch itself.
     """
 
     def __init__(self, aug: GpuAugment, seed: int = 0, device: torch.device | str = "cuda",
-                 pool: PartnerPool | None = None):
+                 pool: PartnerPool | None = None, generator: torch.Generator | None = None):
         self.aug, self.device = aug, torch.device(device)
         self.pool = pool if aug.needs_partners else None
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
+        if generator is None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed)
+        self.generator = generator
         self._graphs: dict[tuple, _Captured] = {}
 
     def _padded(self, batch: SourceBatch) -> tuple[tuple, int]:

@@ -188,17 +188,18 @@ def ultralytics_masks(m: SegmentMasks, cls: Tensor, total: int | None = None) ->
     return {"masks": m.masks.flatten(0, 1).index_select(0, src), "sem_masks": sem}
 
 
-def mask_capacity(batch: int, tiles: int, mean: float, std: float, chunk: int = 128) -> int:
+def mask_capacity(batch: int, tiles: int, mean: float, std: float, top: float = 0.0, chunk: int = 128) -> int:
     """Polygons to rasterise per batch (``polygons_to_masks``' ``capacity``) from the training set's labels an image:
-    a bound on the instances a batch can hold, ``tiles`` source images an augmented image (4 for a mosaic), each
-    instance of each kept (the crop drops many: a third of them are left on average), the mean plus 6 standard
-    deviations of the sum over the batch's ``batch x tiles`` draws; a multiple of ``chunk``.
+    a bound on the instances a batch can hold, ``tiles`` source images an augmented image (4 for a mosaic, twice that
+    with MixUp), each instance of each kept (the crop drops many: a third of them are left on average), the mean plus
+    6 standard deviations of the sum over the batch's ``batch x tiles`` draws, plus the largest image's labels (a
+    heavy tail: one such image in a small batch is beyond the normal bound); a multiple of ``chunk``.
 
     Args:
-        mean, std: labels an image over the training set.
+        mean, std, top: labels an image over the training set: mean, standard deviation, most.
     """
     draws = batch * tiles
-    bound = draws * mean + 6.0 * (draws ** 0.5) * std
+    bound = draws * mean + 6.0 * (draws ** 0.5) * std + top
     return max(chunk, -(-int(bound + 1) // chunk) * chunk)
 
 
@@ -235,12 +236,12 @@ class MaskedAugment(GpuAugment):
     Args:
         hyp: the augmentation's settings.
         mask_ratio, overlap, room: see ``with_masks``.
-        labels: the training set's labels an image, mean and standard deviation: the polygons rasterised per batch
-            are then ``mask_capacity``'s bound (times ``room``) rather than every padded slot. None: every slot.
+        labels: the training set's labels an image, mean, standard deviation and most: the polygons rasterised per
+            batch are then ``mask_capacity``'s bound (times ``room``) rather than every padded slot. None: every slot.
     """
 
     def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
-                 labels: tuple[float, float] | None = None):
+                 labels: tuple[float, float, float] | None = None):
         super().__init__(hyp)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
         self.labels = labels
@@ -248,8 +249,9 @@ class MaskedAugment(GpuAugment):
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         out = super().apply(sources, p)
         capacity = None
-        if self.labels is not None:  # from the shapes alone (static under a graph): slots an image / source width
-            tiles = out.valid.shape[1] // max(sources.valid.shape[1], 1)
+        if self.labels is not None:  # from the settings and shapes alone (static under a graph)
+            tiles = (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + self.mixers)  # source images a row
+            tiles = min(tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1))  # its slots / the source width
             capacity = mask_capacity(out.valid.shape[0], tiles, *self.labels)
         return with_masks(out, self.mask_ratio, self.overlap, self.room, capacity)
 

@@ -27,8 +27,8 @@ from yolofeed.errors import ConfigError
 FILE = "yolofeed.yaml"
 # FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
 OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up", "validate_beside",
-           "val_period", "batched_val_metrics", "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step",
-           "monitor")
+           "val_period", "batched_val_metrics", "mask_room", "sync_free_step", "sync_free_loss", "fast_musgd",
+           "graphed_step", "monitor")
 SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "batched_val_metrics", "sync_free_step", "sync_free_loss",
             "fast_musgd", "graphed_step")
 REBUILDS = ("auto", "check", "always", "never")
@@ -51,6 +51,10 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
     if isinstance(period, bool) or not isinstance(period, int) or period < 1:
         raise ConfigError(f"{where} option val_period={period!r}: expected a whole number of epochs, 1 or more (1 "
                           "validates every epoch, as Ultralytics does)")
+    room = options.get("mask_room", 1)
+    if isinstance(room, bool) or not isinstance(room, int) or room < 1:
+        raise ConfigError(f"{where} option mask_room={room!r}: expected a whole number, 1 or more (the segment mask "
+                          "rasteriser's slots in multiples of its default; a run doubles it after an overflow)")
     for name in SWITCHES:  # the string "False" would be True
         if name in options and not isinstance(options[name], bool):
             raise ConfigError(f"{where} option {name}={options[name]!r}: expected True or False")

@@ -105,6 +105,7 @@ class FastTrainer(SyncFreeStep):
     validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
+    mask_room: int = 1  # segment: the mask rasteriser's slots, in multiples of its own; doubled after an overflow
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step: the step's options (SyncFreeStep, train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
@@ -139,6 +140,7 @@ class FastTrainer(SyncFreeStep):
         # the side Ultralytics will train at, for the default stride; get_dataloader refits it to the model's
         self.hyp = AugmentHyp.from_args(self.args, data=self.data, imgsz=train_side(self.args.imgsz))
         self._augment = None
+        self._generator: torch.Generator | None = None  # the augmentation's draws: one sequence, across rebuilds
         self._pool: PartnerPool | None = None
         self.batch_images = 0  # images in the last batch handed to the step (the throughput counts real images)
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
@@ -458,15 +460,20 @@ class FastTrainer(SyncFreeStep):
         return GpuAugment(self.hyp)
 
     def _augmenter(self):
+        """The augmentation, made again after close_mosaic, a new loader or more mask room; its draws continue one
+        generator's sequence (a new augmenter seeded again would repeat the first epoch's draws)."""
         if self._augment is None:
             aug = self._new_augment()
+            if self._generator is None:
+                cuda = self.device.type == "cuda"
+                self._generator = torch.Generator(device=self.device if cuda else "cpu")
+                self._generator.manual_seed(self.args.seed + 1000 * max(RANK, 0))  # ranks draw differently
             if self.device.type == "cuda":
                 from yolofeed.augment.graphs import GraphedAugment
 
-                seed = self.args.seed + 1000 * max(RANK, 0)  # ranks draw differently
-                self._augment = GraphedAugment(aug, seed=seed, device=self.device, pool=self._pool)
+                self._augment = GraphedAugment(aug, generator=self._generator, device=self.device, pool=self._pool)
             else:
-                gen, pool = torch.Generator().manual_seed(self.args.seed), self._pool
+                gen, pool = self._generator, self._pool
                 self._augment = lambda b: aug(b, gen, pool)
         return self._augment
 
@@ -545,14 +552,15 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         super().__init__(cfg, overrides, _callbacks)
         self._dropped: torch.Tensor | None = None  # rasterisation events dropped this epoch, on the device
-        self._mask_room = 1  # the rasteriser's event slots, in multiples of its default; doubled after an overflow
         self.add_callback("on_train_epoch_end", type(self)._check_masks)
 
     def _new_augment(self) -> MaskedAugment:
         loader = self._warm[0] if self._warm is not None else None  # the training loader, once made
         counts = loader.prefetcher.labels.count[loader.dataset.indices] if loader is not None else None
-        labels = (float(counts.mean()), float(counts.std())) if counts is not None and len(counts) else None
-        return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self._mask_room,
+        labels = None
+        if counts is not None and len(counts):
+            labels = float(counts.mean()), float(counts.std()), float(counts.max())
+        return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self.mask_room,
                              labels)
 
     def _augment_source(self, source):
@@ -565,16 +573,22 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
     def _check_masks(self) -> None:
         """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway): whether the rasteriser
         ran out of event slots for some polygon this epoch. That is warned, not raised (a long run keeps going): those
-        masks lacked some rows, the later epochs get twice the slots (the augmentation's graphs are made again)."""
+        masks lacked some rows, the later epochs get twice the slots (the augmentation's graphs are made again), and
+        yolofeed.yaml records it (``mask_room``) for a resume."""
         if self._dropped is None:
             return
         dropped, self._dropped = int(self._dropped), None
-        if dropped:
-            self._mask_room *= 2
-            self._augment = None
-            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {dropped} polygons or polygon edge events did not fit "
-                           "the mask rasteriser's slots, so some training masks were empty or missed rows; from the "
-                           f"next epoch it has {self._mask_room}x its default slots (more memory and time a batch)")
+        if not dropped:
+            return
+        self.mask_room *= 2
+        self._augment = None
+        if RANK in (-1, 0):
+            options.record(self.save_dir, self.run_options())
+        last = self.epoch + 1 >= self.epochs
+        after = (f"a run with mask_room={self.mask_room} avoids it" if last else
+                 f"from the next epoch it has {self.mask_room}x its default slots (more memory and time a batch)")
+        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {dropped} polygons or polygon edge events did not fit the "
+                       f"mask rasteriser's slots, so some training masks were empty or missed rows; {after}")
 
 
 TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer,  # keys.TRAINED names them
