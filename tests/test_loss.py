@@ -277,13 +277,19 @@ def _segment_batch(counts: list[int], overlap: bool, seed: int, size: int = 64, 
 
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("counts", [COUNTS, [0, 0, 0]])
-def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts, yaml="yolo11n-seg.yaml"):
-    """SyncFreeSegmentLoss against v8SegmentationLoss, overlap_mask on and off: the mask loss bit for bit (the same
-    per-image terms in the same order), the detection losses to the last bits of longer sums, every gradient; a batch
-    without boxes takes Ultralytics' path. YOLO26's segment loss (SegmentLoss26, its own assigner, a semantic head) is
-    left as Ultralytics' (the batch's counts are ignored): ``test_yolo26_segment_loss_stays_ultralytics``."""
+@pytest.mark.parametrize("chunk", [None, 16 * 16 * 40, 1])
+def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts, chunk, monkeypatch,
+                                                              yaml="yolo11n-seg.yaml"):
+    """SyncFreeSegmentLoss against v8SegmentationLoss, overlap_mask on and off: the mask loss to float32's rounding
+    of a sum in another order (each row's term is Ultralytics'), the detection losses to the last bits of longer sums,
+    every gradient; a batch without boxes takes Ultralytics' path. The batched mask loss in one group of images, in
+    groups of at most 40 padded rows, and an image a group (``chunk``: ``MASK_CHUNK`` at the 16 x 16 masks). YOLO26's
+    segment loss (SegmentLoss26, its own assigner, a semantic head) is left as Ultralytics' (the batch's counts are
+    ignored): ``test_yolo26_segment_loss_stays_ultralytics``."""
     if not seam.since(seam.SEGMENT_LOSS_SINCE):
         pytest.skip(f"the sync-free segment loss serves from Ultralytics {seam.SEGMENT_LOSS_SINCE}")
+    if chunk is not None:
+        monkeypatch.setattr(sfl, "MASK_CHUNK", chunk)
     torch.manual_seed(0)
     model = _model(yaml, SegmentationModel).train()
     model.args.overlap_mask = overlap
@@ -311,15 +317,31 @@ def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts, y
     else:
         counts_in = {sfl.MAX_BOXES: 0}
     got = run({**b, **counts_in})
-    assert torch.equal(got[0][1], want[0][1])  # the mask loss
+    assert float(want[0][1]) > 0 or not max(counts)
+    torch.testing.assert_close(got[0][1], want[0][1], rtol=1e-6, atol=0)  # the mask loss
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
     assert len(got[1]) == len(want[1])
     for x, y in zip(got[1], want[1]):
         assert (x - y).abs().max() <= 1e-5 * y.abs().max() + 1e-6, ((x - y).abs().max(), y.abs().max())
 
 
-def test_yolo26_segment_loss_stays_ultralytics():
-    test_the_segment_loss_and_its_gradients_equal_ultralytics(True, COUNTS, "yolo26n-seg.yaml")
+def test_yolo26_segment_loss_stays_ultralytics(monkeypatch):
+    test_the_segment_loss_and_its_gradients_equal_ultralytics(True, COUNTS, None, monkeypatch, "yolo26n-seg.yaml")
+
+
+def test_the_mask_loss_groups_images_within_the_padded_budget():
+    """Runs of consecutive images whose padded rows (images x most rows) stay within the budget, an image over it
+    alone, images without a foreground skipped; every image with a foreground in exactly one run."""
+    counts = [0, 3, 1, 0, 0, 5, 2, 2, 9, 0, 1]
+    rows = sfl._ImageRows(torch.zeros(sum(counts), 2, dtype=torch.long), torch.tensor([counts]), counts, None, None)
+    for budget in (1, 4, 6, 10, 100):
+        groups = rows.groups(budget)
+        covered = [i for a, z in groups for i in range(a, z)]
+        assert sorted(covered) == covered and {i for i, c in enumerate(counts) if c} <= set(covered)
+        for a, z in groups:
+            assert counts[a] and counts[z - 1] and (z - a == 1 or (z - a) * rows.most(a, z) <= budget)
+    assert rows.groups(100) == [(1, 11)] and rows.groups(1) == [(i, i + 1) for i, c in enumerate(counts) if c]
+    assert rows.empty_images == 4 and rows.fg_first.tolist() == [0, 0, 3, 4, 4, 4, 9, 11, 13, 22, 22]
 
 
 def test_the_segment_loss_gathers_each_images_foreground_with_one_nonzero_and_one_read(monkeypatch):

@@ -243,11 +243,13 @@ SECTIONS = {s.name: s for s in (
     Section("val-metrics", "The whole run", "nvidia-h200", 1, 2, (
         "python3 -m yolofeed synth out=/tmp/synth-val n_train=16 n_val=500 seed=0 2>&1 | tail -1",
         "timeout 200 python3 -m tools.device.val_metrics_ab /tmp/synth-val/data.yaml --turns 2 | tail -12")),
-    Section("seg-again", "Segmentation", "nvidia-h200", 1, 7, (
-        # the segment loss's and the masks' GPU tests beside the synth and pack; the bench waits for them
-        "timeout 150 python3 -m pytest -q -m gpu tests/test_loss.py tests/test_masks.py "
-        "-p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_seg.txt 2>&1 &",
-        *SECTIONS_SEG[:3], "wait; tail -15 $OUT/gpu_tests_seg.txt", *SECTIONS_SEG[3:])),
+    Section("seg-again", "Segmentation", "nvidia-h200", 1, 8, (
+        # the segment loss's, the masks' and the augmenter's GPU tests beside the synth and pack; the loss A/B and the
+        # bench wait for them
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_loss.py tests/test_masks.py tests/test_augment_gpu.py "
+        "tests/test_train_segment.py -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_seg.txt 2>&1 &",
+        *SECTIONS_SEG[:3], "wait; tail -25 $OUT/gpu_tests_seg.txt",
+        "timeout 120 python3 -m tools.device.seg_loss_ab /tmp/synth-seg/data.yaml 2>&1 | tail -3", *SECTIONS_SEG[3:])),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),

@@ -50,6 +50,7 @@ from yolofeed.ultralytics_seam import (
     TaskAlignedAssigner,
     bbox2dist,
     bbox_iou,
+    crop_mask,
     make_anchors,
     probiou,
     rbox2dist,
@@ -75,6 +76,7 @@ class _Constants:
 
 
 MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
+MASK_CHUNK = 1 << 27  # the segment loss's padded mask elements a group of images (256 MB of float16 masks)
 CANDIDATES = "tal_candidates"
 
 
@@ -473,38 +475,64 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
 
     def _segmentation_loss(self, fg_mask: Tensor, masks: Tensor, target_gt_idx: Tensor, target_bboxes: Tensor,
                            rows: _ImageRows, proto: Tensor, pred_masks: Tensor, imgsz: Tensor) -> Tensor:
-        """``calculate_segmentation_loss`` with each image's foreground from ``rows`` (no sync in the loop)."""
+        """``calculate_segmentation_loss`` over the whole batch's foreground at once: no loop over the images.
+
+        Ultralytics computes each image's masks and their loss in turn, about 15 small kernels an image and as many
+        in the backward pass (about 4,000 launches at batch 128, the GPU waiting on the host between them). Here the
+        foreground rows of a group of images are laid out padded, ``(images, most rows, 32)``, for one batched matrix
+        product with the group's prototypes (under autocast in float16, as Ultralytics' einsum), and the real rows are
+        taken back out of it; the binary cross-entropy, the crop to the box, the mean over the pixels and the division
+        by the box area are Ultralytics' ``single_mask_loss`` on those rows. The groups bound the padded product's
+        memory (``MASK_CHUNK``). Each row's term is Ultralytics'; their sum runs in another order (float32 rounding).
+        """
         _, _, mask_h, mask_w = proto.shape
-        loss = 0
         # imgsz[[1, 0, 1, 0]] and torch.tensor([...], device=...) copy from host memory: the same values made here
         target_bboxes_normalized = target_bboxes / imgsz.flip(0).repeat(2)
         marea = xyxy2xywh(target_bboxes_normalized)[..., 2:].prod(2)
         size = torch.empty(4, device=proto.device)
         size[0::2], size[1::2] = mask_w, mask_h
         mxyxy = target_bboxes_normalized * size
-        for i in range(len(fg_mask)):
-            anchors = rows.anchors(i)
-            if anchors is not None:
-                mask_idx = target_gt_idx[i][anchors]
-                if self.overlap:
-                    gt_mask = (masks[i] == (mask_idx + 1).view(-1, 1, 1)).float()
-                else:
-                    gt_mask = masks[rows.targets(i)][mask_idx]
-                loss += self.single_mask_loss(gt_mask, pred_masks[i][anchors], proto[i], mxyxy[i][anchors],
-                                              marea[i][anchors])
+        image, anchor = rows.fg[:, 0], rows.fg[:, 1]  # every foreground row, image by image (row-major)
+        mask_idx = target_gt_idx[image, anchor]
+        pred, xyxy, area = pred_masks[image, anchor], mxyxy[image, anchor], marea[image, anchor]
+        position = torch.arange(len(image), device=image.device) - rows.fg_first[image]  # the row within its image
+        target = None if self.overlap else rows.order[rows.t_first[image] + mask_idx]  # each row's mask, no overlap
+        terms = []
+        for a, z in rows.groups(MASK_CHUNK // (mask_h * mask_w)):
+            r = slice(rows.fg_edges[a], rows.fg_edges[z])
+            at = (image[r] - a, position[r])
+            padded = pred.new_zeros(z - a, rows.most(a, z), pred.shape[-1]).index_put(at, pred[r])
+            pred_mask = torch.bmm(padded, proto[a:z].flatten(2)).unflatten(2, (mask_h, mask_w))[at]
+            if target is None:
+                gt_mask = (masks[image[r]] == (mask_idx[r] + 1).view(-1, 1, 1)).float()
             else:
-                loss += (proto * 0).sum() + (pred_masks * 0).sum()
+                gt_mask = masks[target[r]]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(pred_mask, gt_mask, reduction="none")
+            terms.append(crop_mask(loss, xyxy[r]).mean(dim=(1, 2)) / area[r])
+        loss = torch.cat(terms).sum()
+        if rows.empty_images:  # Ultralytics adds these zeros for each image without a foreground (DDP's unused
+            loss = loss + (proto * 0).sum() + (pred_masks * 0).sum()  # parameters; nan where an input is inf)
         return loss / fg_mask.sum()
 
 
 class _ImageRows:
     """Each image's foreground anchors (in ``fg_mask``'s order) and, without overlap, its target rows (in the batch's
-    order), from one ``nonzero`` and one read of the per-image counts: slices by host integers after that."""
+    order), from one ``nonzero`` and one read of the per-image counts: slices by host integers after that, and each
+    image's first row on the device."""
 
-    def __init__(self, fg: Tensor, fg_counts: list[int], order: Tensor | None, target_counts: list[int] | None):
-        self.fg, self.order = fg, order
+    def __init__(self, fg: Tensor, counts: Tensor, fg_counts: list[int], order: Tensor | None,
+                 target_counts: list[int] | None):
+        self.fg, self.order, self.fg_counts = fg, order, fg_counts
         self.fg_edges = [0, *itertools.accumulate(fg_counts)]
         self.t_edges = None if target_counts is None else [0, *itertools.accumulate(target_counts)]
+        first = counts.cumsum(1) - counts  # each image's first row: device arithmetic, no copy from host memory
+        self.fg_first = first[0]
+        self.t_first = first[1] if order is not None else None
+
+    @property
+    def empty_images(self) -> int:
+        """Images without a foreground anchor."""
+        return sum(c == 0 for c in self.fg_counts)
 
     def anchors(self, i: int) -> Tensor | None:
         """Image ``i``'s foreground anchor indices (``fg_mask[i].nonzero()``), None where it has none."""
@@ -514,6 +542,28 @@ class _ImageRows:
     def targets(self, i: int) -> Tensor:
         """Image ``i``'s target rows (``batch_idx == i``, in order) as indices into the batch's rows."""
         return self.order[self.t_edges[i]:self.t_edges[i + 1]]
+
+    def most(self, a: int, z: int) -> int:
+        """The most foreground rows of one image among images ``a`` to ``z - 1``."""
+        return max(self.fg_counts[a:z])
+
+    def groups(self, rows: int) -> list[tuple[int, int]]:
+        """Runs of consecutive images ``[a, z)`` whose padded layout (images x most rows) holds at most ``rows`` rows
+        (an image alone may hold more); images without a foreground at a run's ends are left out."""
+        out, a, n = [], 0, len(self.fg_counts)
+        while a < n:
+            if not self.fg_counts[a]:
+                a += 1
+                continue
+            z, most = a + 1, self.fg_counts[a]
+            while z < n and (z + 1 - a) * max(most, self.fg_counts[z]) <= rows:
+                most, z = max(most, self.fg_counts[z]), z + 1
+            end = z
+            while not self.fg_counts[end - 1]:
+                end -= 1
+            out.append((a, end))
+            a = z
+        return out
 
 
 def _per_image(image: Tensor, b: int) -> Tensor:
@@ -531,8 +581,10 @@ def _image_rows(fg_mask: Tensor, batch_idx: Tensor, overlap: bool) -> _ImageRows
         image = batch_idx.to(fg.device).long()
         order = torch.argsort(image, stable=True)  # masks[batch_idx == i] keeps the batch's order within an image
         counts.append(_per_image(image, b))
-    host = torch.stack(counts).tolist()
-    return _ImageRows(fg, host[0], order, None if overlap else host[1])
+    counts = torch.stack(counts)
+    host = counts.tolist()
+    return _ImageRows(fg, counts, host[0], order, None if overlap else host[1])
+
 
 def _rbox_edges(gt_bboxes: Tensor, mask_gt: Tensor, stride_val: float) -> tuple[Tensor, ...]:
     """The box side of ``RotatedTaskAlignedAssigner.select_candidates_in_gts``, by its own steps: each box's sides

@@ -157,6 +157,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     )
     from ultralytics.utils.metrics import bbox_iou, probiou  # train.loss: the box losses' CIoU and ProbIoU
     from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats; loader.val: OBB's as Format makes them
+        crop_mask,  # train.loss: the segment loss's crop, on the batched rows
         segments2boxes,
         xywh2xyxy,
         xywhr2xyxyxyxy,
@@ -206,7 +207,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "xyxyxyxy2xywhr",
     "batched_metrics_serve", "DetectionValidator", "record_image_stats",
     "batches_per_step", "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml",
-    "checkpoint", "criterion",
+    "checkpoint", "criterion", "crop_mask",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",

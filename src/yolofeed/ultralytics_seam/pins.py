@@ -112,6 +112,10 @@ COPIED: tuple[Pinned, ...] = (
            "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "each image's foreground anchors from one "
            "nonzero and one read of the counts, where Ultralytics gathers them by boolean indexing (a sync each); "
            "the scales made on the device", since=SEGMENT_LOSS_SINCE),
+    Pinned("ultralytics.utils.loss.v8SegmentationLoss.single_mask_loss", "105c2c0ef785a48e",
+           "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "a group of images' rows at once: their "
+           "masks from one padded batched product, then the same cross-entropy, crop, mean and area per row, summed "
+           "once", since=SEGMENT_LOSS_SINCE),
     Pinned("ultralytics.utils.loss.v8PoseLoss._batch_keypoints", "3c246c7f85087ad1",
            "yolofeed.train.loss.SyncFreePoseLoss._padded_keypoints", "the most boxes per image given, not learnt (a "
            "sync)", since=POSE_SINCE),
