@@ -423,9 +423,9 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
     the foreground's (image, anchor) pairs come from one ``nonzero`` and each image's share from one read of their
     counts, so the loop indexes with tensors and host integers and never waits: a few syncs a step (the foreground's
     guard, ``nonzero``, the counts' read), where Ultralytics' makes about five an image. The detection part is
-    ``SyncFreeDetectionLoss``'s (no sync, given the batch's counts). Each image's mask loss is Ultralytics'
-    ``single_mask_loss`` on the same rows in the same order (integer indexing gathers what boolean indexing does),
-    summed in the same order: the same mask loss, bit for bit.
+    ``SyncFreeDetectionLoss``'s (no sync, given the batch's counts). The mask loss is computed for groups of images at
+    once (``_segmentation_loss``): each row's term is Ultralytics' ``single_mask_loss`` term, on the rows boolean
+    indexing would gather, summed in another order (the same loss to float32's rounding).
     """
 
     def loss(self, preds: dict[str, Tensor], batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:

@@ -544,7 +544,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
 
     Use it as ``YOLO("yolo11n-seg.yaml").train(trainer=FastSegmentationTrainer, data=...)``; ``yolofeed train`` picks it
     for a segmentation model. With ``sync_free_loss`` the segment loss is ``train.loss.SyncFreeSegmentLoss`` (a few
-    host syncs a step where Ultralytics' makes about 5 an image; the same mask loss).
+    host syncs a step where Ultralytics' makes about 5 an image; the mask loss batched over the images, the same to
+    float32's rounding).
     """
 
     carried_task = "segment"
