@@ -200,9 +200,10 @@ N_IMAGES, BATCH, EPOCHS, IMGSZ = 400, 8, 2, 64  # buffer min(400, 64, 1000) = 64
 POSE = {"kpt_shape": (5, 3), "flip_idx": (0, 3, 2, 1, 4)}  # yolofeed synth task=pose's
 
 
-@pytest.fixture(scope="module", params=["detect", "pose"])
+@pytest.fixture(scope="module", params=["detect", "pose", "obb", "segment"])
 def composition_data(tmp_path_factory, request):
-    """The set both sides compose batches from, and its task (a pose set: keypoints ride along, draws unchanged)."""
+    """The set both sides compose batches from, and its task (keypoints, corners or polygons ride along: the draws
+    are the same; Ultralytics' dataset of that task on its side)."""
     root = tmp_path_factory.mktemp(f"composition-{request.param}")
     return synth.run(SynthConfig(out=str(root), n_train=N_IMAGES, n_val=2, imgsz=IMGSZ, seed=5, workers=2,
                                  task=request.param)), request.param
