@@ -56,6 +56,11 @@ CASES = {
     # GPU 22 %. Without this rule the small-batch rule would have named the batch.
     "optimizer_h200": dict(data_wait=0.0203, gpu_util=22.3, batch=16, step_ms=84.07, optimizer_share=0.436,
                            optimizer="MuSGD", images_per_s=189.8, own_cores_busy=1.05, machine_cores_busy=1.07),
+    # `yolofeed bench` on the H200, yolo11n-seg at batch 128 (BENCHMARKS.md, "Segmentation", fb1f6fa): stock's loss
+    # phase 167 of 466 ms (phases' sum), the GPU 34 % busy, no data wait; yolofeed 765 img/s
+    "loss_h200": dict(data_wait=0.0015, gpu_util=33.6, batch=128, step_ms=351.4, loss_share=166.84 / 465.85,
+                      task="segment", images_per_s=344.6, yolofeed_images_per_s=764.8, own_cores_busy=7.53,
+                      machine_cores_busy=7.55, workers=16),
     # ... yolo11x, batch 32, 16 workers (4 cores of leftover hogs beside it, which the GPU-bound run did not feel)
     "gpu_bound_h200": dict(data_wait=0.0036, gpu_util=88.2, workers=16, batch=32, own_cores_busy=4.94,
                            machine_cores_busy=9.0, images_per_s=237.7, step_ms=133.8),
@@ -300,6 +305,15 @@ def test_optimizer_advice_names_musgd_only_when_it_ran():
     # yolofeed's MuSGD first: the same optimiser, cheaper; another optimiser changes the training
     assert "one CUDA graph" in musgd.advice[0] and "optimizer=AdamW" in musgd.advice[1]
 
+
+
+def test_loss_advice_names_the_tasks_own_loss():
+    seg = diagnose(replace(FED, **CASES["loss_h200"]))[0]
+    det = diagnose(replace(FED, **{**CASES["loss_h200"], "task": "detect"}))[0]
+    assert "126 ms of the median 351 ms step (36 %)" in seg.evidence and "image by image" in seg.evidence
+    assert "mask loss for groups of images" in seg.advice[0] and "2.2x" in seg.advice[0]
+    assert "mask" not in det.evidence + det.advice[0] and "without host syncs" in det.advice[0]
+    assert diagnose(replace(FED, **{**CASES["loss_h200"], "loss_share": 0.1}))[0].rule != "loss"
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ def trainer_class(mode: str, task: str = "detect") -> type:
     return TRAINERS[task]
 
 
-def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
+def facts_from(stock: dict, yolofeed: dict | None, amp: bool, task: str = "detect") -> Facts:
     step = stock["step_ms"] or 1e-9
     ph = stock["phases_ms"]
     total = sum(ph.values()) or step
@@ -38,7 +38,8 @@ def facts_from(stock: dict, yolofeed: dict | None, amp: bool) -> Facts:
                  val_images_per_s=stock["val_images_per_s"],
                  yolofeed_images_per_s=yolofeed["images_per_s"] if yolofeed else None,
                  callbacks_ms=stock.get("callbacks_ms") or None,
-                 optimizer_share=ph.get("optimizer", 0.0) / total, optimizer=stock.get("optimizer", ""))
+                 optimizer_share=ph.get("optimizer", 0.0) / total, optimizer=stock.get("optimizer", ""),
+                 loss_share=ph.get("loss", 0.0) / total, task=task)
 
 
 def workers_said(asked: int, stock: dict) -> str:
@@ -82,7 +83,8 @@ def run(cfg: DoctorConfig) -> list:
     finally:
         progress.close()
     by_mode = {p["mode"]: p for p in profiles}
-    verdicts = diagnose(facts_from(by_mode["stock"], by_mode.get("yolofeed"), bool(cfg.extra.get("amp", True))))
+    verdicts = diagnose(facts_from(by_mode["stock"], by_mode.get("yolofeed"), bool(cfg.extra.get("amp", True)),
+                                   task))
     summary = (f"{cfg.model} on {cfg.data}, batch {profiles[0]['batch']}, imgsz {cfg.imgsz}, "
                f"workers {workers_said(cfg.workers, profiles[0])}, device {profiles[0]['device']}, {cfg.steps} steps "
                f"after {profiles[0]['warmup']}")
