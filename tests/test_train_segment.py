@@ -267,6 +267,47 @@ def test_dropped_rasteriser_events_are_read_once_an_epoch_warned_and_given_room(
     assert "next epoch" not in line and "mask_room=4" in line
 
 
+def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, tmp_path):
+    """After an epoch without an overflow the rasteriser's capacity is 1.5 times the most instances a batch held (the
+    most read once, at the epoch's end), the augmenter made again with it; its masks equal those of every slot. Not
+    in the last epoch, and not again."""
+    from yolofeed.augment import masks
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="l", epochs=3,
+        **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        sources = [raw["source"] for _, raw in zip(range(3), loader)]
+    finally:
+        loader.close()
+    held = [int(trainer._augment_source(s).valid.sum()) for s in sources]
+    assert isinstance(trainer._most, torch.Tensor) and int(trainer._most) == max(held)
+    trainer.epoch = 0
+    trainer._check_masks()
+    assert trainer._capacity == masks.learnt_capacity(max(held)) and trainer._augment is None
+    aug = trainer._new_augment()
+    assert aug.capacity == trainer._capacity
+    every = masks.MaskedAugment(aug.hyp, aug.mask_ratio, aug.overlap)
+    p = aug.sample(4, torch.Generator().manual_seed(2))
+    got, want = aug.apply(sources[0], p), every.apply(sources[0], p)
+    assert torch.equal(got.masks.masks, want.masks.masks) and int(got.masks.overflow) == 0
+    learnt = trainer._capacity
+    trainer._augment_source(sources[1])
+    trainer._capacity = None
+    trainer.epoch = trainer.epochs - 1  # the last epoch: nothing left to learn for
+    trainer._check_masks()
+    assert trainer._capacity is None and learnt % 128 == 0
+
+
+def test_learnt_capacity_is_a_margin_over_the_most_in_whole_chunks():
+    from yolofeed.augment.masks import learnt_capacity
+
+    assert learnt_capacity(0) == 128 and learnt_capacity(100) == 256 and learnt_capacity(1931) == 2944
+    assert learnt_capacity(85) == 128 and learnt_capacity(86) == 256  # 1.5 x 85 + 1 = 128.5
+
+
 def test_a_new_augmenter_continues_the_draws(segment_dataset, tmp_path):
     """An augmenter made again (close_mosaic, more mask room, a new loader) draws on from the same generator: its
     first batch is not the first augmenter's first batch again, and equals what the first augmenter would have

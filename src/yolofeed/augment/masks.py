@@ -203,6 +203,14 @@ def mask_capacity(batch: int, tiles: int, mean: float, std: float, top: float = 
     return max(chunk, -(-int(bound + 1) // chunk) * chunk)
 
 
+def learnt_capacity(most: int, margin: float = 1.5, chunk: int = 128) -> int:
+    """A bound on the polygons a batch holds from the most one batch held so far: ``margin`` times it, in whole
+    chunks. The mosaic's crop leaves about a third of its tiles' instances, so this is far below ``mask_capacity``'s
+    bound (which keeps them all), and a sum over a batch's images varies little from batch to batch. A batch beyond
+    it is counted in the masks' overflow as any other (warned, and the room doubled)."""
+    return max(chunk, -(-int(margin * most + 1) // chunk) * chunk)
+
+
 def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
                capacity: int | None = None) -> AugmentedBatch:
     """``Format``'s last step for a segment batch: masks of the augmented polygons (``polygons_to_masks``), and every
@@ -238,23 +246,27 @@ class MaskedAugment(GpuAugment):
         mask_ratio, overlap, room: see ``with_masks``.
         labels: the training set's labels an image, mean, standard deviation and most: the polygons rasterised per
             batch are then ``mask_capacity``'s bound (times ``room``) rather than every padded slot. None: every slot.
+        capacity: a bound learnt from the batches augmented so far (polygons a batch, a multiple of 128), used where
+            it is below the labels' bound. None: the labels' bound alone.
     """
 
     def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
-                 labels: tuple[float, float, float] | None = None):
+                 labels: tuple[float, float, float] | None = None, capacity: int | None = None):
         super().__init__(hyp)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
-        self.labels = labels
+        self.labels, self.capacity = labels, capacity
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         out = super().apply(sources, p)
-        capacity = None
+        capacity = self.capacity
         if self.labels is not None:  # from the settings and shapes alone (static under a graph)
             tiles = (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + self.mixers)  # source images a row
             tiles = min(tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1))  # its slots / the source width
-            capacity = mask_capacity(out.valid.shape[0], tiles, *self.labels)
+            bound = mask_capacity(out.valid.shape[0], tiles, *self.labels)
+            capacity = bound if capacity is None else min(capacity, bound)
         return with_masks(out, self.mask_ratio, self.overlap, self.room, capacity)
 
 
-__all__ = ["MaskedAugment", "SegmentMasks", "mask_capacity", "polygons_to_masks", "sem_masks", "ultralytics_masks",
+__all__ = ["MaskedAugment", "SegmentMasks", "learnt_capacity", "mask_capacity", "polygons_to_masks", "sem_masks",
+           "ultralytics_masks",
            "with_masks"]

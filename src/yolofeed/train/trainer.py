@@ -42,7 +42,7 @@ import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
-from yolofeed.augment.masks import MaskedAugment
+from yolofeed.augment.masks import MaskedAugment, learnt_capacity
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
@@ -553,6 +553,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         super().__init__(cfg, overrides, _callbacks)
         self._dropped: torch.Tensor | None = None  # rasterisation events dropped this epoch, on the device
+        self._most: torch.Tensor | None = None  # the most instances one batch held this epoch, on the device
+        self._capacity: int | None = None  # polygons a batch rasterises, learnt from the first epoch's batches
         self.add_callback("on_train_epoch_end", type(self)._check_masks)
 
     def _new_augment(self) -> MaskedAugment:
@@ -562,24 +564,34 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         if counts is not None and len(counts):
             labels = float(counts.mean()), float(counts.std()), float(counts.max())
         return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self.mask_room,
-                             labels)
+                             labels, self._capacity)
 
     def _augment_source(self, source):
         out = super()._augment_source(source)
-        if out.masks is not None:  # a device add per batch, read once an epoch (_check_masks): no sync here
+        if out.masks is not None:  # device ops per batch, read once an epoch (_check_masks): no sync here
             overflow = out.masks.overflow  # under GraphedAugment the graph's memory: added before the next replay
+            held = out.valid.sum()
             self._dropped = overflow.clone() if self._dropped is None else self._dropped + overflow
+            self._most = held if self._most is None else torch.maximum(self._most, held)
         return out
 
     def _check_masks(self) -> None:
         """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway): whether the rasteriser
-        ran out of event slots for some polygon this epoch. That is warned, not raised (a long run keeps going): those
-        masks lacked some rows, the later epochs get twice the slots (the augmentation's graphs are made again), and
-        yolofeed.yaml records it (``mask_room``) for a resume."""
+        ran out of event slots for some polygon this epoch, and the most instances a batch held.
+
+        An overflow is warned, not raised (a long run keeps going): those masks lacked some rows, the later epochs get
+        twice the slots (the augmentation's graphs are made again), and yolofeed.yaml records it (``mask_room``) for a
+        resume. Without one, after the first epoch the rasteriser's capacity is learnt from the batches
+        (``learnt_capacity``: 1.5 times the most a batch held) where that is below the training set's bound: the
+        fill's cost follows its capacity."""
         if self._dropped is None:
             return
-        dropped, self._dropped = int(self._dropped), None
+        most = self._most if self._most is not None else torch.full_like(self._dropped, -1)  # -1: none seen
+        (dropped, most), self._dropped, self._most = torch.stack([self._dropped, most]).long().tolist(), None, None
         if not dropped:
+            if self._capacity is None and most >= 0 and self.epoch + 1 < self.epochs:
+                self._capacity = learnt_capacity(most)
+                self._augment = None  # graphs for the new capacity (a capture, once)
             return
         self.mask_room *= 2
         self._augment = None
