@@ -27,7 +27,8 @@ def _build(root: Path, imgsz: int = 64, workers: int = 1, **kw) -> Pack:
 
 def test_only_yolofeeds_own_temporary_files_are_swept(dataset, tmp_path, caplog):
     """The sweep deleted every ``.*.tmp-*`` file of the folder (out= may be any folder). Now only a regular file
-    named as a build names its temporary files and starting as yolofeed writes them: a dead build's pack or report."""
+    named as a build names its temporary files and starting as yolofeed writes them (or empty): a dead build's pack or
+    report."""
     yaml_file, out = dataset / "data.yaml", tmp_path / "packs"
     folder = _folder(yaml_file, out)
     victim = tmp_path / "victim.txt"
@@ -42,7 +43,9 @@ def test_only_yolofeeds_own_temporary_files_are_swept(dataset, tmp_path, caplog)
     (folder / ".train.yfpack.tmp-2-deadbeef").symlink_to(victim)  # a link named as ours: not followed, not deleted
     (folder / ".val.yfpack.tmp-3-deadbeef").mkdir()
     dead = {".train.yfpack.tmp-4-0123abcd": PREAMBLE + b"\0" * 1000,  # what a killed build leaves
-            ".train.report.txt.tmp-4-0123abcd": b"# train.yfpack: 1 skipped, 0 notes. file<TAB>status<TAB>reason\nx\n"}
+            ".train.report.txt.tmp-4-0123abcd": b"# train.yfpack: 1 skipped, 0 notes. file<TAB>status<TAB>reason\nx\n",
+            ".val.yfpack.tmp-5-0123abcd": b"",  # killed between creating it and writing its preamble
+            ".val.report.txt.tmp-5-0123abcd": b""}
     for name, data in dead.items():
         (folder / name).write_bytes(data)
     with caplog.at_level(logging.INFO):

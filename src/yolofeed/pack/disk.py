@@ -203,8 +203,9 @@ def leftovers(folder: Path) -> tuple[list[Path], list[Path]]:
     """The temporary files of builds in ``folder``: those proven to be yolofeed's, and those only named like them.
 
     Proven: a regular file (not a link), named as a build names its temporary files, that starts as yolofeed writes
-    them (the pack's preamble, the report's first line). A file of any other kind or content is not yolofeed's
-    to delete, whatever its name.
+    them (the pack's preamble, the report's first line), or is empty: a build killed between creating its file and
+    its first write leaves that, and an empty file holds nothing to lose. A file of any other kind or content is not
+    yolofeed's to delete, whatever its name.
     """
     ours, others = [], []
     for path in folder.glob(f".*{TMP_MARK}*"):
@@ -212,7 +213,7 @@ def leftovers(folder: Path) -> tuple[list[Path], list[Path]]:
         if m is None:
             continue
         start = files.head(path, 256)  # None: a link, a folder, a FIFO ...
-        if start is not None and (m["name"].endswith(SUFFIX) and start.startswith(PREAMBLE)
+        if start is not None and (start == b"" or m["name"].endswith(SUFFIX) and start.startswith(PREAMBLE)
                                   or m["name"].endswith(REPORT_SUFFIX) and REPORT_HEAD.match(start)):
             ours.append(path)
         else:
