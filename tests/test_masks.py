@@ -273,6 +273,9 @@ def test_mask_capacity_holds_a_heavy_tail_in_a_small_batch():
     normal = 8 * counts.mean() + 6.0 * 8 ** 0.5 * counts.std()
     assert (draws > normal).any()  # the case the largest image's term is for
     assert draws.max() < mask_capacity(2, 4, counts.mean(), counts.std(), counts.max(), chunk=8)
+    # partners from the batch itself: one crowded image mixed with itself (MixUp, no mosaic, a batch of 1) fills a
+    # row twice
+    assert 2 * counts.max() <= mask_capacity(1, 2, counts.mean(), counts.std(), counts.max(), chunk=8)
 
 
 def test_ratio_must_divide_the_image():

@@ -301,6 +301,89 @@ def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, t
     assert trainer._capacity is None and learnt % 128 == 0
 
 
+def test_an_overflow_that_cannot_be_recorded_is_warned_and_training_goes_on(segment_dataset, tmp_path, monkeypatch,
+                                                                            caplog):
+    """The room doubled after an overflow is recorded for a resume; a run folder that cannot take it (read-only, a
+    full disk) is one more warning, not the end of the run. At mask_room's most the room stays, and the warning says
+    what would help."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="w", epochs=3,
+        **TINY))
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(options, "record", refuse)
+    trainer._dropped, trainer.epoch = torch.tensor(7), 0
+    with caplog.at_level("WARNING"):
+        trainer._check_masks()
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert trainer.mask_room == 2 and len(lines) == 2 and "7 polygons" in lines[0]
+    assert "could not record mask_room=2" in lines[1] and "Permission denied" in lines[1]
+    trainer.mask_room, trainer._dropped = options.MASK_ROOM_MOST, torch.tensor(3)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        trainer._check_masks()
+    line = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert trainer.mask_room == options.MASK_ROOM_MOST and "already at its most" in line and "simplify" in line
+
+
+def test_mask_room_is_bounded():
+    for bad in (0, options.MASK_ROOM_MOST + 1, 2 ** 40):
+        with pytest.raises(ConfigError, match=f"mask_room={bad}: expected a whole number from 1 to 64"):
+            options.check({"mask_room": bad})
+    options.check({"mask_room": options.MASK_ROOM_MOST})
+
+
+def _agree(rank: int, port: int, pair: list[int], out) -> None:
+    import torch.distributed as dist
+
+    from yolofeed.train.trainer import ranks_agree
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        out.put((rank, ranks_agree(torch.tensor(pair)).tolist()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_on_the_masks_epoch_counts():
+    """Under DDP every rank takes the same decision at an epoch's end: the events dropped on any rank (summed) and the
+    most a batch held on any rank, so that a room doubled on rank 1 is rank 0's to record too."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_agree, args=(r, port, pair, out)) for r, pair in enumerate(([0, 900], [5, 1200]))]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert got == {0: [5, 1200], 1: [5, 1200]}
+
+
+def test_a_resumed_run_draws_on_from_its_start_epoch_not_epoch_ones_draws(segment_dataset, tmp_path):
+    """The augmentation's generator state is not in the checkpoint: a run resumed at epoch e seeds it from the seed, the
+    rank and e, not the seed alone (which would replay epoch 1's draws); a fresh run seeds as before."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="s", epochs=3,
+        **TINY))
+    trainer._augmenter()
+    assert trainer._generator.initial_seed() == trainer.args.seed
+    trainer._augment, trainer._generator, trainer.start_epoch = None, None, 2
+    trainer._augmenter()
+    assert trainer._generator.initial_seed() == trainer.args.seed + 2 * 1_000_003
+
+
 def test_learnt_capacity_is_a_margin_over_the_most_in_whole_chunks():
     from yolofeed.augment.masks import learnt_capacity
 

@@ -125,8 +125,8 @@ class TrainConfig:
     batched_val_metrics: bool = key(True, "a detection validation gathers its statistics for a whole batch at once "
                                     "(one IoU and one copy to the host; the same statistics and metrics); False: "
                                     "image by image, as stock")
-    mask_room: int = key(1, "segment: the GPU mask rasteriser's slots, in multiples of its default; a run that "
-                         "overflows them warns and doubles it (recorded for a resume)", minimum=1)
+    mask_room: int = key(1, "segment: the GPU mask rasteriser's slots, in multiples of its default (1 to 64); a "
+                         "run that overflows them warns and doubles it (recorded for a resume)", minimum=1)
     # the step's options (FastDetectionTrainer.with_options): each True is a speed-up, False Ultralytics' way
     augment_ahead: bool = key(True, "augment each batch one step ahead; False: in preprocess_batch, with a host sync "
                               "a step")

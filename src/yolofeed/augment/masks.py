@@ -192,14 +192,15 @@ def mask_capacity(batch: int, tiles: int, mean: float, std: float, top: float = 
     """Polygons to rasterise per batch (``polygons_to_masks``' ``capacity``) from the training set's labels an image:
     a bound on the instances a batch can hold, ``tiles`` source images an augmented image (4 for a mosaic, twice that
     with MixUp), each instance of each kept (the crop drops many: a third of them are left on average), the mean plus
-    6 standard deviations of the sum over the batch's ``batch x tiles`` draws, plus the largest image's labels (a
-    heavy tail: one such image in a small batch is beyond the normal bound); a multiple of ``chunk``.
+    6 standard deviations of the sum over the batch's ``batch x tiles`` draws, plus the largest image's labels in
+    every tile of one image (a heavy tail: partners come from the batch or the last batches loaded, so one crowded
+    image can fill a small batch's row several times, beyond the normal bound); a multiple of ``chunk``.
 
     Args:
         mean, std, top: labels an image over the training set: mean, standard deviation, most.
     """
     draws = batch * tiles
-    bound = draws * mean + 6.0 * (draws ** 0.5) * std + top
+    bound = draws * mean + 6.0 * (draws ** 0.5) * std + tiles * top
     return max(chunk, -(-int(bound + 1) // chunk) * chunk)
 
 

@@ -32,6 +32,7 @@ OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_
 SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "batched_val_metrics", "sync_free_step", "sync_free_loss",
             "fast_musgd", "graphed_step")
 REBUILDS = ("auto", "check", "always", "never")
+MASK_ROOM_MOST = 64  # mask_room's largest: the rasteriser's slots grow with it (memory a batch)
 
 
 def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
@@ -52,9 +53,10 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
         raise ConfigError(f"{where} option val_period={period!r}: expected a whole number of epochs, 1 or more (1 "
                           "validates every epoch, as Ultralytics does)")
     room = options.get("mask_room", 1)
-    if isinstance(room, bool) or not isinstance(room, int) or room < 1:
-        raise ConfigError(f"{where} option mask_room={room!r}: expected a whole number, 1 or more (the segment mask "
-                          "rasteriser's slots in multiples of its default; a run doubles it after an overflow)")
+    if isinstance(room, bool) or not isinstance(room, int) or not 1 <= room <= MASK_ROOM_MOST:
+        raise ConfigError(f"{where} option mask_room={room!r}: expected a whole number from 1 to {MASK_ROOM_MOST} (the "
+                          "segment mask rasteriser's slots in multiples of its default; a run doubles it after an "
+                          "overflow)")
     for name in SWITCHES:  # the string "False" would be True
         if name in options and not isinstance(options[name], bool):
             raise ConfigError(f"{where} option {name}={options[name]!r}: expected True or False")

@@ -191,7 +191,7 @@ class FastTrainer(SyncFreeStep):
                     restored.append(f"{name}={value!r}")
                 setattr(self, name, value)
         LOGGER.info(f"yolofeed: resuming with this run's options from {path}"
-                    + (f": {', '.join(restored)}" if restored else " (yolofeed's defaults)")
+                    + (f": {', '.join(restored)}" if restored else "" if kept else " (yolofeed's defaults)")
                     + (f"; given again, and so used instead: {', '.join(kept)}" if kept else ""))
 
     def _check_data(self) -> None:
@@ -467,7 +467,9 @@ class FastTrainer(SyncFreeStep):
             if self._generator is None:
                 cuda = self.device.type == "cuda"
                 self._generator = torch.Generator(device=self.device if cuda else "cpu")
-                self._generator.manual_seed(self.args.seed + 1000 * max(RANK, 0))  # ranks draw differently
+                # ranks draw differently; a resumed run from where it starts, not epoch 1's draws again (the state is
+                # not in the checkpoint)
+                self._generator.manual_seed(self.args.seed + 1000 * max(RANK, 0) + 1_000_003 * start_epoch(self))
             if self.device.type == "cuda":
                 from yolofeed.augment.graphs import GraphedAugment
 
@@ -587,21 +589,45 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         if self._dropped is None:
             return
         most = self._most if self._most is not None else torch.full_like(self._dropped, -1)  # -1: none seen
-        (dropped, most), self._dropped, self._most = torch.stack([self._dropped, most]).long().tolist(), None, None
+        pair = torch.stack([self._dropped, most]).long()
+        if world_size(self) > 1:  # every rank the same room and capacity, and rank 0 records what any rank needed
+            pair = ranks_agree(pair)
+        (dropped, most), self._dropped, self._most = pair.tolist(), None, None
         if not dropped:
             if self._capacity is None and most >= 0 and self.epoch + 1 < self.epochs:
                 self._capacity = learnt_capacity(most)
                 self._augment = None  # graphs for the new capacity (a capture, once)
             return
+        lost = (f"yolofeed: epoch {self.epoch + 1}: {dropped} polygons or polygon edge events did not fit the mask "
+                "rasteriser's slots, so some training masks were empty or missed rows")
+        if self.mask_room >= options.MASK_ROOM_MOST:
+            LOGGER.warning(f"{lost}; the room is already at its most (mask_room={self.mask_room}): some polygon needs "
+                           "more edge events than that; simplify the longest outlines (e.g. cv2.approxPolyDP)")
+            return
         self.mask_room *= 2
         self._augment = None
-        if RANK in (-1, 0):
-            options.record(self.save_dir, self.run_options())
         last = self.epoch + 1 >= self.epochs
-        after = (f"a run with mask_room={self.mask_room} avoids it" if last else
-                 f"from the next epoch it has {self.mask_room}x its default slots (more memory and time a batch)")
-        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {dropped} polygons or polygon edge events did not fit the "
-                       f"mask rasteriser's slots, so some training masks were empty or missed rows; {after}")
+        LOGGER.warning(f"{lost}; " + (f"a run with mask_room={self.mask_room} avoids it" if last else
+                                      f"from the next epoch it has {self.mask_room}x its default slots (more memory "
+                                      "and time a batch)"))
+        if RANK in (-1, 0):
+            try:
+                options.record(self.save_dir, self.run_options())
+            except OSError as e:  # the run goes on with the room; only a resume would start without it
+                LOGGER.warning(f"yolofeed: could not record mask_room={self.mask_room} in "
+                               f"{Path(self.save_dir) / options.FILE} ({e.strerror or e}); a resume of this run "
+                               f"needs mask_room={self.mask_room} given again")
+
+
+def ranks_agree(pair: torch.Tensor) -> torch.Tensor:
+    """The masks' epoch counts of every DDP rank: events dropped summed, the most instances a batch held the most of
+    any rank. Every rank calls it at the same epoch end (torch.distributed collectives)."""
+    import torch.distributed as dist
+
+    dropped, most = pair[:1].clone(), pair[1:].clone()
+    dist.all_reduce(dropped)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return torch.cat([dropped, most])
 
 
 TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer,  # keys.TRAINED names them
@@ -621,8 +647,9 @@ def python_route(name: str, value: Any) -> str | None:
         call = f"{name}={value!r}"
     else:
         return None
+    trainer = "FastSegmentationTrainer" if name == "mask_room" else "FastDetectionTrainer"  # or the task's own
     return (f"'{name}' is a key of 'yolofeed train', not of Ultralytics' train(): from Python it goes through the "
-            f"trainer, YOLO(...).train(trainer=FastDetectionTrainer.with_options({call}), ...)")
+            f"trainer, YOLO(...).train(trainer={trainer}.with_options({call}), ...)")
 
 
 def _warn_single_cls_gap(pack: Any) -> None:
