@@ -276,8 +276,7 @@ def _segment_batch(counts: list[int], overlap: bool, seed: int, size: int = 64, 
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-@pytest.mark.parametrize("counts", [COUNTS, [0, 0, 0]])
-@pytest.mark.parametrize("chunk", [None, 16 * 16 * 40, 1])
+@pytest.mark.parametrize("counts, chunk", [(COUNTS, None), (COUNTS, 16 * 16 * 40), (COUNTS, 1), ([0, 0, 0], None)])
 def test_the_segment_loss_and_its_gradients_equal_ultralytics(overlap, counts, chunk, monkeypatch,
                                                               yaml="yolo11n-seg.yaml"):
     """SyncFreeSegmentLoss against v8SegmentationLoss, overlap_mask on and off: the mask loss to float32's rounding
