@@ -336,7 +336,8 @@ def test_the_mask_loss_groups_images_within_the_padded_budget():
     for budget in (1, 4, 6, 10, 100):
         groups = rows.groups(budget)
         covered = [i for a, z in groups for i in range(a, z)]
-        assert sorted(covered) == covered and {i for i, c in enumerate(counts) if c} <= set(covered)
+        assert sorted(covered) == covered and len(covered) == len(set(covered))  # in order, none twice
+        assert {i for i, c in enumerate(counts) if c} <= set(covered)
         for a, z in groups:
             assert counts[a] and counts[z - 1] and (z - a == 1 or (z - a) * rows.most(a, z) <= budget)
     assert rows.groups(100) == [(1, 11)] and rows.groups(1) == [(i, i + 1) for i, c in enumerate(counts) if c]
@@ -344,7 +345,7 @@ def test_the_mask_loss_groups_images_within_the_padded_budget():
 
 
 def test_the_segment_loss_gathers_each_images_foreground_with_one_nonzero_and_one_read(monkeypatch):
-    """The image loop of the mask loss indexes with tensors and host integers: what Ultralytics gathers image by
+    """The mask loss indexes with tensors and host integers: what Ultralytics gathers image by
     image by boolean indexing (about five syncs an image) comes from one ``nonzero`` and one read of the counts. Counted
     on the CPU by the calls that sync on a GPU: ``nonzero`` and ``tolist`` once a step, whatever the batch size."""
     if not seam.since(seam.SEGMENT_LOSS_SINCE):
@@ -381,7 +382,7 @@ def test_the_segment_loss_gathers_each_images_foreground_with_one_nonzero_and_on
     fg[0, 1] = fg[2, :3] = fg[7, 4] = True
     rows = sfl._image_rows(fg, b["batch_idx"], True)
     assert calls == {"nonzero": 1, "tolist": 1, "bool_index": 0}
-    assert [None if rows.anchors(i) is None else rows.anchors(i).tolist() for i in range(len(counts))] == [
+    assert [rows.fg[rows.fg_edges[i]:rows.fg_edges[i + 1], 1].tolist() or None for i in range(len(counts))] == [
         [1], None, [0, 1, 2], None, None, None, None, [4]]
     assert isinstance(seg, sfl.SyncFreeSegmentLoss)
 

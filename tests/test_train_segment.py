@@ -267,15 +267,18 @@ def test_dropped_rasteriser_events_are_read_once_an_epoch_warned_and_given_room(
     assert "next epoch" not in line and "mask_room=4" in line
 
 
-def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, tmp_path):
-    """After an epoch without an overflow the rasteriser's capacity is 1.5 times the most instances a batch held (the
-    most read once, at the epoch's end), the augmenter made again with it; its masks equal those of every slot. Not
-    in the last epoch, and not again."""
+def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, tmp_path, monkeypatch, caplog):
+    """After an epoch without an overflow the rasteriser's capacity is learnt (``MaskedAugment.learnt`` of the most
+    instances a batch held, read once at the epoch's end) where it is below the capacity in use, the augmenter made
+    again with it; its masks equal those of every slot. Once: not again after a later epoch, and a learnt capacity
+    that falls short goes back to the label bound for good, the room left as it is."""
     from yolofeed.augment import masks
     from yolofeed.train import FastSegmentationTrainer
 
+    monkeypatch.setattr(masks, "FEW_DRAWS", 1)  # the tiny set's batches of 4 use a capacity too,
+    monkeypatch.setattr(masks, "mask_capacity", lambda *a, **k: 1024)  # a label bound as a large set's
     trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
-        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="l", epochs=3,
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="l", epochs=5,
         **TINY))
     loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
     try:
@@ -283,22 +286,51 @@ def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, t
     finally:
         loader.close()
     held = [int(trainer._augment_source(s).valid.sum()) for s in sources]
-    assert isinstance(trainer._most, torch.Tensor) and int(trainer._most) == max(held)
+    used = trainer._masked.used
+    assert isinstance(trainer._most, torch.Tensor) and int(trainer._most) == max(held) and used is not None
     trainer.epoch = 0
     trainer._check_masks()
-    assert trainer._capacity == masks.learnt_capacity(max(held)) and trainer._augment is None
+    learnt = trainer._masked.learnt(max(held))
+    assert learnt < used and trainer._capacity == learnt and trainer._augment is None and learnt % 128 == 0
     aug = trainer._new_augment()
-    assert aug.capacity == trainer._capacity
+    assert aug.capacity == learnt
     every = masks.MaskedAugment(aug.hyp, aug.mask_ratio, aug.overlap)
     p = aug.sample(4, torch.Generator().manual_seed(2))
     got, want = aug.apply(sources[0], p), every.apply(sources[0], p)
-    assert torch.equal(got.masks.masks, want.masks.masks) and int(got.masks.overflow) == 0
-    learnt = trainer._capacity
+    assert torch.equal(got.masks.masks, want.masks.masks) and int(got.masks.overflow) == int(got.masks.past) == 0
+    assert aug.used == learnt
+    trainer._augmenter()
     trainer._augment_source(sources[1])
-    trainer._capacity = None
-    trainer.epoch = trainer.epochs - 1  # the last epoch: nothing left to learn for
+    trainer._most = torch.tensor(10 * max(held))  # a second epoch's larger batches: not learnt again
+    trainer.epoch = 1
     trainer._check_masks()
-    assert trainer._capacity is None and learnt % 128 == 0
+    assert trainer._capacity == learnt and trainer._augment is not None
+    trainer._augment_source(sources[2])
+    trainer._past = torch.tensor(3)  # the learnt capacity fell short
+    with caplog.at_level("WARNING"):
+        trainer._check_masks()
+    assert trainer._capacity is None and trainer.mask_room == 1 and "3 instances beyond" in caplog.text
+    trainer._augment_source(sources[0])
+    trainer.epoch = 3
+    trainer._check_masks()
+    assert trainer._capacity is None  # not learnt again
+
+
+def test_small_batches_rasterise_every_slot(segment_dataset, tmp_path):
+    """Few source images a batch (batch x tiles below FEW_DRAWS): one crowded image drawn again and again is beyond
+    any bound from the label counts, so every slot is rasterised; nothing is past a capacity."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+        model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="f", epochs=2,
+        **TINY))
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        source = next(iter(loader))["source"]
+    finally:
+        loader.close()
+    out = trainer._augment_source(source)
+    assert trainer._masked.labels is not None and trainer._masked.used is None and int(out.masks.past) == 0
 
 
 def test_an_overflow_that_cannot_be_recorded_is_warned_and_training_goes_on(segment_dataset, tmp_path, monkeypatch,
@@ -337,21 +369,22 @@ def test_mask_room_is_bounded():
     options.check({"mask_room": options.MASK_ROOM_MOST})
 
 
-def _agree(rank: int, port: int, pair: list[int], out) -> None:
+def _agree(rank: int, port: int, counts: list[int], out) -> None:
     import torch.distributed as dist
 
     from yolofeed.train.trainer import ranks_agree
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        out.put((rank, ranks_agree(torch.tensor(pair)).tolist()))
+        out.put((rank, ranks_agree(torch.tensor(counts)).tolist()))
     finally:
         dist.destroy_process_group()
 
 
 def test_ranks_agree_on_the_masks_epoch_counts():
-    """Under DDP every rank takes the same decision at an epoch's end: the events dropped on any rank (summed) and the
-    most a batch held on any rank, so that a room doubled on rank 1 is rank 0's to record too."""
+    """Under DDP every rank takes the same decision at an epoch's end: the events dropped and the instances past the
+    capacity on any rank (summed) and the most a batch held on any rank, so that a room doubled on rank 1 is rank 0's
+    to record too."""
     import multiprocessing as mp
     import socket
 
@@ -360,13 +393,14 @@ def test_ranks_agree_on_the_masks_epoch_counts():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_agree, args=(r, port, pair, out)) for r, pair in enumerate(([0, 900], [5, 1200]))]
+    procs = [ctx.Process(target=_agree, args=(r, port, counts, out))
+             for r, counts in enumerate(([0, 2, 900], [5, 0, 1200]))]
     for p in procs:
         p.start()
     got = dict(out.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(60)
-    assert got == {0: [5, 1200], 1: [5, 1200]}
+    assert got == {0: [5, 2, 1200], 1: [5, 2, 1200]}
 
 
 def test_a_resumed_run_draws_on_from_its_start_epoch_not_epoch_ones_draws(segment_dataset, tmp_path):
@@ -417,10 +451,11 @@ def test_a_new_augmenter_continues_the_draws(segment_dataset, tmp_path):
 def test_the_training_masks_rasterise_the_instances_not_the_padding(segment_dataset, tmp_path, monkeypatch):
     """Once the training loader exists the augmenter rasterises a bound of the instances a batch can hold (from the
     training images' label counts), not every padded slot; those batches equal the ones that fill every slot, and a
-    capacity below a batch's instances is counted as dropped (the epoch end then gives it room)."""
+    capacity below a batch's instances is counted as past it (the epoch end then gives it room)."""
     from yolofeed.augment import masks
     from yolofeed.train import FastSegmentationTrainer
 
+    monkeypatch.setattr(masks, "FEW_DRAWS", 1)  # the tiny set's batches of 4 use a capacity too
     trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
         model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="c", epochs=1,
         **TINY))
@@ -439,7 +474,8 @@ def test_the_training_masks_rasterise_the_instances_not_the_padding(segment_data
     assert int(want.valid.sum()) > 0 and torch.equal(got.masks.masks, want.masks.masks)
     assert torch.equal(got.cls, want.cls) and int(got.masks.overflow) == 0
     monkeypatch.setattr(masks, "mask_capacity", lambda *a, **k: 1)
-    assert int(aug.apply(source, p).masks.overflow) == int(want.valid.sum()) - 1
+    short = aug.apply(source, p).masks
+    assert int(short.past) == int(want.valid.sum()) - 1 and int(short.overflow) == 0
 
 
 def _segment_source(segment_root, tmp_path, device: str, n: int = 8):

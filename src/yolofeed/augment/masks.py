@@ -45,6 +45,10 @@ from yolofeed.schema import AugmentedBatch, SourceBatch
 # in chunks of 128 and 7.9 ms in chunks of 512 on an H200 (fewer, larger kernels)
 CUDA_CHUNK = 512
 SLOTS_AT_ONCE = 8  # slots per step of the reductions over slots: (B, 8, h, w) int32 (105 MB at B = 128, 640 / 4)
+# source images a batch draws (batch x tiles) below which every slot is rasterised: with few draws one crowded image
+# drawn again and again (partners come from the batch or the last batches) is beyond any bound from the label counts,
+# and the padded slots cost little
+FEW_DRAWS = 128
 
 
 @dataclass
@@ -60,6 +64,7 @@ class SegmentMasks:
         areas: (B, K) int64 pixels of each slot's mask, in that order (0 for an invalid slot).
         overflow: () int64, rasterisation events dropped for want of slots (``polyfill``); 0 means every mask is
             exact. A device tensor: check it where the host reads it anyway.
+        past: () int64, valid slots past ``polygons_to_masks``' capacity, their masks empty (0 without one).
     """
 
     masks: Tensor
@@ -68,6 +73,7 @@ class SegmentMasks:
     areas: Tensor
     overflow: Tensor
     overlap: bool
+    past: Tensor | None = None
 
     def reorder(self, t: Tensor) -> Tensor:
         """A per-slot tensor (B, K, ...) of the batch (classes, boxes, ...) in Ultralytics' label order."""
@@ -100,7 +106,7 @@ def polygons_to_masks(segments: Tensor, valid: Tensor, height: int, width: int, 
         overlap: Ultralytics' ``overlap_mask`` (default True): one index mask per image.
         chunk, events: ``kernels.polyfill.fill_polygons``' working-set size and event slots per polygon.
         capacity: polygons rasterised: the valid slots first (row-major), this many of them; the rest of the
-            ``B x K`` slots get empty masks, and valid slots past ``capacity`` are counted in ``overflow``. None:
+            ``B x K`` slots get empty masks, and valid slots past ``capacity`` are counted in ``past``. None:
             every slot. The fill costs per polygon rasterised, valid or not, and most slots of a padded batch are
             padding (a mosaic of 4 images has 4 x the pack's largest label count of slots).
 
@@ -115,18 +121,19 @@ def polygons_to_masks(segments: Tensor, valid: Tensor, height: int, width: int, 
     polys, live = segments.reshape(b * k, n, 2), valid.reshape(-1)
     if capacity is None or capacity >= b * k:
         flat, overflow = fill_polygons(polys, live, height, width, mask_ratio, chunk=chunk, events=events)
+        past = torch.zeros((), dtype=torch.long, device=polys.device)
     else:
         first = (~live).to(torch.uint8).argsort(stable=True)[:capacity]  # the valid slots first, in row order
         some, overflow = fill_polygons(polys.index_select(0, first), live.index_select(0, first), height, width,
                                        mask_ratio, chunk=chunk, events=events)
         flat = torch.zeros((b * k, h, w), dtype=torch.uint8, device=polys.device).index_copy_(0, first, some)
-        overflow = overflow + (live.sum() - capacity).clamp(min=0)
+        past = (live.sum() - capacity).clamp(min=0)
     inst = flat.view(b, k, h, w)
     # a reduction of uint8 to int64 casts its whole input first (on the CPU): a chunk of slots at a time
     areas = torch.cat([part.sum((-2, -1)) for part in flat.split(chunk)]).view(b, k)
     if not overlap:
         order = torch.arange(k, device=valid.device).expand(b, k)
-        return SegmentMasks(inst, order, valid, areas, overflow, False)
+        return SegmentMasks(inst, order, valid, areas, overflow, False, past)
     # np.argsort(-areas) of uint64 areas: no pixel first, then the largest; invalid slots after every instance
     key = torch.where(areas == 0, h * w + 1, areas).masked_fill(~valid, -1)
     order = key.argsort(dim=1, descending=True, stable=True)
@@ -137,7 +144,7 @@ def polygons_to_masks(segments: Tensor, valid: Tensor, height: int, width: int, 
     for s in range(0, k, SLOTS_AT_ONCE):  # the running max (later, smaller ones on top), a few slots at a time
         part = slice(s, s + SLOTS_AT_ONCE)
         index = torch.maximum(index, (inst[:, part].to(dtype) * paint[:, part]).amax(1))
-    return SegmentMasks(index, order, valid.gather(1, order), areas.gather(1, order), overflow, True)
+    return SegmentMasks(index, order, valid.gather(1, order), areas.gather(1, order), overflow, True, past)
 
 
 def sem_masks(m: SegmentMasks, cls: Tensor) -> Tensor:
@@ -204,12 +211,12 @@ def mask_capacity(batch: int, tiles: int, mean: float, std: float, top: float = 
     return max(chunk, -(-int(bound + 1) // chunk) * chunk)
 
 
-def learnt_capacity(most: int, margin: float = 1.5, chunk: int = 128) -> int:
-    """A bound on the polygons a batch holds from the most one batch held so far: ``margin`` times it, in whole
-    chunks. The mosaic's crop leaves about a third of its tiles' instances, so this is far below ``mask_capacity``'s
-    bound (which keeps them all), and a sum over a batch's images varies little from batch to batch. A batch beyond
-    it is counted in the masks' overflow as any other (warned, and the room doubled)."""
-    return max(chunk, -(-int(margin * most + 1) // chunk) * chunk)
+def learnt_capacity(most: int, extra: float = 0.0, margin: float = 1.5, chunk: int = 128) -> int:
+    """A bound on the polygons a batch holds from the most one batch held so far: ``margin`` times it, plus ``extra``
+    (``MaskedAugment.learnt``: the largest image's labels in every tile of a row), in whole chunks. The mosaic's crop
+    leaves about a third of its tiles' instances, so this is far below ``mask_capacity``'s bound (which keeps them
+    all). Valid slots beyond it are counted in the masks' ``past``."""
+    return max(chunk, -(-int(margin * most + extra + 1) // chunk) * chunk)
 
 
 def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
@@ -222,7 +229,7 @@ def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, r
         out: the augmentation's batch, ``segments`` (B, K, W, 2) pixels.
         mask_ratio, overlap: Ultralytics' ``mask_ratio`` and ``overlap_mask``.
         room: ``polyfill``'s event slots per polygon, in multiples of its default (``default_events``), and of
-            ``capacity``; too few of either are counted in the masks' ``overflow``.
+            ``capacity``; too few events are counted in the masks' ``overflow``, too small a capacity in ``past``.
         capacity: the polygons rasterised per batch before ``room`` (``polygons_to_masks``); None: every slot.
     """
     if out.segments is None:
@@ -246,9 +253,13 @@ class MaskedAugment(GpuAugment):
         hyp: the augmentation's settings.
         mask_ratio, overlap, room: see ``with_masks``.
         labels: the training set's labels an image, mean, standard deviation and most: the polygons rasterised per
-            batch are then ``mask_capacity``'s bound (times ``room``) rather than every padded slot. None: every slot.
-        capacity: a bound learnt from the batches augmented so far (polygons a batch, a multiple of 128), used where
-            it is below the labels' bound. None: the labels' bound alone.
+            batch are then ``mask_capacity``'s bound (times ``room``) rather than every padded slot, for batches of
+            ``FEW_DRAWS`` source images or more. None: every slot.
+        capacity: a bound learnt from the batches augmented so far (polygons a batch, ``learnt``), used where it
+            is below the labels' bound. None: the labels' bound alone.
+
+    Attributes:
+        used: the capacity the last batch was given (None: every slot), on the host.
     """
 
     def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
@@ -256,15 +267,26 @@ class MaskedAugment(GpuAugment):
         super().__init__(hyp)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
         self.labels, self.capacity = labels, capacity
+        self.used: int | None = None
+
+    @property
+    def tiles(self) -> int:
+        """Source images an augmented image is made of: the mosaic's grid (1 without), for the image and each mix."""
+        return (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + self.mixers)
+
+    def learnt(self, most: int) -> int:
+        """``learnt_capacity`` of the most instances a batch held, the largest image in every tile of a row added."""
+        return learnt_capacity(most, self.tiles * (self.labels[2] if self.labels is not None else 0.0))
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         out = super().apply(sources, p)
-        capacity = self.capacity
+        capacity = None
         if self.labels is not None:  # from the settings and shapes alone (static under a graph)
-            tiles = (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + self.mixers)  # source images a row
-            tiles = min(tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1))  # its slots / the source width
-            bound = mask_capacity(out.valid.shape[0], tiles, *self.labels)
-            capacity = bound if capacity is None else min(capacity, bound)
+            tiles = min(self.tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1))  # slots / source width
+            if out.valid.shape[0] * tiles >= FEW_DRAWS:
+                capacity = mask_capacity(out.valid.shape[0], tiles, *self.labels)
+                capacity = capacity if self.capacity is None else min(capacity, self.capacity)
+        self.used = capacity
         return with_masks(out, self.mask_ratio, self.overlap, self.room, capacity)
 
 

@@ -207,7 +207,7 @@ RULES: list[Rule] = [
      lambda f: f.gpu_util is not None and f.data_wait < T["wait_high"] and f.gpu_util < T["util_low"]
      and f.loss_share >= T["loss_share"],
      lambda f: Verdict("loss", "Ultralytics' loss keeps the GPU waiting on the host",
-                       f"the loss took {f.loss_share * f.step_ms:.0f} ms of the median {f.step_ms:.0f} ms step "
+                       f"the loss took about {f.loss_share * f.step_ms:.0f} ms of the median {f.step_ms:.0f} ms step "
                        f"({_pct(f.loss_share)}) while the GPU was busy {f.gpu_util:.0f} % of the time"
                        + (": its mask loss runs image by image, about 15 small kernels and 5 host syncs an image"
                           if f.task == "segment" else ": its target counts are read from the GPU (host syncs)"),

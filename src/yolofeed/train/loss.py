@@ -76,7 +76,9 @@ class _Constants:
 
 
 MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
-MASK_CHUNK = 1 << 27  # the segment loss's padded mask elements a group of images (256 MB of float16 masks)
+# the segment loss's padded mask elements a group of images: 256 MB of float16 masks under autocast (512 MB of
+# float32 without), and as much again, briefly, for the backward pass of gathering the real rows out of them
+MASK_CHUNK = 1 << 27
 CANDIDATES = "tal_candidates"
 
 
@@ -421,11 +423,12 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
     overlap): about five syncs an image, 640 at batch 128, each one leaving the GPU idle while the host launches the
     next image's small kernels (139 ms of stock's phases at batch 128 on an H200, BENCHMARKS.md "Segmentation"). Here
     the foreground's (image, anchor) pairs come from one ``nonzero`` and each image's share from one read of their
-    counts, so the loop indexes with tensors and host integers and never waits: a few syncs a step (the foreground's
+    counts, so the loss indexes with tensors and host integers and never waits: a few syncs a step (the foreground's
     guard, ``nonzero``, the counts' read), where Ultralytics' makes about five an image. The detection part is
     ``SyncFreeDetectionLoss``'s (no sync, given the batch's counts). The mask loss is computed for groups of images at
-    once (``_segmentation_loss``): each row's term is Ultralytics' ``single_mask_loss`` term, on the rows boolean
-    indexing would gather, summed in another order (the same loss to float32's rounding).
+    once (``_segmentation_loss``): each row's term is Ultralytics' ``single_mask_loss`` term on the rows boolean
+    indexing would gather (its masks from a batched product, which may round otherwise than the einsum on a GPU),
+    summed in another order: the same loss to float32's rounding.
     """
 
     def loss(self, preds: dict[str, Tensor], batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -475,7 +478,7 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
 
     def _segmentation_loss(self, fg_mask: Tensor, masks: Tensor, target_gt_idx: Tensor, target_bboxes: Tensor,
                            rows: _ImageRows, proto: Tensor, pred_masks: Tensor, imgsz: Tensor) -> Tensor:
-        """``calculate_segmentation_loss`` over the whole batch's foreground at once: no loop over the images.
+        """``calculate_segmentation_loss`` a group of images at a time, not image by image.
 
         Ultralytics computes each image's masks and their loss in turn, about 15 small kernels an image and as many
         in the backward pass (about 4,000 launches at batch 128, the GPU waiting on the host between them). Here the
@@ -483,7 +486,8 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
         product with the group's prototypes (under autocast in float16, as Ultralytics' einsum), and the real rows are
         taken back out of it; the binary cross-entropy, the crop to the box, the mean over the pixels and the division
         by the box area are Ultralytics' ``single_mask_loss`` on those rows. The groups bound the padded product's
-        memory (``MASK_CHUNK``). Each row's term is Ultralytics'; their sum runs in another order (float32 rounding).
+        memory (``MASK_CHUNK``). Each row's term is Ultralytics' to rounding (a batched product, on a GPU, may round
+        otherwise than the einsum's); their sum runs in another order.
         """
         _, _, mask_h, mask_w = proto.shape
         # imgsz[[1, 0, 1, 0]] and torch.tensor([...], device=...) copy from host memory: the same values made here
@@ -533,11 +537,6 @@ class _ImageRows:
     def empty_images(self) -> int:
         """Images without a foreground anchor."""
         return sum(c == 0 for c in self.fg_counts)
-
-    def anchors(self, i: int) -> Tensor | None:
-        """Image ``i``'s foreground anchor indices (``fg_mask[i].nonzero()``), None where it has none."""
-        a, b = self.fg_edges[i], self.fg_edges[i + 1]
-        return self.fg[a:b, 1] if b > a else None
 
     def targets(self, i: int) -> Tensor:
         """Image ``i``'s target rows (``batch_idx == i``, in order) as indices into the batch's rows."""

@@ -42,7 +42,7 @@ import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
-from yolofeed.augment.masks import MaskedAugment, learnt_capacity
+from yolofeed.augment.masks import MaskedAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
@@ -555,8 +555,11 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         super().__init__(cfg, overrides, _callbacks)
         self._dropped: torch.Tensor | None = None  # rasterisation events dropped this epoch, on the device
+        self._past: torch.Tensor | None = None  # instances past the rasteriser's capacity this epoch, on the device
         self._most: torch.Tensor | None = None  # the most instances one batch held this epoch, on the device
         self._capacity: int | None = None  # polygons a batch rasterises, learnt from the first epoch's batches
+        self._learnt = False  # learnt once: not again after a capacity that fell short
+        self._masked: MaskedAugment | None = None  # the current augmenter's masks step (its capacity in use)
         self.add_callback("on_train_epoch_end", type(self)._check_masks)
 
     def _new_augment(self) -> MaskedAugment:
@@ -565,41 +568,52 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         labels = None
         if counts is not None and len(counts):
             labels = float(counts.mean()), float(counts.std()), float(counts.max())
-        return MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask), self.mask_room,
-                             labels, self._capacity)
+        self._masked = MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask),
+                                     self.mask_room, labels, self._capacity)
+        return self._masked
 
     def _augment_source(self, source):
         out = super()._augment_source(source)
         if out.masks is not None:  # device ops per batch, read once an epoch (_check_masks): no sync here
-            overflow = out.masks.overflow  # under GraphedAugment the graph's memory: added before the next replay
-            held = out.valid.sum()
-            self._dropped = overflow.clone() if self._dropped is None else self._dropped + overflow
-            self._most = held if self._most is None else torch.maximum(self._most, held)
+            # under GraphedAugment the graph's memory: read before the next replay
+            overflow, past, held = out.masks.overflow, out.masks.past, out.valid.sum()
+            first = self._dropped is None
+            self._dropped = overflow.clone() if first else self._dropped + overflow
+            self._past = past.clone() if first else self._past + past
+            self._most = held if first else torch.maximum(self._most, held)
         return out
 
     def _check_masks(self) -> None:
         """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway): whether the rasteriser
-        ran out of event slots for some polygon this epoch, and the most instances a batch held.
+        ran out of event slots for some polygon, or of capacity for some batch's instances, this epoch, and the most
+        instances a batch held. Under DDP every rank takes the same decision (``ranks_agree``).
 
-        An overflow is warned, not raised (a long run keeps going): those masks lacked some rows, the later epochs get
-        twice the slots (the augmentation's graphs are made again), and yolofeed.yaml records it (``mask_room``) for a
-        resume. Without one, after the first epoch the rasteriser's capacity is learnt from the batches
-        (``learnt_capacity``: 1.5 times the most a batch held) where that is below the training set's bound: the
-        fill's cost follows its capacity."""
-        if self._dropped is None:
+        An overflow is warned, not raised (a long run keeps going): those masks lacked some rows or were empty.
+        Capacity learnt from the first epoch that fell short goes back to the training set's bound, for good. Any
+        other overflow doubles the room (event slots and capacity; the augmentation's graphs are made again), which
+        yolofeed.yaml records (``mask_room``) for a resume. After a first epoch without one, the capacity is learnt
+        (``MaskedAugment.learnt``: 1.5 times the most a batch held, the largest image in every tile of a row added)
+        where that is below the capacity in use: the fill's cost follows its capacity."""
+        zero = torch.zeros((), dtype=torch.long, device=self.device)
+        if self._dropped is None and world_size(self) <= 1:
             return
-        most = self._most if self._most is not None else torch.full_like(self._dropped, -1)  # -1: none seen
-        pair = torch.stack([self._dropped, most]).long()
-        if world_size(self) > 1:  # every rank the same room and capacity, and rank 0 records what any rank needed
-            pair = ranks_agree(pair)
-        (dropped, most), self._dropped, self._most = pair.tolist(), None, None
-        if not dropped:
-            if self._capacity is None and most >= 0 and self.epoch + 1 < self.epochs:
-                self._capacity = learnt_capacity(most)
-                self._augment = None  # graphs for the new capacity (a capture, once)
+        counts = torch.stack([zero if t is None else t.to(zero.device) for t in (self._dropped, self._past)]
+                             + [zero - 1 if self._most is None else self._most.to(zero.device)]).long()  # -1: none seen
+        if world_size(self) > 1:  # every rank calls the collective at every epoch end, batches or not
+            counts = ranks_agree(counts)
+        (dropped, past, most), self._dropped, self._past, self._most = counts.tolist(), None, None, None
+        if not dropped and not past:
+            self._learn(most)
             return
-        lost = (f"yolofeed: epoch {self.epoch + 1}: {dropped} polygons or polygon edge events did not fit the mask "
-                "rasteriser's slots, so some training masks were empty or missed rows")
+        if past and not dropped and self._capacity is not None:
+            self._capacity, self._augment = None, None
+            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {past} instances beyond the mask capacity learnt from "
+                           "the first epoch, so their training masks were empty; from the next epoch the capacity "
+                           "is the training set's bound again")
+            return
+        self._capacity = None
+        lost = (f"yolofeed: epoch {self.epoch + 1}: {dropped + past} polygons or polygon edge events did not fit the "
+                "mask rasteriser's slots, so some training masks were empty or missed rows")
         if self.mask_room >= options.MASK_ROOM_MOST:
             LOGGER.warning(f"{lost}; the room is already at its most (mask_room={self.mask_room}): some polygon needs "
                            "more edge events than that; simplify the longest outlines (e.g. cv2.approxPolyDP)")
@@ -618,16 +632,27 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
                                f"{Path(self.save_dir) / options.FILE} ({e.strerror or e}); a resume of this run "
                                f"needs mask_room={self.mask_room} given again")
 
+    def _learn(self, most: int) -> None:
+        """Once, after an epoch without an overflow that is not the last: the capacity learnt from its batches, where
+        it is below the one in use (else the graphs stay as they are)."""
+        if self._learnt or most < 0 or self.epoch + 1 >= self.epochs or self._masked is None:
+            return
+        self._learnt = True
+        learnt, used = self._masked.learnt(most), self._masked.used
+        if used is not None and learnt < used:
+            self._capacity, self._augment = learnt, None  # graphs for the new capacity (a capture, once)
 
-def ranks_agree(pair: torch.Tensor) -> torch.Tensor:
-    """The masks' epoch counts of every DDP rank: events dropped summed, the most instances a batch held the most of
-    any rank. Every rank calls it at the same epoch end (torch.distributed collectives)."""
+
+def ranks_agree(counts: torch.Tensor) -> torch.Tensor:
+    """The masks' epoch counts of every DDP rank, (events dropped, instances past the capacity, the most instances a
+    batch held): the first two summed, the last the most of any rank. Every rank calls it at every epoch end
+    (torch.distributed collectives)."""
     import torch.distributed as dist
 
-    dropped, most = pair[:1].clone(), pair[1:].clone()
-    dist.all_reduce(dropped)
+    summed, most = counts[:2].clone(), counts[2:].clone()
+    dist.all_reduce(summed)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    return torch.cat([dropped, most])
+    return torch.cat([summed, most])
 
 
 TRAINERS = {"detect": FastDetectionTrainer, "pose": FastPoseTrainer, "obb": FastOBBTrainer,  # keys.TRAINED names them

@@ -111,7 +111,8 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.v8SegmentationLoss.calculate_segmentation_loss", "287eb18ef2e9947b",
            "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "each image's foreground anchors from one "
            "nonzero and one read of the counts, where Ultralytics gathers them by boolean indexing (a sync each); "
-           "the scales made on the device", since=SEGMENT_LOSS_SINCE),
+           "a group of images at a time, not image by image (single_mask_loss's pin); the scales made on the device",
+           since=SEGMENT_LOSS_SINCE),
     Pinned("ultralytics.utils.loss.v8SegmentationLoss.single_mask_loss", "105c2c0ef785a48e",
            "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "a group of images' rows at once: their "
            "masks from one padded batched product, then the same cross-entropy, crop, mean and area per row, summed "
