@@ -286,19 +286,18 @@ def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, t
     finally:
         loader.close()
     held = [int(trainer._augment_source(s).valid.sum()) for s in sources]
-    used = trainer._masked.used
-    assert isinstance(trainer._most, torch.Tensor) and int(trainer._most) == max(held) and used is not None
+    bound = trainer._masked.bound(trainer.batch_size)
+    assert isinstance(trainer._most, torch.Tensor) and int(trainer._most) == max(held) and bound == 1024
     trainer.epoch = 0
     trainer._check_masks()
     learnt = trainer._masked.learnt(max(held))
-    assert learnt < used and trainer._capacity == learnt and trainer._augment is None and learnt % 128 == 0
+    assert learnt < bound and trainer._capacity == learnt and trainer._augment is None and learnt % 128 == 0
     aug = trainer._new_augment()
     assert aug.capacity == learnt
     every = masks.MaskedAugment(aug.hyp, aug.mask_ratio, aug.overlap)
     p = aug.sample(4, torch.Generator().manual_seed(2))
     got, want = aug.apply(sources[0], p), every.apply(sources[0], p)
     assert torch.equal(got.masks.masks, want.masks.masks) and int(got.masks.overflow) == int(got.masks.past) == 0
-    assert aug.used == learnt
     trainer._augmenter()
     trainer._augment_source(sources[1])
     trainer._most = torch.tensor(10 * max(held))  # a second epoch's larger batches: not learnt again
@@ -316,6 +315,32 @@ def test_the_capacity_is_learnt_from_the_first_epochs_batches(segment_dataset, t
     assert trainer._capacity is None  # not learnt again
 
 
+def test_the_capacity_is_learnt_whatever_the_epochs_last_batch(segment_dataset, tmp_path, monkeypatch):
+    """The learnt capacity is compared with the full batch's label bound, not the last batch's (an epoch's last batch
+    is often smaller, or below FEW_DRAWS): learnt in either order of the batches."""
+    from yolofeed.augment import masks
+    from yolofeed.train import FastSegmentationTrainer
+
+    monkeypatch.setattr(masks, "mask_capacity", lambda batch, *a, **k: 256 * batch)  # a large set's bound
+    for order in ((4, 2), (2, 4)):
+        trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+            model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="o",
+            epochs=3, **TINY))
+        monkeypatch.setattr(masks, "FEW_DRAWS", 16)  # the batch of 4 (16 source images) uses it, that of 2 not
+        loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+        try:
+            source = next(iter(loader))["source"]
+        finally:
+            loader.close()
+        for n in order:
+            trainer._augment_source(type(source)(*(None if t is None else t[:n] for t in (
+                source.images, source.hw, source.cls, source.boxes, source.valid, source.keypoints, source.corners,
+                source.polygons, source.polygon_lengths))))
+        trainer.epoch = 0
+        trainer._check_masks()
+        assert trainer._capacity is not None and trainer._capacity < 1024 and trainer._augment is None, order
+
+
 def test_small_batches_rasterise_every_slot(segment_dataset, tmp_path):
     """Few source images a batch (batch x tiles below FEW_DRAWS): one crowded image drawn again and again is beyond
     any bound from the label counts, so every slot is rasterised; nothing is past a capacity."""
@@ -330,7 +355,7 @@ def test_small_batches_rasterise_every_slot(segment_dataset, tmp_path):
     finally:
         loader.close()
     out = trainer._augment_source(source)
-    assert trainer._masked.labels is not None and trainer._masked.used is None and int(out.masks.past) == 0
+    assert trainer._masked.labels is not None and trainer._masked.bound(4) is None and int(out.masks.past) == 0
 
 
 def test_an_overflow_that_cannot_be_recorded_is_warned_and_training_goes_on(segment_dataset, tmp_path, monkeypatch,

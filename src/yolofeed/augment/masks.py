@@ -257,9 +257,6 @@ class MaskedAugment(GpuAugment):
             ``FEW_DRAWS`` source images or more. None: every slot.
         capacity: a bound learnt from the batches augmented so far (polygons a batch, ``learnt``), used where it
             is below the labels' bound. None: the labels' bound alone.
-
-    Attributes:
-        used: the capacity the last batch was given (None: every slot), on the host.
     """
 
     def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
@@ -267,12 +264,19 @@ class MaskedAugment(GpuAugment):
         super().__init__(hyp)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
         self.labels, self.capacity = labels, capacity
-        self.used: int | None = None
 
     @property
     def tiles(self) -> int:
         """Source images an augmented image is made of: the mosaic's grid (1 without), for the image and each mix."""
         return (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + self.mixers)
+
+    def bound(self, batch: int, tiles: int | None = None) -> int | None:
+        """The labels' bound on a batch's instances (``mask_capacity``), None (every slot) without labels or for
+        fewer than ``FEW_DRAWS`` source images a batch."""
+        tiles = self.tiles if tiles is None else tiles
+        if self.labels is None or batch * tiles < FEW_DRAWS:
+            return None
+        return mask_capacity(batch, tiles, *self.labels)
 
     def learnt(self, most: int) -> int:
         """``learnt_capacity`` of the most instances a batch held, the largest image in every tile of a row added."""
@@ -280,13 +284,10 @@ class MaskedAugment(GpuAugment):
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         out = super().apply(sources, p)
-        capacity = None
-        if self.labels is not None:  # from the settings and shapes alone (static under a graph)
-            tiles = min(self.tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1))  # slots / source width
-            if out.valid.shape[0] * tiles >= FEW_DRAWS:
-                capacity = mask_capacity(out.valid.shape[0], tiles, *self.labels)
-                capacity = capacity if self.capacity is None else min(capacity, self.capacity)
-        self.used = capacity
+        # from the settings and shapes alone (static under a graph): at most the row's slots / the source width
+        capacity = self.bound(out.valid.shape[0], min(self.tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1)))
+        if capacity is not None and self.capacity is not None:
+            capacity = min(capacity, self.capacity)
         return with_masks(out, self.mask_ratio, self.overlap, self.room, capacity)
 
 

@@ -592,8 +592,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         Capacity learnt from the first epoch that fell short goes back to the training set's bound, for good. Any
         other overflow doubles the room (event slots and capacity; the augmentation's graphs are made again), which
         yolofeed.yaml records (``mask_room``) for a resume. After a first epoch without one, the capacity is learnt
-        (``MaskedAugment.learnt``: 1.5 times the most a batch held, the largest image in every tile of a row added)
-        where that is below the capacity in use: the fill's cost follows its capacity."""
+        (``MaskedAugment.learnt``: 1.5 times the most a batch held, the largest image in every tile of a row added),
+        used where it is below the label bound: the fill's cost follows its capacity."""
         zero = torch.zeros((), dtype=torch.long, device=self.device)
         if self._dropped is None and world_size(self) <= 1:
             return
@@ -633,14 +633,16 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
                                f"needs mask_room={self.mask_room} given again")
 
     def _learn(self, most: int) -> None:
-        """Once, after an epoch without an overflow that is not the last: the capacity learnt from its batches, where
-        it is below the one in use (else the graphs stay as they are)."""
+        """Once, after an epoch without an overflow that is not the last: the capacity learnt from its batches (the
+        same on every DDP rank: from the agreed most). The augmenter is made again where it is below the full
+        batch's label bound (else the capacity in use stays, and the graphs with it)."""
         if self._learnt or most < 0 or self.epoch + 1 >= self.epochs or self._masked is None:
             return
         self._learnt = True
-        learnt, used = self._masked.learnt(most), self._masked.used
-        if used is not None and learnt < used:
-            self._capacity, self._augment = learnt, None  # graphs for the new capacity (a capture, once)
+        self._capacity = self._masked.learnt(most)
+        bound = self._masked.bound(self.batch_size)
+        if bound is not None and self._capacity < bound:
+            self._augment = None  # graphs for the new capacity (a capture, once)
 
 
 def ranks_agree(counts: torch.Tensor) -> torch.Tensor:
