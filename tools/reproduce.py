@@ -47,6 +47,14 @@ SECTIONS_SEG = (  # the segment set of 10k images, its pack, stock's label cache
     + BENCH_1.replace("/tmp/synth/", "/tmp/synth-seg/") + " out=$OUT/bench_seg", NO_WEIGHTS)
 
 
+SECTIONS_POSE = (  # the pose set of 10k images, its pack, stock's label cache, and the bench side by side
+    "python3 -m yolofeed synth out=/tmp/synth-pose n_train=10000 n_val=500 seed=0 task=pose 2>&1 | tail -2",
+    "python3 -m yolofeed pack data=/tmp/synth-pose/data.yaml imgsz=640 task=pose 2>&1 | tail -2",
+    LABELS_10K.replace("/tmp/synth/", "/tmp/synth-pose/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='pose')"),
+    "timeout 330 python3 -m yolofeed bench model=yolo11n-pose.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+    + BENCH_1.replace("/tmp/synth/", "/tmp/synth-pose/") + " out=$OUT/bench_pose", NO_WEIGHTS)
+
+
 def whole_run(optimizer: str, limit: int, modes: str = "stock,yolofeed") -> tuple[str, ...]:
     """The whole run of 10 epochs, stock and yolofeed (or ``modes``), ``optimizer=``: the 10k set, its raw pack, both
     label caches."""
@@ -214,12 +222,7 @@ SECTIONS = {s.name: s for s in (
     Section("parity-pose", "Pose", "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=pose MODEL11=yolo11n-pose.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
-    Section("pose-throughput", "Pose", "nvidia-h200", 1, 7, (
-        "python3 -m yolofeed synth out=/tmp/synth-pose n_train=10000 n_val=500 seed=0 task=pose 2>&1 | tail -2",
-        "python3 -m yolofeed pack data=/tmp/synth-pose/data.yaml imgsz=640 task=pose 2>&1 | tail -2",
-        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-pose/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='pose')"),
-        "timeout 330 python3 -m yolofeed bench model=yolo11n-pose.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-        + BENCH_1.replace("/tmp/synth/", "/tmp/synth-pose/") + " out=$OUT/bench_pose", NO_WEIGHTS)),
+    Section("pose-throughput", "Pose", "nvidia-h200", 1, 7, SECTIONS_POSE),
     Section("parity-obb", OBB, "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=obb MODEL11=yolo11n-obb.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
@@ -251,6 +254,11 @@ SECTIONS = {s.name: s for s in (
         "tests/test_train_segment.py -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_seg.txt 2>&1 &",
         *SECTIONS_SEG[:3], "wait; tail -25 $OUT/gpu_tests_seg.txt",
         "timeout 120 python3 -m tools.device.seg_loss_ab /tmp/synth-seg/data.yaml 2>&1 | tail -3", *SECTIONS_SEG[3:])),
+    Section("pose-again", "Pose", "nvidia-h200", 1, 8, (
+        # the segment set's GPU tests beside the CPU-bound pose synth and pack; the bench waits for them and runs alone
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_loss.py tests/test_masks.py tests/test_augment_gpu.py "
+        "tests/test_train_segment.py -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_seg.txt 2>&1 &",
+        *SECTIONS_POSE[:3], "wait; tail -25 $OUT/gpu_tests_seg.txt", *SECTIONS_POSE[3:])),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),
