@@ -200,6 +200,9 @@ SECTIONS = {s.name: s for s in (
     Section("parity-musgd-more", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=470 NO_SMOKE=1 bash tools/device/parity.sh",)),
+    Section("parity-musgd-graphed", "Training quality", "nvidia-h200", 1, 9, (
+        "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=480 "
+        "NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
     Section("step-levers", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml copies=1 "
         "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
