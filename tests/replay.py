@@ -1,6 +1,7 @@
 """Ultralytics' own geometric transforms replayed with yolofeed's draws, for the tests that hold each task's labels
-(keypoints, oriented boxes, polygons) to Ultralytics': ``Mosaic``, ``RandomPerspective`` and ``RandomFlip`` as
-``v8_transforms`` builds them, on a reference dataset whose ``get_image_and_label`` gives the task's labels."""
+(keypoints, oriented boxes, polygons) to Ultralytics': ``Mosaic``, ``CopyPaste``, ``RandomPerspective`` and
+``RandomFlip`` as ``v8_transforms`` builds them, on a reference dataset whose ``get_image_and_label`` gives the
+task's labels."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from unittest import mock
 
 import torch
-from ultralytics.data.augment import Mosaic, RandomFlip, RandomPerspective
+from ultralytics.data.augment import CopyPaste, Mosaic, RandomFlip, RandomPerspective
 
 from yolofeed.augment import AugmentHyp
 from yolofeed.augment import geometry as ours
@@ -32,8 +33,11 @@ def mosaic(ref: Any, hyp: AugmentHyp, params: Any, row: int, size: int) -> dict:
 
 def geometry(ref: Any, hyp: AugmentHyp, params: Any, row: int, size: int, preserve_obb: bool = False) -> dict:
     """Ultralytics' Mosaic -> RandomPerspective for augmented row ``row`` (a sample or a mix partner), our draws;
-    ``preserve_obb`` as ``v8_transforms`` sets it for an OBB dataset."""
+    ``preserve_obb`` as ``v8_transforms`` sets it for an OBB dataset. With ``copy_paste``, ``CopyPaste`` in its flip
+    mode between the two, where ``v8_transforms`` inserts it (it draws nothing)."""
     labels = mosaic(ref, hyp, params, row, size)
+    if hyp.copy_paste:
+        labels = CopyPaste(p=hyp.copy_paste, mode="flip")(labels)
     canvas = torch.tensor([labels["img"].shape[:2]])
     one = ours.PerspectiveParams(*(getattr(params.perspective, f)[row:row + 1] for f in
                                    ours.PerspectiveParams.__dataclass_fields__))

@@ -15,10 +15,10 @@ from yolofeed.schema import LABEL_KINDS
 
 def test_the_plan_puts_each_op_in_its_pass_in_ultralytics_order():
     names = [op.name for op in OPS]
-    assert names == ["mosaic", "perspective", "mixup", "cutmix", "hsv", "flipud", "fliplr", "bgr"]
+    assert names == ["mosaic", "copy_paste", "perspective", "mixup", "cutmix", "hsv", "flipud", "fliplr", "bgr"]
     assert all(isinstance(op, GeometricOp) for op in WARP) and all(isinstance(op, PixelOp) for op in COMPOSE)
     assert sorted(WARP + COMPOSE, key=OPS.index) == list(OPS)  # each op once, list order kept within a pass
-    assert [op.name for op in WARP] == ["mosaic", "perspective", "flipud", "fliplr"]
+    assert [op.name for op in WARP] == ["mosaic", "copy_paste", "perspective", "flipud", "fliplr"]
 
 
 def test_the_params_have_one_field_per_op_in_draw_order():

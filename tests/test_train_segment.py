@@ -154,7 +154,7 @@ def test_copy_paste_and_odd_mask_ratios_are_refused_in_one_line(segment_dataset,
 
     base = dict(model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path / "runs"),
                 **TINY)
-    with pytest.raises(ConfigError, match=r"^copy_paste=0.5: copy-paste is not built in yolofeed's GPU augmentation"):
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.5: copy-paste is not built in yolofeed's training yet"):
         FastSegmentationTrainer(overrides={**base, "copy_paste": 0.5})
     with pytest.raises(ConfigError, match=r"^mask_ratio=3: yolofeed makes masks by a whole ratio"):
         FastSegmentationTrainer(overrides={**base, "mask_ratio": 3})

@@ -74,9 +74,6 @@ class AugmentHyp:
         if self.imgsz < 32:
             raise ConfigError(f"imgsz={self.imgsz}: expected at least 32")
         self._check_keypoints()
-        if self.copy_paste:
-            warnings.warn("copy-paste is not built in yolofeed's GPU augmentation yet; it is ignored here "
-                          f"(copy_paste={self.copy_paste})", stacklevel=2)
 
     def _check_keypoints(self) -> None:
         """``kpt_shape`` and ``flip_idx`` as tuples, checked as ``v8_transforms`` checks them (frozen: set in place)."""

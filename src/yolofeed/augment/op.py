@@ -104,7 +104,9 @@ class WarpPlan:
 
     Shape: hw (N, 2) int64 stored sizes of the source images; tiles: the mosaic's ``Layout`` of the R rows;
     matrix (R, 3, 3) float32 canvas -> output, the product of the ops' matrices; step: the latest op's own
-    matrix, which its label hooks move labels by; ud, lr (R,) bool reflections of the output (the flips).
+    matrix, which its label hooks move labels by; ud, lr (R,) bool reflections of the output (the flips); paste
+    (R, H, W) bool, where a canvas pixel is its mirror's (copy-paste), and paste_dropped () int64, the rasterisation
+    events its fill dropped for want of slots.
     """
 
     size: int
@@ -115,6 +117,8 @@ class WarpPlan:
     projective: bool = False  # a matrix has a perspective row: warpPerspective instead of warpAffine
     ud: Tensor | None = None
     lr: Tensor | None = None
+    paste: Tensor | None = None
+    paste_dropped: Tensor | None = None
 
     def then(self, M: Tensor, projective: bool) -> WarpPlan:
         """This plan followed by matrix ``M`` (canvas pixels of the plan's output -> output pixels)."""
@@ -167,6 +171,11 @@ class GeometricOp(Op):
     @abstractmethod
     def apply_boxes(self, labels: Labels, plan: WarpPlan, p: Any, hyp: AugmentHyp) -> Labels:
         """The labels moved by this op's step (``plan`` as ``warp_step`` returned it)."""
+
+    def paste_step(self, plan: WarpPlan, labels: Labels, hyp: AugmentHyp) -> WarpPlan:
+        """The plan once this op's labels are moved (``labels``, every hook's): for a step that depends on them
+        (copy-paste's mask). Unchanged by default."""
+        return plan
 
     # apply_keypoints(keypoints, plan, p, hyp) -> Tensor: the keypoints moved by this step, row-aligned with the
     # boxes ``apply_boxes`` returns (they share its ``valid``). Called only where the batch carries keypoints.

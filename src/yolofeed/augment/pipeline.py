@@ -1,24 +1,25 @@
 """The whole training augmentation on a GPU batch: Ultralytics' ops in its order, fused into two passes over pixels.
 
-    mosaic (4 or 9) -> random perspective -> MixUp -> CutMix -> HSV -> flip up-down -> flip left-right -> Format
+    mosaic (4 or 9) -> copy-paste (flip mode) -> random perspective -> MixUp -> CutMix -> HSV -> flip up-down
+    -> flip left-right -> Format
 
-``OPS`` is that list, one op per file (``geometry/``, ``mix/``, ``color/``; ``op.py`` says what an op is). The
-fusion plan maps each op onto one pass: ``warp`` (the geometric ops: mosaic placement, perspective and flips,
-one sampling pass through the product of their steps), then ``compose`` (the pixel ops: MixUp, CutMix, HSV and
-the BGR swap, one elementwise pass). Boxes stay in padded (B, K, 4) tensors with a validity mask until
-``AugmentedBatch.to_ultralytics`` packs them into Ultralytics' collated form; the pose task's keypoints ride in
-(B, K, P, 3) beside them, each op's ``apply_keypoints`` after its ``apply_boxes``, sharing their ``valid``. OBB's
-corners enter as Ultralytics' 100-point segments (``geometry.obb.resample_corners``, once, on the source rows) and
-ride in (R, K, 100, 2), each op's ``apply_corners`` after its ``apply_boxes``: where segments exist Ultralytics makes
-the boxes from them and filters by its OBB rules (8.4.190's ``preserve_obb`` clip, 1 % area thresholds), so that
-hook gives the boxes and ``valid`` too; ``Format``'s
-oriented boxes are made of them at the end (``AugmentedBatch.rboxes``). Segmentation's polygons enter as Ultralytics'
-dataset resamples them (``geometry.polygons.source_polygons``: 1,000 points, more in an image with a longer polygon)
-and ride in (R, K, W, 2), each op's ``apply_polygons`` after its ``apply_boxes``: where segments exist the perspective
-makes the boxes from them (``segment2box``, 1 % area threshold) and CutMix takes partners from 1 % of their box, and
-the mixing ops resample a row's polygons to the longer where the two halves differ (``Instances.concatenate``); they
-leave as ``AugmentedBatch.segments`` in pixels, for ``Format``'s masks. A detection batch (keypoints, corners and
-polygons None) runs no keypoint or segment work and draws exactly what it drew before.
+``OPS`` is that list, one op per file (``geometry/``, ``mix/``, ``color/``; ``op.py`` says what an op is). The fusion
+plan maps each op onto one pass: ``warp`` (the geometric ops: mosaic placement, copy-paste's mirrored pixels,
+perspective and flips, one sampling pass through the product of their steps), then ``compose`` (the pixel ops: MixUp,
+CutMix, HSV and the BGR swap, one elementwise pass). Boxes stay in padded (B, K, 4) tensors with a validity mask until
+``AugmentedBatch.to_ultralytics`` packs them into Ultralytics' collated form; the pose task's keypoints ride in (B, K,
+P, 3) beside them, each op's ``apply_keypoints`` after its ``apply_boxes``, sharing their ``valid``. OBB's corners
+enter as Ultralytics' 100-point segments (``geometry.obb.resample_corners``, once, on the source rows) and ride in (R,
+K, 100, 2), each op's ``apply_corners`` after its ``apply_boxes``: where segments exist Ultralytics makes the boxes
+from them and filters by its OBB rules (8.4.190's ``preserve_obb`` clip, 1 % area thresholds), so that hook gives the
+boxes and ``valid`` too; ``Format``'s oriented boxes are made of them at the end (``AugmentedBatch.rboxes``).
+Segmentation's polygons enter as Ultralytics' dataset resamples them (``geometry.polygons.source_polygons``: 1,000
+points, more in an image with a longer polygon) and ride in (R, K, W, 2), each op's ``apply_polygons`` after its
+``apply_boxes``: where segments exist the perspective makes the boxes from them (``segment2box``, 1 % area threshold)
+and CutMix takes partners from 1 % of their box, and the mixing ops resample a row's polygons to the longer where the
+two halves differ (``Instances.concatenate``); they leave as ``AugmentedBatch.segments`` in pixels, for ``Format``'s
+masks. A detection batch (keypoints, corners and polygons None) runs no keypoint or segment work and draws exactly
+what it drew before.
 
 Partners come from the source images (``Partners``): the batch itself, or a ``PartnerPool`` of the
 images loaded lately, as Ultralytics' buffer. MixUp and CutMix each blend in one more augmented row
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 from yolofeed.augment.color.bgr import ToBGR
 from yolofeed.augment.color.hsv import RandomHSV
+from yolofeed.augment.geometry.copy_paste import CopyPaste
 from yolofeed.augment.geometry.flip import FlipParams, RandomFlip
 from yolofeed.augment.geometry.mosaic import Mosaic
 from yolofeed.augment.geometry.obb import obb_rboxes, resample_corners
@@ -62,6 +64,7 @@ from yolofeed.schema import LABEL_KINDS, AugmentedBatch, SourceBatch
 # above (and its key in hyp.py): CONTRIBUTING.md, "An augmentation".
 OPS: tuple[Op, ...] = (
     Mosaic(),
+    CopyPaste(),  # flip mode: v8_transforms inserts it between the mosaic and the perspective
     RandomPerspective(),
     MixUp(),
     CutMix(),
@@ -239,7 +242,9 @@ class GpuAugment:
             if polygons is not None:
                 moved = op.apply_polygons(labels, moved, plan, draws, self.hyp)
             labels = moved
-        img = warp(sources.images, plan.tiles, plan.matrix, FlipParams(plan.ud, plan.lr), plan.size, plan.projective)
+            plan = op.paste_step(plan, labels, self.hyp)
+        img = warp(sources.images, plan.tiles, plan.matrix, FlipParams(plan.ud, plan.lr), plan.size, plan.projective,
+                   paste=plan.paste)
         return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, keypoints=labels.keypoints,
                         segments=labels.segments, polygons=labels.polygons, polygon_points=labels.polygon_points,
                         img=img)

@@ -14,16 +14,17 @@ from yolofeed.kernels.warp import BORDER, warp_reference
 
 
 def warp(sources: Tensor, layout: Layout, M: Tensor, flips: FlipParams, size: int, perspective: bool,
-         border: int = BORDER) -> Tensor:
+         border: int = BORDER, paste: Tensor | None = None) -> Tensor:
     """Sample every output image through its mosaic layout and matrix; see ``kernels/warp.py``.
 
     Shape:
         sources: (N, Hmax, Wmax, 3) uint8 RGB, image i in its top-left (h_i, w_i) corner.
         M: (B, 3, 3) float32 forward matrix (canvas -> output). Returns (B, 3, size, size) uint8.
+        paste: (B, H, W) bool, the canvas pixels that read their mirror (x -> w - 1 - x), or None.
     """
     if sources.is_cuda and (kernels := triton_kernels()) is not None:
-        return kernels.warp(sources, layout, M, flips, size, perspective, border)
-    return warp_reference(sources, layout, M, flips, size, perspective, border)
+        return kernels.warp(sources, layout, M, flips, size, perspective, border, paste=paste)
+    return warp_reference(sources, layout, M, flips, size, perspective, border, paste=paste)
 
 
 def triton_kernels():

@@ -34,6 +34,8 @@ the polygon's sampled height twice, plus one per edge touching a sampled row).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -175,9 +177,56 @@ def _fill_chunk(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: 
                 capacity: int) -> tuple[Tensor, Tensor]:
     """The painted sampled pixels (C, rows, cols) bool of a chunk of polygons (C, n, 2) int64, and the events
     dropped."""
+    c = pts.shape[0]
+    nr, nc = len(rows), len(cols)
+    ev = _events(pts, valid, rows, cols, height, width, capacity)
+    base = (ev.poly * nr + ev.row) * (nc + 1)
+    cover_lo = base + torch.searchsorted(cols, ev.lo)
+    cover_hi = base + torch.searchsorted(cols, ev.hi, right=True)
+    parity = base + torch.searchsorted(cols, ev.xpix + 1)
+    one = torch.ones_like(ev.slot, dtype=torch.int32)
+    size = c * nr * (nc + 1)
+    # the unused slots (most of them where few polygons are real) add their zeros across the histogram, one cell
+    # each: sent to one cell, their atomic adds would serialise on a GPU
+    spread = ev.slot % size
+    ok = ev.ok
+    index = torch.cat([torch.where(ok, parity, spread), torch.where(ok, cover_lo, spread),
+                       torch.where(ok, cover_hi, spread)])
+    value = torch.cat([ev.flips * one, (ev.covers * one) << COVER_SHIFT, -((ev.covers * one) << COVER_SHIFT)])
+    hist = torch.zeros(size, dtype=torch.int32, device=pts.device)
+    hist.scatter_add_(0, index, value)
+    acc = hist.view(c, nr, nc + 1).cumsum(-1, dtype=torch.int32)[..., :nc]
+    # odd parity or any cover: every bit but the parity count's upper ones (one pass, not four)
+    painted = (acc & PAINTED_BITS) != 0
+    return painted, ev.dropped
+
+
+@dataclass
+class _Events:
+    """A chunk's rasterisation events, one per slot (``ok``: a real one): on sampled row ``row`` of polygon ``poly``,
+    a fill crossing (``flips``) at 16.16 x ``xf`` (``xpix`` its pixel), or a covered span of pixels ``lo .. hi`` (a
+    line's run, or a crossing exactly on a pixel: ``covers``)."""
+
+    slot: Tensor
+    ok: Tensor
+    poly: Tensor
+    row: Tensor
+    xf: Tensor
+    xpix: Tensor
+    lo: Tensor
+    hi: Tensor
+    flips: Tensor
+    covers: Tensor
+    dropped: Tensor
+
+
+def _events(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: int | Tensor, width: int | Tensor,
+            capacity: int) -> _Events:
+    """The events of a chunk of polygons (C, n, 2) int64 in ``capacity`` slots (the module's doc). ``height`` and
+    ``width``: the image's, or (C, 1) tensors, each polygon's own (its clip)."""
     c, n, _ = pts.shape
     dev = pts.device
-    nr, nc = len(rows), len(cols)
+    nr = len(rows)
     x1, y1 = pts.roll(1, 1).unbind(-1)  # edge i runs from vertex i - 1 ...
     x2, y2 = pts.unbind(-1)  # ... to vertex i
     live = valid[:, None].expand(c, n)
@@ -228,24 +277,63 @@ def _fill_chunk(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: 
     run_lo, run_hi = _line_run(j, at(xs), at(dx), ady)
     lo = torch.where(is_line, run_lo, xpix)
     hi = torch.where(is_line, run_hi, xpix)
-    covers = ok & (is_line | exact)
-    flips = ok & ~is_line
+    return _Events(slot, ok, poly, row, xf, xpix, lo, hi, flips=ok & ~is_line, covers=ok & (is_line | exact),
+                   dropped=(total - capacity).clamp(min=0))
 
-    base = (poly * nr + row) * (nc + 1)
-    cover_lo = base + torch.searchsorted(cols, lo)
-    cover_hi = base + torch.searchsorted(cols, hi, right=True)
-    parity = base + torch.searchsorted(cols, xpix + 1)
-    one = torch.ones_like(slot, dtype=torch.int32)
-    size = c * nr * (nc + 1)
-    # the unused slots (most of them where few polygons are real) add their zeros across the histogram, one cell
-    # each: sent to one cell, their atomic adds would serialise on a GPU
-    spread = slot % size
-    index = torch.cat([torch.where(ok, parity, spread), torch.where(ok, cover_lo, spread),
-                       torch.where(ok, cover_hi, spread)])
-    value = torch.cat([flips * one, (covers * one) << COVER_SHIFT, -((covers * one) << COVER_SHIFT)])
+
+KEY_X_BITS = 34  # a crossing's sort key: (polygon, row) above these bits, its 16.16 x offset into them below
+
+
+def fill_union(points: Tensor, valid: Tensor, owner: Tensor, images: int, height: int, width: int,
+               clip: Tensor | None = None, events: int | None = None) -> tuple[Tensor, Tensor]:
+    """The union of ``cv2.fillPoly`` (``drawContours(..., FILLED)``) of each polygon, per image: Ultralytics'
+    copy-paste mask, the polygons ``owner`` says, filled one by one into one 0/1 image each.
+
+    Each polygon's fill is the module's, made of the same events, but its parity is turned into spans: the crossings
+    of one polygon on one row, sorted by x, pair up left to right (even-odd), each pair a span of pixels; spans and
+    covered runs of every polygon of an image add +1 where they start and -1 past where they end in one histogram a
+    row, whose prefix sum is how many cover each pixel. So the working set is the images' (``images x height x
+    (width + 1)`` int32), not a histogram per polygon, and the sort is over the crossings alone.
+
+    Args:
+        points: (P, n, 2) float pixel x, y, truncated toward zero as NumPy's int32 cast does.
+        valid: (P,) bool; an invalid polygon paints nothing.
+        owner: (P,) int64, the image each polygon paints, in [0, images).
+        height, width: the images' size (the largest, where they differ).
+        clip: (P, 2) int64 height and width each polygon is clipped to (its image's own size), or None: the size.
+        events: event slots per polygon, pooled (``default_events`` by default).
+
+    Returns:
+        masks (images, height, width) bool, and overflow: () int64, the events dropped for want of slots.
+    """
+    p, n, _ = points.shape
+    dev = points.device
+    rows, cols = torch.arange(height, device=dev), torch.arange(width, device=dev)
+    per = events if events is not None else default_events(n, height, 1)
+    hc, wc = (height, width) if clip is None else (clip[:, 0:1].long(), clip[:, 1:2].long())
+    ev = _events(points.to(torch.int32).long(), valid, rows, cols, hc, wc, max(1, p * per))
+    base = (owner[ev.poly] * height + ev.row) * (width + 1)
+    # each crossing's rank among its polygon's on its row: +1 for the left of a pair, -1 for the right
+    group = ev.poly * height + ev.row
+    key = torch.where(ev.flips, (group << KEY_X_BITS) + ev.xf + (1 << (KEY_X_BITS - 1)),
+                      torch.full_like(group, (1 << 62)))
+    sorted_key, order = torch.sort(key, stable=True)
+    first = torch.searchsorted(sorted_key >> KEY_X_BITS, sorted_key >> KEY_X_BITS)
+    rank = torch.arange(len(order), device=dev) - first
+    sign = torch.empty_like(rank)
+    sign[order] = 1 - 2 * (rank % 2)
+    size = images * height * (width + 1)
+    spread = ev.slot % size  # unused slots add zeros across the histogram (see _fill_chunk)
+    right = width if clip is None else clip[:, 1].long()[ev.poly]  # spans end at the polygon's own image's edge
+
+    def at(x: Tensor) -> Tensor:  # a histogram cell of this row, 0 .. the edge
+        return base + torch.minimum(x.clamp(min=0), torch.as_tensor(right, device=dev))
+
+    index = torch.cat([torch.where(ev.flips, at(ev.xpix + 1), spread), torch.where(ev.covers, at(ev.lo), spread),
+                       torch.where(ev.covers, at(ev.hi + 1), spread)])
+    one = torch.ones_like(ev.slot, dtype=torch.int32)
+    value = torch.cat([ev.flips * sign.to(torch.int32), ev.covers * one, -(ev.covers * one)])
     hist = torch.zeros(size, dtype=torch.int32, device=dev)
     hist.scatter_add_(0, index, value)
-    acc = hist.view(c, nr, nc + 1).cumsum(-1, dtype=torch.int32)[..., :nc]
-    # odd parity or any cover: every bit but the parity count's upper ones (one pass, not four)
-    painted = (acc & PAINTED_BITS) != 0
-    return painted, (total - capacity).clamp(min=0)
+    acc = hist.view(images, height, width + 1).cumsum(-1, dtype=torch.int32)[..., :width]
+    return acc > 0, ev.dropped

@@ -85,14 +85,20 @@ def _row(ys: Tensor, A: Tensor, j: int) -> Tensor:
     return ((ys * A[:, j, None]) + A[:, j + 1, None])[:, :, None]
 
 
-def _fetch(sources: Tensor, layout: Tiles, b: Tensor, cx: Tensor, cy: Tensor, border: int) -> Tensor:
-    """Canvas pixels (cx, cy) of samples ``b``: the covering tile's source pixel, else ``border``.
+def _fetch(sources: Tensor, layout: Tiles, b: Tensor, cx: Tensor, cy: Tensor, border: int,
+           paste: Tensor | None = None) -> Tensor:
+    """Canvas pixels (cx, cy) of samples ``b``: the covering tile's source pixel, else ``border``; where ``paste``
+    is set, its mirror's (x -> w - 1 - x, ``cv2.flip`` of the canvas).
 
-    Shape: b: (n, 1, 1); cx, cy: (n, H, W) int64. Returns (n, H, W, 3) float32.
+    Shape: b: (n, 1, 1); cx, cy: (n, H, W) int64; paste (B, Hp, Wp) bool. Returns (n, H, W, 3) float32.
     """
     _, hm, wm, _ = sources.shape
     ch, cw = layout.canvas_hw[b, 0], layout.canvas_hw[b, 1]
     on_canvas = (cx >= 0) & (cy >= 0) & (cx < cw) & (cy < ch)
+    if paste is not None:
+        hp, wp = paste.shape[1:]
+        mirrored = on_canvas & paste[b, cy.clamp(0, hp - 1), cx.clamp(0, wp - 1)]
+        cx = torch.where(mirrored, cw - 1 - cx, cx)
     src_index = torch.full_like(cx, -1)
     sx, sy = torch.zeros_like(cx), torch.zeros_like(cy)
     for k in range(layout.src.shape[1]):  # later tiles win, as pasting in order does
@@ -106,7 +112,7 @@ def _fetch(sources: Tensor, layout: Tiles, b: Tensor, cx: Tensor, cy: Tensor, bo
 
 
 def warp_reference(sources: Tensor, layout: Tiles, M: Tensor, flips: Flips, size: int, perspective: bool,
-                   border: int = BORDER) -> Tensor:
+                   border: int = BORDER, paste: Tensor | None = None) -> Tensor:
     """The torch implementation of ``augment.warp.warp`` (CPU, tests, and CUDA without Triton).
 
     Shape:
@@ -134,10 +140,10 @@ def warp_reference(sources: Tensor, layout: Tiles, M: Tensor, flips: Flips, size
         fx, fy = torch.floor(sx), torch.floor(sy)
         ax, ay = (sx - fx)[..., None], (sy - fy)[..., None]
         ix, iy = fx.long(), fy.long()
-        p00 = _fetch(sources, layout, b, ix, iy, border)
-        p01 = _fetch(sources, layout, b, ix + 1, iy, border)
-        p10 = _fetch(sources, layout, b, ix, iy + 1, border)
-        p11 = _fetch(sources, layout, b, ix + 1, iy + 1, border)
+        p00 = _fetch(sources, layout, b, ix, iy, border, paste)
+        p01 = _fetch(sources, layout, b, ix + 1, iy, border, paste)
+        p10 = _fetch(sources, layout, b, ix, iy + 1, border, paste)
+        p11 = _fetch(sources, layout, b, ix + 1, iy + 1, border, paste)
         f0 = _fma(ax, p01 - p00, p00)
         f1 = _fma(ax, p11 - p10, p10)
         f = _fma(ay, f1 - f0, f0)

@@ -21,9 +21,14 @@ BLOCK = 128  # with 4 warps: 1.96 ms for 128 images at 640 px on the H200, 3.3 m
 
 
 @triton.jit
-def fetch(src_ptr, tiles_ptr, b, cx, cy, ch, cw, hm, wm, mask, T: tl.constexpr, BORDER: tl.constexpr):
-    """The three channels of canvas pixel (cx, cy) as float32: the covering tile's source pixel, or BORDER."""
+def fetch(src_ptr, tiles_ptr, paste_ptr, b, cx, cy, ch, cw, hm, wm, hp, wp, mask, T: tl.constexpr,
+          BORDER: tl.constexpr, PASTE: tl.constexpr):
+    """The three channels of canvas pixel (cx, cy) as float32: the covering tile's source pixel, or BORDER; with
+    PASTE, its mirror's (x -> cw - 1 - x) where copy-paste's mask is set."""
     on = (cx >= 0) & (cy >= 0) & (cx < cw) & (cy < ch)
+    if PASTE:  # one more byte gather per neighbour, on canvas only (cx < cw <= wp, cy < ch <= hp)
+        mirrored = tl.load(paste_ptr + (b * hp + cy) * wp + cx, mask=mask & on, other=0) != 0
+        cx = tl.where(mirrored, cw - 1 - cx, cx)
     src = tl.full(cx.shape, -1, tl.int64)
     sx = tl.zeros(cx.shape, tl.int64)
     sy = tl.zeros(cx.shape, tl.int64)
@@ -51,9 +56,9 @@ def lerp(ax, ay, p00, p01, p10, p11):
     return tl.minimum(tl.maximum(round_even(f), 0.0), 255.0).to(tl.uint8)
 
 @triton.jit
-def warp_kernel(src_ptr, out_ptr, inv_ptr, tiles_ptr, canvas_ptr, flip_ptr, hm, wm,
+def warp_kernel(src_ptr, out_ptr, inv_ptr, tiles_ptr, canvas_ptr, flip_ptr, paste_ptr, hm, wm, hp, wp,
                 S: tl.constexpr, T: tl.constexpr, PERSPECTIVE: tl.constexpr, BORDER: tl.constexpr,
-                BLOCK: tl.constexpr):
+                PASTE: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < S * S
@@ -73,10 +78,13 @@ def warp_kernel(src_ptr, out_ptr, inv_ptr, tiles_ptr, canvas_ptr, flip_ptr, hm, 
     ax, ay = sx - fx, sy - fy
     ix, iy = fx.to(tl.int64), fy.to(tl.int64)
     ch, cw = tl.load(canvas_ptr + b * 2), tl.load(canvas_ptr + b * 2 + 1)
-    r00, g00, b00 = fetch(src_ptr, tiles_ptr, b, ix, iy, ch, cw, hm, wm, mask, T, BORDER)
-    r01, g01, b01 = fetch(src_ptr, tiles_ptr, b, ix + 1, iy, ch, cw, hm, wm, mask, T, BORDER)
-    r10, g10, b10 = fetch(src_ptr, tiles_ptr, b, ix, iy + 1, ch, cw, hm, wm, mask, T, BORDER)
-    r11, g11, b11 = fetch(src_ptr, tiles_ptr, b, ix + 1, iy + 1, ch, cw, hm, wm, mask, T, BORDER)
+    r00, g00, b00 = fetch(src_ptr, tiles_ptr, paste_ptr, b, ix, iy, ch, cw, hm, wm, hp, wp, mask, T, BORDER, PASTE)
+    r01, g01, b01 = fetch(src_ptr, tiles_ptr, paste_ptr, b, ix + 1, iy, ch, cw, hm, wm, hp, wp, mask, T,
+                                 BORDER, PASTE)
+    r10, g10, b10 = fetch(src_ptr, tiles_ptr, paste_ptr, b, ix, iy + 1, ch, cw, hm, wm, hp, wp, mask, T,
+                                 BORDER, PASTE)
+    r11, g11, b11 = fetch(src_ptr, tiles_ptr, paste_ptr, b, ix + 1, iy + 1, ch, cw, hm, wm, hp, wp, mask,
+                                 T, BORDER, PASTE)
     out = out_ptr + b * 3 * S * S + offs
     tl.store(out, lerp(ax, ay, r00, r01, r10, r11), mask=mask)
     tl.store(out + S * S, lerp(ax, ay, g00, g01, g10, g11), mask=mask)
@@ -84,7 +92,7 @@ def warp_kernel(src_ptr, out_ptr, inv_ptr, tiles_ptr, canvas_ptr, flip_ptr, hm, 
 
 
 def warp(sources: Tensor, layout: Tiles, M: Tensor, flips: Flips, size: int, perspective: bool,
-         border: int, block: int = BLOCK, num_warps: int = 4) -> Tensor:
+         border: int, block: int = BLOCK, num_warps: int = 4, paste: Tensor | None = None) -> Tensor:
     """Same contract as ``augment.warp.warp``; sources and parameters on one CUDA device (or CPU under
     TRITON_INTERPRET=1)."""
     bsz, t = layout.src.shape
@@ -95,7 +103,9 @@ def warp(sources: Tensor, layout: Tiles, M: Tensor, flips: Flips, size: int, per
     flip = torch.stack([flips.lr, flips.ud], 1).to(torch.int32).contiguous()
     out = torch.empty((bsz, 3, size, size), dtype=torch.uint8, device=dev)
     grid = (bsz, triton.cdiv(size * size, block))
-    warp_kernel[grid](sources.contiguous(), out, inv, tiles, canvas, flip, sources.shape[1], sources.shape[2],
-                    S=size, T=t, PERSPECTIVE=perspective, BORDER=float(border), BLOCK=block,
-                    num_warps=num_warps, enable_fp_fusion=False)
+    mirror = out if paste is None else paste.to(torch.uint8).contiguous()  # any pointer where there is none
+    hp, wp = (1, 1) if paste is None else paste.shape[1:]
+    warp_kernel[grid](sources.contiguous(), out, inv, tiles, canvas, flip, mirror, sources.shape[1], sources.shape[2],
+                    hp, wp, S=size, T=t, PERSPECTIVE=perspective, BORDER=float(border), PASTE=paste is not None,
+                    BLOCK=block, num_warps=num_warps, enable_fp_fusion=False)
     return out

@@ -168,9 +168,9 @@ RULES: dict[str, Rule] = {
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
     "copy_paste": Rule(OURS, "0; refused above 0", lambda v: bool(v), "above 0",
-                       "copy-paste is not built in yolofeed's GPU augmentation yet (segmentation packs keep the "
-                       "polygons it pastes by, the op itself is missing). Train with copy_paste=0, or use "
-                       "'yolo train'"),
+                       "copy-paste is not built in yolofeed's training yet (its GPU op, flip mode, is built and "
+                       "tested against Ultralytics' for segmentation polygons; its fill's memory is not yet bounded "
+                       "for a training batch). Train with copy_paste=0, or use 'yolo train'"),
     "copy_paste_mode": Rule(UNUSED, "read only with copy_paste, which is refused"),
     # validation and plots during training
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",

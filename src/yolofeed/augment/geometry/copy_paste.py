@@ -1,0 +1,159 @@
+"""Ultralytics' ``CopyPaste`` in its ``flip`` mode (``copy_paste_mode``'s default), between the mosaic and the
+perspective as ``v8_transforms`` inserts it: each canvas pastes mirrored copies of its own objects.
+
+What 8.4's ``CopyPaste`` does on a canvas of width w whose instances have segments (otherwise nothing):
+
+* every instance is mirrored (``Instances.fliplr``: x -> w - x, box edges swapped);
+* a mirrored copy is eligible where its box covers less than 30 % of every original box (``bbox_ioa`` of the copy
+  over the original, float32 with eps 1e-7), and the eligible ones are sorted by their largest such cover,
+  ascending; the first ``round(copy_paste x eligible)`` are pasted (Python's round: half to even). There is no
+  random draw: ``copy_paste`` is a fraction of the eligible copies, not a probability;
+* their polygons, cast to int32, are filled (``cv2.drawContours(..., FILLED)``) into one mask, and where it is set
+  the canvas takes its mirror's pixel (``cv2.flip``: x -> w - 1 - x) from the canvas as the mosaic left it;
+* the copies' classes, boxes and polygons are appended after the originals, in that sorted order.
+
+Here the copies fill the second half of the row's slots (``chosen`` ones first, in that order, then padding), so the
+slots double. The mask is ``kernels.polyfill.fill_union`` of the chosen copies at the canvas' resolution, and the
+warp reads a mirrored canvas pixel where it is set (``WarpPlan.paste``): no canvas is built. NumPy's ``argsort``
+(introsort, or the SIMD sort where the CPU has AVX2 / AVX-512) orders equal covers by the machine; here they keep
+their slot order (a stable sort), so where more copies tie than are pasted the ones chosen may differ from
+Ultralytics' on that machine; each chosen copy's cover is still at most every unchosen eligible one's. Mirrored
+copies of oriented boxes (whose segments are their corners) are not built: the op refuses them.
+
+Cost: the covers are (R, K, K) per row of K slots; the fill is the chosen polygons' rasterisation events and one
+prefix sum over each row's canvas, ``R x H x (W + 1)`` int32 (2.5 GB for 384 rows of a 1280-pixel mosaic canvas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from yolofeed.augment.hyp import AugmentHyp
+from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan
+from yolofeed.errors import ConfigError
+from yolofeed.kernels.polyfill import fill_union
+
+COVER_BELOW = 0.30  # a copy is eligible where it covers less than this of every original box
+EPS = 1e-7  # bbox_ioa's
+
+
+@dataclass
+class Picks:
+    """The copies of each row. Shape: order (R, K) int64, the slot each copy slot mirrors (chosen ones first, in
+    Ultralytics' order); chosen (R, K) bool, the copy slots that hold a pasted copy; width (R,) float32 canvas
+    widths."""
+
+    order: Tensor
+    chosen: Tensor
+    width: Tensor
+
+
+def covers(mirrored: Tensor, boxes: Tensor, valid: Tensor) -> Tensor:
+    """``bbox_ioa(mirrored, boxes)`` per row: the share of each original box (i) each mirrored box (j) covers, float32
+    as NumPy computes it; 0 against an invalid slot. Shape: (R, K, 4) xyxy twice, valid (R, K) -> (R, K, K)."""
+    ax1, ay1, ax2, ay2 = (t[:, :, None] for t in mirrored.unbind(-1))
+    bx1, by1, bx2, by2 = (t[:, None, :] for t in boxes.unbind(-1))
+    inter = (torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)).clamp(min=0) * (
+        torch.minimum(ay2, by2) - torch.maximum(ay1, by1)).clamp(min=0)
+    area = (bx2 - bx1) * (by2 - by1)
+    return (inter / (area + EPS)).masked_fill(~valid[:, None, :], 0.0)
+
+
+def mirror_boxes(boxes: Tensor, width: Tensor) -> Tensor:
+    """``Instances.fliplr`` of xyxy boxes about each row's canvas width: x -> w - x, the edges swapped."""
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    w = width[:, None]
+    return torch.stack([w - x2, y1, w - x1, y2], -1)
+
+
+def pick(boxes: Tensor, valid: Tensor, width: Tensor, fraction: float) -> Picks:
+    """Which mirrored copies each row pastes, and in which order (the module's doc).
+
+    Shape: boxes (R, K, 4) float32 xyxy canvas pixels; valid (R, K) bool; width (R,) float32 canvas widths.
+    """
+    ioa = covers(mirror_boxes(boxes, width), boxes, valid)
+    eligible = valid & (ioa < COVER_BELOW).all(2)
+    key = torch.where(eligible, ioa.amax(2), torch.full_like(ioa[..., 0], float("inf")))
+    order = torch.sort(key, dim=1, stable=True).indices
+    take = torch.round(fraction * eligible.sum(1).double()).long()  # Python's round(p * n): half to even
+    chosen = torch.arange(valid.shape[1], device=valid.device) < take[:, None]
+    return Picks(order, chosen, width)
+
+
+def _gather(t: Tensor, order: Tensor) -> Tensor:
+    """The copies' rows of a per-slot tensor (R, K, ...)."""
+    index = order.reshape(*order.shape, *([1] * (t.dim() - 2))).expand(*order.shape, *t.shape[2:])
+    return t.gather(1, index)
+
+
+def canvas_side(hyp: AugmentHyp) -> int:
+    """The largest canvas a row can have before the perspective: the mosaic's (2 or 3 x imgsz), else imgsz."""
+    return hyp.imgsz * (2 if hyp.mosaic_grid == 4 else 3) if hyp.mosaic > 0 else hyp.imgsz
+
+
+class CopyPaste(GeometricOp):
+    """``CopyPaste(p=copy_paste, mode="flip")``: no draws; its work is in the label hooks and ``paste_step``."""
+
+    name = "copy_paste"
+    Params = type(None)
+
+    def on(self, hyp: AugmentHyp) -> bool:
+        return hyp.copy_paste > 0
+
+    def sample(self, draw: Draw, hyp: AugmentHyp, generator: torch.Generator | None) -> None:
+        return None
+
+    def warp_step(self, plan: WarpPlan, p: None, hyp: AugmentHyp) -> WarpPlan:
+        return plan  # the pixels are pasted by paste_step, once the copies are known
+
+    def _picks(self, labels: Labels, plan: WarpPlan, hyp: AugmentHyp) -> Picks:
+        width = plan.tiles.canvas_hw[:, 1].to(labels.boxes.dtype)
+        return pick(labels.boxes, labels.valid, width, float(hyp.copy_paste))
+
+    def apply_boxes(self, labels: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
+        if not self.on(hyp) or labels.polygons is None:  # Ultralytics: nothing without segments
+            return labels
+        picks = self._picks(labels, plan, hyp)
+        mirrored = mirror_boxes(labels.boxes, picks.width)
+        return dataclasses.replace(
+            labels, cls=torch.cat([labels.cls, _gather(labels.cls, picks.order)], 1),
+            boxes=torch.cat([labels.boxes, _gather(mirrored, picks.order)], 1),
+            valid=torch.cat([labels.valid, picks.chosen], 1))
+
+    def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Tensor:
+        return keypoints  # a pose row has no segments: Ultralytics pastes nothing
+
+    def apply_corners(self, labels: Labels, moved: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
+        if self.on(hyp):
+            raise ConfigError(f"copy_paste={hyp.copy_paste} with oriented boxes: yolofeed's copy-paste is built for "
+                              "segmentation polygons only. Train with copy_paste=0, or use 'yolo train'")
+        return dataclasses.replace(moved, segments=labels.segments)
+
+    def apply_polygons(self, labels: Labels, moved: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
+        if not self.on(hyp):
+            return dataclasses.replace(moved, polygons=labels.polygons, polygon_points=labels.polygon_points)
+        picks = self._picks(labels, plan, hyp)
+        x, y = labels.polygons.unbind(-1)
+        mirrored = torch.stack([picks.width[:, None, None] - x, y], -1)
+        return dataclasses.replace(moved, polygons=torch.cat([labels.polygons, _gather(mirrored, picks.order)], 1),
+                                   polygon_points=labels.polygon_points)
+
+    def paste_step(self, plan: WarpPlan, labels: Labels, hyp: AugmentHyp) -> WarpPlan:
+        """The plan with the paste mask of the copies ``labels`` (as this op left them) hold: the second half of
+        each row's slots."""
+        if not self.on(hyp) or labels.polygons is None:
+            return plan
+        if plan.matrix is not None:
+            raise ValueError("copy-paste after a matrix: it pastes on the mosaic's canvas (augment.pipeline.OPS)")
+        r, k2, n, _ = labels.polygons.shape
+        k = k2 // 2
+        side = canvas_side(hyp)
+        owner = torch.arange(r, device=labels.valid.device).repeat_interleave(k)
+        clip = plan.tiles.canvas_hw.long().repeat_interleave(k, 0)
+        mask, dropped = fill_union(labels.polygons[:, k:].reshape(r * k, n, 2), labels.valid[:, k:].reshape(-1),
+                                   owner, r, side, side, clip=clip)
+        return dataclasses.replace(plan, paste=mask, paste_dropped=dropped)
