@@ -444,6 +444,36 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.augment.mix.cutmix.CutMix.apply_corners",
            why="an OBB sample with boxes takes a partner box from 1 % of it inside the area; the partner's clipped "
                "with preserve_obb, zero-area ones dropped"),
+    # copy-paste, flip mode (augment/geometry/copy_paste.py)
+    Pinned("ultralytics.data.augment.v8_transforms", "85f74623be8be404",
+           "yolofeed.augment.geometry.copy_paste.CopyPaste",
+           why="copy_paste_mode flip inserts CopyPaste between Mosaic and RandomPerspective, in the pre_transform "
+               "MixUp's and CutMix's partners go through too (augment.pipeline.OPS)",
+           others=(_r("8.4.138", "8.4.163", "72e26e86999a44fe",
+                      "without the return annotation: the same transforms"),)),
+    Pinned("ultralytics.data.augment.CopyPaste.__call__", "3bd15803be974b6f",
+           "yolofeed.augment.geometry.copy_paste.CopyPaste.apply_boxes",
+           why="nothing without segments or at p = 0; flip mode draws nothing"),
+    Pinned("ultralytics.data.augment.CopyPaste.get_params", "7d7b432b1d8633c3",
+           "yolofeed.augment.geometry.copy_paste.pick",
+           why="copies mirrored about the canvas width, eligible below 0.30 bbox_ioa of every original, sorted by "
+               "their largest (argsort: ties in slot order here), round(p x eligible) of them"),
+    Pinned("ultralytics.data.augment.CopyPaste.apply_image", "0f219e8b70d7a74b",
+           "yolofeed.augment.geometry.copy_paste.CopyPaste.paste_step",
+           why="the chosen copies' int32 polygons drawContours-filled into one mask, the canvas' cv2.flip copied "
+               "where it is set",
+           others=(_r("8.4.138", "8.4.161", "960980977367e3c0",
+                      "copies by a boolean index (im[i] = result[i]) where 8.4.162 calls cv2.copyTo: the same "
+                      "pixels"),)),
+    Pinned("ultralytics.data.augment.CopyPaste.apply_instances", "b5644dcdb63fe582",
+           "yolofeed.augment.geometry.copy_paste.CopyPaste.apply_polygons",
+           why="the chosen copies' classes and instances appended after the originals, in the sorted order"),
+    Pinned("ultralytics.utils.metrics.bbox_ioa", "7dd058d60b8edbdc", "yolofeed.augment.geometry.copy_paste.covers",
+           why="intersection over box2's area + 1e-7, float32"),
+    Pinned("ultralytics.utils.instance.Instances.fliplr", "0f6620e22424b228",
+           "yolofeed.augment.geometry.copy_paste.mirror_boxes", why="xyxy boxes: x -> w - x, the edges swapped",
+           others=(_r("8.4.138", "8.4.164", "33e65c991ba226f3",
+                      "without the ltwh branch of 8.4.165: the same for the xyxy boxes copy-paste mirrors"),)),
     Pinned("ultralytics.utils.ops.xyxyxyxy2xywhr", "b1abfdfbf65fc502",
            "yolofeed.augment.geometry.rboxes.xyxyxyxy2xywhr",
            why="cv2.minAreaRect of each point set, w the longer side, theta in [-pi/4, 3pi/4)",
