@@ -178,3 +178,37 @@ def test_cuda_copy_paste_equals_the_cpu_path(stable_argsort):
     cuda = aug.geometry(to_device(batch, dev), to_device(params, dev))
     assert torch.equal(cuda.img.cpu(), cpu.img) and torch.equal(cuda.valid.cpu(), cpu.valid)
     assert torch.equal(cuda.polygons.cpu(), cpu.polygons)
+
+
+def test_copies_past_the_capacity_are_left_out_labels_and_pixels_alike_and_counted(stable_argsort):
+    """A batch's bound on its copies (a training batch's: ``paste_capacity``): the first copies in row-major order
+    are pasted, the rest are not, neither their labels nor their pixels, and ``paste_lost`` says how many."""
+    batch = segment_batch(B, seed=3, side=0.35)
+    batch.hw[:] = S
+    hyp = _hyp(copy_paste=1.0, mosaic=0.0, translate=0.0, scale=0.0)  # the output is the canvas: every copy stays
+    params = GpuAugment(hyp).sample(B, torch.Generator().manual_seed(3))
+    every = GpuAugment(hyp).geometry(batch, params)
+    few = GpuAugment(hyp, paste_capacity=2, paste_room=8).geometry(batch, params)  # room: no event dropped
+    k = every.valid.shape[1] // 2
+    copies = int(every.valid[:, k:].sum())
+    assert copies > 3 and int(every.paste_lost) == 0
+    assert int(few.valid[:, k:].sum()) == 2 and int(few.paste_lost) == copies - 2
+    assert torch.equal(few.valid[:, :k], every.valid[:, :k])
+    rows = few.valid[:, k:].any(1)  # the rows holding the 2 copies kept: their pixels are the full paste's
+    first = int(rows.nonzero()[0])
+    if int(few.valid[first, k:].sum()) == int(every.valid[first, k:].sum()):
+        assert torch.equal(few.img[first], every.img[first])
+    later = [r for r in range(len(rows)) if not rows[r] and every.valid[r, k:].any()]
+    assert later and all(not torch.equal(few.img[r], every.img[r]) for r in later)
+
+
+def test_too_few_fill_slots_are_counted_as_lost():
+    """The fill's pooled event slots run out: what it dropped is counted in ``paste_lost``, never silent."""
+    from yolofeed.augment.masks import MaskedAugment
+
+    batch = segment_batch(B, seed=3, side=0.35)
+    hyp = _hyp(copy_paste=1.0)
+    aug = MaskedAugment(hyp, mask_ratio=4)
+    aug.paste_room = 0  # no event slots at all (a room of 0 is not a setting: it forces the overflow)
+    out = aug(batch, torch.Generator().manual_seed(3))
+    assert int(out.masks.overflow) > 0

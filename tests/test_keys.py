@@ -48,7 +48,10 @@ ELSEWHERE = {
     "project": "the set-ups' run folders", "name": "the set-ups' run folders", "save_dir": "the run folders",
     "single_cls": "test_single_cls_trains_a_step_with_class_0 and test_loader's label tests",
     "resume": "test_train_cli.py::test_resume_forms and test_train.py::test_cli_resumes_a_killed_run",
-    "distill_model": "refused", "augmentations": "refused", "copy_paste": "refused above 0",
+    "distill_model": "refused", "augmentations": "refused",
+    "copy_paste": "test_copy_paste.py (the op against Ultralytics'), test_train_segment.py::test_copy_paste_trains_"
+                  "a_segment_batch_with_its_copies, test_copy_paste_is_refused_where_there_are_no_polygons",
+    "copy_paste_mode": "test_train_segment.py::test_copy_paste_mixup_mode_and_odd_mask_ratios_are_refused_in_one_line",
     "rect": "refused when True",
     **{k: "test_train_pose.py::test_the_keypoint_loss_gains_reach_ultralytics_pose_loss_unchanged"
        for k in ("pose", "kobj", "rle")},
@@ -139,7 +142,7 @@ def test_yolofeed_overrides_only_the_data_path_of_the_trainer():
 REFUSED = {  # one refused value per refusing row
     "task": {"model": "yolo11n-cls.yaml"}, "data": {"data": ["a.yaml", "b.yaml"]}, "device": {"device": "mps"},
     "rect": {"rect": True}, "quantize": {"quantize": 8}, "distill_model": {"distill_model": "teacher.pt"},
-    "augmentations": {"augmentations": [{"transform": "Blur"}]}, "copy_paste": {"copy_paste": 0.3},
+    "augmentations": {"augmentations": [{"transform": "Blur"}]},
     "classes": {"classes": "0,1"}, "mask_ratio": {"mask_ratio": 3},
 }
 
@@ -158,6 +161,21 @@ def test_every_refusal_stops_the_run_before_anything_is_built(synth_root, tmp_pa
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"{key}=") and len(message) > len(key) + 40  # and why
     assert not (tmp_path / "refused").exists()  # no run folder, no args.yaml: nothing was built
+
+
+def test_copy_paste_is_refused_where_there_are_no_polygons(synth_root, tmp_path):
+    """A detection pack keeps no polygons (with polygon labels Ultralytics pastes them) and OBB's mirrored corners are
+    not built: refused in one line, before anything is built; a pose run has nothing to paste, as in Ultralytics."""
+    from yolofeed import FastDetectionTrainer
+
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: yolofeed pastes segmentation polygons only.*a detection "
+                                          r"run.*copy_paste=0"):
+        FastDetectionTrainer(overrides={**_base(synth_root, tmp_path, "refused"), "copy_paste": 0.3})
+    assert not (tmp_path / "refused").exists()
+    with pytest.raises(ConfigError, match="an oriented-box run"):
+        keys.check_copy_paste({"copy_paste": 0.5}, "obb")
+    keys.check_copy_paste({"copy_paste": 0.5}, "pose")
+    keys.check_copy_paste({"copy_paste": 0.0, "copy_paste_mode": "mixup"}, "detect")  # off: nothing to refuse
 
 
 @pytest.mark.parametrize("model, task", [("yolo11n.yaml", "detect"), ("yolov8n.yaml", "detect"),

@@ -149,16 +149,42 @@ def test_a_polygon_row_of_one_point_is_kept_as_ultralytics_keeps_it(segment_root
     _assert_val_batches_equal(root, tmp_path, overlap=False)  # with overlap, tied areas sort as the machine does
 
 
-def test_copy_paste_and_odd_mask_ratios_are_refused_in_one_line(segment_dataset, tmp_path):
+def test_copy_paste_mixup_mode_and_odd_mask_ratios_are_refused_in_one_line(segment_dataset, tmp_path):
     from yolofeed.train import FastSegmentationTrainer
 
     base = dict(model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path / "runs"),
                 **TINY)
-    with pytest.raises(ConfigError, match=r"^copy_paste=0.5: copy-paste is not built in yolofeed's training yet"):
-        FastSegmentationTrainer(overrides={**base, "copy_paste": 0.5})
+    with pytest.raises(ConfigError, match=r"^copy_paste_mode=mixup: yolofeed builds copy-paste's flip mode only"):
+        FastSegmentationTrainer(overrides={**base, "copy_paste": 0.5, "copy_paste_mode": "mixup"})
     with pytest.raises(ConfigError, match=r"^mask_ratio=3: yolofeed makes masks by a whole ratio"):
         FastSegmentationTrainer(overrides={**base, "mask_ratio": 3})
     assert not (tmp_path / "runs").exists()  # refused before the run folder
+
+
+def _first_batch(trainer) -> dict:
+    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+    try:
+        return trainer.preprocess_batch(next(iter(loader)))
+    finally:
+        loader.close()
+
+
+def test_copy_paste_trains_a_segment_batch_with_its_copies(segment_dataset, tmp_path):
+    """copy_paste=1.0 on a segment run: the same draws (copy-paste makes none), every eligible copy pasted, so the
+    first batch holds more instances than without it, each with its mask; nothing left out (the masks' overflow)."""
+    from yolofeed.train import FastSegmentationTrainer
+
+    counts = []
+    for p in (0.0, 1.0):
+        trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
+            model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name=f"cp{p}",
+            epochs=1, seed=3, copy_paste=p, **TINY))
+        batch = _first_batch(trainer)
+        assert trainer.hyp.copy_paste == p
+        counts.append(len(batch["cls"]))
+        assert batch["masks"].shape[0] == 4 and int(batch["masks"].amax()) >= 1
+        assert int(trainer._dropped) == 0
+    assert counts[1] > counts[0]
 
 
 def test_a_segment_model_on_box_labels_is_refused_in_one_line(synth_root, tmp_path, capsys):

@@ -102,6 +102,7 @@ class AugmentedBatch(LabelKinds):
     rboxes: Tensor | None = None
     masks: Any = None  # augment.masks.SegmentMasks (a stage above this one: not imported here)
     segments: Tensor | None = None
+    paste_lost: Tensor | None = None  # () int64: copies copy-paste left out, and its fill's dropped events
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
         """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,);

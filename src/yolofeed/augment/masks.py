@@ -239,6 +239,8 @@ def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, r
     m = polygons_to_masks(out.segments, out.valid, side, side, mask_ratio, overlap, events=events,
                           capacity=None if capacity is None else capacity * room,
                           chunk=CUDA_CHUNK if out.img.is_cuda else 128)
+    if out.paste_lost is not None:  # copy-paste's copies and events left out count with the masks' (``room``)
+        m.overflow = m.overflow + out.paste_lost
     return AugmentedBatch(out.img, m.reorder(out.cls), m.reorder(out.boxes), m.valid,
                           keypoints=None if out.keypoints is None else m.reorder(out.keypoints),
                           rboxes=None if out.rboxes is None else m.reorder(out.rboxes), masks=m)
@@ -261,12 +263,18 @@ class MaskedAugment(GpuAugment):
 
     def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
                  labels: tuple[float, float, float] | None = None, capacity: int | None = None):
-        super().__init__(hyp)
+        super().__init__(hyp, paste_room=room)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
         self.labels, self.capacity = labels, capacity
 
     @property
     def tiles(self) -> int:
+        """Source images' worth of instances an augmented image holds: the mosaic's grid (1 without), for the image
+        and each mix, twice with copy-paste (its copies)."""
+        return self.sources * (2 if self.hyp.copy_paste > 0 else 1)
+
+    @property
+    def sources(self) -> int:
         """Source images an augmented image is made of: the mosaic's grid (1 without), for the image and each mix."""
         return (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + self.mixers)
 
@@ -283,6 +291,10 @@ class MaskedAugment(GpuAugment):
         return learnt_capacity(most, self.tiles * (self.labels[2] if self.labels is not None else 0.0))
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
+        # copy-paste's copies are at most the instances on every augmented row's canvas: the labels' bound on the
+        # batch's source images (all its rows'), times the room
+        bound = self.bound(p.size, self.sources)
+        self.paste_capacity = None if bound is None or self.hyp.copy_paste <= 0 else bound * self.room
         out = super().apply(sources, p)
         # from the settings and shapes alone (static under a graph): at most the row's slots / the source width
         capacity = self.bound(out.valid.shape[0], min(self.tiles, out.valid.shape[1] // max(sources.valid.shape[1], 1)))

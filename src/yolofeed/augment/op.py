@@ -105,8 +105,10 @@ class WarpPlan:
     Shape: hw (N, 2) int64 stored sizes of the source images; tiles: the mosaic's ``Layout`` of the R rows;
     matrix (R, 3, 3) float32 canvas -> output, the product of the ops' matrices; step: the latest op's own
     matrix, which its label hooks move labels by; ud, lr (R,) bool reflections of the output (the flips); paste
-    (R, H, W) bool, where a canvas pixel is its mirror's (copy-paste), and paste_dropped () int64, the rasterisation
-    events its fill dropped for want of slots.
+    (R, H, W) bool, where a canvas pixel is its mirror's (copy-paste), and paste_lost () int64, the copies it left
+    out for want of capacity plus the rasterisation events its fill dropped for want of slots; paste_capacity and
+    paste_room: copy-paste's bound on the copies a batch pastes (None: every slot) and its fill's event slots, in
+    multiples of its default (``GpuAugment``'s).
     """
 
     size: int
@@ -118,7 +120,9 @@ class WarpPlan:
     ud: Tensor | None = None
     lr: Tensor | None = None
     paste: Tensor | None = None
-    paste_dropped: Tensor | None = None
+    paste_lost: Tensor | None = None
+    paste_capacity: int | None = None
+    paste_room: int = 1
 
     def then(self, M: Tensor, projective: bool) -> WarpPlan:
         """This plan followed by matrix ``M`` (canvas pixels of the plan's output -> output pixels)."""

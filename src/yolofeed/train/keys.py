@@ -167,11 +167,9 @@ RULES: dict[str, Rule] = {
     # augmentation
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
-    "copy_paste": Rule(OURS, "0; refused above 0", lambda v: bool(v), "above 0",
-                       "copy-paste is not built in yolofeed's training yet (its GPU op, flip mode, is built and "
-                       "tested against Ultralytics' for segmentation polygons; its fill's memory is not yet bounded "
-                       "for a training batch). Train with copy_paste=0, or use 'yolo train'"),
-    "copy_paste_mode": Rule(UNUSED, "read only with copy_paste, which is refused"),
+    "copy_paste": Rule(OURS, "segment: Ultralytics' copy-paste (flip mode) on the GPU; pose: nothing to paste, as in "
+                       "Ultralytics; detect and obb: refused above 0"),
+    "copy_paste_mode": Rule(OURS, "flip; mixup refused where copy_paste is above 0"),
     # validation and plots during training
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
                                             "visualize", "augment", "agnostic_nms", "nms", "dnn", "show_labels",
@@ -256,8 +254,29 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
     from yolofeed.ultralytics_seam import check_task
 
     check_task(task)  # pose under a release older than the pose rules yolofeed follows: one line, before any build
+    check_copy_paste(args, task)
     if (why := refusal({**args, "task": None} if isinstance(args, dict) else _without_task(args))) is not None:
         raise ConfigError(why)
+
+
+def check_copy_paste(args: Any, task: str) -> None:
+    """Refuse copy-paste where yolofeed does not paste as Ultralytics does: a detection pack keeps no polygons (with
+    polygon labels Ultralytics pastes them), OBB's mirrored corners are not built, nor is the mixup mode.
+
+    Raises:
+        ConfigError: one line, with the fix.
+    """
+    value = value_of(args, "copy_paste")
+    if not value or float(value) <= 0:
+        return
+    if task in ("detect", "obb"):
+        raise ConfigError(f"copy_paste={value}: yolofeed pastes segmentation polygons only (Ultralytics' flip mode), "
+                          f"and this is {a_kind(task)} run, whose pack keeps no polygons to paste by. Train with "
+                          "copy_paste=0, a segmentation model, or 'yolo train'")
+    mode = value_of(args, "copy_paste_mode") or "flip"
+    if mode != "flip":
+        raise ConfigError(f"copy_paste_mode={mode}: yolofeed builds copy-paste's flip mode only (its own images' "
+                          "mirrored objects). Use copy_paste_mode=flip, copy_paste=0, or 'yolo train'")
 
 
 def _without_task(args: Any) -> dict[str, Any]:

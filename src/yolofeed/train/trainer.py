@@ -613,7 +613,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
             return
         self._capacity = None
         lost = (f"yolofeed: epoch {self.epoch + 1}: {dropped + past} polygons or polygon edge events did not fit the "
-                "mask rasteriser's slots, so some training masks were empty or missed rows")
+                "mask rasteriser's slots, so some training masks were empty or missed rows"
+                + (", or some copies were not pasted (copy_paste)" if self.hyp.copy_paste > 0 else ""))
         if self.mask_room >= options.MASK_ROOM_MOST:
             LOGGER.warning(f"{lost}; the room is already at its most (mask_room={self.mask_room}): some polygon needs "
                            "more edge events than that; simplify the longest outlines (e.g. cv2.approxPolyDP)")

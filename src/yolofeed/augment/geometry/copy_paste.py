@@ -22,6 +22,10 @@ copies of oriented boxes (whose segments are their corners) are not built: the o
 
 Cost: the covers are (R, K, K) per row of K slots; the fill is the chosen polygons' rasterisation events and one
 prefix sum over each row's canvas, ``R x H x (W + 1)`` int32 (2.5 GB for 384 rows of a 1280-pixel mosaic canvas).
+A training batch bounds both (``GpuAugment``'s ``paste_capacity`` and ``paste_room``): the copies past the capacity
+(row-major) are not pasted, labels and pixels alike, and event slots are pooled, ``room x (n + canvas side)`` a
+copy; what either leaves out is counted (``AugmentedBatch.paste_lost``), never silently: the segment trainer warns
+and doubles the room, as it does for its masks.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Picks:
     order: Tensor
     chosen: Tensor
     width: Tensor
+    lost: Tensor  # () int64, copies left out for want of capacity
 
 
 def covers(mirrored: Tensor, boxes: Tensor, valid: Tensor) -> Tensor:
@@ -70,10 +75,14 @@ def mirror_boxes(boxes: Tensor, width: Tensor) -> Tensor:
     return torch.stack([w - x2, y1, w - x1, y2], -1)
 
 
-def pick(boxes: Tensor, valid: Tensor, width: Tensor, fraction: float) -> Picks:
+def pick(boxes: Tensor, valid: Tensor, width: Tensor, fraction: float, capacity: int | None = None) -> Picks:
     """Which mirrored copies each row pastes, and in which order (the module's doc).
 
     Shape: boxes (R, K, 4) float32 xyxy canvas pixels; valid (R, K) bool; width (R,) float32 canvas widths.
+
+    Args:
+        capacity: the most copies the batch pastes, the first in row-major order (None: all); the rest are left
+            out, counted in ``Picks.lost``.
     """
     ioa = covers(mirror_boxes(boxes, width), boxes, valid)
     eligible = valid & (ioa < COVER_BELOW).all(2)
@@ -81,7 +90,12 @@ def pick(boxes: Tensor, valid: Tensor, width: Tensor, fraction: float) -> Picks:
     order = torch.sort(key, dim=1, stable=True).indices
     take = torch.round(fraction * eligible.sum(1).double()).long()  # Python's round(p * n): half to even
     chosen = torch.arange(valid.shape[1], device=valid.device) < take[:, None]
-    return Picks(order, chosen, width)
+    lost = torch.zeros((), dtype=torch.int64, device=valid.device)
+    if capacity is not None:
+        within = chosen.flatten().cumsum(0).reshape(chosen.shape) <= capacity
+        lost = (chosen & ~within).sum()
+        chosen = chosen & within
+    return Picks(order, chosen, width, lost)
 
 
 def _gather(t: Tensor, order: Tensor) -> Tensor:
@@ -112,7 +126,7 @@ class CopyPaste(GeometricOp):
 
     def _picks(self, labels: Labels, plan: WarpPlan, hyp: AugmentHyp) -> Picks:
         width = plan.tiles.canvas_hw[:, 1].to(labels.boxes.dtype)
-        return pick(labels.boxes, labels.valid, width, float(hyp.copy_paste))
+        return pick(labels.boxes, labels.valid, width, float(hyp.copy_paste), plan.paste_capacity)
 
     def apply_boxes(self, labels: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
         if not self.on(hyp) or labels.polygons is None:  # Ultralytics: nothing without segments
@@ -151,9 +165,16 @@ class CopyPaste(GeometricOp):
             raise ValueError("copy-paste after a matrix: it pastes on the mosaic's canvas (augment.pipeline.OPS)")
         r, k2, n, _ = labels.polygons.shape
         k = k2 // 2
-        side = canvas_side(hyp)
-        owner = torch.arange(r, device=labels.valid.device).repeat_interleave(k)
+        side, dev = canvas_side(hyp), labels.valid.device
+        polygons, chosen = labels.polygons[:, k:].reshape(r * k, n, 2), labels.valid[:, k:].reshape(-1)
+        owner = torch.arange(r, device=dev).repeat_interleave(k)
         clip = plan.tiles.canvas_hw.long().repeat_interleave(k, 0)
-        mask, dropped = fill_union(labels.polygons[:, k:].reshape(r * k, n, 2), labels.valid[:, k:].reshape(-1),
-                                   owner, r, side, side, clip=clip)
-        return dataclasses.replace(plan, paste=mask, paste_dropped=dropped)
+        if plan.paste_capacity is not None and plan.paste_capacity < r * k:
+            # the chosen copies first (at most the capacity, as pick left them), the fill's cost is theirs
+            first = torch.sort((~chosen).to(torch.uint8), stable=True).indices[:plan.paste_capacity]
+            polygons, chosen, owner, clip = polygons[first], chosen[first], owner[first], clip[first]
+        mask, dropped = fill_union(polygons, chosen, owner, r, side, side, clip=clip,
+                                   events=plan.paste_room * (n + side))
+        lost = self._picks(dataclasses.replace(labels, boxes=labels.boxes[:, :k], valid=labels.valid[:, :k]),
+                           plan, hyp).lost
+        return dataclasses.replace(plan, paste=mask, paste_lost=lost + dropped)
