@@ -308,7 +308,7 @@ def compare_with_reference(pack, device: str, configs: list[dict], n: int = 8) -
             from yolofeed.kernels.warp import BORDER
 
             orig_w, orig_c = pipeline.warp, pipeline.compose
-            pipeline.warp = lambda *a: warp_triton.warp(*a, BORDER)
+            pipeline.warp = lambda *a, paste=None: warp_triton.warp(*a, BORDER, paste=paste)
             pipeline.compose = compose_triton.compose
             try:
                 got = aug.apply(dev_batch, dev_params)
