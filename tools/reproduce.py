@@ -264,6 +264,13 @@ SECTIONS = {s.name: s for s in (
         "timeout 200 python3 -m pytest -q -m gpu tests/test_loss.py tests/test_masks.py tests/test_augment_gpu.py "
         "tests/test_train_segment.py -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_seg.txt 2>&1 &",
         *SECTIONS_POSE[:3], "wait; tail -25 $OUT/gpu_tests_seg.txt", *SECTIONS_POSE[3:])),
+    Section("seg-copy-paste", "Segmentation", "nvidia-h200", 1, 9, (
+        # copy-paste's GPU tests beside the segment set's synth and pack; then the bench with copy_paste on both sides
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_copy_paste.py tests/test_train_segment.py "
+        "tests/test_augment_gpu.py tests/test_masks.py -p no:cacheprovider --tb=short -rA "
+        "> $OUT/gpu_tests_cp.txt 2>&1 &",
+        *SECTIONS_SEG[:3], "wait; tail -25 $OUT/gpu_tests_cp.txt",
+        SECTIONS_SEG[3].replace("out=$OUT/bench_seg", "copy_paste=0.5 out=$OUT/bench_seg_cp"), NO_WEIGHTS)),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),
