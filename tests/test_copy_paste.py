@@ -16,7 +16,7 @@ import replay
 import torch
 from test_augment_segments import Reference, S, _hyp, assert_row, segment_batch
 
-from helpers import to_device
+from helpers import no_host_sync, to_device
 from yolofeed.augment import GpuAugment
 from yolofeed.augment.geometry.copy_paste import COVER_BELOW, covers, mirror_boxes, pick
 from yolofeed.errors import ConfigError
@@ -175,7 +175,10 @@ def test_cuda_copy_paste_equals_the_cpu_path(stable_argsort):
     params = aug.sample(B, torch.Generator().manual_seed(2))
     cpu = aug.geometry(batch, params)
     dev = torch.device("cuda")
-    cuda = aug.geometry(to_device(batch, dev), to_device(params, dev))
+    gpu_batch, gpu_params = to_device(batch, dev), to_device(params, dev)
+    aug.geometry(gpu_batch, gpu_params)  # the kernels compile, the allocator warms
+    with no_host_sync():  # capturable in the augmentation's CUDA graph
+        cuda = aug.geometry(gpu_batch, gpu_params)
     assert torch.equal(cuda.img.cpu(), cpu.img) and torch.equal(cuda.valid.cpu(), cpu.valid)
     assert torch.equal(cuda.polygons.cpu(), cpu.polygons)
 

@@ -326,8 +326,8 @@ def fill_union(points: Tensor, valid: Tensor, owner: Tensor, images: int, height
     spread = ev.slot % size  # unused slots add zeros across the histogram (see _fill_chunk)
     right = width if clip is None else clip[:, 1].long()[ev.poly]  # spans end at the polygon's own image's edge
 
-    def at(x: Tensor) -> Tensor:  # a histogram cell of this row, 0 .. the edge
-        return base + torch.minimum(x.clamp(min=0), torch.as_tensor(right, device=dev))
+    def at(x: Tensor) -> Tensor:  # a histogram cell of this row, 0 .. the edge (no host-to-device copy)
+        return base + (x.clamp(0, right) if isinstance(right, int) else torch.minimum(x.clamp(min=0), right))
 
     index = torch.cat([torch.where(ev.flips, at(ev.xpix + 1), spread), torch.where(ev.covers, at(ev.lo), spread),
                        torch.where(ev.covers, at(ev.hi + 1), spread)])
