@@ -51,7 +51,8 @@ def test_the_union_fill_is_draw_contours_of_each_polygon(seed):
         k = int(rng.choice([1, 2, 3, 4, 9, n]))
         q = (rng.integers(0, [w + 1, h + 1], (k, 2)).astype(np.float64) if rng.random() < 0.3
              else rng.uniform(-0.3, 1.3, (k, 2)) * [w, h])
-        q = np.clip(q, 0, [w, h])
+        if rng.random() < 0.7:  # copy-paste's polygons lie on their canvas; the rest reach past the image
+            q = np.clip(q, 0, [w, h])
         polys.append(np.concatenate([q, np.repeat(q[-1:], n - k, 0)]))
     points = np.stack(polys).astype(np.float32)
     valid = rng.random(p) < 0.9
@@ -65,6 +66,24 @@ def test_the_union_fill_is_draw_contours_of_each_polygon(seed):
             cv2.drawContours(expected, points[[j]].astype(np.int32), -1, 1, cv2.FILLED)
         np.testing.assert_array_equal(masks[i, :h, :w].numpy(), expected.astype(bool), err_msg=f"image {i}")
         assert int(masks[i].sum()) == int(expected.sum()), f"image {i}: painted past its own size"
+
+
+def test_the_union_fill_of_no_polygon_or_of_a_tall_batch_is_right():
+    """No polygon at all (a copy capacity of 0) paints nothing; polygons times rows past 2**28 (a combined sort key
+    would overflow int64 there) still pair each polygon's crossings on its own rows."""
+    empty, dropped = fill_union(torch.zeros(0, 5, 2), torch.zeros(0, dtype=torch.bool),
+                                torch.zeros(0, dtype=torch.long), 2, 8, 8)
+    assert empty.shape == (2, 8, 8) and not empty.any() and int(dropped) == 0
+    square = torch.tensor([[1.0, 0.0], [6.0, 0.0], [6.0, 5.0], [1.0, 5.0]])
+    p, h, w = 4097, 65536, 8
+    points, valid = torch.zeros(p, 4, 2), torch.zeros(p, dtype=torch.bool)
+    points[-1], valid[-1] = square, True
+    expected = np.zeros((8, w), np.uint8)
+    cv2.drawContours(expected, square[None].numpy().astype(np.int32), -1, 1, cv2.FILLED)
+    for events in (8, 9, 10):
+        masks, dropped = fill_union(points, valid, torch.zeros(p, dtype=torch.long), 1, h, w, events=events)
+        assert int(dropped) == 0 and int(masks.sum()) == int(expected.sum())
+        np.testing.assert_array_equal(masks[0, :8].numpy(), expected.astype(bool))
 
 
 def test_too_few_event_slots_are_counted():
@@ -197,12 +216,17 @@ def test_copies_past_the_capacity_are_left_out_labels_and_pixels_alike_and_count
     assert copies > 3 and int(every.paste_lost) == 0
     assert int(few.valid[:, k:].sum()) == 2 and int(few.paste_lost) == copies - 2
     assert torch.equal(few.valid[:, :k], every.valid[:, :k])
-    rows = few.valid[:, k:].any(1)  # the rows holding the 2 copies kept: their pixels are the full paste's
-    first = int(rows.nonzero()[0])
-    if int(few.valid[first, k:].sum()) == int(every.valid[first, k:].sum()):
-        assert torch.equal(few.img[first], every.img[first])
-    later = [r for r in range(len(rows)) if not rows[r] and every.valid[r, k:].any()]
-    assert later and all(not torch.equal(few.img[r], every.img[r]) for r in later)
+    # the 2 copies kept are the first in row-major order: rows wholly kept paste as with every copy, rows without a
+    # kept copy paste nothing (the image without copy-paste), a row cut short neither
+    plain = GpuAugment(_hyp(mosaic=0.0, translate=0.0, scale=0.0)).geometry(batch, params)
+    kept, held = few.valid[:, k:].sum(1), every.valid[:, k:].sum(1)
+    whole = [r for r in range(B) if kept[r] and kept[r] == held[r]]
+    none = [r for r in range(B) if not kept[r] and held[r]]
+    assert none and all(torch.equal(few.img[r], plain.img[r]) and not torch.equal(few.img[r], every.img[r])
+                        for r in none)
+    assert all(torch.equal(few.img[r], every.img[r]) for r in whole)
+    cut = [r for r in range(B) if 0 < kept[r] < held[r]]
+    assert all(not torch.equal(few.img[r], every.img[r]) for r in cut) and len(whole) + len(cut) >= 1
 
 
 def test_too_few_fill_slots_are_counted_as_lost():

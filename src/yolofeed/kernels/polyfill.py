@@ -179,7 +179,7 @@ def _fill_chunk(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: 
     dropped."""
     c = pts.shape[0]
     nr, nc = len(rows), len(cols)
-    ev = _events(pts, valid, rows, cols, height, width, capacity)
+    ev = _events(pts, valid, rows, height, width, capacity)
     base = (ev.poly * nr + ev.row) * (nc + 1)
     cover_lo = base + torch.searchsorted(cols, ev.lo)
     cover_hi = base + torch.searchsorted(cols, ev.hi, right=True)
@@ -220,7 +220,7 @@ class _Events:
     dropped: Tensor
 
 
-def _events(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: int | Tensor, width: int | Tensor,
+def _events(pts: Tensor, valid: Tensor, rows: Tensor, height: int | Tensor, width: int | Tensor,
             capacity: int) -> _Events:
     """The events of a chunk of polygons (C, n, 2) int64 in ``capacity`` slots (the module's doc). ``height`` and
     ``width``: the image's, or (C, 1) tensors, each polygon's own (its clip)."""
@@ -281,9 +281,6 @@ def _events(pts: Tensor, valid: Tensor, rows: Tensor, cols: Tensor, height: int 
                    dropped=(total - capacity).clamp(min=0))
 
 
-KEY_X_BITS = 34  # a crossing's sort key: (polygon, row) above these bits, its 16.16 x offset into them below
-
-
 def fill_union(points: Tensor, valid: Tensor, owner: Tensor, images: int, height: int, width: int,
                clip: Tensor | None = None, events: int | None = None) -> tuple[Tensor, Tensor]:
     """The union of ``cv2.fillPoly`` (``drawContours(..., FILLED)``) of each polygon, per image: Ultralytics'
@@ -293,7 +290,8 @@ def fill_union(points: Tensor, valid: Tensor, owner: Tensor, images: int, height
     of one polygon on one row, sorted by x, pair up left to right (even-odd), each pair a span of pixels; spans and
     covered runs of every polygon of an image add +1 where they start and -1 past where they end in one histogram a
     row, whose prefix sum is how many cover each pixel. So the working set is the images' (``images x height x
-    (width + 1)`` int32), not a histogram per polygon, and the sort is over the crossings alone.
+    (width + 1)`` int32, twice: the histogram and its prefix sum), not a histogram per polygon, plus two stable sorts
+    of the event slots. Nothing is painted past a polygon's own image (``clip``), rows included.
 
     Args:
         points: (P, n, 2) float pixel x, y, truncated toward zero as NumPy's int32 cast does.
@@ -308,17 +306,26 @@ def fill_union(points: Tensor, valid: Tensor, owner: Tensor, images: int, height
     """
     p, n, _ = points.shape
     dev = points.device
-    rows, cols = torch.arange(height, device=dev), torch.arange(width, device=dev)
+    masks = torch.zeros((images, height, width), dtype=torch.bool, device=dev)
+    if p == 0:  # nothing to fill (a capacity of 0)
+        return masks, torch.zeros((), dtype=torch.int64, device=dev)
+    rows = torch.arange(height, device=dev)
     per = events if events is not None else default_events(n, height, 1)
     hc, wc = (height, width) if clip is None else (clip[:, 0:1].long(), clip[:, 1:2].long())
-    ev = _events(points.to(torch.int32).long(), valid, rows, cols, hc, wc, max(1, p * per))
+    ev = _events(points.to(torch.int32).long(), valid, rows, hc, wc, max(1, p * per))
+    # an event on a row past its own image's height paints nothing (cv2 fills within the image); a row's crossings
+    # go together, so the pairs below stay whole
+    inside = ev.row < (height if clip is None else clip[:, 0].long()[ev.poly])
+    flips, covers = ev.flips & inside, ev.covers & inside
     base = (owner[ev.poly] * height + ev.row) * (width + 1)
-    # each crossing's rank among its polygon's on its row: +1 for the left of a pair, -1 for the right
-    group = ev.poly * height + ev.row
-    key = torch.where(ev.flips, (group << KEY_X_BITS) + ev.xf + (1 << (KEY_X_BITS - 1)),
-                      torch.full_like(group, (1 << 62)))
-    sorted_key, order = torch.sort(key, stable=True)
-    first = torch.searchsorted(sorted_key >> KEY_X_BITS, sorted_key >> KEY_X_BITS)
+    # each crossing's rank among its polygon's on its row, by x: +1 for the left of a pair, -1 for the right. Two
+    # stable sorts, x then (polygon, row), order them without a combined key (which would overflow int64 at
+    # P x height >= 2**28); the slots that are not crossings sort last
+    group = torch.where(flips, ev.poly * height + ev.row, torch.full_like(ev.poly, p * height))
+    by_x = torch.sort(ev.xf, stable=True).indices
+    order = by_x[torch.sort(group[by_x], stable=True).indices]
+    sorted_group = group[order]
+    first = torch.searchsorted(sorted_group, sorted_group)
     rank = torch.arange(len(order), device=dev) - first
     sign = torch.empty_like(rank)
     sign[order] = 1 - 2 * (rank % 2)
@@ -329,11 +336,11 @@ def fill_union(points: Tensor, valid: Tensor, owner: Tensor, images: int, height
     def at(x: Tensor) -> Tensor:  # a histogram cell of this row, 0 .. the edge (no host-to-device copy)
         return base + (x.clamp(0, right) if isinstance(right, int) else torch.minimum(x.clamp(min=0), right))
 
-    index = torch.cat([torch.where(ev.flips, at(ev.xpix + 1), spread), torch.where(ev.covers, at(ev.lo), spread),
-                       torch.where(ev.covers, at(ev.hi + 1), spread)])
+    index = torch.cat([torch.where(flips, at(ev.xpix + 1), spread), torch.where(covers, at(ev.lo), spread),
+                       torch.where(covers, at(ev.hi + 1), spread)])
     one = torch.ones_like(ev.slot, dtype=torch.int32)
-    value = torch.cat([ev.flips * sign.to(torch.int32), ev.covers * one, -(ev.covers * one)])
+    value = torch.cat([flips * sign.to(torch.int32), covers * one, -(covers * one)])
     hist = torch.zeros(size, dtype=torch.int32, device=dev)
     hist.scatter_add_(0, index, value)
-    acc = hist.view(images, height, width + 1).cumsum(-1, dtype=torch.int32)[..., :width]
-    return acc > 0, ev.dropped
+    masks = hist.view(images, height, width + 1).cumsum(-1, dtype=torch.int32)[..., :width] > 0
+    return masks, ev.dropped

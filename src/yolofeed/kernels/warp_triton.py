@@ -103,7 +103,8 @@ def warp(sources: Tensor, layout: Tiles, M: Tensor, flips: Flips, size: int, per
     flip = torch.stack([flips.lr, flips.ud], 1).to(torch.int32).contiguous()
     out = torch.empty((bsz, 3, size, size), dtype=torch.uint8, device=dev)
     grid = (bsz, triton.cdiv(size * size, block))
-    mirror = out if paste is None else paste.to(torch.uint8).contiguous()  # any pointer where there is none
+    mirror = out if paste is None else paste.contiguous().view(torch.uint8)  # bool as bytes, no copy; any pointer
+    # where there is none
     hp, wp = (1, 1) if paste is None else paste.shape[1:]
     warp_kernel[grid](sources.contiguous(), out, inv, tiles, canvas, flip, mirror, sources.shape[1], sources.shape[2],
                     hp, wp, S=size, T=t, PERSPECTIVE=perspective, BORDER=float(border), PASTE=paste is not None,

@@ -17,11 +17,14 @@ slots double. The mask is ``kernels.polyfill.fill_union`` of the chosen copies a
 warp reads a mirrored canvas pixel where it is set (``WarpPlan.paste``): no canvas is built. NumPy's ``argsort``
 (introsort, or the SIMD sort where the CPU has AVX2 / AVX-512) orders equal covers by the machine; here they keep
 their slot order (a stable sort), so where more copies tie than are pasted the ones chosen may differ from
-Ultralytics' on that machine; each chosen copy's cover is still at most every unchosen eligible one's. Mirrored
+Ultralytics' on that machine; each chosen copy's cover is still at most every unchosen eligible one's. Ties are
+common (a copy that overlaps no original covers 0), so with copy_paste below 1 the earlier slots (the mosaic's
+first tiles) are preferred among them here, where Ultralytics' order among them is the sort's. Mirrored
 copies of oriented boxes (whose segments are their corners) are not built: the op refuses them.
 
-Cost: the covers are (R, K, K) per row of K slots; the fill is the chosen polygons' rasterisation events and one
-prefix sum over each row's canvas, ``R x H x (W + 1)`` int32 (2.5 GB for 384 rows of a 1280-pixel mosaic canvas).
+Cost: the covers are (R, K, K) for R rows of K slots; the fill is the chosen polygons' rasterisation events (about
+0.8 MB a copy of 1,000 points on a 1280-pixel canvas, measured on the CPU) and a histogram over each row's canvas
+with its prefix sum, ``2 x R x H x (W + 1)`` int32 (1.7 GB for 128 rows of a 1280-pixel mosaic canvas).
 A training batch bounds both (``GpuAugment``'s ``paste_capacity`` and ``paste_room``): the copies past the capacity
 (row-major) are not pasted, labels and pixels alike, and event slots are pooled, ``room x (n + canvas side)`` a
 copy; what either leaves out is counted (``AugmentedBatch.paste_lost``), never silently: the segment trainer warns
@@ -105,8 +108,12 @@ def _gather(t: Tensor, order: Tensor) -> Tensor:
 
 
 def canvas_side(hyp: AugmentHyp) -> int:
-    """The largest canvas a row can have before the perspective: the mosaic's (2 or 3 x imgsz), else imgsz."""
-    return hyp.imgsz * (2 if hyp.mosaic_grid == 4 else 3) if hyp.mosaic > 0 else hyp.imgsz
+    """The largest canvas a row can have before the perspective: the mosaic's (2 x imgsz; the 3 x 3 grid's 3 x imgsz
+    less ceil(imgsz / 2) cropped off each side, ``geometry.mosaic.mosaic_layout``), else imgsz."""
+    s = hyp.imgsz
+    if hyp.mosaic <= 0:
+        return s
+    return 2 * s if hyp.mosaic_grid == 4 else 3 * s - 2 * (-(-s // 2))
 
 
 class CopyPaste(GeometricOp):
