@@ -1,9 +1,10 @@
 """The geometric ops, one per file; they move pixels, so each is a step of the one warp pass.
 
-``mosaic`` places tiles on a canvas, ``perspective`` maps the canvas to the output by one (R, 3, 3) matrix,
-``flip`` reflects the output; each moves the boxes, keypoints and OBB segments the same way (``obb``: Ultralytics'
-resample and clip of oriented boxes, ``rboxes``: their minimum-area rectangles; ``polygons``: segmentation polygons
-resampled as Ultralytics resamples them). The pass itself is ``augment.warp``.
+``mosaic`` places tiles on a canvas, ``copy_paste`` pastes mirrored copies of the canvas's own objects onto it,
+``perspective`` maps the canvas to the output by one (R, 3, 3) matrix, ``flip`` reflects the output; each moves the
+boxes, keypoints and OBB segments the same way (``obb``: Ultralytics' resample and clip of oriented boxes,
+``rboxes``: their minimum-area rectangles; ``polygons``: segmentation polygons resampled as Ultralytics resamples
+them). The pass itself is ``augment.warp``.
 """
 
 from yolofeed.augment.geometry.flip import (
