@@ -57,7 +57,8 @@ def test_the_union_fill_is_draw_contours_of_each_polygon(seed):
     points = np.stack(polys).astype(np.float32)
     valid = rng.random(p) < 0.9
     masks, dropped = fill_union(torch.from_numpy(points), torch.from_numpy(valid), torch.from_numpy(owner), r, h_max,
-                                w_max, clip=torch.from_numpy(sizes[owner]), events=2 * n * (h_max + 2))
+                                w_max, clip=torch.from_numpy(sizes[owner]), events=2 * n * (h_max + 2),
+                                chunk=1 + seed % 4)  # chunks of 1-4 polygons share the histogram
     assert int(dropped) == 0
     for i in range(r):
         h, w = sizes[i]
