@@ -82,7 +82,8 @@ def test_the_union_fill_of_no_polygon_or_of_a_tall_batch_is_right():
     expected = np.zeros((8, w), np.uint8)
     cv2.drawContours(expected, square[None].numpy().astype(np.int32), -1, 1, cv2.FILLED)
     for events in (8, 9, 10):
-        masks, dropped = fill_union(points, valid, torch.zeros(p, dtype=torch.long), 1, h, w, events=events)
+        masks, dropped = fill_union(points, valid, torch.zeros(p, dtype=torch.long), 1, h, w, events=events,
+                                    chunk=p)  # one chunk: its events pooled, polygons x rows past 2**28
         assert int(dropped) == 0 and int(masks.sum()) == int(expected.sum())
         np.testing.assert_array_equal(masks[0, :8].numpy(), expected.astype(bool))
 
