@@ -23,12 +23,13 @@ first tiles) are preferred among them here, where Ultralytics' order among them 
 copies of oriented boxes (whose segments are their corners) are not built: the op refuses them.
 
 Cost: the covers are (R, K, K) for R rows of K slots; the fill is the chosen polygons' rasterisation events (about
-0.8 MB a copy of 1,000 points on a 1280-pixel canvas, measured on the CPU) and a histogram over each row's canvas
-with its prefix sum, ``2 x R x H x (W + 1)`` int32 (1.7 GB for 128 rows of a 1280-pixel mosaic canvas).
+0.8 MB a copy of 1,000 points on a 1280-pixel canvas, measured on the CPU, made for 512 copies at a time) and a
+histogram over each row's canvas with its prefix sum, ``2 x R x H x (W + 1)`` int32 (1.7 GB for 128 rows of a
+1280-pixel mosaic canvas).
 A training batch bounds both (``GpuAugment``'s ``paste_capacity`` and ``paste_room``): the copies past the capacity
-(row-major) are not pasted, labels and pixels alike, and event slots are pooled, ``room x (n + canvas side)`` a
-copy; what either leaves out is counted (``AugmentedBatch.paste_lost``), never silently: the segment trainer warns
-and doubles the room, as it does for its masks.
+(row-major) are not pasted, labels and pixels alike, and event slots are pooled over each chunk of copies, ``room x
+(n + canvas side)`` a copy; what either leaves out is counted (``AugmentedBatch.paste_lost``), never silently: the
+segment trainer warns and doubles the room, as it does for its masks.
 """
 
 from __future__ import annotations
