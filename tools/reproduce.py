@@ -39,20 +39,19 @@ BENCH_1 = "workers=16 batch=128 imgsz=640 data=/tmp/synth/data.yaml"  # a bench 
 LEVER = f"steps=60 warmup=30 first_epoch=False isolate=True {BENCH_1}"  # the ceiling, one lever at a time
 
 
-SECTIONS_SEG = (  # the segment set of 10k images, its pack, stock's label cache, and the bench side by side
-    "python3 -m yolofeed synth out=/tmp/synth-seg n_train=10000 n_val=500 seed=0 task=segment 2>&1 | tail -2",
-    "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 task=segment 2>&1 | tail -2",
-    LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='segment')"),
-    "timeout 360 python3 -m yolofeed bench model=yolo11n-seg.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-    + BENCH_1.replace("/tmp/synth/", "/tmp/synth-seg/") + " out=$OUT/bench_seg", NO_WEIGHTS)
+def task_bench(task: str, tag: str, limit: int) -> tuple[str, ...]:
+    """A task's set of 10k images (``synth task=``), its pack, stock's label cache, and the bench of
+    yolo11n-``tag`` side by side, stock, yolofeed and the ceiling, in ``limit`` seconds."""
+    root = f"/tmp/synth-{tag}/"
+    return (f"python3 -m yolofeed synth out={root[:-1]} n_train=10000 n_val=500 seed=0 task={task} 2>&1 | tail -2",
+            f"python3 -m yolofeed pack data={root}data.yaml imgsz=640 task={task} 2>&1 | tail -2",
+            LABELS_10K.replace("/tmp/synth/", root).replace("hyp=get_cfg())", f"hyp=get_cfg(), task='{task}')"),
+            f"timeout {limit} python3 -m yolofeed bench model=yolo11n-{tag}.yaml modes=stock,yolofeed,ceiling steps=60 "
+            f"warmup=20 {BENCH_1.replace('/tmp/synth/', root)} out=$OUT/bench_{tag}", NO_WEIGHTS)
 
 
-SECTIONS_POSE = (  # the pose set of 10k images, its pack, stock's label cache, and the bench side by side
-    "python3 -m yolofeed synth out=/tmp/synth-pose n_train=10000 n_val=500 seed=0 task=pose 2>&1 | tail -2",
-    "python3 -m yolofeed pack data=/tmp/synth-pose/data.yaml imgsz=640 task=pose 2>&1 | tail -2",
-    LABELS_10K.replace("/tmp/synth/", "/tmp/synth-pose/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='pose')"),
-    "timeout 330 python3 -m yolofeed bench model=yolo11n-pose.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-    + BENCH_1.replace("/tmp/synth/", "/tmp/synth-pose/") + " out=$OUT/bench_pose", NO_WEIGHTS)
+SECTIONS_SEG = task_bench("segment", "seg", 360)
+SECTIONS_POSE = task_bench("pose", "pose", 330)
 
 
 def whole_run(optimizer: str, limit: int, modes: str = "stock,yolofeed") -> tuple[str, ...]:
@@ -231,12 +230,7 @@ SECTIONS = {s.name: s for s in (
     Section("parity-obb", OBB, "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=obb MODEL11=yolo11n-obb.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
-    Section("obb-throughput", OBB, "nvidia-h200", 1, 6, (
-        "python3 -m yolofeed synth out=/tmp/synth-obb n_train=10000 n_val=500 seed=0 task=obb 2>&1 | tail -2",
-        "python3 -m yolofeed pack data=/tmp/synth-obb/data.yaml imgsz=640 task=obb 2>&1 | tail -2",
-        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-obb/").replace("hyp=get_cfg())", "hyp=get_cfg(), task='obb')"),
-        "timeout 330 python3 -m yolofeed bench model=yolo11n-obb.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-        + BENCH_1.replace("/tmp/synth/", "/tmp/synth-obb/") + " out=$OUT/bench_obb", NO_WEIGHTS)),
+    Section("obb-throughput", OBB, "nvidia-h200", 1, 6, task_bench("obb", "obb", 330)),
     Section("seg-throughput", "Segmentation", "nvidia-h200", 1, 8, SECTIONS_SEG),
     Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
         *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
