@@ -161,10 +161,11 @@ def test_copy_paste_mixup_mode_and_odd_mask_ratios_are_refused_in_one_line(segme
     assert not (tmp_path / "runs").exists()  # refused before the run folder
 
 
-def _first_batch(trainer) -> dict:
+def _first_raw(trainer) -> dict:
+    """The training loader's first item (batches of 4), the loader closed after it."""
     loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
     try:
-        return trainer.preprocess_batch(next(iter(loader)))
+        return next(iter(loader))
     finally:
         loader.close()
 
@@ -179,7 +180,7 @@ def test_copy_paste_trains_a_segment_batch_with_its_copies(segment_dataset, tmp_
         trainer = FastSegmentationTrainer.with_options(augment_ahead=False)(overrides=dict(
             model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name=f"cp{p}",
             epochs=1, seed=3, copy_paste=p, **TINY))
-        batch = _first_batch(trainer)
+        batch = trainer.preprocess_batch(_first_raw(trainer))
         assert trainer.hyp.copy_paste == p
         counts.append(len(batch["cls"]))
         assert batch["masks"].shape[0] == 4 and int(batch["masks"].amax()) >= 1
@@ -353,11 +354,7 @@ def test_the_capacity_is_learnt_whatever_the_epochs_last_batch(segment_dataset, 
             model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="o",
             epochs=3, **TINY))
         monkeypatch.setattr(masks, "FEW_DRAWS", 16)  # the batch of 4 (16 source images) uses it, that of 2 not
-        loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
-        try:
-            source = next(iter(loader))["source"]
-        finally:
-            loader.close()
+        source = _first_raw(trainer)["source"]
         for n in order:
             trainer._augment_source(type(source)(*(None if t is None else t[:n] for t in (
                 source.images, source.hw, source.cls, source.boxes, source.valid, source.keypoints, source.corners,
@@ -375,11 +372,7 @@ def test_small_batches_rasterise_every_slot(segment_dataset, tmp_path):
     trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
         model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="f", epochs=2,
         **TINY))
-    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
-    try:
-        source = next(iter(loader))["source"]
-    finally:
-        loader.close()
+    source = _first_raw(trainer)["source"]
     out = trainer._augment_source(source)
     assert trainer._masked.labels is not None and trainer._masked.bound(4) is None and int(out.masks.past) == 0
 
@@ -485,11 +478,7 @@ def test_a_new_augmenter_continues_the_draws(segment_dataset, tmp_path):
     trainer = FastSegmentationTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
         model="yolo11n-seg.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="g", epochs=1,
         **TINY))
-    loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
-    try:
-        source = next(iter(loader))["source"]
-    finally:
-        loader.close()
+    source = _first_raw(trainer)["source"]
     first = trainer._augment_source(source).img.clone()
     state = trainer._generator.get_state()
     second = trainer._augment_source(source).img.clone()
