@@ -269,6 +269,29 @@ def test_graphed_steps_equal_the_same_fused_steps_eager(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_a_graph_captured_ahead_leaves_the_model_as_it_was_and_replays_the_eager_steps(monkeypatch):
+    """``capture_ahead`` on a blank batch, the model in eval mode: the model's mode, parameters, buffers (batch-norm
+    statistics and counts) and gradients are as before it, and the steps then replay the eager fused steps."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    stock, batches = _cuda_case(last=0)
+    eager = _prepared(copy.deepcopy(stock), fused=True)
+    ours = _prepared(copy.deepcopy(stock), graph=True).eval()
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    assert graphed.capture_ahead(ours, 16, 160, torch.device("cuda"))
+    assert not ours.training and all(p.grad is None for p in ours.parameters())
+    assert all(torch.equal(before[k], v) for k, v in ours.state_dict().items())
+    assert ours.__dict__["_graph"].shape == (16, 3, 160, 160)
+    assert not graphed.capture_ahead(ours, 16, 160, torch.device("cuda"))  # made already: once
+    ours.train()
+
+    def check(n, r):
+        assert abs(r["graphed"][0] - r["reference"][0]) <= 1e-5 * abs(r["reference"][0]), n
+        _close(r["reference"][1], r["graphed"][1], 1e-3, n)
+
+    _lockstep(eager, {"graphed": (ours, True)}, batches, check, loss="surrogate")
+
+
+@pytest.mark.gpu
 def test_graphed_fused_steps_are_as_close_to_float32_as_stock_fp16_steps(monkeypatch):
     """Against Ultralytics' own eager step (cuDNN's batch norm, fp16 between batch norm and SiLU), both measured from
     the same step in float32 (TF32 off), each gradient and batch-norm statistic's error relative to its norm (and

@@ -265,6 +265,11 @@ SECTIONS = {s.name: s for s in (
         "> $OUT/gpu_tests_cp.txt 2>&1 &",
         *SECTIONS_SEG[:3], "wait; tail -25 $OUT/gpu_tests_cp.txt",
         SECTIONS_SEG[3].replace("out=$OUT/bench_seg", "copy_paste=0.5 out=$OUT/bench_seg_cp"), NO_WEIGHTS)),
+    Section("pose-capture-ahead", "Pose", "nvidia-h200", 1, 8, (
+        # the graphed step's GPU tests beside the CPU-bound pose synth and pack; the bench waits for them
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_train_segment.py -p no:cacheprovider "
+        "--tb=short -rA > $OUT/gpu_tests_graphed.txt 2>&1 &",
+        *SECTIONS_POSE[:3], "wait; tail -12 $OUT/gpu_tests_graphed.txt", *SECTIONS_POSE[3:])),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),

@@ -14,9 +14,10 @@ two things to the training model:
   step, validation, any other caller) exactly Ultralytics' ``Conv.forward``;
 * the model's class gains ``GraphedPredict``: ``predict`` in training mode, on a CUDA batch of the shape of the first
   full batch, replays the graph (``torch.cuda.make_graphed_callables``: the forward and the backward, each one graph;
-  the loss stays eager); any other call is Ultralytics' ``predict``. The capture happens on the first such batch:
-  three warm-up passes and the capture, with every batch-norm buffer restored after them, so the model's statistics
-  see each training batch once, as stock's do.
+  the loss stays eager); any other call is Ultralytics' ``predict``. The capture happens on the first such batch,
+  or before the first epoch (``capture_ahead``, on a blank full batch): three warm-up passes and the capture, with
+  every batch-norm buffer restored after them, so the model's statistics see each training batch once, as stock's
+  do.
 
 Both swapped classes pickle and deep-copy as Ultralytics' own (``__reduce_ex__``): Ultralytics copies the training
 model into a new EMA when it resumes or recovers from a NaN, and a checkpoint must load without yolofeed. The state
@@ -228,6 +229,29 @@ def install(trainer: Any) -> bool:
     autocast = {"enabled": bool(amp), "dtype": amp if isinstance(amp, torch.dtype) else torch.float16}
     model.__dict__["_graph"] = _Graph(model, autocast, seam.LOGGER.info)
     return True
+
+
+def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device) -> bool:
+    """Make the graph now, on a blank batch of ``batch`` images of ``imgsz`` (zeros: a capture's output is thrown
+    away and every batch-norm buffer is restored after it), instead of in the first training step. Its three
+    warm-up passes, the capture and the fused batch norm's Triton compiles (about 0.3-1 s at batch 128) then fall
+    before the first epoch, as cuDNN's set-up does (train/warmup.py). No parameter's ``.grad`` is touched:
+    ``make_graphed_callables``' passes take their gradients with ``torch.autograd.grad``. Returns whether the model
+    now holds a graph for that shape (False: no graph installed, one made already, or the capture failed, which
+    logs why and leaves the step eager)."""
+    model = seam.unwrap_model(model)
+    graph = model.__dict__.get("_graph")
+    if graph is None or graph.flat is not None or graph.failed or device.type != "cuda":
+        return False
+    was = model.training
+    model.train()  # the graph replays training-mode predictions: Ultralytics' epoch sets train() before each step
+    try:
+        with torch.enable_grad():
+            graph._capture(torch.zeros(batch, 3, imgsz, imgsz, device=device))  # not a replay: it would move the
+            # batch-norm statistics
+    finally:
+        model.train(was)
+    return graph.flat is not None
 
 
 def uninstall(model: nn.Module) -> None:

@@ -49,7 +49,7 @@ from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
-from yolofeed.train import keys, options, val_metrics
+from yolofeed.train import graphed, keys, options, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -149,6 +149,7 @@ class FastTrainer(SyncFreeStep):
         self.add_callback("on_pretrain_routine_end", type(self)._warm_up)  # a subclass's own, if it has one
         self.add_callback("on_pretrain_routine_end", type(self)._start_validation_thread)
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
+        self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""
@@ -354,9 +355,9 @@ class FastTrainer(SyncFreeStep):
 
     def _start_validation_thread(self) -> None:
         """Before the first epoch (``on_pretrain_routine_end``): the thread validations will run in. Their set-up
-        starts beside the training once the step's CUDA graphs are captured: the graphed step at the first batch,
-        FastMuSGD at its second optimiser step (every ``accumulate`` batches). A capture in the default global mode
-        fails where another thread allocates meanwhile."""
+        starts beside the training once the step's CUDA graphs are captured: the graphed step before the first epoch
+        (``_capture_ahead``) or at its first batch, FastMuSGD at its second optimiser step (every ``accumulate``
+        batches). A capture in the default global mode fails where another thread allocates meanwhile."""
         if not self._validates_beside():
             return
         self._validations = ValidationThread(self.device)
@@ -433,6 +434,16 @@ class FastTrainer(SyncFreeStep):
             sizes = ", ".join(str(n) for n in batch_sizes(sampler))
             LOGGER.info(f"yolofeed: cuDNN set up for batch sizes {sizes} in {seconds:.1f} s before the first epoch "
                         "(stock pays it inside its first epoch)")
+
+    def _capture_ahead(self) -> None:
+        """At ``on_train_start``, where the warm-up ran: the graphed step's capture (train/graphed.py) on a blank
+        full batch, before the first epoch instead of in its first step, where the epoch has a full batch."""
+        if self._warm is None or not self.warm_up or self.device.type != "cuda":
+            return
+        sampler = self._warm[0].sampler
+        sizes = batch_sizes(sampler)
+        if sizes and sizes[0] == sampler.batch_size:
+            graphed.capture_ahead(self.model, sizes[0], self.hyp.imgsz, self.device)
 
     # -- augmentation -------------------------------------------------------------------------
     def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:
