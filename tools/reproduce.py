@@ -270,6 +270,10 @@ SECTIONS = {s.name: s for s in (
         "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_train_segment.py -p no:cacheprovider "
         "--tb=short -rA > $OUT/gpu_tests_graphed.txt 2>&1 &",
         *SECTIONS_POSE[:3], "wait; tail -12 $OUT/gpu_tests_graphed.txt", *SECTIONS_POSE[3:])),
+    Section("seg-profile-copy-paste", "Segmentation", "nvidia-h200", 1, 2, (
+        "python3 -m yolofeed synth out=/tmp/synth-seg1k n_train=1000 n_val=8 seed=0 task=segment 2>&1 | tail -1",
+        "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg1k/data.yaml --copy-paste 0.5 2>&1 "
+        "| grep -v Warning")),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),

@@ -9,14 +9,18 @@ and writes to ``$OUT/seg_profile.json``:
   and with masks of ``mask_capacity``'s bound (the trainer's);
 * the masks alone (``with_masks``, eager and graphed) over every padded slot, and ``fill_polygons`` over the valid
   slots only, packed to the front, in chunks of 128, 256 and 512 polygons;
-* the 25 CUDA kernels that take the most time in one eager masked call (``torch.profiler``).
+* with ``--copy-paste P``: the augmentation with masks of the trainer's bound and copy-paste at P (flip mode),
+  graphed, and its instances;
+* the 25 CUDA kernels that take the most time in one eager masked call (``torch.profiler``; with copy-paste where
+  ``--copy-paste`` is given).
 
-Usage: python -m tools.device.seg_profile DATA_YAML [--batch 128] [--imgsz 640] [--iters 20]
+Usage: python -m tools.device.seg_profile DATA_YAML [--batch 128] [--imgsz 640] [--iters 20] [--copy-paste P]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -74,6 +78,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--copy-paste", type=float, default=0.0)
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     pack = open_or_build(a.data, "train", a.imgsz, rebuild="auto", progress=False, task="segment")
@@ -108,6 +113,13 @@ def main() -> None:
     res["eager_plain_ms"] = median_ms(lambda: plain(source, g), max(3, a.iters // 4))
     res["eager_masks_only_ms"] = median_ms(lambda: with_masks(out, 4, True), max(3, a.iters // 4))
     res["graphed_masks_only_ms"] = median_ms(graphed(lambda: with_masks(out, 4, True)), a.iters)
+    hyp_cp = dataclasses.replace(hyp, copy_paste=a.copy_paste)
+    if a.copy_paste > 0:
+        cp = MaskedAugment(hyp_cp, labels=labels)
+        gcp = graph_of(cp)
+        res["copy_paste"] = a.copy_paste
+        res["copy_paste_valid_slots"] = int(cp(source, g).valid.sum())
+        res["graphed_masked_copy_paste_ms"] = median_ms(lambda: gcp(source), a.iters)
     print(json.dumps(res), flush=True)
 
     # the valid slots only, packed to the front: what rasterising the instances alone would cost
@@ -123,7 +135,7 @@ def main() -> None:
             graphed(lambda chunk=chunk: fill_polygons(segs, ones, a.imgsz, a.imgsz, 4, chunk=chunk)), a.iters)
     print(json.dumps(res), flush=True)
 
-    masked = MaskedAugment(hyp)
+    masked = MaskedAugment(hyp_cp, labels=labels) if a.copy_paste > 0 else MaskedAugment(hyp)
     cuda = dev.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * cuda
     with torch.profiler.profile(activities=activities) as prof:
