@@ -354,6 +354,59 @@ def test_mosaic_and_perspective_move_oriented_boxes_as_ultralytics(kw, ties):
         assert clipped(out.segments[:B][out.valid[:B]].numpy()).sum() >= 2
 
 
+@pytest.mark.parametrize("kw", [
+    {"copy_paste": 0.5},  # Ultralytics' defaults otherwise: mosaic 1.0, translate 0.1, scale 0.5
+    {"copy_paste": 1.0, "mosaic": 0.0, "degrees": 20.0},  # each image its own canvas, of its own size
+    {"copy_paste": 0.7, "mosaic_grid": 9, "translate": 0.3},
+], ids=["default", "no-mosaic", "mosaic9"])
+def test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels(kw, ties, monkeypatch):
+    """Mosaic -> ``CopyPaste`` (flip) -> ``RandomPerspective``: each canvas's mirrored boxes pasted as Ultralytics
+    pastes them (its segments mirrored point by point, the copies appended after the originals), the same boxes,
+    classes and segments kept, and the same pixels (the copies' outlines filled as ``drawContours`` fills them). Its
+    ``argsort`` is made stable, as ours is (test_copy_paste.py says why)."""
+    argsort = np.argsort
+    monkeypatch.setattr(np, "argsort", lambda a, *args, **k: argsort(a, kind="stable"))
+    batch = obb_batch(B, seed=len(kw), side=0.35)
+    hyp = _hyp(**kw)
+    aug = GpuAugment(hyp)
+    params = aug.sample(B, torch.Generator().manual_seed(len(kw)))
+    out = aug.geometry(batch, params)
+    ref = Reference(batch)
+    kept = copies = 0
+    for b in range(B):
+        theirs = ultralytics_geometry(ref, hyp, params, b)
+        kept += assert_row(out, b, theirs)
+        np.testing.assert_array_equal(out.img[b].permute(1, 2, 0).numpy(), theirs["img"][..., ::-1],
+                                      err_msg=f"sample {b}: pixels")
+        copies += int(out.valid[b, out.valid.shape[1] // 2:].sum())
+    assert kept >= 2 * B and copies > 0 and int(out.paste_lost) == 0
+
+
+def test_an_oriented_box_fill_never_runs_out_of_event_slots():
+    """The copies of boxes as tall as the canvas, tilted, and of boxes cut by its edges: every event fits the slots
+    an outline is given (``convex_events``), so nothing is lost."""
+    from yolofeed.augment.geometry.copy_paste import canvas_side, convex_events
+    from yolofeed.kernels.polyfill import fill_union
+
+    side = canvas_side(_hyp())
+    g = torch.Generator().manual_seed(0)
+    centre = torch.rand(64, 2, generator=g) * side
+    half = torch.rand(64, 2, generator=g) * side * torch.tensor([0.05, 0.9])  # thin and tall, past the edges
+    angle = torch.rand(64, generator=g) * math.pi
+    c, s_ = angle.cos()[:, None], angle.sin()[:, None]
+    local = torch.tensor([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])[None] * half[:, None]
+    corners = centre[:, None] + torch.stack([local[..., 0] * c - local[..., 1] * s_,
+                                             local[..., 0] * s_ + local[..., 1] * c], -1)
+    outlines = obb.resample_corners(corners[None])[0]
+    n = outlines.shape[1]
+    _, dropped = fill_union(outlines, torch.ones(64, dtype=torch.bool), torch.arange(64) % 4, 4, side, side,
+                            events=convex_events(n, side), chunk=16)
+    assert int(dropped) == 0
+    _, short = fill_union(outlines, torch.ones(64, dtype=torch.bool), torch.arange(64) % 4, 4, side, side,
+                          events=n, chunk=16)
+    assert int(short) > 0  # the check can fail: fewer slots do drop events
+
+
 def test_perspective_keeps_a_box_with_more_than_1_percent_of_its_area(ties):
     """Where the labels have segments Ultralytics keeps a box that keeps more than 1 % of its (scaled) area, where
     detection needs 10 %: a box pushed all but 5 % out of the output stays, clipped to a rectangle 5 px wide."""
@@ -655,6 +708,24 @@ def test_cuda_oriented_boxes_equal_the_cpu_path_and_make_no_host_sync():
         with no_host_sync():
             flat = out.to_ultralytics(total=total)
         assert flat["bboxes"].shape == (total, 5)
+
+
+@pytest.mark.gpu
+def test_cuda_copy_paste_of_oriented_boxes_equals_the_cpu_path():
+    """Copy-paste of oriented boxes on the GPU (the fill and the Triton warp's mirrored reads): the CPU path's pixels,
+    boxes and segments, without a host sync."""
+    batch = obb_batch(B, seed=32, side=0.35)
+    aug = GpuAugment(_hyp(copy_paste=0.5, mixup=0.5))
+    params = aug.sample(B, torch.Generator().manual_seed(32))
+    cpu = aug.geometry(batch, params)
+    gpu_batch, gpu_params = _on_cuda(batch), to_device(params, "cuda")
+    aug.geometry(gpu_batch, gpu_params)  # the kernels compile, the allocator warms
+    with no_host_sync():
+        cuda = aug.geometry(gpu_batch, gpu_params)
+    assert torch.equal(cuda.img.cpu(), cpu.img) and torch.equal(cuda.valid.cpu(), cpu.valid)
+    assert int(cpu.valid[:, cpu.valid.shape[1] // 2:].sum()) > 0  # copies were pasted
+    v = cpu.valid
+    torch.testing.assert_close(cuda.segments.cpu()[v], cpu.segments[v], atol=TOL, rtol=0)
 
 
 @pytest.mark.gpu

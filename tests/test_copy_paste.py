@@ -19,9 +19,7 @@ from test_augment_segments import Reference, S, _hyp, assert_row, segment_batch
 from helpers import no_host_sync, to_device
 from yolofeed.augment import GpuAugment
 from yolofeed.augment.geometry.copy_paste import COVER_BELOW, covers, mirror_boxes, pick
-from yolofeed.errors import ConfigError
 from yolofeed.kernels.polyfill import fill_union
-from yolofeed.schema import SourceBatch
 
 B = 6
 
@@ -175,15 +173,6 @@ def test_a_detection_batch_is_left_alone():
     p = GpuAugment(_hyp()).sample(B, torch.Generator().manual_seed(1))
     off, on = GpuAugment(_hyp()).apply(batch, p), GpuAugment(_hyp(copy_paste=0.5)).apply(batch, p)
     assert torch.equal(off.img, on.img) and torch.equal(off.valid, on.valid)
-
-
-def test_oriented_boxes_are_refused():
-    """Copy-paste of oriented boxes is not built: refused in one line that names the fix."""
-    batch = segment_batch(2, seed=5)
-    obb = SourceBatch(batch.images, batch.hw, batch.cls, batch.boxes, batch.valid,
-                      corners=torch.rand(*batch.valid.shape, 4, 2))
-    with pytest.raises(ConfigError, match="copy_paste=0.5 with oriented boxes.*copy_paste=0"):
-        GpuAugment(_hyp(copy_paste=0.5))(obb, torch.Generator().manual_seed(0))
 
 
 @pytest.mark.gpu

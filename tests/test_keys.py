@@ -50,7 +50,8 @@ ELSEWHERE = {
     "resume": "test_train_cli.py::test_resume_forms and test_train.py::test_cli_resumes_a_killed_run",
     "distill_model": "refused", "augmentations": "refused",
     "copy_paste": "test_copy_paste.py (the op against Ultralytics'), test_train_segment.py::test_copy_paste_trains_"
-                  "a_segment_batch_with_its_copies, test_copy_paste_is_refused_where_there_are_no_polygons",
+                  "a_segment_batch_with_its_copies, test_copy_paste_is_refused_where_there_are_no_polygons, "
+                  "test_augment_obb.py::test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels",
     "copy_paste_mode": "test_train_segment.py::test_copy_paste_mixup_mode_and_odd_mask_ratios_are_refused_in_one_line",
     "rect": "refused when True",
     **{k: "test_train_pose.py::test_the_keypoint_loss_gains_reach_ultralytics_pose_loss_unchanged"
@@ -164,16 +165,15 @@ def test_every_refusal_stops_the_run_before_anything_is_built(synth_root, tmp_pa
 
 
 def test_copy_paste_is_refused_where_there_are_no_polygons(synth_root, tmp_path):
-    """A detection pack keeps no polygons (with polygon labels Ultralytics pastes them) and OBB's mirrored corners are
-    not built: refused in one line, before anything is built; a pose run has nothing to paste, as in Ultralytics."""
+    """A detection pack keeps no polygons (with polygon labels Ultralytics pastes them): refused in one line, before
+    anything is built; oriented boxes paste their outlines; a pose run has nothing to paste, as in Ultralytics."""
     from yolofeed import FastDetectionTrainer
 
-    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: yolofeed pastes segmentation polygons only.*a detection "
-                                          r"run.*copy_paste=0"):
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: yolofeed pastes segmentation polygons and oriented boxes"
+                                          r".*a detection run.*copy_paste=0"):
         FastDetectionTrainer(overrides={**_base(synth_root, tmp_path, "refused"), "copy_paste": 0.3})
     assert not (tmp_path / "refused").exists()
-    with pytest.raises(ConfigError, match="an oriented-box run"):
-        keys.check_copy_paste({"copy_paste": 0.5}, "obb")
+    keys.check_copy_paste({"copy_paste": 0.5}, "obb")
     keys.check_copy_paste({"copy_paste": 0.5}, "pose")
     keys.check_copy_paste({"copy_paste": 0.0, "copy_paste_mode": "mixup"}, "detect")  # off: nothing to refuse
 

@@ -45,6 +45,35 @@ def test_the_batches_carry_the_oriented_boxes_ultralytics_obb_loss_reads(obb_dat
     assert torch.isfinite(loss).all() and loss.sum() > 0
 
 
+def test_copy_paste_trains_an_obb_batch_with_its_copies(obb_dataset, tmp_path):
+    """copy_paste=1.0 on an OBB run: the same draws (copy-paste makes none), every eligible mirrored box pasted, so
+    the first batch holds more oriented boxes than without it, each a canonical (cx, cy, w, h, theta); the loss is
+    finite."""
+    import torch
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import OBBModel
+
+    from yolofeed import FastOBBTrainer
+
+    counts = []
+    for p in (0.0, 1.0):
+        trainer = FastOBBTrainer(overrides=dict(model="yolo11n-obb.yaml", data=str(obb_dataset / "data.yaml"),
+                                                project=str(tmp_path), name=f"cp{p}", seed=3, copy_paste=p, **TINY))
+        loader = trainer.get_dataloader(trainer.data["train"], batch_size=8, rank=-1, mode="train")
+        try:
+            batch = trainer.preprocess_batch(next(iter(loader)))
+        finally:
+            loader.close()
+        b = batch["bboxes"]
+        assert (b[:, 2] >= b[:, 3]).all() and (b[:, 4] >= -math.pi / 4).all() and (b[:, 4] < 3 * math.pi / 4).all()
+        counts.append(len(batch["cls"]))
+    assert counts[1] > counts[0]
+    model = OBBModel("yolo11n-obb.yaml", nc=trainer.data["nc"], verbose=False)
+    model.args = get_cfg()
+    loss, _ = model.loss(batch, model(batch["img"]))
+    assert torch.isfinite(loss).all()
+
+
 @pytest.mark.slow
 def test_an_obb_model_trains_from_an_obb_pack_and_writes_ultralytics_obb_files(obb_dataset, tmp_path):
     from ultralytics import YOLO

@@ -261,7 +261,7 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
 
 def check_copy_paste(args: Any, task: str) -> None:
     """Refuse copy-paste where yolofeed does not paste as Ultralytics does: a detection pack keeps no polygons (with
-    polygon labels Ultralytics pastes them), OBB's mirrored corners are not built, nor is the mixup mode.
+    polygon labels Ultralytics pastes them), nor is the mixup mode built.
 
     Raises:
         ConfigError: one line, with the fix.
@@ -269,10 +269,10 @@ def check_copy_paste(args: Any, task: str) -> None:
     value = value_of(args, "copy_paste")
     if not value or float(value) <= 0:
         return
-    if task in ("detect", "obb"):
-        raise ConfigError(f"copy_paste={value}: yolofeed pastes segmentation polygons only (Ultralytics' flip mode), "
-                          f"and this is {a_kind(task)} run, whose pack keeps no polygons to paste by. Train with "
-                          "copy_paste=0, a segmentation model, or 'yolo train'")
+    if task == "detect":
+        raise ConfigError(f"copy_paste={value}: yolofeed pastes segmentation polygons and oriented boxes (Ultralytics' "
+                          f"flip mode), and this is {a_kind(task)} run, whose pack keeps no polygons to paste by. "
+                          "Train with copy_paste=0, a segmentation model, or 'yolo train'")
     mode = value_of(args, "copy_paste_mode") or "flip"
     if mode != "flip":
         raise ConfigError(f"copy_paste_mode={mode}: yolofeed builds copy-paste's flip mode only (its own images' "

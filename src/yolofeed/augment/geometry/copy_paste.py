@@ -19,8 +19,12 @@ warp reads a mirrored canvas pixel where it is set (``WarpPlan.paste``): no canv
 their slot order (a stable sort), so where more copies tie than are pasted the ones chosen may differ from
 Ultralytics' on that machine; each chosen copy's cover is still at most every unchosen eligible one's. Ties are
 common (a copy that overlaps no original covers 0), so with copy_paste below 1 the earlier slots (the mosaic's
-first tiles) are preferred among them here, where Ultralytics' order among them is the sort's. Mirrored
-copies of oriented boxes (whose segments are their corners) are not built: the op refuses them.
+first tiles) are preferred among them here, where Ultralytics' order among them is the sort's.
+
+Oriented boxes paste the same way: their segments are their corners resampled to 100 points (``geometry.obb``, as
+Ultralytics' ``update_labels_info`` makes them), mirrored point by point and filled as Ultralytics' ``drawContours``
+fills them. Their fill cannot run out of event slots: it is given, per copy, the most a convex outline can make
+(``CONVEX_EVENTS``).
 
 Cost: the covers are (R, K, K) for R rows of K slots; the fill is the chosen polygons' rasterisation events (about
 0.8 MB a copy of 1,000 points on a 1280-pixel canvas, measured on the CPU, made for 512 copies at a time) and a
@@ -42,11 +46,18 @@ from torch import Tensor
 
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan
-from yolofeed.errors import ConfigError
 from yolofeed.kernels.polyfill import fill_union
 
 COVER_BELOW = 0.30  # a copy is eligible where it covers less than this of every original box
 EPS = 1e-7  # bbox_ioa's
+
+
+def convex_events(points: int, side: int) -> int:
+    """The most fill events (``kernels.polyfill``) an oriented box's outline of ``points`` points makes on a canvas of
+    ``side`` rows. Its points, truncated to integers, still run down one side and up the other (truncation keeps each
+    side monotonic in y), so its edges cross each row at most twice (2 x side) and its outline's lines cover at most
+    2 x side + points rows."""
+    return 4 * side + points
 
 
 @dataclass
@@ -137,7 +148,7 @@ class CopyPaste(GeometricOp):
         return pick(labels.boxes, labels.valid, width, float(hyp.copy_paste), plan.paste_capacity)
 
     def apply_boxes(self, labels: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
-        if not self.on(hyp) or labels.polygons is None:  # Ultralytics: nothing without segments
+        if not self.on(hyp) or _outlines(labels) is None:  # Ultralytics: nothing without segments
             return labels
         picks = self._picks(labels, plan, hyp)
         mirrored = mirror_boxes(labels.boxes, picks.width)
@@ -149,40 +160,52 @@ class CopyPaste(GeometricOp):
     def apply_keypoints(self, keypoints: Tensor, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Tensor:
         return keypoints  # a pose row has no segments: Ultralytics pastes nothing
 
+    def _with_copies(self, outlines: Tensor, labels: Labels, plan: WarpPlan, hyp: AugmentHyp) -> Tensor:
+        """(R, K, n, 2) outlines and, in the second K slots, the copies' mirrored ones (``Instances.fliplr``: x -> w -
+        x, point by point)."""
+        picks = self._picks(labels, plan, hyp)
+        x, y = outlines.unbind(-1)
+        mirrored = torch.stack([picks.width[:, None, None] - x, y], -1)
+        return torch.cat([outlines, _gather(mirrored, picks.order)], 1)
+
     def apply_corners(self, labels: Labels, moved: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
-        if self.on(hyp):
-            raise ConfigError(f"copy_paste={hyp.copy_paste} with oriented boxes: yolofeed's copy-paste is built for "
-                              "segmentation polygons only. Train with copy_paste=0, or use 'yolo train'")
-        return dataclasses.replace(moved, segments=labels.segments)
+        if not self.on(hyp):
+            return dataclasses.replace(moved, segments=labels.segments)
+        return dataclasses.replace(moved, segments=self._with_copies(labels.segments, labels, plan, hyp))
 
     def apply_polygons(self, labels: Labels, moved: Labels, plan: WarpPlan, p: None, hyp: AugmentHyp) -> Labels:
         if not self.on(hyp):
             return dataclasses.replace(moved, polygons=labels.polygons, polygon_points=labels.polygon_points)
-        picks = self._picks(labels, plan, hyp)
-        x, y = labels.polygons.unbind(-1)
-        mirrored = torch.stack([picks.width[:, None, None] - x, y], -1)
-        return dataclasses.replace(moved, polygons=torch.cat([labels.polygons, _gather(mirrored, picks.order)], 1),
+        return dataclasses.replace(moved, polygons=self._with_copies(labels.polygons, labels, plan, hyp),
                                    polygon_points=labels.polygon_points)
 
     def paste_step(self, plan: WarpPlan, labels: Labels, hyp: AugmentHyp) -> WarpPlan:
         """The plan with the paste mask of the copies ``labels`` (as this op left them) hold: the second half of
         each row's slots."""
-        if not self.on(hyp) or labels.polygons is None:
+        outlines = _outlines(labels)
+        if not self.on(hyp) or outlines is None:
             return plan
         if plan.matrix is not None:
             raise ValueError("copy-paste after a matrix: it pastes on the mosaic's canvas (augment.pipeline.OPS)")
-        r, k2, n, _ = labels.polygons.shape
+        r, k2, n, _ = outlines.shape
         k = k2 // 2
         side, dev = canvas_side(hyp), labels.valid.device
-        polygons, chosen = labels.polygons[:, k:].reshape(r * k, n, 2), labels.valid[:, k:].reshape(-1)
+        # an oriented box's outline is convex: its most events, so that none is dropped; a polygon's are pooled
+        events = convex_events(n, side) if labels.polygons is None else plan.paste_room * (n + side)
+        polygons, chosen = outlines[:, k:].reshape(r * k, n, 2), labels.valid[:, k:].reshape(-1)
         owner = torch.arange(r, device=dev).repeat_interleave(k)
         clip = plan.tiles.canvas_hw.long().repeat_interleave(k, 0)
         if plan.paste_capacity is not None and plan.paste_capacity < r * k:
             # the chosen copies first (at most the capacity, as pick left them), the fill's cost is theirs
             first = torch.sort((~chosen).to(torch.uint8), stable=True).indices[:plan.paste_capacity]
             polygons, chosen, owner, clip = polygons[first], chosen[first], owner[first], clip[first]
-        mask, dropped = fill_union(polygons, chosen, owner, r, side, side, clip=clip,
-                                   events=plan.paste_room * (n + side))
+        mask, dropped = fill_union(polygons, chosen, owner, r, side, side, clip=clip, events=events)
         lost = self._picks(dataclasses.replace(labels, boxes=labels.boxes[:, :k], valid=labels.valid[:, :k]),
                            plan, hyp).lost
         return dataclasses.replace(plan, paste=mask, paste_lost=lost + dropped)
+
+
+def _outlines(labels: Labels) -> Tensor | None:
+    """What copy-paste mirrors and fills: the segmentation polygons, or the oriented boxes' segments; None (detection,
+    pose): nothing, as Ultralytics pastes nothing without segments."""
+    return labels.polygons if labels.polygons is not None else labels.segments
