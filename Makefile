@@ -22,6 +22,7 @@ RELEASES_DIR := .releases
 # their results.csv compared. About a minute a release on 2 cores. The middle release is 8.4.164: the only one of its
 # label rules, and older than the assigner's pair_overlaps.
 RELEASE_TESTS := tests/test_seam.py tests/test_loss.py tests/test_augment_ops.py tests/test_copy_paste.py \
+                 tests/test_augment_obb.py::test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels \
                  tests/pack/test_verify.py \
                  tests/test_keys.py \
                  tests/test_musgd.py::test_the_trainer_steps_the_musgd_ultralytics_builds_as_fast_musgd \
