@@ -52,6 +52,7 @@ def task_bench(task: str, tag: str, limit: int) -> tuple[str, ...]:
 
 SECTIONS_SEG = task_bench("segment", "seg", 360)
 SECTIONS_POSE = task_bench("pose", "pose", 330)
+SECTIONS_OBB = task_bench("obb", "obb", 330)
 
 
 def whole_run(optimizer: str, limit: int, modes: str = "stock,yolofeed") -> tuple[str, ...]:
@@ -230,7 +231,7 @@ SECTIONS = {s.name: s for s in (
     Section("parity-obb", OBB, "nvidia-h200", 1, 9, (
         "DEVICES=0 TASK=obb MODEL11=yolo11n-obb.yaml SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=510 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
-    Section("obb-throughput", OBB, "nvidia-h200", 1, 6, task_bench("obb", "obb", 330)),
+    Section("obb-throughput", OBB, "nvidia-h200", 1, 6, SECTIONS_OBB),
     Section("seg-throughput", "Segmentation", "nvidia-h200", 1, 8, SECTIONS_SEG),
     Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
         *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
@@ -274,6 +275,15 @@ SECTIONS = {s.name: s for s in (
         "python3 -m yolofeed synth out=/tmp/synth-seg1k n_train=1000 n_val=8 seed=0 task=segment 2>&1 | tail -1",
         "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg1k/data.yaml --copy-paste 0.5 2>&1 "
         "| grep -v Warning")),
+    Section("first-epoch-pose-obb", "Pose", "nvidia-h200", 1, 8, (
+        # the graphed step's and OBB's GPU tests beside the CPU-bound synths and packs; then yolofeed's first epoch
+        # against its steady rate, pose then OBB (stock's and the ceiling's rates: pose-again, obb-throughput)
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_augment_obb.py -p no:cacheprovider "
+        "--tb=short -rA > $OUT/gpu_tests_first.txt 2>&1 &",
+        *SECTIONS_POSE[:2], *SECTIONS_OBB[:2], "wait; tail -14 $OUT/gpu_tests_first.txt",
+        *(bench.replace("modes=stock,yolofeed,ceiling", "modes=yolofeed").replace("timeout 330", "timeout 150")
+          for bench in (SECTIONS_POSE[3], SECTIONS_OBB[3])),
+        NO_WEIGHTS)),
     Section("gpu-tests", "GPU tests", "nvidia-h200", 1, 4, (
         "python3 -m pytest -q -m gpu tests/ -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests.txt 2>&1; "
         "tail -40 $OUT/gpu_tests.txt",)),
