@@ -266,11 +266,6 @@ SECTIONS = {s.name: s for s in (
         "> $OUT/gpu_tests_cp.txt 2>&1 &",
         *SECTIONS_SEG[:3], "wait; tail -25 $OUT/gpu_tests_cp.txt",
         SECTIONS_SEG[3].replace("out=$OUT/bench_seg", "copy_paste=0.5 out=$OUT/bench_seg_cp"), NO_WEIGHTS)),
-    Section("pose-capture-ahead", "Pose", "nvidia-h200", 1, 8, (
-        # the graphed step's GPU tests beside the CPU-bound pose synth and pack; the bench waits for them
-        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_augment_obb.py -p no:cacheprovider "
-        "--tb=short -rA > $OUT/gpu_tests_graphed.txt 2>&1 &",
-        *SECTIONS_POSE[:3], "wait; tail -12 $OUT/gpu_tests_graphed.txt", *SECTIONS_POSE[3:])),
     Section("seg-profile-copy-paste", "Segmentation", "nvidia-h200", 1, 2, (
         "python3 -m yolofeed synth out=/tmp/synth-seg1k n_train=1000 n_val=8 seed=0 task=segment 2>&1 | tail -1",
         "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg1k/data.yaml --copy-paste 0.5 2>&1 "
