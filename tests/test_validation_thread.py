@@ -99,19 +99,23 @@ def test_validate_beside_is_an_option_on_by_default_and_only_on_one_cuda_gpu():
         FastDetectionTrainer.with_options(validate_beside="yes")
 
 
-def test_best_pts_set_up_waits_behind_the_first_validation_or_goes_just_before_the_final(monkeypatch):
-    """Queued with every epoch's model's, best.pt's passes would hold the first validation back; the final
-    validation, where it is the first (val=False), still finds them done."""
+def test_best_pts_set_up_goes_a_shape_behind_each_validation_and_what_is_left_before_the_final(monkeypatch):
+    """Queued with every epoch's model's, best.pt's passes would hold the first validation back, and all at once behind
+    it they outlast the next epoch: one part behind each validation (its batch-1 warm-up, then each shape); what is
+    left goes just before the final validation, which, where it is the first (val=False), finds them all done."""
     from types import SimpleNamespace
 
     import yolofeed.train.trainer as tr
     from yolofeed import FastDetectionTrainer
 
     order = []
-    monkeypatch.setattr(tr, "validation_models", lambda t: ("every epoch's", "best.pt's"))
+    a, b = (2, 32, 32), (1, 32, 32)
+    monkeypatch.setattr(tr, "validation_models", lambda t: (("every epoch's", None, torch.float32, False),
+                                                            ("best.pt's", None, torch.float16, True)))
     monkeypatch.setattr(tr, "validation_loader", lambda t: None)
-    monkeypatch.setattr(tr, "loader_shapes", lambda loader: [(2, 32, 32)])
-    monkeypatch.setattr(tr, "warm", lambda models, *a: order.append(("set-up", *models)))
+    monkeypatch.setattr(tr, "loader_shapes", lambda loader: [a, b])
+    monkeypatch.setattr(tr, "warm", lambda models, shapes, *rest: order.append((models[0][0], tuple(shapes),
+                                                                                 models[0][3])))
 
     def trainer():
         t = FastDetectionTrainer.__new__(FastDetectionTrainer)
@@ -120,13 +124,20 @@ def test_best_pts_set_up_waits_behind_the_first_validation_or_goes_just_before_t
         t._count_to_validation_warm_up()  # the captures made: the set-up is queued
         return t
 
+    every, one, first, second = ("every epoch's", (a, b), False), ("best.pt's", (), True), ("best.pt's", (a,), False), \
+        ("best.pt's", (b,), False)
     t = trainer()
-    for name in ("epoch 1", "epoch 2", "final"):
+    for name in ("epoch 1", "epoch 2", "epoch 3", "epoch 4", "final"):
         t._in_validation_thread(order.append, name, final=name == "final")
-    assert order == [("set-up", "every epoch's"), "epoch 1", ("set-up", "best.pt's"), "epoch 2", "final"]
+    assert order == [every, "epoch 1", one, "epoch 2", first, "epoch 3", second, "epoch 4", "final"]
+    order.clear()
+    t = trainer()
+    for name in ("epoch 1", "final"):
+        t._in_validation_thread(order.append, name, final=name == "final")
+    assert order == [every, "epoch 1", one, first, second, "final"]
     order.clear()
     trainer()._in_validation_thread(order.append, "final", final=True)
-    assert order == [("set-up", "every epoch's"), ("set-up", "best.pt's"), "final"]
+    assert order == [every, one, first, second, "final"]
 
 
 def _train_beside(synth_root, runs, name, device, **kw):
