@@ -74,7 +74,8 @@ def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeyp
     hyp = AugmentHyp.from_args(imgsz=640)
     fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model, hyp=hyp,
                            amp=True, args=SimpleNamespace(amp=True), start_epoch=3,
-                           _new_augment=lambda: GpuAugment(hyp))  # the task's augmentation (detection's here)
+                           _new_augment=lambda: GpuAugment(hyp),  # the task's augmentation (detection's here)
+                           _set_up_beside=lambda: None)
     trainer_module.FastDetectionTrainer._warm_up(fake)
     assert primed == [3]
     assert bool(seen) == called
@@ -95,7 +96,7 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         hyp = AugmentHyp.from_args(imgsz=64)
         return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
                                amp=True, args=SimpleNamespace(amp=amp_key), start_epoch=0,
-                               _new_augment=lambda: GpuAugment(hyp))
+                               _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None)
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16
@@ -126,6 +127,52 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
     with caplog.at_level(logging.WARNING):
         trainer_module.FastDetectionTrainer._warm_up(fake(True))
     assert "skipped the warm-up before the first epoch (RuntimeError: )" in caplog.text
+
+
+def test_after_the_full_batchs_pass_the_hook_runs_then_the_other_sizes(model, monkeypatch):
+    """``after_full`` (the trainer's capture ahead and the validations' set-up) comes once the full batch's plans are
+    made, before the last batch's, so the set-up runs beside them; once, and with one size too."""
+    import yolofeed.train.warmup as warmup
+
+    order = []
+    monkeypatch.setattr(warmup, "warm_model", lambda m, sizes, *a: order.append(list(sizes)))
+    monkeypatch.setattr(warmup, "warm_augmentation", lambda *a, **k: order.append("augmentation"))
+    augment = GpuAugment(AugmentHyp.from_args(imgsz=64))
+    cpu = torch.device("cpu")
+    warm_up(model, EpochSampler(np.arange(10), 4), augment, 3, cpu, amp=False, after_full=lambda: order.append("hook"))
+    assert order == [[4], "hook", [2], "augmentation"]
+    order.clear()
+    warm_up(model, EpochSampler(np.arange(8), 4), augment, 3, cpu, amp=False, after_full=lambda: order.append("hook"))
+    assert order == [[4], "hook", "augmentation"]
+
+
+def test_the_validations_set_up_starts_in_the_warm_up_only_where_the_step_was_captured_ahead(monkeypatch):
+    """``_set_up_beside``: with the step's graph made (or none to make) the validations' thread starts and their
+    set-up is queued now; with a graph still to capture in the first epoch (in the global mode, which another
+    thread's allocation would break) they wait for it, as before."""
+    calls = []
+
+    def fake(graph):
+        t = SimpleNamespace(graphed_step=False, model=SimpleNamespace(_graph=graph) if graph else SimpleNamespace(),
+                            _capture_ahead=lambda: calls.append("capture"),
+                            _start_validation_thread=lambda: calls.append("thread"), _validations=None)
+        t._warm_validations = lambda: calls.append("set-up")
+        return t
+
+    monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
+    for graph, want in ((None, ["capture", "thread"]),  # no graph (graphed_step off): nothing to wait for
+                        (SimpleNamespace(flat=object(), failed=False), ["capture", "thread"]),  # captured ahead
+                        (SimpleNamespace(flat=None, failed=True), ["capture", "thread"]),  # failed: the step is eager
+                        (SimpleNamespace(flat=None, failed=False), ["capture"])):  # to capture in the first epoch
+        calls.clear()
+        t = fake(graph)
+        trainer_module.FastDetectionTrainer._set_up_beside(t)
+        assert calls == want, graph
+        t._validations = object()
+        calls.clear()
+        if "thread" in want:  # a thread running: its set-up is queued at once
+            trainer_module.FastDetectionTrainer._set_up_beside(t)
+            assert calls[-1] == "set-up"
 
 
 def test_warm_up_copes_with_no_labels_and_no_batches(model):

@@ -314,7 +314,9 @@ class FastMuSGD(MuSGD):
         graph = torch.cuda.CUDAGraph()
         try:
             plan.stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.graph(graph, stream=plan.stream):
+            # thread_local: the validation thread's set-up (train/validation.py) and the loader thread may run and
+            # allocate meanwhile; in the default global mode either would invalidate the capture
+            with torch.cuda.graph(graph, stream=plan.stream, capture_error_mode="thread_local"):
                 self._update(plan)
         except Exception as e:  # noqa: BLE001 - any capture failure falls back; the message keeps its type
             torch.cuda.synchronize()

@@ -354,11 +354,13 @@ class FastTrainer(SyncFreeStep):
         return bool(self.validate_beside) and RANK == -1 and self.device.type == "cuda"
 
     def _start_validation_thread(self) -> None:
-        """Before the first epoch (``on_pretrain_routine_end``): the thread validations will run in. Their set-up
-        starts beside the training once the step's CUDA graphs are captured: the graphed step before the first epoch
-        (``_capture_ahead``) or at its first batch, FastMuSGD at its second optimiser step (every ``accumulate``
-        batches). A capture in the default global mode fails where another thread allocates meanwhile."""
-        if not self._validates_beside():
+        """Before the first epoch (``on_pretrain_routine_end``, or earlier in the warm-up: ``_set_up_beside``): the
+        thread validations will run in. Their set-up starts in the warm-up where the step's graph was captured ahead
+        of the first epoch; else beside the training once its CUDA graphs are captured: the graphed step at the first
+        batch, FastMuSGD at its second optimiser step (every ``accumulate`` batches). A capture in the default global
+        mode (``make_graphed_callables``') fails where another thread allocates meanwhile; FastMuSGD's and the
+        augmentation's capture in the thread-local mode."""
+        if not self._validates_beside() or self._validations is not None:  # started in the warm-up already
             return
         self._validations = ValidationThread(self.device)
         self._warm_validations_after = 2 * batches_per_step(self) + 1
@@ -429,7 +431,7 @@ class FastTrainer(SyncFreeStep):
         amp = step_autocast(self)
         try:
             seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
-                              corners=getattr(self, "carried_task", "detect") == "obb")
+                              corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside)
             self.warm_up_s = seconds  # the whole-run bench's breakdown reads it
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
@@ -442,6 +444,21 @@ class FastTrainer(SyncFreeStep):
             sizes = ", ".join(str(n) for n in batch_sizes(sampler))
             LOGGER.info(f"yolofeed: cuDNN set up for batch sizes {sizes} in {seconds:.1f} s before the first epoch "
                         "(stock pays it inside its first epoch)")
+
+    def _set_up_beside(self) -> None:
+        """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step
+        installed and captured ahead, then, where no capture in the default global mode is left to make in the first
+        epoch, the validations' thread started and their set-up queued, so that it runs beside the rest of the warm-up
+        (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training."""
+        if self.graphed_step and graphed.why_not(self) is None:
+            graphed.install(self)  # the on_train_start install finds it made
+        self._capture_ahead()
+        graph = unwrap_model(self.model).__dict__.get("_graph")
+        if graph is not None and graph.flat is None and not graph.failed:
+            return  # the graph is captured in the first epoch: the set-up waits for it (_count_to_validation_warm_up)
+        self._start_validation_thread()
+        if self._validations is not None:
+            self._warm_validations()
 
     def _capture_ahead(self) -> None:
         """At ``on_train_start``, where the warm-up ran: the graphed step's capture (train/graphed.py) on a blank

@@ -11,6 +11,7 @@ thread without stopping the training for as long.
 final one), waiting for it: the same calls on the same inputs in the same order, so the metrics, plots and files are
 Ultralytics'. Before the first epoch the trainer also hands it ``warm``: one blank forward pass at each shape those
 validations will meet, on copies of the models they will run (``seam.validation_models``), which the worker runs while
+the warm-up makes the last batch's plans (once the step's graph is captured ahead of the first epoch), or else while
 the first epoch trains. Its host time is on another core; its GPU time is a few tens of milliseconds a pass. A pass
 runs only where the GPU's free memory holds the conservative ``bytes_per_image`` (a training pass's peak per image)
 times its batch, so it never takes memory the training needs; a pass that fails is skipped with one line, and that
@@ -129,5 +130,5 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
         models.clear()  # the copies' memory goes back now, not when the trainer ends
     if done:
         log(f"yolofeed: cuDNN set up for the validations' {done} batch shapes in {time.perf_counter() - t0:.1f} s, "
-            "beside the first epoch")
+            "in their own thread")
     return done

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -99,9 +100,10 @@ def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.dev
 
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
-            amp: bool | torch.dtype, corners: bool = False) -> float:
+            amp: bool | torch.dtype, corners: bool = False, after_full: Callable[[], None] | None = None) -> float:
     """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took. ``corners``: the
-    batches are OBBs'.
+    batches are OBBs'. ``after_full`` runs once the full batch's pass is made, before the other sizes' (the trainer
+    captures the step's graph there, then sets up the validations beside the rest).
 
     Raises:
         torch.cuda.OutOfMemoryError, RuntimeError: as the passes raise them (the trainer skips the warm-up).
@@ -112,7 +114,11 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
         return 0.0
     rng = torch.get_rng_state(), np.random.get_state()  # a blank pass draws nothing, but be sure
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    warm_model(model, sizes, augment.hyp.imgsz, device, amp)
+    warm_model(model, sizes[:1], augment.hyp.imgsz, device, amp)
+    if after_full is not None:
+        after_full()
+    if len(sizes) > 1:
+        warm_model(model, sizes[1:], augment.hyp.imgsz, device, amp)
     warm_augmentation(augment, sizes[0], width, device, corners)
     torch.set_rng_state(rng[0])
     np.random.set_state(rng[1])
