@@ -167,8 +167,8 @@ RULES: dict[str, Rule] = {
     # augmentation
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
-    "copy_paste": Rule(OURS, "segment: Ultralytics' copy-paste (flip mode) on the GPU; pose: nothing to paste, as in "
-                       "Ultralytics; detect and obb: refused above 0"),
+    "copy_paste": Rule(OURS, "segment and obb: Ultralytics' copy-paste (flip mode) on the GPU; pose: nothing to "
+                       "paste, as in Ultralytics; detect: refused above 0 (the pack keeps no polygons)"),
     "copy_paste_mode": Rule(OURS, "flip; mixup refused where copy_paste is above 0"),
     # validation and plots during training
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
