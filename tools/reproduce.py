@@ -220,6 +220,17 @@ SECTIONS = {s.name: s for s in (
         "tests/test_loss.py -p no:cacheprovider --tb=short 2>&1 | tail -25 | tee $OUT/gpu_tests_graphed.txt",
         "timeout 120 python3 -m tools.step_levers model=yolo11n.yaml levers=graphed,graphed_unfused out=$OUT/levers_g",
         "timeout 100 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed out=$OUT/levers_g")),
+    Section("step-half-input", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 8, (
+        # half_input's GPU tests beside the synth and pack; then the ceiling and yolofeed without it, with it, and
+        # without it again (a drift of the machine shows as the two without it apart)
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_step_input.py tests/test_graphed.py -p no:cacheprovider "
+        "--tb=short -rA > $OUT/gpu_tests_half.txt 2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; tail -12 $OUT/gpu_tests_half.txt",
+        lever("yolo11n", "yolofeed,ceiling", "half_input=False", 150),
+        lever("yolo11n", "yolofeed,ceiling", "half_input=True", 150),
+        lever("yolo11n", "yolofeed,ceiling", "half_input=False", 150).replace("levers_yolo11n_half_input-False",
+                                                                               "levers_yolo11n_half_input-False-2"),
+        NO_WEIGHTS)),
     Section("graphed-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
         "PARTS=tests,ab bash tools/device/graphed_bench.sh",)),
     Section("graphed-musgd-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (

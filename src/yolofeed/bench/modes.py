@@ -4,7 +4,8 @@ from __future__ import annotations
 
 MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_val_inline", "ceiling",
          "ceiling_stock")
-STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step")  # SyncFreeStep's (train/step.py)
+# SyncFreeStep's (train/step.py)
+STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
 
 
 def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "detect") -> type:
@@ -44,7 +45,8 @@ def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "d
         from yolofeed.bench.ceiling import CEILINGS
 
         if mode == "ceiling_stock":
-            step.update(sync_free_step=False, sync_free_loss=False, fast_musgd=False, graphed_step=False)
+            step.update(sync_free_step=False, sync_free_loss=False, fast_musgd=False, graphed_step=False,
+                        half_input=False)
         ceiling = CEILINGS[task]
         return type(ceiling.__name__, (ceiling,), step) if step else ceiling
     raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")

@@ -62,10 +62,11 @@ class AugmentAhead:
     """A train loader that yields Ultralytics' batches, each augmented one request before it is handed out.
 
     Yields dicts with ``img`` (B, 3, S, S) float32 in [0, 255] (Ultralytics' ``preprocess_batch``
-    divides by 255), ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,), ``im_file``,
-    and with ``candidates`` the loss's counts (train/loss.py): ``max_boxes`` (an int) and, once
-    ``candidates`` can say, ``tal_candidates``. Every other attribute (``dataset``, ``sampler``,
-    ``batch_size``, ``reset``, ``close``...) is the wrapped loader's.
+    divides by 255), or what ``convert`` makes of the uint8 image, ``cls`` (N, 1), ``bboxes`` (N, 4)
+    normalised xywh, ``batch_idx`` (N,), ``im_file``, and with ``candidates`` the loss's counts
+    (train/loss.py): ``max_boxes`` (an int) and, once ``candidates`` can say, ``tal_candidates``. Every
+    other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...) is the wrapped
+    loader's.
 
     Args:
         loader: yields dicts with ``source`` (a ``SourceBatch`` valid until the next request) and ``im_file``.
@@ -75,14 +76,17 @@ class AugmentAhead:
         candidates: ``AugmentedBatch -> 0-d int64 tensor | None``, the loss's candidate count for the
             batch, computed on the device without a sync (None while the loss cannot say yet). None: no
             counts for the loss at all (Ultralytics' loss measures its own).
+        convert: the augmenter's uint8 image to the batch's, a new tensor (the next replay overwrites the
+            augmenter's): ``Tensor.float``, or the step's scaled input (``SyncFreeStep.step_image``).
     """
 
     def __init__(self, loader: Any, augment: Callable[[SourceBatch], AugmentedBatch],
-                 candidates: Callable[[AugmentedBatch], Tensor | None] | None = None):
-        self.loader, self.augment, self.candidates = loader, augment, candidates
+                 candidates: Callable[[AugmentedBatch], Tensor | None] | None = None,
+                 convert: Callable[[Tensor], Tensor] = Tensor.float):
+        self.loader, self.augment, self.candidates, self.convert = loader, augment, candidates, convert
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("loader", "augment", "candidates"):  # not set yet (unpickling): no recursion
+        if name in ("loader", "augment", "candidates", "convert"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 
@@ -130,8 +134,7 @@ class AugmentAhead:
         event.record(torch.cuda.current_stream(count.device))
         return _Pending(out, host, event, im_file)
 
-    @staticmethod
-    def _finish(p: _Pending) -> dict:
+    def _finish(self, p: _Pending) -> dict:
         """Ultralytics' batch from a launched augmentation, copied out of the augmenter's memory."""
         if p.ready is not None:
             p.ready.synchronize()  # recorded a step ago, before that step's forward: complete in steady state
@@ -139,7 +142,7 @@ class AugmentAhead:
         d = p.out.to_ultralytics(total=counts[0])
         for key, n in zip((MAX_BOXES, CANDIDATES), counts[1:]):
             d[key] = n
-        d["img"] = d["img"].float()  # Ultralytics' own conversion, done before the next replay overwrites img
+        d["img"] = self.convert(d["img"])  # Ultralytics' own conversion, done before the next replay overwrites img
         d["im_file"] = p.im_file
         return d
 

@@ -123,13 +123,14 @@ class _Graph:
     def __init__(self, model: nn.Module, autocast: dict, log: Any):
         self.model, self.autocast, self.log = model, autocast, log
         self.shape: tuple[int, ...] | None = None
+        self.dtype: torch.dtype | None = None  # the input's: float32, or the autocast's with half_input
         self.flat: _Flat | None = None
         self.failed = False
 
     def takes(self, x: torch.Tensor) -> bool:
         if self.failed or not x.is_cuda or not torch.is_grad_enabled():
             return False
-        return self.shape is None or tuple(x.shape) == self.shape
+        return self.shape is None or (tuple(x.shape) == self.shape and x.dtype == self.dtype)
 
     def __call__(self, x: torch.Tensor) -> Any:
         if self.flat is None:
@@ -163,7 +164,7 @@ class _Graph:
             with torch.no_grad():
                 for b, saved in zip(model.buffers(), buffers):
                     b.copy_(saved)  # the warm-up and capture passes moved the batch-norm statistics
-        self.flat, self.shape = flat, tuple(x.shape)
+        self.flat, self.shape, self.dtype = flat, tuple(x.shape), x.dtype
         self.log(f"yolofeed: the training forward and backward replay as CUDA graphs at batch {x.shape[0]}, "
                  f"{x.shape[-1]} px ({len(convs)} batch norms + SiLU fused); other shapes run eager")
 
@@ -231,9 +232,11 @@ def install(trainer: Any) -> bool:
     return True
 
 
-def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device) -> bool:
-    """Make the graph now, on a blank batch of ``batch`` images of ``imgsz`` (zeros: a capture's output is thrown
-    away and every batch-norm buffer is restored after it), instead of in the first training step. Its three
+def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device,
+                  dtype: torch.dtype = torch.float32) -> bool:
+    """Make the graph now, on a blank batch of ``batch`` images of ``imgsz`` in ``dtype`` (the step input's:
+    ``SyncFreeStep.step_input_dtype``, else float32; zeros: a capture's output is thrown away and every batch-norm
+    buffer is restored after it), instead of in the first training step. Its three
     warm-up passes, the capture and the fused batch norm's Triton compiles (about 0.3-1 s at batch 128) then fall
     before the first epoch, as cuDNN's set-up does (train/warmup.py). No parameter's ``.grad`` is touched:
     ``make_graphed_callables``' passes take their gradients with ``torch.autograd.grad``. Returns whether the model
@@ -247,8 +250,8 @@ def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device
     model.train()  # the graph replays training-mode predictions: Ultralytics' epoch sets train() before each step
     try:
         with torch.enable_grad():
-            graph._capture(torch.zeros(batch, 3, imgsz, imgsz, device=device))  # not a replay: it would move the
-            # batch-norm statistics
+            blank = torch.zeros(batch, 3, imgsz, imgsz, device=device, dtype=dtype)
+            graph._capture(blank)  # not a replay: it would move the batch-norm statistics
     finally:
         model.train(was)
     return graph.flat is not None

@@ -100,13 +100,16 @@ class SyncFreeStep:
     syncing for them; ``False`` keeps Ultralytics' loss as it is. ``fast_musgd`` steps the MuSGD Ultralytics builds
     (``optimizer=MuSGD``, or ``auto`` past 10,000 iterations) as one CUDA graph (train/musgd.py); ``False`` keeps
     Ultralytics' own. ``graphed_step`` replays the model's forward and backward as CUDA graphs with batch norm and
-    SiLU fused (train/graphed.py); ``False`` keeps them eager, as Ultralytics'.
+    SiLU fused (train/graphed.py); ``False`` keeps them eager, as Ultralytics'. ``half_input`` makes the step's input
+    image in the autocast's dtype from the batch's uint8 in one kernel (``step_input_dtype``); ``False`` keeps
+    Ultralytics' float32 image, which the first convolution casts.
     """
 
     sync_free_step: bool = True
     sync_free_loss: bool = True
     fast_musgd: bool = True
     graphed_step: bool = True
+    half_input: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -120,6 +123,40 @@ class SyncFreeStep:
             self.add_callback("on_train_epoch_end", lambda t: train_loss.check_counts(t.model))
         if self.graphed_step:
             self.add_callback("on_train_start", lambda t: graphed.install(t))
+
+    def step_input_dtype(self) -> torch.dtype | None:
+        """The dtype ``half_input`` makes the step's input image in: the step's autocast dtype (float16, or bfloat16
+        under ``amp=bf16``) on CUDA, where the model's first layer is a convolution that takes the image alone (its
+        autocast cast is then the first thing done to the image: the same values, one kernel instead of three) and
+        one image size serves every batch (``multi_scale`` resizes the float32 image); else None: Ultralytics'
+        float32 image. None until Ultralytics' set-up has decided ``amp``."""
+        if not self.half_input or self.device.type != "cuda" or (getattr(self.args, "multi_scale", 0) or 0) > 0:
+            return None
+        if getattr(self, "amp", None) is None or getattr(self, "model", None) is None:
+            return None
+        amp = seam.step_autocast(self)
+        if not amp or not seam.image_feeds_a_convolution(self.model):
+            return None
+        return amp if isinstance(amp, torch.dtype) else torch.float16
+
+    def step_image(self, img: torch.Tensor) -> torch.Tensor:
+        """The step's input from a batch's image (uint8, or float in [0, 255]): scaled in ``step_input_dtype``, or
+        Ultralytics' float32 copy still to be divided by its ``preprocess_batch``."""
+        dtype = self.step_input_dtype()
+        return img.float() if dtype is None else seam.scaled_input(img, dtype)
+
+    def preprocess_batch(self, batch: dict) -> dict:
+        """Ultralytics' ``preprocess_batch``; with ``half_input`` the image is scaled here, in the autocast's dtype
+        (already, where it comes so), and Ultralytics' own ``img.float() / 255`` runs on an empty slice of it."""
+        dtype = self.step_input_dtype()
+        if dtype is None:
+            return super().preprocess_batch(batch)
+        img = batch["img"]
+        if img.dtype != dtype:  # uint8 from a loader: not yet scaled
+            img = seam.scaled_input(img.to(self.device, non_blocking=True), dtype)
+        out = super().preprocess_batch({**batch, "img": img[:0]})  # the other tensors moved as Ultralytics moves them
+        out["img"] = img
+        return out
 
     def build_optimizer(self, *args: Any, **kwargs: Any):
         """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""

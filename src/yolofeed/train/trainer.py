@@ -107,7 +107,8 @@ class FastTrainer(SyncFreeStep):
     batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
     mask_room: int = 1  # segment: the mask rasteriser's slots, in multiples of its own; doubled after an overflow
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
-    # sync_free_step, sync_free_loss, fast_musgd, graphed_step: the step's options (SyncFreeStep, train/step.py)
+    # sync_free_step, sync_free_loss, fast_musgd, graphed_step, half_input: the step's options (SyncFreeStep,
+    # train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
     _validations: ValidationThread | None = None  # where validations run (None: the training thread)
     _warm_validations_after: int | None = None  # training batches left before their set-up starts beside them
@@ -258,7 +259,7 @@ class FastTrainer(SyncFreeStep):
             if not self.augment_ahead:
                 return loader
             counts = partial(early_candidates_augmented, self) if self.sync_free_loss else None
-            return AugmentAhead(loader, self._augment_source, counts)
+            return AugmentAhead(loader, self._augment_source, counts, convert=self.step_image)
         stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
         masks = (int(self.args.mask_ratio), bool(self.args.overlap_mask)) if self.carried_task == "segment" else None
         return ValLoader(pack, batch_size, self.device, stride=stride, fraction=fraction, masks=masks, **labels)
@@ -468,7 +469,8 @@ class FastTrainer(SyncFreeStep):
         sampler = self._warm[0].sampler
         sizes = batch_sizes(sampler)
         if sizes and sizes[0] == sampler.batch_size:
-            graphed.capture_ahead(self.model, sizes[0], self.hyp.imgsz, self.device)
+            graphed.capture_ahead(self.model, sizes[0], self.hyp.imgsz, self.device,
+                                  self.step_input_dtype() or torch.float32)
 
     # -- augmentation -------------------------------------------------------------------------
     def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:

@@ -211,12 +211,12 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",
-    "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER", "make_anchors",
-    "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device", "parse_key_value_pair",
-    "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn", "RANK", "run_first",
-    "segments2boxes",
-    "set_criterion",
-    "set_epoch_loss", "smart_value", "start_epoch", "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
+    "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER",
+    "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device",
+    "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
+    "RANK", "run_first",
+    "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
+    "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",
     "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "validation_loader", "validation_models", "VERSION",
     "weights_dir",
@@ -243,7 +243,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "check_resume", "yolofeed checks the final training arguments there, before anything is "
                                        "built"),
     (DetectionTrainer, "get_dataloader", "yolofeed returns its pack loaders from it"),
-    (DetectionTrainer, "preprocess_batch", "yolofeed augments there when it does not augment ahead"),
+    (DetectionTrainer, "preprocess_batch", "yolofeed augments there when it does not augment ahead, "
+                                         "and hands it an image already scaled with half_input"),
     (DetectionTrainer, "optimizer_step", "the monitor marks the optimiser phase where it is entered"),
     (DetectionModel, "init_criterion", "the sync-free step wraps the criterion it makes"),
     (DetectionModel, "predict", "the graphed step overrides it (train/graphed.py) and calls it"),
@@ -387,6 +388,24 @@ def step_autocast(trainer: Any) -> Any:
     """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
     ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
     return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+
+
+def scaled_input(img: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Ultralytics' training input, ``img.float() / 255`` (``DetectionTrainer.preprocess_batch``, RELIED_ON), made
+    straight in ``dtype``, as the step's first convolution receives it when it autocasts to ``dtype``: one kernel
+    from ``img`` (uint8, or float in [0, 255]), where stock writes a float32 copy, divides it into another and casts
+    that (at batch 128 and 640 px, 2.5 GB more read and written a step). The division is float32's, rounded once to
+    ``dtype`` on the store, as the autocast's cast rounds it: the same values (tests/test_step_input.py)."""
+    return torch.div(img, 255, out=torch.empty(img.shape, dtype=dtype, device=img.device))
+
+
+def image_feeds_a_convolution(model: Any) -> bool:
+    """Whether the model's first layer is Ultralytics' ``Conv`` and takes the image alone (``m.f == -1``; the image is
+    not kept for a later layer: ``DetectionModel._predict_once``), so that the first thing done to the image under
+    autocast is the convolution's cast of it."""
+    layers = getattr(unwrap_model(model), "model", None)
+    first = layers[0] if isinstance(layers, torch.nn.Sequential) and len(layers) else None
+    return isinstance(first, Conv) and getattr(first, "f", None) == -1
 
 
 def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch.dtype, bool]]:
