@@ -115,7 +115,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
               "setup_s": round(state["epochs"][0]["t0"] - t_build, 2) if state["epochs"] else None,
               "final_s": round(t_end - state["t_last"], 2) if "t_last" in state else None,
               "parts": run_parts(state["marks"], t_build, getattr(trainer, "warm_up_s", None),
-                                 state.get("final_val_s")),
+                                 state.get("final_val_s"), getattr(trainer, "plots_beside", None)),
               "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
               "device": str(trainer.device)}
     if len(records) < epochs:
@@ -127,10 +127,12 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     return result
 
 
-def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None,
-              final_val_s: float | None) -> dict[str, float | None]:
+def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None, final_val_s: float | None,
+              plots_beside: dict | None = None) -> dict[str, float | None]:
     """The set-up's, the first batch's and the end's parts (the module's doc), seconds rounded; None where a mark
-    never came (a resumed run past its set-up, an epoch without batches)."""
+    never came (a resumed run past its set-up, an epoch without batches). yolofeed's plots drawn beside other work
+    (``FastTrainer.plots_beside``) add ``<plot>_plot_s`` and ``<plot>_plot_waited_s``: what it took, what the run
+    waited for it."""
     def span(a: str | float, b: str) -> float | None:
         start = marks.get(a) if isinstance(a, str) else a
         return round(marks[b] - start, 2) if start is not None and b in marks else None
@@ -138,7 +140,9 @@ def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None,
     return {"build_s": span(t_build, "built"), "setup_train_s": span("built", "set_up"),
             "warm_up_s": None if warm_up_s is None else round(warm_up_s, 2),
             "first_batch_s": span("first_epoch", "first_batch"),
-            "final_val_s": None if final_val_s is None else round(final_val_s, 2)}
+            "final_val_s": None if final_val_s is None else round(final_val_s, 2),
+            **{f"{name}_plot{key}": None if t is None else round(t, 2)
+               for name, times in (plots_beside or {}).items() for key, t in zip(("_s", "_waited_s"), times)}}
 
 
 def later(result: dict, key: str) -> float | None:
@@ -183,8 +187,10 @@ def breakdown(result: dict) -> str:
         return "-" if p.get(key) is None else f"{p[key]:.1f} s"
 
     warm = f" (warm-up {s('warm_up_s')})" if p.get("warm_up_s") is not None else ""
+    beside = "".join(f"; {name} plot {s(f'{name}_plot_s')} beside, {s(f'{name}_plot_waited_s')} waited"
+                     for name in ("labels", "results") if f"{name}_plot_s" in p)
     return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "
-            f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}")
+            f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}{beside}")
 
 
 PARTS = (("set-up", "#bbbbbb"), ("training steps", "#2a7ab0"), ("validation", "#dd8452"),

@@ -52,6 +52,7 @@ from yolofeed.pack.source import check_downloaded
 from yolofeed.train import graphed, keys, options, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
+from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validation import ValidationThread, loader_shapes, warm
 from yolofeed.train.warmup import batch_sizes, warm_up
@@ -113,6 +114,9 @@ class FastTrainer(SyncFreeStep):
     _validations: ValidationThread | None = None  # where validations run (None: the training thread)
     _warm_validations_after: int | None = None  # training batches left before their set-up starts beside them
     _final_warm: list | None = None  # best.pt's set-up left (``warm``'s arguments a shape), one behind each validation
+    _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
+    _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
+    plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
 
     @classmethod
     def with_options(cls, **given: Any) -> type[FastTrainer]:
@@ -149,6 +153,7 @@ class FastTrainer(SyncFreeStep):
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
         self.add_callback("on_pretrain_routine_end", type(self)._warm_up)  # a subclass's own, if it has one
         self.add_callback("on_pretrain_routine_end", type(self)._start_validation_thread)
+        self.add_callback("on_pretrain_routine_end", type(self)._join_label_plots)  # after the warm-up
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
 
@@ -308,7 +313,9 @@ class FastTrainer(SyncFreeStep):
     def final_eval(self):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
         (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt. The validation runs in
-        the validation thread, where there is one."""
+        the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``)."""
+        if RANK in {-1, 0} and self.args.plots and Path(self.csv).is_file():  # complete: the last epoch was saved
+            self._results_plot = ResultsPlot(self.csv)
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
@@ -326,6 +333,30 @@ class FastTrainer(SyncFreeStep):
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
             self.run_callbacks("on_fit_epoch_end")
             self.epoch -= 1  # restore epoch
+
+    # -- plots beside ---------------------------------------------------------------------------
+    def plot_training_labels(self):
+        """Ultralytics' labels plot (``labels.jpg``), drawn in a thread beside the warm-up (train/plots.py); the first
+        epoch starts once it is drawn (``_join_label_plots``), and what it raises is raised there."""
+        self._label_plots = InThread(super().plot_training_labels, "yolofeed-label-plots")
+
+    def _join_label_plots(self) -> None:
+        """Last at ``on_pretrain_routine_end``, after the warm-up: wait for the labels plot."""
+        plots, self._label_plots = self._label_plots, None
+        if plots is not None:
+            waited = plots.join()
+            self.plots_beside = {**(self.plots_beside or {}), "labels": (plots.seconds, waited)}
+
+    def plot_metrics(self):
+        """Ultralytics' results.png, drawn beside the final validation (``final_eval``): waited for here, where stock
+        draws it; drawn here as stock draws it where that did not serve (no child process, a failure, a message)."""
+        plot, self._results_plot = self._results_plot, None
+        if plot is not None:
+            drawn, waited = plot.finish(self.on_plot)
+            if drawn:
+                self.plots_beside = {**(self.plots_beside or {}), "results": (plot.seconds, waited)}
+                return
+        super().plot_metrics()
 
     def get_validator(self):
         """Ultralytics' validator; with ``batched_val_metrics`` a detection validator gathers each batch's statistics

@@ -246,6 +246,10 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "preprocess_batch", "yolofeed augments there when it does not augment ahead, "
                                          "and hands it an image already scaled with half_input"),
     (DetectionTrainer, "optimizer_step", "the monitor marks the optimiser phase where it is entered"),
+    (DetectionTrainer, "plot_training_labels", "yolofeed draws the labels plot in a thread beside its warm-up "
+                                               "(train/plots.py), joined at on_pretrain_routine_end"),
+    (DetectionTrainer, "plot_metrics", "yolofeed waits there for results.png, drawn beside the final validation by "
+                                       "plot_results (train/plots.py), or draws it as stock"),
     (DetectionModel, "init_criterion", "the sync-free step wraps the criterion it makes"),
     (DetectionModel, "predict", "the graphed step overrides it (train/graphed.py) and calls it"),
     (Conv, "forward", "FusedConv overrides it (train/graphed.py) and calls it"),

@@ -1,0 +1,96 @@
+"""Ultralytics' labels plot and results.png drawn beside other work (train/plots.py): the same files as stock's, the
+run waiting for them where stock draws them, a failure raised or redrawn as stock would, and a training run that
+makes both."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from yolofeed.train.plots import InThread, ResultsPlot
+
+TINY = dict(epochs=1, imgsz=64, batch=8, device="cpu", workers=0, verbose=False, exist_ok=True)
+
+
+def test_a_thread_runs_beside_and_its_join_waits_and_raises_what_it_raised():
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(5)
+
+    job = InThread(slow, "test-plots")
+    assert started.wait(5)  # running before anyone joins
+    release.set()
+    assert job.join() >= 0.0 and job.seconds is not None
+
+    def fails():
+        raise ValueError("no labels")
+
+    with pytest.raises(ValueError, match="no labels"):
+        InThread(fails, "test-plots").join()
+
+
+def _results_csv(folder: Path, rows: int = 3) -> Path:
+    """A results.csv with Ultralytics' detection columns."""
+    head = ("epoch,time,train/box_loss,train/cls_loss,train/dfl_loss,metrics/precision(B),metrics/recall(B),"
+            "metrics/mAP50(B),metrics/mAP50-95(B),val/box_loss,val/cls_loss,val/dfl_loss,lr/pg0,lr/pg1,lr/pg2")
+    lines = [head] + [",".join([str(e + 1), str(10.0 * (e + 1))] + [f"{0.5 / (e + 1):.4f}"] * 13) for e in range(rows)]
+    csv = folder / "results.csv"
+    csv.write_text("\n".join(lines) + "\n")
+    return csv
+
+
+def test_results_png_is_drawn_in_a_child_as_ultralytics_draws_it(tmp_path):
+    from ultralytics.utils.plotting import plot_results
+
+    ours, stock = tmp_path / "ours", tmp_path / "stock"
+    ours.mkdir(), stock.mkdir()
+    plot_results(file=_results_csv(stock))
+    plot = ResultsPlot(_results_csv(ours))
+    seen = []
+    drawn, waited = plot.finish(seen.append)
+    assert drawn and waited >= 0.0 and plot.seconds >= waited
+    assert seen == [ours / "results.png"]  # handed on as plot_results hands it to on_plot
+    png = (ours / "results.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) == pytest.approx(len((stock / "results.png").read_bytes()),
+                                                                           rel=0.02)
+
+
+def test_a_child_that_fails_or_complains_leaves_the_drawing_to_the_caller(tmp_path):
+    seen = []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert ResultsPlot(empty / "results.csv").finish(seen.append)[0] is False  # no csv: plot_results asserts
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.csv").write_text("epoch,metrics/x\n1,not a number\n")  # logged as a plotting error
+    assert ResultsPlot(bad / "results.csv").finish(seen.append)[0] is False
+    assert seen == []
+
+
+def test_a_child_past_its_time_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr("yolofeed.train.plots.RESULTS_PLOT", "import time; time.sleep(30)")
+    plot = ResultsPlot(_results_csv(tmp_path))
+    start = time.perf_counter()
+    assert plot.finish(timeout=0.5)[0] is False
+    assert time.perf_counter() - start < 10
+
+
+def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path):
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    model = YOLO("yolo11n.yaml")
+    model.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="ours",
+                plots=True, **TINY)
+    run = tmp_path / "ours"
+    assert (run / "labels.jpg").is_file() and (run / "results.png").is_file()
+    beside = model.trainer.plots_beside
+    assert set(beside) == {"labels", "results"}
+    assert all(took is not None and took >= 0 and waited >= 0 for took, waited in beside.values())
+    assert run / "results.png" in model.trainer.plots and run / "labels.jpg" in model.trainer.plots
