@@ -341,3 +341,40 @@ def test_graphed_steps_take_ultralytics_loss(monkeypatch):
         assert all(torch.isfinite(v).all() for v in r["graphed"][1].values())
 
     _lockstep(_prepared(copy.deepcopy(stock), fused=True), {"graphed": (ours, True)}, batches, check)
+
+
+def test_the_capture_asks_for_thread_local_mode_where_torch_takes_it(monkeypatch):
+    """Other threads (the loader's nvJPEG, the validations') keep working while the step's graph is captured: in the
+    default global mode their CUDA calls would void the capture. Older torch has no such argument: nothing passed."""
+    import inspect
+
+    takes = "capture_error_mode" in inspect.signature(torch.cuda.make_graphed_callables).parameters
+    assert graphed._THREAD_LOCAL == ({"capture_error_mode": "thread_local"} if takes else {})
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", lambda *a, **k: seen.update(k))
+    model = _prepared(_model(), graph=True, log=lambda line: None)
+    model.__dict__["_graph"]._capture(torch.zeros(2, 3, 32, 32))
+    assert seen.get("capture_error_mode") == ("thread_local" if takes else None)
+
+
+@pytest.mark.parametrize("batch, nbs, kept", [(16, 16, True), (8, 8, True), (8, 64, False)])
+def test_a_batch_halved_after_running_out_of_memory_drops_the_old_graph(batch, nbs, kept, caplog, monkeypatch):
+    """Ultralytics halves the batch after an out-of-memory error in the first epoch and builds the loaders again: a
+    graph made for the old batch would never replay, its pool holding that batch's activations. It is dropped: a new
+    one captures at the new size, or, where the smaller batch now accumulates gradients, the step stays eager and one
+    line says why. The same batch leaves the graph as it is."""
+    monkeypatch.setattr("yolofeed.ultralytics_seam.compiled", lambda t: False)
+    model = _prepared(_model(), graph=True, log=lambda line: None)
+    old = model.__dict__["_graph"]
+    old.shape = (16, 3, 64, 64)
+    trainer = _trainer(model=model, args=SimpleNamespace(nbs=nbs, multi_scale=0.0))
+    with caplog.at_level("INFO"):
+        graphed.drop_stale(trainer, batch)
+    graph = model.__dict__.get("_graph")
+    if batch == 16:
+        assert graph is old
+    elif kept:
+        assert graph is not old and graph.shape is None and isinstance(model, graphed.GraphedPredict)
+    else:
+        assert graph is None and type(model) is DetectionModel
+        assert "stays eager after the batch was reduced (gradients now accumulate over 8 batches)" in caplog.text

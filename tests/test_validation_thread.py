@@ -193,3 +193,52 @@ def test_on_a_gpu_the_set_up_runs_beside_the_first_epoch_and_the_step_still_grap
     assert threads == ["yolofeed-validation"] * 3
     assert "replay as CUDA graphs" in caplog.text and "could not be" not in caplog.text
     assert "cuDNN set up for the validations'" in caplog.text
+
+
+def test_a_validation_the_training_stopped_waiting_for_stops_at_its_next_batch_and_nothing_queued_runs(monkeypatch):
+    """Ctrl-C in the training thread while it waits for a validation: the validation stops at its next batch (the
+    validator's ``on_val_batch_start``), best.pt's set-up queued behind it is skipped, and a later waiter is told
+    (``CancelledError``), not left waiting."""
+    import time
+    from collections import defaultdict
+    from concurrent.futures import CancelledError
+    from types import SimpleNamespace
+
+    import yolofeed.train.trainer as tr
+    from yolofeed import FastDetectionTrainer
+
+    ran, second = [], threading.Event()
+    monkeypatch.setattr(tr, "warm", lambda *a, **k: ran.append("best.pt's set-up"))
+    t = FastDetectionTrainer.__new__(FastDetectionTrainer)
+    callbacks = defaultdict(list)
+    t.validator = SimpleNamespace(callbacks=callbacks, add_callback=lambda e, f: callbacks[e].append(f))
+    t._validations, t._warm_validations_after = ValidationThread(torch.device("cpu")), None
+    t._final_warm = [([("best.pt", None, torch.float16, True)], [], 32, torch.device("cpu"), 1.0)]
+    submit = t._validations.submit
+
+    class Interrupted:  # the training thread's wait, ended by Ctrl-C once the validation is in its second batch
+        def __init__(self, future):
+            self.future = future
+
+        def result(self):
+            assert second.wait(5)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(t._validations, "submit", lambda fn, *a, **k: Interrupted(submit(fn, *a, **k))
+                        if fn is validation else submit(fn, *a, **k))
+
+    def validation():
+        for batch in range(50):
+            for f in callbacks["on_val_batch_start"]:
+                f(t.validator)
+            ran.append(batch)
+            if batch == 1:
+                second.set()
+            time.sleep(0.02)
+
+    with pytest.raises(KeyboardInterrupt):
+        t._in_validation_thread(validation)
+    with pytest.raises(CancelledError):
+        submit(ran.append, "after").result(5)
+    assert 2 <= len(ran) < 10 and "best.pt's set-up" not in ran and "after" not in ran, ran
+    t._validations.check_cancelled()  # in another thread than the worker's: nothing raised

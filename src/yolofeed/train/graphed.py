@@ -36,6 +36,8 @@ fails or runs out of memory (the model is restored and the capture is not tried 
 from __future__ import annotations
 
 import copyreg
+import gc
+import inspect
 from typing import Any
 
 import torch
@@ -47,6 +49,11 @@ from yolofeed.kernels import bn_silu as bn_silu_op
 from yolofeed.kernels.bn_silu import bn_silu, fusable
 
 WARMUP = 3  # make_graphed_callables' warm-up passes before the capture (its default)
+# thread_local, as the augmentation's and FastMuSGD's captures: in the default global mode the loader thread (primed
+# just before the warm-up: nvJPEG's allocations and stream synchronize) or the validation thread invalidates the
+# capture, or gets a CUDA error of its own (cudaErrorStreamCaptureUnsupported). Older torch has no such argument.
+_THREAD_LOCAL = ({"capture_error_mode": "thread_local"}
+                 if "capture_error_mode" in inspect.signature(torch.cuda.make_graphed_callables).parameters else {})
 
 
 class _StockPickle:
@@ -151,7 +158,7 @@ class _Graph:
             # the step's own autocast caches casts, which a capture cannot keep: this one is the step's, uncached
             with _Fusing(convs), torch.autocast("cuda", **self.autocast, cache_enabled=False):
                 torch.cuda.make_graphed_callables(flat, (x.detach().clone(),), num_warmup_iters=WARMUP,
-                                                  allow_unused_input=True)
+                                                  allow_unused_input=True, **_THREAD_LOCAL)
         except Exception as e:  # OOM, an op that cannot be captured, what make_graphed_callables asserts
             # (hooks on the module, buffers that require grad, outputs that are not tensors)
             self.failed = True
@@ -255,6 +262,28 @@ def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device
     finally:
         model.train(was)
     return graph.flat is not None
+
+
+def drop_stale(trainer: Any, batch: int) -> None:
+    """After an out-of-memory retry rebuilt the train loader at ``batch`` (``BaseTrainer._build_train_pipeline``): a
+    graph made for another batch never replays again, yet its private pool keeps that batch's activations. Drop it;
+    where the graph still serves (``why_not``: the halved batch may now accumulate gradients) a fresh one captures at
+    the new size on its first full batch, else the step stays eager."""
+    model = seam.unwrap_model(trainer.model)
+    graph = model.__dict__.get("_graph")
+    if graph is None or graph.shape is None or graph.shape[0] == batch:
+        return
+    # BaseTrainer sets the new accumulate only after the loader is built: the reduced batch's, as it will compute it
+    accumulate = max(round(trainer.args.nbs / batch), 1)
+    why = why_not(trainer) or (f"gradients now accumulate over {accumulate} batches" if accumulate != 1 else None)
+    if why is None:
+        model.__dict__["_graph"] = _Graph(model, graph.autocast, graph.log)
+    else:
+        uninstall(model)
+        seam.LOGGER.info(f"yolofeed: the training step stays eager after the batch was reduced ({why})")
+    del graph
+    gc.collect()
+    torch.cuda.empty_cache()  # the old graph's pool goes back before the retry allocates
 
 
 def uninstall(model: nn.Module) -> None:

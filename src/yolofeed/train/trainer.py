@@ -259,6 +259,8 @@ class FastTrainer(SyncFreeStep):
             if rank in (-1, 0):
                 _warn_long_polygons(pack, loader.prefetcher.labels)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
+            if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
+                graphed.drop_stale(self, batch_size)
             self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
             if not self.augment_ahead:
@@ -443,11 +445,18 @@ class FastTrainer(SyncFreeStep):
             for part in pending:
                 self._validations.submit(warm, *part)
             pending = []
+        validator = getattr(self, "validator", None)
+        if validator is not None and self._validations.check_cancelled not in validator.callbacks["on_val_batch_start"]:
+            validator.add_callback("on_val_batch_start", self._validations.check_cancelled)
         done = self._validations.submit(fn, *args, **kwargs)
         if pending:
             self._validations.submit(warm, *pending.pop(0))
         self._final_warm = pending or None
-        return done.result()
+        try:
+            return done.result()
+        except BaseException:  # Ctrl-C here, or the validation failed: nothing more runs beside a stopped run
+            self._validations.cancel()
+            raise
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and

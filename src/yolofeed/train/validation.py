@@ -50,6 +50,7 @@ class ValidationThread:
     def __init__(self, device: torch.device):
         self.device = device
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancelled = threading.Event()  # set by the waiting thread when it stops waiting (Ctrl-C, an error)
         self._thread = threading.Thread(target=self._serve, name="yolofeed-validation", daemon=True)
         self._thread.start()
 
@@ -58,6 +59,9 @@ class ValidationThread:
             torch.cuda.set_device(self.device)
         while (job := self._jobs.get()) is not None:
             fn, args, kwargs, done = job
+            if self.cancelled.is_set():  # the trainer stopped waiting: what is queued behind is not run, and a
+                done.cancel()  # later waiter gets CancelledError, not a wait without end
+                continue
             if not done.set_running_or_notify_cancel():
                 continue
             try:
@@ -80,6 +84,15 @@ class ValidationThread:
     def close(self) -> None:
         """The worker ends once what is queued is done (it is not waited for)."""
         self._jobs.put(None)
+
+    def cancel(self) -> None:
+        """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""
+        self.cancelled.set()
+
+    def check_cancelled(self, *_: Any) -> None:
+        """A validator callback (``on_val_batch_start``): raise in the worker once the trainer stopped waiting."""
+        if self.cancelled.is_set() and threading.current_thread() is self._thread:
+            raise KeyboardInterrupt("yolofeed: the training stopped waiting for this validation")
 
     @property
     def alive(self) -> bool:
