@@ -383,9 +383,10 @@ def test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels(kw, ties, monkey
 
 
 def test_an_oriented_box_fill_never_runs_out_of_event_slots():
-    """The copies of boxes as tall as the canvas, tilted, and of boxes cut by its edges: every event fits the slots
-    an outline is given (``convex_events``), so nothing is lost."""
-    from yolofeed.augment.geometry.copy_paste import canvas_side, convex_events
+    """The copies of boxes as tall as the canvas, tilted, of boxes cut by its edges, and of concave quadrilaterals as
+    tall as the canvas (an annotated box whose corners make a chevron): every event fits the slots one outline is
+    given (``quad_events``), each filled on its own (no pooling), so nothing is lost."""
+    from yolofeed.augment.geometry.copy_paste import canvas_side, quad_events
     from yolofeed.kernels.polyfill import fill_union
 
     side = canvas_side(_hyp())
@@ -397,14 +398,17 @@ def test_an_oriented_box_fill_never_runs_out_of_event_slots():
     local = torch.tensor([[-1.0, -1.0], [1.0, -1.0], [1.0, 1.0], [-1.0, 1.0]])[None] * half[:, None]
     corners = centre[:, None] + torch.stack([local[..., 0] * c - local[..., 1] * s_,
                                              local[..., 0] * s_ + local[..., 1] * c], -1)
-    outlines = obb.resample_corners(corners[None])[0]
-    n = outlines.shape[1]
-    _, dropped = fill_union(outlines, torch.ones(64, dtype=torch.bool), torch.arange(64) % 4, 4, side, side,
-                            events=convex_events(n, side), chunk=16)
+    top, bottom = torch.rand(16, generator=g) * 4, side - 1 - torch.rand(16, generator=g) * 4
+    x = torch.rand(16, 3, generator=g) * side
+    chevrons = torch.stack([torch.stack([x[:, 0], top], -1), torch.stack([x[:, 1], bottom], -1),
+                            torch.stack([x[:, 2], top], -1), torch.stack([x[:, 1], bottom * 0.6], -1)], 1)
+    outlines = obb.resample_corners(torch.cat([corners, chevrons])[None])[0]
+    n, count = outlines.shape[1], len(outlines)
+    every, owner = torch.ones(count, dtype=torch.bool), torch.arange(count) % 4
+    _, dropped = fill_union(outlines, every, owner, 4, side, side, events=quad_events(n, side), chunk=1)
     assert int(dropped) == 0
-    _, short = fill_union(outlines, torch.ones(64, dtype=torch.bool), torch.arange(64) % 4, 4, side, side,
-                          events=n, chunk=16)
-    assert int(short) > 0  # the check can fail: fewer slots do drop events
+    _, short = fill_union(outlines[64:], every[64:], owner[64:], 4, side, side, events=4 * side + n, chunk=1)
+    assert int(short) > 0  # the check can fail: a convex outline's most drop a chevron's events
 
 
 def test_perspective_keeps_a_box_with_more_than_1_percent_of_its_area(ties):

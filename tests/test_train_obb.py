@@ -74,6 +74,56 @@ def test_copy_paste_trains_an_obb_batch_with_its_copies(obb_dataset, tmp_path):
     assert torch.isfinite(loss).all()
 
 
+def test_the_copies_a_batch_fills_are_bounded_by_the_labels_and_a_bound_that_fell_short_is_dropped(
+        obb_dataset, tmp_path, caplog, monkeypatch):
+    """copy_paste on an OBB run: the copies a batch fills are the labels' bound on its source images' instances, far
+    below the padded copy slots (a dense image widens every row's); copies left out are counted on the device, and
+    the epoch's end warns once and fills every slot from then on. Without copy-paste, or for a batch of few source
+    images, there is no bound."""
+    import torch
+
+    from yolofeed import FastOBBTrainer
+    from yolofeed.augment.masks import mask_capacity
+
+    def trainer(name, batch, **kw):
+        t = FastOBBTrainer(overrides=dict(model="yolo11n-obb.yaml", data=str(obb_dataset / "data.yaml"),
+                                          project=str(tmp_path), name=name, seed=3, **{**TINY, "batch": batch, **kw}))
+        t.train_loader = t.get_dataloader(t.data["train"], batch_size=batch, rank=-1, mode="train")
+        return t
+
+    t = trainer("bound", 32, copy_paste=1.0)
+    try:
+        counts = t.train_loader.prefetcher.labels.count[t.train_loader.dataset.indices]
+        width = t.train_loader.prefetcher.labels.width
+        bound = t._paste_capacity()
+        assert bound == mask_capacity(32, 4, float(counts.mean()), float(counts.std()), float(counts.max()))
+        assert bound < 32 * 2 * 4 * width  # the copy slots of 32 rows of a 4-tile mosaic (mixup's rows besides)
+        assert t._new_augment().paste_capacity == bound
+        monkeypatch.setattr(FastOBBTrainer, "_paste_capacity", lambda self: 1)  # far too few: copies are left out
+        t._augment = None
+        t.preprocess_batch(next(iter(t.train_loader)))
+        assert int(t._paste_lost) > 0
+        monkeypatch.undo()
+        t.epoch = 0
+        with caplog.at_level("WARNING"):
+            t._check_pastes()
+        assert "epoch 1: copy_paste left" in caplog.text and "every copy slot is filled" in caplog.text
+        assert t._paste_lost is None and t._paste_capacity() is None and t._augment is None
+        caplog.clear()
+        t._paste_lost = torch.tensor(2)
+        with caplog.at_level("WARNING"):
+            t._check_pastes()  # every slot filled already: still said, never silent
+        assert "with every copy slot filled" in caplog.text
+    finally:
+        t.train_loader.close()
+    for name, batch, kw in (("off", 32, {}), ("few", 8, {"copy_paste": 1.0})):  # 8 x 4 source images: too few
+        t = trainer(name, batch, **kw)
+        try:
+            assert t._paste_capacity() is None
+        finally:
+            t.train_loader.close()
+
+
 @pytest.mark.slow
 def test_an_obb_model_trains_from_an_obb_pack_and_writes_ultralytics_obb_files(obb_dataset, tmp_path):
     from ultralytics import YOLO

@@ -42,7 +42,7 @@ import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
-from yolofeed.augment.masks import MaskedAugment
+from yolofeed.augment.masks import FEW_DRAWS, MaskedAugment, mask_capacity
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
@@ -610,9 +610,70 @@ class FastOBBTrainer(FastTrainer, OBBTrainer):
 
     Use it as ``YOLO("yolo11n-obb.yaml").train(trainer=FastOBBTrainer, data=...)``; ``yolofeed train`` picks it for
     an OBB model.
+
+    With ``copy_paste`` the copies a batch fills are bounded by the training set's labels (``_paste_capacity``), not
+    every padded copy slot: the fill's cost follows the slots it is given, and one crowded image (a DOTA tile of
+    hundreds of boxes) widens every row's. Copies past the bound are counted; an epoch that lost some says so, and
+    from the next one every slot is filled.
     """
 
     carried_task = "obb"
+    _paste_lost: torch.Tensor | None = None  # copies copy-paste left out this epoch, on the device
+    _paste_bounded = True  # the bound on a batch's copies in use; off for good once one fell short
+
+    def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
+        super().__init__(cfg, overrides, _callbacks)
+        self.add_callback("on_train_epoch_end", type(self)._check_pastes)
+
+    def _new_augment(self) -> GpuAugment:
+        return GpuAugment(self.hyp, paste_capacity=self._paste_capacity())
+
+    def _paste_capacity(self) -> int | None:
+        """The most copies a batch pastes: the labels' bound on the instances of its source images (``mask_capacity``:
+        the mean plus 6 standard deviations of their sum, plus the most in one image in every tile of a row); None
+        (every copy slot) without copy-paste, before the loader, for fewer than ``FEW_DRAWS`` source images a batch,
+        or once a bound fell short."""
+        if self.hyp.copy_paste <= 0 or not self._paste_bounded or self._warm is None:
+            return None
+        loader = self._warm[0]
+        counts = loader.prefetcher.labels.count[loader.dataset.indices]
+        sources = (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + GpuAugment(self.hyp).mixers)
+        if not len(counts) or loader.batch_size * sources < FEW_DRAWS:
+            return None
+        return mask_capacity(loader.batch_size, sources, float(counts.mean()), float(counts.std()),
+                             float(counts.max()))
+
+    def _augment_source(self, source):
+        out = super()._augment_source(source)
+        if out.paste_lost is not None:  # a device op per batch, read once an epoch (_check_pastes): no sync here;
+            # under GraphedAugment the graph's memory: read before the next replay
+            lost = self._paste_lost
+            self._paste_lost = out.paste_lost.clone() if lost is None else lost + out.paste_lost
+        return out
+
+    def _check_pastes(self) -> None:
+        """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway): whether copy-paste left
+        copies out this epoch. If so, one warning, and from the next epoch every copy slot is filled (the
+        augmentation's graphs made again). Under DDP every rank takes the same decision (``ranks_agree``)."""
+        zero = torch.zeros((), dtype=torch.long, device=self.device)
+        if self._paste_lost is None and world_size(self) <= 1:
+            return
+        counts = torch.stack([zero if self._paste_lost is None else self._paste_lost.to(zero.device).long(), zero,
+                              zero - 1])
+        self._paste_lost = None
+        if world_size(self) > 1:  # every rank calls the collective at every epoch end, batches or not
+            counts = ranks_agree(counts)
+        lost = int(counts[0])
+        if not lost:
+            return
+        if not self._paste_bounded:  # every slot filled, each given any quadrilateral's most events: not expected
+            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies or fill events out with "
+                           "every copy slot filled; those copies were not pasted, labels and pixels alike")
+            return
+        self._paste_bounded, self._augment = False, None
+        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies out, beyond the copies a "
+                       "batch was bounded to from the training set's labels; from the next epoch every copy slot is "
+                       "filled (exact, and slower)")
 
 
 class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):

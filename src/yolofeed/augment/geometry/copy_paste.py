@@ -23,8 +23,8 @@ first tiles) are preferred among them here, where Ultralytics' order among them 
 
 Oriented boxes paste the same way: their segments are their corners resampled to 100 points (``geometry.obb``, as
 Ultralytics' ``update_labels_info`` makes them), mirrored point by point and filled as Ultralytics' ``drawContours``
-fills them. Their fill cannot run out of event slots: it is given, per copy, the most a convex outline can make
-(``CONVEX_EVENTS``).
+fills them. Their fill cannot run out of event slots: it is given, per copy, the most any quadrilateral's outline
+can make, convex or not (``quad_events``).
 
 Cost: the covers are (R, K, K) for R rows of K slots; the fill is the chosen polygons' rasterisation events (about
 0.8 MB a copy of 1,000 points on a 1280-pixel canvas, measured on the CPU, made for 512 copies at a time) and a
@@ -52,12 +52,13 @@ COVER_BELOW = 0.30  # a copy is eligible where it covers less than this of every
 EPS = 1e-7  # bbox_ioa's
 
 
-def convex_events(points: int, side: int) -> int:
-    """The most fill events (``kernels.polyfill``) an oriented box's outline of ``points`` points makes on a canvas of
-    ``side`` rows. Its points, truncated to integers, still run down one side and up the other (truncation keeps each
-    side monotonic in y), so its edges cross each row at most twice (2 x side) and its outline's lines cover at most
-    2 x side + points rows."""
-    return 4 * side + points
+def quad_events(points: int, side: int) -> int:
+    """The most fill events (``kernels.polyfill``: one per edge and row it crosses, one per edge and row its line
+    covers) an oriented box's outline of ``points`` points makes on a canvas of ``side`` rows. The points lie on the
+    box's 4 straight sides, and truncated to integers each side stays monotonic in y: each crosses a row at most once
+    (4 x side crossings) and its line covers at most side rows, one more a point (4 x side + points). A convex outline
+    makes half the crossings and lines; an annotated quadrilateral may be concave (a chevron), which needs the rest."""
+    return 8 * side + points
 
 
 @dataclass
@@ -190,8 +191,8 @@ class CopyPaste(GeometricOp):
         r, k2, n, _ = outlines.shape
         k = k2 // 2
         side, dev = canvas_side(hyp), labels.valid.device
-        # an oriented box's outline is convex: its most events, so that none is dropped; a polygon's are pooled
-        events = convex_events(n, side) if labels.polygons is None else plan.paste_room * (n + side)
+        # an oriented box's outline: the most any quadrilateral makes, so that none is dropped; a polygon's are pooled
+        events = quad_events(n, side) if labels.polygons is None else plan.paste_room * (n + side)
         polygons, chosen = outlines[:, k:].reshape(r * k, n, 2), labels.valid[:, k:].reshape(-1)
         owner = torch.arange(r, device=dev).repeat_interleave(k)
         clip = plan.tiles.canvas_hw.long().repeat_interleave(k, 0)
