@@ -80,12 +80,33 @@ def test_a_child_past_its_time_is_killed(tmp_path, monkeypatch):
     assert time.perf_counter() - start < 10
 
 
+def test_a_child_the_run_no_longer_waits_for_is_ended_and_reaped(tmp_path, monkeypatch):
+    monkeypatch.setattr("yolofeed.train.plots.RESULTS_PLOT", "import time; time.sleep(30)")
+    plot = ResultsPlot(_results_csv(tmp_path))
+    child = plot._child
+    plot.abandon()
+    assert child.poll() is not None and plot.finish()[0] is False  # killed and reaped: no zombie kept
+
+
+def test_the_child_imports_from_the_parents_path_not_the_working_folder(tmp_path, monkeypatch):
+    """``python -c`` puts the working folder first on the child's path, where the parent has none: a module there
+    named as one plot_results imports must not shadow it."""
+    (tmp_path / "polars.py").write_text("raise ImportError('the working folder shadowed polars')\n")
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert ResultsPlot(_results_csv(run)).finish()[0] is True
+
+
 def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path):
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer
 
     model = YOLO("yolo11n.yaml")
+    seen = []  # what another callback at on_pretrain_routine_end finds, as stock hands it: labels.jpg drawn
+    model.add_callback("on_pretrain_routine_end", lambda t: seen.append(
+        ((Path(t.save_dir) / "labels.jpg").is_file(), Path(t.save_dir) / "labels.jpg" in t.plots)))
     model.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="ours",
                 plots=True, **TINY)
     run = tmp_path / "ours"
@@ -94,3 +115,4 @@ def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path):
     assert set(beside) == {"labels", "results"}
     assert all(took is not None and took >= 0 and waited >= 0 for took, waited in beside.values())
     assert run / "results.png" in model.trainer.plots and run / "labels.jpg" in model.trainer.plots
+    assert seen == [(True, True)]

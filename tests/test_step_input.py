@@ -147,6 +147,22 @@ def test_preprocess_scales_the_image_once_and_leaves_the_rest_to_ultralytics(mon
     assert ours.preprocess_batch({**batch, "img": scaled})["img"] is scaled
 
 
+def test_the_train_batch_plot_gets_stocks_float32_image(monkeypatch):
+    """``plot_images`` truncates ``img * 255`` to uint8, and float16's ``k / 255`` times 255 falls below k for about
+    half the levels: the plot is handed stock's float32 image again, exactly."""
+    every = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(2, 3, 16, 16)
+    seen = []
+    monkeypatch.setattr(DetectionTrainer, "plot_training_samples", lambda self, batch, ni: seen.append(batch["img"]))
+    t = _bare(torch.float16, monkeypatch)
+    for dtype in (torch.float16, torch.bfloat16):
+        t.plot_training_samples({"img": scaled_input(every, dtype)}, 0)
+        assert seen[-1].dtype == torch.float32 and torch.equal(seen[-1], every.float() / 255), dtype
+    stock = every.float() / 255
+    t.plot_training_samples({"img": stock}, 1)
+    assert seen[-1] is stock
+    assert ((scaled_input(every, torch.float16).float() * 255).to(torch.uint8) != every).any()  # what it mends
+
+
 def test_augmenting_ahead_makes_the_steps_image_before_the_next_replay(pack):
     """``AugmentAhead``'s ``convert``: the augmenter's image (overwritten by its next call) made into the step's; the
     scaled input equals the plain float copy divided, as Ultralytics divides it, and cast."""

@@ -24,8 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot
-RESULTS_PLOT = "import sys; from ultralytics.utils.plotting import plot_results; plot_results(file=sys.argv[1])"
+# Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
+# ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
+RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting import plot_results; "
+                "plot_results(file=sys.argv[1])")
 
 
 class InThread:
@@ -68,12 +70,26 @@ class ResultsPlot:
         self.csv = Path(csv)
         self.seconds: float | None = None  # from the start to the child's exit, once finished
         self._start = time.perf_counter()
+        self._child: subprocess.Popen | None = None
+        if getattr(sys, "frozen", False) or not sys.executable:  # a frozen or embedding executable is no interpreter
+            return  # that takes -c: the caller plots itself
+        # the parent's own import path (a notebook's sys.path.insert, a venv's site), not the working directory's
+        path = os.pathsep.join(p for p in sys.path if p)
         try:
-            self._child: subprocess.Popen | None = subprocess.Popen(
+            self._child = subprocess.Popen(
                 [sys.executable, "-c", RESULTS_PLOT, str(self.csv)], stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "YOLO_VERBOSE": "False"})
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env={**os.environ, "YOLO_VERBOSE": "False", "PYTHONPATH": path})
         except OSError:  # no process to spare (EAGAIN, ENOMEM): finish() says so, and the caller plots itself
             self._child = None
+
+    def abandon(self) -> None:
+        """The run will not wait for it (it stopped in the final validation): end the child and reap it."""
+        if self._child is not None and self._child.poll() is None:
+            self._child.kill()
+        if self._child is not None:
+            self._child.communicate()
+        self._child = None
 
     def finish(self, on_plot: Callable[[Path], object] | None = None, timeout: float = 300.0) -> tuple[bool, float]:
         """Wait for the child (``timeout`` seconds at most: then it is killed); where it drew results.png and said

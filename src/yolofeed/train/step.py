@@ -158,6 +158,16 @@ class SyncFreeStep:
         out["img"] = img
         return out
 
+    def plot_training_samples(self, batch: dict, ni: int) -> None:
+        """Ultralytics' train_batch plot; a ``half_input`` image is handed to it as stock's float32 ``img / 255``.
+        ``plot_images`` truncates ``img * 255`` to uint8, and float16's ``k / 255`` times 255 falls below k for 131 of
+        the 256 levels: the plot came out a level darker there. Rounding recovers k exactly (float16's and bfloat16's
+        error times 255 is below 0.5), then Ultralytics' division (three batches a run: no cost that matters)."""
+        img = batch["img"]
+        if img.dtype in (torch.float16, torch.bfloat16):
+            batch = {**batch, "img": seam.scaled_input((img.float() * 255).round(), torch.float32)}
+        super().plot_training_samples(batch, ni)
+
     def build_optimizer(self, *args: Any, **kwargs: Any):
         """Ultralytics' optimiser; a MuSGD it builds steps as ``FastMuSGD`` (the same groups and state)."""
         optimizer = super().build_optimizer(*args, **kwargs)

@@ -73,6 +73,7 @@ from yolofeed.ultralytics_seam import (
     data_yaml,
     get_split_fraction,
     may_stop,
+    run_first,
     start_epoch,
     step_autocast,
     torch_distributed_zero_first,
@@ -151,9 +152,10 @@ class FastTrainer(SyncFreeStep):
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
-        self.add_callback("on_pretrain_routine_end", type(self)._warm_up)  # a subclass's own, if it has one
-        self.add_callback("on_pretrain_routine_end", type(self)._start_validation_thread)
-        self.add_callback("on_pretrain_routine_end", type(self)._join_label_plots)  # after the warm-up
+        # first at on_pretrain_routine_end, in this order: the labels plot is joined before any other callback runs
+        # (Ultralytics' loggers, a user's), which stock hands a finished labels.jpg and no plotting thread beside
+        for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
+            run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
 
@@ -293,6 +295,9 @@ class FastTrainer(SyncFreeStep):
                 self._validations.close()
                 self._validations = None
                 self._final_warm = None  # best.pt's copy, if no validation came
+            if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
+                self._results_plot.abandon()
+                self._results_plot = None
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:
@@ -614,7 +619,7 @@ class FastOBBTrainer(FastTrainer, OBBTrainer):
     With ``copy_paste`` the copies a batch fills are bounded by the training set's labels (``_paste_capacity``), not
     every padded copy slot: the fill's cost follows the slots it is given, and one crowded image (a DOTA tile of
     hundreds of boxes) widens every row's. Copies past the bound are counted; an epoch that lost some says so, and
-    from the next one every slot is filled.
+    from the next one every slot is filled (a resumed run tries the bound again: one more such epoch at most).
     """
 
     carried_task = "obb"
@@ -671,9 +676,10 @@ class FastOBBTrainer(FastTrainer, OBBTrainer):
                            "every copy slot filled; those copies were not pasted, labels and pixels alike")
             return
         self._paste_bounded, self._augment = False, None
+        last = self.epoch + 1 >= self.epochs
         LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies out, beyond the copies a "
-                       "batch was bounded to from the training set's labels; from the next epoch every copy slot is "
-                       "filled (exact, and slower)")
+                       "batch was bounded to from the training set's labels"
+                       + ("" if last else "; from the next epoch every copy slot is filled (exact, and slower)"))
 
 
 class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
