@@ -205,7 +205,8 @@ def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", half)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"))
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=False))
     with pytest.raises(KeyboardInterrupt):
         FastDetectionTrainer.final_eval(trainer)
     assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []

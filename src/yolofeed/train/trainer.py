@@ -321,8 +321,6 @@ class FastTrainer(SyncFreeStep):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
         (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt. The validation runs in
         the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``)."""
-        if RANK in {-1, 0} and self.args.plots and Path(self.csv).is_file():  # complete: the last epoch was saved
-            self._results_plot = ResultsPlot(self.csv)
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
@@ -331,6 +329,8 @@ class FastTrainer(SyncFreeStep):
                 if model:
                     # update best.pt train_metrics from last.pt
                     strip_atomically(best, updates={"train_results": ckpt.get("train_results")})
+        if RANK in {-1, 0} and self.args.plots and Path(self.csv).is_file():  # complete: the last epoch was saved
+            self._results_plot = ResultsPlot(self.csv)
         if model:
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
