@@ -201,3 +201,13 @@ def obb_dataset(obb_root, tmp_path) -> Path:
 def pose_dataset(pose_root, tmp_path) -> Path:
     """A private copy of the synthetic pose dataset (its data.yaml pointing at the copy)."""
     return copy_dataset(pose_root, tmp_path / "pose")
+
+
+@pytest.fixture
+def stable_argsort(monkeypatch):
+    """Ultralytics' ``np.argsort`` with ties in index order (``kind="stable"``), as yolofeed orders them: NumPy's SIMD
+    sort orders ties by the machine (augment/geometry/copy_paste.py says why)."""
+    import numpy as np
+
+    argsort = np.argsort
+    monkeypatch.setattr(np, "argsort", lambda a, *args, **kw: argsort(a, kind="stable"))

@@ -359,13 +359,11 @@ def test_mosaic_and_perspective_move_oriented_boxes_as_ultralytics(kw, ties):
     {"copy_paste": 1.0, "mosaic": 0.0, "degrees": 20.0},  # each image its own canvas, of its own size
     {"copy_paste": 0.7, "mosaic_grid": 9, "translate": 0.3},
 ], ids=["default", "no-mosaic", "mosaic9"])
-def test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels(kw, ties, monkeypatch):
+def test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels(kw, ties, stable_argsort):
     """Mosaic -> ``CopyPaste`` (flip) -> ``RandomPerspective``: each canvas's mirrored boxes pasted as Ultralytics
     pastes them (its segments mirrored point by point, the copies appended after the originals), the same boxes,
     classes and segments kept, and the same pixels (the copies' outlines filled as ``drawContours`` fills them). Its
-    ``argsort`` is made stable, as ours is (test_copy_paste.py says why)."""
-    argsort = np.argsort
-    monkeypatch.setattr(np, "argsort", lambda a, *args, **k: argsort(a, kind="stable"))
+    ``argsort`` is made stable, as ours is (``stable_argsort``)."""
     batch = obb_batch(B, seed=len(kw), side=0.35)
     hyp = _hyp(**kw)
     aug = GpuAugment(hyp)

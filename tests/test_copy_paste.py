@@ -24,13 +24,6 @@ from yolofeed.kernels.polyfill import fill_union
 B = 6
 
 
-@pytest.fixture
-def stable_argsort(monkeypatch):
-    """Ultralytics' ``np.argsort`` with ties in index order (``kind="stable"``), as yolofeed orders them."""
-    argsort = np.argsort
-    monkeypatch.setattr(np, "argsort", lambda a, *args, **kw: argsort(a, kind="stable"))
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_the_union_fill_is_draw_contours_of_each_polygon(seed):
     """``fill_union``: each image's mask is ``cv2.drawContours(FILLED)`` of each of its polygons in turn, on an image
