@@ -176,14 +176,15 @@ def test_augmenting_ahead_makes_the_steps_image_before_the_next_replay(pack):
         assert torch.equal(a["bboxes"], b["bboxes"])
 
 
-def test_half_input_is_an_option_recorded_and_checked_and_off_by_default():
+def test_half_input_is_an_option_recorded_and_checked_and_on_by_default():
     from yolofeed.bench.modes import trainer_class
     from yolofeed.cli import build_config
     from yolofeed.errors import ConfigError
     from yolofeed.train import options
     from yolofeed.train.trainer import FastDetectionTrainer
 
-    assert "half_input" in options.OPTIONS and FastDetectionTrainer.half_input is False
+    assert "half_input" in options.OPTIONS and FastDetectionTrainer.half_input is True
+    assert FastDetectionTrainer.with_options(half_input=False).half_input is False
     assert FastDetectionTrainer.with_options(half_input=True).half_input is True
     with pytest.raises(ConfigError, match="half_input='yes'"):
         FastDetectionTrainer.with_options(half_input="yes")

@@ -139,7 +139,7 @@ class TrainConfig:
     graphed_step: bool = key(True, "on one CUDA GPU with Triton, replay the model's forward and backward as CUDA "
                              "graphs at the full batch's shape, batch norm and SiLU fused (the loss eager); False: "
                              "eager, as Ultralytics")
-    half_input: bool = key(False, "on CUDA with amp, make the step's input image in the autocast's dtype from the "
+    half_input: bool = key(True, "on CUDA with amp, make the step's input image in the autocast's dtype from the "
                            "uint8 batch in one kernel (the same values its first convolution's cast makes of "
                            "Ultralytics' float32 image, which takes three); False: float32, as Ultralytics")
     # the live monitor's keys (yolofeed.monitor.live.MonitorConfig, same defaults)
@@ -206,7 +206,7 @@ class BenchConfig(MeasuredRunConfig):
     sync_free_loss: bool = redefault(TrainConfig, "sync_free_loss", True)
     fast_musgd: bool = redefault(TrainConfig, "fast_musgd", True)
     graphed_step: bool = redefault(TrainConfig, "graphed_step", True)
-    half_input: bool = redefault(TrainConfig, "half_input", False)
+    half_input: bool = redefault(TrainConfig, "half_input", True)
     out: str = key("runs/bench", "folder for bench.json, bench.png and each mode's Ultralytics run folder "
                    "(runs/<mode>: args.yaml, TensorBoard events if enabled; no weights)")
     extra: dict = passthrough("every other key=value goes to the trainers (device, workers, amp, ...)")

@@ -109,7 +109,7 @@ class SyncFreeStep:
     sync_free_loss: bool = True
     fast_musgd: bool = True
     graphed_step: bool = True
-    half_input: bool = False
+    half_input: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
