@@ -192,7 +192,8 @@ SECTIONS = {s.name: s for s in (
         "python3 -m tools.parity_merge docs/parity/yolo11n-graphed-seeds0-3.json "
         "docs/parity/yolo11n-graphed-seeds4-7.json --plot $OUT/parity-yolo11n-graphed.png",
         "python3 -m tools.parity_merge docs/parity/yolo11n-musgd-graphed-seeds0-3.json "
-        "docs/parity/yolo11n-musgd-graphed-seeds4-7.json --plot $OUT/parity-yolo11n-musgd-graphed.png")),
+        "docs/parity/yolo11n-musgd-graphed-seeds4-7.json docs/parity/yolo11n-musgd-graphed-seeds8-11.json "
+        "--plot $OUT/parity-yolo11n-musgd-graphed.png")),
     Section("parity-graphed", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 NO_GPU_TESTS=1 "
         "bash tools/device/parity.sh",)),
@@ -205,6 +206,9 @@ SECTIONS = {s.name: s for s in (
     Section("parity-musgd-graphed", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=480 "
         "NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
+    Section("parity-musgd-graphed-more", "Training quality", "nvidia-h200", 1, 7, (
+        "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=8 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
+        "LIMIT=380 NO_SMOKE=1 NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
     Section("step-levers", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml copies=1 "
         "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
