@@ -166,12 +166,13 @@ def test_every_refusal_stops_the_run_before_anything_is_built(synth_root, tmp_pa
     assert not (tmp_path / "refused").exists()  # no run folder, no args.yaml: nothing was built
 
 
-def test_copy_paste_is_refused_where_there_are_no_polygons(synth_root, tmp_path):
-    """A detection pack keeps no polygons (with polygon labels Ultralytics pastes them): refused in one line, before
-    anything is built; oriented boxes paste their outlines; a pose run has nothing to paste, as in Ultralytics."""
+def test_copy_paste_is_refused_in_a_detection_run(synth_root, tmp_path):
+    """The paste is built on the segment trainer's fill (with polygon labels Ultralytics pastes in a detection run
+    too): refused in one line, before anything is built; oriented boxes paste their outlines; a pose run has nothing
+    to paste, as in Ultralytics."""
     from yolofeed import FastDetectionTrainer
 
-    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: yolofeed pastes segmentation polygons and oriented boxes"
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: yolofeed pastes in segmentation and oriented-box runs"
                                           r".*a detection run.*copy_paste=0"):
         FastDetectionTrainer(overrides={**_base(synth_root, tmp_path, "refused"), "copy_paste": 0.3})
     assert not (tmp_path / "refused").exists()

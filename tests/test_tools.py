@@ -247,3 +247,15 @@ def test_val_host_cost_runs_and_the_batched_metrics_agree(capsys):
     val_host_cost.main(["--images", "6", "--batch", "4", "--imgsz", "128", "--candidates", "0,40", "--repeat", "1"])
     rows = capsys.readouterr().out.strip().splitlines()[2:]
     assert len(rows) == 2 and all(r.split()[-1] == "yes" for r in rows)
+
+
+def test_detect_polygon_boxes_compares_ultralytics_boxes_with_and_without_the_polygons(segment_dataset, dataset):
+    """On polygon labels the two datasets draw alike and differ in some box; on box labels they are one and the
+    same."""
+    from tools import detect_polygon_boxes
+
+    polygons = detect_polygon_boxes.compare(str(segment_dataset / "data.yaml"), 12, 128, {"degrees": 10.0})
+    assert polygons["images"] == 12 and polygons["polygon_rows"] > 0 and polygons["matched_boxes"] > 0
+    assert polygons["iou_below_0.99"] > 0
+    boxes = detect_polygon_boxes.compare(str(dataset / "data.yaml"), 6, 128, {"degrees": 10.0})
+    assert boxes["polygon_rows"] == 0 and boxes["images_count_differs"] == 0 and boxes["iou_below_0.99"] == 0

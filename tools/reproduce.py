@@ -182,6 +182,10 @@ SECTIONS = {s.name: s for s in (
     Section("parity-musgd", "Training quality", "nvidia-h200", 1, 8, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=500 "
         "NO_SMOKE=1 bash tools/device/parity.sh",)),
+    Section("detect-polygons", "Detection on polygon labels", "any (CPU)", 0, 1, (
+        "python3 -m yolofeed synth out=/tmp/segsmall n_train=200 n_val=20 imgsz=320 seed=0 task=segment",
+        "python3 -m tools.detect_polygon_boxes /tmp/segsmall/data.yaml",
+        "python3 -m tools.detect_polygon_boxes /tmp/segsmall/data.yaml degrees=10")),
     Section("parity-merge", "Training quality", "any (CPU)", 0, 1, (
         "python3 -m tools.parity_merge docs/parity/yolo11n-seeds0-3.json docs/parity/yolo11n-seeds4-7.json "
         "--plot $OUT/parity-yolo11n.png",

@@ -7,6 +7,7 @@ pixels, same labels here, so the metrics are the same.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -74,6 +75,8 @@ class ValLoader:
         self.masks = masks
         used = subset(pack, fraction)  # cut before the aspect-ratio sort, as Ultralytics cuts its file list
         labels = LabelView.of(pack, classes, single_cls)
+        if masks is None:  # a detection pack's polygons: validation's boxes are the letterboxed ones, as Ultralytics'
+            labels = dataclasses.replace(labels, polygons=None)
         order, batches, self.shapes = rect_batches(pack.ori_shapes[used], batch_size, pack.imgsz, stride)
         self.order, self.batches = used[order], [used[b] for b in batches]
         self.dataset = PackDataset(pack, self.order, labels)  # the validator reads im_files in batch order

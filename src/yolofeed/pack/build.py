@@ -61,10 +61,12 @@ from yolofeed.pack import codecs, files
 from yolofeed.pack.disk import Disk, current
 from yolofeed.pack.encode import close_worker, init_worker, process_chunk
 from yolofeed.pack.layout import (
+    DETECT_POLYGONS,
     INDEX_DTYPE,
     PREAMBLE,
     align,
     corner_section,
+    detect_keeps_polygons,
     detection_sections,
     encode_tail,
     is_pack_file,
@@ -237,7 +239,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     labels: list[np.ndarray | None] = [None] * n
     keypoints: list[np.ndarray | None] = [None] * n  # pose: (n_i, K, 3) per image, aligned with its labels
     corners: list[np.ndarray | None] = [None] * n  # obb: (n_i, 4, 2) per image, aligned with its labels
-    polygons: list[list[np.ndarray] | None] = [None] * n  # segment: n_i polygons per image, aligned with its labels
+    polygons: list[list[np.ndarray] | None] = [None] * n  # segment, detect: polygons per image, with its labels
     label_crc = np.zeros(n, np.uint32)
     skipped: list[tuple[str, str]] = []
     notes: list[tuple[str, str]] = []
@@ -293,8 +295,9 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     if src.task == "obb":  # the same: each kept image's corners, one row per label row
         kept = [q for q, lb in zip(corners, labels) if lb is not None]
         sections["corners"] = corner_section(np.concatenate(kept) if counts.sum() else np.zeros((0, 4, 2)))
-    if src.task == "segment":  # the same: each kept image's polygons, one per label row
-        sections.update(polygon_sections([p for ps, lb in zip(polygons, labels) if lb is not None for p in ps]))
+    kept_polygons = [p for ps, lb in zip(polygons, labels) if lb is not None for p in ps or ()]
+    if src.task == "segment" or detect_keeps_polygons(src.task, len(kept_polygons), int(counts.sum())):
+        sections.update(polygon_sections(kept_polygons))  # each kept image's polygons, one per label row
     missing = sum(1 for _, note in notes if note.startswith("label file missing"))
     seconds = time.perf_counter() - t0
     header = {
@@ -303,6 +306,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         "split": src.split, "imgsz": imgsz, "storage": format, "task": src.task,
         **({"kpt_shape": list(src.kpt_shape)} if src.task == "pose" else {}), "channels": 3, "color": "RGB",
         "label_rules": LABEL_RULES.since,  # the installed Ultralytics' (pack.verify): another's makes the pack stale
+        **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {}),
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
                    "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},

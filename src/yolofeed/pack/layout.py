@@ -26,13 +26,16 @@ can tell a finished file from an interrupted one::
 * corners (OBB packs only, ``task: obb``): (M, 4, 2) float32 [x, y] of each rotated box's 4 corners as the label
   file lists them, row j those of labels row j, normalised as the boxes are; labels row j is their enclosing box
   (Ultralytics' ``segments2boxes``, what its OBB dataset's ``bboxes`` hold before ``Format`` makes x, y, w, h, r).
-* polygon_lengths, polygon_points (segment packs only, ``task: segment``): (M,) uint32, the number of points of each
-  label row's polygon as its label file lists it (1 or more: a row ``class x y`` among polygon rows is a polygon
-  of one point to Ultralytics), and (P, 2) float32 [x, y] of all of them, row j's after rows 0 .. j-1's,
-  normalised as the boxes are; labels row j is its polygon's enclosing box (``segments2boxes``).
-  Ultralytics resamples each polygon to 1,000 points when it loads the labels: the pack keeps them as written.
+* polygon_lengths, polygon_points (segment packs, ``task: segment``; and detection packs whose every label row is a
+  polygon, as Ultralytics' detection dataset keeps them only then: ``detect_keeps_polygons``): (M,) uint32, the number
+  of points of each label row's polygon as its label file lists it (1 or more: a row ``class x y`` among polygon rows
+  is a polygon of one point to Ultralytics), and (P, 2) float32 [x, y] of all of them, row j's after rows 0 .. j-1's,
+  normalised as the boxes are; labels row j is its polygon's enclosing box (``segments2boxes``). Ultralytics resamples
+  each polygon to 1,000 points when it loads the labels: the pack keeps them as written.
 * header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect", "pose", "obb" or "segment";
-  packs written before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), source fingerprint, counts,
+  packs written before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), ``detect_polygons``
+  (detection packs: ``DETECT_POLYGONS``, the rule by which they keep polygons; one without it is stale), source
+  fingerprint, counts,
   skipped
   samples, build stats, and where each section above but the payloads lies (``sections``: name -> [offset, length])
   with its CRC32 (``checksums``: name -> CRC32).
@@ -91,6 +94,15 @@ LABEL_SECTIONS = {"keypoints": np.dtype("<f4"), "corners": np.dtype("<f4"), "pol
 TASKS = ("detect", "pose", "obb", "segment")  # what a pack is built for: its label rules differ (pose: keypoints...)
 TASK_SECTIONS = {"detect": (), "pose": ("keypoints",), "obb": ("corners",),
                  "segment": ("polygon_lengths", "polygon_points")}
+DETECT_POLYGONS = 1  # header key detect_polygons: detection packs keep polygons by detect_keeps_polygons
+
+
+def detect_keeps_polygons(task: str, polygons: int, rows: int) -> bool:
+    """Whether a ``task`` pack of ``rows`` label rows, ``polygons`` of them polygon rows, keeps the polygons as the
+    segment packs do: a detection pack where every row is one. Ultralytics' detection dataset keeps the polygons then
+    (``YOLODataset.get_labels``; with fewer it drops them all and warns), resamples them to 1,000 points, and its
+    augmentation makes each box of its moved polygon (``RandomPerspective``: ``segment2box``), not of the moved box."""
+    return task == "detect" and rows > 0 and polygons == rows
 
 
 def align(n: int) -> int:
@@ -245,7 +257,9 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
         k = h.get("kpt_shape")
         if not ints(k, 2) or k[0] < 1 or k[1] not in (2, 3):
             return f"header's kpt_shape {printable(str(k))[:40]} is missing or malformed (a pose pack's [K, 2 or 3])"
-    known = {**SECTIONS, **{n: LABEL_SECTIONS[n] for n in TASK_SECTIONS[task]}}
+    polygons = task == "segment" or (task == "detect" and "polygon_lengths" in h["sections"])
+    kinds = (*TASK_SECTIONS[task], *(TASK_SECTIONS["segment"] if polygons and task != "segment" else ()))
+    known = {**SECTIONS, **{n: LABEL_SECTIONS[n] for n in kinds}}
     for name in (*known, *(n for n in h["sections"] if n not in known)):  # a section it does not know: checked
         where, itemsize = h["sections"].get(name), known[name].itemsize if name in known else 1  # as bytes
         if not ints(where, 2) or where[0] + where[1] > h_off or where[1] % itemsize:
@@ -259,7 +273,7 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
         return "header's keypoints section is not one row of K x 3 values per label"
     if task == "obb" and h["sections"]["corners"][1] != rows * 4 * 2 * 4:
         return "header's corners section is not one row of 4 x 2 values per label"
-    if task == "segment" and (h["sections"]["polygon_lengths"][1] != rows * 4
+    if polygons and (h["sections"]["polygon_lengths"][1] != rows * 4
                               or h["sections"]["polygon_points"][1] % (2 * 4)):
         return "header's polygon sections are not one length per label and whole points"
     return ""

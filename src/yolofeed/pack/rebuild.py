@@ -27,7 +27,7 @@ from yolofeed.pack.auto import resolve_format
 from yolofeed.pack.build import build_split, locked
 from yolofeed.pack.disk import current, existing_ancestor, leftovers
 from yolofeed.pack.encode import label_crc
-from yolofeed.pack.layout import SUFFIX, is_pack_file, printable
+from yolofeed.pack.layout import DETECT_POLYGONS, SUFFIX, is_pack_file, printable
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.paths import build_folder, missing, old_layout, pack_folders, rebuild_command
 from yolofeed.pack.report import report_path
@@ -118,7 +118,8 @@ def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
     the data, so that a detection pack found where a pose pack is wanted says so rather than something vaguer."""
     return {"data": src.yaml_file, "task": src.task, "imgsz": imgsz, "storage": format,
             "fingerprint": src.fingerprint(),
-            "label_rules": LABEL_RULES.since}  # a pack checked under another release's label rules is stale
+            "label_rules": LABEL_RULES.since,  # a pack checked under another release's label rules is stale
+            **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {})}
 
 
 def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,

@@ -142,10 +142,11 @@ class Pack:
         # obb: (M, 4, 2) [x, y] of the rotated box of label_table row j (its enclosing box); None in other packs
         self.corner_table = (self._section(sec["corners"], np.float32).reshape(-1, 4, 2)
                              if self.task == "obb" else None)
-        # segment: (M,) points of label_table row j's polygon, (P, 2) [x, y] of all of them in row order, and (M + 1,)
-        # where each row's start (the lengths' cumulative sum, made here once); None in other packs
+        # segment (and detect, where every row is a polygon): (M,) points of label_table row j's polygon, (P, 2) [x, y]
+        # of all of them in row order, and (M + 1,) where each row's start (the lengths' cumulative sum, made here
+        # once); None in other packs
         self.polygon_lengths = self.polygon_points = self.polygon_starts = None
-        if self.task == "segment":
+        if "polygon_lengths" in sec:  # the header's check: a segment pack's, or both in a detection pack
             self.polygon_lengths = self._section(sec["polygon_lengths"], np.uint32)
             self.polygon_points = self._section(sec["polygon_points"], np.float32).reshape(-1, 2)
             self.polygon_starts = np.concatenate([[0], np.cumsum(self.polygon_lengths, dtype=np.int64)])
@@ -238,7 +239,9 @@ class Pack:
             if have != want:
                 what = {"fingerprint": "the source images or labels changed since it was built",
                         "label_rules": f"its labels were checked with the rules of Ultralytics {have} on, and the "
-                                       f"installed Ultralytics checks them as {want} on does"}.get(
+                                       f"installed Ultralytics checks them as {want} on does",
+                        "detect_polygons": "it was built before detection packs kept the labels' polygons (Ultralytics "
+                                           "makes a detection run's augmented boxes of them)"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
                 raise StalePackError(f"{path} is stale: {what}; {fix}")
         pack = cls(path, header, np.frombuffer(mmap.mmap(file.fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8), file)

@@ -258,6 +258,25 @@ def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     return lb, notes
 
 
+def read_detect_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
+                       kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
+    """``read_labels``, keeping a file's polygon rows: Ultralytics' detection dataset keeps them too (resampled to
+    1,000 points), and its augmentation makes each box of its moved polygon where every label row of the split is
+    one (``YOLODataset.get_labels``).
+
+    Returns:
+        labels, notes: as ``read_labels``. polygons: n arrays of (P_j, 2) float32 normalised x, y, polygon j that of
+            labels row j, for a file of polygon rows; [] for a file of box rows.
+    """
+    rows = _rows(lb_file, rules)
+    if rows is None:
+        return np.zeros((0, 5), np.float32), [], ["label file missing: used as a background image"]
+    if kpt_shape is not None and rules.pose_box_rows:
+        rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
+    lb, segments, notes = _box_rows(rows, lb_file, nc, rules)
+    return lb, [np.ascontiguousarray(p, np.float32) for p in segments], notes
+
+
 def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
               rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
     """``verify_image_label``'s rows without keypoints: box rows, or segment rows as their boxes (``read_labels``).
@@ -473,7 +492,7 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
 
     Args:
         encode: the ``encode`` of the pack's format's codec (``yolofeed.pack.codecs``), given the checked image.
-        task: "detect" (``read_labels``), "pose" (``read_pose_labels``, which needs ``kpt_shape``), "obb"
+        task: "detect" (``read_detect_labels``), "pose" (``read_pose_labels``, which needs ``kpt_shape``), "obb"
             (``read_obb_labels``) or "segment" (``read_segment_labels``).
         kpt_shape: the data yaml's (keypoints, dims), or None.
 
@@ -489,7 +508,7 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
     elif task == "segment":
         labels, polygons, notes = read_segment_labels(lb_file, nc, kpt_shape=kpt_shape)
     else:
-        labels, notes = read_labels(lb_file, nc, kpt_shape=kpt_shape)
+        labels, polygons, notes = read_detect_labels(lb_file, nc, kpt_shape=kpt_shape)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)

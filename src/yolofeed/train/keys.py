@@ -168,7 +168,8 @@ RULES: dict[str, Rule] = {
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
     "copy_paste": Rule(OURS, "segment and obb: Ultralytics' copy-paste (flip mode) on the GPU; pose: nothing to "
-                       "paste, as in Ultralytics; detect: refused above 0 (the pack keeps no polygons)"),
+                       "paste, as in Ultralytics; detect: refused above 0 (the paste of polygons is built for "
+                       "segment and obb runs)"),
     "copy_paste_mode": Rule(OURS, "flip; mixup refused where copy_paste is above 0"),
     # validation and plots during training
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
@@ -260,8 +261,8 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
 
 
 def check_copy_paste(args: Any, task: str) -> None:
-    """Refuse copy-paste where yolofeed does not paste as Ultralytics does: a detection pack keeps no polygons (with
-    polygon labels Ultralytics pastes them), nor is the mixup mode built.
+    """Refuse copy-paste where yolofeed does not paste as Ultralytics does: a detection run (with polygon labels
+    Ultralytics pastes them; the paste is built on the segment trainer's fill), nor is the mixup mode built.
 
     Raises:
         ConfigError: one line, with the fix.
@@ -270,9 +271,9 @@ def check_copy_paste(args: Any, task: str) -> None:
     if not value or float(value) <= 0:
         return
     if task == "detect":
-        raise ConfigError(f"copy_paste={value}: yolofeed pastes segmentation polygons and oriented boxes (Ultralytics' "
-                          f"flip mode), and this is {a_kind(task)} run, whose pack keeps no polygons to paste by. "
-                          "Train with copy_paste=0, a segmentation model, or 'yolo train'")
+        raise ConfigError(f"copy_paste={value}: yolofeed pastes in segmentation and oriented-box runs (Ultralytics' "
+                          f"flip mode), and this is {a_kind(task)} run. Train with copy_paste=0, a segmentation "
+                          "model, or 'yolo train'")
     mode = value_of(args, "copy_paste_mode") or "flip"
     if mode != "flip":
         raise ConfigError(f"copy_paste_mode={mode}: yolofeed builds copy-paste's flip mode only (its own images' "

@@ -566,7 +566,10 @@ class FastTrainer(SyncFreeStep):
         """The current augmenter (looked up per batch: close_mosaic replaces it) applied to a loader batch."""
         # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
         with torch.autocast(self.device.type, enabled=False):
-            return self._augmenter()(source)
+            out = self._augmenter()(source)
+        if out.segments is not None and out.masks is None and self.carried_task == "detect":
+            out = dataclasses.replace(out, segments=None)  # the polygons made its boxes; a detection batch has none
+        return out
 
     def preprocess_batch(self, batch: dict) -> dict:
         """Ultralytics' preprocessing; a raw loader batch (``augment_ahead=False``) is augmented first.

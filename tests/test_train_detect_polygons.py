@@ -1,0 +1,80 @@
+"""A detection run on polygon labels: Ultralytics' detection dataset keeps the polygons where every label row of the
+split is one (``YOLODataset.get_labels``), resamples them to 1,000 points, and its augmentation makes each box of its
+moved polygon (``RandomPerspective``: ``segment2box``), not of the moved box. The detection pack keeps them then, and
+the detection trainer's boxes are the polygon path's, which ``test_augment_segments.py`` holds to Ultralytics'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolofeed.errors import StalePackError
+from yolofeed.pack import open_or_build
+
+TINY = dict(imgsz=64, batch=4, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
+
+
+def _pack(root: Path, tmp_path: Path, task: str = "detect", rebuild: str = "auto", split: str = "train"):
+    return open_or_build(root / "data.yaml", split, 64, out=tmp_path / "packs", rebuild=rebuild, progress=False,
+                         task=task)
+
+
+def test_a_detection_pack_of_polygon_rows_keeps_them_as_the_segment_pack(segment_dataset, tmp_path):
+    detect, segment = _pack(segment_dataset, tmp_path), _pack(segment_dataset, tmp_path, "segment")
+    assert detect.task == "detect" and detect.header["detect_polygons"] == 1
+    assert detect.polygon_lengths is not None and len(detect.polygon_lengths) == len(detect.label_table) > 0
+    for name in ("label_table", "polygon_lengths", "polygon_points"):
+        assert (getattr(detect, name) == getattr(segment, name)).all(), name
+
+
+def test_a_detection_pack_keeps_no_polygons_unless_every_row_is_one(segment_dataset, dataset, tmp_path):
+    """Box rows: nothing to keep. Box files among polygon files: Ultralytics drops every polygon (and warns), so the
+    pack keeps none."""
+    assert _pack(dataset, tmp_path / "boxes").polygon_lengths is None
+    label = sorted((segment_dataset / "labels" / "train").glob("*.txt"))[0]
+    label.write_text("0 0.5 0.5 0.2 0.2\n")
+    mixed = _pack(segment_dataset, tmp_path / "mixed")
+    assert mixed.polygon_lengths is None and len(mixed.label_table) > 1
+
+
+def test_a_detection_pack_built_before_it_kept_polygons_is_stale(segment_dataset, tmp_path, monkeypatch):
+    from yolofeed.pack import rebuild
+
+    _pack(segment_dataset, tmp_path)
+    monkeypatch.setattr(rebuild, "DETECT_POLYGONS", 2)  # the rule this yolofeed expects is not the one it was built by
+    with pytest.raises(StalePackError, match="built before detection packs kept the labels' polygons"):
+        _pack(segment_dataset, tmp_path, rebuild="never")
+    assert _pack(segment_dataset, tmp_path).polygon_lengths is not None  # auto: built again
+
+
+def test_a_detection_batch_takes_its_boxes_from_the_moved_polygons(segment_dataset, tmp_path):
+    """FastDetectionTrainer's first batch on polygon labels, augmented in ``preprocess_batch`` and by
+    ``AugmentAhead``: the loader hands it the polygons, and its classes, boxes and batch indices are those of the
+    polygon path with the same draws, with no masks."""
+    import dataclasses
+
+    from yolofeed.augment import GpuAugment
+    from yolofeed.train import FastDetectionTrainer
+
+    batches, source = [], None
+    for ahead in (False, True):
+        trainer = FastDetectionTrainer.with_options(augment_ahead=ahead, partner_pool=0)(overrides=dict(
+            model="yolo11n.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name=f"r{ahead}",
+            epochs=1, **TINY))
+        loader = trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train")
+        try:
+            raw = next(iter(loader))
+            source = raw["source"] if not ahead else source
+            batches.append(trainer.preprocess_batch(raw))
+        finally:
+            loader.close()
+    assert source.polygons is not None
+    plain = GpuAugment(trainer.hyp)(source, torch.Generator().manual_seed(trainer.args.seed))  # the same draws
+    assert plain.segments is not None and int(plain.valid.sum()) > 3
+    stock = dataclasses.replace(plain, segments=None).to_ultralytics()
+    for batch in batches:
+        assert "masks" not in batch
+        for key in ("cls", "bboxes", "batch_idx"):
+            assert torch.equal(batch[key], stock[key]), key
