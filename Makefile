@@ -1,7 +1,9 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo  - create .venv, install, generate a synthetic dataset and run the main job on it
 #   make test  - create .venv if needed, install, lint (ruff, rules in pyproject.toml), run the tests (CPU only,
-#                two processes, each test file in one of them)
+#                two processes, each test file in one of them) but those marked slow: a few minutes on 2 cores
+#   make test-slow - the tests marked slow (end-to-end trainings, benches, kills, resumes, the statistical and
+#                interpreter-mode kernel tests): CI runs them after make test; make test-all runs both tiers
 #   make test-releases - the seam's tests and a CPU training under the oldest, a middle and the newest Ultralytics
 #                of the range yolofeed supports (ultralytics_seam.SUPPORTED), each installed into its own folder
 PYTHON ?= python3
@@ -28,7 +30,7 @@ RELEASE_TESTS := tests/test_seam.py tests/test_loss.py tests/test_augment_ops.py
                  tests/test_musgd.py::test_the_trainer_steps_the_musgd_ultralytics_builds_as_fast_musgd \
                  tests/test_train.py::test_trains_and_writes_ultralytics_results
 
-.PHONY: demo test test-releases clean
+.PHONY: demo test test-slow test-all test-releases clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +40,12 @@ $(VENV)/.installed: pyproject.toml
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile -m "not slow"
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -n 2 --dist loadfile -m slow
+
+test-all: test test-slow
 
 # Each release first on the path; YOLOFEED_EXPECT_ULTRALYTICS makes the seam's tests fail if another one is imported.
 test-releases: $(VENV)/.installed

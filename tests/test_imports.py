@@ -11,6 +11,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "yolofeed"
 
 
@@ -84,6 +86,7 @@ def test_no_stage_imports_its_way_back_to_itself():
     assert "bench" not in graph["doctor"]
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
     """A cycle hidden by lazy imports, or a module that only works after another was imported, fails here; and
     so does one that needs the optional tensorboard package to import."""

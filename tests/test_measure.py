@@ -81,6 +81,7 @@ def test_a_first_epoch_cut_short_reports_the_measured_steps_without_first_epoch_
     assert p.first_epoch_s is None and p.first_epoch_images_per_s is None and p.first_epoch_step_ms == []
 
 
+@pytest.mark.slow
 def test_profile_keeps_every_step_past_the_step_clocks_default(synth_root, tmp_path):
     """The step clock keeps its last 200 steps by default; a profile of more (warm-up + steps) must keep them
     all, or its rates, breakdown and timeline would start from the wrong step."""
@@ -116,6 +117,7 @@ def test_ddp_ranks_combine_into_one_profile_and_keep_each_gpu():
     assert unfinished.first_epoch_s is None and unfinished.first_epoch_images_per_s is None
 
 
+@pytest.mark.slow
 def test_a_ddp_launch_profiles_in_its_ranks_and_hands_their_profiles_back(synth_root, tmp_path):
     """Ultralytics' DDP launch emulated on the CPU: the trainer's callbacks go through cloudpickle into a child
     process, which trains as a rank of a one-process gloo group; the profile's callbacks there report to the

@@ -137,6 +137,7 @@ def test_commands_in_messages_paste_into_a_shell_with_a_space_in_the_path(synth_
     assert shlex.split(hint) == [f"data={yaml_file}"], line
 
 
+@pytest.mark.slow
 def test_a_build_from_python_says_its_summary_once(dataset):
     """From Python, with no logging configured, a clean build said nothing: its summary (the format chosen and why,
     the counts, '-> <pack>') is logged at INFO, which Python drops. Now yolofeed says it as Ultralytics says its own

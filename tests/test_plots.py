@@ -44,6 +44,7 @@ def _results_csv(folder: Path, rows: int = 3) -> Path:
     return csv
 
 
+@pytest.mark.slow
 def test_results_png_is_drawn_in_a_child_as_ultralytics_draws_it(tmp_path):
     from ultralytics.utils.plotting import plot_results
 
@@ -60,6 +61,7 @@ def test_results_png_is_drawn_in_a_child_as_ultralytics_draws_it(tmp_path):
                                                                            rel=0.02)
 
 
+@pytest.mark.slow
 def test_a_child_that_fails_or_complains_leaves_the_drawing_to_the_caller(tmp_path):
     seen = []
     empty = tmp_path / "empty"
@@ -88,6 +90,7 @@ def test_a_child_the_run_no_longer_waits_for_is_ended_and_reaped(tmp_path, monke
     assert child.poll() is not None and plot.finish()[0] is False  # killed and reaped: no zombie kept
 
 
+@pytest.mark.slow
 def test_the_child_imports_from_the_parents_path_not_the_working_folder(tmp_path, monkeypatch):
     """``python -c`` puts the working folder first on the child's path, where the parent has none: a module there
     named as one plot_results imports must not shadow it."""
@@ -98,6 +101,7 @@ def test_the_child_imports_from_the_parents_path_not_the_working_folder(tmp_path
     assert ResultsPlot(_results_csv(run)).finish()[0] is True
 
 
+@pytest.mark.slow
 def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path):
     from ultralytics import YOLO
 

@@ -76,6 +76,7 @@ def _rank(rank: int, world: int, rendezvous: str, launcher: bytes, out: str) -> 
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_ranks_sum_images_take_the_slowest_seconds_and_tell_the_launcher(tmp_path):
     launcher = RunThroughput()
     torch.multiprocessing.spawn(_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", pickle.dumps(launcher),

@@ -218,6 +218,7 @@ def _tool(module: str, *args: str, out: Path) -> subprocess.CompletedProcess:
                           cwd=ROOT, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
     r = _tool("build_parts", str(synth_root / "data.yaml"), "--workers", "2", "--imgsz", "64", "--repeats", "1",
               out=tmp_path)

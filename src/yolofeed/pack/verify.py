@@ -249,12 +249,7 @@ def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
         SampleError: columns, coordinates outside [0, 1], negative or non-finite values, fractional
             class ids or a class >= nc. The message names the file and the fix.
     """
-    rows = _rows(lb_file, rules)
-    if rows is None:
-        return np.zeros((0, 5), np.float32), ["label file missing: used as a background image"]
-    if kpt_shape is not None and rules.pose_box_rows:
-        rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
-    lb, _, notes = _box_rows(rows, lb_file, nc, rules)
+    lb, _, notes = read_detect_labels(lb_file, nc, rules, kpt_shape)
     return lb, notes
 
 
@@ -399,18 +394,13 @@ def read_segment_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
         SampleError: Ultralytics' refusals as ``read_labels`` has them (a file mixing segment and box rows too), a
             file of box rows.
     """
-    rows = _rows(lb_file, rules)
-    if rows is None:
-        return np.zeros((0, 5), np.float32), [], ["label file missing: used as a background image"]
-    if kpt_shape is not None and rules.pose_box_rows:
-        rows = [r[:5] if len(r) == 5 + kpt_shape[0] * kpt_shape[1] else r for r in rows]
-    lb, segments, notes = _box_rows(rows, lb_file, nc, rules)
+    lb, segments, notes = read_detect_labels(lb_file, nc, rules, kpt_shape)
     if len(lb) and not segments:
         raise SampleError(f"{lb_file} holds box rows of 5 columns (class x y w h); segment labels require a polygon "
                           "each (class x1 y1 x2 y2 x3 y3 ...: 3 points or more): Ultralytics refuses the whole run on "
                           "such a file ('Please supply a segment dataset, not a detect dataset'); convert the rows or "
                           "pack the yaml with task=detect")
-    return np.ascontiguousarray(lb), [np.ascontiguousarray(p, np.float32) for p in segments], notes
+    return np.ascontiguousarray(lb), segments, notes
 
 
 def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int],
