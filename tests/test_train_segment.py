@@ -416,7 +416,7 @@ def test_mask_room_is_bounded():
 def _agree(rank: int, port: int, counts: list[int], out) -> None:
     import torch.distributed as dist
 
-    from yolofeed.train.trainer import ranks_agree
+    from yolofeed.train.tasks import ranks_agree
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -55,6 +55,7 @@ def child(data: str, model: str, epochs: int, batch: int, imgsz: int, keys: str)
 
     import yolofeed.train.graphed as graphed
     import yolofeed.train.step as step
+    import yolofeed.train.tasks as tasks
     import yolofeed.train.trainer as trainer_mod
     from yolofeed.augment.pipeline import GpuAugment
     from yolofeed.train import options
@@ -66,7 +67,7 @@ def child(data: str, model: str, epochs: int, batch: int, imgsz: int, keys: str)
     _timer(GpuAugment, "__call__", "augment", log)
     _timer(step.HostLossItems, "__call__", "loss", log)
     yolo = YOLO(model)
-    cls = trainer_mod.TRAINERS[yolo.task]
+    cls = tasks.TRAINERS[yolo.task]
     for name in ("optimizer_step", "validate", "final_eval", "save_model", "plot_training_labels"):
         if hasattr(cls, name):
             _timer(cls, name, name, log)

@@ -28,7 +28,7 @@ def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "d
                          f"{', '.join(STEP_SWITCHES)}")
     if mode.startswith("yolofeed") and mode in MODES:
         from yolofeed.pack import codecs
-        from yolofeed.train.trainer import TRAINERS
+        from yolofeed.train.tasks import TRAINERS
 
         if mode == "yolofeed_jpeg":  # the same trainer on a jpeg pack, decoded on the GPU
             return TRAINERS[task].with_options(pack_format="jpeg", **step)

@@ -146,7 +146,7 @@ def train_one(spec: dict) -> None:
     trainer = None
     if spec["side"] == "yolofeed":
         from yolofeed.train.keys import model_task
-        from yolofeed.train.trainer import TRAINERS
+        from yolofeed.train.tasks import TRAINERS
 
         trainer = TRAINERS[model_task(spec["model"], None)].with_options(**spec["options"])
     t0 = time.perf_counter()

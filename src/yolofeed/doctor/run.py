@@ -21,7 +21,7 @@ def trainer_class(mode: str, task: str = "detect") -> type:
 
         return {"detect": DetectionTrainer, "pose": PoseTrainer, "obb": OBBTrainer,
                 "segment": SegmentationTrainer}[task]
-    from yolofeed.train.trainer import TRAINERS
+    from yolofeed.train.tasks import TRAINERS
 
     return TRAINERS[task]
 

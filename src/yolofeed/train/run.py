@@ -224,7 +224,8 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
 
 def run(cfg: TrainConfig) -> Path:
     """Train; returns the path of the best weights."""
-    from yolofeed.train.trainer import TRAINERS, FastTrainer, check_data_yaml, check_task_data
+    from yolofeed.train.tasks import TRAINERS
+    from yolofeed.train.trainer import FastTrainer, check_data_yaml, check_task_data
 
     reserved = {"trainer", "model"} & set(cfg.extra)
     if reserved:

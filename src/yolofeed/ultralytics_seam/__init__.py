@@ -125,9 +125,9 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         DetectionTrainer,  # train.trainer, bench.ceiling subclass it
         DetectionValidator,  # train.val_metrics: whose statistics it batches
     )
-    from ultralytics.models.yolo.obb import OBBTrainer  # train.trainer: FastOBBTrainer subclasses it
-    from ultralytics.models.yolo.pose import PoseTrainer  # train.trainer: FastPoseTrainer subclasses it
-    from ultralytics.models.yolo.segment import SegmentationTrainer  # train.trainer: FastSegmentationTrainer
+    from ultralytics.models.yolo.obb import OBBTrainer  # train.tasks: FastOBBTrainer subclasses it
+    from ultralytics.models.yolo.pose import PoseTrainer  # train.tasks: FastPoseTrainer subclasses it
+    from ultralytics.models.yolo.segment import SegmentationTrainer  # train.tasks: FastSegmentationTrainer
     from ultralytics.nn.autobackend import AutoBackend  # train.validation: the final validation's model, warmed
     from ultralytics.nn.modules.conv import Conv  # train.graphed: FusedConv subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
