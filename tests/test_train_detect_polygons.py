@@ -78,3 +78,47 @@ def test_a_detection_batch_takes_its_boxes_from_the_moved_polygons(segment_datas
         assert "masks" not in batch
         for key in ("cls", "bboxes", "batch_idx"):
             assert torch.equal(batch[key], stock[key]), key
+
+
+@pytest.mark.parametrize("kept", ("polygon_lengths", "polygon_points"))
+def test_a_detection_pack_with_half_its_polygon_sections_is_refused(segment_dataset, tmp_path, kept):
+    """A header that names one polygon section of a detection pack, its checksum right: damaged, not a box pack."""
+    import json
+    import zlib
+
+    from yolofeed.errors import PackError
+    from yolofeed.pack import Pack
+    from yolofeed.pack.layout import MAGIC, TRAILER
+
+    path = _pack(segment_dataset, tmp_path).path
+    data = path.read_bytes()
+    _, _, off, n = TRAILER.unpack(data[-TRAILER.size:])
+    header = json.loads(data[off:off + n])
+    gone = "polygon_points" if kept == "polygon_lengths" else "polygon_lengths"
+    for key in ("sections", "checksums"):
+        header[key].pop(gone)
+    blob = json.dumps(header).encode()
+    path.write_bytes(data[:off] + blob + TRAILER.pack(MAGIC, zlib.crc32(blob), off, len(blob)))
+    with pytest.raises(PackError, match=f"{gone} section None is malformed.*rebuild"):
+        Pack.open(path)
+
+
+def test_a_share_of_polygon_rows_in_a_mixed_split_is_warned(segment_dataset, tmp_path, caplog):
+    """Ultralytics cuts ``fraction=`` first: where the share holds only polygon rows of a split that also has box
+    rows, it keeps the polygons and the pack does not; said in one line. A share that reaches a box-row image, or the
+    whole split, is Ultralytics' decision as the pack made it: nothing said."""
+    import logging
+
+    from yolofeed.train import FastDetectionTrainer
+
+    label = sorted((segment_dataset / "labels" / "train").glob("*.txt"))[-1]  # the last file: past half the split
+    label.write_text("0 0.5 0.5 0.2 0.2\n")
+    for fraction, warned in ((0.5, True), (1.0, False)):
+        caplog.clear()
+        trainer = FastDetectionTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides=dict(
+            model="yolo11n.yaml", data=str(segment_dataset / "data.yaml"), project=str(tmp_path), name="r",
+            epochs=1, fraction=fraction, **TINY))
+        with caplog.at_level(logging.WARNING):
+            trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train").close()
+        said = [r.message for r in caplog.records if "polygon rows only" in r.message]
+        assert bool(said) == warned, said

@@ -296,8 +296,14 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         kept = [q for q, lb in zip(corners, labels) if lb is not None]
         sections["corners"] = corner_section(np.concatenate(kept) if counts.sum() else np.zeros((0, 4, 2)))
     kept_polygons = [p for ps, lb in zip(polygons, labels) if lb is not None for p in ps or ()]
-    if src.task == "segment" or detect_keeps_polygons(src.task, len(kept_polygons), int(counts.sum())):
+    keeps = detect_keeps_polygons(src.task, len(kept_polygons), int(counts.sum()))
+    if src.task == "segment" or keeps:
         sections.update(polygon_sections(kept_polygons))  # each kept image's polygons, one per label row
+    # polygon and box rows mixed: Ultralytics decides on the files a fraction= keeps (it cuts them first), so say
+    # which images hold box rows (the trainer warns where a run's share holds none of them)
+    box_images = ([i for i, (ps, c) in enumerate(zip([ps for ps, lb in zip(polygons, labels) if lb is not None],
+                                                       counts)) if c and not ps]
+                  if src.task == "detect" and kept_polygons and not keeps else None)
     missing = sum(1 for _, note in notes if note.startswith("label file missing"))
     seconds = time.perf_counter() - t0
     header = {
@@ -307,6 +313,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         **({"kpt_shape": list(src.kpt_shape)} if src.task == "pose" else {}), "channels": 3, "color": "RGB",
         "label_rules": LABEL_RULES.since,  # the installed Ultralytics' (pack.verify): another's makes the pack stale
         **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {}),
+        **({"box_row_images": box_images} if box_images is not None else {}),
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
                    "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},

@@ -257,7 +257,8 @@ def header_problem(h: dict[str, Any], h_off: int, formats: tuple[str, ...]) -> s
         k = h.get("kpt_shape")
         if not ints(k, 2) or k[0] < 1 or k[1] not in (2, 3):
             return f"header's kpt_shape {printable(str(k))[:40]} is missing or malformed (a pose pack's [K, 2 or 3])"
-    polygons = task == "segment" or (task == "detect" and "polygon_lengths" in h["sections"])
+    # a detection pack keeps both polygon sections or neither: half a pair is refused below as a missing section
+    polygons = task == "segment" or (task == "detect" and bool(set(TASK_SECTIONS["segment"]) & h["sections"].keys()))
     kinds = (*TASK_SECTIONS[task], *(TASK_SECTIONS["segment"] if polygons and task != "segment" else ()))
     known = {**SECTIONS, **{n: LABEL_SECTIONS[n] for n in kinds}}
     for name in (*known, *(n for n in h["sections"] if n not in known)):  # a section it does not know: checked

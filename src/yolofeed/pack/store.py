@@ -146,7 +146,7 @@ class Pack:
         # of all of them in row order, and (M + 1,) where each row's start (the lengths' cumulative sum, made here
         # once); None in other packs
         self.polygon_lengths = self.polygon_points = self.polygon_starts = None
-        if "polygon_lengths" in sec:  # the header's check: a segment pack's, or both in a detection pack
+        if self.task == "segment" or (self.task == "detect" and "polygon_lengths" in sec):  # both (the header's check)
             self.polygon_lengths = self._section(sec["polygon_lengths"], np.uint32)
             self.polygon_points = self._section(sec["polygon_points"], np.float32).reshape(-1, 2)
             self.polygon_starts = np.concatenate([[0], np.cumsum(self.polygon_lengths, dtype=np.int64)])

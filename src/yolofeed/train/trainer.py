@@ -45,6 +45,7 @@ from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
+from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
@@ -256,6 +257,7 @@ class FastTrainer(SyncFreeStep):
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
             if rank in (-1, 0):
                 _warn_long_polygons(pack, loader.prefetcher.labels)
+                _warn_polygons_in_share(pack, fraction)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
                 graphed.drop_stale(self, batch_size)
@@ -625,8 +627,27 @@ def _warn_single_cls_gap(pack: Any) -> None:
     if out_of_range:
         LOGGER.warning(f"yolofeed: single_cls=True: {len(out_of_range)} {pack.split} images use class ids beyond the "
                        f"data yaml's nc; yolo train would train on them under single_cls, the pack left them out "
-                       f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')}). Fix "
-                       "their labels or the yaml's names, then the pack rebuilds")
+                       f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')})"
+                       + ("; one with box rows would also make yolo train drop every polygon of these labels, whose "
+                          "boxes it would then move as boxes" if pack.polygon_lengths is not None else "")
+                       + ". Fix their labels or the yaml's names, then the pack rebuilds")
+
+
+def _warn_polygons_in_share(pack: Any, fraction: float | int) -> None:
+    """Say where a ``fraction=`` share of a detection split holds only polygon rows and the pack no polygons.
+
+    Ultralytics cuts the split's files before its label rule, so on a split of polygon and box rows mixed its share
+    can be all polygons, whose boxes it then makes of the moved polygons; the pack, built once for every share, kept
+    none (some of its images hold box rows: ``box_row_images``), and here the boxes are moved as boxes."""
+    box_images = pack.header.get("box_row_images")
+    if fraction == 1.0 or pack.polygon_lengths is not None or not box_images:
+        return
+    used = subset(pack, fraction)
+    if len(used) and not np.isin(used, box_images).any() and pack.index["label_count"][used].any():
+        LOGGER.warning(f"yolofeed: fraction={fraction}: the {pack.split} images this run uses have polygon rows only, "
+                       f"so yolo train would make their augmented boxes of the moved polygons; the pack of the whole "
+                       f"split keeps no polygons ({len(box_images)} of its images have box rows), so here the boxes "
+                       "move as boxes. Train on a split of polygon rows only for stock's boxes")
 
 
 def _warn_long_polygons(pack: Any, labels: Any) -> None:
@@ -645,8 +666,8 @@ def _warn_long_polygons(pack: Any, labels: Any) -> None:
     image = int(np.searchsorted(np.cumsum(labels.count), row, side="right"))  # the image owning label row ``row``
     LOGGER.warning(f"yolofeed: {pack.im_files[image]} has a polygon of {width:,} points: every training batch pads "
                    f"its polygons to {width + 1:,} points (Ultralytics' 1,000 for the other images), so the polygon "
-                   f"and mask work of each step is about {(width + 1) / POLYGON_POINTS:.1f}x; simplify that outline "
-                   "to 1,000 points or fewer (e.g. cv2.approxPolyDP) for the usual speed")
+                   f"work of each step (its masks' too, where made) is about {(width + 1) / POLYGON_POINTS:.1f}x; "
+                   "simplify that outline to 1,000 points or fewer (e.g. cv2.approxPolyDP) for the usual speed")
 
 
 def check_data_yaml(data: Any, split: str) -> dict[str, Any]:

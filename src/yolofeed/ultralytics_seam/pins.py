@@ -389,6 +389,11 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.data.base.BaseDataset.update_labels", "b9ff4ae08d5bf474", "yolofeed.loader.labels.LabelView.of",
            why="classes= keeps the rows of those classes (ids not renumbered), then single_cls makes every id 0"),
+    Pinned("ultralytics.data.dataset.YOLODataset.get_labels", "060779786cbf9fa9",
+           "yolofeed.pack.layout.detect_keeps_polygons",
+           why="a detection split keeps its polygons where its box and segment counts are equal (every row a "
+               "polygon), else drops them all; on the files fraction= keeps (get_img_files cuts them first: "
+               "trainer._warn_polygons_in_share), before classes= (update_labels)"),
     # pose (task=pose packs, from POSE_SINCE): the label half of verify_image_label with keypoints, the yaml's
     # kpt_shape, the cache key; older releases read each otherwise (8.4.138-182), and pose is refused there
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_pose_labels",
