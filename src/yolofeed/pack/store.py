@@ -240,8 +240,9 @@ class Pack:
                 what = {"fingerprint": "the source images or labels changed since it was built",
                         "label_rules": f"its labels were checked with the rules of Ultralytics {have} on, and the "
                                        f"installed Ultralytics checks them as {want} on does",
-                        "detect_polygons": "it was built before detection packs kept the labels' polygons (Ultralytics "
-                                           "makes a detection run's augmented boxes of them)"}.get(
+                        "detect_polygons": "it was built before detection packs kept polygon labels (Ultralytics makes "
+                                           "a detection run's augmented boxes of them; a pack of box labels is "
+                                           "rebuilt once too, as its header cannot say which it holds)"}.get(
                     key, f"it was built for {key}={have}, this run asks for {key}={want}")
                 raise StalePackError(f"{path} is stale: {what}; {fix}")
         pack = cls(path, header, np.frombuffer(mmap.mmap(file.fd, 0, access=mmap.ACCESS_READ), dtype=np.uint8), file)
