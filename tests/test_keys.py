@@ -166,19 +166,43 @@ def test_every_refusal_stops_the_run_before_anything_is_built(synth_root, tmp_pa
     assert not (tmp_path / "refused").exists()  # no run folder, no args.yaml: nothing was built
 
 
-def test_copy_paste_is_refused_in_a_detection_run(synth_root, tmp_path):
-    """The paste is built on the segment trainer's fill (with polygon labels Ultralytics pastes in a detection run
-    too): refused in one line, before anything is built; oriented boxes paste their outlines; a pose run has nothing
-    to paste, as in Ultralytics."""
+def test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_refused_on_polygons(
+        synth_root, segment_dataset, tmp_path, monkeypatch):
+    """Ultralytics' CopyPaste pastes nothing without segments: on box labels a detection batch with copy_paste (either
+    mode) is the batch without it. On polygon labels it pastes them, which yolofeed builds for segment and OBB runs:
+    refused in one line, before anything is built where the first label files show them, else when the pack does.
+    Oriented boxes paste their outlines; a pose run has nothing to paste, as in Ultralytics."""
     from yolofeed import FastDetectionTrainer
+    from yolofeed.train import trainer as trainer_module
 
-    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: yolofeed pastes in segmentation and oriented-box runs"
-                                          r".*a detection run.*copy_paste=0"):
-        FastDetectionTrainer(overrides={**_base(synth_root, tmp_path, "refused"), "copy_paste": 0.3})
+    batches = []
+    for copy_paste, mode in ((0.0, "flip"), (0.5, "flip"), (0.5, "mixup")):
+        t = FastDetectionTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides={
+            **_base(synth_root, tmp_path, f"boxes{copy_paste}{mode}"), "copy_paste": copy_paste,
+            "copy_paste_mode": mode, "imgsz": 64, "batch": 4, "workers": 0, "plots": False})
+        loader = t.get_dataloader(t.data["train"], batch_size=4, rank=-1, mode="train")
+        try:
+            batches.append(t.preprocess_batch(next(iter(loader))))
+        finally:
+            loader.close()
+    for batch in batches[1:]:
+        for key in ("img", "cls", "bboxes", "batch_idx"):
+            assert torch.equal(batch[key], batches[0][key]), key
+
+    polygons = {**_base(segment_dataset, tmp_path, "refused"), "copy_paste": 0.3}
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: Ultralytics pastes mirrored copies of the polygon rows "
+                                          r"in .*labels.*\.txt in a detection run.*copy_paste=0"):
+        FastDetectionTrainer(overrides=polygons)
     assert not (tmp_path / "refused").exists()
+    monkeypatch.setattr(trainer_module, "SAMPLED_LABELS", 0)  # the early look finds none: the pack decides
+    t = FastDetectionTrainer(overrides={**polygons, "name": "late", "imgsz": 64, "workers": 0})
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: Ultralytics pastes mirrored copies of the polygon rows "
+                                          r"in .*labels"):
+        t.get_dataloader(t.data["train"], batch_size=4, rank=-1, mode="train")
     keys.check_copy_paste({"copy_paste": 0.5}, "obb")
-    keys.check_copy_paste({"copy_paste": 0.5}, "pose")
-    keys.check_copy_paste({"copy_paste": 0.0, "copy_paste_mode": "mixup"}, "detect")  # off: nothing to refuse
+    keys.check_copy_paste({"copy_paste": 0.5, "copy_paste_mode": "mixup"}, "pose")
+    with pytest.raises(ConfigError, match="copy_paste_mode=mixup"):
+        keys.check_copy_paste({"copy_paste": 0.5, "copy_paste_mode": "mixup"}, "segment")
 
 
 @pytest.mark.parametrize("model, task", [("yolo11n.yaml", "detect"), ("yolov8n.yaml", "detect"),

@@ -167,10 +167,11 @@ RULES: dict[str, Rule] = {
     # augmentation
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
-    "copy_paste": Rule(OURS, "segment and obb: Ultralytics' copy-paste (flip mode) on the GPU; pose: nothing to "
-                       "paste, as in Ultralytics; detect: refused above 0 (the paste of polygons is built for "
-                       "segment and obb runs)"),
-    "copy_paste_mode": Rule(OURS, "flip; mixup refused where copy_paste is above 0"),
+    "copy_paste": Rule(OURS, "segment and obb: Ultralytics' copy-paste (flip mode) on the GPU; pose, and detect on "
+                       "box labels: nothing to paste, as in Ultralytics; detect on polygon labels: refused above 0 "
+                       "(the paste of polygons is built for segment and obb runs)"),
+    "copy_paste_mode": Rule(OURS, "flip; mixup refused where copy_paste is above 0 (but for pose and detect on box "
+                                  "labels, where Ultralytics pastes nothing)"),
     # validation and plots during training
     **{k: Rule(STOCK, VALIDATOR) for k in ("conf", "iou", "max_det", "save_json", "save_txt", "save_conf",
                                             "visualize", "augment", "agnostic_nms", "nms", "dnn", "show_labels",
@@ -261,23 +262,35 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
 
 
 def check_copy_paste(args: Any, task: str) -> None:
-    """Refuse copy-paste where yolofeed does not paste as Ultralytics does: a detection run (with polygon labels
-    Ultralytics pastes them; the paste is built on the segment trainer's fill), nor is the mixup mode built.
+    """Refuse copy-paste where yolofeed does not paste as Ultralytics does: the mixup mode is not built. Pose labels
+    have nothing to paste, as in Ultralytics; a detection run's labels decide (``check_detect_copy_paste``).
 
     Raises:
         ConfigError: one line, with the fix.
     """
     value = value_of(args, "copy_paste")
-    if not value or float(value) <= 0:
+    if not value or float(value) <= 0 or task in ("detect", "pose"):
         return
-    if task == "detect":
-        raise ConfigError(f"copy_paste={value}: yolofeed pastes in segmentation and oriented-box runs (Ultralytics' "
-                          f"flip mode), and this is {a_kind(task)} run. Train with copy_paste=0, a segmentation "
-                          "model, or 'yolo train'")
     mode = value_of(args, "copy_paste_mode") or "flip"
     if mode != "flip":
         raise ConfigError(f"copy_paste_mode={mode}: yolofeed builds copy-paste's flip mode only (its own images' "
                           "mirrored objects). Use copy_paste_mode=flip, copy_paste=0, or 'yolo train'")
+
+
+def check_detect_copy_paste(value: float, polygons: str | None) -> None:
+    """A detection run's ``copy_paste``: on box labels Ultralytics pastes nothing (``CopyPaste`` needs segments), as
+    here; on polygon labels it pastes them, which yolofeed builds for segmentation and OBB runs only.
+
+    Args:
+        polygons: where the run's polygon rows are (a label file found early, or the pack's label folder), or None.
+
+    Raises:
+        ConfigError: one line, with the fix.
+    """
+    if value > 0 and polygons is not None:
+        raise ConfigError(f"copy_paste={value}: Ultralytics pastes mirrored copies of the polygon rows in {polygons} "
+                          "in a detection run; yolofeed pastes in segmentation and oriented-box runs only. Train with "
+                          "copy_paste=0, a segmentation model, or 'yolo train'")
 
 
 def _without_task(args: Any) -> dict[str, Any]:

@@ -215,6 +215,8 @@ class FastTrainer(SyncFreeStep):
         data = check_data_yaml(self.args.data, self.args.split)
         if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
             check_task_data(self.args.model, self.args.task, self.args.data)
+        if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons
+            keys.check_detect_copy_paste(float(self.args.copy_paste), first_polygon_labels(self.args.data))
         side = train_side(self.args.imgsz)
         # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
         # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
@@ -255,6 +257,9 @@ class FastTrainer(SyncFreeStep):
             world = max(world_size(self), 1)
             loader = TrainLoader(pack, batch_size, self.device, seed=self.args.seed, rank=max(rank, 0),
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
+            if self.carried_task == "detect" and self.hyp.copy_paste > 0:  # the labels decide, all of them
+                keys.check_detect_copy_paste(self.hyp.copy_paste, None if pack.polygon_lengths is None else
+                                             pack.header["source"]["label_dir"])
             if rank in (-1, 0):
                 _warn_long_polygons(pack, loader.prefetcher.labels)
                 _warn_polygons_in_share(pack, fraction)
@@ -714,6 +719,20 @@ def check_task_data(model: str, task: str, data: str) -> None:
                                    f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
                                    "detection model")
             return
+
+
+def first_polygon_labels(data: str) -> str | None:
+    """The first label file of polygon rows among the train split's first ``SAMPLED_LABELS``; None where none is."""
+    from yolofeed.pack.source import split_source
+
+    for label_file in split_source(data, "train", "detect").label_files[:SAMPLED_LABELS]:
+        try:
+            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
+        except (OSError, UnicodeDecodeError):
+            continue  # the pack's check reports it, file by file
+        if any(len(r) > 6 for r in rows):  # verify_image_label's test for segment rows
+            return label_file
+    return None
 
 
 def train_side(imgsz: int | list[int], stride: int = 32) -> int:
