@@ -122,3 +122,28 @@ def test_a_share_of_polygon_rows_in_a_mixed_split_is_warned(segment_dataset, tmp
             trainer.get_dataloader(trainer.data["train"], batch_size=4, rank=-1, mode="train").close()
         said = [r.message for r in caplog.records if "polygon rows only" in r.message]
         assert bool(said) == warned, said
+
+
+@pytest.mark.gpu
+def test_a_detection_model_on_polygon_labels_trains_on_cuda_with_the_graphed_paths(segment_dataset, tmp_path):
+    """Two epochs on one GPU with every default on, on polygon labels: the augmentation graphed with the polygons
+    and one batch ahead, the graphed step; the run writes stock's files with finite losses, and its first batch's
+    boxes are the polygon path's (the eager CPU batch of the same draws is checked above)."""
+    import csv
+
+    import numpy as np
+    from ultralytics import YOLO
+
+    from yolofeed import ultralytics_seam as seam
+    from yolofeed.train import FastDetectionTrainer
+
+    model = YOLO("yolo11n.yaml")
+    model.train(trainer=FastDetectionTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
+                name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False)
+    trainer = model.trainer
+    assert trainer.train_loader.loader.prefetcher.labels.polygons is not None  # the pack kept them, the loader read
+    graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")
+    assert graph is not None and graph.flat is not None and not graph.failed
+    with open(tmp_path / "gpu" / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(np.isfinite(float(r["train/box_loss"])) for r in rows)

@@ -253,9 +253,12 @@ SECTIONS = {s.name: s for s in (
     Section("obb-throughput", OBB, "nvidia-h200", 1, 6, SECTIONS_OBB),
     Section("seg-throughput", "Segmentation", "nvidia-h200", 1, 8, SECTIONS_SEG),
     Section("detect-polygons-throughput", "Detection on polygon labels", "nvidia-h200", 1, 6, (
-        # yolo11n (detection) on the segment set's polygon labels: its detection pack keeps the polygons
+        # yolo11n (detection) on the segment set's polygon labels: its detection pack keeps the polygons; its GPU test
+        # beside the CPU-bound synth and pack
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_train_detect_polygons.py -p no:cacheprovider -rA "
+        "> $OUT/gpu_tests_detect_polygons.txt 2>&1 &",
         SECTIONS_SEG[0], "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
-        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
+        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"), "wait; tail -5 $OUT/gpu_tests_detect_polygons.txt",
         "timeout 300 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
     Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
