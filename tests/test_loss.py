@@ -1,4 +1,4 @@
-"""The sync-free detection loss (train/loss.py): Ultralytics' loss and gradients, given counts known ahead."""
+"""The sync-free detection loss (train/loss/): Ultralytics' loss and gradients, given counts known ahead."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from helpers import no_host_sync
 from yolofeed import ultralytics_seam as seam
 from yolofeed.schema import AugmentedBatch
 from yolofeed.train import loss as sfl
+from yolofeed.train.loss import segment as segment_loss
 
 COUNTS = [3, 0, 5, 1, 0, 2]  # boxes per image: two empty images, the largest not first
 
@@ -332,7 +333,8 @@ def test_the_mask_loss_groups_images_within_the_padded_budget():
     """Runs of consecutive images whose padded rows (images x most rows) stay within the budget, an image over it
     alone, images without a foreground skipped; every image with a foreground in exactly one run."""
     counts = [0, 3, 1, 0, 0, 5, 2, 2, 9, 0, 1]
-    rows = sfl._ImageRows(torch.zeros(sum(counts), 2, dtype=torch.long), torch.tensor([counts]), counts, None, None)
+    rows = segment_loss._ImageRows(torch.zeros(sum(counts), 2, dtype=torch.long), torch.tensor([counts]), counts, None,
+                                   None)
     for budget in (1, 4, 6, 10, 100):
         groups = rows.groups(budget)
         covered = [i for a, z in groups for i in range(a, z)]
@@ -380,7 +382,7 @@ def test_the_segment_loss_gathers_each_images_foreground_with_one_nonzero_and_on
     calls.update(nonzero=0, tolist=0)
     fg = torch.zeros(len(counts), 5, dtype=torch.bool)
     fg[0, 1] = fg[2, :3] = fg[7, 4] = True
-    rows = sfl._image_rows(fg, b["batch_idx"], True)
+    rows = segment_loss._image_rows(fg, b["batch_idx"], True)
     assert calls == {"nonzero": 1, "tolist": 1, "bool_index": 0}
     assert [rows.fg[rows.fg_edges[i]:rows.fg_edges[i + 1], 1].tolist() or None for i in range(len(counts))] == [
         [1], None, [0, 1, 2], None, None, None, None, [4]]

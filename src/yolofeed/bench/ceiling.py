@@ -54,7 +54,7 @@ class Ceiling(SyncFreeStep):
     device memory (``CeilingTrainer``: detection's; ``CeilingPoseTrainer``: pose's).
 
     Its step is yolofeed's (``SyncFreeStep``), so that the ceiling differs from yolofeed in the data alone:
-    the loss's counts (train/loss.py) are read once per replayed batch, as soon as the loss can say.
+    the loss's counts (train/loss/) are read once per replayed batch, as soon as the loss can say.
     """
 
     def preprocess_batch(self, batch: dict) -> dict:

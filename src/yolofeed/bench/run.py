@@ -11,7 +11,7 @@ memory. Modes run one after another, on the same data, model, batch and imgsz:
 ``modes=stock,yolofeed,yolofeed_jpeg,ceiling``) and ``yolofeed_inline`` (augmenting in
 ``preprocess_batch``, a host sync per step, instead of one batch ahead) and ``ceiling_stock`` (the
 ceiling with Ultralytics' own step and loss, without yolofeed's sync-free ones: train/step.py,
-train/loss.py). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
+train/loss/). Mosaic stays on (close_mosaic=0), validation and checkpoints are off: only training
 steps are measured.
 
 Each mode trains in a process of its own (``isolate=True``, the default; POSIX only), as a user's run does: it

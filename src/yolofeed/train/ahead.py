@@ -52,7 +52,7 @@ class _Pending:
     """An augmentation in flight: its output, its box count (host memory on CUDA) and the event after the copy."""
 
     out: AugmentedBatch
-    count: Tensor  # (1 to 3,) int64: boxes; the most in one image and the candidates, for train/loss.py;
+    count: Tensor  # (1 to 3,) int64: boxes; the most in one image and the candidates, for train/loss/;
     # pinned host memory on CUDA, written by an async copy
     ready: torch.cuda.Event | None  # recorded after that copy; None on the CPU (nothing in flight)
     im_file: list[str]
@@ -64,7 +64,7 @@ class AugmentAhead:
     Yields dicts with ``img`` (B, 3, S, S) float32 in [0, 255] (Ultralytics' ``preprocess_batch``
     divides by 255), or what ``convert`` makes of the uint8 image, ``cls`` (N, 1), ``bboxes`` (N, 4)
     normalised xywh, ``batch_idx`` (N,), ``im_file``, and with ``candidates`` the loss's counts
-    (train/loss.py): ``max_boxes`` (an int) and, once ``candidates`` can say, ``tal_candidates``. Every
+    (train/loss/): ``max_boxes`` (an int) and, once ``candidates`` can say, ``tal_candidates``. Every
     other attribute (``dataset``, ``sampler``, ``batch_size``, ``reset``, ``close``...) is the wrapped
     loader's.
 

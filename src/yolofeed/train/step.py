@@ -96,7 +96,7 @@ class SyncFreeStep:
     """Trainer mixin (before ``DetectionTrainer`` in the bases): the loss items reach the host a step late.
 
     ``sync_free_step = False`` leaves Ultralytics' step as it is (for side-by-side measurement).
-    ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss.py) instead of
+    ``sync_free_loss`` makes the detection loss read its counts from the batch (train/loss/) instead of
     syncing for them; ``False`` keeps Ultralytics' loss as it is. ``fast_musgd`` steps the MuSGD Ultralytics builds
     (``optimizer=MuSGD``, or ``auto`` past 10,000 iterations) as one CUDA graph (train/musgd.py); ``False`` keeps
     Ultralytics' own. ``graphed_step`` replays the model's forward and backward as CUDA graphs with batch norm and
@@ -204,7 +204,7 @@ def _sync_free_loss(trainer: Any) -> train_loss.SyncFreeLoss | None:
 
 
 def early_candidates_augmented(trainer: Any, out: Any):
-    """The loss's candidate count for an ``AugmentedBatch``, on the device, or None (see train/loss.py)."""
+    """The loss's candidate count for an ``AugmentedBatch``, on the device, or None (see train/loss/)."""
     loss = _sync_free_loss(trainer)
     return None if loss is None else train_loss.early_candidates_for(loss, out)
 

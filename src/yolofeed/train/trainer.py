@@ -18,7 +18,7 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
 * ``_close_dataloader_mosaic`` switches the augmentation to its ``closed()`` settings.
 * The step loses its host sync after the backward pass (``SyncFreeStep``, train/step.py): the progress
   bar's loss items reach the host one step late (the epoch's mean loss stays exact), and the detection
-  loss takes the counts it would sync for from the batch (train/loss.py; ``sync_free_loss=False``:
+  loss takes the counts it would sync for from the batch (train/loss/; ``sync_free_loss=False``:
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.

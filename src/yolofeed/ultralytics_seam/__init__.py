@@ -286,7 +286,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "get_validator", "yolofeed's trainer batches its validator's statistics (train/val_metrics.py)"),
     (DetectionValidator, "update_metrics", "the batched validator overrides it and falls back to it"),
 )
-if since(SEGMENT_LOSS_SINCE):  # the sync-free segment loss serves from there (train/loss.py::install)
+if since(SEGMENT_LOSS_SINCE):  # the sync-free segment loss serves from there (train/loss/install.py::install)
     REQUIRED += ((v8SegmentationLoss, "loss", "the sync-free segment loss overrides it (COPIED)"),
                  (v8SegmentationLoss, "calculate_segmentation_loss", "the sync-free segment loss copies it (COPIED)"),
                  (v8SegmentationLoss, "single_mask_loss", "the sync-free segment loss calls it per image"))

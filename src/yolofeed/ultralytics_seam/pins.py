@@ -88,10 +88,10 @@ VAL_METRICS_SINCE = "8.4.190"
 SEGMENT_LOSS_SINCE = "8.4.190"
 
 
-# Modified copies, kept beside the classes they belong to for readability (train/loss.py says why each differs).
+# Modified copies, kept beside the classes they belong to for readability (train/loss/ says why each differs).
 COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.v8DetectionLoss.get_assigned_targets_and_loss", "a4753d10641f935a",
-           "yolofeed.train.loss.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
+           "yolofeed.train.loss.detect.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
            "the anchors and image size cached per feature-map shape; the most boxes per image and the candidates' "
            "count from the batch",
            others=(
@@ -102,54 +102,62 @@ COPIED: tuple[Pinned, ...] = (
                _r("8.4.154", "8.4.179", "739c9164c07d9a54",
                   "no **assign_kwargs (the pose loss's keypoints), which the copy never passes: the same code"),
            )),
-    Pinned("ultralytics.utils.loss.v8PoseLoss.loss", "f44d09b6cf28a065", "yolofeed.train.loss.SyncFreePoseLoss.loss",
+    Pinned("ultralytics.utils.loss.v8PoseLoss.loss", "f44d09b6cf28a065",
+           "yolofeed.train.loss.pose.SyncFreePoseLoss.loss",
            "imgsz from the cached constants; the keypoint part without the fg_mask.sum() guard (_keypoints_loss is 0 "
            "without a foreground)", since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.v8SegmentationLoss.loss", "0f6af14ba4d25d8a",
-           "yolofeed.train.loss.SyncFreeSegmentLoss.loss", "imgsz from the cached constants; each image's target "
+           "yolofeed.train.loss.segment.SyncFreeSegmentLoss.loss",
+           "imgsz from the cached constants; each image's target "
            "rows from one read of the counts (no boolean index per image)", since=SEGMENT_LOSS_SINCE),
     Pinned("ultralytics.utils.loss.v8SegmentationLoss.calculate_segmentation_loss", "287eb18ef2e9947b",
-           "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "each image's foreground anchors from one "
+           "yolofeed.train.loss.segment.SyncFreeSegmentLoss._segmentation_loss",
+           "each image's foreground anchors from one "
            "nonzero and one read of the counts, where Ultralytics gathers them by boolean indexing (a sync each); "
            "a group of images at a time, not image by image (single_mask_loss's pin); the scales made on the device",
            since=SEGMENT_LOSS_SINCE),
     Pinned("ultralytics.utils.loss.v8SegmentationLoss.single_mask_loss", "105c2c0ef785a48e",
-           "yolofeed.train.loss.SyncFreeSegmentLoss._segmentation_loss", "a group of images' rows at once: their "
+           "yolofeed.train.loss.segment.SyncFreeSegmentLoss._segmentation_loss",
+           "a group of images' rows at once: their "
            "masks from one padded batched product, then the same cross-entropy, crop, mean and area per row, summed "
            "once", since=SEGMENT_LOSS_SINCE),
     Pinned("ultralytics.utils.loss.v8PoseLoss._batch_keypoints", "3c246c7f85087ad1",
-           "yolofeed.train.loss.SyncFreePoseLoss._padded_keypoints", "the most boxes per image given, not learnt (a "
+           "yolofeed.train.loss.pose.SyncFreePoseLoss._padded_keypoints",
+           "the most boxes per image given, not learnt (a "
            "sync)", since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.v8PoseLoss.calculate_keypoints_loss", "9548edeff5d502e6",
-           "yolofeed.train.loss.SyncFreePoseLoss._keypoints_loss", "over every anchor, the foreground's terms kept by "
+           "yolofeed.train.loss.pose.SyncFreePoseLoss._keypoints_loss",
+           "over every anchor, the foreground's terms kept by "
            "a mask, where Ultralytics gathers the foreground (masks.any(), nonzero, boolean indexing)",
            since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.v8DetectionLoss.preprocess", "87a9252ed8b00264",
-           "yolofeed.train.loss.SyncFreeDetectionLoss._pad", "the most boxes per image given, not learnt (a sync)",
+           "yolofeed.train.loss.detect.SyncFreeDetectionLoss._pad",
+           "the most boxes per image given, not learnt (a sync)",
            others=(
                _r("8.4.138", "8.4.182", "0348e52095097cf4",
                   "no MPS branch (the padding rounded up to a power of two there): the copy never runs on MPS"),
            )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.select_candidates_in_gts", "6610e5e5c1bf9e8a",
-           "yolofeed.train.loss.SyncFreeAssigner.select_candidates_in_gts",
+           "yolofeed.train.loss.detect.SyncFreeAssigner.select_candidates_in_gts",
            "stride_val as a Python scalar; SyncFreeDetectionLoss.early_candidates repeats its steps to count ahead"),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
-           "yolofeed.train.loss.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead",
+           "yolofeed.train.loss.detect.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead",
            others=(
                _r("8.4.138", "8.4.179", "fdc62ca61a541e12",
                   "the pairs' overlaps inline, iou_calculation of the gathered boxes, which 8.4.180 moved into "
                   "pair_overlaps: the copy calls seam.pair_overlaps, which computes them so before 8.4.180"),
            )),
     Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0",
-           "yolofeed.train.loss.SyncFreeBboxLoss.forward",
+           "yolofeed.train.loss.detect.SyncFreeBboxLoss.forward",
            "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0",
            others=(
                _r("8.4.138", "8.4.153", "b1faf3641ed25502",
                   "indexes with the boolean foreground mask, not its nonzero() indices: the same rows, in the same "
                   "order"),
            )),
-    # OBB (train/loss.py::SyncFreeOBBLoss): the loss, its padding, its angle loss, the rotated box loss and candidates
-    Pinned("ultralytics.utils.loss.v8OBBLoss.loss", "98579daf4366c3bc", "yolofeed.train.loss.SyncFreeOBBLoss.loss",
+    # OBB (train/loss/obb.py::SyncFreeOBBLoss): the loss, its padding, its angle loss, the rotated box loss and
+    # candidates
+    Pinned("ultralytics.utils.loss.v8OBBLoss.loss", "98579daf4366c3bc", "yolofeed.train.loss.obb.SyncFreeOBBLoss.loss",
            "the anchors and image size cached per feature-map shape; the tiny-box filter a mask; the most boxes per "
            "image and the candidates' count from the batch; max(sum, 1) by clamp; the box and angle losses without "
            "the fg_mask.sum() guard (0 without a foreground)",
@@ -159,7 +167,7 @@ COPIED: tuple[Pinned, ...] = (
                   "coco8.yaml: the copy hands such a batch to Ultralytics' own loss, which raises its own message"),
            )),
     Pinned("ultralytics.utils.loss.v8OBBLoss.preprocess", "5fb71e472f623812",
-           "yolofeed.train.loss.SyncFreeOBBLoss._pad_rboxes",
+           "yolofeed.train.loss.obb.SyncFreeOBBLoss._pad_rboxes",
            "after the tiny-box filter as a mask, with the most boxes per image given (a sync): the rows the filter "
            "keeps, then zeros",
            others=(
@@ -167,15 +175,15 @@ COPIED: tuple[Pinned, ...] = (
                   "no MPS branch (the padding rounded up to a power of two there): the copy never runs on MPS"),
            )),
     Pinned("ultralytics.utils.loss.v8OBBLoss.calculate_angle_loss", "98d6862f269e265d",
-           "yolofeed.train.loss.SyncFreeOBBLoss._angle_loss",
+           "yolofeed.train.loss.obb.SyncFreeOBBLoss._angle_loss",
            "over every anchor, the foreground's terms kept by a mask, where Ultralytics gathers them (boolean "
            "indexing)"),
     Pinned("ultralytics.utils.loss.RotatedBboxLoss.forward", "f14d9a4658460b88",
-           "yolofeed.train.loss.SyncFreeRotatedBboxLoss.forward",
+           "yolofeed.train.loss.obb.SyncFreeRotatedBboxLoss.forward",
            "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0 on a unit "
            "box"),
     Pinned("ultralytics.utils.tal.RotatedTaskAlignedAssigner.select_candidates_in_gts", "18252a314c4e7fcf",
-           "yolofeed.train.loss.SyncFreeRotatedAssigner.select_candidates_in_gts",
+           "yolofeed.train.loss.obb.SyncFreeRotatedAssigner.select_candidates_in_gts",
            "stride_val as a Python scalar; SyncFreeOBBLoss.early_candidates repeats its steps (_rbox_edges, then its "
            "dot products' arithmetic) to count ahead",
            others=(
@@ -409,10 +417,11 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="the label cache is remade when kpt_shape changes (in the pack's fingerprint) or use_keypoints does "
                "(the pack header's task, which Pack.open compares)", since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.KeypointLoss.forward", "f3cbcb5a041c7d15",
-           "yolofeed.train.loss.SyncFreePoseLoss._keypoints_loss", why="its mean as a masked sum over every anchor, "
+           "yolofeed.train.loss.pose.SyncFreePoseLoss._keypoints_loss",
+           why="its mean as a masked sum over every anchor, "
            "divided by the foreground anchors x keypoints", since=POSE_SINCE),
     Pinned("ultralytics.utils.loss.v8PoseLoss.kpts_decode", "a2b39c0643892390",
-           "yolofeed.train.loss.SyncFreePoseLoss.kpts_decode",
+           "yolofeed.train.loss.pose.SyncFreePoseLoss.kpts_decode",
            why="the keypoints x 2 plus the anchor less 0.5, the anchors' columns sliced where Ultralytics indexes them "
                "with a list (a host-to-device copy, which syncs)", since=POSE_SINCE),
     # oriented boxes (task=obb): the rules the GPU augmentation and the validation batches re-implement
@@ -549,17 +558,23 @@ RELIED_ON: tuple[Pinned, ...] = (
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
-# only): (Ultralytics class, yolofeed's subclass, where). train/loss.py::install does it through ``swap_class``.
+# only): (Ultralytics class, yolofeed's subclass, where). train/loss/install.py::install does it through ``swap_class``.
 SWAPPED: tuple[tuple[str, str, str], ...] = (
-    ("ultralytics.utils.loss.v8DetectionLoss", "yolofeed.train.loss.SyncFreeDetectionLoss", "train/loss.py::install"),
-    ("ultralytics.utils.tal.TaskAlignedAssigner", "yolofeed.train.loss.SyncFreeAssigner", "train/loss.py::install"),
-    ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.SyncFreeBboxLoss", "train/loss.py::install"),
-    ("ultralytics.utils.loss.v8PoseLoss", "yolofeed.train.loss.SyncFreePoseLoss", "train/loss.py::install"),
-    ("ultralytics.utils.loss.v8OBBLoss", "yolofeed.train.loss.SyncFreeOBBLoss", "train/loss.py::install"),
-    ("ultralytics.utils.loss.v8SegmentationLoss", "yolofeed.train.loss.SyncFreeSegmentLoss", "train/loss.py::install"),
-    ("ultralytics.utils.tal.RotatedTaskAlignedAssigner", "yolofeed.train.loss.SyncFreeRotatedAssigner",
-     "train/loss.py::install"),
-    ("ultralytics.utils.loss.RotatedBboxLoss", "yolofeed.train.loss.SyncFreeRotatedBboxLoss", "train/loss.py::install"),
+    ("ultralytics.utils.loss.v8DetectionLoss", "yolofeed.train.loss.detect.SyncFreeDetectionLoss",
+     "train/loss/install.py::install"),
+    ("ultralytics.utils.tal.TaskAlignedAssigner", "yolofeed.train.loss.detect.SyncFreeAssigner",
+     "train/loss/install.py::install"),
+    ("ultralytics.utils.loss.BboxLoss", "yolofeed.train.loss.detect.SyncFreeBboxLoss",
+     "train/loss/install.py::install"),
+    ("ultralytics.utils.loss.v8PoseLoss", "yolofeed.train.loss.pose.SyncFreePoseLoss",
+     "train/loss/install.py::install"),
+    ("ultralytics.utils.loss.v8OBBLoss", "yolofeed.train.loss.obb.SyncFreeOBBLoss", "train/loss/install.py::install"),
+    ("ultralytics.utils.loss.v8SegmentationLoss", "yolofeed.train.loss.segment.SyncFreeSegmentLoss",
+     "train/loss/install.py::install"),
+    ("ultralytics.utils.tal.RotatedTaskAlignedAssigner", "yolofeed.train.loss.obb.SyncFreeRotatedAssigner",
+     "train/loss/install.py::install"),
+    ("ultralytics.utils.loss.RotatedBboxLoss", "yolofeed.train.loss.obb.SyncFreeRotatedBboxLoss",
+     "train/loss/install.py::install"),
     ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
     ("ultralytics.models.yolo.detect.val.DetectionValidator", "yolofeed.train.val_metrics.BatchedDetectionValidator",
      "train/val_metrics.py::install"),

@@ -1,0 +1,312 @@
+"""The sync-free detection loss: Ultralytics' ``v8DetectionLoss``, its task-aligned assigner and box loss, given
+the counts read a step early (the package's docstring says which syncs go and how)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yolofeed import ultralytics_seam as seam
+from yolofeed.schema import normalised_xywh  # to_ultralytics' own formula: the same box values
+from yolofeed.ultralytics_seam import (
+    BboxLoss,
+    TaskAlignedAssigner,
+    bbox2dist,
+    bbox_iou,
+    make_anchors,
+    v8DetectionLoss,
+    xywh2xyxy,
+    xyxy2xywh,
+)
+
+
+@dataclass
+class Constants:
+    """What the loss recomputes (with syncs) every call in Ultralytics, for one set of feature-map shapes."""
+
+    anchor_points: Tensor  # (A, 2) grid units, the feature maps' dtype
+    stride_tensor: Tensor  # (A, 1)
+    imgsz: Tensor  # (2,) h, w in pixels, the predictions' dtype
+    scale: Tensor  # (4,) w, h, w, h: the padding's scale
+    centers: list[tuple[Tensor, Tensor]]  # per level: (w,) x and (h,) y anchor centres in pixels, float32, sorted
+    hw: tuple[float, float]  # imgsz on the host, float(imgsz[0]), float(imgsz[1]): the OBB loss's tiny-box filter
+
+
+MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
+CANDIDATES = "tal_candidates"
+
+
+class SyncFreeAssigner(TaskAlignedAssigner):
+    """``TaskAlignedAssigner`` whose candidate gather takes its size from ``candidates`` (set per call).
+
+    ``candidates`` is (count, batch size): the OOM fallback, which assigns one image at a time, takes
+    Ultralytics' path.
+    """
+
+    candidates: tuple[int, int] | None = None
+    mismatch: Tensor | None = None  # on the device: a count that was not the real one (read at epoch ends)
+
+    def select_candidates_in_gts(self, xy_centers, gt_bboxes, mask_gt, eps=1e-9):
+        """Ultralytics' code, with ``stride_val`` as a Python scalar (a 0-d tensor built per call syncs)."""
+        gt_bboxes_xywh = xyxy2xywh(gt_bboxes)
+        wh_mask = gt_bboxes_xywh[..., 2:] < self.stride_val
+        gt_bboxes_xywh[..., 2:] = torch.where((wh_mask * mask_gt).bool(), float(self.stride_val),
+                                              gt_bboxes_xywh[..., 2:])
+        gt_bboxes = xywh2xyxy(gt_bboxes_xywh)
+        lt, rb = gt_bboxes.unsqueeze(2).chunk(2, 3)
+        mask = xy_centers[:, 0] - lt[..., 0] > eps
+        mask &= xy_centers[:, 1] - lt[..., 1] > eps
+        mask &= rb[..., 0] - xy_centers[:, 0] > eps
+        mask &= rb[..., 1] - xy_centers[:, 1] > eps
+        return mask
+
+    def get_box_metrics(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra):
+        """Ultralytics' code; ``nonzero_static`` with the known count gives ``nonzero``'s indices, in order."""
+        if self.candidates is None or extra or self.candidates[1] != self.bs:
+            return super().get_box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra)
+        na = pd_bboxes.shape[-2]
+        mask_gt = mask_gt.bool()
+        shape = self.bs, self.n_max_boxes, na
+        indices = tuple(torch.nonzero_static(mask_gt, size=self.candidates[0]).unbind(1))
+        wrong = mask_gt.sum() != self.candidates[0]  # checked on the device; read once an epoch (check_counts)
+        self.mismatch = wrong if self.mismatch is None else self.mismatch | wrong
+        bbox_scores = pd_scores[indices[0], indices[2], gt_labels[indices[0], indices[1], 0].long()]
+        overlap_values = seam.pair_overlaps(self, indices, gt_bboxes, pd_bboxes)  # inline before 8.4.180
+        align_values = bbox_scores.pow(self.alpha) * overlap_values.pow(self.beta)
+        overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
+        align_metric = torch.zeros(shape, dtype=align_values.dtype, device=pd_scores.device)
+        overlaps[indices] = overlap_values
+        align_metric[indices] = align_values
+        return align_metric, overlaps
+
+
+def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor], Tensor]:
+    """``fg_mask.nonzero()``'s (image, anchor) indices padded to ``bound`` rows without a sync, and which are real.
+
+    Padded row j reads flat anchor j (``bound`` is at most B x anchors): finite values, given weight 0 by the
+    caller. Distinct on purpose: the backward of the gathers accumulates repeated indices one after another
+    (``indexing_backward_kernel``), and ~40k padded rows all on anchor (0, 0) cost 41 ms of GPU time a yolo11n
+    step at batch 128 on the H200 (the profiler's kernel table). Here no anchor is read by
+    more than two rows.
+
+    Returns:
+        ((bound,) image indices, (bound,) anchor indices), (bound, 1) bool: the row is a foreground anchor.
+    """
+    flat = torch.nonzero_static(fg_mask.flatten(), size=bound, fill_value=-1).squeeze(1)  # the foreground first
+    real = flat >= 0
+    flat = torch.where(real, flat, torch.arange(bound, device=flat.device))
+    anchors = fg_mask.shape[1]
+    return (flat.div(anchors, rounding_mode="floor"), flat.remainder(anchors)), real.unsqueeze(1)
+
+
+def _unit_box(like: Tensor) -> Tensor:
+    """(4,) xyxy box (0, 0, 1, 1) in ``like``'s dtype and device, built on the device (no host copy)."""
+    return (torch.arange(4, device=like.device) >= 2).to(like.dtype)
+
+
+class SyncFreeBboxLoss(BboxLoss):
+    """``BboxLoss`` gathering the foreground through ``nonzero_static``, ``bound`` rows (set per call)."""
+
+    bound: int | None = None
+
+    def forward(self, pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores, target_scores_sum,
+                fg_mask, imgsz, stride):
+        if self.bound is None:
+            return super().forward(pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores,
+                                   target_scores_sum, fg_mask, imgsz, stride)
+        fg, real = foreground_rows(fg_mask, self.bound)
+        weight = target_scores[fg].sum(-1, keepdim=True) * real
+        # Padded rows compute on a fixed unit box, not on what their anchor predicts: weight 0 does not stop a
+        # non-finite gradient (0 x inf = NaN), and a background anchor's box can be degenerate where Ultralytics
+        # never looks (in float16 a box thinner than width / 65504 overflows CIoU's aspect term: AMP's scale then
+        # collapses and YOLO26 never learns). torch.where passes no gradient to the rows it does not take.
+        unit = _unit_box(pred_bboxes)
+        iou = bbox_iou(torch.where(real, pred_bboxes[fg], unit), torch.where(real, target_bboxes[fg], unit.to(
+            target_bboxes.dtype)), xywh=False, CIoU=True)
+        loss_iou = ((1.0 - iou) * weight).sum() / target_scores_sum
+        if self.dfl_loss:
+            target_ltrb = bbox2dist(anchor_points, target_bboxes, self.dfl_loss.reg_max - 1)
+            dist = torch.where(real, pred_dist[fg], torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device))
+            ltrb = torch.where(real, target_ltrb[fg], torch.zeros((), dtype=target_ltrb.dtype, device=real.device))
+            loss_dfl = self.dfl_loss(dist.view(-1, self.dfl_loss.reg_max), ltrb) * weight
+            loss_dfl = loss_dfl.sum() / target_scores_sum
+        else:
+            target_ltrb = bbox2dist(anchor_points, target_bboxes)
+            target_ltrb = target_ltrb * stride
+            target_ltrb[..., 0::2] /= imgsz[1]
+            target_ltrb[..., 1::2] /= imgsz[0]
+            pred_dist = pred_dist * stride
+            pred_dist[..., 0::2] /= imgsz[1]
+            pred_dist[..., 1::2] /= imgsz[0]
+            zero = torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device)
+            loss_dfl = torch.nn.functional.l1_loss(torch.where(real, pred_dist[fg], zero),
+                                                   torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype)),
+                                                   reduction="none").mean(-1, keepdim=True) * weight
+            loss_dfl = loss_dfl.sum() / target_scores_sum
+        return loss_iou, loss_dfl
+
+
+class SyncFreeLoss:
+    """What the sync-free losses share (a base before Ultralytics' loss class): the constants Ultralytics recomputes
+    with syncs every call, cached per feature-map shape, and those of the last call (the next batch's counts use them).
+    """
+
+    def _constants(self, feats: list[Tensor], dtype: torch.dtype) -> Constants:
+        """Anchors, stride per anchor, imgsz and its (w, h, w, h) scale for these feature maps: made once (with
+        syncs: make_anchors', and imgsz read to the host)."""
+        cache = self.__dict__.setdefault("_yf_constants", {})
+        shapes = tuple(tuple(f.shape[2:]) for f in feats)
+        key = (shapes, feats[0].dtype, dtype, feats[0].device)
+        if key not in cache:
+            anchor_points, stride_tensor = make_anchors(feats, self.stride, 0.5)
+            imgsz = torch.tensor(feats[0].shape[2:], device=self.device, dtype=dtype) * self.stride[0]
+            centers, off = [], 0  # per level, the anchors' x and y centres in pixels, as the assigner compares them
+            xy = anchor_points * stride_tensor
+            for h, w in shapes:
+                level = xy[off:off + h * w].float()
+                centers.append((level[:w, 0].contiguous(), level[::w, 1].contiguous()))
+                off += h * w
+            cache[key] = Constants(anchor_points, stride_tensor, imgsz, imgsz[[1, 0, 1, 0]], centers,
+                                    tuple(imgsz.tolist()))
+            self.__dict__["_yf_last"] = key
+        return cache[key]
+
+    def last_constants(self) -> Constants | None:
+        """The constants of the last loss call (None before the first): the next batch's, unless its size changes."""
+        key = self.__dict__.get("_yf_last")
+        return None if key is None else self.__dict__["_yf_constants"][key]
+
+
+class SyncFreeDetectionLoss(SyncFreeLoss, v8DetectionLoss):
+    """``v8DetectionLoss`` that reads ``max_boxes`` and ``tal_candidates`` from the batch when it has them.
+
+    Installed by swapping classes in place (``install``): the criterion's state (hyperparameters, the
+    E2E schedule around it) stays Ultralytics'.
+    """
+
+    def _pad(self, targets: Tensor, batch_size: int, n: int, scale_tensor: Tensor) -> Tensor:
+        """Ultralytics' ``preprocess`` with the most boxes in one image given: the same tensor, no sync."""
+        nl, ne = targets.shape
+        if nl == 0:
+            return torch.zeros(batch_size, 0, ne - 1, device=self.device)
+        batch_idx = targets[:, 0].long()
+        out = torch.zeros(batch_size, n, ne - 1, device=self.device)
+        offsets = torch.zeros(batch_size + 1, dtype=torch.long, device=self.device)
+        offsets.scatter_add_(0, batch_idx + 1, torch.ones_like(batch_idx))
+        offsets = offsets.cumsum(0)
+        within_idx = torch.arange(nl, device=self.device) - offsets[batch_idx]
+        out[batch_idx, within_idx] = targets[:, 1:]  # a count too small: an index error, never a silent drop
+        out[..., 1:5] = xywh2xyxy(out[..., 1:5].mul_(scale_tensor))
+        return out
+
+    def padded_gt(self, batch: dict[str, Tensor], n: int) -> Tensor | None:
+        """This loss's padded pixel boxes for an Ultralytics batch, (B, n, 4) xyxy (None before the first call)."""
+        c = self.last_constants()
+        if c is None:
+            return None
+        targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
+        return self._pad(targets.to(self.device), len(batch["img"]), n, c.scale)[..., 1:5]
+
+    def get_assigned_targets_and_loss(self, preds: dict[str, Tensor], batch: dict[str, Any], **assign_kwargs):
+        """Ultralytics 8.4.190's code with the counts from the batch (see the module docstring); older releases of
+        the range compute the same values (``COPIED`` says how each differs)."""
+        n = batch.get(MAX_BOXES)
+        # n == 0, a batch without boxes: no sync to save (the assigner returns at once), and before 8.4.144 its
+        # foreground mask is float there, which only Ultralytics' own guard (8.4.138-153) keeps from the box loss
+        if not n or assign_kwargs or self.device.type == "mps" or self.__dict__.get("_yf_off"):
+            return super().get_assigned_targets_and_loss(preds, batch, **assign_kwargs)
+        loss = torch.zeros(3, device=self.device)  # box, cls, dfl
+        pred_distri, pred_scores = (preds["boxes"].permute(0, 2, 1).contiguous(),
+                                    preds["scores"].permute(0, 2, 1).contiguous())
+        dtype = pred_scores.dtype
+        batch_size = pred_scores.shape[0]
+        c = self._constants(preds["feats"], dtype)
+        anchor_points, stride_tensor, imgsz = c.anchor_points, c.stride_tensor, c.imgsz
+
+        targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
+        targets = self._pad(targets.to(self.device), batch_size, n, c.scale)
+        gt_labels, gt_bboxes = targets.split((1, 4), 2)
+        mask_gt = gt_bboxes.sum(2, keepdim=True).gt_(0.0)
+        pred_bboxes = self.bbox_decode(anchor_points, pred_distri)
+
+        candidates = batch.get(CANDIDATES)
+        self.assigner.candidates = None if candidates is None else (candidates, batch_size)
+        try:
+            _, target_bboxes, target_scores, fg_mask, target_gt_idx = self.assigner(
+                pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_tensor).type(gt_bboxes.dtype),
+                anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt)
+        finally:
+            self.assigner.candidates = None
+        target_scores_sum = target_scores.sum().clamp_(min=1)
+
+        bce_loss = self.bce(pred_scores, target_scores.to(dtype))
+        if self.class_weights is not None:
+            bce_loss *= self.class_weights
+        loss[1] = bce_loss.sum() / target_scores_sum
+
+        if candidates is not None:  # the foreground: at most topk anchors per box, at most the candidates
+            self.bbox_loss.bound = max(1, min(batch_size * pred_scores.shape[1], batch_size * n * self.assigner.topk,
+                                              candidates))
+        try:
+            loss[0], loss[2] = self.bbox_loss(pred_distri, pred_bboxes, anchor_points, target_bboxes / stride_tensor,
+                                              target_scores, target_scores_sum, fg_mask, imgsz, stride_tensor)
+        finally:
+            self.bbox_loss.bound = None
+        loss[0] *= self.hyp.box
+        loss[1] *= self.hyp.cls
+        loss[2] *= self.hyp.dfl
+        return ((fg_mask, target_gt_idx, target_bboxes, anchor_points, stride_tensor), loss,
+                dict(zip(self.loss_names, loss.detach())))
+
+    def early_candidates(self, gt_xyxy: Tensor) -> Tensor | None:
+        """The count ``get_box_metrics`` will gather for these boxes, on the device (no sync); None before the
+        first loss call has made the anchors.
+
+        The assigner tests every (box, anchor) pair: anchor centre strictly inside the box, the box's sides
+        first raised to ``stride_val`` (``select_candidates_in_gts``). The anchors of a level form a grid, so a
+        box holds (centres x inside) x (centres y inside) of them: two ``searchsorted`` per level and box,
+        against the same float32 centres and box edges, instead of a (B, K, anchors) mask. Its ``> eps``
+        tests are strict comparisons here (centres are at least 2 px apart from 0; float32 differences of
+        distinct values are far above 1e-9).
+
+        Args:
+            gt_xyxy: (B, K, 4) boxes in pixels as the loss's padding makes them; rows of zeros are padding.
+        """
+        c = self.last_constants()
+        if c is None:
+            return None
+        mask_gt = gt_xyxy.sum(2, keepdim=True).gt_(0.0)
+        stride_val = self.assigner.stride_val
+        xywh = xyxy2xywh(gt_xyxy)  # the assigner's own steps, elementwise: the same edges to the last bit
+        wh_mask = xywh[..., 2:] < stride_val
+        xywh[..., 2:] = torch.where((wh_mask * mask_gt).bool(), float(stride_val), xywh[..., 2:])
+        box = xywh2xyxy(xywh).float()
+        total = torch.zeros(gt_xyxy.shape[:2], dtype=torch.int64, device=gt_xyxy.device)
+        for cx, cy in c.centers:
+            nx = torch.searchsorted(cx, box[..., 2].contiguous()) - torch.searchsorted(cx, box[..., 0].contiguous(),
+                                                                                       right=True)
+            ny = torch.searchsorted(cy, box[..., 3].contiguous()) - torch.searchsorted(cy, box[..., 1].contiguous(),
+                                                                                       right=True)
+            total += nx.clamp_(min=0) * ny.clamp_(min=0)
+        return (total * mask_gt[..., 0].long()).sum()
+
+
+
+def padded_gt_from_ultralytics(batch: dict[str, Tensor], n: int, loss: SyncFreeLoss) -> Tensor | None:
+    """The loss's padded pixel boxes for an Ultralytics batch (the ceiling's replayed batches), as its
+    ``early_candidates`` takes them: (B, n, 4) xyxy, or (B, n, 5) xywhr for OBB; None before the first loss call."""
+    return loss.padded_gt(batch, n)
+
+
+def padded_gt_from_augmented(boxes: Tensor, valid: Tensor, size: int, loss: SyncFreeDetectionLoss) -> Tensor | None:
+    """The loss's padded pixel boxes for an ``AugmentedBatch`` (B, K, 4 xyxy pixels; valid (B, K)), computed by
+    the same elementwise steps as ``to_ultralytics`` and the loss's padding, so every box has the same value."""
+    c = loss.last_constants()
+    if c is None:
+        return None
+    xywh = normalised_xywh(boxes, size)
+    xywh = torch.where(valid[..., None], xywh, 0.0).to(torch.float32)
+    return xywh2xyxy(xywh.mul_(c.scale))
