@@ -295,15 +295,14 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     if src.task == "obb":  # the same: each kept image's corners, one row per label row
         kept = [q for q, lb in zip(corners, labels) if lb is not None]
         sections["corners"] = corner_section(np.concatenate(kept) if counts.sum() else np.zeros((0, 4, 2)))
-    kept_polygons = [p for ps, lb in zip(polygons, labels) if lb is not None for p in ps or ()]
+    per_image = [ps or [] for ps, lb in zip(polygons, labels) if lb is not None]  # each kept image's, as counts
+    kept_polygons = [p for ps in per_image for p in ps]
     keeps = detect_keeps_polygons(src.task, len(kept_polygons), int(counts.sum()))
     if src.task == "segment" or keeps:
         sections.update(polygon_sections(kept_polygons))  # each kept image's polygons, one per label row
-    # polygon and box rows mixed: Ultralytics decides on the files a fraction= keeps (it cuts them first), so say
-    # which images hold box rows (the trainer warns where a run's share holds none of them)
-    box_images = ([i for i, (ps, c) in enumerate(zip([ps for ps, lb in zip(polygons, labels) if lb is not None],
-                                                       counts)) if c and not ps]
-                  if src.task == "detect" and kept_polygons and not keeps else None)
+    box_images = None  # polygon and box rows mixed: Ultralytics decides on the files a fraction= keeps (it cuts them
+    if src.task == "detect" and kept_polygons and not keeps:  # first): the images with box rows, for its warning
+        box_images = [i for i, (ps, c) in enumerate(zip(per_image, counts)) if c and not ps]
     missing = sum(1 for _, note in notes if note.startswith("label file missing"))
     seconds = time.perf_counter() - t0
     header = {
