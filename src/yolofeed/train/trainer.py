@@ -706,33 +706,36 @@ def check_task_data(model: str, task: str, data: str) -> None:
     src = split_source(data, "train", task)  # pose: the yaml's kpt_shape, as yolofeed train checks it
     if task not in ("obb", "segment"):
         return
-    for label_file in src.label_files[:SAMPLED_LABELS]:
-        try:
-            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
-        except (OSError, UnicodeDecodeError):
-            continue  # the pack's check reports it, file by file
-        if rows:
-            if all(len(r) == 5 for r in rows):
-                needs = ("the 4 corners of each rotated box (class x1 y1 ... x4 y4)" if task == "obb"
-                         else "a polygon for each object (class x1 y1 x2 y2 x3 y3 ...)")
-                raise DatasetError(f"model={model} is {keys.a_kind(task)} model and {label_file} holds box rows "
-                                   f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
-                                   "detection model")
-            return
+    for label_file, rows in _first_label_rows(src.label_files):
+        if all(len(r) == 5 for r in rows):
+            needs = ("the 4 corners of each rotated box (class x1 y1 ... x4 y4)" if task == "obb"
+                     else "a polygon for each object (class x1 y1 x2 y2 x3 y3 ...)")
+            raise DatasetError(f"model={model} is {keys.a_kind(task)} model and {label_file} holds box rows "
+                               f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
+                               "detection model")
+        return
 
 
 def first_polygon_labels(data: str) -> str | None:
     """The first label file of polygon rows among the train split's first ``SAMPLED_LABELS``; None where none is."""
     from yolofeed.pack.source import split_source
 
-    for label_file in split_source(data, "train", "detect").label_files[:SAMPLED_LABELS]:
-        try:
-            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
-        except (OSError, UnicodeDecodeError):
-            continue  # the pack's check reports it, file by file
+    for label_file, rows in _first_label_rows(split_source(data, "train", "detect").label_files):
         if any(len(r) > 6 for r in rows):  # verify_image_label's test for segment rows
             return label_file
     return None
+
+
+def _first_label_rows(label_files: list[str]):
+    """Each readable label file with rows among the first ``SAMPLED_LABELS``, and its rows split (a look before the
+    pack is built: the pack's check reports unreadable files, file by file)."""
+    for label_file in label_files[:SAMPLED_LABELS]:
+        try:
+            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
+        except (OSError, UnicodeDecodeError):
+            continue
+        if rows:
+            yield label_file, rows
 
 
 def train_side(imgsz: int | list[int], stride: int = 32) -> int:
