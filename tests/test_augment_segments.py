@@ -460,6 +460,23 @@ def test_the_pool_keeps_polygons_and_gives_the_gathered_batch():
         pool.push(dataclasses.replace(batch, polygons=None, polygon_lengths=None))  # one pool, one dataset
 
 
+@pytest.mark.parametrize("long", [None, {(0, 1): 1200}], ids=["1000", "longer"])
+def test_the_pool_keeps_each_row_resampled_as_the_whole_ring_would_be(long):
+    """The ring resamples each batch's polygons once, as it enters: after pushes of several label widths that wrap
+    around, every row equals ``source_polygons`` of the whole ring (its zeros past a row's labels included)."""
+    pool = PartnerPool(7, 4)  # 10 rows: the fourth batch wraps
+    for seed, width in ((40, 3), (41, 2), (42, 4), (43, 1)):
+        batch = segment_batch(4, seed=seed, width=width, long=long and {(0, 0): 1200})
+        pad = (1200 if long else 40) - batch.polygons.shape[2]  # the loader pads to the dataset's longest
+        pool.push(dataclasses.replace(batch, polygons=torch.nn.functional.pad(batch.polygons, (0, 0, 0, pad))))
+    ring = pool.sources
+    ours, points = gp.source_polygons(ring.polygons, ring.polygon_lengths, ring.valid)
+    assert torch.equal(ring.resampled_polygons, ours) and ring.valid.any()
+    assert (points is None) == (long is None) and (ring.resampled_points is None) == (long is None)
+    if points is not None:
+        assert torch.equal(ring.resampled_points, points) and points.tolist().count(1201) == 2  # rows 8 and 2
+
+
 def test_a_copy_to_another_device_keeps_the_polygon_lengths():
     from yolofeed.loader.prefetch import to_device_source
 

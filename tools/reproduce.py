@@ -261,6 +261,14 @@ SECTIONS = {s.name: s for s in (
         LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"), "wait; tail -5 $OUT/gpu_tests_detect_polygons.txt",
         "timeout 300 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
+    Section("polygon-ring", "Detection on polygon labels", "nvidia-h200", 1, 7, (
+        # the polygons resampled as they enter the partner pool's ring, not the whole ring each batch: the
+        # augmentation with a full pool (seg_profile), then yolo11n (detection) on the segment set's polygons
+        *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
+        "| grep '^{' | tail -1", "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
+        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
+        "timeout 300 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+        f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
     Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
         *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
         "| grep -v Warning")),

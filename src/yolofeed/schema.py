@@ -64,6 +64,10 @@ class SourceBatch(LabelKinds):
         polygons: (N, L, P, 2) float32 normalised x, y of each slot's polygon as its label file lists it, zero past
             its ``polygon_lengths`` (N, L) int64 points (0 in a slot without a label); P the most any row has.
             Ultralytics resamples them (``geometry.polygons``) before the ops move them and makes masks at the end.
+        resampled_polygons: (N, L, W, 2) float32 the polygons resampled so (``geometry.polygons.source_polygons``),
+            made once as a batch enters a partner pool's ring, which the ops then read instead of resampling every
+            row of it each batch; None: the augmentation resamples ``polygons``. resampled_points: (N,) int64 each
+            image's n where a stored polygon has more than 1,000 points, else None.
     """
 
     images: Tensor
@@ -75,6 +79,8 @@ class SourceBatch(LabelKinds):
     corners: Tensor | None = None
     polygons: Tensor | None = None
     polygon_lengths: Tensor | None = None  # with polygons: how many of each slot's P points are its own
+    resampled_polygons: Tensor | None = None
+    resampled_points: Tensor | None = None
 
 
 @dataclass

@@ -7,6 +7,9 @@ and writes to ``$OUT/seg_profile.json``:
   points W, and how many of the B x K slots hold an instance;
 * CUDA-event medians of the augmentation replayed as a CUDA graph: without masks, with masks of every padded slot,
   and with masks of ``mask_capacity``'s bound (the trainer's);
+* with partners from a full ``PartnerPool`` of Ultralytics' size, as the trainer draws them: the batch's push and
+  the graph's replay, without and with masks; and the ops on the ring (graphed, no masks, the same draws) reading its
+  polygons resampled as each row entered it (the pool's way) against resampling every row of the ring;
 * the masks alone (``with_masks``, eager and graphed) over every padded slot, and ``fill_polygons`` over the valid
   slots only, packed to the front, in chunks of 128, 256 and 512 polygons;
 * with ``--copy-paste P``: the augmentation with masks of the trainer's bound and copy-paste at P (flip mode),
@@ -31,6 +34,7 @@ import torch
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.graphs import GraphedAugment
 from yolofeed.augment.masks import MaskedAugment, mask_capacity, with_masks
+from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.kernels.polyfill import fill_polygons
 from yolofeed.loader import TrainLoader
 from yolofeed.pack import open_or_build
@@ -70,6 +74,27 @@ def graphed(fn):
     with torch.cuda.graph(g):
         fn()
     return g.replay
+
+
+def pool_ring(source, hyp: AugmentHyp, labels: tuple, capacity: int, iters: int, g: torch.Generator) -> dict:
+    """The augmentation with partners from a full pool of ``capacity`` images (``source`` pushed until it is full),
+    as the trainer runs it; and the ops on its ring with the pool's resampled polygons against resampling them all."""
+    n, dev, res = len(source.valid), source.images.device, {"pool_rows": 0}
+    for name, aug in (("plain", GpuAugment(hyp)), ("masked", MaskedAugment(hyp, labels=labels))):
+        pool = PartnerPool(capacity, n + 1)
+        run = GraphedAugment(aug, seed=1, pool=pool) if dev.type == "cuda" else (lambda s, a=aug, p=pool: a(s, g, p))
+        for _ in range(-(-pool.rows // n)):  # fill the ring
+            run(source)
+        res["pool_rows"] = pool.rows
+        res[f"graphed_pool_{name}_ms"] = median_ms(lambda run=run: run(source), iters)
+    ring = pool.sources
+    aug = GpuAugment(hyp)
+    params = aug.sample(n, g, dev, pool.partners(pool.loaded - n, n))
+    every_row = dataclasses.replace(ring, resampled_polygons=None, resampled_points=None)
+    res["graphed_ops_on_ring_resampled_ahead_ms"] = median_ms(graphed(lambda: aug.apply(ring, params)), iters)
+    res["graphed_ops_on_ring_resampling_every_row_ms"] = median_ms(graphed(lambda: aug.apply(every_row, params)),
+                                                                   iters)
+    return res
 
 
 def main() -> None:
@@ -113,6 +138,8 @@ def main() -> None:
     res["eager_plain_ms"] = median_ms(lambda: plain(source, g), max(3, a.iters // 4))
     res["eager_masks_only_ms"] = median_ms(lambda: with_masks(out, 4, True), max(3, a.iters // 4))
     res["graphed_masks_only_ms"] = median_ms(graphed(lambda: with_masks(out, 4, True)), a.iters)
+    res.update(pool_ring(source, hyp, labels, ultralytics_capacity(len(pack), a.batch), a.iters, g))
+    print(json.dumps(res), flush=True)
     hyp_cp = dataclasses.replace(hyp, copy_paste=a.copy_paste)
     if a.copy_paste > 0:
         cp = MaskedAugment(hyp_cp, labels=labels)

@@ -232,9 +232,11 @@ class GpuAugment:
         # the corners as Ultralytics' dataset gives them, 100 points each: every source row once (a pool's whole
         # ring, a few float64 kernels), before the mosaic gathers them 4 or 9 times
         segments = None if sources.corners is None else resample_corners(sources.corners)
-        # the polygons likewise, 1,000 points each (more in an image with a longer one): every source row once
-        polygons, points = (None, None) if sources.polygons is None else source_polygons(
-            sources.polygons, sources.polygon_lengths, sources.valid)
+        # the polygons likewise, 1,000 points each (more in an image with a longer one): every source row once, or
+        # as a partner pool's ring keeps them, resampled as each row entered it
+        polygons, points = sources.resampled_polygons, sources.resampled_points
+        if sources.polygons is not None and polygons is None:
+            polygons, points = source_polygons(sources.polygons, sources.polygon_lengths, sources.valid)
         labels = Labels(sources.cls, sources.boxes, sources.valid, sources.keypoints, segments, polygons, points)
         for op in WARP:
             draws = getattr(p, op.name)

@@ -12,8 +12,15 @@ a ring of rows as it arrives (the copy the CUDA graph's input needed anyway, so 
 reaches back as far as Ultralytics' buffer would. The ring has ``max_batch`` rows more than the window,
 so a batch never overwrites an image one of its own samples may still draw.
 
+Segmentation's polygons (and detection's, where every label row is one) are resampled as Ultralytics' dataset
+resamples them (``geometry.polygons.source_polygons``, 1,000 points each) once, as their batch enters the ring, and
+kept there resampled: the ops gather a batch's partners from every row of the ring, and resampling the whole ring
+each batch (about 9 x the batch's polygons, a float64 sort of 2,000 positions each) cost more than the step.
+
 Memory: ``rows * imgsz**2 * 3`` bytes of images, 1.39 GB at 640 px for Ultralytics' cap (999 + 129 rows); the
-labels, keypoints and OBB corners included, are small beside them.
+labels, keypoints and OBB corners included, are small beside them. Resampled polygons are not: ``rows * slots *
+8,000`` bytes (the slots a multiple of 16 at or above the most labels an image has), 0.29 GB at 32 slots
+(``nbytes``).
 ``partner_pool=0`` (``within_batch``) takes partners from the batch itself and needs none.
 """
 
@@ -23,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolofeed.augment.geometry.polygons import POINTS, source_polygons
 from yolofeed.augment.partners import Partners
 from yolofeed.errors import ConfigError
 from yolofeed.schema import SourceBatch
@@ -53,6 +61,12 @@ def slot_dtype(kind: str) -> torch.dtype:
     return torch.int64 if kind == "polygon_lengths" else torch.float32
 
 
+def resampled_width(polygon_points: int) -> int:
+    """The points a resampled polygon row holds (``source_polygons``): 1,000, or one more than the stored polygons'
+    most where that is more."""
+    return POINTS if polygon_points <= POINTS else polygon_points + 1
+
+
 class PartnerPool:
     """The most recently loaded training images and their labels, on the device (Ultralytics' ``dataset.buffer``).
 
@@ -77,20 +91,31 @@ class PartnerPool:
         self.sources: SourceBatch | None = None  # the ring, allocated on the first push
         self.ids = np.full(self.rows, -1, np.int64)  # the dataset index in each row, where push was told it
 
-    def nbytes(self, imgsz: int) -> int:
-        """Device memory the ring's images take at ``imgsz``."""
-        return self.rows * imgsz * imgsz * 3
+    def nbytes(self, imgsz: int, labels: int = 0, polygon_points: int = 0) -> int:
+        """Device memory the ring takes at ``imgsz``: its images, and with ``polygon_points`` (the most points a
+        stored polygon has; 0 without polygons) its polygons as stored and resampled, ``labels`` (the most an image
+        has) a row."""
+        if not polygon_points:
+            return self.rows * imgsz * imgsz * 3
+        slots = -(-max(labels, 1) // LABEL_BUCKET) * LABEL_BUCKET
+        return self.rows * (imgsz * imgsz * 3 + slots * 8 * (polygon_points + 1 + resampled_width(polygon_points)))
 
     def _allocate(self, batch: SourceBatch) -> SourceBatch:
         _, hm, wm, c = batch.images.shape
         width = -(-max(batch.valid.shape[1], 1) // LABEL_BUCKET) * LABEL_BUCKET
         dev, r = batch.images.device, self.rows
+        resampled = {}
+        if batch.polygons is not None:
+            p = batch.polygons.shape[2]
+            resampled["resampled_polygons"] = torch.zeros((r, width, resampled_width(p), 2), device=dev)
+            if p > POINTS:
+                resampled["resampled_points"] = torch.full((r,), POINTS, dtype=torch.int64, device=dev)
         return SourceBatch(torch.zeros((r, hm, wm, c), dtype=torch.uint8, device=dev),
                            torch.ones((r, 2), dtype=torch.int64, device=dev) * min(hm, wm),
                            torch.zeros((r, width), device=dev), torch.zeros((r, width, 4), device=dev),
                            torch.zeros((r, width), dtype=torch.bool, device=dev),
                            **{k: torch.zeros((r, width, *size), dtype=slot_dtype(k), device=dev)
-                              for k, size in slot_shapes(batch).items()})
+                              for k, size in slot_shapes(batch).items()}, **resampled)
 
     def push(self, batch: SourceBatch, ids: np.ndarray | None = None) -> int:
         """Copy a loaded batch into the ring (asynchronously, on the current stream).
@@ -113,6 +138,9 @@ class PartnerPool:
         if slot_shapes(batch) != slot_shapes(ring):
             raise ValueError(f"batch labels {slot_shapes(batch)} per slot (beyond classes and boxes) do not fit the "
                              f"partner pool's {slot_shapes(ring)}: one pool serves one dataset")
+        resampled = points = None
+        if batch.polygons is not None:  # this batch's rows once, here, not the ring's every batch
+            resampled, points = source_polygons(batch.polygons, batch.polygon_lengths, batch.valid)
         first, start = self.loaded, self.loaded % self.rows
         head = min(n, self.rows - start)
         for lo, count, at in ((start, head, 0), (0, n - head, head)):  # at most two runs: the ring wraps once
@@ -127,6 +155,11 @@ class PartnerPool:
             ring.valid[rows, :width].copy_(batch.valid[src], non_blocking=True)
             for k in slot_shapes(batch):  # keypoints, corners, polygons and their lengths
                 getattr(ring, k)[rows, :width].copy_(getattr(batch, k)[src], non_blocking=True)
+            if resampled is not None:
+                ring.resampled_polygons[rows].zero_()  # the slots past this batch's: zeros, as source_polygons'
+                ring.resampled_polygons[rows, :width].copy_(resampled[src])
+                if points is not None:
+                    ring.resampled_points[rows].copy_(points[src])
             if ids is not None:
                 self.ids[rows] = np.asarray(ids)[src]
         self.loaded += n

@@ -260,10 +260,12 @@ class FastTrainer(SyncFreeStep):
             if self.carried_task == "detect" and self.hyp.copy_paste > 0:  # the labels decide, all of them
                 keys.check_detect_copy_paste(self.hyp.copy_paste, None if pack.polygon_lengths is None else
                                              pack.header["source"]["label_dir"])
+            table = loader.prefetcher.labels
             if rank in (-1, 0):
-                _warn_long_polygons(pack, loader.prefetcher.labels)
+                _warn_long_polygons(pack, table)
                 _warn_polygons_in_share(pack, fraction)
-            self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz)
+            self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz, table.width,
+                                            table.polygon_width)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
                 graphed.drop_stale(self, batch_size)
             self._warm = loader, loader.prefetcher.labels.width
@@ -521,8 +523,11 @@ class FastTrainer(SyncFreeStep):
                                   self.step_input_dtype() or torch.float32)
 
     # -- augmentation -------------------------------------------------------------------------
-    def _partner_pool(self, n_images: int, batch_size: int, imgsz: int) -> PartnerPool | None:
-        """The pool of recent images partners are drawn from, sized by ``partner_pool``; None: the batch itself."""
+    def _partner_pool(self, n_images: int, batch_size: int, imgsz: int, labels: int = 0,
+                      polygon_points: int = 0) -> PartnerPool | None:
+        """The pool of recent images partners are drawn from, sized by ``partner_pool``; None: the batch itself.
+        ``labels`` and ``polygon_points``: the most labels an image has and points a polygon has, for the memory
+        line (``PartnerPool.nbytes``)."""
         size = self.partner_pool
         if isinstance(size, str) and size.strip().isdigit():  # from the command line
             size = int(size)
@@ -537,7 +542,8 @@ class FastTrainer(SyncFreeStep):
         pool = PartnerPool(size, batch_size + 1)  # the sampler's last batch may hold one image more
         if RANK in (-1, 0):
             LOGGER.info(f"yolofeed: mosaic/MixUp/CutMix partners from the last {pool.keep} images loaded, as "
-                        f"Ultralytics' buffer ({pool.nbytes(imgsz) / 1e9:.2f} GB of GPU memory; partner_pool=N "
+                        f"Ultralytics' buffer ({pool.nbytes(imgsz, labels, polygon_points) / 1e9:.2f} "
+                        "GB of GPU memory; partner_pool=N "
                         "for fewer)")
         return pool
 
