@@ -269,6 +269,14 @@ SECTIONS = {s.name: s for s in (
         LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
         "timeout 300 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
+    Section("polygon-loader", "Detection on polygon labels", "nvidia-h200", 1, 9, (
+        # the loader gathering a batch's real polygon points only: yolo11n (detection) on the segment set's
+        # polygons, then yolo11n-seg, each side by side
+        SECTIONS_SEG[0], "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
+        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
+        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+        f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS,
+        *SECTIONS_SEG[1:3], SECTIONS_SEG[3].replace("timeout 360", "timeout 280"), NO_WEIGHTS)),
     Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
         *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
         "| grep -v Warning")),
