@@ -153,6 +153,8 @@ SECTIONS = {s.name: s for s in (
         "timeout 200 python3 -m tools.device.build_parts /tmp/synth/data.yaml --workers 16 --repeats 3 "
         "--dir /dev/shm")),
     Section("crc", "Checking pixels on every read", "any (CPU)", 0, 1, ("python3 -m tools.pack_crc_cost",)),
+    Section("loader-polygons", "Detection on polygon labels", "any (CPU)", 0, 1,
+            ("python3 -m tools.loader_polygon_cost",)),
     Section("augment", "GPU augmentation", "nvidia-h200", 1, 3, (
         "python3 -m yolofeed synth out=/tmp/synth-aug n_train=1024 n_val=8 seed=0",
         "python3 -m pytest -q -m gpu tests/test_augment_gpu.py -p no:cacheprovider -rA 2>&1 | tail -12",
