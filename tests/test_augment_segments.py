@@ -446,7 +446,7 @@ def test_the_pool_keeps_polygons_and_gives_the_gathered_batch():
     first = pool.push(batch)
     params = aug.sample(B, torch.Generator().manual_seed(6), partners=pool.partners(first, B))
     pooled = aug.apply(pool.sources, params)
-    assert pool.sources.polygon_lengths.dtype == torch.int64
+    assert pool.sources.resampled_polygons.dtype == torch.float32 and pool.sources.polygons is None
     pad = pool.sources.valid.shape[1] - 3
     gathered = SourceBatch(batch.images, batch.hw, torch.nn.functional.pad(batch.cls, (0, pad)),
                            torch.nn.functional.pad(batch.boxes, (0, 0, 0, pad)),
@@ -461,20 +461,32 @@ def test_the_pool_keeps_polygons_and_gives_the_gathered_batch():
 
 
 @pytest.mark.parametrize("long", [None, {(0, 1): 1200}], ids=["1000", "longer"])
-def test_the_pool_keeps_each_row_resampled_as_the_whole_ring_would_be(long):
+def test_the_pool_keeps_each_row_resampled_as_it_was_pushed(long):
     """The ring resamples each batch's polygons once, as it enters: after pushes of several label widths that wrap
-    around, every row equals ``source_polygons`` of the whole ring (its zeros past a row's labels included)."""
-    pool = PartnerPool(7, 4)  # 10 rows: the fourth batch wraps
+    around, every row holds ``source_polygons`` of the row pushed there (its zeros past the labels included), and
+    the ring keeps no polygons as stored."""
+    pool, pushed = PartnerPool(7, 4), []  # 10 rows: the fourth batch wraps
     for seed, width in ((40, 3), (41, 2), (42, 4), (43, 1)):
         batch = segment_batch(4, seed=seed, width=width, long=long and {(0, 0): 1200})
         pad = (1200 if long else 40) - batch.polygons.shape[2]  # the loader pads to the dataset's longest
-        pool.push(dataclasses.replace(batch, polygons=torch.nn.functional.pad(batch.polygons, (0, 0, 0, pad))))
+        pushed.append(dataclasses.replace(batch, polygons=torch.nn.functional.pad(batch.polygons, (0, 0, 0, pad))))
+        pool.push(pushed[-1])
     ring = pool.sources
-    ours, points = gp.source_polygons(ring.polygons, ring.polygon_lengths, ring.valid)
-    assert torch.equal(ring.resampled_polygons, ours) and ring.valid.any()
+    assert ring.polygons is None and ring.polygon_lengths is None  # kept resampled only
+    rows = [8, 9, 0, 1] + [2, 3, 4, 5] + [6, 7]  # the third batch's, the fourth's, the second's last two
+    slots = ring.valid.shape[1]
+    stored = [(b, i) for b in pushed[2:] for i in range(4)] + [(pushed[1], 2), (pushed[1], 3)]
+    polygons = torch.stack([torch.nn.functional.pad(b.polygons[i], (0, 0, 0, 0, 0, slots - b.valid.shape[1]))
+                            for b, i in stored])
+    lengths = torch.stack([torch.nn.functional.pad(b.polygon_lengths[i], (0, slots - b.valid.shape[1]))
+                           for b, i in stored])
+    assert torch.equal(torch.stack([torch.nn.functional.pad(b.valid[i], (0, slots - b.valid.shape[1]))
+                                    for b, i in stored]), ring.valid[rows])
+    ours, points = gp.source_polygons(polygons, lengths, ring.valid[rows])
+    assert torch.equal(ring.resampled_polygons[rows], ours) and ring.valid.any()
     assert (points is None) == (long is None) and (ring.resampled_points is None) == (long is None)
     if points is not None:
-        assert torch.equal(ring.resampled_points, points) and points.tolist().count(1201) == 2  # rows 8 and 2
+        assert torch.equal(ring.resampled_points[rows], points) and points.tolist().count(1201) == 2  # rows 8, 2
 
 
 def test_a_copy_to_another_device_keeps_the_polygon_lengths():

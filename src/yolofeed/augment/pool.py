@@ -14,8 +14,9 @@ so a batch never overwrites an image one of its own samples may still draw.
 
 Segmentation's polygons (and detection's, where every label row is one) are resampled as Ultralytics' dataset
 resamples them (``geometry.polygons.source_polygons``, 1,000 points each) once, as their batch enters the ring, and
-kept there resampled: the ops gather a batch's partners from every row of the ring, and resampling the whole ring
-each batch (about 9 x the batch's polygons, a float64 sort of 2,000 positions each) cost more than the step.
+kept there resampled, not as stored (the ops read nothing else): the ops gather a batch's partners from every row of
+the ring, and resampling the whole ring each batch (about 9 x the batch's polygons, a float64 sort of 2,000
+positions each) cost more than the step.
 
 Memory: ``rows * imgsz**2 * 3`` bytes of images, 1.39 GB at 640 px for Ultralytics' cap (999 + 129 rows); the
 labels, keypoints and OBB corners included, are small beside them. Resampled polygons are not: ``rows * slots *
@@ -45,9 +46,10 @@ def ultralytics_capacity(n_images: int, batch: int) -> int:
     return min(n_images, BATCHES_BUFFERED * batch, MAX_BUFFER)
 
 
-# the optional fields of a fixed shape per label slot, kept in the ring: a segment pack's polygons are padded to its
-# longest, so they have one too
+# the optional fields of a fixed shape per label slot: a segment pack's polygons are padded to its longest, so they
+# have one too; the ring keeps the polygons resampled instead (STORED_ONLY: not in the ring)
 SLOT_KINDS = ("keypoints", "corners", "polygons", "polygon_lengths")
+STORED_ONLY = ("polygons", "polygon_lengths")
 
 
 def slot_shapes(batch: SourceBatch) -> dict[str, tuple[int, ...]]:
@@ -89,16 +91,16 @@ class PartnerPool:
         self.rows = self.keep + max_batch
         self.loaded = 0  # images pushed so far, on the host: the ring position is never read back from the device
         self.sources: SourceBatch | None = None  # the ring, allocated on the first push
+        self.slots: dict[str, tuple[int, ...]] = {}  # what the batches carry per label slot (slot_shapes)
         self.ids = np.full(self.rows, -1, np.int64)  # the dataset index in each row, where push was told it
 
     def nbytes(self, imgsz: int, labels: int = 0, polygon_points: int = 0) -> int:
         """Device memory the ring takes at ``imgsz``: its images, and with ``polygon_points`` (the most points a
-        stored polygon has; 0 without polygons) its polygons as stored and resampled, ``labels`` (the most an image
-        has) a row."""
+        stored polygon has; 0 without polygons) its resampled polygons, ``labels`` (the most an image has) a row."""
         if not polygon_points:
             return self.rows * imgsz * imgsz * 3
         slots = -(-max(labels, 1) // LABEL_BUCKET) * LABEL_BUCKET
-        return self.rows * (imgsz * imgsz * 3 + slots * 8 * (polygon_points + 1 + resampled_width(polygon_points)))
+        return self.rows * (imgsz * imgsz * 3 + slots * 8 * resampled_width(polygon_points))
 
     def _allocate(self, batch: SourceBatch) -> SourceBatch:
         _, hm, wm, c = batch.images.shape
@@ -115,7 +117,7 @@ class PartnerPool:
                            torch.zeros((r, width), device=dev), torch.zeros((r, width, 4), device=dev),
                            torch.zeros((r, width), dtype=torch.bool, device=dev),
                            **{k: torch.zeros((r, width, *size), dtype=slot_dtype(k), device=dev)
-                              for k, size in slot_shapes(batch).items()}, **resampled)
+                              for k, size in slot_shapes(batch).items() if k not in STORED_ONLY}, **resampled)
 
     def push(self, batch: SourceBatch, ids: np.ndarray | None = None) -> int:
         """Copy a loaded batch into the ring (asynchronously, on the current stream).
@@ -130,14 +132,14 @@ class PartnerPool:
         if n > self.max_batch:
             raise ValueError(f"a batch of {n} images does not fit a partner pool made for batches of {self.max_batch}")
         if self.sources is None:
-            self.sources = self._allocate(batch)
+            self.sources, self.slots = self._allocate(batch), slot_shapes(batch)
         ring = self.sources
         if batch.images.shape[1:] != ring.images.shape[1:] or width > ring.valid.shape[1]:
             raise ValueError(f"batch images {tuple(batch.images.shape[1:])} with {width} label slots do not fit the "
                              f"partner pool's {tuple(ring.images.shape[1:])} and {ring.valid.shape[1]}")
-        if slot_shapes(batch) != slot_shapes(ring):
+        if slot_shapes(batch) != self.slots:
             raise ValueError(f"batch labels {slot_shapes(batch)} per slot (beyond classes and boxes) do not fit the "
-                             f"partner pool's {slot_shapes(ring)}: one pool serves one dataset")
+                             f"partner pool's {self.slots}: one pool serves one dataset")
         resampled = points = None
         if batch.polygons is not None:  # this batch's rows once, here, not the ring's every batch
             resampled, points = source_polygons(batch.polygons, batch.polygon_lengths, batch.valid)
@@ -153,7 +155,7 @@ class PartnerPool:
             ring.cls[rows, :width].copy_(batch.cls[src], non_blocking=True)
             ring.boxes[rows, :width].copy_(batch.boxes[src], non_blocking=True)
             ring.valid[rows, :width].copy_(batch.valid[src], non_blocking=True)
-            for k in slot_shapes(batch):  # keypoints, corners, polygons and their lengths
+            for k in slot_shapes(ring):  # keypoints, corners
                 getattr(ring, k)[rows, :width].copy_(getattr(batch, k)[src], non_blocking=True)
             if resampled is not None:
                 ring.resampled_polygons[rows].zero_()  # the slots past this batch's: zeros, as source_polygons'
