@@ -144,6 +144,8 @@ def polygon_boxes(polygons: Tensor, w: int, h: int) -> Tensor:
     (``inside_polygon``), in segment2box's float32 arithmetic; zeros where there are none.
 
     Cost: per polygon point a few elementwise float32 passes for each of the 4 sides and 4 corners; no (W, W) product.
+    Each set of candidate points is reduced as it is made, so nothing of 9 x W points a polygon is held at once (a
+    mosaic batch holds 128 x 4 x the most labels an image has of them, 1,000 points each).
 
     Shape: polygons (..., W, 2) float32 pixels. Returns (..., 4) xyxy.
     """
@@ -152,18 +154,28 @@ def polygon_boxes(polygons: Tensor, w: int, h: int) -> Tensor:
     bounds = torch.stack([lo_x, lo_y, hi_x, hi_y], -1)
     inside = (lo_x >= 0) & (lo_y >= 0) & (hi_x <= w) & (hi_y <= h)
     outside = (hi_x < 0) | (hi_y < 0) | (lo_x > w) | (lo_y > h)
-    xs, ys, oks = [x], [y], [(x >= 0) & (y >= 0) & (x <= w) & (y <= h)]  # its points inside
+    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
+    part, any_ok = None, None  # the running bounds of the candidates so far (xyxy), and whether there is one
+
+    def take(px: Tensor, py: Tensor, ok: Tensor) -> None:  # one set of candidate points (..., n) and which count
+        nonlocal part, any_ok
+        got = torch.stack([torch.where(ok, px, inf).amin(-1), torch.where(ok, py, inf).amin(-1),
+                           torch.where(ok, px, -inf).amax(-1), torch.where(ok, py, -inf).amax(-1)], -1)
+        if part is None:
+            part, any_ok = got, ok.any(-1)
+            return
+        part = torch.cat([torch.minimum(part[..., :2], got[..., :2]), torch.maximum(part[..., 2:], got[..., 2:])], -1)
+        any_ok = any_ok | ok.any(-1)
+
+    take(x, y, (x >= 0) & (y >= 0) & (x <= w) & (y <= h))  # its points inside
     dx, dy = (polygons.roll(-1, -2) - polygons).unbind(-1)  # each point's edge to the next, the last to the first
     for axis, bound, lim in ((0, 0, h), (0, w, h), (1, 0, w), (1, h, w)):  # the sides x = 0, x = w, y = 0, y = h
         t = (bound - (x, y)[axis]) / (dx, dy)[axis]  # 0 / 0 and c / 0 fail the test below, as numpy's nan and inf
         ix, iy = x + t * dx, y + t * dy
-        xs.append(ix), ys.append(iy)
-        oks.append((t >= 0) & (t <= 1) & ((iy if axis == 0 else ix) >= 0) & ((iy if axis == 0 else ix) <= lim))
+        on = iy if axis == 0 else ix
+        take(ix, iy, (t >= 0) & (t <= 1) & (on >= 0) & (on <= lim))
     for cx, cy in ((0, 0), (w, 0), (0, h), (w, h)):  # the image's corners inside the polygon
-        oks.append(inside_polygon(polygons, cx, cy)[..., None])
-        xs.append(x.new_full(oks[-1].shape, cx)), ys.append(y.new_full(oks[-1].shape, cy))
-    px, py, ok = torch.cat(xs, -1), torch.cat(ys, -1), torch.cat(oks, -1)
-    part = torch.stack([torch.where(ok, px, torch.inf).amin(-1), torch.where(ok, py, torch.inf).amin(-1),
-                        torch.where(ok, px, -torch.inf).amax(-1), torch.where(ok, py, -torch.inf).amax(-1)], -1)
-    part = torch.where(ok.any(-1, keepdim=True), part, 0.0)  # no point: zeros
+        ok = inside_polygon(polygons, cx, cy)[..., None]
+        take(x.new_full(ok.shape, cx), y.new_full(ok.shape, cy), ok)
+    part = torch.where(any_ok[..., None], part, 0.0)  # no point: zeros
     return torch.where(inside[..., None], bounds, torch.where(outside[..., None], 0.0, part))
