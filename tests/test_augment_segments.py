@@ -460,7 +460,7 @@ def test_the_pool_keeps_polygons_and_gives_the_gathered_batch():
         pool.push(dataclasses.replace(batch, polygons=None, polygon_lengths=None))  # one pool, one dataset
 
 
-@pytest.mark.parametrize("long", [None, {(0, 1): 1200}], ids=["1000", "longer"])
+@pytest.mark.parametrize("long", [False, True], ids=["1000", "longer"])
 def test_the_pool_keeps_each_row_resampled_as_it_was_pushed(long):
     """The ring resamples each batch's polygons once, as it enters: after pushes of several label widths that wrap
     around, every row holds ``source_polygons`` of the row pushed there (its zeros past the labels included), and
@@ -484,9 +484,24 @@ def test_the_pool_keeps_each_row_resampled_as_it_was_pushed(long):
                                     for b, i in stored]), ring.valid[rows])
     ours, points = gp.source_polygons(polygons, lengths, ring.valid[rows])
     assert torch.equal(ring.resampled_polygons[rows], ours) and ring.valid.any()
-    assert (points is None) == (long is None) and (ring.resampled_points is None) == (long is None)
+    assert (points is None) == (not long) and (ring.resampled_points is None) == (not long)
     if points is not None:
         assert torch.equal(ring.resampled_points[rows], points) and points.tolist().count(1201) == 2  # rows 8, 2
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["1000", "longer"])
+def test_a_batch_without_label_slots_enters_a_pool_of_polygons(long):
+    """A batch of no label slots (L = 0) pushed into a pool that holds polygons: its rows have none, and the ops run."""
+    pool, aug = PartnerPool(8, 4), GpuAugment(_hyp(degrees=5.0))
+    full = segment_batch(4, seed=44, long=long and {(0, 0): 1200})
+    empty = SourceBatch(full.images, full.hw, full.cls[:, :0], full.boxes[:, :0], full.valid[:, :0],
+                        polygons=full.polygons[:, :0], polygon_lengths=full.polygon_lengths[:, :0])
+    pool.push(full)
+    first = pool.push(empty)
+    out = aug.apply(pool.sources, aug.sample(4, torch.Generator().manual_seed(44), partners=pool.partners(first, 4)))
+    assert not pool.sources.valid[4:].any() and out.segments.shape[:2] == out.valid.shape
+    resampled, _ = gp.source_polygons(empty.polygons, empty.polygon_lengths, empty.valid)
+    assert resampled.shape[:2] == (4, 0)
 
 
 def test_a_copy_to_another_device_keeps_the_polygon_lengths():
@@ -495,6 +510,10 @@ def test_a_copy_to_another_device_keeps_the_polygon_lengths():
     batch = segment_batch(2, seed=8)
     copy = to_device_source(batch, "cpu")
     assert torch.equal(copy.polygons, batch.polygons) and torch.equal(copy.polygon_lengths, batch.polygon_lengths)
+    pool = PartnerPool(4, 2)
+    pool.push(batch)
+    ring = to_device_source(pool.sources, "cpu")  # a ring keeps its polygons resampled only
+    assert torch.equal(ring.resampled_polygons, pool.sources.resampled_polygons) and ring.polygons is None
 
 
 def _on_cuda(batch: SourceBatch) -> SourceBatch:

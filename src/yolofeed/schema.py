@@ -66,8 +66,8 @@ class SourceBatch(LabelKinds):
             Ultralytics resamples them (``geometry.polygons``) before the ops move them and makes masks at the end.
         resampled_polygons: (N, L, W, 2) float32 the polygons resampled so (``geometry.polygons.source_polygons``),
             made once as a batch enters a partner pool's ring, which the ops then read instead of resampling every
-            row of it each batch; None: the augmentation resamples ``polygons``. resampled_points: (N,) int64 each
-            image's n where a stored polygon has more than 1,000 points, else None.
+            row of it each batch; None: the augmentation resamples ``polygons``. resampled_points: (N,) int64 every
+            image's n where the polygons are padded to more than 1,000 points (P > 1,000), else None.
     """
 
     images: Tensor

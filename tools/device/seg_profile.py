@@ -90,7 +90,16 @@ def pool_ring(source, hyp: AugmentHyp, labels: tuple, capacity: int, iters: int,
     ring = pool.sources
     aug = GpuAugment(hyp)
     params = aug.sample(n, g, dev, pool.partners(pool.loaded - n, n))
-    every_row = dataclasses.replace(ring, resampled_polygons=None, resampled_points=None)
+    # the ring with its rows' polygons as stored (it keeps them resampled only): row r holds the source row pushed
+    # there last, load position r + rows * k below ``loaded``
+    rows = torch.arange(pool.rows)
+    held = (rows + pool.rows * ((pool.loaded - 1 - rows) // pool.rows)) % n
+    slots = ring.valid.shape[1] - source.valid.shape[1]
+    every_row = dataclasses.replace(
+        ring, resampled_polygons=None, resampled_points=None,
+        polygons=torch.nn.functional.pad(source.polygons[held.to(dev)], (0, 0, 0, 0, 0, slots)),
+        polygon_lengths=torch.nn.functional.pad(source.polygon_lengths[held.to(dev)], (0, slots)))
+    assert torch.equal(every_row.valid, torch.nn.functional.pad(source.valid[held.to(dev)], (0, slots)))
     res["graphed_ops_on_ring_resampled_ahead_ms"] = median_ms(graphed(lambda: aug.apply(ring, params)), iters)
     res["graphed_ops_on_ring_resampling_every_row_ms"] = median_ms(graphed(lambda: aug.apply(every_row, params)),
                                                                    iters)

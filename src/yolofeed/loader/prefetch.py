@@ -332,8 +332,9 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 def to_device_source(source: SourceBatch, device: torch.device | str) -> SourceBatch:
     """A copy of a SourceBatch on another device (tests, tools), its optional label kinds too (polygons with their
-    lengths)."""
-    extra = (*source.kinds(), *(("polygon_lengths",) if source.polygons is not None else ()))
+    lengths, and as a partner pool's ring keeps them, resampled)."""
+    extra = (*source.kinds(), *(k for k in ("polygon_lengths", "resampled_polygons", "resampled_points")
+                                if getattr(source, k) is not None))
     return SourceBatch(*(t.to(device) for t in (source.images, source.hw, source.cls, source.boxes, source.valid)),
                        **{k: getattr(source, k).to(device) for k in extra})
 

@@ -79,7 +79,7 @@ def image_points(lengths: Tensor, valid: Tensor) -> Tensor:
 
     Shape: lengths (N, L) int64, valid (N, L) bool. Returns (N,) int64.
     """
-    longest = torch.where(valid, lengths, 0).amax(1)
+    longest = torch.nn.functional.pad(torch.where(valid, lengths, 0), (0, 1)).amax(1)  # no label slot: 0
     return torch.where(longest > POINTS, longest + 1, POINTS)
 
 
@@ -91,7 +91,8 @@ def source_polygons(polygons: Tensor, lengths: Tensor, valid: Tensor) -> tuple[T
     n is 1000: (N, L, 1000, 2) and no per-image count. Else each image's own n, the rows padded to P + 1 points (the
     most any n can be) by their last point (``resample_polygons``), and the counts (N,).
 
-    Cost: a sort of 1000 + P float64 positions per slot, every slot of every source row (a pool's whole ring).
+    Cost: a sort of 1000 + P float64 positions per slot, every slot of every row given: a batch's, once (a partner
+    pool resamples each batch as it enters its ring, ``PartnerPool.push``).
 
     Shape: polygons (N, L, P, 2), lengths (N, L) int64, valid (N, L) bool. Returns (N, L, W, 2) float32 (zero in the
     slots without a label), and (N,) int64 or None.
@@ -103,7 +104,7 @@ def source_polygons(polygons: Tensor, lengths: Tensor, valid: Tensor) -> tuple[T
     else:
         points = image_points(lengths, valid)
         out = resample_polygons(flat, length, points[:, None].expand(-1, slots).reshape(-1), width=p + 1)
-    out = out.reshape(rows, slots, -1, 2)
+    out = out.reshape(rows, slots, out.shape[1], 2)
     return torch.where(valid[..., None, None], out, 0.0), points
 
 
