@@ -490,6 +490,18 @@ def test_the_pool_keeps_each_row_resampled_as_it_was_pushed(long):
 
 
 @pytest.mark.parametrize("long", [False, True], ids=["1000", "longer"])
+def test_the_pools_memory_line_counts_its_resampled_polygons(long):
+    """``PartnerPool.nbytes`` with the most labels an image has and points a polygon has: the ring's images and its
+    resampled polygons as allocated (the per-row counts aside)."""
+    batch = segment_batch(4, seed=45, width=3, long=long and {(0, 0): 1200})
+    pool = PartnerPool(8, 4)
+    pool.push(batch)
+    ring = pool.sources
+    assert pool.nbytes(S, 3, batch.polygons.shape[2]) == ring.images.nbytes + ring.resampled_polygons.nbytes
+    assert pool.nbytes(S, 3, 0) == ring.images.nbytes  # without polygons: the images alone
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["1000", "longer"])
 def test_a_batch_without_label_slots_enters_a_pool_of_polygons(long):
     """A batch of no label slots (L = 0) pushed into a pool that holds polygons: its rows have none, and the ops run."""
     pool, aug = PartnerPool(8, 4), GpuAugment(_hyp(degrees=5.0))

@@ -541,10 +541,9 @@ class FastTrainer(SyncFreeStep):
             return None
         pool = PartnerPool(size, batch_size + 1)  # the sampler's last batch may hold one image more
         if RANK in (-1, 0):
+            gb = pool.nbytes(imgsz, labels, polygon_points) / 1e9
             LOGGER.info(f"yolofeed: mosaic/MixUp/CutMix partners from the last {pool.keep} images loaded, as "
-                        f"Ultralytics' buffer ({pool.nbytes(imgsz, labels, polygon_points) / 1e9:.2f} "
-                        "GB of GPU memory; partner_pool=N "
-                        "for fewer)")
+                        f"Ultralytics' buffer ({gb:.2f} GB of GPU memory; partner_pool=N for fewer)")
         return pool
 
     def _new_augment(self) -> GpuAugment:
