@@ -279,6 +279,10 @@ SECTIONS = {s.name: s for s in (
         "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS,
         *SECTIONS_SEG[1:3], SECTIONS_SEG[3].replace("timeout 360", "timeout 280"), NO_WEIGHTS)),
+    Section("polygon-gpu-tests", "GPU tests", "nvidia-h200", 1, 2, (
+        "timeout 250 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
+        "tests/test_partners.py tests/test_train_segment.py tests/test_masks.py tests/test_loader.py "
+        "-p no:cacheprovider -rA 2>&1 | grep -E 'PASSED|FAILED|ERROR|passed|failed' | tail -20",)),
     Section("seg-profile", "Segmentation", "nvidia-h200", 1, 3, (
         *SECTIONS_SEG[:2], "timeout 200 python3 -m tools.device.seg_profile /tmp/synth-seg/data.yaml 2>&1 "
         "| grep -v Warning")),
