@@ -149,7 +149,8 @@ COPIED: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.utils.loss.BboxLoss.forward", "0b88a1783bddaad0",
            "yolofeed.train.loss.detect.SyncFreeBboxLoss.forward",
-           "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0",
+           "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0 "
+           "(foreground_box_losses, shared with the rotated loss)",
            others=(
                _r("8.4.138", "8.4.153", "b1faf3641ed25502",
                   "indexes with the boolean foreground mask, not its nonzero() indices: the same rows, in the same "
@@ -181,7 +182,7 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.RotatedBboxLoss.forward", "f14d9a4658460b88",
            "yolofeed.train.loss.obb.SyncFreeRotatedBboxLoss.forward",
            "the foreground gathered with nonzero_static to a bound known on the host, padded rows weighted 0 on a unit "
-           "box"),
+           "box (foreground_box_losses, shared with the detection loss)"),
     Pinned("ultralytics.utils.tal.RotatedTaskAlignedAssigner.select_candidates_in_gts", "18252a314c4e7fcf",
            "yolofeed.train.loss.obb.SyncFreeRotatedAssigner.select_candidates_in_gts",
            "stride_val as a Python scalar; SyncFreeOBBLoss.early_candidates repeats its steps (_rbox_edges, then its "

@@ -107,6 +107,48 @@ def _unit_box(like: Tensor) -> Tensor:
     return (torch.arange(4, device=like.device) >= 2).to(like.dtype)
 
 
+def foreground_box_losses(loss, fg_mask: Tensor, pred_dist: Tensor, pred_bboxes: Tensor, target_bboxes: Tensor,
+                          target_ltrb: Tensor, target_scores: Tensor, target_scores_sum: Tensor, imgsz: Tensor,
+                          stride: Tensor, iou, unit: Tensor) -> tuple[Tensor, Tensor]:
+    """The box losses of ``BboxLoss.forward`` and ``RotatedBboxLoss.forward`` on the foreground gathered through
+    ``nonzero_static`` (``loss.bound`` rows), where Ultralytics indexes five tensors with the boolean mask (a sync
+    each): the IoU term, then the DFL term (or, without DFL, the L1 of the distances scaled to the image).
+
+    Args:
+        loss: the ``BboxLoss`` / ``RotatedBboxLoss`` (its ``bound`` and ``dfl_loss``).
+        target_ltrb: the target distances of every anchor, as the loss's own ``bbox2dist`` / ``rbox2dist`` makes
+            them (with ``reg_max - 1`` where there is DFL).
+        iou: (pred, target) -> IoU of the gathered boxes (``bbox_iou`` CIoU, ``probiou``).
+        unit: the fixed box padded rows compute on.
+    """
+    fg, real = foreground_rows(fg_mask, loss.bound)
+    weight = target_scores[fg].sum(-1, keepdim=True) * real
+    # Padded rows compute on a fixed unit box, not on what their anchor predicts: weight 0 does not stop a
+    # non-finite gradient (0 x inf = NaN), and a background anchor's box can be degenerate where Ultralytics
+    # never looks (in float16 a box thinner than width / 65504 overflows CIoU's aspect term: AMP's scale then
+    # collapses and YOLO26 never learns). torch.where passes no gradient to the rows it does not take.
+    overlap = iou(torch.where(real, pred_bboxes[fg], unit), torch.where(real, target_bboxes[fg],
+                                                                        unit.to(target_bboxes.dtype)))
+    loss_iou = ((1.0 - overlap) * weight).sum() / target_scores_sum
+    if loss.dfl_loss:
+        zero = torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device)
+        dist = torch.where(real, pred_dist[fg], zero)
+        ltrb = torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype))
+        loss_dfl = loss.dfl_loss(dist.view(-1, loss.dfl_loss.reg_max), ltrb) * weight
+        return loss_iou, loss_dfl.sum() / target_scores_sum
+    target_ltrb = target_ltrb * stride
+    target_ltrb[..., 0::2] /= imgsz[1]
+    target_ltrb[..., 1::2] /= imgsz[0]
+    pred_dist = pred_dist * stride
+    pred_dist[..., 0::2] /= imgsz[1]
+    pred_dist[..., 1::2] /= imgsz[0]
+    zero = torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device)
+    loss_dfl = torch.nn.functional.l1_loss(torch.where(real, pred_dist[fg], zero),
+                                           torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype)),
+                                           reduction="none").mean(-1, keepdim=True) * weight
+    return loss_iou, loss_dfl.sum() / target_scores_sum
+
+
 class SyncFreeBboxLoss(BboxLoss):
     """``BboxLoss`` gathering the foreground through ``nonzero_static``, ``bound`` rows (set per call)."""
 
@@ -117,36 +159,11 @@ class SyncFreeBboxLoss(BboxLoss):
         if self.bound is None:
             return super().forward(pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores,
                                    target_scores_sum, fg_mask, imgsz, stride)
-        fg, real = foreground_rows(fg_mask, self.bound)
-        weight = target_scores[fg].sum(-1, keepdim=True) * real
-        # Padded rows compute on a fixed unit box, not on what their anchor predicts: weight 0 does not stop a
-        # non-finite gradient (0 x inf = NaN), and a background anchor's box can be degenerate where Ultralytics
-        # never looks (in float16 a box thinner than width / 65504 overflows CIoU's aspect term: AMP's scale then
-        # collapses and YOLO26 never learns). torch.where passes no gradient to the rows it does not take.
-        unit = _unit_box(pred_bboxes)
-        iou = bbox_iou(torch.where(real, pred_bboxes[fg], unit), torch.where(real, target_bboxes[fg], unit.to(
-            target_bboxes.dtype)), xywh=False, CIoU=True)
-        loss_iou = ((1.0 - iou) * weight).sum() / target_scores_sum
-        if self.dfl_loss:
-            target_ltrb = bbox2dist(anchor_points, target_bboxes, self.dfl_loss.reg_max - 1)
-            dist = torch.where(real, pred_dist[fg], torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device))
-            ltrb = torch.where(real, target_ltrb[fg], torch.zeros((), dtype=target_ltrb.dtype, device=real.device))
-            loss_dfl = self.dfl_loss(dist.view(-1, self.dfl_loss.reg_max), ltrb) * weight
-            loss_dfl = loss_dfl.sum() / target_scores_sum
-        else:
-            target_ltrb = bbox2dist(anchor_points, target_bboxes)
-            target_ltrb = target_ltrb * stride
-            target_ltrb[..., 0::2] /= imgsz[1]
-            target_ltrb[..., 1::2] /= imgsz[0]
-            pred_dist = pred_dist * stride
-            pred_dist[..., 0::2] /= imgsz[1]
-            pred_dist[..., 1::2] /= imgsz[0]
-            zero = torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device)
-            loss_dfl = torch.nn.functional.l1_loss(torch.where(real, pred_dist[fg], zero),
-                                                   torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype)),
-                                                   reduction="none").mean(-1, keepdim=True) * weight
-            loss_dfl = loss_dfl.sum() / target_scores_sum
-        return loss_iou, loss_dfl
+        reach = (self.dfl_loss.reg_max - 1,) if self.dfl_loss else ()
+        return foreground_box_losses(
+            self, fg_mask, pred_dist, pred_bboxes, target_bboxes, bbox2dist(anchor_points, target_bboxes, *reach),
+            target_scores, target_scores_sum, imgsz, stride,
+            lambda a, b: bbox_iou(a, b, xywh=False, CIoU=True), _unit_box(pred_bboxes))
 
 
 class SyncFreeLoss:

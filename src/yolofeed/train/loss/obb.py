@@ -8,7 +8,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from yolofeed.train.loss.detect import CANDIDATES, MAX_BOXES, Constants, SyncFreeAssigner, SyncFreeLoss, foreground_rows
+from yolofeed.train.loss.detect import (
+    CANDIDATES,
+    MAX_BOXES,
+    Constants,
+    SyncFreeAssigner,
+    SyncFreeLoss,
+    foreground_box_losses,
+)
 from yolofeed.ultralytics_seam import (
     RotatedBboxLoss,
     RotatedTaskAlignedAssigner,
@@ -58,7 +65,7 @@ def _unit_rbox(like: Tensor) -> Tensor:
 
 class SyncFreeRotatedBboxLoss(RotatedBboxLoss):
     """``RotatedBboxLoss`` gathering the foreground through ``nonzero_static``, ``bound`` rows (set per call), as
-    ``SyncFreeBboxLoss`` does: Ultralytics indexes five tensors with the boolean foreground mask (a sync each)."""
+    ``SyncFreeBboxLoss`` does (``foreground_box_losses``)."""
 
     bound: int | None = None
 
@@ -67,34 +74,11 @@ class SyncFreeRotatedBboxLoss(RotatedBboxLoss):
         if self.bound is None:
             return super().forward(pred_dist, pred_bboxes, anchor_points, target_bboxes, target_scores,
                                    target_scores_sum, fg_mask, imgsz, stride)
-        fg, real = foreground_rows(fg_mask, self.bound)
-        weight = target_scores[fg].sum(-1, keepdim=True) * real
-        # padded rows compute on a fixed unit box, not on their anchor's: see SyncFreeBboxLoss
-        unit = _unit_rbox(pred_bboxes)
-        iou = probiou(torch.where(real, pred_bboxes[fg], unit),
-                      torch.where(real, target_bboxes[fg], unit.to(target_bboxes.dtype)), floor=self.floor)
-        loss_iou = ((1.0 - iou) * weight).sum() / target_scores_sum
-        zero = torch.zeros((), dtype=pred_dist.dtype, device=pred_dist.device)
-        if self.dfl_loss:
-            target_ltrb = rbox2dist(target_bboxes[..., :4], anchor_points, target_bboxes[..., 4:5],
-                                    reg_max=self.dfl_loss.reg_max - 1)
-            dist = torch.where(real, pred_dist[fg], zero)
-            ltrb = torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype))
-            loss_dfl = self.dfl_loss(dist.view(-1, self.dfl_loss.reg_max), ltrb) * weight
-            loss_dfl = loss_dfl.sum() / target_scores_sum
-        else:
-            target_ltrb = rbox2dist(target_bboxes[..., :4], anchor_points, target_bboxes[..., 4:5])
-            target_ltrb = target_ltrb * stride
-            target_ltrb[..., 0::2] /= imgsz[1]
-            target_ltrb[..., 1::2] /= imgsz[0]
-            pred_dist = pred_dist * stride
-            pred_dist[..., 0::2] /= imgsz[1]
-            pred_dist[..., 1::2] /= imgsz[0]
-            loss_dfl = torch.nn.functional.l1_loss(torch.where(real, pred_dist[fg], zero),
-                                                   torch.where(real, target_ltrb[fg], zero.to(target_ltrb.dtype)),
-                                                   reduction="none").mean(-1, keepdim=True) * weight
-            loss_dfl = loss_dfl.sum() / target_scores_sum
-        return loss_iou, loss_dfl
+        reach = {"reg_max": self.dfl_loss.reg_max - 1} if self.dfl_loss else {}
+        target_ltrb = rbox2dist(target_bboxes[..., :4], anchor_points, target_bboxes[..., 4:5], **reach)
+        return foreground_box_losses(
+            self, fg_mask, pred_dist, pred_bboxes, target_bboxes, target_ltrb, target_scores, target_scores_sum,
+            imgsz, stride, lambda a, b: probiou(a, b, floor=self.floor), _unit_rbox(pred_bboxes))
 
 
 class SyncFreeOBBLoss(SyncFreeLoss, v8OBBLoss):
