@@ -239,6 +239,61 @@ def test_mosaic_and_perspective_move_polygons_as_ultralytics(kw, long):
     assert kept >= B
 
 
+def test_a_bound_on_the_polygons_moved_keeps_the_first_valid_slots_as_every_slot_moves_them():
+    """``warp_polygons`` with a capacity moves the valid slots first, in row order: at least as many as are valid,
+    every valid slot's box, points and filter are those of the unbounded path bit for bit, and nothing is past it;
+    fewer, the last valid slots (row-major) are dropped and counted."""
+    from yolofeed.augment.geometry.perspective import warp_polygons
+
+    g = torch.Generator().manual_seed(7)
+    b, k, w = 8, 6, 50
+    centre = torch.rand(b, k, 1, 2, generator=g) * 1.4 * S
+    poly = centre + (torch.rand(b, k, w, 2, generator=g) - 0.5) * 60  # some across the output's edges, some beyond
+    valid = torch.rand(b, k, generator=g) < 0.5
+    valid[1] = False  # a row without labels
+    boxes = torch.cat([poly.amin(2), poly.amax(2)], -1)
+    M = torch.eye(3).repeat(b, 1, 1)
+    M[:, :2, :2] += (torch.rand(b, 2, 2, generator=g) - 0.5) * 0.4  # scale, shear and rotation
+    M[:, :2, 2] = -torch.rand(b, 2, generator=g) * 0.3 * S
+    scale = torch.rand(b, generator=g) + 0.5
+    labels = Labels(torch.zeros(b, k), boxes, valid, polygons=poly)
+    every = warp_polygons(labels, M, scale, S)
+    n = int(valid.sum())
+    assert every.polygons_past is None and 6 < int(every.valid.sum()) < n  # some filtered, some kept
+    for capacity in (n, n + 4):
+        got = warp_polygons(labels, M, scale, S, capacity)
+        v = got.valid
+        assert torch.equal(v, every.valid) and int(got.polygons_past) == 0
+        assert torch.equal(got.boxes[v], every.boxes[v]) and torch.equal(got.polygons[v], every.polygons[v])
+    short = warp_polygons(labels, M, scale, S, n - 3)
+    dropped = valid.flatten().nonzero()[-3:, 0]  # the last 3 valid slots, row-major
+    kept = every.valid.flatten().clone()
+    kept[dropped] = False
+    assert torch.equal(short.valid.flatten(), kept) and int(short.polygons_past) == 3
+    v = short.valid
+    assert torch.equal(short.boxes[v], every.boxes[v]) and torch.equal(short.polygons[v], every.polygons[v])
+
+
+@pytest.mark.parametrize("long", (None, LONG), ids=("1000", "longer"))
+def test_the_pipeline_with_a_bound_on_the_polygons_gives_every_slots_labels(long):
+    """``GpuAugment(polygon_capacity=)`` over every augmented row, MixUp's partners included: a bound above the valid
+    slots entering the perspective (below every slot) gives the unbounded labels and polygons, nothing past it; a bound
+    of one polygon leaves the rest out and says how many. (A tight bound: the test above.)"""
+    batch = segment_batch(B, seed=3, long=long)
+    hyp = _hyp(mixup=0.5, degrees=20.0, fliplr=0.5, flipud=0.5)
+    params = GpuAugment(hyp).sample(B, torch.Generator().manual_seed(3))
+    every = GpuAugment(hyp).apply(batch, params)
+    slots = 2 * B * 4 * batch.valid.shape[1]  # 2 B rows (MixUp's partners) of a 4-tile mosaic; image 1 has none
+    bounded = GpuAugment(hyp, polygon_capacity=slots - 1).apply(batch, params)
+    assert bounded.polygons_past is not None and int(bounded.polygons_past) == 0 and every.polygons_past is None
+    v = every.valid
+    assert torch.equal(bounded.valid, v) and int(v.sum()) > B
+    for name in ("cls", "boxes", "segments"):
+        assert torch.equal(getattr(bounded, name)[v], getattr(every, name)[v]), name
+    one = GpuAugment(hyp, polygon_capacity=1).apply(batch, params)
+    assert int(one.valid.sum()) <= 2 and int(one.polygons_past) > B  # the first polygon and perhaps its mix
+
+
 def test_perspective_keeps_a_polygon_with_more_than_1_percent_of_its_area():
     """Where the labels have segments Ultralytics keeps a box that keeps more than 1 % of its (scaled) area, where
     detection needs 10 %: a triangle pushed all but 5 % out of the output stays, its box the part left."""
@@ -535,12 +590,16 @@ def _on_cuda(batch: SourceBatch) -> SourceBatch:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("long", [None, LONG], ids=["1000", "longer"])
-def test_cuda_polygons_equal_the_cpu_path_and_make_no_host_sync(long):
+@pytest.mark.parametrize("bound", [None, 200], ids=["every-slot", "bounded"])
+def test_cuda_polygons_equal_the_cpu_path_and_make_no_host_sync(long, bound):
     batch = segment_batch(16, seed=30, long=long)
-    aug = GpuAugment(_hyp(mixup=0.5, cutmix=0.5, degrees=20.0, translate=0.2, fliplr=0.5, flipud=0.2))
+    aug = GpuAugment(_hyp(mixup=0.5, cutmix=0.5, degrees=20.0, translate=0.2, fliplr=0.5, flipud=0.2),
+                     polygon_capacity=bound)  # 200 of 768 slots: 48 rows (the partners too) of 4 tiles of 4 slots
     params = aug.sample(16, torch.Generator().manual_seed(30))
     ref, got = aug.apply(batch, params), aug.apply(_on_cuda(batch), to_device(params, "cuda"))
     assert torch.equal(got.valid.cpu(), ref.valid)
+    if bound is not None:
+        assert int(got.polygons_past) == int(ref.polygons_past)
     v = ref.valid
     torch.testing.assert_close(got.boxes.cpu()[v], ref.boxes[v], atol=TOL, rtol=0)
     torch.testing.assert_close(got.segments.cpu()[v], ref.segments[v], atol=TOL, rtol=0)

@@ -80,6 +80,52 @@ def test_a_detection_batch_takes_its_boxes_from_the_moved_polygons(segment_datas
             assert torch.equal(batch[key], stock[key]), key
 
 
+def test_the_polygons_a_batch_moves_are_bounded_by_the_labels_and_an_epoch_past_it_says_so(
+        segment_dataset, dataset, tmp_path, monkeypatch, caplog):
+    """On polygon labels the perspective moves the training set's bound on a batch's instances (``mask_capacity`` of
+    its source images), not every padded slot (4 x the most labels an image, most of them padding); instances past it
+    are counted on the device, and the epoch's end warns once and moves every slot from then on. On box labels, or for
+    a batch of few source images, there is no bound."""
+    from yolofeed.augment.masks import mask_capacity
+    from yolofeed.train import FastDetectionTrainer
+
+    def trainer(name, batch, data=segment_dataset):
+        t = FastDetectionTrainer.with_options(partner_pool=0)(overrides=dict(
+            model="yolo11n.yaml", data=str(data / "data.yaml"), project=str(tmp_path), name=name, seed=3,
+            **{**TINY, "batch": batch}))
+        t.train_loader = t.get_dataloader(t.data["train"], batch_size=batch, rank=-1, mode="train")
+        return t
+
+    t = trainer("bound", 32)
+    try:
+        counts = t.train_loader.prefetcher.labels.count[t.train_loader.dataset.indices]
+        bound = t._polygon_capacity()
+        assert bound == mask_capacity(32, 4, float(counts.mean()), float(counts.std()), float(counts.max()))
+        assert bound < 32 * 4 * t.train_loader.prefetcher.labels.width  # the slots of 32 rows of a 4-tile mosaic
+        assert t._new_augment().polygon_capacity == bound
+        monkeypatch.setattr(FastDetectionTrainer, "_polygon_capacity", lambda self: 1)  # far too few
+        t._augment = None
+        t.preprocess_batch(next(iter(t.train_loader)))
+        assert int(t._polygons_past) > 0
+        monkeypatch.undo()
+        t.epoch, t.epochs = 0, 3  # not the last: the next epochs move every slot
+        with caplog.at_level("WARNING"):
+            t._check_polygons()
+        assert "epoch 1:" in caplog.text and "every polygon slot is moved" in caplog.text
+        assert t._polygons_past is None and t._polygon_capacity() is None and t._augment is None
+        caplog.clear()
+        t._check_polygons()  # unbounded now: nothing to read, nothing said
+        assert not caplog.text
+    finally:
+        t.train_loader.close()
+    for name, batch, data in (("boxes", 32, dataset), ("few", 8, segment_dataset)):  # 8 x 4 source images: too few
+        t = trainer(name, batch, data)
+        try:
+            assert t._polygon_capacity() is None and t._new_augment().polygon_capacity is None
+        finally:
+            t.train_loader.close()
+
+
 @pytest.mark.parametrize("kept", ("polygon_lengths", "polygon_points"))
 def test_a_detection_pack_with_half_its_polygon_sections_is_refused(segment_dataset, tmp_path, kept):
     """A header that names one polygon section of a detection pack, its checksum right: damaged, not a box pack."""

@@ -243,7 +243,8 @@ def with_masks(out: AugmentedBatch, mask_ratio: int = 4, overlap: bool = True, r
         m.overflow = m.overflow + out.paste_lost
     return AugmentedBatch(out.img, m.reorder(out.cls), m.reorder(out.boxes), m.valid,
                           keypoints=None if out.keypoints is None else m.reorder(out.keypoints),
-                          rboxes=None if out.rboxes is None else m.reorder(out.rboxes), masks=m)
+                          rboxes=None if out.rboxes is None else m.reorder(out.rboxes), masks=m,
+                          polygons_past=out.polygons_past)
 
 
 class MaskedAugment(GpuAugment):
@@ -259,11 +260,13 @@ class MaskedAugment(GpuAugment):
             ``FEW_DRAWS`` source images or more. None: every slot.
         capacity: a bound learnt from the batches augmented so far (polygons a batch, ``learnt``), used where it
             is below the labels' bound. None: the labels' bound alone.
+        polygon_capacity: the perspective's bound on the polygons it moves (``GpuAugment``).
     """
 
     def __init__(self, hyp: AugmentHyp, mask_ratio: int = 4, overlap: bool = True, room: int = 1,
-                 labels: tuple[float, float, float] | None = None, capacity: int | None = None):
-        super().__init__(hyp, paste_room=room)
+                 labels: tuple[float, float, float] | None = None, capacity: int | None = None,
+                 polygon_capacity: int | None = None):
+        super().__init__(hyp, paste_room=room, polygon_capacity=polygon_capacity)
         self.mask_ratio, self.overlap, self.room = int(mask_ratio), bool(overlap), int(room)
         self.labels, self.capacity = labels, capacity
 

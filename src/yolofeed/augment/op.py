@@ -86,7 +86,8 @@ class Labels:
     resampled as Ultralytics' dataset resamples them (``geometry.polygons.source_polygons``; normalised before the
     mosaic, pixels after), or None; polygon_points (R,) int64 how many of the W points are row r's own, where rows
     may differ (a stored polygon of more than 1,000 points; the rest repeat its last point), None where every row has
-    W = 1,000.
+    W = 1,000; polygons_past () int64, the valid slots the perspective's bound on the polygons it moves left out
+    (``WarpPlan.polygon_capacity``), or None where there was none.
     """
 
     cls: Tensor
@@ -96,6 +97,7 @@ class Labels:
     segments: Tensor | None = None
     polygons: Tensor | None = None
     polygon_points: Tensor | None = None
+    polygons_past: Tensor | None = None
 
 
 @dataclass
@@ -108,7 +110,8 @@ class WarpPlan:
     (R, H, W) bool, where a canvas pixel is its mirror's (copy-paste), and paste_lost () int64, the copies it left
     out for want of capacity plus the rasterisation events its fill dropped for want of slots; paste_capacity and
     paste_room: copy-paste's bound on the copies a batch pastes (None: every slot) and its fill's event slots, in
-    multiples of its default (``GpuAugment``'s).
+    multiples of its default; polygon_capacity: the perspective's bound on the polygons it moves, the valid slots
+    first (None: every slot) (``GpuAugment``'s).
     """
 
     size: int
@@ -123,6 +126,7 @@ class WarpPlan:
     paste_lost: Tensor | None = None
     paste_capacity: int | None = None
     paste_room: int = 1
+    polygon_capacity: int | None = None
 
     def then(self, M: Tensor, projective: bool) -> WarpPlan:
         """This plan followed by matrix ``M`` (canvas pixels of the plan's output -> output pixels)."""

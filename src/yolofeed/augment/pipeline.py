@@ -152,12 +152,17 @@ class GpuAugment:
         >>> batch = out.to_ultralytics()  # what DetectionTrainer's loss consumes
     """
 
-    def __init__(self, hyp: AugmentHyp, paste_capacity: int | None = None, paste_room: int = 1):
+    def __init__(self, hyp: AugmentHyp, paste_capacity: int | None = None, paste_room: int = 1,
+                 polygon_capacity: int | None = None):
         """``paste_capacity``, ``paste_room``: copy-paste's bound on the copies a batch pastes (None: every copy slot,
         exact but costly for a training batch) and its fill's event slots, in multiples of its default; the copies
-        and events left out are counted in ``AugmentedBatch.paste_lost``."""
+        and events left out are counted in ``AugmentedBatch.paste_lost``. ``polygon_capacity``: the perspective's
+        bound on the polygons it moves, over every augmented row (None: every slot, exact but costly: a mosaic row
+        has 4 x the most labels an image of slots); valid slots past it are dropped and counted in
+        ``AugmentedBatch.polygons_past``."""
         self.hyp = hyp
         self.paste_capacity, self.paste_room = paste_capacity, int(paste_room)
+        self.polygon_capacity = polygon_capacity
 
     def check(self, batch: SourceBatch, who: str = "GpuAugment") -> None:
         """Refuse a batch whose labels the ops would drop or misread (host-side shapes only: no sync).
@@ -228,7 +233,8 @@ class GpuAugment:
         """The geometric ops on every augmented row: one warp pass, boxes (keypoints, segments) through the same
         steps."""
         self.check(sources)
-        plan = WarpPlan(self.hyp.imgsz, sources.hw, paste_capacity=self.paste_capacity, paste_room=self.paste_room)
+        plan = WarpPlan(self.hyp.imgsz, sources.hw, paste_capacity=self.paste_capacity, paste_room=self.paste_room,
+                        polygon_capacity=self.polygon_capacity)
         # the corners as Ultralytics' dataset gives them, 100 points each: every source row once (a pool's whole
         # ring, a few float64 kernels), before the mosaic gathers them 4 or 9 times
         segments = None if sources.corners is None else resample_corners(sources.corners)
@@ -254,7 +260,7 @@ class GpuAugment:
                    paste=plan.paste)
         return Geometry(cls=labels.cls, boxes=labels.boxes, valid=labels.valid, keypoints=labels.keypoints,
                         segments=labels.segments, polygons=labels.polygons, polygon_points=labels.polygon_points,
-                        img=img, paste_lost=plan.paste_lost)
+                        polygons_past=labels.polygons_past, img=img, paste_lost=plan.paste_lost)
 
     def apply(self, sources: SourceBatch, p: AugmentParams) -> AugmentedBatch:
         """Apply drawn parameters: pure, so a test can replay them through Ultralytics.
@@ -282,7 +288,7 @@ class GpuAugment:
         rboxes = None if seg is None else obb_rboxes(labels.segments)  # Format(return_obb=True): from 4 corners
         return AugmentedBatch(compose(rows.img, rows=b, **terms), labels.cls, labels.boxes, labels.valid,
                               keypoints=labels.keypoints, rboxes=rboxes, segments=labels.polygons,
-                              paste_lost=rows.paste_lost)
+                              paste_lost=rows.paste_lost, polygons_past=rows.polygons_past)
 
     def __call__(self, batch: SourceBatch, generator: torch.Generator | None = None,
                  pool: PartnerPool | None = None) -> AugmentedBatch:

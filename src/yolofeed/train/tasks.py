@@ -133,7 +133,7 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         if counts is not None and len(counts):
             labels = float(counts.mean()), float(counts.std()), float(counts.max())
         self._masked = MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask),
-                                     self.mask_room, labels, self._capacity)
+                                     self.mask_room, labels, self._capacity, self._polygon_capacity())
         return self._masked
 
     def _augment_source(self, source):

@@ -42,6 +42,7 @@ import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
+from yolofeed.augment.masks import FEW_DRAWS, mask_capacity
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
@@ -115,6 +116,10 @@ class FastTrainer(SyncFreeStep):
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
+    # labels an image (mean, standard deviation, most) of a training pack that keeps polygons: the perspective's bound
+    _polygon_labels: tuple[float, float, float] | None = None
+    _polygons_bounded = True  # that bound in use; off for good once one fell short
+    _polygons_past: torch.Tensor | None = None  # instances past it this epoch, on the device
 
     @classmethod
     def with_options(cls, **given: Any) -> type[FastTrainer]:
@@ -155,6 +160,7 @@ class FastTrainer(SyncFreeStep):
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
+        self.add_callback("on_train_epoch_end", type(self)._check_polygons)
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""
@@ -261,6 +267,9 @@ class FastTrainer(SyncFreeStep):
                 keys.check_detect_copy_paste(self.hyp.copy_paste, None if pack.polygon_lengths is None else
                                              pack.header["source"]["label_dir"])
             table = loader.prefetcher.labels
+            counts = table.count[loader.dataset.indices]
+            self._polygon_labels = None if pack.polygon_lengths is None or not len(counts) else (
+                float(counts.mean()), float(counts.std()), float(counts.max()))
             if rank in (-1, 0):
                 _warn_long_polygons(pack, table)
                 _warn_polygons_in_share(pack, fraction)
@@ -548,7 +557,42 @@ class FastTrainer(SyncFreeStep):
 
     def _new_augment(self) -> GpuAugment:
         """The augmentation of this task's batches (``FastSegmentationTrainer``: with Format's masks)."""
-        return GpuAugment(self.hyp)
+        return GpuAugment(self.hyp, polygon_capacity=self._polygon_capacity())
+
+    def _polygon_capacity(self) -> int | None:
+        """The most polygons the perspective moves a batch: the labels' bound on the instances of its source images
+        (``mask_capacity``: the mean plus 6 standard deviations of their sum, plus the most in one image in every tile
+        of a row; copy-paste's copies count as many again). None (every slot) without polygons, before the loader,
+        for fewer than ``FEW_DRAWS`` source images a batch, or once a bound fell short."""
+        if self._polygon_labels is None or not self._polygons_bounded or self._warm is None:
+            return None
+        h = self.hyp
+        sources = ((h.mosaic_grid if h.mosaic > 0 else 1) * (1 + GpuAugment(h).mixers)
+                   * (2 if h.copy_paste > 0 else 1))
+        batch = self._warm[0].batch_size
+        return None if batch * sources < FEW_DRAWS else mask_capacity(batch, sources, *self._polygon_labels)
+
+    def _check_polygons(self) -> None:
+        """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway), while the polygons are
+        bounded: whether the bound left instances out this epoch. If so, one warning, and from the next epoch every
+        slot is moved (the augmentation's graphs made again). Under DDP every rank takes the same decision."""
+        if self._polygon_labels is None or not self._polygons_bounded:  # the same on every rank
+            return
+        past = self._polygons_past
+        past = torch.zeros((), dtype=torch.long, device=self.device) if past is None else past.to(self.device).long()
+        self._polygons_past = None
+        if world_size(self) > 1:  # every rank calls the collective at every epoch end, batches or not
+            import torch.distributed as dist
+
+            dist.all_reduce(past)
+        n = int(past)
+        if not n:
+            return
+        self._polygons_bounded, self._augment = False, None
+        last = self.epoch + 1 >= self.epochs
+        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {n} instances were left out of their batches, beyond the "
+                       "polygons a batch's perspective was bounded to from the training set's labels"
+                       + ("" if last else "; from the next epoch every polygon slot is moved (exact, and slower)"))
 
     def _augmenter(self):
         """The augmentation, made again after close_mosaic, a new loader or more mask room; its draws continue one
@@ -575,6 +619,10 @@ class FastTrainer(SyncFreeStep):
         # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
         with torch.autocast(self.device.type, enabled=False):
             out = self._augmenter()(source)
+        if out.polygons_past is not None:  # a device op per batch, read once an epoch (_check_polygons): no sync
+            # here; under GraphedAugment the graph's memory: read before the next replay
+            past = self._polygons_past
+            self._polygons_past = out.polygons_past.clone() if past is None else past + out.polygons_past
         if out.segments is not None and out.masks is None and self.carried_task == "detect":
             out = dataclasses.replace(out, segments=None)  # the polygons made its boxes; a detection batch has none
         return out

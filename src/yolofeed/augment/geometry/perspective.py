@@ -156,7 +156,7 @@ def warp_segments(labels: Labels, M: Tensor, scale: Tensor, size: int) -> Labels
     return dataclasses.replace(labels, boxes=boxes, valid=valid, segments=seg)
 
 
-def warp_polygons(labels: Labels, M: Tensor, scale: Tensor, size: int) -> Labels:
+def warp_polygons(labels: Labels, M: Tensor, scale: Tensor, size: int, capacity: int | None = None) -> Labels:
     """``RandomPerspective.apply_instances`` with segmentation polygons: ``apply_segments`` (each point through ``M``
     with the perspective divide, always; each box ``segment2box`` of its moved points, the bounds of their part inside
     the output: ``polygon_boxes``; each point clipped to its box), ``Instances.clip`` to the output, then
@@ -164,22 +164,47 @@ def warp_polygons(labels: Labels, M: Tensor, scale: Tensor, size: int) -> Labels
 
     Args:
         labels: canvas pixels; polygons (B, K, W, 2). M: (B, 3, 3). scale: (B,) float32.
+        capacity: the polygons moved: the valid slots first (row-major), this many of them; the other slots' boxes
+            and polygons are zeros, and valid slots past it are dropped and counted in ``polygons_past``. None: every
+            slot. ``polygon_boxes`` costs a few hundred elementwise passes per polygon point, and most slots of a
+            padded mosaic batch are padding (4 x the pack's most labels an image).
 
     Returns:
-        the labels in output pixels: boxes, polygons and ``valid`` replaced, classes and polygon_points kept.
+        the labels in output pixels: boxes, polygons and ``valid`` replaced, classes and polygon_points kept;
+        ``polygons_past`` () int64 with a capacity below the slots.
     """
     seg = labels.polygons
-    xy1 = torch.cat([seg, torch.ones_like(seg[..., :1])], -1)  # (B, K, W, 3): 1,000 points a polygon, a few matmuls
-    out = xy1 @ M.transpose(1, 2)[:, None]
+    b, k, w, _ = seg.shape
+    if capacity is None or capacity >= b * k:
+        boxes, seg = _move_polygons(seg, M[:, None], size)
+        old = labels.boxes * scale[:, None, None]
+        valid = labels.valid & box_candidates(old, boxes, BOX_AREA_RATIO_SEGMENTS)
+        return dataclasses.replace(labels, boxes=boxes, valid=valid, polygons=seg)
+    live = labels.valid.reshape(-1)
+    first = (~live).to(torch.uint8).argsort(stable=True)[:capacity]  # the valid slots first, in row order
+    row = first // k
+    boxes, moved = _move_polygons(seg.reshape(b * k, w, 2).index_select(0, first), M.index_select(0, row), size)
+    kept = live.index_select(0, first) & box_candidates(labels.boxes.reshape(b * k, 4).index_select(0, first)
+                                                         * scale.index_select(0, row)[:, None], boxes,
+                                                         BOX_AREA_RATIO_SEGMENTS)
+    valid = torch.zeros_like(live).index_copy_(0, first, kept).view(b, k)
+    return dataclasses.replace(
+        labels, boxes=boxes.new_zeros((b * k, 4)).index_copy_(0, first, boxes).view(b, k, 4), valid=valid,
+        polygons=moved.new_zeros((b * k, w, 2)).index_copy_(0, first, moved).view(b, k, w, 2),
+        polygons_past=(live.sum() - capacity).clamp(min=0))
+
+
+def _move_polygons(seg: Tensor, M: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """``apply_segments`` and ``Instances.clip`` of polygons (..., W, 2) through ``M`` (..., 3, 3) (broadcast over the
+    polygons' leading dimensions): their boxes (..., 4) and the moved points (..., W, 2), clipped."""
+    xy1 = torch.cat([seg, torch.ones_like(seg[..., :1])], -1)  # (..., W, 3): 1,000 points a polygon, a few matmuls
+    out = xy1 @ M.transpose(-1, -2)
     seg = out[..., :2] / out[..., 2:3]
     boxes = polygon_boxes(seg, size, size)
     x = seg[..., 0].maximum(boxes[..., 0, None]).minimum(boxes[..., 2, None])  # np.clip(x, x1, x2)
     y = seg[..., 1].maximum(boxes[..., 1, None]).minimum(boxes[..., 3, None])
     seg = torch.stack([x.clamp(0, size), y.clamp(0, size)], -1)  # Instances.clip
-    boxes = boxes.clamp(0, size)
-    old = labels.boxes * scale[:, None, None]
-    valid = labels.valid & box_candidates(old, boxes, BOX_AREA_RATIO_SEGMENTS)
-    return dataclasses.replace(labels, boxes=boxes, valid=valid, polygons=seg)
+    return boxes.clamp(0, size), seg
 
 
 class RandomPerspective(GeometricOp):
@@ -210,6 +235,7 @@ class RandomPerspective(GeometricOp):
 
     def apply_polygons(self, labels: Labels, moved: Labels, plan: WarpPlan, p: PerspectiveParams,
                        hyp: AugmentHyp) -> Labels:
-        """The polygons through the step, and the boxes made from them in place of ``moved``'s (``warp_polygons``)."""
-        warped = warp_polygons(labels, plan.step, p.scale.float(), hyp.imgsz)
+        """The polygons through the step, and the boxes made from them in place of ``moved``'s (``warp_polygons``, the
+        first ``plan.polygon_capacity`` valid slots)."""
+        warped = warp_polygons(labels, plan.step, p.scale.float(), hyp.imgsz, plan.polygon_capacity)
         return dataclasses.replace(warped, keypoints=moved.keypoints, segments=moved.segments)
