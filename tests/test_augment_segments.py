@@ -10,6 +10,10 @@ polygons (1,000 points, or one more than an image's longest where that is longer
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 from unittest import mock
 
@@ -183,6 +187,48 @@ def test_polygon_boxes_are_segment2box():
     held = [gp.inside_polygon(torch.from_numpy(seg), cx, cy).numpy() for cx, cy in corners]
     want = [[cv2.pointPolygonTest(s, (float(cx), float(cy)), False) >= 0 for s in seg] for cx, cy in corners]
     assert np.array_equal(np.stack(held), np.array(want)) and np.stack(held).sum() > 20
+
+
+def _box_cases(n: int) -> torch.Tensor:
+    """``_random_polygons`` and the cases a kernel can miss: points on the corners, an edge along a side, integer
+    points (many on a side exactly), a polygon around the whole image, one outside, one with a NaN point."""
+    seg = torch.from_numpy(_random_polygons(np.random.default_rng(4), n))
+    seg[0, :3] = torch.tensor([[0.0, 0.0], [float(S), 0.0], [0.0, float(S)]])
+    seg[1, :4] = torch.tensor([[0.0, -5.0], [0.0, 30.0], [-10.0, 30.0], [-10.0, -5.0]])
+    seg[2] = seg[2].round()
+    seg[3, :4] = torch.tensor([[-50.0, -50.0], [S + 50.0, -50.0], [S + 50.0, S + 50.0], [-50.0, S + 50.0]])
+    seg[3, 4:] = seg[3, 3]  # as a resampled polygon ends: its last point again
+    seg[4] = -30.0
+    seg[5, 2] = float("nan")
+    return seg
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN where the other is NaN."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.slow
+def test_the_triton_polygon_boxes_equal_the_torch_ops_in_the_interpreter():
+    """``kernels.polygon_boxes_triton`` against ``boxes_and_clip`` (segment2box, the clip to each box and to the
+    image), bit for bit: Triton's interpreter (numpy) in a subprocess, on 60 polygons of 1,000 points and 20 of 1,201
+    (three chunks, the last part full)."""
+    pytest.importorskip("triton")
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import torch, test_augment_segments as t
+        from yolofeed.augment.geometry.polygons import boxes_and_clip, resample_polygons
+        from yolofeed.kernels.polygon_boxes_triton import boxes_and_clip as kernel
+        seg = t._box_cases(60)
+        long = resample_polygons(seg[:20, :1000:7], torch.full((20,), 143), 1201)
+        for case in (seg, long):
+            want, got = boxes_and_clip(case, t.S, t.S), kernel(case, t.S, t.S)
+            print(all(t._same(a, b) for a, b in zip(want, got)))
+    """)
+    env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "True"], r.stdout
 
 
 def _ours_after_mosaic(batch: SourceBatch, hyp: AugmentHyp, params) -> Labels:
@@ -610,6 +656,20 @@ def test_cuda_polygons_equal_the_cpu_path_and_make_no_host_sync(long, bound):
         with no_host_sync():
             out = run()
         assert out.segments.shape[:2] == out.valid.shape
+
+
+@pytest.mark.gpu
+def test_cuda_polygon_boxes_kernel_equals_the_torch_ops():
+    """On CUDA the perspective's boxes and clip are one Triton program a polygon: bit for bit the torch ops on the
+    same device and on the CPU, for 600 polygons inside, outside and across the image and the edge cases."""
+    from yolofeed.augment.geometry.polygons import boxes_and_clip
+    from yolofeed.kernels.polygon_boxes_triton import boxes_and_clip as kernel
+
+    seg = _box_cases(600)
+    cpu, cuda, got = boxes_and_clip(seg, S, S), boxes_and_clip(seg.cuda(), S, S), kernel(seg.cuda(), S, S)
+    for a, b, c in zip(cpu, cuda, got):
+        assert _same(b, c) and _same(a, c.cpu())
+    assert (got[0].cpu() > 0).any(1).sum() > 300 and torch.equal(got[0][3].cpu(), torch.tensor([0.0, 0, S, S]))
 
 
 @pytest.mark.gpu

@@ -290,6 +290,17 @@ SECTIONS = {s.name: s for s in (
         "timeout 150 python3 -m tools.device.polygon_bound /tmp/synth-seg/data.yaml 2>&1 | grep -v Warning | tail -40",
         "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
+    Section("polygon-kernel", "Detection on polygon labels", "nvidia-h200", 1, 7, (
+        # the perspective's boxes of polygons as one Triton program a polygon: the same as polygon-bound, its GPU tests
+        # (the kernel's among them) beside the CPU-bound synth and pack
+        "timeout 240 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
+        "tests/test_train_segment.py -p no:cacheprovider -rA > $OUT/gpu_tests_bound.txt 2>&1 &",
+        SECTIONS_SEG[0], "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
+        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_bound.txt | tail -20",
+        "timeout 150 python3 -m tools.device.polygon_bound /tmp/synth-seg/data.yaml 2>&1 | grep -v Warning | tail -40",
+        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+        f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
     Section("polygon-gpu-tests", "GPU tests", "nvidia-h200", 1, 2, (
         "timeout 250 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
         "tests/test_partners.py tests/test_train_segment.py tests/test_masks.py tests/test_loader.py "

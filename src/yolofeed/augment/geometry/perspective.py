@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from yolofeed.augment.geometry.obb import clip_obb, segment_bounds
-from yolofeed.augment.geometry.polygons import polygon_boxes
+from yolofeed.augment.geometry.polygons import boxes_and_clip
 from yolofeed.augment.hyp import AugmentHyp
 from yolofeed.augment.op import Draw, GeometricOp, Labels, WarpPlan, clip_keypoints, matmul3, uniform
 
@@ -166,7 +166,8 @@ def warp_polygons(labels: Labels, M: Tensor, scale: Tensor, size: int, capacity:
         labels: canvas pixels; polygons (B, K, W, 2). M: (B, 3, 3). scale: (B,) float32.
         capacity: the polygons moved: the valid slots first (row-major), this many of them; the other slots' boxes
             and polygons are zeros, and valid slots past it are dropped and counted in ``polygons_past``. None: every
-            slot. ``polygon_boxes`` costs a few hundred elementwise passes per polygon point, and most slots of a
+            slot. The boxes cost a few hundred elementwise passes per polygon point in torch, one Triton program
+            per polygon on CUDA; most slots of a
             padded mosaic batch are padding (4 x the pack's most labels an image).
 
     Returns:
@@ -196,15 +197,19 @@ def warp_polygons(labels: Labels, M: Tensor, scale: Tensor, size: int, capacity:
 
 def _move_polygons(seg: Tensor, M: Tensor, size: int) -> tuple[Tensor, Tensor]:
     """``apply_segments`` and ``Instances.clip`` of polygons (..., W, 2) through ``M`` (..., 3, 3) (broadcast over the
-    polygons' leading dimensions): their boxes (..., 4) and the moved points (..., W, 2), clipped."""
+    polygons' leading dimensions): their boxes (..., 4) and the moved points (..., W, 2), clipped (``boxes_and_clip``;
+    on CUDA ``kernels.polygon_boxes_triton``, the same bits)."""
     xy1 = torch.cat([seg, torch.ones_like(seg[..., :1])], -1)  # (..., W, 3): 1,000 points a polygon, a few matmuls
     out = xy1 @ M.transpose(-1, -2)
     seg = out[..., :2] / out[..., 2:3]
-    boxes = polygon_boxes(seg, size, size)
-    x = seg[..., 0].maximum(boxes[..., 0, None]).minimum(boxes[..., 2, None])  # np.clip(x, x1, x2)
-    y = seg[..., 1].maximum(boxes[..., 1, None]).minimum(boxes[..., 3, None])
-    seg = torch.stack([x.clamp(0, size), y.clamp(0, size)], -1)  # Instances.clip
-    return boxes.clamp(0, size), seg
+    if seg.is_cuda:
+        try:
+            from yolofeed.kernels import polygon_boxes_triton
+        except ImportError:  # no Triton: the torch ops, slower but the same
+            pass
+        else:  # one program a polygon, where the torch ops make a few hundred passes over every point
+            return polygon_boxes_triton.boxes_and_clip(seg, size, size)
+    return boxes_and_clip(seg, size, size)
 
 
 class RandomPerspective(GeometricOp):

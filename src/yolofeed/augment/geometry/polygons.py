@@ -180,3 +180,18 @@ def polygon_boxes(polygons: Tensor, w: int, h: int) -> Tensor:
         take(x.new_full(ok.shape, cx), y.new_full(ok.shape, cy), ok)
     part = torch.where(any_ok[..., None], part, 0.0)  # no point: zeros
     return torch.where(inside[..., None], bounds, torch.where(outside[..., None], 0.0, part))
+
+
+def boxes_and_clip(polygons: Tensor, w: int, h: int) -> tuple[Tensor, Tensor]:
+    """``apply_segments``' boxes and clip, then ``Instances.clip``: each polygon's ``polygon_boxes`` (segment2box), its
+    points clipped to that box (``np.clip(x, x1, x2)``), then box and points clipped to [0, w] x [0, h].
+
+    Shape: polygons (..., W, 2) float32 pixels. Returns (..., 4) xyxy and (..., W, 2). The torch reference of
+    ``kernels.polygon_boxes_triton``.
+    """
+    boxes = polygon_boxes(polygons, w, h)
+    x = polygons[..., 0].maximum(boxes[..., 0, None]).minimum(boxes[..., 2, None])  # np.clip(x, x1, x2)
+    y = polygons[..., 1].maximum(boxes[..., 1, None]).minimum(boxes[..., 3, None])
+    clipped = torch.stack([x.clamp(0, w), y.clamp(0, h)], -1)  # Instances.clip
+    return torch.stack([boxes[..., 0].clamp(0, w), boxes[..., 1].clamp(0, h), boxes[..., 2].clamp(0, w),
+                        boxes[..., 3].clamp(0, h)], -1), clipped
