@@ -22,7 +22,6 @@ import triton.language as tl
 from torch import Tensor
 
 BLOCK = 512  # points a chunk: two chunks for Ultralytics' 1,000
-ALL = tl.PropagateNan.ALL
 
 
 @triton.jit
@@ -65,6 +64,12 @@ def _corner(vx, vy, ux, uy, px, py, m):
     crosses = ~skip & (tl.where(vy < uy, -dist, dist) > 0)
     on = tl.sum((m & (on_point | on_edge)).to(tl.int32), 0) > 0
     return on, tl.sum((m & crosses).to(tl.int32), 0)
+
+
+@triton.jit
+def _clip(x, lo, hi):
+    """min(max(x, lo), hi), a NaN kept (torch's maximum, minimum and clamp)."""
+    return tl.minimum(tl.maximum(x, lo, propagate_nan=tl.PropagateNan.ALL), hi, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -149,10 +154,10 @@ def polygon_boxes_kernel(seg_ptr, box_ptr, out_ptr, W, w, h, BLOCK: tl.constexpr
         m = i < W
         x = tl.load(base + 2 * i, mask=m, other=0.0)
         y = tl.load(base + 2 * i + 1, mask=m, other=0.0)
-        x = tl.minimum(tl.maximum(x, b0, propagate_nan=ALL), b2, propagate_nan=ALL)  # np.clip(x, x1, x2)
-        y = tl.minimum(tl.maximum(y, b1, propagate_nan=ALL), b3, propagate_nan=ALL)
-        tl.store(out + 2 * i, tl.minimum(tl.maximum(x, 0.0, propagate_nan=ALL), fw, propagate_nan=ALL), mask=m)
-        tl.store(out + 2 * i + 1, tl.minimum(tl.maximum(y, 0.0, propagate_nan=ALL), fh, propagate_nan=ALL), mask=m)
+        x = _clip(x, b0, b2)  # np.clip(x, x1, x2)
+        y = _clip(y, b1, b3)
+        tl.store(out + 2 * i, _clip(x, 0.0, fw), mask=m)  # Instances.clip
+        tl.store(out + 2 * i + 1, _clip(y, 0.0, fh), mask=m)
     box = box_ptr + c * 4
     tl.store(box, tl.minimum(tl.maximum(b0, 0.0), fw))  # boxes.clamp(0, size): a box is never NaN
     tl.store(box + 1, tl.minimum(tl.maximum(b1, 0.0), fh))
