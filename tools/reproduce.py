@@ -69,6 +69,20 @@ def lever(model: str, modes: str, option: str, limit: int) -> str:
     return (f"timeout {limit} python3 -m yolofeed bench model={model}.yaml modes={modes} {option} {LEVER} "
             f"out=$OUT/levers_{name}")
 
+# detection on polygon labels (the segment set's detection pack): the polygon path's GPU tests beside the CPU-bound
+# synth and pack, the augmentation with and without the perspective's bound on the polygons it moves
+# (polygon_bound), then yolo11n side by side. polygon-bound measured the bound, polygon-kernel the boxes' Triton
+# kernel after it.
+POLYGON_AUGMENT = (
+    "timeout 240 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
+    "tests/test_train_segment.py -p no:cacheprovider -rA > $OUT/gpu_tests_bound.txt 2>&1 &",
+    SECTIONS_SEG[0], "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
+    LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
+    "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_bound.txt | tail -20",
+    "timeout 150 python3 -m tools.device.polygon_bound /tmp/synth-seg/data.yaml 2>&1 | grep -v Warning | tail -40",
+    "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
+    f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)
+
 
 @dataclass(frozen=True)
 class Section:
@@ -279,28 +293,8 @@ SECTIONS = {s.name: s for s in (
         "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
         f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS,
         *SECTIONS_SEG[1:3], SECTIONS_SEG[3].replace("timeout 360", "timeout 280"), NO_WEIGHTS)),
-    Section("polygon-bound", "Detection on polygon labels", "nvidia-h200", 1, 7, (
-        # the bound on the polygons a batch's perspective moves: its GPU tests beside the CPU-bound synth and pack;
-        # the augmentation with and without it (polygon_bound); then yolo11n (detection) on the segment set's polygons
-        "timeout 240 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
-        "tests/test_train_segment.py -p no:cacheprovider -rA > $OUT/gpu_tests_bound.txt 2>&1 &",
-        SECTIONS_SEG[0], "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
-        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
-        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_bound.txt | tail -20",
-        "timeout 150 python3 -m tools.device.polygon_bound /tmp/synth-seg/data.yaml 2>&1 | grep -v Warning | tail -40",
-        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-        f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
-    Section("polygon-kernel", "Detection on polygon labels", "nvidia-h200", 1, 7, (
-        # the perspective's boxes of polygons as one Triton program a polygon: the same as polygon-bound, its GPU tests
-        # (the kernel's among them) beside the CPU-bound synth and pack
-        "timeout 240 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
-        "tests/test_train_segment.py -p no:cacheprovider -rA > $OUT/gpu_tests_bound.txt 2>&1 &",
-        SECTIONS_SEG[0], "python3 -m yolofeed pack data=/tmp/synth-seg/data.yaml imgsz=640 2>&1 | tail -2",
-        LABELS_10K.replace("/tmp/synth/", "/tmp/synth-seg/"),
-        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_bound.txt | tail -20",
-        "timeout 150 python3 -m tools.device.polygon_bound /tmp/synth-seg/data.yaml 2>&1 | grep -v Warning | tail -40",
-        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling steps=60 warmup=20 "
-        f"{BENCH_1.replace('/tmp/synth/', '/tmp/synth-seg/')} out=$OUT/bench_detect_polygons", NO_WEIGHTS)),
+    Section("polygon-bound", "Detection on polygon labels", "nvidia-h200", 1, 7, POLYGON_AUGMENT),
+    Section("polygon-kernel", "Detection on polygon labels", "nvidia-h200", 1, 7, POLYGON_AUGMENT),
     Section("polygon-gpu-tests", "GPU tests", "nvidia-h200", 1, 2, (
         "timeout 250 python3 -m pytest -q -m gpu tests/test_augment_segments.py tests/test_train_detect_polygons.py "
         "tests/test_partners.py tests/test_train_segment.py tests/test_masks.py tests/test_loader.py "
