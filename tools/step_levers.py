@@ -1,6 +1,7 @@
 """The training step alone, on one GPU-resident batch: where its kernels' time goes, and what each lever saves.
 
     python -m tools.step_levers model=yolo11n.yaml batch=128 imgsz=640 out=$OUT/levers
+    python -m tools.step_levers model=yolo11n.yaml base=fused_eager copies=1 levers= out=$OUT/levers_fused
 
 The step is the ceiling's (yolofeed's sync-free loss, Ultralytics' model, fp16 autocast, channels-last), without
 the optimiser: forward, loss, backward. Each lever is timed against the plain step in the same process, alternating,
@@ -198,6 +199,17 @@ def lever_graphed(model):
         m.__class__ = graphed.FusedConv
     model.__class__ = graphed._graphed_class(type(model))
     model.__dict__["_graph"] = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, print)
+    return None
+
+
+def lever_fused_eager(model):
+    """The graphed step's kernels launched eagerly: every fusable Conv's batch norm and SiLU as the Triton op, as
+    inside the graph's capture (``base=fused_eager`` profiles the step the graph replays, its copies among them)."""
+    from yolofeed.train import graphed
+
+    for m in graphed.fusable_convs(model):
+        m.__class__ = graphed.FusedConv
+        m.fused = True
     return None
 
 
@@ -399,13 +411,16 @@ def main(argv: list[str]) -> None:
     args = dict(a.split("=", 1) for a in argv)
     cfg, b, imgsz = args.get("model", "yolo11n.yaml"), int(args.get("batch", 128)), int(args.get("imgsz", 640))
     n, out = int(args.get("n", 20)), Path(args.get("out", "/tmp/levers"))
-    levers = args.get("levers", "compiled_bn_silu,compiled_blocks,cuda_graph").split(",")
+    levers = [x for x in args.get("levers", "compiled_bn_silu,compiled_blocks,cuda_graph").split(",") if x]
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cudnn.deterministic = True  # Ultralytics' deterministic=True default
     g = torch.Generator().manual_seed(0)
     report = {"model": cfg, "batch": b, "imgsz": imgsz, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(), "levers": {}}
     model = _model(cfg, "cuda")
+    if "base" in args:  # the plain step with a lever in it (e.g. fused_eager): what the breakdown and copies profile
+        report["base"] = args["base"]
+        globals()[f"lever_{args['base']}"](model)
     batch = _with_counts(model, _batch(b, imgsz, 24, "cuda", g))
     for _ in range(5):
         _step(model, batch)
