@@ -644,8 +644,12 @@ def test_cuda_polygons_equal_the_cpu_path_and_make_no_host_sync(long, bound):
     params = aug.sample(16, torch.Generator().manual_seed(30))
     ref, got = aug.apply(batch, params), aug.apply(_on_cuda(batch), to_device(params, "cuda"))
     assert torch.equal(got.valid.cpu(), ref.valid)
-    if bound is not None:
+    if bound is not None:  # and on the device, every slot it kept as every slot moved: the same bits
         assert int(got.polygons_past) == int(ref.polygons_past)
+        every = GpuAugment(aug.hyp).apply(_on_cuda(batch), to_device(params, "cuda"))
+        k = got.valid
+        assert bool((k <= every.valid).all()) and int(k.sum()) > 16
+        assert torch.equal(got.boxes[k], every.boxes[k]) and torch.equal(got.segments[k], every.segments[k])
     v = ref.valid
     torch.testing.assert_close(got.boxes.cpu()[v], ref.boxes[v], atol=TOL, rtol=0)
     torch.testing.assert_close(got.segments.cpu()[v], ref.segments[v], atol=TOL, rtol=0)

@@ -109,7 +109,7 @@ class AugmentedBatch(LabelKinds):
     masks: Any = None  # augment.masks.SegmentMasks (a stage above this one: not imported here)
     segments: Tensor | None = None
     paste_lost: Tensor | None = None  # () int64: copies copy-paste left out, and its fill's dropped events
-    polygons_past: Tensor | None = None  # () int64: instances past the perspective's bound on polygons, left out
+    polygons_past: Tensor | None = None  # () int64: valid slots past the perspective's bound, not moved: left out
 
     def to_ultralytics(self, total: int | None = None) -> dict[str, Tensor]:
         """Ultralytics' collated batch: ``img``, ``cls`` (N, 1), ``bboxes`` (N, 4) normalised xywh, ``batch_idx`` (N,);

@@ -10,8 +10,10 @@ count), which any order gives exactly; the elementwise steps round as torch's se
 no fused multiply-add: ``enable_fp_fusion=False``). Then each point is clipped to its box and the box and points to
 the output (``Instances.clip``), as ``augment.geometry.perspective`` does.
 
-A polygon with a non-finite point (a perspective's vanishing line) takes the part path as in torch; its clipped
-points keep their NaN (``propagate_nan``).
+A polygon with a NaN point (a perspective's vanishing line: the divide makes both of its coordinates non-finite)
+takes the part path as in torch, and its clipped points keep their NaN (``propagate_nan``). A point with one
+coordinate infinite and the other finite, which the divide does not make, can give a crossing at NaN: torch's
+bounds are NaN then, these reductions pass over it.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ def polygon_boxes_kernel(seg_ptr, box_ptr, out_ptr, W, w, h, BLOCK: tl.constexpr
         tl.store(out + 2 * i, _clip(x, 0.0, fw), mask=m)  # Instances.clip
         tl.store(out + 2 * i + 1, _clip(y, 0.0, fh), mask=m)
     box = box_ptr + c * 4
-    tl.store(box, tl.minimum(tl.maximum(b0, 0.0), fw))  # boxes.clamp(0, size): a box is never NaN
+    tl.store(box, tl.minimum(tl.maximum(b0, 0.0), fw))  # boxes.clamp(0, size); the reductions gave no NaN
     tl.store(box + 1, tl.minimum(tl.maximum(b1, 0.0), fh))
     tl.store(box + 2, tl.minimum(tl.maximum(b2, 0.0), fw))
     tl.store(box + 3, tl.minimum(tl.maximum(b3, 0.0), fh))

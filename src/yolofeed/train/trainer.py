@@ -574,8 +574,9 @@ class FastTrainer(SyncFreeStep):
 
     def _check_polygons(self) -> None:
         """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway), while the polygons are
-        bounded: whether the bound left instances out this epoch. If so, one warning, and from the next epoch every
-        slot is moved (the augmentation's graphs made again). Under DDP every rank takes the same decision."""
+        bounded: whether the bound left instances unmoved this epoch. If so, one warning, and from the next epoch every
+        slot is moved (the augmentation's graphs made again; a resumed run tries the bound again: one more such epoch
+        at most). Under DDP every rank takes the same decision."""
         if self._polygon_labels is None or not self._polygons_bounded:  # the same on every rank
             return
         past = self._polygons_past
@@ -590,8 +591,9 @@ class FastTrainer(SyncFreeStep):
             return
         self._polygons_bounded, self._augment = False, None
         last = self.epoch + 1 >= self.epochs
-        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {n} instances were left out of their batches, beyond the "
-                       "polygons a batch's perspective was bounded to from the training set's labels"
+        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {n} instances were not moved by the perspective, beyond "
+                       "the polygons a batch was bounded to from the training set's labels; those of them its crop "
+                       "would have kept were left out of their batches"
                        + ("" if last else "; from the next epoch every polygon slot is moved (exact, and slower)"))
 
     def _augmenter(self):

@@ -199,9 +199,11 @@ def _move_polygons(seg: Tensor, M: Tensor, size: int) -> tuple[Tensor, Tensor]:
     """``apply_segments`` and ``Instances.clip`` of polygons (..., W, 2) through ``M`` (..., 3, 3) (broadcast over the
     polygons' leading dimensions): their boxes (..., 4) and the moved points (..., W, 2), clipped (``boxes_and_clip``;
     on CUDA ``kernels.polygon_boxes_triton``, the same bits)."""
-    xy1 = torch.cat([seg, torch.ones_like(seg[..., :1])], -1)  # (..., W, 3): 1,000 points a polygon, a few matmuls
-    out = xy1 @ M.transpose(-1, -2)
-    seg = out[..., :2] / out[..., 2:3]
+    # each point through M term by term, (x m0 + y m1) + m2 (as matmul3): the same bits whatever the polygons' layout
+    # (bounded or every slot) and device, where a batched matmul's kernel, and its rounding, follows the shapes
+    x, y = seg.unbind(-1)
+    row = [(x * M[..., j, 0, None] + y * M[..., j, 1, None]) + M[..., j, 2, None] for j in range(3)]
+    seg = torch.stack([row[0] / row[2], row[1] / row[2]], -1)  # the perspective divide, always
     if seg.is_cuda:
         try:
             from yolofeed.kernels import polygon_boxes_triton
