@@ -106,13 +106,13 @@ def test_the_polygons_a_batch_moves_are_bounded_by_the_labels_and_an_epoch_past_
         monkeypatch.setattr(FastDetectionTrainer, "_polygon_capacity", lambda self: 1)  # far too few
         t._augment = None
         t.preprocess_batch(next(iter(t.train_loader)))
-        assert int(t._polygons_past) > 0
+        assert int(t._polygon_bound.past) > 0
         monkeypatch.undo()
         t.epoch, t.epochs = 0, 3  # not the last: the next epochs move every slot
         with caplog.at_level("WARNING"):
             t._check_polygons()
         assert "epoch 1:" in caplog.text and "every polygon slot is moved" in caplog.text
-        assert t._polygons_past is None and t._polygon_capacity() is None and t._augment is None
+        assert t._polygon_bound.past is None and t._polygon_capacity() is None and t._augment is None
         caplog.clear()
         t._check_polygons()  # unbounded now: nothing to read, nothing said
         assert not caplog.text

@@ -102,15 +102,15 @@ def test_the_copies_a_batch_fills_are_bounded_by_the_labels_and_a_bound_that_fel
         monkeypatch.setattr(FastOBBTrainer, "_paste_capacity", lambda self: 1)  # far too few: copies are left out
         t._augment = None
         t.preprocess_batch(next(iter(t.train_loader)))
-        assert int(t._paste_lost) > 0
+        assert int(t._paste_bound.past) > 0
         monkeypatch.undo()
         t.epoch, t.epochs = 0, 3  # not the last: the next epochs fill every slot
         with caplog.at_level("WARNING"):
             t._check_pastes()
         assert "epoch 1: copy_paste left" in caplog.text and "every copy slot is filled" in caplog.text
-        assert t._paste_lost is None and t._paste_capacity() is None and t._augment is None
+        assert t._paste_bound.past is None and t._paste_capacity() is None and t._augment is None
         caplog.clear()
-        t._paste_lost = torch.tensor(2)
+        t._paste_bound.past = torch.tensor(2)
         with caplog.at_level("WARNING"):
             t._check_pastes()  # every slot filled already: still said, never silent
         assert "with every copy slot filled" in caplog.text

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from yolofeed.augment import GpuAugment
-from yolofeed.augment.masks import FEW_DRAWS, MaskedAugment, mask_capacity
+from yolofeed.augment.masks import MaskedAugment
 from yolofeed.train import options
+from yolofeed.train.bounds import LabelBound, sources
 from yolofeed.train.trainer import FastDetectionTrainer, FastTrainer
 from yolofeed.ultralytics_seam import LOGGER, RANK, OBBTrainer, PoseTrainer, SegmentationTrainer, world_size
 
@@ -42,59 +43,41 @@ class FastOBBTrainer(FastTrainer, OBBTrainer):
     """
 
     carried_task = "obb"
-    _paste_lost: torch.Tensor | None = None  # copies copy-paste left out this epoch, on the device
-    _paste_bounded = True  # the bound on a batch's copies in use; off for good once one fell short
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         super().__init__(cfg, overrides, _callbacks)
+        self._paste_bound = LabelBound()  # copy-paste's copies a batch
         self.add_callback("on_train_epoch_end", type(self)._check_pastes)
 
     def _new_augment(self) -> GpuAugment:
         return GpuAugment(self.hyp, paste_capacity=self._paste_capacity())
 
     def _paste_capacity(self) -> int | None:
-        """The most copies a batch pastes: the labels' bound on the instances of its source images (``mask_capacity``:
+        """The most copies a batch pastes: the labels' bound on the instances of its source images (``LabelBound``:
         the mean plus 6 standard deviations of their sum, plus the most in one image in every tile of a row); None
-        (every copy slot) without copy-paste, before the loader, for fewer than ``FEW_DRAWS`` source images a batch,
-        or once a bound fell short."""
-        if self.hyp.copy_paste <= 0 or not self._paste_bounded or self._warm is None:
+        (every copy slot) without copy-paste, before the loader, for a batch of few source images, or once a bound
+        fell short."""
+        if self.hyp.copy_paste <= 0 or self._warm is None:
             return None
-        loader = self._warm[0]
-        counts = loader.prefetcher.labels.count[loader.dataset.indices]
-        sources = (self.hyp.mosaic_grid if self.hyp.mosaic > 0 else 1) * (1 + GpuAugment(self.hyp).mixers)
-        if not len(counts) or loader.batch_size * sources < FEW_DRAWS:
-            return None
-        return mask_capacity(loader.batch_size, sources, float(counts.mean()), float(counts.std()),
-                             float(counts.max()))
+        return self._paste_bound.capacity(self._warm[0].batch_size, sources(self.hyp), self._label_stats)
 
     def _augment_source(self, source):
         out = super()._augment_source(source)
-        if out.paste_lost is not None:  # a device op per batch, read once an epoch (_check_pastes): no sync here;
-            # under GraphedAugment the graph's memory: read before the next replay
-            lost = self._paste_lost
-            self._paste_lost = out.paste_lost.clone() if lost is None else lost + out.paste_lost
+        self._paste_bound.count(out.paste_lost)  # read once an epoch (_check_pastes)
         return out
 
     def _check_pastes(self) -> None:
-        """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway): whether copy-paste left
-        copies out this epoch. If so, one warning, and from the next epoch every copy slot is filled (the
-        augmentation's graphs made again). Under DDP every rank takes the same decision (``ranks_agree``)."""
-        zero = torch.zeros((), dtype=torch.long, device=self.device)
-        if self._paste_lost is None and world_size(self) <= 1:
-            return
-        counts = torch.stack([zero if self._paste_lost is None else self._paste_lost.to(zero.device).long(), zero,
-                              zero - 1])
-        self._paste_lost = None
-        if world_size(self) > 1:  # every rank calls the collective at every epoch end, batches or not
-            counts = ranks_agree(counts)
-        lost = int(counts[0])
+        """At each epoch's end: whether copy-paste left copies out this epoch. If so, one warning, and from the next
+        epoch every copy slot is filled (the augmentation's graphs made again). Under DDP every rank takes the same
+        decision."""
+        lost = self._paste_bound.epoch_past(self.device, world_size(self))
         if not lost:
             return
-        if not self._paste_bounded:  # every slot filled, each given any quadrilateral's most events: not expected
+        if not self._paste_bound.on:  # every slot filled, each given any quadrilateral's most events: not expected
             LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies or fill events out with "
                            "every copy slot filled; those copies were not pasted, labels and pixels alike")
             return
-        self._paste_bounded, self._augment = False, None
+        self._paste_bound.on, self._augment = False, None
         last = self.epoch + 1 >= self.epochs
         LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies out, beyond the copies a "
                        "batch was bounded to from the training set's labels"
@@ -127,13 +110,8 @@ class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):
         self.add_callback("on_train_epoch_end", type(self)._check_masks)
 
     def _new_augment(self) -> MaskedAugment:
-        loader = self._warm[0] if self._warm is not None else None  # the training loader, once made
-        counts = loader.prefetcher.labels.count[loader.dataset.indices] if loader is not None else None
-        labels = None
-        if counts is not None and len(counts):
-            labels = float(counts.mean()), float(counts.std()), float(counts.max())
         self._masked = MaskedAugment(self.hyp, int(self.args.mask_ratio), bool(self.args.overlap_mask),
-                                     self.mask_room, labels, self._capacity, self._polygon_capacity())
+                                     self.mask_room, self._label_stats, self._capacity, self._polygon_capacity())
         return self._masked
 
     def _augment_source(self, source):

@@ -42,7 +42,6 @@ import torch
 
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
-from yolofeed.augment.masks import FEW_DRAWS, mask_capacity
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader import TrainLoader, ValLoader
@@ -52,6 +51,7 @@ from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded
 from yolofeed.train import graphed, keys, options, val_metrics
 from yolofeed.train.ahead import AugmentAhead
+from yolofeed.train.bounds import LabelBound, label_stats, sources
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
 from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
@@ -116,10 +116,6 @@ class FastTrainer(SyncFreeStep):
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
-    # labels an image (mean, standard deviation, most) of a training pack that keeps polygons: the perspective's bound
-    _polygon_labels: tuple[float, float, float] | None = None
-    _polygons_bounded = True  # that bound in use; off for good once one fell short
-    _polygons_past: torch.Tensor | None = None  # instances past it this epoch, on the device
 
     @classmethod
     def with_options(cls, **given: Any) -> type[FastTrainer]:
@@ -154,6 +150,9 @@ class FastTrainer(SyncFreeStep):
         # a fixed shuffle per epoch number, whether or not DDP calls set_epoch, and after a resume too
         self.add_callback("on_train_epoch_start", lambda t: t.train_loader.sampler.set_epoch(t.epoch))
         self._warm: tuple[TrainLoader, int] | None = None  # the train loader and its label width, for the warm-up
+        self._label_stats: tuple[float, float, float] | None = None  # the training split's labels an image
+        self._polygons_kept = False  # the training pack keeps polygons: the perspective moves them, under a bound
+        self._polygon_bound = LabelBound()
         # first at on_pretrain_routine_end, in this order: the labels plot is joined before any other callback runs
         # (Ultralytics' loggers, a user's), which stock hands a finished labels.jpg and no plotting thread beside
         for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
@@ -267,9 +266,8 @@ class FastTrainer(SyncFreeStep):
                 keys.check_detect_copy_paste(self.hyp.copy_paste, None if pack.polygon_lengths is None else
                                              pack.header["source"]["label_dir"])
             table = loader.prefetcher.labels
-            counts = table.count[loader.dataset.indices]
-            self._polygon_labels = None if pack.polygon_lengths is None or not len(counts) else (
-                float(counts.mean()), float(counts.std()), float(counts.max()))
+            self._label_stats = label_stats(table.count[loader.dataset.indices])
+            self._polygons_kept = pack.polygon_lengths is not None
             if rank in (-1, 0):
                 _warn_long_polygons(pack, table)
                 _warn_polygons_in_share(pack, fraction)
@@ -561,35 +559,24 @@ class FastTrainer(SyncFreeStep):
 
     def _polygon_capacity(self) -> int | None:
         """The most polygons the perspective moves a batch: the labels' bound on the instances of its source images
-        (``mask_capacity``: the mean plus 6 standard deviations of their sum, plus the most in one image in every tile
-        of a row; copy-paste's copies count as many again). None (every slot) without polygons, before the loader,
-        for fewer than ``FEW_DRAWS`` source images a batch, or once a bound fell short."""
-        if self._polygon_labels is None or not self._polygons_bounded or self._warm is None:
+        (``LabelBound``; copy-paste's copies count as many again). None (every slot) without polygons, before the
+        loader, for a batch of few source images, or once a bound fell short."""
+        if not self._polygons_kept or self._warm is None:
             return None
-        h = self.hyp
-        sources = ((h.mosaic_grid if h.mosaic > 0 else 1) * (1 + GpuAugment(h).mixers)
-                   * (2 if h.copy_paste > 0 else 1))
-        batch = self._warm[0].batch_size
-        return None if batch * sources < FEW_DRAWS else mask_capacity(batch, sources, *self._polygon_labels)
+        return self._polygon_bound.capacity(self._warm[0].batch_size, sources(self.hyp, self.hyp.copy_paste > 0),
+                                            self._label_stats)
 
     def _check_polygons(self) -> None:
-        """At each epoch's end (one host sync, where Ultralytics' own epoch end syncs anyway), while the polygons are
-        bounded: whether the bound left instances unmoved this epoch. If so, one warning, and from the next epoch every
-        slot is moved (the augmentation's graphs made again; a resumed run tries the bound again: one more such epoch
-        at most). Under DDP every rank takes the same decision."""
-        if self._polygon_labels is None or not self._polygons_bounded:  # the same on every rank
+        """At each epoch's end, while the polygons are bounded: whether the bound left instances unmoved this epoch.
+        If so, one warning, and from the next epoch every slot is moved (the augmentation's graphs made again; a
+        resumed run tries the bound again). Under DDP every rank takes the same decision."""
+        bound = self._polygon_bound
+        if not self._polygons_kept or not bound.on:  # the same on every rank
             return
-        past = self._polygons_past
-        past = torch.zeros((), dtype=torch.long, device=self.device) if past is None else past.to(self.device).long()
-        self._polygons_past = None
-        if world_size(self) > 1:  # every rank calls the collective at every epoch end, batches or not
-            import torch.distributed as dist
-
-            dist.all_reduce(past)
-        n = int(past)
+        n = bound.epoch_past(self.device, world_size(self))
         if not n:
             return
-        self._polygons_bounded, self._augment = False, None
+        bound.on, self._augment = False, None
         last = self.epoch + 1 >= self.epochs
         LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: {n} instances were not moved by the perspective, beyond "
                        "the polygons a batch was bounded to from the training set's labels; those of them its crop "
@@ -621,10 +608,7 @@ class FastTrainer(SyncFreeStep):
         # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
         with torch.autocast(self.device.type, enabled=False):
             out = self._augmenter()(source)
-        if out.polygons_past is not None:  # a device op per batch, read once an epoch (_check_polygons): no sync
-            # here; under GraphedAugment the graph's memory: read before the next replay
-            past = self._polygons_past
-            self._polygons_past = out.polygons_past.clone() if past is None else past + out.polygons_past
+        self._polygon_bound.count(out.polygons_past)  # read once an epoch (_check_polygons)
         if out.segments is not None and out.masks is None and self.carried_task == "detect":
             out = dataclasses.replace(out, segments=None)  # the polygons made its boxes; a detection batch has none
         return out
