@@ -51,8 +51,7 @@ ELSEWHERE = {
     "distill_model": "refused", "augmentations": "refused",
     "copy_paste": "test_copy_paste.py (the op against Ultralytics'), test_train_segment.py::test_copy_paste_trains_"
                   "a_segment_batch_with_its_copies, test_copy_paste_is_refused_where_there_are_no_polygons, "
-                  "test_augment_obb.py::test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels, "
-                  "test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_pastes_polygons",
+                  "test_augment_obb.py::test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels",
     "copy_paste_mode": "test_train_segment.py::test_copy_paste_mixup_mode_and_odd_mask_ratios_are_refused_in_one_line",
     "rect": "refused when True",
     **{k: "test_train_pose.py::test_the_keypoint_loss_gains_reach_ultralytics_pose_loss_unchanged"
@@ -167,17 +166,13 @@ def test_every_refusal_stops_the_run_before_anything_is_built(synth_root, tmp_pa
     assert not (tmp_path / "refused").exists()  # no run folder, no args.yaml: nothing was built
 
 
-def test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_pastes_polygons(
+def test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_refused_on_polygons(
         synth_root, segment_dataset, tmp_path, monkeypatch):
     """Ultralytics' CopyPaste pastes nothing without segments: on box labels a detection batch with copy_paste (either
-    mode) is the batch without it. On polygon labels it pastes mirrored copies of them (flip mode): the detection
-    batch is the polygon path's with the same draws, copies among its boxes; the mixup mode is refused in one line,
-    before anything is built where the first label files show polygons, else when the pack does. Oriented boxes paste
-    their outlines; a pose run has nothing to paste, as in Ultralytics."""
-    import dataclasses
-
+    mode) is the batch without it. On polygon labels it pastes them, which yolofeed builds for segment and OBB runs:
+    refused in one line, before anything is built where the first label files show them, else when the pack does.
+    Oriented boxes paste their outlines; a pose run has nothing to paste, as in Ultralytics."""
     from yolofeed import FastDetectionTrainer
-    from yolofeed.augment import GpuAugment
     from yolofeed.train import trainer as trainer_module
 
     batches = []
@@ -194,34 +189,14 @@ def test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_paste
         for key in ("img", "cls", "bboxes", "batch_idx"):
             assert torch.equal(batch[key], batches[0][key]), key
 
-    counts = []
-    for copy_paste in (0.0, 1.0):
-        t = FastDetectionTrainer.with_options(augment_ahead=False, partner_pool=0)(overrides={
-            **_base(segment_dataset, tmp_path, f"polygons{copy_paste}"), "copy_paste": copy_paste, "imgsz": 64,
-            "batch": 4, "workers": 0, "plots": False})
-        loader = t.get_dataloader(t.data["train"], batch_size=4, rank=-1, mode="train")
-        try:
-            raw = next(iter(loader))
-            source = raw["source"]
-            batch = t.preprocess_batch(raw)
-        finally:
-            loader.close()
-        plain = GpuAugment(t.hyp)(source, torch.Generator().manual_seed(t.args.seed))  # the same draws
-        stock = dataclasses.replace(plain, segments=None).to_ultralytics()
-        for key in ("cls", "bboxes", "batch_idx"):
-            assert torch.equal(batch[key], stock[key]), key
-        assert torch.equal(batch["img"], stock["img"].float() / 255)
-        counts.append(len(batch["cls"]))
-    assert counts[1] > counts[0]  # the copies' boxes
-
-    polygons = {**_base(segment_dataset, tmp_path, "refused"), "copy_paste": 0.3, "copy_paste_mode": "mixup"}
-    with pytest.raises(ConfigError, match=r"^copy_paste_mode=mixup: Ultralytics pastes copies of the polygon rows "
-                                          r"in .*labels.*\.txt in a detection run.*copy_paste_mode=flip"):
+    polygons = {**_base(segment_dataset, tmp_path, "refused"), "copy_paste": 0.3}
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: Ultralytics pastes mirrored copies of the polygon rows "
+                                          r"in .*labels.*\.txt in a detection run.*copy_paste=0"):
         FastDetectionTrainer(overrides=polygons)
     assert not (tmp_path / "refused").exists()
     monkeypatch.setattr(trainer_module, "SAMPLED_LABELS", 0)  # the early look finds none: the pack decides
     t = FastDetectionTrainer(overrides={**polygons, "name": "late", "imgsz": 64, "workers": 0})
-    with pytest.raises(ConfigError, match=r"^copy_paste_mode=mixup: Ultralytics pastes copies of the polygon rows "
+    with pytest.raises(ConfigError, match=r"^copy_paste=0.3: Ultralytics pastes mirrored copies of the polygon rows "
                                           r"in .*labels"):
         t.get_dataloader(t.data["train"], batch_size=4, rank=-1, mode="train")
     keys.check_copy_paste({"copy_paste": 0.5}, "obb")

@@ -171,12 +171,10 @@ def test_a_share_of_polygon_rows_in_a_mixed_split_is_warned(segment_dataset, tmp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("copy_paste", [0.0, 0.5])
-def test_a_detection_model_on_polygon_labels_trains_on_cuda_with_the_graphed_paths(segment_dataset, tmp_path,
-                                                                                   copy_paste):
-    """Two epochs on one GPU with every default on, on polygon labels (and with copy-paste's copies of them): the
-    augmentation graphed with the polygons and one batch ahead, the graphed step; the run writes stock's files with
-    finite losses (the eager CPU batch of the same draws is checked above and in test_keys.py)."""
+def test_a_detection_model_on_polygon_labels_trains_on_cuda_with_the_graphed_paths(segment_dataset, tmp_path):
+    """Two epochs on one GPU with every default on, on polygon labels: the augmentation graphed with the polygons
+    and one batch ahead, the graphed step; the run writes stock's files with finite losses, and its first batch's
+    boxes are the polygon path's (the eager CPU batch of the same draws is checked above)."""
     import csv
 
     import numpy as np
@@ -187,8 +185,7 @@ def test_a_detection_model_on_polygon_labels_trains_on_cuda_with_the_graphed_pat
 
     model = YOLO("yolo11n.yaml")
     model.train(trainer=FastDetectionTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
-                name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False,
-                copy_paste=copy_paste)
+                name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False)
     trainer = model.trainer
     assert trainer.train_loader.loader.prefetcher.labels.polygons is not None  # the pack kept them, the loader read
     graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")

@@ -167,8 +167,9 @@ RULES: dict[str, Rule] = {
     # augmentation
     **{k: Rule(OURS, AUGMENT) for k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear",
                                          "perspective", "flipud", "fliplr", "bgr", "mosaic", "mixup", "cutmix")},
-    "copy_paste": Rule(OURS, "segment, obb and detect on polygon labels: Ultralytics' copy-paste (flip mode) on the "
-                       "GPU; pose, and detect on box labels: nothing to paste, as in Ultralytics"),
+    "copy_paste": Rule(OURS, "segment and obb: Ultralytics' copy-paste (flip mode) on the GPU; pose, and detect on "
+                       "box labels: nothing to paste, as in Ultralytics; detect on polygon labels: refused above 0 "
+                       "(the paste of polygons is built for segment and obb runs)"),
     "copy_paste_mode": Rule(OURS, "flip; mixup refused where copy_paste is above 0 (but for pose and detect on box "
                                   "labels, where Ultralytics pastes nothing)"),
     # validation and plots during training
@@ -276,23 +277,20 @@ def check_copy_paste(args: Any, task: str) -> None:
                           "mirrored objects). Use copy_paste_mode=flip, copy_paste=0, or 'yolo train'")
 
 
-def check_detect_copy_paste(value: float, polygons: str | None, mode: str | None = "flip") -> None:
+def check_detect_copy_paste(value: float, polygons: str | None) -> None:
     """A detection run's ``copy_paste``: on box labels Ultralytics pastes nothing (``CopyPaste`` needs segments), as
-    here, in either mode; on polygon labels it pastes mirrored copies of them, as here in its flip mode (the boxes
-    made of the moved polygons, the copies' among them); its mixup mode is not built.
+    here; on polygon labels it pastes them, which yolofeed builds for segmentation and OBB runs only.
 
     Args:
         polygons: where the run's polygon rows are (a label file found early, or the pack's label folder), or None.
-        mode: ``copy_paste_mode``.
 
     Raises:
         ConfigError: one line, with the fix.
     """
-    mode = mode or "flip"
-    if value > 0 and polygons is not None and mode != "flip":
-        raise ConfigError(f"copy_paste_mode={mode}: Ultralytics pastes copies of the polygon rows in {polygons} in a "
-                          "detection run; yolofeed builds copy-paste's flip mode only (its own images' mirrored "
-                          "objects). Use copy_paste_mode=flip, copy_paste=0, or 'yolo train'")
+    if value > 0 and polygons is not None:
+        raise ConfigError(f"copy_paste={value}: Ultralytics pastes mirrored copies of the polygon rows in {polygons} "
+                          "in a detection run; yolofeed pastes in segmentation and oriented-box runs only. Train with "
+                          "copy_paste=0, a segmentation model, or 'yolo train'")
 
 
 def _without_task(args: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The trainers of the other tasks, each ``FastTrainer`` before Ultralytics' own: pose (keypoints), oriented boxes
-(corners) and segmentation (masks made on the device, their rasteriser's room learnt and checked once an epoch); and
-``TRAINERS``, the trainer of each task."""
+(corners, with the copy-paste bound) and segmentation (masks made on the device, their rasteriser's room learnt and
+checked once an epoch); and ``TRAINERS``, the trainer of each task."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from yolofeed.augment import GpuAugment
 from yolofeed.augment.masks import MaskedAugment
 from yolofeed.train import options
+from yolofeed.train.bounds import LabelBound, sources
 from yolofeed.train.trainer import FastDetectionTrainer, FastTrainer
 from yolofeed.ultralytics_seam import LOGGER, RANK, OBBTrainer, PoseTrainer, SegmentationTrainer, world_size
 
@@ -35,10 +37,51 @@ class FastOBBTrainer(FastTrainer, OBBTrainer):
     an OBB model.
 
     With ``copy_paste`` the copies a batch fills are bounded by the training set's labels (``_paste_capacity``), not
-    every padded copy slot: one crowded image (a DOTA tile of hundreds of boxes) widens every row's.
+    every padded copy slot: the fill's cost follows the slots it is given, and one crowded image (a DOTA tile of
+    hundreds of boxes) widens every row's. Copies past the bound are counted; an epoch that lost some says so, and
+    from the next one every slot is filled (a resumed run tries the bound again: one more such epoch at most).
     """
 
     carried_task = "obb"
+
+    def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
+        super().__init__(cfg, overrides, _callbacks)
+        self._paste_bound = LabelBound()  # copy-paste's copies a batch
+        self.add_callback("on_train_epoch_end", type(self)._check_pastes)
+
+    def _new_augment(self) -> GpuAugment:
+        return GpuAugment(self.hyp, paste_capacity=self._paste_capacity())
+
+    def _paste_capacity(self) -> int | None:
+        """The most copies a batch pastes: the labels' bound on the instances of its source images (``LabelBound``:
+        the mean plus 6 standard deviations of their sum, plus the most in one image in every tile of a row); None
+        (every copy slot) without copy-paste, before the loader, for a batch of few source images, or once a bound
+        fell short."""
+        if self.hyp.copy_paste <= 0 or self._warm is None:
+            return None
+        return self._paste_bound.capacity(self._warm[0].batch_size, sources(self.hyp), self._label_stats)
+
+    def _augment_source(self, source):
+        out = super()._augment_source(source)
+        self._paste_bound.count(out.paste_lost)  # read once an epoch (_check_pastes)
+        return out
+
+    def _check_pastes(self) -> None:
+        """At each epoch's end: whether copy-paste left copies out this epoch. If so, one warning, and from the next
+        epoch every copy slot is filled (the augmentation's graphs made again). Under DDP every rank takes the same
+        decision."""
+        lost = self._paste_bound.epoch_past(self.device, world_size(self))
+        if not lost:
+            return
+        if not self._paste_bound.on:  # every slot filled, each given any quadrilateral's most events: not expected
+            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies or fill events out with "
+                           "every copy slot filled; those copies were not pasted, labels and pixels alike")
+            return
+        self._paste_bound.on, self._augment = False, None
+        last = self.epoch + 1 >= self.epochs
+        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies out, beyond the copies a "
+                       "batch was bounded to from the training set's labels"
+                       + ("" if last else "; from the next epoch every copy slot is filled (exact, and slower)"))
 
 
 class FastSegmentationTrainer(FastTrainer, SegmentationTrainer):

@@ -153,7 +153,6 @@ class FastTrainer(SyncFreeStep):
         self._label_stats: tuple[float, float, float] | None = None  # the training split's labels an image
         self._polygons_kept = False  # the training pack keeps polygons: the perspective moves them, under a bound
         self._polygon_bound = LabelBound()
-        self._paste_bound = LabelBound()  # copy-paste's copies a batch (segment: MaskedAugment's own, with its masks)
         # first at on_pretrain_routine_end, in this order: the labels plot is joined before any other callback runs
         # (Ultralytics' loggers, a user's), which stock hands a finished labels.jpg and no plotting thread beside
         for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
@@ -161,7 +160,6 @@ class FastTrainer(SyncFreeStep):
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
-        self.add_callback("on_train_epoch_end", type(self)._check_pastes)
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""
@@ -223,8 +221,7 @@ class FastTrainer(SyncFreeStep):
         if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
             check_task_data(self.args.model, self.args.task, self.args.data)
         if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons
-            keys.check_detect_copy_paste(float(self.args.copy_paste), first_polygon_labels(self.args.data),
-                                         self.args.copy_paste_mode)
+            keys.check_detect_copy_paste(float(self.args.copy_paste), first_polygon_labels(self.args.data))
         side = train_side(self.args.imgsz)
         # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
         # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
@@ -267,7 +264,7 @@ class FastTrainer(SyncFreeStep):
                                  world_size=world, fraction=fraction, drop_last=bool(self.args.compile), **labels)
             if self.carried_task == "detect" and self.hyp.copy_paste > 0:  # the labels decide, all of them
                 keys.check_detect_copy_paste(self.hyp.copy_paste, None if pack.polygon_lengths is None else
-                                             pack.header["source"]["label_dir"], self.args.copy_paste_mode)
+                                             pack.header["source"]["label_dir"])
             table = loader.prefetcher.labels
             self._label_stats = label_stats(table.count[loader.dataset.indices])
             self._polygons_kept = pack.polygon_lengths is not None
@@ -558,36 +555,7 @@ class FastTrainer(SyncFreeStep):
 
     def _new_augment(self) -> GpuAugment:
         """The augmentation of this task's batches (``FastSegmentationTrainer``: with Format's masks)."""
-        return GpuAugment(self.hyp, paste_capacity=self._paste_capacity(), polygon_capacity=self._polygon_capacity())
-
-    def _paste_capacity(self) -> int | None:
-        """The most copies a batch pastes (oriented boxes, polygons): the labels' bound on the instances of its source
-        images (``LabelBound``: the mean plus 6 standard deviations of their sum, plus the most in one image in every
-        tile of a row), not every padded copy slot, whose fill costs per slot; None (every copy slot) without
-        copy-paste, before the loader, for a batch of few source images, or once a bound fell short."""
-        if self.hyp.copy_paste <= 0 or self._warm is None:
-            return None
-        return self._paste_bound.capacity(self._warm[0].batch_size, sources(self.hyp), self._label_stats)
-
-    def _check_pastes(self) -> None:
-        """At each epoch's end, with copy-paste on: whether it left copies out this epoch (past its bound, or fill
-        events past their slots). If so, one warning, and from the next epoch every copy slot is filled (the
-        augmentation's graphs made again; a resumed run tries the bound again). Under DDP every rank takes the same
-        decision."""
-        if self.hyp.copy_paste <= 0:  # the same on every rank; nothing pasted, nothing counted
-            return
-        lost = self._paste_bound.epoch_past(self.device, world_size(self))
-        if not lost:
-            return
-        if not self._paste_bound.on:  # every slot filled, each given any quadrilateral's most events: not expected
-            LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies or fill events out with "
-                           "every copy slot filled; those copies were not pasted, labels and pixels alike")
-            return
-        self._paste_bound.on, self._augment = False, None
-        last = self.epoch + 1 >= self.epochs
-        LOGGER.warning(f"yolofeed: epoch {self.epoch + 1}: copy_paste left {lost} copies out, beyond the copies a "
-                       "batch was bounded to from the training set's labels"
-                       + ("" if last else "; from the next epoch every copy slot is filled (exact, and slower)"))
+        return GpuAugment(self.hyp, polygon_capacity=self._polygon_capacity())
 
     def _polygon_capacity(self) -> int | None:
         """The most polygons the perspective moves a batch: the labels' bound on the instances of its source images
@@ -640,8 +608,7 @@ class FastTrainer(SyncFreeStep):
         # the trainer may call this under autocast: the augmentation's arithmetic must stay float32/64
         with torch.autocast(self.device.type, enabled=False):
             out = self._augmenter()(source)
-        self._polygon_bound.count(out.polygons_past)  # each read once an epoch (_check_polygons, _check_pastes)
-        self._paste_bound.count(out.paste_lost)
+        self._polygon_bound.count(out.polygons_past)  # read once an epoch (_check_polygons)
         if out.segments is not None and out.masks is None and self.carried_task == "detect":
             out = dataclasses.replace(out, segments=None)  # the polygons made its boxes; a detection batch has none
         return out
