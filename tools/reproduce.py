@@ -234,6 +234,34 @@ SECTIONS = {s.name: s for s in (
         "levers=compiled_bn_silu,split_cv1,cuda_graph,bf16,nchw out=$OUT/levers",
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml levers=compiled_bn_silu,split_cv1 "
         "out=$OUT/levers")),
+    Section("step-fused-profile", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 3, (
+        # the step the graph replays, launched eagerly: its kernels by kind and its copies with their callers
+        "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml base=fused_eager copies=1 levers= "
+        "out=$OUT/levers_fused",)),
+    Section("bn-silu-tune", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
+        # the fused op's four kernels on yolo11n's 71 activations under several launch configurations
+        "timeout 300 python3 -m tools.device.bn_silu_tune model=yolo11n.yaml "
+        "stats=4096:4:512,4096:8:512,4096:8:1024,4096:8:2048,2048:4:1024,2048:4:2048,2048:8:2048,1024:4:2048,"
+        "1024:4:4096,1024:2:4096,8192:8:1024,8192:16:1024 flat=4096:4,8192:4,8192:8,2048:4,16384:8 "
+        "out=$OUT/bn_silu_tune",)),
+    Section("bn-silu-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # the fused op's kernels under more launch configurations beside the CPU-bound synth and pack; then the
+        # ceiling under the configuration as it was and the fastest of them, in turn
+        "timeout 300 python3 -m tools.device.bn_silu_tune model=yolo11n.yaml "
+        "stats=4096:4:512,4096:8:512,4096:8:256,4096:16:512,4096:16:256,8192:8:512,8192:16:512,8192:16:256,"
+        "2048:8:512,2048:8:256 flat=4096:4,2048:4,2048:8,1024:4,1024:2 out=$OUT/bn_silu_tune2 "
+        "> $OUT/bn_silu_tune2.txt 2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; grep -v Warning $OUT/bn_silu_tune2.txt | tail -40",
+        "timeout 420 python3 -m tools.device.bn_silu_ab tune=$OUT/bn_silu_tune2/yolo11n.json a=4096:4:512/4096:4 "
+        f"out=$OUT/bn_ab -- model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("bn-silu-ab-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # the fused op's GPU tests and the graphed step's with the launch configuration bn-silu-ab chose, beside the
+        # CPU-bound synth and pack; then yolo26n's ceiling under the configuration before it and that one, in turn
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_bn_silu.py tests/test_graphed.py tests/test_step.py "
+        "-p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_bn.txt 2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_bn.txt | tail -30",
+        "timeout 330 python3 -m tools.device.bn_silu_ab a=4096:4:512/4096:4 b=4096:8:256/1024:2 out=$OUT/bn_ab_26n "
+        f"-- model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

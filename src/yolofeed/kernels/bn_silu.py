@@ -16,8 +16,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_GROUPS = 512  # row groups of the statistics passes: about four programs per SM of an H100/H200
-_TILE = 4096  # elements of a program's tile
+# Launch configuration, measured on yolo11n's 71 activations at batch 128 on an H200 (tools/device/bn_silu_tune.py):
+# the statistics passes run faster as fewer, wider programs (each partial, its store, its ticket and the last
+# program's merge cost about as much as a long stretch of rows), the elementwise passes as small tiles.
+_GROUPS = 256  # row groups of the statistics passes: about two programs per SM of an H100/H200
+_TILE = 4096  # elements of a statistics program's tile
+_WARPS = 8  # warps of a statistics program
+_FLAT_TILE = 1024  # elements of an elementwise program's tile
+_FLAT_WARPS = 2  # warps of an elementwise program
 _tickets: dict[tuple, Tensor] = {}  # (device, stream) -> the statistics passes' ticket counters, int32 zeros
 # Set around a CUDA graph's capture: the graph's replays then use counters no eager call shares (a stream id is
 # reused by later streams, which could run beside a replay).
@@ -45,9 +51,9 @@ _plans: dict[tuple[int, int], tuple] = {}
 
 
 def _plan(m: int, c: int) -> tuple:
-    """For an (m, c) activation: the statistics passes' grid, BLOCK_M, BLOCK_C, rows per program and row groups G;
-    the elementwise passes' grid, BLOCK_M and BLOCK_C. Cached: the host's time per launch is what the small
-    activations of a detector's later layers cost."""
+    """For an (m, c) activation: the statistics passes' grid, BLOCK_M, BLOCK_C, rows per program, row groups G,
+    warps and BLOCK_G; the elementwise passes' grid, BLOCK_M, BLOCK_C and warps. Cached: the host's time per launch
+    is what the small activations of a detector's later layers cost."""
     plan = _plans.get((m, c))
     if plan is None:
         import triton
@@ -58,10 +64,12 @@ def _plan(m: int, c: int) -> tuple:
         groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_GROUPS, cb)))
         rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
         groups = triton.cdiv(m, rows)
+        # the last program's merge reads (G, 2, BLOCK_C) partials in tiles of BLOCK_G rows, one after another
+        block_g = min(triton.next_power_of_2(groups), max(64, 8192 // block_c))
         flat_c = min(triton.next_power_of_2(c), 256)
-        flat_m = max(_TILE // flat_c, 1)
-        plan = _plans[(m, c)] = ((groups, cb), block_m, block_c, rows, groups,
-                                 (triton.cdiv(m, flat_m), triton.cdiv(c, flat_c)), flat_m, flat_c)
+        flat_m = max(_FLAT_TILE // flat_c, 1)
+        plan = _plans[(m, c)] = ((groups, cb), block_m, block_c, rows, groups, _WARPS, block_g,
+                                 (triton.cdiv(m, flat_m), triton.cdiv(c, flat_c)), flat_m, flat_c, _FLAT_WARPS)
     return plan
 
 
@@ -85,13 +93,13 @@ class _TritonBNSiLU(torch.autograd.Function):
 
         c = x.shape[1]
         m = x.numel() // c
-        grid, block_m, block_c, per, groups, flat_grid, flat_m, flat_c = plan = _plan(m, c)
+        grid, block_m, block_c, per, groups, warps, block_g, flat_grid, flat_m, flat_c, flat_warps = plan = _plan(m, c)
         work = torch.empty(groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
         save = work[groups * 2 * c:]
         k.stats[grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, per, groups,
-                      momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=64)
+                      momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=block_g, num_warps=warps)
         y = torch.empty_like(x)  # channels-last, as x
-        k.apply[flat_grid](x, y, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c)
+        k.apply[flat_grid](x, y, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c, num_warps=flat_warps)
         ctx.save_for_backward(x, save)
         ctx.plan, ctx.dtypes = plan, (weight.dtype, bias.dtype)
         return y
@@ -101,7 +109,7 @@ class _TritonBNSiLU(torch.autograd.Function):
         from yolofeed.kernels import bn_silu_triton as k
 
         x, save = ctx.saved_tensors
-        grid, block_m, block_c, per, groups, flat_grid, flat_m, flat_c = ctx.plan
+        grid, block_m, block_c, per, groups, warps, block_g, flat_grid, flat_m, flat_c, flat_warps = ctx.plan
         stride = _row_stride(dy)
         if stride is None:  # a layout the next op's backward rarely gives: one copy
             dy = dy.contiguous(memory_format=torch.channels_last)
@@ -112,9 +120,9 @@ class _TritonBNSiLU(torch.autograd.Function):
         dw = torch.empty(c, device=x.device, dtype=torch.float32)
         db = torch.empty(c, device=x.device, dtype=torch.float32)
         k.grad_stats[grid](x, dy, stride, save, part, _tickets_for(x), dw, db, m, c, per, groups, BLOCK_M=block_m,
-                           BLOCK_C=block_c, BLOCK_G=64)
+                           BLOCK_C=block_c, BLOCK_G=block_g, num_warps=warps)
         dx = torch.empty_like(x)
-        k.grad_apply[flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c)
+        k.grad_apply[flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c, num_warps=flat_warps)
         return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1]), None, None, None, None
 
 
