@@ -82,21 +82,32 @@ def test_fusable_takes_dense_channels_last_only():
     assert not fusable(torch.randn(2, 8, 4).float())
 
 
+# launch configurations (kernels/bn_silu.py's knobs): the default, then several tiles a statistics iteration with
+# programs of several iterations and a tail, and the configuration before the measured one
+LAUNCHES = [{}, {"_UNROLL": 2}, {"_UNROLL": 4, "_TILE": 256, "_GROUPS": 2},
+            {"_UNROLL": 1, "_TILE": 4096, "_WARPS": 4, "_GROUPS": 512, "_FLAT_TILE": 4096, "_FLAT_WARPS": 4}]
+
+
 @pytest.mark.slow
 def test_triton_kernels_equal_pytorch_in_the_interpreter():
+    """Under every launch configuration in ``LAUNCHES``."""
     pytest.importorskip("triton")
     code = textwrap.dedent(f"""
         import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
         import test_bn_silu as t
-        from yolofeed.kernels.bn_silu import _TritonBNSiLU
+        from yolofeed.kernels import bn_silu as op
         def triton(x, w, b, rm, rv):
-            return _TritonBNSiLU.apply(x, w, b, rm, rv, t.MOMENTUM, t.EPS)
+            return op._TritonBNSiLU.apply(x, w, b, rm, rv, t.MOMENTUM, t.EPS)
         out = []
-        for shape in [(2, 16, 9, 7), (3, 80, 5, 5), (1, 130, 4, 3), (2, 8, 37, 41)]:
-            case = t._case(shape)
-            out.append(t._worst(t._run(triton, case), t._run(t._torch, case)))
+        for knobs in LAUNCHES:
+            for k, v in knobs.items():
+                setattr(op, k, v)
+            op._plans.clear()
+            for shape in [(2, 16, 9, 7), (3, 80, 5, 5), (1, 130, 4, 3), (2, 8, 37, 41)]:
+                case = t._case(shape)
+                out.append(t._worst(t._run(triton, case), t._run(t._torch, case)))
         print(json.dumps(out))
-    """)
+    """).replace("LAUNCHES", repr(LAUNCHES))
     env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 SITE = """import yolofeed.kernels.bn_silu as _op
-_op._TILE, _op._WARPS, _op._GROUPS = {stats}
+_op._TILE, _op._WARPS, _op._GROUPS, _op._UNROLL = {stats}
 _op._FLAT_TILE, _op._FLAT_WARPS = {flat}
 """
 
@@ -27,7 +27,7 @@ def _site(config: str, root: Path) -> Path:
     stats, flat = config.split("/")
     d = root / config.replace(":", "_").replace("/", "-")
     d.mkdir(parents=True, exist_ok=True)
-    (d / "sitecustomize.py").write_text(SITE.format(stats=tuple(int(v) for v in stats.split(":")),
+    (d / "sitecustomize.py").write_text(SITE.format(stats=(*(int(v) for v in stats.split(":")), 1)[:4],
                                                      flat=tuple(int(v) for v in flat.split(":"))))
     return d
 

@@ -22,6 +22,7 @@ from torch import Tensor
 _GROUPS = 256  # row groups of the statistics passes: about two programs per SM of an H100/H200
 _TILE = 4096  # elements of a statistics program's tile
 _WARPS = 8  # warps of a statistics program
+_UNROLL = 1  # tiles a statistics program reads an iteration
 _FLAT_TILE = 1024  # elements of an elementwise program's tile
 _FLAT_WARPS = 2  # warps of an elementwise program
 _tickets: dict[tuple, Tensor] = {}  # (device, stream) -> the statistics passes' ticket counters, int32 zeros
@@ -52,8 +53,8 @@ _plans: dict[tuple[int, int], tuple] = {}
 
 def _plan(m: int, c: int) -> tuple:
     """For an (m, c) activation: the statistics passes' grid, BLOCK_M, BLOCK_C, rows per program, row groups G,
-    warps and BLOCK_G; the elementwise passes' grid, BLOCK_M, BLOCK_C and warps. Cached: the host's time per launch
-    is what the small activations of a detector's later layers cost."""
+    (warps, unroll) and BLOCK_G; the elementwise passes' grid, BLOCK_M, BLOCK_C and warps. Cached: the host's time
+    per launch is what the small activations of a detector's later layers cost."""
     plan = _plans.get((m, c))
     if plan is None:
         import triton
@@ -62,13 +63,14 @@ def _plan(m: int, c: int) -> tuple:
         block_m = max(_TILE // block_c, 16)
         cb = triton.cdiv(c, block_c)
         groups = max(1, min(triton.cdiv(m, block_m), triton.cdiv(_GROUPS, cb)))
-        rows = triton.cdiv(triton.cdiv(m, groups), block_m) * block_m
+        step = block_m * _UNROLL
+        rows = triton.cdiv(triton.cdiv(m, groups), step) * step
         groups = triton.cdiv(m, rows)
         # the last program's merge reads (G, 2, BLOCK_C) partials in tiles of BLOCK_G rows, one after another
         block_g = min(triton.next_power_of_2(groups), max(64, 8192 // block_c))
         flat_c = min(triton.next_power_of_2(c), 256)
         flat_m = max(_FLAT_TILE // flat_c, 1)
-        plan = _plans[(m, c)] = ((groups, cb), block_m, block_c, rows, groups, _WARPS, block_g,
+        plan = _plans[(m, c)] = ((groups, cb), block_m, block_c, rows, groups, (_WARPS, _UNROLL), block_g,
                                  (triton.cdiv(m, flat_m), triton.cdiv(c, flat_c)), flat_m, flat_c, _FLAT_WARPS)
     return plan
 
@@ -93,11 +95,12 @@ class _TritonBNSiLU(torch.autograd.Function):
 
         c = x.shape[1]
         m = x.numel() // c
-        grid, block_m, block_c, per, groups, warps, block_g, flat_grid, flat_m, flat_c, flat_warps = plan = _plan(m, c)
+        plan = _plan(m, c)
+        grid, block_m, block_c, per, groups, (warps, unroll), block_g, flat_grid, flat_m, flat_c, flat_warps = plan
         work = torch.empty(groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
         save = work[groups * 2 * c:]
         k.stats[grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, per, groups,
-                      momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=block_g, num_warps=warps)
+                      momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=block_g, UNROLL=unroll, num_warps=warps)
         y = torch.empty_like(x)  # channels-last, as x
         k.apply[flat_grid](x, y, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c, num_warps=flat_warps)
         ctx.save_for_backward(x, save)
@@ -109,7 +112,7 @@ class _TritonBNSiLU(torch.autograd.Function):
         from yolofeed.kernels import bn_silu_triton as k
 
         x, save = ctx.saved_tensors
-        grid, block_m, block_c, per, groups, warps, block_g, flat_grid, flat_m, flat_c, flat_warps = ctx.plan
+        grid, block_m, block_c, per, groups, (warps, unroll), block_g, flat_grid, flat_m, flat_c, flat_warps = ctx.plan
         stride = _row_stride(dy)
         if stride is None:  # a layout the next op's backward rarely gives: one copy
             dy = dy.contiguous(memory_format=torch.channels_last)
@@ -120,7 +123,7 @@ class _TritonBNSiLU(torch.autograd.Function):
         dw = torch.empty(c, device=x.device, dtype=torch.float32)
         db = torch.empty(c, device=x.device, dtype=torch.float32)
         k.grad_stats[grid](x, dy, stride, save, part, _tickets_for(x), dw, db, m, c, per, groups, BLOCK_M=block_m,
-                           BLOCK_C=block_c, BLOCK_G=block_g, num_warps=warps)
+                           BLOCK_C=block_c, BLOCK_G=block_g, UNROLL=unroll, num_warps=warps)
         dx = torch.empty_like(x)
         k.grad_apply[flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c, num_warps=flat_warps)
         return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1]), None, None, None, None

@@ -50,10 +50,11 @@ def _last_of_block(part_ptr, tickets_ptr, g, cb, C, G, cols, cmask, a, b):
 
 @triton.jit
 def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, M, C, rows_per_prog, G, momentum,
-          eps, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
+          eps, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, UNROLL: tl.constexpr = 1):
     """Per row group g, per channel: sum(x - k) and sum((x - k)^2) of x[g's rows, c] into part (G, 2, C) float32, k
     the channel's value in row 0 (shifted sums: the variance loses nothing to cancellation where the mean is far from
-    zero). Each lane of the tile accumulates on its own; one reduction a program. The last program of the channel
+    zero). Each lane of the tile accumulates on its own; one reduction a program. UNROLL tiles are read an
+    iteration (the sums then run in another order). The last program of the channel
     block sums the G partials, updates running_mean and running_var (unbiased) in place and writes save (6, C)
     float32 rows mean, invstd, scale = w * invstd, shift = b - mean * scale."""
     g = tl.program_id(0)
@@ -65,13 +66,14 @@ def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, 
     end = tl.minimum(start + rows_per_prog, M)
     s1 = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
     s2 = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-    for r0 in range(start, end, BLOCK_M):
-        rows = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-        mask = (rows < end)[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        d = tl.where(mask, x - k, 0.0)
-        s1 += d
-        s2 += d * d
+    for r0 in range(start, end, BLOCK_M * UNROLL):
+        for u in tl.static_range(UNROLL):  # UNROLL tiles' loads in flight at once: the pass is bound by latency
+            rows = (r0 + u * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            mask = (rows < end)[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, x - k, 0.0)
+            s1 += d
+            s2 += d * d
     if _last_of_block(part_ptr, tickets_ptr, g, cb, C, G, cols, cmask, tl.sum(s1, 0), tl.sum(s2, 0)):
         t1, t2 = _sum_partials(part_ptr, G, C, cols, cmask, BLOCK_G, BLOCK_C)
         d1 = t1 / M
@@ -115,7 +117,7 @@ def _dz(x, dy, scale, shift):
 
 @triton.jit
 def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr, db_ptr, M, C, rows_per_prog, G,
-               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, UNROLL: tl.constexpr = 1):
     """Per row group g, per channel: sum(dz) and sum(dz * xhat) into part (G, 2, C) float32. The last program of the
     channel block sums the partials: db, dw (the bias's and the weight's gradients), and save's rows 4 and 5 become
     db / M and dw / M. dy's rows are ``dy_stride`` apart (a channel slice of a wider NHWC tensor)."""
@@ -131,14 +133,15 @@ def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr
     end = tl.minimum(start + rows_per_prog, M)
     sdz = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)  # per lane: one reduction a program
     sdzx = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
-    for r0 in range(start, end, BLOCK_M):
-        rows = (r0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-        mask = (rows < end)[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dz = _dz(x, dy, scale, shift)
-        sdz += dz
-        sdzx += dz * (x - mean) * invstd
+    for r0 in range(start, end, BLOCK_M * UNROLL):
+        for u in tl.static_range(UNROLL):
+            rows = (r0 + u * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+            mask = (rows < end)[:, None] & cmask[None, :]
+            x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dz = _dz(x, dy, scale, shift)
+            sdz += dz
+            sdzx += dz * (x - mean) * invstd
     if _last_of_block(part_ptr, tickets_ptr, g, cb, C, G, cols, cmask, tl.sum(sdz, 0), tl.sum(sdzx, 0)):
         db, dw = _sum_partials(part_ptr, G, C, cols, cmask, BLOCK_G, BLOCK_C)
         tl.store(dw_ptr + cols, dw, mask=cmask)
