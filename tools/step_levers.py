@@ -213,6 +213,18 @@ def lever_fused_eager(model):
     return None
 
 
+def lever_triton_cat(model):
+    """The model's channel concatenations of NHWC activations as yolofeed's Triton copy (kernels/channel_cat.py),
+    ``torch.cat`` patched around each forward (a graph captured in it records the copies); with ``graphed``:
+    ``graphed+triton_cat``."""
+    from yolofeed.kernels import channel_cat
+
+    def forward(img):
+        with channel_cat.patched():
+            return model(img)
+    return forward
+
+
 def lever_graphed_unfused(model):
     """The graphed step with Ultralytics' batch norm and SiLU (what the graph alone gives)."""
     from yolofeed.train import graphed

@@ -38,7 +38,7 @@ def fusable(x: Tensor) -> bool:
             and x.shape[0] * x.shape[2] * x.shape[3] > 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
-def _row_stride(dy: Tensor) -> int | None:
+def row_stride(dy: Tensor) -> int | None:
     """The row stride of ``dy`` seen as (M, C) rows of unit channel stride (a channel slice of a wider channels-last
     tensor has one), or None where its strides are not rows."""
     n, c, h, w = dy.shape
@@ -113,7 +113,7 @@ class _TritonBNSiLU(torch.autograd.Function):
 
         x, save = ctx.saved_tensors
         grid, block_m, block_c, per, groups, (warps, unroll), block_g, flat_grid, flat_m, flat_c, flat_warps = ctx.plan
-        stride = _row_stride(dy)
+        stride = row_stride(dy)
         if stride is None:  # a layout the next op's backward rarely gives: one copy
             dy = dy.contiguous(memory_format=torch.channels_last)
             stride = dy.shape[1]

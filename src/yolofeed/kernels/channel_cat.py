@@ -1,0 +1,84 @@
+"""``torch.cat(xs, 1)`` of NHWC activations as one Triton copy an input (``channel_cat_triton.py``), with
+``torch.cat``'s backward: each input's gradient is a channel slice of the output's.
+
+``cat(tensors, dim)`` stands in for ``torch.cat``. The calls it takes (CUDA tensors, 4-D, one dtype, one batch and
+size, each dense channels-last or a channel slice of such a tensor, joined along the channels) go through the Triton
+copy; every other call is ``torch.cat``'s own. The output is channels-last and holds the same values bit for bit: a
+copy rounds nothing. ``patched()`` puts it in place of ``torch.cat`` for a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from yolofeed.kernels.bn_silu import row_stride
+
+_TILE = 2048  # elements of a program's tile
+_WARPS = 4
+_torch_cat = torch.cat
+
+
+def takes(tensors: tuple, dim) -> bool:
+    """Whether the Triton copy takes ``torch.cat(tensors, dim)``."""
+    if len(tensors) < 2 or not isinstance(dim, int) or dim not in (1, -3):
+        return False
+    x0 = tensors[0]
+    if not isinstance(x0, Tensor) or not x0.is_cuda or x0.dim() != 4:
+        return False
+    n, _, h, w = x0.shape
+    return all(isinstance(t, Tensor) and t.dim() == 4 and t.device == x0.device and t.dtype == x0.dtype
+               and t.shape[0] == n and t.shape[2] == h and t.shape[3] == w and t.numel() > 0
+               and row_stride(t) is not None for t in tensors)
+
+
+class _ChannelCat(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *xs: Tensor) -> Tensor:
+        import triton
+
+        from yolofeed.kernels import channel_cat_triton as k
+
+        n, _, h, w = xs[0].shape
+        widths = [x.shape[1] for x in xs]
+        total = sum(widths)
+        out = torch.empty((n, total, h, w), device=xs[0].device, dtype=xs[0].dtype, memory_format=torch.channels_last)
+        m = n * h * w
+        at = 0
+        for x, c in zip(xs, widths):
+            block_c = min(triton.next_power_of_2(c), 256)
+            block_m = max(_TILE // block_c, 1)
+            k.copy_rows[(triton.cdiv(m, block_m), triton.cdiv(c, block_c))](
+                x, row_stride(x), out[:, at:], total, m, c, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=_WARPS)
+            at += c
+        ctx.widths = widths
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grads, at = [], 0
+        for c in ctx.widths:
+            grads.append(grad.narrow(1, at, c))
+            at += c
+        return tuple(grads)
+
+
+def cat(tensors, dim=0, *args, **kwargs) -> Tensor:
+    """``torch.cat`` with the channel concatenation of NHWC activations on the GPU as the Triton copy."""
+    tensors = tuple(tensors)
+    if args or kwargs or not takes(tensors, dim):
+        return _torch_cat(tensors, dim, *args, **kwargs)
+    return _ChannelCat.apply(*tensors)
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[None]:
+    """``torch.cat`` is ``cat`` inside the block. Another thread's call in the meantime gets the same values."""
+    torch.cat = cat
+    try:
+        yield
+    finally:
+        torch.cat = _torch_cat

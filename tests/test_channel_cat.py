@@ -1,0 +1,114 @@
+"""The channel concatenation of NHWC activations (kernels/channel_cat.py) is ``torch.cat``'s, bit for bit: the output,
+its memory format and the inputs' gradients. On CPU the Triton copy runs under Triton's interpreter (in a subprocess);
+on CUDA (marked ``gpu``) a yolo11n step with ``patched()`` is held to the stock step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from yolofeed.kernels import channel_cat
+
+
+def _inputs(dtype=torch.float32, device="cpu", seed=0):
+    """A C2f-like concatenation: both channel slices of a wider activation (``chunk``), then dense ones of odd
+    widths, at a size whose rows are not a multiple of any tile."""
+    g = torch.Generator().manual_seed(seed)
+
+    def act(c, n=3, h=7, w=11):
+        return torch.randn(n, c, h, w, generator=g).to(device, dtype).to(memory_format=torch.channels_last)
+    a, b = act(2 * 40).chunk(2, 1)
+    return [a, b, act(40), act(3), act(130)]
+
+
+def test_calls_it_does_not_take_are_torch_cat():
+    xs = _inputs()
+    assert not channel_cat.takes(tuple(xs), 1)  # CPU tensors
+    assert torch.equal(channel_cat.cat(xs, 1), torch.cat(xs, 1))
+    assert torch.equal(channel_cat.cat(iter(xs[2:]), dim=1), torch.cat(xs[2:], 1))  # a generator, consumed once
+    assert torch.equal(channel_cat.cat([torch.ones(2), torch.zeros(3)]), torch.cat([torch.ones(2), torch.zeros(3)]))
+
+
+def test_patched_restores_torch_cat_on_error():
+    stock = torch.cat
+    with pytest.raises(RuntimeError), channel_cat.patched():
+        assert torch.cat is channel_cat.cat
+        raise RuntimeError("inside")
+    assert torch.cat is stock
+
+
+@pytest.mark.slow
+def test_triton_copy_equals_torch_cat_in_the_interpreter():
+    pytest.importorskip("triton")
+    code = textwrap.dedent(f"""
+        import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import torch
+        import test_channel_cat as t
+        from yolofeed.kernels.channel_cat import _ChannelCat, row_stride
+        out = []
+        for dtype in (torch.float32, torch.float16):
+            xs = t._inputs(dtype)
+            assert row_stride(xs[0]) == 80 and not xs[0].is_contiguous(memory_format=torch.channels_last)
+            ours = _ChannelCat.apply(*[x.requires_grad_(True) for x in xs])
+            g = torch.randn(ours.shape).to(dtype)
+            ours.backward(g)
+            our_grads = [x.grad.clone() for x in xs]
+            for x in xs:
+                x.grad = None
+            theirs = torch.cat(xs, 1)
+            theirs.backward(g)
+            out.append([torch.equal(ours, theirs), ours.is_contiguous(memory_format=torch.channels_last),
+                        all(torch.equal(p, x.grad) for p, x in zip(our_grads, xs))])
+        print(json.dumps(out))
+    """)
+    env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[True, True, True]] * 2
+
+
+@pytest.mark.gpu
+def test_cuda_step_with_the_patched_cat_is_the_stock_step_bit_for_bit():
+    """yolo11n's forward and backward in fp16 channels-last, with ``torch.cat`` patched and without: the same outputs
+    and gradients, and the patched one takes the model's channel concatenations and makes no host sync."""
+    from torch.utils import _pytree as pytree
+    from ultralytics.nn.tasks import DetectionModel
+
+    from helpers import no_host_sync
+
+    torch.manual_seed(0)
+    model = DetectionModel("yolo11n.yaml", nc=80, verbose=False).cuda().to(memory_format=torch.channels_last).train()
+    img = torch.rand(4, 3, 256, 256, device="cuda").to(memory_format=torch.channels_last)
+    torch.backends.cudnn.deterministic = True
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        with torch.autocast("cuda", dtype=torch.float16):
+            out = [t for t in pytree.tree_leaves(model(img)) if isinstance(t, torch.Tensor) and t.requires_grad]
+        sum(o.float().square().mean() for o in out).backward()
+        return [o.detach().clone() for o in out], [p.grad.clone() for p in model.parameters()]
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    stock = step()
+    model.load_state_dict(state)
+    taken = []
+    with channel_cat.patched():
+        real = channel_cat._ChannelCat.apply
+        channel_cat._ChannelCat.apply = lambda *xs: taken.append(len(xs)) or real(*xs)
+        try:
+            ours = step()
+            model.load_state_dict(state)
+            with no_host_sync():
+                step()
+        finally:
+            channel_cat._ChannelCat.apply = real
+    assert len(taken) >= 2 * 15  # C3k2, C3, SPPF, C2PSA, Concat and Detect's concatenations, in each step
+    assert all(torch.equal(a, b) for a, b in zip(ours[0], stock[0]))
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], stock[1]))
