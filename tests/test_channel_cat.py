@@ -51,26 +51,26 @@ def test_triton_copy_equals_torch_cat_in_the_interpreter():
         import torch
         import test_channel_cat as t
         from yolofeed.kernels.channel_cat import _ChannelCat, row_stride
+        from yolofeed.kernels import channel_cat
         out = []
-        for dtype in (torch.float32, torch.float16):
+        for dtype, dense in ((torch.float32, False), (torch.float16, False), (torch.float16, True)):
+            channel_cat._DENSE_GRADS = dense
             xs = t._inputs(dtype)
             assert row_stride(xs[0]) == 80 and not xs[0].is_contiguous(memory_format=torch.channels_last)
             ours = _ChannelCat.apply(*[x.requires_grad_(True) for x in xs])
-            g = torch.randn(ours.shape).to(dtype)
-            ours.backward(g)
-            our_grads = [x.grad.clone() for x in xs]
-            for x in xs:
-                x.grad = None
+            g = torch.randn(ours.shape).to(dtype).to(memory_format=torch.channels_last)
+            our_grads = torch.autograd.grad(ours, xs, g)  # as the backward made them (no leaf's layout rule)
             theirs = torch.cat(xs, 1)
-            theirs.backward(g)
+            their_grads = torch.autograd.grad(theirs, xs, g)
             out.append([torch.equal(ours, theirs), ours.is_contiguous(memory_format=torch.channels_last),
-                        all(torch.equal(p, x.grad) for p, x in zip(our_grads, xs))])
+                        all(torch.equal(p, q) for p, q in zip(our_grads, their_grads)),
+                        all(p.is_contiguous(memory_format=torch.channels_last) == dense for p in our_grads)])
         print(json.dumps(out))
     """)
     env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[True, True, True]] * 2
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [[True, True, True, True]] * 3
 
 
 @pytest.mark.gpu

@@ -225,6 +225,15 @@ def lever_triton_cat(model):
     return forward
 
 
+def lever_triton_cat_dense(model):
+    """``triton_cat`` whose backward hands each input a dense gradient (kernels/channel_cat.py's ``_DENSE_GRADS``),
+    set for the rest of the process: list it after the levers without it."""
+    from yolofeed.kernels import channel_cat
+
+    channel_cat._DENSE_GRADS = True
+    return lever_triton_cat(model)
+
+
 def lever_graphed_unfused(model):
     """The graphed step with Ultralytics' batch norm and SiLU (what the graph alone gives)."""
     from yolofeed.train import graphed

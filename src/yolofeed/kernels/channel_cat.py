@@ -1,5 +1,6 @@
 """``torch.cat(xs, 1)`` of NHWC activations as one Triton copy an input (``channel_cat_triton.py``), with
-``torch.cat``'s backward: each input's gradient is a channel slice of the output's.
+``torch.cat``'s backward: each input's gradient is a channel slice of the output's (or, ``_DENSE_GRADS``, a dense
+copy of it).
 
 ``cat(tensors, dim)`` stands in for ``torch.cat``. The calls it takes (CUDA tensors, 4-D, one dtype, one batch and
 size, each dense channels-last or a channel slice of such a tensor, joined along the channels) go through the Triton
@@ -19,6 +20,10 @@ from yolofeed.kernels.bn_silu import row_stride
 
 _TILE = 2048  # elements of a program's tile
 _WARPS = 4
+# The backward: each input's gradient a channel slice of the output's (torch.cat's), or a dense copy of it, made
+# by the same Triton copy. A slice costs nothing here, but a consumer that needs dense rows (a convolution's
+# backward, an add beside a dense gradient) copies it one element a thread.
+_DENSE_GRADS = False
 _torch_cat = torch.cat
 
 
@@ -38,21 +43,13 @@ def takes(tensors: tuple, dim) -> bool:
 class _ChannelCat(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *xs: Tensor) -> Tensor:
-        import triton
-
-        from yolofeed.kernels import channel_cat_triton as k
-
         n, _, h, w = xs[0].shape
         widths = [x.shape[1] for x in xs]
         total = sum(widths)
         out = torch.empty((n, total, h, w), device=xs[0].device, dtype=xs[0].dtype, memory_format=torch.channels_last)
-        m = n * h * w
         at = 0
         for x, c in zip(xs, widths):
-            block_c = min(triton.next_power_of_2(c), 256)
-            block_m = max(_TILE // block_c, 1)
-            k.copy_rows[(triton.cdiv(m, block_m), triton.cdiv(c, block_c))](
-                x, row_stride(x), out[:, at:], total, m, c, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=_WARPS)
+            _copy(x, row_stride(x), out[:, at:], total, n * h * w, c)
             at += c
         ctx.widths = widths
         return out
@@ -60,10 +57,29 @@ class _ChannelCat(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         grads, at = [], 0
+        stride = row_stride(grad) if _DENSE_GRADS else None
         for c in ctx.widths:
-            grads.append(grad.narrow(1, at, c))
+            part = grad.narrow(1, at, c)
+            if stride is not None:
+                n, _, h, w = grad.shape
+                dense = torch.empty_like(part, memory_format=torch.channels_last)
+                _copy(part, stride, dense, c, n * h * w, c)
+                part = dense
+            grads.append(part)
             at += c
         return tuple(grads)
+
+
+def _copy(src: Tensor, src_stride: int, dst: Tensor, dst_stride: int, m: int, c: int) -> None:
+    """The (m, c) rows of ``src`` into ``dst``'s first c channels, each side's rows the given stride apart."""
+    import triton
+
+    from yolofeed.kernels import channel_cat_triton as k
+
+    block_c = min(triton.next_power_of_2(c), 256)
+    block_m = max(_TILE // block_c, 1)
+    k.copy_rows[(triton.cdiv(m, block_m), triton.cdiv(c, block_c))](
+        src, src_stride, dst, dst_stride, m, c, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=_WARPS)
 
 
 def cat(tensors, dim=0, *args, **kwargs) -> Tensor:
