@@ -263,11 +263,13 @@ SECTIONS = {s.name: s for s in (
         "timeout 330 python3 -m tools.device.bn_silu_ab a=4096:4:512/4096:4 b=4096:8:256/1024:2 out=$OUT/bn_ab_26n "
         f"-- model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("bn-silu-unroll", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
-        # the statistics passes reading several tiles an iteration (UNROLL), beside the CPU-bound synth and pack;
+        # the statistics passes reading several tiles an iteration (UNROLL) and pipelined over more or fewer stages
+        # (num_stages), beside the CPU-bound synth and pack;
         # then the ceiling under the default and the fastest of them, in turn
         "timeout 240 python3 -m tools.device.bn_silu_tune model=yolo11n.yaml "
         "stats=4096:8:256:1,4096:8:256:2,4096:8:256:4,2048:8:256:2,2048:8:512:2,2048:8:512:4,4096:4:256:2,"
-        "4096:8:512:2,1024:4:512:4 flat=1024:2 out=$OUT/bn_silu_unroll > $OUT/bn_silu_unroll.txt 2>&1 &",
+        "4096:8:512:2,1024:4:512:4,4096:8:256:1:1,4096:8:256:2:1,4096:8:256:1:5 flat=1024:2 out=$OUT/bn_silu_unroll "
+        "> $OUT/bn_silu_unroll.txt 2>&1 &",
         SYNTH_10K, PACK_10K, "wait; grep -v Warning $OUT/bn_silu_unroll.txt | tail -40",
         "timeout 330 python3 -m tools.device.bn_silu_ab tune=$OUT/bn_silu_unroll/yolo11n.json "
         f"a=4096:8:256:1/1024:2 out=$OUT/bn_ab_unroll -- model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),

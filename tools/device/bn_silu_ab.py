@@ -17,8 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.device.bn_silu_tune import stats_knobs
+
 SITE = """import yolofeed.kernels.bn_silu as _op
-_op._TILE, _op._WARPS, _op._GROUPS, _op._UNROLL = {stats}
+_op._TILE, _op._WARPS, _op._GROUPS, _op._UNROLL, _op._STAGES = {stats}
 _op._FLAT_TILE, _op._FLAT_WARPS = {flat}
 """
 
@@ -27,7 +29,7 @@ def _site(config: str, root: Path) -> Path:
     stats, flat = config.split("/")
     d = root / config.replace(":", "_").replace("/", "-")
     d.mkdir(parents=True, exist_ok=True)
-    (d / "sitecustomize.py").write_text(SITE.format(stats=(*(int(v) for v in stats.split(":")), 1)[:4],
+    (d / "sitecustomize.py").write_text(SITE.format(stats=stats_knobs(stats),
                                                      flat=tuple(int(v) for v in flat.split(":"))))
     return d
 

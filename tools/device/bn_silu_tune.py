@@ -3,10 +3,11 @@ configurations: each kernel's GPU time summed over the activations, and the byte
 
     python -m tools.device.bn_silu_tune model=yolo11n.yaml stats=4096:4:512,2048:8:2048 flat=4096:4,8192:8
 
-``stats`` lists TILE:WARPS:GROUPS[:UNROLL] of the statistics passes (``stats``, ``grad_stats``), ``flat``
-TILE:WARPS of the elementwise passes (``apply``, ``grad_apply``); the first of each is the baseline the others are
-run with. Each activation has tensors of its own, as in a step, so that one's data does not sit in L2 for the next.
-Each configuration's results are checked against the first's: the same arithmetic, another summation order.
+``stats`` lists TILE:WARPS:GROUPS[:UNROLL[:STAGES]] of the statistics passes (``stats``, ``grad_stats``),
+``flat`` TILE:WARPS of the elementwise passes (``apply``, ``grad_apply``); the first of each is the baseline the
+others are run with. Each activation has tensors of its own, as in a step, so that one's data does not sit in L2
+for the next. Each configuration's results are checked against the first's: the same arithmetic, another summation
+order.
 """
 
 from __future__ import annotations
@@ -65,10 +66,16 @@ def _step(cases: list[dict], keep: bool = False) -> list:
     return kept
 
 
+def stats_knobs(text: str) -> tuple[int, int, int, int, int]:
+    """TILE:WARPS:GROUPS[:UNROLL[:STAGES]] as the five values (UNROLL 1 and STAGES 3 where not given)."""
+    values = [int(v) for v in text.split(":")]
+    return tuple(values + [1, 3][len(values) - 3:])[:5]
+
+
 def _configure(stats: str, flat: str) -> None:
     from yolofeed.kernels import bn_silu as op
 
-    op._TILE, op._WARPS, op._GROUPS, op._UNROLL = (*(int(v) for v in stats.split(":")), 1)[:4]
+    op._TILE, op._WARPS, op._GROUPS, op._UNROLL, op._STAGES = stats_knobs(stats)
     op._FLAT_TILE, op._FLAT_WARPS = (int(v) for v in flat.split(":"))
     op._plans.clear()
 

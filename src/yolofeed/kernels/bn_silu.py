@@ -13,6 +13,8 @@ channel. The torch path (``Reference``) runs the same arithmetic on any device; 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -23,6 +25,7 @@ _GROUPS = 256  # row groups of the statistics passes: about two programs per SM 
 _TILE = 4096  # elements of a statistics program's tile
 _WARPS = 8  # warps of a statistics program
 _UNROLL = 1  # tiles a statistics program reads an iteration
+_STAGES = 3  # the statistics passes' software pipelining (Triton's num_stages; 3 is its default)
 _FLAT_TILE = 1024  # elements of an elementwise program's tile
 _FLAT_WARPS = 2  # warps of an elementwise program
 _tickets: dict[tuple, Tensor] = {}  # (device, stream) -> the statistics passes' ticket counters, int32 zeros
@@ -48,13 +51,28 @@ def row_stride(dy: Tensor) -> int | None:
     return r if ok else None
 
 
-_plans: dict[tuple[int, int], tuple] = {}
+class _Plan(NamedTuple):
+    """An (m, c) activation's launches: the statistics passes' and the elementwise passes'."""
+
+    grid: tuple[int, int]  # statistics: (row groups G, channel blocks)
+    block_m: int
+    block_c: int
+    rows: int  # rows a statistics program reads
+    groups: int
+    block_g: int  # the last program's merge reads (G, 2, BLOCK_C) partials in tiles of BLOCK_G rows
+    launch: dict  # statistics: UNROLL, num_warps, num_stages
+    flat_grid: tuple[int, int]
+    flat_m: int
+    flat_c: int
+    flat_warps: int
 
 
-def _plan(m: int, c: int) -> tuple:
-    """For an (m, c) activation: the statistics passes' grid, BLOCK_M, BLOCK_C, rows per program, row groups G,
-    (warps, unroll) and BLOCK_G; the elementwise passes' grid, BLOCK_M, BLOCK_C and warps. Cached: the host's time
-    per launch is what the small activations of a detector's later layers cost."""
+_plans: dict[tuple[int, int], _Plan] = {}
+
+
+def _plan(m: int, c: int) -> _Plan:
+    """The launches for an (m, c) activation. Cached: the host's time per launch is what the small activations of a
+    detector's later layers cost."""
     plan = _plans.get((m, c))
     if plan is None:
         import triton
@@ -66,12 +84,12 @@ def _plan(m: int, c: int) -> tuple:
         step = block_m * _UNROLL
         rows = triton.cdiv(triton.cdiv(m, groups), step) * step
         groups = triton.cdiv(m, rows)
-        # the last program's merge reads (G, 2, BLOCK_C) partials in tiles of BLOCK_G rows, one after another
-        block_g = min(triton.next_power_of_2(groups), max(64, 8192 // block_c))
         flat_c = min(triton.next_power_of_2(c), 256)
         flat_m = max(_FLAT_TILE // flat_c, 1)
-        plan = _plans[(m, c)] = ((groups, cb), block_m, block_c, rows, groups, (_WARPS, _UNROLL), block_g,
-                                 (triton.cdiv(m, flat_m), triton.cdiv(c, flat_c)), flat_m, flat_c, _FLAT_WARPS)
+        plan = _plans[(m, c)] = _Plan(
+            (groups, cb), block_m, block_c, rows, groups, min(triton.next_power_of_2(groups), max(64, 8192 // block_c)),
+            {"UNROLL": _UNROLL, "num_warps": _WARPS, "num_stages": _STAGES},
+            (triton.cdiv(m, flat_m), triton.cdiv(c, flat_c)), flat_m, flat_c, _FLAT_WARPS)
     return plan
 
 
@@ -95,16 +113,15 @@ class _TritonBNSiLU(torch.autograd.Function):
 
         c = x.shape[1]
         m = x.numel() // c
-        plan = _plan(m, c)
-        grid, block_m, block_c, per, groups, (warps, unroll), block_g, flat_grid, flat_m, flat_c, flat_warps = plan
-        work = torch.empty(groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
-        save = work[groups * 2 * c:]
-        k.stats[grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, per, groups,
-                      momentum, eps, BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_G=block_g, UNROLL=unroll, num_warps=warps)
+        p = _plan(m, c)
+        work = torch.empty(p.groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
+        save = work[p.groups * 2 * c:]
+        k.stats[p.grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, p.rows, p.groups,
+                        momentum, eps, BLOCK_M=p.block_m, BLOCK_C=p.block_c, BLOCK_G=p.block_g, **p.launch)
         y = torch.empty_like(x)  # channels-last, as x
-        k.apply[flat_grid](x, y, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c, num_warps=flat_warps)
+        k.apply[p.flat_grid](x, y, save, m, c, BLOCK_M=p.flat_m, BLOCK_C=p.flat_c, num_warps=p.flat_warps)
         ctx.save_for_backward(x, save)
-        ctx.plan, ctx.dtypes = plan, (weight.dtype, bias.dtype)
+        ctx.plan, ctx.dtypes = p, (weight.dtype, bias.dtype)
         return y
 
     @staticmethod
@@ -112,20 +129,21 @@ class _TritonBNSiLU(torch.autograd.Function):
         from yolofeed.kernels import bn_silu_triton as k
 
         x, save = ctx.saved_tensors
-        grid, block_m, block_c, per, groups, (warps, unroll), block_g, flat_grid, flat_m, flat_c, flat_warps = ctx.plan
+        p = ctx.plan
         stride = row_stride(dy)
         if stride is None:  # a layout the next op's backward rarely gives: one copy
             dy = dy.contiguous(memory_format=torch.channels_last)
             stride = dy.shape[1]
         c = x.shape[1]
         m = x.numel() // c
-        part = torch.empty(groups * 2 * c, device=x.device, dtype=torch.float32)
+        part = torch.empty(p.groups * 2 * c, device=x.device, dtype=torch.float32)
         dw = torch.empty(c, device=x.device, dtype=torch.float32)
         db = torch.empty(c, device=x.device, dtype=torch.float32)
-        k.grad_stats[grid](x, dy, stride, save, part, _tickets_for(x), dw, db, m, c, per, groups, BLOCK_M=block_m,
-                           BLOCK_C=block_c, BLOCK_G=block_g, UNROLL=unroll, num_warps=warps)
+        k.grad_stats[p.grid](x, dy, stride, save, part, _tickets_for(x), dw, db, m, c, p.rows, p.groups,
+                             BLOCK_M=p.block_m, BLOCK_C=p.block_c, BLOCK_G=p.block_g, **p.launch)
         dx = torch.empty_like(x)
-        k.grad_apply[flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=flat_m, BLOCK_C=flat_c, num_warps=flat_warps)
+        k.grad_apply[p.flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=p.flat_m, BLOCK_C=p.flat_c,
+                                  num_warps=p.flat_warps)
         return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1]), None, None, None, None
 
 
