@@ -260,3 +260,21 @@ def test_detect_polygon_boxes_compares_ultralytics_boxes_with_and_without_the_po
     assert polygons["iou_below_0.99"] > 0
     boxes = detect_polygon_boxes.compare(str(dataset / "data.yaml"), 6, 128, {"degrees": 10.0})
     assert boxes["polygon_rows"] == 0 and boxes["images_count_differs"] == 0 and boxes["iou_below_0.99"] == 0
+
+
+def test_step_levers_attributes_copies_to_layers_in_both_directions():
+    """A forward op goes to the layer it runs in, a backward op to the layer whose forward made its autograd node."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    from tools.step_levers import copies_by_layer
+
+    model = DetectionModel("yolo11n.yaml", nc=80, verbose=False).to(memory_format=torch.channels_last).train()
+    x = torch.rand(1, 3, 64, 64).to(memory_format=torch.channels_last)
+
+    def step():
+        sum(o.float().square().mean() for o in model(x)["feats"]).backward()
+    rows = copies_by_layer(model, step, time_of=lambda e: e.self_cpu_time_total)
+    found = {(layer.split()[-1], way, op) for _, _, layer, way, op in rows}
+    assert ("C3k2", "forward", "aten::cat") in found
+    assert ("Upsample", "backward", "aten::upsample_nearest2d_backward") in found
+    assert any(way == "backward" and op == "aten::copy_" for _, way, op in found)

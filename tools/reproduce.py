@@ -273,14 +273,17 @@ SECTIONS = {s.name: s for s in (
         SYNTH_10K, PACK_10K, "wait; grep -v Warning $OUT/bn_silu_unroll.txt | tail -40",
         "timeout 330 python3 -m tools.device.bn_silu_ab tune=$OUT/bn_silu_unroll/yolo11n.json "
         f"a=4096:8:256:1/1024:2 out=$OUT/bn_ab_unroll -- model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
-    Section("step-cat", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 7, (
+    Section("step-cat", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the channel concatenations as the Triton copy: its GPU test, then the step alone, graphed with and without
         "timeout 150 python3 -m pytest -q -m gpu tests/test_channel_cat.py -p no:cacheprovider --tb=short -rA "
         "2>&1 | tail -5",
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml "
         "levers=graphed,graphed+triton_cat,triton_cat,graphed+triton_cat_dense out=$OUT/levers_cat",
         "timeout 150 python3 -m tools.step_levers model=yolo26n.yaml "
-        "levers=graphed,graphed+triton_cat,graphed+triton_cat_dense out=$OUT/levers_cat")),
+        "levers=graphed,graphed+triton_cat,graphed+triton_cat_dense out=$OUT/levers_cat",
+        # the step the graph replays, its copies by layer and direction
+        "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml base=fused_eager copies=1 levers= "
+        "out=$OUT/levers_fused_layers")),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

@@ -387,6 +387,69 @@ def _copies(model, batch: dict) -> list:
     return rows[:30]
 
 
+COPYING = ("aten::copy_", "aten::cat", "aten::fill_", "aten::zero_", "aten::add_", "aten::add", "aten::clone",
+           "aten::upsample_nearest2d", "aten::upsample_nearest2d_backward", "aten::_to_copy", "aten::index",
+           "aten::index_put_", "aten::contiguous")
+
+
+def _layer_of(e, seq_layer: dict) -> tuple[str, str] | None:
+    """(layer, forward/backward) of a profiler event: its enclosing ``layer`` range, or the layer whose forward op
+    made the autograd node it runs under; None for the loss and the rest."""
+    node = e
+    while node is not None:
+        if node.name.startswith("layer "):
+            return node.name, "forward"
+        if node.name.startswith("autograd::engine::evaluate_function") and node.sequence_nr in seq_layer:
+            return seq_layer[node.sequence_nr], "backward"
+        node = node.cpu_parent
+    return None
+
+
+def copies_by_layer(model, step, time_of=None) -> list:
+    """The copying ops' time of one ``step()`` by the model's layer (``model.model``'s children, as Ultralytics
+    numbers them) and direction: a forward op by the layer it runs in, a backward op by the layer whose forward made
+    its autograd node (the profiler's sequence numbers). ``time_of(event)`` is the time counted (the GPU's
+    by default, the CPU's where there is no GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    time_of = time_of or (lambda e: getattr(e, "self_device_time_total", None) or e.self_cuda_time_total)
+    ranges, hooks = {}, []
+    for i, layer in enumerate(model.model):
+        name = f"layer {i} {type(layer).__name__}"
+
+        def enter(mod, inp, name=name):
+            ranges[name] = torch.autograd.profiler.record_function(name).__enter__()
+
+        def leave(mod, inp, out, name=name):
+            ranges.pop(name).__exit__(None, None, None)
+        hooks += [layer.register_forward_pre_hook(enter), layer.register_forward_hook(leave)]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    try:
+        with profile(activities=activities) as prof:
+            step()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    finally:
+        for h in hooks:
+            h.remove()
+    events = prof.events()
+    seq_layer = {}
+    for e in events:
+        if e.sequence_nr >= 0 and not e.name.startswith("autograd::"):
+            where = _layer_of(e, {})
+            if where:
+                seq_layer.setdefault(e.sequence_nr, where[0])
+    rows = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.name in COPYING:
+            where = _layer_of(e, seq_layer) or ("loss and the rest", "")
+            row = rows[(*where, e.name)]
+            row[0] += time_of(e) / 1e3
+            row[1] += 1
+    return sorted(([round(ms, 3), n, layer, way, op] for (layer, way, op), (ms, n) in rows.items() if ms > 0),
+                  key=lambda r: -r[0])
+
+
 def lever_bf16(model):
     """Not a lever of ours: Ultralytics' ``amp=bf16`` key, for scale."""
     return "bf16"
@@ -449,8 +512,11 @@ def main(argv: list[str]) -> None:
     report["phases_ms"] = _phases(model, batch, 5)
     report["breakdown"] = _breakdown(model, batch, 3)
     report["copies"] = _copies(model, batch) if "copies" in args else []
+    report["copies_by_layer"] = copies_by_layer(model, lambda: _step(model, batch)) if "copies" in args else []
     report["bn_shapes"] = _bn_shapes(model, batch, n) if "bn_shapes" in args else []
     print(json.dumps({k: report[k] for k in ("base_ms", "phases_ms")}), flush=True)
+    for ms, n, layer, way, op in report["copies_by_layer"][:40]:
+        print(f"  {ms:7.3f} ms {n:4d}x {layer:<22} {way:<9} {op}", flush=True)
     for c, ms in report["breakdown"]["by_category_ms"].items():
         print(f"  {c:<14}{ms:8.2f} ms", flush=True)
     (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))
