@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -38,9 +39,23 @@ def test_calls_it_does_not_take_are_torch_cat():
 def test_patched_restores_torch_cat_on_error():
     stock = torch.cat
     with pytest.raises(RuntimeError), channel_cat.patched():
-        assert torch.cat is channel_cat.cat
+        assert torch.cat is not stock
         raise RuntimeError("inside")
     assert torch.cat is stock
+
+
+def test_patched_takes_the_calls_of_the_thread_inside_it_only(monkeypatch):
+    taken = []
+    monkeypatch.setattr(channel_cat, "cat", lambda *a, **k: taken.append(threading.get_ident()) or stock(*a, **k))
+    stock, xs = torch.cat, _inputs()
+    with channel_cat.patched():
+        other = threading.Thread(target=lambda: torch.cat(xs, 1))
+        other.start()
+        other.join()
+        assert not taken  # another thread's call: torch.cat's
+        assert torch.equal(torch.cat(xs, 1), stock(xs, 1))
+    torch.cat(xs, 1)
+    assert taken == [threading.get_ident()]
 
 
 @pytest.mark.slow

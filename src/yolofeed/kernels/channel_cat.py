@@ -11,6 +11,7 @@ copy rounds nothing. ``patched()`` puts it in place of ``torch.cat`` for a block
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -90,11 +91,24 @@ def cat(tensors, dim=0, *args, **kwargs) -> Tensor:
     return _ChannelCat.apply(*tensors)
 
 
+def _thread_cat(tensors, dim=0, *args, **kwargs) -> Tensor:
+    """``cat`` in a thread inside ``patched()``, ``torch.cat`` in any other."""
+    if getattr(_inside, "on", False):
+        return cat(tensors, dim, *args, **kwargs)
+    return _torch_cat(tensors, dim, *args, **kwargs)
+
+
+_inside = threading.local()
+
+
 @contextlib.contextmanager
 def patched() -> Iterator[None]:
-    """``torch.cat`` is ``cat`` inside the block. Another thread's call in the meantime gets the same values."""
-    torch.cat = cat
+    """``torch.cat`` is ``cat`` inside the block, for the thread that entered it: another thread's calls meanwhile
+    (a validation beside a graph's capture) stay ``torch.cat``'s and load no Triton kernel."""
+    torch.cat = _thread_cat
+    _inside.on = True
     try:
         yield
     finally:
+        _inside.on = False
         torch.cat = _torch_cat
