@@ -378,3 +378,35 @@ def test_segment_sets_are_the_detection_pictures_labelled_by_outlines_ultralytic
         cv2.fillPoly(filled, [np.round(poly - 0.5).astype(np.int32)], 1)
         assert (filled[figure > 0] == 1).mean() > 0.98, shape
         assert filled.sum() <= (x2 - x1) * (y2 - y1), shape  # inside its box
+
+
+@pytest.mark.slow
+def test_killing_synth_alone_leaves_no_worker(tmp_path):
+    """SIGKILL to the synth process alone (not its group): its worker processes end with it, and the same command
+    then completes the folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "yolofeed", "synth", f"out={tmp_path / 's'}", "n_train=4000", "n_val=10",
+           "imgsz=320", "workers=2", "seed=3"]
+    env = os.environ | {"YOLO_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while len(psutil.Process(proc.pid).children()) < 2 or not list((tmp_path / "s").rglob("*.jpg")):
+            assert time.monotonic() - t0 < 60 and proc.poll() is None, "synth never started its workers"
+            time.sleep(0.05)
+        workers = psutil.Process(proc.pid).children()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers outlived their parent: {[p.pid for p in alive]}"
+    finally:
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
+    assert subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode == 0

@@ -391,7 +391,7 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
             only when the main thread wakes.
     """
     from helpers import OnDisk
-    from yolofeed.pack import disk, encode
+    from yolofeed.pack import disk, encode, workers
 
     os.setsid()  # a process group of its own (it and its workers), for the Ctrl-C case
     sys.stderr = open(marker.with_suffix(".err"), "w")  # what the user would read
@@ -441,7 +441,7 @@ def _build_until(moment: str, entry: str, yaml_file: Path, marker: Path, parent_
     if parent_watch == "watch":
         sys.platform = "darwin"  # this process only: no prctl, the watch thread alone
     elif parent_watch == "none":
-        encode.die_with_parent = lambda *a: None
+        workers.die_with_parent = lambda *a: None
     with disk.using(Paused()):
         if entry == "pack":
             from yolofeed.cli import main

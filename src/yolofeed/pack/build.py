@@ -81,7 +81,7 @@ from yolofeed.pack.source import SplitSource
 from yolofeed.pack.space import DISK_FULL, MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
 from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
-from yolofeed.processes import process_start, sigterm_exits
+from yolofeed.processes import sigterm_exits
 from yolofeed.ultralytics_seam import LABEL_RULES
 
 LOGGER = logging.getLogger(__name__)
@@ -230,8 +230,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                     f"largest possible pack, {gb(space.bound)}, is not reserved up front; {gb(space.free)} free)")
     ctx = mp_context()
     counter = ctx.Value("Q", len(PREAMBLE))  # payloads go after the preamble
-    me = (os.getpid(), process_start(os.getpid()) or 0.0) if workers > 1 else None
-    initargs = (str(tmp), counter, src.nc, imgsz, format, mapped, backed, disk, me, src.task, src.kpt_shape)
+    initargs = (str(tmp), counter, src.nc, imgsz, format, mapped, backed, disk, src.task, src.kpt_shape)
     started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
     pool = Workers(workers, init_worker, initargs, close_worker, ctx)
     first = None

@@ -22,7 +22,6 @@ from yolofeed.pack.disk import Disk, current
 from yolofeed.pack.layout import align
 from yolofeed.pack.space import DISK_FULL
 from yolofeed.pack.verify import SampleError, load_sample
-from yolofeed.processes import die_with_parent
 
 LOGGER = logging.getLogger(__name__)
 
@@ -30,19 +29,15 @@ _W: dict[str, Any] = {}  # this worker's state: its descriptor, mapping, codec, 
 
 
 def init_worker(tmp_path: str, counter: Any, nc: int, imgsz: int, format: str, mapped: int, backed: bool = True,
-                disk: Disk | None = None, parent: tuple[int, float] | None = None, task: str = "detect",
-                kpt_shape: tuple[int, int] | None = None) -> None:
+                disk: Disk | None = None, task: str = "detect", kpt_shape: tuple[int, int] | None = None) -> None:
     """Open the temporary file (and map it when ``mapped`` bytes were reserved) in a build worker.
 
     Args:
         backed: the mapped bytes are allocated on the disk. False (a tmpfs file merely extended): a payload goes
             through the mapping only once the populate advice has faulted its pages in.
         disk: the build's file operations (default ``disk.current()``).
-        parent: (PID, start time) of the building process for a worker process; None in-process.
         task, kpt_shape: which label rules apply (``verify.load_sample``).
     """
-    if parent is not None:
-        die_with_parent(*parent)  # signals: see workers._serve
     fd = os.open(tmp_path, os.O_RDWR | files.SAFE)
     # Raw packs are written through a shared mapping of the file: 16 processes copy into the page cache at
     # ~12 GB/s, where pwrite serialises on the file's inode lock at ~4.5 GB/s (measured on the H200 machine,

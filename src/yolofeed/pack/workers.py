@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from yolofeed.processes import die_with_parent, process_start
+
 POLL_S = 0.5  # the longest wait before ``check`` runs: see ``signals_between_waits``
 
 
@@ -34,8 +36,14 @@ def mp_context() -> Any:
     return mp.get_context("fork") if hasattr(os, "fork") else mp.get_context()
 
 
-def _serve(conn: Any, initializer: Callable[..., None], initargs: tuple, finalizer: Callable[[], None]) -> None:
-    """A worker's life: set up, then answer each ``(fn, chunk)`` with ``(True, fn(chunk))`` or ``(False, error)``."""
+def _serve(conn: Any, initializer: Callable[..., None], initargs: tuple, finalizer: Callable[[], None],
+           parent: tuple[int, float]) -> None:
+    """A worker's life: set up, then answer each ``(fn, chunk)`` with ``(True, fn(chunk))`` or ``(False, error)``.
+
+    It ends with its parent (``parent``: PID and start time), however the parent dies: a forked worker holds the
+    other workers' ends of their pipes, so a parent killed alone leaves no pipe at EOF and the workers would wait
+    for a job forever."""
+    die_with_parent(*parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, which fork copied: ``stop`` ends us
     failed: Exception | None = None
@@ -80,10 +88,11 @@ class Workers:
             initializer(*initargs)
             return
         ctx = ctx or mp_context()
+        me = (os.getpid(), process_start(os.getpid()) or 0.0)
         try:
             for _ in range(n):
                 mine, theirs = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=_serve, args=(theirs, initializer, initargs, finalizer), daemon=True,
+                p = ctx.Process(target=_serve, args=(theirs, initializer, initargs, finalizer, me), daemon=True,
                                 name="yolofeed-pack-worker")
                 p.start()
                 theirs.close()  # ours closed, the worker's death reads as EOF here
