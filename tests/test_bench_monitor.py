@@ -274,6 +274,16 @@ def test_a_whole_run_refuses_the_ceiling_and_a_second_epoch_count(synth_root, tm
     assert not (tmp_path / "bench.json").exists()
 
 
+@pytest.mark.parametrize("window", ["0", "-2"])
+def test_a_window_below_one_step_is_refused_before_any_mode_runs(synth_root, tmp_path, capsys, window):
+    from yolofeed.cli import main
+
+    assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", f"window={window}",
+                 "steps=4", "modes=yolofeed"]) == 1
+    assert f"window={window}: expected a whole number of steps, 1 or more" in capsys.readouterr().err
+    assert not (tmp_path / "bench.json").exists()
+
+
 def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path, capsys):
     from yolofeed.cli import main
 

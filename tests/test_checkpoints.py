@@ -6,6 +6,7 @@ empty or truncated last.pt, with the previous one gone. RELIABILITY.md lists the
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from yolofeed.cli import main
+from yolofeed.errors import WriteError
 from yolofeed.train import checkpoints
 from yolofeed.train.checkpoints import AtomicPath, sweep, write_atomically
 
@@ -46,6 +48,32 @@ def test_a_write_stopped_half_way_leaves_the_old_file_whole(tmp_path, monkeypatc
     assert last.read_bytes() == b"old checkpoint" and _temps(tmp_path) == []
     monkeypatch.undo()
     assert write_atomically(last, b"new") == 3 and last.read_bytes() == b"new" and _temps(tmp_path) == []
+
+
+@pytest.mark.parametrize("code, meaning, fix", [
+    (errno.ENOSPC, "the disk is full", "free some space, or train with project= on another disk"),
+    (errno.EFBIG, "file-size limit (ulimit -f)", "raise the limit (ulimit -f unlimited)"),
+    (errno.EROFS, "the disk is read-only", "train with project= a folder you can write"),
+])
+def test_a_failed_write_a_user_can_fix_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, code, meaning, fix):
+    """A full disk, a file-size limit or a read-only disk at a checkpoint: a WriteError (an OSError too) naming the
+    file, what the error means and the fix; the CLI prints it as one line."""
+    last = tmp_path / "last.pt"
+    last.write_bytes(b"old checkpoint")
+
+    def fail(fd, data):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(checkpoints.os, "write", fail)
+    with pytest.raises(WriteError) as caught:
+        write_atomically(last, b"x" * 1000)
+    assert isinstance(caught.value, OSError) and caught.value.errno == code
+    text = str(caught.value)
+    assert text.startswith(f"could not write {last}: ") and meaning in text and fix in text
+    assert last.read_bytes() == b"old checkpoint" and _temps(tmp_path) == []
+    monkeypatch.setattr(checkpoints, "create_temp", lambda path: (_ for _ in ()).throw(OSError(code, "refused")))
+    with pytest.raises(WriteError, match=f"could not write {last}"):
+        write_atomically(last, b"x")  # the temporary file cannot even be made
 
 
 def test_the_replaced_checkpoint_keeps_its_mode(tmp_path):

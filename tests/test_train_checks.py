@@ -9,6 +9,7 @@ model= and data= was refused though ``yolo train cfg=...`` trains. RELIABILITY.m
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def test_a_data_yaml_with_no_class_is_one_line_before_the_run_folder(synth_root,
 
 def test_a_missing_split_and_unusable_packs_are_refused_before_the_run_folder(dataset, tmp_path, capsys):
     data = f"data={dataset / 'data.yaml'}"
-    assert "'test:' images not found" in _one_line(capsys, _train(tmp_path, data, "split=test"))
+    assert ("no 'test:' entry (splits present: train, val): pass split= one of them, or add a 'test:' entry"
+            in _one_line(capsys, _train(tmp_path, data, "split=test")))
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     line = _one_line(capsys, _train(tmp_path, data, f"pack_dir={a_file / 'packs'}"))
@@ -96,6 +98,35 @@ def test_a_missing_split_and_unusable_packs_are_refused_before_the_run_folder(da
     with pytest.raises(PackError, match="cannot write packs to"):
         FastDetectionTrainer.with_options(pack_dir=str(a_file / "packs"))(overrides=overrides)
     assert not (tmp_path / "runs").exists()
+
+
+def test_pack_rebuild_never_is_checked_before_the_run_folder_at_any_imgsz(dataset, tmp_path):
+    """At an imgsz a P6 model (stride 64) would train at another side than a P5 one, a missing pack is still refused
+    before the run folder: neither side's pack is there. Either side's pack is enough."""
+    never = FastDetectionTrainer.with_options(pack_rebuild="never")
+    overrides = dict(model="yolo11n.yaml", data=str(dataset / "data.yaml"), imgsz=160, device="cpu",
+                     project=str(tmp_path / "runs"), name="r")
+    folder = store_dir(dataset / "data.yaml", 160, "raw")
+    with pytest.raises(PackError, match=rf"pack {folder / 'train.yfpack'} does not exist"):
+        never(overrides=overrides)
+    assert not (tmp_path / "runs").exists()
+    for split in ("train", "val"):  # a P6 model's side
+        open_or_build(dataset / "data.yaml", split, 192, rebuild="auto", workers=1, progress=False)
+    never(overrides=overrides)  # not refused: the model decides which side it trains at
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line_before_anything(dataset, tmp_path, capsys, monkeypatch):
+    data = f"data={dataset / 'data.yaml'}"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    line = _one_line(capsys, _train(tmp_path, data, f"project={a_file}"))
+    assert f"the run folder {a_file / 'r'} cannot be made: {a_file} is not a folder" in line and "project=" in line
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path / "ro" else real(p, mode))
+    (tmp_path / "ro").mkdir()
+    line = _one_line(capsys, _train(tmp_path, data, f"project={tmp_path / 'ro' / 'runs'}"))
+    assert f"{tmp_path / 'ro'} cannot be written by this user" in line
+    assert not (tmp_path / "ro" / "runs").exists() and not (tmp_path / "runs").exists()
 
 
 def _checkpoint(path: Path) -> Path:

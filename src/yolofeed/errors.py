@@ -39,6 +39,14 @@ class NewerPackError(StalePackError):
     """A pack of a format version above the one this yolofeed writes: a newer yolofeed built it."""
 
 
+class WriteError(YolofeedError, OSError):
+    """A file yolofeed writes could not be written (a full disk, a file-size limit, a read-only folder), with nothing
+    half-written left; an ``OSError`` too, with the failed write's ``errno``, ``strerror`` and ``filename``."""
+
+    def __str__(self) -> str:  # the message, not OSError's "[Errno n] strerror: filename"
+        return str(self.args[0]) if self.args else ""
+
+
 class UltralyticsError(YolofeedError):
     """The installed Ultralytics lacks something yolofeed relies on (``yolofeed.ultralytics_seam`` says what)."""
 

@@ -154,15 +154,15 @@ class FillsUp(OnDisk):
     """A disk that fails with ENOSPC after ``writes`` payload writes in each process (a disk filling up), and
     reserves nothing."""
 
-    def __init__(self, writes: int):
-        self.writes = writes
+    def __init__(self, writes: int, code: int = errno.ENOSPC):
+        self.writes, self.code = writes, code
 
     def allocate(self, fd, nbytes):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     def write_payload(self, fd, data, offset):
         if self.writes <= 0:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(self.code, os.strerror(self.code))
         self.writes -= 1
         super().write_payload(fd, data, offset)
 
@@ -182,6 +182,16 @@ def test_disk_full_mid_build_is_one_clear_error(dataset, workers):
         _build(dataset, workers=workers)
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
     assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_file_size_limit_mid_build_is_named_as_such_not_as_a_full_disk(dataset):
+    """EFBIG (``ulimit -f``) is not a full disk: the message says which limit and how to raise it."""
+    folder = store_dir(dataset / "data.yaml", 64, "raw")
+    with disk.using(FillsUp(3, errno.EFBIG)), pytest.raises(
+            PackError, match=rf"writing the train pack in {folder} passed this process's file-size limit \(ulimit -f; "
+                             r"File too large\): .* Raise the limit \(ulimit -f unlimited\) and build again"):
+        _build(dataset, workers=1)
+    assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
 
 
 @pytest.fixture()

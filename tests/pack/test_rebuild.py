@@ -53,6 +53,12 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
     shutil.copy(built, moved)
     with pytest.raises(StalePackError, match="built for imgsz=160, this run asks for imgsz=320.*imgsz=320"):
         open_or_build(yaml_file, "train", 320)
+    # another split's pack copied under this one's name is named as such, not as changed sources
+    shutil.copy(built, built.with_name("val.yfpack"))
+    with pytest.raises(StalePackError, match=r"val\.yfpack is stale: it is the train split's pack, not the val "
+                                             r"split's \(a file copied or renamed\?\); rebuild it with"):
+        open_or_build(yaml_file, "val", 160)
+    built.with_name("val.yfpack").unlink()
     # a pack of another dataset of the same name, in a shared out=, is named as such
     other = dataset / "other" / "data.yaml"
     other.parent.mkdir()

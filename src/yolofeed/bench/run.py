@@ -366,6 +366,8 @@ def run(cfg: BenchConfig) -> dict:
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ConfigError(f"modes={cfg.modes}: unknown {bad}; choose from {', '.join(MODES)}")
+    if cfg.window < 1:
+        raise ConfigError(f"window={cfg.window}: expected a whole number of steps, 1 or more (the default is 10)")
     if cfg.steps < cfg.window and not cfg.whole_run:
         raise ConfigError(f"steps={cfg.steps} is shorter than one window ({cfg.window}); measure more steps")
     replayed = [m for m in modes if m.startswith("ceiling")]

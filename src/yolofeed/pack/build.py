@@ -40,6 +40,7 @@ pack/rebuild.py's.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -178,6 +179,11 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, format: str = codecs.D
             disk.remove(tmp)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 LOGGER.info(f"pack {src.split}: stopped; removed the unfinished {tmp.name}")
+            if isinstance(e, OSError) and e.errno == errno.EFBIG:
+                raise PackError(f"writing the {src.split} pack in {dest.parent} passed this process's file-size limit "
+                                f"(ulimit -f; {e.strerror}): it needs about {gb(space.estimate)}. Nothing was "
+                                f"published and the temporary file is removed. Raise the limit (ulimit -f unlimited) "
+                                f"and build again") from None
             if isinstance(e, OSError) and e.errno in DISK_FULL:
                 raise PackError(f"the disk filled up while writing the {src.split} pack in {dest.parent} "
                                 f"({e.strerror}): it needs about {gb(space.estimate)}, {gb(space.free)} were "

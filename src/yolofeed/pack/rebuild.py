@@ -114,9 +114,10 @@ def _taken_by(folder: Path, yaml_file: str) -> Path | None:
 
 
 def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
-    """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``): the task right after
-    the data, so that a detection pack found where a pose pack is wanted says so rather than something vaguer."""
-    return {"data": src.yaml_file, "task": src.task, "imgsz": imgsz, "storage": format,
+    """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``): the split and the task
+    right after the data, so that another split's pack (a copied file), or a detection pack found where a pose pack
+    is wanted, says so rather than something vaguer."""
+    return {"data": src.yaml_file, "split": src.split, "task": src.task, "imgsz": imgsz, "storage": format,
             "fingerprint": src.fingerprint(),
             "label_rules": LABEL_RULES.since,  # a pack checked under another release's label rules is stale
             **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {})}

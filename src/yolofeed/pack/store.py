@@ -238,6 +238,8 @@ class Pack:
                     else header.get(key, DEFAULTS.get(key)))
             if have != want:
                 what = {"fingerprint": "the source images or labels changed since it was built",
+                        "split": f"it is the {printable(str(have))[:40]} split's pack, not the {want} split's (a file "
+                                 "copied or renamed?)",
                         "label_rules": f"its labels were checked with the rules of Ultralytics {have} on, and the "
                                        f"installed Ultralytics checks them as {want} on does",
                         "detect_polygons": "it was built before detection packs kept polygon labels (Ultralytics makes "

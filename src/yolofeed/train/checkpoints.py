@@ -25,6 +25,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from yolofeed.errors import WriteError
+
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
 CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 TEMP = re.compile(r"\.(?P<name>.+\.pt)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
@@ -72,11 +74,18 @@ def write_atomically(path: str | os.PathLike, data: bytes | bytearray | memoryvi
         The number of bytes written (as ``Path.write_bytes``).
 
     Raises:
-        OSError: the write failed (a full disk); ``path`` is as it was and the temporary file is removed.
+        WriteError: the write failed for a reason a user can fix (``write_failure``); ``path`` is as it was and the
+            temporary file is removed.
+        OSError: any other failed write, the same way.
     """
     path = Path(path)
     view = memoryview(data).cast("B")
-    fd, tmp = create_temp(path)
+    try:
+        fd, tmp = create_temp(path)
+    except OSError as e:
+        if e.errno in WRITE_FIXES:
+            raise write_failure(path, e) from None
+        raise
     try:
         try:
             with contextlib.suppress(OSError, AttributeError):  # the mode of the file it replaces, as an in-place
@@ -90,12 +99,35 @@ def write_atomically(path: str | os.PathLike, data: bytes | bytearray | memoryvi
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:  # Ctrl-C and SIGTERM included: nothing half-written is left
+    except BaseException as e:  # Ctrl-C and SIGTERM included: nothing half-written is left
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(e, OSError) and e.errno in WRITE_FIXES:
+            raise write_failure(path, e) from None
         raise
     _fsync_dir(path.parent)
     return len(view)
+
+
+WRITE_FIXES = {  # errno -> (what it means, what to do)
+    errno.ENOSPC: ("the disk is full", "free some space, or train with project= on another disk"),
+    getattr(errno, "EDQUOT", errno.ENOSPC): ("the disk quota is full", "free some space, or train with project= on "
+                                             "another disk"),
+    errno.EFBIG: ("the file would pass this process's file-size limit (ulimit -f)", "raise the limit (ulimit -f "
+                  "unlimited) and resume"),
+    errno.EROFS: ("the disk is read-only", "train with project= a folder you can write"),
+    errno.EACCES: ("no permission to write there", "train with project= a folder you can write"),
+    errno.EPERM: ("no permission to write there", "train with project= a folder you can write"),
+}
+
+
+def write_failure(path: Path, e: OSError) -> WriteError:
+    """A failed write of ``path`` as one line: what the error means, that nothing half-written is left, the fix."""
+    meaning, fix = WRITE_FIXES[e.errno]
+    err = WriteError(f"could not write {path}: {meaning} ({e.strerror}); the file is as it was before, nothing "
+                     f"half-written is left: {fix}")
+    err.errno, err.strerror, err.filename = e.errno, e.strerror, str(path)
+    return err
 
 
 class AtomicPath(type(Path())):

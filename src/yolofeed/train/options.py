@@ -67,7 +67,10 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
         raise ConfigError(f"{where} option pack_rebuild={options['pack_rebuild']!r}: expected one of "
                           f"{', '.join(REBUILDS)}")
     pool = options.get("partner_pool", "auto")
-    if isinstance(pool, bool) or not isinstance(pool, (int, str)):
+    text = pool.strip() if isinstance(pool, str) else None  # from the command line: 'auto' or digits
+    if (isinstance(pool, bool) or not isinstance(pool, (int, str)) or (text is not None and text != "auto"
+                                                                      and not text.isdigit())
+            or (isinstance(pool, int) and pool < 0)):
         raise ConfigError(f"{where} option partner_pool={pool!r}: expected 'auto', a number of images, or 0")
     monitor = options.get("monitor")
     if monitor is not None:

@@ -29,8 +29,10 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import shlex
 import time
 from functools import partial
@@ -43,12 +45,12 @@ import torch
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
-from yolofeed.errors import ConfigError, DatasetError
+from yolofeed.errors import ConfigError, DatasetError, PackError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
-from yolofeed.pack.source import check_downloaded
+from yolofeed.pack.source import SPLIT_KEYS, check_downloaded, load_data_yaml
 from yolofeed.train import graphed, keys, options, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
@@ -69,6 +71,7 @@ from yolofeed.ultralytics_seam import (
     data_complete,
     data_split,
     data_yaml,
+    get_save_dir,
     get_split_fraction,
     may_stop,
     run_first,
@@ -178,6 +181,7 @@ class FastTrainer(SyncFreeStep):
         self.args.device = keys.check_device(self.args.device)
         if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
             self._check_data()
+            check_run_folder(get_save_dir(self.args))
 
     def _restore_options(self) -> None:
         """The options recorded with the run being resumed (``<run>/yolofeed.yaml``); those given again win.
@@ -222,15 +226,20 @@ class FastTrainer(SyncFreeStep):
             check_task_data(self.args.model, self.args.task, self.args.data)
         if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons
             keys.check_detect_copy_paste(float(self.args.copy_paste), first_polygon_labels(self.args.data))
-        side = train_side(self.args.imgsz)
         # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
-        # known before the model is built; check only where a stride of 64 (P6 models) gives the same side
-        sure = self.pack_rebuild != "never" or train_side(self.args.imgsz, 64) == side
-        rebuild = self.pack_rebuild if sure else "auto"
-        # every pack the run will build, its space counted together: one at a time, the val pack used to fail for
-        # want of room once the train pack was written
-        check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir, rebuild,
-                     self.args.task)
+        # known before the model is built; where a stride of 64 (P6 models) gives another side, either pack will do
+        sides = dict.fromkeys([train_side(self.args.imgsz)] + ([train_side(self.args.imgsz, 64)]
+                                                               if self.pack_rebuild == "never" else []))
+        first: PackError | None = None
+        for side in sides:
+            try:  # every pack the run will build, its space counted together: one at a time, the val pack used to
+                # fail for want of room once the train pack was written
+                check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir,
+                             self.pack_rebuild, self.args.task)
+                return
+            except PackError as e:
+                first = first or e
+        raise first
 
     # -- data -------------------------------------------------------------------------------
     def _split_of(self, dataset_path: Any) -> str:
@@ -725,6 +734,12 @@ def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
         return check_det_dataset(data, autodownload=False, split=split)  # nothing may download at run time
     except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
         reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
+        if f"'{split}:'" in reason:  # Ultralytics says "images not found" where the yaml has no such entry
+            with contextlib.suppress(Exception):
+                d = load_data_yaml(data)
+                if not d.get(split):
+                    reason = (f"no '{split}:' entry (splits present: {', '.join(k for k in SPLIT_KEYS if d.get(k))}): "
+                              f"pass split= one of them, or add a '{split}:' entry to the yaml")
         raise DatasetError(f"data={data}: {reason}") from None
 
 
@@ -753,6 +768,26 @@ def check_task_data(model: str, task: str, data: str) -> None:
                                f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
                                "detection model")
         return
+
+
+def check_run_folder(save_dir: Path) -> None:
+    """Refuse, before Ultralytics makes it, a run folder that cannot be made: its nearest existing folder is a file,
+    or not writable by this user (a read-only mount, no permission).
+
+    Raises:
+        ConfigError: naming the folder, why, and the fix.
+    """
+    folder = Path(save_dir)
+    while not os.path.lexists(folder) and folder.parent != folder:
+        folder = folder.parent
+    if folder.is_dir():
+        if os.access(folder, os.W_OK | os.X_OK):
+            return
+        why = f"{folder} cannot be written by this user (a read-only disk or no permission)"
+    else:
+        why = f"{folder} is not a folder"
+    raise ConfigError(f"the run folder {save_dir} cannot be made: {why}; pass project= (and name=) a folder "
+                      "you can write")
 
 
 def first_polygon_labels(data: str) -> str | None:

@@ -109,6 +109,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         DEFAULT_CFG_DICT,
         check_cfg,
         get_cfg,
+        get_save_dir,  # train.trainer: the run folder, checked before Ultralytics makes it
         parse_key_value_pair,
         smart_value,
     )
@@ -210,7 +211,8 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "checkpoint", "criterion", "crop_mask",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
-    "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_split_fraction", "guess_model_task",
+    "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir", "get_split_fraction",
+    "guess_model_task",
     "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER",
     "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
