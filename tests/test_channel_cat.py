@@ -58,6 +58,49 @@ def test_patched_takes_the_calls_of_the_thread_inside_it_only(monkeypatch):
     assert taken == [threading.get_ident()]
 
 
+def _layouts():
+    cl = torch.channels_last
+    a = torch.randn(2, 8, 3, 5).to(memory_format=cl)
+    return [a, a[:, :4], a[:, 4:], torch.randn(2, 8, 3, 5), torch.randn(2, 1, 3, 5),
+            torch.randn(2, 1, 3, 5).to(memory_format=cl), torch.randn(1, 8, 3, 5)[:, :2],
+            torch.randn(1, 8, 3, 5).to(memory_format=cl)[:, :2], torch.randn(2, 8, 5, 3).transpose(2, 3),
+            torch.randn(2, 3, 1, 5).to(memory_format=cl), torch.randn(2, 5, 3, 8).permute(0, 3, 2, 1)]
+
+
+@pytest.mark.parametrize("i", range(11))
+def test_it_takes_only_what_torch_cat_makes_channels_last(i):
+    """``suggests_channels_last`` is ATen's rule: where it says no, torch.cat's output is NCHW and the Triton copy,
+    whose output is channels-last, must not take the call (a ``.view`` of the result would fail)."""
+    t = _layouts()[i]
+    out = torch.cat([t, t], 1)
+    as_cl, as_nchw = out.contiguous(memory_format=torch.channels_last).stride(), out.contiguous().stride()
+    assert channel_cat.suggests_channels_last(t) == (out.stride() == as_cl != as_nchw)
+
+
+def test_patched_blocks_nest_and_threads_leave_each_other_patched():
+    stock = torch.cat
+    inside, left = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        with channel_cat.patched():
+            inside.set()
+            left.wait(10)
+            seen["other"] = torch.cat is not stock and channel_cat._inside.depth == 1
+
+    with channel_cat.patched():
+        with channel_cat.patched():
+            pass
+        assert torch.cat is not stock and channel_cat._inside.depth == 1  # the outer block still patched
+        thread = threading.Thread(target=other)
+        thread.start()
+        inside.wait(10)
+    assert torch.cat is not stock  # the other thread is still inside its block
+    left.set()
+    thread.join(10)
+    assert seen == {"other": True} and torch.cat is stock
+
+
 @pytest.mark.slow
 def test_triton_copy_equals_torch_cat_in_the_interpreter():
     pytest.importorskip("triton")

@@ -338,15 +338,19 @@ def test_partner_pool_option(option, keep):
         assert pool.max_batch == 9  # the sampler's last batch may hold one image more
 
 
-@pytest.mark.parametrize("bad", ["abc", "-1", "1.5", -3, 2.5, True])
+@pytest.mark.parametrize("bad", ["abc", "-1", "1.5", "\u00b2", -3, 2.5, True])
 def test_bad_partner_pool_is_refused_with_the_options_before_a_run(bad):
-    """``with_options`` (and the CLI through it) refuses the value before Ultralytics makes the run folder."""
+    """``with_options`` (and the CLI through it) refuses the value before Ultralytics makes the run folder; what it
+    lets through, the trainer uses."""
+    from yolofeed.train import options
     from yolofeed.train.trainer import FastDetectionTrainer
 
     with pytest.raises(ConfigError, match="option partner_pool="):
         FastDetectionTrainer.with_options(partner_pool=bad)
     FastDetectionTrainer.with_options(partner_pool=" 12 ")
     FastDetectionTrainer.with_options(partner_pool="auto")
+    for given, used in ((" 12 ", 12), (" auto ", "auto"), (0, 0), ("7", 7)):  # what the trainer then uses
+        assert options.partner_pool_size(given) == used
 
 
 @pytest.mark.parametrize("bad", ["big", -1, True, 2.5])

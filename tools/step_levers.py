@@ -515,8 +515,8 @@ def main(argv: list[str]) -> None:
     report["copies_by_layer"] = copies_by_layer(model, lambda: _step(model, batch)) if "copies" in args else []
     report["bn_shapes"] = _bn_shapes(model, batch, n) if "bn_shapes" in args else []
     print(json.dumps({k: report[k] for k in ("base_ms", "phases_ms")}), flush=True)
-    for ms, n, layer, way, op in report["copies_by_layer"][:40]:
-        print(f"  {ms:7.3f} ms {n:4d}x {layer:<22} {way:<9} {op}", flush=True)
+    for ms, count, layer, way, op in report["copies_by_layer"][:40]:
+        print(f"  {ms:7.3f} ms {count:4d}x {layer:<22} {way:<9} {op}", flush=True)
     for c, ms in report["breakdown"]["by_category_ms"].items():
         print(f"  {c:<14}{ms:8.2f} ms", flush=True)
     (out / f"{Path(cfg).stem}.json").write_text(json.dumps(report, indent=1))

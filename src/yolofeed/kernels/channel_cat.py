@@ -28,17 +28,36 @@ _DENSE_GRADS = False
 _torch_cat = torch.cat
 
 
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # an activation's
+
+
+def suggests_channels_last(t: Tensor) -> bool:
+    """ATen's ``is_channels_last_strides_2d`` for a 4-D tensor: whether ``suggest_memory_format`` is channels-last.
+    ``torch.cat``'s output is channels-last exactly where every input's is (``compute_output_memory_format``); an
+    ambiguous layout (one channel, NCHW strides) suggests the default, NCHW."""
+    sizes, strides = t.shape, t.stride()
+    if strides[1] == 0:
+        return False
+    low = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
+
+
 def takes(tensors: tuple, dim) -> bool:
-    """Whether the Triton copy takes ``torch.cat(tensors, dim)``."""
+    """Whether the Triton copy takes ``torch.cat(tensors, dim)``: the output torch.cat would make channels-last, each
+    input (M, C) rows of unit channel stride."""
     if len(tensors) < 2 or not isinstance(dim, int) or dim not in (1, -3):
         return False
     x0 = tensors[0]
-    if not isinstance(x0, Tensor) or not x0.is_cuda or x0.dim() != 4:
+    if not isinstance(x0, Tensor) or not x0.is_cuda or x0.dim() != 4 or x0.dtype not in DTYPES:
         return False
     n, _, h, w = x0.shape
     return all(isinstance(t, Tensor) and t.dim() == 4 and t.device == x0.device and t.dtype == x0.dtype
                and t.shape[0] == n and t.shape[2] == h and t.shape[3] == w and t.numel() > 0
-               and row_stride(t) is not None for t in tensors)
+               and row_stride(t) is not None and suggests_channels_last(t) for t in tensors)
 
 
 class _ChannelCat(torch.autograd.Function):
@@ -93,22 +112,30 @@ def cat(tensors, dim=0, *args, **kwargs) -> Tensor:
 
 def _thread_cat(tensors, dim=0, *args, **kwargs) -> Tensor:
     """``cat`` in a thread inside ``patched()``, ``torch.cat`` in any other."""
-    if getattr(_inside, "on", False):
+    if getattr(_inside, "depth", 0):
         return cat(tensors, dim, *args, **kwargs)
     return _torch_cat(tensors, dim, *args, **kwargs)
 
 
-_inside = threading.local()
+_inside = threading.local()  # depth: this thread's patched() blocks open
+_open = [0]  # every thread's patched() blocks open: torch.cat is _thread_cat while there is one
+_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def patched() -> Iterator[None]:
     """``torch.cat`` is ``cat`` inside the block, for the thread that entered it: another thread's calls meanwhile
-    (a validation beside a graph's capture) stay ``torch.cat``'s and load no Triton kernel."""
-    torch.cat = _thread_cat
-    _inside.on = True
+    (a validation beside a graph's capture) stay ``torch.cat``'s and load no Triton kernel. Blocks nest, and
+    several threads may be inside at once: ``torch.cat`` is put back when the last one leaves."""
+    with _lock:
+        _open[0] += 1
+        torch.cat = _thread_cat
+    _inside.depth = getattr(_inside, "depth", 0) + 1
     try:
         yield
     finally:
-        _inside.on = False
-        torch.cat = _torch_cat
+        _inside.depth -= 1
+        with _lock:
+            _open[0] -= 1
+            if not _open[0]:
+                torch.cat = _torch_cat

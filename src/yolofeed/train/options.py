@@ -66,12 +66,10 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
     if "pack_rebuild" in options and options["pack_rebuild"] not in REBUILDS:
         raise ConfigError(f"{where} option pack_rebuild={options['pack_rebuild']!r}: expected one of "
                           f"{', '.join(REBUILDS)}")
-    pool = options.get("partner_pool", "auto")
-    text = pool.strip() if isinstance(pool, str) else None  # from the command line: 'auto' or digits
-    if (isinstance(pool, bool) or not isinstance(pool, (int, str)) or (text is not None and text != "auto"
-                                                                      and not text.isdigit())
-            or (isinstance(pool, int) and pool < 0)):
-        raise ConfigError(f"{where} option partner_pool={pool!r}: expected 'auto', a number of images, or 0")
+    try:
+        partner_pool_size(options.get("partner_pool", "auto"))
+    except ConfigError as e:
+        raise ConfigError(f"{where} option {e}") from None
     monitor = options.get("monitor")
     if monitor is not None:
         from yolofeed.monitor.live import MonitorConfig
@@ -84,6 +82,25 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
         except TypeError as e:  # a key MonitorConfig does not have
             raise ConfigError(f"{where} option monitor={monitor!r}: {e}; the keys are "
                               "yolofeed.monitor.MonitorConfig's") from None
+
+
+def partner_pool_size(value: Any) -> int | str:
+    """``partner_pool`` as the trainer uses it: "auto", or a number of images (0: partners from the batch itself);
+    the command line's strings ("auto", "12", with spaces) too.
+
+    Raises:
+        ConfigError: anything else, in one line.
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "auto":
+            return text
+        if text.isascii() and text.isdigit():
+            return int(text)
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ConfigError(f"partner_pool={value!r}: expected 'auto' (Ultralytics' buffer, min(n, 8 x batch, 1000)), a "
+                      "number of images, or 0 (partners from the batch itself)")
 
 
 def normal(name: str, value: Any) -> Any:

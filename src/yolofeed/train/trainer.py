@@ -544,14 +544,9 @@ class FastTrainer(SyncFreeStep):
         """The pool of recent images partners are drawn from, sized by ``partner_pool``; None: the batch itself.
         ``labels`` and ``polygon_points``: the most labels an image has and points a polygon has, for the memory
         line (``PartnerPool.nbytes``)."""
-        size = self.partner_pool
-        if isinstance(size, str) and size.strip().isdigit():  # from the command line
-            size = int(size)
+        size = options.partner_pool_size(self.partner_pool)
         if size == "auto":
             size = ultralytics_capacity(n_images, batch_size)
-        elif isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ConfigError(f"partner_pool={size!r}: expected 'auto' (Ultralytics' buffer, min(n, 8 x batch, "
-                              "1000)), a number of images, or 0 (partners from the batch itself)")
         if size == 0:
             LOGGER.info("yolofeed: partner_pool=0, mosaic/MixUp/CutMix partners come from the batch itself")
             return None
