@@ -77,6 +77,20 @@ def test_will_need_asks_for_exactly_each_payload(dataset, storage, monkeypatch):
         np.testing.assert_array_equal(out[0, :hw[0][0], :hw[0][1]], clone.image(0))
 
 
+def test_a_pack_cut_shorter_under_a_reader_is_refused_before_the_next_batch(dataset, tmp_path):
+    """Another program truncating the file in place: the next batch's ``will_need`` refuses it with the rebuild
+    command, where reading the map past the new end would end the process with SIGBUS."""
+    copy = copy_dataset(dataset, tmp_path / "copy")
+    pack = _build(copy)
+    pack.will_need([0, 1])  # whole: nothing said
+    size = len(pack.buffer)
+    os.truncate(pack.path, size // 2)
+    with pytest.raises(PackError, match=rf"{re.escape(str(pack.path))} was cut to {size // 2:,} bytes while it was "
+                                        rf"read \(it had {size:,} when opened\): another program truncated or "
+                                        r"rewrote it in place; rebuild it with: yolofeed pack "):
+        pack.will_need([0])
+
+
 def test_pickles_by_path(dataset):
     import pickle
 

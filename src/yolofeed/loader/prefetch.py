@@ -173,7 +173,8 @@ class Prefetcher:
         command that rebuilds this very pack; anything else is a ``LoaderError`` with its cause chained.
         """
         where = f"the loader thread stopped at batch {k + 1} of {n} of the epoch, reading {self.pack.path}"
-        err = (PackError(f"{where}: {e}; {self.pack.fix}") if isinstance(e, PackError)
+        fix = "" if self.pack.fix in str(e) else f"; {self.pack.fix}"  # said once
+        err = (PackError(f"{where}: {e}{fix}") if isinstance(e, PackError)
                else LoaderError(f"{where}: {type(e).__name__}: {e}"))
         err.__cause__ = e  # the traceback shows where in the thread it failed
         return err

@@ -441,8 +441,21 @@ class Pack:
         batch's byte ranges, queued together, reads each byte about once. A call per image (~1 us where the
         pages are cached; it releases the GIL where it has to wait); a no-op where the system has no
         ``posix_fadvise``, and for good after the first call that fails.
+
+        First, one ``fstat``: a file cut shorter since it was opened (another program truncating or rewriting it in
+        place) is refused here, between batches, where reading its map past the new end would kill the process
+        with SIGBUS.
+
+        Raises:
+            PackError: the file is shorter than its map.
         """
-        if self._file is None or not self._file.advise:
+        if self._file is None:
+            return
+        size = os.fstat(self._file.fd).st_size
+        if size < len(self.buffer):
+            raise PackError(f"{self.path} was cut to {size:,} bytes while it was read (it had {len(self.buffer):,} "
+                            f"when opened): another program truncated or rewrote it in place; {self.fix}")
+        if not self._file.advise:
             return
         rec = self.index[np.asarray(indices, dtype=np.int64)]
         try:
