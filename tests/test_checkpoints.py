@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 import shlex
 import signal
 import subprocess
@@ -68,6 +69,8 @@ def test_a_failed_write_a_user_can_fix_is_one_line_naming_the_file(tmp_path, mon
     with pytest.raises(WriteError) as caught:
         write_atomically(last, b"x" * 1000)
     assert isinstance(caught.value, OSError) and caught.value.errno == code
+    again = pickle.loads(pickle.dumps(caught.value))  # as a bench mode's error comes back from its process
+    assert (type(again), str(again), again.errno, again.filename) == (WriteError, str(caught.value), code, str(last))
     text = str(caught.value)
     assert text.startswith(f"could not write {last}: ") and meaning in text and fix in text
     assert last.read_bytes() == b"old checkpoint" and _temps(tmp_path) == []

@@ -46,6 +46,15 @@ class WriteError(YolofeedError, OSError):
     def __str__(self) -> str:  # the message, not OSError's "[Errno n] strerror: filename"
         return str(self.args[0]) if self.args else ""
 
+    def __reduce__(self):  # pickled whole (a bench mode's error crosses processes): errno and filename kept
+        return _write_error, (str(self), self.errno, self.strerror, self.filename)
+
+
+def _write_error(message: str, code: int | None, strerror: str | None, filename: str | None) -> WriteError:
+    err = WriteError(message)
+    err.errno, err.strerror, err.filename = code, strerror, filename
+    return err
+
 
 class UltralyticsError(YolofeedError):
     """The installed Ultralytics lacks something yolofeed relies on (``yolofeed.ultralytics_seam`` says what)."""
