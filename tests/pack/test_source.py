@@ -168,3 +168,14 @@ def test_kpt_shape_is_refused_where_ultralytics_refuses_it_and_keys_the_fingerpr
     pose = split_source(d, "train", "pose")
     assert pose.fingerprint() != split_source({**d, "kpt_shape": [5, 2]}, "train", "pose").fingerprint()
     assert split_source(d, "train").fingerprint() == pose.fingerprint()  # the task is the header's, not the hash's
+
+
+def test_a_split_the_yaml_lacks_names_the_splits_it_has(dataset, capsys):
+    """``yolofeed pack splits=test`` and ``split_source`` say it as ``yolofeed train split=test`` does."""
+    from yolofeed.cli import main
+
+    said = "no 'test:' entry (splits present: train, val): pass split= one of them, or add a 'test:' entry"
+    with pytest.raises(DatasetError, match=re.escape(said)):
+        split_source(dataset / "data.yaml", "test")
+    assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=test"]) == 1
+    assert said in capsys.readouterr().err

@@ -243,6 +243,12 @@ def kpt_shape_of(d: dict[str, Any], task: str = "detect") -> tuple[int, int] | N
     return (shape[0], shape[1]) if shape[0] * shape[1] else None
 
 
+def missing_split(d: dict[str, Any], split: str) -> str:
+    """What to say of a data yaml (loaded) that has no ``split:`` entry: the splits it has, and the way on."""
+    return (f"no '{split}:' entry (splits present: {', '.join(k for k in SPLIT_KEYS if d.get(k))}): pass split= one "
+            f"of them, or add a '{split}:' entry to the yaml")
+
+
 def split_source(data: str | os.PathLike | dict[str, Any], split: str, task: str = "detect") -> SplitSource:
     """The files of ``split`` in a data yaml (a path, or a dict already loaded by ``load_data_yaml``), for ``task``.
 
@@ -255,8 +261,7 @@ def split_source(data: str | os.PathLike | dict[str, Any], split: str, task: str
     d = data if isinstance(data, dict) else load_data_yaml(data)
     kpt_shape = kpt_shape_of(d, task)  # before listing the images: a pose yaml without kpt_shape is refused at once
     if not d.get(split):
-        raise DatasetError(f"{d['yaml_file']}: no '{split}:' entry. Splits present: "
-                           f"{', '.join(k for k in SPLIT_KEYS if d.get(k))}.")
+        raise DatasetError(f"{d['yaml_file']}: {missing_split(d, split)}")
     paths = d[split] if isinstance(d[split], list) else [d[split]]
     try:
         im_files = list_images(paths)

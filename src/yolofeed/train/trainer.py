@@ -50,7 +50,7 @@ from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
-from yolofeed.pack.source import SPLIT_KEYS, check_downloaded, load_data_yaml
+from yolofeed.pack.source import check_downloaded, load_data_yaml, missing_split
 from yolofeed.train import graphed, keys, options, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
@@ -733,8 +733,7 @@ def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
             with contextlib.suppress(Exception):
                 d = load_data_yaml(data)
                 if not d.get(split):
-                    reason = (f"no '{split}:' entry (splits present: {', '.join(k for k in SPLIT_KEYS if d.get(k))}): "
-                              f"pass split= one of them, or add a '{split}:' entry to the yaml")
+                    reason = missing_split(d, split)
         raise DatasetError(f"data={data}: {reason}") from None
 
 
