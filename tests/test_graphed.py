@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from yolofeed import ultralytics_seam as seam
 from yolofeed.train import graphed
 from yolofeed.ultralytics_seam import Conv, DetectionModel
 
@@ -28,8 +29,26 @@ def _model(device="cpu"):
 def _swapped(model):
     for m in graphed.fusable_convs(model):
         m.__class__ = graphed.FusedConv
+    graphed.swap_layout(model)
     model.__class__ = graphed._graphed_class(type(model))
     return model
+
+
+LAYOUT = pytest.mark.skipif(not seam.since(seam.GRAPH_LAYOUT_SINCE), reason="the layout swaps serve from "
+                            f"{seam.GRAPH_LAYOUT_SINCE} on")
+
+
+def _layout_step(model, img, device_type, dtype):
+    """The model's training outputs under autocast, and every gradient of a fixed function of them."""
+    with torch.autocast(device_type, dtype=dtype):
+        preds = model(img)
+    heads = [preds] if "boxes" in preds else [preds["one2many"], preds["one2one"]]
+    total = 0.0
+    for n, p in enumerate(v for h in heads for k, v in sorted(h.items()) if k != "feats"):
+        w = torch.randn(p.shape, generator=torch.Generator().manual_seed(n)).to(p.device)
+        total = total + (p.float() * w).sum()
+    total.backward()
+    return heads, {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
 
 
 def test_fused_conv_computes_ultralytics_conv_forward_backward_and_statistics():
@@ -69,7 +88,7 @@ def test_swapped_model_copies_and_pickles_as_ultralytics_own():
     model.__dict__["_graph"] = object()  # a graph is never copied nor pickled
     twin = copy.deepcopy(model)
     assert type(twin) is DetectionModel and "_graph" not in twin.__dict__
-    assert not any(isinstance(m, graphed.FusedConv) for m in twin.modules())
+    assert not any(isinstance(m, graphed._SWAPPED) for m in twin.modules())
     assert sum(type(m) is Conv for m in twin.modules()) == convs
     data = pickle.dumps(model)
     assert b"yolofeed" not in data  # a checkpoint loads without yolofeed
@@ -80,6 +99,49 @@ def test_swapped_model_copies_and_pickles_as_ultralytics_own():
     assert type(back) is DetectionModel
     for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), k
+
+
+@LAYOUT
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo26n.yaml"])
+def test_layout_swaps_keep_every_value_and_gradient(cfg):
+    """While a capture sets ``fused``: the head's two upsamples in the autocast dtype and the Detect head's outputs
+    cells-major (the loss's ``.permute(0, 2, 1)`` of them is contiguous), every output and gradient Ultralytics' bit
+    for bit (the CPU's bfloat16 autocast, channels-last, as Ultralytics trains on CUDA); unset, Ultralytics' layout."""
+    torch.manual_seed(0)
+    stock = DetectionModel(cfg, nc=8, verbose=False).train().to(memory_format=torch.channels_last)
+    ours = copy.deepcopy(stock)
+    graphed.swap_layout(ours)
+    swapped = [type(m) for m in ours.modules() if isinstance(m, graphed._SWAPPED)]
+    assert swapped == [graphed.HalfUpsample] * 2 + [graphed.TokenMajorDetect]
+    img = torch.rand(2, 3, 64, 64).to(memory_format=torch.channels_last)
+    for fused in (True, False):
+        for m in ours.modules():
+            if isinstance(m, graphed._SWAPPED):
+                m.fused = fused
+        stock.zero_grad(set_to_none=True), ours.zero_grad(set_to_none=True)
+        (a, ga), (b, gb) = (_layout_step(m, img, "cpu", torch.bfloat16) for m in (stock, ours))
+        for ha, hb in zip(a, b):
+            for k in ("boxes", "scores"):
+                assert torch.equal(ha[k], hb[k]) and hb[k].permute(0, 2, 1).is_contiguous() is fused, (k, fused)
+        assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), fused
+
+
+@LAYOUT
+def test_half_upsamples_only_where_the_output_reaches_convolutions_alone():
+    """An upsample whose Concat feeds a layer that may use its input otherwise than in a convolution (a C2f whose
+    forward is overridden, the Detect head) keeps autocast's float32."""
+    model = _model()
+    layers = model.model
+    assert [m.i for m in graphed.half_upsamples(model)] == [11, 14]
+
+    class Custom(type(layers[13])):
+        def forward(self, x):
+            return super().forward(x)
+
+    layers[13].__class__ = Custom  # takes Concat 12, which takes upsample 11
+    assert [m.i for m in graphed.half_upsamples(model)] == [14]
+    layers[23].f = [16, 19, 22, 15]  # the head takes Concat 15 too, which takes upsample 14
+    assert graphed.half_upsamples(model) == []
 
 
 def test_swapped_model_without_a_graph_predicts_as_ultralytics():
@@ -154,7 +216,7 @@ def _prepared(model, graph: bool = False, fused: bool = False, log=print):
         model.__dict__["_graph"] = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, log)
     if fused:
         for m in model.modules():
-            if isinstance(m, graphed.FusedConv):
+            if isinstance(m, graphed._SWAPPED):
                 m.fused = True
     return model
 
@@ -266,6 +328,37 @@ def test_graphed_steps_equal_the_same_fused_steps_eager(monkeypatch):
     _lockstep(eager, {"graphed": (ours, True)}, batches, check, loss="surrogate")
     g = ours.__dict__["_graph"]
     assert g.flat is not None and g.shape == (16, 3, 160, 160), logs  # captured, at the full batch
+
+
+@LAYOUT
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo26n.yaml"])
+def test_layout_swaps_on_cuda_are_ultralytics_step_bit_for_bit(cfg, monkeypatch):
+    """On CUDA, float16 autocast, channels-last: Ultralytics' upsample runs in float32 (autocast's list) and ours in
+    half; the outputs, Ultralytics' loss and every gradient are stock's bit for bit."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    torch.manual_seed(0)
+    stock = _prepared(DetectionModel(cfg, nc=8, verbose=False).cuda().train())
+    ours = copy.deepcopy(stock)
+    graphed.swap_layout(ours)
+    for m in ours.modules():
+        if isinstance(m, graphed._SWAPPED):
+            m.fused = True
+    dtypes = {}
+    for name, m in (("stock", stock), ("ours", ours)):
+        m.model[11].register_forward_hook(lambda mod, i, o, name=name: dtypes.setdefault(name, o.dtype))
+    batch = _batch(16, 160, "cuda", 0)
+    (a, ga), (b, gb) = (_layout_step(m, batch["img"].to(memory_format=torch.channels_last), "cuda", torch.float16)
+                        for m in (stock, ours))
+    assert dtypes == {"stock": torch.float32, "ours": torch.float16}
+    for ha, hb in zip(a, b):
+        assert all(torch.equal(ha[k], hb[k]) for k in ("boxes", "scores"))
+    assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), [k for k in ga
+                                                                                     if not torch.equal(ga[k], gb[k])]
+    stock.zero_grad(set_to_none=True), ours.zero_grad(set_to_none=True)
+    losses = [_step(m, batch) for m in (stock, ours)]
+    assert losses[0] == losses[1]
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(stock.parameters(), ours.parameters()) if p.grad is not None)
 
 
 @pytest.mark.gpu

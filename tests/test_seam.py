@@ -81,6 +81,13 @@ def test_copied_and_relied_on_methods_have_not_drifted(pinned):
             plain.args = SimpleNamespace(plots=False, save_json=False, save_txt=False)
             assert seam.batched_metrics_serve(plain) is None
             return
+        if pinned.since == seam.GRAPH_LAYOUT_SINCE:  # the graph captures Ultralytics' upsamples and head as they are
+            from yolofeed.train import graphed
+
+            model = seam.DetectionModel("yolo11n.yaml", nc=8, verbose=False)
+            graphed.swap_layout(model)
+            assert not any(isinstance(m, graphed._SWAPPED) for m in model.modules())
+            return
         with pytest.raises(UltralyticsError, match=f"Ultralytics {pinned.since} on"):
             seam.check_task("pose")
         return

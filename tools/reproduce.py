@@ -284,6 +284,19 @@ SECTIONS = {s.name: s for s in (
         # the step the graph replays, its copies by layer and direction
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml base=fused_eager copies=1 levers= "
         "out=$OUT/levers_fused_layers")),
+    Section("step-layout", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # the layout swaps' GPU tests and the step graphed without and with them (and with the Triton cat) beside the
+        # CPU-bound synth and pack; then the ceiling without them, with them, without them again
+        f"({SYNTH_10K} && {PACK_10K}) > $OUT/synth_pack.txt 2>&1 &",
+        "timeout 150 python3 -m pytest -q -m gpu tests/test_graphed.py -p no:cacheprovider --tb=short -rA 2>&1 "
+        "| grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' | tail -20",
+        "timeout 150 python3 -m tools.step_levers model=yolo11n.yaml "
+        "levers=graphed_stock_layout,graphed,graphed+triton_cat out=$OUT/levers_layout",
+        "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed_stock_layout,graphed "
+        "out=$OUT/levers_layout",
+        "wait; tail -2 $OUT/synth_pack.txt",
+        f"timeout 300 python3 -m tools.device.layout_ab out=$OUT/layout_ab -- model=yolo11n.yaml modes=ceiling {LEVER}",
+        NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

@@ -190,16 +190,23 @@ def lever_triton_bn_silu_narrow(model):
     return None
 
 
-def lever_graphed(model):
+def lever_graphed(model, layout: bool = True):
     """yolofeed's graphed step (train/graphed.py) as its trainer installs it: forward and backward replayed as CUDA
-    graphs, batch norm and SiLU fused; the loss eager."""
+    graphs, batch norm and SiLU fused, the head's upsamples in half and its outputs cells-major; the loss eager."""
     from yolofeed.train import graphed
 
     for m in graphed.fusable_convs(model):
         m.__class__ = graphed.FusedConv
+    if layout:
+        graphed.swap_layout(model)
     model.__class__ = graphed._graphed_class(type(model))
     model.__dict__["_graph"] = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, print)
     return None
+
+
+def lever_graphed_stock_layout(model):
+    """The graphed step without its layout swaps: Ultralytics' float32 upsamples and channels-major head outputs."""
+    return lever_graphed(model, layout=False)
 
 
 def lever_fused_eager(model):
@@ -209,7 +216,10 @@ def lever_fused_eager(model):
 
     for m in graphed.fusable_convs(model):
         m.__class__ = graphed.FusedConv
-        m.fused = True
+    graphed.swap_layout(model)
+    for m in model.modules():
+        if isinstance(m, graphed._SWAPPED):
+            m.fused = True
     return None
 
 

@@ -47,9 +47,15 @@ def main(argv: list[str]) -> None:
         b = "/".join(best(json.loads(Path(args["tune"]).read_text())))
     configs = {"A": args.get("a", "4096:4:512/4096:4"), "B": b}
     root = Path(tempfile.mkdtemp())
+    aba({side: (c, _site(c, root)) for side, c in configs.items()}, bench, out)
+
+
+def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path) -> None:
+    """``yolofeed bench`` with ``bench``'s arguments three times, sides A, B, A: each side (name: (what it sets, a
+    folder holding its sitecustomize.py)) first on PYTHONPATH. Prints each run's rates; writes ``out/ab.json``."""
     rows = []
     for i, side in enumerate("ABA"):
-        site = _site(configs[side], root)
+        config, site = sides[side]
         env = os.environ | {"PYTHONPATH": f"{site}:{os.environ.get('PYTHONPATH', '')}"}
         dest = out / f"{i}_{side}"
         r = subprocess.run([sys.executable, "-m", "yolofeed", "bench", *bench, f"out={dest}"], env=env,
@@ -61,14 +67,14 @@ def main(argv: list[str]) -> None:
                      for m in report["results"]}
         except (OSError, ValueError, KeyError):
             pass
-        rows.append({"side": side, "config": configs[side], "rc": r.returncode, "rates": rates,
+        rows.append({"side": side, "config": config, "rc": r.returncode, "rates": rates,
                      "tail": r.stdout[-1500:] + r.stderr[-1500:]})
-        print(side, configs[side], json.dumps(rates)[:400], flush=True)
+        print(side, config, json.dumps(rates)[:400], flush=True)
         if r.returncode:
             print(rows[-1]["tail"], flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ab.json").write_text(json.dumps({"configs": configs, "runs": rows}, indent=1))
-
+    (out / "ab.json").write_text(json.dumps({"configs": {k: v[0] for k, v in sides.items()}, "runs": rows},
+                                            indent=1))
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -7,11 +7,14 @@ host time. Replayed as a graph, the model's forward and its backward cost the ho
 savings reach the step.
 
 ``install(trainer)`` (at ``on_train_start``, after the EMA copied the model, with ``graphed_step``, the default) does
-two things to the training model:
+three things to the training model:
 
 * every Ultralytics ``Conv`` whose batch norm and activation are plain ``BatchNorm2d`` and ``SiLU`` becomes a
   ``FusedConv``: while a graph is being captured its batch norm and SiLU run as the one Triton op; otherwise (an eager
   step, validation, any other caller) exactly Ultralytics' ``Conv.forward``;
+* two layout changes that keep every value: the head's nearest upsamples run in half precision, as the convolutions
+  after them would cast them (``HalfUpsample``), and the Detect head's training outputs are laid out cells-major,
+  as the loss reads them (``TokenMajorDetect``); both only while a graph is captured, otherwise Ultralytics' own;
 * the model's class gains ``GraphedPredict``: ``predict`` in training mode, on a CUDA batch of the shape of the first
   full batch, replays the graph (``torch.cuda.make_graphed_callables``: the forward and the backward, each one graph;
   the loss stays eager); any other call is Ultralytics' ``predict``. The capture happens on the first such batch,
@@ -84,6 +87,70 @@ class FusedConv(_StockPickle, seam.Conv):
         return bn_silu(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
 
 
+class HalfUpsample(_StockPickle, nn.Upsample):
+    """torch's ``Upsample``; while ``fused`` (a graph capture), nearest upsampling in its input's dtype.
+
+    Autocast runs upsampling in float32 (ATen's float32 cast list): each of the head's upsamples casts a half map to
+    float32 and writes its 4x larger output in float32, the Concat after it promotes the skip connection to float32,
+    and the convolution after that casts the result back to half, and the same again for the gradients. Nearest
+    upsampling only copies values, so the half result holds the float32 result's values, and its gradient (four
+    gradients summed in float32, rounded once to half) is the float32 path's too. ``half_upsamples`` picks the upsamples
+    whose output reaches only convolutions' casts, where the step stays the same arithmetic."""
+
+    _stock = nn.Upsample
+    fused = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused or not self.training:
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):  # the op in x's dtype, not autocast's float32
+            return super().forward(x)
+
+
+class TokenMajorDetect(_StockPickle, seam.Detect):
+    """Ultralytics' ``Detect``; while ``fused`` (a graph capture), its training outputs laid out cells-major.
+
+    Stock's ``forward_head`` views each level's channels-last head output as (batch, channels, cells) and concatenates
+    along the cells, a transposing copy into a channels-major tensor, which the loss transposes back
+    (``.permute(0, 2, 1).contiguous()``), and the backward transposes both again. Here each level is taken as
+    (batch, cells, channels), a view of its channels-last map, concatenated along the cells and returned transposed:
+    the same values at the same indices, and the loss's ``.contiguous()`` copies nothing."""
+
+    _stock = seam.Detect
+    fused = False
+
+    def forward_head(self, x: list[torch.Tensor], box_head: nn.Module | None = None,
+                     cls_head: nn.Module | None = None) -> dict[str, torch.Tensor]:
+        if not self.fused or not self.training or box_head is None or cls_head is None:
+            return super().forward_head(x, box_head, cls_head)
+
+        def cells_major(heads: nn.Module) -> torch.Tensor:
+            maps = [heads[i](x[i]) for i in range(self.nl)]  # (batch, channels, h, w) each, channels-last
+            rows = [m.permute(0, 2, 3, 1).reshape(m.shape[0], -1, m.shape[1]) for m in maps]
+            return torch.cat(rows, 1).transpose(1, 2)
+
+        return {"boxes": cells_major(box_head), "scores": cells_major(cls_head), "feats": x}
+
+
+def half_upsamples(model: nn.Module) -> list[nn.Upsample]:
+    """The model's nearest ``Upsample`` layers whose output only Concats take, whose output in turn only layers take
+    that hand their input to convolutions alone (Ultralytics' Conv, C2f and its subclasses' forward, C3): autocast
+    casts it to half there, so a half Concat is the float32 one's values. A model of another shape keeps its
+    upsamples."""
+    model = seam.unwrap_model(model)
+    if not seam.since(seam.GRAPH_LAYOUT_SINCE) or not isinstance(getattr(model, "model", None), nn.Sequential):
+        return []
+    takers = seam.layer_inputs(model)
+    layers = list(model.model)
+
+    def to_convolutions(i: int) -> bool:
+        return bool(takers[i]) and all(type(t) in (seam.Conv, FusedConv, seam.C3) or (
+            isinstance(t, seam.C2f) and type(t).forward is seam.C2f.forward) for t in takers[i])
+
+    return [m for i, m in enumerate(layers) if type(m) in (nn.Upsample, HalfUpsample) and m.mode == "nearest"
+            and takers[i] and all(type(t) is seam.Concat and to_convolutions(t.i) for t in takers[i])]
+
+
 def fusable_convs(model: nn.Module) -> list[nn.Module]:
     """The model's Convs that ``FusedConv`` takes: exactly Ultralytics' Conv, BatchNorm2d (affine, tracking) and
     SiLU."""
@@ -92,19 +159,22 @@ def fusable_convs(model: nn.Module) -> list[nn.Module]:
             and m.bn.affine and m.bn.track_running_stats]
 
 
-class _Fusing:
-    """Inside the block, the model's FusedConvs fuse (the warm-up passes compile the Triton kernels, the capture
-    records them); after it, an eager call is Ultralytics' Conv again."""
+_SWAPPED = (FusedConv, HalfUpsample, TokenMajorDetect)  # each with a ``fused`` flag, set around a capture
 
-    def __init__(self, convs: list[FusedConv]):
-        self.convs = convs
+
+class _Fusing:
+    """Inside the block, the model's swapped layers take their fast path (FusedConvs fuse: the warm-up passes compile
+    the Triton kernels, the capture records them); after it, an eager call is Ultralytics' again."""
+
+    def __init__(self, layers: list[nn.Module]):
+        self.layers = layers
 
     def __enter__(self) -> None:
-        for m in self.convs:
+        for m in self.layers:
             m.fused = True
 
     def __exit__(self, *exc: Any) -> None:
-        for m in self.convs:
+        for m in self.layers:
             m.__dict__.pop("fused", None)
 
 
@@ -151,12 +221,13 @@ class _Graph:
         model = self.model
         buffers = [b.detach().clone() for b in model.buffers()]
         flat = _Flat(model, self.autocast)
-        convs = [m for m in model.modules() if isinstance(m, FusedConv)]
+        swapped = [m for m in model.modules() if isinstance(m, _SWAPPED)]
+        convs = [m for m in swapped if isinstance(m, FusedConv)]
         self.tickets = torch.zeros(bn_silu_op.TICKETS, device=x.device, dtype=torch.int32)
         bn_silu_op.own_tickets = self.tickets
         try:
             # the step's own autocast caches casts, which a capture cannot keep: this one is the step's, uncached
-            with _Fusing(convs), torch.autocast("cuda", **self.autocast, cache_enabled=False):
+            with _Fusing(swapped), torch.autocast("cuda", **self.autocast, cache_enabled=False):
                 torch.cuda.make_graphed_callables(flat, (x.detach().clone(),), num_warmup_iters=WARMUP,
                                                   allow_unused_input=True, **_THREAD_LOCAL)
         except Exception as e:  # OOM, an op that cannot be captured, what make_graphed_callables asserts
@@ -172,8 +243,10 @@ class _Graph:
                 for b, saved in zip(model.buffers(), buffers):
                     b.copy_(saved)  # the warm-up and capture passes moved the batch-norm statistics
         self.flat, self.shape, self.dtype = flat, tuple(x.shape), x.dtype
+        n = sum(isinstance(m, HalfUpsample) for m in swapped)
+        halves = f", {n} upsample{'s' * (n != 1)} in half precision" if n else ""
         self.log(f"yolofeed: the training forward and backward replay as CUDA graphs at batch {x.shape[0]}, "
-                 f"{x.shape[-1]} px ({len(convs)} batch norms + SiLU fused); other shapes run eager")
+                 f"{x.shape[-1]} px ({len(convs)} batch norms + SiLU fused{halves}); other shapes run eager")
 
 
 class GraphedPredict(_StockPickle):
@@ -232,11 +305,23 @@ def install(trainer: Any) -> bool:
         return True
     for m in fusable_convs(model):
         seam.swap_class(m, seam.Conv, FusedConv)
+    swap_layout(model)
     model.__class__ = _graphed_class(type(model))
     amp = seam.step_autocast(trainer)
     autocast = {"enabled": bool(amp), "dtype": amp if isinstance(amp, torch.dtype) else torch.float16}
     model.__dict__["_graph"] = _Graph(model, autocast, seam.LOGGER.info)
     return True
+
+
+def swap_layout(model: nn.Module) -> None:
+    """The head's upsamples that ``half_upsamples`` picks become ``HalfUpsample``s, and Ultralytics' own ``Detect``
+    (not a subclass: each task's head adds outputs of its own layout) a ``TokenMajorDetect``: both only while a graph
+    is captured, and from ``GRAPH_LAYOUT_SINCE`` on."""
+    for m in half_upsamples(model):
+        seam.swap_class(m, nn.Upsample, HalfUpsample)
+    if seam.since(seam.GRAPH_LAYOUT_SINCE):
+        for m in model.modules():
+            seam.swap_class(m, seam.Detect, TokenMajorDetect)
 
 
 def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device,
@@ -293,5 +378,5 @@ def uninstall(model: nn.Module) -> None:
         model.__dict__.pop("_graph", None)
         model.__class__ = model._stock
     for m in model.modules():
-        if type(m) is FusedConv:
-            m.__class__ = seam.Conv
+        if type(m) in _SWAPPED:
+            m.__class__ = m._stock

@@ -50,6 +50,7 @@ from yolofeed.errors import UltralyticsError, UltralyticsVersionError
 from yolofeed.ultralytics_seam import source
 from yolofeed.ultralytics_seam.pins import (
     COPIED,
+    GRAPH_LAYOUT_SINCE,
     LABEL_RULE_SETS,
     POSE_SINCE,
     RELIED_ON,
@@ -130,7 +131,9 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.models.yolo.pose import PoseTrainer  # train.tasks: FastPoseTrainer subclasses it
     from ultralytics.models.yolo.segment import SegmentationTrainer  # train.tasks: FastSegmentationTrainer
     from ultralytics.nn.autobackend import AutoBackend  # train.validation: the final validation's model, warmed
-    from ultralytics.nn.modules.conv import Conv  # train.graphed: FusedConv subclasses it
+    from ultralytics.nn.modules.block import C3, C2f  # train.graphed: layers whose input reaches a convolution only
+    from ultralytics.nn.modules.conv import Concat, Conv  # train.graphed: FusedConv subclasses Conv
+    from ultralytics.nn.modules.head import Detect  # train.graphed: TokenMajorDetect subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
         DetectionModel,
         guess_model_task,
@@ -203,7 +206,8 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "Conv", "v8PoseLoss", "v8SegmentationLoss",
+    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3",
+    "Concat", "Conv", "Detect", "layer_inputs", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",
     "batched_metrics_serve", "DetectionValidator", "record_image_stats",
@@ -256,6 +260,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionModel, "init_criterion", "the sync-free step wraps the criterion it makes"),
     (DetectionModel, "predict", "the graphed step overrides it (train/graphed.py) and calls it"),
     (Conv, "forward", "FusedConv overrides it (train/graphed.py) and calls it"),
+    (Detect, "forward_head", "TokenMajorDetect overrides it (train/graphed.py) and calls it"),
     (v8DetectionLoss, "get_assigned_targets_and_loss", "the sync-free loss overrides it (COPIED)"),
     (v8DetectionLoss, "preprocess", "the sync-free loss copies it (COPIED)"),
     (v8DetectionLoss, "bbox_decode", "the sync-free loss calls it"),
@@ -413,6 +418,20 @@ def image_feeds_a_convolution(model: Any) -> bool:
     layers = getattr(unwrap_model(model), "model", None)
     first = layers[0] if isinstance(layers, torch.nn.Sequential) and len(layers) else None
     return isinstance(first, Conv) and getattr(first, "f", None) == -1
+
+
+def layer_inputs(model: Any) -> dict[int, list[torch.nn.Module]]:
+    """For each layer of the model's ``model`` (its ``Sequential``), by index, the layers that take its output, as
+    ``BaseModel._predict_once`` (RELIED_ON) routes them: ``f`` names the layers a layer takes, -1 (or any negative
+    index) counting back from the layer itself (the first layer's -1 is the image). The last layer's output is the
+    model's: nothing takes it here."""
+    layers = list(unwrap_model(model).model)
+    takers: dict[int, list[torch.nn.Module]] = {i: [] for i in range(len(layers))}
+    for j, m in enumerate(layers):
+        for f in ([m.f] if isinstance(m.f, int) else m.f):
+            if j + f >= 0 or f >= 0:
+                takers[j + f if f < 0 else f].append(m)
+    return takers
 
 
 def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch.dtype, bool]]:

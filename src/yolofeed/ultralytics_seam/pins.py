@@ -86,6 +86,10 @@ VAL_METRICS_SINCE = "8.4.190"
 # The first release whose segment loss train.loss.SyncFreeSegmentLoss copies (its sources were reviewed for that
 # release alone): under older releases of the range Ultralytics' v8SegmentationLoss runs as it is.
 SEGMENT_LOSS_SINCE = "8.4.190"
+# The first release whose Detect head and layer routing train.graphed's layout swaps (TokenMajorDetect, HalfUpsample)
+# were written against: under older releases of the range the graph captures Ultralytics' head and upsampling as they
+# are.
+GRAPH_LAYOUT_SINCE = "8.4.190"
 
 
 # Modified copies, kept beside the classes they belong to for readability (train/loss/ says why each differs).
@@ -504,6 +508,23 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.train.graphed.FusedConv.forward",
            why="act(bn(conv(x))): FusedConv runs bn and act (a BatchNorm2d and a SiLU) as one op while a graph is "
                "captured, and calls this forward otherwise"),
+    Pinned("ultralytics.nn.modules.head.Detect.forward_head", "b8e528413b06331b",
+           "yolofeed.train.graphed.TokenMajorDetect.forward_head",
+           why="boxes and scores: each level's head output viewed (batch, channels, cells) and concatenated along the "
+               "cells; TokenMajorDetect makes the same values laid out cells-major while a graph is captured, and "
+               "calls this forward_head otherwise", since=GRAPH_LAYOUT_SINCE),
+    Pinned("ultralytics.nn.tasks.BaseModel._predict_once", "7e8218e0db624225", "yolofeed.ultralytics_seam.layer_inputs",
+           why="a layer takes y[f] (f an int), or the list of them (-1: the layer before's output), the layers "
+               "running in order", since=GRAPH_LAYOUT_SINCE),
+    Pinned("ultralytics.nn.modules.conv.Concat.forward", "1f3475ff80047233",
+           why="torch.cat of its inputs (type promotion: a float32 input makes the result float32); HalfUpsample "
+               "relies on it", since=GRAPH_LAYOUT_SINCE),
+    Pinned("ultralytics.nn.modules.block.C2f.forward", "aa9826ad5c808a0c",
+           why="its input reaches cv1 (a convolution, cast by autocast) and nothing else; HalfUpsample relies on it",
+           since=GRAPH_LAYOUT_SINCE),
+    Pinned("ultralytics.nn.modules.block.C3.forward", "75aad12f32bc7c7d",
+           why="its input reaches cv1 and cv2 (convolutions, cast by autocast) and nothing else; HalfUpsample relies "
+               "on it", since=GRAPH_LAYOUT_SINCE),
     Pinned("ultralytics.nn.tasks.BaseModel.predict", "50f29e9d8fd224ba",
            "yolofeed.train.graphed.GraphedPredict.predict",
            why="the training forward: x alone (profile, augment and embed off) runs _predict_once, which the graph "
@@ -577,6 +598,8 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.utils.loss.RotatedBboxLoss", "yolofeed.train.loss.obb.SyncFreeRotatedBboxLoss",
      "train/loss/install.py::install"),
     ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
+    ("ultralytics.nn.modules.head.Detect", "yolofeed.train.graphed.TokenMajorDetect", "train/graphed.py::install"),
+    ("torch.nn.modules.upsampling.Upsample", "yolofeed.train.graphed.HalfUpsample", "train/graphed.py::install"),
     ("ultralytics.models.yolo.detect.val.DetectionValidator", "yolofeed.train.val_metrics.BatchedDetectionValidator",
      "train/val_metrics.py::install"),
 )
