@@ -345,8 +345,14 @@ def test_layout_swaps_on_cuda_are_ultralytics_step_bit_for_bit(cfg, monkeypatch)
         if isinstance(m, graphed._SWAPPED):
             m.fused = True
     dtypes = {}
+
+    def hook(name):
+        def record(module, inputs, output):
+            dtypes.setdefault(name, output.dtype)  # returns None: the output stays
+        return record
+
     for name, m in (("stock", stock), ("ours", ours)):
-        m.model[11].register_forward_hook(lambda mod, i, o, name=name: dtypes.setdefault(name, o.dtype))
+        m.model[11].register_forward_hook(hook(name))
     batch = _batch(16, 160, "cuda", 0)
     (a, ga), (b, gb) = (_layout_step(m, batch["img"].to(memory_format=torch.channels_last), "cuda", torch.float16)
                         for m in (stock, ours))

@@ -107,7 +107,12 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
-    Section("whole-run", "The whole run", "nvidia-h200", 1, 7, whole_run("auto", 430)),
+    Section("whole-run", "The whole run", "nvidia-h200", 1, 8, (
+        # the graphed step's GPU tests beside the CPU-bound synth and pack, then the whole run
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py -p no:cacheprovider --tb=short -rA "
+        "> $OUT/gpu_tests_graphed.txt 2>&1 &", *whole_run("auto", 430)[:2],
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_graphed.txt | tail -20",
+        *whole_run("auto", 430)[2:])),
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
     Section("whole-run-beside", "The whole run", "nvidia-h200", 1, 9,
             whole_run("auto", 520, "stock,yolofeed,yolofeed_val_inline")),
