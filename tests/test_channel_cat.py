@@ -132,7 +132,7 @@ def test_triton_copy_equals_torch_cat_in_the_interpreter():
 
 
 @pytest.mark.gpu
-def test_cuda_step_with_the_patched_cat_is_the_stock_step_bit_for_bit():
+def test_cuda_step_with_the_patched_cat_is_the_stock_step_bit_for_bit(monkeypatch):
     """yolo11n's forward and backward in fp16 channels-last, with ``torch.cat`` patched and without: the same outputs
     and gradients, and the patched one takes the model's channel concatenations and makes no host sync."""
     from torch.utils import _pytree as pytree
@@ -143,7 +143,7 @@ def test_cuda_step_with_the_patched_cat_is_the_stock_step_bit_for_bit():
     torch.manual_seed(0)
     model = DetectionModel("yolo11n.yaml", nc=80, verbose=False).cuda().to(memory_format=torch.channels_last).train()
     img = torch.rand(4, 3, 256, 256, device="cuda").to(memory_format=torch.channels_last)
-    torch.backends.cudnn.deterministic = True
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
 
     def step():
         for p in model.parameters():
@@ -151,7 +151,7 @@ def test_cuda_step_with_the_patched_cat_is_the_stock_step_bit_for_bit():
         with torch.autocast("cuda", dtype=torch.float16):
             out = [t for t in pytree.tree_leaves(model(img)) if isinstance(t, torch.Tensor) and t.requires_grad]
         sum(o.float().square().mean() for o in out).backward()
-        return [o.detach().clone() for o in out], [p.grad.clone() for p in model.parameters()]
+        return [o.detach().clone() for o in out], [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     state = {k: v.clone() for k, v in model.state_dict().items()}
     stock = step()
@@ -169,4 +169,4 @@ def test_cuda_step_with_the_patched_cat_is_the_stock_step_bit_for_bit():
             channel_cat._ChannelCat.apply = real
     assert len(taken) >= 2 * 15  # C3k2, C3, SPPF, C2PSA, Concat and Detect's concatenations, in each step
     assert all(torch.equal(a, b) for a, b in zip(ours[0], stock[0]))
-    assert all(torch.equal(a, b) for a, b in zip(ours[1], stock[1]))
+    assert len(ours[1]) == len(stock[1]) and all(torch.equal(a, b) for a, b in zip(ours[1], stock[1]))

@@ -144,6 +144,36 @@ def test_half_upsamples_only_where_the_output_reaches_convolutions_alone():
     assert graphed.half_upsamples(model) == []
 
 
+def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monkeypatch):
+    """What ``make_graphed_callables`` records: every swapped layer's fast path and ``torch.cat`` as the channel
+    concatenation's Triton copy; after it (made or failed) each layer is Ultralytics' again, ``torch.cat`` is
+    torch's and the batch-norm buffers are as before."""
+    from yolofeed.kernels import channel_cat
+
+    model = _swapped(_model())
+    seen = []
+
+    def fake(flat, args, **kw):
+        layers = [m for m in model.modules() if isinstance(m, graphed._SWAPPED)]
+        seen.append((torch.cat is channel_cat._thread_cat, getattr(channel_cat._inside, "depth", 0),
+                     {type(m).__name__ for m in layers}, all(m.fused for m in layers)))
+        if len(seen) == 2:
+            raise RuntimeError("CUDA out of memory")
+        return flat
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    before = [b.clone() for b in model.buffers()]
+    logs = []
+    for _ in range(2):
+        graphed._Graph(model, {"enabled": False}, logs.append)._capture(torch.zeros(2, 3, 64, 64))
+        assert torch.cat is channel_cat._torch_cat and not getattr(channel_cat._inside, "depth", 0)
+        assert not any(m.fused for m in model.modules() if isinstance(m, graphed._SWAPPED))
+        assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
+    assert seen == [(True, 1, {"FusedConv", "HalfUpsample", "TokenMajorDetect"}, True)] * 2
+    assert "2 upsamples in half precision" in logs[0] and "stays eager" in logs[1]
+
+
 def test_swapped_model_without_a_graph_predicts_as_ultralytics():
     stock = _model()
     ours = _swapped(copy.deepcopy(stock))

@@ -15,6 +15,8 @@ three things to the training model:
 * two layout changes that keep every value: the head's nearest upsamples run in half precision, as the convolutions
   after them would cast them (``HalfUpsample``), and the Detect head's training outputs are laid out cells-major,
   as the loss reads them (``TokenMajorDetect``); both only while a graph is captured, otherwise Ultralytics' own;
+  the capture also records the channel concatenations of NHWC activations as one Triton copy an input
+  (kernels/channel_cat.py: ``torch.cat`` copies a channel slice one element a thread), the same values;
 * the model's class gains ``GraphedPredict``: ``predict`` in training mode, on a CUDA batch of the shape of the first
   full batch, replays the graph (``torch.cuda.make_graphed_callables``: the forward and the backward, each one graph;
   the loss stays eager); any other call is Ultralytics' ``predict``. The capture happens on the first such batch,
@@ -49,6 +51,7 @@ from torch.utils import _pytree as pytree
 
 from yolofeed import ultralytics_seam as seam
 from yolofeed.kernels import bn_silu as bn_silu_op
+from yolofeed.kernels import channel_cat
 from yolofeed.kernels.bn_silu import bn_silu, fusable
 
 WARMUP = 3  # make_graphed_callables' warm-up passes before the capture (its default)
@@ -227,7 +230,8 @@ class _Graph:
         bn_silu_op.own_tickets = self.tickets
         try:
             # the step's own autocast caches casts, which a capture cannot keep: this one is the step's, uncached
-            with _Fusing(swapped), torch.autocast("cuda", **self.autocast, cache_enabled=False):
+            with _Fusing(swapped), channel_cat.patched(), torch.autocast("cuda", **self.autocast,
+                                                                          cache_enabled=False):
                 torch.cuda.make_graphed_callables(flat, (x.detach().clone(),), num_warmup_iters=WARMUP,
                                                   allow_unused_input=True, **_THREAD_LOCAL)
         except Exception as e:  # OOM, an op that cannot be captured, what make_graphed_callables asserts
