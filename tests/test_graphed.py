@@ -27,10 +27,7 @@ def _model(device="cpu"):
 
 
 def _swapped(model):
-    for m in graphed.fusable_convs(model):
-        m.__class__ = graphed.FusedConv
-    graphed.swap_layout(model)
-    model.__class__ = graphed._graphed_class(type(model))
+    graphed.swap(model)
     return model
 
 
@@ -39,8 +36,12 @@ LAYOUT = pytest.mark.skipif(not seam.since(seam.GRAPH_LAYOUT_SINCE), reason="the
 
 
 def _layout_step(model, img, device_type, dtype):
-    """The model's training outputs under autocast, and every gradient of a fixed function of them."""
+    """The model's training outputs under autocast, and every gradient of a fixed function of them; the model's
+    CastConv2ds' weights cast at once first, as the capture casts them."""
     with torch.autocast(device_type, dtype=dtype):
+        convs = [m for m in model.modules() if type(m) is graphed.CastConv2d]
+        if convs:
+            graphed.cast_for_autocast(convs, dtype)
         preds = model(img)
     heads = [preds] if "boxes" in preds else [preds["one2many"], preds["one2one"]]
     total = 0.0
@@ -151,6 +152,7 @@ def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monke
     from yolofeed.kernels import channel_cat
 
     model = _swapped(_model())
+    graphed.swap_convs(model)
     seen = []
 
     def fake(flat, args, **kw):
@@ -170,8 +172,49 @@ def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monke
         assert torch.cat is channel_cat._torch_cat and not getattr(channel_cat._inside, "depth", 0)
         assert not any(m.fused for m in model.modules() if isinstance(m, graphed._SWAPPED))
         assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
-    assert seen == [(True, 1, {"FusedConv", "HalfUpsample", "TokenMajorDetect"}, True)] * 2
+    assert seen == [(True, 1, {"FusedConv", "HalfUpsample", "TokenMajorDetect", "CastConv2d"}, True)] * 2
     assert "2 upsamples in half precision" in logs[0] and "stays eager" in logs[1]
+
+
+def test_weights_cast_at_once_are_autocasts_casts_bit_for_bit():
+    """Every trained convolution's weight and bias cast in one ``_foreach_copy_`` before the forward: the outputs and
+    every gradient are Ultralytics' under autocast bit for bit (the CPU's bfloat16 autocast casts a convolution's
+    weight at its use, as CUDA's float16 one does); each cast is taken once (a second call of a convolution in the
+    same forward casts as autocast does), and a swapped convolution pickles as torch's."""
+    torch.manual_seed(0)
+    stock = DetectionModel("yolo11n.yaml", nc=8, verbose=False).train().to(memory_format=torch.channels_last)
+    ours = copy.deepcopy(stock)
+    graphed.swap_convs(ours)
+    convs = [m for m in ours.modules() if type(m) is graphed.CastConv2d]
+    frozen = [m for m in ours.modules() if type(m) is torch.nn.Conv2d]
+    assert len(convs) > 80 and len(frozen) == 1 and not frozen[0].weight.requires_grad  # the DFL's
+    img = torch.rand(2, 3, 64, 64).to(memory_format=torch.channels_last)
+    copies = []
+    real = torch._foreach_copy_
+    torch._foreach_copy_ = lambda out, src: copies.append(len(out)) or real(out, src)
+    try:
+        a, ga = _layout_step(stock, img, "cpu", torch.bfloat16)
+        b, gb = _layout_step(ours, img, "cpu", torch.bfloat16)
+    finally:
+        torch._foreach_copy_ = real
+    n = sum(1 + (m.bias is not None) for m in convs)
+    assert copies == [n, n]  # the forward's one cast and the backward's one
+    assert not any("_cast" in m.__dict__ for m in convs)
+    for ha, hb in zip(a, b):
+        assert all(torch.equal(ha[k], hb[k]) for k in ("boxes", "scores"))
+    assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga)
+
+    conv = convs[0]
+    x = torch.rand(1, conv.in_channels, 8, 8)
+    conv.zero_grad(), stock.model[0].conv.zero_grad()
+    graphed.cast_for_autocast([conv], torch.bfloat16)
+    assert type(pickle.loads(pickle.dumps(conv))) is torch.nn.Conv2d and "_cast" not in pickle.loads(
+        pickle.dumps(conv)).__dict__
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = conv(x) + conv(x)  # the cast, then autocast's
+        z = stock.model[0].conv(x) + stock.model[0].conv(x)
+    (y.float().sum() + 0).backward(), z.float().sum().backward()
+    assert torch.equal(y, z) and torch.equal(conv.weight.grad, stock.model[0].conv.weight.grad)
 
 
 def test_swapped_model_without_a_graph_predicts_as_ultralytics():
@@ -363,14 +406,16 @@ def test_graphed_steps_equal_the_same_fused_steps_eager(monkeypatch):
 @LAYOUT
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo26n.yaml"])
-def test_layout_swaps_on_cuda_are_ultralytics_step_bit_for_bit(cfg, monkeypatch):
+def test_layout_swaps_and_weights_cast_at_once_on_cuda_are_ultralytics_step_bit_for_bit(cfg, monkeypatch):
     """On CUDA, float16 autocast, channels-last: Ultralytics' upsample runs in float32 (autocast's list) and ours in
-    half; the outputs, Ultralytics' loss and every gradient are stock's bit for bit."""
+    half, and every convolution's weight is cast at once; the outputs, Ultralytics' loss and every gradient are
+    stock's bit for bit."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     torch.manual_seed(0)
     stock = _prepared(DetectionModel(cfg, nc=8, verbose=False).cuda().train())
     ours = copy.deepcopy(stock)
     graphed.swap_layout(ours)
+    graphed.swap_convs(ours)
     for m in ours.modules():
         if isinstance(m, graphed._SWAPPED):
             m.fused = True

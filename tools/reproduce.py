@@ -300,8 +300,22 @@ SECTIONS = {s.name: s for s in (
         "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed_stock_layout,graphed "
         "out=$OUT/levers_layout",
         "wait; tail -2 $OUT/synth_pack.txt",
-        f"timeout 300 python3 -m tools.device.layout_ab out=$OUT/layout_ab -- model=yolo11n.yaml modes=ceiling {LEVER}",
-        NO_WEIGHTS)),
+        f"timeout 300 python3 -m tools.device.swap_ab off=swap_layout out=$OUT/layout_ab -- model=yolo11n.yaml "
+        f"modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("step-cast", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
+        # the Triton cat's and the graphed step's GPU tests (the weights cast at once among them); then the step
+        # graphed as the trainer makes it, with the weights cast at once, with Ultralytics' layout
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_channel_cat.py tests/test_graphed.py -p no:cacheprovider "
+        "--tb=short -rA 2>&1 | grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' | tail -20",
+        "timeout 150 python3 -m tools.step_levers model=yolo11n.yaml "
+        "levers=graphed,graphed_cast,graphed_stock_layout out=$OUT/levers_cast",
+        "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed,graphed_cast "
+        "out=$OUT/levers_cast")),
+    Section("cast-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # the ceiling without the weights cast at once, with them, without them again
+        SYNTH_10K, PACK_10K,
+        f"timeout 330 python3 -m tools.device.swap_ab on=swap_convs out=$OUT/cast_ab -- model=yolo11n.yaml "
+        f"modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

@@ -190,23 +190,33 @@ def lever_triton_bn_silu_narrow(model):
     return None
 
 
-def lever_graphed(model, layout: bool = True):
+def lever_graphed(model, without: tuple = (), cast: bool = False):
     """yolofeed's graphed step (train/graphed.py) as its trainer installs it: forward and backward replayed as CUDA
-    graphs, batch norm and SiLU fused, the head's upsamples in half and its outputs cells-major; the loss eager."""
+    graphs, batch norm and SiLU fused, the head's upsamples in half and its outputs cells-major, the channel
+    concatenations as the Triton copy; the loss eager. ``without``: swapped classes put back to torch's or
+    Ultralytics' before the capture; ``cast``: the weights cast at once too (``swap_convs``)."""
     from yolofeed.train import graphed
 
-    for m in graphed.fusable_convs(model):
-        m.__class__ = graphed.FusedConv
-    if layout:
-        graphed.swap_layout(model)
-    model.__class__ = graphed._graphed_class(type(model))
+    graphed.swap(model)
+    if cast:
+        graphed.swap_convs(model)
+    for m in model.modules():
+        if isinstance(m, without):
+            m.__class__ = m._stock
     model.__dict__["_graph"] = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, print)
     return None
 
 
 def lever_graphed_stock_layout(model):
     """The graphed step without its layout swaps: Ultralytics' float32 upsamples and channels-major head outputs."""
-    return lever_graphed(model, layout=False)
+    from yolofeed.train import graphed
+
+    return lever_graphed(model, without=(graphed.HalfUpsample, graphed.TokenMajorDetect))
+
+
+def lever_graphed_cast(model):
+    """The graphed step with every convolution's weight cast at once (``swap_convs``), not by autocast at its use."""
+    return lever_graphed(model, cast=True)
 
 
 def lever_fused_eager(model):

@@ -24,7 +24,10 @@ three things to the training model:
   every batch-norm buffer restored after them, so the model's statistics see each training batch once, as stock's
   do.
 
-Both swapped classes pickle and deep-copy as Ultralytics' own (``__reduce_ex__``): Ultralytics copies the training
+``swap_convs``, not made by ``install``, makes the convolutions ``CastConv2d``s: inside the capture their weights are
+cast for autocast at once, where autocast casts each at its use (the same values).
+
+The swapped classes pickle and deep-copy as Ultralytics' own (``__reduce_ex__``): Ultralytics copies the training
 model into a new EMA when it resumes or recovers from a NaN, and a checkpoint must load without yolofeed. The state
 dict is untouched.
 
@@ -63,13 +66,15 @@ _THREAD_LOCAL = ({"capture_error_mode": "thread_local"}
 
 
 class _StockPickle:
-    """Copies and pickles as the Ultralytics class this one was swapped from (``_stock``), without ``_graph``."""
+    """Copies and pickles as the Ultralytics class this one was swapped from (``_stock``), without ``_graph`` (or a
+    cast weight left by a forward that failed)."""
 
     _stock: type
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = dict(self.__dict__)
         state.pop("_graph", None)
+        state.pop("_cast", None)
         return copyreg._reconstructor, (self._stock, object, None), state  # __newobj__ insists on the own class
 
 
@@ -135,6 +140,58 @@ class TokenMajorDetect(_StockPickle, seam.Detect):
         return {"boxes": cells_major(box_head), "scores": cells_major(cls_head), "feats": x}
 
 
+class CastConv2d(_StockPickle, nn.Conv2d):
+    """torch's ``Conv2d``; in a forward that ``cast_for_autocast`` prepared, with the weight and bias it cast.
+
+    Autocast casts each convolution's float32 weight to half where it is used, and the backward casts each weight's
+    gradient back: about 90 kernels of a few microseconds each way in yolo11n's step, each too small to fill the GPU.
+    ``cast_for_autocast`` casts every weight at once, one launch each way (``torch._foreach_copy_``): the same
+    roundings, so the same values. The cast is taken once: a second call in the same forward casts as autocast does."""
+
+    _stock = nn.Conv2d
+    fused = False  # set around a capture as the other swaps' (the cast it takes is what ``_Flat`` hands it)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cast = self.__dict__.pop("_cast", None)
+        if cast is None:
+            return super().forward(x)
+        return self._conv_forward(x, *cast)
+
+
+class _CastAll(torch.autograd.Function):
+    """Tensors cast to ``dtype`` as ``.to(dtype)`` casts them, and their gradients cast back, each list in one
+    ``_foreach_copy_``."""
+
+    @staticmethod
+    def forward(ctx: Any, dtype: torch.dtype, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.dtypes = [t.dtype for t in tensors]
+        out = [torch.empty_like(t, dtype=dtype) for t in tensors]
+        torch._foreach_copy_(out, list(tensors))
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out = [torch.empty_like(g, dtype=d) for g, d in zip(grads, ctx.dtypes)]
+        torch._foreach_copy_(out, list(grads))
+        return (None, *out)
+
+
+def cast_for_autocast(convs: list[CastConv2d], dtype: torch.dtype) -> None:
+    """Give each of ``convs`` (float32 weights) its weight and bias cast to autocast's ``dtype`` for its next
+    forward, all in one cast. Under autocast a convolution then finds its weight in ``dtype`` and casts nothing."""
+    tensors = [t for m in convs for t in (m.weight, m.bias) if t is not None]
+    cast = iter(_CastAll.apply(dtype, *tensors))
+    for m in convs:
+        m._cast = (next(cast), next(cast) if m.bias is not None else None)
+
+
+def castable_convs(model: nn.Module) -> list[nn.Module]:
+    """The model's plain ``Conv2d``s whose float32 weight is trained (a frozen one, as Ultralytics' DFL, is cast
+    where it is used)."""
+    return [m for m in model.modules() if type(m) in (nn.Conv2d, CastConv2d) and m.weight.requires_grad
+            and m.weight.dtype == torch.float32 and (m.bias is None or m.bias.dtype == torch.float32)]
+
+
 def half_upsamples(model: nn.Module) -> list[nn.Upsample]:
     """The model's nearest ``Upsample`` layers whose output only Concats take, whose output in turn only layers take
     that hand their input to convolutions alone (Ultralytics' Conv, C2f and its subclasses' forward, C3): autocast
@@ -162,7 +219,8 @@ def fusable_convs(model: nn.Module) -> list[nn.Module]:
             and m.bn.affine and m.bn.track_running_stats]
 
 
-_SWAPPED = (FusedConv, HalfUpsample, TokenMajorDetect)  # each with a ``fused`` flag, set around a capture
+# the swapped classes (``uninstall`` restores them); ``_Fusing`` sets their ``fused``
+_SWAPPED = (FusedConv, HalfUpsample, TokenMajorDetect, CastConv2d)
 
 
 class _Fusing:
@@ -191,8 +249,15 @@ class _Flat(nn.Module):
         self.spec = None
 
     def forward(self, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        convs = [m for m in self.model.modules() if type(m) is CastConv2d] if self.autocast["enabled"] else []
         with torch.autocast("cuda", **self.autocast, cache_enabled=False):  # a graph cannot keep autocast's cache
-            preds = self.model._stock.predict(self.model, img)
+            try:
+                if convs:
+                    cast_for_autocast(convs, self.autocast["dtype"])
+                preds = self.model._stock.predict(self.model, img)
+            finally:
+                for m in convs:
+                    m.__dict__.pop("_cast", None)  # one a forward did not reach (a layer skipped, an error)
         flat, self.spec = pytree.tree_flatten(preds)
         return tuple(flat)
 
@@ -307,14 +372,20 @@ def install(trainer: Any) -> bool:
     model = seam.unwrap_model(trainer.model)
     if isinstance(model, GraphedPredict):
         return True
-    for m in fusable_convs(model):
-        seam.swap_class(m, seam.Conv, FusedConv)
-    swap_layout(model)
-    model.__class__ = _graphed_class(type(model))
+    swap(model)
     amp = seam.step_autocast(trainer)
     autocast = {"enabled": bool(amp), "dtype": amp if isinstance(amp, torch.dtype) else torch.float16}
     model.__dict__["_graph"] = _Graph(model, autocast, seam.LOGGER.info)
     return True
+
+
+def swap(model: nn.Module) -> None:
+    """Every swap ``install`` makes, without the graph: FusedConvs, the layout's and ``GraphedPredict`` (with no
+    ``_graph`` it predicts as Ultralytics)."""
+    for m in fusable_convs(model):
+        seam.swap_class(m, seam.Conv, FusedConv)
+    swap_layout(model)
+    model.__class__ = _graphed_class(type(model))
 
 
 def swap_layout(model: nn.Module) -> None:
@@ -326,6 +397,13 @@ def swap_layout(model: nn.Module) -> None:
     if seam.since(seam.GRAPH_LAYOUT_SINCE):
         for m in model.modules():
             seam.swap_class(m, seam.Detect, TokenMajorDetect)
+
+
+def swap_convs(model: nn.Module) -> None:
+    """The model's ``castable_convs`` become ``CastConv2d``s: their weights cast at once inside the capture. Not one
+    of ``swap``'s: tools/step_levers.py and tools/device/swap_ab.py measure it."""
+    for m in castable_convs(model):
+        seam.swap_class(m, nn.Conv2d, CastConv2d)
 
 
 def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device,

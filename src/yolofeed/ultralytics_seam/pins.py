@@ -600,6 +600,7 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.nn.modules.conv.Conv", "yolofeed.train.graphed.FusedConv", "train/graphed.py::install"),
     ("ultralytics.nn.modules.head.Detect", "yolofeed.train.graphed.TokenMajorDetect", "train/graphed.py::install"),
     ("torch.nn.modules.upsampling.Upsample", "yolofeed.train.graphed.HalfUpsample", "train/graphed.py::install"),
+    ("torch.nn.modules.conv.Conv2d", "yolofeed.train.graphed.CastConv2d", "train/graphed.py::install"),
     ("ultralytics.models.yolo.detect.val.DetectionValidator", "yolofeed.train.val_metrics.BatchedDetectionValidator",
      "train/val_metrics.py::install"),
 )
