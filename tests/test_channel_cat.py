@@ -36,6 +36,21 @@ def test_calls_it_does_not_take_are_torch_cat():
     assert torch.equal(channel_cat.cat([torch.ones(2), torch.zeros(3)]), torch.cat([torch.ones(2), torch.zeros(3)]))
 
 
+def test_patched_cat_hands_every_other_signature_to_torch_cat_as_made():
+    """``axis=``, ``out=``, no dim, a tuple of one: what torch.cat accepts it still does inside ``patched()``."""
+    xs = _inputs()[2:]
+    stock = channel_cat._torch_cat
+    with channel_cat.patched():
+        assert torch.equal(torch.cat(xs, axis=1), stock(xs, 1))
+        out = torch.empty(0)
+        torch.cat(xs, 1, out=out)
+        assert torch.equal(out, stock(xs, 1))
+        assert torch.equal(torch.cat(xs[:1] * 2), stock(xs[:1] * 2))
+        assert torch.equal(torch.cat(tensors=xs, dim=1), stock(xs, 1))
+        with pytest.raises(TypeError):
+            torch.cat(xs, 1, 2)  # torch.cat's own error
+
+
 def test_patched_restores_torch_cat_on_error():
     stock = torch.cat
     with pytest.raises(RuntimeError), channel_cat.patched():

@@ -103,17 +103,24 @@ def test_swapped_model_copies_and_pickles_as_ultralytics_own():
 
 
 @LAYOUT
-@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo26n.yaml"])
-def test_layout_swaps_keep_every_value_and_gradient(cfg):
-    """While a capture sets ``fused``: the head's two upsamples in the autocast dtype and the Detect head's outputs
+@pytest.mark.parametrize("cfg, upsamples, head", [("yolo11n.yaml", 2, True), ("yolo26n.yaml", 2, True),
+                                                  ("yolov5n.yaml", 0, True), ("yolo11n-seg.yaml", 2, False)])
+def test_layout_swaps_keep_every_value_and_gradient(cfg, upsamples, head, monkeypatch):
+    """While a capture sets ``fused``: the head's upsamples in the autocast dtype and the Detect head's outputs
     cells-major (the loss's ``.permute(0, 2, 1)`` of them is contiguous), every output and gradient Ultralytics' bit
-    for bit (the CPU's bfloat16 autocast, channels-last, as Ultralytics trains on CUDA); unset, Ultralytics' layout."""
+    for bit; unset, Ultralytics' layout. On the CPU's bfloat16 autocast, channels-last, with upsampling in float32
+    under autocast as CUDA's autocast runs it (the CPU's does not). yolov5n's C3 head takes each Concat's output
+    twice, so its gradient would be summed in half: its upsamples are kept; a Segment head keeps its layout."""
+    upsample = torch.nn.Upsample.forward
+    monkeypatch.setattr(torch.nn.Upsample, "forward", lambda self, x: upsample(
+        self, x.float() if torch.is_autocast_enabled("cpu") else x))
     torch.manual_seed(0)
-    stock = DetectionModel(cfg, nc=8, verbose=False).train().to(memory_format=torch.channels_last)
+    model = seam.DetectionModel if "seg" not in cfg else __import__("ultralytics").nn.tasks.SegmentationModel
+    stock = model(cfg, nc=8, verbose=False).train().to(memory_format=torch.channels_last)
     ours = copy.deepcopy(stock)
     graphed.swap_layout(ours)
     swapped = [type(m) for m in ours.modules() if isinstance(m, graphed._SWAPPED)]
-    assert swapped == [graphed.HalfUpsample] * 2 + [graphed.TokenMajorDetect]
+    assert swapped == [graphed.HalfUpsample] * upsamples + [graphed.TokenMajorDetect] * head
     img = torch.rand(2, 3, 64, 64).to(memory_format=torch.channels_last)
     for fused in (True, False):
         for m in ours.modules():
@@ -122,15 +129,21 @@ def test_layout_swaps_keep_every_value_and_gradient(cfg):
         stock.zero_grad(set_to_none=True), ours.zero_grad(set_to_none=True)
         (a, ga), (b, gb) = (_layout_step(m, img, "cpu", torch.bfloat16) for m in (stock, ours))
         for ha, hb in zip(a, b):
+            assert ha.keys() == hb.keys()
+            for k in ha.keys() - {"feats"}:
+                assert torch.equal(ha[k], hb[k]), (k, fused)
             for k in ("boxes", "scores"):
-                assert torch.equal(ha[k], hb[k]) and hb[k].permute(0, 2, 1).is_contiguous() is fused, (k, fused)
+                assert hb[k].permute(0, 2, 1).is_contiguous() is (fused and head), (k, fused)
         assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), fused
 
 
 @LAYOUT
-def test_half_upsamples_only_where_the_output_reaches_convolutions_alone():
-    """An upsample whose Concat feeds a layer that may use its input otherwise than in a convolution (a C2f whose
-    forward is overridden, the Detect head) keeps autocast's float32."""
+@pytest.mark.parametrize("change", ["forward", "cv1", "twice", "head", "not_concat", "bilinear"])
+def test_half_upsamples_only_where_the_output_reaches_one_convolution(change):
+    """An upsample keeps autocast's float32 where its Concat feeds a layer that may use its input otherwise than in
+    one convolution (a C2f whose forward is overridden or whose cv1 is not a Conv), where its output or the Concat's
+    is taken twice (a gradient summed in half), where something else than a Concat takes it, and where it is not
+    nearest."""
     model = _model()
     layers = model.model
     assert [m.i for m in graphed.half_upsamples(model)] == [11, 14]
@@ -139,10 +152,32 @@ def test_half_upsamples_only_where_the_output_reaches_convolutions_alone():
         def forward(self, x):
             return super().forward(x)
 
-    layers[13].__class__ = Custom  # takes Concat 12, which takes upsample 11
+    class NotConcat(seam.Concat):
+        pass
+
+    if change == "forward":
+        layers[13].__class__ = Custom  # takes Concat 12, which takes upsample 11
+    elif change == "cv1":
+        layers[13].cv1 = torch.nn.Conv2d(1, 1, 1)
+    elif change == "twice":
+        layers[12].f = [-1, -1, 6]  # Concat 12 takes upsample 11 twice
+    elif change == "head":
+        layers[23].f = [16, 19, 22, 12]  # the head takes Concat 12 too
+    elif change == "not_concat":
+        layers[12].__class__ = NotConcat
+    else:
+        layers[11].mode = "bilinear"
     assert [m.i for m in graphed.half_upsamples(model)] == [14]
-    layers[23].f = [16, 19, 22, 15]  # the head takes Concat 15 too, which takes upsample 14
-    assert graphed.half_upsamples(model) == []
+
+
+def test_layer_inputs_route_as_ultralytics_predict_once():
+    """``f``: -1 the layer before (the first layer's the image), another negative index counts back, a list takes
+    each, an index listed twice is taken twice."""
+    layers = torch.nn.Sequential(*(torch.nn.Identity() for _ in range(5)))
+    for i, (m, f) in enumerate(zip(layers, [-1, -1, [-1, 0], -3, [1, 1, -2]])):
+        m.f, m.i = f, i
+    takers = seam.layer_inputs(SimpleNamespace(model=layers))
+    assert {i: [t.i for t in ts] for i, ts in takers.items()} == {0: [1, 2, 3], 1: [2, 4, 4], 2: [4], 3: [], 4: []}
 
 
 def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monkeypatch):
@@ -168,7 +203,8 @@ def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monke
     before = [b.clone() for b in model.buffers()]
     logs = []
     for _ in range(2):
-        graphed._Graph(model, {"enabled": False}, logs.append)._capture(torch.zeros(2, 3, 64, 64))
+        graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, logs.append)._capture(
+            torch.zeros(2, 3, 64, 64))
         assert torch.cat is channel_cat._torch_cat and not getattr(channel_cat._inside, "depth", 0)
         assert not any(m.fused for m in model.modules() if isinstance(m, graphed._SWAPPED))
         assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
@@ -224,8 +260,10 @@ def test_swapped_model_without_a_graph_predicts_as_ultralytics():
     a, b = stock.predict(x), ours.predict(x)
     for p, q in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)):
         assert torch.equal(p, q)
+    graphed.swap_convs(ours)
     graphed.uninstall(ours)
-    assert type(ours) is DetectionModel and not any(isinstance(m, graphed.FusedConv) for m in ours.modules())
+    assert type(ours) is DetectionModel and not any(isinstance(m, graphed._SWAPPED) for m in ours.modules())
+    assert {type(m).__name__ for m in ours.modules()} == {type(m).__name__ for m in stock.modules()}
 
 
 def _trainer(**kw):

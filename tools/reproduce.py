@@ -290,8 +290,9 @@ SECTIONS = {s.name: s for s in (
         "timeout 200 python3 -m tools.step_levers model=yolo11n.yaml base=fused_eager copies=1 levers= "
         "out=$OUT/levers_fused_layers")),
     Section("step-layout", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
-        # the layout swaps' GPU tests and the step graphed without and with them (and with the Triton cat) beside the
-        # CPU-bound synth and pack; then the ceiling without them, with them, without them again
+        # the layout swaps' GPU tests and the step graphed without and with them beside the CPU-bound synth and pack
+        # (graphed+triton_cat: the Triton cat, since then in the capture itself); then the ceiling without them, with
+        # them, without them again
         f"({SYNTH_10K} && {PACK_10K}) > $OUT/synth_pack.txt 2>&1 &",
         "timeout 150 python3 -m pytest -q -m gpu tests/test_graphed.py -p no:cacheprovider --tb=short -rA 2>&1 "
         "| grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' | tail -20",

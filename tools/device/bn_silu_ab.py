@@ -69,6 +69,10 @@ def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path) -> None
             pass
         rows.append({"side": side, "config": config, "rc": r.returncode, "rates": rates,
                      "tail": r.stdout[-1500:] + r.stderr[-1500:]})
+        failed = site / "failed.txt"
+        if failed.exists():
+            rows[-1]["rc"] = rows[-1]["rc"] or -1
+            print(f"{side}: its sitecustomize failed ({failed.read_text()}): the run is not this side's", flush=True)
         print(side, config, json.dumps(rates)[:400], flush=True)
         if r.returncode:
             print(rows[-1]["tail"], flush=True)

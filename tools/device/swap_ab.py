@@ -19,19 +19,27 @@ from tools.device.bn_silu_ab import aba
 
 OFF = {"swap_layout"}
 ON = {"swap_convs"}
-NO_OP = """import yolofeed.train.graphed as _graphed
-_graphed.{name} = lambda model: None
+# A sitecustomize that fails only prints "Error in sitecustomize" and the run goes on as the other side: each writes
+# failed.txt beside itself instead, which ``aba`` reports.
+NO_OP = """try:
+    import yolofeed.train.graphed as _graphed
+    _graphed.{name} = lambda model: None
+except Exception as e:
+    import pathlib
+    pathlib.Path(__file__).with_name("failed.txt").write_text(repr(e))
 """
-TOO = """import yolofeed.train.graphed as _graphed
-_swap = _graphed.swap
+TOO = """try:
+    import yolofeed.train.graphed as _graphed
+    _swap = _graphed.swap
 
+    def _swap_too(model):
+        _swap(model)
+        _graphed.{name}(model)
 
-def _swap_too(model):
-    _swap(model)
-    _graphed.{name}(model)
-
-
-_graphed.swap = _swap_too
+    _graphed.swap = _swap_too
+except Exception as e:
+    import pathlib
+    pathlib.Path(__file__).with_name("failed.txt").write_text(repr(e))
 """
 
 

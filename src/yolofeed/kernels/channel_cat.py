@@ -102,19 +102,21 @@ def _copy(src: Tensor, src_stride: int, dst: Tensor, dst_stride: int, m: int, c:
         src, src_stride, dst, dst_stride, m, c, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=_WARPS)
 
 
-def cat(tensors, dim=0, *args, **kwargs) -> Tensor:
-    """``torch.cat`` with the channel concatenation of NHWC activations on the GPU as the Triton copy."""
+def cat(tensors, *args, **kwargs) -> Tensor:
+    """``torch.cat`` with the channel concatenation of NHWC activations on the GPU as the Triton copy: a call of
+    ``(tensors, dim)`` or ``(tensors, dim=dim)``; any other (``axis=``, ``out=``) is ``torch.cat``'s as it was made."""
+    dim = args[0] if len(args) == 1 and not kwargs else kwargs["dim"] if not args and kwargs.keys() == {"dim"} else None
     tensors = tuple(tensors)
-    if args or kwargs or not takes(tensors, dim):
-        return _torch_cat(tensors, dim, *args, **kwargs)
+    if dim is None or not takes(tensors, dim):
+        return _torch_cat(tensors, *args, **kwargs)
     return _ChannelCat.apply(*tensors)
 
 
-def _thread_cat(tensors, dim=0, *args, **kwargs) -> Tensor:
+def _thread_cat(tensors, *args, **kwargs) -> Tensor:
     """``cat`` in a thread inside ``patched()``, ``torch.cat`` in any other."""
     if getattr(_inside, "depth", 0):
-        return cat(tensors, dim, *args, **kwargs)
-    return _torch_cat(tensors, dim, *args, **kwargs)
+        return cat(tensors, *args, **kwargs)
+    return _torch_cat(tensors, *args, **kwargs)
 
 
 _inside = threading.local()  # depth: this thread's patched() blocks open

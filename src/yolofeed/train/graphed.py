@@ -103,7 +103,8 @@ class HalfUpsample(_StockPickle, nn.Upsample):
     and the convolution after that casts the result back to half, and the same again for the gradients. Nearest
     upsampling only copies values, so the half result holds the float32 result's values, and its gradient (four
     gradients summed in float32, rounded once to half) is the float32 path's too. ``half_upsamples`` picks the upsamples
-    whose output reaches only convolutions' casts, where the step stays the same arithmetic."""
+    whose output reaches one convolution's cast, through one Concat, each taking it once: there no gradient is summed
+    in half that stock sums in float32, and the step stays the same arithmetic."""
 
     _stock = nn.Upsample
     fused = False
@@ -122,7 +123,8 @@ class TokenMajorDetect(_StockPickle, seam.Detect):
     along the cells, a transposing copy into a channels-major tensor, which the loss transposes back
     (``.permute(0, 2, 1).contiguous()``), and the backward transposes both again. Here each level is taken as
     (batch, cells, channels), a view of its channels-last map, concatenated along the cells and returned transposed:
-    the same values at the same indices, and the loss's ``.contiguous()`` copies nothing."""
+    the same values at the same indices, and the loss's ``.contiguous()`` copies nothing (with the channels-last maps
+    Ultralytics trains on CUDA; others are copied once, as stock's view-and-cat copies them)."""
 
     _stock = seam.Detect
     fused = False
@@ -193,22 +195,32 @@ def castable_convs(model: nn.Module) -> list[nn.Module]:
 
 
 def half_upsamples(model: nn.Module) -> list[nn.Upsample]:
-    """The model's nearest ``Upsample`` layers whose output only Concats take, whose output in turn only layers take
-    that hand their input to convolutions alone (Ultralytics' Conv, C2f and its subclasses' forward, C3): autocast
-    casts it to half there, so a half Concat is the float32 one's values. A model of another shape keeps its
-    upsamples."""
+    """The model's nearest ``Upsample`` layers whose output one Concat takes, once, whose output in turn one layer
+    takes, once, that hands its input to one convolution alone (Ultralytics' Conv, or a C2f whose forward is C2f's
+    and whose cv1 is a Conv): autocast casts it to half there, so a half Concat is the float32 one's values. Taken
+    more than once, either one's gradient would be summed in half where stock sums it in float32 and rounds once:
+    such a model, and a model of another shape, keeps its upsamples."""
     model = seam.unwrap_model(model)
     if not seam.since(seam.GRAPH_LAYOUT_SINCE) or not isinstance(getattr(model, "model", None), nn.Sequential):
         return []
     takers = seam.layer_inputs(model)
     layers = list(model.model)
 
-    def to_convolutions(i: int) -> bool:
-        return bool(takers[i]) and all(type(t) in (seam.Conv, FusedConv, seam.C3) or (
-            isinstance(t, seam.C2f) and type(t).forward is seam.C2f.forward) for t in takers[i])
+    def one_convolution(t: nn.Module) -> bool:
+        return type(t) in (seam.Conv, FusedConv) or (
+            isinstance(t, seam.C2f) and type(t).forward is seam.C2f.forward and type(t.cv1) in (seam.Conv, FusedConv))
 
-    return [m for i, m in enumerate(layers) if type(m) in (nn.Upsample, HalfUpsample) and m.mode == "nearest"
-            and takers[i] and all(type(t) is seam.Concat and to_convolutions(t.i) for t in takers[i])]
+    def only_taker(i: int) -> nn.Module | None:
+        return takers[i][0] if len(takers[i]) == 1 else None
+
+    picked = []
+    for i, m in enumerate(layers):
+        concat = only_taker(i)
+        if type(m) in (nn.Upsample, HalfUpsample) and m.mode == "nearest" and type(concat) is seam.Concat:
+            taker = only_taker(concat.i)
+            if taker is not None and one_convolution(taker):
+                picked.append(m)
+    return picked
 
 
 def fusable_convs(model: nn.Module) -> list[nn.Module]:
@@ -312,7 +324,7 @@ class _Graph:
                 for b, saved in zip(model.buffers(), buffers):
                     b.copy_(saved)  # the warm-up and capture passes moved the batch-norm statistics
         self.flat, self.shape, self.dtype = flat, tuple(x.shape), x.dtype
-        n = sum(isinstance(m, HalfUpsample) for m in swapped)
+        n = sum(isinstance(m, HalfUpsample) for m in swapped) if self.autocast["enabled"] else 0
         halves = f", {n} upsample{'s' * (n != 1)} in half precision" if n else ""
         self.log(f"yolofeed: the training forward and backward replay as CUDA graphs at batch {x.shape[0]}, "
                  f"{x.shape[-1]} px ({len(convs)} batch norms + SiLU fused{halves}); other shapes run eager")
@@ -363,7 +375,8 @@ def why_not(trainer: Any) -> str | None:
 
 
 def install(trainer: Any) -> bool:
-    """Swap the training model's Convs and class (see the module's doc); returns whether the graph will be tried."""
+    """Make ``swap``'s swaps in the training model and give it a graph (see the module's doc); returns whether the
+    graph will be tried."""
     why = why_not(trainer)
     if why is not None:
         if trainer.device.type == "cuda":  # elsewhere there is nothing to graph: no line

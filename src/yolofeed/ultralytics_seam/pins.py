@@ -520,11 +520,9 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="torch.cat of its inputs (type promotion: a float32 input makes the result float32); HalfUpsample "
                "relies on it", since=GRAPH_LAYOUT_SINCE),
     Pinned("ultralytics.nn.modules.block.C2f.forward", "aa9826ad5c808a0c",
-           why="its input reaches cv1 (a convolution, cast by autocast) and nothing else; HalfUpsample relies on it",
+           why="its input reaches cv1 once (a Conv: a convolution, cast by autocast) and nothing else; HalfUpsample "
+               "relies on it",
            since=GRAPH_LAYOUT_SINCE),
-    Pinned("ultralytics.nn.modules.block.C3.forward", "75aad12f32bc7c7d",
-           why="its input reaches cv1 and cv2 (convolutions, cast by autocast) and nothing else; HalfUpsample relies "
-               "on it", since=GRAPH_LAYOUT_SINCE),
     Pinned("ultralytics.nn.tasks.BaseModel.predict", "50f29e9d8fd224ba",
            "yolofeed.train.graphed.GraphedPredict.predict",
            why="the training forward: x alone (profile, augment and embed off) runs _predict_once, which the graph "
