@@ -483,3 +483,20 @@ def test_the_compose_example_mounts_files_that_exist():
     assert "127.0.0.1:9400" in job["static_configs"][0]["targets"]
     ds = yaml.safe_load((MONITORING / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert ds["datasources"][0]["type"] == "prometheus"
+
+
+def test_a_step_counts_the_images_its_batch_holds():
+    """A short last batch, and a dataset smaller than the batch, count the images they hold (stock's trainer: what
+    its ordered batch sampler hands each step), not ``batch_size``; yolofeed's trainer counts its own."""
+    from types import SimpleNamespace
+
+    from yolofeed.monitor.steps import images_in_step
+
+    def trainer(n, batch, **kw):
+        return SimpleNamespace(batch_size=batch, train_loader=SimpleNamespace(dataset=range(n)), **kw)
+
+    assert [images_in_step(trainer(64, 48), k) for k in range(2)] == [48, 16]
+    assert images_in_step(trainer(64, 200), 0) == 64
+    assert [images_in_step(trainer(96, 48), k) for k in range(2)] == [48, 48]
+    assert images_in_step(trainer(64, 48, batch_images=7), 0) == 7
+    assert images_in_step(SimpleNamespace(batch_size=16, train_loader=None), 3) == 16  # no dataset to read

@@ -72,7 +72,8 @@ def test_a_data_yaml_with_no_class_is_one_line_before_the_run_folder(synth_root,
 
 def test_a_missing_split_and_unusable_packs_are_refused_before_the_run_folder(dataset, tmp_path, capsys):
     data = f"data={dataset / 'data.yaml'}"
-    assert ("no 'test:' entry (splits present: train, val): pass split= one of them, or add a 'test:' entry"
+    assert ("no 'test:' entry (splits present: train, val): name one of them (yolofeed pack's splits=, a validation's "
+            "split=), or add a 'test:' entry"
             in _one_line(capsys, _train(tmp_path, data, "split=test")))
     a_file = tmp_path / "a_file"
     a_file.write_text("x")

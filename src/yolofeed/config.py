@@ -168,8 +168,8 @@ class MeasuredRunConfig:
     model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
     batch: int = key(16, "batch size (Ultralytics' default)")
     imgsz: int = key(640, "image size")
-    steps: int = key(40, "measured training steps per mode, after warm-up")
-    warmup: int = key(10, "steps ignored at the start of each mode")
+    steps: int = key(40, "measured training steps per mode, after warm-up", minimum=1)
+    warmup: int = key(10, "steps ignored at the start of each mode", minimum=0)
 
 
 def redefault(config_cls: type, name: str, default: Any) -> Any:

@@ -58,6 +58,21 @@ def test_no_usable_image_is_a_clear_error(dataset):
     assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
 
 
+@pytest.mark.parametrize("imgsz", [-5, 0, 16, 160.0, "160", True])
+def test_the_api_refuses_an_imgsz_before_anything_is_read_or_made(dataset, imgsz):
+    """``open_or_build`` takes imgsz as ``yolofeed pack`` does: a whole number, at least 32; otherwise one line, and
+    no pack folder."""
+    from yolofeed.errors import ConfigError
+    from yolofeed.pack import open_or_build
+
+    out = dataset / "packs"
+    with pytest.raises(ConfigError, match=rf"imgsz={imgsz!r}: expected a whole number, at least 32"):
+        open_or_build(dataset / "data.yaml", imgsz=imgsz, rebuild="auto", out=out)
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="a dict from yolofeed.pack.load_data_yaml"):
+        open_or_build({"train": "images/train"}, imgsz=160, rebuild="auto", out=out)
+
+
 class _FakeTime:
     """The build module's ``time`` with a clock that moves only when a test says so."""
 

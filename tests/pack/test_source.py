@@ -174,7 +174,8 @@ def test_a_split_the_yaml_lacks_names_the_splits_it_has(dataset, capsys):
     """``yolofeed pack splits=test`` and ``split_source`` say it as ``yolofeed train split=test`` does."""
     from yolofeed.cli import main
 
-    said = "no 'test:' entry (splits present: train, val): pass split= one of them, or add a 'test:' entry"
+    said = ("no 'test:' entry (splits present: train, val): name one of them (yolofeed pack's splits=, a validation's "
+            "split=), or add a 'test:' entry")
     with pytest.raises(DatasetError, match=re.escape(said)):
         split_source(dataset / "data.yaml", "test")
     assert main(["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "splits=test"]) == 1

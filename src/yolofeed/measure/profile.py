@@ -27,7 +27,14 @@ from yolofeed.measure.ranks import combine_ranks, read_rank_reports, report_and_
 from yolofeed.measure.result import Profile
 from yolofeed.monitor import efficiency
 from yolofeed.monitor.callbacks import CallbackClock
-from yolofeed.monitor.steps import PhaseSummary, StepClock, phase_summary, step_stats, window_median
+from yolofeed.monitor.steps import (
+    PhaseSummary,
+    StepClock,
+    images_in_step,
+    phase_summary,
+    step_stats,
+    window_median,
+)
 from yolofeed.monitor.system import SystemSampler
 from yolofeed.monitor.throughput import distributed
 from yolofeed.ultralytics_seam import (
@@ -80,7 +87,7 @@ class Profiler:
         self.token = uuid.uuid4().hex  # names this launch's rank reports
         self.rank_of_launch = False  # True in (the pickled copies sent to) DDP ranks
         self.quiet = progress is not None
-        self.epoch_steps = self.epoch0_steps = 0
+        self.epoch_steps = self.epoch0_steps = self.step_in_epoch = 0
         self.optimizer = ""
         self.unmark: Any = None
         self.t_build = self.t_measure = 0.0
@@ -142,6 +149,7 @@ class Profiler:
             self.sampler().start(trainer.device)  # now, not after warm-up: its start (~0.3 s) must not land in a step
 
     def on_epoch_start(self, trainer: Any) -> None:
+        self.step_in_epoch = 0
         if self.t_epoch is None:
             self.t_epoch = time.perf_counter()
 
@@ -167,7 +175,8 @@ class Profiler:
         self.clock.batch_ready()
 
     def on_batch_end(self, trainer: Any) -> None:
-        self.clock.step_done(trainer.batch_size)
+        self.clock.step_done(images_in_step(trainer, self.step_in_epoch))
+        self.step_in_epoch += 1
         if self.t_epoch is not None and self.first_epoch_s is None:
             self.epoch0_steps += 1
         if self.progress is not None:

@@ -21,7 +21,7 @@ import psutil
 
 from yolofeed.errors import ConfigError
 from yolofeed.monitor.exporter import Collector, Endpoint, exposed_warning, serve
-from yolofeed.monitor.steps import PHASES, StepClock
+from yolofeed.monitor.steps import PHASES, StepClock, images_in_step
 from yolofeed.monitor.system import SystemSampler
 from yolofeed.ultralytics_seam import LOGGER, mark_phases, progress_bar_drawn  # our lines go where Ultralytics' go
 
@@ -55,6 +55,13 @@ class MonitorConfig:
     publish_seconds: float = 1.0
 
     def __post_init__(self):
+        for name in ("prometheus_port", "alert_util", "alert_wait", "alert_seconds", "summary_seconds",
+                     "publish_seconds"):  # numbers (a port may be None); a string would fail the comparisons below
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if name != "prometheus_port" else int):
+                if not (name == "prometheus_port" and value is None):
+                    raise ConfigError(f"{name}={value!r}: expected a number"
+                                      f"{' (a TCP port, 0-65535), or None' if name == 'prometheus_port' else ''}")
         port = self.prometheus_port
         for name, ok, expected in (
                 ("prometheus_port", port is None or 0 <= port <= 65535, "a TCP port, 0-65535 (0: any free port)"),
@@ -166,7 +173,7 @@ class TrainingMonitor:
         self.snapshot: dict[str, Any] = {}  # what a Prometheus scrape reads: replaced whole, never edited
         self.run = ""
         self.info: dict[str, str] = {}
-        self.step = 0
+        self.step = self.step_in_epoch = 0
         self.failed = False
         self._disk0: int | None = None
         self._last_publish = 0.0
@@ -182,12 +189,14 @@ class TrainingMonitor:
 
     def on_train_epoch_start(self, trainer: Any) -> None:
         self.timer.epoch_start()  # the epoch's first step waits from here, not from the last epoch's validation
+        self.step_in_epoch = 0
 
     def on_train_batch_start(self, trainer: Any) -> None:
         self.timer.batch_ready()
 
     def on_train_batch_end(self, trainer: Any) -> None:
-        self.timer.step_done(trainer.batch_size)
+        self.timer.step_done(images_in_step(trainer, self.step_in_epoch))
+        self.step_in_epoch += 1
         self.step += 1
         now = self.clock()
         if now - self._last_publish >= self.cfg.publish_seconds:  # ~1 ms a time: once a second, not once a step

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -247,3 +248,18 @@ def window_median(t: list[float], values: list[float], bounds: list[float]) -> f
         if inside:
             means.append(statistics.fmean(inside))
     return statistics.median(means) if means else None
+
+
+def images_in_step(trainer: Any, k: int) -> int:
+    """The images in step ``k`` of an epoch: what yolofeed's trainer counted (``batch_images``), else what an
+    ordered batch sampler over the dataset hands step ``k``: ``batch_size`` until the last, short batch (a dataset
+    smaller than the batch is one such step)."""
+    counted = getattr(trainer, "batch_images", 0)
+    if counted:
+        return counted
+    batch = trainer.batch_size
+    try:
+        n = len(trainer.train_loader.dataset)
+    except (AttributeError, TypeError):
+        return batch
+    return max(min(batch, n - k * batch), 0) or batch

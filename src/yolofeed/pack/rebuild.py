@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import time
 import warnings
@@ -21,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from yolofeed.errors import ForeignPackError, NewerPackError, PackError, PackSpaceError, StalePackError
+from yolofeed.errors import (
+    ConfigError,
+    ForeignPackError,
+    NewerPackError,
+    PackError,
+    PackSpaceError,
+    StalePackError,
+)
 from yolofeed.pack import codecs, files
 from yolofeed.pack.auto import resolve_format
 from yolofeed.pack.build import build_split, locked
@@ -209,6 +217,17 @@ def _format_from_storage(format: str, storage: str | None) -> str:
     return storage
 
 
+def _checked_imgsz(imgsz: Any) -> int:
+    """``imgsz`` as an int: a whole number of at least 32, as ``yolofeed pack`` takes it (a numpy integer too)."""
+    try:
+        size = None if isinstance(imgsz, bool) else operator.index(imgsz)
+    except TypeError:
+        size = None
+    if size is None or size < 32:
+        raise ConfigError(f"imgsz={imgsz!r}: expected a whole number, at least 32 (default 640)")
+    return size
+
+
 def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int = 640, format: str = codecs.DEFAULT,
                  out: str | os.PathLike | None = None, rebuild: str = "never", workers: int = 0,
                  progress: bool = True, sync: bool = False, verify: bool = False, task: str = "detect", *,
@@ -237,6 +256,10 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     format = _format_from_storage(format, storage)
     if rebuild not in REBUILDS:
         raise PackError(f"rebuild={rebuild}: expected one of {', '.join(REBUILDS)}")
+    imgsz = _checked_imgsz(imgsz)
+    if isinstance(data, dict) and "yaml_file" not in data:
+        raise ConfigError("data: a dict from yolofeed.pack.load_data_yaml (or Ultralytics' check_det_dataset), which "
+                          "records its yaml_file; or pass the data yaml's path")
     d = data if isinstance(data, dict) else load_data_yaml(data)
     src = split_source(d, split, task)  # a wrong path: refused before format=auto says what it chose
     format = resolve_format(d, format, imgsz, out, task)

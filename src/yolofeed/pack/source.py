@@ -245,8 +245,8 @@ def kpt_shape_of(d: dict[str, Any], task: str = "detect") -> tuple[int, int] | N
 
 def missing_split(d: dict[str, Any], split: str) -> str:
     """What to say of a data yaml (loaded) that has no ``split:`` entry: the splits it has, and the way on."""
-    return (f"no '{split}:' entry (splits present: {', '.join(k for k in SPLIT_KEYS if d.get(k))}): pass split= one "
-            f"of them, or add a '{split}:' entry to the yaml")
+    return (f"no '{split}:' entry (splits present: {', '.join(k for k in SPLIT_KEYS if d.get(k))}): name one of them "
+            f"(yolofeed pack's splits=, a validation's split=), or add a '{split}:' entry to the yaml")
 
 
 def split_source(data: str | os.PathLike | dict[str, Any], split: str, task: str = "detect") -> SplitSource:

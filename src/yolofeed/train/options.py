@@ -23,6 +23,7 @@ import yaml
 
 from yolofeed import __version__
 from yolofeed.errors import ConfigError
+from yolofeed.pack import codecs
 
 FILE = "yolofeed.yaml"
 # FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
@@ -63,6 +64,9 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
     for name in ("pack_format", "pack_dir"):
         if options.get(name) is not None and not isinstance(options[name], (str, os.PathLike)):
             raise ConfigError(f"{where} option {name}={options[name]!r}: expected a string")
+    fmt = options.get("pack_format")
+    if fmt is not None and fmt != codecs.AUTO and codecs.find(str(fmt)) is None:
+        raise ConfigError(f"{where} option pack_format={fmt!r}: expected one of {', '.join(codecs.choices())}")
     if "pack_rebuild" in options and options["pack_rebuild"] not in REBUILDS:
         raise ConfigError(f"{where} option pack_rebuild={options['pack_rebuild']!r}: expected one of "
                           f"{', '.join(REBUILDS)}")
@@ -82,6 +86,8 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
         except TypeError as e:  # a key MonitorConfig does not have
             raise ConfigError(f"{where} option monitor={monitor!r}: {e}; the keys are "
                               "yolofeed.monitor.MonitorConfig's") from None
+        except ConfigError as e:  # a value it refuses
+            raise ConfigError(f"{where} option monitor: {e}") from None
 
 
 def partner_pool_size(value: Any) -> int | str:
