@@ -224,9 +224,7 @@ def lever_fused_eager(model):
     inside the graph's capture (``base=fused_eager`` profiles the step the graph replays, its copies among them)."""
     from yolofeed.train import graphed
 
-    for m in graphed.fusable_convs(model):
-        m.__class__ = graphed.FusedConv
-    graphed.swap_layout(model)
+    graphed.swap(model)  # without a graph, predict is Ultralytics'
     for m in model.modules():
         if isinstance(m, graphed._SWAPPED):
             m.fused = True

@@ -16,6 +16,7 @@ from typing import Any
 # codec registry, ``yolofeed.pack.codecs``, when it parses or prints them; this module imports no stage.
 PACK_FORMATS = "pack formats"
 DEFAULT_PACK_FORMAT = "auto"  # codecs.AUTO: chosen for the dataset and the machine; a test keeps the two equal
+MIN_IMGSZ = 32  # the smallest image size a pack and the augmentation take (Ultralytics' largest stride)
 
 
 def key(default: Any, help: str, choices: tuple[str, ...] | str | None = None,  # noqa: A002 - mirrors argparse
@@ -74,7 +75,7 @@ class PackConfig:
     """Pack an Ultralytics detection dataset into one memory-mappable file per split."""
 
     data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
-    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=32)
+    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=MIN_IMGSZ)
     format: str = key(DEFAULT_PACK_FORMAT, "pack format", PACK_FORMATS)
     out: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own in "
                           "it, <yaml stem>-<format>-<imgsz> (a second yaml of that name <yaml stem>-<hash of its "

@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from yolofeed.config import MIN_IMGSZ
 from yolofeed.errors import ConfigError
 
 KEYS = ("mosaic", "mixup", "cutmix", "degrees", "translate", "scale", "shear", "perspective", "hsv_h", "hsv_s",
@@ -71,8 +72,8 @@ class AugmentHyp:
                 raise ConfigError(f"{k}={v}: a probability, expected a value in [0, 1]")
         if self.mosaic_grid not in (4, 9):
             raise ConfigError(f"mosaic_grid={self.mosaic_grid}: expected 4 or 9")
-        if self.imgsz < 32:
-            raise ConfigError(f"imgsz={self.imgsz}: expected at least 32")
+        if self.imgsz < MIN_IMGSZ:
+            raise ConfigError(f"imgsz={self.imgsz}: expected at least {MIN_IMGSZ}")
         self._check_keypoints()
 
     def _check_keypoints(self) -> None:

@@ -55,14 +55,15 @@ class MonitorConfig:
     publish_seconds: float = 1.0
 
     def __post_init__(self):
-        for name in ("prometheus_port", "alert_util", "alert_wait", "alert_seconds", "summary_seconds",
-                     "publish_seconds"):  # numbers (a port may be None); a string would fail the comparisons below
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float) if name != "prometheus_port" else int):
-                if not (name == "prometheus_port" and value is None):
-                    raise ConfigError(f"{name}={value!r}: expected a number"
-                                      f"{' (a TCP port, 0-65535), or None' if name == 'prometheus_port' else ''}")
+        def number(value: Any, kinds: tuple = (int, float)) -> bool:  # a string would fail the comparisons below
+            return isinstance(value, kinds) and not isinstance(value, bool)
+
         port = self.prometheus_port
+        if not (port is None or number(port, (int,))):
+            raise ConfigError(f"prometheus_port={port!r}: expected a number (a TCP port, 0-65535), or None")
+        for name in ("alert_util", "alert_wait", "alert_seconds", "summary_seconds", "publish_seconds"):
+            if not number(getattr(self, name)):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: expected a number")
         for name, ok, expected in (
                 ("prometheus_port", port is None or 0 <= port <= 65535, "a TCP port, 0-65535 (0: any free port)"),
                 ("prometheus_addr", bool(self.prometheus_addr), "an address to bind, e.g. 127.0.0.1 or 0.0.0.0"),

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from yolofeed.config import MIN_IMGSZ
 from yolofeed.errors import (
     ConfigError,
     ForeignPackError,
@@ -218,13 +219,14 @@ def _format_from_storage(format: str, storage: str | None) -> str:
 
 
 def _checked_imgsz(imgsz: Any) -> int:
-    """``imgsz`` as an int: a whole number of at least 32, as ``yolofeed pack`` takes it (a numpy integer too)."""
+    """``imgsz`` as an int: a whole number of at least ``MIN_IMGSZ``, as ``yolofeed pack`` takes it (a numpy integer
+    too)."""
     try:
         size = None if isinstance(imgsz, bool) else operator.index(imgsz)
     except TypeError:
         size = None
-    if size is None or size < 32:
-        raise ConfigError(f"imgsz={imgsz!r}: expected a whole number, at least 32 (default 640)")
+    if size is None or size < MIN_IMGSZ:
+        raise ConfigError(f"imgsz={imgsz!r}: expected a whole number, at least {MIN_IMGSZ} (default 640)")
     return size
 
 
