@@ -168,7 +168,7 @@ class MeasuredRunConfig:
     data: str = key(None, "Ultralytics data yaml (e.g. from yolofeed synth)")
     model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
     batch: int = key(16, "batch size (Ultralytics' default)")
-    imgsz: int = key(640, "image size")
+    imgsz: int = key(640, "image size", minimum=MIN_IMGSZ)
     steps: int = key(40, "measured training steps per mode, after warm-up", minimum=1)
     warmup: int = key(10, "steps ignored at the start of each mode", minimum=0)
 
@@ -222,7 +222,7 @@ class ParityConfig:
     epochs: int = key(40, "epochs per run")
     seeds: int = key(4, "seeds per side (first_seed, first_seed + 1, ...): 4 or more for a useful interval")
     first_seed: int = key(0, "the first seed: more seeds for an earlier comparison without repeating its runs")
-    imgsz: int = key(640, "image size")
+    imgsz: int = key(640, "image size", minimum=MIN_IMGSZ)
     batch: int = key(16, "batch size")
     device: str = key("", "GPUs to spread runs over, e.g. 0,1; cpu; default GPU 0 if there is one")
     parallel: int = key(1, "runs at once on each GPU (a small model leaves a large GPU mostly idle)")

@@ -170,6 +170,16 @@ def test_auto_picks_the_default_format_where_its_packs_fit_comfortably_in_memory
     assert "(3.0 MB)" in codecs.choose(3 * 10**6, 32 * gb)[1]  # a small set's size reads as such, not "0.0 GB"
 
 
+def test_auto_keeps_the_default_format_where_the_compact_one_would_be_no_smaller():
+    """Small images, or photos stored much larger than imgsz (re-encoded, a JPEG can outweigh the raw payload):
+    the default format whatever the memory and the disk, since the compact one would not fit either."""
+    mb = 10**6
+    name, why = codecs.choose(49 * mb, 100 * mb, 53 * mb, "/small", compact_bytes=60 * mb)
+    assert name == codecs.DEFAULT and "no smaller" in why and "60.0 MB against 49.0 MB" in why
+    name, why = codecs.choose(49 * mb, 100 * mb, 53 * mb, "/small", compact_bytes=9 * mb)
+    assert name == codecs.COMPACT and f"{codecs.COMPACT} packs would take 9.0 MB" in why  # the estimate, not 5-10x
+
+
 def test_auto_picks_the_compact_format_where_the_default_would_not_fit_on_the_disk():
     gb = 10**9
     # COCO at 640 raw (~110 GB) on a machine with 256 GB of memory but 100 GB free where the packs go

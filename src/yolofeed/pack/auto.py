@@ -42,22 +42,25 @@ def built_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detec
 def auto_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detect") -> str:
     """``pack_format=auto`` for one dataset, image size and pack folder, said once a process: the format of a pack
     already built there (so machines that would choose differently share one, and nothing is built twice), else
-    the default format where the train and val packs fit comfortably in memory, else the compact one."""
+    the default format where the train and val packs fit comfortably in memory and on the disk or the compact
+    format would be no smaller, else the compact one."""
     built = built_format(yaml_file, imgsz, out, task)
     if built is not None:
         LOGGER.info(f"pack: format {built[0]} ({codecs.AUTO}): the {built[0]} pack already built, {built[1]}")
         return built[0]
     d = load_data_yaml(yaml_file)
-    total = 0
+    total = compact = 0  # the packs' sizes in either format, from the headers of a sample of the images
     for split in ("train", "val"):
         with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
-            total += estimate_bytes(split_source(d, split), imgsz, codecs.DEFAULT)
+            src = split_source(d, split)
+            total += estimate_bytes(src, imgsz, codecs.DEFAULT)
+            compact += estimate_bytes(src, imgsz, codecs.COMPACT)
     folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out, task)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk
     folder = next((f for f in folders if current().writable(f, create=False) is None), folders[0])
     where = existing_ancestor(folder)
     free = current().free(where) if where is not None else None
-    name, why = codecs.choose(total, memory_limit(), free, str(where))
+    name, why = codecs.choose(total, memory_limit(), free, str(where), compact)
     LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
     return name
 

@@ -174,17 +174,22 @@ def choices() -> tuple[str, ...]:
     return (AUTO, *names())
 
 
-def choose(default_bytes: int, ram_bytes: int, free_bytes: int | None = None, where: str = "") -> tuple[str, str]:
-    """``auto``'s pick: the default format where its packs fit comfortably in RAM and on the disk, else the compact one.
+def choose(default_bytes: int, ram_bytes: int, free_bytes: int | None = None, where: str = "",
+           compact_bytes: int | None = None) -> tuple[str, str]:
+    """``auto``'s pick: the default format where its packs fit comfortably in RAM and on the disk, else the compact
+    one, where it is smaller.
 
     Read from storage, a raw pack needs ~1.7 GB/s of reads to train yolo11n at full speed on an H200, a jpeg pack
     ~0.15 GB/s (BENCHMARKS.md, "Packs larger than the memory allowed"): raw only pays where the page cache keeps it.
+    A compact pack is no smaller where the images are small or stored much larger than imgsz (a JPEG pack keeps a
+    source JPEG of about imgsz as it is, and re-encodes others): there the default is kept whatever the sizes.
 
     Args:
         default_bytes: the estimated size of the dataset's packs in the default format.
         ram_bytes: the memory this process may use (the machine's, or its cgroup's limit).
         free_bytes: free space on the disk the packs go to (None: not known, not checked).
         where: that disk's folder, for the reason.
+        compact_bytes: the estimated size of its packs in the compact format (None: not estimated, taken as smaller).
 
     Returns:
         (format name, the reason in words, for the log).
@@ -193,15 +198,19 @@ def choose(default_bytes: int, ram_bytes: int, free_bytes: int | None = None, wh
         return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
     size, ram = gb(default_bytes), f"{ram_bytes / 1e9:,.0f} GB"
+    if compact_bytes is not None and compact_bytes >= default_bytes:
+        return DEFAULT, (f"its {COMPACT} packs would be no smaller than its {DEFAULT} packs ({gb(compact_bytes)} "
+                         f"against {size})")
+    smaller = (f"{COMPACT} packs would take {gb(compact_bytes)}" if compact_bytes is not None
+               else f"{COMPACT} packs are 5-10x smaller for photos of about imgsz")
     anyway = f"pack_format={DEFAULT}, or format={DEFAULT} for yolofeed pack, to choose {DEFAULT} anyway"
     if default_bytes > RAM_SHARE * ram_bytes:
         return COMPACT, (f"{DEFAULT} packs would take {size}, more than {RAM_SHARE:.0%} of the {ram} of memory here; "
-                         f"{COMPACT} packs are 5-10x smaller for photos of about imgsz ({anyway})")
+                         f"{smaller} ({anyway})")
     if free_bytes is not None and default_bytes > DISK_SHARE * free_bytes:
         place = where or "their folder"
         return COMPACT, (f"{DEFAULT} packs would take {size}, more than {DISK_SHARE:.0%} of the {gb(free_bytes)} "
-                         f"free in {place}; {COMPACT} packs are 5-10x smaller for photos of about imgsz (free space, "
-                         f"or {anyway})")
+                         f"free in {place}; {smaller} (free space, or {anyway})")
     return DEFAULT, (f"its {DEFAULT} packs ({size}) fit in {RAM_SHARE:.0%} of the {ram} of memory here, where the "
                      "page cache keeps them")
 
