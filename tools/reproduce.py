@@ -313,10 +313,17 @@ SECTIONS = {s.name: s for s in (
         "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed,graphed_cast "
         "out=$OUT/levers_cast")),
     Section("cast-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
-        # the ceiling without the weights cast at once, with them, without them again
-        SYNTH_10K, PACK_10K,
-        f"timeout 330 python3 -m tools.device.swap_ab on=swap_convs out=$OUT/cast_ab -- model=yolo11n.yaml "
-        f"modes=ceiling {LEVER}", NO_WEIGHTS)),
+        # the GPU tests of the Triton cat, the graphed step (the weights cast at once among them) and the fused op,
+        # the op's statistics passes reading two tiles an iteration, beside the CPU-bound synth and pack; then the
+        # ceiling as the library is, with the weights cast at once and those passes, as it is again
+        "mkdir -p /tmp/unroll2 && echo 'import yolofeed.kernels.bn_silu as _op; _op._UNROLL = 2' "
+        "> /tmp/unroll2/sitecustomize.py",
+        "PYTHONPATH=/tmp/unroll2:$PYTHONPATH timeout 300 python3 -m pytest -q -m gpu tests/test_channel_cat.py "
+        "tests/test_graphed.py tests/test_bn_silu.py -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_cast.txt "
+        "2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_cast.txt | tail -30",
+        f"timeout 340 python3 -m tools.device.swap_ab on=swap_convs knobs=_UNROLL=2 out=$OUT/cast_ab -- "
+        f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

@@ -76,9 +76,10 @@ def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path) -> None
         print(side, config, json.dumps(rates)[:400], flush=True)
         if r.returncode:
             print(rows[-1]["tail"], flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ab.json").write_text(json.dumps({"configs": {k: v[0] for k, v in sides.items()}, "runs": rows},
-                                            indent=1))
+        # after each run: a section's time limit that cuts the last one keeps the others
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ab.json").write_text(json.dumps({"configs": {k: v[0] for k, v in sides.items()}, "runs": rows},
+                                                indent=1))
 
 if __name__ == "__main__":
     main(sys.argv[1:])
