@@ -305,24 +305,21 @@ SECTIONS = {s.name: s for s in (
         f"modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-cast", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
         # the Triton cat's and the graphed step's GPU tests (the weights cast at once among them); then the step
-        # graphed as the trainer makes it, with the weights cast at once, with Ultralytics' layout
+        # graphed as the trainer makes it without the weights cast at once, with them, with Ultralytics' layout
         "timeout 200 python3 -m pytest -q -m gpu tests/test_channel_cat.py tests/test_graphed.py -p no:cacheprovider "
         "--tb=short -rA 2>&1 | grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' | tail -20",
         "timeout 150 python3 -m tools.step_levers model=yolo11n.yaml "
-        "levers=graphed,graphed_cast,graphed_stock_layout out=$OUT/levers_cast",
-        "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed,graphed_cast "
+        "levers=graphed_uncast,graphed,graphed_stock_layout out=$OUT/levers_cast",
+        "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed_uncast,graphed "
         "out=$OUT/levers_cast")),
     Section("cast-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
-        # the GPU tests of the Triton cat, the graphed step (the weights cast at once among them) and the fused op,
-        # the op's statistics passes reading two tiles an iteration, beside the CPU-bound synth and pack; then the
-        # ceiling as the library is, with the weights cast at once and those passes, as it is again
-        "mkdir -p /tmp/unroll2 && echo 'import yolofeed.kernels.bn_silu as _op; _op._UNROLL = 2' "
-        "> /tmp/unroll2/sitecustomize.py",
-        "PYTHONPATH=/tmp/unroll2:$PYTHONPATH timeout 300 python3 -m pytest -q -m gpu tests/test_channel_cat.py "
-        "tests/test_graphed.py tests/test_bn_silu.py -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_cast.txt "
-        "2>&1 &",
+        # the GPU tests of the Triton cat, the graphed step (the weights cast at once among them) and the fused op
+        # (its statistics passes reading two tiles an iteration), beside the CPU-bound synth and pack; then the
+        # ceiling without the weights cast at once and with one tile an iteration, as the library is, without again
+        "timeout 300 python3 -m pytest -q -m gpu tests/test_channel_cat.py tests/test_graphed.py tests/test_bn_silu.py "
+        "-p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_cast.txt 2>&1 &",
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_cast.txt | tail -30",
-        f"timeout 340 python3 -m tools.device.swap_ab on=swap_convs knobs=_UNROLL=2 out=$OUT/cast_ab -- "
+        f"timeout 340 python3 -m tools.device.swap_ab off=swap_convs knobs=_UNROLL=1 out=$OUT/cast_ab -- "
         f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "

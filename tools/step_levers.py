@@ -190,16 +190,14 @@ def lever_triton_bn_silu_narrow(model):
     return None
 
 
-def lever_graphed(model, without: tuple = (), cast: bool = False):
+def lever_graphed(model, without: tuple = ()):
     """yolofeed's graphed step (train/graphed.py) as its trainer installs it: forward and backward replayed as CUDA
     graphs, batch norm and SiLU fused, the head's upsamples in half and its outputs cells-major, the channel
-    concatenations as the Triton copy; the loss eager. ``without``: swapped classes put back to torch's or
-    Ultralytics' before the capture; ``cast``: the weights cast at once too (``swap_convs``)."""
+    concatenations as the Triton copy, the weights cast at once; the loss eager. ``without``: swapped classes put
+    back to torch's or Ultralytics' before the capture."""
     from yolofeed.train import graphed
 
     graphed.swap(model)
-    if cast:
-        graphed.swap_convs(model)
     for m in model.modules():
         if isinstance(m, without):
             m.__class__ = m._stock
@@ -214,9 +212,11 @@ def lever_graphed_stock_layout(model):
     return lever_graphed(model, without=(graphed.HalfUpsample, graphed.TokenMajorDetect))
 
 
-def lever_graphed_cast(model):
-    """The graphed step with every convolution's weight cast at once (``swap_convs``), not by autocast at its use."""
-    return lever_graphed(model, cast=True)
+def lever_graphed_uncast(model):
+    """The graphed step with every convolution's weight cast by autocast at its use, not at once (no ``CastConv2d``)."""
+    from yolofeed.train import graphed
+
+    return lever_graphed(model, without=(graphed.CastConv2d,))
 
 
 def lever_fused_eager(model):

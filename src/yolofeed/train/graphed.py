@@ -7,7 +7,7 @@ host time. Replayed as a graph, the model's forward and its backward cost the ho
 savings reach the step.
 
 ``install(trainer)`` (at ``on_train_start``, after the EMA copied the model, with ``graphed_step``, the default) does
-three things to the training model:
+four things to the training model:
 
 * every Ultralytics ``Conv`` whose batch norm and activation are plain ``BatchNorm2d`` and ``SiLU`` becomes a
   ``FusedConv``: while a graph is being captured its batch norm and SiLU run as the one Triton op; otherwise (an eager
@@ -17,15 +17,15 @@ three things to the training model:
   as the loss reads them (``TokenMajorDetect``); both only while a graph is captured, otherwise Ultralytics' own;
   the capture also records the channel concatenations of NHWC activations as one Triton copy an input
   (kernels/channel_cat.py: ``torch.cat`` copies a channel slice one element a thread), the same values;
+* every trained ``Conv2d`` becomes a ``CastConv2d``: inside the capture all their weights are cast for autocast in one
+  launch, and their gradients cast back in one, where autocast casts each at its use (the same values); otherwise
+  torch's ``Conv2d``;
 * the model's class gains ``GraphedPredict``: ``predict`` in training mode, on a CUDA batch of the shape of the first
   full batch, replays the graph (``torch.cuda.make_graphed_callables``: the forward and the backward, each one graph;
   the loss stays eager); any other call is Ultralytics' ``predict``. The capture happens on the first such batch,
   or before the first epoch (``capture_ahead``, on a blank full batch): three warm-up passes and the capture, with
   every batch-norm buffer restored after them, so the model's statistics see each training batch once, as stock's
   do.
-
-``swap_convs``, not made by ``install``, makes the convolutions ``CastConv2d``s: inside the capture their weights are
-cast for autocast at once, where autocast casts each at its use (the same values).
 
 The swapped classes pickle and deep-copy as Ultralytics' own (``__reduce_ex__``): Ultralytics copies the training
 model into a new EMA when it resumes or recovers from a NaN, and a checkpoint must load without yolofeed. The state
@@ -393,11 +393,12 @@ def install(trainer: Any) -> bool:
 
 
 def swap(model: nn.Module) -> None:
-    """Every swap ``install`` makes, without the graph: FusedConvs, the layout's and ``GraphedPredict`` (with no
-    ``_graph`` it predicts as Ultralytics)."""
+    """Every swap ``install`` makes, without the graph: FusedConvs, the layout's, CastConv2ds and ``GraphedPredict``
+    (with no ``_graph`` it predicts as Ultralytics)."""
     for m in fusable_convs(model):
         seam.swap_class(m, seam.Conv, FusedConv)
     swap_layout(model)
+    swap_convs(model)
     model.__class__ = _graphed_class(type(model))
 
 
@@ -413,8 +414,7 @@ def swap_layout(model: nn.Module) -> None:
 
 
 def swap_convs(model: nn.Module) -> None:
-    """The model's ``castable_convs`` become ``CastConv2d``s: their weights cast at once inside the capture. Not one
-    of ``swap``'s: tools/step_levers.py and tools/device/swap_ab.py measure it."""
+    """The model's ``castable_convs`` become ``CastConv2d``s: their weights cast at once inside the capture."""
     for m in castable_convs(model):
         seam.swap_class(m, nn.Conv2d, CastConv2d)
 
