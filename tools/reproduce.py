@@ -107,10 +107,10 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/bench_yolo11s",
         f"timeout 140 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo26n")),
-    Section("throughput-11n", "Training throughput", "nvidia-h200", 1, 5, (
+    Section("throughput-11n", "Training throughput", "nvidia-h200", 1, 6, (
         # the first row of the throughput section alone: yolo11n side by side, stock, yolofeed and the ceiling
         SYNTH_10K, PACK_10K,
-        f"timeout 220 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling {BENCH} "
+        f"timeout 300 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed,ceiling {BENCH} "
         "out=$OUT/bench_yolo11n", NO_WEIGHTS)),
     Section("whole-run", "The whole run", "nvidia-h200", 1, 8, (
         # the graphed step's GPU tests beside the CPU-bound synth and pack, then the whole run
