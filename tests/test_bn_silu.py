@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from yolofeed.kernels.bn_silu import bn_silu, fusable, reference
+from yolofeed.kernels.bn_silu import bn_silu, bn_silu_halves, fusable, reference
 
 MOMENTUM, EPS = 0.03, 1e-3  # Ultralytics' initialize_weights
 
@@ -54,6 +54,43 @@ def _ours(x, w, b, rm, rv):
 def _worst(a, b):
     """The largest difference of each result, relative to that result's largest magnitude."""
     return [float((p - q).abs().max() / q.abs().max().clamp_min(1e-12)) for p, q in zip(a, b)]
+
+
+def _halves_run(halves, case, split):
+    """``_run`` of an op that returns its output as two halves (``bn_silu_halves``' form): the first half's gradient
+    handed as a channel slice of a wider tensor (as a channel cat's backward hands it), the second's dense. Returns
+    ``_run``'s six results (the halves joined) and whether both halves came dense channels-last."""
+    x = case["x"].detach().clone().requires_grad_(True)
+    w, b = case["w"].clone().requires_grad_(True), case["b"].clone().requires_grad_(True)
+    rm, rv = case["rm"].clone(), case["rv"].clone()
+    ya, yb = halves(x, w, b, rm, rv, split)
+    dy = case["dy"]
+    wide = torch.full_like(dy[:, :1], float("nan")).expand(-1, split + 3, -1, -1).contiguous(
+        memory_format=torch.channels_last)  # what is around the slice is never read
+    wide[:, 1:split + 1] = dy[:, :split]
+    second = dy[:, split:].contiguous(memory_format=torch.channels_last)
+    torch.autograd.backward([ya, yb], [wide[:, 1:split + 1], second])
+    dense = all(t.is_contiguous(memory_format=torch.channels_last) for t in (ya, yb))
+    return [t.detach().float() for t in (torch.cat([ya, yb], 1), x.grad, w.grad, b.grad, rm, rv)], dense
+
+
+def _halves_exact(halves, whole, case, split) -> bool:
+    """Whether the halves' six results equal the whole op's bit for bit, and the halves came dense."""
+    ours, dense = _halves_run(halves, case, split)
+    return dense and all(torch.equal(a, b) for a, b in zip(ours, _run(whole, case)))
+
+
+def test_halves_are_the_whole_op_split_on_the_cpu():
+    """``bn_silu_halves`` is ``bn_silu`` split at ``split``: the same values, gradients and statistics, each half
+    dense; a split that leaves a half empty is refused."""
+    case = _case((2, 12, 5, 6))
+
+    def halves(x, w, b, rm, rv, split):
+        return bn_silu_halves(x, w, b, rm, rv, MOMENTUM, EPS, split)
+    assert all(_halves_exact(halves, _ours, case, split) for split in (6, 1, 11))
+    for split in (0, 12):
+        with pytest.raises(ValueError, match="split"):
+            halves(*(case[k] for k in ("x", "w", "b", "rm", "rv")), split)
 
 
 @pytest.mark.parametrize("shape", [(2, 16, 9, 7), (3, 80, 5, 5), (1, 130, 4, 3), (1, 8, 1, 2)])
@@ -98,7 +135,9 @@ def test_triton_kernels_equal_pytorch_in_the_interpreter():
         from yolofeed.kernels import bn_silu as op
         def triton(x, w, b, rm, rv):
             return op._TritonBNSiLU.apply(x, w, b, rm, rv, t.MOMENTUM, t.EPS)
-        out = []
+        def halves(x, w, b, rm, rv, split):
+            return op._TritonBNSiLUHalves.apply(x, w, b, rm, rv, t.MOMENTUM, t.EPS, split)
+        out, exact = [], []
         for knobs in LAUNCHES:
             for k, v in knobs.items():
                 setattr(op, k, v)
@@ -106,13 +145,17 @@ def test_triton_kernels_equal_pytorch_in_the_interpreter():
             for shape in [(2, 16, 9, 7), (3, 80, 5, 5), (1, 130, 4, 3), (2, 8, 37, 41)]:
                 case = t._case(shape)
                 out.append(t._worst(t._run(triton, case), t._run(t._torch, case)))
-        print(json.dumps(out))
+            exact += [t._halves_exact(halves, triton, t._case(shape), split)
+                      for shape, split in [((2, 16, 9, 7), 8), ((1, 130, 4, 3), 67)]]
+        print(json.dumps([out, exact]))
     """).replace("LAUNCHES", repr(LAUNCHES))
     env = os.environ | {"TRITON_INTERPRET": "1", "YOLO_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    for worst in json.loads(r.stdout.strip().splitlines()[-1]):
+    out, exact = json.loads(r.stdout.strip().splitlines()[-1])
+    for worst in out:
         assert max(worst) < 1e-5, worst
+    assert all(exact), exact  # the halves' kernels: the whole op's values bit for bit
 
 
 # yolo11n's Conv activations at batch 8 of 640 px (the kernels' row groups and channel blocks as at batch 128)
@@ -134,6 +177,19 @@ def test_triton_is_as_close_to_float64_as_cudnn_in_fp16_channels_last(shape):
     exact = _run(truth, {**wide, "dy": case["dy"].double()})
     ours, cudnn = _worst(_run(_ours, case), exact), _worst(_run(_torch, case), exact)
     assert all(o <= 1.5 * t + 1e-6 for o, t in zip(ours, cudnn)), (ours, cudnn)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, split", [((8, 32, 160, 160), 16), ((8, 64, 80, 80), 32), ((8, 256, 20, 20), 128),
+                                          ((8, 48, 40, 40), 20)])
+def test_triton_halves_are_the_whole_op_bit_for_bit(shape, split):
+    """The halves' kernels on CUDA in fp16 (C2f's cv1 at yolo11n's sizes, and a split off the channel blocks): the
+    output, the three gradients and the running statistics equal the whole op's bit for bit, each half dense."""
+    case = _case(shape, torch.float16, "cuda")
+
+    def halves(x, w, b, rm, rv, split):
+        return bn_silu_halves(x, w, b, rm, rv, MOMENTUM, EPS, split)
+    assert _halves_exact(halves, _ours, case, split)
 
 
 @pytest.mark.gpu

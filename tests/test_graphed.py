@@ -137,6 +137,63 @@ def test_layout_swaps_keep_every_value_and_gradient(cfg, upsamples, head, monkey
         assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), fused
 
 
+def _halves_pair(cfg, device):
+    """A model with its FusedConvs, and a copy with ``swap_halves`` too, both fusing (on the CPU, the op's torch
+    reference)."""
+    torch.manual_seed(0)
+    fused = DetectionModel(cfg, nc=8, verbose=False).to(device).train().to(memory_format=torch.channels_last)
+    ours = copy.deepcopy(fused)  # before the swaps: a swapped layer copies as Ultralytics'
+    for model in (fused, ours):
+        for m in graphed.fusable_convs(model):
+            seam.swap_class(m, Conv, graphed.FusedConv)
+    graphed.swap_halves(ours)
+    for model in (fused, ours):
+        for m in model.modules():
+            if isinstance(m, graphed._SWAPPED):
+                m.fused = True
+    return fused, ours
+
+
+def _same_step(a, b, img, device_type, dtype):
+    """Both models' outputs, every gradient and every batch-norm buffer after one step equal bit for bit."""
+    (ha, ga), (hb, gb) = (_layout_step(m, img, device_type, dtype) for m in (a, b))
+    assert all(torch.equal(x[k], y[k]) for x, y in zip(ha, hb) for k in ("boxes", "scores"))
+    assert ga.keys() == gb.keys() and all(torch.equal(ga[k], gb[k]) for k in ga), [
+        k for k in ga if not torch.equal(ga[k], gb[k])]
+    assert all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers()))
+
+
+@LAYOUT
+@pytest.mark.parametrize("cfg, c2f, c3k2", [("yolo11n.yaml", 0, 8), ("yolo26n.yaml", 0, 8), ("yolov8n.yaml", 8, 0)])
+def test_halves_keep_every_value_and_gradient(cfg, c2f, c3k2):
+    """C2f and C3k2 with cv1's output written as two dense halves: the outputs, every gradient and the batch-norm
+    statistics are those of the same fused model whose forward chunks one output, bit for bit; a C2f subclass with
+    a forward of its own, or whose cv1 is not a FusedConv, keeps its class; unset, the block is Ultralytics'."""
+    fused, ours = _halves_pair(cfg, "cpu")
+    blocks = [type(m) for m in ours.modules() if type(m) in (graphed.HalvesC2f, graphed.HalvesC3k2)]
+    assert blocks.count(graphed.HalvesC2f) == c2f and blocks.count(graphed.HalvesC3k2) == c3k2
+    _same_step(fused, ours, torch.rand(2, 3, 64, 64).to(memory_format=torch.channels_last), "cpu", torch.bfloat16)
+    half = next(m for m in ours.modules() if type(m) in (graphed.HalvesC2f, graphed.HalvesC3k2))
+    x = torch.rand(1, half.cv1.conv.in_channels, 8, 8).to(memory_format=torch.channels_last)
+    assert all(len(y) == 2 and y[1].is_contiguous(memory_format=torch.channels_last)
+               for y in [half.cv1.forward_halves(x)])
+    half.fused = False
+    with torch.no_grad():
+        assert torch.equal(half(x), half._stock.forward(half, x))
+
+    class Own(type(half)._stock):
+        def forward(self, x):
+            return super().forward(x)
+
+    model = DetectionModel(cfg, nc=8, verbose=False)
+    blocks = [m for m in model.modules() if isinstance(m, seam.C2f)]
+    blocks[0].__class__ = Own
+    blocks[1].cv1 = torch.nn.Conv2d(1, 1, 1)
+    graphed.swap(model)
+    assert type(blocks[0]) is Own and type(blocks[1]) is type(half)._stock
+    assert type(blocks[2]) is type(half)
+
+
 @LAYOUT
 @pytest.mark.parametrize("change", ["forward", "cv1", "twice", "head", "not_concat", "bilinear"])
 def test_half_upsamples_only_where_the_output_reaches_one_convolution(change):
@@ -207,7 +264,8 @@ def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monke
         assert torch.cat is channel_cat._torch_cat and not getattr(channel_cat._inside, "depth", 0)
         assert not any(m.fused for m in model.modules() if isinstance(m, graphed._SWAPPED))
         assert all(torch.equal(a, b) for a, b in zip(before, model.buffers()))
-    assert seen == [(True, 1, {"FusedConv", "HalfUpsample", "TokenMajorDetect", "CastConv2d"}, True)] * 2
+    assert seen == [(True, 1, {"FusedConv", "HalfUpsample", "TokenMajorDetect", "CastConv2d", "HalvesC3k2"},
+                     True)] * 2
     assert "2 upsamples in half precision" in logs[0] and "stays eager" in logs[1]
 
 
@@ -476,6 +534,19 @@ def test_layout_swaps_and_weights_cast_at_once_on_cuda_are_ultralytics_step_bit_
     losses = [_step(m, batch) for m in (stock, ours)]
     assert losses[0] == losses[1]
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(stock.parameters(), ours.parameters()) if p.grad is not None)
+
+
+@LAYOUT
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", ["yolo11n.yaml", "yolo26n.yaml"])
+def test_halves_on_cuda_are_the_fused_step_bit_for_bit(cfg, monkeypatch):
+    """On CUDA, float16 autocast, channels-last, the Triton op: C2f/C3k2's cv1 written as two dense halves, and their
+    gradients read where they are, give the outputs, every gradient and the batch-norm statistics of the same fused
+    model that chunks one output, bit for bit."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    fused, ours = _halves_pair(cfg, "cuda")
+    img = _batch(16, 160, "cuda", 0)["img"].to(memory_format=torch.channels_last)
+    _same_step(fused, ours, img, "cuda", torch.float16)
 
 
 @pytest.mark.gpu

@@ -326,6 +326,27 @@ SECTIONS = {s.name: s for s in (
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_cast.txt | tail -30",
         f"timeout 340 python3 -m tools.device.swap_ab off=swap_convs knobs=_UNROLL=1 out=$OUT/cast_ab -- "
         f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("halves-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # the GPU tests of the fused op (its halves bit for bit against the whole op) and the graphed step (the halves
+        # bit for bit against the chunked step, yolo11n and yolo26n), beside the CPU-bound synth and pack; then the
+        # ceiling without C2f/C3k2's cv1 output as two dense halves, as the library is, without again
+        "timeout 300 python3 -m pytest -q -m gpu tests/test_bn_silu.py tests/test_graphed.py "
+        "-p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_halves.txt 2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_halves.txt | tail -40",
+        f"timeout 340 python3 -m tools.device.swap_ab off=swap_halves out=$OUT/halves_ab -- "
+        f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("ceiling-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # the step alone without and with the halves (yolo11n, yolo26n) beside the CPU-bound synth and pack; then
+        # yolo26n's ceiling without the graphed step (eager: no graph, no fused op, no swap), as the library is,
+        # without again
+        f"({SYNTH_10K} && {PACK_10K}) > $OUT/synth_pack.txt 2>&1 &",
+        "timeout 150 python3 -m tools.step_levers model=yolo11n.yaml levers=graphed_chunked,graphed "
+        "out=$OUT/levers_halves 2>&1 | grep -v Warning | tail -30",
+        "timeout 120 python3 -m tools.step_levers model=yolo26n.yaml levers=graphed_chunked,graphed "
+        "out=$OUT/levers_halves 2>&1 | grep -v Warning | tail -30",
+        "wait; tail -2 $OUT/synth_pack.txt",
+        f"timeout 330 python3 -m tools.device.swap_ab off=install out=$OUT/graphed_ab_26n -- "
+        f"model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

@@ -193,7 +193,8 @@ def lever_triton_bn_silu_narrow(model):
 def lever_graphed(model, without: tuple = ()):
     """yolofeed's graphed step (train/graphed.py) as its trainer installs it: forward and backward replayed as CUDA
     graphs, batch norm and SiLU fused, the head's upsamples in half and its outputs cells-major, the channel
-    concatenations as the Triton copy, the weights cast at once; the loss eager. ``without``: swapped classes put
+    concatenations as the Triton copy, the weights cast at once, C2f/C3k2's cv1 output as two dense halves; the loss
+    eager. ``without``: swapped classes put
     back to torch's or Ultralytics' before the capture."""
     from yolofeed.train import graphed
 
@@ -217,6 +218,14 @@ def lever_graphed_uncast(model):
     from yolofeed.train import graphed
 
     return lever_graphed(model, without=(graphed.CastConv2d,))
+
+
+def lever_graphed_chunked(model):
+    """The graphed step with C2f/C3k2's cv1 output chunked as Ultralytics chunks it, not written as two dense halves
+    (no ``HalvesC2f`` / ``HalvesC3k2``)."""
+    from yolofeed.train import graphed
+
+    return lever_graphed(model, without=(graphed.HalvesC2f, graphed.HalvesC3k2))
 
 
 def lever_fused_eager(model):

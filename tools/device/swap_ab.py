@@ -4,7 +4,9 @@
     python -m tools.device.swap_ab off=swap_convs knobs=_UNROLL=1 out=$OUT/cast_ab -- model=yolo11n.yaml ...
 
 ``off`` names swaps the trainer makes, comma-separated (``swap_layout``: the head's upsamples in half precision and
-its outputs cells-major; ``swap_convs``: the weights cast at once): side A's processes start with a ``sitecustomize``
+its outputs cells-major; ``swap_convs``: the weights cast at once; ``swap_halves``: C2f/C3k2's cv1 output as two
+dense halves; ``install``: the graphed step as a whole, its graph, fused op and every swap, as
+``graphed_step=False``): side A's processes start with a ``sitecustomize``
 on PYTHONPATH that makes them do nothing, B's with none. ``knobs=_UNROLL=1,...`` sets the fused batch norm + SiLU's
 launch knobs (kernels/bn_silu.py) on side A as well: B is the library as it is, its code the same on both sides.
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from tools.device.bn_silu_ab import aba
 
-OFF = {"swap_layout", "swap_convs"}
+OFF = {"swap_layout", "swap_convs", "swap_halves", "install"}
 KNOBS = {"_GROUPS", "_TILE", "_WARPS", "_UNROLL", "_STAGES", "_FLAT_TILE", "_FLAT_WARPS"}
 # A sitecustomize that fails only prints "Error in sitecustomize" and the run goes on as the other side: side A's
 # writes failed.txt beside itself instead, which ``aba`` reports.

@@ -7,8 +7,12 @@ stored (the backward recomputes it from x), and each direction is two passes ove
 batch norm plus SiLU's (``bn_silu_triton.py`` says how many). Sums are float32 in both; the results differ from
 cuDNN's by float32 rounding of another summation order, which ``tests/test_bn_silu.py`` bounds.
 
+``bn_silu_halves(..., split)`` is the same op with its output as two dense tensors, its channels before ``split``
+and after: what a C2f block's ``chunk`` of it is, without the copy a convolution makes of a channel slice, or the one
+the chunk's backward makes to join the two gradients.
+
 ``fusable(x)`` says whether an activation can take it: a channels-last 4-D tensor with more than one value per
-channel. The torch path (``Reference``) runs the same arithmetic on any device; the Triton path runs on CUDA.
+channel. The torch path (``reference``) runs the same arithmetic on any device; the Triton path runs on CUDA.
 """
 
 from __future__ import annotations
@@ -103,48 +107,88 @@ def _tickets_for(x: Tensor) -> Tensor:
     return t
 
 
+def _forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor,
+             momentum: float, eps: float, split: int | None) -> tuple[Tensor, ...]:
+    """The statistics pass, then ``apply`` into y, or into its first ``split`` channels and the rest as two dense
+    tensors."""
+    from yolofeed.kernels import bn_silu_triton as k
+
+    n, c, h, w = x.shape
+    m = x.numel() // c
+    p = _plan(m, c)
+    work = torch.empty(p.groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
+    save = work[p.groups * 2 * c:]
+    k.stats[p.grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, p.rows, p.groups,
+                    momentum, eps, BLOCK_M=p.block_m, BLOCK_C=p.block_c, BLOCK_G=p.block_g, **p.launch)
+    if split is None:
+        ys = (torch.empty_like(x),)  # channels-last, as x
+    else:
+        ys = tuple(torch.empty((n, part, h, w), device=x.device, dtype=x.dtype, memory_format=torch.channels_last)
+                   for part in (split, c - split))
+    k.apply[p.flat_grid](x, ys[0], ys[-1], save, m, c, split or c, BLOCK_M=p.flat_m, BLOCK_C=p.flat_c,
+                         SPLIT=split is not None, num_warps=p.flat_warps)
+    ctx.save_for_backward(x, save)
+    ctx.plan, ctx.dtypes, ctx.split = p, (weight.dtype, bias.dtype), split
+    return ys
+
+
+def _rows(dy: Tensor) -> tuple[Tensor, int]:
+    """dy and its row stride (``row_stride``); a layout the next op's backward rarely gives is copied once."""
+    stride = row_stride(dy)
+    if stride is None:
+        dy = dy.contiguous(memory_format=torch.channels_last)
+        stride = dy.shape[1]
+    return dy, stride
+
+
+def _backward(ctx, *dys: Tensor) -> tuple[Tensor | None, ...]:
+    """dx, dweight, dbias from dy, or from the gradients of the two halves (read in place: never joined)."""
+    from yolofeed.kernels import bn_silu_triton as k
+
+    x, save = ctx.saved_tensors
+    p = ctx.plan
+    dy, stride = _rows(dys[0])
+    dy2, stride2 = _rows(dys[1]) if len(dys) > 1 else (dy, stride)
+    c = x.shape[1]
+    m = x.numel() // c
+    c1, split = ctx.split or c, ctx.split is not None
+    part = torch.empty(p.groups * 2 * c, device=x.device, dtype=torch.float32)
+    dw = torch.empty(c, device=x.device, dtype=torch.float32)
+    db = torch.empty(c, device=x.device, dtype=torch.float32)
+    k.grad_stats[p.grid](x, dy, stride, dy2, stride2, c1, save, part, _tickets_for(x), dw, db, m, c, p.rows, p.groups,
+                         BLOCK_M=p.block_m, BLOCK_C=p.block_c, BLOCK_G=p.block_g, SPLIT=split, **p.launch)
+    dx = torch.empty_like(x)
+    k.grad_apply[p.flat_grid](x, dy, stride, dy2, stride2, c1, dx, save, m, c, BLOCK_M=p.flat_m, BLOCK_C=p.flat_c,
+                              SPLIT=split, num_warps=p.flat_warps)
+    return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1])
+
+
 class _TritonBNSiLU(torch.autograd.Function):
     """x, y and dx are passed as they are: a channels-last dense (N, C, H, W) tensor is the (M, C) rows in memory."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor,
                 momentum: float, eps: float) -> Tensor:
-        from yolofeed.kernels import bn_silu_triton as k
-
-        c = x.shape[1]
-        m = x.numel() // c
-        p = _plan(m, c)
-        work = torch.empty(p.groups * 2 * c + 6 * c, device=x.device, dtype=torch.float32)
-        save = work[p.groups * 2 * c:]
-        k.stats[p.grid](x, work, _tickets_for(x), save, weight, bias, running_mean, running_var, m, c, p.rows, p.groups,
-                        momentum, eps, BLOCK_M=p.block_m, BLOCK_C=p.block_c, BLOCK_G=p.block_g, **p.launch)
-        y = torch.empty_like(x)  # channels-last, as x
-        k.apply[p.flat_grid](x, y, save, m, c, BLOCK_M=p.flat_m, BLOCK_C=p.flat_c, num_warps=p.flat_warps)
-        ctx.save_for_backward(x, save)
-        ctx.plan, ctx.dtypes = p, (weight.dtype, bias.dtype)
-        return y
+        return _forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, None)[0]
 
     @staticmethod
     def backward(ctx, dy: Tensor):
-        from yolofeed.kernels import bn_silu_triton as k
+        return *_backward(ctx, dy), None, None, None, None
 
-        x, save = ctx.saved_tensors
-        p = ctx.plan
-        stride = row_stride(dy)
-        if stride is None:  # a layout the next op's backward rarely gives: one copy
-            dy = dy.contiguous(memory_format=torch.channels_last)
-            stride = dy.shape[1]
-        c = x.shape[1]
-        m = x.numel() // c
-        part = torch.empty(p.groups * 2 * c, device=x.device, dtype=torch.float32)
-        dw = torch.empty(c, device=x.device, dtype=torch.float32)
-        db = torch.empty(c, device=x.device, dtype=torch.float32)
-        k.grad_stats[p.grid](x, dy, stride, save, part, _tickets_for(x), dw, db, m, c, p.rows, p.groups,
-                             BLOCK_M=p.block_m, BLOCK_C=p.block_c, BLOCK_G=p.block_g, **p.launch)
-        dx = torch.empty_like(x)
-        k.grad_apply[p.flat_grid](x, dy, stride, dx, save, m, c, BLOCK_M=p.flat_m, BLOCK_C=p.flat_c,
-                                  num_warps=p.flat_warps)
-        return dx, dw.to(ctx.dtypes[0]), db.to(ctx.dtypes[1]), None, None, None, None
+
+class _TritonBNSiLUHalves(torch.autograd.Function):
+    """The same op with its output written as two dense tensors, the channels before ``split`` and after: a
+    consumer of one half (a convolution) then reads it in place, where a channel slice of one output would be
+    copied to dense rows first, and the backward reads the two gradients where it would read them joined."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor,
+                momentum: float, eps: float, split: int) -> tuple[Tensor, Tensor]:
+        return _forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, split)
+
+    @staticmethod
+    def backward(ctx, dy1: Tensor, dy2: Tensor):
+        return *_backward(ctx, dy1, dy2), None, None, None, None, None
 
 
 def reference(x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor, momentum: float,
@@ -173,3 +217,16 @@ def bn_silu(x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, runni
     if x.is_cuda:
         return _TritonBNSiLU.apply(x, weight, bias, running_mean, running_var, float(momentum), float(eps))
     return reference(x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+def bn_silu_halves(x: Tensor, weight: Tensor, bias: Tensor, running_mean: Tensor, running_var: Tensor,
+                   momentum: float, eps: float, split: int) -> tuple[Tensor, Tensor]:
+    """``bn_silu(...).split((split, C - split), 1)`` with each half a dense channels-last tensor: the same values,
+    and the same gradients for x, the weight and the bias. ``x`` must be ``fusable``, 0 < split < C."""
+    if not 0 < split < x.shape[1]:
+        raise ValueError(f"bn_silu_halves: split {split} outside 1..{x.shape[1] - 1}")
+    if x.is_cuda:
+        return _TritonBNSiLUHalves.apply(x, weight, bias, running_mean, running_var, float(momentum), float(eps),
+                                         int(split))
+    y = reference(x, weight, bias, running_mean, running_var, momentum, eps)
+    return tuple(t.contiguous(memory_format=torch.channels_last) for t in y.split((split, x.shape[1] - split), 1))

@@ -93,8 +93,10 @@ def stats(x_ptr, part_ptr, tickets_ptr, save_ptr, w_ptr, b_ptr, rm_ptr, rv_ptr, 
 
 
 @triton.jit
-def apply(x_ptr, y_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """y = silu(x * scale + shift), over (BLOCK_M, BLOCK_C) tiles: the channels' constants loaded once a tile."""
+def apply(x_ptr, y_ptr, y2_ptr, save_ptr, M, C, C1, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+          SPLIT: tl.constexpr = False):
+    """y = silu(x * scale + shift), over (BLOCK_M, BLOCK_C) tiles: the channels' constants loaded once a tile. With
+    SPLIT, channels below C1 go to y (rows of C1) and the rest to y2 (rows of C - C1): the two halves dense."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -104,7 +106,14 @@ def apply(x_ptr, y_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.const
     scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)
     shift = tl.load(save_ptr + 3 * C + cols, mask=cmask, other=0.0)
     z = x * scale[None, :] + shift[None, :]
-    tl.store(y_ptr + at, (z * tl.sigmoid(z)).to(y_ptr.dtype.element_ty), mask=mask)
+    y = (z * tl.sigmoid(z)).to(y_ptr.dtype.element_ty)
+    if SPLIT:
+        first = (cols < C1)[None, :]
+        r = rows.to(tl.int64)[:, None]
+        tl.store(y_ptr + r * C1 + cols[None, :], y, mask=mask & first)
+        tl.store(y2_ptr + r * (C - C1) + (cols - C1)[None, :], y, mask=mask & ~first)
+    else:
+        tl.store(y_ptr + at, y, mask=mask)
 
 
 @triton.jit
@@ -116,11 +125,25 @@ def _dz(x, dy, scale, shift):
 
 
 @triton.jit
-def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr, db_ptr, M, C, rows_per_prog, G,
-               BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr, UNROLL: tl.constexpr = 1):
+def _load_dy(dy_ptr, dy_stride, dy2_ptr, dy2_stride, C1, rows, cols, mask, SPLIT: tl.constexpr):
+    """dy's (rows, cols) tile in float32: rows ``dy_stride`` apart; with SPLIT, channels below C1 from dy and the rest
+    from dy2 (its rows ``dy2_stride`` apart), the gradients of ``apply``'s two halves."""
+    if SPLIT:
+        first = (cols < C1)[None, :]
+        a = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask & first, other=0.0)
+        b = tl.load(dy2_ptr + rows[:, None] * dy2_stride + (cols - C1)[None, :], mask=mask & ~first, other=0.0)
+        return tl.where(first, a, b).to(tl.float32)
+    return tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def grad_stats(x_ptr, dy_ptr, dy_stride, dy2_ptr, dy2_stride, C1, save_ptr, part_ptr, tickets_ptr, dw_ptr, db_ptr, M,
+               C, rows_per_prog, G, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
+               UNROLL: tl.constexpr = 1, SPLIT: tl.constexpr = False):
     """Per row group g, per channel: sum(dz) and sum(dz * xhat) into part (G, 2, C) float32. The last program of the
     channel block sums the partials: db, dw (the bias's and the weight's gradients), and save's rows 4 and 5 become
-    db / M and dw / M. dy's rows are ``dy_stride`` apart (a channel slice of a wider NHWC tensor)."""
+    db / M and dw / M. dy's rows are ``dy_stride`` apart (a channel slice of a wider NHWC tensor); with SPLIT, dy
+    is read from two tensors (``_load_dy``)."""
     g = tl.program_id(0)
     cb = tl.program_id(1)
     cols = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -138,7 +161,7 @@ def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr
             rows = (r0 + u * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
             mask = (rows < end)[:, None] & cmask[None, :]
             x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = _load_dy(dy_ptr, dy_stride, dy2_ptr, dy2_stride, C1, rows, cols, mask, SPLIT)
             dz = _dz(x, dy, scale, shift)
             sdz += dz
             sdzx += dz * (x - mean) * invstd
@@ -152,14 +175,15 @@ def grad_stats(x_ptr, dy_ptr, dy_stride, save_ptr, part_ptr, tickets_ptr, dw_ptr
 
 
 @triton.jit
-def grad_apply(x_ptr, dy_ptr, dy_stride, dx_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dx = scale * (dz - db / M - xhat * dw / M), over (BLOCK_M, BLOCK_C) tiles."""
+def grad_apply(x_ptr, dy_ptr, dy_stride, dy2_ptr, dy2_stride, C1, dx_ptr, save_ptr, M, C, BLOCK_M: tl.constexpr,
+               BLOCK_C: tl.constexpr, SPLIT: tl.constexpr = False):
+    """dx = scale * (dz - db / M - xhat * dw / M), over (BLOCK_M, BLOCK_C) tiles; dy as ``grad_stats`` reads it."""
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     mask = (rows < M)[:, None] & cmask[None, :]
     x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + rows[:, None] * dy_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = _load_dy(dy_ptr, dy_stride, dy2_ptr, dy2_stride, C1, rows, cols, mask, SPLIT)
     mean = tl.load(save_ptr + cols, mask=cmask, other=0.0)[None, :]
     invstd = tl.load(save_ptr + C + cols, mask=cmask, other=0.0)[None, :]
     scale = tl.load(save_ptr + 2 * C + cols, mask=cmask, other=0.0)[None, :]

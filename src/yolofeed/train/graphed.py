@@ -7,7 +7,7 @@ host time. Replayed as a graph, the model's forward and its backward cost the ho
 savings reach the step.
 
 ``install(trainer)`` (at ``on_train_start``, after the EMA copied the model, with ``graphed_step``, the default) does
-four things to the training model:
+five things to the training model:
 
 * every Ultralytics ``Conv`` whose batch norm and activation are plain ``BatchNorm2d`` and ``SiLU`` becomes a
   ``FusedConv``: while a graph is being captured its batch norm and SiLU run as the one Triton op; otherwise (an eager
@@ -17,6 +17,9 @@ four things to the training model:
   as the loss reads them (``TokenMajorDetect``); both only while a graph is captured, otherwise Ultralytics' own;
   the capture also records the channel concatenations of NHWC activations as one Triton copy an input
   (kernels/channel_cat.py: ``torch.cat`` copies a channel slice one element a thread), the same values;
+* Ultralytics' ``C2f`` and ``C3k2`` become ``HalvesC2f`` and ``HalvesC3k2``: while a graph is captured, their first
+  Conv's output is written as the two dense halves their forward chunks it into (no copy of a channel slice
+  forward, no join of the two gradients backward), the same values;
 * every trained ``Conv2d`` becomes a ``CastConv2d``: inside the capture all their weights are cast for autocast in one
   launch, and their gradients cast back in one, where autocast casts each at its use (the same values); otherwise
   torch's ``Conv2d``;
@@ -55,7 +58,7 @@ from torch.utils import _pytree as pytree
 from yolofeed import ultralytics_seam as seam
 from yolofeed.kernels import bn_silu as bn_silu_op
 from yolofeed.kernels import channel_cat
-from yolofeed.kernels.bn_silu import bn_silu, fusable
+from yolofeed.kernels.bn_silu import bn_silu, bn_silu_halves, fusable
 
 WARMUP = 3  # make_graphed_callables' warm-up passes before the capture (its default)
 # thread_local, as the augmentation's and FastMuSGD's captures: in the default global mode the loader thread (primed
@@ -89,10 +92,57 @@ class FusedConv(_StockPickle, seam.Conv):
             return super().forward(x)
         y = self.conv(x)
         bn = self.bn
-        if not (fusable(y) and bn.training and bn.momentum is not None):
+        if not self._fuses(y):
             return self.act(bn(y))
         bn.num_batches_tracked.add_(1)  # as BatchNorm2d counts (its momentum is set: the count is not read)
         return bn_silu(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+
+    def forward_halves(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``forward(x).chunk(2, 1)`` (C2f's); while ``fused``, the two halves as dense tensors (``bn_silu_halves``)."""
+        if not self.fused or not self.training:
+            return super().forward(x).chunk(2, 1)
+        y = self.conv(x)
+        bn = self.bn
+        if not (self._fuses(y) and y.shape[1] % 2 == 0):
+            return self.act(bn(y)).chunk(2, 1)
+        bn.num_batches_tracked.add_(1)
+        return bn_silu_halves(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
+                              y.shape[1] // 2)
+
+    def _fuses(self, y: torch.Tensor) -> bool:
+        return fusable(y) and self.bn.training and self.bn.momentum is not None
+
+
+class _Halves:
+    """C2f's forward; while ``fused`` (a graph capture), cv1's output as two dense halves (``forward_halves``).
+
+    Stock's ``cv1(x).chunk(2, 1)`` gives two channel slices of one channels-last map: the first Bottleneck's
+    convolution copies the second to dense rows before it reads it, and the chunk's backward joins the halves'
+    gradients into one tensor, a copy each way of a map that is among the step's largest (yolo11n's first C3k2s run
+    at 160 and 80 px). Here the fused op writes the halves dense and its backward reads their gradients where they
+    are: the same values and the same gradients."""
+
+    fused = False
+    _stock: type
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused or not self.training:
+            return self._stock.forward(self, x)
+        y = list(self.cv1.forward_halves(x))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class HalvesC2f(_Halves, _StockPickle, seam.C2f):
+    """Ultralytics' ``C2f``; while ``fused``, ``_Halves``' forward."""
+
+    _stock = seam.C2f
+
+
+class HalvesC3k2(_Halves, _StockPickle, seam.C3k2):
+    """Ultralytics' ``C3k2`` (C2f's forward, other blocks in ``m``); while ``fused``, ``_Halves``' forward."""
+
+    _stock = seam.C3k2
 
 
 class HalfUpsample(_StockPickle, nn.Upsample):
@@ -208,7 +258,8 @@ def half_upsamples(model: nn.Module) -> list[nn.Upsample]:
 
     def one_convolution(t: nn.Module) -> bool:
         return type(t) in (seam.Conv, FusedConv) or (
-            isinstance(t, seam.C2f) and type(t).forward is seam.C2f.forward and type(t.cv1) in (seam.Conv, FusedConv))
+            isinstance(t, seam.C2f) and type(t).forward in (seam.C2f.forward, _Halves.forward)
+            and type(t.cv1) in (seam.Conv, FusedConv))
 
     def only_taker(i: int) -> nn.Module | None:
         return takers[i][0] if len(takers[i]) == 1 else None
@@ -232,7 +283,7 @@ def fusable_convs(model: nn.Module) -> list[nn.Module]:
 
 
 # the swapped classes (``uninstall`` restores them); ``_Fusing`` sets their ``fused``
-_SWAPPED = (FusedConv, HalfUpsample, TokenMajorDetect, CastConv2d)
+_SWAPPED = (FusedConv, HalfUpsample, TokenMajorDetect, CastConv2d, HalvesC2f, HalvesC3k2)
 
 
 class _Fusing:
@@ -398,6 +449,7 @@ def swap(model: nn.Module) -> None:
     for m in fusable_convs(model):
         seam.swap_class(m, seam.Conv, FusedConv)
     swap_layout(model)
+    swap_halves(model)
     swap_convs(model)
     model.__class__ = _graphed_class(type(model))
 
@@ -411,6 +463,16 @@ def swap_layout(model: nn.Module) -> None:
     if seam.since(seam.GRAPH_LAYOUT_SINCE):
         for m in model.modules():
             seam.swap_class(m, seam.Detect, TokenMajorDetect)
+
+
+def swap_halves(model: nn.Module) -> None:
+    """Ultralytics' own ``C2f`` and ``C3k2`` whose cv1 is a ``FusedConv`` become ``HalvesC2f`` and ``HalvesC3k2``
+    (their cv1's output as two dense halves while a graph is captured), from ``GRAPH_LAYOUT_SINCE`` on."""
+    if not seam.since(seam.GRAPH_LAYOUT_SINCE):
+        return
+    for m in model.modules():
+        if type(getattr(m, "cv1", None)) is FusedConv and type(m).forward is seam.C2f.forward:
+            seam.swap_class(m, seam.C2f, HalvesC2f) or seam.swap_class(m, seam.C3k2, HalvesC3k2)
 
 
 def swap_convs(model: nn.Module) -> None:

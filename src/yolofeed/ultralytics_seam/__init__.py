@@ -131,7 +131,10 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.models.yolo.pose import PoseTrainer  # train.tasks: FastPoseTrainer subclasses it
     from ultralytics.models.yolo.segment import SegmentationTrainer  # train.tasks: FastSegmentationTrainer
     from ultralytics.nn.autobackend import AutoBackend  # train.validation: the final validation's model, warmed
-    from ultralytics.nn.modules.block import C2f  # train.graphed: a layer whose input reaches one convolution
+    from ultralytics.nn.modules.block import (  # train.graphed: layers whose input reaches one convolution
+        C2f,
+        C3k2,  # a C2f with C2f's forward (HalvesC3k2 subclasses it)
+    )
     from ultralytics.nn.modules.conv import Concat, Conv  # train.graphed: FusedConv subclasses Conv
     from ultralytics.nn.modules.head import Detect  # train.graphed: TokenMajorDetect subclasses it
     from ultralytics.nn.tasks import (  # train.keys: a model's task
@@ -206,7 +209,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f",
+    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
     "Concat", "Conv", "Detect", "layer_inputs", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",

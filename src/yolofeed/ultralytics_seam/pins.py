@@ -519,10 +519,11 @@ RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.nn.modules.conv.Concat.forward", "1f3475ff80047233",
            why="torch.cat of its inputs (type promotion: a float32 input makes the result float32); HalfUpsample "
                "relies on it", since=GRAPH_LAYOUT_SINCE),
-    Pinned("ultralytics.nn.modules.block.C2f.forward", "aa9826ad5c808a0c",
-           why="its input reaches cv1 once (a Conv: a convolution, cast by autocast) and nothing else; HalfUpsample "
-               "relies on it",
-           since=GRAPH_LAYOUT_SINCE),
+    Pinned("ultralytics.nn.modules.block.C2f.forward", "aa9826ad5c808a0c", "yolofeed.train.graphed._Halves.forward",
+           why="its input reaches cv1 once (a Conv: a convolution, cast by autocast) and nothing else, which "
+               "HalfUpsample relies on; cv1's output chunked in two, the second half into m, all of them into cv2's "
+               "cat: _Halves makes the same with the halves dense while a graph is captured, and calls this forward "
+               "otherwise", since=GRAPH_LAYOUT_SINCE),
     Pinned("ultralytics.nn.tasks.BaseModel.predict", "50f29e9d8fd224ba",
            "yolofeed.train.graphed.GraphedPredict.predict",
            why="the training forward: x alone (profile, augment and embed off) runs _predict_once, which the graph "
@@ -599,6 +600,8 @@ SWAPPED: tuple[tuple[str, str, str], ...] = (
     ("ultralytics.nn.modules.head.Detect", "yolofeed.train.graphed.TokenMajorDetect", "train/graphed.py::install"),
     ("torch.nn.modules.upsampling.Upsample", "yolofeed.train.graphed.HalfUpsample", "train/graphed.py::install"),
     ("torch.nn.modules.conv.Conv2d", "yolofeed.train.graphed.CastConv2d", "train/graphed.py::install"),
+    ("ultralytics.nn.modules.block.C2f", "yolofeed.train.graphed.HalvesC2f", "train/graphed.py::install"),
+    ("ultralytics.nn.modules.block.C3k2", "yolofeed.train.graphed.HalvesC3k2", "train/graphed.py::install"),
     ("ultralytics.models.yolo.detect.val.DetectionValidator", "yolofeed.train.val_metrics.BatchedDetectionValidator",
      "train/val_metrics.py::install"),
 )
