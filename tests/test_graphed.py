@@ -573,6 +573,39 @@ def test_a_graph_captured_ahead_leaves_the_model_as_it_was_and_replays_the_eager
 
 
 @pytest.mark.gpu
+def test_a_capture_that_runs_out_of_memory_on_cuda_leaves_the_step_eager(monkeypatch):
+    """A real out-of-memory error inside ``make_graphed_callables`` (the process held to the memory it has): one
+    line says the step stays eager, every swapped layer is Ultralytics' path again, the batch-norm statistics are as
+    before, the capture is not tried again, and once memory is back the step is the eager fused step's."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    stock, batches = _cuda_case(last=0)
+    logs = []
+    ours = _prepared(copy.deepcopy(stock), graph=True, log=logs.append)
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    # room for the blank batch (5 MB), not for the warm-up's activations
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + (16 << 20)) / total)
+    try:
+        assert not graphed.capture_ahead(ours, 16, 160, torch.device("cuda"))
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    graph = ours.__dict__["_graph"]
+    assert graph.failed and graph.flat is None and len(logs) == 1, logs
+    assert "stays eager" in logs[0] and "OutOfMemoryError" in logs[0], logs
+    assert not any(m.fused for m in ours.modules() if isinstance(m, graphed._SWAPPED))
+    assert all(torch.equal(before[k], v) for k, v in ours.state_dict().items())
+    assert not graph.takes(batches[0]["img"])  # not tried again
+
+    def check(n, r):  # both eager, Ultralytics' step: apart only by the loss's atomics
+        assert abs(r["eager"][0] - r["reference"][0]) <= 1e-6 * abs(r["reference"][0]), n
+        _close(r["reference"][1], r["eager"][1], 1e-4, n)
+
+    _lockstep(_prepared(copy.deepcopy(stock)), {"eager": (ours, True)}, batches[:2], check)
+
+
+@pytest.mark.gpu
 def test_graphed_fused_steps_are_as_close_to_float32_as_stock_fp16_steps(monkeypatch):
     """Against Ultralytics' own eager step (cuDNN's batch norm, fp16 between batch norm and SiLU), both measured from
     the same step in float32 (TF32 off), each gradient and batch-norm statistic's error relative to its norm (and
