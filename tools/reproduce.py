@@ -336,13 +336,9 @@ SECTIONS = {s.name: s for s in (
         f"timeout 340 python3 -m tools.device.swap_ab off=swap_halves out=$OUT/halves_ab -- "
         f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("ceiling-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
-        # the step alone without and with the halves (yolo11n) beside the CPU-bound synth and pack; the ceiling's
-        # kernels, in the graphs and out; then yolo26n's ceiling without the graphed step (eager: no graph, no fused
-        # op, no swap), as the library is, without again
-        f"({SYNTH_10K} && {PACK_10K}) > $OUT/synth_pack.txt 2>&1 &",
-        "timeout 150 python3 -m tools.step_levers model=yolo11n.yaml levers=graphed_chunked,graphed "
-        "out=$OUT/levers_halves 2>&1 | grep -v Warning | tail -12",
-        "wait; tail -2 $OUT/synth_pack.txt",
+        # the ceiling's kernels (yolo11n), in the graphs and out; then yolo26n's ceiling without the graphed step
+        # (eager: no graph, no fused op, no swap), as the library is, without again
+        SYNTH_10K, PACK_10K,
         f"timeout 120 python3 -m tools.device.ceiling_kernels model=yolo11n.yaml {BENCH_1} steps=40 profile=5 "
         "out=$OUT/ceiling_kernels 2>&1 | grep -v Warning | tail -70",
         f"timeout 330 python3 -m tools.device.swap_ab off=install out=$OUT/graphed_ab_26n -- "
