@@ -7,4 +7,8 @@
 runs a kernel picks the version (``augment.warp``, ``augment.pipeline.compose``, ``jpeg.place``); a kernel
 imports torch and Triton only, so augment and pack both sit above it. Modules that import Triton end in
 ``_triton``: the rest import without it.
+
+The training step's kernels follow the same pattern: ``bn_silu`` (batch norm + SiLU, forward and backward),
+``channel_cat`` (channel concatenations of NHWC activations) and ``bce_sum`` (the detection loss's classification
+term), each an autograd op over its ``_triton`` module.
 """

@@ -97,7 +97,8 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.v8DetectionLoss.get_assigned_targets_and_loss", "a4753d10641f935a",
            "yolofeed.train.loss.detect.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
            "the anchors and image size cached per feature-map shape; the most boxes per image and the candidates' "
-           "count from the batch",
+           "count from the batch; the classification term's BCE and sum one fused pass each way on CUDA "
+           "(kernels/bce_sum.py: the same gradient, the sum in another order)",
            others=(
                _r("8.4.138", "8.4.153", "418f07badd332a6b",
                   "target_scores_sum by max() and the box loss skipped without foreground, two syncs: the same values;"
@@ -165,7 +166,8 @@ COPIED: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.loss.v8OBBLoss.loss", "98579daf4366c3bc", "yolofeed.train.loss.obb.SyncFreeOBBLoss.loss",
            "the anchors and image size cached per feature-map shape; the tiny-box filter a mask; the most boxes per "
            "image and the candidates' count from the batch; max(sum, 1) by clamp; the box and angle losses without "
-           "the fg_mask.sum() guard (0 without a foreground)",
+           "the fg_mask.sum() guard (0 without a foreground); the classification term's BCE and sum one fused pass "
+           "each way on CUDA (kernels/bce_sum.py)",
            others=(
                _r("8.4.138", "8.4.161", "cf0c94e010cf15ef",
                   "the error for a detection dataset (4 box columns) names data=dota8.yaml, where 8.4.162 names "

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from yolofeed import ultralytics_seam as seam
+from yolofeed.kernels import bce_sum as bce_sum_op
 from yolofeed.schema import normalised_xywh  # to_ultralytics' own formula: the same box values
 from yolofeed.ultralytics_seam import (
     BboxLoss,
@@ -168,8 +169,21 @@ class SyncFreeBboxLoss(BboxLoss):
 
 class SyncFreeLoss:
     """What the sync-free losses share (a base before Ultralytics' loss class): the constants Ultralytics recomputes
-    with syncs every call, cached per feature-map shape, and those of the last call (the next batch's counts use them).
+    with syncs every call, cached per feature-map shape, and those of the last call (the next batch's counts use them);
+    the classification term (``bce_sum``).
     """
+
+    def bce_sum(self, pred_scores: Tensor, target_scores: Tensor, dtype: torch.dtype) -> Tensor:
+        """Ultralytics' ``self.bce(pred_scores, target_scores.to(dtype))``, times ``class_weights`` where set, summed;
+        on CUDA, where ``kernels.bce_sum.takes`` it, one pass each way: the same gradient element for element, the
+        sum in another order."""
+        if self.class_weights is None and dtype == pred_scores.dtype and bce_sum_op.takes(self.bce, pred_scores,
+                                                                                          target_scores):
+            return bce_sum_op.bce_sum(pred_scores, target_scores)
+        bce_loss = self.bce(pred_scores, target_scores.to(dtype))
+        if self.class_weights is not None:
+            bce_loss *= self.class_weights
+        return bce_loss.sum()
 
     def _constants(self, feats: list[Tensor], dtype: torch.dtype) -> Constants:
         """Anchors, stride per anchor, imgsz and its (w, h, w, h) scale for these feature maps: made once (with
@@ -259,10 +273,7 @@ class SyncFreeDetectionLoss(SyncFreeLoss, v8DetectionLoss):
             self.assigner.candidates = None
         target_scores_sum = target_scores.sum().clamp_(min=1)
 
-        bce_loss = self.bce(pred_scores, target_scores.to(dtype))
-        if self.class_weights is not None:
-            bce_loss *= self.class_weights
-        loss[1] = bce_loss.sum() / target_scores_sum
+        loss[1] = self.bce_sum(pred_scores, target_scores, dtype) / target_scores_sum
 
         if candidates is not None:  # the foreground: at most topk anchors per box, at most the candidates
             self.bbox_loss.bound = max(1, min(batch_size * pred_scores.shape[1], batch_size * n * self.assigner.topk,

@@ -138,10 +138,7 @@ class SyncFreeOBBLoss(SyncFreeLoss, v8OBBLoss):
             self.assigner.candidates = None
         target_scores_sum = target_scores.sum().clamp_(min=1)  # max(sum, 1) in Ultralytics: the same value
 
-        bce_loss = self.bce(pred_scores, target_scores.to(dtype))
-        if self.class_weights is not None:
-            bce_loss *= self.class_weights
-        loss[1] = bce_loss.sum() / target_scores_sum
+        loss[1] = self.bce_sum(pred_scores, target_scores, dtype) / target_scores_sum
 
         # the foreground: at most topk anchors per box (known on the host), at most the candidates
         bound = min(batch_size * pred_scores.shape[1], batch_size * n * self.assigner.topk)
