@@ -137,7 +137,7 @@ def test_gradient_is_atens_bit_for_bit_and_the_sum_within_rounding_on_cuda(shape
     (s * 0.37).backward()
     assert s.dtype == torch.float32 and xr.grad.dtype == torch.float16
     assert torch.equal(xr.grad, g_ref)
-    assert abs(float(s - s_ref)) <= 1e-6 * float(s_ref)
+    assert abs(float(s.detach() - s_ref)) <= 1e-6 * float(s_ref)
 
 
 @pytest.mark.gpu
@@ -189,5 +189,6 @@ def test_a_detection_loss_gives_the_same_gradients_with_it():
         results.append((items, {k: v.grad for k, v in leaves.items()}))
     (a, ga), (b_, gb) = results
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
+    a, b_ = (list(v.values()) if isinstance(v, dict) else v for v in (a, b_))  # box, cls, dfl (a dict from 8.4.18x)
     assert torch.equal(a[0], b_[0]) and torch.equal(a[2], b_[2])
     assert abs(float(a[1] - b_[1])) <= 1e-6 * float(b_[1])
