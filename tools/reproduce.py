@@ -338,11 +338,11 @@ SECTIONS = {s.name: s for s in (
     Section("bce-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the GPU tests of the loss's classification term as one fused pass each way (its gradient bit for bit
         # against ATen's, a whole detection loss with and without it), beside the CPU-bound synth and pack; then the
-        # ceiling as the library is, with the term fused (off by default until measured), as the library is again
+        # ceiling without the term fused, as the library is, without again
         "timeout 200 python3 -m pytest -q -m gpu tests/test_bce_sum.py tests/test_loss.py -p no:cacheprovider "
         "--tb=short -rA > $OUT/gpu_tests_bce.txt 2>&1 &",
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_bce.txt | tail -30",
-        f"timeout 340 python3 -m tools.device.swap_ab on=bce_sum out=$OUT/bce_ab -- model=yolo11n.yaml "
+        f"timeout 340 python3 -m tools.device.swap_ab off=bce_sum out=$OUT/bce_ab -- model=yolo11n.yaml "
         f"modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("ceiling-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the ceiling's kernels (yolo11n), in the graphs and out; then yolo26n's ceiling without the graphed step

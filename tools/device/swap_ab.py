@@ -10,10 +10,8 @@ dense halves; ``install``: the graphed step as a whole, its graph, fused op and 
 on PYTHONPATH that makes them do nothing, B's with none. ``knobs=_UNROLL=1,...`` sets the fused batch norm + SiLU's
 launch knobs (kernels/bn_silu.py) on side A as well: B is the library as it is, its code the same on both sides.
 
-    python -m tools.device.swap_ab on=bce_sum out=$OUT/bce_ab -- model=yolo11n.yaml modes=ceiling ...
-
-``on`` names a step option that is not yet the default (``bce_sum``: the loss's classification term as one fused pass
-each way, kernels/bce_sum.py): side A is the library as it is, side B has it switched on.
+``off=bce_sum`` switches off a step option of the library's own (``SWITCHES``: the loss's classification term as one
+fused pass each way, kernels/bce_sum.py) on side A.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from pathlib import Path
 
 from tools.device.bn_silu_ab import aba
 
-OFF = {"swap_layout", "swap_convs", "swap_halves", "install"}
-ON = {"bce_sum": ("yolofeed.kernels.bce_sum", "ENABLED")}  # name: (module, its switch), off by default
+OFF = {"swap_layout", "swap_convs", "swap_halves", "install", "bce_sum"}
+SWITCHES = {"bce_sum": ("yolofeed.kernels.bce_sum", "ENABLED")}  # name: (module, its switch), set False on side A
 KNOBS = {"_GROUPS", "_TILE", "_WARPS", "_UNROLL", "_STAGES", "_FLAT_TILE", "_FLAT_WARPS"}
 # A sitecustomize that fails only prints "Error in sitecustomize" and the run goes on as the other side: side A's
 # writes failed.txt beside itself instead, which ``aba`` reports.
@@ -39,8 +37,6 @@ SITE = """try:
 def main(argv: list[str]) -> None:
     cut = argv.index("--")
     args = dict(a.split("=", 1) for a in argv[:cut])
-    if "on" in args:
-        return turn_on(args, argv[cut + 1:])
     off = args.get("off", "").split(",")
     if not set(off) <= OFF or off == [""]:
         raise SystemExit(f"swap_ab: off= of {', '.join(sorted(OFF))}")
@@ -48,7 +44,11 @@ def main(argv: list[str]) -> None:
     if not set(knobs) <= KNOBS:
         raise SystemExit(f"swap_ab: knobs= of {', '.join(sorted(KNOBS))}")
     lines = ["    import yolofeed.train.graphed as _graphed\n",
-             *(f"    _graphed.{name} = lambda model: None\n" for name in off)]
+             *(f"    _graphed.{name} = lambda model: None\n" for name in off if name not in SWITCHES)]
+    for name in off:
+        if name in SWITCHES:
+            module, attr = SWITCHES[name]
+            lines += [f"    import {module} as _{name}\n", f"    _{name}.{attr} = False\n"]
     if knobs:
         lines += ["    import yolofeed.kernels.bn_silu as _op\n",
                   *(f"    _op.{k} = {int(v)}\n" for k, v in knobs.items())]
@@ -60,22 +60,6 @@ def main(argv: list[str]) -> None:
         (root / side / "sitecustomize.py").write_text(code)
         sides[side] = (what, root / side)
     aba(sides, argv[cut + 1:], Path(args.get("out", f"/tmp/{off[0]}_ab")))
-
-
-def turn_on(args: dict, bench: list[str]) -> None:
-    """``on=NAME``: a step option not yet the default (``ON``), side A the library as it is, side B with it on."""
-    name = args["on"]
-    if name not in ON:
-        raise SystemExit(f"swap_ab: on= of {', '.join(sorted(ON))}")
-    module, attr = ON[name]
-    code = SITE.format(lines=f"    import {module} as _m\n    _m.{attr} = True\n")
-    root = Path(tempfile.mkdtemp())
-    sides = {}
-    for side, what, text in (("A", "the library", ""), ("B", f"with {name}", code)):
-        (root / side).mkdir()
-        (root / side / "sitecustomize.py").write_text(text)
-        sides[side] = (what, root / side)
-    aba(sides, bench, Path(args.get("out", f"/tmp/{name}_ab")))
 
 
 if __name__ == "__main__":

@@ -26,9 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-# Off until its GPU tests have run and the ceiling has measured it (tools/device/swap_ab.py on=bce_sum): until then
-# the loss keeps Ultralytics' expression everywhere.
-ENABLED = False
+ENABLED = True  # False: Ultralytics' expression everywhere (tools/device/swap_ab.py off=bce_sum measures it)
 _BLOCK = 1024  # elements of a program's tile
 _ITERS = 8  # tiles a forward program sums: 86 M values make about 10,500 partials
 _WARPS = 4
