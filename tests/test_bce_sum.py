@@ -27,7 +27,7 @@ _NONE = nn.BCEWithLogitsLoss(reduction="none")
 
 @pytest.fixture(autouse=True)
 def enabled(monkeypatch):
-    """The pass switched on (``ENABLED``: off by default until measured on the GPU)."""
+    """The pass switched on (``ENABLED``, the default: a test that turns it off does not leak)."""
     monkeypatch.setattr(op, "ENABLED", True)
 
 
@@ -67,10 +67,30 @@ def test_takes_a_plain_bce_and_nothing_else(monkeypatch):
         assert not op.takes(_NONE, x.transpose(1, 2), t.transpose(1, 2))  # not dense
         assert not op.takes(_NONE, x, t.half())
         assert not op.takes(_NONE, x[:0], t[:0])
+        assert not op.takes(_NONE, x.bfloat16(), t)  # the kernels take it; its bits are not tested on the GPU
+        monkeypatch.setattr(op, "ENABLED", False)
+        assert not op.takes(_NONE, x, t)
     assert not op.takes(_NONE, x, t)  # half without autocast: ATen would compute in half
-    assert op.takes(_NONE, x.float(), t)
-    monkeypatch.setattr(op, "ENABLED", False)
-    assert not op.takes(_NONE, x.float(), t)
+    assert not op.takes(_NONE, x.float(), t)  # float32 (amp=False): Ultralytics' expression
+
+
+def test_the_loss_takes_the_pass_where_it_applies_and_never_with_class_weights(monkeypatch):
+    """The loss's dispatch, with ``takes`` said yes: the fused sum without class weights, Ultralytics' lines with them
+    (a class-weighted term is not what the pass computes) and where the dtype asked is not the logits'."""
+    from types import SimpleNamespace
+
+    from yolofeed.train.loss.detect import SyncFreeLoss
+
+    fused = torch.tensor(1.5)
+    monkeypatch.setattr(op, "takes", lambda *a: True)
+    monkeypatch.setattr(op, "bce_sum", lambda x, t: fused)
+    x, t = _case(dtype=torch.float32)
+    assert SyncFreeLoss.bce_sum(SimpleNamespace(bce=_NONE, class_weights=None), x, t, x.dtype) is fused
+    weights = torch.rand(11)
+    ours = SyncFreeLoss.bce_sum(SimpleNamespace(bce=_NONE, class_weights=weights), x, t, x.dtype)
+    assert torch.equal(ours, (_NONE(x, t) * weights).sum())
+    ours = SyncFreeLoss.bce_sum(SimpleNamespace(bce=_NONE, class_weights=None), x, t, torch.float64)
+    assert torch.equal(ours, _NONE(x, t.double()).sum())
 
 
 def test_the_loss_keeps_ultralytics_expression_where_the_pass_does_not_apply():
@@ -175,19 +195,27 @@ def test_a_detection_loss_gives_the_same_gradients_with_it():
              MAX_BOXES: 5}  # the sync-free loss's path, where the term is
     with torch.autocast("cuda", dtype=torch.float16):
         preds = model(batch["img"])
+    calls = []
+    real = op.bce_sum
+
+    def op_sum(x, t):
+        calls.append(1)
+        return real(x, t)
+
     results = []
     for fused in (True, False):
         leaves = {k: v.detach().clone().requires_grad_(True) for k, v in preds.items() if k != "feats"}
         with torch.autocast("cuda", dtype=torch.float16):
             original = op.takes
-            op.takes = original if fused else (lambda *a: False)
+            op.takes, op.bce_sum = (original if fused else (lambda *a: False)), op_sum
             try:
                 loss, items = model.loss(batch, {**leaves, "feats": [f.detach() for f in preds["feats"]]})
             finally:
-                op.takes = original
+                op.takes, op.bce_sum = original, real
         loss.sum().backward()
         results.append((items, {k: v.grad for k, v in leaves.items()}))
     (a, ga), (b_, gb) = results
+    assert calls == [1]  # the fused pass ran on the first side only
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
     a, b_ = (list(v.values()) if isinstance(v, dict) else v for v in (a, b_))  # box, cls, dfl (a dict from 8.4.18x)
     assert torch.equal(a[0], b_[0]) and torch.equal(a[2], b_[2])

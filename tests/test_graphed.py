@@ -177,9 +177,12 @@ def test_halves_keep_every_value_and_gradient(cfg, c2f, c3k2):
     x = torch.rand(1, half.cv1.conv.in_channels, 8, 8).to(memory_format=torch.channels_last)
     assert all(len(y) == 2 and y[1].is_contiguous(memory_format=torch.channels_last)
                for y in [half.cv1.forward_halves(x)])
-    half.fused = False
+    stock = copy.deepcopy(half)  # copies as Ultralytics' own block, without ``fused``
+    assert type(stock) is type(half)._stock and "fused" not in stock.__dict__
+    for m in half.modules():
+        m.__dict__.pop("fused", None)  # unset, as after a capture: Ultralytics' forward, layer by layer
     with torch.no_grad():
-        assert torch.equal(half(x), half._stock.forward(half, x))
+        assert torch.equal(half(x), stock(x))
 
     class Own(type(half)._stock):
         def forward(self, x):
@@ -192,6 +195,18 @@ def test_halves_keep_every_value_and_gradient(cfg, c2f, c3k2):
     graphed.swap(model)
     assert type(blocks[0]) is Own and type(blocks[1]) is type(half)._stock
     assert type(blocks[2]) is type(half)
+
+
+@LAYOUT
+@pytest.mark.parametrize("patched", ["C2f", "C3k2"])
+def test_a_c2f_whose_forward_was_patched_keeps_its_class(patched, monkeypatch):
+    """A forward patched on Ultralytics' class (C2f's own, or one given to C3k2) is not the one the halves copy:
+    no block of the model is swapped."""
+    original = seam.C2f.forward
+    monkeypatch.setattr(getattr(seam, patched), "forward", lambda self, x: original(self, x))
+    model = DetectionModel("yolo11n.yaml", nc=8, verbose=False)
+    graphed.swap(model)
+    assert not any(type(m) in (graphed.HalvesC2f, graphed.HalvesC3k2) for m in model.modules())
 
 
 @LAYOUT

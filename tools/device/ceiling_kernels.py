@@ -85,6 +85,9 @@ def main(argv: list[str]) -> None:
 
     trainer.add_callback("on_train_batch_end", on_batch_end)
     train_until_stopped(trainer)
+    if "wall" not in state:
+        raise SystemExit(f"ceiling_kernels: training ended after {state['i']} of {steps + n} steps: fewer steps=, "
+                         "or more images an epoch")
     path = out / "trace.json"
     state["prof"].export_chrome_trace(str(path))
     trace = json.loads(path.read_text())

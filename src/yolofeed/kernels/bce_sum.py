@@ -12,13 +12,15 @@ The same arithmetic:
 
 * the gradient is ATen's element for element: ``(sigmoid(x) - t) * g`` in float32 with ATen's float32 sigmoid
   (``1 / (1 + expf(-x))``, IEEE division) and t rounded to x's dtype first, then rounded once to x's dtype, as
-  autocast's cast back rounds it;
+  autocast's cast back rounds it. One exception, below float16's reach: Triton links libdevice flushing subnormals,
+  so where sigmoid(x) is a float32 subnormal (x below about -87.3) it is 0 here; a float16 gradient rounds such a
+  value to 0 either way;
 * the loss is ATen's elementwise formula, ``(1 - t) x - log_sigmoid(x)``, summed in another order: float32 rounding
   of the reported ``cls_loss`` (``tests/test_bce_sum.py`` bounds it).
 
-``takes(bce, x, t)`` says where it applies (with ``ENABLED``): CUDA with Triton, a plain
-``BCEWithLogitsLoss(reduction="none")`` (no weight, no pos_weight), x float16, bfloat16 under autocast or float32, t
-float32 of x's shape, both dense. The caller keeps Ultralytics' own expression everywhere else (the CPU among them).
+``takes(bce, x, t)`` says where it applies (with ``ENABLED``): NVIDIA's CUDA with Triton, a plain
+``BCEWithLogitsLoss(reduction="none")`` (no weight, no pos_weight), x float16 under autocast, t float32 of x's shape,
+both dense. The caller keeps Ultralytics' own expression everywhere else (the CPU among them).
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ def _triton() -> bool:
 
 
 def takes(bce: nn.Module, x: Tensor, t: Tensor) -> bool:
-    """Whether ``bce_sum(x, t)`` stands in for ``bce(x, t.to(x.dtype)).sum()`` here."""
-    half = x.dtype in (torch.float16, torch.bfloat16)
+    """Whether ``bce_sum(x, t)`` stands in for ``bce(x, t.to(x.dtype)).sum()`` here: float16 logits under CUDA's
+    autocast (Ultralytics' AMP, the case its GPU tests hold to ATen's bits; the kernels take bfloat16 and float32
+    too, untested there, so those keep Ultralytics' expression), NVIDIA's CUDA (libdevice)."""
     return (ENABLED and type(bce) is nn.BCEWithLogitsLoss and bce.reduction == "none" and bce.weight is None
-            and bce.pos_weight is None and x.is_cuda and t.device == x.device
-            and (x.dtype == torch.float32 or (half and torch.is_autocast_enabled("cuda")))
+            and bce.pos_weight is None and x.is_cuda and torch.version.hip is None and t.device == x.device
+            and x.dtype == torch.float16 and torch.is_autocast_enabled("cuda")
             and t.dtype == torch.float32 and x.shape == t.shape and x.numel() > 0
             and x.is_contiguous() and t.is_contiguous() and _triton())
 

@@ -69,8 +69,8 @@ _THREAD_LOCAL = ({"capture_error_mode": "thread_local"}
 
 
 class _StockPickle:
-    """Copies and pickles as the Ultralytics class this one was swapped from (``_stock``), without ``_graph`` (or a
-    cast weight left by a forward that failed)."""
+    """Copies and pickles as the Ultralytics class this one was swapped from (``_stock``), without ``_graph``, a cast
+    weight left by a forward that failed, or ``fused`` set by a capture."""
 
     _stock: type
 
@@ -78,6 +78,7 @@ class _StockPickle:
         state = dict(self.__dict__)
         state.pop("_graph", None)
         state.pop("_cast", None)
+        state.pop("fused", None)  # a copy made inside a capture (the EMA's) is Ultralytics' layer, not fusing
         return copyreg._reconstructor, (self._stock, object, None), state  # __newobj__ insists on the own class
 
 
@@ -111,6 +112,9 @@ class FusedConv(_StockPickle, seam.Conv):
 
     def _fuses(self, y: torch.Tensor) -> bool:
         return fusable(y) and self.bn.training and self.bn.momentum is not None
+
+
+_C2F_FORWARD = seam.C2f.forward  # the pinned forward (ultralytics_seam checks its source), not one patched later
 
 
 class _Halves:
@@ -471,7 +475,7 @@ def swap_halves(model: nn.Module) -> None:
     if not seam.since(seam.GRAPH_LAYOUT_SINCE):
         return
     for m in model.modules():
-        if type(getattr(m, "cv1", None)) is FusedConv and type(m).forward is seam.C2f.forward:
+        if type(getattr(m, "cv1", None)) is FusedConv and type(m).forward is _C2F_FORWARD:
             seam.swap_class(m, seam.C2f, HalvesC2f) or seam.swap_class(m, seam.C3k2, HalvesC3k2)
 
 
