@@ -68,10 +68,11 @@ def test_takes_a_plain_bce_and_nothing_else(monkeypatch):
         assert not op.takes(_NONE, x, t.half())
         assert not op.takes(_NONE, x[:0], t[:0])
         assert not op.takes(_NONE, x.bfloat16(), t)  # the kernels take it; its bits are not tested on the GPU
-        monkeypatch.setattr(op, "ENABLED", False)
-        assert not op.takes(_NONE, x, t)
     assert not op.takes(_NONE, x, t)  # half without autocast: ATen would compute in half
     assert not op.takes(_NONE, x.float(), t)  # float32 (amp=False): Ultralytics' expression
+    monkeypatch.setattr(op, "ENABLED", False)
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert not op.takes(_NONE, x, t)
 
 
 def test_the_loss_takes_the_pass_where_it_applies_and_never_with_class_weights(monkeypatch):
