@@ -263,6 +263,20 @@ def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_r
     assert (out / "bench.png").stat().st_size > 1000
 
 
+def test_a_whole_runs_warm_up_parts_are_reported_and_said():
+    """The warm-up's parts (the trainer's ``warm_up_parts``) go into bench.json's parts and the breakdown's words."""
+    from yolofeed.bench import whole
+
+    marks = {"built": 2.0, "set_up": 20.0, "first_epoch": 21.0, "first_batch": 21.5}
+    warm = {"full_batch_s": 5.004, "after_full_s": 3.0, "other_sizes_s": 4.0, "augmentation_s": 0.5}
+    parts = whole.run_parts(marks, 0.0, 16.6, 9.7, None, warm)
+    assert parts["warm_up_s"] == 16.6 and parts["warm_up_full_batch_s"] == 5.0 and parts["warm_up_other_sizes_s"] == 4
+    said = whole.breakdown({"parts": parts})
+    assert ("(warm-up 16.6 s: full batch 5.0 s, graph and validation set-up 3.0 s, other batch sizes 4.0 s, "
+            "augmentation 0.5 s)") in said
+    assert "(warm-up 16.6 s)" in whole.breakdown({"parts": whole.run_parts(marks, 0.0, 16.6, 9.7)})
+
+
 def test_a_whole_run_refuses_the_ceiling_and_a_second_epoch_count(synth_root, tmp_path, capsys):
     from yolofeed.cli import main
 

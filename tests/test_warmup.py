@@ -57,8 +57,13 @@ def test_warm_up_draws_nothing_from_the_random_streams(model):
     torch.manual_seed(3)
     np.random.seed(3)
     t, n = torch.get_rng_state(), np.random.get_state()
-    seconds = warm_up(model, sampler, augment, 3, torch.device("cpu"), amp=False)
-    assert seconds > 0
+    parts, after = {}, []
+    seconds = warm_up(model, sampler, augment, 3, torch.device("cpu"), amp=False, after_full=lambda: after.append(1),
+                      parts=parts)
+    assert seconds > 0 and after == [1]
+    # the sizes 4 and 2: each part timed, in order, within the whole
+    assert list(parts) == ["full_batch_s", "after_full_s", "other_sizes_s", "augmentation_s"]
+    assert all(t >= 0 for t in parts.values()) and sum(parts.values()) <= seconds
     assert torch.equal(torch.get_rng_state(), t)
     assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), n))
 

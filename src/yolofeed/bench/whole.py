@@ -115,7 +115,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
               "setup_s": round(state["epochs"][0]["t0"] - t_build, 2) if state["epochs"] else None,
               "final_s": round(t_end - state["t_last"], 2) if "t_last" in state else None,
               "parts": run_parts(state["marks"], t_build, getattr(trainer, "warm_up_s", None),
-                                 state.get("final_val_s"), getattr(trainer, "plots_beside", None)),
+                                 state.get("final_val_s"), getattr(trainer, "plots_beside", None),
+                                 getattr(trainer, "warm_up_parts", None)),
               "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
               "device": str(trainer.device)}
     if len(records) < epochs:
@@ -128,11 +129,11 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
 
 
 def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None, final_val_s: float | None,
-              plots_beside: dict | None = None) -> dict[str, float | None]:
+              plots_beside: dict | None = None, warm_up_parts: dict | None = None) -> dict[str, float | None]:
     """The set-up's, the first batch's and the end's parts (the module's doc), seconds rounded; None where a mark
     never came (a resumed run past its set-up, an epoch without batches). yolofeed's plots drawn beside other work
     (``FastTrainer.plots_beside``) add ``<plot>_plot_s`` and ``<plot>_plot_waited_s``: what it took, what the run
-    waited for it."""
+    waited for it; its warm-up's parts (``warmup.warm_up``'s) add ``warm_up_<part>_s``."""
     def span(a: str | float, b: str) -> float | None:
         start = marks.get(a) if isinstance(a, str) else a
         return round(marks[b] - start, 2) if start is not None and b in marks else None
@@ -142,7 +143,8 @@ def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None, 
             "first_batch_s": span("first_epoch", "first_batch"),
             "final_val_s": None if final_val_s is None else round(final_val_s, 2),
             **{f"{name}_plot{key}": None if t is None else round(t, 2)
-               for name, times in (plots_beside or {}).items() for key, t in zip(("_s", "_waited_s"), times)}}
+               for name, times in (plots_beside or {}).items() for key, t in zip(("_s", "_waited_s"), times)},
+            **{f"warm_up_{part}": round(t, 2) for part, t in (warm_up_parts or {}).items()}}
 
 
 def later(result: dict, key: str) -> float | None:
@@ -179,6 +181,10 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+WARM_UP_PARTS = (("full_batch_s", "full batch"), ("after_full_s", "graph and validation set-up"),
+                 ("other_sizes_s", "other batch sizes"), ("augmentation_s", "augmentation"))
+
+
 def breakdown(result: dict) -> str:
     """Where a run's set-up, first batch and end went, in words (``run_parts``' figures)."""
     p = result.get("parts") or {}
@@ -186,7 +192,8 @@ def breakdown(result: dict) -> str:
     def s(key: str) -> str:
         return "-" if p.get(key) is None else f"{p[key]:.1f} s"
 
-    warm = f" (warm-up {s('warm_up_s')})" if p.get("warm_up_s") is not None else ""
+    split = ", ".join(f"{what} {s(f'warm_up_{part}')}" for part, what in WARM_UP_PARTS if f"warm_up_{part}" in p)
+    warm = f" (warm-up {s('warm_up_s')}{': ' + split if split else ''})" if p.get("warm_up_s") is not None else ""
     beside = "".join(f"; {name} plot {s(f'{name}_plot_s')} beside, {s(f'{name}_plot_waited_s')} waited"
                      for name in ("labels", "results") if f"{name}_plot_s" in p)
     return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "

@@ -105,6 +105,7 @@ class FastTrainer(SyncFreeStep):
     # min(n, 8 x batch, 1000) per GPU (1.39 GB at 640 px, batch 128); fewer for small GPUs; 0: the batch itself
     warm_up: bool = True  # on CUDA, pay cuDNN's per-batch-size set-up before the first epoch (train/warmup.py)
     warm_up_s: float | None = None  # the warm-up's seconds, once it ran
+    warm_up_parts: dict[str, float] | None = None  # and its parts (warmup.warm_up's ``parts``)
     validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
@@ -497,9 +498,11 @@ class FastTrainer(SyncFreeStep):
             return  # on the CPU there is no such set-up to pay
         amp = step_autocast(self)
         try:
+            parts: dict[str, float] = {}
             seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
-                              corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside)
-            self.warm_up_s = seconds  # the whole-run bench's breakdown reads it
+                              corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside,
+                              parts=parts)
+            self.warm_up_s, self.warm_up_parts = seconds, parts  # the whole-run bench's breakdown reads them
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()

@@ -100,10 +100,13 @@ def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.dev
 
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
-            amp: bool | torch.dtype, corners: bool = False, after_full: Callable[[], None] | None = None) -> float:
+            amp: bool | torch.dtype, corners: bool = False, after_full: Callable[[], None] | None = None,
+            parts: dict[str, float] | None = None) -> float:
     """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took. ``corners``: the
     batches are OBBs'. ``after_full`` runs once the full batch's pass is made, before the other sizes' (the trainer
-    captures the step's graph there, then sets up the validations beside the rest).
+    captures the step's graph there, then sets up the validations beside the rest). ``parts``, where given, gets the
+    seconds of each: ``full_batch_s``, ``after_full_s``, ``other_sizes_s``, ``augmentation_s`` (each part's GPU work
+    waited for on the training thread's stream: the validations' set-up beside it is not).
 
     Raises:
         torch.cuda.OutOfMemoryError, RuntimeError: as the passes raise them (the trainer skips the warm-up).
@@ -114,12 +117,26 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
         return 0.0
     rng = torch.get_rng_state(), np.random.get_state()  # a blank pass draws nothing, but be sure
     cuda_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    mark = [t0]
+
+    def done(part: str) -> None:
+        if parts is not None:
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
+            now = time.perf_counter()
+            parts[part] = now - mark[0]
+            mark[0] = now
+
     warm_model(model, sizes[:1], augment.hyp.imgsz, device, amp)
+    done("full_batch_s")
     if after_full is not None:
         after_full()
+        done("after_full_s")
     if len(sizes) > 1:
         warm_model(model, sizes[1:], augment.hyp.imgsz, device, amp)
+        done("other_sizes_s")
     warm_augmentation(augment, sizes[0], width, device, corners)
+    done("augmentation_s")
     torch.set_rng_state(rng[0])
     np.random.set_state(rng[1])
     if cuda_rng is not None:
