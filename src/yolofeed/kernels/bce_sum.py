@@ -25,6 +25,8 @@ both dense. The caller keeps Ultralytics' own expression everywhere else (the CP
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -34,7 +36,9 @@ _ITERS = 8  # tiles a forward program sums: 86 M values make about 10,500 partia
 _WARPS = 4
 
 
+@functools.cache
 def _triton() -> bool:
+    """Whether Triton imports here, asked once: ``takes`` runs every loss call, and a failed import is not cached."""
     try:
         import triton  # noqa: F401
     except ImportError:
