@@ -146,6 +146,8 @@ SECTIONS = {s.name: s for s in (
         "first_epoch=True out=$OUT/first_own_yolo11n",
         f"timeout 160 python3 -m yolofeed bench model=yolo26n.yaml modes=stock,yolofeed {BENCH_SHORT} "
         "first_epoch=True out=$OUT/first_own_yolo26n")),
+    Section("plan-threads", "First epoch", "nvidia-h200", 1, 2, (
+        "timeout 120 python3 -m tools.device.plan_threads 2>&1 | grep -v Warning | tail -12",)),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "
@@ -223,13 +225,15 @@ SECTIONS = {s.name: s for s in (
         "docs/parity/yolo11n-graphed-seeds4-7.json --plot $OUT/parity-yolo11n-graphed.png",
         "python3 -m tools.parity_merge docs/parity/yolo11n-musgd-graphed-seeds0-3.json "
         "docs/parity/yolo11n-musgd-graphed-seeds4-7.json docs/parity/yolo11n-musgd-graphed-seeds8-11.json "
-        "--plot $OUT/parity-yolo11n-musgd-graphed.png")),
+        "--plot $OUT/parity-yolo11n-musgd-graphed.png",
+        "python3 -m tools.parity_merge docs/parity/yolo11n-halves-bce-seeds0-3.json "
+        "docs/parity/yolo11n-halves-bce-seeds4-7.json --plot $OUT/parity-yolo11n-halves-bce.png")),
     Section("parity-graphed", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 NO_GPU_TESTS=1 "
         "bash tools/device/parity.sh",)),
     Section("parity-graphed-more", "Training quality", "nvidia-h200", 1, 9, (
-        "DEVICES=0 SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 "
-        "GPU_TESTS_BESIDE=1 bash tools/device/parity.sh",)),
+        "DEVICES=0 SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=420 NO_SMOKE=1 "
+        "NO_GPU_TESTS=1 bash tools/device/parity.sh",)),
     Section("parity-musgd-more", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 EXTRA=optimizer=MuSGD SEEDS11=4 FIRST11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 "
         "LIMIT=470 NO_SMOKE=1 bash tools/device/parity.sh",)),
@@ -345,9 +349,12 @@ SECTIONS = {s.name: s for s in (
         f"timeout 340 python3 -m tools.device.swap_ab off=bce_sum out=$OUT/bce_ab -- model=yolo11n.yaml "
         f"modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("ceiling-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
-        # the ceiling's kernels (yolo11n), in the graphs and out; then yolo26n's ceiling without the graphed step
+        # the fused classification term's and the warm-up's GPU tests beside the CPU-bound synth and pack; the
+        # ceiling's kernels (yolo11n), in the graphs and out; then yolo26n's ceiling without the graphed step
         # (eager: no graph, no fused op, no swap), as the library is, without again
-        SYNTH_10K, PACK_10K,
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_bce_sum.py tests/test_warmup.py -p no:cacheprovider "
+        "--tb=short -rA > $OUT/gpu_tests_26n.txt 2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_26n.txt | tail -30",
         f"timeout 120 python3 -m tools.device.ceiling_kernels model=yolo11n.yaml {BENCH_1} steps=40 profile=5 "
         "out=$OUT/ceiling_kernels 2>&1 | grep -v Warning | tail -70",
         f"timeout 330 python3 -m tools.device.swap_ab off=install out=$OUT/graphed_ab_26n -- "
