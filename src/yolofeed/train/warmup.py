@@ -7,14 +7,15 @@ there is no such cost. Stock Ultralytics pays it too: its first step, and the ep
 very end of the first epoch. With a 10k-image set at 640 an epoch trains in under 6 s, so these costs alone cut
 the first epoch's rate to a third of the steady one.
 
-``warm_up`` runs one forward and backward pass of a copy of the model for each batch size this rank's epoch
-will train (the full batch, the last batch's, a DDP rank's batch + 1), in the training thread (PyTorch keeps
-cuDNN's plans per thread), under the step's autocast. The copy keeps the trained model, its gradients, batch-norm
-statistics and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to
-before it: the first epoch then trains at the steady rate (the run as a whole saves only what the warm-up
-overlaps: 1-3 s). On a 10k-image set the time to the first step stays below stock's; at COCO's size with a jpeg
-pack it came 10 s after stock's (BENCHMARKS.md, "COCO scale on one machine"), where stock meets the last batch's
-set-up only at the end of a two-minute epoch (how much of that gap the warm-up makes is not measured).
+``warm_up`` runs one forward and backward pass of a copy of the model for each batch size this rank's epoch will train
+(the full batch, the last batch's, a DDP rank's batch + 1), in the training thread, under the step's autocast: PyTorch
+keeps a forward's cuDNN plans per calling thread (the backward's are the autograd engine's device thread's, shared by
+every thread: BENCHMARKS.md, "First epoch"). The copy keeps the trained model, its gradients, batch-norm statistics
+and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to before it: the
+first epoch then trains at the steady rate (the run as a whole saves only what the warm-up overlaps: 1-3 s). On a
+10k-image set the time to the first step stays below stock's; at COCO's size with a jpeg pack it came 10 s after
+stock's (BENCHMARKS.md, "COCO scale on one machine"), where stock meets the last batch's set-up only at the end of a
+two-minute epoch (how much of that gap the warm-up makes is not measured).
 It also compiles the augmentation's Triton kernels (a throwaway augmenter on a blank batch: the training
 augmenter's draws and partner pool are untouched).
 With ``multi_scale`` only the base size is warmed: every other scale pays its set-up when it first comes.
