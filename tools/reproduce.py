@@ -351,7 +351,8 @@ SECTIONS = {s.name: s for s in (
     Section("ceiling-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the fused classification term's and the warm-up's GPU tests beside the CPU-bound synth and pack; the
         # ceiling's kernels (yolo11n), in the graphs and out; then yolo26n's ceiling without the graphed step
-        # (eager: no graph, no fused op, no swap), as the library is, without again
+        # (eager: no graph, no fused op, no swap; the classification term fused on both sides), as the library is,
+        # without again
         "timeout 200 python3 -m pytest -q -m gpu tests/test_bce_sum.py tests/test_warmup.py -p no:cacheprovider "
         "--tb=short -rA > $OUT/gpu_tests_26n.txt 2>&1 &",
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_26n.txt | tail -30",

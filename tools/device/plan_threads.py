@@ -2,10 +2,11 @@
 
     python -m tools.device.plan_threads [model=yolo11n.yaml] [imgsz=640]
 
-For each case a fresh batch size (a shape no thread has met) and a twin of the model, under float16 autocast with
-Ultralytics' deterministic cuDNN: the seconds of the training thread's forward and backward pass, cold; and the same
-after a side thread made a forward and backward pass at that size first (if the backward's plans are the autograd
-engine's device thread's and the forward's the calling thread's, only the backward comes warm).
+For each case a fresh batch size (a shape no thread has met), under float16 autocast with Ultralytics' deterministic
+cuDNN: the seconds of the main ("training") thread's forward and backward pass on the model, cold; and the same after
+a side thread made a forward and backward pass at that size first, on a copy, and ended (if the backward's plans are
+the autograd engine's device thread's and the forward's the calling thread's, only the backward comes warm). Each case
+runs once; nothing overlaps.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main(argv: list[str]) -> None:
         print(f"batch {n}, then the training thread: forward {f:.2f} s, backward {b:.2f} s", flush=True)
     f, b = both(model, 16, "main")
     print(f"batch 16 again, training thread: forward {f:.2f} s, backward {b:.2f} s", flush=True)
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])
