@@ -6,7 +6,8 @@ For each case a fresh batch size (a shape no thread has met), under float16 auto
 cuDNN: the seconds of the main ("training") thread's forward and backward pass on the model, cold; and the same after
 a side thread made a forward and backward pass at that size first, on a copy, and ended (if the backward's plans are
 the autograd engine's device thread's and the forward's the calling thread's, only the backward comes warm). Each case
-runs once; nothing overlaps.
+runs once; nothing overlaps. ``first_pass.py``'s ``thread`` case times the side thread's pass whole, with the
+validation's and final validation's passes; this one splits the forward from the backward.
 """
 
 from __future__ import annotations
