@@ -121,6 +121,12 @@ SECTIONS = {s.name: s for s in (
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
     Section("whole-run-beside", "The whole run", "nvidia-h200", 1, 9,
             whole_run("auto", 520, "stock,yolofeed,yolofeed_val_inline")),
+    Section("whole-run-overlap", "The whole run", "nvidia-h200", 1, 10, (
+        # val_overlap's GPU test beside the CPU-bound synth and pack, then the whole run with it and without
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_val_overlap.py -p no:cacheprovider --tb=short -rA "
+        "> $OUT/gpu_tests_overlap.txt 2>&1 &", *whole_run("auto", 540, "stock,yolofeed,yolofeed_val_overlap")[:2],
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
+        *whole_run("auto", 540, "stock,yolofeed,yolofeed_val_overlap")[2:])),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
         "| tee $OUT/optimizer_phase.txt",

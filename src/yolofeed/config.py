@@ -123,6 +123,10 @@ class TrainConfig:
                                 "for every validation's batch shapes is paid during the first epoch (the same "
                                 "calls, metrics and files; the final validation 4-6 s sooner); False: in the "
                                 "training thread, as stock")
+    val_overlap: bool = key(False, "with validate_beside: each epoch's validation runs while the next epoch trains, "
+                            "on a copy of the EMA; its results.csv row, checkpoints and on_fit_epoch_end come at "
+                            "the next epoch's end (the same metrics and files, written an epoch later; the last "
+                            "epoch and any early stopping may end after are validated in place)")
     batched_val_metrics: bool = key(True, "a detection validation gathers its statistics for a whole batch at once "
                                     "(one IoU and one copy to the host; the same statistics and metrics); False: "
                                     "image by image, as stock")
@@ -200,8 +204,9 @@ class BenchConfig(MeasuredRunConfig):
                      "(a jpeg pack decoded on the GPU), yolofeed_inline (augmented in preprocess_batch, not "
                      "one batch ahead), yolofeed_nopool (mosaic partners from the batch itself, partner_pool=0), "
                      "yolofeed_val_inline (validate_beside=False: validations in the training thread, as "
-                     "stock; with whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' own step and "
-                     "loss: what yolofeed's sync-free step and loss add)")
+                     "stock; with whole_run), yolofeed_val_overlap (val_overlap=True: each epoch's validation "
+                     "beside the next epoch; with whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' "
+                     "own step and loss: what yolofeed's sync-free step and loss add)")
     # the step's options, as yolofeed train takes them: for the yolofeed modes and the ceiling (stock: Ultralytics')
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)
     sync_free_loss: bool = redefault(TrainConfig, "sync_free_loss", True)

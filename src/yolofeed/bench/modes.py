@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_val_inline", "ceiling",
-         "ceiling_stock")
+MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_val_inline",
+         "yolofeed_val_overlap", "ceiling", "ceiling_stock")
 # SyncFreeStep's (train/step.py)
 STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
 
 
 def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "detect") -> type:
     """The trainer of a mode for the model's ``task`` (detect, segment, pose, obb): stock Ultralytics, yolofeed (raw or
-    jpeg pack, inline augmentation, no partner pool, validations in a thread of their own), or the ceiling; ``step``
+    jpeg pack, inline augmentation, no partner pool, validations in the training thread or beside the next epoch),
+    or the ceiling; ``step``
     sets the step's switches (``STEP_SWITCHES``) of the yolofeed modes and the ceiling (``ceiling_stock`` turns the
     first three off whatever it says; stock has none).
 
@@ -40,6 +41,8 @@ def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "d
             return raw.with_options(partner_pool=0)
         if mode == "yolofeed_val_inline":  # validations in the training thread: what a whole run saves beside it
             return raw.with_options(validate_beside=False)
+        if mode == "yolofeed_val_overlap":  # each epoch's validation beside the next epoch's training
+            return raw.with_options(val_overlap=True)
         return raw
     if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CEILINGS

@@ -8,9 +8,11 @@ every setting is Ultralytics' default but those the caller gives, and ``epochs``
 What is timed, on the host clock of the mode's own process (``isolate=True``):
 
 * ``wall_s``: from building the trainer to ``train()`` returning (set-up, every epoch, the final validation, plots);
-* per epoch (``epochs``): ``train_s`` (its training steps; the GPU synced at their end), ``val_s`` (its validation,
-  ``on_val_start`` to ``on_val_end``), and ``epoch_s`` (from its start to ``on_fit_epoch_end``: validation, the
-  results.csv row and the checkpoint included);
+* per epoch (``epochs``): ``train_s`` (its training steps; the GPU synced at their end), ``val_s`` (the validation
+  waited for in it: its own, ``on_val_start`` to ``on_val_end``; with ``val_overlap``, the wait for the previous
+  epoch's, run beside this one, whose own time is that epoch's ``val_beside_s``), and ``epoch_s`` (from its start to
+  ``on_fit_epoch_end``, or to the next epoch's start where its end comes an epoch late: validation, the results.csv
+  row and the checkpoint included);
 * ``setup_s`` (building the trainer to the first epoch's start) and ``final_s`` (the last epoch's end to the end:
   best.pt validated again, the plots);
 * where they go (``parts``): ``build_s`` (the trainer's constructor: the data yaml's check, the model's build),
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from yolofeed.measure.progress import Progress, ultralytics_quiet
+from yolofeed.train.overlap import running_beside
 from yolofeed.ultralytics_seam import LOGGER
 
 FIGURES = ("mode", "wall_s", "setup_s", "final_s", "parts", "epochs", "images", "optimizer", "device")
@@ -58,7 +61,12 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         if progress is not None:
             progress.grow(epochs * len(trainer.train_loader) - 1)
 
+    def record(trainer) -> dict | None:
+        return next((r for r in state["epochs"] if r["epoch"] == trainer.epoch + 1), None)
+
     def on_epoch_start(trainer) -> None:
+        if state["epochs"] and "epoch_s" not in state["epochs"][-1]:  # its end comes late (val_overlap)
+            state["epochs"][-1]["epoch_s"] = now() - state["epochs"][-1]["t0"]
         state["epochs"].append({"epoch": trainer.epoch + 1, "t0": now()})
         mark("first_epoch")
 
@@ -71,6 +79,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         state["t_val"] = now()
 
     def on_val_end(validator) -> None:
+        if running_beside():  # an epoch validated beside the next: the trainer times it (val_overlapped)
+            return
         if state["t_val"] is not None and state["epochs"] and "epoch_s" not in state["epochs"][-1]:
             record = state["epochs"][-1]
             record["val_s"] = record.get("val_s", 0.0) + now() - state["t_val"]
@@ -79,8 +89,9 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         state["t_val"] = None
 
     def on_fit_epoch_end(trainer) -> None:  # also after the final validation of best.pt: that one is not an epoch's
-        if state["epochs"] and "epoch_s" not in state["epochs"][-1]:
-            state["epochs"][-1]["epoch_s"] = now() - state["epochs"][-1]["t0"]
+        r = record(trainer)
+        if r is not None and "epoch_s" not in r:
+            r["epoch_s"] = now() - r["t0"]
             state["t_last"] = now()
 
     def on_batch_end(trainer) -> None:
@@ -109,6 +120,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
                 if hasattr(loader, "close"):
                     loader.close()
         t_end = now()
+    beside(state["epochs"], getattr(trainer, "val_overlapped", None))
     records = [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items() if k != "t0"}
                for r in state["epochs"]]
     result = {"mode": mode, "wall_s": round(t_end - t_build, 2),
@@ -126,6 +138,18 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return result
+
+
+def beside(records: list[dict], overlapped: dict | None) -> None:
+    """Put the validations run beside the next epoch (``FastTrainer.val_overlapped``: epoch -> its own seconds and
+    those waited for it) into the epochs' records: its own time as the epoch's ``val_beside_s``, the wait in the
+    next epoch's ``val_s`` (the next epoch waited for it)."""
+    by_epoch = {r["epoch"]: r for r in records}
+    for epoch, times in (overlapped or {}).items():
+        if epoch in by_epoch:
+            by_epoch[epoch]["val_beside_s"] = times["val_s"]
+        if epoch + 1 in by_epoch:
+            by_epoch[epoch + 1]["val_s"] = by_epoch[epoch + 1].get("val_s", 0.0) + times["waited_s"]
 
 
 def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None, final_val_s: float | None,

@@ -135,7 +135,8 @@ RULES: dict[str, Rule] = {
                                "Ultralytics' own path (said at start): 1.5x stock's speed instead of 1.8x at 0.5"),
     "compile": Rule(STOCK, "Ultralytics' torch.compile; the loader drops the last partial batch, as stock does"),
     "channels_last": Rule(STOCK, "Ultralytics' memory format"),
-    "val": Rule(STOCK, "Ultralytics validates each epoch (yolofeed's val_period=N: every N epochs and the last)"),
+    "val": Rule(STOCK, "Ultralytics validates each epoch (yolofeed's val_period=N: every N epochs and the last; "
+                       "val_overlap: beside the next epoch)"),
     "split": Rule(OURS, "the split validated on; its pack is built on first use"),
     "classes": Rule(OURS, "boxes of other classes are dropped in training and validation (images stay, class ids "
                           "are not renumbered), as yolo train does", _not_class_ids, "anything but class ids",

@@ -35,6 +35,7 @@ import math
 import os
 import shlex
 import time
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.source import check_downloaded, load_data_yaml, missing_split
-from yolofeed.train import graphed, keys, options, val_metrics
+from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
 from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
@@ -71,6 +72,7 @@ from yolofeed.ultralytics_seam import (
     data_complete,
     data_split,
     data_yaml,
+    end_epoch_late,
     get_save_dir,
     get_split_fraction,
     may_stop,
@@ -108,6 +110,7 @@ class FastTrainer(SyncFreeStep):
     warm_up_parts: dict[str, float] | None = None  # and its parts (warmup.warm_up's ``parts``)
     validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
+    val_overlap: bool = False  # with validate_beside: an epoch's validation runs while the next trains (overlap.py)
     batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
     mask_room: int = 1  # segment: the mask rasteriser's slots, in multiples of its own; doubled after an overflow
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
@@ -120,6 +123,11 @@ class FastTrainer(SyncFreeStep):
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
+    _overlapped: overlap.Overlapped | None = None  # the epoch validated beside this one (val_overlap)
+    _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
+    _overlap_stream: torch.cuda.Stream | None = None
+    _overlap_off: str | None = None  # the last reason an epoch was not overlapped (said once each)
+    val_overlapped: dict | None = None  # per epoch overlapped: its validation's seconds and the seconds waited for it
 
     @classmethod
     def with_options(cls, **given: Any) -> type[FastTrainer]:
@@ -313,6 +321,11 @@ class FastTrainer(SyncFreeStep):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
+            if self._overlapped is not None:  # an error or Ctrl-C while an epoch was validated beside: not ended
+                self._validations.cancel()
+                LOGGER.warning(f"yolofeed: epoch {self._overlapped.snapshot.epoch + 1}'s validation, run beside the "
+                               "training, did not end: its results.csv row and checkpoints are not written")
+                self._overlapped, self._holding = None, False
             if self._validations is not None:
                 self._validations.close()
                 self._validations = None
@@ -334,7 +347,11 @@ class FastTrainer(SyncFreeStep):
     def save_model(self):
         """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
         a kill mid-write leaves the previous checkpoint whole (train/checkpoints.py). Temporary files of a writer
-        killed earlier in this folder are removed first."""
+        killed earlier in this folder are removed first. An epoch validated beside the next (``val_overlap``) is saved
+        when its validation ends: here only its optimiser's and scaler's states are kept, and nothing is written."""
+        if self._holding:
+            self._overlapped.snapshot.keep_checkpoint_state(self)
+            return False  # the loop runs no on_model_save: seam.end_epoch_late runs it
         write_checkpoints_as(self, AtomicPath)
         sweep(weights_dir(self))
         return super().save_model()
@@ -402,11 +419,77 @@ class FastTrainer(SyncFreeStep):
         An epoch not validated writes ``nan`` for every validation metric in results.csv (and hands it to the loggers)
         and has no fitness: best.pt stays the best validated epoch's (before the first validation it follows last.pt,
         as with ``val=False``), and ``patience`` counts epochs since the best validated one, checked at validations.
+
+        With ``val_overlap`` an epoch's validation may run while the next epoch trains (``_validate_beside_next``); its
+        row, checkpoints and callbacks then come at the next epoch's end, here, before anything of that epoch.
         """
+        self._end_overlapped_epoch()
         epoch = self.epoch + 1
         if self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs or may_stop(self):
+            if self._validate_beside_next():
+                return self.metrics, None  # held: save_metrics, save_model and run_callbacks wait for it
             return self._in_validation_thread(super().validate)
         return {k: float("nan") for k in self.metrics}, None
+
+    def save_metrics(self, metrics):
+        """Ultralytics' results.csv row; an epoch validated beside the next writes its own when it ends."""
+        if not self._holding:
+            super().save_metrics(metrics)
+
+    def run_callbacks(self, event: str):
+        """Ultralytics' callbacks; an epoch validated beside the next runs its ``on_model_save`` and
+        ``on_fit_epoch_end`` when it ends (``seam.end_epoch_late``)."""
+        if self._holding and event in ("on_model_save", "on_fit_epoch_end"):
+            if event == "on_fit_epoch_end":  # the loop's last word on this epoch: it has set epoch_time
+                self._overlapped.snapshot.epoch_time = getattr(self, "epoch_time", None)
+                self._holding = False
+            return
+        super().run_callbacks(event)
+
+    # -- an epoch's validation beside the next epoch (val_overlap, train/overlap.py) ---------------------------------
+    def _validate_beside_next(self) -> bool:
+        """Start this epoch's validation in the validation thread, on a snapshot of the EMA, and return at once (True);
+        False where it cannot (``overlap.reason_not``: said once a reason) or without ``val_overlap``."""
+        if not self.val_overlap or self._validations is None or not self._validations.alive:
+            return False
+        loader = validation_loader(self)
+        largest = max((n for n, _, _ in loader_shapes(loader)), default=int(self.args.batch))
+        cuda = self.device.type == "cuda"
+        per_image = torch.cuda.max_memory_allocated(self.device) / max(int(self.args.batch), 1) if cuda else 0.0
+        why = overlap.reason_not(self, largest, per_image)
+        if why is not None:
+            if why != self._overlap_off and self.epoch + 1 < self.epochs:
+                LOGGER.info(f"yolofeed: epoch {self.epoch + 1} is validated before the next starts ({why})")
+            self._overlap_off = why
+            return False
+        snapshot = overlap.Snapshot.of(self)
+        ready = stream = None
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record()  # on the training thread's stream, after the snapshot's copies
+            self._overlap_stream = stream = self._overlap_stream or torch.cuda.Stream(self.device)
+        job = overlap.Overlapped(snapshot, header=getattr(self.validator, "get_desc", str)())
+        job.future = self._submit_validation(overlap.validate_beside, job, self.validator,
+                                             overlap.TrainerView(self, snapshot), self.device, ready, stream)
+        self._overlapped, self._holding = job, True
+        return True
+
+    def _end_overlapped_epoch(self) -> None:
+        """Wait for the epoch validated beside this one (usually ended by now), print its lines and end it as the
+        loop would have (``seam.end_epoch_late``): its row, early stopping's check, its checkpoints, its callbacks."""
+        job = self._overlapped
+        if job is None:
+            return
+        try:
+            metrics, waited = job.result()
+        except BaseException:  # Ctrl-C here, or the validation failed: _do_train says what was not written
+            self._validations.cancel()
+            raise
+        self._overlapped = None
+        job.print_held()
+        end_epoch_late(self, job.snapshot, metrics, job.ended)
+        self.val_overlapped = {**(self.val_overlapped or {}),
+                               job.snapshot.epoch + 1: {"val_s": job.seconds, "waited_s": waited}}
 
     # -- validation beside the training ---------------------------------------------------------
     def _validates_beside(self) -> bool:
@@ -421,6 +504,9 @@ class FastTrainer(SyncFreeStep):
         batch, FastMuSGD at its second optimiser step (every ``accumulate`` batches). A capture in the default global
         mode (``make_graphed_callables``') fails where another thread allocates meanwhile; FastMuSGD's and the
         augmentation's capture in the thread-local mode."""
+        if self.val_overlap and not self._validates_beside() and RANK in (-1, 0):
+            LOGGER.info("yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one "
+                        "CUDA GPU): each epoch is validated before the next starts")
         if not self._validates_beside() or self._validations is not None:  # started in the warm-up already
             return
         self._validations = ValidationThread(self.device)
@@ -460,11 +546,20 @@ class FastTrainer(SyncFreeStep):
 
     def _in_validation_thread(self, fn, *args, final: bool = False, **kwargs):
         """``fn(*args, **kwargs)`` in the validation thread, waited for (its exception raised here), where there is
-        one and it runs; else here. A validation before the set-up was queued (an epoch of few batches) queues it
-        first. best.pt's set-up goes in a shape at a time, each behind a validation, beside the next epoch; what is left
-        of it before the ``final`` one."""
+        one and it runs; else here."""
         if self._validations is None or not self._validations.alive:
             return fn(*args, **kwargs)
+        done = self._submit_validation(fn, *args, final=final, **kwargs)
+        try:
+            return done.result()
+        except BaseException:  # Ctrl-C here, or the validation failed: nothing more runs beside a stopped run
+            self._validations.cancel()
+            raise
+
+    def _submit_validation(self, fn, *args, final: bool = False, **kwargs) -> Future:
+        """Queue ``fn(*args, **kwargs)`` in the validation thread (there is one, alive); its future. A validation before
+        the set-up was queued (an epoch of few batches) queues it first. best.pt's set-up goes in a shape at a time,
+        each behind a validation, beside the next epoch; what is left of it before the ``final`` one."""
         if self._warm_validations_after is not None:
             self._warm_validations()
         pending = self._final_warm or []
@@ -479,11 +574,7 @@ class FastTrainer(SyncFreeStep):
         if pending:
             self._validations.submit(warm, *pending.pop(0))
         self._final_warm = pending or None
-        try:
-            return done.result()
-        except BaseException:  # Ctrl-C here, or the validation failed: nothing more runs beside a stopped run
-            self._validations.cancel()
-            raise
+        return done
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and

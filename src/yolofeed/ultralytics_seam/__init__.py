@@ -36,8 +36,11 @@ sources. This module:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +107,7 @@ def check_version(installed: str, allow_untested: bool = False) -> None:
 check_version(ultralytics.__version__, allow_untested=os.environ.get(UNTESTED_ENV) == "1")
 
 try:  # every Ultralytics name yolofeed uses, and who uses it; a release that moved one says which, in one line
+    import ultralytics.engine.validator as _validator_module  # validation_bar_hidden: the bar its __call__ draws
     import ultralytics.utils.tqdm as _tqdm  # progress_bar_drawn (read at call time: tests patch it)
     from ultralytics import YOLO  # train.run, bench.parity: the model a run trains
     from ultralytics.cfg import (  # cli, train.keys, augment.hyp: Ultralytics' keys, defaults and key=value reading
@@ -209,6 +213,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
+    "could_stop", "end_epoch_late", "trainer_ema", "validation_bar_hidden",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
     "Concat", "Conv", "Detect", "layer_inputs", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
@@ -295,6 +300,12 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "final_eval", "yolofeed's trainer copies it (COPIED) to strip the final checkpoints atomically"),
     (DetectionTrainer, "get_validator", "yolofeed's trainer batches its validator's statistics (train/val_metrics.py)"),
     (DetectionValidator, "update_metrics", "the batched validator overrides it and falls back to it"),
+    (DetectionTrainer, "save_metrics", "val_overlap holds an overlapped epoch's results.csv row until its validation "
+                                       "ends (train/overlap.py)"),
+    (DetectionTrainer, "run_callbacks", "val_overlap holds an overlapped epoch's on_model_save and on_fit_epoch_end "
+                                        "until its validation ends"),
+    (_validator_module, "TQDM", "val_overlap hides the bar of a validation run beside the training (its __call__ "
+                                "draws it with this name)"),
 )
 if since(SEGMENT_LOSS_SINCE):  # the sync-free segment loss serves from there (train/loss/install.py::install)
     REQUIRED += ((v8SegmentationLoss, "loss", "the sync-free segment loss overrides it (COPIED)"),
@@ -344,6 +355,17 @@ TRAINER_STATE: dict[str, tuple[type, str]] = {
     "stopper": (DetectionTrainer, "yolofeed validates wherever early stopping may stop the run"),
     "stop": (DetectionTrainer, "yolofeed validates wherever the run is about to stop"),
     "possible_stop": (EarlyStopping, "yolofeed validates wherever early stopping may stop the run"),
+    "best_epoch": (EarlyStopping, "val_overlap validates in the training thread wherever early stopping could stop "
+                                  "the run"),
+    "patience": (EarlyStopping, "val_overlap validates in the training thread wherever early stopping could stop "
+                                "the run"),
+    "tloss": (DetectionTrainer, "val_overlap writes an epoch's row late, with that epoch's mean losses"),
+    "loss_items": (DetectionTrainer, "val_overlap validates an epoch beside the next with that epoch's loss items"),
+    "lr": (DetectionTrainer, "val_overlap writes an epoch's row late, with that epoch's learning rates"),
+    "epoch_time": (DetectionTrainer, "val_overlap runs an epoch's on_fit_epoch_end late, with that epoch's time"),
+    "train_time_start": (DetectionTrainer, "val_overlap writes an epoch's row late, its time column when its "
+                                           "validation ended"),
+    "scaler": (DetectionTrainer, "val_overlap writes an epoch's checkpoints late, with that epoch's scaler state"),
 }
 
 
@@ -482,6 +504,93 @@ def may_stop(trainer: Any) -> bool:
     (``EarlyStopping.possible_stop``) or the run is stopping (``BaseTrainer.stop``: a ``time=`` limit, early stopping
     on another rank)."""
     return bool(_state(_state(trainer, "stopper"), "possible_stop", "trainer.stopper") or _state(trainer, "stop"))
+
+
+def could_stop(trainer: Any) -> bool:
+    """Whether this epoch's validation may end the run: ``may_stop``, or early stopping would stop after this epoch
+    if its fitness does not improve (``EarlyStopping.__call__``, RELIED_ON: it stops once the epochs since the best
+    reach ``patience``; with ``val_period`` the epochs between two validations count too, which ``possible_stop``, set
+    at the last validation for the next epoch, does not see)."""
+    stopper = _state(trainer, "stopper")
+    since_best = trainer.epoch + 1 - _state(stopper, "best_epoch", "trainer.stopper")
+    return may_stop(trainer) or since_best >= _state(stopper, "patience", "trainer.stopper")
+
+
+def trainer_ema(trainer: Any) -> Any:
+    """The trainer's ``ModelEMA`` (``BaseTrainer.ema``: its ``ema`` model and its ``updates``)."""
+    return _state(trainer, "ema")
+
+
+# -- an epoch ended late (train/overlap.py) --------------------------------------------------------------------------
+_hidden = threading.local()  # validation_bar_hidden's flag, one a thread
+_STOCK_BAR = _validator_module.TQDM  # Ultralytics' own, which _validator_bar wraps
+
+
+def _validator_bar(*args: Any, **kwargs: Any) -> Any:
+    """Ultralytics' TQDM, as ``BaseValidator.__call__`` makes its bar; not drawn in a thread that hides it."""
+    if getattr(_hidden, "on", False):
+        kwargs["disable"] = True
+    return _STOCK_BAR(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def validation_bar_hidden():
+    """In this thread, meanwhile: a validator's progress bar is not drawn (``BaseValidator.__call__`` makes it with its
+    module's ``TQDM``, which this wraps, once; other threads' bars are drawn as before)."""
+    if _validator_module.TQDM is not _validator_bar:
+        _validator_module.TQDM = _validator_bar
+    _hidden.on = True
+    try:
+        yield
+    finally:
+        _hidden.on = False
+
+
+@contextlib.contextmanager
+def _epoch_state(trainer: Any, snapshot: Any, ended: float):
+    """Epoch ``snapshot.epoch``'s end state on the trainer meanwhile (``train.overlap.Snapshot``): its epoch, losses,
+    learning rates, epoch time and EMA, the optimiser's and the scaler's state dicts as ``save_model`` reads them, and a
+    start time that makes ``save_metrics``' time column ``ended`` (when the validation ended). All put back after."""
+    ema = _state(trainer, "ema")
+    names = ("epoch", "tloss", "loss", "loss_items", "lr", "epoch_time", "train_time_start")
+    saved = {name: getattr(trainer, name, None) for name in names}
+    saved_ema = ema.ema, ema.updates
+    trainer.epoch, trainer.tloss, trainer.loss = snapshot.epoch, snapshot.tloss, snapshot.loss
+    trainer.loss_items, trainer.lr, trainer.epoch_time = snapshot.loss_items, snapshot.lr, snapshot.epoch_time
+    trainer.train_time_start = saved["train_time_start"] + (time.time() - ended)
+    ema.ema, ema.updates = snapshot.model, snapshot.updates
+    states = [(owner, state) for owner, state in ((trainer.optimizer, snapshot.optimizer),
+                                                  (_state(trainer, "scaler"), snapshot.scaler)) if state is not None]
+    for owner, state in states:  # an instance attribute over the method, until the finally
+        owner.state_dict = lambda state=state: state
+    try:
+        yield
+    finally:
+        for owner, _ in states:
+            del owner.state_dict
+        ema.ema, ema.updates = saved_ema
+        for name, value in saved.items():
+            setattr(trainer, name, value)
+
+
+def end_epoch_late(trainer: Any, snapshot: Any, metrics: dict, ended: float) -> None:
+    """End epoch ``snapshot.epoch`` as ``BaseTrainer._do_train`` (RELIED_ON) ends an epoch after its validation, with
+    that epoch's state put back (``_epoch_state``), once its validation, run beside the next epoch, returned
+    ``metrics``: the fitness and the best fitness (``BaseTrainer.validate``'s rule, RELIED_ON), the results.csv row
+    (``save_metrics``), early stopping's check, the checkpoints and ``on_model_save`` (with ``save``), then
+    ``on_fit_epoch_end``. Never the last epoch (``final_epoch`` is False); NaN recovery is not run (the loss and the
+    EMA were finite: ``train.overlap.reason_not``). The trainer keeps the metrics, the fitness and early stopping's
+    state this sets: they are the newest validation's."""
+    with _epoch_state(trainer, snapshot, ended):
+        fitness = metrics.pop("fitness", -trainer.loss.detach().cpu().numpy())
+        if trainer.best_fitness is None or trainer.best_fitness < fitness:
+            trainer.best_fitness = fitness
+        trainer.metrics, trainer.fitness = metrics, fitness
+        trainer.save_metrics(metrics={**trainer.label_loss_items(trainer.tloss), **trainer.metrics, **trainer.lr})
+        trainer.stop |= trainer.stopper(trainer.epoch + 1, trainer.fitness)
+        if trainer.args.save and trainer.save_model():
+            trainer.run_callbacks("on_model_save")
+        trainer.run_callbacks("on_fit_epoch_end")
 
 
 # -- where releases of the range differ -----------------------------------------------------------------------------

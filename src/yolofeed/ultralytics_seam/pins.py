@@ -275,7 +275,10 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="YOLO26: the two plain detection losses (one2many, one2one) get the same batch"),
     Pinned("ultralytics.engine.trainer.BaseTrainer._do_train", "400861d91b504ebd",
            why="the loop the sync-free step, the callbacks and the pack loaders are fitted to: tloss and loss_items, "
-               "callback order, close_mosaic then train_loader.reset(), criterion.update() before on_train_epoch_end",
+               "callback order, close_mosaic then train_loader.reset(), criterion.update() before on_train_epoch_end; "
+               "after validate, NaN recovery (a fitness of None is not NaN), save_metrics, the stopper, save_model and "
+               "on_model_save, epoch_time, on_fit_epoch_end (seam.end_epoch_late ends an overlapped epoch so, as in "
+               "every release of the range)",
            others=(
                _r("8.4.138", "8.4.156", "69b14bba96c36f0e",
                   "closes mosaic at epoch == epochs - close_mosaic only: a resume past it keeps mosaic on, in "
@@ -374,7 +377,20 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.preprocess_batch", "c12bd29a341f40d1",
            why="FastDetectionTrainer hands it Ultralytics' batch after augmenting (img.float() / 255, multi_scale)"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.save_metrics", "3a2aa5c9aec375cc",
+           why="appends one results.csv row: epoch + 1, time.time() - train_time_start, then the values given "
+               "(seam.end_epoch_late writes an overlapped epoch's row late, its time when its validation ended)"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.run_callbacks", "771c58d5775ae40d",
+           why="runs each callback of the event with the trainer (yolofeed's trainer holds an overlapped epoch's "
+               "on_model_save and on_fit_epoch_end, and runs them when the epoch ends late)"),
+    Pinned("ultralytics.utils.torch_utils.EarlyStopping.__call__", "5a9934342f783436",
+           why="does nothing for a fitness of None; stops once epoch - best_epoch reaches patience (seam.could_stop: "
+               "an epoch whose validation may stop the run is not overlapped)"),
     # Rules yolofeed re-implements in its own shape (``ours``), not as a copy of the method
+    Pinned("ultralytics.engine.trainer.BaseTrainer.validate", "3c8bcb6d45b1c4b7",
+           "yolofeed.ultralytics_seam.end_epoch_late",
+           why="the fitness is metrics.pop('fitness', -loss), the best fitness the larger: end_epoch_late applies "
+               "it to an overlapped validation's metrics"),
     Pinned("ultralytics.data.base.BaseDataset.__init__", "8a5554f533938b34",
            "yolofeed.augment.pool.ultralytics_capacity",
            why="the partner pool's default size is its max_buffer_length: min(n, 8 x batch, 1000) when augmenting",

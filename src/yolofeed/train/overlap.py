@@ -1,0 +1,223 @@
+"""An epoch's validation beside the next epoch's training (the trainer's ``val_overlap``): Ultralytics' results and
+files, written an epoch later.
+
+Ultralytics ends each epoch with its validation, the results.csv row, early stopping's check, the checkpoints and
+``on_fit_epoch_end``, all in the training thread: the next epoch waits for them. A validation is mostly host work
+(Ultralytics' NMS and its metrics sync once an image or more): with ``validate_beside`` it runs in yolofeed's
+validation thread, but the training still waits for it (0.5-1.3 s an epoch on the 10k set of BENCHMARKS.md, "The
+whole run", about 9 s of a 10-epoch run).
+
+With ``val_overlap``, epoch k's validation runs in that thread while epoch k+1 trains, on a copy of the EMA made at
+epoch k's end (``Snapshot``), on a CUDA stream of its own (its host syncs then wait for its own work only, not for
+the training's queued steps), its progress bar not drawn and its printed lines held. At epoch k+1's end, before its own
+validation, the trainer waits for it (``Overlapped.result``: by then it has usually finished) and ends epoch k there
+as Ultralytics' loop would have ended it, with epoch k's state put back (``seam.end_epoch_late``): the fitness and the
+best fitness, the results.csv row, early stopping's check, last.pt / best.pt / epochN.pt (epoch k's EMA, optimiser
+and scaler states), ``on_model_save``, ``on_fit_epoch_end``, and the validator's lines, printed under one that names
+the epoch.
+
+What differs from stock is when these happen, not what they hold: the metrics, the rows (but the time column: when the
+validation ended) and the checkpoints are stock's. A run killed while epoch k+1 trains resumes from epoch k-1's
+last.pt (stock's: k's). A callback at ``on_fit_epoch_end`` runs an epoch late, with the trainer's epoch, metrics,
+losses, learning rates and EMA those of the epoch it ends.
+
+An epoch is validated in the training thread, and waited for, wherever the overlap would change more than that
+(``Overlap.reason_not``): the last epoch; an epoch after which early stopping may stop the run (its
+``possible_stop``, set by the previous validation, or ``stop``), so the run stops at stock's epoch; a ``time=``
+limit (the epochs are counted from their times); a loss or EMA that is not finite (Ultralytics' NaN recovery and its
+EMA repair read this epoch's state); and too little free GPU memory for the validation beside the training (a
+training pass's peak per image times the validation's largest batch, as the validations' set-up checks it).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from yolofeed import ultralytics_seam as seam
+from yolofeed.ultralytics_seam import LOGGER
+
+
+def _cloned(x: Any) -> Any:
+    """``x`` with every tensor in it cloned (the loss items: a tensor or a dict of them, by release)."""
+    return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+@dataclass
+class Snapshot:
+    """Epoch ``epoch``'s state at its end, as the loop's epoch end reads it (``seam.end_epoch_late``)."""
+
+    epoch: int
+    model: torch.nn.Module  # a copy of the EMA: validated, then written as the checkpoints' EMA
+    updates: int
+    tloss: Any
+    loss: Any
+    loss_items: Any
+    lr: dict
+    epochs: int
+    epoch_time: float | None = None  # the loop sets it after the checkpoints: kept at on_fit_epoch_end (``hold``)
+    optimizer: dict | None = None  # the optimiser's and the scaler's state dicts, kept where the loop saves
+    scaler: dict | None = None
+
+    @classmethod
+    def of(cls, trainer: Any) -> Snapshot:
+        """The trainer's epoch-end state now (the model copied on the training thread's stream)."""
+        ema = seam.trainer_ema(trainer)
+        return cls(epoch=trainer.epoch, model=copy.deepcopy(ema.ema), updates=ema.updates,
+                   tloss=_cloned(trainer.tloss), loss=_cloned(trainer.loss), loss_items=_cloned(trainer.loss_items),
+                   lr=dict(trainer.lr), epochs=trainer.epochs)
+
+    def keep_checkpoint_state(self, trainer: Any) -> None:
+        """What ``save_model`` serialises besides the EMA, as it is at this epoch's end (copied: the optimiser steps
+        on)."""
+        self.optimizer = copy.deepcopy(trainer.optimizer.state_dict())
+        self.scaler = copy.deepcopy(trainer.scaler.state_dict())
+
+
+class TrainerView:
+    """The trainer as an overlapped validation reads it (``BaseValidator.__call__``: the EMA, the epoch, the loss
+    items, early stopping's ``possible_stop``): the snapshot's; anything else is the trainer's (its device, data,
+    arguments, ``label_loss_items``), which the training does not change."""
+
+    def __init__(self, trainer: Any, snapshot: Snapshot):
+        self._trainer = trainer
+        self.ema = _Ema(snapshot.model, snapshot.updates)
+        self.epoch, self.epochs = snapshot.epoch, snapshot.epochs
+        self.loss_items, self.loss, self.tloss = snapshot.loss_items, snapshot.loss, snapshot.tloss
+        self.stopper = _Stopper()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+
+@dataclass
+class _Ema:
+    ema: torch.nn.Module
+    updates: int
+
+
+@dataclass
+class _Stopper:
+    possible_stop: bool = False  # an overlapped epoch is one early stopping cannot end the run after
+
+
+class _Held(logging.Filter):
+    """Holds what one thread logs to Ultralytics' logger (its records kept, in order), lets every other thread's
+    through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.current_thread()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if threading.current_thread() is not self.thread:
+            return True
+        self.records.append(record)
+        return False
+
+
+@dataclass
+class Overlapped:
+    """One epoch's validation, running beside the next epoch's training."""
+
+    snapshot: Snapshot
+    header: str  # the validator's column names: its bar's, which is not drawn
+    future: Future | None = None  # set once queued
+    held: list[logging.LogRecord] = field(default_factory=list)
+    seconds: float | None = None  # the validation's own time, on its thread
+    ended: float | None = None  # when it ended (time.time()): the results.csv row's time
+
+    def result(self) -> tuple[dict, float]:
+        """The validation's metrics and the seconds the caller waited for them; its exception, raised here."""
+        t0 = time.perf_counter()
+        metrics = self.future.result()
+        return metrics, time.perf_counter() - t0
+
+    def print_held(self) -> None:
+        """The validator's lines, in the training thread, under one that names the epoch they are of."""
+        LOGGER.info(f"yolofeed: epoch {self.snapshot.epoch + 1}'s validation, run while epoch "
+                    f"{self.snapshot.epoch + 2} trained:")
+        if self.header:
+            LOGGER.info(self.header)
+        for record in self.held:
+            LOGGER.handle(record)
+
+
+_beside = threading.local()  # set in the validation thread while it runs a validation beside the training
+
+
+def running_beside() -> bool:
+    """Whether this thread is running an epoch's validation beside the next epoch's training (its callbacks may ask:
+    the bench's timings)."""
+    return getattr(_beside, "on", False)
+
+
+def validate_beside(overlapped: Overlapped, validator: Callable[[Any], dict], view: TrainerView,
+                    device: torch.device, ready: torch.cuda.Event | None,
+                    stream: torch.cuda.Stream | None) -> dict:
+    """Run in the validation thread: ``validator(view)`` on ``stream`` once the training thread's stream reached
+    ``ready`` (the snapshot made), its bar not drawn and its lines held in ``overlapped``."""
+    held = _Held()
+    LOGGER.addFilter(held)
+    t0 = time.perf_counter()
+    _beside.on = True
+    try:
+        with seam.validation_bar_hidden():
+            if stream is None:
+                metrics = validator(view)
+            else:
+                stream.wait_event(ready)
+                with torch.cuda.stream(stream):
+                    metrics = validator(view)
+                stream.synchronize()  # nothing of it left queued once the training thread reads the snapshot again
+    finally:
+        _beside.on = False
+        LOGGER.removeFilter(held)
+        overlapped.held = held.records
+        overlapped.seconds, overlapped.ended = time.perf_counter() - t0, time.time()
+    return metrics
+
+
+def _bytes(tensors: Any) -> int:
+    """The bytes of the tensors among ``tensors``."""
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None:
+    """Why this epoch's validation cannot run beside the next epoch (the module's doc), or None where it can.
+
+    Args:
+        largest_batch: images in the validation's largest batch.
+        per_image: a training pass's peak bytes per image (0: not known, no check): the validation's passes need at
+            most that times ``largest_batch`` of free GPU memory, and the copies of the EMA and of the optimiser's
+            state kept for an epoch their own size.
+    """
+    if trainer.epoch + 1 >= trainer.epochs:
+        return "the last epoch"
+    if seam.could_stop(trainer):
+        return "early stopping may stop the run after it"
+    if trainer.args.time:
+        return "time= counts the epochs from their times"
+    device = trainer.device
+    ema = seam.trainer_ema(trainer).ema.state_dict().values()
+    if device.type == "cuda" and per_image:  # the validation's passes, and the copies kept for an epoch
+        kept = _bytes(ema) + _bytes(t for state in trainer.optimizer.state.values() for t in state.values())
+        if torch.cuda.mem_get_info(device)[0] < largest_batch * per_image + kept:
+            return "too little free GPU memory beside the training"
+    tensors = [v for v in ema if v.is_floating_point()]
+    if isinstance(trainer.loss, torch.Tensor):
+        tensors.append(trainer.loss.detach())
+    finite = [t.isfinite().all().to(device) for t in tensors]
+    if finite and not bool(torch.stack(finite).all()):  # one host sync, at the epoch's end (Ultralytics' syncs too)
+        return "the loss or the EMA is not finite"
+    return None

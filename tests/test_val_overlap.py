@@ -1,0 +1,314 @@
+"""An epoch's validation beside the next epoch's training (``val_overlap``, train/overlap.py): the same rows,
+checkpoints, callbacks and early stopping as validations waited for, only later; the epochs it must not overlap are
+validated in place; a run stopped meanwhile says what was not written and resumes."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from yolofeed import ultralytics_seam as seam
+from yolofeed.train import overlap
+
+TINY = dict(imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True, seed=0)
+
+
+# -- the rules, on stand-ins -----------------------------------------------------------------------------------------
+def _trainer(epoch=1, epochs=5, possible_stop=False, stop=False, best_epoch=0, patience=100, time=None, loss=1.0,
+             ema_value=0.5):
+    ema = SimpleNamespace(ema=torch.nn.Linear(2, 2), updates=7)
+    with torch.no_grad():
+        ema.ema.weight.fill_(ema_value)
+    return SimpleNamespace(epoch=epoch, epochs=epochs, stop=stop, args=SimpleNamespace(time=time),
+                           stopper=SimpleNamespace(possible_stop=possible_stop, best_epoch=best_epoch,
+                                                   patience=patience),
+                           device=torch.device("cpu"), ema=ema, loss=torch.tensor([loss]))
+
+
+@pytest.mark.parametrize("case, expected", [
+    ({}, None),
+    ({"epoch": 4}, "the last epoch"),
+    ({"possible_stop": True}, "early stopping may stop the run after it"),
+    ({"stop": True}, "early stopping may stop the run after it"),
+    # val_period: the epochs since the best reach patience between two validations (possible_stop cannot see it)
+    ({"epoch": 3, "best_epoch": 1, "patience": 3}, "early stopping may stop the run after it"),
+    ({"epoch": 2, "best_epoch": 1, "patience": 3}, None),
+    ({"time": 0.5}, "time= counts the epochs from their times"),
+    ({"loss": float("nan")}, "the loss or the EMA is not finite"),
+    ({"ema_value": float("inf")}, "the loss or the EMA is not finite"),
+])
+def test_an_epoch_is_overlapped_only_where_that_changes_nothing_but_when(case, expected):
+    assert overlap.reason_not(_trainer(**case), largest_batch=16, per_image=0.0) == expected
+
+
+def test_an_epoch_is_not_overlapped_where_free_gpu_memory_would_not_hold_its_passes_and_copies(monkeypatch):
+    trainer = _trainer()
+    trainer.device = torch.device("cuda", 0)
+    trainer.optimizer = SimpleNamespace(state={0: {"exp_avg": torch.zeros(100), "step": torch.tensor(3.0)}})
+    kept = 2 * 2 * 4 + 2 * 4 + 100 * 4 + 4  # the EMA's weight and bias, the optimiser's state, in float32
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (16 * 1000 + kept - 1, 10**12))
+    assert overlap.reason_not(trainer, largest_batch=16, per_image=1000) == \
+        "too little free GPU memory beside the training"
+
+
+def test_the_validator_sees_the_snapshot_and_the_rest_of_the_trainer():
+    trainer = SimpleNamespace(**vars(_trainer(epoch=2)), tloss=torch.tensor([1.0, 2.0]),
+                              loss_items={"a": torch.ones(1)}, lr={"lr/pg0": 0.01}, data={"nc": 3}, amp=False)
+    snapshot = overlap.Snapshot.of(trainer)
+    trainer.epoch, trainer.tloss[0], trainer.loss_items["a"][0] = 3, 9.0, 9.0  # the next epoch trains on
+    with torch.no_grad():
+        trainer.ema.ema.weight.fill_(2.0)
+    view = overlap.TrainerView(trainer, snapshot)
+    assert view.epoch == 2 and view.stopper.possible_stop is False and view.data == {"nc": 3}
+    assert view.ema.ema is snapshot.model and float(view.ema.ema.weight[0, 0].detach()) == 0.5 and view.ema.updates == 7
+    assert float(view.loss_items["a"]) == 1.0 and float(view.tloss[0]) == 1.0
+
+
+def test_a_thread_holds_what_it_logs_and_hides_its_validation_bar():
+    from ultralytics.engine import validator as module
+
+    held, seen = {}, {}
+
+    def beside():
+        with seam.validation_bar_hidden():
+            seen["hidden"] = module.TQDM(range(3), total=3).disable
+            f = overlap._Held()
+            seam.LOGGER.addFilter(f)
+            seam.LOGGER.warning("from the validation thread")
+            seam.LOGGER.removeFilter(f)
+            held["records"] = f.records
+
+    t = threading.Thread(target=beside)
+    t.start()
+    t.join(10)
+    assert seen["hidden"] is True and [r.getMessage() for r in held["records"]] == ["from the validation thread"]
+    bar = module.TQDM(range(3), total=3, disable=False)  # this thread's bars: as before
+    assert bar.disable is False
+    bar.close()
+
+
+class _Stateful:
+    """An optimiser or a scaler: ``state_dict`` a method of its class."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+
+def test_an_epoch_ended_late_is_ended_as_the_loop_ends_it_with_its_own_state():
+    """seam.end_epoch_late: fitness, row, stopper, checkpoint, callbacks in the loop's order, each seeing the epoch's
+    state, which is put back after; the metrics, fitness and best fitness stay."""
+    calls = []
+    trainer = _trainer(epoch=5)
+    trainer.best_fitness, trainer.metrics, trainer.fitness = 0.2, {}, None
+    trainer.tloss, trainer.loss_items, trainer.lr, trainer.epoch_time = "tloss 5", "items 5", {"lr": 5}, 5.0
+    trainer.train_time_start = 1000.0
+    trainer.args.save = True
+    trainer.optimizer, trainer.scaler = _Stateful("optimizer now"), _Stateful("scaler now")
+    trainer.label_loss_items = lambda tloss: {"train": tloss}
+
+    def record(what):
+        return lambda *a: calls.append((what, trainer.epoch, *a)) or True
+
+    trainer.save_metrics = lambda metrics: calls.append(("row", trainer.epoch, metrics,
+                                                         round(100.0 - (trainer.train_time_start - 1000.0))))
+    trainer.stopper = lambda epoch, fitness: calls.append(("stopper", epoch, fitness)) or False
+    trainer.save_model = lambda: calls.append(("save", trainer.epoch, trainer.ema.ema, trainer.ema.updates,
+                                               trainer.optimizer.state_dict(), trainer.scaler.state_dict())) or True
+    trainer.run_callbacks = lambda event: calls.append((event, trainer.epoch, trainer.epoch_time, trainer.metrics))
+    model = torch.nn.Linear(1, 1)
+    snapshot = overlap.Snapshot(epoch=3, model=model, updates=3, tloss="tloss 3", loss=torch.tensor([0.0]),
+                                loss_items="items 3", lr={"lr": 3}, epochs=5, epoch_time=3.0,
+                                optimizer="optimizer 3", scaler="scaler 3")
+    import time
+
+    seam.end_epoch_late(trainer, snapshot, {"mAP": 0.5, "fitness": 0.4}, ended=time.time() - 100.0)
+    assert calls == [
+        ("row", 3, {"train": "tloss 3", "mAP": 0.5, "lr": 3}, 0),  # the time column: when the validation ended
+        ("stopper", 4, 0.4),
+        ("save", 3, model, 3, "optimizer 3", "scaler 3"),
+        ("on_model_save", 3, 3.0, {"mAP": 0.5}),
+        ("on_fit_epoch_end", 3, 3.0, {"mAP": 0.5}),
+    ]
+    assert trainer.epoch == 5 and trainer.tloss == "tloss 5" and trainer.epoch_time == 5.0
+    assert trainer.train_time_start == 1000.0 and trainer.ema.updates == 7 and trainer.ema.ema is not model
+    assert trainer.optimizer.state_dict() == "optimizer now" and trainer.scaler.state_dict() == "scaler now"
+    assert trainer.fitness == 0.4 and trainer.best_fitness == 0.4 and trainer.metrics == {"mAP": 0.5}
+
+
+def test_val_overlap_is_an_option_off_by_default_recorded_for_a_resume():
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import options
+
+    assert "val_overlap" in options.OPTIONS and FastDetectionTrainer.val_overlap is False
+    with pytest.raises(ConfigError, match="val_overlap='yes'"):
+        FastDetectionTrainer.with_options(val_overlap="yes")
+
+
+# -- whole runs, on the CPU through the validation thread --------------------------------------------------------------
+class _Scripted:
+    """A validator whose fitness is scripted by epoch (Ultralytics' own otherwise): early stopping gets something to
+    stop on in runs too short to learn."""
+
+    def __init__(self, validator, fitness):
+        self._validator, self._fitness = validator, fitness
+
+    def __getattr__(self, name):
+        return getattr(self._validator, name)
+
+    def __call__(self, trainer=None, **kwargs):
+        metrics = self._validator(trainer, **kwargs)
+        if trainer is not None and self._fitness:
+            metrics["fitness"] = self._fitness[trainer.epoch]
+        return metrics
+
+
+def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, **kw):
+    """A tiny run validating in the validation thread (on the CPU too); what each checkpoint held as it was saved,
+    each on_fit_epoch_end's epoch and metrics, and the rows."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class Beside(FastDetectionTrainer.with_options(validate_beside=True, val_overlap=overlapped, **(options or {}))):
+        def _validates_beside(self):  # on the CPU too, where the option alone keeps validations in place
+            return self.device.type == "cpu" or super()._validates_beside()
+
+        def get_validator(self):
+            return _Scripted(super().get_validator(), list(fitness))
+
+    saved, ends = [], []
+
+    def on_model_save(trainer):
+        ckpt = torch.load(trainer.last, weights_only=False)
+        saved.append({"epoch": ckpt["epoch"], "best_fitness": ckpt["best_fitness"], "stopper": ckpt["stopper"],
+                      "updates": ckpt["updates"], "ema": ckpt["ema"].state_dict(), "optimizer": ckpt["optimizer"],
+                      "train_metrics": ckpt["train_metrics"], "scaler": ckpt["scaler"],
+                      "rows": [{k: v for k, v in r.items() if k != "time"} for r in _rows(trainer.csv)]})
+
+    def on_val_batch_start(validator):
+        if fail_at is not None and validator.training and len(ends) + 1 == fail_at:
+            raise KeyboardInterrupt
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_model_save", on_model_save)
+    model.add_callback("on_fit_epoch_end", lambda t: ends.append((t.epoch, dict(t.metrics))))
+    model.add_callback("on_val_batch_start", on_val_batch_start)
+    model.train(trainer=Beside, data=str(root / "data.yaml"), project=str(runs), name=name,
+                **{**TINY, "device": "cpu", **kw})
+    return model, saved, ends, _rows(runs / name / "results.csv")
+
+
+def _rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if k != "time"} for r in csv.DictReader(f)]
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.slow
+def test_an_overlapped_run_writes_what_a_waited_one_writes(synth_root, tmp_path, caplog):
+    """Every checkpoint as it was saved (EMA, optimiser, scaler, fitness, early stopping, the rows so far), every
+    on_fit_epoch_end's epoch and metrics, and results.csv (but its time column) are the same; the overlapped epochs'
+    lines are printed under one naming them."""
+    caplog.set_level(logging.INFO)
+    waited = _run(synth_root, tmp_path, "waited", False, epochs=4)
+    model, saved, ends, rows = _run(synth_root, tmp_path, "overlapped", True, epochs=4)
+    assert len(rows) == 4 and _same(rows, waited[3])
+    assert [s["epoch"] for s in saved] == [0, 1, 2, 3] and _same(saved, waited[1])
+    assert [e for e, _ in ends] == [0, 1, 2, 3, 4] and _same(ends, waited[2])  # 4: best.pt's final validation
+    assert sorted(model.trainer.val_overlapped) == [1, 2, 3]  # the last epoch is validated in place
+    for epoch in (1, 2, 3):
+        assert f"epoch {epoch}'s validation, run while epoch {epoch + 1} trained:" in caplog.text
+
+
+@pytest.mark.slow
+def test_early_stopping_and_val_period_stop_and_skip_where_a_waited_run_does(synth_root, tmp_path):
+    """The best fitness at epoch 2. Patience 3 stops after epoch 5, where possible_stop (set by epoch 4's validation)
+    asks for it; with val_period=2 and patience 2 it stops after epoch 4, which no possible_stop announced (epoch 3 is
+    not validated): an overlapped epoch 4 would have stopped the run an epoch late."""
+    fitness = [0.5, 0.6, 0.4, 0.3, 0.3, 0.2, 0.1, 0.1]
+    for period, patience, rows in ((1, 3, 5), (2, 3, 5), (2, 2, 4)):
+        kw = dict(epochs=8, patience=patience, fitness=fitness, options={"val_period": period})
+        waited = _run(synth_root, tmp_path, f"waited{period}{patience}", False, **kw)
+        overlapped = _run(synth_root, tmp_path, f"overlapped{period}{patience}", True, **kw)
+        assert len(waited[3]) == rows, (period, patience)
+        assert _same(overlapped[3], waited[3]) and _same(overlapped[1], waited[1]) and _same(overlapped[2], waited[2])
+
+
+@pytest.mark.slow
+def test_a_run_stopped_during_an_overlapped_validation_says_what_is_lost_and_resumes(synth_root, tmp_path, caplog):
+    """Ctrl-C in epoch 2's validation, beside epoch 3: the run stops at epoch 3's end, says epoch 2's row and
+    checkpoints were not written; last.pt is epoch 1's, and the run resumes from it with val_overlap restored."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    caplog.set_level(logging.INFO)
+    with pytest.raises(KeyboardInterrupt):
+        _run(synth_root, tmp_path, "stopped", True, epochs=4, fail_at=2)
+    assert "epoch 2's validation, run beside the training, did not end" in caplog.text
+    last = tmp_path / "stopped" / "weights" / "last.pt"
+    assert torch.load(last, weights_only=False)["epoch"] == 0 and len(_rows(tmp_path / "stopped" / "results.csv")) == 1
+    caplog.clear()
+    model = YOLO(str(last))
+    model.train(resume=True, trainer=FastDetectionTrainer)
+    assert "val_overlap=True" in caplog.text and len(_rows(tmp_path / "stopped" / "results.csv")) == 4
+
+
+def test_the_bench_puts_a_validation_beside_in_its_epoch_and_the_wait_in_the_next():
+    from yolofeed.bench.whole import beside
+
+    records = [{"epoch": 1}, {"epoch": 2}, {"epoch": 3, "val_s": 0.5}]
+    beside(records, {1: {"val_s": 0.9, "waited_s": 0.01}, 2: {"val_s": 0.8, "waited_s": 0.2}})
+    assert records == [{"epoch": 1, "val_beside_s": 0.9}, {"epoch": 2, "val_beside_s": 0.8, "val_s": 0.01},
+                       {"epoch": 3, "val_s": 0.7}]
+
+
+@pytest.mark.slow
+def test_a_whole_run_with_val_overlap_accounts_for_every_epoch(synth_root, tmp_path, monkeypatch):
+    """The bench's whole run of an overlapped trainer: every epoch timed to the next one's start (its end comes an
+    epoch late), each validation beside its epoch, the waits in the next, and nothing counted twice."""
+    from yolofeed.bench import whole
+    from yolofeed.bench.modes import trainer_class
+
+    cls = trainer_class("yolofeed_val_overlap")
+    monkeypatch.setattr(cls, "_validates_beside", lambda self: True)
+    monkeypatch.chdir(tmp_path)
+    args = dict(model="yolo11n.yaml", data=str(synth_root / "data.yaml"), imgsz=64, batch=8, device="cpu", workers=0,
+                project=str(tmp_path / "runs"))
+    r = whole.whole_run("yolofeed_val_overlap", cls, args, 3)
+    epochs = r["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3] and all(e["epoch_s"] >= e["train_s"] > 0 for e in epochs)
+    assert [("val_beside_s" in e) for e in epochs] == [True, True, False]  # the last epoch is validated in place
+    assert "val_s" not in epochs[0] and epochs[1]["val_s"] >= 0 and epochs[2]["val_s"] > 0
+    assert r["setup_s"] + sum(e["epoch_s"] for e in epochs) + r["final_s"] <= r["wall_s"] + 0.05
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_overlapped_run_validates_on_its_own_stream_beside_the_graphed_step(synth_root, tmp_path, caplog):
+    """On CUDA (the validation thread on by default there): each epoch but the last validated beside the next on the
+    overlap's stream, the graphed step still captured, the rows and checkpoints of every epoch written in order."""
+    caplog.set_level(logging.INFO)
+    model, saved, ends, rows = _run(synth_root, tmp_path, "gpu", True, epochs=3, device=0)
+    assert sorted(model.trainer.val_overlapped) == [1, 2] and model.trainer._overlap_stream is not None
+    assert "replay as CUDA graphs" in caplog.text and "could not be" not in caplog.text
+    assert [s["epoch"] for s in saved] == [0, 1, 2] and [e for e, _ in ends] == [0, 1, 2, 3] and len(rows) == 3
+    assert all(math.isfinite(float(v)) for r in rows for k, v in r.items() if k != "epoch")
