@@ -172,7 +172,7 @@ class _Scripted:
         return metrics
 
 
-def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, **kw):
+def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, callbacks=None, **kw):
     """A tiny run validating in the validation thread (on the CPU too); what each checkpoint held as it was saved,
     each on_fit_epoch_end's epoch and metrics, and the rows."""
     from ultralytics import YOLO
@@ -203,6 +203,8 @@ def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, *
     model.add_callback("on_model_save", on_model_save)
     model.add_callback("on_fit_epoch_end", lambda t: ends.append((t.epoch, dict(t.metrics))))
     model.add_callback("on_val_batch_start", on_val_batch_start)
+    for event, fn in (callbacks or {}).items():
+        model.add_callback(event, fn)
     model.train(trainer=Beside, data=str(root / "data.yaml"), project=str(runs), name=name,
                 **{**TINY, "device": "cpu", **kw})
     return model, saved, ends, _rows(runs / name / "results.csv")
@@ -312,3 +314,83 @@ def test_on_a_gpu_an_overlapped_run_validates_on_its_own_stream_beside_the_graph
     assert "replay as CUDA graphs" in caplog.text and "could not be" not in caplog.text
     assert [s["epoch"] for s in saved] == [0, 1, 2] and [e for e, _ in ends] == [0, 1, 2, 3] and len(rows) == 3
     assert all(math.isfinite(float(v)) for r in rows for k, v in r.items() if k != "epoch")
+
+
+@pytest.mark.slow
+def test_a_stop_a_callback_asks_for_at_an_epochs_end_stops_where_a_waited_run_stops(synth_root, tmp_path, caplog):
+    """A callback at on_fit_epoch_end sets trainer.stop after epoch 2 (a tuner, a custom early stopping): with
+    val_overlap that callback runs during epoch 3, whose training is then not kept: the same rows, checkpoints and
+    callbacks as a waited run, which stopped after epoch 2."""
+    caplog.set_level(logging.INFO)
+
+    def stop_after_second(trainer):
+        if trainer.epoch == 1:
+            trainer.stop = True
+
+    kw = dict(epochs=4, callbacks={"on_fit_epoch_end": stop_after_second})
+    waited = _run(synth_root, tmp_path, "waited", False, **kw)
+    overlapped = _run(synth_root, tmp_path, "overlapped", True, **kw)
+    assert len(waited[3]) == 2 and [e for e, _ in waited[2]] == [0, 1, 2]  # 2: best.pt's final validation
+    assert _same(overlapped[3], waited[3]) and _same(overlapped[1], waited[1]) and _same(overlapped[2], waited[2])
+    assert "the run stops after epoch 2" in caplog.text and "epoch 3's training is not kept" in caplog.text
+
+
+@pytest.mark.slow
+def test_what_a_failed_validation_beside_said_is_printed_with_what_was_not_written(synth_root, tmp_path, caplog,
+                                                                                     monkeypatch):
+    from yolofeed.ultralytics_seam import DetectionValidator
+
+    stock = DetectionValidator.__call__
+
+    def failing(self, trainer=None, **kwargs):
+        if trainer is not None and trainer.epoch == 1:
+            seam.LOGGER.warning("the val pack's labels are unreadable")
+            raise OSError("disk gone")
+        return stock(self, trainer, **kwargs)
+
+    monkeypatch.setattr(DetectionValidator, "__call__", failing)
+    caplog.set_level(logging.INFO)
+    with pytest.raises(OSError, match="disk gone"):
+        _run(synth_root, tmp_path, "failed", True, epochs=4)
+    said = caplog.text
+    assert said.index("epoch 2's validation, run while epoch 3 trained:") < said.index("unreadable") < \
+        said.index("epoch 2's validation, run beside the training, did not end")
+
+
+_STOPPED_BESIDE = """
+import sys
+from ultralytics import YOLO
+from yolofeed import FastDetectionTrainer
+
+class Beside(FastDetectionTrainer.with_options(validate_beside=True, val_overlap=True)):
+    def _validates_beside(self):
+        return True
+
+def fail(trainer):
+    if trainer.epoch == 2:  # epoch 3, while epoch 2's validation of the long val split runs beside
+        raise RuntimeError("a bad batch")
+
+model = YOLO("yolo11n.yaml")
+model.add_callback("on_train_batch_end", fail)
+model.train(trainer=Beside, data=sys.argv[1], project=sys.argv[2], name="run", epochs=4, imgsz=64, batch=8,
+            workers=0, plots=False, device="cpu", seed=0)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_while_a_validation_runs_beside_exits_with_its_error_not_an_abort(tmp_path):
+    """The validation thread is stopped and waited for before the interpreter exits: exiting while it is inside torch
+    aborts the process (status 134, "terminate called without an active exception") instead of the error's 1."""
+    import subprocess
+    import sys
+
+    from yolofeed import synth
+    from yolofeed.config import SynthConfig
+
+    synth.run(SynthConfig(out=str(tmp_path / "ds"), n_train=24, n_val=400, imgsz=160, seed=3, workers=2))
+    (tmp_path / "run.py").write_text(_STOPPED_BESIDE)
+    done = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "ds" / "data.yaml"),
+                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "a bad batch" in done.stderr and "terminate called" not in done.stderr
+    assert "epoch 2's validation, run beside the training, did not end" in done.stdout + done.stderr

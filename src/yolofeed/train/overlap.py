@@ -18,8 +18,15 @@ the epoch.
 
 What differs from stock is when these happen, not what they hold: the metrics, the rows (but the time column: when the
 validation ended) and the checkpoints are stock's. A run killed while epoch k+1 trains resumes from epoch k-1's
-last.pt (stock's: k's). A callback at ``on_fit_epoch_end`` runs an epoch late, with the trainer's epoch, metrics,
-losses, learning rates and EMA those of the epoch it ends.
+last.pt (stock's: k's); one stopped by an error or Ctrl-C says which epoch's validation did not end, with what it had
+printed, once the validation thread has stopped (at its next batch). A callback at ``on_fit_epoch_end`` or
+``on_model_save`` runs an epoch late, with the trainer's epoch, metrics, losses, learning rates (``lr``), epoch time
+and EMA those of the epoch it ends; the model in training, the optimiser's parameter groups and the scheduler are the
+next epoch's, and callbacks during epoch k+1 see epoch k-1's metrics. A stop such a callback asks for (``stop``) takes
+effect where stock's does: epoch k+1, trained meanwhile, is not kept (``FastTrainer._discard_epoch``; the log's
+count of epochs completed includes it). A fitness that is not a number while the loss and the EMA are finite (not
+seen in detection) is written as it is: Ultralytics' NaN recovery, which reloads the last checkpoint and trains that
+epoch again, is not run for it.
 
 An epoch is validated in the training thread, and waited for, wherever the overlap would change more than that
 (``Overlap.reason_not``): the last epoch; an epoch after which early stopping may stop the run (its

@@ -88,6 +88,8 @@ from yolofeed.ultralytics_seam import (
     write_checkpoints_as,
 )
 
+CLOSE_WAIT_S = 30.0  # how long a stopped run waits for its validation thread to end (a validation batch, at most)
+
 
 class FastTrainer(SyncFreeStep):
     """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
@@ -321,15 +323,20 @@ class FastTrainer(SyncFreeStep):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
-            if self._overlapped is not None:  # an error or Ctrl-C while an epoch was validated beside: not ended
-                self._validations.cancel()
-                LOGGER.warning(f"yolofeed: epoch {self._overlapped.snapshot.epoch + 1}'s validation, run beside the "
-                               "training, did not end: its results.csv row and checkpoints are not written")
-                self._overlapped, self._holding = None, False
+            job, self._overlapped, self._holding = self._overlapped, None, False
             if self._validations is not None:
-                self._validations.close()
+                if job is not None:  # an error or Ctrl-C while an epoch was validated beside: it stops at a batch
+                    self._validations.cancel()
+                # the interpreter must not exit while the worker is inside torch (the process aborts: "terminate called
+                # without an active exception"): a stopped validation ends at its next batch
+                self._validations.close(wait=CLOSE_WAIT_S)
                 self._validations = None
                 self._final_warm = None  # best.pt's copy, if no validation came
+            if job is not None:
+                if job.future is not None and job.future.done():
+                    job.print_held()  # what it said before it stopped (a failure's warning, say)
+                LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did "
+                               "not end: its results.csv row and checkpoints are not written")
             if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
                 self._results_plot.abandon()
                 self._results_plot = None
@@ -350,7 +357,8 @@ class FastTrainer(SyncFreeStep):
         killed earlier in this folder are removed first. An epoch validated beside the next (``val_overlap``) is saved
         when its validation ends: here only its optimiser's and scaler's states are kept, and nothing is written."""
         if self._holding:
-            self._overlapped.snapshot.keep_checkpoint_state(self)
+            if self._overlapped is not None:  # else the epoch is discarded (_discard_epoch)
+                self._overlapped.snapshot.keep_checkpoint_state(self)
             return False  # the loop runs no on_model_save: seam.end_epoch_late runs it
         write_checkpoints_as(self, AtomicPath)
         sweep(weights_dir(self))
@@ -423,7 +431,10 @@ class FastTrainer(SyncFreeStep):
         With ``val_overlap`` an epoch's validation may run while the next epoch trains (``_validate_beside_next``); its
         row, checkpoints and callbacks then come at the next epoch's end, here, before anything of that epoch.
         """
+        stopping = self.stop
         self._end_overlapped_epoch()
+        if self.stop and not stopping:  # the epoch that ended late asked to stop (a callback): stock stopped there
+            return self._discard_epoch()
         epoch = self.epoch + 1
         if self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs or may_stop(self):
             if self._validate_beside_next():
@@ -441,7 +452,8 @@ class FastTrainer(SyncFreeStep):
         ``on_fit_epoch_end`` when it ends (``seam.end_epoch_late``)."""
         if self._holding and event in ("on_model_save", "on_fit_epoch_end"):
             if event == "on_fit_epoch_end":  # the loop's last word on this epoch: it has set epoch_time
-                self._overlapped.snapshot.epoch_time = getattr(self, "epoch_time", None)
+                if self._overlapped is not None:
+                    self._overlapped.snapshot.epoch_time = getattr(self, "epoch_time", None)
                 self._holding = False
             return
         super().run_callbacks(event)
@@ -453,7 +465,7 @@ class FastTrainer(SyncFreeStep):
         if not self.val_overlap or self._validations is None or not self._validations.alive:
             return False
         loader = validation_loader(self)
-        largest = max((n for n, _, _ in loader_shapes(loader)), default=int(self.args.batch))
+        largest = max((n for n, _, _ in loader_shapes(loader)), default=2 * int(self.args.batch))  # as Ultralytics'
         cuda = self.device.type == "cuda"
         per_image = torch.cuda.max_memory_allocated(self.device) / max(int(self.args.batch), 1) if cuda else 0.0
         why = overlap.reason_not(self, largest, per_image)
@@ -473,6 +485,17 @@ class FastTrainer(SyncFreeStep):
                                              overlap.TrainerView(self, snapshot), self.device, ready, stream)
         self._overlapped, self._holding = job, True
         return True
+
+    def _discard_epoch(self):
+        """The run stops after the epoch that just ended late (a callback at its end set ``stop``), where stock's run
+        stopped: nothing of this epoch, trained while that one's validation ran, is validated or written (no row,
+        checkpoint or callback at its end: held as an overlapped epoch's are, never ended), and the trainer's epoch is
+        that one's again (``final_eval`` and its callbacks read it)."""
+        LOGGER.info(f"yolofeed: the run stops after epoch {self.epoch}, as asked at its end (which val_overlap runs "
+                    f"during the next epoch): epoch {self.epoch + 1}'s training is not kept")
+        self.epoch -= 1
+        self._holding = True  # with no epoch overlapped: the loop's row, checkpoints and callbacks of this one, none
+        return self.metrics, None
 
     def _end_overlapped_epoch(self) -> None:
         """Wait for the epoch validated beside this one (usually ended by now), print its lines and end it as the

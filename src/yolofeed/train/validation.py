@@ -81,9 +81,11 @@ class ValidationThread:
         """``fn(*args, **kwargs)`` in the worker, after what is queued; returns its result or raises its exception."""
         return self.submit(fn, *args, **kwargs).result()
 
-    def close(self) -> None:
-        """The worker ends once what is queued is done (it is not waited for)."""
+    def close(self, wait: float = 0.0) -> None:
+        """The worker ends once what is queued is done; waited for up to ``wait`` seconds."""
         self._jobs.put(None)
+        if wait > 0 and self._thread is not threading.current_thread():
+            self._thread.join(wait)
 
     def cancel(self) -> None:
         """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""
