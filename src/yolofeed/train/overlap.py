@@ -78,16 +78,15 @@ class Snapshot:
     @classmethod
     def of(cls, trainer: Any) -> Snapshot:
         """The trainer's epoch-end state now (the model copied on the training thread's stream)."""
-        ema = seam.trainer_ema(trainer)
-        return cls(epoch=trainer.epoch, model=copy.deepcopy(ema.ema), updates=ema.updates,
-                   tloss=_cloned(trainer.tloss), loss=_cloned(trainer.loss), loss_items=_cloned(trainer.loss_items),
-                   lr=dict(trainer.lr), epochs=trainer.epochs)
+        ema, state = seam.trainer_ema(trainer), seam.epoch_end_state(trainer)
+        return cls(epoch=state["epoch"], model=copy.deepcopy(ema.ema), updates=ema.updates,
+                   tloss=_cloned(state["tloss"]), loss=_cloned(state["loss"]), loss_items=_cloned(state["loss_items"]),
+                   lr=dict(state["lr"]), epochs=state["epochs"])
 
     def keep_checkpoint_state(self, trainer: Any) -> None:
         """What ``save_model`` serialises besides the EMA, as it is at this epoch's end (copied: the optimiser steps
         on)."""
-        self.optimizer = copy.deepcopy(trainer.optimizer.state_dict())
-        self.scaler = copy.deepcopy(trainer.scaler.state_dict())
+        self.optimizer, self.scaler = copy.deepcopy(seam.checkpoint_states(trainer))
 
 
 class TrainerView:

@@ -79,6 +79,7 @@ from yolofeed.ultralytics_seam import (
     run_first,
     start_epoch,
     step_autocast,
+    stop_asked,
     torch_distributed_zero_first,
     unwrap_model,
     validation_loader,
@@ -431,9 +432,9 @@ class FastTrainer(SyncFreeStep):
         With ``val_overlap`` an epoch's validation may run while the next epoch trains (``_validate_beside_next``); its
         row, checkpoints and callbacks then come at the next epoch's end, here, before anything of that epoch.
         """
-        stopping = self.stop
+        stopping = stop_asked(self)
         self._end_overlapped_epoch()
-        if self.stop and not stopping:  # the epoch that ended late asked to stop (a callback): stock stopped there
+        if stop_asked(self) and not stopping:  # the epoch ended late asked to stop (a callback): stock stopped there
             return self._discard_epoch()
         epoch = self.epoch + 1
         if self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs or may_stop(self):

@@ -213,7 +213,8 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "could_stop", "end_epoch_late", "trainer_ema", "validation_bar_hidden",
+    "checkpoint_states", "could_stop", "end_epoch_late", "epoch_end_state", "stop_asked", "trainer_ema",
+    "validation_bar_hidden",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
     "Concat", "Conv", "Detect", "layer_inputs", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
@@ -360,6 +361,7 @@ TRAINER_STATE: dict[str, tuple[type, str]] = {
     "patience": (EarlyStopping, "val_overlap validates in the training thread wherever early stopping could stop "
                                 "the run"),
     "tloss": (DetectionTrainer, "val_overlap writes an epoch's row late, with that epoch's mean losses"),
+    "loss": (DetectionTrainer, "val_overlap's fitness without a validator's is the epoch's last loss, as stock's"),
     "loss_items": (DetectionTrainer, "val_overlap validates an epoch beside the next with that epoch's loss items"),
     "lr": (DetectionTrainer, "val_overlap writes an epoch's row late, with that epoch's learning rates"),
     "epoch_time": (DetectionTrainer, "val_overlap runs an epoch's on_fit_epoch_end late, with that epoch's time"),
@@ -519,6 +521,23 @@ def could_stop(trainer: Any) -> bool:
 def trainer_ema(trainer: Any) -> Any:
     """The trainer's ``ModelEMA`` (``BaseTrainer.ema``: its ``ema`` model and its ``updates``)."""
     return _state(trainer, "ema")
+
+
+def stop_asked(trainer: Any) -> bool:
+    """Whether the run stops after this epoch (``BaseTrainer.stop``: early stopping, ``time=``, a callback)."""
+    return bool(_state(trainer, "stop"))
+
+
+def epoch_end_state(trainer: Any) -> dict[str, Any]:
+    """What ``BaseTrainer._do_train``'s epoch end reads of the trainer besides the EMA, as it is now: the epoch and the
+    epochs, the epoch's mean losses (``tloss``), the last step's loss and loss items, the learning rates (``lr``)."""
+    return {"epoch": trainer.epoch, "epochs": trainer.epochs, "tloss": _state(trainer, "tloss"),
+            "loss": _state(trainer, "loss"), "loss_items": _state(trainer, "loss_items"), "lr": _state(trainer, "lr")}
+
+
+def checkpoint_states(trainer: Any) -> tuple[dict, dict]:
+    """The optimiser's and the scaler's state dicts, as ``BaseTrainer.save_model`` serialises them."""
+    return trainer.optimizer.state_dict(), _state(trainer, "scaler").state_dict()
 
 
 # -- an epoch ended late (train/overlap.py) --------------------------------------------------------------------------
