@@ -28,7 +28,8 @@ def _trainer(epoch=1, epochs=5, possible_stop=False, stop=False, best_epoch=0, p
     return SimpleNamespace(epoch=epoch, epochs=epochs, stop=stop, args=SimpleNamespace(time=time),
                            stopper=SimpleNamespace(possible_stop=possible_stop, best_epoch=best_epoch,
                                                    patience=patience),
-                           device=torch.device("cpu"), ema=ema, loss=torch.tensor([loss]))
+                           device=torch.device("cpu"), ema=ema, loss=torch.tensor([loss]), tloss=torch.tensor([1.0]),
+                           loss_items={"box": torch.ones(1)}, lr={"lr/pg0": 0.01})
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -58,26 +59,26 @@ def test_an_epoch_is_not_overlapped_where_free_gpu_memory_would_not_hold_its_pas
 
 
 def test_the_validator_sees_the_snapshot_and_the_rest_of_the_trainer():
-    trainer = SimpleNamespace(**vars(_trainer(epoch=2)), tloss=torch.tensor([1.0, 2.0]),
-                              loss_items={"a": torch.ones(1)}, lr={"lr/pg0": 0.01}, data={"nc": 3}, amp=False)
+    trainer = SimpleNamespace(**vars(_trainer(epoch=2)), data={"nc": 3}, amp=False)
     snapshot = overlap.Snapshot.of(trainer)
-    trainer.epoch, trainer.tloss[0], trainer.loss_items["a"][0] = 3, 9.0, 9.0  # the next epoch trains on
+    trainer.epoch, trainer.tloss[0], trainer.loss_items["box"][0] = 3, 9.0, 9.0  # the next epoch trains on
     with torch.no_grad():
         trainer.ema.ema.weight.fill_(2.0)
-    view = overlap.TrainerView(trainer, snapshot)
+    view = seam.validator_view(trainer, snapshot)
     assert view.epoch == 2 and view.stopper.possible_stop is False and view.data == {"nc": 3}
     assert view.ema.ema is snapshot.model and float(view.ema.ema.weight[0, 0].detach()) == 0.5 and view.ema.updates == 7
-    assert float(view.loss_items["a"]) == 1.0 and float(view.tloss[0]) == 1.0
+    assert float(view.loss_items["box"]) == 1.0 and float(view.tloss[0]) == 1.0
 
 
-def test_a_thread_holds_what_it_logs_and_hides_its_validation_bar():
+def test_a_thread_validating_beside_holds_what_it_logs_hides_its_bar_and_times_on_its_stream():
     from ultralytics.engine import validator as module
 
     held, seen = {}, {}
 
     def beside():
-        with seam.validation_bar_hidden():
+        with seam.validation_beside():
             seen["hidden"] = module.TQDM(range(3), total=3).disable
+            seen["profile"] = type(module.Profile(device=torch.device("cpu")))
             f = overlap._Held()
             seam.LOGGER.addFilter(f)
             seam.LOGGER.warning("from the validation thread")
@@ -88,9 +89,22 @@ def test_a_thread_holds_what_it_logs_and_hides_its_validation_bar():
     t.start()
     t.join(10)
     assert seen["hidden"] is True and [r.getMessage() for r in held["records"]] == ["from the validation thread"]
-    bar = module.TQDM(range(3), total=3, disable=False)  # this thread's bars: as before
-    assert bar.disable is False
+    assert seen["profile"] is seam._StreamProfile
+    bar = module.TQDM(range(3), total=3, disable=False)  # this thread's bars and timers: as before
+    assert bar.disable is False and type(module.Profile(device=None)) is seam._STOCK_PROFILE
     bar.close()
+
+
+def test_a_timer_of_a_validation_beside_syncs_its_stream_not_the_device(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(
+        synchronize=lambda: synced.append(("stream", device))))
+    timer = seam._StreamProfile(device=torch.device("cuda", 0))
+    monkeypatch.setattr(timer, "accelerator", torch.cuda)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(("device", device)))
+    with timer:
+        pass
+    assert synced == [("stream", torch.device("cuda", 0))] * 2 and timer.t >= 0
 
 
 class _Stateful:
@@ -159,22 +173,26 @@ class _Scripted:
     """A validator whose fitness is scripted by epoch (Ultralytics' own otherwise): early stopping gets something to
     stop on in runs too short to learn."""
 
-    def __init__(self, validator, fitness):
-        self._validator, self._fitness = validator, fitness
+    def __init__(self, validator, fitness, again=None):
+        self._validator, self._fitness, self._again = validator, fitness, again
 
     def __getattr__(self, name):
         return getattr(self._validator, name)
 
     def __call__(self, trainer=None, **kwargs):
         metrics = self._validator(trainer, **kwargs)
+        if self._again is not None and seam.validating_beside():  # once more, with the whole device idle first
+            torch.cuda.synchronize()
+            self._again.append((dict(metrics), self._validator(trainer, **kwargs)))
         if trainer is not None and self._fitness:
             metrics["fitness"] = self._fitness[trainer.epoch]
         return metrics
 
 
-def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, callbacks=None, **kw):
+def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, callbacks=None, again=None, **kw):
     """A tiny run validating in the validation thread (on the CPU too); what each checkpoint held as it was saved,
-    each on_fit_epoch_end's epoch and metrics, and the rows."""
+    each on_fit_epoch_end's epoch and metrics, and the rows. ``again``: each validation beside, run a second time
+    once the device is idle, appends both metrics."""
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer
@@ -184,16 +202,13 @@ def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, c
             return self.device.type == "cpu" or super()._validates_beside()
 
         def get_validator(self):
-            return _Scripted(super().get_validator(), list(fitness))
+            return _Scripted(super().get_validator(), list(fitness), again)
 
     saved, ends = [], []
 
     def on_model_save(trainer):
-        ckpt = torch.load(trainer.last, weights_only=False)
-        saved.append({"epoch": ckpt["epoch"], "best_fitness": ckpt["best_fitness"], "stopper": ckpt["stopper"],
-                      "updates": ckpt["updates"], "ema": ckpt["ema"].state_dict(), "optimizer": ckpt["optimizer"],
-                      "train_metrics": ckpt["train_metrics"], "scaler": ckpt["scaler"],
-                      "rows": [{k: v for k, v in r.items() if k != "time"} for r in _rows(trainer.csv)]})
+        files = [trainer.last, trainer.best, trainer.wdir / f"epoch{trainer.epoch}.pt"]
+        saved.append({"rows": _rows(trainer.csv), **{f.name: _held(f) for f in files if f.exists()}})
 
     def on_val_batch_start(validator):
         if fail_at is not None and validator.training and len(ends) + 1 == fail_at:
@@ -208,6 +223,15 @@ def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, c
     model.train(trainer=Beside, data=str(root / "data.yaml"), project=str(runs), name=name,
                 **{**TINY, "device": "cpu", **kw})
     return model, saved, ends, _rows(runs / name / "results.csv")
+
+
+def _held(path):
+    """What a checkpoint holds that a run writes (its date and arguments left out)."""
+    ckpt = torch.load(path, weights_only=False)
+    return {"epoch": ckpt["epoch"], "best_fitness": ckpt["best_fitness"], "stopper": ckpt["stopper"],
+            "updates": ckpt["updates"], "ema": ckpt["ema"].state_dict(), "optimizer": ckpt["optimizer"],
+            "train_metrics": ckpt["train_metrics"], "scaler": ckpt["scaler"], "train_results": {
+                k: v for k, v in ckpt["train_results"].items() if k != "time"}}
 
 
 def _rows(path):
@@ -231,10 +255,12 @@ def test_an_overlapped_run_writes_what_a_waited_one_writes(synth_root, tmp_path,
     on_fit_epoch_end's epoch and metrics, and results.csv (but its time column) are the same; the overlapped epochs'
     lines are printed under one naming them."""
     caplog.set_level(logging.INFO)
-    waited = _run(synth_root, tmp_path, "waited", False, epochs=4)
-    model, saved, ends, rows = _run(synth_root, tmp_path, "overlapped", True, epochs=4)
+    kw = dict(epochs=4, save_period=1, close_mosaic=2)  # epochN.pt every epoch; mosaic closes in epoch 3
+    waited = _run(synth_root, tmp_path, "waited", False, **kw)
+    model, saved, ends, rows = _run(synth_root, tmp_path, "overlapped", True, **kw)
     assert len(rows) == 4 and _same(rows, waited[3])
-    assert [s["epoch"] for s in saved] == [0, 1, 2, 3] and _same(saved, waited[1])
+    assert [s["last.pt"]["epoch"] for s in saved] == [0, 1, 2, 3] and _same(saved, waited[1])
+    assert all({"last.pt", "best.pt", f"epoch{k}.pt"} <= set(s) for k, s in enumerate(saved))
     assert [e for e, _ in ends] == [0, 1, 2, 3, 4] and _same(ends, waited[2])  # 4: best.pt's final validation
     assert sorted(model.trainer.val_overlapped) == [1, 2, 3]  # the last epoch is validated in place
     for epoch in (1, 2, 3):
@@ -307,12 +333,18 @@ def test_a_whole_run_with_val_overlap_accounts_for_every_epoch(synth_root, tmp_p
 @pytest.mark.gpu
 def test_on_a_gpu_an_overlapped_run_validates_on_its_own_stream_beside_the_graphed_step(synth_root, tmp_path, caplog):
     """On CUDA (the validation thread on by default there): each epoch but the last validated beside the next on the
-    overlap's stream, the graphed step still captured, the rows and checkpoints of every epoch written in order."""
+    overlap's stream, the graphed step still captured (and the augmentation's graph again when mosaic closes, beside
+    epoch 1's validation), the rows and checkpoints of every epoch written in order; each validation beside gives the
+    metrics it gives again with the device idle (a snapshot read before its copy was made would not)."""
     caplog.set_level(logging.INFO)
-    model, saved, ends, rows = _run(synth_root, tmp_path, "gpu", True, epochs=3, device=0)
+    again = []
+    model, saved, ends, rows = _run(synth_root, tmp_path, "gpu", True, epochs=3, device=0, close_mosaic=2,
+                                    again=again)
+    assert len(again) == 2 and all(first == second for first, second in again), again
     assert sorted(model.trainer.val_overlapped) == [1, 2] and model.trainer._overlap_stream is not None
     assert "replay as CUDA graphs" in caplog.text and "could not be" not in caplog.text
-    assert [s["epoch"] for s in saved] == [0, 1, 2] and [e for e, _ in ends] == [0, 1, 2, 3] and len(rows) == 3
+    assert [s["last.pt"]["epoch"] for s in saved] == [0, 1, 2] and [e for e, _ in ends] == [0, 1, 2, 3]
+    assert len(rows) == 3
     assert all(math.isfinite(float(v)) for r in rows for k, v in r.items() if k != "epoch")
 
 

@@ -114,8 +114,8 @@ def test_best_pts_set_up_goes_a_shape_behind_each_validation_and_what_is_left_be
                                                             ("best.pt's", None, torch.float16, True)))
     monkeypatch.setattr(tr, "validation_loader", lambda t: None)
     monkeypatch.setattr(tr, "loader_shapes", lambda loader: [a, b])
-    monkeypatch.setattr(tr, "warm", lambda models, shapes, *rest: order.append((models[0][0], tuple(shapes),
-                                                                                 models[0][3])))
+    monkeypatch.setattr(tr, "warm", lambda models, shapes, *rest, **kw: order.append((models[0][0], tuple(shapes),
+                                                                                       models[0][3])))
 
     def trainer():
         t = FastDetectionTrainer.__new__(FastDetectionTrainer)
@@ -242,3 +242,15 @@ def test_a_validation_the_training_stopped_waiting_for_stops_at_its_next_batch_a
         submit(ran.append, "after").result(5)
     assert 2 <= len(ran) < 10 and "best.pt's set-up" not in ran and "after" not in ran, ran
     t._validations.check_cancelled()  # in another thread than the worker's: nothing raised
+
+
+def test_the_set_up_passes_stop_once_the_run_stopped():
+    """A run stopped by an error or Ctrl-C cancels what its validation thread runs: the set-up passes stop between
+    shapes, so the run's exit does not wait for them."""
+    model = _Shapes()
+    cancelled = threading.Event()
+    cancelled.set()
+    lines = []
+    assert warm([(model, None, torch.float32, False)], [(4, 32, 32)], 32, torch.device("cpu"), 1e9, log=lines.append,
+                cancelled=cancelled) == 0
+    assert model.seen == [] and lines == []

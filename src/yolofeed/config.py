@@ -125,8 +125,11 @@ class TrainConfig:
                                 "training thread, as stock")
     val_overlap: bool = key(False, "with validate_beside: each epoch's validation runs while the next epoch trains, "
                             "on a copy of the EMA; its results.csv row, checkpoints and on_fit_epoch_end come at "
-                            "the next epoch's end (the same metrics and files, written an epoch later; the last "
-                            "epoch and any early stopping may end after are validated in place)")
+                            "the next epoch's end (the same metrics and files, written an epoch later; a logger "
+                            "that writes at on_train_epoch_end, as Weights & Biases' training losses, pairs them "
+                            "with the epoch before's metrics). Validated in place: the last epoch, any early "
+                            "stopping may end the run after, and any where free GPU memory would not hold the "
+                            "validation's largest batch at a training pass's peak per image beside the training")
     batched_val_metrics: bool = key(True, "a detection validation gathers its statistics for a whole batch at once "
                                     "(one IoU and one copy to the host; the same statistics and metrics); False: "
                                     "image by image, as stock")

@@ -71,8 +71,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         mark("first_epoch")
 
     def on_epoch_end(trainer) -> None:
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize(trainer.device)  # the steps end when their work does; validation syncs anyway
+        if trainer.device.type == "cuda":  # the steps end when their work does (the training's stream: a validation
+            torch.cuda.current_stream(trainer.device).synchronize()  # beside the training, val_overlap, is not theirs)
         state["epochs"][-1]["train_s"] = now() - state["epochs"][-1]["t0"]
 
     def on_val_start(validator) -> None:

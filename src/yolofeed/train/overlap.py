@@ -8,8 +8,10 @@ validation thread, but the training still waits for it (0.5-1.3 s an epoch on th
 whole run", about 9 s of a 10-epoch run).
 
 With ``val_overlap``, epoch k's validation runs in that thread while epoch k+1 trains, on a copy of the EMA made at
-epoch k's end (``Snapshot``), on a CUDA stream of its own (its host syncs then wait for its own work only, not for
-the training's queued steps), its progress bar not drawn and its printed lines held. At epoch k+1's end, before its own
+epoch k's end (``Snapshot``), on a CUDA stream of its own, its progress bar not drawn and its printed lines held. Its
+host syncs (a copy to the host, an ``item()``) wait for that stream's work only, and its timers
+(``seam.validation_beside``) sync that stream where Ultralytics' sync the device: none waits for the training's queued
+steps. At epoch k+1's end, before its own
 validation, the trainer waits for it (``Overlapped.result``: by then it has usually finished) and ends epoch k there
 as Ultralytics' loop would have ended it, with epoch k's state put back (``seam.end_epoch_late``): the fitness and the
 best fitness, the results.csv row, early stopping's check, last.pt / best.pt / epochN.pt (epoch k's EMA, optimiser
@@ -22,18 +24,23 @@ last.pt (stock's: k's); one stopped by an error or Ctrl-C says which epoch's val
 printed, once the validation thread has stopped (at its next batch). A callback at ``on_fit_epoch_end`` or
 ``on_model_save`` runs an epoch late, with the trainer's epoch, metrics, losses, learning rates (``lr``), epoch time
 and EMA those of the epoch it ends; the model in training, the optimiser's parameter groups and the scheduler are the
-next epoch's, and callbacks during epoch k+1 see epoch k-1's metrics. A stop such a callback asks for (``stop``) takes
+next epoch's, and callbacks during epoch k+1 see epoch k-1's metrics (a logger that writes the training losses at
+``on_train_epoch_end`` and the metrics at ``on_fit_epoch_end`` as one step, as Weights & Biases' does, pairs epoch
+k+1's losses with epoch k's metrics). A stop such a callback asks for (``stop``) takes
 effect where stock's does: epoch k+1, trained meanwhile, is not kept (``FastTrainer._discard_epoch``; the log's
 count of epochs completed includes it). A fitness that is not a number while the loss and the EMA are finite (not
 seen in detection) is written as it is: Ultralytics' NaN recovery, which reloads the last checkpoint and trains that
 epoch again, is not run for it.
 
 An epoch is validated in the training thread, and waited for, wherever the overlap would change more than that
-(``Overlap.reason_not``): the last epoch; an epoch after which early stopping may stop the run (its
-``possible_stop``, set by the previous validation, or ``stop``), so the run stops at stock's epoch; a ``time=``
+(``reason_not``): the last epoch; an epoch after which early stopping may stop the run (``seam.could_stop``: its
+``possible_stop``, set by the previous validation, ``stop``, or the epochs since the best reaching ``patience``
+between two ``val_period`` validations), so the run stops at stock's epoch; a ``time=``
 limit (the epochs are counted from their times); a loss or EMA that is not finite (Ultralytics' NaN recovery and its
-EMA repair read this epoch's state); and too little free GPU memory for the validation beside the training (a
-training pass's peak per image times the validation's largest batch, as the validations' set-up checks it).
+EMA repair read this epoch's state); too little free GPU memory for the validation beside the training (a training
+pass's peak per image times the validation's largest batch, as the validations' set-up checks it, and the copies of
+the EMA and the optimiser's state kept for an epoch: a training that takes more than about a third of the GPU is
+validated in place); and Ultralytics before ``seam.VAL_OVERLAP_SINCE``.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ class Snapshot:
     def of(cls, trainer: Any) -> Snapshot:
         """The trainer's epoch-end state now (the model copied on the training thread's stream)."""
         ema, state = seam.trainer_ema(trainer), seam.epoch_end_state(trainer)
-        return cls(epoch=state["epoch"], model=copy.deepcopy(ema.ema), updates=ema.updates,
+        return cls(epoch=state["epoch"], model=copy.deepcopy(ema.ema), updates=state["updates"],
                    tloss=_cloned(state["tloss"]), loss=_cloned(state["loss"]), loss_items=_cloned(state["loss_items"]),
                    lr=dict(state["lr"]), epochs=state["epochs"])
 
@@ -87,33 +94,6 @@ class Snapshot:
         """What ``save_model`` serialises besides the EMA, as it is at this epoch's end (copied: the optimiser steps
         on)."""
         self.optimizer, self.scaler = copy.deepcopy(seam.checkpoint_states(trainer))
-
-
-class TrainerView:
-    """The trainer as an overlapped validation reads it (``BaseValidator.__call__``: the EMA, the epoch, the loss
-    items, early stopping's ``possible_stop``): the snapshot's; anything else is the trainer's (its device, data,
-    arguments, ``label_loss_items``), which the training does not change."""
-
-    def __init__(self, trainer: Any, snapshot: Snapshot):
-        self._trainer = trainer
-        self.ema = _Ema(snapshot.model, snapshot.updates)
-        self.epoch, self.epochs = snapshot.epoch, snapshot.epochs
-        self.loss_items, self.loss, self.tloss = snapshot.loss_items, snapshot.loss, snapshot.tloss
-        self.stopper = _Stopper()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._trainer, name)
-
-
-@dataclass
-class _Ema:
-    ema: torch.nn.Module
-    updates: int
-
-
-@dataclass
-class _Stopper:
-    possible_stop: bool = False  # an overlapped epoch is one early stopping cannot end the run after
 
 
 class _Held(logging.Filter):
@@ -159,35 +139,33 @@ class Overlapped:
             LOGGER.handle(record)
 
 
-_beside = threading.local()  # set in the validation thread while it runs a validation beside the training
-
-
 def running_beside() -> bool:
     """Whether this thread is running an epoch's validation beside the next epoch's training (its callbacks may ask:
     the bench's timings)."""
-    return getattr(_beside, "on", False)
+    return seam.validating_beside()
 
 
-def validate_beside(overlapped: Overlapped, validator: Callable[[Any], dict], view: TrainerView,
-                    device: torch.device, ready: torch.cuda.Event | None,
-                    stream: torch.cuda.Stream | None) -> dict:
-    """Run in the validation thread: ``validator(view)`` on ``stream`` once the training thread's stream reached
-    ``ready`` (the snapshot made), its bar not drawn and its lines held in ``overlapped``."""
+def run_beside(overlapped: Overlapped, validator: Callable[[Any], dict], trainer: Any, ready: torch.cuda.Event | None,
+               stream: torch.cuda.Stream | None) -> dict:
+    """Run in the validation thread: ``validator`` on the trainer as it was at the snapshot's epoch's end
+    (``seam.validator_view``), on ``stream`` once the training thread's stream reached ``ready`` (the snapshot made),
+    its bar not drawn, its timers on its stream, its lines held in ``overlapped``."""
+    view = seam.validator_view(trainer, overlapped.snapshot)
     held = _Held()
     LOGGER.addFilter(held)
     t0 = time.perf_counter()
-    _beside.on = True
     try:
-        with seam.validation_bar_hidden():
+        with seam.validation_beside():
             if stream is None:
                 metrics = validator(view)
             else:
                 stream.wait_event(ready)
-                with torch.cuda.stream(stream):
-                    metrics = validator(view)
-                stream.synchronize()  # nothing of it left queued once the training thread reads the snapshot again
+                try:
+                    with torch.cuda.stream(stream):
+                        metrics = validator(view)
+                finally:  # nothing of it left queued once the snapshot is let go, whatever happened
+                    stream.synchronize()
     finally:
-        _beside.on = False
         LOGGER.removeFilter(held)
         overlapped.held = held.records
         overlapped.seconds, overlapped.ended = time.perf_counter() - t0, time.time()
@@ -208,6 +186,8 @@ def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None
             most that times ``largest_batch`` of free GPU memory, and the copies of the EMA and of the optimiser's
             state kept for an epoch their own size.
     """
+    if not seam.overlap_serves():
+        return f"Ultralytics before {seam.VAL_OVERLAP_SINCE} takes the model it validates otherwise"
     if trainer.epoch + 1 >= trainer.epochs:
         return "the last epoch"
     if seam.could_stop(trainer):
@@ -221,8 +201,9 @@ def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None
         if torch.cuda.mem_get_info(device)[0] < largest_batch * per_image + kept:
             return "too little free GPU memory beside the training"
     tensors = [v for v in ema if v.is_floating_point()]
-    if isinstance(trainer.loss, torch.Tensor):
-        tensors.append(trainer.loss.detach())
+    loss = seam.epoch_end_state(trainer)["loss"]
+    if isinstance(loss, torch.Tensor):
+        tensors.append(loss.detach())
     finite = [t.isfinite().all().to(device) for t in tensors]
     if finite and not bool(torch.stack(finite).all()):  # one host sync, at the epoch's end (Ultralytics' syncs too)
         return "the loss or the EMA is not finite"

@@ -73,6 +73,7 @@ from yolofeed.ultralytics_seam import (
     data_split,
     data_yaml,
     end_epoch_late,
+    forget_loss,
     get_save_dir,
     get_split_fraction,
     may_stop,
@@ -128,7 +129,7 @@ class FastTrainer(SyncFreeStep):
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
     _overlapped: overlap.Overlapped | None = None  # the epoch validated beside this one (val_overlap)
     _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
-    _overlap_stream: torch.cuda.Stream | None = None
+    _overlap_stream: torch.cuda.Stream | None = None  # the CUDA stream validations beside the training run on
     _overlap_off: str | None = None  # the last reason an epoch was not overlapped (said once each)
     val_overlapped: dict | None = None  # per epoch overlapped: its validation's seconds and the seconds waited for it
 
@@ -308,8 +309,11 @@ class FastTrainer(SyncFreeStep):
 
     def _do_train(self):
         """Ultralytics' loop; when it fails, say which checkpoint resumes the run (Ultralytics saves none then)."""
+        finished = False
         try:
-            return super()._do_train()
+            result = super()._do_train()
+            finished = True
+            return result
         except Exception as e:
             if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
                 saved = self.resumable_checkpoint()
@@ -326,7 +330,7 @@ class FastTrainer(SyncFreeStep):
                     loader.close()
             job, self._overlapped, self._holding = self._overlapped, None, False
             if self._validations is not None:
-                if job is not None:  # an error or Ctrl-C while an epoch was validated beside: it stops at a batch
+                if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
                     self._validations.cancel()
                 # the interpreter must not exit while the worker is inside torch (the process aborts: "terminate called
                 # without an active exception"): a stopped validation ends at its next batch
@@ -466,7 +470,7 @@ class FastTrainer(SyncFreeStep):
         if not self.val_overlap or self._validations is None or not self._validations.alive:
             return False
         loader = validation_loader(self)
-        largest = max((n for n, _, _ in loader_shapes(loader)), default=2 * int(self.args.batch))  # as Ultralytics'
+        largest = max((n for n, _, _ in loader_shapes(loader)), default=int(getattr(loader, "batch_size", 0) or 1))
         cuda = self.device.type == "cuda"
         per_image = torch.cuda.max_memory_allocated(self.device) / max(int(self.args.batch), 1) if cuda else 0.0
         why = overlap.reason_not(self, largest, per_image)
@@ -482,8 +486,7 @@ class FastTrainer(SyncFreeStep):
             ready.record()  # on the training thread's stream, after the snapshot's copies
             self._overlap_stream = stream = self._overlap_stream or torch.cuda.Stream(self.device)
         job = overlap.Overlapped(snapshot, header=getattr(self.validator, "get_desc", str)())
-        job.future = self._submit_validation(overlap.validate_beside, job, self.validator,
-                                             overlap.TrainerView(self, snapshot), self.device, ready, stream)
+        job.future = self._submit_validation(overlap.run_beside, job, self.validator, self, ready, stream)
         self._overlapped, self._holding = job, True
         return True
 
@@ -495,6 +498,7 @@ class FastTrainer(SyncFreeStep):
         LOGGER.info(f"yolofeed: the run stops after epoch {self.epoch}, as asked at its end (which val_overlap runs "
                     f"during the next epoch): epoch {self.epoch + 1}'s training is not kept")
         self.epoch -= 1
+        forget_loss(self)  # nor is its loss: Ultralytics' NaN recovery, after this, reads it
         self._holding = True  # with no epoch overlapped: the loop's row, checkpoints and callbacks of this one, none
         return self.metrics, None
 
@@ -561,7 +565,7 @@ class FastTrainer(SyncFreeStep):
         per_image = peak / max(int(self.args.batch), 1)
         shapes = loader_shapes(validation_loader(self))
         args = (shapes, train_side(self.args.imgsz), self.device, per_image)
-        self._validations.submit(warm, [every_epoch], *args)
+        self._validations.submit(warm, [every_epoch], *args, cancelled=self._validations.cancelled)
         model, autocast, dtype, first_one = final
         parts = [[]] if first_one else []  # its batch-1 warm-up first, as AutoBackend's
         parts += [[shape] for shape in shapes]
@@ -589,14 +593,14 @@ class FastTrainer(SyncFreeStep):
         pending = self._final_warm or []
         if final:
             for part in pending:
-                self._validations.submit(warm, *part)
+                self._validations.submit(warm, *part, cancelled=self._validations.cancelled)
             pending = []
         validator = getattr(self, "validator", None)
         if validator is not None and self._validations.check_cancelled not in validator.callbacks["on_val_batch_start"]:
             validator.add_callback("on_val_batch_start", self._validations.check_cancelled)
         done = self._validations.submit(fn, *args, **kwargs)
         if pending:
-            self._validations.submit(warm, *pending.pop(0))
+            self._validations.submit(warm, *pending.pop(0), cancelled=self._validations.cancelled)
         self._final_warm = pending or None
         return done
 

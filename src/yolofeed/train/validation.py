@@ -111,7 +111,8 @@ def loader_shapes(loader: Any) -> list[Shape]:
 
 
 def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], shapes: list[Shape], imgsz: int,
-         device: torch.device, bytes_per_image: float, log: Callable[[str], None] = LOGGER.info) -> int:
+         device: torch.device, bytes_per_image: float, log: Callable[[str], None] = LOGGER.info,
+         cancelled: threading.Event | None = None) -> int:
     """One blank forward pass of each model at each shape (and at batch 1 first where it says so), in this thread.
 
     Args:
@@ -120,6 +121,7 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
         imgsz: the side of the batch-1 warm-up (Ultralytics warms the final model at (1, 3, imgsz, imgsz)).
         bytes_per_image: a pass at batch n runs only where the GPU has n times this free (outside torch's cache).
         log: where the one line at the end (or at a failure) goes.
+        cancelled: once set (the run stopped), no further pass runs.
 
     Returns:
         the passes run.
@@ -128,6 +130,8 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
     try:
         for model, autocast, dtype, first_one in models:
             for n, h, w in ([(1, imgsz, imgsz)] if first_one else []) + shapes:
+                if cancelled is not None and cancelled.is_set():
+                    return done
                 if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < n * bytes_per_image:
                     continue  # the training may need it: this validation pays its own set-up
                 x = torch.zeros(n, 3, h, w, device=device, dtype=dtype)

@@ -63,6 +63,7 @@ from yolofeed.ultralytics_seam.pins import (
     UNRECORDED_LABEL_RULES,
     VAL_LOADER_ATTRIBUTES,
     VAL_METRICS_SINCE,
+    VAL_OVERLAP_SINCE,
     LabelRules,
     Pinned,
     Release,
@@ -107,7 +108,7 @@ def check_version(installed: str, allow_untested: bool = False) -> None:
 check_version(ultralytics.__version__, allow_untested=os.environ.get(UNTESTED_ENV) == "1")
 
 try:  # every Ultralytics name yolofeed uses, and who uses it; a release that moved one says which, in one line
-    import ultralytics.engine.validator as _validator_module  # validation_bar_hidden: the bar its __call__ draws
+    import ultralytics.engine.validator as _validator_module  # validation_beside: the bar and timers of __call__
     import ultralytics.utils.tqdm as _tqdm  # progress_bar_drawn (read at call time: tests patch it)
     from ultralytics import YOLO  # train.run, bench.parity: the model a run trains
     from ultralytics.cfg import (  # cli, train.keys, augment.hyp: Ultralytics' keys, defaults and key=value reading
@@ -214,8 +215,9 @@ LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
     "checkpoint_states", "could_stop", "end_epoch_late", "epoch_end_state", "stop_asked", "trainer_ema",
-    "validation_bar_hidden",
-    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
+    "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",
+    "validating_beside", "validator_view", "validation_beside",
+    "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
     "Concat", "Conv", "Detect", "layer_inputs", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",
@@ -307,6 +309,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
                                         "until its validation ends"),
     (_validator_module, "TQDM", "val_overlap hides the bar of a validation run beside the training (its __call__ "
                                 "draws it with this name)"),
+    (_validator_module, "Profile", "val_overlap narrows the device syncs of a validation run beside the training to "
+                                   "its stream (its __call__ times each phase with this name)"),
 )
 if since(SEGMENT_LOSS_SINCE):  # the sync-free segment loss serves from there (train/loss/install.py::install)
     REQUIRED += ((v8SegmentationLoss, "loss", "the sync-free segment loss overrides it (COPIED)"),
@@ -531,8 +535,22 @@ def stop_asked(trainer: Any) -> bool:
 def epoch_end_state(trainer: Any) -> dict[str, Any]:
     """What ``BaseTrainer._do_train``'s epoch end reads of the trainer besides the EMA, as it is now: the epoch and the
     epochs, the epoch's mean losses (``tloss``), the last step's loss and loss items, the learning rates (``lr``)."""
+    ema = _state(trainer, "ema")
     return {"epoch": trainer.epoch, "epochs": trainer.epochs, "tloss": _state(trainer, "tloss"),
-            "loss": _state(trainer, "loss"), "loss_items": _state(trainer, "loss_items"), "lr": _state(trainer, "lr")}
+            "loss": _state(trainer, "loss"), "loss_items": _state(trainer, "loss_items"), "lr": _state(trainer, "lr"),
+            "updates": ema.updates}
+
+
+def forget_loss(trainer: Any) -> None:
+    """The trainer's last loss set to None, for an epoch whose training is not kept: Ultralytics' NaN recovery, which
+    reads it after the validation (``_handle_nan_recovery``, RELIED_ON), then has nothing of it to recover from."""
+    _state(trainer, "loss")
+    trainer.loss = None
+
+
+def overlap_serves() -> bool:
+    """Whether an epoch's validation can run beside the next one under the installed release (``VAL_OVERLAP_SINCE``)."""
+    return since(VAL_OVERLAP_SINCE)
 
 
 def checkpoint_states(trainer: Any) -> tuple[dict, dict]:
@@ -540,29 +558,85 @@ def checkpoint_states(trainer: Any) -> tuple[dict, dict]:
     return trainer.optimizer.state_dict(), _state(trainer, "scaler").state_dict()
 
 
-# -- an epoch ended late (train/overlap.py) --------------------------------------------------------------------------
-_hidden = threading.local()  # validation_bar_hidden's flag, one a thread
+# -- an epoch validated beside the next, and ended late (train/overlap.py) -------------------------------------------
+_beside = threading.local()  # validation_beside's flag, one a thread
 _STOCK_BAR = _validator_module.TQDM  # Ultralytics' own, which _validator_bar wraps
+_STOCK_PROFILE = _validator_module.Profile  # likewise, for _validator_profile
 
 
 def _validator_bar(*args: Any, **kwargs: Any) -> Any:
-    """Ultralytics' TQDM, as ``BaseValidator.__call__`` makes its bar; not drawn in a thread that hides it."""
-    if getattr(_hidden, "on", False):
+    """Ultralytics' TQDM, as ``BaseValidator.__call__`` makes its bar; not drawn in a thread validating beside."""
+    if getattr(_beside, "on", False):
         kwargs["disable"] = True
     return _STOCK_BAR(*args, **kwargs)
 
 
+class _StreamProfile(_STOCK_PROFILE):
+    """Ultralytics' ``Profile``, its sync before each clock read narrowed from the device to this thread's CUDA
+    stream: the phases of a validation beside the training are timed on its own work (``Profile.time`` syncs every
+    stream of the device: 8 times a batch, each waiting for the training's queued steps)."""
+
+    def time(self) -> float:
+        if getattr(self, "accelerator", None) is torch.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+            return time.perf_counter()
+        return super().time()
+
+
+def _validator_profile(*args: Any, **kwargs: Any) -> Any:
+    """Ultralytics' Profile, as ``BaseValidator.__call__`` makes its timers; ``_StreamProfile`` in a thread validating
+    beside."""
+    return (_StreamProfile if getattr(_beside, "on", False) else _STOCK_PROFILE)(*args, **kwargs)
+
+
 @contextlib.contextmanager
-def validation_bar_hidden():
-    """In this thread, meanwhile: a validator's progress bar is not drawn (``BaseValidator.__call__`` makes it with its
-    module's ``TQDM``, which this wraps, once; other threads' bars are drawn as before)."""
-    if _validator_module.TQDM is not _validator_bar:
-        _validator_module.TQDM = _validator_bar
-    _hidden.on = True
+def validation_beside():
+    """In this thread, meanwhile: a validator's progress bar is not drawn, and its timers sync this thread's CUDA
+    stream, not the device (``BaseValidator.__call__`` makes both with its module's ``TQDM`` and ``Profile``, which
+    this wraps; other threads' validations are as before)."""
+    _validator_module.TQDM, _validator_module.Profile = _validator_bar, _validator_profile
+    _beside.on = True
     try:
         yield
     finally:
-        _hidden.on = False
+        _beside.on = False
+
+
+class _ValidatorView:
+    """The trainer as a training validation reads it (``BaseValidator.__call__`` and ``get_model``, RELIED_ON: the EMA,
+    the epoch and epochs, the loss items, early stopping's ``possible_stop``), with an epoch's snapshot's values;
+    anything else is the trainer's (its device, data, amp, arguments, world size, ``label_loss_items``), which the
+    training does not change."""
+
+    def __init__(self, trainer: Any, snapshot: Any):
+        self._trainer = trainer
+        self.ema = _SnapshotEma(snapshot.model, snapshot.updates)
+        self.epoch, self.epochs = snapshot.epoch, snapshot.epochs
+        self.loss_items, self.loss, self.tloss = snapshot.loss_items, snapshot.loss, snapshot.tloss
+        self.stopper = _NoStop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+
+class _SnapshotEma:
+    def __init__(self, ema: Any, updates: int):
+        self.ema, self.updates = ema, updates
+
+
+class _NoStop:
+    possible_stop = False  # an epoch validated beside the next is one early stopping cannot end the run after
+
+
+def validating_beside() -> bool:
+    """Whether this thread is in ``validation_beside``."""
+    return getattr(_beside, "on", False)
+
+
+def validator_view(trainer: Any, snapshot: Any) -> Any:
+    """What a validation of ``snapshot``'s epoch (``train.overlap.Snapshot``) run beside the training takes for the
+    trainer (``_ValidatorView``)."""
+    return _ValidatorView(trainer, snapshot)
 
 
 @contextlib.contextmanager

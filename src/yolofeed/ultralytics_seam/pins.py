@@ -90,6 +90,10 @@ SEGMENT_LOSS_SINCE = "8.4.190"
 # were written against: under older releases of the range the graph captures Ultralytics' head and upsampling as they
 # are.
 GRAPH_LAYOUT_SINCE = "8.4.190"
+# The first release whose validator takes the model to validate from get_model (trainer.ema.ema), which an epoch's
+# validation beside the next (val_overlap, seam.validator_view) was written against: under older releases of the range
+# every epoch is validated in place.
+VAL_OVERLAP_SINCE = "8.4.140"
 
 
 # Modified copies, kept beside the classes they belong to for readability (train/loss/ says why each differs).
@@ -367,7 +371,9 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.engine.trainer.BaseTrainer.save_model", "292ea8c55f928750",
            why="serialises the checkpoint once and writes it only with write_bytes on self.last, self.best and "
-               "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic)",
+               "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic); of the trainer's state it "
+               "reads the epoch, best fitness, stopper, EMA and its updates, the optimiser's and the scaler's "
+               "state_dict(), the metrics and fitness (seam._epoch_state puts an overlapped epoch's back for it)",
            others=(
                _r("8.4.138", "8.4.138", "c616f854b3d94053",
                   "unwrap_model(self.ema.ema), not the EMA model as is: the same single serialisation and writes"),
@@ -383,6 +389,17 @@ RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.engine.trainer.BaseTrainer.run_callbacks", "771c58d5775ae40d",
            why="runs each callback of the event with the trainer (yolofeed's trainer holds an overlapped epoch's "
                "on_model_save and on_fit_epoch_end, and runs them when the epoch ends late)"),
+    Pinned("ultralytics.utils.ops.Profile.__init__", "48dd0555ffbbae69",
+           why="keeps device, and accelerator (the device's torch module) for a CUDA device"),
+    Pinned("ultralytics.utils.ops.Profile.time", "b7f127984685b4ba",
+           why="syncs the whole device before reading the clock (seam.validation_beside narrows it to the thread's "
+               "stream for a validation run beside the training, whose queued steps it would otherwise wait for)"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer._handle_nan_recovery", "b1fc4a544aebf926",
+           why="recovers only for a non-finite loss or fitness: a fitness of None (an epoch validated beside the "
+               "next) is not one, and a loss of None (a discarded epoch: seam.forget_loss) is not either"),
+    Pinned("ultralytics.engine.validator.BaseValidator.get_model", "1cb22c544009a351",
+           why="a training validation validates trainer.ema.ema (seam.validator_view hands it the snapshot's)",
+           since=VAL_OVERLAP_SINCE),
     Pinned("ultralytics.utils.torch_utils.EarlyStopping.__call__", "5a9934342f783436",
            why="does nothing for a fitness of None; stops once epoch - best_epoch reaches patience (seam.could_stop: "
                "an epoch whose validation may stop the run is not overlapped)"),
@@ -550,7 +567,10 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.ultralytics_seam.validation_models",
            why="an epoch's validation runs the EMA in float32 under float16 autocast (amp) on half inputs at the val "
                "loader's shapes; the final one wraps best.pt in AutoBackend (fp16 with amp, fused, channels_last as "
-               "args.channels_last) and warms it at batch 1 first: the shapes yolofeed's validation thread sets up",
+               "args.channels_last) and warms it at batch 1 first: the shapes yolofeed's validation thread sets up; "
+               "of the trainer it reads the device, data, amp, args, loss_items, stopper.possible_stop, epoch, epochs, "
+               "world_size, label_loss_items and (get_model; inline before 8.4.140) ema.ema, which "
+               "seam.validator_view gives a validation beside the training (val_overlap) from an epoch's snapshot",
            others=(
                _r("8.4.138", "8.4.138", "5cae88af24b6e547",
                   "validates ema.ema or the model (a compiled one's _orig_mod), as float32 under the same autocast; "
