@@ -386,7 +386,7 @@ def test_what_a_failed_validation_beside_said_is_printed_with_what_was_not_writt
         _run(synth_root, tmp_path, "failed", True, epochs=4)
     said = caplog.text
     assert said.index("epoch 2's validation, run while epoch 3 trained:") < said.index("unreadable") < \
-        said.index("epoch 2's validation, run beside the training, did not end")
+        said.index("epoch 2's validation, run beside the training, did not end") < said.index("training stopped in")
 
 
 _STOPPED_BESIDE = """

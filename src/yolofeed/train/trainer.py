@@ -315,6 +315,7 @@ class FastTrainer(SyncFreeStep):
             finished = True
             return result
         except Exception as e:
+            self._stop_validations(finished)  # what a validation beside had said comes before this error's line
             if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
                 saved = self.resumable_checkpoint()
                 LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
@@ -328,23 +329,29 @@ class FastTrainer(SyncFreeStep):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
-            job, self._overlapped, self._holding = self._overlapped, None, False
-            if self._validations is not None:
-                if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
-                    self._validations.cancel()
-                # the interpreter must not exit while the worker is inside torch (the process aborts: "terminate called
-                # without an active exception"): a stopped validation ends at its next batch
-                self._validations.close(wait=CLOSE_WAIT_S)
-                self._validations = None
-                self._final_warm = None  # best.pt's copy, if no validation came
-            if job is not None:
-                if job.future is not None and job.future.done():
-                    job.print_held()  # what it said before it stopped (a failure's warning, say)
-                LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did "
-                               "not end: its results.csv row and checkpoints are not written")
+            self._stop_validations(finished)
             if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
                 self._results_plot.abandon()
                 self._results_plot = None
+
+    def _stop_validations(self, finished: bool) -> None:
+        """The validation thread closed and waited for, once the loop ended (``finished``) or stopped; an epoch
+        validated beside the next that did not end is said so, after what its validation printed. Nothing the second
+        time."""
+        job, self._overlapped, self._holding = self._overlapped, None, False
+        if self._validations is not None:
+            if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
+                self._validations.cancel()
+            # the interpreter must not exit while the worker is inside torch (the process aborts: "terminate called
+            # without an active exception"): a stopped validation ends at its next batch
+            self._validations.close(wait=CLOSE_WAIT_S)
+            self._validations = None
+            self._final_warm = None  # best.pt's copy, if no validation came
+        if job is not None:
+            if job.future is not None and job.future.done():
+                job.print_held()  # what it said before it stopped (a failure's warning, say)
+            LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did not "
+                           "end: its results.csv row and checkpoints are not written")
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:
