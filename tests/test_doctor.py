@@ -110,7 +110,8 @@ def test_callback_clock_times_each_callback_and_skips_its_own():
 def test_findings_that_hold_alongside():
     v = diagnose(replace(FED, val_images_per_s=100, amp=False))  # 500 val images at 100/s vs 7 s of training
     assert [x.rule for x in v] == ["gpu_bound", "validation", "amp_off"]
-    assert not v[1].bottleneck and "val=False" in v[1].advice[0]
+    assert not v[1].bottleneck and "val_period=N" in v[1].advice[0] and "val_overlap=True" in v[1].advice[1]
+    assert "val=False" in v[1].advice[2]
     # measured on the H200 machine: 2,000 val images at 112 img/s beside 4,000 train at 572 img/s
     h200 = replace(FED, n_train=4000, n_val=2000, val_images_per_s=112.2, images_per_s=571.6)
     assert "validation" in [x.rule for x in diagnose(h200)]

@@ -252,7 +252,11 @@ ALSO: list[Rule] = [
                        f"one validation pass ({f.n_val:,} images at {f.val_images_per_s:,.0f} img/s) takes "
                        f"{f.n_val / f.val_images_per_s:.0f} s against {f.n_train / max(f.images_per_s, 1e-9):.0f} s "
                        "of training per epoch",
-                       ["val=False while training and validate the final weights (yolo val), or use a smaller "
+                       ["yolofeed train val_period=N: validate every N epochs and the last (best.pt is the best "
+                        "validated epoch's)",
+                        "yolofeed train val_overlap=True (one CUDA GPU): each epoch's validation runs while the next "
+                        "epoch trains, the same metrics and files written an epoch later",
+                        "or val=False while training and validate the final weights (yolo val), or use a smaller "
                         "validation split"], bottleneck=False)),
     ("logging",
      lambda f: bool(f.callbacks_ms) and sum(f.callbacks_ms.values()) >= T["logging_share"] * f.step_ms,
