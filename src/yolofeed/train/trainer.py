@@ -24,7 +24,9 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
 * On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
   for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
-  waits for each, as for its own.
+  waits for each, as for its own. With ``val_overlap`` (off by default) an epoch's validation runs there while the next
+  epoch trains, and its row, checkpoints and ``on_fit_epoch_end`` come at that epoch's end (train/overlap.py): the
+  overrides of ``save_metrics`` and ``run_callbacks`` hold them.
 """
 
 from __future__ import annotations
