@@ -190,15 +190,16 @@ class _Scripted:
         return metrics
 
 
-def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, callbacks=None, again=None, **kw):
+def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, callbacks=None, again=None,
+         task="detect", **kw):
     """A tiny run validating in the validation thread (on the CPU too); what each checkpoint held as it was saved,
     each on_fit_epoch_end's epoch and metrics, and the rows. ``again``: each validation beside, run a second time
     once the device is idle, appends both metrics."""
     from ultralytics import YOLO
 
-    from yolofeed import FastDetectionTrainer
+    from yolofeed.train.tasks import TRAINERS
 
-    class Beside(FastDetectionTrainer.with_options(validate_beside=True, val_overlap=overlapped, **(options or {}))):
+    class Beside(TRAINERS[task].with_options(validate_beside=True, val_overlap=overlapped, **(options or {}))):
         def _validates_beside(self):  # on the CPU too, where the option alone keeps validations in place
             return self.device.type == "cpu" or super()._validates_beside()
 
@@ -215,7 +216,8 @@ def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, c
         if fail_at is not None and validator.training and len(ends) + 1 == fail_at:
             raise KeyboardInterrupt
 
-    model = YOLO("yolo11n.yaml")
+    model = YOLO({"detect": "yolo11n.yaml", "segment": "yolo11n-seg.yaml", "pose": "yolo11n-pose.yaml",
+                  "obb": "yolo11n-obb.yaml"}[task])
     model.add_callback("on_model_save", on_model_save)
     model.add_callback("on_fit_epoch_end", lambda t: ends.append((t.epoch, dict(t.metrics))))
     model.add_callback("on_val_batch_start", on_val_batch_start)
@@ -266,6 +268,20 @@ def test_an_overlapped_run_writes_what_a_waited_one_writes(synth_root, tmp_path,
     assert sorted(model.trainer.val_overlapped) == [1, 2, 3]  # the last epoch is validated in place
     for epoch in (1, 2, 3):
         assert f"epoch {epoch}'s validation, run while epoch {epoch + 1} trained:" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["segment", "pose", "obb"])
+def test_every_tasks_overlapped_run_writes_what_a_waited_one_writes(task, tmp_path):
+    from yolofeed import synth
+    from yolofeed.config import SynthConfig
+
+    root = tmp_path / "ds"
+    synth.run(SynthConfig(out=str(root), n_train=24, n_val=8, imgsz=160, seed=3, workers=2, task=task))
+    waited = _run(root, tmp_path, "waited", False, task=task, epochs=3, save_period=1)
+    model, saved, ends, rows = _run(root, tmp_path, "overlapped", True, task=task, epochs=3, save_period=1)
+    assert sorted(model.trainer.val_overlapped) == [1, 2] and len(rows) == 3
+    assert _same(rows, waited[3]) and _same(saved, waited[1]) and _same(ends, waited[2])
 
 
 @pytest.mark.slow
