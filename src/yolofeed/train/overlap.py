@@ -78,7 +78,7 @@ class Snapshot:
     loss_items: Any
     lr: dict
     epochs: int
-    epoch_time: float | None = None  # the loop sets it after the checkpoints: kept at on_fit_epoch_end (``hold``)
+    epoch_time: float | None = None  # the loop sets it after the checkpoints: kept at its held on_fit_epoch_end
     optimizer: dict | None = None  # the optimiser's and the scaler's state dicts, kept where the loop saves
     scaler: dict | None = None
 
