@@ -33,8 +33,7 @@ from typing import Any
 import torch
 
 from yolofeed.measure.progress import Progress, ultralytics_quiet
-from yolofeed.train.overlap import running_beside
-from yolofeed.ultralytics_seam import LOGGER
+from yolofeed.ultralytics_seam import LOGGER, validating_beside
 
 FIGURES = ("mode", "wall_s", "setup_s", "final_s", "parts", "epochs", "images", "optimizer", "device")
 
@@ -79,7 +78,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         state["t_val"] = now()
 
     def on_val_end(validator) -> None:
-        if running_beside():  # an epoch validated beside the next: the trainer times it (val_overlapped)
+        if validating_beside():  # an epoch validated beside the next: the trainer times it (val_overlapped)
             return
         if state["t_val"] is not None and state["epochs"] and "epoch_s" not in state["epochs"][-1]:
             record = state["epochs"][-1]

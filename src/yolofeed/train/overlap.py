@@ -139,12 +139,6 @@ class Overlapped:
             LOGGER.handle(record)
 
 
-def running_beside() -> bool:
-    """Whether this thread is running an epoch's validation beside the next epoch's training (its callbacks may ask:
-    the bench's timings)."""
-    return seam.validating_beside()
-
-
 def run_beside(overlapped: Overlapped, validator: Callable[[Any], dict], trainer: Any, ready: torch.cuda.Event | None,
                stream: torch.cuda.Stream | None) -> dict:
     """Run in the validation thread: ``validator`` on the trainer as it was at the snapshot's epoch's end
