@@ -95,6 +95,30 @@ def test_a_thread_validating_beside_holds_what_it_logs_hides_its_bar_and_times_o
     bar.close()
 
 
+def test_the_seam_imported_again_after_a_validation_beside_wraps_ultralytics_own_bar_and_timer():
+    """validation_beside leaves its wrappers in the validator module: a fresh import of the seam (a test that imports
+    yolofeed afresh in a forked child) takes Ultralytics' originals from them, not the wrappers."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from ultralytics.engine import validator as module\n"
+            "from ultralytics.utils import ops\n"
+            "from yolofeed import ultralytics_seam as seam\n"
+            "bar = module.TQDM\n"
+            "with seam.validation_beside():\n"
+            "    pass\n"
+            "assert module.Profile is seam._validator_profile\n"
+            "for m in [m for m in sys.modules if m.startswith('yolofeed')]:\n"
+            "    del sys.modules[m]\n"
+            "from yolofeed import ultralytics_seam as again\n"
+            "assert again is not seam\n"
+            "assert again._STOCK_PROFILE is ops.Profile and again._STOCK_BAR is bar\n"
+            "assert issubclass(again._StreamProfile, ops.Profile)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_a_timer_of_a_validation_beside_syncs_its_stream_not_the_device(monkeypatch):
     synced = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(

@@ -560,8 +560,10 @@ def checkpoint_states(trainer: Any) -> tuple[dict, dict]:
 
 # -- an epoch validated beside the next, and ended late (train/overlap.py) -------------------------------------------
 _beside = threading.local()  # validation_beside's flag, one a thread
-_STOCK_BAR = _validator_module.TQDM  # Ultralytics' own, which _validator_bar wraps
-_STOCK_PROFILE = _validator_module.Profile  # likewise, for _validator_profile
+# Ultralytics' own, which _validator_bar and _validator_profile wrap. validation_beside leaves the wrappers in the
+# validator module, so a second import of this module (a test's fresh import) takes the originals from them.
+_STOCK_BAR = getattr(_validator_module.TQDM, "yolofeed_stock", _validator_module.TQDM)
+_STOCK_PROFILE = getattr(_validator_module.Profile, "yolofeed_stock", _validator_module.Profile)
 
 
 def _validator_bar(*args: Any, **kwargs: Any) -> Any:
@@ -587,6 +589,9 @@ def _validator_profile(*args: Any, **kwargs: Any) -> Any:
     """Ultralytics' Profile, as ``BaseValidator.__call__`` makes its timers; ``_StreamProfile`` in a thread validating
     beside."""
     return (_StreamProfile if getattr(_beside, "on", False) else _STOCK_PROFILE)(*args, **kwargs)
+
+
+_validator_bar.yolofeed_stock, _validator_profile.yolofeed_stock = _STOCK_BAR, _STOCK_PROFILE
 
 
 @contextlib.contextmanager
