@@ -245,3 +245,51 @@ def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, m
     FastDetectionTrainer.final_eval(trainer)  # no best.pt: nothing validated
     stripped = torch.load(weights / "last.pt", map_location="cpu", weights_only=False)
     assert stripped["optimizer"] is None and stripped["epoch"] == -1 and _temps(weights) == []
+
+
+# -- results.csv on resume: the rows of epochs trained again ----------------------------------------------------------
+def test_trim_results_drops_the_rows_after_an_epoch_and_keeps_every_other_byte(tmp_path):
+    csv = tmp_path / "results.csv"
+    head = b"epoch,time,train/box_loss,metrics/mAP50(B)\n"
+    rows = [b"1,3.1,1.5,0.1\n", b"2,6.2,1.4,nan\n", b"3,9.3,1.3,0.3\n", b"4,12.4,1.2,0.4"]  # the last without "\n"
+    csv.write_bytes(head + b"".join(rows))
+    assert checkpoints.trim_results(csv, 4) == [] and csv.read_bytes() == head + b"".join(rows)
+    assert checkpoints.trim_results(csv, 2) == [3, 4]
+    assert csv.read_bytes() == head + rows[0] + rows[1]
+    assert checkpoints.trim_results(csv, 0) == [1, 2] and csv.read_bytes() == head
+    assert checkpoints.trim_results(tmp_path / "none.csv", 1) == [] and not (tmp_path / "none.csv").exists()
+    csv.write_bytes(head + b"1,1,1,1\nnot a row\n2,2,2,2\n")  # a line not starting with a number stays
+    assert checkpoints.trim_results(csv, 1) == [2] and csv.read_bytes() == head + b"1,1,1,1\nnot a row\n"
+
+
+@pytest.mark.slow
+def test_a_run_stopped_between_an_epochs_row_and_its_checkpoint_resumes_without_a_second_row(synth_root, tmp_path,
+                                                                                              caplog):
+    """Ultralytics appends an epoch's results.csv row, then saves its last.pt. Stopped between the two, the resumed
+    run trains that epoch again: stock then writes its row twice (1, 2, 2, 3); here once (1, 2, 3)."""
+    import csv
+    import logging
+
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class StopInSecondSave(FastDetectionTrainer):
+        def save_model(self):
+            if self.epoch == 1:
+                raise KeyboardInterrupt  # epoch 2's row is written, its last.pt not
+            return super().save_model()
+
+    args = dict(data=str(synth_root / "data.yaml"), imgsz=64, batch=8, workers=0, plots=False, verbose=False,
+                device="cpu", seed=0, epochs=3, project=str(tmp_path), name="stopped", exist_ok=True)
+    with pytest.raises(KeyboardInterrupt):
+        YOLO("yolo11n.yaml").train(trainer=StopInSecondSave, **args)
+    run = tmp_path / "stopped"
+    with open(run / "results.csv") as f:
+        assert [r[0].strip() for r in list(csv.reader(f))[1:]] == ["1", "2"]
+    assert torch.load(run / "weights" / "last.pt", weights_only=False)["epoch"] == 0
+    caplog.set_level(logging.INFO)
+    YOLO(str(run / "weights" / "last.pt")).train(resume=True, trainer=FastDetectionTrainer)
+    with open(run / "results.csv") as f:
+        assert [r[0].strip() for r in list(csv.reader(f))[1:]] == ["1", "2", "3"]
+    assert f"dropped epoch 2 from {run / 'results.csv'}" in caplog.text

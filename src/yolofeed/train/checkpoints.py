@@ -176,6 +176,35 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     return ckpt
 
 
+def trim_results(csv: Path, epochs: int) -> list[int]:
+    """Remove from ``csv`` (a run's results.csv) the rows of epochs after ``epochs`` (1-based, as its first column
+    counts them); returns the epochs removed.
+
+    Ultralytics appends an epoch's row before it saves that epoch's last.pt: a run killed between the two, or resumed
+    from an older checkpoint, trains those epochs again and would append their rows a second time. The header, the
+    rows kept and any line that does not start with a number stay byte for byte; the file is rewritten atomically.
+    """
+    try:
+        data = Path(csv).read_bytes()
+    except OSError:  # none yet (no epoch ended), or unreadable: Ultralytics' own append says so
+        return []
+    kept, removed = [], []
+    for line in data.splitlines(keepends=True):
+        first = line.split(b",", 1)[0].strip()
+        try:
+            epoch = float(first)
+        except ValueError:
+            kept.append(line)
+            continue
+        if epoch > epochs:
+            removed.append(int(epoch))
+        else:
+            kept.append(line)
+    if removed:
+        write_atomically(csv, b"".join(kept))
+    return removed
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

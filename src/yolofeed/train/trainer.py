@@ -57,7 +57,7 @@ from yolofeed.pack.source import check_downloaded, load_data_yaml, missing_split
 from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
-from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep
+from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep, trim_results
 from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validation import ValidationThread, loader_shapes, warm
@@ -79,6 +79,7 @@ from yolofeed.ultralytics_seam import (
     get_save_dir,
     get_split_fraction,
     may_stop,
+    results_csv,
     run_first,
     start_epoch,
     step_autocast,
@@ -378,6 +379,20 @@ class FastTrainer(SyncFreeStep):
         sweep(weights_dir(self))
         return super().save_model()
 
+    def resume_training(self, ckpt):
+        """Ultralytics' resume; then the results.csv rows of epochs after the checkpoint's are dropped, as the run
+        trains them again (a run killed between an epoch's row and its last.pt, or resumed from an older checkpoint:
+        stock appends those rows a second time)."""
+        super().resume_training(ckpt)
+        if ckpt is None or not self.resume or RANK not in {-1, 0}:
+            return
+        dropped = trim_results(results_csv(self), start_epoch(self))
+        if dropped:
+            LOGGER.info(f"yolofeed: dropped epoch{'s' * (len(dropped) > 1)} {', '.join(map(str, dropped))} from "
+                        f"{results_csv(self)}: the checkpoint resumed from was saved before "
+                        f"{'they' if len(dropped) > 1 else 'it'} ended, and this run trains "
+                        f"{'them' if len(dropped) > 1 else 'it'} again")
+
     def final_eval(self):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
         (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt. The validation runs in
@@ -390,8 +405,8 @@ class FastTrainer(SyncFreeStep):
                 if model:
                     # update best.pt train_metrics from last.pt
                     strip_atomically(best, updates={"train_results": ckpt.get("train_results")})
-        if RANK in {-1, 0} and self.args.plots and Path(self.csv).is_file():  # complete: the last epoch was saved
-            self._results_plot = ResultsPlot(self.csv)
+        if RANK in {-1, 0} and self.args.plots and results_csv(self).is_file():  # complete: the last epoch was saved
+            self._results_plot = ResultsPlot(results_csv(self))
         if model:
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots

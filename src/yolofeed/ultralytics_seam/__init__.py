@@ -231,7 +231,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER",
     "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
-    "RANK", "run_first",
+    "RANK", "results_csv", "run_first",
     "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
     "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",
@@ -303,6 +303,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "final_eval", "yolofeed's trainer copies it (COPIED) to strip the final checkpoints atomically"),
     (DetectionTrainer, "get_validator", "yolofeed's trainer batches its validator's statistics (train/val_metrics.py)"),
     (DetectionValidator, "update_metrics", "the batched validator overrides it and falls back to it"),
+    (DetectionTrainer, "resume_training", "yolofeed's trainer drops the results.csv rows of epochs the resumed run "
+                                          "trains again (train/checkpoints.py::trim_results)"),
     (DetectionTrainer, "save_metrics", "val_overlap holds an overlapped epoch's results.csv row until its validation "
                                        "ends (train/overlap.py)"),
     (DetectionTrainer, "run_callbacks", "val_overlap holds an overlapped epoch's on_model_save and on_fit_epoch_end "
@@ -372,6 +374,8 @@ TRAINER_STATE: dict[str, tuple[type, str]] = {
     "train_time_start": (DetectionTrainer, "val_overlap writes an epoch's row late, its time column when its "
                                            "validation ended"),
     "scaler": (DetectionTrainer, "val_overlap writes an epoch's checkpoints late, with that epoch's scaler state"),
+    "csv": (DetectionTrainer, "yolofeed draws results.png from it beside the final validation, and drops from it the "
+                              "rows of epochs a resumed run trains again"),
 }
 
 
@@ -415,6 +419,11 @@ def checkpoint(trainer: Any, which: str) -> Any:
     if which not in ("last", "best"):
         raise ValueError(f"which={which!r}: expected 'last' or 'best'")
     return _state(trainer, which)
+
+
+def results_csv(trainer: Any) -> Path:
+    """The run's results.csv (``BaseTrainer.csv``), one row an epoch, appended by ``save_metrics``."""
+    return Path(_state(trainer, "csv"))
 
 
 def weights_dir(trainer: Any) -> Any:
