@@ -124,7 +124,10 @@ RULES: dict[str, Rule] = {
     "cos_lr": Rule(STOCK, "Ultralytics' scheduler"),
     "close_mosaic": Rule(OURS, "the GPU augmentation turns mosaic, mixup and cutmix off for the last N epochs"),
     "resume": Rule(OURS, "resume=path/to/last.pt, or model=path/to/last.pt with resume=True or a bare 'resume'; a "
-                         "bare 'resume' alone takes the newest last.pt under the current folder, as yolo train does"),
+                         "bare 'resume' alone takes the newest last.pt under the current folder, as yolo train does. "
+                         "results.csv rows of epochs after the checkpoint's (a run stopped between an epoch's row and "
+                         "its last.pt, or resumed from an older checkpoint) are dropped, as the run trains them again: "
+                         "stock writes them twice"),
     "amp": Rule(STOCK, "Ultralytics' AMP check and GradScaler"),
     "fraction": Rule(OURS, "the first share (or count) of each split's sorted files, as yolo train cuts them; a "
                            "[train, val, test] list too. The pack holds the whole split (one pack for every fraction; "
