@@ -500,3 +500,50 @@ def test_a_step_counts_the_images_its_batch_holds():
     assert [images_in_step(trainer(96, 48), k) for k in range(2)] == [48, 48]
     assert images_in_step(trainer(64, 48, batch_images=7), 0) == 7
     assert images_in_step(SimpleNamespace(batch_size=16, train_loader=None), 3) == 16  # no dataset to read
+
+
+@pytest.mark.slow
+def test_a_run_that_raises_leaves_no_probe_no_port_and_no_open_writer(synth_root, tmp_path):
+    """A run stopped by an exception has no on_train_end, where the monitor closes: yolofeed's trainer closes it
+    as the run stops. Was: the probe process sampling on and the Prometheus port bound, in an interpreter that goes
+    on (a notebook), one more each run."""
+    import psutil
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.monitor.live import monitors
+
+    def probes():
+        return [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE
+                and any("probe.py" in part for part in p.cmdline())]
+
+    before = {p.pid for p in probes()}
+
+    def fail(trainer):
+        raise RuntimeError("a callback failed")
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_model_save", fail)
+    trainer = FastDetectionTrainer.with_options(monitor={"prometheus_port": 0, "tensorboard": True})
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        model.train(trainer=trainer, data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=8, device="cpu",
+                    workers=0, plots=False, verbose=False, project=str(tmp_path), name="failed")
+    (mon,) = monitors(model.trainer.callbacks)
+    assert mon.endpoint is None and mon.writer is None and mon.sampler._proc is None
+    assert {p.pid for p in probes()} <= before
+
+
+def test_a_monitor_that_starts_again_closes_what_the_run_before_left_open(tmp_path):
+    """A monitor attached to a model whose last run raised: its next run's start closes the old outputs first."""
+    from types import SimpleNamespace
+
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=False), sampler=FakeSampler(False))
+    closed = []
+    mon.close = lambda real=mon.close: (closed.append(True), real())
+    trainer = SimpleNamespace(device=SimpleNamespace(type="cpu"), save_dir=str(tmp_path / "run"), callbacks={},
+                              add_callback=lambda *a: None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("yolofeed.monitor.live.mark_phases", lambda trainer, mark: lambda: None)
+        mon.on_train_start(trainer)
+    assert closed == [True] and mon.endpoint is not None
+    mon.close()

@@ -187,6 +187,10 @@ def test_disk_full_mid_build_is_one_clear_error(dataset, workers):
     """Room for the estimate, not for the upper bound: no reservation, no mmap, and a write meets ENOSPC."""
     import psutil
 
+    def alive() -> set[int]:
+        return {p.pid for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE}
+
+    earlier = alive()  # an earlier test's long-lived helpers (multiprocessing's resource tracker): not this build's
     folder = store_dir(dataset / "data.yaml", 64, "raw")
     with disk.using(FillsUp(3)), pytest.raises(
             PackError, match=rf"the disk filled up while writing the train pack in {folder} \(No space "
@@ -196,7 +200,7 @@ def test_disk_full_mid_build_is_one_clear_error(dataset, workers):
                              r"pack_dir="):
         _build(dataset, workers=workers)
     assert not (folder / "train.yfpack").exists() and _no_temp_files(folder)
-    assert not [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive() - earlier  # no build worker left
 
 
 def test_a_file_size_limit_mid_build_is_named_as_such_not_as_a_full_disk(dataset):

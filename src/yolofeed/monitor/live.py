@@ -183,6 +183,7 @@ class TrainingMonitor:
 
     # -- Ultralytics callbacks -----------------------------------------------------------------
     def on_train_start(self, trainer: Any) -> None:
+        self.close()  # a run before with this monitor that failed (no on_train_end): its probe, endpoint and writer
         self.timer = StepClock(cuda=trainer.device.type == "cuda")
         self._unmark = mark_phases(trainer, self.timer.mark)
         self.sampler.start(trainer.device)
@@ -335,11 +336,32 @@ class TrainingMonitor:
         return callback
 
 
+def monitors(callbacks: dict[str, list[Callable]]) -> list[TrainingMonitor]:
+    """The ``TrainingMonitor``s whose callbacks are among Ultralytics' ``{event: [fn, ...]}`` (``attach`` to the model
+    copies them into the trainer, and into each DDP rank's), each once."""
+    found = {}
+    for fns in callbacks.values():
+        for fn in fns:
+            owner = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
+            if isinstance(owner, TrainingMonitor):
+                found[id(owner)] = owner
+    return list(found.values())
+
+
 def attached(callbacks: dict[str, list[Callable]]) -> bool:
-    """Whether a ``TrainingMonitor``'s callbacks are among Ultralytics' ``{event: [fn, ...]}`` already (``attach``
-    to the model copies them into the trainer, and into each DDP rank's)."""
-    return any(isinstance(getattr(getattr(fn, "__wrapped__", None), "__self__", None), TrainingMonitor)
-               for fns in callbacks.values() for fn in fns)
+    """Whether a ``TrainingMonitor``'s callbacks are among Ultralytics' already."""
+    return bool(monitors(callbacks))
+
+
+def close_attached(callbacks: dict[str, list[Callable]]) -> None:
+    """Close the monitors among ``callbacks``: a run that raised has no ``on_train_end``, and would leave the probe
+    sampling, the Prometheus port bound and the TensorBoard file open in an interpreter that goes on (a notebook).
+    Closing a closed monitor does nothing; a failure to close is logged, never raised."""
+    for monitor in monitors(callbacks):
+        try:
+            monitor.close()
+        except Exception as e:  # the monitor's state may be half built; what is left is freed at exit
+            LOGGER.warning(f"yolofeed monitor: closing it failed: {type(e).__name__}: {e}")
 
 
 def attach(target: Any, **config: Any) -> TrainingMonitor:

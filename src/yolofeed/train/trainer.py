@@ -336,6 +336,10 @@ class FastTrainer(SyncFreeStep):
             if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
                 self._results_plot.abandon()
                 self._results_plot = None
+            if not finished:  # no on_train_end: the monitor's probe, port and writer closed here
+                from yolofeed.monitor.live import close_attached
+
+                close_attached(self.callbacks)
 
     def _stop_validations(self, finished: bool) -> None:
         """The validation thread closed and waited for, once the loop ended (``finished``) or stopped; an epoch
