@@ -142,13 +142,18 @@ def test_a_learnable_set_for_accuracy_comparisons(tmp_path):
 
 def test_settings_that_cannot_make_the_dataset_are_refused(tmp_path, capsys):
     """Each used to be taken: negative counts wrote nothing and said nothing, imgsz=0 drew 32 px images, a
-    min_box larger than the images failed in a worker (ValueError: high <= 0), out= a file gave a traceback."""
+    min_box larger than the images failed in a worker (ValueError: high <= 0), out= a file gave a traceback, and so
+    did seed=-1 and imgsz=100000 (numpy's seed, OpenCV's allocation), after writing a folder that the command put
+    right then refused."""
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     base = dict(out=str(tmp_path / "new"), n_train=2, n_val=1, imgsz=32, workers=1)
     side = synth.smallest_side(32)
     for bad, words in ((dict(n_train=-3), "cannot be negative"), (dict(n_val=-1), "cannot be negative"),
                        (dict(imgsz=0), "imgsz=0: expected at least 32"), (dict(imgsz=31), "at least 32"),
+                       # a traceback in a worker, and folders left that refused the command put right
+                       (dict(seed=-1), "seed=-1: expected 0 or more"),
+                       (dict(imgsz=100_000), "imgsz=100000: expected at most 4096"),
                        (dict(min_box=side), f"use min_box={side - 1} or less"),
                        (dict(out=str(a_file)), "is a file")):
         with pytest.raises(ConfigError, match=words):

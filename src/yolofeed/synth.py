@@ -348,6 +348,9 @@ def _jobs(root: Path, cfg: SynthConfig) -> Iterator[tuple[Path, SynthConfig, str
 
 MANIFEST = "synth.json"  # in out=: the settings that wrote the folder; the same settings again rewrite the same bytes
 MIN_IMGSZ = 32  # px: the smallest image side render draws
+# px: the largest imgsz drawn. An image is up to 1.25 x imgsz wide, and its texture is drawn in float32: at 4096 about
+# 1 GB and 13 s an image on one core, with one image a worker in memory at once
+MAX_IMGSZ = 4096
 
 
 def smallest_side(imgsz: int) -> int:
@@ -383,14 +386,19 @@ def check(cfg: SynthConfig) -> Path:
         The dataset's folder, absolute.
 
     Raises:
-        ConfigError: a count below 0, imgsz below 32, a box setting that cannot be drawn, out= a file or a
-            folder holding another dataset.
+        ConfigError: a count or a seed below 0, imgsz below 32 or above 4096, a box setting that cannot be drawn,
+            out= a file or a folder holding another dataset.
     """
     class_ids(cfg.classes)
     if cfg.n_train < 0 or cfg.n_val < 0:
         raise ConfigError(f"n_train={cfg.n_train} n_val={cfg.n_val}: image counts cannot be negative")
     if cfg.imgsz < MIN_IMGSZ:
         raise ConfigError(f"imgsz={cfg.imgsz}: expected at least {MIN_IMGSZ} (the long side of the commonest image)")
+    if cfg.imgsz > MAX_IMGSZ:
+        raise ConfigError(f"imgsz={cfg.imgsz}: expected at most {MAX_IMGSZ} (an image of imgsz=4096 takes about 1 GB "
+                          "and 13 s to draw, in each worker)")
+    if cfg.seed < 0:
+        raise ConfigError(f"seed={cfg.seed}: expected 0 or more (the same seed writes the same files)")
     if cfg.task not in ("detect", "pose", "obb", "segment"):
         raise ConfigError(f"task={cfg.task}: expected detect, pose, obb or segment")
     if not 1 <= cfg.quality <= 100:
