@@ -221,12 +221,19 @@ def _check_values(lb: np.ndarray, lb_file: str, nc: int, rules: LabelRules = LAB
         raise SampleError(f"{lb_file} holds NaN or infinite values; fix or remove those rows")
     low = lb.min()
     if not (low >= 0 or (low >= -rules.negative and (not rules.negative_sizes or lb[:, 3:5].min() >= 0))):
-        raise SampleError(f"{lb_file} has negative values ({lb[lb < 0][:4].tolist()}); fix those rows")
+        raise SampleError(f"{lb_file} has negative values ({_values(lb[lb < 0])}); fix those rows")
     if rules.integer_classes and not (lb[:, 0] % 1 == 0).all():
-        raise SampleError(f"{lb_file} has non-integer class ids ({lb[:, 0][lb[:, 0] % 1 != 0][:4].tolist()})")
+        raise SampleError(f"{lb_file} has non-integer class ids ({_values(lb[:, 0][lb[:, 0] % 1 != 0])}); class ids "
+                          "are whole numbers from 0: fix those rows")
     if lb[:, 0].max() >= nc:
         raise SampleError(f"{lb_file} uses class {int(lb[:, 0].max())} but the data yaml has nc={nc} "
-                          f"(classes 0-{nc - 1}); fix the label or the yaml's names:")
+                          f"(classes 0-{nc - 1}); fix the label, or add the class to the yaml's names")
+
+
+def _values(values: np.ndarray, first: int = 4) -> str:
+    """The first values of a label file's offending ones as its text wrote them (float32's -0.1, not
+    -0.10000000149011612)."""
+    return ", ".join(f"{float(v):.7g}" for v in np.asarray(values).ravel()[:first])
 
 
 def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
@@ -305,7 +312,7 @@ def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
                           "the class, then 3 or more x y points (class x1 y1 x2 y2 x3 y3 ...); fix the file")
     if np.isfinite(lb).all() and lb[:, 1:].max() > rules.coord_max:
         bad = lb[:, 1:][lb[:, 1:] > rules.coord_max]
-        raise SampleError(f"{lb_file} has coordinates above 1 ({bad[:4].tolist()}): YOLO labels are normalised "
+        raise SampleError(f"{lb_file} has coordinates above 1 ({_values(bad)}): YOLO labels are normalised "
                           "to [0, 1] by image width and height; convert pixel boxes by dividing")
     _check_values(lb, lb_file, nc, rules)
     notes = []
@@ -438,7 +445,7 @@ def read_pose_labels(lb_file: str, nc: int, kpt_shape: tuple[int, int],
                           "the rows or the yaml's kpt_shape")
     points = lb[:, 5:].reshape(-1, d)[:, :2]
     if np.isfinite(lb).all() and points.max() > rules.coord_max:
-        bad = points[points > rules.coord_max][:4].tolist()
+        bad = _values(points[points > rules.coord_max])
         raise SampleError(f"{lb_file} has keypoint coordinates above 1 ({bad}): YOLO keypoints are normalised to "
                           "[0, 1] by image width and height; convert pixel coordinates by dividing")
     _check_values(lb, lb_file, nc, rules)
