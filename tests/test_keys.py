@@ -360,7 +360,7 @@ def test_same_image_size_and_augmentation_settings_as_stock(setups):
 def test_image_size_rounds_up_as_stock(imgsz):
     from ultralytics.utils.checks import check_imgsz
 
-    from yolofeed.train.trainer import train_side
+    from yolofeed.ultralytics_seam import train_side
 
     assert train_side(imgsz) == check_imgsz(imgsz, stride=32, floor=32, max_dim=1)
     assert train_side([imgsz, 200]) == check_imgsz([imgsz, 200], stride=32, floor=32, max_dim=1)

@@ -75,7 +75,8 @@ class PackConfig:
     """Pack an Ultralytics detection dataset into one memory-mappable file per split."""
 
     data: str = key(None, "Ultralytics data yaml (train/val as folders, .txt lists or lists of both)")
-    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does", minimum=MIN_IMGSZ)
+    imgsz: int = key(640, "long side images are resized to, as Ultralytics' load_image does (rounded up to a "
+                     "multiple of 32, as yolo train rounds it)", minimum=MIN_IMGSZ)
     format: str = key(DEFAULT_PACK_FORMAT, "pack format", PACK_FORMATS)
     out: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own in "
                           "it, <yaml stem>-<format>-<imgsz> (a second yaml of that name <yaml stem>-<hash of its "

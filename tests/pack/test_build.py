@@ -794,3 +794,19 @@ def test_bad_segment_labels_are_skipped_with_the_file_and_the_fix(segment_datase
     skipped = dict(pack.header["skipped"])
     assert image in skipped and re.search(why, skipped[image]) and str(label) in skipped[image]
     assert image not in pack.im_files and len(pack.im_files) == 11
+
+
+def test_pack_at_a_size_yolo_train_rounds_is_built_at_the_size_it_trains_at(dataset, caplog):
+    """yolo train rounds imgsz up to a multiple of the stride (check_imgsz): a pack built at imgsz=63 would never be
+    opened (training asks for the 64 one). Was: built at 63 without a word, gigabytes for nothing."""
+    import logging
+
+    from yolofeed.config import PackConfig
+    from yolofeed.pack.command import run
+
+    caplog.set_level(logging.WARNING)
+    (result,) = run(PackConfig(data=str(dataset / "data.yaml"), imgsz=63, splits="val", workers=1))
+    assert result.pack.imgsz == 64 and store_dir(dataset / "data.yaml", 64, "raw").is_dir()
+    assert not store_dir(dataset / "data.yaml", 63, "raw").exists()
+    assert "imgsz=63 is not a multiple of 32, the models' stride: yolo train and yolofeed train round it up to 64" \
+        in caplog.text

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 from yolofeed.config import PackConfig
 from yolofeed.errors import ConfigError
 from yolofeed.pack.rebuild import check_splits, ensure_split
 from yolofeed.pack.source import load_data_yaml
 from yolofeed.pack.summary import BuildResult, summary
+from yolofeed.ultralytics_seam import train_side
+
+LOGGER = logging.getLogger(__name__)
 
 
 def run(cfg: PackConfig) -> list[BuildResult]:
@@ -15,6 +21,12 @@ def run(cfg: PackConfig) -> list[BuildResult]:
     if not splits:
         raise ConfigError(f"splits={cfg.splits}: names no split; list the data yaml's splits to pack, comma-separated, "
                           "e.g. splits=train,val")
+    side = train_side(cfg.imgsz)
+    if side != cfg.imgsz:  # yolo train rounds it so (check_imgsz): a pack at the size given would never be opened
+        LOGGER.warning(f"pack: imgsz={cfg.imgsz} is not a multiple of 32, the models' stride: yolo train and yolofeed "
+                       f"train round it up to {side}, so the packs are built for imgsz={side} (a P6 model, stride 64, "
+                       f"trains at {train_side(cfg.imgsz, 64)})")
+        cfg = dataclasses.replace(cfg, imgsz=side)
     d = load_data_yaml(cfg.data)
     if cfg.rebuild != "never":  # every pack to build must fit, together, before the first is written
         check_splits(d, splits, cfg.imgsz, cfg.format, cfg.out, cfg.rebuild, cfg.task)

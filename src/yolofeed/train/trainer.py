@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import shlex
 import time
@@ -85,6 +84,7 @@ from yolofeed.ultralytics_seam import (
     step_autocast,
     stop_asked,
     torch_distributed_zero_first,
+    train_side,
     unwrap_model,
     validation_loader,
     validation_models,
@@ -954,9 +954,3 @@ def _first_label_rows(label_files: list[str]):
             continue
         if rows:
             yield label_file, rows
-
-
-def train_side(imgsz: int | list[int], stride: int = 32) -> int:
-    """The square side Ultralytics trains at: ``check_imgsz(imgsz, stride, floor=stride, max_dim=1)``, silently."""
-    side = max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz
-    return max(math.ceil(int(side) / stride) * stride, stride)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -234,7 +235,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "RANK", "results_csv", "run_first",
     "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
     "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
-    "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_until_stopped",
+    "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_side", "train_until_stopped",
     "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "validation_loader", "validation_models", "VERSION",
     "weights_dir",
     "world_size",
@@ -440,6 +441,14 @@ def step_autocast(trainer: Any) -> Any:
     """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
     ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
     return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+
+
+def train_side(imgsz: int | list[int], stride: int = 32) -> int:
+    """The square side Ultralytics trains at (``check_imgsz(imgsz, stride, floor=stride, max_dim=1)``, silently: the
+    largest of a list, rounded up to a multiple of the model's stride, at least one stride). Every detection model's
+    stride is 32, a P6 model's 64."""
+    side = max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz
+    return max(math.ceil(int(side) / stride) * stride, stride)
 
 
 def scaled_input(img: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
