@@ -266,3 +266,33 @@ def test_yolofeeds_own_keys_passed_to_ultralytics_train_say_where_they_go(synth_
     with pytest.raises(ConfigError, match="Did you mean 'pack_rebuild'"):  # a typo of one is still a typo
         YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"),
                                    pack_rebiuld="always")
+
+
+def test_data_a_mapping_or_a_list_from_python_is_one_line_before_the_run_folder(synth_root, tmp_path):
+    """Ultralytics' trainer takes a path: a dict failed deep inside it (TypeError), and yolofeed said "'{...}' does
+    not exist"."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import DatasetError
+    from yolofeed.pack.source import load_data_yaml
+
+    given = {"path": str(synth_root), "train": "images/train", "val": "images/val", "names": {0: "a"}}
+    with pytest.raises(DatasetError, match=r"^data= takes the path of a data yaml, not a dict: write the dict to a "
+                                           r"\.yaml file \(yaml\.safe_dump\) and pass that file's path$"):
+        YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=given, epochs=1, imgsz=64, device="cpu",
+                                   project=str(tmp_path), name="dict")
+    assert not (tmp_path / "dict").exists()
+    with pytest.raises(DatasetError, match="a list of data yamls; yolofeed works on one dataset at a time"):
+        load_data_yaml([str(synth_root / "data.yaml")] * 2)
+
+
+def test_a_dataset_of_other_than_3_channels_is_refused_with_what_to_do(synth_root, tmp_path):
+    from yolofeed.errors import DatasetError
+    from yolofeed.pack.source import load_data_yaml
+
+    yaml_file = tmp_path / "gray.yaml"
+    yaml_file.write_text((synth_root / "data.yaml").read_text() + "channels: 1\n")
+    with pytest.raises(DatasetError, match=r"channels=1; yolofeed packs 3-channel \(RGB\) datasets only: train this "
+                                           r"one with yolo train$"):
+        load_data_yaml(yaml_file)

@@ -70,6 +70,22 @@ class SplitSource:
         return h.hexdigest()
 
 
+def check_data_path(data: Any) -> None:
+    """Refuse a ``data=`` that is no path: Ultralytics' trainer reads the yaml from a path (a dict fails deep inside
+    it, a TypeError).
+
+    Raises:
+        DatasetError: naming what was given and how to pass it.
+    """
+    if isinstance(data, (list, tuple)):
+        raise DatasetError(f"data={data}: a list of data yamls; yolofeed works on one dataset at a time (Ultralytics' "
+                           "multi-dataset fine-tuning is not supported): run once per data yaml")
+    if not isinstance(data, (str, os.PathLike)):
+        kind = type(data).__name__
+        raise DatasetError(f"data= takes the path of a data yaml, not a {kind}: write the {kind} to a .yaml file "
+                           "(yaml.safe_dump) and pass that file's path")
+
+
 def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
     """Read an Ultralytics data yaml and resolve its paths as ``check_det_dataset`` does.
 
@@ -80,6 +96,7 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
         DatasetError: the file is missing or not a mapping, ``train``/``val`` or ``names``/``nc``
             are missing or inconsistent; the images of a dataset Ultralytics would download are not here.
     """
+    check_data_path(data)
     found = find_dataset_yaml(Path(data).expanduser())
     file = Path(found) if found else Path(data).expanduser()
     if not file.is_file():
@@ -125,7 +142,8 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
                            "YAML (Ultralytics' words: it refuses such a set too). List the classes in names:")
     d["nc"], d["names"] = nc, [str(n) for n in names]
     if d.get("channels", 3) != 3:
-        raise DatasetError(f"{file}: channels={d['channels']}; yolofeed packs 3-channel (RGB) datasets only.")
+        raise DatasetError(f"{file}: channels={d['channels']}; yolofeed packs 3-channel (RGB) datasets only: train "
+                           "this one with yolo train")
     _resolve_paths(d)
     d["yaml_file"] = str(file.resolve())
     _refuse_undownloaded(d, data)

@@ -52,7 +52,7 @@ from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
-from yolofeed.pack.source import check_downloaded, load_data_yaml, missing_split
+from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
 from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
@@ -874,6 +874,7 @@ def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
     Raises:
         DatasetError: the yaml is missing, broken, lacks train/val/names, or the split's images are missing.
     """
+    check_data_path(data)  # a dict fails deep inside Ultralytics' trainer
     check_downloaded(data)  # where check_det_dataset would download the set: what is missing, in one line
     try:
         return check_det_dataset(data, autodownload=False, split=split)  # nothing may download at run time
