@@ -258,17 +258,15 @@ def test_trim_results_drops_the_rows_after_an_epoch_and_keeps_every_other_byte(t
     assert csv.read_bytes() == head + rows[0] + rows[1]
     assert checkpoints.trim_results(csv, 0) == [1, 2] and csv.read_bytes() == head
     assert checkpoints.trim_results(tmp_path / "none.csv", 1) == [] and not (tmp_path / "none.csv").exists()
-    csv.write_bytes(head + b"1,1,1,1\nnot a row\n2,2,2,2\n")  # a line not starting with a number stays
-    assert checkpoints.trim_results(csv, 1) == [2] and csv.read_bytes() == head + b"1,1,1,1\nnot a row\n"
+    # a row is a whole number first: every other line stays (float("inf") once made the resume an OverflowError)
+    odd = b"not a row\ninf,1\n1e999,1\n2.7,1\n1_0,1\n-3,1\n\n"
+    csv.write_bytes(head + b"1,1,1,1\n" + odd + b"2,2,2,2\n")
+    assert checkpoints.trim_results(csv, 1) == [2] and csv.read_bytes() == head + b"1,1,1,1\n" + odd
 
 
-@pytest.mark.slow
-def test_a_run_stopped_between_an_epochs_row_and_its_checkpoint_resumes_without_a_second_row(synth_root, tmp_path,
-                                                                                              caplog):
-    """Ultralytics appends an epoch's results.csv row, then saves its last.pt. Stopped between the two, the resumed
-    run trains that epoch again: stock then writes its row twice (1, 2, 2, 3); here once (1, 2, 3)."""
+def _stopped_between_row_and_checkpoint(synth_root, tmp_path) -> Path:
+    """A 3-epoch run stopped after epoch 2's results.csv row, before its last.pt; returns the run folder."""
     import csv
-    import logging
 
     from ultralytics import YOLO
 
@@ -288,6 +286,51 @@ def test_a_run_stopped_between_an_epochs_row_and_its_checkpoint_resumes_without_
     with open(run / "results.csv") as f:
         assert [r[0].strip() for r in list(csv.reader(f))[1:]] == ["1", "2"]
     assert torch.load(run / "weights" / "last.pt", weights_only=False)["epoch"] == 0
+    return run
+
+
+@pytest.mark.slow
+def test_a_resume_that_cannot_rewrite_results_csv_says_so_and_goes_on(synth_root, tmp_path, caplog, monkeypatch):
+    """A run folder this user cannot write (a full disk, a read-only mount): stock resumes, appending; so does this,
+    saying the rows it could not drop. Was: the resume refused, with "train with project=" (no use to a resume)."""
+    import csv
+    import logging
+
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    run = _stopped_between_row_and_checkpoint(synth_root, tmp_path)
+
+    real = checkpoints.write_atomically
+
+    def refused(path, data):  # results.csv only: the run's other files (yolofeed.yaml, last.pt) are written
+        if Path(path).name == "results.csv":
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(checkpoints, "write_atomically", refused)
+    caplog.set_level(logging.WARNING)
+    YOLO(str(run / "weights" / "last.pt")).train(resume=True, trainer=FastDetectionTrainer)
+    with open(run / "results.csv") as f:
+        assert [r[0].strip() for r in list(csv.reader(f))[1:]] == ["1", "2", "2", "3"]  # as stock writes them
+    assert (f"could not drop the rows of epochs after 1 from {run / 'results.csv'} (Permission denied); the run "
+            "resumes, and those epochs' rows will be there twice") in caplog.text
+
+
+@pytest.mark.slow
+def test_a_run_stopped_between_an_epochs_row_and_its_checkpoint_resumes_without_a_second_row(synth_root, tmp_path,
+                                                                                              caplog):
+    """Ultralytics appends an epoch's results.csv row, then saves its last.pt. Stopped between the two, the resumed
+    run trains that epoch again: stock then writes its row twice (1, 2, 2, 3); here once (1, 2, 3)."""
+    import csv
+    import logging
+
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    run = _stopped_between_row_and_checkpoint(synth_root, tmp_path)
     caplog.set_level(logging.INFO)
     YOLO(str(run / "weights" / "last.pt")).train(resume=True, trainer=FastDetectionTrainer)
     with open(run / "results.csv") as f:

@@ -181,8 +181,14 @@ def trim_results(csv: Path, epochs: int) -> list[int]:
     counts them); returns the epochs removed.
 
     Ultralytics appends an epoch's row before it saves that epoch's last.pt: a run killed between the two, or resumed
-    from an older checkpoint, trains those epochs again and would append their rows a second time. The header, the
-    rows kept and any line that does not start with a number stay byte for byte; the file is rewritten atomically.
+    from an older checkpoint, trains those epochs again and would append their rows a second time. Only a row whose
+    first field is a whole number is a row; the header, the rows kept and every other line stay byte for byte. The
+    file is rewritten atomically: a link at ``csv`` is replaced by the file, its target left as it was (as every
+    file yolofeed writes in a run folder).
+
+    Raises:
+        WriteError: the rewrite failed for a reason a user can fix; ``csv`` is as it was.
+        OSError: any other failed rewrite, the same way.
     """
     try:
         data = Path(csv).read_bytes()
@@ -191,13 +197,8 @@ def trim_results(csv: Path, epochs: int) -> list[int]:
     kept, removed = [], []
     for line in data.splitlines(keepends=True):
         first = line.split(b",", 1)[0].strip()
-        try:
-            epoch = float(first)
-        except ValueError:
-            kept.append(line)
-            continue
-        if epoch > epochs:
-            removed.append(int(epoch))
+        if first.isdigit() and int(first) > epochs:
+            removed.append(int(first))
         else:
             kept.append(line)
     if removed:

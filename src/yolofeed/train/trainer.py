@@ -79,6 +79,7 @@ from yolofeed.ultralytics_seam import (
     get_split_fraction,
     may_stop,
     results_csv,
+    resuming,
     run_first,
     start_epoch,
     step_autocast,
@@ -191,7 +192,7 @@ class FastTrainer(SyncFreeStep):
         refused key or a missing GPU stops the run in one line with nothing built.
         """
         super().check_resume(overrides)
-        if self.resume:
+        if resuming(self):
             self._restore_options()
         keys.check(self.args, carried=(self.carried_task,))
         self.args.device = keys.check_device(self.args.device)
@@ -388,9 +389,15 @@ class FastTrainer(SyncFreeStep):
         trains them again (a run killed between an epoch's row and its last.pt, or resumed from an older checkpoint:
         stock appends those rows a second time)."""
         super().resume_training(ckpt)
-        if ckpt is None or not self.resume or RANK not in {-1, 0}:
+        if ckpt is None or not resuming(self) or RANK not in {-1, 0}:
             return
-        dropped = trim_results(results_csv(self), start_epoch(self))
+        try:
+            dropped = trim_results(results_csv(self), start_epoch(self))
+        except OSError as e:  # a folder this user cannot write, a full disk: stock only appends, and resumes
+            LOGGER.warning(f"yolofeed: could not drop the rows of epochs after {start_epoch(self)} from "
+                           f"{results_csv(self)} ({e.strerror or e}); the run resumes, and those epochs' rows will "
+                           "be there twice")
+            return
         if dropped:
             LOGGER.info(f"yolofeed: dropped epoch{'s' * (len(dropped) > 1)} {', '.join(map(str, dropped))} from "
                         f"{results_csv(self)}: the checkpoint resumed from was saved before "

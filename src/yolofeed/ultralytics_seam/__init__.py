@@ -232,7 +232,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER",
     "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
-    "RANK", "results_csv", "run_first",
+    "RANK", "results_csv", "resuming", "run_first",
     "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
     "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_side", "train_until_stopped",
@@ -375,6 +375,8 @@ TRAINER_STATE: dict[str, tuple[type, str]] = {
     "train_time_start": (DetectionTrainer, "val_overlap writes an epoch's row late, its time column when its "
                                            "validation ended"),
     "scaler": (DetectionTrainer, "val_overlap writes an epoch's checkpoints late, with that epoch's scaler state"),
+    "resume": (DetectionTrainer, "yolofeed restores a resumed run's options and drops the results.csv rows of epochs "
+                                 "it trains again"),
     "csv": (DetectionTrainer, "yolofeed draws results.png from it beside the final validation, and drops from it the "
                               "rows of epochs a resumed run trains again"),
 }
@@ -420,6 +422,11 @@ def checkpoint(trainer: Any, which: str) -> Any:
     if which not in ("last", "best"):
         raise ValueError(f"which={which!r}: expected 'last' or 'best'")
     return _state(trainer, which)
+
+
+def resuming(trainer: Any) -> bool:
+    """Whether the trainer resumes a run (``BaseTrainer.check_resume`` sets ``resume``)."""
+    return bool(_state(trainer, "resume"))
 
 
 def results_csv(trainer: Any) -> Path:
