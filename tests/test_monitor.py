@@ -534,16 +534,40 @@ def test_a_run_that_raises_leaves_no_probe_no_port_and_no_open_writer(synth_root
 
 
 def test_a_monitor_that_starts_again_closes_what_the_run_before_left_open(tmp_path):
-    """A monitor attached to a model whose last run raised: its next run's start closes the old outputs first."""
+    """A monitor attached to a model whose last run raised (stock's trainer: no on_train_end, nothing closed it):
+    its next run's start closes the old endpoint and writer first, and binds the same port again."""
     from types import SimpleNamespace
 
-    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=False), sampler=FakeSampler(False))
-    closed = []
-    mon.close = lambda real=mon.close: (closed.append(True), real())
-    trainer = SimpleNamespace(device=SimpleNamespace(type="cpu"), save_dir=str(tmp_path / "run"), callbacks={},
-                              add_callback=lambda *a: None)
+    with socket.socket() as s:  # a port free now, asked for by number: the second start must get it again
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=port, tensorboard=True), sampler=FakeSampler(False))
+    trainer = SimpleNamespace(device=SimpleNamespace(type="cpu"), save_dir=str(tmp_path / "run"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("yolofeed.monitor.live.mark_phases", lambda trainer, mark: lambda: None)
-        mon.on_train_start(trainer)
-    assert closed == [True] and mon.endpoint is not None
+        mon.on_train_start(trainer)  # the run that raised: left open
+        first, writer = mon.endpoint, mon.writer
+        assert first is not None and first.port == port and writer is not None
+        mon.on_train_start(trainer)  # the next run
+    assert mon.endpoint is not first and mon.endpoint.port == port and mon.writer is not writer
+    with pytest.raises(OSError):  # the old endpoint's server is shut: only the new one answers
+        first.server.socket.getsockname()
     mon.close()
+    assert mon.endpoint is None and mon.writer is None
+
+
+def test_a_monitor_that_fails_to_close_one_output_closes_the_others(tmp_path):
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=False), sampler=FakeSampler(False))
+    mon.timer = StepClock(cuda=False)
+    mon.open(tmp_path / "run", "cpu")
+
+    def broken():
+        raise RuntimeError("the probe would not stop")
+
+    mon.sampler.stop = broken
+    endpoint = mon.endpoint
+    with pytest.raises(RuntimeError, match="would not stop"):
+        mon.close()
+    assert mon.endpoint is None
+    with pytest.raises(OSError):
+        endpoint.server.socket.getsockname()

@@ -299,16 +299,22 @@ class TrainingMonitor:
         return f"yolofeed: {v['images_per_s']:,.0f} img/s | {parts} | {gpu} | CPU {v['cpu_cores_busy']:.1f} cores"
 
     def close(self) -> None:
-        if self._unmark is not None:
-            self._unmark()
-            self._unmark = None
-        self.sampler.stop()
-        if self.endpoint is not None:
-            self.endpoint.close()
-            self.endpoint = None
-        if self.writer:
-            self.writer.close()
-            self.writer = None
+        """End the run's outputs: the phase marks, the probe, the endpoint, the writer; each is closed even where
+        one before it fails (the first failure is raised after). Closing a closed monitor does nothing."""
+        unmark, endpoint, writer = self._unmark, self.endpoint, self.writer
+        self._unmark = self.endpoint = self.writer = None
+        parts = [unmark, self.sampler.stop, endpoint.close if endpoint is not None else None,
+                 writer.close if writer else None]
+        failed: Exception | None = None
+        for close in parts:
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as e:  # the others still close: a port or a file left open outlives the run
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def callbacks(self) -> dict[str, Callable]:
         """Ultralytics event -> callback, each guarded: an error inside the monitor switches it off, not the run."""
