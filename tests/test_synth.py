@@ -154,6 +154,7 @@ def test_settings_that_cannot_make_the_dataset_are_refused(tmp_path, capsys):
                        # a traceback in a worker, and folders left that refused the command put right
                        (dict(seed=-1), "seed=-1: expected 0 or more"),
                        (dict(imgsz=100_000), "imgsz=100000: expected at most 4096"),
+                       (dict(boxes=10**9), "boxes=1000000000: expected at most 1000"),
                        (dict(min_box=side), f"use min_box={side - 1} or less"),
                        (dict(out=str(a_file)), "is a file")):
         with pytest.raises(ConfigError, match=words):

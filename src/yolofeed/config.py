@@ -54,11 +54,11 @@ class SynthConfig:
     out: str = key("datasets/synth", "folder to write; data.yaml is written inside it")
     n_train: int = key(1000, "training images")
     n_val: int = key(200, "validation images")
-    imgsz: int = key(640, "long side of the most common image shape (shapes vary around it)")
+    imgsz: int = key(640, "long side of the most common image shape (shapes vary around it; 32 to 4096)")
     seed: int = key(0, "same seed, same files, byte for byte")
     classes: int = key(80, "classes (1-80); up to 8 differ in both shape and colour: classes=8 boxes=8 "
                        "min_box=16 is a set yolo11n learns in a few dozen epochs, for accuracy comparisons")
-    boxes: int = key(20, "at most this many objects per image (1 to boxes)")
+    boxes: int = key(20, "at most this many objects per image (1 to boxes; boxes up to 1000)")
     min_box: int = key(8, "smallest object side in pixels of the written image")
     quality: int = key(90, "JPEG quality of the written images, 1-100: 90 is about 95 KB an image at 640 px, "
                        "95 about 155 KB, as COCO's photos weigh", minimum=1)
