@@ -285,6 +285,9 @@ def test_data_a_mapping_or_a_list_from_python_is_one_line_before_the_run_folder(
     assert not (tmp_path / "dict").exists()
     with pytest.raises(DatasetError, match="a list of data yamls; yolofeed works on one dataset at a time"):
         load_data_yaml([str(synth_root / "data.yaml")] * 2)
+    with pytest.raises(DatasetError, match=r"^data= takes the path of a data yaml; got None: pass "
+                                           r"data=path/to/data\.yaml$"):
+        load_data_yaml(None)
 
 
 def test_a_dataset_of_other_than_3_channels_is_refused_with_what_to_do(synth_root, tmp_path):

@@ -21,11 +21,11 @@ def run(cfg: PackConfig) -> list[BuildResult]:
     if not splits:
         raise ConfigError(f"splits={cfg.splits}: names no split; list the data yaml's splits to pack, comma-separated, "
                           "e.g. splits=train,val")
-    side = train_side(cfg.imgsz)
+    side, p6 = train_side(cfg.imgsz), train_side(cfg.imgsz, 64)
     if side != cfg.imgsz:  # yolo train rounds it so (check_imgsz): a pack at the size given would never be opened
         LOGGER.warning(f"pack: imgsz={cfg.imgsz} is not a multiple of 32, the models' stride: yolo train and yolofeed "
-                       f"train round it up to {side}, so the packs are built for imgsz={side} (a P6 model, stride 64, "
-                       f"trains at {train_side(cfg.imgsz, 64)})")
+                       f"train round it up to {side}, so the packs are built for imgsz={side}"
+                       + (f" (a P6 model, stride 64, trains at {p6})" if p6 != side else ""))
         cfg = dataclasses.replace(cfg, imgsz=side)
     d = load_data_yaml(cfg.data)
     if cfg.rebuild != "never":  # every pack to build must fit, together, before the first is written

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,10 +81,11 @@ def check_data_path(data: Any) -> None:
     if isinstance(data, (list, tuple)):
         raise DatasetError(f"data={data}: a list of data yamls; yolofeed works on one dataset at a time (Ultralytics' "
                            "multi-dataset fine-tuning is not supported): run once per data yaml")
-    if not isinstance(data, (str, os.PathLike)):
-        kind = type(data).__name__
-        raise DatasetError(f"data= takes the path of a data yaml, not a {kind}: write the {kind} to a .yaml file "
+    if isinstance(data, Mapping):
+        raise DatasetError("data= takes the path of a data yaml, not a dict: write the dict to a .yaml file "
                            "(yaml.safe_dump) and pass that file's path")
+    if not isinstance(data, (str, os.PathLike)):
+        raise DatasetError(f"data= takes the path of a data yaml; got {data!r}: pass data=path/to/data.yaml")
 
 
 def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
