@@ -92,3 +92,19 @@ def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path,
     assert again.path == p.path and again.format == codecs.DEFAULT
     assert any("already built" in r.message and str(p.path) in r.message for r in caplog.records)
     auto.auto_format.cache_clear()
+
+
+def test_a_pack_folder_this_user_may_not_enter_is_decided_afresh(synth_root, tmp_path, monkeypatch):
+    """``Path.is_file`` raises on EACCES (a folder of mode 000, or another user's of mode 700): auto's look for a
+    pack built already was a PermissionError traceback; it now decides afresh, and the build that follows says
+    where the packs go (root here ignores modes: the refusal is simulated)."""
+    shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
+    real = Path.is_file
+
+    def refused(self):
+        if "yolofeed-packs" in self.parts:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", refused)
+    assert _auto_choice(tmp_path / "d" / "data.yaml") in (codecs.DEFAULT, codecs.COMPACT)

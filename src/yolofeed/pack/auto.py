@@ -31,10 +31,11 @@ def built_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detec
     for name in codecs.names():
         for folder in pack_folders(yaml_file, imgsz, name, out, task):
             path = folder / f"train{SUFFIX}"
-            if path.is_file():
-                with contextlib.suppress(PackError, OSError, ValueError):  # a damaged one: decided afresh
-                    if Pack.open(path, {"data": yaml_file}).format == name:
-                        return name, path
+            # a damaged one, or one this user may not read (is_file raises on a folder it cannot enter): decided
+            # afresh, and the build that follows says what is wrong with the folder
+            with contextlib.suppress(PackError, OSError, ValueError):
+                if path.is_file() and Pack.open(path, {"data": yaml_file}).format == name:
+                    return name, path
     return None
 
 
