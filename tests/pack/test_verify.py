@@ -475,3 +475,28 @@ def test_a_reason_quoting_a_binary_file_is_shortened(tmp_path):
         read_labels(str(lb), 8)
     message = str(e.value)
     assert len(message) <= SampleError.LIMIT and message.startswith(str(lb)) and message.endswith("fix the file")
+
+
+def test_a_label_file_that_cannot_be_read_says_so_not_that_it_must_be_text(tmp_path, monkeypatch):
+    """A label file this user may not read got "it must be UTF-8 text" (root here ignores modes: simulated)."""
+    import builtins
+
+    from yolofeed.pack import verify
+
+    label = tmp_path / "a.txt"
+    label.write_text("0 0.5 0.5 0.1 0.1\n")
+    real = builtins.open
+
+    def refused(file, *a, **k):
+        if str(file) == str(label):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", refused)
+    with pytest.raises(SampleError, match=r"cannot read label file .*a\.txt \(Permission denied\); check its "
+                                          r"permissions or remove it$"):
+        verify._rows(str(label))
+    monkeypatch.setattr(builtins, "open", real)
+    label.write_bytes(b"\xff\xfe0 0.5")
+    with pytest.raises(SampleError, match="it must be UTF-8 text"):
+        verify._rows(str(label))

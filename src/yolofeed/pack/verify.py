@@ -205,8 +205,11 @@ def _rows(lb_file: str, rules: LabelRules = LABEL_RULES) -> list[list[str]] | No
     try:
         with open(lb_file, encoding=rules.encoding) as f:
             lines = f.read().strip().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise SampleError(f"cannot read label file {lb_file} ({e}); it must be UTF-8 text") from None
+    except OSError as e:  # permissions, a folder or a FIFO with a label's name, an I/O error
+        raise SampleError(f"cannot read label file {lb_file} ({e.strerror or e}); check its permissions or remove "
+                          "it") from None
     return [x.split() for x in lines if (x.strip() if rules.blank_lines else x)]
 
 
