@@ -182,3 +182,22 @@ def test_an_option_the_run_would_refuse_is_refused_by_with_options_in_one_line(o
     with pytest.raises(ConfigError) as e:
         FastDetectionTrainer.with_options(**options)
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.slow
+def test_a_resume_whose_dataset_moved_says_how_to_give_it_again(synth_root, tmp_path, capsys):
+    """Its yaml recorded in last.pt is gone: the one line says data= may name it again, as Ultralytics' resume
+    takes it (was: only "does not exist")."""
+    import shutil
+
+    from yolofeed.cli import main
+
+    shutil.copytree(synth_root, tmp_path / "ds", ignore=shutil.ignore_patterns("yolofeed-packs"))
+    yaml_file = tmp_path / "ds" / "data.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace(str(synth_root), str(tmp_path / "ds")))
+    last = _stopped_run(yaml_file, tmp_path / "runs", "moved")
+    (tmp_path / "ds").rename(tmp_path / "ds2")
+    assert main(["train", f"resume={last}"]) == 1
+    err = capsys.readouterr().err
+    assert f"data={yaml_file}: '{yaml_file}' does not exist. This is the data yaml last.pt recorded; where the " \
+           f"dataset moved, give its yaml again: yolofeed train resume={last} data=NEW.yaml" in err

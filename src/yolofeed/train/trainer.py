@@ -238,7 +238,15 @@ class FastTrainer(SyncFreeStep):
             DatasetError: the data yaml or a split is unusable.
             PackError: see ``check_splits``.
         """
-        data = check_data_yaml(self.args.data, self.args.split)
+        try:
+            data = check_data_yaml(self.args.data, self.args.split)
+        except DatasetError as e:
+            if resuming(self) and not Path(str(self.args.data)).expanduser().is_file():  # a dataset moved since
+                raise DatasetError(f"{e}. This is the data yaml {Path(str(self.args.model)).name} recorded; where the "
+                                   "dataset moved, give its yaml again: "
+                                   f"{shlex.join(['yolofeed', 'train', f'resume={self.args.model}', 'data=NEW.yaml'])}"
+                                   " (in Python: train(resume=True, data=...))") from None
+            raise
         if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
             check_task_data(self.args.model, self.args.task, self.args.data)
         if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons
