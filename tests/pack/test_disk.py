@@ -57,6 +57,9 @@ def test_only_yolofeeds_own_temporary_files_are_swept(dataset, tmp_path, caplog)
     assert not any((folder / name).exists() for name in dead)
     assert "removed .train.yfpack.tmp-4-0123abcd" in caplog.text
     assert f"left {folder / '.train.yfpack.tmp-1-deadbeef'} alone (a regular file)" in caplog.text
+    with caplog.at_level(logging.INFO):  # the val split's build in the same folder: said once a process
+        open_or_build(yaml_file, "val", 64, "raw", out=out, rebuild="auto", workers=1, progress=False)
+    assert caplog.text.count(f"left {folder / '.train.yfpack.tmp-1-deadbeef'} alone") == 1
 
 
 # -- no POSIX: fcntl, posix_fallocate, pwrite and fdatasync hidden, as on Windows --------------------------------------

@@ -167,10 +167,15 @@ class Disk:
                 LOGGER.info(f"pack: removed {stale.name} ({size / 1e6:,.0f} MB), left by a build that did not "
                             "finish")
         for other in others:
+            if other in _SAID_ALONE:  # said once a process: each split's build looks at the same folder
+                continue
+            _SAID_ALONE.add(other)
             LOGGER.info(f"pack: left {other} alone ({files.describe(other)}): it is named as a yolofeed temporary "
                         "file, but yolofeed did not write it (an older yolofeed did, or another program); delete it "
                         "yourself if nothing needs it")
 
+
+_SAID_ALONE: set[Path] = set()  # the files remove_leftovers has said it left alone
 
 _CURRENT: list[Disk] = [Disk()]
 
