@@ -36,7 +36,9 @@ def test_values_are_typed_like_ultralytics():
 
 @pytest.mark.parametrize("args, words", [
     (["data=x.yaml", "imgsize=320"], ["imgsize", "Did you mean 'imgsz'"]),
-    (["data=x.yaml", "imgsz=big"], ["imgsz=big", "int"]),
+    (["data=x.yaml", "imgsz=big"], ["imgsz=big: expected a whole number"]),
+    (["data=x.yaml", "imgsz=[640,480]"], ["imgsz=[640,480]: expected a whole number"]),  # was Python's "invalid
+    # literal for int() with base 10"
     (["data=x.yaml", "format=png"], ["raw", "jpeg"]),
     (["imgsz=320"], ["needs data="]),
     (["data"], ["not key=value"]),

@@ -78,10 +78,13 @@ def parse_value(text: str, annotation: str) -> typing.Any:
         if low in ("false", "0", "no"):
             return False
         raise ValueError("expected True or False")
-    if base == "int":
-        return int(text)
-    if base == "float":
-        return float(text)
+    try:
+        if base == "int":
+            return int(text)
+        if base == "float":
+            return float(text)
+    except ValueError:
+        raise ValueError("expected a whole number" if base == "int" else "expected a number") from None
     return text
 
 
@@ -162,7 +165,7 @@ def build_config(command: str, args: list[str]) -> typing.Any:
         try:
             value = parse_value(text.strip(), str(f.type))
         except ValueError as e:
-            raise ConfigError(f"{name}={text}: {e} (the key is {f.type})") from None
+            raise ConfigError(f"{name}={text}: {e}") from None
         choices = choices_of(f)
         if choices and value not in choices:
             raise ConfigError(f"{name}={text}: expected one of {', '.join(choices)}")
