@@ -234,7 +234,7 @@ def _check_values(lb: np.ndarray, lb_file: str, nc: int, rules: LabelRules = LAB
 
 
 def _values(values: np.ndarray, first: int = 4) -> str:
-    """The first values of a label file's offending ones as its text wrote them (float32's -0.1, not
+    """The first of a label file's offending values as its text wrote them (-0.1, not float32's
     -0.10000000149011612)."""
     return ", ".join(f"{float(v):.7g}" for v in np.asarray(values).ravel()[:first])
 
