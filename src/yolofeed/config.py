@@ -108,7 +108,7 @@ class TrainConfig:
                              "yolofeed.yaml; one given again wins")
     pack_format: str = key(DEFAULT_PACK_FORMAT, "pack format", PACK_FORMATS)
     pack_rebuild: str = key("auto", "auto: build missing or stale packs first; check: also compare the label files' "
-                            "contents; never: refuse them", ("auto", "check", "always", "never"))
+                            "contents; always: rebuild them; never: refuse them", ("auto", "check", "always", "never"))
     pack_dir: str | None = key(None, "folder for the packs: each data yaml, format and imgsz gets a folder of its own "
                                "in it, <yaml stem>-<format>-<imgsz> (a second yaml of that name <yaml stem>-<hash of "
                                "its path>-<format>-<imgsz>); default <data yaml folder>/yolofeed-packs")
@@ -122,7 +122,7 @@ class TrainConfig:
                         "3-7 s a size, which stock pays inside its first epoch); False: inside it, as stock")
     validate_beside: bool = key(True, "on one CUDA GPU, run each validation in a thread of its own whose cuDNN set-up "
                                 "for every validation's batch shapes is paid during the first epoch (the same "
-                                "calls, metrics and files; the final validation 4-6 s sooner); False: in the "
+                                "calls, metrics and files; the final validation about 4 s sooner); False: in the "
                                 "training thread, as stock")
     val_overlap: bool = key(False, "with validate_beside: each epoch's validation runs while the next epoch trains, "
                             "on a copy of the EMA; its results.csv row, checkpoints and on_fit_epoch_end come at "

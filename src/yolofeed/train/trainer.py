@@ -710,7 +710,8 @@ class FastTrainer(SyncFreeStep):
         ``labels`` and ``polygon_points``: the most labels an image has and points a polygon has, for the memory
         line (``PartnerPool.nbytes``)."""
         size = options.partner_pool_size(self.partner_pool)
-        if size == "auto":
+        given = size != "auto"
+        if not given:
             size = ultralytics_capacity(n_images, batch_size)
         if size == 0:
             LOGGER.info("yolofeed: partner_pool=0, mosaic/MixUp/CutMix partners come from the batch itself")
@@ -718,8 +719,9 @@ class FastTrainer(SyncFreeStep):
         pool = PartnerPool(size, batch_size + 1)  # the sampler's last batch may hold one image more
         if RANK in (-1, 0):
             gb = pool.nbytes(imgsz, labels, polygon_points) / 1e9
-            LOGGER.info(f"yolofeed: mosaic/MixUp/CutMix partners from the last {pool.keep} images loaded, as "
-                        f"Ultralytics' buffer ({gb:.2f} GB of GPU memory; partner_pool=N for fewer)")
+            how = f"partner_pool={size}" if given else "as Ultralytics' buffer"
+            LOGGER.info(f"yolofeed: mosaic/MixUp/CutMix partners from the last {pool.keep} images loaded, {how} "
+                        f"({gb:.2f} GB of GPU memory; partner_pool=N for fewer)")
         return pool
 
     def _new_augment(self) -> GpuAugment:
