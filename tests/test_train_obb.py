@@ -207,3 +207,32 @@ def test_obb_training_uses_the_counts_read_ahead_and_they_are_right(obb_dataset,
                                    verbose=False, val=False)
     assert calls["measured"] == 2 and calls["counted"] >= 2  # the first two batches: before the anchors are known
     assert checks == [True, True]
+
+
+@pytest.mark.parametrize("model, task", [("yolo11n-obb.yaml", "obb"), ("yolo11n-seg.yaml", "segment")])
+def test_files_ultralytics_would_not_skip_refuse_the_run_wherever_they_are(segment_root, obb_root, tmp_path, model,
+                                                                          task):
+    """A file of box rows that is not the first of a segment or OBB set (Ultralytics refuses the whole run on it), and
+    an OBB set's outline of 8 points (Ultralytics fits a rotated box to it): the pack skips those files, and the run
+    trained on the rest, exit 0 (an OBB model on a segment set: 2 of 16 images). Now it is refused before the first
+    step, naming the first such file and the report."""
+    from ultralytics import YOLO
+
+    from helpers import copy_dataset
+    from yolofeed import FastOBBTrainer, FastSegmentationTrainer
+    from yolofeed.errors import DatasetError
+
+    def last_file_holds(name: str, rows: str) -> Path:  # not the first file: the up-front look passes it
+        root = copy_dataset(segment_root if task == "segment" else obb_root, tmp_path / name)
+        sorted((root / "labels" / "train").glob("*.txt"))[-1].write_text(rows)
+        return root
+
+    cases = [last_file_holds("boxed", "0 0.5 0.5 0.2 0.2\n")]
+    if task == "obb":  # an outline of 8 points
+        cases.append(last_file_holds("outline", "0 0.3 0.2 0.5 0.1 0.7 0.2 0.8 0.4 0.7 0.6 0.5 0.7 0.3 0.6 0.2 0.4\n"))
+    trainer = FastOBBTrainer if task == "obb" else FastSegmentationTrainer
+    for root in cases:
+        with pytest.raises(DatasetError, match=r"image\(s\) of split 'train' were skipped where Ultralytics would "
+                                               r"not skip them \(each listed in .*train\.report\.txt\); the first: "):
+            YOLO(model).train(trainer=trainer, data=str(root / "data.yaml"), project=str(tmp_path / "runs"),
+                              name=root.name, **TINY)

@@ -233,6 +233,18 @@ def _check_values(lb: np.ndarray, lb_file: str, nc: int, rules: LabelRules = LAB
                           f"(classes 0-{nc - 1}); fix the label, or add the class to the yaml's names")
 
 
+# Words of the skip reasons for files Ultralytics would not skip: it refuses the whole run on them, or trains them
+# otherwise (an OBB polygon of other than 4 corners). A pack built with such skips is not stock's data: training
+# refuses it (``not_stock_skips``), where stock would have refused the run or trained on those images.
+WHOLE_RUN = "Ultralytics refuses the whole run on such a file"
+FITTED_BY_STOCK = "yolo train fits a rotated box to such a polygon"
+
+
+def not_stock_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The skipped files (file, reason) that Ultralytics would not have skipped (``WHOLE_RUN``, ``FITTED_BY_STOCK``)."""
+    return [(f, r) for f, r in skipped if WHOLE_RUN in r or FITTED_BY_STOCK in r]
+
+
 def _values(values: np.ndarray, first: int = 4) -> str:
     """The first of a label file's offending values as its text wrote them (-0.1, not float32's
     -0.10000000149011612)."""
@@ -369,14 +381,13 @@ def read_obb_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
         what = (f"pose rows (class, box and {kpt_shape[0]} keypoints)" if pose_rows
                 else "box rows of 5 columns (class x y w h)")
         raise SampleError(f"{lb_file} holds {what}; OBB labels require 9 columns each "
-                          "(class x1 y1 x2 y2 x3 y3 x4 y4: the 4 corners): Ultralytics refuses the whole run on such a "
-                          "file ('Please supply an OBB dataset, not a detect dataset'); convert the rows or pack the "
-                          "yaml with task=detect")
+                          f"(class x1 y1 x2 y2 x3 y3 x4 y4: the 4 corners): {WHOLE_RUN} ('Please supply an OBB "
+                          "dataset, not a detect dataset'); convert the rows or pack the yaml with task=detect")
     if any(len(p) != 4 for p in segments):
         n = next(len(p) for p in segments if len(p) != 4)
         raise SampleError(f"{lb_file} has a polygon of {n} points; OBB labels require 9 columns each (class and the 4 "
-                          "corners x1 y1 ... x4 y4 of the rotated box): yolo train fits a rotated box to such a "
-                          "polygon (its minimum-area rectangle, after each augmentation), yolofeed moves 4 corners; "
+                          f"corners x1 y1 ... x4 y4 of the rotated box): {FITTED_BY_STOCK} (its minimum-area "
+                          "rectangle, after each augmentation), yolofeed moves 4 corners; "
                           "write each object's 4 corners, or train this dataset with yolo train")
     corners = np.stack(segments) if segments else np.zeros((0, 4, 2), np.float32)
     return np.ascontiguousarray(lb), np.ascontiguousarray(corners, dtype=np.float32), notes
@@ -407,9 +418,8 @@ def read_segment_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     lb, segments, notes = read_detect_labels(lb_file, nc, rules, kpt_shape)
     if len(lb) and not segments:
         raise SampleError(f"{lb_file} holds box rows of 5 columns (class x y w h); segment labels require a polygon "
-                          "each (class x1 y1 x2 y2 x3 y3 ...: 3 points or more): Ultralytics refuses the whole run on "
-                          "such a file ('Please supply a segment dataset, not a detect dataset'); convert the rows or "
-                          "pack the yaml with task=detect")
+                          f"each (class x1 y1 x2 y2 x3 y3 ...: 3 points or more): {WHOLE_RUN} ('Please supply a "
+                          "segment dataset, not a detect dataset'); convert the rows or pack the yaml with task=detect")
     return np.ascontiguousarray(lb), segments, notes
 
 

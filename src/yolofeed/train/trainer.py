@@ -52,7 +52,9 @@ from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
+from yolofeed.pack.report import report_path
 from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
+from yolofeed.pack.verify import not_stock_skips
 from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
@@ -284,6 +286,9 @@ class FastTrainer(SyncFreeStep):
         pack = self._pack(self._split_of(dataset_path), rank)
         if mode == "train" and pack.header["counts"]["label_files"] == 0:  # Ultralytics raises here too
             raise DatasetError(no_labels(pack, training=True))
+        if unlike := not_stock_skips(pack.header["skipped"]):  # stock refuses the run on them, or trains them
+            raise DatasetError(f"{len(unlike)} image(s) of split '{pack.split}' were skipped where Ultralytics would "
+                               f"not skip them (each listed in {report_path(pack.path)}); the first: {unlike[0][1]}")
         if self.args.single_cls and rank in (-1, 0):
             _warn_single_cls_gap(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
