@@ -298,6 +298,16 @@ def test_a_window_below_one_step_is_refused_before_any_mode_runs(synth_root, tmp
     assert not (tmp_path / "bench.json").exists()
 
 
+@pytest.mark.parametrize("modes", [",", " , "])
+def test_modes_naming_no_mode_is_one_line_before_any_mode_runs(synth_root, tmp_path, capsys, modes):
+    """Was an UnboundLocalError traceback after "profiling: 0 steps"."""
+    from yolofeed.cli import main
+
+    assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", f"modes={modes}"]) == 1
+    assert f"modes={modes.strip() or modes}: names no mode; choose from " in capsys.readouterr().err
+    assert not (tmp_path / "bench.json").exists()
+
+
 def test_a_mode_failing_in_its_own_process_is_the_benchs_one_line_error(tmp_path, capsys):
     from yolofeed.cli import main
 

@@ -360,7 +360,9 @@ def run(cfg: BenchConfig) -> dict:
     from yolofeed.doctor.report import command_line, writable_folder
     from yolofeed.monitor.system import environment
 
-    modes = [m.strip() for m in cfg.modes.split(",") if m.strip()]
+    modes = list(dict.fromkeys(m.strip() for m in cfg.modes.split(",") if m.strip()))  # a mode twice: once
+    if not modes:
+        raise ConfigError(f"modes={cfg.modes}: names no mode; choose from {', '.join(MODES)}")
     if cfg.whole_run and cfg.modes == WHOLE_RUN_DEFAULT[0]:  # the default's ceiling makes no model: leave it out
         modes = WHOLE_RUN_DEFAULT[1].split(",")
     bad = [m for m in modes if m not in MODES]
