@@ -266,3 +266,25 @@ def test_parity_prepares_the_packs_and_label_caches_of_the_models_task(obb_datas
     assert sorted(p.name for p in (obb_dataset / "yolofeed-packs").iterdir()) == ["data-raw-64-obb"]
     assert sorted(p.name for p in (obb_dataset / "yolofeed-packs" / "data-raw-64-obb").glob("*.yfpack")) == [
         "train.yfpack", "val.yfpack"]
+
+
+def test_out_a_file_or_a_folder_another_parity_holds_is_one_line_before_any_run(synth_root, tmp_path, capsys):
+    """Both were a traceback (FileExistsError) or a silent mix: two comparisons in one out= wrote each other's
+    results.csv rows, each reporting 2 epochs for epochs=1."""
+    from yolofeed.cli import main
+    from yolofeed.pack.lock import FolderLock
+
+    args = ["parity", f"data={synth_root / 'data.yaml'}", "imgsz=64", "device=cpu", "epochs=1", "seeds=1"]
+    (tmp_path / "a_file").write_text("x")
+    assert main([*args, f"out={tmp_path / 'a_file'}"]) == 1
+    err = capsys.readouterr().err
+    assert f"out={tmp_path / 'a_file'}: cannot write in" in err and "pass out= a folder you can write in" in err
+    held = FolderLock(tmp_path / "busy")
+    assert held.try_acquire()  # another comparison's, as its process holds it
+    try:
+        assert main([*args, f"out={tmp_path / 'busy'}"]) == 1
+    finally:
+        held.release()
+    err = capsys.readouterr().err
+    assert f"out={tmp_path / 'busy'}: another yolofeed parity writes in {tmp_path / 'busy'} (" in err
+    assert "wait for it to end, or choose another out=" in err and not (tmp_path / "busy" / "runs").exists()

@@ -325,8 +325,6 @@ def _prepare(cfg: ParityConfig) -> None:
 
 def run(cfg: ParityConfig) -> Summary:
     """Train every (side, seed), print the table and the verdict, write parity.json and parity.png under out=."""
-    from tqdm import tqdm
-
     if cfg.seeds < 1 or cfg.parallel < 1 or cfg.epochs < 1 or cfg.first_seed < 0:
         raise ConfigError(f"seeds={cfg.seeds} parallel={cfg.parallel} epochs={cfg.epochs} first_seed={cfg.first_seed}:"
                           " seeds, parallel and epochs must be at least 1, first_seed at least 0")
@@ -344,8 +342,26 @@ def run(cfg: ParityConfig) -> Summary:
     from yolofeed.train.run import check_model_and_data
 
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # as yolofeed train: before any run
-    out = Path(cfg.out).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from yolofeed.doctor.report import writable_folder
+    from yolofeed.pack.lock import FolderLock
+
+    out = writable_folder(cfg.out)  # before any run: a file in the way or no permission is one line
+    lock = FolderLock(out)
+    if not lock.try_acquire():  # two comparisons in one folder mix their runs' rows and report each other's
+        holder = lock.holder()
+        raise ConfigError(f"out={cfg.out}: another yolofeed parity writes in {out}"
+                          + (f" ({holder.describe()})" if holder else "")
+                          + "; wait for it to end, or choose another out=")
+    try:
+        return _compare(cfg, out)
+    finally:
+        lock.release()
+
+
+def _compare(cfg: ParityConfig, out: Path) -> Summary:
+    """``run``'s runs, table and verdict, with ``out`` checked and held."""
+    from tqdm import tqdm
+
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
                    if hasattr(os, "sched_getaffinity") else list(range(usable_cores())))
     _prepare(cfg)

@@ -315,6 +315,10 @@ class FolderLock:
                 brk.unlink()
 
     # -- the holder record -------------------------------------------------------------------
+    def holder(self) -> Holder | None:
+        """Who holds the lock, as its record says (None: no record, or none readable); read without taking it."""
+        return self._read_holder()
+
     def _read_holder(self) -> Holder | None:
         """The record in the lock file, read by a process that does not hold the lock (never blocking on a FIFO)."""
         return _record_of(files.head(self.path, RECORD_LIMIT))[0]
