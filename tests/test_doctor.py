@@ -116,6 +116,10 @@ def test_findings_that_hold_alongside():
     h200 = replace(FED, n_train=4000, n_val=2000, val_images_per_s=112.2, images_per_s=571.6)
     assert "validation" in [x.rule for x in diagnose(h200)]
     assert "validation" not in [x.rule for x in diagnose(replace(h200, n_val=100))]  # 0.9 s against 7 s: 13 %
+    assert "takes 5.0 s against 6.7 s of training per epoch" in v[1].evidence
+    tiny = diagnose(replace(FED, n_train=16, n_val=8, images_per_s=40, val_images_per_s=20))  # was "0 s against 0 s"
+    said = next(x for x in tiny if x.rule == "validation").evidence
+    assert "takes 400 ms against 400 ms of training per epoch" in said
 
 
 def test_cpu_only_run_says_so():

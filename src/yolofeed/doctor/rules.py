@@ -144,6 +144,14 @@ def _gain(f: Facts) -> str:
     return f"removes the {_pct(f.data_wait)} of each step spent waiting (up to {1 / (1 - f.data_wait):.1f}x)"
 
 
+def _duration(seconds: float) -> str:
+    """Seconds as a reader takes them: milliseconds under 1 s (a small set's validation is not "0 s"), one decimal
+    under 10 s, whole seconds above."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:,.0f} s"
+
+
 T = THRESHOLDS
 Rule = tuple[str, Callable[[Facts], bool], Callable[[Facts], Verdict]]
 
@@ -250,8 +258,8 @@ ALSO: list[Rule] = [
      >= T["validation_share"] * (f.n_train / max(f.images_per_s, 1e-9)),
      lambda f: Verdict("validation", "Validation takes a large share of every epoch",
                        f"one validation pass ({f.n_val:,} images at {f.val_images_per_s:,.0f} img/s) takes "
-                       f"{f.n_val / f.val_images_per_s:.0f} s against {f.n_train / max(f.images_per_s, 1e-9):.0f} s "
-                       "of training per epoch",
+                       f"{_duration(f.n_val / f.val_images_per_s)} against "
+                       f"{_duration(f.n_train / max(f.images_per_s, 1e-9))} of training per epoch",
                        ["yolofeed train val_period=N: validate every N epochs and the last (best.pt is the best "
                         "validated epoch's)",
                         "yolofeed train val_overlap=True (one CUDA GPU): each epoch's validation runs while the next "
