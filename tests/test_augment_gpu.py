@@ -84,6 +84,23 @@ def test_graphed_augment_replays_new_draws_reproducibly(pack):
 
 
 @pytest.mark.gpu
+def test_a_graphed_augment_calls_before_capture_before_each_capture_only(pack):
+    """``before_capture`` (where the trainer waits for a validation running beside the training) runs before each
+    new shape's capture, none underway then, and never before a replay."""
+    from yolofeed.augment.graphs import GraphedAugment
+
+    p160 = pack(160)
+    calls = []
+    aug = GpuAugment(AugmentHyp(imgsz=160, mixup=0.3))
+    a = GraphedAugment(aug, seed=7, before_capture=lambda: calls.append(
+        (a.captured, torch.cuda.is_current_stream_capturing())))
+    full, short = (source_batch(p160, list(range(n)), "cuda") for n in (16, 8))
+    for batch in (full, full, short, full, short):
+        a(batch)
+    assert calls == [(0, False), (1, False)] and a.captured == 2
+
+
+@pytest.mark.gpu
 def test_a_graphed_augment_given_an_earlier_ones_generator_draws_on(pack):
     """The trainer's augmenter made again (close_mosaic, more mask room) takes the old one's generator: its replays
     go on from where the old one's stopped (its capture's warm-up runs take some draws), never from the seed again."""

@@ -95,6 +95,30 @@ def test_a_thread_validating_beside_holds_what_it_logs_hides_its_bar_and_times_o
     bar.close()
 
 
+def test_before_a_capture_the_training_waits_for_the_validation_beside_it_and_counts_the_wait():
+    """A CUDA graph captured in the training thread beside a validation's CUDA calls is invalidated: the trainer's
+    augmenter waits for the validation first (``settle``). Its metrics, or its exception, are still taken at the
+    epoch's end, and the wait counts as waited for it."""
+    from concurrent.futures import Future
+
+    from yolofeed.train.trainer import FastTrainer
+
+    job = overlap.Overlapped(snapshot=None, header="")
+    job.future = Future()
+    threading.Timer(0.1, job.future.set_result, ({"fitness": 1.0},)).start()
+    FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=job))
+    assert job.future.done() and job.settled > 0
+    metrics, waited = job.result()
+    assert metrics == {"fitness": 1.0} and waited >= job.settled
+    failed = overlap.Overlapped(snapshot=None, header="")
+    failed.future = Future()
+    failed.future.set_exception(RuntimeError("validation failed"))
+    failed.settle()  # the error is the epoch end's to raise, with what was not written
+    with pytest.raises(RuntimeError, match="validation failed"):
+        failed.result()
+    FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=None))  # no validation beside: nothing to wait for
+
+
 def test_the_seam_imported_again_after_a_validation_beside_wraps_ultralytics_own_bar_and_timer():
     """validation_beside leaves its wrappers in the validator module: a fresh import of the seam (a test that imports
     yolofeed afresh in a forked child) takes Ultralytics' originals from them, not the wrappers."""

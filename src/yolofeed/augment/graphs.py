@@ -12,6 +12,7 @@ where), and the graph reads the ring and one device scalar, the batch's load pos
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +43,15 @@ class GraphedAugment:
             augmenter continues its sequence.
         pool: where partners come from (each batch is pushed there); None, or an ``aug`` that takes no
             partners: the batch itself.
+        before_capture: called before each capture (a new shape: the first batches, a wider label row, a shorter
+            last batch): the trainer waits there for a validation running beside the training, whose CUDA calls
+            would invalidate the capture.
     """
 
     def __init__(self, aug: GpuAugment, seed: int = 0, device: torch.device | str = "cuda",
-                 pool: PartnerPool | None = None, generator: torch.Generator | None = None):
-        self.aug, self.device = aug, torch.device(device)
+                 pool: PartnerPool | None = None, generator: torch.Generator | None = None,
+                 before_capture: Callable[[], None] | None = None):
+        self.aug, self.device, self.before_capture = aug, torch.device(device), before_capture
         self.pool = pool if aug.needs_partners else None
         if generator is None:
             generator = torch.Generator(device=self.device)
@@ -101,6 +106,8 @@ class GraphedAugment:
         key, width = self._padded(batch)
         cap = self._graphs.get(key)
         if cap is None:
+            if self.before_capture is not None:
+                self.before_capture()
             cap = self._graphs[key] = self._capture(key, width)
         if cap.first is not None:
             cap.first.fill_(first)  # a fill kernel with the host's value: no copy from host memory, no sync

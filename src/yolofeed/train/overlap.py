@@ -50,7 +50,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,12 +122,22 @@ class Overlapped:
     held: list[logging.LogRecord] = field(default_factory=list)
     seconds: float | None = None  # the validation's own time, on its thread
     ended: float | None = None  # when it ended (time.time()): the results.csv row's time
+    settled: float = 0.0  # seconds the training waited for it before a CUDA graph capture (``settle``)
+
+    def settle(self) -> None:
+        """Wait for the validation to end, leaving its result (and exception) to ``result``: the training thread is
+        about to capture a CUDA graph, and a capture beside this thread's CUDA calls is invalidated
+        (cudaErrorStreamCaptureInvalidated, in the capture's thread_local mode too)."""
+        t0 = time.perf_counter()
+        wait([self.future])
+        self.settled += time.perf_counter() - t0
 
     def result(self) -> tuple[dict, float]:
-        """The validation's metrics and the seconds the caller waited for them; its exception, raised here."""
+        """The validation's metrics and the seconds the training waited for them (``settle``'s included); its
+        exception, raised here."""
         t0 = time.perf_counter()
         metrics = self.future.result()
-        return metrics, time.perf_counter() - t0
+        return metrics, self.settled + time.perf_counter() - t0
 
     def print_held(self) -> None:
         """The validator's lines, in the training thread, under one that names the epoch they are of."""

@@ -313,6 +313,7 @@ class FastTrainer(SyncFreeStep):
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz, table.width,
                                             table.polygon_width)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
+                self._settle_overlapped()  # the step's graph is captured again at the new size, not beside it
                 graphed.drop_stale(self, batch_size)
             self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
@@ -550,6 +551,12 @@ class FastTrainer(SyncFreeStep):
         self._holding = True  # with no epoch overlapped: the loop's row, checkpoints and callbacks of this one, none
         return self.metrics, None
 
+    def _settle_overlapped(self) -> None:
+        """Before a CUDA graph capture in the training thread: wait for the epoch validated beside this one, if any
+        (``Overlapped.settle``); it is still ended at this epoch's end."""
+        if self._overlapped is not None and self._overlapped.future is not None:
+            self._overlapped.settle()
+
     def _end_overlapped_epoch(self) -> None:
         """Wait for the epoch validated beside this one (usually ended by now), print its lines and end it as the
         loop would have (``seam.end_epoch_late``): its row, early stopping's check, its checkpoints, its callbacks."""
@@ -773,7 +780,8 @@ class FastTrainer(SyncFreeStep):
             if self.device.type == "cuda":
                 from yolofeed.augment.graphs import GraphedAugment
 
-                self._augment = GraphedAugment(aug, generator=self._generator, device=self.device, pool=self._pool)
+                self._augment = GraphedAugment(aug, generator=self._generator, device=self.device, pool=self._pool,
+                                               before_capture=self._settle_overlapped)
             else:
                 gen, pool = self._generator, self._pool
                 self._augment = lambda b: aug(b, gen, pool)
