@@ -494,3 +494,38 @@ def test_step_phases_are_marked_in_order_and_a_compiled_graph_stays_whole(compil
     trainer.scaler.scale(trainer.model(torch.zeros(1, 3, 8, 8)).sum())
     trainer.optimizer_step()
     assert marks == ["step"]
+
+
+def test_the_callbacks_that_read_each_epoch_as_it_ends_are_all_but_ultralytics_idle_ones_and_yolofeeds():
+    """val_overlap's default overlaps no epoch whose end a logger or a user's callback reads (``epoch_readers``).
+    Ultralytics' empty defaults and its Platform's callbacks, which return at once without a session (checked here
+    under the installed release), are not readers; yolofeed's own are not either."""
+    from types import SimpleNamespace
+
+    from ultralytics.utils import callbacks as ultralytics_callbacks
+
+    class FakeTrainer:  # add_integration_callbacks adds the Platform's to a "Trainer"
+        pass
+
+    trainer = FakeTrainer()
+    trainer.callbacks = ultralytics_callbacks.get_default_callbacks()
+    ultralytics_callbacks.add_integration_callbacks(trainer)
+    platform = [fn for event in seam.LATE_EVENTS for fn in trainer.callbacks[event]
+                if fn.__module__.endswith(".platform")]
+    assert platform  # the release adds them to every trainer
+    for fn in platform:
+        assert fn(SimpleNamespace()) is None  # no trainer.platform: it returns before reading the trainer
+    installed = {fn.__module__ for event in seam.LATE_EVENTS for fn in trainer.callbacks[event]}
+    loggers = sorted(m for m in installed if m.rsplit(".", 1)[-1] not in ("base", "platform"))
+    assert seam.epoch_readers(trainer) == [f"{m.rsplit('.', 1)[-1]}.{fn.__name__}" for event in seam.LATE_EVENTS
+                                           for fn in trainer.callbacks[event] if fn.__module__ in loggers]
+
+    def mine(t):  # a user's logger
+        pass
+
+    trainer.callbacks["on_fit_epoch_end"] += [mine, mine, seam.could_stop]  # named once; yolofeed's is not a reader
+    assert seam.epoch_readers(trainer)[-1:] == ["test_seam.mine"]
+    trainer.platform = {"console_logger": None}  # a run with a Platform session: its loggers read each epoch
+    assert {"platform.on_fit_epoch_end", "platform.on_model_save"} <= set(seam.epoch_readers(trainer))
+    with pytest.raises(UltralyticsError, match="trainer.callbacks"):
+        seam.epoch_readers(SimpleNamespace())

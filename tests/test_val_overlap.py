@@ -21,15 +21,20 @@ TINY = dict(imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=T
 
 # -- the rules, on stand-ins -----------------------------------------------------------------------------------------
 def _trainer(epoch=1, epochs=5, possible_stop=False, stop=False, best_epoch=0, patience=100, time=None, loss=1.0,
-             ema_value=0.5):
+             ema_value=0.5, val_overlap=None, callbacks=None):
     ema = SimpleNamespace(ema=torch.nn.Linear(2, 2), updates=7)
     with torch.no_grad():
         ema.ema.weight.fill_(ema_value)
     return SimpleNamespace(epoch=epoch, epochs=epochs, stop=stop, args=SimpleNamespace(time=time),
+                           val_overlap=val_overlap, callbacks={"on_fit_epoch_end": list(callbacks or [])},
                            stopper=SimpleNamespace(possible_stop=possible_stop, best_epoch=best_epoch,
                                                    patience=patience),
                            device=torch.device("cpu"), ema=ema, loss=torch.tensor([loss]), tloss=torch.tensor([1.0]),
                            loss_items={"box": torch.ones(1)}, lr={"lr/pg0": 0.01})
+
+
+def _logger(trainer):
+    pass
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -43,6 +48,11 @@ def _trainer(epoch=1, epochs=5, possible_stop=False, stop=False, best_epoch=0, p
     ({"time": 0.5}, "time= counts the epochs from their times"),
     ({"loss": float("nan")}, "the loss or the EMA is not finite"),
     ({"ema_value": float("inf")}, "the loss or the EMA is not finite"),
+    # by default, none whose end a callback reads as it ends (a logger's, a user's); with val_overlap=True, late
+    ({"callbacks": [_logger]}, "test_val_overlap._logger reads each epoch as it ends; val_overlap=True runs such "
+                               "callbacks an epoch late"),
+    ({"callbacks": [_logger], "val_overlap": True}, None),
+    ({"callbacks": [overlap.reason_not]}, None),  # yolofeed's own
 ])
 def test_an_epoch_is_overlapped_only_where_that_changes_nothing_but_when(case, expected):
     assert overlap.reason_not(_trainer(**case), largest_batch=16, per_image=0.0) == expected
@@ -206,14 +216,26 @@ def test_an_epoch_ended_late_is_ended_as_the_loop_ends_it_with_its_own_state():
     assert trainer.fitness == 0.4 and trainer.best_fitness == 0.4 and trainer.metrics == {"mAP": 0.5}
 
 
-def test_val_overlap_is_an_option_off_by_default_recorded_for_a_resume():
+def test_val_overlap_is_an_option_decided_by_the_run_by_default_recorded_for_a_resume(tmp_path):
     from yolofeed import FastDetectionTrainer
+    from yolofeed.cli import build_config
     from yolofeed.errors import ConfigError
     from yolofeed.train import options
 
-    assert "val_overlap" in options.OPTIONS and FastDetectionTrainer.val_overlap is False
-    with pytest.raises(ConfigError, match="val_overlap='yes'"):
+    assert "val_overlap" in options.OPTIONS and FastDetectionTrainer.val_overlap is None
+    for value in (None, True, False):
+        assert FastDetectionTrainer.with_options(val_overlap=value).val_overlap is value
+        options.record(tmp_path, {"val_overlap": value})
+        recorded = options.read(tmp_path / options.FILE)
+        options.check(recorded, "yolofeed.yaml")
+        assert recorded["val_overlap"] is value
+    with pytest.raises(ConfigError, match=r"val_overlap='yes'.*or None"):
         FastDetectionTrainer.with_options(val_overlap="yes")
+    with pytest.raises(ConfigError, match="warm_up=None: expected True or False$"):
+        FastDetectionTrainer.with_options(warm_up=None)  # the other switches take no None
+    assert build_config("train", ["val_overlap"]).val_overlap is True  # a bare word, as a bool key's
+    assert build_config("train", ["val_overlap=None"]).val_overlap is None
+    assert build_config("train", ["val_overlap=False"]).val_overlap is False
 
 
 # -- whole runs, on the CPU through the validation thread --------------------------------------------------------------
@@ -316,6 +338,20 @@ def test_an_overlapped_run_writes_what_a_waited_one_writes(synth_root, tmp_path,
     assert sorted(model.trainer.val_overlapped) == [1, 2, 3]  # the last epoch is validated in place
     for epoch in (1, 2, 3):
         assert f"epoch {epoch}'s validation, run while epoch {epoch + 1} trained:" in caplog.text
+
+
+@pytest.mark.slow
+def test_by_default_a_run_whose_callbacks_read_each_epoch_as_it_ends_validates_in_place_and_says_why(
+        synth_root, tmp_path, caplog):
+    """val_overlap's default (None): this run's own on_model_save and on_fit_epoch_end read each epoch as it ends, so
+    no epoch is overlapped, and one line names them and the key that would run them late."""
+    caplog.set_level(logging.INFO)
+    model, saved, ends, rows = _run(synth_root, tmp_path, "default", None, epochs=3)
+    assert model.trainer.val_overlapped is None and len(rows) == 3 and [e for e, _ in ends] == [0, 1, 2, 3]
+    said = [r.getMessage() for r in caplog.records if "read each epoch as it ends" in r.getMessage()]
+    assert said == ["yolofeed: epoch 1 is validated before the next starts (test_val_overlap.<lambda>, "
+                    "test_val_overlap.on_model_save read each epoch as it ends; val_overlap=True runs such callbacks an "
+                    "epoch late)"]
 
 
 @pytest.mark.slow

@@ -127,6 +127,14 @@ SECTIONS = {s.name: s for s in (
         "> $OUT/gpu_tests_overlap.txt 2>&1 &", *whole_run("auto", 540, "stock,yolofeed,yolofeed_val_overlap")[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 540, "stock,yolofeed,yolofeed_val_overlap")[2:])),
+    Section("whole-run-default", "The whole run", "nvidia-h200", 1, 8, (
+        # val_overlap's GPU tests (a capture waits for the validation beside it) beside the CPU-bound synth and pack,
+        # then the whole run as a user gets it: val_overlap's default
+        "timeout 240 python3 -m pytest -q -m gpu tests/test_val_overlap.py tests/test_augment_gpu.py -k "
+        "'overlap or before_capture' -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_overlap.txt 2>&1 &",
+        *whole_run("auto", 440)[:2],
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
+        *whole_run("auto", 440)[2:])),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
         "| tee $OUT/optimizer_phase.txt",

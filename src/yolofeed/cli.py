@@ -108,7 +108,7 @@ def _passthrough_value(name: str, text: str) -> typing.Any:
 def _bare_word(name: str, fields: dict, passthrough: str | None) -> str | bool | None:
     """What a word without '=' means, as in Ultralytics' CLI: True for a bool key (and 'resume'), else None."""
     if name in fields:
-        return "True" if str(fields[name].type) == "bool" or name in BARE_TRUE else None
+        return "True" if str(fields[name].type) in ("bool", "bool | None") or name in BARE_TRUE else None
     if passthrough:
         from yolofeed.ultralytics_seam import DEFAULT_CFG_DICT
 

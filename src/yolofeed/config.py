@@ -124,13 +124,17 @@ class TrainConfig:
                                 "for every validation's batch shapes is paid during the first epoch (the same "
                                 "calls, metrics and files; the final validation about 4 s sooner); False: in the "
                                 "training thread, as stock")
-    val_overlap: bool = key(False, "with validate_beside: each epoch's validation runs while the next epoch trains, "
-                            "on a copy of the EMA; its results.csv row, checkpoints and on_fit_epoch_end come at "
-                            "the next epoch's end (the same metrics and files, written an epoch later; a logger "
-                            "that writes at on_train_epoch_end, as Weights & Biases' training losses, pairs them "
-                            "with the epoch before's metrics). Validated in place: the last epoch, any early "
-                            "stopping may end the run after, and any where free GPU memory would not hold the "
-                            "validation's largest batch at a training pass's peak per image beside the training")
+    val_overlap: bool | None = key(None, "with validate_beside: each epoch's validation runs while the next epoch "
+                                   "trains, on a copy of the EMA; its results.csv row, checkpoints and "
+                                   "on_fit_epoch_end come at the next epoch's end (the same metrics and files, written "
+                                   "an epoch later; a killed run resumes an epoch further back). None (default): on, "
+                                   "except where a callback reads each epoch as it ends (an Ultralytics logger, "
+                                   "Weights & Biases, MLflow, ..., or one of yours); True: those run an epoch late (a "
+                                   "logger that writes at on_train_epoch_end, as Weights & Biases' training losses, "
+                                   "pairs them with the epoch before's metrics); False: each validation waited for. "
+                                   "Validated in place: the last epoch, any early stopping may end the run after, and "
+                                   "any where free GPU memory would not hold the validation's largest batch at a "
+                                   "training pass's peak per image beside the training")
     batched_val_metrics: bool = key(True, "a detection validation gathers its statistics for a whole batch at once "
                                     "(one IoU and one copy to the host; the same statistics and metrics); False: "
                                     "image by image, as stock")
@@ -209,7 +213,8 @@ class BenchConfig(MeasuredRunConfig):
                      "one batch ahead), yolofeed_nopool (mosaic partners from the batch itself, partner_pool=0), "
                      "yolofeed_val_inline (validate_beside=False: validations in the training thread, as "
                      "stock; with whole_run), yolofeed_val_overlap (val_overlap=True: each epoch's validation "
-                     "beside the next epoch; with whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' "
+                     "beside the next epoch; with whole_run), yolofeed_val_waited (val_overlap=False: each waited "
+                     "for, in its own thread; with whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' "
                      "own step and loss: what yolofeed's sync-free step and loss add)")
     # the step's options, as yolofeed train takes them: for the yolofeed modes and the ceiling (stock: Ultralytics')
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)

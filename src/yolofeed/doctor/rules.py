@@ -262,8 +262,9 @@ ALSO: list[Rule] = [
                        f"{_duration(f.n_train / max(f.images_per_s, 1e-9))} of training per epoch",
                        ["yolofeed train val_period=N: validate every N epochs and the last (best.pt is the best "
                         "validated epoch's)",
-                        "yolofeed train val_overlap=True (one CUDA GPU): each epoch's validation runs while the next "
-                        "epoch trains, the same metrics and files written an epoch later",
+                        "yolofeed train (one CUDA GPU) runs each epoch's validation while the next epoch trains, the "
+                        "same metrics and files written an epoch later (val_overlap; where a logger reads each epoch "
+                        "as it ends, val_overlap=True)",
                         "or val=False while training and validate the final weights (yolo val), or use a smaller "
                         "validation split"], bottleneck=False)),
     ("logging",

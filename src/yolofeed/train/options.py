@@ -32,6 +32,7 @@ OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_
            "fast_musgd", "graphed_step", "half_input", "monitor")
 SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "batched_val_metrics", "sync_free_step",
             "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
+AUTO = ("val_overlap",)  # switches whose None (the default) the run decides
 REBUILDS = ("auto", "check", "always", "never")
 MASK_ROOM_MOST = 64  # mask_room's largest: the rasteriser's slots grow with it (memory a batch)
 
@@ -59,8 +60,9 @@ def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:
                           "segment mask rasteriser's slots in multiples of its default; a run doubles it after an "
                           "overflow)")
     for name in SWITCHES:  # the string "False" would be True
-        if name in options and not isinstance(options[name], bool):
-            raise ConfigError(f"{where} option {name}={options[name]!r}: expected True or False")
+        if name in options and not isinstance(options[name], bool) and not (name in AUTO and options[name] is None):
+            raise ConfigError(f"{where} option {name}={options[name]!r}: expected True or False"
+                              + (" (or None: the default, decided by the run)" if name in AUTO else ""))
     for name in ("pack_format", "pack_dir"):
         if options.get(name) is not None and not isinstance(options[name], (str, os.PathLike)):
             raise ConfigError(f"{where} option {name}={options[name]!r}: expected a string")

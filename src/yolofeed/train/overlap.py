@@ -198,6 +198,10 @@ def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None
         return "early stopping may stop the run after it"
     if trainer.args.time:
         return "time= counts the epochs from their times"
+    readers = seam.epoch_readers(trainer) if trainer.val_overlap is None else []
+    if readers:
+        return (f"{', '.join(readers)} read{'s' if len(readers) == 1 else ''} each epoch as it ends; val_overlap=True "
+                "runs such callbacks an epoch late")
     device = trainer.device
     ema = seam.trainer_ema(trainer).ema.state_dict().values()
     if device.type == "cuda" and per_image:  # the validation's passes, and the copies kept for an epoch

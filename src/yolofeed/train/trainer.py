@@ -24,9 +24,10 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
 * On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
   for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
-  waits for each, as for its own. With ``val_overlap`` (off by default) an epoch's validation runs there while the next
-  epoch trains, and its row, checkpoints and ``on_fit_epoch_end`` come at that epoch's end (train/overlap.py): the
-  overrides of ``save_metrics`` and ``run_callbacks`` hold them.
+  waits for each, as for its own. With ``val_overlap`` (on by default where no logger or callback of the user's reads
+  each epoch as it ends) an epoch's validation runs there while the next epoch trains, and its row, checkpoints and
+  ``on_fit_epoch_end`` come at that epoch's end (train/overlap.py): the overrides of ``save_metrics`` and
+  ``run_callbacks`` hold them.
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class FastTrainer(SyncFreeStep):
     warm_up_parts: dict[str, float] | None = None  # and its parts (warmup.warm_up's ``parts``)
     validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
-    val_overlap: bool = False  # with validate_beside: an epoch's validation runs while the next trains (overlap.py)
+    # with validate_beside: an epoch's validation runs while the next trains (overlap.py); None: where no callback but
+    # Ultralytics' idle ones and yolofeed's reads each epoch as it ends (seam.epoch_readers)
+    val_overlap: bool | None = None
     batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
     mask_room: int = 1  # segment: the mask rasteriser's slots, in multiples of its own; doubled after an overflow
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
@@ -516,7 +519,7 @@ class FastTrainer(SyncFreeStep):
     def _validate_beside_next(self) -> bool:
         """Start this epoch's validation in the validation thread, on a snapshot of the EMA, and return at once (True);
         False where it cannot (``overlap.reason_not``: said once a reason) or without ``val_overlap``."""
-        if not self.val_overlap or self._validations is None or not self._validations.alive:
+        if self.val_overlap is False or self._validations is None or not self._validations.alive:
             return False
         loader = validation_loader(self)
         largest = max((n for n, _, _ in loader_shapes(loader)), default=int(getattr(loader, "batch_size", 0) or 1))

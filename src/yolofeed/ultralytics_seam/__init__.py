@@ -215,7 +215,7 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "checkpoint_states", "could_stop", "end_epoch_late", "epoch_end_state", "stop_asked", "trainer_ema",
+    "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked", "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",
     "validating_beside", "validator_view", "validation_beside",
     "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
@@ -825,6 +825,37 @@ def run_first(trainer: Any, event: str, fn: Callable[[Any], None]) -> None:
     if not isinstance(callbacks, dict):
         raise _missing("trainer.callbacks (a dict of lists)", "yolofeed orders its callbacks in")
     callbacks.setdefault(event, []).insert(0, fn)
+
+
+# the events an epoch validated beside the next runs an epoch late (``end_epoch_late``), and the one at which the next
+# epoch's losses reach the callbacks meanwhile
+LATE_EVENTS = ("on_train_epoch_end", "on_fit_epoch_end", "on_model_save")
+# Ultralytics' callbacks that do nothing in a run without a session of theirs: the module, and the trainer's attribute
+# that holds the session (None: they never act, as base's empty defaults). Platform's return at once while
+# ``trainer.platform`` is unset, which it is without an API key (every release of the range).
+_IDLE_CALLBACKS = {"ultralytics.utils.callbacks.base": None, "ultralytics.utils.callbacks.platform": "platform"}
+
+
+def epoch_readers(trainer: Any) -> list[str]:
+    """The callbacks at an epoch's end (``LATE_EVENTS``) that act as it ends, each as ``module.function``: every
+    one but Ultralytics' idle ones (``_IDLE_CALLBACKS``) and yolofeed's own. Ultralytics' loggers (Weights & Biases,
+    MLflow, DVC, ...) are among them where installed and enabled in its settings, and any a user added."""
+    callbacks = getattr(trainer, "callbacks", None)
+    if not isinstance(callbacks, dict):
+        raise _missing("trainer.callbacks (a dict of lists)", "yolofeed's val_overlap looks for loggers in it")
+    readers = []
+    for event in LATE_EVENTS:
+        for fn in callbacks.get(event, ()):
+            module = getattr(fn, "__module__", None) or ""
+            if module.split(".")[0] == "yolofeed":
+                continue
+            if module in _IDLE_CALLBACKS and (_IDLE_CALLBACKS[module] is None
+                                              or not getattr(trainer, _IDLE_CALLBACKS[module], None)):
+                continue
+            name = f"{module.rsplit('.', 1)[-1]}.{getattr(fn, '__name__', type(fn).__name__)}"
+            if name not in readers:
+                readers.append(name)
+    return readers
 
 
 def set_epoch_loss(trainer: Any, items: dict) -> None:
