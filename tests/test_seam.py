@@ -517,8 +517,9 @@ def test_the_callbacks_that_read_each_epoch_as_it_ends_are_all_but_ultralytics_i
         assert fn(SimpleNamespace()) is None  # no trainer.platform: it returns before reading the trainer
     installed = {fn.__module__ for event in seam.LATE_EVENTS for fn in trainer.callbacks[event]}
     loggers = sorted(m for m in installed if m.rsplit(".", 1)[-1] not in ("base", "platform"))
-    assert seam.epoch_readers(trainer) == [f"{m.rsplit('.', 1)[-1]}.{fn.__name__}" for event in seam.LATE_EVENTS
-                                           for fn in trainer.callbacks[event] if fn.__module__ in loggers]
+    assert seam.epoch_readers(trainer) == list(dict.fromkeys(  # the loggers installed and enabled here, if any
+        f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}" for event in seam.LATE_EVENTS
+        for fn in trainer.callbacks[event] if fn.__module__ in loggers))
 
     def mine(t):  # a user's logger
         pass

@@ -350,8 +350,8 @@ def test_by_default_a_run_whose_callbacks_read_each_epoch_as_it_ends_validates_i
     assert model.trainer.val_overlapped is None and len(rows) == 3 and [e for e, _ in ends] == [0, 1, 2, 3]
     said = [r.getMessage() for r in caplog.records if "read each epoch as it ends" in r.getMessage()]
     assert said == ["yolofeed: epoch 1 is validated before the next starts (test_val_overlap.<lambda>, "
-                    "test_val_overlap.on_model_save read each epoch as it ends; val_overlap=True runs such callbacks an "
-                    "epoch late)"]
+                    "test_val_overlap.on_model_save read each epoch as it ends; val_overlap=True runs such callbacks "
+                    "an epoch late)"]
 
 
 @pytest.mark.slow

@@ -215,7 +215,8 @@ def since(first: str) -> bool:
 LABEL_RULES: LabelRules = label_rules(RELEASE)
 
 __all__ = [  # the names other modules import from here (the re-exports above and the functions below)
-    "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked", "trainer_ema",
+    "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
+    "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",
     "validating_beside", "validator_view", "validation_beside",
     "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
