@@ -241,7 +241,9 @@ SECTIONS = {s.name: s for s in (
         "docs/parity/yolo11n-musgd-graphed-seeds4-7.json docs/parity/yolo11n-musgd-graphed-seeds8-11.json "
         "--plot $OUT/parity-yolo11n-musgd-graphed.png",
         "python3 -m tools.parity_merge docs/parity/yolo11n-halves-bce-seeds0-3.json "
-        "docs/parity/yolo11n-halves-bce-seeds4-7.json --plot $OUT/parity-yolo11n-halves-bce.png")),
+        "docs/parity/yolo11n-halves-bce-seeds4-7.json --plot $OUT/parity-yolo11n-halves-bce.png",
+        "python3 -m tools.parity_merge docs/parity/yolo11n-musgd-every-seeds0-3.json "
+        "docs/parity/yolo11n-musgd-every-seeds8-11.json --plot $OUT/parity-yolo11n-musgd-every.png")),
     Section("parity-graphed", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 NO_GPU_TESTS=1 "
         "bash tools/device/parity.sh",)),
