@@ -236,6 +236,8 @@ def test_val_overlap_is_an_option_decided_by_the_run_by_default_recorded_for_a_r
     assert build_config("train", ["val_overlap"]).val_overlap is True  # a bare word, as a bool key's
     assert build_config("train", ["val_overlap=None"]).val_overlap is None
     assert build_config("train", ["val_overlap=False"]).val_overlap is False
+    with pytest.raises(ConfigError, match=r"val_overlap=auto: expected True, False or None \(the default\)"):
+        build_config("train", ["val_overlap=auto"])
 
 
 # -- whole runs, on the CPU through the validation thread --------------------------------------------------------------

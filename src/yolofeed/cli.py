@@ -77,7 +77,8 @@ def parse_value(text: str, annotation: str) -> typing.Any:
             return True
         if low in ("false", "0", "no"):
             return False
-        raise ValueError("expected True or False")
+        raise ValueError("expected True, False or None (the default)" if "None" in annotation
+                         else "expected True or False")
     try:
         if base == "int":
             return int(text)

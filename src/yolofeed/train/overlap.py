@@ -36,7 +36,9 @@ An epoch is validated in the training thread, and waited for, wherever the overl
 (``reason_not``): the last epoch; an epoch after which early stopping may stop the run (``seam.could_stop``: its
 ``possible_stop``, set by the previous validation, ``stop``, or the epochs since the best reaching ``patience``
 between two ``val_period`` validations), so the run stops at stock's epoch; a ``time=``
-limit (the epochs are counted from their times); a loss or EMA that is not finite (Ultralytics' NaN recovery and its
+limit (the epochs are counted from their times); by default (``val_overlap`` None, not True) a callback that reads
+each epoch as it ends (``seam.epoch_readers``: an Ultralytics logger installed and enabled, a user's), which would
+see it an epoch late; a loss or EMA that is not finite (Ultralytics' NaN recovery and its
 EMA repair read this epoch's state); too little free GPU memory for the validation beside the training (a training
 pass's peak per image times the validation's largest batch, as the validations' set-up checks it, and the copies of
 the EMA and the optimiser's state kept for an epoch: a training that takes more than about a third of the GPU is
