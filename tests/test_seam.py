@@ -496,10 +496,10 @@ def test_step_phases_are_marked_in_order_and_a_compiled_graph_stays_whole(compil
     assert marks == ["step"]
 
 
-def test_the_callbacks_that_read_each_epoch_as_it_ends_are_all_but_ultralytics_idle_ones_and_yolofeeds():
+def test_the_callbacks_that_read_each_epoch_as_it_ends_are_all_but_ultralytics_idle_ones_and_yolofeeds(monkeypatch):
     """val_overlap's default overlaps no epoch whose end a logger or a user's callback reads (``epoch_readers``).
-    Ultralytics' empty defaults and its Platform's callbacks, which return at once without a session (checked here
-    under the installed release), are not readers; yolofeed's own are not either."""
+    Ultralytics' empty defaults, its Platform's callbacks, which return at once without a session (checked here
+    under the installed release), and Ray Tune's outside a trial are not readers; yolofeed's own are not either."""
     from types import SimpleNamespace
 
     from ultralytics.utils import callbacks as ultralytics_callbacks
@@ -524,8 +524,21 @@ def test_the_callbacks_that_read_each_epoch_as_it_ends_are_all_but_ultralytics_i
     def mine(t):  # a user's logger
         pass
 
+    def logger(t):  # as an Ultralytics logger's (those stay out of a trainer under pytest)
+        pass
+
+    logger.__module__ = "ultralytics.utils.callbacks.wb"
     trainer.callbacks["on_fit_epoch_end"] += [mine, mine, seam.could_stop]  # named once; yolofeed's is not a reader
+    trainer.callbacks["on_model_save"] += [logger]
+    assert seam.epoch_readers(trainer)[-2:] == ["test_seam.mine", "wb.logger"]
+    from ultralytics.utils.callbacks import raytune  # Ray Tune's: a reader inside a Tune trial only
+
+    logger.__module__ = raytune.__name__
+    context = SimpleNamespace(get_trial_id=lambda: None)
+    monkeypatch.setattr(raytune, "tune", SimpleNamespace(get_context=lambda: context))
     assert seam.epoch_readers(trainer)[-1:] == ["test_seam.mine"]
+    context.get_trial_id = lambda: "trial_1"
+    assert seam.epoch_readers(trainer)[-1:] == ["raytune.logger"]
     trainer.platform = {"console_logger": None}  # a run with a Platform session: its loggers read each epoch
     assert {"platform.on_fit_epoch_end", "platform.on_model_save"} <= set(seam.epoch_readers(trainer))
     with pytest.raises(UltralyticsError, match="trainer.callbacks"):

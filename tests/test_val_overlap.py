@@ -8,6 +8,7 @@ import csv
 import logging
 import math
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -112,18 +113,22 @@ def test_before_a_capture_the_training_waits_for_the_validation_beside_it_and_co
     from concurrent.futures import Future
 
     from yolofeed.train.trainer import FastTrainer
+    from yolofeed.train.validation import ValidationThread
 
+    threads = ValidationThread(torch.device("cpu"))
+    ran = []
     job = overlap.Overlapped(snapshot=None, header="")
-    job.future = Future()
-    threading.Timer(0.1, job.future.set_result, ({"fitness": 1.0},)).start()
-    FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=job))
-    assert job.future.done() and job.settled > 0
-    metrics, waited = job.result()
-    assert metrics == {"fitness": 1.0} and waited >= job.settled
+    job.future = threads.submit(lambda: (time.sleep(0.1), {"fitness": 1.0})[1])
+    threads.submit(lambda: (time.sleep(0.1), ran.append("best.pt's set-up pass")))  # queued behind the validation
+    FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=job, _validations=threads))
+    assert job.future.done() and ran == ["best.pt's set-up pass"] and job.settled > 0
+    metrics, waited = job.result()  # the settled seconds are the epoch's training time, not waited again
+    assert metrics == {"fitness": 1.0} and waited < job.settled
+    threads.close()
     failed = overlap.Overlapped(snapshot=None, header="")
     failed.future = Future()
     failed.future.set_exception(RuntimeError("validation failed"))
-    failed.settle()  # the error is the epoch end's to raise, with what was not written
+    failed.settle()  # the error is the epoch end's to raise, with what was not written (no validation thread here)
     with pytest.raises(RuntimeError, match="validation failed"):
         failed.result()
     FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=None))  # no validation beside: nothing to wait for

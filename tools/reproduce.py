@@ -120,13 +120,14 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 430)[2:])),
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
     Section("whole-run-beside", "The whole run", "nvidia-h200", 1, 9,
-            whole_run("auto", 520, "stock,yolofeed,yolofeed_val_inline")),
+            whole_run("auto", 520, "stock,yolofeed_val_waited,yolofeed_val_inline")),
     Section("whole-run-overlap", "The whole run", "nvidia-h200", 1, 10, (
-        # val_overlap's GPU test beside the CPU-bound synth and pack, then the whole run with it and without
+        # val_overlap's GPU test beside the CPU-bound synth and pack, then the whole run without it and with it (the
+        # default)
         "timeout 200 python3 -m pytest -q -m gpu tests/test_val_overlap.py -p no:cacheprovider --tb=short -rA "
-        "> $OUT/gpu_tests_overlap.txt 2>&1 &", *whole_run("auto", 540, "stock,yolofeed,yolofeed_val_overlap")[:2],
+        "> $OUT/gpu_tests_overlap.txt 2>&1 &", *whole_run("auto", 540, "stock,yolofeed_val_waited,yolofeed")[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
-        *whole_run("auto", 540, "stock,yolofeed,yolofeed_val_overlap")[2:])),
+        *whole_run("auto", 540, "stock,yolofeed_val_waited,yolofeed")[2:])),
     Section("whole-run-default", "The whole run", "nvidia-h200", 1, 8, (
         # val_overlap's GPU tests (a capture waits for the validation beside it) beside the CPU-bound synth and pack,
         # then the whole run as a user gets it: val_overlap's default

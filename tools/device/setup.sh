@@ -15,7 +15,7 @@ export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1
 export OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 {
-  date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null || true; nproc; free -g | head -2
+  date -u +%FT%TZ; git describe --always --dirty 2>/dev/null || true; nproc; free -g | head -2
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   python3 -c "import sys, torch, torchvision, cv2, numpy, ultralytics as u; print(sys.version.split()[0], \
     'torch', torch.__version__, 'tv', torchvision.__version__, 'cv2', cv2.__version__, 'numpy', numpy.__version__, \

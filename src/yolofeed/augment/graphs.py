@@ -44,8 +44,8 @@ class GraphedAugment:
         pool: where partners come from (each batch is pushed there); None, or an ``aug`` that takes no
             partners: the batch itself.
         before_capture: called before each capture (a new shape: the first batches, a wider label row, a shorter
-            last batch): the trainer waits there for a validation running beside the training, whose CUDA calls
-            would invalidate the capture.
+            last batch): the trainer waits there for a validation running beside the training, where a device-wide
+            sync (a validator callback's) would invalidate the capture.
     """
 
     def __init__(self, aug: GpuAugment, seed: int = 0, device: torch.device | str = "cuda",

@@ -126,20 +126,21 @@ class Overlapped:
     ended: float | None = None  # when it ended (time.time()): the results.csv row's time
     settled: float = 0.0  # seconds the training waited for it before a CUDA graph capture (``settle``)
 
-    def settle(self) -> None:
-        """Wait for the validation to end, leaving its result (and exception) to ``result``: the training thread is
-        about to capture a CUDA graph, and a capture beside this thread's CUDA calls is invalidated
-        (cudaErrorStreamCaptureInvalidated, in the capture's thread_local mode too)."""
+    def settle(self, behind: Future | None = None) -> None:
+        """Wait for the validation to end, and for ``behind`` (what the validation thread runs after it), leaving its
+        result (and exception) to ``result``: the training thread is about to capture a CUDA graph. A device-wide sync
+        in another thread (``torch.cuda.synchronize()``: a validator callback may make one) invalidates a capture
+        (cudaErrorStreamCaptureInvalidated) whatever its mode; the validation's own syncs are its stream's. The
+        seconds are the training's (its epoch's time holds them), not counted as waited for the validation."""
         t0 = time.perf_counter()
-        wait([self.future])
+        wait([f for f in (self.future, behind) if f is not None])
         self.settled += time.perf_counter() - t0
 
     def result(self) -> tuple[dict, float]:
-        """The validation's metrics and the seconds the training waited for them (``settle``'s included); its
-        exception, raised here."""
+        """The validation's metrics and the seconds the caller waited for them now; its exception, raised here."""
         t0 = time.perf_counter()
         metrics = self.future.result()
-        return metrics, self.settled + time.perf_counter() - t0
+        return metrics, time.perf_counter() - t0
 
     def print_held(self) -> None:
         """The validator's lines, in the training thread, under one that names the epoch they are of."""

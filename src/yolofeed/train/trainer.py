@@ -100,6 +100,10 @@ from yolofeed.ultralytics_seam import (
 CLOSE_WAIT_S = 30.0  # how long a stopped run waits for its validation thread to end (a validation batch, at most)
 
 
+def _nothing() -> None:
+    """A job for the validation thread: done once what was queued before it is."""
+
+
 class FastTrainer(SyncFreeStep):
     """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
 
@@ -316,7 +320,7 @@ class FastTrainer(SyncFreeStep):
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz, table.width,
                                             table.polygon_width)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
-                self._settle_overlapped()  # the step's graph is captured again at the new size, not beside it
+                self._settle_overlapped()  # defensive: Ultralytics retries in the first epoch, before any overlap
                 graphed.drop_stale(self, batch_size)
             self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
@@ -555,10 +559,14 @@ class FastTrainer(SyncFreeStep):
         return self.metrics, None
 
     def _settle_overlapped(self) -> None:
-        """Before a CUDA graph capture in the training thread: wait for the epoch validated beside this one, if any
-        (``Overlapped.settle``); it is still ended at this epoch's end."""
-        if self._overlapped is not None and self._overlapped.future is not None:
-            self._overlapped.settle()
+        """Before a CUDA graph capture in the training thread: wait for the epoch validated beside this one, if any,
+        and for best.pt's set-up pass queued behind it (``Overlapped.settle``); it is still ended at this epoch's
+        end."""
+        job = self._overlapped
+        if job is None or job.future is None:
+            return
+        threads = self._validations
+        job.settle(threads.submit(_nothing) if threads is not None and threads.alive else None)
 
     def _end_overlapped_epoch(self) -> None:
         """Wait for the epoch validated beside this one (usually ended by now), print its lines and end it as the
@@ -574,8 +582,8 @@ class FastTrainer(SyncFreeStep):
         self._overlapped = None
         job.print_held()
         end_epoch_late(self, job.snapshot, metrics, job.ended)
-        self.val_overlapped = {**(self.val_overlapped or {}),
-                               job.snapshot.epoch + 1: {"val_s": job.seconds, "waited_s": waited}}
+        self.val_overlapped = {**(self.val_overlapped or {}), job.snapshot.epoch + 1: {
+            "val_s": job.seconds, "waited_s": waited, "settled_s": job.settled}}
 
     # -- validation beside the training ---------------------------------------------------------
     def _validates_beside(self) -> bool:

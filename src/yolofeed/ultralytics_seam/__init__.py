@@ -40,6 +40,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -831,16 +832,30 @@ def run_first(trainer: Any, event: str, fn: Callable[[Any], None]) -> None:
 # the events an epoch validated beside the next runs an epoch late (``end_epoch_late``), and the one at which the next
 # epoch's losses reach the callbacks meanwhile
 LATE_EVENTS = ("on_train_epoch_end", "on_fit_epoch_end", "on_model_save")
-# Ultralytics' callbacks that do nothing in a run without a session of theirs: the module, and the trainer's attribute
-# that holds the session (None: they never act, as base's empty defaults). Platform's return at once while
-# ``trainer.platform`` is unset, which it is without an API key (every release of the range).
-_IDLE_CALLBACKS = {"ultralytics.utils.callbacks.base": None, "ultralytics.utils.callbacks.platform": "platform"}
+
+
+def _idle(module: str, trainer: Any) -> bool:
+    """Whether an Ultralytics callback of ``module`` does nothing in this run, as each release of the range reads
+    (tests/test_seam.py calls them under each): base's are empty; Platform's return at once while ``trainer.platform``
+    is unset, which it is without an API key; Ray Tune's (where ray is installed) report only inside a Tune trial."""
+    name = module.removeprefix("ultralytics.utils.callbacks.")
+    if name == "base":
+        return True
+    if name == "platform":
+        return not getattr(trainer, "platform", None)
+    if name == "raytune":
+        tune = getattr(sys.modules.get(module), "tune", None)
+        try:
+            return tune is None or not tune.get_context().get_trial_id()
+        except Exception:  # noqa: BLE001 - a Ray that answers otherwise: counted as a reader, the safe side
+            return False
+    return False
 
 
 def epoch_readers(trainer: Any) -> list[str]:
     """The callbacks at an epoch's end (``LATE_EVENTS``) that act as it ends, each as ``module.function``: every
-    one but Ultralytics' idle ones (``_IDLE_CALLBACKS``) and yolofeed's own. Ultralytics' loggers (Weights & Biases,
-    MLflow, DVC, ...) are among them where installed and enabled in its settings, and any a user added."""
+    one but Ultralytics' idle ones (``_idle``) and yolofeed's own. Ultralytics' loggers (Weights & Biases, MLflow,
+    DVC, ...) are among them where installed and enabled in its settings, and any a user added."""
     callbacks = getattr(trainer, "callbacks", None)
     if not isinstance(callbacks, dict):
         raise _missing("trainer.callbacks (a dict of lists)", "yolofeed's val_overlap looks for loggers in it")
@@ -850,8 +865,7 @@ def epoch_readers(trainer: Any) -> list[str]:
             module = getattr(fn, "__module__", None) or ""
             if module.split(".")[0] == "yolofeed":
                 continue
-            if module in _IDLE_CALLBACKS and (_IDLE_CALLBACKS[module] is None
-                                              or not getattr(trainer, _IDLE_CALLBACKS[module], None)):
+            if module.startswith("ultralytics.utils.callbacks.") and _idle(module, trainer):
                 continue
             name = f"{module.rsplit('.', 1)[-1]}.{getattr(fn, '__name__', type(fn).__name__)}"
             if name not in readers:
