@@ -284,6 +284,34 @@ def test_the_capture_sees_every_swap_and_the_triton_cat_and_leaves_neither(monke
     assert "2 upsamples in half precision" in logs[0] and "stays eager" in logs[1]
 
 
+def test_a_capture_of_the_step_waits_first_where_the_trainer_asks(monkeypatch):
+    """``before_capture`` (the trainer's ``_settle_overlapped``: a validation beside the training ends first) runs
+    before the graph's warm-up passes and capture; ``install`` and a graph made again after an out-of-memory retry
+    (``drop_stale``) hand it the trainer's."""
+    from yolofeed.train.trainer import FastTrainer
+
+    model = _swapped(_model())
+    order = []
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", lambda flat, args, **kw: order.append("capture") or flat)
+    graph = graphed._Graph(model, {"enabled": True, "dtype": torch.float16}, lambda _: None,
+                           lambda: order.append("settled"))
+    graph._capture(torch.zeros(2, 3, 64, 64))
+    assert order == ["settled", "capture"]
+    trainer = FastTrainer.__new__(FastTrainer)
+    trainer.model, trainer.device = _model(), torch.device("cpu")
+    monkeypatch.setattr(graphed, "why_not", lambda t: None)
+    monkeypatch.setattr(seam, "step_autocast", lambda t: torch.float16)
+    assert graphed.install(trainer)
+    made = trainer.model.__dict__["_graph"]
+    assert made.before_capture == trainer._settle_overlapped
+    made.shape = (8, 3, 64, 64)  # a graph for another batch size: an out-of-memory retry makes a fresh one
+    trainer.args = SimpleNamespace(nbs=4)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    graphed.drop_stale(trainer, 4)
+    assert trainer.model.__dict__["_graph"] is not made
+    assert trainer.model.__dict__["_graph"].before_capture == trainer._settle_overlapped
+
+
 def test_weights_cast_at_once_are_autocasts_casts_bit_for_bit():
     """Every trained convolution's weight and bias cast in one ``_foreach_copy_`` before the forward: the outputs and
     every gradient are Ultralytics' under autocast bit for bit (the CPU's bfloat16 autocast casts a convolution's

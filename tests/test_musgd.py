@@ -234,6 +234,8 @@ def test_the_trainer_steps_the_musgd_ultralytics_builds_as_fast_musgd(model):
         trainer = cls.__new__(cls)  # build_optimizer reads nothing of the trainer for a named optimiser
         built = trainer.build_optimizer(copy.deepcopy(model), "MuSGD", 0.01, 0.9, 5e-4)
         assert type(built) is expected, cls
+        if cls is FastDetectionTrainer:  # its graph waits for a validation running beside the training
+            assert built.before_capture == trainer._settle_overlapped
         adamw = trainer.build_optimizer(copy.deepcopy(model), "AdamW", 0.001, 0.9, 5e-4)
         assert type(adamw) is torch.optim.AdamW
 
@@ -307,6 +309,21 @@ def test_a_musgd_checkpoint_resumes_under_the_other_trainer(synth_root, tmp_path
     assert want.keys() == got.keys() and all(torch.equal(want[k][n].float(), got[k][n]) for k in want for n in want[k])
     with open(tmp_path / "run" / "results.csv") as f:
         assert len(f.read().strip().splitlines()) == 1 + 2  # epoch 1 from the first trainer, epoch 2 from the other
+
+
+@copies
+@pytest.mark.gpu
+def test_before_capture_runs_before_the_capture_only(full_model):
+    """``before_capture`` runs once, before the capture at the second step, none underway then; not before the first
+    (eager) step nor a replay."""
+    model, opt = build(full_model, True)
+    model.cuda()
+    calls = []
+    opt.before_capture = lambda: calls.append(torch.cuda.is_current_stream_capturing())
+    for k in range(4):
+        gradients(model, k)
+        opt.step()
+    assert calls == [False] and opt._plan.graph not in (None, False)
 
 
 @copies

@@ -49,6 +49,7 @@ from __future__ import annotations
 import copyreg
 import gc
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -332,8 +333,9 @@ class _Flat(nn.Module):
 class _Graph:
     """The graphed forward and backward for one input shape, made on first use."""
 
-    def __init__(self, model: nn.Module, autocast: dict, log: Any):
+    def __init__(self, model: nn.Module, autocast: dict, log: Any, before_capture: Callable[[], None] | None = None):
         self.model, self.autocast, self.log = model, autocast, log
+        self.before_capture = before_capture  # the trainer's: waits for a validation running beside the training
         self.shape: tuple[int, ...] | None = None
         self.dtype: torch.dtype | None = None  # the input's: float32, or the autocast's with half_input
         self.flat: _Flat | None = None
@@ -353,6 +355,8 @@ class _Graph:
         return pytree.tree_unflatten(list(out), self.flat.spec)
 
     def _capture(self, x: torch.Tensor) -> None:
+        if self.before_capture is not None:
+            self.before_capture()
         model = self.model
         buffers = [b.detach().clone() for b in model.buffers()]
         flat = _Flat(model, self.autocast)
@@ -443,7 +447,7 @@ def install(trainer: Any) -> bool:
     swap(model)
     amp = seam.step_autocast(trainer)
     autocast = {"enabled": bool(amp), "dtype": amp if isinstance(amp, torch.dtype) else torch.float16}
-    model.__dict__["_graph"] = _Graph(model, autocast, seam.LOGGER.info)
+    model.__dict__["_graph"] = _Graph(model, autocast, seam.LOGGER.info, getattr(trainer, "_settle_overlapped", None))
     return True
 
 
@@ -523,7 +527,7 @@ def drop_stale(trainer: Any, batch: int) -> None:
     accumulate = max(round(trainer.args.nbs / batch), 1)
     why = why_not(trainer) or (f"gradients now accumulate over {accumulate} batches" if accumulate != 1 else None)
     if why is None:
-        model.__dict__["_graph"] = _Graph(model, graph.autocast, graph.log)
+        model.__dict__["_graph"] = _Graph(model, graph.autocast, graph.log, graph.before_capture)
     else:
         uninstall(model)
         seam.LOGGER.info(f"yolofeed: the training step stays eager after the batch was reduced ({why})")

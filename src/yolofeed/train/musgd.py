@@ -34,6 +34,7 @@ parameter, a failed capture) takes stock's own step, or this module's eager upda
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,10 @@ class FastMuSGD(MuSGD):
     """
 
     _step_supports_amp_scaling = True
+
+    # called before each capture (the trainer's: it waits for a validation running beside the training, where a
+    # device-wide sync would invalidate the capture)
+    before_capture: Callable[[], None] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._plan: _Plan | None = None
@@ -311,6 +316,8 @@ class FastMuSGD(MuSGD):
     def _capture(self, plan: _Plan) -> None:
         """Capture the update and replay it; on any failure (out of memory, an op that cannot be captured) say so
         once and stay eager. Capturing runs no kernel, so the failed step is made eagerly."""
+        if self.before_capture is not None:
+            self.before_capture()
         graph = torch.cuda.CUDAGraph()
         try:
             plan.stream.wait_stream(torch.cuda.current_stream())

@@ -178,7 +178,10 @@ class SyncFreeStep:
                 seam.LOGGER.info(f"yolofeed: Ultralytics {seam.VERSION}'s MuSGD steps as it is (fast_musgd copies the "
                                  "update of 8.4.139 on, which this release computes otherwise)")
             return optimizer
-        return FastMuSGD.adopt(optimizer)
+        optimizer = FastMuSGD.adopt(optimizer)
+        if isinstance(optimizer, FastMuSGD):  # its graph, captured again after a re-plan, waits for a validation beside
+            optimizer.before_capture = getattr(self, "_settle_overlapped", None)
+        return optimizer
 
 
 def _items(trainer: Any) -> HostLossItems | None:
