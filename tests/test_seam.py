@@ -528,7 +528,10 @@ def test_the_callbacks_that_read_each_epoch_as_it_ends_are_all_but_ultralytics_i
         pass
 
     logger.__module__ = "ultralytics.utils.callbacks.wb"
-    trainer.callbacks["on_fit_epoch_end"] += [mine, mine, seam.could_stop]  # named once; yolofeed's is not a reader
+    import functools
+
+    # named once, a partial by its function; yolofeed's is not a reader
+    trainer.callbacks["on_fit_epoch_end"] += [mine, functools.partial(mine), seam.could_stop]
     trainer.callbacks["on_model_save"] += [logger]
     assert seam.epoch_readers(trainer)[-2:] == ["test_seam.mine", "wb.logger"]
     from ultralytics.utils.callbacks import raytune  # Ray Tune's: a reader inside a Tune trial only

@@ -276,7 +276,8 @@ def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, c
 
     from yolofeed.train.tasks import TRAINERS
 
-    class Beside(TRAINERS[task].with_options(validate_beside=True, val_overlap=overlapped, **(options or {}))):
+    # "Trainer" in its name: Ultralytics adds its integration callbacks (Platform's, idle here) to a trainer class only
+    class BesideTrainer(TRAINERS[task].with_options(validate_beside=True, val_overlap=overlapped, **(options or {}))):
         def _validates_beside(self):  # on the CPU too, where the option alone keeps validations in place
             return self.device.type == "cpu" or super()._validates_beside()
 
@@ -300,7 +301,7 @@ def _run(root, runs, name, overlapped, fitness=(), fail_at=None, options=None, c
     model.add_callback("on_val_batch_start", on_val_batch_start)
     for event, fn in (callbacks or {}).items():
         model.add_callback(event, fn)
-    model.train(trainer=Beside, data=str(root / "data.yaml"), project=str(runs), name=name,
+    model.train(trainer=BesideTrainer, data=str(root / "data.yaml"), project=str(runs), name=name,
                 **{**TINY, "device": "cpu", **kw})
     return model, saved, ends, _rows(runs / name / "results.csv")
 

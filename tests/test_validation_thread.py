@@ -18,6 +18,24 @@ from yolofeed.train.validation import ValidationThread, loader_shapes, warm
 TINY = dict(epochs=2, imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True)
 
 
+def test_closing_waits_for_the_worker_through_a_second_ctrl_c_and_says_it_came():
+    """A run stopped by Ctrl-C waits for its validation to stop at its next batch; a second Ctrl-C meanwhile used to
+    end the wait, and the interpreter exited with the worker inside torch (the process aborted, exit 134)."""
+    import _thread
+
+    worker, batch = ValidationThread(torch.device("cpu")), threading.Event()
+    worker.submit(batch.wait, 10)  # a validation batch, which ends only after the second Ctrl-C came
+
+    def second_ctrl_c():
+        _thread.interrupt_main()
+        batch.set()
+
+    threading.Timer(0.1, second_ctrl_c).start()
+    assert worker.close(wait=10) is True and not worker._thread.is_alive()
+    done = ValidationThread(torch.device("cpu"))
+    assert done.close(wait=10) is False and not done._thread.is_alive()
+
+
 def test_the_thread_runs_jobs_in_order_and_hands_back_results_and_exceptions():
     worker = ValidationThread(torch.device("cpu"))
     order, gate = [], threading.Event()

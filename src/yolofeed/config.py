@@ -131,7 +131,9 @@ class TrainConfig:
                                    "except where a callback reads each epoch as it ends (an Ultralytics logger, "
                                    "Weights & Biases, MLflow, ..., or one of yours); True: those run an epoch late (a "
                                    "logger that writes at on_train_epoch_end, as Weights & Biases' training losses, "
-                                   "pairs them with the epoch before's metrics); False: each validation waited for. "
+                                   "pairs them with the epoch before's metrics; one that logs at on_fit_epoch_end only "
+                                   "after its own on_train_epoch_start, as DVC's, drops the last epoch); False: each "
+                                   "validation waited for. "
                                    "Validated in place: the last epoch, any early stopping may end the run after, and "
                                    "any where free GPU memory would not hold the validation's largest batch at a "
                                    "training pass's peak per image beside the training")

@@ -368,19 +368,21 @@ class FastTrainer(SyncFreeStep):
         validated beside the next that did not end is said so, after what its validation printed. Nothing the second
         time."""
         job, self._overlapped, self._holding = self._overlapped, None, False
+        interrupted = False
         if self._validations is not None:
             if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
                 self._validations.cancel()
-            # the interpreter must not exit while the worker is inside torch (the process aborts: "terminate called
-            # without an active exception"): a stopped validation ends at its next batch
-            self._validations.close(wait=CLOSE_WAIT_S)
+            # a stopped validation ends at its next batch; a second Ctrl-C meanwhile is raised once it has
+            interrupted = self._validations.close(wait=CLOSE_WAIT_S)
             self._validations = None
             self._final_warm = None  # best.pt's copy, if no validation came
         if job is not None:
-            if job.future is not None and job.future.done():
+            if job.future is not None and job.future.done() and job.held:
                 job.print_held()  # what it said before it stopped (a failure's warning, say)
             LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did not "
                            "end: its results.csv row and checkpoints are not written")
+        if interrupted:
+            raise KeyboardInterrupt
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:

@@ -81,11 +81,20 @@ class ValidationThread:
         """``fn(*args, **kwargs)`` in the worker, after what is queued; returns its result or raises its exception."""
         return self.submit(fn, *args, **kwargs).result()
 
-    def close(self, wait: float = 0.0) -> None:
-        """The worker ends once what is queued is done; waited for up to ``wait`` seconds."""
+    def close(self, wait: float = 0.0) -> bool:
+        """The worker ends once what is queued is done; waited for up to ``wait`` seconds, through further Ctrl-Cs:
+        the interpreter must not exit while the worker is inside torch (the process aborts, "terminate called without
+        an active exception"). Returns whether a Ctrl-C came meanwhile, for the caller to raise once it is done."""
         self._jobs.put(None)
+        interrupted = False
         if wait > 0 and self._thread is not threading.current_thread():
-            self._thread.join(wait)
+            deadline = time.monotonic() + wait
+            while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+                try:
+                    self._thread.join(left)
+                except KeyboardInterrupt:
+                    interrupted = True
+        return interrupted
 
     def cancel(self) -> None:
         """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""

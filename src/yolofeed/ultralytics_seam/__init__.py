@@ -862,6 +862,7 @@ def epoch_readers(trainer: Any) -> list[str]:
     readers = []
     for event in LATE_EVENTS:
         for fn in callbacks.get(event, ()):
+            fn = getattr(fn, "func", fn)  # a functools.partial: the function it calls
             module = getattr(fn, "__module__", None) or ""
             if module.split(".")[0] == "yolofeed":
                 continue
