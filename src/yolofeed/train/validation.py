@@ -51,10 +51,19 @@ class ValidationThread:
         self.device = device
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = threading.Event()  # set by the waiting thread when it stops waiting (Ctrl-C, an error)
+        # set as the worker returns: after a join cut short by Ctrl-C, Thread.is_alive() may say False while the
+        # worker still runs (CPython releases the thread's state lock it did not take, bpo-45274's fix)
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="yolofeed-validation", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
+        try:
+            self._serve_jobs()
+        finally:
+            self._ended.set()
+
+    def _serve_jobs(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         while (job := self._jobs.get()) is not None:
@@ -89,9 +98,9 @@ class ValidationThread:
         interrupted = False
         if wait > 0 and self._thread is not threading.current_thread():
             deadline = time.monotonic() + wait
-            while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            while not self._ended.is_set() and (left := deadline - time.monotonic()) > 0:
                 try:
-                    self._thread.join(left)
+                    self._ended.wait(left)
                 except KeyboardInterrupt:
                     interrupted = True
         return interrupted
