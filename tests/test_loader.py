@@ -632,3 +632,45 @@ def test_segment_labels_are_filtered_with_their_polygons(segment_pack):
             np.testing.assert_array_equal(points[starts[j]:starts[j] + lengths[j]],
                                           pack.polygon_points[pack.polygon_starts[r]:pack.polygon_starts[r + 1]])
     assert some.polygon_width == int(some.polygons[2].max()) <= full.polygon_width
+
+
+def test_stopping_the_loader_thread_waits_for_its_batch_through_a_ctrl_c_and_raises_it_after():
+    """A run stopped by Ctrl-C closes its loaders; a second Ctrl-C while the loader thread fills a batch used to cut
+    the wait short (a Thread.join cut short may leave the thread looking ended, bpo-45274's fix) and the interpreter
+    exited with the thread inside torch: the process aborted. The Ctrl-C is raised once the thread has ended."""
+    import os
+    import signal
+
+    from yolofeed.loader import prefetch
+
+    filling, finish, filled = threading.Event(), threading.Event(), []
+
+    class Owner:  # what the thread reads of its Prefetcher
+        slots = [type("Slot", (), {"consumed": None})()]
+
+        def _fill(self, slot, indices):
+            filling.set()
+            finish.wait(10)
+            filled.append(indices)
+
+        def _error(self, e, k, n):
+            return e
+
+    owner = Owner()
+    t = prefetch._Thread(owner, 1)
+    t.todo.put(([0], 0, 1))
+    assert filling.wait(10)
+
+    def second_ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it cuts a blocking wait short
+        time.sleep(0.3)
+        finish.set()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.1, second_ctrl_c).start()
+        with pytest.raises(KeyboardInterrupt):
+            t.stop()
+        assert filled == [[0]] and t.ended.is_set()
+    finally:
+        signal.signal(signal.SIGINT, previous)
