@@ -24,6 +24,7 @@ def test_closing_waits_for_the_worker_through_a_second_ctrl_c_and_says_it_came()
     interpreter exited with the worker inside torch and the process aborted (exit 134)."""
     import os
     import signal
+    import sys
     import time
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt
@@ -32,11 +33,21 @@ def test_closing_waits_for_the_worker_through_a_second_ctrl_c_and_says_it_came()
         worker.submit(lambda: (batch.wait(10), finished.append(True)))  # a batch that ends after the second Ctrl-C
 
         def second_ctrl_c():
+            main = threading.main_thread().ident
+            for _ in range(1000):  # once the main thread waits in close (a signal before it would escape the test)
+                frame = sys._current_frames().get(main)
+                names = []
+                while frame is not None:
+                    names.append(frame.f_code.co_name)
+                    frame = frame.f_back
+                if "close" in names and names[0] == "wait":
+                    break
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGINT)  # a real signal: it cuts a blocking wait short
             time.sleep(0.3)
             batch.set()
 
-        threading.Timer(0.1, second_ctrl_c).start()
+        threading.Thread(target=second_ctrl_c, daemon=True).start()
         assert worker.close(wait=10) is True and finished == [True]
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -280,3 +291,25 @@ def test_the_set_up_passes_stop_once_the_run_stopped():
     assert warm([(model, None, torch.float32, False)], [(4, 32, 32)], 32, torch.device("cpu"), 1e9, log=lines.append,
                 cancelled=cancelled) == 0
     assert model.seen == [] and lines == []
+
+
+def test_a_stopped_run_says_which_validation_did_not_end_and_hands_back_a_ctrl_c_that_came_meanwhile(caplog):
+    """``_stop_validations`` cancels the thread, waits for it, names the epoch whose validation beside the training
+    did not end, and returns whether a Ctrl-C came during the wait: the trainer raises it once the rest is closed."""
+    from concurrent.futures import Future
+
+    from yolofeed.train import overlap
+    from yolofeed.train.trainer import FastTrainer
+
+    for came in (True, False):
+        calls = []
+        threads = SimpleNamespace(cancel=lambda: calls.append("cancel"),
+                                  close=lambda wait, came=came: calls.append("close") or came)
+        job = overlap.Overlapped(snapshot=SimpleNamespace(epoch=2), header="", future=Future())
+        trainer = SimpleNamespace(_overlapped=job, _holding=True, _validations=threads, _final_warm=None)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert FastTrainer._stop_validations(trainer, finished=False) is came
+        assert calls == ["cancel", "close"] and trainer._validations is None and trainer._overlapped is None
+        assert "epoch 3's validation, run beside the training, did not end" in caplog.text
+        assert FastTrainer._stop_validations(trainer, finished=False) is False  # nothing the second time

@@ -280,29 +280,18 @@ class _Thread:
         for k in range(slots):
             self.free.put(k)
         self.stopping = threading.Event()
-        self.ended = threading.Event()  # set as the thread returns (``stop`` waits on it, not on Thread.join)
         self.thread = threading.Thread(target=_produce, args=(weakref.ref(owner), self), daemon=True,
                                        name="yolofeed-loader")
         self.thread.start()
 
     def stop(self) -> None:
-        """Stop the thread (mid-epoch too) and wait for it, unless this is that thread (a finalizer run there). A
-        Ctrl-C meanwhile is raised once it has ended: the interpreter must not exit while the thread is inside torch
-        (the process aborts), and a Thread.join cut short by Ctrl-C may leave it looking ended (bpo-45274's fix)."""
+        """Stop the thread (mid-epoch too) and wait for it, unless this is that thread (a finalizer run there)."""
         self.stopping.set()
         self.free.put(_STOP)
         self.todo.put(_STOP)
         self.ready.put(_STOP)  # a pass still waiting on this thread raises instead of waiting for good
-        if self.thread is threading.current_thread():
-            return
-        interrupted = False
-        while not self.ended.is_set():  # a batch's fill at most
-            try:
-                self.ended.wait()
-            except KeyboardInterrupt:
-                interrupted = True
-        if interrupted:
-            raise KeyboardInterrupt
+        if self.thread is not threading.current_thread():
+            self.thread.join()
 
 
 def _stop_all(running: list[_Thread]) -> None:
@@ -311,13 +300,6 @@ def _stop_all(running: list[_Thread]) -> None:
 
 
 def _produce(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
-    try:
-        _fill_slots(owner, t)
-    finally:
-        t.ended.set()
-
-
-def _fill_slots(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
     k = n = 0
     try:
         while True:

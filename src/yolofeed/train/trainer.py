@@ -340,7 +340,9 @@ class FastTrainer(SyncFreeStep):
             finished = True
             return result
         except Exception as e:
-            self._stop_validations(finished)  # what a validation beside had said comes before this error's line
+            # what a validation beside had said comes before this error's line (a Ctrl-C meanwhile: the run is
+            # stopping with this error already)
+            self._stop_validations(finished)
             if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
                 saved = self.resumable_checkpoint()
                 LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
@@ -354,7 +356,7 @@ class FastTrainer(SyncFreeStep):
             for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
                 if hasattr(loader, "close"):
                     loader.close()
-            self._stop_validations(finished)
+            interrupted = self._stop_validations(finished)
             if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
                 self._results_plot.abandon()
                 self._results_plot = None
@@ -362,11 +364,14 @@ class FastTrainer(SyncFreeStep):
                 from yolofeed.monitor.live import close_attached
 
                 close_attached(self.callbacks)
+            if interrupted:  # a Ctrl-C while the validation thread was waited for: raised once all is closed
+                raise KeyboardInterrupt
 
-    def _stop_validations(self, finished: bool) -> None:
+    def _stop_validations(self, finished: bool) -> bool:
         """The validation thread closed and waited for, once the loop ended (``finished``) or stopped; an epoch
         validated beside the next that did not end is said so, after what its validation printed. Nothing the second
-        time."""
+        time. Returns whether a Ctrl-C came while it was waited for (``ValidationThread.close``), for the caller to
+        raise once the rest is closed."""
         job, self._overlapped, self._holding = self._overlapped, None, False
         interrupted = False
         if self._validations is not None:
@@ -381,8 +386,7 @@ class FastTrainer(SyncFreeStep):
                 job.print_held()  # what it said before it stopped (a failure's warning, say)
             LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did not "
                            "end: its results.csv row and checkpoints are not written")
-        if interrupted:
-            raise KeyboardInterrupt
+        return interrupted
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:

@@ -43,8 +43,9 @@ Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
 class ValidationThread:
     """One daemon worker thread that runs what it is given in turn (``run`` waits, ``submit`` does not).
 
-    A daemon: a run stopped in the training thread (Ctrl-C, an error) does not wait at exit for a validation the worker
-    is still in. The worker uses ``device`` as its current CUDA device (the training thread's is not inherited).
+    A daemon, so that an interpreter never hangs at exit on it; a stopped run (Ctrl-C, an error) cancels what it runs
+    and waits for it to stop at its next batch (``close``), as the process aborts if it exits with the worker inside
+    torch. The worker uses ``device`` as its current CUDA device (the training thread's is not inherited).
     """
 
     def __init__(self, device: torch.device):
