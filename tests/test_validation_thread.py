@@ -303,8 +303,8 @@ def test_a_stopped_run_says_which_validation_did_not_end_and_hands_back_a_ctrl_c
 
     for came in (True, False):
         calls = []
-        threads = SimpleNamespace(cancel=lambda: calls.append("cancel"),
-                                  close=lambda wait, came=came: calls.append("close") or came)
+        threads = SimpleNamespace(cancel=lambda calls=calls: calls.append("cancel"),
+                                  close=lambda wait, came=came, calls=calls: calls.append("close") or came)
         job = overlap.Overlapped(snapshot=SimpleNamespace(epoch=2), header="", future=Future())
         trainer = SimpleNamespace(_overlapped=job, _holding=True, _validations=threads, _final_warm=None)
         caplog.clear()
