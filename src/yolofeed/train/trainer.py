@@ -320,7 +320,6 @@ class FastTrainer(SyncFreeStep):
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz, table.width,
                                             table.polygon_width)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
-                self._settle_overlapped()  # defensive: Ultralytics retries in the first epoch, before any overlap
                 graphed.drop_stale(self, batch_size)
             self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
