@@ -377,6 +377,26 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/ceiling_kernels 2>&1 | grep -v Warning | tail -70",
         f"timeout 330 python3 -m tools.device.swap_ab off=install out=$OUT/graphed_ab_26n -- "
         f"model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("before-after-26n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+        # beside the CPU-bound synth and pack: val_overlap's GPU test without the wait before a capture and with the
+        # validation thread's device syncs made stream syncs (tools/device/capture_beside.py), then FastMuSGD's
+        # before_capture test; then yolo26n's ceiling with the step as it was before issue 29's levers (no graph, no
+        # fused op or swap, the classification term unfused, Ultralytics' float32 image), as the library is, before
+        "(timeout 150 python3 -m pytest -q -m gpu tests/test_val_overlap.py -k on_a_gpu -p tools.device.capture_beside "
+        "-p no:cacheprovider --tb=short -rA -s; timeout 90 python3 -m pytest -q -m gpu tests/test_musgd.py -k "
+        "before_capture -p no:cacheprovider --tb=short -rA) > $OUT/gpu_tests_capture.txt 2>&1 &",
+        SYNTH_10K, PACK_10K,
+        "wait; grep -E 'capture_beside:|PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_capture.txt | tail -30",
+        f"timeout 330 python3 -m tools.device.swap_ab off=install,bce_sum,half_input out=$OUT/before_after_26n -- "
+        f"model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("before-after-11n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
+        # yolo11n's ceiling with the step as it was before issue 29's levers, as the library is, before again; then
+        # where yolo26n's ceiling's kernels go, in the graphs and out
+        SYNTH_10K, PACK_10K,
+        f"timeout 120 python3 -m tools.device.ceiling_kernels model=yolo26n.yaml {BENCH_1} steps=40 profile=5 "
+        "out=$OUT/ceiling_kernels_26n 2>&1 | grep -v Warning | tail -70",
+        f"timeout 300 python3 -m tools.device.swap_ab off=install,bce_sum,half_input out=$OUT/before_after_11n -- "
+        f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "
         "levers=triton_bn_silu,triton_bn_silu_narrow,triton_bn_silu+cuda_graph out=$OUT/levers_bn",

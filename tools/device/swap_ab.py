@@ -10,8 +10,9 @@ dense halves; ``install``: the graphed step as a whole, its graph, fused op and 
 on PYTHONPATH that makes them do nothing, B's with none. ``knobs=_UNROLL=1,...`` sets the fused batch norm + SiLU's
 launch knobs (kernels/bn_silu.py) on side A as well: B is the library as it is, its code the same on both sides.
 
-``off=bce_sum`` switches off a step option of the library's own (``SWITCHES``: the loss's classification term as one
-fused pass each way, kernels/bce_sum.py) on side A.
+``off=bce_sum`` and ``off=half_input`` switch off a step option of the library's own on side A (``SWITCHES``: the
+loss's classification term as one fused pass each way, kernels/bce_sum.py; the step's input image made in float16 in
+one kernel, train/step.py). ``off=install,bce_sum,half_input`` is the step as it was before issue 29's levers.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ from pathlib import Path
 
 from tools.device.bn_silu_ab import aba
 
-OFF = {"swap_layout", "swap_convs", "swap_halves", "install", "bce_sum"}
-SWITCHES = {"bce_sum": ("yolofeed.kernels.bce_sum", "ENABLED")}  # name: (module, its switch), set False on side A
+OFF = {"swap_layout", "swap_convs", "swap_halves", "install", "bce_sum", "half_input"}
+SWITCHES = {  # name: (module, what side A sets, its value)
+    "bce_sum": ("yolofeed.kernels.bce_sum", "ENABLED", "False"),
+    "half_input": ("yolofeed.train.step", "SyncFreeStep.step_input_dtype", "lambda self: None"),  # Ultralytics' image
+}
 KNOBS = {"_GROUPS", "_TILE", "_WARPS", "_UNROLL", "_STAGES", "_FLAT_TILE", "_FLAT_WARPS"}
 # A sitecustomize that fails only prints "Error in sitecustomize" and the run goes on as the other side: side A's
 # writes failed.txt beside itself instead, which ``aba`` reports.
@@ -47,8 +51,8 @@ def main(argv: list[str]) -> None:
              *(f"    _graphed.{name} = lambda model: None\n" for name in off if name not in SWITCHES)]
     for name in off:
         if name in SWITCHES:
-            module, attr = SWITCHES[name]
-            lines += [f"    import {module} as _{name}\n", f"    _{name}.{attr} = False\n"]
+            module, attr, value = SWITCHES[name]
+            lines += [f"    import {module} as _{name}\n", f"    _{name}.{attr} = {value}\n"]
     if knobs:
         lines += ["    import yolofeed.kernels.bn_silu as _op\n",
                   *(f"    _op.{k} = {int(v)}\n" for k, v in knobs.items())]
