@@ -112,6 +112,23 @@ def test_system_sampler_reports_host_load():
     assert stats.gpu_util is None or 0 <= stats.gpu_util <= 100
 
 
+def test_a_probe_that_ignores_sigterm_is_killed_and_the_stop_returns(monkeypatch):
+    """The teardown of a stopped run waits for nothing without end: a probe stuck (here: SIGTERM ignored) is killed
+    after ``PROBE_STOP_S``."""
+    from yolofeed.monitor import system
+
+    stuck = ("import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "print(json.dumps({'ready': 1, 'cores': 1}), flush=True); time.sleep(60)")
+    popen = subprocess.Popen
+    monkeypatch.setattr(system.subprocess, "Popen", lambda args, **kw: popen([sys.executable, "-c", stuck], **kw))
+    monkeypatch.setattr(system, "PROBE_STOP_S", 0.3)
+    s = SystemSampler(interval=0.05).start()
+    proc = s._proc
+    t0 = time.monotonic()
+    s.stop()
+    assert time.monotonic() - t0 < 10 and proc.returncode == -9 and s._proc is None
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux CPU affinity and two cores")
 def test_system_sampler_counts_only_the_cores_the_run_may_use(monkeypatch):

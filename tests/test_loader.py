@@ -153,6 +153,60 @@ def test_stopping_mid_epoch_stops_the_thread(pack):
     assert len(list(loader)) == len(loader)  # and the next epoch runs normally
 
 
+def _held_in_a_fill(loader, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make the loader thread's next fill wait for ``gate``; ``entered`` is set once it waits there."""
+    entered, gate, fill = threading.Event(), threading.Event(), loader.prefetcher._fill
+
+    def held(slot, indices):
+        entered.set()
+        gate.wait(30)
+        fill(slot, indices)
+
+    monkeypatch.setattr(loader.prefetcher, "_fill", held)
+    return entered, gate
+
+
+def test_a_stop_cut_short_by_ctrl_c_keeps_the_thread_for_the_next_to_wait_for(pack, monkeypatch):
+    """A Ctrl-C while a stop waits for the loader thread (mid-fill) leaves the thread known, so that the trainer's
+    teardown waits for it again: forgotten, the interpreter could exit while it fills a batch inside torch."""
+    import os
+    import signal
+
+    loader = TrainLoader(pack(64), 2, "cpu")
+    entered, gate = _held_in_a_fill(loader, monkeypatch)
+    loader.prime()
+    assert entered.wait(10)
+    thread = loader.prefetcher._thread
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))  # while close waits: it is called at once
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loader.close()
+    finally:
+        timer.join()
+    assert loader.prefetcher._thread is thread and thread.is_alive()
+    gate.set()
+    loader.close()
+    assert loader.prefetcher._thread is None and not thread.is_alive()
+    assert len(list(loader)) == len(loader)  # and the next epoch loads from a thread of its own
+
+
+def test_a_loader_thread_that_does_not_stop_in_time_is_left_with_one_line(pack, monkeypatch, caplog):
+    import yolofeed.loader.prefetch as prefetch
+
+    loader = TrainLoader(pack(64), 2, "cpu")
+    entered, gate = _held_in_a_fill(loader, monkeypatch)
+    loader.prime()
+    assert entered.wait(10)
+    monkeypatch.setattr(prefetch, "STOP_WAIT_S", 0.2)
+    thread = loader.prefetcher._thread
+    loader.close()
+    assert loader.prefetcher._thread is None and "did not stop within 0.2 s" in caplog.text
+    gate.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def _fills(loader, monkeypatch) -> list[np.ndarray]:
     """The index arrays the loader thread fills, in the order it fills them."""
     log, fill = [], loader.prefetcher._fill

@@ -18,41 +18,63 @@ from yolofeed.train.validation import ValidationThread, loader_shapes, warm
 TINY = dict(epochs=2, imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True)
 
 
-def test_closing_waits_for_the_worker_through_a_second_ctrl_c_and_says_it_came():
-    """A run stopped by Ctrl-C waits for its validation to stop at its next batch; a second Ctrl-C meanwhile used to
-    end the wait (and a join cut short by it may release the thread's state lock, so the worker looked ended): the
-    interpreter exited with the worker inside torch and the process aborted (exit 134)."""
-    import os
-    import signal
+def _when_waiting_in(name: str, then) -> threading.Thread:
+    """A thread that runs ``then()`` once the main thread waits (an Event's wait) inside a call of ``name``: a signal
+    sent earlier would escape the test and stop the pytest session."""
     import sys
     import time
 
+    def watch():
+        main = threading.main_thread().ident
+        for _ in range(1000):
+            frame, names = sys._current_frames().get(main), []
+            while frame is not None:
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            if name in names and names[0] == "wait":
+                break
+            time.sleep(0.01)
+        then()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_teardown_waits_for_the_validation_is_acted_on_once_it_ended(monkeypatch, signum):
+    """A run's teardown waits for its validation thread to stop at its next batch; a Ctrl-C (or a SIGTERM, ending the
+    process as Ctrl-C under ``sigterm_exits``: the bench's modes) meanwhile used to end the wait, and the interpreter
+    exited with the worker inside torch: the process aborted (exit 134). Now it is raised once the worker ended."""
+    import os
+    import signal
+    import time
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.processes import sigterm_exits
+    from yolofeed.train.trainer import FastTrainer
+
+    mro = FastDetectionTrainer.__mro__
+    loop = next(c for c in mro[mro.index(FastTrainer) + 1:] if "_do_train" in vars(c))
+    monkeypatch.setattr(loop, "_do_train", lambda self: "the loop ended")  # the teardown follows
+    t = FastDetectionTrainer.__new__(FastDetectionTrainer)
+    t._validations, t._overlapped, t._holding, t._final_warm, t._results_plot = (
+        ValidationThread(torch.device("cpu")), None, False, None, None)
+    worker, batch, finished = t._validations, threading.Event(), []
+    worker.submit(lambda: (batch.wait(10), time.sleep(0.2), finished.append(True)))  # a batch ending after the signal
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt
+    sig = getattr(signal, signum)
+    watcher = _when_waiting_in("_stop_validations", lambda: (os.kill(os.getpid(), sig), batch.set()))
     try:
-        worker, batch, finished = ValidationThread(torch.device("cpu")), threading.Event(), []
-        worker.submit(lambda: (batch.wait(10), finished.append(True)))  # a batch that ends after the second Ctrl-C
-
-        def second_ctrl_c():
-            main = threading.main_thread().ident
-            for _ in range(1000):  # once the main thread waits in close (a signal before it would escape the test)
-                frame = sys._current_frames().get(main)
-                names = []
-                while frame is not None:
-                    names.append(frame.f_code.co_name)
-                    frame = frame.f_back
-                if "close" in names and names[0] == "wait":
-                    break
-                time.sleep(0.01)
-            os.kill(os.getpid(), signal.SIGINT)  # a real signal: it cuts a blocking wait short
-            time.sleep(0.3)
-            batch.set()
-
-        threading.Thread(target=second_ctrl_c, daemon=True).start()
-        assert worker.close(wait=10) is True and finished == [True]
+        with sigterm_exits(), pytest.raises((KeyboardInterrupt, SystemExit)) as raised:
+            t._do_train()
     finally:
         signal.signal(signal.SIGINT, previous)
+        watcher.join(10)
+    assert finished == [True] and worker._ended.is_set() and t._validations is None
+    assert raised.type is (KeyboardInterrupt if signum == "SIGINT" else SystemExit)
     done = ValidationThread(torch.device("cpu"))
-    assert done.close(wait=10) is False
+    assert done.close(wait=10) is True
 
 
 def test_the_thread_runs_jobs_in_order_and_hands_back_results_and_exceptions():
@@ -293,23 +315,22 @@ def test_the_set_up_passes_stop_once_the_run_stopped():
     assert model.seen == [] and lines == []
 
 
-def test_a_stopped_run_says_which_validation_did_not_end_and_hands_back_a_ctrl_c_that_came_meanwhile(caplog):
-    """``_stop_validations`` cancels the thread, waits for it, names the epoch whose validation beside the training
-    did not end, and returns whether a Ctrl-C came during the wait: the trainer raises it once the rest is closed."""
+def test_a_stopped_run_says_which_validation_did_not_end(caplog):
+    """``_stop_validations`` cancels the thread, waits for it and names the epoch whose validation beside the training
+    did not end; nothing the second time."""
     from concurrent.futures import Future
 
     from yolofeed.train import overlap
-    from yolofeed.train.trainer import FastTrainer
+    from yolofeed.train.trainer import CLOSE_WAIT_S, FastTrainer
 
-    for came in (True, False):
-        calls = []
-        threads = SimpleNamespace(cancel=lambda calls=calls: calls.append("cancel"),
-                                  close=lambda wait, came=came, calls=calls: calls.append("close") or came)
-        job = overlap.Overlapped(snapshot=SimpleNamespace(epoch=2), header="", future=Future())
-        trainer = SimpleNamespace(_overlapped=job, _holding=True, _validations=threads, _final_warm=None)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            assert FastTrainer._stop_validations(trainer, finished=False) is came
-        assert calls == ["cancel", "close"] and trainer._validations is None and trainer._overlapped is None
-        assert "epoch 3's validation, run beside the training, did not end" in caplog.text
-        assert FastTrainer._stop_validations(trainer, finished=False) is False  # nothing the second time
+    calls = []
+    threads = SimpleNamespace(cancel=lambda: calls.append("cancel"), close=lambda wait: calls.append(("close", wait)))
+    job = overlap.Overlapped(snapshot=SimpleNamespace(epoch=2), header="", future=Future())
+    trainer = SimpleNamespace(_overlapped=job, _holding=True, _validations=threads, _final_warm=None)
+    with caplog.at_level(logging.WARNING):
+        FastTrainer._stop_validations(trainer, finished=False)
+    assert calls == ["cancel", ("close", CLOSE_WAIT_S)] and trainer._validations is None and trainer._overlapped is None
+    assert "epoch 3's validation, run beside the training, did not end" in caplog.text
+    caplog.clear()
+    FastTrainer._stop_validations(trainer, finished=False)
+    assert calls == ["cancel", ("close", CLOSE_WAIT_S)] and caplog.text == ""  # nothing the second time

@@ -1,5 +1,6 @@
-"""Processes that must not outlive the one that started them: whether a process is still the one we knew, and a
-child that dies with its parent.
+"""Processes that must not outlive the one that started them, and signals that must not land mid-wait: whether a
+process is still the one we knew, a child that dies with its parent, SIGTERM ending a process as Ctrl-C does, and
+signals deferred to where no lock or wait is held.
 
 A pack build's workers and a bench's modes run in child processes. A parent killed alone (``kill -9``, the OOM
 killer) cannot stop them: left running, a build's workers keep its files and a bench's mode keeps its GPU.
@@ -14,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 LOGGER = logging.getLogger(__name__)
 START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
@@ -90,3 +91,45 @@ def sigterm_exits() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[Callable[[], None]]:
+    """While inside, SIGINT and SIGTERM are only noted; the first noted is acted on at ``check()`` and as the block
+    ends, its previous handler run then (Ctrl-C's KeyboardInterrupt, ``sigterm_exits``' SystemExit, or the default:
+    the process ends), an exception on its way out included (it becomes the new one's context).
+
+    Python raises KeyboardInterrupt (or the SystemExit a SIGTERM handler raises) at whatever bytecode the main thread
+    is running. Inside a lock taken in two steps (tqdm's) that can leave it held, and what joins a thread waiting for
+    it then waits for ever; a ``Thread.join`` cut short can release the thread's state lock it did not take (CPython's
+    bpo-45274 fix), so the thread looks ended while it still runs inside torch, and the interpreter aborts if it exits
+    then. Every wait inside must therefore be bounded: a deferred signal cannot cut it short. Only in the main thread
+    (elsewhere handlers cannot be set, and no signal is raised there).
+    """
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in watched}
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
+        yield lambda: None  # None: a handler installed outside Python, which could not be put back
+        return
+    noted: list[int] = []
+
+    def check() -> None:
+        if not noted:
+            return
+        signum = noted[0]
+        noted.clear()
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:  # what the signal would have done: end the process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for s in watched:
+        signal.signal(s, lambda signum, frame: noted.append(signum))
+    try:
+        yield check
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        check()  # a signal that came after the last check

@@ -50,7 +50,8 @@ from tqdm import tqdm
 
 from yolofeed.config import SynthConfig, usable_cores
 from yolofeed.errors import ConfigError
-from yolofeed.pack.workers import Workers, signals_between_waits
+from yolofeed.pack.workers import Workers
+from yolofeed.processes import signals_deferred
 
 LOGGER = logging.getLogger(__name__)
 
@@ -467,7 +468,7 @@ def run(cfg: SynthConfig) -> Path:
     chunks = iter(lambda: list(itertools.islice(jobs, per_chunk)), [])
     pool = Workers(workers, _no_setup, ())
     try:
-        with signals_between_waits() as act_on_signals, tqdm(total=total, desc=f"synth {root}", unit="img") as bar:
+        with signals_deferred() as act_on_signals, tqdm(total=total, desc=f"synth {root}", unit="img") as bar:
             for size in pool.imap(_write_chunk, chunks, act_on_signals):
                 nbytes += size
                 bar.update()

@@ -6,11 +6,10 @@ import errno
 import os
 import signal
 import threading
-import time
 
 import pytest
 
-from yolofeed.pack.workers import WorkerDied, Workers, signals_between_waits
+from yolofeed.pack.workers import WorkerDied, Workers
 
 BOUND = 30.0  # s: only to tell a hang from a slow machine
 
@@ -94,38 +93,3 @@ def test_stopping_while_a_worker_writes_its_result_does_not_hang():
         list(pool.imap(_huge, iter([[1], [2]]), check))
     _within(BOUND, pool.stop)
     assert all(p.exitcode == -signal.SIGTERM for p in pool.processes)
-
-
-def test_signals_wait_for_check_then_run_the_previous_handler():
-    with signals_between_waits() as check:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # delivered and noted: nothing raised here, inside a lock or not
-        with pytest.raises(KeyboardInterrupt):
-            check()
-        check()  # noted once, acted on once
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def test_a_signal_after_the_last_check_is_acted_on_at_the_end():
-    seen = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
-    try:
-        with signals_between_waits():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)
-            assert seen == []
-        assert seen == [signal.SIGTERM]
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def test_an_ignored_signal_stays_ignored():
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with signals_between_waits() as check:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-            check()
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -29,6 +29,7 @@ gathers in the caller's thread instead (the tests compare the two).
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import weakref
@@ -45,6 +46,9 @@ from yolofeed.loader.batch import HostBuffers, gather, label_width
 from yolofeed.loader.labels import LabelView
 from yolofeed.pack import Pack
 from yolofeed.schema import SourceBatch
+
+LOGGER = logging.getLogger(__name__)
+STOP_WAIT_S = 30.0  # how long a stop waits for the loader thread: one batch's gather or decode, at most
 
 _STOP = object()
 DECODERS = ("auto", "torchvision", "cv2")
@@ -265,8 +269,8 @@ class Prefetcher:
 
     def close(self) -> None:
         """Stop the background thread (mid-epoch too), wait for it, and drop what it loaded ahead."""
+        self._queued.clear()  # first: a stop cut short (Ctrl-C) leaves nothing that looks loaded to the next start
         _stop_all(self._running)
-        self._queued.clear()
 
 
 class _Thread:
@@ -280,26 +284,41 @@ class _Thread:
         for k in range(slots):
             self.free.put(k)
         self.stopping = threading.Event()
+        # set as the thread returns: a Thread.join cut short by Ctrl-C may release the thread's state lock it did not
+        # take (CPython's bpo-45274 fix), and the thread then looks ended while it fills a batch inside torch
+        self.ended = threading.Event()
         self.thread = threading.Thread(target=_produce, args=(weakref.ref(owner), self), daemon=True,
                                        name="yolofeed-loader")
         self.thread.start()
 
-    def stop(self) -> None:
-        """Stop the thread (mid-epoch too) and wait for it, unless this is that thread (a finalizer run there)."""
+    def stop(self) -> bool:
+        """Stop the thread (mid-epoch too) and wait for it up to ``STOP_WAIT_S``, unless this is that thread (a
+        finalizer run there). Returns whether it ended."""
         self.stopping.set()
         self.free.put(_STOP)
         self.todo.put(_STOP)
         self.ready.put(_STOP)  # a pass still waiting on this thread raises instead of waiting for good
-        if self.thread is not threading.current_thread():
-            self.thread.join()
+        return self.thread is threading.current_thread() or self.ended.wait(STOP_WAIT_S)
 
 
 def _stop_all(running: list[_Thread]) -> None:
+    """Stop the loader threads. One is forgotten only once its stop returned: a stop cut short by Ctrl-C leaves it
+    here, and the next (the trainer's teardown, with signals deferred) waits for it again."""
     while running:
-        running.pop().stop()
+        if not running[-1].stop():
+            LOGGER.warning(f"yolofeed: the loader thread did not stop within {STOP_WAIT_S:g} s (a read of the pack "
+                           "that does not return?); going on without it")
+        running.pop()
 
 
 def _produce(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
+    try:
+        _produce_batches(owner, t)
+    finally:
+        t.ended.set()
+
+
+def _produce_batches(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
     k = n = 0
     try:
         while True:

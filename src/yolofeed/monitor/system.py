@@ -64,6 +64,7 @@ class SystemStats:
 
 
 # the probe's sample keys -> SystemStats fields, and what a field is without samples
+PROBE_STOP_S = 5.0  # how long a stop waits for the probe to end on SIGTERM before it kills it
 FIELDS = {"gpu": ("gpu_util", None), "mem": ("gpu_mem_gb", None), "cpu": ("cpu_cores_busy", 0.0),
           "disk": ("disk_read_mb_s", 0.0), "own": ("own_cores_busy", 0.0), "iow": ("iowait", 0.0),
           "clock": ("gpu_clock_mhz", None), "power": ("gpu_power_w", None), "busiest": ("busiest_core", 0.0),
@@ -152,7 +153,11 @@ class SystemSampler:
     def stop(self) -> SystemStats:
         if self._proc is not None:
             self._proc.terminate()
-            self._proc.wait()
+            try:
+                self._proc.wait(PROBE_STOP_S)
+            except subprocess.TimeoutExpired:  # a probe stuck in a driver call: SIGKILL is not ignored
+                self._proc.kill()
+                self._proc.wait()
             self._thread.join()  # the pipe is closed: the reader has seen every sample
             self._proc.stdout.close()
             self._proc = None

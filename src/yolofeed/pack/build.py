@@ -81,8 +81,8 @@ from yolofeed.pack.report import report_path, write_report
 from yolofeed.pack.source import SplitSource
 from yolofeed.pack.space import DISK_FULL, MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
-from yolofeed.pack.workers import WorkerDied, Workers, mp_context, signals_between_waits
-from yolofeed.processes import sigterm_exits
+from yolofeed.pack.workers import WorkerDied, Workers, mp_context
+from yolofeed.processes import signals_deferred, sigterm_exits
 from yolofeed.ultralytics_seam import LABEL_RULES
 
 LOGGER = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     why: dict[int, str] = {}  # results arrive in completion order; the report lists them in source order
     noted: dict[int, list[str]] = {}
     try:
-        with (signals_between_waits() as check, _Writeback(disk, fd) if sync else contextlib.nullcontext(),
+        with (signals_deferred() as check, _Writeback(disk, fd) if sync else contextlib.nullcontext(),
               tqdm(total=n, unit="img", disable=not progress, desc=f"pack {src.split}") as bar):
             chunks = (tasks[k:k + chunk] for k in range(0, n, chunk))
             for i, lcrc, reason, meta in pool.imap(process_chunk, chunks, check):

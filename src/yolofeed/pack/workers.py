@@ -18,13 +18,12 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from yolofeed.processes import die_with_parent, process_start
 
-POLL_S = 0.5  # the longest wait before ``check`` runs: see ``signals_between_waits``
+POLL_S = 0.5  # the longest wait before ``check`` runs: see ``processes.signals_deferred``
 
 
 class WorkerDied(Exception):
@@ -193,42 +192,3 @@ def exit_codes(processes: list) -> str:
         name = signal.Signals(-c).name if -c in signal.valid_signals() else "?"
         words.append(f"killed by signal {-c} ({name})" if c < 0 else f"exit status {c}")
     return ", ".join(words)
-
-
-@contextlib.contextmanager
-def signals_between_waits() -> Iterator[Callable[[], None]]:
-    """While workers run, SIGINT and SIGTERM are only noted; the previous handler runs at ``check()``.
-
-    Python raises KeyboardInterrupt (or the SystemExit a SIGTERM handler raises) at whatever bytecode the
-    main thread is running. Inside tqdm's lock, taken in two steps, that can leave it held, and the bar's
-    monitor thread, which close() joins, then waits for it forever. ``Workers.imap`` calls ``check()`` at
-    most ``POLL_S`` after the signal, where no lock is held. Only in the main thread (elsewhere handlers
-    cannot be set).
-    """
-    watched = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.getsignal(s) for s in watched}
-    if threading.current_thread() is not threading.main_thread() or None in previous.values():
-        yield lambda: None  # None: a handler installed outside Python, which could not be put back
-        return
-    noted: list[int] = []
-
-    def check() -> None:
-        if not noted:
-            return
-        signum = noted[0]
-        noted.clear()
-        handler = previous[signum]
-        if callable(handler):
-            handler(signum, None)
-        elif handler == signal.SIG_DFL:  # what the signal would have done: end the process
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    for s in watched:
-        signal.signal(s, lambda signum, frame: noted.append(signum))
-    try:
-        yield check
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    check()  # a signal that came after the last check (not reached while an exception is on its way out)

@@ -56,6 +56,7 @@ from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.report import report_path
 from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
 from yolofeed.pack.verify import not_stock_skips
+from yolofeed.processes import signals_deferred
 from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
@@ -339,45 +340,48 @@ class FastTrainer(SyncFreeStep):
             finished = True
             return result
         except Exception as e:
-            # what a validation beside had said comes before this error's line (a Ctrl-C meanwhile: the run is
-            # stopping with this error already)
-            self._stop_validations(finished)
-            if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed while setting up: the error says it all
-                saved = self.resumable_checkpoint()
-                LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
-                             + (f"The last finished epoch is in {saved}; once the cause is fixed, continue "
-                                f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
-                                if saved else "No epoch was saved yet: start again once the cause is fixed"))
+            # what a validation beside had said comes before this error's line; a Ctrl-C meanwhile comes after it
+            with signals_deferred():
+                self._stop_validations(finished)
+                if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
+                    saved = self.resumable_checkpoint()
+                    LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
+                                 + (f"The last finished epoch is in {saved}; once the cause is fixed, continue "
+                                    f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
+                                    if saved else "No epoch was saved yet: start again once the cause is fixed"))
             raise
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
             # loading the next epoch (an error or Ctrl-C in validation, a checkpoint or a callback), and the YOLO
-            # object keeps this trainer: stop it and free its slots now
-            for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
-                if hasattr(loader, "close"):
-                    loader.close()
-            interrupted = self._stop_validations(finished)
-            if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
-                self._results_plot.abandon()
-                self._results_plot = None
-            if not finished:  # no on_train_end: the monitor's probe, port and writer closed here
-                from yolofeed.monitor.live import close_attached
+            # object keeps this trainer: stop it and free its slots now. A Ctrl-C or SIGTERM meanwhile is acted on
+            # once all is closed (every wait here is bounded): cut short, a wait for a thread inside torch can let
+            # the interpreter exit under it, which aborts the process
+            with signals_deferred():
+                self._close_run(finished)
 
-                close_attached(self.callbacks)
-            if interrupted:  # a Ctrl-C while the validation thread was waited for: raised once all is closed
-                raise KeyboardInterrupt
+    def _close_run(self, finished: bool) -> None:
+        """The loaders' threads, the validation thread, a results plot's child and (a stopped run) the monitor,
+        closed."""
+        for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
+            if hasattr(loader, "close"):
+                loader.close()
+        self._stop_validations(finished)
+        if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
+            self._results_plot.abandon()
+            self._results_plot = None
+        if not finished:  # no on_train_end: the monitor's probe, port and writer closed here
+            from yolofeed.monitor.live import close_attached
 
-    def _stop_validations(self, finished: bool) -> bool:
-        """The validation thread closed and waited for, once the loop ended (``finished``) or stopped; an epoch
-        validated beside the next that did not end is said so, after what its validation printed. Nothing the second
-        time. Returns whether a Ctrl-C came while it was waited for (``ValidationThread.close``), for the caller to
-        raise once the rest is closed."""
+            close_attached(self.callbacks)
+
+    def _stop_validations(self, finished: bool) -> None:
+        """The validation thread closed and waited for (``CLOSE_WAIT_S`` at most), once the loop ended (``finished``)
+        or stopped; an epoch validated beside the next that did not end is said so, after what its validation
+        printed. Nothing the second time."""
         job, self._overlapped, self._holding = self._overlapped, None, False
-        interrupted = False
         if self._validations is not None:
             if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
                 self._validations.cancel()
-            # a stopped validation ends at its next batch; a second Ctrl-C meanwhile is raised once it has
-            interrupted = self._validations.close(wait=CLOSE_WAIT_S)
+            self._validations.close(wait=CLOSE_WAIT_S)
             self._validations = None
             self._final_warm = None  # best.pt's copy, if no validation came
         if job is not None:
@@ -385,7 +389,6 @@ class FastTrainer(SyncFreeStep):
                 job.print_held()  # what it said before it stopped (a failure's warning, say)
             LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did not "
                            "end: its results.csv row and checkpoints are not written")
-        return interrupted
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:

@@ -43,9 +43,9 @@ Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
 class ValidationThread:
     """One daemon worker thread that runs what it is given in turn (``run`` waits, ``submit`` does not).
 
-    A daemon, so that an interpreter never hangs at exit on it; a stopped run (Ctrl-C, an error) cancels what it runs
-    and waits for it to stop at its next batch (``close``), as the process aborts if it exits with the worker inside
-    torch. The worker uses ``device`` as its current CUDA device (the training thread's is not inherited).
+    A daemon, so that an interpreter never hangs at exit on it; a stopped run (Ctrl-C, SIGTERM, an error) cancels what
+    it runs and waits for it to stop at its next batch (``close``), as the process aborts if it exits with the worker
+    inside torch. The worker uses ``device`` as its current CUDA device (the training thread's is not inherited).
     """
 
     def __init__(self, device: torch.device):
@@ -92,19 +92,15 @@ class ValidationThread:
         return self.submit(fn, *args, **kwargs).result()
 
     def close(self, wait: float = 0.0) -> bool:
-        """The worker ends once what is queued is done; waited for up to ``wait`` seconds, through further Ctrl-Cs:
-        the interpreter must not exit while the worker is inside torch (the process aborts, "terminate called without
-        an active exception"). Returns whether a Ctrl-C came meanwhile, for the caller to raise once it is done."""
+        """The worker ends once what is queued is done; waited for up to ``wait`` seconds. Returns whether it ended.
+
+        The caller defers signals meanwhile (``processes.signals_deferred``, the trainer's teardown): a wait cut short
+        by Ctrl-C or SIGTERM lets the interpreter exit while the worker is inside torch, and the process aborts
+        ("terminate called without an active exception")."""
         self._jobs.put(None)
-        interrupted = False
         if wait > 0 and self._thread is not threading.current_thread():
-            deadline = time.monotonic() + wait
-            while not self._ended.is_set() and (left := deadline - time.monotonic()) > 0:
-                try:
-                    self._ended.wait(left)
-                except KeyboardInterrupt:
-                    interrupted = True
-        return interrupted
+            return self._ended.wait(wait)
+        return self._ended.is_set()
 
     def cancel(self) -> None:
         """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""
