@@ -22,12 +22,13 @@ TINY = dict(imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=T
 
 # -- the rules, on stand-ins -----------------------------------------------------------------------------------------
 def _trainer(epoch=1, epochs=5, possible_stop=False, stop=False, best_epoch=0, patience=100, time=None, loss=1.0,
-             ema_value=0.5, val_overlap=None, callbacks=None):
+             ema_value=0.5, val_overlap=None, callbacks=None, nan_fitness_epoch=None):
     ema = SimpleNamespace(ema=torch.nn.Linear(2, 2), updates=7)
     with torch.no_grad():
         ema.ema.weight.fill_(ema_value)
     return SimpleNamespace(epoch=epoch, epochs=epochs, stop=stop, args=SimpleNamespace(time=time),
-                           val_overlap=val_overlap, callbacks={"on_fit_epoch_end": list(callbacks or [])},
+                           val_overlap=val_overlap, _nan_fitness_epoch=nan_fitness_epoch,
+                           callbacks={"on_fit_epoch_end": list(callbacks or [])},
                            stopper=SimpleNamespace(possible_stop=possible_stop, best_epoch=best_epoch,
                                                    patience=patience),
                            device=torch.device("cpu"), ema=ema, loss=torch.tensor([loss]), tloss=torch.tensor([1.0]),
@@ -49,6 +50,8 @@ def _logger(trainer):
     ({"time": 0.5}, "time= counts the epochs from their times"),
     ({"loss": float("nan")}, "the loss or the EMA is not finite"),
     ({"ema_value": float("inf")}, "the loss or the EMA is not finite"),
+    ({"nan_fitness_epoch": 1, "val_overlap": True},
+     "epoch 1's fitness was not a number: Ultralytics' NaN recovery runs in place"),
     # by default, none whose end a callback reads as it ends (a logger's, a user's); with val_overlap=True, late
     ({"callbacks": [_logger]}, "test_val_overlap._logger reads each epoch as it ends; val_overlap=True runs such "
                                "callbacks an epoch late"),
@@ -388,6 +391,20 @@ def test_early_stopping_and_val_period_stop_and_skip_where_a_waited_run_does(syn
         overlapped = _run(synth_root, tmp_path, f"overlapped{period}{patience}", True, **kw)
         assert len(waited[3]) == rows, (period, patience)
         assert _same(overlapped[3], waited[3]) and _same(overlapped[1], waited[1]) and _same(overlapped[2], waited[2])
+
+
+@pytest.mark.slow
+def test_after_a_fitness_that_is_not_a_number_every_epoch_is_validated_in_place(synth_root, tmp_path, caplog):
+    """Epoch 2's fitness, validated beside epoch 3, is not a number (the loss and the EMA finite): its row is written as
+    it is, one warning says Ultralytics' NaN recovery did not run for it, and every later epoch is validated in place,
+    where the recovery runs."""
+    caplog.set_level(logging.INFO)
+    fitness = [0.5, float("nan"), 0.6, 0.7, 0.8]
+    model, _, ends, rows = _run(synth_root, tmp_path, "nan", True, epochs=5, fitness=fitness)
+    assert sorted(model.trainer.val_overlapped) == [1, 2] and len(rows) == 5
+    assert "epoch 2's fitness is nan with its loss and EMA finite" in caplog.text
+    assert "epoch 3 is validated before the next starts (epoch 2's fitness was not a number" in caplog.text
+    assert [e for e, _ in ends] == [0, 1, 2, 3, 4, 5]  # 5: best.pt's final validation
 
 
 @pytest.mark.slow

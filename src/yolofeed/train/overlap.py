@@ -29,20 +29,21 @@ next epoch's, and callbacks during epoch k+1 see epoch k-1's metrics (a logger t
 k+1's losses with epoch k's metrics). A stop such a callback asks for (``stop``) takes
 effect where stock's does: epoch k+1, trained meanwhile, is not kept (``FastTrainer._discard_epoch``; the log's
 count of epochs completed includes it). A fitness that is not a number while the loss and the EMA are finite (not
-seen in detection) is written as it is: Ultralytics' NaN recovery, which reloads the last checkpoint and trains that
-epoch again, is not run for it.
+seen in detection) is written as it is, with one warning: Ultralytics' NaN recovery, which reloads the last checkpoint
+and trains that epoch again, is not run for it (the loop has trained the next epoch by then, and its epoch count cannot
+go back), and every later epoch is validated in place, where it is.
 
 An epoch is validated in the training thread, and waited for, wherever the overlap would change more than that
 (``reason_not``): the last epoch; an epoch after which early stopping may stop the run (``seam.could_stop``: its
-``possible_stop``, set by the previous validation, ``stop``, or the epochs since the best reaching ``patience``
-between two ``val_period`` validations), so the run stops at stock's epoch; a ``time=``
-limit (the epochs are counted from their times); by default (``val_overlap`` None, not True) a callback that reads
-each epoch as it ends (``seam.epoch_readers``: an Ultralytics logger installed and enabled, a user's), which would
-see it an epoch late; a loss or EMA that is not finite (Ultralytics' NaN recovery and its
-EMA repair read this epoch's state); too little free GPU memory for the validation beside the training (a training
-pass's peak per image times the validation's largest batch, as the validations' set-up checks it, and the copies of
-the EMA and the optimiser's state kept for an epoch: a training that takes more than about a third of the GPU is
-validated in place); and Ultralytics before ``seam.VAL_OVERLAP_SINCE``.
+``possible_stop``, set by the previous validation, ``stop``, or the epochs since the best reaching ``patience`` between
+two ``val_period`` validations), so the run stops at stock's epoch; a ``time=`` limit (the epochs are counted from their
+times); every epoch after one whose fitness was not a number; by default (``val_overlap`` None, not True) a callback
+that reads each epoch as it ends (``seam.epoch_readers``: an Ultralytics logger installed and enabled, a user's), which
+would see it an epoch late; a loss or EMA that is not finite (Ultralytics' NaN recovery and its EMA repair read this
+epoch's state); too little free GPU memory for the validation beside the training (a training pass's peak per image
+times the validation's largest batch, as the validations' set-up checks it, and the copies of the EMA and the
+optimiser's state kept for an epoch: a training that takes more than about a third of the GPU is validated in place);
+and Ultralytics before ``seam.VAL_OVERLAP_SINCE``.
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None
         return "early stopping may stop the run after it"
     if trainer.args.time:
         return "time= counts the epochs from their times"
+    if trainer._nan_fitness_epoch is not None:
+        return f"epoch {trainer._nan_fitness_epoch}'s fitness was not a number: Ultralytics' NaN recovery runs in place"
     readers = seam.epoch_readers(trainer) if trainer.val_overlap is None else []
     if readers:
         return (f"{', '.join(readers)} read{'s' if len(readers) == 1 else ''} each epoch as it ends; val_overlap=True "

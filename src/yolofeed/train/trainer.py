@@ -145,6 +145,7 @@ class FastTrainer(SyncFreeStep):
     _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
     _overlap_stream: torch.cuda.Stream | None = None  # the CUDA stream validations beside the training run on
     _overlap_off: str | None = None  # the last reason an epoch was not overlapped (said once each)
+    _nan_fitness_epoch: int | None = None  # an epoch validated beside the next whose fitness was not a number
     val_overlapped: dict | None = None  # per epoch overlapped: its validation's seconds and the seconds waited for it
 
     @classmethod
@@ -590,6 +591,12 @@ class FastTrainer(SyncFreeStep):
         self._overlapped = None
         job.print_held()
         end_epoch_late(self, job.snapshot, metrics, job.ended)
+        if self._nan_fitness_epoch is None and not np.isfinite(float(self.fitness)):
+            self._nan_fitness_epoch = epoch = job.snapshot.epoch + 1
+            LOGGER.warning(f"yolofeed: epoch {epoch}'s fitness is {self.fitness} with its loss and EMA finite; it was "
+                           "validated beside the next epoch, so Ultralytics' NaN recovery (reload last.pt and train "
+                           "the epoch again) did not run for it. Every later epoch is validated before the next "
+                           "starts, where it does (val_overlap=False does so from the start)")
         self.val_overlapped = {**(self.val_overlapped or {}), job.snapshot.epoch + 1: {
             "val_s": job.seconds, "waited_s": waited, "settled_s": job.settled}}
 
