@@ -442,3 +442,36 @@ def _pose_trained() -> bool:
 
 
 POSE_TRAINED = _pose_trained()  # the installed Ultralytics is one whose pose rules yolofeed follows (seam.check_task)
+
+
+class WhenWaiting:
+    """A thread that runs ``then()`` once the main thread waits (an Event's or a lock's ``wait``) inside a call of
+    ``name``; never earlier, since a signal sent before the test's ``pytest.raises`` would escape the test and stop the
+    pytest session. ``missed`` says the wait was not seen within ``seconds`` (``then`` was not run): the test fails."""
+
+    def __init__(self, name: str, then, seconds: float = 10.0):
+        import threading
+
+        self.missed = False
+        self._thread = threading.Thread(target=self._watch, args=(name, then, seconds), daemon=True)
+        self._thread.start()
+
+    def _watch(self, name: str, then, seconds: float) -> None:
+        import sys
+        import threading
+        import time
+
+        main, deadline = threading.main_thread().ident, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            frame, names = sys._current_frames().get(main), []
+            while frame is not None:
+                names.append(frame.f_code.co_name)
+                frame = frame.f_back
+            if name in names and names[0] == "wait":
+                then()
+                return
+            time.sleep(0.01)
+        self.missed = True
+
+    def join(self, seconds: float = 15.0) -> None:
+        self._thread.join(seconds)

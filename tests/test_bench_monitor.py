@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -119,8 +120,9 @@ def test_a_probe_that_ignores_sigterm_is_killed_and_the_stop_returns(monkeypatch
 
     stuck = ("import json, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
              "print(json.dumps({'ready': 1, 'cores': 1}), flush=True); time.sleep(60)")
-    popen = subprocess.Popen
-    monkeypatch.setattr(system.subprocess, "Popen", lambda args, **kw: popen([sys.executable, "-c", stuck], **kw))
+    probe = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in ("PIPE", "DEVNULL", "TimeoutExpired")},
+                                  Popen=lambda args, **kw: subprocess.Popen([sys.executable, "-c", stuck], **kw))
+    monkeypatch.setattr(system, "subprocess", probe)  # the probe's module alone: any other subprocess is untouched
     monkeypatch.setattr(system, "PROBE_STOP_S", 0.3)
     s = SystemSampler(interval=0.05).start()
     proc = s._proc

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import add_bad_samples, copy_dataset
+from helpers import WhenWaiting, add_bad_samples, copy_dataset
 from yolofeed.errors import ConfigError
 from yolofeed.loader import EpochSampler, TrainLoader, ValLoader
 from yolofeed.loader.dataset import PackDataset, source_positions
@@ -177,18 +177,46 @@ def test_a_stop_cut_short_by_ctrl_c_keeps_the_thread_for_the_next_to_wait_for(pa
     loader.prime()
     assert entered.wait(10)
     thread = loader.prefetcher._thread
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))  # while close waits: it is called at once
-    timer.start()
+    watcher = WhenWaiting("_stop_all", lambda: os.kill(os.getpid(), signal.SIGINT))
     try:
         with pytest.raises(KeyboardInterrupt):
             loader.close()
     finally:
-        timer.join()
-    assert loader.prefetcher._thread is thread and thread.is_alive()
+        watcher.join()
+    assert not watcher.missed and loader.prefetcher._thread is thread and thread.is_alive()
     gate.set()
     loader.close()
     assert loader.prefetcher._thread is None and not thread.is_alive()
     assert len(list(loader)) == len(loader)  # and the next epoch loads from a thread of its own
+
+
+@pytest.mark.parametrize("loader_kind", ["train", "val"])
+def test_a_close_while_another_thread_iterates_the_loader_ends_that_pass_and_nothing_else(pack, monkeypatch,
+                                                                                         loader_kind):
+    """The trainer's teardown closes the validation loader while the validation thread may be iterating it: the pass
+    ends with the loader's error, both threads stop the same loader thread once, and neither fails otherwise (the two
+    used to forget it twice: IndexError in either thread, the teardown cut short)."""
+    for _ in range(6):
+        loader = TrainLoader(pack(64), 2, "cpu") if loader_kind == "train" else ValLoader(pack(64), 2, "cpu")
+        entered, gate = _held_in_a_fill(loader, monkeypatch)
+        errors: list[BaseException] = []
+
+        def iterate(loader=loader, errors=errors):
+            try:
+                list(loader)
+            except BaseException as e:  # handed back to the test
+                errors.append(e)
+
+        it = threading.Thread(target=iterate)
+        it.start()
+        assert entered.wait(10)
+        releaser = threading.Timer(0.05, gate.set)
+        releaser.start()
+        loader.close()
+        it.join(10)
+        releaser.join()
+        assert not it.is_alive() and loader.prefetcher._thread is None
+        assert all(isinstance(x, LoaderError) and "closed while this pass" in str(x) for x in errors), errors
 
 
 def test_a_loader_thread_that_does_not_stop_in_time_is_left_with_one_line(pack, monkeypatch, caplog):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -11,56 +13,87 @@ import pytest
 from yolofeed.processes import signals_deferred
 
 
+class Stopped(Exception):
+    """What the tests' handlers raise: a KeyboardInterrupt that escaped a broken deferral would stop the session."""
+
+
+@contextlib.contextmanager
+def handlers(**by_name):
+    """Install handlers (name: handler) for the block, the previous ones put back after."""
+    previous = {name: signal.signal(getattr(signal, name), h) for name, h in by_name.items()}
+    try:
+        yield
+    finally:
+        for name, h in previous.items():
+            signal.signal(getattr(signal, name), h)
+
+
+def _raise(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
 def test_signals_wait_for_check_then_run_the_previous_handler():
-    with signals_deferred() as check:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)  # delivered and noted: nothing raised here, inside a lock or not
-        with pytest.raises(KeyboardInterrupt):
-            check()
-        check()  # noted once, acted on once
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with handlers(SIGINT=_raise):
+        with signals_deferred() as check:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # delivered and noted: nothing raised here, inside a lock or not
+            with pytest.raises(Stopped):
+                check()
+            check()  # noted once, acted on once
+        assert signal.getsignal(signal.SIGINT) is _raise
 
 
 def test_a_signal_after_the_last_check_is_acted_on_at_the_end():
     seen = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
-    try:
+    with handlers(SIGTERM=lambda signum, frame: seen.append(signum)):
         with signals_deferred():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
             assert seen == []
         assert seen == [signal.SIGTERM]
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
-def test_an_ignored_signal_stays_ignored():
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with signals_deferred() as check:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-            check()
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def test_a_signal_noted_while_an_exception_is_on_its_way_out_is_acted_on_after_it_with_it_as_context():
+    reached = []
 
+    def handler(signum, frame):
+        raise Stopped(f"reached the end of the clean-up: {bool(reached)}")
 
-def test_a_signal_noted_while_an_exception_is_on_its_way_out_is_acted_on_with_it_as_context():
-    with pytest.raises(KeyboardInterrupt) as raised:
+    with handlers(SIGINT=handler), pytest.raises(Stopped) as raised:
         with signals_deferred():
             try:
                 raise RuntimeError("the run failed")
-            finally:  # a clean-up the signal came during
+            finally:  # a clean-up the signal came during: it runs to its end first
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.05)
+                reached.append(True)
+    assert str(raised.value) == "reached the end of the clean-up: True"
     assert isinstance(raised.value.__context__, RuntimeError)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_noted_after_a_ctrl_c_is_the_one_acted_on():
+    seen = []
+    with handlers(SIGINT=lambda s, f: seen.append("SIGINT"), SIGTERM=lambda s, f: seen.append("SIGTERM")):
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert seen == ["SIGTERM"]
+
+
+def test_an_ignored_signal_stays_ignored_and_takes_no_turn():
+    seen = []
+    with handlers(SIGINT=signal.SIG_IGN, SIGTERM=lambda s, f: seen.append("SIGTERM")):
+        with signals_deferred() as check:
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            check()
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and seen == []
 
 
 def test_outside_the_main_thread_nothing_is_deferred():
-    import threading
-
     seen = []
 
     def run():
@@ -68,7 +101,8 @@ def test_outside_the_main_thread_nothing_is_deferred():
             check()
             seen.append(signal.getsignal(signal.SIGINT))
 
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    assert seen == [signal.default_int_handler]
+    with handlers(SIGINT=_raise):
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    assert seen == [_raise]

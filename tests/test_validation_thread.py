@@ -13,32 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import WhenWaiting
 from yolofeed.train.validation import ValidationThread, loader_shapes, warm
 
 TINY = dict(epochs=2, imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True)
-
-
-def _when_waiting_in(name: str, then) -> threading.Thread:
-    """A thread that runs ``then()`` once the main thread waits (an Event's wait) inside a call of ``name``: a signal
-    sent earlier would escape the test and stop the pytest session."""
-    import sys
-    import time
-
-    def watch():
-        main = threading.main_thread().ident
-        for _ in range(1000):
-            frame, names = sys._current_frames().get(main), []
-            while frame is not None:
-                names.append(frame.f_code.co_name)
-                frame = frame.f_back
-            if name in names and names[0] == "wait":
-                break
-            time.sleep(0.01)
-        then()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
 
 
 @pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
@@ -64,14 +42,15 @@ def test_a_signal_while_the_teardown_waits_for_the_validation_is_acted_on_once_i
     worker.submit(lambda: (batch.wait(10), time.sleep(0.2), finished.append(True)))  # a batch ending after the signal
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt
     sig = getattr(signal, signum)
-    watcher = _when_waiting_in("_stop_validations", lambda: (os.kill(os.getpid(), sig), batch.set()))
+    watcher = WhenWaiting("_stop_validations", lambda: (os.kill(os.getpid(), sig), batch.set()))
     try:
         with sigterm_exits(), pytest.raises((KeyboardInterrupt, SystemExit)) as raised:
             t._do_train()
     finally:
         signal.signal(signal.SIGINT, previous)
-        watcher.join(10)
-    assert finished == [True] and worker._ended.is_set() and t._validations is None
+        batch.set()
+        watcher.join()
+    assert not watcher.missed and finished == [True] and worker._ended.is_set() and t._validations is None
     assert raised.type is (KeyboardInterrupt if signum == "SIGINT" else SystemExit)
     done = ValidationThread(torch.device("cpu"))
     assert done.close(wait=10) is True

@@ -95,9 +95,10 @@ def sigterm_exits() -> Iterator[None]:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[Callable[[], None]]:
-    """While inside, SIGINT and SIGTERM are only noted; the first noted is acted on at ``check()`` and as the block
-    ends, its previous handler run then (Ctrl-C's KeyboardInterrupt, ``sigterm_exits``' SystemExit, or the default:
-    the process ends), an exception on its way out included (it becomes the new one's context).
+    """While inside, SIGINT and SIGTERM are only noted (one ignored stays ignored); one noted is acted on at
+    ``check()`` and as the block ends, SIGTERM where it came, its previous handler run then (Ctrl-C's
+    KeyboardInterrupt, ``sigterm_exits``' SystemExit, or the default: the process ends), an exception on its way out
+    included (it becomes the new one's context).
 
     Python raises KeyboardInterrupt (or the SystemExit a SIGTERM handler raises) at whatever bytecode the main thread
     is running. Inside a lock taken in two steps (tqdm's) that can leave it held, and what joins a thread waiting for
@@ -106,17 +107,18 @@ def signals_deferred() -> Iterator[Callable[[], None]]:
     then. Every wait inside must therefore be bounded: a deferred signal cannot cut it short. Only in the main thread
     (elsewhere handlers cannot be set, and no signal is raised there).
     """
-    watched = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.getsignal(s) for s in watched}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     if threading.current_thread() is not threading.main_thread() or None in previous.values():
         yield lambda: None  # None: a handler installed outside Python, which could not be put back
         return
+    previous = {s: h for s, h in previous.items() if h != signal.SIG_IGN}  # one ignored stays ignored
+    watched = tuple(previous)
     noted: list[int] = []
 
     def check() -> None:
         if not noted:
             return
-        signum = noted[0]
+        signum = signal.SIGTERM if signal.SIGTERM in noted else noted[0]  # SIGTERM after a Ctrl-C still ends us
         noted.clear()
         handler = previous[signum]
         if callable(handler):

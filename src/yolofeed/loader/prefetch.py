@@ -29,6 +29,7 @@ gathers in the caller's thread instead (the tests compare the two).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -245,12 +246,12 @@ class Prefetcher:
         except BaseException:  # abandoned (GeneratorExit) or failed mid-epoch: what was loaded ahead is out of order
             if out is not None:  # work already enqueued may still read the slot handed out: its next fill waits
                 self._release(out, free)
-            if self._running and self._running[0] is t:
+            if self._running and self._running[0] is t and not t.stopping.is_set():
                 self.close()
-            else:  # a later pass's thread is not this pass's to stop
-                t.stop()
+            else:  # a later pass's thread, or one another thread stops (close() in the trainer's teardown): not
+                t.stop()  # this pass's to forget
             raise
-        if self._running and self._running[0] is t:
+        if self._running and self._running[0] is t and self._queued:
             self._queued.popleft()
 
     def _iterate_here(self, batches: list[np.ndarray]) -> Iterator[LoadedBatch]:
@@ -303,12 +304,18 @@ class _Thread:
 
 def _stop_all(running: list[_Thread]) -> None:
     """Stop the loader threads. One is forgotten only once its stop returned: a stop cut short by Ctrl-C leaves it
-    here, and the next (the trainer's teardown, with signals deferred) waits for it again."""
+    here, and the next (the trainer's teardown, with signals deferred) waits for it again. Two threads may stop the
+    same ones at once (the teardown's close, and the pass a validation iterates, ended by it)."""
     while running:
-        if not running[-1].stop():
+        try:
+            t = running[-1]
+        except IndexError:  # emptied by the other meanwhile
+            return
+        if not t.stop():
             LOGGER.warning(f"yolofeed: the loader thread did not stop within {STOP_WAIT_S:g} s (a read of the pack "
                            "that does not return?); going on without it")
-        running.pop()
+        with contextlib.suppress(ValueError):  # forgotten by the other meanwhile
+            running.remove(t)
 
 
 def _produce(owner: weakref.ref[Prefetcher], t: _Thread) -> None:

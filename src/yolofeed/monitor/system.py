@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import platform
 import statistics
@@ -64,6 +65,7 @@ class SystemStats:
 
 
 # the probe's sample keys -> SystemStats fields, and what a field is without samples
+LOGGER = logging.getLogger(__name__)
 PROBE_STOP_S = 5.0  # how long a stop waits for the probe to end on SIGTERM before it kills it
 FIELDS = {"gpu": ("gpu_util", None), "mem": ("gpu_mem_gb", None), "cpu": ("cpu_cores_busy", 0.0),
           "disk": ("disk_read_mb_s", 0.0), "own": ("own_cores_busy", 0.0), "iow": ("iowait", 0.0),
@@ -153,15 +155,26 @@ class SystemSampler:
     def stop(self) -> SystemStats:
         if self._proc is not None:
             self._proc.terminate()
-            try:
-                self._proc.wait(PROBE_STOP_S)
-            except subprocess.TimeoutExpired:  # a probe stuck in a driver call: SIGKILL is not ignored
+            if not _ended(self._proc, PROBE_STOP_S):  # a probe stuck in a driver call: SIGKILL is not ignored
                 self._proc.kill()
-                self._proc.wait()
-            self._thread.join()  # the pipe is closed: the reader has seen every sample
+                if not _ended(self._proc, PROBE_STOP_S):  # in the kernel (a GPU off the bus): left to the system
+                    LOGGER.warning(f"yolofeed monitor: the system probe (PID {self._proc.pid}) did not end when "
+                                   "killed; going on without it")
+                    self._proc = None
+                    return self._stats()
+            self._thread.join(PROBE_STOP_S)  # the pipe is closed: the reader has seen every sample
             self._proc.stdout.close()
             self._proc = None
         return self._stats()
+
+
+def _ended(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether ``proc`` ends within ``seconds``."""
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _cpu_model() -> str:

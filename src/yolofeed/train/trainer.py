@@ -360,12 +360,13 @@ class FastTrainer(SyncFreeStep):
                 self._close_run(finished)
 
     def _close_run(self, finished: bool) -> None:
-        """The loaders' threads, the validation thread, a results plot's child and (a stopped run) the monitor,
-        closed."""
+        """The validation thread, the loaders' threads, a results plot's child and (a stopped run) the monitor,
+        closed. The validation thread first: it may be iterating the validation loader, and stops at its next batch
+        once cancelled, where a loader closed under it would end it with an error."""
+        self._stop_validations(finished)
         for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
             if hasattr(loader, "close"):
                 loader.close()
-        self._stop_validations(finished)
         if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
             self._results_plot.abandon()
             self._results_plot = None
@@ -382,7 +383,9 @@ class FastTrainer(SyncFreeStep):
         if self._validations is not None:
             if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
                 self._validations.cancel()
-            self._validations.close(wait=CLOSE_WAIT_S)
+            if not self._validations.close(wait=CLOSE_WAIT_S):
+                LOGGER.warning(f"yolofeed: the validation thread did not stop within {CLOSE_WAIT_S:g} s; going on "
+                               "without it")
             self._validations = None
             self._final_warm = None  # best.pt's copy, if no validation came
         if job is not None:
