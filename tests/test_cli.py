@@ -64,3 +64,29 @@ def test_help_text_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     assert "synth" in help_text()
+
+
+# a command stopped by Ctrl-C that left a thread a bounded wait gave up on (here one that never ends: the interpreter's
+# exit would wait for it for ever, where one inside torch aborts it)
+LEFT = """
+import sys, threading, time
+import yolofeed.synth
+from yolofeed import processes
+from yolofeed.cli import main
+
+def run(config):
+    threading.Thread(target=time.sleep, args=(600,), name="yolofeed-loader").start()
+    processes.left_running("the loader thread")
+    raise KeyboardInterrupt
+
+yolofeed.synth.run = run
+sys.exit(main(["synth", "out=" + sys.argv[1]]))
+"""
+
+
+def test_a_command_that_left_a_thread_running_ends_the_process_with_its_code(tmp_path):
+    out = subprocess.run([sys.executable, "-c", LEFT, str(tmp_path / "s")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-2:] == [
+        "yolofeed synth: interrupted", "yolofeed synth: the loader thread did not stop; ending the process now"]

@@ -106,3 +106,51 @@ def test_outside_the_main_thread_nothing_is_deferred():
         t.start()
         t.join()
     assert seen == [_raise]
+
+
+# a child process: polars (which Ultralytics imports to read results.csv) installs its SIGINT handler with SA_RESTART,
+# after which an untimed wait is not cut short by Ctrl-C; each of yolofeed's waits must still be
+CHILD = """
+import os, queue, signal, sys, threading, time
+from concurrent.futures import Future
+try:
+    import polars
+except ImportError:  # a release without it: the waits are still timed
+    pass
+from yolofeed import processes
+never = Future()
+asleep = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+asleep.start()
+waits = {"result": lambda: processes.result(never), "wait_all": lambda: processes.wait_all([never]),
+         "get": lambda: processes.get(queue.Queue()), "join": lambda: processes.join(asleep)}
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+t = time.monotonic()
+try:
+    waits[sys.argv[1]]()
+except KeyboardInterrupt:
+    print(time.monotonic() - t)
+"""
+
+
+@pytest.mark.parametrize("wait", ["result", "wait_all", "get", "join"])
+def test_ctrl_c_cuts_each_wait_short_after_polars_took_sigint(wait):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", CHILD, wait], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+    assert float(out.stdout) < 5  # the wait's step is 0.5 s; untimed, it waited for the 30 s sleep or for ever
+
+
+def test_a_result_that_ends_between_two_steps_is_returned_and_its_own_timeout_error_raised():
+    from concurrent.futures import Future
+
+    from yolofeed import processes
+
+    done = Future()
+    threading.Timer(0.6, done.set_result, ("value",)).start()
+    assert processes.result(done) == "value"
+    failed = Future()
+    failed.set_exception(TimeoutError("what it ran timed out"))
+    with pytest.raises(TimeoutError, match="what it ran"):
+        processes.result(failed)

@@ -305,9 +305,39 @@ def test_the_checkpoint_a_stopped_run_continues_from(tmp_path):
     last.write_bytes(b"older")
     source.write_bytes(b"resumed from")
     os.utime(last, (time.time() - 3600, time.time() - 3600))
-    t = SimpleNamespace(last=last, _started=time.time(), resume=False, args=SimpleNamespace(resume=False))
+    t = SimpleNamespace(last=last, _started=time.time(), resume=False, args=SimpleNamespace(resume=False),
+                        trained=False)
     assert FastDetectionTrainer.resumable_checkpoint(t) is None  # another run's
     t.resume, t.args.resume = True, str(source)
     assert FastDetectionTrainer.resumable_checkpoint(t) == source
     last.write_bytes(b"saved by this run")
     assert FastDetectionTrainer.resumable_checkpoint(t) == last
+    t.trained = True  # final_eval has stripped it: a finished run's
+    assert FastDetectionTrainer.resumable_checkpoint(t) is None
+
+
+def test_ctrl_c_in_the_final_validation_says_the_weights_are_whole_and_how_to_validate(synth_root, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """Every epoch trained and saved, Ctrl-C in the final validation of best.pt: last.pt is stripped by then, so the
+    line names the weights and the validation left, not a resume that would be refused ("a finished run")."""
+    import shlex
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.cli import main
+
+    validate = FastDetectionTrainer._in_validation_thread
+
+    def interrupted(self, fn, *args, final=False, **kwargs):
+        if final:
+            raise KeyboardInterrupt
+        return validate(self, fn, *args, final=final, **kwargs)
+
+    monkeypatch.setattr(FastDetectionTrainer, "_in_validation_thread", interrupted)
+    assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", "epochs=1", "imgsz=64",
+                 "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}", "name=r"]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    best = tmp_path / "r" / "weights" / "best.pt"
+    assert line.startswith(f"yolofeed train: interrupted; every epoch was trained and saved, in {best}; "), line
+    assert shlex.split(line.split("run it with: ")[1]) == ["yolo", "val", f"model={best}",
+                                                            f"data={synth_root / 'data.yaml'}"]
+

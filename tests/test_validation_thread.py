@@ -258,7 +258,7 @@ def test_a_validation_the_training_stopped_waiting_for_stops_at_its_next_batch_a
         def __init__(self, future):
             self.future = future
 
-        def result(self):
+        def result(self, timeout=None):
             assert second.wait(5)
             raise KeyboardInterrupt
 
@@ -313,3 +313,10 @@ def test_a_stopped_run_says_which_validation_did_not_end(caplog):
     caplog.clear()
     FastTrainer._stop_validations(trainer, finished=False)
     assert calls == ["cancel", ("close", CLOSE_WAIT_S)] and caplog.text == ""  # nothing the second time
+    ended = Future()  # it ended, and the run stopped before the next epoch's end, where its row is written
+    ended.set_result({})
+    trainer._overlapped = overlap.Overlapped(snapshot=SimpleNamespace(epoch=2), header="", future=ended)
+    with caplog.at_level(logging.WARNING):
+        FastTrainer._stop_validations(trainer, finished=False)
+    assert ("epoch 3's validation, run beside the training, ended, but the run stopped before epoch 4's end, where "
+            "it is written: its results.csv row and checkpoints are not written") in caplog.text

@@ -10,13 +10,14 @@ import dataclasses
 import difflib
 import importlib
 import logging
+import os
 import shlex
 import sys
 import typing
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 
-from yolofeed import __version__
+from yolofeed import __version__, processes
 from yolofeed.config import (
     PACK_FORMATS,
     BenchConfig,
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("help", "-h", "--help") for a in args):
         print(help_text(command))
         return 0
+    processes.LEFT_RUNNING.clear()
+    code = 0
     try:
         config = build_config(command, args)
         check_paths(config)
@@ -272,8 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         getattr(importlib.import_module(module), func)(config)
     except YolofeedError as e:
         print(f"yolofeed {command}: error: {e}", file=sys.stderr)
-        return 1
+        code = 1
     except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
         print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
-        return 130
-    return 0
+        code = 130
+    if processes.LEFT_RUNNING:  # a thread still inside torch would abort the interpreter's exit: end here
+        print(f"yolofeed {command}: {' and '.join(processes.LEFT_RUNNING)} did not stop; ending the process now",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        logging.shutdown()
+        os._exit(code)
+    return code

@@ -1,6 +1,6 @@
 """Processes that must not outlive the one that started them, and signals that must not land mid-wait: whether a
-process is still the one we knew, a child that dies with its parent, SIGTERM ending a process as Ctrl-C does, and
-signals deferred to where no lock or wait is held.
+process is still the one we knew, a child that dies with its parent, SIGTERM ending a process as Ctrl-C does, signals
+deferred to where no lock or wait is held, and waits that Ctrl-C can cut short.
 
 A pack build's workers and a bench's modes run in child processes. A parent killed alone (``kill -9``, the OOM
 killer) cannot stop them: left running, a build's workers keep its files and a bench's mode keeps its GPU.
@@ -8,17 +8,29 @@ killer) cannot stop them: left running, a build's workers keep its files and a b
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 LOGGER = logging.getLogger(__name__)
 START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
+# A wait's step (``result``, ``get``, ``join``, ``wait_all``). Ctrl-C cuts a blocking wait short only where it is timed:
+# polars, which Ultralytics imports to read results.csv, installs its SIGINT handler with SA_RESTART, and an untimed
+# lock acquire is then restarted, so the KeyboardInterrupt waits for the wait's end (a validation's, a hung read's
+# forever). A timed one returns to Python, which runs the handler.
+WAIT_STEP_S = 0.5
+# threads a bounded wait gave up on in this command (``left_running``): the interpreter's exit aborts the process
+# ("terminate called without an active exception") where one is inside torch then, so the command line ends with
+# os._exit instead (cli.main)
+LEFT_RUNNING: list[str] = []
 
 
 def process_start(pid: int) -> float | None:
@@ -135,3 +147,40 @@ def signals_deferred() -> Iterator[Callable[[], None]]:
         for s, handler in previous.items():
             signal.signal(s, handler)
         check()  # a signal that came after the last check
+
+
+def result(future: concurrent.futures.Future) -> Any:
+    """``future.result()``, waited for in timed steps (``WAIT_STEP_S``): Ctrl-C cuts it short."""
+    while True:
+        try:
+            return future.result(WAIT_STEP_S)
+        except concurrent.futures.TimeoutError:
+            if future.done():  # it ended meanwhile, or what it ran raised TimeoutError: result() says which
+                return future.result()
+
+
+def wait_all(futures: Iterable[concurrent.futures.Future]) -> None:
+    """``concurrent.futures.wait(futures)``, in timed steps: Ctrl-C cuts it short."""
+    futures = list(futures)
+    while concurrent.futures.wait(futures, WAIT_STEP_S).not_done:
+        pass
+
+
+def get(q: queue.Queue) -> Any:
+    """``q.get()``, in timed steps: Ctrl-C cuts it short."""
+    while True:
+        try:
+            return q.get(timeout=WAIT_STEP_S)
+        except queue.Empty:
+            pass
+
+
+def join(thread: threading.Thread) -> None:
+    """``thread.join()``, in timed steps: Ctrl-C cuts it short."""
+    while thread.is_alive():
+        thread.join(WAIT_STEP_S)
+
+
+def left_running(what: str) -> None:
+    """Note a thread a bounded wait gave up on (``LEFT_RUNNING``)."""
+    LEFT_RUNNING.append(what)

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolofeed import processes
 from yolofeed.errors import ConfigError, PackError
 from yolofeed.loader.batch import HostBuffers, gather, label_width
 from yolofeed.loader.labels import LabelView
@@ -234,7 +235,7 @@ class Prefetcher:
         ready, free, out = t.ready, t.free, None
         try:
             for _ in range(len(batches)):
-                item = ready.get()
+                item = processes.get(ready)  # timed: Ctrl-C cuts a wait for a read that hangs short
                 if item is _STOP:  # close(), or a later pass, stopped this pass's thread
                     raise LoaderError("the loader was closed while this pass was iterating it; iterate it again")
                 if isinstance(item, BaseException):
@@ -314,6 +315,7 @@ def _stop_all(running: list[_Thread]) -> None:
         if not t.stop():
             LOGGER.warning(f"yolofeed: the loader thread did not stop within {STOP_WAIT_S:g} s (a read of the pack "
                            "that does not return?); going on without it")
+            processes.left_running("the loader thread")
         with contextlib.suppress(ValueError):  # forgotten by the other meanwhile
             running.remove(t)
 

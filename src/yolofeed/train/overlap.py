@@ -53,13 +53,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from yolofeed import processes
 from yolofeed import ultralytics_seam as seam
 from yolofeed.ultralytics_seam import LOGGER
 
@@ -134,13 +135,13 @@ class Overlapped:
         (cudaErrorStreamCaptureInvalidated) whatever its mode; the validation's own syncs are its stream's. The
         seconds are the training's (its epoch's time holds them), not counted as waited for the validation."""
         t0 = time.perf_counter()
-        wait([f for f in (self.future, behind) if f is not None])
+        processes.wait_all(f for f in (self.future, behind) if f is not None)
         self.settled += time.perf_counter() - t0
 
     def result(self) -> tuple[dict, float]:
         """The validation's metrics and the seconds the caller waited for them now; its exception, raised here."""
         t0 = time.perf_counter()
-        metrics = self.future.result()
+        metrics = processes.result(self.future)
         return metrics, time.perf_counter() - t0
 
     def print_held(self) -> None:

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from yolofeed import processes
+
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
 RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting import plot_results; "
@@ -55,7 +57,7 @@ class InThread:
             BaseException: what ``fn`` raised.
         """
         start = time.perf_counter()
-        self._thread.join()
+        processes.join(self._thread)
         waited = time.perf_counter() - start
         if self.error is not None:
             error, self.error = self.error, None

@@ -280,9 +280,10 @@ def run(cfg: TrainConfig) -> Path:
     except KeyboardInterrupt:  # Ctrl-C: the CLI says "interrupted" and this, in one line
         tr = model.trainer
         saved = tr.resumable_checkpoint() if isinstance(tr, FastTrainer) else None
+        instead = tr.nothing_to_resume() if isinstance(tr, FastTrainer) else "no epoch was saved yet"
         raise KeyboardInterrupt(f"the last finished epoch is in {saved}; continue with: "
                                 f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
-                                "no epoch was saved yet") from None
+                                instead[0].lower() + instead[1:]) from None
     tr = model.trainer
     best = tr.best if tr.best.exists() else tr.last
     gpus = f"{tr.world_size} GPUs" if tr.world_size > 1 else str(tr.device)

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolofeed import processes
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
@@ -56,7 +57,6 @@ from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.report import report_path
 from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
 from yolofeed.pack.verify import not_stock_skips
-from yolofeed.processes import signals_deferred
 from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
@@ -145,6 +145,7 @@ class FastTrainer(SyncFreeStep):
     _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
     _overlap_stream: torch.cuda.Stream | None = None  # the CUDA stream validations beside the training run on
     _overlap_off: str | None = None  # the last reason an epoch was not overlapped (said once each)
+    trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     _nan_fitness_epoch: int | None = None  # an epoch validated beside the next whose fitness was not a number
     val_overlapped: dict | None = None  # per epoch overlapped: its validation's seconds and the seconds waited for it
 
@@ -342,21 +343,21 @@ class FastTrainer(SyncFreeStep):
             return result
         except Exception as e:
             # what a validation beside had said comes before this error's line; a Ctrl-C meanwhile comes after it
-            with signals_deferred():
+            with processes.signals_deferred():
                 self._stop_validations(finished)
                 if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
                     saved = self.resumable_checkpoint()
-                    LOGGER.error(f"yolofeed: training stopped in epoch {self.epoch + 1} by {type(e).__name__}: {e}. "
+                    LOGGER.error(f"yolofeed: training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
                                  + (f"The last finished epoch is in {saved}; once the cause is fixed, continue "
                                     f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
-                                    if saved else "No epoch was saved yet: start again once the cause is fixed"))
+                                    if saved else self.nothing_to_resume(error=True)))
             raise
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
             # loading the next epoch (an error or Ctrl-C in validation, a checkpoint or a callback), and the YOLO
             # object keeps this trainer: stop it and free its slots now. A Ctrl-C or SIGTERM meanwhile is acted on
             # once all is closed (every wait here is bounded): cut short, a wait for a thread inside torch can let
             # the interpreter exit under it, which aborts the process
-            with signals_deferred():
+            with processes.signals_deferred():
                 self._close_run(finished)
 
     def _close_run(self, finished: bool) -> None:
@@ -386,23 +387,43 @@ class FastTrainer(SyncFreeStep):
             if not self._validations.close(wait=CLOSE_WAIT_S):
                 LOGGER.warning(f"yolofeed: the validation thread did not stop within {CLOSE_WAIT_S:g} s; going on "
                                "without it")
+                processes.left_running("the validation thread")
             self._validations = None
             self._final_warm = None  # best.pt's copy, if no validation came
         if job is not None:
             if job.future is not None and job.future.done() and job.held:
                 job.print_held()  # what it said before it stopped (a failure's warning, say)
-            LOGGER.warning(f"yolofeed: epoch {job.snapshot.epoch + 1}'s validation, run beside the training, did not "
-                           "end: its results.csv row and checkpoints are not written")
+            done = job.future
+            ended = done is not None and done.done() and not done.cancelled() and done.exception() is None
+            n = job.snapshot.epoch + 1
+            LOGGER.warning(f"yolofeed: epoch {n}'s validation, run beside the training, "
+                           + (f"ended, but the run stopped before epoch {n + 1}'s end, where it is written: "
+                              if ended else "did not end: ") + "its results.csv row and checkpoints are not written")
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:
         """The checkpoint a stopped run continues from: the last.pt this run saved, else the one it resumed from;
-        None before either (a reused run folder's older last.pt is another run's)."""
+        None before either (a reused run folder's older last.pt is another run's), and once every epoch trained
+        (``trained``: ``final_eval`` strips last.pt of what a resume needs)."""
+        if self.trained:
+            return None
         last = checkpoint(self, "last")
         if last.is_file() and last.stat().st_mtime >= self._started - 1:
             return Path(last)
         resumed = getattr(self.args, "resume", None) if getattr(self, "resume", False) else None
         return Path(resumed) if resumed and Path(resumed).is_file() else None
+
+    def _where_stopped(self) -> str:
+        return "in the final validation" if self.trained else f"in epoch {self.epoch + 1}"
+
+    def nothing_to_resume(self, error: bool = False) -> str:
+        """What a stopped run without a checkpoint to resume from has instead, in one sentence (``error``: it failed,
+        rather than being stopped)."""
+        if not self.trained:
+            return "No epoch was saved yet" + (": start again once the cause is fixed" if error else "")
+        weights = checkpoint(self, "best") if checkpoint(self, "best").exists() else checkpoint(self, "last")
+        return (f"Every epoch was trained and saved, in {weights}; the final validation of best.pt did not end: run "
+                f"it with: {shlex.join(['yolo', 'val', f'model={weights}', f'data={self.args.data}'])}")
 
     def save_model(self):
         """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
@@ -445,6 +466,7 @@ class FastTrainer(SyncFreeStep):
         model = best if best.exists() else None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
             if RANK in {-1, 0}:
+                self.trained = True  # last.pt is a finished run's from here: nothing to resume
                 ckpt = strip_atomically(last) if last.exists() else {}
                 if model:
                     # update best.pt train_metrics from last.pt
@@ -663,7 +685,7 @@ class FastTrainer(SyncFreeStep):
             return fn(*args, **kwargs)
         done = self._submit_validation(fn, *args, final=final, **kwargs)
         try:
-            return done.result()
+            return processes.result(done)
         except BaseException:  # Ctrl-C here, or the validation failed: nothing more runs beside a stopped run
             self._validations.cancel()
             raise

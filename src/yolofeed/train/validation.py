@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from yolofeed import processes
 from yolofeed.ultralytics_seam import LOGGER
 
 Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
@@ -89,7 +90,7 @@ class ValidationThread:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in the worker, after what is queued; returns its result or raises its exception."""
-        return self.submit(fn, *args, **kwargs).result()
+        return processes.result(self.submit(fn, *args, **kwargs))
 
     def close(self, wait: float = 0.0) -> bool:
         """The worker ends once what is queued is done; waited for up to ``wait`` seconds. Returns whether it ended.
