@@ -377,6 +377,8 @@ def test_a_bench_stopped_alone_leaves_no_mode_training(synth_root, tmp_path, sig
         mode[0].wait(timeout=10)  # raises psutil.TimeoutExpired while it still trains
         # SIGTERM: the bench stops its mode first, then exits as a SIGTERM'd build does
         assert bench.returncode == (-signal.SIGKILL if sig == "SIGKILL" else 128 + signal.SIGTERM)
+        if sig == "SIGTERM":  # said in one line (it exited without a word)
+            assert bench.stderr.read().strip().splitlines()[-1] == "yolofeed bench: stopped by SIGTERM"
     finally:
         for p in [bench, *mode]:
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):

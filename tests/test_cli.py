@@ -90,3 +90,16 @@ def test_a_command_that_left_a_thread_running_ends_the_process_with_its_code(tmp
     assert out.returncode == 130, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-2:] == [
         "yolofeed synth: interrupted", "yolofeed synth: the loader thread did not stop; ending the process now"]
+
+
+@pytest.mark.parametrize("said", ["", "stopped by SIGTERM with 1 of 4 runs finished: no verdict"])
+def test_a_command_stopped_by_sigterm_says_so_in_one_line_and_exits_143(monkeypatch, capsys, tmp_path, said):
+    import yolofeed.synth
+    from yolofeed import processes
+
+    def run(config):
+        raise processes.Terminated(said)
+
+    monkeypatch.setattr(yolofeed.synth, "run", run)
+    assert main(["synth", f"out={tmp_path / 's'}"]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"yolofeed synth: {said or 'stopped by SIGTERM'}"

@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
         print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
         code = 130
+    except processes.Terminated as e:  # SIGTERM where the command stops as Ctrl-C does (sigterm_exits): exit 143
+        print(f"yolofeed {command}: {e.said or 'stopped by SIGTERM'}", file=sys.stderr)
+        code = e.code
     if processes.LEFT_RUNNING:  # a thread still inside torch would abort the interpreter's exit: end here
         print(f"yolofeed {command}: {' and '.join(processes.LEFT_RUNNING)} did not stop; ending the process now",
               file=sys.stderr, flush=True)

@@ -84,10 +84,19 @@ def _watch_parent(pid: int, started: float, every: float = 1.0) -> None:
             os._exit(1)
 
 
+class Terminated(SystemExit):
+    """SIGTERM's end of a command: exit status 143, and what the command says of what it kept (``said``), for the
+    command line to print in one line."""
+
+    def __init__(self, said: str = ""):
+        super().__init__(128 + signal.SIGTERM)
+        self.said = said
+
+
 @contextlib.contextmanager
 def sigterm_exits() -> Iterator[None]:
     """While inside, SIGTERM (``timeout``, ``docker stop``, a scheduler) ends this process as Ctrl-C does, its
-    clean-up running, then with exit status 143 (``SystemExit``).
+    clean-up running, then with exit status 143 (``Terminated``, a ``SystemExit``).
 
     Only in the main thread and where nobody else handles SIGTERM; the previous handler is put back after.
     """
@@ -96,7 +105,7 @@ def sigterm_exits() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
+        raise Terminated
 
     signal.signal(signal.SIGTERM, stop)
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolofeed import processes
 from yolofeed.bench.stats import Difference, bands_overlap, mean_sd, welch
 from yolofeed.config import ParityConfig, usable_cores
 from yolofeed.errors import ConfigError, YolofeedError
@@ -410,8 +411,7 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         said = (f"stopped by {how} with {done} of {len(jobs)} runs finished: no verdict (the comparison is not "
                 f"complete); what finished is in {out / 'parity.json'}")
         if isinstance(e, Terminated):
-            print(f"yolofeed parity: {said}", file=sys.stderr, flush=True)
-            raise SystemExit(128 + signal.SIGTERM) from None
+            raise processes.Terminated(said) from None
         raise KeyboardInterrupt(said) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
