@@ -72,24 +72,29 @@ LEFT = """
 import sys, threading, time
 import yolofeed.synth
 from yolofeed import processes
-from yolofeed.cli import main
+from yolofeed.cli import entry
 
 def run(config):
     threading.Thread(target=time.sleep, args=(600,), name="yolofeed-loader").start()
     processes.left_running("the loader thread")
-    raise KeyboardInterrupt
+    raise {raised}
 
 yolofeed.synth.run = run
-sys.exit(main(["synth", "out=" + sys.argv[1]]))
+sys.argv = ["yolofeed", "synth", "out=" + sys.argv[1]]
+sys.exit(entry())
 """
 
 
-def test_a_command_that_left_a_thread_running_ends_the_process_with_its_code(tmp_path):
-    out = subprocess.run([sys.executable, "-c", LEFT, str(tmp_path / "s")], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 130, out.stderr[-2000:]
+@pytest.mark.parametrize("raised, code, said", [
+    ("KeyboardInterrupt", 130, "yolofeed synth: interrupted"),
+    ("RuntimeError('a failure main does not say')", 1, "RuntimeError: a failure main does not say"),
+    ("processes.Terminated()", 143, "yolofeed synth: stopped by SIGTERM")])
+def test_a_command_that_left_a_thread_running_ends_the_process_with_its_code(tmp_path, raised, code, said):
+    out = subprocess.run([sys.executable, "-c", LEFT.format(raised=raised), str(tmp_path / "s")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == code, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-2:] == [
-        "yolofeed synth: interrupted", "yolofeed synth: the loader thread did not stop; ending the process now"]
+        said, "yolofeed: the loader thread did not stop; ending the process now"]
 
 
 @pytest.mark.parametrize("said", ["", "stopped by SIGTERM with 1 of 4 runs finished: no verdict"])

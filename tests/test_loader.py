@@ -216,7 +216,8 @@ def test_a_close_while_another_thread_iterates_the_loader_ends_that_pass_and_not
         it.join(10)
         releaser.join()
         assert not it.is_alive() and loader.prefetcher._thread is None
-        assert all(isinstance(x, LoaderError) and "closed while this pass" in str(x) for x in errors), errors
+        assert len(errors) == 1 and isinstance(errors[0], LoaderError), errors
+        assert "closed while this pass" in str(errors[0])
 
 
 def test_a_loader_thread_that_does_not_stop_in_time_is_left_with_one_line(pack, monkeypatch, caplog):

@@ -310,10 +310,13 @@ def test_the_checkpoint_a_stopped_run_continues_from(tmp_path):
     assert FastDetectionTrainer.resumable_checkpoint(t) is None  # another run's
     t.resume, t.args.resume = True, str(source)
     assert FastDetectionTrainer.resumable_checkpoint(t) == source
-    last.write_bytes(b"saved by this run")
+    last.write_bytes(b"saved by this run")  # one that does not load is not taken for a finished run's
     assert FastDetectionTrainer.resumable_checkpoint(t) == last
     t.trained = True  # final_eval has stripped it: a finished run's
     assert FastDetectionTrainer.resumable_checkpoint(t) is None
+    t.trained = False  # stripped in another process (DDP's rank 0): the file says so
+    torch.save({"epoch": -1, "optimizer": None}, last)
+    assert FastDetectionTrainer.resumable_checkpoint(t) is None and t.trained
 
 
 def test_ctrl_c_in_the_final_validation_says_the_weights_are_whole_and_how_to_validate(synth_root, tmp_path,
@@ -337,7 +340,9 @@ def test_ctrl_c_in_the_final_validation_says_the_weights_are_whole_and_how_to_va
                  "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}", "name=r"]) == 130
     line = capsys.readouterr().err.strip().splitlines()[-1]
     best = tmp_path / "r" / "weights" / "best.pt"
-    assert line.startswith(f"yolofeed train: interrupted; every epoch was trained and saved, in {best}; "), line
+    assert line.startswith(f"yolofeed train: interrupted; every epoch was trained and saved, in {best}; its final "
+                           "validation did not end"), line
+    assert best.is_file()
     assert shlex.split(line.split("run it with: ")[1]) == ["yolo", "val", f"model={best}",
                                                             f"data={synth_root / 'data.yaml'}"]
 

@@ -1,5 +1,5 @@
 """``python -m yolofeed`` is the ``yolofeed`` command."""
 
-from yolofeed.cli import main
+from yolofeed.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

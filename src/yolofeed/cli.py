@@ -6,6 +6,7 @@ so ``yolofeed help`` stays instant.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -13,6 +14,7 @@ import logging
 import os
 import shlex
 import sys
+import traceback
 import typing
 from dataclasses import MISSING, dataclass
 from pathlib import Path
@@ -266,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("help", "-h", "--help") for a in args):
         print(help_text(command))
         return 0
-    processes.LEFT_RUNNING.clear()
     code = 0
     try:
         config = build_config(command, args)
@@ -282,10 +283,31 @@ def main(argv: list[str] | None = None) -> int:
     except processes.Terminated as e:  # SIGTERM where the command stops as Ctrl-C does (sigterm_exits): exit 143
         print(f"yolofeed {command}: {e.said or 'stopped by SIGTERM'}", file=sys.stderr)
         code = e.code
-    if processes.LEFT_RUNNING:  # a thread still inside torch would abort the interpreter's exit: end here
-        print(f"yolofeed {command}: {' and '.join(processes.LEFT_RUNNING)} did not stop; ending the process now",
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        logging.shutdown()
-        os._exit(code)
+    return code
+
+
+def entry() -> int:
+    """The ``yolofeed`` console script: ``main``, whose process ends at once (``os._exit``, with its exit code) where
+    the command's teardown gave up on a thread (``processes.LEFT_RUNNING``): the interpreter's exit aborts the process
+    ("terminate called without an active exception") where one is inside torch then. ``main`` called in a process of
+    the caller's (a test, a notebook) never ends it."""
+    processes.LEFT_RUNNING.clear()
+    code = 1  # an error main does not say: Python prints its traceback
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        raise
+    except BaseException:
+        if processes.LEFT_RUNNING:  # printed here, as the exit below skips Python's own
+            traceback.print_exc()
+        raise
+    finally:
+        if processes.LEFT_RUNNING:
+            with contextlib.suppress(Exception):  # a closed pipe, say: the exit comes all the same
+                print(f"yolofeed: {' and '.join(processes.LEFT_RUNNING)} did not stop; ending the process now",
+                      file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                logging.shutdown()
+            os._exit(code)
     return code

@@ -22,10 +22,10 @@ from typing import Any
 
 LOGGER = logging.getLogger(__name__)
 START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
-# A wait's step (``result``, ``get``, ``join``, ``wait_all``). Ctrl-C cuts a blocking wait short only where it is timed:
-# polars, which Ultralytics imports to read results.csv, installs its SIGINT handler with SA_RESTART, and an untimed
-# lock acquire is then restarted, so the KeyboardInterrupt waits for the wait's end (a validation's, a hung read's
-# forever). A timed one returns to Python, which runs the handler.
+# A wait's step (``result``, ``wait_all``, ``get``, ``wait_for``). Ctrl-C cuts a blocking wait short only where it is
+# timed: polars, which Ultralytics imports to read results.csv, installs its SIGINT handler with SA_RESTART, and an
+# untimed lock acquire is then restarted, so the KeyboardInterrupt waits for the wait's end (a validation's, a hung
+# read's for ever). A timed one returns to Python, which runs the handler.
 WAIT_STEP_S = 0.5
 # threads a bounded wait gave up on in this command (``left_running``): the interpreter's exit aborts the process
 # ("terminate called without an active exception") where one is inside torch then, so the command line ends with
@@ -184,10 +184,12 @@ def get(q: queue.Queue) -> Any:
             pass
 
 
-def join(thread: threading.Thread) -> None:
-    """``thread.join()``, in timed steps: Ctrl-C cuts it short."""
-    while thread.is_alive():
-        thread.join(WAIT_STEP_S)
+def wait_for(event: threading.Event) -> None:
+    """``event.wait()``, in timed steps: Ctrl-C cuts it short. Wait for a thread on an event it sets as it returns, not
+    with ``Thread.join``: a join cut short by Ctrl-C may release the thread's state lock it did not take (CPython's
+    bpo-45274 fix), and the thread then looks ended while it runs."""
+    while not event.wait(WAIT_STEP_S):
+        pass
 
 
 def left_running(what: str) -> None:

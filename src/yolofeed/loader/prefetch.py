@@ -247,12 +247,13 @@ class Prefetcher:
         except BaseException:  # abandoned (GeneratorExit) or failed mid-epoch: what was loaded ahead is out of order
             if out is not None:  # work already enqueued may still read the slot handed out: its next fill waits
                 self._release(out, free)
-            if self._running and self._running[0] is t and not t.stopping.is_set():
+            if next(iter(self._running), None) is t and not t.stopping.is_set():  # read once: another thread may
+                # empty the list meanwhile
                 self.close()
             else:  # a later pass's thread, or one another thread stops (close() in the trainer's teardown): not
                 t.stop()  # this pass's to forget
             raise
-        if self._running and self._running[0] is t and self._queued:
+        if next(iter(self._running), None) is t and self._queued:
             self._queued.popleft()
 
     def _iterate_here(self, batches: list[np.ndarray]) -> Iterator[LoadedBatch]:

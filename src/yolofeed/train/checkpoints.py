@@ -250,18 +250,30 @@ def sweep(folder: Path) -> list[Path]:
     return removed
 
 
-def resumable_epoch(path: Path) -> int | None:
-    """The epoch (0-based) a checkpoint can resume after, or None: it does not load, or holds a finished run (no
-    optimizer state: ``strip_optimizer`` made it)."""
+def _loaded(path: Path) -> dict | None:
+    """A checkpoint's dict, or None where it does not load."""
     from yolofeed.ultralytics_seam import torch_safe_load
 
     try:
         ckpt, _ = torch_safe_load(str(path))
     except (*UNPICKLING_ERRORS, AttributeError, OSError):
         return None
-    if not isinstance(ckpt, dict) or ckpt.get("optimizer") is None or not isinstance(ckpt.get("epoch"), int):
+    return ckpt if isinstance(ckpt, dict) else None
+
+
+def resumable_epoch(path: Path) -> int | None:
+    """The epoch (0-based) a checkpoint can resume after, or None: it does not load, or holds a finished run (no
+    optimizer state: ``strip_optimizer`` made it)."""
+    ckpt = _loaded(path)
+    if ckpt is None or ckpt.get("optimizer") is None or not isinstance(ckpt.get("epoch"), int):
         return None
     return ckpt["epoch"] if ckpt["epoch"] >= 0 else None
+
+
+def finished_run(path: Path) -> bool:
+    """Whether a checkpoint loads and holds a finished run (no optimizer state: ``strip_optimizer`` made it)."""
+    ckpt = _loaded(path)
+    return ckpt is not None and ckpt.get("optimizer") is None
 
 
 def newest_resumable(damaged: Path) -> tuple[Path, int] | None:

@@ -38,6 +38,7 @@ class InThread:
     def __init__(self, fn: Callable[[], object], name: str):
         self.seconds: float | None = None  # how long fn took, once it returned
         self.error: BaseException | None = None
+        self._ended = threading.Event()  # set as it returns: see processes.wait_for
         self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
         self._thread.start()
 
@@ -49,6 +50,7 @@ class InThread:
             self.error = e
         finally:
             self.seconds = time.perf_counter() - start
+            self._ended.set()
 
     def join(self) -> float:
         """Wait for it; returns the seconds waited.
@@ -57,7 +59,7 @@ class InThread:
             BaseException: what ``fn`` raised.
         """
         start = time.perf_counter()
-        processes.join(self._thread)
+        processes.wait_for(self._ended)
         waited = time.perf_counter() - start
         if self.error is not None:
             error, self.error = self.error, None

@@ -60,7 +60,7 @@ from yolofeed.pack.verify import not_stock_skips
 from yolofeed.train import graphed, keys, options, overlap, val_metrics
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
-from yolofeed.train.checkpoints import AtomicPath, strip_atomically, sweep, trim_results
+from yolofeed.train.checkpoints import AtomicPath, finished_run, strip_atomically, sweep, trim_results
 from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validation import ValidationThread, loader_shapes, warm
@@ -146,6 +146,7 @@ class FastTrainer(SyncFreeStep):
     _overlap_stream: torch.cuda.Stream | None = None  # the CUDA stream validations beside the training run on
     _overlap_off: str | None = None  # the last reason an epoch was not overlapped (said once each)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
+    validated = False  # and best.pt's final validation ended
     _nan_fitness_epoch: int | None = None  # an epoch validated beside the next whose fitness was not a number
     val_overlapped: dict | None = None  # per epoch overlapped: its validation's seconds and the seconds waited for it
 
@@ -409,6 +410,9 @@ class FastTrainer(SyncFreeStep):
             return None
         last = checkpoint(self, "last")
         if last.is_file() and last.stat().st_mtime >= self._started - 1:
+            if finished_run(last):  # stripped by final_eval in another process (DDP's rank 0)
+                self.trained = True
+                return None
             return Path(last)
         resumed = getattr(self.args, "resume", None) if getattr(self, "resume", False) else None
         return Path(resumed) if resumed and Path(resumed).is_file() else None
@@ -422,8 +426,11 @@ class FastTrainer(SyncFreeStep):
         if not self.trained:
             return "No epoch was saved yet" + (": start again once the cause is fixed" if error else "")
         weights = checkpoint(self, "best") if checkpoint(self, "best").exists() else checkpoint(self, "last")
-        return (f"Every epoch was trained and saved, in {weights}; the final validation of best.pt did not end: run "
-                f"it with: {shlex.join(['yolo', 'val', f'model={weights}', f'data={self.args.data}'])}")
+        if self.validated:
+            return f"Every epoch was trained and saved, in {weights}, and validated"
+        data = [f"data={self.args.data}"] if isinstance(self.args.data, (str, os.PathLike)) else []
+        return (f"Every epoch was trained and saved, in {weights}; its final validation did not end: run it with: "
+                f"{shlex.join(['yolo', 'val', f'model={weights}', *data])}")
 
     def save_model(self):
         """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
@@ -478,6 +485,7 @@ class FastTrainer(SyncFreeStep):
             self.validator.args.plots = self.args.plots
             self.validator.args.compile = False  # disable final val compile as too slow
             self.metrics = self._in_validation_thread(self.validator, model=model, final=True)
+            self.validated = True
             self.metrics.pop("fitness", None)
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
             self.run_callbacks("on_fit_epoch_end")
