@@ -29,7 +29,7 @@ START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far b
 WAIT_STEP_S = 0.5
 # threads a bounded wait gave up on in this command (``left_running``): the interpreter's exit aborts the process
 # ("terminate called without an active exception") where one is inside torch then, so the command line ends with
-# os._exit instead (cli.main)
+# os._exit instead (cli.entry)
 LEFT_RUNNING: list[str] = []
 
 
