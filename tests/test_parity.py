@@ -176,17 +176,25 @@ def test_tiny_parity_end_to_end(synth_root, tmp_path):
 
 
 def _trainings(proc: subprocess.Popen, n: int = 2) -> list:
-    """The processes of a parity's runs once ``n`` of them train (psutil.Process each; up to 300 s)."""
+    """The processes of a parity's runs once ``n`` of them train (psutil.Process each; up to 300 s): its run
+    processes and theirs, not the pack build's workers of its set-up (a signal sent then stopped the build, not the
+    runs, and the test failed under load)."""
     import psutil
+
+    def run(p: psutil.Process) -> bool:
+        try:
+            return "yolofeed.bench.parity" in p.cmdline()
+        except psutil.Error:  # ended meanwhile
+            return False
 
     parent = psutil.Process(proc.pid)
     t0 = time.monotonic()
-    children: list[psutil.Process] = []
-    while time.monotonic() - t0 < 300 and len(children) < n and proc.poll() is None:
-        children = parent.children(recursive=True)
+    runs: list[psutil.Process] = []
+    while time.monotonic() - t0 < 300 and len(runs) < n and proc.poll() is None:
+        runs = [p for p in parent.children() if run(p)]
         time.sleep(0.2)
-    assert len(children) >= n, "the trainings never started"
-    return children
+    assert len(runs) >= n, "the trainings never started"
+    return runs + [c for p in runs for c in p.children(recursive=True)]
 
 
 @pytest.mark.slow
