@@ -220,6 +220,37 @@ def test_a_close_while_another_thread_iterates_the_loader_ends_that_pass_and_not
         assert "closed while this pass" in str(errors[0])
 
 
+def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_the_loader_alone(pack, monkeypatch,
+                                                                                              caplog):
+    """The trainer's teardown after a stop, its validation thread iterating the validation loader whose read hangs:
+    the loader's thread is told to stop first, so the validation ends at once and only the loader's thread is waited
+    for (closed in turn, the teardown waited for each, twice the bound)."""
+    import torch
+
+    import yolofeed.loader.prefetch as prefetch
+    import yolofeed.train.trainer as tr
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.train.validation import ValidationThread
+
+    monkeypatch.setattr(prefetch, "STOP_WAIT_S", 0.5)
+    monkeypatch.setattr(tr, "CLOSE_WAIT_S", 5.0)
+    loader = ValLoader(pack(64), 2, "cpu")
+    entered, gate = _held_in_a_fill(loader, monkeypatch)
+    t = FastDetectionTrainer.__new__(FastDetectionTrainer)
+    t.train_loader, t.test_loader, t._results_plot, t.callbacks = None, loader, None, {}
+    t._validations, t._overlapped, t._holding, t._final_warm = ValidationThread(torch.device("cpu")), None, False, None
+    worker = t._validations
+    worker.submit(lambda: list(loader))  # the validation, waiting for its first batch
+    assert entered.wait(10)
+    try:
+        with caplog.at_level("WARNING"):
+            t._close_run(finished=False)
+        assert worker._ended.is_set() and "the validation thread did not stop" not in caplog.text
+        assert "the loader thread did not stop within 0.5 s" in caplog.text
+    finally:
+        gate.set()
+
+
 def test_a_loader_thread_that_does_not_stop_in_time_is_left_with_one_line(pack, monkeypatch, caplog):
     import yolofeed.loader.prefetch as prefetch
 

@@ -270,6 +270,11 @@ class Prefetcher:
             if slot.consumed is not None:
                 slot.consumed.record(torch.cuda.current_stream(self.device))
 
+    def stop_soon(self) -> None:
+        """Tell the background thread to stop, and a pass iterating to raise, without waiting (``close`` waits)."""
+        for t in list(self._running):
+            t.ask_to_stop()
+
     def close(self) -> None:
         """Stop the background thread (mid-epoch too), wait for it, and drop what it loaded ahead."""
         self._queued.clear()  # first: a stop cut short (Ctrl-C) leaves nothing that looks loaded to the next start
@@ -297,11 +302,15 @@ class _Thread:
     def stop(self) -> bool:
         """Stop the thread (mid-epoch too) and wait for it up to ``STOP_WAIT_S``, unless this is that thread (a
         finalizer run there). Returns whether it ended."""
+        self.ask_to_stop()
+        return self.thread is threading.current_thread() or self.ended.wait(STOP_WAIT_S)
+
+    def ask_to_stop(self) -> None:
+        """Tell the thread to stop after what it does now, and a pass waiting on it to raise; wait for nothing."""
         self.stopping.set()
         self.free.put(_STOP)
         self.todo.put(_STOP)
         self.ready.put(_STOP)  # a pass still waiting on this thread raises instead of waiting for good
-        return self.thread is threading.current_thread() or self.ended.wait(STOP_WAIT_S)
 
 
 def _stop_all(running: list[_Thread]) -> None:

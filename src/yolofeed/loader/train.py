@@ -69,6 +69,9 @@ class TrainLoader:
         switched), so those already loaded for the epoch stay.
         """
 
+    def stop_soon(self) -> None:
+        self.prefetcher.stop_soon()
+
     def close(self) -> None:
         self.prefetcher.close()
 

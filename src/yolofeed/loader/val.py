@@ -139,5 +139,8 @@ class ValLoader:
     def reset(self) -> None:
         self.prefetcher.close()
 
+    def stop_soon(self) -> None:
+        self.prefetcher.stop_soon()
+
     def close(self) -> None:
         self.prefetcher.close()

@@ -363,12 +363,18 @@ class FastTrainer(SyncFreeStep):
 
     def _close_run(self, finished: bool) -> None:
         """The validation thread, the loaders' threads, a results plot's child and (a stopped run) the monitor,
-        closed. The validation thread first: it may be iterating the validation loader, and stops at its next batch
-        once cancelled, where a loader closed under it would end it with an error."""
+        closed. A stopped run first tells the loaders' threads to stop: a validation waiting for a read (one that
+        hangs, say) then ends at once, and only the loader's thread is waited for. The validation thread is closed
+        before the loaders, since it may iterate the validation loader."""
+        loaders = [x for x in (getattr(self, "train_loader", None), getattr(self, "test_loader", None))
+                   if hasattr(x, "close")]
+        if not finished:
+            for loader in loaders:
+                if hasattr(loader, "stop_soon"):
+                    loader.stop_soon()
         self._stop_validations(finished)
-        for loader in (getattr(self, "train_loader", None), getattr(self, "test_loader", None)):
-            if hasattr(loader, "close"):
-                loader.close()
+        for loader in loaders:
+            loader.close()
         if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
             self._results_plot.abandon()
             self._results_plot = None
