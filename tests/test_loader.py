@@ -232,8 +232,8 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
     from yolofeed import FastDetectionTrainer
     from yolofeed.train.validation import ValidationThread
 
-    monkeypatch.setattr(prefetch, "STOP_WAIT_S", 0.5)
-    monkeypatch.setattr(tr, "CLOSE_WAIT_S", 5.0)
+    monkeypatch.setattr(prefetch, "STOP_WAIT_S", 1.0)
+    monkeypatch.setattr(tr, "CLOSE_WAIT_S", 1.0)  # as the defaults, equal: the validation must not wait for the loader
     loader = ValLoader(pack(64), 2, "cpu")
     entered, gate = _held_in_a_fill(loader, monkeypatch)
     t = FastDetectionTrainer.__new__(FastDetectionTrainer)
@@ -246,7 +246,7 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
         with caplog.at_level("WARNING"):
             t._close_run(finished=False)
         assert worker._ended.is_set() and "the validation thread did not stop" not in caplog.text
-        assert "the loader thread did not stop within 0.5 s" in caplog.text
+        assert "the loader thread did not stop within 1 s" in caplog.text
     finally:
         gate.set()
 

@@ -250,8 +250,8 @@ class Prefetcher:
             if next(iter(self._running), None) is t and not t.stopping.is_set():  # read once: another thread may
                 # empty the list meanwhile
                 self.close()
-            else:  # a later pass's thread, or one another thread stops (close() in the trainer's teardown): not
-                t.stop()  # this pass's to forget
+            else:  # a later pass's thread (its start waited for this one), or one another thread stops and waits
+                t.ask_to_stop()  # for (close() in the trainer's teardown): not this pass's to wait for or forget
             raise
         if next(iter(self._running), None) is t and self._queued:
             self._queued.popleft()
