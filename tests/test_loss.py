@@ -146,6 +146,86 @@ def test_counted_candidates_equal_the_assigners_mask_on_edges_and_tiny_boxes(dty
         assert int(loss.early_candidates(gt)) == want, trial
 
 
+def _edge_boxes(g: torch.Generator, b: int, k: int, size: tuple[int, int]) -> torch.Tensor:
+    """(b, k, 4) xyxy boxes whose edges sit on stride-8 anchor centres or a hair off, anywhere (off the image too),
+    some with sides under stride_val, a quarter padding rows."""
+    h, w = size
+    edges = 4.0 + 8.0 * torch.randint(0, max(h, w) // 8, (b, k, 4), generator=g).float()
+    jitter = torch.randint(-1, 2, (b, k, 4), generator=g).float() * torch.tensor(1e-3)
+    noise = torch.rand(b, k, 4, generator=g) * torch.tensor([w, h, w, h]) * 1.2 - 0.1 * max(h, w)
+    pick = torch.rand(b, k, 1, generator=g)
+    raw = torch.where(pick < 0.4, edges + jitter, torch.where(pick < 0.7, edges, noise))
+    gt = torch.cat([torch.minimum(raw[..., :2], raw[..., 2:]), torch.maximum(raw[..., :2], raw[..., 2:])], -1)
+    tiny = torch.rand(b, k, 1, generator=g) < 0.2
+    gt = torch.where(tiny, torch.cat([gt[..., :2], gt[..., :2] + 3.0], -1), gt)  # sides under stride_val
+    gt[torch.rand(b, k, generator=g) < 0.25] = 0.0
+    return gt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # float16: the anchors under AMP
+@pytest.mark.parametrize("hw", [(128, 128), (96, 160), (40, 72)])  # square, a rect batch's, a level of 2 x 3 at 32
+def test_the_candidate_mask_made_level_by_level_is_ultralytics_bit_for_bit(dtype, hw):
+    """With the levels given, the assigner's (box, anchor) candidate mask is made along each level's x and y; it
+    equals Ultralytics' dense mask, element for element, on edges on anchor centres and a hair off, tiny boxes,
+    boxes off the image and padding; levels that do not sum to the anchors leave Ultralytics' computation."""
+    model = _model("yolo11n.yaml")
+    (loss,) = sfl.install(model)
+    feats = [torch.empty(1, 1, hw[0] // s, hw[1] // s, dtype=dtype) for s in (8, 16, 32)]
+    c = loss._constants(feats, dtype)
+    centers = c.anchor_points * c.stride_tensor
+    assert c.levels == tuple((hw[0] // s, hw[1] // s) for s in (8, 16, 32))
+    assigner = loss.assigner
+    g = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        gt = _edge_boxes(g, 3, 11, hw)
+        mask_gt = gt.sum(2, keepdim=True).gt_(0.0)
+        want = TaskAlignedAssigner.select_candidates_in_gts(assigner, centers, gt.clone(), mask_gt)
+        assigner.levels = c.levels
+        try:
+            got = assigner.select_candidates_in_gts(centers, gt.clone(), mask_gt > 0)
+            assert got.dtype == torch.bool and torch.equal(got, want), trial
+            assigner.levels = ((1, 1),)  # not these anchors: Ultralytics' own comparisons
+            assert torch.equal(assigner.select_candidates_in_gts(centers, gt.clone(), mask_gt), want), trial
+        finally:
+            assigner.levels = None
+
+
+@pytest.mark.parametrize("oom", [False, True])
+def test_the_assignment_with_the_grid_mask_and_a_bool_mask_gt_is_ultralytics(oom, monkeypatch):
+    """The whole assignment (targets, scores, foreground, indices) with the level-by-level candidate mask and a bool
+    ``mask_gt`` equals Ultralytics' with its float one, bit for bit; also in the OOM fallback, one image at a time."""
+    model = _model("yolo11n.yaml")
+    (loss,) = sfl.install(model)
+    hw = (96, 128)
+    feats = [torch.empty(1, 1, hw[0] // s, hw[1] // s) for s in (8, 16, 32)]
+    c = loss._constants(feats, torch.float32)
+    centers = c.anchor_points * c.stride_tensor
+    g = torch.Generator().manual_seed(3)
+    b, k, a = 4, 9, centers.shape[0]
+    gt = _edge_boxes(g, b, k, hw)
+    labels = torch.randint(0, 4, (b, k, 1), generator=g).float()
+    scores = torch.rand(b, a, 4, generator=g)
+    xy = centers.expand(b, a, 2)
+    boxes = torch.cat([xy - 20 * torch.rand(b, a, 2, generator=g), xy + 20 * torch.rand(b, a, 2, generator=g)], -1)
+    mask_gt = gt.sum(2, keepdim=True).gt_(0.0)
+    stock = TaskAlignedAssigner(topk=10, num_classes=4, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    want = stock(scores, boxes, centers, labels, gt, mask_gt)
+    if oom:  # the first, whole-batch attempt runs out of memory: the fallback assigns image by image
+        own, calls = sfl.SyncFreeAssigner._forward, []
+
+        def once(self, *args, **kwargs):
+            calls.append(self.bs)
+            if len(calls) == 1:
+                raise RuntimeError("CUDA out of memory (a test)")
+            return own(self, *args, **kwargs)
+
+        monkeypatch.setattr(sfl.SyncFreeAssigner, "_forward", once)
+    loss.assigner.levels = c.levels
+    got = loss.assigner(scores, boxes, centers, labels, gt, mask_gt > 0)
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    assert not oom or calls == [b] + [1] * b
+
+
 @pytest.mark.parametrize("fraction", [0.0, 0.01, 0.3, 1.0])
 def test_foreground_rows_are_nonzeros_then_padding_that_never_piles_on_one_anchor(fraction):
     """The real rows are ``nonzero``'s, in its order; the padding reads each anchor at most once more (repeated

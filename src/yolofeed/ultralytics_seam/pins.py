@@ -102,7 +102,8 @@ COPIED: tuple[Pinned, ...] = (
            "yolofeed.train.loss.detect.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
            "the anchors and image size cached per feature-map shape; the most boxes per image and the candidates' "
            "count from the batch; the classification term's BCE and sum one fused pass each way on CUDA "
-           "(kernels/bce_sum.py: the same gradient, the sum in another order)",
+           "(kernels/bce_sum.py: the same gradient, the sum in another order); mask_gt bool, not float (the same "
+           "values; the assigner's candidates a bool product), and the anchors' levels handed to the assigner",
            others=(
                _r("8.4.138", "8.4.153", "418f07badd332a6b",
                   "target_scores_sum by max() and the box loss skipped without foreground, two syncs: the same values;"
@@ -148,7 +149,9 @@ COPIED: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.select_candidates_in_gts", "6610e5e5c1bf9e8a",
            "yolofeed.train.loss.detect.SyncFreeAssigner.select_candidates_in_gts",
-           "stride_val as a Python scalar; SyncFreeDetectionLoss.early_candidates repeats its steps to count ahead"),
+           "stride_val as a Python scalar; with the anchors' levels given, the four comparisons along each level's x "
+           "and y, then one AND (the same mask); SyncFreeDetectionLoss.early_candidates repeats its steps to count "
+           "ahead"),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
            "yolofeed.train.loss.detect.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead",
            others=(
@@ -260,7 +263,8 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_pos_mask", "68acdb6a15a4181d",
            why="get_box_metrics' candidates are select_candidates_in_gts' mask times mask_gt (early_candidates: the "
-               "rotated assigner's too)",
+               "rotated assigner's too); mask_gt is read only through that product and .bool(), so a bool one gives "
+               "the same values",
            others=(
                _r("8.4.138", "8.4.179", "a2b0c26006af5a2a",
                   "no **extra for get_box_metrics; the candidates are select_candidates_in_gts' mask times mask_gt as "

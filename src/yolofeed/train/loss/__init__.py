@@ -17,6 +17,11 @@ still runs the forward pass. Where they come from, and what replaces them (same 
   distinct anchors (``foreground_rows``) and get weight 0. The gradients are the same; the loss's sum may
   differ in the last bit (more terms, in a different reduction tree).
 
+Two passes of the assigner cost GPU time more than they need, and go: its (box, anchor) candidate mask is made along
+each feature level's x and y and joined once (``_grid_inside``), where Ultralytics writes and reads back four float32
+differences a pair; and ``mask_gt`` is bool, so the candidates (that mask times ``mask_gt``) are a bool product, not
+float32. Both give the same values bit for bit (``GRID_CANDIDATES = False`` keeps Ultralytics' computation).
+
 ``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
 memory (``early_candidates``: on the anchor grid, (B, K, levels) work; a (B, K, anchors) mask would cost
 more GPU time than the syncs it saves); the ceiling counts its replayed batches once. A

@@ -34,30 +34,38 @@ class Constants:
     scale: Tensor  # (4,) w, h, w, h: the padding's scale
     centers: list[tuple[Tensor, Tensor]]  # per level: (w,) x and (h,) y anchor centres in pixels, float32, sorted
     hw: tuple[float, float]  # imgsz on the host, float(imgsz[0]), float(imgsz[1]): the OBB loss's tiny-box filter
+    levels: tuple[tuple[int, int], ...]  # per level: (h, w), the anchors make_anchors lays out row by row
 
 
 MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
 CANDIDATES = "tal_candidates"
+GRID_CANDIDATES = True  # False: the assigner's candidate mask as Ultralytics computes it (swap_ab off=grid_candidates)
 
 
 class SyncFreeAssigner(TaskAlignedAssigner):
-    """``TaskAlignedAssigner`` whose candidate gather takes its size from ``candidates`` (set per call).
+    """``TaskAlignedAssigner`` whose candidate gather takes its size from ``candidates`` and whose candidate mask is
+    made level by level where ``levels`` says how the anchors lie (both set per call).
 
     ``candidates`` is (count, batch size): the OOM fallback, which assigns one image at a time, takes
     Ultralytics' path.
     """
 
     candidates: tuple[int, int] | None = None
+    levels: tuple[tuple[int, int], ...] | None = None  # the anchors' (h, w) per level, as make_anchors lays them out
     mismatch: Tensor | None = None  # on the device: a count that was not the real one (read at epoch ends)
 
     def select_candidates_in_gts(self, xy_centers, gt_bboxes, mask_gt, eps=1e-9):
-        """Ultralytics' code, with ``stride_val`` as a Python scalar (a 0-d tensor built per call syncs)."""
+        """Ultralytics' code, with ``stride_val`` as a Python scalar (a 0-d tensor built per call syncs); with
+        ``levels``, the four comparisons made along each level's x and y (``_grid_inside``)."""
         gt_bboxes_xywh = xyxy2xywh(gt_bboxes)
         wh_mask = gt_bboxes_xywh[..., 2:] < self.stride_val
         gt_bboxes_xywh[..., 2:] = torch.where((wh_mask * mask_gt).bool(), float(self.stride_val),
                                               gt_bboxes_xywh[..., 2:])
         gt_bboxes = xywh2xyxy(gt_bboxes_xywh)
         lt, rb = gt_bboxes.unsqueeze(2).chunk(2, 3)
+        levels = self.levels
+        if GRID_CANDIDATES and levels is not None and sum(h * w for h, w in levels) == xy_centers.shape[0]:
+            return _grid_inside(xy_centers, lt, rb, levels, eps)
         mask = xy_centers[:, 0] - lt[..., 0] > eps
         mask &= xy_centers[:, 1] - lt[..., 1] > eps
         mask &= rb[..., 0] - xy_centers[:, 0] > eps
@@ -82,6 +90,39 @@ class SyncFreeAssigner(TaskAlignedAssigner):
         overlaps[indices] = overlap_values
         align_metric[indices] = align_values
         return align_metric, overlaps
+
+
+def _grid_inside(xy_centers: Tensor, lt: Tensor, rb: Tensor, levels: tuple[tuple[int, int], ...],
+                 eps: float) -> Tensor:
+    """``select_candidates_in_gts``' (B, K, anchors) mask, anchor centre strictly inside the box, for anchors laid out
+    as ``make_anchors`` lays them: level by level, each a grid row by row, every row with the same x and every
+    column with the same y.
+
+    Ultralytics makes each of its four comparisons over every (box, anchor) pair: a float32 difference written and read
+    back, then a mask, then an AND, about 45 bytes of memory traffic a pair (yolo11n at batch 128 and 640 px with 40
+    boxes an image: 43 M pairs, 2 GB a call; YOLO26's two losses call it twice). Here the same comparisons of the same
+    values run along each level's x, (B, K, w), and y, (B, K, h), and one AND writes the mask, one byte a pair: the
+    same mask, bit for bit.
+
+    Args:
+        xy_centers: (anchors, 2) the anchors' centres in pixels, in their own dtype (float16 under AMP).
+        lt, rb: (B, K, 1, 2) the boxes' corners, as ``select_candidates_in_gts`` makes them.
+        levels: (h, w) per level; their h x w sum to the anchors.
+    """
+    starts = [0]
+    for h, w in levels:
+        starts.append(starts[-1] + h * w)
+    x = torch.cat([xy_centers[o:o + w, 0] for o, (h, w) in zip(starts, levels)])  # each level's first row: its x
+    y = torch.cat([xy_centers[o:o + h * w:w, 1] for o, (h, w) in zip(starts, levels)])  # its first column: its y
+    inside_x = (x - lt[..., 0] > eps) & (rb[..., 0] - x > eps)  # (B, K, all levels' w): ten launches for every level
+    inside_y = (y - lt[..., 1] > eps) & (rb[..., 1] - y > eps)
+    mask = torch.empty((*lt.shape[:2], xy_centers.shape[0]), dtype=torch.bool, device=lt.device)
+    ox = oy = 0
+    for o, (h, w) in zip(starts, levels):
+        torch.logical_and(inside_y[..., oy:oy + h, None], inside_x[..., None, ox:ox + w],
+                          out=mask[..., o:o + h * w].unflatten(-1, (h, w)))  # a view: written in place
+        ox, oy = ox + w, oy + h
+    return mask
 
 
 def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor], Tensor]:
@@ -201,7 +242,7 @@ class SyncFreeLoss:
                 centers.append((level[:w, 0].contiguous(), level[::w, 1].contiguous()))
                 off += h * w
             cache[key] = Constants(anchor_points, stride_tensor, imgsz, imgsz[[1, 0, 1, 0]], centers,
-                                    tuple(imgsz.tolist()))
+                                    tuple(imgsz.tolist()), shapes)
             self.__dict__["_yf_last"] = key
         return cache[key]
 
@@ -260,17 +301,20 @@ class SyncFreeDetectionLoss(SyncFreeLoss, v8DetectionLoss):
         targets = torch.cat((batch["batch_idx"].view(-1, 1), batch["cls"].view(-1, 1), batch["bboxes"]), 1)
         targets = self._pad(targets.to(self.device), batch_size, n, c.scale)
         gt_labels, gt_bboxes = targets.split((1, 4), 2)
-        mask_gt = gt_bboxes.sum(2, keepdim=True).gt_(0.0)
+        # bool, where Ultralytics' is float: the assigner's (B, K, anchors) candidates, its mask times this one, are
+        # then a bool product, not float32 (4 bytes a pair written, then read back for its .bool()); the same values
+        mask_gt = gt_bboxes.sum(2, keepdim=True) > 0.0 if GRID_CANDIDATES else gt_bboxes.sum(2, keepdim=True).gt_(0.0)
         pred_bboxes = self.bbox_decode(anchor_points, pred_distri)
 
         candidates = batch.get(CANDIDATES)
         self.assigner.candidates = None if candidates is None else (candidates, batch_size)
+        self.assigner.levels = c.levels
         try:
             _, target_bboxes, target_scores, fg_mask, target_gt_idx = self.assigner(
                 pred_scores.detach().sigmoid(), (pred_bboxes.detach() * stride_tensor).type(gt_bboxes.dtype),
                 anchor_points * stride_tensor, gt_labels, gt_bboxes, mask_gt)
         finally:
-            self.assigner.candidates = None
+            self.assigner.candidates = self.assigner.levels = None
         target_scores_sum = target_scores.sum().clamp_(min=1)
 
         loss[1] = self.bce_sum(pred_scores, target_scores, dtype) / target_scores_sum

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from yolofeed.train.loss import detect
 from yolofeed.train.loss.detect import (
     CANDIDATES,
     MAX_BOXES,
@@ -123,7 +124,9 @@ class SyncFreeOBBLoss(SyncFreeLoss, v8OBBLoss):
 
         targets = self._pad_rboxes(targets.to(self.device), batch_size, n, c)
         gt_labels, gt_bboxes = targets.split((1, 5), 2)  # cls, xywhr
-        mask_gt = gt_bboxes.sum(2, keepdim=True).gt_(0.0)
+        # bool, as the detection loss's: the assigner's candidates a bool product, not float32; the same values
+        mask_gt = (gt_bboxes.sum(2, keepdim=True) > 0.0 if detect.GRID_CANDIDATES
+                   else gt_bboxes.sum(2, keepdim=True).gt_(0.0))
         pred_bboxes = self.bbox_decode(anchor_points, pred_distri, pred_angle)  # xywhr, (b, h*w, 5)
         bboxes_for_assigner = pred_bboxes.clone().detach()
         bboxes_for_assigner[..., :4] *= stride_tensor
