@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from yolofeed import ultralytics_seam as seam
-from yolofeed.train import overlap
+from yolofeed.train import options, overlap
 
 TINY = dict(imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True, seed=0)
 
@@ -405,6 +405,8 @@ def test_after_a_fitness_that_is_not_a_number_every_epoch_is_validated_in_place(
     assert "epoch 2's fitness is nan with its loss and EMA finite" in caplog.text
     assert "epoch 3 is validated before the next starts (epoch 2's fitness was not a number" in caplog.text
     assert [e for e, _ in ends] == [0, 1, 2, 3, 4, 5]  # 5: best.pt's final validation
+    recorded = options.read(model.trainer.save_dir / options.FILE)  # a resume validates in place too
+    assert recorded["val_overlap"] is False and recorded["validate_beside"] is True
 
 
 @pytest.mark.slow

@@ -37,7 +37,8 @@ An epoch is validated in the training thread, and waited for, wherever the overl
 (``reason_not``): the last epoch; an epoch after which early stopping may stop the run (``seam.could_stop``: its
 ``possible_stop``, set by the previous validation, ``stop``, or the epochs since the best reaching ``patience`` between
 two ``val_period`` validations), so the run stops at stock's epoch; a ``time=`` limit (the epochs are counted from their
-times); every epoch after one whose fitness was not a number; by default (``val_overlap`` None, not True) a callback
+times); every epoch after one whose fitness was not a number (and after a resume of that run: yolofeed.yaml then
+records ``val_overlap`` False); by default (``val_overlap`` None, not True) a callback
 that reads each epoch as it ends (``seam.epoch_readers``: an Ultralytics logger installed and enabled, a user's), which
 would see it an epoch late; a loss or EMA that is not finite (Ultralytics' NaN recovery and its EMA repair read this
 epoch's state); too little free GPU memory for the validation beside the training (a training pass's peak per image

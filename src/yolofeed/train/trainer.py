@@ -635,7 +635,9 @@ class FastTrainer(SyncFreeStep):
             LOGGER.warning(f"yolofeed: epoch {epoch}'s fitness is {self.fitness} with its loss and EMA finite; it was "
                            "validated beside the next epoch, so Ultralytics' NaN recovery (reload last.pt and train "
                            "the epoch again) did not run for it. Every later epoch is validated before the next "
-                           "starts, where it does (val_overlap=False does so from the start)")
+                           "starts, where it does, and a resume too (val_overlap=False does so from the start)")
+            if RANK in (-1, 0):  # the run's options as it now uses them: a resume validates in place too
+                options.record(self.save_dir, {**self.run_options(), "val_overlap": False})
         self.val_overlapped = {**(self.val_overlapped or {}), job.snapshot.epoch + 1: {
             "val_s": job.seconds, "waited_s": waited, "settled_s": job.settled}}
 
