@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+from yolofeed import processes
 from yolofeed.processes import signals_deferred
 
 
@@ -152,3 +155,38 @@ def test_a_result_that_ends_between_two_steps_is_returned_and_its_own_timeout_er
     failed.set_exception(TimeoutError("what it ran timed out"))
     with pytest.raises(TimeoutError, match="what it ran"):
         processes.result(failed)
+
+
+# a bench mode's process whose run left a thread a bounded wait gave up on (one that never ends: the interpreter's exit
+# would wait for it for ever, where one inside torch aborts it)
+MODE_LEFT = """
+import threading, time
+import yolofeed.bench.run as bench
+from yolofeed import processes
+
+def mode_main():
+    threading.Thread(target=time.sleep, args=(600,), name="yolofeed-validation").start()
+    processes.left_running("the validation thread")
+    {end}
+
+bench.mode_main = mode_main
+exec(bench._MODE_MAIN)
+"""
+
+
+@pytest.mark.parametrize("end, code", [("return None", 0), ("raise KeyboardInterrupt", 130)])
+def test_a_bench_modes_process_that_left_a_thread_running_ends_at_once(end, code):
+    out = subprocess.run([sys.executable, "-c", MODE_LEFT.format(end=end)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == code, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == ("yolofeed bench: the validation thread did not stop; ending the "
+                                                   "process now")
+
+
+def test_own_process_returns_mains_code_and_leaves_a_clean_run_alone():
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert processes.own_process(lambda: 3) == 3
+    assert processes.own_process(lambda: None) == 0
+    with pytest.raises(KeyboardInterrupt):
+        processes.own_process(interrupted)

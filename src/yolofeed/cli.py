@@ -6,15 +6,12 @@ so ``yolofeed help`` stays instant.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import importlib
 import logging
-import os
 import shlex
 import sys
-import traceback
 import typing
 from dataclasses import MISSING, dataclass
 from pathlib import Path
@@ -287,27 +284,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> int:
-    """The ``yolofeed`` console script: ``main``, whose process ends at once (``os._exit``, with its exit code) where
-    the command's teardown gave up on a thread (``processes.LEFT_RUNNING``): the interpreter's exit aborts the process
-    ("terminate called without an active exception") where one is inside torch then. ``main`` called in a process of
-    the caller's (a test, a notebook) never ends it."""
-    processes.LEFT_RUNNING.clear()
-    code = 1  # an error main does not say: Python prints its traceback
-    try:
-        code = main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-        raise
-    except BaseException:
-        if processes.LEFT_RUNNING:  # printed here, as the exit below skips Python's own
-            traceback.print_exc()
-        raise
-    finally:
-        if processes.LEFT_RUNNING:
-            with contextlib.suppress(Exception):  # a closed pipe, say: the exit comes all the same
-                print(f"yolofeed: {' and '.join(processes.LEFT_RUNNING)} did not stop; ending the process now",
-                      file=sys.stderr, flush=True)
-                sys.stdout.flush()
-                logging.shutdown()
-            os._exit(code)
-    return code
+    """The ``yolofeed`` console script (also ``python -m yolofeed``): ``main`` as the whole process, which ends at once
+    where the command's teardown gave up on a thread (``processes.own_process``)."""
+    return processes.own_process(main)

@@ -28,8 +28,8 @@ START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far b
 # read's for ever). A timed one returns to Python, which runs the handler.
 WAIT_STEP_S = 0.5
 # threads a bounded wait gave up on in this command (``left_running``): the interpreter's exit aborts the process
-# ("terminate called without an active exception") where one is inside torch then, so the command line ends with
-# os._exit instead (cli.entry)
+# ("terminate called without an active exception") where one is inside torch then, so a process of yolofeed's own
+# ends with os._exit instead (``own_process``)
 LEFT_RUNNING: list[str] = []
 
 
@@ -195,3 +195,36 @@ def wait_for(event: threading.Event) -> None:
 def left_running(what: str) -> None:
     """Note a thread a bounded wait gave up on (``LEFT_RUNNING``)."""
     LEFT_RUNNING.append(what)
+
+
+def own_process(main: Callable[[], int | None], name: str = "yolofeed") -> int:
+    """``main()`` as the whole of a process yolofeed started (the console script, a bench mode's process, a parity
+    run's): where a bounded wait gave up on a thread (``LEFT_RUNNING``), the process ends at once (``os._exit``, with
+    main's exit code: 130 after a Ctrl-C, 1 after an error main does not say, whose traceback is printed first), as
+    the interpreter's exit would abort it where that thread is inside torch. Returns main's code otherwise (None: 0).
+    ``main`` called in a process of the caller's (a test, a notebook) is never wrapped so."""
+    LEFT_RUNNING.clear()
+    code = 1  # an error main does not say: Python prints its traceback
+    try:
+        code = main() or 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        raise
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    except BaseException:
+        if LEFT_RUNNING:  # printed here, as the exit below skips Python's own
+            import traceback
+
+            traceback.print_exc()
+        raise
+    finally:
+        if LEFT_RUNNING:
+            with contextlib.suppress(Exception):  # a closed pipe, say: the exit comes all the same
+                print(f"{name}: {' and '.join(LEFT_RUNNING)} did not stop; ending the process now", file=sys.stderr,
+                      flush=True)
+                sys.stdout.flush()
+                logging.shutdown()
+            os._exit(code)
+    return code

@@ -468,5 +468,7 @@ def _finite(x):
     return x
 
 
-if __name__ == "__main__":  # one run, launched by ``run`` above
-    train_one(json.loads(sys.argv[1]))
+if __name__ == "__main__":  # one run, launched by ``run`` above; it ends at once where a thread was given up on
+    from yolofeed.processes import own_process
+
+    own_process(lambda: train_one(json.loads(sys.argv[1])), "yolofeed parity")

@@ -119,9 +119,9 @@ class _ForwardedProgress:
 
 # The mode's process: the parent-death signal first (stdlib only, before torch's seconds of imports), then the mode;
 # a Ctrl-C that arrives while it imports ends it as one would end a run.
-_MODE_MAIN = ("import sys\nfrom yolofeed.processes import kill_with_parent\nkill_with_parent()\ntry:\n"
-              "    from yolofeed.bench.run import mode_main\n    mode_main()\nexcept KeyboardInterrupt:\n"
-              "    sys.exit(130)\n")
+_MODE_MAIN = ("import sys\nfrom yolofeed.processes import kill_with_parent, own_process\nkill_with_parent()\ntry:\n"
+              "    from yolofeed.bench.run import mode_main\n    own_process(mode_main, 'yolofeed bench')\n"
+              "except KeyboardInterrupt:\n    sys.exit(130)\n")
 
 
 def mode_main(argv: list[str] | None = None) -> None:
