@@ -123,7 +123,10 @@ except ImportError:  # a release without it: the waits are still timed
 from yolofeed import processes
 never = Future()
 waits = {"result": lambda: processes.result(never), "wait_all": lambda: processes.wait_all([never]),
-         "get": lambda: processes.get(queue.Queue()), "wait_for": lambda: processes.wait_for(threading.Event())}
+         "get": lambda: processes.get(queue.Queue()), "wait_for": lambda: processes.wait_for(threading.Event()),
+         "acquire": lambda: processes.acquire(held)}
+held = threading.Lock()
+held.acquire()
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
 t = time.monotonic()
 try:
@@ -133,7 +136,7 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("wait", ["result", "wait_all", "get", "wait_for"])
+@pytest.mark.parametrize("wait", ["result", "wait_all", "get", "wait_for", "acquire"])
 def test_ctrl_c_cuts_each_wait_short_after_polars_took_sigint(wait):
     import subprocess
     import sys

@@ -22,10 +22,10 @@ from typing import Any
 
 LOGGER = logging.getLogger(__name__)
 START_TOLERANCE = 1.0  # s: two readings of one process's start time agree far better than this
-# A wait's step (``result``, ``wait_all``, ``get``, ``wait_for``). Ctrl-C cuts a blocking wait short only where it is
-# timed: polars, which Ultralytics imports to read results.csv, installs its SIGINT handler with SA_RESTART, and an
-# untimed lock acquire is then restarted, so the KeyboardInterrupt waits for the wait's end (a validation's, a hung
-# read's for ever). A timed one returns to Python, which runs the handler.
+# A wait's step (``result``, ``wait_all``, ``get``, ``wait_for``, ``acquire``). Ctrl-C cuts a blocking wait short only
+# where it is timed: polars, which Ultralytics imports to read results.csv, installs its SIGINT handler with SA_RESTART,
+# and an untimed lock acquire is then restarted, so the KeyboardInterrupt waits for the wait's end (a validation's, a
+# hung read's for ever). A timed one returns to Python, which runs the handler.
 WAIT_STEP_S = 0.5
 # threads a bounded wait gave up on in this command (``left_running``): the interpreter's exit aborts the process
 # ("terminate called without an active exception") where one is inside torch then, so a process of yolofeed's own
@@ -189,6 +189,12 @@ def wait_for(event: threading.Event) -> None:
     with ``Thread.join``: a join cut short by Ctrl-C may release the thread's state lock it did not take (CPython's
     bpo-45274 fix), and the thread then looks ended while it runs."""
     while not event.wait(WAIT_STEP_S):
+        pass
+
+
+def acquire(lock: threading.Lock) -> None:
+    """``lock.acquire()``, in timed steps: Ctrl-C cuts it short."""
+    while not lock.acquire(timeout=WAIT_STEP_S):
         pass
 
 

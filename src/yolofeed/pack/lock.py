@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from yolofeed import processes
 from yolofeed.pack import files
 from yolofeed.processes import process_alive, process_start
 
@@ -202,7 +203,7 @@ class FolderLock:
             self._thread_lock = _threads.setdefault(key, threading.Lock())
         if not self._thread_lock.acquire(blocking=False):
             LOGGER.info(f"pack: waiting for another thread of this process building in {self.folder} ...")
-            self._thread_lock.acquire()
+            processes.acquire(self._thread_lock)
         try:
             t0 = self.clock()
             last: tuple[Holder | None, float] | None = None  # what was reported, and when
