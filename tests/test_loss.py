@@ -190,26 +190,23 @@ def test_the_candidate_mask_made_level_by_level_is_ultralytics_bit_for_bit(dtype
             assigner.levels = None
 
 
+@pytest.mark.parametrize("topk, topk2", [(10, None), (7, 1)])  # YOLO26's one-to-many and one-to-one assigners
 @pytest.mark.parametrize("oom", [False, True])
-def test_the_assignment_with_the_grid_mask_and_a_bool_mask_gt_is_ultralytics(oom, monkeypatch):
-    """The whole assignment (targets, scores, foreground, indices) with the level-by-level candidate mask and a bool
-    ``mask_gt`` equals Ultralytics' with its float one, bit for bit; also in the OOM fallback, one image at a time."""
+def test_the_assignment_with_the_grid_mask_and_the_foreground_norm_is_ultralytics(oom, topk, topk2, monkeypatch):
+    """The whole assignment (labels, boxes, scores, foreground, box indices) with the level-by-level candidate mask, a
+    bool ``mask_gt`` and the normalisation made on each anchor's own box equals Ultralytics' bit for bit: boxes that
+    overlap (anchors claimed by several, resolved by the highest overlap), scores in float16 as under AMP; also in the
+    OOM fallback, one image at a time."""
     model = _model("yolo11n.yaml")
     (loss,) = sfl.install(model)
     hw = (96, 128)
     feats = [torch.empty(1, 1, hw[0] // s, hw[1] // s) for s in (8, 16, 32)]
     c = loss._constants(feats, torch.float32)
     centers = c.anchor_points * c.stride_tensor
-    g = torch.Generator().manual_seed(3)
-    b, k, a = 4, 9, centers.shape[0]
-    gt = _edge_boxes(g, b, k, hw)
-    labels = torch.randint(0, 4, (b, k, 1), generator=g).float()
-    scores = torch.rand(b, a, 4, generator=g)
-    xy = centers.expand(b, a, 2)
-    boxes = torch.cat([xy - 20 * torch.rand(b, a, 2, generator=g), xy + 20 * torch.rand(b, a, 2, generator=g)], -1)
-    mask_gt = gt.sum(2, keepdim=True).gt_(0.0)
-    stock = TaskAlignedAssigner(topk=10, num_classes=4, alpha=0.5, beta=6.0, stride=[8, 16, 32])
-    want = stock(scores, boxes, centers, labels, gt, mask_gt)
+    b, k, a = 4, 12, centers.shape[0]
+    stock = TaskAlignedAssigner(topk=topk, num_classes=4, alpha=0.5, beta=6.0, stride=[8, 16, 32], topk2=topk2)
+    assigner = copy.deepcopy(stock)
+    assigner.__class__ = sfl.SyncFreeAssigner
     if oom:  # the first, whole-batch attempt runs out of memory: the fallback assigns image by image
         own, calls = sfl.SyncFreeAssigner._forward, []
 
@@ -220,10 +217,25 @@ def test_the_assignment_with_the_grid_mask_and_a_bool_mask_gt_is_ultralytics(oom
             return own(self, *args, **kwargs)
 
         monkeypatch.setattr(sfl.SyncFreeAssigner, "_forward", once)
-    loss.assigner.levels = c.levels
-    got = loss.assigner(scores, boxes, centers, labels, gt, mask_gt > 0)
-    assert all(torch.equal(x, y) for x, y in zip(got, want))
-    assert not oom or calls == [b] + [1] * b
+    g = torch.Generator().manual_seed(3)
+    contested = 0
+    for trial in range(6):
+        gt = _edge_boxes(g, b, k, hw)
+        gt[:, :4] = gt[:, :1] + torch.rand(b, 4, 4, generator=g) * 6  # four boxes over one another in every image
+        labels = torch.randint(0, 4, (b, k, 1), generator=g).float()
+        scores = torch.rand(b, a, 4, generator=g).half()
+        xy = centers.expand(b, a, 2)
+        boxes = torch.cat([xy - 24 * torch.rand(b, a, 2, generator=g), xy + 24 * torch.rand(b, a, 2, generator=g)], -1)
+        mask_gt = gt.sum(2, keepdim=True).gt_(0.0)
+        want = stock(scores, boxes, centers, labels, gt, mask_gt)
+        assigner.levels = c.levels
+        got = assigner(scores, boxes, centers, labels, gt, mask_gt > 0)
+        assert all(torch.equal(x, y) for x, y in zip(got, want)), trial
+        assert want[3].any() and want[2].dtype == torch.float32, trial
+        in_two = TaskAlignedAssigner.select_candidates_in_gts(stock, centers, gt.clone(), mask_gt).sum(1) > 1
+        contested += int((in_two & want[3]).sum())
+    assert contested > 0  # anchors inside several boxes were resolved and normalised
+    assert not oom or calls[:1 + b] == [b] + [1] * b
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.01, 0.3, 1.0])

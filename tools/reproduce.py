@@ -387,7 +387,7 @@ SECTIONS = {s.name: s for s in (
         "before_capture -p no:cacheprovider --tb=short -rA) > $OUT/gpu_tests_capture.txt 2>&1 &",
         SYNTH_10K, PACK_10K,
         "wait; grep -E 'capture_beside:|PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_capture.txt | tail -30",
-        f"timeout 330 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates "
+        f"timeout 330 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates,foreground_norm "
         f"out=$OUT/before_after_26n -- "
         f"model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("before-after-11n", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 6, (
@@ -396,16 +396,17 @@ SECTIONS = {s.name: s for s in (
         SYNTH_10K, PACK_10K,
         f"timeout 120 python3 -m tools.device.ceiling_kernels model=yolo26n.yaml {BENCH_1} steps=40 profile=5 "
         "out=$OUT/ceiling_kernels_26n 2>&1 | grep -v Warning | tail -70",
-        f"timeout 300 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates "
+        f"timeout 300 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates,foreground_norm "
         f"out=$OUT/before_after_11n -- "
         f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
-    Section("grid-candidates-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
+    Section("assigner-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the losses' GPU tests beside the CPU-bound synth and pack; then yolo26n's ceiling (two assigners a step)
-        # without the candidate mask made level by level, with it, without again
+        # without the assigner's two levers (the candidate mask made level by level, the normalisation on each
+        # anchor's own box), with them, without again
         "timeout 200 python3 -m pytest -q -m gpu tests/test_loss.py -p no:cacheprovider --tb=short -rA "
         "> $OUT/gpu_tests_loss.txt 2>&1 &",
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_loss.txt | tail -20",
-        f"timeout 330 python3 -m tools.device.swap_ab off=grid_candidates out=$OUT/grid_candidates_26n -- "
+        f"timeout 330 python3 -m tools.device.swap_ab off=grid_candidates,foreground_norm out=$OUT/assigner_26n -- "
         f"model=yolo26n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
     Section("step-bn-silu", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 4, (
         "timeout 240 python3 -m tools.step_levers model=yolo11n.yaml bn_shapes=1 "

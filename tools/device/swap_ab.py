@@ -10,11 +10,11 @@ dense halves; ``install``: the graphed step as a whole, its graph, fused op and 
 on PYTHONPATH that makes them do nothing, B's with none. ``knobs=_UNROLL=1,...`` sets the fused batch norm + SiLU's
 launch knobs (kernels/bn_silu.py) on side A as well: B is the library as it is, its code the same on both sides.
 
-``off=bce_sum``, ``off=half_input`` and ``off=grid_candidates`` switch off a step option of the library's own on side
-A (``SWITCHES``: the loss's classification term as one fused pass each way, kernels/bce_sum.py; the step's input image
-made in float16 in one kernel, train/step.py; the assigner's candidate mask made level by level from a bool
-``mask_gt``, train/loss/detect.py). ``off=install,bce_sum,half_input,grid_candidates`` is the step as it was before
-issue 29's levers.
+``off=bce_sum``, ``off=half_input``, ``off=grid_candidates`` and ``off=foreground_norm`` switch off a step option of the
+library's own on side A (``SWITCHES``: the loss's classification term as one fused pass each way, kernels/bce_sum.py;
+the step's input image made in float16 in one kernel, train/step.py; the assigner's candidate mask made level by level
+from a bool ``mask_gt``, and its normalisation made on each anchor's own box, train/loss/detect.py).
+``off=install,bce_sum,half_input,grid_candidates,foreground_norm`` is the step as it was before issue 29's levers.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from pathlib import Path
 
 from tools.device.bn_silu_ab import aba
 
-OFF = {"swap_layout", "swap_convs", "swap_halves", "install", "bce_sum", "half_input", "grid_candidates"}
+OFF = {"swap_layout", "swap_convs", "swap_halves", "install", "bce_sum", "half_input", "grid_candidates",
+       "foreground_norm"}
 SWITCHES = {  # name: (module, what side A sets, its value)
     "bce_sum": ("yolofeed.kernels.bce_sum", "ENABLED", "False"),
     "half_input": ("yolofeed.train.step", "SyncFreeStep.step_input_dtype", "lambda self: None"),  # Ultralytics' image
     "grid_candidates": ("yolofeed.train.loss.detect", "GRID_CANDIDATES", "False"),
+    "foreground_norm": ("yolofeed.train.loss.detect", "FOREGROUND_NORM", "False"),
 }
 KNOBS = {"_GROUPS", "_TILE", "_WARPS", "_UNROLL", "_STAGES", "_FLAT_TILE", "_FLAT_WARPS"}
 # A sitecustomize that fails only prints "Error in sitecustomize" and the run goes on as the other side: side A's

@@ -284,6 +284,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (KeypointLoss, "forward", "the sync-free pose loss copies it (COPIED)"),
     (TaskAlignedAssigner, "select_candidates_in_gts", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),
+    (TaskAlignedAssigner, "_forward", "the sync-free assigner overrides it (COPIED)"),
     # 8.4.180 moved get_box_metrics' overlaps into pair_overlaps; before, it called iou_calculation itself
     (TaskAlignedAssigner, "pair_overlaps" if since("8.4.180") else "iou_calculation",
      "the sync-free assigner calls it (seam.pair_overlaps)"),
@@ -295,6 +296,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (RotatedBboxLoss, "forward", "the sync-free rotated box loss overrides it (COPIED)"),
     (RotatedTaskAlignedAssigner, "select_candidates_in_gts", "the sync-free rotated assigner overrides it (COPIED)"),
     (RotatedTaskAlignedAssigner, "get_box_metrics", "the sync-free rotated assigner overrides it (as the assigner's)"),
+    (RotatedTaskAlignedAssigner, "_forward", "the sync-free rotated assigner overrides it (as the assigner's)"),
     (RotatedTaskAlignedAssigner, "iou_calculation", "the sync-free rotated assigner's overlaps call it"),
     (MuSGD, "step", "FastMuSGD copies it (COPIED) and steps instead of it"),
     (_muon, "muon_update", "train/musgd.py copies it (COPIED)"),

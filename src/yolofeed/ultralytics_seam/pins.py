@@ -152,6 +152,16 @@ COPIED: tuple[Pinned, ...] = (
            "stride_val as a Python scalar; with the anchors' levels given, the four comparisons along each level's x "
            "and y, then one AND (the same mask); SyncFreeDetectionLoss.early_candidates repeats its steps to count "
            "ahead"),
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner._forward", "c8a7c4dcef96e167",
+           "yolofeed.train.loss.detect.SyncFreeAssigner._forward",
+           "the alignment metric's normalisation made on each foreground anchor's own box (a gather and a scatter "
+           "amax), not over every (box, anchor) pair: the same values (select_highest_overlaps leaves an anchor "
+           "positive for one box at most)",
+           others=(
+               _r("8.4.138", "8.4.179", "66f0a5b9b533437c",
+                  "no **extra for get_pos_mask: the copy hands it on only where given, and forward gives none under "
+                  "these releases"),
+           )),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
            "yolofeed.train.loss.detect.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead",
            others=(
@@ -308,7 +318,8 @@ RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.select_highest_overlaps", "34d352b758bea330",
            why="no host sync; the max over boxes keeps the first of equal overlaps, so rows of zeros after an image's "
                "boxes change no assignment (SyncFreeOBBLoss pads to the most boxes before the tiny-box filter, "
-               "Ultralytics to the most after it)",
+               "Ultralytics to the most after it); an anchor is left positive for one box at most, which "
+               "target_gt_idx names (the copied _forward's normalisation)",
            others=(
                _r("8.4.138", "8.4.153", "6197bbb330735b7d",
                   "resolves anchors on several boxes only `if fg_mask.max() > 1`: one host sync a call, the sync-free "

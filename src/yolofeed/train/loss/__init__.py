@@ -17,11 +17,6 @@ still runs the forward pass. Where they come from, and what replaces them (same 
   distinct anchors (``foreground_rows``) and get weight 0. The gradients are the same; the loss's sum may
   differ in the last bit (more terms, in a different reduction tree).
 
-Two passes of the assigner cost GPU time more than they need, and go: its (box, anchor) candidate mask is made along
-each feature level's x and y and joined once (``_grid_inside``), where Ultralytics writes and reads back four float32
-differences a pair; and ``mask_gt`` is bool, so the candidates (that mask times ``mask_gt``) are a bool product, not
-float32. Both give the same values bit for bit (``GRID_CANDIDATES = False`` keeps Ultralytics' computation).
-
 ``AugmentAhead`` computes both counts with the augmentation, one step ahead, and reads them from pinned
 memory (``early_candidates``: on the anchor grid, (B, K, levels) work; a (B, K, anchors) mask would cost
 more GPU time than the syncs it saves); the ceiling counts its replayed batches once. A
@@ -29,6 +24,14 @@ batch without them takes Ultralytics' own path. The first steps do too: the anch
 loss call. A wrong count (a bug) is caught on the device and read once an epoch (``check_counts``).
 On by default in both trainers (``sync_free_loss=False`` turns it off). The pose and OBB losses are built the same
 way (``SyncFreePoseLoss``, ``SyncFreeOBBLoss``: their docstrings say which syncs they remove and how).
+
+The assigner's passes over every (box, anchor) pair cost GPU time where fewer do (YOLO26 runs it twice a step), with
+counts or without: its candidate mask is made along each feature level's x and y and joined once (``_grid_inside``,
+with the levels the loss hands it), where Ultralytics writes and reads back four float32 differences a pair, and
+``mask_gt`` is bool, so the candidates (that mask times ``mask_gt``) are a bool product, not float32
+(``GRID_CANDIDATES``); its metric's normalisation is made on each foreground anchor's own box (``_foreground_norm``),
+where Ultralytics makes eight float32 passes over the pairs (``FOREGROUND_NORM``). Both give the same values bit for
+bit; False keeps Ultralytics' computation.
 
 The copied methods (and the Ultralytics methods they assume unchanged) are registered in
 ``yolofeed.ultralytics_seam.COPIED`` and ``RELIED_ON`` with the hash of their 8.4.190 source and of each older source

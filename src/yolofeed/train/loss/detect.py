@@ -40,6 +40,7 @@ class Constants:
 MAX_BOXES = "max_boxes"  # batch keys: Python ints, known on the host before the step
 CANDIDATES = "tal_candidates"
 GRID_CANDIDATES = True  # False: the assigner's candidate mask as Ultralytics computes it (swap_ab off=grid_candidates)
+FOREGROUND_NORM = True  # False: the assigner's normalisation over every (box, anchor) pair (off=foreground_norm)
 
 
 class SyncFreeAssigner(TaskAlignedAssigner):
@@ -71,6 +72,21 @@ class SyncFreeAssigner(TaskAlignedAssigner):
         mask &= rb[..., 0] - xy_centers[:, 0] > eps
         mask &= rb[..., 1] - xy_centers[:, 1] > eps
         return mask
+
+    def _forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
+        """Ultralytics' code, its normalisation of the alignment metric made on each anchor's own box
+        (``_foreground_norm``) where it is made on every (box, anchor) pair; ``extra`` handed on only where given
+        (before 8.4.180 ``get_pos_mask`` takes none, and ``forward`` gives none)."""
+        if not FOREGROUND_NORM:
+            return super()._forward(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
+        mask_pos, align_metric, overlaps = self.get_pos_mask(pd_scores, pd_bboxes, gt_labels, gt_bboxes, anc_points,
+                                                             mask_gt, **extra)
+        target_gt_idx, fg_mask, mask_pos = self.select_highest_overlaps(mask_pos, overlaps, self.n_max_boxes,
+                                                                        align_metric)
+        target_labels, target_bboxes, target_scores = self.get_targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask)
+        norm_align_metric = _foreground_norm(align_metric, overlaps, target_gt_idx, fg_mask.bool(), self.eps)
+        target_scores = target_scores * norm_align_metric.unsqueeze(-1)
+        return target_labels, target_bboxes, target_scores, fg_mask.bool(), target_gt_idx
 
     def get_box_metrics(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra):
         """Ultralytics' code; ``nonzero_static`` with the known count gives ``nonzero``'s indices, in order."""
@@ -123,6 +139,29 @@ def _grid_inside(xy_centers: Tensor, lt: Tensor, rb: Tensor, levels: tuple[tuple
                           out=mask[..., o:o + h * w].unflatten(-1, (h, w)))  # a view: written in place
         ox, oy = ox + w, oy + h
     return mask
+
+
+def _foreground_norm(align_metric: Tensor, overlaps: Tensor, target_gt_idx: Tensor, fg: Tensor, eps: float) -> Tensor:
+    """The assigner's ``norm_align_metric``, (B, anchors): each foreground anchor's alignment metric with its box,
+    times the box's best overlap among its positive anchors, over its best metric among them (+ eps); 0 elsewhere.
+
+    Ultralytics computes it over every (box, anchor) pair: ``align_metric *= mask_pos``, ``overlaps *= mask_pos``,
+    an amax of each over the anchors, ``mul_``, ``div_`` and an amax over the boxes, eight passes over two float32
+    (B, K, anchors) tensors (yolo26n at batch 128 and 640 px with 50 boxes an image: about 5 GB a step, its two
+    assigners together). After ``select_highest_overlaps`` an anchor is positive for one box at most, its
+    ``target_gt_idx``, so each of those maxima has one term that is not zero: here the same products and quotients
+    of the same values are made once an anchor, on its own box (a gather of (B, anchors) from each tensor), and the
+    per-box maxima by a scatter of them (a max does not depend on its order). The same values, bit for bit, where
+    the metrics are finite (a non-finite one, which Ultralytics' ``x * 0`` spreads to every anchor of the image, is
+    then kept to its own anchor).
+    """
+    at = target_gt_idx.unsqueeze(1)
+    align = torch.where(fg, align_metric.gather(1, at).squeeze(1), 0.0)  # Ultralytics' align_metric * mask_pos
+    overlap = torch.where(fg, overlaps.gather(1, at).squeeze(1), 0.0)
+    shape = align_metric.shape[:2]  # (B, K): the amax over the anchors, of zeros and the positive anchors' terms
+    pos_align = align.new_zeros(shape).scatter_reduce_(1, target_gt_idx, align, "amax")
+    pos_overlap = overlap.new_zeros(shape).scatter_reduce_(1, target_gt_idx, overlap, "amax")
+    return align.mul_(pos_overlap.gather(1, target_gt_idx)).div_((pos_align + eps).gather(1, target_gt_idx))
 
 
 def foreground_rows(fg_mask: Tensor, bound: int) -> tuple[tuple[Tensor, Tensor], Tensor]:
