@@ -285,6 +285,7 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (TaskAlignedAssigner, "select_candidates_in_gts", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "get_box_metrics", "the sync-free assigner overrides it (COPIED)"),
     (TaskAlignedAssigner, "_forward", "the sync-free assigner overrides it (COPIED)"),
+    (TaskAlignedAssigner, "get_targets", "the sync-free assigner copies it (COPIED)"),
     # 8.4.180 moved get_box_metrics' overlaps into pair_overlaps; before, it called iou_calculation itself
     (TaskAlignedAssigner, "pair_overlaps" if since("8.4.180") else "iou_calculation",
      "the sync-free assigner calls it (seam.pair_overlaps)"),

@@ -162,6 +162,11 @@ COPIED: tuple[Pinned, ...] = (
                   "no **extra for get_pos_mask: the copy hands it on only where given, and forward gives none under "
                   "these releases"),
            )),
+    Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_targets", "d09f2ebb32f6fad0",
+           "yolofeed.train.loss.detect.SyncFreeAssigner._targets",
+           "the target scores made at once from the normalised metric (one float write of (B, anchors, classes)), "
+           "where Ultralytics makes an int8 one-hot, masks it, and _forward multiplies it by the metric: the same "
+           "values"),
     Pinned("ultralytics.utils.tal.TaskAlignedAssigner.get_box_metrics", "3cfbd24887dca7b6",
            "yolofeed.train.loss.detect.SyncFreeAssigner.get_box_metrics", "nonzero_static with the count known ahead",
            others=(

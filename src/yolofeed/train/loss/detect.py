@@ -75,18 +75,34 @@ class SyncFreeAssigner(TaskAlignedAssigner):
 
     def _forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
         """Ultralytics' code, its normalisation of the alignment metric made on each anchor's own box
-        (``_foreground_norm``) where it is made on every (box, anchor) pair; ``extra`` handed on only where given
-        (before 8.4.180 ``get_pos_mask`` takes none, and ``forward`` gives none)."""
+        (``_foreground_norm``) where it is made on every (box, anchor) pair, and the target scores made from it at
+        once (``_targets``); ``extra`` handed on only where given (before 8.4.180 ``get_pos_mask`` takes none, and
+        ``forward`` gives none)."""
         if not FOREGROUND_NORM:
             return super()._forward(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
         mask_pos, align_metric, overlaps = self.get_pos_mask(pd_scores, pd_bboxes, gt_labels, gt_bboxes, anc_points,
                                                              mask_gt, **extra)
         target_gt_idx, fg_mask, mask_pos = self.select_highest_overlaps(mask_pos, overlaps, self.n_max_boxes,
                                                                         align_metric)
-        target_labels, target_bboxes, target_scores = self.get_targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask)
         norm_align_metric = _foreground_norm(align_metric, overlaps, target_gt_idx, fg_mask.bool(), self.eps)
-        target_scores = target_scores * norm_align_metric.unsqueeze(-1)
+        target_labels, target_bboxes, target_scores = self._targets(gt_labels, gt_bboxes, target_gt_idx,
+                                                                    norm_align_metric)
         return target_labels, target_bboxes, target_scores, fg_mask.bool(), target_gt_idx
+
+    def _targets(self, gt_labels, gt_bboxes, target_gt_idx, norm_align_metric):
+        """Ultralytics' ``get_targets``, the scores made at once as ``_forward`` then makes them: each anchor's
+        ``norm_align_metric`` (0 off the foreground) at its label, in the metric's dtype. Ultralytics writes an int8
+        one-hot (B, anchors, classes), multiplies it by the foreground mask, then by the metric into a new float32
+        tensor, three passes of that size where here one writes it: 1 x m and 0 x m are m and 0, the same values."""
+        batch_ind = torch.arange(end=self.bs, dtype=torch.int64, device=gt_labels.device)[..., None]
+        target_gt_idx = target_gt_idx + batch_ind * self.n_max_boxes
+        target_labels = gt_labels.long().flatten()[target_gt_idx]
+        target_bboxes = gt_bboxes.view(-1, gt_bboxes.shape[-1])[target_gt_idx]
+        target_labels.clamp_(0)
+        target_scores = torch.zeros((*target_labels.shape, self.num_classes), dtype=norm_align_metric.dtype,
+                                    device=target_labels.device)
+        target_scores.scatter_(2, target_labels.unsqueeze(-1), norm_align_metric.unsqueeze(-1))
+        return target_labels, target_bboxes, target_scores
 
     def get_box_metrics(self, pd_scores, pd_bboxes, gt_labels, gt_bboxes, mask_gt, **extra):
         """Ultralytics' code; ``nonzero_static`` with the known count gives ``nonzero``'s indices, in order."""
