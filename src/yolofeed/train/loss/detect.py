@@ -45,7 +45,8 @@ FOREGROUND_NORM = True  # False: the assigner's normalisation over every (box, a
 
 class SyncFreeAssigner(TaskAlignedAssigner):
     """``TaskAlignedAssigner`` whose candidate gather takes its size from ``candidates`` and whose candidate mask is
-    made level by level where ``levels`` says how the anchors lie (both set per call).
+    made level by level where ``levels`` says how the anchors lie (both set per call); its metric's normalisation and
+    target scores are made on each anchor's own box (``_forward``).
 
     ``candidates`` is (count, batch size): the OOM fallback, which assigns one image at a time, takes
     Ultralytics' path.
@@ -146,7 +147,7 @@ def _grid_inside(xy_centers: Tensor, lt: Tensor, rb: Tensor, levels: tuple[tuple
         starts.append(starts[-1] + h * w)
     x = torch.cat([xy_centers[o:o + w, 0] for o, (h, w) in zip(starts, levels)])  # each level's first row: its x
     y = torch.cat([xy_centers[o:o + h * w:w, 1] for o, (h, w) in zip(starts, levels)])  # its first column: its y
-    inside_x = (x - lt[..., 0] > eps) & (rb[..., 0] - x > eps)  # (B, K, all levels' w): ten launches for every level
+    inside_x = (x - lt[..., 0] > eps) & (rb[..., 0] - x > eps)  # (B, K, all levels' w): five launches for all levels
     inside_y = (y - lt[..., 1] > eps) & (rb[..., 1] - y > eps)
     mask = torch.empty((*lt.shape[:2], xy_centers.shape[0]), dtype=torch.bool, device=lt.device)
     ox = oy = 0
