@@ -137,10 +137,14 @@ def _grid_inside(xy_centers: Tensor, lt: Tensor, rb: Tensor, levels: tuple[tuple
     values run along each level's x, (B, K, w), and y, (B, K, h), and one AND writes the mask, one byte a pair: the
     same mask, bit for bit.
 
+    The AND writes each level's part of the mask through an ``out=`` view: ``torch.compile(fullgraph=True)`` refuses a
+    non-contiguous ``out=``, but the loss runs eager (Ultralytics' ``compile=True`` compiles the model's forward only).
+
     Args:
         xy_centers: (anchors, 2) the anchors' centres in pixels, in their own dtype (float16 under AMP).
         lt, rb: (B, K, 1, 2) the boxes' corners, as ``select_candidates_in_gts`` makes them.
-        levels: (h, w) per level; their h x w sum to the anchors.
+        levels: (h, w) per level, in make_anchors' order; their h x w sum to the anchors (the only check: the loss
+            hands over the shapes of the feature maps it made the anchors from).
     """
     starts = [0]
     for h, w in levels:
@@ -169,8 +173,9 @@ def _foreground_norm(align_metric: Tensor, overlaps: Tensor, target_gt_idx: Tens
     ``target_gt_idx``, so each of those maxima has one term that is not zero: here the same products and quotients
     of the same values are made once an anchor, on its own box (a gather of (B, anchors) from each tensor), and the
     per-box maxima by a scatter of them (a max does not depend on its order). The same values, bit for bit, where
-    the metrics are finite (a non-finite one, which Ultralytics' ``x * 0`` spreads to every anchor of the image, is
-    then kept to its own anchor).
+    the metrics are finite. A metric that is not (a NaN score; YOLO26's inverted boxes can make CIoU 0/0) makes the
+    target scores, and so the loss, not a number on both paths; Ultralytics' ``x * 0`` spreads it to every anchor of
+    the image, here it reaches its box's anchors (and, on box 0, the background's, which read box 0).
     """
     at = target_gt_idx.unsqueeze(1)
     align = torch.where(fg, align_metric.gather(1, at).squeeze(1), 0.0)  # Ultralytics' align_metric * mask_pos
