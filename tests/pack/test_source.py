@@ -126,6 +126,55 @@ def test_missing_paths_are_named(dataset, tmp_path):
         list_images([str(empty)])
 
 
+@pytest.mark.parametrize("entry, words", [
+    (5, "'train' must be str or list, not int (it is 5)"),
+    ({"dir": "images/train"}, "'train' must be str or list, not dict"),
+])
+def test_a_split_entry_of_another_type_is_refused_in_ultralytics_words(dataset, entry, words):
+    """``train: 5`` was a TypeError traceback, ``train: {dir: ...}`` a path that does not exist; Ultralytics'
+    check_det_dataset refuses both by type."""
+    f = _write_yaml(dataset, path=str(dataset), train=entry, val="images/val")
+    with pytest.raises(TypeError, match=re.escape(words.split(" (")[0])):
+        check_det_dataset(str(f), autodownload=False)
+    with pytest.raises(DatasetError, match=re.escape(f"{f}: {words}")):
+        load_data_yaml(f)
+
+
+def test_names_with_a_gap_in_their_indices_are_refused_as_ultralytics_refuses_them(dataset):
+    """``names: {0: a, 2: b}`` was packed with nc 2, and class 2's rows skipped as 'add the class to the yaml's
+    names'; Ultralytics refuses the yaml."""
+    f = dataset / "gap.yaml"
+    f.write_text(yaml.safe_dump({"path": str(dataset), "train": "images/train", "val": "images/val",
+                                 "names": {0: "a", 2: "b"}}))
+    with pytest.raises(KeyError, match="2-class dataset requires class indices 0-1"):
+        check_det_dataset(str(f), autodownload=False)
+    with pytest.raises(DatasetError, match=re.escape(f"{f}: names: 2-class dataset requires class indices 0-1, but "
+                                                     "you have invalid class indices 0-2")):
+        load_data_yaml(f)
+    f.write_text("path: " + str(dataset) + "\ntrain: images/train\nval: images/val\nnames: {'1': b, '0': a}\n")
+    theirs = check_det_dataset(str(f), autodownload=False)["names"]  # string keys, out of order: by index
+    assert load_data_yaml(f)["names"] == [theirs[i] for i in range(2)] == ["a", "b"]
+
+
+def test_a_split_list_that_is_not_utf8_text_or_an_image_is_one_line(dataset, capsys):
+    """A train.txt saved as UTF-16, one with a latin-1 byte, and a split that names one image were each a
+    UnicodeDecodeError traceback (Ultralytics: 'Error loading data from ...')."""
+    from yolofeed.cli import main
+
+    imgs = sorted((dataset / "images" / "train").glob("*.jpg"))
+    (dataset / "u16.txt").write_text("\n".join(str(p) for p in imgs[:3]), encoding="utf-16")
+    (dataset / "latin.txt").write_bytes("\n".join(str(p) for p in imgs[:3]).encode() + b"\n/caf\xe9.jpg")
+    for entry, words in (("u16.txt", "is not a list of image paths in UTF-8 text (invalid start byte at byte 0"),
+                         ("latin.txt", "is not a list of image paths in UTF-8 text"),
+                         (str(imgs[0]), "is an image: a split names a folder of images or a .txt list")):
+        f = _write_yaml(dataset, path=str(dataset), train=entry, val="images/val")
+        with pytest.raises(DatasetError, match=re.escape(words)):
+            split_source(f, "train")
+        assert main(["pack", f"data={f}", "imgsz=64", "splits=train"]) == 1
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert len(lines) == 1 and words in lines[0] and str(f) in lines[0], lines
+
+
 def test_fingerprint_follows_files(dataset):
     f = dataset / "data.yaml"
     a = split_source(f, "train").fingerprint()

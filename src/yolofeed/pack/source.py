@@ -20,7 +20,15 @@ from typing import Any
 
 from yolofeed.errors import DatasetError
 from yolofeed.pack.layout import TASKS
-from yolofeed.ultralytics_seam import DATASETS_DIR, IMG_FORMATS, YAML, find_dataset_yaml, img2label_paths
+from yolofeed.ultralytics_seam import (
+    DATASET_KEY_TYPES,
+    DATASETS_DIR,
+    IMG_FORMATS,
+    YAML,
+    check_class_names,
+    find_dataset_yaml,
+    img2label_paths,
+)
 
 SPLIT_KEYS = ("train", "val", "test", "minival")
 
@@ -116,6 +124,12 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
                            "(chmod a+r), or pass a data yaml of your own") from None
     if not isinstance(d, dict) or not d:
         raise DatasetError(f"{file}: empty or not a mapping. A data yaml needs train:, val: and names:.")
+    for key, types in DATASET_KEY_TYPES.items():  # check_det_dataset's own check, in its words
+        if d.get(key) is not None and not isinstance(d[key], types):
+            expected = " or ".join(t.__name__ for t in types)
+            raise DatasetError(f"{file}: '{key}' must be {expected}, not {type(d[key]).__name__} (it is "
+                               f"{d[key]!r}): a split names a folder of images, a .txt list of image paths, or a list "
+                               "of those")
     if "val" not in d and "validation" in d:
         d["val"] = d.pop("validation")
     for k in ("train", "val"):
@@ -132,7 +146,14 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise DatasetError(f"{file}: 'nc: {d['nc']}' must be an integer.") from None
     if names is not None:
-        names = list(names.values()) if isinstance(names, dict) else list(names)
+        if isinstance(names, dict):  # Ultralytics' rule: the indices 0 to n - 1, each once, in any order
+            try:
+                names = check_class_names(names)
+            except (KeyError, TypeError, ValueError) as e:
+                raise DatasetError(f"{file}: names: {str(e).strip(repr(chr(39)))} Number the classes 0 to n - 1 "
+                                   "(or list them: names: [a, b, ...])") from None
+            names = [names[i] for i in range(len(names))]
+        names = list(names)
         if nc is not None and len(names) != nc:
             raise DatasetError(f"{file}: 'names' has {len(names)} entries but 'nc: {nc}'. Make them match.")
         nc = len(names)
@@ -220,11 +241,22 @@ def list_images(paths: list[str]) -> list[str]:
     for p in map(Path, paths):
         if p.is_dir():
             found += glob.glob(str(Path(glob.escape(p)) / "**" / "*.*"), recursive=True)
-        elif p.is_file():
-            with open(p, encoding="utf-8-sig") as t:
-                parent = str(p.parent) + os.sep
-                lines = t.read().strip().splitlines()
-                found += [x.replace("./", parent, 1) if x.startswith("./") else x for x in lines]
+        elif p.is_file():  # a list of image paths, one a line (Ultralytics reads any file here as one)
+            if p.suffix[1:].lower() in IMG_FORMATS:
+                raise DatasetError(f"'{p}' is an image: a split names a folder of images or a .txt list of image "
+                                   "paths, one a line (Ultralytics reads a file there as such a list); give its folder")
+            try:
+                with open(p, encoding="utf-8-sig") as t:
+                    lines = t.read().strip().splitlines()
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"'{p}' is not a list of image paths in UTF-8 text ({e.reason} at byte {e.start}; "
+                                   "saved as UTF-16 or another encoding?): save it as UTF-8, one image path a "
+                                   "line") from None
+            except OSError as e:
+                raise DatasetError(f"'{p}': cannot read this list of images ({e.strerror or e}); make it readable "
+                                   "by this user") from None
+            parent = str(p.parent) + os.sep
+            found += [x.replace("./", parent, 1) if x.startswith("./") else x for x in lines]
         else:
             raise DatasetError(f"'{p}' does not exist. Check the data yaml's path: and split entries.")
     im_files = sorted(x.replace("/", os.sep) for x in found if x.rpartition(".")[-1].lower() in IMG_FORMATS)

@@ -124,6 +124,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.data import utils as _data_utils  # pack.verify: the module its label rules are copied from
     from ultralytics.data.dataset import YOLODataset  # bench.parity: builds Ultralytics' label caches up front
     from ultralytics.data.utils import (  # pack: which files a split holds and how a sample is checked
+        DATASET_KEY_TYPES,  # pack.source: the data yaml's keys' types, as check_det_dataset checks them
         IMG_FORMATS,
         check_det_dataset,
         exif_size,
@@ -137,7 +138,10 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.models.yolo.obb import OBBTrainer  # train.tasks: FastOBBTrainer subclasses it
     from ultralytics.models.yolo.pose import PoseTrainer  # train.tasks: FastPoseTrainer subclasses it
     from ultralytics.models.yolo.segment import SegmentationTrainer  # train.tasks: FastSegmentationTrainer
-    from ultralytics.nn.autobackend import AutoBackend  # train.validation: the final validation's model, warmed
+    from ultralytics.nn.autobackend import (
+        AutoBackend,  # train.validation: the final validation's model, warmed
+        check_class_names,  # pack.source: the data yaml's names, as Ultralytics reads
+    )
     from ultralytics.nn.modules.block import (  # train.graphed: layers whose input reaches one convolution
         C2f,
         C3k2,  # a C2f with C2f's forward (HalvesC3k2 subclasses it)
@@ -226,7 +230,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "xyxyxyxy2xywhr",
     "batched_metrics_serve", "DetectionValidator", "record_image_stats",
     "batches_per_step", "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml",
-    "checkpoint", "criterion", "crop_mask",
+    "check_class_names", "checkpoint", "criterion", "crop_mask", "DATASET_KEY_TYPES",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir", "get_split_fraction",
