@@ -137,6 +137,25 @@ def test_notes_for_backgrounds_duplicates_and_restored(dataset):
     assert "duplicate" in notes["dupes.jpg"] and "restored" in notes["trailing.jpg"]
 
 
+def test_a_restored_jpeg_the_user_cannot_write_says_ultralytics_would_skip_it(tmp_path, monkeypatch):
+    """Ultralytics restores a JPEG with trailing bytes by rewriting the file, and skips it as corrupt where it cannot
+    (a read-only dataset); the pack keeps it, restored in memory: the note says so there, and only there."""
+    from helpers import GOOD_LABEL, _jpeg
+    from yolofeed.pack import codecs
+    from yolofeed.pack.verify import load_sample
+
+    im, lb = tmp_path / "trailing.jpg", tmp_path / "trailing.txt"
+    im.write_bytes(_jpeg(seed=2) + b"trailing junk")
+    lb.write_text(GOOD_LABEL)
+    encode = codecs.find("raw").encode
+    writable = load_sample(str(im), str(lb), 80, 64, encode).notes
+    assert any("restored in memory" in n and "read-only" not in n for n in writable), writable
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, *a, **k: False if path == str(im) else real(path, mode))
+    read_only = load_sample(str(im), str(lb), 80, 64, encode).notes
+    assert any("skips it as corrupt where it cannot, as here (read-only): yolofeed keeps it" in n for n in read_only)
+
+
 # -- files that are not plain images and labels ------------------------------------------------------------------------
 fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 
@@ -193,6 +212,30 @@ def test_files_that_are_not_images_get_their_own_reason(tmp_path):
         assert words in str(e.value), (path.name, str(e.value))
         if path != heic:
             assert "HEIC" not in str(e.value) and "corrupt" not in str(e.value)
+
+
+def test_an_image_over_pillows_limit_says_so_not_corrupt(tmp_path, monkeypatch):
+    """Pillow refuses an image over twice MAX_IMAGE_PIXELS (Ultralytics skips it as corrupt, with Pillow's words);
+    the reason said it was corrupt or truncated, re-export it. A small limit stands in for a 196 MP image."""
+    from PIL import Image
+
+    big = tmp_path / "big.png"
+    Image.new("RGB", (64, 64)).save(big)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(SampleError) as e:
+        check_image(str(big))
+    assert "image too large for Pillow" in str(e.value) and "corrupt" not in str(e.value), str(e.value)
+
+
+def test_an_offending_value_is_quoted_as_the_label_file_wrote_it(tmp_path):
+    """1.0100001 was quoted as 'above 1 (1.01)', a value the same check lets through."""
+    lb = tmp_path / "a.txt"
+    lb.write_text("0 0.5 0.5 0.2 0.2\n0 1.0100001 0.5 0.2 0.2\n0 0.5 -0.1 0.2 0.2\n")
+    with pytest.raises(SampleError, match=r"above 1 \(1\.0100001\)"):
+        read_labels(str(lb), 2)
+    lb.write_text("0 0.5 -0.1 0.2 0.2\n")
+    with pytest.raises(SampleError, match=r"negative values \(-0\.1\)"):
+        read_labels(str(lb), 2)
 
 
 # -- pose labels -------------------------------------------------------------------------------------------------------

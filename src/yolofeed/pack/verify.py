@@ -166,6 +166,8 @@ def check_image(path: str, rules: LabelRules = LABEL_RULES) -> ImageInfo:
             raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; re-export or remove "
                               "it") from None
         raise SampleError(f"cannot read the file ({e.strerror or e}); check its permissions or remove it") from None
+    except Image.DecompressionBombError as e:  # Ultralytics skips it too: its Image.open raises the same
+        raise SampleError(f"image too large for Pillow ({e}): Ultralytics skips it too; downscale it") from None
     except Exception as e:
         raise SampleError(f"not a readable image ({e}): the file is corrupt or truncated; "
                           "re-export or remove it") from None
@@ -246,9 +248,10 @@ def not_stock_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _values(values: np.ndarray, first: int = 4) -> str:
-    """The first of a label file's offending values as its text wrote them (-0.1, not float32's
-    -0.10000000149011612)."""
-    return ", ".join(f"{float(v):.7g}" for v in np.asarray(values).ravel()[:first])
+    """The first of a label file's offending values as its text wrote them: the shortest text that reads back as the
+    same float32 (-0.1, not -0.10000000149011612; 1.0100001, which 1.01 is not)."""
+    return ", ".join(np.format_float_positional(np.float32(v), unique=True, trim="-")
+                     for v in np.asarray(values).ravel()[:first])
 
 
 def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
@@ -520,6 +523,8 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
     else:
         labels, polygons, notes = read_detect_labels(lb_file, nc, kpt_shape=kpt_shape)
     if info.restored is not None:
-        notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)")
+        notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)"
+                     + ("" if os.access(im_file, os.W_OK) else "; Ultralytics rewrites the file to restore it, and "
+                        "skips it as corrupt where it cannot, as here (read-only): yolofeed keeps it"))
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)
     return Sample(payload, ori_hw, hw, labels, notes, keypoints, corners, polygons)
