@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 import yolofeed.pack.build as build_module
 import yolofeed.pack.encode as encode
@@ -53,9 +54,26 @@ def _no_temp_files(folder: Path) -> bool:
 def test_no_usable_image_is_a_clear_error(dataset):
     for p in (dataset / "images" / "val").glob("*.jpg"):
         p.write_bytes(b"not a jpeg")
-    with pytest.raises(DatasetError, match="no usable image in split 'val'"):
+    with pytest.raises(DatasetError, match="no usable image in split 'val'") as e:
         _build160(dataset, split="val")
     assert not list((store_dir(dataset / "data.yaml", 160, "raw")).glob("*val*.yfpack*"))
+    first = sorted((dataset / "images" / "val").glob("*.jpg"))[0]
+    assert f"(first: {first})" in str(e.value), str(e.value)  # a reason that names no file: its first file
+
+
+def test_no_usable_image_in_a_list_read_from_the_current_folder_says_where_it_looked(dataset, monkeypatch, tmp_path):
+    """A .txt list of paths relative to the dataset, read from another folder: every image 'not found', and nothing
+    said which file or why; now the first file and Ultralytics' rule (lines without ./ from the current folder)."""
+    imgs = sorted((dataset / "images" / "val").glob("*.jpg"))
+    (dataset / "rel.txt").write_text("\n".join(f"images/val/{p.name}" for p in imgs))
+    data = yaml.safe_load((dataset / "data.yaml").read_text())
+    (dataset / "data.yaml").write_text(yaml.safe_dump({**data, "path": str(dataset), "val": "rel.txt"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError) as e:
+        _build160(dataset, split="val")
+    said = str(e.value)
+    assert f"image file not found (first: images/val/{imgs[0].name})" in said, said
+    assert f"read from the current folder, {tmp_path}" in said and "start them with ./" in said, said
 
 
 @pytest.mark.parametrize("imgsz", [-5, 0, 16, 160.0, "160", True])

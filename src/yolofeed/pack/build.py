@@ -282,8 +282,15 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     keep = np.array([lb is not None for lb in labels], bool)
     if not keep.any():
         top = Counter(r for _, r in skipped).most_common(3)
+        first = {r: f for f, r in reversed(skipped)}  # each reason's first file
+        hint = ""
+        if first.get("image file not found") and any(Path(p).is_file() for p in src.paths):
+            hint = ("\n  (a .txt list's lines that do not start with ./ are read from the current folder, "
+                    f"{os.getcwd()}, as Ultralytics reads them: start them with ./ to read them from the list's)")
         raise DatasetError(f"no usable image in split '{src.split}' of {src.yaml_file} ({n} tried). "
-                           "Commonest reasons:\n  " + "\n  ".join(f"{c}x {r}" for r, c in top))
+                           "Commonest reasons:\n  " + "\n  ".join(
+                               f"{c}x {r}" + ("" if Path(first[r]).stem in r else f" (first: {first[r]})")
+                               for r, c in top) + hint)
     index = index[keep]
     kept_labels = [lb for lb in labels if lb is not None]
     kept_files = [f for f, k in zip(src.im_files, keep) if k]
@@ -317,7 +324,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         **({"kpt_shape": list(src.kpt_shape)} if src.task == "pose" else {}), "channels": 3, "color": "RGB",
         "label_rules": LABEL_RULES.since,  # the installed Ultralytics' (pack.verify): another's makes the pack stale
         **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {}),
-        **({"box_row_images": box_images} if box_images is not None else {}),
+        **({"box_row_images": box_images, "polygon_rows": len(kept_polygons)} if box_images is not None else {}),
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
                    "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},

@@ -302,6 +302,8 @@ class FastTrainer(SyncFreeStep):
                                f"not skip them (each listed in {report_path(pack.path)}); the first: {unlike[0][1]}")
         if self.args.single_cls and rank in (-1, 0):
             _warn_single_cls_gap(pack)
+        if rank in (-1, 0):
+            _warn_mixed_rows(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
         fraction = 1.0 if data_complete(self) else get_split_fraction(
             self.args.fraction, "train" if mode == "train" else self.args.split)
@@ -926,6 +928,18 @@ def _warn_single_cls_gap(pack: Any) -> None:
                        + ("; one with box rows would also make yolo train drop every polygon of these labels, whose "
                           "boxes it would then move as boxes" if pack.polygon_lengths is not None else "")
                        + ". Fix their labels or the yaml's names, then the pack rebuilds")
+
+
+def _warn_mixed_rows(pack: Any) -> None:
+    """Ultralytics' warning, in its words, for a detection split of polygon and box rows mixed: its dataset drops every
+    polygon (``YOLODataset.get_labels``) and says so each run; the pack dropped them when it was built."""
+    polygons = pack.header.get("polygon_rows")
+    if polygons:
+        boxes = pack.header["counts"]["boxes"]
+        LOGGER.warning(f"yolofeed: {pack.split}: Box and segment counts should be equal, but got len(segments) = "
+                       f"{polygons}, len(boxes) = {boxes}. To resolve this only boxes will be used and all segments "
+                       "will be removed. To avoid this please supply either a detect or segment dataset, not a "
+                       "detect-segment mixed dataset.")
 
 
 def _warn_polygons_in_share(pack: Any, fraction: float | int) -> None:
