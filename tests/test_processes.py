@@ -177,7 +177,8 @@ exec(bench._MODE_MAIN)
 """
 
 
-@pytest.mark.parametrize("end, code", [("return None", 0), ("raise KeyboardInterrupt", 130)])
+@pytest.mark.parametrize("end, code", [("return None", 0), ("raise KeyboardInterrupt", 130), ("raise SystemExit()", 0),
+                                       ("raise SystemExit('said')", 1), ("raise SystemExit(3)", 3)])
 def test_a_bench_modes_process_that_left_a_thread_running_ends_at_once(end, code):
     out = subprocess.run([sys.executable, "-c", MODE_LEFT.format(end=end)], capture_output=True, text=True, timeout=60)
     assert out.returncode == code, out.stderr[-2000:]

@@ -278,3 +278,22 @@ def test_step_levers_attributes_copies_to_layers_in_both_directions():
     assert ("C3k2", "forward", "aten::cat") in found
     assert ("Upsample", "backward", "aten::upsample_nearest2d_backward") in found
     assert any(way == "backward" and op == "aten::copy_" for _, way, op in found)
+
+
+def test_loss_traffic_counts_less_with_the_assigners_levers(monkeypatch, capsys):
+    """The counter runs on a tiny batch; the levers move less, and it leaves the levers as they were."""
+    from tools import loss_traffic
+    from yolofeed.train.loss import detect
+
+    monkeypatch.setattr(detect, "GRID_CANDIDATES", "as set")
+    monkeypatch.setattr(detect, "FOREGROUND_NORM", "as set")
+    totals = []
+    for grid, norm in ((False, False), (True, True)):
+        traffic, _ = loss_traffic.loss_traffic("yolo11n.yaml", 2, 6, 128, grid, norm)
+        totals.append(sum(v[1] for v in traffic.by.values()))
+        assert not any(op in loss_traffic.VIEWS for op, _ in traffic.by)
+    assert totals[1] < totals[0]
+    loss_traffic.main(["--model", "yolo11n.yaml", "--batch", "2", "--boxes", "6", "--imgsz", "128", "--top", "3"])
+    out = capsys.readouterr().out
+    assert out.count("GB at batch 128") == 3 and out.count(" MB ") == 3, out
+    assert detect.GRID_CANDIDATES == detect.FOREGROUND_NORM == "as set"

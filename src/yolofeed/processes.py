@@ -193,9 +193,16 @@ def wait_for(event: threading.Event) -> None:
 
 
 def acquire(lock: threading.Lock) -> None:
-    """``lock.acquire()``, in timed steps: Ctrl-C cuts it short."""
-    while not lock.acquire(timeout=WAIT_STEP_S):
-        pass
+    """``lock.acquire()``, in timed steps: Ctrl-C cuts it short, and leaves the lock as it found it (an exception
+    raised as a step took it gives it back)."""
+    held = False
+    try:
+        while not held:
+            held = lock.acquire(timeout=WAIT_STEP_S)
+    except BaseException:
+        if held:
+            lock.release()
+        raise
 
 
 def left_running(what: str) -> None:
@@ -214,7 +221,7 @@ def own_process(main: Callable[[], int | None], name: str = "yolofeed") -> int:
     try:
         code = main() or 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1  # sys.exit("text") prints, exits 1
         raise
     except KeyboardInterrupt:
         code = 130

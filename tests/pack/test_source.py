@@ -140,6 +140,23 @@ def test_a_split_entry_of_another_type_is_refused_in_ultralytics_words(dataset, 
         load_data_yaml(f)
 
 
+@pytest.mark.parametrize("entries, words", [
+    ({"train": ["images/train", None]}, "'train' must be str or list, not a list with a NoneType entry"),
+    ({"train": [5]}, "'train' must be str or list, not a list with a int entry"),
+    ({"val": None, "validation": 5}, "'val' must be str or list, not int"),  # Ultralytics' other name for val
+    ({"names": "abc"}, "'names' must be list or dict, not str (it is 'abc')"),
+])
+def test_a_split_list_entry_or_a_key_of_another_type_is_one_line(dataset, entries, words):
+    f = dataset / "typed.yaml"
+    base = {"path": str(dataset), "train": "images/train", "val": "images/val", "names": ["a", "b"]}
+    f.write_text(yaml.safe_dump({k: v for k, v in {**base, **entries}.items() if v is not None}))
+    with pytest.raises(DatasetError) as e:
+        load_data_yaml(f)
+    said = str(e.value)
+    assert said.startswith(f"{f}: {words}"), said
+    assert ("a split names a folder" in said) == (not words.startswith("'names'")), said
+
+
 def test_names_with_a_gap_in_their_indices_are_refused_as_ultralytics_refuses_them(dataset):
     """``names: {0: a, 2: b}`` was packed with nc 2, and class 2's rows skipped as 'add the class to the yaml's
     names'; Ultralytics refuses the yaml."""
@@ -149,7 +166,12 @@ def test_names_with_a_gap_in_their_indices_are_refused_as_ultralytics_refuses_th
     with pytest.raises(KeyError, match="2-class dataset requires class indices 0-1"):
         check_det_dataset(str(f), autodownload=False)
     with pytest.raises(DatasetError, match=re.escape(f"{f}: names: 2-class dataset requires class indices 0-1, but "
-                                                     "you have invalid class indices 0-2")):
+                                                     "you have invalid class indices 0-2 defined in your dataset YAML. "
+                                                     "Number the classes")):
+        load_data_yaml(f)
+    f.write_text("path: " + str(dataset) + "\ntrain: images/train\nval: images/val\nnames: {-1: a, 0: b}\n")
+    with pytest.raises(DatasetError, match=re.escape("names: 2-class dataset requires class indices 0-1, but it has "
+                                                     "[-1, 0]")):  # passes Ultralytics' own check (its max is 0)
         load_data_yaml(f)
     f.write_text("path: " + str(dataset) + "\ntrain: images/train\nval: images/val\nnames: {'1': b, '0': a}\n")
     theirs = check_det_dataset(str(f), autodownload=False)["names"]  # string keys, out of order: by index

@@ -14,7 +14,8 @@ launch knobs (kernels/bn_silu.py) on side A as well: B is the library as it is, 
 library's own on side A (``SWITCHES``: the loss's classification term as one fused pass each way, kernels/bce_sum.py;
 the step's input image made in float16 in one kernel, train/step.py; the assigner's candidate mask made level by level
 from a bool ``mask_gt``, and its normalisation made on each anchor's own box, train/loss/detect.py).
-``off=install,bce_sum,half_input,grid_candidates,foreground_norm`` is the step as it was before issue 29's levers.
+``off=install,bce_sum,half_input,grid_candidates,foreground_norm`` is the step without any of yolofeed's own step
+levers (the sync-free step and loss stay on both sides).
 """
 
 from __future__ import annotations

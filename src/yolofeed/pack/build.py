@@ -283,13 +283,16 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     if not keep.any():
         top = Counter(r for _, r in skipped).most_common(3)
         first = {r: f for f, r in reversed(skipped)}  # each reason's first file
+        label_of = dict(zip(src.im_files, src.label_files))
         hint = ""
-        if first.get("image file not found") and any(Path(p).is_file() for p in src.paths):
+        missing = first.get("image file not found")
+        if missing and not os.path.isabs(missing):  # a .txt list's relative line: read from the current folder
             hint = ("\n  (a .txt list's lines that do not start with ./ are read from the current folder, "
                     f"{os.getcwd()}, as Ultralytics reads them: start them with ./ to read them from the list's)")
         raise DatasetError(f"no usable image in split '{src.split}' of {src.yaml_file} ({n} tried). "
                            "Commonest reasons:\n  " + "\n  ".join(
-                               f"{c}x {r}" + ("" if Path(first[r]).stem in r else f" (first: {first[r]})")
+                               f"{c}x {r}" + ("" if first[r] in r or label_of.get(first[r], "\0") in r
+                                              else f" (first: {first[r]})")
                                for r, c in top) + hint)
     index = index[keep]
     kept_labels = [lb for lb in labels if lb is not None]

@@ -124,14 +124,20 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
                            "(chmod a+r), or pass a data yaml of your own") from None
     if not isinstance(d, dict) or not d:
         raise DatasetError(f"{file}: empty or not a mapping. A data yaml needs train:, val: and names:.")
-    for key, types in DATASET_KEY_TYPES.items():  # check_det_dataset's own check, in its words
-        if d.get(key) is not None and not isinstance(d[key], types):
-            expected = " or ".join(t.__name__ for t in types)
-            raise DatasetError(f"{file}: '{key}' must be {expected}, not {type(d[key]).__name__} (it is "
-                               f"{d[key]!r}): a split names a folder of images, a .txt list of image paths, or a list "
-                               "of those")
     if "val" not in d and "validation" in d:
         d["val"] = d.pop("validation")
+    for key, types in DATASET_KEY_TYPES.items():  # check_det_dataset's own check, in its words
+        value = d.get(key)
+        wrong = value is not None and not isinstance(value, types)
+        if key in SPLIT_KEYS and isinstance(value, list) and not wrong:
+            wrong = not all(isinstance(x, str) for x in value)  # each entry a path too (Ultralytics: a TypeError later)
+        if wrong:
+            expected = " or ".join(t.__name__ for t in types)
+            got = (type(value).__name__ if not isinstance(value, list) else
+                   f"a list with a {next(type(x).__name__ for x in value if not isinstance(x, str))} entry")
+            raise DatasetError(f"{file}: '{key}' must be {expected}, not {got} (it is {value!r})"
+                               + (": a split names a folder of images, a .txt list of image paths, or a list of those"
+                                  if key in SPLIT_KEYS else ""))
     for k in ("train", "val"):
         if k not in d:
             raise DatasetError(f"{file}: '{k}:' key missing. 'train' and 'val' are required in all data yamls.")
@@ -150,8 +156,13 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
             try:
                 names = check_class_names(names)
             except (KeyError, TypeError, ValueError) as e:
-                raise DatasetError(f"{file}: names: {str(e).strip(repr(chr(39)))} Number the classes 0 to n - 1 "
-                                   "(or list them: names: [a, b, ...])") from None
+                said = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # a KeyError's str() quotes it
+                raise DatasetError(f"{file}: names: {said.rstrip('.')}. Number the classes 0 to n - 1 (or list them: "
+                                   "names: [a, b, ...])") from None
+            if sorted(names) != list(range(len(names))):  # {-1: a, 0: b} passes Ultralytics' check (its max is 0)
+                raise DatasetError(f"{file}: names: {len(names)}-class dataset requires class indices 0-"
+                                   f"{len(names) - 1}, but it has {sorted(names)}. Number the classes 0 to n - 1 "
+                                   "(or list them: names: [a, b, ...])")
             names = [names[i] for i in range(len(names))]
         names = list(names)
         if nc is not None and len(names) != nc:

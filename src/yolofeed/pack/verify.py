@@ -39,6 +39,7 @@ from yolofeed.ultralytics_seam import (
     exif_size,
     imread,
     pil_open,
+    restores_in_place,
     segments2boxes,
 )
 
@@ -250,8 +251,7 @@ def not_stock_skips(skipped: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def _values(values: np.ndarray, first: int = 4) -> str:
     """The first of a label file's offending values as its text wrote them: the shortest text that reads back as the
     same float32 (-0.1, not -0.10000000149011612; 1.0100001, which 1.01 is not)."""
-    return ", ".join(np.format_float_positional(np.float32(v), unique=True, trim="-")
-                     for v in np.asarray(values).ravel()[:first])
+    return ", ".join(str(np.float32(v)) for v in np.asarray(values).ravel()[:first])
 
 
 def read_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
@@ -524,7 +524,7 @@ def load_sample(im_file: str, lb_file: str, nc: int, imgsz: int, encode: Callabl
         labels, polygons, notes = read_detect_labels(lb_file, nc, kpt_shape=kpt_shape)
     if info.restored is not None:
         notes.append("JPEG with trailing bytes: restored in memory as Ultralytics restores it (source untouched)"
-                     + ("" if os.access(im_file, os.W_OK) else "; Ultralytics rewrites the file to restore it, and "
+                     + ("" if restores_in_place(im_file) else "; Ultralytics rewrites the file to restore it, and "
                         "skips it as corrupt where it cannot, as here (read-only): yolofeed keeps it"))
     payload, ori_hw, hw = encode(im_file, info, imgsz, notes)
     return Sample(payload, ori_hw, hw, labels, notes, keypoints, corners, polygons)

@@ -302,12 +302,12 @@ class FastTrainer(SyncFreeStep):
                                f"not skip them (each listed in {report_path(pack.path)}); the first: {unlike[0][1]}")
         if self.args.single_cls and rank in (-1, 0):
             _warn_single_cls_gap(pack)
-        if rank in (-1, 0):
-            _warn_mixed_rows(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
         fraction = 1.0 if data_complete(self) else get_split_fraction(
             self.args.fraction, "train" if mode == "train" else self.args.split)
         labels = {"classes": self.args.classes, "single_cls": bool(self.args.single_cls)}
+        if rank in (-1, 0):
+            _warn_mixed_rows(pack, fraction)
         if mode == "train":
             if self.hyp.imgsz != pack.imgsz:  # the model's stride is known now (imgsz=100 trains at 128)
                 self.hyp, self._augment = dataclasses.replace(self.hyp, imgsz=pack.imgsz), None
@@ -930,16 +930,27 @@ def _warn_single_cls_gap(pack: Any) -> None:
                        + ". Fix their labels or the yaml's names, then the pack rebuilds")
 
 
-def _warn_mixed_rows(pack: Any) -> None:
-    """Ultralytics' warning, in its words, for a detection split of polygon and box rows mixed: its dataset drops every
-    polygon (``YOLODataset.get_labels``) and says so each run; the pack dropped them when it was built."""
+def _warn_mixed_rows(pack: Any, fraction: float | int) -> None:
+    """Ultralytics' warning, in its words, where the detection images a run uses hold polygon and box rows mixed: its
+    dataset then drops every polygon (``YOLODataset.get_labels``, after ``fraction=`` cut the files) and says so each
+    run; the pack dropped them when it was built. With the whole split, its counts (``polygon_rows``, recorded since
+    packs carry it); with a share, which rows it holds is not recorded: said without them."""
+    box_images = pack.header.get("box_row_images")
+    if not box_images:
+        return
+    tail = ("To resolve this only boxes will be used and all segments will be removed. To avoid this please supply "
+            "either a detect or segment dataset, not a detect-segment mixed dataset.")
     polygons = pack.header.get("polygon_rows")
-    if polygons:
-        boxes = pack.header["counts"]["boxes"]
-        LOGGER.warning(f"yolofeed: {pack.split}: Box and segment counts should be equal, but got len(segments) = "
-                       f"{polygons}, len(boxes) = {boxes}. To resolve this only boxes will be used and all segments "
-                       "will be removed. To avoid this please supply either a detect or segment dataset, not a "
-                       "detect-segment mixed dataset.")
+    if fraction == 1.0:
+        counts = ("" if polygons is None else
+                  f", but got len(segments) = {polygons}, len(boxes) = {pack.header['counts']['boxes']}")
+        LOGGER.warning(f"yolofeed: {pack.split}: Box and segment counts should be equal{counts}. {tail}")
+        return
+    used = subset(pack, fraction)
+    boxes_only = np.isin(used, box_images)
+    if boxes_only.any() and (pack.index["label_count"][used][~boxes_only] > 0).any():
+        LOGGER.warning(f"yolofeed: {pack.split}, fraction={fraction}: Box and segment counts should be equal in the "
+                       f"images this run uses. {tail}")
 
 
 def _warn_polygons_in_share(pack: Any, fraction: float | int) -> None:

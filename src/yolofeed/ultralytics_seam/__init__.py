@@ -234,6 +234,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir", "get_split_fraction",
+    "restores_in_place",
     "guess_model_task",
     "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER",
     "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device",
@@ -792,6 +793,15 @@ def find_dataset_yaml(data: str | os.PathLike) -> str | None:
         if found:
             return str(found)
     return None
+
+
+def restores_in_place(path: str | os.PathLike) -> bool:
+    """Whether Ultralytics' label check can rewrite this JPEG with trailing bytes where it lies (it restores one so):
+    from 8.4.167 it writes a temporary file beside it and renames it over (``_replace_image``: the folder must take
+    writes), before it opened the file itself for writing. Where it cannot, it skips the image as corrupt."""
+    if since("8.4.167"):
+        return os.access(os.path.dirname(os.path.abspath(path)), os.W_OK | os.X_OK)
+    return os.access(path, os.W_OK)
 
 
 def packaged(path: str | os.PathLike) -> bool:
