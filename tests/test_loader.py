@@ -245,7 +245,7 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
     try:
         with caplog.at_level("WARNING"):
             t._close_run(finished=False)
-        assert worker._ended.is_set() and "the validation thread did not stop" not in caplog.text
+        assert worker._worker.ended.is_set() and "the validation thread did not stop" not in caplog.text
         assert "the loader thread did not stop within 1 s" in caplog.text
     finally:
         gate.set()

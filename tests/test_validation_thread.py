@@ -50,7 +50,7 @@ def test_a_signal_while_the_teardown_waits_for_the_validation_is_acted_on_once_i
         signal.signal(signal.SIGINT, previous)
         batch.set()
         watcher.join()
-    assert not watcher.missed and finished == [True] and worker._ended.is_set() and t._validations is None
+    assert not watcher.missed and finished == [True] and worker._worker.ended.is_set() and t._validations is None
     assert issubclass(raised.type, KeyboardInterrupt if signum == "SIGINT" else SystemExit)
     assert signum == "SIGINT" or raised.value.code == 143
     done = ValidationThread(torch.device("cpu"))
@@ -69,7 +69,7 @@ def test_the_thread_runs_jobs_in_order_and_hands_back_results_and_exceptions():
         worker.run(lambda: 1 / 0)
     assert worker.alive  # an exception ends the job, not the worker
     worker.close()
-    worker._thread.join(5)
+    worker._worker.thread.join(5)
     assert not worker.alive
     with pytest.raises(RuntimeError, match="validation thread has stopped"):
         worker.submit(print)

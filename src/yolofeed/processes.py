@@ -184,6 +184,28 @@ def get(q: queue.Queue) -> Any:
             pass
 
 
+class Daemon:
+    """``target(*args)`` in a daemon thread started now, with ``ended``: an event set as it returns, to wait on
+    (``ended.wait(s)``, ``wait_for``) where a ``Thread.join`` would be the obvious wait. A join cut short by Ctrl-C may
+    release the thread's state lock it did not take (CPython's bpo-45274 fix): the thread then looks ended (``join``
+    returns, ``is_alive`` says False) while it still runs inside torch, and the interpreter aborts if it exits then."""
+
+    def __init__(self, target: Callable[..., object], *args: Any, name: str):
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(target, args), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, target: Callable[..., object], args: tuple) -> None:
+        try:
+            target(*args)
+        finally:
+            self.ended.set()
+
+    def is_current(self) -> bool:
+        """Whether the caller runs in this thread (which cannot wait for itself)."""
+        return self.thread is threading.current_thread()
+
+
 def wait_for(event: threading.Event) -> None:
     """``event.wait()``, in timed steps: Ctrl-C cuts it short. Wait for a thread on an event it sets as it returns, not
     with ``Thread.join``: a join cut short by Ctrl-C may release the thread's state lock it did not take (CPython's

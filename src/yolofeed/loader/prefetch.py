@@ -201,7 +201,7 @@ class Prefetcher:
 
     @property
     def _thread(self) -> threading.Thread | None:
-        return self._running[0].thread if self._running else None
+        return self._running[0].worker.thread if self._running else None
 
     def _queue(self, batches: list[np.ndarray]) -> None:
         for k, indices in enumerate(batches):
@@ -292,18 +292,13 @@ class _Thread:
         for k in range(slots):
             self.free.put(k)
         self.stopping = threading.Event()
-        # set as the thread returns: a Thread.join cut short by Ctrl-C may release the thread's state lock it did not
-        # take (CPython's bpo-45274 fix), and the thread then looks ended while it fills a batch inside torch
-        self.ended = threading.Event()
-        self.thread = threading.Thread(target=_produce, args=(weakref.ref(owner), self), daemon=True,
-                                       name="yolofeed-loader")
-        self.thread.start()
+        self.worker = processes.Daemon(_produce, weakref.ref(owner), self, name="yolofeed-loader")
 
     def stop(self) -> bool:
         """Stop the thread (mid-epoch too) and wait for it up to ``STOP_WAIT_S``, unless this is that thread (a
         finalizer run there). Returns whether it ended."""
         self.ask_to_stop()
-        return self.thread is threading.current_thread() or self.ended.wait(STOP_WAIT_S)
+        return self.worker.is_current() or self.worker.ended.wait(STOP_WAIT_S)
 
     def ask_to_stop(self) -> None:
         """Tell the thread to stop after what it does now, and a pass waiting on it to raise; wait for nothing."""
@@ -331,13 +326,6 @@ def _stop_all(running: list[_Thread]) -> None:
 
 
 def _produce(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
-    try:
-        _produce_batches(owner, t)
-    finally:
-        t.ended.set()
-
-
-def _produce_batches(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
     k = n = 0
     try:
         while True:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,9 +37,7 @@ class InThread:
     def __init__(self, fn: Callable[[], object], name: str):
         self.seconds: float | None = None  # how long fn took, once it returned
         self.error: BaseException | None = None
-        self._ended = threading.Event()  # set as it returns: see processes.wait_for
-        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
-        self._thread.start()
+        self._worker = processes.Daemon(self._run, fn, name=name)
 
     def _run(self, fn: Callable[[], object]) -> None:
         start = time.perf_counter()
@@ -50,7 +47,6 @@ class InThread:
             self.error = e
         finally:
             self.seconds = time.perf_counter() - start
-            self._ended.set()
 
     def join(self) -> float:
         """Wait for it; returns the seconds waited.
@@ -59,7 +55,7 @@ class InThread:
             BaseException: what ``fn`` raised.
         """
         start = time.perf_counter()
-        processes.wait_for(self._ended)
+        processes.wait_for(self._worker.ended)
         waited = time.perf_counter() - start
         if self.error is not None:
             error, self.error = self.error, None

@@ -53,17 +53,7 @@ class ValidationThread:
         self.device = device
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = threading.Event()  # set by the waiting thread when it stops waiting (Ctrl-C, an error)
-        # set as the worker returns: after a join cut short by Ctrl-C, Thread.is_alive() may say False while the
-        # worker still runs (CPython releases the thread's state lock it did not take, bpo-45274's fix)
-        self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="yolofeed-validation", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        try:
-            self._serve_jobs()
-        finally:
-            self._ended.set()
+        self._worker = processes.Daemon(self._serve_jobs, name="yolofeed-validation")
 
     def _serve_jobs(self) -> None:
         if self.device.type == "cuda":
@@ -82,7 +72,7 @@ class ValidationThread:
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
         """Queue ``fn(*args, **kwargs)`` behind what is queued; its future holds the result or the exception."""
-        if not self._thread.is_alive():
+        if self._worker.ended.is_set():
             raise RuntimeError("yolofeed's validation thread has stopped")
         done: Future = Future()
         self._jobs.put((fn, args, kwargs, done))
@@ -99,9 +89,9 @@ class ValidationThread:
         by Ctrl-C or SIGTERM lets the interpreter exit while the worker is inside torch, and the process aborts
         ("terminate called without an active exception")."""
         self._jobs.put(None)
-        if wait > 0 and self._thread is not threading.current_thread():
-            return self._ended.wait(wait)
-        return self._ended.is_set()
+        if wait > 0 and not self._worker.is_current():
+            return self._worker.ended.wait(wait)
+        return self._worker.ended.is_set()
 
     def cancel(self) -> None:
         """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""
@@ -109,12 +99,12 @@ class ValidationThread:
 
     def check_cancelled(self, *_: Any) -> None:
         """A validator callback (``on_val_batch_start``): raise in the worker once the trainer stopped waiting."""
-        if self.cancelled.is_set() and threading.current_thread() is self._thread:
+        if self.cancelled.is_set() and self._worker.is_current():
             raise KeyboardInterrupt("yolofeed: the training stopped waiting for this validation")
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return not self._worker.ended.is_set()
 
 
 def loader_shapes(loader: Any) -> list[Shape]:
