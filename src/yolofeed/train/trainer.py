@@ -433,7 +433,8 @@ class FastTrainer(SyncFreeStep):
         rather than being stopped)."""
         if not self.trained:
             return "No epoch was saved yet" + (": start again once the cause is fixed" if error else "")
-        weights = checkpoint(self, "best") if checkpoint(self, "best").exists() else checkpoint(self, "last")
+        best = checkpoint(self, "best")
+        weights = best if best.exists() else checkpoint(self, "last")
         if self.validated:
             return f"Every epoch was trained and saved, in {weights}, and validated"
         data = [f"data={self.args.data}"] if isinstance(self.args.data, (str, os.PathLike)) else []
