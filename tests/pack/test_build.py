@@ -705,7 +705,8 @@ def test_a_pose_pack_holds_a_keypoints_section_aligned_with_its_labels(pose_data
     plain = open_or_build(pose_dataset / "data.yaml", "train", 64, storage, rebuild="auto", workers=2, progress=False)
     h = pose.header
     assert h["task"] == "pose" and h["kpt_shape"] == [5, 3] and pose.kpt_shape == (5, 3)
-    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "keypoints"]
+    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "keypoints", "source_files",
+                                   "source_stats"]
     off, n = h["sections"]["keypoints"]
     assert n == h["counts"]["boxes"] * 5 * 3 * 4 and h["checksums"]["keypoints"] == zlib.crc32(pose.buffer[off:off + n])
     assert pose.keypoint_table.shape == (len(pose.label_table), 5, 3) and pose.keypoint_table.dtype == np.float32
@@ -735,7 +736,8 @@ def test_an_obb_pack_holds_a_corners_section_aligned_with_its_labels(obb_dataset
                          task="obb")
     h = pack.header
     assert h["task"] == "obb" and pack.task == "obb" and "kpt_shape" not in h and pack.keypoint_table is None
-    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "corners"]
+    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "corners", "source_files",
+                                   "source_stats"]
     off, n = h["sections"]["corners"]
     assert n == h["counts"]["boxes"] * 4 * 2 * 4 and h["checksums"]["corners"] == zlib.crc32(pack.buffer[off:off + n])
     assert pack.corner_table.shape == (len(pack.label_table), 4, 2) and pack.corner_table.dtype == np.float32
@@ -768,7 +770,8 @@ def test_a_segment_pack_holds_its_polygons_as_ultralytics_reads_them(segment_dat
                          progress=False, task="segment")
     h = pack.header
     assert h["task"] == "segment" and pack.task == "segment" and pack.corner_table is None
-    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "polygon_lengths", "polygon_points"]
+    assert list(h["sections"]) == ["index", "labels", "files", "label_crc", "polygon_lengths", "polygon_points",
+                                   "source_files", "source_stats"]
     for name in ("polygon_lengths", "polygon_points"):
         off, n = h["sections"][name]
         assert h["checksums"][name] == zlib.crc32(pack.buffer[off:off + n])

@@ -77,6 +77,59 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
         open_or_build(yaml_file, "val", 160)
 
 
+def test_a_stale_pack_names_what_changed(dataset, caplog):
+    """The fingerprint says only that something changed; the pack records each source file's size and time, so the
+    refusal (and rebuild=auto's line) names the files: added, removed, another size, the time alone, a label file
+    created or deleted. A pack without that record is stale all the same, said without names."""
+    yaml_file = dataset / "data.yaml"
+    assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
+    src = source.split_source(yaml_file, "train")
+    images, labels = [Path(f) for f in src.im_files], [Path(f) for f in src.label_files]
+    shutil.copy(images[0], images[0].with_name("added.jpg"))
+    images[1].unlink()
+    labels[2].write_text(labels[2].read_text() + "0 0.5 0.5 0.1 0.1\n")
+    st = images[3].stat()
+    os.utime(images[3], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    labels[4].unlink()
+
+    def refusal() -> str:
+        with pytest.raises(StalePackError) as e:
+            open_or_build(yaml_file, "train", 64)
+        return str(e.value)
+
+    def rel(p: Path) -> str:
+        return str(p.relative_to(dataset))
+
+    said = refusal()
+    assert (f"is stale: the source images or labels changed since it was built (1 image added: "
+            f"{rel(images[0].with_name('added.jpg'))}; 1 image removed: {rel(images[1])}; 1 file deleted: "
+            f"{rel(labels[4])}; 1 file of another size: {rel(labels[2])}; 1 file of the same size with another "
+            f"modification time (edited, touched, or copied without their times): {rel(images[3])}); rebuild it "
+            "with: yolofeed pack") in said, said
+    with caplog.at_level(logging.INFO):
+        assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
+    assert "1 image added" in caplog.text and "Rebuilding" in caplog.text
+
+    # many changes: two names a kind, then a count; a label file created
+    for f in [Path(f) for f in source.split_source(yaml_file, "train").im_files][:5]:
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    labels[4].write_text("0 0.5 0.5 0.2 0.2\n")
+    said = refusal()
+    assert re.search(r"\(1 file created: [^;]+; 5 files of the same size [^:]*: [^,;]+\.jpg, [^,;]+\.jpg, \.\.\.\);",
+                     said), said
+    assert f"1 file created: {rel(labels[4])}" in said
+
+    # a pack written before the record: the same refusal, without names
+    pack = ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).pack
+    assert pack.sources()[0] == list(source.split_source(yaml_file, "train").im_files)
+    craft_pack(pack.path, pack.path, header=lambda h: {**h, "sections": {k: v for k, v in h["sections"].items()
+                                                                         if not k.startswith("source_")}})
+    assert Pack.open(pack.path).sources() is None
+    labels[4].unlink()
+    assert re.search(r"is stale: the source images or labels changed since it was built; rebuild it with", refusal())
+
+
 def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):
     pack = _build(dataset)
     craft_pack(pack.path, pack.path, header=lambda x: {k: v for k, v in x.items() if k != "split"})

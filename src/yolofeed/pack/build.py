@@ -75,6 +75,7 @@ from yolofeed.pack.layout import (
     payload_crcs,
     polygon_sections,
     printable,
+    source_sections,
 )
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.report import report_path, write_report
@@ -158,7 +159,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, format: str = codecs.D
     t0 = time.perf_counter()
     n = len(src.im_files)
     workers = max(1, min(workers or usable_cores(), n))
-    fingerprint = src.fingerprint()
+    stats = src.stats()  # the fingerprint's inputs, before any image is read: recorded in the pack
     purpose = f"the {src.split} pack"
     files.check_replaceable(dest, is_pack_file, purpose)  # before the build's minutes, not only after them
     space = plan_space(src, dest.parent, imgsz, format)
@@ -168,7 +169,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, format: str = codecs.D
         try:
             try:
                 disk.pwrite(fd, PREAMBLE, 0)  # first: what proves the file to be yolofeed's, should the build die
-                skipped, notes = _fill(src, tmp, fd, imgsz, format, workers, progress, sync, fingerprint, space, t0,
+                skipped, notes = _fill(src, tmp, fd, imgsz, format, workers, progress, sync, stats, space, t0,
                                        disk)
                 if sync:
                     disk.fsync(fd)  # the rename below must not publish a file whose bytes are not on disk
@@ -207,7 +208,8 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, format: str = codecs.D
 
 
 def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers: int, progress: bool, sync: bool,
-          fingerprint: str, space: Space, t0: float, disk: Disk) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+          stats: np.ndarray, space: Space, t0: float,
+          disk: Disk) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """The body of ``build_split``: write every sample, check the payloads, append the tail to ``tmp`` (``fd``).
 
     Returns:
@@ -315,6 +317,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     keeps = detect_keeps_polygons(src.task, len(kept_polygons), int(counts.sum()))
     if src.task == "segment" or keeps:
         sections.update(polygon_sections(kept_polygons))  # each kept image's polygons, one per label row
+    sections.update(source_sections(src.im_files, stats))
     box_images = None  # polygon and box rows mixed: Ultralytics decides on the files a fraction= keeps (it cuts them
     if src.task == "detect" and kept_polygons and not keeps:  # first): the images with box rows, for its warning
         box_images = [i for i, (ps, c) in enumerate(zip(per_image, counts)) if c and not ps]
@@ -330,7 +333,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
         **({"box_row_images": box_images, "polygon_rows": len(kept_polygons)} if box_images is not None else {}),
         "resize": "long side to imgsz, cv2.INTER_LINEAR, as Ultralytics BaseDataset.load_image",
         "source": {"data": src.yaml_file, "paths": list(src.paths), "nc": src.nc, "names": list(src.names),
-                   "fingerprint": fingerprint, "label_dir": str(Path(src.label_files[0]).parent)},
+                   "fingerprint": src.fingerprint(stats), "label_dir": str(Path(src.label_files[0]).parent)},
         "counts": {"images": int(keep.sum()), "boxes": int(counts.sum()), "skipped": len(skipped),
                    "tried": n, "label_files": int(keep.sum()) - missing, "data_bytes": int(index["nbytes"].sum())},
         "skipped": skipped, "notes": notes,

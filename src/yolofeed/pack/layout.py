@@ -4,7 +4,7 @@ Layout (little-endian), chosen so a parallel build can write images in one pass 
 can tell a finished file from an interrupted one::
 
     [preamble][payloads ...][index][labels][files][label_crc]([keypoints|corners|polygon_lengths polygon_points])
-    [header JSON][trailer: magic, ...]
+    [source_files source_stats][header JSON][trailer: magic, ...]
 
 * preamble: 64 bytes, ``PREAMBLE``, written first thing when the build creates its temporary file: what proves a
   temporary file, or a file under a pack's name, to be yolofeed's before it is deleted or replaced (a build's
@@ -32,6 +32,10 @@ can tell a finished file from an interrupted one::
   is a polygon of one point to Ultralytics), and (P, 2) float32 [x, y] of all of them, row j's after rows 0 .. j-1's,
   normalised as the boxes are; labels row j is its polygon's enclosing box (``segments2boxes``). Ultralytics resamples
   each polygon to 1,000 points when it loads the labels: the pack keeps them as written.
+* source_files, source_stats: every source image tried, in source order, as the files section writes paths; and
+  (2 x tried, 2) int64 [size, mtime in ns] of each of those images, then of each one's label file (-1, -1: missing),
+  the fingerprint's inputs (``SplitSource.stats``). Only to say which files changed when the fingerprint does
+  (``rebuild``): a pack written before them is found stale all the same, without the names.
 * header: format version, imgsz, ``storage`` (the format's name), ``task`` ("detect", "pose", "obb" or "segment";
   packs written before it are detection packs), ``kpt_shape`` (pose: the yaml's [K, D]), ``detect_polygons``
   (detection packs: ``DETECT_POLYGONS``, the rule by which they keep polygons; one without it is stale), source
@@ -147,6 +151,17 @@ def detection_sections(index: np.ndarray, labels: np.ndarray, files: list[str],
             "labels": np.ascontiguousarray(labels, np.float32).tobytes(),
             "files": b"\0".join(map(os.fsencode, files)),
             "label_crc": np.ascontiguousarray(label_crc, np.uint32).tobytes()}
+
+
+def source_sections(im_files: tuple[str, ...], stats: np.ndarray) -> dict[str, bytes]:
+    """The bytes of the source_files and source_stats sections.
+
+    Args:
+        im_files: the tried image paths, in source order.
+        stats: (2 x tried, 2) int64, ``SplitSource.stats``.
+    """
+    return {"source_files": b"\0".join(map(os.fsencode, im_files)),
+            "source_stats": np.ascontiguousarray(stats, "<i8").tobytes()}
 
 
 def keypoint_section(keypoints: np.ndarray) -> bytes:

@@ -64,7 +64,12 @@ def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource
     Raises:
         PackError / StalePackError: as ``Pack.open``; stale label contents; damaged payloads.
     """
+    expect = dict(expect)
+    fingerprint = expect.pop("fingerprint", None)  # compared here, after the pack's own checks, to say what changed
     pack = Pack.open(path, expect, fix)
+    if fingerprint is not None and pack.header["source"]["fingerprint"] != fingerprint:
+        raise StalePackError(f"{path} is stale: the source images or labels changed since it was built"
+                             f"{source_changes(pack, src)}; {fix}")
     if rebuild == "check":
         changed = np.nonzero(_label_crcs(src.label_files) != pack.label_crc)[0]
         if len(changed):
@@ -74,6 +79,49 @@ def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource
     if verify:
         pack.verify(fix=fix)
     return pack
+
+
+def source_changes(pack: Pack, src: SplitSource, names: int = 2) -> str:
+    """What changed in ``src`` since ``pack`` was built from it, as " (3 images added: a.jpg, b.jpg; ...)", up to
+    ``names`` files named a kind; "" where the pack did not record its sources (``Pack.sources``) or nothing is found.
+
+    Reads every source file's size and time again (one stat each): only when a pack is found stale.
+    """
+    recorded = pack.sources()
+    if recorded is None:
+        return ""
+    old_files, old_stats = recorded
+    now = src.stats()
+    parts = []
+    if pack.header["source"].get("nc") != src.nc:
+        parts.append(f"the yaml's nc {pack.header['source'].get('nc')} -> {src.nc}")
+    if src.task == "pose" and pack.header.get("kpt_shape") != list(src.kpt_shape):
+        parts.append(f"the yaml's kpt_shape {pack.header.get('kpt_shape')} -> {list(src.kpt_shape)}")
+    where = {f: i for i, f in enumerate(old_files)}
+    kept = set(src.im_files)
+    retimed = "of the same size with another modification time (edited, touched, or copied without their times)"
+    changed: dict[tuple[str, str], list[str]] = {  # (noun, what happened to it): the paths, in this order
+        ("image", "added"): [f for f in src.im_files if f not in where],
+        ("image", "removed"): [f for f in old_files if f not in kept],
+        ("file", "created"): [], ("file", "deleted"): [], ("file", "of another size"): [], ("file", retimed): []}
+    n_old, n_now = len(old_files), len(src.im_files)
+    pairs = []  # (path, [size, mtime] then, now) of each image still in the split, and of its label file
+    for j, f in enumerate(src.im_files):
+        i = where.get(f)
+        if i is not None:
+            pairs += [(f, old_stats[i], now[j]), (src.label_files[j], old_stats[n_old + i], now[n_now + j])]
+    for path, (size0, time0), (size1, time1) in pairs:
+        what = ("created" if size0 < 0 <= size1 else "deleted" if size1 < 0 <= size0
+                else "of another size" if size0 != size1 else retimed if time0 != time1 else None)
+        if what:
+            changed["file", what].append(path)
+    root = os.path.dirname(src.yaml_file)
+    for (noun, what), paths in changed.items():
+        if paths:
+            shown = [printable(os.path.relpath(p, root) if p.startswith(root + os.sep) else p) for p in paths[:names]]
+            parts.append(f"{len(paths):,} {noun}{'' if len(paths) == 1 else 's'} {what}: {', '.join(shown)}"
+                         f"{', ...' if len(paths) > names else ''}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def no_labels(pack: Pack, training: bool = False) -> str:

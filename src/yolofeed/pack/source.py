@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from yolofeed.errors import DatasetError
 from yolofeed.pack.layout import TASKS
 from yolofeed.ultralytics_seam import (
@@ -59,23 +61,35 @@ class SplitSource:
     task: str = "detect"
     kpt_shape: tuple[int, int] | None = None
 
-    def fingerprint(self) -> str:
+    def stats(self) -> np.ndarray:
+        """(2N, 2) int64 [size, mtime in ns] of every image and then every label file (-1, -1: missing): the
+        fingerprint's inputs, which a pack records (``layout.source_sections``) to say later what changed."""
+        out = np.full((len(self.im_files) + len(self.label_files), 2), -1, np.int64)
+        for i, p in enumerate((*self.im_files, *self.label_files)):
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            out[i] = st.st_size, st.st_mtime_ns
+        return out
+
+    def fingerprint(self, stats: np.ndarray | None = None) -> str:
         """A hash of every image and label path with its size and mtime, nc, and kpt_shape where the yaml has one.
 
         Same inputs as Ultralytics' ``get_hash`` for its label cache (``YOLODataset.get_cache_hash``): an edited,
         added, removed or touched file changes it, and so does another kpt_shape (the task, its other input, is the
         pack header's ``task``). A yaml without kpt_shape hashes as it did before keypoints were read.
+
+        Args:
+            stats: ``stats()``, where the caller has it (one stat of every file, not two).
         """
         h = hashlib.sha256(f"nc={self.nc}\0".encode())
         if self.kpt_shape is not None:
             h.update(f"kpt_shape={self.kpt_shape[0]},{self.kpt_shape[1]}\0".encode())
-        for p in (*self.im_files, *self.label_files):
+        for p, (size, mtime) in zip((*self.im_files, *self.label_files),
+                                    (self.stats() if stats is None else stats).tolist()):  # ints: half the time
             h.update(os.fsencode(p) + b"\0")
-            try:
-                st = os.stat(p)
-                h.update(f"{st.st_size}:{st.st_mtime_ns}\0".encode())
-            except OSError:
-                h.update(b"missing\0")
+            h.update(f"{size}:{mtime}\0".encode() if size >= 0 else b"missing\0")
         return h.hexdigest()
 
 

@@ -339,6 +339,21 @@ class Pack:
             return "the polygons do not lie on their labels' boxes (each box encloses its row's polygon)"
         return ""
 
+    def sources(self) -> tuple[list[str], np.ndarray] | None:
+        """The source images tried, in source order, and (2 x tried, 2) [size, mtime in ns] of each and then of its
+        label file, as the fingerprint read them at the build (``layout.source_sections``); None for a pack written
+        before it recorded them, or whose record does not add up (checked only here: it only names files)."""
+        sec = self.header["sections"]
+        if "source_files" not in sec or "source_stats" not in sec:
+            return None
+        tried = self.header["counts"]["tried"]
+        blob = bytes(self._section(sec["source_files"], np.uint8))
+        names = [os.fsdecode(b) for b in blob.split(b"\0")] if tried else []
+        stats = self._section(sec["source_stats"], np.uint8)
+        if len(names) != tried or len(stats) != tried * 32:  # two files an image, two int64 each
+            return None
+        return names, stats.view("<i8").reshape(-1, 2)
+
     def files_bytes_split(self) -> list[bytes]:
         return bytes(self._section(self._files_section, np.uint8)).split(b"\0") if len(self.index) else []
 
