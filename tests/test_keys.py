@@ -36,6 +36,8 @@ SETUP = dict(
     dis=5.0, quantize=None,
 )  # nms at its default: None from 8.4.142, False before (a bool key then)
 ELSEWHERE = {
+    "cls_remap": ("test_yolofeed_overrides_only_the_data_path_of_the_trainer: get_model and set_model_names_for_load, "
+                  "which read it as pretrained weights load, are stock's"),
     "task": ("test_every_refusal_stops_the_run_before_anything_is_built (a classification model); "
              "test_train_pose.py, test_train_obb.py, test_train_segment.py"),
     "overlap_mask": "test_train_segment.py: training and validation batches equal Format's, overlap on and off",
@@ -151,12 +153,48 @@ REFUSED = {  # one refused value per refusing row
     "task": {"model": "yolo11n-cls.yaml"}, "data": {"data": ["a.yaml", "b.yaml"]}, "device": {"device": "mps"},
     "rect": {"rect": True}, "quantize": {"quantize": 8}, "distill_model": {"distill_model": "teacher.pt"},
     "augmentations": {"augmentations": [{"transform": "Blur"}]},
-    "classes": {"classes": "0,1"}, "mask_ratio": {"mask_ratio": 3},
+    "classes": {"classes": "0,1"}, "imgsz": {"imgsz": "abc"}, "batch": {"batch": 1.5},
+    "optimizer": {"optimizer": "bogus"},
 }
+# rows that refuse in some tasks' runs only: tested in those tasks' files
+TASK_REFUSED = {
+    "mask_ratio": "test_train_segment.py::test_copy_paste_mixup_mode_and_odd_mask_ratios_are_refused_in_one_line"}
 
 
 def test_every_refusing_row_is_tested():
-    assert set(REFUSED) == {k for k, r in keys.RULES.items() if r.refuse}
+    assert set(REFUSED) == {k for k, r in keys.RULES.items() if r.refuse and not r.tasks}
+    assert set(TASK_REFUSED) == {k for k, r in keys.RULES.items() if r.refuse and r.tasks}
+
+
+def test_a_segmentation_key_is_not_refused_in_a_detection_run():
+    """Ultralytics' detection training does not read mask_ratio: any value trains there (stock's too)."""
+    keys.check({"model": "yolo11n.yaml", "mask_ratio": 3})
+    with pytest.raises(ConfigError, match=r"^mask_ratio=3: yolofeed makes masks by a whole ratio"):
+        keys.check({"model": "yolo11n-seg.yaml", "mask_ratio": 3})
+
+
+@pytest.mark.parametrize("key, taken, refused", [
+    # what Ultralytics' check_imgsz takes (ints, lists, their strings; rounded up to a stride after), and raises on
+    ("imgsz", [640, "640", -64, 100, [64, 96], "[64, 96]", (64,)], ["abc", 640.5, [64, "a"], [], "[64, x]"]),
+    # AutoBatch below 1 (a fraction, -1, any negative), a DataLoader's whole number above
+    ("batch", [16, -1, -5, 0.5, 0], [1.5, 2.0, 1.0]),
+    ("optimizer", ["auto", "AdamW", "adamw", "SGD", "MuSGD", "rmsprop", None], ["bogus", "Lion", "adam_w"]),
+])
+def test_values_yolo_train_fails_on_late_are_refused_up_front(key, taken, refused):
+    """Values stock takes pass; values stock fails on after building the model and data (imgsz: check_imgsz's
+    error; batch: the DataLoader's; optimizer: build_optimizer's NotImplementedError) are one line first."""
+    for value in taken:
+        keys.check({"model": "yolo11n.yaml", key: value})
+    for value in refused:
+        with pytest.raises(ConfigError) as e:
+            keys.check({"model": "yolo11n.yaml", key: value})
+        assert str(e.value).startswith(f"{key}={value}: ") and "\n" not in str(e.value)
+
+
+def test_the_optimizer_refusal_names_every_optimizer_ultralytics_builds():
+    from yolofeed.ultralytics_seam import OPTIMIZERS
+
+    assert all(name in keys.RULES["optimizer"].reason for name in OPTIMIZERS)
 
 
 @pytest.mark.parametrize("key", sorted(REFUSED))

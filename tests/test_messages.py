@@ -35,7 +35,8 @@ def test_data_a_folder_or_a_list_is_named_as_such(synth_root, tmp_path, capsys):
     line = _one_line(capsys, ["pack", f"data={tmp_path}"])
     assert "is a folder with no data yaml in it" in line
     line = _one_line(capsys, ["train", "model=yolo11n.yaml", f"data=[{synth_root}/data.yaml,{synth_root}/data.yaml]"])
-    assert "a list of data yamls" in line and "one dataset at a time" in line
+    assert "yolofeed trains on one dataset a run: run it once per data yaml, or from Python" in line
+    assert "data=[...]), Ultralytics' MultiTrainer" in line
 
 
 def test_pack_out_a_link_loop_is_one_line(synth_root, tmp_path, capsys):
@@ -283,7 +284,7 @@ def test_data_a_mapping_or_a_list_from_python_is_one_line_before_the_run_folder(
         YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=given, epochs=1, imgsz=64, device="cpu",
                                    project=str(tmp_path), name="dict")
     assert not (tmp_path / "dict").exists()
-    with pytest.raises(DatasetError, match="a list of data yamls; yolofeed works on one dataset at a time"):
+    with pytest.raises(DatasetError, match=r"\]: yolofeed trains on one dataset a run: run it once per data yaml"):
         load_data_yaml([str(synth_root / "data.yaml")] * 2)
     with pytest.raises(DatasetError, match=r"^data= takes the path of a data yaml; got None: pass "
                                            r"data=path/to/data\.yaml$"):

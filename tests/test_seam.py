@@ -391,6 +391,18 @@ def test_a_pack_records_its_label_rules_and_is_stale_under_others(since, synth_r
     assert isinstance(Pack.open(rebuilt.path), Pack)
 
 
+def test_the_optimizer_names_are_those_build_optimizer_builds():
+    """``seam.OPTIMIZERS`` (what keys.py refuses other names against) is the set the installed release's
+    ``build_optimizer`` matches without case; a name outside it raises there, and one inside it does not."""
+    import ast
+    import re
+
+    text = inspect.getsource(seam.DetectionTrainer.build_optimizer)
+    found = re.search(r"optimizers = (\{[^}]*\})", text)
+    assert found and ast.literal_eval(found.group(1)) == set(seam.OPTIMIZERS)
+    assert "{x.lower(): x for x in optimizers}.get(str(name).lower()" in text
+
+
 def test_the_assigners_overlaps_are_the_installed_releases():
     """Before 8.4.180 get_box_metrics computed its overlaps inline (iou_calculation of the gathered boxes); from
     8.4.180 pair_overlaps does: seam.pair_overlaps takes the installed release's way, and both give the same values."""

@@ -346,3 +346,25 @@ def test_ctrl_c_in_the_final_validation_says_the_weights_are_whole_and_how_to_va
     assert shlex.split(line.split("run it with: ")[1]) == ["yolo", "val", f"model={best}",
                                                             f"data={synth_root / 'data.yaml'}"]
 
+
+
+@pytest.mark.slow
+def test_a_list_of_data_yamls_from_python_is_ultralytics_multitrainer_with_yolofeeds_trainer(synth_root, tmp_path):
+    """``YOLO(...).train(trainer=FastDetectionTrainer, data=[a, b])`` is Ultralytics' MultiTrainer: the base model
+    fine-tuned on each dataset in series, each run yolofeed's trainer on that one dataset (its packs, its
+    yolofeed.yaml), a {run: metrics} dict returned. The CLI refuses a list (keys.py's data row) and says this."""
+    from ultralytics import YOLO
+
+    from helpers import copy_dataset
+    from yolofeed import FastDetectionTrainer
+
+    other = copy_dataset(synth_root, tmp_path / "other")
+    model = YOLO("yolo11n.yaml")
+    results = model.train(trainer=FastDetectionTrainer, data=[str(synth_root / "data.yaml"), str(other / "data.yaml")],
+                          project=str(tmp_path / "runs"), **{**TINY, "epochs": 1})
+    assert isinstance(results, dict) and len(results) == 2, results
+    runs = sorted(p for p in (tmp_path / "runs" / "multitrain").iterdir() if p.is_dir())
+    assert len(runs) == 2
+    for run in runs:
+        assert (run / "weights" / "last.pt").is_file() and (run / "yolofeed.yaml").is_file()
+    assert (other / "yolofeed-packs").is_dir()  # the second dataset trained from its own pack

@@ -262,3 +262,17 @@ def test_doctor_parity_and_bench_check_the_model_and_the_data_yaml_first(command
         line = _one_line(capsys, [command, *argv, *common])
         assert words in line, line
         assert not out.exists()
+
+
+def test_a_weights_path_that_is_not_there_is_refused_before_ultralytics_looks_for_it(tmp_path, monkeypatch):
+    """Ultralytics asked GitHub which assets it could download for such a path (two requests, YOLO_OFFLINE set too)
+    before its error; a path is not a name to download: one line, and Ultralytics is not called."""
+    from yolofeed import ultralytics_seam as seam
+    from yolofeed.train import run
+
+    def called(*a, **k):
+        raise AssertionError("Ultralytics was asked to load a path that is not there")
+
+    monkeypatch.setattr(seam, "YOLO", called)
+    with pytest.raises(ConfigError, match=r"^model=.*/weights/nope\.pt: no such file, and not a model Ultralytics"):
+        run.load_model(str(tmp_path / "weights" / "nope.pt"))

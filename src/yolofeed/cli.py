@@ -197,8 +197,9 @@ def check_paths(config: typing.Any) -> None:
     """
     data = getattr(config, "data", None)
     if isinstance(data, str) and data.strip().startswith("[") and data.strip().endswith("]"):
-        raise ConfigError(f"data={data}: a list of data yamls; yolofeed works on one dataset at a time (Ultralytics' "
-                          "multi-dataset fine-tuning is not supported): run once per data yaml")
+        from yolofeed.pack.source import DATA_LIST
+
+        raise ConfigError(f"data={data}: {DATA_LIST}")
     if isinstance(data, str) and Path(data).expanduser().is_dir():
         inside = sorted(p.name for p in Path(data).expanduser().glob("*.y*ml"))
         hint = f": pass the data yaml inside it, e.g. {shlex.quote(f'data={Path(data) / inside[0]}')}" if inside else (

@@ -93,6 +93,12 @@ class SplitSource:
         return h.hexdigest()
 
 
+# why data= may not be a list, and what to do instead (the CLI, the trainer and keys.py say it)
+DATA_LIST = ("yolofeed trains on one dataset a run: run it once per data yaml, or from Python "
+             "YOLO(model).train(trainer=FastDetectionTrainer, data=[...]), Ultralytics' MultiTrainer, which fine-tunes "
+             "on each in turn with yolofeed's trainer")
+
+
 def check_data_path(data: Any) -> None:
     """Refuse a ``data=`` that is no path: Ultralytics' trainer reads the yaml from a path (a dict fails deep inside
     it, a TypeError).
@@ -101,8 +107,7 @@ def check_data_path(data: Any) -> None:
         DatasetError: naming what was given and how to pass it.
     """
     if isinstance(data, (list, tuple)):
-        raise DatasetError(f"data={data}: a list of data yamls; yolofeed works on one dataset at a time (Ultralytics' "
-                           "multi-dataset fine-tuning is not supported): run once per data yaml")
+        raise DatasetError(f"data={data}: {DATA_LIST}")
     if isinstance(data, Mapping):
         raise DatasetError("data= takes the path of a data yaml, not a dict: write the dict to a .yaml file "
                            "(yaml.safe_dump) and pass that file's path")

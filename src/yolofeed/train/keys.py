@@ -26,6 +26,7 @@ from typing import Any
 
 from yolofeed.errors import ConfigError
 from yolofeed.loader.labels import class_ids
+from yolofeed.pack.source import DATA_LIST
 
 STOCK, OURS, REPLACED, UNUSED = "stock", "yolofeed", "replaced", "unused"
 
@@ -48,6 +49,7 @@ class Rule:
     refuse: Callable[[Any], bool] | None = None  # True for a refused value
     refused: str = ""  # the refused values, in words (docs/train-keys.md)
     reason: str = ""  # why, and what to do; the message is "key=value: reason"
+    tasks: tuple[str, ...] = ()  # the tasks whose runs refuse those values (none named: every task's)
 
 
 def _gpu_backend(value: Any) -> bool:
@@ -66,6 +68,24 @@ def _not_a_side_divisor(value: Any) -> bool:
     return value is not None and (isinstance(value, bool) or value not in (1, 2, 4, 8, 16, 32))
 
 
+def _not_an_image_size(value: Any) -> bool:
+    from yolofeed.ultralytics_seam import image_size_problem
+
+    return value is not None and bool(image_size_problem(value))
+
+
+def _not_a_batch(value: Any) -> bool:
+    """A number of images that is not whole (1.5, 2.0): AutoBatch takes fractions below 1 and -1 (every value below 1),
+    Ultralytics' DataLoader any other int; anything else fails there, after the model and the data are built."""
+    return isinstance(value, float) and value >= 1
+
+
+def _not_an_optimizer(value: Any) -> bool:
+    from yolofeed.ultralytics_seam import OPTIMIZERS
+
+    return value is not None and str(value).lower() not in {name.lower() for name in OPTIMIZERS}
+
+
 def _listed(value: Any) -> bool:
     return isinstance(value, (list, tuple))
 
@@ -82,9 +102,9 @@ RULES: dict[str, Rule] = {
                  "model=yolo11n.yaml"),
     "mode": Rule(STOCK, "train"),
     "model": Rule(STOCK, "a detection model yaml or .pt, built or loaded by Ultralytics (other tasks: see task)"),
-    "data": Rule(OURS, "one Ultralytics detection data yaml, a local file; packs are built from it on first use",
-                 _listed, "a list of data yamls", "yolofeed trains on one dataset per run (Ultralytics' "
-                 "multi-dataset fine-tuning is not supported); run yolofeed train once per data yaml"),
+    "data": Rule(OURS, "one Ultralytics detection data yaml, a local file; packs are built from it on first use. "
+                       "From Python a list is Ultralytics' MultiTrainer, which fine-tunes on each in turn with "
+                       "yolofeed's trainer", _listed, "a list of data yamls in one run", DATA_LIST),
     "cfg": Rule(OURS, "a yaml of yolo train keys, read as yolo train reads it (model= and data= too): the command "
                       "line's keys override the file's, and every key goes through this table"),
     "device": Rule(OURS, "CUDA GPUs (several: DDP, as in yolo train) or the CPU", _gpu_backend, "mps, npu, xpu",
@@ -94,9 +114,14 @@ RULES: dict[str, Rule] = {
     "epochs": Rule(STOCK, "Ultralytics' loop"),
     "time": Rule(STOCK, "Ultralytics' loop"),
     "patience": Rule(STOCK, "Ultralytics' early stopping"),
-    "batch": Rule(OURS, "the loader's batch; -1 or a fraction: Ultralytics' AutoBatch chooses it first"),
+    "batch": Rule(OURS, "the loader's batch; -1 or a fraction: Ultralytics' AutoBatch chooses it first", _not_a_batch,
+                  "a number of images that is not whole (1.5, 2.0)",
+                  "a batch is a whole number of images (or -1, or a fraction below 1 of the GPU's memory for "
+                  "Ultralytics' AutoBatch); yolo train fails on it too, in its DataLoader"),
     "imgsz": Rule(OURS, "rounded up to a multiple of the model's stride as yolo train does; the pack is built at "
-                        "the rounded size"),
+                        "the rounded size", _not_an_image_size, "what Ultralytics' check_imgsz refuses (abc, 640.5)",
+                  "not an image size: pass a whole number such as imgsz=640 (a list [h, w] trains at its largest "
+                  "side); yolo train refuses it too, once the model and data are built"),
     "save": Rule(STOCK, "Ultralytics' checkpoints"),
     "save_period": Rule(STOCK, "Ultralytics' checkpoints"),
     "cache": Rule(REPLACED, "not needed: packs are memory-mapped and the page cache keeps them in RAM"),
@@ -107,10 +132,13 @@ RULES: dict[str, Rule] = {
     "exist_ok": Rule(STOCK, "run folder, as in yolo train"),
     "save_dir": Rule(STOCK, "run folder, as in yolo train"),
     "pretrained": Rule(STOCK, "Ultralytics' weight loading"),
-    "cls_remap": Rule(UNUSED, "multi-dataset fine-tuning only (a list of data yamls, refused under data)"),
+    "cls_remap": Rule(STOCK, "Ultralytics' weight loading: a pretrained head's class rows matched to the data's "
+                             "names"),
     "optimizer": Rule(STOCK, "Ultralytics' optimizer; the MuSGD it builds (optimizer=MuSGD, or auto past 10,000 "
                              "iterations) steps as one CUDA graph, the same update within float32 roundings "
-                             "(train/musgd.py)"),
+                             "(train/musgd.py)", _not_an_optimizer, "a name Ultralytics does not build",
+                      "not an optimizer Ultralytics builds: pick one of Adam, Adamax, AdamW, NAdam, RAdam, RMSprop, "
+                      "SGD, MuSGD or auto (the default); yolo train refuses it too, once the model is built"),
     "verbose": Rule(STOCK, "Ultralytics' logging"),
     "seed": Rule(OURS, "seeds Ultralytics (model, CUDA) and yolofeed's shuffle and GPU augmentation: the same "
                        "distributions as stock, other random draws"),
@@ -192,7 +220,7 @@ RULES: dict[str, Rule] = {
     "mask_ratio": Rule(OURS, "segmentation only: the masks' downsampling, as Format's", _not_a_side_divisor,
                        "anything but 1, 2, 4, 8, 16 or 32", "yolofeed makes masks by a whole ratio that divides "
                        "every image side (multiples of 32); pick mask_ratio=4 (the default) or another of 1, 2, 8, "
-                       "16, 32, or use 'yolo train'"),
+                       "16, 32, or use 'yolo train'", ("segment",)),
     **{k: Rule(UNUSED, "OBB, classification or depth only") for k in (
         "dropout", "angle", "dlog", "dgrad", "dlam",
         "auto_augment", "erasing")},
@@ -208,10 +236,13 @@ def value_of(args: Any, key: str) -> Any:
     return args.get(key) if isinstance(args, dict) else getattr(args, key, None)
 
 
-def refusal(args: Any) -> str | None:
-    """The first refused value among ``args`` (Ultralytics' final training arguments, or a dict), as one line."""
+def refusal(args: Any, task: str | None = None) -> str | None:
+    """The first refused value among ``args`` (Ultralytics' final training arguments, or a dict), as one line; a rule
+    of some tasks (``Rule.tasks``) only for a run of one of them (``task``)."""
     for key, rule in RULES.items():
         value = value_of(args, key)
+        if rule.tasks and task not in rule.tasks:
+            continue
         if rule.refuse is not None and rule.refuse(value):
             return f"{key}={value}: {rule.reason}"
     return None
@@ -262,7 +293,7 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
 
     check_task(task)  # pose under a release older than the pose rules yolofeed follows: one line, before any build
     check_copy_paste(args, task)
-    if (why := refusal({**args, "task": None} if isinstance(args, dict) else _without_task(args))) is not None:
+    if (why := refusal({**args, "task": None} if isinstance(args, dict) else _without_task(args), task)) is not None:
         raise ConfigError(why)
 
 
@@ -480,8 +511,9 @@ def markdown() -> str:
              "| key | default | kind | what happens | refused |", "|---|---|---|---|---|"]
     for key, rule in RULES.items():
         default = DEFAULT_CFG_DICT.get(key, "")
+        refused = rule.refused + (f" (in {', '.join(KIND[t] for t in rule.tasks)} runs)" if rule.tasks else "")
         lines.append(f"| `{key}` | {'' if default is None else f'`{default}`'} | {rule.kind} | {rule.note} | "
-                     f"{rule.refused} |")
+                     f"{refused} |")
     return "\n".join(lines) + "\n"
 
 

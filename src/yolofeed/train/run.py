@@ -75,11 +75,15 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
 
 
 def check_model_file(name: str) -> None:
-    """A model yaml that is not one (a data yaml passed as model=, say), refused before Ultralytics builds it.
+    """A model yaml that is not one (a data yaml passed as model=, say), or a ``.pt`` path that is not there, refused
+    before Ultralytics builds or looks for it (for a path it does not have, Ultralytics asks GitHub which assets it
+    could download, with YOLO_OFFLINE set too; a bare name such as yolo11n.pt is left to it, which downloads it).
 
     Raises:
-        ConfigError: the yaml has no backbone and head, or is not valid YAML.
+        ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path.
     """
+    if str(name).lower().endswith(".pt") and Path(name).name != str(name) and not Path(name).exists():
+        raise _no_such_model(name)
     if not str(name).lower().endswith((".yaml", ".yml")):
         return
     from yolofeed.ultralytics_seam import yaml_model_load
@@ -216,8 +220,6 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
                           f"take {', '.join(kinds[:-1])} and {kinds[-1]} models")
     if _is_weights_file(model):
         check_checkpoint(model)
-    elif str(model).lower().endswith(".pt") and Path(model).name != str(model):  # a path, not a name to download
-        raise _no_such_model(model)
     check_data_yaml(data, split)
     check_task_data(model, task, data)
 

@@ -159,6 +159,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOCAL_RANK, LOGGER, RANK, VERBOSE, YAML  # paths, config
     from ultralytics.utils.checks import (  # train.run: cfg=; pack.source: data=coco8.yaml; as yolo train finds them
         check_file,
+        check_imgsz,  # train.keys: an imgsz= value yolo train refuses, refused up front
         check_yaml,
     )
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
@@ -236,8 +237,9 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir", "get_split_fraction",
     "restores_in_place",
     "guess_model_task",
-    "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks", "LOCAL_RANK", "LOGGER",
-    "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "packaged", "parse_device",
+    "image_feeds_a_convolution", "image_size_problem", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",
+    "LOCAL_RANK", "LOGGER",
+    "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "OPTIMIZERS", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
     "RANK", "results_csv", "resuming", "run_first",
     "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
@@ -458,6 +460,25 @@ def step_autocast(trainer: Any) -> Any:
     """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
     ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
     return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+
+
+# BaseTrainer.build_optimizer's names (matched without case); any other raises NotImplementedError after the model is
+# built. tests/test_seam.py reads them from the installed source.
+OPTIMIZERS = ("Adam", "Adamax", "AdamW", "NAdam", "RAdam", "RMSprop", "SGD", "MuSGD", "auto")
+
+
+def image_size_problem(imgsz: Any) -> str:
+    """Ultralytics' words where ``_setup_train``'s ``check_imgsz(imgsz, stride, floor=stride, max_dim=1)`` refuses the
+    value (after the model and the data are built, as a traceback), "" where it takes it; its warnings (a list, a side
+    rounded up) are left to the run, which makes them again."""
+    LOGGER.disabled, was = True, LOGGER.disabled  # at start-up, before any thread of the run logs
+    try:
+        side = check_imgsz(imgsz, 32, floor=32, max_dim=1)
+    except (TypeError, ValueError, ArithmeticError) as e:
+        return " ".join(str(e).split())
+    finally:
+        LOGGER.disabled = was
+    return "" if isinstance(side, int) else f"imgsz={imgsz} is not a valid image size"
 
 
 def train_side(imgsz: int | list[int], stride: int = 32) -> int:
