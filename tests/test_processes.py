@@ -194,3 +194,36 @@ def test_own_process_returns_mains_code_and_leaves_a_clean_run_alone():
     assert processes.own_process(lambda: None) == 0
     with pytest.raises(KeyboardInterrupt):
         processes.own_process(interrupted)
+
+
+RANK_LEFT = """
+import atexit, sys, threading, time
+from yolofeed import processes
+
+atexit.register(lambda: print("a handler registered before ran", flush=True))  # runs after ours: os._exit skips it
+processes.end_rank_if_left_running()
+processes.end_rank_if_left_running()  # once a process, however many trainers it builds
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+if {left}:
+    processes.left_running("the loader thread")
+{end}
+"""
+
+
+@pytest.mark.parametrize("end, code", [("pass", 0), ("raise RuntimeError('boom')", 1),
+                                       ("raise KeyboardInterrupt", 130)])
+def test_a_ddp_rank_that_left_a_thread_running_ends_at_once_with_its_scripts_code(end, code):
+    """A rank's main is Ultralytics' generated script, which own_process does not wrap: the same end at the
+    interpreter's exit, after the script's traceback, with its code; a rank that left nothing running exits as
+    Python would (the earlier exit handler runs)."""
+    out = subprocess.run([sys.executable, "-c", RANK_LEFT.format(left=True, end=end)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "RANK": "1"})
+    assert out.returncode == code, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == ("yolofeed (rank 1): the loader thread did not stop; ending the "
+                                                   "process now")
+    assert "handler registered before" not in out.stdout
+    if code == 1:
+        assert "RuntimeError: boom" in out.stderr
+    clean = subprocess.run([sys.executable, "-c", RANK_LEFT.format(left=False, end=end)], capture_output=True,
+                           text=True, timeout=60)
+    assert "handler registered before ran" in clean.stdout and "did not stop" not in clean.stderr

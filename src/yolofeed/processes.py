@@ -8,6 +8,7 @@ killer) cannot stop them: left running, a build's workers keep its files and a b
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import logging
@@ -31,6 +32,7 @@ WAIT_STEP_S = 0.5
 # ("terminate called without an active exception") where one is inside torch then, so a process of yolofeed's own
 # ends with os._exit instead (``own_process``)
 LEFT_RUNNING: list[str] = []
+_RANK_END = False  # end_rank_if_left_running's exit handler is registered
 
 
 def process_start(pid: int) -> float | None:
@@ -232,6 +234,35 @@ def left_running(what: str) -> None:
     LEFT_RUNNING.append(what)
 
 
+def _end_now(name: str, code: int) -> None:
+    """The process's end where a bounded wait gave up on a thread: one line naming the threads, the streams flushed,
+    ``os._exit(code)``."""
+    with contextlib.suppress(Exception):  # a closed pipe, say: the exit comes all the same
+        print(f"{name}: {' and '.join(LEFT_RUNNING)} did not stop; ending the process now", file=sys.stderr,
+              flush=True)
+        sys.stdout.flush()
+        logging.shutdown()
+    os._exit(code)
+
+
+def end_rank_if_left_running() -> None:
+    """``own_process``' end for a DDP rank, whose main is Ultralytics' generated script: at the interpreter's exit
+    (``atexit``, after the script's traceback is printed), where a bounded wait gave up on a thread, ``os._exit`` with
+    the script's code: 130 after a Ctrl-C it did not catch, 1 after another exception, else 0 (a ``sys.exit(n)`` in
+    the script would end 0: Ultralytics' does not call it). Registered once a process."""
+    global _RANK_END
+    if not _RANK_END:
+        _RANK_END = True
+        atexit.register(_end_rank)
+
+
+def _end_rank() -> None:
+    if LEFT_RUNNING:
+        last = getattr(sys, "last_value", None)  # set where Python printed an exception the script did not catch
+        _end_now(f"yolofeed (rank {os.environ.get('RANK', '?')})",
+                 130 if isinstance(last, KeyboardInterrupt) else 1 if last is not None else 0)
+
+
 def own_process(main: Callable[[], int | None], name: str = "yolofeed") -> int:
     """``main()`` as the whole of a process yolofeed started (the console script, a bench mode's process, a parity
     run's): where a bounded wait gave up on a thread (``LEFT_RUNNING``), the process ends at once (``os._exit``, with
@@ -256,10 +287,5 @@ def own_process(main: Callable[[], int | None], name: str = "yolofeed") -> int:
         raise
     finally:
         if LEFT_RUNNING:
-            with contextlib.suppress(Exception):  # a closed pipe, say: the exit comes all the same
-                print(f"{name}: {' and '.join(LEFT_RUNNING)} did not stop; ending the process now", file=sys.stderr,
-                      flush=True)
-                sys.stdout.flush()
-                logging.shutdown()
-            os._exit(code)
+            _end_now(name, code)
     return code

@@ -162,6 +162,8 @@ class FastTrainer(SyncFreeStep):
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
         self._started = time.time()  # a last.pt older than this is not this run's (resumable_checkpoint)
+        if RANK != -1:  # a DDP rank: Ultralytics' generated script is its main, which own_process does not wrap
+            processes.end_rank_if_left_running()
         # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
         keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=python_route)
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
