@@ -175,7 +175,8 @@ def test_a_segmentation_key_is_not_refused_in_a_detection_run():
 
 @pytest.mark.parametrize("key, taken, refused", [
     # what Ultralytics' check_imgsz takes (ints, lists, their strings; rounded up to a stride after), and raises on
-    ("imgsz", [640, "640", -64, 100, [64, 96], "[64, 96]", (64,)], ["abc", 640.5, [64, "a"], [], "[64, x]"]),
+    ("imgsz", [640, "640", -64, 100, [64, 96], "[64, 96]", (64,), "640,480", [640.5]],
+     ["abc", 640.5, [64, "a"], [], "[64, x]"]),
     # AutoBatch below 1 (a fraction, -1, any negative), a DataLoader's whole number above
     ("batch", [16, -1, -5, 0.5, 0], [1.5, 2.0, 1.0]),
     ("optimizer", ["auto", "AdamW", "adamw", "SGD", "MuSGD", "rmsprop", None], ["bogus", "Lion", "adam_w"]),
@@ -189,6 +190,18 @@ def test_values_yolo_train_fails_on_late_are_refused_up_front(key, taken, refuse
         with pytest.raises(ConfigError) as e:
             keys.check({"model": "yolo11n.yaml", key: value})
         assert str(e.value).startswith(f"{key}={value}: ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("imgsz", [640, 100, -64, 0, True, "640", "640,480", "[64, 96]", [640.5], (64, 100), [33]])
+@pytest.mark.parametrize("stride", [32, 64])
+def test_the_side_trained_at_is_ultralytics_check_imgsz(imgsz, stride):
+    """train_side (the pack's side, the augmentation's) is what _setup_train's check_imgsz makes of the value, from
+    Python too (strings, floats in lists)."""
+    from ultralytics.utils.checks import check_imgsz
+
+    from yolofeed.ultralytics_seam import train_side
+
+    assert train_side(imgsz, stride) == check_imgsz(imgsz, stride, floor=stride, max_dim=1)
 
 
 def test_the_optimizer_refusal_names_every_optimizer_ultralytics_builds():

@@ -276,3 +276,7 @@ def test_a_weights_path_that_is_not_there_is_refused_before_ultralytics_looks_fo
     monkeypatch.setattr(seam, "YOLO", called)
     with pytest.raises(ConfigError, match=r"^model=.*/weights/nope\.pt: no such file, and not a model Ultralytics"):
         run.load_model(str(tmp_path / "weights" / "nope.pt"))
+    # what Ultralytics downloads where no file is: its assets by name (to that path), URLs; left to it
+    for name in (str(tmp_path / "weights" / "yolo11n.pt"), "yolo11n.pt", "https://example.com/w/best.pt",
+                 str(tmp_path / "yolov5s.pt")):
+        run.check_model_file(name)

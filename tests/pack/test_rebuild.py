@@ -77,7 +77,7 @@ def test_reused_when_fresh_refused_or_rebuilt_when_stale(dataset):
         open_or_build(yaml_file, "val", 160)
 
 
-def test_a_stale_pack_names_what_changed(dataset, caplog):
+def test_a_stale_pack_names_what_changed(dataset, caplog, monkeypatch):
     """The fingerprint says only that something changed; the pack records each source file's size and time, so the
     refusal (and rebuild=auto's line) names the files: added, removed, another size, the time alone, a label file
     created or deleted. A pack without that record is stale all the same, said without names."""
@@ -106,9 +106,23 @@ def test_a_stale_pack_names_what_changed(dataset, caplog):
             f"{rel(labels[4])}; 1 file of another size: {rel(labels[2])}; 1 file of the same size with another "
             f"modification time (edited, touched, or copied without their times): {rel(images[3])}); rebuild it "
             "with: yolofeed pack") in said, said
+    held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert not any(h.endswith("train.yfpack") for h in held), held  # refused: its map and file not kept for a GC
+
+    calls = []
+    stats = source.SplitSource.stats
+
+    def counted(self):
+        calls.append(1)
+        return stats(self)
+
+    monkeypatch.setattr(source.SplitSource, "stats", counted)
     with caplog.at_level(logging.INFO):
         assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
     assert "1 image added" in caplog.text and "Rebuilding" in caplog.text
+    assert len(calls) == 2  # one stat of every file for the look at the pack (and its message), one for the build
+    monkeypatch.undo()
 
     # many changes: two names a kind, then a count; a label file created
     for f in [Path(f) for f in source.split_source(yaml_file, "train").im_files][:5]:
@@ -128,6 +142,12 @@ def test_a_stale_pack_names_what_changed(dataset, caplog):
     assert Pack.open(pack.path).sources() is None
     labels[4].unlink()
     assert re.search(r"is stale: the source images or labels changed since it was built; rebuild it with", refusal())
+
+    # the fingerprint's other input, which a detection pack's header does not hold: said as such
+    ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False)
+    yaml_file.write_text(yaml_file.read_text() + "kpt_shape: [5, 3]\n")
+    assert ("since it was built (no image or label file changed its size or time: the yaml's kpt_shape, which the "
+            "fingerprint counts, did); rebuild it") in refusal()
 
 
 def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):

@@ -58,40 +58,49 @@ def _label_crcs(label_files: tuple[str, ...]) -> np.ndarray:
 
 
 def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource, rebuild: str,
-                  verify: bool) -> Pack:
-    """``Pack.open`` plus the checks ``rebuild=check`` and ``verify=True`` ask for.
+                  verify: bool, stats: np.ndarray | None = None) -> Pack:
+    """``Pack.open`` plus the fingerprint and the checks ``rebuild=check`` and ``verify=True`` ask for.
+
+    Args:
+        expect: ``Pack.open``'s, and the sources' ``fingerprint`` (``_expected``), compared here.
+        stats: the sources' ``SplitSource.stats``, which the fingerprint was made of: with them a stale pack's error
+            says what changed (``source_changes``); None: it says only that something did.
 
     Raises:
-        PackError / StalePackError: as ``Pack.open``; stale label contents; damaged payloads.
+        PackError / StalePackError: as ``Pack.open``; stale sources or label contents; damaged payloads.
     """
     expect = dict(expect)
-    fingerprint = expect.pop("fingerprint", None)  # compared here, after the pack's own checks, to say what changed
+    fingerprint = expect.pop("fingerprint", None)
     pack = Pack.open(path, expect, fix)
+    stale = ""
     if fingerprint is not None and pack.header["source"]["fingerprint"] != fingerprint:
-        raise StalePackError(f"{path} is stale: the source images or labels changed since it was built"
-                             f"{source_changes(pack, src)}; {fix}")
-    if rebuild == "check":
+        stale = ("the source images or labels changed since it was built"
+                 f"{'' if stats is None else source_changes(pack, src, stats)}")
+    elif rebuild == "check":
         changed = np.nonzero(_label_crcs(src.label_files) != pack.label_crc)[0]
         if len(changed):
             names = ", ".join(printable(src.label_files[i]) for i in changed[:3])
-            raise StalePackError(f"{path} is stale: {len(changed)} label file(s) changed content since it was "
-                                 f"built, keeping their size and time ({names}); {fix}")
-    if verify:
-        pack.verify(fix=fix)
+            stale = (f"{len(changed)} label file(s) changed content since it was built, keeping their size and time "
+                     f"({names})")
+    try:
+        if stale:
+            raise StalePackError(f"{path} is stale: {stale}; {fix}")
+        if verify:
+            pack.verify(fix=fix)
+    except PackError as e:  # the map and the file go now, not with the traceback the caller keeps (``_existing``'s
+        del pack  # errors), which would hold them until a garbage collection: the file is about to be replaced
+        raise e.with_traceback(None) from None  # this error, without the frames that hold the pack
     return pack
 
 
-def source_changes(pack: Pack, src: SplitSource, names: int = 2) -> str:
-    """What changed in ``src`` since ``pack`` was built from it, as " (3 images added: a.jpg, b.jpg; ...)", up to
-    ``names`` files named a kind; "" where the pack did not record its sources (``Pack.sources``) or nothing is found.
-
-    Reads every source file's size and time again (one stat each): only when a pack is found stale.
-    """
+def source_changes(pack: Pack, src: SplitSource, stats: np.ndarray, shown: int = 2) -> str:
+    """What changed in ``src`` (its files' ``stats`` now) since ``pack`` was built from it, as " (3 images added: a.jpg,
+    b.jpg, ...; ...)", ``shown`` files named a kind, relative to the dataset's folder; "" where the pack did not
+    record its sources (``Pack.sources``)."""
     recorded = pack.sources()
     if recorded is None:
         return ""
     old_files, old_stats = recorded
-    now = src.stats()
     parts = []
     if pack.header["source"].get("nc") != src.nc:
         parts.append(f"the yaml's nc {pack.header['source'].get('nc')} -> {src.nc}")
@@ -109,19 +118,24 @@ def source_changes(pack: Pack, src: SplitSource, names: int = 2) -> str:
     for j, f in enumerate(src.im_files):
         i = where.get(f)
         if i is not None:
-            pairs += [(f, old_stats[i], now[j]), (src.label_files[j], old_stats[n_old + i], now[n_now + j])]
+            pairs += [(f, old_stats[i], stats[j]), (src.label_files[j], old_stats[n_old + i], stats[n_now + j])]
     for path, (size0, time0), (size1, time1) in pairs:
         what = ("created" if size0 < 0 <= size1 else "deleted" if size1 < 0 <= size0
                 else "of another size" if size0 != size1 else retimed if time0 != time1 else None)
         if what:
             changed["file", what].append(path)
-    root = os.path.dirname(src.yaml_file)
+    # the dataset's folder: where its images and labels folders meet (Ultralytics' layout), else the yaml's
+    root = (os.path.commonpath([os.path.dirname(src.im_files[0]), os.path.dirname(src.label_files[0])])
+            if src.im_files else os.path.dirname(src.yaml_file))
     for (noun, what), paths in changed.items():
         if paths:
-            shown = [printable(os.path.relpath(p, root) if p.startswith(root + os.sep) else p) for p in paths[:names]]
-            parts.append(f"{len(paths):,} {noun}{'' if len(paths) == 1 else 's'} {what}: {', '.join(shown)}"
-                         f"{', ...' if len(paths) > names else ''}")
-    return f" ({'; '.join(parts)})" if parts else ""
+            names = [printable(os.path.relpath(p, root) if p.startswith(root + os.sep) else p) for p in paths[:shown]]
+            parts.append(f"{len(paths):,} {noun}{'' if len(paths) == 1 else 's'} {what}: {', '.join(names)}"
+                         f"{', ...' if len(paths) > shown else ''}")
+    if not parts:  # the fingerprint's one other input; a detection pack does not record it
+        parts.append("no image or label file changed its size or time: the yaml's kpt_shape, which the fingerprint "
+                     "counts, did")
+    return f" ({'; '.join(parts)})"
 
 
 def no_labels(pack: Pack, training: bool = False) -> str:
@@ -170,25 +184,29 @@ def _taken_by(folder: Path, yaml_file: str) -> Path | None:
     return None
 
 
-def _expected(src: SplitSource, imgsz: int, format: str) -> dict[str, Any]:
+def _expected(src: SplitSource, imgsz: int, format: str, stats: np.ndarray) -> dict[str, Any]:
     """What a pack of ``src`` must say in its header to be used (``Pack.open``'s ``expect``): the split and the task
     right after the data, so that another split's pack (a copied file), or a detection pack found where a pose pack
     is wanted, says so rather than something vaguer."""
     return {"data": src.yaml_file, "split": src.split, "task": src.task, "imgsz": imgsz, "storage": format,
-            "fingerprint": src.fingerprint(),
+            "fingerprint": src.fingerprint(stats),
             "label_rules": LABEL_RULES.since,  # a pack checked under another release's label rules is stale
             **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {})}
 
 
 def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,
-              verify: bool) -> tuple[Pack | None, list[PackError]]:
-    """The first valid pack ``name`` in ``folders``, and why each other one found there was refused."""
-    expect = _expected(src, imgsz, format)
+              verify: bool, stats: np.ndarray) -> tuple[Pack | None, list[PackError]]:
+    """The first valid pack ``name`` in ``folders``, and why each other one found there was refused.
+
+    Args:
+        stats: ``src.stats()``, one stat of every source file for all the folders (``_open_checked``).
+    """
+    expect = _expected(src, imgsz, format, stats)
     errors = []
     for folder in folders:
         if os.path.lexists(folder / name):  # a broken link, a link loop: said as such, not "does not exist"
             try:
-                return _open_checked(folder / name, expect, fix, src, rebuild, verify), errors
+                return _open_checked(folder / name, expect, fix, src, rebuild, verify, stats), errors
             except PackError as e:
                 errors.append(e)
     return None, errors
@@ -237,7 +255,7 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
         name = f"{split}{SUFFIX}"
         if rebuild == "never":
             fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out, task)}"
-            pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, False)
+            pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, False, src.stats())
             if pack is None:
                 raise errors[0] if errors else missing(folders[0] / name, out, fix)
         elif rebuild == "always" or not any(os.path.lexists(folder / name) for folder in folders):
@@ -318,8 +336,9 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
     name = f"{split}{SUFFIX}"
     fix = f"rebuild it with: {rebuild_command(d['yaml_file'], imgsz, format, out, task)}"
     result, errors = None, []
+    stats = None if rebuild == "always" else src.stats()  # one stat of every source file, for both looks below
     if rebuild != "always":
-        pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, verify)
+        pack, errors = _existing(folders, name, src, imgsz, format, fix, rebuild, verify, stats)
         result = BuildResult(pack, built=False, verified=verify) if pack is not None else None
         if result is None and rebuild == "never":
             raise errors[0] if errors else missing(folders[0] / name, out, fix)
@@ -339,7 +358,7 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
         with locked(folder):
             if rebuild != "always":  # another process may have built it while we waited for the lock
                 with contextlib.suppress(PackError):
-                    expect = _expected(src, imgsz, format)
+                    expect = _expected(src, imgsz, format, stats)  # no stats: its error, dropped, names nothing
                     result = BuildResult(_open_checked(folder / name, expect, fix, src, rebuild, verify), built=False,
                                          verified=verify)
             if result is None:

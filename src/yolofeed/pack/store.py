@@ -159,7 +159,8 @@ class Pack:
         Args:
             path: a ``.yfpack`` file.
             expect: header values the caller needs (e.g. ``{"imgsz": 640, "storage": codecs.DEFAULT,
-                "data": yaml path, "task": "pose", "fingerprint": ...}``); any mismatch raises ``StalePackError``.
+                "data": yaml path, "task": "pose"}``); any mismatch raises ``StalePackError`` (the sources'
+                fingerprint is ``pack.rebuild``'s to compare, which says what changed).
             fix: the command that rebuilds this pack, quoted in error messages (default: built from
                 the header when it is readable).
 
@@ -233,12 +234,11 @@ class Pack:
             raise ForeignPackError(f"{path} was built from {header['source'].get('data')}, not from "
                                    f"{expect['data']}; point out= elsewhere or {fix}")
         for key, want in expect.items():
-            have = (header["source"].get(key) if key in ("fingerprint", "data")
+            have = (header["source"].get(key) if key == "data"
                     else header.get(key, UNRECORDED_LABEL_RULES) if key == "label_rules"
                     else header.get(key, DEFAULTS.get(key)))
             if have != want:
-                what = {"fingerprint": "the source images or labels changed since it was built",
-                        "split": f"it is the {printable(str(have))[:40]} split's pack, not the {want} split's (a file "
+                what = {"split": f"it is the {printable(str(have))[:40]} split's pack, not the {want} split's (a file "
                                  "copied or renamed?)",
                         "label_rules": f"its labels were checked with the rules of Ultralytics {have} on, and the "
                                        f"installed Ultralytics checks them as {want} on does",

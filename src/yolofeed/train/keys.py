@@ -69,9 +69,13 @@ def _not_a_side_divisor(value: Any) -> bool:
 
 
 def _not_an_image_size(value: Any) -> bool:
-    from yolofeed.ultralytics_seam import image_size_problem
+    from yolofeed.ultralytics_seam import train_side
 
-    return value is not None and bool(image_size_problem(value))
+    try:
+        train_side(value)
+    except ValueError:
+        return value is not None
+    return False
 
 
 def _not_a_batch(value: Any) -> bool:
@@ -115,7 +119,7 @@ RULES: dict[str, Rule] = {
     "time": Rule(STOCK, "Ultralytics' loop"),
     "patience": Rule(STOCK, "Ultralytics' early stopping"),
     "batch": Rule(OURS, "the loader's batch; -1 or a fraction: Ultralytics' AutoBatch chooses it first", _not_a_batch,
-                  "a number of images that is not whole (1.5, 2.0)",
+                  "a float of 1 or more (1.5, 2.0)",
                   "a batch is a whole number of images (or -1, or a fraction below 1 of the GPU's memory for "
                   "Ultralytics' AutoBatch); yolo train fails on it too, in its DataLoader"),
     "imgsz": Rule(OURS, "rounded up to a multiple of the model's stride as yolo train does; the pack is built at "

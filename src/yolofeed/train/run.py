@@ -75,14 +75,16 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
 
 
 def check_model_file(name: str) -> None:
-    """A model yaml that is not one (a data yaml passed as model=, say), or a ``.pt`` path that is not there, refused
-    before Ultralytics builds or looks for it (for a path it does not have, Ultralytics asks GitHub which assets it
-    could download, with YOLO_OFFLINE set too; a bare name such as yolo11n.pt is left to it, which downloads it).
+    """A model yaml that is not one (a data yaml passed as model=, say), or a ``.pt`` that is not there and that
+    Ultralytics would not download (``seam.downloads_weights``), refused before Ultralytics builds or looks for it:
+    for such a name it asks GitHub which assets it could download, with YOLO_OFFLINE set too, then fails.
 
     Raises:
         ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path.
     """
-    if str(name).lower().endswith(".pt") and Path(name).name != str(name) and not Path(name).exists():
+    from yolofeed.ultralytics_seam import downloads_weights
+
+    if str(name).lower().endswith(".pt") and not Path(name).exists() and not downloads_weights(name):
         raise _no_such_model(name)
     if not str(name).lower().endswith((".yaml", ".yml")):
         return

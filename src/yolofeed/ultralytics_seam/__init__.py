@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sys
 import threading
@@ -156,12 +155,22 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     )
     from ultralytics.optim import muon as _muon  # train.musgd: the module its copy of muon_update comes from
     from ultralytics.optim.muon import MuSGD, zeropower_via_newtonschulz5  # train.musgd subclasses and calls them
-    from ultralytics.utils import DATASETS_DIR, DEFAULT_CFG, LOCAL_RANK, LOGGER, RANK, VERBOSE, YAML  # paths, config
+    from ultralytics.utils import (  # paths, config
+        DATASETS_DIR,
+        DEFAULT_CFG,
+        LOCAL_RANK,
+        LOGGER,
+        RANK,
+        SETTINGS,
+        VERBOSE,
+        YAML,
+    )
     from ultralytics.utils.checks import (  # train.run: cfg=; pack.source: data=coco8.yaml; as yolo train finds them
         check_file,
-        check_imgsz,  # train.keys: an imgsz= value yolo train refuses, refused up front
+        check_imgsz,  # train_side: the side Ultralytics trains at, and the values it refuses
         check_yaml,
     )
+    from ultralytics.utils.downloads import GITHUB_ASSETS_NAMES  # downloads_weights: what Ultralytics fetches by name
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
     from ultralytics.utils.loss import (  # train.loss subclasses them
         BboxLoss,
@@ -237,7 +246,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir", "get_split_fraction",
     "restores_in_place",
     "guess_model_task",
-    "image_feeds_a_convolution", "image_size_problem", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",
+    "downloads_weights", "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",
     "LOCAL_RANK", "LOGGER",
     "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "OPTIMIZERS", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
@@ -467,26 +476,47 @@ def step_autocast(trainer: Any) -> Any:
 OPTIMIZERS = ("Adam", "Adamax", "AdamW", "NAdam", "RAdam", "RMSprop", "SGD", "MuSGD", "auto")
 
 
-def image_size_problem(imgsz: Any) -> str:
-    """Ultralytics' words where ``_setup_train``'s ``check_imgsz(imgsz, stride, floor=stride, max_dim=1)`` refuses the
-    value (after the model and the data are built, as a traceback), "" where it takes it; its warnings (a list, a side
-    rounded up) are left to the run, which makes them again."""
-    LOGGER.disabled, was = True, LOGGER.disabled  # at start-up, before any thread of the run logs
+class _QuietHere(logging.Filter):
+    """Drops the records of the thread that made it (``check_imgsz``'s warnings, which the run makes again itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+def train_side(imgsz: Any, stride: int = 32) -> int:
+    """The square side Ultralytics trains at: ``_setup_train``'s ``check_imgsz(imgsz, stride, floor=stride,
+    max_dim=1)`` (the largest of a list, rounded up to a multiple of the model's stride, at least one stride), its
+    warnings left out in this thread. Every detection model's stride is 32, a P6 model's 64.
+
+    Raises:
+        ValueError: a value ``check_imgsz`` refuses (Ultralytics raises it after the model and data are built), in
+            its words.
+    """
+    quiet = _QuietHere()
+    LOGGER.addFilter(quiet)
     try:
-        side = check_imgsz(imgsz, 32, floor=32, max_dim=1)
+        side = check_imgsz(imgsz, stride, floor=stride, max_dim=1)
     except (TypeError, ValueError, ArithmeticError) as e:
-        return " ".join(str(e).split())
+        raise ValueError(" ".join(str(e).split())) from None
     finally:
-        LOGGER.disabled = was
-    return "" if isinstance(side, int) else f"imgsz={imgsz} is not a valid image size"
+        LOGGER.removeFilter(quiet)
+    if not isinstance(side, int):  # an empty list
+        raise ValueError(f"imgsz={imgsz} is not a valid image size")
+    return side
 
 
-def train_side(imgsz: int | list[int], stride: int = 32) -> int:
-    """The square side Ultralytics trains at (``check_imgsz(imgsz, stride, floor=stride, max_dim=1)``, silently: the
-    largest of a list, rounded up to a multiple of the model's stride, at least one stride). Every detection model's
-    stride is 32, a P6 model's 64."""
-    side = max(imgsz) if isinstance(imgsz, (list, tuple)) else imgsz
-    return max(math.ceil(int(side) / stride) * stride, stride)
+def downloads_weights(name: str) -> bool:
+    """Whether Ultralytics' ``attempt_download_asset`` may find or fetch ``name`` where no file is: a URL, an asset
+    name of its releases (a path ending in yolo11n.pt is downloaded there; a yolov5 or yolov3 name is first renamed
+    to its u version), or a name in its weights folder. Any other missing .pt it looks up on GitHub (two requests,
+    YOLO_OFFLINE set too) before it fails."""
+    text = str(name).strip()
+    return (text.lower().startswith(("http:/", "https:/")) or Path(text).name in GITHUB_ASSETS_NAMES
+            or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())
 
 
 def scaled_input(img: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
