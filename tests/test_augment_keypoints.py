@@ -331,6 +331,11 @@ def test_keypoint_settings_are_checked_as_ultralytics_checks_them():
         GpuAugment(AugmentHyp(imgsz=S, kpt_shape=(17, 3), fliplr=0.0))(batch)
     with pytest.raises(ConfigError, match="flip_idx"):
         AugmentHyp(kpt_shape=(P, 3), flip_idx=(0, 1, 2))
+    # the yaml's kpt_shape may be the wrong one (17 with labels of 5 keypoints): the message says either can be
+    with pytest.raises(ConfigError, match=r"flip_idx=\[0, 3, 2, 1, 4\]: expected kpt_shape\[0\]=17 .*; or "
+                                          r"kpt_shape=\[17, 3\] is the one to mend: the label rows hold 5 \+ "
+                                          r"keypoints x 3 columns"):
+        AugmentHyp(kpt_shape=(17, 3), flip_idx=(0, 3, 2, 1, 4))
     with pytest.raises(ConfigError, match="kpt_shape"):
         AugmentHyp(kpt_shape=(P, 4))
     for bad in ([None] * P, [1.5, 3, 2, 1, 4], ["0", "3", "2", "1", "4"], "abc", 5, True):  # one line, no traceback

@@ -36,6 +36,7 @@ SETUP = dict(
     dis=5.0, quantize=None,
 )  # nms at its default: None from 8.4.142, False before (a bool key then)
 ELSEWHERE = {
+    "angle": "test_loss.py::test_the_obb_loss_and_its_gradients_equal_ultralytics: its term times hyp.angle (stock's)",
     "cls_remap": ("test_yolofeed_overrides_only_the_data_path_of_the_trainer: get_model and set_model_names_for_load, "
                   "which read it as pretrained weights load, are stock's"),
     "task": ("test_every_refusal_stops_the_run_before_anything_is_built (a classification model); "

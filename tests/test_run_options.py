@@ -201,3 +201,14 @@ def test_a_resume_whose_dataset_moved_says_how_to_give_it_again(synth_root, tmp_
     err = capsys.readouterr().err
     assert f"data={yaml_file}: '{yaml_file}' does not exist. This is the data yaml last.pt recorded; where the " \
            f"dataset moved, give its yaml again: yolofeed train resume={last} data=NEW.yaml" in err
+
+
+def test_an_option_refused_names_the_trainer_given_it():
+    """A segment run's mask_room=100 was "FastDetectionTrainer option mask_room=100"."""
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import FastPoseTrainer, FastSegmentationTrainer
+
+    with pytest.raises(ConfigError, match=r"^FastSegmentationTrainer option mask_room=100: expected a whole number"):
+        FastSegmentationTrainer.with_options(mask_room=100)
+    with pytest.raises(ConfigError, match=r"^FastPoseTrainer option partner_pool=-3"):
+        FastPoseTrainer.with_options(partner_pool=-3)

@@ -280,3 +280,16 @@ def test_a_weights_path_that_is_not_there_is_refused_before_ultralytics_looks_fo
     for name in (str(tmp_path / "weights" / "yolo11n.pt"), "yolo11n.pt", "https://example.com/w/best.pt",
                  str(tmp_path / "yolov5s.pt")):
         run.check_model_file(name)
+
+
+@pytest.mark.parametrize("model, task, own", [("yolo11n-obb.yaml", "detect", "oriented-box"),
+                                              ("yolo11n-pose.yaml", "obb", "pose"),
+                                              ("yolo11n-seg.yaml", "pose", "segmentation")])
+def test_a_task_other_than_the_models_is_one_line_naming_task(synth_root, capsys, model, task, own):
+    """task=detect with an OBB model trained OBB without a word (yolo train trains detection on it); task=obb with a
+    pose model said to train it with FastPoseTrainer "or yolofeed train", the command being run. Now both name task=."""
+    line = _one_line(capsys, ["train", f"model={model}", f"data={synth_root / 'data.yaml'}", f"task={task}", *TINY])
+    assert line.startswith(f"yolofeed train: error: task={task}: model={model} is an {own} model"
+                           if own[0] in "aeiou" else f"yolofeed train: error: task={task}: model={model} is a {own} "
+                           "model"), line
+    assert "drop task=" in line

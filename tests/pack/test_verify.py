@@ -549,3 +549,18 @@ def test_a_label_file_that_cannot_be_read_says_so_not_that_it_must_be_text(tmp_p
     label.write_bytes(b"\xff\xfe0 0.5")
     with pytest.raises(SampleError, match="it must be UTF-8 text"):
         verify._rows(str(label))
+
+
+def test_pose_rows_where_segment_labels_belong_are_named_as_such(tmp_path):
+    """A pose dataset packed for segmentation: its rows' keypoints are dropped as a detection split drops them, which
+    left "box rows of 5 columns" where the file has 20."""
+    from yolofeed.pack.verify import read_segment_labels
+
+    lb = tmp_path / "a.txt"
+    lb.write_text(" ".join(["0"] + ["0.5"] * 19) + "\n")
+    with pytest.raises(SampleError, match=r"a\.txt holds box rows \(class x y w h, or a pose row's 20 columns: its box "
+                                          r"and 5 keypoints\); segment labels require a polygon"):
+        read_segment_labels(str(lb), 8, kpt_shape=(5, 3))
+    lb.write_text("0 0.5 0.5 0.2 0.2\n")
+    with pytest.raises(SampleError, match=r"holds box rows of 5 columns \(class x y w h\); segment"):
+        read_segment_labels(str(lb), 8)

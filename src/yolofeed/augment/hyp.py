@@ -98,7 +98,9 @@ class AugmentHyp:
         k = self.kpt_shape[0]
         if self.flip_idx and (len(self.flip_idx) != k or not all(0 <= i < k for i in self.flip_idx)):
             raise ConfigError(f"flip_idx={list(self.flip_idx)}: expected kpt_shape[0]={k} indices, each in 0..{k - 1} "
-                              "(the keypoint each one becomes after a flip), as in the data yaml")
+                              "(the keypoint each one becomes after a flip), as in the data yaml; or kpt_shape="
+                              f"{list(self.kpt_shape)} is the one to mend: the label rows hold 5 + keypoints x "
+                              f"{self.kpt_shape[1]} columns")
         if not self.flip_idx and (self.fliplr > 0 or self.flipud > 0):
             warnings.warn("no flip_idx for the keypoints (data yaml): fliplr and flipud switched off, as Ultralytics' "
                           f"v8_transforms does (fliplr={self.fliplr}, flipud={self.flipud})", stacklevel=4)

@@ -420,7 +420,10 @@ def read_segment_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     """
     lb, segments, notes = read_detect_labels(lb_file, nc, rules, kpt_shape)
     if len(lb) and not segments:
-        raise SampleError(f"{lb_file} holds box rows of 5 columns (class x y w h); segment labels require a polygon "
+        rows = ("box rows of 5 columns (class x y w h)" if kpt_shape is None else
+                f"box rows (class x y w h, or a pose row's {5 + kpt_shape[0] * kpt_shape[1]} columns: its box and "
+                f"{kpt_shape[0]} keypoints)")
+        raise SampleError(f"{lb_file} holds {rows}; segment labels require a polygon "
                           f"each (class x1 y1 x2 y2 x3 y3 ...: 3 points or more): {WHOLE_RUN} ('Please supply a "
                           "segment dataset, not a detect dataset'); convert the rows or pack the yaml with task=detect")
     return np.ascontiguousarray(lb), segments, notes

@@ -217,6 +217,7 @@ RULES: dict[str, Rule] = {
     "plots": Rule(STOCK, "Ultralytics' plots (label plots from the loader's labels)"),
     # pose: the loss's keypoint gains, Ultralytics' PoseTrainer's
     **{k: Rule(STOCK, "pose only: the keypoint loss's gains (FastPoseTrainer)") for k in ("pose", "kobj", "rle")},
+    "angle": Rule(STOCK, "OBB only: the angle loss's gain, read by FastOBBTrainer's loss as by Ultralytics'"),
     # other tasks
     # segmentation: Format's masks, made on the device (augment/masks.py) for training and validation batches
     "overlap_mask": Rule(OURS, "segmentation only: one index mask per image (instances sorted by area) or one mask "
@@ -226,7 +227,7 @@ RULES: dict[str, Rule] = {
                        "every image side (multiples of 32); pick mask_ratio=4 (the default) or another of 1, 2, 8, "
                        "16, 32, or use 'yolo train'", ("segment",)),
     **{k: Rule(UNUSED, "OBB, classification or depth only") for k in (
-        "dropout", "angle", "dlog", "dgrad", "dlam",
+        "dropout", "dlog", "dgrad", "dlam",
         "auto_augment", "erasing")},
     # prediction and export
     **{k: Rule(UNUSED, PREDICT) for k in (

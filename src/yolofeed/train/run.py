@@ -243,6 +243,10 @@ def run(cfg: TrainConfig) -> Path:
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); the trainer's check_resume checks the final arguments again, and the packs
     keys.check({**cfg.extra, "model": checkpoint or cfg.model, "data": cfg.data})
+    asked, own = cfg.extra.get("task"), keys.model_task(checkpoint or cfg.model, None)
+    if asked and own != "detect" and asked != own:  # given here, task=detect is asked for too (a trainer's default)
+        raise ConfigError(f"task={asked}: model={checkpoint or cfg.model} is {keys.a_kind(own)} model, which yolofeed "
+                          f"train trains as such: drop task= (or pass task={own})")
     if cfg.data and not checkpoint:
         check_data_yaml(cfg.data, cfg.extra.get("split") or "val")
         task = keys.model_task(cfg.model, cfg.extra.get("task"))

@@ -157,7 +157,7 @@ class FastTrainer(SyncFreeStep):
         The run records every option in ``<run>/yolofeed.yaml`` and a resume restores them (train/options.py); one
         given here to the resuming trainer wins over the recorded one.
         """
-        options.check(given)
+        options.check(given, cls.__name__)
         return type(cls.__name__, (cls,), {**given, "_given": cls._given | frozenset(given)})
 
     def __init__(self, cfg=None, overrides: dict[str, Any] | None = None, _callbacks: dict | None = None):
