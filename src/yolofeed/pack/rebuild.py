@@ -82,14 +82,17 @@ def _open_checked(path: Path, expect: dict[str, Any], fix: str, src: SplitSource
             names = ", ".join(printable(src.label_files[i]) for i in changed[:3])
             stale = (f"{len(changed)} label file(s) changed content since it was built, keeping their size and time "
                      f"({names})")
-    try:
-        if stale:
-            raise StalePackError(f"{path} is stale: {stale}; {fix}")
-        if verify:
+    # a refused pack's map and file go now, not with the traceback the caller keeps (``_existing``'s errors), which
+    # would hold them until a garbage collection: the file is about to be replaced
+    if stale:
+        del pack
+        raise StalePackError(f"{path} is stale: {stale}; {fix}")
+    if verify:
+        try:
             pack.verify(fix=fix)
-    except PackError as e:  # the map and the file go now, not with the traceback the caller keeps (``_existing``'s
-        del pack  # errors), which would hold them until a garbage collection: the file is about to be replaced
-        raise e.with_traceback(None) from None  # this error, without the frames that hold the pack
+        except PackError as e:
+            del pack
+            raise e.with_traceback(None) from None  # without the frame of verify, which holds the pack too
     return pack
 
 
