@@ -582,8 +582,8 @@ def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, 
 
 def test_a_polygon_longer_than_ultralytics_1000_points_is_named_with_its_cost(segment_dataset, tmp_path, caplog):
     """Every training batch is padded to the pack's longest polygon (static shapes): one outline of 1,500 points in
-    one image makes every step's polygon and mask work 1.5x. The run names that file and the fix once, rather than
-    train slower silently; a pack of short polygons says nothing."""
+    one image makes every step's polygon and mask work and memory 1.5x. The run names that file and the fix once,
+    rather than train slower silently; a pack of short polygons says nothing."""
     from yolofeed.train import FastSegmentationTrainer
 
     def warnings_of(name):
@@ -602,6 +602,7 @@ def test_a_polygon_longer_than_ultralytics_1000_points_is_named_with_its_cost(se
     label.write_text(label.read_text() + f"1 {ring}\n")
     said = warnings_of("long")
     assert len(said) == 1 and label.stem in said[0] and "1,500 points" in said[0] and "1.5x" in said[0], said
+    assert "memory" in said[0], said
 
 
 

@@ -978,9 +978,10 @@ def _warn_long_polygons(pack: Any, labels: Any) -> None:
 
     Ultralytics resamples an image's polygons to 1,000 points, or one more than its longest where that is longer, for
     that image alone. The training batches here have one static shape (CUDA graphs replay it): every polygon slot of
-    every batch is padded to the pack's longest polygon, so resampling, warping, the boxes and the masks (work per slot
-    and point) cost that many times more on every step, not only where that image is drawn (one 5,000-point polygon
-    in 25 images: 4.6x the step time on the CPU). Said once, with the file and the fix, rather than slow silently.
+    every batch is padded to the pack's longest polygon, so resampling, warping, the boxes and the masks (work and
+    memory per slot and point) cost that many times more on every step, not only where that image is drawn (one
+    5,000-point polygon in 25 images: 4.6x the step time on the CPU). Said once, with the file and the fix, rather
+    than slow silently.
     """
     width = labels.polygon_width
     if width <= POLYGON_POINTS:
@@ -989,8 +990,9 @@ def _warn_long_polygons(pack: Any, labels: Any) -> None:
     image = int(np.searchsorted(np.cumsum(labels.count), row, side="right"))  # the image owning label row ``row``
     LOGGER.warning(f"yolofeed: {pack.im_files[image]} has a polygon of {width:,} points: every training batch pads "
                    f"its polygons to {width + 1:,} points (Ultralytics' 1,000 for the other images), so the polygon "
-                   f"work of each step (its masks' too, where made) is about {(width + 1) / POLYGON_POINTS:.1f}x; "
-                   "simplify that outline to 1,000 points or fewer (e.g. cv2.approxPolyDP) for the usual speed")
+                   f"work and memory of each step (its masks' too, where made) are about "
+                   f"{(width + 1) / POLYGON_POINTS:.1f}x; simplify that outline to 1,000 points or fewer (e.g. "
+                   "cv2.approxPolyDP) for the usual speed and memory")
 
 
 def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
