@@ -247,6 +247,51 @@ def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, m
     assert stripped["optimizer"] is None and stripped["epoch"] == -1 and _temps(weights) == []
 
 
+@pytest.mark.parametrize("fault", ["torch's writer", "ENOSPC", "another RuntimeError"])
+def test_a_final_strip_without_room_leaves_the_checkpoint_whole_and_the_run_goes_on(tmp_path, monkeypatch, caplog,
+                                                                                     fault):
+    """The strip writes a new file beside last.pt, where stock's rewrites it in place: on a disk without room for it
+    stock's run finished and this one stopped with torch's C++ traceback. Now last.pt stays whole (with its
+    optimizer), one line says why and how to strip it, and the final steps go on; an error the disk does not explain
+    is still raised."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    YOLO("yolo11n.yaml").save(weights / "last.pt")
+    whole = (weights / "last.pt").read_bytes()
+    real, real_statvfs = torch.save, os.statvfs
+
+    def full(obj, f, *a, **k):
+        real(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:1000])
+        if fault == "ENOSPC":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4223744 vs 4223640\nframe #0")
+
+    def statvfs(path):  # a disk with 1,000 bytes left, or with plenty
+        room = real_statvfs(path)
+        left = 1000 if fault != "another RuntimeError" else 10**12
+        return SimpleNamespace(f_bavail=left // room.f_frsize, f_frsize=room.f_frsize)
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=False))
+    if fault == "another RuntimeError":
+        with pytest.raises(RuntimeError, match="unexpected pos"):
+            FastDetectionTrainer.final_eval(trainer)
+    else:
+        with caplog.at_level("WARNING"):
+            FastDetectionTrainer.final_eval(trainer)  # no best.pt: nothing validated, and no exception
+        said = [r.getMessage() for r in caplog.records if "could not strip" in r.getMessage()]
+        assert len(said) == 1 and "the disk is full" in said[0] and str(weights / "last.pt") in said[0], said
+        assert "\n" not in said[0] and "strip_optimizer(" in said[0], said
+    assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
+
+
 # -- results.csv on resume: the rows of epochs trained again ----------------------------------------------------------
 def test_trim_results_drops_the_rows_after_an_epoch_and_keeps_every_other_byte(tmp_path):
     csv = tmp_path / "results.csv"

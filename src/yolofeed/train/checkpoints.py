@@ -144,9 +144,13 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     """Ultralytics' ``strip_optimizer`` of ``path`` (the final checkpoint: EMA weights in half precision, no
     optimizer), written to a temporary file renamed over ``path`` instead of over it in place.
 
+    The temporary file needs room for one more (stripped) checkpoint beside ``path``, where the in-place strip needs
+    none. Where the disk has no room (or the folder another fault ``WRITE_FIXES`` names), ``path`` is left whole,
+    with its optimizer, and the run goes on with one line saying so: stock finishes such a run, so this one does.
+
     Returns:
         What ``strip_optimizer`` returns: the checkpoint saved, or {} when ``path`` was not a valid one (left as it
-        was; Ultralytics says so).
+        was; Ultralytics says so) or could not be written (left as it was; said here).
     """
     from yolofeed.ultralytics_seam import LOGGER, strip_optimizer
 
@@ -160,7 +164,17 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
 
     LOGGER.addFilter(in_place_words)
     try:
-        ckpt = strip_optimizer(path, s=str(tmp), updates=updates)
+        try:
+            ckpt = strip_optimizer(path, s=str(tmp), updates=updates)
+        except (OSError, RuntimeError) as e:
+            fault = _strip_fault(path, e)
+            if fault is None:
+                raise
+            LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault[0]} ({_first_line(e)}); "
+                           f"it is left whole, with its optimizer ({path.stat().st_size / 1e6:.1f} MB), and loads and "
+                           "predicts as it is; to strip it once the folder takes a new file: python -c \"from "
+                           f"ultralytics.utils.torch_utils import strip_optimizer; strip_optimizer('{path}')\"")
+            return {}
         if ckpt:
             fd = os.open(tmp, os.O_RDONLY | CLOEXEC)
             try:
@@ -174,6 +188,26 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
         with contextlib.suppress(OSError):
             tmp.unlink()
     return ckpt
+
+
+def _strip_fault(path: Path, e: BaseException) -> tuple[str, str] | None:
+    """What a failed strip of ``path`` means, and its fix, where the write failed for a reason ``WRITE_FIXES`` names;
+    None for any other failure. torch's zip writer raises a full disk as a RuntimeError without an errno (``unexpected
+    pos``, ``iostream error``): it is taken as one where the folder has less room left than ``path`` takes."""
+    if isinstance(e, OSError):
+        return WRITE_FIXES.get(e.errno)
+    try:
+        room = os.statvfs(path.parent)
+        full = room.f_bavail * room.f_frsize < path.stat().st_size
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        return None
+    return WRITE_FIXES[errno.ENOSPC] if full else None
+
+
+def _first_line(e: BaseException) -> str:
+    """An error's own words, one line (torch's writer errors run to several, with a C++ stack)."""
+    said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return (said.strip().splitlines() or [type(e).__name__])[0][:160]
 
 
 def trim_results(csv: Path, epochs: int) -> list[int]:
