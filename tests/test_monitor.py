@@ -357,6 +357,70 @@ def test_tensorboard_is_optional(tmp_path, monkeypatch, said):
     assert len(missing) == 1 and "pip install tensorboard" in missing[0]
 
 
+def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp_path, monkeypatch, said):
+    """A file where the TensorBoard folder goes (a read-only disk, or one that fills, alike): one line, and
+    Prometheus and the summary line go on. Was the whole monitor switched off with a "please report this"
+    traceback, the endpoint it had just opened closed."""
+    import errno
+    import subprocess
+    from types import SimpleNamespace
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "yolofeed_tb").write_text("not a folder")
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=True, publish_seconds=0.0),
+                          sampler=FakeSampler(False))
+    trainer = SimpleNamespace(device=SimpleNamespace(type="cpu"), save_dir=str(run))
+    monkeypatch.setattr("yolofeed.monitor.live.mark_phases", lambda trainer, mark: lambda: None)
+    callbacks = mon.callbacks()
+    callbacks["on_train_start"](trainer)
+    assert not mon.failed and mon.writer is None and mon.endpoint is not None
+    assert "yolofeed_steps_total" in _scrape(mon.endpoint.url)
+    lines = [m for m in said if "TensorBoard" in m or "switched off" in m]
+    assert len(lines) == 1 and "no TensorBoard scalars" in lines[0] and str(run / "yolofeed_tb") in lines[0], lines
+    assert "tensorboard=False" in lines[0] and "please report" not in lines[0]
+    callbacks["on_train_end"](trainer)
+
+    # the disk fills mid-run: the writer's next call raises what its thread met
+    said.clear()
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=True), sampler=FakeSampler(False))
+    mon.timer = StepClock(cuda=False)
+    mon.open(tmp_path / "full", "cpu")
+    writer = mon.writer
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer, "add_scalar", full)
+    monkeypatch.setattr(writer, "close", full)
+    mon.publish()
+    mon.publish()
+    assert mon.writer is None and mon.endpoint is not None and "yolofeed_steps_total" in _scrape(mon.endpoint.url)
+    lines = [m for m in said if "TensorBoard" in m or "switched off" in m]
+    assert len(lines) == 1 and "TensorBoard scalars stopped" in lines[0] and "No space left" in lines[0], lines
+    mon.close()
+    assert mon.endpoint is None
+
+    # TensorBoard's writer thread's own traceback of that error is left out; another thread's is not (in a process of
+    # its own: pytest replaces threading.excepthook while a test runs)
+    code = """if True:
+        import errno, threading
+        from yolofeed.monitor import live
+        live._quiet_tensorboard_thread()
+        class _AsyncWriterThread(threading.Thread):
+            def run(self):
+                raise OSError(errno.ENOSPC, "No space left on device")
+        class Other(threading.Thread):
+            def run(self):
+                raise OSError(errno.ENOSPC, "another thread's")
+        for thread in (_AsyncWriterThread(), Other()):
+            thread.start()
+            thread.join()
+        """
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stderr
+    assert "another thread's" in err and "No space left on device" not in err, err
+
+
 @pytest.mark.slow
 def test_monitored_stock_run_survives_a_taken_port_and_serves_prometheus(synth_root, tmp_path, monkeypatch):
     """A real (stock Ultralytics, CPU) run: the port asked for is taken, so the endpoint moves to the next one; the

@@ -3,14 +3,15 @@
 ``attach(model_or_trainer)`` adds callbacks to a stock ``YOLO(...)`` (before ``.train()``) or to a
 trainer; ``yolofeed train monitor=True`` does it for you. All of it is a thin adapter: the numbers
 come from ``StepClock`` and ``SystemSampler``, the decision from ``LowUtilAlert``, the Prometheus
-names from ``exporter``. Monitoring never stops a run: a port in use, a missing tensorboard package
-or an error inside the monitor is logged as a warning and training goes on.
+names from ``exporter``. Monitoring never stops a run: a port in use, a missing tensorboard package, a
+TensorBoard folder that cannot be written or an error inside the monitor is logged as a warning and training goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,7 +132,8 @@ _SAID: set[str] = set()  # what the monitor reported missing, once per process
 
 
 def open_tensorboard(folder: Path) -> Any:
-    """A TensorBoard ``SummaryWriter`` on ``folder``, or None (said once) when tensorboard is not installed."""
+    """A TensorBoard ``SummaryWriter`` on ``folder``, or None (said once) when tensorboard is not installed or the
+    folder cannot be written (a read-only disk, a file of that name, a full disk)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:  # tensorboard is optional: torch imports it only here
@@ -141,7 +143,35 @@ def open_tensorboard(folder: Path) -> Any:
                            "pip install tensorboard, or tensorboard=False to silence this; Prometheus and the "
                            "summary line work without it.")
         return None
-    return SummaryWriter(str(folder))
+    _quiet_tensorboard_thread()
+    try:
+        return SummaryWriter(str(folder))
+    except OSError as e:
+        tensorboard_failed(folder, e, "no TensorBoard scalars")
+        return None
+
+
+def tensorboard_failed(folder: Path, e: OSError, what: str) -> None:
+    """One line for a TensorBoard folder that cannot be written: the monitor's other outputs go on."""
+    LOGGER.warning(f"yolofeed monitor: {what}: could not write {folder} ({e.strerror or e}); Prometheus and the "
+                   "summary line go on. Make it a folder you can write, on a disk with room, or train with "
+                   "tensorboard=False to silence this.")
+
+
+def _quiet_tensorboard_thread() -> None:
+    """TensorBoard writes its events in a thread of its own, which ends on a failed write with a traceback on stderr
+    (``threading.excepthook``) and leaves the error for the writer's next call in this thread, where the monitor
+    says it in one line (``tensorboard_failed``). The thread's traceback is left out; every other thread's is not."""
+    if "tensorboard thread" in _SAID:
+        return
+    _SAID.add("tensorboard thread")
+    before = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if not (type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError)):
+            before(args)
+
+    threading.excepthook = hook
 
 
 def _disk_read_bytes() -> int | None:
@@ -270,9 +300,14 @@ class TrainingMonitor:
                         gpu_power_w=load.gpu_power_w)
         self.snapshot = snap  # one assignment: a scrape in the server's thread sees the old or the new, whole
         if self.writer:
-            for k, v in values.items():
-                if v is not None:
-                    self.writer.add_scalar(f"yolofeed/{k}", v, self.step)
+            try:
+                for k, v in values.items():
+                    if v is not None:
+                        self.writer.add_scalar(f"yolofeed/{k}", v, self.step)
+            except OSError as e:  # its disk filled or went read-only: TensorBoard stops, the rest goes on
+                writer, self.writer = self.writer, None
+                tensorboard_failed(Path(writer.log_dir), e, "TensorBoard scalars stopped")
+                _close_writer(writer, said=True)
         if now - self._last_summary >= self.cfg.summary_seconds:
             self._last_summary = now
             self._say(self.line(values), logging.INFO, bar)
@@ -304,7 +339,7 @@ class TrainingMonitor:
         unmark, endpoint, writer = self._unmark, self.endpoint, self.writer
         self._unmark = self.endpoint = self.writer = None
         parts = [unmark, self.sampler.stop, endpoint.close if endpoint is not None else None,
-                 writer.close if writer else None]
+                 (lambda: _close_writer(writer)) if writer else None]
         failed: Exception | None = None
         for close in parts:
             if close is None:
@@ -340,6 +375,15 @@ class TrainingMonitor:
 
         callback.__wrapped__ = fn
         return callback
+
+
+def _close_writer(writer: Any, said: bool = False) -> None:
+    """Close a TensorBoard writer; its last events' write failing (a full disk) is one line, or none where ``said``."""
+    try:
+        writer.close()
+    except OSError as e:
+        if not said:
+            tensorboard_failed(Path(writer.log_dir), e, "TensorBoard's last scalars not written")
 
 
 def monitors(callbacks: dict[str, list[Callable]]) -> list[TrainingMonitor]:
