@@ -303,7 +303,8 @@ def test_devices_are_checked_in_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert keys.check_device("cpu") == "cpu" and keys.check_device(None) == ""
-    for device, words in (("cuda", "no CUDA GPU"), ("0,1", "no CUDA GPU"), ("gpu", "expected cpu")):
+    for device, words in (("cuda", "no CUDA GPU"), ("0,1", "no CUDA GPU"), ("gpu", "expected cpu"),
+                          ("mps", "CUDA GPUs and the CPU only"), ("npu:0", "CUDA GPUs and the CPU only")):
         with pytest.raises(ConfigError, match=words):
             keys.check_device(device)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -211,11 +211,16 @@ def test_a_bare_resume_takes_the_newest_last_pt_here_as_yolo_train_does(tmp_path
         tmp_path / "runs" / "x" / "weights" / "last.pt")
 
 
-@pytest.mark.parametrize("command", ["doctor", "bench"])
-def test_doctor_and_bench_check_the_device_before_profiling(command, synth_root, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
+def test_doctor_bench_and_parity_check_the_device_before_profiling(command, synth_root, tmp_path, capsys,
+                                                                     monkeypatch):
+    """One line before anything runs: parity trained every stock run with device=mps and then failed every yolofeed
+    one, and doctor profiled stock first (found by the adversarial tester)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     line = _one_line(capsys, [command, f"data={synth_root / 'data.yaml'}", "device=0,1", f"out={tmp_path / 'out'}"])
     assert "device=0,1: torch sees no CUDA GPU" in line and "device=cpu" in line  # not device=(0, 1)
+    line = _one_line(capsys, [command, f"data={synth_root / 'data.yaml'}", "device=mps", f"out={tmp_path / 'out'}"])
+    assert "device=mps: yolofeed's loader and augmentation run on CUDA GPUs and the CPU only" in line
     assert not (tmp_path / "out").exists()
 
 

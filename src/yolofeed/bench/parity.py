@@ -85,7 +85,7 @@ def devices_of(device: str) -> list[str]:
         import torch
 
         return ["0"] if torch.cuda.is_available() else ["cpu"]
-    if text in ("cpu", "mps"):
+    if text in ("cpu", "mps"):  # mps: yolofeed train's refusal, said once by run()
         return [text]
     parts = [p.strip() for p in text.replace("cuda:", "").split(",") if p.strip()]
     if not parts or not all(p.isdigit() for p in parts):
@@ -340,6 +340,7 @@ def run(cfg: ParityConfig) -> Summary:
     from yolofeed.train import keys
 
     keys.check_overrides(cfg.extra, own=[f.name for f in fields(cfg)], command="yolofeed parity")  # a typo: one line
+    keys.check_device(cfg.device, ddp=False)  # as yolofeed train checks it: before either side's runs, not in each
     from yolofeed.train.run import check_model_and_data
 
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # as yolofeed train: before any run

@@ -428,11 +428,15 @@ def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command:
         raise ConfigError(str(e).strip()) from None
 
 
-def check_device(device: Any) -> str:
+def check_device(device: Any, ddp: bool = True) -> str:
     """Ultralytics' canonical device string, refused in one line where ``select_device`` would raise.
 
+    ``ddp``: several devices are one DDP run's (``yolofeed train``, ``bench``), not places for runs of their own
+    (``parity``).
+
     Raises:
-        ConfigError: a device that is not the CPU or CUDA indices this machine has.
+        ConfigError: a device that is not the CPU or CUDA indices this machine has (Apple's, Ascend's and Intel's
+            devices as ``RULES["device"]`` refuses them).
         UltralyticsError: several devices, under a release that cannot start yolofeed's DDP ranks (``check_ddp``).
     """
     import torch
@@ -440,7 +444,9 @@ def check_device(device: Any) -> str:
     from yolofeed.ultralytics_seam import parse_device
 
     canonical = parse_device(device if device is not None else "")
-    if canonical in ("", "cpu") or _gpu_backend(canonical):  # other backends: RULES["device"] refuses them
+    if _gpu_backend(canonical):
+        raise ConfigError(f"device={device}: {RULES['device'].reason}")
+    if canonical in ("", "cpu"):
         return canonical
     # as typed: device=0,1 reaches here as the tuple (0, 1), which Ultralytics' value parser makes of it
     device = ",".join(map(str, device)) if isinstance(device, (list, tuple)) else device
@@ -455,7 +461,7 @@ def check_device(device: Any) -> str:
     n = torch.cuda.device_count()
     if any(int(i) >= n for i in indices):
         raise ConfigError(f"device={device}: torch sees {n} CUDA GPU(s) here, device=0 to device={n - 1}")
-    if len(indices) > 1:
+    if len(indices) > 1 and ddp:
         from yolofeed.ultralytics_seam import check_ddp
 
         check_ddp()  # releases whose DDP ranks cannot rebuild yolofeed's trainer refuse it here, in one line
