@@ -524,6 +524,48 @@ def test_bench_checks_out_before_training(synth_root, tmp_path, monkeypatch, cap
     assert len(err) == 1 and str(blocker / "sub") in err[0] and "out=" in err[0]
 
 
+@pytest.mark.parametrize("fails", ["bench.json", "bench.png"])
+def test_a_full_out_disk_keeps_the_measurement_and_prints_the_table(synth_root, tmp_path, monkeypatch, capsys,
+                                                                    fails):
+    """out= fills while the modes train: every mode is still measured and the table printed, then one line says the
+    report was not written; no half-written file is left. Was three chained tracebacks after the whole bench, no
+    table, and a 0-byte bench.png (found by the adversarial tester)."""
+    import errno
+
+    from test_doctor import _fake_profile
+
+    import yolofeed.bench.run as bench
+    from yolofeed.cli import main
+    from yolofeed.doctor import report
+    from yolofeed.train import checkpoints
+
+    real = checkpoints.write_atomically
+    measured = []
+
+    def profile(mode, *a, **k):
+        measured.append(mode)
+        return _fake_profile(mode)
+
+    def write(path, data):  # write_atomically on a full disk: the error, nothing of the file (test_checkpoints.py)
+        if os.path.basename(path) == fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(bench, "profile", profile)
+    monkeypatch.setattr(checkpoints, "write_atomically", write)
+    monkeypatch.setattr(report, "write_atomically", write)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text((synth_root / "data.yaml").read_text())
+    out = tmp_path / "b"
+    assert main(["bench", "data=d.yaml", "modes=stock,yolofeed", f"out={out}", "isolate=False", "device=cpu"]) == 1
+    captured = capsys.readouterr()
+    assert measured == ["stock", "yolofeed"] and "report: not written (No space left on device)" in captured.out
+    assert "600" in captured.out  # the table: each mode's img/s
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert len(errors) == 1 and f"out={out}" in errors[0] and "the table above stands" in errors[0], errors
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == (["bench.json"] if fails == "bench.png" else [])
+
+
 def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
     from yolofeed.bench.run import heavy_optimizer
 

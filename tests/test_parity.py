@@ -264,6 +264,56 @@ def test_a_comparison_whose_every_run_failed_is_an_error_naming_a_log(synth_root
                    f"{tmp_path / 'logs' / 'stock-seed0.log'}"]
 
 
+@pytest.mark.parametrize("fails", ["parity.json", "parity.png"])
+def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, tmp_path, monkeypatch, capsys, fails):
+    """out= fills while the runs train: the comparison goes on, its table and verdict are printed, then one line
+    says the report was not written; nothing half-written is left. Was a traceback from the report's write and a
+    0-byte parity.json.tmp (found by the adversarial tester)."""
+    import errno
+
+    import yolofeed.bench.parity as parity
+    from yolofeed.cli import main
+    from yolofeed.doctor import report
+    from yolofeed.train import checkpoints
+
+    class Done:
+        pid, returncode = 0, 0
+
+        def poll(self):
+            return 0
+
+    finals = iter([40.0, 41.0, 42.0, 40.5, 41.5, 43.0])
+
+    def curves(folder):
+        last = next(finals) / 100
+        return {"metrics/mAP50-95(B)": [last / 2, last], "metrics/mAP50(B)": [last, last + 0.1],
+                "train/box_loss": [2.0, 1.5]}
+
+    real = checkpoints.write_atomically
+
+    def write(path, data):  # write_atomically on a full disk: the error, nothing of the file (test_checkpoints.py)
+        if os.path.basename(path) == fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(parity, "_prepare", lambda cfg: None)
+    monkeypatch.setattr(parity, "_launch", lambda job, spec: Done())
+    monkeypatch.setattr(parity, "read_curves", curves)
+    monkeypatch.setattr(parity.time, "sleep", lambda s: None)
+    monkeypatch.setattr(checkpoints, "write_atomically", write)
+    monkeypatch.setattr(report, "write_atomically", write)
+    out = tmp_path / "p"
+    assert main(["parity", f"data={synth_root / 'data.yaml'}", "seeds=3", "epochs=2", "device=cpu",
+                 f"out={out}"]) == 1
+    captured = capsys.readouterr()
+    assert "report: not written (No space left on device)" in captured.out
+    assert any(line.startswith(("no difference detected", "yolofeed trains")) for line in captured.out.splitlines())
+    errors = [x for x in captured.err.splitlines() if x.startswith("yolofeed parity:")]
+    assert len(errors) == 1 and f"out={out}" in errors[0] and "the verdict above stands" in errors[0], errors
+    left = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != ".lock")  # the lock: its own tests
+    assert left == (["parity.json"] if fails == "parity.png" else []), left
+
+
 def test_parity_prepares_the_packs_and_label_caches_of_the_models_task(obb_dataset):
     """The packs its runs would otherwise race to build are those of the model's task (an OBB model's: -obb), and no
     detection pack of an OBB dataset, which no run reads, is built beside them."""

@@ -177,6 +177,7 @@ class Summary:
     overlap: dict[str, float]  # loss -> share of epochs whose mean +- sd bands overlap
     passed: bool | None
     verdict: str
+    not_written: OSError | None = None  # parity.json's write failed (``_report``): said after the table
 
 
 def summarise(jobs: list[Job]) -> Summary:
@@ -277,6 +278,8 @@ def plot(jobs: list[Job], path: Path, title: str) -> None:
     """mAP50-95 by epoch and the training losses, each side's mean with a +- sd band."""
     import matplotlib
 
+    from yolofeed.doctor.report import save_figure
+
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
@@ -305,8 +308,7 @@ def plot(jobs: list[Job], path: Path, title: str) -> None:
         ax.axis("off")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # -- the command ------------------------------------------------------------------------------------------------
@@ -407,10 +409,13 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         _stop([p for _, p, _ in running.values()])
         bar.close()  # its line ends before ours
         how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        _report(cfg, jobs, title, out, stopped=how)
+        unwritten = _report(cfg, jobs, title, out, stopped=how).not_written
         done = sum(j.ok for j in jobs)
+        kept = (f"what finished is in {out / 'parity.json'}" if unwritten is None else
+                f"{out / 'parity.json'} could not be written ({unwritten.strerror or unwritten}); the runs are in "
+                f"{out / 'runs'}")
         said = (f"stopped by {how} with {done} of {len(jobs)} runs finished: no verdict (the comparison is not "
-                f"complete); what finished is in {out / 'parity.json'}")
+                f"complete); {kept}")
         if isinstance(e, Terminated):
             raise processes.Terminated(said) from None
         raise KeyboardInterrupt(said) from None
@@ -423,8 +428,19 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         failed = next(j for j in jobs if not j.ok)
         raise YolofeedError(f"no run finished (the first failed with exit {failed.returncode}): its log says why, "
                             f"{failed.log}")
-    plot(jobs, out / "parity.png", title)
-    print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n-> {out / 'parity.json'}, {out / 'parity.png'}", flush=True)
+    unwritten = s.not_written
+    if unwritten is None:
+        try:
+            plot(jobs, out / "parity.png", title)
+        except OSError as e:
+            unwritten = e
+    files = (f"-> {out / 'parity.json'}, {out / 'parity.png'}" if unwritten is None
+             else f"report: not written ({unwritten.strerror or unwritten})")
+    print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n{files}", flush=True)
+    if unwritten is not None:
+        from yolofeed.doctor.report import not_written
+
+        raise not_written("out", cfg.out, out, unwritten, "the verdict")
     return s
 
 
@@ -452,9 +468,12 @@ def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: 
               "runs": [{"side": j.side, "seed": j.seed, "ok": j.ok, "returncode": j.returncode, "wall_s": j.wall_s,
                         "device": j.device, "cores": len(j.cores), "log": str(j.log), "curves": j.curves}
                        for j in jobs]}
-    tmp = out / "parity.json.tmp"
-    tmp.write_text(json.dumps(_finite(report), indent=1))
-    tmp.replace(out / "parity.json")
+    from yolofeed.train.checkpoints import write_atomically
+
+    try:
+        write_atomically(out / "parity.json", json.dumps(_finite(report), indent=1).encode())
+    except OSError as e:  # a full disk: the comparison goes on, and its end says so after the table
+        s.not_written = e
     return s
 
 

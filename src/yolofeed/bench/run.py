@@ -333,6 +333,8 @@ def heavy_optimizer(results: list[dict], asked: str = "auto", share: float = 0.2
 def plot(results: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
+    from yolofeed.doctor.report import save_figure
+
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
@@ -348,8 +350,7 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.set_ylim(0, max(rates) * 1.3 if rates and max(rates) > 0 else 1)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(cfg: BenchConfig) -> dict:
@@ -358,8 +359,9 @@ def run(cfg: BenchConfig) -> dict:
     Each mode's Ultralytics run folder stays under ``<out>/runs/<mode>`` (args.yaml, and TensorBoard
     events when Ultralytics' TensorBoard setting is on); no weights are saved.
     """
-    from yolofeed.doctor.report import command_line, writable_folder
+    from yolofeed.doctor.report import command_line, not_written, writable_folder
     from yolofeed.monitor.system import environment
+    from yolofeed.train.checkpoints import write_atomically
 
     modes = list(dict.fromkeys(m.strip() for m in cfg.modes.split(",") if m.strip()))  # a mode twice: once
     if not modes:
@@ -393,6 +395,7 @@ def run(cfg: BenchConfig) -> dict:
     title += "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not as it is by default
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
+    failed: OSError | None = None  # the last write of bench.json, or bench.png: a full disk is said after the table
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
     # the mode's process gets its pipe as a file descriptor (POSIX); on Windows the modes train in this process,
     # and the note under the table says to run one bench per mode
@@ -424,14 +427,24 @@ def run(cfg: BenchConfig) -> dict:
                 slower_than_stock(results) + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
                 + warm_modes(results, own or ranks))
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title, "notes": notes}
-            # after each mode: an interrupted bench keeps what it measured
-            (out / "bench.json").write_text(json.dumps(report, indent=1))
+            try:  # after each mode: an interrupted bench keeps what it measured
+                write_atomically(out / "bench.json", json.dumps(report, indent=1).encode())
+                failed = None
+            except OSError as e:  # a full disk: the modes after are measured all the same, and the table printed
+                failed = e
     finally:
         stack.close()
         progress.close()
-    (whole.plot if cfg.whole_run else plot)(results, out / "bench.png", title)
+    if failed is None:
+        try:
+            (whole.plot if cfg.whole_run else plot)(results, out / "bench.png", title)
+        except OSError as e:
+            failed = e
     notes = "".join(f"\nNOTE: {n}" for n in report["notes"])
     text = (whole.table if cfg.whole_run else table)(results)
-    print(title + "\n" + text + notes + f"\n-> {out / 'bench.json'}, {out / 'bench.png'}, runs in "
-          f"{out / 'runs'}", flush=True)
+    files = (f"-> {out / 'bench.json'}, {out / 'bench.png'}, runs in {out / 'runs'}" if failed is None
+             else f"report: not written ({failed.strerror or failed})")
+    print(title + "\n" + text + notes + "\n" + files, flush=True)
+    if failed is not None:
+        raise not_written("out", cfg.out, out, failed, "the table")
     return report

@@ -240,6 +240,8 @@ def plot(results: list[dict], path: Any, title: str) -> None:
     """One horizontal bar a mode, its wall time split into ``PARTS``."""
     import matplotlib
 
+    from yolofeed.doctor.report import save_figure
+
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
@@ -257,5 +259,4 @@ def plot(results: list[dict], path: Any, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import io
 import json
 import shlex
 import tempfile
@@ -12,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from yolofeed.doctor.rules import Verdict
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, YolofeedError
 from yolofeed.monitor.steps import PHASES
+from yolofeed.train.checkpoints import write_atomically
 
 COLOURS = {"data_wait": "#d62728", "preprocess": "#ff7f0e", "forward": "#1f77b4", "loss": "#9467bd",
            "backward": "#2ca02c", "optimizer": "#8c564b"}
@@ -26,6 +28,24 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """``fig`` as the PNG ``path``, whole or not at all (``write_atomically``: a full disk leaves the file before or
+    none, never part of one; a link at ``path`` is replaced, not written through); the figure is closed either way."""
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png")
+    finally:
+        _plt().close(fig)
+    write_atomically(path, buf.getbuffer())
+
+
+def not_written(key: str, value: Any, out: Path, e: OSError, stands: str) -> YolofeedError:
+    """The one line for a report that could not be written after minutes of measuring: ``stands`` (printed above)
+    is not lost."""
+    return YolofeedError(f"{key}={value}: the report could not be written in {out} ({e.strerror or e}); {stands} "
+                         f"above stands. Free some space or choose another {key}= and run again.")
 
 
 def timeline_png(profiles: list[dict], path: Path) -> None:
@@ -52,8 +72,7 @@ def timeline_png(profiles: list[dict], path: Path) -> None:
     axes[1].set_ylim(0, 105)
     axes[-1].set_xlabel("seconds after warm-up")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def breakdown_png(profiles: list[dict], path: Path) -> None:
@@ -69,8 +88,7 @@ def breakdown_png(profiles: list[dict], path: Path) -> None:
     ax.set_xlabel("ms per step")
     ax.legend(fontsize=7, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _img(path: Path) -> str:
@@ -141,7 +159,7 @@ def write(out: Path, config: dict, profiles: list[dict], verdicts: list[Verdict]
     env = env or {}
     report = {"config": config, "environment": env, "verdicts": [v.__dict__ for v in verdicts],
               "profiles": profiles}
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    write_atomically(out / "report.json", json.dumps(report, indent=1, default=str).encode())
     e = html.escape
     about = _env_rows(env, config.get("command", "-"))
     env_table = "".join(f"<tr><th>{e(label)}</th><td>{e(str(about[k]))}</td></tr>" for k, label in ENV_ROWS)
@@ -192,5 +210,5 @@ typical step, which hides the waiting when batches arrive in bursts. GPU busy is
 ran), not the share of the chip's arithmetic used; training TFLOP/s is img/s x 3 x the model's forward GFLOPs at
 the training size (Ultralytics' count), and MFU its share of the GPU's dense bf16/fp16 peak (the vendor's datasheet).
 Raw numbers in report.json.</p></body></html>"""
-    (out / "report.html").write_text(page, encoding="utf-8")
+    write_atomically(out / "report.html", page.encode("utf-8"))
     return out / "report.html"

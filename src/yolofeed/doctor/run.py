@@ -5,7 +5,7 @@ from __future__ import annotations
 from yolofeed.config import DoctorConfig
 from yolofeed.doctor import report
 from yolofeed.doctor.rules import Facts, diagnose
-from yolofeed.errors import ConfigError, YolofeedError
+from yolofeed.errors import ConfigError
 from yolofeed.measure.profile import profile
 from yolofeed.measure.progress import Progress
 from yolofeed.monitor.system import environment
@@ -106,6 +106,5 @@ def run(cfg: DoctorConfig) -> list:
     lines.append(f"report: {html}" if failed is None else f"report: not written ({failed})")
     print("\n".join(lines), flush=True)
     if failed is not None:
-        raise YolofeedError(f"out={cfg.out}: the report could not be written in {out} ({failed.strerror or failed}); "
-                            "the verdict above stands. Free some space or choose another out= and run again.")
+        raise report.not_written("out", cfg.out, out, failed, "the verdict")
     return verdicts
