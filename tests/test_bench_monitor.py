@@ -566,6 +566,17 @@ def test_a_full_out_disk_keeps_the_measurement_and_prints_the_table(synth_root, 
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == (["bench.json"] if fails == "bench.png" else [])
 
 
+def test_the_title_names_the_batch_autobatch_picked():
+    """batch=0 or -1 is Ultralytics' AutoBatch (16 on the CPU): the title said "batch 0" beside figures measured at
+    16 (found by the adversarial tester)."""
+    from yolofeed.bench.run import bench_title
+    from yolofeed.config import BenchConfig
+
+    assert bench_title(BenchConfig(batch=32), [{"batch": 32}]).startswith("yolo11n.yaml, batch 32, imgsz 640, ")
+    assert ", batch=0 (AutoBatch: 16), " in bench_title(BenchConfig(batch=0), [{"batch": 16}, {"batch": 16}])
+    assert ", batch=-1 (AutoBatch: 96/112), " in bench_title(BenchConfig(batch=-1), [{"batch": 96}, {"batch": 112}])
+
+
 def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
     from yolofeed.bench.run import heavy_optimizer
 

@@ -78,7 +78,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
             "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer",
-            "forward_gflops", "peak_tflops", "train_tflops", "mfu")
+            "forward_gflops", "peak_tflops", "train_tflops", "mfu", "batch")
     return {k: getattr(p, k) for k in keys}
 
 
@@ -353,6 +353,18 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     save_figure(fig, path)
 
 
+def bench_title(cfg: BenchConfig, results: list[dict]) -> str:
+    """What was measured: model, batch, imgsz, steps or epochs, the step's switches. ``batch=`` below 1 (AutoBatch:
+    a share of the GPU's memory, or 16 on the CPU) is shown with the batch each mode trained at."""
+    batch = f"batch {cfg.batch}"
+    if not (isinstance(cfg.batch, int) and cfg.batch >= 1):
+        used = list(dict.fromkeys(str(r.get("batch")) for r in results if r.get("batch") is not None))
+        batch = f"batch={cfg.batch} (AutoBatch: {'/'.join(used) or '?'})"
+    title = f"{cfg.model}, {batch}, imgsz {cfg.imgsz}, " + (
+        f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up")
+    return title + "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not its default
+
+
 def run(cfg: BenchConfig) -> dict:
     """Run the modes, print the table, write ``bench.json`` and ``bench.png`` under ``cfg.out``.
 
@@ -390,9 +402,6 @@ def run(cfg: BenchConfig) -> dict:
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these: not in a mode's traceback
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
-    title = (f"{cfg.model}, batch {cfg.batch}, imgsz {cfg.imgsz}, " + (
-        f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up"))
-    title += "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not as it is by default
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     failed: OSError | None = None  # the last write of bench.json, or bench.png: a full disk is said after the table
@@ -426,6 +435,7 @@ def run(cfg: BenchConfig) -> dict:
             notes = warm_modes(results, own or ranks) if cfg.whole_run else (
                 slower_than_stock(results) + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
                 + warm_modes(results, own or ranks))
+            title = bench_title(cfg, results)
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title, "notes": notes}
             try:  # after each mode: an interrupted bench keeps what it measured
                 write_atomically(out / "bench.json", json.dumps(report, indent=1).encode())

@@ -129,7 +129,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
                                  state.get("final_val_s"), getattr(trainer, "plots_beside", None),
                                  getattr(trainer, "warm_up_parts", None)),
               "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
-              "device": str(trainer.device)}
+              "device": str(trainer.device), "batch": trainer.batch_size}  # AutoBatch's, where batch= asked for it
     if len(records) < epochs:
         LOGGER.warning(f"yolofeed bench: {mode} trained {len(records)} of {epochs} epochs (early stopping, time=)")
     del trainer
