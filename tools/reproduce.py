@@ -399,6 +399,19 @@ SECTIONS = {s.name: s for s in (
         f"timeout 300 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates,foreground_norm "
         f"out=$OUT/before_after_11n -- "
         f"model=yolo11n.yaml modes=ceiling {LEVER}", NO_WEIGHTS)),
+    Section("before-after-26n-assigner", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 10, (
+        # the losses' GPU tests beside a smaller synth and pack (the ceiling replays four GPU-resident batches: the
+        # dataset's size does not enter its rate); then yolofeed's ceiling with yolo26n, in one call: the step before
+        # issue 29's levers (A), the library without the assigner's two levers (C), the library (B), A again
+        "timeout 150 python3 -m pytest -q -m gpu tests/test_loss.py -p no:cacheprovider --tb=short -rA "
+        "> $OUT/gpu_tests_loss.txt 2>&1 &",
+        "python3 -m yolofeed synth out=/tmp/synth2k n_train=2000 n_val=200 seed=0",
+        "python3 -m yolofeed pack data=/tmp/synth2k/data.yaml imgsz=640",
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_loss.txt | tail -20",
+        "timeout 520 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates,foreground_norm "
+        "also=grid_candidates,foreground_norm order=ACBA out=$OUT/before_after_26n_assigner -- model=yolo26n.yaml "
+        "modes=ceiling steps=60 warmup=30 first_epoch=False isolate=True workers=16 batch=128 imgsz=640 "
+        "data=/tmp/synth2k/data.yaml", NO_WEIGHTS)),
     Section("assigner-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the losses' GPU tests beside the CPU-bound synth and pack; then yolo26n's ceiling (two assigners a step)
         # without the assigner's two levers (the candidate mask made level by level, the normalisation on each

@@ -50,11 +50,12 @@ def main(argv: list[str]) -> None:
     aba({side: (c, _site(c, root)) for side, c in configs.items()}, bench, out)
 
 
-def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path) -> None:
-    """``yolofeed bench`` with ``bench``'s arguments three times, sides A, B, A: each side (name: (what it sets, a
-    folder holding its sitecustomize.py)) first on PYTHONPATH. Prints each run's rates; writes ``out/ab.json``."""
+def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path, order: str = "ABA") -> None:
+    """``yolofeed bench`` with ``bench``'s arguments once a letter of ``order`` (A, B, A), each side (name: (what it
+    sets, a folder holding its sitecustomize.py)) first on PYTHONPATH. Prints each run's rates; writes
+    ``out/ab.json``."""
     rows = []
-    for i, side in enumerate("ABA"):
+    for i, side in enumerate(order):
         config, site = sides[side]
         env = os.environ | {"PYTHONPATH": f"{site}:{os.environ.get('PYTHONPATH', '')}"}
         dest = out / f"{i}_{side}"

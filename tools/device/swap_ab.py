@@ -16,6 +16,9 @@ the step's input image made in float16 in one kernel, train/step.py; the assigne
 from a bool ``mask_gt``, and its normalisation made on each anchor's own box, train/loss/detect.py).
 ``off=install,bce_sum,half_input,grid_candidates,foreground_norm`` is the step without any of yolofeed's own step
 levers (the sync-free step and loss stay on both sides).
+
+``also=grid_candidates,foreground_norm`` adds a side C with only those off, and ``order=ACBA`` runs the sides in that
+order: the step before every lever, before some, as it is, and before every lever again, in one call.
 """
 
 from __future__ import annotations
@@ -53,6 +56,27 @@ def main(argv: list[str]) -> None:
     knobs = dict(k.split("=") for k in args["knobs"].split(",")) if args.get("knobs") else {}
     if not set(knobs) <= KNOBS:
         raise SystemExit(f"swap_ab: knobs= of {', '.join(sorted(KNOBS))}")
+    also = [name for name in args.get("also", "").split(",") if name]
+    if not set(also) <= OFF:
+        raise SystemExit(f"swap_ab: also= of {', '.join(sorted(OFF))}")
+    order = args.get("order", "ACBA" if also else "ABA")
+    if set(order) - {"A", "B", "C"} or ("C" in order) != bool(also):
+        raise SystemExit("swap_ab: order= of the letters A, B (and C, with also=)")
+    root = Path(tempfile.mkdtemp())
+    sides = {}
+    for side, names in (("A", off), ("B", []), ("C", also)):
+        if side == "C" and not also:
+            continue
+        name = "+".join(names + ([f"{k}={v}" for k, v in knobs.items()] if side == "A" else []))
+        code = SITE.format(lines="".join(_site_lines(names, knobs if side == "A" else {}))) if names else ""
+        (root / side).mkdir()
+        (root / side / "sitecustomize.py").write_text(code)
+        sides[side] = (f"without {name}" if names else "the library", root / side)
+    aba(sides, argv[cut + 1:], Path(args.get("out", f"/tmp/{off[0]}_ab")), order)
+
+
+def _site_lines(off: list[str], knobs: dict[str, str]) -> list[str]:
+    """A side's sitecustomize lines: the swaps and switches of ``off`` undone, the fused op's ``knobs`` set."""
     lines = ["    import yolofeed.train.graphed as _graphed\n",
              *(f"    _graphed.{name} = lambda model: None\n" for name in off if name not in SWITCHES)]
     for name in off:
@@ -62,14 +86,7 @@ def main(argv: list[str]) -> None:
     if knobs:
         lines += ["    import yolofeed.kernels.bn_silu as _op\n",
                   *(f"    _op.{k} = {int(v)}\n" for k, v in knobs.items())]
-    name = "+".join(off + [f"{k}={v}" for k, v in knobs.items()])
-    root = Path(tempfile.mkdtemp())
-    sides = {}
-    for side, what, code in (("A", f"without {name}", SITE.format(lines="".join(lines))), ("B", "the library", "")):
-        (root / side).mkdir()
-        (root / side / "sitecustomize.py").write_text(code)
-        sides[side] = (what, root / side)
-    aba(sides, argv[cut + 1:], Path(args.get("out", f"/tmp/{off[0]}_ab")))
+    return lines
 
 
 if __name__ == "__main__":
