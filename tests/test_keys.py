@@ -307,6 +307,7 @@ def test_devices_are_checked_in_one_line(monkeypatch):
                           ("mps", "CUDA GPUs and the CPU only"), ("npu:0", "CUDA GPUs and the CPU only")):
         with pytest.raises(ConfigError, match=words):
             keys.check_device(device)
+    assert keys.check_device("mps", ours=False) == "mps"  # doctor yolofeed=False, bench modes=stock: stock's own
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert keys.check_device("cuda:1") == "1"

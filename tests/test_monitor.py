@@ -401,19 +401,20 @@ def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp
     mon.close()
     assert mon.endpoint is None
 
-    # TensorBoard's writer thread's own traceback of that error is left out; another thread's is not (in a process of
-    # its own: pytest replaces threading.excepthook while a test runs)
+    # the monitor's writer's thread's own traceback of that error is left out; another thread's is not, nor that of a
+    # writer the monitor did not make (in a process of its own: pytest has its own threading.excepthook)
     code = """if True:
         import errno, threading
         from yolofeed.monitor import live
-        live._quiet_tensorboard_thread()
-        class _AsyncWriterThread(threading.Thread):
+        class Failing(threading.Thread):
+            def __init__(self, words):
+                super().__init__()
+                self.words = words
             def run(self):
-                raise OSError(errno.ENOSPC, "No space left on device")
-        class Other(threading.Thread):
-            def run(self):
-                raise OSError(errno.ENOSPC, "another thread's")
-        for thread in (_AsyncWriterThread(), Other()):
+                raise OSError(errno.ENOSPC, self.words)
+        ours = Failing("No space left on device")
+        live._quiet({ours})
+        for thread in (ours, Failing("another thread's")):
             thread.start()
             thread.join()
         """

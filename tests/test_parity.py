@@ -264,16 +264,15 @@ def test_a_comparison_whose_every_run_failed_is_an_error_naming_a_log(synth_root
                    f"{tmp_path / 'logs' / 'stock-seed0.log'}"]
 
 
-@pytest.mark.parametrize("fails", ["parity.json", "parity.png"])
+@pytest.mark.parametrize("fails", ["parity.json", "parity.png", "the last parity.json"])
 def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, tmp_path, monkeypatch, capsys, fails):
     """out= fills while the runs train: the comparison goes on, its table and verdict are printed, then one line
-    says the report was not written; nothing half-written is left. Was a traceback from the report's write and a
-    0-byte parity.json.tmp (found by the adversarial tester)."""
+    names the file, the cause and what an earlier write left; nothing half-written is left. Was a traceback from
+    the report's write and a 0-byte parity.json.tmp."""
     import errno
 
     import yolofeed.bench.parity as parity
     from yolofeed.cli import main
-    from yolofeed.doctor import report
     from yolofeed.train import checkpoints
 
     class Done:
@@ -289,19 +288,20 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
         return {"metrics/mAP50-95(B)": [last / 2, last], "metrics/mAP50(B)": [last, last + 0.1],
                 "train/box_loss": [2.0, 1.5]}
 
-    real = checkpoints.write_atomically
+    real = checkpoints.create_temp
+    tries = []
 
-    def write(path, data):  # write_atomically on a full disk: the error, nothing of the file (test_checkpoints.py)
-        if os.path.basename(path) == fails:
+    def create_temp(path):  # the disk full as write_atomically meets it: at the temporary file
+        tries.append(path.name)
+        if fails == path.name or (fails == "the last parity.json" and tries.count("parity.json") == 7):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, data)
+        return real(path)
 
     monkeypatch.setattr(parity, "_prepare", lambda cfg: None)
     monkeypatch.setattr(parity, "_launch", lambda job, spec: Done())
     monkeypatch.setattr(parity, "read_curves", curves)
     monkeypatch.setattr(parity.time, "sleep", lambda s: None)
-    monkeypatch.setattr(checkpoints, "write_atomically", write)
-    monkeypatch.setattr(report, "write_atomically", write)
+    monkeypatch.setattr(checkpoints, "create_temp", create_temp)
     out = tmp_path / "p"
     assert main(["parity", f"data={synth_root / 'data.yaml'}", "seeds=3", "epochs=2", "device=cpu",
                  f"out={out}"]) == 1
@@ -310,8 +310,11 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
     assert any(line.startswith(("no difference detected", "yolofeed trains")) for line in captured.out.splitlines())
     errors = [x for x in captured.err.splitlines() if x.startswith("yolofeed parity:")]
     assert len(errors) == 1 and f"out={out}" in errors[0] and "the verdict above stands" in errors[0], errors
+    name = "parity.png" if fails == "parity.png" else "parity.json"
+    assert f"{name} could not be written in {out}: the disk is full" in errors[0], errors
+    assert ("holds the first 6 of 6 runs" not in errors[0]), errors  # after every run: the last one holds them all
     left = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != ".lock")  # the lock: its own tests
-    assert left == (["parity.json"] if fails == "parity.png" else []), left
+    assert left == ([] if fails == "parity.json" else ["parity.json"]), left
 
 
 def test_parity_prepares_the_packs_and_label_caches_of_the_models_task(obb_dataset):

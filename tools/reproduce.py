@@ -410,8 +410,7 @@ SECTIONS = {s.name: s for s in (
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_loss.txt | tail -20",
         "timeout 520 python3 -m tools.device.swap_ab off=install,bce_sum,half_input,grid_candidates,foreground_norm "
         "also=grid_candidates,foreground_norm order=ACBA out=$OUT/before_after_26n_assigner -- model=yolo26n.yaml "
-        "modes=ceiling steps=60 warmup=30 first_epoch=False isolate=True workers=16 batch=128 imgsz=640 "
-        "data=/tmp/synth2k/data.yaml", NO_WEIGHTS)),
+        "modes=ceiling " + LEVER.replace("/tmp/synth/", "/tmp/synth2k/"), NO_WEIGHTS)),
     Section("assigner-ab", "The step itself: where its time goes, and the levers", "nvidia-h200", 1, 9, (
         # the losses' GPU tests beside the CPU-bound synth and pack; then yolo26n's ceiling (two assigners a step)
         # without the assigner's two levers (the candidate mask made level by level, the normalisation on each

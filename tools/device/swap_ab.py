@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
     if not set(also) <= OFF:
         raise SystemExit(f"swap_ab: also= of {', '.join(sorted(OFF))}")
     order = args.get("order", "ACBA" if also else "ABA")
-    if set(order) - {"A", "B", "C"} or ("C" in order) != bool(also):
+    if not order or set(order) - {"A", "B", "C"} or ("C" in order) != bool(also):
         raise SystemExit("swap_ab: order= of the letters A, B (and C, with also=)")
     root = Path(tempfile.mkdtemp())
     sides = {}

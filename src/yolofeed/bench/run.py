@@ -398,13 +398,15 @@ def run(cfg: BenchConfig) -> dict:
     from yolofeed.train.keys import check_device
     from yolofeed.train.run import check_model_and_data
 
-    device = check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any mode runs
+    # as yolofeed train checks it: one line, before any mode runs (stock alone may profile Apple's devices)
+    device = check_device(cfg.extra.get("device"), ours=any(m != "stock" for m in modes))
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these: not in a mode's traceback
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []
     failed: OSError | None = None  # the last write of bench.json, or bench.png: a full disk is said after the table
+    written = 0  # the modes the last bench.json written holds
     ranks = "," in device  # several GPUs: each mode's ranks are processes of their own already
     # the mode's process gets its pipe as a file descriptor (POSIX); on Windows the modes train in this process,
     # and the note under the table says to run one bench per mode
@@ -439,7 +441,7 @@ def run(cfg: BenchConfig) -> dict:
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title, "notes": notes}
             try:  # after each mode: an interrupted bench keeps what it measured
                 write_atomically(out / "bench.json", json.dumps(report, indent=1).encode())
-                failed = None
+                failed, written = None, len(results)
             except OSError as e:  # a full disk: the modes after are measured all the same, and the table printed
                 failed = e
     finally:
@@ -456,5 +458,7 @@ def run(cfg: BenchConfig) -> dict:
              else f"report: not written ({failed.strerror or failed})")
     print(title + "\n" + text + notes + "\n" + files, flush=True)
     if failed is not None:
-        raise not_written("out", cfg.out, out, failed, "the table")
+        kept = (f"; {out / 'bench.json'} holds the first {written} of {len(modes)} modes"
+                if 0 < written < len(modes) else "")
+        raise not_written("out", cfg.out, out, failed, "the table", kept)
     return report

@@ -15,7 +15,7 @@ from typing import Any
 from yolofeed.doctor.rules import Verdict
 from yolofeed.errors import ConfigError, YolofeedError
 from yolofeed.monitor.steps import PHASES
-from yolofeed.train.checkpoints import write_atomically
+from yolofeed.train.checkpoints import WRITE_FIXES, write_atomically
 
 COLOURS = {"data_wait": "#d62728", "preprocess": "#ff7f0e", "forward": "#1f77b4", "loss": "#9467bd",
            "backward": "#2ca02c", "optimizer": "#8c564b"}
@@ -31,21 +31,29 @@ def _plt():
 
 
 def save_figure(fig: Any, path: Path) -> None:
-    """``fig`` as the PNG ``path``, whole or not at all (``write_atomically``: a full disk leaves the file before or
-    none, never part of one; a link at ``path`` is replaced, not written through); the figure is closed either way."""
+    """``fig`` as ``path`` (its format named by the suffix), whole or not at all (``write_atomically``: a full disk
+    leaves the file before or none, never part of one; a link at ``path`` is replaced, not written through); the
+    figure is closed either way."""
     buf = io.BytesIO()
     try:
-        fig.savefig(buf, format="png")
+        fig.savefig(buf, format=Path(path).suffix[1:] or "png")
     finally:
         _plt().close(fig)
     write_atomically(path, buf.getbuffer())
 
 
-def not_written(key: str, value: Any, out: Path, e: OSError, stands: str) -> YolofeedError:
-    """The one line for a report that could not be written after minutes of measuring: ``stands`` (printed above)
-    is not lost."""
-    return YolofeedError(f"{key}={value}: the report could not be written in {out} ({e.strerror or e}); {stands} "
-                         f"above stands. Free some space or choose another {key}= and run again.")
+def not_written(key: str, value: Any, out: Path, e: OSError, stands: str, kept: str = "") -> YolofeedError:
+    """The one line for a report that could not be written after minutes of measuring: the file, what the error
+    means, that ``stands`` (printed above) is not lost, what an earlier write ``kept`` on disk, the fix."""
+    meaning = WRITE_FIXES.get(e.errno, (None,))[0] or "the write failed"
+    what = Path(e.filename).name if getattr(e, "filename", None) else "the report"
+    return YolofeedError(f"{key}={value}: {what} could not be written in {out}: {meaning} ({e.strerror or e}); "
+                         f"{stands} above stands{kept}. Mend that, or choose another {key}=, and run again.")
+
+
+def unwritten(e: OSError) -> str:
+    """``report: not written (...)``'s words: the error's own, not a ``WriteError``'s advice for training runs."""
+    return str(e.strerror or e)
 
 
 def timeline_png(profiles: list[dict], path: Path) -> None:

@@ -60,7 +60,7 @@ def run(cfg: DoctorConfig) -> list:
     """
     if cfg.steps < 5:
         raise ConfigError(f"steps={cfg.steps}: the doctor needs at least 5 measured steps")
-    check_device(cfg.extra.get("device"))  # as yolofeed train checks it: one line, before any profiling
+    check_device(cfg.extra.get("device"), ours=cfg.yolofeed)  # as yolofeed train checks it, before any profiling
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these, before out= is made
     task = model_task(cfg.model, None)
     out = report.writable_folder(cfg.out)
@@ -103,7 +103,7 @@ def run(cfg: DoctorConfig) -> list:
         lines.append(("VERDICT: " if v.bottleneck else "ALSO: ") + v.title)
         lines.append(f"  evidence: {v.evidence}")
         lines += [f"  - {a}" for a in v.advice]
-    lines.append(f"report: {html}" if failed is None else f"report: not written ({failed})")
+    lines.append(f"report: {html}" if failed is None else f"report: not written ({report.unwritten(failed)})")
     print("\n".join(lines), flush=True)
     if failed is not None:
         raise report.not_written("out", cfg.out, out, failed, "the verdict")

@@ -13,6 +13,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,32 +144,40 @@ def open_tensorboard(folder: Path) -> Any:
                            "pip install tensorboard, or tensorboard=False to silence this; Prometheus and the "
                            "summary line work without it.")
         return None
-    _quiet_tensorboard_thread()
+    before = set(threading.enumerate())
     try:
-        return SummaryWriter(str(folder))
-    except OSError as e:
+        writer = SummaryWriter(str(folder))
+    except Exception as e:  # OSError; with TensorFlow installed, its gfile's errors (tf.errors.OpError)
+        writer = None
         tensorboard_failed(folder, e, "no TensorBoard scalars")
-        return None
+    _quiet(set(threading.enumerate()) - before)
+    return writer
 
 
-def tensorboard_failed(folder: Path, e: OSError, what: str) -> None:
+def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
     """One line for a TensorBoard folder that cannot be written: the monitor's other outputs go on."""
-    LOGGER.warning(f"yolofeed monitor: {what}: could not write {folder} ({e.strerror or e}); Prometheus and the "
-                   "summary line go on. Make it a folder you can write, on a disk with room, or train with "
-                   "tensorboard=False to silence this.")
+    said = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e).strip().splitlines()[0]
+    LOGGER.warning(f"yolofeed monitor: {what}: could not write {folder} ({said}); Prometheus and the summary line "
+                   "go on. Make it a folder you can write, on a disk with room, or train with tensorboard=False to "
+                   "silence this.")
 
 
-def _quiet_tensorboard_thread() -> None:
-    """TensorBoard writes its events in a thread of its own, which ends on a failed write with a traceback on stderr
-    (``threading.excepthook``) and leaves the error for the writer's next call in this thread, where the monitor
-    says it in one line (``tensorboard_failed``). The thread's traceback is left out; every other thread's is not."""
+_OWN_WRITERS: weakref.WeakSet = weakref.WeakSet()  # the threads the monitor's SummaryWriters started
+
+
+def _quiet(threads: set[threading.Thread]) -> None:
+    """A SummaryWriter writes its events in a thread of its own, which ends on a failed write with a traceback on
+    stderr (``threading.excepthook``) and leaves the error for the writer's next call in this thread, where the
+    monitor says it in one line (``tensorboard_failed``). The traceback of ``threads`` (the monitor's writers') is left
+    out; every other thread's, Ultralytics' own TensorBoard writer's among them, is not."""
+    _OWN_WRITERS.update(threads)
     if "tensorboard thread" in _SAID:
         return
     _SAID.add("tensorboard thread")
     before = threading.excepthook
 
     def hook(args: Any) -> None:
-        if not (type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError)):
+        if args.thread not in _OWN_WRITERS:
             before(args)
 
     threading.excepthook = hook
@@ -304,7 +313,7 @@ class TrainingMonitor:
                 for k, v in values.items():
                     if v is not None:
                         self.writer.add_scalar(f"yolofeed/{k}", v, self.step)
-            except OSError as e:  # its disk filled or went read-only: TensorBoard stops, the rest goes on
+            except Exception as e:  # its disk filled or went read-only: TensorBoard stops, the rest goes on
                 writer, self.writer = self.writer, None
                 tensorboard_failed(Path(writer.log_dir), e, "TensorBoard scalars stopped")
                 _close_writer(writer, said=True)
@@ -381,7 +390,7 @@ def _close_writer(writer: Any, said: bool = False) -> None:
     """Close a TensorBoard writer; its last events' write failing (a full disk) is one line, or none where ``said``."""
     try:
         writer.close()
-    except OSError as e:
+    except Exception as e:  # OSError, or TensorFlow's gfile errors
         if not said:
             tensorboard_failed(Path(writer.log_dir), e, "TensorBoard's last scalars not written")
 

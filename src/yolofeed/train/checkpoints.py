@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import pickle
@@ -146,7 +147,8 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
 
     The temporary file needs room for one more (stripped) checkpoint beside ``path``, where the in-place strip needs
     none. Where the disk has no room (or the folder another fault ``WRITE_FIXES`` names), ``path`` is left whole,
-    with its optimizer, and the run goes on with one line saying so: stock finishes such a run, so this one does.
+    with its optimizer, and the run goes on with one line a file saying so: stock finishes such a run, so this one
+    does.
 
     Returns:
         What ``strip_optimizer`` returns: the checkpoint saved, or {} when ``path`` was not a valid one (left as it
@@ -154,8 +156,7 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     """
     from yolofeed.ultralytics_seam import LOGGER, strip_optimizer
 
-    fd, tmp = create_temp(path)
-    os.close(fd)
+    tmp = None
 
     def in_place_words(record: logging.LogRecord) -> bool:  # its line names the file as the in-place strip does
         if isinstance(record.msg, str):
@@ -165,15 +166,19 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     LOGGER.addFilter(in_place_words)
     try:
         try:
+            fd, tmp = create_temp(path)
+            os.close(fd)
             ckpt = strip_optimizer(path, s=str(tmp), updates=updates)
         except (OSError, RuntimeError) as e:
             fault = _strip_fault(path, e)
             if fault is None:
                 raise
+            command = ("from ultralytics.utils.torch_utils import strip_optimizer; "
+                       f"strip_optimizer({json.dumps(str(path))})")
             LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault[0]} ({_first_line(e)}); "
                            f"it is left whole, with its optimizer ({path.stat().st_size / 1e6:.1f} MB), and loads and "
-                           "predicts as it is; to strip it once the folder takes a new file: python -c \"from "
-                           f"ultralytics.utils.torch_utils import strip_optimizer; strip_optimizer('{path}')\"")
+                           f"predicts as it is; Ultralytics' strip rewrites it in place: python -c "
+                           f"{shlex.quote(command)}")
             return {}
         if ckpt:
             fd = os.open(tmp, os.O_RDONLY | CLOEXEC)
@@ -185,15 +190,17 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
             _fsync_dir(path.parent)
     finally:
         LOGGER.removeFilter(in_place_words)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
     return ckpt
 
 
 def _strip_fault(path: Path, e: BaseException) -> tuple[str, str] | None:
     """What a failed strip of ``path`` means, and its fix, where the write failed for a reason ``WRITE_FIXES`` names;
     None for any other failure. torch's zip writer raises a full disk as a RuntimeError without an errno (``unexpected
-    pos``, ``iostream error``): it is taken as one where the folder has less room left than ``path`` takes."""
+    pos``, ``iostream error``): it is taken as one where the folder has less room left than ``path`` takes (a full
+    quota with room on the disk is not seen so, and is raised)."""
     if isinstance(e, OSError):
         return WRITE_FIXES.get(e.errno)
     try:

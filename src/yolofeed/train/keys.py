@@ -428,11 +428,12 @@ def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command:
         raise ConfigError(str(e).strip()) from None
 
 
-def check_device(device: Any, ddp: bool = True) -> str:
+def check_device(device: Any, ddp: bool = True, ours: bool = True) -> str:
     """Ultralytics' canonical device string, refused in one line where ``select_device`` would raise.
 
     ``ddp``: several devices are one DDP run's (``yolofeed train``, ``bench``), not places for runs of their own
-    (``parity``).
+    (``parity``). ``ours``: yolofeed trains on it (not only stock: ``doctor yolofeed=False``, ``bench modes=stock``,
+    which profile Apple's, Ascend's and Intel's devices as Ultralytics trains on them).
 
     Raises:
         ConfigError: a device that is not the CPU or CUDA indices this machine has (Apple's, Ascend's and Intel's
@@ -444,9 +445,9 @@ def check_device(device: Any, ddp: bool = True) -> str:
     from yolofeed.ultralytics_seam import parse_device
 
     canonical = parse_device(device if device is not None else "")
-    if _gpu_backend(canonical):
+    if _gpu_backend(canonical) and ours:
         raise ConfigError(f"device={device}: {RULES['device'].reason}")
-    if canonical in ("", "cpu"):
+    if canonical in ("", "cpu") or _gpu_backend(canonical):
         return canonical
     # as typed: device=0,1 reaches here as the tuple (0, 1), which Ultralytics' value parser makes of it
     device = ",".join(map(str, device)) if isinstance(device, (list, tuple)) else device
