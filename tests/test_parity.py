@@ -264,7 +264,7 @@ def test_a_comparison_whose_every_run_failed_is_an_error_naming_a_log(synth_root
                    f"{tmp_path / 'logs' / 'stock-seed0.log'}"]
 
 
-@pytest.mark.parametrize("fails", ["parity.json", "parity.png", "the last parity.json"])
+@pytest.mark.parametrize("fails", ["parity.json", "parity.png", "the last parity.json", "parity.json from the 4th"])
 def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, tmp_path, monkeypatch, capsys, fails):
     """out= fills while the runs train: the comparison goes on, its table and verdict are printed, then one line
     names the file, the cause and what an earlier write left; nothing half-written is left. Was a traceback from
@@ -293,7 +293,8 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
 
     def create_temp(path):  # the disk full as write_atomically meets it: at the temporary file
         tries.append(path.name)
-        if fails == path.name or (fails == "the last parity.json" and tries.count("parity.json") == 7):
+        n = tries.count("parity.json")
+        if fails == path.name or (fails == "the last parity.json" and n == 7) or (fails.endswith("4th") and n >= 4):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path)
 
@@ -312,9 +313,12 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
     assert len(errors) == 1 and f"out={out}" in errors[0] and "the verdict above stands" in errors[0], errors
     name = "parity.png" if fails == "parity.png" else "parity.json"
     assert f"{name} could not be written in {out}: the disk is full" in errors[0], errors
-    assert ("holds the first 6 of 6 runs" not in errors[0]), errors  # after every run: the last one holds them all
+    # written after each run: the last write before the final one holds every run, the third only three
+    assert ("holds the first 3 of 6 runs" in errors[0]) == fails.endswith("4th"), errors
     left = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != ".lock")  # the lock: its own tests
     assert left == ([] if fails == "parity.json" else ["parity.json"]), left
+    if fails.endswith("4th"):
+        assert sum(r["returncode"] is not None for r in json.loads((out / "parity.json").read_text())["runs"]) == 3
 
 
 def test_parity_prepares_the_packs_and_label_caches_of_the_models_task(obb_dataset):

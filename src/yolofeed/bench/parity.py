@@ -367,7 +367,7 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
     """``run``'s runs, table and verdict, with ``out`` checked and held."""
     from tqdm import tqdm
 
-    _WRITTEN.pop(out, None)  # a comparison before in this folder and process: not this one's parity.json
+    from yolofeed.doctor.report import unwritten as report_words
 
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
                    if hasattr(os, "sched_getaffinity") else list(range(usable_cores())))
@@ -386,6 +386,7 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         return {"side": job.side, "model": cfg.model, "args": args, "options": options}
 
     pending, running, free = list(jobs), {}, list(range(len(places)))
+    held = 0  # the runs the last parity.json written holds
     bar = tqdm(total=len(jobs), desc="parity runs", unit="run")
     previous = signal.signal(signal.SIGTERM, _terminate)  # a scheduler's stop: end the runs, keep the report
     try:
@@ -406,7 +407,8 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
                 bar.update(1)
                 if not job.ok:
                     tqdm.write(f"parity: {job.name} failed (exit {job.returncode}); log: {job.log}")
-                _report(cfg, jobs, title, out)  # after each run: an interrupted comparison keeps what finished
+                if _report(cfg, jobs, title, out).not_written is None:  # after each run: an interrupted comparison
+                    held = sum(j.returncode is not None for j in jobs)  # keeps what finished (held: how many)
             bar.set_postfix_str(", ".join(j.name for j, _, _ in running.values()))
     except (KeyboardInterrupt, Terminated) as e:
         _stop([p for _, p, _ in running.values()])
@@ -415,7 +417,7 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         unwritten = _report(cfg, jobs, title, out, stopped=how).not_written
         done = sum(j.ok for j in jobs)
         kept = (f"what finished is in {out / 'parity.json'}" if unwritten is None else
-                f"{out / 'parity.json'} could not be written ({unwritten.strerror or unwritten}); the runs are in "
+                f"{out / 'parity.json'} could not be written ({report_words(unwritten)}); the runs are in "
                 f"{out / 'runs'}")
         said = (f"stopped by {how} with {done} of {len(jobs)} runs finished: no verdict (the comparison is not "
                 f"complete); {kept}")
@@ -438,12 +440,11 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         except OSError as e:
             unwritten = e
     files = (f"-> {out / 'parity.json'}, {out / 'parity.png'}" if unwritten is None
-             else f"report: not written ({unwritten.strerror or unwritten})")
+             else f"report: not written ({report_words(unwritten)})")
     print(f"{title}\n{table(jobs, s)}\n{s.verdict}\n{files}", flush=True)
     if unwritten is not None:
         from yolofeed.doctor.report import not_written
 
-        held = _WRITTEN.get(out, 0)
         kept = (f"; {out / 'parity.json'} holds the first {held} of {len(jobs)} runs, no verdict of them all"
                 if 0 < held < len(jobs) else "")
         raise not_written("out", cfg.out, out, unwritten, "the verdict", kept)
@@ -478,13 +479,9 @@ def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: 
 
     try:
         write_atomically(out / "parity.json", json.dumps(_finite(report), indent=1).encode())
-        _WRITTEN[out] = sum(j.ok or j.returncode is not None for j in jobs)
     except OSError as e:  # a full disk: the comparison goes on, and its end says so after the table
         s.not_written = e
     return s
-
-
-_WRITTEN: dict[Path, int] = {}  # out= -> the runs the last parity.json written there holds
 
 
 def _finite(x):

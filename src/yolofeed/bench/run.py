@@ -371,7 +371,7 @@ def run(cfg: BenchConfig) -> dict:
     Each mode's Ultralytics run folder stays under ``<out>/runs/<mode>`` (args.yaml, and TensorBoard
     events when Ultralytics' TensorBoard setting is on); no weights are saved.
     """
-    from yolofeed.doctor.report import command_line, not_written, writable_folder
+    from yolofeed.doctor.report import command_line, not_written, unwritten, writable_folder
     from yolofeed.monitor.system import environment
     from yolofeed.train.checkpoints import write_atomically
 
@@ -455,7 +455,7 @@ def run(cfg: BenchConfig) -> dict:
     notes = "".join(f"\nNOTE: {n}" for n in report["notes"])
     text = (whole.table if cfg.whole_run else table)(results)
     files = (f"-> {out / 'bench.json'}, {out / 'bench.png'}, runs in {out / 'runs'}" if failed is None
-             else f"report: not written ({failed.strerror or failed})")
+             else f"report: not written ({unwritten(failed)})")
     print(title + "\n" + text + notes + "\n" + files, flush=True)
     if failed is not None:
         kept = (f"; {out / 'bench.json'} holds the first {written} of {len(modes)} modes"
