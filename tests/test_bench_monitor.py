@@ -536,10 +536,10 @@ def test_a_full_out_disk_keeps_the_measurement_and_prints_the_table(synth_root, 
     from test_doctor import _fake_profile
 
     import yolofeed.bench.run as bench
+    from yolofeed import atomic
     from yolofeed.cli import main
-    from yolofeed.train import checkpoints
 
-    real = checkpoints.create_temp
+    real = atomic.create_temp
     measured, tries = [], []
 
     def profile(mode, *a, **k):
@@ -553,7 +553,7 @@ def test_a_full_out_disk_keeps_the_measurement_and_prints_the_table(synth_root, 
         return real(path)
 
     monkeypatch.setattr(bench, "profile", profile)
-    monkeypatch.setattr(checkpoints, "create_temp", create_temp)
+    monkeypatch.setattr(atomic, "create_temp", create_temp)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.yaml").write_text((synth_root / "data.yaml").read_text())
     out = tmp_path / "b"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 import shlex
 import signal
 import subprocess
@@ -20,10 +21,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from yolofeed import atomic
+from yolofeed.atomic import write_atomically
 from yolofeed.cli import main
 from yolofeed.errors import WriteError
 from yolofeed.train import checkpoints
-from yolofeed.train.checkpoints import AtomicPath, sweep, write_atomically
+from yolofeed.train.checkpoints import AtomicPath, sweep, write_run_file
 
 
 def _temps(folder: Path) -> list[str]:
@@ -43,7 +46,7 @@ def test_a_write_stopped_half_way_leaves_the_old_file_whole(tmp_path, monkeypatc
             raise fault(28, "No space left on device") if fault is OSError else fault()
         return real(fd, bytes(data[: len(data) // 2]))
 
-    monkeypatch.setattr(checkpoints.os, "write", half)
+    monkeypatch.setattr(atomic.os, "write", half)
     with pytest.raises(fault):
         write_atomically(last, b"x" * 1000)
     assert last.read_bytes() == b"old checkpoint" and _temps(tmp_path) == []
@@ -65,18 +68,22 @@ def test_a_failed_write_a_user_can_fix_is_one_line_naming_the_file(tmp_path, mon
     def fail(fd, data):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(checkpoints.os, "write", fail)
+    monkeypatch.setattr(atomic.os, "write", fail)
     with pytest.raises(WriteError) as caught:
-        write_atomically(last, b"x" * 1000)
+        write_run_file(last, b"x" * 1000)
     assert isinstance(caught.value, OSError) and caught.value.errno == code
     again = pickle.loads(pickle.dumps(caught.value))  # as a bench mode's error comes back from its process
     assert (type(again), str(again), again.errno, again.filename) == (WriteError, str(caught.value), code, str(last))
     text = str(caught.value)
     assert text.startswith(f"could not write {last}: ") and meaning in text and fix in text
     assert last.read_bytes() == b"old checkpoint" and _temps(tmp_path) == []
-    monkeypatch.setattr(checkpoints, "create_temp", lambda path: (_ for _ in ()).throw(OSError(code, "refused")))
-    with pytest.raises(WriteError, match=f"could not write {last}"):
-        write_atomically(last, b"x")  # the temporary file cannot even be made
+    with pytest.raises(WriteError) as caught:  # a file of no training run (bench.json): no training run's fix
+        write_atomically(last, b"x" * 1000)
+    assert str(caught.value) == (f"could not write {last}: {atomic.MEANINGS[code]} ({os.strerror(code)}); the file is "
+                                 "as it was before, nothing half-written is left")
+    monkeypatch.setattr(atomic, "create_temp", lambda path: (_ for _ in ()).throw(OSError(code, "refused")))
+    with pytest.raises(WriteError, match=f"could not write {last}.*{re.escape(fix)}"):
+        write_run_file(last, b"x")  # the temporary file cannot even be made
 
 
 def test_the_replaced_checkpoint_keeps_its_mode(tmp_path):
@@ -347,14 +354,14 @@ def test_a_resume_that_cannot_rewrite_results_csv_says_so_and_goes_on(synth_root
 
     run = _stopped_between_row_and_checkpoint(synth_root, tmp_path)
 
-    real = checkpoints.write_atomically
+    real = checkpoints.write_run_file
 
     def refused(path, data):  # results.csv only: the run's other files (yolofeed.yaml, last.pt) are written
         if Path(path).name == "results.csv":
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real(path, data)
 
-    monkeypatch.setattr(checkpoints, "write_atomically", refused)
+    monkeypatch.setattr(checkpoints, "write_run_file", refused)
     caplog.set_level(logging.WARNING)
     YOLO(str(run / "weights" / "last.pt")).train(resume=True, trainer=FastDetectionTrainer)
     with open(run / "results.csv") as f:

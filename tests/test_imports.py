@@ -110,7 +110,7 @@ def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
 # stand under the stages that share them (pack and augment share the kernels, loader and augment the schema).
 FLOORS = [
     {"errors", "config", "processes", "kernels"},
-    {"schema", "ultralytics_seam"},
+    {"schema", "ultralytics_seam", "atomic"},
     {"pack", "augment", "monitor"},
     {"loader", "synth"},
     {"train", "measure"},

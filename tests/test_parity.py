@@ -272,8 +272,8 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
     import errno
 
     import yolofeed.bench.parity as parity
+    from yolofeed import atomic
     from yolofeed.cli import main
-    from yolofeed.train import checkpoints
 
     class Done:
         pid, returncode = 0, 0
@@ -288,7 +288,7 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
         return {"metrics/mAP50-95(B)": [last / 2, last], "metrics/mAP50(B)": [last, last + 0.1],
                 "train/box_loss": [2.0, 1.5]}
 
-    real = checkpoints.create_temp
+    real = atomic.create_temp
     tries = []
 
     def create_temp(path):  # the disk full as write_atomically meets it: at the temporary file
@@ -302,7 +302,7 @@ def test_a_full_out_disk_keeps_the_verdict_and_says_so_in_one_line(synth_root, t
     monkeypatch.setattr(parity, "_launch", lambda job, spec: Done())
     monkeypatch.setattr(parity, "read_curves", curves)
     monkeypatch.setattr(parity.time, "sleep", lambda s: None)
-    monkeypatch.setattr(checkpoints, "create_temp", create_temp)
+    monkeypatch.setattr(atomic, "create_temp", create_temp)
     out = tmp_path / "p"
     assert main(["parity", f"data={synth_root / 'data.yaml'}", "seeds=3", "epochs=2", "device=cpu",
                  f"out={out}"]) == 1

@@ -475,7 +475,7 @@ def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: 
               "runs": [{"side": j.side, "seed": j.seed, "ok": j.ok, "returncode": j.returncode, "wall_s": j.wall_s,
                         "device": j.device, "cores": len(j.cores), "log": str(j.log), "curves": j.curves}
                        for j in jobs]}
-    from yolofeed.train.checkpoints import write_atomically
+    from yolofeed.atomic import write_atomically
 
     try:
         write_atomically(out / "parity.json", json.dumps(_finite(report), indent=1).encode())

@@ -371,9 +371,9 @@ def run(cfg: BenchConfig) -> dict:
     Each mode's Ultralytics run folder stays under ``<out>/runs/<mode>`` (args.yaml, and TensorBoard
     events when Ultralytics' TensorBoard setting is on); no weights are saved.
     """
+    from yolofeed.atomic import write_atomically
     from yolofeed.doctor.report import command_line, not_written, unwritten, writable_folder
     from yolofeed.monitor.system import environment
-    from yolofeed.train.checkpoints import write_atomically
 
     modes = list(dict.fromkeys(m.strip() for m in cfg.modes.split(",") if m.strip()))  # a mode twice: once
     if not modes:

@@ -12,10 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from yolofeed.atomic import MEANINGS, write_atomically
 from yolofeed.doctor.rules import Verdict
 from yolofeed.errors import ConfigError, YolofeedError
 from yolofeed.monitor.steps import PHASES
-from yolofeed.train.checkpoints import WRITE_FIXES, write_atomically
 
 COLOURS = {"data_wait": "#d62728", "preprocess": "#ff7f0e", "forward": "#1f77b4", "loss": "#9467bd",
            "backward": "#2ca02c", "optimizer": "#8c564b"}
@@ -45,14 +45,14 @@ def save_figure(fig: Any, path: Path) -> None:
 def not_written(key: str, value: Any, out: Path, e: OSError, stands: str, kept: str = "") -> YolofeedError:
     """The one line for a report that could not be written after minutes of measuring: the file, what the error
     means, that ``stands`` (printed above) is not lost, what an earlier write ``kept`` on disk, the fix."""
-    meaning = WRITE_FIXES.get(e.errno, (None,))[0] or "the write failed"
+    meaning = MEANINGS.get(e.errno, "the write failed")
     what = Path(e.filename).name if getattr(e, "filename", None) else "the report"
     return YolofeedError(f"{key}={value}: {what} could not be written in {out}: {meaning} ({e.strerror or e}); "
                          f"{stands} above stands{kept}. Mend that, or choose another {key}=, and run again.")
 
 
 def unwritten(e: OSError) -> str:
-    """``report: not written (...)``'s words: the error's own, not a ``WriteError``'s advice for training runs."""
+    """``report: not written (...)``'s words: the error's own (``not_written``'s line after it says the rest)."""
     return str(e.strerror or e)
 
 

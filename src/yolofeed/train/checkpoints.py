@@ -20,16 +20,14 @@ import logging
 import os
 import pickle
 import re
-import secrets
 import shlex
 import stat
 from pathlib import Path
 from typing import Any
 
-from yolofeed.errors import WriteError
+from yolofeed import atomic
+from yolofeed.atomic import CLOEXEC, MEANINGS, NOFOLLOW, write_atomically
 
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
-CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 TEMP = re.compile(r"\.(?P<name>.+\.pt)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
 ZIP = b"PK\x03\x04"  # torch.save's format (a zip archive) starts so
 EPOCH_FILE = re.compile(r"epoch(\d+)\.pt")
@@ -39,96 +37,19 @@ UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, Valu
                      RuntimeError)
 
 
-def create_temp(path: Path) -> tuple[int, Path]:
-    """A new file ``.<name>.tmp-<pid>-<random>`` beside ``path``, open for writing (``O_EXCL``: a name planted ahead
-    is never opened, another is drawn). Mode 0666 less the umask, as ``write_bytes`` gives."""
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | CLOEXEC, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise OSError(errno.EEXIST, f"no free temporary name beside {path} after 100 tries")
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (POSIX); nothing where folders cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a folder: the rename is atomic all the same
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> int:
-    """Replace ``path`` with ``data``: a temporary file beside it, fsynced, renamed over it.
-
-    Killed at any moment, ``path`` holds its old bytes or the new ones, never part of them. A link at ``path`` is
-    replaced by the file, its target left as it was.
-
-    Returns:
-        The number of bytes written (as ``Path.write_bytes``).
-
-    Raises:
-        WriteError: the write failed for a reason a user can fix (``write_failure``); ``path`` is as it was and the
-            temporary file is removed.
-        OSError: any other failed write, the same way.
-    """
-    path = Path(path)
-    view = memoryview(data).cast("B")
-    try:
-        fd, tmp = create_temp(path)
-    except OSError as e:
-        if e.errno in WRITE_FIXES:
-            raise write_failure(path, e) from None
-        raise
-    try:
-        try:
-            with contextlib.suppress(OSError, AttributeError):  # the mode of the file it replaces, as an in-place
-                mode = os.stat(path, follow_symlinks=False).st_mode  # write keeps it (no fchmod on Windows)
-                if stat.S_ISREG(mode):
-                    os.fchmod(fd, stat.S_IMODE(mode))
-            rest = view
-            while rest:
-                rest = rest[os.write(fd, rest):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as e:  # Ctrl-C and SIGTERM included: nothing half-written is left
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(e, OSError) and e.errno in WRITE_FIXES:
-            raise write_failure(path, e) from None
-        raise
-    _fsync_dir(path.parent)
-    return len(view)
-
-
-WRITE_FIXES = {  # errno -> (what it means, what to do)
-    errno.ENOSPC: ("the disk is full", "free some space, or train with project= on another disk"),
-    getattr(errno, "EDQUOT", errno.ENOSPC): ("the disk quota is full", "free some space, or train with project= on "
-                                             "another disk"),
-    errno.EFBIG: ("the file would pass this process's file-size limit (ulimit -f)", "raise the limit (ulimit -f "
-                  "unlimited) and resume"),
-    errno.EROFS: ("the disk is read-only", "train with project= a folder you can write"),
-    errno.EACCES: ("no permission to write there", "train with project= a folder you can write"),
-    errno.EPERM: ("no permission to write there", "train with project= a folder you can write"),
+RUN_FIXES = {  # errno -> what to do where a run's own files cannot be written
+    errno.ENOSPC: "free some space, or train with project= on another disk",
+    getattr(errno, "EDQUOT", errno.ENOSPC): "free some space, or train with project= on another disk",
+    errno.EFBIG: "raise the limit (ulimit -f unlimited) and resume",
+    errno.EROFS: "train with project= a folder you can write",
+    errno.EACCES: "train with project= a folder you can write",
+    errno.EPERM: "train with project= a folder you can write",
 }
 
 
-def write_failure(path: Path, e: OSError) -> WriteError:
-    """A failed write of ``path`` as one line: what the error means, that nothing half-written is left, the fix."""
-    meaning, fix = WRITE_FIXES[e.errno]
-    err = WriteError(f"could not write {path}: {meaning} ({e.strerror}); the file is as it was before, nothing "
-                     f"half-written is left: {fix}")
-    err.errno, err.strerror, err.filename = e.errno, e.strerror, str(path)
-    return err
+def write_run_file(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> int:
+    """``write_atomically`` for a file of a training run, its failure naming a training run's fix (``RUN_FIXES``)."""
+    return write_atomically(path, data, RUN_FIXES)
 
 
 class AtomicPath(type(Path())):
@@ -138,7 +59,7 @@ class AtomicPath(type(Path())):
     """
 
     def write_bytes(self, data: Any) -> int:
-        return write_atomically(self, data)
+        return write_run_file(self, data)
 
 
 def strip_atomically(path: Path, updates: dict | None = None) -> dict:
@@ -146,7 +67,7 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     optimizer), written to a temporary file renamed over ``path`` instead of over it in place.
 
     The temporary file needs room for one more (stripped) checkpoint beside ``path``, where the in-place strip needs
-    none. Where the disk has no room (or the folder another fault ``WRITE_FIXES`` names), ``path`` is left whole,
+    none. Where the disk has no room (or the folder another fault ``atomic.MEANINGS`` names), ``path`` is left whole,
     with its optimizer, and the run goes on with one line a file saying so: stock finishes such a run, so this one
     does.
 
@@ -166,7 +87,7 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     LOGGER.addFilter(in_place_words)
     try:
         try:
-            fd, tmp = create_temp(path)
+            fd, tmp = atomic.create_temp(path)
             os.close(fd)
             ckpt = strip_optimizer(path, s=str(tmp), updates=updates)
         except (OSError, RuntimeError) as e:
@@ -175,7 +96,7 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
                 raise
             command = ("from ultralytics.utils.torch_utils import strip_optimizer; "
                        f"strip_optimizer({json.dumps(str(path))})")
-            LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault[0]} ({_first_line(e)}); "
+            LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault} ({_first_line(e)}); "
                            f"it is left whole, with its optimizer ({path.stat().st_size / 1e6:.1f} MB), and loads and "
                            f"predicts as it is; Ultralytics' strip rewrites it in place: python -c "
                            f"{shlex.quote(command)}")
@@ -187,7 +108,7 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            atomic.fsync_dir(path.parent)
     finally:
         LOGGER.removeFilter(in_place_words)
         if tmp is not None:
@@ -196,19 +117,19 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     return ckpt
 
 
-def _strip_fault(path: Path, e: BaseException) -> tuple[str, str] | None:
-    """What a failed strip of ``path`` means, and its fix, where the write failed for a reason ``WRITE_FIXES`` names;
+def _strip_fault(path: Path, e: BaseException) -> str | None:
+    """What a failed strip of ``path`` means, where the write failed for a reason ``atomic.MEANINGS`` names;
     None for any other failure. torch's zip writer raises a full disk as a RuntimeError without an errno (``unexpected
     pos``, ``iostream error``): it is taken as one where the folder has less room left than ``path`` takes (a full
     quota with room on the disk is not seen so, and is raised)."""
     if isinstance(e, OSError):
-        return WRITE_FIXES.get(e.errno)
+        return MEANINGS.get(e.errno)
     try:
         room = os.statvfs(path.parent)
         full = room.f_bavail * room.f_frsize < path.stat().st_size
     except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
         return None
-    return WRITE_FIXES[errno.ENOSPC] if full else None
+    return MEANINGS[errno.ENOSPC] if full else None
 
 
 def _first_line(e: BaseException) -> str:
@@ -243,7 +164,7 @@ def trim_results(csv: Path, epochs: int) -> list[int]:
         else:
             kept.append(line)
     if removed:
-        write_atomically(csv, b"".join(kept))
+        write_run_file(csv, b"".join(kept))
     return removed
 
 
@@ -262,8 +183,8 @@ def _alive(pid: int) -> bool:
 def sweep(folder: Path) -> list[Path]:
     """Remove the temporary checkpoints in ``folder`` left by writers that died mid-write; returns those removed.
 
-    Only a regular file named as ``create_temp`` names them, of a process that no longer runs, holding nothing (killed
-    before its first byte) or the start of a torch checkpoint. Anything else is left alone.
+    Only a regular file named as ``atomic.create_temp`` names them, of a process that no longer runs, holding nothing
+    (killed before its first byte) or the start of a torch checkpoint. Anything else is left alone.
     """
     removed = []
     try:

@@ -120,12 +120,12 @@ def normal(name: str, value: Any) -> Any:
 
 def record(save_dir: str | os.PathLike, options: dict[str, Any]) -> Path:
     """Write ``<save_dir>/yolofeed.yaml`` (atomically: a resume never finds half of it)."""
-    from yolofeed.train.checkpoints import write_atomically
+    from yolofeed.train.checkpoints import write_run_file
 
     path = Path(save_dir) / FILE
     body = yaml.safe_dump({k: normal(k, options[k]) for k in OPTIONS if k in options}, sort_keys=False)
-    write_atomically(path, (f"# yolofeed {__version__}: the trainer's options of this run, restored when it "
-                            "resumes (an option given again then wins)\n" + body).encode())
+    write_run_file(path, (f"# yolofeed {__version__}: the trainer's options of this run, restored when it "
+                          "resumes (an option given again then wins)\n" + body).encode())
     return path
 
 
