@@ -28,9 +28,9 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
     (``fg_mask_i.any()``, ``target_gt_idx_i[fg_mask_i]`` and three more, then ``masks[batch_idx == i]`` without
     overlap): about five syncs an image, 640 at batch 128, each one leaving the GPU idle while the host launches the
     next image's small kernels (139 ms of stock's phases at batch 128 on an H200, BENCHMARKS.md "Segmentation"). Here
-    the foreground's (image, anchor) pairs come from one ``nonzero`` and each image's share from one read of their
-    counts, so the loss indexes with tensors and host integers and never waits: a few syncs a step (the foreground's
-    guard, ``nonzero``, the counts' read), where Ultralytics' makes about five an image. The detection part is
+    the foreground's (image, anchor) pairs come from one ``nonzero_static`` sized by one read of the per-image counts,
+    so the loss indexes with tensors and host integers and never waits: one sync a step (the counts' read, which is
+    also the foreground's guard), where Ultralytics' makes about five an image. The detection part is
     ``SyncFreeDetectionLoss``'s (no sync, given the batch's counts). The mask loss is computed for groups of images at
     once (``_segmentation_loss``): each row's term is Ultralytics' ``single_mask_loss`` term on the rows boolean
     indexing would gather (its masks from a batched product, which may round otherwise than the einsum on a GPU),
@@ -53,12 +53,12 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
         loss[0], loss[2], loss[3] = det_loss[0], det_loss[1], det_loss[2]
 
         batch_size, _, mask_h, mask_w = proto.shape
-        if fg_mask.sum():  # one sync, as Ultralytics'
+        rows = _image_rows(fg_mask, batch["batch_idx"].view(-1), self.overlap)  # the step's one sync
+        if rows.fg_edges[-1]:  # Ultralytics' ``if fg_mask.sum()``, read with the counts
             masks = batch["masks"].to(self.device).float()
             if tuple(masks.shape[-2:]) != (mask_h, mask_w):
                 proto = torch.nn.functional.interpolate(proto, masks.shape[-2:], mode="bilinear", align_corners=False)
             imgsz = self._constants(preds["feats"], pred_masks.dtype).imgsz
-            rows = _image_rows(fg_mask, batch["batch_idx"].view(-1), self.overlap)
             loss[1] = self._segmentation_loss(fg_mask, masks, target_gt_idx, target_bboxes, rows, proto, pred_masks,
                                               imgsz)
             if pred_semantic is not None:
@@ -127,8 +127,8 @@ class SyncFreeSegmentLoss(SyncFreeDetectionLoss, seam.v8SegmentationLoss):
 
 class _ImageRows:
     """Each image's foreground anchors (in ``fg_mask``'s order) and, without overlap, its target rows (in the batch's
-    order), from one ``nonzero`` and one read of the per-image counts: slices by host integers after that, and each
-    image's first row on the device."""
+    order), from one read of the per-image counts: slices by host integers after that, and each image's first row on
+    the device."""
 
     def __init__(self, fg: Tensor, counts: Tensor, fg_counts: list[int], order: Tensor | None,
                  target_counts: list[int] | None):
@@ -177,15 +177,16 @@ def _per_image(image: Tensor, b: int) -> Tensor:
 
 
 def _image_rows(fg_mask: Tensor, batch_idx: Tensor, overlap: bool) -> _ImageRows:
-    """``_ImageRows`` of a batch: two syncs (``nonzero``'s size; the per-image counts read)."""
+    """``_ImageRows`` of a batch: one sync (the per-image counts read, which sizes the ``nonzero_static``)."""
     b = len(fg_mask)
-    fg = fg_mask.nonzero()  # (N, 2) image, anchor: row-major, as boolean indexing walks each image's row
-    counts = [_per_image(fg[:, 0], b)]
+    counts = [fg_mask.sum(1)]
     order = None
     if not overlap:
-        image = batch_idx.to(fg.device).long()
+        image = batch_idx.to(fg_mask.device).long()
         order = torch.argsort(image, stable=True)  # masks[batch_idx == i] keeps the batch's order within an image
         counts.append(_per_image(image, b))
     counts = torch.stack(counts)
     host = counts.tolist()
+    # (N, 2) image, anchor: row-major, as boolean indexing walks each image's row; nonzero's indices, without its sync
+    fg = torch.nonzero_static(fg_mask, size=sum(host[0]))
     return _ImageRows(fg, counts, host[0], order, None if overlap else host[1])
