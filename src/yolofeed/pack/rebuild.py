@@ -156,8 +156,8 @@ def no_labels(pack: Pack, training: bool = False) -> str:
 
 def own_folders(folders: list[Path], yaml_file: str, out: str | os.PathLike | None) -> list[Path]:
     """Under ``out=``, ``folders`` (``paths.pack_folders``) less those holding a pack built from another data yaml:
-    two datasets' ``data.yaml`` under one ``out=`` each keep their own packs, where the second used to rebuild over
-    the first's at every run of either. Reads the header of each pack file there. Without ``out`` the folders are
+    two datasets' ``data.yaml`` under one ``out=`` each keep their own packs, where otherwise the second would rebuild
+    over the first's at every run of either. Reads the header of each pack file there. Without ``out`` the folders are
     this yaml's own (beside it, or keyed by its path): a pack of another path there is a copied dataset's, rebuilt.
 
     Raises:

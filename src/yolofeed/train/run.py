@@ -104,7 +104,7 @@ def check_model_file(name: str) -> None:
 
 def _not_a_checkpoint(name: str, key: str, e: BaseException | str) -> ConfigError:
     """The error for a weights file that does not load; for ``resume=``, naming the run's checkpoint to go on from
-    (a killed write used to truncate last.pt: checkpoints.py)."""
+    (checkpoints.py: writes are atomic, yet a file can be damaged by other means)."""
     reason = e if isinstance(e, str) else f"{type(e).__name__}: {e}"
     reason = " ".join(reason.replace("ERROR ❌️", "").split("\n")[0].split()).rstrip(".")[:300]
     on = way_on(name) if key == "resume" else ("point at a run's weights/last.pt or best.pt, or train from a model "

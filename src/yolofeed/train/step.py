@@ -161,8 +161,9 @@ class SyncFreeStep:
     def plot_training_samples(self, batch: dict, ni: int) -> None:
         """Ultralytics' train_batch plot; a ``half_input`` image is handed to it as stock's float32 ``img / 255``.
         ``plot_images`` truncates ``img * 255`` to uint8, and float16's ``k / 255`` times 255 falls below k for 131 of
-        the 256 levels: the plot came out a level darker there. Rounding recovers k exactly (float16's and bfloat16's
-        error times 255 is below 0.5), then Ultralytics' division (three batches a run: no cost that matters)."""
+        the 256 levels: the plot would come out a level darker there. Rounding recovers k exactly (float16's and
+        bfloat16's error times 255 is below 0.5), then Ultralytics' division (three batches a run: no cost that
+        matters)."""
         img = batch["img"]
         if img.dtype in (torch.float16, torch.bfloat16):
             batch = {**batch, "img": seam.scaled_input((img.float() * 255).round(), torch.float32)}

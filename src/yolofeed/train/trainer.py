@@ -272,8 +272,8 @@ class FastTrainer(SyncFreeStep):
                                                                if self.pack_rebuild == "never" else []))
         first: PackError | None = None
         for side in sides:
-            try:  # every pack the run will build, its space counted together: one at a time, the val pack used to
-                # fail for want of room once the train pack was written
+            try:  # every pack the run will build, its space counted together: counted one at a time, the val pack
+                # could find no room once the train pack was written
                 check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir,
                              self.pack_rebuild, self.args.task)
                 return
@@ -478,7 +478,7 @@ class FastTrainer(SyncFreeStep):
 
     def final_eval(self):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
-        (``strip_optimizer``) made atomic: a kill there used to truncate the run's best.pt. The validation runs in
+        (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs in
         the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``)."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
@@ -682,7 +682,7 @@ class FastTrainer(SyncFreeStep):
         best.pt's passes, for the final validation, wait for the first validation (``_in_validation_thread``): queued
         now, they would hold that validation back at the first epoch's end (4 s of yolo11n's on the 10k set). They go
         in one shape at a time, one behind each validation: all at once they outlast the next epoch's training, and
-        its validation waited for them (1.2 s on the 10k set)."""
+        its validation would wait for them (1.2 s on the 10k set)."""
         self._warm_validations_after = None
         if self._validations is None:
             return

@@ -76,7 +76,7 @@ from yolofeed.ultralytics_seam.pins import release as parse_version
 from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_hash
 
 TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one `make test` runs
-# [lowest, first unsupported): every 8.4 release of the three months to TESTED (8.4.138: 2026-09-01). Each method in
+# [lowest, first unsupported): every 8.4 release of the three months to TESTED. Each method in
 # COPIED and RELIED_ON reads in each of these releases as in TESTED or as one of its `others`, reviewed one by one:
 # most differ where yolofeed does not look; where yolofeed's behaviour must differ, the seam chooses by release
 # (`since`): the label rules (LABEL_RULES), the assigner's overlaps (pair_overlaps, 8.4.180), Ultralytics' own MuSGD
