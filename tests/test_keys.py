@@ -230,7 +230,7 @@ def test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_refus
     refused in one line, before anything is built where the first label files show them, else when the pack does.
     Oriented boxes paste their outlines; a pose run has nothing to paste, as in Ultralytics."""
     from yolofeed import FastDetectionTrainer
-    from yolofeed.train import trainer as trainer_module
+    from yolofeed.train import checks
 
     batches = []
     for copy_paste, mode in ((0.0, "flip"), (0.5, "flip"), (0.5, "mixup")):
@@ -251,7 +251,7 @@ def test_copy_paste_in_a_detection_run_is_ultralytics_nothing_on_boxes_and_refus
                                           r"in .*labels.*\.txt in a detection run.*copy_paste=0"):
         FastDetectionTrainer(overrides=polygons)
     assert not (tmp_path / "refused").exists()
-    monkeypatch.setattr(trainer_module, "SAMPLED_LABELS", 0)  # the early look finds none: the pack decides
+    monkeypatch.setattr(checks, "SAMPLED_LABELS", 0)  # the early look finds none: the pack decides
     t = FastDetectionTrainer(overrides={**polygons, "name": "late", "imgsz": 64, "workers": 0})
     with pytest.raises(ConfigError, match=r"^copy_paste=0.3: Ultralytics pastes mirrored copies of the polygon rows "
                                           r"in .*labels"):

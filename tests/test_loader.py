@@ -228,7 +228,7 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
     import torch
 
     import yolofeed.loader.prefetch as prefetch
-    import yolofeed.train.trainer as tr
+    import yolofeed.train.validating as tr
     from yolofeed import FastDetectionTrainer
     from yolofeed.train.validation import ValidationThread
 

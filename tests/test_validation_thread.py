@@ -144,7 +144,7 @@ def test_best_pts_set_up_goes_a_shape_behind_each_validation_and_what_is_left_be
     left goes just before the final validation, which, where it is the first (val=False), finds them all done."""
     from types import SimpleNamespace
 
-    import yolofeed.train.trainer as tr
+    import yolofeed.train.validating as tr
     from yolofeed import FastDetectionTrainer
 
     order = []
@@ -243,7 +243,7 @@ def test_a_validation_the_training_stopped_waiting_for_stops_at_its_next_batch_a
     from concurrent.futures import CancelledError
     from types import SimpleNamespace
 
-    import yolofeed.train.trainer as tr
+    import yolofeed.train.validating as tr
     from yolofeed import FastDetectionTrainer
 
     ran, second = [], threading.Event()
@@ -301,7 +301,8 @@ def test_a_stopped_run_says_which_validation_did_not_end(caplog):
     from concurrent.futures import Future
 
     from yolofeed.train import overlap
-    from yolofeed.train.trainer import CLOSE_WAIT_S, FastTrainer
+    from yolofeed.train.trainer import FastTrainer
+    from yolofeed.train.validating import CLOSE_WAIT_S
 
     calls = []
     threads = SimpleNamespace(cancel=lambda: calls.append("cancel"), close=lambda wait: calls.append(("close", wait)))

@@ -166,3 +166,21 @@ def read(path: str | os.PathLike) -> dict[str, Any] | None:
         raise ConfigError(f"{e}. Fix {path}, or delete it to resume with yolofeed's defaults and the options given") \
             from None
     return options
+
+
+def python_route(name: str, value: Any) -> str | None:
+    """Where a key of ``yolofeed train`` that Ultralytics does not know goes when passed to ``YOLO(...).train()``
+    (the trainer's options, the live monitor's keys); None for any other key."""
+    from yolofeed.monitor.live import TRAIN_KEYS
+
+    if name == "monitor":
+        call = "monitor={}" if value else "monitor=None"  # {}: on, with the monitor's defaults
+    elif name in TRAIN_KEYS:
+        call = f"monitor={{{name!r}: {value!r}}}"
+    elif name in OPTIONS:
+        call = f"{name}={value!r}"
+    else:
+        return None
+    trainer = "FastSegmentationTrainer" if name == "mask_room" else "FastDetectionTrainer"  # or the task's own
+    return (f"'{name}' is a key of 'yolofeed train', not of Ultralytics' train(): from Python it goes through the "
+            f"trainer, YOLO(...).train(trainer={trainer}.with_options({call}), ...)")

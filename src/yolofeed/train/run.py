@@ -212,7 +212,7 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
         ConfigError: the model is missing, not a model, does not load, or is not a detection model.
         DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
     """
-    from yolofeed.train.trainer import check_data_yaml, check_task_data
+    from yolofeed.train.checks import check_data_yaml, check_task_data
 
     check_model_file(model)
     task = keys.model_task(model, None)
@@ -228,8 +228,9 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
 
 def run(cfg: TrainConfig) -> Path:
     """Train; returns the path of the best weights."""
+    from yolofeed.train.checks import check_data_yaml, check_task_data
     from yolofeed.train.tasks import TRAINERS
-    from yolofeed.train.trainer import FastTrainer, check_data_yaml, check_task_data
+    from yolofeed.train.trainer import FastTrainer
 
     reserved = {"trainer", "model"} & set(cfg.extra)
     if reserved:

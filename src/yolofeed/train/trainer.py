@@ -27,43 +27,38 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   waits for each, as for its own. With ``val_overlap`` (on by default where no logger or callback of the user's reads
   each epoch as it ends) an epoch's validation runs there while the next epoch trains, and its row, checkpoints and
   ``on_fit_epoch_end`` come at that epoch's end (train/overlap.py): the overrides of ``save_metrics`` and
-  ``run_callbacks`` hold them.
+  ``run_callbacks`` hold them. When and where a run validates is ``Validating``'s (train/validating.py).
+* Before anything is built, the data yaml, the labels' kind and the run folder are checked (train/checks.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shlex
 import time
-from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from yolofeed import processes
 from yolofeed.augment import AugmentHyp, GpuAugment
-from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
 from yolofeed.errors import ConfigError, DatasetError, PackError
 from yolofeed.loader import TrainLoader, ValLoader
-from yolofeed.loader.train import subset
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.report import report_path
-from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
 from yolofeed.pack.verify import not_stock_skips
-from yolofeed.train import graphed, keys, options, overlap, val_metrics
+from yolofeed.train import checks, graphed, keys, options
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.bounds import LabelBound, label_stats, sources
 from yolofeed.train.checkpoints import AtomicPath, finished_run, strip_atomically, sweep, trim_results
 from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
-from yolofeed.train.validation import ValidationThread, loader_shapes, warm
+from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
 from yolofeed.ultralytics_seam import (
     DEFAULT_CFG,
@@ -71,41 +66,27 @@ from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
     DetectionTrainer,
-    batches_per_step,
-    check_det_dataset,
     checkpoint,
     data_complete,
     data_split,
     data_yaml,
-    end_epoch_late,
-    forget_loss,
     get_save_dir,
     get_split_fraction,
-    may_stop,
     results_csv,
     resuming,
     run_first,
     start_epoch,
     step_autocast,
-    stop_asked,
     torch_distributed_zero_first,
     train_side,
     unwrap_model,
-    validation_loader,
-    validation_models,
     weights_dir,
     world_size,
     write_checkpoints_as,
 )
 
-CLOSE_WAIT_S = 30.0  # how long a stopped run waits for its validation thread to end (a validation batch, at most)
 
-
-def _nothing() -> None:
-    """A job for the validation thread: done once what was queued before it is."""
-
-
-class FastTrainer(SyncFreeStep):
+class FastTrainer(Validating, SyncFreeStep):
     """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
 
     A task's trainer is this mixin and Ultralytics' trainer of that task: the pack, the loaders, the augmentation,
@@ -135,20 +116,11 @@ class FastTrainer(SyncFreeStep):
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step, half_input: the step's options (SyncFreeStep,
     # train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
-    _validations: ValidationThread | None = None  # where validations run (None: the training thread)
-    _warm_validations_after: int | None = None  # training batches left before their set-up starts beside them
-    _final_warm: list | None = None  # best.pt's set-up left (``warm``'s arguments a shape), one behind each validation
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
-    _overlapped: overlap.Overlapped | None = None  # the epoch validated beside this one (val_overlap)
-    _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
-    _overlap_stream: torch.cuda.Stream | None = None  # the CUDA stream validations beside the training run on
-    _overlap_off: str | None = None  # the last reason an epoch was not overlapped (said once each)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     validated = False  # and best.pt's final validation ended
-    _nan_fitness_epoch: int | None = None  # an epoch validated beside the next whose fitness was not a number
-    val_overlapped: dict | None = None  # per epoch overlapped: its validation's seconds and the seconds waited for it
 
     @classmethod
     def with_options(cls, **given: Any) -> type[FastTrainer]:
@@ -165,7 +137,7 @@ class FastTrainer(SyncFreeStep):
         if RANK != -1:  # a DDP rank: Ultralytics' generated script is its main, which own_process does not wrap
             processes.end_rank_if_left_running()
         # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
-        keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=python_route)
+        keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=options.python_route)
         super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
         for line in keys.start_notes(self.args, self.device.type):
             LOGGER.info(line)
@@ -213,7 +185,7 @@ class FastTrainer(SyncFreeStep):
         self.args.device = keys.check_device(self.args.device)
         if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
             self._check_data()
-            check_run_folder(get_save_dir(self.args))
+            checks.check_run_folder(get_save_dir(self.args))
 
     def _restore_options(self) -> None:
         """The options recorded with the run being resumed (``<run>/yolofeed.yaml``); those given again win.
@@ -254,7 +226,7 @@ class FastTrainer(SyncFreeStep):
             PackError: see ``check_splits``.
         """
         try:
-            data = check_data_yaml(self.args.data, self.args.split)
+            data = checks.check_data_yaml(self.args.data, self.args.split)
         except DatasetError as e:
             if resuming(self) and not Path(str(self.args.data)).expanduser().is_file():  # a dataset moved since
                 raise DatasetError(f"{e}. This is the data yaml {Path(str(self.args.model)).name} recorded; where the "
@@ -263,9 +235,9 @@ class FastTrainer(SyncFreeStep):
                                    " (in Python: train(resume=True, data=...))") from None
             raise
         if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
-            check_task_data(self.args.model, self.args.task, self.args.data)
+            checks.check_task_data(self.args.model, self.args.task, self.args.data)
         if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons
-            keys.check_detect_copy_paste(float(self.args.copy_paste), first_polygon_labels(self.args.data))
+            keys.check_detect_copy_paste(float(self.args.copy_paste), checks.first_polygon_labels(self.args.data))
         # with 'never' the pack must be the one training opens: its size is train_side at the model's stride, not
         # known before the model is built; where a stride of 64 (P6 models) gives another side, either pack will do
         sides = dict.fromkeys([train_side(self.args.imgsz)] + ([train_side(self.args.imgsz, 64)]
@@ -303,13 +275,13 @@ class FastTrainer(SyncFreeStep):
             raise DatasetError(f"{len(unlike)} image(s) of split '{pack.split}' were skipped where Ultralytics would "
                                f"not skip them (each listed in {report_path(pack.path)}); the first: {unlike[0][1]}")
         if self.args.single_cls and rank in (-1, 0):
-            _warn_single_cls_gap(pack)
+            checks.warn_single_cls_gap(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
         fraction = 1.0 if data_complete(self) else get_split_fraction(
             self.args.fraction, "train" if mode == "train" else self.args.split)
         labels = {"classes": self.args.classes, "single_cls": bool(self.args.single_cls)}
         if rank in (-1, 0):
-            _warn_mixed_rows(pack, fraction)
+            checks.warn_mixed_rows(pack, fraction)
         if mode == "train":
             if self.hyp.imgsz != pack.imgsz:  # the model's stride is known now (imgsz=100 trains at 128)
                 self.hyp, self._augment = dataclasses.replace(self.hyp, imgsz=pack.imgsz), None
@@ -323,8 +295,8 @@ class FastTrainer(SyncFreeStep):
             self._label_stats = label_stats(table.count[loader.dataset.indices])
             self._polygons_kept = pack.polygon_lengths is not None
             if rank in (-1, 0):
-                _warn_long_polygons(pack, table)
-                _warn_polygons_in_share(pack, fraction)
+                checks.warn_long_polygons(pack, table)
+                checks.warn_polygons_in_share(pack, fraction)
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz, table.width,
                                             table.polygon_width)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
@@ -386,30 +358,6 @@ class FastTrainer(SyncFreeStep):
             from yolofeed.monitor.live import close_attached
 
             close_attached(self.callbacks)
-
-    def _stop_validations(self, finished: bool) -> None:
-        """The validation thread closed and waited for (``CLOSE_WAIT_S`` at most), once the loop ended (``finished``)
-        or stopped; an epoch validated beside the next that did not end is said so, after what its validation
-        printed. Nothing the second time."""
-        job, self._overlapped, self._holding = self._overlapped, None, False
-        if self._validations is not None:
-            if not finished:  # an error or Ctrl-C: what runs there stops at its next batch or shape
-                self._validations.cancel()
-            if not self._validations.close(wait=CLOSE_WAIT_S):
-                LOGGER.warning(f"yolofeed: the validation thread did not stop within {CLOSE_WAIT_S:g} s; going on "
-                               "without it")
-                processes.left_running("the validation thread")
-            self._validations = None
-            self._final_warm = None  # best.pt's copy, if no validation came
-        if job is not None:
-            if job.future is not None and job.future.done() and job.held:
-                job.print_held()  # what it said before it stopped (a failure's warning, say)
-            done = job.future
-            ended = done is not None and done.done() and not done.cancelled() and done.exception() is None
-            n = job.snapshot.epoch + 1
-            LOGGER.warning(f"yolofeed: epoch {n}'s validation, run beside the training, "
-                           + (f"ended, but the run stopped before epoch {n + 1}'s end, where it is written: "
-                              if ended else "did not end: ") + "its results.csv row and checkpoints are not written")
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:
@@ -525,211 +473,6 @@ class FastTrainer(SyncFreeStep):
                 self.plots_beside = {**(self.plots_beside or {}), "results": (plot.seconds, waited)}
                 return
         super().plot_metrics()
-
-    def get_validator(self):
-        """Ultralytics' validator; with ``batched_val_metrics`` a detection validator gathers each batch's statistics
-        at once (``train/val_metrics.py``: the same statistics, one IoU and one copy to the host a batch)."""
-        validator = super().get_validator()
-        if self.batched_val_metrics:
-            val_metrics.install(validator)
-        return validator
-
-    def validate(self):
-        """Ultralytics' validation every ``val_period``-th epoch, at the last, and wherever its early stopping may stop
-        the run (``possible_stop``, ``stop``); the epochs between are not validated.
-
-        An epoch not validated writes ``nan`` for every validation metric in results.csv (and hands it to the loggers)
-        and has no fitness: best.pt stays the best validated epoch's (before the first validation it follows last.pt,
-        as with ``val=False``), and ``patience`` counts epochs since the best validated one, checked at validations.
-
-        With ``val_overlap`` an epoch's validation may run while the next epoch trains (``_validate_beside_next``); its
-        row, checkpoints and callbacks then come at the next epoch's end, here, before anything of that epoch.
-        """
-        stopping = stop_asked(self)
-        self._end_overlapped_epoch()
-        if stop_asked(self) and not stopping:  # the epoch ended late asked to stop (a callback): stock stopped there
-            return self._discard_epoch()
-        epoch = self.epoch + 1
-        if self.val_period <= 1 or epoch % self.val_period == 0 or epoch >= self.epochs or may_stop(self):
-            if self._validate_beside_next():
-                return self.metrics, None  # held: save_metrics, save_model and run_callbacks wait for it
-            return self._in_validation_thread(super().validate)
-        return {k: float("nan") for k in self.metrics}, None
-
-    def save_metrics(self, metrics):
-        """Ultralytics' results.csv row; an epoch validated beside the next writes its own when it ends."""
-        if not self._holding:
-            super().save_metrics(metrics)
-
-    def run_callbacks(self, event: str):
-        """Ultralytics' callbacks; an epoch validated beside the next runs its ``on_model_save`` and
-        ``on_fit_epoch_end`` when it ends (``seam.end_epoch_late``)."""
-        if self._holding and event in ("on_model_save", "on_fit_epoch_end"):
-            if event == "on_fit_epoch_end":  # the loop's last word on this epoch: it has set epoch_time
-                if self._overlapped is not None:
-                    self._overlapped.snapshot.epoch_time = getattr(self, "epoch_time", None)
-                self._holding = False
-            return
-        super().run_callbacks(event)
-
-    # -- an epoch's validation beside the next epoch (val_overlap, train/overlap.py) ---------------------------------
-    def _validate_beside_next(self) -> bool:
-        """Start this epoch's validation in the validation thread, on a snapshot of the EMA, and return at once (True);
-        False where it cannot (``overlap.reason_not``: said once a reason) or without ``val_overlap``."""
-        if self.val_overlap is False or self._validations is None or not self._validations.alive:
-            return False
-        loader = validation_loader(self)
-        largest = max((n for n, _, _ in loader_shapes(loader)), default=int(getattr(loader, "batch_size", 0) or 1))
-        cuda = self.device.type == "cuda"
-        per_image = torch.cuda.max_memory_allocated(self.device) / max(int(self.args.batch), 1) if cuda else 0.0
-        why = overlap.reason_not(self, largest, per_image)
-        if why is not None:
-            if why != self._overlap_off and self.epoch + 1 < self.epochs:
-                LOGGER.info(f"yolofeed: epoch {self.epoch + 1} is validated before the next starts ({why})")
-            self._overlap_off = why
-            return False
-        snapshot = overlap.Snapshot.of(self)
-        ready = stream = None
-        if cuda:
-            ready = torch.cuda.Event()
-            ready.record()  # on the training thread's stream, after the snapshot's copies
-            self._overlap_stream = stream = self._overlap_stream or torch.cuda.Stream(self.device)
-        job = overlap.Overlapped(snapshot, header=getattr(self.validator, "get_desc", str)())
-        job.future = self._submit_validation(overlap.run_beside, job, self.validator, self, ready, stream)
-        self._overlapped, self._holding = job, True
-        return True
-
-    def _discard_epoch(self):
-        """The run stops after the epoch that just ended late (a callback at its end set ``stop``), where stock's run
-        stopped: nothing of this epoch, trained while that one's validation ran, is validated or written (no row,
-        checkpoint or callback at its end: held as an overlapped epoch's are, never ended), and the trainer's epoch is
-        that one's again (``final_eval`` and its callbacks read it)."""
-        LOGGER.info(f"yolofeed: the run stops after epoch {self.epoch}, as asked at its end (which val_overlap runs "
-                    f"during the next epoch): epoch {self.epoch + 1}'s training is not kept")
-        self.epoch -= 1
-        forget_loss(self)  # nor is its loss: Ultralytics' NaN recovery, after this, reads it
-        self._holding = True  # with no epoch overlapped: the loop's row, checkpoints and callbacks of this one, none
-        return self.metrics, None
-
-    def _settle_overlapped(self) -> None:
-        """Before a CUDA graph capture in the training thread: wait for the epoch validated beside this one, if any,
-        and for best.pt's set-up pass queued behind it (``Overlapped.settle``); it is still ended at this epoch's
-        end."""
-        job = self._overlapped
-        if job is None or job.future is None:
-            return
-        threads = self._validations
-        job.settle(threads.submit(_nothing) if threads is not None and threads.alive else None)
-
-    def _end_overlapped_epoch(self) -> None:
-        """Wait for the epoch validated beside this one (usually ended by now), print its lines and end it as the
-        loop would have (``seam.end_epoch_late``): its row, early stopping's check, its checkpoints, its callbacks."""
-        job = self._overlapped
-        if job is None:
-            return
-        try:
-            metrics, waited = job.result()
-        except BaseException:  # Ctrl-C here, or the validation failed: _do_train says what was not written
-            self._validations.cancel()
-            raise
-        self._overlapped = None
-        job.print_held()
-        end_epoch_late(self, job.snapshot, metrics, job.ended)
-        if self._nan_fitness_epoch is None and not np.isfinite(float(self.fitness)):
-            self._nan_fitness_epoch = epoch = job.snapshot.epoch + 1
-            LOGGER.warning(f"yolofeed: epoch {epoch}'s fitness is {self.fitness} with its loss and EMA finite; it was "
-                           "validated beside the next epoch, so Ultralytics' NaN recovery (reload last.pt and train "
-                           "the epoch again) did not run for it. Every later epoch is validated before the next "
-                           "starts, where it does, and a resume too (val_overlap=False does so from the start)")
-            if RANK in (-1, 0):  # the run's options as it now uses them: a resume validates in place too
-                options.record(self.save_dir, {**self.run_options(), "val_overlap": False})
-        self.val_overlapped = {**(self.val_overlapped or {}), job.snapshot.epoch + 1: {
-            "val_s": job.seconds, "waited_s": waited, "settled_s": job.settled}}
-
-    # -- validation beside the training ---------------------------------------------------------
-    def _validates_beside(self) -> bool:
-        """Whether validations run in a thread of their own: with ``validate_beside`` on one CUDA GPU (under DDP a
-        validation gathers across ranks in the ranks' own threads; the CPU has no cuDNN set-up to pay ahead)."""
-        return bool(self.validate_beside) and RANK == -1 and self.device.type == "cuda"
-
-    def _start_validation_thread(self) -> None:
-        """Before the first epoch (``on_pretrain_routine_end``, or earlier in the warm-up: ``_set_up_beside``): the
-        thread validations will run in. Their set-up starts in the warm-up where the step's graph was captured ahead
-        of the first epoch; else beside the training once its CUDA graphs are captured: the graphed step at the first
-        batch, FastMuSGD at its second optimiser step (every ``accumulate`` batches). A capture in the default global
-        mode (``make_graphed_callables``') fails where another thread allocates meanwhile; FastMuSGD's and the
-        augmentation's capture in the thread-local mode."""
-        if self.val_overlap and not self._validates_beside() and RANK in (-1, 0):
-            LOGGER.info("yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one "
-                        "CUDA GPU): each epoch is validated before the next starts")
-        if not self._validates_beside() or self._validations is not None:  # started in the warm-up already
-            return
-        self._validations = ValidationThread(self.device)
-        self._warm_validations_after = 2 * batches_per_step(self) + 1
-
-    def _count_to_validation_warm_up(self) -> None:
-        """After each training batch (``on_train_batch_end``): start the validations' set-up once the captures are
-        made."""
-        if self._warm_validations_after is None:
-            return
-        self._warm_validations_after -= 1
-        if self._warm_validations_after <= 0:
-            self._warm_validations()
-
-    def _warm_validations(self) -> None:
-        """Queue one blank pass at each shape every epoch's validation will meet, on a copy of the model it runs (made
-        here, in the training thread, between two steps); the validation thread runs it while training goes on.
-        best.pt's passes, for the final validation, wait for the first validation (``_in_validation_thread``): queued
-        now, they would hold that validation back at the first epoch's end (4 s of yolo11n's on the 10k set). They go
-        in one shape at a time, one behind each validation: all at once they outlast the next epoch's training, and
-        its validation would wait for them (1.2 s on the 10k set)."""
-        self._warm_validations_after = None
-        if self._validations is None:
-            return
-        every_epoch, final = validation_models(self)
-        # a training pass's peak per image bounds an inference pass's: the set-up never takes what training needs
-        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
-        per_image = peak / max(int(self.args.batch), 1)
-        shapes = loader_shapes(validation_loader(self))
-        args = (shapes, train_side(self.args.imgsz), self.device, per_image)
-        self._validations.submit(warm, [every_epoch], *args, cancelled=self._validations.cancelled)
-        model, autocast, dtype, first_one = final
-        parts = [[]] if first_one else []  # its batch-1 warm-up first, as AutoBackend's
-        parts += [[shape] for shape in shapes]
-        self._final_warm = [([(model, autocast, dtype, first_one and k == 0)], part, *args[1:], LOGGER.debug)
-                            for k, part in enumerate(parts)]
-
-    def _in_validation_thread(self, fn, *args, final: bool = False, **kwargs):
-        """``fn(*args, **kwargs)`` in the validation thread, waited for (its exception raised here), where there is
-        one and it runs; else here."""
-        if self._validations is None or not self._validations.alive:
-            return fn(*args, **kwargs)
-        done = self._submit_validation(fn, *args, final=final, **kwargs)
-        try:
-            return processes.result(done)
-        except BaseException:  # Ctrl-C here, or the validation failed: nothing more runs beside a stopped run
-            self._validations.cancel()
-            raise
-
-    def _submit_validation(self, fn, *args, final: bool = False, **kwargs) -> Future:
-        """Queue ``fn(*args, **kwargs)`` in the validation thread (there is one, alive); its future. A validation before
-        the set-up was queued (an epoch of few batches) queues it first. best.pt's set-up goes in a shape at a time,
-        each behind a validation, beside the next epoch; what is left of it before the ``final`` one."""
-        if self._warm_validations_after is not None:
-            self._warm_validations()
-        pending = self._final_warm or []
-        if final:
-            for part in pending:
-                self._validations.submit(warm, *part, cancelled=self._validations.cancelled)
-            pending = []
-        validator = getattr(self, "validator", None)
-        if validator is not None and self._validations.check_cancelled not in validator.callbacks["on_val_batch_start"]:
-            validator.add_callback("on_val_batch_start", self._validations.check_cancelled)
-        done = self._validations.submit(fn, *args, **kwargs)
-        if pending:
-            self._validations.submit(warm, *pending.pop(0), cancelled=self._validations.cancelled)
-        self._final_warm = pending or None
-        return done
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and
@@ -896,189 +639,3 @@ class FastDetectionTrainer(FastTrainer, DetectionTrainer):
     Use it as ``YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=..., ...)`` or through
     ``yolofeed train``; ``FastDetectionTrainer.with_options(pack_dir="/fast/ssd")`` sets yolofeed's options.
     """
-
-
-def python_route(name: str, value: Any) -> str | None:
-    """Where a key of ``yolofeed train`` that Ultralytics does not know goes when passed to ``YOLO(...).train()``
-    (the trainer's options, the live monitor's keys); None for any other key."""
-    from yolofeed.monitor.live import TRAIN_KEYS
-
-    if name == "monitor":
-        call = "monitor={}" if value else "monitor=None"  # {}: on, with the monitor's defaults
-    elif name in TRAIN_KEYS:
-        call = f"monitor={{{name!r}: {value!r}}}"
-    elif name in options.OPTIONS:
-        call = f"{name}={value!r}"
-    else:
-        return None
-    trainer = "FastSegmentationTrainer" if name == "mask_room" else "FastDetectionTrainer"  # or the task's own
-    return (f"'{name}' is a key of 'yolofeed train', not of Ultralytics' train(): from Python it goes through the "
-            f"trainer, YOLO(...).train(trainer={trainer}.with_options({call}), ...)")
-
-
-def _warn_single_cls_gap(pack: Any) -> None:
-    """Say which images ``yolo train single_cls=True`` would use and the pack left out.
-
-    Under ``single_cls`` Ultralytics' label check skips the class range (``verify_image_label``: ``max_cls = 0``),
-    so it keeps images whose class ids exceed ``nc``; a pack is built once for every run and skips them. Such
-    labels are a mistake in the dataset either way: say so, with the fix, rather than train on fewer images silently.
-    """
-    out_of_range = [f for f, reason in pack.header.get("skipped", []) if "but the data yaml has nc=" in reason]
-    if out_of_range:
-        LOGGER.warning(f"yolofeed: single_cls=True: {len(out_of_range)} {pack.split} images use class ids beyond the "
-                       f"data yaml's nc; yolo train would train on them under single_cls, the pack left them out "
-                       f"(first: {out_of_range[0]}; all: {pack.path.with_name(pack.split + '.report.txt')})"
-                       + ("; one with box rows would also make yolo train drop every polygon of these labels, whose "
-                          "boxes it would then move as boxes" if pack.polygon_lengths is not None else "")
-                       + ". Fix their labels or the yaml's names, then the pack rebuilds")
-
-
-def _warn_mixed_rows(pack: Any, fraction: float | int) -> None:
-    """Ultralytics' warning, in its words, where the detection images a run uses hold polygon and box rows mixed: its
-    dataset then drops every polygon (``YOLODataset.get_labels``, after ``fraction=`` cut the files) and says so each
-    run; the pack dropped them when it was built. With the whole split, its counts (``polygon_rows``, recorded since
-    packs carry it); with a share, which rows it holds is not recorded: said without them."""
-    box_images = pack.header.get("box_row_images")
-    if not box_images:
-        return
-    tail = ("To resolve this only boxes will be used and all segments will be removed. To avoid this please supply "
-            "either a detect or segment dataset, not a detect-segment mixed dataset.")
-    polygons = pack.header.get("polygon_rows")
-    if fraction == 1.0:
-        counts = ("" if polygons is None else
-                  f", but got len(segments) = {polygons}, len(boxes) = {pack.header['counts']['boxes']}")
-        LOGGER.warning(f"yolofeed: {pack.split}: Box and segment counts should be equal{counts}. {tail}")
-        return
-    used = subset(pack, fraction)
-    boxes_only = np.isin(used, box_images)
-    if boxes_only.any() and (pack.index["label_count"][used][~boxes_only] > 0).any():
-        LOGGER.warning(f"yolofeed: {pack.split}, fraction={fraction}: Box and segment counts should be equal in the "
-                       f"images this run uses. {tail}")
-
-
-def _warn_polygons_in_share(pack: Any, fraction: float | int) -> None:
-    """Say where a ``fraction=`` share of a detection split holds only polygon rows and the pack no polygons.
-
-    Ultralytics cuts the split's files before its label rule, so on a split of polygon and box rows mixed its share
-    can be all polygons, whose boxes it then makes of the moved polygons; the pack, built once for every share, kept
-    none (some of its images hold box rows: ``box_row_images``), and here the boxes are moved as boxes."""
-    box_images = pack.header.get("box_row_images")
-    if fraction == 1.0 or pack.polygon_lengths is not None or not box_images:
-        return
-    used = subset(pack, fraction)
-    if len(used) and not np.isin(used, box_images).any() and pack.index["label_count"][used].any():
-        LOGGER.warning(f"yolofeed: fraction={fraction}: the {pack.split} images this run uses have polygon rows only, "
-                       f"so yolo train would make their augmented boxes of the moved polygons; the pack of the whole "
-                       f"split keeps no polygons ({len(box_images)} of its images have box rows), so here the boxes "
-                       "move as boxes. Train on a split of polygon rows only for stock's boxes")
-
-
-def _warn_long_polygons(pack: Any, labels: Any) -> None:
-    """Say which polygon makes every training batch wider than Ultralytics' 1,000 points, and what it costs.
-
-    Ultralytics resamples an image's polygons to 1,000 points, or one more than its longest where that is longer, for
-    that image alone. The training batches here have one static shape (CUDA graphs replay it): every polygon slot of
-    every batch is padded to the pack's longest polygon, so resampling, warping, the boxes and the masks (work and
-    memory per slot and point) cost that many times more on every step, not only where that image is drawn (one
-    5,000-point polygon in 25 images: 4.6x the step time on the CPU). Said once, with the file and the fix, rather
-    than slow silently.
-    """
-    width = labels.polygon_width
-    if width <= POLYGON_POINTS:
-        return
-    row = int(np.argmax(labels.polygons[2]))
-    image = int(np.searchsorted(np.cumsum(labels.count), row, side="right"))  # the image owning label row ``row``
-    LOGGER.warning(f"yolofeed: {pack.im_files[image]} has a polygon of {width:,} points: every training batch pads "
-                   f"its polygons to {width + 1:,} points (Ultralytics' 1,000 for the other images), so the polygon "
-                   f"work and memory of each step (its masks' too, where made) are about "
-                   f"{(width + 1) / POLYGON_POINTS:.1f}x; simplify that outline to 1,000 points or fewer (e.g. "
-                   "cv2.approxPolyDP) for the usual speed and memory")
-
-
-def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
-    """Ultralytics' ``check_det_dataset``, its complaint as one ``DatasetError`` line that keeps its reason.
-
-    Raises:
-        DatasetError: the yaml is missing, broken, lacks train/val/names, or the split's images are missing.
-    """
-    check_data_path(data)  # a dict fails deep inside Ultralytics' trainer
-    check_downloaded(data)  # where check_det_dataset would download the set: what is missing, in one line
-    try:
-        return check_det_dataset(data, autodownload=False, split=split)  # nothing may download at run time
-    except Exception as e:  # get_dataset turns any of them into "Dataset '...' error": user input, not a bug
-        reason = " ".join(str(e).replace(" ❌", "").replace("❌", "").split())
-        if f"'{split}:'" in reason:  # Ultralytics says "images not found" where the yaml has no such entry
-            with contextlib.suppress(Exception):
-                d = load_data_yaml(data)
-                if not d.get(split):
-                    reason = missing_split(d, split)
-        raise DatasetError(f"data={data}: {reason}") from None
-
-
-SAMPLED_LABELS = 200  # label files check_task_data reads at most, looking for the first with rows
-
-
-def check_task_data(model: str, task: str, data: str) -> None:
-    """Refuse in one line a dataset the model's task cannot train on, where Ultralytics' own trainer (the stock side
-    of doctor, bench and parity) would stop in a traceback: a pose model needs the yaml's ``kpt_shape``; an
-    oriented-box or segmentation model, rows of points, not of boxes (Ultralytics requires as many segments as boxes).
-    The first label file with rows among the train split's first ``SAMPLED_LABELS`` decides; none: no verdict.
-
-    Raises:
-        DatasetError: naming the model, the file and what its task needs.
-    """
-    from yolofeed.pack.source import split_source
-
-    src = split_source(data, "train", task)  # pose: the yaml's kpt_shape, as yolofeed train checks it
-    if task not in ("obb", "segment"):
-        return
-    for label_file, rows in _first_label_rows(src.label_files):
-        if all(len(r) == 5 for r in rows):
-            needs = ("the 4 corners of each rotated box (class x1 y1 ... x4 y4)" if task == "obb"
-                     else "a polygon for each object (class x1 y1 x2 y2 x3 y3 ...)")
-            raise DatasetError(f"model={model} is {keys.a_kind(task)} model and {label_file} holds box rows "
-                               f"(class x y w h): Ultralytics trains it on {needs}; give such a dataset, or a "
-                               "detection model")
-        return
-
-
-def check_run_folder(save_dir: Path) -> None:
-    """Refuse, before Ultralytics makes it, a run folder that cannot be made: its nearest existing folder is a file,
-    or not writable by this user (a read-only mount, no permission).
-
-    Raises:
-        ConfigError: naming the folder, why, and the fix.
-    """
-    folder = Path(save_dir)
-    while not os.path.lexists(folder) and folder.parent != folder:
-        folder = folder.parent
-    if folder.is_dir():
-        if os.access(folder, os.W_OK | os.X_OK):
-            return
-        why = f"{folder} cannot be written by this user (a read-only disk or no permission)"
-    else:
-        why = f"{folder} is not a folder"
-    raise ConfigError(f"the run folder {save_dir} cannot be made: {why}; pass project= (and name=) a folder "
-                      "you can write")
-
-
-def first_polygon_labels(data: str) -> str | None:
-    """The first label file of polygon rows among the train split's first ``SAMPLED_LABELS``; None where none is."""
-    from yolofeed.pack.source import split_source
-
-    for label_file, rows in _first_label_rows(split_source(data, "train", "detect").label_files):
-        if any(len(r) > 6 for r in rows):  # verify_image_label's test for segment rows
-            return label_file
-    return None
-
-
-def _first_label_rows(label_files: list[str]):
-    """Each readable label file with rows among the first ``SAMPLED_LABELS``, and its rows split (a look before the
-    pack is built: the pack's check reports unreadable files, file by file)."""
-    for label_file in label_files[:SAMPLED_LABELS]:
-        try:
-            rows = [r.split() for r in Path(label_file).read_text(encoding="utf-8-sig").splitlines() if r.strip()]
-        except (OSError, UnicodeDecodeError):
-            continue
-        if rows:
-            yield label_file, rows

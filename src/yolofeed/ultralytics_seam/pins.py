@@ -461,7 +461,7 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.pack.layout.detect_keeps_polygons",
            why="a detection split keeps its polygons where its box and segment counts are equal (every row a "
                "polygon), else drops them all; on the files fraction= keeps (get_img_files cuts them first: "
-               "trainer._warn_polygons_in_share), before classes= (update_labels)"),
+               "checks.warn_polygons_in_share), before classes= (update_labels)"),
     # pose (task=pose packs, from POSE_SINCE): the label half of verify_image_label with keypoints, the yaml's
     # kpt_shape, the cache key; older releases read each otherwise (8.4.138-182), and pose is refused there
     Pinned("ultralytics.data.utils.verify_image_label", "250f780f0303c564", "yolofeed.pack.verify.read_pose_labels",
