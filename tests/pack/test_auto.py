@@ -12,14 +12,14 @@ from yolofeed.pack import codecs
 
 
 def _auto_choice(yaml_file: Path) -> str:
-    """What format=auto picks for a data yaml at imgsz 64, decided afresh (the choice is cached per process)."""
+    """What format=auto picks for a data yaml at imgsz 64, as a new process would."""
     from yolofeed.pack import auto
 
-    auto.auto_format.cache_clear()
+    auto.forget()
     try:
         return auto.resolve_format({"yaml_file": str(yaml_file)}, codecs.AUTO, 64)
     finally:
-        auto.auto_format.cache_clear()
+        auto.forget()
 
 
 def test_auto_reads_the_free_space_where_the_packs_would_go(synth_root, tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path,
         shutil.copytree(synth_root, tmp_path / name, ignore=shutil.ignore_patterns("yolofeed-packs"))
         return str(tmp_path / name / "data.yaml")
 
-    auto.auto_format.cache_clear()
+    auto.forget()
     monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
     yaml_file = fresh("big")
     with caplog.at_level(logging.INFO):
@@ -81,17 +81,17 @@ def test_auto_is_resolved_once_said_and_builds_that_format(synth_root, tmp_path,
     assert sum(f"format {codecs.DEFAULT} ({codecs.AUTO})" in r.message for r in caplog.records) == 1  # said once
     # the packs of this tiny set take ~0.3 MB raw: 100 KB of memory is too little for them, so the compact format
     monkeypatch.setattr(auto, "memory_limit", lambda: 10**5)
-    auto.auto_format.cache_clear()
+    auto.forget()
     assert rebuild.open_or_build(fresh("small"), "train", 64, format=codecs.AUTO, rebuild="auto",
                                  progress=False).format == codecs.COMPACT
     # ... unless a pack is built already: a machine that would choose otherwise uses it, and builds nothing
-    auto.auto_format.cache_clear()
+    auto.forget()
     caplog.clear()
     with caplog.at_level(logging.INFO):
         again = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="never", progress=False)
     assert again.path == p.path and again.format == codecs.DEFAULT
     assert any("already built" in r.message and str(p.path) in r.message for r in caplog.records)
-    auto.auto_format.cache_clear()
+    auto.forget()
 
 
 def test_a_pack_folder_this_user_may_not_enter_is_decided_afresh(synth_root, tmp_path, monkeypatch):
@@ -108,3 +108,31 @@ def test_a_pack_folder_this_user_may_not_enter_is_decided_afresh(synth_root, tmp
 
     monkeypatch.setattr(Path, "is_file", refused)
     assert _auto_choice(tmp_path / "d" / "data.yaml") in (codecs.DEFAULT, codecs.COMPACT)
+
+
+def test_a_later_run_in_the_same_process_finds_the_packs_built_or_deleted_since(synth_root, tmp_path, monkeypatch,
+                                                                                  caplog):
+    """A notebook: a run's packs are built in the default format, then deleted and the dataset packed in the compact
+    one by hand (``!yolofeed pack format=jpeg``); the next run in the same interpreter opens those, builds nothing,
+    and says why. Was: the first run's choice kept for the process, and a second pair of packs built unsaid."""
+    import logging
+
+    from yolofeed.pack import auto, rebuild
+
+    shutil.copytree(synth_root, tmp_path / "d", ignore=shutil.ignore_patterns("yolofeed-packs"))
+    yaml_file = str(tmp_path / "d" / "data.yaml")
+    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
+    auto.forget()
+    try:
+        first = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="auto", progress=False)
+        assert first.format == codecs.DEFAULT
+        shutil.rmtree(first.path.parent)
+        rebuild.open_or_build(yaml_file, "train", 64, format=codecs.COMPACT, rebuild="auto", progress=False)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            again = rebuild.open_or_build(yaml_file, "train", 64, format=codecs.AUTO, rebuild="never", progress=False)
+        assert again.format == codecs.COMPACT and not first.path.parent.exists()
+        assert any(f"format {codecs.COMPACT} ({codecs.AUTO}): the {codecs.COMPACT} pack already built" in r.message
+                   for r in caplog.records)
+    finally:
+        auto.forget()

@@ -1,4 +1,4 @@
-"""``pack_format=auto``: the format a dataset's packs are built in, chosen once a process.
+"""``pack_format=auto``: the format a dataset's packs are built in.
 
 The format of a pack already built (so machines that would choose differently share one), else
 ``codecs.choose`` on the packs' estimated size, this process's memory and the free space where they go.
@@ -39,31 +39,56 @@ def built_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detec
     return None
 
 
-@functools.cache
 def auto_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detect") -> str:
-    """``pack_format=auto`` for one dataset, image size and pack folder, said once a process: the format of a pack
-    already built there (so machines that would choose differently share one, and nothing is built twice), else
-    the default format where the train and val packs fit comfortably in memory and on the disk or the compact
-    format would be no smaller, else the compact one."""
+    """``pack_format=auto`` for one dataset, image size and pack folder: the format of a pack already built there (so
+    machines that would choose differently share one, and nothing is built twice), else the default format where the
+    train and val packs fit comfortably in memory and on the disk or the compact format would be no smaller, else the
+    compact one. Decided afresh at each call (a notebook's next run finds the packs built, deleted or replaced since,
+    and the free space of now); said once a process for each dataset and format."""
+    key = (yaml_file, imgsz, out, task)
     built = built_format(yaml_file, imgsz, out, task)
     if built is not None:
-        LOGGER.info(f"pack: format {built[0]} ({codecs.AUTO}): the {built[0]} pack already built, {built[1]}")
+        _say(key, built[0], f"the {built[0]} pack already built, {built[1]}")
         return built[0]
-    d = load_data_yaml(yaml_file)
-    total = compact = 0  # the packs' sizes in either format, from the headers of a sample of the images
-    for split in ("train", "val"):
-        with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
-            src = split_source(d, split)
-            total += estimate_bytes(src, imgsz, codecs.DEFAULT)
-            compact += estimate_bytes(src, imgsz, codecs.COMPACT)
+    total, compact = _sizes(yaml_file, imgsz)
     folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out, task)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk
     folder = next((f for f in folders if current().writable(f, create=False) is None), folders[0])
     where = existing_ancestor(folder)
     free = current().free(where) if where is not None else None
     name, why = codecs.choose(total, memory_limit(), free, str(where), compact)
-    LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
+    _say(key, name, why)
     return name
+
+
+_said: dict[tuple, str] = {}  # (yaml, imgsz, out, task) -> the format said for it
+
+
+def _say(key: tuple, name: str, why: str) -> None:
+    """The format auto picked and why, where it is not the one this process said last for ``key``."""
+    if _said.get(key) != name:
+        _said[key] = name
+        LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
+
+
+@functools.cache
+def _sizes(yaml_file: str, imgsz: int) -> tuple[int, int]:
+    """The train and val packs' estimated sizes in the default and the compact format (the headers of a sample of
+    the images: up to a second on a large set, so once a process)."""
+    d = load_data_yaml(yaml_file)
+    total = compact = 0
+    for split in ("train", "val"):
+        with contextlib.suppress(DatasetError):  # a split the yaml lacks, or one not packed now (splits=train)
+            src = split_source(d, split)
+            total += estimate_bytes(src, imgsz, codecs.DEFAULT)
+            compact += estimate_bytes(src, imgsz, codecs.COMPACT)
+    return total, compact
+
+
+def forget() -> None:
+    """Forget the sizes estimated and the formats said (tests: each decides as a new process would)."""
+    _sizes.cache_clear()
+    _said.clear()
 
 
 def resolve_format(data: dict, format: str, imgsz: int, out: str | os.PathLike | None = None,
