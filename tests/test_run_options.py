@@ -88,6 +88,12 @@ def test_the_python_api_resume_restores_them_and_a_given_one_wins(run, caplog):
     assert (t.pack_dir, t.monitor, t.val_period, t.partner_pool) == (other, None, 2, 0) and not attached(t.callbacks)
     assert f"given again, and so used instead: pack_dir={other!r} (recorded {str(packs)!r})" in caplog.text
     assert yaml.safe_load((last.parents[1] / "yolofeed.yaml").read_text())["pack_dir"] == other  # for the next resume
+    caplog.clear()  # the same options given again (a notebook's same trainer class): said as such, not "defaults"
+    same = dict(pack_dir=other, val_period=2, partner_pool=0, warm_up=False, monitor=None)
+    with caplog.at_level(logging.INFO, logger="ultralytics"):
+        FastDetectionTrainer.with_options(**same)(overrides={"resume": str(last)})
+    assert (f"yolofeed.yaml (given again as recorded: pack_dir={other!r}, partner_pool=0, warm_up=False, "
+            "val_period=2)") in caplog.text and "yolofeed's defaults" not in caplog.text
 
 
 def test_a_damaged_record_is_one_line_before_anything_is_built(run):

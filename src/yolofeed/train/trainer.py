@@ -209,8 +209,11 @@ class FastTrainer(Validating, SyncFreeStep):
                 if ours != value:
                     restored.append(f"{name}={value!r}")
                 setattr(self, name, value)
+        # what the record holds beyond yolofeed's defaults, where this trainer has the same already (given again)
+        same = [f"{n}={v!r}" for n, v in recorded.items() if v != options.normal(n, getattr(FastTrainer, n, v))]
         LOGGER.info(f"yolofeed: resuming with this run's options from {path}"
-                    + (f": {', '.join(restored)}" if restored else "" if kept else " (yolofeed's defaults)")
+                    + (f": {', '.join(restored)}" if restored else "" if kept else
+                       f" (given again as recorded: {', '.join(same)})" if same else " (yolofeed's defaults)")
                     + (f"; given again, and so used instead: {', '.join(kept)}" if kept else ""))
 
     def _check_data(self) -> None:
