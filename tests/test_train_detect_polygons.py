@@ -192,11 +192,14 @@ def test_a_detection_model_on_polygon_labels_trains_on_cuda_with_the_graphed_pat
     from yolofeed.train import FastDetectionTrainer
 
     model = YOLO("yolo11n.yaml")
+    seen = {}  # at the run's end, before the trainer lets go of its loaders and graph (test_notebook.py)
+    model.add_callback("on_train_end", lambda t: seen.update(
+        polygons=t.train_loader.loader.prefetcher.labels.polygons, graph=seam.unwrap_model(t.model).__dict__.get(
+            "_graph")))
     model.train(trainer=FastDetectionTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
                 name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False)
-    trainer = model.trainer
-    assert trainer.train_loader.loader.prefetcher.labels.polygons is not None  # the pack kept them, the loader read
-    graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")
+    assert seen["polygons"] is not None  # the pack kept them, the loader read
+    graph = seen["graph"]
     assert graph is not None and graph.flat is not None and not graph.failed
     with open(tmp_path / "gpu" / "results.csv") as f:
         rows = list(csv.DictReader(f))

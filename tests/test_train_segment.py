@@ -569,10 +569,12 @@ def test_a_segment_model_trains_on_cuda_with_the_graphed_paths(segment_dataset, 
     from yolofeed.train import FastSegmentationTrainer
 
     model = YOLO("yolo11n-seg.yaml")
+    seen = {}  # at the run's end, before the trainer lets go of its graph (test_notebook.py)
+    model.add_callback("on_train_end", lambda t: seen.update(graph=seam.unwrap_model(t.model).__dict__.get("_graph")))
     model.train(trainer=FastSegmentationTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
                 name="gpu", epochs=2, imgsz=64, batch=4, nbs=4, device=0, workers=0, plots=False, verbose=False)
     trainer = model.trainer
-    graph = seam.unwrap_model(trainer.model).__dict__.get("_graph")
+    graph = seen["graph"]
     assert graph is not None and graph.flat is not None and not graph.failed  # the graphed step served
     assert trainer._dropped is None and trainer.mask_room == 1  # read at the epochs' ends, nothing dropped
     with open(tmp_path / "gpu" / "results.csv") as f:
@@ -627,7 +629,9 @@ def test_a_segment_run_takes_the_sync_free_segment_loss_with_its_counts(segment_
     monkeypatch.setattr(sfl.SyncFreeSegmentLoss, "_segmentation_loss", spy)
     monkeypatch.setattr(sfl, "check_counts", lambda model: checks.append(check(model)) or checks[-1])
     model = YOLO("yolo11n-seg.yaml")
+    losses = []  # at the run's end, before the trainer unsets the loss (test_notebook.py)
+    model.add_callback("on_train_end", lambda t: losses.extend(type(x) for x in sfl.detection_losses(t.model)))
     model.train(trainer=FastSegmentationTrainer, data=str(segment_dataset / "data.yaml"), project=str(tmp_path),
                 name="s", epochs=2, val=False, **TINY)
-    assert [type(x) for x in sfl.detection_losses(model.trainer.model)] == [sfl.SyncFreeSegmentLoss]
+    assert losses == [sfl.SyncFreeSegmentLoss]
     assert calls["counted"] >= 2 and checks == [True, True]

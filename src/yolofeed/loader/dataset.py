@@ -60,11 +60,23 @@ class PackDataset:
                 d["segments"] = [points[s:s + n] for s, n in zip(first[a:b].tolist(), length[a:b].tolist())]
         return out
 
+    def release(self) -> None:
+        """Let go of the pack: its labels (views of its memory map) and the map go with it; ``im_files`` and
+        ``len`` stay. The pack's file is closed, and a deleted or replaced one's disk space freed, once nothing else
+        holds the pack."""
+        if self.pack is None:
+            return
+        self.im_files  # noqa: B018  (made from the pack, kept)
+        self.name = Path(self.pack.path).name
+        self.__dict__.pop("labels", None)
+        self.pack = self.label_view = None
+
     def close_mosaic(self, hyp=None) -> None:
         """Ultralytics calls this to end mosaic; augmentation lives on the GPU (FastDetectionTrainer) instead."""
 
     def __repr__(self) -> str:
-        return f"PackDataset({Path(self.pack.path).name}, {len(self)} images)"
+        name = Path(self.pack.path).name if self.pack is not None else f"{self.name}, released"
+        return f"PackDataset({name}, {len(self)} images)"
 
 
 def source_positions(pack: Pack) -> np.ndarray:

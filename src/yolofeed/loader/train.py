@@ -75,6 +75,11 @@ class TrainLoader:
     def close(self) -> None:
         self.prefetcher.close()
 
+    def release(self) -> None:
+        """``close``, and let go of the pack and the buffers for good (``Prefetcher.release``)."""
+        self.prefetcher.release()
+        self.dataset.release()
+
 
 def subset(pack: Pack, fraction: float | int) -> np.ndarray:
     """The pack samples Ultralytics uses for a split's ``fraction`` (a share or a count of its sorted files)."""

@@ -144,3 +144,9 @@ class ValLoader:
 
     def close(self) -> None:
         self.prefetcher.close()
+
+    def release(self) -> None:
+        """``close``, and let go of the pack and the buffers for good (``Prefetcher.release``)."""
+        self.prefetcher.release()
+        self.dataset.release()
+        self.pack = None

@@ -75,6 +75,7 @@ from yolofeed.ultralytics_seam import (
     results_csv,
     resuming,
     run_first,
+    set_criterion,
     start_epoch,
     step_autocast,
     torch_distributed_zero_first,
@@ -342,9 +343,9 @@ class FastTrainer(Validating, SyncFreeStep):
 
     def _close_run(self, finished: bool) -> None:
         """The validation thread, the loaders' threads, a results plot's child and (a stopped run) the monitor,
-        closed. A stopped run first tells the loaders' threads to stop: a validation waiting for a read (one that
-        hangs, say) then ends at once, and only the loader's thread is waited for. The validation thread is closed
-        before the loaders, since it may iterate the validation loader."""
+        closed, and what the run held let go (``_let_go``). A stopped run first tells the loaders' threads to stop: a
+        validation waiting for a read (one that hangs, say) then ends at once, and only the loader's thread is waited
+        for. The validation thread is closed before the loaders, since it may iterate the validation loader."""
         loaders = [x for x in (getattr(self, "train_loader", None), getattr(self, "test_loader", None))
                    if hasattr(x, "close")]
         if not finished:
@@ -353,7 +354,8 @@ class FastTrainer(Validating, SyncFreeStep):
                     loader.stop_soon()
         self._stop_validations(finished)
         for loader in loaders:
-            loader.close()
+            (loader.release if hasattr(loader, "release") else loader.close)()
+        self._let_go()
         if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
             self._results_plot.abandon()
             self._results_plot = None
@@ -361,6 +363,19 @@ class FastTrainer(Validating, SyncFreeStep):
             from yolofeed.monitor.live import close_attached
 
             close_attached(self.callbacks)
+
+    def _let_go(self) -> None:
+        """What a run holds beyond stock's trainer, let go once it ended or stopped: a notebook's YOLO object keeps the
+        trainer (and, made from a .pt, shares its model) for as long as it lives. The loaders let go of their packs
+        (a deleted or replaced pack's disk space stays taken while it is mapped) and buffers above; here the partner
+        pool (1.4 GB of device memory at batch 128 and 640), the augmentation and its graphs, the step's graph (its
+        memory pool) and swapped classes, and the loss: the model's criterion is left unset, as before its first loss
+        (Ultralytics makes it again when needed), so a model saved after a stopped run pickles no yolofeed class."""
+        self._pool = self._augment = self._warm = None
+        model = getattr(self, "model", None)
+        if isinstance(model, torch.nn.Module):
+            graphed.uninstall(model)
+            set_criterion(model, None)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:
