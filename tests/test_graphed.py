@@ -305,9 +305,9 @@ def test_a_capture_of_the_step_waits_first_where_the_trainer_asks(monkeypatch):
     made = trainer.model.__dict__["_graph"]
     assert made.before_capture == trainer._settle_overlapped
     made.shape = (8, 3, 64, 64)  # a graph for another batch size: an out-of-memory retry makes a fresh one
-    trainer.args = SimpleNamespace(nbs=4)
+    trainer.args, trainer.epochs = SimpleNamespace(nbs=4, time=None), 3
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    graphed.drop_stale(trainer, 4)
+    graphed.drop_stale(trainer, 4, 10)
     assert trainer.model.__dict__["_graph"] is not made
     assert trainer.model.__dict__["_graph"].before_capture == trainer._settle_overlapped
 
@@ -724,9 +724,9 @@ def test_a_batch_halved_after_running_out_of_memory_drops_the_old_graph(batch, n
     model = _prepared(_model(), graph=True, log=lambda line: None)
     old = model.__dict__["_graph"]
     old.shape = (16, 3, 64, 64)
-    trainer = _trainer(model=model, args=SimpleNamespace(nbs=nbs, multi_scale=0.0))
+    trainer = _trainer(model=model, args=SimpleNamespace(nbs=nbs, multi_scale=0.0, time=None), epochs=3)
     with caplog.at_level("INFO"):
-        graphed.drop_stale(trainer, batch)
+        graphed.drop_stale(trainer, batch, 100)
     graph = model.__dict__.get("_graph")
     if batch == 16:
         assert graph is old

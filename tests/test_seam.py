@@ -441,6 +441,29 @@ def test_where_releases_differ_the_seam_chooses_by_release(monkeypatch):
             assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and "device=0" in str(e.value)
 
 
+def test_the_loaders_fraction_and_the_accumulation_follow_the_release(monkeypatch):
+    """``build_yolo_dataset`` takes the validation split's ``fraction`` entry for ``args.split`` from 8.4.159 (for its
+    mode, "val", before); ``_build_train_pipeline`` caps ``accumulate`` at the run's batches from 8.4.177, unless
+    ``time=`` is set. The loaders' stride is the model's largest, at least 32."""
+    from types import SimpleNamespace
+
+    import torch
+
+    args = SimpleNamespace(fraction=[0.5, 0.25, 0.75], split="test", nbs=64, time=None)  # train, val, test
+    trainer = SimpleNamespace(args=args, epochs=2)
+    for version, val, capped in (((8, 4, 158), 0.25, 8), ((8, 4, 159), 0.75, 8), ((8, 4, 176), 0.75, 8),
+                                 ((8, 4, 177), 0.75, 2), (seam.parse_version(seam.TESTED), 0.75, 2)):
+        monkeypatch.setattr(seam, "RELEASE", version)
+        assert (seam.split_fraction(args, "train"), seam.split_fraction(args, "val")) == (0.5, val)
+        assert seam.accumulate_for(trainer, 8, batches=1) == capped  # nbs / batch = 8; 1 batch x 2 epochs
+        assert seam.accumulate_for(trainer, 64, batches=1) == 1
+    args.time = 0.5  # a time limit: no cap
+    assert seam.accumulate_for(trainer, 8, batches=1) == 8
+    model = SimpleNamespace(stride=torch.tensor([8.0, 16.0, 64.0]))
+    assert (seam.loader_stride(model), seam.loader_stride(SimpleNamespace(stride=torch.tensor([8.0]))),
+            seam.loader_stride(None)) == (64, 32, 32)
+
+
 def record(folder: Path = RECORDED) -> None:
     """Write the installed sources of every pinned method into ``folder`` and print their hashes."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -423,9 +423,9 @@ def why_not(trainer: Any) -> str | None:
     if (getattr(trainer.args, "multi_scale", 0) or 0) > 0:
         return (f"multi_scale={trainer.args.multi_scale}: each batch takes its own image size, and a graph replays "
                 "one")
-    if getattr(trainer, "accumulate", 1) != 1:
-        return (f"gradients accumulate over {trainer.accumulate} batches (batch {trainer.batch_size} < nbs "
-                f"{trainer.args.nbs}), and a graph's gradient buffers are reused by every replay")
+    if hasattr(trainer, "accumulate") and seam.batches_per_step(trainer) != 1:  # set with the loaders
+        return (f"gradients accumulate over {seam.batches_per_step(trainer)} batches (batch {trainer.batch_size} < "
+                f"nbs {trainer.args.nbs}), and a graph's gradient buffers are reused by every replay")
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -514,8 +514,9 @@ def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device
     return graph.flat is not None
 
 
-def drop_stale(trainer: Any, batch: int) -> None:
-    """After an out-of-memory retry rebuilt the train loader at ``batch`` (``BaseTrainer._build_train_pipeline``): a
+def drop_stale(trainer: Any, batch: int, batches: int) -> None:
+    """After an out-of-memory retry rebuilt the train loader at ``batch``, ``batches`` an epoch
+    (``BaseTrainer._build_train_pipeline``): a
     graph made for another batch never replays again, yet its private pool keeps that batch's activations. Drop it;
     where the graph still serves (``why_not``: the halved batch may now accumulate gradients) a fresh one captures at
     the new size on its first full batch, else the step stays eager."""
@@ -524,7 +525,7 @@ def drop_stale(trainer: Any, batch: int) -> None:
     if graph is None or graph.shape is None or graph.shape[0] == batch:
         return
     # BaseTrainer sets the new accumulate only after the loader is built: the reduced batch's, as it will compute it
-    accumulate = max(round(trainer.args.nbs / batch), 1)
+    accumulate = seam.accumulate_for(trainer, batch, batches)
     why = why_not(trainer) or (f"gradients now accumulate over {accumulate} batches" if accumulate != 1 else None)
     if why is None:
         model.__dict__["_graph"] = _Graph(model, graph.autocast, graph.log, graph.before_capture)

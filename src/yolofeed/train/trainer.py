@@ -71,11 +71,12 @@ from yolofeed.ultralytics_seam import (
     data_split,
     data_yaml,
     get_save_dir,
-    get_split_fraction,
+    loader_stride,
     results_csv,
     resuming,
     run_first,
     set_criterion,
+    split_fraction,
     start_epoch,
     step_autocast,
     torch_distributed_zero_first,
@@ -281,8 +282,7 @@ class FastTrainer(Validating, SyncFreeStep):
         if self.args.single_cls and rank in (-1, 0):
             checks.warn_single_cls_gap(pack)
         # Ultralytics' build_yolo_dataset: the split's fraction (1 for a dataset cut at download), classes, single_cls
-        fraction = 1.0 if data_complete(self) else get_split_fraction(
-            self.args.fraction, "train" if mode == "train" else self.args.split)
+        fraction = 1.0 if data_complete(self) else split_fraction(self.args, mode)
         labels = {"classes": self.args.classes, "single_cls": bool(self.args.single_cls)}
         if rank in (-1, 0):
             checks.warn_mixed_rows(pack, fraction)
@@ -304,14 +304,14 @@ class FastTrainer(Validating, SyncFreeStep):
             self._pool = self._partner_pool(len(loader.dataset), batch_size, pack.imgsz, table.width,
                                             table.polygon_width)
             if isinstance(self.model, torch.nn.Module) and self.device.type == "cuda":  # an out-of-memory retry
-                graphed.drop_stale(self, batch_size)
+                graphed.drop_stale(self, batch_size, len(loader))
             self._warm = loader, loader.prefetcher.labels.width
             self._augment = None  # a new loader (an out-of-memory retry halves the batch): graphs for the new pool
             if not self.augment_ahead:
                 return loader
             counts = partial(early_candidates_augmented, self) if self.sync_free_loss else None
             return AugmentAhead(loader, self._augment_source, counts, convert=self.step_image)
-        stride = max(int(unwrap_model(self.model).stride.max()), 32) if self.model is not None else 32
+        stride = loader_stride(self.model)
         masks = (int(self.args.mask_ratio), bool(self.args.overlap_mask)) if self.carried_task == "segment" else None
         return ValLoader(pack, batch_size, self.device, stride=stride, fraction=fraction, masks=masks, **labels)
 

@@ -239,6 +239,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",
     "xyxyxyxy2xywhr",
     "batched_metrics_serve", "DetectionValidator", "record_image_stats",
+    "accumulate_for", "loader_stride", "split_fraction",
     "batches_per_step", "bbox2dist", "bbox_iou", "BboxLoss", "check_cfg", "check_det_dataset", "check_yaml",
     "check_class_names", "checkpoint", "criterion", "crop_mask", "DATASET_KEY_TYPES",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
@@ -573,6 +574,28 @@ def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch
     final = AutoBackend(model=copy.deepcopy(ema), device=trainer.device, fp16=amp, fuse=True,
                         channels_last=trainer.args.channels_last, verbose=False)
     return [(epoch, torch.float16 if amp else None, half, False), (final, None, half, True)]
+
+
+def accumulate_for(trainer: Any, batch: int, batches: int) -> int:
+    """The ``accumulate`` ``BaseTrainer._build_train_pipeline`` sets for a batch size once its train loader of
+    ``batches`` batches is built: ``round(nbs / batch)``, at least 1; from 8.4.177, at most the run's batches
+    (``batches x epochs``) unless ``time=`` is set."""
+    n = max(round(trainer.args.nbs / batch), 1)
+    if since("8.4.177") and not trainer.args.time:
+        n = min(n, batches * trainer.epochs)
+    return n
+
+
+def loader_stride(model: Any) -> int:
+    """The stride ``DetectionTrainer.build_dataset`` gives the loaders: the model's largest, at least 32 (32 before a
+    model is built)."""
+    return max(int(unwrap_model(model).stride.max()), 32) if model is not None else 32
+
+
+def split_fraction(args: Any, mode: str) -> float | int:
+    """The ``fraction`` ``build_yolo_dataset`` gives a split's dataset: ``fraction=`` for the training split; for the
+    validation loader, its entry for ``args.split`` (from 8.4.159; before, for ``mode``, "val")."""
+    return get_split_fraction(args.fraction, "train" if mode == "train" else args.split if since("8.4.159") else mode)
 
 
 def batches_per_step(trainer: Any) -> int:

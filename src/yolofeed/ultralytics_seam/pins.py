@@ -634,6 +634,164 @@ RELIED_ON: tuple[Pinned, ...] = (
            since=VAL_METRICS_SINCE),
     Pinned("ultralytics.utils.metrics.box_iou", "d8fb56828b474543", "yolofeed.train.val_metrics.padded_iou",
            why="the IoU's float ops, element for element (slice products, + eps last)", since=VAL_METRICS_SINCE),
+    # The augmentation's and the loaders' rules, re-implemented batched on the device (augment/, loader/): equal to
+    # Ultralytics' given the same draws at the releases make test-releases runs (test_augment_ops.py); their
+    # sources pinned here for every release of the range.
+    Pinned("ultralytics.data.augment.Mosaic.__init__", "91ad1dc7db8955a3",
+           "yolofeed.augment.geometry.mosaic.sample_mosaic",
+           why="n = 4 (v8_transforms' default) and border (-imgsz // 2, -imgsz // 2): a canvas of 2 x imgsz, its "
+               "centre drawn in [imgsz / 2, 3 imgsz / 2)"),
+    Pinned("ultralytics.data.augment.Mosaic.get_params", "d6bac6d32d15f95f",
+           "yolofeed.augment.geometry.mosaic.mosaic_layout",
+           why="n = 4: the centre (xc, yc) = int(uniform(imgsz / 2, 3 imgsz / 2)) each (y first), each tile's place "
+               "on the canvas and crop of its image (top-left, top-right, bottom-left, bottom-right) clipped to 2 x "
+               "imgsz, padw and padh"),
+    Pinned("ultralytics.data.augment.Mosaic.apply_image", "40980d2ab9f45773",
+           "yolofeed.augment.geometry.mosaic.Mosaic.warp_step",
+           why="the canvas filled with 114 (BORDER), each tile's crop copied into its place"),
+    Pinned("ultralytics.data.augment.MixUp.get_params", "65b12fa1fbf05486",
+           "yolofeed.augment.mix.mixup.sample_mixup",
+           why="r ~ Beta(32, 32) (MIXUP_BETA)"),
+    Pinned("ultralytics.data.augment.MixUp.apply_image", "15444a6f6ef767ad",
+           "yolofeed.augment.mix.mixup.MixUp.compose_term",
+           why="img x r + partner x (1 - r), truncated to uint8"),
+    Pinned("ultralytics.data.augment.CutMix.__init__", "30f6d7682c53001c",
+           "yolofeed.augment.mix.cutmix.sample_cutmix",
+           why="beta 1.0 and num_areas 3 (CUTMIX_AREAS), the defaults v8_transforms builds it with"),
+    Pinned("ultralytics.data.augment.CutMix._rand_bbox", "b05faf9bec9583e4",
+           "yolofeed.augment.mix.cutmix.sample_cutmix",
+           why="lam ~ Beta(beta, beta), the cut's sides int(side x sqrt(1 - lam)), its centre randint over the "
+               "image, the corners centre -/+ side // 2 clipped to it"),
+    Pinned("ultralytics.data.augment.CutMix.get_params", "29e3a9f00bddd90c",
+           "yolofeed.augment.mix.cutmix.plan_cutmix",
+           why="num_areas regions; one overlapping none of the sample's boxes drawn among them (none: skipped); the "
+               "partner's boxes with at least 10 % of their area inside it, 1 % where the sample has segments "
+               "(CUTMIX_IOA, CUTMIX_IOA_SEGMENTS); none: skipped",
+           others=(
+               _r("8.4.138", "8.4.167", "0c98f1a26ce71b9d",
+                  "skips where no partner box is inside whether or not the sample has a semantic mask (8.4.168: not "
+                  "where it has one): the same for detection, pose, OBB and segment samples, which have none"),
+           )),
+    Pinned("ultralytics.data.augment.CutMix.apply_image", "cbe48b1351e227c2",
+           "yolofeed.augment.mix.cutmix.CutMix.compose_term",
+           why="the partner's pixels copied into the region (its corners as int32)"),
+    Pinned("ultralytics.data.augment.RandomPerspective._compute_affine_matrix", "cd76f79231b4da22",
+           "yolofeed.augment.geometry.perspective.perspective_matrix",
+           why="M = T @ S @ R @ P @ C in float32, drawn in this order: perspective x and y, degrees, scale (1 -/+ "
+               "scale), shear x and y (degrees, tan), translate x and y (0.5 -/+ translate, times the output size)"),
+    Pinned("ultralytics.data.augment.RandomPerspective.get_params", "7d79a6c28bf648a4",
+           "yolofeed.augment.geometry.perspective.sample_perspective",
+           why="the output size (the canvas plus twice the border: imgsz), M and the scale"),
+    Pinned("ultralytics.data.augment.RandomPerspective.apply_image", "8b1904a0398d39f9",
+           "yolofeed.augment.geometry.perspective.RandomPerspective.warp_step",
+           why="cv2.warpPerspective with perspective, else cv2.warpAffine of M's first two rows, border 114, at the "
+               "output size"),
+    Pinned("ultralytics.data.augment.RandomPerspective.apply_bboxes", "e30f2b9c46575fa7",
+           "yolofeed.augment.geometry.perspective.transform_boxes",
+           why="each box's four corners through M (divided by the third coordinate with perspective), their bounds"),
+    Pinned("ultralytics.data.augment.RandomPerspective.box_candidates", "4a1ab16b5edb5d09",
+           "yolofeed.augment.geometry.perspective.box_candidates",
+           why="kept where width and height exceed 2 px, the area over the scaled original's exceeds area_thr (0.1) "
+               "and the aspect ratio is below 100 (BOX_WH_MIN, BOX_AREA_RATIO, BOX_AR_MAX), eps 1e-16"),
+    Pinned("ultralytics.data.augment.RandomHSV.apply_image", "b6d4363d6129627f",
+           "yolofeed.augment.color.hsv.hsv_luts",
+           why="r = uniform(-1, 1, 3) x the gains; lookup tables in HSV: hue (x + 180 r0) % 180, saturation and "
+               "value clip(x (r + 1), 0, 255), saturation's 0 kept 0; nothing where every gain is 0",
+           others=(
+               _r("8.4.138", "8.4.184", "310c29fcd4786121",
+                  "the three tables applied a channel at a time (split, cv2.LUT each, merge) where 8.4.185 applies "
+                  "one 3-channel cv2.LUT: the same pixels"),
+           )),
+    Pinned("ultralytics.data.augment.RandomFlip.get_params", "d8c111418d182f67",
+           "yolofeed.augment.geometry.flip.RandomFlip.sample",
+           why="flip where random() < p"),
+    Pinned("ultralytics.data.augment.RandomFlip.apply_image", "a53233845660156a",
+           "yolofeed.augment.geometry.flip.RandomFlip.warp_step",
+           why="np.flipud (vertical) or np.fliplr (horizontal)"),
+    Pinned("ultralytics.data.augment.RandomFlip.apply_instances", "665e01b6506b7814",
+           "yolofeed.augment.geometry.flip.flip_boxes",
+           why="the instances flipped in xywh about the normalised width or height; keypoints reordered by flip_idx"),
+    Pinned("ultralytics.data.augment.LetterBox.get_params", "6c69df8a54be59c1",
+           "yolofeed.augment.letterbox.letterbox_offsets",
+           why="r = min(new / old) per side (no scale-up where scaleup is off), new_unpad = round(side x r), the "
+               "padding halved (center), top and left round(d - 0.1), bottom and right round(d + 0.1); at least 1 px "
+               "a side",
+           others=(
+               _r("8.4.138", "8.4.182", "ad480e7f956a0467",
+                  "new_unpad not raised to 1 px: the same wherever a side rounds to 1 px or more (an image within "
+                  "1,280:1 at 640)"),
+           )),
+    Pinned("ultralytics.data.augment.LetterBox.apply_image", "6b0e08c0cf2ea35c",
+           "yolofeed.augment.letterbox.letterbox",
+           why="cv2.resize to new_unpad where the size differs, then a constant border of padding_value (114)",
+           others=(
+               _r("8.4.138", "8.4.183", "c1e92aa26a91d08f",
+                  "a 2-D image made 3-D only where it was resized (8.4.184: always): a pack holds 3-channel images"),
+           )),
+    Pinned("ultralytics.data.utils.polygon2mask", "3998a6b3747cedac",
+           "yolofeed.augment.masks.polygons_to_masks",
+           why="cv2.fillPoly of the points truncated to int32 at the full size, then cv2.resize by the mask ratio"),
+    Pinned("ultralytics.data.utils.polygons2masks", "d327c10865cb2f3f",
+           "yolofeed.augment.masks.polygons_to_masks",
+           why="one polygon2mask a polygon, in order (overlap_mask=False)"),
+    Pinned("ultralytics.data.utils.polygons2masks_overlap", "27a738c3ed03f471",
+           "yolofeed.augment.masks.polygons_to_masks",
+           why="each polygon's mask; by area, largest first, painted as its index + 1 where larger (np.maximum): the "
+               "smaller on top, and the order returned; int32 above 255 polygons"),
+    Pinned("ultralytics.data.base.BaseDataset.set_rectangle", "fa214547076e8158",
+           "yolofeed.loader.val.rect_batches",
+           why="the images sorted by aspect (h / w); each batch's shape [max, 1] if all are wide, [1, 1 / min] if "
+               "all are tall, else [1, 1]; ceil(shape x imgsz / stride + pad) x stride"),
+    Pinned("ultralytics.data.build.build_yolo_dataset", "f5dafb1b886c90cf",
+           "yolofeed.ultralytics_seam.split_fraction",
+           why="validation datasets rectangular with pad 0.5 (RECT_PAD), training pad 0; the fraction 1 for a "
+               "complete dataset, else get_split_fraction for 'train' or args.split",
+           others=(
+               _r("8.4.138", "8.4.138", "92c2143ad6112f58",
+                  "a semantic dataset chosen otherwise; the fraction of a split not trained taken for its mode "
+                  "('val'): seam.split_fraction chooses by release"),
+               _r("8.4.139", "8.4.152", "aa3078cc8dc7ebee",
+                  "a semantic dataset's background added otherwise; the fraction taken for the mode, as 8.4.138"),
+               _r("8.4.153", "8.4.157", "9abc9946ff151af5",
+                  "the same, the hyperparameters copied"),
+               _r("8.4.158", "8.4.158", "d479f44e9f5e0086",
+                  "the fraction taken for the mode, as 8.4.138"),
+               _r("8.4.159", "8.4.163", "0c78dd4455b6efbe",
+                  "img_path's annotation alone differs"),
+           )),
+    Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.build_dataset", "6dc21e33f78ef07a",
+           "yolofeed.ultralytics_seam.loader_stride",
+           why="the loaders' stride: the model's largest, at least 32; validation rectangular"),
+    Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.get_dataloader", "49eee85bbb30312d",
+           "yolofeed.train.trainer.FastTrainer.get_dataloader",
+           why="drop_last = args.compile for training (TrainLoader's drop_last); shuffled training, ordered "
+               "validation"),
+    Pinned("ultralytics.engine.trainer.BaseTrainer._build_train_pipeline", "6abf2b5a1af7175d",
+           "yolofeed.ultralytics_seam.accumulate_for",
+           why="accumulate = max(round(nbs / batch), 1), at most the run's batches unless time= is set "
+               "(accumulate_for); the train loader built before it, the validation loader from data[args.split] at "
+               "twice the batch (OBB: the batch)",
+           others=(
+               _r("8.4.138", "8.4.158", "17874e8e8e74cbce",
+                  "the validation loader from data['val'] or data['test']; no cap on accumulate (accumulate_for "
+                  "chooses by release); the optimizer built unconditionally"),
+               _r("8.4.159", "8.4.159", "dbc325dac490b215",
+                  "no cap on accumulate (accumulate_for chooses by release); the optimizer built unconditionally"),
+               _r("8.4.160", "8.4.165", "f66522a8c44f4be3",
+                  "no cap on accumulate (accumulate_for chooses by release)"),
+               _r("8.4.166", "8.4.176", "1b7e180b9aafe598",
+                  "no cap on accumulate (accumulate_for chooses by release); the batch-of-1 check at min_imgsz as in "
+                  "TESTED"),
+           )),
+    Pinned("ultralytics.utils.torch_utils.strip_optimizer", "3e75f075250e2962",
+           "yolofeed.train.checkpoints.finished_run",
+           why="a finished run's checkpoint: optimizer None and epoch -1 (finished_run and resumable_epoch read them "
+               "so), the EMA as the model, half, its criterion None; written with torch.save to s "
+               "(strip_atomically's temporary file)",
+           others=(
+               _r("8.4.138", "8.4.171", "5234c3643e7c13a7",
+                  "leaves 'stopper' as it was (8.4.172: None); optimizer and epoch as in TESTED"),
+           )),
 )
 
 # Objects whose class yolofeed swaps in place (the instance keeps Ultralytics' state; the subclass adds methods
