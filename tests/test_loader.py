@@ -224,7 +224,10 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
                                                                                               caplog):
     """The trainer's teardown after a stop, its validation thread iterating the validation loader whose read hangs:
     the loader's thread is told to stop first, so the validation ends at once and only the loader's thread is waited
-    for (closed in turn, the teardown waited for each, twice the bound)."""
+    for (closed in turn, the teardown waited for each, twice the bound). The loader, let go of meanwhile (its pack
+    released), ends quietly once the read returns: nothing raised in its thread."""
+    import threading
+
     import torch
 
     import yolofeed.loader.prefetch as prefetch
@@ -240,6 +243,8 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
     t.train_loader, t.test_loader, t._results_plot, t.callbacks = None, loader, None, {}
     t._validations, t._overlapped, t._holding, t._final_warm = ValidationThread(torch.device("cpu")), None, False, None
     worker = t._validations
+    before, raised = set(threading.enumerate()), []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
     worker.submit(lambda: list(loader))  # the validation, waiting for its first batch
     assert entered.wait(10)
     try:
@@ -249,6 +254,9 @@ def test_a_stopped_run_whose_validation_waits_for_a_read_that_hangs_waits_for_th
         assert "the loader thread did not stop within 1 s" in caplog.text
     finally:
         gate.set()
+    for thread in set(threading.enumerate()) - before:
+        thread.join(10)
+    assert raised == []
 
 
 def test_a_loader_thread_that_does_not_stop_in_time_is_left_with_one_line(pack, monkeypatch, caplog):

@@ -67,9 +67,8 @@ def _stop_at_second_batch(trainer) -> None:
 def test_a_finished_run_lets_go_of_its_packs_buffers_pool_and_graphs(dataset, tmp_path):
     """After ``model.train(...)`` the YOLO object keeps the trainer: its loaders hold no pack and no buffer, the
     trainer no partner pool or augmentation, its model no graph and no yolofeed loss; no pack file stays open or mapped
-    (a pack deleted or rebuilt later frees its disk space). A released loader says so when iterated again. Was: 4
-    descriptors and 2 maps a run kept, and the slots' buffers (on a GPU about 1 GB of device and as much pinned host
-    memory at batch 128 and 640)."""
+    (a pack deleted or rebuilt later frees its disk space). A released loader, and its dataset's labels, say so when
+    read again."""
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer
@@ -88,13 +87,15 @@ def test_a_finished_run_lets_go_of_its_packs_buffers_pool_and_graphs(dataset, tm
     assert _open_packs() == []
     with pytest.raises(LoaderError, match="let go of its pack when its run ended"):
         next(iter(t.train_loader))
+    with pytest.raises(LoaderError, match="let go of with its pack when its run ended"):
+        t.train_loader.dataset.labels  # noqa: B018
 
 
 def test_a_stopped_run_of_a_pt_model_leaves_a_model_that_pickles_without_yolofeed(dataset, tmp_path):
     """``YOLO("x.pt").train(...)`` stopped by Ctrl-C (a notebook's stop button): the YOLO object keeps the trainer's
     model, and ``model.save()`` pickles it. It holds no yolofeed class: its loss is unset, as before a first loss call,
-    and Ultralytics makes it again. Was: the sync-free loss's classes pickled, and the file would not load where
-    yolofeed is not installed. A run after it in the same interpreter trains."""
+    and Ultralytics makes it again: the file loads where yolofeed is not installed. A run after it in the same
+    interpreter trains."""
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer

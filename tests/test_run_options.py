@@ -92,7 +92,7 @@ def test_the_python_api_resume_restores_them_and_a_given_one_wins(run, caplog):
     same = dict(pack_dir=other, val_period=2, partner_pool=0, warm_up=False, monitor=None)
     with caplog.at_level(logging.INFO, logger="ultralytics"):
         FastDetectionTrainer.with_options(**same)(overrides={"resume": str(last)})
-    assert (f"yolofeed.yaml (given again as recorded: pack_dir={other!r}, partner_pool=0, warm_up=False, "
+    assert (f"yolofeed.yaml (as recorded: pack_dir={other!r}, partner_pool=0, warm_up=False, "
             "val_period=2)") in caplog.text and "yolofeed's defaults" not in caplog.text
 
 

@@ -1,8 +1,8 @@
 """Files written whole or not at all: a temporary file beside the target, fsynced, renamed over it.
 
-Every file yolofeed writes outside a pack (a run's checkpoints, results.csv and yolofeed.yaml; bench.json, parity.json
-and the doctor's report) goes through ``write_atomically``. Killed at any moment, the file holds its old bytes or the
-new ones; a link at its name is replaced, its target left as it was. The fsync costs the disk's write time of the
+The files a kill must not leave half of go through ``write_atomically``: a run's checkpoints, results.csv and
+yolofeed.yaml; bench.json, parity.json and the doctor's report. Killed at any moment, the file holds its old bytes or
+the new ones; a link at its name is replaced, its target left as it was. The fsync costs the disk's write time of the
 file once (a checkpoint, 5-110 MB, once an epoch; the reports are kilobytes).
 """
 

@@ -114,7 +114,7 @@ def test_a_later_run_in_the_same_process_finds_the_packs_built_or_deleted_since(
                                                                                   caplog):
     """A notebook: a run's packs are built in the default format, then deleted and the dataset packed in the compact
     one by hand (``!yolofeed pack format=jpeg``); the next run in the same interpreter opens those, builds nothing,
-    and says why. Was: the first run's choice kept for the process, and a second pair of packs built unsaid."""
+    and says why."""
     import logging
 
     from yolofeed.pack import auto, rebuild
@@ -134,5 +134,29 @@ def test_a_later_run_in_the_same_process_finds_the_packs_built_or_deleted_since(
         assert again.format == codecs.COMPACT and not first.path.parent.exists()
         assert any(f"format {codecs.COMPACT} ({codecs.AUTO}): the {codecs.COMPACT} pack already built" in r.message
                    for r in caplog.records)
+    finally:
+        auto.forget()
+
+
+def test_the_size_estimate_is_made_again_once_the_dataset_changed(dataset, monkeypatch):
+    """The packs' estimated sizes are read once while the dataset stays as it is, and again once images are added to
+    its train folder (a notebook's loop that grows the set between runs)."""
+    from yolofeed.pack import auto
+    from yolofeed.pack.source import load_data_yaml
+
+    yaml_file = str(dataset / "data.yaml")
+    d = load_data_yaml(yaml_file)
+    train = Path(d["path"]) / d["train"]
+    assert train.is_relative_to(dataset)  # the private copy's folder, not the session's dataset
+    monkeypatch.setattr(auto, "memory_limit", lambda: 10**12)
+    auto.forget()
+    try:
+        for _ in range(2):
+            auto.auto_format(yaml_file, 64, None)
+        assert auto._sizes.cache_info().misses == 1
+        first = sorted(train.iterdir())[0]
+        shutil.copy(first, train / f"added{first.suffix}")
+        auto.auto_format(yaml_file, 64, None)
+        assert auto._sizes.cache_info().misses == 2
     finally:
         auto.forget()

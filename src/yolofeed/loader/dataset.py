@@ -42,6 +42,10 @@ class PackDataset:
         Ultralytics' trainer reads them all before the first step (its ``max_det`` check): one dict and two row
         slices an image, the bounds and shapes turned into Python lists first (~5 us an image, 0.6 s for COCO).
         """
+        if self.pack is None:
+            from yolofeed.loader.prefetch import LoaderError
+
+            raise LoaderError(f"{self!r}: its labels were let go of with its pack when its run ended (release)")
         lv, idx = self.label_view, self.indices
         starts, ends = lv.start[idx].tolist(), (lv.start[idx] + lv.count[idx]).tolist()
         cls, boxes = lv.table[:, :1], lv.table[:, 1:]

@@ -361,6 +361,8 @@ def _produce(owner: weakref.ref[Prefetcher], t: _Thread) -> None:
             del p, slot  # no reference while waiting: see _Thread
             t.ready.put((slot_k, indices))
     except Exception as e:  # handed to the consumer, which raises it in the training thread
+        if t.stopping.is_set():  # stopped meanwhile (close, release: the pack let go): nobody waits for this batch
+            return
         p = owner()
         t.ready.put(p._error(e, k, n) if p is not None else e)
     except BaseException as e:

@@ -44,13 +44,13 @@ def auto_format(yaml_file: str, imgsz: int, out: str | None, task: str = "detect
     machines that would choose differently share one, and nothing is built twice), else the default format where the
     train and val packs fit comfortably in memory and on the disk or the compact format would be no smaller, else the
     compact one. Decided afresh at each call (a notebook's next run finds the packs built, deleted or replaced since,
-    and the free space of now); said once a process for each dataset and format."""
+    the free space of now and the images added); said where the format is not the one last said for the dataset."""
     key = (yaml_file, imgsz, out, task)
     built = built_format(yaml_file, imgsz, out, task)
     if built is not None:
         _say(key, built[0], f"the {built[0]} pack already built, {built[1]}")
         return built[0]
-    total, compact = _sizes(yaml_file, imgsz)
+    total, compact = _sizes(yaml_file, imgsz, _stamp(yaml_file))
     folders = pack_folders(yaml_file, imgsz, codecs.DEFAULT, out, task)
     # where the build will write: beside a read-only dataset that is the user cache, on another disk
     folder = next((f for f in folders if current().writable(f, create=False) is None), folders[0])
@@ -71,10 +71,26 @@ def _say(key: tuple, name: str, why: str) -> None:
         LOGGER.info(f"pack: format {name} ({codecs.AUTO}): {why}")
 
 
+def _stamp(yaml_file: str) -> tuple:
+    """When the yaml and its train and val entries (folders, lists) last changed: images added to a folder, a list
+    rewritten or the yaml edited make ``_sizes`` estimate again (a few stats)."""
+    stamps = []
+    with contextlib.suppress(DatasetError, OSError):
+        d = load_data_yaml(yaml_file)
+        root = Path(d.get("path") or Path(yaml_file).parent)
+        stamps.append(os.stat(d.get("yaml_file", yaml_file)).st_mtime_ns)
+        for split in ("train", "val"):
+            entries = d.get(split) or []
+            for entry in entries if isinstance(entries, list) else [entries]:
+                with contextlib.suppress(OSError, TypeError):
+                    stamps.append(os.stat(root / entry).st_mtime_ns)
+    return tuple(stamps)
+
+
 @functools.cache
-def _sizes(yaml_file: str, imgsz: int) -> tuple[int, int]:
+def _sizes(yaml_file: str, imgsz: int, stamp: tuple) -> tuple[int, int]:
     """The train and val packs' estimated sizes in the default and the compact format (the headers of a sample of
-    the images: up to a second on a large set, so once a process)."""
+    the images: up to a second on a large set), once for each ``stamp`` (``_stamp``: the dataset as it is now)."""
     d = load_data_yaml(yaml_file)
     total = compact = 0
     for split in ("train", "val"):

@@ -27,7 +27,7 @@ and EMA those of the epoch it ends; the model in training, the optimiser's param
 next epoch's, and callbacks during epoch k+1 see epoch k-1's metrics (a logger that writes the training losses at
 ``on_train_epoch_end`` and the metrics at ``on_fit_epoch_end`` as one step, as Weights & Biases' does, pairs epoch
 k+1's losses with epoch k's metrics). A stop such a callback asks for (``stop``) takes
-effect where stock's does: epoch k+1, trained meanwhile, is not kept (``FastTrainer._discard_epoch``; the log's
+effect where stock's does: epoch k+1, trained meanwhile, is not kept (``Validating._discard_epoch``; the log's
 count of epochs completed includes it). A fitness that is not a number while the loss and the EMA are finite is
 written as it is, with one warning: Ultralytics' NaN recovery, which reloads the last checkpoint
 and trains that epoch again, is not run for it (the loop has trained the next epoch by then, and its epoch count cannot

@@ -34,6 +34,7 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import shlex
 import time
@@ -211,11 +212,12 @@ class FastTrainer(Validating, SyncFreeStep):
                 if ours != value:
                     restored.append(f"{name}={value!r}")
                 setattr(self, name, value)
-        # what the record holds beyond yolofeed's defaults, where this trainer has the same already (given again)
+        # what the record holds beyond yolofeed's defaults, where this trainer has the same already (given again, or a
+        # monitor yolofeed train hands over)
         same = [f"{n}={v!r}" for n, v in recorded.items() if v != options.normal(n, getattr(FastTrainer, n, v))]
         LOGGER.info(f"yolofeed: resuming with this run's options from {path}"
                     + (f": {', '.join(restored)}" if restored else "" if kept else
-                       f" (given again as recorded: {', '.join(same)})" if same else " (yolofeed's defaults)")
+                       f" (as recorded: {', '.join(same)})" if same else " (yolofeed's defaults)")
                     + (f"; given again, and so used instead: {', '.join(kept)}" if kept else ""))
 
     def _check_data(self) -> None:
@@ -376,6 +378,11 @@ class FastTrainer(Validating, SyncFreeStep):
         if isinstance(model, torch.nn.Module):
             graphed.uninstall(model)
             set_criterion(model, None)
+        # given back to the device, as Ultralytics' _clear_memory does (which a stopped run never reaches): other
+        # processes, and nvidia-smi, see it free
+        if getattr(getattr(self, "device", None), "type", None) == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
 
     # -- checkpoints ----------------------------------------------------------------------------
     def resumable_checkpoint(self) -> Path | None:

@@ -2,11 +2,12 @@
 the next epoch's training (``val_overlap``).
 
 ``Validating`` stands before Ultralytics' trainer in ``FastTrainer``'s bases and overrides the three methods the epoch's
-end goes through (``validate``, ``save_metrics``, ``run_callbacks``); the thread is ``ValidationThread``
-(train/validation.py), an epoch validated beside the next is ``overlap.Overlapped`` (train/overlap.py). Its options
-(``validate_beside``, ``val_period``, ``val_overlap``, ``batched_val_metrics``) are ``FastTrainer``'s. What it costs:
-a validation in the training thread holds the step for its length (0.8-3.1 s an epoch for yolo11n on 10k images);
-beside the next epoch its GPU work costs that epoch about 0.2 s (BENCHMARKS.md, "The whole run").
+end goes through (``validate``, ``save_metrics``, ``run_callbacks``) and ``get_validator``; the thread is
+``ValidationThread`` (train/validation.py), an epoch validated beside the next is ``overlap.Overlapped``
+(train/overlap.py). Its options (``validate_beside``, ``val_period``, ``val_overlap``, ``batched_val_metrics``) are
+``FastTrainer``'s. What it costs: a validation in the training thread holds the step for its length (0.8-3.1 s an epoch
+for yolo11n on 10k images); beside the next epoch its GPU work costs that epoch about 0.2 s (BENCHMARKS.md, "The whole
+run").
 """
 
 from __future__ import annotations

@@ -244,7 +244,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "check_class_names", "checkpoint", "criterion", "crop_mask", "DATASET_KEY_TYPES",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
-    "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir", "get_split_fraction",
+    "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir",
     "restores_in_place",
     "guess_model_task",
     "downloads_weights", "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",

@@ -681,7 +681,8 @@ RELIED_ON: tuple[Pinned, ...] = (
                "scale), shear x and y (degrees, tan), translate x and y (0.5 -/+ translate, times the output size)"),
     Pinned("ultralytics.data.augment.RandomPerspective.get_params", "7d79a6c28bf648a4",
            "yolofeed.augment.geometry.perspective.sample_perspective",
-           why="the output size (the canvas plus twice the border: imgsz), M and the scale"),
+           why="size: self.size, (imgsz, imgsz) as v8_transforms builds it; M and the scale from "
+               "_compute_affine_matrix"),
     Pinned("ultralytics.data.augment.RandomPerspective.apply_image", "8b1904a0398d39f9",
            "yolofeed.augment.geometry.perspective.RandomPerspective.warp_step",
            why="cv2.warpPerspective with perspective, else cv2.warpAffine of M's first two rows, border 114, at the "
@@ -710,12 +711,14 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="np.flipud (vertical) or np.fliplr (horizontal)"),
     Pinned("ultralytics.data.augment.RandomFlip.apply_instances", "665e01b6506b7814",
            "yolofeed.augment.geometry.flip.flip_boxes",
-           why="the instances flipped in xywh about the normalised width or height; keypoints reordered by flip_idx"),
+           why="the boxes flipped in xywh about the normalised width or height (flip_boxes); keypoints reordered by "
+               "flip_idx (flip_keypoints)"),
     Pinned("ultralytics.data.augment.LetterBox.get_params", "6c69df8a54be59c1",
            "yolofeed.augment.letterbox.letterbox_offsets",
-           why="r = min(new / old) per side (no scale-up where scaleup is off), new_unpad = round(side x r), the "
-               "padding halved (center), top and left round(d - 0.1), bottom and right round(d + 0.1); at least 1 px "
-               "a side",
+           why="r = min(new / old) per side, no scale-up in validation (build_transforms), new_unpad = round(side x "
+               "r) (at least 1 px a side), the padding halved (center), top and left round(d - 0.1), bottom and "
+               "right round(d + 0.1). r is 1 for a pack's images (stored at imgsz; a rect batch's shape is never "
+               "smaller), so yolofeed only pads (letterbox_offsets)",
            others=(
                _r("8.4.138", "8.4.182", "ad480e7f956a0467",
                   "new_unpad not raised to 1 px: the same wherever a side rounds to 1 px or more (an image within "
@@ -723,10 +726,32 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.data.augment.LetterBox.apply_image", "6b0e08c0cf2ea35c",
            "yolofeed.augment.letterbox.letterbox",
-           why="cv2.resize to new_unpad where the size differs, then a constant border of padding_value (114)",
+           why="cv2.resize to new_unpad where the size differs (never, r being 1: get_params), then a constant "
+               "border of padding_value (114)",
            others=(
                _r("8.4.138", "8.4.183", "c1e92aa26a91d08f",
                   "a 2-D image made 3-D only where it was resized (8.4.184: always): a pack holds 3-channel images"),
+           )),
+    Pinned("ultralytics.data.augment.LetterBox.__init__", "507f319a04c0c25e",
+           "yolofeed.augment.letterbox.letterbox_offsets",
+           why="the defaults validation's LetterBox keeps: auto False, scale_fill False, center True, padding_value "
+               "114, INTER_LINEAR",
+           others=(
+               _r("8.4.138", "8.4.163", "14e56741eb61753b",
+                  "new_shape's annotation alone differs"),
+           )),
+    Pinned("ultralytics.data.dataset.YOLODataset.build_transforms", "e7da6e088c375fce",
+           "yolofeed.augment.letterbox.letterbox_offsets",
+           why="validation: LetterBox(new_shape=imgsz, scaleup=False) alone, then Format (xywh, normalised, the "
+               "masks at mask_ratio and overlap_mask); training: v8_transforms, mosaic, mixup and cutmix off under "
+               "rect",
+           others=(
+               _r("8.4.138", "8.4.160", "1953c6a7c67f5220",
+                  "new_shape given as (imgsz, imgsz), which get_params makes of imgsz; no semantic branch"),
+               _r("8.4.161", "8.4.163", "fd9ac0a692342565",
+                  "hyp's annotation alone differs, and new_shape as 8.4.138's"),
+               _r("8.4.164", "8.4.177", "f4c623d6e47b0400",
+                  "new_shape given as (imgsz, imgsz), which get_params makes of imgsz"),
            )),
     Pinned("ultralytics.data.utils.polygon2mask", "3998a6b3747cedac",
            "yolofeed.augment.masks.polygons_to_masks",
