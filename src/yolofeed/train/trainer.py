@@ -450,9 +450,9 @@ class FastTrainer(Validating, SyncFreeStep):
                         f"{'them' if len(dropped) > 1 else 'it'} again")
 
     def final_eval(self):
-        """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/pins.py), its in-place rewrites of last.pt and best.pt
-        (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs in
-        the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``)."""
+        """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/copied.py), its in-place rewrites of last.pt and
+        best.pt (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs
+        in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``)."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait

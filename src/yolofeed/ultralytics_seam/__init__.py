@@ -21,13 +21,13 @@ sources. This module:
 * re-exports every Ultralytics name yolofeed uses, and wraps each reach into an object's state (the callbacks'
   order, ``tloss``, the criterion, the detection head, ``epochs``...) in a small function that names what it
   touches and why; an attribute missing at run time raises ``UltralyticsError`` in one line;
-* lists, in ``pins.py``, what yolofeed copied (``COPIED``: Ultralytics' method, our copy, the hash of the source
-  it was copied from), the methods those copies and our overrides assume unchanged (``RELIED_ON``; with
-  ``ours``, a rule yolofeed re-implements in its own shape: the partner pool's size, the label filters), the
-  classes swapped in place (``SWAPPED``) and what Ultralytics reads from our loaders
-  (``TRAIN_LOADER_ATTRIBUTES``, ``VAL_...``); a pinned method whose source differs in older releases of the range
-  lists each such source (``Reviewed``: the releases, the hash, why yolofeed serves them), and the label rules of
-  each release are ``LABEL_RULE_SETS``.
+* lists, in ``copied.py`` and ``relied_on.py``, what yolofeed copied (``COPIED``: Ultralytics' method, our copy, the
+  hash of the source it was copied from), the methods those copies and our overrides assume unchanged (``RELIED_ON``;
+  with ``ours``, a rule yolofeed re-implements in its own shape: the partner pool's size, the label filters), the
+  classes swapped in place (``SWAPPED``) and what Ultralytics reads from our loaders (``TRAIN_LOADER_ATTRIBUTES``,
+  ``VAL_...``); a pinned method whose source differs in older releases of the range lists each such source
+  (``Reviewed``: the releases, the hash, why yolofeed serves them), and the label rules of each release are
+  ``LABEL_RULE_SETS``.
   ``tests/test_seam.py`` compares the hashed methods with the installed source (read by ``source.py``) and fails
   with a diff on drift. Only this file imports Ultralytics;
 * chooses, where releases of the range differ in what yolofeed does, the installed release's way, in one function
@@ -52,12 +52,11 @@ import ultralytics
 
 from yolofeed.errors import UltralyticsError, UltralyticsVersionError
 from yolofeed.ultralytics_seam import source
+from yolofeed.ultralytics_seam.copied import COPIED
 from yolofeed.ultralytics_seam.pins import (
-    COPIED,
     GRAPH_LAYOUT_SINCE,
     LABEL_RULE_SETS,
     POSE_SINCE,
-    RELIED_ON,
     SEGMENT_LOSS_SINCE,
     SWAPPED,
     TRAIN_LOADER_ATTRIBUTES,
@@ -73,6 +72,7 @@ from yolofeed.ultralytics_seam.pins import (
     label_rules_named,
 )
 from yolofeed.ultralytics_seam.pins import release as parse_version
+from yolofeed.ultralytics_seam.relied_on import RELIED_ON
 from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_hash
 
 TESTED = "8.4.190"  # the Ultralytics the copies below were taken from, and the one `make test` runs
@@ -260,7 +260,7 @@ __all__ = [  # the names other modules import from here (the re-exports above an
     "world_size",
     "write_checkpoints_as", "xywh2xyxy", "xyxy2xywh", "YAML", "yaml_model_load", "YOLO", "YOLODataset",
     "zeropower_via_newtonschulz5",
-    # what yolofeed copied and relies on (pins.py), and reading the installed source (source.py)
+    # what yolofeed copied and relies on (copied.py, relied_on.py), and reading the installed source (source.py)
     "COPIED", "normalised_source", "Pinned", "RELIED_ON", "resolve", "Reviewed", "source_hash", "SWAPPED",
     "TRAIN_LOADER_ATTRIBUTES", "VAL_LOADER_ATTRIBUTES",
     # where the releases of the range differ
@@ -802,7 +802,7 @@ def end_epoch_late(trainer: Any, snapshot: Any, metrics: dict, ended: float) -> 
 
 # -- where releases of the range differ -----------------------------------------------------------------------------
 # Each function here is the one place a difference between releases reaches yolofeed's code (the ``Reviewed`` entry
-# of the method in pins.py says why); the label rules are LABEL_RULES, above.
+# of the method in relied_on.py says why); the label rules are LABEL_RULES, above.
 def pair_overlaps(assigner: Any, indices: tuple, gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Tensor:
     """``TaskAlignedAssigner.get_box_metrics``' overlaps of the candidate (image, box, anchor) pairs ``indices``: its
     ``pair_overlaps`` (8.4.180 on), or what it computed inline before (``iou_calculation`` of the gathered boxes).
