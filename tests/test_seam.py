@@ -55,7 +55,8 @@ def _imports_of(path: Path) -> set[str]:
 
 def test_only_the_seam_imports_ultralytics():
     users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "ultralytics" in _imports_of(p))
-    assert users == ["ultralytics_seam/__init__.py"]  # the pins (pins.py, copied.py, relied_on.py) and source.py read it as text and by name
+    # the pins (pins.py, copied.py, relied_on.py) and source.py read it as text and by name
+    assert users == ["ultralytics_seam/__init__.py"]
 
 
 def drift(pinned: seam.Pinned, text: str | None = None) -> str | None:
