@@ -516,10 +516,9 @@ def capture_ahead(model: nn.Module, batch: int, imgsz: int, device: torch.device
 
 def drop_stale(trainer: Any, batch: int, batches: int) -> None:
     """After an out-of-memory retry rebuilt the train loader at ``batch``, ``batches`` an epoch
-    (``BaseTrainer._build_train_pipeline``): a
-    graph made for another batch never replays again, yet its private pool keeps that batch's activations. Drop it;
-    where the graph still serves (``why_not``: the halved batch may now accumulate gradients) a fresh one captures at
-    the new size on its first full batch, else the step stays eager."""
+    (``BaseTrainer._build_train_pipeline``): a graph made for another batch never replays again, yet its private pool
+    keeps that batch's activations. Drop it; where the graph still serves (``why_not``: the halved batch may now
+    accumulate gradients) a fresh one captures at the new size on its first full batch, else the step stays eager."""
     model = seam.unwrap_model(trainer.model)
     graph = model.__dict__.get("_graph")
     if graph is None or graph.shape is None or graph.shape[0] == batch:

@@ -576,26 +576,10 @@ def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch
     return [(epoch, torch.float16 if amp else None, half, False), (final, None, half, True)]
 
 
-def accumulate_for(trainer: Any, batch: int, batches: int) -> int:
-    """The ``accumulate`` ``BaseTrainer._build_train_pipeline`` sets for a batch size once its train loader of
-    ``batches`` batches is built: ``round(nbs / batch)``, at least 1; from 8.4.177, at most the run's batches
-    (``batches x epochs``) unless ``time=`` is set."""
-    n = max(round(trainer.args.nbs / batch), 1)
-    if since("8.4.177") and not trainer.args.time:
-        n = min(n, batches * trainer.epochs)
-    return n
-
-
 def loader_stride(model: Any) -> int:
     """The stride ``DetectionTrainer.build_dataset`` gives the loaders: the model's largest, at least 32 (32 before a
     model is built)."""
     return max(int(unwrap_model(model).stride.max()), 32) if model is not None else 32
-
-
-def split_fraction(args: Any, mode: str) -> float | int:
-    """The ``fraction`` ``build_yolo_dataset`` gives a split's dataset: ``fraction=`` for the training split; for the
-    validation loader, its entry for ``args.split`` (from 8.4.159; before, for ``mode``, "val")."""
-    return get_split_fraction(args.fraction, "train" if mode == "train" else args.split if since("8.4.159") else mode)
 
 
 def batches_per_step(trainer: Any) -> int:
@@ -803,6 +787,22 @@ def end_epoch_late(trainer: Any, snapshot: Any, metrics: dict, ended: float) -> 
 # -- where releases of the range differ -----------------------------------------------------------------------------
 # Each function here is the one place a difference between releases reaches yolofeed's code (the ``Reviewed`` entry
 # of the method in relied_on.py says why); the label rules are LABEL_RULES, above.
+def accumulate_for(trainer: Any, batch: int, batches: int) -> int:
+    """The ``accumulate`` ``BaseTrainer._build_train_pipeline`` sets for a batch size once its train loader of
+    ``batches`` batches is built: ``round(nbs / batch)``, at least 1; from 8.4.177, at most the run's batches
+    (``batches x epochs``) unless ``time=`` is set."""
+    n = max(round(trainer.args.nbs / batch), 1)
+    if since("8.4.177") and not trainer.args.time:
+        n = min(n, batches * trainer.epochs)
+    return n
+
+
+def split_fraction(args: Any, mode: str) -> float | int:
+    """The ``fraction`` ``build_yolo_dataset`` gives a split's dataset: ``fraction=`` for the training split; for the
+    validation loader, its entry for ``args.split`` (from 8.4.159; before, for ``mode``, "val")."""
+    return get_split_fraction(args.fraction, "train" if mode == "train" else args.split if since("8.4.159") else mode)
+
+
 def pair_overlaps(assigner: Any, indices: tuple, gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Tensor:
     """``TaskAlignedAssigner.get_box_metrics``' overlaps of the candidate (image, box, anchor) pairs ``indices``: its
     ``pair_overlaps`` (8.4.180 on), or what it computed inline before (``iou_calculation`` of the gathered boxes).
