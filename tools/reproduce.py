@@ -163,6 +163,8 @@ SECTIONS = {s.name: s for s in (
         "first_epoch=True out=$OUT/first_own_yolo26n")),
     Section("plan-threads", "First epoch", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.plan_threads 2>&1 | grep -v Warning | tail -12",)),
+    Section("plan-cost", "First epoch", "nvidia-h200", 1, 3, (
+        "timeout 400 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12",)),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "
