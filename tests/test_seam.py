@@ -55,8 +55,10 @@ def _imports_of(path: Path) -> set[str]:
 
 def test_only_the_seam_imports_ultralytics():
     users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "ultralytics" in _imports_of(p))
-    # the pins (pins.py, copied.py, relied_on.py) and source.py read it as text and by name
-    assert users == ["ultralytics_seam/__init__.py"]
+    # the seam's modules; the pins (pins.py, copied.py, relied_on.py) and source.py read it as text and by name
+    outside = [u for u in users if not u.startswith("ultralytics_seam/")]
+    as_text = {f"ultralytics_seam/{name}.py" for name in ("pins", "copied", "relied_on", "source")}
+    assert users and not outside and not as_text & set(users), users
 
 
 def drift(pinned: seam.Pinned, text: str | None = None) -> str | None:
@@ -432,7 +434,7 @@ def test_where_releases_differ_the_seam_chooses_by_release(monkeypatch):
     muon = "ultralytics.optim.muon.muon_update"
     for version, serves, ddp in (((8, 4, 138), False, False), ((8, 4, 139), True, False), ((8, 4, 140), True, True),
                                  (seam.parse_version(seam.TESTED), True, True)):
-        monkeypatch.setattr(seam, "RELEASE", version)
+        monkeypatch.setattr(seam.version, "RELEASE", version)  # the module since() and the rest read
         assert seam.copy_serves(muon) is serves
         assert all(seam.copy_serves(p.ultralytics) for p in seam.COPIED if p.ultralytics != muon)
         if ddp:
@@ -455,7 +457,7 @@ def test_the_loaders_fraction_and_the_accumulation_follow_the_release(monkeypatc
     trainer = SimpleNamespace(args=args, epochs=2)
     for version, val, capped in (((8, 4, 158), 0.25, 8), ((8, 4, 159), 0.75, 8), ((8, 4, 176), 0.75, 8),
                                  ((8, 4, 177), 0.75, 2), (seam.parse_version(seam.TESTED), 0.75, 2)):
-        monkeypatch.setattr(seam, "RELEASE", version)
+        monkeypatch.setattr(seam.version, "RELEASE", version)  # the module since() and the rest read
         assert (seam.split_fraction(args, "train"), seam.split_fraction(args, "val")) == (0.5, val)
         assert seam.accumulate_for(trainer, 8, batches=1) == capped  # nbs / batch = 8; 1 batch x 2 epochs
         assert seam.accumulate_for(trainer, 64, batches=1) == 1

@@ -16,6 +16,7 @@ import torch
 
 from yolofeed import ultralytics_seam as seam
 from yolofeed.train import options, overlap
+from yolofeed.ultralytics_seam import beside as seam_beside
 
 TINY = dict(imgsz=64, batch=8, workers=0, plots=False, verbose=False, exist_ok=True, seed=0)
 
@@ -103,9 +104,9 @@ def test_a_thread_validating_beside_holds_what_it_logs_hides_its_bar_and_times_o
     t.start()
     t.join(10)
     assert seen["hidden"] is True and [r.getMessage() for r in held["records"]] == ["from the validation thread"]
-    assert seen["profile"] is seam._StreamProfile
+    assert seen["profile"] is seam_beside._StreamProfile
     bar = module.TQDM(range(3), total=3, disable=False)  # this thread's bars and timers: as before
-    assert bar.disable is False and type(module.Profile(device=None)) is seam._STOCK_PROFILE
+    assert bar.disable is False and type(module.Profile(device=None)) is seam_beside._STOCK_PROFILE
     bar.close()
 
 
@@ -147,14 +148,16 @@ def test_the_seam_imported_again_after_a_validation_beside_wraps_ultralytics_own
             "from ultralytics.engine import validator as module\n"
             "from ultralytics.utils import ops\n"
             "from yolofeed import ultralytics_seam as seam\n"
+            "from yolofeed.ultralytics_seam import beside\n"
             "bar = module.TQDM\n"
             "with seam.validation_beside():\n"
             "    pass\n"
-            "assert module.Profile is seam._validator_profile\n"
+            "assert module.Profile is beside._validator_profile\n"
             "for m in [m for m in sys.modules if m.startswith('yolofeed')]:\n"
             "    del sys.modules[m]\n"
-            "from yolofeed import ultralytics_seam as again\n"
-            "assert again is not seam\n"
+            "from yolofeed import ultralytics_seam as seam_again\n"
+            "from yolofeed.ultralytics_seam import beside as again\n"
+            "assert seam_again is not seam and again is not beside\n"
             "assert again._STOCK_PROFILE is ops.Profile and again._STOCK_BAR is bar\n"
             "assert issubclass(again._StreamProfile, ops.Profile)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -165,7 +168,7 @@ def test_a_timer_of_a_validation_beside_syncs_its_stream_not_the_device(monkeypa
     synced = []
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(
         synchronize=lambda: synced.append(("stream", device))))
-    timer = seam._StreamProfile(device=torch.device("cuda", 0))
+    timer = seam_beside._StreamProfile(device=torch.device("cuda", 0))
     monkeypatch.setattr(timer, "accelerator", torch.cuda)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(("device", device)))
     with timer:

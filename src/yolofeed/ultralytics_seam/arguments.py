@@ -1,0 +1,58 @@
+"""A run's arguments as Ultralytics takes them: the names of the optimisers it builds (``OPTIMIZERS``), the side it
+trains at for an ``imgsz`` (``train_side``), and the weights it finds or fetches by name (``downloads_weights``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from yolofeed.ultralytics_seam.names import GITHUB_ASSETS_NAMES, LOGGER, SETTINGS, check_imgsz
+
+# BaseTrainer.build_optimizer's names (matched without case); any other raises NotImplementedError after the model is
+# built. tests/test_seam.py reads them from the installed source.
+OPTIMIZERS = ("Adam", "Adamax", "AdamW", "NAdam", "RAdam", "RMSprop", "SGD", "MuSGD", "auto")
+
+
+class _QuietHere(logging.Filter):
+    """Drops the records of the thread that made it (``check_imgsz``'s warnings, which the run makes again itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+def train_side(imgsz: Any, stride: int = 32) -> int:
+    """The square side Ultralytics trains at: ``_setup_train``'s ``check_imgsz(imgsz, stride, floor=stride,
+    max_dim=1)`` (the largest of a list, rounded up to a multiple of the model's stride, at least one stride), its
+    warnings left out in this thread. Every detection model's stride is 32, a P6 model's 64.
+
+    Raises:
+        ValueError: a value ``check_imgsz`` refuses (Ultralytics raises it after the model and data are built), in
+            its words.
+    """
+    quiet = _QuietHere()
+    LOGGER.addFilter(quiet)
+    try:
+        side = check_imgsz(imgsz, stride, floor=stride, max_dim=1)
+    except (TypeError, ValueError, ArithmeticError) as e:
+        raise ValueError(" ".join(str(e).split())) from None
+    finally:
+        LOGGER.removeFilter(quiet)
+    if not isinstance(side, int):  # an empty list
+        raise ValueError(f"imgsz={imgsz} is not a valid image size")
+    return side
+
+
+def downloads_weights(name: str) -> bool:
+    """Whether Ultralytics' ``attempt_download_asset`` may find or fetch ``name`` where no file is: a URL, an asset
+    name of its releases (a path ending in yolo11n.pt is downloaded there; a yolov5 or yolov3 name is first renamed
+    to its u version), or a name in its weights folder. Any other missing .pt it looks up on GitHub (two requests,
+    YOLO_OFFLINE set too) before it fails."""
+    text = str(name).strip()
+    return (text.lower().startswith(("http:/", "https:/")) or Path(text).name in GITHUB_ASSETS_NAMES
+            or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())

@@ -1,0 +1,210 @@
+"""The trainer's state: the attributes of a trainer that Ultralytics sets in its methods and yolofeed reads
+(``TRAINER_STATE``), checked in the installed source when the seam is imported, and each read through a function here
+that names it (``checkpoint``, ``start_epoch``, ``step_autocast``, ``may_stop``...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yolofeed.errors import UltralyticsVersionError
+from yolofeed.ultralytics_seam import source
+from yolofeed.ultralytics_seam.names import AutoBackend, DetectionTrainer, EarlyStopping
+from yolofeed.ultralytics_seam.required import _missing
+
+# -- the trainer's state -------------------------------------------------------------------------------------------
+# Attributes of a trainer that Ultralytics sets in its methods (not on the class, so REQUIRED cannot see them) and
+# yolofeed reads: (the class that sets them, what yolofeed does with it). Checked at import in the installed source:
+# an attribute no method of that class (or an Ultralytics base of it) assigns any more fails in one line. yolofeed
+# reads each through the function below that names it.
+TRAINER_STATE: dict[str, tuple[type, str]] = {
+    "last": (DetectionTrainer, "yolofeed names it as the checkpoint a stopped run resumes from and strips it "
+                               "atomically at the end"),
+    "best": (DetectionTrainer, "yolofeed strips it atomically at the end and validates it"),
+    "wdir": (DetectionTrainer, "yolofeed removes the temporary files of a killed checkpoint writer there"),
+    "start_epoch": (DetectionTrainer, "yolofeed's warm-up loads the first batches of the epoch training starts at "
+                                      "(not 0 after a resume)"),
+    "amp": (DetectionTrainer, "yolofeed's warm-up runs under the step's autocast"),
+    "ema": (DetectionTrainer, "yolofeed's validation thread warms copies of the models validated from it"),
+    "accumulate": (DetectionTrainer, "yolofeed's validation thread starts its set-up once the optimiser has stepped "
+                                     "twice (FastMuSGD's capture)"),
+    "test_loader": (DetectionTrainer, "yolofeed's validation thread sets up cuDNN for its batches' shapes"),
+    "world_size": (DetectionTrainer, "yolofeed's train loader shards the pack by it under DDP"),
+    "stopper": (DetectionTrainer, "yolofeed validates wherever early stopping may stop the run"),
+    "stop": (DetectionTrainer, "yolofeed validates wherever the run is about to stop"),
+    "possible_stop": (EarlyStopping, "yolofeed validates wherever early stopping may stop the run"),
+    "best_epoch": (EarlyStopping, "val_overlap validates in the training thread wherever early stopping could stop "
+                                  "the run"),
+    "patience": (EarlyStopping, "val_overlap validates in the training thread wherever early stopping could stop "
+                                "the run"),
+    "tloss": (DetectionTrainer, "val_overlap writes an epoch's row late, with that epoch's mean losses"),
+    "loss": (DetectionTrainer, "val_overlap's fitness without a validator's is the epoch's last loss, as stock's"),
+    "loss_items": (DetectionTrainer, "val_overlap validates an epoch beside the next with that epoch's loss items"),
+    "lr": (DetectionTrainer, "val_overlap writes an epoch's row late, with that epoch's learning rates"),
+    "epoch_time": (DetectionTrainer, "val_overlap runs an epoch's on_fit_epoch_end late, with that epoch's time"),
+    "train_time_start": (DetectionTrainer, "val_overlap writes an epoch's row late, its time column when its "
+                                           "validation ended"),
+    "scaler": (DetectionTrainer, "val_overlap writes an epoch's checkpoints late, with that epoch's scaler state"),
+    "resume": (DetectionTrainer, "yolofeed restores a resumed run's options and drops the results.csv rows of epochs "
+                                 "it trains again"),
+    "csv": (DetectionTrainer, "yolofeed draws results.png from it beside the final validation, and drops from it the "
+                              "rows of epochs a resumed run trains again"),
+}
+
+
+def check_trainer_state(state: dict[str, tuple[type, str]] = TRAINER_STATE) -> None:
+    """Raise on the first attribute of ``state`` that no method of its class assigns in the installed source.
+
+    Raises:
+        UltralyticsVersionError: one line naming the attribute, what yolofeed does with it, and the range that works.
+    """
+    assigned: dict[type, set[str]] = {}
+    for cls, _ in state.values():
+        if cls not in assigned:
+            try:
+                assigned[cls] = source.assigned_attributes(cls)
+            except (OSError, TypeError):  # no source to read (compiled): the readers below still fail in one line
+                assigned[cls] = set(state)
+    source.clear_cache()
+    for name, (cls, why) in state.items():
+        if name not in assigned[cls]:
+            raise UltralyticsVersionError(str(_missing(f"{cls.__name__}.{name}", why)))
+
+
+check_trainer_state()
+
+
+def _state(obj: Any, name: str, where: str = "trainer") -> Any:
+    """``obj.<name>`` (an attribute of ``TRAINER_STATE``), or one line saying which is missing and why it matters.
+
+    Raises:
+        UltralyticsError: the object has no such attribute (yet: Ultralytics sets some during set-up).
+    """
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise _missing(f"{where}.{name}", TRAINER_STATE[name][1]) from None
+
+
+def checkpoint(trainer: Any, which: str) -> Any:
+    """The path of the trainer's ``"last"`` or ``"best"`` checkpoint (``BaseTrainer.__init__``: ``wdir / last.pt``,
+    ``wdir / best.pt``; a ``Path`` until ``write_checkpoints_as`` swaps its class)."""
+    if which not in ("last", "best"):
+        raise ValueError(f"which={which!r}: expected 'last' or 'best'")
+    return _state(trainer, which)
+
+
+def resuming(trainer: Any) -> bool:
+    """Whether the trainer resumes a run (``BaseTrainer.check_resume`` sets ``resume``)."""
+    return bool(_state(trainer, "resume"))
+
+
+def results_csv(trainer: Any) -> Path:
+    """The run's results.csv (``BaseTrainer.csv``), one row an epoch, appended by ``save_metrics``."""
+    return Path(_state(trainer, "csv"))
+
+
+def weights_dir(trainer: Any) -> Any:
+    """The folder the trainer writes its checkpoints in (``BaseTrainer.wdir``, ``<save_dir>/weights``)."""
+    return _state(trainer, "wdir")
+
+
+def start_epoch(trainer: Any) -> int:
+    """The epoch training starts at: 0, or the one after a resumed checkpoint's (``resume_training``)."""
+    return int(_state(trainer, "start_epoch"))
+
+
+def step_autocast(trainer: Any) -> Any:
+    """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
+    ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
+    return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+
+
+def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch.dtype, bool]]:
+    """Copies of the models Ultralytics' validations run, set up as ``BaseValidator.__call__`` (RELIED_ON) sets them
+    up, for a blank forward pass at each shape they will meet: each (model, autocast dtype or None, input dtype,
+    whether it first runs at batch 1), every epoch's first, the final validation's second. Made from the EMA, so call
+    it once the EMA exists (``on_pretrain_routine_end``).
+
+    * every epoch's validation: the EMA, float32 in eval mode and in the training model's layout, under float16
+      autocast with ``amp`` (every release of the range), on half inputs;
+    * the final validation's: best.pt (the EMA's weights) through ``AutoBackend``: fused, in half precision with
+      ``amp``, in the layout ``channels_last`` asks for (contiguous on CUDA by default), warmed at batch 1 first.
+
+    Only cuDNN's per-shape set-up is wanted from them: what the passes compute is thrown away.
+    """
+    import copy
+
+    amp = trainer.device.type != "cpu" and bool(_state(trainer, "amp"))
+    ema = _state(trainer, "ema").ema
+    half = torch.float16 if amp else torch.float32
+    epoch = copy.deepcopy(ema).float().eval()
+    final = AutoBackend(model=copy.deepcopy(ema), device=trainer.device, fp16=amp, fuse=True,
+                        channels_last=trainer.args.channels_last, verbose=False)
+    return [(epoch, torch.float16 if amp else None, half, False), (final, None, half, True)]
+
+
+def batches_per_step(trainer: Any) -> int:
+    """The batches whose gradients the optimiser steps on at most (``BaseTrainer.accumulate``, ``nbs / batch``; fewer
+    in the warm-up epochs)."""
+    return max(int(_state(trainer, "accumulate")), 1)
+
+
+def validation_loader(trainer: Any) -> Any:
+    """The loader every validation of the run reads (``BaseTrainer.test_loader``)."""
+    return _state(trainer, "test_loader")
+
+
+def world_size(trainer: Any) -> int:
+    """The number of DDP ranks (``BaseTrainer.world_size``: 0 on the CPU, 1 on one GPU)."""
+    return int(_state(trainer, "world_size"))
+
+
+def may_stop(trainer: Any) -> bool:
+    """Whether this epoch may end the run early: Ultralytics' early stopping may stop it after this epoch's validation
+    (``EarlyStopping.possible_stop``) or the run is stopping (``BaseTrainer.stop``: a ``time=`` limit, early stopping
+    on another rank)."""
+    return bool(_state(_state(trainer, "stopper"), "possible_stop", "trainer.stopper") or _state(trainer, "stop"))
+
+
+def could_stop(trainer: Any) -> bool:
+    """Whether this epoch's validation may end the run: ``may_stop``, or early stopping would stop after this epoch
+    if its fitness does not improve (``EarlyStopping.__call__``, RELIED_ON: it stops once the epochs since the best
+    reach ``patience``; with ``val_period`` the epochs between two validations count too, which ``possible_stop``, set
+    at the last validation for the next epoch, does not see)."""
+    stopper = _state(trainer, "stopper")
+    since_best = trainer.epoch + 1 - _state(stopper, "best_epoch", "trainer.stopper")
+    return may_stop(trainer) or since_best >= _state(stopper, "patience", "trainer.stopper")
+
+
+def trainer_ema(trainer: Any) -> Any:
+    """The trainer's ``ModelEMA`` (``BaseTrainer.ema``: its ``ema`` model and its ``updates``)."""
+    return _state(trainer, "ema")
+
+
+def stop_asked(trainer: Any) -> bool:
+    """Whether the run stops after this epoch (``BaseTrainer.stop``: early stopping, ``time=``, a callback)."""
+    return bool(_state(trainer, "stop"))
+
+
+def epoch_end_state(trainer: Any) -> dict[str, Any]:
+    """What ``BaseTrainer._do_train``'s epoch end reads of the trainer besides the EMA, as it is now: the epoch and the
+    epochs, the epoch's mean losses (``tloss``), the last step's loss and loss items, the learning rates (``lr``)."""
+    ema = _state(trainer, "ema")
+    return {"epoch": trainer.epoch, "epochs": trainer.epochs, "tloss": _state(trainer, "tloss"),
+            "loss": _state(trainer, "loss"), "loss_items": _state(trainer, "loss_items"), "lr": _state(trainer, "lr"),
+            "updates": ema.updates}
+
+
+def forget_loss(trainer: Any) -> None:
+    """The trainer's last loss set to None, for an epoch whose training is not kept: Ultralytics' NaN recovery, which
+    reads it after the validation (``_handle_nan_recovery``, RELIED_ON), then has nothing of it to recover from."""
+    _state(trainer, "loss")
+    trainer.loss = None
+
+
+def checkpoint_states(trainer: Any) -> tuple[dict, dict]:
+    """The optimiser's and the scaler's state dicts, as ``BaseTrainer.save_model`` serialises them."""
+    return trainer.optimizer.state_dict(), _state(trainer, "scaler").state_dict()
