@@ -80,7 +80,7 @@ def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeyp
     fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model, hyp=hyp,
                            amp=True, args=SimpleNamespace(amp=True), start_epoch=3,
                            _new_augment=lambda: GpuAugment(hyp),  # the task's augmentation (detection's here)
-                           _set_up_beside=lambda: None)
+                           _set_up_beside=lambda: None, _short_batches_beside=lambda *a: False)
     trainer_module.FastDetectionTrainer._warm_up(fake)
     assert primed == [3]
     assert bool(seen) == called
@@ -101,7 +101,8 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         hyp = AugmentHyp.from_args(imgsz=64)
         return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
                                amp=True, args=SimpleNamespace(amp=amp_key), start_epoch=0,
-                               _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None)
+                               _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
+                               _short_batches_beside=lambda *a: False)
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16

@@ -208,6 +208,70 @@ class Daemon:
         return self.thread is threading.current_thread()
 
 
+class Worker:
+    """One daemon worker thread that runs what it is given in turn (``run`` waits, ``submit`` does not); ``first``, if
+    given, runs in it before any job (a CUDA worker sets its device there: the caller's is not inherited).
+
+    A daemon, so that an interpreter never hangs at exit on it; ``cancel`` skips what is queued, and ``close`` ends it
+    once what is queued is done.
+    """
+
+    def __init__(self, name: str, first: Callable[[], object] | None = None):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancelled = threading.Event()  # set by the waiting thread when it stops waiting (Ctrl-C, an error)
+        self._worker = Daemon(self._serve_jobs, first, name=name)
+
+    def _serve_jobs(self, first: Callable[[], object] | None) -> None:
+        if first is not None:
+            first()
+        while (job := self._jobs.get()) is not None:
+            fn, args, kwargs, done = job
+            if self.cancelled.is_set():  # the caller stopped waiting: what is queued behind is not run, and a
+                done.cancel()  # later waiter gets CancelledError, not a wait without end
+                continue
+            if not done.set_running_or_notify_cancel():
+                continue
+            try:
+                done.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # handed to the waiting thread, which raises it there
+                done.set_exception(e)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        """Queue ``fn(*args, **kwargs)`` behind what is queued; its future holds the result or the exception."""
+        if self._worker.ended.is_set():
+            raise RuntimeError(f"yolofeed's {self._worker.thread.name} thread has stopped")
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((fn, args, kwargs, done))
+        return done
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the worker, after what is queued; returns its result or raises its exception."""
+        return result(self.submit(fn, *args, **kwargs))
+
+    def close(self, wait: float = 0.0) -> bool:
+        """The worker ends once what is queued is done; waited for up to ``wait`` seconds. Returns whether it ended.
+
+        The caller defers signals meanwhile (``signals_deferred``): a wait cut short by Ctrl-C or SIGTERM lets the
+        interpreter exit while the worker is inside torch, and the process aborts ("terminate called without an active
+        exception")."""
+        self._jobs.put(None)
+        if wait > 0 and not self._worker.is_current():
+            return self._worker.ended.wait(wait)
+        return self._worker.ended.is_set()
+
+    def cancel(self) -> None:
+        """Skip what is queued."""
+        self.cancelled.set()
+
+    def is_current(self) -> bool:
+        """Whether the caller runs in the worker."""
+        return self._worker.is_current()
+
+    @property
+    def alive(self) -> bool:
+        return not self._worker.ended.is_set()
+
+
 def wait_for(event: threading.Event) -> None:
     """``event.wait()``, in timed steps: Ctrl-C cuts it short. Wait for a thread on an event it sets as it returns, not
     with ``Thread.join``: a join cut short by Ctrl-C may release the thread's state lock it did not take (CPython's

@@ -50,6 +50,10 @@ def main(argv: list[str]) -> None:
     aba({side: (c, _site(c, root)) for side, c in configs.items()}, bench, out)
 
 
+# a steady bench's figures, and a whole run's (``whole_run=``: its wall, set-up, end and parts, each epoch's seconds)
+RATES = ("images_per_s", "step_ms", "phases_ms", "wall_s", "setup_s", "final_s", "parts")
+
+
 def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path, order: str = "ABA") -> None:
     """``yolofeed bench`` with ``bench``'s arguments once a letter of ``order`` (A, B, A), each side (name: (what it
     sets, a folder holding its sitecustomize.py)) first on PYTHONPATH. Prints each run's rates; writes
@@ -64,7 +68,8 @@ def aba(sides: dict[str, tuple[str, Path]], bench: list[str], out: Path, order: 
         rates = {}
         try:
             report = json.loads((dest / "bench.json").read_text())
-            rates = {m["mode"]: {k: m.get(k) for k in ("images_per_s", "step_ms", "phases_ms")}
+            rates = {m["mode"]: {k: m[k] for k in RATES if k in m}
+                     | ({"epochs_s": [e.get("epoch_s") for e in m["epochs"]]} if "epochs" in m else {})
                      for m in report["results"]}
         except (OSError, ValueError, KeyError):
             pass

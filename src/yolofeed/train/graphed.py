@@ -78,6 +78,7 @@ class _StockPickle:
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = dict(self.__dict__)
         state.pop("_graph", None)
+        state.pop("_short", None)
         state.pop("_cast", None)
         state.pop("fused", None)  # a copy made inside a capture (the EMA's) is Ultralytics' layer, not fusing
         return copyreg._reconstructor, (self._stock, object, None), state  # __newobj__ insists on the own class
@@ -390,14 +391,19 @@ class _Graph:
 
 
 class GraphedPredict(_StockPickle):
-    """Before the model's own class: ``predict`` in training mode replays ``_graph`` where it takes the batch."""
+    """Before the model's own class: ``predict`` in training mode replays ``_graph`` where it takes the batch, and
+    runs a batch of another size in ``_short``'s thread where that takes it (train/short_batches.py)."""
 
     def predict(self, x: Any, profile: bool = False, augment: bool = False, embed: Any = None, **kwargs: Any) -> Any:
         graph = self.__dict__.get("_graph")
-        if graph is not None and self.training and not (profile or augment or embed or kwargs) and graph.takes(x):
-            out = graph(x)
-            if out is not None:
-                return out
+        if graph is not None and self.training and not (profile or augment or embed or kwargs):
+            if graph.takes(x):
+                out = graph(x)
+                if out is not None:
+                    return out
+            short = self.__dict__.get("_short")
+            if short is not None and short.takes(x):
+                return short(self._stock.predict, self, x)
         return self._stock.predict(self, x, profile=profile, augment=augment, embed=embed, **kwargs)
 
 
@@ -526,6 +532,9 @@ def drop_stale(trainer: Any, batch: int, batches: int) -> None:
     # BaseTrainer sets the new accumulate only after the loader is built: the reduced batch's, as it will compute it
     accumulate = seam.accumulate_for(trainer, batch, batches)
     why = why_not(trainer) or (f"gradients now accumulate over {accumulate} batches" if accumulate != 1 else None)
+    short = model.__dict__.pop("_short", None)  # made for the old batch's short sizes
+    if short is not None:
+        short.close()
     if why is None:
         model.__dict__["_graph"] = _Graph(model, graph.autocast, graph.log, graph.before_capture)
     else:
@@ -537,8 +546,11 @@ def drop_stale(trainer: Any, batch: int, batches: int) -> None:
 
 
 def uninstall(model: nn.Module) -> None:
-    """The model as Ultralytics made it again (its classes, no graph)."""
+    """The model as Ultralytics made it again (its classes, no graph, no short batches' thread)."""
     model = seam.unwrap_model(model)
+    short = model.__dict__.pop("_short", None)
+    if short is not None:
+        short.close()
     if isinstance(model, GraphedPredict):
         model.__dict__.pop("_graph", None)
         model.__class__ = model._stock

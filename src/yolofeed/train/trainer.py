@@ -55,7 +55,7 @@ from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.report import report_path
 from yolofeed.pack.verify import not_stock_skips
-from yolofeed.train import checks, graphed, keys, options
+from yolofeed.train import checks, graphed, keys, options, short_batches
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.augmenting import Augmenting
 from yolofeed.train.bounds import LabelBound, label_stats
@@ -518,7 +518,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             parts: dict[str, float] = {}
             seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
                               corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside,
-                              parts=parts)
+                              beside=partial(self._short_batches_beside, amp, parts), parts=parts)
             self.warm_up_s, self.warm_up_parts = seconds, parts  # the whole-run bench's breakdown reads them
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
@@ -546,6 +546,17 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         self._start_validation_thread()
         if self._validations is not None:
             self._warm_validations()
+
+    def _short_batches_beside(self, amp: bool | torch.dtype, parts: dict[str, float], sizes: list[int]) -> bool:
+        """The warm-up's ``beside``: the epoch's other batch sizes (its last, short batch) forwarded in a thread of
+        their own whose set-up runs beside the first epoch (train/short_batches.py), where the step's graph was
+        captured ahead of it; returns whether they were taken."""
+        model = unwrap_model(self.model)
+        graph = model.__dict__.get("_graph")
+        if not short_batches.BESIDE or graph is None or graph.flat is None:
+            return False
+        model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts)
+        return True
 
     def _capture_ahead(self) -> None:
         """At ``on_train_start``, where the warm-up ran: the graphed step's capture (train/graphed.py) on a blank

@@ -25,11 +25,9 @@ in the training thread, as Ultralytics does.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -41,57 +39,17 @@ from yolofeed.ultralytics_seam import LOGGER
 Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
 
 
-class ValidationThread:
-    """One daemon worker thread that runs what it is given in turn (``run`` waits, ``submit`` does not).
+class ValidationThread(processes.Worker):
+    """The worker thread validations run in (``processes.Worker``), on ``device``.
 
-    A daemon, so that an interpreter never hangs at exit on it; a stopped run (Ctrl-C, SIGTERM, an error) cancels what
-    it runs and waits for it to stop at its next batch (``close``), as the process aborts if it exits with the worker
-    inside torch. The worker uses ``device`` as its current CUDA device (the training thread's is not inherited).
+    A stopped run (Ctrl-C, SIGTERM, an error) cancels what it runs and waits for it to stop at its next batch
+    (``close``), as the process aborts if it exits with the worker inside torch.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.cancelled = threading.Event()  # set by the waiting thread when it stops waiting (Ctrl-C, an error)
-        self._worker = processes.Daemon(self._serve_jobs, name="yolofeed-validation")
-
-    def _serve_jobs(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        while (job := self._jobs.get()) is not None:
-            fn, args, kwargs, done = job
-            if self.cancelled.is_set():  # the trainer stopped waiting: what is queued behind is not run, and a
-                done.cancel()  # later waiter gets CancelledError, not a wait without end
-                continue
-            if not done.set_running_or_notify_cancel():
-                continue
-            try:
-                done.set_result(fn(*args, **kwargs))
-            except BaseException as e:  # handed to the waiting thread, which raises it there
-                done.set_exception(e)
-
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
-        """Queue ``fn(*args, **kwargs)`` behind what is queued; its future holds the result or the exception."""
-        if self._worker.ended.is_set():
-            raise RuntimeError("yolofeed's validation thread has stopped")
-        done: Future = Future()
-        self._jobs.put((fn, args, kwargs, done))
-        return done
-
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` in the worker, after what is queued; returns its result or raises its exception."""
-        return processes.result(self.submit(fn, *args, **kwargs))
-
-    def close(self, wait: float = 0.0) -> bool:
-        """The worker ends once what is queued is done; waited for up to ``wait`` seconds. Returns whether it ended.
-
-        The caller defers signals meanwhile (``processes.signals_deferred``, the trainer's teardown): a wait cut short
-        by Ctrl-C or SIGTERM lets the interpreter exit while the worker is inside torch, and the process aborts
-        ("terminate called without an active exception")."""
-        self._jobs.put(None)
-        if wait > 0 and not self._worker.is_current():
-            return self._worker.ended.wait(wait)
-        return self._worker.ended.is_set()
+        super().__init__("yolofeed-validation", first=(lambda: torch.cuda.set_device(device)) if device.type == "cuda"
+                         else None)
 
     def cancel(self) -> None:
         """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""
@@ -99,12 +57,8 @@ class ValidationThread:
 
     def check_cancelled(self, *_: Any) -> None:
         """A validator callback (``on_val_batch_start``): raise in the worker once the trainer stopped waiting."""
-        if self.cancelled.is_set() and self._worker.is_current():
+        if self.cancelled.is_set() and self.is_current():
             raise KeyboardInterrupt("yolofeed: the training stopped waiting for this validation")
-
-    @property
-    def alive(self) -> bool:
-        return not self._worker.ended.is_set()
 
 
 def loader_shapes(loader: Any) -> list[Shape]:

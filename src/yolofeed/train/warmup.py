@@ -65,7 +65,17 @@ def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.dev
         amp: the step's autocast, as Ultralytics' ``autocast`` takes it: True (float16), False, or a dtype
             (``torch.bfloat16`` for ``amp=bf16``).
     """
-    twin = copy.deepcopy(model).train()  # its own parameters, buffers and autograd nodes (DDP's hooks stay behind)
+    passes(training_copy(model), sizes, imgsz, device, amp)
+
+
+def training_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` in training mode: its own parameters, buffers and autograd nodes (DDP's hooks stay
+    behind, as do the graphed step's graph and swaps: train/graphed.py)."""
+    return copy.deepcopy(model).train()
+
+
+def passes(twin: nn.Module, sizes: list[int], imgsz: int, device: torch.device, amp: bool | torch.dtype) -> None:
+    """``warm_model``'s passes, on ``twin`` (``training_copy``'s), which they leave without gradients."""
     dtype = amp if isinstance(amp, torch.dtype) else torch.float16
     for n in sizes:
         x = torch.zeros(n, 3, imgsz, imgsz, device=device)
@@ -74,7 +84,6 @@ def warm_model(model: nn.Module, sizes: list[int], imgsz: int, device: torch.dev
         sum(t.float().sum() for t in _tensors(out)).backward()
         twin.zero_grad(set_to_none=True)
         del x, out  # one size's activations at a time: the peak stays a training step's
-    del twin
 
 
 def blank_source(n: int, imgsz: int, width: int, device: torch.device,
@@ -102,10 +111,12 @@ def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.dev
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
             amp: bool | torch.dtype, corners: bool = False, after_full: Callable[[], None] | None = None,
-            parts: dict[str, float] | None = None) -> float:
+            beside: Callable[[list[int]], bool] | None = None, parts: dict[str, float] | None = None) -> float:
     """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took. ``corners``: the
     batches are OBBs'. ``after_full`` runs once the full batch's pass is made, before the other sizes' (the trainer
-    captures the step's graph there, then sets up the validations beside the rest). ``parts``, where given, gets the
+    captures the step's graph there, then sets up the validations beside the rest). ``beside``, where given, is
+    offered the other sizes next, and returns whether it took them (their set-up then runs beside the first epoch:
+    train/short_batches.py); else they are passed here. ``parts``, where given, gets the
     seconds of each: ``full_batch_s``, ``after_full_s``, ``other_sizes_s``, ``augmentation_s`` (each part's GPU work
     waited for on the training thread's stream: the validations' set-up beside it is not).
 
@@ -134,8 +145,9 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
         after_full()
         done("after_full_s")
     if len(sizes) > 1:
-        warm_model(model, sizes[1:], augment.hyp.imgsz, device, amp)
-        done("other_sizes_s")
+        if beside is None or not beside(sizes[1:]):
+            warm_model(model, sizes[1:], augment.hyp.imgsz, device, amp)
+        done("other_sizes_s")  # handed to ``beside``: the model's copy
     warm_augmentation(augment, sizes[0], width, device, corners)
     done("augmentation_s")
     torch.set_rng_state(rng[0])

@@ -1,0 +1,103 @@
+"""The epoch's short batches (its last, smaller one) forwarded in a thread of their own, whose cuDNN set-up is made
+beside the first epoch.
+
+cuDNN plans a convolution's forward once per calling thread and input shape, and its backward once per shape in the
+autograd engine's device thread, which every thread's backward runs in (BENCHMARKS.md, "First epoch": yolo11n's first
+pass at batch 16 took 1.76 s forward and 2.65 s backward, cold). With the graphed step (train/graphed.py) the full
+batch replays a graph captured before the first epoch, and only a batch of another size, the epoch's last, runs
+eager: its plans were the warm-up's largest part left, in the training thread before the first epoch (6.5 s of 13.1
+on the 10k set of "The whole run").
+
+``ShortBatches`` makes them beside the first epoch instead: a worker thread runs one blank forward and backward pass
+at each such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of its own, while the
+training goes on; and the training model's ``predict`` at those sizes (``GraphedPredict``) then runs in that worker,
+waited for, under the training thread's autocast, grad mode and CUDA stream: the same calls on the same tensors, so
+the same values and the same autograd graph, whose backward the training thread runs as before. What it costs the
+training: the worker's host time on another core, and the backward's plans in the autograd device thread, where the
+training's own backward waits for the node running ahead of it.
+
+It serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since a
+capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
+FastMuSGD's) are in the thread-local mode, which another thread's work does not invalidate, and the worker never
+synchronises the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from yolofeed import processes
+from yolofeed.train.warmup import passes, training_copy
+from yolofeed.ultralytics_seam import LOGGER
+
+BESIDE = True  # False: the warm-up makes the short batches' plans in the training thread, before the first epoch
+CLOSE_WAIT_S = 30.0  # how long a run's end waits for the worker (a pass at a short batch's size, at most)
+
+
+class ShortBatches:
+    """The worker that forwards the training model's batches of ``sizes`` (see the module's doc)."""
+
+    def __init__(self, model: nn.Module, sizes: list[int], imgsz: int, device: torch.device, amp: bool | torch.dtype,
+                 parts: dict[str, float] | None = None):
+        """``parts``, where given (the warm-up's), gets ``beside_s``: the set-up's seconds in the worker, once made."""
+        self.sizes = frozenset(sizes)
+        self.device = device
+        self.parts = parts
+        self._worker = processes.Worker("yolofeed-short-batches", first=(lambda: torch.cuda.set_device(device))
+                                        if device.type == "cuda" else None)
+        # the copy is made here, in the training thread, between two steps: not while the worker's passes run
+        self._worker.submit(self._set_up, training_copy(model), sorted(sizes, reverse=True), imgsz, amp)
+
+    def _set_up(self, twin: nn.Module, sizes: list[int], imgsz: int, amp: bool | torch.dtype) -> None:
+        """The passes, in the worker, on a stream of its own: waited for on that stream, never the device's (a
+        device-wide sync would invalidate a capture in another thread)."""
+        start = time.perf_counter()
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        try:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                passes(twin, sizes, imgsz, self.device, amp)
+            if stream is not None:
+                stream.synchronize()
+        except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # that batch pays its own set-up
+            LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside the "
+                           f"first epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
+                           "pay it when they come")
+        finally:
+            if self.parts is not None:
+                self.parts["beside_s"] = time.perf_counter() - start
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is a batch of one of the sizes, and the worker runs."""
+        return x.shape[0] in self.sizes and self._worker.alive and torch.is_grad_enabled()
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the worker, behind its set-up, under this thread's autocast, grad mode and CUDA
+        stream; waited for (Ctrl-C cuts the wait short), its exception raised here."""
+        return processes.result(self._worker.submit(_as_here(self.device), fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Ended once what is queued is done, waited for (``CLOSE_WAIT_S`` at most; the caller defers signals)."""
+        self._worker.cancel()
+        self._worker.close(CLOSE_WAIT_S)
+
+
+def _as_here(device: torch.device) -> Callable[..., Any]:
+    """A function that calls its arguments under the calling thread's autocast, grad mode and current CUDA stream of
+    ``device``, which are each thread's own."""
+    cuda = device.type == "cuda"
+    enabled, dtype = torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)
+    cache, grad = torch.is_autocast_cache_enabled(), torch.is_grad_enabled()
+    stream = torch.cuda.current_stream(device) if cuda else None
+
+    def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with (torch.autocast(device.type, dtype=dtype, enabled=enabled, cache_enabled=cache),
+              torch.set_grad_enabled(grad), torch.cuda.stream(stream) if cuda else contextlib.nullcontext()):
+            return fn(*args, **kwargs)
+
+    return call
