@@ -51,24 +51,34 @@ class ShortBatches:
         self.parts = parts
         self._worker = processes.Worker("yolofeed-short-batches", first=(lambda: torch.cuda.set_device(device))
                                         if device.type == "cuda" else None)
-        # the copy is made here, in the training thread, between two steps: not while the worker's passes run
-        self._worker.submit(self._set_up, training_copy(model), sorted(sizes, reverse=True), imgsz, amp)
+        # the copy is made here, in the training thread, between two steps: not while the worker's passes run; its
+        # tensors are written on this thread's stream, which the worker's waits for (``copied``)
+        twin = training_copy(model)
+        copied = None
+        if device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(device))
+        self._worker.submit(self._set_up, twin, copied, sorted(sizes, reverse=True), imgsz, amp)
 
-    def _set_up(self, twin: nn.Module, sizes: list[int], imgsz: int, amp: bool | torch.dtype) -> None:
-        """The passes, in the worker, on a stream of its own: waited for on that stream, never the device's (a
-        device-wide sync would invalidate a capture in another thread)."""
+    def _set_up(self, twin: nn.Module, copied: torch.cuda.Event | None, sizes: list[int], imgsz: int,
+                amp: bool | torch.dtype) -> None:
+        """The passes, in the worker, on a stream of its own, after the copy is written: waited for on that stream,
+        never the device (a device-wide sync would invalidate a capture in another thread), and before the copy's
+        memory goes back (its batch norms' kernels write to it)."""
         start = time.perf_counter()
-        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        stream = torch.cuda.Stream(self.device) if copied is not None else None
         try:
+            if stream is not None:
+                stream.wait_event(copied)
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 passes(twin, sizes, imgsz, self.device, amp)
-            if stream is not None:
-                stream.synchronize()
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # that batch pays its own set-up
             LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside the "
                            f"first epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
                            "pay it when they come")
         finally:
+            if stream is not None:
+                stream.synchronize()
             if self.parts is not None:
                 self.parts["beside_s"] = time.perf_counter() - start
 
