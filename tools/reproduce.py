@@ -166,14 +166,14 @@ SECTIONS = {s.name: s for s in (
     Section("plan-cost", "First epoch", "nvidia-h200", 1, 3, (
         "timeout 400 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12",)),
     Section("short-batches-ab", "First epoch", "nvidia-h200", 1, 8, (
-        # the short batches' GPU test beside the CPU-bound synth and pack; then yolofeed's whole run of 3 epochs with
+        # the short batches' GPU test beside the CPU-bound synth and pack; then yolofeed's whole run of 2 epochs with
         # the short batches' set-up in the warm-up (A) and beside the first epoch (B), A B A; then plan-cost
         "timeout 150 python3 -m pytest -q -m gpu tests/test_short_batches.py tests/test_warmup.py -p no:cacheprovider "
         "-rA > $OUT/gpu_tests_short.txt 2>&1 &",
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_short.txt | tail -8",
         "timeout 330 python3 -m tools.device.swap_ab off=short_batches out=$OUT/short_batches_ab -- "
-        f"model=yolo11n.yaml modes=yolofeed whole_run=3 {BENCH_1}", NO_WEIGHTS,
-        "timeout 200 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12")),
+        f"model=yolo11n.yaml modes=yolofeed whole_run=2 {BENCH_1}", NO_WEIGHTS,
+        "timeout 150 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12")),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "
