@@ -199,3 +199,19 @@ def test_cuda_a_short_batch_in_the_worker_is_bit_for_bit_the_training_threads_un
             assert torch.equal(a, b)
     finally:
         short.close()
+
+
+def test_a_worker_that_does_not_stop_is_said_and_noted_and_the_run_goes_on(model, monkeypatch, caplog):
+    from yolofeed import processes
+
+    monkeypatch.setattr(short_batches, "CLOSE_WAIT_S", 0.2)
+    monkeypatch.setattr(processes, "LEFT_RUNNING", [])
+    started, release = threading.Event(), threading.Event()
+    short = ShortBatches(model, [2], 32, CPU, amp=False)
+    done = short._worker.submit(lambda: started.set() or release.wait(10))  # a forward that outlasts the wait
+    assert started.wait(30)
+    short.close()
+    assert "the short batches' thread did not stop within 0.2 s" in caplog.text
+    assert processes.LEFT_RUNNING == ["the short batches' thread"]
+    release.set()
+    assert processes.result(done) is True

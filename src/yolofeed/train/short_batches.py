@@ -92,9 +92,13 @@ class ShortBatches:
         return processes.result(self._worker.submit(_as_here(self.device), fn, *args, **kwargs))
 
     def close(self) -> None:
-        """Ended once what is queued is done, waited for (``CLOSE_WAIT_S`` at most; the caller defers signals)."""
+        """Ended once what runs is done (what is queued is skipped), waited for (``CLOSE_WAIT_S`` at most; the caller
+        defers signals)."""
         self._worker.cancel()
-        self._worker.close(CLOSE_WAIT_S)
+        if not self._worker.close(CLOSE_WAIT_S):
+            LOGGER.warning(f"yolofeed: the short batches' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
+                           "without it")
+            processes.left_running("the short batches' thread")
 
 
 def _as_here(device: torch.device) -> Callable[..., Any]:
