@@ -215,3 +215,33 @@ def test_a_worker_that_does_not_stop_is_said_and_noted_and_the_run_goes_on(model
     assert processes.LEFT_RUNNING == ["the short batches' thread"]
     release.set()
     assert processes.result(done) is True
+
+
+def test_a_worker_that_cannot_start_serves_no_batch_and_says_so_once(model, monkeypatch, caplog):
+    """Its first job failing (setting its CUDA device, say), the worker hands the error to every job, and the
+    short batches run in the training thread."""
+    def no_device(device):
+        return lambda: (_ for _ in ()).throw(ValueError("no such device"))
+
+    monkeypatch.setattr(short_batches, "on_device", no_device)
+    short = ShortBatches(model, [2], 32, CPU, amp=False)
+    try:
+        with pytest.raises(ValueError, match="no such device"):
+            short(lambda: None)
+        x = torch.rand(2, 3, 32, 32)
+        assert not short.takes(x) and not short.takes(x)
+        assert caplog.text.count("the short batches' thread failed (ValueError: no such device)") == 1
+    finally:
+        short.close()
+
+
+@pytest.mark.parametrize("index", [None, 0])
+def test_a_worker_on_cuda_takes_the_callers_device_with_or_without_an_index(monkeypatch, index):
+    from yolofeed.train.validation import on_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    on_device(torch.device("cuda", index) if index is not None else torch.device("cuda"))()
+    assert chosen == [3 if index is None else index]
+    assert on_device(CPU) is None

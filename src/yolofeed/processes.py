@@ -222,10 +222,17 @@ class Worker:
         self._worker = Daemon(self._serve_jobs, first, name=name)
 
     def _serve_jobs(self, first: Callable[[], object] | None) -> None:
-        if first is not None:
-            first()
+        failed: BaseException | None = None
+        try:
+            if first is not None:
+                first()
+        except BaseException as e:  # every job's waiter gets it, not a thread that has stopped
+            failed = e
         while (job := self._jobs.get()) is not None:
             fn, args, kwargs, done = job
+            if failed is not None:
+                done.set_exception(failed)
+                continue
             if self.cancelled.is_set():  # the caller stopped waiting: what is queued behind is not run, and a
                 done.cancel()  # later waiter gets CancelledError, not a wait without end
                 continue

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from yolofeed import processes
+from yolofeed.train.validation import on_device
 from yolofeed.train.warmup import passes, training_copy
 from yolofeed.ultralytics_seam import LOGGER
 
@@ -49,8 +50,7 @@ class ShortBatches:
         self.sizes = frozenset(sizes)
         self.device = device
         self.parts = parts
-        self._worker = processes.Worker("yolofeed-short-batches", first=(lambda: torch.cuda.set_device(device))
-                                        if device.type == "cuda" else None)
+        self._worker = processes.Worker("yolofeed-short-batches", first=on_device(device))
         # the copy is made here, in the training thread, between two steps: not while the worker's passes run; its
         # tensors are written on this thread's stream, which the worker's waits for (``copied``)
         twin = training_copy(model)
@@ -58,7 +58,8 @@ class ShortBatches:
         if device.type == "cuda":
             copied = torch.cuda.Event()
             copied.record(torch.cuda.current_stream(device))
-        self._worker.submit(self._set_up, twin, copied, sorted(sizes, reverse=True), imgsz, amp)
+        self._set_up_done = self._worker.submit(self._set_up, twin, copied, sorted(sizes, reverse=True), imgsz, amp)
+        self._failed = False
 
     def _set_up(self, twin: nn.Module, copied: torch.cuda.Event | None, sizes: list[int], imgsz: int,
                 amp: bool | torch.dtype) -> None:
@@ -83,8 +84,18 @@ class ShortBatches:
                 self.parts["beside_s"] = time.perf_counter() - start
 
     def takes(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` is a batch of one of the sizes, and the worker runs."""
-        return x.shape[0] in self.sizes and self._worker.alive and torch.is_grad_enabled()
+        """Whether ``x`` is a batch of one of the sizes, and the worker serves (a worker that could not start, on
+        its CUDA device say, is said once and serves no batch: they run in the training thread)."""
+        if self._failed or x.shape[0] not in self.sizes or not self._worker.alive or not torch.is_grad_enabled():
+            return False
+        done = self._set_up_done
+        if done.done() and not done.cancelled() and done.exception() is not None:
+            self._failed = True
+            e = done.exception()
+            LOGGER.warning(f"yolofeed: the short batches' thread failed ({type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:200]}); those batches run in the training thread")
+            return False
+        return True
 
     def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in the worker, behind its set-up, under this thread's autocast, grad mode and CUDA

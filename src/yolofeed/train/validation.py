@@ -39,6 +39,15 @@ from yolofeed.ultralytics_seam import LOGGER
 Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
 
 
+def on_device(device: torch.device) -> Callable[[], object] | None:
+    """A worker's first job (``processes.Worker``'s ``first``): the calling thread's CUDA device ``device`` (``cuda``
+    alone: the current one) made the worker's, which a thread does not inherit; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return lambda: torch.cuda.set_device(index)
+
+
 class ValidationThread(processes.Worker):
     """The worker thread validations run in (``processes.Worker``), on ``device``.
 
@@ -48,8 +57,7 @@ class ValidationThread(processes.Worker):
 
     def __init__(self, device: torch.device):
         self.device = device
-        super().__init__("yolofeed-validation", first=(lambda: torch.cuda.set_device(device)) if device.type == "cuda"
-                         else None)
+        super().__init__("yolofeed-validation", first=on_device(device))
 
     def cancel(self) -> None:
         """Skip what is queued, and stop a running validation at its next batch (``check_cancelled``)."""
