@@ -47,6 +47,12 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def worker_count(asked: int) -> int:
+    """The processes a job of ``asked`` workers starts (0: all usable cores): never more than the usable cores, as
+    Ultralytics caps its DataLoader's ``workers`` at the CPU count (more would share them, each with its memory)."""
+    return min(asked or usable_cores(), usable_cores())
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     """Write a synthetic, COCO-like YOLO dataset (images/, labels/, data.yaml)."""
@@ -67,7 +73,7 @@ class SynthConfig:
                     "figures turned by any angle, rows of class and their 4 corners (x1 y1 ... x4 y4), as DOTA's; "
                     "segment: the pictures of detect, rows of class and each figure's outline (x1 y1 x2 y2 ...)",
                     ("detect", "pose", "obb", "segment"))
-    workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
+    workers: int = key(0, "processes; 0 = all usable cores, and more are capped at them", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class PackConfig:
                     "keypoints stored too (in <yaml stem>-<format>-<imgsz>-pose); obb: rows of 4 corners, stored "
                     "beside their enclosing boxes (in ...-obb); segment: polygon rows, stored as written beside "
                     "their enclosing boxes (in ...-segment)", ("detect", "pose", "obb", "segment"))
-    workers: int = key(0, "processes; 0 = all usable cores", minimum=0)
+    workers: int = key(0, "processes; 0 = all usable cores, and more are capped at them", minimum=0)
     rebuild: str = key("auto", "auto: build missing or stale packs (a changed path, size or time, as Ultralytics' "
                        "label cache); check: auto, and compare the label files' contents too; always: rebuild; "
                        "never: refuse stale packs", ("auto", "check", "always", "never"))

@@ -48,7 +48,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-from yolofeed.config import SynthConfig, usable_cores
+from yolofeed.config import SynthConfig, worker_count
 from yolofeed.errors import ConfigError
 from yolofeed.pack.workers import Workers
 from yolofeed.processes import signals_deferred
@@ -460,7 +460,7 @@ def run(cfg: SynthConfig) -> Path:
         for kind in ("images", "labels"):
             (root / kind / split).mkdir(parents=True, exist_ok=True)
     total = cfg.n_train + cfg.n_val
-    workers = cfg.workers or usable_cores()
+    workers = worker_count(cfg.workers)
     nbytes = 0
     jobs = _jobs(root, cfg)
     # 16 images a worker's turn; one where an image takes seconds: a signal is acted on between chunks

@@ -127,6 +127,23 @@ def test_header_times_the_build_by_phase(dataset, monkeypatch):
     assert sum(phases.values()) == build["seconds"]
 
 
+def test_workers_past_the_usable_cores_are_capped_at_them_as_ultralytics_caps_its_own(dataset, tmp_path, monkeypatch):
+    """``workers=200`` on a machine of 2 usable cores starts 2 processes, not 200 (each with its memory); the pack is
+    the same."""
+    from yolofeed import config
+
+    monkeypatch.setattr(config, "usable_cores", lambda: 2)
+    assert (config.worker_count(200), config.worker_count(0), config.worker_count(1)) == (2, 2, 1)
+    started = []
+    real = build_module.Workers
+    monkeypatch.setattr(build_module, "Workers", lambda n, *a, **k: started.append(n) or real(n, *a, **k))
+    pack = _build(dataset, workers=200, out=tmp_path)
+    assert started == [2] and pack.header["build"]["workers"] == 2
+    ref = _build(dataset)
+    for i in range(len(pack)):
+        np.testing.assert_array_equal(pack.image(i), ref.image(i))
+
+
 def test_a_payload_that_does_not_land_stops_the_build(dataset, monkeypatch):
     """The end-of-build check: a worker's write that did not store what it encoded is caught, nothing published."""
     class Lost(OnDisk):

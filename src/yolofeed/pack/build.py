@@ -56,7 +56,7 @@ import numpy as np
 from tqdm import tqdm
 
 from yolofeed import __version__
-from yolofeed.config import usable_cores
+from yolofeed.config import worker_count
 from yolofeed.errors import DatasetError, PackError
 from yolofeed.pack import codecs, files
 from yolofeed.pack.disk import Disk, current
@@ -158,7 +158,7 @@ def build_split(src: SplitSource, dest: Path, imgsz: int, format: str = codecs.D
     codecs.get(format)  # an unknown format: PackError, before anything is written
     t0 = time.perf_counter()
     n = len(src.im_files)
-    workers = max(1, min(workers or usable_cores(), n))
+    workers = max(1, min(worker_count(workers), n))
     stats = src.stats()  # the fingerprint's inputs, before any image is read: recorded in the pack
     purpose = f"the {src.split} pack"
     files.check_replaceable(dest, is_pack_file, purpose)  # before the build's minutes, not only after them
