@@ -84,6 +84,11 @@ def test_a_failed_write_a_user_can_fix_is_one_line_naming_the_file(tmp_path, mon
     monkeypatch.setattr(atomic, "create_temp", lambda path: (_ for _ in ()).throw(OSError(code, "refused")))
     with pytest.raises(WriteError, match=f"could not write {last}.*{re.escape(fix)}"):
         write_run_file(last, b"x")  # the temporary file cannot even be made
+    first = tmp_path / "best.pt"  # no such file yet (the first epoch's): not "as it was before"
+    with pytest.raises(WriteError) as caught:
+        write_run_file(first, b"x")
+    assert "; no file is there, nothing half-written is left: " in str(caught.value) and not first.exists()
+    assert "resume" not in str(caught.value)  # whether a run resumes is the trainer's line to say: epoch 1 cannot
 
 
 def test_the_replaced_checkpoint_keeps_its_mode(tmp_path):

@@ -106,7 +106,8 @@ def write_failure(path: Path, e: OSError, fixes: dict[int, str] | None = None) -
     """A failed write of ``path`` as one line: what the error means, that nothing half-written is left, and the fix
     ``fixes`` gives for it, if any."""
     fix = (fixes or {}).get(e.errno)
-    err = WriteError(f"could not write {path}: {MEANINGS[e.errno]} ({e.strerror}); the file is as it was before, "
-                     f"nothing half-written is left" + (f": {fix}" if fix else ""))
+    before = "the file is as it was before" if os.path.lexists(path) else "no file is there"
+    err = WriteError(f"could not write {path}: {MEANINGS[e.errno]} ({e.strerror}); {before}, nothing half-written "
+                     "is left" + (f": {fix}" if fix else ""))
     err.errno, err.strerror, err.filename = e.errno, e.strerror, str(path)
     return err
