@@ -725,9 +725,17 @@ def test_a_batch_halved_after_running_out_of_memory_drops_the_old_graph(batch, n
     old = model.__dict__["_graph"]
     old.shape = (16, 3, 64, 64)
     trainer = _trainer(model=model, args=SimpleNamespace(nbs=nbs, multi_scale=0.0, time=None), epochs=3)
+    closed = []
+    short = SimpleNamespace(close=lambda: closed.append(1))  # the old batch's short batches' thread
+    model.__dict__["_short"] = short
     with caplog.at_level("INFO"):
         graphed.drop_stale(trainer, batch, 100)
     graph = model.__dict__.get("_graph")
+    if batch == 16:  # the same batch: its short batches are the same
+        assert model.__dict__.get("_short") is short and closed == []
+        model.__dict__.pop("_short")
+    else:  # the old batch's short sizes: closed and dropped, whatever comes next
+        assert "_short" not in model.__dict__ and closed == [1]
     if batch == 16:
         assert graph is old
     elif kept:

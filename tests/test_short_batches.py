@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
+from concurrent.futures import CancelledError
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from yolofeed import processes
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.loader.sampler import EpochSampler
 from yolofeed.train import graphed, short_batches
@@ -79,8 +81,11 @@ def test_the_worker_runs_under_the_callers_autocast_and_grad_mode_and_raises_wha
             return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled())
 
         assert short(state) == (False, torch.get_autocast_dtype("cpu"), True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert short(state) == (True, torch.bfloat16, True)
+        with torch.autocast("cpu", dtype=torch.float16):  # not a new thread's default (bfloat16 on the CPU)
+            assert short(state) == (True, torch.float16, True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            assert short(lambda: (torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled())) == (
+                torch.bfloat16, False)
         with torch.no_grad():
             assert short(state)[2] is False
             assert not short.takes(torch.rand(2, 3, 32, 32))  # an inference call is not a training batch
@@ -184,9 +189,11 @@ def test_cuda_a_short_batch_in_the_worker_is_bit_for_bit_the_training_threads_un
     twin = copy.deepcopy(model)
     x = torch.rand(5, 3, 128, 128, device=dev)
     stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))  # the model, its copy and x, made on the default stream
     short = ShortBatches(model, [5], 128, dev, amp=True)
     try:
         with torch.cuda.stream(stream), torch.autocast("cuda", dtype=torch.float16):
+            assert short(lambda: torch.cuda.current_stream(dev)) == stream  # the caller's stream, in the worker
             got = short(lambda m, img: m.predict(img), model, x)
             want = twin.predict(x)
         with torch.cuda.stream(stream):
@@ -245,3 +252,84 @@ def test_a_worker_on_cuda_takes_the_callers_device_with_or_without_an_index(monk
     on_device(torch.device("cuda", index) if index is not None else torch.device("cuda"))()
     assert chosen == [3 if index is None else index]
     assert on_device(CPU) is None
+
+
+def test_the_worker_keeps_neither_the_copy_nor_a_batch_once_done(model, monkeypatch):
+    """The set-up's copy goes once its passes are made, and a forwarded batch's input and outputs once the caller
+    drops them: the worker holds no job while it waits for the next (GPU memory, for an epoch)."""
+    import gc
+    import weakref
+
+    copies = []
+    monkeypatch.setattr(short_batches, "training_copy", lambda m: copies.append(copy.deepcopy(m)) or copies[-1])
+    short = ShortBatches(model, [2], 32, CPU, amp=False)
+    try:
+        processes.result(short._set_up_done)
+        twin = weakref.ref(copies.pop())
+        x = torch.rand(2, 3, 32, 32)
+        out = short(lambda m, img: m.predict(img), model, x)
+        seen = weakref.ref(x), weakref.ref(out["scores"])
+        del x, out
+        gc.collect()
+        assert twin() is None and seen[0]() is None and seen[1]() is None
+    finally:
+        short.close()
+
+
+def test_a_copy_that_fails_leaves_no_thread(model, monkeypatch):
+    monkeypatch.setattr(short_batches, "training_copy",
+                        lambda m: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("no room for a copy")))
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # the trainer's warm-up skips with one line (test_warmup)
+        ShortBatches(model, [2], 32, CPU, amp=False)
+    assert "yolofeed-short-batches" not in {t.name for t in threading.enumerate()} - before
+
+
+@pytest.mark.parametrize("mode", ["saved_tensors_hooks", "torch_function_mode", "profiler"])
+def test_a_batch_under_a_state_the_worker_would_not_share_runs_in_the_training_thread(model, mode):
+    """Saved-tensor hooks (activations offloaded), a torch function mode (``with torch.device``), the profiler: each
+    thread's own, so such a batch is not handed to the worker."""
+    short = ShortBatches(model, [2], 32, CPU, amp=False)
+    x = torch.rand(2, 3, 32, 32)
+    contexts = {"saved_tensors_hooks": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t),
+                "torch_function_mode": lambda: torch.device("cpu"), "profiler": lambda: torch.profiler.profile()}
+    try:
+        assert short.takes(x)
+        with contexts[mode]():
+            assert not short.takes(x)
+        assert short.takes(x)
+    finally:
+        short.close()
+
+
+def test_a_closed_worker_takes_no_job_and_skips_what_was_queued(model):
+    started, release = threading.Event(), threading.Event()
+    worker = processes.Worker("test-worker")
+    running = worker.submit(lambda: started.set() or release.wait(10))
+    queued = worker.submit(lambda: "ran")
+    assert started.wait(30)
+    worker.cancel()
+    assert worker.close(0.0) is False and not worker.alive  # closing: takes nothing more
+    with pytest.raises(RuntimeError, match="test-worker thread has stopped"):
+        worker.submit(lambda: None)  # it would queue behind the end, and never run
+    release.set()
+    assert processes.result(running) is True
+    with pytest.raises(CancelledError):  # skipped: the caller stopped waiting
+        processes.result(queued)
+
+
+def test_a_worker_whose_first_job_failed_is_not_alive_and_hands_queued_jobs_the_error():
+    """The validation thread that cannot set its device: not alive, so validations run in the training thread
+    (``_in_validation_thread``), and what was queued gets the error."""
+    from yolofeed.train.validation import ValidationThread
+
+    gate = threading.Event()
+    worker = processes.Worker("test-worker", first=lambda: gate.wait(10) and (_ for _ in ()).throw(
+        RuntimeError("CUDA error: invalid device ordinal")))
+    queued = worker.submit(lambda: "ran")
+    gate.set()
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        processes.result(queued)
+    assert not worker.alive and isinstance(worker.failed, RuntimeError)
+    worker.close(5)
+    assert ValidationThread.__mro__[1] is processes.Worker

@@ -213,39 +213,45 @@ class Worker:
     given, runs in it before any job (a CUDA worker sets its device there: the caller's is not inherited).
 
     A daemon, so that an interpreter never hangs at exit on it; ``cancel`` skips what is queued, and ``close`` ends it
-    once what is queued is done.
+    once what is queued is done. A worker whose ``first`` failed, or that is closing, is not ``alive``: its callers
+    run the work themselves (the jobs queued meanwhile get the failure, or run before it ends).
     """
 
     def __init__(self, name: str, first: Callable[[], object] | None = None):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = threading.Event()  # set by the waiting thread when it stops waiting (Ctrl-C, an error)
+        self.failed: BaseException | None = None  # what ``first`` raised
+        self._closing = False
         self._worker = Daemon(self._serve_jobs, first, name=name)
 
     def _serve_jobs(self, first: Callable[[], object] | None) -> None:
-        failed: BaseException | None = None
         try:
             if first is not None:
                 first()
-        except BaseException as e:  # every job's waiter gets it, not a thread that has stopped
-            failed = e
+        except BaseException as e:  # every queued job's waiter gets it, not a thread that has stopped
+            self.failed = e
         while (job := self._jobs.get()) is not None:
-            fn, args, kwargs, done = job
-            if failed is not None:
-                done.set_exception(failed)
-                continue
-            if self.cancelled.is_set():  # the caller stopped waiting: what is queued behind is not run, and a
-                done.cancel()  # later waiter gets CancelledError, not a wait without end
-                continue
-            if not done.set_running_or_notify_cancel():
-                continue
+            self._serve(*job)
+            del job  # not kept while the next job is awaited: a job's arguments and result can be GPU memory
+
+    def _serve(self, fn: Callable[..., Any], args: tuple, kwargs: dict, done: concurrent.futures.Future) -> None:
+        if self.failed is not None:
+            done.set_exception(self.failed)
+        elif self.cancelled.is_set():  # the caller stopped waiting: what is queued behind is not run, and a later
+            done.cancel()  # waiter gets CancelledError, not a wait without end
+        elif done.set_running_or_notify_cancel():
             try:
                 done.set_result(fn(*args, **kwargs))
             except BaseException as e:  # handed to the waiting thread, which raises it there
                 done.set_exception(e)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        """Queue ``fn(*args, **kwargs)`` behind what is queued; its future holds the result or the exception."""
-        if self._worker.ended.is_set():
+        """Queue ``fn(*args, **kwargs)`` behind what is queued; its future holds the result or the exception.
+
+        Raises:
+            RuntimeError: the worker ended or is closing (a job queued behind its end would never run).
+        """
+        if self._worker.ended.is_set() or self._closing:
             raise RuntimeError(f"yolofeed's {self._worker.thread.name} thread has stopped")
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._jobs.put((fn, args, kwargs, done))
@@ -261,6 +267,7 @@ class Worker:
         The caller defers signals meanwhile (``signals_deferred``): a wait cut short by Ctrl-C or SIGTERM lets the
         interpreter exit while the worker is inside torch, and the process aborts ("terminate called without an active
         exception")."""
+        self._closing = True
         self._jobs.put(None)
         if wait > 0 and not self._worker.is_current():
             return self._worker.ended.wait(wait)
@@ -276,7 +283,8 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return not self._worker.ended.is_set()
+        """Whether it takes work: started, not failed in ``first``, not closing or ended."""
+        return not (self._worker.ended.is_set() or self._closing or self.failed is not None)
 
 
 def wait_for(event: threading.Event) -> None:

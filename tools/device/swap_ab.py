@@ -17,8 +17,9 @@ from a bool ``mask_gt``, and its normalisation made on each anchor's own box, tr
 ``off=install,bce_sum,half_input,grid_candidates,foreground_norm`` is the step without any of yolofeed's own step
 levers (the sync-free step and loss stay on both sides).
 
-``off=short_batches`` makes the epoch's short batches' cuDNN set-up in the warm-up, before the first epoch, as
-before train/short_batches.py (with ``whole_run=``: the set-up and the first epoch, side by side).
+``off=short_batches`` makes the epoch's short batches' cuDNN set-up in the warm-up, before the first epoch, and
+forwards them in the training thread (``short_batches.BESIDE``; with ``whole_run=``: the set-up and the first epoch,
+side by side).
 
 ``also=grid_candidates,foreground_norm`` adds a side C with only those off, and ``order=ACBA`` runs the sides in that
 order: the step before every lever, before some, as it is, and before every lever again, in one call.

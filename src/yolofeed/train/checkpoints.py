@@ -40,7 +40,7 @@ UNPICKLING_ERRORS = (TypeError, pickle.UnpicklingError, UnicodeDecodeError, Valu
 RUN_FIXES = {  # errno -> what to do where a run's own files cannot be written
     errno.ENOSPC: "free some space, or train with project= on another disk",
     getattr(errno, "EDQUOT", errno.ENOSPC): "free some space, or train with project= on another disk",
-    errno.EFBIG: "raise the limit (ulimit -f unlimited)",  # and resume, or start again: the trainer's line says
+    errno.EFBIG: "raise the limit (ulimit -f unlimited)",  # whether to resume then is the trainer's line to say
     errno.EROFS: "train with project= a folder you can write",
     errno.EACCES: "train with project= a folder you can write",
     errno.EPERM: "train with project= a folder you can write",

@@ -3,18 +3,20 @@ beside the first epoch.
 
 cuDNN plans a convolution's forward once per calling thread and input shape, and its backward once per shape in the
 autograd engine's device thread, which every thread's backward runs in (BENCHMARKS.md, "First epoch": yolo11n's first
-pass at batch 16 took 1.76 s forward and 2.65 s backward, cold). With the graphed step (train/graphed.py) the full
+pass at batch 16 takes 1.76 s forward and 2.65 s backward, cold). With the graphed step (train/graphed.py) the full
 batch replays a graph captured before the first epoch, and only a batch of another size, the epoch's last, runs
-eager: its plans were the warm-up's largest part left, in the training thread before the first epoch (6.5 s of 13.1
-on the 10k set of "The whole run").
+eager; made in the training thread, its plans hold the first step back by 7-9 s (yolo11n on the 10k set of "The
+whole run").
 
-``ShortBatches`` makes them beside the first epoch instead: a worker thread runs one blank forward and backward pass
-at each such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of its own, while the
-training goes on; and the training model's ``predict`` at those sizes (``GraphedPredict``) then runs in that worker,
-waited for, under the training thread's autocast, grad mode and CUDA stream: the same calls on the same tensors, so
-the same values and the same autograd graph, whose backward the training thread runs as before. What it costs the
-training: the worker's host time on another core, and the backward's plans in the autograd device thread, where the
-training's own backward waits for the node running ahead of it.
+``ShortBatches`` makes them beside the first epoch: a worker thread runs one blank forward and backward pass at each
+such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of its own, while the training goes
+on; and the training model's ``predict`` at those sizes (``GraphedPredict``) then runs in that worker, waited for,
+under the training thread's autocast, grad mode and CUDA stream: the same calls on the same tensors, so the same values
+and the same autograd graph, whose backward the training thread runs as before. Where the training thread holds a
+state the worker would not share (a torch function or dispatch mode, saved-tensor hooks, the profiler), the batch
+runs in the training thread (``takes``). What it costs the training: the worker's host time on another core; the
+backward's plans in the autograd device thread, where the training's own backward waits for the node running ahead of
+it; and, until memory is next released, up to a short batch's activations cached for the worker's stream.
 
 It serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since a
 capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
@@ -50,16 +52,16 @@ class ShortBatches:
         self.sizes = frozenset(sizes)
         self.device = device
         self.parts = parts
-        self._worker = processes.Worker("yolofeed-short-batches", first=on_device(device))
-        # the copy is made here, in the training thread, between two steps: not while the worker's passes run; its
-        # tensors are written on this thread's stream, which the worker's waits for (``copied``)
+        self._failed = False
+        # the copy is made here, in the training thread's warm-up, before the worker starts (a copy that runs out of
+        # memory leaves no thread); its tensors are written on this thread's stream, which the worker's waits for
         twin = training_copy(model)
         copied = None
         if device.type == "cuda":
             copied = torch.cuda.Event()
             copied.record(torch.cuda.current_stream(device))
+        self._worker = processes.Worker("yolofeed-short-batches", first=on_device(device))
         self._set_up_done = self._worker.submit(self._set_up, twin, copied, sorted(sizes, reverse=True), imgsz, amp)
-        self._failed = False
 
     def _set_up(self, twin: nn.Module, copied: torch.cuda.Event | None, sizes: list[int], imgsz: int,
                 amp: bool | torch.dtype) -> None:
@@ -73,7 +75,7 @@ class ShortBatches:
                 stream.wait_event(copied)
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 passes(twin, sizes, imgsz, self.device, amp)
-        except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # that batch pays its own set-up
+        except Exception as e:  # out of memory, cuDNN, anything: that batch pays its own set-up (nothing kept)
             LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside the "
                            f"first epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
                            "pay it when they come")
@@ -84,18 +86,18 @@ class ShortBatches:
                 self.parts["beside_s"] = time.perf_counter() - start
 
     def takes(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` is a batch of one of the sizes, and the worker serves (a worker that could not start, on
-        its CUDA device say, is said once and serves no batch: they run in the training thread)."""
-        if self._failed or x.shape[0] not in self.sizes or not self._worker.alive or not torch.is_grad_enabled():
+        """Whether ``x`` is a batch of one of the sizes, under no state of this thread the worker would not share, and
+        the worker serves (a worker that could not start, on its CUDA device say, is said once and serves no batch:
+        they run in the training thread)."""
+        if self._failed or x.shape[0] not in self.sizes or not torch.is_grad_enabled() or _modes_here():
             return False
-        done = self._set_up_done
-        if done.done() and not done.cancelled() and done.exception() is not None:
+        if self._worker.failed is not None:
             self._failed = True
-            e = done.exception()
+            e = self._worker.failed
             LOGGER.warning(f"yolofeed: the short batches' thread failed ({type(e).__name__}: "
                            f"{(str(e).splitlines() or [''])[0][:200]}); those batches run in the training thread")
             return False
-        return True
+        return self._worker.alive
 
     def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in the worker, behind its set-up, under this thread's autocast, grad mode and CUDA
@@ -110,6 +112,18 @@ class ShortBatches:
             LOGGER.warning(f"yolofeed: the short batches' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
                            "without it")
             processes.left_running("the short batches' thread")
+
+
+def _modes_here() -> bool:
+    """Whether this thread holds a state a worker thread would not share: a torch function or dispatch mode (``with
+    torch.device(...)``, a FLOP counter), saved-tensor hooks (activations offloaded to the CPU), the profiler. Where
+    torch does not say (another release), True."""
+    try:
+        return bool(torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
+                    or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+                    or torch._C._autograd._profiler_enabled())
+    except (AttributeError, TypeError, RuntimeError):
+        return True
 
 
 def _as_here(device: torch.device) -> Callable[..., Any]:

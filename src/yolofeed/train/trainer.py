@@ -528,9 +528,13 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
                            "training goes on, its first epoch pays cuDNN's set-up")
             return
         if RANK in (-1, 0):
-            sizes = ", ".join(str(n) for n in batch_sizes(sampler))
-            LOGGER.info(f"yolofeed: cuDNN set up for batch sizes {sizes} in {seconds:.1f} s before the first epoch "
-                        "(stock pays it inside its first epoch)")
+            sizes = batch_sizes(sampler)
+            beside = sizes[1:] if "_short" in unwrap_model(self.model).__dict__ else []
+            before = ", ".join(str(n) for n in sizes if n not in beside)
+            LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(beside) > 1)} {before} in "
+                        f"{seconds:.1f} s before the first epoch" + (f", for {', '.join(map(str, beside))} beside it"
+                                                                      if beside else "")
+                        + " (stock pays it inside its first epoch)")
 
     def _set_up_beside(self) -> None:
         """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step

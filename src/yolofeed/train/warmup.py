@@ -10,7 +10,9 @@ the first epoch's rate to a third of the steady one.
 ``warm_up`` runs one forward and backward pass of a copy of the model for each batch size this rank's epoch will train
 (the full batch, the last batch's, a DDP rank's batch + 1), in the training thread, under the step's autocast: PyTorch
 keeps a forward's cuDNN plans per calling thread (the backward's are the autograd engine's device thread's, shared by
-every thread: BENCHMARKS.md, "First epoch"). The copy keeps the trained model, its gradients, batch-norm statistics
+every thread: BENCHMARKS.md, "First epoch"). Where the step's graph serves the full batch, the other sizes go to
+``beside`` instead, whose thread makes their set-up beside the first epoch and forwards those batches
+(train/short_batches.py). The copy keeps the trained model, its gradients, batch-norm statistics
 and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to before it: the
 first epoch then trains at the steady rate (the run as a whole saves only what the warm-up overlaps: 1-3 s). On a
 10k-image set the time to the first step stays below stock's; at COCO's size with a jpeg pack it came 10 s after
