@@ -217,3 +217,24 @@ def test_an_obb_run_warms_its_augmentation_on_a_blank_batch_of_oriented_boxes():
     src = blank_source(4, 64, 3, torch.device("cpu"), corners=True)
     assert src.kinds() == ("corners",) and src.corners.shape == (4, 3, 4, 2)
     warm_augmentation(GpuAugment(AugmentHyp.from_args(imgsz=64)), 4, 3, torch.device("cpu"), corners=True)
+
+
+def test_the_warm_up_line_names_the_sizes_set_up_beside_the_first_epoch(model, monkeypatch, caplog):
+    """Where the short batches' thread took the other sizes (train/short_batches.py), the line says so."""
+    sampler = EpochSampler(np.arange(10000), 128)
+    loader = SimpleNamespace(sampler=sampler, prime=lambda: None)
+    hyp = AugmentHyp.from_args(imgsz=640)
+    fake = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 7), model=model, hyp=hyp,
+                           amp=True, args=SimpleNamespace(amp=True), start_epoch=0,
+                           _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
+                           _short_batches_beside=lambda *a: True)
+    monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: 2.0)
+    for short, want in ((False, "cuDNN set up for batch sizes 128, 16 in 2.0 s before the first epoch (stock"),
+                        (True, "cuDNN set up for batch size 128 in 2.0 s before the first epoch, for 16 beside it")):
+        if short:
+            model.__dict__["_short"] = object()
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            trainer_module.FastDetectionTrainer._warm_up(fake)
+        model.__dict__.pop("_short", None)
+        assert want in caplog.text
