@@ -11,7 +11,10 @@ NVRTC's libraries it mapped (cuDNN 9 compiles some engines at run time with NVRT
   process shows what a cache across processes keeps;
 - ``not_deterministic``: ``deterministic=False``;
 - ``jit_cache``: the driver's JIT cache in a fresh folder with 4 GB of room, twice;
-- ``eager_modules``: ``CUDA_MODULE_LOADING=EAGER`` (every kernel module loaded at the start, not at first use).
+- ``eager_modules``: ``CUDA_MODULE_LOADING=EAGER`` (every kernel module loaded at the start, not at first use);
+- ``v7_api``: ``TORCH_CUDNN_V8_API_DISABLED=1``, torch's convolutions through cuDNN's legacy API (an algorithm picked
+  by ``cudnnGetConvolution*Algorithm_v7``, no execution plan built), read once a process;
+- ``heuristic_mode_b``: ``TORCH_CUDNN_USE_HEURISTIC_MODE_B=1``, cuDNN's slower and more accurate heuristics.
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ import time
 from pathlib import Path
 
 JIT_CACHE = {"CUDA_CACHE_PATH": "/tmp/plan_cost_jit", "CUDA_CACHE_MAXSIZE": "4294967296"}
-CASES = [
+CASES = [  # the cases most likely to move the cost first, so that a time limit cuts the least telling
     ("deterministic", {}, True),
-    ("deterministic, a second process", {}, True),
+    ("v7_api", {"TORCH_CUDNN_V8_API_DISABLED": "1"}, True),
     ("not_deterministic", {}, False),
+    ("v7_api, not_deterministic", {"TORCH_CUDNN_V8_API_DISABLED": "1"}, False),
+    ("deterministic, a second process", {}, True),
     ("jit_cache", JIT_CACHE, True),
     ("jit_cache, a second process", JIT_CACHE, True),
     ("eager_modules", {"CUDA_MODULE_LOADING": "EAGER"}, True),
+    ("heuristic_mode_b", {"TORCH_CUDNN_USE_HEURISTIC_MODE_B": "1"}, True),
 ]
 
 
