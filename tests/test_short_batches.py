@@ -103,7 +103,8 @@ def test_a_set_up_that_fails_is_skipped_with_one_line_and_the_batches_still_run(
         assert short(lambda: "served") == "served"
     finally:
         short.close()
-    assert "skipped the set-up of batch sizes 2 beside the first epoch (RuntimeError: cuDNN says no)" in caplog.text
+    assert ("skipped the set-up of batch sizes 2 in the short batches' thread (RuntimeError: cuDNN says no)"
+            in caplog.text)
 
 
 def test_the_graphed_models_predict_sends_its_short_batches_to_the_worker_and_lets_go_of_it(model):
@@ -151,25 +152,40 @@ def test_the_warm_up_hands_the_other_sizes_to_beside_where_it_takes_them(model, 
     monkeypatch.setattr(warmup, "warm_model", lambda m, sizes, *a: order.append(list(sizes)))
     monkeypatch.setattr(warmup, "warm_augmentation", lambda *a, **k: order.append("augmentation"))
     augment = GpuAugment(AugmentHyp.from_args(imgsz=64))
-    for takes, want in ((True, [[4], "beside [2]", "augmentation"]), (False, [[4], "beside [2]", [2], "augmentation"])):
+    for first, takes, want in ((False, True, [[4], "hook", "beside [2]", "augmentation"]),
+                               (False, False, [[4], "hook", "beside [2]", [2], "augmentation"]),
+                               # beside_first: offered before the full batch's pass, and not again where declined
+                               (True, True, ["beside [2]", [4], "hook", "augmentation"]),
+                               (True, False, ["beside [2]", [4], "hook", [2], "augmentation"])):
         order.clear()
         warm_up(model, EpochSampler(np.arange(10), 4), augment, 3, CPU, amp=False,
+                after_full=lambda: order.append("hook"), beside_first=first,
                 beside=lambda sizes, takes=takes: order.append(f"beside {sizes}") or takes)
-        assert order == want
+        assert order == want, (first, takes)
+    order.clear()  # one batch size: nothing offered
+    warm_up(model, EpochSampler(np.arange(8), 4), augment, 3, CPU, amp=False, beside_first=True,
+            beside=lambda sizes: order.append(f"beside {sizes}") or True)
+    assert order == [[4], "augmentation"]
 
 
-def test_the_trainer_hands_them_beside_only_where_the_graph_was_captured_ahead(model, monkeypatch):
+def test_the_trainer_hands_them_beside_only_where_the_graph_is_captured_ahead(model, monkeypatch):
     made = []
     monkeypatch.setattr(short_batches, "ShortBatches", lambda m, sizes, *a: made.append(sizes) or "worker")
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
     t = SimpleNamespace(model=model, hyp=SimpleNamespace(imgsz=64), device=CPU)
     beside = trainer_module.FastDetectionTrainer._short_batches_beside
-    for graph, takes in ((None, False), (SimpleNamespace(flat=None), False), (SimpleNamespace(flat=object()), True)):
+    # before the install (no graph yet): where it will be captured ahead, held by the trainer (the model's copies
+    # would copy it); after the capture: where it was, in the model
+    for graph, ahead, held, kept in ((None, False, None, None), (None, True, "worker", None),
+                                     (SimpleNamespace(flat=None), True, None, None),
+                                     (SimpleNamespace(flat=object()), False, None, "worker")):
         model.__dict__.pop("_short", None)
+        model.__dict__.pop("_graph", None)
         if graph is not None:
             model.__dict__["_graph"] = graph
-        assert beside(t, False, {}, [16]) is takes
-        assert model.__dict__.get("_short") == ("worker" if takes else None)
+        t._captures_ahead, t._short_pending = (lambda ahead=ahead: ahead), None
+        assert beside(t, False, {}, [16]) is bool(held or kept)
+        assert t._short_pending == held and model.__dict__.get("_short") == kept
     monkeypatch.setattr(short_batches, "BESIDE", False)  # the A/B switch: the warm-up passes them in its thread
     model.__dict__.pop("_short", None)
     assert beside(t, False, {}, [16]) is False and "_short" not in model.__dict__
@@ -333,3 +349,109 @@ def test_a_worker_whose_first_job_failed_is_not_alive_and_hands_queued_jobs_the_
     assert not worker.alive and isinstance(worker.failed, RuntimeError)
     worker.close(5)
     assert ValidationThread.__mro__[1] is processes.Worker
+
+
+def test_the_trainer_foresees_a_capture_ahead_where_the_graph_serves_and_the_epoch_has_a_full_batch(monkeypatch):
+    """``_captures_ahead``: what ``_set_up_beside`` will capture, known before the full batch's pass."""
+    def fake(n, batch, step=True):
+        loader = SimpleNamespace(sampler=EpochSampler(np.arange(n), batch))
+        return SimpleNamespace(graphed_step=step, _warm=(loader, 3))
+
+    monkeypatch.setattr(graphed, "why_not", lambda t: None)
+    ahead = trainer_module.FastDetectionTrainer._captures_ahead
+    assert ahead(fake(100, 16))  # a full batch, and a short one
+    assert not ahead(fake(100, 16, step=False))  # graphed_step=False
+    assert not ahead(fake(10, 16))  # no full batch: the graph would capture on one that never comes
+    assert not ahead(SimpleNamespace(graphed_step=True, _warm=None))  # no warm-up
+    monkeypatch.setattr(graphed, "why_not", lambda t: "multi_scale")
+    assert not ahead(fake(100, 16))
+
+
+def test_the_capture_ahead_waits_for_the_short_batches_set_up_then_the_graphed_model_takes_them(model, monkeypatch):
+    """``_set_up_beside`` settles the worker's passes before capturing (a capture in the global mode fails beside
+    another thread's work): the capture starts only once the set-up has ended, whose wait ``parts`` records; then the
+    installed model takes the thread (its copies leave it behind), or, not installed, the thread is closed."""
+    monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
+    monkeypatch.setattr(graphed, "why_not", lambda t: None)
+    stock = type(model)
+
+    def installed(t):
+        model.__class__ = graphed._graphed_class(stock)
+        return True
+
+    monkeypatch.setattr(graphed, "install", installed)
+    for step in (True, False):
+        release, events = threading.Event(), []
+
+        def slow(*a, release=release, events=events):
+            release.wait(5)
+            events.append("set-up done")
+
+        monkeypatch.setattr(short_batches, "passes", slow)
+        model.__class__ = stock
+        short = ShortBatches(model, [2], 32, CPU, amp=False, parts=(parts := {}))
+        t = SimpleNamespace(graphed_step=step, model=model, _capture_ahead=lambda events=events: events.append(
+                            "capture"), _start_validation_thread=lambda: None, _validations=None, _short_pending=short)
+        try:
+            copy.deepcopy(model)  # the warm-up's copy at the full batch, while the set-up runs: the thread stays out
+            threading.Timer(0.3, release.set).start()
+            trainer_module.FastDetectionTrainer._set_up_beside(t)
+            assert events == ["set-up done", "capture"] and t._short_pending is None
+            assert parts["beside_waited_s"] >= 0.2 and "beside_s" in parts
+            if step:
+                assert model.__dict__["_short"] is short and short.takes(torch.zeros(2, 3, 32, 32))
+                assert "_short" not in copy.deepcopy(model).__dict__  # GraphedPredict's copies leave it behind
+            else:
+                assert "_short" not in model.__dict__ and not short.takes(torch.zeros(2, 3, 32, 32))  # closed
+        finally:
+            short.close()
+            model.__dict__.pop("_short", None)
+            model.__class__ = stock
+
+
+def test_the_early_set_up_runs_beside_a_real_warm_up_of_the_full_batch(model, monkeypatch):
+    """The warm-up's real passes (its copy of the model at the full batch) with the trainer's ``beside`` taking the
+    short size first and ``after_full`` settling it: the run's model ends with the thread, serving that size."""
+    monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
+    monkeypatch.setattr(graphed, "why_not", lambda t: None)
+    monkeypatch.setattr(graphed, "install", lambda t: setattr(model, "__class__", graphed._graphed_class(
+        type(model))) or True)
+    t = SimpleNamespace(graphed_step=True, model=model, hyp=SimpleNamespace(imgsz=32), device=CPU,
+                        _captures_ahead=lambda: True, _capture_ahead=lambda: None,
+                        _start_validation_thread=lambda: None, _validations=None, _short_pending=None)
+    fast = trainer_module.FastDetectionTrainer
+    parts = {}
+    warm_up(model, EpochSampler(np.arange(10), 4), GpuAugment(AugmentHyp.from_args(imgsz=32)), 3, CPU, amp=False,
+            after_full=lambda: fast._set_up_beside(t), beside=lambda sizes: fast._short_batches_beside(
+                t, False, parts, sizes), beside_first=True, parts=parts)
+    short = model.__dict__.get("_short")
+    try:
+        assert short is not None and short.takes(torch.zeros(2, 3, 32, 32)) and "other_sizes_s" not in parts
+        assert parts["beside_s"] >= 0 and parts["beside_waited_s"] >= 0
+    finally:
+        graphed.uninstall(model)
+
+
+def test_a_warm_up_that_fails_closes_the_short_batches_thread(model, monkeypatch, caplog):
+    """No capture ahead will wait for a set-up begun before the full batch's pass that failed: the worker is
+    closed and let go, and the short batches run in the training thread."""
+    sampler = EpochSampler(np.arange(100), 16)
+    hyp = AugmentHyp.from_args(imgsz=64)
+    t = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(SimpleNamespace(sampler=sampler,
+                        prime=lambda: None), 3), model=model, hyp=hyp, amp=True, args=SimpleNamespace(amp=True),
+                        start_epoch=0, _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
+                        _short_batches_beside=lambda *a: True)
+    early, late = ShortBatches(model, [4], 32, CPU, amp=False), ShortBatches(model, [4], 32, CPU, amp=False)
+
+    def out_of_memory(*a, **k):
+        t._short_pending = early  # taken before the full batch's pass, which then ran out of memory
+        model.__dict__["_short"] = late  # taken after the capture, before the augmentation's warm-up failed
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(trainer_module, "warm_up", out_of_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    t._short_pending = None
+    trainer_module.FastDetectionTrainer._warm_up(t)
+    assert t._short_pending is None and "_short" not in model.__dict__
+    assert not early.takes(torch.zeros(4, 3, 32, 32)) and not late.takes(torch.zeros(4, 3, 32, 32))
+    assert "skipped the warm-up before the first epoch" in caplog.text

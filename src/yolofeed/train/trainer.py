@@ -124,6 +124,9 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
+    # the short batches' thread while its set-up runs beside the warm-up's full batch, held here until the graphed
+    # model's class leaves it out of the model's copies (train/short_batches.py)
+    _short_pending: short_batches.ShortBatches | None = None
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     validated = False  # and best.pt's final validation ended
@@ -518,10 +521,16 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             parts: dict[str, float] = {}
             seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
                               corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside,
-                              beside=partial(self._short_batches_beside, amp, parts), parts=parts)
+                              beside=partial(self._short_batches_beside, amp, parts),
+                              beside_first=short_batches.EARLY, parts=parts)
             self.warm_up_s, self.warm_up_parts = seconds, parts  # the whole-run bench's breakdown reads them
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
+            # no capture ahead waits for the short batches' set-up
+            for short in (self._short_pending, unwrap_model(self.model).__dict__.pop("_short", None)):
+                if short is not None:
+                    short.close()
+            self._short_pending = None
             torch.cuda.empty_cache()
             first_line = (str(e).splitlines() or [""])[0][:200]
             LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: {first_line}); "
@@ -530,20 +539,33 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         if RANK in (-1, 0):
             sizes = batch_sizes(sampler)
             beside = sizes[1:] if "_short" in unwrap_model(self.model).__dict__ else []
-            before = ", ".join(str(n) for n in sizes if n not in beside)
-            LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(beside) > 1)} {before} in "
-                        f"{seconds:.1f} s before the first epoch" + (f", for {', '.join(map(str, beside))} beside it"
-                                                                      if beside else "")
+            later = [] if short_batches.EARLY else beside  # set up beside the first epoch
+            before = ", ".join(str(n) for n in sizes if n not in later)
+            own = f", {', '.join(map(str, beside))} in a thread of its own" if beside and not later else ""
+            LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(later) > 1)} {before} in "
+                        f"{seconds:.1f} s before the first epoch{own}"
+                        + (f", for {', '.join(map(str, later))} beside it" if later else "")
                         + " (stock pays it inside its first epoch)")
 
     def _set_up_beside(self) -> None:
         """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step
         installed and captured ahead, then, where no capture in the default global mode is left to make in the first
         epoch, the validations' thread started and their set-up queued, so that it runs beside the rest of the warm-up
-        (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training."""
+        (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training. A short
+        batches' set-up begun beside the full batch's is waited for first (a capture in the global mode fails beside
+        another thread's passes)."""
+        short, self._short_pending = self._short_pending, None
+        if short is not None:  # its set-up beside the full batch's ends before the capture (short_batches.EARLY)
+            short.settle()
         if self.graphed_step and graphed.why_not(self) is None:
             graphed.install(self)  # the on_train_start install finds it made
         self._capture_ahead()
+        if short is not None:
+            model = unwrap_model(self.model)
+            if isinstance(model, graphed.GraphedPredict):  # whose copies and pickles leave the thread behind
+                model.__dict__["_short"] = short
+            else:
+                short.close()
         graph = unwrap_model(self.model).__dict__.get("_graph")
         if graph is not None and graph.flat is None and not graph.failed:
             return  # the graph is captured in the first epoch: the set-up waits for it (_count_to_validation_warm_up)
@@ -553,14 +575,29 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
 
     def _short_batches_beside(self, amp: bool | torch.dtype, parts: dict[str, float], sizes: list[int]) -> bool:
         """The warm-up's ``beside``: the epoch's other batch sizes (its last, short batch) forwarded in a thread of
-        their own whose set-up runs beside the first epoch (train/short_batches.py), where the step's graph was
-        captured ahead of it; returns whether they were taken."""
+        their own whose set-up runs beside the warm-up's full batch or the first epoch (train/short_batches.py), where
+        the step's graph is captured ahead of it (offered before the capture: where it will be); returns whether they
+        were taken."""
         model = unwrap_model(self.model)
         graph = model.__dict__.get("_graph")
-        if not short_batches.BESIDE or graph is None or graph.flat is None:
+        ahead = graph.flat is not None if graph is not None else self._captures_ahead()
+        if not short_batches.BESIDE or not ahead:
             return False
-        model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts)
+        short = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts)
+        if graph is None:  # before the install: the model's class would copy it (the warm-up's copy at the full batch)
+            self._short_pending = short
+        else:
+            model.__dict__["_short"] = short
         return True
+
+    def _captures_ahead(self) -> bool:
+        """Whether the warm-up's ``_set_up_beside`` will capture the step's graph before the first epoch: the graphed
+        step serves, and the epoch has a full batch (``_capture_ahead``)."""
+        if not self.graphed_step or self._warm is None or graphed.why_not(self) is not None:
+            return False
+        sampler = self._warm[0].sampler
+        sizes = batch_sizes(sampler)
+        return bool(sizes) and sizes[0] == sampler.batch_size
 
     def _capture_ahead(self) -> None:
         """At ``on_train_start``, where the warm-up ran: the graphed step's capture (train/graphed.py) on a blank
