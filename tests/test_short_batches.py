@@ -5,8 +5,10 @@ predict; let go with the graph."""
 from __future__ import annotations
 
 import copy
+import logging
 import pickle
 import threading
+import time
 from concurrent.futures import CancelledError
 from types import SimpleNamespace
 
@@ -369,8 +371,9 @@ def test_the_trainer_foresees_a_capture_ahead_where_the_graph_serves_and_the_epo
 
 def test_the_capture_ahead_waits_for_the_short_batches_set_up_then_the_graphed_model_takes_them(model, monkeypatch):
     """``_set_up_beside`` settles the worker's passes before capturing (a capture in the global mode fails beside
-    another thread's work): the capture starts only once the set-up has ended, whose wait ``parts`` records; then the
-    installed model takes the thread (its copies leave it behind), or, not installed, the thread is closed."""
+    another thread's work): the capture starts only once the set-up has ended, whose wait ``parts`` records; then a
+    captured graph's model takes the thread (its copies leave it behind); with no graph, or a capture that failed,
+    the thread is closed (every batch then runs in the training thread)."""
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
     monkeypatch.setattr(graphed, "why_not", lambda t: None)
     stock = type(model)
@@ -380,61 +383,136 @@ def test_the_capture_ahead_waits_for_the_short_batches_set_up_then_the_graphed_m
         return True
 
     monkeypatch.setattr(graphed, "install", installed)
-    for step in (True, False):
+    for step, graph, taken in ((True, SimpleNamespace(flat=object(), failed=False), True),
+                               (True, SimpleNamespace(flat=None, failed=True), False), (False, None, False)):
         release, events = threading.Event(), []
 
         def slow(*a, release=release, events=events):
             release.wait(5)
             events.append("set-up done")
 
+        def capture(events=events, graph=graph):
+            events.append("capture")
+            if graph is not None:
+                model.__dict__["_graph"] = graph
+
         monkeypatch.setattr(short_batches, "passes", slow)
         model.__class__ = stock
         short = ShortBatches(model, [2], 32, CPU, amp=False, parts=(parts := {}))
-        t = SimpleNamespace(graphed_step=step, model=model, _capture_ahead=lambda events=events: events.append(
-                            "capture"), _start_validation_thread=lambda: None, _validations=None, _short_pending=short)
+        t = SimpleNamespace(graphed_step=step, model=model, _capture_ahead=capture,
+                            _start_validation_thread=lambda: None, _validations=None, _short_pending=short)
+        t._close_short_pending = lambda t=t: trainer_module.FastDetectionTrainer._close_short_pending(t)
         try:
             copy.deepcopy(model)  # the warm-up's copy at the full batch, while the set-up runs: the thread stays out
             threading.Timer(0.3, release.set).start()
             trainer_module.FastDetectionTrainer._set_up_beside(t)
             assert events == ["set-up done", "capture"] and t._short_pending is None
             assert parts["beside_waited_s"] >= 0.2 and "beside_s" in parts
-            if step:
+            if taken:
                 assert model.__dict__["_short"] is short and short.takes(torch.zeros(2, 3, 32, 32))
                 assert "_short" not in copy.deepcopy(model).__dict__  # GraphedPredict's copies leave it behind
             else:
                 assert "_short" not in model.__dict__ and not short.takes(torch.zeros(2, 3, 32, 32))  # closed
         finally:
             short.close()
-            model.__dict__.pop("_short", None)
+            for key in ("_short", "_graph"):
+                model.__dict__.pop(key, None)
             model.__class__ = stock
 
 
-def test_the_early_set_up_runs_beside_a_real_warm_up_of_the_full_batch(model, monkeypatch):
-    """The warm-up's real passes (its copy of the model at the full batch) with the trainer's ``beside`` taking the
-    short size first and ``after_full`` settling it: the run's model ends with the thread, serving that size."""
+def _early_trainer(model, capture, hyp_size=32):
+    """A stand-in trainer whose warm-up runs the real ``warm_up`` on the CPU with the short batches begun early."""
+    fast = trainer_module.FastDetectionTrainer
+    sampler = EpochSampler(np.arange(10), 4)
+    hyp = AugmentHyp.from_args(imgsz=hyp_size)
+    t = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(SimpleNamespace(sampler=sampler,
+                        prime=lambda: None), 3), model=model, hyp=hyp, amp=False, args=SimpleNamespace(amp=False),
+                        start_epoch=0, _new_augment=lambda: GpuAugment(hyp), graphed_step=True, _capture_ahead=capture,
+                        _start_validation_thread=lambda: None, _validations=None, _short_pending=None,
+                        _captures_ahead=lambda: True)
+    cpu = SimpleNamespace(model=model, hyp=hyp, device=CPU, _captures_ahead=lambda: True)
+
+    def beside(amp, parts, sizes):  # on the CPU: the worker's device is the CPU's
+        taken = fast._short_batches_beside(cpu, amp, parts, sizes)
+        t._short_pending = getattr(cpu, "_short_pending", None)
+        return taken
+
+    t._short_batches_beside = beside
+    t._set_up_beside = lambda: fast._set_up_beside(t)
+    t._close_short_pending = lambda: fast._close_short_pending(t)
+    return t
+
+
+@pytest.fixture
+def early(model, monkeypatch):
+    """The real warm-up on the CPU, the short batches begun early, the graphed class installed by a stub."""
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
     monkeypatch.setattr(graphed, "why_not", lambda t: None)
-    monkeypatch.setattr(graphed, "install", lambda t: setattr(model, "__class__", graphed._graphed_class(
-        type(model))) or True)
-    t = SimpleNamespace(graphed_step=True, model=model, hyp=SimpleNamespace(imgsz=32), device=CPU,
-                        _captures_ahead=lambda: True, _capture_ahead=lambda: None,
-                        _start_validation_thread=lambda: None, _validations=None, _short_pending=None)
-    fast = trainer_module.FastDetectionTrainer
-    parts = {}
-    warm_up(model, EpochSampler(np.arange(10), 4), GpuAugment(AugmentHyp.from_args(imgsz=32)), 3, CPU, amp=False,
-            after_full=lambda: fast._set_up_beside(t), beside=lambda sizes: fast._short_batches_beside(
-                t, False, parts, sizes), beside_first=True, parts=parts)
+    stock = type(model)
+    monkeypatch.setattr(graphed, "install", lambda t: setattr(model, "__class__", graphed._graphed_class(stock)))
+    monkeypatch.setattr(short_batches, "EARLY", True)
+    monkeypatch.setattr(trainer_module, "step_autocast", lambda t: False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    real = trainer_module.warm_up
+    monkeypatch.setattr(trainer_module, "warm_up", lambda m, s, a, w, d, amp, **k: real(m, s, a, w, CPU, amp, **k))
+    yield
+    graphed.uninstall(model)
+
+
+def test_the_early_set_up_runs_beside_a_real_warm_up_of_the_full_batch(model, early, caplog):
+    """The warm-up's real passes (its copy of the model at the full batch) with the trainer's ``beside`` taking the
+    short size first and ``after_full`` settling it before the capture: the graphed model ends with the thread,
+    serving that size, and the line names both sizes as set up before the first epoch."""
+    def capture():
+        model.__dict__["_graph"] = SimpleNamespace(flat=object(), failed=False)
+
+    t = _early_trainer(model, capture)
+    with caplog.at_level(logging.INFO):
+        trainer_module.FastDetectionTrainer._warm_up(t)
     short = model.__dict__.get("_short")
-    try:
-        assert short is not None and short.takes(torch.zeros(2, 3, 32, 32)) and "other_sizes_s" not in parts
-        assert parts["beside_s"] >= 0 and parts["beside_waited_s"] >= 0
-    finally:
+    assert short is not None and short.takes(torch.zeros(2, 3, 32, 32)) and t._short_pending is None
+    assert "other_sizes_s" not in t.warm_up_parts and t.warm_up_parts["beside_waited_s"] >= 0
+    assert "set up for batch sizes 4, 2 in" in caplog.text and "2 in a thread of its own" in caplog.text
+
+
+def test_an_early_thread_the_capture_does_not_take_is_closed_and_not_claimed(model, early, caplog):
+    """A capture that failed, or one that raised (out of memory making its blank batch), leaves no thread running;
+    the line names only the full batch as set up."""
+    def failed():
+        model.__dict__["_graph"] = SimpleNamespace(flat=None, failed=True)
+
+    def raised():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    for capture in (failed, raised):
+        before = {th.ident for th in threading.enumerate()}
+        t = _early_trainer(model, capture)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            trainer_module.FastDetectionTrainer._warm_up(t)
+        time.sleep(0.1)
+        assert not [th.name for th in threading.enumerate() if th.ident not in before and th.is_alive()], capture
+        assert t._short_pending is None and "_short" not in model.__dict__
+        if capture is failed:
+            assert "set up for batch size 4 in" in caplog.text
+        else:
+            assert "skipped the warm-up before the first epoch (OutOfMemoryError" in caplog.text
         graphed.uninstall(model)
+        model.__dict__.pop("_graph", None)
 
 
-def test_a_warm_up_that_fails_closes_the_short_batches_thread(model, monkeypatch, caplog):
-    """No capture ahead will wait for a set-up begun before the full batch's pass that failed: the worker is
-    closed and let go, and the short batches run in the training thread."""
+def test_a_run_let_go_inside_the_warm_up_closes_the_early_thread(model):
+    """``_let_go`` (a run stopped, Ctrl-C included, while the warm-up waits) closes a thread still held."""
+    short = ShortBatches(model, [2], 32, CPU, amp=False)
+    t = SimpleNamespace(_short_pending=short, model=None, _pool=None, _augment=None, _warm=None)
+    t._close_short_pending = lambda: trainer_module.FastDetectionTrainer._close_short_pending(t)
+    trainer_module.FastDetectionTrainer._let_go(t)
+    assert t._short_pending is None and not short.takes(torch.zeros(2, 3, 32, 32))
+
+
+def test_a_warm_up_that_fails_closes_the_short_batches_thread_begun_early(model, monkeypatch, caplog):
+    """No capture ahead will take a thread begun before the full batch's pass that failed: it is closed and let
+    go."""
     sampler = EpochSampler(np.arange(100), 16)
     hyp = AugmentHyp.from_args(imgsz=64)
     t = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(SimpleNamespace(sampler=sampler,
@@ -451,7 +529,13 @@ def test_a_warm_up_that_fails_closes_the_short_batches_thread(model, monkeypatch
     monkeypatch.setattr(trainer_module, "warm_up", out_of_memory)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     t._short_pending = None
-    trainer_module.FastDetectionTrainer._warm_up(t)
-    assert t._short_pending is None and "_short" not in model.__dict__
-    assert not early.takes(torch.zeros(4, 3, 32, 32)) and not late.takes(torch.zeros(4, 3, 32, 32))
+    t._close_short_pending = lambda: trainer_module.FastDetectionTrainer._close_short_pending(t)
+    try:
+        trainer_module.FastDetectionTrainer._warm_up(t)
+        assert t._short_pending is None and not early.takes(torch.zeros(4, 3, 32, 32))
+        # one the captured graph took still serves: its set-up is made, and the graph serves the full batch
+        assert model.__dict__["_short"] is late and late.takes(torch.zeros(4, 3, 32, 32))
+    finally:
+        late.close()
+        model.__dict__.pop("_short", None)
     assert "skipped the warm-up before the first epoch" in caplog.text

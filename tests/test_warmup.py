@@ -103,7 +103,8 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
                                amp=True, args=SimpleNamespace(amp=amp_key), start_epoch=0,
                                _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
-                               _short_batches_beside=lambda *a: False, _short_pending=None)
+                               _short_batches_beside=lambda *a: False, _short_pending=None,
+                               _close_short_pending=lambda: None)
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16

@@ -28,7 +28,7 @@ the worker never synchronises the device.
 Where the set-up runs: beside the first epoch, it outlasts the epoch's own training (7.9-10.3 s beside 4-5 s:
 BENCHMARKS.md, "First epoch"), and the epoch's last batch waits for it; beside the warm-up's pass at the full batch,
 the two forwards' plans are made in two threads at once, and their backwards' in turn in the autograd engine's device
-thread, before the capture.
+thread, before the capture; the warm-up's peak memory is then both passes' at once.
 """
 
 from __future__ import annotations

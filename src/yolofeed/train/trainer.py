@@ -380,6 +380,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         memory pool) and swapped classes, and the loss: the model's criterion is left unset, as before its first loss
         (Ultralytics makes it again when needed), so a model saved after a stopped run pickles no yolofeed class."""
         self._pool = self._augment = self._warm = None
+        self._close_short_pending()  # a run stopped inside the warm-up
         model = getattr(self, "model", None)
         if isinstance(model, torch.nn.Module):
             graphed.uninstall(model)
@@ -526,11 +527,8 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             self.warm_up_s, self.warm_up_parts = seconds, parts  # the whole-run bench's breakdown reads them
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
-            # no capture ahead waits for the short batches' set-up
-            for short in (self._short_pending, unwrap_model(self.model).__dict__.pop("_short", None)):
-                if short is not None:
-                    short.close()
-            self._short_pending = None
+            with processes.signals_deferred():  # no capture ahead will take the short batches' thread begun early
+                self._close_short_pending()
             torch.cuda.empty_cache()
             first_line = (str(e).splitlines() or [""])[0][:200]
             LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: {first_line}); "
@@ -540,9 +538,12 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             sizes = batch_sizes(sampler)
             beside = sizes[1:] if "_short" in unwrap_model(self.model).__dict__ else []
             later = [] if short_batches.EARLY else beside  # set up beside the first epoch
-            before = ", ".join(str(n) for n in sizes if n not in later)
+            # set up early in the short batches' thread (settled), which the capture did not take: they pay it later
+            dropped = sizes[1:] if not beside and "beside_waited_s" in parts else []
+            before = ", ".join(str(n) for n in sizes if n not in later + dropped)
             own = f", {', '.join(map(str, beside))} in a thread of its own" if beside and not later else ""
-            LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(later) > 1)} {before} in "
+            plural = "s" * (len(sizes) - len(later + dropped) > 1)
+            LOGGER.info(f"yolofeed: cuDNN set up for batch size{plural} {before} in "
                         f"{seconds:.1f} s before the first epoch{own}"
                         + (f", for {', '.join(map(str, later))} beside it" if later else "")
                         + " (stock pays it inside its first epoch)")
@@ -554,19 +555,18 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training. A short
         batches' set-up begun beside the full batch's is waited for first (a capture in the global mode fails beside
         another thread's passes)."""
-        short, self._short_pending = self._short_pending, None
-        if short is not None:  # its set-up beside the full batch's ends before the capture (short_batches.EARLY)
-            short.settle()
+        if self._short_pending is not None:  # its set-up beside the full batch's ends before the capture (EARLY)
+            self._short_pending.settle()
         if self.graphed_step and graphed.why_not(self) is None:
             graphed.install(self)  # the on_train_start install finds it made
         self._capture_ahead()
-        if short is not None:
-            model = unwrap_model(self.model)
-            if isinstance(model, graphed.GraphedPredict):  # whose copies and pickles leave the thread behind
-                model.__dict__["_short"] = short
-            else:
-                short.close()
         graph = unwrap_model(self.model).__dict__.get("_graph")
+        if self._short_pending is not None:
+            if graph is not None and graph.flat is not None:  # the graphed model takes the thread (its copies and
+                # pickles leave it behind)
+                unwrap_model(self.model).__dict__["_short"], self._short_pending = self._short_pending, None
+            else:  # the capture failed: every batch runs in the training thread, as where no graph was tried
+                self._close_short_pending()
         if graph is not None and graph.flat is None and not graph.failed:
             return  # the graph is captured in the first epoch: the set-up waits for it (_count_to_validation_warm_up)
         self._start_validation_thread()
@@ -589,6 +589,13 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         else:
             model.__dict__["_short"] = short
         return True
+
+    def _close_short_pending(self) -> None:
+        """The short batches' thread begun beside the warm-up's full batch and not taken by a captured graph, closed
+        (the caller defers signals: ``ShortBatches.close``)."""
+        short, self._short_pending = self._short_pending, None
+        if short is not None:
+            short.close()
 
     def _captures_ahead(self) -> bool:
         """Whether the warm-up's ``_set_up_beside`` will capture the step's graph before the first epoch: the graphed
