@@ -109,6 +109,10 @@ def test_verdicts():
 @pytest.mark.parametrize("case, stock, yolofeed, words", [
     ("nothing learnt", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], "every stock run ended at mAP50-95 0.00: nothing was learnt"),
     ("one side learnt nothing", [0.0, 0.0], [1.0, 1.2], "every stock run ended at mAP50-95 0.00"),
+    # near nothing: a CI of -0.03 … +0.03 round a mean of 0.01 said "parity holds"
+    ("too little learnt", [0.01, 0.02], [0.01, 0.02], "the stock runs ended at a mean mAP50-95 of 0.01 points, "
+                                                      "below 1: too little was learnt"),
+    ("one side too little", [40.0, 41.0], [0.0, 1.2], "the yolofeed runs ended at a mean mAP50-95 of 0.60 points"),
     ("no spread", [40.0, 40.0], [40.1, 40.4], "the 2 stock runs all ended at exactly 40.00 mAP50-95 (sd 0)"),
     ("not a number", [40.0, float("nan")], [40.1, 40.4], "the final mAP50-95 of stock seed(s) 1 is not a number"),
     ("one side missing", [], [40.1, 40.4], "0 stock / 2 yolofeed seeds finished"),

@@ -9,7 +9,7 @@ The answer is the difference of the two sides' mean final mAP50-95 with Welch's 
 Parity holds when the mean difference is within +-0.5 mAP50-95 points, the interval's lower end is
 above -1.0 point, and each training loss's mean +- sd bands of the two sides overlap in at least 90 %
 of epochs. A verdict needs at least two seeds a side (more give a narrower interval), final values that are numbers,
-runs that learnt something (not every one at 0) and a spread on each side (not every run at the same value): without
+runs that learnt something (a mean final mAP50-95 of 1 point or more a side) and a spread on each side (not every run at the same value): without
 them the verdict line says what is missing and ``passed`` is null. A comparison stopped early (Ctrl-C: exit 130;
 SIGTERM: exit 143) stops its runs, keeps what finished in parity.json and gives no verdict.
 """
@@ -56,6 +56,7 @@ def metric_name(jobs: list[Job]) -> str:
 
 
 MEAN_BAR, LOW_BAR, OVERLAP_BAR = 0.5, -1.0, 0.9  # points, points, share of epochs
+LEARNT_FLOOR = 1.0  # mAP50-95 points: a side whose runs end below it on average learnt too little to compare
 
 
 @dataclass
@@ -238,6 +239,10 @@ def _missing(done: dict[str, list[Job]], final: dict, n: dict[str, int], seeds: 
         elif all(v == 0 for v in values):
             missing.append(f"every {side} run ended at mAP50-95 0.00: nothing was learnt, so there is nothing to "
                            "compare (train longer: epochs=, or check the data and the labels)")
+        elif sum(values) / len(values) < LEARNT_FLOOR:
+            missing.append(f"the {side} runs ended at a mean mAP50-95 of {sum(values) / len(values):.2f} points, "
+                           f"below {LEARNT_FLOOR:g}: too little was learnt for a difference to mean anything (train "
+                           "longer: epochs=, or check the data and the labels)")
         elif max(values) == min(values):
             missing.append(f"the {n[side]} {side} runs all ended at exactly {values[0]:.2f} mAP50-95 (sd 0): no "
                            "spread to build an interval on (do the seeds change the runs? deterministic settings "
