@@ -6,10 +6,10 @@ GPUs (``device=0,1``; ``parallel=N`` runs at once per GPU), each pinned to its s
 The answer is the difference of the two sides' mean final mAP50-95 with Welch's 95 % interval
 (``bench/stats.py``), the per-epoch training losses of both sides, and a one-line verdict.
 
-Parity holds when the mean difference is within +-0.5 mAP50-95 points, the interval's lower end is
-above -1.0 point, and each training loss's mean +- sd bands of the two sides overlap in at least 90 %
-of epochs. A verdict needs at least two seeds a side (more give a narrower interval), final values that are numbers,
-runs that learnt something (a mean final mAP50-95 of 1 point or more a side) and a spread on each side (not every run at the same value): without
+Parity holds when the mean difference is within +-0.5 mAP50-95 points, the interval's lower end is above -1.0 point,
+and each training loss's mean +- sd bands of the two sides overlap in at least 90 % of epochs. A verdict needs at
+least two seeds a side (more give a narrower interval), final values that are numbers, runs that learnt something (a
+mean final mAP50-95 of 1 point or more a side) and a spread on each side (not every run at the same value): without
 them the verdict line says what is missing and ``passed`` is null. A comparison stopped early (Ctrl-C: exit 130;
 SIGTERM: exit 143) stops its runs, keeps what finished in parity.json and gives no verdict.
 """
