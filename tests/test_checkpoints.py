@@ -393,3 +393,32 @@ def test_a_run_stopped_between_an_epochs_row_and_its_checkpoint_resumes_without_
     with open(run / "results.csv") as f:
         assert [r[0].strip() for r in list(csv.reader(f))[1:]] == ["1", "2", "3"]
     assert f"dropped epoch 2 from {run / 'results.csv'}" in caplog.text
+
+
+def test_a_training_is_refused_a_run_folder_another_live_process_trains_into(tmp_path):
+    """A resume of a run still training (or exist_ok=True into it) interleaved the two runs' results.csv rows and
+    overwrote each other's weights: the second is refused with the folder, the holder and the fix, and once the
+    first process is gone (killed: the kernel drops its lock) the folder is free again."""
+    from types import SimpleNamespace
+
+    from yolofeed.errors import ConfigError
+    from yolofeed.train.trainer import FastTrainer
+
+    folder = tmp_path / "runs" / "live"
+    folder.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from yolofeed.pack.lock import FolderLock; "
+                               f"l = FolderLock({str(folder)!r}); assert l.try_acquire(); print('held', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=rf"another training writes into the run folder {re.escape(str(folder))} "
+                                              rf"\(PID {holder.pid} on this host.*train into another folder"):
+            FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))
+    try:
+        assert lock is not None
+    finally:
+        lock.release()

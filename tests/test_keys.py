@@ -137,7 +137,7 @@ def test_yolofeed_overrides_only_the_data_path_of_the_trainer():
                             "_close_dataloader_mosaic", "_do_train", "build_optimizer", "validate", "save_model",
                             "final_eval", "get_validator", "plot_training_labels", "plot_metrics",
                             "plot_training_samples", "save_metrics", "run_callbacks",
-                            "resume_training"}  # the plots: stock's files,
+                            "resume_training", "train"}  # the plots: stock's files,
     # drawn beside other work (the plots row), the train-batch plot handed stock's float32 image under half_input;
     # save_metrics and run_callbacks: stock's, an epoch validated beside the next (val_overlap) writing its row and
     # running on_model_save and on_fit_epoch_end at the next epoch's end (the same rows, files and stop: the save,
@@ -146,7 +146,8 @@ def test_yolofeed_overrides_only_the_data_path_of_the_trainer():
     # adopted (the optimizer row); validate: stock's, skipped between val_period epochs (the val row); save_model
     # and final_eval: stock's checkpoints (the save and save_period rows), each file written atomically;
     # get_validator: stock's validator, its statistics gathered a batch at once (the same metrics: every val row);
-    # resume_training: stock's, then results.csv's rows of the epochs trained again dropped (the resume row)
+    # resume_training: stock's, then results.csv's rows of the epochs trained again dropped (the resume row);
+    # train: stock's, with the run folder held (a second training into it is refused)
 
 
 # -- refusals -------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from yolofeed.augment.pool import PartnerPool
 from yolofeed.errors import ConfigError, DatasetError, PackError
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
+from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.report import report_path
 from yolofeed.pack.verify import not_stock_skips
@@ -176,6 +177,33 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
+
+    def train(self):
+        """Ultralytics' training, with the run folder held (``hold_run_folder``) until it ends."""
+        lock = self.hold_run_folder()
+        try:
+            return super().train()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def hold_run_folder(self) -> FolderLock | None:
+        """This process's hold on the run folder while it trains (None in a DDP rank: its launcher holds it). Two
+        trainings writing one folder (a resume of a run still training, ``exist_ok=True``) interleave their
+        results.csv rows and overwrite each other's weights.
+
+        Raises:
+            ConfigError: another live process trains into the folder, naming it, the holder and the fix.
+        """
+        if RANK != -1:
+            return None
+        lock = FolderLock(self.save_dir)
+        if not lock.try_acquire():
+            holder = lock.holder()
+            raise ConfigError(f"another training writes into the run folder {self.save_dir}"
+                              + (f" ({holder.describe()})" if holder else "")
+                              + "; wait for it to end, or train into another folder (name=, project=)")
+        return lock
 
     def run_options(self) -> dict[str, Any]:
         """yolofeed's options of this run (``with_options``' keys), as it uses them."""

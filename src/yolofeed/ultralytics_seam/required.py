@@ -37,6 +37,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
                                                    "(without it mosaic would stay on for the whole run)"),
     (DetectionTrainer, "_do_train", "yolofeed wraps Ultralytics' training loop to name the checkpoint that resumes "
                                     "a failed run"),
+    (DetectionTrainer, "train", "yolofeed wraps Ultralytics' training to hold the run folder while it trains (two "
+                                "trainings in one folder mix their rows and weights)"),
     (DetectionTrainer, "check_resume", "yolofeed checks the final training arguments there, before anything is "
                                        "built"),
     (DetectionTrainer, "get_dataloader", "yolofeed returns its pack loaders from it"),
