@@ -422,3 +422,64 @@ def test_a_training_is_refused_a_run_folder_another_live_process_trains_into(tmp
         assert lock is not None
     finally:
         lock.release()
+
+
+def _flip(path: Path, entry_part: str) -> str:
+    """Flip a byte inside the stored data of the archive entry whose name ends with ``entry_part``; its name."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(entry_part) and i.file_size > 8)
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)  # the local header, then data
+    data[start + info.compress_size // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_entry_and_the_way_on(tmp_path, capsys):
+    """torch.load does not check the archive's CRCs: a last.pt with flipped bytes resumed with damaged weights and
+    optimizer state (found by a hostile pass). Now it is refused in one line naming the entry, and the run's
+    checkpoint to go on from skips a damaged one too."""
+    from yolofeed.errors import ConfigError
+    from yolofeed.train.checkpoints import check_intact, damaged_entry
+
+    weights = tmp_path / "run" / "weights"
+    weights.mkdir(parents=True)
+    last = weights / "last.pt"
+    torch.save({"epoch": 7, "optimizer": {"state": {0: torch.arange(4096.0)}}, "ema": None, "model": None}, last)
+    assert damaged_entry(last) is None
+    check_intact(last)  # intact: no error
+    entry = _flip(last, "data/0")
+    assert damaged_entry(last) == entry
+    assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 7  # torch.load reads it anyway
+    best = _fake_checkpoint(weights / "best.pt", 2)
+    _fake_checkpoint(weights / "epoch4.pt", 4)
+    _flip(weights / "epoch4.pt", "data.pkl")  # the newest epoch file is damaged too: best.pt is the way on
+    said = rf"resume={re.escape(str(last))}: damaged: its entry {re.escape(entry)} fails the checksum"
+    with pytest.raises(ConfigError, match=said + r".*continue from it with: yolofeed train resume=.*best.pt"):
+        check_intact(last)
+    assert main(["train", f"resume={last}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "damaged: its entry" in err[0] and f"resume={best}" in err[0], err
+    assert damaged_entry(tmp_path / "absent.pt") is None and damaged_entry(best) is None
+    (tmp_path / "legacy.pt").write_bytes(b"\x80\x02not a zip")  # torch's legacy format: torch.load's to judge
+    assert damaged_entry(tmp_path / "legacy.pt") is None
+
+
+@pytest.mark.slow
+def test_the_python_api_refuses_to_resume_a_checkpoint_with_flipped_bytes(synth_root, tmp_path):
+    """``YOLO(last.pt)`` reads the checkpoint without checking its CRCs; the trainer's resume check refuses it before
+    anything is built or written."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import ConfigError
+
+    run = _stopped_between_row_and_checkpoint(synth_root, tmp_path)
+    last = run / "weights" / "last.pt"
+    entry = _flip(last, "data/0")
+    rows = (run / "results.csv").read_bytes()
+    with pytest.raises(ConfigError, match=rf"resume={re.escape(str(last))}: damaged: its entry {re.escape(entry)}"):
+        YOLO(str(last)).train(resume=True, trainer=FastDetectionTrainer)
+    assert (run / "results.csv").read_bytes() == rows

@@ -22,6 +22,7 @@ import pickle
 import re
 import shlex
 import stat
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +213,42 @@ def sweep(folder: Path) -> list[Path]:
     return removed
 
 
+def damaged_entry(path: str | os.PathLike) -> str | None:
+    """The first entry of a checkpoint's zip archive (``torch.save``'s format) whose bytes fail the CRC-32 written
+    with it, or None: intact, or not a zip archive (torch's legacy format, or a file ``torch.load`` refuses itself).
+    ``torch.load`` does not check the CRCs, so flipped bytes load as wrong weights and optimizer state. Reads the whole
+    file (a fraction of a second for the largest YOLO weights)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return None
+        with zipfile.ZipFile(path) as z:
+            return z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
+
+
+def check_intact(path: str | os.PathLike, key: str = "resume") -> None:
+    """Refuse a checkpoint whose bytes changed since it was written (``damaged_entry``).
+
+    Raises:
+        ConfigError: naming the file, the damaged entry and (``resume=``) the run's checkpoint to go on from.
+    """
+    bad = damaged_entry(path)
+    if bad is not None:
+        from yolofeed.errors import ConfigError
+
+        on = way_on(path) if key == "resume" else ("point at another copy of the weights, or train from a model "
+                                                   "yaml")
+        raise ConfigError(f"{key}={path}: damaged: its entry {bad} fails the checksum written with it (bytes changed "
+                          f"on disk or in a copy), and would load as wrong weights; {on}")
+
+
 def _loaded(path: Path) -> dict | None:
-    """A checkpoint's dict, or None where it does not load."""
+    """A checkpoint's dict, or None where it does not load or is damaged (``damaged_entry``)."""
     from yolofeed.ultralytics_seam import torch_safe_load
 
+    if damaged_entry(path) is not None:
+        return None
     try:
         ckpt, _ = torch_safe_load(str(path))
     except (*UNPICKLING_ERRORS, AttributeError, OSError):

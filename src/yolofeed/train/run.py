@@ -11,7 +11,7 @@ from typing import Any
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.train import keys, options
-from yolofeed.train.checkpoints import UNPICKLING_ERRORS, way_on
+from yolofeed.train.checkpoints import UNPICKLING_ERRORS, check_intact, way_on
 
 
 def resume_checkpoint(cfg: TrainConfig) -> str | None:
@@ -123,6 +123,7 @@ def check_checkpoint(name: str, key: str = "model") -> None:
     """
     from yolofeed.ultralytics_seam import torch_safe_load
 
+    check_intact(name, key)
     try:
         ckpt, _ = torch_safe_load(name)
     except (*UNPICKLING_ERRORS, AttributeError) as e:  # AttributeError: a tensor or list saved alone (no .model)

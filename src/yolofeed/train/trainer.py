@@ -60,7 +60,7 @@ from yolofeed.train import checks, graphed, keys, options, short_batches
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.augmenting import Augmenting
 from yolofeed.train.bounds import LabelBound, label_stats
-from yolofeed.train.checkpoints import AtomicPath, finished_run, strip_atomically, sweep, trim_results
+from yolofeed.train.checkpoints import AtomicPath, check_intact, finished_run, strip_atomically, sweep, trim_results
 from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
@@ -217,6 +217,8 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         """
         super().check_resume(overrides)
         if resuming(self):
+            if RANK in (-1, 0):  # the Python API's resume reads the checkpoint without yolofeed train's check
+                check_intact(self.args.resume)
             self._restore_options()
         keys.check(self.args, carried=(self.carried_task,))
         self.args.device = keys.check_device(self.args.device)
