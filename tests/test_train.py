@@ -250,9 +250,12 @@ def test_cli_val_period_writes_nan_rows_and_keeps_the_best_validated_epoch(synth
 
 
 @pytest.mark.slow
-def test_ctrl_c_after_an_epoch_says_how_to_resume(synth_root, tmp_path):
+@pytest.mark.parametrize("sig, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_ctrl_c_after_an_epoch_says_how_to_resume(synth_root, tmp_path, sig, code, said):
     """Ctrl-C (SIGINT to the training process) once an epoch is saved: one line names the command that continues,
-    quoted for the shell (the run folder here has a space in it), and the command resumes. It said "interrupted"."""
+    quoted for the shell (the run folder here has a space in it), and the command resumes. It said "interrupted".
+    SIGTERM alike (it ended the process at once, exit 143 and nothing said)."""
     import shlex
 
     env = os.environ | {"YOLO_OFFLINE": "1"}
@@ -269,11 +272,11 @@ def test_ctrl_c_after_an_epoch_says_how_to_resume(synth_root, tmp_path):
             break
         except Exception:  # not saved yet
             time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     err = proc.communicate(timeout=300)[1]
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == code, err[-2000:]
     line = [x for x in err.splitlines() if x.startswith("yolofeed train:")][-1]
-    assert line.startswith(f"yolofeed train: interrupted; the last finished epoch is in {last}; continue with: ")
+    assert line.startswith(f"yolofeed train: {said}; the last finished epoch is in {last}; continue with: ")
     argv = shlex.split(line.split("continue with: ")[1])
     assert argv == ["yolofeed", "train", f"resume={last}"]
     # the command, run by the command line's main in this process (a resume in a fresh one:
@@ -294,6 +297,22 @@ def test_ctrl_c_before_any_epoch_says_none_was_saved(synth_root, tmp_path, monke
     assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", "epochs=1", "imgsz=64",
                  "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}", "name=r"]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "yolofeed train: interrupted; no epoch was saved yet"
+
+
+def test_sigterm_before_any_epoch_says_none_was_saved_and_exits_143(synth_root, tmp_path, monkeypatch, capsys):
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.cli import main
+
+    def terminated(trainer):
+        os.kill(os.getpid(), signal.SIGTERM)  # while the first epoch is set up: the handler raises Terminated
+        time.sleep(5)  # not reached
+
+    monkeypatch.setattr(FastDetectionTrainer, "_warm_up", terminated)
+    assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", "epochs=1", "imgsz=64",
+                 "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}", "name=r"]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("yolofeed train: stopped by SIGTERM; no epoch was "
+                                                                "saved yet")
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back
 
 
 def test_the_checkpoint_a_stopped_run_continues_from(tmp_path):

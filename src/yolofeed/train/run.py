@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from yolofeed import processes
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.train import keys, options
@@ -286,14 +287,18 @@ def run(cfg: TrainConfig) -> Path:
     for event, fn in speed.callbacks().items():
         model.add_callback(event, fn)
     try:
-        model.train(trainer=trainer, **kwargs)
-    except KeyboardInterrupt:  # Ctrl-C: the CLI says "interrupted" and this, in one line
-        tr = model.trainer
+        with processes.sigterm_exits():  # SIGTERM (timeout, docker stop) stops the run as Ctrl-C does: closed, said
+            model.train(trainer=trainer, **kwargs)
+    except (KeyboardInterrupt, processes.Terminated) as e:  # the CLI says "interrupted" (or "stopped by SIGTERM")
+        tr = model.trainer  # and this, in one line
         saved = tr.resumable_checkpoint() if isinstance(tr, FastTrainer) else None
         instead = tr.nothing_to_resume() if isinstance(tr, FastTrainer) else "no epoch was saved yet"
-        raise KeyboardInterrupt(f"the last finished epoch is in {saved}; continue with: "
-                                f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
-                                instead[0].lower() + instead[1:]) from None
+        said = (f"the last finished epoch is in {saved}; continue with: "
+                f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
+                instead[0].lower() + instead[1:])
+        if isinstance(e, processes.Terminated):
+            raise processes.Terminated(f"stopped by SIGTERM; {said}") from None
+        raise KeyboardInterrupt(said) from None
     tr = model.trainer
     best = tr.best if tr.best.exists() else tr.last
     gpus = f"{tr.world_size} GPUs" if tr.world_size > 1 else str(tr.device)
