@@ -483,3 +483,33 @@ def test_the_python_api_refuses_to_resume_a_checkpoint_with_flipped_bytes(synth_
     with pytest.raises(ConfigError, match=rf"resume={re.escape(str(last))}: damaged: its entry {re.escape(entry)}"):
         YOLO(str(last)).train(resume=True, trainer=FastDetectionTrainer)
     assert (run / "results.csv").read_bytes() == rows
+
+
+def test_a_killed_trainings_file_lock_does_not_block_the_next(tmp_path, monkeypatch):
+    """Where record locks are refused (Windows, NFS without locking) the lock is a file its holder leaves behind
+    when killed: the next training into the folder takes it over from the dead holder instead of being refused."""
+    import socket
+    from types import SimpleNamespace
+
+    from yolofeed.pack import lock as lock_module
+    from yolofeed.train.trainer import FastTrainer
+
+    monkeypatch.setattr(lock_module, "fcntl", None)
+    folder = tmp_path / "runs" / "killed"
+    folder.mkdir(parents=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = lock_module.Holder(gone.pid, socket.gethostname(), 0.0, time.time(), "yolofeed train name=killed")
+    (folder / lock_module.OWNER_NAME).write_text(dead.dumps())
+    lock = FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))
+    try:
+        assert lock is not None and lock.mechanism == "file" and lock.holder().pid == os.getpid()
+    finally:
+        lock.release()
+    alive = lock_module.Holder(os.getppid(), socket.gethostname(), lock_module.process_start(os.getppid()) or 0.0,
+                               time.time(), "yolofeed train name=killed")
+    (folder / lock_module.OWNER_NAME).write_text(alive.dumps())  # a live holder is not taken over
+    from yolofeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="another training writes into the run folder"):
+        FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))

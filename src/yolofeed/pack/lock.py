@@ -173,8 +173,9 @@ class FolderLock:
             raise files.denied(self.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "read and write",
                                PURPOSE)
 
-    def try_acquire(self) -> bool:
-        """Take the lock if nobody holds it, without waiting or taking over; True if taken."""
+    def try_acquire(self, take_over: bool = False) -> bool:
+        """Take the lock if nobody holds it, without waiting; True if taken. ``take_over``: where the file
+        mechanism's holder died (its file stays behind), remove its file and try once more, as ``acquire`` does."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with _threads_guard:
             self._thread_lock = _threads.setdefault(os.path.realpath(self.folder), threading.Lock())
@@ -182,6 +183,11 @@ class FolderLock:
             return False
         try:
             taken = self._try()
+            if not taken and take_over and self.mechanism == "file":
+                holder = self._read_holder()
+                if holder is not None and self._dead(holder):
+                    self._break(holder)
+                    taken = self._try()
         except BaseException:
             self._thread_lock.release()
             raise

@@ -198,7 +198,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         if RANK != -1:
             return None
         lock = FolderLock(self.save_dir)
-        if not lock.try_acquire():
+        if not lock.try_acquire(take_over=True):  # a killed training's file lock (Windows, NFS) does not block
             holder = lock.holder()
             raise ConfigError(f"another training writes into the run folder {self.save_dir}"
                               + (f" ({holder.describe()})" if holder else "")
