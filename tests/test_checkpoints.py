@@ -513,3 +513,20 @@ def test_a_killed_trainings_file_lock_does_not_block_the_next(tmp_path, monkeypa
 
     with pytest.raises(ConfigError, match="another training writes into the run folder"):
         FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))
+
+
+def test_a_link_planted_at_the_run_folders_lock_is_refused_with_the_run_folders_fix(tmp_path):
+    """A link at <run>/.lock is not written through; the line names the run folder's lock and its way out, not a
+    pack's (it said "its build lock" and "pack_dir= (yolofeed train)", which moves no run folder)."""
+    from types import SimpleNamespace
+
+    from yolofeed.errors import PackError
+    from yolofeed.train.trainer import FastTrainer
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / ".lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PackError, match=r"keeps the lock of a run folder a training writes under that name.*"
+                                        r"or train into another folder \(name=, project=\)$"):
+        FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))
+    assert not (tmp_path / "elsewhere").exists()

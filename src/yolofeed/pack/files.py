@@ -80,20 +80,21 @@ def owner(st: os.stat_result) -> str:
     return f"owned by {name}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
-def refused(path: str | os.PathLike, purpose: str, found: str = "") -> PackError:
+def refused(path: str | os.PathLike, purpose: str, found: str = "", elsewhere: str = ELSEWHERE) -> PackError:
     """The error for something at ``path`` that yolofeed will not write through or over.
 
     Args:
         purpose: what yolofeed keeps under that name ("its build lock", "the train pack").
         found: what is there; default ``describe(path)``.
+        elsewhere: the other way out, besides moving it (default: another pack folder).
     """
     q = shlex.quote(str(path))
     return PackError(f"{path} is {found or describe(path)}, not a file yolofeed made: yolofeed keeps {purpose} under "
                      f"that name and never writes through a link or over a file it did not make. Move it away "
-                     f"(mv {q} {shlex.quote(str(path) + '.old')}), or {ELSEWHERE}")
+                     f"(mv {q} {shlex.quote(str(path) + '.old')}), or {elsewhere}")
 
 
-def denied(path: str | os.PathLike, e: OSError, needs: str, purpose: str) -> PackError:
+def denied(path: str | os.PathLike, e: OSError, needs: str, purpose: str, elsewhere: str = ELSEWHERE) -> PackError:
     """The error for a file yolofeed may not open (another user's, mode 000).
 
     Args:
@@ -104,14 +105,15 @@ def denied(path: str | os.PathLike, e: OSError, needs: str, purpose: str) -> Pac
     except OSError:
         who = ""
     return PackError(f"cannot open {path} ({e.strerror or e}{who}): yolofeed needs to {needs} it ({purpose}); ask its "
-                     f"owner to change that (chmod, chown) or to remove it, or {ELSEWHERE}")
+                     f"owner to change that (chmod, chown) or to remove it, or {elsewhere}")
 
 
-def open_file(path: str | os.PathLike, flags: int, purpose: str, mode: int = 0o644, single_link: bool = False) -> int:
+def open_file(path: str | os.PathLike, flags: int, purpose: str, mode: int = 0o644, single_link: bool = False,
+              elsewhere: str = ELSEWHERE) -> int:
     """``os.open`` of a regular file that follows no link and never blocks (a FIFO), for a pack folder's files.
 
     Args:
-        purpose: for the messages (see ``refused``).
+        purpose, elsewhere: for the messages (see ``refused``).
         single_link: refuse a file with other hard links too (one written in place would change them all).
 
     Returns:
@@ -126,14 +128,14 @@ def open_file(path: str | os.PathLike, flags: int, purpose: str, mode: int = 0o6
         fd = os.open(path, flags | SAFE, mode)
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM) and not os.path.islink(path):
-            raise denied(path, e, needs, purpose) from None
+            raise denied(path, e, needs, purpose, elsewhere) from None
         if e.errno in WHAT_IS_THERE:
-            raise refused(path, purpose) from None
+            raise refused(path, purpose, elsewhere=elsewhere) from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (single_link and st.st_nlink > 1):
         os.close(fd)
-        raise refused(path, purpose)
+        raise refused(path, purpose, elsewhere=elsewhere)
     return fd
 
 

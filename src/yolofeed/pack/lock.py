@@ -137,8 +137,10 @@ class FolderLock:
     """
 
     def __init__(self, folder: str | os.PathLike, poll: float = 0.5, report_every: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 purpose: str = PURPOSE, elsewhere: str = files.ELSEWHERE):
         self.folder = Path(folder)
+        self.purpose, self.elsewhere = purpose, elsewhere  # for the messages about the lock file (files.refused)
         self.poll, self.report_every, self.clock, self.sleep = poll, report_every, clock, sleep
         self.mechanism = "kernel" if fcntl is not None else "file"
         self._fd = -1
@@ -161,17 +163,17 @@ class FolderLock:
         if os.path.isfile(self.path) and not os.path.islink(self.path) and not os.access(self.path, os.R_OK | os.W_OK):
             # said as taking the lock says it (the open below, for reading only, would say "read")
             raise files.denied(self.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "read and write",
-                               PURPOSE)
-        fd = files.open_file(self.path, os.O_RDONLY, PURPOSE, single_link=True)
+                               self.purpose, self.elsewhere)
+        fd = files.open_file(self.path, os.O_RDONLY, self.purpose, single_link=True, elsewhere=self.elsewhere)
         try:
             ours = _record_of(_read_fd(fd))[1]
         finally:
             os.close(fd)
         if not ours:
-            raise files.refused(self.path, PURPOSE, FOREIGN)
+            raise files.refused(self.path, self.purpose, FOREIGN, self.elsewhere)
         if not os.access(self.path, os.W_OK):
             raise files.denied(self.path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)), "read and write",
-                               PURPOSE)
+                               self.purpose, self.elsewhere)
 
     def try_acquire(self, take_over: bool = False) -> bool:
         """Take the lock if nobody holds it, without waiting; True if taken. ``take_over``: where the file
@@ -249,7 +251,8 @@ class FolderLock:
         """
         if self.mechanism == "kernel":
             if self._fd < 0:
-                self._fd = files.open_file(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, PURPOSE, single_link=True)
+                self._fd = files.open_file(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, self.purpose,
+                                           single_link=True, elsewhere=self.elsewhere)
             try:
                 fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -266,7 +269,7 @@ class FolderLock:
             if not ours:  # checked before the record is written over it
                 os.close(self._fd)
                 self._fd = -1
-                raise files.refused(self.path, PURPOSE, FOREIGN)
+                raise files.refused(self.path, self.purpose, FOREIGN, self.elsewhere)
             return True
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | files.SAFE, 0o644)
@@ -294,14 +297,14 @@ class FolderLock:
         try:
             fd = os.open(brk, os.O_WRONLY | os.O_CREAT | os.O_EXCL | files.SAFE, 0o644)
         except FileExistsError:
-            self._remove_stale_break(brk)
+            self._remove_stale_break(brk, self.purpose, self.elsewhere)
             self.sleep(self.poll)
             return
         try:
             os.close(fd)
             holder, ours = _record_of(files.head(self.path, RECORD_LIMIT))
             if not ours and os.path.lexists(self.path):
-                raise files.refused(self.path, PURPOSE)
+                raise files.refused(self.path, self.purpose, elsewhere=self.elsewhere)
             if holder == dead and self._dead(dead):  # still the dead one: nobody took over
                 self.path.unlink(missing_ok=True)
                 self.previous = dead
@@ -309,14 +312,14 @@ class FolderLock:
             brk.unlink(missing_ok=True)
 
     @staticmethod
-    def _remove_stale_break(brk: Path) -> None:
+    def _remove_stale_break(brk: Path, purpose: str, elsewhere: str) -> None:
         """Remove the break file of a waiter that died while breaking (older than STALE_BREAK s)."""
         try:
             stale = time.time() - os.lstat(brk).st_mtime > STALE_BREAK
         except OSError:
             return
         if stale and files.head(brk, 1) != b"":  # yolofeed makes it empty, and it stays so
-            raise files.refused(brk, PURPOSE)
+            raise files.refused(brk, purpose, elsewhere=elsewhere)
         if stale:
             with contextlib.suppress(OSError):
                 brk.unlink()

@@ -197,7 +197,8 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         """
         if RANK != -1:
             return None
-        lock = FolderLock(self.save_dir)
+        lock = FolderLock(self.save_dir, purpose="the lock of a run folder a training writes",
+                          elsewhere="train into another folder (name=, project=)")
         if not lock.try_acquire(take_over=True):  # a killed training's file lock (Windows, NFS) does not block
             holder = lock.holder()
             raise ConfigError(f"another training writes into the run folder {self.save_dir}"
