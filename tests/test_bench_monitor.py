@@ -272,6 +272,7 @@ def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_r
         assert parts["build_s"] + parts["setup_train_s"] <= r["setup_s"] + 0.02
         assert 0 < parts["first_batch_s"] <= r["epochs"][0]["train_s"] + 0.01
         assert 0 < parts["final_val_s"] <= r["final_s"] + 0.01
+        assert 0 < parts["final_val_batches_s"] <= parts["final_val_s"]  # the rest: its metrics and plots
         assert parts["warm_up_s"] is None  # on the CPU there is no warm-up
         assert (run / "weights" / "best.pt").is_file() and (run / "weights" / "last.pt").is_file()
         assert len((run / "results.csv").read_text().strip().splitlines()) == 1 + 2
@@ -295,6 +296,8 @@ def test_a_whole_runs_warm_up_parts_are_reported_and_said():
     assert ("(warm-up 16.6 s: full batch 5.0 s, graph and validation set-up 3.0 s, other batch sizes 4.0 s, "
             "augmentation 0.5 s)") in said
     assert "(warm-up 16.6 s)" in whole.breakdown({"parts": whole.run_parts(marks, 0.0, 16.6, 9.7)})
+    assert "final validation 9.7 s (its batches 2.5 s)" in whole.breakdown(
+        {"parts": whole.run_parts(marks, 0.0, 16.6, 9.7, final_val_batches_s=2.5)})
     early = whole.run_parts(marks, 0.0, 16.6, 9.7, None, {**warm, "beside_s": 6.0, "beside_waited_s": 1.5})
     assert ("other batch sizes' set-up 6.0 s beside the full batch's, 1.5 s waited before the capture"
             in whole.breakdown({"parts": early}))

@@ -20,7 +20,9 @@ What is timed, on the host clock of the mode's own process (``isolate=True``):
   the loaders, the optimiser; yolofeed's warm-up included), ``warm_up_s`` (yolofeed's warm-up alone, as its trainer
   times it), ``first_batch_s`` (the first epoch's start to its first batch's end: the first step's one-off costs,
   yolofeed's graph capture among them) and ``final_val_s`` (the final validation of best.pt, its plots included;
-  the rest of ``final_s`` is the run's own plots and the checkpoints' stripping).
+  the rest of ``final_s`` is best.pt's load, the run's own plots and the checkpoints' stripping), of it
+  ``final_val_batches_s`` (to its last batch's end: the inference, NMS and the statistics; the rest is the metrics,
+  their curves and confusion matrix drawn, and the printout).
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
     def on_val_start(validator) -> None:
         state["t_val"] = now()
 
+    def on_val_batch_end(validator) -> None:
+        state["t_val_batch"] = now()
+
     def on_val_end(validator) -> None:
         if validating_beside():  # an epoch validated beside the next: the trainer times it (val_overlapped)
             return
@@ -85,6 +90,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
             record["val_s"] = record.get("val_s", 0.0) + now() - state["t_val"]
         elif state["t_val"] is not None and "t_last" in state:  # the final validation of best.pt
             state["final_val_s"] = state.get("final_val_s", 0.0) + now() - state["t_val"]
+            if state.get("t_val_batch", 0.0) > state["t_val"]:
+                state["final_val_batches_s"] = state["t_val_batch"] - state["t_val"]
         state["t_val"] = None
 
     def on_fit_epoch_end(trainer) -> None:  # also after the final validation of best.pt: that one is not an epoch's
@@ -108,7 +115,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         for event, fn in (("on_pretrain_routine_end", lambda t: mark("set_up")),  # after yolofeed's warm-up
                           ("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
                           ("on_train_epoch_end", on_epoch_end), ("on_val_start", on_val_start),
-                          ("on_val_end", on_val_end), ("on_fit_epoch_end", on_fit_epoch_end),
+                          ("on_val_batch_end", on_val_batch_end), ("on_val_end", on_val_end),
+                          ("on_fit_epoch_end", on_fit_epoch_end),
                           ("on_train_batch_end", on_batch_end)):
             trainer.add_callback(event, fn)  # the validator shares the trainer's callbacks
         try:
@@ -127,7 +135,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
               "final_s": round(t_end - state["t_last"], 2) if "t_last" in state else None,
               "parts": run_parts(state["marks"], t_build, getattr(trainer, "warm_up_s", None),
                                  state.get("final_val_s"), getattr(trainer, "plots_beside", None),
-                                 getattr(trainer, "warm_up_parts", None)),
+                                 getattr(trainer, "warm_up_parts", None), state.get("final_val_batches_s")),
               "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
               "device": str(trainer.device), "batch": trainer.batch_size}  # AutoBatch's, where batch= asked for it
     if len(records) < epochs:
@@ -152,7 +160,8 @@ def beside(records: list[dict], overlapped: dict | None) -> None:
 
 
 def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None, final_val_s: float | None,
-              plots_beside: dict | None = None, warm_up_parts: dict | None = None) -> dict[str, float | None]:
+              plots_beside: dict | None = None, warm_up_parts: dict | None = None,
+              final_val_batches_s: float | None = None) -> dict[str, float | None]:
     """The set-up's, the first batch's and the end's parts (the module's doc), seconds rounded; None where a mark
     never came (a resumed run past its set-up, an epoch without batches). yolofeed's plots drawn beside other work
     (``FastTrainer.plots_beside``) add ``<plot>_plot_s`` and ``<plot>_plot_waited_s``: what it took, what the run
@@ -165,6 +174,7 @@ def run_parts(marks: dict[str, float], t_build: float, warm_up_s: float | None, 
             "warm_up_s": None if warm_up_s is None else round(warm_up_s, 2),
             "first_batch_s": span("first_epoch", "first_batch"),
             "final_val_s": None if final_val_s is None else round(final_val_s, 2),
+            "final_val_batches_s": None if final_val_batches_s is None else round(final_val_batches_s, 2),
             **{f"{name}_plot{key}": None if t is None else round(t, 2)
                for name, times in (plots_beside or {}).items() for key, t in zip(("_s", "_waited_s"), times)},
             **{f"warm_up_{part}": round(t, 2) for part, t in (warm_up_parts or {}).items()}}
@@ -225,7 +235,8 @@ def breakdown(result: dict) -> str:
     elif "warm_up_beside_s" in p:  # the other batch sizes' set-up beside the first epoch
         beside = f"; other batch sizes' set-up {s('warm_up_beside_s')} beside the first epoch" + beside
     return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "
-            f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}{beside}")
+            f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}"
+            f"{f' (its batches {s(batches)})' if p.get(batches := 'final_val_batches_s') is not None else ''}{beside}")
 
 
 PARTS = (("set-up", "#bbbbbb"), ("training steps", "#2a7ab0"), ("validation", "#dd8452"),
