@@ -153,7 +153,7 @@ def test_resuming_a_damaged_last_pt_names_the_newest_checkpoint_that_loads(tmp_p
     _fake_checkpoint(weights / "epoch5.pt", -1, optimizer=False)  # stripped: a finished run's, cannot resume
     assert main(["train", f"resume={last}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"resume={last}: not a PyTorch checkpoint Ultralytics can load" in err[0], err
+    assert len(err) == 1 and f"resume={last}: damaged: truncated" in err[0], err
     command = err[0].split("continue from it with: ")[1]
     assert "(saved after epoch 5)" in err[0] and shlex.split(command) == ["yolofeed", "train",
                                                                          f"resume={weights / 'epoch4.pt'}"]
@@ -442,16 +442,16 @@ def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_entry_and_the_way
     optimizer state (found by a hostile pass). Now it is refused in one line naming the entry, and the run's
     checkpoint to go on from skips a damaged one too."""
     from yolofeed.errors import ConfigError
-    from yolofeed.train.checkpoints import check_intact, damaged_entry
+    from yolofeed.train.checkpoints import check_intact, damage
 
     weights = tmp_path / "run" / "weights"
     weights.mkdir(parents=True)
     last = weights / "last.pt"
     torch.save({"epoch": 7, "optimizer": {"state": {0: torch.arange(4096.0)}}, "ema": None, "model": None}, last)
-    assert damaged_entry(last) is None
+    assert damage(last) is None
     check_intact(last)  # intact: no error
     entry = _flip(last, "data/0")
-    assert damaged_entry(last) == entry
+    assert damage(last).startswith(f"its entry {entry} fails the checksum")
     assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 7  # torch.load reads it anyway
     best = _fake_checkpoint(weights / "best.pt", 2)
     _fake_checkpoint(weights / "epoch4.pt", 4)
@@ -462,9 +462,45 @@ def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_entry_and_the_way
     assert main(["train", f"resume={last}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "damaged: its entry" in err[0] and f"resume={best}" in err[0], err
-    assert damaged_entry(tmp_path / "absent.pt") is None and damaged_entry(best) is None
+    assert damage(tmp_path / "absent.pt") is None and damage(best) is None
     (tmp_path / "legacy.pt").write_bytes(b"\x80\x02not a zip")  # torch's legacy format: torch.load's to judge
-    assert damaged_entry(tmp_path / "legacy.pt") is None
+    assert damage(tmp_path / "legacy.pt") is None
+
+
+def test_a_truncated_checkpoint_is_refused_before_ultralytics_reads_it(tmp_path, capsys, monkeypatch):
+    """Ultralytics' refusal of a truncated .pt first looks its name up on GitHub (offline: warnings, a wait); the
+    check names the truncation first, in the CLI and in the Python API's ``resume=path``."""
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import trainer as trainer_module
+    from yolofeed.train.checkpoints import check_intact, damage
+
+    weights = tmp_path / "run" / "weights"
+    weights.mkdir(parents=True)
+    last = weights / "last.pt"
+    torch.save({"epoch": 7, "optimizer": {"state": {0: torch.arange(4096.0)}}, "ema": None, "model": None}, last)
+    whole = last.read_bytes()
+    best = _fake_checkpoint(weights / "best.pt", 2)
+    for cut in (len(whole) // 2, len(whole) - 10, 8):
+        last.write_bytes(whole[:cut])
+        assert damage(last).startswith("truncated"), cut
+        with pytest.raises(ConfigError, match=rf"resume={re.escape(str(last))}: damaged: truncated.*resume={best}"):
+            check_intact(last)
+    assert damage(best) is None
+    monkeypatch.setattr(trainer_module.DetectionTrainer, "check_resume",
+                        lambda *_: pytest.fail("Ultralytics read the truncated checkpoint first"))
+    stub = trainer_module.FastDetectionTrainer.__new__(trainer_module.FastDetectionTrainer)
+    stub.args = SimpleNamespace(resume=str(last))
+    with pytest.raises(ConfigError, match="damaged: truncated"):
+        stub.check_resume({})
+    assert main(["train", f"resume={last}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "damaged: truncated" in err[0] and f"resume={best}" in err[0], err
+    best.unlink()  # none to go on from: nothing is looked up for the missing best.pt either
+    monkeypatch.setattr("ultralytics.utils.downloads.get_github_assets",
+                        lambda *_, **__: pytest.fail("a missing checkpoint was looked up on GitHub"))
+    assert main(["train", f"resume={last}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "damaged: truncated" in err[0] and "no other checkpoint" in err[0], err
 
 
 @pytest.mark.slow

@@ -213,41 +213,46 @@ def sweep(folder: Path) -> list[Path]:
     return removed
 
 
-def damaged_entry(path: str | os.PathLike) -> str | None:
-    """The first entry of a checkpoint's zip archive (``torch.save``'s format) whose bytes fail the CRC-32 written
-    with it, or None: intact, or not a zip archive (torch's legacy format, or a file ``torch.load`` refuses itself).
-    ``torch.load`` does not check the CRCs, so flipped bytes load as wrong weights and optimizer state. Reads the whole
-    file (a fraction of a second for the largest YOLO weights)."""
+def damage(path: str | os.PathLike) -> str | None:
+    """What is wrong with a checkpoint's zip archive (``torch.save``'s format), in words, or None: intact, or not a
+    zip archive (torch's legacy format, or a file ``torch.load`` refuses itself). ``torch.load`` does not check the
+    entries' CRC-32s, so flipped bytes load as wrong weights and optimizer state; a truncated archive (a zip's start,
+    no directory at its end) is named here because Ultralytics' own refusal of it first looks its name up on GitHub.
+    Reads the whole file (a fraction of a second for the largest YOLO weights)."""
     try:
         if not zipfile.is_zipfile(path):
-            return None
+            with open(path, "rb") as f:
+                started = f.read(len(ZIP)) == ZIP
+            return "truncated: a zip archive's start without the directory at its end (a write or a copy cut " \
+                   "short)" if started else None
         with zipfile.ZipFile(path) as z:
-            return z.testzip()
+            bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return None
+    return None if bad is None else (f"its entry {bad} fails the checksum written with it (bytes changed on disk or "
+                                     "in a copy), and would load as wrong weights")
 
 
 def check_intact(path: str | os.PathLike, key: str = "resume") -> None:
-    """Refuse a checkpoint whose bytes changed since it was written (``damaged_entry``).
+    """Refuse a checkpoint whose bytes changed or were cut short since it was written (``damage``).
 
     Raises:
-        ConfigError: naming the file, the damaged entry and (``resume=``) the run's checkpoint to go on from.
+        ConfigError: naming the file, what is wrong and (``resume=``) the run's checkpoint to go on from.
     """
-    bad = damaged_entry(path)
-    if bad is not None:
+    what = damage(path)
+    if what is not None:
         from yolofeed.errors import ConfigError
 
         on = way_on(path) if key == "resume" else ("point at another copy of the weights, or train from a model "
                                                    "yaml")
-        raise ConfigError(f"{key}={path}: damaged: its entry {bad} fails the checksum written with it (bytes changed "
-                          f"on disk or in a copy), and would load as wrong weights; {on}")
+        raise ConfigError(f"{key}={path}: damaged: {what}; {on}")
 
 
 def _loaded(path: Path) -> dict | None:
-    """A checkpoint's dict, or None where it does not load or is damaged (``damaged_entry``)."""
+    """A checkpoint's dict, or None where it is missing, does not load or is damaged (``damage``)."""
     from yolofeed.ultralytics_seam import torch_safe_load
 
-    if damaged_entry(path) is not None:
+    if not Path(path).is_file() or damage(path) is not None:  # missing: Ultralytics would look it up on GitHub
         return None
     try:
         ckpt, _ = torch_safe_load(str(path))

@@ -114,17 +114,18 @@ def _not_a_checkpoint(name: str, key: str, e: BaseException | str) -> ConfigErro
                        f"{reason}; {on}")
 
 
-def check_checkpoint(name: str, key: str = "model") -> None:
+def check_checkpoint(name: str, key: str = "model", checked: bool = False) -> None:
     """Read a weights file as ``YOLO()`` will (Ultralytics' ``torch_safe_load``), so a damaged or foreign one is one
     line; errors after the read stay Ultralytics' own. Costs a second read of the file (a second or so for the
-    largest YOLO weights).
+    largest YOLO weights), and a third for its checksums (``check_intact``) unless ``checked``.
 
     Raises:
         ConfigError: it does not unpickle, or holds no model (a bare tensor, a list...).
     """
     from yolofeed.ultralytics_seam import torch_safe_load
 
-    check_intact(name, key)
+    if not checked:
+        check_intact(name, key)
     try:
         ckpt, _ = torch_safe_load(name)
     except (*UNPICKLING_ERRORS, AttributeError) as e:  # AttributeError: a tensor or list saved alone (no .model)
@@ -139,8 +140,9 @@ def _is_weights_file(name: str) -> bool:
     return path.is_file() and path.suffix.lower() == ".pt"
 
 
-def load_model(name: str, key: str = "model") -> Any:
-    """``YOLO(name)``, with a missing, damaged or wrong file reported in one line (naming ``key=``).
+def load_model(name: str, key: str = "model", checked: bool = False) -> Any:
+    """``YOLO(name)``, with a missing, damaged or wrong file reported in one line (naming ``key=``); ``checked``: its
+    checksums were (``check_intact``).
 
     Raises:
         ConfigError: neither a file nor a model Ultralytics knows by name; a yaml that is not a model's; a
@@ -150,7 +152,7 @@ def load_model(name: str, key: str = "model") -> Any:
 
     check_model_file(name)
     if _is_weights_file(name):
-        check_checkpoint(name, key)
+        check_checkpoint(name, key, checked)
     try:
         return YOLO(name)
     except TypeError as e:  # not a file: a name Ultralytics resolves (and reads as above)
@@ -243,6 +245,8 @@ def run(cfg: TrainConfig) -> Path:
         raise ConfigError(f"pack_dir={cfg.pack_dir} is a file; pack_dir= names the folder packs go to (made if "
                           "missing)")
     checkpoint = resume_checkpoint(cfg)
+    if checkpoint:  # first: a truncated one sends Ultralytics' reads of it (the task's below) to GitHub
+        check_intact(checkpoint)
     # the task, refused values and the data yaml known from the command line, before Ultralytics builds a model
     # (and prints it); the trainer's check_resume checks the final arguments again, and the packs
     keys.check({**cfg.extra, "model": checkpoint or cfg.model, "data": cfg.data})
@@ -256,7 +260,7 @@ def run(cfg: TrainConfig) -> Path:
         if task in ("segment", "obb"):  # box rows for such a model: one line before the model is built (and printed)
             check_task_data(cfg.model, task, cfg.data)
     if checkpoint:
-        model = load_model(checkpoint, "resume")
+        model = load_model(checkpoint, "resume", checked=True)
         if model.ckpt.get("epoch", -1) < 0 or model.ckpt.get("optimizer") is None:
             raise ConfigError(f"{checkpoint} is the checkpoint of a finished run (no epoch or optimizer state left): "
                               f"nothing to resume. Start a new run from it with {shlex.quote(f'model={checkpoint}')} "

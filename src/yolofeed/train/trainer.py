@@ -216,10 +216,13 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         Runs inside Ultralytics' ``__init__`` before the device is selected and the run folder is made, so a
         refused key or a missing GPU stops the run in one line with nothing built.
         """
+        named = self.args.resume
+        if RANK in (-1, 0) and isinstance(named, (str, Path)) and Path(named).is_file():  # before Ultralytics reads
+            check_intact(named)  # it (a truncated one: it looks the name up on GitHub first)
         super().check_resume(overrides)
         if resuming(self):
-            if RANK in (-1, 0):  # the Python API's resume reads the checkpoint without yolofeed train's check
-                check_intact(self.args.resume)
+            if RANK in (-1, 0) and self.args.resume != named:  # the Python API's resume reads the checkpoint
+                check_intact(self.args.resume)  # without yolofeed train's check; resume=True: the latest run's
             self._restore_options()
         keys.check(self.args, carried=(self.carried_task,))
         self.args.device = keys.check_device(self.args.device)
