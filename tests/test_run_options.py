@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from yolofeed.cli import build_config
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.train import FastDetectionTrainer, options
 
 TINY = dict(epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, verbose=False, exist_ok=True)
@@ -218,3 +219,41 @@ def test_an_option_refused_names_the_trainer_given_it():
         FastSegmentationTrainer.with_options(mask_room=100)
     with pytest.raises(ConfigError, match=r"^FastPoseTrainer option partner_pool=-3"):
         FastPoseTrainer.with_options(partner_pool=-3)
+
+
+def _unfinished_checkpoint(path: Path, data: Path, nc: int) -> Path:
+    """A last.pt as a stopped run leaves it (epoch, optimizer state, train_args), its model yolo11n of ``nc``
+    classes, made without training."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    model = DetectionModel("yolo11n.yaml", nc=nc, verbose=False)
+    model.nc = nc
+    args = {**vars(get_cfg()), "data": str(data), "model": "yolo11n.yaml", "imgsz": 64, "batch": 8, "epochs": 3,
+            "device": "cpu", "workers": 0, "project": str(path.parent.parent.parent), "name": path.parent.parent.name}
+    path.parent.mkdir(parents=True)
+    torch.save({"epoch": 0, "best_fitness": 0.0, "model": model, "ema": None, "updates": 3,
+                "optimizer": {"state": {}, "param_groups": []}, "train_args": args}, path)
+    return path
+
+
+@pytest.mark.parametrize("api", ["cli", "python"])
+def test_a_resume_onto_data_with_another_class_count_is_refused(dataset, tmp_path, capsys, api):
+    """Ultralytics rebuilds the head for the new data's count, drops the labels beyond it and goes on: no longer the
+    run that stopped. Refused in one line naming both counts and the ways on, before any folder or pack is made."""
+    from yolofeed.cli import main
+
+    last = _unfinished_checkpoint(tmp_path / "runs" / "r" / "weights" / "last.pt", dataset / "data.yaml", 3)
+    said = (f"data={dataset / 'data.yaml'} has 80 classes, and resume={last} trained a model of 3: a resume goes on "
+            f"with the classes it trained; give it the data it trained on, or start a new run from its weights: "
+            f"yolofeed train model={last} data={dataset / 'data.yaml'}")
+    if api == "cli":
+        assert main(["train", f"resume={last}"]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+    else:
+        with pytest.raises(DatasetError) as e:
+            FastDetectionTrainer(overrides={"resume": str(last)})
+        assert said in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "runs" / "r").iterdir()) == ["weights"]
+    assert not (dataset / "yolofeed-packs").exists()

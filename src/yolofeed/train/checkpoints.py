@@ -270,6 +270,17 @@ def resumable_epoch(path: Path) -> int | None:
     return ckpt["epoch"] if ckpt["epoch"] >= 0 else None
 
 
+def model_classes(path: str | os.PathLike) -> int | None:
+    """The number of classes a checkpoint's model (its EMA's, else its own) predicts, or None: it does not load or
+    holds no model that says. A read of the whole checkpoint."""
+    ckpt = _loaded(Path(path))
+    model = ckpt and (ckpt.get("ema") or ckpt.get("model"))
+    nc = getattr(model, "nc", None)
+    if nc is None:
+        nc = (getattr(model, "yaml", None) or {}).get("nc")
+    return int(nc) if isinstance(nc, int) else None
+
+
 def finished_run(path: Path) -> bool:
     """Whether a checkpoint loads and holds a finished run (no optimizer state: ``strip_optimizer`` made it)."""
     ckpt = _loaded(path)

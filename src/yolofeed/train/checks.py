@@ -122,6 +122,25 @@ def check_data_yaml(data: Any, split: str) -> dict[str, Any]:
         raise DatasetError(f"data={data}: {reason}") from None
 
 
+def check_resumed_classes(checkpoint: str, data: dict[str, Any]) -> None:
+    """Refuse a resume whose data yaml (``check_data_yaml``'s ``data``) has another number of classes than the
+    checkpoint's model: Ultralytics would rebuild the model's head for the new count and go on, its labels of the
+    classes beyond it dropped, no longer the run that was stopped. Reads the checkpoint once more.
+
+    Raises:
+        DatasetError: naming both counts and the two ways on.
+    """
+    from yolofeed.train.checkpoints import model_classes
+
+    trained, nc = model_classes(checkpoint), data.get("nc")
+    if trained is None or nc is None or trained == nc:
+        return
+    yaml = data.get("yaml_file", "the data yaml")
+    raise DatasetError(f"data={yaml} has {nc} classes, and resume={checkpoint} trained a model of {trained}: a resume "
+                       "goes on with the classes it trained; give it the data it trained on, or start a new run from "
+                       f"its weights: yolofeed train model={checkpoint} data={yaml}")
+
+
 SAMPLED_LABELS = 200  # label files check_task_data reads at most, looking for the first with rows
 
 

@@ -281,6 +281,8 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
                                    f"{shlex.join(['yolofeed', 'train', f'resume={self.args.model}', 'data=NEW.yaml'])}"
                                    " (in Python: train(resume=True, data=...))") from None
             raise
+        if resuming(self):
+            checks.check_resumed_classes(str(self.args.model), data)
         if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
             checks.check_task_data(self.args.model, self.args.task, self.args.data)
         if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons
