@@ -566,3 +566,30 @@ def test_a_link_planted_at_the_run_folders_lock_is_refused_with_the_run_folders_
                                         r"or train into another folder \(name=, project=\)$"):
         FastTrainer.hold_run_folder(SimpleNamespace(save_dir=folder))
     assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("name", ["args.yaml", "val_batch0_pred.jpg", "BoxPR_curve.png", "confusion_matrix.png"])
+def test_a_link_planted_where_ultralytics_writes_in_the_run_folder_is_refused(dataset, tmp_path, capsys, name):
+    """Ultralytics writes args.yaml and its plots in place: a link planted at one of those names in a run folder that
+    is already there (exist_ok, a resume) would be written through, to a file outside the run. Refused in one line
+    before anything is written; the target and the link stay as they were; a link at another name is left alone."""
+    from yolofeed.cli import main
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import FastDetectionTrainer
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    target = tmp_path / "precious.txt"
+    target.write_text("the user's own")
+    (run / "notes.txt").symlink_to(target)  # not a name Ultralytics writes
+    (run / name).symlink_to(target)
+    said = rf"the run folder {re.escape(str(run))} holds a symbolic link at {re.escape(name)} \(to {re.escape(str(target))}\)"
+    args = {"data": str(dataset / "data.yaml"), "model": "yolo11n.yaml", "imgsz": 64, "epochs": 1, "device": "cpu",
+            "project": str(tmp_path / "runs"), "name": "r", "exist_ok": True}
+    with pytest.raises(ConfigError, match=said + ".*remove the link, or train into another folder"):
+        FastDetectionTrainer(overrides=args)
+    assert main(["train", *(f"{k}={v}" for k, v in args.items())]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(said, err[0]), err
+    assert target.read_text() == "the user's own" and (run / name).is_symlink()
+    assert sorted(p.name for p in run.iterdir()) == sorted(["notes.txt", name])

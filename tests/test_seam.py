@@ -407,6 +407,20 @@ def test_the_optimizer_names_are_those_build_optimizer_builds():
     assert "{x.lower(): x for x in optimizers}.get(str(name).lower()" in text
 
 
+def test_the_run_files_are_names_the_installed_ultralytics_writes():
+    """``seam.RUN_FILES`` (where a planted link is refused): each pattern's fixed part is in the source of the
+    installed release, as the file name it writes."""
+    import ultralytics
+
+    root = Path(ultralytics.__file__).parent
+    text = "\n".join(p.read_text(encoding="utf-8") for p in root.rglob("*.py"))
+    for pattern in seam.RUN_FILES:
+        for part in (p for p in pattern.split("*") if len(p) > 2):
+            assert part in text, (pattern, part)
+    for written in ('"args.yaml"', '"results.csv"', "train_batch{", "val_batch{", "_curve.png", "confusion_matrix"):
+        assert written in text, written
+
+
 def test_the_assigners_overlaps_are_the_installed_releases():
     """Before 8.4.180 get_box_metrics computed its overlaps inline (iou_calculation of the gathered boxes); from
     8.4.180 pair_overlaps does: seam.pair_overlaps takes the installed release's way, and both give the same values."""

@@ -9,6 +9,7 @@ The warnings say, once a run, where the pack a run trains from differs from what
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from yolofeed.errors import ConfigError, DatasetError
 from yolofeed.loader.train import subset
 from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
 from yolofeed.train import keys
-from yolofeed.ultralytics_seam import LOGGER, check_det_dataset
+from yolofeed.ultralytics_seam import LOGGER, RUN_FILES, check_det_dataset
 
 
 def warn_single_cls_gap(pack: Any) -> None:
@@ -170,11 +171,13 @@ def check_task_data(model: str, task: str, data: str) -> None:
 
 def check_run_folder(save_dir: Path) -> None:
     """Refuse, before Ultralytics makes it, a run folder that cannot be made: its nearest existing folder is a file,
-    or not writable by this user (a read-only mount, no permission).
+    or not writable by this user (a read-only mount, no permission); and one already there (a resume, ``exist_ok``)
+    holding a symbolic link at a name Ultralytics writes (``RUN_FILES``), which it would write through.
 
     Raises:
         ConfigError: naming the folder, why, and the fix.
     """
+    _check_planted_links(Path(save_dir))
     folder = Path(save_dir)
     while not os.path.lexists(folder) and folder.parent != folder:
         folder = folder.parent
@@ -186,6 +189,23 @@ def check_run_folder(save_dir: Path) -> None:
         why = f"{folder} is not a folder"
     raise ConfigError(f"the run folder {save_dir} cannot be made: {why}; pass project= (and name=) a folder "
                       "you can write")
+
+
+def _check_planted_links(save_dir: Path) -> None:
+    """Refuse a symbolic link at a name Ultralytics writes in ``save_dir`` (``RUN_FILES``): its write would go to
+    the link's target, a file outside the run. A link is the user's: it is not removed."""
+    if not save_dir.is_dir():
+        return
+    try:
+        entries = [e.name for e in os.scandir(save_dir) if e.is_symlink()]
+    except OSError:
+        return  # an unreadable folder: the writability check below speaks for it
+    for name in sorted(entries):
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES):
+            target = os.readlink(save_dir / name)
+            raise ConfigError(f"the run folder {save_dir} holds a symbolic link at {name} (to {target}), which "
+                              f"Ultralytics would write through: remove the link, or train into another folder "
+                              "(name=, project=)")
 
 
 def first_polygon_labels(data: str) -> str | None:

@@ -196,6 +196,7 @@ from yolofeed.ultralytics_seam.relied_on import RELIED_ON
 from yolofeed.ultralytics_seam.required import REQUIRED, check_required
 from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_hash
 from yolofeed.ultralytics_seam.state import (
+    RUN_FILES,
     TRAINER_STATE,
     batches_per_step,
     check_trainer_state,
