@@ -583,7 +583,8 @@ def test_a_link_planted_where_ultralytics_writes_in_the_run_folder_is_refused(da
     target.write_text("the user's own")
     (run / "notes.txt").symlink_to(target)  # not a name Ultralytics writes
     (run / name).symlink_to(target)
-    said = rf"the run folder {re.escape(str(run))} holds a symbolic link at {re.escape(name)} \(to {re.escape(str(target))}\)"
+    said = (rf"the run folder {re.escape(str(run))} holds a symbolic link at {re.escape(name)} "
+            rf"\(to {re.escape(str(target))}\)")
     args = {"data": str(dataset / "data.yaml"), "model": "yolo11n.yaml", "imgsz": 64, "epochs": 1, "device": "cpu",
             "project": str(tmp_path / "runs"), "name": "r", "exist_ok": True}
     with pytest.raises(ConfigError, match=said + ".*remove the link, or train into another folder"):

@@ -269,7 +269,7 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "pair_overlaps", "parse_version", "RELEASE", "Release", "since", "UNRECORDED_LABEL_RULES",
     # the version, what must be there and the trainer's state, and the rest the seam's tests and the stages read
     "check_version", "FIX", "RANGE", "REQUIREMENT", "SUPPORTED", "TESTED", "UNTESTED_ENV",
-    "check_required", "REQUIRED", "check_trainer_state", "TRAINER_STATE",
+    "check_required", "REQUIRED", "check_trainer_state", "TRAINER_STATE", "RUN_FILES",
     "AutoBackend", "check_file", "check_imgsz", "compiled", "EarlyStopping", "get_flops", "get_split_fraction",
     "GITHUB_ASSETS_NAMES", "KeypointLoss", "LATE_EVENTS", "SETTINGS", "VERBOSE",
 ]
