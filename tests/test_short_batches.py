@@ -5,10 +5,8 @@ predict; let go with the graph."""
 from __future__ import annotations
 
 import copy
-import logging
 import pickle
 import threading
-import time
 from concurrent.futures import CancelledError
 from types import SimpleNamespace
 
@@ -105,8 +103,7 @@ def test_a_set_up_that_fails_is_skipped_with_one_line_and_the_batches_still_run(
         assert short(lambda: "served") == "served"
     finally:
         short.close()
-    assert ("skipped the set-up of batch sizes 2 in the short batches' thread (RuntimeError: cuDNN says no)"
-            in caplog.text)
+    assert "skipped the set-up of batch sizes 2 beside the first epoch (RuntimeError: cuDNN says no)" in caplog.text
 
 
 def test_the_graphed_models_predict_sends_its_short_batches_to_the_worker_and_lets_go_of_it(model):
@@ -154,40 +151,25 @@ def test_the_warm_up_hands_the_other_sizes_to_beside_where_it_takes_them(model, 
     monkeypatch.setattr(warmup, "warm_model", lambda m, sizes, *a: order.append(list(sizes)))
     monkeypatch.setattr(warmup, "warm_augmentation", lambda *a, **k: order.append("augmentation"))
     augment = GpuAugment(AugmentHyp.from_args(imgsz=64))
-    for first, takes, want in ((False, True, [[4], "hook", "beside [2]", "augmentation"]),
-                               (False, False, [[4], "hook", "beside [2]", [2], "augmentation"]),
-                               # beside_first: offered before the full batch's pass, and not again where declined
-                               (True, True, ["beside [2]", [4], "hook", "augmentation"]),
-                               (True, False, ["beside [2]", [4], "hook", [2], "augmentation"])):
+    for takes, want in ((True, [[4], "beside [2]", "augmentation"]), (False, [[4], "beside [2]", [2], "augmentation"])):
         order.clear()
         warm_up(model, EpochSampler(np.arange(10), 4), augment, 3, CPU, amp=False,
-                after_full=lambda: order.append("hook"), beside_first=first,
                 beside=lambda sizes, takes=takes: order.append(f"beside {sizes}") or takes)
-        assert order == want, (first, takes)
-    order.clear()  # one batch size: nothing offered
-    warm_up(model, EpochSampler(np.arange(8), 4), augment, 3, CPU, amp=False, beside_first=True,
-            beside=lambda sizes: order.append(f"beside {sizes}") or True)
-    assert order == [[4], "augmentation"]
+        assert order == want
 
 
-def test_the_trainer_hands_them_beside_only_where_the_graph_is_captured_ahead(model, monkeypatch):
+def test_the_trainer_hands_them_beside_only_where_the_graph_was_captured_ahead(model, monkeypatch):
     made = []
     monkeypatch.setattr(short_batches, "ShortBatches", lambda m, sizes, *a: made.append(sizes) or "worker")
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
     t = SimpleNamespace(model=model, hyp=SimpleNamespace(imgsz=64), device=CPU)
     beside = trainer_module.FastDetectionTrainer._short_batches_beside
-    # before the install (no graph yet): where it will be captured ahead, held by the trainer (the model's copies
-    # would copy it); after the capture: where it was, in the model
-    for graph, ahead, held, kept in ((None, False, None, None), (None, True, "worker", None),
-                                     (SimpleNamespace(flat=None), True, None, None),
-                                     (SimpleNamespace(flat=object()), False, None, "worker")):
+    for graph, takes in ((None, False), (SimpleNamespace(flat=None), False), (SimpleNamespace(flat=object()), True)):
         model.__dict__.pop("_short", None)
-        model.__dict__.pop("_graph", None)
         if graph is not None:
             model.__dict__["_graph"] = graph
-        t._captures_ahead, t._short_pending = (lambda ahead=ahead: ahead), None
-        assert beside(t, False, {}, [16]) is bool(held or kept)
-        assert t._short_pending == held and model.__dict__.get("_short") == kept
+        assert beside(t, False, {}, [16]) is takes
+        assert model.__dict__.get("_short") == ("worker" if takes else None)
     monkeypatch.setattr(short_batches, "BESIDE", False)  # the A/B switch: the warm-up passes them in its thread
     model.__dict__.pop("_short", None)
     assert beside(t, False, {}, [16]) is False and "_short" not in model.__dict__
@@ -351,191 +333,3 @@ def test_a_worker_whose_first_job_failed_is_not_alive_and_hands_queued_jobs_the_
     assert not worker.alive and isinstance(worker.failed, RuntimeError)
     worker.close(5)
     assert ValidationThread.__mro__[1] is processes.Worker
-
-
-def test_the_trainer_foresees_a_capture_ahead_where_the_graph_serves_and_the_epoch_has_a_full_batch(monkeypatch):
-    """``_captures_ahead``: what ``_set_up_beside`` will capture, known before the full batch's pass."""
-    def fake(n, batch, step=True):
-        loader = SimpleNamespace(sampler=EpochSampler(np.arange(n), batch))
-        return SimpleNamespace(graphed_step=step, _warm=(loader, 3))
-
-    monkeypatch.setattr(graphed, "why_not", lambda t: None)
-    ahead = trainer_module.FastDetectionTrainer._captures_ahead
-    assert ahead(fake(100, 16))  # a full batch, and a short one
-    assert not ahead(fake(100, 16, step=False))  # graphed_step=False
-    assert not ahead(fake(10, 16))  # no full batch: the graph would capture on one that never comes
-    assert not ahead(SimpleNamespace(graphed_step=True, _warm=None))  # no warm-up
-    monkeypatch.setattr(graphed, "why_not", lambda t: "multi_scale")
-    assert not ahead(fake(100, 16))
-
-
-def test_the_capture_ahead_waits_for_the_short_batches_set_up_then_the_graphed_model_takes_them(model, monkeypatch):
-    """``_set_up_beside`` settles the worker's passes before capturing (a capture in the global mode fails beside
-    another thread's work): the capture starts only once the set-up has ended, whose wait ``parts`` records; then a
-    captured graph's model takes the thread (its copies leave it behind); with no graph, or a capture that failed,
-    the thread is closed (every batch then runs in the training thread)."""
-    monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
-    monkeypatch.setattr(graphed, "why_not", lambda t: None)
-    stock = type(model)
-
-    def installed(t):
-        model.__class__ = graphed._graphed_class(stock)
-        return True
-
-    monkeypatch.setattr(graphed, "install", installed)
-    for step, graph, taken in ((True, SimpleNamespace(flat=object(), failed=False), True),
-                               (True, SimpleNamespace(flat=None, failed=True), False), (False, None, False)):
-        release, events = threading.Event(), []
-
-        def slow(*a, release=release, events=events):
-            release.wait(5)
-            events.append("set-up done")
-
-        def capture(events=events, graph=graph):
-            events.append("capture")
-            if graph is not None:
-                model.__dict__["_graph"] = graph
-
-        monkeypatch.setattr(short_batches, "passes", slow)
-        model.__class__ = stock
-        short = ShortBatches(model, [2], 32, CPU, amp=False, parts=(parts := {}))
-        t = SimpleNamespace(graphed_step=step, model=model, _capture_ahead=capture,
-                            _start_validation_thread=lambda: None, _validations=None, _short_pending=short)
-        t._close_short_pending = lambda t=t: trainer_module.FastDetectionTrainer._close_short_pending(t)
-        try:
-            copy.deepcopy(model)  # the warm-up's copy at the full batch, while the set-up runs: the thread stays out
-            threading.Timer(0.3, release.set).start()
-            trainer_module.FastDetectionTrainer._set_up_beside(t)
-            assert events == ["set-up done", "capture"] and t._short_pending is None
-            assert parts["beside_waited_s"] >= 0.2 and "beside_s" in parts
-            if taken:
-                assert model.__dict__["_short"] is short and short.takes(torch.zeros(2, 3, 32, 32))
-                assert "_short" not in copy.deepcopy(model).__dict__  # GraphedPredict's copies leave it behind
-            else:
-                assert "_short" not in model.__dict__ and not short.takes(torch.zeros(2, 3, 32, 32))  # closed
-        finally:
-            short.close()
-            for key in ("_short", "_graph"):
-                model.__dict__.pop(key, None)
-            model.__class__ = stock
-
-
-def _early_trainer(model, capture, hyp_size=32):
-    """A stand-in trainer whose warm-up runs the real ``warm_up`` on the CPU with the short batches begun early."""
-    fast = trainer_module.FastDetectionTrainer
-    sampler = EpochSampler(np.arange(10), 4)
-    hyp = AugmentHyp.from_args(imgsz=hyp_size)
-    t = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(SimpleNamespace(sampler=sampler,
-                        prime=lambda: None), 3), model=model, hyp=hyp, amp=False, args=SimpleNamespace(amp=False),
-                        start_epoch=0, _new_augment=lambda: GpuAugment(hyp), graphed_step=True, _capture_ahead=capture,
-                        _start_validation_thread=lambda: None, _validations=None, _short_pending=None,
-                        _captures_ahead=lambda: True)
-    cpu = SimpleNamespace(model=model, hyp=hyp, device=CPU, _captures_ahead=lambda: True)
-
-    def beside(amp, parts, sizes):  # on the CPU: the worker's device is the CPU's
-        taken = fast._short_batches_beside(cpu, amp, parts, sizes)
-        t._short_pending = getattr(cpu, "_short_pending", None)
-        return taken
-
-    t._short_batches_beside = beside
-    t._set_up_beside = lambda: fast._set_up_beside(t)
-    t._close_short_pending = lambda: fast._close_short_pending(t)
-    return t
-
-
-@pytest.fixture
-def early(model, monkeypatch):
-    """The real warm-up on the CPU, the short batches begun early, the graphed class installed by a stub."""
-    monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
-    monkeypatch.setattr(graphed, "why_not", lambda t: None)
-    stock = type(model)
-    monkeypatch.setattr(graphed, "install", lambda t: setattr(model, "__class__", graphed._graphed_class(stock)))
-    monkeypatch.setattr(short_batches, "EARLY", True)
-    monkeypatch.setattr(trainer_module, "step_autocast", lambda t: False)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    real = trainer_module.warm_up
-    monkeypatch.setattr(trainer_module, "warm_up", lambda m, s, a, w, d, amp, **k: real(m, s, a, w, CPU, amp, **k))
-    yield
-    graphed.uninstall(model)
-
-
-def test_the_early_set_up_runs_beside_a_real_warm_up_of_the_full_batch(model, early, caplog):
-    """The warm-up's real passes (its copy of the model at the full batch) with the trainer's ``beside`` taking the
-    short size first and ``after_full`` settling it before the capture: the graphed model ends with the thread,
-    serving that size, and the line names both sizes as set up before the first epoch."""
-    def capture():
-        model.__dict__["_graph"] = SimpleNamespace(flat=object(), failed=False)
-
-    t = _early_trainer(model, capture)
-    with caplog.at_level(logging.INFO):
-        trainer_module.FastDetectionTrainer._warm_up(t)
-    short = model.__dict__.get("_short")
-    assert short is not None and short.takes(torch.zeros(2, 3, 32, 32)) and t._short_pending is None
-    assert "other_sizes_s" not in t.warm_up_parts and t.warm_up_parts["beside_waited_s"] >= 0
-    assert "set up for batch sizes 4, 2 in" in caplog.text and "2 in a thread of its own" in caplog.text
-
-
-def test_an_early_thread_the_capture_does_not_take_is_closed_and_not_claimed(model, early, caplog):
-    """A capture that failed, or one that raised (out of memory making its blank batch), leaves no thread running;
-    the line names only the full batch as set up."""
-    def failed():
-        model.__dict__["_graph"] = SimpleNamespace(flat=None, failed=True)
-
-    def raised():
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-
-    for capture in (failed, raised):
-        before = {th.ident for th in threading.enumerate()}
-        t = _early_trainer(model, capture)
-        caplog.clear()
-        with caplog.at_level(logging.INFO):
-            trainer_module.FastDetectionTrainer._warm_up(t)
-        time.sleep(0.1)
-        assert not [th.name for th in threading.enumerate() if th.ident not in before and th.is_alive()], capture
-        assert t._short_pending is None and "_short" not in model.__dict__
-        if capture is failed:
-            assert "set up for batch size 4 in" in caplog.text
-        else:
-            assert "skipped the warm-up before the first epoch (OutOfMemoryError" in caplog.text
-        graphed.uninstall(model)
-        model.__dict__.pop("_graph", None)
-
-
-def test_a_run_let_go_inside_the_warm_up_closes_the_early_thread(model):
-    """``_let_go`` (a run stopped, Ctrl-C included, while the warm-up waits) closes a thread still held."""
-    short = ShortBatches(model, [2], 32, CPU, amp=False)
-    t = SimpleNamespace(_short_pending=short, model=None, _pool=None, _augment=None, _warm=None)
-    t._close_short_pending = lambda: trainer_module.FastDetectionTrainer._close_short_pending(t)
-    trainer_module.FastDetectionTrainer._let_go(t)
-    assert t._short_pending is None and not short.takes(torch.zeros(2, 3, 32, 32))
-
-
-def test_a_warm_up_that_fails_closes_the_short_batches_thread_begun_early(model, monkeypatch, caplog):
-    """No capture ahead will take a thread begun before the full batch's pass that failed: it is closed and let
-    go."""
-    sampler = EpochSampler(np.arange(100), 16)
-    hyp = AugmentHyp.from_args(imgsz=64)
-    t = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(SimpleNamespace(sampler=sampler,
-                        prime=lambda: None), 3), model=model, hyp=hyp, amp=True, args=SimpleNamespace(amp=True),
-                        start_epoch=0, _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
-                        _short_batches_beside=lambda *a: True)
-    early, late = ShortBatches(model, [4], 32, CPU, amp=False), ShortBatches(model, [4], 32, CPU, amp=False)
-
-    def out_of_memory(*a, **k):
-        t._short_pending = early  # taken before the full batch's pass, which then ran out of memory
-        model.__dict__["_short"] = late  # taken after the capture, before the augmentation's warm-up failed
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-
-    monkeypatch.setattr(trainer_module, "warm_up", out_of_memory)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    t._short_pending = None
-    t._close_short_pending = lambda: trainer_module.FastDetectionTrainer._close_short_pending(t)
-    try:
-        trainer_module.FastDetectionTrainer._warm_up(t)
-        assert t._short_pending is None and not early.takes(torch.zeros(4, 3, 32, 32))
-        # one the captured graph took still serves: its set-up is made, and the graph serves the full batch
-        assert model.__dict__["_short"] is late and late.takes(torch.zeros(4, 3, 32, 32))
-    finally:
-        late.close()
-        model.__dict__.pop("_short", None)
-    assert "skipped the warm-up before the first epoch" in caplog.text

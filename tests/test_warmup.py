@@ -12,7 +12,6 @@ import torch
 from yolofeed.augment import AugmentHyp, GpuAugment
 from yolofeed.errors import ConfigError
 from yolofeed.loader.sampler import EpochSampler
-from yolofeed.train import short_batches
 from yolofeed.train import trainer as trainer_module
 from yolofeed.train.warmup import batch_sizes, warm_model, warm_up
 
@@ -103,8 +102,7 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
                                amp=True, args=SimpleNamespace(amp=amp_key), start_epoch=0,
                                _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
-                               _short_batches_beside=lambda *a: False, _short_pending=None,
-                               _close_short_pending=lambda: None)
+                               _short_batches_beside=lambda *a: False)
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16
@@ -163,8 +161,7 @@ def test_the_validations_set_up_starts_in_the_warm_up_only_where_the_step_was_ca
     def fake(graph):
         t = SimpleNamespace(graphed_step=False, model=SimpleNamespace(_graph=graph) if graph else SimpleNamespace(),
                             _capture_ahead=lambda: calls.append("capture"),
-                            _start_validation_thread=lambda: calls.append("thread"), _validations=None,
-                            _short_pending=None)
+                            _start_validation_thread=lambda: calls.append("thread"), _validations=None)
         t._warm_validations = lambda: calls.append("set-up")
         return t
 
@@ -232,12 +229,8 @@ def test_the_warm_up_line_names_the_sizes_set_up_beside_the_first_epoch(model, m
                            _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
                            _short_batches_beside=lambda *a: True)
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: 2.0)
-    for short, early, want in (
-            (False, True, "cuDNN set up for batch sizes 128, 16 in 2.0 s before the first epoch (stock"),
-            (True, True, "cuDNN set up for batch sizes 128, 16 in 2.0 s before the first epoch, 16 in a thread of its "
-                         "own (stock"),
-            (True, False, "cuDNN set up for batch size 128 in 2.0 s before the first epoch, for 16 beside it")):
-        monkeypatch.setattr(short_batches, "EARLY", early)
+    for short, want in ((False, "cuDNN set up for batch sizes 128, 16 in 2.0 s before the first epoch (stock"),
+                        (True, "cuDNN set up for batch size 128 in 2.0 s before the first epoch, for 16 beside it")):
         if short:
             model.__dict__["_short"] = object()
         caplog.clear()

@@ -174,19 +174,6 @@ SECTIONS = {s.name: s for s in (
         "timeout 330 python3 -m tools.device.swap_ab off=short_batches out=$OUT/short_batches_ab -- "
         f"model=yolo11n.yaml modes=yolofeed whole_run=2 {BENCH_1}", NO_WEIGHTS,
         "timeout 150 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12")),
-    Section("short-batches-early", "First epoch", "nvidia-h200", 1, 4, (
-        # yolofeed's whole run of 1 epoch (the set-up, the first epoch, the end) on a set of 4,000 images (an epoch of
-        # about 2 s, its short batch 32) with the short batches' set-up beside the warm-up's full batch
-        # (short_batches.EARLY, A) and beside the first epoch (B, the library), A B A; the short batches' and the
-        # warm-up's GPU tests beside the CPU-bound synth and pack first
-        "timeout 120 python3 -m pytest -q -m gpu tests/test_short_batches.py tests/test_warmup.py -p no:cacheprovider "
-        "-rA > $OUT/gpu_tests_short.txt 2>&1 &",
-        "python3 -m yolofeed synth out=/tmp/synth4k n_train=4000 n_val=200 seed=0",
-        "python3 -m yolofeed pack data=/tmp/synth4k/data.yaml imgsz=640",
-        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_short.txt | tail -8",
-        "timeout 240 python3 -m tools.device.swap_ab off=short_batches_after_capture out=$OUT/short_batches_early -- "
-        "model=yolo11n.yaml modes=yolofeed whole_run=1 workers=16 batch=128 imgsz=640 data=/tmp/synth4k/data.yaml",
-        NO_WEIGHTS)),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "

@@ -229,10 +229,7 @@ def breakdown(result: dict) -> str:
     warm = f" (warm-up {s('warm_up_s')}{': ' + split if split else ''})" if p.get("warm_up_s") is not None else ""
     beside = "".join(f"; {name} plot {s(f'{name}_plot_s')} beside, {s(f'{name}_plot_waited_s')} waited"
                      for name in ("labels", "results") if f"{name}_plot_s" in p)
-    if "warm_up_beside_waited_s" in p:  # train/short_batches.py: the other sizes' set-up beside the full batch's
-        beside = (f"; other batch sizes' set-up {s('warm_up_beside_s')} beside the full batch's, "
-                  f"{s('warm_up_beside_waited_s')} waited before the capture" + beside)
-    elif "warm_up_beside_s" in p:  # the other batch sizes' set-up beside the first epoch
+    if "warm_up_beside_s" in p:  # train/short_batches.py: the other batch sizes' set-up, beside the first epoch
         beside = f"; other batch sizes' set-up {s('warm_up_beside_s')} beside the first epoch" + beside
     return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "
             f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}"

@@ -1,5 +1,5 @@
 """The epoch's short batches (its last, smaller one) forwarded in a thread of their own, whose cuDNN set-up is made
-there, out of the training thread's way.
+beside the first epoch.
 
 cuDNN plans a convolution's forward once per calling thread and input shape, and its backward once per shape in the
 autograd engine's device thread, which every thread's backward runs in (BENCHMARKS.md, "First epoch": yolo11n's first
@@ -8,27 +8,20 @@ batch replays a graph captured before the first epoch, and only a batch of anoth
 eager; made in the training thread, its plans hold the first step back by 7-9 s (yolo11n on the 10k set of "The
 whole run").
 
-``ShortBatches`` makes them in a thread of its own: a worker thread runs one blank forward and backward pass at each
-such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of its own, beside the warm-up's
-pass at the full batch (``EARLY``) or beside the first epoch; and the training model's ``predict`` at those sizes
-(``GraphedPredict``) then runs in that worker, waited for, under the training thread's autocast, grad mode and CUDA
-stream: the same calls on the same tensors, so the same values and the same autograd graph, whose backward the
-training thread runs as before. Where the training thread holds a state the worker would not share (a torch function
-or dispatch mode, saved-tensor hooks, the profiler), the batch runs in the training thread (``takes``). What it
-costs the training: the worker's host time on another core; the backward's plans in the autograd device thread,
-where the training's own backward waits for the node running ahead of it; and, until memory is next released, up to
-a short batch's activations cached for the worker's stream.
+``ShortBatches`` makes them beside the first epoch: a worker thread runs one blank forward and backward pass at each
+such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of its own, while the training goes
+on; and the training model's ``predict`` at those sizes (``GraphedPredict``) then runs in that worker, waited for,
+under the training thread's autocast, grad mode and CUDA stream: the same calls on the same tensors, so the same values
+and the same autograd graph, whose backward the training thread runs as before. Where the training thread holds a
+state the worker would not share (a torch function or dispatch mode, saved-tensor hooks, the profiler), the batch
+runs in the training thread (``takes``). What it costs the training: the worker's host time on another core; the
+backward's plans in the autograd device thread, where the training's own backward waits for the node running ahead of
+it; and, until memory is next released, up to a short batch's activations cached for the worker's stream.
 
-It serves where the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``). That
-capture waits for the set-up (``settle``), since a capture in the default global mode (torch without
-``capture_error_mode`` in ``make_graphed_callables``) fails beside another thread's passes; the captures made later
-(the augmentation's, FastMuSGD's) are in the thread-local mode, which another thread's work does not invalidate, and
-the worker never synchronises the device.
-
-Where the set-up runs: beside the first epoch, it outlasts the epoch's own training (7.9-10.3 s beside 4-5 s:
-BENCHMARKS.md, "First epoch"), and the epoch's last batch waits for it; beside the warm-up's pass at the full batch,
-the two forwards' plans are made in two threads at once, and their backwards' in turn in the autograd engine's device
-thread, before the capture; the warm-up's peak memory is then both passes' at once.
+It serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since a
+capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
+FastMuSGD's) are in the thread-local mode, which another thread's work does not invalidate, and the worker never
+synchronises the device.
 """
 
 from __future__ import annotations
@@ -47,7 +40,6 @@ from yolofeed.train.warmup import passes, training_copy
 from yolofeed.ultralytics_seam import LOGGER
 
 BESIDE = True  # False: the warm-up makes the short batches' plans in the training thread, before the first epoch
-EARLY = False  # True: their set-up beside the warm-up's full batch, waited for before the capture (not measured)
 CLOSE_WAIT_S = 30.0  # how long a run's end waits for the worker (a pass at a short batch's size, at most)
 
 
@@ -84,21 +76,14 @@ class ShortBatches:
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 passes(twin, sizes, imgsz, self.device, amp)
         except Exception as e:  # out of memory, cuDNN, anything: that batch pays its own set-up (nothing kept)
-            LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} in the short "
-                           f"batches' thread ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those "
-                           "batches pay it when they come")
+            LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside the "
+                           f"first epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
+                           "pay it when they come")
         finally:
             if stream is not None:
                 stream.synchronize()
             if self.parts is not None:
                 self.parts["beside_s"] = time.perf_counter() - start
-
-    def settle(self) -> None:
-        """Wait for the set-up (Ctrl-C cuts the wait short); ``parts``, where given, gets ``beside_waited_s``."""
-        start = time.perf_counter()
-        processes.wait_all([self._set_up_done])
-        if self.parts is not None:
-            self.parts["beside_waited_s"] = time.perf_counter() - start
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` is a batch of one of the sizes, under no state of this thread the worker would not share, and

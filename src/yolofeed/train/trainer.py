@@ -125,9 +125,6 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
-    # the short batches' thread while its set-up runs beside the warm-up's full batch, held here until the graphed
-    # model's class leaves it out of the model's copies (train/short_batches.py)
-    _short_pending: short_batches.ShortBatches | None = None
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     validated = False  # and best.pt's final validation ended
@@ -416,7 +413,6 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         memory pool) and swapped classes, and the loss: the model's criterion is left unset, as before its first loss
         (Ultralytics makes it again when needed), so a model saved after a stopped run pickles no yolofeed class."""
         self._pool = self._augment = self._warm = None
-        self._close_short_pending()  # a run stopped inside the warm-up
         model = getattr(self, "model", None)
         if isinstance(model, torch.nn.Module):
             graphed.uninstall(model)
@@ -558,13 +554,10 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             parts: dict[str, float] = {}
             seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
                               corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside,
-                              beside=partial(self._short_batches_beside, amp, parts),
-                              beside_first=short_batches.EARLY, parts=parts)
+                              beside=partial(self._short_batches_beside, amp, parts), parts=parts)
             self.warm_up_s, self.warm_up_parts = seconds, parts  # the whole-run bench's breakdown reads them
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
-            with processes.signals_deferred():  # no capture ahead will take the short batches' thread begun early
-                self._close_short_pending()
             torch.cuda.empty_cache()
             first_line = (str(e).splitlines() or [""])[0][:200]
             LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: {first_line}); "
@@ -573,36 +566,21 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         if RANK in (-1, 0):
             sizes = batch_sizes(sampler)
             beside = sizes[1:] if "_short" in unwrap_model(self.model).__dict__ else []
-            later = [] if short_batches.EARLY else beside  # set up beside the first epoch
-            # set up early in the short batches' thread (settled), which the capture did not take: they pay it later
-            dropped = sizes[1:] if not beside and "beside_waited_s" in parts else []
-            before = ", ".join(str(n) for n in sizes if n not in later + dropped)
-            own = f", {', '.join(map(str, beside))} in a thread of its own" if beside and not later else ""
-            plural = "s" * (len(sizes) - len(later + dropped) > 1)
-            LOGGER.info(f"yolofeed: cuDNN set up for batch size{plural} {before} in "
-                        f"{seconds:.1f} s before the first epoch{own}"
-                        + (f", for {', '.join(map(str, later))} beside it" if later else "")
+            before = ", ".join(str(n) for n in sizes if n not in beside)
+            LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(beside) > 1)} {before} in "
+                        f"{seconds:.1f} s before the first epoch" + (f", for {', '.join(map(str, beside))} beside it"
+                                                                      if beside else "")
                         + " (stock pays it inside its first epoch)")
 
     def _set_up_beside(self) -> None:
         """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step
         installed and captured ahead, then, where no capture in the default global mode is left to make in the first
         epoch, the validations' thread started and their set-up queued, so that it runs beside the rest of the warm-up
-        (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training. A short
-        batches' set-up begun beside the full batch's is waited for first (a capture in the global mode fails beside
-        another thread's passes)."""
-        if self._short_pending is not None:  # its set-up beside the full batch's ends before the capture (EARLY)
-            self._short_pending.settle()
+        (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training."""
         if self.graphed_step and graphed.why_not(self) is None:
             graphed.install(self)  # the on_train_start install finds it made
         self._capture_ahead()
         graph = unwrap_model(self.model).__dict__.get("_graph")
-        if self._short_pending is not None:
-            if graph is not None and graph.flat is not None:  # the graphed model takes the thread (its copies and
-                # pickles leave it behind)
-                unwrap_model(self.model).__dict__["_short"], self._short_pending = self._short_pending, None
-            else:  # the capture failed: every batch runs in the training thread, as where no graph was tried
-                self._close_short_pending()
         if graph is not None and graph.flat is None and not graph.failed:
             return  # the graph is captured in the first epoch: the set-up waits for it (_count_to_validation_warm_up)
         self._start_validation_thread()
@@ -611,36 +589,14 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
 
     def _short_batches_beside(self, amp: bool | torch.dtype, parts: dict[str, float], sizes: list[int]) -> bool:
         """The warm-up's ``beside``: the epoch's other batch sizes (its last, short batch) forwarded in a thread of
-        their own whose set-up runs beside the warm-up's full batch or the first epoch (train/short_batches.py), where
-        the step's graph is captured ahead of it (offered before the capture: where it will be); returns whether they
-        were taken."""
+        their own whose set-up runs beside the first epoch (train/short_batches.py), where the step's graph was
+        captured ahead of it; returns whether they were taken."""
         model = unwrap_model(self.model)
         graph = model.__dict__.get("_graph")
-        ahead = graph.flat is not None if graph is not None else self._captures_ahead()
-        if not short_batches.BESIDE or not ahead:
+        if not short_batches.BESIDE or graph is None or graph.flat is None:
             return False
-        short = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts)
-        if graph is None:  # before the install: the model's class would copy it (the warm-up's copy at the full batch)
-            self._short_pending = short
-        else:
-            model.__dict__["_short"] = short
+        model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts)
         return True
-
-    def _close_short_pending(self) -> None:
-        """The short batches' thread begun beside the warm-up's full batch and not taken by a captured graph, closed
-        (the caller defers signals: ``ShortBatches.close``)."""
-        short, self._short_pending = self._short_pending, None
-        if short is not None:
-            short.close()
-
-    def _captures_ahead(self) -> bool:
-        """Whether the warm-up's ``_set_up_beside`` will capture the step's graph before the first epoch: the graphed
-        step serves, and the epoch has a full batch (``_capture_ahead``)."""
-        if not self.graphed_step or self._warm is None or graphed.why_not(self) is not None:
-            return False
-        sampler = self._warm[0].sampler
-        sizes = batch_sizes(sampler)
-        return bool(sizes) and sizes[0] == sampler.batch_size
 
     def _capture_ahead(self) -> None:
         """At ``on_train_start``, where the warm-up ran: the graphed step's capture (train/graphed.py) on a blank

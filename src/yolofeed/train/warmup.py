@@ -10,9 +10,9 @@ the first epoch's rate to a third of the steady one.
 ``warm_up`` runs one forward and backward pass of a copy of the model for each batch size this rank's epoch will train
 (the full batch, the last batch's, a DDP rank's batch + 1), in the training thread, under the step's autocast: PyTorch
 keeps a forward's cuDNN plans per calling thread (the backward's are the autograd engine's device thread's, shared by
-every thread: BENCHMARKS.md, "First epoch"). Where the step's graph will serve the full batch, the other sizes go
-to ``beside`` instead, whose thread makes their set-up beside the full batch's (or the first epoch) and forwards
-those batches (train/short_batches.py). The copy keeps the trained model, its gradients, batch-norm statistics
+every thread: BENCHMARKS.md, "First epoch"). Where the step's graph serves the full batch, the other sizes go to
+``beside`` instead, whose thread makes their set-up beside the first epoch and forwards those batches
+(train/short_batches.py). The copy keeps the trained model, its gradients, batch-norm statistics
 and random streams untouched, and takes no part in DDP. The cost moves from inside the first epoch to before it: the
 first epoch then trains at the steady rate (the run as a whole saves only what the warm-up overlaps: 1-3 s). On a
 10k-image set the time to the first step stays below stock's; at COCO's size with a jpeg pack it came 10 s after
@@ -113,14 +113,12 @@ def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.dev
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
             amp: bool | torch.dtype, corners: bool = False, after_full: Callable[[], None] | None = None,
-            beside: Callable[[list[int]], bool] | None = None, beside_first: bool = False,
-            parts: dict[str, float] | None = None) -> float:
+            beside: Callable[[list[int]], bool] | None = None, parts: dict[str, float] | None = None) -> float:
     """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took. ``corners``: the
     batches are OBBs'. ``after_full`` runs once the full batch's pass is made, before the other sizes' (the trainer
     captures the step's graph there, then sets up the validations beside the rest). ``beside``, where given, is
-    offered the other sizes, and returns whether it took them (their set-up then runs in its thread:
-    train/short_batches.py); else they are passed here. It is offered them before the full batch's pass with
-    ``beside_first`` (their set-up beside the full batch's), else after ``after_full``. ``parts``, where given, gets the
+    offered the other sizes next, and returns whether it took them (their set-up then runs beside the first epoch:
+    train/short_batches.py); else they are passed here. ``parts``, where given, gets the
     seconds of each: ``full_batch_s``, ``after_full_s``, ``other_sizes_s``, ``augmentation_s`` (each part's GPU work
     waited for on the training thread's stream: the validations' set-up beside it is not).
 
@@ -143,15 +141,13 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
             parts[part] = now - mark[0]
             mark[0] = now
 
-    offered = beside is not None and len(sizes) > 1 and beside_first
-    taken = offered and beside(sizes[1:])  # the model's copy, its thread started
     warm_model(model, sizes[:1], augment.hyp.imgsz, device, amp)
     done("full_batch_s")
     if after_full is not None:
         after_full()
         done("after_full_s")
-    if len(sizes) > 1 and not taken:
-        if beside is None or offered or not beside(sizes[1:]):
+    if len(sizes) > 1:
+        if beside is None or not beside(sizes[1:]):
             warm_model(model, sizes[1:], augment.hyp.imgsz, device, amp)
         done("other_sizes_s")  # handed to ``beside``: the model's copy
     warm_augmentation(augment, sizes[0], width, device, corners)
