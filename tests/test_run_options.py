@@ -221,7 +221,7 @@ def test_an_option_refused_names_the_trainer_given_it():
         FastPoseTrainer.with_options(partner_pool=-3)
 
 
-def _unfinished_checkpoint(path: Path, data: Path, nc: int) -> Path:
+def _unfinished_checkpoint(path: Path, data: Path, nc: int, **train_args) -> Path:
     """A last.pt as a stopped run leaves it (epoch, optimizer state, train_args), its model yolo11n of ``nc``
     classes, made without training."""
     from ultralytics.cfg import get_cfg
@@ -230,7 +230,8 @@ def _unfinished_checkpoint(path: Path, data: Path, nc: int) -> Path:
     model = DetectionModel("yolo11n.yaml", nc=nc, verbose=False)
     model.nc = nc
     args = {**vars(get_cfg()), "data": str(data), "model": "yolo11n.yaml", "imgsz": 64, "batch": 8, "epochs": 3,
-            "device": "cpu", "workers": 0, "project": str(path.parent.parent.parent), "name": path.parent.parent.name}
+            "device": "cpu", "workers": 0, "project": str(path.parent.parent.parent), "name": path.parent.parent.name,
+            **train_args}
     path.parent.mkdir(parents=True)
     torch.save({"epoch": 0, "best_fitness": 0.0, "model": model, "ema": None, "updates": 3,
                 "optimizer": {"state": {}, "param_groups": []}, "train_args": args}, path)
@@ -238,11 +239,15 @@ def _unfinished_checkpoint(path: Path, data: Path, nc: int) -> Path:
 
 
 @pytest.mark.parametrize("api", ["cli", "python"])
-def test_a_resume_onto_data_with_another_class_count_is_refused(dataset, tmp_path, capsys, api):
+def test_a_resume_onto_data_with_another_class_count_is_refused(dataset, tmp_path, capsys, monkeypatch, api):
     """Ultralytics rebuilds the head for the new data's count, drops the labels beyond it and goes on: no longer the
-    run that stopped. Refused in one line naming both counts and the ways on, before any folder or pack is made."""
+    run that stopped. Refused in one line naming both counts and the ways on, before any folder or pack is made; the
+    checkpoint's checksums read once on the way (the CLI's check, then the trainer's of the same file, unchanged)."""
     from yolofeed.cli import main
+    from yolofeed.train import checkpoints
 
+    reads = []
+    monkeypatch.setattr(checkpoints, "_damage", lambda path, read=checkpoints._damage: reads.append(path) or read(path))
     last = _unfinished_checkpoint(tmp_path / "runs" / "r" / "weights" / "last.pt", dataset / "data.yaml", 3)
     said = (f"data={dataset / 'data.yaml'} has 80 classes, and resume={last} trained a model of 3: a resume goes on "
             f"with the classes it trained; give it the data it trained on, or start a new run from its weights: "
@@ -257,3 +262,27 @@ def test_a_resume_onto_data_with_another_class_count_is_refused(dataset, tmp_pat
         assert said in str(e.value)
     assert sorted(p.name for p in (tmp_path / "runs" / "r").iterdir()) == ["weights"]
     assert not (dataset / "yolofeed-packs").exists()
+    assert reads == [str(last)]
+
+
+def test_a_single_class_runs_resume_counts_one_class(dataset, tmp_path):
+    """``single_cls``: the model predicts one class whatever the yaml's count, so its resume is not refused (it
+    was, by the class count's check: found by a review); a single-class run's checkpoint of 3 classes still is."""
+    one = _unfinished_checkpoint(tmp_path / "runs" / "one" / "weights" / "last.pt", dataset / "data.yaml", 1,
+                                 single_cls=True)
+    trainer = FastDetectionTrainer(overrides={"resume": str(one)})
+    assert trainer.args.single_cls and trainer.resume
+    three = _unfinished_checkpoint(tmp_path / "runs" / "three" / "weights" / "last.pt", dataset / "data.yaml", 3,
+                                   single_cls=True)
+    with pytest.raises(DatasetError, match="has 1 classes, and resume=.* trained a model of 3"):
+        FastDetectionTrainer(overrides={"resume": str(three)})
+
+
+def test_resume_true_checks_the_latest_runs_checkpoint_before_ultralytics_reads_it(dataset, tmp_path, monkeypatch):
+    """``train(resume=True)`` takes the newest last.pt under the working folder; a truncated one is named as such
+    (Ultralytics said "Resume checkpoint not found" of a file that is there: found by a review)."""
+    monkeypatch.chdir(tmp_path)
+    last = _unfinished_checkpoint(tmp_path / "runs" / "r" / "weights" / "last.pt", dataset / "data.yaml", 80)
+    last.write_bytes(last.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"resume=.*runs/r/weights/last.pt: damaged: truncated"):
+        FastDetectionTrainer(overrides={"resume": True, "data": str(dataset / "data.yaml")})

@@ -219,6 +219,10 @@ def damage(path: str | os.PathLike) -> str | None:
     entries' CRC-32s, so flipped bytes load as wrong weights and optimizer state; a truncated archive (a zip's start,
     no directory at its end) is named here because Ultralytics' own refusal of it first looks its name up on GitHub.
     Reads the whole file (a fraction of a second for the largest YOLO weights)."""
+    return _damage(path)
+
+
+def _damage(path: str | os.PathLike) -> str | None:
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as f:
@@ -233,19 +237,52 @@ def damage(path: str | os.PathLike) -> str | None:
                                      "in a copy), and would load as wrong weights")
 
 
-def check_intact(path: str | os.PathLike, key: str = "resume") -> None:
-    """Refuse a checkpoint whose bytes changed or were cut short since it was written (``damage``).
+def resume_named(resume: Any) -> str | None:
+    """The checkpoint a trainer's ``resume`` argument names before Ultralytics reads it: an existing file, or with
+    ``resume=True`` the newest last*.pt under the working folder (Ultralytics' ``get_latest_run``); None: no resume,
+    or nothing there (Ultralytics says so)."""
+    if isinstance(resume, (str, Path)) and str(resume).lower() not in ("", "true", "false"):
+        return str(resume) if Path(resume).is_file() else None
+    if resume is True or str(resume).lower() == "true":
+        from yolofeed.ultralytics_seam import get_latest_run
+
+        latest = get_latest_run()
+        return latest if latest and Path(latest).is_file() else None
+    return None
+
+
+def check_intact(path: str | os.PathLike, key: str = "resume", once: bool = False) -> None:
+    """Refuse a checkpoint whose bytes changed or were cut short since it was written (``damage``). ``once``: where
+    the last file this process found intact is this one, unchanged (its real path, size and modification time), it is
+    not read again (``yolofeed train`` checks a resume's checkpoint, then the trainer it makes does); once only.
 
     Raises:
         ConfigError: naming the file, what is wrong and (``resume=``) the run's checkpoint to go on from.
     """
+    seen = _signature(path)
+    if once and seen is not None and _LAST_INTACT.pop(seen, False):
+        return
     what = damage(path)
-    if what is not None:
-        from yolofeed.errors import ConfigError
+    if what is None:
+        _LAST_INTACT.clear()
+        if seen is not None:
+            _LAST_INTACT[seen] = True
+        return
+    from yolofeed.errors import ConfigError
 
-        on = way_on(path) if key == "resume" else ("point at another copy of the weights, or train from a model "
-                                                   "yaml")
-        raise ConfigError(f"{key}={path}: damaged: {what}; {on}")
+    on = way_on(path) if key == "resume" else "point at another copy of the weights, or train from a model yaml"
+    raise ConfigError(f"{key}={path}: damaged: {what}; {on}")
+
+
+_LAST_INTACT: dict[tuple[str, int, int], bool] = {}  # the last file check_intact found intact: at most one
+
+
+def _signature(path: str | os.PathLike) -> tuple[str, int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return os.path.realpath(path), st.st_size, st.st_mtime_ns
 
 
 def _loaded(path: Path) -> dict | None:
@@ -272,8 +309,14 @@ def resumable_epoch(path: Path) -> int | None:
 
 def model_classes(path: str | os.PathLike) -> int | None:
     """The number of classes a checkpoint's model (its EMA's, else its own) predicts, or None: it does not load or
-    holds no model that says. A read of the whole checkpoint."""
-    ckpt = _loaded(Path(path))
+    holds no model that says. A read of the whole checkpoint (its checksums are not checked here: ``check_intact``)."""
+    from yolofeed.ultralytics_seam import torch_safe_load
+
+    try:
+        ckpt, _ = torch_safe_load(str(path)) if Path(path).is_file() else (None, None)
+    except (*UNPICKLING_ERRORS, AttributeError, OSError):
+        return None
+    ckpt = ckpt if isinstance(ckpt, dict) else None
     model = ckpt and (ckpt.get("ema") or ckpt.get("model"))
     nc = getattr(model, "nc", None)
     if nc is None:

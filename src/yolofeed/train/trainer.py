@@ -60,7 +60,15 @@ from yolofeed.train import checks, graphed, keys, options, short_batches
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.augmenting import Augmenting
 from yolofeed.train.bounds import LabelBound, label_stats
-from yolofeed.train.checkpoints import AtomicPath, check_intact, finished_run, strip_atomically, sweep, trim_results
+from yolofeed.train.checkpoints import (
+    AtomicPath,
+    check_intact,
+    finished_run,
+    resume_named,
+    strip_atomically,
+    sweep,
+    trim_results,
+)
 from yolofeed.train.plots import InThread, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
@@ -213,13 +221,10 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         Runs inside Ultralytics' ``__init__`` before the device is selected and the run folder is made, so a
         refused key or a missing GPU stops the run in one line with nothing built.
         """
-        named = self.args.resume
-        if RANK in (-1, 0) and isinstance(named, (str, Path)) and Path(named).is_file():  # before Ultralytics reads
-            check_intact(named)  # it (a truncated one: it looks the name up on GitHub first)
+        if RANK in (-1, 0) and (named := resume_named(self.args.resume)) is not None:  # before Ultralytics reads it
+            check_intact(named, once=True)  # (a truncated one: its refusal looks it up on GitHub first)
         super().check_resume(overrides)
         if resuming(self):
-            if RANK in (-1, 0) and self.args.resume != named:  # the Python API's resume reads the checkpoint
-                check_intact(self.args.resume)  # without yolofeed train's check; resume=True: the latest run's
             self._restore_options()
         keys.check(self.args, carried=(self.carried_task,))
         self.args.device = keys.check_device(self.args.device)
@@ -278,8 +283,8 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
                                    f"{shlex.join(['yolofeed', 'train', f'resume={self.args.model}', 'data=NEW.yaml'])}"
                                    " (in Python: train(resume=True, data=...))") from None
             raise
-        if resuming(self):
-            checks.check_resumed_classes(str(self.args.model), data)
+        if resuming(self):  # single_cls: the model predicts one class, whatever the yaml's count
+            checks.check_resumed_classes(str(self.args.model), {**data, "nc": 1} if self.args.single_cls else data)
         if self.args.task in ("segment", "obb"):  # box rows for such a model: a look at the first label files
             checks.check_task_data(self.args.model, self.args.task, self.args.data)
         if self.args.task == "detect" and (self.args.copy_paste or 0) > 0:  # refused early where a look finds polygons

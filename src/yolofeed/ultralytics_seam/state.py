@@ -14,11 +14,11 @@ from yolofeed.ultralytics_seam import source
 from yolofeed.ultralytics_seam.names import AutoBackend, DetectionTrainer, EarlyStopping
 from yolofeed.ultralytics_seam.required import _missing
 
-# The files Ultralytics writes at the top of a run folder (fnmatch patterns): its arguments, results and plots, written
-# in place, through a symbolic link planted at the name. yolofeed's own writes there (results.csv's rewrite) replace
-# a link.
+# The files Ultralytics writes at the top of a run folder (fnmatch patterns): its arguments, results, plots and its
+# platform logger's model id, written in place, through a symbolic link planted at the name. yolofeed's own writes
+# there (results.csv's rewrite) replace a link.
 RUN_FILES = ("args.yaml", "results.csv", "results.png", "labels*.jpg", "train_batch*.jpg", "val_batch*.jpg",
-             "confusion_matrix*.png", "*_curve.png", "predictions.json")
+             "confusion_matrix*.png", "*_curve.png", "predictions.json", "platform_model_id.txt")
 
 # -- the trainer's state -------------------------------------------------------------------------------------------
 # Attributes of a trainer that Ultralytics sets in its methods (not on the class, so REQUIRED cannot see them) and
