@@ -408,15 +408,17 @@ def test_the_optimizer_names_are_those_build_optimizer_builds():
 
 
 def test_the_run_files_are_names_the_installed_ultralytics_writes():
-    """``seam.RUN_FILES`` (where a planted link is refused): each pattern's fixed part is in the source of the
-    installed release, as the file name it writes."""
+    """``seam.RUN_FILES`` (where a planted link is refused): each pattern's fixed part is in the source of the tested
+    release, as the file name it writes (an older release of the range may not write one: its platform logger's id
+    came later, and a name it never writes refuses nothing); the core names in every release."""
     import ultralytics
 
     root = Path(ultralytics.__file__).parent
     text = "\n".join(p.read_text(encoding="utf-8") for p in root.rglob("*.py"))
-    for pattern in seam.RUN_FILES:
-        for part in (p for p in pattern.split("*") if len(p) > 2):
-            assert part in text, (pattern, part)
+    if seam.RELEASE == seam.parse_version(seam.TESTED):
+        for pattern in seam.RUN_FILES:
+            for part in (p for p in pattern.split("*") if len(p) > 2):
+                assert part in text, (pattern, part)
     for written in ('"args.yaml"', '"results.csv"', "train_batch{", "val_batch{", "_curve.png", "confusion_matrix"):
         assert written in text, written
 

@@ -265,7 +265,10 @@ def run(cfg: TrainConfig) -> Path:
             raise ConfigError(f"{checkpoint} is the checkpoint of a finished run (no epoch or optimizer state left): "
                               f"nothing to resume. Start a new run from it with {shlex.quote(f'model={checkpoint}')} "
                               "and no resume")
-        kwargs = {**cfg.extra, "resume": checkpoint, **({"data": cfg.data} if cfg.data else {})}
+        # the data given, else the run's own: older Ultralytics (8.4.138) hands a resume its task's default data
+        # (coco8.yaml for detection) where none is given, and the resume trains on that
+        data = cfg.data or (model.ckpt.get("train_args") or {}).get("data")
+        kwargs = {**cfg.extra, "resume": checkpoint, **({"data": data} if data else {})}
     else:
         if not cfg.model:
             raise ConfigError("yolofeed train needs model=... (a model yaml such as yolo11n.yaml, or weights), or "
