@@ -357,6 +357,68 @@ def test_tensorboard_is_optional(tmp_path, monkeypatch, said):
     assert len(missing) == 1 and "pip install tensorboard" in missing[0]
 
 
+def test_a_broken_tensorboard_install_stops_tensorboard_alone(tmp_path, monkeypatch, said):
+    """tensorboard installed but failing to import (a protobuf it does not match raises TypeError): one line, and
+    Prometheus goes on. Was the whole monitor switched off, Prometheus with it, under a "please report this" traceback
+    (found by a hostile pass)."""
+    import types
+    from types import SimpleNamespace
+
+    import yolofeed.monitor.live as live
+
+    broken = types.ModuleType("torch.utils.tensorboard")
+
+    def fail(name):
+        raise TypeError("Descriptors cannot be created directly.")
+
+    broken.__getattr__ = fail
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", broken)
+    monkeypatch.setattr(live, "_SAID", set())
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=True), sampler=FakeSampler(False))
+    trainer = SimpleNamespace(device=SimpleNamespace(type="cpu"), save_dir=str(tmp_path / "run"))
+    monkeypatch.setattr("yolofeed.monitor.live.mark_phases", lambda trainer, mark: lambda: None)
+    callbacks = mon.callbacks()
+    callbacks["on_train_start"](trainer)
+    assert not mon.failed and mon.writer is None and "yolofeed_steps_total" in _scrape(mon.endpoint.url)
+    lines = [m for m in said if "TensorBoard" in m or "switched off" in m]
+    assert len(lines) == 1 and "the tensorboard package does not import (TypeError: Descriptors" in lines[0], lines
+    callbacks["on_train_end"](trainer)
+
+
+def test_a_writer_thread_that_fails_at_once_prints_no_traceback():
+    """A read-only or full TensorBoard folder: the writer's thread fails on its first write, before the monitor could
+    list it as its own, and Python printed its traceback beside the monitor's one line (found by a hostile pass).
+    A tensorboard thread begun outside the monitor's making of a writer still prints its own."""
+    import subprocess
+
+    code = """if True:
+        import errno, pathlib, sys, threading, types
+        from yolofeed.monitor import live
+        class Failing(threading.Thread):
+            def __init__(self, words):
+                super().__init__()
+                self.words = words
+            def run(self):
+                raise OSError(errno.EROFS, self.words)
+        Failing.__module__ = "tensorboard.summary.writer.event_file_writer"
+        class Writer:
+            def __init__(self, folder):
+                thread = Failing("the writer thread's own")
+                thread.start()
+                thread.join()  # ended before SummaryWriter returns
+                raise OSError(errno.EROFS, "Read-only file system")
+        fake = types.ModuleType("torch.utils.tensorboard")
+        fake.SummaryWriter = Writer
+        sys.modules["torch.utils.tensorboard"] = fake
+        assert live.open_tensorboard(pathlib.Path("unused")) is None
+        outside = Failing("outside any writer's making")
+        outside.start()
+        outside.join()
+        """
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stderr
+    assert "outside any writer's making" in err and "the writer thread's own" not in err, err
+
+
 def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp_path, monkeypatch, said):
     """A file where the TensorBoard folder goes (a read-only disk, or one that fills, alike): one line, and
     Prometheus and the summary line go on. Was the whole monitor switched off with a "please report this"
@@ -596,6 +658,65 @@ def test_a_run_that_raises_leaves_no_probe_no_port_and_no_open_writer(synth_root
     (mon,) = monitors(model.trainer.callbacks)
     assert mon.endpoint is None and mon.writer is None and mon.sampler._proc is None
     assert {p.pid for p in probes()} <= before
+
+
+def test_a_stock_run_that_raises_closes_the_monitor_attached_to_it(synth_root, tmp_path):
+    """``attach(model)`` on a stock run: a run stopped by an exception has no on_train_end and stock's trainer closes
+    nothing; the model's train now closes the monitor as the exception leaves it (found by a hostile pass: the
+    probe sampling on and the port bound in the notebook). What the run raised is raised as it was."""
+    import psutil
+    from ultralytics import YOLO
+
+    from yolofeed.monitor import attach
+
+    def probes():
+        return [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE
+                and any("probe.py" in part for part in p.cmdline())]
+
+    before = {p.pid for p in probes()}
+
+    def fail(trainer):
+        raise RuntimeError("a callback failed")
+
+    model = YOLO("yolo11n.yaml")
+    mon = attach(model, prometheus_port=0, tensorboard=True)
+    model.add_callback("on_model_save", fail)
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        model.train(data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=8, device="cpu", workers=0,
+                    plots=False, verbose=False, project=str(tmp_path), name="failed")
+    assert mon.endpoint is None and mon.writer is None and mon.sampler._proc is None
+    assert {p.pid for p in probes()} <= before
+    attach(model, prometheus_port=0)  # attached twice: train is wrapped once
+    assert not getattr(model.train.__wrapped__, "yolofeed_closes_monitors", False)
+
+
+def test_the_probe_says_nothing_where_the_training_it_samples_is_gone():
+    """A kill -9 of the training while the probe lists its children: psutil.NoSuchProcess, which the probe printed
+    as a traceback before it exited (found by a hostile pass); and a probe begun after the training ended."""
+    import subprocess
+
+    import psutil
+
+    from yolofeed.monitor import probe
+
+    tree = probe._Tree(psutil.Process().pid)
+
+    class Gone:
+        pid = -1
+
+        def children(self, recursive=False):
+            raise psutil.NoSuchProcess(-1)
+
+        def cpu_times(self):
+            raise psutil.NoSuchProcess(-1)
+
+    tree.root = Gone()
+    assert tree.cpu(time.perf_counter()) == 0.0
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    r = subprocess.run([sys.executable, probe.__file__, str(dead.pid), "0.1", "-"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
 def test_a_monitor_that_starts_again_closes_what_the_run_before_left_open(tmp_path):

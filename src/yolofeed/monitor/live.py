@@ -9,6 +9,7 @@ TensorBoard folder that cannot be written or an error inside the monitor is logg
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -137,20 +138,26 @@ def open_tensorboard(folder: Path) -> Any:
     folder cannot be written (a read-only disk, a file of that name, a full disk)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError as e:  # tensorboard is optional: torch imports it only here
+    except Exception as e:  # tensorboard is optional: torch imports it only here. Missing: ImportError; installed
+        # but broken (a protobuf it does not match): TypeError, AttributeError...
         if "tensorboard" not in _SAID:
             _SAID.add("tensorboard")
-            LOGGER.warning(f"yolofeed monitor: no TensorBoard scalars: the tensorboard package is missing ({e}). "
-                           "pip install tensorboard, or tensorboard=False to silence this; Prometheus and the "
-                           "summary line work without it.")
+            why = "is missing" if isinstance(e, ImportError) else "does not import"
+            LOGGER.warning(f"yolofeed monitor: no TensorBoard scalars: the tensorboard package {why} "
+                           f"({type(e).__name__}: {e}). pip install tensorboard (again, where it is broken), or "
+                           "tensorboard=False to silence this; Prometheus and the summary line work without it.")
         return None
+    _install_quiet_hook()
     before = set(threading.enumerate())
+    _OPENING.append(before)  # a writer thread that fails at once is quiet too (``_quiet``), before it is listed
     try:
         writer = SummaryWriter(str(folder))
     except Exception as e:  # OSError; with TensorFlow installed, its gfile's errors (tf.errors.OpError)
         writer = None
         tensorboard_failed(folder, e, "no TensorBoard scalars")
-    _quiet(set(threading.enumerate()) - before)
+    finally:
+        _quiet(set(threading.enumerate()) - before)
+        _OPENING.remove(before)
     return writer
 
 
@@ -163,21 +170,31 @@ def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
 
 
 _OWN_WRITERS: weakref.WeakSet = weakref.WeakSet()  # the threads the monitor's SummaryWriters started
+_OPENING: list[set[threading.Thread]] = []  # the threads alive as each SummaryWriter now being made began
 
 
 def _quiet(threads: set[threading.Thread]) -> None:
     """A SummaryWriter writes its events in a thread of its own, which ends on a failed write with a traceback on
     stderr (``threading.excepthook``) and leaves the error for the writer's next call in this thread, where the
     monitor says it in one line (``tensorboard_failed``). The traceback of ``threads`` (the monitor's writers') is left
-    out; every other thread's, Ultralytics' own TensorBoard writer's among them, is not."""
+    out, and that of a tensorboard thread begun while the monitor makes its writer (``_OPENING``: one that fails on
+    its first write, a read-only or full folder, ends before it can be listed); every other thread's, Ultralytics'
+    own TensorBoard writer's among them, is not."""
     _OWN_WRITERS.update(threads)
+    _install_quiet_hook()
+
+
+def _install_quiet_hook() -> None:
     if "tensorboard thread" in _SAID:
         return
     _SAID.add("tensorboard thread")
     before = threading.excepthook
 
     def hook(args: Any) -> None:
-        if args.thread not in _OWN_WRITERS:
+        thread = args.thread
+        opening = thread is not None and type(thread).__module__.startswith("tensorboard") and any(
+            thread not in alive for alive in list(_OPENING))
+        if thread not in _OWN_WRITERS and not opening:
             before(args)
 
     threading.excepthook = hook
@@ -436,4 +453,26 @@ def attach(target: Any, **config: Any) -> TrainingMonitor:
     monitor = TrainingMonitor(MonitorConfig(**config))
     for event, fn in monitor.callbacks().items():
         target.add_callback(event, fn)
+    _close_when_it_raises(target)
     return monitor
+
+
+def _close_when_it_raises(target: Any) -> None:
+    """Make ``target.train`` (a model's or a trainer's) close the monitors attached to it where the run raises: it
+    then has no ``on_train_end``, and a stock trainer closes nothing (yolofeed's does, as it stops), which left the
+    probe sampling and the port bound in an interpreter that goes on (a notebook). Once per target; what the run
+    raised is raised as it was."""
+    train = getattr(target, "train", None)
+    if train is None or getattr(train, "yolofeed_closes_monitors", False):
+        return
+
+    @functools.wraps(train)
+    def closing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        except BaseException:
+            close_attached(getattr(target, "callbacks", None) or {})
+            raise
+
+    closing.yolofeed_closes_monitors = True  # type: ignore[attr-defined]
+    target.train = closing

@@ -42,7 +42,10 @@ class _Tree:
     def cpu(self, now: float) -> float:
         if now - self.listed >= 1.0:  # listing children walks all of /proc: the expensive part
             me = os.getpid()
-            kids = [p for p in self.root.children(recursive=True) if p.pid != me]
+            try:
+                kids = [p for p in self.root.children(recursive=True) if p.pid != me]
+            except psutil.Error:  # the training ended (a kill): the loop sees it gone next
+                kids = self.members[1:]
             self.members, self.listed = [self.root, *kids], now
         total = 0.0
         for p in self.members:
@@ -138,3 +141,5 @@ if __name__ == "__main__":
         main(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3])
     except KeyboardInterrupt:  # a Ctrl-C reaches the whole group: the run says "interrupted", not the probe
         sys.exit(130)
+    except psutil.NoSuchProcess:  # the training it samples ended (a kill) before it began: nothing to say
+        sys.exit(0)
