@@ -224,6 +224,8 @@ def test_no_port_to_be_had_warns_and_goes_on(said):
     assert "in use" in seen[-1].lower() and "training goes on" in seen[-1]
     assert serve(collector, "192.0.2.1", 0, log) is None  # TEST-NET-1: an address this machine does not have
     assert "training goes on" in seen[-1]
+    assert serve(collector, "192.0.2.1", 9600, log) is None  # one port tried, one named (was "9600-9609")
+    assert "on 192.0.2.1:9600 (" in seen[-1] and "prometheus_addr=192.0.2.1 is not an address" in seen[-1]
 
 
 def test_the_endpoint_binds_the_address_asked_for(tmp_path):
@@ -757,3 +759,63 @@ def test_a_monitor_that_fails_to_close_one_output_closes_the_others(tmp_path):
     assert mon.endpoint is None
     with pytest.raises(OSError):
         endpoint.server.socket.getsockname()
+
+
+def test_numpy_numbers_are_numbers_and_a_port_is_a_whole_one():
+    """``prometheus_port=np.int64(9400)`` (a port read from an array or a config library) was refused as "expected a
+    number"; a port of 9400.5 or 9400.0 is refused as not a whole number (found by a hostile pass)."""
+    import numpy as np
+
+    from yolofeed.errors import ConfigError
+
+    cfg = MonitorConfig(prometheus_port=np.int64(9400), alert_util=np.float32(20.0))
+    assert cfg.prometheus_port == 9400 and type(cfg.prometheus_port) is int
+    for port in (9400.0, 9400.5, "9400"):
+        with pytest.raises(ConfigError, match=r"prometheus_port=.*: expected a whole number \(a TCP port"):
+            MonitorConfig(prometheus_port=port)
+
+
+def test_attach_names_the_monitors_options_for_one_it_does_not_know():
+    """``attach(model, bogus=1)`` was a bare TypeError from the dataclass; now one line with the options."""
+    from types import SimpleNamespace
+
+    from yolofeed.errors import ConfigError
+    from yolofeed.monitor import attach
+
+    target = SimpleNamespace(add_callback=lambda *a: pytest.fail("attached despite the unknown key"))
+    with pytest.raises(ConfigError, match=r"attach: 'bogus' is not an option of the monitor; its options are "
+                                          r"prometheus_port, prometheus_addr, "):
+        attach(target, bogus=1, prometheus_port=0)
+
+
+def test_the_last_steps_are_published_before_the_monitor_closes(tmp_path, monkeypatch, capsys):
+    """The steps after the last once-a-second publish reached neither TensorBoard nor Prometheus (a short run had
+    one point a scalar): the run's end publishes once more, then closes. A TensorBoard failure said during a step
+    stands on a line of its own, after the progress bar's (found by a hostile pass)."""
+    import errno
+    from types import SimpleNamespace
+
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=0, tensorboard=True), sampler=FakeSampler(False))
+    mon.timer = StepClock(cuda=False)
+    mon.open(tmp_path / "run", "cpu")
+    order = []
+    publish, close = mon.publish, mon.close
+    monkeypatch.setattr(mon, "publish", lambda *a, **k: order.append("publish") or publish(*a, **k))
+    monkeypatch.setattr(mon, "close", lambda: order.append("close") or close())
+    mon.on_train_end(SimpleNamespace())
+    assert order == ["publish", "close"] and mon.endpoint is None
+
+    mon = TrainingMonitor(MonitorConfig(prometheus_port=None, tensorboard=True), sampler=FakeSampler(False))
+    mon.timer = StepClock(cuda=False)
+    mon.open(tmp_path / "run2", "cpu")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mon.writer, "add_scalar", full)
+    monkeypatch.setattr(mon.writer, "close", full)
+    monkeypatch.setattr("yolofeed.monitor.live.progress_bar_drawn", lambda: True)
+    capsys.readouterr()
+    mon.publish(bar=True)
+    assert capsys.readouterr().out.startswith("\n") and mon.writer is None
+    mon.close()

@@ -182,7 +182,7 @@ def test_a_resume_builds_its_packs_where_the_run_put_them(dataset, tmp_path, how
 
 @pytest.mark.parametrize("options, words", [
     ({"pack_format": "RAW"}, "option pack_format='RAW': expected one of auto, raw, jpeg"),
-    ({"monitor": {"prometheus_port": "abc"}}, "option monitor: prometheus_port='abc': expected a number"),
+    ({"monitor": {"prometheus_port": "abc"}}, "option monitor: prometheus_port='abc': expected a whole number"),
     ({"monitor": {"alert_wait": "0.5"}}, "option monitor: alert_wait='0.5': expected a number"),
 ])
 def test_an_option_the_run_would_refuse_is_refused_by_with_options_in_one_line(options, words):

@@ -155,8 +155,9 @@ def serve(collector: Collector, addr: str, port: int, log: logging.Logger, tries
             else:  # EADDRNOTAVAIL, or a name that does not resolve (socket.gaierror): the address is the problem
                 fix = (f"prometheus_addr={addr} is not an address of this machine: use 127.0.0.1 (this machine only) "
                        "or 0.0.0.0 (every interface).")
-            log.warning(f"yolofeed monitor: no Prometheus endpoint on {addr}:{port}"
-                        + (f"-{last}" if last > port else "") + f" ({e.strerror or e}); training goes on "
+            tried = f"{port}-{p}" if p > port else f"{p}"  # the ports tried: those taken, then this one
+            log.warning(f"yolofeed monitor: no Prometheus endpoint on {addr}:{tried}"
+                        + f" ({e.strerror or e}); training goes on "
                         f"without it. {fix}")
             return None
         endpoint = Endpoint(server, addr, server.server_port)

@@ -9,8 +9,10 @@ TensorBoard folder that cannot be written or an error inside the monitor is logg
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import numbers
 import sys
 import threading
 import time
@@ -58,12 +60,15 @@ class MonitorConfig:
     publish_seconds: float = 1.0
 
     def __post_init__(self):
-        def number(value: Any, kinds: tuple = (int, float)) -> bool:  # a string would fail the comparisons below
-            return isinstance(value, kinds) and not isinstance(value, bool)
+        def number(value: Any, kind: type = numbers.Real) -> bool:  # a string would fail the comparisons below;
+            return isinstance(value, kind) and not isinstance(value, bool)  # numpy's scalars are numbers too
 
         port = self.prometheus_port
-        if not (port is None or number(port, (int,))):
-            raise ConfigError(f"prometheus_port={port!r}: expected a number (a TCP port, 0-65535), or None")
+        if not (port is None or number(port, numbers.Integral)):
+            raise ConfigError(f"prometheus_port={port!r}: expected a whole number (a TCP port, 0-65535), or None")
+        if port is not None:
+            object.__setattr__(self, "prometheus_port", int(port))  # frozen: a numpy integer made a plain one
+            port = self.prometheus_port
         for name in ("alert_util", "alert_wait", "alert_seconds", "summary_seconds", "publish_seconds"):
             if not number(getattr(self, name)):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: expected a number")
@@ -163,10 +168,13 @@ def open_tensorboard(folder: Path) -> Any:
 
 def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
     """One line for a TensorBoard folder that cannot be written: the monitor's other outputs go on."""
+    LOGGER.warning(tensorboard_failure(folder, e, what))
+
+
+def tensorboard_failure(folder: Path, e: BaseException, what: str) -> str:
     said = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e).strip().splitlines()[0]
-    LOGGER.warning(f"yolofeed monitor: {what}: could not write {folder} ({said}); Prometheus and the summary line "
-                   "go on. Make it a folder you can write, on a disk with room, or train with tensorboard=False to "
-                   "silence this.")
+    return (f"yolofeed monitor: {what}: could not write {folder} ({said}); Prometheus and the summary line go on. "
+            "Make it a folder you can write, on a disk with room, or train with tensorboard=False to silence this.")
 
 
 _OWN_WRITERS: weakref.WeakSet = weakref.WeakSet()  # the threads the monitor's SummaryWriters started
@@ -265,7 +273,11 @@ class TrainingMonitor:
         self.timer.epoch_end()
 
     def on_train_end(self, trainer: Any) -> None:
-        self.close()
+        try:  # the steps since the last once-a-second publish: a short run's last point, the end's counters
+            if self.timer is not None and (self.writer or self.endpoint):
+                self.publish()
+        finally:
+            self.close()
 
     # -- outputs -------------------------------------------------------------------------------
     def open(self, save_dir: Path, device: str) -> None:
@@ -332,7 +344,8 @@ class TrainingMonitor:
                         self.writer.add_scalar(f"yolofeed/{k}", v, self.step)
             except Exception as e:  # its disk filled or went read-only: TensorBoard stops, the rest goes on
                 writer, self.writer = self.writer, None
-                tensorboard_failed(Path(writer.log_dir), e, "TensorBoard scalars stopped")
+                self._say(tensorboard_failure(Path(writer.log_dir), e, "TensorBoard scalars stopped"),
+                          logging.WARNING, bar)
                 _close_writer(writer, said=True)
         if now - self._last_summary >= self.cfg.summary_seconds:
             self._last_summary = now
@@ -450,6 +463,11 @@ def attach(target: Any, **config: Any) -> TrainingMonitor:
         >>> attach(model, prometheus_port=9400)  # prometheus_addr="0.0.0.0" for a Prometheus on another host
         >>> model.train(data="coco8.yaml")
     """
+    known = [f.name for f in dataclasses.fields(MonitorConfig)]
+    if unknown := [k for k in config if k not in known]:
+        what = "is not an option" if len(unknown) == 1 else "are not options"
+        raise ConfigError(f"attach: {', '.join(map(repr, unknown))} {what} of the monitor; its options are "
+                          f"{', '.join(known)}")
     monitor = TrainingMonitor(MonitorConfig(**config))
     for event, fn in monitor.callbacks().items():
         target.add_callback(event, fn)
