@@ -359,6 +359,19 @@ def test_tensorboard_is_optional(tmp_path, monkeypatch, said):
     assert len(missing) == 1 and "pip install tensorboard" in missing[0]
 
 
+# a child's code (pytest has its own threading.excepthook): a thread that fails as a TensorBoard writer's does
+FAILING_THREAD = """if True:
+        import errno, threading
+        from yolofeed.monitor import live
+        class Failing(threading.Thread):
+            def __init__(self, words):
+                super().__init__()
+                self.words = words
+            def run(self):
+                raise OSError(errno.ENOSPC, self.words)
+"""
+
+
 def test_a_broken_tensorboard_install_stops_tensorboard_alone(tmp_path, monkeypatch, said):
     """tensorboard installed but failing to import (a protobuf it does not match raises TypeError): one line, and
     Prometheus goes on. Was the whole monitor switched off, Prometheus with it, under a "please report this" traceback
@@ -393,15 +406,8 @@ def test_a_writer_thread_that_fails_at_once_prints_no_traceback():
     A tensorboard thread begun outside the monitor's making of a writer still prints its own."""
     import subprocess
 
-    code = """if True:
-        import errno, pathlib, sys, threading, types
-        from yolofeed.monitor import live
-        class Failing(threading.Thread):
-            def __init__(self, words):
-                super().__init__()
-                self.words = words
-            def run(self):
-                raise OSError(errno.EROFS, self.words)
+    code = FAILING_THREAD + """
+        import pathlib, sys, types
         Failing.__module__ = "tensorboard.summary.writer.event_file_writer"
         class Writer:
             def __init__(self, folder):
@@ -467,15 +473,7 @@ def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp
 
     # the monitor's writer's thread's own traceback of that error is left out; another thread's is not, nor that of a
     # writer the monitor did not make (in a process of its own: pytest has its own threading.excepthook)
-    code = """if True:
-        import errno, threading
-        from yolofeed.monitor import live
-        class Failing(threading.Thread):
-            def __init__(self, words):
-                super().__init__()
-                self.words = words
-            def run(self):
-                raise OSError(errno.ENOSPC, self.words)
+    code = FAILING_THREAD + """
         ours = Failing("No space left on device")
         live._quiet({ours})
         for thread in (ours, Failing("another thread's")):
@@ -631,65 +629,46 @@ def test_a_step_counts_the_images_its_batch_holds():
     assert images_in_step(SimpleNamespace(batch_size=16, train_loader=None), 3) == 16  # no dataset to read
 
 
-@pytest.mark.slow
-def test_a_run_that_raises_leaves_no_probe_no_port_and_no_open_writer(synth_root, tmp_path):
-    """A run stopped by an exception has no on_train_end, where the monitor closes: yolofeed's trainer closes it
-    as the run stops. Was: the probe process sampling on and the Prometheus port bound, in an interpreter that goes
-    on (a notebook), one more each run."""
+def _probes():
     import psutil
+
+    return [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE
+            and any("probe.py" in part for part in p.cmdline())]
+
+
+@pytest.mark.parametrize("side", [pytest.param("yolofeed", marks=pytest.mark.slow), "stock"])
+def test_a_run_that_raises_leaves_no_probe_no_port_and_no_open_writer(synth_root, tmp_path, side):
+    """A run stopped by an exception has no on_train_end, where the monitor closes: yolofeed's trainer closes it as
+    the run stops; on a stock run, ``attach`` has the model's train close it as the exception leaves it (what the run
+    raised is raised as it was). Was: the probe process sampling on and the Prometheus port bound, in an interpreter
+    that goes on (a notebook), one more each run (found by a test-order check; the stock side by a hostile pass)."""
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer
+    from yolofeed.monitor import attach
     from yolofeed.monitor.live import monitors
 
-    def probes():
-        return [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE
-                and any("probe.py" in part for part in p.cmdline())]
-
-    before = {p.pid for p in probes()}
+    before = {p.pid for p in _probes()}
 
     def fail(trainer):
         raise RuntimeError("a callback failed")
 
     model = YOLO("yolo11n.yaml")
+    monitor = {"prometheus_port": 0, "tensorboard": True}
+    if side == "stock":
+        mon, trainer = attach(model, **monitor), None
+        attach(model, prometheus_port=None)  # attached twice: train is wrapped once
+        assert not getattr(model.train.__wrapped__, "yolofeed_closes_monitors", False)
+    else:
+        trainer = FastDetectionTrainer.with_options(monitor=monitor)
     model.add_callback("on_model_save", fail)
-    trainer = FastDetectionTrainer.with_options(monitor={"prometheus_port": 0, "tensorboard": True})
     with pytest.raises(RuntimeError, match="a callback failed"):
         model.train(trainer=trainer, data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=8, device="cpu",
                     workers=0, plots=False, verbose=False, project=str(tmp_path), name="failed")
-    (mon,) = monitors(model.trainer.callbacks)
+    if side == "yolofeed":
+        (mon,) = monitors(model.trainer.callbacks)
     assert mon.endpoint is None and mon.writer is None and mon.sampler._proc is None
-    assert {p.pid for p in probes()} <= before
-
-
-def test_a_stock_run_that_raises_closes_the_monitor_attached_to_it(synth_root, tmp_path):
-    """``attach(model)`` on a stock run: a run stopped by an exception has no on_train_end and stock's trainer closes
-    nothing; the model's train now closes the monitor as the exception leaves it (found by a hostile pass: the
-    probe sampling on and the port bound in the notebook). What the run raised is raised as it was."""
-    import psutil
-    from ultralytics import YOLO
-
-    from yolofeed.monitor import attach
-
-    def probes():
-        return [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE
-                and any("probe.py" in part for part in p.cmdline())]
-
-    before = {p.pid for p in probes()}
-
-    def fail(trainer):
-        raise RuntimeError("a callback failed")
-
-    model = YOLO("yolo11n.yaml")
-    mon = attach(model, prometheus_port=0, tensorboard=True)
-    model.add_callback("on_model_save", fail)
-    with pytest.raises(RuntimeError, match="a callback failed"):
-        model.train(data=str(synth_root / "data.yaml"), epochs=2, imgsz=64, batch=8, device="cpu", workers=0,
-                    plots=False, verbose=False, project=str(tmp_path), name="failed")
-    assert mon.endpoint is None and mon.writer is None and mon.sampler._proc is None
-    assert {p.pid for p in probes()} <= before
-    attach(model, prometheus_port=0)  # attached twice: train is wrapped once
-    assert not getattr(model.train.__wrapped__, "yolofeed_closes_monitors", False)
+    assert {p.pid for p in _probes()} <= before
 
 
 def test_the_probe_says_nothing_where_the_training_it_samples_is_gone():
