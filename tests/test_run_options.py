@@ -247,7 +247,7 @@ def test_a_resume_onto_data_with_another_class_count_is_refused(dataset, tmp_pat
     from yolofeed.train import checkpoints
 
     reads = []
-    monkeypatch.setattr(checkpoints, "_damage", lambda path, read=checkpoints._damage: reads.append(path) or read(path))
+    monkeypatch.setattr(checkpoints, "damage", lambda path, read=checkpoints.damage: reads.append(path) or read(path))
     last = _unfinished_checkpoint(tmp_path / "runs" / "r" / "weights" / "last.pt", dataset / "data.yaml", 3)
     said = (f"data={dataset / 'data.yaml'} has 80 classes, and resume={last} trained a model of 3: a resume goes on "
             f"with the classes it trained; give it the data it trained on, or start a new run from its weights: "

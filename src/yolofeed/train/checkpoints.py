@@ -219,10 +219,6 @@ def damage(path: str | os.PathLike) -> str | None:
     entries' CRC-32s, so flipped bytes load as wrong weights and optimizer state; a truncated archive (a zip's start,
     no directory at its end) is named here because Ultralytics' own refusal of it first looks its name up on GitHub.
     Reads the whole file (a fraction of a second for the largest YOLO weights)."""
-    return _damage(path)
-
-
-def _damage(path: str | os.PathLike) -> str | None:
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as f:
@@ -259,14 +255,14 @@ def check_intact(path: str | os.PathLike, key: str = "resume", once: bool = Fals
     Raises:
         ConfigError: naming the file, what is wrong and (``resume=``) the run's checkpoint to go on from.
     """
-    seen = _signature(path)
-    if once and seen is not None and _LAST_INTACT.pop(seen, False):
+    global _last_intact
+    seen, last = _signature(path), _last_intact
+    _last_intact = None
+    if once and seen is not None and seen == last:
         return
     what = damage(path)
     if what is None:
-        _LAST_INTACT.clear()
-        if seen is not None:
-            _LAST_INTACT[seen] = True
+        _last_intact = seen
         return
     from yolofeed.errors import ConfigError
 
@@ -274,7 +270,7 @@ def check_intact(path: str | os.PathLike, key: str = "resume", once: bool = Fals
     raise ConfigError(f"{key}={path}: damaged: {what}; {on}")
 
 
-_LAST_INTACT: dict[tuple[str, int, int], bool] = {}  # the last file check_intact found intact: at most one
+_last_intact: tuple[str, int, int] | None = None  # the last file check_intact found intact (``_signature``)
 
 
 def _signature(path: str | os.PathLike) -> tuple[str, int, int] | None:
@@ -285,11 +281,13 @@ def _signature(path: str | os.PathLike) -> tuple[str, int, int] | None:
     return os.path.realpath(path), st.st_size, st.st_mtime_ns
 
 
-def _loaded(path: Path) -> dict | None:
-    """A checkpoint's dict, or None where it is missing, does not load or is damaged (``damage``)."""
+def _loaded(path: Path, checked: bool = False) -> dict | None:
+    """A checkpoint's dict, or None where it is missing, does not load or is damaged (``damage``, unless ``checked``
+    already)."""
     from yolofeed.ultralytics_seam import torch_safe_load
 
-    if not Path(path).is_file() or damage(path) is not None:  # missing: Ultralytics would look it up on GitHub
+    # a missing file is not handed to Ultralytics, which would look its name up on GitHub
+    if not Path(path).is_file() or (not checked and damage(path) is not None):
         return None
     try:
         ckpt, _ = torch_safe_load(str(path))
@@ -310,13 +308,7 @@ def resumable_epoch(path: Path) -> int | None:
 def model_classes(path: str | os.PathLike) -> int | None:
     """The number of classes a checkpoint's model (its EMA's, else its own) predicts, or None: it does not load or
     holds no model that says. A read of the whole checkpoint (its checksums are not checked here: ``check_intact``)."""
-    from yolofeed.ultralytics_seam import torch_safe_load
-
-    try:
-        ckpt, _ = torch_safe_load(str(path)) if Path(path).is_file() else (None, None)
-    except (*UNPICKLING_ERRORS, AttributeError, OSError):
-        return None
-    ckpt = ckpt if isinstance(ckpt, dict) else None
+    ckpt = _loaded(Path(path), checked=True)
     model = ckpt and (ckpt.get("ema") or ckpt.get("model"))
     nc = getattr(model, "nc", None)
     if nc is None:
