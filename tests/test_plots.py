@@ -102,12 +102,17 @@ def test_the_child_imports_from_the_parents_path_not_the_working_folder(tmp_path
 
 
 @pytest.mark.slow
-def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path):
+def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path, monkeypatch):
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer
+    from yolofeed.train.plots import FigureDrawers
 
+    monkeypatch.setattr(FigureDrawers, "count", staticmethod(lambda: 2))  # children on CI's two cores too
     model = YOLO("yolo11n.yaml")
+    at_val_end = []  # what on_val_end's callbacks find: the figures drawn, handed to the validator's on_plot
+    model.add_callback("on_val_end", lambda v: at_val_end.append(
+        sorted(p.name for p in v.plots if p.name.endswith("_curve.png") or "confusion" in p.name)))
     seen = []  # what another callback at on_pretrain_routine_end finds, as stock hands it: labels.jpg drawn
     model.add_callback("on_pretrain_routine_end", lambda t: seen.append(
         ((Path(t.save_dir) / "labels.jpg").is_file(), Path(t.save_dir) / "labels.jpg" in t.plots)))
@@ -116,7 +121,100 @@ def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path):
     run = tmp_path / "ours"
     assert (run / "labels.jpg").is_file() and (run / "results.png").is_file()
     beside = model.trainer.plots_beside
-    assert set(beside) == {"labels", "results"}
+    assert set(beside) == {"labels", "results", "figures"}
     assert all(took is not None and took >= 0 and waited >= 0 for took, waited in beside.values())
     assert run / "results.png" in model.trainer.plots and run / "labels.jpg" in model.trainer.plots
     assert seen == [(True, True)]
+    figures = ["BoxF1_curve.png", "BoxPR_curve.png", "BoxP_curve.png", "BoxR_curve.png", "confusion_matrix.png",
+               "confusion_matrix_normalized.png"]
+    assert at_val_end[-1] == figures and all((run / name).is_file() for name in figures)
+
+
+def _figure_inputs(nc: int = 5):
+    """What a validation hands Ultralytics' figure functions: ap_per_class's statistics, a confusion matrix."""
+    import numpy as np
+    from ultralytics.utils.metrics import ConfusionMatrix
+
+    rng = np.random.default_rng(0)
+    n = 400
+    tp = rng.random((n, 10)) < 0.5
+    conf, pred_cls = rng.random(n), rng.integers(0, nc, n)
+    target_cls = rng.integers(0, nc, 300)
+    names = {i: f"class{i}" for i in range(nc)}
+    cm = ConfusionMatrix(names=names)
+    cm.matrix = rng.integers(0, 20, (nc + 1, nc + 1)).astype(float)
+    return (tp, conf, pred_cls, target_cls, names), cm
+
+
+def _draw_figures(folder: Path, inputs, cm, seen: list) -> None:
+    """The figures a detection validation draws with plots on: ap_per_class's four curves and the two confusion
+    matrices, each handing its file and data to ``seen``."""
+    from ultralytics.utils import metrics
+
+    tp, conf, pred_cls, target_cls, names = inputs
+    metrics.ap_per_class(tp, conf, pred_cls, target_cls, plot=True, save_dir=folder, names=names,
+                         on_plot=lambda *a: seen.append(a), prefix="Box")
+    for normalize in True, False:
+        cm.plot(save_dir=folder, normalize=normalize, on_plot=lambda *a: seen.append(a))
+
+
+def test_the_final_validations_figures_drawn_by_children_are_stocks_byte_for_byte(tmp_path):
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import figures_drawn_by
+
+    inputs, cm = _figure_inputs()
+    stock, ours = tmp_path / "stock", tmp_path / "ours"
+    stock.mkdir(), ours.mkdir()
+    stock_seen, ours_seen = [], []
+    _draw_figures(stock, inputs, cm, stock_seen)
+    drawers = FigureDrawers(2)
+    children = list(drawers._children)
+    with figures_drawn_by(drawers.draw):
+        _draw_figures(ours, inputs, cm, ours_seen)
+        assert ours_seen == [] and not any(ours.iterdir())  # taken: nothing drawn in this thread
+    assert drawers.finish() >= 0.0 and drawers.seconds is not None
+    assert all(child.poll() is not None for child in children)  # ended and reaped
+    names = sorted(p.name for p in stock.iterdir())
+    assert len(names) == 6 and names == sorted(p.name for p in ours.iterdir())
+    for name in names:
+        assert (ours / name).read_bytes() == (stock / name).read_bytes(), name
+    # on_plot gets each file and its data as stock's does, in the same order
+    assert [(Path(p).name, data) for p, data in ours_seen] == [(Path(p).name, data) for p, data in stock_seen]
+
+
+def test_figures_a_child_could_not_draw_are_drawn_here_and_other_threads_are_not_routed(tmp_path):
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import figures_drawn_by
+
+    inputs, cm = _figure_inputs()
+    drawers = FigureDrawers(2)
+    for child in drawers._children:  # children gone before any figure: killed, crashed
+        child.kill()
+    seen, beside = [], []
+    with figures_drawn_by(drawers.draw):
+        (tmp_path / "other").mkdir()
+        other = threading.Thread(target=lambda: cm.plot(save_dir=tmp_path / "other",
+                                                        on_plot=lambda *a: beside.append(a)))
+        other.start(), other.join()
+        _draw_figures(tmp_path, inputs, cm, seen)
+    assert len(beside) == 1 and (tmp_path / "other" / "confusion_matrix_normalized.png").is_file()  # stock's, at once
+    drawers.finish(timeout=30)
+    assert len(seen) == 6 and all(Path(p).is_file() for p, _ in seen)
+
+
+def test_figures_not_back_in_time_are_drawn_here_once_the_children_are_ended(tmp_path, monkeypatch):
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import figures_drawn_by
+
+    monkeypatch.setattr("yolofeed.train.plots.FIGURE_CHILD", "import time; time.sleep(60)")
+    inputs, cm = _figure_inputs()
+    drawers = FigureDrawers(2)
+    children = list(drawers._children)
+    seen = []
+    with figures_drawn_by(drawers.draw):
+        cm.plot(save_dir=tmp_path, on_plot=lambda *a: seen.append(a))
+    start = time.perf_counter()
+    drawers.finish(timeout=0.5)
+    assert time.perf_counter() - start < 15 and all(child.poll() is not None for child in children)
+    assert [Path(p).name for p, _ in seen] == ["confusion_matrix_normalized.png"]
+    assert (tmp_path / "confusion_matrix_normalized.png").is_file()

@@ -1,4 +1,4 @@
-"""Ultralytics' two training-thread plots, made beside work the run waits on anyway.
+"""Ultralytics' plots of the run's start and end, made beside work the run waits on anyway, or beside each other.
 
 Stock makes two plots with nothing else running: the training labels' plot (``plot_training_labels``: about 1.4 s of
 matplotlib for 10k images and 105k boxes) before the first epoch, and results.png (``plot_metrics``: about 0.9 s)
@@ -11,24 +11,204 @@ after the final validation. Here the same calls make the same files, each beside
   the final validation plots (its confusion matrix and curves) in the validation thread. Not a fork: the parent holds
   CUDA, the loader's and the validation's threads and polars' pool, none of which a forked child may use.
 
+The final validation's metric figures (its curves and confusion matrices: ``seam.figures_drawn_by``) are drawn by
+``FigureDrawers``, children started as the final validation starts, one figure each at once: the validation ends with
+the slowest figure instead of their sum (about 5 s of matplotlib on an H100 machine's cores for 80 classes). Where a
+child cannot draw one (it failed, said anything, did not answer in time), the validation draws it itself as stock
+does, its messages shown, once no child can still be writing it.
+
 Each reports how long it took and how long the training thread waited for it: the time saved is the difference.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
+import queue
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from yolofeed import processes
+from yolofeed.config import usable_cores
+from yolofeed.ultralytics_seam import FIGURES_MODULE, figure_function, figures_drawn_by, first_meanwhile
 
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
 RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting import plot_results; "
                 "plot_results(file=sys.argv[1])")
+
+
+# A child of FigureDrawers: the figures' module imported before the first job; then each job (qualname, args, kwargs)
+# pickled on stdin, its reply pickled on the parent's end of stdout: (drawn, what it printed meanwhile, on_plot's
+# calls). What the child prints goes to a file (its fds 1 and 2), read back a job at a time.
+FIGURE_CHILD = """
+import importlib, os, pickle, sys, tempfile
+sys.path.pop(0)
+reply = os.fdopen(os.dup(1), "wb")
+said = tempfile.TemporaryFile()
+os.dup2(said.fileno(), 1)
+os.dup2(said.fileno(), 2)
+module = importlib.import_module(sys.argv[1])
+while True:
+    try:
+        qualname, args, kwargs = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        break
+    calls = []
+    if kwargs.get("on_plot"):
+        kwargs["on_plot"] = lambda *a, **k: calls.append((a, k))
+    start = os.fstat(said.fileno()).st_size
+    fn = module
+    for name in qualname.split("."):
+        fn = getattr(fn, name)
+    try:
+        fn(*args, **kwargs)
+        drawn = True
+    except BaseException as e:
+        drawn = False
+        print(type(e).__name__, e)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    end = os.fstat(said.fileno()).st_size
+    pickle.dump((drawn, os.pread(said.fileno(), end - start, start).decode(errors="replace"), calls), reply)
+    reply.flush()
+"""
+FIGURE_WAIT_S = 120.0  # how long the final validation waits for the children's figures before drawing them itself
+MAX_FIGURE_CHILDREN = 6  # a detection validation's figures: four curves, two confusion matrices
+
+
+class FigureDrawers:
+    """Children that draw Ultralytics' figures (``seam.figures_drawn_by``'s ``draw``), ``n`` of them started now;
+    ``finish`` waits for what they took and draws here what they did not (see the module's doc)."""
+
+    def __init__(self, n: int):
+        self.seconds: float | None = None  # from the first figure taken to the last one back, once finished
+        self._first: float | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._taken: list[tuple[str, tuple, dict, Future]] = []
+        self._children: list[subprocess.Popen] = []
+        if getattr(sys, "frozen", False) or not sys.executable:  # no interpreter that takes -c: drawn here
+            return
+        path = os.pathsep.join(p for p in sys.path if p)  # the parent's own import path, as ResultsPlot's
+        env = {**os.environ, "YOLO_VERBOSE": "False", "PYTHONPATH": path}
+        for _ in range(n):
+            try:
+                self._children.append(subprocess.Popen(
+                    [sys.executable, "-c", FIGURE_CHILD, FIGURES_MODULE], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
+            except OSError:  # no process to spare: the children started serve, or none and all is drawn here
+                break
+        self._threads = [processes.Daemon(self._serve, child, name="yolofeed-figures") for child in self._children]
+
+    @staticmethod
+    def count() -> int:
+        """How many children to start: one a figure, one core left to the run; none with fewer than two to spare
+        (one child draws no faster than the validation itself)."""
+        n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1)
+        return n if n >= 2 else 0
+
+    def draw(self, qualname: str, args: tuple, kwargs: dict) -> bool:
+        """Take a figure (``seam.figures_drawn_by``'s ``draw``): False where no child can (none started, arguments
+        that do not pickle), and the caller draws it."""
+        if not self._children:
+            return False
+        try:
+            job = pickle.dumps((qualname, args, {**kwargs, "on_plot": bool(kwargs.get("on_plot"))}))
+        except Exception:  # an argument that does not pickle (a names mapping of the user's kind, say)
+            return False
+        if self._first is None:
+            self._first = time.perf_counter()
+        done: Future = Future()
+        self._taken.append((qualname, args, kwargs, done))
+        self._jobs.put((job, done))
+        return True
+
+    def _serve(self, child: subprocess.Popen) -> None:
+        """A thread's loop: the next job to its child, the reply to the job's future; a child gone fails each job it
+        is given after (they are drawn in the parent)."""
+        gone: BaseException | None = None
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
+            if gone is None:
+                try:
+                    child.stdin.write(job)
+                    child.stdin.flush()
+                    done.set_result(pickle.load(child.stdout))
+                    continue
+                except BaseException as e:  # the child ended (killed, crashed) or its reply is not a reply
+                    gone = e
+            done.set_exception(gone)
+
+    def finish(self, timeout: float = FIGURE_WAIT_S) -> float:
+        """Wait for the figures taken (``timeout`` seconds at most), hand each file to its ``on_plot`` as the function
+        would have, in the order they were taken, and draw here, as stock does, each a child did not draw or drew
+        saying something. Ends the children. Returns the seconds waited."""
+        start = time.perf_counter()
+        replies: list[tuple[bool, str, list] | None] = []
+        try:
+            for _, _, _, done in self._taken:
+                try:
+                    replies.append(done.result(max(0.0, start + timeout - time.perf_counter())))
+                except Exception:  # the child failed, or not in time: drawn below, once no child can be drawing it
+                    replies.append(None)
+        finally:
+            self.close()
+        waited = time.perf_counter() - start
+        if self._first is not None:
+            self.seconds = time.perf_counter() - self._first
+        taken, self._taken = self._taken, []
+        for (qualname, args, kwargs, _), reply in zip(taken, replies):
+            drawn, said, calls = reply if reply is not None else (False, "", [])
+            if drawn and not said.strip():
+                for a, k in calls:
+                    kwargs["on_plot"](*a, **k)
+            else:
+                figure_function(qualname)(*args, **kwargs)
+        return waited
+
+    def close(self) -> None:
+        """End the children: each reads the end of its jobs, or is killed where it does not end within a second (a
+        figure it is drawing is not waited for: whoever needs it draws it after); reaped."""
+        for _ in self._children:
+            self._jobs.put(None)
+        for child in self._children:
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+        for child in self._children:
+            try:
+                child.wait(1.0)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self._children = []
+
+
+def validate_drawing(validator: Any, model: Any, figures: FigureDrawers | None,
+                     drawn: Callable[[float | None, float], None]) -> Any:
+    """``validator(model=model)``, its figures drawn by ``figures`` where given, waited for as its validation ends
+    (first at ``on_val_end``: that event's callbacks may read the files and the validator's ``plots``); ``drawn`` then
+    gets the figures' seconds and the seconds waited for them. The children end with it, whatever it raised."""
+    if figures is None:
+        return validator(model=model)
+
+    def finish(_validator: Any) -> None:
+        waited = figures.finish()
+        drawn(figures.seconds, waited)
+
+    try:
+        with figures_drawn_by(figures.draw), first_meanwhile(validator, "on_val_end", finish):
+            return validator(model=model)
+    finally:
+        figures.close()
 
 
 class InThread:

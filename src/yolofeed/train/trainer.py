@@ -69,7 +69,7 @@ from yolofeed.train.checkpoints import (
     sweep,
     trim_results,
 )
-from yolofeed.train.plots import InThread, ResultsPlot
+from yolofeed.train.plots import FigureDrawers, InThread, ResultsPlot, validate_drawing
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
@@ -133,6 +133,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
+    _figures: FigureDrawers | None = None  # the final validation's figures' children, from final_eval's start
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     validated = False  # and best.pt's final validation ended
@@ -405,6 +406,9 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
             self._results_plot.abandon()
             self._results_plot = None
+        if self._figures is not None:  # stopped before its validation took them
+            self._figures.close()
+            self._figures = None
         if not finished:  # no on_train_end: the monitor's probe, port and writer closed here
             from yolofeed.monitor.live import close_attached
 
@@ -496,9 +500,12 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
     def final_eval(self):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/copied.py), its in-place rewrites of last.pt and
         best.pt (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs
-        in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``)."""
+        in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``), its figures
+        by children started here (train/plots.py)."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
+        if model and RANK in {-1, 0} and self.args.plots and FigureDrawers.count():
+            self._figures = FigureDrawers(FigureDrawers.count())  # their imports beside the checkpoints and batches
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
             if RANK in {-1, 0}:
                 self.trained = True  # last.pt is a finished run's from here: nothing to resume
@@ -512,7 +519,9 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
             self.validator.args.compile = False  # disable final val compile as too slow
-            self.metrics = self._in_validation_thread(self.validator, model=model, final=True)
+            figures, self._figures = self._figures, None
+            self.metrics = self._in_validation_thread(validate_drawing, self.validator, model, figures,
+                                                      self._figures_drawn, final=True)
             self.validated = True
             self.metrics.pop("fitness", None)
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
@@ -524,6 +533,9 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         """Ultralytics' labels plot (``labels.jpg``), drawn in a thread beside the warm-up (train/plots.py); the first
         epoch starts once it is drawn (``_join_label_plots``), and what it raises is raised there."""
         self._label_plots = InThread(super().plot_training_labels, "yolofeed-label-plots")
+
+    def _figures_drawn(self, seconds: float | None, waited: float) -> None:
+        self.plots_beside = {**(self.plots_beside or {}), "figures": (seconds, waited)}
 
     def _join_label_plots(self) -> None:
         """Last at ``on_pretrain_routine_end``, after the warm-up: wait for the labels plot."""

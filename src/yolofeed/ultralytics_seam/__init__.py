@@ -59,11 +59,14 @@ from yolofeed.ultralytics_seam.data import (
     packaged,
     restores_in_place,
 )
+from yolofeed.ultralytics_seam.figures import MODULE as FIGURES_MODULE
+from yolofeed.ultralytics_seam.figures import figure_function, figures_drawn_by
 from yolofeed.ultralytics_seam.loop import (
     LATE_EVENTS,
     StopTraining,
     batched_metrics_serve,
     epoch_readers,
+    first_meanwhile,
     launches_ranks,
     mark_phases,
     progress_bar_drawn,
@@ -231,6 +234,7 @@ from yolofeed.ultralytics_seam.version import (
 )
 
 __all__ = [  # the names other modules import from here (each defined in the module above that holds its job)
+    "FIGURES_MODULE", "figure_function", "figures_drawn_by", "first_meanwhile",
     "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
     "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",

@@ -4,9 +4,10 @@ the progress bar on screen."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ def run_first(trainer: Any, event: str, fn: Callable[[Any], None]) -> None:
     if not isinstance(callbacks, dict):
         raise _missing("trainer.callbacks (a dict of lists)", "yolofeed orders its callbacks in")
     callbacks.setdefault(event, []).insert(0, fn)
+
+
+@contextlib.contextmanager
+def first_meanwhile(owner: Any, event: str, fn: Callable[[Any], None]) -> Iterator[None]:
+    """``run_first`` on ``owner`` (a trainer or a validator: both keep ``callbacks`` so) within it; taken out after."""
+    run_first(owner, event, fn)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            owner.callbacks[event].remove(fn)
 
 
 # the events an epoch validated beside the next runs an epoch late (``end_epoch_late``), and the one at which the next

@@ -19,6 +19,7 @@ from yolofeed.ultralytics_seam.names import (
     RotatedTaskAlignedAssigner,
     TaskAlignedAssigner,
     _data_utils,
+    _metrics_module,
     _muon,
     _validator_module,
     v8DetectionLoss,
@@ -94,6 +95,10 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
                                        "ends (train/overlap.py)"),
     (DetectionTrainer, "run_callbacks", "val_overlap holds an overlapped epoch's on_model_save and on_fit_epoch_end "
                                         "until its validation ends"),
+    (_metrics_module, "plot_pr_curve", "the final validation's children draw its precision-recall curve (figures.py)"),
+    (_metrics_module, "plot_mc_curve", "the final validation's children draw its F1, P and R curves (figures.py)"),
+    (_metrics_module.ConfusionMatrix, "plot", "the final validation's children draw its confusion matrix "
+                                              "(figures.py)"),
     (_validator_module, "TQDM", "val_overlap hides the bar of a validation run beside the training (its __call__ "
                                 "draws it with this name)"),
     (_validator_module, "Profile", "val_overlap narrows the device syncs of a validation run beside the training to "
