@@ -158,9 +158,9 @@ def _draw_figures(folder: Path, inputs, cm, seen: list) -> None:
         cm.plot(save_dir=folder, normalize=normalize, on_plot=lambda *a: seen.append(a))
 
 
-def test_the_final_validations_figures_drawn_by_children_are_stocks_byte_for_byte(tmp_path):
+def test_the_final_validations_final_figures_children_are_stocks_byte_for_byte(tmp_path):
     from yolofeed.train.plots import FigureDrawers
-    from yolofeed.ultralytics_seam import figures_drawn_by
+    from yolofeed.ultralytics_seam import final_figures
 
     inputs, cm = _figure_inputs()
     stock, ours = tmp_path / "stock", tmp_path / "ours"
@@ -169,7 +169,7 @@ def test_the_final_validations_figures_drawn_by_children_are_stocks_byte_for_byt
     _draw_figures(stock, inputs, cm, stock_seen)
     drawers = FigureDrawers(2)
     children = list(drawers._children)
-    with figures_drawn_by(drawers.draw):
+    with final_figures(drawers.draw):
         _draw_figures(ours, inputs, cm, ours_seen)
         assert ours_seen == [] and not any(ours.iterdir())  # taken: nothing drawn in this thread
     assert drawers.finish() >= 0.0 and drawers.seconds is not None
@@ -184,14 +184,14 @@ def test_the_final_validations_figures_drawn_by_children_are_stocks_byte_for_byt
 
 def test_figures_a_child_could_not_draw_are_drawn_here_and_other_threads_are_not_routed(tmp_path):
     from yolofeed.train.plots import FigureDrawers
-    from yolofeed.ultralytics_seam import figures_drawn_by
+    from yolofeed.ultralytics_seam import final_figures
 
     inputs, cm = _figure_inputs()
     drawers = FigureDrawers(2)
     for child in drawers._children:  # children gone before any figure: killed, crashed
         child.kill()
     seen, beside = [], []
-    with figures_drawn_by(drawers.draw):
+    with final_figures(drawers.draw):
         (tmp_path / "other").mkdir()
         other = threading.Thread(target=lambda: cm.plot(save_dir=tmp_path / "other",
                                                         on_plot=lambda *a: beside.append(a)))
@@ -204,17 +204,76 @@ def test_figures_a_child_could_not_draw_are_drawn_here_and_other_threads_are_not
 
 def test_figures_not_back_in_time_are_drawn_here_once_the_children_are_ended(tmp_path, monkeypatch):
     from yolofeed.train.plots import FigureDrawers
-    from yolofeed.ultralytics_seam import figures_drawn_by
+    from yolofeed.ultralytics_seam import final_figures
 
     monkeypatch.setattr("yolofeed.train.plots.FIGURE_CHILD", "import time; time.sleep(60)")
     inputs, cm = _figure_inputs()
     drawers = FigureDrawers(2)
     children = list(drawers._children)
     seen = []
-    with figures_drawn_by(drawers.draw):
+    with final_figures(drawers.draw):
         cm.plot(save_dir=tmp_path, on_plot=lambda *a: seen.append(a))
     start = time.perf_counter()
     drawers.finish(timeout=0.5)
     assert time.perf_counter() - start < 15 and all(child.poll() is not None for child in children)
     assert [Path(p).name for p, _ in seen] == ["confusion_matrix_normalized.png"]
     assert (tmp_path / "confusion_matrix_normalized.png").is_file()
+
+
+def test_the_final_validations_image_grids_get_the_images_they_show_and_are_stocks(tmp_path):
+    """Within final_figures a validator's plot_images gets the first max_subplots images of its batch (not all 20
+    here): the same grid, byte for byte; the caller's batch is left as it was; outside it, the whole batch."""
+    import torch
+    from ultralytics.models.yolo.detect import val as detect_val
+
+    from yolofeed.ultralytics_seam import final_figures
+
+    gen = torch.Generator().manual_seed(0)
+    n, boxes = 20, 60
+    batch = {"img": torch.rand(n, 3, 64, 64, generator=gen), "batch_idx": torch.randint(0, n, (boxes,), generator=gen),
+             "cls": torch.randint(0, 3, (boxes, 1), generator=gen).float(),
+             "bboxes": torch.rand(boxes, 4, generator=gen) * 0.5 + 0.25, "im_file": [f"im{i}.jpg" for i in range(n)]}
+    names = {0: "a", 1: "b", 2: "c"}
+    shown = []
+
+    def grid(fname, **kw):
+        labels = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        detect_val.plot_images(labels=labels, paths=batch["im_file"], fname=tmp_path / fname, names=names,
+                               on_plot=lambda *a: shown.append(a), **kw).join()
+        return labels
+
+    stock = grid("stock.jpg")
+    with final_figures(None):
+        ours = grid("ours.jpg")
+        assert getattr(detect_val.plot_images, "_yolofeed_routed", False)  # the stand-in, by the validator's name
+        grid("ours_9.jpg", max_subplots=9)
+    grid("stock_9.jpg", max_subplots=9)
+    assert (tmp_path / "ours.jpg").read_bytes() == (tmp_path / "stock.jpg").read_bytes()
+    assert (tmp_path / "ours_9.jpg").read_bytes() == (tmp_path / "stock_9.jpg").read_bytes()
+    assert ours["img"].shape[0] == n == stock["img"].shape[0]  # the caller's batch keeps its images
+    assert len(shown) == 4
+
+
+def test_the_image_grids_stand_in_slices_only_in_the_routed_thread():
+    import torch
+
+    from yolofeed.ultralytics_seam import figures, final_figures
+
+    seen = []
+
+    def without_subplots(images=None):
+        seen.append(images.shape[0])
+
+    assert figures._grid_stand_in(without_subplots) is without_subplots  # drawn as that release draws it
+
+    def with_subplots(images=None, max_subplots: int = 16):
+        seen.append(images.shape[0])
+
+    routed, images = figures._grid_stand_in(with_subplots), torch.zeros(40, 3, 8, 8)
+    routed(images=images)
+    with final_figures(None):
+        routed(images=images)
+        routed(images=images, max_subplots=4)
+        other = threading.Thread(target=lambda: routed(images=images))
+        other.start(), other.join()
+    assert seen == [40, 16, 4, 40]

@@ -11,7 +11,7 @@ after the final validation. Here the same calls make the same files, each beside
   the final validation plots (its confusion matrix and curves) in the validation thread. Not a fork: the parent holds
   CUDA, the loader's and the validation's threads and polars' pool, none of which a forked child may use.
 
-The final validation's metric figures (its curves and confusion matrices: ``seam.figures_drawn_by``) are drawn by
+The final validation's metric figures (its curves and confusion matrices: ``seam.final_figures``) are drawn by
 ``FigureDrawers``, children started as the final validation starts, one figure each at once: the validation ends with
 the slowest figure instead of their sum (about 5 s of matplotlib on an H100 machine's cores for 80 classes). Where a
 child cannot draw one (it failed, said anything, did not answer in time), the validation draws it itself as stock
@@ -36,7 +36,7 @@ from typing import Any
 
 from yolofeed import processes
 from yolofeed.config import usable_cores
-from yolofeed.ultralytics_seam import FIGURES_MODULE, figure_function, figures_drawn_by, first_meanwhile
+from yolofeed.ultralytics_seam import FIGURES_MODULE, figure_function, final_figures, first_meanwhile
 
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
@@ -84,7 +84,7 @@ MAX_FIGURE_CHILDREN = 6  # a detection validation's figures: four curves, two co
 
 
 class FigureDrawers:
-    """Children that draw Ultralytics' figures (``seam.figures_drawn_by``'s ``draw``), ``n`` of them started now;
+    """Children that draw Ultralytics' figures (``seam.final_figures``'s ``draw``), ``n`` of them started now;
     ``finish`` waits for what they took and draws here what they did not (see the module's doc)."""
 
     def __init__(self, n: int):
@@ -114,7 +114,7 @@ class FigureDrawers:
         return n if n >= 2 else 0
 
     def draw(self, qualname: str, args: tuple, kwargs: dict) -> bool:
-        """Take a figure (``seam.figures_drawn_by``'s ``draw``): False where no child can (none started, arguments
+        """Take a figure (``seam.final_figures``'s ``draw``): False where no child can (none started, arguments
         that do not pickle), and the caller draws it."""
         if not self._children:
             return False
@@ -194,18 +194,20 @@ class FigureDrawers:
 
 def validate_drawing(validator: Any, model: Any, figures: FigureDrawers | None,
                      drawn: Callable[[float | None, float], None]) -> Any:
-    """``validator(model=model)``, its figures drawn by ``figures`` where given, waited for as its validation ends
-    (first at ``on_val_end``: that event's callbacks may read the files and the validator's ``plots``); ``drawn`` then
-    gets the figures' seconds and the seconds waited for them. The children end with it, whatever it raised."""
+    """``validator(model=model)`` under ``seam.final_figures``: its image grids drawn from the images they show, its
+    figures by ``figures`` where given, waited for as its validation ends (first at ``on_val_end``: that event's
+    callbacks may read the files and the validator's ``plots``); ``drawn`` then gets the figures' seconds and the
+    seconds waited for them. The children end with it, whatever it raised."""
     if figures is None:
-        return validator(model=model)
+        with final_figures(None):
+            return validator(model=model)
 
     def finish(_validator: Any) -> None:
         waited = figures.finish()
         drawn(figures.seconds, waited)
 
     try:
-        with figures_drawn_by(figures.draw), first_meanwhile(validator, "on_val_end", finish):
+        with final_figures(figures.draw), first_meanwhile(validator, "on_val_end", finish):
             return validator(model=model)
     finally:
         figures.close()

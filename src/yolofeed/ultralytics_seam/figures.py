@@ -1,30 +1,41 @@
-"""The final validation's metric figures, handed elsewhere to draw: Ultralytics' functions that draw them
-(``FIGURES``, RELIED_ON), routed for the calling thread.
+"""The final validation's figures: its metric figures handed elsewhere to draw, its image grids drawn from the images
+they show. Ultralytics' functions that draw them (``FIGURES``, ``GRIDS``), routed for the calling thread.
 
 A validation with plots on draws, after its batches, each curve of ``ap_per_class`` (precision-recall, F1, precision,
 recall: four a kind of box or mask) and the confusion matrix twice, one figure after another in the validating thread:
 about 5 s of matplotlib on an H100 machine's cores for 80 classes (BENCHMARKS.md, "The whole run"). Within
-``figures_drawn_by(draw)`` each such call of this thread is offered to ``draw`` (``train/plots.py``'s children)
+``final_figures(draw)`` each such call of this thread is offered to ``draw`` (``train/plots.py``'s children)
 instead: the same function, the same arguments, drawn in another process. Ultralytics finds the functions where it
 always did (``ap_per_class`` looks up the module's names; ``finalize_metrics`` calls the class's method): their
 stand-ins call the originals for any other thread or call, so nothing else changes. Nothing between those calls and
 ``on_val_end`` reads the files (``BaseValidator.__call__``, RELIED_ON): the caller waits for them there.
+
+Its first three batches are drawn as image grids (``plot_images``, in a thread each: the labels and the predictions),
+each of at most ``max_subplots`` (16) images; but it converts the whole batch it is given to float32 on the host
+first, and multiplies it by 255: for a batch of 256 at 640, 630 MB copied from the GPU and 1.26 GB written, twice a
+batch, beside the validation. Within ``final_figures`` the grids of this thread get the first ``max_subplots`` images
+only: the same grid (its images, boxes, masks and keypoints are those of the first ``max_subplots``), a sixteenth of
+the copy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from yolofeed.ultralytics_seam.names import _metrics_module
+from yolofeed.ultralytics_seam.names import _detect_val_module, _metrics_module, _obb_val_module
 
 # (owner's name in ultralytics.utils.metrics or "", function's name): each draws one figure to a file, takes its
 # callback as the keyword on_plot and calls it once the file is written, with the path and the figure's data
 FIGURES: tuple[tuple[str, str], ...] = (("", "plot_pr_curve"), ("", "plot_mc_curve"), ("ConfusionMatrix", "plot"))
 MODULE = "ultralytics.utils.metrics"
+# the validators' modules whose plot_val_samples / plot_predictions call plot_images by this name, its images as the
+# keyword images or in the keyword labels' "img" (segment and pose validate with detect's)
+GRIDS: tuple[Any, ...] = (_detect_val_module, _obb_val_module)
 
 # draw(qualname, args, kwargs) -> whether it took the call (it then calls on_plot as the original would, later)
 Draw = Callable[[str, tuple, dict], bool]
@@ -33,23 +44,25 @@ _route = threading.local()
 _installed = threading.Lock()
 
 
-def figures_drawn_by(draw: Draw) -> contextlib.AbstractContextManager[None]:
-    """Within it, this thread's calls of ``FIGURES`` go to ``draw`` first (see the module's doc)."""
+def final_figures(draw: Draw | None) -> contextlib.AbstractContextManager[None]:
+    """Within it, this thread's calls of ``FIGURES`` go to ``draw`` first (where given), and its image grids get only
+    the images they show (see the module's doc)."""
     _install()
     return _routing(draw)
 
 
 @contextlib.contextmanager
-def _routing(draw: Draw) -> Iterator[None]:
-    before, _route.draw = getattr(_route, "draw", None), draw
+def _routing(draw: Draw | None) -> Iterator[None]:
+    before = getattr(_route, "draw", None), getattr(_route, "grids", False)
+    _route.draw, _route.grids = draw, True
     try:
         yield
     finally:
-        _route.draw = before
+        _route.draw, _route.grids = before
 
 
 def _install() -> None:
-    """Put a stand-in before each of ``FIGURES``, once a process."""
+    """Put a stand-in before each of ``FIGURES`` and each of ``GRIDS``' ``plot_images``, once a process."""
     with _installed:
         for owner_name, name in FIGURES:
             owner = getattr(_metrics_module, owner_name) if owner_name else _metrics_module
@@ -57,6 +70,9 @@ def _install() -> None:
             if getattr(original, "_yolofeed_routed", False):
                 continue
             setattr(owner, name, _stand_in(original, f"{owner_name}.{name}" if owner_name else name))
+        for module in GRIDS:
+            if not getattr(module.plot_images, "_yolofeed_routed", False):
+                module.plot_images = _grid_stand_in(module.plot_images)
 
 
 def _stand_in(original: Callable[..., Any], qualname: str) -> Callable[..., Any]:
@@ -69,6 +85,29 @@ def _stand_in(original: Callable[..., Any], qualname: str) -> Callable[..., Any]
 
     figure._yolofeed_routed = True  # type: ignore[attr-defined]
     return figure
+
+
+def _grid_stand_in(original: Callable[..., Any]) -> Callable[..., Any]:
+    # plot_images is Ultralytics' @threaded wrapper, which keeps no __wrapped__: its function is the closure's func
+    drawn = inspect.getclosurevars(original).nonlocals.get("func", original) if callable(original) else original
+    parameter = inspect.signature(drawn).parameters.get("max_subplots")
+    if parameter is None or not isinstance(parameter.default, int):  # a release that draws otherwise: as it draws
+        return original
+    shown = parameter.default
+
+    @functools.wraps(original)
+    def plot_images(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_route, "grids", False):
+            n = kwargs.get("max_subplots", shown)
+            labels = kwargs.get("labels")
+            if isinstance(labels, dict) and labels.get("img") is not None:  # it draws labels["img"] then
+                kwargs["labels"] = {**labels, "img": labels["img"][:n]}
+            elif kwargs.get("images") is not None:
+                kwargs["images"] = kwargs["images"][:n]
+        return original(*args, **kwargs)
+
+    plot_images._yolofeed_routed = True  # type: ignore[attr-defined]
+    return plot_images
 
 
 def figure_function(qualname: str) -> Callable[..., Any]:

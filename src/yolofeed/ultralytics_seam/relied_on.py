@@ -340,7 +340,7 @@ RELIED_ON: tuple[Pinned, ...] = (
                "world_size, label_loss_items and (get_model; inline before 8.4.140) ema.ema, which "
                "seam.validator_view gives a validation beside the training (val_overlap) from an epoch's snapshot; "
                "after the batches get_stats, finalize_metrics and print_results, then on_val_end: the final "
-               "validation's figures (seam.figures_drawn_by) are waited for first at on_val_end",
+               "validation's figures (seam.final_figures) are waited for first at on_val_end",
            others=(
                _r("8.4.138", "8.4.138", "5cae88af24b6e547",
                   "validates ema.ema or the model (a compiled one's _orig_mod), as float32 under the same autocast; "

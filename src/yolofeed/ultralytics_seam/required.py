@@ -19,8 +19,10 @@ from yolofeed.ultralytics_seam.names import (
     RotatedTaskAlignedAssigner,
     TaskAlignedAssigner,
     _data_utils,
+    _detect_val_module,
     _metrics_module,
     _muon,
+    _obb_val_module,
     _validator_module,
     v8DetectionLoss,
     v8OBBLoss,
@@ -99,6 +101,9 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (_metrics_module, "plot_mc_curve", "the final validation's children draw its F1, P and R curves (figures.py)"),
     (_metrics_module.ConfusionMatrix, "plot", "the final validation's children draw its confusion matrix "
                                               "(figures.py)"),
+    (_detect_val_module, "plot_images", "the final validation's image grids get the images they show (figures.py: "
+                                        "the detect, segment and pose validators draw them by this name)"),
+    (_obb_val_module, "plot_images", "the final validation's image grids get the images they show (figures.py)"),
     (_validator_module, "TQDM", "val_overlap hides the bar of a validation run beside the training (its __call__ "
                                 "draws it with this name)"),
     (_validator_module, "Profile", "val_overlap narrows the device syncs of a validation run beside the training to "
