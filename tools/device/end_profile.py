@@ -58,8 +58,7 @@ def main(argv: list[str]) -> None:
         timed(metrics, name, name)
     timed(metrics.ConfusionMatrix, "plot", "ConfusionMatrix.plot")
     timed(metrics.ConfusionMatrix, "process_batch", "ConfusionMatrix.process_batch")
-    timed(plotting, "plot_images", "plot_images")
-    timed(detect_val, "plot_images", "plot_images")
+    timed(plotting, "plot_images", "plot_images")  # not the validators' name for it, which yolofeed's grids route
     del data_utils
     from ultralytics.models.yolo.detect import DetectionTrainer
     trainer = DetectionTrainer if args.get("trainer") == "stock" else FastDetectionTrainer
