@@ -277,3 +277,27 @@ def test_the_image_grids_stand_in_slices_only_in_the_routed_thread():
         other = threading.Thread(target=lambda: routed(images=images))
         other.start(), other.join()
     assert seen == [40, 16, 4, 40]
+
+
+@pytest.mark.slow
+def test_a_run_that_stops_in_its_last_epoch_leaves_no_figure_child(synth_root, tmp_path, monkeypatch):
+    import psutil
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.train.plots import FigureDrawers
+
+    monkeypatch.setattr(FigureDrawers, "count", staticmethod(lambda: 2))
+    started = []
+
+    def stop(trainer):
+        started.append([c.pid for c in trainer._figures._children])  # started as the last epoch started
+        raise RuntimeError("stopped in the last epoch")
+
+    model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_epoch_end", stop)
+    with pytest.raises(RuntimeError, match="stopped in the last epoch"):
+        model.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path),
+                    name="stopped", plots=True, **TINY)
+    assert len(started) == 1 and len(started[0]) == 2
+    assert not [pid for pid in started[0] if psutil.pid_exists(pid)]  # ended and reaped

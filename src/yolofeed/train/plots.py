@@ -12,10 +12,10 @@ after the final validation. Here the same calls make the same files, each beside
   CUDA, the loader's and the validation's threads and polars' pool, none of which a forked child may use.
 
 The final validation's metric figures (its curves and confusion matrices: ``seam.final_figures``) are drawn by
-``FigureDrawers``, children started as the final validation starts, one figure each at once: the validation ends with
-the slowest figure instead of their sum (about 5 s of matplotlib on an H100 machine's cores for 80 classes). Where a
-child cannot draw one (it failed, said anything, did not answer in time), the validation draws it itself as stock
-does, its messages shown, once no child can still be writing it.
+``FigureDrawers``, children started as the last epoch starts (their imports beside its training), one figure each at
+once: the validation ends with the slowest figure instead of their sum (about 5 s of matplotlib on an H100 machine's
+cores for 80 classes). Where a child cannot draw one (it failed, said anything, did not answer in time), the
+validation draws it itself as stock does, its messages shown, once no child can still be writing it.
 
 Each reports how long it took and how long the training thread waited for it: the time saved is the difference.
 """

@@ -133,7 +133,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
     _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
     _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
-    _figures: FigureDrawers | None = None  # the final validation's figures' children, from final_eval's start
+    _figures: FigureDrawers | None = None  # the final validation's figures' children, from the last epoch
     plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     validated = False  # and best.pt's final validation ended
@@ -183,6 +183,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
+        self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
 
     def train(self):
         """Ultralytics' training, with the run folder held (``hold_run_folder``) until it ends."""
@@ -501,11 +502,14 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         """Ultralytics' ``final_eval`` (COPIED: ultralytics_seam/copied.py), its in-place rewrites of last.pt and
         best.pt (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs
         in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``), its figures
-        by children started here (train/plots.py)."""
+        by children started as the last epoch started, or here (train/plots.py)."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
-        if model and RANK in {-1, 0} and self.args.plots and FigureDrawers.count():
-            self._figures = FigureDrawers(FigureDrawers.count())  # their imports beside the checkpoints and batches
+        if model:
+            self._start_figure_drawers(last_epoch=False)  # a run stopped early: their imports beside the batches
+        elif self._figures is not None:
+            self._figures.close()
+            self._figures = None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
             if RANK in {-1, 0}:
                 self.trained = True  # last.pt is a finished run's from here: nothing to resume
@@ -533,6 +537,14 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         """Ultralytics' labels plot (``labels.jpg``), drawn in a thread beside the warm-up (train/plots.py); the first
         epoch starts once it is drawn (``_join_label_plots``), and what it raises is raised there."""
         self._label_plots = InThread(super().plot_training_labels, "yolofeed-label-plots")
+
+    def _start_figure_drawers(self, last_epoch: bool = True) -> None:
+        """The final validation's figure children (train/plots.py), started as the last epoch starts (``last_epoch``:
+        ``on_train_epoch_start``), so that their imports run beside its training, or at ``final_eval``; once a run,
+        on the rank that plots."""
+        if (self._figures is None and RANK in {-1, 0} and self.args.plots and FigureDrawers.count()
+                and (not last_epoch or self.epoch == self.epochs - 1)):
+            self._figures = FigureDrawers(FigureDrawers.count())
 
     def _figures_drawn(self, seconds: float | None, waited: float) -> None:
         self.plots_beside = {**(self.plots_beside or {}), "figures": (seconds, waited)}
