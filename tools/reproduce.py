@@ -136,6 +136,13 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
+    Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
+        # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
+        "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",
+        "python3 -m yolofeed pack data=/tmp/s2k/data.yaml imgsz=640",
+        *(f"timeout 170 python3 -m tools.device.end_profile data=/tmp/s2k/data.yaml epochs=2 trainer={t} "
+          f"out=$OUT/end > $OUT/end_{t}.log 2>&1; grep -A40 '^wall' $OUT/end_{t}.log | head -45"
+          for t in ("yolofeed", "stock")), NO_WEIGHTS)),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
         "| tee $OUT/optimizer_phase.txt",
@@ -165,6 +172,8 @@ SECTIONS = {s.name: s for s in (
         "timeout 120 python3 -m tools.device.plan_threads 2>&1 | grep -v Warning | tail -12",)),
     Section("plan-cost", "First epoch", "nvidia-h200", 1, 3, (
         "timeout 400 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12",)),
+    Section("short-conv", "First epoch", "nvidia-h100-x1", 1, 2, (
+        "timeout 200 python3 -m tools.device.short_conv out=$OUT 2>&1 | grep -v Warn | tail -8",)),
     Section("short-batches-ab", "First epoch", "nvidia-h200", 1, 8, (
         # the short batches' GPU test beside the CPU-bound synth and pack; then yolofeed's whole run of 2 epochs with
         # the short batches' set-up in the warm-up (A) and beside the first epoch (B), A B A; then plan-cost

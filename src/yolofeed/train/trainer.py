@@ -407,7 +407,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
             self._results_plot.abandon()
             self._results_plot = None
-        if self._figures is not None:  # stopped before its validation took them
+        if self._figures is not None:  # stopped before its validation took them, or no best.pt to validate
             self._figures.close()
             self._figures = None
         if not finished:  # no on_train_end: the monitor's probe, port and writer closed here
@@ -505,11 +505,8 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         by children started as the last epoch started, or here (train/plots.py)."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
-        if model:
+        if model and self.args.plots:  # (without best.pt, children started at the last epoch end with the run)
             self._start_figure_drawers(last_epoch=False)  # a run stopped early: their imports beside the batches
-        elif self._figures is not None:
-            self._figures.close()
-            self._figures = None
         with torch_distributed_zero_first(LOCAL_RANK):  # strip only on GPU 0; other GPUs should wait
             if RANK in {-1, 0}:
                 self.trained = True  # last.pt is a finished run's from here: nothing to resume
