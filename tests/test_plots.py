@@ -158,7 +158,7 @@ def _draw_figures(folder: Path, inputs, cm, seen: list) -> None:
         cm.plot(save_dir=folder, normalize=normalize, on_plot=lambda *a: seen.append(a))
 
 
-def test_the_final_validations_final_figures_children_are_stocks_byte_for_byte(tmp_path):
+def test_the_final_validations_figures_drawn_by_children_are_stocks_byte_for_byte(tmp_path):
     from yolofeed.train.plots import FigureDrawers
     from yolofeed.ultralytics_seam import final_figures
 
@@ -206,18 +206,81 @@ def test_figures_not_back_in_time_are_drawn_here_once_the_children_are_ended(tmp
     from yolofeed.train.plots import FigureDrawers
     from yolofeed.ultralytics_seam import final_figures
 
-    monkeypatch.setattr("yolofeed.train.plots.FIGURE_CHILD", "import time; time.sleep(60)")
-    inputs, cm = _figure_inputs()
+    monkeypatch.setattr("yolofeed.train.plots.FIGURE_CHILD", "import time; time.sleep(60)")  # reads no job
+    inputs, cm = _figure_inputs(nc=80)  # its curves' jobs outgrow a pipe's buffer: a thread blocks writing them
     drawers = FigureDrawers(2)
     children = list(drawers._children)
     seen = []
     with final_figures(drawers.draw):
-        cm.plot(save_dir=tmp_path, on_plot=lambda *a: seen.append(a))
+        _draw_figures(tmp_path, inputs, cm, seen)
     start = time.perf_counter()
     drawers.finish(timeout=0.5)
     assert time.perf_counter() - start < 15 and all(child.poll() is not None for child in children)
-    assert [Path(p).name for p, _ in seen] == ["confusion_matrix_normalized.png"]
-    assert (tmp_path / "confusion_matrix_normalized.png").is_file()
+    assert [Path(p).name for p, _ in seen] == ["BoxPR_curve.png", "BoxF1_curve.png", "BoxP_curve.png",
+                                              "BoxR_curve.png", "confusion_matrix_normalized.png",
+                                              "confusion_matrix.png"]
+    assert all(Path(p).is_file() for p, _ in seen)
+
+
+def test_a_figure_that_fails_in_a_child_is_drawn_here_and_says_so_as_stocks_does(tmp_path, caplog):
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import final_figures
+
+    _, cm = _figure_inputs()
+    drawers = FigureDrawers(2)
+    with final_figures(drawers.draw):
+        cm.plot(save_dir=tmp_path / "missing", on_plot=None)  # no such folder: Ultralytics' TryExcept warns
+    drawers.finish(timeout=60)
+    assert "ConfusionMatrix plot failure" in caplog.text  # the child said it, and this process drew it as stock
+
+
+def test_the_children_draw_with_the_parents_matplotlib_settings(tmp_path):
+    import matplotlib
+
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import final_figures
+
+    _, cm = _figure_inputs()
+    (tmp_path / "stock").mkdir(), (tmp_path / "ours").mkdir()
+    with matplotlib.rc_context({"axes.facecolor": "#ffeedd", "font.family": "monospace"}):
+        cm.plot(save_dir=tmp_path / "stock")
+        drawers = FigureDrawers(2)
+        with final_figures(drawers.draw):
+            cm.plot(save_dir=tmp_path / "ours")
+        drawers.finish(timeout=60)
+    name = "confusion_matrix_normalized.png"
+    assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "stock" / name).read_bytes()
+
+
+def test_a_stop_while_the_final_validation_waits_in_its_queue_ends_the_figure_children(tmp_path):
+    """A Ctrl-C while the final validation is queued behind another in the validation thread: its job never runs,
+    so final_eval itself ends the children it handed over."""
+    from types import SimpleNamespace
+
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.train.checkpoints import AtomicPath
+    from yolofeed.train.plots import FigureDrawers
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    for name in ("last.pt", "best.pt"):
+        YOLO("yolo11n.yaml").save(weights / name)
+    figures = FigureDrawers(2)
+    children = list(figures._children)
+
+    def queued(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=True), save_dir=tmp_path, csv=tmp_path / "results.csv",
+                              validator=SimpleNamespace(args=SimpleNamespace()), _figures=figures,
+                              _start_figure_drawers=lambda last_epoch=True: None, _in_validation_thread=queued,
+                              _figures_drawn=None)
+    with pytest.raises(KeyboardInterrupt):
+        FastDetectionTrainer.final_eval(trainer)
+    assert trainer._figures is None and all(child.poll() is not None for child in children)
 
 
 def test_the_final_validations_image_grids_get_the_images_they_show_and_are_stocks(tmp_path):

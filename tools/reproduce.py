@@ -172,8 +172,6 @@ SECTIONS = {s.name: s for s in (
         "timeout 120 python3 -m tools.device.plan_threads 2>&1 | grep -v Warning | tail -12",)),
     Section("plan-cost", "First epoch", "nvidia-h200", 1, 3, (
         "timeout 400 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12",)),
-    Section("short-conv", "First epoch", "nvidia-h100-x1", 1, 2, (
-        "timeout 200 python3 -m tools.device.short_conv out=$OUT 2>&1 | grep -v Warn | tail -8",)),
     Section("short-batches-ab", "First epoch", "nvidia-h200", 1, 8, (
         # the short batches' GPU test beside the CPU-bound synth and pack; then yolofeed's whole run of 2 epochs with
         # the short batches' set-up in the warm-up (A) and beside the first epoch (B), A B A; then plan-cost

@@ -28,11 +28,15 @@ import pickle
 import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+import matplotlib
+import psutil
 
 from yolofeed import processes
 from yolofeed.config import usable_cores
@@ -44,11 +48,13 @@ RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting im
                 "plot_results(file=sys.argv[1])")
 
 
-# A child of FigureDrawers: the figures' module imported before the first job; then each job (qualname, args, kwargs)
-# pickled on stdin, its reply pickled on the parent's end of stdout: (drawn, what it printed meanwhile, on_plot's
-# calls). What the child prints goes to a file (its fds 1 and 2), read back a job at a time.
+# A child of FigureDrawers: the figures' module imported before the first job; then each job (qualname, args, kwargs,
+# the parent's matplotlib settings that differ from the defaults) pickled on stdin, its reply pickled on the parent's
+# end of stdout: (drawn, what it printed meanwhile, on_plot's calls). What the child prints goes to a file (its fds 1
+# and 2), read back a job at a time; Ultralytics' own verbosity is the parent's, so a figure that fails says so.
 FIGURE_CHILD = """
-import importlib, os, pickle, sys, tempfile
+import importlib, os, pickle, sys, tempfile, warnings
+import matplotlib
 sys.path.pop(0)
 reply = os.fdopen(os.dup(1), "wb")
 said = tempfile.TemporaryFile()
@@ -57,13 +63,16 @@ os.dup2(said.fileno(), 2)
 module = importlib.import_module(sys.argv[1])
 while True:
     try:
-        qualname, args, kwargs = pickle.load(sys.stdin.buffer)
+        qualname, args, kwargs, settings = pickle.load(sys.stdin.buffer)
     except EOFError:
         break
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        matplotlib.rcParams.update(settings)
     calls = []
     if kwargs.get("on_plot"):
         kwargs["on_plot"] = lambda *a, **k: calls.append((a, k))
-    start = os.fstat(said.fileno()).st_size
+    start = os.lseek(said.fileno(), 0, os.SEEK_END)
     fn = module
     for name in qualname.split("."):
         fn = getattr(fn, name)
@@ -75,12 +84,18 @@ while True:
         print(type(e).__name__, e)
     sys.stdout.flush()
     sys.stderr.flush()
-    end = os.fstat(said.fileno()).st_size
-    pickle.dump((drawn, os.pread(said.fileno(), end - start, start).decode(errors="replace"), calls), reply)
+    end = os.lseek(said.fileno(), 0, os.SEEK_END)
+    os.lseek(said.fileno(), start, os.SEEK_SET)
+    text = os.read(said.fileno(), end - start).decode(errors="replace")
+    os.lseek(said.fileno(), 0, os.SEEK_END)
+    pickle.dump((drawn, text, calls), reply)
     reply.flush()
 """
 FIGURE_WAIT_S = 120.0  # how long the final validation waits for the children's figures before drawing them itself
-MAX_FIGURE_CHILDREN = 6  # a detection validation's figures: four curves, two confusion matrices
+# a detection validation's six figures (four curves, two confusion matrices) at once; a segmentation's or pose's ten
+# take two rounds. Each child holds about 0.3 GB of its own (torch, imported by the figures' module) until the end
+MAX_FIGURE_CHILDREN = 6
+CHILD_MEMORY = 1 << 30  # available host memory asked for each child started (its own 0.3 GB, with room to spare)
 
 
 class FigureDrawers:
@@ -96,7 +111,7 @@ class FigureDrawers:
         if getattr(sys, "frozen", False) or not sys.executable:  # no interpreter that takes -c: drawn here
             return
         path = os.pathsep.join(p for p in sys.path if p)  # the parent's own import path, as ResultsPlot's
-        env = {**os.environ, "YOLO_VERBOSE": "False", "PYTHONPATH": path}
+        env = {**os.environ, "PYTHONPATH": path}
         for _ in range(n):
             try:
                 self._children.append(subprocess.Popen(
@@ -104,13 +119,15 @@ class FigureDrawers:
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
             except OSError:  # no process to spare: the children started serve, or none and all is drawn here
                 break
-        self._threads = [processes.Daemon(self._serve, child, name="yolofeed-figures") for child in self._children]
+        self._closing = threading.Lock()
+        for child in self._children:
+            processes.Daemon(self._serve, child, name="yolofeed-figures")
 
     @staticmethod
     def count() -> int:
-        """How many children to start: one a figure, one core left to the run; none with fewer than two to spare
-        (one child draws no faster than the validation itself)."""
-        n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1)
+        """How many children to start: one a figure, one core left to the run, one a GiB of available memory; none
+        where fewer than two would start (one child draws no faster than the validation itself)."""
+        n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1, psutil.virtual_memory().available // CHILD_MEMORY)
         return n if n >= 2 else 0
 
     def draw(self, qualname: str, args: tuple, kwargs: dict) -> bool:
@@ -119,7 +136,7 @@ class FigureDrawers:
         if not self._children:
             return False
         try:
-            job = pickle.dumps((qualname, args, {**kwargs, "on_plot": bool(kwargs.get("on_plot"))}))
+            job = pickle.dumps((qualname, args, {**kwargs, "on_plot": bool(kwargs.get("on_plot"))}, _settings()))
         except Exception:  # an argument that does not pickle (a names mapping of the user's kind, say)
             return False
         if self._first is None:
@@ -131,7 +148,16 @@ class FigureDrawers:
 
     def _serve(self, child: subprocess.Popen) -> None:
         """A thread's loop: the next job to its child, the reply to the job's future; a child gone fails each job it
-        is given after (they are drawn in the parent)."""
+        is given after (they are drawn in the parent). The thread owns its child's pipes and closes them as it ends
+        (``close`` kills the child first: a write or read blocked on it then fails at once)."""
+        try:
+            self._serve_jobs(child)
+        finally:
+            for pipe in (child.stdin, child.stdout):
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()
+
+    def _serve_jobs(self, child: subprocess.Popen) -> None:
         gone: BaseException | None = None
         while True:
             item = self._jobs.get()
@@ -168,7 +194,7 @@ class FigureDrawers:
         taken, self._taken = self._taken, []
         for (qualname, args, kwargs, _), reply in zip(taken, replies):
             drawn, said, calls = reply if reply is not None else (False, "", [])
-            if drawn and not said.strip():
+            if drawn and not said.strip() and all(Path(a[0]).is_file() for a, _ in calls if a):
                 for a, k in calls:
                     kwargs["on_plot"](*a, **k)
             else:
@@ -176,20 +202,24 @@ class FigureDrawers:
         return waited
 
     def close(self) -> None:
-        """End the children: each reads the end of its jobs, or is killed where it does not end within a second (a
-        figure it is drawing is not waited for: whoever needs it draws it after); reaped."""
-        for _ in self._children:
-            self._jobs.put(None)
-        for child in self._children:
-            with contextlib.suppress(OSError):
-                child.stdin.close()
-        for child in self._children:
-            try:
-                child.wait(1.0)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        """End the children now, whatever they do (a figure one is drawing is not waited for: whoever needs it draws
+        it after, once this returned), reap them, and let their threads end; from any thread, any number of times.
+        Killed, not asked: a thread may be blocked writing a job into the pipe of a child that does not read it."""
+        with self._closing:
+            children, self._children = self._children, []
+            for child in children:
+                with contextlib.suppress(OSError):
+                    child.kill()
+            for child in children:
                 child.wait()
-        self._children = []
+                self._jobs.put(None)
+
+
+def _settings() -> dict[str, Any]:
+    """The parent's matplotlib settings that differ from the defaults (a notebook's style, say): the children draw
+    with them, as the parent would (the backend aside: the figures choose theirs)."""
+    defaults = matplotlib.rcParamsDefault
+    return {k: v for k, v in matplotlib.rcParams.items() if k != "backend" and defaults.get(k) != v}
 
 
 def validate_drawing(validator: Any, model: Any, figures: FigureDrawers | None,

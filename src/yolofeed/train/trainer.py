@@ -520,9 +520,14 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
             self.validator.args.compile = False  # disable final val compile as too slow
-            figures, self._figures = self._figures, None
-            self.metrics = self._in_validation_thread(validate_drawing, self.validator, model, figures,
-                                                      self._figures_drawn, final=True)
+            figures = self._figures
+            try:
+                self.metrics = self._in_validation_thread(validate_drawing, self.validator, model, figures,
+                                                          self._figures_drawn, final=True)
+            finally:  # a Ctrl-C while the validation was queued: it never ran to end them
+                if figures is not None:
+                    figures.close()
+                self._figures = None
             self.validated = True
             self.metrics.pop("fitness", None)
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
@@ -539,9 +544,9 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         """The final validation's figure children (train/plots.py), started as the last epoch starts (``last_epoch``:
         ``on_train_epoch_start``), so that their imports run beside its training, or at ``final_eval``; once a run,
         on the rank that plots."""
-        if (self._figures is None and RANK in {-1, 0} and self.args.plots and FigureDrawers.count()
-                and (not last_epoch or self.epoch == self.epochs - 1)):
-            self._figures = FigureDrawers(FigureDrawers.count())
+        if (self._figures is None and RANK in {-1, 0} and self.args.plots
+                and (not last_epoch or self.epoch == self.epochs - 1) and (n := FigureDrawers.count())):
+            self._figures = FigureDrawers(n)
 
     def _figures_drawn(self, seconds: float | None, waited: float) -> None:
         self.plots_beside = {**(self.plots_beside or {}), "figures": (seconds, waited)}

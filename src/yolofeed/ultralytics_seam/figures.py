@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from yolofeed.ultralytics_seam.names import _detect_val_module, _metrics_module, _obb_val_module
+from yolofeed.ultralytics_seam.source import threaded_function
 
 # (owner's name in ultralytics.utils.metrics or "", function's name): each draws one figure to a file, takes its
 # callback as the keyword on_plot and calls it once the file is written, with the path and the figure's data
@@ -88,9 +89,10 @@ def _stand_in(original: Callable[..., Any], qualname: str) -> Callable[..., Any]
 
 
 def _grid_stand_in(original: Callable[..., Any]) -> Callable[..., Any]:
-    # plot_images is Ultralytics' @threaded wrapper, which keeps no __wrapped__: its function is the closure's func
-    drawn = inspect.getclosurevars(original).nonlocals.get("func", original) if callable(original) else original
-    parameter = inspect.signature(drawn).parameters.get("max_subplots")
+    try:  # plot_images is Ultralytics' @threaded wrapper (RELIED_ON: its function's rules)
+        parameter = inspect.signature(threaded_function(original)).parameters.get("max_subplots")
+    except (TypeError, ValueError):  # not a plain function (a partial, a callable object): drawn as it draws
+        return original
     if parameter is None or not isinstance(parameter.default, int):  # a release that draws otherwise: as it draws
         return original
     shown = parameter.default

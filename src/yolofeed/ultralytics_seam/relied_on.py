@@ -363,6 +363,42 @@ RELIED_ON: tuple[Pinned, ...] = (
                _r("8.4.179", "8.4.182", "af37c1154d53932d",
                   "converts an ndjson dataset on training validations too (not a convolution's shape)"),
            )),
+    Pinned("ultralytics.utils.metrics.ap_per_class", "092f4a10160427cb", "yolofeed.ultralytics_seam.final_figures",
+           why="draws its four curves by the module's names plot_pr_curve and plot_mc_curve, each with its file and "
+               "on_plot as keywords, nothing read back from the files: final_figures' stand-ins hand them to children",
+           others=(
+               _r("8.4.138", "8.4.183", "eb4a25566df18040",
+                  "draws the curves also where no class has a label (8.4.184: not then); the same calls otherwise"),
+           )),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.finalize_metrics", "234f9c369fbe99f9",
+           "yolofeed.ultralytics_seam.final_figures",
+           why="draws the confusion matrix twice with its class's plot method, save_dir, normalize and on_plot as "
+               "keywords, and reads nothing back from the files"),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.plot_val_samples", "b3554e593c351be2",
+           "yolofeed.ultralytics_seam.final_figures",
+           why="calls its module's plot_images with the batch (its images in 'img') as the keyword labels: the grid's "
+               "stand-in slices labels['img'] (segment and pose validators draw with this method)"),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.plot_predictions", "da2c25fc6a58bcbf",
+           "yolofeed.ultralytics_seam.final_figures",
+           why="calls its module's plot_images with the batch's images as the keyword images and predictions without "
+               "'img' as labels: the grid's stand-in slices images"),
+    Pinned("ultralytics.models.yolo.obb.val.OBBValidator.plot_predictions", "7d8ef33f6f3a65ab",
+           "yolofeed.ultralytics_seam.final_figures",
+           why="as DetectionValidator.plot_predictions, with its own module's plot_images",
+           others=(
+               _r("8.4.138", "8.4.163", "56c1da9a178c0d93",
+                  "every prediction plotted (8.4.164: at most max_det an image); plot_images called the same way"),
+           )),
+    Pinned("ultralytics.utils.plotting.plot_images", "497899e80d595f51", "yolofeed.ultralytics_seam.final_figures",
+           why="draws only the first min(batch, max_subplots) images, labels['img'] taking the place of images, "
+               "scaled by 255 where the first image's maximum is at most 1, boxes, keypoints and masks picked by "
+               "image index (or per instance): the same grid from the first max_subplots images alone",
+           others=(
+               _r("8.4.138", "8.4.163", "d5899e6eaa706a29", "fname's annotation only; the drawing as in TESTED"),
+               _r("8.4.164", "8.4.182", "1ea9520c5912c83d",
+                  "semantic masks drawn on RGB without the BGR round trip (8.4.183); which images are drawn, and how "
+                  "they are scaled, as in TESTED"),
+           )),
     Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.update_metrics", "e78f427b6c3bf65a",
            "yolofeed.train.val_metrics.update_metrics",
            why="per image: _prepare_batch's targets, _prepare_pred, _process_batch's tp, and the stats it hands "

@@ -78,10 +78,20 @@ def normalised_source(fn: Any) -> str:
     Raises:
         OSError: the source is not available (an installation without .py files).
     """
+    fn = threaded_function(fn)
     node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
     if ast.get_docstring(node, clean=False) is not None:
         node.body = node.body[1:] or [ast.Pass()]
     return ast.unparse(node) + "\n"
+
+
+def threaded_function(fn: Any) -> Any:
+    """The function an Ultralytics ``@threaded`` wrapper runs (it keeps no ``__wrapped__``: the closure's ``func``),
+    else ``fn``."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is not None and cells and code.co_freevars == ("func",) and code.co_name == "wrapper":
+        return cells[0].cell_contents
+    return fn
 
 
 def source_hash(text: str) -> str:
