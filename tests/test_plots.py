@@ -222,10 +222,15 @@ def test_figures_not_back_in_time_are_drawn_here_once_the_children_are_ended(tmp
     assert all(Path(p).is_file() for p, _ in seen)
 
 
-def test_a_figure_that_fails_in_a_child_is_drawn_here_and_says_so_as_stocks_does(tmp_path, caplog):
+@pytest.mark.parametrize("verbose", ["True", "False"])
+def test_a_figure_that_fails_in_a_child_is_drawn_here_and_says_so_as_stocks_does(tmp_path, caplog, monkeypatch,
+                                                                                 verbose):
+    """Ultralytics' TryExcept only warns: the child must say it even where the run is not verbose (YOLO_VERBOSE, read
+    by the child's Ultralytics at import)."""
     from yolofeed.train.plots import FigureDrawers
     from yolofeed.ultralytics_seam import final_figures
 
+    monkeypatch.setenv("YOLO_VERBOSE", verbose)
     _, cm = _figure_inputs()
     drawers = FigureDrawers(2)
     with final_figures(drawers.draw):
@@ -242,14 +247,31 @@ def test_the_children_draw_with_the_parents_matplotlib_settings(tmp_path):
 
     _, cm = _figure_inputs()
     (tmp_path / "stock").mkdir(), (tmp_path / "ours").mkdir()
+    drawers = FigureDrawers(1)  # one child: the second figure after the first, the settings of each its own
     with matplotlib.rc_context({"axes.facecolor": "#ffeedd", "font.family": "monospace"}):
         cm.plot(save_dir=tmp_path / "stock")
-        drawers = FigureDrawers(2)
         with final_figures(drawers.draw):
             cm.plot(save_dir=tmp_path / "ours")
-        drawers.finish(timeout=60)
-    name = "confusion_matrix_normalized.png"
-    assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "stock" / name).read_bytes()
+    cm.plot(save_dir=tmp_path / "stock", normalize=False)  # the defaults again
+    with final_figures(drawers.draw):
+        cm.plot(save_dir=tmp_path / "ours", normalize=False)
+    drawers.finish(timeout=60)
+    for name in ("confusion_matrix_normalized.png", "confusion_matrix.png"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "stock" / name).read_bytes(), name
+
+
+def test_a_frozen_executable_draws_every_figure_itself(tmp_path, monkeypatch):
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import final_figures
+
+    monkeypatch.setattr("sys.frozen", True, raising=False)
+    assert FigureDrawers.count() == 0
+    drawers = FigureDrawers(2)  # as a caller that did not ask count() would make it: no child, all drawn here
+    _, cm = _figure_inputs()
+    with final_figures(drawers.draw):
+        cm.plot(save_dir=tmp_path)
+    assert (tmp_path / "confusion_matrix_normalized.png").is_file() and drawers.finish() >= 0.0
+    drawers.close()
 
 
 def test_a_stop_while_the_final_validation_waits_in_its_queue_ends_the_figure_children(tmp_path):

@@ -49,9 +49,10 @@ RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting im
 
 
 # A child of FigureDrawers: the figures' module imported before the first job; then each job (qualname, args, kwargs,
-# the parent's matplotlib settings that differ from the defaults) pickled on stdin, its reply pickled on the parent's
-# end of stdout: (drawn, what it printed meanwhile, on_plot's calls). What the child prints goes to a file (its fds 1
-# and 2), read back a job at a time; Ultralytics' own verbosity is the parent's, so a figure that fails says so.
+# the parent's working folder and its matplotlib settings that differ from the defaults, applied on the child's own)
+# pickled on stdin, its reply pickled on the parent's end of stdout: (drawn, what it printed meanwhile, on_plot's
+# calls). What the child prints goes to a file (its fds 1 and 2), read back a job at a time: Ultralytics is verbose in
+# it (never shown), so that a figure that fails (Ultralytics' TryExcept only warns) says so.
 FIGURE_CHILD = """
 import importlib, os, pickle, sys, tempfile, warnings
 import matplotlib
@@ -61,13 +62,16 @@ said = tempfile.TemporaryFile()
 os.dup2(said.fileno(), 1)
 os.dup2(said.fileno(), 2)
 module = importlib.import_module(sys.argv[1])
+own = {k: v for k, v in matplotlib.rcParams.items() if k != "backend"}
 while True:
     try:
-        qualname, args, kwargs, settings = pickle.load(sys.stdin.buffer)
+        qualname, args, kwargs, cwd, settings = pickle.load(sys.stdin.buffer)
     except EOFError:
         break
+    os.chdir(cwd)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        matplotlib.rcParams.update(own)
         matplotlib.rcParams.update(settings)
     calls = []
     if kwargs.get("on_plot"):
@@ -108,10 +112,11 @@ class FigureDrawers:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._taken: list[tuple[str, tuple, dict, Future]] = []
         self._children: list[subprocess.Popen] = []
+        self._closing = threading.Lock()
         if getattr(sys, "frozen", False) or not sys.executable:  # no interpreter that takes -c: drawn here
             return
         path = os.pathsep.join(p for p in sys.path if p)  # the parent's own import path, as ResultsPlot's
-        env = {**os.environ, "PYTHONPATH": path}
+        env = {**os.environ, "PYTHONPATH": path, "YOLO_VERBOSE": "True"}
         for _ in range(n):
             try:
                 self._children.append(subprocess.Popen(
@@ -119,7 +124,6 @@ class FigureDrawers:
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
             except OSError:  # no process to spare: the children started serve, or none and all is drawn here
                 break
-        self._closing = threading.Lock()
         for child in self._children:
             processes.Daemon(self._serve, child, name="yolofeed-figures")
 
@@ -127,6 +131,8 @@ class FigureDrawers:
     def count() -> int:
         """How many children to start: one a figure, one core left to the run, one a GiB of available memory; none
         where fewer than two would start (one child draws no faster than the validation itself)."""
+        if getattr(sys, "frozen", False) or not sys.executable:
+            return 0
         n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1, psutil.virtual_memory().available // CHILD_MEMORY)
         return n if n >= 2 else 0
 
@@ -136,14 +142,18 @@ class FigureDrawers:
         if not self._children:
             return False
         try:
-            job = pickle.dumps((qualname, args, {**kwargs, "on_plot": bool(kwargs.get("on_plot"))}, _settings()))
+            job = pickle.dumps((qualname, args, {**kwargs, "on_plot": bool(kwargs.get("on_plot"))}, os.getcwd(),
+                                _settings()))
         except Exception:  # an argument that does not pickle (a names mapping of the user's kind, say)
             return False
-        if self._first is None:
-            self._first = time.perf_counter()
-        done: Future = Future()
-        self._taken.append((qualname, args, kwargs, done))
-        self._jobs.put((job, done))
+        with self._closing:  # not behind close's end markers, where no thread would take it
+            if not self._children:
+                return False
+            if self._first is None:
+                self._first = time.perf_counter()
+            done: Future = Future()
+            self._taken.append((qualname, args, kwargs, done))
+            self._jobs.put((job, done))
         return True
 
     def _serve(self, child: subprocess.Popen) -> None:
@@ -194,7 +204,9 @@ class FigureDrawers:
         taken, self._taken = self._taken, []
         for (qualname, args, kwargs, _), reply in zip(taken, replies):
             drawn, said, calls = reply if reply is not None else (False, "", [])
-            if drawn and not said.strip() and all(Path(a[0]).is_file() for a, _ in calls if a):
+            # drawn: it said nothing, and it handed over its file where it was given on_plot (the validators give it)
+            if drawn and not said.strip() and (calls or not kwargs.get("on_plot")) and all(
+                    Path(a[0]).is_file() for a, _ in calls if a):
                 for a, k in calls:
                     kwargs["on_plot"](*a, **k)
             else:
