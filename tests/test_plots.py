@@ -276,32 +276,21 @@ def test_a_frozen_executable_draws_every_figure_itself(tmp_path, monkeypatch):
 
 def test_a_stop_while_the_final_validation_waits_in_its_queue_ends_the_figure_children(tmp_path):
     """A Ctrl-C while the final validation is queued behind another in the validation thread: its job never runs,
-    so final_eval itself ends the children it handed over."""
+    so the trainer's own call ends the children it handed over."""
     from types import SimpleNamespace
 
-    from ultralytics import YOLO
+    from yolofeed.train.plots import FigureDrawers, PlotsBeside
 
-    from yolofeed import FastDetectionTrainer
-    from yolofeed.train.checkpoints import AtomicPath
-    from yolofeed.train.plots import FigureDrawers
-
-    weights = tmp_path / "weights"
-    weights.mkdir()
-    for name in ("last.pt", "best.pt"):
-        YOLO("yolo11n.yaml").save(weights / name)
     figures = FigureDrawers(2)
     children = list(figures._children)
 
     def queued(*args, **kwargs):
         raise KeyboardInterrupt
 
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=True), save_dir=tmp_path, csv=tmp_path / "results.csv",
-                              validator=SimpleNamespace(args=SimpleNamespace()), _figures=figures,
-                              _start_figure_drawers=lambda last_epoch=True: None, _in_validation_thread=queued,
+    trainer = SimpleNamespace(validator=SimpleNamespace(), _figures=figures, _in_validation_thread=queued,
                               _figures_drawn=None)
     with pytest.raises(KeyboardInterrupt):
-        FastDetectionTrainer.final_eval(trainer)
+        PlotsBeside._validate_best(trainer, tmp_path / "best.pt")
     assert trainer._figures is None and all(child.poll() is not None for child in children)
 
 

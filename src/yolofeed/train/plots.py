@@ -40,7 +40,7 @@ import psutil
 
 from yolofeed import processes
 from yolofeed.config import usable_cores
-from yolofeed.ultralytics_seam import FIGURES_MODULE, figure_function, final_figures, first_meanwhile
+from yolofeed.ultralytics_seam import FIGURES_MODULE, RANK, figure_function, final_figures, first_meanwhile
 
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
@@ -337,3 +337,71 @@ class ResultsPlot:
         if on_plot is not None:
             on_plot(png)
         return True, waited
+
+
+class PlotsBeside:
+    """Where a ``FastTrainer`` makes Ultralytics' plots (see the module's doc): a mixin before Ultralytics' trainer in
+    its bases (its state below); ``final_eval`` and the run's end call ``_validate_best`` and ``_stop_plots``."""
+
+    _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up
+    _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
+    _figures: FigureDrawers | None = None  # the final validation's figures' children, from the last epoch
+    plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
+
+    def plot_training_labels(self):
+        """Ultralytics' labels plot (``labels.jpg``), drawn in a thread beside the warm-up; the first epoch starts once
+        it is drawn (``_join_label_plots``), and what it raises is raised there."""
+        self._label_plots = InThread(super().plot_training_labels, "yolofeed-label-plots")
+
+    def _join_label_plots(self) -> None:
+        """Last at ``on_pretrain_routine_end``, after the warm-up: wait for the labels plot."""
+        plots, self._label_plots = self._label_plots, None
+        if plots is not None:
+            waited = plots.join()
+            self.plots_beside = {**(self.plots_beside or {}), "labels": (plots.seconds, waited)}
+
+    def _start_figure_drawers(self, last_epoch: bool = True) -> None:
+        """The final validation's figure children, started as the last epoch starts (``last_epoch``:
+        ``on_train_epoch_start``), so that their imports run beside its training, or at ``final_eval``; once a run,
+        on the rank that plots."""
+        if (self._figures is None and RANK in {-1, 0} and self.args.plots
+                and (not last_epoch or self.epoch == self.epochs - 1) and (n := FigureDrawers.count())):
+            self._figures = FigureDrawers(n)
+
+    def _validate_best(self, model: Any) -> Any:
+        """``final_eval``'s validation of best.pt (``model``), in the validation thread where there is one, its figures
+        drawn by the children; they end with it, whatever the validation thread did with them (a Ctrl-C while the
+        validation waited in its queue: it never ran to end them)."""
+        figures = self._figures
+        try:
+            return self._in_validation_thread(validate_drawing, self.validator, model, figures, self._figures_drawn,
+                                              final=True)
+        finally:
+            if figures is not None:
+                figures.close()
+            self._figures = None
+
+    def _figures_drawn(self, seconds: float | None, waited: float) -> None:
+        self.plots_beside = {**(self.plots_beside or {}), "figures": (seconds, waited)}
+
+    def plot_metrics(self):
+        """Ultralytics' results.png, drawn beside the final validation (``final_eval``): waited for here, where stock
+        draws it; drawn here as stock draws it where that did not serve (no child process, a failure, a message)."""
+        plot, self._results_plot = self._results_plot, None
+        if plot is not None:
+            drawn, waited = plot.finish(self.on_plot)
+            if drawn:
+                self.plots_beside = {**(self.plots_beside or {}), "results": (plot.seconds, waited)}
+                return
+        super().plot_metrics()
+
+    def _stop_plots(self) -> None:
+        """At the run's end, whatever ended it: a results plot's child (the run stopped in final_eval) and figure
+        children no validation took (it stopped before, or there was no best.pt) ended, no zombie kept with the
+        trainer."""
+        if self._results_plot is not None:
+            self._results_plot.abandon()
+            self._results_plot = None
+        if self._figures is not None:
+            self._figures.close()
+            self._figures = None

@@ -31,6 +31,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
 * Before anything is built, the data yaml, the labels' kind and the run folder are checked (train/checks.py).
 * The augmentation of the batches (the partner pool, the augmenter, ``preprocess_batch``, close_mosaic) is
   ``Augmenting``'s (train/augmenting.py).
+* Ultralytics' plots (the labels', results.png, the final validation's figures and image grids) are made beside other
+  work or beside each other, the same files: ``PlotsBeside``'s (train/plots.py).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ from yolofeed.train.checkpoints import (
     sweep,
     trim_results,
 )
-from yolofeed.train.plots import FigureDrawers, InThread, ResultsPlot, validate_drawing
+from yolofeed.train.plots import PlotsBeside, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
@@ -101,7 +103,7 @@ from yolofeed.ultralytics_seam import (
 )
 
 
-class FastTrainer(Augmenting, Validating, SyncFreeStep):
+class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
     """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
 
     A task's trainer is this mixin and Ultralytics' trainer of that task: the pack, the loaders, the augmentation,
@@ -131,10 +133,6 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step, half_input: the step's options (SyncFreeStep,
     # train/step.py)
     _given: frozenset = frozenset()  # the options with_options set: on resume they win over the recorded ones
-    _label_plots: InThread | None = None  # the training labels' plot, beside the warm-up (train/plots.py)
-    _results_plot: ResultsPlot | None = None  # results.png, beside the final validation
-    _figures: FigureDrawers | None = None  # the final validation's figures' children, from the last epoch
-    plots_beside: dict | None = None  # each plot made beside: (seconds it took, seconds the run waited for it)
     trained = False  # every epoch trained: the run is in its final validation or done (``final_eval``)
     validated = False  # and best.pt's final validation ended
 
@@ -404,12 +402,7 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
         for loader in loaders:
             (loader.release if hasattr(loader, "release") else loader.close)()
         self._let_go()
-        if self._results_plot is not None:  # the run stopped in final_eval: no zombie kept with the trainer
-            self._results_plot.abandon()
-            self._results_plot = None
-        if self._figures is not None:  # stopped before its validation took them, or no best.pt to validate
-            self._figures.close()
-            self._figures = None
+        self._stop_plots()
         if not finished:  # no on_train_end: the monitor's probe, port and writer closed here
             from yolofeed.monitor.live import close_attached
 
@@ -520,54 +513,12 @@ class FastTrainer(Augmenting, Validating, SyncFreeStep):
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
             self.validator.args.compile = False  # disable final val compile as too slow
-            figures = self._figures
-            try:
-                self.metrics = self._in_validation_thread(validate_drawing, self.validator, model, figures,
-                                                          self._figures_drawn, final=True)
-            finally:  # a Ctrl-C while the validation was queued: it never ran to end them
-                if figures is not None:
-                    figures.close()
-                self._figures = None
+            self.metrics = self._validate_best(model)
             self.validated = True
             self.metrics.pop("fitness", None)
             self.epoch += 1  # log best metrics at step epochs+1, not overwriting last epoch
             self.run_callbacks("on_fit_epoch_end")
             self.epoch -= 1  # restore epoch
-
-    # -- plots beside ---------------------------------------------------------------------------
-    def plot_training_labels(self):
-        """Ultralytics' labels plot (``labels.jpg``), drawn in a thread beside the warm-up (train/plots.py); the first
-        epoch starts once it is drawn (``_join_label_plots``), and what it raises is raised there."""
-        self._label_plots = InThread(super().plot_training_labels, "yolofeed-label-plots")
-
-    def _start_figure_drawers(self, last_epoch: bool = True) -> None:
-        """The final validation's figure children (train/plots.py), started as the last epoch starts (``last_epoch``:
-        ``on_train_epoch_start``), so that their imports run beside its training, or at ``final_eval``; once a run,
-        on the rank that plots."""
-        if (self._figures is None and RANK in {-1, 0} and self.args.plots
-                and (not last_epoch or self.epoch == self.epochs - 1) and (n := FigureDrawers.count())):
-            self._figures = FigureDrawers(n)
-
-    def _figures_drawn(self, seconds: float | None, waited: float) -> None:
-        self.plots_beside = {**(self.plots_beside or {}), "figures": (seconds, waited)}
-
-    def _join_label_plots(self) -> None:
-        """Last at ``on_pretrain_routine_end``, after the warm-up: wait for the labels plot."""
-        plots, self._label_plots = self._label_plots, None
-        if plots is not None:
-            waited = plots.join()
-            self.plots_beside = {**(self.plots_beside or {}), "labels": (plots.seconds, waited)}
-
-    def plot_metrics(self):
-        """Ultralytics' results.png, drawn beside the final validation (``final_eval``): waited for here, where stock
-        draws it; drawn here as stock draws it where that did not serve (no child process, a failure, a message)."""
-        plot, self._results_plot = self._results_plot, None
-        if plot is not None:
-            drawn, waited = plot.finish(self.on_plot)
-            if drawn:
-                self.plots_beside = {**(self.plots_beside or {}), "results": (plot.seconds, waited)}
-                return
-        super().plot_metrics()
 
     def _warm_up(self) -> None:
         """Before the first epoch (Ultralytics' ``on_pretrain_routine_end``): its first batches start loading, and
