@@ -300,6 +300,9 @@ def test_a_whole_runs_warm_up_parts_are_reported_and_said():
         {"parts": whole.run_parts(marks, 0.0, 16.6, 9.7, final_val_batches_s=2.5)})
     later = whole.run_parts(marks, 0.0, 16.6, 9.7, None, {**warm, "beside_s": 6.0})
     assert "other batch sizes' set-up 6.0 s beside the first epoch" in whole.breakdown({"parts": later})
+    early = whole.run_parts(marks, 0.0, 16.6, 9.7, None, {**warm, "early_s": 4.2})
+    assert "augmentation 0.5 s); the full batch's early pass 4.2 s beside the trainer's build; first batch" in \
+        whole.breakdown({"parts": early})
 
 
 def test_a_whole_run_refuses_the_ceiling_and_a_second_epoch_count(synth_root, tmp_path, capsys):

@@ -593,15 +593,26 @@ def test_halves_on_cuda_are_the_fused_step_bit_for_bit(cfg, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_graph_captured_ahead_leaves_the_model_as_it_was_and_replays_the_eager_steps(monkeypatch):
+@pytest.mark.parametrize("in_plans_thread", [False, True])
+def test_a_graph_captured_ahead_leaves_the_model_as_it_was_and_replays_the_eager_steps(monkeypatch, in_plans_thread):
     """``capture_ahead`` on a blank batch, the model in eval mode: the model's mode, parameters, buffers (batch-norm
-    statistics and counts) and gradients are as before it, and the steps then replay the eager fused steps."""
+    statistics and counts) and gradients are as before it, and the steps then replay the eager fused steps; made in
+    the early plans' thread (train/plans.py, after its early pass) too, replayed in this one."""
+    from yolofeed.train import plans
+
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     stock, batches = _cuda_case(last=0)
     eager = _prepared(copy.deepcopy(stock), fused=True)
     ours = _prepared(copy.deepcopy(stock), graph=True).eval()
     before = {k: v.clone() for k, v in ours.state_dict().items()}
-    assert graphed.capture_ahead(ours, 16, 160, torch.device("cuda"))
+    early = plans.Plans(copy.deepcopy(stock).cpu(), 16, 160, torch.device("cuda"), True) if in_plans_thread else None
+    try:
+        run = early.run if early is not None else (lambda fn, *a: fn(*a))
+        assert run(graphed.capture_ahead, ours, 16, 160, torch.device("cuda"))
+        assert early is None or early.early.done() and early.early_s is not None
+    finally:
+        if early is not None:
+            early.close()
     assert not ours.training and all(p.grad is None for p in ours.parameters())
     assert all(torch.equal(before[k], v) for k, v in ours.state_dict().items())
     assert ours.__dict__["_graph"].shape == (16, 3, 160, 160)

@@ -227,3 +227,29 @@ def test_a_ddp_rank_that_left_a_thread_running_ends_at_once_with_its_scripts_cod
     clean = subprocess.run([sys.executable, "-c", RANK_LEFT.format(left=False, end=end)], capture_output=True,
                            text=True, timeout=60)
     assert "handler registered before ran" in clean.stdout and "did not stop" not in clean.stderr
+
+
+def test_the_switch_interval_is_short_while_held_and_put_back_by_the_last_holder():
+    """Held by two threads' passes at once (the early plans', the validations'), the interval found is put back when
+    the last leaves, an error included; a shorter interval a user set is kept."""
+    import sys
+
+    from yolofeed import processes
+
+    found = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        with processes.switched_often():
+            assert sys.getswitchinterval() == pytest.approx(processes.SWITCH_S)
+            with processes.switched_often():
+                pass
+            assert sys.getswitchinterval() == pytest.approx(processes.SWITCH_S)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        with pytest.raises(ZeroDivisionError), processes.switched_often():
+            raise ZeroDivisionError
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        sys.setswitchinterval(0.0001)
+        with processes.switched_often():
+            assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)
+    finally:
+        sys.setswitchinterval(found)

@@ -160,9 +160,9 @@ def test_the_warm_up_hands_the_other_sizes_to_beside_where_it_takes_them(model, 
 
 def test_the_trainer_hands_them_beside_only_where_the_graph_was_captured_ahead(model, monkeypatch):
     made = []
-    monkeypatch.setattr(short_batches, "ShortBatches", lambda m, sizes, *a: made.append(sizes) or "worker")
+    monkeypatch.setattr(short_batches, "ShortBatches", lambda m, sizes, *a, worker: made.append(sizes) or "worker")
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
-    t = SimpleNamespace(model=model, hyp=SimpleNamespace(imgsz=64), device=CPU)
+    t = SimpleNamespace(model=model, hyp=SimpleNamespace(imgsz=64), device=CPU, _plans=None)
     beside = trainer_module.FastDetectionTrainer._short_batches_beside
     for graph, takes in ((None, False), (SimpleNamespace(flat=None), False), (SimpleNamespace(flat=object()), True)):
         model.__dict__.pop("_short", None)

@@ -479,6 +479,7 @@ def test_on_a_gpu_an_overlapped_run_validates_on_its_own_stream_beside_the_graph
                for k in first), again  # a race would read weights half copied: far off, not a rounding apart
     assert sorted(model.trainer.val_overlapped) == [1, 2] and model.trainer._overlap_stream is not None
     assert "replay as CUDA graphs" in caplog.text and "could not be" not in caplog.text
+    assert "beside the trainer's build" in caplog.text  # the capture made in the early plans' thread (train/plans.py)
     assert [s["last.pt"]["epoch"] for s in saved] == [0, 1, 2] and [e for e, _ in ends] == [0, 1, 2, 3]
     assert len(rows) == 3
     assert all(math.isfinite(float(v)) for r in rows for k, v in r.items() if k != "epoch")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import logging
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -160,6 +161,7 @@ def test_best_pts_set_up_goes_a_shape_behind_each_validation_and_what_is_left_be
         t = FastDetectionTrainer.__new__(FastDetectionTrainer)
         t.device, t.args = torch.device("cpu"), SimpleNamespace(batch=2, imgsz=32)
         t._validations, t._warm_validations_after = tr.ValidationThread(t.device), 1
+        t.model = torch.nn.Module()
         t._count_to_validation_warm_up()  # the captures made: the set-up is queued
         return t
 
@@ -293,6 +295,60 @@ def test_the_set_up_passes_stop_once_the_run_stopped():
     assert warm([(model, None, torch.float32, False)], [(4, 32, 32)], 32, torch.device("cpu"), 1e9, log=lines.append,
                 cancelled=cancelled) == 0
     assert model.seen == [] and lines == []
+
+
+def test_the_set_up_passes_wait_for_the_short_batches_set_up_however_it_ends():
+    """cuDNN builds one plan at a time, whichever thread asks, and the first epoch's last batch waits for the short
+    batches' set-up: the validations' passes start once that job ends (done, failed or skipped), and a run stopped
+    meanwhile runs none."""
+    from concurrent.futures import Future
+
+    def warm_after(model, after, ran, **kw):
+        return threading.Thread(target=lambda: ran.append(warm([(model, None, torch.float32, False)], [(4, 32, 32)],
+                                                               32, torch.device("cpu"), 1e9, log=lambda s: None,
+                                                               after=after, **kw)))
+
+    for end in (lambda f: f.set_result(None), lambda f: f.set_exception(RuntimeError("cuDNN")), Future.cancel):
+        model, after = _Shapes(), Future()
+        ran = []
+        passes = warm_after(model, after, ran)
+        passes.start()
+        time.sleep(0.3)
+        assert model.seen == [] and ran == []  # waiting
+        end(after)
+        passes.join(10)
+        assert ran == [1] and model.seen
+    model, after, cancelled = _Shapes(), Future(), threading.Event()
+    passes = warm_after(model, after, ran, cancelled=cancelled)
+    passes.start()
+    cancelled.set()
+    passes.join(10)
+    assert not passes.is_alive() and ran[-1] == 0 and model.seen == []
+
+
+def test_the_trainer_queues_the_validations_set_up_behind_the_short_batches(monkeypatch):
+    """``_warm_validations`` hands ``warm`` the short batches' set-up to wait for, where the model has that thread."""
+    from concurrent.futures import Future
+
+    import yolofeed.train.validating as tr
+    from yolofeed import FastDetectionTrainer
+
+    afters = []
+    monkeypatch.setattr(tr, "validation_models", lambda t: (("every", None, torch.float32, False),
+                                                            ("best", None, torch.float16, True)))
+    monkeypatch.setattr(tr, "validation_loader", lambda t: None)
+    monkeypatch.setattr(tr, "loader_shapes", lambda loader: [(2, 32, 32)])
+    monkeypatch.setattr(tr, "warm", lambda *a, after=None, **kw: afters.append(after))
+    set_up = Future()
+    for short, want in ((SimpleNamespace(set_up=set_up), set_up), (None, None)):
+        t = FastDetectionTrainer.__new__(FastDetectionTrainer)
+        t.device, t.args, t.model = torch.device("cpu"), SimpleNamespace(batch=2, imgsz=32), torch.nn.Module()
+        if short is not None:
+            t.model.__dict__["_short"] = short
+        t._validations = tr.ValidationThread(t.device)
+        t._warm_validations()
+        t._validations.close(5)
+        assert afters.pop() is want
 
 
 def test_a_stopped_run_says_which_validation_did_not_end(caplog):

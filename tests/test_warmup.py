@@ -15,6 +15,10 @@ from yolofeed.loader.sampler import EpochSampler
 from yolofeed.train import trainer as trainer_module
 from yolofeed.train.warmup import batch_sizes, warm_model, warm_up
 
+# a fake trainer's early plans' thread (train/plans.py): none
+NO_PLANS = {"_plans": None, "_plans_serve": lambda: None, "_close_plans": lambda: None,
+            "_in_plans_thread": lambda fn, *a, **k: fn(*a, **k)}
+
 
 @pytest.mark.parametrize("n, batch, rank, world, want", [
     (10000, 128, 0, 1, [128, 16]),  # the 10k-image benchmark: 78 full batches and one of 16
@@ -80,7 +84,8 @@ def test_the_trainer_warms_up_before_the_first_epoch_on_cuda_only(model, monkeyp
     fake = SimpleNamespace(warm_up=enabled, device=torch.device(device), _warm=(loader, 7), model=model, hyp=hyp,
                            amp=True, args=SimpleNamespace(amp=True), start_epoch=3,
                            _new_augment=lambda: GpuAugment(hyp),  # the task's augmentation (detection's here)
-                           _set_up_beside=lambda: None, _short_batches_beside=lambda *a: False)
+                           _set_up_beside=lambda: None, **NO_PLANS, _short_batches_beside=lambda *a: False,
+                           _validations_due=False)
     trainer_module.FastDetectionTrainer._warm_up(fake)
     assert primed == [3]
     assert bool(seen) == called
@@ -101,8 +106,8 @@ def test_the_trainer_warms_up_under_the_steps_autocast_and_skips_a_warm_up_that_
         hyp = AugmentHyp.from_args(imgsz=64)
         return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
                                amp=True, args=SimpleNamespace(amp=amp_key), start_epoch=0,
-                               _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
-                               _short_batches_beside=lambda *a: False)
+                               _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None, **NO_PLANS,
+                               _short_batches_beside=lambda *a: False, _validations_due=False)
 
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: seen.append(a[-1]) or 1.0)
     trainer_module.FastDetectionTrainer._warm_up(fake("bf16"))  # amp=bf16: Ultralytics autocasts to bfloat16
@@ -176,9 +181,10 @@ def test_the_validations_set_up_starts_in_the_warm_up_only_where_the_step_was_ca
         assert calls == want, graph
         t._validations = object()
         calls.clear()
-        if "thread" in want:  # a thread running: its set-up is queued at once
-            trainer_module.FastDetectionTrainer._set_up_beside(t)
-            assert calls[-1] == "set-up"
+        t._validations_due = False
+        trainer_module.FastDetectionTrainer._set_up_beside(t)
+        assert t._validations_due == ("thread" in want)  # a thread running: its set-up is due at the warm-up's end
+        assert "set-up" not in calls  # not queued before the short batches' thread exists
 
 
 def test_warm_up_copes_with_no_labels_and_no_batches(model):
@@ -226,8 +232,8 @@ def test_the_warm_up_line_names_the_sizes_set_up_beside_the_first_epoch(model, m
     hyp = AugmentHyp.from_args(imgsz=640)
     fake = SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 7), model=model, hyp=hyp,
                            amp=True, args=SimpleNamespace(amp=True), start_epoch=0,
-                           _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None,
-                           _short_batches_beside=lambda *a: True)
+                           _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None, **NO_PLANS,
+                           _short_batches_beside=lambda *a: True, _validations_due=False)
     monkeypatch.setattr(trainer_module, "warm_up", lambda *a, **k: 2.0)
     for short, want in ((False, "cuDNN set up for batch sizes 128, 16 in 2.0 s before the first epoch (stock"),
                         (True, "cuDNN set up for batch size 128 in 2.0 s before the first epoch, for 16 beside it")):
@@ -238,3 +244,37 @@ def test_the_warm_up_line_names_the_sizes_set_up_beside_the_first_epoch(model, m
             trainer_module.FastDetectionTrainer._warm_up(fake)
         model.__dict__.pop("_short", None)
         assert want in caplog.text
+
+
+def test_the_validations_set_up_due_is_queued_at_the_warm_ups_end_and_not_after_a_failed_one(model, monkeypatch):
+    """Queued once the short batches' thread exists (``_warm_validations`` waits for its set-up); a warm-up that
+    failed leaves it to the first epoch's third batch (``_count_to_validation_warm_up``)."""
+    sampler = EpochSampler(np.arange(100), 16)
+    calls = []
+
+    def fake():
+        loader = SimpleNamespace(sampler=sampler, prime=lambda: None)
+        hyp = AugmentHyp.from_args(imgsz=64)
+        return SimpleNamespace(warm_up=True, device=torch.device("cuda"), _warm=(loader, 3), model=model, hyp=hyp,
+                               amp=True, args=SimpleNamespace(amp=True), start_epoch=0,
+                               _new_augment=lambda: GpuAugment(hyp), _set_up_beside=lambda: None, **NO_PLANS,
+                               _short_batches_beside=lambda *a: False, _validations_due=True,
+                               _warm_validations=lambda: calls.append("set-up"))
+
+    def warmed(*a, **k):
+        calls.append("warm-up")
+        return 1.0
+
+    monkeypatch.setattr(trainer_module, "warm_up", warmed)
+    t = fake()
+    trainer_module.FastDetectionTrainer._warm_up(t)
+    assert calls == ["warm-up", "set-up"] and not t._validations_due
+
+    def out_of_memory(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(trainer_module, "warm_up", out_of_memory)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    calls.clear()
+    trainer_module.FastDetectionTrainer._warm_up(fake())
+    assert calls == []

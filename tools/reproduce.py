@@ -181,6 +181,19 @@ SECTIONS = {s.name: s for s in (
         "timeout 330 python3 -m tools.device.swap_ab off=short_batches out=$OUT/short_batches_ab -- "
         f"model=yolo11n.yaml modes=yolofeed whole_run=2 {BENCH_1}", NO_WEIGHTS,
         "timeout 150 python3 -m tools.device.plan_cost out=$OUT/plan_cost 2>&1 | grep -v Warning | tail -12")),
+    Section("early-plans-ab", "The whole run", "nvidia-h200", 1, 9, (
+        # the GPU tests of what moved (the capture in the early plans' thread, the short batches, the warm-up, the
+        # validations' set-up) beside the CPU-bound synth and pack; then yolofeed's whole run of 2 epochs as the tree
+        # in .base/src has it (A: made here with git archive, carried) and as the library has it (B), A B A B
+        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
+        "exit 2; }",
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_graphed.py tests/test_short_batches.py "
+        "tests/test_warmup.py tests/test_validation_thread.py tests/test_val_overlap.py "
+        "-k 'ahead or short or warm or set_up or overlap' "
+        "-p no:cacheprovider -rA > $OUT/gpu_tests_plans.txt 2>&1 &",
+        SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_plans.txt | tail -12",
+        "timeout 330 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABAB "
+        f"out=$OUT/early_plans_ab -- model=yolo11n.yaml modes=yolofeed whole_run=2 {BENCH_1}", NO_WEIGHTS)),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "

@@ -287,6 +287,32 @@ class Worker:
         return not (self._worker.ended.is_set() or self._closing or self.failed is not None)
 
 
+SWITCH_S = 0.0005  # the interpreter's thread switch interval while ``switched_often`` holds (its default: 5 ms)
+_switching = threading.Lock()
+_switched = [0, 0.0]  # holders, the interval they found
+
+
+@contextlib.contextmanager
+def switched_often() -> Iterator[None]:
+    """The interpreter's thread switch interval at ``SWITCH_S`` meanwhile (``sys.setswitchinterval``; the one found
+    put back once the last holder leaves). A thread that runs many short torch calls beside a thread busy in Python
+    (cuDNN's plans, made one convolution at a time, beside the trainer's build or the training) waits for the GIL
+    after each call until the busy thread's time slice ends: up to 5 ms a call by default, seconds over a model's
+    forward pass."""
+    with _switching:
+        if _switched[0] == 0:
+            _switched[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(SWITCH_S, _switched[1]))
+        _switched[0] += 1
+    try:
+        yield
+    finally:
+        with _switching:
+            _switched[0] -= 1
+            if _switched[0] == 0:
+                sys.setswitchinterval(_switched[1])
+
+
 def wait_for(event: threading.Event) -> None:
     """``event.wait()``, in timed steps: Ctrl-C cuts it short. Wait for a thread on an event it sets as it returns, not
     with ``Thread.join``: a join cut short by Ctrl-C may release the thread's state lock it did not take (CPython's

@@ -231,6 +231,8 @@ def breakdown(result: dict) -> str:
                      for name in ("labels", "results") if f"{name}_plot_s" in p)
     if "warm_up_beside_s" in p:  # train/short_batches.py: the other batch sizes' set-up, beside the first epoch
         beside = f"; other batch sizes' set-up {s('warm_up_beside_s')} beside the first epoch" + beside
+    if "warm_up_early_s" in p:  # train/plans.py: the full batch's early pass, beside the trainer's build
+        warm += f"; the full batch's early pass {s('warm_up_early_s')} beside the trainer's build"
     return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "
             f"first batch {s('first_batch_s')}; end: final validation {s('final_val_s')}"
             f"{f' (its batches {s(batches)})' if p.get(batches := 'final_val_batches_s') is not None else ''}{beside}")

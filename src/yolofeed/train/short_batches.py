@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -47,8 +48,10 @@ class ShortBatches:
     """The worker that forwards the training model's batches of ``sizes`` (see the module's doc)."""
 
     def __init__(self, model: nn.Module, sizes: list[int], imgsz: int, device: torch.device, amp: bool | torch.dtype,
-                 parts: dict[str, float] | None = None):
-        """``parts``, where given (the warm-up's), gets ``beside_s``: the set-up's seconds in the worker, once made."""
+                 parts: dict[str, float] | None = None, worker: processes.Worker | None = None):
+        """``parts``, where given (the warm-up's), gets ``beside_s``: the set-up's seconds in the worker, once made.
+        ``worker``, where given (the early plans' thread: train/plans.py, whose forward plans are there), is the
+        worker, this object's to close; else one is started."""
         self.sizes = frozenset(sizes)
         self.device = device
         self.parts = parts
@@ -60,7 +63,7 @@ class ShortBatches:
         if device.type == "cuda":
             copied = torch.cuda.Event()
             copied.record(torch.cuda.current_stream(device))
-        self._worker = processes.Worker("yolofeed-short-batches", first=on_device(device))
+        self._worker = worker or processes.Worker("yolofeed-short-batches", first=on_device(device))
         self._set_up_done = self._worker.submit(self._set_up, twin, copied, sorted(sizes, reverse=True), imgsz, amp)
 
     def _set_up(self, twin: nn.Module, copied: torch.cuda.Event | None, sizes: list[int], imgsz: int,
@@ -73,7 +76,9 @@ class ShortBatches:
         try:
             if stream is not None:
                 stream.wait_event(copied)
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            # beside the training thread, busy in Python between its graphs' replays
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), \
+                    processes.switched_often():
                 passes(twin, sizes, imgsz, self.device, amp)
         except Exception as e:  # out of memory, cuDNN, anything: that batch pays its own set-up (nothing kept)
             LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside the "
@@ -85,11 +90,16 @@ class ShortBatches:
             if self.parts is not None:
                 self.parts["beside_s"] = time.perf_counter() - start
 
+    @property
+    def set_up(self) -> Future:
+        """The set-up's job: done once its passes are, or skipped."""
+        return self._set_up_done
+
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` is a batch of one of the sizes, under no state of this thread the worker would not share, and
         the worker serves (a worker that could not start, on its CUDA device say, is said once and serves no batch:
         they run in the training thread)."""
-        if self._failed or x.shape[0] not in self.sizes or not torch.is_grad_enabled() or _modes_here():
+        if self._failed or x.shape[0] not in self.sizes or not torch.is_grad_enabled() or modes_here():
             return False
         if self._worker.failed is not None:
             self._failed = True
@@ -102,7 +112,7 @@ class ShortBatches:
     def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in the worker, behind its set-up, under this thread's autocast, grad mode and CUDA
         stream; waited for (Ctrl-C cuts the wait short), its exception raised here."""
-        return processes.result(self._worker.submit(_as_here(self.device), fn, *args, **kwargs))
+        return processes.result(self._worker.submit(as_here(self.device), fn, *args, **kwargs))
 
     def close(self) -> None:
         """Ended once what runs is done (what is queued is skipped), waited for (``CLOSE_WAIT_S`` at most; the caller
@@ -114,7 +124,7 @@ class ShortBatches:
             processes.left_running("the short batches' thread")
 
 
-def _modes_here() -> bool:
+def modes_here() -> bool:
     """Whether this thread holds a state a worker thread would not share: a torch function or dispatch mode (``with
     torch.device(...)``, a FLOP counter), saved-tensor hooks (activations offloaded to the CPU), the profiler. Where
     torch does not say (another release), True."""
@@ -126,7 +136,7 @@ def _modes_here() -> bool:
         return True
 
 
-def _as_here(device: torch.device) -> Callable[..., Any]:
+def as_here(device: torch.device) -> Callable[..., Any]:
     """A function that calls its arguments under the calling thread's autocast, grad mode and current CUDA stream of
     ``device``, which are each thread's own."""
     cuda = device.type == "cuda"

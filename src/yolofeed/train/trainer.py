@@ -42,6 +42,7 @@ import gc
 import os
 import shlex
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.rebuild import check_splits, no_labels
 from yolofeed.pack.report import report_path
 from yolofeed.pack.verify import not_stock_skips
-from yolofeed.train import checks, graphed, keys, options, short_batches
+from yolofeed.train import checks, graphed, keys, options, plans, short_batches
 from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.augmenting import Augmenting
 from yolofeed.train.bounds import LabelBound, label_stats
@@ -152,7 +153,13 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
             processes.end_rank_if_left_running()
         # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
         keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=options.python_route)
-        super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
+        # the full batch's cuDNN plans, made in a thread of their own while Ultralytics builds the trainer
+        self._plans: plans.Plans | None = plans.start(self, cfg or DEFAULT_CFG, overrides)
+        try:
+            super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
+        except BaseException:
+            self._close_plans()
+            raise
         for line in keys.start_notes(self.args, self.device.type):
             LOGGER.info(line)
         if RANK in (-1, 0):  # Ultralytics made the run folder and wrote args.yaml there
@@ -416,6 +423,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         memory pool) and swapped classes, and the loss: the model's criterion is left unset, as before its first loss
         (Ultralytics makes it again when needed), so a model saved after a stopped run pickles no yolofeed class."""
         self._pool = self._augment = self._warm = None
+        self._close_plans()
         model = getattr(self, "model", None)
         if isinstance(model, torch.nn.Module):
             graphed.uninstall(model)
@@ -530,14 +538,23 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         sampler.set_epoch(start_epoch(self))  # as on_train_epoch_start will: the batches loaded are the epoch's
         loader.prime()  # the loader thread's start, first gather and decode (nvJPEG's set-up) overlap the warm-up
         if not self.warm_up or self.device.type != "cuda":
+            self._close_plans()
             return  # on the CPU there is no such set-up to pay
         amp = step_autocast(self)
+        self._plans_serve()
+        early = self._plans
         try:
             parts: dict[str, float] = {}
             seconds = warm_up(unwrap_model(self.model), sampler, self._new_augment(), width, self.device, amp,
                               corners=getattr(self, "carried_task", "detect") == "obb", after_full=self._set_up_beside,
-                              beside=partial(self._short_batches_beside, amp, parts), parts=parts)
+                              beside=partial(self._short_batches_beside, amp, parts), parts=parts,
+                              run=self._in_plans_thread)
+            if early is not None and early.early_s is not None:
+                parts["early_s"] = early.early_s  # the early pass's own seconds, in the trainer's build
             self.warm_up_s, self.warm_up_parts = seconds, parts  # the whole-run bench's breakdown reads them
+            if self._validations_due:
+                self._validations_due = False
+                self._warm_validations()
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()
@@ -545,20 +562,43 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
             LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: {first_line}); "
                            "training goes on, its first epoch pays cuDNN's set-up")
             return
+        finally:
+            self._close_plans()  # where the short batches did not take it
         if RANK in (-1, 0):
             sizes = batch_sizes(sampler)
             beside = sizes[1:] if "_short" in unwrap_model(self.model).__dict__ else []
             before = ", ".join(str(n) for n in sizes if n not in beside)
+            ahead = f" (after {parts['early_s']:.1f} s beside the trainer's build)" if "early_s" in parts else ""
             LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(beside) > 1)} {before} in "
-                        f"{seconds:.1f} s before the first epoch" + (f", for {', '.join(map(str, beside))} beside it"
-                                                                      if beside else "")
+                        f"{seconds:.1f} s before the first epoch{ahead}"
+                        + (f", for {', '.join(map(str, beside))} beside it" if beside else "")
                         + " (stock pays it inside its first epoch)")
+
+    def _plans_serve(self) -> None:
+        """At the warm-up's start: the early plans' thread (train/plans.py) makes the full batch's pass and the step's
+        capture where the graph will be captured ahead and this thread holds no state that one would not share; else
+        its early pass is waited for (its backward's plans serve this thread's pass) and it ends."""
+        if self._plans is None:
+            return
+        if not (self.graphed_step and graphed.why_not(self) is None and self._plans.alive
+                and not short_batches.modes_here()):
+            self._plans.wait()
+            self._close_plans()
+
+    def _in_plans_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the early plans' thread while the trainer holds it, else here."""
+        return fn(*args, **kwargs) if self._plans is None else self._plans.run(fn, *args, **kwargs)
+
+    def _close_plans(self) -> None:
+        plans_thread, self._plans = getattr(self, "_plans", None), None
+        if plans_thread is not None:
+            plans_thread.close()
 
     def _set_up_beside(self) -> None:
         """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step
         installed and captured ahead, then, where no capture in the default global mode is left to make in the first
-        epoch, the validations' thread started and their set-up queued, so that it runs beside the rest of the warm-up
-        (the last batch's plans, the augmentation's kernels) rather than beside the first epoch's training."""
+        epoch, the validations' thread started; their set-up is queued at the warm-up's end, to run behind the short
+        batches' (``_warm_validations``)."""
         if self.graphed_step and graphed.why_not(self) is None:
             graphed.install(self)  # the on_train_start install finds it made
         self._capture_ahead()
@@ -566,8 +606,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         if graph is not None and graph.flat is None and not graph.failed:
             return  # the graph is captured in the first epoch: the set-up waits for it (_count_to_validation_warm_up)
         self._start_validation_thread()
-        if self._validations is not None:
-            self._warm_validations()
+        # queued at the warm-up's end, behind the short batches' set-up (_warm_validations); where the warm-up fails
+        # before, at the first epoch's third batch
+        self._validations_due = self._validations is not None
 
     def _short_batches_beside(self, amp: bool | torch.dtype, parts: dict[str, float], sizes: list[int]) -> bool:
         """The warm-up's ``beside``: the epoch's other batch sizes (its last, short batch) forwarded in a thread of
@@ -577,7 +618,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         graph = model.__dict__.get("_graph")
         if not short_batches.BESIDE or graph is None or graph.flat is None:
             return False
-        model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts)
+        worker = self._plans.hand_over() if self._plans is not None else None
+        model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts,
+                                                              worker=worker)
         return True
 
     def _capture_ahead(self) -> None:
@@ -587,8 +630,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
             return
         sampler = self._warm[0].sampler
         sizes = batch_sizes(sampler)
-        if sizes and sizes[0] == sampler.batch_size:
-            graphed.capture_ahead(self.model, sizes[0], self.hyp.imgsz, self.device,
+        if sizes and sizes[0] == sampler.batch_size:  # where the early plans' thread made the full batch's forward
+            self._in_plans_thread(graphed.capture_ahead, self.model, sizes[0], self.hyp.imgsz, self.device,
                                   self.step_input_dtype() or torch.float32)
 
 

@@ -29,6 +29,7 @@ from yolofeed.ultralytics_seam import (
     may_stop,
     stop_asked,
     train_side,
+    unwrap_model,
     validation_loader,
     validation_models,
 )
@@ -45,6 +46,7 @@ class Validating:
 
     _validations: ValidationThread | None = None  # where validations run (None: the training thread)
     _warm_validations_after: int | None = None  # training batches left before their set-up starts beside them
+    _validations_due = False  # their set-up is queued at the warm-up's end (``FastTrainer._set_up_beside``)
     _final_warm: list | None = None  # best.pt's set-up left (``warm``'s arguments a shape), one behind each validation
     _overlapped: overlap.Overlapped | None = None  # the epoch validated beside this one (val_overlap)
     _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
@@ -233,7 +235,10 @@ class Validating:
         best.pt's passes, for the final validation, wait for the first validation (``_in_validation_thread``): queued
         now, they would hold that validation back at the first epoch's end (4 s of yolo11n's on the 10k set). They go
         in one shape at a time, one behind each validation: all at once they outlast the next epoch's training, and
-        its validation would wait for them (1.2 s on the 10k set)."""
+        its validation would wait for them (1.2 s on the 10k set). Every epoch's passes wait for the short batches'
+        set-up (train/short_batches.py), where it runs: cuDNN builds one plan at a time whichever thread asks, and
+        the first epoch's last batch waits for that set-up, not for the validations' (the first validation comes
+        after that batch anyway)."""
         self._warm_validations_after = None
         if self._validations is None:
             return
@@ -243,7 +248,9 @@ class Validating:
         per_image = peak / max(int(self.args.batch), 1)
         shapes = loader_shapes(validation_loader(self))
         args = (shapes, train_side(self.args.imgsz), self.device, per_image)
-        self._validations.submit(warm, [every_epoch], *args, cancelled=self._validations.cancelled)
+        short = unwrap_model(self.model).__dict__.get("_short")
+        self._validations.submit(warm, [every_epoch], *args, cancelled=self._validations.cancelled,
+                                 after=None if short is None else short.set_up)
         model, autocast, dtype, first_one = final
         parts = [[]] if first_one else []  # its batch-1 warm-up first, as AutoBackend's
         parts += [[shape] for shape in shapes]

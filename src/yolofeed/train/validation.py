@@ -10,12 +10,12 @@ thread without stopping the training for as long.
 ``ValidationThread`` is one worker thread that yolofeed's trainer hands each validation to (every epoch's, and the
 final one), waiting for it: the same calls on the same inputs in the same order, so the metrics, plots and files are
 Ultralytics'. Before the first epoch the trainer also hands it ``warm``: one blank forward pass at each shape those
-validations will meet, on copies of the models they will run (``seam.validation_models``), which the worker runs while
-the warm-up makes the last batch's plans (once the step's graph is captured ahead of the first epoch), or else while
-the first epoch trains. Its host time is on another core; its GPU time is a few tens of milliseconds a pass. A pass
-runs only where the GPU's free memory holds the conservative ``bytes_per_image`` (a training pass's peak per image)
-times its batch, so it never takes memory the training needs; a pass that fails is skipped with one line, and that
-validation pays its own set-up as stock's does. Nothing the passes compute is kept.
+validations will meet, on copies of the models they will run (``seam.validation_models``), which the worker runs
+beside the first epoch once the short batches' set-up is made (train/short_batches.py; where the step's graph is
+captured in the first epoch, once it is). Its host time is on another core; its GPU time is a few tens of
+milliseconds a pass. A pass runs only where the GPU's free memory holds the conservative ``bytes_per_image`` (a
+training pass's peak per image) times its batch, so it never takes memory the training needs; a pass that fails is
+skipped with one line, and that validation pays its own set-up as stock's does. Nothing the passes compute is kept.
 
 It runs with the trainer's ``validate_beside`` (on by default) on one CUDA GPU: on the 10k set of BENCHMARKS.md
 ("The whole run") the final validation took 6.5 s where it took 10.3 in the training thread. Under DDP (validation
@@ -25,9 +25,11 @@ in the training thread, as Ultralytics does.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -80,7 +82,7 @@ def loader_shapes(loader: Any) -> list[Shape]:
 
 def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], shapes: list[Shape], imgsz: int,
          device: torch.device, bytes_per_image: float, log: Callable[[str], None] = LOGGER.info,
-         cancelled: threading.Event | None = None) -> int:
+         cancelled: threading.Event | None = None, after: Future | None = None) -> int:
     """One blank forward pass of each model at each shape (and at batch 1 first where it says so), in this thread.
 
     Args:
@@ -90,10 +92,20 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
         bytes_per_image: a pass at batch n runs only where the GPU has n times this free (outside torch's cache).
         log: where the one line at the end (or at a failure) goes.
         cancelled: once set (the run stopped), no further pass runs.
+        after: a job the passes wait for first, however it ends (the short batches' set-up, which the training
+            waits for: cuDNN plans one convolution at a time, whichever thread asks).
 
     Returns:
         the passes run.
     """
+    while after is not None and not after.done():
+        if cancelled is not None and cancelled.is_set():
+            models.clear()
+            return 0
+        try:
+            after.exception(processes.WAIT_STEP_S)  # a worker's skipped job is cancelled without waking ``wait``
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass
     t0, done = time.perf_counter(), 0
     try:
         for model, autocast, dtype, first_one in models:
@@ -104,8 +116,8 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
                     continue  # the training may need it: this validation pays its own set-up
                 x = torch.zeros(n, 3, h, w, device=device, dtype=dtype)
                 with torch.no_grad(), torch.autocast(device.type, dtype=autocast or torch.float16,
-                                                     enabled=autocast is not None):
-                    model(x)
+                                                     enabled=autocast is not None), processes.switched_often():
+                    model(x)  # beside the training thread, busy in Python
                 del x
                 done += 1
     except (torch.cuda.OutOfMemoryError, RuntimeError) as e:

@@ -113,12 +113,14 @@ def warm_augmentation(augment: GpuAugment, n: int, width: int, device: torch.dev
 
 def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, device: torch.device,
             amp: bool | torch.dtype, corners: bool = False, after_full: Callable[[], None] | None = None,
-            beside: Callable[[list[int]], bool] | None = None, parts: dict[str, float] | None = None) -> float:
+            beside: Callable[[list[int]], bool] | None = None, parts: dict[str, float] | None = None,
+            run: Callable[..., Any] | None = None) -> float:
     """Pay the first epoch's one-off costs now (see the module's doc); returns the seconds it took. ``corners``: the
     batches are OBBs'. ``after_full`` runs once the full batch's pass is made, before the other sizes' (the trainer
     captures the step's graph there, then sets up the validations beside the rest). ``beside``, where given, is
     offered the other sizes next, and returns whether it took them (their set-up then runs beside the first epoch:
-    train/short_batches.py); else they are passed here. ``parts``, where given, gets the
+    train/short_batches.py); else they are passed here. ``run``, where given, runs the full batch's pass (``run(fn,
+    *args)``: in the thread that captures the step's graph, train/plans.py). ``parts``, where given, gets the
     seconds of each: ``full_batch_s``, ``after_full_s``, ``other_sizes_s``, ``augmentation_s`` (each part's GPU work
     waited for on the training thread's stream: the validations' set-up beside it is not).
 
@@ -141,7 +143,7 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
             parts[part] = now - mark[0]
             mark[0] = now
 
-    warm_model(model, sizes[:1], augment.hyp.imgsz, device, amp)
+    (run or _call)(warm_model, model, sizes[:1], augment.hyp.imgsz, device, amp)
     done("full_batch_s")
     if after_full is not None:
         after_full()
@@ -158,3 +160,7 @@ def warm_up(model: nn.Module, sampler: Any, augment: GpuAugment, width: int, dev
         torch.cuda.set_rng_state(cuda_rng, device)
         torch.cuda.synchronize(device)
     return time.perf_counter() - t0
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)

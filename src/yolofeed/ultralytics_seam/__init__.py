@@ -42,7 +42,7 @@ defines it (``version.RELEASE``).
 
 from __future__ import annotations
 
-from yolofeed.ultralytics_seam.arguments import OPTIMIZERS, downloads_weights, train_side
+from yolofeed.ultralytics_seam.arguments import OPTIMIZERS, deterministic_ahead, downloads_weights, train_side
 from yolofeed.ultralytics_seam.beside import (
     end_epoch_late,
     overlap_serves,
@@ -86,9 +86,11 @@ from yolofeed.ultralytics_seam.model import (
     layer_inputs,
     loader_stride,
     make_criterion,
+    model_ahead,
     scaled_input,
     set_criterion,
     swap_class,
+    trains_channels_last,
 )
 from yolofeed.ultralytics_seam.names import (
     DATASET_KEY_TYPES,
@@ -249,16 +251,17 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "check_class_names", "checkpoint", "criterion", "crop_mask", "DATASET_KEY_TYPES",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
-    "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir",
+    "deterministic_ahead", "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir",
     "restores_in_place",
     "guess_model_task",
     "downloads_weights", "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",
     "LOCAL_RANK", "LOGGER",
-    "make_anchors", "make_criterion", "mark_phases", "may_stop", "MuSGD", "OPTIMIZERS", "packaged", "parse_device",
+    "make_anchors", "make_criterion", "model_ahead", "mark_phases", "may_stop", "MuSGD", "OPTIMIZERS", "packaged",
+    "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
     "RANK", "results_csv", "resuming", "run_first",
     "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
-    "step_autocast", "StopTraining", "strip_optimizer", "swap_class",
+    "step_autocast", "StopTraining", "strip_optimizer", "swap_class", "trains_channels_last",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_side", "train_until_stopped",
     "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "validation_loader", "validation_models", "VERSION",
     "weights_dir",

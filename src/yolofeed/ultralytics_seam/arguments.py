@@ -56,3 +56,19 @@ def downloads_weights(name: str) -> bool:
     text = str(name).strip()
     return (text.lower().startswith(("http:/", "https:/")) or Path(text).name in GITHUB_ASSETS_NAMES
             or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())
+
+
+def deterministic_ahead(deterministic: bool) -> None:
+    """What Ultralytics' ``init_seeds`` (RELIED_ON) sets for cuDNN and cuBLAS under ``deterministic``, set before the
+    trainer calls it, for cuDNN's plans made before (train/plans.py: a plan is made for one setting of
+    ``cudnn.deterministic``; cuBLAS reads its workspace setting once): ``CUBLAS_WORKSPACE_CONFIG`` and
+    ``torch.backends.cudnn.deterministic``. Its seeds and ``use_deterministic_algorithms`` are left to it."""
+    import os
+
+    import torch
+
+    if deterministic:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    else:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    torch.backends.cudnn.deterministic = deterministic

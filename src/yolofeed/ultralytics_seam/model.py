@@ -4,11 +4,24 @@ objects made ours in place (``swap_class``)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from yolofeed.ultralytics_seam.names import Conv, E2EDetectLoss, E2ELoss, get_flops, unwrap_model
+from yolofeed.ultralytics_seam.names import (
+    LOGGER,
+    YAML,
+    Conv,
+    DetectionModel,
+    E2EDetectLoss,
+    E2ELoss,
+    get_flops,
+    torch_safe_load,
+    unwrap_model,
+    yaml_model_load,
+)
 
 
 def scaled_input(img: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -104,3 +117,45 @@ def _unparallel(m: Any) -> Any:
     while type(m).__name__ in ("DataParallel", "DistributedDataParallel"):
         m = m.module
     return m
+
+
+def model_ahead(args: Any) -> torch.nn.Module | None:
+    """A detection model with the layers ``DetectionTrainer.get_model`` (RELIED_ON) will build for a run's ``args``
+    (its ``model``: a model yaml, or a .pt file whose ``yaml`` it holds; its ``data``: a data yaml file, its ``names``
+    or ``nc`` and its ``channels``, one class with ``single_cls``, as ``get_dataset`` reads them), on the CPU, its
+    weights its own: for cuDNN's plans before the trainer exists (train/plans.py). None where either cannot be read
+    without Ultralytics' checks (a dataset or model to download, a data yaml that names neither). Its random weights
+    draw from torch's random stream: build it before ``init_seeds`` seeds it."""
+    data_file = Path(str(args.data or ""))
+    name = str(args.model or "")
+    if not data_file.is_file() or not name.lower().endswith((".yaml", ".yml", ".pt")):
+        return None
+    data = YAML.load(data_file)
+    names = data.get("names") if isinstance(data, dict) else None
+    nc = 1 if args.single_cls else len(names) if isinstance(names, (list, dict)) else data.get("nc")
+    if not isinstance(nc, int) or nc < 1:
+        return None
+    if name.lower().endswith(".pt"):
+        if not Path(name).is_file():
+            return None
+        ckpt, _ = torch_safe_load(name)
+        cfg = getattr(ckpt.get("ema") or ckpt.get("model"), "yaml", None)
+    else:
+        cfg = yaml_model_load(name)
+    if not isinstance(cfg, dict):
+        return None
+    level = LOGGER.level
+    LOGGER.setLevel(logging.WARNING)  # "Overriding model.yaml nc=80 with nc=...": the trainer's own build says it
+    try:
+        return DetectionModel(cfg, nc=nc, ch=int(data.get("channels", 3)), verbose=False)
+    finally:
+        LOGGER.setLevel(level)
+
+
+def trains_channels_last(args: Any) -> bool:
+    """Whether ``BaseTrainer._setup_train`` puts the model in the channels-last layout on CUDA for a run's ``args``:
+    ``channels_last=True``, or left unset (None) off Windows (releases before 8.4.153 or so also on Windows: a model
+    ahead then made in the other layout only wastes its early pass, train/plans.py)."""
+    import platform
+
+    return args.channels_last is True or (args.channels_last is None and platform.system() != "Windows")

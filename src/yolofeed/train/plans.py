@@ -1,0 +1,144 @@
+"""cuDNN's plans for the full batch made while Ultralytics builds the trainer, in the thread that later makes the
+step's graph and forwards the short batches.
+
+cuDNN builds a plan for each convolution the first time a thread meets its shape: yolo11n's full batch of 128 at
+640 px costs 6-7 s of the warm-up before the first epoch (BENCHMARKS.md, "The whole run"), and nothing else can run
+on the GPU's behalf meanwhile. The forward's plans are kept per calling thread; the backward's by the autograd
+engine's device thread, which every thread's backward runs in (BENCHMARKS.md, "First epoch"). Before the warm-up,
+the trainer's build takes about 5 s (Ultralytics' checks and imports, CUDA's start, the data's check) in which cuDNN
+is idle.
+
+``Plans`` uses that window. The trainer's constructor starts it before Ultralytics' (``start``): a worker thread
+runs one blank forward and backward pass (train/warmup.py's ``passes``) at the full batch on a model of the same
+layers (``seam.model_ahead``: built from the run's model and data yaml, before Ultralytics seeds the random streams,
+which it reseeds). The warm-up's own full-batch pass and the step graph's capture then run in that thread (``run``,
+under the training thread's autocast, grad mode and CUDA stream): its forward plans are there, and the graph replays
+from any thread. The thread is then handed to the short batches (train/short_batches.py), whose forward it runs.
+Where the graph will not be captured ahead (``graphed_step`` off, DDP, gradient accumulation...), the step runs eager
+in the training thread, which needs the forward's plans itself: the warm-up waits for the early pass (its backward
+plans serve) and goes on as before.
+
+Nothing of the early pass is kept: its model is a throwaway with its own weights, and cuDNN's flags are set to what
+Ultralytics' ``init_seeds`` sets a moment later (``seam.deterministic_ahead``), since a plan is made for one setting of
+them. A pass that fails (out of memory, a layer the early model lacks) is said at debug level and costs nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from yolofeed import processes
+from yolofeed.train.short_batches import as_here
+from yolofeed.train.validation import on_device
+from yolofeed.train.warmup import passes
+from yolofeed.ultralytics_seam import (
+    LOGGER,
+    RANK,
+    deterministic_ahead,
+    get_cfg,
+    model_ahead,
+    parse_device,
+    train_side,
+    trains_channels_last,
+)
+
+CLOSE_WAIT_S = 30.0  # how long a closing thread is waited for (a pass at the full batch, at most)
+
+
+class Plans:
+    """The worker thread (see the module's doc), its first job the early pass of ``model`` (on the CPU) at ``batch``
+    images of ``imgsz`` on ``device`` under ``amp`` (as ``warmup.passes`` takes it)."""
+
+    def __init__(self, model: nn.Module, batch: int, imgsz: int, device: torch.device, amp: bool | torch.dtype):
+        self.device = device
+        self.early_s: float | None = None  # the early pass's seconds, once made
+        self.worker: processes.Worker | None = processes.Worker("yolofeed-plans", first=on_device(device))
+        self.early = self.worker.submit(self._early, model, batch, imgsz, amp)
+
+    def _early(self, model: nn.Module, batch: int, imgsz: int, amp: bool | torch.dtype) -> None:
+        start = time.perf_counter()
+        try:
+            with processes.switched_often():  # beside the trainer's build, busy in Python (imports, checks)
+                passes(model.to(self.device).train(), [batch], imgsz, self.device, amp)
+        except Exception as e:  # out of memory, cuDNN, a layer the model ahead lacks: the warm-up makes them
+            LOGGER.debug(f"yolofeed: no early cuDNN set-up ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
+        finally:
+            del model
+            self.early_s = time.perf_counter() - start
+
+    @property
+    def alive(self) -> bool:
+        return self.worker is not None and self.worker.alive
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the thread, behind the early pass, under this thread's autocast, grad mode and
+        CUDA stream; waited for, its exception raised here. Here where the thread is gone."""
+        if not self.alive:
+            return fn(*args, **kwargs)
+        return processes.result(self.worker.submit(as_here(self.device), fn, *args, **kwargs))
+
+    def wait(self) -> None:
+        """Wait for the early pass (a training thread that will make its own forward's plans waits, rather than make
+        them beside it: cuDNN plans one convolution at a time)."""
+        if self.worker is not None:
+            with contextlib.suppress(Exception):
+                processes.result(self.early)
+
+    def hand_over(self) -> processes.Worker | None:
+        """The thread, for its next owner (the short batches), which closes it; None where it is gone."""
+        worker, self.worker = (self.worker, None) if self.alive else (None, self.worker)
+        return worker
+
+    def close(self) -> None:
+        """Ended once what runs is done, waited for (``CLOSE_WAIT_S`` at most; the caller defers signals)."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.cancel()
+            if not worker.close(CLOSE_WAIT_S):
+                LOGGER.warning(f"yolofeed: the cuDNN plans' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
+                               "without it")
+                processes.left_running("the cuDNN plans' thread")
+
+
+def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | None:
+    """The early pass started for ``trainer`` (a ``FastTrainer`` whose Ultralytics constructor has not run yet) with
+    Ultralytics' ``cfg`` and ``overrides``, where the warm-up will run on one CUDA GPU with the graphed step; None
+    otherwise (DDP, the CPU, a resume, AutoBatch, a model or data yaml not readable as they are, any other task than
+    detection), or where anything fails: the warm-up then makes every plan, as before."""
+    if RANK != -1 or not (trainer.warm_up and trainer.graphed_step) or not torch.cuda.is_available():
+        return None
+    try:
+        args = get_cfg(cfg, overrides)
+        index = _one_gpu(args.device)
+        if (index is None or args.resume or args.task != "detect" or not isinstance(args.batch, int)
+                or args.batch < 1 or args.compile or args.multi_scale or getattr(args, "distill_model", None)):
+            return None
+        model = model_ahead(args)  # before init_seeds: it reseeds what the random weights drew
+        if model is None:
+            return None
+        if trains_channels_last(args):  # a plan is made for one layout: the trainer's
+            model = model.to(memory_format=torch.channels_last)
+        deterministic_ahead(bool(args.deterministic))
+        amp = torch.bfloat16 if args.amp == "bf16" else bool(args.amp)
+        return Plans(model, args.batch, train_side(args.imgsz), torch.device("cuda", index), amp)
+    except Exception as e:  # anything: Ultralytics' own checks say what is wrong with the arguments
+        LOGGER.debug(f"yolofeed: no early cuDNN set-up ({type(e).__name__}: {e})")
+        return None
+
+
+def _one_gpu(device: Any) -> int | None:
+    """The CUDA device index the run will train on where ``device`` names one (``0``, ``"0"``, ``"cuda:1"``; none:
+    the first, as Ultralytics' default), as ``parse_device`` reads it; None for anything else (the CPU, several
+    GPUs, Ultralytics' choice of an idle GPU, ``-1``, which it makes later)."""
+    if "-1" in str(device):
+        return None
+    text = parse_device(device if device is not None else "")
+    if text == "":
+        return 0
+    return int(text) if text.isdigit() and int(text) < torch.cuda.device_count() else None

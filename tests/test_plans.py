@@ -1,0 +1,146 @@
+"""The early plans' thread (train/plans.py): when it starts, the model it builds, what it leaves of the run."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from yolofeed import processes
+from yolofeed.train import plans
+from yolofeed.ultralytics_seam import DEFAULT_CFG, deterministic_ahead, get_cfg, model_ahead
+
+TINY = "yolo11n.yaml"
+
+
+@pytest.fixture
+def data_yaml(tmp_path):
+    path = tmp_path / "data.yaml"
+    path.write_text("path: .\ntrain: images\nval: images\nnames:\n  0: a\n  1: b\n  2: c\n")
+    return path
+
+
+def _shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def test_the_model_ahead_has_the_layers_the_trainer_builds(data_yaml, tmp_path):
+    """Its layers are those of ``DetectionTrainer.get_model`` for the run: the data's class count (one with
+    single_cls), from a model yaml or from a .pt's; None where the data or model cannot be read as they are."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    stock = DetectionModel(TINY, nc=3, verbose=False)
+    ahead = model_ahead(get_cfg(overrides={"model": TINY, "data": str(data_yaml)}))
+    assert _shapes(ahead) == _shapes(stock)
+    single = model_ahead(get_cfg(overrides={"model": TINY, "data": str(data_yaml), "single_cls": True}))
+    assert _shapes(single) == _shapes(DetectionModel(TINY, nc=1, verbose=False)) != _shapes(stock)
+    weights = tmp_path / "w.pt"
+    torch.save({"model": DetectionModel(TINY, nc=5, verbose=False)}, weights)
+    assert _shapes(model_ahead(get_cfg(overrides={"model": str(weights), "data": str(data_yaml)}))) == _shapes(stock)
+    for overrides in ({"model": TINY, "data": str(tmp_path / "missing.yaml")},  # a dataset Ultralytics would fetch
+                      {"model": str(tmp_path / "missing.pt"), "data": str(data_yaml)},
+                      {"model": "yolo11n", "data": str(data_yaml)}):  # a name Ultralytics resolves itself
+        assert model_ahead(get_cfg(overrides=overrides)) is None, overrides
+
+
+def test_deterministic_ahead_sets_what_init_seeds_sets_for_cudnn_and_cublas(monkeypatch):
+    from ultralytics.utils.torch_utils import init_seeds
+
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
+    for deterministic in (True, False):
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own, which init_seeds replaces or drops
+        deterministic_ahead(deterministic)
+        ahead = os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.backends.cudnn.deterministic
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        init_seeds(0, deterministic=deterministic)
+        assert ahead == (os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.backends.cudnn.deterministic)
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("case, why", [
+    ({"device": "cpu"}, "the CPU"), ({"device": "0,1"}, "DDP"), ({"device": "-1"}, "an idle GPU Ultralytics picks"),
+    ({"batch": -1}, "AutoBatch"), ({"batch": 0.7}, "AutoBatch's fraction"), ({"resume": True}, "a resume"),
+    ({"task": "pose", "model": "yolo11n-pose.yaml"}, "another task"), ({"compile": True}, "a compiled model"),
+    ({"multi_scale": 0.5}, "multi-scale"), ({"warm_up": False}, "no warm-up"), ({"graphed_step": False}, "no graph"),
+])
+def test_it_starts_for_one_cuda_gpu_with_the_warm_up_and_the_graph_only(data_yaml, monkeypatch, case, why):
+    made = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(plans, "Plans", lambda *a: made.append(a) or "started")
+    monkeypatch.setattr(plans, "deterministic_ahead", lambda d: None)
+    overrides = {"model": TINY, "data": str(data_yaml), "batch": 8, "imgsz": 100, "device": "1"}
+    trainer = SimpleNamespace(warm_up=True, graphed_step=True)
+    assert plans.start(trainer, DEFAULT_CFG, overrides) == "started"
+    model, batch, imgsz, device, amp = made.pop()
+    assert batch == 8 and imgsz == 128 and device == torch.device("cuda", 1) and amp is True
+    # the layout _setup_train gives the model on CUDA (channels_last unset: channels-last, off Windows)
+    assert model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert plans.start(trainer, DEFAULT_CFG, {**overrides, "channels_last": False}) == "started"
+    assert not made.pop()[0].model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert plans.start(trainer, DEFAULT_CFG, {**overrides, "amp": "bf16"}) == "started"
+    assert made.pop()[-1] is torch.bfloat16
+    for key in ("warm_up", "graphed_step"):
+        setattr(trainer, key, case.pop(key, True))
+    assert plans.start(trainer, DEFAULT_CFG, {**overrides, **case}) is None, why
+    assert made == []
+
+
+def test_the_trainers_random_streams_are_as_without_it(synth_root, tmp_path, monkeypatch):
+    """The model ahead draws its weights before Ultralytics' init_seeds seeds the streams: a trainer built with it
+    starts from the same random state as one built without."""
+    from yolofeed import FastDetectionTrainer
+
+    def state():
+        return torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+
+    overrides = {"model": TINY, "data": str(synth_root / "data.yaml"), "imgsz": 64, "batch": 2, "device": "cpu",
+                 "project": str(tmp_path), "exist_ok": True, "plots": False}
+    FastDetectionTrainer(overrides=overrides)
+    without = state()
+    made = []
+    monkeypatch.setattr(plans, "start", lambda *a: made.append(model_ahead(get_cfg(*a[1:]))) and None)
+    torch.manual_seed(123)  # a state the early model's draws would show
+    FastDetectionTrainer(overrides=overrides)
+    assert made and made[0] is not None
+    with_it = state()
+    assert torch.equal(without[0], with_it[0]) and np.array_equal(without[1], with_it[1]) and without[2] == with_it[2]
+
+
+def test_the_thread_runs_jobs_under_the_callers_state_and_is_handed_over_or_closed():
+    """On the CPU too: its early pass, then each ``run`` in it under the caller's grad mode, its error raised here;
+    handed over, it is the new owner's to close; closed, ``run`` runs here."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    p = plans.Plans(DetectionModel(TINY, nc=2, verbose=False), 2, 64, torch.device("cpu"), False)
+    where = p.run(lambda: (threading.current_thread().name, torch.is_grad_enabled()))
+    assert where == ("yolofeed-plans", True) and p.early.done() and p.early_s is not None
+    with torch.no_grad():
+        assert p.run(torch.is_grad_enabled) is False
+    with pytest.raises(ZeroDivisionError):
+        p.run(lambda: 1 / 0)
+    worker = p.hand_over()
+    assert isinstance(worker, processes.Worker) and p.hand_over() is None and not p.alive
+    assert p.run(lambda: threading.current_thread().name) == threading.current_thread().name
+    p.close()  # nothing held: nothing closed
+    assert worker.alive
+    worker.close(5)
+    q = plans.Plans(DetectionModel(TINY, nc=2, verbose=False), 2, 64, torch.device("cpu"), False)
+    q.close()
+    assert not q.alive and q.run(lambda: threading.current_thread().name) == threading.current_thread().name
+
+
+def test_an_early_pass_that_fails_costs_nothing_else(caplog):
+    """Out of memory, cuDNN, a layer it lacks: said at debug level; the thread serves on."""
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    p = plans.Plans(Broken(), 2, 64, torch.device("cpu"), False)
+    assert p.run(lambda: "served") == "served" and p.early.exception() is None
+    p.close()
