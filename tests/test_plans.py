@@ -66,7 +66,8 @@ def test_deterministic_ahead_sets_what_init_seeds_sets_for_cudnn_and_cublas(monk
     ({"device": "cpu"}, "the CPU"), ({"device": "0,1"}, "DDP"), ({"device": "-1"}, "an idle GPU Ultralytics picks"),
     ({"batch": -1}, "AutoBatch"), ({"batch": 0.7}, "AutoBatch's fraction"), ({"resume": True}, "a resume"),
     ({"task": "pose", "model": "yolo11n-pose.yaml"}, "another task"), ({"compile": True}, "a compiled model"),
-    ({"multi_scale": 0.5}, "multi-scale"), ({"warm_up": False}, "no warm-up"), ({"graphed_step": False}, "no graph"),
+    ({"multi_scale": 0.5}, "multi-scale"), ({"quantize": 8}, "QAT"), ({"warm_up": False}, "no warm-up"),
+    ({"graphed_step": False}, "no graph"),
 ])
 def test_it_starts_for_one_cuda_gpu_with_the_warm_up_and_the_graph_only(data_yaml, monkeypatch, case, why):
     made = []
@@ -144,3 +145,18 @@ def test_an_early_pass_that_fails_costs_nothing_else(caplog):
     p = plans.Plans(Broken(), 2, 64, torch.device("cpu"), False)
     assert p.run(lambda: "served") == "served" and p.early.exception() is None
     p.close()
+
+
+@pytest.mark.parametrize("release, system, given, want", [
+    ((8, 4, 190), "Linux", None, True), ((8, 4, 190), "Windows", None, False), ((8, 4, 145), "Windows", None, True),
+    ((8, 4, 190), "Windows", True, True), ((8, 4, 190), "Linux", False, False),
+])
+def test_the_layout_ahead_is_the_one_setup_train_gives_under_each_release(monkeypatch, release, system, given, want):
+    """channels_last unset: channels-last off Windows, and on Windows too before 8.4.146 (``_setup_train``)."""
+    import platform
+
+    from yolofeed.ultralytics_seam import trains_channels_last, version
+
+    monkeypatch.setattr(version, "RELEASE", release)
+    monkeypatch.setattr(platform, "system", lambda: system)
+    assert trains_channels_last(SimpleNamespace(channels_last=given)) is want

@@ -110,14 +110,16 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
     """The early pass started for ``trainer`` (a ``FastTrainer`` whose Ultralytics constructor has not run yet) with
     Ultralytics' ``cfg`` and ``overrides``, where the warm-up will run on one CUDA GPU with the graphed step; None
     otherwise (DDP, the CPU, a resume, AutoBatch, a model or data yaml not readable as they are, any other task than
-    detection), or where anything fails: the warm-up then makes every plan, as before."""
+    detection, a model compiled, quantised or distilled), or where anything fails: the warm-up then makes every plan,
+    as before."""
     if RANK != -1 or not (trainer.warm_up and trainer.graphed_step) or not torch.cuda.is_available():
         return None
     try:
         args = get_cfg(cfg, overrides)
         index = _one_gpu(args.device)
         if (index is None or args.resume or args.task != "detect" or not isinstance(args.batch, int)
-                or args.batch < 1 or args.compile or args.multi_scale or getattr(args, "distill_model", None)):
+                or args.batch < 1 or args.compile or args.multi_scale or getattr(args, "distill_model", None)
+                or getattr(args, "quantize", None)):  # each changes the model after it is built
             return None
         model = model_ahead(args)  # before init_seeds: it reseeds what the random weights drew
         if model is None:

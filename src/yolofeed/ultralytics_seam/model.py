@@ -22,6 +22,7 @@ from yolofeed.ultralytics_seam.names import (
     unwrap_model,
     yaml_model_load,
 )
+from yolofeed.ultralytics_seam.version import since
 
 
 def scaled_input(img: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -153,9 +154,10 @@ def model_ahead(args: Any) -> torch.nn.Module | None:
 
 
 def trains_channels_last(args: Any) -> bool:
-    """Whether ``BaseTrainer._setup_train`` puts the model in the channels-last layout on CUDA for a run's ``args``:
-    ``channels_last=True``, or left unset (None) off Windows (releases before 8.4.153 or so also on Windows: a model
-    ahead then made in the other layout only wastes its early pass, train/plans.py)."""
+    """Whether ``BaseTrainer._setup_train`` (RELIED_ON) puts the model in the channels-last layout on CUDA for a run's
+    ``args``: ``channels_last=True``, or left unset (None) off Windows (on Windows too before 8.4.146)."""
     import platform
 
-    return args.channels_last is True or (args.channels_last is None and platform.system() != "Windows")
+    if args.channels_last is None:
+        return platform.system() != "Windows" or not since("8.4.146")
+    return args.channels_last is True

@@ -603,4 +603,101 @@ RELIED_ON: tuple[Pinned, ...] = (
                _r("8.4.138", "8.4.171", "5234c3643e7c13a7",
                   "leaves 'stopper' as it was (8.4.172: None); optimizer and epoch as in TESTED"),
            )),
+    # What the early cuDNN plans (train/plans.py) take from the trainer before it exists: the model's layers
+    # (model_ahead), its memory format (trains_channels_last) and cuDNN's and cuBLAS's flags (deterministic_ahead).
+    Pinned("ultralytics.utils.torch_utils.init_seeds", "7e76d3f21ffc4eb9",
+           "yolofeed.ultralytics_seam.arguments.deterministic_ahead",
+           why="under deterministic (torch >= 2.0, which yolofeed requires): cudnn.deterministic True and "
+               "CUBLAS_WORKSPACE_CONFIG ':4096:8', besides use_deterministic_algorithms and the seeds; otherwise "
+               "unset_deterministic: deterministic_ahead sets the first two alike, before the trainer's __init__ "
+               "calls this",
+           others=(
+               _r("8.4.138", "8.4.138", "5969ee1fa0a29ba1",
+                  "also seeds CUDA itself (torch.manual_seed does already), no fill_uninitialized_memory; cuDNN and "
+                  "cuBLAS set as in TESTED"),
+               _r("8.4.139", "8.4.153", "85dd2a176e981252",
+                  "no fill_uninitialized_memory = False under deterministic (no plan depends on it); cuDNN and cuBLAS "
+                  "set as in TESTED"),
+           )),
+    Pinned("ultralytics.utils.torch_utils.unset_deterministic", "1f1cb30311ea849e",
+           "yolofeed.ultralytics_seam.arguments.deterministic_ahead",
+           why="use_deterministic_algorithms off, cudnn.deterministic False, CUBLAS_WORKSPACE_CONFIG popped (and "
+               "PYTHONHASHSEED): deterministic_ahead(False) sets cuDNN's and cuBLAS's alike",
+           others=(
+               _r("8.4.138", "8.4.153", "9b54b02daaff9091",
+                  "no fill_uninitialized_memory = True (torch's default, no plan depends on it); cuDNN and cuBLAS as "
+                  "in TESTED"),
+           )),
+    Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.get_model", "643d571ebe741267",
+           "yolofeed.ultralytics_seam.model.model_ahead",
+           why="DetectionModel(cfg, nc=data['nc'], ch=data['channels']), the weights loaded into it after: "
+               "model_ahead builds the same layers, with weights of its own",
+           others=(
+               _r("8.4.138", "8.4.163", "ebd696427ea1e850", "cfg's and weights' annotations alone differ"),
+           )),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.setup_model", "e219740f5fb18e24",
+           "yolofeed.ultralytics_seam.model.model_ahead",
+           why="a model named *.pt (in any case) is loaded with load_checkpoint and built from the loaded model's "
+               "yaml, any other name is the cfg itself; pretrained= changes the weights only; get_model builds it",
+           others=(
+               _r("8.4.138", "8.4.183", "46a314ca66482c05",
+                  "a name is a checkpoint only where it ends in '.pt' as typed (8.4.184: in any case): a '.PT' name "
+                  "goes to get_model as a model yaml, which refuses its suffix, where model_ahead builds it as a "
+                  "checkpoint's (an early pass made for a run that then fails in Ultralytics); a .pt name as in "
+                  "TESTED"),
+           )),
+    Pinned("ultralytics.nn.tasks.load_checkpoint", "ab8e9f2333abd4a5", "yolofeed.ultralytics_seam.model.model_ahead",
+           why="the model is the checkpoint's 'ema', else its 'model' (torch_safe_load), its yaml kept: the entry "
+               "model_ahead reads the architecture from",
+           others=(
+               _r("8.4.138", "8.4.142", "16756cabde430005",
+                  "no QAT state restored (modelopt): the same entry, the same yaml"),
+           )),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.get_dataset", "82a658a63d6bbf5b",
+           "yolofeed.ultralytics_seam.model.model_ahead",
+           why="a detection run's data goes through check_det_dataset; single_cls then sets names {0: 'item'} and nc "
+               "1: model_ahead's one class",
+           others=(
+               _r("8.4.138", "8.4.158", "5a3f76f8fd0db6fe",
+                  "the ndjson conversion and the dataset checks without split=; single_cls as in TESTED"),
+           )),
+    Pinned("ultralytics.data.utils.check_det_dataset", "3830f9c27a1110b2",
+           "yolofeed.ultralytics_seam.model.model_ahead",
+           why="of the yaml as loaded: nc is len(names) where names is set, else nc (an integer, or integer-like, "
+               "for which model_ahead builds nothing), names and nc must agree; channels 3 where not set: "
+               "model_ahead's nc and ch",
+           others=(
+               _r("8.4.138", "8.4.138", "816edcb7679de6b2",
+                  "no masks_dir found beside the images; the rest as 8.4.139-161's"),
+               _r("8.4.139", "8.4.161", "a6bdea303c843d63",
+                  "a data= archive's yaml looked for under DATASETS_DIR (8.4.162: where it was extracted, or the file "
+                  "itself); downloads of .zip URLs only; nc, names and channels as in TESTED"),
+               _r("8.4.162", "8.4.163", "29fd4234f7b8c729",
+                  "downloads of .zip URLs only; dataset's annotation; nc, names and channels as in TESTED"),
+               _r("8.4.164", "8.4.182", "b95763317f0ea516",
+                  "a download URL's scheme and suffix matched as typed (8.4.183: in lower case); nc, names and "
+                  "channels as in TESTED"),
+               _r("8.4.183", "8.4.183", "6f301d453bf3d195",
+                  "a download URL's suffix matched with its query string on (8.4.184: clean_url); nc, names and "
+                  "channels as in TESTED"),
+           )),
+    Pinned("ultralytics.engine.trainer.BaseTrainer._setup_train", "d701411791c68cc5",
+           "yolofeed.ultralytics_seam.model.trains_channels_last",
+           why="setup_model's model moved to the device, then to channels_last on CUDA where channels_last is True, or "
+               "None off Windows (TORCH_1_11: always, torch >= 2.4 here); compile, quantize and distill_model, "
+               "which change the model after, get no early plans (plans.start)",
+           others=(
+               _r("8.4.138", "8.4.138", "d45371abaeb6ce3a",
+                  "channels_last None means channels-last on Windows too (8.4.146: not there), as "
+                  "trains_channels_last says under these releases (since 8.4.146); the EMA made before "
+                  "set_class_weights; imgsz checked after the scaler, no QAT"),
+               _r("8.4.139", "8.4.142", "faa2b7300dd9b2fc",
+                  "channels-last on Windows too, as 8.4.138 (and trains_channels_last); imgsz checked after the "
+                  "scaler, no QAT"),
+               _r("8.4.143", "8.4.145", "3638d5ce7b00a2d8",
+                  "channels-last on Windows too, as 8.4.138 (and trains_channels_last)"),
+               _r("8.4.146", "8.4.154", "443d3ff316836aa7",
+                  "DDP given broadcast_buffers=False on every torch (8.4.155: forward_sync_buffers from torch 2.13); "
+                  "channels_last as in TESTED"),
+           )),
 )
