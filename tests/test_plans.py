@@ -160,3 +160,31 @@ def test_the_layout_ahead_is_the_one_setup_train_gives_under_each_release(monkey
     monkeypatch.setattr(version, "RELEASE", release)
     monkeypatch.setattr(platform, "system", lambda: system)
     assert trains_channels_last(SimpleNamespace(channels_last=given)) is want
+
+
+def test_a_ctrl_c_while_the_thread_runs_a_job_leaves_no_thread_behind():
+    """Ctrl-C while the training thread waits for the thread's job (a capture, say): the trainer closes it, waiting
+    for the job to end, so no thread is left inside torch as the interpreter exits."""
+    import signal
+    import time
+
+    from ultralytics.nn.tasks import DetectionModel
+
+    from yolofeed.train.trainer import FastTrainer
+
+    p = plans.Plans(DetectionModel(TINY, nc=2, verbose=False), 2, 64, torch.device("cpu"), False)
+    p.run(lambda: None)  # the early pass made
+    ended = []
+
+    def capture():
+        time.sleep(1.0)
+        ended.append(time.perf_counter())
+
+    trainer = SimpleNamespace(_plans=p)
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        p.run(capture)
+    assert not ended  # interrupted while the job runs
+    FastTrainer._close_plans(trainer)
+    assert ended and trainer._plans is None
+    assert not any(t.name == "yolofeed-plans" and t.is_alive() for t in threading.enumerate())

@@ -590,9 +590,12 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         return fn(*args, **kwargs) if self._plans is None else self._plans.run(fn, *args, **kwargs)
 
     def _close_plans(self) -> None:
+        """The early plans' thread closed, waited for (a pass or a capture at most; a Ctrl-C meanwhile is acted on
+        after: cut short, the interpreter could exit while the thread is inside torch)."""
         plans_thread, self._plans = getattr(self, "_plans", None), None
         if plans_thread is not None:
-            plans_thread.close()
+            with processes.signals_deferred():
+                plans_thread.close()
 
     def _set_up_beside(self) -> None:
         """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step
