@@ -106,9 +106,11 @@ def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
 
 
 # -- the floors and the modules ------------------------------------------------------------------------------------
-# The stages bottom up: a stage imports only stages on floors below its own. The kernels and the batch schema
+# The stages bottom up: a stage imports only stages on floors below its own (what the process may use, cores and
+# memory, at the bottom: config sizes its worker counts on it). The kernels and the batch schema
 # stand under the stages that share them (pack and augment share the kernels, loader and augment the schema).
 FLOORS = [
+    {"limits"},
     {"errors", "config", "processes", "kernels"},
     {"schema", "ultralytics_seam", "atomic"},
     {"pack", "augment", "monitor"},

@@ -22,7 +22,8 @@ import numpy as np
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
 from yolofeed import synth  # noqa: E402
-from yolofeed.config import SynthConfig, usable_cores  # noqa: E402
+from yolofeed.config import SynthConfig  # noqa: E402
+from yolofeed.limits import usable_cores  # noqa: E402
 from yolofeed.loader.batch import HostBuffers, gather  # noqa: E402
 from yolofeed.loader.labels import LabelView  # noqa: E402
 from yolofeed.pack import open_or_build  # noqa: E402

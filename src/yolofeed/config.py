@@ -8,7 +8,6 @@ the parser can never disagree with the code. This module imports nothing heavy o
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,18 +38,13 @@ def typed(help: str) -> Any:  # noqa: A002 - mirrors argparse
     return field(default=frozenset(), metadata={"help": help, "choices": None, "internal": True})
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (the affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def worker_count(asked: int) -> int:
     """The processes a job of ``asked`` workers starts (0: all usable cores): never more than the usable cores, as
     Ultralytics caps its DataLoader's ``workers`` at the CPU count (more would share them, each with its memory)."""
-    return min(asked or usable_cores(), usable_cores())
+    from yolofeed import limits  # psutil: not at import
+
+    cores = limits.usable_cores()
+    return min(asked or cores, cores)
 
 
 @dataclass(frozen=True)

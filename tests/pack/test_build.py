@@ -130,9 +130,9 @@ def test_header_times_the_build_by_phase(dataset, monkeypatch):
 def test_workers_past_the_usable_cores_are_capped_at_them_as_ultralytics_caps_its_own(dataset, tmp_path, monkeypatch):
     """``workers=200`` on a machine of 2 usable cores starts 2 processes, not 200 (each with its memory); the pack is
     the same."""
-    from yolofeed import config
+    from yolofeed import config, limits
 
-    monkeypatch.setattr(config, "usable_cores", lambda: 2)
+    monkeypatch.setattr(limits, "usable_cores", lambda: 2)
     assert (config.worker_count(200), config.worker_count(0), config.worker_count(1)) == (2, 2, 1)
     started = []
     real = build_module.Workers

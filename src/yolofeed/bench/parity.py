@@ -31,8 +31,9 @@ import numpy as np
 
 from yolofeed import processes
 from yolofeed.bench.stats import Difference, bands_overlap, mean_sd, welch
-from yolofeed.config import ParityConfig, usable_cores
+from yolofeed.config import ParityConfig
 from yolofeed.errors import ConfigError, YolofeedError
+from yolofeed.limits import usable_cores
 from yolofeed.processes import kill_with_parent
 
 SIDES = ("stock", "yolofeed")

@@ -21,6 +21,8 @@ from typing import Any
 
 import psutil
 
+from yolofeed.limits import usable_cores
+
 
 def nvml_spec(device: Any) -> str:
     """How the probe finds the training's GPU in NVML: its UUID for a CUDA device, ``-`` for a CPU run.
@@ -217,8 +219,9 @@ def environment() -> dict[str, Any]:
     Returns:
         ``date`` (UTC, ISO 8601), ``yolofeed``, ``ultralytics``, ``torch``, ``cuda`` (torch's build, None
         without), ``driver`` (NVIDIA, None without), ``python``, ``os``, ``host``, ``cpu`` (model),
-        ``cores`` (the machine's), ``usable_cores`` (this process's affinity), ``ram_gb`` and ``gpus``
-        (the machine's NVIDIA GPUs by model name, as NVML lists them; empty without).
+        ``cores`` (the machine's), ``usable_cores`` (this process's affinity, fewer under a cgroup's CPU quota:
+        yolofeed.limits), ``ram_gb`` and ``gpus`` (the machine's NVIDIA GPUs by model name, as NVML lists them;
+        empty without).
     """
     from importlib.metadata import PackageNotFoundError, version
 
@@ -238,5 +241,5 @@ def environment() -> dict[str, Any]:
             "torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver,
             "python": platform.python_version(), "os": platform.platform(), "host": platform.node(),
             "cpu": _cpu_model(), "cores": psutil.cpu_count() or 0,
-            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count(),
+            "usable_cores": usable_cores(),
             "ram_gb": round(psutil.virtual_memory().total / 1e9, 1), "gpus": gpus}

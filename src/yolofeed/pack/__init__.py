@@ -6,7 +6,7 @@ device). ``layout`` is the pack file's sections and checksums, ``store`` its rea
 in parallel and atomically (``encode``: a worker's side; ``space``: its size against the free space; ``disk``:
 its file operations, which tests replace; ``report``: the report file). ``paths`` says where packs live and
 how one is rebuilt, ``rebuild`` when a pack is reused, refused or rebuilt, ``auto`` picks ``pack_format=auto``'s
-format (``memory``: this process's memory limit), ``summary`` and ``command`` are ``yolofeed pack``'s output.
+format (against ``yolofeed.limits``' memory limit), ``summary`` and ``command`` are ``yolofeed pack``'s output.
 
 ``Pack`` and ``open_or_build`` are imported on first use, so ``yolofeed.pack.codecs`` (the format names,
 for ``yolofeed help``) imports without loading OpenCV, Ultralytics or torch.

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 from yolofeed.errors import DatasetError, PackError
+from yolofeed.limits import memory_limit
 from yolofeed.pack import codecs
 from yolofeed.pack.disk import current, existing_ancestor
 from yolofeed.pack.layout import SUFFIX
-from yolofeed.pack.memory import memory_limit
 from yolofeed.pack.paths import pack_folders
 from yolofeed.pack.source import load_data_yaml, split_source
 from yolofeed.pack.space import estimate_bytes

@@ -71,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from yolofeed.config import usable_cores
+from yolofeed.limits import usable_cores
 
 FORMAT_NAME = "yolofeed-pack"
 FORMAT_VERSION = 2  # 2: payload, section and header CRC32s; label file CRC32s; counts.label_files

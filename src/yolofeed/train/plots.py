@@ -36,10 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import psutil
 
 from yolofeed import processes
-from yolofeed.config import usable_cores
+from yolofeed.limits import memory_available, usable_cores
 from yolofeed.ultralytics_seam import FIGURES_MODULE, RANK, figure_function, final_figures, first_meanwhile
 
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
@@ -133,7 +132,7 @@ class FigureDrawers:
         where fewer than two would start (one child draws no faster than the validation itself)."""
         if getattr(sys, "frozen", False) or not sys.executable:
             return 0
-        n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1, psutil.virtual_memory().available // CHILD_MEMORY)
+        n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1, memory_available() // CHILD_MEMORY)
         return n if n >= 2 else 0
 
     def draw(self, qualname: str, args: tuple, kwargs: dict) -> bool:
