@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import random
 import threading
@@ -13,7 +15,7 @@ import torch
 
 from yolofeed import processes
 from yolofeed.train import plans
-from yolofeed.ultralytics_seam import DEFAULT_CFG, deterministic_ahead, get_cfg, model_ahead
+from yolofeed.ultralytics_seam import DEFAULT_CFG, LOGGER, deterministic_ahead, get_cfg, model_ahead
 
 TINY = "yolo11n.yaml"
 
@@ -48,18 +50,30 @@ def test_the_model_ahead_has_the_layers_the_trainer_builds(data_yaml, tmp_path):
         assert model_ahead(get_cfg(overrides=overrides)) is None, overrides
 
 
-def test_deterministic_ahead_sets_what_init_seeds_sets_for_cudnn_and_cublas(monkeypatch):
+def test_deterministic_ahead_sets_what_init_seeds_sets_for_cudnn_cublas_and_the_environment(monkeypatch):
     from ultralytics.utils.torch_utils import init_seeds
 
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)
-    for deterministic in (True, False):
-        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own, which init_seeds replaces or drops
-        deterministic_ahead(deterministic)
-        ahead = os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.backends.cudnn.deterministic
-        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
-        init_seeds(0, deterministic=deterministic)
-        assert ahead == (os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch.backends.cudnn.deterministic)
-    torch.use_deterministic_algorithms(False)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+    def env():
+        return os.environ.get("CUBLAS_WORKSPACE_CONFIG"), os.environ.get("PYTHONHASHSEED")
+
+    try:
+        for deterministic in (True, False):
+            for key in ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED"):
+                monkeypatch.setenv(key, "7")  # a user's own, which init_seeds replaces or drops
+            deterministic_ahead(deterministic, 3)
+            ahead = env(), torch.backends.cudnn.deterministic
+            for key in ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED"):
+                monkeypatch.setenv(key, "7")
+            init_seeds(3 + 1 - 1, deterministic=deterministic)  # the trainer's seed + 1 + RANK, RANK -1
+            assert ahead == (env(), torch.backends.cudnn.deterministic)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.set_rng_state(rng[0]), np.random.set_state(rng[1]), random.setstate(rng[2])
 
 
 @pytest.mark.parametrize("case, why", [
@@ -74,18 +88,24 @@ def test_it_starts_for_one_cuda_gpu_with_the_warm_up_and_the_graph_only(data_yam
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(plans, "Plans", lambda *a: made.append(a) or "started")
-    monkeypatch.setattr(plans, "deterministic_ahead", lambda d: None)
+    monkeypatch.setattr(plans, "deterministic_ahead", lambda d, seed: made.append("flags"))
     overrides = {"model": TINY, "data": str(data_yaml), "batch": 8, "imgsz": 100, "device": "1"}
     trainer = SimpleNamespace(warm_up=True, graphed_step=True)
     assert plans.start(trainer, DEFAULT_CFG, overrides) == "started"
     model, batch, imgsz, device, amp = made.pop()
+    assert made.pop() == "flags"
     assert batch == 8 and imgsz == 128 and device == torch.device("cuda", 1) and amp is True
     # the layout _setup_train gives the model on CUDA (channels_last unset: channels-last, off Windows)
     assert model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert plans.start(trainer, DEFAULT_CFG, {**overrides, "channels_last": False}) == "started"
     assert not made.pop()[0].model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # a notebook's torch.cuda.set_device(1)
+    assert plans.start(trainer, DEFAULT_CFG, {**overrides, "device": ""}) == "started"
+    assert made.pop()[3] == torch.device("cuda", 1)  # select_device's default: the current device
+    made.clear()
     assert plans.start(trainer, DEFAULT_CFG, {**overrides, "amp": "bf16"}) == "started"
     assert made.pop()[-1] is torch.bfloat16
+    made.clear()
     for key in ("warm_up", "graphed_step"):
         setattr(trainer, key, case.pop(key, True))
     assert plans.start(trainer, DEFAULT_CFG, {**overrides, **case}) is None, why
@@ -123,6 +143,10 @@ def test_the_thread_runs_jobs_under_the_callers_state_and_is_handed_over_or_clos
     assert where == ("yolofeed-plans", True) and p.early.done() and p.early_s is not None
     with torch.no_grad():
         assert p.run(torch.is_grad_enabled) is False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert p.run(lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))) == \
+            (True, torch.bfloat16)
+    assert p.run(lambda: torch.is_autocast_enabled("cpu")) is False
     with pytest.raises(ZeroDivisionError):
         p.run(lambda: 1 / 0)
     worker = p.hand_over()
@@ -142,8 +166,10 @@ def test_an_early_pass_that_fails_costs_nothing_else(caplog):
         def forward(self, x):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
 
-    p = plans.Plans(Broken(), 2, 64, torch.device("cpu"), False)
-    assert p.run(lambda: "served") == "served" and p.early.exception() is None
+    with caplog.at_level(logging.DEBUG, logger=LOGGER.name):
+        p = plans.Plans(Broken(), 2, 64, torch.device("cpu"), False)
+        assert p.run(lambda: "served") == "served" and p.early.exception() is None
+    assert "no early cuDNN set-up (OutOfMemoryError: CUDA out of memory.)" in caplog.text
     p.close()
 
 
@@ -188,3 +214,79 @@ def test_a_ctrl_c_while_the_thread_runs_a_job_leaves_no_thread_behind():
     FastTrainer._close_plans(trainer)
     assert ended and trainer._plans is None
     assert not any(t.name == "yolofeed-plans" and t.is_alive() for t in threading.enumerate())
+
+
+def _alive() -> bool:
+    return any(t.name == "yolofeed-plans" and t.is_alive() for t in threading.enumerate())
+
+
+def _cpu_plans() -> plans.Plans:
+    from ultralytics.nn.tasks import DetectionModel
+
+    return plans.Plans(DetectionModel(TINY, nc=2, verbose=False), 2, 64, torch.device("cpu"), False)
+
+
+def test_no_thread_is_left_by_a_failure_after_ultralytics_constructor_or_before_the_loop(synth_root, tmp_path,
+                                                                                         monkeypatch):
+    """The trainer's own set-up failing after Ultralytics' (the run's options not recorded, say), and ``train()``
+    failing before the loop (the run folder held by another run): the thread is closed, not left inside torch."""
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import options
+
+    overrides = {"model": TINY, "data": str(synth_root / "data.yaml"), "imgsz": 64, "batch": 2, "device": "cpu",
+                 "project": str(tmp_path), "exist_ok": True, "plots": False}
+    monkeypatch.setattr(plans, "start", lambda *a: _cpu_plans())
+
+    def refused(*a, **k):
+        raise ConfigError("no room for yolofeed.yaml")
+
+    with monkeypatch.context() as m:
+        m.setattr(options, "record", refused)
+        with pytest.raises(ConfigError):
+            FastDetectionTrainer(overrides=overrides)
+    assert not _alive()
+    trainer = FastDetectionTrainer(overrides=overrides)
+    trainer._plans = _cpu_plans()  # the CPU trainer closed its own: one as on CUDA
+    monkeypatch.setattr(FastDetectionTrainer, "hold_run_folder", refused)
+    with pytest.raises(ConfigError):
+        trainer.train()
+    assert trainer._plans is None and not _alive()
+
+
+def test_a_short_batches_copy_that_fails_leaves_the_thread_to_be_closed(model_for_short, monkeypatch):
+    """The worker is handed over once the short batches are made: their copy running out of memory leaves it with the
+    trainer, which closes it."""
+    from yolofeed.train import short_batches
+    from yolofeed.train import trainer as trainer_module
+
+    def out_of_memory(m):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(short_batches, "training_copy", out_of_memory)
+    monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
+    t = SimpleNamespace(model=model_for_short, hyp=SimpleNamespace(imgsz=64), device=torch.device("cpu"),
+                        _plans=_cpu_plans())
+    model_for_short.__dict__["_graph"] = SimpleNamespace(flat=object())
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        trainer_module.FastDetectionTrainer._short_batches_beside(t, False, {}, [1])
+    assert t._plans.worker is not None and "_short" not in model_for_short.__dict__
+    trainer_module.FastDetectionTrainer._close_plans(t)
+    assert not _alive()
+
+
+@pytest.fixture
+def model_for_short():
+    from ultralytics.nn.tasks import DetectionModel
+
+    return DetectionModel(TINY, nc=2, verbose=False)
+
+
+def test_a_thread_no_one_closed_ends_when_its_plans_go():
+    """A trainer built and never trained: once nothing holds its plans, the thread ends."""
+    p = _cpu_plans()
+    p.run(lambda: None)
+    assert _alive()
+    del p
+    gc.collect()
+    assert not _alive()

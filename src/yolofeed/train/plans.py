@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -58,8 +59,15 @@ class Plans:
     def __init__(self, model: nn.Module, batch: int, imgsz: int, device: torch.device, amp: bool | torch.dtype):
         self.device = device
         self.early_s: float | None = None  # the early pass's seconds, once made
-        self.worker: processes.Worker | None = processes.Worker("yolofeed-plans", first=on_device(device))
-        self.early = self.worker.submit(self._early, model, batch, imgsz, amp)
+        # the worker while this object holds it; closed when this object goes or the interpreter ends, if not before
+        # (a trainer built and never trained; a failure between the build and the loop): never left inside torch
+        self._held: list[processes.Worker | None] = [processes.Worker("yolofeed-plans", first=on_device(device))]
+        weakref.finalize(self, _close, self._held)
+        self.early = self._held[0].submit(self._early, model, batch, imgsz, amp)
+
+    @property
+    def worker(self) -> processes.Worker | None:
+        return self._held[0]
 
     def _early(self, model: nn.Module, batch: int, imgsz: int, amp: bool | torch.dtype) -> None:
         start = time.perf_counter()
@@ -71,6 +79,12 @@ class Plans:
         finally:
             del model
             self.early_s = time.perf_counter() - start
+
+    def serves(self, device: torch.device) -> bool:
+        """Whether its plans serve a trainer on ``device`` (Ultralytics' choice; ``cuda`` alone: the current one)."""
+        index = device.index if device.index is not None else torch.cuda.current_device() \
+            if device.type == "cuda" else None
+        return device.type == "cuda" and index == self.device.index
 
     @property
     def alive(self) -> bool:
@@ -92,18 +106,25 @@ class Plans:
 
     def hand_over(self) -> processes.Worker | None:
         """The thread, for its next owner (the short batches), which closes it; None where it is gone."""
-        worker, self.worker = (self.worker, None) if self.alive else (None, self.worker)
+        if not self.alive:
+            return None
+        worker, self._held[0] = self._held[0], None
         return worker
 
     def close(self) -> None:
         """Ended once what runs is done, waited for (``CLOSE_WAIT_S`` at most; the caller defers signals)."""
-        worker, self.worker = self.worker, None
-        if worker is not None:
-            worker.cancel()
-            if not worker.close(CLOSE_WAIT_S):
-                LOGGER.warning(f"yolofeed: the cuDNN plans' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
-                               "without it")
-                processes.left_running("the cuDNN plans' thread")
+        _close(self._held)
+
+
+def _close(held: list[processes.Worker | None]) -> None:
+    """``Plans.close``, and its finalizer's: the worker ``held`` holds, if any, ended and waited for."""
+    worker, held[0] = held[0], None
+    if worker is not None:
+        worker.cancel()
+        if not worker.close(CLOSE_WAIT_S):
+            LOGGER.warning(f"yolofeed: the cuDNN plans' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
+                           "without it")
+            processes.left_running("the cuDNN plans' thread")
 
 
 def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | None:
@@ -126,7 +147,7 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
             return None
         if trains_channels_last(args):  # a plan is made for one layout: the trainer's
             model = model.to(memory_format=torch.channels_last)
-        deterministic_ahead(bool(args.deterministic))
+        deterministic_ahead(bool(args.deterministic), args.seed)
         amp = torch.bfloat16 if args.amp == "bf16" else bool(args.amp)
         return Plans(model, args.batch, train_side(args.imgsz), torch.device("cuda", index), amp)
     except Exception as e:  # anything: Ultralytics' own checks say what is wrong with the arguments
@@ -136,11 +157,11 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
 
 def _one_gpu(device: Any) -> int | None:
     """The CUDA device index the run will train on where ``device`` names one (``0``, ``"0"``, ``"cuda:1"``; none:
-    the first, as Ultralytics' default), as ``parse_device`` reads it; None for anything else (the CPU, several
+    the current one, as Ultralytics' default), as ``parse_device`` reads it; None for anything else (the CPU, several
     GPUs, Ultralytics' choice of an idle GPU, ``-1``, which it makes later)."""
     if "-1" in str(device):
         return None
     text = parse_device(device if device is not None else "")
     if text == "":
-        return 0
+        return torch.cuda.current_device()  # select_device's default
     return int(text) if text.isdigit() and int(text) < torch.cuda.device_count() else None

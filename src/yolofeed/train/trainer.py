@@ -156,10 +156,16 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         # the full batch's cuDNN plans, made in a thread of their own while Ultralytics builds the trainer
         self._plans: plans.Plans | None = plans.start(self, cfg or DEFAULT_CFG, overrides)
         try:
-            super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
-        except BaseException:
+            self._build(cfg, overrides, _callbacks)
+        except BaseException:  # any failure past here: no thread left inside torch as the process exits
             self._close_plans()
             raise
+
+    def _build(self, cfg: Any, overrides: dict[str, Any] | None, _callbacks: dict | None) -> None:
+        """The constructor's work once the early plans' thread started: Ultralytics' and yolofeed's."""
+        super().__init__(cfg or DEFAULT_CFG, overrides, _callbacks)
+        if self._plans is not None and not self._plans.serves(self.device):
+            self._close_plans()  # another GPU than the one the trainer chose: its plans would not serve
         for line in keys.start_notes(self.args, self.device.type):
             LOGGER.info(line)
         if RANK in (-1, 0):  # Ultralytics made the run folder and wrote args.yaml there
@@ -192,10 +198,15 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
 
     def train(self):
         """Ultralytics' training, with the run folder held (``hold_run_folder``) until it ends."""
-        lock = self.hold_run_folder()
+        try:
+            lock = self.hold_run_folder()
+        except BaseException:
+            self._close_plans()
+            raise
         try:
             return super().train()
         finally:
+            self._close_plans()  # a failure before the loop, where _close_run closes it
             if lock is not None:
                 lock.release()
 
@@ -621,9 +632,12 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
         graph = model.__dict__.get("_graph")
         if not short_batches.BESIDE or graph is None or graph.flat is None:
             return False
-        worker = self._plans.hand_over() if self._plans is not None else None
+        early = self._plans
+        worker = early.worker if early is not None and early.alive else None
         model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts,
                                                               worker=worker)
+        if worker is not None:
+            early.hand_over()  # the short batches' to close now (made: a copy that failed leaves it to _close_plans)
         return True
 
     def _capture_ahead(self) -> None:

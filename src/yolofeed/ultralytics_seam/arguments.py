@@ -58,10 +58,12 @@ def downloads_weights(name: str) -> bool:
             or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())
 
 
-def deterministic_ahead(deterministic: bool) -> None:
-    """What Ultralytics' ``init_seeds`` (RELIED_ON) sets for cuDNN and cuBLAS under ``deterministic``, set before the
-    trainer calls it, for cuDNN's plans made before (train/plans.py: a plan is made for one setting of
-    ``cudnn.deterministic``; cuBLAS reads its workspace setting once): ``CUBLAS_WORKSPACE_CONFIG`` and
+def deterministic_ahead(deterministic: bool, seed: int) -> None:
+    """What Ultralytics' ``init_seeds`` (RELIED_ON) sets for cuDNN, cuBLAS and the environment under ``deterministic``
+    for a single-process run of ``seed``, set before the trainer calls it, for cuDNN's plans made before
+    (train/plans.py: a plan is made for one setting of ``cudnn.deterministic``; cuBLAS reads its workspace setting
+    once): ``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED`` (set now, init_seeds only rewrites them: a variable added to
+    the environment while another thread reads it can move the environment under it) and
     ``torch.backends.cudnn.deterministic``. Its seeds and ``use_deterministic_algorithms`` are left to it."""
     import os
 
@@ -69,6 +71,8 @@ def deterministic_ahead(deterministic: bool) -> None:
 
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        os.environ["PYTHONHASHSEED"] = str(seed)  # BaseTrainer: init_seeds(seed + 1 + RANK), RANK -1 here
     else:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        os.environ.pop("PYTHONHASHSEED", None)
     torch.backends.cudnn.deterministic = deterministic
