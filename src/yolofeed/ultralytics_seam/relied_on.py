@@ -608,9 +608,9 @@ RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.torch_utils.init_seeds", "7e76d3f21ffc4eb9",
            "yolofeed.ultralytics_seam.arguments.deterministic_ahead",
            why="under deterministic (torch >= 2.0, which yolofeed requires): cudnn.deterministic True and "
-               "CUBLAS_WORKSPACE_CONFIG ':4096:8', besides use_deterministic_algorithms and the seeds; otherwise "
-               "unset_deterministic: deterministic_ahead sets the first two alike, before the trainer's __init__ "
-               "calls this",
+               "CUBLAS_WORKSPACE_CONFIG ':4096:8' and PYTHONHASHSEED the seed, besides use_deterministic_algorithms "
+               "and the seeds; otherwise unset_deterministic: deterministic_ahead sets those three alike (the seed "
+               "the trainer's __init__ passes, seed + 1 + RANK, RANK -1) before that __init__ calls this",
            others=(
                _r("8.4.138", "8.4.138", "5969ee1fa0a29ba1",
                   "also seeds CUDA itself (torch.manual_seed does already), no fill_uninitialized_memory; cuDNN and "
@@ -622,7 +622,7 @@ RELIED_ON: tuple[Pinned, ...] = (
     Pinned("ultralytics.utils.torch_utils.unset_deterministic", "1f1cb30311ea849e",
            "yolofeed.ultralytics_seam.arguments.deterministic_ahead",
            why="use_deterministic_algorithms off, cudnn.deterministic False, CUBLAS_WORKSPACE_CONFIG popped (and "
-               "PYTHONHASHSEED): deterministic_ahead(False) sets cuDNN's and cuBLAS's alike",
+               "PYTHONHASHSEED): deterministic_ahead(False) sets cuDNN's, cuBLAS's and PYTHONHASHSEED alike",
            others=(
                _r("8.4.138", "8.4.153", "9b54b02daaff9091",
                   "no fill_uninitialized_memory = True (torch's default, no plan depends on it); cuDNN and cuBLAS as "
