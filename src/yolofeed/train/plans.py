@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from yolofeed import processes
+from yolofeed.train import graphed, short_batches
 from yolofeed.train.short_batches import as_here
 from yolofeed.train.validation import on_device
 from yolofeed.train.warmup import passes
@@ -125,6 +126,37 @@ def _close(held: list[processes.Worker | None]) -> None:
             LOGGER.warning(f"yolofeed: the cuDNN plans' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
                            "without it")
             processes.left_running("the cuDNN plans' thread")
+
+
+class PlansAhead:
+    """The trainer's side of the early plans' thread (a mixin of ``FastTrainer``): where the warm-up's pass and the
+    capture run, and the thread closed once no one needs it."""
+
+    _plans: Plans | None = None  # the early plans' thread while the trainer holds it (``start``)
+    graphed_step: bool
+
+    def _plans_serve(self) -> None:
+        """At the warm-up's start: the early plans' thread (train/plans.py) makes the full batch's pass and the step's
+        capture where the graph will be captured ahead and this thread holds no state that one would not share; else
+        its early pass is waited for (its backward's plans serve this thread's pass) and it ends."""
+        if self._plans is None:
+            return
+        if not (self.graphed_step and graphed.why_not(self) is None and self._plans.alive
+                and not short_batches.modes_here()):
+            self._plans.wait()
+            self._close_plans()
+
+    def _in_plans_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the early plans' thread while the trainer holds it, else here."""
+        return fn(*args, **kwargs) if self._plans is None else self._plans.run(fn, *args, **kwargs)
+
+    def _close_plans(self) -> None:
+        """The early plans' thread closed, waited for (a pass or a capture at most; a Ctrl-C meanwhile is acted on
+        after: cut short, the interpreter could exit while the thread is inside torch)."""
+        plans_thread, self._plans = getattr(self, "_plans", None), None
+        if plans_thread is not None:
+            with processes.signals_deferred():
+                plans_thread.close()
 
 
 def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | None:

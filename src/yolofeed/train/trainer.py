@@ -42,7 +42,6 @@ import gc
 import os
 import shlex
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,6 +71,7 @@ from yolofeed.train.checkpoints import (
     sweep,
     trim_results,
 )
+from yolofeed.train.plans import PlansAhead
 from yolofeed.train.plots import PlotsBeside, ResultsPlot
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
@@ -104,7 +104,7 @@ from yolofeed.ultralytics_seam import (
 )
 
 
-class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
+class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep):
     """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
 
     A task's trainer is this mixin and Ultralytics' trainer of that task: the pack, the loaders, the augmentation,
@@ -584,29 +584,6 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, SyncFreeStep):
                         f"{seconds:.1f} s before the first epoch{ahead}"
                         + (f", for {', '.join(map(str, beside))} beside it" if beside else "")
                         + " (stock pays it inside its first epoch)")
-
-    def _plans_serve(self) -> None:
-        """At the warm-up's start: the early plans' thread (train/plans.py) makes the full batch's pass and the step's
-        capture where the graph will be captured ahead and this thread holds no state that one would not share; else
-        its early pass is waited for (its backward's plans serve this thread's pass) and it ends."""
-        if self._plans is None:
-            return
-        if not (self.graphed_step and graphed.why_not(self) is None and self._plans.alive
-                and not short_batches.modes_here()):
-            self._plans.wait()
-            self._close_plans()
-
-    def _in_plans_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` in the early plans' thread while the trainer holds it, else here."""
-        return fn(*args, **kwargs) if self._plans is None else self._plans.run(fn, *args, **kwargs)
-
-    def _close_plans(self) -> None:
-        """The early plans' thread closed, waited for (a pass or a capture at most; a Ctrl-C meanwhile is acted on
-        after: cut short, the interpreter could exit while the thread is inside torch)."""
-        plans_thread, self._plans = getattr(self, "_plans", None), None
-        if plans_thread is not None:
-            with processes.signals_deferred():
-                plans_thread.close()
 
     def _set_up_beside(self) -> None:
         """In the warm-up, once the full batch's cuDNN plans are made (``warm_up``'s ``after_full``): the graphed step
