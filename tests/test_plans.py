@@ -290,3 +290,15 @@ def test_a_thread_no_one_closed_ends_when_its_plans_go():
     del p
     gc.collect()
     assert not _alive()
+
+
+def test_the_arguments_read_ahead_say_no_warning_the_trainer_says_again(data_yaml, caplog):
+    """A deprecated key: Ultralytics' warning once, from the trainer's own get_cfg, not from the read ahead."""
+    from yolofeed.ultralytics_seam import args_ahead
+
+    with caplog.at_level(logging.WARNING):
+        args = args_ahead(DEFAULT_CFG, {"model": TINY, "data": str(data_yaml), "hide_labels": True})
+    assert args.model == TINY and caplog.text == ""
+    with caplog.at_level(logging.WARNING):
+        get_cfg(DEFAULT_CFG, {"model": TINY, "data": str(data_yaml), "hide_labels": True})
+    assert "hide_labels" in caplog.text  # the warning the trainer says

@@ -42,8 +42,8 @@ from yolofeed.train.warmup import passes
 from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
+    args_ahead,
     deterministic_ahead,
-    get_cfg,
     model_ahead,
     parse_device,
     train_side,
@@ -168,7 +168,7 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
     if RANK != -1 or not (trainer.warm_up and trainer.graphed_step) or not torch.cuda.is_available():
         return None
     try:
-        args = get_cfg(cfg, overrides)
+        args = args_ahead(cfg, overrides)
         index = _one_gpu(args.device)
         if (index is None or args.resume or args.task != "detect" or not isinstance(args.batch, int)
                 or args.batch < 1 or args.compile or args.multi_scale or getattr(args, "distill_model", None)

@@ -42,7 +42,13 @@ defines it (``version.RELEASE``).
 
 from __future__ import annotations
 
-from yolofeed.ultralytics_seam.arguments import OPTIMIZERS, deterministic_ahead, downloads_weights, train_side
+from yolofeed.ultralytics_seam.arguments import (
+    OPTIMIZERS,
+    args_ahead,
+    deterministic_ahead,
+    downloads_weights,
+    train_side,
+)
 from yolofeed.ultralytics_seam.beside import (
     end_epoch_late,
     overlap_serves,
@@ -251,7 +257,8 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "check_class_names", "checkpoint", "criterion", "crop_mask", "DATASET_KEY_TYPES",
     "data_complete", "data_split", "data_yaml", "DATASETS_DIR", "DEFAULT_CFG", "DEFAULT_CFG_DICT",
     "detection_losses_in", "DetectionModel", "DetectionTrainer", "E2EDetectLoss", "E2ELoss", "exif_size",
-    "deterministic_ahead", "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run", "get_save_dir",
+    "args_ahead", "deterministic_ahead", "find_dataset_yaml", "forward_gflops", "get_cfg", "get_latest_run",
+    "get_save_dir",
     "restores_in_place",
     "guess_model_task",
     "downloads_weights", "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",

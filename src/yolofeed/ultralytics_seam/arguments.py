@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from yolofeed.ultralytics_seam.names import GITHUB_ASSETS_NAMES, LOGGER, SETTINGS, check_imgsz
+from yolofeed.ultralytics_seam.names import GITHUB_ASSETS_NAMES, LOGGER, SETTINGS, check_imgsz, get_cfg
 
 # BaseTrainer.build_optimizer's names (matched without case); any other raises NotImplementedError after the model is
 # built. tests/test_seam.py reads them from the installed source.
@@ -24,6 +24,17 @@ class _QuietHere(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.thread != self.thread
+
+
+def args_ahead(cfg: Any, overrides: dict[str, Any] | None) -> Any:
+    """Ultralytics' ``get_cfg(cfg, overrides)`` before the trainer reads them itself, its warnings (a deprecated key)
+    left out in this thread: the trainer says them once."""
+    quiet = _QuietHere()
+    LOGGER.addFilter(quiet)
+    try:
+        return get_cfg(cfg, overrides)
+    finally:
+        LOGGER.removeFilter(quiet)
 
 
 def train_side(imgsz: Any, stride: int = 32) -> int:
