@@ -31,14 +31,17 @@ def _shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def test_the_model_ahead_has_the_layers_the_trainer_builds(data_yaml, tmp_path):
+def test_the_model_ahead_has_the_layers_the_trainer_builds(data_yaml, tmp_path, caplog):
     """Its layers are those of ``DetectionTrainer.get_model`` for the run: the data's class count (one with
     single_cls), from a model yaml or from a .pt's; None where the data or model cannot be read as they are."""
     from ultralytics.nn.tasks import DetectionModel
 
     stock = DetectionModel(TINY, nc=3, verbose=False)
-    ahead = model_ahead(get_cfg(overrides={"model": TINY, "data": str(data_yaml)}))
+    caplog.clear()  # stock's own build said it
+    with caplog.at_level(logging.INFO):
+        ahead = model_ahead(get_cfg(overrides={"model": TINY, "data": str(data_yaml)}))
     assert _shapes(ahead) == _shapes(stock)
+    assert "Overriding" not in caplog.text  # the trainer's own build says it, once
     single = model_ahead(get_cfg(overrides={"model": TINY, "data": str(data_yaml), "single_cls": True}))
     assert _shapes(single) == _shapes(DetectionModel(TINY, nc=1, verbose=False)) != _shapes(stock)
     weights = tmp_path / "w.pt"

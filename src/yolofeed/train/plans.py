@@ -43,9 +43,10 @@ from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
     args_ahead,
+    autocast_asked,
     deterministic_ahead,
     model_ahead,
-    parse_device,
+    one_gpu_asked,
     train_side,
     trains_channels_last,
 )
@@ -169,7 +170,7 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
         return None
     try:
         args = args_ahead(cfg, overrides)
-        index = _one_gpu(args.device)
+        index = one_gpu_asked(args.device)
         if (index is None or args.resume or args.task != "detect" or not isinstance(args.batch, int)
                 or args.batch < 1 or args.compile or args.multi_scale or getattr(args, "distill_model", None)
                 or getattr(args, "quantize", None)):  # each changes the model after it is built
@@ -180,20 +181,7 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
         if trains_channels_last(args):  # a plan is made for one layout: the trainer's
             model = model.to(memory_format=torch.channels_last)
         deterministic_ahead(bool(args.deterministic), args.seed)
-        amp = torch.bfloat16 if args.amp == "bf16" else bool(args.amp)
-        return Plans(model, args.batch, train_side(args.imgsz), torch.device("cuda", index), amp)
+        return Plans(model, args.batch, train_side(args.imgsz), torch.device("cuda", index), autocast_asked(args))
     except Exception as e:  # anything: Ultralytics' own checks say what is wrong with the arguments
         LOGGER.debug(f"yolofeed: no early cuDNN set-up ({type(e).__name__}: {e})")
         return None
-
-
-def _one_gpu(device: Any) -> int | None:
-    """The CUDA device index the run will train on where ``device`` names one (``0``, ``"0"``, ``"cuda:1"``; none:
-    the current one, as Ultralytics' default), as ``parse_device`` reads it; None for anything else (the CPU, several
-    GPUs, Ultralytics' choice of an idle GPU, ``-1``, which it makes later)."""
-    if "-1" in str(device):
-        return None
-    text = parse_device(device if device is not None else "")
-    if text == "":
-        return torch.cuda.current_device()  # select_device's default
-    return int(text) if text.isdigit() and int(text) < torch.cuda.device_count() else None

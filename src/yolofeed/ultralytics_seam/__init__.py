@@ -47,6 +47,7 @@ from yolofeed.ultralytics_seam.arguments import (
     args_ahead,
     deterministic_ahead,
     downloads_weights,
+    one_gpu_asked,
     train_side,
 )
 from yolofeed.ultralytics_seam.beside import (
@@ -209,6 +210,7 @@ from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_
 from yolofeed.ultralytics_seam.state import (
     RUN_FILES,
     TRAINER_STATE,
+    autocast_asked,
     batches_per_step,
     check_trainer_state,
     checkpoint,
@@ -263,12 +265,12 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "guess_model_task",
     "downloads_weights", "image_feeds_a_convolution", "img2label_paths", "IMG_FORMATS", "imread", "launches_ranks",
     "LOCAL_RANK", "LOGGER",
-    "make_anchors", "make_criterion", "model_ahead", "mark_phases", "may_stop", "MuSGD", "OPTIMIZERS", "packaged",
-    "parse_device",
+    "make_anchors", "make_criterion", "model_ahead", "one_gpu_asked", "mark_phases", "may_stop", "MuSGD",
+    "OPTIMIZERS", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
     "RANK", "results_csv", "resuming", "run_first",
     "scaled_input", "segments2boxes", "set_criterion", "set_epoch_loss", "smart_value", "start_epoch",
-    "step_autocast", "StopTraining", "strip_optimizer", "swap_class", "trains_channels_last",
+    "step_autocast", "autocast_asked", "StopTraining", "strip_optimizer", "swap_class", "trains_channels_last",
     "TaskAlignedAssigner", "torch_distributed_zero_first", "torch_safe_load", "train_side", "train_until_stopped",
     "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "validation_loader", "validation_models", "VERSION",
     "weights_dir",

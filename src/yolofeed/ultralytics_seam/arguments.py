@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from yolofeed.ultralytics_seam.names import GITHUB_ASSETS_NAMES, LOGGER, SETTINGS, check_imgsz, get_cfg
+from yolofeed.ultralytics_seam.names import GITHUB_ASSETS_NAMES, LOGGER, SETTINGS, check_imgsz, get_cfg, parse_device
 
 # BaseTrainer.build_optimizer's names (matched without case); any other raises NotImplementedError after the model is
 # built. tests/test_seam.py reads them from the installed source.
@@ -87,3 +87,17 @@ def deterministic_ahead(deterministic: bool, seed: int) -> None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         os.environ.pop("PYTHONHASHSEED", None)
     torch.backends.cudnn.deterministic = deterministic
+
+
+def one_gpu_asked(device: Any) -> int | None:
+    """The CUDA device index the run will train on where ``device`` names one (``0``, ``"0"``, ``"cuda:1"``; none:
+    the current one, as Ultralytics' default), as ``parse_device`` and ``select_device`` read it; None for anything
+    else (the CPU, several GPUs, Ultralytics' choice of an idle GPU, ``-1``, which it makes later)."""
+    import torch
+
+    if "-1" in str(device):
+        return None
+    text = parse_device(device if device is not None else "")
+    if text == "":
+        return torch.cuda.current_device()  # select_device's default
+    return int(text) if text.isdigit() and int(text) < torch.cuda.device_count() else None

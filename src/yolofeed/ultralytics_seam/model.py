@@ -4,12 +4,12 @@ objects made ours in place (``swap_class``)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from yolofeed.ultralytics_seam.arguments import _QuietHere
 from yolofeed.ultralytics_seam.names import (
     LOGGER,
     YAML,
@@ -145,12 +145,12 @@ def model_ahead(args: Any) -> torch.nn.Module | None:
         cfg = yaml_model_load(name)
     if not isinstance(cfg, dict):
         return None
-    level = LOGGER.level
-    LOGGER.setLevel(logging.WARNING)  # "Overriding model.yaml nc=80 with nc=...": the trainer's own build says it
+    quiet = _QuietHere()  # "Overriding model.yaml nc=80 with nc=...": the trainer's own build says it
+    LOGGER.addFilter(quiet)
     try:
         return DetectionModel(cfg, nc=nc, ch=int(data.get("channels", 3)), verbose=False)
     finally:
-        LOGGER.setLevel(level)
+        LOGGER.removeFilter(quiet)
 
 
 def trains_channels_last(args: Any) -> bool:

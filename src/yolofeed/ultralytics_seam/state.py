@@ -125,7 +125,13 @@ def start_epoch(trainer: Any) -> int:
 def step_autocast(trainer: Any) -> Any:
     """What the training step autocasts to, as ``BaseTrainer._do_train`` (RELIED_ON) passes it to ``autocast``:
     ``torch.bfloat16`` under ``amp=bf16``, else ``trainer.amp`` (a bool, set by ``_setup_train``)."""
-    return torch.bfloat16 if trainer.args.amp == "bf16" else _state(trainer, "amp")
+    return autocast_asked(trainer.args, _state(trainer, "amp"))
+
+
+def autocast_asked(args: Any, amp: bool | None = None) -> Any:
+    """``step_autocast`` from a run's ``args`` alone, before the trainer exists (train/plans.py): ``amp`` where given
+    (``_setup_train``'s, after its AMP check), else the ``amp`` asked for."""
+    return torch.bfloat16 if args.amp == "bf16" else bool(args.amp) if amp is None else amp
 
 
 def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch.dtype, bool]]:
