@@ -90,7 +90,7 @@ def test_it_starts_for_one_cuda_gpu_with_the_warm_up_and_the_graph_only(data_yam
     made = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(plans, "Plans", lambda *a: made.append(a) or "started")
+    monkeypatch.setattr(plans, "Plans", lambda *a: made.append(a[:-1]) or "started")
     monkeypatch.setattr(plans, "deterministic_ahead", lambda d, seed: made.append("flags"))
     overrides = {"model": TINY, "data": str(data_yaml), "batch": 8, "imgsz": 100, "device": "1"}
     trainer = SimpleNamespace(warm_up=True, graphed_step=True)
@@ -113,6 +113,19 @@ def test_it_starts_for_one_cuda_gpu_with_the_warm_up_and_the_graph_only(data_yam
         setattr(trainer, key, case.pop(key, True))
     assert plans.start(trainer, DEFAULT_CFG, {**overrides, **case}) is None, why
     assert made == []
+
+
+def test_what_is_set_ahead_is_set_back_as_it_was(monkeypatch):
+    """``deterministic_ahead``'s undo: the environment and cuDNN's flag as they were, a variable unset stays unset."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    for deterministic in (True, False):
+        undo = deterministic_ahead(deterministic, 5)
+        assert torch.backends.cudnn.deterministic is deterministic
+        undo()
+        assert torch.backends.cudnn.deterministic is False
+        assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == ":16:8" and "PYTHONHASHSEED" not in os.environ
 
 
 def test_the_trainers_random_streams_are_as_without_it(synth_root, tmp_path, monkeypatch):
@@ -223,10 +236,39 @@ def _alive() -> bool:
     return any(t.name == "yolofeed-plans" and t.is_alive() for t in threading.enumerate())
 
 
-def _cpu_plans() -> plans.Plans:
+def _cpu_plans(**kwargs) -> plans.Plans:
     from ultralytics.nn.tasks import DetectionModel
 
-    return plans.Plans(DetectionModel(TINY, nc=2, verbose=False), 2, 64, torch.device("cpu"), False)
+    return plans.Plans(DetectionModel(TINY, nc=2, verbose=False), 2, 64, torch.device("cpu"), False, **kwargs)
+
+
+def test_a_fork_waits_for_the_early_pass():
+    """The pack build's workers fork from the trainer while the early pass may be inside torch: the fork waits for
+    it (a child must not inherit the locks that thread holds), then goes on; a pass that ends the thread's jobs
+    does not hold a later fork."""
+    import multiprocessing as mp
+    import time
+
+    release = threading.Event()
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            release.wait(10)
+            return x.sum()
+
+    p = plans.Plans(Slow(), 1, 32, torch.device("cpu"), False)
+    threading.Timer(0.3, release.set).start()
+    child = mp.get_context("fork").Process(target=int)
+    child.start()
+    assert p.early.done()  # os.fork returned only once the pass had ended
+    child.join(10)
+    assert child.exitcode == 0
+    t = time.perf_counter()
+    again = mp.get_context("fork").Process(target=int)
+    again.start()
+    again.join(10)
+    assert again.exitcode == 0 and time.perf_counter() - t < 5
+    p.close()
 
 
 def test_no_thread_is_left_by_a_failure_after_ultralytics_constructor_or_before_the_loop(synth_root, tmp_path,
@@ -244,11 +286,14 @@ def test_no_thread_is_left_by_a_failure_after_ultralytics_constructor_or_before_
     def refused(*a, **k):
         raise ConfigError("no room for yolofeed.yaml")
 
+    undone = []
     with monkeypatch.context() as m:
         m.setattr(options, "record", refused)
+        m.setattr(plans, "start", lambda *a: _cpu_plans(undo_ahead=lambda: undone.append(_alive())))
         with pytest.raises(ConfigError):
             FastDetectionTrainer(overrides=overrides)
     assert not _alive()
+    assert undone == [False]  # what was set ahead set back, once the thread that made plans for it had ended
     trainer = FastDetectionTrainer(overrides=overrides)
     trainer._plans = _cpu_plans()  # the CPU trainer closed its own: one as on CUDA
     monkeypatch.setattr(FastDetectionTrainer, "hold_run_folder", refused)

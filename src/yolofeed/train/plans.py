@@ -21,11 +21,14 @@ plans serve) and goes on as before.
 Nothing of the early pass is kept: its model is a throwaway with its own weights, and cuDNN's flags are set to what
 Ultralytics' ``init_seeds`` sets a moment later (``seam.deterministic_ahead``), since a plan is made for one setting of
 them. A pass that fails (out of memory, a layer the early model lacks) is said at debug level and costs nothing else.
+A fork waits for the early pass (a first run builds its packs, whose workers fork, while it may run), and a trainer
+whose build fails sets back what was set ahead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -58,14 +61,18 @@ class Plans:
     """The worker thread (see the module's doc), its first job the early pass of ``model`` (on the CPU) at ``batch``
     images of ``imgsz`` on ``device`` under ``amp`` (as ``warmup.passes`` takes it)."""
 
-    def __init__(self, model: nn.Module, batch: int, imgsz: int, device: torch.device, amp: bool | torch.dtype):
+    def __init__(self, model: nn.Module, batch: int, imgsz: int, device: torch.device, amp: bool | torch.dtype,
+                 undo_ahead: Callable[[], None] | None = None):
+        """``undo_ahead``, where given, sets back what was set ahead for it (``seam.deterministic_ahead``'s)."""
         self.device = device
         self.early_s: float | None = None  # the early pass's seconds, once made
+        self.undo_ahead = undo_ahead or (lambda: None)
         # the worker while this object holds it; closed when this object goes or the interpreter ends, if not before
         # (a trainer built and never trained; a failure between the build and the loop): never left inside torch
         self._held: list[processes.Worker | None] = [processes.Worker("yolofeed-plans", first=on_device(device))]
         weakref.finalize(self, _close, self._held)
         self.early = self._held[0].submit(self._early, model, batch, imgsz, amp)
+        _early_passes.add(self)
 
     @property
     def worker(self) -> processes.Worker | None:
@@ -129,6 +136,25 @@ def _close(held: list[processes.Worker | None]) -> None:
             processes.left_running("the cuDNN plans' thread")
 
 
+_early_passes: weakref.WeakSet[Plans] = weakref.WeakSet()  # each Plans made, while it lives
+
+
+def _early_passes_done() -> None:
+    """Before this process forks (the pack build's workers: a first run builds its packs while the early pass runs),
+    each early pass is waited for (``CLOSE_WAIT_S`` at most): a child forked while a thread is inside torch and CUDA
+    inherits the locks that thread held, held for ever."""
+    for p in list(_early_passes):
+        worker = p.worker
+        if worker is not None and worker.is_current():
+            continue  # a job of its own forking: its early pass is done
+        with contextlib.suppress(Exception):
+            p.early.result(timeout=CLOSE_WAIT_S)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_early_passes_done)
+
+
 class PlansAhead:
     """The trainer's side of the early plans' thread (a mixin of ``FastTrainer``): where the warm-up's pass and the
     capture run, and the thread closed once no one needs it."""
@@ -180,8 +206,13 @@ def start(trainer: Any, cfg: Any, overrides: dict[str, Any] | None) -> Plans | N
             return None
         if trains_channels_last(args):  # a plan is made for one layout: the trainer's
             model = model.to(memory_format=torch.channels_last)
-        deterministic_ahead(bool(args.deterministic), args.seed)
-        return Plans(model, args.batch, train_side(args.imgsz), torch.device("cuda", index), autocast_asked(args))
+        undo = deterministic_ahead(bool(args.deterministic), args.seed)
+        try:
+            return Plans(model, args.batch, train_side(args.imgsz), torch.device("cuda", index), autocast_asked(args),
+                         undo)
+        except BaseException:
+            undo()
+            raise
     except Exception as e:  # anything: Ultralytics' own checks say what is wrong with the arguments
         LOGGER.debug(f"yolofeed: no early cuDNN set-up ({type(e).__name__}: {e})")
         return None

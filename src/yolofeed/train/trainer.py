@@ -155,10 +155,14 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=options.python_route)
         # the full batch's cuDNN plans, made in a thread of their own while Ultralytics builds the trainer
         self._plans: plans.Plans | None = plans.start(self, cfg or DEFAULT_CFG, overrides)
+        early = self._plans
         try:
             self._build(cfg, overrides, _callbacks)
-        except BaseException:  # any failure past here: no thread left inside torch as the process exits
+        except BaseException:  # any failure past here: no thread left inside torch as the process exits, and the
+            # flags set ahead for it set back (a notebook's next run or other work finds them as it left them)
             self._close_plans()
+            if early is not None:
+                early.undo_ahead()
             raise
 
     def _build(self, cfg: Any, overrides: dict[str, Any] | None, _callbacks: dict | None) -> None:

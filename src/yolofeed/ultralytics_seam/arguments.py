@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,17 +70,22 @@ def downloads_weights(name: str) -> bool:
             or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())
 
 
-def deterministic_ahead(deterministic: bool, seed: int) -> None:
+def deterministic_ahead(deterministic: bool, seed: int) -> Callable[[], None]:
     """What Ultralytics' ``init_seeds`` (RELIED_ON) sets for cuDNN, cuBLAS and the environment under ``deterministic``
     for a single-process run of ``seed``, set before the trainer calls it, for cuDNN's plans made before
     (train/plans.py: a plan is made for one setting of ``cudnn.deterministic``; cuBLAS reads its workspace setting
     once): ``CUBLAS_WORKSPACE_CONFIG``, ``PYTHONHASHSEED`` (set now, init_seeds only rewrites them: a variable added to
     the environment while another thread reads it can move the environment under it) and
-    ``torch.backends.cudnn.deterministic``. Its seeds and ``use_deterministic_algorithms`` are left to it."""
+    ``torch.backends.cudnn.deterministic``. Its seeds and ``use_deterministic_algorithms`` are left to it.
+
+    Returns a function that sets the three back as they were (a trainer whose build failed leaves the process as it
+    found it)."""
     import os
 
     import torch
 
+    keys = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
+    was = {k: os.environ.get(k) for k in keys}, torch.backends.cudnn.deterministic
     if deterministic:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         os.environ["PYTHONHASHSEED"] = str(seed)  # BaseTrainer: init_seeds(seed + 1 + RANK), RANK -1 here
@@ -87,6 +93,16 @@ def deterministic_ahead(deterministic: bool, seed: int) -> None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         os.environ.pop("PYTHONHASHSEED", None)
     torch.backends.cudnn.deterministic = deterministic
+
+    def undo() -> None:
+        for key, value in was[0].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.backends.cudnn.deterministic = was[1]
+
+    return undo
 
 
 def one_gpu_asked(device: Any) -> int | None:
