@@ -312,6 +312,7 @@ def test_a_short_batches_copy_that_fails_leaves_the_thread_to_be_closed(model_fo
         raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
 
     monkeypatch.setattr(short_batches, "training_copy", out_of_memory)
+    monkeypatch.setattr(short_batches, "UNPLANNED", False)  # the worker's path (InPlace takes no thread)
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
     t = SimpleNamespace(model=model_for_short, hyp=SimpleNamespace(imgsz=64), device=torch.device("cpu"),
                         _plans=_cpu_plans())

@@ -164,12 +164,23 @@ def test_the_trainer_hands_them_beside_only_where_the_graph_was_captured_ahead(m
     monkeypatch.setattr(trainer_module, "unwrap_model", lambda m: m)
     t = SimpleNamespace(model=model, hyp=SimpleNamespace(imgsz=64), device=CPU, _plans=None)
     beside = trainer_module.FastDetectionTrainer._short_batches_beside
-    for graph, takes in ((None, False), (SimpleNamespace(flat=None), False), (SimpleNamespace(flat=object()), True)):
-        model.__dict__.pop("_short", None)
-        if graph is not None:
-            model.__dict__["_graph"] = graph
-        assert beside(t, False, {}, [16]) is takes
-        assert model.__dict__.get("_short") == ("worker" if takes else None)
+    for unplanned in (True, False):  # the default: in the training thread as GEMMs; else in the worker
+        monkeypatch.setattr(short_batches, "UNPLANNED", unplanned)
+        model.__dict__.pop("_graph", None)
+        for graph, takes in ((None, False), (SimpleNamespace(flat=None), False),
+                             (SimpleNamespace(flat=object()), True)):
+            model.__dict__.pop("_short", None)
+            if graph is not None:
+                model.__dict__["_graph"] = graph
+            assert beside(t, False, {}, [16]) is takes
+            short = model.__dict__.get("_short")
+            if not takes:
+                assert short is None
+            elif unplanned:
+                assert isinstance(short, short_batches.InPlace) and short.sizes == {16} and short.set_up.done()
+            else:
+                assert short == "worker"
+    assert made == [[16]]
     monkeypatch.setattr(short_batches, "BESIDE", False)  # the A/B switch: the warm-up passes them in its thread
     model.__dict__.pop("_short", None)
     assert beside(t, False, {}, [16]) is False and "_short" not in model.__dict__

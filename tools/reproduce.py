@@ -131,8 +131,9 @@ SECTIONS = {s.name: s for s in (
     Section("whole-run-default", "The whole run", "nvidia-h200", 1, 8, (
         # val_overlap's GPU tests (a capture waits for the validation beside it) beside the CPU-bound synth and pack,
         # then the whole run as a user gets it: val_overlap's default
-        "timeout 240 python3 -m pytest -q -m gpu tests/test_val_overlap.py tests/test_augment_gpu.py -k "
-        "'overlap or before_capture' -p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_overlap.txt 2>&1 &",
+        "timeout 240 python3 -m pytest -q -m gpu tests/test_val_overlap.py tests/test_augment_gpu.py "
+        "tests/test_unplanned.py -k 'overlap or before_capture or unplanned' -p no:cacheprovider --tb=short -rA "
+        "> $OUT/gpu_tests_overlap.txt 2>&1 &",
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
@@ -194,6 +195,20 @@ SECTIONS = {s.name: s for s in (
         SYNTH_10K, PACK_10K, "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_plans.txt | tail -12",
         "timeout 330 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABAB "
         f"out=$OUT/early_plans_ab -- model=yolo11n.yaml modes=yolofeed whole_run=2 {BENCH_1}", NO_WEIGHTS)),
+    Section("short-conv", "First epoch", "nvidia-h100-x1", 1, 8, (
+        # the GPU tests of the short batch as GEMMs beside the CPU-bound synth and pack; then the short batch's cost
+        # with cuDNN's plans and as GEMMs, each case in a fresh process, channels-last as the trainer runs, at 16 and
+        # 64 images; then yolofeed's whole run of 3 epochs with the short batch's cuDNN plans beside the first epoch
+        # (A) and as GEMMs (B), A B A
+        "timeout 200 python3 -m pytest -q -m gpu tests/test_unplanned.py tests/test_short_batches.py "
+        "tests/test_warmup.py -p no:cacheprovider -rA > $OUT/gpu_tests_unplanned.txt 2>&1 &",
+        SYNTH_10K, PACK_10K,
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed' $OUT/gpu_tests_unplanned.txt | tail -12",
+        "timeout 130 python3 -m tools.device.short_conv out=$OUT/short_conv_16 2>&1 | grep -v Warning | tail -4",
+        "timeout 110 python3 -m tools.device.short_conv short=64 out=$OUT/short_conv_64 2>&1 | grep -v Warning "
+        "| tail -4",
+        "timeout 200 python3 -m tools.device.swap_ab off=unplanned out=$OUT/unplanned_ab -- model=yolo11n.yaml "
+        f"modes=yolofeed whole_run=3 {BENCH_1}", NO_WEIGHTS)),
     Section("multi-scale", "Multi-scale training", "nvidia-h200", 1, 4, (
         SYNTH_10K, PACK_10K,
         f"timeout 200 python3 -m yolofeed bench model=yolo11n.yaml modes=stock,yolofeed {BENCH} multi_scale=0.5 "

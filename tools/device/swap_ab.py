@@ -19,7 +19,8 @@ levers (the sync-free step and loss stay on both sides).
 
 ``off=short_batches`` makes the epoch's short batches' cuDNN set-up in the warm-up, before the first epoch, and
 forwards them in the training thread (``short_batches.BESIDE``; with ``whole_run=``: the set-up and the first epoch,
-side by side).
+side by side). ``off=unplanned`` runs them with cuDNN's plans, made beside the first epoch in the worker thread
+(``short_batches.UNPLANNED``), where the library runs their convolutions as GEMMs in the training thread.
 
 ``also=grid_candidates,foreground_norm`` adds a side C with only those off, and ``order=ACBA`` runs the sides in that
 order: the step before every lever, before some, as it is, and before every lever again, in one call.
@@ -34,13 +35,14 @@ from pathlib import Path
 from tools.device.bn_silu_ab import aba
 
 OFF = {"swap_layout", "swap_convs", "swap_halves", "install", "bce_sum", "half_input", "grid_candidates",
-       "foreground_norm", "short_batches"}
+       "foreground_norm", "short_batches", "unplanned"}
 SWITCHES = {  # name: (module, what side A sets, its value)
     "bce_sum": ("yolofeed.kernels.bce_sum", "ENABLED", "False"),
     "half_input": ("yolofeed.train.step", "SyncFreeStep.step_input_dtype", "lambda self: None"),  # Ultralytics' image
     "grid_candidates": ("yolofeed.train.loss.detect", "GRID_CANDIDATES", "False"),
     "foreground_norm": ("yolofeed.train.loss.detect", "FOREGROUND_NORM", "False"),
     "short_batches": ("yolofeed.train.short_batches", "BESIDE", "False"),  # their set-up in the warm-up
+    "unplanned": ("yolofeed.train.short_batches", "UNPLANNED", "False"),  # their cuDNN set-up beside the first epoch
 }
 KNOBS = {"_GROUPS", "_TILE", "_WARPS", "_UNROLL", "_STAGES", "_FLAT_TILE", "_FLAT_WARPS"}
 # A sitecustomize that fails only prints "Error in sitecustomize" and the run goes on as the other side: side A's

@@ -1,5 +1,6 @@
-"""The epoch's short batches (its last, smaller one) forwarded in a thread of their own, whose cuDNN set-up is made
-beside the first epoch.
+"""The epoch's short batches (its last, smaller one): their convolutions as GEMMs in the training thread while that
+costs less than their cuDNN set-up (``InPlace``), else forwarded in a thread of their own, whose cuDNN set-up is made
+beside an epoch (``ShortBatches``).
 
 cuDNN plans a convolution's forward once per calling thread and input shape, and its backward once per shape in the
 autograd engine's device thread, which every thread's backward runs in (BENCHMARKS.md, "First epoch": yolo11n's first
@@ -18,7 +19,11 @@ runs in the training thread (``takes``). What it costs the training: the worker'
 backward's plans in the autograd device thread, where the training's own backward waits for the node running ahead of
 it; and, until memory is next released, up to a short batch's activations cached for the worker's stream.
 
-It serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since a
+``InPlace`` (the default, ``UNPLANNED``) takes no set-up at all (train/unplanned.py: no cuDNN plan) at a higher cost
+a batch, and makes a ``ShortBatches`` beside a later epoch where the run's epochs left would spend more on the GEMMs
+than the plans cost: short runs keep the GEMMs, long ones make the plans beside their second epoch.
+
+Either serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since a
 capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
 FastMuSGD's) are in the thread-local mode, which another thread's work does not invalidate, and the worker never
 synchronises the device.
@@ -36,11 +41,15 @@ import torch
 from torch import nn
 
 from yolofeed import processes
+from yolofeed.train.unplanned import Unplanned
 from yolofeed.train.validation import on_device
 from yolofeed.train.warmup import passes, training_copy
 from yolofeed.ultralytics_seam import LOGGER
 
 BESIDE = True  # False: the warm-up makes the short batches' plans in the training thread, before the first epoch
+UNPLANNED = True  # the short batches' convolutions as GEMMs in the training thread (``InPlace``) while they cost less
+PLANS_COST_S = 2.5  # what the short batches' plans made beside an epoch cost it (yolo11n at 640 on an H100: 2.5-2.8 s)
+GEMM_PER_FORWARD = 3.0  # a short batch's cost as GEMMs, in its forward's (backward 1.5-2.4 forwards)
 CLOSE_WAIT_S = 30.0  # how long a run's end waits for the worker (a pass at a short batch's size, at most)
 
 
@@ -99,7 +108,13 @@ class ShortBatches:
         """Whether ``x`` is a batch of one of the sizes, under no state of this thread the worker would not share, and
         the worker serves (a worker that could not start, on its CUDA device say, is said once and serves no batch:
         they run in the training thread)."""
-        if self._failed or x.shape[0] not in self.sizes or not torch.is_grad_enabled() or modes_here():
+        if x.shape[0] not in self.sizes or not torch.is_grad_enabled() or modes_here():
+            return False
+        return self.serves()
+
+    def serves(self) -> bool:
+        """Whether the worker serves (one that failed is said once)."""
+        if self._failed:
             return False
         if self._worker.failed is not None:
             self._failed = True
@@ -122,6 +137,79 @@ class ShortBatches:
             LOGGER.warning(f"yolofeed: the short batches' thread did not stop within {CLOSE_WAIT_S:g} s; going on "
                            "without it")
             processes.left_running("the short batches' thread")
+
+
+class InPlace:
+    """The training model's batches of ``sizes`` run in the training thread with their convolutions as GEMMs
+    (train/unplanned.py), which need no cuDNN plan, until the run's remaining epochs would spend more on them than the
+    plans cost: then the plans are made beside an epoch (``plan``: a ``ShortBatches``), which serves once they are.
+
+    The GEMMs take no set-up but each such batch costs more (yolo11n at 640 on an H100: 94 ms at 16 images against
+    cuDNN's 28, 250 against 40 at 64), and the plans made beside an epoch cost it about ``PLANS_COST_S`` once
+    (BENCHMARKS.md, "First epoch"). So the first epoch's short batch runs as GEMMs and its forward is timed; at each
+    epoch's start (``epoch_starts``) the batches left, at ``GEMM_PER_FORWARD`` times that forward each, are weighed
+    against the plans' cost. A short run keeps the GEMMs; a long one makes the plans beside its second epoch, where
+    the worker would have made them beside its first. ``ShortBatches``' interface."""
+
+    def __init__(self, sizes: list[int], plan: Callable[[], ShortBatches] | None = None):
+        self.sizes = frozenset(sizes)
+        self.set_up: Future = Future()
+        self.set_up.set_result(None)
+        self._plan = plan
+        self.planned: ShortBatches | None = None
+        self._timed: list[tuple[Any, Any]] = []  # (start, end) of each forward as GEMMs, CUDA events or seconds
+        self.forward_s: float | None = None  # the longest forward as GEMMs timed so far
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is a batch of one of the sizes, in a training pass under no mode of this thread's own."""
+        return x.shape[0] in self.sizes and torch.is_grad_enabled() and not modes_here()
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in the planned worker where its set-up is done and it serves, else here as GEMMs,
+        timed on this thread's CUDA stream (no sync: read at the next epoch's start)."""
+        planned = self.planned
+        if planned is not None and planned.set_up.done() and planned.serves():
+            return planned(fn, *args, **kwargs)
+        cuda = torch.cuda.is_available() and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+        if cuda:
+            start.record()
+        with Unplanned():
+            out = fn(*args, **kwargs)
+        if cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            end = time.perf_counter()
+        self._timed.append((start, end))
+        return out
+
+    def epoch_starts(self, batches_left: int) -> None:
+        """At an epoch's start, with ``batches_left`` short batches to come in the run: the forwards timed since read
+        (those done), and the plans started beside this epoch where the batches left would cost more as GEMMs."""
+        pending = []
+        for start, end in self._timed:
+            if isinstance(end, float):
+                seconds = end - start
+            elif end.query():
+                seconds = start.elapsed_time(end) / 1000
+            else:
+                pending.append((start, end))
+                continue
+            self.forward_s = max(self.forward_s or 0.0, seconds)
+        self._timed = pending
+        if self.planned is not None or self._plan is None or self.forward_s is None:
+            return
+        if batches_left * GEMM_PER_FORWARD * self.forward_s > PLANS_COST_S:
+            self.planned = self._plan()
+            LOGGER.debug(f"yolofeed: short batch sizes {', '.join(map(str, sorted(self.sizes)))}: cuDNN set up beside "
+                         f"this epoch ({batches_left} to come at about {GEMM_PER_FORWARD * self.forward_s:.2f} s each "
+                         "as GEMMs)")
+
+    def close(self) -> None:
+        """The planned worker ended, if one was started."""
+        if self.planned is not None:
+            self.planned.close()
 
 
 def modes_here() -> bool:

@@ -199,6 +199,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
+        self.add_callback("on_train_epoch_start", type(self)._short_batches_epoch)
 
     def train(self):
         """Ultralytics' training, with the run folder held (``hold_run_folder``) until it ends."""
@@ -581,12 +582,15 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             self._close_plans()  # where the short batches did not take it
         if RANK in (-1, 0):
             sizes = batch_sizes(sampler)
-            beside = sizes[1:] if "_short" in unwrap_model(self.model).__dict__ else []
+            short = unwrap_model(self.model).__dict__.get("_short")
+            beside = sizes[1:] if short is not None else []
             before = ", ".join(str(n) for n in sizes if n not in beside)
             ahead = f" (after {parts['early_s']:.1f} s beside the trainer's build)" if "early_s" in parts else ""
+            others = ", ".join(map(str, beside))
+            how = (f", batch size{'s' * (len(beside) > 1)} {others} as GEMMs, which need none"
+                   if isinstance(short, short_batches.InPlace) else f", for {others} beside it")
             LOGGER.info(f"yolofeed: cuDNN set up for batch size{'s' * (len(sizes) - len(beside) > 1)} {before} in "
-                        f"{seconds:.1f} s before the first epoch{ahead}"
-                        + (f", for {', '.join(map(str, beside))} beside it" if beside else "")
+                        f"{seconds:.1f} s before the first epoch{ahead}" + (how if beside else "")
                         + " (stock pays it inside its first epoch)")
 
     def _set_up_beside(self) -> None:
@@ -613,6 +617,10 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         graph = model.__dict__.get("_graph")
         if not short_batches.BESIDE or graph is None or graph.flat is None:
             return False
+        if short_batches.UNPLANNED:  # no plans to make now: the early plans' thread ends with the warm-up
+            model.__dict__["_short"] = short_batches.InPlace(sizes, partial(
+                short_batches.ShortBatches, model, sizes, self.hyp.imgsz, self.device, amp, parts))
+            return True
         early = self._plans
         worker = early.worker if early is not None and early.alive else None
         model.__dict__["_short"] = short_batches.ShortBatches(model, sizes, self.hyp.imgsz, self.device, amp, parts,
@@ -620,6 +628,13 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         if worker is not None:
             early.hand_over()  # the short batches' to close now (made: a copy that failed leaves it to _close_plans)
         return True
+
+    def _short_batches_epoch(self) -> None:
+        """At each epoch's start: the short batches run as GEMMs weigh the epochs left against their plans' cost
+        (``short_batches.InPlace``)."""
+        short = unwrap_model(self.model).__dict__.get("_short")
+        if isinstance(short, short_batches.InPlace):
+            short.epoch_starts(self.epochs - self.epoch)
 
     def _capture_ahead(self) -> None:
         """At ``on_train_start``, where the warm-up ran: the graphed step's capture (train/graphed.py) on a blank
