@@ -80,3 +80,58 @@ def test_the_figure_children_are_counted_on_what_the_cgroup_leaves(monkeypatch):
     monkeypatch.setattr(plots, "usable_cores", lambda: 64)
     monkeypatch.setattr(plots, "memory_available", lambda: 1 << 30)
     assert plots.FigureDrawers.count() == 0
+
+
+def test_values_no_kernel_writes_are_passed_over(tmp_path, monkeypatch):
+    """A period of 0, a quota too large for a float, a negative or zero memory limit, garbage: each passed over as
+    no limit, never an error or a count of none (the figure children's count, an optional speed-up, takes 0 on any
+    error)."""
+    affinity = len(os.sched_getaffinity(0))
+    folder = tmp_path / "cg"
+    folder.mkdir()
+    for text in ("100000 0", "0 100000", "-5 100000", "9" * 400 + " 1", "garbage", "", "\x00\x01"):
+        (folder / "cpu.max").write_text(text)
+        assert limits.usable_cores([folder]) == affinity, text
+    (folder / "cpu.max").unlink()
+    (folder / "cpu.cfs_quota_us").write_text("50000")
+    (folder / "cpu.cfs_period_us").write_text("0")
+    assert limits.usable_cores([folder]) == affinity
+    ram = psutil.virtual_memory().total
+    limit = folder / "memory.max"
+    for text in ("-1", "0", "nonsense"):
+        limit.write_text(text)
+        assert limits.memory_limit((str(limit),)) == ram, text
+    machine = 64 << 30
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: SimpleNamespace(available=machine, total=2 * machine))
+    (folder / "memory.current").write_text("100")
+    for text in ("-1", "0"):
+        limit.write_text(text)
+        assert limits.memory_available([folder]) == machine, text
+
+    from yolofeed.train import plots
+
+    def broken():
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(plots, "usable_cores", broken)
+    assert plots.FigureDrawers.count() == 0
+
+
+def test_a_limit_on_a_cgroup_above_this_ones_binds_it(tmp_path, monkeypatch):
+    """/proc/self/cgroup names this process's cgroup; a quota set on its parent (a systemd slice) counts, and a line of
+    another form does not hide the lines after it."""
+    root = tmp_path / "cgroup"
+    (root / "user.slice" / "session.scope").mkdir(parents=True)
+    (root / "user.slice" / "cpu.max").write_text("100000 100000\n")
+    monkeypatch.setattr(limits, "ROOT", root)
+    real = limits._read
+
+    def read(path):
+        if str(path) == "/proc/self/cgroup":
+            return "garbage without colons\n0::/user.slice/session.scope\n"
+        return real(path)
+
+    monkeypatch.setattr(limits, "_read", read)
+    folders = limits._own_cgroups("cpu")
+    assert folders[:2] == [root / "user.slice" / "session.scope", root / "user.slice"]
+    assert limits.usable_cores() == 1

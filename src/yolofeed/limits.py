@@ -22,16 +22,20 @@ ROOT = Path("/sys/fs/cgroup")
 
 
 def _own_cgroups(v1_controller: str) -> list[Path]:
-    """The folders of this process's own cgroup (version 2's, and version 1's of ``v1_controller``), then the
-    root's."""
-    own = []
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():  # "0::/path" (v2), "4:memory:/path" (v1)
-            _, controllers, rel = line.split(":", 2)
-            if controllers == "":
-                own.append(ROOT / rel.lstrip("/"))
-            elif v1_controller in controllers.split(","):
-                own.append(ROOT / controllers / rel.lstrip("/"))
+    """The folders of this process's own cgroup and of each cgroup above it (version 2's, and version 1's of
+    ``v1_controller``: a limit set on a parent, a systemd slice say, binds its children), then the root's."""
+    own: list[Path] = []
+    text = _read(Path("/proc/self/cgroup")) or ""
+    for line in text.splitlines():  # "0::/path" (v2), "4:memory:/path" (v1); a line of another form is passed over
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, rel = fields
+        base = ROOT if controllers == "" else ROOT / controllers if v1_controller in controllers.split(",") else None
+        if base is None:
+            continue
+        parts = [p for p in rel.split("/") if p and p != ".."]
+        own.extend(base.joinpath(*parts[:n]) for n in range(len(parts), 0, -1))
     return [*own, ROOT, ROOT / v1_controller]
 
 
@@ -48,13 +52,12 @@ def _cpu_quota(folders: list[Path]) -> float | None:
     for folder in folders:
         v2 = _read(folder / "cpu.max")
         parts = v2.split() if v2 else []
-        if len(parts) == 2 and parts[0] != "max":
-            with contextlib.suppress(ValueError):
-                quotas.append(int(parts[0]) / int(parts[1]))
-        quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
-        with contextlib.suppress(TypeError, ValueError, ZeroDivisionError):
-            if int(quota) > 0:
-                quotas.append(int(quota) / int(period))
+        pairs = [parts] if len(parts) == 2 and parts[0] != "max" else []
+        pairs.append([_read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")])  # quota -1: none
+        for quota, period in pairs:
+            with contextlib.suppress(TypeError, ValueError, ArithmeticError):  # missing, garbage, 0 or huge values
+                if int(quota) > 0 and int(period) > 0:
+                    quotas.append(int(quota) / int(period))
     return min(quotas) if quotas else None
 
 
@@ -92,7 +95,9 @@ def memory_limit(cgroup_files: tuple[str, ...] | None = None) -> int:
         [limit for limit, *_ in _memory_files(_own_cgroups("memory"))]
     for path in paths:
         with contextlib.suppress(TypeError, ValueError):
-            total = min(total, int(_read(path)))  # "max" (no limit) is a ValueError, a missing file a TypeError
+            limit = int(_read(path))  # "max" (no limit) is a ValueError, a missing file a TypeError
+            if limit > 0:  # the kernel writes no other; a file of some other kind is passed over
+                total = min(total, limit)
     return total
 
 
@@ -108,6 +113,8 @@ def memory_available(folders: list[Path] | None = None) -> int:
     for limit, usage, stat, key in _memory_files(_own_cgroups("memory") if folders is None else folders):
         with contextlib.suppress(TypeError, ValueError):
             cap, used = int(_read(limit)), int(_read(usage))
+            if cap <= 0:
+                continue
             cache = next((int(v) for k, v in (line.split() for line in (_read(stat) or "").splitlines()
                                               if len(line.split()) == 2) if k == key), 0)
             available = min(available, max(0, cap - used + cache))

@@ -39,7 +39,7 @@ import matplotlib
 
 from yolofeed import processes
 from yolofeed.limits import memory_available, usable_cores
-from yolofeed.ultralytics_seam import FIGURES_MODULE, RANK, figure_function, final_figures, first_meanwhile
+from yolofeed.ultralytics_seam import FIGURES_MODULE, LOGGER, RANK, figure_function, final_figures, first_meanwhile
 
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
@@ -132,7 +132,11 @@ class FigureDrawers:
         where fewer than two would start (one child draws no faster than the validation itself)."""
         if getattr(sys, "frozen", False) or not sys.executable:
             return 0
-        n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1, memory_available() // CHILD_MEMORY)
+        try:
+            n = min(MAX_FIGURE_CHILDREN, usable_cores() - 1, memory_available() // CHILD_MEMORY)
+        except Exception as e:  # a figure drawn faster is never worth a run: the validation draws them
+            LOGGER.debug(f"yolofeed: no figure children ({type(e).__name__}: {e})")
+            return 0
         return n if n >= 2 else 0
 
     def draw(self, qualname: str, args: tuple, kwargs: dict) -> bool:

@@ -23,8 +23,8 @@ it; and, until memory is next released, up to a short batch's activations cached
 a batch, and makes a ``ShortBatches`` beside a later epoch where the run's epochs left would spend more on the GEMMs
 than the plans cost: short runs keep the GEMMs, long ones make the plans beside their second epoch.
 
-Either serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since a
-capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
+Either serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since
+a capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
 FastMuSGD's) are in the thread-local mode, which another thread's work does not invalidate, and the worker never
 synchronises the device.
 """
