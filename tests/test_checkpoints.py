@@ -594,3 +594,33 @@ def test_a_link_planted_where_ultralytics_writes_in_the_run_folder_is_refused(da
     assert len(err) == 1 and re.search(said, err[0]), err
     assert target.read_text() == "the user's own" and (run / name).is_symlink()
     assert sorted(p.name for p in run.iterdir()) == sorted(["notes.txt", name])
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.EPERM])
+def test_a_final_strip_whose_rename_fails_leaves_the_checkpoint_whole_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                                         caplog, code):
+    """The folder made read-only (or immutable) between the stripped file's write and its rename over last.pt: the
+    rename's failure is the write's, last.pt stays whole with its optimizer, one line says so, the run goes on."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    YOLO("yolo11n.yaml").save(weights / "last.pt")
+    whole = (weights / "last.pt").read_bytes()
+    real = os.replace
+
+    def refused(src, dst, *a, **k):
+        if Path(dst).name == "last.pt":
+            raise OSError(code, os.strerror(code))
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "replace", refused)
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=False))
+    with caplog.at_level("WARNING"):
+        FastDetectionTrainer.final_eval(trainer)
+    assert (weights / "last.pt").read_bytes() == whole
+    assert "could not strip the optimizer from" in caplog.text and "left whole" in caplog.text
+    assert sorted(p.name for p in weights.iterdir()) == ["last.pt"]  # the stripped copy removed

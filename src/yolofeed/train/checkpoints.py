@@ -91,6 +91,13 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
             fd, tmp = atomic.create_temp(path)
             os.close(fd)
             ckpt = strip_optimizer(path, s=str(tmp), updates=updates)
+            if ckpt:  # the rename too: a folder made read-only meanwhile leaves path whole, as a failed write does
+                fd = os.open(tmp, os.O_RDONLY | CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
         except (OSError, RuntimeError) as e:
             fault = _strip_fault(path, e)
             if fault is None:
@@ -102,14 +109,9 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
                            f"predicts as it is; Ultralytics' strip rewrites it in place: python -c "
                            f"{shlex.quote(command)}")
             return {}
-        if ckpt:
-            fd = os.open(tmp, os.O_RDONLY | CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-            atomic.fsync_dir(path.parent)
+        if ckpt:  # renamed: the stripped file is path's, whether or not the folder's entry is on the disk yet
+            with contextlib.suppress(OSError):
+                atomic.fsync_dir(path.parent)
     finally:
         LOGGER.removeFilter(in_place_words)
         if tmp is not None:
