@@ -4,6 +4,7 @@ makes both."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -220,6 +221,47 @@ def test_figures_not_back_in_time_are_drawn_here_once_the_children_are_ended(tmp
                                               "BoxR_curve.png", "confusion_matrix_normalized.png",
                                               "confusion_matrix.png"]
     assert all(Path(p).is_file() for p, _ in seen)
+
+
+def test_a_stopped_figure_child_is_not_waited_for_and_a_line_says_so(tmp_path, caplog):
+    """A child stopped (SIGSTOP, a debugger) draws nothing until resumed: the wait ends within a poll, not at its
+    limit, the figures are drawn here, one line says why, and the children are ended (a stopped child is killed)."""
+    import signal
+
+    from yolofeed.train.plots import FigureDrawers
+    from yolofeed.ultralytics_seam import final_figures
+
+    inputs, cm = _figure_inputs()
+    drawers = FigureDrawers(2)
+    children = list(drawers._children)
+    for child in children:
+        os.kill(child.pid, signal.SIGSTOP)
+    seen = []
+    with final_figures(drawers.draw):
+        _draw_figures(tmp_path, inputs, cm, seen)
+    start = time.perf_counter()
+    with caplog.at_level("WARNING"):
+        drawers.finish(timeout=120)
+    assert time.perf_counter() - start < 20 and all(child.poll() is not None for child in children)
+    assert len(seen) == 6 and all(Path(p).is_file() for p, _ in seen)
+    assert "figures drawn here after" in caplog.text and "a child was stopped" in caplog.text
+
+
+def test_a_stopped_or_late_results_child_is_killed_and_a_line_says_so(tmp_path, monkeypatch, caplog):
+    import signal
+
+    monkeypatch.setattr("yolofeed.train.plots.RESULTS_PLOT", "import time; time.sleep(60)")
+    plot = ResultsPlot(_results_csv(tmp_path))
+    os.kill(plot._child.pid, signal.SIGSTOP)
+    start = time.perf_counter()
+    with caplog.at_level("WARNING"):
+        assert plot.finish(timeout=120)[0] is False
+    assert time.perf_counter() - start < 10 and "results.png drawn here" in caplog.text and "stopped" in caplog.text
+    (tmp_path / "late").mkdir()
+    late = ResultsPlot(_results_csv(tmp_path / "late"))
+    with caplog.at_level("WARNING"):
+        assert late.finish(timeout=0.5)[0] is False
+    assert "not done in time" in caplog.text
 
 
 @pytest.mark.parametrize("verbose", ["True", "False"])

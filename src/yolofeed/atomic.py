@@ -1,9 +1,11 @@
 """Files written whole or not at all: a temporary file beside the target, fsynced, renamed over it.
 
-The files a kill must not leave half of go through ``write_atomically``: a run's checkpoints, results.csv and
-yolofeed.yaml; bench.json, parity.json and the doctor's report. Killed at any moment, the file holds its old bytes or
-the new ones; a link at its name is replaced, its target left as it was. The fsync costs the disk's write time of the
-file once (a checkpoint, 5-110 MB, once an epoch; the reports are kilobytes).
+The files a kill must not leave half of go through ``write_atomically``: a run's checkpoints, yolofeed.yaml and
+results.csv where yolofeed rewrites it (its rows trimmed on a resume); bench.json, parity.json and the doctor's report.
+Killed at any moment, the file holds its old bytes or the new ones; a link at its name is replaced, its target left
+as it was. The fsync costs the disk's write time of the file once (a checkpoint, 5-110 MB, once an epoch; the reports
+are kilobytes). What Ultralytics writes itself (results.csv's rows, appended each epoch; its plots and figures) it
+writes as stock does, following a link at the name.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import psutil
 
 from yolofeed import processes
 from yolofeed.limits import memory_available, usable_cores
@@ -55,6 +56,7 @@ RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting im
 FIGURE_CHILD = """
 import importlib, os, pickle, sys, tempfile, warnings
 import matplotlib
+import psutil
 sys.path.pop(0)
 reply = os.fdopen(os.dup(1), "wb")
 said = tempfile.TemporaryFile()
@@ -94,7 +96,9 @@ while True:
     pickle.dump((drawn, text, calls), reply)
     reply.flush()
 """
-FIGURE_WAIT_S = 120.0  # how long the final validation waits for the children's figures before drawing them itself
+FIGURE_WAIT_S = 60.0  # how long the final validation waits for the children's figures before drawing them itself
+RESULTS_WAIT_S = 120.0  # how long the run's end waits for results.png's child before drawing it itself
+POLL_S = 0.5  # how often a wait looks whether a child was stopped (SIGSTOP, a debugger): then it is not waited for
 # a detection validation's six figures (four curves, two confusion matrices) at once; a segmentation's or pose's ten
 # take two rounds. Each child holds about 0.3 GB of its own (torch, imported by the figures' module) until the end
 MAX_FIGURE_CHILDREN = 6
@@ -193,14 +197,24 @@ class FigureDrawers:
         saying something. Ends the children. Returns the seconds waited."""
         start = time.perf_counter()
         replies: list[tuple[bool, str, list] | None] = []
+        late = ""
         try:
             for _, _, _, done in self._taken:
-                try:
-                    replies.append(done.result(max(0.0, start + timeout - time.perf_counter())))
-                except Exception:  # the child failed, or not in time: drawn below, once no child can be drawing it
+                while not done.done() and not late:
+                    left = start + timeout - time.perf_counter()
+                    late = ("not back in time" if left <= 0 else "a child was stopped"
+                            if any(_stopped(c) for c in self._children) else "")
+                    with contextlib.suppress(Exception):
+                        done.exception(min(POLL_S, max(0.0, left)))
+                try:  # the child failed, or not back: drawn below, once no child can be drawing it
+                    replies.append(done.result(0) if done.done() else None)
+                except Exception:
                     replies.append(None)
         finally:
             self.close()
+        if late:
+            LOGGER.warning(f"yolofeed: the final validation's figures drawn here after "
+                           f"{time.perf_counter() - start:.0f} s ({late})")
         waited = time.perf_counter() - start
         if self._first is not None:
             self.seconds = time.perf_counter() - self._first
@@ -228,6 +242,14 @@ class FigureDrawers:
             for child in children:
                 child.wait()
                 self._jobs.put(None)
+
+
+def _stopped(child: subprocess.Popen) -> bool:
+    """Whether ``child`` is stopped (SIGSTOP, a debugger's trace): it draws nothing until someone resumes it."""
+    try:
+        return psutil.Process(child.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.Error, OSError):  # gone: its wait ends by itself
+        return False
 
 
 def _settings() -> dict[str, Any]:
@@ -318,7 +340,8 @@ class ResultsPlot:
             self._child.communicate()
         self._child = None
 
-    def finish(self, on_plot: Callable[[Path], object] | None = None, timeout: float = 300.0) -> tuple[bool, float]:
+    def finish(self, on_plot: Callable[[Path], object] | None = None,
+               timeout: float = RESULTS_WAIT_S) -> tuple[bool, float]:
         """Wait for the child (``timeout`` seconds at most: then it is killed); where it drew results.png and said
         nothing (``plot_results`` logs a CSV it cannot plot as an error and goes on), hand the file to ``on_plot`` as
         ``plot_results`` does. Returns whether it did, and the seconds waited: where it did not (no child, a failure,
@@ -326,12 +349,18 @@ class ResultsPlot:
         if self._child is None:
             return False, 0.0
         start = time.perf_counter()
-        try:
-            said, _ = self._child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.communicate()
-            return False, time.perf_counter() - start
+        while True:
+            try:
+                said, _ = self._child.communicate(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                late = time.perf_counter() - start > timeout
+                if late or _stopped(self._child):
+                    self._child.kill()
+                    self._child.communicate()
+                    LOGGER.warning(f"yolofeed: results.png drawn here after {time.perf_counter() - start:.0f} s (its "
+                                   f"child {'not done in time' if late else 'was stopped'})")
+                    return False, time.perf_counter() - start
         waited = time.perf_counter() - start
         self.seconds = time.perf_counter() - self._start
         png = self.csv.with_name("results.png")
