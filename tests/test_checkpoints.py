@@ -624,3 +624,17 @@ def test_a_final_strip_whose_rename_fails_leaves_the_checkpoint_whole_and_the_ru
     assert (weights / "last.pt").read_bytes() == whole
     assert "could not strip the optimizer from" in caplog.text and "left whole" in caplog.text
     assert sorted(p.name for p in weights.iterdir()) == ["last.pt"]  # the stripped copy removed
+    # a folder that refuses the removal too (read-only for real, as root's tests cannot make it): the copy is named
+    real_unlink = Path.unlink
+
+    def kept(self, *a, **k):
+        if self.parent == weights:
+            raise OSError(code, os.strerror(code))
+        return real_unlink(self, *a, **k)
+
+    monkeypatch.setattr(Path, "unlink", kept)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        FastDetectionTrainer.final_eval(trainer)
+    left = [p for p in weights.iterdir() if p.name != "last.pt"]
+    assert len(left) == 1 and f"could not remove {left[0]}" in caplog.text and "may be deleted" in caplog.text

@@ -103,7 +103,7 @@ def test_a_set_up_that_fails_is_skipped_with_one_line_and_the_batches_still_run(
         assert short(lambda: "served") == "served"
     finally:
         short.close()
-    assert "skipped the set-up of batch sizes 2 beside the first epoch (RuntimeError: cuDNN says no)" in caplog.text
+    assert "skipped the set-up of batch sizes 2 beside an epoch (RuntimeError: cuDNN says no)" in caplog.text
 
 
 def test_the_graphed_models_predict_sends_its_short_batches_to_the_worker_and_lets_go_of_it(model):

@@ -52,6 +52,50 @@ def test_a_convolution_is_torchs_in_value_gradient_and_layout(monkeypatch, slice
         torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("form", ["a channel slice", "NCHW input, channels-last weight",
+                                  "channels-last input, NCHW weight"])
+@pytest.mark.parametrize("ks", [1, 3])
+def test_the_output_is_laid_out_as_torchs_for_slices_and_mixed_layouts(form, ks):
+    """A channel slice of a channels-last map (C2f's chunk), or input and weight in different layouts: the output in
+    the layout torch gives, its values and gradients torch's."""
+    base, weight, bias = _args(16, 8, ks, 1, True)
+    x = base.detach()[:, 8:].requires_grad_() if form == "a channel slice" else base
+    if form == "a channel slice":
+        weight = torch.randn(8, 8, ks, ks, dtype=torch.float64).contiguous(
+            memory_format=torch.channels_last).requires_grad_()
+    elif form.startswith("NCHW input"):
+        x = base.detach().contiguous().requires_grad_()
+    else:
+        weight = weight.detach().contiguous().requires_grad_()
+    want = F.conv2d(x, weight, bias, 1, ks // 2)
+    with Unplanned():
+        got = F.conv2d(x, weight, bias, 1, ks // 2)
+    fmt = torch.channels_last if want.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    assert got.is_contiguous(memory_format=fmt), form
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grad = torch.randn_like(want)
+    for g, w in zip(torch.autograd.grad(got, (x, weight, bias), grad),
+                    torch.autograd.grad(want, (x, weight, bias), grad)):
+        torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-11)
+
+
+def test_arguments_in_every_form_torch_takes():
+    """One-element lists for stride and padding, the input by its keyword: torch's results; a float64 input under
+    autocast stays float64, as autocast leaves it."""
+    x, weight, bias = _args(8, 16, 3, 1, True)
+    want = F.conv2d(x, weight, bias, [2], [1])
+    with Unplanned():
+        torch.testing.assert_close(F.conv2d(x, weight, bias, [2], [1]), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(F.conv2d(input=x, weight=weight, bias=bias, stride=[2], padding=[1]), want,
+                                   rtol=1e-12, atol=1e-12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.conv2d(x, weight, bias, 1, 1)
+        with Unplanned():
+            got = F.conv2d(x, weight, bias, 1, 1)
+    assert got.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_what_it_does_not_take_is_torchs_own():
     """A padding given as a string, groups that are not depthwise, an unbatched input: torch's call, the same bits."""
     x, weight, _ = _args(8, 16, 3, 2, True)
@@ -158,9 +202,12 @@ def test_in_place_makes_the_plans_once_the_batches_left_would_cost_more_as_gemms
     assert made == []
     monkeypatch.setattr(short_batches, "PLANS_COST_S", 1.0)
     monkeypatch.setattr(short_batches, "GEMM_PER_FORWARD", 2.0)
-    ticks = iter([10.0, 10.1])  # a forward of 0.1 s
-    monkeypatch.setattr(short_batches.time, "perf_counter", lambda: next(ticks))
     x, weight, _ = _args(8, 16, 3, 1, True)
+    monkeypatch.setattr(short_batches.time, "perf_counter", iter([0.0, 5.0]).__next__)  # the first: cold, 5 s
+    short(F.conv2d, x, weight, padding=1)
+    short.epoch_starts(10 ** 6)  # not counted
+    assert made == [] and short.forward_s is None
+    monkeypatch.setattr(short_batches.time, "perf_counter", iter([10.0, 10.1]).__next__)  # a forward of 0.1 s
     short(F.conv2d, x, weight, padding=1)
     short.epoch_starts(5)  # 5 x 2 x 0.1 = 1.0 s: not more than the plans' 1.0 s
     assert made == [] and short.forward_s == pytest.approx(0.1)
@@ -177,6 +224,26 @@ def test_in_place_makes_the_plans_once_the_batches_left_would_cost_more_as_gemms
     assert len(made) == 1  # made once
     short.close()
     assert made[0].closed
+
+
+def test_plans_that_cannot_start_leave_the_gemms_going_with_one_line(monkeypatch, caplog):
+    """The planned worker's copy out of memory (or no thread to spare) at an epoch's start: one line, the GEMMs go on,
+    no second try."""
+    tries = []
+
+    def out_of_memory():
+        tries.append(1)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+
+    short = short_batches.InPlace([3], plan=out_of_memory)
+    short.forward_s = 1.0
+    with caplog.at_level("WARNING"):
+        short.epoch_starts(10 ** 6)
+        short.epoch_starts(10 ** 6)
+    assert tries == [1] and short.planned is None
+    assert "cuDNN set-up not started (OutOfMemoryError: CUDA out of memory.)" in caplog.text
+    x, weight, _ = _args(8, 16, 3, 1, True)
+    torch.testing.assert_close(short(F.conv2d, x, weight, padding=1), F.conv2d(x, weight, padding=1))
 
 
 def test_the_trainer_weighs_them_at_each_epochs_start_with_the_epochs_left():

@@ -229,8 +229,8 @@ def breakdown(result: dict) -> str:
     warm = f" (warm-up {s('warm_up_s')}{': ' + split if split else ''})" if p.get("warm_up_s") is not None else ""
     beside = "".join(f"; {name} plot {s(f'{name}_plot_s')} beside, {s(f'{name}_plot_waited_s')} waited"
                      for name in ("labels", "results") if f"{name}_plot_s" in p)
-    if "warm_up_beside_s" in p:  # train/short_batches.py: the other batch sizes' set-up, beside the first epoch
-        beside = f"; other batch sizes' set-up {s('warm_up_beside_s')} beside the first epoch" + beside
+    if "warm_up_beside_s" in p:  # train/short_batches.py: the other batch sizes' set-up, beside an epoch
+        beside = f"; other batch sizes' set-up {s('warm_up_beside_s')} beside an epoch" + beside
     if "warm_up_early_s" in p:  # train/plans.py: the full batch's early pass, beside the trainer's build
         warm += f"; the full batch's early pass {s('warm_up_early_s')} beside the trainer's build"
     return (f"set-up: trainer {s('build_s')}, _setup_train {s('setup_train_s')}{warm}; "

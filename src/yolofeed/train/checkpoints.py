@@ -115,8 +115,11 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     finally:
         LOGGER.removeFilter(in_place_words)
         if tmp is not None:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as e:  # a folder made read-only: the stripped copy stays beside last.pt, said
+                LOGGER.warning(f"yolofeed: could not remove {tmp} ({_first_line(e)}); it is a stripped copy of "
+                               f"{path.name}, or part of one, and may be deleted")
     return ckpt
 
 

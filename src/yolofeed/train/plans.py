@@ -146,7 +146,7 @@ def _early_passes_done() -> None:
     for p in list(_early_passes):
         worker = p.worker
         if worker is not None and worker.is_current():
-            continue  # a job of its own forking: its early pass is done
+            continue  # a job of its own forking: it cannot wait for itself
         with contextlib.suppress(Exception):
             p.early.result(timeout=CLOSE_WAIT_S)
 

@@ -56,7 +56,6 @@ RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting im
 FIGURE_CHILD = """
 import importlib, os, pickle, sys, tempfile, warnings
 import matplotlib
-import psutil
 sys.path.pop(0)
 reply = os.fdopen(os.dup(1), "wb")
 said = tempfile.TemporaryFile()

@@ -9,19 +9,20 @@ batch replays a graph captured before the first epoch, and only a batch of anoth
 eager; made in the training thread, its plans hold the first step back by 7-9 s (yolo11n on the 10k set of "The
 whole run").
 
-``ShortBatches`` makes them beside the first epoch: a worker thread runs one blank forward and backward pass at each
-such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of its own, while the training goes
-on; and the training model's ``predict`` at those sizes (``GraphedPredict``) then runs in that worker, waited for,
-under the training thread's autocast, grad mode and CUDA stream: the same calls on the same tensors, so the same values
-and the same autograd graph, whose backward the training thread runs as before. Where the training thread holds a
-state the worker would not share (a torch function or dispatch mode, saved-tensor hooks, the profiler), the batch
-runs in the training thread (``takes``). What it costs the training: the worker's host time on another core; the
-backward's plans in the autograd device thread, where the training's own backward waits for the node running ahead of
-it; and, until memory is next released, up to a short batch's activations cached for the worker's stream.
+``ShortBatches`` makes them beside an epoch (the first, where it takes them at once): a worker thread runs one blank
+forward and backward pass at each such size on a copy of the model (train/warmup.py's ``passes``), on a CUDA stream of
+its own, while the training goes on; and the training model's ``predict`` at those sizes (``GraphedPredict``) then runs
+in that worker, waited for, under the training thread's autocast, grad mode and CUDA stream: the same calls on the same
+tensors, so the same values and the same autograd graph, whose backward the training thread runs as before. Where the
+training thread holds a state the worker would not share (a torch function or dispatch mode, saved-tensor hooks, the
+profiler), the batch runs in the training thread (``takes``). What it costs the training: the worker's host time on
+another core; the backward's plans in the autograd device thread, where the training's own backward waits for the node
+running ahead of it; and, until memory is next released, up to a short batch's activations cached for the worker's
+stream.
 
 ``InPlace`` (the default, ``UNPLANNED``) takes no set-up at all (train/unplanned.py: no cuDNN plan) at a higher cost
 a batch, and makes a ``ShortBatches`` beside a later epoch where the run's epochs left would spend more on the GEMMs
-than the plans cost: short runs keep the GEMMs, long ones make the plans beside their second epoch.
+than the plans cost: short runs keep the GEMMs, long ones make the plans beside their third epoch.
 
 Either serves once the step's graph is captured ahead of the first epoch (``BESIDE``; trainer.py's ``_warm_up``), since
 a capture made beside the worker's passes could be invalidated by them; the captures made later (the augmentation's,
@@ -49,7 +50,9 @@ from yolofeed.ultralytics_seam import LOGGER
 BESIDE = True  # False: the warm-up makes the short batches' plans in the training thread, before the first epoch
 UNPLANNED = True  # the short batches' convolutions as GEMMs in the training thread (``InPlace``) while they cost less
 PLANS_COST_S = 2.5  # what the short batches' plans made beside an epoch cost it (yolo11n at 640 on an H100: 2.5-2.8 s)
-GEMM_PER_FORWARD = 3.0  # a short batch's cost as GEMMs, in its forward's (backward 1.5-2.4 forwards)
+# what a short batch as GEMMs costs beyond cuDNN's, in its forward's time (yolo11n at 640 on an H100: at 16 images
+# 94 ms against 28 with a forward of 37, 1.8; at 64, 252 against 40 with 74, 2.9)
+GEMM_PER_FORWARD = 2.5
 CLOSE_WAIT_S = 30.0  # how long a run's end waits for the worker (a pass at a short batch's size, at most)
 
 
@@ -90,8 +93,8 @@ class ShortBatches:
                     processes.switched_often():
                 passes(twin, sizes, imgsz, self.device, amp)
         except Exception as e:  # out of memory, cuDNN, anything: that batch pays its own set-up (nothing kept)
-            LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside the "
-                           f"first epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
+            LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside an "
+                           f"epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
                            "pay it when they come")
         finally:
             if stream is not None:
@@ -146,10 +149,11 @@ class InPlace:
 
     The GEMMs take no set-up but each such batch costs more (yolo11n at 640 on an H100: 94 ms at 16 images against
     cuDNN's 28, 250 against 40 at 64), and the plans made beside an epoch cost it about ``PLANS_COST_S`` once
-    (BENCHMARKS.md, "First epoch"). So the first epoch's short batch runs as GEMMs and its forward is timed; at each
-    epoch's start (``epoch_starts``) the batches left, at ``GEMM_PER_FORWARD`` times that forward each, are weighed
-    against the plans' cost. A short run keeps the GEMMs; a long one makes the plans beside its second epoch, where
-    the worker would have made them beside its first. ``ShortBatches``' interface."""
+    (BENCHMARKS.md, "First epoch"). So the short batches run as GEMMs and each forward is timed; at each epoch's start
+    (``epoch_starts``) the batches left, at ``GEMM_PER_FORWARD`` times the latest forward each (the first, which meets
+    its kernels and memory cold, not counted), are weighed against the plans' cost. A short run keeps the GEMMs; a
+    long one makes the plans beside its third epoch, where the worker would have made them beside its first.
+    ``ShortBatches``' interface."""
 
     def __init__(self, sizes: list[int], plan: Callable[[], ShortBatches] | None = None):
         self.sizes = frozenset(sizes)
@@ -158,7 +162,8 @@ class InPlace:
         self._plan = plan
         self.planned: ShortBatches | None = None
         self._timed: list[tuple[Any, Any]] = []  # (start, end) of each forward as GEMMs, CUDA events or seconds
-        self.forward_s: float | None = None  # the longest forward as GEMMs timed so far
+        self._counted = 0  # forwards read so far
+        self.forward_s: float | None = None  # the latest forward as GEMMs read, past the first
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` is a batch of one of the sizes, in a training pass under no mode of this thread's own."""
@@ -196,15 +201,25 @@ class InPlace:
             else:
                 pending.append((start, end))
                 continue
-            self.forward_s = max(self.forward_s or 0.0, seconds)
+            self._counted += 1
+            if self._counted > 1:  # the first meets cold kernels and memory
+                self.forward_s = seconds
         self._timed = pending
         if self.planned is not None or self._plan is None or self.forward_s is None:
             return
         if batches_left * GEMM_PER_FORWARD * self.forward_s > PLANS_COST_S:
-            self.planned = self._plan()
+            try:
+                self.planned = self._plan()
+            except Exception as e:  # out of memory for the copy, no thread to spare: the GEMMs go on, as they are
+                self._plan = None
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                LOGGER.warning(f"yolofeed: the short batches' cuDNN set-up not started ({type(e).__name__}: "
+                               f"{(str(e).splitlines() or [''])[0][:200]}); they go on as GEMMs")
+                return
             LOGGER.debug(f"yolofeed: short batch sizes {', '.join(map(str, sorted(self.sizes)))}: cuDNN set up beside "
-                         f"this epoch ({batches_left} to come at about {GEMM_PER_FORWARD * self.forward_s:.2f} s each "
-                         "as GEMMs)")
+                         f"this epoch ({batches_left} to come at about {GEMM_PER_FORWARD * self.forward_s:.2f} s more "
+                         "each as GEMMs)")
 
     def close(self) -> None:
         """The planned worker ended, if one was started."""
