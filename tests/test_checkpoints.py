@@ -229,17 +229,22 @@ def test_killing_the_trainer_during_checkpoint_writes_never_loses_the_checkpoint
     assert _temps(weights) == []  # the killed writers' temporary files were swept by the next saves
 
 
-def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):
-    """At the end Ultralytics rewrites last.pt and best.pt in place without their optimizer (``strip_optimizer``); a
-    kill there truncated the run's best weights. Here a save that writes half its file, then stops."""
+def _saved_last(tmp_path: Path) -> tuple[Path, bytes]:
+    """A run's weights folder holding an untrained yolo11n's last.pt, and its bytes."""
     from ultralytics import YOLO
-
-    from yolofeed import FastDetectionTrainer
 
     weights = tmp_path / "weights"
     weights.mkdir()
     YOLO("yolo11n.yaml").save(weights / "last.pt")
-    whole = (weights / "last.pt").read_bytes()
+    return weights, (weights / "last.pt").read_bytes()
+
+
+def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):
+    """At the end Ultralytics rewrites last.pt and best.pt in place without their optimizer (``strip_optimizer``); a
+    kill there truncated the run's best weights. Here a save that writes half its file, then stops."""
+    from yolofeed import FastDetectionTrainer
+
+    weights, whole = _saved_last(tmp_path)
     real = torch.save
 
     def half(obj, f, *a, **k):
@@ -266,14 +271,9 @@ def test_a_final_strip_without_room_leaves_the_checkpoint_whole_and_the_run_goes
     stock's run finished and this one stopped with torch's C++ traceback. Now last.pt stays whole (with its
     optimizer), one line says why and how to strip it, and the final steps go on; an error the disk does not explain
     is still raised."""
-    from ultralytics import YOLO
-
     from yolofeed import FastDetectionTrainer
 
-    weights = tmp_path / "weights"
-    weights.mkdir()
-    YOLO("yolo11n.yaml").save(weights / "last.pt")
-    whole = (weights / "last.pt").read_bytes()
+    weights, whole = _saved_last(tmp_path)
     real, real_statvfs = torch.save, os.statvfs
 
     def full(obj, f, *a, **k):
@@ -601,14 +601,9 @@ def test_a_final_strip_whose_rename_fails_leaves_the_checkpoint_whole_and_the_ru
                                                                                          caplog, code):
     """The folder made read-only (or immutable) between the stripped file's write and its rename over last.pt: the
     rename's failure is the write's, last.pt stays whole with its optimizer, one line says so, the run goes on."""
-    from ultralytics import YOLO
-
     from yolofeed import FastDetectionTrainer
 
-    weights = tmp_path / "weights"
-    weights.mkdir()
-    YOLO("yolo11n.yaml").save(weights / "last.pt")
-    whole = (weights / "last.pt").read_bytes()
+    weights, whole = _saved_last(tmp_path)
     real = os.replace
 
     def refused(src, dst, *a, **k):
