@@ -299,7 +299,7 @@ def test_a_whole_runs_warm_up_parts_are_reported_and_said():
     assert "final validation 9.7 s (its batches 2.5 s)" in whole.breakdown(
         {"parts": whole.run_parts(marks, 0.0, 16.6, 9.7, final_val_batches_s=2.5)})
     later = whole.run_parts(marks, 0.0, 16.6, 9.7, None, {**warm, "beside_s": 6.0})
-    assert "other batch sizes' set-up 6.0 s beside the first epoch" in whole.breakdown({"parts": later})
+    assert "other batch sizes' set-up 6.0 s beside an epoch" in whole.breakdown({"parts": later})
     early = whole.run_parts(marks, 0.0, 16.6, 9.7, None, {**warm, "early_s": 4.2})
     assert "augmentation 0.5 s); the full batch's early pass 4.2 s beside the trainer's build; first batch" in \
         whole.breakdown({"parts": early})
