@@ -65,3 +65,9 @@ class UltralyticsVersionError(UltralyticsError, ImportError):
 
     An ``ImportError`` too: the module cannot be used, as if a dependency were missing.
     """
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """``e`` said in one line for a warning: its type and its message's first line (torch's CUDA and cuDNN errors run
+    to several, with a C++ stack), at most ``limit`` characters of it."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"

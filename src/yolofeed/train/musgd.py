@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from yolofeed.errors import first_line
 from yolofeed.ultralytics_seam import MuSGD, zeropower_via_newtonschulz5
 
 log = logging.getLogger(__name__)
@@ -328,8 +329,7 @@ class FastMuSGD(MuSGD):
         except Exception as e:  # noqa: BLE001 - any capture failure falls back; the message keeps its type
             torch.cuda.synchronize()
             plan.graph = False
-            self._say("capture", f"stays eager: its CUDA graph could not be captured ({type(e).__name__}: "
-                                 f"{(str(e).splitlines() or [''])[0][:200]})")
+            self._say("capture", f"stays eager: its CUDA graph could not be captured ({first_line(e)})")
             self._update(plan)
             return
         plan.graph = graph

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from yolofeed import processes
+from yolofeed.errors import first_line
 from yolofeed.train import graphed, short_batches
 from yolofeed.train.short_batches import as_here
 from yolofeed.train.validation import on_device
@@ -84,7 +85,7 @@ class Plans:
             with processes.switched_often():  # beside the trainer's build, busy in Python (imports, checks)
                 passes(model.to(self.device).train(), [batch], imgsz, self.device, amp)
         except Exception as e:  # out of memory, cuDNN, a layer the model ahead lacks: the warm-up makes them
-            LOGGER.debug(f"yolofeed: no early cuDNN set-up ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
+            LOGGER.debug(f"yolofeed: no early cuDNN set-up ({first_line(e)})")
         finally:
             del model
             self.early_s = time.perf_counter() - start

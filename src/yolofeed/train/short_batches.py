@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from yolofeed import processes
+from yolofeed.errors import first_line
 from yolofeed.train.unplanned import Unplanned
 from yolofeed.train.validation import on_device
 from yolofeed.train.warmup import passes, training_copy
@@ -94,7 +95,7 @@ class ShortBatches:
                 passes(twin, sizes, imgsz, self.device, amp)
         except Exception as e:  # out of memory, cuDNN, anything: that batch pays its own set-up (nothing kept)
             LOGGER.warning(f"yolofeed: skipped the set-up of batch sizes {', '.join(map(str, sizes))} beside an "
-                           f"epoch ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); those batches "
+                           f"epoch ({first_line(e)}); those batches "
                            "pay it when they come")
         finally:
             if stream is not None:
@@ -122,8 +123,8 @@ class ShortBatches:
         if self._worker.failed is not None:
             self._failed = True
             e = self._worker.failed
-            LOGGER.warning(f"yolofeed: the short batches' thread failed ({type(e).__name__}: "
-                           f"{(str(e).splitlines() or [''])[0][:200]}); those batches run in the training thread")
+            LOGGER.warning(f"yolofeed: the short batches' thread failed ({first_line(e)}); those batches run in the "
+                           "training thread")
             return False
         return self._worker.alive
 
@@ -214,8 +215,8 @@ class InPlace:
                 self._plan = None
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                LOGGER.warning(f"yolofeed: the short batches' cuDNN set-up not started ({type(e).__name__}: "
-                               f"{(str(e).splitlines() or [''])[0][:200]}); they go on as GEMMs")
+                LOGGER.warning(f"yolofeed: the short batches' cuDNN set-up not started ({first_line(e)}); they go on "
+                               "as GEMMs")
                 return
             LOGGER.debug(f"yolofeed: short batch sizes {', '.join(map(str, sorted(self.sizes)))}: cuDNN set up beside "
                          f"this epoch ({batches_left} to come at about {GEMM_PER_FORWARD * self.forward_s:.2f} s more "

@@ -51,7 +51,7 @@ import torch
 from yolofeed import processes
 from yolofeed.augment import AugmentHyp
 from yolofeed.augment.pool import PartnerPool
-from yolofeed.errors import ConfigError, DatasetError, PackError
+from yolofeed.errors import ConfigError, DatasetError, PackError, first_line
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.lock import FolderLock
@@ -574,9 +574,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         except (torch.cuda.OutOfMemoryError, RuntimeError, ValueError) as e:  # the step meets it where Ultralytics
             # copes (out of memory: it halves the batch) or fails as stock does (batch norm over one value: ValueError)
             torch.cuda.empty_cache()
-            first_line = (str(e).splitlines() or [""])[0][:200]
-            LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({type(e).__name__}: {first_line}); "
-                           "training goes on, its first epoch pays cuDNN's set-up")
+            LOGGER.warning(f"yolofeed: skipped the warm-up before the first epoch ({first_line(e)}); training goes "
+                           "on, its first epoch pays cuDNN's set-up")
             return
         finally:
             self._close_plans()  # where the short batches did not take it

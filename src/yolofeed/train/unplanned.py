@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from yolofeed.kernels.channel_cat import suggests_channels_last
+
 SLICE_BYTES = 256 << 20  # the largest im2col made at once: yolo11n's at batch 127 would be 9 times its 3x3 inputs
 
 
@@ -61,7 +63,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = (t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
                            for t in (x, weight, bias))
-    last = _channels_last(x) or _channels_last(weight)  # torch's rule for a convolution's output
+    last = suggests_channels_last(x) or suggests_channels_last(weight)  # torch's rule for a convolution's output
     if not depthwise and weight.shape[2:] == (1, 1) and stride == (1, 1) and padding == (0, 0) and last:
         n, _, h, w = x.shape  # the channels-last pixels are the rows of one (n*h*w, c) matrix (a view where dense)
         rows = x.permute(0, 2, 3, 1).reshape(-1, c)
@@ -70,19 +72,6 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         y = y + bias.view(1, k, 1, 1)
     return y.contiguous(memory_format=torch.channels_last if last else torch.contiguous_format)
-
-
-def _channels_last(t: torch.Tensor) -> bool:
-    """Whether torch suggests the channels-last layout for ``t`` (ATen's ``suggest_memory_format``: contiguous in the
-    default layout first, else channels-last strides, a slice of a channels-last map included)."""
-    if t.is_contiguous():
-        return False
-    least = 0
-    for d in (1, 3, 2, 0):  # ATen's is_channels_last_strides_2d_s4
-        if t.shape[d] == 0 or t.stride(d) < least or (d == 0 and least == t.stride(1)):
-            return False
-        least = t.stride(d) * max(t.shape[d], 1) if t.shape[d] > 1 else t.stride(d)
-    return True
 
 
 def _out_side(size: int, k: int, s: int, p: int, d: int) -> int:

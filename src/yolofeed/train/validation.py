@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from yolofeed import processes
+from yolofeed.errors import first_line
 from yolofeed.ultralytics_seam import LOGGER
 
 Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
@@ -121,9 +122,8 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
                 del x
                 done += 1
     except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
-        first_line = (str(e).splitlines() or [""])[0][:200]
         log(f"yolofeed: stopped setting up the validations' cuDNN plans after {done} batch shapes "
-            f"({type(e).__name__}: {first_line}); the others pay their own set-up")
+            f"({first_line(e)}); the others pay their own set-up")
         return done
     finally:
         models.clear()  # the copies' memory goes back now, not when the trainer ends
