@@ -265,18 +265,21 @@ def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, m
 
 
 @pytest.mark.parametrize("fault", ["torch's writer", "ENOSPC", "another RuntimeError"])
-def test_a_final_strip_without_room_leaves_the_checkpoint_whole_and_the_run_goes_on(tmp_path, monkeypatch, caplog,
-                                                                                     fault):
-    """The strip writes a new file beside last.pt, where stock's rewrites it in place: on a disk without room for it
-    stock's run finished and this one stopped with torch's C++ traceback. Now last.pt stays whole (with its
-    optimizer), one line says why and how to strip it, and the final steps go on; an error the disk does not explain
-    is still raised."""
+def test_a_final_strip_without_room_beside_strips_in_place_as_stock_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                                          caplog, fault):
+    """The strip writes a new file beside last.pt, where stock's rewrites it in place and so frees the optimizer's
+    room: on a disk without room for the copy stock's run finished (its figures written in the room freed) and this
+    one stopped, first with torch's C++ traceback, then, the checkpoint left whole, at the final validation's first
+    figure. Now last.pt is stripped in place as stock strips it, one line says so, and the final steps go on; an error
+    the disk does not explain is still raised, the checkpoint whole."""
     from yolofeed import FastDetectionTrainer
 
     weights, whole = _saved_last(tmp_path)
     real, real_statvfs = torch.save, os.statvfs
 
-    def full(obj, f, *a, **k):
+    def full(obj, f, *a, **k):  # no room for a new file; the file itself is rewritten (its own room)
+        if not Path(f).name.startswith("."):
+            return real(obj, f, *a, **k)
         real(obj, f, *a, **k)
         Path(f).write_bytes(Path(f).read_bytes()[:1000])
         if fault == "ENOSPC":
@@ -295,13 +298,59 @@ def test_a_final_strip_without_room_leaves_the_checkpoint_whole_and_the_run_goes
     if fault == "another RuntimeError":
         with pytest.raises(RuntimeError, match="unexpected pos"):
             FastDetectionTrainer.final_eval(trainer)
-    else:
-        with caplog.at_level("WARNING"):
-            FastDetectionTrainer.final_eval(trainer)  # no best.pt: nothing validated, and no exception
-        said = [r.getMessage() for r in caplog.records if "could not strip" in r.getMessage()]
-        assert len(said) == 1 and "the disk is full" in said[0] and str(weights / "last.pt") in said[0], said
-        assert "\n" not in said[0] and f'strip_optimizer("{weights / "last.pt"}")' in said[0], said
+        assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
+        return
+    with caplog.at_level("WARNING"):
+        FastDetectionTrainer.final_eval(trainer)  # no best.pt: nothing validated, and no exception
+    said = [r.getMessage() for r in caplog.records if "stripped in place" in r.getMessage()]
+    assert len(said) == 1 and "the disk is full" in said[0] and str(weights / "last.pt") in said[0], said
+    assert "\n" not in said[0]
+    stripped = torch.load(weights / "last.pt", map_location="cpu", weights_only=False)
+    assert stripped["optimizer"] is None and stripped["epoch"] == -1 and _temps(weights) == []
+
+
+def test_a_strip_in_place_that_fails_too_writes_the_checkpoint_back(tmp_path, monkeypatch, caplog):
+    """No room beside last.pt, and the in-place write fails half way as well (a disk filled meanwhile): the bytes held
+    are written back, and one line says the file is left whole."""
+    from yolofeed import FastDetectionTrainer
+
+    weights, whole = _saved_last(tmp_path)
+    real = torch.save
+
+    def full(obj, f, *a, **k):
+        real(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:1000])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=False))
+    with caplog.at_level("WARNING"):
+        FastDetectionTrainer.final_eval(trainer)
+    said = [r.getMessage() for r in caplog.records if "could not strip" in r.getMessage()]
+    assert len(said) == 1 and "left whole" in said[0] and str(weights / "last.pt") in said[0], said
     assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
+
+
+def test_a_strip_without_room_never_writes_through_a_link_planted_at_the_checkpoint(tmp_path, monkeypatch):
+    from yolofeed import FastDetectionTrainer
+
+    weights, whole = _saved_last(tmp_path)
+    outside = tmp_path / "outside.pt"
+    (weights / "last.pt").rename(outside)
+    (weights / "last.pt").symlink_to(outside)
+    real = torch.save
+
+    def full(obj, f, *a, **k):
+        if not Path(f).name.startswith("."):
+            return real(obj, f, *a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=False))
+    FastDetectionTrainer.final_eval(trainer)
+    assert outside.read_bytes() == whole and (weights / "last.pt").is_symlink()
 
 
 # -- results.csv on resume: the rows of epochs trained again ----------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 from yolofeed import atomic
 from yolofeed.atomic import CLOEXEC, MEANINGS, NOFOLLOW, write_atomically
 
+NO_ROOM = {MEANINGS[errno.ENOSPC], MEANINGS[getattr(errno, "EDQUOT", errno.ENOSPC)]}  # where the strip goes in place
 TEMP = re.compile(r"\.(?P<name>.+\.pt)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
 ZIP = b"PK\x03\x04"  # torch.save's format (a zip archive) starts so
 EPOCH_FILE = re.compile(r"epoch(\d+)\.pt")
@@ -68,9 +69,11 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
     optimizer), written to a temporary file renamed over ``path`` instead of over it in place.
 
     The temporary file needs room for one more (stripped) checkpoint beside ``path``, where the in-place strip needs
-    none. Where the disk has no room (or the folder another fault ``atomic.MEANINGS`` names), ``path`` is left whole,
-    with its optimizer, and the run goes on with one line a file saying so: stock finishes such a run, so this one
-    does.
+    none and frees the optimizer's room (about 4/5 of the file) for what follows: the final validation's figures.
+    Where the disk or the quota has no room, ``path`` is stripped in place as Ultralytics strips it
+    (``_strip_in_place``), with one line saying so: stock finishes such a run, so this one does. Where the folder
+    refuses the write for another reason ``atomic.MEANINGS`` names, ``path`` is left whole, with its optimizer, and the
+    run goes on with one line a file saying so.
 
     Returns:
         What ``strip_optimizer`` returns: the checkpoint saved, or {} when ``path`` was not a valid one (left as it
@@ -102,6 +105,11 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
             fault = _strip_fault(path, e)
             if fault is None:
                 raise
+            if tmp is not None:
+                with contextlib.suppress(OSError):  # the partial copy's room first
+                    tmp.unlink(missing_ok=True)
+            if fault in NO_ROOM and not path.is_symlink():  # a link planted meanwhile: never written through
+                return _strip_in_place(path, updates, fault)
             command = ("from ultralytics.utils.torch_utils import strip_optimizer; "
                        f"strip_optimizer({json.dumps(str(path))})")
             LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault} ({_first_line(e)}); "
@@ -120,6 +128,33 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
             except OSError as e:  # a folder made read-only: the stripped copy stays beside last.pt, said
                 LOGGER.warning(f"yolofeed: could not remove {tmp} ({_first_line(e)}); it is a stripped copy of "
                                f"{path.name}, or part of one, and may be deleted")
+    return ckpt
+
+
+def _strip_in_place(path: Path, updates: dict | None, fault: str) -> dict:
+    """Ultralytics' ``strip_optimizer`` of ``path`` in place, where there is no room for a stripped copy beside it
+    (``fault``): the file is truncated, then written, as stock writes it. A write that fails even so gets the
+    checkpoint's bytes, held here meanwhile, written back (the room the stripped write had is theirs)."""
+    from yolofeed.ultralytics_seam import LOGGER, strip_optimizer
+
+    plain = Path(os.fspath(path))  # the trainer's AtomicPath would need the room this lacks
+    whole = plain.read_bytes()
+    try:
+        ckpt = strip_optimizer(plain, updates=updates)
+    except (OSError, RuntimeError) as e:
+        try:
+            plain.write_bytes(whole)
+        except OSError as again:
+            LOGGER.warning(f"yolofeed: {path} could not be stripped in place ({_first_line(e)}) nor written back "
+                           f"({_first_line(again)}): it is damaged; free some space and load best.pt, or the "
+                           f"run's epoch checkpoints")
+            return {}
+        LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault} ({_first_line(e)}); it is "
+                       f"left whole, with its optimizer ({len(whole) / 1e6:.1f} MB), and loads and predicts as it is")
+        return {}
+    if ckpt:
+        LOGGER.warning(f"yolofeed: no room beside {path} for a stripped copy ({fault}): stripped in place, as "
+                       f"Ultralytics strips it, {len(whole) / 1e6:.1f} → {plain.stat().st_size / 1e6:.1f} MB")
     return ckpt
 
 
