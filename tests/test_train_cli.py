@@ -176,3 +176,40 @@ def test_every_trainer_option_is_a_key_of_yolofeed_train(monkeypatch, synth_root
                                              *(f"{o}=False" for o in flags)]))
     chosen = e.value.args[0]  # the options given (a resume restores the others from the run: train/options.py)
     assert set(chosen) == set(flags) | {"monitor"} and all(chosen[o] is False for o in flags)
+
+
+def test_a_run_stopped_before_its_final_strip_is_refused_in_one_line_by_the_cli_and_the_api(synth_root, tmp_path,
+                                                                                             capsys):
+    """A run killed after its last epoch's save, before its final strip and validation, leaves a last.pt holding
+    every epoch with its optimizer (and the strip's temporary copy). A resume of it was Ultralytics' assertion with a
+    traceback ("training to 1 epochs is finished"), where a stripped one was refused in one line. Now both are, from
+    the command line and from the Python API, and the dead writer's copy is swept."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class Killed(BaseException):
+        pass
+
+    def killed(trainer):
+        raise Killed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FastDetectionTrainer, "final_eval", killed)
+        with pytest.raises(Killed):
+            YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"),
+                                       project=str(tmp_path), name="k", epochs=1, imgsz=64, batch=8, device="cpu",
+                                       workers=0, plots=False, val=False, exist_ok=True)
+    weights = tmp_path / "k" / "weights"
+    ckpt = torch.load(weights / "last.pt", map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None  # every epoch, not stripped
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = weights / f".last.pt.tmp-{int(dead.stdout)}-0123abcd"
+    left.write_bytes(b"")  # the strip's copy, its writer gone
+    capsys.readouterr()
+    line = _errors(capsys, ["train", f"resume={weights / 'last.pt'}"])
+    assert "holds every epoch of its run (1 of 1" in line and "nothing to resume" in line, line
+    assert not left.exists()
+    with pytest.raises(ConfigError, match=r"holds every epoch of its run \(1 of 1.*nothing to resume"):
+        YOLO(weights / "last.pt").train(trainer=FastDetectionTrainer, resume=True, device="cpu", workers=0)
+    assert torch.load(weights / "last.pt", map_location="cpu", weights_only=False)["epoch"] == 0  # untouched

@@ -356,6 +356,23 @@ def model_classes(path: str | os.PathLike) -> int | None:
     return int(nc) if isinstance(nc, int) else None
 
 
+def nothing_to_resume(ckpt: dict, epochs: int | None = None) -> str | None:
+    """Why a checkpoint that loads cannot be resumed, in words to follow its path; None where it can. Ultralytics'
+    ``resume_training`` asserts ``0 < epoch + 1 < epochs`` (RELIED_ON), with a traceback: a finished run's checkpoint
+    (stripped: no optimizer, epoch -1), or one holding every epoch of its run not yet stripped (a run stopped between
+    its last epoch's save and the final strip, whose final validation never ran). ``epochs``: the run's, where known
+    (the trainer's); else the checkpoint's own arguments'."""
+    epoch = ckpt.get("epoch", -1)
+    if not isinstance(epoch, int) or epoch < 0 or ckpt.get("optimizer") is None:
+        return "is the checkpoint of a finished run (no epoch or optimizer state left)"
+    if epochs is None:
+        epochs = (ckpt.get("train_args") or {}).get("epochs")
+    if isinstance(epochs, int) and not isinstance(epochs, bool) and epoch + 1 >= epochs:
+        return (f"holds every epoch of its run ({epoch + 1} of {epochs}: the run stopped before its final "
+                f"validation; validate its best.pt with yolo val)")
+    return None
+
+
 def finished_run(path: Path) -> bool:
     """Whether a checkpoint loads and holds a finished run (no optimizer state: ``strip_optimizer`` made it)."""
     ckpt = _loaded(path)

@@ -12,7 +12,7 @@ from yolofeed import processes
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.train import keys, options
-from yolofeed.train.checkpoints import UNPICKLING_ERRORS, check_intact, way_on
+from yolofeed.train.checkpoints import UNPICKLING_ERRORS, check_intact, nothing_to_resume, sweep, way_on
 
 
 def resume_checkpoint(cfg: TrainConfig) -> str | None:
@@ -261,10 +261,10 @@ def run(cfg: TrainConfig) -> Path:
             check_task_data(cfg.model, task, cfg.data)
     if checkpoint:
         model = load_model(checkpoint, "resume", checked=True)
-        if model.ckpt.get("epoch", -1) < 0 or model.ckpt.get("optimizer") is None:
-            raise ConfigError(f"{checkpoint} is the checkpoint of a finished run (no epoch or optimizer state left): "
-                              f"nothing to resume. Start a new run from it with {shlex.quote(f'model={checkpoint}')} "
-                              "and no resume")
+        if (why := nothing_to_resume(model.ckpt)) and not cfg.extra.get("time"):  # time= recounts the epochs
+            sweep(Path(checkpoint).parent)  # a stripping writer's copy, where the run was killed in its strip
+            raise ConfigError(f"{checkpoint} {why}: nothing to resume. Start a new run from it with "
+                              f"{shlex.quote(f'model={checkpoint}')} and no resume")
         # the data given, else the run's own: older Ultralytics (8.4.138) hands a resume its task's default data
         # (coco8.yaml for detection) where none is given, and the resume trains on that
         data = cfg.data or (model.ckpt.get("train_args") or {}).get("data")

@@ -66,6 +66,7 @@ from yolofeed.train.checkpoints import (
     AtomicPath,
     check_intact,
     finished_run,
+    nothing_to_resume,
     resume_named,
     strip_atomically,
     sweep,
@@ -498,7 +499,17 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
     def resume_training(self, ckpt):
         """Ultralytics' resume; then the results.csv rows of epochs after the checkpoint's are dropped, as the run
         trains them again (a run killed between an epoch's row and its last.pt, or resumed from an older checkpoint:
-        stock appends those rows a second time)."""
+        stock appends those rows a second time). A checkpoint with nothing to resume is refused in one line, where
+        Ultralytics' assertion gives a traceback.
+
+        Raises:
+            ConfigError: a finished run's checkpoint, or one holding every epoch of its run.
+        """
+        if (ckpt is not None and resuming(self) and not getattr(self.args, "time", None)
+                and (why := nothing_to_resume(ckpt, self.epochs))):
+            sweep(Path(self.args.resume).parent)  # a stripping writer's copy, where the run was killed in its strip
+            raise ConfigError(f"{self.args.resume} {why}: nothing to resume. Start a new run from it with "
+                              f"{shlex.quote(f'model={self.args.resume}')} and no resume")
         super().resume_training(ckpt)
         if ckpt is None or not resuming(self) or RANK not in {-1, 0}:
             return

@@ -137,6 +137,17 @@ RELIED_ON: tuple[Pinned, ...] = (
                   "teardown callbacks after the try, so not after StopTraining (yolofeed registers none); self.ddp and"
                   " subprocess.run(check=True) as in TESTED"),
            )),
+    Pinned("ultralytics.engine.trainer.BaseTrainer.resume_training", "0933221b65c88f67",
+           "yolofeed.train.checkpoints.nothing_to_resume",
+           why="asserts 0 < checkpoint epoch + 1 < self.epochs (a finished run's, epoch -1, and one holding every "
+               "epoch, are 'finished, nothing to resume'): nothing_to_resume refuses both first, in one line",
+           others=(
+               _r("8.4.138", "8.4.141", "530b2fb872d473be",
+                  "the end2end criterion resumed by its own flag, the mosaic closed here past close_mosaic; the "
+                  "assertion as in TESTED"),
+               _r("8.4.142", "8.4.156", "3c89ba62f47aab35",
+                  "the mosaic closed here past close_mosaic; the assertion as in TESTED"),
+           )),
     Pinned("ultralytics.engine.trainer.BaseTrainer.save_model", "292ea8c55f928750",
            why="serialises the checkpoint once and writes it only with write_bytes on self.last, self.best and "
                "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic); of the trainer's state it "
