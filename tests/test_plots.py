@@ -417,3 +417,47 @@ def test_a_run_that_stops_in_its_last_epoch_leaves_no_figure_child(synth_root, t
                     name="stopped", plots=True, **TINY)
     assert len(started) == 1 and len(started[0]) == 2
     assert not [pid for pid in started[0] if psutil.pid_exists(pid)]  # ended and reaped
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_a_stopped_child_dies_with_a_parent_killed_alone(tmp_path):
+    """A figure child or results.png's, stopped (SIGSTOP), reads no end of its stdin: with the parent killed alone
+    (SIGKILL) it stayed, stopped, reparented, holding its memory. Each now dies with its parent."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "results.csv").write_text("epoch,time\n1,1\n")
+    script = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parents[1] / 'src')!r})\n"
+              "from yolofeed.train.plots import FigureDrawers, ResultsPlot\n"
+              "d = FigureDrawers(2)\n"
+              f"r = ResultsPlot({str(tmp_path / 'results.csv')!r})\n"
+              "print(*[c.pid for c in d._children], r._child.pid, flush=True)\n"
+              "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    children = [int(p) for p in parent.stdout.readline().split()]
+    assert len(children) == 3
+    time.sleep(2)  # past each child's first lines (the signal asked for), well before results.png is drawn
+
+    def gone(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except OSError:
+            return True
+
+    try:
+        for pid in children:
+            os.kill(pid, signal.SIGSTOP)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while not all(gone(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(gone(pid) for pid in children), [Path(f"/proc/{p}/stat").read_text() for p in children
+                                                   if not gone(p)]
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -42,10 +42,26 @@ from yolofeed import processes
 from yolofeed.limits import memory_available, usable_cores
 from yolofeed.ultralytics_seam import FIGURES_MODULE, LOGGER, RANK, figure_function, final_figures, first_meanwhile
 
+# First in each child, which takes the parent's PID as its last argument: SIGKILL when the parent dies, however it dies
+# (Linux's parent-death signal, for the thread that started it: the training thread, which outlives the children's
+# work). A child ends on its own at the end of its stdin, but one stopped (SIGSTOP, a debugger) reads nothing, and
+# would stay, stopped, holding its 0.3 GB, after the parent was killed.
+DIE_WITH_PARENT = """
+import os as _os, sys as _sys
+_parent = int(_sys.argv.pop())
+if _sys.platform.startswith("linux"):
+    try:
+        import ctypes as _ctypes, signal as _signal
+        _ctypes.CDLL(None).prctl(1, _signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if _os.getppid() != _parent:  # the parent died before prctl took effect
+        _os._exit(1)
+"""
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
-RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting import plot_results; "
-                "plot_results(file=sys.argv[1])")
+RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; sys.path.pop(0); from ultralytics.utils.plotting import plot_results; "
+                                  "plot_results(file=sys.argv[1])\n")
 
 
 # A child of FigureDrawers: the figures' module imported before the first job; then each job (qualname, args, kwargs,
@@ -53,7 +69,7 @@ RESULTS_PLOT = ("import sys; sys.path.pop(0); from ultralytics.utils.plotting im
 # pickled on stdin, its reply pickled on the parent's end of stdout: (drawn, what it printed meanwhile, on_plot's
 # calls). What the child prints goes to a file (its fds 1 and 2), read back a job at a time: Ultralytics is verbose in
 # it (never shown), so that a figure that fails (Ultralytics' TryExcept only warns) says so.
-FIGURE_CHILD = """
+FIGURE_CHILD = DIE_WITH_PARENT + """
 import importlib, os, pickle, sys, tempfile, warnings
 import matplotlib
 sys.path.pop(0)
@@ -122,7 +138,7 @@ class FigureDrawers:
         for _ in range(n):
             try:
                 self._children.append(subprocess.Popen(
-                    [sys.executable, "-c", FIGURE_CHILD, FIGURES_MODULE], stdin=subprocess.PIPE,
+                    [sys.executable, "-c", FIGURE_CHILD, FIGURES_MODULE, str(os.getpid())], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
             except OSError:  # no process to spare: the children started serve, or none and all is drawn here
                 break
@@ -325,7 +341,7 @@ class ResultsPlot:
         path = os.pathsep.join(p for p in sys.path if p)
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-c", RESULTS_PLOT, str(self.csv)], stdin=subprocess.DEVNULL,
+                [sys.executable, "-c", RESULTS_PLOT, str(self.csv), str(os.getpid())], stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 env={**os.environ, "YOLO_VERBOSE": "False", "PYTHONPATH": path})
         except OSError:  # no process to spare (EAGAIN, ENOMEM): finish() says so, and the caller plots itself
