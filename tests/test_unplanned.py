@@ -109,6 +109,23 @@ def test_what_it_does_not_take_is_torchs_own():
     assert unplanned.conv2d(x, weight, groups=2) is None and unplanned.conv2d(plain, w3) is None
 
 
+@pytest.mark.parametrize("case", ["stride 0", "stride (0, 1)", "dilation 0", "padding -1", "bias float32",
+                                  "bias (k, 1)", "weight float32"])
+def test_what_torch_refuses_it_refuses_with_torchs_own_error(case):
+    """Arguments no model's layer passes (found by an adversarial tester): a stride of 0 was a ZeroDivisionError, a
+    bias of another dtype or shape a result torch would not give. Each is torch's call, and so torch's error."""
+    x, weight, bias = _args(8, 16, 3, 1, True)
+    kwargs = {"stride 0": {"stride": 0}, "stride (0, 1)": {"stride": (0, 1)}, "dilation 0": {"dilation": 0},
+              "padding -1": {"padding": -1}, "bias float32": {"bias": bias.detach().float()},
+              "bias (k, 1)": {"bias": bias.detach().view(-1, 1)}}.get(case, {})
+    w = weight.detach().float() if case == "weight float32" else weight
+    with pytest.raises(Exception) as torchs:
+        F.conv2d(x, w, **kwargs)
+    with Unplanned(), pytest.raises(type(torchs.value)) as ours:
+        F.conv2d(x, w, **kwargs)
+    assert str(ours.value) == str(torchs.value)
+
+
 def test_under_autocast_it_casts_as_autocast_casts_a_convolution():
     """Autocast's dtype for the output (bfloat16 on the CPU), the values those casts give, a float32 weight's
     gradient in float32."""

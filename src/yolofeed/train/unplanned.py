@@ -63,6 +63,9 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight, bias = (t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
                            for t in (x, weight, bias))
+    if (min(stride) < 1 or min(dilation) < 1 or min(padding) < 0 or x.dtype != weight.dtype
+            or bias is not None and (bias.shape != (k,) or bias.dtype != weight.dtype)):
+        return None  # torch's own call: its error (or its rule) for what no layer of a model passes
     last = suggests_channels_last(x) or suggests_channels_last(weight)  # torch's rule for a convolution's output
     if not depthwise and weight.shape[2:] == (1, 1) and stride == (1, 1) and padding == (0, 0) and last:
         n, _, h, w = x.shape  # the channels-last pixels are the rows of one (n*h*w, c) matrix (a view where dense)
