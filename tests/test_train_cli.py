@@ -213,3 +213,33 @@ def test_a_run_stopped_before_its_final_strip_is_refused_in_one_line_by_the_cli_
     with pytest.raises(ConfigError, match=r"holds every epoch of its run \(1 of 1.*nothing to resume"):
         YOLO(weights / "last.pt").train(trainer=FastDetectionTrainer, resume=True, device="cpu", workers=0)
     assert torch.load(weights / "last.pt", map_location="cpu", weights_only=False)["epoch"] == 0  # untouched
+
+
+def test_a_resume_from_a_copied_run_folder_says_where_the_run_is_written(synth_root, tmp_path, caplog):
+    """A run folder copied, then resumed from the copy: Ultralytics resumes the run in the folder it recorded (as
+    stock does), so the weights and results.csv of the original change, not the copy's. One line says so."""
+    import shutil
+
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    class Crash(Exception):
+        pass
+
+    def crash(trainer):
+        raise Crash
+
+    m = YOLO("yolo11n.yaml")
+    m.add_callback("on_model_save", crash)
+    with pytest.raises(Crash):
+        m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="a",
+                epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, val=False, exist_ok=True)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    copied = tmp_path / "b" / "weights" / "last.pt"
+    with caplog.at_level("WARNING"):
+        YOLO(copied).train(trainer=FastDetectionTrainer, resume=True, device="cpu", workers=0)
+    said = [r.getMessage() for r in caplog.records if "lies in" in r.getMessage()]
+    assert len(said) == 1 and str(tmp_path / "b") in said[0] and f"results.csv in {tmp_path / 'a'}" in said[0], said
+    assert torch.load(tmp_path / "a" / "weights" / "last.pt", map_location="cpu", weights_only=False)["epoch"] == -1
+    assert torch.load(copied, map_location="cpu", weights_only=False)["epoch"] == 0  # the copy as it was

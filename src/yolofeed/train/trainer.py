@@ -249,12 +249,23 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             check_intact(named, once=True)  # (a truncated one: its refusal looks it up on GitHub first)
         super().check_resume(overrides)
         if resuming(self):
+            self._say_where_it_resumes()
             self._restore_options()
         keys.check(self.args, carried=(self.carried_task,))
         self.args.device = keys.check_device(self.args.device)
         if RANK in (-1, 0):  # DDP ranks above 0: their launcher checked the same arguments
             self._check_data()
             checks.check_run_folder(get_save_dir(self.args))
+
+    def _say_where_it_resumes(self) -> None:
+        """One line where the checkpoint lies in another run's folder than the one it recorded (a run folder copied,
+        or moved): Ultralytics resumes a run in the folder recorded, and writes its weights and results.csv there."""
+        beside = Path(self.args.resume).expanduser().resolve().parent
+        recorded = getattr(self.args, "save_dir", None)
+        if RANK in (-1, 0) and beside.name == "weights" and recorded and beside.parent != Path(recorded).resolve():
+            LOGGER.warning(f"yolofeed: {self.args.resume} lies in {beside.parent}, but its run was recorded in "
+                           f"{recorded}: Ultralytics resumes it there, as stock does, writing its weights and "
+                           f"results.csv in {recorded}, not beside the checkpoint")
 
     def _restore_options(self) -> None:
         """The options recorded with the run being resumed (``<run>/yolofeed.yaml``); those given again win.
