@@ -121,10 +121,9 @@ def test_single_cls_classes_and_odd_imgsz_train_and_count_real_images(synth_root
     assert best["train_args"]["classes"] == list(range(21)) and best["train_args"]["imgsz"] == 64
 
 
-@pytest.mark.slow
-def test_resume_forms(synth_root, tmp_path, capsys):
-    """A crash after epoch 1 of 2 leaves a resumable last.pt; 'model=last.pt resume' finishes the run as
-    yolo train would; the finished checkpoint is then refused in one line."""
+def _crashed_after_epoch_1(synth_root: Path, project: Path, name: str) -> Path:
+    """A 2-epoch run in ``project``/``name`` stopped at its first checkpoint's save (a crash after epoch 1); its
+    last.pt."""
     from ultralytics import YOLO
 
     from yolofeed import FastDetectionTrainer
@@ -138,9 +137,16 @@ def test_resume_forms(synth_root, tmp_path, capsys):
     m = YOLO("yolo11n.yaml")
     m.add_callback("on_model_save", crash)
     with pytest.raises(Crash):
-        m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="c",
+        m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(project), name=name,
                 epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, val=False, exist_ok=True)
-    last = tmp_path / "c" / "weights" / "last.pt"
+    return project / name / "weights" / "last.pt"
+
+
+@pytest.mark.slow
+def test_resume_forms(synth_root, tmp_path, capsys):
+    """A crash after epoch 1 of 2 leaves a resumable last.pt; 'model=last.pt resume' finishes the run as
+    yolo train would; the finished checkpoint is then refused in one line."""
+    last = _crashed_after_epoch_1(synth_root, tmp_path, "c")
     assert torch.load(last, map_location="cpu", weights_only=False)["epoch"] == 0
     r = _run(["train", f"model={last}", "resume"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -224,17 +230,7 @@ def test_a_resume_from_a_copied_run_folder_says_where_the_run_is_written(synth_r
 
     from yolofeed import FastDetectionTrainer
 
-    class Crash(Exception):
-        pass
-
-    def crash(trainer):
-        raise Crash
-
-    m = YOLO("yolo11n.yaml")
-    m.add_callback("on_model_save", crash)
-    with pytest.raises(Crash):
-        m.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path), name="a",
-                epochs=2, imgsz=64, batch=8, device="cpu", workers=0, plots=False, val=False, exist_ok=True)
+    _crashed_after_epoch_1(synth_root, tmp_path, "a")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
     copied = tmp_path / "b" / "weights" / "last.pt"
     with caplog.at_level("WARNING"):
