@@ -332,6 +332,29 @@ def test_a_strip_in_place_that_fails_too_writes_the_checkpoint_back(tmp_path, mo
     assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
 
 
+def test_a_ctrl_c_in_a_strip_in_place_writes_the_checkpoint_back_and_stops(tmp_path, monkeypatch):
+    """The in-place write truncates the file first: a Ctrl-C in it (no room beside, so in place) would leave last.pt
+    cut short, where its bytes are held. They are written back, and the interruption goes on."""
+    from yolofeed import FastDetectionTrainer
+
+    weights, whole = _saved_last(tmp_path)
+    real = torch.save
+
+    def interrupted(obj, f, *a, **k):
+        if Path(f).name.startswith("."):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:1000])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                              args=SimpleNamespace(plots=False))
+    with pytest.raises(KeyboardInterrupt):
+        FastDetectionTrainer.final_eval(trainer)
+    assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
+
+
 def test_a_strip_without_room_never_writes_through_a_link_planted_at_the_checkpoint(tmp_path, monkeypatch):
     from yolofeed import FastDetectionTrainer
 

@@ -94,12 +94,16 @@ def test_a_child_the_run_no_longer_waits_for_is_ended_and_reaped(tmp_path, monke
 @pytest.mark.slow
 def test_the_child_imports_from_the_parents_path_not_the_working_folder(tmp_path, monkeypatch):
     """``python -c`` puts the working folder first on the child's path, where the parent has none: a module there
-    named as one plot_results imports must not shadow it."""
-    (tmp_path / "polars.py").write_text("raise ImportError('the working folder shadowed polars')\n")
+    named as one plot_results imports must not shadow it, nor one the child's own first lines import (signal, ctypes:
+    the parent-death signal's, imported once before the path was mended)."""
+    for name in ("polars", "signal", "ctypes"):  # each leaves a mark where it runs
+        (tmp_path / f"{name}.py").write_text(f"open({str(tmp_path / ('ran-' + name))!r}, 'w').close()\n"
+                                              f"raise ImportError('the working folder shadowed {name}')\n")
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     assert ResultsPlot(_results_csv(run)).finish()[0] is True
+    assert not list(tmp_path.glob("ran-*"))
 
 
 @pytest.mark.slow
@@ -437,7 +441,16 @@ def test_a_stopped_child_dies_with_a_parent_killed_alone(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     children = [int(p) for p in parent.stdout.readline().split()]
     assert len(children) == 3
-    time.sleep(2)  # past each child's first lines (the signal asked for), well before results.png is drawn
+    def ready(pid: int) -> bool:  # past its first lines (ctypes loaded, the signal asked for), or gone already
+        try:
+            return "_ctypes" in Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return True
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(ready(pid) for pid in children):
+        time.sleep(0.05)
+    time.sleep(0.2)
 
     def gone(pid: int) -> bool:
         try:

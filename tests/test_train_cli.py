@@ -216,9 +216,21 @@ def test_a_run_stopped_before_its_final_strip_is_refused_in_one_line_by_the_cli_
     line = _errors(capsys, ["train", f"resume={weights / 'last.pt'}"])
     assert "holds every epoch of its run (1 of 1" in line and "nothing to resume" in line, line
     assert not left.exists()
-    with pytest.raises(ConfigError, match=r"holds every epoch of its run \(1 of 1.*nothing to resume"):
-        YOLO(weights / "last.pt").train(trainer=FastDetectionTrainer, resume=True, device="cpu", workers=0)
+    line = _errors(capsys, ["train", f"resume={weights / 'last.pt'}", "time=0.01"])  # time= recounts after an epoch
+    assert "holds every epoch of its run" in line, line
+    args = (tmp_path / "k" / "args.yaml").stat().st_mtime_ns
+    for time_limit in (None, 0.01):
+        with pytest.raises(ConfigError, match=r"holds every epoch of its run \(1 of 1.*nothing to resume"):
+            YOLO(weights / "last.pt").train(trainer=FastDetectionTrainer, resume=True, device="cpu", workers=0,
+                                            time=time_limit)
+    # refused in the trainer's constructor: its folder's args.yaml not rewritten, no model or loader built
+    assert (tmp_path / "k" / "args.yaml").stat().st_mtime_ns == args
     assert torch.load(weights / "last.pt", map_location="cpu", weights_only=False)["epoch"] == 0  # untouched
+    from ultralytics.utils.torch_utils import strip_optimizer
+
+    strip_optimizer(weights / "last.pt")
+    line = _errors(capsys, ["train", f"resume={weights / 'last.pt'}", "time=0.01"])
+    assert "is the checkpoint of a finished run" in line and "nothing to resume" in line, line
 
 
 def test_a_resume_from_a_copied_run_folder_says_where_the_run_is_written(synth_root, tmp_path, caplog):

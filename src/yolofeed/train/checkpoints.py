@@ -4,8 +4,9 @@ Ultralytics writes ``last.pt``, ``best.pt`` and ``epochN.pt`` in place (``Path.w
 then written), and rewrites ``last.pt`` and ``best.pt`` in place again at the end (``strip_optimizer``). A SIGKILL, the
 OOM killer or a power cut in that window leaves an empty or truncated file, and the checkpoint it replaced is gone:
 the run cannot be resumed, or its best weights are lost. Here each is written to a new temporary file in the same
-folder, fsynced, and renamed over the old one: a reader sees the old file or the new one, whole. The fsync costs the
-disk's write time of one checkpoint (5 MB for yolo11n, about 110 MB for yolo11x) once an epoch.
+folder, fsynced, and renamed over the old one: a reader sees the old file or the new one, whole. The final strip
+on a disk without room for the new file is the exception: it strips in place, as stock does (``strip_atomically``).
+The fsync costs the disk's write time of one checkpoint (5 MB for yolo11n, about 110 MB for yolo11x) once an epoch.
 
 A writer killed mid-write leaves its temporary file (``.last.pt.tmp-<pid>-<8 hex digits>``); the next save in that
 folder removes those of writers that are no longer running, when they hold nothing or the start of a checkpoint.
@@ -133,22 +134,33 @@ def strip_atomically(path: Path, updates: dict | None = None) -> dict:
 
 def _strip_in_place(path: Path, updates: dict | None, fault: str) -> dict:
     """Ultralytics' ``strip_optimizer`` of ``path`` in place, where there is no room for a stripped copy beside it
-    (``fault``): the file is truncated, then written, as stock writes it. A write that fails even so gets the
-    checkpoint's bytes, held here meanwhile, written back (the room the stripped write had is theirs)."""
+    (``fault``): the file is truncated, then written, as stock writes it (a kill in that write truncates it, as
+    stock's). A write that fails, or is interrupted (Ctrl-C), gets the checkpoint's bytes, held here meanwhile,
+    written back (the room the stripped write had is theirs); the interruption is then raised."""
     from yolofeed.ultralytics_seam import LOGGER, strip_optimizer
 
     plain = Path(os.fspath(path))  # the trainer's AtomicPath would need the room this lacks
-    whole = plain.read_bytes()
+    try:
+        whole = plain.read_bytes()
+    except (OSError, MemoryError) as e:
+        LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault}, and it could not be read to "
+                       f"strip it in place ({_first_line(e)}); it is left whole, with its optimizer")
+        return {}
     try:
         ckpt = strip_optimizer(plain, updates=updates)
-    except (OSError, RuntimeError) as e:
+    except BaseException as e:
         try:
-            plain.write_bytes(whole)
+            if plain.read_bytes() != whole:  # a write that failed before truncating left it as it was
+                plain.write_bytes(whole)
         except OSError as again:
             LOGGER.warning(f"yolofeed: {path} could not be stripped in place ({_first_line(e)}) nor written back "
-                           f"({_first_line(again)}): it is damaged; free some space and load best.pt, or the "
-                           f"run's epoch checkpoints")
+                           f"({_first_line(again)}): it is damaged; free some space and load the run's other "
+                           f"checkpoints ({'last.pt' if path.name == 'best.pt' else 'best.pt'}, epochN.pt)")
+            if not isinstance(e, (OSError, RuntimeError)):
+                raise
             return {}
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
         LOGGER.warning(f"yolofeed: could not strip the optimizer from {path}: {fault} ({_first_line(e)}); it is "
                        f"left whole, with its optimizer ({len(whole) / 1e6:.1f} MB), and loads and predicts as it is")
         return {}
@@ -359,11 +371,12 @@ def model_classes(path: str | os.PathLike) -> int | None:
 def nothing_to_resume(ckpt: dict, epochs: int | None = None) -> str | None:
     """Why a checkpoint that loads cannot be resumed, in words to follow its path; None where it can. Ultralytics'
     ``resume_training`` asserts ``0 < epoch + 1 < epochs`` (RELIED_ON), with a traceback: a finished run's checkpoint
-    (stripped: no optimizer, epoch -1), or one holding every epoch of its run not yet stripped (a run stopped between
-    its last epoch's save and the final strip, whose final validation never ran). ``epochs``: the run's, where known
+    (stripped: epoch -1), or one holding every epoch of its run not yet stripped (a run stopped between its last
+    epoch's save and the final strip, whose final validation never ran). ``time=`` recounts the epochs only after an
+    epoch trained: the assertion holds with it too. ``epochs``: the run's, where known
     (the trainer's); else the checkpoint's own arguments'."""
     epoch = ckpt.get("epoch", -1)
-    if not isinstance(epoch, int) or epoch < 0 or ckpt.get("optimizer") is None:
+    if not isinstance(epoch, int) or epoch < 0:
         return "is the checkpoint of a finished run (no epoch or optimizer state left)"
     if epochs is None:
         epochs = (ckpt.get("train_args") or {}).get("epochs")
@@ -371,6 +384,13 @@ def nothing_to_resume(ckpt: dict, epochs: int | None = None) -> str | None:
         return (f"holds every epoch of its run ({epoch + 1} of {epochs}: the run stopped before its final "
                 f"validation; validate its best.pt with yolo val)")
     return None
+
+
+def nothing_to_resume_at(path: str | os.PathLike, epochs: int | None = None) -> str | None:
+    """``nothing_to_resume`` of the checkpoint at ``path`` (read once more; its bytes checked already); None where it
+    does not load (Ultralytics' resume says so)."""
+    ckpt = _loaded(Path(path), checked=True)
+    return None if ckpt is None else nothing_to_resume(ckpt, epochs)
 
 
 def finished_run(path: Path) -> bool:

@@ -46,21 +46,24 @@ from yolofeed.ultralytics_seam import FIGURES_MODULE, LOGGER, RANK, figure_funct
 # (Linux's parent-death signal, for the thread that started it: the training thread, which outlives the children's
 # work). A child ends on its own at the end of its stdin, but one stopped (SIGSTOP, a debugger) reads nothing, and
 # would stay, stopped, holding its 0.3 GB, after the parent was killed.
+# ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
+# before any import (a signal.py there would run in the child).
 DIE_WITH_PARENT = """
-import os as _os, sys as _sys
+import sys as _sys
+_sys.path.pop(0)
+import os as _os
 _parent = int(_sys.argv.pop())
 if _sys.platform.startswith("linux"):
     try:
         import ctypes as _ctypes, signal as _signal
         _ctypes.CDLL(None).prctl(1, _signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except Exception:
+    except Exception:  # a libc without prctl: the child still ends at its stdin's end, unless stopped
         pass
     if _os.getppid() != _parent:  # the parent died before prctl took effect
         _os._exit(1)
 """
-# Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot;
-# ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
-RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; sys.path.pop(0); from ultralytics.utils.plotting import plot_results; "
+# Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot
+RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; from ultralytics.utils.plotting import plot_results; "
                                   "plot_results(file=sys.argv[1])\n")
 
 
@@ -72,7 +75,6 @@ RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; sys.path.pop(0); from ultralytics
 FIGURE_CHILD = DIE_WITH_PARENT + """
 import importlib, os, pickle, sys, tempfile, warnings
 import matplotlib
-sys.path.pop(0)
 reply = os.fdopen(os.dup(1), "wb")
 said = tempfile.TemporaryFile()
 os.dup2(said.fileno(), 1)

@@ -261,7 +261,7 @@ def run(cfg: TrainConfig) -> Path:
             check_task_data(cfg.model, task, cfg.data)
     if checkpoint:
         model = load_model(checkpoint, "resume", checked=True)
-        if (why := nothing_to_resume(model.ckpt)) and not cfg.extra.get("time"):  # time= recounts the epochs
+        if why := nothing_to_resume(model.ckpt):
             sweep(Path(checkpoint).parent)  # a stripping writer's copy, where the run was killed in its strip
             raise ConfigError(f"{checkpoint} {why}: nothing to resume. Start a new run from it with "
                               f"{shlex.quote(f'model={checkpoint}')} and no resume")

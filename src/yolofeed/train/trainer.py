@@ -66,7 +66,7 @@ from yolofeed.train.checkpoints import (
     AtomicPath,
     check_intact,
     finished_run,
-    nothing_to_resume,
+    nothing_to_resume_at,
     resume_named,
     strip_atomically,
     sweep,
@@ -249,6 +249,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             check_intact(named, once=True)  # (a truncated one: its refusal looks it up on GitHub first)
         super().check_resume(overrides)
         if resuming(self):
+            self._refuse_nothing_to_resume()
             self._say_where_it_resumes()
             self._restore_options()
         keys.check(self.args, carried=(self.carried_task,))
@@ -257,12 +258,25 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             self._check_data()
             checks.check_run_folder(get_save_dir(self.args))
 
+    def _refuse_nothing_to_resume(self) -> None:
+        """A checkpoint Ultralytics' ``resume_training`` would refuse with an assertion and its traceback, after the
+        model, the loaders and the optimizer are built (a DDP launch: in each rank), refused here, before any of it.
+
+        Raises:
+            ConfigError: a finished run's checkpoint, or one holding every epoch of its run.
+        """
+        if RANK in (-1, 0) and (why := nothing_to_resume_at(self.args.resume, self.args.epochs)):
+            sweep(Path(self.args.resume).parent)  # a stripping writer's copy, where the run was killed in its strip
+            raise ConfigError(f"{self.args.resume} {why}: nothing to resume. Start a new run from it with "
+                              f"{shlex.quote(f'model={self.args.resume}')} and no resume")
+
     def _say_where_it_resumes(self) -> None:
         """One line where the checkpoint lies in another run's folder than the one it recorded (a run folder copied,
         or moved): Ultralytics resumes a run in the folder recorded, and writes its weights and results.csv there."""
         beside = Path(self.args.resume).expanduser().resolve().parent
         recorded = getattr(self.args, "save_dir", None)
-        if RANK in (-1, 0) and beside.name == "weights" and recorded and beside.parent != Path(recorded).resolve():
+        recorded = recorded and Path(recorded).resolve()  # a relative one: from this working folder, as it is written
+        if RANK in (-1, 0) and beside.name == "weights" and recorded and beside.parent != recorded:
             LOGGER.warning(f"yolofeed: {self.args.resume} lies in {beside.parent}, but its run was recorded in "
                            f"{recorded}: Ultralytics resumes it there, as stock does, writing its weights and "
                            f"results.csv in {recorded}, not beside the checkpoint")
@@ -510,17 +524,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
     def resume_training(self, ckpt):
         """Ultralytics' resume; then the results.csv rows of epochs after the checkpoint's are dropped, as the run
         trains them again (a run killed between an epoch's row and its last.pt, or resumed from an older checkpoint:
-        stock appends those rows a second time). A checkpoint with nothing to resume is refused in one line, where
-        Ultralytics' assertion gives a traceback.
-
-        Raises:
-            ConfigError: a finished run's checkpoint, or one holding every epoch of its run.
-        """
-        if (ckpt is not None and resuming(self) and not getattr(self.args, "time", None)
-                and (why := nothing_to_resume(ckpt, self.epochs))):
-            sweep(Path(self.args.resume).parent)  # a stripping writer's copy, where the run was killed in its strip
-            raise ConfigError(f"{self.args.resume} {why}: nothing to resume. Start a new run from it with "
-                              f"{shlex.quote(f'model={self.args.resume}')} and no resume")
+        stock appends those rows a second time)."""
         super().resume_training(ckpt)
         if ckpt is None or not resuming(self) or RANK not in {-1, 0}:
             return
