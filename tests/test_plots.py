@@ -114,7 +114,14 @@ def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path, 
     from yolofeed.train.plots import FigureDrawers
 
     monkeypatch.setattr(FigureDrawers, "count", staticmethod(lambda: 2))  # children on CI's two cores too
+    started = []  # results.png's child: started with the last epoch (its imports beside it), told to draw later
+    real_init, real_go = ResultsPlot.__init__, ResultsPlot.go
+    monkeypatch.setattr(ResultsPlot, "__init__", lambda self, csv, go=True: (started.append(("start", go)),
+                                                                             real_init(self, csv, go))[1])
+    monkeypatch.setattr(ResultsPlot, "go", lambda self: (started.append(("go", Path(self.csv).is_file())),
+                                                         real_go(self))[1])
     model = YOLO("yolo11n.yaml")
+    model.add_callback("on_train_epoch_end", lambda t: started.append(("epoch end", None)))
     at_val_end = []  # what on_val_end's callbacks find: the figures drawn, handed to the validator's on_plot
     model.add_callback("on_val_end", lambda v: at_val_end.append(
         sorted(p.name for p in v.plots if p.name.endswith("_curve.png") or "confusion" in p.name)))
@@ -130,6 +137,7 @@ def test_a_run_draws_both_beside_and_the_files_are_stocks(synth_root, tmp_path, 
     assert all(took is not None and took >= 0 and waited >= 0 for took, waited in beside.values())
     assert run / "results.png" in model.trainer.plots and run / "labels.jpg" in model.trainer.plots
     assert seen == [(True, True)]
+    assert started == [("start", False), ("epoch end", None), ("go", True)], started
     figures = ["BoxF1_curve.png", "BoxPR_curve.png", "BoxP_curve.png", "BoxR_curve.png", "confusion_matrix.png",
                "confusion_matrix_normalized.png"]
     assert at_val_end[-1] == figures and all((run / name).is_file() for name in figures)

@@ -7,9 +7,11 @@ after the final validation. Here the same calls make the same files, each beside
 * the labels' plot in a thread (``InThread``) beside yolofeed's warm-up (cuDNN's set-up and the graph's capture,
   which run in torch's C++ with the GIL released), joined before the first epoch; nothing else plots meanwhile;
 * results.png in a new interpreter (``ResultsPlot``) beside the final validation: results.csv is complete once the
-  last epoch is saved, and the final validation writes no row to it. Not a thread: matplotlib is not thread-safe, and
-  the final validation plots (its confusion matrix and curves) in the validation thread. Not a fork: the parent holds
-  CUDA, the loader's and the validation's threads and polars' pool, none of which a forked child may use.
+  last epoch is saved, and the final validation writes no row to it. Where the figure children start with the last
+  epoch (a core to spare), it starts with them, its imports beside that epoch, and draws once told at ``final_eval``.
+  Not a thread: matplotlib is not thread-safe, and the final validation plots (its confusion matrix and curves) in the
+  validation thread. Not a fork: the parent holds CUDA, the loader's and the validation's threads and polars' pool,
+  none of which a forked child may use.
 
 The final validation's metric figures (its curves and confusion matrices: ``seam.final_figures``) are drawn by
 ``FigureDrawers``, children started as the last epoch starts (their imports beside its training), one figure each at
@@ -40,7 +42,15 @@ import psutil
 
 from yolofeed import processes
 from yolofeed.limits import memory_available, usable_cores
-from yolofeed.ultralytics_seam import FIGURES_MODULE, LOGGER, RANK, figure_function, final_figures, first_meanwhile
+from yolofeed.ultralytics_seam import (
+    FIGURES_MODULE,
+    LOGGER,
+    RANK,
+    figure_function,
+    final_figures,
+    first_meanwhile,
+    results_csv,
+)
 
 # First in each child, which takes the parent's PID as its last argument: SIGKILL when the parent dies, however it dies
 # (Linux's parent-death signal, for the thread that started it: the training thread, which outlives the children's
@@ -62,9 +72,11 @@ if _sys.platform.startswith("linux"):
     if _os.getppid() != _parent:  # the parent died before prctl took effect
         _os._exit(1)
 """
-# Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot
-RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; from ultralytics.utils.plotting import plot_results; "
-                                  "plot_results(file=sys.argv[1])\n")
+# Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot,
+# once a line on stdin says results.csv is complete (its imports done before: ``ResultsPlot.go``); its end gives none
+RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; from ultralytics.utils.plotting import plot_results\n"
+                                  "if sys.stdin.readline() == 'go\\n':\n"
+                                  "    plot_results(file=sys.argv[1])\n")
 
 
 # A child of FigureDrawers: the figures' module imported before the first job; then each job (qualname, args, kwargs,
@@ -330,11 +342,12 @@ class InThread:
 
 
 class ResultsPlot:
-    """results.png drawn from ``csv`` by Ultralytics' ``plot_results`` in a new interpreter, from now."""
+    """results.png drawn from ``csv`` by Ultralytics' ``plot_results`` in a new interpreter: started now, its imports
+    (about 3 s on an H100 machine's cores) run at once, and it draws once told (``go``: results.csv is complete)."""
 
-    def __init__(self, csv: str | os.PathLike):
+    def __init__(self, csv: str | os.PathLike, go: bool = True):
         self.csv = Path(csv)
-        self.seconds: float | None = None  # from the start to the child's exit, once finished
+        self.seconds: float | None = None  # from go to the child's exit, once finished
         self._start = time.perf_counter()
         self._child: subprocess.Popen | None = None
         if getattr(sys, "frozen", False) or not sys.executable:  # a frozen or embedding executable is no interpreter
@@ -343,11 +356,24 @@ class ResultsPlot:
         path = os.pathsep.join(p for p in sys.path if p)
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-c", RESULTS_PLOT, str(self.csv), str(os.getpid())], stdin=subprocess.DEVNULL,
+                [sys.executable, "-c", RESULTS_PLOT, str(self.csv), str(os.getpid())], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 env={**os.environ, "YOLO_VERBOSE": "False", "PYTHONPATH": path})
         except OSError:  # no process to spare (EAGAIN, ENOMEM): finish() says so, and the caller plots itself
             self._child = None
+        if go:
+            self.go()
+
+    def go(self) -> None:
+        """results.csv is complete: the child draws it (a line in the pipe's buffer: the write never blocks; the pipe
+        is closed by ``finish``'s wait)."""
+        self._start = time.perf_counter()
+        if self._child is not None and self._child.stdin is not None:
+            try:
+                self._child.stdin.write(b"go\n")
+                self._child.stdin.flush()
+            except OSError:  # the child gone already: finish() finds it failed, and the caller plots itself
+                pass
 
     def abandon(self) -> None:
         """The run will not wait for it (it stopped in the final validation): end the child and reap it."""
@@ -412,10 +438,21 @@ class PlotsBeside:
     def _start_figure_drawers(self, last_epoch: bool = True) -> None:
         """The final validation's figure children, started as the last epoch starts (``last_epoch``:
         ``on_train_epoch_start``), so that their imports run beside its training, or at ``final_eval``; once a run,
-        on the rank that plots."""
+        on the rank that plots. results.png's child starts with them, told to draw at ``final_eval``
+        (``_plot_results``)."""
         if (self._figures is None and RANK in {-1, 0} and self.args.plots
                 and (not last_epoch or self.epoch == self.epochs - 1) and (n := FigureDrawers.count())):
             self._figures = FigureDrawers(n)
+            if last_epoch and self._results_plot is None:
+                self._results_plot = ResultsPlot(results_csv(self), go=False)
+
+    def _plot_results(self) -> None:
+        """At ``final_eval``, results.csv complete: results.png's child started with the last epoch draws it, or one
+        started now."""
+        if self._results_plot is not None:
+            self._results_plot.go()
+        else:
+            self._results_plot = ResultsPlot(results_csv(self))
 
     def _validate_best(self, model: Any) -> Any:
         """``final_eval``'s validation of best.pt (``model``), in the validation thread where there is one, its figures

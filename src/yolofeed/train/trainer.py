@@ -73,7 +73,7 @@ from yolofeed.train.checkpoints import (
     trim_results,
 )
 from yolofeed.train.plans import PlansAhead
-from yolofeed.train.plots import PlotsBeside, ResultsPlot
+from yolofeed.train.plots import PlotsBeside
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
@@ -558,7 +558,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
                     # update best.pt train_metrics from last.pt
                     strip_atomically(best, updates={"train_results": ckpt.get("train_results")})
         if RANK in {-1, 0} and self.args.plots and results_csv(self).is_file():  # complete: the last epoch was saved
-            self._results_plot = ResultsPlot(results_csv(self))
+            self._plot_results()
         if model:
             LOGGER.info(f"\nValidating {model}...")
             self.validator.args.plots = self.args.plots
