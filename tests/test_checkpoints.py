@@ -239,6 +239,12 @@ def _saved_last(tmp_path: Path) -> tuple[Path, bytes]:
     return weights, (weights / "last.pt").read_bytes()
 
 
+def _finishing(weights: Path) -> SimpleNamespace:
+    """What ``final_eval`` reads of a trainer whose run folder's weights are ``weights`` (no plots)."""
+    return SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
+                           args=SimpleNamespace(plots=False))
+
+
 def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):
     """At the end Ultralytics rewrites last.pt and best.pt in place without their optimizer (``strip_optimizer``); a
     kill there truncated the run's best weights. Here a save that writes half its file, then stops."""
@@ -253,8 +259,7 @@ def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", half)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=False))
+    trainer = _finishing(weights)
     with pytest.raises(KeyboardInterrupt):
         FastDetectionTrainer.final_eval(trainer)
     assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
@@ -293,8 +298,7 @@ def test_a_final_strip_without_room_beside_strips_in_place_as_stock_and_the_run_
 
     monkeypatch.setattr(torch, "save", full)
     monkeypatch.setattr(os, "statvfs", statvfs)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=False))
+    trainer = _finishing(weights)
     if fault == "another RuntimeError":
         with pytest.raises(RuntimeError, match="unexpected pos"):
             FastDetectionTrainer.final_eval(trainer)
@@ -323,8 +327,7 @@ def test_a_strip_in_place_that_fails_too_writes_the_checkpoint_back(tmp_path, mo
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", full)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=False))
+    trainer = _finishing(weights)
     with caplog.at_level("WARNING"):
         FastDetectionTrainer.final_eval(trainer)
     said = [r.getMessage() for r in caplog.records if "could not strip" in r.getMessage()]
@@ -348,8 +351,7 @@ def test_a_ctrl_c_in_a_strip_in_place_writes_the_checkpoint_back_and_stops(tmp_p
         raise KeyboardInterrupt
 
     monkeypatch.setattr(torch, "save", interrupted)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=False))
+    trainer = _finishing(weights)
     with pytest.raises(KeyboardInterrupt):
         FastDetectionTrainer.final_eval(trainer)
     assert (weights / "last.pt").read_bytes() == whole and _temps(weights) == []
@@ -370,8 +372,7 @@ def test_a_strip_without_room_never_writes_through_a_link_planted_at_the_checkpo
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", full)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=False))
+    trainer = _finishing(weights)
     FastDetectionTrainer.final_eval(trainer)
     assert outside.read_bytes() == whole and (weights / "last.pt").is_symlink()
 
@@ -684,8 +685,7 @@ def test_a_final_strip_whose_rename_fails_leaves_the_checkpoint_whole_and_the_ru
         return real(src, dst, *a, **k)
 
     monkeypatch.setattr(os, "replace", refused)
-    trainer = SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                              args=SimpleNamespace(plots=False))
+    trainer = _finishing(weights)
     with caplog.at_level("WARNING"):
         FastDetectionTrainer.final_eval(trainer)
     assert (weights / "last.pt").read_bytes() == whole
