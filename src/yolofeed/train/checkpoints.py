@@ -386,11 +386,21 @@ def nothing_to_resume(ckpt: dict, epochs: int | None = None) -> str | None:
     return None
 
 
-def nothing_to_resume_at(path: str | os.PathLike, epochs: int | None = None) -> str | None:
-    """``nothing_to_resume`` of the checkpoint at ``path`` (read once more; its bytes checked already); None where it
-    does not load (Ultralytics' resume says so)."""
-    ckpt = _loaded(Path(path), checked=True)
-    return None if ckpt is None else nothing_to_resume(ckpt, epochs)
+def refuse_nothing_to_resume(path: str | os.PathLike, ckpt: dict | None = None, epochs: int | None = None) -> None:
+    """Refuse to resume the checkpoint at ``path`` (``ckpt``, where loaded already; else read once more, its bytes
+    checked already) where ``nothing_to_resume`` says why; a stripping writer's copy beside it, where the run was
+    killed in its strip, swept first. One that does not load is left to Ultralytics' resume, which says so.
+
+    Raises:
+        ConfigError: a finished run's checkpoint, or one holding every epoch of its run.
+    """
+    from yolofeed.errors import ConfigError
+
+    ckpt = ckpt if ckpt is not None else _loaded(Path(path), checked=True)
+    if ckpt is not None and (why := nothing_to_resume(ckpt, epochs)):
+        sweep(Path(path).parent)
+        raise ConfigError(f"{path} {why}: nothing to resume. Start a new run from it with "
+                          f"{shlex.quote(f'model={path}')} and no resume")
 
 
 def finished_run(path: Path) -> bool:

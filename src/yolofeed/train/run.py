@@ -12,7 +12,7 @@ from yolofeed import processes
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.train import keys, options
-from yolofeed.train.checkpoints import UNPICKLING_ERRORS, check_intact, nothing_to_resume, sweep, way_on
+from yolofeed.train.checkpoints import UNPICKLING_ERRORS, check_intact, refuse_nothing_to_resume, way_on
 
 
 def resume_checkpoint(cfg: TrainConfig) -> str | None:
@@ -261,10 +261,7 @@ def run(cfg: TrainConfig) -> Path:
             check_task_data(cfg.model, task, cfg.data)
     if checkpoint:
         model = load_model(checkpoint, "resume", checked=True)
-        if why := nothing_to_resume(model.ckpt):
-            sweep(Path(checkpoint).parent)  # a stripping writer's copy, where the run was killed in its strip
-            raise ConfigError(f"{checkpoint} {why}: nothing to resume. Start a new run from it with "
-                              f"{shlex.quote(f'model={checkpoint}')} and no resume")
+        refuse_nothing_to_resume(checkpoint, model.ckpt)
         # the data given, else the run's own: older Ultralytics (8.4.138) hands a resume its task's default data
         # (coco8.yaml for detection) where none is given, and the resume trains on that
         data = cfg.data or (model.ckpt.get("train_args") or {}).get("data")

@@ -66,7 +66,7 @@ from yolofeed.train.checkpoints import (
     AtomicPath,
     check_intact,
     finished_run,
-    nothing_to_resume_at,
+    refuse_nothing_to_resume,
     resume_named,
     strip_atomically,
     sweep,
@@ -265,10 +265,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         Raises:
             ConfigError: a finished run's checkpoint, or one holding every epoch of its run.
         """
-        if RANK in (-1, 0) and (why := nothing_to_resume_at(self.args.resume, self.args.epochs)):
-            sweep(Path(self.args.resume).parent)  # a stripping writer's copy, where the run was killed in its strip
-            raise ConfigError(f"{self.args.resume} {why}: nothing to resume. Start a new run from it with "
-                              f"{shlex.quote(f'model={self.args.resume}')} and no resume")
+        if RANK in (-1, 0):
+            refuse_nothing_to_resume(self.args.resume, epochs=self.args.epochs)
 
     def _say_where_it_resumes(self) -> None:
         """One line where the checkpoint lies in another run's folder than the one it recorded (a run folder copied,
