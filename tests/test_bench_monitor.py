@@ -266,6 +266,7 @@ def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_r
         assert r["batch"] == 8
         for e in r["epochs"]:  # validated every epoch, inside the epoch's time
             assert 0 < e["train_s"] and 0 < e["val_s"] and e["train_s"] + e["val_s"] <= e["epoch_s"]
+        assert r["epochs"][-1]["save_s"] > 0 and all(e["save_s"] < e["epoch_s"] for e in r["epochs"])  # checkpoints
         assert r["setup_s"] > 0 and r["final_s"] > 0
         assert r["setup_s"] + sum(e["epoch_s"] for e in r["epochs"]) + r["final_s"] <= r["wall_s"] + 0.05  # rounding
         parts = r["parts"]  # the set-up's and the end's parts lie inside them

@@ -15,6 +15,8 @@ What is timed, on the host clock of the mode's own process (``isolate=True``):
   row and the checkpoint included);
 * ``setup_s`` (building the trainer to the first epoch's start) and ``final_s`` (the last epoch's end to the end:
   best.pt validated again, the plots);
+* ``save_s`` in an epoch's record: the time ``save_model`` took in it (serialising and writing the checkpoints; with
+  ``val_overlap`` the previous epoch's, saved at this one's end);
 * where they go (``parts``): ``build_s`` (the trainer's constructor: the data yaml's check, the model's build),
   ``setup_train_s`` (``train()`` to the end of Ultralytics' ``_setup_train``: the model on the device, the AMP check,
   the loaders, the optimiser; yolofeed's warm-up included), ``warm_up_s`` (yolofeed's warm-up alone, as its trainer
@@ -112,6 +114,18 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
         t_build = now()
         trainer = trainer_class(overrides=full)
         mark("built")
+        save_model = trainer.save_model
+
+        def timed_save(*a, **k):  # on the instance: the loop and seam.end_epoch_late call self.save_model()
+            t0 = now()
+            try:
+                return save_model(*a, **k)
+            finally:
+                if state["epochs"]:
+                    r = state["epochs"][-1]
+                    r["save_s"] = r.get("save_s", 0.0) + now() - t0
+
+        trainer.save_model = timed_save
         for event, fn in (("on_pretrain_routine_end", lambda t: mark("set_up")),  # after yolofeed's warm-up
                           ("on_train_start", on_train_start), ("on_train_epoch_start", on_epoch_start),
                           ("on_train_epoch_end", on_epoch_end), ("on_val_start", on_val_start),
