@@ -242,7 +242,7 @@ def _saved_last(tmp_path: Path) -> tuple[Path, bytes]:
 def _finishing(weights: Path) -> SimpleNamespace:
     """What ``final_eval`` reads of a trainer whose run folder's weights are ``weights`` (no plots)."""
     return SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                           args=SimpleNamespace(plots=False))
+                           args=SimpleNamespace(plots=False), wait_for_saves=lambda: None)
 
 
 def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):

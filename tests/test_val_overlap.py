@@ -116,7 +116,7 @@ def test_before_a_capture_the_training_waits_for_the_validation_beside_it_and_co
     epoch's end, and the wait counts as waited for it."""
     from concurrent.futures import Future
 
-    from yolofeed.train.trainer import FastTrainer
+    from yolofeed.train.validating import Validating
     from yolofeed.train.validation import ValidationThread
 
     threads = ValidationThread(torch.device("cpu"))
@@ -124,7 +124,7 @@ def test_before_a_capture_the_training_waits_for_the_validation_beside_it_and_co
     job = overlap.Overlapped(snapshot=None, header="")
     job.future = threads.submit(lambda: (time.sleep(0.1), {"fitness": 1.0})[1])
     threads.submit(lambda: (time.sleep(0.1), ran.append("best.pt's set-up pass")))  # queued behind the validation
-    FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=job, _validations=threads))
+    Validating._settle_overlapped(SimpleNamespace(_overlapped=job, _validations=threads))
     assert job.future.done() and ran == ["best.pt's set-up pass"] and job.settled > 0
     metrics, waited = job.result()  # the settled seconds are the epoch's training time, not waited again
     assert metrics == {"fitness": 1.0} and waited < job.settled
@@ -135,7 +135,7 @@ def test_before_a_capture_the_training_waits_for_the_validation_beside_it_and_co
     failed.settle()  # the error is the epoch end's to raise, with what was not written (no validation thread here)
     with pytest.raises(RuntimeError, match="validation failed"):
         failed.result()
-    FastTrainer._settle_overlapped(SimpleNamespace(_overlapped=None))  # no validation beside: nothing to wait for
+    Validating._settle_overlapped(SimpleNamespace(_overlapped=None))  # no validation beside: nothing to wait for
 
 
 def test_the_seam_imported_again_after_a_validation_beside_wraps_ultralytics_own_bar_and_timer():

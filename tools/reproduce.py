@@ -137,6 +137,15 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
+    Section("whole-run-save", "The whole run", "nvidia-h200", 1, 9, (
+        # the checkpoints' GPU tests with val_overlap's beside the CPU-bound synth and pack, then the whole run with
+        # each checkpoint saved between the epochs and beside the next (the default)
+        "timeout 240 python3 -m pytest -q -m gpu tests/test_saving.py tests/test_val_overlap.py "
+        "tests/test_augment_gpu.py -k 'saved_beside or overlap or before_capture' -p no:cacheprovider --tb=short -rA "
+        "> $OUT/gpu_tests_save.txt 2>&1 &",
+        *whole_run("auto", 430, "stock,yolofeed_save_inline,yolofeed")[:2],
+        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_save.txt | tail -20",
+        *whole_run("auto", 430, "stock,yolofeed_save_inline,yolofeed")[2:])),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",

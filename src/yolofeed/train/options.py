@@ -28,10 +28,10 @@ from yolofeed.pack import codecs
 FILE = "yolofeed.yaml"
 # FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
 OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up", "validate_beside",
-           "val_overlap", "val_period", "batched_val_metrics", "mask_room", "sync_free_step", "sync_free_loss",
-           "fast_musgd", "graphed_step", "half_input", "monitor")
-SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "batched_val_metrics", "sync_free_step",
-            "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
+           "val_overlap", "save_beside", "val_period", "batched_val_metrics", "mask_room", "sync_free_step",
+           "sync_free_loss", "fast_musgd", "graphed_step", "half_input", "monitor")
+SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "save_beside", "batched_val_metrics",
+            "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
 AUTO = ("val_overlap",)  # switches whose None (the default) the run decides
 REBUILDS = ("auto", "check", "always", "never")
 MASK_ROOM_MOST = 64  # mask_room's largest: the rasteriser's slots grow with it (memory a batch)
