@@ -134,6 +134,13 @@ def test_a_checkpoint_saved_beside_is_stocks_with_the_epochs_values_whatever_the
     assert not trainer.last.exists()
     with torch.no_grad():  # the next epoch, on the training thread's stream
         torch._foreach_add_(trainer.live_tensors(), 1.0)
+    trainer.epoch, trainer.best_fitness, trainer.fitness = 2, 0.7, 0.7  # and its end: its row, its metrics
+    trainer.metrics["metrics/mAP50(B)"] = 0.7
+    trainer.stopper.best_fitness, trainer.stopper.best_epoch = 0.7, 2
+    trainer.args.epochs = 9  # time= recounts the epochs
+    trainer.ema.updates += 10
+    with trainer.csv.open("a") as f:
+        f.write("3,0.7\n")
     held.set()
     trainer.wait_for_saves()
     for name in ("last.pt", "best.pt"):
@@ -168,7 +175,7 @@ def test_an_epoch_ended_late_hands_over_its_snapshots_copies_and_nothing_is_copi
 
 def test_a_failed_save_beside_is_raised_in_the_training_thread_its_previous_checkpoint_whole(tmp_path, monkeypatch,
                                                                                              held):
-    """A save that fails (the disk full) is raised at the next batch's end, or the next validation, with its one
+    """A save that fails (the disk full) is raised at the next batch's end, or the next epoch's end, with its one
     line; last.pt is the checkpoint before, whole."""
     trainer = _Trainer(tmp_path)
     held.set()
@@ -187,13 +194,13 @@ def test_a_failed_save_beside_is_raised_in_the_training_thread_its_previous_chec
     trainer.save_model()
     trainer._saved_yet()  # not ended yet: nothing raised
     held.set()
-    trainer._saving.exception(30)  # ended
+    trainer._saving.future.exception(30)  # ended
     with pytest.raises(WriteError, match="last.pt: the disk is full"):
         trainer._saved_yet()
     assert trainer.last.read_bytes() == before and _load(trainer.last)["epoch"] == 1
     trainer.save_model()
     with pytest.raises(WriteError, match="disk is full"):
-        trainer.validate()
+        trainer._saved_by_epoch_end()
     trainer._close_saves(finished=False)
 
 
@@ -208,28 +215,61 @@ def test_an_ema_not_finite_is_saved_in_place_as_stocks_which_mends_the_live_ema(
     assert _load(trainer.last)["ema"].state_dict()[name].isfinite().all()
 
 
-def test_a_callback_at_on_model_save_reads_the_epochs_own_checkpoint(tmp_path, held):
-    """A logger that uploads last.pt at on_model_save: the save is waited for first."""
+@pytest.mark.parametrize("event", ["on_model_save", "on_fit_epoch_end", "on_train_epoch_end"])
+def test_where_a_callback_at_an_epochs_end_may_read_the_files_the_save_is_stocks_in_place(tmp_path, event):
+    """A logger that uploads best.pt as an epoch ends (Comet's at on_fit_epoch_end, one of yours at on_model_save):
+    the checkpoint is on the disk before, as stock's."""
     trainer = _Trainer(tmp_path)
-    read = []
-    trainer.callbacks["on_model_save"].append(lambda t: read.append(_load(t.last)["epoch"]))
-    trainer.save_model()
-    threading.Timer(0.3, held.set).start()
-    trainer.run_callbacks("on_model_save")
-    assert read == [1]
-    trainer._close_saves(finished=True)
+    trainer.callbacks[event] = [lambda t: None]
+    assert trainer.save_model() is True and trainer._saving is None and _load(trainer.last)["epoch"] == 1
 
 
-def test_without_a_reader_at_on_model_save_the_save_is_not_waited_for(tmp_path, held):
-    """Ultralytics' own idle callback there does not hold the training."""
+def test_ultralytics_idle_callbacks_leave_the_save_beside(tmp_path, held):
     trainer = _Trainer(tmp_path)
     trainer.callbacks["on_model_save"].append(default_callbacks["on_model_save"][0])
     trainer.save_model()
-    trainer.run_callbacks("on_model_save")
-    assert trainer._saving is not None and not trainer._saving.done()
+    assert trainer._saving is not None and not trainer._saving.future.done()
     held.set()
     trainer._close_saves(finished=True)
     assert _load(trainer.last)["epoch"] == 1
+
+
+def test_a_save_the_thread_could_not_make_is_made_in_place_from_the_same_copies(tmp_path, monkeypatch, caplog):
+    """Out of GPU memory in the save thread (its copies beside the next epoch's activations): the epoch's checkpoint
+    is made in the training thread at the wait, with one line, and the next ones between the epochs."""
+    trainer = _Trainer(tmp_path)
+    stock = _Trainer(tmp_path / "stock")
+    _Stock.save_model(stock)
+    monkeypatch.setattr(saving, "_save", lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")))
+    trainer.save_model()
+    with torch.no_grad():
+        torch._foreach_add_(trainer.live_tensors(), 1.0)
+    trainer._saved_by_epoch_end()
+    assert "could not be saved beside the training (OutOfMemoryError" in caplog.text
+    assert _same_checkpoint(trainer.last, stock.last) and trainer.save_beside is False
+    trainer.epoch = 2
+    assert trainer.save_model() is True and trainer._saving is None and _load(trainer.last)["epoch"] == 2
+    trainer._close_saves(finished=True)
+
+
+def test_a_ctrl_c_in_the_wait_leaves_the_save_to_the_close_which_says_its_failure(tmp_path, monkeypatch, held, caplog):
+    trainer = _Trainer(tmp_path)
+    monkeypatch.setattr(AtomicPath, "write_bytes", lambda self, data: (_ for _ in ()).throw(
+        WriteError(f"could not write {self}: the disk is full")))
+    trainer.save_model()
+    real = saving.processes.result
+
+    def interrupted(future):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(saving.processes, "result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.wait_for_saves()
+    monkeypatch.setattr(saving.processes, "result", real)
+    assert trainer._saving is not None
+    held.set()
+    trainer._close_saves(finished=False)
+    assert "the last checkpoint was not saved: WriteError: could not write" in caplog.text
 
 
 def test_a_stopped_run_finishes_the_checkpoint_in_flight(tmp_path, held):
@@ -252,7 +292,7 @@ def test_a_capture_and_the_next_save_wait_for_the_save_in_flight(tmp_path, held)
     held.clear()
     trainer.epoch = 2
     trainer.save_model()
-    first = trainer._saving
+    first = trainer._saving.future
     threading.Timer(0.3, held.set).start()
     trainer.epoch = 3
     trainer.save_model()  # waits for epoch 2's first
@@ -266,3 +306,29 @@ def test_save_beside_off_saves_in_place_as_stock(tmp_path):
     trainer = _Trainer(tmp_path)
     trainer.save_beside = False
     assert trainer.save_model() is True and trainer._saver is None and _load(trainer.last)["epoch"] == 1
+
+
+def test_a_training_saves_every_epoch_beside_the_next_and_ends_with_stocks_files(synth_root, tmp_path, monkeypatch):
+    """The real trainer, end to end on the CPU: each epoch's checkpoint goes through the save thread, the last one is
+    on the disk before final_eval strips it, and the run's files are those of a run saved in place."""
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    saved = []
+    real = saving._save
+
+    def counted(save_model, view, ready, thread):
+        saved.append(view.epoch)
+        real(save_model, view, ready, thread)
+
+    monkeypatch.setattr(saving, "_save", counted)
+    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path),
+                               name="beside", epochs=3, imgsz=64, batch=8, device="cpu", workers=0, plots=False,
+                               verbose=False, exist_ok=True)
+    assert saved == [0, 1, 2]
+    weights = tmp_path / "beside" / "weights"
+    last, best = _load(weights / "last.pt"), _load(weights / "best.pt")
+    assert last["optimizer"] is None and last["epoch"] == -1 and best["epoch"] == -1  # stripped at the end
+    assert len(last["train_results"]["epoch"]) == 3 and sorted(p.name for p in weights.iterdir()) == ["best.pt",
+                                                                                                       "last.pt"]

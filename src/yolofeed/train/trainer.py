@@ -202,6 +202,7 @@ class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, 
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_batch_end", type(self)._saved_yet)  # a failed save beside stops the run here
+        self.add_callback("on_train_epoch_end", type(self)._saved_by_epoch_end)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)

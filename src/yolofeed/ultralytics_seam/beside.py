@@ -185,8 +185,8 @@ class _SaveView:
         self.model = None  # read where the EMA is not finite, which is saved in place instead (train/saving.py)
         self.optimizer = SimpleNamespace(state_dict=lambda: optimizer_state)
         self.scaler = SimpleNamespace(state_dict=lambda: scaler_state)
-        # results.csv as it is when the save runs: the trainer appends its next row only once the save is waited for
-        self.read_results_csv = trainer.read_results_csv
+        rows = trainer.read_results_csv()  # results.csv now: the next row may be appended before the save runs
+        self.read_results_csv = lambda: rows
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"yolofeed: Ultralytics' save_model reads trainer.{name}, which yolofeed's checkpoint "
