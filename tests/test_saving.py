@@ -40,6 +40,8 @@ class _Stock:
 class _Trainer(saving.SavesBeside, _Stock):
     """A trainer at an epoch's end, as save_model reads it: yolo11n (2 classes), its EMA, AdamW after one step."""
 
+    save_beside = True
+
     def __init__(self, folder: Path, device: str = "cpu"):
         from ultralytics.nn.tasks import DetectionModel
         from ultralytics.utils.torch_utils import ModelEMA
@@ -323,7 +325,8 @@ def test_a_training_saves_every_epoch_beside_the_next_and_ends_with_stocks_files
         real(save_model, view, ready, thread)
 
     monkeypatch.setattr(saving, "_save", counted)
-    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), project=str(tmp_path),
+    trainer = FastDetectionTrainer.with_options(save_beside=True)
+    YOLO("yolo11n.yaml").train(trainer=trainer, data=str(synth_root / "data.yaml"), project=str(tmp_path),
                                name="beside", epochs=3, imgsz=64, batch=8, device="cpu", workers=0, plots=False,
                                verbose=False, exist_ok=True)
     assert saved == [0, 1, 2]

@@ -139,22 +139,22 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 440)[2:])),
     Section("whole-run-save", "The whole run", "nvidia-h200", 1, 9, (
         # the checkpoints' GPU tests with val_overlap's beside the CPU-bound synth and pack, then the whole run with
-        # each checkpoint saved between the epochs and beside the next (the default)
+        # each checkpoint saved between the epochs (the default) and beside the next
         "timeout 240 python3 -m pytest -q -m gpu tests/test_saving.py tests/test_val_overlap.py "
         "tests/test_augment_gpu.py -k 'saved_beside or overlap or before_capture' -p no:cacheprovider --tb=short -rA "
         "> $OUT/gpu_tests_save.txt 2>&1 &",
-        *whole_run("auto", 430, "stock,yolofeed_save_inline,yolofeed")[:2],
+        *whole_run("auto", 430, "stock,yolofeed,yolofeed_save_beside")[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_save.txt | tail -20",
-        *whole_run("auto", 430, "stock,yolofeed_save_inline,yolofeed")[2:])),
+        *whole_run("auto", 430, "stock,yolofeed,yolofeed_save_beside")[2:])),
     Section("save-ab", "The whole run", "nvidia-h200", 1, 5, (
-        # the checkpoints saved between the epochs and beside the next (the default), side by side without stock, on
+        # the checkpoints saved between the epochs (the default) and beside the next, side by side without stock, on
         # 5,000 images (an epoch of 40 steps, its checkpoint the same size as the 10k set's)
         "timeout 200 python3 -m pytest -q -m gpu tests/test_saving.py -p no:cacheprovider --tb=short -rA "
         "> $OUT/gpu_tests_save.txt 2>&1 &",
         "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
         "python3 -m yolofeed pack data=/tmp/synth5k/data.yaml imgsz=640",
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_save.txt | tail -20",
-        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed_save_inline,yolofeed whole_run=10 "
+        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_save_beside whole_run=10 "
         "optimizer=auto workers=16 batch=128 imgsz=640 data=/tmp/synth5k/data.yaml out=$OUT/whole_auto", NO_WEIGHTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images

@@ -1,10 +1,15 @@
-"""Each epoch's checkpoint saved beside the next epoch's training (``save_beside``, on by default).
+"""Each epoch's checkpoint saved beside the next epoch's training (``save_beside``, off by default).
 
 Ultralytics' ``save_model`` runs between two epochs, in the training thread: it checks that the EMA is finite (a host
 sync a tensor), copies it in half precision, copies the optimiser's state, serialises both (``torch.save``: each tensor
 copied to the host, Python's pickling) and writes last.pt and best.pt (here each to a temporary file, fsynced and
 renamed: train/checkpoints.py). No step is queued meanwhile and the GPU idles: 0.4-0.7 s an epoch for yolo11n at
 batch 128 on an H200, a tenth of its 4.3 s of training (BENCHMARKS.md, "The whole run").
+
+Off by default: side by side on an H100 the training thread's time in ``save_model`` fell from 0.26-0.45 s an epoch to
+0.07-0.13 s, and the epochs' training slowed by as much (BENCHMARKS.md, "The whole run"): the pickling held the
+interpreter at the default switch interval. With the short interval now held meanwhile it is not measured yet
+(``python -m tools.reproduce save-ab``).
 
 ``SavesBeside`` runs Ultralytics' own ``save_model`` in a worker thread of its own, on a view of the trainer frozen at
 the epoch's end (``seam.save_view``: results.csv read then too). The training thread only copies the EMA and the
@@ -122,7 +127,7 @@ class SavesBeside:
     and state dicts are the epoch's own copies, which the save takes as they are.
     """
 
-    save_beside: bool = True
+    save_beside: bool = False  # not measured a gain yet (the module's doc)
     _saver: SaveThread | None = None
     _saving: _Saving | None = None
     _ending_snapshot: Any = None

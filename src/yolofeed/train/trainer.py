@@ -22,7 +22,7 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
-  With ``save_beside`` (on by default) each epoch's is serialised and written in a thread beside the next epoch,
+  With ``save_beside`` (off by default) each epoch's is serialised and written in a thread beside the next epoch,
   waited for wherever the files may be read (``SavesBeside``, train/saving.py).
 * On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
   for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
