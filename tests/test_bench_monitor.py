@@ -280,6 +280,7 @@ def test_a_whole_run_times_each_epoch_with_its_validation_as_a_users_run(synth_r
         assert (run / "results.png").is_file()  # plots at their default
     captured = capfd.readouterr()
     assert "whole runs of 2 epochs" in captured.out and "speed-up" in captured.out and "1st epoch" in captured.out
+    assert "   val   save  train img/s" in captured.out  # the later epochs' checkpoint beside their validation
     assert "yolofeed: set-up: trainer" in captured.out and "end: final validation" in captured.out
     assert "12/12" in captured.err  # the bar counts every batch of both runs: 2 x 2 epochs x 3 batches
     assert (out / "bench.png").stat().st_size > 1000

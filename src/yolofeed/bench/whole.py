@@ -205,14 +205,15 @@ def later(result: dict, key: str) -> float | None:
 
 def table(results: list[dict]) -> str:
     """One line a mode: the wall time and its speed-up on stock (stock's time over the mode's), the set-up, the first
-    and later epochs (validation in them) and their speed-up, the later epochs' validation and training rate, and the
-    end."""
+    and later epochs (validation in them) and their speed-up, the later epochs' validation, checkpoint (``save_s``) and
+    training rate, and the end."""
     stock = next((r for r in results if r["mode"] == "stock"), None)
-    lines = [f"{'mode':<16}{'wall':>9}{'speed-up':>10}{'set-up':>8}{'1st epoch':>11}{'later':>8}{'speed-up':>10}"
-             f"{'val':>7}{'train img/s':>13}{'end':>7}  optimizer"]
+    width = max([16, *(len(r["mode"]) + 2 for r in results)])
+    lines = [f"{'mode':<{width}}{'wall':>9}{'speed-up':>10}{'set-up':>8}{'1st epoch':>11}{'later':>8}{'speed-up':>10}"
+             f"{'val':>7}{'save':>7}{'train img/s':>13}{'end':>7}  optimizer"]
     for r in results:
         first = r["epochs"][0]["epoch_s"] if r["epochs"] and "epoch_s" in r["epochs"][0] else None
-        epoch, val, train = later(r, "epoch_s"), later(r, "val_s"), later(r, "train_s")
+        epoch, val, save, train = later(r, "epoch_s"), later(r, "val_s"), later(r, "save_s"), later(r, "train_s")
         rate = r["images"] / train if r.get("images") and train else None
         wall_ratio = f"{stock['wall_s'] / r['wall_s']:.2f}" if stock and r is not stock and r["wall_s"] else "-"
         s_epoch = later(stock, "epoch_s") if stock else None
@@ -221,8 +222,9 @@ def table(results: list[dict]) -> str:
         def s(x: float | None, fmt: str = "") -> str:
             return "-" if x is None else (fmt or ("{:.2f} s" if x < 1 else "{:.1f} s")).format(x)
 
-        lines.append(f"{r['mode']:<16}{s(r['wall_s']):>9}{wall_ratio:>10}{s(r['setup_s']):>8}{s(first):>11}"
-                     f"{s(epoch):>8}{epoch_ratio:>10}{s(val):>7}{s(rate, '{:,.0f}'):>13}{s(r['final_s']):>7}  "
+        lines.append(f"{r['mode']:<{width}}{s(r['wall_s']):>9}{wall_ratio:>10}{s(r['setup_s']):>8}{s(first):>11}"
+                     f"{s(epoch):>8}{epoch_ratio:>10}{s(val):>7}{s(save):>7}{s(rate, '{:,.0f}'):>13}"
+                     f"{s(r['final_s']):>7}  "
                      f"{r.get('optimizer') or '-'}")
     for r in results:
         lines.append(f"  {r['mode']}: " + breakdown(r))
