@@ -137,15 +137,6 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
-    Section("whole-run-save", "The whole run", "nvidia-h200", 1, 9, (
-        # the checkpoints' GPU tests with val_overlap's beside the CPU-bound synth and pack, then the whole run with
-        # each checkpoint saved between the epochs (the default) and beside the next
-        "timeout 240 python3 -m pytest -q -m gpu tests/test_saving.py tests/test_val_overlap.py "
-        "tests/test_augment_gpu.py -k 'saved_beside or overlap or before_capture' -p no:cacheprovider --tb=short -rA "
-        "> $OUT/gpu_tests_save.txt 2>&1 &",
-        *whole_run("auto", 430, "stock,yolofeed,yolofeed_save_beside")[:2],
-        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_save.txt | tail -20",
-        *whole_run("auto", 430, "stock,yolofeed,yolofeed_save_beside")[2:])),
     Section("save-ab", "The whole run", "nvidia-h200", 1, 5, (
         # the checkpoints saved between the epochs (the default) and beside the next, side by side without stock, on
         # 5,000 images (an epoch of 40 steps, its checkpoint the same size as the 10k set's)

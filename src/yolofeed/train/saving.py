@@ -8,7 +8,7 @@ batch 128 on an H200, a tenth of its 4.3 s of training (BENCHMARKS.md, "The whol
 
 Off by default: side by side on an H100 the training thread's time in ``save_model`` fell from 0.26-0.45 s an epoch to
 0.07-0.13 s, and the epochs' training slowed by as much (BENCHMARKS.md, "The whole run"): the pickling held the
-interpreter at the default switch interval. With the short interval now held meanwhile it is not measured yet
+interpreter at the default switch interval. Under the short interval ``_save`` holds it is not measured
 (``python -m tools.reproduce save-ab``).
 
 ``SavesBeside`` runs Ultralytics' own ``save_model`` in a worker thread of its own, on a view of the trainer frozen at
