@@ -50,6 +50,7 @@ import torch
 
 from yolofeed import processes
 from yolofeed.errors import first_line
+from yolofeed.train.overlap import all_finite, tensor_bytes
 from yolofeed.train.validation import on_device
 from yolofeed.ultralytics_seam import LOGGER, RANK, checkpoint_states, epoch_readers, save_view, trainer_ema
 
@@ -93,25 +94,6 @@ def _save(save_model: Callable[[Any], Any], view: Any, ready: torch.cuda.Event |
             stream.synchronize()
 
 
-def finite(model: torch.nn.Module) -> bool:
-    """Whether every floating value of ``model``'s state dict is finite (one host sync)."""
-    tensors = [v for v in model.state_dict().values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    return not tensors or bool(torch.stack([t.isfinite().all() for t in tensors]).all())
-
-
-def _bytes(state: Any) -> int:
-    """The bytes of the tensors in a (nested) state dict or a model's state dict."""
-    if isinstance(state, torch.nn.Module):
-        state = state.state_dict()
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(_bytes(v) for v in state)
-    return 0
-
-
 class _Saving:
     """A save queued in the save thread: its future, and what redoes it in place (Ultralytics' ``save_model`` and the
     view it was given) where the thread could not make it for want of GPU memory or of a thread."""
@@ -144,13 +126,16 @@ class SavesBeside:
         if not self.save_beside or RANK not in (-1, 0) or epoch_readers(self):
             return False  # a callback at an epoch's end may read the files (a logger uploading best.pt): stock's
         ema = trainer_ema(self)
-        if ema is None or not finite(ema.ema):
+        if ema is None or not all_finite([v for v in ema.ema.state_dict().values() if v.is_floating_point()],
+                                         self.device):
             return False
         snapshot = self._ending_snapshot
         model, states = ema.ema, checkpoint_states(self)
         cuda = self.device.type == "cuda"
         copies = COPIES if snapshot is None else COPIES - 1  # a snapshot's are made
-        if cuda and torch.cuda.mem_get_info(self.device)[0] < copies * (_bytes(model) + _bytes(states)):
+        kept = tensor_bytes(model.state_dict().values()) + tensor_bytes(
+            t for state in states[0].get("state", {}).values() for t in state.values())
+        if cuda and torch.cuda.mem_get_info(self.device)[0] < copies * kept:
             return False
         if snapshot is None:  # the live EMA and optimiser, which the next epoch changes
             try:
