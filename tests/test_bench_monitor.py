@@ -656,14 +656,12 @@ def test_bench_modes_name_their_options():
     assert {m: c.pack_format for m, c in yolofeed.items()} == {
         "yolofeed": codecs.DEFAULT, "yolofeed_jpeg": "jpeg", "yolofeed_inline": codecs.DEFAULT,
         "yolofeed_nopool": codecs.DEFAULT, "yolofeed_val_inline": codecs.DEFAULT,
-        "yolofeed_val_overlap": codecs.DEFAULT, "yolofeed_val_waited": codecs.DEFAULT,
-        "yolofeed_save_beside": codecs.DEFAULT}  # raw unless named, whatever
+        "yolofeed_val_overlap": codecs.DEFAULT, "yolofeed_val_waited": codecs.DEFAULT}  # raw unless named, whatever
     # pack_format=auto would pick here
     assert yolofeed["yolofeed_nopool"].partner_pool == 0 and yolofeed["yolofeed"].partner_pool == "auto"
     assert yolofeed["yolofeed_val_inline"].validate_beside is False and yolofeed["yolofeed"].validate_beside is True
     assert yolofeed["yolofeed_val_overlap"].val_overlap is True and yolofeed["yolofeed"].val_overlap is None
     assert yolofeed["yolofeed_val_waited"].val_overlap is False
-    assert yolofeed["yolofeed_save_beside"].save_beside is True and yolofeed["yolofeed"].save_beside is False
     assert yolofeed["yolofeed_inline"].augment_ahead is False and yolofeed["yolofeed"].augment_ahead is True
     with pytest.raises(ValueError, match="unknown mode"):
         trainer_class("yolofeed_fast")

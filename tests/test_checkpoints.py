@@ -206,17 +206,15 @@ def _kill_during_a_checkpoint_write(cmd: list[str], weights: Path, env: dict) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("beside", [False, True])
-def test_killing_the_trainer_during_checkpoint_writes_never_loses_the_checkpoint_before(synth_root, tmp_path, beside):
+def test_killing_the_trainer_during_checkpoint_writes_never_loses_the_checkpoint_before(synth_root, tmp_path):
     """SIGKILL to the training process alone, three times, each while it writes a checkpoint (the test watches the
     weights folder and kills at the first sign of a write); each time the last.pt before still loads, and the run
-    resumes from it and finishes. Ultralytics' in-place write left last.pt truncated here. With ``save_beside`` the
-    write is the save thread's, beside the next epoch."""
+    resumes from it and finishes. Ultralytics' in-place write left last.pt truncated here."""
     env = os.environ | {"YOLO_OFFLINE": "1"}
     weights = tmp_path / "killed" / "weights"
     start = [sys.executable, "-m", "yolofeed", "train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}",
              "epochs=3", "imgsz=64", "batch=8", "device=cpu", "workers=0", "plots=False", f"project={tmp_path}",
-             "name=killed", "exist_ok=True", f"save_beside={beside}"]
+             "name=killed", "exist_ok=True"]
     resume = [sys.executable, "-m", "yolofeed", "train", f"resume={weights / 'last.pt'}"]
     for cycle in range(3):
         before, seen = _kill_during_a_checkpoint_write(start if cycle == 0 else resume, weights, env)
@@ -244,7 +242,7 @@ def _saved_last(tmp_path: Path) -> tuple[Path, bytes]:
 def _finishing(weights: Path) -> SimpleNamespace:
     """What ``final_eval`` reads of a trainer whose run folder's weights are ``weights`` (no plots)."""
     return SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                           args=SimpleNamespace(plots=False), wait_for_saves=lambda: None)
+                           args=SimpleNamespace(plots=False))
 
 
 def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):

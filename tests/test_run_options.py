@@ -286,3 +286,14 @@ def test_resume_true_checks_the_latest_runs_checkpoint_before_ultralytics_reads_
     last.write_bytes(last.read_bytes()[:1000])
     with pytest.raises(ConfigError, match=r"resume=.*runs/r/weights/last.pt: damaged: truncated"):
         FastDetectionTrainer(overrides={"resume": True, "data": str(dataset / "data.yaml")})
+
+
+def test_a_retired_option_in_a_record_is_dropped_and_the_rest_kept(tmp_path):
+    """A yolofeed.yaml of an earlier yolofeed naming an option since removed (one that changed only where time went)
+    still resumes: that option dropped, the others as recorded; an option never known is still refused."""
+    record = tmp_path / options.FILE
+    record.write_text("val_period: 2\nsave_beside: true\n")
+    assert options.read(record) == {"val_period": 2}
+    record.write_text("val_period: 2\nsave_besides: true\n")
+    with pytest.raises(ConfigError, match="unknown options"):
+        options.read(record)

@@ -137,16 +137,6 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
-    Section("save-ab", "The whole run", "nvidia-h200", 1, 5, (
-        # the checkpoints saved between the epochs (the default) and beside the next, side by side without stock, on
-        # 5,000 images (an epoch of 40 steps, its checkpoint the same size as the 10k set's)
-        "timeout 200 python3 -m pytest -q -m gpu tests/test_saving.py -p no:cacheprovider --tb=short -rA "
-        "> $OUT/gpu_tests_save.txt 2>&1 &",
-        "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
-        "python3 -m yolofeed pack data=/tmp/synth5k/data.yaml imgsz=640",
-        "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_save.txt | tail -20",
-        "timeout 240 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed,yolofeed_save_beside whole_run=10 "
-        "optimizer=auto workers=16 batch=128 imgsz=640 data=/tmp/synth5k/data.yaml out=$OUT/whole_auto", NO_WEIGHTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",

@@ -137,12 +137,6 @@ class TrainConfig:
                                    "Validated in place: the last epoch, any early stopping may end the run after, and "
                                    "any where free GPU memory would not hold the validation's largest batch at a "
                                    "training pass's peak per image beside the training")
-    save_beside: bool = key(False, "each epoch's checkpoint (Ultralytics' save_model: the same files and bytes) "
-                            "serialised and written in a thread beside the next epoch, waited for wherever the "
-                            "files may be read (the next epoch's end, NaN recovery, the end); saved in place where a "
-                            "callback at an epoch's end may read them. Off by default: on an H100 the save's "
-                            "pickling slowed the training by as much as it took off it. False: between the epochs, "
-                            "as stock")
     batched_val_metrics: bool = key(True, "a detection validation gathers its statistics for a whole batch at once "
                                     "(one IoU and one copy to the host; the same statistics and metrics); False: "
                                     "image by image, as stock")
@@ -222,8 +216,7 @@ class BenchConfig(MeasuredRunConfig):
                      "yolofeed_val_inline (validate_beside=False: validations in the training thread, as "
                      "stock; with whole_run), yolofeed_val_overlap (val_overlap=True: each epoch's validation "
                      "beside the next epoch; with whole_run), yolofeed_val_waited (val_overlap=False: each waited "
-                     "for, in its own thread; with whole_run), yolofeed_save_beside (save_beside=True: each "
-                     "checkpoint saved beside the next epoch; with whole_run), ceiling, ceiling_stock (the ceiling "
+                     "for, in its own thread; with whole_run), ceiling, ceiling_stock (the ceiling "
                      "with Ultralytics' own step and loss: what yolofeed's sync-free step and loss add)")
     # the step's options, as yolofeed train takes them: for the yolofeed modes and the ceiling (stock: Ultralytics')
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)

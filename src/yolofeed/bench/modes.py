@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_val_inline",
-         "yolofeed_val_overlap", "yolofeed_val_waited", "yolofeed_save_beside", "ceiling", "ceiling_stock")
+         "yolofeed_val_overlap", "yolofeed_val_waited", "ceiling", "ceiling_stock")
 # SyncFreeStep's (train/step.py)
 STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
 
@@ -46,8 +46,6 @@ def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "d
             return raw.with_options(val_overlap=True)
         if mode == "yolofeed_val_waited":  # each waited for, in the validation thread: what the overlap saves
             return raw.with_options(val_overlap=False)
-        if mode == "yolofeed_save_beside":  # each checkpoint saved beside the next epoch: what that saves
-            return raw.with_options(save_beside=True)
         return raw
     if mode in ("ceiling", "ceiling_stock"):  # ceiling_stock: Ultralytics' own step and loss, not the sync-free ones
         from yolofeed.bench.ceiling import CEILINGS

@@ -52,7 +52,7 @@ from yolofeed.processes import die_with_parent, process_start, sigterm_exits
 WHOLE_RUN_DEFAULT = (BenchConfig.modes, "stock,yolofeed")  # the modes of a whole run where modes= is not given
 COLOURS = {"stock": "#999999", "yolofeed": "#2a7ab0", "yolofeed_jpeg": "#8172b2", "yolofeed_inline": "#64b5cd",
            "yolofeed_nopool": "#4c72b0", "yolofeed_val_inline": "#3d9fd8", "yolofeed_val_overlap": "#2a6f97",
-           "yolofeed_val_waited": "#6baed6", "yolofeed_save_beside": "#9ecae1",
+           "yolofeed_val_waited": "#6baed6",
            "ceiling": "#55a868", "ceiling_stock": "#8fc79a"}
 
 

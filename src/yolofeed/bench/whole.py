@@ -16,8 +16,7 @@ What is timed, on the host clock of the mode's own process (``isolate=True``):
 * ``setup_s`` (building the trainer to the first epoch's start) and ``final_s`` (the last epoch's end to the end:
   best.pt validated again, the plots);
 * ``save_s`` in an epoch's record: the time ``save_model`` took in it, in the training thread (serialising and writing
-  the checkpoints; with ``val_overlap`` the previous epoch's, saved at this one's end; with ``save_beside`` the copies
-  and the queueing, the save itself beside the next epoch);
+  the checkpoints; with ``val_overlap`` the previous epoch's, saved at this one's end);
 * where they go (``parts``): ``build_s`` (the trainer's constructor: the data yaml's check, the model's build),
   ``setup_train_s`` (``train()`` to the end of Ultralytics' ``_setup_train``: the model on the device, the AMP check,
   the loaders, the optimiser; yolofeed's warm-up included), ``warm_up_s`` (yolofeed's warm-up alone, as its trainer

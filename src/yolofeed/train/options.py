@@ -28,11 +28,13 @@ from yolofeed.pack import codecs
 FILE = "yolofeed.yaml"
 # FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
 OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up", "validate_beside",
-           "val_overlap", "save_beside", "val_period", "batched_val_metrics", "mask_room", "sync_free_step",
+           "val_overlap", "val_period", "batched_val_metrics", "mask_room", "sync_free_step",
            "sync_free_loss", "fast_musgd", "graphed_step", "half_input", "monitor")
-SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "save_beside", "batched_val_metrics",
+SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "batched_val_metrics",
             "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
 AUTO = ("val_overlap",)  # switches whose None (the default) the run decides
+# options a yolofeed.yaml of an earlier yolofeed may name that change only where time goes: read, and dropped
+RETIRED = ("save_beside",)
 REBUILDS = ("auto", "check", "always", "never")
 MASK_ROOM_MOST = 64  # mask_room's largest: the rasteriser's slots grow with it (memory a batch)
 
@@ -160,6 +162,7 @@ def read(path: str | os.PathLike) -> dict[str, Any] | None:
     if not isinstance(options, dict):
         raise ConfigError(f"{path} is damaged (it holds a {type(options).__name__}, not yolofeed's options); delete it "
                           "to resume with yolofeed's defaults and the options given")
+    options = {k: v for k, v in options.items() if k not in RETIRED}
     try:
         check(options, where=str(path))
     except ConfigError as e:

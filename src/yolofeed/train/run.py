@@ -168,7 +168,7 @@ def load_model(name: str, key: str = "model", checked: bool = False) -> Any:
 
 
 TRAINER_KEYS = ("pack_format", "pack_rebuild", "pack_dir", "partner_pool", "warm_up", "validate_beside", "val_overlap",
-                "save_beside", "val_period", "batched_val_metrics", "mask_room", "augment_ahead",
+                "val_period", "batched_val_metrics", "mask_room", "augment_ahead",
                 "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")  # with_options'
 
 

@@ -22,8 +22,6 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
-  With ``save_beside`` (off by default) each epoch's is serialised and written in a thread beside the next epoch,
-  waited for wherever the files may be read (``SavesBeside``, train/saving.py).
 * On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
   for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
   waits for each, as for its own. With ``val_overlap`` (on by default where no logger or callback of the user's reads
@@ -76,7 +74,6 @@ from yolofeed.train.checkpoints import (
 )
 from yolofeed.train.plans import PlansAhead
 from yolofeed.train.plots import PlotsBeside
-from yolofeed.train.saving import SavesBeside
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
@@ -108,7 +105,7 @@ from yolofeed.ultralytics_seam import (
 )
 
 
-class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, SyncFreeStep):
+class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep):
     """The GPU-resident data pipeline, before an Ultralytics trainer in the bases (``FastDetectionTrainer``).
 
     A task's trainer is this mixin and Ultralytics' trainer of that task: the pack, the loaders, the augmentation,
@@ -128,7 +125,6 @@ class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, 
     warm_up_s: float | None = None  # the warm-up's seconds, once it ran
     warm_up_parts: dict[str, float] | None = None  # and its parts (warmup.warm_up's ``parts``)
     validate_beside: bool = True  # on one CUDA GPU, validate in a thread set up during the first epoch (validation.py)
-    # save_beside (SavesBeside, saving.py): each epoch's checkpoint saved in a thread beside the next epoch
     val_period: int = 1  # validate every N epochs and at the last (see validate); 1: every epoch, as Ultralytics
     # with validate_beside: an epoch's validation runs while the next trains (overlap.py); None: where no callback but
     # Ultralytics' idle ones and yolofeed's reads each epoch as it ends (seam.epoch_readers)
@@ -201,8 +197,6 @@ class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, 
         for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
-        self.add_callback("on_train_batch_end", type(self)._saved_yet)  # a failed save beside stops the run here
-        self.add_callback("on_train_epoch_end", type(self)._saved_by_epoch_end)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
@@ -425,7 +419,6 @@ class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, 
             # what a validation beside had said comes before this error's line; a Ctrl-C meanwhile comes after it
             with processes.signals_deferred():
                 self._stop_validations(finished)
-                self._close_saves(finished)  # the checkpoint in flight written: the one the line names
                 if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
                     saved = self.resumable_checkpoint()
                     LOGGER.error(f"yolofeed: training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
@@ -453,7 +446,6 @@ class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, 
                 if hasattr(loader, "stop_soon"):
                     loader.stop_soon()
         self._stop_validations(finished)
-        self._close_saves(finished)
         for loader in loaders:
             (loader.release if hasattr(loader, "release") else loader.close)()
         self._let_go()
@@ -552,7 +544,6 @@ class FastTrainer(Augmenting, SavesBeside, Validating, PlotsBeside, PlansAhead, 
         best.pt (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs
         in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``), its figures
         by children started as the last epoch started, or here (train/plots.py)."""
-        self.wait_for_saves()  # the last epoch's checkpoint on the disk (train/saving.py)
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
         model = best if best.exists() else None
         if model and self.args.plots:  # (without best.pt, children started at the last epoch end with the run)

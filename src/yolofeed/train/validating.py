@@ -187,11 +187,7 @@ class Validating:
             raise
         self._overlapped = None
         job.print_held()
-        self._ending_snapshot = job.snapshot  # its copies are the checkpoint's (train/saving.py)
-        try:
-            end_epoch_late(self, job.snapshot, metrics, job.ended)
-        finally:
-            self._ending_snapshot = None
+        end_epoch_late(self, job.snapshot, metrics, job.ended)
         if self._nan_fitness_epoch is None and not np.isfinite(float(self.fitness)):
             self._nan_fitness_epoch = epoch = job.snapshot.epoch + 1
             LOGGER.warning(f"yolofeed: epoch {epoch}'s fitness is {self.fitness} with its loss and EMA finite; it was "

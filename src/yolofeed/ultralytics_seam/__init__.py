@@ -51,10 +51,8 @@ from yolofeed.ultralytics_seam.arguments import (
     train_side,
 )
 from yolofeed.ultralytics_seam.beside import (
-    SAVE_READS,
     end_epoch_late,
     overlap_serves,
-    save_view,
     validating_beside,
     validation_beside,
     validator_view,
@@ -250,7 +248,7 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
     "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",
-    "validating_beside", "validator_view", "validation_beside", "SAVE_READS", "save_view",
+    "validating_beside", "validator_view", "validation_beside",
     "SEGMENT_LOSS_SINCE", "GRAPH_LAYOUT_SINCE", "C2f", "C3k2",
     "Concat", "Conv", "Detect", "layer_inputs", "v8PoseLoss", "v8SegmentationLoss",
     "probiou", "rbox2dist", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "v8OBBLoss", "xywhr2xyxyxyxy",

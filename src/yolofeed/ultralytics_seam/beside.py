@@ -1,16 +1,12 @@
 """An epoch validated beside the next, and ended late (train/overlap.py): whether the installed release serves it,
 a validation that neither draws its bar nor syncs the whole device in its thread (``validation_beside``), the trainer
-as that validation reads it (``validator_view``), and the epoch's end run once it returns (``end_epoch_late``). A
-checkpoint saved beside the next epoch (train/saving.py): the trainer as ``save_model`` reads it, frozen
-(``save_view``)."""
+as that validation reads it (``validator_view``), and the epoch's end run once it returns (``end_epoch_late``)."""
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -157,44 +153,3 @@ def end_epoch_late(trainer: Any, snapshot: Any, metrics: dict, ended: float) -> 
         if trainer.args.save and trainer.save_model():
             trainer.run_callbacks("on_model_save")
         trainer.run_callbacks("on_fit_epoch_end")
-
-
-# -- a checkpoint saved beside the next epoch (train/saving.py) -----------------------------------------------------
-# What BaseTrainer.save_model reads of the trainer, in every release of the range (RELIED_ON; tests/test_saving.py
-# compares it with the installed source): ``model`` only where the EMA is not finite (its values copied into the EMA),
-# ``stopper`` from 8.4.172 on.
-SAVE_READS = ("args", "best", "best_fitness", "ema", "epoch", "fitness", "last", "metrics", "model", "optimizer",
-              "read_results_csv", "save_period", "scaler", "stopper", "wdir")
-
-
-class _SaveView:
-    """The trainer as ``BaseTrainer.save_model`` reads it (``SAVE_READS``), frozen at an epoch's end: values copied,
-    the EMA's model and the optimiser's and scaler's state dicts as given. Anything else is refused, so a release that
-    reads more fails loudly in the thread rather than reading the training's state as it moves on."""
-
-    def __init__(self, trainer: Any, ema_model: Any, updates: int, optimizer_state: dict, scaler_state: dict):
-        stopper = getattr(trainer, "stopper", None)
-        self.args = copy.copy(trainer.args)  # time= rewrites args.epochs after the save
-        self.best, self.last, self.wdir = trainer.best, trainer.last, trainer.wdir
-        self.save_period = trainer.save_period
-        self.best_fitness, self.fitness, self.epoch = trainer.best_fitness, trainer.fitness, trainer.epoch
-        self.metrics = dict(trainer.metrics or {})
-        self.stopper = SimpleNamespace(best_fitness=getattr(stopper, "best_fitness", None),
-                                       best_epoch=getattr(stopper, "best_epoch", None))
-        self.ema = SimpleNamespace(ema=ema_model, updates=updates)
-        self.model = None  # read where the EMA is not finite, which is saved in place instead (train/saving.py)
-        self.optimizer = SimpleNamespace(state_dict=lambda: optimizer_state)
-        self.scaler = SimpleNamespace(state_dict=lambda: scaler_state)
-        rows = trainer.read_results_csv()  # results.csv now: the next row may be appended before the save runs
-        self.read_results_csv = lambda: rows
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"yolofeed: Ultralytics' save_model reads trainer.{name}, which yolofeed's checkpoint "
-                             f"saved beside the next epoch does not hold; train with save_beside=False")
-
-
-def save_view(trainer: Any, ema_model: Any, updates: int, optimizer_state: dict, scaler_state: dict) -> Any:
-    """What ``BaseTrainer.save_model``, called on it, serialises and writes as it would for ``trainer`` now: the EMA
-    model ``ema_model`` (of ``updates`` updates), the optimiser's and the scaler's state dicts given (each a copy the
-    training does not change: the caller's), the rest of ``SAVE_READS`` copied from the trainer now."""
-    return _SaveView(trainer, ema_model, updates, optimizer_state, scaler_state)

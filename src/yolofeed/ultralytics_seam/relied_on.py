@@ -152,8 +152,7 @@ RELIED_ON: tuple[Pinned, ...] = (
            why="serialises the checkpoint once and writes it only with write_bytes on self.last, self.best and "
                "self.wdir / f'epoch{N}.pt' (write_checkpoints_as makes those writes atomic); of the trainer's state it "
                "reads the epoch, best fitness, stopper, EMA and its updates, the optimiser's and the scaler's "
-               "state_dict(), the metrics and fitness (beside._epoch_state puts an overlapped epoch's back for it; "
-               "beside.save_view holds these and nothing else, SAVE_READS)",
+               "state_dict(), the metrics and fitness (beside._epoch_state puts an overlapped epoch's back for it)",
            others=(
                _r("8.4.138", "8.4.138", "c616f854b3d94053",
                   "unwrap_model(self.ema.ema), not the EMA model as is: the same single serialisation and writes"),
