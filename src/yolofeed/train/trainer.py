@@ -22,6 +22,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
+  ``save_model``'s files are written in a thread beside the training (``QueuedPath``), waited for at each epoch's end
+  and wherever the files may be read.
 * On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
   for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
   waits for each, as for its own. With ``val_overlap`` (on by default where no logger or callback of the user's reads
@@ -63,7 +65,8 @@ from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.augmenting import Augmenting
 from yolofeed.train.bounds import LabelBound, label_stats
 from yolofeed.train.checkpoints import (
-    AtomicPath,
+    WRITES,
+    QueuedPath,
     check_intact,
     finished_run,
     refuse_nothing_to_resume,
@@ -87,6 +90,7 @@ from yolofeed.ultralytics_seam import (
     data_complete,
     data_split,
     data_yaml,
+    epoch_readers,
     get_save_dir,
     loader_stride,
     results_csv,
@@ -197,6 +201,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
+        self.add_callback("on_train_batch_end", type(self)._checkpoint_failed)
+        self.add_callback("on_train_epoch_end", type(self)._checkpoints_written)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
@@ -419,6 +425,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             # what a validation beside had said comes before this error's line; a Ctrl-C meanwhile comes after it
             with processes.signals_deferred():
                 self._stop_validations(finished)
+                self._checkpoints_settled()  # the checkpoint the line names on the disk
                 if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
                     saved = self.resumable_checkpoint()
                     LOGGER.error(f"yolofeed: training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
@@ -446,6 +453,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
                 if hasattr(loader, "stop_soon"):
                     loader.stop_soon()
         self._stop_validations(finished)
+        self._checkpoints_settled()
         for loader in loaders:
             (loader.release if hasattr(loader, "release") else loader.close)()
         self._let_go()
@@ -510,14 +518,41 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         """Ultralytics' checkpoints, its own serialization, each file (last.pt, best.pt, epochN.pt) written atomically:
         a kill mid-write leaves the previous checkpoint whole (train/checkpoints.py). Temporary files of a writer
         killed earlier in this folder are removed first. An epoch validated beside the next (``val_overlap``) is saved
-        when its validation ends: here only its optimiser's and scaler's states are kept, and nothing is written."""
+        when its validation ends: here only its optimiser's and scaler's states are kept, and nothing is written.
+
+        The files are written in a thread beside the training (``QueuedPath``); where a callback of the epoch's end may
+        read them (a logger's upload, a user's: ``seam.epoch_readers``), they are waited for here."""
         if self._holding:
             if self._overlapped is not None:  # else the epoch is discarded (_discard_epoch)
                 self._overlapped.snapshot.keep_checkpoint_state(self)
             return False  # the loop runs no on_model_save: seam.end_epoch_late runs it
-        write_checkpoints_as(self, AtomicPath)
+        write_checkpoints_as(self, QueuedPath)
         sweep(weights_dir(self))
-        return super().save_model()
+        saved = super().save_model()
+        if epoch_readers(self):
+            WRITES.wait(weights_dir(self))
+        return saved
+
+    def _checkpoint_failed(self) -> None:
+        """At each batch's end: a checkpoint write that failed beside the training (a full disk) raised here, with
+        its one line; the file it was to replace is whole. Only a dictionary's look-up when none did."""
+        if RANK in (-1, 0):
+            WRITES.failure(weights_dir(self))
+
+    def _checkpoints_written(self) -> None:
+        """At each epoch's end, before its validation (after which Ultralytics' NaN recovery reads last.pt): the
+        checkpoints queued before are on the disk, or their failure raised. They were written during this epoch's
+        training: no wait."""
+        if RANK in (-1, 0):
+            WRITES.wait(weights_dir(self))
+
+    def _checkpoints_settled(self) -> None:
+        """As the run stops or ends: every checkpoint write queued has ended; a failure not raised yet is said."""
+        folder = getattr(self, "wdir", None)
+        if folder is not None and RANK in (-1, 0):
+            failure = WRITES.wait(folder, raise_failure=False)
+            if failure is not None:
+                LOGGER.warning(f"yolofeed: {failure}")
 
     def resume_training(self, ckpt):
         """Ultralytics' resume; then the results.csv rows of epochs after the checkpoint's are dropped, as the run
@@ -545,6 +580,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``), its figures
         by children started as the last epoch started, or here (train/plots.py)."""
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
+        WRITES.wait(Path(last).parent)  # the last epoch's checkpoints on the disk
         model = best if best.exists() else None
         if model and self.args.plots:  # (without best.pt, children started at the last epoch end with the run)
             self._start_figure_drawers(last_epoch=False)  # a run stopped early: their imports beside the batches
