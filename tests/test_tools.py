@@ -297,3 +297,14 @@ def test_loss_traffic_counts_less_with_the_assigners_levers(monkeypatch, capsys)
     out = capsys.readouterr().out
     assert out.count("GB at batch 128") == 3 and out.count(" MB ") == 3, out
     assert detect.GRID_CANDIDATES == detect.FOREGROUND_NORM == "as set"
+
+
+def test_save_profile_times_ultralytics_save_model_and_its_parts(tmp_path, capsys):
+    from tools.device import save_profile
+
+    assert save_profile.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for part in ("Ultralytics' save_model, atomic writes with fsync", "plain writes (as stock)", "EMA finite check",
+                 "torch.save to memory", "one file, atomic without fsync"):
+        assert re.search(re.escape(part) + r".* \d+\.\d ms", out), out
+    assert (tmp_path / "last.pt").is_file() and (tmp_path / "plain-best.pt").is_file()

@@ -137,6 +137,14 @@ SECTIONS = {s.name: s for s in (
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
+    Section("writes-ab", "The whole run", "nvidia-h200", 1, 5, (
+        # the checkpoints written in the training thread (A: .base/src, the tree before QueuedPath) and beside it (B),
+        # yolofeed's whole run of 10 epochs on 5,000 images in turn, A, B, A: each epoch's save_s
+        "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
+        "python3 -m yolofeed pack data=/tmp/synth5k/data.yaml imgsz=640",
+        "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABA "
+        "out=$OUT/writes_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto workers=16 batch=128 "
+        "imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",
