@@ -7,7 +7,6 @@ empty or truncated last.pt, with the previous one gone. RELIABILITY.md lists the
 from __future__ import annotations
 
 import errno
-import io
 import os
 import pickle
 import re
@@ -119,118 +118,6 @@ def test_the_trainers_checkpoint_paths_write_atomically_epoch_files_too(tmp_path
     assert trainer.last == wdir / "last.pt"  # the same path for every reader
     with pytest.raises(Exception, match=r"trainer\.best"):
         write_checkpoints_as(SimpleNamespace(wdir=wdir, last=wdir / "last.pt"), AtomicPath)
-
-
-def _slowed(monkeypatch, seconds: float = 0.3) -> list[str]:
-    """``write_run_file`` slowed by ``seconds`` a write (a slow disk); returns the paths written, in order."""
-    real, written = checkpoints.write_run_file, []
-
-    def slow(path, data):
-        time.sleep(seconds)
-        written.append(str(path))
-        return real(path, data)
-
-    monkeypatch.setattr(checkpoints, "write_run_file", slow)
-    return written
-
-
-def test_a_queued_checkpoint_is_read_through_its_path_as_last_written(tmp_path, monkeypatch):
-    """Writes queued beside the training end in their order; any read of the file through its path (open, stat,
-    torch.load) waits for them, so it sees the last bytes queued, whole; the queueing itself does not wait."""
-    written = _slowed(monkeypatch)
-    last = checkpoints.QueuedPath(tmp_path / "last.pt")
-    last.write_bytes(b"old")
-    start = time.perf_counter()
-    assert last.write_bytes(b"epoch 1") == 7 and last.write_bytes(b"epoch 2") == 7
-    assert time.perf_counter() - start < 0.3  # queued, not written: the slowed writes take 0.6 s
-    assert last.exists() and last.read_bytes() == b"epoch 2" and written == [str(last)] * 3
-    best = checkpoints.QueuedPath(tmp_path / "best.pt")
-    buffer = io.BytesIO()
-    torch.save({"epoch": 3}, buffer)
-    best.write_bytes(buffer.getvalue())
-    assert torch.load(best, weights_only=False) == {"epoch": 3}
-    best.write_bytes(b"x")
-    with open(best, "rb") as f:
-        assert f.read() == b"x"
-    assert checkpoints.WRITES.wait(tmp_path) is None and not _temps(tmp_path)
-
-
-def test_a_failed_queued_write_is_raised_once_and_the_file_before_is_whole(tmp_path, monkeypatch):
-    """A queued write that fails (a full disk) is handed over once, by ``failure`` (no wait) or ``wait``, as the
-    write's own one-line error; the file it was to replace is as it was, and no temporary file is left."""
-    last = checkpoints.QueuedPath(tmp_path / "last.pt")
-    last.write_bytes(b"epoch 1")
-    checkpoints.WRITES.wait(tmp_path)
-    real = atomic.os.write
-    monkeypatch.setattr(atomic.os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
-    last.write_bytes(b"epoch 2")
-    with pytest.raises(WriteError, match=r"could not write .*last\.pt: the disk is full .*project="):
-        checkpoints.WRITES.wait(tmp_path)
-    assert checkpoints.WRITES.wait(tmp_path) is None and checkpoints.WRITES.failure(tmp_path) is None  # once
-    monkeypatch.setattr(atomic.os, "write", real)
-    assert last.read_bytes() == b"epoch 1" and not _temps(tmp_path)
-    monkeypatch.setattr(atomic.os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space")))
-    last.write_bytes(b"epoch 3")
-    last.exists()  # a read waits for the write, and leaves its failure to be handed over
-    error = checkpoints.WRITES.failure(tmp_path, raise_failure=False)
-    assert isinstance(error, WriteError) and error.errno == errno.ENOSPC
-
-
-def test_training_with_a_reader_at_each_epochs_end_finds_that_epochs_checkpoint(synth_root, tmp_path, monkeypatch):
-    """A callback at an epoch's end (a logger's upload) reading last.pt by its name finds that epoch's checkpoint:
-    where such a reader is, the writes beside the training are waited for in ``save_model``. Without one, the run's
-    files are whole at its end: best.pt validated and stripped, last.pt stripped."""
-    from ultralytics import YOLO
-
-    from yolofeed import FastDetectionTrainer
-
-    _slowed(monkeypatch, 0.5)
-    seen = []
-
-    def upload(trainer):
-        seen.append((trainer.epoch, torch.load(str(trainer.last), weights_only=False)["epoch"]))
-
-    args = dict(data=str(synth_root / "data.yaml"), imgsz=64, batch=8, workers=0, plots=False, verbose=False,
-                device="cpu", seed=0, epochs=2, project=str(tmp_path), exist_ok=True)
-    model = YOLO("yolo11n.yaml")
-    model.add_callback("on_model_save", upload)
-    model.train(trainer=FastDetectionTrainer, name="read", **args)
-    assert seen == [(0, 0), (1, 1)]
-    YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, name="alone", **args)
-    for name in ("last.pt", "best.pt"):
-        assert torch.load(tmp_path / "alone" / "weights" / name, weights_only=False)["epoch"] == -1  # stripped: done
-    assert not _temps(tmp_path / "alone" / "weights")
-
-
-def test_a_checkpoint_write_failing_beside_the_training_stops_it_with_its_line_and_the_one_before(synth_root, tmp_path,
-                                                                                                   monkeypatch, caplog):
-    """Epoch 2's last.pt cannot be written (the disk is full) beside epoch 3's training: the run stops at the next
-    batch's end with the write's own line, naming the fix, and the resume line names last.pt, whole, of epoch 1."""
-    import logging
-
-    from ultralytics import YOLO
-
-    from yolofeed import FastDetectionTrainer
-
-    real, lasts = checkpoints.write_run_file, []
-
-    def full_at_the_second_last(path, data):
-        if Path(path).name == "last.pt":
-            lasts.append(path)
-            if len(lasts) == 2:
-                raise atomic.write_failure(Path(path), OSError(errno.ENOSPC, "No space left on device"),
-                                           checkpoints.RUN_FIXES)
-        return real(path, data)
-
-    monkeypatch.setattr(checkpoints, "write_run_file", full_at_the_second_last)
-    caplog.set_level(logging.INFO)
-    args = dict(data=str(synth_root / "data.yaml"), imgsz=64, batch=8, workers=0, plots=False, verbose=False,
-                device="cpu", seed=0, epochs=3, project=str(tmp_path), name="full", exist_ok=True)
-    with pytest.raises(WriteError, match=r"could not write .*last\.pt: the disk is full .*free some space"):
-        YOLO("yolo11n.yaml").train(trainer=FastDetectionTrainer, **args)
-    last = tmp_path / "full" / "weights" / "last.pt"
-    assert torch.load(last, weights_only=False)["epoch"] == 0 and not _temps(last.parent)
-    assert f"The last finished epoch is in {last}" in caplog.text and "training stopped in epoch 3" in caplog.text
 
 
 def test_only_a_dead_writers_temporary_checkpoints_are_swept(tmp_path):
@@ -354,8 +241,8 @@ def _saved_last(tmp_path: Path) -> tuple[Path, bytes]:
 
 def _finishing(weights: Path) -> SimpleNamespace:
     """What ``final_eval`` reads of a trainer whose run folder's weights are ``weights`` (no plots)."""
-    return SimpleNamespace(last=AtomicPath(weights / "last.pt"), best=AtomicPath(weights / "best.pt"),
-                           args=SimpleNamespace(plots=False))
+    return SimpleNamespace(wdir=AtomicPath(weights), last=AtomicPath(weights / "last.pt"),
+                           best=AtomicPath(weights / "best.pt"), args=SimpleNamespace(plots=False))
 
 
 def test_the_final_strip_stopped_half_way_leaves_last_and_best_whole(tmp_path, monkeypatch):

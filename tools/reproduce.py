@@ -138,8 +138,10 @@ SECTIONS = {s.name: s for s in (
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",
         *whole_run("auto", 440)[2:])),
     Section("writes-ab", "The whole run", "nvidia-h200", 1, 5, (
-        # the checkpoints written in the training thread (A: .base/src, the tree before QueuedPath) and beside it (B),
+        # the checkpoints written in the training thread (A: .base/src, 9466304's tree) and beside it (B: QueuedPath),
         # yolofeed's whole run of 10 epochs on 5,000 images in turn, A, B, A: each epoch's save_s
+        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
+        "exit 2; }",
         "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
         "python3 -m yolofeed pack data=/tmp/synth5k/data.yaml imgsz=640",
         "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABA "

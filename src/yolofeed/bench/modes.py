@@ -10,8 +10,7 @@ STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step
 
 def trainer_class(mode: str, step: dict[str, bool] | None = None, task: str = "detect") -> type:
     """The trainer of a mode for the model's ``task`` (detect, segment, pose, obb): stock Ultralytics, yolofeed (raw or
-    jpeg pack, inline augmentation, no partner pool, validations in the training thread or beside the next epoch,
-    checkpoints saved beside the next epoch),
+    jpeg pack, inline augmentation, no partner pool, validations in the training thread or beside the next epoch),
     or the ceiling; ``step``
     sets the step's switches (``STEP_SWITCHES``) of the yolofeed modes and the ceiling (``ceiling_stock`` turns the
     first three off whatever it says; stock has none).

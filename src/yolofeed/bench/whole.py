@@ -15,8 +15,9 @@ What is timed, on the host clock of the mode's own process (``isolate=True``):
   row and the checkpoint included);
 * ``setup_s`` (building the trainer to the first epoch's start) and ``final_s`` (the last epoch's end to the end:
   best.pt validated again, the plots);
-* ``save_s`` in an epoch's record: the time ``save_model`` took in it, in the training thread (serialising and writing
-  the checkpoints; with ``val_overlap`` the previous epoch's, saved at this one's end);
+* ``save_s`` in an epoch's record: the time ``save_model`` took in it, in the training thread (serialising the
+  checkpoint and queueing its files' writes, which run beside the training; waiting for them too where a callback may
+  read them; with ``val_overlap`` the previous epoch's, saved at this one's end);
 * where they go (``parts``): ``build_s`` (the trainer's constructor: the data yaml's check, the model's build),
   ``setup_train_s`` (``train()`` to the end of Ultralytics' ``_setup_train``: the model on the device, the AMP check,
   the loaders, the optimiser; yolofeed's warm-up included), ``warm_up_s`` (yolofeed's warm-up alone, as its trainer

@@ -6,13 +6,9 @@ OOM killer or a power cut in that window leaves an empty or truncated file, and 
 the run cannot be resumed, or its best weights are lost. Here each is written to a new temporary file in the same
 folder, fsynced, and renamed over the old one: a reader sees the old file or the new one, whole. The final strip
 on a disk without room for the new file is the exception: it strips in place, as stock does (``strip_atomically``).
-The fsync costs the disk's write time of one checkpoint (5 MB for yolo11n, about 110 MB for yolo11x) once an epoch.
-
-During training the files are written in a thread beside it (``QueuedPath``, ``WRITES``), in the order queued:
-the write and the fsync hand the interpreter back while the disk works, about 0.13 s an epoch for yolo11n on an H100
-(two 26 MB files, each fsynced) that the training thread no longer spends. A read of the file through its path
-(``open``, ``torch.load``, ``exists``) waits for its write first; the trainer waits for all of them at each epoch's
-end, before the final validation and whenever the run stops, and raises a failed write at the next batch's end.
+Each write costs the disk's time for one checkpoint, fsync included (26 MB for yolo11n with AdamW's state: about 30 ms
+a file on an H100 machine; 5 MB once stripped); save_model's are made in a thread beside the training
+(train/writes.py).
 
 A writer killed mid-write leaves its temporary file (``.last.pt.tmp-<pid>-<8 hex digits>``); the next save in that
 folder removes those of writers that are no longer running, when they hold nothing or the start of a checkpoint.
@@ -29,13 +25,11 @@ import pickle
 import re
 import shlex
 import stat
-import threading
 import zipfile
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from yolofeed import atomic, processes
+from yolofeed import atomic
 from yolofeed.atomic import CLOEXEC, MEANINGS, NOFOLLOW, write_atomically
 
 NO_ROOM = {MEANINGS[errno.ENOSPC], MEANINGS[getattr(errno, "EDQUOT", errno.ENOSPC)]}  # where the strip goes in place
@@ -71,90 +65,6 @@ class AtomicPath(type(Path())):
 
     def write_bytes(self, data: Any) -> int:
         return write_run_file(self, data)
-
-
-class Writes:
-    """Checkpoint files written in one thread of their own, in the order queued (``write_run_file``: atomically).
-
-    Each queued write is kept by its file's path until it ends; a failed one (its ``WriteError``) by its folder until
-    ``failure`` or ``wait`` hands it over. The thread is not a daemon: the interpreter's exit waits for the writes.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: dict[str, list[Future]] = {}  # file -> its writes not ended yet
-        self._failed: dict[str, BaseException] = {}  # folder -> the first failed write not handed over yet
-
-    def write(self, path: Path, data: Any) -> int:
-        """Queue ``data`` (held, not copied: ``bytes`` as ``save_model`` serialises them) for ``path``; returns its
-        size, as ``Path.write_bytes``. Where no thread can take it (the interpreter is exiting), written here."""
-        target, size = Path(str(path)), memoryview(data).nbytes  # a plain path: the thread's own opens never wait
-        with self._lock:
-            try:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="yolofeed-checkpoints")
-                future = self._pool.submit(write_run_file, target, data)
-            except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-                future = None
-            else:
-                self._pending.setdefault(str(target), []).append(future)
-        if future is None:
-            return write_run_file(target, data)
-        future.add_done_callback(lambda f: self._ended(str(target), f))
-        return size
-
-    def _ended(self, key: str, future: Future) -> None:
-        with self._lock:
-            left = [f for f in self._pending.get(key, ()) if f is not future]
-            if left:
-                self._pending[key] = left
-            else:
-                self._pending.pop(key, None)
-            if not future.cancelled() and future.exception() is not None:
-                self._failed.setdefault(str(Path(key).parent), future.exception())
-
-    def wait_for(self, path: str | os.PathLike) -> None:
-        """Wait for the queued writes of ``path`` (str: no ``__fspath__`` of a queued path); their failures are
-        kept for ``failure``."""
-        with self._lock:
-            futures = list(self._pending.get(str(path), ()))
-        if futures:
-            processes.wait_all(futures)
-
-    def wait(self, folder: str | os.PathLike, raise_failure: bool = True) -> BaseException | None:
-        """Wait for every queued write into ``folder``; then its first failure, raised (``raise_failure``) or
-        returned, and forgotten."""
-        key = str(folder)
-        with self._lock:
-            futures = [f for path, fs in self._pending.items() if str(Path(path).parent) == key for f in fs]
-        if futures:
-            processes.wait_all(futures)
-        return self.failure(folder, raise_failure)
-
-    def failure(self, folder: str | os.PathLike, raise_failure: bool = True) -> BaseException | None:
-        """The first failed write into ``folder`` not handed over yet (raised with ``raise_failure``), without
-        waiting; None where there is none."""
-        with self._lock:
-            error = self._failed.pop(str(folder), None)
-        if error is not None and raise_failure:
-            raise error
-        return error
-
-
-WRITES = Writes()  # the process's: a path's class cannot hold a trainer's own
-
-
-class QueuedPath(AtomicPath):
-    """A path whose ``write_bytes`` queues the write in ``WRITES``' thread (atomic there), and whose readers, through
-    ``os.fspath`` (``open``, ``os.stat``, ``torch.load``), wait for it first; everything else is Path's."""
-
-    def write_bytes(self, data: Any) -> int:
-        return WRITES.write(self, data)
-
-    def __fspath__(self) -> str:
-        WRITES.wait_for(str(self))
-        return str(self)
 
 
 def strip_atomically(path: Path, updates: dict | None = None) -> dict:

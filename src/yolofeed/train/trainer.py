@@ -22,8 +22,8 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
   Ultralytics' loss as it is); ``AugmentAhead`` computes them a step early.
 * Checkpoints (``save_model``, ``final_eval``) keep Ultralytics' serialization, but each file is written to a temporary
   file and renamed over the old one (train/checkpoints.py): a kill mid-write leaves the previous checkpoint whole.
-  ``save_model``'s files are written in a thread beside the training (``QueuedPath``), waited for at each epoch's end
-  and wherever the files may be read.
+  ``save_model``'s files are written in a thread beside the training (``QueuedPath``, train/writes.py), waited for
+  at each epoch's end and wherever the files may be read.
 * On one CUDA GPU (``validate_beside``, on by default), validations run in a thread of their own, whose cuDNN set-up
   for every validation's batch shapes is paid while the first epoch trains (train/validation.py); the training thread
   waits for each, as for its own. With ``val_overlap`` (on by default where no logger or callback of the user's reads
@@ -65,8 +65,6 @@ from yolofeed.train.ahead import AugmentAhead
 from yolofeed.train.augmenting import Augmenting
 from yolofeed.train.bounds import LabelBound, label_stats
 from yolofeed.train.checkpoints import (
-    WRITES,
-    QueuedPath,
     check_intact,
     finished_run,
     refuse_nothing_to_resume,
@@ -80,6 +78,7 @@ from yolofeed.train.plots import PlotsBeside
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
+from yolofeed.train.writes import WRITES, QueuedPath
 from yolofeed.ultralytics_seam import (
     DEFAULT_CFG,
     LOCAL_RANK,
@@ -201,8 +200,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
-        self.add_callback("on_train_batch_end", type(self)._checkpoint_failed)
-        self.add_callback("on_train_epoch_end", type(self)._checkpoints_written)
+        self.add_callback("on_train_batch_end", type(self)._raise_failed_write)
+        self.add_callback("on_train_epoch_end", type(self)._wait_for_writes)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
@@ -425,7 +424,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             # what a validation beside had said comes before this error's line; a Ctrl-C meanwhile comes after it
             with processes.signals_deferred():
                 self._stop_validations(finished)
-                self._checkpoints_settled()  # the checkpoint the line names on the disk
+                self._settle_writes()  # the checkpoint the line names on the disk
                 if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
                     saved = self.resumable_checkpoint()
                     LOGGER.error(f"yolofeed: training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
@@ -436,8 +435,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
             # loading the next epoch (an error or Ctrl-C in validation, a checkpoint or a callback), and the YOLO
             # object keeps this trainer: stop it and free its slots now. A Ctrl-C or SIGTERM meanwhile is acted on
-            # once all is closed (every wait here is bounded): cut short, a wait for a thread inside torch can let
-            # the interpreter exit under it, which aborts the process
+            # once all is closed (every wait here is bounded, but the checkpoint writes', as stock's own write is):
+            # cut short, a wait for a thread inside torch can let the interpreter exit under it, which aborts the
+            # process
             with processes.signals_deferred():
                 self._close_run(finished)
 
@@ -453,7 +453,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
                 if hasattr(loader, "stop_soon"):
                     loader.stop_soon()
         self._stop_validations(finished)
-        self._checkpoints_settled()
+        self._settle_writes()
         for loader in loaders:
             (loader.release if hasattr(loader, "release") else loader.close)()
         self._let_go()
@@ -533,24 +533,24 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             WRITES.wait(weights_dir(self))
         return saved
 
-    def _checkpoint_failed(self) -> None:
+    def _raise_failed_write(self) -> None:
         """At each batch's end: a checkpoint write that failed beside the training (a full disk) raised here, with
         its one line; the file it was to replace is whole. Only a dictionary's look-up when none did."""
         if RANK in (-1, 0):
-            WRITES.failure(weights_dir(self))
+            WRITES.raise_failure(weights_dir(self))
 
-    def _checkpoints_written(self) -> None:
-        """At each epoch's end, before its validation (after which Ultralytics' NaN recovery reads last.pt): the
-        checkpoints queued before are on the disk, or their failure raised. They were written during this epoch's
-        training: no wait."""
+    def _wait_for_writes(self) -> None:
+        """At each epoch's end, before its validation (after which Ultralytics' NaN recovery reads last.pt, on every
+        rank under DDP: the others read it once rank 0 is past this wait): the checkpoints queued before are on the
+        disk, or their failure raised. They were written during this epoch's training: no wait."""
         if RANK in (-1, 0):
             WRITES.wait(weights_dir(self))
 
-    def _checkpoints_settled(self) -> None:
-        """As the run stops or ends: every checkpoint write queued has ended; a failure not raised yet is said."""
-        folder = getattr(self, "wdir", None)
-        if folder is not None and RANK in (-1, 0):
-            failure = WRITES.wait(folder, raise_failure=False)
+    def _settle_writes(self) -> None:
+        """As the run stops or ends: every checkpoint write queued has ended; a failure not raised yet is said.
+        Unbounded, as stock's own write in the training thread: a disk that hangs holds both."""
+        if RANK in (-1, 0) and getattr(self, "wdir", None) is not None:
+            failure = WRITES.wait(weights_dir(self), raise_failure=False)
             if failure is not None:
                 LOGGER.warning(f"yolofeed: {failure}")
 
@@ -579,8 +579,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         best.pt (``strip_optimizer``) made atomic: a kill there would truncate the run's best.pt. The validation runs
         in the validation thread, where there is one; results.png is drawn beside it (``plot_metrics``), its figures
         by children started as the last epoch started, or here (train/plots.py)."""
+        WRITES.wait(weights_dir(self))  # the last epoch's checkpoints on the disk, or their failure raised
         last, best = checkpoint(self, "last"), checkpoint(self, "best")
-        WRITES.wait(Path(last).parent)  # the last epoch's checkpoints on the disk
         model = best if best.exists() else None
         if model and self.args.plots:  # (without best.pt, children started at the last epoch end with the run)
             self._start_figure_drawers(last_epoch=False)  # a run stopped early: their imports beside the batches

@@ -1,0 +1,122 @@
+"""The checkpoints of each epoch written in a thread beside the training, in the order queued.
+
+Ultralytics' ``save_model`` serialises the checkpoint, then writes last.pt and best.pt (``write_bytes``): two 26 MB
+files for yolo11n with AdamW's state, each written atomically and fsynced (``checkpoints.write_run_file``), about
+0.08 s an epoch of the training thread on an H100 machine while the GPU waits for it. Here ``QueuedPath.write_bytes``
+queues the write in ``WRITES``' thread and returns; the serialisation stays in the training thread (in a thread
+beside it, its pickling slowed the training by as much as it saved).
+
+Wherever the files may be read, the write is waited for first:
+
+* any read through the path itself (``open``, ``os.stat``, ``torch.load``: each goes through ``__fspath__``), as
+  Ultralytics' NaN recovery reads last.pt;
+* the trainer waits for a folder's writes at each epoch's end, in ``save_model`` where a callback of the epoch's end
+  may read the files by name, before the final validation, and as the run stops;
+* the interpreter's exit waits for the thread (not a daemon).
+
+A failed write (a full disk) is kept for its folder, recorded before its future completes, and handed over once:
+raised by ``raise_failure`` (at each batch's end: a dictionary's look-up) or by ``wait``. The file it was to replace
+is whole (the write is atomic).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from yolofeed import processes
+from yolofeed.train.checkpoints import AtomicPath, write_run_file
+
+THREAD = "yolofeed-checkpoints"  # the writer thread's name prefix
+
+
+class Writes:
+    """Files written in one thread of their own, in the order queued, each by ``write`` (path, data).
+
+    Each queued write is kept by its file until it ends; a failed one's error by its folder until handed over.
+    """
+
+    def __init__(self, write: Callable[[Path, Any], int] = write_run_file):
+        self._write = write
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[str, list[Future]] = {}  # file -> its writes, the ended ones pruned at each queueing
+        self._failed: dict[str, BaseException] = {}  # folder -> its first failed write not handed over yet
+
+    def write(self, path: str | os.PathLike, data: Any) -> int:
+        """Queue ``data`` (held, not copied: ``save_model``'s serialised ``bytes``) for ``path``; its size, as
+        ``Path.write_bytes`` returns. Where no thread takes it (the interpreter is exiting), written here once the
+        queued writes of that file ended."""
+        target = Path(str(path))  # a plain path: the thread's own opens never wait for themselves
+        with self._lock:
+            self._pending = {k: left for k, fs in self._pending.items() if (left := [f for f in fs if not f.done()])}
+            try:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix=THREAD)
+                future = self._pool.submit(self._written, target, data)
+            except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+                future = None
+            else:
+                self._pending.setdefault(str(target), []).append(future)
+        if future is None:
+            self.wait_file(target)
+            return self._write(target, data)
+        return memoryview(data).nbytes
+
+    def _written(self, target: Path, data: Any) -> int:
+        """In the thread: the write; its failure kept for the folder before the future completes, so that a wait that
+        returns has it."""
+        try:
+            return self._write(target, data)
+        except BaseException as e:
+            with self._lock:
+                self._failed.setdefault(str(target.parent), e)
+            raise
+
+    def wait_file(self, path: str | os.PathLike) -> None:
+        """Wait for the queued writes of ``path`` (a str or plain path: a ``QueuedPath``'s ``__fspath__`` waits
+        itself); their failures stay for ``raise_failure`` and ``wait``."""
+        with self._lock:
+            futures = list(self._pending.get(str(path), ()))
+        if futures:
+            processes.wait_all(futures)
+
+    def wait(self, folder: str | os.PathLike, raise_failure: bool = True) -> BaseException | None:
+        """Wait for every queued write into ``folder``; then its first failure, raised (``raise_failure``) or
+        returned, and forgotten. Ctrl-C cuts the wait short (``processes.wait_all``)."""
+        key = str(folder)
+        with self._lock:
+            futures = [f for file, fs in self._pending.items() if str(Path(file).parent) == key for f in fs]
+        if futures:
+            processes.wait_all(futures)
+        return self.raise_failure(folder) if raise_failure else self._take_failure(folder)
+
+    def raise_failure(self, folder: str | os.PathLike) -> None:
+        """Raise the first failed write into ``folder`` not handed over yet, without waiting; nothing where none
+        failed."""
+        error = self._take_failure(folder)
+        if error is not None:
+            raise error
+
+    def _take_failure(self, folder: str | os.PathLike) -> BaseException | None:
+        with self._lock:
+            return self._failed.pop(str(folder), None)
+
+
+WRITES = Writes()  # the process's: a path's class cannot hold a trainer's own
+
+
+class QueuedPath(AtomicPath):
+    """A path whose ``write_bytes`` queues the write in ``WRITES``' thread (atomic there), and whose readers, through
+    ``os.fspath`` (``open``, ``os.stat``, ``torch.load``), wait for it first; everything else is Path's."""
+
+    def write_bytes(self, data: Any) -> int:
+        return WRITES.write(self, data)
+
+    def __fspath__(self) -> str:
+        WRITES.wait_file(str(self))
+        return str(self)

@@ -1,0 +1,161 @@
+"""The checkpoints written in a thread beside the training (train/writes.py): in order, read whole, failures raised.
+
+RELIABILITY.md lists these tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolofeed import atomic
+from yolofeed.errors import WriteError
+from yolofeed.train import checkpoints, writes
+from yolofeed.train.writes import THREAD, Writes
+
+
+def _full(path, data):
+    """A write to a full disk, as ``write_run_file`` raises it (the file left as it was)."""
+    raise atomic.write_failure(Path(path), OSError(errno.ENOSPC, "No space left on device"), checkpoints.RUN_FIXES)
+
+
+def _gated(monkeypatch) -> tuple[threading.Event, list[tuple[str, str]]]:
+    """``WRITES``' writes held until the returned event is set; the (file, thread) of each write made, in order."""
+    gate, made = threading.Event(), []
+
+    def held(path, data):
+        assert gate.wait(60)
+        made.append((str(path), threading.current_thread().name))
+        return checkpoints.write_run_file(path, data)
+
+    monkeypatch.setattr(writes.WRITES, "_write", held)
+    return gate, made
+
+
+def test_queued_checkpoints_end_in_order_in_their_thread_and_a_read_through_the_path_waits(tmp_path, monkeypatch):
+    """``write_bytes`` returns while its write is held; the writes run in the writer thread in the order queued; any
+    read of the file through its path (``read_bytes``, ``open``, ``exists``, ``torch.load``) waits for them and sees the
+    last bytes queued, whole."""
+    gate, made = _gated(monkeypatch)
+    last = writes.QueuedPath(tmp_path / "last.pt")
+    assert last.write_bytes(b"epoch 1") == 7 and last.write_bytes(b"epoch 2") == 7
+    assert not gate.is_set() and made == []  # both queued, neither written
+    threading.Timer(0.2, gate.set).start()
+    assert last.read_bytes() == b"epoch 2"
+    assert [f for f, _ in made] == [str(last)] * 2 and all(t.startswith(THREAD) for _, t in made)
+    best = writes.QueuedPath(tmp_path / "best.pt")
+    buffer = io.BytesIO()
+    torch.save({"epoch": 3}, buffer)
+    best.write_bytes(buffer.getvalue())
+    assert torch.load(best, weights_only=False) == {"epoch": 3}
+    best.write_bytes(b"x")
+    with open(best, "rb") as f:
+        assert f.read() == b"x"
+    assert writes.WRITES.wait(tmp_path) is None
+    assert not [p for p in tmp_path.iterdir() if checkpoints.TEMP.fullmatch(p.name)]
+
+
+def test_a_failed_write_is_handed_over_once_as_its_own_line_whatever_waits_for_it(tmp_path):
+    """A write that fails (a full disk) is kept for its folder before its future completes: the wait that returns has
+    it, raised as the write's own one-line error (naming the file and the fix), once; a read of the file meanwhile
+    leaves it to be handed over; another folder's writes know nothing of it."""
+    queue = Writes(write=_full)
+    queue.write(tmp_path / "last.pt", b"epoch 2")
+    with pytest.raises(WriteError, match=r"could not write .*last\.pt: the disk is full .*free some space"):
+        queue.wait(tmp_path)
+    assert queue.wait(tmp_path) is None  # handed over once
+    queue.write(tmp_path / "last.pt", b"epoch 3")
+    queue.write(tmp_path / "other" / "last.pt", b"epoch 3")
+    queue.wait_file(tmp_path / "last.pt")
+    queue.wait_file(tmp_path / "other" / "last.pt")
+    error = queue.wait(tmp_path, raise_failure=False)
+    assert isinstance(error, WriteError) and error.errno == errno.ENOSPC
+    queue.raise_failure(tmp_path)  # nothing left: no exception
+    with pytest.raises(WriteError):
+        queue.raise_failure(tmp_path / "other")
+
+
+def _train(synth_root, tmp_path, name: str, epochs: int, callbacks: dict | None = None):
+    from ultralytics import YOLO
+
+    from yolofeed import FastDetectionTrainer
+
+    model = YOLO("yolo11n.yaml")
+    for event, fn in (callbacks or {}).items():
+        model.add_callback(event, fn)
+    model.train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), imgsz=64, batch=8, workers=0,
+                plots=False, verbose=False, device="cpu", seed=0, epochs=epochs, project=str(tmp_path), name=name,
+                exist_ok=True)
+
+
+def test_a_reader_at_each_epochs_end_finds_that_epochs_checkpoint_written_in_the_writer_thread(synth_root, tmp_path,
+                                                                                               monkeypatch):
+    """A callback at an epoch's end (a logger's upload) reading last.pt by its name finds that epoch's checkpoint,
+    though each write is held a while in the writer thread (a slow disk): where such a reader is, ``save_model``
+    waits for them."""
+    made = []
+
+    def slow(path, data):
+        threading.Event().wait(0.3)
+        made.append((str(path), threading.current_thread().name))
+        return checkpoints.write_run_file(path, data)
+
+    monkeypatch.setattr(writes.WRITES, "_write", slow)
+    seen = []
+
+    def upload(trainer):
+        seen.append((trainer.epoch, torch.load(str(trainer.last), weights_only=False)["epoch"]))
+
+    _train(synth_root, tmp_path, "read", 2, {"on_model_save": upload})
+    assert seen == [(0, 0), (1, 1)]
+    assert made and all(t.startswith(THREAD) for _, t in made)
+
+
+def test_a_write_failing_beside_the_training_stops_it_at_the_next_batch_with_its_line(synth_root, tmp_path,
+                                                                                     monkeypatch, caplog):
+    """Epoch 2's last.pt cannot be written (the disk is full) beside epoch 3's training: the run stops at the end of
+    one of epoch 3's batches, before its last, with the write's own line, and the resume line names last.pt, whole,
+    of epoch 1."""
+    import logging
+
+    lasts, batches = [], []
+
+    def full_at_the_second_last(path, data):
+        if Path(path).name == "last.pt":
+            lasts.append(path)
+            if len(lasts) == 2:
+                _full(path, data)
+        return checkpoints.write_run_file(path, data)
+
+    monkeypatch.setattr(writes.WRITES, "_write", full_at_the_second_last)
+    caplog.set_level(logging.INFO)
+    with pytest.raises(WriteError, match=r"could not write .*last\.pt: the disk is full .*free some space"):
+        _train(synth_root, tmp_path, "full", 3, {"on_train_batch_end": lambda t: batches.append(t.epoch)})
+    last = tmp_path / "full" / "weights" / "last.pt"
+    assert torch.load(last, weights_only=False)["epoch"] == 0
+    assert batches.count(0) == 3 and 1 <= batches.count(2) < 3  # 24 images, batch 8: stopped inside epoch 3
+    assert f"The last finished epoch is in {last}" in caplog.text and "training stopped in epoch 3" in caplog.text
+
+
+def test_the_last_epochs_failed_write_is_raised_before_the_final_validation(synth_root, tmp_path, monkeypatch):
+    """The last epoch's last.pt cannot be written: the final validation's wait raises it, and last.pt is the epoch
+    before's, whole (never stripped as if the run had finished)."""
+    lasts = []
+
+    def full_at_the_last(path, data):
+        if Path(path).name == "last.pt":
+            lasts.append(path)
+            if len(lasts) == 2:
+                _full(path, data)
+        return checkpoints.write_run_file(path, data)
+
+    monkeypatch.setattr(writes.WRITES, "_write", full_at_the_last)
+    with pytest.raises(WriteError, match=r"last\.pt: the disk is full"):
+        _train(synth_root, tmp_path, "end", 2)
+    ckpt = torch.load(tmp_path / "end" / "weights" / "last.pt", weights_only=False)
+    assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None  # epoch 1's, not stripped
