@@ -24,6 +24,20 @@ def _full(path, data):
     raise atomic.write_failure(Path(path), OSError(errno.ENOSPC, "No space left on device"), checkpoints.RUN_FIXES)
 
 
+def _full_at_the_second_last_pt(monkeypatch) -> None:
+    """``WRITES``' second write of a last.pt fails, as to a full disk; the other writes are made."""
+    lasts = []
+
+    def write(path, data):
+        if Path(path).name == "last.pt":
+            lasts.append(path)
+            if len(lasts) == 2:
+                _full(path, data)
+        return checkpoints.write_run_file(path, data)
+
+    monkeypatch.setattr(writes.WRITES, "_write", write)
+
+
 def _gated(monkeypatch) -> tuple[threading.Event, list[tuple[str, str]]]:
     """``WRITES``' writes held until the returned event is set; the (file, thread) of each write made, in order."""
     gate, made = threading.Event(), []
@@ -123,16 +137,8 @@ def test_a_write_failing_beside_the_training_stops_it_at_the_next_batch_with_its
     of epoch 1."""
     import logging
 
-    lasts, batches = [], []
-
-    def full_at_the_second_last(path, data):
-        if Path(path).name == "last.pt":
-            lasts.append(path)
-            if len(lasts) == 2:
-                _full(path, data)
-        return checkpoints.write_run_file(path, data)
-
-    monkeypatch.setattr(writes.WRITES, "_write", full_at_the_second_last)
+    batches = []
+    _full_at_the_second_last_pt(monkeypatch)
     caplog.set_level(logging.INFO)
     with pytest.raises(WriteError, match=r"could not write .*last\.pt: the disk is full .*free some space"):
         _train(synth_root, tmp_path, "full", 3, {"on_train_batch_end": lambda t: batches.append(t.epoch)})
@@ -145,16 +151,7 @@ def test_a_write_failing_beside_the_training_stops_it_at_the_next_batch_with_its
 def test_the_last_epochs_failed_write_is_raised_before_the_final_validation(synth_root, tmp_path, monkeypatch):
     """The last epoch's last.pt cannot be written: the final validation's wait raises it, and last.pt is the epoch
     before's, whole (never stripped as if the run had finished)."""
-    lasts = []
-
-    def full_at_the_last(path, data):
-        if Path(path).name == "last.pt":
-            lasts.append(path)
-            if len(lasts) == 2:
-                _full(path, data)
-        return checkpoints.write_run_file(path, data)
-
-    monkeypatch.setattr(writes.WRITES, "_write", full_at_the_last)
+    _full_at_the_second_last_pt(monkeypatch)  # 2 epochs: the last one's
     with pytest.raises(WriteError, match=r"last\.pt: the disk is full"):
         _train(synth_root, tmp_path, "end", 2)
     ckpt = torch.load(tmp_path / "end" / "weights" / "last.pt", weights_only=False)
