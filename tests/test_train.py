@@ -276,7 +276,7 @@ def test_ctrl_c_after_an_epoch_says_how_to_resume(synth_root, tmp_path, sig, cod
     err = proc.communicate(timeout=300)[1]
     assert proc.returncode == code, err[-2000:]
     line = [x for x in err.splitlines() if x.startswith("yolofeed train:")][-1]
-    assert line.startswith(f"yolofeed train: {said}; the last finished epoch is in {last}; continue with: ")
+    assert line.startswith(f"yolofeed train: {said}; the last epoch saved is in {last}; continue with: ")
     argv = shlex.split(line.split("continue with: ")[1])
     assert argv == ["yolofeed", "train", f"resume={last}"]
     # the command, run by the command line's main in this process (a resume in a fresh one:

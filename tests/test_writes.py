@@ -94,6 +94,21 @@ def test_a_failed_write_is_handed_over_once_as_its_own_line_whatever_waits_for_i
         queue.raise_failure(tmp_path / "other")
 
 
+def test_a_wait_for_slow_writes_is_said_once_and_goes_on_to_their_end(tmp_path):
+    """A stop that waits for writes still held after ``SLOW_S`` says how many (a slow or hung disk: silence there
+    looked like a hang); writes that end at once are not said."""
+    gate, said = threading.Event(), []
+    queue = Writes(write=lambda path, data: gate.wait(60) and checkpoints.write_run_file(path, data))
+    queue.write(tmp_path / "last.pt", b"epoch 1")
+    queue.write(tmp_path / "best.pt", b"epoch 1")
+    threading.Timer(writes.SLOW_S + 0.5, gate.set).start()
+    assert queue.wait(tmp_path, slow=said.append) is None
+    assert said == [2] and (tmp_path / "best.pt").read_bytes() == b"epoch 1"
+    queue.write(tmp_path / "last.pt", b"epoch 2")
+    queue.wait(tmp_path, slow=said.append)
+    assert said == [2] and (tmp_path / "last.pt").read_bytes() == b"epoch 2"
+
+
 def _train(synth_root, tmp_path, name: str, epochs: int, callbacks: dict | None = None):
     from ultralytics import YOLO
 
@@ -107,11 +122,14 @@ def _train(synth_root, tmp_path, name: str, epochs: int, callbacks: dict | None 
                 exist_ok=True)
 
 
-def test_a_reader_at_each_epochs_end_finds_that_epochs_checkpoint_written_in_the_writer_thread(synth_root, tmp_path,
-                                                                                               monkeypatch):
-    """A callback at an epoch's end (a logger's upload) reading last.pt by its name finds that epoch's checkpoint,
-    though each write is held a while in the writer thread (a slow disk): where such a reader is, ``save_model``
-    waits for them."""
+@pytest.mark.parametrize(("event", "expected"), [("on_model_save", [(0, 0), (1, 1)]),
+                                               ("on_train_epoch_start", [(0, None), (1, 0)])])
+def test_a_callback_reading_last_pt_by_its_name_finds_the_epoch_saved_before_it(synth_root, tmp_path, monkeypatch,
+                                                                                event, expected):
+    """A callback reading last.pt by its name (a logger's upload as an epoch ends; a user's as the next starts) finds
+    the checkpoint of the epoch saved before it, though each write is held a while in the writer thread (a slow disk):
+    where any callback of the user's is, ``save_model`` waits for its writes (found by the adversarial tester: a
+    reader at ``on_train_epoch_start`` found no file, then the epoch before's)."""
     made = []
 
     def slow(path, data):
@@ -122,11 +140,12 @@ def test_a_reader_at_each_epochs_end_finds_that_epochs_checkpoint_written_in_the
     monkeypatch.setattr(writes.WRITES, "_write", slow)
     seen = []
 
-    def upload(trainer):
-        seen.append((trainer.epoch, torch.load(str(trainer.last), weights_only=False)["epoch"]))
+    def read(trainer):
+        last = str(trainer.last)
+        seen.append((trainer.epoch, torch.load(last, weights_only=False)["epoch"] if Path(last).exists() else None))
 
-    _train(synth_root, tmp_path, "read", 2, {"on_model_save": upload})
-    assert seen == [(0, 0), (1, 1)]
+    _train(synth_root, tmp_path, "read", 2, {event: read})
+    assert seen == expected
     assert made and all(t.startswith(THREAD) for _, t in made)
 
 
@@ -138,14 +157,19 @@ def test_a_write_failing_beside_the_training_stops_it_at_the_next_batch_with_its
     import logging
 
     batches = []
-    _full_at_the_second_last_pt(monkeypatch)
+
+    def count(trainer):
+        batches.append(trainer.epoch)
+
+    count.__module__ = "yolofeed.monitor"  # counted as yolofeed's own (as the monitor's): a user's would make
+    _full_at_the_second_last_pt(monkeypatch)  # save_model wait for its writes, and fail there
     caplog.set_level(logging.INFO)
     with pytest.raises(WriteError, match=r"could not write .*last\.pt: the disk is full .*free some space"):
-        _train(synth_root, tmp_path, "full", 3, {"on_train_batch_end": lambda t: batches.append(t.epoch)})
+        _train(synth_root, tmp_path, "full", 3, {"on_train_batch_end": count})
     last = tmp_path / "full" / "weights" / "last.pt"
     assert torch.load(last, weights_only=False)["epoch"] == 0
     assert batches.count(0) == 3 and 1 <= batches.count(2) < 3  # 24 images, batch 8: stopped inside epoch 3
-    assert f"The last finished epoch is in {last}" in caplog.text and "training stopped in epoch 3" in caplog.text
+    assert f"The last epoch saved is in {last}" in caplog.text and "training stopped in epoch 3" in caplog.text
 
 
 def test_the_last_epochs_failed_write_is_raised_before_the_final_validation(synth_root, tmp_path, monkeypatch):

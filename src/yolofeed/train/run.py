@@ -297,7 +297,7 @@ def run(cfg: TrainConfig) -> Path:
         tr = model.trainer  # and this, in one line
         saved = tr.resumable_checkpoint() if isinstance(tr, FastTrainer) else None
         instead = tr.nothing_to_resume() if isinstance(tr, FastTrainer) else "no epoch was saved yet"
-        said = (f"the last finished epoch is in {saved}; continue with: "
+        said = (f"the last epoch saved is in {saved}; continue with: "
                 f"{shlex.join(['yolofeed', 'train', f'resume={saved}'])}" if saved else
                 instead[0].lower() + instead[1:])
         if isinstance(e, processes.Terminated):

@@ -84,6 +84,7 @@ from yolofeed.ultralytics_seam import (
     LOCAL_RANK,
     LOGGER,
     RANK,
+    TRAINING_EVENTS,
     DetectionTrainer,
     checkpoint,
     data_complete,
@@ -428,7 +429,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
                 if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
                     saved = self.resumable_checkpoint()
                     LOGGER.error(f"yolofeed: training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
-                                 + (f"The last finished epoch is in {saved}; once the cause is fixed, continue "
+                                 + (f"The last epoch saved is in {saved}; once the cause is fixed, continue "
                                     f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
                                     if saved else self.nothing_to_resume(error=True)))
             raise
@@ -520,8 +521,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         killed earlier in this folder are removed first. An epoch validated beside the next (``val_overlap``) is saved
         when its validation ends: here only its optimiser's and scaler's states are kept, and nothing is written.
 
-        The files are written in a thread beside the training (``QueuedPath``); where a callback of the epoch's end may
-        read them (a logger's upload, a user's: ``seam.epoch_readers``), they are waited for here."""
+        The files are written in a thread beside the training (``QueuedPath``); where a callback may read them (a
+        logger's upload, a user's: ``seam.epoch_readers`` at the training loop's events), they are waited for
+        here."""
         if self._holding:
             if self._overlapped is not None:  # else the epoch is discarded (_discard_epoch)
                 self._overlapped.snapshot.keep_checkpoint_state(self)
@@ -529,7 +531,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         write_checkpoints_as(self, QueuedPath)
         sweep(weights_dir(self))
         saved = super().save_model()
-        if epoch_readers(self):
+        if epoch_readers(self, TRAINING_EVENTS):  # a callback of the next epoch's start, too
             WRITES.wait(weights_dir(self))
         return saved
 
@@ -550,7 +552,10 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         """As the run stops or ends: every checkpoint write queued has ended; a failure not raised yet is said.
         Unbounded, as stock's own write in the training thread: a disk that hangs holds both."""
         if RANK in (-1, 0) and getattr(self, "wdir", None) is not None:
-            failure = WRITES.wait(weights_dir(self), raise_failure=False)
+            folder = weights_dir(self)
+            failure = WRITES.wait(folder, raise_failure=False, slow=lambda n: LOGGER.info(
+                f"yolofeed: waiting for {n} checkpoint write{'s' * (n > 1)} in {folder} to end (a slow disk); each "
+                "file is written whole or not at all"))
             if failure is not None:
                 LOGGER.warning(f"yolofeed: {failure}")
 

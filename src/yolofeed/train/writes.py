@@ -21,6 +21,7 @@ is whole (the write is atomic).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from yolofeed import processes
 from yolofeed.train.checkpoints import AtomicPath, write_run_file
 
 THREAD = "yolofeed-checkpoints"  # the writer thread's name prefix
+SLOW_S = 1.0  # a wait for writes this long is said (a slow or hung disk): a stopped run otherwise waits in silence
 
 
 class Writes:
@@ -85,13 +87,17 @@ class Writes:
         if futures:
             processes.wait_all(futures)
 
-    def wait(self, folder: str | os.PathLike, raise_failure: bool = True) -> BaseException | None:
+    def wait(self, folder: str | os.PathLike, raise_failure: bool = True,
+             slow: Callable[[int], None] | None = None) -> BaseException | None:
         """Wait for every queued write into ``folder``; then its first failure, raised (``raise_failure``) or
-        returned, and forgotten. Ctrl-C cuts the wait short (``processes.wait_all``)."""
+        returned, and forgotten. ``slow`` is told how many writes are left where they have not ended within
+        ``SLOW_S``. Ctrl-C cuts the wait short (``processes.wait_all``)."""
         key = str(folder)
         with self._lock:
             futures = [f for file, fs in self._pending.items() if str(Path(file).parent) == key for f in fs]
         if futures:
+            if slow is not None and (left := concurrent.futures.wait(futures, SLOW_S).not_done):
+                slow(len(left))
             processes.wait_all(futures)
         return self.raise_failure(folder) if raise_failure else self._take_failure(folder)
 

@@ -70,6 +70,7 @@ from yolofeed.ultralytics_seam.figures import MODULE as FIGURES_MODULE
 from yolofeed.ultralytics_seam.figures import figure_function, final_figures
 from yolofeed.ultralytics_seam.loop import (
     LATE_EVENTS,
+    TRAINING_EVENTS,
     StopTraining,
     batched_metrics_serve,
     epoch_readers,
@@ -287,5 +288,5 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "check_version", "FIX", "RANGE", "REQUIREMENT", "SUPPORTED", "TESTED", "UNTESTED_ENV",
     "check_required", "REQUIRED", "check_trainer_state", "TRAINER_STATE", "RUN_FILES",
     "AutoBackend", "check_file", "check_imgsz", "compiled", "EarlyStopping", "get_flops", "get_split_fraction",
-    "GITHUB_ASSETS_NAMES", "KeypointLoss", "LATE_EVENTS", "SETTINGS", "VERBOSE",
+    "GITHUB_ASSETS_NAMES", "KeypointLoss", "LATE_EVENTS", "TRAINING_EVENTS", "SETTINGS", "VERBOSE",
 ]

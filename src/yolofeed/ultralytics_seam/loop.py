@@ -46,6 +46,10 @@ def first_meanwhile(owner: Any, event: str, fn: Callable[[Any], None]) -> Iterat
 # the events an epoch validated beside the next runs an epoch late (``end_epoch_late``), and the one at which the next
 # epoch's losses reach the callbacks meanwhile
 LATE_EVENTS = ("on_train_epoch_end", "on_fit_epoch_end", "on_model_save")
+# the training loop's events from one epoch's checkpoint to the next's: a callback there may read the files by name
+# (Ultralytics' telemetry, ultralytics.utils.events, is at on_train_end and the validator's: it reads none)
+TRAINING_EVENTS = ("on_train_epoch_start", "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end",
+                   "on_fit_epoch_end", "on_model_save")
 
 
 def _idle(module: str, trainer: Any) -> bool:
