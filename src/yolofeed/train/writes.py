@@ -10,8 +10,8 @@ Wherever the files may be read, the write is waited for first:
 
 * any read through the path itself (``open``, ``os.stat``, ``torch.load``: each goes through ``__fspath__``), as
   Ultralytics' NaN recovery reads last.pt;
-* the trainer waits for a folder's writes at each epoch's end, in ``save_model`` where a callback of the epoch's end
-  may read the files by name, before the final validation, and as the run stops;
+* the trainer waits for a folder's writes at each epoch's end, in ``save_model`` where a callback at one of the
+  training loop's events may read the files by name, before the final validation, and as the run stops;
 * the interpreter's exit waits for the thread (not a daemon).
 
 A failed write (a full disk) is kept for its folder, recorded before its future completes, and handed over once:
