@@ -216,8 +216,8 @@ class BenchConfig(MeasuredRunConfig):
                      "yolofeed_val_inline (validate_beside=False: validations in the training thread, as "
                      "stock; with whole_run), yolofeed_val_overlap (val_overlap=True: each epoch's validation "
                      "beside the next epoch; with whole_run), yolofeed_val_waited (val_overlap=False: each waited "
-                     "for, in its own thread; with whole_run), ceiling, ceiling_stock (the ceiling "
-                     "with Ultralytics' own step and loss: what yolofeed's sync-free step and loss add)")
+                     "for, in its own thread; with whole_run), ceiling, ceiling_stock (the ceiling with Ultralytics' "
+                     "own step and loss: what yolofeed's sync-free step and loss add)")
     # the step's options, as yolofeed train takes them: for the yolofeed modes and the ceiling (stock: Ultralytics')
     sync_free_step: bool = redefault(TrainConfig, "sync_free_step", True)
     sync_free_loss: bool = redefault(TrainConfig, "sync_free_loss", True)

@@ -182,15 +182,9 @@ def run_beside(overlapped: Overlapped, validator: Callable[[Any], dict], trainer
     return metrics
 
 
-def tensor_bytes(tensors: Any) -> int:
+def _bytes(tensors: Any) -> int:
     """The bytes of the tensors among ``tensors``."""
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-def all_finite(tensors: list[torch.Tensor], device: torch.device) -> bool:
-    """Whether every value of ``tensors`` is finite: one host sync for them all."""
-    finite = [t.isfinite().all().to(device) for t in tensors]
-    return not finite or bool(torch.stack(finite).all())
 
 
 def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None:
@@ -219,13 +213,14 @@ def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None
     device = trainer.device
     ema = seam.trainer_ema(trainer).ema.state_dict().values()
     if device.type == "cuda" and per_image:  # the validation's passes, and the copies kept for an epoch
-        kept = tensor_bytes(ema) + tensor_bytes(t for state in trainer.optimizer.state.values() for t in state.values())
+        kept = _bytes(ema) + _bytes(t for state in trainer.optimizer.state.values() for t in state.values())
         if torch.cuda.mem_get_info(device)[0] < largest_batch * per_image + kept:
             return "too little free GPU memory beside the training"
     tensors = [v for v in ema if v.is_floating_point()]
     loss = seam.epoch_end_state(trainer)["loss"]
     if isinstance(loss, torch.Tensor):
         tensors.append(loss.detach())
-    if not all_finite(tensors, device):  # one host sync, at the epoch's end (Ultralytics' syncs too)
+    finite = [t.isfinite().all().to(device) for t in tensors]
+    if finite and not bool(torch.stack(finite).all()):  # one host sync, at the epoch's end (Ultralytics' syncs too)
         return "the loss or the EMA is not finite"
     return None

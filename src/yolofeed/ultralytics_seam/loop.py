@@ -71,10 +71,10 @@ def _idle(module: str, trainer: Any) -> bool:
 
 
 def epoch_readers(trainer: Any, events: tuple[str, ...] = LATE_EVENTS) -> list[str]:
-    """The callbacks at an epoch's end (``events``: ``LATE_EVENTS`` unless given) that act as it ends, each as
-    ``module.function``: every one but Ultralytics' idle ones (``_idle``) and yolofeed's own. Ultralytics' loggers
-    (Weights & Biases, MLflow, DVC, ...) are among them where installed and enabled in its settings, and any a user
-    added."""
+    """The callbacks at ``events`` (an epoch's end, ``LATE_EVENTS``, unless given; ``TRAINING_EVENTS``: where a
+    checkpoint may be read) that act there, each as ``module.function``: every one but Ultralytics' idle ones
+    (``_idle``) and yolofeed's own. Ultralytics' loggers (Weights & Biases, MLflow, DVC, ...) are among them where
+    installed and enabled in its settings, and any a user added."""
     callbacks = getattr(trainer, "callbacks", None)
     if not isinstance(callbacks, dict):
         raise _missing("trainer.callbacks (a dict of lists)", "yolofeed's val_overlap looks for loggers in it")
