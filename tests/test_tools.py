@@ -308,3 +308,39 @@ def test_save_profile_times_ultralytics_save_model_and_its_parts(tmp_path, capsy
                  "torch.save to memory", "one file, atomic without fsync"):
         assert re.search(re.escape(part) + r".* \d+\.\d ms", out), out
     assert (tmp_path / "last.pt").is_file() and (tmp_path / "plain-best.pt").is_file()
+
+
+def test_setup_profile_puts_each_threads_samples_in_their_phase():
+    from tools.device import setup_profile
+
+    stop = threading.Event()
+
+    def waits_here():
+        stop.wait(0.01)
+
+    def and_here():
+        stop.wait(0.01)
+
+    def turns():  # each function on about half the samples: the inclusive list leaves out what is on all of them
+        while not stop.is_set():
+            waits_here()
+            and_here()
+
+    thread = threading.Thread(target=turns, name="profiled")
+    sampler = setup_profile.Sampler(0.002)
+    t0 = time.perf_counter()
+    thread.start()
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    stop.set()
+    thread.join()
+    marks = [(t0, "build"), (t0 + 0.15, "epoch1")]
+    assert setup_profile.phase_of(t0 - 1, marks) is None and setup_profile.phase_of(t0 + 0.2, marks) == "epoch1"
+    text = setup_profile.report(sampler, marks, top=10)
+    for phase in ("build", "epoch1"):
+        block = text.split(f"== {phase} / profiled:")[1].split("==")[0]
+        seen = float(block.split(" s seen")[0])
+        assert 0.02 < seen < 0.4 and "waits_here" in block and "and_here" in block, text
+        assert "turns" not in block.split("at the top")[0], text  # on every sample's stack
+    assert "setup-profile-sampler" not in text  # not its own stack

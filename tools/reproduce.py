@@ -35,6 +35,24 @@ LABELS_10K_BOTH = LABELS_10K.replace("YOLODataset(img_path=d['train']", "[YOLODa
     "hyp=get_cfg())", "hyp=get_cfg()) for s in ('train', 'val')]")
 PLANT_DATA = "[ -f /tmp/plant/data.yaml ] || python3 -m yolofeed synth out=/tmp/plant n_train=4000 n_val=2000 seed=0"
 NO_WEIGHTS = "find $OUT -name '*.pt' -delete"
+# each whole run under $OUT in a line: wall, set-up, first epoch, the later epochs' median, end
+WHOLE_SUMMARY = ("python3 -c \"import json, glob, statistics as st; [print(f, r['mode'], r['wall_s'], r['setup_s'], "
+                 "r['epochs'][0].get('epoch_s'), st.median([e.get('epoch_s', 0) for e in r['epochs'][1:]] or [0]), "
+                 "st.median([e.get('train_s', 0) for e in r['epochs'][1:]] or [0]), r['final_s'], "
+                 "round(sum(e.get('save_s', 0) for e in r['epochs']), 2)) for f in sorted(glob.glob("
+                 "'$OUT/**/bench.json', recursive=True)) for r in json.load(open(f))['results'] if 'wall_s' in r]\"")
+# what the runs left under $OUT but their reports (JSON, the tests' text) and the log, gone; the reports in one archive
+# (what comes back from a device call is a few files, two folders deep)
+KEEP_REPORTS = ("(cd $OUT && find . -type f \\( -name '*.json' -o -name '*.txt' \\) ! -name log.txt ! -name env.txt "
+                "-print0 | tar czf reports.tgz --null -T - && find . -type f ! -name reports.tgz ! -name log.txt "
+                "! -name env.txt -delete)")
+# whether this machine's Python keeps compiled bytecode for torch and Ultralytics (a pip install writes it; without it
+# every process compiles their sources again)
+PYC_CHECK = ("python3 -c \"import sys, os, torch, ultralytics; d = os.path.dirname; "
+             "print('bytecode: dont_write', sys.flags.dont_write_bytecode, 'prefix', sys.pycache_prefix, "
+             "'torch cached', os.path.isdir(d(torch.__file__) + '/_dynamo/__pycache__'), 'writable', "
+             "os.access(d(torch.__file__), os.W_OK), 'ultralytics cached', "
+             "os.path.isdir(d(ultralytics.__file__) + '/__pycache__'))\"")
 BENCH_1 = "workers=16 batch=128 imgsz=640 data=/tmp/synth/data.yaml"  # a bench of one's own steps and warm-up
 LEVER = f"steps=60 warmup=30 first_epoch=False isolate=True {BENCH_1}"  # the ceiling, one lever at a time
 
@@ -57,10 +75,10 @@ SECTIONS_OBB = task_bench("obb", "obb", 330)
 
 def whole_run(optimizer: str, limit: int, modes: str = "stock,yolofeed") -> tuple[str, ...]:
     """The whole run of 10 epochs, stock and yolofeed (or ``modes``), ``optimizer=``: the 10k set, its raw pack, both
-    label caches."""
+    label caches; each run's line (``WHOLE_SUMMARY``) and its report in one archive (``KEEP_REPORTS``)."""
     return (SYNTH_10K, PACK_10K, LABELS_10K_BOTH,
             f"timeout {limit} python3 -m yolofeed bench model=yolo11n.yaml modes={modes} whole_run=10 "
-            f"optimizer={optimizer} {BENCH_1} out=$OUT/whole_{optimizer}", NO_WEIGHTS)
+            f"optimizer={optimizer} {BENCH_1} out=$OUT/whole_{optimizer}", NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)
 
 
 def lever(model: str, modes: str, option: str, limit: int) -> str:
@@ -147,6 +165,14 @@ SECTIONS = {s.name: s for s in (
         "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABA "
         "out=$OUT/writes_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto workers=16 batch=128 "
         "imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS)),
+    Section("setup-profile", "The whole run", "nvidia-h200", 1, 5, (
+        # where the set-up and the first epochs go, thread by thread (a sampling profile): stock's set-up and first
+        # epoch, then yolofeed's whole run of 2 epochs twice (the second, a user's second run, is the one kept)
+        PYC_CHECK, SYNTH_10K, PACK_10K, LABELS_10K_BOTH,
+        *(f"timeout {t} python3 -m tools.device.setup_profile trainer={tr} epochs={e} {BENCH_1} out={d} "
+          f"> /tmp/{tr}_{e}.log 2>&1; grep -m1 -E '^(stock|yolofeed):' /tmp/{tr}_{e}.log"
+          for tr, e, d, t in (("stock", 1, "$OUT", 150), ("yolofeed", 1, "/tmp/profile_first", 90),
+                              ("yolofeed", 2, "$OUT", 100))), NO_WEIGHTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",
