@@ -173,14 +173,6 @@ SECTIONS = {s.name: s for s in (
           f"> /tmp/{tr}_{e}.log 2>&1; grep -m1 -E '^(stock|yolofeed):' /tmp/{tr}_{e}.log"
           for tr, e, d, t in (("stock", 1, "$OUT", 150), ("yolofeed", 1, "/tmp/profile_first", 90),
                               ("yolofeed", 2, "$OUT", 100))), NO_WEIGHTS)),
-    Section("switch-ab", "The whole run", "nvidia-h200", 1, 7, (
-        # yolofeed's whole run as the library has it (B: the switch interval short while it trains) and as the tree in
-        # .base/src has it (A: the interpreter's default), B A B
-        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
-        "exit 2; }", SYNTH_10K, PACK_10K,
-        "timeout 300 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=BAB "
-        f"out=$OUT/switch_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto {BENCH_1}",
-        NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",

@@ -39,7 +39,6 @@ schedulers, validation, checkpoints, results.csv, resume and DDP. Only these thi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import os
@@ -419,8 +418,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         """Ultralytics' loop; when it fails, say which checkpoint resumes the run (Ultralytics saves none then)."""
         finished = False
         try:
-            with self._switched_often():
-                result = super()._do_train()
+            result = super()._do_train()
             finished = True
             return result
         except Exception as e:
@@ -443,13 +441,6 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             # process
             with processes.signals_deferred():
                 self._close_run(finished)
-
-    def _switched_often(self) -> contextlib.AbstractContextManager:
-        """On CUDA, the interpreter's switch interval short while the run trains (``processes.switched_often``). The
-        training thread makes hundreds of short torch calls a step (the loss, the optimiser, the EMA) and runs about a
-        step ahead of the GPU; beside it, threads busy in Python (a validation's metrics, the training-batch and label
-        plots) hold the GIL for up to the default 5 ms each time it gives it up, and the GPU waits for its next step."""
-        return processes.switched_often() if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _close_run(self, finished: bool) -> None:
         """The validation thread, the loaders' threads, a results plot's child and (a stopped run) the monitor,
