@@ -300,3 +300,21 @@ def test_a_dataset_of_other_than_3_channels_is_refused_with_what_to_do(synth_roo
     with pytest.raises(DatasetError, match=r"channels=1; yolofeed packs 3-channel \(RGB\) datasets only: train this "
                                            r"one with yolo train$"):
         load_data_yaml(yaml_file)
+
+
+def test_a_stop_line_is_logged_or_left_to_the_caller_that_prints_it():
+    """``say_stopped``: logged (the Python API); within ``caller_says_stops`` (the CLI) put on a yolofeed error for the
+    caller's one line instead; another exception's (a traceback follows it) is logged even there."""
+    from yolofeed.errors import WriteError, caller_says_stops, say_stopped
+
+    logged = []
+    e = WriteError("could not write last.pt")
+    say_stopped(e, "training stopped in epoch 2", logged.append)
+    assert logged == ["training stopped in epoch 2"] and e.stopped is None
+    with caller_says_stops():
+        say_stopped(e, "training stopped in epoch 3", logged.append)
+        other = RuntimeError("CUDA error")
+        say_stopped(other, "training stopped in epoch 4", logged.append)
+    assert e.stopped == "training stopped in epoch 3" and logged[1:] == ["training stopped in epoch 4"]
+    say_stopped(WriteError("again"), "after", logged.append)  # the caller is gone: logged again
+    assert logged[-1] == "after"

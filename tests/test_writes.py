@@ -180,3 +180,20 @@ def test_the_last_epochs_failed_write_is_raised_before_the_final_validation(synt
         _train(synth_root, tmp_path, "end", 2)
     ckpt = torch.load(tmp_path / "end" / "weights" / "last.pt", weights_only=False)
     assert ckpt["epoch"] == 0 and ckpt["optimizer"] is not None  # epoch 1's, not stripped
+
+
+def test_the_cli_says_a_failed_writes_stop_once_as_its_error_line_with_the_resume(synth_root, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """``yolofeed train`` stopped by a failed write: one line on stderr says what failed, where it stopped and the
+    command that resumes it; the training's own log line (the Python API's) does not say it again on stdout."""
+    from yolofeed.cli import main
+
+    _full_at_the_second_last_pt(monkeypatch)
+    assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}", "imgsz=64", "batch=8",
+                 "workers=0", "plots=False", "device=cpu", "epochs=2", f"project={tmp_path}", "name=cli"]) == 1
+    out, err = capsys.readouterr()
+    last = tmp_path / "cli" / "weights" / "last.pt"
+    lines = [x for x in err.splitlines() if "could not write" in x]
+    assert len(lines) == 1 and lines[0].startswith("yolofeed train: error: training stopped"), err
+    assert "the disk is full" in lines[0] and f"continue with: yolofeed train resume={last}" in lines[0]
+    assert "could not write" not in out

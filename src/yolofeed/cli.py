@@ -27,7 +27,7 @@ from yolofeed.config import (
     TrainConfig,
     fields_of,
 )
-from yolofeed.errors import ConfigError, DatasetError, YolofeedError
+from yolofeed.errors import ConfigError, DatasetError, YolofeedError, caller_says_stops
 
 
 @dataclass(frozen=True)
@@ -271,9 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         config = build_config(command, args)
         check_paths(config)
         module, func = COMMANDS[command].target.split(":")
-        getattr(importlib.import_module(module), func)(config)
+        with caller_says_stops():  # a training's stop line (what stopped it, how to resume) is the error line
+            getattr(importlib.import_module(module), func)(config)
     except YolofeedError as e:
-        print(f"yolofeed {command}: error: {e}", file=sys.stderr)
+        print(f"yolofeed {command}: error: {e.stopped or e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
         print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)

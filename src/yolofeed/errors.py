@@ -6,9 +6,15 @@ without a traceback; anything else that escapes is a bug in yolofeed.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 
 class YolofeedError(Exception):
-    """Base class: an error whose message tells the user what to change."""
+    """Base class: an error whose message tells the user what to change. A long job it stopped may put on it where it
+    stopped and how to go on (``stopped``, set by ``say_stopped``), which the CLI prints in the message's place."""
+
+    stopped: str | None = None
 
 
 class ConfigError(YolofeedError):
@@ -65,6 +71,29 @@ class UltralyticsVersionError(UltralyticsError, ImportError):
 
     An ``ImportError`` too: the module cannot be used, as if a dependency were missing.
     """
+
+
+_caller_says = [0]  # how many callers, nested, print a YolofeedError's stop line themselves
+
+
+@contextlib.contextmanager
+def caller_says_stops() -> Iterator[None]:
+    """Within it, a job stopped by a ``YolofeedError`` leaves its stop line to the caller (``say_stopped``): the CLI
+    prints it once, as its error line on stderr, where the job's log line would say it again on stdout."""
+    _caller_says[0] += 1
+    try:
+        yield
+    finally:
+        _caller_says[0] -= 1
+
+
+def say_stopped(e: BaseException, line: str, log: Callable[[str], None]) -> None:
+    """Say ``line`` (where a job stopped by ``e`` and how to go on, in yolofeed's words without its name): ``log``
+    it, or put it on ``e`` (``YolofeedError.stopped``) where the caller prints that (``caller_says_stops``)."""
+    if isinstance(e, YolofeedError) and _caller_says[0]:
+        e.stopped = line
+    else:
+        log(line)
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:

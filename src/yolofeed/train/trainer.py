@@ -53,7 +53,7 @@ import torch
 from yolofeed import processes
 from yolofeed.augment import AugmentHyp
 from yolofeed.augment.pool import PartnerPool
-from yolofeed.errors import ConfigError, DatasetError, PackError, first_line
+from yolofeed.errors import ConfigError, DatasetError, PackError, first_line, say_stopped
 from yolofeed.kernels import triton_key
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
@@ -431,10 +431,11 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
                 self._settle_writes()  # the checkpoint the line names on the disk
                 if RANK in (-1, 0) and hasattr(self, "epoch"):  # else it failed setting up: the error says it all
                     saved = self.resumable_checkpoint()
-                    LOGGER.error(f"yolofeed: training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
-                                 + (f"The last epoch saved is in {saved}; once the cause is fixed, continue "
-                                    f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
-                                    if saved else self.nothing_to_resume(error=True)))
+                    say_stopped(e, f"training stopped {self._where_stopped()} by {type(e).__name__}: {e}. "
+                                + (f"The last epoch saved is in {saved}; once the cause is fixed, continue "
+                                   f"with: {shlex.join(['yolofeed', 'train', f'resume={saved}'])}"
+                                   if saved else self.nothing_to_resume(error=True)),
+                                log=lambda line: LOGGER.error(f"yolofeed: {line}"))
             raise
         finally:  # Ultralytics closes its loaders only when training ends normally; the train loader's thread may be
             # loading the next epoch (an error or Ctrl-C in validation, a checkpoint or a callback), and the YOLO
