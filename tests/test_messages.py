@@ -304,17 +304,74 @@ def test_a_dataset_of_other_than_3_channels_is_refused_with_what_to_do(synth_roo
 
 def test_a_stop_line_is_logged_or_left_to_the_caller_that_prints_it():
     """``say_stopped``: logged (the Python API); within ``caller_says_stops`` (the CLI) put on a yolofeed error for the
-    caller's one line instead; another exception's (a traceback follows it) is logged even there."""
-    from yolofeed.errors import WriteError, caller_says_stops, say_stopped
+    caller's one line instead; another exception's (a traceback follows it) is logged even there, and so is one from
+    a thread of its own (a notebook's training beside the CLI's)."""
+    import threading
+
+    from yolofeed.errors import WriteError, caller_says_stops, say_stopped, stop_line
 
     logged = []
     e = WriteError("could not write last.pt")
     say_stopped(e, "training stopped in epoch 2", logged.append)
-    assert logged == ["training stopped in epoch 2"] and e.stopped is None
+    assert logged == ["training stopped in epoch 2"] and e.stopped is None and stop_line(e) is None
     with caller_says_stops():
         say_stopped(e, "training stopped in epoch 3", logged.append)
-        other = RuntimeError("CUDA error")
-        say_stopped(other, "training stopped in epoch 4", logged.append)
-    assert e.stopped == "training stopped in epoch 3" and logged[1:] == ["training stopped in epoch 4"]
+        say_stopped(RuntimeError("CUDA error"), "training stopped in epoch 4", logged.append)
+        beside = threading.Thread(target=say_stopped, args=(WriteError("x"), "in a thread", logged.append))
+        beside.start()
+        beside.join()
+    assert e.stopped == "training stopped in epoch 3" == stop_line(e)
+    assert logged[1:] == ["training stopped in epoch 4", "in a thread"]
     say_stopped(WriteError("again"), "after", logged.append)  # the caller is gone: logged again
     assert logged[-1] == "after"
+    try:  # a Ctrl-C during the stop's clean-up replaces the error: its line is found through the context
+        try:
+            raise e
+        except WriteError:
+            raise KeyboardInterrupt from None
+    except KeyboardInterrupt as interrupt:
+        assert stop_line(interrupt) == "training stopped in epoch 3"
+
+
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, "terminated"])
+def test_a_ctrl_c_or_sigterm_during_a_stopped_trainings_clean_up_keeps_its_stop_line(synth_root, monkeypatch, capsys,
+                                                                                      signal):
+    """``yolofeed train`` stopped by an error, then interrupted while it closes (the signal deferred to the clean-up's
+    end replaces the error): stderr says the stop line, then that it was interrupted."""
+    from yolofeed import processes
+    from yolofeed.errors import WriteError, say_stopped
+    from yolofeed.train import run
+
+    def stopped_then_interrupted(config):
+        try:
+            raise WriteError("could not write last.pt: the disk is full")
+        except WriteError as e:
+            say_stopped(e, "training stopped in epoch 2 by WriteError: could not write last.pt: the disk is full. "
+                           "The last epoch saved is in w/last.pt; once the cause is fixed, continue with: yolofeed "
+                           "train resume=w/last.pt", logging.getLogger("never").error)
+            raise KeyboardInterrupt if signal is KeyboardInterrupt else processes.Terminated()  # noqa: B904
+
+    monkeypatch.setattr(run, "run", stopped_then_interrupted)
+    assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}"]) in (130, 143)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("yolofeed train: error: training stopped in epoch 2") and "resume=w/last.pt" in err[0]
+    assert len(err) == 2 and ("interrupted" in err[1] or "SIGTERM" in err[1]), err
+
+
+def test_another_commands_training_logs_its_own_stop_line(synth_root, monkeypatch, capsys, caplog):
+    """``yolofeed bench`` (a training in its own process, or in-process with isolate=False): the training's stop line,
+    which names yolofeed train's resume, stays its log line; the bench's error line is the cause alone."""
+    from yolofeed.bench import run as bench_run
+    from yolofeed.errors import WriteError, say_stopped
+
+    def stopped(config):
+        e = WriteError("could not write last.pt: the disk is full")
+        say_stopped(e, "training stopped ... continue with: yolofeed train resume=w/last.pt",
+                    logging.getLogger("yolofeed-test").error)
+        raise e
+
+    monkeypatch.setattr(bench_run, "run", stopped)
+    with caplog.at_level(logging.ERROR, logger="yolofeed-test"):
+        assert main(["bench", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}"]) == 1
+    assert capsys.readouterr().err.strip() == "yolofeed bench: error: could not write last.pt: the disk is full"
+    assert "continue with: yolofeed train resume" in caplog.text

@@ -6,6 +6,7 @@ so ``yolofeed help`` stays instant.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -27,7 +28,7 @@ from yolofeed.config import (
     TrainConfig,
     fields_of,
 )
-from yolofeed.errors import ConfigError, DatasetError, YolofeedError, caller_says_stops
+from yolofeed.errors import ConfigError, DatasetError, YolofeedError, caller_says_stops, stop_line
 
 
 @dataclass(frozen=True)
@@ -271,18 +272,30 @@ def main(argv: list[str] | None = None) -> int:
         config = build_config(command, args)
         check_paths(config)
         module, func = COMMANDS[command].target.split(":")
-        with caller_says_stops():  # a training's stop line (what stopped it, how to resume) is the error line
+        # yolofeed train's stop line (what stopped it, the command that resumes it) is its error line; another
+        # command's training (bench isolate=False) says its own, whose resume is not that command's
+        with caller_says_stops() if command == "train" else contextlib.nullcontext():
             getattr(importlib.import_module(module), func)(config)
     except YolofeedError as e:
-        print(f"yolofeed {command}: error: {e.stopped or e}", file=sys.stderr)
+        print(f"yolofeed {command}: error: {stop_line(e) or e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
+        _say_stop_line(command, e)
         print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
         code = 130
     except processes.Terminated as e:  # SIGTERM where the command stops as Ctrl-C does (sigterm_exits): exit 143
+        _say_stop_line(command, e)
         print(f"yolofeed {command}: {e.said or 'stopped by SIGTERM'}", file=sys.stderr)
         code = e.code
     return code
+
+
+def _say_stop_line(command: str, e: BaseException) -> None:
+    """A Ctrl-C or SIGTERM that came while a training stopped by an error cleaned up replaced that error: its stop line
+    (``errors.stop_line``), said first."""
+    line = stop_line(e)
+    if line:
+        print(f"yolofeed {command}: error: {line}", file=sys.stderr)
 
 
 def entry() -> int:

@@ -7,6 +7,7 @@ without a traceback; anything else that escapes is a bug in yolofeed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Callable, Iterator
 
 
@@ -73,27 +74,46 @@ class UltralyticsVersionError(UltralyticsError, ImportError):
     """
 
 
-_caller_says = [0]  # how many callers, nested, print a YolofeedError's stop line themselves
+_CALLER_SAYS: contextvars.ContextVar[bool] = contextvars.ContextVar("yolofeed_caller_says_stops", default=False)
 
 
 @contextlib.contextmanager
 def caller_says_stops() -> Iterator[None]:
-    """Within it, a job stopped by a ``YolofeedError`` leaves its stop line to the caller (``say_stopped``): the CLI
-    prints it once, as its error line on stderr, where the job's log line would say it again on stdout."""
-    _caller_says[0] += 1
+    """Within it (this thread's context), a job stopped by a ``YolofeedError`` leaves its stop line to the caller
+    (``say_stopped``): the CLI prints it once, as its error line on stderr, where the job's log line would say it again
+    on stdout. A training from Python in another thread logs its own as before."""
+    token = _CALLER_SAYS.set(True)
     try:
         yield
     finally:
-        _caller_says[0] -= 1
+        _CALLER_SAYS.reset(token)
 
 
 def say_stopped(e: BaseException, line: str, log: Callable[[str], None]) -> None:
-    """Say ``line`` (where a job stopped by ``e`` and how to go on, in yolofeed's words without its name): ``log``
-    it, or put it on ``e`` (``YolofeedError.stopped``) where the caller prints that (``caller_says_stops``)."""
-    if isinstance(e, YolofeedError) and _caller_says[0]:
+    """Say where a job stopped by ``e`` and how to go on: logged, or kept on ``e`` for the caller that prints it.
+
+    Args:
+        e: what stopped the job.
+        line: the stop line, in yolofeed's words without its name.
+        log: where the line goes unless ``e`` is a ``YolofeedError`` within ``caller_says_stops``, which keeps it as
+            ``e.stopped`` (``stop_line`` finds it).
+    """
+    if isinstance(e, YolofeedError) and _CALLER_SAYS.get():
         e.stopped = line
     else:
         log(line)
+
+
+def stop_line(e: BaseException) -> str | None:
+    """The stop line ``say_stopped`` kept on ``e``, or on the error ``e`` replaced (a Ctrl-C or SIGTERM during the
+    stop's clean-up is raised there, the error as its context); None where none was kept."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, YolofeedError) and e.stopped:
+            return e.stopped
+        e = e.__context__
+    return None
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:
