@@ -311,6 +311,8 @@ def test_save_profile_times_ultralytics_save_model_and_its_parts(tmp_path, capsy
 
 
 def test_setup_profile_puts_each_threads_samples_in_their_phase():
+    """Its sampler reads another thread's stacks; its report counts each sample's seconds (the time since the tick
+    before) in the phase its time falls in, per thread, and leaves out of the inclusive list what every sample holds."""
     from tools.device import setup_profile
 
     stop = threading.Event()
@@ -321,26 +323,33 @@ def test_setup_profile_puts_each_threads_samples_in_their_phase():
     def and_here():
         stop.wait(0.01)
 
-    def turns():  # each function on about half the samples: the inclusive list leaves out what is on all of them
+    def turns():
         while not stop.is_set():
             waits_here()
             and_here()
 
     thread = threading.Thread(target=turns, name="profiled")
     sampler = setup_profile.Sampler(0.002)
-    t0 = time.perf_counter()
     thread.start()
     sampler.start()
-    time.sleep(0.3)
+    time.sleep(0.2)
     sampler.stop()
     stop.set()
     thread.join()
-    marks = [(t0, "build"), (t0 + 0.15, "epoch1")]
-    assert setup_profile.phase_of(t0 - 1, marks) is None and setup_profile.phase_of(t0 + 0.2, marks) == "epoch1"
-    text = setup_profile.report(sampler, marks, top=10)
-    for phase in ("build", "epoch1"):
-        block = text.split(f"== {phase} / profiled:")[1].split("==")[0]
-        seen = float(block.split(" s seen")[0])
-        assert 0.02 < seen < 0.4 and "waits_here" in block and "and_here" in block, text
-        assert "turns" not in block.split("at the top")[0], text  # on every sample's stack
-    assert "setup-profile-sampler" not in text  # not its own stack
+    names = {f.split(" ")[0] for t, th, sid, w in sampler.samples if th == "profiled"
+             for f in next(k for k, i in sampler.stacks.items() if i == sid)}
+    assert {"turns", "waits_here", "and_here"} <= names and "setup-profile-sampler" not in {
+        th for _, th, _, _ in sampler.samples}
+
+    made = setup_profile.Sampler(0.005)  # a report of set samples: no clock
+    a, b = ("main (x.py:1)", "waits_here (x.py:5)"), ("main (x.py:1)", "and_here (x.py:9)")
+    made.stacks = {a: 0, b: 1}
+    made.samples = [(1.0, "T", 0, 0.5), (1.5, "T", 1, 0.25), (2.5, "T", 0, 1.0), (2.6, "U", 1, 0.1), (0.5, "T", 0, 9)]
+    marks = [(1.0, "build"), (2.0, "epoch1")]
+    assert setup_profile.phase_of(0.5, marks) is None and setup_profile.phase_of(2.0, marks) == "epoch1"
+    text = setup_profile.report(made, marks, top=5)
+    build = text.split("== build / T: ")[1].split("\n==")[0]
+    assert build.startswith("0.75 s seen") and "0.50 s  waits_here" in build and "0.25 s  and_here" in build
+    assert "main (x.py:1)" not in build.split("at the top")[0]  # on every sample's stack
+    assert "== epoch1 / T: 1.00 s seen" in text and "== epoch1 / U: 0.10 s seen" in text
+    assert "9.00" not in text  # before the first mark

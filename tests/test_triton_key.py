@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from yolofeed.errors import DatasetError
 from yolofeed.kernels import triton_key
 from yolofeed.train import plans, trainer
 
@@ -49,19 +50,12 @@ def test_a_key_it_cannot_compute_is_left_to_the_first_launch(monkeypatch, failur
 
 
 @pytest.mark.parametrize("cuda", [True, False])
-def test_the_trainer_starts_it_on_cuda_only(monkeypatch, cuda):
+def test_the_trainer_starts_it_on_cuda_only(monkeypatch, tmp_path, cuda):
     started = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(triton_key, "start", lambda: started.append(1))
     monkeypatch.setattr(plans, "start", lambda *a: None)  # the early plans' thread: its own tests
-
-    class Built(Exception):
-        pass
-
-    def build(self, *a):
-        raise Built  # the constructor's work past the thread starts: not this test's
-
-    monkeypatch.setattr(trainer.FastTrainer, "_build", build)
-    with pytest.raises(Built):
-        trainer.FastDetectionTrainer(overrides={"model": "yolo11n.yaml"})
+    with pytest.raises(DatasetError):  # the constructor stops at the data yaml's check, after the thread started
+        trainer.FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": str(tmp_path / "none.yaml"),
+                                                "project": str(tmp_path)})
     assert started == ([1] if cuda else [])

@@ -13,7 +13,9 @@ Python). Writes into the folder ``out``: ``<trainer>_profile.txt`` (that printou
         [top=25] out=DIR [any Ultralytics key=value, e.g. batch=128 imgsz=640 workers=16]
 
 The sampler holds the interpreter while it reads the stacks (some tens of microseconds a sample with a few threads):
-the profiled run is a little slower than a bench's. Not a timing for BENCHMARKS.md: where the time goes.
+the profiled run is a little slower than a bench's. A tick waits for the GIL, so each sample counts the seconds since
+the tick before: a thread's "seen" seconds in a phase come near the phase's wall. Not a timing for BENCHMARKS.md: where
+the time goes.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ def _frame_key(frame) -> str:
 
 
 class Sampler:
-    """Every other thread's stack each ``interval`` seconds, with its time: ``samples`` (t, thread name, stack id)."""
+    """Every other thread's stack about each ``interval`` seconds. ``samples``: (time, thread name, stack id, seconds
+    since the tick before): a tick waits for the GIL, so it stands for the time since the last, not for ``interval``.
+    """
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.samples: list[tuple[float, str, int]] = []
+        self.samples: list[tuple[float, str, int, float]] = []
         self.stacks: dict[tuple[str, ...], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="setup-profile-sampler", daemon=True)
@@ -56,10 +60,12 @@ class Sampler:
     def _run(self) -> None:
         own = threading.get_ident()
         names: dict[int, str] = {}
+        last = time.perf_counter()
         while not self._stop.wait(self.interval):
             t = time.perf_counter()
+            weight, last = t - last, t
             frames = sys._current_frames()
-            if any(i not in names for i in frames):
+            if set(frames) != set(names):  # a thread came or went (an ident may be reused by a new thread)
                 names = {th.ident: th.name for th in threading.enumerate()}
             for ident, frame in frames.items():
                 if ident == own:
@@ -70,11 +76,19 @@ class Sampler:
                     frame = frame.f_back
                 key = tuple(reversed(stack))
                 sid = self.stacks.setdefault(key, len(self.stacks))
-                self.samples.append((t, names.get(ident, str(ident)), sid))
+                self.samples.append((t, names.get(ident, str(ident)), sid, weight))
 
 
 def phase_of(t: float, marks: list[tuple[float, str]]) -> str | None:
-    """The phase a time falls in: the name of the last mark at or before it (None before the first)."""
+    """The phase a time falls in.
+
+    Args:
+        t: a time on ``time.perf_counter``'s clock.
+        marks: (time, phase name) in time order, each phase's start.
+
+    Returns:
+        the name of the last mark at or before ``t``; None before the first.
+    """
     name = None
     for at, label in marks:
         if t >= at:
@@ -83,36 +97,41 @@ def phase_of(t: float, marks: list[tuple[float, str]]) -> str | None:
 
 
 def report(sampler: Sampler, marks: list[tuple[float, str]], top: int) -> str:
-    """The printout: per phase and thread, the seconds seen and the functions that took them."""
+    """The printout: per phase and thread, the seconds seen and the functions that took them.
+
+    Args:
+        sampler: a sampler stopped after the run.
+        marks: (time, phase name) in time order (``phase_of``).
+        top: the functions listed per phase and thread (on the stack; half as many at its top).
+    """
     by_id = {sid: key for key, sid in sampler.stacks.items()}
     inclusive: dict[tuple[str, str], Counter] = defaultdict(Counter)
     leaf: dict[tuple[str, str], Counter] = defaultdict(Counter)
     seen: Counter = Counter()
-    for t, thread, sid in sampler.samples:
+    for t, thread, sid, weight in sampler.samples:
         phase = phase_of(t, marks)
         if phase is None:
             continue
         stack = by_id[sid]
-        seen[(phase, thread)] += 1
-        inclusive[(phase, thread)].update(set(stack))
+        seen[(phase, thread)] += weight
+        for frame in set(stack):
+            inclusive[(phase, thread)][frame] += weight
         if stack:
-            leaf[(phase, thread)][stack[-1]] += 1
-    dt = sampler.interval
+            leaf[(phase, thread)][stack[-1]] += weight
     lines = ["marks (seconds from the first): " + ", ".join(f"{label} {at - marks[0][0]:.2f}" for at, label in marks)]
     for phase in dict.fromkeys(label for _, label in marks):
         threads = sorted((th for (ph, th) in seen if ph == phase), key=lambda th: -seen[(phase, th)])
         for thread in threads:
             key = (phase, thread)
-            waiting = sum(n for f, n in leaf[key].items() if f.split(" ", 1)[0] in WAITS)
-            lines.append(f"\n== {phase} / {thread}: {seen[key] * dt:.2f} s seen, "
-                         f"{waiting * dt:.2f} s waiting at the top")
-            if seen[key] * dt < 0.05:
+            waiting = sum(w for f, w in leaf[key].items() if f.split(" ", 1)[0] in WAITS)
+            lines.append(f"\n== {phase} / {thread}: {seen[key]:.2f} s seen, {waiting:.2f} s waiting at the top")
+            if seen[key] < 0.05:
                 continue
             lines.append("  inclusive (less the frames on every sample's stack):")
-            lines += [f"    {n * dt:7.2f} s  {f}" for f, n in inclusive[key].most_common()
-                      if n < 0.98 * seen[key]][:top]
+            lines += [f"    {w:7.2f} s  {f}" for f, w in inclusive[key].most_common()
+                      if w < 0.98 * seen[key]][:top]
             lines.append("  at the top:")
-            lines += [f"    {n * dt:7.2f} s  {f}" for f, n in leaf[key].most_common(top // 2)]
+            lines += [f"    {w:7.2f} s  {f}" for f, w in leaf[key].most_common(top // 2)]
     return "\n".join(lines)
 
 
@@ -129,6 +148,7 @@ def main(argv: list[str]) -> None:
 
     from yolofeed import FastDetectionTrainer
     from yolofeed.bench.whole import whole_run
+    from yolofeed.ultralytics_seam import smart_value
 
     base = DetectionTrainer if which == "stock" else FastDetectionTrainer
     marks: list[tuple[float, str]] = []
@@ -146,7 +166,7 @@ def main(argv: list[str]) -> None:
             return super().final_eval(*a, **k)
 
     Marked.__name__ = base.__name__
-    train_args = {"model": "yolo11n.yaml", "project": project, **{k: _value(v) for k, v in args.items()}}
+    train_args = {"model": "yolo11n.yaml", "project": project, **{k: smart_value(v) for k, v in args.items()}}
     sampler = Sampler(interval)
     sampler.start()
     try:
@@ -162,18 +182,9 @@ def main(argv: list[str]) -> None:
     with gzip.open(out / f"{which}_samples.json.gz", "wt") as f:  # every sample, for a timeline read afterwards
         json.dump({"marks": [(round(at - t0, 4), label) for at, label in marks],
                    "stacks": [list(k) for k, _ in sorted(sampler.stacks.items(), key=lambda kv: kv[1])],
-                   "samples": [(round(t - t0, 4), th, sid) for t, th, sid in sampler.samples]}, f)
+                   "samples": [(round(t - t0, 4), th, sid, round(w, 4)) for t, th, sid, w in sampler.samples]}, f)
     print(head)
     print(text)
-
-
-def _value(v: str):
-    for cast in (int, float):
-        try:
-            return cast(v)
-        except ValueError:
-            pass
-    return {"True": True, "False": False}.get(v, v)
 
 
 if __name__ == "__main__":

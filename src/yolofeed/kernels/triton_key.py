@@ -11,6 +11,7 @@ a thread started with the trainer's build computes it beside the build, and the 
 
 from __future__ import annotations
 
+import logging
 import threading
 
 
@@ -27,5 +28,6 @@ def _compute() -> None:
         from triton.runtime.cache import triton_key
 
         triton_key()
-    except Exception:  # noqa: BLE001 - no Triton, another release's layout, an unreadable file: the first launch
-        pass  # computes the key itself (or raises its own error where it must)
+    except Exception as e:  # noqa: BLE001 - no Triton, another release's layout, an unreadable file: the first
+        # launch computes the key itself (or raises its own error where it must)
+        logging.getLogger(__name__).debug(f"yolofeed: Triton's cache key not computed ahead ({type(e).__name__}: {e})")
