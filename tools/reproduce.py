@@ -166,6 +166,15 @@ SECTIONS = {s.name: s for s in (
           f"> /tmp/{tr}_{e}.log 2>&1; grep -m1 ': wall ' /tmp/{tr}_{e}.log || tail -20 /tmp/{tr}_{e}.log"
           for tr, e, d, t in (("stock", 1, "$OUT", 150), ("yolofeed", 1, "/tmp/profile_first", 90),
                               ("yolofeed", 2, "$OUT", 100))), NO_WEIGHTS)),
+    Section("triton-key-ab", "The whole run", "nvidia-h200", 1, 6, (
+        # Triton's cache key computed beside the trainer's build (kernels/triton_key.py): yolofeed's whole run of 2
+        # epochs (its set-up, where the key was on the longest path) as the tree in .base/src has it (A: 21a9208, the
+        # key at the first kernel launch) and as the library has it (B), A B A B
+        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
+        "exit 2; }", SYNTH_10K, PACK_10K,
+        "timeout 330 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABAB "
+        f"out=$OUT/triton_key_ab -- model=yolo11n.yaml modes=yolofeed whole_run=2 optimizer=auto {BENCH_1}",
+        NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",
