@@ -143,6 +143,34 @@ def test_loader_errors_reach_the_training_thread(pack, monkeypatch):
     assert isinstance(e.value.__cause__, OSError)  # the thread's own traceback travels with it
 
 
+def test_a_pack_another_program_writes_into_while_it_is_read_is_refused_with_its_rebuild(pack, tmp_path):
+    """Its index overwritten in place during the training (the file's size kept: no SIGBUS guard sees it): the offsets
+    read then no longer fit, and the loader says the file changed since it was opened, with the command that rebuilds
+    it (a ``PackError``, the CLI's one line), where it said ``LoaderError`` with a traceback. A failure while the file
+    is as it was opened stays a ``LoaderError``."""
+    import os
+    import shutil
+
+    from yolofeed.errors import PackError
+    from yolofeed.pack import Pack
+
+    copy = tmp_path / "train.yfpack"
+    shutil.copyfile(pack(64).path, copy)
+    os.utime(copy, ns=(10**18, 10**18))  # a modification time any write moves, however coarse the clock
+    opened = Pack.open(copy)
+    loader = TrainLoader(opened, 4, "cpu")  # the run's loader, made before the damage
+    assert not opened.changed()
+    off, nbytes = opened.header["sections"]["index"]
+    with open(copy, "r+b") as f:  # another program: every byte of the index section set to 0xFF
+        f.seek(off)
+        f.write(b"\xff" * nbytes)
+    assert opened.changed()
+    with pytest.raises(PackError, match=r"batch 1 of \d+ .*train.yfpack: the file changed since it was opened "
+                                        r"\(another program wrote into it\).*rebuild it with: yolofeed pack") as e:
+        list(loader)
+    assert e.value.__cause__ is not None  # the thread's own failure travels with it
+
+
 def test_stopping_mid_epoch_stops_the_thread(pack):
     pack64 = pack(64)
     loader = TrainLoader(pack64, 2, "cpu")

@@ -175,13 +175,19 @@ class Prefetcher:
     def _error(self, e: Exception, k: int, n: int) -> Exception:
         """What the training thread raises for a failure while loading batch ``k`` of ``n``.
 
-        A damaged pack (``PackError``: bytes that no longer decode) is the user's to fix, in one line with the
-        command that rebuilds this very pack; anything else is a ``LoaderError`` with its cause chained.
+        A damaged pack (``PackError``: bytes that no longer decode; or any failure once another program wrote into
+        the file while it was read, ``Pack.changed``: offsets that no longer fit, say) is the user's to fix, in one
+        line with the command that rebuilds this very pack; anything else is a ``LoaderError`` with its cause chained.
         """
         where = f"the loader thread stopped at batch {k + 1} of {n} of the epoch, reading {self.pack.path}"
         fix = "" if self.pack.fix in str(e) else f"; {self.pack.fix}"  # said once
-        err = (PackError(f"{where}: {e}{fix}") if isinstance(e, PackError)
-               else LoaderError(f"{where}: {type(e).__name__}: {e}"))
+        if isinstance(e, PackError):
+            err: Exception = PackError(f"{where}: {e}{fix}")
+        elif self.pack.changed():
+            err = PackError(f"{where}: the file changed since it was opened (another program wrote into it), and "
+                            f"the batch could not be read from it ({type(e).__name__}: {e}){fix}")
+        else:
+            err = LoaderError(f"{where}: {type(e).__name__}: {e}")
         err.__cause__ = e  # the traceback shows where in the thread it failed
         return err
 

@@ -74,6 +74,7 @@ class _ReadFile:
     def __init__(self, fd: int):
         self.fd = fd
         self.advise = hasattr(os, "posix_fadvise")  # not on Windows or macOS
+        self.mtime_ns = os.fstat(fd).st_mtime_ns  # as opened: a write into the file since moves it (changed)
 
     @classmethod
     def open(cls, path: Path, fix: str) -> _ReadFile:
@@ -372,6 +373,18 @@ class Pack:
     @property
     def split(self) -> str:
         return self.header["split"]
+
+    def changed(self) -> bool:
+        """Whether another program wrote into the file, or cut or grew it, since it was opened (its size or its
+        modification time moved). What a read of it then finds is the file's damage, not a fault of the reader.
+        False for a pack without its file (released) or one whose file cannot be asked."""
+        if self._file is None:
+            return False
+        try:
+            st = os.fstat(self._file.fd)
+        except OSError:
+            return False
+        return st.st_size != len(self.buffer) or st.st_mtime_ns != self._file.mtime_ns
 
     @property
     def fix(self) -> str:
