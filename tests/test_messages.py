@@ -337,7 +337,8 @@ def test_a_stop_line_is_logged_or_left_to_the_caller_that_prints_it():
 def test_a_ctrl_c_or_sigterm_during_a_stopped_trainings_clean_up_keeps_its_stop_line(synth_root, monkeypatch, capsys,
                                                                                       signal):
     """``yolofeed train`` stopped by an error, then interrupted while it closes (the signal deferred to the clean-up's
-    end replaces the error): stderr says the stop line, then that it was interrupted."""
+    end replaces the error): stderr says the stop line, with the resume, then that it was interrupted, without the
+    resume again."""
     from yolofeed import processes
     from yolofeed.errors import WriteError, say_stopped
     from yolofeed.train import run
@@ -349,13 +350,16 @@ def test_a_ctrl_c_or_sigterm_during_a_stopped_trainings_clean_up_keeps_its_stop_
             say_stopped(e, "training stopped in epoch 2 by WriteError: could not write last.pt: the disk is full. "
                            "The last epoch saved is in w/last.pt; once the cause is fixed, continue with: yolofeed "
                            "train resume=w/last.pt", logging.getLogger("never").error)
-            raise KeyboardInterrupt if signal is KeyboardInterrupt else processes.Terminated()  # noqa: B904
+            said = "the last epoch saved is in w/last.pt; continue with: yolofeed train resume=w/last.pt"
+            raise (KeyboardInterrupt(said) if signal is KeyboardInterrupt  # noqa: B904 - as train/run.py raises it
+                   else processes.Terminated(f"stopped by SIGTERM; {said}"))
 
     monkeypatch.setattr(run, "run", stopped_then_interrupted)
     assert main(["train", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}"]) in (130, 143)
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("yolofeed train: error: training stopped in epoch 2") and "resume=w/last.pt" in err[0]
-    assert len(err) == 2 and ("interrupted" in err[1] or "SIGTERM" in err[1]), err
+    assert err[1:] == ["yolofeed train: interrupted" if signal is KeyboardInterrupt
+                       else "yolofeed train: stopped by SIGTERM"], err  # the resume said once, on the line before
 
 
 def test_another_commands_training_logs_its_own_stop_line(synth_root, monkeypatch, capsys, caplog):

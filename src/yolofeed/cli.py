@@ -280,22 +280,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"yolofeed {command}: error: {stop_line(e) or e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
-        _say_stop_line(command, e)
-        print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
+        said = _say_stop_line(command, e)  # which then said it already
+        print(f"yolofeed {command}: interrupted" + (f"; {e}" if str(e) and not said else ""), file=sys.stderr)
         code = 130
     except processes.Terminated as e:  # SIGTERM where the command stops as Ctrl-C does (sigterm_exits): exit 143
-        _say_stop_line(command, e)
-        print(f"yolofeed {command}: {e.said or 'stopped by SIGTERM'}", file=sys.stderr)
+        said = _say_stop_line(command, e)
+        print(f"yolofeed {command}: {(not said and e.said) or 'stopped by SIGTERM'}", file=sys.stderr)
         code = e.code
     return code
 
 
-def _say_stop_line(command: str, e: BaseException) -> None:
+def _say_stop_line(command: str, e: BaseException) -> bool:
     """A Ctrl-C or SIGTERM that came while a training stopped by an error cleaned up replaced that error: its stop line
-    (``errors.stop_line``), said first."""
+    (``errors.stop_line``: the cause, and the checkpoint that resumes), said first; whether there was one."""
     line = stop_line(e)
     if line:
         print(f"yolofeed {command}: error: {line}", file=sys.stderr)
+    return bool(line)
 
 
 def entry() -> int:
