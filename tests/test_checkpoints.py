@@ -57,7 +57,10 @@ def test_a_write_stopped_half_way_leaves_the_old_file_whole(tmp_path, monkeypatc
 @pytest.mark.parametrize("code, meaning, fix", [
     (errno.ENOSPC, "the disk is full", "free some space, or train with project= on another disk"),
     (errno.EFBIG, "file-size limit (ulimit -f)", "raise the limit (ulimit -f unlimited)"),
-    (errno.EROFS, "the disk is read-only", "train with project= a folder you can write"),
+    (errno.EROFS, "the disk is read-only", "mount the disk read-write again, or train with project= a folder you "
+                                           "can write"),
+    (errno.EACCES, "no permission to write there", "make the run's weights folder writable again, or train with "
+                                                   "project= a folder you can write"),  # first what lets it resume
 ])
 def test_a_failed_write_a_user_can_fix_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, code, meaning, fix):
     """A full disk, a file-size limit or a read-only disk at a checkpoint: a WriteError (an OSError too) naming the

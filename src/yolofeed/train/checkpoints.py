@@ -46,9 +46,10 @@ RUN_FIXES = {  # errno -> what to do where a run's own files cannot be written
     errno.ENOSPC: "free some space, or train with project= on another disk",
     getattr(errno, "EDQUOT", errno.ENOSPC): "free some space, or train with project= on another disk",
     errno.EFBIG: "raise the limit (ulimit -f unlimited)",  # whether to resume then is the trainer's line to say
-    errno.EROFS: "train with project= a folder you can write",
-    errno.EACCES: "train with project= a folder you can write",
-    errno.EPERM: "train with project= a folder you can write",
+    # first what lets a resume go on in the same folder (a resume keeps its run's folder), then a new run's way
+    errno.EROFS: "mount the disk read-write again, or train with project= a folder you can write",
+    errno.EACCES: "make the run's weights folder writable again, or train with project= a folder you can write",
+    errno.EPERM: "make the run's weights folder writable again, or train with project= a folder you can write",
 }
 
 
