@@ -171,6 +171,17 @@ def test_a_pack_another_program_writes_into_while_it_is_read_is_refused_with_its
     assert e.value.__cause__ is not None  # the thread's own failure travels with it
 
 
+def test_a_validation_loaders_failure_says_it_was_the_validations(pack, monkeypatch):
+    import yolofeed.loader.prefetch as prefetch
+
+    def broken(*a, **k):
+        raise OSError("disk went away")
+
+    monkeypatch.setattr(prefetch, "gather", broken)
+    with pytest.raises(prefetch.LoaderError, match=r"batch 1 of \d+ of the validation, reading .*val.yfpack: OSError"):
+        list(ValLoader(pack(64, split="val"), 4, "cpu"))
+
+
 def test_stopping_mid_epoch_stops_the_thread(pack):
     pack64 = pack(64)
     loader = TrainLoader(pack64, 2, "cpu")

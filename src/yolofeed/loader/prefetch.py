@@ -179,7 +179,8 @@ class Prefetcher:
         the file while it was read, ``Pack.changed``: offsets that no longer fit, say) is the user's to fix, in one
         line with the command that rebuilds this very pack; anything else is a ``LoaderError`` with its cause chained.
         """
-        where = f"the loader thread stopped at batch {k + 1} of {n} of the epoch, reading {self.pack.path}"
+        what = "epoch" if self.pack.split == "train" else "validation"  # a val or test split's pack: a validation's
+        where = f"the loader thread stopped at batch {k + 1} of {n} of the {what}, reading {self.pack.path}"
         fix = "" if self.pack.fix in str(e) else f"; {self.pack.fix}"  # said once
         if isinstance(e, PackError):
             err: Exception = PackError(f"{where}: {e}{fix}")
