@@ -684,3 +684,33 @@ def test_bench_step_switches_reach_yolofeed_and_the_ceiling_not_stock(tmp_path):
         trainer_class("ceiling", {"channels_last": True})
     cfg = build_config("bench", ["data=x.yaml", "fast_musgd=False", "deterministic=False"])
     assert cfg.fast_musgd is False and cfg.extra == {"deterministic": False}
+
+
+def test_a_whole_run_stopped_by_yolofeeds_error_leaves_the_bench_the_cause_not_a_trains_resume():
+    """A mode's training stopped by one of yolofeed's errors (a full disk at a checkpoint): its stop line, which names
+    ``yolofeed train resume=``, is kept on the error (not logged); the bench's error line is the cause."""
+    from yolofeed.bench import whole
+    from yolofeed.errors import WriteError, say_stopped
+
+    logged = []
+
+    class Stopped:
+        def __init__(self, overrides):
+            self.callbacks = []
+
+        def save_model(self):
+            pass
+
+        def add_callback(self, event, fn):
+            self.callbacks.append(event)
+
+        def train(self):
+            e = WriteError("could not write last.pt: the disk is full")
+            say_stopped(e, "training stopped in epoch 2 by WriteError: ... continue with: yolofeed train resume=x",
+                        logged.append)
+            raise e
+
+    with pytest.raises(WriteError) as caught:
+        whole.whole_run("yolofeed", Stopped, {}, 2)
+    assert logged == [] and "yolofeed train resume" in caught.value.stopped
+    assert str(caught.value) == "could not write last.pt: the disk is full"

@@ -363,8 +363,9 @@ def test_a_ctrl_c_or_sigterm_during_a_stopped_trainings_clean_up_keeps_its_stop_
 
 
 def test_another_commands_training_logs_its_own_stop_line(synth_root, monkeypatch, capsys, caplog):
-    """``yolofeed bench`` (a training in its own process, or in-process with isolate=False): the training's stop line,
-    which names yolofeed train's resume, stays its log line; the bench's error line is the cause alone."""
+    """``yolofeed bench`` (a training in its own process, or in-process with isolate=False): its error line is the
+    cause alone, whether the training logged its stop line (which names yolofeed train's resume) or kept it on the
+    error (the whole run's, which logs none)."""
     from yolofeed.bench import run as bench_run
     from yolofeed.errors import WriteError, say_stopped
 
@@ -374,8 +375,16 @@ def test_another_commands_training_logs_its_own_stop_line(synth_root, monkeypatc
                     logging.getLogger("yolofeed-test").error)
         raise e
 
-    monkeypatch.setattr(bench_run, "run", stopped)
-    with caplog.at_level(logging.ERROR, logger="yolofeed-test"):
-        assert main(["bench", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}"]) == 1
-    assert capsys.readouterr().err.strip() == "yolofeed bench: error: could not write last.pt: the disk is full"
-    assert "continue with: yolofeed train resume" in caplog.text
+    def stopped_in_a_whole_run(config):  # bench's whole run keeps the line on the error (bench/whole.py)
+        from yolofeed.errors import caller_says_stops
+
+        with caller_says_stops():
+            stopped(config)
+
+    for run, said in ((stopped, True), (stopped_in_a_whole_run, False)):
+        monkeypatch.setattr(bench_run, "run", run)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="yolofeed-test"):
+            assert main(["bench", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}"]) == 1
+        assert capsys.readouterr().err.strip() == "yolofeed bench: error: could not write last.pt: the disk is full"
+        assert ("continue with: yolofeed train resume" in caplog.text) is said

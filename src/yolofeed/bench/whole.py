@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from yolofeed.errors import caller_says_stops
 from yolofeed.measure.progress import Progress, ultralytics_quiet
 from yolofeed.ultralytics_seam import LOGGER, validating_beside
 
@@ -135,7 +136,8 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
                           ("on_train_batch_end", on_batch_end)):
             trainer.add_callback(event, fn)  # the validator shares the trainer's callbacks
         try:
-            trainer.train()
+            with caller_says_stops():  # a mode stopped by yolofeed's error: the bench's error line says the cause,
+                trainer.train()  # not the training's stop line, whose resume (yolofeed train resume=) is no bench's
         finally:
             for name in ("train_loader", "test_loader"):
                 loader = getattr(trainer, name, None)
