@@ -714,3 +714,29 @@ def test_a_whole_run_stopped_by_yolofeeds_error_leaves_the_bench_the_cause_not_a
         whole.whole_run("yolofeed", Stopped, {}, 2)
     assert logged == [] and "yolofeed train resume" in caught.value.stopped
     assert str(caught.value) == "could not write last.pt: the disk is full"
+
+
+def test_a_profiled_run_stopped_by_yolofeeds_error_leaves_its_caller_the_cause(monkeypatch):
+    """bench's and the doctor's step profiles (measure/profile.py): a training stopped by one of yolofeed's errors
+    keeps its stop line (yolofeed train's resume) on the error instead of logging it; the command says the cause."""
+    from yolofeed.errors import PackError, say_stopped
+    from yolofeed.measure import profile
+
+    logged = []
+
+    class Stopped:
+        def __init__(self, overrides):
+            self.callbacks = {}
+
+        def add_callback(self, event, fn):
+            self.callbacks.setdefault(event, []).append(fn)
+
+    def stopped(trainer):
+        e = PackError("train.yfpack is damaged: rebuild it with: yolofeed pack ...")
+        say_stopped(e, "training stopped in epoch 1 ... continue with: yolofeed train resume=x", logged.append)
+        raise e
+
+    monkeypatch.setattr(profile, "train_until_stopped", stopped)
+    with pytest.raises(PackError) as caught:
+        profile.profile("yolofeed", Stopped, {}, steps=2, warmup=1)
+    assert logged == [] and "yolofeed train resume" in caught.value.stopped

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from yolofeed.errors import UltralyticsError
+from yolofeed.errors import UltralyticsError, caller_says_stops
 from yolofeed.measure.progress import Progress, ultralytics_quiet
 from yolofeed.measure.ranks import combine_ranks, read_rank_reports, report_and_exit
 from yolofeed.measure.result import Profile
@@ -295,7 +295,8 @@ def profile(mode: str, trainer_class: type, args: dict[str, Any], steps: int, wa
         p.attach(trainer)
         try:
             try:
-                stopped = train_until_stopped(trainer)
+                with caller_says_stops():  # stopped by yolofeed's error: the caller says the cause, without the
+                    stopped = train_until_stopped(trainer)  # training's stop line, whose resume is yolofeed train's
             except subprocess.CalledProcessError as e:  # Ultralytics' DDP launch: a rank failed
                 raise UltralyticsError(f"{mode}: a DDP rank failed (exit status {e.returncode}); its output is "
                                        "above") from None
