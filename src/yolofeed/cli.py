@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         with caller_says_stops() if command == "train" else contextlib.nullcontext():
             getattr(importlib.import_module(module), func)(config)
     except YolofeedError as e:
-        print(f"yolofeed {command}: error: {(command == 'train' and stop_line(e)) or e}", file=sys.stderr)
+        print(f"yolofeed {command}: error: {_stop_line(command, e) or e}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt as e:  # a command may say what was kept and how to go on, in the exception's words
         said = _say_stop_line(command, e)  # which then said it already
@@ -290,10 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _stop_line(command: str, e: BaseException) -> str | None:
+    """The stop line a training kept on ``e`` (``errors.stop_line``: the cause, and the checkpoint that resumes), for
+    yolofeed train only: another command's training (bench's, the doctor's) names no resume of that command's."""
+    return stop_line(e) if command == "train" else None
+
+
 def _say_stop_line(command: str, e: BaseException) -> bool:
     """A Ctrl-C or SIGTERM that came while a training stopped by an error cleaned up replaced that error: its stop line
-    (``errors.stop_line``: the cause, and the checkpoint that resumes), said first; whether there was one."""
-    line = stop_line(e) if command == "train" else None  # another command's training names no resume of its own
+    (``_stop_line``), said first; whether there was one."""
+    line = _stop_line(command, e)
     if line:
         print(f"yolofeed {command}: error: {line}", file=sys.stderr)
     return bool(line)
