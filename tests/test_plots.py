@@ -4,10 +4,12 @@ makes both."""
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -331,8 +333,6 @@ def test_a_frozen_executable_draws_every_figure_itself(tmp_path, monkeypatch):
 def test_a_stop_while_the_final_validation_waits_in_its_queue_ends_the_figure_children(tmp_path):
     """A Ctrl-C while the final validation is queued behind another in the validation thread: its job never runs,
     so the trainer's own call ends the children it handed over."""
-    from types import SimpleNamespace
-
     from yolofeed.train.plots import FigureDrawers, PlotsBeside
 
     figures = FigureDrawers(2)
@@ -380,6 +380,54 @@ def test_the_final_validations_image_grids_get_the_images_they_show_and_are_stoc
     assert (tmp_path / "ours_9.jpg").read_bytes() == (tmp_path / "stock_9.jpg").read_bytes()
     assert ours["img"].shape[0] == n == stock["img"].shape[0]  # the caller's batch keeps its images
     assert len(shown) == 4
+
+
+def test_the_train_batch_grid_is_drawn_from_the_images_it_shows_and_is_stocks(tmp_path, monkeypatch):
+    """The trainer hands Ultralytics' plot_training_samples the first images its grid shows (16 of 20 here): the same
+    train_batch jpg, byte for byte, for a float32 image and a float16 one (stock's float32 image again); the
+    trainer's batch is left as it was."""
+    import torch
+    from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.models.yolo.detect import train as detect_train
+
+    from yolofeed.train.step import SyncFreeStep
+    from yolofeed.ultralytics_seam import scaled_input, train_grid_shown
+    from yolofeed.ultralytics_seam.source import threaded_function
+
+    class Trainer(SyncFreeStep, DetectionTrainer):
+        pass
+
+    gen = torch.Generator().manual_seed(0)
+    n, boxes = 20, 60
+    pixels = torch.randint(0, 256, (n, 3, 64, 64), generator=gen, dtype=torch.uint8)
+    batch = {"img": pixels.float() / 255, "batch_idx": torch.randint(0, n, (boxes,), generator=gen).float(),
+             "cls": torch.randint(0, 3, (boxes, 1), generator=gen).float(),
+             "bboxes": torch.rand(boxes, 4, generator=gen) * 0.5 + 0.25, "im_file": [f"im{i}.jpg" for i in range(n)]}
+    drawn = []
+    grid = threaded_function(detect_train.plot_images)
+
+    @functools.wraps(grid)  # its signature, max_subplots' default among it
+    def at_once(**kw):  # not in a thread: the files can be compared once it returns
+        drawn.append(kw["labels"]["img"].shape[0])
+        return grid(**kw)
+
+    monkeypatch.setattr(detect_train, "plot_images", at_once)
+
+    def plot(trainer_class, folder, img, half=None):
+        t = object.__new__(trainer_class)
+        t.save_dir, t.on_plot, t.args = tmp_path / folder, None, SimpleNamespace(multi_scale=0.0)
+        t.save_dir.mkdir()
+        if half is not None:
+            monkeypatch.setattr(trainer_class, "step_input_dtype", lambda self: half, raising=False)
+        mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in {**batch, "img": img}.items()}
+        trainer_class.plot_training_samples(t, mine, 0)
+        assert mine["img"].shape[0] == n  # the caller's batch keeps its images
+        return (t.save_dir / "train_batch0.jpg").read_bytes()
+
+    stock = plot(DetectionTrainer, "stock", batch["img"])
+    assert plot(Trainer, "ours", batch["img"]) == stock
+    assert plot(Trainer, "ours_half", scaled_input(pixels, torch.float16), torch.float16) == stock
+    assert train_grid_shown() == 16 and drawn == [n, 16, 16]
 
 
 def test_the_image_grids_stand_in_slices_only_in_the_routed_thread():

@@ -159,7 +159,7 @@ def test_the_train_batch_plot_gets_stocks_float32_image(monkeypatch):
         assert seen[-1].dtype == torch.float32 and torch.equal(seen[-1], every.float() / 255), dtype
     stock = every.float() / 255
     t.plot_training_samples({"img": stock}, 1)
-    assert seen[-1] is stock
+    assert torch.equal(seen[-1], stock) and seen[-1].data_ptr() == stock.data_ptr()  # stock's own, not copied
     assert ((scaled_input(every, torch.float16).float() * 255).to(torch.uint8) != every).any()  # what it mends
 
 

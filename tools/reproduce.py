@@ -166,14 +166,20 @@ SECTIONS = {s.name: s for s in (
           f"> /tmp/{tr}_{e}.log 2>&1; grep -m1 ': wall ' /tmp/{tr}_{e}.log || tail -20 /tmp/{tr}_{e}.log"
           for tr, e, d, t in (("stock", 1, "$OUT", 150), ("yolofeed", 1, "/tmp/profile_first", 90),
                               ("yolofeed", 2, "$OUT", 100))), NO_WEIGHTS)),
-    Section("triton-key-ab", "The whole run", "nvidia-h200", 1, 6, (
-        # Triton's cache key computed beside the trainer's build (kernels/triton_key.py): yolofeed's whole run of 2
-        # epochs (its set-up, where the key was on the longest path) as the tree in .base/src has it (A: 21a9208, the
-        # key at the first kernel launch) and as the library has it (B), A B A B
-        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
-        "exit 2; }", SYNTH_10K, PACK_10K,
-        "timeout 330 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABAB "
-        f"out=$OUT/triton_key_ab -- model=yolo11n.yaml modes=yolofeed whole_run=2 optimizer=auto {BENCH_1}",
+    Section("first-epoch-ab", "The whole run", "nvidia-h200", 1, 9, (
+        # yolofeed's whole run of 2 epochs (its set-up and first epoch) as three trees have it, C A B C A B: C the tree
+        # in .base/c/src (21a9208: Triton's key at the first kernel launch), A the tree in .base/src (505cf8c: the key
+        # computed beside the build; the train_batch grids handed the whole batch), B the library (the grids handed
+        # the images they show); after a run that compiles the kernels. Then the library's run of 2 epochs profiled
+        "test -f .base/src/yolofeed/__init__.py -a -f .base/c/src/yolofeed/__init__.py || { echo 'carry .base: git "
+        "archive <commit> src | tar -x -C .base, and the third tree into .base/c'; exit 2; }", SYNTH_10K, PACK_10K,
+        f"timeout 120 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed whole_run=1 {BENCH_1} "
+        "out=/tmp/compile > /tmp/compile.log 2>&1; tail -2 /tmp/compile.log",
+        "timeout 330 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) base_c=.base/c/src "
+        "name_c=$(cat .base/c/name 2>/dev/null) order=CABCAB out=$OUT/first_epoch_ab -- model=yolo11n.yaml "
+        f"modes=yolofeed whole_run=2 optimizer=auto {BENCH_1}",
+        f"timeout 100 python3 -m tools.device.setup_profile trainer=yolofeed epochs=2 {BENCH_1} out=$OUT/profile "
+        "> /tmp/profile.log 2>&1; grep -m1 ': wall ' /tmp/profile.log || tail -20 /tmp/profile.log",
         NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images

@@ -67,7 +67,7 @@ from yolofeed.ultralytics_seam.data import (
     restores_in_place,
 )
 from yolofeed.ultralytics_seam.figures import MODULE as FIGURES_MODULE
-from yolofeed.ultralytics_seam.figures import figure_function, final_figures
+from yolofeed.ultralytics_seam.figures import figure_function, final_figures, train_grid_shown
 from yolofeed.ultralytics_seam.loop import (
     LATE_EVENTS,
     TRAINING_EVENTS,
@@ -245,7 +245,7 @@ from yolofeed.ultralytics_seam.version import (
 )
 
 __all__ = [  # the names other modules import from here (each defined in the module above that holds its job)
-    "FIGURES_MODULE", "figure_function", "final_figures", "first_meanwhile",
+    "FIGURES_MODULE", "figure_function", "final_figures", "first_meanwhile", "train_grid_shown",
     "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
     "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from yolofeed.ultralytics_seam.names import _detect_val_module, _metrics_module, _obb_val_module
+from yolofeed.ultralytics_seam.names import _detect_train_module, _detect_val_module, _metrics_module, _obb_val_module
 from yolofeed.ultralytics_seam.source import threaded_function
 
 # (owner's name in ultralytics.utils.metrics or "", function's name): each draws one figure to a file, takes its
@@ -88,14 +88,27 @@ def _stand_in(original: Callable[..., Any], qualname: str) -> Callable[..., Any]
     return figure
 
 
-def _grid_stand_in(original: Callable[..., Any]) -> Callable[..., Any]:
+def train_grid_shown() -> int | None:
+    """How many of a batch's images the trainers' train_batch grids show (``DetectionTrainer.plot_training_samples``
+    draws with its module's ``plot_images`` at its default ``max_subplots``; RELIED_ON), or None where that cannot be
+    read: then the grid gets the whole batch, as stock's does."""
+    return _images_shown(_detect_train_module.plot_images)
+
+
+def _images_shown(plot_images: Callable[..., Any]) -> int | None:
+    """``plot_images``' default ``max_subplots`` (the first images of a batch it draws), or None: not a plain function
+    (a partial, a callable object), or a release that draws otherwise."""
     try:  # plot_images is Ultralytics' @threaded wrapper (RELIED_ON: its function's rules)
-        parameter = inspect.signature(threaded_function(original)).parameters.get("max_subplots")
-    except (TypeError, ValueError):  # not a plain function (a partial, a callable object): drawn as it draws
+        parameter = inspect.signature(threaded_function(plot_images)).parameters.get("max_subplots")
+    except (TypeError, ValueError):
+        return None
+    return parameter.default if parameter is not None and isinstance(parameter.default, int) else None
+
+
+def _grid_stand_in(original: Callable[..., Any]) -> Callable[..., Any]:
+    shown = _images_shown(original)
+    if shown is None:  # drawn as it draws
         return original
-    if parameter is None or not isinstance(parameter.default, int):  # a release that draws otherwise: as it draws
-        return original
-    shown = parameter.default
 
     @functools.wraps(original)
     def plot_images(*args: Any, **kwargs: Any) -> Any:

@@ -11,6 +11,7 @@ from yolofeed.ultralytics_seam.version import FIX, RANGE
 
 try:  # every Ultralytics name yolofeed uses, and who uses it; a release that moved one says which, in one line
     import ultralytics.engine.validator as _validator_module  # validation_beside: the bar and timers of __call__
+    import ultralytics.models.yolo.detect.train as _detect_train_module  # figures: the train_batch grids it draws
     import ultralytics.models.yolo.detect.val as _detect_val_module  # figures: the image grids it draws
     import ultralytics.models.yolo.obb.val as _obb_val_module  # figures: the image grids it draws
     import ultralytics.utils.metrics as _metrics_module  # figures: the final validation's figures, drawn elsewhere
@@ -133,5 +134,6 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "rbox2dist", "segments2boxes", "smart_value", "strip_optimizer", "torch_distributed_zero_first", "torch_safe_load",
     "unwrap_model", "v8DetectionLoss", "v8OBBLoss", "v8PoseLoss", "v8SegmentationLoss", "xywh2xyxy", "xywhr2xyxyxyxy",
     "xyxy2xywh", "xyxyxyxy2xywhr", "yaml_model_load", "zeropower_via_newtonschulz5",
-    "_data_utils", "_detect_val_module", "_metrics_module", "_obb_val_module", "_muon", "_tqdm", "_validator_module",
+    "_data_utils", "_detect_train_module", "_detect_val_module", "_metrics_module", "_obb_val_module", "_muon", "_tqdm",
+    "_validator_module",
 ]

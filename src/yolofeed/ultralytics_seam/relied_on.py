@@ -400,6 +400,11 @@ RELIED_ON: tuple[Pinned, ...] = (
                _r("8.4.138", "8.4.163", "56c1da9a178c0d93",
                   "every prediction plotted (8.4.164: at most max_det an image); plot_images called the same way"),
            )),
+    Pinned("ultralytics.models.yolo.detect.train.DetectionTrainer.plot_training_samples", "aa42707334a79e92",
+           "yolofeed.ultralytics_seam.train_grid_shown",
+           why="calls its module's plot_images with the batch (its images in 'img') as the keyword labels and its "
+               "im_file as paths, at the default max_subplots: handed the first max_subplots images, it draws the "
+               "same grid (segment, pose and OBB trainers draw with this method)"),
     Pinned("ultralytics.utils.plotting.plot_images", "497899e80d595f51", "yolofeed.ultralytics_seam.final_figures",
            why="draws only the first min(batch, max_subplots) images, labels['img'] taking the place of images, "
                "scaled by 255 where the first image's maximum is at most 1, boxes, keypoints and masks picked by "
