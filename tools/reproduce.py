@@ -175,10 +175,10 @@ SECTIONS = {s.name: s for s in (
         "archive <commit> src | tar -x -C .base, and the third tree into .base/c'; exit 2; }", SYNTH_10K, PACK_10K,
         f"timeout 120 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed whole_run=1 {BENCH_1} "
         "out=/tmp/compile > /tmp/compile.log 2>&1; tail -2 /tmp/compile.log",
-        "timeout 330 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) base_c=.base/c/src "
-        "name_c=$(cat .base/c/name 2>/dev/null) order=CABCAB out=$OUT/first_epoch_ab -- model=yolo11n.yaml "
-        f"modes=yolofeed whole_run=2 optimizer=auto {BENCH_1}",
-        f"timeout 100 python3 -m tools.device.setup_profile trainer=yolofeed epochs=2 {BENCH_1} out=$OUT/profile "
+        "timeout 360 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) "
+        "base_c=.base/c/src name_c=$(cat .base/c/name 2>/dev/null) order=CABCAB out=$OUT/first_epoch_ab -- "
+        f"model=yolo11n.yaml modes=yolofeed whole_run=2 optimizer=auto {BENCH_1}",
+        f"timeout 80 python3 -m tools.device.setup_profile trainer=yolofeed epochs=2 {BENCH_1} out=$OUT/profile "
         "> /tmp/profile.log 2>&1; grep -m1 ': wall ' /tmp/profile.log || tail -20 /tmp/profile.log",
         NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (

@@ -10,6 +10,5 @@ imports torch and Triton only, so augment and pack both sit above it. Modules th
 
 The training step's kernels follow the same pattern: ``bn_silu`` (batch norm + SiLU, forward and backward),
 ``channel_cat`` (channel concatenations of NHWC activations) and ``bce_sum`` (the detection loss's classification
-term), each an autograd op over its ``_triton`` module. ``triton_key`` computes Triton's cache key ahead, beside the
-trainer's build.
+term), each an autograd op over its ``_triton`` module.
 """

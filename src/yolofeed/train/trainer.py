@@ -54,7 +54,6 @@ from yolofeed import processes
 from yolofeed.augment import AugmentHyp
 from yolofeed.augment.pool import PartnerPool
 from yolofeed.errors import ConfigError, DatasetError, PackError, first_line, say_stopped
-from yolofeed.kernels import triton_key
 from yolofeed.loader import TrainLoader, ValLoader
 from yolofeed.pack import codecs, open_or_build
 from yolofeed.pack.lock import FolderLock
@@ -159,8 +158,6 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             processes.end_rank_if_left_running()
         # before Ultralytics' get_cfg: a typo is one line, not its help text; a yolofeed key says where it goes
         keys.check_overrides(overrides or {}, own=options.OPTIONS, routes=options.python_route)
-        if torch.cuda.is_available():  # the cache key Triton's first kernel launch needs, hashed beside the build
-            triton_key.start()
         # the full batch's cuDNN plans, made in a thread of their own while Ultralytics builds the trainer
         self._plans: plans.Plans | None = plans.start(self, cfg or DEFAULT_CFG, overrides)
         early = self._plans
