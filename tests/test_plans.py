@@ -189,41 +189,6 @@ def test_an_early_pass_that_fails_costs_nothing_else(caplog):
     p.close()
 
 
-def test_the_thread_imports_what_init_seeds_will_before_its_pass():
-    """What torch's use_deterministic_algorithms imports (Ultralytics' init_seeds calls it in the build) is imported
-    in the thread, before its pass: in a fresh interpreter, where nothing imported it yet."""
-    import subprocess
-    import sys
-
-    code = """
-import sys, torch
-from yolofeed.train import plans, warmup
-from yolofeed.ultralytics_seam import deterministic_imports
-names = deterministic_imports()
-assert names and not any(n in sys.modules for n in names), names
-seen = []
-plans.passes = lambda *a, **k: seen.append(all(n in sys.modules for n in names))
-p = plans.Plans(torch.nn.Identity(), 2, 64, torch.device("cpu"), False)
-p.wait()
-p.close()
-print(names, seen)
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "('torch._inductor.config',) [True]", r.stdout
-
-
-def test_an_import_ahead_that_fails_leaves_the_pass_to_run(monkeypatch, caplog):
-    seen = []
-    monkeypatch.setattr(plans, "deterministic_imports", lambda: ("torch.no_such_module",))
-    monkeypatch.setattr(plans, "passes", lambda *a, **k: seen.append("pass"))
-    with caplog.at_level(logging.DEBUG, logger=LOGGER.name):
-        p = plans.Plans(torch.nn.Identity(), 2, 64, torch.device("cpu"), False)
-        p.wait()
-    p.close()
-    assert seen == ["pass"] and "No module named 'torch.no_such_module'" in caplog.text
-
-
 @pytest.mark.parametrize("release, system, given, want", [
     ((8, 4, 190), "Linux", None, True), ((8, 4, 190), "Windows", None, False), ((8, 4, 145), "Windows", None, True),
     ((8, 4, 190), "Windows", True, True), ((8, 4, 190), "Linux", False, False),

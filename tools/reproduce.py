@@ -181,18 +181,6 @@ SECTIONS = {s.name: s for s in (
         f"timeout 80 python3 -m tools.device.setup_profile trainer=yolofeed epochs=2 {BENCH_1} out=$OUT/profile "
         "> /tmp/profile.log 2>&1; grep -m1 ': wall ' /tmp/profile.log || tail -20 /tmp/profile.log",
         NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)),
-    Section("import-ahead-ab", "The whole run", "nvidia-h200", 1, 7, (
-        # what torch's use_deterministic_algorithms imports (init_seeds calls it in the build), imported by the early
-        # plans' thread before its pass (train/plans.py): yolofeed's whole run of 2 epochs as the tree in .base/src
-        # has it (A: a9f2f45, the import beside the pass) and as the library has it (B), A B A B, after a run that
-        # compiles the kernels
-        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
-        "exit 2; }", SYNTH_10K, PACK_10K,
-        f"timeout 120 python3 -m yolofeed bench model=yolo11n.yaml modes=yolofeed whole_run=1 {BENCH_1} "
-        "out=/tmp/compile > /tmp/compile.log 2>&1; tail -2 /tmp/compile.log",
-        "timeout 300 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABAB "
-        f"out=$OUT/import_ahead_ab -- model=yolo11n.yaml modes=yolofeed whole_run=2 optimizer=auto {BENCH_1}",
-        NO_WEIGHTS, WHOLE_SUMMARY, KEEP_REPORTS)),
     Section("end-profile", "The whole run", "nvidia-h100-x1", 1, 4, (
         # the final validation's parts, yolofeed's then stock's, each training 2 epochs of 2,000 images
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",

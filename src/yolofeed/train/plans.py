@@ -18,13 +18,6 @@ Where the graph will not be captured ahead (``graphed_step`` off, DDP, gradient 
 in the training thread, which needs the forward's plans itself: the warm-up waits for the early pass (its backward
 plans serve) and goes on as before.
 
-Before its pass the thread imports what torch's ``use_deterministic_algorithms`` imports on its first call
-(``seam.deterministic_imports``: ``torch._inductor.config``, with ``_dynamo`` and sympy), which Ultralytics'
-``init_seeds`` calls in the build: 2-4 s where Python compiles them from source, most of the build. Imported beside
-the pass, that import took half as long again (the pass's thread asks for the interpreter at every torch call, and
-gets it: ``processes.switched_often``); here the build finds it imported, or waits for this import to end, and the
-pass runs after it.
-
 Nothing of the early pass is kept: its model is a throwaway with its own weights, and cuDNN's flags are set to what
 Ultralytics' ``init_seeds`` sets a moment later (``seam.deterministic_ahead``), since a plan is made for one setting of
 them. A pass that fails (out of memory, a layer the early model lacks) is said at debug level and costs nothing else.
@@ -35,7 +28,6 @@ whose build fails sets back what was set ahead.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import time
 import weakref
@@ -57,7 +49,6 @@ from yolofeed.ultralytics_seam import (
     args_ahead,
     autocast_asked,
     deterministic_ahead,
-    deterministic_imports,
     model_ahead,
     one_gpu_asked,
     train_side,
@@ -90,11 +81,6 @@ class Plans:
 
     def _early(self, model: nn.Module, batch: int, imgsz: int, amp: bool | torch.dtype) -> None:
         start = time.perf_counter()
-        try:  # first, alone (see the module's doc); one that fails fails again in init_seeds, which says so there
-            for name in deterministic_imports():
-                importlib.import_module(name)
-        except Exception as e:
-            LOGGER.debug(f"yolofeed: {first_line(e)} (importing what init_seeds will)")
         try:
             with processes.switched_often():  # beside the trainer's build, busy in Python (imports, checks)
                 passes(model.to(self.device).train(), [batch], imgsz, self.device, amp)

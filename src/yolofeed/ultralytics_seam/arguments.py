@@ -105,16 +105,6 @@ def deterministic_ahead(deterministic: bool, seed: int) -> Callable[[], None]:
     return undo
 
 
-def deterministic_imports() -> tuple[str, ...]:
-    """The modules torch's ``use_deterministic_algorithms`` imports as it runs (``torch._inductor.config``, and with
-    it ``_dynamo`` and sympy), which Ultralytics' ``init_seeds`` calls in the trainer's build under either setting of
-    ``deterministic`` (RELIED_ON: init_seeds, unset_deterministic); () for a torch whose function imports none."""
-    import torch
-
-    code = getattr(torch.use_deterministic_algorithms, "__code__", None)
-    return tuple(name for name in (code.co_names if code is not None else ()) if name.startswith("torch."))
-
-
 def one_gpu_asked(device: Any) -> int | None:
     """The CUDA device index the run will train on where ``device`` names one (``0``, ``"0"``, ``"cuda:1"``; none:
     the current one, as Ultralytics' default), as ``parse_device`` and ``select_device`` read it; None for anything
