@@ -382,10 +382,37 @@ def test_the_final_validations_image_grids_get_the_images_they_show_and_are_stoc
     assert len(shown) == 4
 
 
-def test_the_train_batch_grid_is_drawn_from_the_images_it_shows_and_is_stocks(tmp_path, monkeypatch):
+def _train_batch(kind: str, n: int = 20, size: int = 64) -> dict:
+    """A batch of ``n`` images as the trainers plot it: boxes, with each image's masks overlapped in one (a
+    segmentation's ``overlap_mask``) or keypoints (a pose's)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 4, (n,), generator=gen)
+    batch_idx = torch.repeat_interleave(torch.arange(n), counts).float()
+    m = batch_idx.numel()
+    batch = {"img": torch.randint(0, 256, (n, 3, size, size), generator=gen, dtype=torch.uint8).float() / 255,
+             "batch_idx": batch_idx, "cls": torch.randint(0, 3, (m, 1), generator=gen).float(),
+             "bboxes": torch.rand(m, 4, generator=gen) * 0.4 + 0.3, "im_file": [f"im{i}.jpg" for i in range(n)]}
+    if kind == "masks":  # one mask image a batch image, its instances numbered 1..k
+        masks = torch.zeros(n, size // 4, size // 4)
+        for i, k in enumerate(counts.tolist()):
+            for j in range(k):
+                y, x = torch.randint(0, size // 4 - 6, (2,), generator=gen).tolist()
+                masks[i, y:y + 6, x:x + 6] = j + 1
+        batch["masks"] = masks
+    if kind == "keypoints":
+        keypoints = torch.rand(m, 17, 3, generator=gen)
+        keypoints[..., 2] = (keypoints[..., 2] > 0.3).float()
+        batch["keypoints"] = keypoints
+    return batch
+
+
+@pytest.mark.parametrize("kind", ["boxes", "masks", "keypoints"])
+def test_the_train_batch_grid_is_drawn_from_the_images_it_shows_and_is_stocks(kind, tmp_path, monkeypatch):
     """The trainer hands Ultralytics' plot_training_samples the first images its grid shows (16 of 20 here): the same
-    train_batch jpg, byte for byte, for a float32 image and a float16 one (stock's float32 image again); the
-    trainer's batch is left as it was."""
+    train_batch jpg, byte for byte, for a float32 image and a float16 one (stock's float32 image again), its boxes,
+    masks and keypoints picked by image index; the trainer's batch keeps its 20 images."""
     import torch
     from ultralytics.models.yolo.detect import DetectionTrainer
     from ultralytics.models.yolo.detect import train as detect_train
@@ -397,13 +424,8 @@ def test_the_train_batch_grid_is_drawn_from_the_images_it_shows_and_is_stocks(tm
     class Trainer(SyncFreeStep, DetectionTrainer):
         pass
 
-    gen = torch.Generator().manual_seed(0)
-    n, boxes = 20, 60
-    pixels = torch.randint(0, 256, (n, 3, 64, 64), generator=gen, dtype=torch.uint8)
-    batch = {"img": pixels.float() / 255, "batch_idx": torch.randint(0, n, (boxes,), generator=gen).float(),
-             "cls": torch.randint(0, 3, (boxes, 1), generator=gen).float(),
-             "bboxes": torch.rand(boxes, 4, generator=gen) * 0.5 + 0.25, "im_file": [f"im{i}.jpg" for i in range(n)]}
-    drawn = []
+    batch, drawn = _train_batch(kind), []
+    n = batch["img"].shape[0]
     grid = threaded_function(detect_train.plot_images)
 
     @functools.wraps(grid)  # its signature, max_subplots' default among it
@@ -413,12 +435,10 @@ def test_the_train_batch_grid_is_drawn_from_the_images_it_shows_and_is_stocks(tm
 
     monkeypatch.setattr(detect_train, "plot_images", at_once)
 
-    def plot(trainer_class, folder, img, half=None):
+    def plot(trainer_class, folder, img):
         t = object.__new__(trainer_class)
-        t.save_dir, t.on_plot, t.args = tmp_path / folder, None, SimpleNamespace(multi_scale=0.0)
+        t.save_dir, t.on_plot = tmp_path / folder, None
         t.save_dir.mkdir()
-        if half is not None:
-            monkeypatch.setattr(trainer_class, "step_input_dtype", lambda self: half, raising=False)
         mine = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in {**batch, "img": img}.items()}
         trainer_class.plot_training_samples(t, mine, 0)
         assert mine["img"].shape[0] == n  # the caller's batch keeps its images
@@ -426,7 +446,8 @@ def test_the_train_batch_grid_is_drawn_from_the_images_it_shows_and_is_stocks(tm
 
     stock = plot(DetectionTrainer, "stock", batch["img"])
     assert plot(Trainer, "ours", batch["img"]) == stock
-    assert plot(Trainer, "ours_half", scaled_input(pixels, torch.float16), torch.float16) == stock
+    half = scaled_input((batch["img"] * 255).round().to(torch.uint8), torch.float16)
+    assert plot(Trainer, "ours_half", half) == stock
     assert train_grid_shown() == 16 and drawn == [n, 16, 16]
 
 

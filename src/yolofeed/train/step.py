@@ -162,8 +162,8 @@ class SyncFreeStep:
         """Ultralytics' train_batch grid, drawn from the images it shows: the first ``seam.train_grid_shown()`` (16)
         of the batch. ``plot_images`` copies the whole batch it gets to the host as float32 and multiplies it by 255
         before drawing its first 16: for a batch of 128 at 640, 630 MB copied from the GPU and 1.26 GB written on the
-        host, three times in the first epoch, beside its training. The same grid (tests/test_plots.py): its boxes are
-        picked by image index, its file names by position.
+        host, three times in the first epoch, beside its training. The same grid (tests/test_plots.py): its boxes,
+        masks (per image with ``overlap_mask``) and keypoints are picked by image index, its file names by position.
 
         A ``half_input`` image is handed over as stock's float32 ``img / 255``. ``plot_images`` truncates
         ``img * 255`` to uint8, and float16's ``k / 255`` times 255 falls below k for 131 of the 256 levels: the plot

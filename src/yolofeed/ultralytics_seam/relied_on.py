@@ -404,7 +404,8 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.ultralytics_seam.train_grid_shown",
            why="calls its module's plot_images with the batch (its images in 'img') as the keyword labels and its "
                "im_file as paths, at the default max_subplots: handed the first max_subplots images, it draws the "
-               "same grid (segment, pose and OBB trainers draw with this method)"),
+               "same grid (segment, pose and OBB trainers draw with this method; classification's own builds "
+               "batch_idx from the images it gets, which yolofeed does not train)"),
     Pinned("ultralytics.utils.plotting.plot_images", "497899e80d595f51", "yolofeed.ultralytics_seam.final_figures",
            why="draws only the first min(batch, max_subplots) images, labels['img'] taking the place of images, "
                "scaled by 255 where the first image's maximum is at most 1, boxes, keypoints and masks picked by "

@@ -52,7 +52,8 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
                                                "(train/plots.py), joined at on_pretrain_routine_end"),
     (DetectionTrainer, "plot_metrics", "yolofeed waits there for results.png, drawn beside the final validation by "
                                        "plot_results (train/plots.py), or draws it as stock"),
-    (DetectionTrainer, "plot_training_samples", "half_input hands it stock's float32 image of the batch"),
+    (DetectionTrainer, "plot_training_samples", "yolofeed hands it the first train_grid_shown() images of the batch "
+                                                "(half_input's as stock's float32 image)"),
     (DetectionModel, "init_criterion", "the sync-free step wraps the criterion it makes"),
     (DetectionModel, "predict", "the graphed step overrides it (train/graphed.py) and calls it"),
     (Conv, "forward", "FusedConv overrides it (train/graphed.py) and calls it"),
