@@ -12,7 +12,9 @@ Three levels:
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
+import re
 from unittest import mock
 
 import numpy as np
@@ -326,16 +328,25 @@ def test_batches_are_composed_as_ultralytics_composes_them(composition_data):
 
 
 @pytest.mark.parametrize("option, keep", [("auto", 63), (10, 9), ("10", 9), (0, None)])
-def test_partner_pool_option(option, keep):
-    """auto sizes the pool as Ultralytics' buffer (400 images, batch 8: min(400, 64, 1000)); 0 switches it off."""
+def test_partner_pool_option(option, keep, caplog):
+    """auto sizes the pool as Ultralytics' buffer (400 images, batch 8: min(400, 64, 1000)); 0 switches it off. Its
+    line says the memory it holds, and the GPU's only on a GPU."""
     from types import SimpleNamespace
 
     from yolofeed.train.trainer import FastDetectionTrainer
+    from yolofeed.ultralytics_seam import LOGGER
 
-    pool = FastDetectionTrainer._partner_pool(SimpleNamespace(partner_pool=option), 400, 8, 64)
-    assert (pool.keep if pool is not None else None) == keep
-    if pool is not None:
-        assert pool.max_batch == 9  # the sampler's last batch may hold one image more
+    for device in ("cpu", "cuda"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=LOGGER.name):
+            pool = FastDetectionTrainer._partner_pool(
+                SimpleNamespace(partner_pool=option, device=torch.device(device)), 400, 8, 64)
+        assert (pool.keep if pool is not None else None) == keep
+        if pool is not None:
+            assert pool.max_batch == 9  # the sampler's last batch may hold one image more
+            said = re.search(r"\((\d[\d.,]* (?:GB|MB|KB)) of (GPU )?memory; partner_pool=N for fewer\)", caplog.text)
+            assert said and bool(said.group(2)) == (device == "cuda") and not said.group(1).startswith("0.00"), \
+                caplog.text
 
 
 @pytest.mark.parametrize("bad", ["abc", "-1", "1.5", "\u00b2", -3, 2.5, True])

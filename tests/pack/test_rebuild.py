@@ -120,7 +120,9 @@ def test_a_stale_pack_names_what_changed(dataset, caplog, monkeypatch):
     monkeypatch.setattr(source.SplitSource, "stats", counted)
     with caplog.at_level(logging.INFO):
         assert ensure_split(yaml_file, "train", 64, rebuild="auto", workers=1, progress=False).built
-    assert "1 image added" in caplog.text and "Rebuilding" in caplog.text
+    assert "1 image added" in caplog.text and "rebuilding it" in caplog.text
+    rebuilt = next(r.getMessage() for r in caplog.records if "rebuilding it" in r.getMessage())
+    assert "rebuild it with" not in rebuilt and rebuilt.endswith("train_000003.jpg); rebuilding it")  # no command
     assert len(calls) == 2  # one stat of every file for the look at the pack (and its message), one for the build
     monkeypatch.undo()
 
@@ -157,7 +159,7 @@ def test_a_malformed_header_is_rebuilt_not_a_key_error(dataset, caplog):
         open_or_build(dataset / "data.yaml", "train", 64, rebuild="never")
     with caplog.at_level(logging.INFO):
         r = ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False)
-    assert r.built and r.pack.split == "train" and "Rebuilding" in caplog.text
+    assert r.built and r.pack.split == "train" and "rebuilding it" in caplog.text
 
 
 def test_a_pack_from_a_newer_yolofeed_is_named_before_it_is_rebuilt(dataset, caplog):
@@ -175,7 +177,7 @@ def test_a_pack_from_a_newer_yolofeed_is_named_before_it_is_rebuilt(dataset, cap
     with caplog.at_level(logging.INFO):
         assert ensure_split(dataset / "data.yaml", "train", 64, rebuild="auto", workers=1, progress=False).built
     newer = [r for r in caplog.records if "newer yolofeed" in r.getMessage()]
-    assert newer and newer[0].levelno == logging.WARNING and "Rebuilding" in newer[0].getMessage()
+    assert newer and newer[0].levelno == logging.WARNING and "rebuilding it" in newer[0].getMessage()
 
 
 # -- a label file edited behind the fingerprint's back -----------------------------------------------------------------
@@ -281,7 +283,35 @@ def test_first_use_build_says_which_images_were_skipped_and_why(dataset, caplog)
     with caplog.at_level(logging.WARNING):
         _build(dataset)  # reused: still said, in one line, as Ultralytics repeats its cache's warnings
     assert "1 image(s) were skipped when it was built (1x empty file (0 bytes)" in caplog.text
-    assert "train.report.txt" in caplog.text
+    assert "train.report.txt" in caplog.text and "more" not in caplog.text
+
+
+def test_a_reused_packs_reminder_names_three_reasons_and_counts_the_rest(dataset, caplog):
+    """Six images skipped for five reasons: the commonest three named, the other two images counted, not dropped."""
+    train = dataset / "images" / "train"
+    for name in ("zero.jpg", "zero2.jpg"):
+        (train / name).write_bytes(b"")
+    for name, text in (("a", "0 0.5 0.5 0.2\n0 0.5 0.5 0.2 0.2\n"), ("b", "word 0.5 0.5 0.2 0.2\n"),
+                       ("c", "0 0.5 0.5 2 0.2\n"), ("d", "99 0.5 0.5 0.2 0.2\n")):
+        shutil.copy(next(train.glob("*.jpg")), train / f"{name}.jpg")
+        (dataset / "labels" / "train" / f"{name}.txt").write_text(text)
+    _build(dataset)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _build(dataset)
+    said = next(r.getMessage() for r in caplog.records if "skipped when it was built" in r.getMessage())
+    assert said.startswith("pack train: 6 image(s) were skipped when it was built (2x empty file (0 bytes)")
+    assert said.count("x ") >= 3 and "; and 2 more); full list: " in said, said
+
+
+def test_a_refused_packs_message_said_before_its_rebuild_drops_the_command():
+    from yolofeed.pack.rebuild import without_fix
+
+    fix = "rebuild it with: yolofeed pack data=d.yaml imgsz=64 rebuild=always"
+    assert without_fix(f"p is stale: 1 image added; {fix}", fix) == "p is stale: 1 image added"
+    assert without_fix(f"p was built by yolofeed 9: {fix}", fix) == "p was built by yolofeed 9"
+    assert without_fix(f"p is damaged (x again), or {fix}", fix) == "p is damaged (x again)"
+    assert without_fix("p is stale: another imgsz", fix) == "p is stale: another imgsz"
 
 
 def test_no_labels_folder_warns_at_pack_time_and_training_refuses(dataset, tmp_path, caplog):

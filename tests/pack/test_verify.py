@@ -287,6 +287,24 @@ def _case(tmp_path: Path, text: str | None) -> tuple[Path, tuple]:
     return lb, _ultralytics_verify(im, lb, 8, (0, 0), False)
 
 
+@pytest.mark.parametrize("text, says", [
+    ("1 0.5 0.5 0.2\n0 0.5 0.5 0.2 0.2\n", r"row 1 \('1 0\.5 0\.5 0\.2'\) has 4 values where its other box rows "
+                                            r"have 5 \(class x y w h\); fix or remove that row"),
+    ("0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2 0.3\n", r"row 2 \('0 0\.5 0\.5 0\.2 0\.2 0\.3'\) has 6 values"),
+    ("0 0.5 0.5 0.2 0.2\nfoo 0.5 0.5 0.2 0.2\n", r"row 2 \('foo 0\.5 0\.5 0\.2 0\.2'\) holds 'foo', which is not "
+                                                   r"a number: YOLO rows are numbers \(class x y w h\)"),
+])
+def test_a_row_numpy_cannot_read_is_named_with_why(tmp_path, text, says):
+    """A row of another length among box rows, or a word that is not a number: the file, the row, its text and why,
+    where numpy's own reason ('inhomogeneous shape after 1 dimensions') said none of them."""
+
+    lb = tmp_path / "a.txt"
+    lb.write_text(text)
+    with pytest.raises(SampleError, match=says) as e:
+        read_labels(str(lb), 3)
+    assert str(e.value).startswith(f"{lb} row ") and "inhomogeneous" not in str(e.value)
+
+
 @pytest.mark.parametrize("dims", [3, 2])
 @pytest.mark.parametrize("case", list(POSE_CASES))
 def test_pose_rows_are_checked_as_ultralytics_checks_them(tmp_path, case, dims):
@@ -329,7 +347,6 @@ def test_the_pose_cases_cover_what_they_say():
 def test_a_box_task_on_a_pose_yaml_keeps_the_boxes_of_pose_rows(tmp_path):
     """Detection training on a pose dataset: Ultralytics drops the keypoints of rows of exactly 5 + K x D columns and
     reads every other row as before (a segment stays a segment); yolofeed read such rows as polygons."""
-    from yolofeed.pack.verify import read_labels
 
     im = tmp_path / "a.jpg"
     im.write_bytes(BAD_CASES["plain.png"][0])
@@ -523,7 +540,7 @@ def test_a_reason_quoting_a_binary_file_is_shortened(tmp_path):
     with pytest.raises(SampleError) as e:
         read_labels(str(lb), 8)
     message = str(e.value)
-    assert len(message) <= SampleError.LIMIT and message.startswith(str(lb)) and message.endswith("fix the file")
+    assert len(message) <= SampleError.LIMIT and message.startswith(str(lb)) and message.endswith("that row")
 
 
 def test_a_label_file_that_cannot_be_read_says_so_not_that_it_must_be_text(tmp_path, monkeypatch):

@@ -49,6 +49,7 @@ from yolofeed.ultralytics_seam import LABEL_RULES
 LOGGER = logging.getLogger(__name__)
 
 REBUILDS = ("never", "auto", "check", "always")
+SKIP_REASONS_SAID = 3  # the commonest reasons a reused pack's reminder of its skipped images names; the rest counted
 
 
 def _label_crcs(label_files: tuple[str, ...]) -> np.ndarray:
@@ -195,6 +196,19 @@ def _expected(src: SplitSource, imgsz: int, format: str, stats: np.ndarray) -> d
             "fingerprint": src.fingerprint(stats),
             "label_rules": LABEL_RULES.since,  # a pack checked under another release's label rules is stale
             **({"detect_polygons": DETECT_POLYGONS} if src.task == "detect" else {})}
+
+
+def without_fix(message: str, fix: str) -> str:
+    """A refused pack's message without its ``fix`` (the rebuild command) and the words that lead to it: said where
+    the rebuild is already under way."""
+    at = message.rfind(fix)
+    if at < 0:
+        return message
+    head = message[:at].rstrip()
+    for lead in (", or", " or", ";", ":", ","):
+        if head.endswith(lead):
+            return head[:-len(lead)].rstrip()
+    return head
 
 
 def _existing(folders: list[Path], name: str, src: SplitSource, imgsz: int, format: str, fix: str, rebuild: str,
@@ -352,10 +366,11 @@ def ensure_split(data: str | os.PathLike | dict, split: str = "train", imgsz: in
                         f"({_taken_by(every[0], d['yaml_file'])}); this one's go to {folder}")
         files.check_replaceable(folder / name, is_pack_file, f"the {split} pack")  # before saying "Rebuilding"
         for e in errors:  # a newer yolofeed's pack is worth a warning: that yolofeed will rebuild it in turn
+            said = f"pack: {without_fix(str(e), fix)}; rebuilding it"
             if isinstance(e, NewerPackError):
-                LOGGER.warning(f"WARNING pack: {e}. Rebuilding.")
+                LOGGER.warning(f"WARNING {said}")
             else:
-                LOGGER.info(f"pack: {e}. Rebuilding.")
+                LOGGER.info(said)
         if old_layout(out, name):
             LOGGER.info(f"pack: building the {split} pack in {folder}{old_layout(out, name)}")
         with locked(folder):
@@ -406,7 +421,10 @@ def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: i
     if r.built:
         (LOGGER.warning if skipped else LOGGER.info)(summary(r))
     elif skipped:
-        top = "; ".join(f"{c}x {why}" for why, c in Counter(why for _, why in skipped).most_common(2))
-        LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}); "
+        reasons = Counter(why for _, why in skipped).most_common()
+        top = "; ".join(f"{c}x {why}" for why, c in reasons[:SKIP_REASONS_SAID])
+        rest = sum(c for _, c in reasons[SKIP_REASONS_SAID:])
+        more = f"; and {rest} more" if rest else ""
+        LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}{more}); "
                        f"full list: {report_path(r.pack.path)}")
     return r.pack

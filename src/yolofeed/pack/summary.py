@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from yolofeed.pack.layout import printable
 from yolofeed.pack.report import report_path
+from yolofeed.pack.space import gb
 from yolofeed.pack.store import Pack
 
 
@@ -26,7 +27,7 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
     c = h["counts"]
     size = p.path.stat().st_size
     lines = [f"pack {p.split}: {c['images']:,} images, {c['boxes']:,} boxes, {c['skipped']} skipped, "
-             f"{size / 1e9:.2f} GB ({p.format}, imgsz {p.imgsz})"]
+             f"{gb(size)} ({p.format}, imgsz {p.imgsz})"]
     if result.built:
         rate = c["tried"] / max(result.seconds, 1e-9)
         synced = ", synced to disk" if h["build"].get("sync") else ""

@@ -297,6 +297,42 @@ def read_detect_labels(lb_file: str, nc: int, rules: LabelRules = LABEL_RULES,
     return lb, [np.ascontiguousarray(p, np.float32) for p in segments], notes
 
 
+def _rows_problem(rows: list[list[str]], lb_file: str) -> str | None:
+    """Which row of a label file numpy could not read, and why: the first with a value that is not a number, else the
+    first box row whose count of values is not 5 among rows of 5; None where neither (the caller says numpy's
+    reason). A row is the file's k-th row that holds anything."""
+    for k, row in enumerate(rows, 1):
+        bad = next((v for v in row if not _number(v)), None)
+        if bad is not None:
+            return (f"{lb_file} row {k} ('{_shown(row)}') holds {_word(bad)!r}, which is not a number: YOLO rows are "
+                    "numbers (class x y w h); fix or remove that row")
+    odd = next(((k, r) for k, r in enumerate(rows, 1) if len(r) != 5), None)
+    if odd is not None and any(len(r) == 5 for r in rows) and not any(len(r) > 6 for r in rows):
+        k, row = odd
+        if not row:  # a blank line, which this release reads as a row
+            return f"{lb_file} row {k} is blank among its box rows (class x y w h); remove that line"
+        return (f"{lb_file} row {k} ('{_shown(row)}') has {len(row)} values where its other box rows have 5 "
+                "(class x y w h); fix or remove that row")
+    return None
+
+
+def _number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _shown(row: list[str]) -> str:
+    """A row as a message quotes it: its first 6 words, each of 20 characters at most."""
+    return " ".join(_word(w) for w in row[:6]) + (" ..." if len(row) > 6 else "")
+
+
+def _word(word: str, most: int = 20) -> str:
+    return word if len(word) <= most else word[:most] + "..."
+
+
 def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
               rules: LabelRules = LABEL_RULES) -> tuple[np.ndarray, list[np.ndarray], list[str]]:
     """``verify_image_label``'s rows without keypoints: box rows, or segment rows as their boxes (``read_labels``).
@@ -322,7 +358,8 @@ def _box_rows(rows: list[list[str]], lb_file: str, nc: int,
             segments = []
             lb = np.array(rows, dtype=np.float32)
     except (ValueError, IndexError) as e:  # ragged rows, non-numeric text (a BOM too), odd polygon length, no value
-        raise SampleError(f"{lb_file} is not numeric YOLO rows of 'class x y w h' ({e}); fix the file") from None
+        raise SampleError(_rows_problem(rows, lb_file)
+                          or f"{lb_file} is not numeric YOLO rows of 'class x y w h' ({e}); fix the file") from None
     if not len(lb):
         return np.zeros((0, 5), np.float32), [], ["label file empty: used as a background image"]
     if lb.ndim != 2 or lb.shape[1] != 5:

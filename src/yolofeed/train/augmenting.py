@@ -15,6 +15,7 @@ import torch
 
 from yolofeed.augment import GpuAugment
 from yolofeed.augment.pool import PartnerPool, ultralytics_capacity
+from yolofeed.pack.space import gb
 from yolofeed.train import options
 from yolofeed.train.bounds import sources
 from yolofeed.ultralytics_seam import LOGGER, RANK, start_epoch, world_size
@@ -37,10 +38,10 @@ class Augmenting:
             return None
         pool = PartnerPool(size, batch_size + 1)  # the sampler's last batch may hold one image more
         if RANK in (-1, 0):
-            gb = pool.nbytes(imgsz, labels, polygon_points) / 1e9
+            held = gb(pool.nbytes(imgsz, labels, polygon_points))
             how = f"partner_pool={size}" if given else "as Ultralytics' buffer"
             LOGGER.info(f"yolofeed: mosaic/MixUp/CutMix partners from the last {pool.keep} images loaded, {how} "
-                        f"({gb:.2f} GB of GPU memory; partner_pool=N for fewer)")
+                        f"({held} of {'GPU ' if self.device.type == 'cuda' else ''}memory; partner_pool=N for fewer)")
         return pool
 
     def _new_augment(self) -> GpuAugment:
@@ -120,6 +121,6 @@ class Augmenting:
 
     def _close_dataloader_mosaic(self):
         """Ultralytics' close_mosaic: mosaic, mixup, cutmix and copy_paste off for the last epochs."""
-        LOGGER.info("yolofeed: closing mosaic (GPU augmentation)")
+        LOGGER.info(f"yolofeed: closing mosaic (yolofeed's augmentation on {self.device.type})")
         self.hyp = self.hyp.closed()
         self._augment = None
