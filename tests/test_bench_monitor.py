@@ -594,6 +594,23 @@ def test_the_title_names_the_batch_autobatch_picked():
     assert ", batch=-1 (AutoBatch: 96/112), " in bench_title(BenchConfig(batch=-1), [{"batch": 96}, {"batch": 112}])
 
 
+def test_the_title_says_where_it_was_measured(monkeypatch):
+    """A chart shared alone says its device: the CPU, or the GPU by name (found by a first-hour tester: a CPU bench's
+    chart did not say so)."""
+    from yolofeed.bench.run import bench_title
+    from yolofeed.config import BenchConfig
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert bench_title(BenchConfig(), [{"device": "cpu"}, {"device": "cpu"}]).endswith(", on cpu")
+    gpus = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert bench_title(BenchConfig(), [{"device": "cuda:1"}], gpus).endswith(", on NVIDIA H200")
+    assert bench_title(BenchConfig(), [{"device": "cpu"}, {"device": "cuda:0"}], gpus).endswith(
+        ", on cpu / NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert bench_title(BenchConfig(), [{"device": "cuda:0"}], gpus).endswith(", on cuda:0")
+    assert ", on " not in bench_title(BenchConfig(), [{"batch": 16}])
+
+
 def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
     from yolofeed.bench.run import heavy_optimizer
 

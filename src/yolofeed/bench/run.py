@@ -353,8 +353,9 @@ def plot(results: list[dict], path: Path, title: str) -> None:
     save_figure(fig, path)
 
 
-def bench_title(cfg: BenchConfig, results: list[dict]) -> str:
-    """What was measured: model, batch, imgsz, steps or epochs, the step's switches. ``batch=`` below 1 (AutoBatch:
+def bench_title(cfg: BenchConfig, results: list[dict], gpus: list[str] | None = None) -> str:
+    """What was measured: model, batch, imgsz, steps or epochs, the step's switches, and where (the device each mode
+    trained on: a CUDA one by its GPU's name, from ``gpus``, NVML's names by index). ``batch=`` below 1 (AutoBatch:
     a share of the GPU's memory, or 16 on the CPU) is shown with the batch each mode trained at."""
     batch = f"batch {cfg.batch}"
     if not (isinstance(cfg.batch, int) and cfg.batch >= 1):
@@ -362,7 +363,19 @@ def bench_title(cfg: BenchConfig, results: list[dict]) -> str:
         batch = f"batch={cfg.batch} (AutoBatch: {'/'.join(used) or '?'})"
     title = f"{cfg.model}, {batch}, imgsz {cfg.imgsz}, " + (
         f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up")
-    return title + "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not its default
+    title += "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not its default
+    devices = list(dict.fromkeys(_device_name(str(r["device"]), gpus or []) for r in results if r.get("device")))
+    return title + (f", on {' / '.join(devices)}" if devices else "")
+
+
+def _device_name(device: str, gpus: list[str]) -> str:
+    """``cuda:i`` as NVML names GPU i where it can (the index is torch's, which NVML's order matches unless
+    CUDA_VISIBLE_DEVICES reorders them: then the device as torch names it); else the device as torch names it."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return device
+    i = int(index) if index.isdigit() else 0
+    return gpus[i] if i < len(gpus) else device
 
 
 def run(cfg: BenchConfig) -> dict:
@@ -437,7 +450,7 @@ def run(cfg: BenchConfig) -> dict:
             notes = warm_modes(results, own or ranks) if cfg.whole_run else (
                 slower_than_stock(results) + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
                 + warm_modes(results, own or ranks))
-            title = bench_title(cfg, results)
+            title = bench_title(cfg, results, about.get("gpus"))
             report = {"config": asdict(cfg), "environment": about, "results": results, "title": title, "notes": notes}
             try:  # after each mode: an interrupted bench keeps what it measured
                 write_atomically(out / "bench.json", json.dumps(report, indent=1).encode())
