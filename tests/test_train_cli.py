@@ -59,7 +59,11 @@ def test_resume_without_a_checkpoint_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a bare resume looks for the newest last.pt here, as yolo train does
     for argv, words in ((["resume"], "no last.pt under"),
                         ([f"resume={tmp_path}/nope.pt"], "no checkpoint at"),
-                        ([f"model={tmp_path}/nope.pt", "resume"], "no checkpoint at")):
+                        ([f"model={tmp_path}/nope.pt", "resume"], "no checkpoint at"),
+                        # stock starts a new run with a warning; here one line with the two ways to resume
+                        (["model=yolo11n.yaml", "resume"], r"model=yolo11n\.yaml is a model to build, not a "
+                                                           r"checkpoint to continue; pass model=<run>/weights/last\.pt "
+                                                           r"resume, or a bare 'resume' without model=")):
         with pytest.raises(ConfigError, match=words):
             resume_checkpoint(build_config("train", argv))
     with pytest.raises(ConfigError, match="not key=value"):

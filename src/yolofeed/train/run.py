@@ -37,6 +37,10 @@ def resume_checkpoint(cfg: TrainConfig) -> str | None:
                               "one there, as yolo train does); pass resume=path/to/last.pt, or model=path/to/last.pt "
                               "resume")
         print(f"yolofeed train: resuming the newest checkpoint under this folder, {path}", flush=True)
+    if str(value).lower() == "true" and Path(str(path)).suffix.lower() in (".yaml", ".yml"):
+        raise ConfigError(f"resume: model={path} is a model to build, not a checkpoint to continue; pass "
+                          "model=<run>/weights/last.pt resume, or a bare 'resume' without model= for the newest "
+                          "last.pt under this folder")
     if not Path(path).is_file():
         raise ConfigError(f"resume: no checkpoint at {path}; point at a run's weights/last.pt")
     return str(path)
