@@ -671,6 +671,27 @@ def test_a_run_that_raises_leaves_no_probe_no_port_and_no_open_writer(synth_root
     assert {p.pid for p in _probes()} <= before
 
 
+def test_attached_again_the_newest_monitor_replaces_the_one_before(caplog):
+    """A second ``attach`` on one model: the first monitor is closed and its callbacks go, so only the second starts
+    with the run (found by a first-hour tester: two monitors, and 'port 9480 is in use' about its own first one)."""
+    import logging
+
+    from ultralytics import YOLO
+
+    from yolofeed.monitor import attach
+    from yolofeed.monitor.live import monitors
+
+    model = YOLO("yolo11n.yaml")
+    first = attach(model, prometheus_port=9480)
+    with caplog.at_level(logging.INFO):
+        second = attach(model, prometheus_port=9480)
+    assert monitors(model.callbacks) == [second] and first is not second
+    for event in ("on_train_start", "on_train_batch_end", "on_train_end"):  # one monitor's callback an event
+        assert sum(getattr(getattr(fn, "__wrapped__", None), "__self__", None) is not None
+                   for fn in model.callbacks[event]) == 1, event
+    assert "it replaces the monitor attached before" in caplog.text
+
+
 def test_the_probe_says_nothing_where_the_training_it_samples_is_gone():
     """A kill -9 of the training while the probe lists its children: psutil.NoSuchProcess, which the probe printed
     as a traceback before it exited (found by a hostile pass); and a probe begun after the training ended."""

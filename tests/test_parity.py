@@ -107,7 +107,9 @@ def test_verdicts():
 
 
 @pytest.mark.parametrize("case, stock, yolofeed, words", [
-    ("nothing learnt", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], "every stock run ended at mAP50-95 0.00: nothing was learnt"),
+    ("nothing learnt", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0],  # once for both sides, not a sentence each
+     "every run of both sides ended at mAP50-95 0.00: nothing was learnt, so there is nothing to compare "
+     "(train longer: epochs=, or check the data and the labels)"),
     ("one side learnt nothing", [0.0, 0.0], [1.0, 1.2], "every stock run ended at mAP50-95 0.00"),
     # near nothing: a CI of -0.03 … +0.03 round a mean of 0.01 said "parity holds"
     ("too little learnt", [0.01, 0.02], [0.01, 0.02], "the stock runs ended at a mean mAP50-95 of 0.01 points, "
@@ -123,6 +125,7 @@ def test_no_verdict_from_degenerate_values(case, stock, yolofeed, words):
                   [_job("yolofeed", k, v) for k, v in enumerate(yolofeed)])
     assert s.passed is None and s.verdict.startswith("no verdict: ") and words in s.verdict, s.verdict
     assert "nan" not in s.verdict and "parity holds" not in s.verdict and "CI" not in s.verdict
+    assert s.verdict.count("nothing was learnt") <= 1 and s.verdict.count("train longer") <= 1
 
 
 def test_a_plot_of_one_epoch_shows_its_points(tmp_path, monkeypatch):
@@ -152,6 +155,86 @@ def test_devices_and_slots():
     assert [c for _, c in slots(["cpu"], 3, [0, 1])] == [[0], [1], [0]]  # fewer cores than runs: shared
 
 
+def _fake_runs(monkeypatch, trained: list[str], values: dict | None = None):
+    """parity's runs without training: each launch writes its run's results.csv (2 epochs, its mAP from ``values`` by
+    name, else by seed) and exits 0; the runs launched are appended to ``trained``."""
+    from yolofeed.bench import parity
+
+    monkeypatch.setattr(parity, "_prepare", lambda cfg: None)
+    monkeypatch.setattr(parity.time, "sleep", lambda s: None)
+
+    def launch(job, spec):
+        trained.append(job.name)
+        run = Path(spec["args"]["project"]) / job.name
+        run.mkdir(parents=True, exist_ok=True)
+        v = (values or {}).get(job.name, 0.30 + 0.01 * job.seed + (0.002 if job.side == "yolofeed" else 0))
+        (run / "results.csv").write_text(f"epoch,train/box_loss,{MAP50},{MAP}\n1,1.0,0.2,{v / 2}\n2,0.9,0.4,{v}\n")
+        job.log.parent.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(["true"])
+
+    monkeypatch.setattr(parity, "_launch", launch)
+
+
+def test_an_earlier_comparisons_finished_runs_are_kept_and_first_seed_adds_to_them(synth_root, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """The same command again trains nothing; first_seed= adds seeds and the verdict covers them all; other settings
+    keep nothing (said in one line); a run without all its epochs, or failed, is trained again (found by a first-hour
+    tester: a Ctrl-C'd comparison started over, and first_seed=2 gave a verdict of seeds 2-3 alone)."""
+    from yolofeed.bench.parity import run
+    from yolofeed.config import ParityConfig
+
+    trained: list[str] = []
+    _fake_runs(monkeypatch, trained)
+    cfg = ParityConfig(data=str(synth_root / "data.yaml"), epochs=2, seeds=2, imgsz=64, batch=8, device="cpu",
+                       out=str(tmp_path))
+    run(cfg)
+    assert trained == ["stock-seed0", "yolofeed-seed0", "stock-seed1", "yolofeed-seed1"]
+    trained.clear()
+    s = run(cfg)
+    assert trained == [] and "4 run(s) of an earlier comparison" in capsys.readouterr().out
+    assert s.seeds == {"stock": [0, 1], "yolofeed": [0, 1]}
+    s = run(ParityConfig(**{**cfg.__dict__, "first_seed": 2}))
+    assert trained == ["stock-seed2", "yolofeed-seed2", "stock-seed3", "yolofeed-seed3"]
+    assert s.seeds == {"stock": [0, 1, 2, 3], "yolofeed": [0, 1, 2, 3]} and "4 seeds each" in s.verdict
+    report = json.loads((tmp_path / "parity.json").read_text())
+    assert [(r["side"], r["seed"]) for r in report["runs"]][:2] == [("stock", 0), ("yolofeed", 0)]
+    assert len(report["runs"]) == 8
+    (tmp_path / "runs" / "yolofeed-seed1" / "results.csv").write_text(f"epoch,{MAP50},{MAP}\n1,0.2,0.15\n")  # cut
+    trained.clear()
+    run(ParityConfig(**{**cfg.__dict__, "seeds": 4}))
+    assert trained == ["yolofeed-seed1"]
+    trained.clear()
+    capsys.readouterr()
+    run(ParityConfig(**{**cfg.__dict__, "epochs": 3}))  # another setting: nothing kept
+    assert len(trained) == 4 and "holds a comparison with other settings (epochs)" in capsys.readouterr().out
+
+
+def test_finished_runs_are_not_kept_from_a_damaged_report(tmp_path):
+    from yolofeed.bench.parity import finished_before
+    from yolofeed.config import ParityConfig
+
+    cfg = ParityConfig(data=str(tmp_path / "d.yaml"), epochs=2, out=str(tmp_path))
+    for text in ("{", "[]", '{"config": 1, "runs": []}', '{"config": {}, "runs": [{"ok": true}]}'):
+        (tmp_path / "parity.json").write_text(text)
+        assert finished_before(cfg, tmp_path) == []
+
+
+def test_one_seed_a_side_is_said_up_front_and_the_numbers_name_their_key(synth_root, tmp_path, monkeypatch, capsys):
+    from yolofeed.bench.parity import run
+    from yolofeed.config import ParityConfig
+
+    _fake_runs(monkeypatch, [])
+    cfg = ParityConfig(data=str(synth_root / "data.yaml"), epochs=2, seeds=1, imgsz=64, batch=8, device="cpu",
+                       out=str(tmp_path))
+    s = run(cfg)
+    said = capsys.readouterr().out
+    assert said.index("1 seed a side gives no verdict") < said.index("no verdict:")  # before the runs
+    assert f"out={tmp_path} first_seed=1" in said and s.passed is None
+    for key, value, least in (("seeds", 0, 1), ("parallel", 0, 1), ("epochs", 0, 1), ("first_seed", -1, 0)):
+        with pytest.raises(ConfigError, match=rf"^{key}={value}: expected at least {least} \(default"):
+            run(ParityConfig(**{**cfg.__dict__, key: value}))
+
+
 def _parity_cmd(synth_root: Path, out: Path, seeds: int, epochs: int = 1) -> list[str]:
     return [sys.executable, "-m", "yolofeed", "parity", "model=yolo11n.yaml", f"data={synth_root / 'data.yaml'}",
             f"epochs={epochs}", f"seeds={seeds}", "imgsz=64", "batch=8", "device=cpu", "parallel=2", f"out={out}",
@@ -171,7 +254,8 @@ def test_tiny_parity_end_to_end(synth_root, tmp_path):
     verdict = report["verdict"]
     assert verdict in r.stdout
     if all(v == 0 for side in report["final"].values() for v in side["map50_95"]):  # one epoch at 64 px: the usual
-        assert report["passed"] is None and verdict.startswith("no verdict: every stock run ended at mAP50-95 0.00")
+        assert report["passed"] is None and verdict.startswith("no verdict: every run of both sides ended at "
+                                                                 "mAP50-95 0.00")
     else:
         assert verdict.split(":")[0] in ("no difference detected", "yolofeed trains worse", "yolofeed trains better",
                                          "no verdict")

@@ -85,6 +85,9 @@ def test_user_mistakes_are_one_line(capsys, base, synth_root, tmp_path, monkeypa
                                                                                f"imgsz={size}"])
     line = _errors(capsys, ["doctor", f"data={tmp_path}/nope.yaml"])
     assert "data=" in line and "not found" in line and "data=path/to/data.yaml" in line
+    for steps in ("0", "4"):  # one minimum, the breakdown's, whichever check meets it (it said 1, then 5)
+        assert f"steps={steps}: expected at least 5 (default 40)" in _errors(
+            capsys, ["doctor", f"data={synth_root}/data.yaml", f"steps={steps}"])
     assert "rect=True" in _errors(capsys, base + ["rect"])
     assert "trains detection, segmentation, pose and oriented-box models" in _errors(capsys, ["train",
                                                                                          "model=yolo11n-cls.yaml",

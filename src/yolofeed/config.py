@@ -237,7 +237,8 @@ class ParityConfig:
     model: str = key("yolo11n.yaml", "model yaml, as for yolo train")
     epochs: int = key(40, "epochs per run")
     seeds: int = key(4, "seeds per side (first_seed, first_seed + 1, ...): 4 or more for a useful interval")
-    first_seed: int = key(0, "the first seed: more seeds for an earlier comparison without repeating its runs")
+    first_seed: int = key(0, "the first seed: with out= an earlier comparison's folder (the same settings), these "
+                          "seeds join the runs it finished, which are kept")
     imgsz: int = key(640, "image size", minimum=MIN_IMGSZ)
     batch: int = key(16, "batch size")
     device: str = key("", "GPUs to spread runs over, e.g. 0,1; cpu; default GPU 0 if there is one")
@@ -252,6 +253,7 @@ class ParityConfig:
 class DoctorConfig(MeasuredRunConfig):
     """Profile a training setup for a few steps and say where the time goes and what to change."""
 
+    steps: int = key(40, "measured training steps per mode, after warm-up", minimum=5)  # a breakdown needs 5
     workers: int = key(8, "DataLoader workers (Ultralytics' default)")
     yolofeed: bool = key(True, "also profile yolofeed train on the same setup, for the expected gain")
     time_validation: bool = key(True, "time one validation pass (for the validation-cost rule)")

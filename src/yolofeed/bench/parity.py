@@ -11,7 +11,9 @@ and each training loss's mean +- sd bands of the two sides overlap in at least 9
 least two seeds a side (more give a narrower interval), final values that are numbers, runs that learnt something (a
 mean final mAP50-95 of 1 point or more a side) and a spread on each side (not every run at the same value): without
 them the verdict line says what is missing and ``passed`` is null. A comparison stopped early (Ctrl-C: exit 130;
-SIGTERM: exit 143) stops its runs, keeps what finished in parity.json and gives no verdict.
+SIGTERM: exit 143) stops its runs, keeps what finished in parity.json and gives no verdict. The runs an earlier
+comparison in ``out=`` finished with the same settings are kept, not trained again (``finished_before``): the same
+command goes on where it stopped, and ``first_seed=`` adds seeds to it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def metric_name(jobs: list[Job]) -> str:
 
 MEAN_BAR, LOW_BAR, OVERLAP_BAR = 0.5, -1.0, 0.9  # points, points, share of epochs
 LEARNT_FLOOR = 1.0  # mAP50-95 points: a side whose runs end below it on average learnt too little to compare
+LEARN_MORE = "train longer: epochs=, or check the data and the labels"
 
 
 @dataclass
@@ -203,7 +206,7 @@ def summarise(jobs: list[Job]) -> Summary:
             overlap[k] = float(bands_overlap(*arrays).mean())
     n = {s: len(done[s]) for s in SIDES}
     seeds = f"{n['stock']} stock / {n['yolofeed']} yolofeed seeds" if n["stock"] != n["yolofeed"] \
-        else f"{n['stock']} seeds each"
+        else f"{n['stock']} seed{'' if n['stock'] == 1 else 's'} each"
     missing = _missing(done, final, n, seeds)
     if missing:
         so_far = f"; difference so far {d.diff:+.2f} points" if math.isfinite(d.diff) else ""
@@ -230,7 +233,10 @@ def _missing(done: dict[str, list[Job]], final: dict, n: dict[str, int], seeds: 
     """What a verdict lacks, in words; [] when the finished runs can carry one."""
     if min(n.values()) < 2:
         return [f"{seeds} finished, and a verdict needs at least 2 a side (more give a narrower interval)"]
-    missing = []
+    if all(v == 0 for side in SIDES for v in final[side]["map50_95"]):  # said once for both
+        return [f"every run of both sides ended at mAP50-95 0.00: nothing was learnt, so there is nothing to compare "
+                f"({LEARN_MORE})"]
+    missing, learnt_little = [], False
     for side in SIDES:
         values = final[side]["map50_95"]
         bad = [j.seed for j, v in zip(done[side], values) if not math.isfinite(v)]
@@ -239,15 +245,18 @@ def _missing(done: dict[str, list[Job]], final: dict, n: dict[str, int], seeds: 
                            "(see their results.csv)")
         elif all(v == 0 for v in values):
             missing.append(f"every {side} run ended at mAP50-95 0.00: nothing was learnt, so there is nothing to "
-                           "compare (train longer: epochs=, or check the data and the labels)")
+                           "compare")
+            learnt_little = True
         elif sum(values) / len(values) < LEARNT_FLOOR:
             missing.append(f"the {side} runs ended at a mean mAP50-95 of {sum(values) / len(values):.2f} points, "
-                           f"below {LEARNT_FLOOR:g}: too little was learnt for a difference to mean anything (train "
-                           "longer: epochs=, or check the data and the labels)")
+                           f"below {LEARNT_FLOOR:g}: too little was learnt for a difference to mean anything")
+            learnt_little = True
         elif max(values) == min(values):
             missing.append(f"the {n[side]} {side} runs all ended at exactly {values[0]:.2f} mAP50-95 (sd 0): no "
                            "spread to build an interval on (do the seeds change the runs? deterministic settings "
                            "or a cut dataset can make them equal)")
+    if learnt_little:  # the advice once, however many sides it serves
+        missing.append(LEARN_MORE)
     return missing
 
 
@@ -334,9 +343,10 @@ def _prepare(cfg: ParityConfig) -> None:
 
 def run(cfg: ParityConfig) -> Summary:
     """Train every (side, seed), print the table and the verdict, write parity.json and parity.png under out=."""
-    if cfg.seeds < 1 or cfg.parallel < 1 or cfg.epochs < 1 or cfg.first_seed < 0:
-        raise ConfigError(f"seeds={cfg.seeds} parallel={cfg.parallel} epochs={cfg.epochs} first_seed={cfg.first_seed}:"
-                          " seeds, parallel and epochs must be at least 1, first_seed at least 0")
+    for name, least in (("seeds", 1), ("parallel", 1), ("epochs", 1), ("first_seed", 0)):
+        if getattr(cfg, name) < least:  # the CLI's own check, for the Python API
+            default = ParityConfig.__dataclass_fields__[name].default
+            raise ConfigError(f"{name}={getattr(cfg, name)}: expected at least {least} (default {default})")
     if not Path(cfg.data).is_file():
         raise ConfigError(f"data={cfg.data}: no such file; point it at your dataset's data.yaml")
     reserved = {"trainer", "model", "data", "seed", "device", "project", "name", "epochs", "imgsz", "batch"}
@@ -378,8 +388,19 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
                    if hasattr(os, "sched_getaffinity") else list(range(usable_cores())))
     _prepare(cfg)
-    jobs = [Job(side, seed, f"{side}-seed{seed}", out / "logs" / f"{side}-seed{seed}.log")
-            for seed in range(cfg.first_seed, cfg.first_seed + cfg.seeds) for side in SIDES]
+    kept = finished_before(cfg, out)
+    asked = [Job(side, seed, f"{side}-seed{seed}", out / "logs" / f"{side}-seed{seed}.log")
+             for seed in range(cfg.first_seed, cfg.first_seed + cfg.seeds) for side in SIDES]
+    to_train = [j for j in asked if j.name not in {k.name for k in kept}]
+    jobs = sorted(kept + to_train, key=lambda j: (j.seed, SIDES.index(j.side)))
+    if kept:
+        print(f"parity: {len(kept)} run(s) of an earlier comparison in {out} with these settings kept, not trained "
+              f"again (seeds {_seed_list(kept)}); {len(to_train)} to train", flush=True)
+    a_side = min(sum(j.side == side for j in jobs) for side in SIDES)
+    if a_side < 2:
+        print(f"parity: {a_side} seed a side gives no verdict (a verdict needs 2 or more: seeds=2); training it all "
+              f"the same: more seeds join it later, with out={cfg.out} first_seed={cfg.first_seed + cfg.seeds}",
+              flush=True)
     title = (f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, "
              f"batch {cfg.batch}")
 
@@ -391,9 +412,9 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         options = {"pack_format": cfg.pack_format, "partner_pool": cfg.partner_pool}
         return {"side": job.side, "model": cfg.model, "args": args, "options": options}
 
-    pending, running, free = list(jobs), {}, list(range(len(places)))
-    held = 0  # the runs the last parity.json written holds
-    bar = tqdm(total=len(jobs), desc="parity runs", unit="run")
+    pending, running, free = list(to_train), {}, list(range(len(places)))
+    held = len(kept)  # the runs the last parity.json written holds
+    bar = tqdm(total=len(to_train), desc="parity runs", unit="run")
     previous = signal.signal(signal.SIGTERM, _terminate)  # a scheduler's stop: end the runs, keep the report
     try:
         while pending or running:
@@ -422,7 +443,8 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
         unwritten = _report(cfg, jobs, title, out, stopped=how).not_written
         done = sum(j.ok for j in jobs)
-        kept = (f"what finished is in {out / 'parity.json'}" if unwritten is None else
+        kept = (f"what finished is in {out / 'parity.json'}, and the same command goes on from it"
+                if unwritten is None else
                 f"{out / 'parity.json'} could not be written ({report_words(unwritten)}); the runs are in "
                 f"{out / 'runs'}")
         said = (f"stopped by {how} with {done} of {len(jobs)} runs finished: no verdict (the comparison is not "
@@ -455,6 +477,48 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
                 if 0 < held < len(jobs) else "")
         raise not_written("out", cfg.out, out, unwritten, "the verdict", kept)
     return s
+
+
+# what a run's result depends on: an earlier comparison's finished runs are kept where these are the same
+SAME_RUNS = ("model", "epochs", "imgsz", "batch", "device", "pack_format", "partner_pool", "extra")
+
+
+def finished_before(cfg: ParityConfig, out: Path) -> list[Job]:
+    """The runs an earlier comparison in ``out`` finished with the same settings (``SAME_RUNS`` and the same data
+    file; its parity.json), each run's results.csv read again: kept, not trained again. A comparison stopped by a
+    Ctrl-C goes on where it stopped; ``first_seed=`` adds seeds to it. [] where there is none, or other settings
+    (said in one line)."""
+    try:
+        report = json.loads((out / "parity.json").read_text())
+        before, runs = report["config"], report["runs"]
+        now = asdict(cfg)
+        same = (all(before.get(k) == now[k] for k in SAME_RUNS)
+                and Path(str(before.get("data"))).resolve() == Path(cfg.data).resolve())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not a report of this yolofeed's
+        return []
+    if not same:
+        changed = [k for k in SAME_RUNS if before.get(k) != now[k]] or ["data"]
+        print(f"parity: {out} holds a comparison with other settings ({', '.join(changed)}): its runs are not kept, "
+              "and are trained again where their seeds are asked", flush=True)
+        return []
+    kept = []
+    for r in runs:
+        try:
+            if not r["ok"]:
+                continue
+            name = f"{r['side']}-seed{int(r['seed'])}"
+            job = Job(r["side"], int(r["seed"]), name, Path(r["log"]), device=str(r.get("device", "")),
+                      returncode=0, wall_s=float(r.get("wall_s") or 0.0), curves=read_curves(out / "runs" / name))
+        except (KeyError, TypeError, ValueError, AttributeError):  # a run entry not of this yolofeed's making
+            continue
+        epochs = len(next(iter(job.curves.values()), []))
+        if job.side in SIDES and job.ok and epochs == cfg.epochs:  # its run folder still holds all its results
+            kept.append(job)
+    return kept
+
+
+def _seed_list(jobs: list[Job]) -> str:
+    return ", ".join(map(str, sorted({j.seed for j in jobs})))
 
 
 class Terminated(Exception):

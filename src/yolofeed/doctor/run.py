@@ -59,7 +59,8 @@ def run(cfg: DoctorConfig) -> list:
     cannot be written afterwards (a full disk): minutes of profiling are never lost to the folder.
     """
     if cfg.steps < 5:
-        raise ConfigError(f"steps={cfg.steps}: the doctor needs at least 5 measured steps")
+        raise ConfigError(f"steps={cfg.steps}: expected at least 5 (default 40): the doctor's breakdown needs 5 "
+                          "measured steps")
     check_device(cfg.extra.get("device"), ours=cfg.yolofeed)  # as yolofeed train checks it, before any profiling
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these, before out= is made
     task = model_task(cfg.model, None)

@@ -468,6 +468,13 @@ def attach(target: Any, **config: Any) -> TrainingMonitor:
         what = "is not an option" if len(unknown) == 1 else "are not options"
         raise ConfigError(f"attach: {', '.join(map(repr, unknown))} {what} of the monitor; its options are "
                           f"{', '.join(known)}")
+    callbacks = getattr(target, "callbacks", None)
+    if isinstance(callbacks, dict) and (earlier := monitors(callbacks)):  # one monitor a run: the newest
+        close_attached(callbacks)
+        for fns in callbacks.values():
+            fns[:] = [fn for fn in fns if getattr(getattr(fn, "__wrapped__", None), "__self__", None) not in earlier]
+        LOGGER.info("yolofeed monitor: attached again: it replaces the monitor attached before (its port and "
+                    "TensorBoard file closed)")
     monitor = TrainingMonitor(MonitorConfig(**config))
     for event, fn in monitor.callbacks().items():
         target.add_callback(event, fn)
