@@ -93,3 +93,25 @@ def test_stopping_while_a_worker_writes_its_result_does_not_hang():
         list(pool.imap(_huge, iter([[1], [2]]), check))
     _within(BOUND, pool.stop)
     assert all(p.exitcode == -signal.SIGTERM for p in pool.processes)
+
+
+def _deaf_to_sigterm(*_: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as the parent's deferring handler, still there after the fork
+
+
+def test_a_worker_that_does_not_end_on_sigterm_is_killed_not_waited_for(monkeypatch):
+    """A worker forked a moment before ``stop`` runs the parent's SIGTERM handler (fork copies it) until it sets the
+    default; one that defers the signal left the worker waiting for a job, and ``stop``'s join hung the build (found
+    by CI under load: a full tmpfs at the first chunk). It is killed after ``STOP_WAIT_S``."""
+    from yolofeed.pack import workers
+
+    monkeypatch.setattr(workers, "STOP_WAIT_S", 0.5)
+    pool = Workers(2, _deaf_to_sigterm, ())
+    try:
+        assert list(pool.imap(_square, iter([[1], [2]]), lambda: None)) in ([1, 4], [4, 1])  # set up, serving
+        _within(BOUND, pool.stop)
+        assert all(p.exitcode == -signal.SIGKILL for p in pool.processes)
+    finally:  # a failed test leaves no worker that would hang the interpreter's exit (it joins them)
+        for p in pool.processes:
+            if p.is_alive():
+                p.kill()

@@ -24,6 +24,11 @@ from typing import Any
 from yolofeed.processes import die_with_parent, process_start
 
 POLL_S = 0.5  # the longest wait before ``check`` runs: see ``processes.signals_deferred``
+# How long ``stop`` waits for a worker it sent SIGTERM before it kills it. A worker forked a moment before still runs
+# the parent's SIGTERM handler (fork copies it) until ``_serve`` sets the default: a handler that defers the signal
+# (``processes.signals_deferred``) lets it live on, waiting for a job that never comes, and the join hung the build
+# (a full disk found by the first chunk, under load: found by CI).
+STOP_WAIT_S = 5.0
 
 
 class WorkerDied(Exception):
@@ -164,11 +169,17 @@ class Workers:
         self._finish()
 
     def stop(self) -> None:
-        """End the workers now, mid-chunk (SIGTERM; their own handler is the default, which ends them)."""
+        """End the workers now, mid-chunk (SIGTERM; their own handler is the default, which ends them), and kill those
+        still there after ``STOP_WAIT_S`` (one that had not set that handler yet)."""
         for p in self._procs:
             if p.exitcode is None:
                 with contextlib.suppress(OSError, ValueError):
                     p.terminate()
+        for p in self._procs:
+            p.join(STOP_WAIT_S)
+            if p.exitcode is None:
+                with contextlib.suppress(OSError, ValueError):
+                    p.kill()
         self._finish()
 
     def _finish(self) -> None:
