@@ -346,6 +346,24 @@ def test_the_summary_line_starts_a_line_of_its_own(monkeypatch):
     assert any("1/2" in line for line in lines[lines.index("yolofeed: 1,234 img/s | summary") + 1:])  # bar goes on
 
 
+def test_a_run_shorter_than_the_summary_interval_says_its_one_line_at_its_end(synth_root, tmp_path, caplog):
+    """attach() on a stock run of a few seconds: one summary line as it ends, where none came (found by a first-hour
+    tester: the default 30 s interval said nothing for a short run)."""
+    import logging
+
+    from ultralytics import YOLO
+
+    from yolofeed.monitor import attach
+
+    model = YOLO("yolo11n.yaml")
+    attach(model, summary_seconds=3600.0, prometheus_port=None)
+    with caplog.at_level(logging.INFO):
+        model.train(data=str(synth_root / "data.yaml"), epochs=1, imgsz=64, batch=8, device="cpu", workers=0,
+                    plots=False, val=False, verbose=False, project=str(tmp_path), name="short", exist_ok=True)
+    said = [r.getMessage() for r in caplog.records if " img/s | " in r.getMessage()]
+    assert len(said) == 1 and "no GPU" in said[0], said
+
+
 def test_tensorboard_is_optional(tmp_path, monkeypatch, said):
     """Without the tensorboard package the monitor runs and says once what is missing (and every module of yolofeed
     imports without it: tests/test_imports.py)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import numbers
 import sys
 import threading
@@ -243,6 +244,7 @@ class TrainingMonitor:
         self._disk0: int | None = None
         self._last_publish = 0.0
         self._last_summary = 0.0
+        self._summaries = 0  # summary lines said this run
         self._unmark: Callable[[], None] | None = None  # removes the phase marks from the trainer
 
     # -- Ultralytics callbacks -----------------------------------------------------------------
@@ -274,7 +276,10 @@ class TrainingMonitor:
 
     def on_train_end(self, trainer: Any) -> None:
         try:  # the steps since the last once-a-second publish: a short run's last point, the end's counters
-            if self.timer is not None and (self.writer or self.endpoint):
+            said_none = self._summaries == 0 and self.step > 0  # a run shorter than summary_seconds: its one line
+            if self.timer is not None and (self.writer or self.endpoint or said_none):
+                if said_none:
+                    self._last_summary = -math.inf
                 self.publish()
         finally:
             self.close()
@@ -299,6 +304,7 @@ class TrainingMonitor:
         if self.cfg.tensorboard:
             self.writer = open_tensorboard(save_dir / "yolofeed_tb")
         self._last_publish = self._last_summary = self.clock()
+        self._summaries = 0
 
     def _counters(self) -> dict[str, Any]:
         """The running totals (Prometheus counters): they only grow while the run goes on."""
@@ -349,6 +355,7 @@ class TrainingMonitor:
                 _close_writer(writer, said=True)
         if now - self._last_summary >= self.cfg.summary_seconds:
             self._last_summary = now
+            self._summaries += 1
             self._say(self.line(values), logging.INFO, bar)
         return values
 
