@@ -155,9 +155,10 @@ def test_devices_and_slots():
     assert [c for _, c in slots(["cpu"], 3, [0, 1])] == [[0], [1], [0]]  # fewer cores than runs: shared
 
 
-def _fake_runs(monkeypatch, trained: list[str], values: dict | None = None):
-    """parity's runs without training: each launch writes its run's results.csv (2 epochs, its mAP from ``values`` by
-    name, else by seed) and exits 0; the runs launched are appended to ``trained``."""
+def _fake_runs(monkeypatch, trained: list[str], values: dict | None = None, short: tuple[str, ...] = ()):
+    """parity's runs without training: each launch writes its run's results.csv (2 epochs, 1 for a name in ``short``:
+    stopped early; its mAP from ``values`` by name, else by seed) and exits 0; the runs launched are appended to
+    ``trained``."""
     from yolofeed.bench import parity
 
     monkeypatch.setattr(parity, "_prepare", lambda cfg: None)
@@ -168,7 +169,8 @@ def _fake_runs(monkeypatch, trained: list[str], values: dict | None = None):
         run = Path(spec["args"]["project"]) / job.name
         run.mkdir(parents=True, exist_ok=True)
         v = (values or {}).get(job.name, 0.30 + 0.01 * job.seed + (0.002 if job.side == "yolofeed" else 0))
-        (run / "results.csv").write_text(f"epoch,train/box_loss,{MAP50},{MAP}\n1,1.0,0.2,{v / 2}\n2,0.9,0.4,{v}\n")
+        rows = f"1,1.0,0.2,{v / 2}\n" + ("" if job.name in short else f"2,0.9,0.4,{v}\n")
+        (run / "results.csv").write_text(f"epoch,train/box_loss,{MAP50},{MAP}\n{rows}")
         job.log.parent.mkdir(parents=True, exist_ok=True)
         return subprocess.Popen(["true"])
 
@@ -207,6 +209,51 @@ def test_an_earlier_comparisons_finished_runs_are_kept_and_first_seed_adds_to_th
     capsys.readouterr()
     run(ParityConfig(**{**cfg.__dict__, "epochs": 3}))  # another setting: nothing kept
     assert len(trained) == 4 and "holds a comparison with other settings (epochs)" in capsys.readouterr().out
+
+
+def test_only_this_comparisons_own_runs_are_kept(synth_root, tmp_path, monkeypatch, capsys):
+    """After a review: a relative data= run from another folder, a results.csv another comparison overwrote (its
+    report never written), another yolofeed or Ultralytics, are not kept; a run stopped early (patience=) is, and so
+    is a comparison with a tuple among its training keys; a report listing a run twice counts it once."""
+    import shutil
+
+    from yolofeed.bench import parity
+    from yolofeed.bench.parity import run
+    from yolofeed.config import ParityConfig
+
+    trained: list[str] = []
+    _fake_runs(monkeypatch, trained, short=("stock-seed1",))
+    other = tmp_path / "other"
+    shutil.copytree(synth_root, other)
+    out = tmp_path / "out"
+    cfg = ParityConfig(data="data.yaml", epochs=2, seeds=2, imgsz=64, batch=8, device="cpu", out=str(out),
+                       extra={"classes": (0, 1)})
+    monkeypatch.chdir(synth_root)
+    run(cfg)
+    assert len(trained) == 4 and json.loads((out / "parity.json").read_text())["config"]["data"] == str(
+        synth_root / "data.yaml")
+    trained.clear()
+    run(cfg)  # the early-stopped stock-seed1 and the tuple key: kept
+    assert trained == []
+    monkeypatch.chdir(other)  # data.yaml there is another dataset
+    run(cfg)
+    assert len(trained) == 4 and "other settings (data)" in capsys.readouterr().out
+    monkeypatch.chdir(synth_root)
+    run(cfg)  # back: the report is other's, so all 4 again
+    trained.clear()
+    (out / "runs" / "stock-seed0" / "results.csv").write_text(f"epoch,{MAP50},{MAP}\n1,0.1,0.05\n2,0.1,0.011\n")
+    run(cfg)  # another comparison's rows in stock-seed0's folder, not what the report recorded for it
+    assert trained == ["stock-seed0"]
+    trained.clear()
+    report = json.loads((out / "parity.json").read_text())
+    report["runs"] = report["runs"] * 2
+    (out / "parity.json").write_text(json.dumps(report))
+    s = run(cfg)
+    assert trained == [] and s.seeds == {"stock": [0, 1], "yolofeed": [0, 1]} and "2 seeds each" in s.verdict
+    monkeypatch.setattr(parity, "versions", lambda: {"yolofeed": "99.0", "ultralytics": "8.4.190"})
+    capsys.readouterr()
+    run(cfg)
+    assert len(trained) == 4 and "the yolofeed or Ultralytics version" in capsys.readouterr().out
 
 
 def test_finished_runs_are_not_kept_from_a_damaged_report(tmp_path):

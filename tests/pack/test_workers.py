@@ -6,6 +6,7 @@ import errno
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -106,12 +107,35 @@ def test_a_worker_that_does_not_end_on_sigterm_is_killed_not_waited_for(monkeypa
     from yolofeed.pack import workers
 
     monkeypatch.setattr(workers, "STOP_WAIT_S", 0.5)
-    pool = Workers(2, _deaf_to_sigterm, ())
+    pool = Workers(4, _deaf_to_sigterm, ())
     try:
-        assert list(pool.imap(_square, iter([[1], [2]]), lambda: None)) in ([1, 4], [4, 1])  # set up, serving
+        assert sorted(pool.imap(_square, iter([[1], [2], [3], [4]]), lambda: None)) == [1, 4, 9, 16]  # serving
+        t0 = time.monotonic()
         _within(BOUND, pool.stop)
         assert all(p.exitcode == -signal.SIGKILL for p in pool.processes)
+        assert time.monotonic() - t0 < 4 * 0.5  # one deadline for them all, not one a worker
     finally:  # a failed test leaves no worker that would hang the interpreter's exit (it joins them)
+        for p in pool.processes:
+            if p.is_alive():
+                p.kill()
+
+
+def test_a_second_ctrl_c_while_stop_waits_still_kills_the_workers(monkeypatch):
+    """A Ctrl-C in ``stop``'s wait (the build's second): the workers are killed all the same, or the interpreter's
+    exit, which joins them, would wait for ever (found by a reviewer)."""
+    from yolofeed.pack import workers
+
+    monkeypatch.setattr(workers, "STOP_WAIT_S", 5.0)
+    pool = Workers(2, _deaf_to_sigterm, ())
+    try:
+        assert sorted(pool.imap(_square, iter([[1], [2]]), lambda: None)) == [1, 4]
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            pool.stop()
+        for p in pool.processes:
+            p.join(BOUND)
+        assert all(p.exitcode == -signal.SIGKILL for p in pool.processes)
+    finally:
         for p in pool.processes:
             if p.is_alive():
                 p.kill()

@@ -360,6 +360,9 @@ def run(cfg: ParityConfig) -> Summary:
     keys.check_overrides(cfg.extra, own=[f.name for f in fields(cfg)], command="yolofeed parity")  # a typo: one line
     device = keys.check_device(cfg.device, ddp=False)  # as yolofeed train checks it: before either side's runs
     cfg = replace(cfg, device=device or cfg.device)  # Ultralytics' canonical form: device=cuda is GPU 0
+    # by absolute path in parity.json: a comparison in out= made from another folder is told apart (finished_before)
+    cfg = replace(cfg, data=str(Path(cfg.data).resolve()),
+                  model=str(Path(cfg.model).resolve()) if Path(cfg.model).is_file() else cfg.model)
     from yolofeed.train.run import check_model_and_data
 
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # as yolofeed train: before any run
@@ -479,42 +482,58 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
     return s
 
 
-# what a run's result depends on: an earlier comparison's finished runs are kept where these are the same
-SAME_RUNS = ("model", "epochs", "imgsz", "batch", "device", "pack_format", "partner_pool", "extra")
+# what a run's result depends on: an earlier comparison's finished runs are kept where these are the same (and the
+# installed yolofeed and Ultralytics, ``versions``)
+SAME_RUNS = ("data", "model", "epochs", "imgsz", "batch", "device", "pack_format", "partner_pool", "extra")
+
+
+def versions() -> dict[str, str | None]:
+    """The yolofeed and Ultralytics whose runs a report holds: a run of another is trained again."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import yolofeed
+
+    try:
+        ultralytics = version("ultralytics")
+    except PackageNotFoundError:
+        ultralytics = None
+    return {"yolofeed": yolofeed.__version__, "ultralytics": ultralytics}
 
 
 def finished_before(cfg: ParityConfig, out: Path) -> list[Job]:
-    """The runs an earlier comparison in ``out`` finished with the same settings (``SAME_RUNS`` and the same data
-    file; its parity.json), each run's results.csv read again: kept, not trained again. A comparison stopped by a
-    Ctrl-C goes on where it stopped; ``first_seed=`` adds seeds to it. [] where there is none, or other settings
-    (said in one line)."""
+    """The runs an earlier comparison in ``out`` finished with the same settings (``SAME_RUNS``, the data and model
+    files by absolute path, the same ``versions``; its parity.json), each kept where its results.csv, read again,
+    still holds the curves the report recorded for it (not another comparison's, which overwrote it and was stopped
+    before its report): not trained again. A comparison stopped by a Ctrl-C goes on where it stopped; ``first_seed=``
+    adds seeds to it. [] where there is none, or other settings (said in one line)."""
     try:
         report = json.loads((out / "parity.json").read_text())
         before, runs = report["config"], report["runs"]
-        now = asdict(cfg)
-        same = (all(before.get(k) == now[k] for k in SAME_RUNS)
-                and Path(str(before.get("data"))).resolve() == Path(cfg.data).resolve())
+        now = json.loads(json.dumps(asdict(cfg)))  # as the report holds it: tuples as lists
+        changed = [k for k in SAME_RUNS if before.get(k) != now[k]]
+        if report.get("versions") != versions():
+            changed.append("the yolofeed or Ultralytics version")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not a report of this yolofeed's
         return []
-    if not same:
-        changed = [k for k in SAME_RUNS if before.get(k) != now[k]] or ["data"]
+    if changed:
         print(f"parity: {out} holds a comparison with other settings ({', '.join(changed)}): its runs are not kept, "
               "and are trained again where their seeds are asked", flush=True)
         return []
-    kept = []
+    kept: dict[str, Job] = {}
     for r in runs:
         try:
-            if not r["ok"]:
+            if not r["ok"] or r["side"] not in SIDES:
                 continue
             name = f"{r['side']}-seed{int(r['seed'])}"
             job = Job(r["side"], int(r["seed"]), name, Path(r["log"]), device=str(r.get("device", "")),
-                      returncode=0, wall_s=float(r.get("wall_s") or 0.0), curves=read_curves(out / "runs" / name))
-        except (KeyError, TypeError, ValueError, AttributeError):  # a run entry not of this yolofeed's making
+                      cores=list(range(int(r.get("cores") or 0))), returncode=0, wall_s=float(r.get("wall_s") or 0.0),
+                      curves=read_curves(out / "runs" / name))
+            recorded = r["curves"]
+        except (KeyError, TypeError, ValueError, AttributeError, OSError):  # a run entry not of this yolofeed's making
             continue
-        epochs = len(next(iter(job.curves.values()), []))
-        if job.side in SIDES and job.ok and epochs == cfg.epochs:  # its run folder still holds all its results
-            kept.append(job)
-    return kept
+        if job.ok and _finite(job.curves) == recorded:  # its run folder still holds its own results, whole
+            kept.setdefault(name, job)  # each run once, however often the report lists it
+    return list(kept.values())
 
 
 def _seed_list(jobs: list[Job]) -> str:
@@ -539,7 +558,8 @@ def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: 
     if stopped is not None:
         s = replace(s, passed=None, verdict=f"no verdict: stopped by {stopped} with {sum(j.ok for j in jobs)} of "
                                             f"{len(jobs)} runs finished")
-    report = {"config": asdict(cfg), "title": title, "verdict": s.verdict, "passed": s.passed, "stopped": stopped,
+    report = {"config": asdict(cfg), "versions": versions(), "title": title,
+              "verdict": s.verdict, "passed": s.passed, "stopped": stopped,
               "difference": asdict(s.difference), "final": s.final, "seeds": s.seeds, "loss_overlap": s.overlap,
               "bars": {"mean_points": MEAN_BAR, "ci_low_points": LOW_BAR, "loss_overlap": OVERLAP_BAR},
               "runs": [{"side": j.side, "seed": j.seed, "ok": j.ok, "returncode": j.returncode, "wall_s": j.wall_s,

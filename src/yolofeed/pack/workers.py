@@ -18,6 +18,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -170,17 +171,22 @@ class Workers:
 
     def stop(self) -> None:
         """End the workers now, mid-chunk (SIGTERM; their own handler is the default, which ends them), and kill those
-        still there after ``STOP_WAIT_S`` (one that had not set that handler yet)."""
+        still there ``STOP_WAIT_S`` after (one that had not set that handler yet), all within one deadline; killed
+        however the wait ends (a second Ctrl-C in it: the interpreter's exit would join them for ever)."""
         for p in self._procs:
             if p.exitcode is None:
                 with contextlib.suppress(OSError, ValueError):
                     p.terminate()
-        for p in self._procs:
-            p.join(STOP_WAIT_S)
-            if p.exitcode is None:
-                with contextlib.suppress(OSError, ValueError):
-                    p.kill()
-        self._finish()
+        deadline = time.monotonic() + STOP_WAIT_S
+        try:
+            for p in self._procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            for p in self._procs:
+                if p.exitcode is None:
+                    with contextlib.suppress(OSError, ValueError):
+                        p.kill()
+            self._finish()
 
     def _finish(self) -> None:
         """Wait for the worker processes, close their pipes; in-process (no workers), run the finalizer here."""
