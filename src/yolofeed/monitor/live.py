@@ -438,10 +438,17 @@ def monitors(callbacks: dict[str, list[Callable]]) -> list[TrainingMonitor]:
     found = {}
     for fns in callbacks.values():
         for fn in fns:
-            owner = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
-            if isinstance(owner, TrainingMonitor):
+            owner = _owner(fn)
+            if owner is not None:
                 found[id(owner)] = owner
     return list(found.values())
+
+
+def _owner(fn: Callable) -> TrainingMonitor | None:
+    """The monitor whose guarded callback ``fn`` is (``TrainingMonitor._guarded`` keeps its method as ``__wrapped__``),
+    else None."""
+    owner = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
+    return owner if isinstance(owner, TrainingMonitor) else None
 
 
 def attached(callbacks: dict[str, list[Callable]]) -> bool:
@@ -479,7 +486,7 @@ def attach(target: Any, **config: Any) -> TrainingMonitor:
     if isinstance(callbacks, dict) and (earlier := monitors(callbacks)):  # one monitor a run: the newest
         close_attached(callbacks)
         for fns in callbacks.values():
-            fns[:] = [fn for fn in fns if getattr(getattr(fn, "__wrapped__", None), "__self__", None) not in earlier]
+            fns[:] = [fn for fn in fns if _owner(fn) not in earlier]
         LOGGER.info("yolofeed monitor: attached again: it replaces the monitor attached before (its port and "
                     "TensorBoard file closed)")
     monitor = TrainingMonitor(MonitorConfig(**config))
