@@ -120,6 +120,83 @@ def test_a_worker_that_does_not_end_on_sigterm_is_killed_not_waited_for(monkeypa
                 p.kill()
 
 
+def _sigterm_myself(*_: object) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # a stop's SIGTERM, come before the worker set its own handler
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask") or not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_sigterm_before_the_worker_set_its_handler_still_ends_it(monkeypatch):
+    """A SIGTERM that reaches a worker before ``_serve`` sets its handlers meets the parent's handler, which fork
+    copied; a deferring one let the worker live on (the hang CI found). The worker is born holding the signal, which
+    then ends it, without ``stop``'s kill."""
+    from yolofeed.pack import workers
+
+    monkeypatch.setattr(workers, "die_with_parent", _sigterm_myself)  # the first thing _serve does
+    deferred: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, _frame: deferred.append(signum))  # as signals_deferred
+    try:
+        pool = Workers(2, _nothing, ())
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    try:
+        for p in pool.processes:
+            p.join(BOUND / 3)
+        assert [p.exitcode for p in pool.processes] == [-signal.SIGTERM] * 2
+        assert deferred == []  # and the parent's own mask is as it was: no signal held back there
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) & workers.HELD == set()
+    finally:
+        for p in pool.processes:
+            if p.is_alive():
+                p.kill()
+        pool.stop()
+
+
+class _CutAfterFork:
+    """A fork context whose second worker's start is cut by a Ctrl-C just after its fork."""
+
+    def __init__(self) -> None:
+        import multiprocessing as mp
+
+        self.ctx, self.started = mp.get_context("fork"), []
+
+    def get_start_method(self) -> str:
+        return "fork"
+
+    def Pipe(self, **kwargs: object):  # noqa: N802 (multiprocessing's name)
+        return self.ctx.Pipe(**kwargs)
+
+    def Process(self, **kwargs: object):  # noqa: N802
+        p = self.ctx.Process(**kwargs)
+        start = p.start
+
+        def cut() -> None:
+            start()
+            self.started.append(p)
+            if len(self.started) == 2:
+                raise KeyboardInterrupt
+
+        p.start = cut
+        return p
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_ctrl_c_just_after_a_fork_leaves_no_worker_behind():
+    """A worker is tracked before it starts: a Ctrl-C just after its fork stops it with the others (it waited for a
+    job, untracked, until the parent exited)."""
+    ctx = _CutAfterFork()
+    with pytest.raises(KeyboardInterrupt):
+        Workers(3, _nothing, (), ctx=ctx)
+    try:
+        assert len(ctx.started) == 2
+        for p in ctx.started:
+            p.join(BOUND / 3)
+        assert [p.exitcode for p in ctx.started] == [-signal.SIGTERM] * 2
+    finally:
+        for p in ctx.started:
+            if p.is_alive():
+                p.kill()
+
+
 def test_a_second_ctrl_c_while_stop_waits_still_kills_the_workers(monkeypatch):
     """A Ctrl-C in ``stop``'s wait (the build's second): the workers are killed all the same, or the interpreter's
     exit, which joins them, would wait for ever (found by a reviewer)."""

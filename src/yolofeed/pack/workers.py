@@ -25,11 +25,14 @@ from typing import Any
 from yolofeed.processes import die_with_parent, process_start
 
 POLL_S = 0.5  # the longest wait before ``check`` runs: see ``processes.signals_deferred``
-# How long ``stop`` waits for a worker it sent SIGTERM before it kills it. A worker forked a moment before still runs
-# the parent's SIGTERM handler (fork copies it) until ``_serve`` sets the default: a handler that defers the signal
-# (``processes.signals_deferred``) lets it live on, waiting for a job that never comes, and the join hung the build
-# (a full disk found by the first chunk, under load: found by CI).
+# How long ``stop`` waits for a worker it sent SIGTERM before it kills it: one that does not end on SIGTERM (an
+# initializer's handler, say) would hang the build's join.
 STOP_WAIT_S = 5.0
+# The signals a worker holds from its fork until ``_serve`` has set its own handlers. A worker forked a moment before
+# a stop would otherwise run the parent's handler, which fork copies: one that defers the signal
+# (``processes.signals_deferred``) let it live on, waiting for a job that never came, and the join hung the build (a
+# full disk found by the first chunk, under load: found by CI). Held, the signal waits and then ends it.
+HELD = {signal.SIGINT, signal.SIGTERM}
 
 
 class WorkerDied(Exception):
@@ -51,6 +54,8 @@ def _serve(conn: Any, initializer: Callable[..., None], initargs: tuple, finaliz
     die_with_parent(*parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler, which fork copied: ``stop`` ends us
+    if hasattr(signal, "pthread_sigmask"):  # held since the fork (``_held``): a SIGTERM sent meanwhile ends us now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
     failed: Exception | None = None
     try:
         initializer(*initargs)
@@ -99,17 +104,19 @@ class Workers:
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(target=_serve, args=(theirs, initializer, initargs, finalizer, me), daemon=True,
                                 name="yolofeed-pack-worker")
-                p.start()
-                theirs.close()  # ours closed, the worker's death reads as EOF here
-                self._procs.append(p)
+                self._procs.append(p)  # before it starts: a Ctrl-C just after the fork leaves no worker untracked
                 self._conns.append(mine)
+                with _held(ctx):
+                    p.start()
+                theirs.close()  # ours closed, the worker's death reads as EOF here
         except BaseException:
             self.stop()
             raise
 
     @property
     def processes(self) -> list[Any]:
-        return list(self._procs)
+        """The worker processes started (one being started when a stop came is not among them)."""
+        return [p for p in self._procs if p.pid is not None]
 
     def imap(self, fn: Callable[[list], list], chunks: Iterable[list], check: Callable[[], None]) -> Iterator[Any]:
         """Each item of ``fn(chunk)`` for every chunk, chunk by chunk in completion order.
@@ -160,7 +167,7 @@ class Workers:
 
     def _died(self) -> None:
         self.stop()
-        raise WorkerDied(exit_codes(self._procs) or "no exit status")
+        raise WorkerDied(exit_codes(self.processes) or "no exit status")
 
     def close(self) -> None:
         """End the workers after their current chunk (the normal end of a build)."""
@@ -173,16 +180,17 @@ class Workers:
         """End the workers now, mid-chunk (SIGTERM; their own handler is the default, which ends them), and kill those
         still there ``STOP_WAIT_S`` after (one that had not set that handler yet), all within one deadline; killed
         however the wait ends (a second Ctrl-C in it: the interpreter's exit would join them for ever)."""
-        for p in self._procs:
+        started = self.processes
+        for p in started:
             if p.exitcode is None:
                 with contextlib.suppress(OSError, ValueError):
                     p.terminate()
         deadline = time.monotonic() + STOP_WAIT_S
         try:
-            for p in self._procs:
+            for p in started:
                 p.join(max(0.0, deadline - time.monotonic()))
         finally:
-            for p in self._procs:
+            for p in started:
                 if p.exitcode is None:
                     with contextlib.suppress(OSError, ValueError):
                         p.kill()
@@ -190,13 +198,27 @@ class Workers:
 
     def _finish(self) -> None:
         """Wait for the worker processes, close their pipes; in-process (no workers), run the finalizer here."""
-        for p in self._procs:
+        for p in self.processes:
             p.join()
         for conn in self._conns:
             conn.close()
         self._conns = []
         if not self._procs:
             self._finalizer()
+
+
+@contextlib.contextmanager
+def _held(ctx: Any) -> Iterator[None]:
+    """``HELD`` blocked in this thread meanwhile, where a fork starts the worker: the worker is born holding them, and
+    ``_serve`` lets them in once its own handlers are set. The parent's held ones come in as this ends."""
+    if ctx.get_start_method() != "fork" or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def exit_codes(processes: list) -> str:
