@@ -63,6 +63,32 @@ def test_an_epoch_is_overlapped_only_where_that_changes_nothing_but_when(case, e
     assert overlap.reason_not(_trainer(**case), largest_batch=16, per_image=0.0) == expected
 
 
+def _finite_cases(device: str):
+    g = torch.Generator().manual_seed(0)
+    for case in range(60):
+        tensors = [torch.randn(int(n), generator=g).to(device, dtype) for n, dtype in zip(
+            torch.randint(0, 50, (5,), generator=g),
+            (torch.float32, torch.float16, torch.bfloat16, torch.float32, torch.float32))]
+        tensors.append(torch.tensor(float(case), device=device))  # a 0-d loss
+        if case % 3:  # one value of one tensor made NaN or infinite
+            t = tensors[case % len(tensors)]
+            if t.numel():
+                t.view(-1)[case % t.numel()] = (float("nan"), float("inf"), -float("inf"))[case % 3 - 1 + (case % 2)]
+        yield tensors
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_finite_check_in_one_pass_agrees_with_each_tensors_own(device):
+    """``all_finite`` (one multi-tensor norm pass, one sync) against the check a tensor it replaces, on float32,
+    float16 and bfloat16 tensors, empty ones and a 0-d loss, with a NaN or an infinity planted in two cases of three."""
+    outcomes = []
+    for tensors in _finite_cases(device):
+        expected = all(bool(t.isfinite().all()) for t in tensors)
+        assert overlap.all_finite(tensors) is expected
+        outcomes.append(expected)
+    assert True in outcomes and False in outcomes
+
+
 def test_an_epoch_is_not_overlapped_where_free_gpu_memory_would_not_hold_its_passes_and_copies(monkeypatch):
     trainer = _trainer()
     trainer.device = torch.device("cuda", 0)

@@ -220,7 +220,14 @@ def reason_not(trainer: Any, largest_batch: int, per_image: float) -> str | None
     loss = seam.epoch_end_state(trainer)["loss"]
     if isinstance(loss, torch.Tensor):
         tensors.append(loss.detach())
-    finite = [t.isfinite().all().to(device) for t in tensors]
-    if finite and not bool(torch.stack(finite).all()):  # one host sync, at the epoch's end (Ultralytics' syncs too)
+    if tensors and not all_finite(tensors):
         return "the loss or the EMA is not finite"
     return None
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every value of ``tensors`` is finite: one host sync. Each tensor's L2 norm, all in one multi-tensor
+    pass (a check a tensor was two kernel launches each, about a thousand at yolo11n's epoch end: 24 ms on an H100's
+    host), is NaN or infinite wherever one of its values is. A norm that overflows float32 (values past about 1e19)
+    reads as not finite too: the epoch is then validated in place, as one that is not finite."""
+    return bool(torch.stack(torch._foreach_norm(tensors, 2)).isfinite().all())
