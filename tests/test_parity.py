@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -126,6 +127,20 @@ def test_no_verdict_from_degenerate_values(case, stock, yolofeed, words):
     assert s.passed is None and s.verdict.startswith("no verdict: ") and words in s.verdict, s.verdict
     assert "nan" not in s.verdict and "parity holds" not in s.verdict and "CI" not in s.verdict
     assert s.verdict.count("nothing was learnt") <= 1 and s.verdict.count("train longer") <= 1
+
+
+def test_a_run_that_ended_at_nan_is_named_with_how_to_train_it_again(tmp_path):
+    """A finished run is kept by the same comparison run again (``finished_before``), so a NaN run would come back
+    every time: the verdict names its folder and says to delete it."""
+    out = tmp_path / "my parity"
+    jobs = [_job("stock", 0, 40.0), _job("stock", 1, float("nan")),
+            _job("yolofeed", 0, 40.1), _job("yolofeed", 1, 40.4)]
+    for j in jobs:
+        j.log = out / "logs" / f"{j.name}.log"  # where parity puts it
+    s = summarise(jobs)
+    folder = shlex.quote(str(out / "runs" / "stock-seed1"))
+    assert s.passed is None and f"see results.csv in {folder}" in s.verdict
+    assert f"the same comparison run again keeps it: delete {folder} to train again" in s.verdict
 
 
 def test_a_plot_of_one_epoch_shows_its_points(tmp_path, monkeypatch):

@@ -4,8 +4,9 @@
 # for SPY_S seconds, then only the thread holding the GIL, then 3 s as a timeline (chrometrace). A wait shows as the
 # line that waits; a CUDA event's synchronize spins, so it counts as busy. Also times torch._inductor's import
 # (Ultralytics' init_seeds makes it) without bytecode and with a bytecode cache.
-# With SETUP=1 it samples instead a run of 2 epochs from its start, with native frames (cuDNN, the CUDA driver,
-# NVRTC), into spy_setup.txt: where the set-up's threads spend their time.
+# With SETUP=1 it samples instead a run of 2 epochs from its start into spy_setup.txt: where the set-up's threads
+# spend their time (Python frames only: with native frames, 200 a second, py-spy fell a minute behind and the run
+# outlasted its call).
 # Usage: [SETUP=1] bash tools/device/host_profile.sh [images] [epochs] [attach_after_s] [spy_s]; all in $OUT.
 source tools/device/setup.sh
 N="${1:-4000}"; EPOCHS="${2:-24}"; AFTER="${3:-40}"; SPY_S="${4:-10}"
@@ -27,8 +28,8 @@ TRAIN=(python3 -m yolofeed train model=yolo11n.yaml data=/tmp/synth_hp/data.yaml
        close_mosaic=1000 project=/tmp/hp_runs exist_ok=True)
 timeout 120 "${TRAIN[@]}" epochs=1 name=compile > /tmp/compile.log 2>&1 || tail -5 /tmp/compile.log | tee -a "$NOTES"
 if [ "${SETUP:-0}" = 1 ]; then
-  $SPY record --rate 200 --threads --native --format raw -o "$OUT/spy_setup.txt" -- "${TRAIN[@]}" epochs=2 \
-    name=setup > "$OUT/train.log" 2>&1 || tail -20 "$OUT/train.log"
+  timeout 150 $SPY record --rate 200 --threads --nonblocking --format raw -o "$OUT/spy_setup.txt" -- \
+    "${TRAIN[@]}" epochs=2 name=setup > "$OUT/train.log" 2>&1 || tail -20 "$OUT/train.log"
   grep -E "py-spy|yolofeed:" "$OUT/train.log" | head -20 >> "$NOTES"
   find "$OUT" -name '*.pt' -delete
   cat "$NOTES"

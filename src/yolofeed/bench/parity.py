@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -239,10 +240,12 @@ def _missing(done: dict[str, list[Job]], final: dict, n: dict[str, int], seeds: 
     missing, learnt_little = [], False
     for side in SIDES:
         values = final[side]["map50_95"]
-        bad = [j.seed for j, v in zip(done[side], values) if not math.isfinite(v)]
-        if bad:
-            missing.append(f"the final mAP50-95 of {side} seed(s) {', '.join(map(str, bad))} is not a number "
-                           "(see their results.csv)")
+        bad = [j for j, v in zip(done[side], values) if not math.isfinite(v)]
+        if bad:  # a finished run is kept by the same comparison run again (``finished_before``): say how to redo it
+            folders = " ".join(shlex.quote(str(j.log.parent.parent / "runs" / j.name)) for j in bad)
+            missing.append(f"the final mAP50-95 of {side} seed(s) {', '.join(str(j.seed) for j in bad)} is not a "
+                           f"number (see results.csv in {folders}; the same comparison run again keeps "
+                           f"{'them' if len(bad) > 1 else 'it'}: delete {folders} to train again)")
         elif all(v == 0 for v in values):
             missing.append(f"every {side} run ended at mAP50-95 0.00: nothing was learnt, so there is nothing to "
                            "compare")
