@@ -76,13 +76,15 @@ class FakeSampler:
         return self.recent(0)
 
 
-def _monitored(tmp_path, gpu: bool, steps: int = 4, **cfg) -> tuple[TrainingMonitor, FakeClock]:
-    """A monitor over ``steps`` hand-made steps (0.1 s data wait, 0.3 s compute, batch 4), published once."""
+def _monitored(tmp_path, gpu: bool, steps: int = 4, device: str | None = None,
+               **cfg) -> tuple[TrainingMonitor, FakeClock]:
+    """A monitor over ``steps`` hand-made steps (0.1 s data wait, 0.3 s compute, batch 4), published once; its run
+    on ``device`` (by default cuda:0 with a GPU, else the CPU)."""
     clock = FakeClock()
     mon = TrainingMonitor(MonitorConfig(**{"prometheus_port": 0, "tensorboard": False, **cfg}), clock=clock,
                           sampler=FakeSampler(gpu))
     mon.timer = StepClock(cuda=False, clock=clock)
-    mon.open(tmp_path / "train3", "cuda:0" if gpu else "cpu")
+    mon.open(tmp_path / "train3", device or ("cuda:0" if gpu else "cpu"))
     mon.timer.step_done(4)  # opens the clock
     for _ in range(steps):
         clock.t += 0.1
@@ -172,6 +174,26 @@ def test_no_gpu_series_without_a_gpu(tmp_path):
         mon.close()
     assert "yolofeed_steps_total" in m and "yolofeed_cpu_cores_busy" in m
     assert not [k for k in m if k.startswith("yolofeed_gpu_")]
+
+
+@pytest.mark.parametrize("gpu, device, words", [
+    (False, "cpu", "(a CPU run)"),
+    (False, "cuda:0", "(NVML reads none for this GPU)"),
+    (True, "cuda:0", None),
+])
+def test_a_run_without_gpu_utilisation_is_told_once_that_the_alert_cannot_fire(tmp_path, said, gpu, device, words):
+    """A monitored CPU run (or a GPU that NVML does not read) never alerts: one line says so, rather than silence."""
+    mon, clock = _monitored(tmp_path, gpu=gpu, device=device)
+    for _ in range(3):
+        clock.t += 2
+        mon.publish()
+    lines = [m for m in said if "alert cannot fire" in m]
+    if words is None:
+        assert lines == []
+    else:
+        assert lines == [f"yolofeed monitor: no GPU utilisation to read {words}: the low-utilisation alert cannot "
+                         "fire; the step breakdown, Prometheus and TensorBoard go on"]
+    mon.close()
 
 
 def test_the_counters_only_grow_and_the_alert_is_counted(tmp_path):
@@ -464,7 +486,7 @@ def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp
     callbacks["on_train_start"](trainer)
     assert not mon.failed and mon.writer is None and mon.endpoint is not None
     assert "yolofeed_steps_total" in _scrape(mon.endpoint.url)
-    lines = [m for m in said if "TensorBoard" in m or "switched off" in m]
+    lines = [m for m in said if ("TensorBoard" in m or "switched off" in m) and "alert cannot fire" not in m]
     assert len(lines) == 1 and "no TensorBoard scalars" in lines[0] and str(run / "yolofeed_tb") in lines[0], lines
     assert "tensorboard=False" in lines[0] and "please report" not in lines[0]
     callbacks["on_train_end"](trainer)
@@ -484,7 +506,7 @@ def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp
     mon.publish()
     mon.publish()
     assert mon.writer is None and mon.endpoint is not None and "yolofeed_steps_total" in _scrape(mon.endpoint.url)
-    lines = [m for m in said if "TensorBoard" in m or "switched off" in m]
+    lines = [m for m in said if ("TensorBoard" in m or "switched off" in m) and "alert cannot fire" not in m]
     assert len(lines) == 1 and "TensorBoard scalars stopped" in lines[0] and "No space left" in lines[0], lines
     mon.close()
     assert mon.endpoint is None

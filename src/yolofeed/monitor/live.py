@@ -245,6 +245,7 @@ class TrainingMonitor:
         self._last_publish = 0.0
         self._last_summary = 0.0
         self._summaries = 0  # summary lines said this run
+        self._no_util_said = False  # that the alert cannot fire (no GPU utilisation to read), said once a monitor
         self._unmark: Callable[[], None] | None = None  # removes the phase marks from the trainer
 
     # -- Ultralytics callbacks -----------------------------------------------------------------
@@ -328,6 +329,12 @@ class TrainingMonitor:
         s = self.timer.summary(last=50)
         load = self.sampler.recent(5.0)
         wait = s.fraction.get("data_wait", 0.0)
+        if load.samples and load.gpu_util is None and not self._no_util_said:
+            self._no_util_said = True
+            cuda = self.info.get("device", "").startswith("cuda")
+            where = "NVML reads none for this GPU" if cuda else "a CPU run"
+            self._say(f"yolofeed monitor: no GPU utilisation to read ({where}): the low-utilisation alert cannot "
+                      "fire; the step breakdown, Prometheus and TensorBoard go on", logging.INFO, bar)
         if self.alert.update(load.gpu_util, wait):
             self._say(f"yolofeed monitor: GPU starved: {load.gpu_util:.0f} % busy while {100 * wait:.0f} % of each "
                       f"step waits for data (for {self.cfg.alert_seconds:.0f} s). Run 'yolofeed doctor' with this "
