@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -278,7 +279,123 @@ def test_finished_runs_are_not_kept_from_a_damaged_report(tmp_path):
     cfg = ParityConfig(data=str(tmp_path / "d.yaml"), epochs=2, out=str(tmp_path))
     for text in ("{", "[]", '{"config": 1, "runs": []}', '{"config": {}, "runs": [{"ok": true}]}'):
         (tmp_path / "parity.json").write_text(text)
-        assert finished_before(cfg, tmp_path) == []
+        assert finished_before(cfg, tmp_path, {}) == []
+
+
+def test_runs_on_files_changed_since_are_not_kept(synth_root, tmp_path, monkeypatch, capsys):
+    """Labels fixed since, or an edited model yaml at the same path, train again: the report records the dataset's
+    and the model's files (found by an adversarial tester: fixed labels kept the old runs, and their verdict)."""
+    import shutil
+
+    import ultralytics
+
+    from yolofeed.bench.parity import run
+    from yolofeed.config import ParityConfig
+
+    trained: list[str] = []
+    _fake_runs(monkeypatch, trained)
+    data = tmp_path / "data"
+    shutil.copytree(synth_root, data)
+    (data / "data.yaml").write_text((data / "data.yaml").read_text().replace(str(synth_root), str(data)))
+    model = tmp_path / "yolo11n.yaml"
+    shutil.copy(Path(ultralytics.__file__).parent / "cfg" / "models" / "11" / "yolo11.yaml", model)
+    cfg = ParityConfig(data=str(data / "data.yaml"), model=str(model), epochs=2, seeds=2, imgsz=64, batch=8,
+                       device="cpu", out=str(tmp_path / "out"))
+    run(cfg)
+    trained.clear()
+    run(cfg)
+    assert trained == []
+    label = sorted((data / "labels" / "train").glob("*.txt"))[0]
+    label.write_text("0 0.5 0.5 0.9 0.9\n")  # a label fixed
+    capsys.readouterr()
+    run(cfg)
+    assert len(trained) == 4 and "other settings (the dataset's files)" in capsys.readouterr().out
+    trained.clear()
+    model.write_text(model.read_text() + "\n# edited\n")
+    run(cfg)
+    assert len(trained) == 4 and "other settings (the model's files)" in capsys.readouterr().out
+
+
+def test_parity_writes_through_no_link_and_refuses_keys_that_move_its_runs(synth_root, tmp_path, monkeypatch):
+    """A link planted at a run's log or folder name is refused before any run, the file it points to untouched; a
+    file where the logs folder goes is named; exist_ok= and resume= are refused (exist_ok=False sent each run to
+    <name>-2 while parity read <name>: an earlier comparison's results; found by an adversarial tester)."""
+    from yolofeed.bench.parity import run
+    from yolofeed.config import ParityConfig
+
+    trained: list[str] = []
+    _fake_runs(monkeypatch, trained)
+    out = tmp_path / "out"
+    cfg = ParityConfig(data=str(synth_root / "data.yaml"), epochs=2, seeds=2, imgsz=64, batch=8, device="cpu",
+                       out=str(out))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "stock-seed0.log").symlink_to(victim)
+    with pytest.raises(ConfigError, match=r"stock-seed0.log is a link \(to .*victim.txt\): yolofeed parity writes"):
+        run(cfg)
+    assert victim.read_text() == "precious" and trained == []
+    (out / "logs" / "stock-seed0.log").unlink()
+    (out / "runs").mkdir()
+    (out / "runs" / "yolofeed-seed1").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(ConfigError, match=r"yolofeed-seed1 is a link"):
+        run(cfg)
+    (out / "runs" / "yolofeed-seed1").unlink()
+    (out / "logs").rmdir()
+    (out / "logs").write_text("")
+    with pytest.raises(ConfigError, match=r"logs is a file where yolofeed parity keeps its runs' logs"):
+        run(cfg)
+    (out / "logs").unlink()
+    for extra, words in (({"exist_ok": False}, "exist_ok= are set by yolofeed parity itself"),
+                         ({"resume": True}, "resume=True: yolofeed parity trains each run from scratch")):
+        with pytest.raises(ConfigError, match=words):
+            run(ParityConfig(**{**cfg.__dict__, "extra": extra}))
+    assert trained == []
+    run(cfg)
+    assert len(trained) == 4
+
+
+def test_a_report_that_is_no_file_or_holds_other_types_keeps_nothing_and_says_so(tmp_path, capsys):
+    """A FIFO at parity.json blocked the comparison for good; a report whose runs are a number raised a TypeError
+    (found by an adversarial tester). Each now keeps nothing, with one line."""
+    import threading
+
+    from yolofeed.bench.parity import finished_before
+    from yolofeed.config import ParityConfig
+
+    cfg = ParityConfig(data=str(tmp_path / "d.yaml"), epochs=2, out=str(tmp_path))
+    os.mkfifo(tmp_path / "parity.json")
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(finished_before(cfg, tmp_path, {})), daemon=True)
+    t.start()
+    t.join(10)
+    assert got == [[]] and "is not a report this yolofeed can read" in capsys.readouterr().out
+    (tmp_path / "parity.json").unlink()
+    for runs in ("5", "null", '"x"'):
+        (tmp_path / "parity.json").write_text(f'{{"config": {{}}, "runs": {runs}}}')
+        assert finished_before(cfg, tmp_path, {}) == []
+        assert "is not a report this yolofeed can read" in capsys.readouterr().out
+
+
+def test_the_python_api_takes_paths_and_names_a_wrong_type(synth_root, tmp_path, monkeypatch):
+    """``Path``s for data=, model= and out= work as text does (out= a Path raised in the report's JSON after the
+    runs); a key of another type is named in one line; extra=None is none."""
+    import json
+
+    from yolofeed.bench.parity import run
+    from yolofeed.config import ParityConfig
+
+    _fake_runs(monkeypatch, [])
+    cfg = ParityConfig(data=synth_root / "data.yaml", epochs=2, seeds=2, imgsz=64, batch=8, device="cpu",
+                       out=tmp_path / "out", extra=None)
+    s = run(cfg)
+    assert s.passed is not None and json.loads((tmp_path / "out" / "parity.json").read_text())["config"]["out"] == \
+        str(tmp_path / "out")
+    for key, value, words in (("epochs", "1", "epochs='1': expected a whole number"),
+                              ("seeds", 2.5, "seeds=2.5: expected a whole number"),
+                              ("extra", ["lr0"], "extra=['lr0']: expected a dict of training keys")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            run(ParityConfig(**{**cfg.__dict__, key: value}))
 
 
 def test_one_seed_a_side_is_said_up_front_and_the_numbers_name_their_key(synth_root, tmp_path, monkeypatch, capsys):

@@ -24,6 +24,7 @@ import math
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -122,7 +123,10 @@ def _launch(job: Job, spec: dict) -> subprocess.Popen:
     if job.device.isdigit():
         env["CUDA_VISIBLE_DEVICES"] = job.device  # the run sees one GPU, as cuda:0
     job.log.parent.mkdir(parents=True, exist_ok=True)
-    log = open(job.log, "w")  # closed by the child's exit; the parent keeps no handle past Popen
+    from yolofeed.atomic import NOFOLLOW
+
+    # never through a link planted at the log's name (no_links refused one before the runs: this is its last guard)
+    log = os.fdopen(os.open(job.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o666), "w")
     try:
         return subprocess.Popen([sys.executable, "-m", "yolofeed.bench.parity", json.dumps(spec)], stdout=log,
                                 stderr=subprocess.STDOUT, env=env, preexec_fn=_preexec(job.cores),
@@ -346,13 +350,20 @@ def _prepare(cfg: ParityConfig) -> None:
 
 def run(cfg: ParityConfig) -> Summary:
     """Train every (side, seed), print the table and the verdict, write parity.json and parity.png under out=."""
+    cfg = _typed(cfg)
     for name, least in (("seeds", 1), ("parallel", 1), ("epochs", 1), ("first_seed", 0)):
         if getattr(cfg, name) < least:  # the CLI's own check, for the Python API
             default = ParityConfig.__dataclass_fields__[name].default
             raise ConfigError(f"{name}={getattr(cfg, name)}: expected at least {least} (default {default})")
     if not Path(cfg.data).is_file():
         raise ConfigError(f"data={cfg.data}: no such file; point it at your dataset's data.yaml")
-    reserved = {"trainer", "model", "data", "seed", "device", "project", "name", "epochs", "imgsz", "batch"}
+    if "resume" in cfg.extra:
+        raise ConfigError(f"resume={cfg.extra['resume']}: yolofeed parity trains each run from scratch; a stopped "
+                          "comparison goes on where it stopped with the same command (its out= keeps the runs that "
+                          "finished)")
+    # exist_ok=False would send a run to <name>-2, beside the folder parity reads its results from
+    reserved = {"trainer", "model", "data", "seed", "device", "project", "name", "exist_ok", "epochs", "imgsz",
+                "batch"}
     clash = reserved & set(cfg.extra)
     if clash:
         raise ConfigError(f"{', '.join(sorted(clash))}= are set by yolofeed parity itself; use its own keys")
@@ -394,10 +405,12 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
     places = slots(devices_of(cfg.device), cfg.parallel, sorted(os.sched_getaffinity(0))
                    if hasattr(os, "sched_getaffinity") else list(range(usable_cores())))
     _prepare(cfg)
-    kept = finished_before(cfg, out)
+    inputs = inputs_of(cfg)
+    kept = finished_before(cfg, out, inputs)
     asked = [Job(side, seed, f"{side}-seed{seed}", out / "logs" / f"{side}-seed{seed}.log")
              for seed in range(cfg.first_seed, cfg.first_seed + cfg.seeds) for side in SIDES]
     to_train = [j for j in asked if j.name not in {k.name for k in kept}]
+    no_links(out, to_train)
     jobs = sorted(kept + to_train, key=lambda j: (j.seed, SIDES.index(j.side)))
     if kept:
         print(f"parity: {len(kept)} run(s) of an earlier comparison in {out} with these settings kept, not trained "
@@ -440,14 +453,15 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
                 bar.update(1)
                 if not job.ok:
                     tqdm.write(f"parity: {job.name} failed (exit {job.returncode}); log: {job.log}")
-                if _report(cfg, jobs, title, out).not_written is None:  # after each run: an interrupted comparison
-                    held = sum(j.returncode is not None for j in jobs)  # keeps what finished (held: how many)
+                # after each run: an interrupted comparison keeps what finished (held: how many)
+                if _report(cfg, jobs, title, out, inputs=inputs).not_written is None:
+                    held = sum(j.returncode is not None for j in jobs)
             bar.set_postfix_str(", ".join(j.name for j, _, _ in running.values()))
     except (KeyboardInterrupt, Terminated) as e:
         _stop([p for _, p, _ in running.values()])
         bar.close()  # its line ends before ours
         how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        unwritten = _report(cfg, jobs, title, out, stopped=how).not_written
+        unwritten = _report(cfg, jobs, title, out, stopped=how, inputs=inputs).not_written
         done = sum(j.ok for j in jobs)
         kept = (f"what finished is in {out / 'parity.json'}, and the same command goes on from it"
                 if unwritten is None else
@@ -461,7 +475,7 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
     finally:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
-    s = _report(cfg, jobs, title, out)
+    s = _report(cfg, jobs, title, out, inputs=inputs)
     if not any(j.ok for j in jobs):  # nothing to plot or compare: the table names each run's log
         print(f"{title}\n{table(jobs, s)}", flush=True)
         failed = next(j for j in jobs if not j.ok)
@@ -490,6 +504,76 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
 SAME_RUNS = ("data", "model", "epochs", "imgsz", "batch", "device", "pack_format", "partner_pool", "extra")
 
 
+def inputs_of(cfg: ParityConfig) -> dict[str, str]:
+    """What the runs train on, as it is now: the dataset's files (the data yaml's bytes, and each train and val image
+    and label path with its size and mtime, as a pack's fingerprint and Ultralytics' label cache count them) and the
+    model's (a yaml's or a checkpoint's bytes; a name Ultralytics resolves, as given). An earlier comparison's runs are
+    kept only where these are the same (``finished_before``): labels fixed since, or an edited model yaml, train
+    again."""
+    import hashlib
+
+    from yolofeed.pack.source import split_source
+    from yolofeed.train.keys import model_task
+
+    def digest(path: Path) -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    task = model_task(cfg.model, None)
+    data = hashlib.sha256(digest(Path(cfg.data)).encode())
+    for split in ("train", "val"):
+        data.update(split_source(cfg.data, split, task).fingerprint().encode())
+    model = Path(cfg.model)
+    return {"dataset's": data.hexdigest(), "model's": digest(model) if model.is_file() else str(cfg.model)}
+
+
+def no_links(out: Path, jobs: list[Job]) -> None:
+    """Refuse to train where a run would write through a link or into a file: ``out``'s logs and runs folders, and
+    each of ``jobs``' log and run folder (Ultralytics writes a run's files into its folder, which a planted link would
+    send elsewhere: a user's folder lost its results.csv to one).
+
+    Raises:
+        ConfigError: naming the path and what to do.
+    """
+    paths = [out / "logs", out / "runs"] + [p for j in jobs for p in (j.log, out / "runs" / j.name)]
+    for p in paths:
+        if p.is_symlink():
+            raise ConfigError(f"{p} is a link (to {os.readlink(p)}): yolofeed parity writes its runs there and would "
+                              f"write through it; remove the link, or choose another out=")
+    for p in (out / "logs", out / "runs"):
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"{p} is a file where yolofeed parity keeps its runs' {p.name}: move it, or choose "
+                              "another out=")
+
+
+def _typed(cfg: ParityConfig) -> ParityConfig:
+    """``cfg`` as the command line would make it, for the Python API: paths (``Path``) as text, each whole-number key a
+    whole number, ``extra`` a dict (None: none).
+
+    Raises:
+        ConfigError: naming the key, what it holds and what it takes.
+    """
+    from dataclasses import fields
+
+    changes: dict = {}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "extra":
+            if value is None:
+                changes["extra"] = {}
+            elif not isinstance(value, dict):
+                raise ConfigError(f"extra={value!r}: expected a dict of training keys, e.g. {{'lr0': 0.01}}")
+        elif f.default is not None and isinstance(f.default, int) and not isinstance(f.default, bool):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{f.name}={value!r}: expected a whole number (default {f.default})")
+        elif isinstance(value, os.PathLike):
+            changes[f.name] = os.fspath(value)
+    return replace(cfg, **changes) if changes else cfg
+
+
 def versions() -> dict[str, str | None]:
     """The yolofeed and Ultralytics whose runs a report holds: a run of another is trained again."""
     from importlib.metadata import PackageNotFoundError, version
@@ -503,20 +587,38 @@ def versions() -> dict[str, str | None]:
     return {"yolofeed": yolofeed.__version__, "ultralytics": ultralytics}
 
 
-def finished_before(cfg: ParityConfig, out: Path) -> list[Job]:
+REPORT_MAX_BYTES = 64 << 20  # a parity.json larger than this is not one parity wrote (its runs' curves: kilobytes)
+
+
+def finished_before(cfg: ParityConfig, out: Path, inputs: dict) -> list[Job]:
     """The runs an earlier comparison in ``out`` finished with the same settings (``SAME_RUNS``, the data and model
-    files by absolute path, the same ``versions``; its parity.json), each kept where its results.csv, read again,
-    still holds the curves the report recorded for it (not another comparison's, which overwrote it and was stopped
-    before its report): not trained again. A comparison stopped by a Ctrl-C goes on where it stopped; ``first_seed=``
-    adds seeds to it. [] where there is none, or other settings (said in one line)."""
+    files by absolute path, the same ``versions``, the same ``inputs``: the dataset's and the model's files as they
+    are now; its parity.json), each kept where its results.csv, read again, still holds the curves the report
+    recorded for it (not another comparison's, which overwrote it and was stopped before its report): not trained
+    again. A comparison stopped by a Ctrl-C goes on where it stopped; ``first_seed=`` adds seeds to it. [] where there
+    is none, other settings or a report it cannot read (each said in one line)."""
+    path = out / "parity.json"
     try:
-        report = json.loads((out / "parity.json").read_text())
+        st = os.lstat(path)
+    except OSError:  # none: a new comparison
+        return []
+    try:
+        if not stat.S_ISREG(st.st_mode) or st.st_size > REPORT_MAX_BYTES:  # a FIFO or a device would never end
+            raise ValueError("not a file parity writes" if not stat.S_ISREG(st.st_mode) else "too large")
+        report = json.loads(path.read_text())
         before, runs = report["config"], report["runs"]
+        if not isinstance(before, dict) or not isinstance(runs, list):
+            raise TypeError("not a parity report")
         now = json.loads(json.dumps(asdict(cfg)))  # as the report holds it: tuples as lists
         changed = [k for k in SAME_RUNS if before.get(k) != now[k]]
         if report.get("versions") != versions():
             changed.append("the yolofeed or Ultralytics version")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not a report of this yolofeed's
+        if report.get("inputs") != inputs:
+            changed += [f"the {what} files" for what in ("dataset's", "model's") if (report.get("inputs") or {}).get(
+                what) != inputs.get(what)] or ["the dataset's or the model's files"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # not a report of this yolofeed's
+        print(f"parity: {path} is not a report this yolofeed can read ({type(e).__name__}: {e}); no run of it is "
+              "kept", flush=True)
         return []
     if changed:
         print(f"parity: {out} holds a comparison with other settings ({', '.join(changed)}): its runs are not kept, "
@@ -551,17 +653,19 @@ def _terminate(signum, frame) -> None:
     raise Terminated
 
 
-def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: str | None = None) -> Summary:
+def _report(cfg: ParityConfig, jobs: list[Job], title: str, out: Path, stopped: str | None = None,
+            inputs: dict | None = None) -> Summary:
     """Summarise the runs that finished and write parity.json.
 
     Args:
         stopped: what stopped the comparison before its runs finished ("SIGTERM", "Ctrl-C"): no verdict then.
+        inputs: ``inputs_of(cfg)``, the runs' files as they were trained on (a later comparison compares them).
     """
     s = summarise(jobs)
     if stopped is not None:
         s = replace(s, passed=None, verdict=f"no verdict: stopped by {stopped} with {sum(j.ok for j in jobs)} of "
                                             f"{len(jobs)} runs finished")
-    report = {"config": asdict(cfg), "versions": versions(), "title": title,
+    report = {"config": asdict(cfg), "versions": versions(), "inputs": inputs, "title": title,
               "verdict": s.verdict, "passed": s.passed, "stopped": stopped,
               "difference": asdict(s.difference), "final": s.final, "seeds": s.seeds, "loss_overlap": s.overlap,
               "bars": {"mean_points": MEAN_BAR, "ci_low_points": LOW_BAR, "loss_overlap": OVERLAP_BAR},
