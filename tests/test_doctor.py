@@ -369,3 +369,27 @@ def test_a_model_whose_task_the_data_cannot_train_is_one_line_in_doctor_bench_an
     from yolofeed.train.run import check_model_and_data
 
     check_model_and_data("yolo11n-obb.yaml", str(obb_root / "data.yaml"))  # its own kind of data: no complaint
+
+
+@pytest.mark.parametrize("command", ["bench", "doctor"])
+@pytest.mark.parametrize("extra, words", [
+    ({"resume": True}, "resume=True: yolofeed {c} trains runs of its own from scratch; go on with a training of yours "
+                       "with yolofeed train model=<run>/weights/last.pt resume"),
+    ({"project": "/elsewhere", "name": "same"}, "project=/elsewhere, name=same: yolofeed {c} puts each mode's run in "
+                                                "out=/runs/<mode> itself; choose the folder with out="),
+    ({"exist_ok": False}, "exist_ok=False: yolofeed {c} puts each mode's run"),
+])
+def test_bench_and_doctor_refuse_keys_that_move_their_runs(synth_root, tmp_path, command, extra, words):
+    """project=/name= sent both modes into one folder (the second overwrote the first's files, the report named
+    out=/runs), resume= trained a stranger's newest last.pt (found by an adversarial tester): one line, nothing run."""
+    from yolofeed.bench.run import run as bench
+    from yolofeed.config import BenchConfig, DoctorConfig
+    from yolofeed.doctor.run import run as doctor
+    from yolofeed.errors import ConfigError
+
+    config, run = (BenchConfig, bench) if command == "bench" else (DoctorConfig, doctor)
+    cfg = config(model="yolo11n.yaml", data=str(synth_root / "data.yaml"), imgsz=64, batch=8, out=str(tmp_path / "o"),
+                 extra={"device": "cpu", **extra})
+    with pytest.raises(ConfigError, match="^" + re.escape(words.format(c=command))):
+        run(cfg)
+    assert not (tmp_path / "o").exists()

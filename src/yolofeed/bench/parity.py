@@ -512,6 +512,7 @@ def inputs_of(cfg: ParityConfig) -> dict[str, str]:
     again."""
     import hashlib
 
+    from yolofeed.errors import DatasetError
     from yolofeed.pack.source import split_source
     from yolofeed.train.keys import model_task
 
@@ -525,7 +526,10 @@ def inputs_of(cfg: ParityConfig) -> dict[str, str]:
     task = model_task(cfg.model, None)
     data = hashlib.sha256(digest(Path(cfg.data)).encode())
     for split in ("train", "val"):
-        data.update(split_source(cfg.data, split, task).fingerprint().encode())
+        try:
+            data.update(split_source(cfg.data, split, task).fingerprint().encode())
+        except (DatasetError, OSError) as e:  # a split the runs refuse themselves, each in its log
+            data.update(f"{split}: {type(e).__name__}".encode())
     model = Path(cfg.model)
     return {"dataset's": data.hexdigest(), "model's": digest(model) if model.is_file() else str(cfg.model)}
 

@@ -387,7 +387,9 @@ def run(cfg: BenchConfig) -> dict:
     from yolofeed.atomic import write_atomically
     from yolofeed.doctor.report import command_line, not_written, unwritten, writable_folder
     from yolofeed.monitor.system import environment
+    from yolofeed.train.keys import refuse_run_folder_keys
 
+    refuse_run_folder_keys(cfg.extra, "yolofeed bench")
     modes = list(dict.fromkeys(m.strip() for m in cfg.modes.split(",") if m.strip()))  # a mode twice: once
     if not modes:
         raise ConfigError(f"modes={cfg.modes}: names no mode; choose from {', '.join(MODES)}")

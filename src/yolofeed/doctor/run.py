@@ -9,7 +9,7 @@ from yolofeed.errors import ConfigError
 from yolofeed.measure.profile import profile
 from yolofeed.measure.progress import Progress
 from yolofeed.monitor.system import environment
-from yolofeed.train.keys import check_device, model_task
+from yolofeed.train.keys import check_device, model_task, refuse_run_folder_keys
 from yolofeed.train.run import check_model_and_data
 
 
@@ -61,6 +61,7 @@ def run(cfg: DoctorConfig) -> list:
     if cfg.steps < 5:
         raise ConfigError(f"steps={cfg.steps}: expected at least 5 (default 40): the doctor's breakdown needs 5 "
                           "measured steps")
+    refuse_run_folder_keys(cfg.extra, "yolofeed doctor")
     check_device(cfg.extra.get("device"), ours=cfg.yolofeed)  # as yolofeed train checks it, before any profiling
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these, before out= is made
     task = model_task(cfg.model, None)

@@ -400,6 +400,23 @@ def check_names(names: Iterable[str], own: Iterable[str] = (), command: str = "y
                               f"'{command} help' lists yolofeed's keys, 'yolo cfg' Ultralytics' keys.")
 
 
+def refuse_run_folder_keys(extra: dict[str, Any], command: str) -> None:
+    """``yolofeed bench`` and ``doctor`` put each mode's run in ``out=``'s runs folder themselves, from scratch:
+    ``project=``, ``name=`` or ``exist_ok=`` sent both modes into one folder (the second overwrote the first's files
+    while the report named another), and ``resume=`` trained on the newest last.pt of the working folder, a stranger's.
+
+    Raises:
+        ConfigError: naming the key and what to use instead.
+    """
+    if "resume" in extra:
+        raise ConfigError(f"resume={extra['resume']}: {command} trains runs of its own from scratch; go on with a "
+                          "training of yours with yolofeed train model=<run>/weights/last.pt resume")
+    clash = [k for k in ("project", "name", "exist_ok") if k in extra]
+    if clash:
+        raise ConfigError(f"{', '.join(f'{k}={extra[k]}' for k in clash)}: {command} puts each mode's run in "
+                          "out=/runs/<mode> itself; choose the folder with out=")
+
+
 def check_overrides(overrides: dict[str, Any], own: Iterable[str] = (), command: str = "yolofeed train",
                     routes: Callable[[str, Any], str | None] | None = None) -> None:
     """Keys handed to Ultralytics, checked as ``ultralytics.cfg.get_cfg`` checks them, but in one line.

@@ -80,17 +80,31 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
 
 
 def check_model_file(name: str) -> None:
-    """A model yaml that is not one (a data yaml passed as model=, say), or a ``.pt`` that is not there and that
-    Ultralytics would not download (``seam.downloads_weights``), refused before Ultralytics builds or looks for it:
-    for such a name it asks GitHub which assets it could download, with YOLO_OFFLINE set too, then fails.
+    """A model yaml that is not one (a data yaml passed as model=, say), a ``.pt`` that is not there and that
+    Ultralytics would not download (``seam.downloads_weights``: for such a name it asks GitHub which assets it could
+    download, with YOLO_OFFLINE set too, then fails) or could not (offline), and a name that is neither (an ONNX file,
+    a text file: Ultralytics trains neither, and said so in a traceback once the run had started), refused before
+    Ultralytics builds or looks for it. A bare name of Ultralytics' models is its ``.pt`` (``seam.weights_name``).
 
     Raises:
-        ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path.
+        ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path, or no way
+            to download it; a name that is no yaml or ``.pt``.
     """
-    from yolofeed.ultralytics_seam import downloads_weights
+    from yolofeed.ultralytics_seam import downloads_weights, weights_name, weights_offline
 
-    if str(name).lower().endswith(".pt") and not Path(name).exists() and not downloads_weights(name):
-        raise _no_such_model(name)
+    if not str(name).lower().endswith((".pt", ".yaml", ".yml")):
+        if not weights_name(name).lower().endswith(".pt"):  # yolo11n is yolo11n.pt to Ultralytics
+            what = "a file of another kind" if Path(name).is_file() else "no such file"
+            raise ConfigError(f"model={name}: {what}. yolofeed trains from a model yaml (model=yolo11n.yaml) or "
+                              "PyTorch weights (model=path/to/best.pt); an exported model (ONNX, TensorRT...) "
+                              "predicts and validates only")
+    weights = name if str(name).lower().endswith((".pt", ".yaml", ".yml")) else weights_name(name)
+    said = name if weights == name else f"{name} ({weights})"
+    if weights.lower().endswith(".pt") and not Path(weights).exists():
+        if not downloads_weights(weights):
+            raise _no_such_model(said)
+        if weights_offline(weights):
+            raise _offline(said)
     if not str(name).lower().endswith((".yaml", ".yml")):
         return
     from yolofeed.ultralytics_seam import yaml_model_load
@@ -166,9 +180,13 @@ def load_model(name: str, key: str = "model", checked: bool = False) -> Any:
     except FileNotFoundError:
         raise _no_such_model(name) from None
     except ConnectionError:  # Ultralytics' weights by name (yolo11n.pt) are downloaded on first use
-        raise ConfigError(f"model={name}: not on this machine, and its download failed (offline?). Download it once "
-                          "with network access, pass the path of a local .pt, or train from scratch with a yaml "
-                          "such as model=yolo11n.yaml") from None
+        raise _offline(name) from None
+
+
+def _offline(name: str) -> ConfigError:
+    return ConfigError(f"model={name}: not on this machine, and its download failed (offline?). Download it once "
+                       "with network access, pass the path of a local .pt, or train from scratch with a yaml such as "
+                       "model=yolo11n.yaml")
 
 
 TRAINER_KEYS = ("pack_format", "pack_rebuild", "pack_dir", "partner_pool", "warm_up", "validate_beside", "val_overlap",

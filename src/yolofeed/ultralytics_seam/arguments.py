@@ -1,5 +1,6 @@
 """A run's arguments as Ultralytics takes them: the names of the optimisers it builds (``OPTIMIZERS``), the side it
-trains at for an ``imgsz`` (``train_side``), and the weights it finds or fetches by name (``downloads_weights``)."""
+trains at for an ``imgsz`` (``train_side``), the weights a name stands for (``weights_name``) and those it finds or
+fetches by name (``downloads_weights``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from yolofeed.ultralytics_seam.names import GITHUB_ASSETS_NAMES, LOGGER, SETTINGS, check_imgsz, get_cfg, parse_device
+from yolofeed.ultralytics_seam.names import (
+    GITHUB_ASSETS_NAMES,
+    LOGGER,
+    ONLINE,
+    SETTINGS,
+    check_imgsz,
+    check_model_file_from_stem,
+    get_cfg,
+    parse_device,
+)
 
 # BaseTrainer.build_optimizer's names (matched without case); any other raises NotImplementedError after the model is
 # built. tests/test_seam.py reads them from the installed source.
@@ -60,6 +70,12 @@ def train_side(imgsz: Any, stride: int = 32) -> int:
     return side
 
 
+def weights_name(name: str) -> str:
+    """The name ``YOLO(name)`` loads for a ``model=`` that is no yaml: Ultralytics' ``check_model_file_from_stem``
+    (``Model._load``) gives a bare name of its models its ``.pt`` (yolo11n is yolo11n.pt); any other name as it is."""
+    return str(check_model_file_from_stem(str(name)))
+
+
 def downloads_weights(name: str) -> bool:
     """Whether Ultralytics' ``attempt_download_asset`` may find or fetch ``name`` where no file is: a URL, an asset
     name of its releases (a path ending in yolo11n.pt is downloaded there; a yolov5 or yolov3 name is first renamed
@@ -68,6 +84,13 @@ def downloads_weights(name: str) -> bool:
     text = str(name).strip()
     return (text.lower().startswith(("http:/", "https:/")) or Path(text).name in GITHUB_ASSETS_NAMES
             or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())
+
+
+def weights_offline(name: str) -> bool:
+    """Whether ``name`` (a ``.pt``) is neither here nor in Ultralytics' weights folder while Ultralytics is offline
+    (``YOLO_OFFLINE``, or no DNS when it was imported): its download would fail."""
+    text = str(name).strip()
+    return not ONLINE and not Path(text).exists() and not (Path(SETTINGS["weights_dir"]) / text).exists()
 
 
 def deterministic_ahead(deterministic: bool, seed: int) -> Callable[[], None]:
