@@ -353,3 +353,12 @@ def test_setup_profile_puts_each_threads_samples_in_their_phase():
     assert "main (x.py:1)" not in build.split("at the top")[0]  # on every sample's stack
     assert "== epoch1 / T: 1.00 s seen" in text and "== epoch1 / U: 0.10 s seen" in text
     assert "9.00" not in text  # before the first mark
+
+
+def test_gil_convoy_times_torch_calls_alone_and_beside_a_pickling_thread():
+    from tools import gil_convoy
+
+    rows = gil_convoy.main(["--calls", "50"])
+    assert [r["switch_ms"] for r in rows] == [5.0, 0.5]
+    assert all(r[k] > 0 for r in rows for k in ("torch_alone_s", "torch_beside_s", "python_alone_s",
+                                                  "python_beside_s"))

@@ -166,6 +166,11 @@ SECTIONS = {s.name: s for s in (
           f"> /tmp/{tr}_{e}.log 2>&1; grep -m1 ': wall ' /tmp/{tr}_{e}.log || tail -20 /tmp/{tr}_{e}.log"
           for tr, e, d, t in (("stock", 1, "$OUT", 150), ("yolofeed", 1, "/tmp/profile_first", 90),
                               ("yolofeed", 2, "$OUT", 100))), NO_WEIGHTS)),
+    Section("host-profile", "The whole run", "nvidia-h200", 1, 4, (
+        # py-spy (its wheel carried in .tools/) samples every thread's Python stacks through steady epochs of yolofeed's
+        # run on 4,000 images; and torch._inductor's import from source and from bytecode
+        "bash tools/device/host_profile.sh",)),
+    Section("gil-convoy", "The whole run", "any (CPU)", 0, 1, ("python3 -m tools.gil_convoy",)),
     Section("first-epoch-ab", "The whole run", "nvidia-h200", 1, 9, (
         # yolofeed's whole run of 2 epochs (its set-up and first epoch) as three trees have it, C A B C A B: C the tree
         # in .base/c/src (21a9208: Triton's key at the first kernel launch), A the tree in .base/src (505cf8c: the key
