@@ -393,3 +393,9 @@ def test_bench_and_doctor_refuse_keys_that_move_their_runs(synth_root, tmp_path,
     with pytest.raises(ConfigError, match="^" + re.escape(words.format(c=command))):
         run(cfg)
     assert not (tmp_path / "o").exists()
+
+
+def test_resume_false_is_what_bench_and_doctor_do_anyway():
+    from yolofeed.train.keys import refuse_run_folder_keys
+
+    refuse_run_folder_keys({"resume": False, "device": "cpu"}, "yolofeed bench")  # taken: no error

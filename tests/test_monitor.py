@@ -177,7 +177,8 @@ def test_no_gpu_series_without_a_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("gpu, device, words", [
-    (False, "cpu", "(a CPU run)"),
+    (False, "cpu", "(a run on cpu)"),
+    (False, "mps", "(a run on mps)"),
     (False, "cuda:0", "(NVML reads none for this GPU)"),
     (True, "cuda:0", None),
 ])

@@ -351,7 +351,7 @@ def test_parity_writes_through_no_link_and_refuses_keys_that_move_its_runs(synth
         with pytest.raises(ConfigError, match=words):
             run(ParityConfig(**{**cfg.__dict__, "extra": extra}))
     assert trained == []
-    run(cfg)
+    run(ParityConfig(**{**cfg.__dict__, "extra": {"resume": False}}))  # what parity does anyway: taken
     assert len(trained) == 4
 
 

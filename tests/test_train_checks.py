@@ -285,21 +285,12 @@ def test_a_weights_path_that_is_not_there_is_refused_before_ultralytics_looks_fo
     monkeypatch.setattr(seam, "YOLO", called)
     with pytest.raises(ConfigError, match=r"^model=.*/weights/nope\.pt: no such file, and not a model Ultralytics"):
         run.load_model(str(tmp_path / "weights" / "nope.pt"))
-    # what Ultralytics downloads where no file is: its assets by name (to that path), URLs; left to it online, and
-    # refused offline (YOLO_OFFLINE, or no DNS: its download would fail once the run had started), in one line
-    from yolofeed.ultralytics_seam import arguments
-
-    downloaded = (str(tmp_path / "weights" / "yolo11n.pt"), "yolo11n.pt", "https://example.com/w/best.pt",
-                  str(tmp_path / "yolov5s.pt"), "yolo11n")
-    monkeypatch.setattr(arguments, "ONLINE", True)
-    for name in downloaded:
+    # what Ultralytics downloads or fetches where no file is: its assets by name (to that path; a bare name is its .pt),
+    # URLs and platform names whatever their ending; left to it (a failed download is one line where it is built)
+    for name in (str(tmp_path / "weights" / "yolo11n.pt"), "yolo11n.pt", "https://example.com/w/best.pt",
+                 str(tmp_path / "yolov5s.pt"), "yolo11n", "https://host/best.pt?token=abc", "ul://user/project/model",
+                 Path("yolo11n.yaml")):
         run.check_model_file(name)
-    monkeypatch.setattr(arguments, "ONLINE", False)
-    for name in downloaded:
-        with pytest.raises(ConfigError, match=r"^model=.*: not on this machine, and its download failed \(offline"):
-            run.check_model_file(name)
-    with pytest.raises(ConfigError, match=r"^model=yolo11n \(yolo11n\.pt\): not on this machine"):
-        run.check_model_file("yolo11n")  # the name as given, and the weights it stands for
     # neither a yaml nor weights: an exported model, a text file, a name of nothing (a traceback once started)
     (tmp_path / "model.onnx").write_bytes(b"onnx")
     for name, what in ((str(tmp_path / "model.onnx"), "a file of another kind"), ("no_such_model", "no such file")):

@@ -70,6 +70,10 @@ def _finite_cases(device: str):
             torch.randint(0, 50, (5,), generator=g),
             (torch.float32, torch.float16, torch.bfloat16, torch.float32, torch.float32))]
         tensors.append(torch.tensor(float(case), device=device))  # a 0-d loss
+        # finite values whose L2 norm overflows their dtype (found by a reviewer: they read as not finite)
+        tensors += [torch.full((4,), 60000.0, device=device, dtype=torch.float16),
+                    torch.full((2,), 1e30, device=device, dtype=torch.bfloat16),
+                    torch.full((2,), 1e200, device=device, dtype=torch.float64)]
         if case % 3:  # one value of one tensor made NaN or infinite
             t = tensors[case % len(tensors)]
             if t.numel():

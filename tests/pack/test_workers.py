@@ -197,6 +197,31 @@ def test_a_ctrl_c_just_after_a_fork_leaves_no_worker_behind():
                 p.kill()
 
 
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX")
+def test_a_ctrl_c_as_the_signals_are_held_leaves_the_mask_as_it_was(monkeypatch):
+    """CPython checks for signals as it changes the mask: a Ctrl-C then raised after the block, before the try that
+    puts the mask back, left SIGINT and SIGTERM blocked in the parent for good (found by a reviewer: a later child
+    inherited it, and SIGTERM no longer ended it)."""
+    import multiprocessing as mp
+
+    from yolofeed.pack import workers
+
+    real = signal.pthread_sigmask
+
+    def checked(how, mask):
+        out = real(how, mask)
+        if how == signal.SIG_BLOCK and set(mask) == workers.HELD:
+            raise KeyboardInterrupt  # as PyErr_CheckSignals raises a Ctrl-C that came meanwhile
+        return out
+
+    before = real(signal.SIG_BLOCK, ())
+    monkeypatch.setattr(signal, "pthread_sigmask", checked)
+    with pytest.raises(KeyboardInterrupt), workers._held(mp.get_context("fork")):
+        pass
+    monkeypatch.setattr(signal, "pthread_sigmask", real)
+    assert real(signal.SIG_BLOCK, ()) == before
+
+
 def test_a_second_ctrl_c_while_stop_waits_still_kills_the_workers(monkeypatch):
     """A Ctrl-C in ``stop``'s wait (the build's second): the workers are killed all the same, or the interpreter's
     exit, which joins them, would wait for ever (found by a reviewer)."""

@@ -14,10 +14,13 @@ NOTES="$OUT/notes.txt"
 env | grep -E '^PYTHON' | sort > "$NOTES" || true
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/pyspy .tools/py_spy-*.whl
 SPY=/tmp/pyspy/bin/py-spy
+# each from a bytecode folder of its own (setup.sh has compiled the packages' own): an empty one read and not
+# written (from source, twice), then one written and read
+fresh="$(mktemp -d)"
 for how in "no bytecode" "no bytecode" "cache written" "cache read"; do
   case "$how" in
-    "no bytecode") env=(PYTHONDONTWRITEBYTECODE=1) ;;
-    *) env=(-u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pycache) ;;
+    "no bytecode") env=(PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX="$(mktemp -d)") ;;
+    *) env=(-u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX="$fresh") ;;
   esac
   /usr/bin/env "${env[@]}" python3 -c "import time, torch; t = time.perf_counter(); import torch._inductor.config; \
 print('torch._inductor import, $how:', round(time.perf_counter() - t, 2), 's')"

@@ -357,7 +357,7 @@ def run(cfg: ParityConfig) -> Summary:
             raise ConfigError(f"{name}={getattr(cfg, name)}: expected at least {least} (default {default})")
     if not Path(cfg.data).is_file():
         raise ConfigError(f"data={cfg.data}: no such file; point it at your dataset's data.yaml")
-    if "resume" in cfg.extra:
+    if cfg.extra.get("resume") not in (None, False):
         raise ConfigError(f"resume={cfg.extra['resume']}: yolofeed parity trains each run from scratch; a stopped "
                           "comparison goes on where it stopped with the same command (its out= keeps the runs that "
                           "finished)")
@@ -617,9 +617,11 @@ def finished_before(cfg: ParityConfig, out: Path, inputs: dict) -> list[Job]:
         changed = [k for k in SAME_RUNS if before.get(k) != now[k]]
         if report.get("versions") != versions():
             changed.append("the yolofeed or Ultralytics version")
-        if report.get("inputs") != inputs:
-            changed += [f"the {what} files" for what in ("dataset's", "model's") if (report.get("inputs") or {}).get(
-                what) != inputs.get(what)] or ["the dataset's or the model's files"]
+        if not isinstance(report.get("inputs"), dict):
+            changed.append("no record of the files it trained on (an older yolofeed's report)")
+        elif report["inputs"] != inputs:
+            changed += [f"the {what} files" for what in ("dataset's", "model's")
+                        if report["inputs"].get(what) != inputs.get(what)] or ["the dataset's or the model's files"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # not a report of this yolofeed's
         print(f"parity: {path} is not a report this yolofeed can read ({type(e).__name__}: {e}); no run of it is "
               "kept", flush=True)
@@ -634,7 +636,7 @@ def finished_before(cfg: ParityConfig, out: Path, inputs: dict) -> list[Job]:
             if not r["ok"] or r["side"] not in SIDES:
                 continue
             name = f"{r['side']}-seed{int(r['seed'])}"
-            job = Job(r["side"], int(r["seed"]), name, Path(r["log"]), device=str(r.get("device", "")),
+            job = Job(r["side"], int(r["seed"]), name, out / "logs" / f"{name}.log", device=str(r.get("device", "")),
                       cores=list(range(int(r.get("cores") or 0))), returncode=0, wall_s=float(r.get("wall_s") or 0.0),
                       curves=read_curves(out / "runs" / name))
             recorded = r["curves"]

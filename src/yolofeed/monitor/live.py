@@ -331,8 +331,8 @@ class TrainingMonitor:
         wait = s.fraction.get("data_wait", 0.0)
         if load.samples and load.gpu_util is None and not self._no_util_said:
             self._no_util_said = True
-            cuda = self.info.get("device", "").startswith("cuda")
-            where = "NVML reads none for this GPU" if cuda else "a CPU run"
+            device = self.info.get("device", "")
+            where = "NVML reads none for this GPU" if device.startswith("cuda") else f"a run on {device or 'the CPU'}"
             self._say(f"yolofeed monitor: no GPU utilisation to read ({where}): the low-utilisation alert cannot "
                       "fire; the step breakdown, Prometheus and TensorBoard go on", logging.INFO, bar)
         if self.alert.update(load.gpu_util, wait):

@@ -240,7 +240,6 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     counter = ctx.Value("Q", len(PREAMBLE))  # payloads go after the preamble
     initargs = (str(tmp), counter, src.nc, imgsz, format, mapped, backed, disk, src.task, src.kpt_shape)
     started = time.perf_counter()  # the phases' ends, for the header: what is fixed and what grows with n
-    pool = Workers(workers, init_worker, initargs, close_worker, ctx)
     first = None
     index = np.zeros(n, INDEX_DTYPE)
     labels: list[np.ndarray | None] = [None] * n
@@ -254,6 +253,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     chunk = max(1, min(64, n // (workers * 8)))
     why: dict[int, str] = {}  # results arrive in completion order; the report lists them in source order
     noted: dict[int, list[str]] = {}
+    pool = Workers(workers, init_worker, initargs, close_worker, ctx)  # last before the try that stops it
     try:
         with (signals_deferred() as check, _Writeback(disk, fd) if sync else contextlib.nullcontext(),
               tqdm(total=n, unit="img", disable=not progress, desc=f"pack {src.split}") as bar):

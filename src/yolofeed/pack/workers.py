@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from yolofeed.processes import die_with_parent, process_start
+from yolofeed.processes import die_with_parent, process_start, signals_deferred
 
 POLL_S = 0.5  # the longest wait before ``check`` runs: see ``processes.signals_deferred``
 # How long ``stop`` waits for a worker it sent SIGTERM before it kills it: one that does not end on SIGTERM (an
@@ -100,15 +100,18 @@ class Workers:
         ctx = ctx or mp_context()
         me = (os.getpid(), process_start(os.getpid()) or 0.0)
         try:
-            for _ in range(n):
-                mine, theirs = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=_serve, args=(theirs, initializer, initargs, finalizer, me), daemon=True,
-                                name="yolofeed-pack-worker")
-                self._procs.append(p)  # before it starts: a Ctrl-C just after the fork leaves no worker untracked
-                self._conns.append(mine)
-                with _held(ctx):
-                    p.start()
-                theirs.close()  # ours closed, the worker's death reads as EOF here
+            # a Ctrl-C noted, not raised, until every worker started is recorded: Python raises it in the main thread
+            # whichever thread takes the signal, so the mask below cannot keep it out of a start cut after its fork
+            with signals_deferred():
+                for _ in range(n):
+                    mine, theirs = ctx.Pipe(duplex=True)
+                    p = ctx.Process(target=_serve, args=(theirs, initializer, initargs, finalizer, me), daemon=True,
+                                    name="yolofeed-pack-worker")
+                    self._procs.append(p)  # before it starts (a start that raises after its fork: see ``processes``)
+                    self._conns.append(mine)
+                    with _held(ctx):
+                        p.start()
+                    theirs.close()  # ours closed, the worker's death reads as EOF here
         except BaseException:
             self.stop()
             raise
@@ -214,8 +217,9 @@ def _held(ctx: Any) -> Iterator[None]:
     if ctx.get_start_method() != "fork" or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # read only: a signal checked for here changes nothing
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD)  # its signal check may raise: the finally puts the mask back
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)

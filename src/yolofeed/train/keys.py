@@ -408,7 +408,7 @@ def refuse_run_folder_keys(extra: dict[str, Any], command: str) -> None:
     Raises:
         ConfigError: naming the key and what to use instead.
     """
-    if "resume" in extra:
+    if extra.get("resume") not in (None, False):
         raise ConfigError(f"resume={extra['resume']}: {command} trains runs of its own from scratch; go on with a "
                           "training of yours with yolofeed train model=<run>/weights/last.pt resume")
     clash = [k for k in ("project", "name", "exist_ok") if k in extra]

@@ -82,30 +82,30 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
 def check_model_file(name: str) -> None:
     """A model yaml that is not one (a data yaml passed as model=, say), a ``.pt`` that is not there and that
     Ultralytics would not download (``seam.downloads_weights``: for such a name it asks GitHub which assets it could
-    download, with YOLO_OFFLINE set too, then fails) or could not (offline), and a name that is neither (an ONNX file,
-    a text file: Ultralytics trains neither, and said so in a traceback once the run had started), refused before
-    Ultralytics builds or looks for it. A bare name of Ultralytics' models is its ``.pt`` (``seam.weights_name``).
+    download, with YOLO_OFFLINE set too, then fails), and a name that is neither (an ONNX file, a text file:
+    Ultralytics trains neither, and said so in a traceback once the run had started), refused before Ultralytics
+    builds or looks for it. A bare name of Ultralytics' models is its ``.pt`` (``seam.weights_name``); a URL or a
+    platform name (``seam.remote_model``) is left to Ultralytics, which fetches it, as are its downloads by name (a
+    failed one is said in one line where the model is built: ``load_model``).
 
     Raises:
-        ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path, or no way
-            to download it; a name that is no yaml or ``.pt``.
+        ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path, and not a
+            name Ultralytics downloads; a name that is no yaml or ``.pt``.
     """
-    from yolofeed.ultralytics_seam import downloads_weights, weights_name, weights_offline
+    from yolofeed.ultralytics_seam import downloads_weights, remote_model, weights_name
 
-    if not str(name).lower().endswith((".pt", ".yaml", ".yml")):
-        if not weights_name(name).lower().endswith(".pt"):  # yolo11n is yolo11n.pt to Ultralytics
-            what = "a file of another kind" if Path(name).is_file() else "no such file"
-            raise ConfigError(f"model={name}: {what}. yolofeed trains from a model yaml (model=yolo11n.yaml) or "
-                              "PyTorch weights (model=path/to/best.pt); an exported model (ONNX, TensorRT...) "
-                              "predicts and validates only")
-    weights = name if str(name).lower().endswith((".pt", ".yaml", ".yml")) else weights_name(name)
-    said = name if weights == name else f"{name} ({weights})"
-    if weights.lower().endswith(".pt") and not Path(weights).exists():
-        if not downloads_weights(weights):
-            raise _no_such_model(said)
-        if weights_offline(weights):
-            raise _offline(said)
-    if not str(name).lower().endswith((".yaml", ".yml")):
+    name = str(name)
+    if remote_model(name):  # a URL or a platform name: Ultralytics fetches it (a .pt) as it loads it
+        return
+    weights = name if name.lower().endswith((".pt", ".yaml", ".yml")) else weights_name(name)  # yolo11n: yolo11n.pt
+    if not weights.lower().endswith((".pt", ".yaml", ".yml")):
+        what = "a file of another kind" if Path(name).is_file() else "no such file"
+        raise ConfigError(f"model={name}: {what}. yolofeed trains from a model yaml (model=yolo11n.yaml) or PyTorch "
+                          "weights (model=path/to/best.pt); an exported model (ONNX, TensorRT...) predicts and "
+                          "validates only")
+    if weights.lower().endswith(".pt") and not Path(weights).exists() and not downloads_weights(weights):
+        raise _no_such_model(name if weights == name else f"{name} ({weights})")
+    if not name.lower().endswith((".yaml", ".yml")):
         return
     from yolofeed.ultralytics_seam import yaml_model_load
 
@@ -232,15 +232,24 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
     """``model=`` and ``data=`` checked as ``yolofeed train`` checks them, building nothing (``yolofeed doctor`` and
     ``yolofeed parity``, before their folders and runs): a model yaml must be one (Ultralytics' own names included),
     a ``.pt`` path must exist and load; the data yaml goes through Ultralytics' ``check_det_dataset``. A bare weights
-    name (``yolo11n.pt``) not on this machine is left to Ultralytics, which downloads it.
+    name (``yolo11n.pt``, ``yolo11n``) not on this machine is downloaded now, as Ultralytics would at a run's start
+    (``seam.fetch_weights``): a failed download is one line before any run.
 
     Raises:
         ConfigError: the model is missing, not a model, does not load, or is not a detection model.
         DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
     """
     from yolofeed.train.checks import check_data_yaml, check_task_data
+    from yolofeed.ultralytics_seam import fetch_weights, remote_model, weights_name
 
     check_model_file(model)
+    weights = str(model) if remote_model(model) or str(model).lower().endswith((".yaml", ".yml")) else weights_name(
+        model)
+    if weights.lower().endswith(".pt") and not remote_model(model) and not Path(weights).exists():
+        try:  # as yolofeed train's load_model: a download that fails is one line, before any mode or run starts
+            fetch_weights(weights)
+        except ConnectionError:
+            raise _offline(model) from None
     task = keys.model_task(model, None)
     if task not in keys.TRAINED:  # their modes are yolofeed's trainers of a task and Ultralytics' of the same
         kinds = [keys.KIND.get(t, t) for t in keys.TRAINED]

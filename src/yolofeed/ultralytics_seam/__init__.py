@@ -47,10 +47,11 @@ from yolofeed.ultralytics_seam.arguments import (
     args_ahead,
     deterministic_ahead,
     downloads_weights,
+    fetch_weights,
     one_gpu_asked,
+    remote_model,
     train_side,
     weights_name,
-    weights_offline,
 )
 from yolofeed.ultralytics_seam.beside import (
     end_epoch_late,
@@ -266,7 +267,8 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "get_save_dir",
     "restores_in_place",
     "guess_model_task",
-    "downloads_weights", "weights_name", "weights_offline", "image_feeds_a_convolution", "img2label_paths",
+    "downloads_weights", "fetch_weights", "weights_name", "remote_model", "image_feeds_a_convolution",
+    "img2label_paths",
     "IMG_FORMATS", "imread", "launches_ranks",
     "LOCAL_RANK", "LOGGER",
     "make_anchors", "make_criterion", "model_ahead", "one_gpu_asked", "mark_phases", "may_stop", "MuSGD",

@@ -1,6 +1,6 @@
 """A run's arguments as Ultralytics takes them: the names of the optimisers it builds (``OPTIMIZERS``), the side it
 trains at for an ``imgsz`` (``train_side``), the weights a name stands for (``weights_name``) and those it finds or
-fetches by name (``downloads_weights``)."""
+fetches by name or address (``downloads_weights``, ``remote_model``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 from yolofeed.ultralytics_seam.names import (
     GITHUB_ASSETS_NAMES,
     LOGGER,
-    ONLINE,
+    REMOTE_FILE_PREFIXES,
     SETTINGS,
+    attempt_download_asset,
     check_imgsz,
     check_model_file_from_stem,
     get_cfg,
@@ -86,11 +87,19 @@ def downloads_weights(name: str) -> bool:
             or "yolov5" in text or "yolov3" in text or (Path(SETTINGS["weights_dir"]) / text).exists())
 
 
-def weights_offline(name: str) -> bool:
-    """Whether ``name`` (a ``.pt``) is neither here nor in Ultralytics' weights folder while Ultralytics is offline
-    (``YOLO_OFFLINE``, or no DNS when it was imported): its download would fail."""
-    text = str(name).strip()
-    return not ONLINE and not Path(text).exists() and not (Path(SETTINGS["weights_dir"]) / text).exists()
+def fetch_weights(name: str) -> str:
+    """Ultralytics' weights by name (``yolo11n.pt``) fetched as ``YOLO()`` fetches them (``attempt_download_asset``,
+    which ``Model._load`` reaches through ``torch_safe_load``), now rather than at a run's start; the local path.
+
+    Raises:
+        ConnectionError: the download failed (offline)."""
+    return str(attempt_download_asset(name))
+
+
+def remote_model(name: str) -> bool:
+    """Whether ``model=name`` is one ``Model._load`` fetches before it loads it (``REMOTE_FILE_PREFIXES``: a URL, an
+    ``ul://`` platform name), whatever its ending (a signed URL's query, a platform path without one)."""
+    return str(name).strip().lower().startswith(REMOTE_FILE_PREFIXES)
 
 
 def deterministic_ahead(deterministic: bool, seed: int) -> Callable[[], None]:

@@ -65,19 +65,22 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         DEFAULT_CFG,
         LOCAL_RANK,
         LOGGER,
-        ONLINE,  # downloads_weights: Ultralytics' own check (YOLO_OFFLINE, or no DNS), made as it is imported
         RANK,
         SETTINGS,
         VERBOSE,
         YAML,
     )
     from ultralytics.utils.checks import (  # train.run: cfg=; pack.source: data=coco8.yaml; as yolo train finds them
+        REMOTE_FILE_PREFIXES,  # remote_model: the model= names YOLO() fetches before it loads them
         check_file,
         check_imgsz,  # train_side: the side Ultralytics trains at, and the values it refuses
         check_model_file_from_stem,  # weights_name: model=yolo11n is yolo11n.pt to YOLO()
         check_yaml,
     )
-    from ultralytics.utils.downloads import GITHUB_ASSETS_NAMES  # downloads_weights: what Ultralytics fetches by name
+    from ultralytics.utils.downloads import (  # downloads_weights: what Ultralytics fetches by name
+        GITHUB_ASSETS_NAMES,
+        attempt_download_asset,  # fetch_weights: as Model._load fetches a name it knows
+    )
     from ultralytics.utils.files import get_latest_run  # train.run: a bare 'resume' takes the newest last.pt here
     from ultralytics.utils.loss import (  # train.loss subclasses them
         BboxLoss,
@@ -128,8 +131,10 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "AutoBackend", "BboxLoss", "C2f", "C3k2", "Concat", "Conv", "DATASET_KEY_TYPES", "DATASETS_DIR", "DEFAULT_CFG",
     "DEFAULT_CFG_DICT", "Detect", "DetectionModel", "DetectionTrainer", "DetectionValidator", "E2EDetectLoss",
     "E2ELoss", "EarlyStopping", "GITHUB_ASSETS_NAMES", "IMG_FORMATS", "KeypointLoss", "LOCAL_RANK", "LOGGER", "MuSGD",
-    "OBBTrainer", "ONLINE", "PoseTrainer", "RANK", "RotatedBboxLoss", "RotatedTaskAlignedAssigner", "SETTINGS",
-    "SegmentationTrainer", "TaskAlignedAssigner", "VERBOSE", "YAML", "YOLO", "YOLODataset", "bbox2dist", "bbox_iou",
+    "OBBTrainer", "PoseTrainer", "RANK", "REMOTE_FILE_PREFIXES", "RotatedBboxLoss", "RotatedTaskAlignedAssigner",
+    "SETTINGS",
+    "SegmentationTrainer", "TaskAlignedAssigner", "VERBOSE", "YAML", "YOLO", "YOLODataset", "attempt_download_asset",
+    "bbox2dist", "bbox_iou",
     "check_cfg", "check_class_names", "check_det_dataset", "check_file", "check_imgsz", "check_model_file_from_stem",
     "check_yaml", "crop_mask",
     "exif_size", "get_cfg", "get_flops", "get_latest_run", "get_save_dir", "get_split_fraction", "guess_model_task",
