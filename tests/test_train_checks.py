@@ -291,6 +291,9 @@ def test_a_weights_path_that_is_not_there_is_refused_before_ultralytics_looks_fo
                  str(tmp_path / "yolov5s.pt"), "yolo11n", "https://host/best.pt?token=abc", "ul://user/project/model",
                  Path("yolo11n.yaml")):
         run.check_model_file(name)
+    # what it stands for: the .pt to load or fetch (doctor, bench and parity fetch it up front); None for the rest
+    assert run.check_model_file("yolo11n") == "yolo11n.pt" and run.check_model_file("yolo11n.pt") == "yolo11n.pt"
+    assert run.check_model_file("yolo11n.yaml") is None and run.check_model_file("ul://user/project/model") is None
     # neither a yaml nor weights: an exported model, a text file, a name of nothing (a traceback once started)
     (tmp_path / "model.onnx").write_bytes(b"onnx")
     for name, what in ((str(tmp_path / "model.onnx"), "a file of another kind"), ("no_such_model", "no such file")):

@@ -79,7 +79,7 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, **fill, extra=extra)
 
 
-def check_model_file(name: str) -> None:
+def check_model_file(name: str) -> str | None:
     """A model yaml that is not one (a data yaml passed as model=, say), a ``.pt`` that is not there and that
     Ultralytics would not download (``seam.downloads_weights``: for such a name it asks GitHub which assets it could
     download, with YOLO_OFFLINE set too, then fails), and a name that is neither (an ONNX file, a text file:
@@ -87,6 +87,10 @@ def check_model_file(name: str) -> None:
     builds or looks for it. A bare name of Ultralytics' models is its ``.pt`` (``seam.weights_name``); a URL or a
     platform name (``seam.remote_model``) is left to Ultralytics, which fetches it, as are its downloads by name (a
     failed one is said in one line where the model is built: ``load_model``).
+
+    Returns:
+        the ``.pt`` the name stands for (``yolo11n.pt`` for yolo11n), there or to download; None for a yaml, a URL or a
+        platform name.
 
     Raises:
         ConfigError: the yaml has no backbone and head, or is not valid YAML; no file at the ``.pt`` path, and not a
@@ -96,7 +100,7 @@ def check_model_file(name: str) -> None:
 
     name = str(name)
     if remote_model(name):  # a URL or a platform name: Ultralytics fetches it (a .pt) as it loads it
-        return
+        return None
     weights = name if name.lower().endswith((".pt", ".yaml", ".yml")) else weights_name(name)  # yolo11n: yolo11n.pt
     if not weights.lower().endswith((".pt", ".yaml", ".yml")):
         what = "a file of another kind" if Path(name).is_file() else "no such file"
@@ -106,7 +110,7 @@ def check_model_file(name: str) -> None:
     if weights.lower().endswith(".pt") and not Path(weights).exists() and not downloads_weights(weights):
         raise _no_such_model(name if weights == name else f"{name} ({weights})")
     if not name.lower().endswith((".yaml", ".yml")):
-        return
+        return weights
     from yolofeed.ultralytics_seam import yaml_model_load
 
     try:
@@ -119,6 +123,7 @@ def check_model_file(name: str) -> None:
         data_like = " (it reads as a data yaml: pass it as data=)" if {"train", "names", "nc"} & set(spec) else ""
         raise ConfigError(f"model={name} is not a model yaml: it has no backbone: and head:{data_like}. Pass a model "
                           "yaml such as model=yolo11n.yaml, or weights such as model=path/to/best.pt")
+    return None
 
 
 def _not_a_checkpoint(name: str, key: str, e: BaseException | str) -> ConfigError:
@@ -240,12 +245,10 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
         DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
     """
     from yolofeed.train.checks import check_data_yaml, check_task_data
-    from yolofeed.ultralytics_seam import fetch_weights, remote_model, weights_name
+    from yolofeed.ultralytics_seam import fetch_weights
 
-    check_model_file(model)
-    weights = str(model) if remote_model(model) or str(model).lower().endswith((".yaml", ".yml")) else weights_name(
-        model)
-    if weights.lower().endswith(".pt") and not remote_model(model) and not Path(weights).exists():
+    weights = check_model_file(model)
+    if weights is not None and not Path(weights).exists():
         try:  # as yolofeed train's load_model: a download that fails is one line, before any mode or run starts
             fetch_weights(weights)
         except ConnectionError:
