@@ -34,6 +34,27 @@ WAIT_STEP_S = 0.5
 LEFT_RUNNING: list[str] = []
 _RANK_END = False  # end_rank_if_left_running's exit handler is registered
 
+# First in each child, which takes the parent's PID as its last argument: SIGKILL when the parent dies, however it dies
+# (Linux's parent-death signal, for the thread that started it, which must outlive the child's work: the training
+# thread). A child ends on its own at the end of its stdin, but one stopped (SIGSTOP, a debugger) reads nothing, and
+# would stay, stopped, holding its 0.3 GB, after the parent was killed.
+# ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
+# before any import (a signal.py there would run in the child).
+DIE_WITH_PARENT = """
+import sys as _sys
+_sys.path.pop(0)
+import os as _os
+_parent = int(_sys.argv.pop())
+if _sys.platform.startswith("linux"):
+    try:
+        import ctypes as _ctypes, signal as _signal
+        _ctypes.CDLL(None).prctl(1, _signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except Exception:  # a libc without prctl: the child still ends at its stdin's end, unless stopped
+        pass
+    if _os.getppid() != _parent:  # the parent died before prctl took effect
+        _os._exit(1)
+"""
+
 
 def process_start(pid: int) -> float | None:
     """The start time (epoch seconds) of process ``pid`` on this host; None if there is no such process."""
@@ -53,6 +74,16 @@ def process_alive(pid: int, started: float) -> bool:
     if start is None:
         return False
     return start != start or abs(start - started) < START_TOLERANCE  # NaN: exists, not ours to inspect
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger's trace): it does nothing until someone resumes it."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.Error, OSError):  # gone: a wait on it ends by itself
+        return False
 
 
 def kill_with_parent() -> bool:

@@ -3,7 +3,8 @@
 Runs Ultralytics' own ``BaseTrainer.save_model`` on a stand-in trainer (the EMA, an AdamW with state after one step,
 the scaler, the arguments), then each of its parts alone, each timed with the device synchronised around it:
 the EMA's finite check, the EMA's half copy, the optimiser's state copy, ``torch.save`` into memory, and the writes
-(yolofeed's atomic write with and without the fsync, a plain write).
+(yolofeed's atomic write with and without the fsync, a plain write); then yolofeed's hand-over to its checkpoint
+process (train/saver.py), the training thread's part and the whole.
 
     python -m tools.device.save_profile [folder]
 """
@@ -153,6 +154,23 @@ def main(argv: list[str]) -> int:
         return BaseTrainer.save_model(host)
     s, _ = timed(on_host)
     rows.append(("Ultralytics' save_model on batched host copies, plain writes (the copies included)", s))
+
+    # yolofeed's checkpoint process (train/saver.py): the training thread's part (the finite check, the pickle
+    # without tensors, the host copies queued), then until the child wrote the files
+    from yolofeed.train.saver import Saver
+    from yolofeed.train.writes import WRITES
+
+    saver = Saver.start()
+    child_dir = folder / "child"
+    trainer.wdir, trainer.last, trainer.best = child_dir, AtomicPath(child_dir / "last.pt"), AtomicPath(
+        child_dir / "best.pt")
+    assert saver is not None and saver.save(trainer)
+    WRITES.wait(child_dir)  # the child's imports done, its first checkpoint written
+    s, _ = timed(lambda: saver.save(trainer))
+    rows.append(("yolofeed's hand-over to the checkpoint process (the training thread's part)", s))
+    s, _ = timed(lambda: (saver.save(trainer), WRITES.wait(child_dir)))
+    rows.append(("  and until the child wrote last.pt and best.pt", s))
+    saver.close()
 
     print(f"checkpoint {size / 1e6:.1f} MB")
     for name, s in rows:

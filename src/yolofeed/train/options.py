@@ -28,11 +28,11 @@ from yolofeed.pack import codecs
 FILE = "yolofeed.yaml"
 # FastDetectionTrainer's options, as with_options takes them (the monitor: None, or MonitorConfig's keyword arguments)
 OPTIONS = ("pack_format", "pack_rebuild", "pack_dir", "augment_ahead", "partner_pool", "warm_up", "validate_beside",
-           "val_overlap", "val_period", "batched_val_metrics", "mask_room", "sync_free_step",
+           "val_overlap", "val_period", "batched_val_metrics", "save_process", "mask_room", "sync_free_step",
            "sync_free_loss", "fast_musgd", "graphed_step", "half_input", "monitor")
-SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "batched_val_metrics",
+SWITCHES = ("augment_ahead", "warm_up", "validate_beside", "val_overlap", "batched_val_metrics", "save_process",
             "sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
-AUTO = ("val_overlap",)  # switches whose None (the default) the run decides
+AUTO = ("val_overlap", "save_process")  # switches whose None (the default) the run decides
 # options a yolofeed.yaml of an earlier yolofeed may name that change only where time goes: read, and dropped
 RETIRED = ("save_beside",)
 REBUILDS = ("auto", "check", "always", "never")

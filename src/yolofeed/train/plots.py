@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
-import psutil
 
 from yolofeed import processes
 from yolofeed.limits import memory_available, usable_cores
+from yolofeed.processes import DIE_WITH_PARENT
 from yolofeed.ultralytics_seam import (
     FIGURES_MODULE,
     LOGGER,
@@ -52,26 +52,6 @@ from yolofeed.ultralytics_seam import (
     results_csv,
 )
 
-# First in each child, which takes the parent's PID as its last argument: SIGKILL when the parent dies, however it dies
-# (Linux's parent-death signal, for the thread that started it: the training thread, which outlives the children's
-# work). A child ends on its own at the end of its stdin, but one stopped (SIGSTOP, a debugger) reads nothing, and
-# would stay, stopped, holding its 0.3 GB, after the parent was killed.
-# ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
-# before any import (a signal.py there would run in the child).
-DIE_WITH_PARENT = """
-import sys as _sys
-_sys.path.pop(0)
-import os as _os
-_parent = int(_sys.argv.pop())
-if _sys.platform.startswith("linux"):
-    try:
-        import ctypes as _ctypes, signal as _signal
-        _ctypes.CDLL(None).prctl(1, _signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except Exception:  # a libc without prctl: the child still ends at its stdin's end, unless stopped
-        pass
-    if _os.getppid() != _parent:  # the parent died before prctl took effect
-        _os._exit(1)
-"""
 # Ultralytics' plot_results (RELIED_ON: BaseTrainer.plot_metrics calls it so), run as stock runs it, without on_plot,
 # once a line on stdin says results.csv is complete (its imports done before: ``ResultsPlot.go``); its end gives none
 RESULTS_PLOT = DIE_WITH_PARENT + ("import sys; from ultralytics.utils.plotting import plot_results\n"
@@ -232,7 +212,7 @@ class FigureDrawers:
                 while not done.done() and not late:
                     left = start + timeout - time.perf_counter()
                     late = ("not back in time" if left <= 0 else "a child was stopped"
-                            if any(_stopped(c) for c in self._children) else "")
+                            if any(processes.stopped(c.pid) for c in self._children) else "")
                     with contextlib.suppress(Exception):
                         done.exception(min(POLL_S, max(0.0, left)))
                 try:  # the child failed, or not back: drawn below, once no child can be drawing it
@@ -271,14 +251,6 @@ class FigureDrawers:
             for child in children:
                 child.wait()
                 self._jobs.put(None)
-
-
-def _stopped(child: subprocess.Popen) -> bool:
-    """Whether ``child`` is stopped (SIGSTOP, a debugger's trace): it draws nothing until someone resumes it."""
-    try:
-        return psutil.Process(child.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except (psutil.Error, OSError):  # gone: its wait ends by itself
-        return False
 
 
 def _settings() -> dict[str, Any]:
@@ -398,7 +370,7 @@ class ResultsPlot:
                 break
             except subprocess.TimeoutExpired:
                 late = time.perf_counter() - start > timeout
-                if late or _stopped(self._child):
+                if late or processes.stopped(self._child.pid):
                     self._child.kill()
                     self._child.communicate()
                     LOGGER.warning(f"yolofeed: results.png drawn here after {time.perf_counter() - start:.0f} s (its "

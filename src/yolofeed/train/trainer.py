@@ -75,6 +75,7 @@ from yolofeed.train.checkpoints import (
 )
 from yolofeed.train.plans import PlansAhead
 from yolofeed.train.plots import PlotsBeside
+from yolofeed.train.saver import Saver
 from yolofeed.train.step import SyncFreeStep, early_candidates_augmented
 from yolofeed.train.validating import Validating
 from yolofeed.train.warmup import batch_sizes, warm_up
@@ -134,6 +135,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
     # Ultralytics' idle ones and yolofeed's reads each epoch as it ends (seam.epoch_readers)
     val_overlap: bool | None = None
     batched_val_metrics: bool = True  # a detection validator's statistics a batch at once (get_validator)
+    # each checkpoint serialised in a process of its own, from host copies (train/saver.py); None: where the trainer
+    # trains on CUDA (whose GPU otherwise waits for save_model)
+    save_process: bool | None = None
     mask_room: int = 1  # segment: the mask rasteriser's slots, in multiples of its own; doubled after an overflow
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step, half_input: the step's options (SyncFreeStep,
@@ -204,6 +208,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         self.add_callback("on_train_batch_end", type(self)._raise_failed_write)
         self.add_callback("on_train_epoch_end", type(self)._wait_for_writes)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
+        self._saver: Saver | None = None
+        self.add_callback("on_train_start", type(self)._start_saver)
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
         self.add_callback("on_train_epoch_start", type(self)._short_batches_epoch)
@@ -456,6 +462,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
                     loader.stop_soon()
         self._stop_validations(finished)
         self._settle_writes()
+        if self._saver is not None:
+            self._saver.close()
         for loader in loaders:
             (loader.release if hasattr(loader, "release") else loader.close)()
         self._let_go()
@@ -531,10 +539,19 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             return False  # the loop runs no on_model_save: seam.end_epoch_late runs it
         write_checkpoints_as(self, QueuedPath)
         sweep(weights_dir(self))
-        saved = super().save_model()
+        saved = self._saver is not None and self._saver.save(self)
+        if not saved:
+            saved = super().save_model()
         if epoch_readers(self, TRAINING_EVENTS):  # a callback of the next epoch's start, too
             WRITES.wait(weights_dir(self))
         return saved
+
+    def _start_saver(self) -> None:
+        """At the training's start, on the rank that saves: the checkpoints' child (train/saver.py), its imports beside
+        the set-up, where ``save_process`` asks for it."""
+        wanted = self.save_process if self.save_process is not None else self.device.type == "cuda"
+        if wanted and self.args.save and RANK in (-1, 0) and self._saver is None:
+            self._saver = Saver.start()
 
     def _raise_failed_write(self) -> None:
         """At each batch's end: a checkpoint write that failed beside the training (a full disk) raised here, with

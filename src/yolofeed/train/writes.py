@@ -54,29 +54,43 @@ class Writes:
         ``Path.write_bytes`` returns. Where no thread takes it (the interpreter is exiting), written here once the
         queued writes of that file ended."""
         target = Path(str(path))  # a plain path: the thread's own opens never wait for themselves
+        if self._submit([target], lambda: self._write(target, data)) is None:
+            self.wait_file(target)
+            return self._write(target, data)
+        return memoryview(data).nbytes
+
+    def run(self, paths: list[str | os.PathLike], fn: Callable[[], Any]) -> None:
+        """Queue ``fn()``, which writes ``paths`` (files of one folder), behind the queued writes: each path's readers
+        and its folder's ``wait`` wait for it as for a write, and its failure is the folder's. Where no thread takes it
+        (the interpreter is exiting), run here once the queued writes of those files ended."""
+        targets = [Path(str(p)) for p in paths]
+        if self._submit(targets, fn) is None:
+            for target in targets:
+                self.wait_file(target)
+            fn()
+
+    def _submit(self, targets: list[Path], fn: Callable[[], Any]) -> Future | None:
+        """``fn()`` queued in the thread for ``targets`` (files of one folder); None where no thread takes it."""
         with self._lock:
             self._pending = {k: left for k, fs in self._pending.items() if (left := [f for f in fs if not f.done()])}
             try:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix=THREAD)
-                future = self._pool.submit(self._written, target, data)
+                future = self._pool.submit(self._ran, targets[0].parent, fn)
             except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-                future = None
-            else:
+                return None
+            for target in targets:
                 self._pending.setdefault(str(target), []).append(future)
-        if future is None:
-            self.wait_file(target)
-            return self._write(target, data)
-        return memoryview(data).nbytes
+        return future
 
-    def _written(self, target: Path, data: Any) -> int:
-        """In the thread: the write; its failure kept for the folder before the future completes, so that a wait that
+    def _ran(self, folder: Path, fn: Callable[[], Any]) -> Any:
+        """In the thread: ``fn()``; its failure kept for ``folder`` before the future completes, so that a wait that
         returns has it."""
         try:
-            return self._write(target, data)
+            return fn()
         except BaseException as e:
             with self._lock:
-                self._failed.setdefault(str(target.parent), e)
+                self._failed.setdefault(str(folder), e)
             raise
 
     def wait_file(self, path: str | os.PathLike) -> None:

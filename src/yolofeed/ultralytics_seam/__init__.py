@@ -214,10 +214,13 @@ from yolofeed.ultralytics_seam.source import normalised_source, resolve, source_
 from yolofeed.ultralytics_seam.state import (
     RUN_FILES,
     TRAINER_STATE,
+    CheckpointStandIn,
     autocast_asked,
     batches_per_step,
     check_trainer_state,
     checkpoint,
+    checkpoint_files,
+    checkpoint_inputs,
     checkpoint_states,
     could_stop,
     epoch_end_state,
@@ -249,7 +252,8 @@ from yolofeed.ultralytics_seam.version import (
 
 __all__ = [  # the names other modules import from here (each defined in the module above that holds its job)
     "FIGURES_MODULE", "figure_function", "final_figures", "first_meanwhile", "train_grid_shown",
-    "checkpoint_states", "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
+    "CheckpointStandIn", "checkpoint_files", "checkpoint_inputs", "checkpoint_states",
+    "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
     "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",
     "validating_beside", "validator_view", "validation_beside",

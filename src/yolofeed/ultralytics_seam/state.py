@@ -220,3 +220,55 @@ def forget_loss(trainer: Any) -> None:
 def checkpoint_states(trainer: Any) -> tuple[dict, dict]:
     """The optimiser's and the scaler's state dicts, as ``BaseTrainer.save_model`` serialises them."""
     return trainer.optimizer.state_dict(), _state(trainer, "scaler").state_dict()
+
+
+def checkpoint_inputs(trainer: Any) -> tuple[dict[str, Any], list[Any]]:
+    """What ``BaseTrainer.save_model`` (RELIED_ON) reads of ``trainer``, read now, for ``CheckpointStandIn`` to give
+    back in another process; and the objects save_model strips from its copy of the EMA (its ``criterion``, which it
+    sets to None), which need not travel. The optimiser's and the scaler's ``state_dict()``, results.csv's rows
+    (``read_results_csv``) and the checkpoint paths are taken as save_model would take them at this moment."""
+    ema = _state(trainer, "ema")
+    stopper = _state(trainer, "stopper")
+    optimizer, scaler = checkpoint_states(trainer)
+    inputs = {"epoch": trainer.epoch, "best_fitness": trainer.best_fitness,
+              "stopper": (stopper.best_fitness, stopper.best_epoch), "ema": ema.ema, "updates": ema.updates,
+              "optimizer": optimizer, "scaler": scaler, "args": vars(trainer.args), "metrics": trainer.metrics,
+              "fitness": trainer.fitness, "results": trainer.read_results_csv(), "save_period": trainer.save_period,
+              "wdir": str(_state(trainer, "wdir")), "last": str(_state(trainer, "last")),
+              "best": str(_state(trainer, "best"))}
+    criterion = getattr(ema.ema, "criterion", None)
+    return inputs, [criterion] if criterion is not None else []
+
+
+def checkpoint_files(inputs: dict[str, Any]) -> list[Path]:
+    """The files ``BaseTrainer.save_model`` may write with ``checkpoint_inputs``' ``inputs``: last.pt, best.pt and
+    the epoch's ``epochN.pt``."""
+    return [Path(inputs["last"]), Path(inputs["best"]), Path(inputs["wdir"]) / f"epoch{inputs['epoch']}.pt"]
+
+
+class CheckpointStandIn:
+    """A trainer as ``BaseTrainer.save_model`` (RELIED_ON) reads it, made from ``checkpoint_inputs``' dict (its tensors
+    on the host), its files written through ``path_class`` (a ``Path`` subclass whose ``write_bytes`` writes them);
+    ``save()`` runs Ultralytics' own save_model on it. The model save_model would repair a non-finite EMA from is the
+    EMA itself: the caller saves this way only an EMA found finite."""
+
+    def __init__(self, inputs: dict[str, Any], path_class: type):
+        from types import SimpleNamespace
+
+        self.epoch, self.best_fitness = inputs["epoch"], inputs["best_fitness"]
+        best_fitness, best_epoch = inputs["stopper"]
+        self.stopper = SimpleNamespace(best_fitness=best_fitness, best_epoch=best_epoch)
+        self.ema = SimpleNamespace(ema=inputs["ema"], updates=inputs["updates"])
+        self.model = inputs["ema"]
+        self.optimizer = SimpleNamespace(state_dict=lambda: inputs["optimizer"])
+        self.scaler = SimpleNamespace(state_dict=lambda: inputs["scaler"])
+        self.args = SimpleNamespace(**inputs["args"])
+        self.metrics, self.fitness, self.save_period = inputs["metrics"], inputs["fitness"], inputs["save_period"]
+        self._results = inputs["results"]
+        self.wdir, self.last, self.best = (path_class(inputs[k]) for k in ("wdir", "last", "best"))
+
+    def read_results_csv(self) -> dict:
+        return self._results
+
+    def save(self) -> bool:
+        return DetectionTrainer.save_model(self)
