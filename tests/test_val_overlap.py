@@ -93,6 +93,44 @@ def test_the_finite_check_in_one_pass_agrees_with_each_tensors_own(device):
     assert True in outcomes and False in outcomes
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_batched_copy_is_a_deepcopy_of_the_ema_and_the_optimisers_state(device):
+    """``copied`` (the snapshot's EMA and the optimiser's kept state, a multi-tensor copy a dtype) holds what
+    ``copy.deepcopy`` holds: every tensor's values, dtype, shape and strides (channels-last kept), parameters as
+    parameters with their ``requires_grad``, the same sharing; storages of its own; a view that does not fill its
+    storage copied by deepcopy, with its storage."""
+    import copy
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)).to(device)
+    model = model.to(memory_format=torch.channels_last)
+    model[0].bias.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 3, 8, 8, device=device)).sum().backward()
+    optimizer.step()
+    base = torch.arange(12.0, device=device)
+    shared = {"view": base[2:5], "again": base[2:5], "whole": base}
+    for obj in (model, optimizer.state_dict(), shared):
+        expected, got = copy.deepcopy(obj), overlap.copied(obj)
+        a = expected.state_dict(keep_vars=True) if isinstance(obj, torch.nn.Module) else expected
+        b = got.state_dict(keep_vars=True) if isinstance(obj, torch.nn.Module) else got
+        flat_a, flat_b = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+        assert len(flat_a) == len(flat_b)
+        for x, y in zip(flat_a, flat_b):
+            assert type(x) is type(y)
+            if isinstance(x, torch.Tensor):
+                assert torch.equal(x, y) and x.stride() == y.stride() and x.requires_grad == y.requires_grad
+                assert y.storage_offset() == x.storage_offset()
+            else:
+                assert x == y
+    copies = overlap.copied(model)
+    w, w2 = model[0].weight, copies[0].weight
+    assert w2.is_contiguous(memory_format=torch.channels_last) and w2.data_ptr() != w.data_ptr()
+    again = overlap.copied(shared)
+    assert again["view"].untyped_storage().data_ptr() == again["whole"].untyped_storage().data_ptr()
+
+
 def test_an_epoch_is_not_overlapped_where_free_gpu_memory_would_not_hold_its_passes_and_copies(monkeypatch):
     trainer = _trainer()
     trainer.device = torch.device("cuda", 0)

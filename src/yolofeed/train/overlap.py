@@ -66,6 +66,39 @@ from yolofeed import ultralytics_seam as seam
 from yolofeed.ultralytics_seam import LOGGER
 
 
+def copied(x: Any) -> Any:
+    """``copy.deepcopy(x)``, its tensors copied a multi-tensor pass a (device, dtype) (``torch._foreach_copy_``), where
+    deepcopy clones each with a launch of its own: the EMA model and the optimiser's state are about 500 tensors each.
+    A tensor that does not fill its storage as it is laid out, shares it with another, or is not a plain tensor or
+    parameter, is left to deepcopy, whose copy keeps its storage and its sharing."""
+    tensors = [t for t in _tensors_in(x) if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided]
+    holders: dict[tuple[torch.device, int], set[int]] = {}  # a storage's tensors: one shared is left to deepcopy
+    for t in tensors:
+        holders.setdefault((t.device, t.untyped_storage().data_ptr()), set()).add(id(t))
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        if t.grad_fn is None and not t.__dict__ and t.storage_offset() == 0 and (
+                t.untyped_storage().nbytes() == t.numel() * t.element_size()) and (
+                len(holders[t.device, t.untyped_storage().data_ptr()]) == 1):
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    memo: dict[int, Any] = {}
+    with torch.no_grad():
+        for tensors in groups.values():
+            copies = [torch.empty_like(t) for t in tensors]
+            torch._foreach_copy_(copies, tensors)
+            for t, c in zip(tensors, copies):
+                memo[id(t)] = torch.nn.Parameter(c, t.requires_grad) if type(t) is torch.nn.Parameter else \
+                    c.requires_grad_(t.requires_grad)
+    return copy.deepcopy(x, memo)
+
+
+def _tensors_in(x: Any) -> list[torch.Tensor]:
+    """The tensors of ``x``: a module's parameters and buffers (``state_dict``), or a container's leaves."""
+    if isinstance(x, torch.nn.Module):
+        return list(x.state_dict(keep_vars=True).values())
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
 def _cloned(x: Any) -> Any:
     """``x`` with every tensor in it cloned (the loss items: a tensor or a dict of them, by release)."""
     return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
@@ -91,14 +124,14 @@ class Snapshot:
     def of(cls, trainer: Any) -> Snapshot:
         """The trainer's epoch-end state now (the model copied on the training thread's stream)."""
         ema, state = seam.trainer_ema(trainer), seam.epoch_end_state(trainer)
-        return cls(epoch=state["epoch"], model=copy.deepcopy(ema.ema), updates=state["updates"],
+        return cls(epoch=state["epoch"], model=copied(ema.ema), updates=state["updates"],
                    tloss=_cloned(state["tloss"]), loss=_cloned(state["loss"]), loss_items=_cloned(state["loss_items"]),
                    lr=dict(state["lr"]), epochs=state["epochs"])
 
     def keep_checkpoint_state(self, trainer: Any) -> None:
         """What ``save_model`` serialises besides the EMA, as it is at this epoch's end (copied: the optimiser steps
         on)."""
-        self.optimizer, self.scaler = copy.deepcopy(seam.checkpoint_states(trainer))
+        self.optimizer, self.scaler = copied(seam.checkpoint_states(trainer))
 
 
 class _Held(logging.Filter):
