@@ -112,12 +112,12 @@ def test_the_childs_checkpoint_is_stocks_save_model_on_the_same_trainer(tmp_path
 
 def test_the_host_copy_rebuilds_every_tensor_as_it_was_and_shares_what_was_shared():
     """A pickled object's tensors, rebuilt from the host copies: each dtype (bfloat16 and bool among them), 0-d and
-    empty tensors, a transposed and an overlapping (expanded) one, parameters with and without gradients; one tensor
-    referred to twice is one tensor again."""
+    empty tensors, a transposed one, parameters with and without gradients; one tensor referred to twice is one tensor
+    again."""
     shared = torch.arange(6.0).reshape(2, 3)
     obj = {"f16": torch.randn(3, 4).half(), "bf16": torch.randn(5).bfloat16(), "b": torch.tensor([True, False]),
            "i64": torch.tensor(7), "empty": torch.empty(0, 3), "t": torch.randn(4, 3).t(),
-           "expanded": torch.randn(3, 1).expand(3, 4), "p": torch.nn.Parameter(torch.randn(2)),
+           "p": torch.nn.Parameter(torch.randn(2)),
            "frozen": torch.nn.Parameter(torch.randn(2), requires_grad=False), "a": shared, "again": [shared]}
     job = Job.of(obj, [])
     back = rebuild(job.payload, job.tensors, job.groups)
@@ -130,6 +130,20 @@ def test_the_host_copy_rebuilds_every_tensor_as_it_was_and_shares_what_was_share
     assert back["again"][0] is back["a"]
     for k in ("p", "a", "f16"):  # storages of their own, not views of the host copy
         assert back[k].untyped_storage().nbytes() == back[k].numel() * back[k].element_size()
+
+
+@pytest.mark.parametrize("case", ["expanded", "view", "shared"])
+def test_a_tensor_torch_save_would_write_with_more_of_its_storage_is_left_to_ultralytics(tmp_path, child, case):
+    """A tensor whose storage holds more than its own elements (an expanded one, a view with an offset) or is shared
+    with another: torch.save writes that whole storage, which the host copy would not; ``save`` declines (the caller
+    runs Ultralytics' save_model) and writes nothing (found by a reviewer: the layout then differed from stock's)."""
+    trainer = _trainer(tmp_path)
+    base = torch.arange(8)
+    trainer.ema.ema.extra = {"expanded": [torch.ones(2, 1).expand(2, 3)], "view": [base[2:5]],
+                             "shared": [base, base.view(2, 4)]}[case]
+    assert not child.save(trainer)
+    WRITES.wait(tmp_path)
+    assert not (tmp_path / "last.pt").exists()
 
 
 def test_objects_save_model_strips_do_not_travel():
@@ -287,3 +301,98 @@ def test_a_cpu_run_saves_in_the_training_thread_by_default(synth_root, tmp_path)
     """``save_process`` unset: a CPU run (its training already the CPU's work) starts no child."""
     trainer = _train(synth_root, tmp_path, "cpu", 1)
     assert trainer._saver is None
+
+
+def test_a_child_started_past_descriptor_1024_still_takes_checkpoints(tmp_path):
+    """A process holding more than a thousand open files when the child starts (its pipes numbered past 1024, where
+    ``select`` cannot look): the checkpoint is the child's, whole (found by a reviewer: the write failed with
+    "filedescriptor out of range in select()" and stopped the run)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if min(soft, hard) < 1200:
+        pytest.skip("the open-file limit is below 1,200")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        s = Saver.start()
+        assert s._child.stdin.fileno() > 1024
+        trainer = _trainer(tmp_path)
+        assert s.save(trainer)
+        WRITES.wait(tmp_path)
+        assert s.gone is None and _load(tmp_path / "last.pt")["epoch"] == 3
+        s.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_close_ends_the_child_at_once_though_a_forked_process_holds_its_input():
+    """A process forked after the child started (a loader's worker) holds the write end of the child's input, so
+    the child would never see its end: ``close`` tells it to end, and it does at once (found by a reviewer: 10 s, then
+    killed)."""
+    s = Saver.start()
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        child = s._child
+        start = time.perf_counter()
+        s.close()
+        assert time.perf_counter() - start < 5 and child.returncode == 0
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+class _Unpicklable:
+    """An attribute whose rebuild fails in the child alone (no GPU there), with an OSError that is no write's."""
+
+    def __setstate__(self, state):
+        if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+            raise FileNotFoundError(2, "No such file or directory", "/dev/nvidia0")
+        self.__dict__.update(state)
+
+
+def test_an_error_in_the_child_other_than_a_write_leaves_the_checkpoint_to_this_process(tmp_path, child, caplog):
+    """An OSError in the child that is no write's (here an attribute's rebuild): the checkpoint is made here, one line
+    says so (found by a reviewer: it was taken for a failed write, and stopped the run with no checkpoint)."""
+    trainer = _trainer(tmp_path)
+    trainer.ema.ema.odd = _Unpicklable()
+    trainer.ema.ema.odd.state = 1  # unpickling calls __setstate__ only for an object with state
+    caplog.set_level(logging.WARNING)
+    assert child.save(trainer)
+    WRITES.wait(tmp_path)
+    assert _load(tmp_path / "last.pt")["epoch"] == 3
+    assert "the checkpoint process failed (FileNotFoundError" in caplog.text
+
+
+def test_a_child_stopped_for_a_moment_is_not_ended(tmp_path, child, monkeypatch):
+    """The child stopped for less than two looks (a profiler's sample stops it briefly): it is waited for, and its
+    checkpoint is its own."""
+    monkeypatch.setattr(saver_mod, "POLL_S", 0.3)
+    time.sleep(0.5)
+    pid = child._child.pid
+    os.kill(pid, signal.SIGSTOP)
+    threading_timer = __import__("threading").Timer(0.4, os.kill, (pid, signal.SIGCONT))
+    threading_timer.start()
+    trainer = _trainer(tmp_path)
+    assert child.save(trainer)
+    WRITES.wait(tmp_path)
+    threading_timer.join()
+    assert child.gone is None and _load(tmp_path / "last.pt")["epoch"] == 3
+
+
+def test_a_child_under_pythonsafepath_keeps_the_parents_import_path(monkeypatch):
+    """``PYTHONSAFEPATH`` puts no working folder first on a ``-c`` child's path: the first entry, the parent's own,
+    stays (found by a reviewer: it was dropped, and the child imported another yolofeed)."""
+    import subprocess
+    import sys
+
+    from yolofeed.processes import DIE_WITH_PARENT
+
+    path = os.pathsep.join(p for p in sys.path if p)
+    first = next(p for p in sys.path if p)
+    out = subprocess.run([sys.executable, "-c", DIE_WITH_PARENT + "import sys; print(sys.path[0])", str(os.getpid())],
+                         env={**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}, capture_output=True, text=True)
+    assert out.stdout.strip() == first

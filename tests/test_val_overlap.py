@@ -129,6 +129,14 @@ def test_the_batched_copy_is_a_deepcopy_of_the_ema_and_the_optimisers_state(devi
     assert w2.is_contiguous(memory_format=torch.channels_last) and w2.data_ptr() != w.data_ptr()
     again = overlap.copied(shared)
     assert again["view"].untyped_storage().data_ptr() == again["whole"].untyped_storage().data_ptr()
+    # a buffer and a view of it held as a plain attribute; a tensor with a gradient (found by a reviewer: both lost)
+    model.register_buffer("idx", torch.arange(4, device=device))
+    model.head = model.idx[:2]
+    leaf = torch.ones(2, device=device, requires_grad=True)
+    leaf.grad = torch.full((2,), 7.0, device=device)
+    twin, leaf2 = overlap.copied(model), overlap.copied([leaf])[0]
+    assert twin.head.untyped_storage().data_ptr() == twin.idx.untyped_storage().data_ptr()
+    assert leaf2.grad is not None and torch.equal(leaf2.grad, leaf.grad)
 
 
 def test_an_epoch_is_not_overlapped_where_free_gpu_memory_would_not_hold_its_passes_and_copies(monkeypatch):

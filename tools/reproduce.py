@@ -161,6 +161,21 @@ SECTIONS = {s.name: s for s in (
         "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABA "
         "out=$OUT/writes_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto workers=16 batch=128 "
         "imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS)),
+    Section("saver-ab", "The whole run", "nvidia-h200", 1, 5, (
+        # each checkpoint made in the training thread (A: .base/src, 7b0c932's tree) and in a process of its own (B:
+        # train/saver.py), yolofeed's whole run of 10 epochs on 5,000 images in turn, A, B, A: each epoch's save_s,
+        # train_s and epoch_s
+        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
+        "exit 2; }",
+        "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
+        "python3 -m yolofeed pack data=/tmp/synth5k/data.yaml imgsz=640",
+        "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABA "
+        "out=$OUT/saver_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto workers=16 batch=128 "
+        "imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS,
+        "python3 -c \"import json, glob, statistics as st; [print(f, r['wall_s'], r['setup_s'], r['final_s'], "
+        "st.median(e['save_s'] for e in r['epochs'][1:]), st.median(e['train_s'] for e in r['epochs'][1:]), "
+        "st.median(e['epoch_s'] for e in r['epochs'][1:9])) for f in sorted(glob.glob('$OUT/saver_ab/**/bench.json', "
+        "recursive=True)) for r in json.load(open(f))['results']]\"")),
     Section("setup-profile", "The whole run", "nvidia-h200", 1, 5, (
         # where the set-up and the first epochs go, thread by thread (a sampling profile): stock's set-up and first
         # epoch; yolofeed's whole run of 1 epoch (its kernels compiled), then of 2 epochs (a user's second run: kept)

@@ -39,10 +39,11 @@ _RANK_END = False  # end_rank_if_left_running's exit handler is registered
 # thread). A child ends on its own at the end of its stdin, but one stopped (SIGSTOP, a debugger) reads nothing, and
 # would stay, stopped, holding its 0.3 GB, after the parent was killed.
 # ``-c`` puts the working directory first on sys.path, where the parent has its own path (PYTHONPATH below): dropped
-# before any import (a signal.py there would run in the child).
+# before any import (a signal.py there would run in the child), unless the interpreter puts none there.
 DIE_WITH_PARENT = """
 import sys as _sys
-_sys.path.pop(0)
+if not _sys.flags.safe_path:  # PYTHONSAFEPATH or -P: no working folder to drop, the parent's path is all there is
+    _sys.path.pop(0)
 import os as _os
 _parent = int(_sys.argv.pop())
 if _sys.platform.startswith("linux"):

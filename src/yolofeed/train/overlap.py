@@ -77,7 +77,7 @@ def copied(x: Any) -> Any:
         holders.setdefault((t.device, t.untyped_storage().data_ptr()), set()).add(id(t))
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
-        if t.grad_fn is None and not t.__dict__ and t.storage_offset() == 0 and (
+        if t.grad_fn is None and t.grad is None and not t.__dict__ and t.storage_offset() == 0 and (
                 t.untyped_storage().nbytes() == t.numel() * t.element_size()) and (
                 len(holders[t.device, t.untyped_storage().data_ptr()]) == 1):
             groups.setdefault((t.device, t.dtype), []).append(t)
@@ -93,9 +93,15 @@ def copied(x: Any) -> Any:
 
 
 def _tensors_in(x: Any) -> list[torch.Tensor]:
-    """The tensors of ``x``: a module's parameters and buffers (``state_dict``), or a container's leaves."""
+    """The tensors of ``x``: each module's parameters, buffers and tensor attributes (a view of a buffer held as an
+    attribute shares its storage), or a container's leaves."""
     if isinstance(x, torch.nn.Module):
-        return list(x.state_dict(keep_vars=True).values())
+        found: dict[int, torch.Tensor] = {}
+        for module in x.modules():
+            for t in (*module._parameters.values(), *module._buffers.values(), *vars(module).values()):
+                if isinstance(t, torch.Tensor):
+                    found[id(t)] = t
+        return list(found.values())
     return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
 
 

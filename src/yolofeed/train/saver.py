@@ -93,12 +93,18 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensors: list[torch.Tensor] = []
         self._none = {id(o) for o in as_none}
+        self._storages: set[int] = set()  # each tensor's storage: one it shares, or a part of one, is not sent
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.layout != torch.strided or (
                     obj.grad_fn is not None or obj.is_quantized or obj.__dict__):
                 raise _NotPlain(f"a tensor of type {type(obj).__name__}, layout {obj.layout}")
+            storage = obj.untyped_storage()
+            if obj.numel() and (obj.storage_offset() or storage.nbytes() != obj.numel() * obj.element_size()
+                                or storage.data_ptr() in self._storages):  # torch.save writes the whole storage
+                raise _NotPlain("a view of a storage, or a storage shared by two tensors")
+            self._storages.add(storage.data_ptr())
             self.tensors.append(obj)
             return _tensor, (len(self.tensors) - 1,)
         if id(obj) in self._none:
@@ -194,7 +200,7 @@ class Job:
                 host = flat
             groups.append(host)
         if ready is not None:
-            ready.record()
+            ready.record(torch.cuda.current_stream(next(d for d, _ in keys if d.type == "cuda")))
         return cls(payload, tensors, groups, ready)
 
     def frames(self) -> list[memoryview]:
@@ -224,9 +230,11 @@ def rebuild(payload: bytes, tensors: list[_Tensor], groups: list[torch.Tensor]) 
     return _Unpickler(io.BytesIO(payload), built).load()
 
 
-def save_rebuilt(payload: bytes, tensors: list[_Tensor], groups: list[torch.Tensor]) -> bool:
-    """Ultralytics' ``save_model`` on the rebuilt inputs (``seam.CheckpointStandIn``), its files written atomically."""
-    return CheckpointStandIn(rebuild(payload, tensors, groups), AtomicPath).save()
+def save_rebuilt(payload: bytes, tensors: list[_Tensor], groups: list[torch.Tensor],
+                 path_class: type = AtomicPath) -> bool:
+    """Ultralytics' ``save_model`` on the rebuilt inputs (``seam.CheckpointStandIn``), its files written atomically
+    through ``path_class``."""
+    return CheckpointStandIn(rebuild(payload, tensors, groups), path_class).save()
 
 
 class Saver:
@@ -290,9 +298,9 @@ class Saver:
             else:
                 if kind == "saved":
                     return value
-                if isinstance(value, OSError):  # a write failed (a full disk): the folder's failure, as a write's
+                if kind == "unwritten":  # a file could not be written (a full disk): the folder's failure, as a write's
                     raise value
-                self._give_up(f"it failed: {value}")
+                self._give_up(f"failed ({value})")
         return save_rebuilt(job.payload, job.tensors, job.groups)
 
     def _give_up(self, why: str) -> None:
@@ -304,62 +312,82 @@ class Saver:
             _end(child, 0.0)
 
     def _exchange(self, frames: list[memoryview]) -> tuple[str, Any]:
-        """``frames`` written to the child, its reply read: ("saved", save_model's result) or ("failed", the
-        exception). Waits as long as the child works; raises ``_Gone`` once it ended or is stopped."""
+        """``frames`` written to the child, its reply read: ("saved", save_model's result), ("unwritten", a file's
+        write error) or ("failed", another error). Waits as long as the child works; raises ``_Gone`` once it ended or
+        is stopped, or on anything else that goes wrong here (the checkpoint is then made in this process)."""
         child = self._child
         if child is None:
             raise _Gone("ended")
-        out, reply = child.stdin.fileno(), child.stdout.fileno()
+        watch = _Watch(child)
         try:
             for view in frames:
                 view = view.cast("B")
                 while view.nbytes:
-                    if not select.select([], [out], [], POLL_S)[1]:
-                        _check(child)
+                    if not watch.ready(child.stdin.fileno(), select.POLLOUT):
                         continue
                     with contextlib.suppress(BlockingIOError):
-                        view = view[os.write(out, view[:CHUNK]):]
-            size = FRAME.unpack(_read(child, reply, FRAME.size))[0]
-            return pickle.loads(_read(child, reply, size))
-        except (OSError, EOFError, pickle.UnpicklingError) as e:  # a broken pipe, a reply cut short
-            raise _Gone(_ended(child) or f"stopped answering ({first_line(e)})") from None
+                        view = view[os.write(child.stdin.fileno(), view[:CHUNK]):]
+            size = FRAME.unpack(watch.read(FRAME.size))[0]
+            return pickle.loads(watch.read(size))
+        except _Gone:
+            raise
+        except Exception as e:  # a broken pipe, a reply cut short or not a reply
+            raise _Gone(watch.ended() or f"stopped answering ({type(e).__name__}: {first_line(e)})") from None
 
     def close(self) -> None:
-        """End the child (its input closed: it exits once its last checkpoint is written; killed after
-        ``CLOSE_WAIT_S``). The caller has waited for the folder's writes."""
+        """End the child (an empty header: it exits once its last checkpoint is written, as at its input's end, which a
+        process forked meanwhile would keep open; killed after ``CLOSE_WAIT_S``). The caller has waited for the
+        folder's writes."""
         child, self._child = self._child, None
         if child is not None:
             self._finalizer.detach()
+            with contextlib.suppress(OSError, ValueError):
+                os.set_blocking(child.stdin.fileno(), True)
+                os.write(child.stdin.fileno(), FRAME.pack(0))
             _end(child, CLOSE_WAIT_S)
 
 
-def _read(child: subprocess.Popen, fd: int, n: int) -> bytes:
-    """``n`` bytes from the child's reply pipe, waited for while it lives and runs."""
-    data = bytearray()
-    while len(data) < n:
-        if not select.select([fd], [], [], POLL_S)[0]:
-            _check(child)
-            continue
-        chunk = os.read(fd, n - len(data))
-        if not chunk:
-            raise _Gone(_ended(child) or "closed its output")
-        data += chunk
-    return bytes(data)
+class _Watch:
+    """Waits on the child's pipes (``poll``: any descriptor number) a ``POLL_S`` at a time, raising ``_Gone`` once it
+    ended or stayed stopped (SIGSTOP, a debugger) for two looks in a row (a profiler's sampling stops it briefly)."""
 
+    def __init__(self, child: subprocess.Popen):
+        self.child = child
+        self._stopped = 0
 
-def _check(child: subprocess.Popen) -> None:
-    """Raise ``_Gone`` where the child ended or is stopped (SIGSTOP, a debugger: it answers nothing until resumed;
-    killed then, as it holds no checkpoint whole)."""
-    if (why := _ended(child)) is not None:
-        raise _Gone(why)
-    if processes.stopped(child.pid):
-        child.kill()
-        raise _Gone("was stopped (SIGSTOP or a debugger) and was ended")
+    def ready(self, fd: int, event: int) -> bool:
+        poller = select.poll()
+        poller.register(fd, event)
+        if poller.poll(POLL_S * 1000):
+            self._stopped = 0
+            return True
+        if (why := self.ended()) is not None:
+            raise _Gone(why)
+        self._stopped = self._stopped + 1 if processes.stopped(self.child.pid) else 0
+        if self._stopped >= 2:
+            self.child.kill()
+            raise _Gone("was stopped (SIGSTOP or a debugger) and was ended")
+        return False
 
+    def read(self, n: int) -> bytes:
+        """``n`` bytes from the child's reply pipe, waited for while it lives and runs."""
+        fd, data = self.child.stdout.fileno(), bytearray()
+        while len(data) < n:
+            if not self.ready(fd, select.POLLIN):
+                continue
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise _Gone(self.ended() or "closed its output")
+            data += chunk
+        return bytes(data)
 
-def _ended(child: subprocess.Popen) -> str | None:
-    code = child.poll()
-    return None if code is None else f"ended (exit code {code})"
+    def ended(self) -> str | None:
+        """How the child ended (waited for briefly: a killed child's pipe closes before it is reaped), or None."""
+        try:
+            code = self.child.wait(0.2)
+        except subprocess.TimeoutExpired:
+            return None
+        return f"ended (exit code {code})"
 
 
 def _end(child: subprocess.Popen, wait: float) -> None:
@@ -374,6 +402,30 @@ def _end(child: subprocess.Popen, wait: float) -> None:
         child.wait()
 
 
+class _Unwritten(Exception):
+    """In the child: a checkpoint file could not be written (``error``, the write's own)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _ChildPath(AtomicPath):
+    """The child's checkpoint paths: a failure to make the folder or write a file is told apart from any other."""
+
+    def write_bytes(self, data: Any) -> int:
+        try:
+            return super().write_bytes(data)
+        except OSError as e:
+            raise _Unwritten(e) from None
+
+    def mkdir(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().mkdir(*args, **kwargs)
+        except OSError as e:
+            raise _Unwritten(e) from None
+
+
 def serve() -> None:
     """The child's loop: each job read from stdin, saved (``save_rebuilt``), its reply written to the parent; ends at
     the end of its input. What it would print goes nowhere (its stdout is the parent's reply pipe)."""
@@ -384,7 +436,7 @@ def serve() -> None:
     os.dup2(null, 2)
     while True:
         head = _read_exactly(0, FRAME.size)
-        if head is None:
+        if head is None or FRAME.unpack(head)[0] == 0:  # the input's end, or the parent's close
             return
         payload, tensors, layout = pickle.loads(_read_exactly(0, FRAME.unpack(head)[0]) or b"")  # EOFError if cut
         groups = []
@@ -392,9 +444,11 @@ def serve() -> None:
             data = _read_exactly(0, n * torch.empty(0, dtype=dtype).element_size())
             groups.append(torch.frombuffer(data, dtype=dtype) if n else torch.empty(0, dtype=dtype))
         try:
-            message = ("saved", save_rebuilt(payload, tensors, groups))
+            message = ("saved", save_rebuilt(payload, tensors, groups, _ChildPath))
+        except _Unwritten as e:
+            message = ("unwritten", _picklable(e.error))
         except BaseException as e:
-            message = ("failed", _picklable(e))
+            message = ("failed", f"{type(e).__name__}: {first_line(e)}")
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         os.write(reply, FRAME.pack(len(data)) + data)
 
@@ -412,11 +466,11 @@ def _read_exactly(fd: int, n: int) -> bytearray | None:
     return data
 
 
-def _picklable(e: BaseException) -> BaseException:
-    """``e`` where it pickles and unpickles (a write's ``WriteError`` does, its errno kept), else a RuntimeError with
-    its line."""
+def _picklable(e: OSError) -> OSError:
+    """``e`` where it pickles and unpickles (a write's ``WriteError`` does, its errno kept), else an OSError with its
+    errno and line."""
     try:
         pickle.loads(pickle.dumps(e))
         return e
     except Exception:
-        return RuntimeError(f"{type(e).__name__}: {first_line(e)}")
+        return OSError(e.errno, f"{type(e).__name__}: {first_line(e)}")
