@@ -221,11 +221,9 @@ def test_the_child_ends_with_its_parents_run_and_when_its_parent_dies(tmp_path):
     import sys
 
     s = Saver.start()
-    pid = s._child.pid
+    child = s._child
     s.close()
-    assert s._child is None
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
+    assert s._child is None and child.wait(10) == 0
     code = ("import sys, time; from yolofeed.train.saver import Saver; s = Saver.start(); "
             "print(s._child.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -291,7 +289,7 @@ def test_a_run_saving_in_the_child_writes_checkpoints_that_resume_and_validate(s
     finally:
         saver.Saver.save = save
     assert seen == [0, 1] and "checkpoint process" not in caplog.text
-    assert trainer._saver is not None and trainer._saver.gone is None and trainer._saver._child is None
+    assert trainer._saver is not None and trainer._saver.gone is None and trainer._saver._child is None  # closed
     best = torch.load(tmp_path / "child" / "weights" / "best.pt", map_location="cpu", weights_only=False)
     assert best["optimizer"] is None and best["ema"] is None and best["model"] is not None  # stripped, as stock
     assert trainer.validated
@@ -339,7 +337,7 @@ def test_close_ends_the_child_at_once_though_a_forked_process_holds_its_input():
         child = s._child
         start = time.perf_counter()
         s.close()
-        assert time.perf_counter() - start < 5 and child.returncode == 0
+        assert child.wait(5) == 0 and time.perf_counter() - start < 5
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

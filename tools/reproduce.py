@@ -169,9 +169,9 @@ SECTIONS = {s.name: s for s in (
         "exit 2; }",
         "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
         "python3 -m yolofeed pack data=/tmp/synth5k/data.yaml imgsz=640",
-        "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) order=ABA "
-        "out=$OUT/saver_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto workers=16 batch=128 "
-        "imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS,
+        "timeout 420 python3 -m tools.device.tree_ab base=.base/src name=$(cat .base/name 2>/dev/null) "
+        "order=${ORDER:-ABA} out=$OUT/saver_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto "
+        "workers=16 batch=128 imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS,
         "python3 -c \"import json, glob, statistics as st; [print(f, r['wall_s'], r['setup_s'], r['final_s'], "
         "st.median(e['save_s'] for e in r['epochs'][1:]), st.median(e['train_s'] for e in r['epochs'][1:]), "
         "st.median(e['epoch_s'] for e in r['epochs'][1:9])) for f in sorted(glob.glob('$OUT/saver_ab/**/bench.json', "

@@ -336,15 +336,15 @@ class Saver:
 
     def close(self) -> None:
         """End the child (an empty header: it exits once its last checkpoint is written, as at its input's end, which a
-        process forked meanwhile would keep open; killed after ``CLOSE_WAIT_S``). The caller has waited for the
-        folder's writes."""
+        process forked meanwhile would keep open), not waited for: the caller has waited for the folder's writes, and
+        the child's interpreter takes a while to end. A daemon thread reaps it (killed after ``CLOSE_WAIT_S``)."""
         child, self._child = self._child, None
         if child is not None:
             self._finalizer.detach()
             with contextlib.suppress(OSError, ValueError):
                 os.set_blocking(child.stdin.fileno(), True)
                 os.write(child.stdin.fileno(), FRAME.pack(0))
-            _end(child, CLOSE_WAIT_S)
+            processes.Daemon(_end, child, CLOSE_WAIT_S, name="yolofeed-checkpoints-end")
 
 
 class _Watch:
