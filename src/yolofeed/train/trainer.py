@@ -138,6 +138,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
     # each checkpoint serialised in a process of its own, from host copies (train/saver.py); None: where the trainer
     # trains on CUDA (whose GPU otherwise waits for save_model)
     save_process: bool | None = None
+    _saver: Saver | None = None  # the checkpoints' child, once started (_start_saver)
     mask_room: int = 1  # segment: the mask rasteriser's slots, in multiples of its own; doubled after an overflow
     monitor: dict | None = None  # the live monitor's keys (yolofeed.monitor.MonitorConfig), attached by the trainer
     # sync_free_step, sync_free_loss, fast_musgd, graphed_step, half_input: the step's options (SyncFreeStep,
@@ -208,7 +209,6 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         self.add_callback("on_train_batch_end", type(self)._raise_failed_write)
         self.add_callback("on_train_epoch_end", type(self)._wait_for_writes)
         self.add_callback("on_train_start", type(self)._capture_ahead)  # after SyncFreeStep's graphed.install
-        self._saver: Saver | None = None
         self.add_callback("on_train_start", type(self)._start_saver)
         self.add_callback("on_train_epoch_end", type(self)._check_polygons)
         self.add_callback("on_train_epoch_start", type(self)._start_figure_drawers)
