@@ -270,9 +270,10 @@ def _train(synth_root, tmp_path, name: str, epochs: int, **options):
 
 
 def test_a_run_saving_in_the_child_writes_checkpoints_that_resume_and_validate(synth_root, tmp_path, caplog):
-    """A run of 2 epochs with ``save_process=True`` (a CPU run: on CUDA it is the default): each epoch's checkpoint
-    made by the child (no fallback said), the run's best.pt stripped and validated as stock's; the child ended with
-    the run."""
+    """A run of 2 epochs with ``save_process=True`` (a CPU run: on CUDA it is the default): the first epoch's
+    checkpoint made by the child (no fallback said), the last one's in the training thread (the final validation waits
+    for it at once: the child's hand-over only lengthened the run's end, by 0.6-0.9 s on an H100 machine); the run's
+    best.pt stripped and validated as stock's; the child ended with the run."""
     caplog.set_level(logging.WARNING)
     seen = []
     import yolofeed.train.saver as saver
@@ -288,7 +289,7 @@ def test_a_run_saving_in_the_child_writes_checkpoints_that_resume_and_validate(s
         trainer = _train(synth_root, tmp_path, "child", 2, save_process=True)
     finally:
         saver.Saver.save = save
-    assert seen == [0, 1] and "checkpoint process" not in caplog.text
+    assert seen == [0] and "checkpoint process" not in caplog.text
     assert trainer._saver is not None and trainer._saver.gone is None and trainer._saver._child is None  # closed
     best = torch.load(tmp_path / "child" / "weights" / "best.pt", map_location="cpu", weights_only=False)
     assert best["optimizer"] is None and best["ema"] is None and best["model"] is not None  # stripped, as stock

@@ -101,6 +101,7 @@ from yolofeed.ultralytics_seam import (
     split_fraction,
     start_epoch,
     step_autocast,
+    stop_asked,
     torch_distributed_zero_first,
     train_side,
     unwrap_model,
@@ -539,10 +540,14 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             return False  # the loop runs no on_model_save: seam.end_epoch_late runs it
         write_checkpoints_as(self, QueuedPath)
         sweep(weights_dir(self))
-        saved = self._saver is not None and self._saver.save(self)
+        readers = epoch_readers(self, TRAINING_EVENTS)  # a callback of the next epoch's start, too
+        # the checkpoints' child where nothing waits for its files at once: the run's last save is waited for by the
+        # final validation, and a reader's by the wait below, which the child's hand-over would only lengthen
+        last = self.epoch + 1 >= self.epochs or stop_asked(self)
+        saved = self._saver is not None and not (readers or last) and self._saver.save(self)
         if not saved:
             saved = super().save_model()
-        if epoch_readers(self, TRAINING_EVENTS):  # a callback of the next epoch's start, too
+        if readers:
             WRITES.wait(weights_dir(self))
         return saved
 
