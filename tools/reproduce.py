@@ -144,8 +144,8 @@ SECTIONS = {s.name: s for s in (
         # val_overlap's GPU tests (a capture waits for the validation beside it) beside the CPU-bound synth and pack,
         # then the whole run as a user gets it: val_overlap's default
         "timeout 240 python3 -m pytest -q -m gpu tests/test_val_overlap.py tests/test_augment_gpu.py "
-        "tests/test_unplanned.py tests/test_saver.py "
-        "-k 'overlap or before_capture or unplanned or finite or cuda or batched_copy' "
+        "tests/test_unplanned.py tests/test_saver.py tests/test_val_nms.py "
+        "-k 'overlap or before_capture or unplanned or finite or cuda or batched_copy or batched_nms' "
         "-p no:cacheprovider --tb=short -rA > $OUT/gpu_tests_overlap.txt 2>&1 &",
         *whole_run("auto", 440)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_overlap.txt | tail -20",

@@ -11,7 +11,9 @@ the epochs before the last), and the three parts are timed as ``BaseValidator.__
 ``postprocess`` (NMS), ``update_metrics`` (per image: targets, IoU, ``match_predictions``, stats) and ``get_stats``
 (concatenation, ``ap_per_class``). Columns: ms per image; ``ops/img``: the aten ops each part dispatches per image,
 which on a GPU are kernel launches or host syncs (each costs the host microseconds there, whatever its size).
-``--profile`` adds cProfile's top functions of each part at the largest candidate count.
+The columns on the right are yolofeed's: its validator's NMS (``val_nms.batched_nms``, each image's candidates found a
+group of images at a time) and its batched ``update_metrics``, with whether the mAP is the same. ``--profile`` adds
+cProfile's top functions of each part at the largest candidate count.
 """
 
 from __future__ import annotations
@@ -131,8 +133,9 @@ class OpCount(TorchDispatchMode):
 
 def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = None,
              batched: bool = False) -> dict[str, float]:
-    """One validation's host parts over ``data``; seconds per part. ``batched``: yolofeed's batched update_metrics."""
-    from yolofeed.train.val_metrics import update_metrics
+    """One validation's host parts over ``data``; seconds per part. ``batched``: yolofeed's batched NMS
+    (``BatchedDetectionValidator.postprocess``) and update_metrics."""
+    from yolofeed.train.val_metrics import BatchedDetectionValidator, update_metrics
     v = validator(nc)
     t = Counter()
 
@@ -155,7 +158,8 @@ def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = No
 
     with torch.inference_mode():
         for raw, batch in data:
-            preds = part("postprocess", v.postprocess, raw)
+            preds = part("postprocess", BatchedDetectionValidator.postprocess if batched else type(v).postprocess, v,
+                         raw)
             if batched:
                 part("update_metrics", update_metrics, v, preds, batch)
             else:
@@ -180,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{a.images} images, batch {a.batch}, imgsz {a.imgsz}, nc {a.nc}, 1 thread; ms per image (best of "
           f"{a.repeat}), aten ops per image")
     print(f"{'cand/img':>9} {'kept/img':>8} " + " ".join(f"{x:>15} {'ops/img':>8}" for x in parts)
-          + f" {'total':>7} {'mAP50-95':>8}   batched update_metrics: {'ms':>3} {'ops':>5} {'same mAP':>8}")
+          + f" {'total':>7} {'mAP50-95':>8}   batched NMS: {'ms':>3} {'ops':>5}, update_metrics: {'ms':>3} "
+            f"{'ops':>5} {'same mAP':>8}")
     counts = [int(c) for c in a.candidates.split(",")]
     for c in counts:
         data = batches(a.images, a.batch, a.imgsz, a.nc, c)
@@ -191,12 +196,13 @@ def main(argv: list[str] | None = None) -> None:
         m = run_once(data, a.nc)["mAP50-95"]
         fast = [run_once(data, a.nc, batched=True) for _ in range(a.repeat)]
         fast_ms = min(r["update_metrics"] for r in fast) / a.images * 1e3
+        nms_ms = min(r["postprocess"] for r in fast) / a.images * 1e3
         fast_ops: dict[str, int] = {}
         same = run_once(data, a.nc, ops=fast_ops, batched=True)["mAP50-95"] == m
         ms = {k: best[k] / a.images * 1e3 for k in parts}
         print(f"{c:>9} {kept:>8.1f} " + " ".join(f"{ms[k]:>15.3f} {ops[k] / a.images:>8.0f}" for k in parts)
-              + f" {sum(ms.values()):>7.3f} {m:>8.4f}   {fast_ms:>7.3f} {fast_ops['update_metrics'] / a.images:>5.1f}"
-              f" {'yes' if same else 'NO':>5}")
+              + f" {sum(ms.values()):>7.3f} {m:>8.4f}   {nms_ms:>15.3f} {fast_ops['postprocess'] / a.images:>5.1f}, "
+              f"{fast_ms:>18.3f} {fast_ops['update_metrics'] / a.images:>5.1f} {'yes' if same else 'NO':>8}")
     if a.profile:
         data = batches(a.images, a.batch, a.imgsz, a.nc, counts[-1])
         profilers = {k: cProfile.Profile() for k in parts}

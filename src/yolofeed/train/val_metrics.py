@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from yolofeed.train.val_nms import batched_nms
 from yolofeed.ultralytics_seam import (
     DetectionValidator,
     batched_metrics_serve,
@@ -145,7 +146,8 @@ def update_metrics(validator: Any, preds: list[dict[str, torch.Tensor]], batch: 
 
 class BatchedDetectionValidator(DetectionValidator):
     """Ultralytics' ``DetectionValidator`` whose ``update_metrics`` is ``update_metrics`` above where that serves
-    (plain statistics, a reviewed release) and Ultralytics' own elsewhere (the final validation's plots, json, txt).
+    (plain statistics, a reviewed release) and Ultralytics' own elsewhere (the final validation's plots, json, txt),
+    and whose NMS finds each image's candidates a group of images at a time (train/val_nms.py).
     Swapped in place (``install``); it adds a method only, and the validator's state is Ultralytics'."""
 
     _stock = DetectionValidator
@@ -153,6 +155,14 @@ class BatchedDetectionValidator(DetectionValidator):
     def update_metrics(self, preds: list[dict[str, torch.Tensor]], batch: dict[str, Any]) -> None:
         if not update_metrics(self, preds, batch):
             super().update_metrics(preds, batch)
+
+    def postprocess(self, preds: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Ultralytics' ``postprocess`` (COPIED), its NMS each image's candidates found a group of images at a time
+        (``val_nms.batched_nms``: the same detections bit for bit; Ultralytics' own where that does not serve)."""
+        outputs = batched_nms(preds, self.args.conf, self.args.iou, nc=0 if self.args.task == "detect" else self.nc,
+                              multi_label=True, agnostic=self.args.single_cls or self.args.agnostic_nms,
+                              max_det=self.args.max_det, end2end=self.end2end, rotated=self.args.task == "obb")
+        return [{"bboxes": x[:, :4], "conf": x[:, 4], "cls": x[:, 5], "extra": x[:, 6:]} for x in outputs]
 
 
 def install(validator: Any) -> bool:

@@ -138,6 +138,7 @@ from yolofeed.ultralytics_seam.names import (
     RotatedTaskAlignedAssigner,
     SegmentationTrainer,
     TaskAlignedAssigner,
+    TorchNMS,
     YOLODataset,
     bbox2dist,
     bbox_iou,
@@ -158,6 +159,7 @@ from yolofeed.ultralytics_seam.names import (
     img2label_paths,
     imread,
     make_anchors,
+    non_max_suppression,
     parse_device,
     parse_key_value_pair,
     pil_open,
@@ -183,6 +185,7 @@ from yolofeed.ultralytics_seam.names import (
 from yolofeed.ultralytics_seam.pins import (
     GRAPH_LAYOUT_SINCE,
     LABEL_RULE_SETS,
+    NMS_SINCE,
     POSE_SINCE,
     SEGMENT_LOSS_SINCE,
     SWAPPED,
@@ -285,7 +288,8 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "unbounded_epochs", "unwrap_model", "v8DetectionLoss", "validation_loader", "validation_models", "VERSION",
     "weights_dir",
     "world_size",
-    "write_checkpoints_as", "xywh2xyxy", "xyxy2xywh", "YAML", "yaml_model_load", "YOLO", "YOLODataset",
+    "write_checkpoints_as", "TorchNMS", "non_max_suppression", "NMS_SINCE",
+    "xywh2xyxy", "xyxy2xywh", "YAML", "yaml_model_load", "YOLO", "YOLODataset",
     "zeropower_via_newtonschulz5",
     # what yolofeed copied and relies on (copied.py, relied_on.py), and reading the installed source (source.py)
     "COPIED", "normalised_source", "Pinned", "RELIED_ON", "resolve", "Reviewed", "source_hash", "SWAPPED",

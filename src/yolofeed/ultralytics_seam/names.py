@@ -94,6 +94,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         v8SegmentationLoss,
     )
     from ultralytics.utils.metrics import bbox_iou, probiou  # train.loss: the box losses' CIoU and ProbIoU
+    from ultralytics.utils.nms import TorchNMS, non_max_suppression  # train.val_nms: the validation's NMS
     from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats; loader.val: OBB's as Format makes them
         crop_mask,  # train.loss: the segment loss's crop, on the batched rows
         segments2boxes,
@@ -139,6 +140,7 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "check_yaml", "crop_mask",
     "exif_size", "get_cfg", "get_flops", "get_latest_run", "get_save_dir", "get_split_fraction", "guess_model_task",
     "img2label_paths", "imread", "make_anchors", "parse_device", "parse_key_value_pair", "pil_open", "probiou",
+    "non_max_suppression", "TorchNMS",
     "rbox2dist", "segments2boxes", "smart_value", "strip_optimizer", "torch_distributed_zero_first", "torch_safe_load",
     "unwrap_model", "v8DetectionLoss", "v8OBBLoss", "v8PoseLoss", "v8SegmentationLoss", "xywh2xyxy", "xywhr2xyxyxyxy",
     "xyxy2xywh", "xyxyxyxy2xywhr", "yaml_model_load", "zeropower_via_newtonschulz5",

@@ -94,6 +94,9 @@ GRAPH_LAYOUT_SINCE = "8.4.190"
 # validation beside the next (val_overlap, seam.validator_view) was written against: under older releases of the range
 # every epoch is validated in place.
 VAL_OVERLAP_SINCE = "8.4.140"
+# the validation's NMS with each image's candidates found a batch at once (train/val_nms.py): non_max_suppression's
+# source as 8.4.164's and 8.4.190's (8.4.138's converts the boxes in place before its loop and takes labels)
+NMS_SINCE = "8.4.164"
 
 
 
