@@ -72,7 +72,7 @@ def test_a_call_it_does_not_serve_is_ultralytics_own(monkeypatch):
     """Calls other than the validator's (one class, a classes filter, indices asked, rotated boxes, end-to-end
     outputs) go to Ultralytics' function with the same arguments."""
     calls = []
-    monkeypatch.setattr(val_nms, "non_max_suppression", lambda *a: calls.append(a) or ["stock"])
+    monkeypatch.setattr(val_nms, "non_max_suppression", lambda *a, **k: calls.append((a, k)) or ["stock"])
     pred = _prediction(2, 3, 50, 0, torch.float32, "cpu", seed=1)
     for kw in ({"multi_label": False}, {"multi_label": True, "classes": [1]}, {"multi_label": True,
                "return_idxs": True}, {"multi_label": True, "rotated": True}, {"multi_label": True, "end2end": True}):
@@ -80,6 +80,10 @@ def test_a_call_it_does_not_serve_is_ultralytics_own(monkeypatch):
     assert batched_nms(_prediction(2, 1, 50, 0, torch.float32, "cpu", seed=1), 0.001, 0.7,
                        multi_label=True) == ["stock"]  # nc 1: Ultralytics' best-class branch
     assert len(calls) == 6
+
+
+def _copy(preds):
+    return torch.utils._pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, preds)
 
 
 def test_the_validators_postprocess_is_ultralytics_with_the_batched_nms(tmp_path):
@@ -101,8 +105,9 @@ def test_the_validators_postprocess_is_ultralytics_with_the_batched_nms(tmp_path
     for single_cls in (False, True):
         validator = SimpleNamespace(args=SimpleNamespace(conf=0.001, iou=0.7, task="detect", single_cls=single_cls,
                                                          agnostic_nms=False, max_det=300), nc=80, end2end=False)
-        stock = DetectionValidator.postprocess(validator, preds)
-        ours = BatchedDetectionValidator.postprocess(validator, preds)
+        # each on its own copy: an older release's NMS converts the boxes of what it is given in place
+        stock = DetectionValidator.postprocess(validator, _copy(preds))
+        ours = BatchedDetectionValidator.postprocess(validator, _copy(preds))
         assert sum(len(x["bboxes"]) for x in stock) > 0
         for a, b in zip(ours, stock):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

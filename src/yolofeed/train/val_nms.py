@@ -45,20 +45,22 @@ def batched_nms(prediction: Any, conf_thres: float = 0.25, iou_thres: float = 0.
                 max_time_img: float = 0.05, max_nms: int = 30000, max_wh: int = 7680, rotated: bool = False,
                 end2end: bool = False, return_idxs: bool = False) -> list[torch.Tensor]:
     """Ultralytics' ``non_max_suppression`` (COPIED), with its arguments and results; see the module's doc."""
-    args = (prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det, nc, max_time_img, max_nms,
-            max_wh, rotated, end2end, return_idxs)
+    args = (prediction, conf_thres, iou_thres)
+    kwargs = {"classes": classes, "agnostic": agnostic, "multi_label": multi_label, "max_det": max_det, "nc": nc,
+              "max_time_img": max_time_img, "max_nms": max_nms, "max_wh": max_wh, "rotated": rotated,
+              "end2end": end2end, "return_idxs": return_idxs}  # by name: older releases take labels= among them
     if not serves(conf_thres, iou_thres, classes, multi_label, rotated, end2end, return_idxs):
-        return non_max_suppression(*args)
+        return non_max_suppression(*args, **kwargs)
     if isinstance(prediction, (list, tuple)):  # model in validation mode, output = (inference_out, loss_out)
         prediction = prediction[0]
     if prediction.shape[-1] == 6:  # end-to-end model (BNC)
-        return non_max_suppression(*args)
+        return non_max_suppression(*args, **kwargs)
     bs = prediction.shape[0]  # batch size (BCN, i.e. 1,84,6300)
     nc = nc or (prediction.shape[1] - 4)  # number of classes
     extra = prediction.shape[1] - nc - 4  # number of extra info
     mi = 4 + nc  # mask start index
     if nc <= 1:  # multi_label &= nc > 1: the best-class branch
-        return non_max_suppression(*args)
+        return non_max_suppression(*args, **kwargs)
     xc = prediction[:, 4:mi].amax(1) > conf_thres  # candidates
     time_limit = 2.0 + max_time_img * bs  # seconds to quit after
     prediction = prediction.transpose(-1, -2)  # shape(1,84,6300) to shape(1,6300,84)

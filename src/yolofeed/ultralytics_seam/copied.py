@@ -7,14 +7,6 @@ from __future__ import annotations
 from yolofeed.ultralytics_seam.pins import NMS_SINCE, POSE_SINCE, SEGMENT_LOSS_SINCE, Pinned, _r
 
 COPIED: tuple[Pinned, ...] = (
-    Pinned("ultralytics.utils.nms.non_max_suppression", "f8e2402d735b3ebe", "yolofeed.train.val_nms.batched_nms",
-           "for the validator's call (multi_label, boxes, no classes filter, no indices): each image's candidate rows "
-           "from one where and one concatenation a group of images, the same rows in the same order; then each "
-           "image's max_nms cut, class offset, NMS, max_det cut and time limit as there; any other call goes to it",
-           since=NMS_SINCE),
-    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.postprocess", "ded28f787d9a469c",
-           "yolofeed.train.val_metrics.BatchedDetectionValidator.postprocess",
-           "the same call of the NMS, to yolofeed's batched_nms"),
     Pinned("ultralytics.utils.loss.v8DetectionLoss.get_assigned_targets_and_loss", "a4753d10641f935a",
            "yolofeed.train.loss.detect.SyncFreeDetectionLoss.get_assigned_targets_and_loss",
            "the anchors and image size cached per feature-map shape; the most boxes per image and the candidates' "
@@ -179,4 +171,12 @@ COPIED: tuple[Pinned, ...] = (
            "yolofeed.train.trainer.FastDetectionTrainer.final_eval",
            "strip_optimizer writes last.pt and best.pt to a temporary file renamed over them "
            "(train/checkpoints.py::strip_atomically), not over them in place"),
+    Pinned("ultralytics.utils.nms.non_max_suppression", "f8e2402d735b3ebe", "yolofeed.train.val_nms.batched_nms",
+           "for the validator's call (multi_label, boxes, no classes filter, no indices): each image's candidate rows "
+           "from one where and one concatenation a group of images, the same rows in the same order; then each "
+           "image's max_nms cut, class offset, NMS, max_det cut and time limit as there; any other call goes to it",
+           since=NMS_SINCE),
+    Pinned("ultralytics.models.yolo.detect.val.DetectionValidator.postprocess", "ded28f787d9a469c",
+           "yolofeed.train.val_metrics.BatchedDetectionValidator.postprocess",
+           "the same call of the NMS, to yolofeed's batched_nms"),
 )

@@ -15,6 +15,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     import ultralytics.models.yolo.detect.val as _detect_val_module  # figures: the image grids it draws
     import ultralytics.models.yolo.obb.val as _obb_val_module  # figures: the image grids it draws
     import ultralytics.utils.metrics as _metrics_module  # figures: the final validation's figures, drawn elsewhere
+    import ultralytics.utils.nms as _nms_module  # train.val_nms: the validation's NMS, copied
     import ultralytics.utils.tqdm as _tqdm  # progress_bar_drawn (read at call time: tests patch it)
     from ultralytics import YOLO  # train.run, bench.parity: the model a run trains
     from ultralytics.cfg import (  # cli, train.keys, augment.hyp: Ultralytics' keys, defaults and key=value reading
@@ -144,6 +145,7 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "rbox2dist", "segments2boxes", "smart_value", "strip_optimizer", "torch_distributed_zero_first", "torch_safe_load",
     "unwrap_model", "v8DetectionLoss", "v8OBBLoss", "v8PoseLoss", "v8SegmentationLoss", "xywh2xyxy", "xywhr2xyxyxyxy",
     "xyxy2xywh", "xyxyxyxy2xywhr", "yaml_model_load", "zeropower_via_newtonschulz5",
-    "_data_utils", "_detect_train_module", "_detect_val_module", "_metrics_module", "_obb_val_module", "_muon", "_tqdm",
+    "_data_utils", "_detect_train_module", "_detect_val_module", "_metrics_module", "_nms_module",
+    "_obb_val_module", "_muon", "_tqdm",
     "_validator_module",
 ]

@@ -22,6 +22,7 @@ from yolofeed.ultralytics_seam.names import (
     _detect_val_module,
     _metrics_module,
     _muon,
+    _nms_module,
     _obb_val_module,
     _validator_module,
     v8DetectionLoss,
@@ -92,6 +93,9 @@ REQUIRED: tuple[tuple[type, str, str], ...] = (
     (DetectionTrainer, "final_eval", "yolofeed's trainer copies it (COPIED) to strip the final checkpoints atomically"),
     (DetectionTrainer, "get_validator", "yolofeed's trainer batches its validator's statistics (train/val_metrics.py)"),
     (DetectionValidator, "update_metrics", "the batched validator overrides it and falls back to it"),
+    (DetectionValidator, "postprocess", "the batched validator copies it (COPIED) to call its NMS"),
+    (_nms_module, "non_max_suppression", "train/val_nms.py copies it (COPIED) and calls it where the copy does not "
+                                         "serve"),
     (DetectionTrainer, "resume_training", "yolofeed's trainer drops the results.csv rows of epochs the resumed run "
                                           "trains again (train/checkpoints.py::trim_results)"),
     (DetectionTrainer, "save_metrics", "val_overlap holds an overlapped epoch's results.csv row until its validation "
