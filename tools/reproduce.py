@@ -129,7 +129,6 @@ SECTIONS = {s.name: s for s in (
         "> $OUT/gpu_tests_graphed.txt 2>&1 &", *whole_run("auto", 430)[:2],
         "wait; grep -E 'PASSED|FAILED|ERROR|passed|failed|Error' $OUT/gpu_tests_graphed.txt | tail -20",
         *whole_run("auto", 430)[2:])),
-    Section("whole-run-plain", "The whole run", "nvidia-h200", 1, 6, whole_run("auto", 440)),  # AdamW, no tests
     Section("whole-run-musgd", "The whole run", "nvidia-h200", 1, 7, whole_run("MuSGD", 500)),
     Section("whole-run-beside", "The whole run", "nvidia-h200", 1, 9,
             whole_run("auto", 520, "stock,yolofeed_val_waited,yolofeed_val_inline")),
