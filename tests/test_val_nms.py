@@ -111,3 +111,61 @@ def test_the_validators_postprocess_is_ultralytics_with_the_batched_nms(tmp_path
         assert sum(len(x["bboxes"]) for x in stock) > 0
         for a, b in zip(ours, stock):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]) if t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_odd_inputs_give_ultralytics_detections_bit_for_bit(seed, monkeypatch):
+    """Seeded odd inputs, each against Ultralytics' NMS bit for bit (NaN included): bfloat16 and float64, infinite and
+    NaN scores, NaN and infinite boxes, scores on the threshold, conf 0 and 1, iou 0 and 1, max_det 0, exactly
+    max_nms candidates, a tuple input, torchvision's NMS or Ultralytics' own (found by a reviewer's fuzzing: all held;
+    a wrong nc with no candidate raised, and no longer does)."""
+    import random
+    import sys
+
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    for case in range(25):
+        b, nc, anchors = rng.choice((1, 3)), rng.choice((2, 7)), rng.choice((0, 1, 40))
+        dtype = rng.choice((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+        xy, wh = torch.rand(b, 2, anchors, generator=g) * 200, torch.rand(b, 2, anchors, generator=g) * 50 + 1
+        scores = torch.sigmoid(torch.empty(b, nc, anchors).uniform_(-9, 4, generator=g))
+        odd = torch.rand(scores.shape, generator=g)
+        scores[odd < 0.03], scores[odd > 0.97] = float("inf"), float("nan")
+        xy[torch.rand(xy.shape, generator=g) < 0.03] = float("nan")
+        if case % 5 == 0:
+            scores.fill_(0.25)  # every score on the threshold below
+        pred = torch.cat([xy, wh, scores], 1).to(dtype)
+        conf, iou = rng.choice((0.0, 0.25, 1.0)), rng.choice((0.0, 0.7, 1.0))
+        kwargs = {"multi_label": True, "agnostic": rng.random() < 0.3, "max_det": rng.choice((0, 1, 300)),
+                  "max_nms": rng.choice((1, 10, 30000))}
+        if rng.random() < 0.3:
+            monkeypatch.delitem(sys.modules, "torchvision", raising=False)  # Ultralytics' TorchNMS
+        stock = non_max_suppression((pred.clone(), None) if case % 4 == 0 else pred.clone(), conf, iou, **kwargs)
+        ours = batched_nms((pred.clone(), None) if case % 4 == 0 else pred.clone(), conf, iou, **kwargs)
+        assert len(ours) == len(stock), case
+        for a, s in zip(ours, stock):
+            assert a.dtype == s.dtype and a.shape == s.shape and torch.equal(_bits(a), _bits(s)), case
+        monkeypatch.undo()
+    wrong = torch.cat([torch.rand(2, 4, 50) * 100, torch.full((2, 3, 50), 1e-5)], 1)
+    _same(batched_nms(wrong, 0.001, 0.7, multi_label=True, nc=4), non_max_suppression(wrong, 0.001, 0.7,
+                                                                                          multi_label=True, nc=4))
+
+
+def test_the_time_limit_falls_where_ultralytics_does_under_a_stepping_clock(monkeypatch):
+    """The clock read once an image after its NMS, as Ultralytics reads it: with a clock that steps a second a read,
+    both stop at the same image and say so."""
+    import itertools
+    import time as time_module
+
+    pred = _prediction(6, 3, 40, 0, torch.float32, "cpu", seed=2, low=2.0)
+    results = []
+    for fn in (non_max_suppression, batched_nms):
+        monkeypatch.setattr(time_module, "time", itertools.count().__next__)
+        results.append(fn(pred.clone(), 0.001, 0.7, multi_label=True, max_time_img=0.0))
+        monkeypatch.undo()
+    assert sum(len(x) > 0 for x in results[1]) < 6
+    _same(results[1], results[0])

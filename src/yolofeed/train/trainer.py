@@ -542,7 +542,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         sweep(weights_dir(self))
         readers = epoch_readers(self, TRAINING_EVENTS)  # a callback of the next epoch's start, too
         # the checkpoints' child where nothing waits for its files at once: the run's last save is waited for by the
-        # final validation, and a reader's by the wait below, which the child's hand-over would only lengthen
+        # final validation, and a reader's by the wait below, which the child's hand-over would only lengthen. The
+        # last is known where the loop knows it before saving (its final epoch, early stopping, time=, a callback's
+        # stop); a stop asked after the save leaves that save to the child: correct, 0.6-0.9 s later at the run's end
         last = self.epoch + 1 >= self.epochs or stop_asked(self)
         saved = self._saver is not None and not (readers or last) and self._saver.save(self)
         if not saved:

@@ -11,7 +11,9 @@ conversion, one ``torch.where`` over their scores and one concatenation: the sam
 same operations on the same values), in the same order (image, then anchor, then class, as each image's loop makes
 them), and each image's count of them from one ``bincount``. Each image then takes its rows through Ultralytics' own
 steps: the ``max_nms`` cut, the class offset, the same NMS call, the ``max_det`` cut, the time limit. The output is
-Ultralytics' bit for bit (tested against it). A group holds images whose kept anchors times the classes come to at
+Ultralytics' bit for bit (tested against it), but where the time limit is reached: a group's rows are made before its
+first image's NMS, so the image the limit falls at may differ with the clock, as Ultralytics' own does from run to
+run. A group holds images whose kept anchors times the classes come to at
 most ``ROWS`` (an untrained model's scores pass 0.001 nearly everywhere: 0.67 M pairs an image of 8,400 anchors and 80
 classes), so its memory is bounded as an image's is in Ultralytics' loop; a trained model's batch is one or two
 groups: a few host syncs, where Ultralytics makes about four an image.
@@ -30,7 +32,9 @@ import torch
 
 from yolofeed.ultralytics_seam import LOGGER, NMS_SINCE, TorchNMS, non_max_suppression, since, xywh2xyxy
 
-ROWS = 1 << 21  # (anchor, class) pairs a group of images may hold at most: 48 MB of float32 rows of 6 values
+# (anchor, class) pairs a group of images may hold at most: their rows are 48 MB of float32 (6 values a row, more with
+# extra channels), about twice that at the group's peak (the indices, the boxes)
+ROWS = 1 << 21
 
 
 def serves(conf_thres: float, iou_thres: float, classes: Any = None, multi_label: bool = False,
@@ -70,6 +74,9 @@ def batched_nms(prediction: Any, conf_thres: float = 0.25, iou_thres: float = 0.
     first = 0
     for group in _groups(xc.sum(1).tolist(), max(1, ROWS // nc)):  # one host sync for the batch
         last = first + len(group)
+        if not sum(group):  # no anchor kept in these images: Ultralytics' loop skips each
+            first = last
+            continue
         rows, counts = _rows(prediction[first:last], xc[first:last], conf_thres, nc, extra)
         for xi, x in zip(range(first, last), rows.split(counts)):
             n = x.shape[0]  # number of boxes
