@@ -132,15 +132,17 @@ def test_the_host_copy_rebuilds_every_tensor_as_it_was_and_shares_what_was_share
         assert back[k].untyped_storage().nbytes() == back[k].numel() * back[k].element_size()
 
 
-@pytest.mark.parametrize("case", ["expanded", "view", "shared"])
+@pytest.mark.parametrize("case", ["expanded", "view", "shared", "overlapping"])
 def test_a_tensor_torch_save_would_write_with_more_of_its_storage_is_left_to_ultralytics(tmp_path, child, case):
-    """A tensor whose storage holds more than its own elements (an expanded one, a view with an offset) or is shared
-    with another: torch.save writes that whole storage, which the host copy would not; ``save`` declines (the caller
-    runs Ultralytics' save_model) and writes nothing (found by a reviewer: the layout then differed from stock's)."""
+    """A tensor whose storage holds other than its own elements, once each (an expanded one, a view with an offset,
+    one whose strides overlap) or is shared with another: torch.save writes that whole storage, which the host copy
+    would not; ``save`` declines (the caller runs Ultralytics' save_model) and writes nothing (found by a reviewer: the
+    layout then differed from stock's)."""
     trainer = _trainer(tmp_path)
     base = torch.arange(8)
     trainer.ema.ema.extra = {"expanded": [torch.ones(2, 1).expand(2, 3)], "view": [base[2:5]],
-                             "shared": [base, base.view(2, 4)]}[case]
+                             "shared": [base, base.view(2, 4)],
+                             "overlapping": [torch.arange(4.0).as_strided((2, 2), (1, 1))]}[case]
     assert not child.save(trainer)
     WRITES.wait(tmp_path)
     assert not (tmp_path / "last.pt").exists()

@@ -102,8 +102,9 @@ class _Pickler(pickle.Pickler):
                 raise _NotPlain(f"a tensor of type {type(obj).__name__}, layout {obj.layout}")
             storage = obj.untyped_storage()
             if obj.numel() and (obj.storage_offset() or storage.nbytes() != obj.numel() * obj.element_size()
-                                or storage.data_ptr() in self._storages):  # torch.save writes the whole storage
-                raise _NotPlain("a view of a storage, or a storage shared by two tensors")
+                                or not _dense(obj) or storage.data_ptr() in self._storages):
+                # torch.save writes the whole storage, as it is: the host copy sends the tensor's elements
+                raise _NotPlain("a view of a storage, a tensor with gaps or overlaps, or a storage shared by two")
             self._storages.add(storage.data_ptr())
             self.tensors.append(obj)
             return _tensor, (len(self.tensors) - 1,)
@@ -143,15 +144,6 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _storage_order(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-    """``t``'s elements as a 1-D view in their storage's order (no copy where dense) and the strides that lay them
-    out again; a tensor with gaps or overlaps goes contiguous (as its own copy would)."""
-    if _dense(t):
-        return t.as_strided((t.numel(),), (1,)), t.stride()
-    c = t.contiguous()
-    return c.view(-1), c.stride()
-
-
 @dataclass
 class Job:
     """One checkpoint's inputs on their way to the host: the pickle without its tensors, how to rebuild each, and one
@@ -182,8 +174,8 @@ class Job:
             if group == len(parts):
                 parts.append([])
                 sizes.append(0)
-            flat, stride = _storage_order(t)
-            tensors.append(_Tensor(group, sizes[group], tuple(t.shape), stride, t.dtype,
+            flat = t.as_strided((t.numel(),), (1,))  # its storage, whole and dense (_Pickler): no copy
+            tensors.append(_Tensor(group, sizes[group], tuple(t.shape), t.stride(), t.dtype,
                                    isinstance(t, torch.nn.Parameter), t.requires_grad))
             parts[group].append(flat)
             sizes[group] += flat.numel()

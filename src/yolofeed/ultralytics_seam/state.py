@@ -5,6 +5,7 @@ that names it (``checkpoint``, ``start_epoch``, ``step_autocast``, ``may_stop``.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -253,8 +254,6 @@ class CheckpointStandIn:
     EMA itself: the caller saves this way only an EMA found finite."""
 
     def __init__(self, inputs: dict[str, Any], path_class: type):
-        from types import SimpleNamespace
-
         self.epoch, self.best_fitness = inputs["epoch"], inputs["best_fitness"]
         best_fitness, best_epoch = inputs["stopper"]
         self.stopper = SimpleNamespace(best_fitness=best_fitness, best_epoch=best_epoch)
