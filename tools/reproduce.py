@@ -162,9 +162,10 @@ SECTIONS = {s.name: s for s in (
         "out=$OUT/writes_ab -- model=yolo11n.yaml modes=yolofeed whole_run=10 optimizer=auto workers=16 batch=128 "
         "imgsz=640 data=/tmp/synth5k/data.yaml", NO_WEIGHTS)),
     Section("saver-ab", "The whole run", "nvidia-h200", 1, 5, (
-        # each checkpoint made in the training thread (A: .base/src, 7b0c932's tree) and in a process of its own (B:
-        # train/saver.py), yolofeed's whole run of 10 epochs on 5,000 images in turn, A, B, A: each epoch's save_s,
-        # train_s and epoch_s
+        # yolofeed's whole run of 10 epochs on 5,000 images as the tree in .base/src has it (A) and as the library has
+        # it (B), in turn, A, B, A (ORDER=): each epoch's save_s, train_s and epoch_s. Measured so: each checkpoint made
+        # in the training thread (A: 7b0c932's tree) and in a process of its own (B: train/saver.py); the validation's
+        # NMS image by image (A: 5975844's tree) and a group of images at a time (B: train/val_nms.py)
         "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
         "exit 2; }",
         "python3 -m yolofeed synth out=/tmp/synth5k n_train=5000 n_val=500 seed=0",
