@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import time
 from pathlib import Path
@@ -382,6 +383,32 @@ def test_a_child_stopped_for_a_moment_is_not_ended(tmp_path, child, monkeypatch)
     WRITES.wait(tmp_path)
     threading_timer.join()
     assert child.gone is None and _load(tmp_path / "last.pt")["epoch"] == 3
+
+
+def test_a_look_at_a_live_child_does_not_wait_on_it(monkeypatch):
+    """Between two polls of its pipe, a live child is looked at, not waited for: a wait there held back the reading of
+    a reply that came meanwhile (found reading the change: 0.2 s each look)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(saver_mod, "POLL_S", 0.01)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    try:
+        waits = []
+        real_wait = proc.wait
+        monkeypatch.setattr(proc, "wait", lambda timeout=None: waits.append(timeout) or real_wait(timeout))
+        watch = saver_mod._Watch(proc)
+        assert watch.ready(proc.stdout.fileno(), select.POLLIN) is False  # nothing to read, alive, running
+        assert waits == []
+        proc.kill()
+        real_wait()
+        with pytest.raises(saver_mod._Gone, match="ended"):
+            for _ in range(100):  # the pipe's end is ready to read (EOF): read() says how the child ended
+                watch.read(1)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_child_under_pythonsafepath_keeps_the_parents_import_path(monkeypatch):

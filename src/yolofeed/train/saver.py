@@ -353,7 +353,7 @@ class _Watch:
         if poller.poll(POLL_S * 1000):
             self._stopped = 0
             return True
-        if (why := self.ended()) is not None:
+        if (why := self.ended(0.0)) is not None:  # a look, not a wait: the reply may come meanwhile
             raise _Gone(why)
         self._stopped = self._stopped + 1 if processes.stopped(self.child.pid) else 0
         if self._stopped >= 2:
@@ -373,13 +373,16 @@ class _Watch:
             data += chunk
         return bytes(data)
 
-    def ended(self) -> str | None:
-        """How the child ended (waited for briefly: a killed child's pipe closes before it is reaped), or None."""
-        try:
-            code = self.child.wait(0.2)
-        except subprocess.TimeoutExpired:
-            return None
-        return f"ended (exit code {code})"
+    def ended(self, wait: float = 0.2) -> str | None:
+        """How the child ended, or None; waited for ``wait`` seconds at most (after a pipe broke or closed: a killed
+        child's pipe closes before it is reaped)."""
+        code = self.child.poll()
+        if code is None and wait > 0:
+            try:
+                code = self.child.wait(wait)
+            except subprocess.TimeoutExpired:
+                return None
+        return None if code is None else f"ended (exit code {code})"
 
 
 def _end(child: subprocess.Popen, wait: float) -> None:
