@@ -21,9 +21,9 @@ RELEASES_DIR := .releases
 # Per release: the seam (versions, attributes, recorded sources, label rules), the tests that hold yolofeed's copies and
 # ops to that release's own (the loss, the augmentation, the pack's label rules, the keys table), which optimiser
 # yolofeed's trainers step with, and one real training, the quickest: yolofeed's trainer for 2 epochs and stock for 1,
-# their results.csv compared; the final validation's figures and image grids drawn as that release draws them. About
-# a minute a release on 2 cores. The middle release is 8.4.164: the only one of its label rules, and older than the
-# assigner's pair_overlaps.
+# their results.csv compared; the final validation's figures and image grids drawn as that release draws them, and
+# best.pt's FLOPs count as its load makes it. About a minute a release on 2 cores. The middle release is 8.4.164: the
+# only one of its label rules, and older than the assigner's pair_overlaps.
 RELEASE_TESTS := tests/test_seam.py tests/test_loss.py tests/test_augment_ops.py tests/test_copy_paste.py \
                  tests/test_augment_obb.py::test_copy_paste_gives_ultralytics_oriented_boxes_and_pixels \
                  tests/pack/test_verify.py \
@@ -31,7 +31,8 @@ RELEASE_TESTS := tests/test_seam.py tests/test_loss.py tests/test_augment_ops.py
                  tests/test_musgd.py::test_the_trainer_steps_the_musgd_ultralytics_builds_as_fast_musgd \
                  tests/test_train.py::test_trains_and_writes_ultralytics_results \
                  tests/test_plots.py::test_the_final_validations_figures_drawn_by_children_are_stocks_byte_for_byte \
-                 tests/test_plots.py::test_the_final_validations_image_grids_get_the_images_they_show_and_are_stocks
+                 tests/test_plots.py::test_the_final_validations_image_grids_get_the_images_they_show_and_are_stocks \
+                 tests/test_validation_thread.py::test_best_pts_flops_count_ahead_is_the_one_its_load_makes
 
 .PHONY: demo test test-slow test-all test-releases clean
 

@@ -450,7 +450,8 @@ def test_the_assigners_overlaps_are_the_installed_releases():
 
 def test_where_releases_differ_the_seam_chooses_by_release(monkeypatch):
     """Ultralytics' own MuSGD under 8.4.138 (its update's arithmetic differs from the copy's); no multi-GPU run under
-    8.4.138-139 (their DDP ranks lose yolofeed's trainer), refused in one line naming the fix."""
+    8.4.138-139 (their DDP ranks lose yolofeed's trainer), refused in one line naming the fix; best.pt's FLOPs
+    counted ahead where its load counts them on the device (from 8.4.142)."""
     muon = "ultralytics.optim.muon.muon_update"
     for version, serves, ddp in (((8, 4, 138), False, False), ((8, 4, 139), True, False), ((8, 4, 140), True, True),
                                  (seam.parse_version(seam.TESTED), True, True)):
@@ -463,6 +464,10 @@ def test_where_releases_differ_the_seam_chooses_by_release(monkeypatch):
             with pytest.raises(UltralyticsError, match="multi-GPU") as e:
                 seam.check_ddp()
             assert "\n" not in str(e.value) and str(e.value).endswith(seam.FIX) and "device=0" in str(e.value)
+    for version, on_device in (((8, 4, 138), False), ((8, 4, 141), False), ((8, 4, 142), True),
+                               (seam.parse_version(seam.TESTED), True)):  # where best.pt's load counts its FLOPs
+        monkeypatch.setattr(seam.version, "RELEASE", version)
+        assert seam.flops_counted_on_device() is on_device
 
 
 def test_the_loaders_fraction_and_the_accumulation_follow_the_release(monkeypatch):

@@ -5,6 +5,7 @@ validates there, every epoch and at the end, with Ultralytics' files."""
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import threading
 import time
@@ -112,6 +113,74 @@ def test_warm_gives_up_at_a_failure_with_one_line():
     assert "more" not in lines[0] and "after 1 batch shapes" in lines[0] and models == []
 
 
+def _flops_inputs(monkeypatch, module):
+    """What ``module``'s ``get_flops`` is handed, each call: the model's first parameter's dtype, whether every
+    convolution's weight is in NCHW order, whether it is fused, its modules' types, imgsz, and what it counted."""
+    seen, count = [], module.get_flops
+
+    def recording(model, imgsz=640):
+        convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
+        n = count(model, imgsz)
+        seen.append((next(model.parameters()).dtype, all(w.is_contiguous() for w in convs), model.is_fused(),
+                     [type(m).__name__ for m in model.modules()], imgsz, n))
+        return n
+
+    monkeypatch.setattr(module, "get_flops", recording)
+    return seen
+
+
+def test_best_pts_flops_count_ahead_is_the_one_its_load_makes(tmp_path, monkeypatch):
+    """``count_flops_as_loaded`` hands Ultralytics' ``get_flops`` the model its final validation's load of best.pt
+    hands it (``AutoBackend``: the checkpoint loaded in float32, fused, counted at imgsz 640): the same dtype, layout,
+    modules and count, from the half, channels-last final model yolofeed's set-up holds, which is left as it was."""
+    import copy
+
+    import ultralytics.utils.torch_utils as torch_utils
+    from ultralytics.nn.autobackend import AutoBackend
+    from ultralytics.nn.tasks import DetectionModel
+
+    import yolofeed.ultralytics_seam.state as state
+
+    model = DetectionModel("yolo11n.yaml", nc=3, verbose=False)
+    torch.save({"model": None, "ema": copy.deepcopy(model).half(), "train_args": {}}, tmp_path / "best.pt")
+    loads = _flops_inputs(monkeypatch, torch_utils)
+    AutoBackend(model=str(tmp_path / "best.pt"), device=torch.device("cpu"), fp16=False, fuse=True)
+    ours = _flops_inputs(monkeypatch, state)
+    final = AutoBackend(model=copy.deepcopy(model), device=torch.device("cpu"), fp16=True, fuse=True,
+                        channels_last=True, verbose=False)
+    final.model.half()  # as AutoBackend leaves it on CUDA with amp (on the CPU it keeps float32)
+    before = {k: (v.dtype, v.stride()) for k, v in final.model.state_dict().items()}
+    assert state.count_flops_as_loaded(final, torch.device("cpu"))
+    assert len(loads) == 1 and ours == loads and loads[0][0] == torch.float32 and loads[0][1] and loads[0][4] == 640
+    assert loads[0][5] > 0
+    assert {k: (v.dtype, v.stride()) for k, v in final.model.state_dict().items()} == before
+
+
+def test_the_flops_count_ahead_lets_its_model_go_and_gives_up_with_one_line(monkeypatch):
+    """``count_flops_ahead`` runs the count once, not once the run stopped; a failure is one line, not the run's
+    end; its model is let go in every case."""
+    import yolofeed.train.validation as validation
+
+    counted = []
+    monkeypatch.setattr(validation, "count_flops_as_loaded", lambda model, device: counted.append(model) or True)
+    final, lines = ["best.pt's"], []
+    assert validation.count_flops_ahead(final, torch.device("cpu"), log=lines.append)
+    assert counted == ["best.pt's"] and final == [] and "FLOPs count made ahead" in lines[0]
+    stopped = threading.Event()
+    stopped.set()
+    final = ["best.pt's"]
+    assert not validation.count_flops_ahead(final, torch.device("cpu"), cancelled=stopped) and final == []
+    assert counted == ["best.pt's"]
+
+    def fails(model, device):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    monkeypatch.setattr(validation, "count_flops_as_loaded", fails)
+    final, lines = ["best.pt's"], []
+    assert not validation.count_flops_ahead(final, torch.device("cpu"), log=lines.append) and final == []
+    assert len(lines) == 1 and "CUDA out of memory" in lines[0] and "the final validation makes it" in lines[0]
+
+
 def test_loader_shapes_are_the_distinct_batch_shapes_in_order():
     loader = SimpleNamespace(batches=[[0, 1, 2], [3, 4, 5], [6, 7], [8]],
                              shapes=torch.tensor([[64, 96], [64, 96], [96, 64], [96, 64]]))
@@ -156,6 +225,7 @@ def test_best_pts_set_up_goes_a_shape_behind_each_validation_and_what_is_left_be
     monkeypatch.setattr(tr, "loader_shapes", lambda loader: [a, b])
     monkeypatch.setattr(tr, "warm", lambda models, shapes, *rest, **kw: order.append((models[0][0], tuple(shapes),
                                                                                        models[0][3])))
+    monkeypatch.setattr(tr, "count_flops_ahead", lambda final, device, **kw: order.append((final[0], "FLOPs")))
 
     def trainer():
         t = FastDetectionTrainer.__new__(FastDetectionTrainer)
@@ -167,16 +237,21 @@ def test_best_pts_set_up_goes_a_shape_behind_each_validation_and_what_is_left_be
 
     every, one, first, second = ("every epoch's", (a, b), False), ("best.pt's", (), True), ("best.pt's", (a,), False), \
         ("best.pt's", (b,), False)
+    flops = ("best.pt's", "FLOPs")  # its load's count, as the final validation meets it: before its passes
     t = trainer()
-    for name in ("epoch 1", "epoch 2", "epoch 3", "epoch 4", "final"):
+    for name in ("epoch 1", "epoch 2", "epoch 3", "epoch 4", "epoch 5", "final"):
         t._in_validation_thread(order.append, name, final=name == "final")
-    assert order == [every, "epoch 1", one, "epoch 2", first, "epoch 3", second, "epoch 4", "final"]
+    assert order == [every, "epoch 1", flops, "epoch 2", one, "epoch 3", first, "epoch 4", second, "epoch 5", "final"]
     order.clear()
     t = trainer()
     for name in ("epoch 1", "final"):
         t._in_validation_thread(order.append, name, final=name == "final")
-    assert order == [every, "epoch 1", one, first, second, "final"]
+    assert order == [every, "epoch 1", flops, one, first, second, "final"]
     order.clear()
+    trainer()._in_validation_thread(order.append, "final", final=True)
+    assert order == [every, flops, one, first, second, "final"]
+    order.clear()  # a release whose load counts best.pt's FLOPs on the CPU (8.4.138-141): no count ahead
+    monkeypatch.setattr(tr, "flops_counted_on_device", lambda: False)
     trainer()._in_validation_thread(order.append, "final", final=True)
     assert order == [every, one, first, second, "final"]
 
@@ -254,7 +329,8 @@ def test_a_validation_the_training_stopped_waiting_for_stops_at_its_next_batch_a
     callbacks = defaultdict(list)
     t.validator = SimpleNamespace(callbacks=callbacks, add_callback=lambda e, f: callbacks[e].append(f))
     t._validations, t._warm_validations_after = ValidationThread(torch.device("cpu")), None
-    t._final_warm = [([("best.pt", None, torch.float16, True)], [], 32, torch.device("cpu"), 1.0)]
+    t._final_warm = [functools.partial(tr.warm, [("best.pt", None, torch.float16, True)], [], 32, torch.device("cpu"),
+                                       1.0)]
     submit = t._validations.submit
 
     class Interrupted:  # the training thread's wait, ended by Ctrl-C once the validation is in its second batch

@@ -212,6 +212,21 @@ SECTIONS = {s.name: s for s in (
         *(f"timeout 170 python3 -m tools.device.end_profile data=/tmp/s2k/data.yaml epochs=2 trainer={t} "
           f"out=$OUT/end > $OUT/end_{t}.log 2>&1; grep -A40 '^wall' $OUT/end_{t}.log | head -45"
           for t in ("yolofeed", "stock")), NO_WEIGHTS)),
+    Section("end-ab", "The whole run", "nvidia-h100-x1", 1, 5, (
+        # the final validation's parts (end_profile) as the tree in .base/src has it (A) and as the library has it
+        # (B), in turn, A B A B, each yolofeed's 2 epochs of 2,000 images; then each FLOPs count's thread, start (from
+        # the final validation's) and seconds. Measured so: best.pt's FLOPs count made ahead in the validation thread
+        "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
+        "exit 2; }",
+        "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",
+        "python3 -m yolofeed pack data=/tmp/s2k/data.yaml imgsz=640",
+        *(f"{env}timeout 100 python3 -m tools.device.end_profile data=/tmp/s2k/data.yaml epochs=2 trainer=yolofeed "
+          f"out=$OUT/end_{k} > $OUT/end_{k}.log 2>&1; echo {k} $(cat .base/name 2>/dev/null); "
+          f"grep -A12 '^wall' $OUT/end_{k}.log | head -13; python3 -c \"import json; [print('  get_flops', c[1][:20], "
+          f"round(c[2], 3), round(c[3], 3)) for c in json.load(open('$OUT/end_{k}/calls_yolofeed.json')) "
+          f"if c[0] == 'get_flops']\""
+          for k, env in (("A1", "PYTHONPATH=$PWD/.base/src:$PYTHONPATH "), ("B1", ""),
+                         ("A2", "PYTHONPATH=$PWD/.base/src:$PYTHONPATH "), ("B2", ""))), NO_WEIGHTS)),
     Section("musgd-phase", "The optimiser step with MuSGD", "nvidia-h200", 1, 2, (
         "timeout 120 python3 -m tools.device.optimizer_phase yolo11n.yaml yolo26n.yaml 2>&1 | grep -v 'optimizer:' "
         "| tee $OUT/optimizer_phase.txt",

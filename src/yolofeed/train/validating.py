@@ -12,6 +12,7 @@ run").
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future
 
 import numpy as np
@@ -19,12 +20,13 @@ import torch
 
 from yolofeed import processes
 from yolofeed.train import options, overlap, val_metrics
-from yolofeed.train.validation import ValidationThread, loader_shapes, warm
+from yolofeed.train.validation import ValidationThread, count_flops_ahead, loader_shapes, warm
 from yolofeed.ultralytics_seam import (
     LOGGER,
     RANK,
     batches_per_step,
     end_epoch_late,
+    flops_counted_on_device,
     forget_loss,
     may_stop,
     stop_asked,
@@ -47,7 +49,7 @@ class Validating:
     _validations: ValidationThread | None = None  # where validations run (None: the training thread)
     _warm_validations_after: int | None = None  # training batches left before their set-up starts beside them
     _validations_due = False  # their set-up is queued at the warm-up's end (``FastTrainer._set_up_beside``)
-    _final_warm: list | None = None  # best.pt's set-up left (``warm``'s arguments a shape), one behind each validation
+    _final_warm: list | None = None  # best.pt's set-up left (its FLOPs count, a shape a job), one after each validation
     _overlapped: overlap.Overlapped | None = None  # the epoch validated beside this one (val_overlap)
     _holding = False  # from that epoch's validate to its on_fit_epoch_end: its row, checkpoints and callbacks wait
     _overlap_stream: torch.cuda.Stream | None = None  # the CUDA stream validations beside the training run on
@@ -232,10 +234,11 @@ class Validating:
     def _warm_validations(self) -> None:
         """Queue one blank pass at each shape every epoch's validation will meet, on a copy of the model it runs (made
         here, in the training thread, between two steps); the validation thread runs it while training goes on.
-        best.pt's passes, for the final validation, wait for the first validation (``_in_validation_thread``): queued
-        now, they would hold that validation back at the first epoch's end (4 s of yolo11n's on the 10k set). They go
-        in one shape at a time, one behind each validation: all at once they outlast the next epoch's training, and
-        its validation would wait for them (1.2 s on the 10k set). Every epoch's passes wait for the short batches'
+        best.pt's set-up for the final validation (its load's FLOPs count, ``count_flops_ahead``, then its passes)
+        waits for the first validation (``_in_validation_thread``): queued now, it would hold that validation back at
+        the first epoch's end (4 s of yolo11n's on the 10k set). It goes in a job at a time, one behind each
+        validation: all at once they outlast the next epoch's training, and its validation would wait for them (1.2 s
+        on the 10k set). Every epoch's passes wait for the short batches'
         set-up (train/short_batches.py), where it runs: cuDNN builds one plan at a time whichever thread asks, and
         the first epoch's last batch waits for that set-up, not for the validations' (the first validation comes
         after that batch anyway)."""
@@ -254,8 +257,11 @@ class Validating:
         model, autocast, dtype, first_one = final
         parts = [[]] if first_one else []  # its batch-1 warm-up first, as AutoBackend's
         parts += [[shape] for shape in shapes]
-        self._final_warm = [([(model, autocast, dtype, first_one and k == 0)], part, *args[1:], LOGGER.debug)
-                            for k, part in enumerate(parts)]
+        # in the order the final validation meets them: its load's FLOPs count, its batch-1 warm-up, its shapes
+        self._final_warm = [functools.partial(count_flops_ahead, [model], self.device)] \
+            if flops_counted_on_device() else []
+        self._final_warm += [functools.partial(warm, [(model, autocast, dtype, first_one and k == 0)], part,
+                                               *args[1:], LOGGER.debug) for k, part in enumerate(parts)]
 
     def _in_validation_thread(self, fn, *args, final: bool = False, **kwargs):
         """``fn(*args, **kwargs)`` in the validation thread, waited for (its exception raised here), where there is
@@ -278,13 +284,13 @@ class Validating:
         pending = self._final_warm or []
         if final:
             for part in pending:
-                self._validations.submit(warm, *part, cancelled=self._validations.cancelled)
+                self._validations.submit(part, cancelled=self._validations.cancelled)
             pending = []
         validator = getattr(self, "validator", None)
         if validator is not None and self._validations.check_cancelled not in validator.callbacks["on_val_batch_start"]:
             validator.add_callback("on_val_batch_start", self._validations.check_cancelled)
         done = self._validations.submit(fn, *args, **kwargs)
         if pending:
-            self._validations.submit(warm, *pending.pop(0), cancelled=self._validations.cancelled)
+            self._validations.submit(pending.pop(0), cancelled=self._validations.cancelled)
         self._final_warm = pending or None
         return done

@@ -37,7 +37,7 @@ from torch import nn
 
 from yolofeed import processes
 from yolofeed.errors import first_line
-from yolofeed.ultralytics_seam import LOGGER
+from yolofeed.ultralytics_seam import LOGGER, count_flops_as_loaded
 
 Shape = tuple[int, int, int]  # (batch, height, width) of a validation batch
 
@@ -131,3 +131,29 @@ def warm(models: list[tuple[nn.Module, torch.dtype | None, torch.dtype, bool]], 
         log(f"yolofeed: cuDNN set up for the validations' {done} batch shapes in {time.perf_counter() - t0:.1f} s, "
             "in their own thread")
     return done
+
+
+def count_flops_ahead(final: list[nn.Module], device: torch.device, log: Callable[[str], None] = LOGGER.debug,
+                      cancelled: threading.Event | None = None) -> bool:
+    """best.pt's FLOPs count, made ahead in this thread as the final validation's load makes it
+    (``seam.count_flops_as_loaded``), on a copy of ``final[0]``: the load's passes at its proxy shapes then find
+    cuDNN set up. ``final`` is emptied either way (its model's memory goes back once the other passes are done too).
+
+    Returns:
+        whether the count ran (not once the run stopped, not where the GPU's free memory does not hold the copy).
+    """
+    try:
+        if cancelled is not None and cancelled.is_set():
+            return False
+        t0 = time.perf_counter()
+        with processes.switched_often():  # beside the training thread, busy in Python
+            ran = count_flops_as_loaded(final[0], device)
+        if ran:
+            log(f"yolofeed: best.pt's FLOPs count made ahead in {time.perf_counter() - t0:.2f} s, in the validations' "
+                "thread")
+        return ran
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+        log(f"yolofeed: best.pt's FLOPs count not made ahead ({first_line(e)}); the final validation makes it")
+        return False
+    finally:
+        final.clear()

@@ -208,6 +208,7 @@ from yolofeed.ultralytics_seam.releases import (
     check_ddp,
     check_task,
     copy_serves,
+    flops_counted_on_device,
     pair_overlaps,
     split_fraction,
 )
@@ -226,6 +227,7 @@ from yolofeed.ultralytics_seam.state import (
     checkpoint_inputs,
     checkpoint_states,
     could_stop,
+    count_flops_as_loaded,
     epoch_end_state,
     forget_loss,
     may_stop,
@@ -256,7 +258,7 @@ from yolofeed.ultralytics_seam.version import (
 __all__ = [  # the names other modules import from here (each defined in the module above that holds its job)
     "FIGURES_MODULE", "figure_function", "final_figures", "first_meanwhile", "train_grid_shown",
     "CheckpointStandIn", "checkpoint_files", "checkpoint_inputs", "checkpoint_states",
-    "could_stop", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
+    "could_stop", "count_flops_as_loaded", "end_epoch_late", "epoch_readers", "epoch_end_state", "stop_asked",
     "trainer_ema",
     "check_task", "POSE_SINCE", "VAL_METRICS_SINCE", "VAL_OVERLAP_SINCE", "forget_loss", "overlap_serves",
     "validating_beside", "validator_view", "validation_beside",
@@ -295,7 +297,8 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "COPIED", "normalised_source", "Pinned", "RELIED_ON", "resolve", "Reviewed", "source_hash", "SWAPPED",
     "TRAIN_LOADER_ATTRIBUTES", "VAL_LOADER_ATTRIBUTES",
     # where the releases of the range differ
-    "check_ddp", "copy_serves", "LABEL_RULE_SETS", "LABEL_RULES", "label_rules", "label_rules_named", "LabelRules",
+    "check_ddp", "copy_serves", "flops_counted_on_device", "LABEL_RULE_SETS", "LABEL_RULES", "label_rules",
+    "label_rules_named", "LabelRules",
     "pair_overlaps", "parse_version", "RELEASE", "Release", "since", "UNRECORDED_LABEL_RULES",
     # the version, what must be there and the trainer's state, and the rest the seam's tests and the stages read
     "check_version", "FIX", "RANGE", "REQUIREMENT", "SUPPORTED", "TESTED", "UNTESTED_ENV",

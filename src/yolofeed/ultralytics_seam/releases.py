@@ -57,6 +57,13 @@ def copy_serves(ultralytics_name: str) -> bool:
     return reviewed is None or not reviewed.stock
 
 
+def flops_counted_on_device() -> bool:
+    """Whether the final validation's load of best.pt counts its FLOPs on the device, where yolofeed makes that count
+    ahead (``count_flops_as_loaded``): from 8.4.142, ``PyTorchBackend.load_model`` moves the model to the device, then
+    fuses it; before, ``load_checkpoint`` fused it on the CPU, where the count sets nothing up."""
+    return since("8.4.142")
+
+
 def check_task(task: str) -> None:
     """Raise where the installed release is older than the rules yolofeed follows for ``task`` (pose: ``POSE_SINCE``).
 

@@ -342,6 +342,32 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.train.graphed.GraphedPredict.predict",
            why="the training forward: x alone (profile, augment and embed off) runs _predict_once, which the graph "
                "captures; GraphedPredict calls this predict for every other call"),
+    Pinned("ultralytics.nn.backends.pytorch.PyTorchBackend.load_model", "4d9edc61d2699e93",
+           "yolofeed.ultralytics_seam.count_flops_as_loaded",
+           why="the final validation's load of best.pt: load_checkpoint (float32, on the device), then fuse there, "
+               "whose FLOPs count (BaseModel.fuse) runs on the device in float32: the count yolofeed makes ahead",
+           others=(
+               _r("8.4.138", "8.4.141", "322e87a43ef786ad",
+                  "load_checkpoint fuses best.pt before moving it to the device, so its FLOPs count runs on the CPU: "
+                  "nothing to make ahead (releases.flops_counted_on_device)"),
+               _r("8.4.142", "8.4.163", "583fd94dc557fe71",
+                  "a path given as str only (annotations): the load as in TESTED"),
+           )),
+    Pinned("ultralytics.nn.tasks.BaseModel.fuse", "0eb71d68ecb5bc96",
+           "yolofeed.ultralytics_seam.count_flops_as_loaded",
+           why="fusing an unfused model ends with info(verbose, imgsz=640), model_info's get_flops: the FLOPs count "
+               "yolofeed makes ahead on a fused float32 copy",
+           others=(
+               _r("8.4.138", "8.4.141", "08fb1534437537da",
+                  "no QAT skip, Detect fused for end2end only: info at the end as in TESTED"),
+               _r("8.4.142", "8.4.142", "1a81d770445500f3",
+                  "Detect fused for end2end only: info at the end as in TESTED"),
+               _r("8.4.143", "8.4.155", "e9c1c7ac889bbf4c",
+                  "a QAT model is not fused (yolofeed trains none): info at the end as in TESTED"),
+           )),
+    Pinned("ultralytics.utils.torch_utils.model_info", "c87d671feff43e43",
+           "yolofeed.ultralytics_seam.count_flops_as_loaded",
+           why="verbose: get_flops(model, imgsz), the count fuse's info makes (not verbose: nothing)"),
     Pinned("ultralytics.engine.validator.BaseValidator.__call__", "a0264553ccbc64a5",
            "yolofeed.ultralytics_seam.validation_models",
            why="an epoch's validation runs the EMA in float32 under float16 autocast (amp) on half inputs at the val "
@@ -665,7 +691,8 @@ RELIED_ON: tuple[Pinned, ...] = (
            )),
     Pinned("ultralytics.nn.tasks.load_checkpoint", "ab8e9f2333abd4a5", "yolofeed.ultralytics_seam.model.model_ahead",
            why="the model is the checkpoint's 'ema', else its 'model' (torch_safe_load), its yaml kept: the entry "
-               "model_ahead reads the architecture from",
+               "model_ahead reads the architecture from; and it is made float32 (as saved: NCHW) and moved to the "
+               "device, where PyTorchBackend.load_model fuses it (count_flops_as_loaded's copy is so)",
            others=(
                _r("8.4.138", "8.4.142", "16756cabde430005",
                   "no QAT state restored (modelopt): the same entry, the same yaml"),

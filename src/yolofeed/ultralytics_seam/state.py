@@ -12,7 +12,7 @@ import torch
 
 from yolofeed.errors import UltralyticsVersionError
 from yolofeed.ultralytics_seam import source
-from yolofeed.ultralytics_seam.names import AutoBackend, DetectionTrainer, EarlyStopping
+from yolofeed.ultralytics_seam.names import AutoBackend, DetectionTrainer, EarlyStopping, get_flops
 from yolofeed.ultralytics_seam.required import _missing
 
 # The files Ultralytics writes at the top of a run folder (fnmatch patterns): its arguments, results, plots and its
@@ -157,6 +157,28 @@ def validation_models(trainer: Any) -> list[tuple[Any, torch.dtype | None, torch
     final = AutoBackend(model=copy.deepcopy(ema), device=trainer.device, fp16=amp, fuse=True,
                         channels_last=trainer.args.channels_last, verbose=False)
     return [(epoch, torch.float16 if amp else None, half, False), (final, None, half, True)]
+
+
+def count_flops_as_loaded(final: Any, device: torch.device) -> bool:
+    """Ultralytics' FLOPs count of best.pt, made as the final validation's load of it makes it, on a copy of ``final``
+    (``validation_models``' second model): ``PyTorchBackend.load_model`` (RELIED_ON) loads the checkpoint in float32
+    and NCHW (the trainer saves it so) and fuses it on the device, and ``BaseModel.fuse`` (RELIED_ON) counts its FLOPs
+    at imgsz 640 (``info``), a forward pass at a few small proxy shapes in float32. Run ahead in the validation thread,
+    it pays cuDNN's set-up for those shapes, which the final validation's load otherwise pays (0.5 s of yolo11n's on
+    an H100). Whether the copy fitted: in float32 it takes twice the final model's memory, and only where that is
+    free outside torch's cache (the training may need the rest)."""
+    import copy
+
+    model = final.model if isinstance(final, AutoBackend) else final
+    size = sum(p.numel() for p in model.parameters()) * 4
+    if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < 2 * size:
+        return False
+    copied = copy.deepcopy(model).float().to(memory_format=torch.contiguous_format)
+    try:
+        get_flops(copied, 640)  # fuse's default imgsz, whatever the run's
+    finally:
+        del copied
+    return True
 
 
 def batches_per_step(trainer: Any) -> int:
