@@ -15,7 +15,7 @@ NC = 5
 
 
 def validator(**args) -> DetectionValidator:
-    v = DetectionValidator(args=dict(conf=0.001, iou=0.7, max_det=300, plots=False, save_json=False, **args))
+    v = DetectionValidator(args={**dict(conf=0.001, iou=0.7, max_det=300, plots=False, save_json=False), **args})
     v.device, v.training, v.data = torch.device("cpu"), True, {"val": "val"}
     v.dataloader = SimpleNamespace(dataset=SimpleNamespace(im_files=[]), sampler=[])
     v.init_metrics(SimpleNamespace(names={i: str(i) for i in range(NC)}))
@@ -75,16 +75,22 @@ def assert_same(ours: DetectionValidator, theirs: DetectionValidator):
             assert x.dtype == y.dtype and x.shape == y.shape, key
             np.testing.assert_array_equal(x, y, err_msg=key)
     assert ours.metrics.box.image_metrics == theirs.metrics.box.image_metrics
-    if theirs.metrics.stats["tp"]:
+    if theirs.metrics.stats["tp"] and not theirs.args.plots:  # (plots would draw the curves)
         assert ours.get_stats() == theirs.get_stats()
+    np.testing.assert_array_equal(ours.confusion_matrix.matrix, theirs.confusion_matrix.matrix)
+    if theirs.args.plots:  # a batch with targets or detections counted something
+        assert theirs.confusion_matrix.matrix.sum() > 0
 
 
 def run_both(batches, **args):
-    ours, theirs = validator(**args), validator(**args)
-    for preds, batch in batches:
-        assert update_metrics(ours, clone(preds), batch)
-        theirs.update_metrics(clone(preds), batch)
-    assert_same(ours, theirs)
+    """Ours and Ultralytics' on the same batches: the same statistics; with ``plots`` (each case runs with and without),
+    the same confusion matrix."""
+    for plots in (False, True):
+        ours, theirs = validator(**{"plots": plots, **args}), validator(**{"plots": plots, **args})
+        for preds, batch in batches:
+            assert update_metrics(ours, clone(preds), batch)
+            theirs.update_metrics(clone(preds), batch)
+        assert_same(ours, theirs)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -126,14 +132,53 @@ def test_max_det_many_detections_few_targets():
     run_both([make_batch(rng, 3, max_targets=3, max_preds=300, grid=True)])
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_confusion_matrix_counts_only_detections_above_its_confidence(seed):
+    """The matrix counts detections above ``conf`` (the statistics all of them): a threshold that drops some of each
+    image's, ties in confidence and IoU among those left."""
+    rng = np.random.default_rng(200 + seed)
+    run_both([make_batch(rng, 5, grid=seed % 2 == 1, max_targets=8, max_preds=20) for _ in range(2)], conf=0.3)
+
+
+def test_the_confusion_matrix_at_its_iou_threshold_and_among_tied_detections():
+    """A claim needs an IoU above the threshold: the second detection of a box, its target claimed, does not claim
+    another target it overlaps at the threshold exactly (0.45 in float32). Among detections of one confidence the
+    first in order claims the target (a stable sort: numpy's default sort reorders these)."""
+    def one(boxes, conf, cls, targets, target_cls, h=64, w=64):
+        t = torch.tensor(targets, dtype=torch.float32)
+        xywh = torch.cat([(t[:, :2] + t[:, 2:]) / 2, t[:, 2:] - t[:, :2]], 1) / torch.tensor([w, h, w, h])
+        preds = [{"bboxes": torch.tensor(boxes, dtype=torch.float32), "conf": torch.tensor(conf),
+                  "cls": torch.tensor(cls, dtype=torch.float32), "extra": torch.zeros(len(boxes), 0)}]
+        batch = {"img": torch.zeros(1, 3, h, w), "cls": torch.tensor(target_cls, dtype=torch.float32)[:, None],
+                 "bboxes": xywh, "batch_idx": torch.zeros(len(targets)), "ori_shape": [(h, w)],
+                 "ratio_pad": [((1.0, 1.0), (0, 0))], "im_file": ["d/0.jpg"]}
+        return preds, batch
+
+    a, b = [0, 0, 10, 4.5], [0, 0, 10, 10]  # IoU 45 / 100 = 0.45 exactly
+    at = one([a, a], [0.9, 0.8], [0, 2], [a, b], [0, 1])
+    keys = "ccc-bcbc-cc-c-bc--ccccb-"  # b: confidence 0.5, c: 0.25, -: far from the target (no candidate)
+    tied = one([[8, 8, 40, 40] if k != "-" else [50, 50, 60, 60] for k in keys],
+               [{"b": 0.5, "c": 0.25, "-": 0.5}[k] for k in keys], [i % 3 for i in range(len(keys))],
+               [[8, 8, 40, 40]], [1])
+    for preds, batch in (at, tied):
+        run_both([(preds, batch)], plots=True)
+    for (preds, batch), cell in ((at, (NC, 1)), (tied, (1, 1))):
+        ours = validator(plots=True)
+        update_metrics(ours, clone(preds), batch)
+        assert ours.confusion_matrix.matrix[cell] == 1, ours.confusion_matrix.matrix
+        # at: target b missed (background row); tied: the detection at 4, of class 1, claimed the class-1 target
+
+
 def test_refuses_what_it_does_not_batch():
     rng = np.random.default_rng(11)
     preds, batch = make_batch(rng, 2)
-    for args in (dict(plots=True), dict(save_json=True), dict(save_txt=True)):
+    for args in (dict(save_json=True), dict(save_txt=True), dict(plots=True, visualize=True)):
         v = validator()
         v.args.update(args) if hasattr(v.args, "update") else [setattr(v.args, k, x) for k, x in args.items()]
+        if args.get("visualize"):  # the matrix keeps each image's matches to draw them
+            v.confusion_matrix.matches = {}
         assert not update_metrics(v, clone(preds), batch)
-        assert v.seen == 0
+        assert v.seen == 0 and v.confusion_matrix.matrix.sum() == 0
 
 
 def test_match_batch_equals_match_predictions_per_image():

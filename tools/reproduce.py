@@ -214,13 +214,15 @@ SECTIONS = {s.name: s for s in (
           for t in ("yolofeed", "stock")), NO_WEIGHTS)),
     Section("end-ab", "The whole run", "nvidia-h100-x1", 1, 5, (
         # the final validation's parts (end_profile) as the tree in .base/src has it (A) and as the library has it
-        # (B), in turn, A B A B, each yolofeed's 2 epochs of 2,000 images; then each FLOPs count's thread, start (from
-        # the final validation's) and seconds. Measured so: best.pt's FLOPs count made ahead in the validation thread
+        # (B), in turn, A B A B, each yolofeed's EPOCHS= (2) epochs of 2,000 images; then each FLOPs count's thread,
+        # start (from the final validation's) and seconds. Measured so: best.pt's FLOPs count made ahead in the
+        # validation thread (A: 3e4151b's tree); the confusion matrix counted a batch at a time (EPOCHS=8, A: a9c3784's)
         "test -f .base/src/yolofeed/__init__.py || { echo 'carry .base: git archive <commit> src | tar -x -C .base'; "
         "exit 2; }",
         "python3 -m yolofeed synth out=/tmp/s2k n_train=2000 n_val=500 seed=0",
         "python3 -m yolofeed pack data=/tmp/s2k/data.yaml imgsz=640",
-        *(f"{env}timeout 100 python3 -m tools.device.end_profile data=/tmp/s2k/data.yaml epochs=2 trainer=yolofeed "
+        *(f"{env}timeout 100 python3 -m tools.device.end_profile data=/tmp/s2k/data.yaml epochs=${{EPOCHS:-2}} "
+          "trainer=yolofeed "
           f"out=$OUT/end_{k} > $OUT/end_{k}.log 2>&1; echo {k} $(cat .base/name 2>/dev/null); "
           f"grep -A12 '^wall' $OUT/end_{k}.log | head -13; python3 -c \"import json; [print('  get_flops', c[1][:20], "
           f"round(c[2], 3), round(c[3], 3)) for c in json.load(open('$OUT/end_{k}/calls_yolofeed.json')) "

@@ -83,9 +83,57 @@ def match_batch(iou: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     return correct
 
 
+def confuse_batch(matrix: np.ndarray, iou: np.ndarray, conf: np.ndarray, target_cls: np.ndarray,
+                  pred_cls: np.ndarray, threshold: float) -> None:
+    """``ConfusionMatrix.process_batch`` (detection) for every image of a padded batch at once, added to ``matrix``.
+
+    Each image's candidates (kept detections whose class-agnostic IoU with some target exceeds ``threshold``) are
+    taken by descending confidence (a stable sort, as Ultralytics'); each claims the target of highest IoU (the first
+    on a tie) among those no detection claimed yet, where that IoU exceeds ``threshold``. A claimed target counts at
+    [its detection's class, its class], an unclaimed one at [background, its class], an unclaiming kept detection at
+    [its class, background]. Padding, and detections below the matrix's confidence, must have IoU 0 and a class of -1.
+
+    Args:
+        matrix: the (nc + 1, nc + 1) counts, [predicted, true], background last; added to in place.
+        iou: class-agnostic IoU of targets with detections (``box_iou``'s), padding and dropped detections 0.
+        conf: the detections' confidences (any value where padded or dropped).
+        target_cls: the targets' classes, -1 where padded.
+        pred_cls: the kept detections' classes, -1 where padded or dropped.
+        threshold: the IoU a claim needs (``process_batch``'s ``iou_thres``).
+
+    Shape:
+        iou: (B, T, P) float32; conf: (B, P); target_cls: (B, T) int; pred_cls: (B, P) int.
+    """
+    b, t, p = iou.shape
+    nc = matrix.shape[0] - 1
+    claimed = np.full((b, t), -1)  # the detection each target's claimed by
+    if t and p:
+        candidate = (iou > threshold).any(1)  # (B, P)
+        count = candidate.sum(1)
+        order = np.argsort(np.where(candidate, -conf, np.inf), axis=1, kind="stable")  # candidates first, by -conf
+        images = np.arange(b)
+        for r in range(int(count.max())):  # one pass per candidate rank for all images
+            live = r < count
+            j = order[:, r]
+            column = np.where(claimed >= 0, 0, iou[images, :, j])  # (B, T): a claimed target's row is zeroed there
+            best = column.argmax(1)
+            hit = live & (column[images, best] > threshold)
+            claimed[images[hit], best[hit]] = j[hit]
+    real = target_cls >= 0
+    hit = real & (claimed >= 0)
+    missed = real & ~hit
+    unclaimed = pred_cls >= 0
+    images, detections = np.nonzero(hit)[0], claimed[hit]
+    unclaimed[images, detections] = False
+    np.add.at(matrix, (pred_cls[images, detections], target_cls[hit]), 1)  # TP if the classes agree, else FP and FN
+    np.add.at(matrix, (np.full(int(missed.sum()), nc), target_cls[missed]), 1)  # FN
+    np.add.at(matrix, (pred_cls[unclaimed], np.full(int(unclaimed.sum()), nc)), 1)  # FP
+
+
 def update_metrics(validator: Any, preds: list[dict[str, torch.Tensor]], batch: dict[str, Any]) -> bool:
-    """``DetectionValidator.update_metrics(preds, batch)`` batched; False (nothing done) where it does more than
-    statistics (plots' confusion matrix, json, txt) or is not a plain detection validator: call Ultralytics' then.
+    """``DetectionValidator.update_metrics(preds, batch)`` batched, the confusion matrix under ``plots`` included;
+    False (nothing done) where it does more (json, txt, ``visualize``'s matches) or is not a plain detection
+    validator: call Ultralytics' then.
 
     Args:
         validator: Ultralytics' ``DetectionValidator``, its metrics initialised (``init_metrics``).
@@ -95,7 +143,7 @@ def update_metrics(validator: Any, preds: list[dict[str, torch.Tensor]], batch: 
     serve = batched_metrics_serve(validator)
     if serve is None:
         return False
-    thresholds, prepare_pred = serve
+    thresholds, prepare_pred, confusion, confusion_conf, confusion_iou = serve
     n = len(preds)
     device = batch["img"].device
     h, w = batch["img"].shape[2:]
@@ -123,9 +171,19 @@ def update_metrics(validator: Any, preds: list[dict[str, torch.Tensor]], batch: 
     else:
         pb, pc = boxes.new_zeros(n, 0, 4), cls.new_zeros(n, 0)
     p_valid = torch.arange(p_max, device=device) < counts[1][:, None]
-    iou = padded_iou(targets, pb) * (target_cls[:, :, None] == pc[:, None, :])  # NaN * 0 stays NaN, as there
+    agnostic = padded_iou(targets, pb)
+    iou = agnostic * (target_cls[:, :, None] == pc[:, None, :])  # NaN * 0 stays NaN, as there
     iou = torch.where(t_valid[:, :, None] & p_valid[:, None, :], iou, 0)  # padding 0: never claimed, never taken
     tp = match_batch(iou.cpu().numpy(), thresholds)
+    if confusion is not None:  # plots: the confusion matrix, its detections those above its confidence
+        if p_max:
+            pconf = torch.nn.utils.rnn.pad_sequence([p["conf"] for p in preds], batch_first=True)
+            kept = p_valid & (pconf > confusion_conf)
+        else:
+            pconf, kept = agnostic.new_zeros(n, 0), p_valid
+        agnostic = torch.where(t_valid[:, :, None] & kept[:, None, :], agnostic, 0)
+        confuse_batch(confusion.matrix, agnostic.cpu().numpy(), pconf.float().cpu().numpy(),
+                      target_cls.int().cpu().numpy(), torch.where(kept, pc.int(), -1).cpu().numpy(), confusion_iou)
 
     # the per-image arrays Ultralytics appends: one copy each for the batch, split on the host
     n_targets, n_preds = counts.cpu().numpy()

@@ -5,6 +5,7 @@ the progress bar on screen."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -14,7 +15,15 @@ from typing import Any
 import torch
 
 from yolofeed.ultralytics_seam.model import compiled
-from yolofeed.ultralytics_seam.names import LOGGER, RANK, VERBOSE, DetectionValidator, _tqdm, unwrap_model
+from yolofeed.ultralytics_seam.names import (
+    LOGGER,
+    RANK,
+    VERBOSE,
+    ConfusionMatrix,
+    DetectionValidator,
+    _tqdm,
+    unwrap_model,
+)
 from yolofeed.ultralytics_seam.pins import VAL_METRICS_SINCE
 from yolofeed.ultralytics_seam.required import _missing
 from yolofeed.ultralytics_seam.version import since
@@ -211,19 +220,27 @@ def write_checkpoints_as(trainer: Any, path_class: type) -> None:
 
 
 # -- validation ----------------------------------------------------------------------------------------------------
-def batched_metrics_serve(validator: Any) -> tuple[Any, Callable[[dict], dict]] | None:
-    """What ``train.val_metrics.update_metrics`` needs of a validator whose ``update_metrics`` only gathers statistics
-    (RELIED_ON: ``DetectionValidator.update_metrics``, ``_process_batch``, ``_prepare_batch``, ``match_predictions``):
-    its IoU thresholds (``iouv``, as numpy) and its ``_prepare_pred``; None where it does more or other work: a
-    subclass (segment, pose, OBB match otherwise), plots (the confusion matrix), ``save_json``, ``save_txt``, and a
-    release before ``VAL_METRICS_SINCE`` (whose sources were not reviewed for it)."""
+# ConfusionMatrix.process_batch's iou_thres (RELIED_ON), which DetectionValidator.update_metrics leaves at its default
+CONFUSION_IOU: float = inspect.signature(ConfusionMatrix.process_batch).parameters["iou_thres"].default
+
+
+def batched_metrics_serve(validator: Any) -> tuple[Any, Callable[[dict], dict], Any, float, float] | None:
+    """What ``train.val_metrics.update_metrics`` needs of a validator whose ``update_metrics`` gathers statistics and,
+    under ``plots``, counts its confusion matrix (RELIED_ON: ``DetectionValidator.update_metrics``, ``_process_batch``,
+    ``_prepare_batch``, ``match_predictions``, ``ConfusionMatrix.process_batch``): its IoU thresholds (``iouv``, as
+    numpy), its ``_prepare_pred``, its ``confusion_matrix`` where ``plots`` counts one (else None), the confidence
+    that matrix counts from (``args.conf``) and the IoU its matches need (``CONFUSION_IOU``). None where it does
+    other work: a subclass (segment, pose, OBB match otherwise), ``visualize`` (the matrix keeps each match to draw),
+    ``save_json``, ``save_txt``, and a release before ``VAL_METRICS_SINCE`` (whose sources were not reviewed for it)."""
     plain = type(validator) is DetectionValidator or getattr(type(validator), "_stock", None) is DetectionValidator
     if not plain or not since(VAL_METRICS_SINCE):
         return None
     args = validator.args
-    if args.plots or args.save_json or args.save_txt:
+    if args.save_json or args.save_txt or (args.plots and (args.visualize or validator.confusion_matrix is None
+                                                           or validator.confusion_matrix.matches is not None)):
         return None
-    return validator.iouv.cpu().numpy(), validator._prepare_pred
+    return (validator.iouv.cpu().numpy(), validator._prepare_pred, validator.confusion_matrix if args.plots else None,
+            args.conf, CONFUSION_IOU)
 
 
 def record_image_stats(validator: Any, stat: dict) -> None:

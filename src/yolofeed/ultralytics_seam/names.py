@@ -94,7 +94,11 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         v8PoseLoss,
         v8SegmentationLoss,
     )
-    from ultralytics.utils.metrics import bbox_iou, probiou  # train.loss: the box losses' CIoU and ProbIoU
+    from ultralytics.utils.metrics import (  # train.loss: the box losses' CIoU and ProbIoU; the validation's matrix
+        ConfusionMatrix,
+        bbox_iou,
+        probiou,
+    )
     from ultralytics.utils.nms import TorchNMS, non_max_suppression  # train.val_nms: the validation's NMS
     from ultralytics.utils.ops import (  # pack.verify, train.loss: box formats; loader.val: OBB's as Format makes them
         crop_mask,  # train.loss: the segment loss's crop, on the batched rows
@@ -136,7 +140,7 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "OBBTrainer", "PoseTrainer", "RANK", "REMOTE_FILE_PREFIXES", "RotatedBboxLoss", "RotatedTaskAlignedAssigner",
     "SETTINGS",
     "SegmentationTrainer", "TaskAlignedAssigner", "VERBOSE", "YAML", "YOLO", "YOLODataset", "attempt_download_asset",
-    "bbox2dist", "bbox_iou",
+    "bbox2dist", "bbox_iou", "ConfusionMatrix",
     "check_cfg", "check_class_names", "check_det_dataset", "check_file", "check_imgsz", "check_model_file_from_stem",
     "check_yaml", "crop_mask",
     "exif_size", "get_cfg", "get_flops", "get_latest_run", "get_save_dir", "get_split_fraction", "guess_model_task",

@@ -446,8 +446,17 @@ RELIED_ON: tuple[Pinned, ...] = (
            "yolofeed.train.val_metrics.update_metrics",
            why="per image: _prepare_batch's targets, _prepare_pred, _process_batch's tp, and the stats it hands "
                "metrics.update_stats (target_cls, np.unique of it, conf and pred_cls or float64 np.zeros(0), the "
-               "file's name); the rest (confusion matrix, json, txt) only under plots/save_json/save_txt, where "
-               "yolofeed calls this method instead (seam.batched_metrics_serve)", since=VAL_METRICS_SINCE),
+               "file's name); under plots the confusion matrix's process_batch of the same predn and pbatch at "
+               "conf=args.conf (its iou_thres left at its default); the rest (visualize's matches, json, txt) only "
+               "under visualize/save_json/save_txt, where yolofeed calls this method instead "
+               "(seam.batched_metrics_serve)", since=VAL_METRICS_SINCE),
+    Pinned("ultralytics.utils.metrics.ConfusionMatrix.process_batch", "9fa1ee372b319671",
+           "yolofeed.train.val_metrics.confuse_batch",
+           why="detection: the detections above conf; class-agnostic box_iou with the targets; candidates (IoU above "
+               "iou_thres with some target) by descending confidence, a stable sort; each claims the target of "
+               "highest IoU (np.argmax) if above iou_thres, whose row is then zeroed; a claimed target counts at "
+               "[detection's class, its class], an unclaimed one at [nc, its class], an unclaiming kept detection at "
+               "[its class, nc]; matches kept only with save_matches (visualize)", since=VAL_METRICS_SINCE),
     Pinned("ultralytics.models.yolo.detect.val.DetectionValidator._process_batch", "efa94cd20261fedc",
            "yolofeed.train.val_metrics.update_metrics",
            why="tp: zeros where the image has no targets or no detections, else match_predictions of box_iou "
