@@ -205,7 +205,8 @@ def test_padded_iou_is_box_iou_bit_for_bit():
         assert torch.equal(got[i], box_iou(a[i], b[i]))
 
 
-def test_the_trainer_batches_a_detection_validators_statistics_and_the_metrics_are_stocks(synth_root, monkeypatch):
+def test_the_trainer_batches_a_detection_validators_statistics_and_the_metrics_are_stocks(synth_root, monkeypatch,
+                                                                                          tmp_path):
     """With ``batched_val_metrics`` (the default) the trainer's detection validator is the batched one, and a
     validation through it serves every batch itself and hands Ultralytics' metrics the same per-image statistics as
     Ultralytics' own validator (the same images and model); off, the trainer keeps Ultralytics' validator. A
@@ -239,6 +240,15 @@ def test_the_trainer_batches_a_detection_validators_statistics_and_the_metrics_a
     for key in a:
         assert len(a[key]) == len(b[key]) and all(np.array_equal(x, y) and x.dtype == y.dtype
                                                   for x, y in zip(a[key], b[key])), key
+    # with plots (the last epoch's validation, the final one): the batched path counts the confusion matrix too
+    served.clear()
+    plots = {**kw, "plots": True, "conf": 0.01, "project": str(tmp_path)}
+    stock = model.val(name="stock", **plots)
+    assert not served
+    ours = model.val(validator=BatchedDetectionValidator, name="ours", **plots)
+    assert served and all(served)
+    assert stock.results_dict == ours.results_dict and stock.confusion_matrix.matrix.sum() > 0
+    np.testing.assert_array_equal(ours.confusion_matrix.matrix, stock.confusion_matrix.matrix)
 
     args = dict(model="yolo11n.yaml", data=str(synth_root / "data.yaml"), imgsz=64, batch=8, device="cpu",
                 plots=False, epochs=1)
