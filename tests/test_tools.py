@@ -245,9 +245,11 @@ def test_build_parts_builds_with_each_part_taken_out(tmp_path, synth_root):
 def test_val_host_cost_runs_and_the_batched_metrics_agree(capsys):
     from tools import val_host_cost
 
-    val_host_cost.main(["--images", "6", "--batch", "4", "--imgsz", "128", "--candidates", "0,40", "--repeat", "1"])
-    rows = capsys.readouterr().out.strip().splitlines()[2:]
-    assert len(rows) == 2 and all(r.split()[-1] == "yes" for r in rows)
+    for plots in ([], ["--plots"]):  # with plots the confusion matrix is counted, and compared, too
+        val_host_cost.main(["--images", "6", "--batch", "4", "--imgsz", "128", "--candidates", "0,40", "--repeat",
+                            "1", *plots])
+        rows = capsys.readouterr().out.strip().splitlines()[2:]
+        assert len(rows) == 2 and all(r.split()[-1] == "yes" for r in rows)
 
 
 def test_detect_polygon_boxes_compares_ultralytics_boxes_with_and_without_the_polygons(segment_dataset, dataset):

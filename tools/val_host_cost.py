@@ -132,11 +132,14 @@ class OpCount(TorchDispatchMode):
 
 
 def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = None,
-             batched: bool = False) -> dict[str, float]:
+             batched: bool = False, plots: bool = False) -> dict[str, float]:
     """One validation's host parts over ``data``; seconds per part. ``batched``: yolofeed's batched NMS
-    (``BatchedDetectionValidator.postprocess``) and update_metrics."""
+    (``BatchedDetectionValidator.postprocess``) and update_metrics. ``plots``: update_metrics counts the confusion
+    matrix too, as in a run's last epoch and its final validation (its sum of cells returned as ``matrix``; the
+    figures are not drawn)."""
     from yolofeed.train.val_metrics import BatchedDetectionValidator, update_metrics
     v = validator(nc)
+    v.args.plots = plots
     t = Counter()
 
     def part(name, fn, *args):
@@ -164,8 +167,10 @@ def run_once(data, nc: int, profilers: dict | None = None, ops: dict | None = No
                 part("update_metrics", update_metrics, v, preds, batch)
             else:
                 part("update_metrics", v.update_metrics, preds, batch)
+        v.args.plots = False  # the curves are not drawn
         stats = part("get_stats", v.get_stats)
     t["mAP50-95"] = stats["metrics/mAP50-95(B)"]
+    t["matrix"] = hash(v.confusion_matrix.matrix.tobytes())
     return t
 
 
@@ -178,31 +183,36 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--candidates", default="0,30,300,3000,30000")
     p.add_argument("--repeat", type=int, default=3, help="best of this many runs (the CPU is shared)")
     p.add_argument("--profile", action="store_true", help="cProfile's top functions of each part")
+    p.add_argument("--plots", action="store_true", help="update_metrics counts the confusion matrix (a run's last "
+                                                         "epoch and final validation)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     parts = ("postprocess", "update_metrics", "get_stats")
-    print(f"{a.images} images, batch {a.batch}, imgsz {a.imgsz}, nc {a.nc}, 1 thread; ms per image (best of "
-          f"{a.repeat}), aten ops per image")
+    print(f"{a.images} images, batch {a.batch}, imgsz {a.imgsz}, nc {a.nc}, 1 thread, plots {a.plots}; ms per image "
+          f"(best of {a.repeat}), aten ops per image")
     print(f"{'cand/img':>9} {'kept/img':>8} " + " ".join(f"{x:>15} {'ops/img':>8}" for x in parts)
           + f" {'total':>7} {'mAP50-95':>8}   batched NMS: {'ms':>3} {'ops':>5}, update_metrics: {'ms':>3} "
-            f"{'ops':>5} {'same mAP':>8}")
+            f"{'ops':>5} {'same mAP (and matrix)':>8}")
     counts = [int(c) for c in a.candidates.split(",")]
     for c in counts:
         data = batches(a.images, a.batch, a.imgsz, a.nc, c)
         ops: dict[str, int] = {}
-        run_once(data, a.nc, ops=ops)
+        run_once(data, a.nc, ops=ops, plots=a.plots)
         kept = sum(len(x["conf"]) for raw, _ in data for x in validator(a.nc).postprocess(raw)) / a.images
-        best = {k: min(r[k] for r in rs) for rs in [[run_once(data, a.nc) for _ in range(a.repeat)]] for k in parts}
-        m = run_once(data, a.nc)["mAP50-95"]
-        fast = [run_once(data, a.nc, batched=True) for _ in range(a.repeat)]
+        best = {k: min(r[k] for r in rs) for rs in [[run_once(data, a.nc, plots=a.plots) for _ in range(a.repeat)]]
+                for k in parts}
+        m = run_once(data, a.nc, plots=a.plots)
+        fast = [run_once(data, a.nc, batched=True, plots=a.plots) for _ in range(a.repeat)]
         fast_ms = min(r["update_metrics"] for r in fast) / a.images * 1e3
         nms_ms = min(r["postprocess"] for r in fast) / a.images * 1e3
         fast_ops: dict[str, int] = {}
-        same = run_once(data, a.nc, ops=fast_ops, batched=True)["mAP50-95"] == m
+        ours = run_once(data, a.nc, ops=fast_ops, batched=True, plots=a.plots)
+        same = ours["mAP50-95"] == m["mAP50-95"] and ours["matrix"] == m["matrix"]
         ms = {k: best[k] / a.images * 1e3 for k in parts}
         print(f"{c:>9} {kept:>8.1f} " + " ".join(f"{ms[k]:>15.3f} {ops[k] / a.images:>8.0f}" for k in parts)
-              + f" {sum(ms.values()):>7.3f} {m:>8.4f}   {nms_ms:>15.3f} {fast_ops['postprocess'] / a.images:>5.1f}, "
-              f"{fast_ms:>18.3f} {fast_ops['update_metrics'] / a.images:>5.1f} {'yes' if same else 'NO':>8}")
+              + f" {sum(ms.values()):>7.3f} {m['mAP50-95']:>8.4f}   {nms_ms:>15.3f} "
+              f"{fast_ops['postprocess'] / a.images:>5.1f}, {fast_ms:>18.3f} "
+              f"{fast_ops['update_metrics'] / a.images:>5.1f} {'yes' if same else 'NO':>8}")
     if a.profile:
         data = batches(a.images, a.batch, a.imgsz, a.nc, counts[-1])
         profilers = {k: cProfile.Profile() for k in parts}
