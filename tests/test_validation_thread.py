@@ -154,6 +154,8 @@ def test_best_pts_flops_count_ahead_is_the_one_its_load_makes(tmp_path, monkeypa
     assert len(loads) == 1 and ours == loads and loads[0][0] == torch.float32 and loads[0][1] and loads[0][4] == 640
     assert loads[0][5] > 0
     assert {k: (v.dtype, v.stride()) for k, v in final.model.state_dict().items()} == before
+    monkeypatch.setattr(state, "get_flops", lambda model, imgsz=640: 0.0)  # its failure (or no thop): not counted
+    assert not state.count_flops_as_loaded(final, torch.device("cpu"))
 
 
 def test_the_flops_count_ahead_lets_its_model_go_and_gives_up_with_one_line(monkeypatch):

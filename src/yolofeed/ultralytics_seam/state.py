@@ -165,8 +165,9 @@ def count_flops_as_loaded(final: Any, device: torch.device) -> bool:
     and NCHW (the trainer saves it so) and fuses it on the device, and ``BaseModel.fuse`` (RELIED_ON) counts its FLOPs
     at imgsz 640 (``info``), a forward pass at a few small proxy shapes in float32. Run ahead in the validation thread,
     it pays cuDNN's set-up for those shapes, which the final validation's load otherwise pays (0.5 s of yolo11n's on
-    an H100). Whether the copy fitted: in float32 it takes twice the final model's memory, and only where that is
-    free outside torch's cache (the training may need the rest)."""
+    an H100). Whether it was counted: not where the GPU's free memory outside torch's cache (the training may need
+    the rest) does not hold the copy, twice the final model's memory in float32, nor where ``get_flops`` gave 0 (it
+    returns 0 on any failure, and without thop)."""
     import copy
 
     model = final.model if isinstance(final, AutoBackend) else final
@@ -175,10 +176,9 @@ def count_flops_as_loaded(final: Any, device: torch.device) -> bool:
         return False
     copied = copy.deepcopy(model).float().to(memory_format=torch.contiguous_format)
     try:
-        get_flops(copied, 640)  # fuse's default imgsz, whatever the run's
+        return get_flops(copied, 640) > 0  # fuse's default imgsz, whatever the run's
     finally:
         del copied
-    return True
 
 
 def batches_per_step(trainer: Any) -> int:
