@@ -213,6 +213,11 @@ def test_a_bare_resume_takes_the_newest_last_pt_here_as_yolo_train_does(tmp_path
     (tmp_path / "runs" / "x" / "weights" / "last.pt").write_bytes(b"")
     assert Path(resume_checkpoint(build_config("train", ["resume"]))).resolve() == (
         tmp_path / "runs" / "x" / "weights" / "last.pt")
+    (tmp_path / "runs" / "y" / "weights").mkdir(parents=True)  # a broken link among them: one line, not a traceback
+    (tmp_path / "runs" / "y" / "weights" / "last.pt").symlink_to(tmp_path / "gone.pt")
+    with pytest.raises(ConfigError, match=r"could not read the last\*.pt files under .*broken link") as e:
+        resume_checkpoint(build_config("train", ["resume"]))
+    assert "\n" not in str(e.value) and "resume=path/to/last.pt" in str(e.value)
 
 
 @pytest.mark.parametrize("command", ["doctor", "bench", "parity"])

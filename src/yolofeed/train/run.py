@@ -10,7 +10,7 @@ from typing import Any
 
 from yolofeed import processes
 from yolofeed.config import TrainConfig, fields_of
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, first_line
 from yolofeed.train import keys, options
 from yolofeed.train.checkpoints import UNPICKLING_ERRORS, check_intact, refuse_nothing_to_resume, way_on
 
@@ -31,7 +31,12 @@ def resume_checkpoint(cfg: TrainConfig) -> str | None:
     if not path:  # as yolo train: the newest last*.pt under the current folder
         from yolofeed.ultralytics_seam import get_latest_run
 
-        path = get_latest_run()
+        try:
+            path = get_latest_run()
+        except OSError as e:  # its newest-first sort reads each last*.pt's time: a broken link raises there
+            raise ConfigError(f"resume: could not read the last*.pt files under {Path.cwd()} to take the newest "
+                              f"({first_line(e)}: a broken link, or a file removed meanwhile); pass "
+                              "resume=path/to/last.pt") from None
         if not path:
             raise ConfigError(f"resume: no last.pt under {Path.cwd()} to continue (a bare 'resume' takes the newest "
                               "one there, as yolo train does); pass resume=path/to/last.pt, or model=path/to/last.pt "
