@@ -66,3 +66,22 @@ def test_a_name_with_a_newline_or_a_tab_stays_one_report_entry(dataset, capsys):
     if shutil.which("bash"):  # pasted into a shell, each names its file
         for field in quoted:
             assert subprocess.run(["bash", "-c", f"test -e {field}"]).returncode == 0, field
+
+
+def test_the_summary_names_the_report_only_where_it_was_written(dataset, tmp_path, caplog, capsys):
+    """A pack with a skipped image names its report as the full list; where the report's name holds a link (left as
+    it is), the summary says the list is in the pack's header instead of naming the link."""
+    (dataset / "images" / "train" / "empty.jpg").write_bytes(b"")  # skipped: empty
+    args = ["pack", f"data={dataset / 'data.yaml'}", "imgsz=64", "workers=1", "splits=train"]
+    assert main(args) == 0
+    report = store_dir(dataset / "data.yaml", 64, "raw") / "train.report.txt"
+    assert f"full list: {report}\n" in capsys.readouterr().out
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    report.unlink()
+    report.symlink_to(victim)
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "rebuild=always"]) == 0
+    said = capsys.readouterr().out + caplog.text
+    assert f"full list: in the pack's header ({report} is not its report: not written)" in said
+    assert f"full list: {report}\n" not in said and victim.read_bytes() == VICTIM

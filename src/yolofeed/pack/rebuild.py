@@ -39,7 +39,7 @@ from yolofeed.pack.encode import label_crc
 from yolofeed.pack.layout import DETECT_POLYGONS, SUFFIX, is_pack_file, printable
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.paths import build_folder, missing, old_layout, pack_folders, rebuild_command
-from yolofeed.pack.report import report_path
+from yolofeed.pack.report import where_listed
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.space import MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
@@ -426,5 +426,5 @@ def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: i
         rest = sum(c for _, c in reasons[SKIP_REASONS_SAID:])
         more = f"; and {rest} more" if rest else ""
         LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}{more}); "
-                       f"full list: {report_path(r.pack.path)}")
+                       f"{where_listed(r.pack.path, len(skipped), len(r.pack.header['notes']))}")
     return r.pack

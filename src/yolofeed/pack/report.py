@@ -72,6 +72,22 @@ def report_path(dest: Path) -> Path:
     return dest.with_name(dest.name.removesuffix(SUFFIX) + REPORT_SUFFIX)
 
 
+def where_listed(dest: Path, skipped: int, notes: int) -> str:
+    """Where a pack's ``skipped`` images and ``notes`` are listed in full, for its summary: its report, where that is
+    a file (not a link) that ``write_report`` wrote for this pack and these counts; else the pack's header, the report
+    named as not written (something else under its name, a folder that refused it)."""
+    report = report_path(dest)
+    head = f"# {dest.name}: {skipped} skipped, {notes} notes.".encode()
+    try:
+        if not report.is_symlink() and report.is_file():
+            with open(report, "rb") as f:
+                if f.read(len(head)) == head:
+                    return f"full list: {report}"
+    except OSError:
+        pass
+    return f"full list: in the pack's header ({report} is not its report: not written)"
+
+
 def read_report(dest: Path) -> list[list[str]]:
     """Rows of a pack's report file (for tests and the doctor)."""
     text = report_path(dest).read_text(encoding="utf-8", errors="surrogateescape")

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from yolofeed.pack.layout import printable
-from yolofeed.pack.report import report_path
+from yolofeed.pack.report import where_listed
 from yolofeed.pack.space import gb
 from yolofeed.pack.store import Pack
 
@@ -43,6 +43,6 @@ def summary(result: BuildResult, max_listed: int = 10) -> str:
     for note, count in Counter(n.split(":")[0] for _, n in h["notes"]).most_common(5):
         lines.append(f"  note: {count}x {note}")
     if h["skipped"] or h["notes"]:
-        lines.append(f"  full list: {report_path(p.path)}")
+        lines.append(f"  {where_listed(p.path, len(h['skipped']), len(h['notes']))}")
     lines.append(f"  -> {p.path}")
     return "\n".join(lines)
