@@ -250,6 +250,26 @@ def test_a_damaged_jpeg_pack_names_its_own_rebuild_command(dataset):
         assert "batch 1 of 2" in str(e.value) and Path(pack.im_files[2]).name in str(e.value)
 
 
+def test_a_cfg_file_naming_an_existing_run_folder_is_refused_before_it_is_written_over(synth_root, tmp_path):
+    """A run's args.yaml as cfg= holds that run's save_dir, which wins over name= and project= (as in yolo train), so
+    the new run wrote over the old one's results and weights: refused in one line, unless the command line resumes
+    or names save_dir; a save_dir that does not exist yet, or is empty, is taken as it is."""
+    run = tmp_path / "runs" / "base"
+    (run / "weights").mkdir(parents=True)
+    (run / "weights" / "last.pt").write_bytes(b"a run's")
+    cfg_file = tmp_path / "args.yaml"
+    cfg_file.write_text(f"model: yolo11n.yaml\ndata: {synth_root / 'data.yaml'}\nimgsz: 64\nsave_dir: {run}\n")
+    with pytest.raises(ConfigError, match="an existing run folder this run would write over") as e:
+        with_cfg_file(build_config("train", [f"cfg={cfg_file}", "name=fromcfg"]))
+    assert "\n" not in str(e.value) and str(run) in str(e.value) and "remove save_dir from the file" in str(e.value)
+    new = tmp_path / "runs" / "new"
+    assert with_cfg_file(build_config("train", [f"cfg={cfg_file}", f"save_dir={new}"])).extra["save_dir"] == str(new)
+    assert with_cfg_file(build_config("train", [f"cfg={cfg_file}", f"resume={run / 'weights' / 'last.pt'}"]))
+    cfg_file.write_text(cfg_file.read_text().replace(str(run), str(new)))  # not there yet: as yolo train
+    assert with_cfg_file(build_config("train", [f"cfg={cfg_file}"])).extra["save_dir"] == str(new)
+    assert (run / "weights" / "last.pt").read_bytes() == b"a run's"
+
+
 def test_cfg_values_reach_the_trainer_checks(synth_root, tmp_path, capsys):
     """A refused value in the cfg file is refused as if typed."""
     cfg_file = tmp_path / "cfg.yaml"

@@ -59,7 +59,8 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
     and is checked as such.
 
     Raises:
-        ConfigError: no such file, or not a yaml mapping.
+        ConfigError: no such file, or not a yaml mapping; a ``save_dir`` in it that names a folder holding something
+            (a run's args.yaml names its own run), where the command line neither resumes nor names ``save_dir``.
     """
     path = cfg.extra.get("cfg")
     if path is None:
@@ -80,6 +81,12 @@ def with_cfg_file(cfg: TrainConfig) -> TrainConfig:
                           "holds yolo train keys (model=, data= and resume= too)")
     own = {k: loaded.pop(k) for k in ("model", "data", "resume") if k in loaded}
     fill = {k: v for k, v in own.items() if getattr(cfg, k) is None and v is not None}
+    folder = loaded.get("save_dir")
+    if folder and "save_dir" not in cfg.extra and not (cfg.resume or fill.get("resume")) and Path(folder).is_dir() \
+            and any(Path(folder).iterdir()):  # a run's args.yaml: its save_dir wins over name= and project=
+        raise ConfigError(f"cfg={path} holds save_dir: {folder}, an existing run folder this run would write over "
+                          "(save_dir wins over name= and project=, as in yolo train); remove save_dir from the file, "
+                          "or pass save_dir= a new folder")
     extra = {**loaded, **{k: v for k, v in cfg.extra.items() if k != "cfg"}}
     return dataclasses.replace(cfg, **fill, extra=extra)
 
