@@ -238,10 +238,9 @@ class Validating:
         waits for the first validation (``_in_validation_thread``): queued now, it would hold that validation back at
         the first epoch's end (4 s of yolo11n's on the 10k set). It goes in a job at a time, one behind each
         validation: all at once they outlast the next epoch's training, and its validation would wait for them (1.2 s
-        on the 10k set). Every epoch's passes wait for the short batches'
-        set-up (train/short_batches.py), where it runs: cuDNN builds one plan at a time whichever thread asks, and
-        the first epoch's last batch waits for that set-up, not for the validations' (the first validation comes
-        after that batch anyway)."""
+        on the 10k set). Every epoch's passes wait for the short batches' set-up (train/short_batches.py), where it
+        runs: cuDNN builds one plan at a time whichever thread asks, and the first epoch's last batch waits for that
+        set-up, not for the validations' (the first validation comes after that batch anyway)."""
         self._warm_validations_after = None
         if self._validations is None:
             return

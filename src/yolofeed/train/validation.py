@@ -140,7 +140,8 @@ def count_flops_ahead(final: list[nn.Module], device: torch.device, log: Callabl
     cuDNN set up. ``final`` is emptied either way (its model's memory goes back once the other passes are done too).
 
     Returns:
-        whether the count ran (not once the run stopped, not where the GPU's free memory does not hold the copy).
+        whether the count ran: not once the run stopped, nor where the GPU's free memory does not hold the copy or
+        Ultralytics' count gave nothing (``count_flops_as_loaded``).
     """
     try:
         if cancelled is not None and cancelled.is_set():
