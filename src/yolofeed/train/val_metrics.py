@@ -123,9 +123,9 @@ def confuse_batch(matrix: np.ndarray, iou: np.ndarray, conf: np.ndarray, target_
     hit = real & (claimed >= 0)
     missed = real & ~hit
     unclaimed = pred_cls >= 0
-    images, detections = np.nonzero(hit)[0], claimed[hit]
-    unclaimed[images, detections] = False
-    np.add.at(matrix, (pred_cls[images, detections], target_cls[hit]), 1)  # TP if the classes agree, else FP and FN
+    claimer = np.nonzero(hit)[0], claimed[hit]  # (image, detection) of each claimed target
+    unclaimed[claimer] = False
+    np.add.at(matrix, (pred_cls[claimer], target_cls[hit]), 1)  # TP if the classes agree, else FP and FN
     np.add.at(matrix, (np.full(int(missed.sum()), nc), target_cls[missed]), 1)  # FN
     np.add.at(matrix, (pred_cls[unclaimed], np.full(int(unclaimed.sum()), nc)), 1)  # FP
 
