@@ -193,8 +193,27 @@ def test_a_run_without_gpu_utilisation_is_told_once_that_the_alert_cannot_fire(t
         assert lines == []
     else:
         assert lines == [f"yolofeed monitor: no GPU utilisation to read {words}: the low-utilisation alert cannot "
-                         "fire; the step breakdown, Prometheus and TensorBoard go on"]
+                         "fire; the step breakdown and Prometheus go on"]
     mon.close()
+
+
+@pytest.mark.parametrize("port, tensorboard, going", [
+    (None, False, "the step breakdown goes on"),
+    (0, False, "the step breakdown and Prometheus go on"),
+    (None, True, "the step breakdown and TensorBoard go on"),
+    (0, True, "the step breakdown, Prometheus and TensorBoard go on"),
+])
+def test_the_line_on_a_run_without_utilisation_names_only_the_outputs_that_run(tmp_path, said, port, tensorboard,
+                                                                             going):
+    """The line said where no GPU utilisation can be read names what goes on: the endpoint and TensorBoard only where
+    they were asked for and opened (it named both whatever was asked)."""
+    if tensorboard:
+        pytest.importorskip("torch.utils.tensorboard")
+    mon, clock = _monitored(tmp_path, gpu=False, prometheus_port=port, tensorboard=tensorboard)
+    clock.t += 2
+    mon.publish()
+    mon.close()
+    assert [m.split("fire; ")[1] for m in said if "alert cannot fire" in m] == [going]
 
 
 def test_the_counters_only_grow_and_the_alert_is_counted(tmp_path):
@@ -314,6 +333,26 @@ def test_monitor_keys_reach_yolofeed_train():
     for bad in ("alert_wait=1.5", "alert_util=-1", "prometheus_port=70000", "summary_seconds=-2"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             options_from(build_config("train", base + ["monitor=True", bad]))
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_monitor_false_with_a_key_that_asks_for_the_monitor_is_refused(resumed):
+    """``yolofeed train monitor=False prometheus_port=0`` served the endpoint anyway (the port turned the monitor on
+    and the explicit False lost without a word; on resume the False won, as silently): refused in one line naming both.
+    ``monitor=False tensorboard=False`` asks for less, and is taken."""
+    from yolofeed.cli import build_config
+    from yolofeed.errors import ConfigError
+    from yolofeed.train.run import given_keys, monitor_options
+
+    recorded = {"monitor": {"prometheus_port": 9400}} if resumed else None
+    for asked, named in ((["prometheus_port=0"], "prometheus_port=0"),
+                         (["alert_util=50", "summary_seconds=5"], "alert_util=50.0, summary_seconds=5.0")):
+        cfg = build_config("train", ["model=yolo11n.yaml", "data=d.yaml", "monitor=False", *asked])
+        with pytest.raises(ConfigError, match=f"monitor=False and {named} ask for opposite things: drop "
+                                              "monitor=False to run the monitor with"):
+            monitor_options(cfg, given_keys(cfg), recorded)
+    cfg = build_config("train", ["model=yolo11n.yaml", "data=d.yaml", "monitor=False", "tensorboard=False"])
+    assert monitor_options(cfg, given_keys(cfg), recorded) is None
 
 
 def test_yolofeed_train_attaches_the_monitor_with_its_keys(synth_root, monkeypatch):
@@ -466,6 +505,24 @@ def test_a_writer_thread_that_fails_at_once_prints_no_traceback():
         """
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stderr
     assert "outside any writer's making" in err and "the writer thread's own" not in err, err
+
+
+@pytest.mark.parametrize("target", ["gone", "file"])
+def test_a_link_at_the_tensorboard_folder_is_said_to_be_one(tmp_path, said, target):
+    """A link planted at ``yolofeed_tb`` to nothing (or to a file) was said as "could not write ... (File exists)":
+    the line now says it is a link, and to what. TensorBoard alone stops, as for any folder it cannot write."""
+    pytest.importorskip("torch.utils.tensorboard")
+    from yolofeed.monitor.live import open_tensorboard
+
+    aim = tmp_path / target
+    if target == "file":
+        aim.write_text("not a folder")
+    (tmp_path / "yolofeed_tb").symlink_to(aim)
+    assert open_tensorboard(tmp_path / "yolofeed_tb") is None
+    lines = [m for m in said if "no TensorBoard scalars" in m]
+    end = "not a folder" if target == "file" else "which is not there"
+    assert len(lines) == 1 and f"could not write {tmp_path / 'yolofeed_tb'} (it is a link to {aim}, {end})" in lines[0]
+    assert not aim.is_dir()
 
 
 def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp_path, monkeypatch, said):
@@ -814,6 +871,31 @@ def test_numpy_numbers_are_numbers_and_a_port_is_a_whole_one():
     for port in (9400.0, 9400.5, "9400"):
         with pytest.raises(ConfigError, match=r"prometheus_port=.*: expected a whole number \(a TCP port"):
             MonitorConfig(prometheus_port=port)
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("tensorboard", "False", "tensorboard='False': expected True or False"),
+    ("tensorboard", 0, "tensorboard=0: expected True or False"),
+    ("prometheus_addr", 123, "prometheus_addr=123: expected a string"),
+    ("prometheus_addr", ["127.0.0.1"], r"prometheus_addr=\['127.0.0.1'\]: expected a string"),
+])
+def test_a_switch_or_an_address_of_the_wrong_kind_is_refused_when_given(key, value, expected):
+    """``tensorboard="False"`` turned TensorBoard on (a non-empty string is true), and ``prometheus_addr=123`` was taken
+    and then switched the whole monitor off with a traceback at the run's start (found by a hostile pass): each is
+    refused in one line where it is given, by ``attach`` and by ``with_options`` alike."""
+    from types import SimpleNamespace
+
+    from yolofeed import FastDetectionTrainer
+    from yolofeed.errors import ConfigError
+    from yolofeed.monitor import attach
+
+    with pytest.raises(ConfigError, match=expected):
+        MonitorConfig(**{key: value, "prometheus_port": 0})
+    target = SimpleNamespace(add_callback=lambda *a: pytest.fail("attached despite the value"))
+    with pytest.raises(ConfigError, match=expected):
+        attach(target, **{key: value, "prometheus_port": 0})
+    with pytest.raises(ConfigError, match=expected):
+        FastDetectionTrainer.with_options(monitor={key: value, "prometheus_port": 0})
 
 
 def test_attach_names_the_monitors_options_for_one_it_does_not_know():

@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import numbers
+import os
 import sys
 import threading
 import time
@@ -73,6 +74,11 @@ class MonitorConfig:
         for name in ("alert_util", "alert_wait", "alert_seconds", "summary_seconds", "publish_seconds"):
             if not number(getattr(self, name)):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: expected a number")
+        if not isinstance(self.tensorboard, bool):  # the string "False" would be True
+            raise ConfigError(f"tensorboard={self.tensorboard!r}: expected True or False")
+        if not isinstance(self.prometheus_addr, str):  # found at the bind, inside a callback: the monitor would go
+            raise ConfigError(f"prometheus_addr={self.prometheus_addr!r}: expected a string, an address to bind, "
+                              "e.g. '127.0.0.1' or '0.0.0.0'")
         for name, ok, expected in (
                 ("prometheus_port", port is None or 0 <= port <= 65535, "a TCP port, 0-65535 (0: any free port)"),
                 ("prometheus_addr", bool(self.prometheus_addr), "an address to bind, e.g. 127.0.0.1 or 0.0.0.0"),
@@ -174,6 +180,8 @@ def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
 
 def tensorboard_failure(folder: Path, e: BaseException, what: str) -> str:
     said = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e).strip().splitlines()[0]
+    if folder.is_symlink() and not folder.is_dir():  # "File exists" says nothing of a link
+        said = f"it is a link to {os.readlink(folder)}, {'not a folder' if folder.exists() else 'which is not there'}"
     return (f"yolofeed monitor: {what}: could not write {folder} ({said}); Prometheus and the summary line go on. "
             "Make it a folder you can write, on a disk with room, or train with tensorboard=False to silence this.")
 
@@ -333,8 +341,11 @@ class TrainingMonitor:
             self._no_util_said = True
             device = self.info.get("device", "")
             where = "NVML reads none for this GPU" if device.startswith("cuda") else f"a run on {device or 'the CPU'}"
+            parts = ["the step breakdown", *(["Prometheus"] if self.endpoint is not None else []),
+                     *(["TensorBoard"] if self.writer is not None else [])]  # what runs, not what was asked
+            going = f"{', '.join(parts[:-1])} and {parts[-1]} go" if len(parts) > 1 else f"{parts[0]} goes"
             self._say(f"yolofeed monitor: no GPU utilisation to read ({where}): the low-utilisation alert cannot "
-                      "fire; the step breakdown, Prometheus and TensorBoard go on", logging.INFO, bar)
+                      f"fire; {going} on", logging.INFO, bar)
         if self.alert.update(load.gpu_util, wait):
             self._say(f"yolofeed monitor: GPU starved: {load.gpu_util:.0f} % busy while {100 * wait:.0f} % of each "
                       f"step waits for data (for {self.cfg.alert_seconds:.0f} s). Run 'yolofeed doctor' with this "

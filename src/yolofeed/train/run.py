@@ -223,16 +223,22 @@ def monitor_options(cfg: TrainConfig, given: set[str], recorded: dict | None) ->
     monitor keys given again in their place (``monitor=False`` turns it off).
 
     Raises:
-        ConfigError: a monitor key's value is refused (``MonitorConfig``).
+        ConfigError: a monitor key's value is refused (``MonitorConfig``), or ``monitor=False`` is given with a key
+            that asks for the monitor (a port, an alert or summary key).
     """
     from yolofeed.monitor.live import TRAIN_KEYS, MonitorConfig, options_from
 
+    if "monitor" in given and not cfg.monitor:
+        asked = [k for k in TRAIN_KEYS if k in given and k != "tensorboard"]  # tensorboard=False asks for less
+        if asked:
+            both = ", ".join(f"{k}={getattr(cfg, k)}" for k in asked)
+            raise ConfigError(f"monitor=False and {both} ask for opposite things: drop monitor=False to run the "
+                              f"monitor with {'them' if len(asked) > 1 else 'it'}, or drop {both} to train without it")
+        return None
     if recorded is None:
         return options_from(cfg)
     before = recorded.get("monitor")
     again = [k for k in TRAIN_KEYS if k in given]
-    if "monitor" in given and not cfg.monitor:
-        return None
     if before is None or not (again or "monitor" in given):
         return options_from(cfg) if before is None else before
     merged = {**before, **{k: getattr(cfg, k) for k in again}}
