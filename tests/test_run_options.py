@@ -297,3 +297,20 @@ def test_a_retired_option_in_a_record_is_dropped_and_the_rest_kept(tmp_path):
     record.write_text("val_period: 2\nsave_besides: true\n")
     with pytest.raises(ConfigError, match="unknown options"):
         options.read(record)
+
+
+def test_numpy_values_given_to_with_options_are_taken_and_recorded_as_python_values(tmp_path):
+    """``with_options(val_period=np.int64(2))`` (a value read from an array or a config library) was refused as
+    "expected a whole number of epochs", and a monitor port given as one could not be written to yolofeed.yaml: each
+    is taken as Python's value, checked, and recorded."""
+    import numpy as np
+
+    trainer = FastDetectionTrainer.with_options(val_period=np.int64(2), warm_up=np.bool_(False),
+                                                monitor={"prometheus_port": np.int64(9400), "tensorboard": np.False_})
+    assert trainer.val_period == 2 and type(trainer.val_period) is int and trainer.warm_up is False
+    assert trainer.monitor == {"prometheus_port": 9400, "tensorboard": False}
+    path = options.record(tmp_path, {k: getattr(trainer, k) for k in ("val_period", "warm_up", "monitor")})
+    assert options.read(path) == {"val_period": 2, "warm_up": False,
+                                  "monitor": {"prometheus_port": 9400, "tensorboard": False}}
+    with pytest.raises(ConfigError, match="val_period=0: expected a whole number"):
+        FastDetectionTrainer.with_options(val_period=np.int64(0))

@@ -232,6 +232,26 @@ def test_val_period_validates_every_nth_epoch_the_last_and_where_early_stopping_
         FastDetectionTrainer.with_options(val_period=0)
 
 
+@pytest.mark.parametrize("period, val, said", [(2, False, True), (2, True, False), (1, False, False)])
+def test_val_period_with_val_false_is_said_to_change_nothing(monkeypatch, period, val, said):
+    """``val=False val_period=2`` validated the last epoch alone, as stock's val=False, without a word of the
+    val_period given (found by a hostile pass): one line says so, once, before the first epoch."""
+    from types import SimpleNamespace
+
+    import yolofeed.train.validating as validating
+    from yolofeed import FastDetectionTrainer
+
+    lines = []
+    monkeypatch.setattr(validating, "LOGGER", SimpleNamespace(info=lines.append))
+    cls = FastDetectionTrainer.with_options(val_period=period)
+    trainer = cls.__new__(cls)
+    trainer.args, trainer.device = SimpleNamespace(val=val), SimpleNamespace(type="cpu")
+    trainer._say_validation_plan()
+    expected = [f"yolofeed: val_period={period} changes nothing with val=False, which validates the last epoch alone, "
+                "as yolo train does"]
+    assert lines == (expected if said else [])
+
+
 @pytest.mark.slow
 def test_cli_val_period_writes_nan_rows_and_keeps_the_best_validated_epoch(synth_root, runs):
     from yolofeed.cli import main

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from yolofeed import __version__
@@ -37,6 +38,16 @@ AUTO = ("val_overlap", "save_process")  # switches whose None (the default) the 
 RETIRED = ("save_beside",)
 REBUILDS = ("auto", "check", "always", "never")
 MASK_ROOM_MOST = 64  # mask_room's largest: the rasteriser's slots grow with it (memory a batch)
+
+
+def plain(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with numpy's scalars (the monitor's dict's too) made Python's, as the checks below and
+    yolofeed.yaml take them: ``val_period=np.int64(2)`` is 2, where YAML could not write the numpy one."""
+    def one(value: Any) -> Any:
+        return value.item() if isinstance(value, np.generic) else value
+
+    return {k: {m: one(v) for m, v in value.items()} if k == "monitor" and isinstance(value, dict) else one(value)
+            for k, value in options.items()}
 
 
 def check(options: dict[str, Any], where: str = "FastDetectionTrainer") -> None:

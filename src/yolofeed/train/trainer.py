@@ -155,6 +155,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         The run records every option in ``<run>/yolofeed.yaml`` and a resume restores them (train/options.py); one
         given here to the resuming trainer wins over the recorded one.
         """
+        given = options.plain(given)
         options.check(given, cls.__name__)
         return type(cls.__name__, (cls,), {**given, "_given": cls._given | frozenset(given)})
 
@@ -204,7 +205,8 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         self._polygon_bound = LabelBound()
         # first at on_pretrain_routine_end, in this order: the labels plot is joined before any other callback runs
         # (Ultralytics' loggers, a user's), which stock hands a finished labels.jpg and no plotting thread beside
-        for fn in (type(self)._join_label_plots, type(self)._start_validation_thread, type(self)._warm_up):
+        for fn in (type(self)._join_label_plots, type(self)._say_validation_plan, type(self)._start_validation_thread,
+                   type(self)._warm_up):
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
         self.add_callback("on_train_batch_end", type(self)._count_to_validation_warm_up)
         self.add_callback("on_train_batch_end", type(self)._raise_failed_write)

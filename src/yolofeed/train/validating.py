@@ -207,6 +207,18 @@ class Validating:
         validation gathers across ranks in the ranks' own threads; the CPU has no cuDNN set-up to pay ahead)."""
         return bool(self.validate_beside) and RANK == -1 and self.device.type == "cuda"
 
+    def _say_validation_plan(self) -> None:
+        """Once a run, before the first epoch (``on_pretrain_routine_end``): an option of when to validate that this
+        run cannot follow, said."""
+        if RANK not in (-1, 0):
+            return
+        if self.val_period > 1 and not self.args.val:  # stock's val=False: the last epoch alone
+            LOGGER.info(f"yolofeed: val_period={self.val_period} changes nothing with val=False, which validates the "
+                        "last epoch alone, as yolo train does")
+        if self.val_overlap and not self._validates_beside():
+            LOGGER.info("yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one "
+                        "CUDA GPU): each epoch is validated before the next starts")
+
     def _start_validation_thread(self) -> None:
         """Before the first epoch (``on_pretrain_routine_end``, or earlier in the warm-up: ``_set_up_beside``): the
         thread validations will run in. Their set-up starts in the warm-up where the step's graph was captured ahead
@@ -214,9 +226,6 @@ class Validating:
         batch, FastMuSGD at its second optimiser step (every ``accumulate`` batches). A capture in the default global
         mode (``make_graphed_callables``') fails where another thread allocates meanwhile; FastMuSGD's and the
         augmentation's capture in the thread-local mode."""
-        if self.val_overlap and not self._validates_beside() and RANK in (-1, 0):
-            LOGGER.info("yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one "
-                        "CUDA GPU): each epoch is validated before the next starts")
         if not self._validates_beside() or self._validations is not None:  # started in the warm-up already
             return
         self._validations = ValidationThread(self.device)
