@@ -311,11 +311,37 @@ def test_a_whole_run_refuses_the_ceiling_and_a_second_epoch_count(synth_root, tm
     from yolofeed.cli import main
 
     for extra, said in ((["modes=stock,ceiling"], "a ceiling replays four batches"),
-                        (["modes=stock,yolofeed", "epochs=3"], "whole_run= is the run's epochs")):
+                        (["modes=stock,yolofeed", "epochs=3"], "whole_run= is the run's epochs"),
+                        # time= ended each mode after its hours: the title said 2 epochs where a mode trained fewer
+                        (["modes=stock,yolofeed", "time=0.0002"], "time=0.0002 with whole_run=2: time= ends each "
+                                                                  "run after that many hours")):
         assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", "whole_run=2",
                      *extra]) != 0
         assert said in capsys.readouterr().err
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_the_modes_that_differ_in_validation_need_a_whole_run(synth_root, tmp_path, capsys):
+    """``modes=yolofeed_val_inline`` without ``whole_run=`` measured plain yolofeed steps (a bench of steps never
+    validates) and reported them as a mode of their own: refused before any mode runs."""
+    from yolofeed.cli import main
+
+    assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", "steps=10",
+                 "modes=yolofeed,yolofeed_val_inline,yolofeed_val_waited"]) == 1
+    assert ("modes yolofeed_val_inline, yolofeed_val_waited differ from yolofeed in how they validate, and steps "
+            "without whole_run= never validate: add whole_run=10") in capsys.readouterr().err
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_a_whole_run_says_which_modes_stopped_short_of_its_epochs():
+    """Ultralytics' early stopping (``patience=``) can end a mode's run before the epochs the title names."""
+    from yolofeed.bench.run import stopped_short
+
+    two, three = [{"epoch": 1}, {"epoch": 2}], [{"epoch": 1}, {"epoch": 2}, {"epoch": 3}]
+    assert stopped_short([{"mode": "stock", "epochs": three}, {"mode": "yolofeed", "epochs": three}], 3) == []
+    said = stopped_short([{"mode": "stock", "epochs": three}, {"mode": "yolofeed", "epochs": two}], 3)
+    assert said == ["trained fewer than the 3 epochs asked (early stopping: patience=): yolofeed 2; their wall times "
+                    "are of shorter runs and compare nothing with the others'"]
 
 
 @pytest.mark.parametrize("window", ["0", "-2"])

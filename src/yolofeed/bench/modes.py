@@ -4,6 +4,7 @@ from __future__ import annotations
 
 MODES = ("stock", "yolofeed", "yolofeed_jpeg", "yolofeed_inline", "yolofeed_nopool", "yolofeed_val_inline",
          "yolofeed_val_overlap", "yolofeed_val_waited", "ceiling", "ceiling_stock")
+WHOLE_RUN_ONLY = ("yolofeed_val_inline", "yolofeed_val_overlap", "yolofeed_val_waited")  # they differ in validation
 # SyncFreeStep's (train/step.py)
 STEP_SWITCHES = ("sync_free_step", "sync_free_loss", "fast_musgd", "graphed_step", "half_input")
 

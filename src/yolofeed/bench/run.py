@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from yolofeed.bench import whole
-from yolofeed.bench.modes import MODES, STEP_SWITCHES, trainer_class
+from yolofeed.bench.modes import MODES, STEP_SWITCHES, WHOLE_RUN_ONLY, trainer_class
 from yolofeed.config import BenchConfig
 from yolofeed.errors import ConfigError, PackSpaceError, YolofeedError
 from yolofeed.measure.profile import profile
@@ -309,6 +309,16 @@ def warm_modes(results: list[dict], isolated: bool) -> list[str]:
                                     "its own")]
 
 
+def stopped_short(results: list[dict], epochs: int) -> list[str]:
+    """A sentence for the modes of a whole run that trained fewer than its ``epochs`` (Ultralytics' early stopping,
+    ``patience=``): their wall times are of shorter runs than the title says."""
+    short = [f"{r['mode']} {len(r['epochs'])}" for r in results if len(r.get("epochs") or ()) < epochs]
+    if not short:
+        return []
+    return [f"trained fewer than the {epochs} epochs asked (early stopping: patience=): {', '.join(short)}; their "
+            "wall times are of shorter runs and compare nothing with the others'"]
+
+
 def heavy_optimizer(results: list[dict], asked: str = "auto", share: float = 0.25) -> list[str]:
     """A sentence for each mode whose optimiser step took ``share`` of its step or more: at a long run's length
     ``optimizer=auto`` picks MuSGD, whose step can outweigh the data pipeline both loaders are compared on.
@@ -410,6 +420,14 @@ def run(cfg: BenchConfig) -> dict:
     if cfg.whole_run and "epochs" in cfg.extra:
         raise ConfigError(f"epochs={cfg.extra['epochs']} with whole_run={cfg.whole_run}: whole_run= is the run's "
                           "epochs; give one of them")
+    if cfg.whole_run and cfg.extra.get("time"):  # as Ultralytics reads it: 0 and None are off
+        raise ConfigError(f"time={cfg.extra['time']} with whole_run={cfg.whole_run}: time= ends each run after that "
+                          "many hours, so modes of different speeds would train different numbers of epochs; "
+                          "whole_run= is the run's length: give one of them")
+    validated = [m for m in modes if m in WHOLE_RUN_ONLY]
+    if validated and not cfg.whole_run:
+        raise ConfigError(f"modes {', '.join(validated)} differ from yolofeed in how they validate, and steps without "
+                          "whole_run= never validate: add whole_run=10 to time them, or bench modes=yolofeed")
     from yolofeed.train.keys import check_device
     from yolofeed.train.run import check_model_and_data
 
@@ -449,7 +467,7 @@ def run(cfg: BenchConfig) -> dict:
                 instead = ",".join(dict.fromkeys("yolofeed_jpeg" if x in raw else x for x in modes))
                 raise PackSpaceError(f"{e}; or bench the jpeg pack, 5-10x smaller for photos of about imgsz, in place "
                                      f"of the raw pack's {', '.join(raw)}: modes={instead}") from e
-            notes = warm_modes(results, own or ranks) if cfg.whole_run else (
+            notes = warm_modes(results, own or ranks) + stopped_short(results, cfg.whole_run) if cfg.whole_run else (
                 slower_than_stock(results) + heavy_optimizer(results, cfg.extra.get("optimizer", "auto"))
                 + warm_modes(results, own or ranks))
             title = bench_title(cfg, results, about.get("gpus"))
