@@ -34,6 +34,18 @@ def test_values_are_typed_like_ultralytics():
     assert (cfg.data, cfg.imgsz, cfg.format, cfg.out) == ("x.yaml", 320, "jpeg", None)
 
 
+@pytest.mark.parametrize("command, key", [("doctor", "val_period=2"), ("bench", "pack_dir=/tmp/p"),
+                                          ("parity", "monitor=True")])
+def test_a_key_of_yolofeed_train_given_to_another_command_says_whose_it_is(command, key):
+    """``yolofeed doctor val_period=2`` said "Did you mean 'save_period'?", and bench's ``pack_dir=`` "'save_dir'?":
+    not a typo, a key of another command (found by a hostile pass)."""
+    with pytest.raises(ConfigError) as e:
+        build_config(command, ["model=yolo11n.yaml", "data=x.yaml", key])
+    name = key.split("=")[0]
+    assert str(e.value) == (f"'{name}' is a key of 'yolofeed train', not of 'yolofeed {command}'; "
+                            f"'yolofeed {command} help' lists its keys.")
+
+
 @pytest.mark.parametrize("args, words", [
     (["data=x.yaml", "imgsize=320"], ["imgsize", "Did you mean 'imgsz'"]),
     (["data=x.yaml", "imgsz=big"], ["imgsz=big: expected a whole number"]),

@@ -250,6 +250,25 @@ def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(synth_roo
     assert len(errors) == 1 and "No space left on device" in errors[0] and "verdict above" in errors[0]
 
 
+@pytest.mark.parametrize("extra, timed", [([], True), (["val=False"], False), (["val=True"], True)])
+def test_the_doctor_times_a_validation_only_where_the_run_validates(synth_root, tmp_path, monkeypatch, extra, timed):
+    """With ``val=False`` the doctor timed a validation anyway, and its validation rule then advised ``val=False``,
+    the run's own setting (found by a hostile pass): the pass is not timed, and the rule, which needs it, is silent."""
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    asked = []
+
+    def profiled(mode, *a, time_validation=False, **k):
+        asked.append((mode, time_validation))
+        return _fake_profile(mode)
+
+    monkeypatch.setattr(doctor, "profile", profiled)
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", f"data={synth_root / 'data.yaml'}", f"out={tmp_path / 'doc'}", "device=cpu", *extra]) == 0
+    assert asked == [("stock", timed), ("yolofeed", False)]
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="needs a chromium on PATH: apt-get install chromium (.ci/run does; see CONTRIBUTING.md)")
 def test_report_renders_in_headless_chromium(tmp_path):

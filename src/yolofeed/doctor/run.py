@@ -74,13 +74,15 @@ def run(cfg: DoctorConfig) -> list:
     env = environment()
     profiles = []
     progress = Progress(modes, cfg.steps, cfg.warmup)
+    # val=False: the run validates only its final weights, and the validation rule's advice would be its own setting
+    time_validation = cfg.time_validation and cfg.extra.get("val", True) is not False
     try:
         for k, mode in enumerate(modes):
             progress.write(f"yolofeed doctor: profiling {mode} ({k + 1}/{len(modes)}): {cfg.warmup} warm-up + "
-                           f"{cfg.steps} steps" + (" + one validation pass" if mode == "stock" and cfg.time_validation
+                           f"{cfg.steps} steps" + (" + one validation pass" if mode == "stock" and time_validation
                                                    else ""))
             p = profile(mode, trainer_class(mode, task), args, cfg.steps, cfg.warmup, window=max(1, cfg.steps // 5),
-                        time_validation=cfg.time_validation and mode == "stock", progress=progress)
+                        time_validation=time_validation and mode == "stock", progress=progress)
             profiles.append(p.to_dict())
     finally:
         progress.close()

@@ -391,8 +391,17 @@ def check_names(names: Iterable[str], own: Iterable[str] = (), command: str = "y
     Raises:
         ConfigError: an unknown key (one line, instead of Ultralytics' help text and traceback).
     """
+    import dataclasses
+
+    from yolofeed.config import TrainConfig
+
     valid = valid_names()
+    trains = {f.name for f in dataclasses.fields(TrainConfig)  # yolofeed train's own keys, as its help lists them
+              if not (f.metadata.get("passthrough") or f.metadata.get("internal"))}
     for name in names:
+        if name not in valid and name in trains and command != "yolofeed train":  # not a typo: the command's closest
+            raise ConfigError(f"'{name}' is a key of 'yolofeed train', not of '{command}'; "  # key would mislead
+                              f"'{command} help' lists its keys.")
         if name not in valid:
             near = difflib.get_close_matches(name, sorted(valid | set(own)), n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""
