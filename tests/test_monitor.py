@@ -351,8 +351,20 @@ def test_monitor_false_with_a_key_that_asks_for_the_monitor_is_refused(resumed):
         with pytest.raises(ConfigError, match=f"monitor=False and {named} ask for opposite things: drop "
                                               "monitor=False to run the monitor with"):
             monitor_options(cfg, given_keys(cfg), recorded)
-    cfg = build_config("train", ["model=yolo11n.yaml", "data=d.yaml", "monitor=False", "tensorboard=False"])
-    assert monitor_options(cfg, given_keys(cfg), recorded) is None
+    for less in (["tensorboard=False"], ["prometheus_port=None"], ["alert_util=60"]):  # at their defaults: no ask
+        cfg = build_config("train", ["model=yolo11n.yaml", "data=d.yaml", "monitor=False", *less])
+        assert monitor_options(cfg, given_keys(cfg), recorded) is None, less
+
+
+def test_a_monitor_switch_that_is_not_a_bool_is_refused():
+    """A config made in Python with ``monitor="False"`` turned the monitor on (a non-empty string is true)."""
+    from yolofeed.config import TrainConfig
+    from yolofeed.errors import ConfigError
+    from yolofeed.train.run import given_keys, monitor_options
+
+    cfg = TrainConfig(model="yolo11n.yaml", data="d.yaml", monitor="False")
+    with pytest.raises(ConfigError, match="monitor='False': expected True or False"):
+        monitor_options(cfg, given_keys(cfg), None)
 
 
 def test_yolofeed_train_attaches_the_monitor_with_its_keys(synth_root, monkeypatch):
@@ -507,7 +519,7 @@ def test_a_writer_thread_that_fails_at_once_prints_no_traceback():
     assert "outside any writer's making" in err and "the writer thread's own" not in err, err
 
 
-@pytest.mark.parametrize("target", ["gone", "file"])
+@pytest.mark.parametrize("target", ["gone", "file", "loop"])
 def test_a_link_at_the_tensorboard_folder_is_said_to_be_one(tmp_path, said, target):
     """A link planted at ``yolofeed_tb`` to nothing (or to a file) was said as "could not write ... (File exists)":
     the line now says it is a link, and to what. TensorBoard alone stops, as for any folder it cannot write."""
@@ -517,12 +529,14 @@ def test_a_link_at_the_tensorboard_folder_is_said_to_be_one(tmp_path, said, targ
     aim = tmp_path / target
     if target == "file":
         aim.write_text("not a folder")
+    if target == "loop":
+        aim.symlink_to(tmp_path / "yolofeed_tb")
     (tmp_path / "yolofeed_tb").symlink_to(aim)
     assert open_tensorboard(tmp_path / "yolofeed_tb") is None
     lines = [m for m in said if "no TensorBoard scalars" in m]
-    end = "not a folder" if target == "file" else "which is not there"
+    end = {"file": "not a folder", "gone": "which is not there", "loop": "a loop of links"}[target]
     assert len(lines) == 1 and f"could not write {tmp_path / 'yolofeed_tb'} (it is a link to {aim}, {end})" in lines[0]
-    assert not aim.is_dir()
+    assert not aim.is_dir() and "the monitor's other outputs go on" in lines[0]
 
 
 def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp_path, monkeypatch, said):
@@ -896,6 +910,13 @@ def test_a_switch_or_an_address_of_the_wrong_kind_is_refused_when_given(key, val
         attach(target, **{key: value, "prometheus_port": 0})
     with pytest.raises(ConfigError, match=expected):
         FastDetectionTrainer.with_options(monitor={key: value, "prometheus_port": 0})
+
+
+def test_numpy_switches_are_switches():
+    import numpy as np
+
+    cfg = MonitorConfig(tensorboard=np.False_)
+    assert cfg.tensorboard is False
 
 
 def test_attach_names_the_monitors_options_for_one_it_does_not_know():

@@ -10,6 +10,7 @@ TensorBoard folder that cannot be written or an error inside the monitor is logg
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import logging
 import math
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from yolofeed.errors import ConfigError
@@ -74,8 +76,9 @@ class MonitorConfig:
         for name in ("alert_util", "alert_wait", "alert_seconds", "summary_seconds", "publish_seconds"):
             if not number(getattr(self, name)):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: expected a number")
-        if not isinstance(self.tensorboard, bool):  # the string "False" would be True
+        if not isinstance(self.tensorboard, (bool, np.bool_)):  # the string "False" would be True
             raise ConfigError(f"tensorboard={self.tensorboard!r}: expected True or False")
+        object.__setattr__(self, "tensorboard", bool(self.tensorboard))  # frozen: numpy's made Python's
         if not isinstance(self.prometheus_addr, str):  # found at the bind, inside a callback: the monitor would go
             raise ConfigError(f"prometheus_addr={self.prometheus_addr!r}: expected a string, an address to bind, "
                               "e.g. '127.0.0.1' or '0.0.0.0'")
@@ -107,15 +110,20 @@ def options_from(cfg: Any) -> dict[str, Any] | None:
         ConfigError: ``prometheus_addr=`` without ``prometheus_port=`` (an address alone serves nothing).
     """
     given = {k: getattr(cfg, k) for k in TRAIN_KEYS}
-    default = MonitorConfig()
-    if given["prometheus_addr"] != default.prometheus_addr and given["prometheus_port"] is None:
+    if given["prometheus_addr"] != MonitorConfig.prometheus_addr and given["prometheus_port"] is None:
         raise ConfigError(f"prometheus_addr={given['prometheus_addr']} needs a port: add prometheus_port=9400 "
                           "(or 0 for any free port)")
-    wanted = [k for k in TRAIN_KEYS if k not in ("tensorboard", "prometheus_addr") and given[k] != getattr(default, k)]
-    if not cfg.monitor and not wanted:
+    if not cfg.monitor and not asking(cfg):
         return None
     MonitorConfig(**given)  # checks the values now, before the model is built
     return given
+
+
+def asking(cfg: Any) -> list[str]:
+    """The keys of ``yolofeed train``'s ``cfg`` that turn the monitor on: ``prometheus_port=`` or an alert or summary
+    key set away from its default (``tensorboard=False`` asks for less, and an address serves only with a port)."""
+    return [k for k in TRAIN_KEYS if k not in ("tensorboard", "prometheus_addr")
+            and getattr(cfg, k) != getattr(MonitorConfig, k)]
 
 
 class LowUtilAlert:
@@ -181,8 +189,13 @@ def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
 def tensorboard_failure(folder: Path, e: BaseException, what: str) -> str:
     said = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e).strip().splitlines()[0]
     if folder.is_symlink() and not folder.is_dir():  # "File exists" says nothing of a link
-        said = f"it is a link to {os.readlink(folder)}, {'not a folder' if folder.exists() else 'which is not there'}"
-    return (f"yolofeed monitor: {what}: could not write {folder} ({said}); Prometheus and the summary line go on. "
+        try:
+            os.stat(folder)
+            target = "not a folder"
+        except OSError as err:
+            target = "a loop of links" if err.errno == errno.ELOOP else "which is not there"
+        said = f"it is a link to {os.readlink(folder)}, {target}"
+    return (f"yolofeed monitor: {what}: could not write {folder} ({said}); the monitor's other outputs go on. "
             "Make it a folder you can write, on a disk with room, or train with tensorboard=False to silence this.")
 
 

@@ -224,12 +224,15 @@ def monitor_options(cfg: TrainConfig, given: set[str], recorded: dict | None) ->
 
     Raises:
         ConfigError: a monitor key's value is refused (``MonitorConfig``), or ``monitor=False`` is given with a key
-            that asks for the monitor (a port, an alert or summary key).
+            that turns the monitor on (``monitor.live.asking``: a port, an alert or summary key away from its
+            default).
     """
-    from yolofeed.monitor.live import TRAIN_KEYS, MonitorConfig, options_from
+    from yolofeed.monitor.live import TRAIN_KEYS, MonitorConfig, asking, options_from
 
-    if "monitor" in given and not cfg.monitor:
-        asked = [k for k in TRAIN_KEYS if k in given and k != "tensorboard"]  # tensorboard=False asks for less
+    if not isinstance(cfg.monitor, bool):  # a config made in Python: the string "False" would be True
+        raise ConfigError(f"monitor={cfg.monitor!r}: expected True or False")
+    if "monitor" in given and not cfg.monitor:  # typed on the command line (from Python, False is not told apart)
+        asked = asking(cfg)
         if asked:
             both = ", ".join(f"{k}={getattr(cfg, k)}" for k in asked)
             raise ConfigError(f"monitor=False and {both} ask for opposite things: drop monitor=False to run the "
