@@ -250,6 +250,22 @@ def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(synth_roo
     assert len(errors) == 1 and "No space left on device" in errors[0] and "verdict above" in errors[0]
 
 
+@pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
+def test_out_a_link_loop_is_one_line_before_any_run(synth_root, tmp_path, monkeypatch, capsys, command):
+    """``out=`` a loop of symbolic links was Python's RuntimeError "Symlink loop" with its traceback (found by a
+    reviewer), in doctor, bench and parity, whose out= is made by the same check."""
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert main([command, f"data={synth_root / 'data.yaml'}", f"out={tmp_path / 'a'}", "device=cpu"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and f"out={tmp_path / 'a'}: cannot resolve the path" in err[0], err
+    assert "pass out= a folder that is not a link loop" in err[0]
+
+
 @pytest.mark.parametrize("extra, timed", [([], True), (["val=False"], False), (["val=True"], True)])
 def test_the_doctor_times_a_validation_only_where_the_run_validates(synth_root, tmp_path, monkeypatch, extra, timed):
     """With ``val=False`` the doctor timed a validation anyway, and its validation rule then advised ``val=False``,

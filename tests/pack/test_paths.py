@@ -171,3 +171,19 @@ def test_rebuild_commands_name_out_as_an_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     command = paths.rebuild_command(str(tmp_path / "data.yaml"), 64, "raw", "sp")
     assert f"out={tmp_path / 'sp'}" in command and "out=sp " not in command
+
+
+def test_a_link_where_the_pack_folder_goes_is_said_to_be_one(dataset, tmp_path):
+    """A dangling link at each folder out= could take was said as "cannot write packs to ... (File exists)": the line
+    now says what is there (and the link's target is not made)."""
+    yaml_file = dataset / "data.yaml"
+    out = tmp_path / "out"
+    out.mkdir()
+    for folder in paths.pack_folders(yaml_file, 64, "raw", out=out):
+        folder.symlink_to(tmp_path / f"gone-{folder.name}")
+    first = paths.pack_folders(yaml_file, 64, "raw", out=out)[0]
+    with pytest.raises(PackError) as e:
+        open_or_build(yaml_file, "train", 64, out=out, rebuild="auto", progress=False)
+    assert (f"cannot write packs to {first} (it is a symbolic link to {tmp_path / ('gone-' + first.name)} (which does "
+            "not exist)); pass a writable folder") in str(e.value)
+    assert not list(tmp_path.glob("gone-*"))

@@ -110,7 +110,11 @@ def writable_folder(path: str, key: str = "out") -> Path:
     Raises:
         ConfigError: it cannot be made or written in (a file in the way, no permission, a read-only disk).
     """
-    folder = Path(path).expanduser().resolve()
+    try:
+        folder = Path(path).expanduser().resolve()
+    except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
+        raise ConfigError(f"{key}={path}: cannot resolve the path ({e}); pass {key}= a folder that is not a link loop"
+                          ) from None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from yolofeed.errors import PackError
-from yolofeed.pack import codecs
+from yolofeed.pack import codecs, files
 from yolofeed.pack.disk import current
 from yolofeed.pack.layout import HEADER_ERRORS, TASKS
 
@@ -132,8 +132,11 @@ def build_folder(folders: list[Path], split: str, chosen: bool, create: bool = T
             return folder
         errors.append(err)
     if chosen:
-        raise PackError(f"cannot write packs to {folders[0]} ({errors[0].strerror or errors[0]}); pass a writable "
-                        "folder: out= (yolofeed pack) or pack_dir= (yolofeed train)")
+        why = errors[0].strerror or errors[0]
+        if os.path.islink(folders[0]) and not os.path.isdir(folders[0]):  # "File exists" says nothing of a link
+            why = f"it is {files.describe(folders[0])}"
+        raise PackError(f"cannot write packs to {folders[0]} ({why}); pass a writable folder: out= (yolofeed pack) or "
+                        "pack_dir= (yolofeed train)")
     raise PackError(f"cannot write packs beside the data ({folders[0]}: {errors[0].strerror or errors[0]}) nor to "
                     f"{folders[-1]} ({errors[-1].strerror or errors[-1]}); pass a writable folder: out= (yolofeed "
                     "pack) or pack_dir= (yolofeed train)")
