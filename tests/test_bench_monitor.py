@@ -327,9 +327,16 @@ def test_the_modes_that_differ_in_validation_need_a_whole_run(synth_root, tmp_pa
     from yolofeed.cli import main
 
     assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", "steps=10",
-                 "modes=yolofeed,yolofeed_val_inline,yolofeed_val_waited"]) == 1
-    assert ("modes yolofeed_val_inline, yolofeed_val_waited differ from yolofeed in how they validate, and steps "
-            "without whole_run= never validate: add whole_run=10") in capsys.readouterr().err
+                 "modes=stock,yolofeed_val_inline,yolofeed_val_waited"]) == 1
+    assert ("modes yolofeed_val_inline, yolofeed_val_waited differ from yolofeed only in how epochs are validated, "
+            "and steps without whole_run= never validate: time them in whole runs that validate (whole_run=10, "
+            "without val=False), or bench modes=stock\n") in capsys.readouterr().err
+    # val=False: a whole run validates its last epoch alone, in place, whatever the mode
+    assert main(["bench", f"data={synth_root / 'data.yaml'}", "device=cpu", f"out={tmp_path}", "whole_run=2",
+                 "val=False", "modes=yolofeed_val_overlap"]) == 1
+    assert ("mode yolofeed_val_overlap differs from yolofeed only in how epochs are validated, and val=False "
+            "validates the last epoch alone, in place: time it in whole runs that validate (whole_run=10, without "
+            "val=False), or bench modes=yolofeed\n") in capsys.readouterr().err
     assert not (tmp_path / "bench.json").exists()
 
 
@@ -340,8 +347,8 @@ def test_a_whole_run_says_which_modes_stopped_short_of_its_epochs():
     two, three = [{"epoch": 1}, {"epoch": 2}], [{"epoch": 1}, {"epoch": 2}, {"epoch": 3}]
     assert stopped_short([{"mode": "stock", "epochs": three}, {"mode": "yolofeed", "epochs": three}], 3) == []
     said = stopped_short([{"mode": "stock", "epochs": three}, {"mode": "yolofeed", "epochs": two}], 3)
-    assert said == ["trained fewer than the 3 epochs asked (early stopping: patience=): yolofeed 2; their wall times "
-                    "are of shorter runs and compare nothing with the others'"]
+    assert said == ["yolofeed trained 2 of the 3 epochs asked (early stopping: patience=): its wall time is of a "
+                    "shorter run and compares with no other mode's"]
 
 
 @pytest.mark.parametrize("window", ["0", "-2"])

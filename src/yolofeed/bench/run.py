@@ -312,11 +312,9 @@ def warm_modes(results: list[dict], isolated: bool) -> list[str]:
 def stopped_short(results: list[dict], epochs: int) -> list[str]:
     """A sentence for the modes of a whole run that trained fewer than its ``epochs`` (Ultralytics' early stopping,
     ``patience=``): their wall times are of shorter runs than the title says."""
-    short = [f"{r['mode']} {len(r['epochs'])}" for r in results if len(r.get("epochs") or ()) < epochs]
-    if not short:
-        return []
-    return [f"trained fewer than the {epochs} epochs asked (early stopping: patience=): {', '.join(short)}; their "
-            "wall times are of shorter runs and compare nothing with the others'"]
+    return [f"{r['mode']} trained {len(r['epochs'])} of the {epochs} epochs asked (early stopping: patience=): its "
+            "wall time is of a shorter run and compares with no other mode's"
+            for r in results if len(r.get("epochs") or ()) < epochs]
 
 
 def heavy_optimizer(results: list[dict], asked: str = "auto", share: float = 0.25) -> list[str]:
@@ -425,9 +423,14 @@ def run(cfg: BenchConfig) -> dict:
                           "many hours, so modes of different speeds would train different numbers of epochs; "
                           "whole_run= is the run's length: give one of them")
     validated = [m for m in modes if m in WHOLE_RUN_ONLY]
-    if validated and not cfg.whole_run:
-        raise ConfigError(f"modes {', '.join(validated)} differ from yolofeed in how they validate, and steps without "
-                          "whole_run= never validate: add whole_run=10 to time them, or bench modes=yolofeed")
+    if validated and (not cfg.whole_run or cfg.extra.get("val") is False):
+        why = ("val=False validates the last epoch alone, in place" if cfg.whole_run
+               else "steps without whole_run= never validate")
+        rest = ",".join(m for m in modes if m not in WHOLE_RUN_ONLY) or "yolofeed"
+        raise ConfigError(f"{'modes' if len(validated) > 1 else 'mode'} {', '.join(validated)} "
+                          f"{'differ' if len(validated) > 1 else 'differs'} from yolofeed only in how epochs are "
+                          f"validated, and {why}: time {'them' if len(validated) > 1 else 'it'} in whole runs that "
+                          f"validate (whole_run=10, without val=False), or bench modes={rest}")
     from yolofeed.train.keys import check_device
     from yolofeed.train.run import check_model_and_data
 

@@ -156,7 +156,7 @@ def whole_run(mode: str, trainer_class: type, args: dict[str, Any], epochs: int,
               "epochs": records, "images": state.get("images"), "optimizer": state.get("optimizer", ""),
               "device": str(trainer.device), "batch": trainer.batch_size}  # AutoBatch's, where batch= asked for it
     if len(records) < epochs:
-        LOGGER.warning(f"yolofeed bench: {mode} trained {len(records)} of {epochs} epochs (early stopping, time=)")
+        LOGGER.warning(f"yolofeed bench: {mode} trained {len(records)} of {epochs} epochs (early stopping: patience=)")
     del trainer
     gc.collect()
     if torch.cuda.is_available():
