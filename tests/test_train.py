@@ -252,6 +252,34 @@ def test_val_period_with_val_false_is_said_to_change_nothing(monkeypatch, period
     assert lines == (expected if said else [])
 
 
+def test_val_overlap_without_a_validation_thread_is_said(monkeypatch):
+    """``val_overlap=True`` on the CPU (no validation thread to overlap in): one line, from the plan said once."""
+    from types import SimpleNamespace
+
+    import yolofeed.train.validating as validating
+    from yolofeed import FastDetectionTrainer
+
+    lines = []
+    monkeypatch.setattr(validating, "LOGGER", SimpleNamespace(info=lines.append))
+    cls = FastDetectionTrainer.with_options(val_overlap=True)
+    trainer = cls.__new__(cls)
+    trainer.args, trainer.device = SimpleNamespace(val=True), SimpleNamespace(type="cpu")
+    trainer._say_validation_plan()
+    assert lines == ["yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one CUDA "
+                     "GPU): each epoch is validated before the next starts"]
+
+
+def test_the_run_says_its_validation_plan_before_ultralytics_callbacks(synth_root, tmp_path):
+    """``_say_validation_plan`` is among the trainer's first callbacks at ``on_pretrain_routine_end``, which run last
+    to first as registered: the warm-up, the validation thread, the plan, the labels plot joined."""
+    from yolofeed import FastDetectionTrainer
+
+    t = FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": str(synth_root / "data.yaml"), "device": "cpu",
+                                        "project": str(tmp_path), "name": "plan"})
+    first = [getattr(fn, "__name__", "") for fn in t.callbacks["on_pretrain_routine_end"][:4]]
+    assert first == ["_warm_up", "_start_validation_thread", "_say_validation_plan", "_join_label_plots"]
+
+
 @pytest.mark.slow
 def test_cli_val_period_writes_nan_rows_and_keeps_the_best_validated_epoch(synth_root, runs):
     from yolofeed.cli import main

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.loader.labels import class_ids
 from yolofeed.pack.source import DATA_LIST
@@ -391,17 +392,13 @@ def check_names(names: Iterable[str], own: Iterable[str] = (), command: str = "y
     Raises:
         ConfigError: an unknown key (one line, instead of Ultralytics' help text and traceback).
     """
-    import dataclasses
-
-    from yolofeed.config import TrainConfig
-
     valid = valid_names()
-    trains = {f.name for f in dataclasses.fields(TrainConfig)  # yolofeed train's own keys, as its help lists them
-              if not (f.metadata.get("passthrough") or f.metadata.get("internal"))}
+    trains = {f.name for f in fields_of(TrainConfig) if not f.metadata.get("passthrough")}  # yolofeed train's own
     for name in names:
-        if name not in valid and name in trains and command != "yolofeed train":  # not a typo: the command's closest
-            raise ConfigError(f"'{name}' is a key of 'yolofeed train', not of '{command}'; "  # key would mislead
-                              f"'{command} help' lists its keys.")
+        # another command's key is no typo: the closest of this command's keys would mislead
+        if name not in valid and name in trains and command != "yolofeed train":
+            raise ConfigError(f"'{name}' is a key of 'yolofeed train', not of '{command}'; '{command} help' lists "
+                              "its keys.")
         if name not in valid:
             near = difflib.get_close_matches(name, sorted(valid | set(own)), n=1)
             hint = f" Did you mean '{near[0]}'?" if near else ""

@@ -203,8 +203,9 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
         self._label_stats: tuple[float, float, float] | None = None  # the training split's labels an image
         self._polygons_kept = False  # the training pack keeps polygons: the perspective moves them, under a bound
         self._polygon_bound = LabelBound()
-        # first at on_pretrain_routine_end, in this order: the labels plot is joined before any other callback runs
-        # (Ultralytics' loggers, a user's), which stock hands a finished labels.jpg and no plotting thread beside
+        # first at on_pretrain_routine_end, ahead of Ultralytics' loggers and a user's callbacks; each goes ahead of the
+        # one before, so they run last to first: the warm-up (the labels plot drawn beside it), ..., and the labels plot
+        # joined last, before any other callback runs, which stock hands a finished labels.jpg and no thread beside
         for fn in (type(self)._join_label_plots, type(self)._say_validation_plan, type(self)._start_validation_thread,
                    type(self)._warm_up):
             run_first(self, "on_pretrain_routine_end", fn)  # _warm_up: a subclass's own, if it has one
