@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -314,6 +315,19 @@ def test_runs_on_files_changed_since_are_not_kept(synth_root, tmp_path, monkeypa
     model.write_text(model.read_text() + "\n# edited\n")
     run(cfg)
     assert len(trained) == 4 and "other settings (the model's files)" in capsys.readouterr().out
+    # a cfg= file edited in place: its path, the key's value, is the same (found by an adversarial tester: the runs
+    # of lr0=0.05 were kept as runs of lr0=0.01)
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text("lr0: 0.05\n")
+    with_hyp = replace(cfg, extra={"cfg": str(hyp)})
+    run(with_hyp)
+    trained.clear()
+    run(with_hyp)
+    assert trained == []
+    hyp.write_text("lr0: 0.01\n")
+    capsys.readouterr()
+    run(with_hyp)
+    assert len(trained) == 4 and "other settings (the keys' files)" in capsys.readouterr().out
 
 
 def test_parity_writes_through_no_link_and_refuses_keys_that_move_its_runs(synth_root, tmp_path, monkeypatch):

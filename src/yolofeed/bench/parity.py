@@ -506,10 +506,10 @@ SAME_RUNS = ("data", "model", "epochs", "imgsz", "batch", "device", "pack_format
 
 def inputs_of(cfg: ParityConfig) -> dict[str, str]:
     """What the runs train on, as it is now: the dataset's files (the data yaml's bytes, and each train and val image
-    and label path with its size and mtime, as a pack's fingerprint and Ultralytics' label cache count them) and the
-    model's (a yaml's or a checkpoint's bytes; a name Ultralytics resolves, as given). An earlier comparison's runs are
-    kept only where these are the same (``finished_before``): labels fixed since, or an edited model yaml, train
-    again."""
+    and label path with its size and mtime, as a pack's fingerprint and Ultralytics' label cache count them), the
+    model's (a yaml's or a checkpoint's bytes; a name Ultralytics resolves, as given) and those of the files training
+    keys name (``cfg=``, ``pretrained=``). An earlier comparison's runs are kept only where these are the same
+    (``finished_before``): labels fixed since, an edited model yaml or cfg file, train again."""
     import hashlib
 
     from yolofeed.errors import DatasetError
@@ -531,7 +531,12 @@ def inputs_of(cfg: ParityConfig) -> dict[str, str]:
         except (DatasetError, OSError) as e:  # a split the runs refuse themselves, each in its log
             data.update(f"{split}: {type(e).__name__}".encode())
     model = Path(cfg.model)
-    return {"dataset's": data.hexdigest(), "model's": digest(model) if model.is_file() else str(cfg.model)}
+    inputs = {"dataset's": data.hexdigest(), "model's": digest(model) if model.is_file() else str(cfg.model)}
+    # a training key naming a file (cfg=, pretrained=): its bytes, which an edit in place changes under the same path
+    named = sorted((k, v) for k, v in (cfg.extra or {}).items() if isinstance(v, str) and Path(v).is_file())
+    if named:
+        inputs["keys'"] = hashlib.sha256(" ".join(f"{k}={digest(Path(v))}" for k, v in named).encode()).hexdigest()
+    return inputs
 
 
 def no_links(out: Path, jobs: list[Job]) -> None:
@@ -620,7 +625,7 @@ def finished_before(cfg: ParityConfig, out: Path, inputs: dict) -> list[Job]:
         if not isinstance(report.get("inputs"), dict):
             changed.append("no record of the files it trained on (an older yolofeed's report)")
         elif report["inputs"] != inputs:
-            changed += [f"the {what} files" for what in ("dataset's", "model's")
+            changed += [f"the {what} files" for what in ("dataset's", "model's", "keys'")
                         if report["inputs"].get(what) != inputs.get(what)] or ["the dataset's or the model's files"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # not a report of this yolofeed's
         print(f"parity: {path} is not a report this yolofeed can read ({type(e).__name__}: {e}); no run of it is "
