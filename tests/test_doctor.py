@@ -251,6 +251,25 @@ def test_the_verdict_is_printed_even_when_the_report_cannot_be_written(synth_roo
 
 
 @pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
+def test_a_key_yolofeed_refuses_is_one_line_before_stocks_runs(synth_root, tmp_path, monkeypatch, capsys, command):
+    """``rect=True`` (which yolofeed train refuses) let parity train every stock run, then fail each yolofeed run with
+    the reason in its log alone and exit 0; bench and doctor ran stock first (found by an adversarial run)."""
+    import subprocess
+
+    import yolofeed.bench.run as bench
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking the keys"))
+    monkeypatch.setattr(bench, "run_isolated", lambda *a, **k: pytest.fail("benched before checking the keys"))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a run started before checking the keys"))
+    assert main([command, f"data={synth_root / 'data.yaml'}", f"out={tmp_path / 'o'}", "device=cpu",
+                 "rect=True"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "rect=True: rectangular training batches are not supported" in err[0], err
+
+
+@pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
 def test_out_a_link_loop_is_one_line_before_any_run(synth_root, tmp_path, monkeypatch, capsys, command):
     """``out=`` a loop of symbolic links was Python's RuntimeError "Symlink loop" with its traceback (found by a
     reviewer), in doctor, bench and parity, whose out= is made by the same check."""

@@ -380,6 +380,7 @@ def run(cfg: ParityConfig) -> Summary:
     from yolofeed.train.run import check_model_and_data
 
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # as yolofeed train: before any run
+    keys.check({**cfg.extra, "model": cfg.model, "data": cfg.data})  # what yolofeed's side refuses (rect=True...)
     from yolofeed.doctor.report import writable_folder
     from yolofeed.pack.lock import FolderLock
 

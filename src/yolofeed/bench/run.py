@@ -431,12 +431,15 @@ def run(cfg: BenchConfig) -> dict:
                           f"{'differ' if len(validated) > 1 else 'differs'} from yolofeed only in how epochs are "
                           f"validated, and {why}: time {'them' if len(validated) > 1 else 'it'} in whole runs that "
                           f"validate (whole_run=10, without val=False), or bench modes={rest}")
+    from yolofeed.train import keys
     from yolofeed.train.keys import check_device
     from yolofeed.train.run import check_model_and_data
 
     # as yolofeed train checks it: one line, before any mode runs (stock alone may profile Apple's devices)
     device = check_device(cfg.extra.get("device"), ours=any(m != "stock" for m in modes))
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these: not in a mode's traceback
+    if any(m != "stock" for m in modes):  # what yolofeed's modes refuse (rect=True...): not after stock's run
+        keys.check({**cfg.extra, "model": cfg.model, "data": cfg.data})
     out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
     about = {"command": command_line("bench", cfg), **environment()}

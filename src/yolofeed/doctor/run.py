@@ -9,6 +9,7 @@ from yolofeed.errors import ConfigError
 from yolofeed.measure.profile import profile
 from yolofeed.measure.progress import Progress
 from yolofeed.monitor.system import environment
+from yolofeed.train import keys
 from yolofeed.train.keys import check_device, model_task, refuse_run_folder_keys
 from yolofeed.train.run import check_model_and_data
 
@@ -64,6 +65,8 @@ def run(cfg: DoctorConfig) -> list:
     refuse_run_folder_keys(cfg.extra, "yolofeed doctor")
     check_device(cfg.extra.get("device"), ours=cfg.yolofeed)  # as yolofeed train checks it, before any profiling
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these, before out= is made
+    if cfg.yolofeed:  # what yolofeed's side refuses (rect=True...): not after stock's profile
+        keys.check({**cfg.extra, "model": cfg.model, "data": cfg.data})
     task = model_task(cfg.model, None)
     out = report.writable_folder(cfg.out)
     runs = out / "runs"  # each mode's Ultralytics run folder (args.yaml, TensorBoard events when enabled)
