@@ -634,3 +634,29 @@ def test_out_a_file_or_a_folder_another_parity_holds_is_one_line_before_any_run(
     err = capsys.readouterr().err
     assert f"out={tmp_path / 'busy'}: another yolofeed parity writes in {tmp_path / 'busy'} (" in err
     assert "wait for it to end, or choose another out=" in err and not (tmp_path / "busy" / "runs").exists()
+
+
+def test_no_verdict_because_runs_failed_is_an_error(synth_root, tmp_path, monkeypatch, capsys):
+    """Every yolofeed run failed: the table, then one error line naming the failed runs and the first's log, exit 1
+    (it printed 'no verdict' and exited 0, as a comparison that had simply ended; found by an adversarial run). A run
+    failed among enough finished ones still gives its verdict."""
+    from yolofeed.bench import parity
+    from yolofeed.cli import main
+
+    trained: list[str] = []
+    _fake_runs(monkeypatch, trained)
+    launch = parity._launch
+
+    def failing(job, spec):
+        proc = launch(job, spec)
+        return subprocess.Popen(["false"]) if job.side == "yolofeed" or job.name == "stock-seed2" else proc
+
+    monkeypatch.setattr(parity, "_launch", failing)
+    args = ["parity", f"data={synth_root / 'data.yaml'}", "epochs=2", "imgsz=64", "batch=8", "device=cpu"]
+    assert main([*args, "seeds=2", f"out={tmp_path / 'a'}"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert err == [f"yolofeed parity: error: no verdict: 2 of 4 runs failed (yolofeed-seed0, yolofeed-seed1); the "
+                   f"first's log says why: {tmp_path / 'a' / 'logs' / 'yolofeed-seed0.log'}"]
+    monkeypatch.setattr(parity, "_launch", lambda job, spec: failing(job, spec) if job.side == "stock" else
+                        launch(job, spec))
+    assert main([*args, "seeds=3", f"out={tmp_path / 'b'}"]) == 0  # stock-seed2 failed: 2 a side still finished

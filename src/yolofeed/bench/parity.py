@@ -497,6 +497,10 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         kept = (f"; {out / 'parity.json'} holds the first {held} of {len(jobs)} runs, no verdict of them all"
                 if 0 < held < len(jobs) else "")
         raise not_written("out", cfg.out, out, unwritten, "the verdict", kept)
+    failed = [j for j in jobs if not j.ok]
+    if s.passed is None and failed:  # a verdict the failed runs cost: an error, not a comparison that ended
+        raise YolofeedError(f"no verdict: {len(failed)} of {len(jobs)} runs failed ({', '.join(j.name for j in failed)}"
+                            f"); the first's log says why: {failed[0].log}")
     return s
 
 
