@@ -269,6 +269,29 @@ def test_a_key_yolofeed_refuses_is_one_line_before_stocks_runs(synth_root, tmp_p
     assert len(err) == 1 and "rect=True: rectangular training batches are not supported" in err[0], err
 
 
+@pytest.mark.parametrize("command, name", [("doctor", "report.html"), ("bench", "bench.json"), ("bench", "bench.png"),
+                                           ("parity", "parity.json")])
+def test_a_folder_where_a_report_goes_is_one_line_before_any_run(synth_root, tmp_path, monkeypatch, capsys, command,
+                                                                 name):
+    """A folder at parity.json's (or bench.json's) name was found after every run: the report and the figure lost,
+    and the error named an internal temporary file (found by an adversarial run)."""
+    import subprocess
+
+    import yolofeed.bench.run as bench
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(doctor, "profile", lambda *a, **k: pytest.fail("profiled before checking out="))
+    monkeypatch.setattr(bench, "run_isolated", lambda *a, **k: pytest.fail("benched before checking out="))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a run started before checking out="))
+    out = tmp_path / "o"
+    (out / name).mkdir(parents=True)
+    assert main([command, f"data={synth_root / 'data.yaml'}", f"out={out}", "device=cpu"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert err == [f"yolofeed {command}: error: out={out}: {out / name} is a folder where the report {name} goes; "
+                   "move it away, or pass another out="]
+
+
 @pytest.mark.parametrize("command", ["doctor", "bench", "parity"])
 def test_out_a_link_loop_is_one_line_before_any_run(synth_root, tmp_path, monkeypatch, capsys, command):
     """``out=`` a loop of symbolic links was Python's RuntimeError "Symlink loop" with its traceback (found by a

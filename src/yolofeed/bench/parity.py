@@ -384,7 +384,8 @@ def run(cfg: ParityConfig) -> Summary:
     from yolofeed.doctor.report import writable_folder
     from yolofeed.pack.lock import FolderLock
 
-    out = writable_folder(cfg.out)  # before any run: a file in the way or no permission is one line
+    # before any run: a file in the way, no permission or a folder at a report's name is one line
+    out = writable_folder(cfg.out, reports=("parity.json", "parity.png"))
     lock = FolderLock(out)
     if not lock.try_acquire():  # two comparisons in one folder mix their runs' rows and report each other's
         holder = lock.holder()

@@ -440,7 +440,8 @@ def run(cfg: BenchConfig) -> dict:
     check_model_and_data(cfg.model, cfg.data, cfg.extra.get("split") or "val")  # and these: not in a mode's traceback
     if any(m != "stock" for m in modes):  # what yolofeed's modes refuse (rect=True...): not after stock's run
         keys.check({**cfg.extra, "model": cfg.model, "data": cfg.data})
-    out = writable_folder(cfg.out)  # before any training: a bad out= fails in a second, not after the modes
+    # before any training: a bad out= fails in a second, not after the modes
+    out = writable_folder(cfg.out, reports=("bench.json", "bench.png"))
     # each mode's own warm-up is in bench.json: stock's is raised to its loader's queue (measure/profile.py)
     about = {"command": command_line("bench", cfg), **environment()}
     results: list[dict] = []

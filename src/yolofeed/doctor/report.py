@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import html
 import io
 import json
+import os
 import shlex
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -99,16 +102,24 @@ def breakdown_png(profiles: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
+FILES = ("report.json", "report.html", "timeline.png", "breakdown.png")  # what ``write`` puts in the folder
+
+
 def _img(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{path.stem}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
 
-def writable_folder(path: str, key: str = "out") -> Path:
+def writable_folder(path: str, key: str = "out", reports: tuple[str, ...] = ()) -> Path:
     """``path`` as a folder this process can write in, made if missing: checked before minutes of profiling.
 
+    Args:
+        reports: the files the command writes there at its end (replaced whole, by a rename): a folder at one of those
+            names would refuse that rename after every run.
+
     Raises:
-        ConfigError: it cannot be made or written in (a file in the way, no permission, a read-only disk).
+        ConfigError: it cannot be made or written in (a file in the way, no permission, a read-only disk), or a
+            report's name is a folder.
     """
     try:
         folder = Path(path).expanduser().resolve()
@@ -122,6 +133,11 @@ def writable_folder(path: str, key: str = "out") -> Path:
     except OSError as e:
         raise ConfigError(f"{key}={path}: cannot write in {folder} ({e.strerror or e}); pass {key}= a folder "
                           "you can write in") from None
+    for name in reports:
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(folder / name).st_mode):
+                raise ConfigError(f"{key}={path}: {folder / name} is a folder where the report {name} goes; move it "
+                                  f"away, or pass another {key}=")
     return folder
 
 

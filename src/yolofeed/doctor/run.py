@@ -68,7 +68,7 @@ def run(cfg: DoctorConfig) -> list:
     if cfg.yolofeed:  # what yolofeed's side refuses (rect=True...): not after stock's profile
         keys.check({**cfg.extra, "model": cfg.model, "data": cfg.data})
     task = model_task(cfg.model, None)
-    out = report.writable_folder(cfg.out)
+    out = report.writable_folder(cfg.out, reports=report.FILES)
     runs = out / "runs"  # each mode's Ultralytics run folder (args.yaml, TensorBoard events when enabled)
     args = {"model": cfg.model, "data": cfg.data, "imgsz": cfg.imgsz, "batch": cfg.batch, "workers": cfg.workers,
             "project": str(runs), **cfg.extra}
