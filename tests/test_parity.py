@@ -360,7 +360,9 @@ def test_parity_writes_through_no_link_and_refuses_keys_that_move_its_runs(synth
     with pytest.raises(ConfigError, match=r"logs is a file where yolofeed parity keeps its runs' logs"):
         run(cfg)
     (out / "logs").unlink()
-    for extra, words in (({"exist_ok": False}, "exist_ok= are set by yolofeed parity itself"),
+    for extra, words in (({"exist_ok": False}, "exist_ok= is set by yolofeed parity itself for each run$"),
+                         ({"seed": 5}, "seed= is set by yolofeed parity itself for each run; use its own seeds= and "
+                                       "first_seed="),
                          ({"resume": True}, "resume=True: yolofeed parity trains each run from scratch")):
         with pytest.raises(ConfigError, match=words):
             run(ParityConfig(**{**cfg.__dict__, "extra": extra}))

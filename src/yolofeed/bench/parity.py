@@ -364,9 +364,13 @@ def run(cfg: ParityConfig) -> Summary:
     # exist_ok=False would send a run to <name>-2, beside the folder parity reads its results from
     reserved = {"trainer", "model", "data", "seed", "device", "project", "name", "exist_ok", "epochs", "imgsz",
                 "batch"}
-    clash = reserved & set(cfg.extra)
+    clash = sorted(reserved & set(cfg.extra))
     if clash:
-        raise ConfigError(f"{', '.join(sorted(clash))}= are set by yolofeed parity itself; use its own keys")
+        own = {"seed": "seeds= and first_seed=", "device": "device=", "epochs": "epochs=", "imgsz": "imgsz=",
+               "batch": "batch=", "model": "model=", "data": "data="}
+        instead = [own[k] for k in clash if k in own]
+        raise ConfigError(f"{', '.join(f'{k}=' for k in clash)} {'is' if len(clash) == 1 else 'are'} set by yolofeed "
+                          "parity itself for each run" + (f"; use its own {', '.join(instead)}" if instead else ""))
     from dataclasses import fields
 
     from yolofeed.train import keys
