@@ -232,10 +232,22 @@ def test_val_period_validates_every_nth_epoch_the_last_and_where_early_stopping_
         FastDetectionTrainer.with_options(val_period=0)
 
 
-@pytest.mark.parametrize("period, val, said", [(2, False, True), (2, True, False), (1, False, False)])
-def test_val_period_with_val_false_is_said_to_change_nothing(monkeypatch, period, val, said):
+PERIOD_SAID = ("yolofeed: val_period=2 changes nothing with val=False, which validates the last epoch alone, as yolo "
+               "train does")
+OVERLAP_SAID = ("yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one CUDA GPU): "
+                "each epoch is validated before the next starts")
+
+
+@pytest.mark.parametrize("options, val, said", [
+    ({"val_period": 2}, False, [PERIOD_SAID]),
+    ({"val_period": 2}, True, []),
+    ({"val_period": 1}, False, []),
+    ({"val_overlap": True}, True, [OVERLAP_SAID]),  # on the CPU: no validation thread to overlap in
+])
+def test_the_validation_plan_says_what_the_run_cannot_follow(monkeypatch, options, val, said):
     """``val=False val_period=2`` validated the last epoch alone, as stock's val=False, without a word of the
-    val_period given (found by a hostile pass): one line says so, once, before the first epoch."""
+    val_period given (found by a hostile pass): one line says so, once, before the first epoch, as for val_overlap
+    without a validation thread."""
     from types import SimpleNamespace
 
     import yolofeed.train.validating as validating
@@ -243,30 +255,11 @@ def test_val_period_with_val_false_is_said_to_change_nothing(monkeypatch, period
 
     lines = []
     monkeypatch.setattr(validating, "LOGGER", SimpleNamespace(info=lines.append))
-    cls = FastDetectionTrainer.with_options(val_period=period)
+    cls = FastDetectionTrainer.with_options(**options)
     trainer = cls.__new__(cls)
     trainer.args, trainer.device = SimpleNamespace(val=val), SimpleNamespace(type="cpu")
     trainer._say_validation_plan()
-    expected = [f"yolofeed: val_period={period} changes nothing with val=False, which validates the last epoch alone, "
-                "as yolo train does"]
-    assert lines == (expected if said else [])
-
-
-def test_val_overlap_without_a_validation_thread_is_said(monkeypatch):
-    """``val_overlap=True`` on the CPU (no validation thread to overlap in): one line, from the plan said once."""
-    from types import SimpleNamespace
-
-    import yolofeed.train.validating as validating
-    from yolofeed import FastDetectionTrainer
-
-    lines = []
-    monkeypatch.setattr(validating, "LOGGER", SimpleNamespace(info=lines.append))
-    cls = FastDetectionTrainer.with_options(val_overlap=True)
-    trainer = cls.__new__(cls)
-    trainer.args, trainer.device = SimpleNamespace(val=True), SimpleNamespace(type="cpu")
-    trainer._say_validation_plan()
-    assert lines == ["yolofeed: val_overlap needs validations in a thread of their own (validate_beside, on one CUDA "
-                     "GPU): each epoch is validated before the next starts"]
+    assert lines == said
 
 
 def test_the_run_says_its_validation_plan_before_ultralytics_callbacks(synth_root, tmp_path):
