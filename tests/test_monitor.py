@@ -534,8 +534,9 @@ def test_a_link_at_the_tensorboard_folder_is_said_to_be_one(tmp_path, said, targ
     (tmp_path / "yolofeed_tb").symlink_to(aim)
     assert open_tensorboard(tmp_path / "yolofeed_tb") is None
     lines = [m for m in said if "no TensorBoard scalars" in m]
-    end = {"file": "not a folder", "gone": "which is not there", "loop": "a loop of links"}[target]
-    assert len(lines) == 1 and f"could not write {tmp_path / 'yolofeed_tb'} (it is a link to {aim}, {end})" in lines[0]
+    end = {"file": "a regular file", "gone": "which does not exist", "loop": "a link loop"}[target]
+    assert len(lines) == 1 and f"could not write {tmp_path / 'yolofeed_tb'} (it is a symbolic link to {aim} ({end}))" \
+        in lines[0]
     assert not aim.is_dir() and "the monitor's other outputs go on" in lines[0]
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
+import os
+import stat
 from collections.abc import Callable, Iterator
 
 
@@ -120,3 +123,38 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     """``e`` said in one line for a warning: its type and its message's first line (torch's CUDA and cuDNN errors run
     to several, with a C++ stack), at most ``limit`` characters of it."""
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"
+
+
+def kind(mode: int) -> str:
+    """What a file of ``st_mode`` is, in words: "a folder", "a FIFO (named pipe)", ..."""
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return words
+    return "a special file"
+
+
+def describe(path: str | os.PathLike) -> str:
+    """What is at ``path``, without following it: "a symbolic link to /dev/zero (a character device)", "a folder"."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if not stat.S_ISLNK(st.st_mode):
+        links = f" with {st.st_nlink} hard links (other names share its bytes)" if (
+            stat.S_ISREG(st.st_mode) and st.st_nlink > 1) else ""
+        return kind(st.st_mode) + links
+    try:
+        to = os.readlink(path)
+    except OSError:
+        to = "?"
+    try:
+        target = kind(os.stat(path).st_mode)
+    except FileNotFoundError:
+        target = "which does not exist"
+    except OSError as e:
+        target = "a link loop" if e.errno == errno.ELOOP else f"unreadable: {e.strerror or e}"
+    return f"a symbolic link to {to} ({target})"

@@ -10,12 +10,10 @@ TensorBoard folder that cannot be written or an error inside the monitor is logg
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import logging
 import math
 import numbers
-import os
 import sys
 import threading
 import time
@@ -28,7 +26,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from yolofeed.errors import ConfigError
+from yolofeed.errors import ConfigError, describe
 from yolofeed.monitor.exporter import Collector, Endpoint, exposed_warning, serve
 from yolofeed.monitor.steps import PHASES, StepClock, images_in_step
 from yolofeed.monitor.system import SystemSampler
@@ -189,12 +187,7 @@ def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
 def tensorboard_failure(folder: Path, e: BaseException, what: str) -> str:
     said = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e).strip().splitlines()[0]
     if folder.is_symlink() and not folder.is_dir():  # "File exists" says nothing of a link
-        try:
-            os.stat(folder)
-            target = "not a folder"
-        except OSError as err:
-            target = "a loop of links" if err.errno == errno.ELOOP else "which is not there"
-        said = f"it is a link to {os.readlink(folder)}, {target}"
+        said = f"it is {describe(folder)}"
     return (f"yolofeed monitor: {what}: could not write {folder} ({said}); the monitor's other outputs go on. "
             "Make it a folder you can write, on a disk with room, or train with tensorboard=False to silence this.")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from yolofeed.errors import describe
 from yolofeed.pack import files
 from yolofeed.pack.files import TMP_MARK
 from yolofeed.pack.layout import PREAMBLE, SUFFIX
@@ -170,7 +171,7 @@ class Disk:
             if other in _SAID_ALONE:  # said once a process: each split's build looks at the same folder
                 continue
             _SAID_ALONE.add(other)
-            LOGGER.info(f"pack: left {other} alone ({files.describe(other)}): it is named as a yolofeed temporary "
+            LOGGER.info(f"pack: left {other} alone ({describe(other)}): it is named as a yolofeed temporary "
                         "file, but yolofeed did not write it (an older yolofeed did, or another program); delete it "
                         "yourself if nothing needs it")
 

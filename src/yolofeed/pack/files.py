@@ -22,7 +22,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from yolofeed.errors import PackError
+from yolofeed.errors import PackError, describe
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows, where links need privileges to make
 NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO opened without it blocks until a writer comes
@@ -32,41 +32,6 @@ ELSEWHERE = "give yolofeed another folder: out= (yolofeed pack) or pack_dir= (yo
 # errors of an open that say what is at the path (the path itself, not the disk or the folder)
 WHAT_IS_THERE = {errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EMLINK, errno.EACCES, errno.EPERM,
                  getattr(errno, "EFTYPE", errno.ELOOP)}
-
-
-def kind(mode: int) -> str:
-    """What a file of ``st_mode`` is, in words: "a folder", "a FIFO (named pipe)", ..."""
-    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
-                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return words
-    return "a special file"
-
-
-def describe(path: str | os.PathLike) -> str:
-    """What is at ``path``, without following it: "a symbolic link to /dev/zero (a character device)", "a folder"."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return "missing"
-    except OSError as e:
-        return f"unreadable ({e.strerror or e})"
-    if not stat.S_ISLNK(st.st_mode):
-        links = f" with {st.st_nlink} hard links (other names share its bytes)" if (
-            stat.S_ISREG(st.st_mode) and st.st_nlink > 1) else ""
-        return kind(st.st_mode) + links
-    try:
-        to = os.readlink(path)
-    except OSError:
-        to = "?"
-    try:
-        target = kind(os.stat(path).st_mode)
-    except FileNotFoundError:
-        target = "which does not exist"
-    except OSError as e:
-        target = "a link loop" if e.errno == errno.ELOOP else f"unreadable: {e.strerror or e}"
-    return f"a symbolic link to {to} ({target})"
 
 
 def owner(st: os.stat_result) -> str:

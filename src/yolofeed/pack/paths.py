@@ -16,8 +16,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from yolofeed.errors import PackError
-from yolofeed.pack import codecs, files
+from yolofeed.errors import PackError, describe
+from yolofeed.pack import codecs
 from yolofeed.pack.disk import current
 from yolofeed.pack.layout import HEADER_ERRORS, TASKS
 
@@ -134,7 +134,7 @@ def build_folder(folders: list[Path], split: str, chosen: bool, create: bool = T
     if chosen:
         why = errors[0].strerror or errors[0]
         if os.path.islink(folders[0]) and not os.path.isdir(folders[0]):  # "File exists" says nothing of a link
-            why = f"it is {files.describe(folders[0])}"
+            why = f"it is {describe(folders[0])}"
         raise PackError(f"cannot write packs to {folders[0]} ({why}); pass a writable folder: out= (yolofeed pack) or "
                         "pack_dir= (yolofeed train)")
     raise PackError(f"cannot write packs beside the data ({folders[0]}: {errors[0].strerror or errors[0]}) nor to "

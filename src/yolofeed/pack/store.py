@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from yolofeed import __version__
-from yolofeed.errors import ForeignPackError, NewerPackError, PackError, StalePackError
+from yolofeed.errors import ForeignPackError, NewerPackError, PackError, StalePackError, describe
 from yolofeed.pack import codecs, files
 from yolofeed.pack.layout import (
     ALIGN,
@@ -87,17 +87,17 @@ class _ReadFile:
             fd = os.open(path, os.O_RDONLY | files.NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
         except FileNotFoundError:
             if os.path.islink(path):
-                raise PackError(f"{path} is {files.describe(path)}: point the link at a pack or remove it, then "
+                raise PackError(f"{path} is {describe(path)}: point the link at a pack or remove it, then "
                                 f"{fix}") from None
             raise PackError(f"pack {path} does not exist; {fix}") from None
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise files.denied(path, e, "read", "a pack") from None
-            raise PackError(f"cannot open {path} ({e.strerror or e}): it is {files.describe(path)}; move it away, "
+            raise PackError(f"cannot open {path} ({e.strerror or e}): it is {describe(path)}; move it away, "
                             f"then {fix}") from None
         file = cls(fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO opened without blocking, a device, a folder
-            raise PackError(f"{path} is not a regular file but {files.describe(path)}: a pack is a file that yolofeed "
+            raise PackError(f"{path} is not a regular file but {describe(path)}: a pack is a file that yolofeed "
                             f"pack writes; move it away, then {fix}")
         return file
 
