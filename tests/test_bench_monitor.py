@@ -644,6 +644,17 @@ def test_the_title_says_where_it_was_measured(monkeypatch):
     assert ", on " not in bench_title(BenchConfig(), [{"batch": 16}])
 
 
+def test_the_title_names_the_ultralytics_keys_given():
+    """A chart of a bench on half the set, or without validation, says so (``bench.json`` recorded the keys, the
+    title and the chart did not); the device is named once, at the end, by its GPU's name."""
+    from yolofeed.bench.run import bench_title
+    from yolofeed.config import BenchConfig
+
+    title = bench_title(BenchConfig(extra={"fraction": 0.5, "val": False, "device": "cpu"}), [{"device": "cpu"}])
+    assert title.endswith(", fraction=0.5, val=False, on cpu")
+    assert "device=" not in title
+
+
 def test_an_optimiser_step_that_outweighs_the_loaders_is_said_with_its_share():
     from yolofeed.bench.run import heavy_optimizer
 

@@ -162,6 +162,16 @@ def test_a_plot_of_one_epoch_shows_its_points(tmp_path, monkeypatch):
     assert all(len(line.get_xdata()) == 1 and line.get_marker() not in (None, "", "None") for line in lines)
 
 
+def test_the_title_names_the_training_keys_given():
+    """A chart of a MuSGD comparison says MuSGD (the title named model, set, epochs, imgsz and batch only)."""
+    from yolofeed.bench.parity import parity_title
+    from yolofeed.config import ParityConfig
+
+    title = parity_title(ParityConfig(data="/sets/steel/data.yaml", epochs=30, imgsz=320, batch=64,
+                                      extra={"optimizer": "MuSGD", "cos_lr": True}))
+    assert title == "yolo11n.yaml on data.yaml: 30 epochs, imgsz 320, batch 64, optimizer=MuSGD, cos_lr=True"
+
+
 def test_devices_and_slots():
     assert devices_of("0,1") == ["0", "1"] and devices_of("cpu") == ["cpu"] and devices_of("cuda:1") == ["1"]
     with pytest.raises(ConfigError, match="device=gpu"):

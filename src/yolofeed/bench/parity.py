@@ -296,6 +296,13 @@ def table(jobs: list[Job], s: Summary) -> str:
     return "\n".join(lines)
 
 
+def parity_title(cfg: ParityConfig) -> str:
+    """What was compared: model, set, epochs, imgsz, batch, and the training keys given (``optimizer=MuSGD``; all but
+    ``device=``, which places the runs and does not change them)."""
+    return (f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, "
+            f"batch {cfg.batch}" + "".join(f", {k}={v}" for k, v in cfg.extra.items() if k != "device"))
+
+
 def plot(jobs: list[Job], path: Path, title: str) -> None:
     """mAP50-95 by epoch and the training losses, each side's mean with a +- sd band."""
     import matplotlib
@@ -426,8 +433,7 @@ def _compare(cfg: ParityConfig, out: Path) -> Summary:
         print(f"parity: {a_side} seed a side gives no verdict (a verdict needs 2 or more: seeds=2); training it all "
               f"the same: more seeds join it later, with out={cfg.out} first_seed={cfg.first_seed + cfg.seeds}",
               flush=True)
-    title = (f"{Path(cfg.model).name} on {Path(cfg.data).name}: {cfg.epochs} epochs, imgsz {cfg.imgsz}, "
-             f"batch {cfg.batch}")
+    title = parity_title(cfg)
 
     def spec(job: Job) -> dict:
         args = {"data": str(Path(cfg.data).resolve()), "epochs": cfg.epochs, "imgsz": cfg.imgsz, "batch": cfg.batch,

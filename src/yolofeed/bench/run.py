@@ -362,8 +362,9 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 
 
 def bench_title(cfg: BenchConfig, results: list[dict], gpus: list[str] | None = None) -> str:
-    """What was measured: model, batch, imgsz, steps or epochs, the step's switches, and where (the device each mode
-    trained on: a CUDA one by its GPU's name, from ``gpus``, NVML's names by index). ``batch=`` below 1 (AutoBatch:
+    """What was measured: model, batch, imgsz, steps or epochs, the step's switches, the Ultralytics keys given
+    (``fraction=0.5``, ``val=False``; all but ``device=``), and where (the device each mode trained on: a CUDA one by
+    its GPU's name, from ``gpus``, NVML's names by index). ``batch=`` below 1 (AutoBatch:
     a share of the GPU's memory, or 16 on the CPU) is shown with the batch each mode trained at."""
     batch = f"batch {cfg.batch}"
     if not (isinstance(cfg.batch, int) and cfg.batch >= 1):
@@ -372,6 +373,7 @@ def bench_title(cfg: BenchConfig, results: list[dict], gpus: list[str] | None = 
     title = f"{cfg.model}, {batch}, imgsz {cfg.imgsz}, " + (
         f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up")
     title += "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not its default
+    title += "".join(f", {k}={v}" for k, v in cfg.extra.items() if k != "device")
     devices = list(dict.fromkeys(_device_name(str(r["device"]), gpus or []) for r in results if r.get("device")))
     return title + (f", on {' / '.join(devices)}" if devices else "")
 
