@@ -120,6 +120,27 @@ def test_a_worker_that_does_not_end_on_sigterm_is_killed_not_waited_for(monkeypa
                 p.kill()
 
 
+def _stuck() -> None:
+    time.sleep(3600)  # a finalizer's unmap on a file system that stopped answering
+
+
+def test_a_finalizer_that_never_returns_is_stopped_not_waited_for(monkeypatch):
+    """``close`` joined the workers without a bound: a finalizer stuck on a hung file system hung the build's end
+    after every result was in. They are stopped ``CLOSE_WAIT_S`` after they were told to end."""
+    from yolofeed.pack import workers
+
+    monkeypatch.setattr(workers, "CLOSE_WAIT_S", 0.5)
+    pool = Workers(2, _nothing, (), _stuck)
+    try:
+        assert sorted(pool.imap(_square, iter([[1], [2], [3]]), lambda: None)) == [1, 4, 9]
+        _within(BOUND, pool.close)
+        assert all(p.exitcode is not None for p in pool.processes)
+    finally:
+        for p in pool.processes:
+            if p.is_alive():
+                p.kill()
+
+
 def _sigterm_myself(*_: object) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # a stop's SIGTERM, come before the worker set its own handler
 

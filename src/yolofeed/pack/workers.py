@@ -28,6 +28,8 @@ POLL_S = 0.5  # the longest wait before ``check`` runs: see ``processes.signals_
 # How long ``stop`` waits for a worker it sent SIGTERM before it kills it: one that does not end on SIGTERM (an
 # initializer's handler, say) would hang the build's join.
 STOP_WAIT_S = 5.0
+# How long ``close`` waits for the workers to run their finalizers and exit before it stops them.
+CLOSE_WAIT_S = 10.0
 # The signals a worker holds from its fork until ``_serve`` has set its own handlers. A worker forked a moment before
 # a stop would otherwise run the parent's handler, which fork copies: one that defers the signal
 # (``processes.signals_deferred``) let it live on, waiting for a job that never came, and the join hung the build (a
@@ -173,11 +175,19 @@ class Workers:
         raise WorkerDied(exit_codes(self.processes) or "no exit status")
 
     def close(self) -> None:
-        """End the workers after their current chunk (the normal end of a build)."""
+        """End the workers after their current chunk (the normal end of a build): each runs its finalizer and exits.
+        One still there ``CLOSE_WAIT_S`` later (a finalizer stuck on a hung file system) is stopped as ``stop`` stops
+        it: every result it wrote is already in the parent's hands or in the shared file's pages."""
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.send(None)
-        self._finish()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if any(p.exitcode is None for p in self.processes):
+            self.stop()
+        else:
+            self._finish()
 
     def stop(self) -> None:
         """End the workers now, mid-chunk (SIGTERM; their own handler is the default, which ends them), and kill those
