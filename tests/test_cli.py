@@ -34,6 +34,15 @@ def test_values_are_typed_like_ultralytics():
     assert (cfg.data, cfg.imgsz, cfg.format, cfg.out) == ("x.yaml", 320, "jpeg", None)
 
 
+def test_a_key_typed_twice_takes_its_last_value_as_ultralytics_cli():
+    """``yolo train epochs=3 epochs=6`` trains 6 epochs; ``yolofeed doctor steps=-1 steps=6`` refused the -1 it would
+    not use. The last value counts, of yolofeed's keys and of Ultralytics'; a bad last value is still refused."""
+    cfg = build_config("doctor", ["data=x.yaml", "steps=-1", "steps=6", "lr0=x", "lr0=0.02"])
+    assert cfg.steps == 6 and cfg.extra == {"lr0": 0.02}
+    with pytest.raises(ConfigError, match="steps=-1"):
+        build_config("doctor", ["data=x.yaml", "steps=6", "steps=-1"])
+
+
 @pytest.mark.parametrize("command, key", [("doctor", "val_period=2"), ("bench", "pack_dir=/tmp/p"),
                                           ("parity", "monitor=True")])
 def test_a_key_of_yolofeed_train_given_to_another_command_says_whose_it_is(command, key):

@@ -133,7 +133,8 @@ def build_config(command: str, args: list[str]) -> typing.Any:
     """Parse ``key=value`` words into the command's config dataclass.
 
     Keys the command does not own go to Ultralytics (``passthrough``): read with Ultralytics' own parser and
-    checked against its keys and types here, so a typo is one line. A bare word sets a bool key to True.
+    checked against its keys and types here, so a typo is one line. A bare word sets a bool key to True. A key typed
+    twice takes its last value, unchecked before it, as Ultralytics' CLI does.
 
     Raises:
         ConfigError: an argument is not ``key=value``, the key is unknown, the value has the wrong
@@ -144,9 +145,11 @@ def build_config(command: str, args: list[str]) -> typing.Any:
     passthrough = next((f.name for f in fields_of(spec.config) if f.metadata.get("passthrough")), None)
     values: dict[str, typing.Any] = {}
     extra: dict[str, typing.Any] = {}
-    for word in args:
-        name, eq, text = word.partition("=")
-        name = name.strip().lstrip("-").replace("-", "_")
+    names = [word.partition("=")[0].strip().lstrip("-").replace("-", "_") for word in args]
+    for k, word in enumerate(args):
+        name, eq, text = names[k], *word.partition("=")[1:]
+        if name in names[k + 1:]:  # a key typed twice: the last one counts, as in Ultralytics' CLI
+            continue
         if not eq:
             bare = _bare_word(name, fields, passthrough)
             if bare is None:
