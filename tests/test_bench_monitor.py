@@ -627,6 +627,15 @@ def test_the_title_names_the_batch_autobatch_picked():
     assert ", batch=-1 (AutoBatch: 96/112), " in bench_title(BenchConfig(batch=-1), [{"batch": 96}, {"batch": 112}])
 
 
+def test_a_batch_larger_than_the_set_is_titled_with_the_batch_trained():
+    """Ultralytics' loader trains a set of 40 images at batch=128 a step of 40; the title said "batch 128"."""
+    from yolofeed.bench.run import bench_title
+    from yolofeed.config import BenchConfig
+
+    assert ", batch 128 (the set's 40 images a step), " in bench_title(BenchConfig(batch=128), [{"images": 40}])
+    assert ", batch 32, " in bench_title(BenchConfig(batch=32), [{"images": 40}, {"images": None}])
+
+
 def test_the_title_says_where_it_was_measured(monkeypatch):
     """A chart shared alone says its device: the CPU, or the GPU by name (found by a first-hour tester: a CPU bench's
     chart did not say so)."""

@@ -424,6 +424,18 @@ def test_workers_the_run_did_not_use_are_said_with_the_reason(synth_root, tmp_pa
     assert ", workers 0, device cpu" in capsys.readouterr().out  # as asked: nothing to explain
 
 
+def test_a_batch_larger_than_the_set_is_said_with_the_batch_trained(synth_root, tmp_path, monkeypatch, capsys):
+    """Ultralytics' loader trains a set of 24 images at batch=32 a step of 24; the summary said "batch 32"."""
+    import dataclasses
+
+    import yolofeed.doctor.run as doctor
+    from yolofeed.cli import main
+
+    monkeypatch.setattr(doctor, "profile", lambda mode, *a, **k: dataclasses.replace(_fake_profile(mode), batch=32))
+    assert main(["doctor", f"data={synth_root / 'data.yaml'}", f"out={tmp_path / 'doc'}", "device=cpu"]) == 0
+    assert ", batch 32 (the set's 24 images a step), " in capsys.readouterr().out
+
+
 def test_a_model_whose_task_the_data_cannot_train_is_one_line_in_doctor_bench_and_parity(synth_root, obb_root,
                                                                                         tmp_path, monkeypatch,
                                                                                         capsys):

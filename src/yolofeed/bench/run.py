@@ -79,7 +79,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
             "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer",
             "forward_gflops", "peak_tflops", "train_tflops", "mfu", "batch")
-    return {k: getattr(p, k) for k in keys}
+    return {k: getattr(p, k) for k in keys} | {"images": p.n_train}
 
 
 _SAID = (YolofeedError, KeyboardInterrupt, SystemExit)  # raised as they are: the CLI says them in a line, or exits
@@ -365,11 +365,15 @@ def bench_title(cfg: BenchConfig, results: list[dict], gpus: list[str] | None = 
     """What was measured: model, batch, imgsz, steps or epochs, the step's switches, the Ultralytics keys given
     (``fraction=0.5``, ``val=False``; all but ``device=``), and where (the device each mode trained on: a CUDA one by
     its GPU's name, from ``gpus``, NVML's names by index). ``batch=`` below 1 (AutoBatch:
-    a share of the GPU's memory, or 16 on the CPU) is shown with the batch each mode trained at."""
+    a share of the GPU's memory, or 16 on the CPU) is shown with the batch each mode trained at, and a batch larger
+    than the training set with the set's size, which Ultralytics' loader trains at instead."""
     batch = f"batch {cfg.batch}"
     if not (isinstance(cfg.batch, int) and cfg.batch >= 1):
         used = list(dict.fromkeys(str(r.get("batch")) for r in results if r.get("batch") is not None))
         batch = f"batch={cfg.batch} (AutoBatch: {'/'.join(used) or '?'})"
+    images = min((r["images"] for r in results if r.get("images")), default=None)
+    if isinstance(cfg.batch, int) and images is not None and images < cfg.batch:  # Ultralytics' batch: at most the set
+        batch += f" (the set's {images} images a step)"
     title = f"{cfg.model}, {batch}, imgsz {cfg.imgsz}, " + (
         f"whole runs of {cfg.whole_run} epochs" if cfg.whole_run else f"{cfg.steps} steps after {cfg.warmup}+ warm-up")
     title += "".join(f", {k}={v}" for k, v in _switches(cfg).items())  # yolofeed's step, not its default

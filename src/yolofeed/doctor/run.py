@@ -92,7 +92,9 @@ def run(cfg: DoctorConfig) -> list:
     by_mode = {p["mode"]: p for p in profiles}
     verdicts = diagnose(facts_from(by_mode["stock"], by_mode.get("yolofeed"), bool(cfg.extra.get("amp", True)),
                                    task))
-    summary = (f"{cfg.model} on {cfg.data}, batch {profiles[0]['batch']}, imgsz {cfg.imgsz}, "
+    batch, images = profiles[0]["batch"], profiles[0]["n_train"]
+    batch_said = f"{batch} (the set's {images} images a step)" if images < batch else batch  # Ultralytics' loader
+    summary = (f"{cfg.model} on {cfg.data}, batch {batch_said}, imgsz {cfg.imgsz}, "
                f"workers {workers_said(cfg.workers, profiles[0])}, device {profiles[0]['device']}, {cfg.steps} steps "
                f"after {profiles[0]['warmup']}")
     failed = None
