@@ -33,7 +33,7 @@ CLOSE_WAIT_S = 10.0
 # The signals a worker holds from its fork until ``_serve`` has set its own handlers. A worker forked a moment before
 # a stop would otherwise run the parent's handler, which fork copies: one that defers the signal
 # (``processes.signals_deferred``) let it live on, waiting for a job that never came, and the join hung the build (a
-# full disk found by the first chunk, under load: found by CI). Held, the signal waits and then ends it.
+# stop at the first chunk: a full disk). Held, the signal waits and then ends it.
 HELD = {signal.SIGINT, signal.SIGTERM}
 
 
