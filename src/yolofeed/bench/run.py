@@ -364,9 +364,9 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 def bench_title(cfg: BenchConfig, results: list[dict], gpus: list[str] | None = None) -> str:
     """What was measured: model, batch, imgsz, steps or epochs, the step's switches, the Ultralytics keys given
     (``fraction=0.5``, ``val=False``; all but ``device=``), and where (the device each mode trained on: a CUDA one by
-    its GPU's name, from ``gpus``, NVML's names by index). ``batch=`` below 1 (AutoBatch:
-    a share of the GPU's memory, or 16 on the CPU) is shown with the batch each mode trained at, and a batch larger
-    than the training set with the set's size, which Ultralytics' loader trains at instead."""
+    its GPU's name, from ``gpus``, NVML's names by index). ``batch=`` below 1 (AutoBatch: a share of the GPU's memory,
+    or 16 on the CPU) is shown with the batch each mode trained at, and a batch larger than the training set with the
+    set's size, which Ultralytics' loader trains at instead."""
     batch = f"batch {cfg.batch}"
     if not (isinstance(cfg.batch, int) and cfg.batch >= 1):
         used = list(dict.fromkeys(str(r.get("batch")) for r in results if r.get("batch") is not None))
