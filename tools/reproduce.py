@@ -375,7 +375,11 @@ SECTIONS = {s.name: s for s in (
         "python3 -m tools.parity_merge docs/parity/yolo11n-halves-bce-seeds0-3.json "
         "docs/parity/yolo11n-halves-bce-seeds4-7.json --plot $OUT/parity-yolo11n-halves-bce.png",
         "python3 -m tools.parity_merge docs/parity/yolo11n-musgd-every-seeds0-3.json "
-        "docs/parity/yolo11n-musgd-every-seeds8-11.json --plot $OUT/parity-yolo11n-musgd-every.png")),
+        "docs/parity/yolo11n-musgd-every-seeds8-11.json --plot $OUT/parity-yolo11n-musgd-every.png",
+        "python3 -m tools.parity_merge docs/parity/yolo11n-current-seeds0-3.json "
+        "docs/parity/yolo11n-current-seeds4-7.json --plot $OUT/parity-yolo11n-current.png",
+        "python3 -m tools.parity_merge docs/parity/yolo11n-musgd-current-seeds0-3.json "
+        "docs/parity/yolo11n-musgd-current-seeds4-7.json --plot $OUT/parity-yolo11n-musgd-current.png")),
     Section("parity-graphed", "Training quality", "nvidia-h200", 1, 9, (
         "DEVICES=0 SEEDS11=4 PAR11=8 CORES11=0-15 SEEDS26=0 N_TRAIN=1500 EPOCHS=30 LIMIT=490 NO_SMOKE=1 NO_GPU_TESTS=1 "
         "bash tools/device/parity.sh",)),
