@@ -176,6 +176,60 @@ def test_other_tasks_are_refused_before_the_model_is_built(synth_root, tmp_path,
            "model=yolo11n-seg.yaml" in line and "drop task=" in line
 
 
+def test_every_ultralytics_model_yaml_of_another_family_is_told_by_its_head():
+    """RT-DETR, YOLO-World and YOLOE (their own losses, text embeddings or decoder): told by the head each yaml builds,
+    for every model yaml Ultralytics ships; none of YOLO's is."""
+    import ultralytics
+
+    from yolofeed.train.keys import model_family
+    from yolofeed.ultralytics_seam import yaml_model_load
+
+    yamls = sorted((Path(ultralytics.__file__).parent / "cfg" / "models").rglob("*.yaml"))
+    assert len(yamls) > 50
+    for path in yamls:
+        stem = path.stem.lower()
+        expected = ("RT-DETR" if "rtdetr" in stem else "YOLO-World" if "world" in stem else
+                    "YOLOE" if "yoloe" in stem else None)
+        family = model_family(str(path))
+        assert (family and family[0]) == expected, (path, family)
+        if expected is None:  # the same answer from the dict and from a name's yaml
+            assert model_family(yaml_model_load(str(path))) is None
+
+
+@pytest.mark.parametrize("command", ["train", "doctor", "bench", "parity"])
+def test_models_of_another_family_are_one_line_before_anything_is_made(command, synth_root, tmp_path, capsys):
+    """yolofeed train ended in two tracebacks (Ultralytics' "'YOLO' model does not support '_new' mode for 'None'
+    task" for an RT-DETR yaml; after the pack and the run folder, a missing ``guide`` for YOLO-World); the doctor's
+    stock mode built a DetectionTrainer for it. Now one line naming the family and stock's way, nothing made: for a
+    yaml, for weights whose head is of the family whatever their name, and for a name to download (offline here)."""
+    from ultralytics import YOLO
+
+    world = tmp_path / "mine.pt"
+    torch.save({"model": YOLO("yolov8n-worldv2.yaml").model.half(), "train_args": {}}, world)
+    out = tmp_path / "out"
+    for model, family, trains in (("rtdetr-l.yaml", "an RT-DETR", "RTDETR"), ("yoloe-11s-seg.yaml", "a YOLOE", "YOLOE"),
+                                  (str(world), "a YOLO-World", "YOLOWorld"), ("rtdetr-x.pt", "an RT-DETR", "RTDETR")):
+        where = [f"project={out}"] if command == "train" else [f"out={out}"]
+        line = _one_line(capsys, [command, f"model={model}", f"data={synth_root / 'data.yaml'}", *TINY[:4], *where])
+        assert f"model={model} is {family} model, which yolofeed does not train" in line, line
+        assert f"{trains}(...).train() without trainer=" in line, line
+        assert not out.exists()
+    assert not Path("rtdetr-x.pt").exists()  # nothing downloaded (nor tried: offline, a download is a line of its own)
+    line = _one_line(capsys, ["train", f"resume={world}", f"project={out}"])
+    assert "is a YOLO-World model" in line and not out.exists()
+
+
+def test_the_python_api_refuses_another_family_before_the_run_folder(synth_root, tmp_path):
+    """``RTDETR(...).train(trainer=FastDetectionTrainer)`` built the pack and the run folder, then failed in a traceback
+    (``'RTDETRDecoder' object has no attribute 'stride'``): yolofeed's loss is YOLO's."""
+    from ultralytics import RTDETR
+
+    with pytest.raises(ConfigError, match="is an RT-DETR model, which yolofeed does not train"):
+        RTDETR("rtdetr-l.yaml").train(trainer=FastDetectionTrainer, data=str(synth_root / "data.yaml"), imgsz=64,
+                                      epochs=1, batch=8, device="cpu", workers=0, project=str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
+
+
 def test_cfg_file_is_read_as_yolo_train_reads_it(synth_root, tmp_path, capsys, monkeypatch):
     """Its keys fill what the command line leaves out, model= and data= included; a missing file is one line."""
     assert "cfg=/nope/cfg.yaml: file not found" in _one_line(capsys, ["train", "cfg=/nope/cfg.yaml"])

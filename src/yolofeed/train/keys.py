@@ -19,6 +19,7 @@ what is not supported, why, and what to do instead.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,6 +277,7 @@ def check(args: Any, carried: tuple[str, ...] = tuple(TRAINED)) -> None:
         ConfigError: a refused value; its message says why and what to do.
     """
     model, asked = value_of(args, "model"), value_of(args, "task")
+    refuse_other_family(model)
     task, own = model_task(model, asked), model_task(model, None)
     if own != "detect" and own != task:  # the model's head is of another task than the one asked (a trainer's own)
         task = own
@@ -365,14 +367,69 @@ def model_task(model: Any, task: str | None) -> str:
 def _weights_task(path: str) -> str | None:
     """The task of the model in a weights file, as Ultralytics reads it (its training arguments', else its head's), or
     None where the file does not read (the trainer reports that one with the fix)."""
-    from yolofeed.ultralytics_seam import guess_model_task, torch_safe_load
+    return _weights_summary(path)[0]
+
+
+def _weights_summary(path: str) -> tuple[str | None, tuple[str, str] | None]:
+    """A weights file's task (``_weights_task``) and model family (``model_family``), from one read of it while the
+    file is unchanged: the checks before a run ask both, more than once, and each read unpickles the whole model."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None, None
+    return _read_weights_summary(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_weights_summary(path: str, mtime_ns: int, size: int) -> tuple[str | None, tuple[str, str] | None]:
+    from yolofeed.ultralytics_seam import guess_model_task, other_family, torch_safe_load
 
     try:
         ckpt, _ = torch_safe_load(path)
+        model = ckpt.get("ema") or ckpt.get("model")
         task = (ckpt.get("train_args") or {}).get("task")
-        return task if isinstance(task, str) else guess_model_task(ckpt.get("ema") or ckpt.get("model"))
+        return (task if isinstance(task, str) else guess_model_task(model)), other_family(model)
     except Exception:  # damaged or foreign: train.run.check_checkpoint says so in one line
-        return None
+        return None, None
+
+
+def model_family(model: Any) -> tuple[str, str] | None:
+    """The family of a model yolofeed does not train (``seam.other_family``: RT-DETR, YOLO-World, YOLOE), as (its
+    words, the Ultralytics class that trains it), told by the model's head: a yaml's, a weights file's, a built
+    model's; for a name not on this machine (a download), by Ultralytics' own rule on the name (its command line's
+    "rtdetr", ``YOLO()``'s "-world" and "yoloe"). None for any other model, or one that does not read (the run's
+    checks say so in one line)."""
+    from yolofeed.ultralytics_seam import other_family, yaml_model_load
+
+    if not isinstance(model, (str, Path)):
+        return other_family(getattr(model, "model", model))  # a YOLO() object, or its nn.Module
+    path = str(model)
+    if path.lower().endswith((".yaml", ".yml")):
+        try:
+            return other_family(yaml_model_load(path))
+        except Exception:  # missing or not a model's yaml: reported with the fix where the model is loaded
+            return None
+    if Path(path).is_file():
+        return _weights_summary(path)[1] if path.lower().endswith(".pt") else None
+    stem = Path(path).stem.lower()
+    return next(((words, trains) for tag, words, trains in (("rtdetr", "RT-DETR", "RTDETR"),
+                                                            ("-world", "YOLO-World", "YOLOWorld"),
+                                                            ("yoloe", "YOLOE", "YOLOE")) if tag in stem), None)
+
+
+def refuse_other_family(model: Any) -> None:
+    """Raise where the model is of a family yolofeed does not train (``model_family``), before anything is built.
+
+    Raises:
+        ConfigError: one line naming the family and stock Ultralytics' way to train it.
+    """
+    if (family := model_family(model)) is None:
+        return
+    words, trains = family
+    name = model if isinstance(model, (str, Path)) else type(model).__name__
+    raise ConfigError(f"model={name} is {'an' if words[:1] in 'AEIOUR' else 'a'} {words} model, which yolofeed does "
+                      "not train (it trains YOLO detection, segmentation, pose and oriented-box models): train it "
+                      f"with stock Ultralytics, yolo train model={name} ... or {trains}(...).train() without trainer=")
 
 
 def valid_names() -> set[str]:

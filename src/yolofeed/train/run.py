@@ -262,13 +262,15 @@ def check_model_and_data(model: str, data: str, split: str = "val") -> None:
     (``seam.fetch_weights``): a failed download is one line before any run.
 
     Raises:
-        ConfigError: the model is missing, not a model, does not load, or is not a detection model.
+        ConfigError: the model is missing, not a model, does not load, is of a family yolofeed does not train
+            (RT-DETR, YOLO-World, YOLOE), or of a task it does not train.
         DatasetError: the data yaml is missing or unusable (Ultralytics' reason).
     """
     from yolofeed.train.checks import check_data_yaml, check_task_data
     from yolofeed.ultralytics_seam import fetch_weights
 
     weights = check_model_file(model)
+    keys.refuse_other_family(model)  # before a download of its weights
     if weights is not None and not Path(weights).exists():
         try:  # as yolofeed train's load_model: a download that fails is one line, before any mode or run starts
             fetch_weights(weights)

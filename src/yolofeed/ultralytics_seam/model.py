@@ -17,6 +17,10 @@ from yolofeed.ultralytics_seam.names import (
     DetectionModel,
     E2EDetectLoss,
     E2ELoss,
+    RTDETRDecoder,
+    WorldDetect,
+    YOLOEDetect,
+    _tasks_module,
     get_flops,
     torch_safe_load,
     unwrap_model,
@@ -55,6 +59,33 @@ def layer_inputs(model: Any) -> dict[int, list[torch.nn.Module]]:
             if j + f >= 0 or f >= 0:
                 takers[j + f if f < 0 else f].append(m)
     return takers
+
+
+# The model families Ultralytics builds beside YOLO's that yolofeed's trainers do not train (their own losses, text
+# embeddings or decoder), each told by its head: the head's class, their words, the Ultralytics class that trains them
+OTHER_FAMILIES = ((RTDETRDecoder, "RT-DETR", "RTDETR"), (WorldDetect, "YOLO-World", "YOLOWorld"),
+                  (YOLOEDetect, "YOLOE", "YOLOE"))
+
+
+def other_family(model: Any) -> tuple[str, str] | None:
+    """The family of a model yolofeed does not train, as (its words, the Ultralytics class that trains it), or None.
+
+    Args:
+        model: a built model (its last layer is the head) or a model yaml's dict (its last head row's module name,
+            looked up among ``ultralytics.nn.tasks``' names as ``parse_model`` looks it up).
+    """
+    if isinstance(model, dict):
+        rows = model.get("head")
+        row = rows[-1] if isinstance(rows, list) and rows else None
+        name = row[2] if isinstance(row, (list, tuple)) and len(row) > 2 else None
+        head = getattr(_tasks_module, name, None) if isinstance(name, str) else None
+    else:
+        layers = getattr(unwrap_model(model), "model", None) if isinstance(model, torch.nn.Module) else None
+        head = type(layers[-1]) if isinstance(layers, torch.nn.Sequential) and len(layers) else None
+    for base, words, trains in OTHER_FAMILIES:
+        if isinstance(head, type) and issubclass(head, base):
+            return words, trains
+    return None
 
 
 def loader_stride(model: Any) -> int:

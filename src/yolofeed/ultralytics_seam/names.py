@@ -14,6 +14,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
     import ultralytics.models.yolo.detect.train as _detect_train_module  # figures: the train_batch grids it draws
     import ultralytics.models.yolo.detect.val as _detect_val_module  # figures: the image grids it draws
     import ultralytics.models.yolo.obb.val as _obb_val_module  # figures: the image grids it draws
+    import ultralytics.nn.tasks as _tasks_module  # model.other_family: a yaml's modules, as parse_model finds them
     import ultralytics.utils.metrics as _metrics_module  # figures: the final validation's figures, drawn elsewhere
     import ultralytics.utils.nms as _nms_module  # train.val_nms: the validation's NMS, copied
     import ultralytics.utils.tqdm as _tqdm  # progress_bar_drawn (read at call time: tests patch it)
@@ -52,7 +53,12 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         C3k2,  # a C2f with C2f's forward (HalvesC3k2 subclasses it)
     )
     from ultralytics.nn.modules.conv import Concat, Conv  # train.graphed: FusedConv subclasses Conv
-    from ultralytics.nn.modules.head import Detect  # train.graphed: TokenMajorDetect subclasses it
+    from ultralytics.nn.modules.head import (
+        Detect,  # train.graphed: TokenMajorDetect subclasses it
+        RTDETRDecoder,  # model.other_family: the heads of the model families yolofeed does not train
+        WorldDetect,
+        YOLOEDetect,
+    )
     from ultralytics.nn.tasks import (  # train.keys: a model's task
         DetectionModel,
         guess_model_task,
@@ -137,9 +143,12 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "AutoBackend", "BboxLoss", "C2f", "C3k2", "Concat", "Conv", "DATASET_KEY_TYPES", "DATASETS_DIR", "DEFAULT_CFG",
     "DEFAULT_CFG_DICT", "Detect", "DetectionModel", "DetectionTrainer", "DetectionValidator", "E2EDetectLoss",
     "E2ELoss", "EarlyStopping", "GITHUB_ASSETS_NAMES", "IMG_FORMATS", "KeypointLoss", "LOCAL_RANK", "LOGGER", "MuSGD",
-    "OBBTrainer", "PoseTrainer", "RANK", "REMOTE_FILE_PREFIXES", "RotatedBboxLoss", "RotatedTaskAlignedAssigner",
+    "OBBTrainer", "PoseTrainer", "RANK", "REMOTE_FILE_PREFIXES", "RTDETRDecoder", "RotatedBboxLoss",
+    "RotatedTaskAlignedAssigner",
     "SETTINGS",
-    "SegmentationTrainer", "TaskAlignedAssigner", "VERBOSE", "YAML", "YOLO", "YOLODataset", "attempt_download_asset",
+    "SegmentationTrainer", "TaskAlignedAssigner", "VERBOSE", "WorldDetect", "YAML", "YOLO", "YOLODataset",
+    "YOLOEDetect",
+    "attempt_download_asset",
     "bbox2dist", "bbox_iou", "ConfusionMatrix",
     "check_cfg", "check_class_names", "check_det_dataset", "check_file", "check_imgsz", "check_model_file_from_stem",
     "check_yaml", "crop_mask",
@@ -150,6 +159,6 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "unwrap_model", "v8DetectionLoss", "v8OBBLoss", "v8PoseLoss", "v8SegmentationLoss", "xywh2xyxy", "xywhr2xyxyxyxy",
     "xyxy2xywh", "xyxyxyxy2xywhr", "yaml_model_load", "zeropower_via_newtonschulz5",
     "_data_utils", "_detect_train_module", "_detect_val_module", "_metrics_module", "_nms_module",
-    "_obb_val_module", "_muon", "_tqdm",
+    "_obb_val_module", "_muon", "_tasks_module", "_tqdm",
     "_validator_module",
 ]
