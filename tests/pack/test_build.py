@@ -61,6 +61,19 @@ def test_no_usable_image_is_a_clear_error(dataset):
     assert f"(first: {first})" in str(e.value), str(e.value)  # a reason that names no file: its first file
 
 
+def test_pixel_coordinates_in_every_label_file_are_one_reason_counted_once(dataset):
+    """Labels in pixels (a common export mistake): each file's reason quoted its own path and values, so the error
+    listed "1x" three times and left the rest unsaid; now one line counts them all."""
+    labels = sorted((dataset / "labels" / "val").glob("*.txt"))
+    for lb in labels:
+        lb.write_text("".join(f"{r.split()[0]} {' '.join(str(float(v) * 160) for v in r.split()[1:])}\n"
+                              for r in lb.read_text().splitlines() if r.strip()))
+    with pytest.raises(DatasetError) as e:
+        _build160(dataset, split="val")
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"  {len(labels)}x, the first: {labels[0]} has coordinates above 1")
+
+
 def test_no_usable_image_in_a_list_read_from_the_current_folder_says_where_it_looked(dataset, monkeypatch, tmp_path):
     """A .txt list of paths relative to the dataset, read from another folder: every image 'not found', and nothing
     said which file or why; now the first file and Ultralytics' rule (lines without ./ from the current folder)."""

@@ -304,6 +304,21 @@ def test_a_reused_packs_reminder_names_three_reasons_and_counts_the_rest(dataset
     assert said.count("x ") >= 3 and "; and 2 more); full list: " in said, said
 
 
+def test_a_reused_packs_reminder_counts_one_mistake_in_many_files_once(dataset, caplog):
+    """Class ids beyond the yaml's names in every label file: the reminder said "1x ...; 1x ...; 1x ...; and 16 more";
+    now one reason with its count."""
+    labels = sorted((dataset / "labels" / "train").glob("*.txt"))[:5]
+    for i, lb in enumerate(labels):
+        lb.write_text(f"{400 + i} 0.5 0.5 0.2 0.2\n")
+    _build(dataset)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _build(dataset)
+    said = next(r.getMessage() for r in caplog.records if "skipped when it was built" in r.getMessage())
+    assert f"(5x, the first: {labels[0]} uses class 400 but the data yaml has nc=" in said, said
+    assert "more" not in said, said
+
+
 def test_a_refused_packs_message_said_before_its_rebuild_drops_the_command():
     from yolofeed.pack.rebuild import without_fix
 

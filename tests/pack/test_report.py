@@ -85,3 +85,22 @@ def test_the_summary_names_the_report_only_where_it_was_written(dataset, tmp_pat
     said = capsys.readouterr().out + caplog.text
     assert f"full list: in the pack's header ({report} is not its report: not written)" in said
     assert f"full list: {report}\n" not in said and victim.read_bytes() == VICTIM
+
+
+def test_one_mistake_in_many_label_files_is_one_reason_with_its_count():
+    """The reasons name their label file and quote its values, so every file was a reason of its own: "1x a.txt uses
+    class 3 ...; 1x b.txt uses class 2 ...; and 16 more". Counted by kind, without the paths and the values quoted."""
+    from yolofeed.pack.report import commonest_reasons, reason_kind
+
+    skipped = [(f"/d/images/train/{i}.jpg", f"/d/labels/train/{i}.txt uses class {c} but the data yaml has nc=2 "
+                f"(classes 0-1); fix the label") for i, c in ((0, 3), (1, 2), (2, 7))]
+    skipped += [(f"/d/images/train/{i}.jpg", f"/d/labels/train/{i}.txt has coordinates above 1 ({i}.5, 4{i}.25): "
+                 "YOLO labels are normalised") for i in (3, 4)]
+    skipped += [(f"/d/images/train/{i}.jpg", "empty file (0 bytes)") for i in (5, 6)]
+    skipped += [("/d/images/train/7.jpg", "image is 1x1 px; Ultralytics needs at least 10 px a side")]
+    assert reason_kind(*skipped[0]) == reason_kind(*skipped[2]) != reason_kind(*skipped[3])
+    top = commonest_reasons(skipped, 3)
+    assert [c for c, *_ in top] == [3, 2, 2]
+    assert top[0][1] == f"3x, the first: {skipped[0][1]}" and top[0][2:] == skipped[0]  # its first, said as one of them
+    assert top[1][1] == f"2x, the first: {skipped[3][1]}"
+    assert top[2][1] == "2x empty file (0 bytes)"  # one reason, said as it is

@@ -46,7 +46,6 @@ import mmap
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -78,7 +77,7 @@ from yolofeed.pack.layout import (
     source_sections,
 )
 from yolofeed.pack.lock import FolderLock
-from yolofeed.pack.report import report_path, write_report
+from yolofeed.pack.report import commonest_reasons, report_path, write_report
 from yolofeed.pack.source import SplitSource
 from yolofeed.pack.space import DISK_FULL, MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
@@ -283,19 +282,17 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     notes += [(src.im_files[i], note) for i in sorted(noted) for note in noted[i]]
     keep = np.array([lb is not None for lb in labels], bool)
     if not keep.any():
-        top = Counter(r for _, r in skipped).most_common(3)
-        first = {r: f for f, r in reversed(skipped)}  # each reason's first file
+        top = commonest_reasons(skipped, 3)
         label_of = dict(zip(src.im_files, src.label_files))
         hint = ""
-        missing = first.get("image file not found")
+        missing = next((f for f, r in skipped if r == "image file not found"), None)
         if missing and not os.path.isabs(missing):  # a .txt list's relative line: read from the current folder
             hint = ("\n  (a .txt list's lines that do not start with ./ are read from the current folder, "
                     f"{os.getcwd()}, as Ultralytics reads them: start them with ./ to read them from the list's)")
         raise DatasetError(f"no usable image in split '{src.split}' of {src.yaml_file} ({n} tried). "
                            "Commonest reasons:\n  " + "\n  ".join(
-                               f"{c}x {r}" + ("" if first[r] in r or label_of.get(first[r], "\0") in r
-                                              else f" (first: {first[r]})")
-                               for r, c in top) + hint)
+                               said + ("" if f in r or label_of.get(f, "\0") in r else f" (first: {f})")
+                               for _, said, f, r in top) + hint)
     index = index[keep]
     kept_labels = [lb for lb in labels if lb is not None]
     kept_files = [f for f, k in zip(src.im_files, keep) if k]

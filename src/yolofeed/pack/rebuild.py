@@ -15,7 +15,6 @@ import operator
 import os
 import time
 import warnings
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from yolofeed.pack.encode import label_crc
 from yolofeed.pack.layout import DETECT_POLYGONS, SUFFIX, is_pack_file, printable
 from yolofeed.pack.lock import FolderLock
 from yolofeed.pack.paths import build_folder, missing, old_layout, pack_folders, rebuild_command
-from yolofeed.pack.report import where_listed
+from yolofeed.pack.report import commonest_reasons, where_listed
 from yolofeed.pack.source import SplitSource, load_data_yaml, split_source
 from yolofeed.pack.space import MOVE_HINT, Space, gb, plan_space
 from yolofeed.pack.store import Pack
@@ -421,9 +420,9 @@ def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: i
     if r.built:
         (LOGGER.warning if skipped else LOGGER.info)(summary(r))
     elif skipped:
-        reasons = Counter(why for _, why in skipped).most_common()
-        top = "; ".join(f"{c}x {why}" for why, c in reasons[:SKIP_REASONS_SAID])
-        rest = sum(c for _, c in reasons[SKIP_REASONS_SAID:])
+        reasons = commonest_reasons(skipped, SKIP_REASONS_SAID)
+        top = "; ".join(said for _, said, _, _ in reasons)
+        rest = len(skipped) - sum(c for c, _, _, _ in reasons)
         more = f"; and {rest} more" if rest else ""
         LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}{more}); "
                        f"{where_listed(r.pack.path, len(skipped), len(r.pack.header['notes']))}")

@@ -7,6 +7,7 @@ files; written by a new temporary file and a rename, never over a file that is n
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 from yolofeed.pack import files
@@ -86,6 +87,34 @@ def where_listed(dest: Path, skipped: int, notes: int) -> str:
     except OSError:
         pass
     return f"full list: in the pack's header ({report} is not its report: not written)"
+
+
+# what a skip reason quotes of its own sample: values in brackets or quotes, numbers ("uses class 3 ... nc=2")
+_PARTICULAR = re.compile(r"\([^()]*\)|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?")
+
+
+def reason_kind(image: str, reason: str) -> str:
+    """A skip reason without what is particular to its sample: the image's and its label file's paths, the values and
+    numbers it quotes. The same mistake in every label file (a class beyond nc, pixel coordinates) is one kind."""
+    from yolofeed.ultralytics_seam import img2label_paths
+
+    for path in (img2label_paths([image])[0], image):
+        reason = reason.replace(path, "")
+    return _PARTICULAR.sub("#", reason)
+
+
+def commonest_reasons(skipped: list[tuple[str, str]], n: int) -> list[tuple[int, str, str, str]]:
+    """The ``n`` commonest kinds of reason (``reason_kind``) among skipped ``(image, reason)`` pairs, commonest first,
+    each as (its count, the words, its first image and reason): ``"19x, the first: <reason>"`` where the kind's
+    reasons differ, ``"19x <reason>"`` where they are one."""
+    kinds = [reason_kind(f, r) for f, r in skipped]
+    first: dict[str, tuple[str, str]] = {}
+    alike: dict[str, bool] = {}
+    for (f, r), k in zip(skipped, kinds):
+        first.setdefault(k, (f, r))
+        alike[k] = alike.get(k, True) and r == first[k][1]
+    return [(c, f"{c}x {first[k][1]}" if alike[k] else f"{c}x, the first: {first[k][1]}", *first[k])
+            for k, c in Counter(kinds).most_common(n)]
 
 
 def read_report(dest: Path) -> list[list[str]]:
