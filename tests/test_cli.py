@@ -43,6 +43,17 @@ def test_a_key_typed_twice_takes_its_last_value_as_ultralytics_cli():
         build_config("doctor", ["data=x.yaml", "steps=6", "steps=-1"])
 
 
+def test_words_around_a_lone_equals_sign_and_a_split_list_are_one_word_as_ultralytics_cli():
+    """``yolo train epochs = 1`` trains one epoch (its ``merge_equals_args``); yolofeed said "'epochs' is not
+    key=value". Each spacing is read as there, of yolofeed's keys and Ultralytics'; an unmatched bracket is one line."""
+    for words in (["epochs", "=", "3"], ["epochs=", "3"], ["epochs", "=3"]):
+        assert build_config("train", ["model=yolo11n.yaml", "data=x.yaml", *words]).extra == {"epochs": 3}
+    cfg = build_config("train", ["model=yolo11n.yaml", "data=x.yaml", "imgsz=[64,", "96]", "val_period", "=", "2"])
+    assert cfg.extra == {"imgsz": [64, 96]} and cfg.val_period == 2
+    with pytest.raises(ConfigError, match=r"unmatched '\[' or '\]' bracket\. Example: yolofeed train"):
+        build_config("train", ["model=yolo11n.yaml", "data=x.yaml", "imgsz=[64,"])
+
+
 @pytest.mark.parametrize("command, key", [("doctor", "val_period=2"), ("bench", "pack_dir=/tmp/p"),
                                           ("parity", "monitor=True")])
 def test_a_key_of_yolofeed_train_given_to_another_command_says_whose_it_is(command, key):

@@ -134,13 +134,22 @@ def build_config(command: str, args: list[str]) -> typing.Any:
 
     Keys the command does not own go to Ultralytics (``passthrough``): read with Ultralytics' own parser and
     checked against its keys and types here, so a typo is one line. A bare word sets a bool key to True. A key typed
-    twice takes its last value, unchecked before it, as Ultralytics' CLI does.
+    twice takes its last value, unchecked before it, as Ultralytics' CLI does; words around a lone ``=`` and a list
+    split at its spaces are one word, as there (``seam.merge_equals_args``).
 
     Raises:
         ConfigError: an argument is not ``key=value``, the key is unknown, the value has the wrong
             type, range or is not one of the allowed choices, or a required key is missing.
     """
     spec = COMMANDS[command]
+    if any(word.startswith("=") or word.endswith("=") for word in args) or \
+            any(w.count("[") != w.count("]") for w in args):  # 'epochs = 1', 'imgsz=[3,' '640]': one word each
+        from yolofeed.ultralytics_seam import merge_equals_args
+
+        try:
+            args = merge_equals_args(list(args))
+        except SyntaxError as e:  # an unmatched bracket
+            raise ConfigError(f"{str(e.msg or e).rstrip('.')}. Example: {spec.example}") from None
     fields = {f.name: f for f in fields_of(spec.config) if not f.metadata.get("passthrough")}
     passthrough = next((f.name for f in fields_of(spec.config) if f.metadata.get("passthrough")), None)
     values: dict[str, typing.Any] = {}

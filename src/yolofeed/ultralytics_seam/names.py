@@ -24,6 +24,7 @@ try:  # every Ultralytics name yolofeed uses, and who uses it; a release that mo
         check_cfg,
         get_cfg,
         get_save_dir,  # train.trainer: the run folder, checked before Ultralytics makes it
+        merge_equals_args,  # cli: 'epochs = 1' and 'imgsz=[3,' '640]' read as one word, as its CLI reads them
         parse_key_value_pair,
         smart_value,
     )
@@ -153,7 +154,8 @@ __all__ = [  # the names above; the modules (``_data_utils``...) are read by the
     "check_cfg", "check_class_names", "check_det_dataset", "check_file", "check_imgsz", "check_model_file_from_stem",
     "check_yaml", "crop_mask",
     "exif_size", "get_cfg", "get_flops", "get_latest_run", "get_save_dir", "get_split_fraction", "guess_model_task",
-    "img2label_paths", "imread", "make_anchors", "parse_device", "parse_key_value_pair", "pil_open", "probiou",
+    "img2label_paths", "imread", "make_anchors", "merge_equals_args", "parse_device", "parse_key_value_pair",
+    "pil_open", "probiou",
     "non_max_suppression", "TorchNMS",
     "rbox2dist", "segments2boxes", "smart_value", "strip_optimizer", "torch_distributed_zero_first", "torch_safe_load",
     "unwrap_model", "v8DetectionLoss", "v8OBBLoss", "v8PoseLoss", "v8SegmentationLoss", "xywh2xyxy", "xywhr2xyxyxyxy",
