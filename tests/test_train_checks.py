@@ -230,6 +230,32 @@ def test_the_python_api_refuses_another_family_before_the_run_folder(synth_root,
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("command", ["train", "pack", "doctor"])
+def test_a_data_file_that_is_no_yaml_says_what_it_is_and_the_way_on(command, synth_root, tmp_path, capsys):
+    """``data=list.txt`` gave Ultralytics' "Not a YAML file: list.txt"; ``data=x.ndjson`` the same, where yolo train
+    converts one; ``yolofeed pack data=s1.zip`` "not a .yaml file", where yolofeed train unzips it. Each is one line
+    naming what the file is and what to pass."""
+    listed = tmp_path / "list.txt"
+    listed.write_text(f"{next((synth_root / 'images' / 'train').iterdir())}\n")
+    exported = tmp_path / "set.ndjson"
+    exported.write_text("{}\n")
+    zipped = tmp_path / "set.zip"
+    zipped.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+    out = tmp_path / "out"
+    where = {"train": [f"project={out}", "model=yolo11n.yaml"], "pack": [f"out={out}"], "doctor": [f"out={out}"]}
+    cases = [(listed, "a .txt list of images belongs in a data yaml (train: list.txt, or val:)"),
+             (exported, "an NDJSON dataset (an Ultralytics Platform export), which yolofeed does not convert")]
+    if command == "pack":
+        cases.append((zipped, "a zipped dataset, which yolofeed pack does not unzip: unzip it and pass its data.yaml"))
+    for data, words in cases:
+        line = _one_line(capsys, [command, f"data={data}", *where[command]])
+        assert f"data={data}: {words}" in line, line
+        assert not out.exists()
+    with pytest.raises(YolofeedError, match="a .txt list of images belongs in a data yaml"):
+        FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": str(listed), "project": str(out)})
+    assert not out.exists()
+
+
 def test_cfg_file_is_read_as_yolo_train_reads_it(synth_root, tmp_path, capsys, monkeypatch):
     """Its keys fill what the command line leaves out, model= and data= included; a missing file is one line."""
     assert "cfg=/nope/cfg.yaml: file not found" in _one_line(capsys, ["train", "cfg=/nope/cfg.yaml"])

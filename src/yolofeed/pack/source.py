@@ -113,6 +113,14 @@ def check_data_path(data: Any) -> None:
                            "(yaml.safe_dump) and pass that file's path")
     if not isinstance(data, (str, os.PathLike)):
         raise DatasetError(f"data= takes the path of a data yaml; got {data!r}: pass data=path/to/data.yaml")
+    suffix = Path(data).suffix.lower()
+    if suffix == ".ndjson":  # Ultralytics' trainer converts it, fetching its images; its assertion said only that
+        raise DatasetError(f"data={data}: an NDJSON dataset (an Ultralytics Platform export), which yolofeed does not "
+                           f"convert: convert it once with stock Ultralytics (yolo train data={data} does, fetching "
+                           "its images) and pass the data.yaml it writes")
+    if suffix == ".txt":  # "Not a YAML file", from Ultralytics' reader, in yolo train too
+        raise DatasetError(f"data={data}: a .txt list of images belongs in a data yaml (train: {Path(data).name}, "
+                           "or val:); pass a data yaml with path:, train:, val: and names:")
 
 
 def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
@@ -132,6 +140,10 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
         raise DatasetError(f"data yaml '{data}' not found: neither a file nor a dataset yaml Ultralytics ships (such "
                            "as coco8.yaml). Pass data=path/to/data.yaml (or run 'yolofeed synth' to make a dataset "
                            "to try).")
+    if file.suffix.lower() == ".zip":  # yolo train and yolofeed train unzip it there (check_det_dataset)
+        raise DatasetError(f"data={data}: a zipped dataset, which yolofeed pack does not unzip: unzip it and pass its "
+                           f"data.yaml (yolofeed train data={data} unzips it into {DATASETS_DIR / file.stem}, as "
+                           "yolo train does)")
     if file.suffix.lower() not in (".yaml", ".yml"):
         raise DatasetError(f"data='{data}' is not a .yaml file: yolofeed packs Ultralytics detection data yamls.")
     try:
