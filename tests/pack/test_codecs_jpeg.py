@@ -416,3 +416,68 @@ def test_cuda_loader_jpeg_batches_equal_raw_batches_within_tolerance(pack):
             d = _diffs(sx.images, sy.images, sx.hw.cpu())
             print(f"nvJPEG through the loader vs the raw pack: mean {d.mean():.3f}, p99.9 {np.percentile(d, 99.9):.1f}")
             assert d.mean() < GPU_MEAN and np.percentile(d, 99.9) <= GPU_P999
+
+
+# JPEG encodings a user's set may hold, each kept byte for byte in a jpeg pack: chroma 4:2:0, 4:4:0 and 4:1:1, Adobe's
+# RGB (no colour transform), one grey channel, progressive; made of one picture with sharp colour edges and noise
+ODD_JPEGS = ("ycc420", "cv440", "cv411", "adobe_rgb", "gray", "progressive")
+
+
+@pytest.fixture(scope="module")
+def odd_jpegs(tmp_path_factory) -> Pack:
+    import cv2
+
+    root = tmp_path_factory.mktemp("odd_jpegs")
+    rng = np.random.default_rng(1)
+    h, w = 180, 240
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([x * 255 / w, y * 255 / h, (x + y) * 127 / (w + h) + 60], -1)
+    for _ in range(6):
+        y0, x0 = rng.integers(0, h - 20), rng.integers(0, w - 20)
+        rgb[y0:y0 + rng.integers(10, 90), x0:x0 + rng.integers(10, 120)] = rng.integers(0, 255, 3)
+    rgb = np.clip(rgb + rng.normal(0, 6, rgb.shape), 0, 255).astype(np.uint8)
+    picture = Image.fromarray(rgb)
+
+    def pil(image, **kw) -> bytes:
+        f = io.BytesIO()
+        image.save(f, "JPEG", quality=90, **kw)
+        return f.getvalue()
+
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+    encoded = {"ycc420": pil(picture), "adobe_rgb": pil(picture, keep_rgb=True), "gray": pil(picture.convert("L")),
+               "progressive": pil(picture, progressive=True)}
+    for name, factor in (("cv440", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440),
+                         ("cv411", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411)):
+        encoded[name] = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+                                                   factor])[1].tobytes()
+    for folder in ("images", "labels"):
+        (root / folder / "train").mkdir(parents=True)
+    for name in ODD_JPEGS:
+        (root / "images" / "train" / f"{name}.jpg").write_bytes(encoded[name])
+        (root / "labels" / "train" / f"{name}.txt").write_text("0 0.5 0.5 0.3 0.3\n")
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a]\n")
+    return _build(root, imgsz=256, storage="jpeg", workers=1)
+
+
+def test_odd_jpeg_encodings_are_kept_and_decode_as_cv2_decodes_them(odd_jpegs):
+    """Each encoding's bytes kept (no note of a re-encode), and torchvision's decode within a level of OpenCV's."""
+    assert sorted(Path(f).stem for f in odd_jpegs.im_files) == sorted(ODD_JPEGS) and not odd_jpegs.header["notes"]
+    idx = np.arange(len(odd_jpegs))
+    for k in idx:
+        d = _diffs(_decode(odd_jpegs, [k]), _cv2(odd_jpegs, [k]), odd_jpegs.shapes[[k]])
+        assert d.max() <= CPU_MAX and d.mean() < CPU_MEAN, (odd_jpegs.im_files[k], d.max(), d.mean())
+
+
+@pytest.mark.gpu
+def test_cuda_decodes_odd_jpeg_encodings_as_cv2_does_within_its_bound(odd_jpegs):
+    """nvJPEG (or the host fallback for a file it refuses) on each encoding, alone and in one batch: within the GPU
+    bound of OpenCV's pixels, and a batch's images as each alone."""
+    idx = np.arange(len(odd_jpegs))
+    batch = _decode(odd_jpegs, idx, "cuda")
+    for k in idx:
+        alone = _decode(odd_jpegs, [k], "cuda")
+        d = _diffs(alone, _cv2(odd_jpegs, [k]), odd_jpegs.shapes[[k]])
+        print(f"{Path(odd_jpegs.im_files[k]).stem}: nvJPEG vs cv2 mean {d.mean():.3f}, p99.9 "
+              f"{np.percentile(d, 99.9):.1f}, max {d.max()}")
+        assert d.mean() < GPU_MEAN and np.percentile(d, 99.9) <= GPU_P999, odd_jpegs.im_files[k]
+        assert torch.equal(batch[k:k + 1].cpu(), alone.cpu()), odd_jpegs.im_files[k]
