@@ -50,8 +50,11 @@ def test_words_around_a_lone_equals_sign_and_a_split_list_are_one_word_as_ultral
         assert build_config("train", ["model=yolo11n.yaml", "data=x.yaml", *words]).extra == {"epochs": 3}
     cfg = build_config("train", ["model=yolo11n.yaml", "data=x.yaml", "imgsz=[64,", "96]", "val_period", "=", "2"])
     assert cfg.extra == {"imgsz": [64, 96]} and cfg.val_period == 2
-    with pytest.raises(ConfigError, match=r"unmatched '\[' or '\]' bracket\. Example: yolofeed train"):
+    with pytest.raises(ConfigError, match=r"unmatched '\[' or '\]' bracket: close the list \(imgsz=\[640,480\]\)"):
         build_config("train", ["model=yolo11n.yaml", "data=x.yaml", "imgsz=[64,"])
+    # a bracket that opens no list (a legal folder name) is the value as typed, as before
+    cfg = build_config("train", ["model=yolo11n.yaml", "data=/d/set[old/data.yaml", "name=a[1", "project=]"])
+    assert cfg.data == "/d/set[old/data.yaml" and cfg.extra == {"name": "a[1", "project": "]"}
 
 
 @pytest.mark.parametrize("command, key", [("doctor", "val_period=2"), ("bench", "pack_dir=/tmp/p"),

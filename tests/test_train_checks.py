@@ -191,7 +191,7 @@ def test_every_ultralytics_model_yaml_of_another_family_is_told_by_its_head():
         expected = ("RT-DETR" if "rtdetr" in stem else "YOLO-World" if "world" in stem else
                     "YOLOE" if "yoloe" in stem else None)
         family = model_family(str(path))
-        assert (family and family[0]) == expected, (path, family)
+        assert (family and family.words) == expected, (path, family)
         if expected is None:  # the same answer from the dict and from a name's yaml
             assert model_family(yaml_model_load(str(path))) is None
 
@@ -215,8 +215,22 @@ def test_models_of_another_family_are_one_line_before_anything_is_made(command, 
         assert f"{trains}(...).train() without trainer=" in line, line
         assert not out.exists()
     assert not Path("rtdetr-x.pt").exists()  # nothing downloaded (nor tried: offline, a download is a line of its own)
+    mistyped = tmp_path / "runs" / "my_yoloe_baseline.pt"  # not there, and no name Ultralytics downloads
+    line = _one_line(capsys, [command, f"model={mistyped}", f"data={synth_root / 'data.yaml'}", *TINY[:4],
+                              *([f"project={out}"] if command == "train" else [f"out={out}"])])
+    assert "no such file" in line and "YOLOE" not in line, line
     line = _one_line(capsys, ["train", f"resume={world}", f"project={out}"])
     assert "is a YOLO-World model" in line and not out.exists()
+
+
+def test_a_built_model_of_another_family_is_told_as_its_yolo_object_is():
+    from ultralytics import YOLO
+
+    from yolofeed.train.keys import model_family
+
+    world, plain = YOLO("yolov8n-worldv2.yaml"), YOLO("yolo11n.yaml")
+    assert model_family(world).words == model_family(world.model).words == "YOLO-World"
+    assert model_family(plain) is None and model_family(plain.model) is None
 
 
 def test_the_python_api_refuses_another_family_before_the_run_folder(synth_root, tmp_path):

@@ -129,6 +129,27 @@ def choices_of(f: typing.Any) -> tuple[str, ...] | None:
     return choices
 
 
+def _merged(args: list[str], example: str) -> list[str]:
+    """The words as Ultralytics' CLI reads them (``seam.merge_equals_args``) where one is split: around a lone ``=``
+    (``epochs = 1``), or a list cut at its spaces (``imgsz=[3,`` ``640]``). A word that only holds a bracket
+    (``data=set[old/data.yaml``, a legal folder name) is left as it is.
+
+    Raises:
+        ConfigError: a list's bracket is never closed.
+    """
+    split_at_equals = any(word.startswith("=") or word.endswith("=") for word in args)
+    open_list = any(("=[" in word or word.startswith("[")) and word.count("[") > word.count("]") for word in args)
+    if not (split_at_equals or open_list):
+        return args
+    from yolofeed.ultralytics_seam import merge_equals_args
+
+    try:
+        return merge_equals_args(list(args))
+    except SyntaxError as e:  # a bracket never closed: the words after it would be fused into it
+        raise ConfigError(f"{str(e.msg or e).rstrip('.')}: close the list (imgsz=[640,480]). Example: "
+                          f"{example}") from None
+
+
 def build_config(command: str, args: list[str]) -> typing.Any:
     """Parse ``key=value`` words into the command's config dataclass.
 
@@ -142,14 +163,7 @@ def build_config(command: str, args: list[str]) -> typing.Any:
             type, range or is not one of the allowed choices, or a required key is missing.
     """
     spec = COMMANDS[command]
-    if any(word.startswith("=") or word.endswith("=") for word in args) or \
-            any(w.count("[") != w.count("]") for w in args):  # 'epochs = 1', 'imgsz=[3,' '640]': one word each
-        from yolofeed.ultralytics_seam import merge_equals_args
-
-        try:
-            args = merge_equals_args(list(args))
-        except SyntaxError as e:  # an unmatched bracket
-            raise ConfigError(f"{str(e.msg or e).rstrip('.')}. Example: {spec.example}") from None
+    args = _merged(args, spec.example)
     fields = {f.name: f for f in fields_of(spec.config) if not f.metadata.get("passthrough")}
     passthrough = next((f.name for f in fields_of(spec.config) if f.metadata.get("passthrough")), None)
     values: dict[str, typing.Any] = {}

@@ -459,13 +459,30 @@ def odd_jpegs(tmp_path_factory) -> Pack:
     return _build(root, imgsz=256, storage="jpeg", workers=1)
 
 
+ENCODED_AS = {"ycc420": {"layers": [(1, 2, 2), (2, 1, 1), (3, 1, 1)]},  # Pillow's (id, h, v) sampling per component
+              "cv440": {"layers": [(1, 1, 2), (2, 1, 1), (3, 1, 1)]},
+              "cv411": {"layers": [(1, 4, 1), (2, 1, 1), (3, 1, 1)]},
+              "adobe_rgb": {"adobe_transform": 0}, "gray": {"mode": "L"}, "progressive": {"progressive": 1}}
+
+
 def test_odd_jpeg_encodings_are_kept_and_decode_as_cv2_decodes_them(odd_jpegs):
-    """Each encoding's bytes kept (no note of a re-encode), and torchvision's decode within a level of OpenCV's."""
+    """Each encoding as named, its bytes kept in the pack, and torchvision's decode within a level of OpenCV's and of
+    Pillow's decode of the source, resized as Ultralytics resizes."""
+    import cv2
+
     assert sorted(Path(f).stem for f in odd_jpegs.im_files) == sorted(ODD_JPEGS) and not odd_jpegs.header["notes"]
-    idx = np.arange(len(odd_jpegs))
-    for k in idx:
-        d = _diffs(_decode(odd_jpegs, [k]), _cv2(odd_jpegs, [k]), odd_jpegs.shapes[[k]])
-        assert d.max() <= CPU_MAX and d.mean() < CPU_MEAN, (odd_jpegs.im_files[k], d.max(), d.mean())
+    for k, f in enumerate(odd_jpegs.im_files):
+        source = Image.open(f)
+        facts = {"layers": [tuple(layer[:3]) for layer in getattr(source, "layer", [])], "mode": source.mode,
+                 **source.info}
+        assert all(facts.get(key) == value for key, value in ENCODED_AS[Path(f).stem].items()), (f, facts)
+        assert bytes(odd_jpegs.encoded(k)) == Path(f).read_bytes(), f
+        ours = _decode(odd_jpegs, [k])
+        d = _diffs(ours, _cv2(odd_jpegs, [k]), odd_jpegs.shapes[[k]])
+        assert d.max() <= CPU_MAX and d.mean() < CPU_MEAN, (f, d.max(), d.mean())
+        h, w = odd_jpegs.shapes[k].tolist()
+        pillow = cv2.resize(np.asarray(source.convert("RGB")), (w, h), interpolation=cv2.INTER_LINEAR)
+        assert np.abs(ours[0, :h, :w].numpy().astype(int) - pillow).mean() < CPU_MEAN, f
 
 
 @pytest.mark.gpu

@@ -100,7 +100,11 @@ def test_one_mistake_in_many_label_files_is_one_reason_with_its_count():
     skipped += [("/d/images/train/7.jpg", "image is 1x1 px; Ultralytics needs at least 10 px a side")]
     assert reason_kind(*skipped[0]) == reason_kind(*skipped[2]) != reason_kind(*skipped[3])
     top = commonest_reasons(skipped, 3)
-    assert [c for c, *_ in top] == [3, 2, 2]
-    assert top[0][1] == f"3x, the first: {skipped[0][1]}" and top[0][2:] == skipped[0]  # its first, said as one of them
-    assert top[1][1] == f"2x, the first: {skipped[3][1]}"
-    assert top[2][1] == "2x empty file (0 bytes)"  # one reason, said as it is
+    assert [kind.count for kind in top] == [3, 2, 2]
+    assert (top[0].image, top[0].reason) == skipped[0]
+    assert top[0].said() == f"3x, the first: {skipped[0][1]}"  # its first, said as one of them (it names its file)
+    assert top[1].said() == f"2x, the first: {skipped[3][1]}"
+    assert top[2].said() == "2x empty file (0 bytes) (first: /d/images/train/5.jpg)"  # one reason, said as it is
+    small = ("/d/images/train/8.jpg", "image is 2x1 px; Ultralytics needs at least 10 px a side")
+    said = commonest_reasons(skipped[-1:] + [small], 1)[0].said()
+    assert said == f"2x, the first: /d/images/train/7.jpg: {skipped[-1][1]}"  # named once where its reason does not

@@ -283,7 +283,6 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
     keep = np.array([lb is not None for lb in labels], bool)
     if not keep.any():
         top = commonest_reasons(skipped, 3)
-        label_of = dict(zip(src.im_files, src.label_files))
         hint = ""
         missing = next((f for f, r in skipped if r == "image file not found"), None)
         if missing and not os.path.isabs(missing):  # a .txt list's relative line: read from the current folder
@@ -291,8 +290,7 @@ def _fill(src: SplitSource, tmp: Path, fd: int, imgsz: int, format: str, workers
                     f"{os.getcwd()}, as Ultralytics reads them: start them with ./ to read them from the list's)")
         raise DatasetError(f"no usable image in split '{src.split}' of {src.yaml_file} ({n} tried). "
                            "Commonest reasons:\n  " + "\n  ".join(
-                               said + ("" if f in r or label_of.get(f, "\0") in r else f" (first: {f})")
-                               for _, said, f, r in top) + hint)
+                               kind.said() for kind in top) + hint)
     index = index[keep]
     kept_labels = [lb for lb in labels if lb is not None]
     kept_files = [f for f, k in zip(src.im_files, keep) if k]

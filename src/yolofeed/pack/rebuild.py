@@ -421,8 +421,8 @@ def open_or_build(data: str | os.PathLike | dict, split: str = "train", imgsz: i
         (LOGGER.warning if skipped else LOGGER.info)(summary(r))
     elif skipped:
         reasons = commonest_reasons(skipped, SKIP_REASONS_SAID)
-        top = "; ".join(said for _, said, _, _ in reasons)
-        rest = len(skipped) - sum(c for c, _, _, _ in reasons)
+        top = "; ".join(kind.said() for kind in reasons)
+        rest = len(skipped) - sum(kind.count for kind in reasons)
         more = f"; and {rest} more" if rest else ""
         LOGGER.warning(f"pack {split}: {len(skipped)} image(s) were skipped when it was built ({top}{more}); "
                        f"{where_listed(r.pack.path, len(skipped), len(r.pack.header['notes']))}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 from yolofeed.pack import files
 from yolofeed.pack.layout import CONTROL, SUFFIX
@@ -95,26 +96,55 @@ _PARTICULAR = re.compile(r"\([^()]*\)|'[^']*'|-?\d+(?:\.\d+)?(?:e-?\d+)?")
 
 def reason_kind(image: str, reason: str) -> str:
     """A skip reason without what is particular to its sample: the image's and its label file's paths, the values and
-    numbers it quotes. The same mistake in every label file (a class beyond nc, pixel coordinates) is one kind."""
-    from yolofeed.ultralytics_seam import img2label_paths
+    numbers it quotes. The same mistake in every label file (a class beyond nc, pixel coordinates) is one kind.
 
-    for path in (img2label_paths([image])[0], image):
+    Args:
+        image: the skipped image's path, as the pack records it.
+        reason: why it was skipped.
+    """
+    for path in _paths_of(image):
         reason = reason.replace(path, "")
     return _PARTICULAR.sub("#", reason)
 
 
-def commonest_reasons(skipped: list[tuple[str, str]], n: int) -> list[tuple[int, str, str, str]]:
-    """The ``n`` commonest kinds of reason (``reason_kind``) among skipped ``(image, reason)`` pairs, commonest first,
-    each as (its count, the words, its first image and reason): ``"19x, the first: <reason>"`` where the kind's
-    reasons differ, ``"19x <reason>"`` where they are one."""
+def _paths_of(image: str) -> tuple[str, str]:
+    """A sample's label file (as Ultralytics finds it) and image: the paths its skip reasons may name."""
+    from yolofeed.ultralytics_seam import img2label_paths
+
+    return img2label_paths([image])[0], image
+
+
+class ReasonKind(NamedTuple):
+    """One kind of skip reason (``reason_kind``) among a split's skipped images."""
+
+    count: int
+    image: str  # the kind's first image
+    reason: str  # the first image's reason
+    alike: bool  # every reason of the kind reads the same
+
+    def said(self) -> str:
+        """``"19x, the first: <reason>"`` where the kind's reasons differ, ``"19x <reason>"`` where they are one; the
+        first image is named where the reason names neither it nor its label file."""
+        named = any(path in self.reason for path in _paths_of(self.image))
+        if self.alike:
+            return f"{self.count}x {self.reason}" + ("" if named else f" (first: {self.image})")
+        return f"{self.count}x, the first: " + (self.reason if named else f"{self.image}: {self.reason}")
+
+
+def commonest_reasons(skipped: list[tuple[str, str]], n: int) -> list[ReasonKind]:
+    """The ``n`` commonest kinds of reason (``reason_kind``) among skipped ``(image, reason)`` pairs, commonest first.
+
+    Args:
+        skipped: each skipped image and its reason, in the order found.
+        n: the most kinds returned.
+    """
     kinds = [reason_kind(f, r) for f, r in skipped]
     first: dict[str, tuple[str, str]] = {}
     alike: dict[str, bool] = {}
     for (f, r), k in zip(skipped, kinds):
         first.setdefault(k, (f, r))
         alike[k] = alike.get(k, True) and r == first[k][1]
-    return [(c, f"{c}x {first[k][1]}" if alike[k] else f"{c}x, the first: {first[k][1]}", *first[k])
-            for k, c in Counter(kinds).most_common(n)]
+    return [ReasonKind(c, *first[k], alike[k]) for k, c in Counter(kinds).most_common(n)]
 
 
 def read_report(dest: Path) -> list[list[str]]:

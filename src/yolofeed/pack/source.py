@@ -116,8 +116,9 @@ def check_data_path(data: Any) -> None:
     suffix = Path(data).suffix.lower()
     if suffix == ".ndjson":  # Ultralytics' trainer converts it, fetching its images; its assertion said only that
         raise DatasetError(f"data={data}: an NDJSON dataset (an Ultralytics Platform export), which yolofeed does not "
-                           f"convert: convert it once with stock Ultralytics (yolo train data={data} does, fetching "
-                           "its images) and pass the data.yaml it writes")
+                           "convert: convert it once with Ultralytics, which fetches its images (python -c \"from "
+                           "ultralytics.data.converter import convert_ndjson_to_yolo as c; "
+                           f"print(c('{data}'))\"), and pass the data.yaml it prints")
     if suffix == ".txt":  # "Not a YAML file", from Ultralytics' reader, in yolo train too
         raise DatasetError(f"data={data}: a .txt list of images belongs in a data yaml (train: {Path(data).name}, "
                            "or val:); pass a data yaml with path:, train:, val: and names:")
@@ -142,8 +143,8 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
                            "to try).")
     if file.suffix.lower() == ".zip":  # yolo train and yolofeed train unzip it there (check_det_dataset)
         raise DatasetError(f"data={data}: a zipped dataset, which yolofeed pack does not unzip: unzip it and pass its "
-                           f"data.yaml (yolofeed train data={data} unzips it into {DATASETS_DIR / file.stem}, as "
-                           "yolo train does)")
+                           f"data.yaml (yolofeed train data={data} unzips it into Ultralytics' datasets folder, "
+                           f"{DATASETS_DIR}, as yolo train does)")
     if file.suffix.lower() not in (".yaml", ".yml"):
         raise DatasetError(f"data='{data}' is not a .yaml file: yolofeed packs Ultralytics detection data yamls.")
     try:

@@ -23,12 +23,15 @@ import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from yolofeed.config import TrainConfig, fields_of
 from yolofeed.errors import ConfigError
 from yolofeed.loader.labels import class_ids
 from yolofeed.pack.source import DATA_LIST
+
+if TYPE_CHECKING:
+    from yolofeed.ultralytics_seam import Family
 
 STOCK, OURS, REPLACED, UNUSED = "stock", "yolofeed", "replaced", "unused"
 
@@ -370,7 +373,7 @@ def _weights_task(path: str) -> str | None:
     return _weights_summary(path)[0]
 
 
-def _weights_summary(path: str) -> tuple[str | None, tuple[str, str] | None]:
+def _weights_summary(path: str) -> tuple[str | None, Family | None]:
     """A weights file's task (``_weights_task``) and model family (``model_family``), from one read of it while the
     file is unchanged: the checks before a run ask both, more than once, and each read unpickles the whole model."""
     try:
@@ -381,7 +384,7 @@ def _weights_summary(path: str) -> tuple[str | None, tuple[str, str] | None]:
 
 
 @functools.lru_cache(maxsize=8)
-def _read_weights_summary(path: str, mtime_ns: int, size: int) -> tuple[str | None, tuple[str, str] | None]:
+def _read_weights_summary(path: str, mtime_ns: int, size: int) -> tuple[str | None, Family | None]:
     from yolofeed.ultralytics_seam import guess_model_task, other_family, torch_safe_load
 
     try:
@@ -393,16 +396,22 @@ def _read_weights_summary(path: str, mtime_ns: int, size: int) -> tuple[str | No
         return None, None
 
 
-def model_family(model: Any) -> tuple[str, str] | None:
-    """The family of a model yolofeed does not train (``seam.other_family``: RT-DETR, YOLO-World, YOLOE), as (its
-    words, the Ultralytics class that trains it), told by the model's head: a yaml's, a weights file's, a built
-    model's; for a name not on this machine (a download), by Ultralytics' own rule on the name (its command line's
-    "rtdetr", ``YOLO()``'s "-world" and "yoloe"). None for any other model, or one that does not read (the run's
-    checks say so in one line)."""
-    from yolofeed.ultralytics_seam import other_family, yaml_model_load
+def model_family(model: Any) -> Family | None:
+    """The family of a model yolofeed does not train (``seam.other_family``: RT-DETR, YOLO-World, YOLOE), told by the
+    model's head: a yaml's, a weights file's, a built model's; for a name Ultralytics downloads (no file yet), by its
+    own rule on the name (``seam.family_by_name``). None for any other model, and for a file that is not there or does
+    not read (the run's checks say so in one line, with the fix)."""
+    from yolofeed.ultralytics_seam import (
+        downloads_weights,
+        family_by_name,
+        other_family,
+        remote_model,
+        weights_name,
+        yaml_model_load,
+    )
 
     if not isinstance(model, (str, Path)):
-        return other_family(getattr(model, "model", model))  # a YOLO() object, or its nn.Module
+        return other_family(model)
     path = str(model)
     if path.lower().endswith((".yaml", ".yml")):
         try:
@@ -411,10 +420,8 @@ def model_family(model: Any) -> tuple[str, str] | None:
             return None
     if Path(path).is_file():
         return _weights_summary(path)[1] if path.lower().endswith(".pt") else None
-    stem = Path(path).stem.lower()
-    return next(((words, trains) for tag, words, trains in (("rtdetr", "RT-DETR", "RTDETR"),
-                                                            ("-world", "YOLO-World", "YOLOWorld"),
-                                                            ("yoloe", "YOLOE", "YOLOE")) if tag in stem), None)
+    named = path if path.lower().endswith(".pt") else weights_name(path)
+    return family_by_name(path) if remote_model(path) or downloads_weights(named) else None
 
 
 def refuse_other_family(model: Any) -> None:
@@ -425,11 +432,10 @@ def refuse_other_family(model: Any) -> None:
     """
     if (family := model_family(model)) is None:
         return
-    words, trains = family
     name = model if isinstance(model, (str, Path)) else type(model).__name__
-    raise ConfigError(f"model={name} is {'an' if words[:1] in 'AEIOUR' else 'a'} {words} model, which yolofeed does "
-                      "not train (it trains YOLO detection, segmentation, pose and oriented-box models): train it "
-                      f"with stock Ultralytics, yolo train model={name} ... or {trains}(...).train() without trainer=")
+    raise ConfigError(f"model={name} is {family.article} {family.words} model, which yolofeed does not train (it "
+                      "trains YOLO detection, segmentation, pose and oriented-box models): train it with stock "
+                      f"Ultralytics, yolo train model={name} ... or {family.trains}(...).train() without trainer=")
 
 
 def valid_names() -> set[str]:

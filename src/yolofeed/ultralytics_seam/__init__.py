@@ -89,9 +89,11 @@ from yolofeed.ultralytics_seam.loop import (
     write_checkpoints_as,
 )
 from yolofeed.ultralytics_seam.model import (
+    Family,
     compiled,
     criterion,
     detection_losses_in,
+    family_by_name,
     forward_gflops,
     image_feeds_a_convolution,
     layer_inputs,
@@ -282,9 +284,8 @@ __all__ = [  # the names other modules import from here (each defined in the mod
     "img2label_paths",
     "IMG_FORMATS", "imread", "launches_ranks",
     "LOCAL_RANK", "LOGGER",
-    "make_anchors", "make_criterion", "merge_equals_args", "model_ahead", "other_family", "one_gpu_asked",
-    "mark_phases", "may_stop",
-    "MuSGD",
+    "Family", "family_by_name", "make_anchors", "make_criterion", "merge_equals_args", "model_ahead", "one_gpu_asked",
+    "mark_phases", "may_stop", "MuSGD", "other_family",
     "OPTIMIZERS", "packaged", "parse_device",
     "parse_key_value_pair", "pil_open", "OBBTrainer", "PoseTrainer", "SegmentationTrainer", "progress_bar_drawn",
     "RANK", "results_csv", "resuming", "run_first",

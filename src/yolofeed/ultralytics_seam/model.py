@@ -5,7 +5,7 @@ objects made ours in place (``swap_class``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -61,18 +61,30 @@ def layer_inputs(model: Any) -> dict[int, list[torch.nn.Module]]:
     return takers
 
 
-# The model families Ultralytics builds beside YOLO's that yolofeed's trainers do not train (their own losses, text
-# embeddings or decoder), each told by its head: the head's class, their words, the Ultralytics class that trains them
-OTHER_FAMILIES = ((RTDETRDecoder, "RT-DETR", "RTDETR"), (WorldDetect, "YOLO-World", "YOLOWorld"),
-                  (YOLOEDetect, "YOLOE", "YOLOE"))
+class Family(NamedTuple):
+    """A model family Ultralytics builds beside YOLO's that yolofeed's trainers do not train (their own losses, text
+    embeddings or decoder)."""
+
+    head: type  # the head every model of the family ends in (subclasses included)
+    words: str  # "RT-DETR"
+    article: str  # "an": as "RT-DETR" is read
+    trains: str  # the Ultralytics class that trains it
+    tag: str  # what a model name holds for Ultralytics to build the family: its command line's rule ("rtdetr"),
+    # YOLO()'s for a yaml ("-world", "yoloe")
 
 
-def other_family(model: Any) -> tuple[str, str] | None:
-    """The family of a model yolofeed does not train, as (its words, the Ultralytics class that trains it), or None.
+OTHER_FAMILIES = (Family(RTDETRDecoder, "RT-DETR", "an", "RTDETR", "rtdetr"),
+                  Family(WorldDetect, "YOLO-World", "a", "YOLOWorld", "-world"),
+                  Family(YOLOEDetect, "YOLOE", "a", "YOLOE", "yoloe"))
+
+
+def other_family(model: Any) -> Family | None:
+    """The family of a model yolofeed does not train, told by its head, or None.
 
     Args:
-        model: a built model (its last layer is the head) or a model yaml's dict (its last head row's module name,
-            looked up among ``ultralytics.nn.tasks``' names as ``parse_model`` looks it up).
+        model: a built model (its last layer is the head), a ``YOLO()`` object (its model's), or a model yaml's dict
+            (its last head row's module name, looked up among ``ultralytics.nn.tasks``' names as ``parse_model`` looks
+            it up).
     """
     if isinstance(model, dict):
         rows = model.get("head")
@@ -80,12 +92,19 @@ def other_family(model: Any) -> tuple[str, str] | None:
         name = row[2] if isinstance(row, (list, tuple)) and len(row) > 2 else None
         head = getattr(_tasks_module, name, None) if isinstance(name, str) else None
     else:
+        inner = getattr(model, "model", None)
+        if isinstance(inner, torch.nn.Module) and not isinstance(inner, torch.nn.Sequential):
+            model = inner  # a YOLO() object: its DetectionModel
         layers = getattr(unwrap_model(model), "model", None) if isinstance(model, torch.nn.Module) else None
         head = type(layers[-1]) if isinstance(layers, torch.nn.Sequential) and len(layers) else None
-    for base, words, trains in OTHER_FAMILIES:
-        if isinstance(head, type) and issubclass(head, base):
-            return words, trains
-    return None
+    return next((f for f in OTHER_FAMILIES if isinstance(head, type) and issubclass(head, f.head)), None)
+
+
+def family_by_name(name: str) -> Family | None:
+    """The family Ultralytics builds for a model name it downloads (no file to read the head of yet), by its rule on
+    the name's stem (``Family.tag``), or None."""
+    stem = Path(name).stem.lower()
+    return next((f for f in OTHER_FAMILIES if f.tag in stem), None)
 
 
 def loader_stride(model: Any) -> int:
