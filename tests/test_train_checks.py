@@ -270,6 +270,35 @@ def test_a_data_file_that_is_no_yaml_says_what_it_is_and_the_way_on(command, syn
     assert not out.exists()
 
 
+def test_a_split_to_train_without_label_files_is_one_line_before_its_pack(synth_root, tmp_path, capsys):
+    """Labels the loader cannot find (moved, or under 'Labels/' where Ultralytics looks in 'labels/'): yolofeed decoded
+    every image into the train pack and made the run folder, then refused ("No labels found"), where stock refuses
+    after a label scan; a COCO-sized set cost a full build and left the pack. Now refused first, naming the fix,
+    with nothing made; from Python too."""
+    import shutil
+
+    root = tmp_path / "set"
+    shutil.copytree(synth_root, root, ignore=shutil.ignore_patterns("yolofeed-packs"))
+    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace(str(synth_root), str(root)))
+    (root / "labels" / "train").rename(root / "labels" / "moved")
+    runs = tmp_path / "runs"
+    line = _one_line(capsys, ["train", "model=yolo11n.yaml", f"data={root / 'data.yaml'}", *TINY, f"project={runs}"])
+    assert line.endswith(f"No labels found in {root / 'labels' / 'train'}: none of the "
+                         f"{len(list((root / 'images' / 'train').iterdir()))} images of split 'train' has a label "
+                         "file; Ultralytics refuses to train on such a split, and so does yolofeed. Put YOLO .txt "
+                         "labels there, one per image, named as the image"), line
+    with pytest.raises(YolofeedError, match="No labels found in"):
+        FastDetectionTrainer(overrides={"model": "yolo11n.yaml", "data": str(root / "data.yaml"), "project": str(runs),
+                                        "imgsz": 64, "epochs": 1, "device": "cpu"})
+    (root / "labels" / "moved").rename(root / "labels" / "train")
+    for folder in ("images", "labels"):  # a capitalised layout: the labels are there, where Ultralytics never looks
+        (root / folder).rename(root / folder.capitalize())
+    (root / "data.yaml").write_text((root / "data.yaml").read_text().replace("images", "Images"))
+    line = _one_line(capsys, ["train", "model=yolo11n.yaml", f"data={root / 'data.yaml'}", *TINY, f"project={runs}"])
+    assert "these images lie under no folder named 'images' (the name's case counts" in line, line
+    assert not runs.exists() and not list(root.rglob("*.yfpack"))
+
+
 def test_cfg_file_is_read_as_yolo_train_reads_it(synth_root, tmp_path, capsys, monkeypatch):
     """Its keys fill what the command line leaves out, model= and data= included; a missing file is one line."""
     assert "cfg=/nope/cfg.yaml: file not found" in _one_line(capsys, ["train", "cfg=/nope/cfg.yaml"])

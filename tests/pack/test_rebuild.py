@@ -338,12 +338,12 @@ def test_no_labels_folder_warns_at_pack_time_and_training_refuses(dataset, tmp_p
     assert len(pack) == 8
     assert f"No labels found in {dataset / 'labels' / 'val'}" in caplog.text
     assert "training may not work correctly" in caplog.text
-    trainer = FastDetectionTrainer(overrides=dict(model="yolo11n.yaml", data=str(dataset / "data.yaml"), imgsz=64,
-                                                  device="cpu", project=str(tmp_path), name="nolabels", plots=False,
-                                                  exist_ok=True))
     with pytest.raises(DatasetError, match=f"No labels found in {dataset / 'labels' / 'train'}.*Ultralytics refuses "
-                                           "to train on such a split"):
-        trainer.get_dataloader(trainer.data["train"], 4, -1, "train")
+                                           "to train on such a split"):  # before the run folder and the train pack
+        FastDetectionTrainer(overrides=dict(model="yolo11n.yaml", data=str(dataset / "data.yaml"), imgsz=64,
+                                            device="cpu", project=str(tmp_path), name="nolabels", plots=False,
+                                            exist_ok=True))
+    assert not (tmp_path / "nolabels").exists()
 
 
 def test_pose_and_detection_packs_of_one_yaml_are_kept_apart_and_refuse_each_other(pose_dataset, capsys):

@@ -15,6 +15,7 @@ import operator
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 from yolofeed.config import MIN_IMGSZ
 from yolofeed.errors import (
     ConfigError,
+    DatasetError,
     ForeignPackError,
     NewerPackError,
     PackError,
@@ -145,13 +147,40 @@ def no_labels(pack: Pack, training: bool = False) -> str:
     """Ultralytics' warning (``training``: its refusal) for a split without labels; "" when it has some."""
     c, where = pack.header["counts"], pack.header["source"]["label_dir"]
     if c["label_files"] == 0:
-        consequence = ("Ultralytics refuses to train on such a split, and so does yolofeed" if training else
-                       "training may not work correctly (Ultralytics refuses to train on such a split)")
-        return (f"No labels found in {where}: none of the {c['images']:,} images of split '{pack.split}' has a "
-                f"label file; {consequence}. Put YOLO .txt labels there, one per image, named as the image")
+        return no_label_files(where, c["images"], pack.split, training, pack.im_files)
     if c["boxes"] == 0:
         return f"Labels are missing or empty in {where} (split '{pack.split}'), training may not work correctly"
     return ""
+
+
+def no_label_files(label_dir: str, images: int, split: str, training: bool, im_files: Sequence[str]) -> str:
+    """Ultralytics' warning (``training``: its refusal) for a split none of whose images has a label file, with where
+    it looks for them: each image path's last ``/images/`` made ``/labels/`` (``img2label_paths``), which a folder
+    named otherwise (``Images``, ``imgs``) never matches."""
+    consequence = ("Ultralytics refuses to train on such a split, and so does yolofeed" if training else
+                   "training may not work correctly (Ultralytics refuses to train on such a split)")
+    said = (f"No labels found in {label_dir}: none of the {images:,} images of split '{split}' has a label file; "
+            f"{consequence}. ")
+    folder = f"{os.sep}images{os.sep}"
+    if any(folder in f for f in im_files[:1000]):
+        return said + "Put YOLO .txt labels there, one per image, named as the image"
+    return said + (f"Labels are looked for where an image's path has its last {folder} made {os.sep}labels{os.sep}, "
+                   f"and these images lie under no folder named 'images' (the name's case counts: "
+                   f"{Path(im_files[0]).parent}): move them into images{os.sep}{split} with the labels in "
+                   f"labels{os.sep}{split} beside it")
+
+
+def check_labels_found(src: SplitSource) -> None:
+    """Refuse a split to train on none of whose images has a label file, before its pack is built: Ultralytics refuses
+    it once its labels are scanned (``No labels found``), and the pack's build would decode every image first. A stat
+    of each label file until one is found.
+
+    Raises:
+        DatasetError: ``no_label_files``' words, the split's label folder and the fix.
+    """
+    if src.label_files and not any(os.path.isfile(f) for f in src.label_files):
+        raise DatasetError(no_label_files(str(Path(src.label_files[0]).parent), len(src.im_files), src.split, True,
+                                          src.im_files))
 
 
 def own_folders(folders: list[Path], yaml_file: str, out: str | os.PathLike | None) -> list[Path]:
@@ -247,8 +276,9 @@ def check_split(data: str | os.PathLike | dict, split: str = "train", imgsz: int
 
 def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[str], imgsz: int = 640,
                  format: str = codecs.DEFAULT, out: str | os.PathLike | None = None, rebuild: str = "never",
-                 task: str = "detect") -> None:
-    """``check_split`` for each split, and the free space for every pack still to build, added up per disk.
+                 task: str = "detect", trains: str | None = None) -> None:
+    """``check_split`` for each split, and the free space for every pack still to build, added up per disk; the split
+    a run ``trains`` on, if named, must have label files (``check_labels_found``).
 
     The packs of a run are built one after the other and each stays: checked one at a time, each fits the free
     space, and the val pack fails for want of room once the train pack is written. A pack file already there is
@@ -264,6 +294,8 @@ def check_splits(data: str | os.PathLike | dict, splits: tuple[str, ...] | list[
     d = data if isinstance(data, dict) else load_data_yaml(data)
     # a wrong path: refused before format=auto says what it chose (without the split)
     sources = {split: split_source(d, split, task) for split in dict.fromkeys(splits)}
+    if trains in sources:
+        check_labels_found(sources[trains])
     format = resolve_format(d, format, imgsz, out, task)
     folders = own_folders(pack_folders(d["yaml_file"], imgsz, format, out, task), d["yaml_file"], out)
     due: dict[int, list[tuple[str, Path, Space]]] = {}  # disk (st_dev) -> the packs to build there

@@ -361,7 +361,7 @@ class FastTrainer(Augmenting, Validating, PlotsBeside, PlansAhead, SyncFreeStep)
             try:  # every pack the run will build, its space counted together: counted one at a time, the val pack
                 # could find no room once the train pack was written
                 check_splits(data["yaml_file"], ("train", self.args.split), side, self.pack_format, self.pack_dir,
-                             self.pack_rebuild, self.args.task)
+                             self.pack_rebuild, self.args.task, trains="train")
                 return
             except PackError as e:
                 first = first or e
