@@ -69,6 +69,38 @@ def test_two_datasets_named_data_yaml_get_two_cache_folders(tmp_path):
     assert a_out[1] != b_out[1] and a_out[1].parent == tmp_path / "o" and a_out[1].name.startswith("data-")
 
 
+def test_datasets_sharing_one_linked_yaml_keep_their_packs_beside_their_own_images(dataset, tmp_path):
+    """Two dataset folders whose data.yaml are links to one file (splits relative to each link's folder, as in stock):
+    both keyed their packs by the file linked to, so each build found the other's pack stale and rebuilt it, at
+    every switch (found by an exports tester). Now each folder's packs lie beside its link and are reused; a yaml read
+    through a linked folder still finds the packs of the folder it lies in."""
+    from helpers import copy_dataset
+
+    shared = tmp_path / "configs" / "data.yaml"
+    shared.parent.mkdir()
+    import yaml
+
+    names = yaml.safe_load((dataset / "data.yaml").read_text())["names"]
+    shared.write_text(yaml.safe_dump({"train": "images/train", "val": "images/val", "names": names}))
+    roots = [copy_dataset(dataset, tmp_path / name) for name in ("ds_a", "ds_b")]
+    next((roots[1] / "images" / "train").iterdir()).unlink()  # the two sets differ
+    for root in roots:
+        (root / "data.yaml").unlink()
+        (root / "data.yaml").symlink_to(os.path.relpath(shared, root))
+
+    def build(root):
+        return ensure_split(root / "data.yaml", "train", 64, "raw", workers=1, progress=False, rebuild="auto")
+
+    first = [build(root) for root in roots]
+    assert [r.pack.path.parent.parent for r in first] == [root / "yolofeed-packs" for root in roots]
+    assert not any(build(root).built for root in roots + roots)  # each reused, in either order
+    assert len(first[0].pack) == len(first[1].pack) + 1
+    linked = tmp_path / "via-link"
+    linked.symlink_to(roots[0], target_is_directory=True)
+    assert ensure_split(linked / "data.yaml", "train", 64, "raw", workers=1, progress=False,
+                        rebuild="never").pack.path == first[0].pack.path
+
+
 def test_two_datasets_named_data_yaml_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):
     """Two datasets' data.yaml under one out=: the second used to find the first's pack in <out>/data-raw-64, call it
     stale and rebuild over it, and each run of either rebuilt the other's. The second now builds in

@@ -40,6 +40,14 @@ def folder_name(stem: str, imgsz: int, format: str, task: str = "detect") -> str
     return f"{stem}-{format}-{imgsz}" + (f"-{task}" if task != "detect" else "")
 
 
+def yaml_place(yaml_file: str | os.PathLike) -> Path:
+    """A data yaml's absolute path with its folders' links resolved but not its own name: a yaml that is a link (one
+    file shared by several datasets' folders, each resolving its splits from its own) keys the packs of the folder it
+    lies in, as Ultralytics keeps a label cache in each dataset's folder. For any other yaml, ``Path.resolve()``."""
+    path = Path(yaml_file).expanduser()
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
 def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | os.PathLike | None = None,
               task: str = "detect") -> Path:
     """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>`` (``-pose`` after it for
@@ -48,7 +56,7 @@ def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | 
     replacing each other's packs (a pose yaml's detection and pose packs keep different images: their label rules
     differ)."""
     try:
-        y = Path(yaml_file).resolve()
+        y = yaml_place(yaml_file)
         base = Path(out).expanduser().resolve() if out else y.parent / "yolofeed-packs"
     except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
         raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
@@ -74,9 +82,9 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
     """
     if out:
         plain = store_dir(yaml_file, imgsz, format, out, task)
-        y = Path(yaml_file).resolve()
+        y = yaml_place(yaml_file)
         return [plain, plain.with_name(folder_name(f"{y.stem}-{_path_key(y)}", imgsz, format, task))]
-    y = Path(yaml_file).resolve()
+    y = yaml_place(yaml_file)
     cache = cache_root() / f"{y.stem}-{_path_key(y)}" / folder_name(y.stem, imgsz, format, task)
     from yolofeed.ultralytics_seam import packaged  # here: reading a pack (store.py) loads no Ultralytics
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from yolofeed.errors import DatasetError
 from yolofeed.pack.layout import TASKS
+from yolofeed.pack.paths import yaml_place
 from yolofeed.ultralytics_seam import (
     DATASET_KEY_TYPES,
     DATASETS_DIR,
@@ -211,7 +212,7 @@ def load_data_yaml(data: str | os.PathLike) -> dict[str, Any]:
         raise DatasetError(f"{file}: channels={d['channels']}; yolofeed packs 3-channel (RGB) datasets only: train "
                            "this one with yolo train")
     _resolve_paths(d)
-    d["yaml_file"] = str(file.resolve())
+    d["yaml_file"] = str(yaml_place(file))  # a linked yaml: its own folder's packs (paths.yaml_place)
     _refuse_undownloaded(d, data)
     return d
 
