@@ -672,6 +672,48 @@ def test_a_link_planted_where_ultralytics_writes_in_the_run_folder_is_refused(da
     assert sorted(p.name for p in run.iterdir()) == sorted(["notes.txt", name])
 
 
+@pytest.mark.parametrize("plant", ["fifo results.csv", "file weights", "link weights"])
+def test_a_fifo_or_a_file_where_ultralytics_writes_in_the_run_folder_is_refused(dataset, tmp_path, capsys, plant):
+    """A FIFO at results.csv (a resume hung before training, silently), a file or a dangling link at weights (a
+    FileExistsError traceback from Ultralytics' mkdir, under exist_ok=True): one line before anything is written,
+    nothing removed (found by an adversarial tester)."""
+    from yolofeed.cli import main
+
+    kind, name = plant.split()
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    {"fifo": lambda p: os.mkfifo(p), "file": lambda p: p.write_text("hi"),
+     "link": lambda p: p.symlink_to(tmp_path / "gone")}[kind](run / name)
+    args = [f"data={dataset / 'data.yaml'}", "model=yolo11n.yaml", "imgsz=64", "epochs=1", "device=cpu",
+            f"project={tmp_path / 'runs'}", "name=r", "exist_ok=True"]
+    assert main(["train", *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    what = {"fifo": "a FIFO (named pipe)", "file": "a regular file", "link": "a symbolic link to"}[kind]
+    assert len(err) == 1 and f"the run folder {run} holds {what}" in err[0] and f"at {name}, where Ultralytics " \
+        "writes" in err[0] and "train into another folder (name=, project=)" in err[0], err
+    assert sorted(p.name for p in run.iterdir()) == [name]
+
+
+def test_a_fifo_or_device_at_the_runs_options_is_one_line_not_a_hang(tmp_path):
+    """``<run>/yolofeed.yaml`` as a FIFO hung every resume for ever (a read that waits for a writer); as a link to
+    /dev/zero it filled the memory. Read back only where it is a regular file of bounded size."""
+    from yolofeed.errors import ConfigError
+    from yolofeed.train import options
+
+    fifo = tmp_path / "yolofeed.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"yolofeed.yaml: not this run's yolofeed options \(it is a FIFO \(named "
+                                          r"pipe\), not a file yolofeed writes\); delete it"):
+        options.read(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match="a symbolic link to /dev/zero \\(a character device\\)"):
+        options.read(zero)
+    from yolofeed.train.checkpoints import trim_results
+
+    assert trim_results(fifo, 1) == []  # results.csv read the same way: left as it is, not waited on
+
+
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.EPERM])
 def test_a_final_strip_whose_rename_fails_leaves_the_checkpoint_whole_and_the_run_goes_on(tmp_path, monkeypatch,
                                                                                          caplog, code):

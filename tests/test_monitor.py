@@ -519,25 +519,31 @@ def test_a_writer_thread_that_fails_at_once_prints_no_traceback():
     assert "outside any writer's making" in err and "the writer thread's own" not in err, err
 
 
-@pytest.mark.parametrize("target", ["gone", "file", "loop"])
+@pytest.mark.parametrize("target", ["gone", "file", "loop", "folder"])
 def test_a_link_at_the_tensorboard_folder_is_said_to_be_one(tmp_path, said, target):
-    """A link planted at ``yolofeed_tb`` to nothing (or to a file) was said as "could not write ... (File exists)":
-    the line now says it is a link, and to what. TensorBoard alone stops, as for any folder it cannot write."""
+    """A link planted at ``yolofeed_tb`` to nothing (or to a file) was said as "could not write ... (File exists)";
+    one to a folder elsewhere was written through (an events file added there; found by an adversarial tester). The
+    line now says it is a link, and to what; nothing is written through it. TensorBoard alone stops, as for any folder
+    it cannot write."""
     pytest.importorskip("torch.utils.tensorboard")
     from yolofeed.monitor.live import open_tensorboard
 
     aim = tmp_path / target
     if target == "file":
         aim.write_text("not a folder")
+    if target == "folder":
+        aim.mkdir()
     if target == "loop":
         aim.symlink_to(tmp_path / "yolofeed_tb")
     (tmp_path / "yolofeed_tb").symlink_to(aim)
     assert open_tensorboard(tmp_path / "yolofeed_tb") is None
     lines = [m for m in said if "no TensorBoard scalars" in m]
-    end = {"file": "a regular file", "gone": "which does not exist", "loop": "a link loop"}[target]
+    end = {"file": "a regular file", "gone": "which does not exist", "loop": "a link loop",
+           "folder": "a folder"}[target]
     assert len(lines) == 1 and f"could not write {tmp_path / 'yolofeed_tb'} (it is a symbolic link to {aim} ({end}))" \
         in lines[0]
-    assert not aim.is_dir() and "the monitor's other outputs go on" in lines[0]
+    assert (list(aim.iterdir()) == [] if target == "folder" else not aim.is_dir())
+    assert "the monitor's other outputs go on" in lines[0]
 
 
 def test_a_tensorboard_folder_that_cannot_be_written_stops_tensorboard_alone(tmp_path, monkeypatch, said):

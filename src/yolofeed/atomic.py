@@ -5,7 +5,8 @@ results.csv where yolofeed rewrites it (its rows trimmed on a resume); bench.jso
 Killed at any moment, the file holds its old bytes or the new ones; a link at its name is replaced, its target left
 as it was. The fsync costs the disk's write time of the file once (a checkpoint, 5-110 MB, once an epoch; the reports
 are kilobytes). What Ultralytics writes itself (results.csv's rows, appended each epoch; its plots and figures) it
-writes as stock does, following a link at the name.
+writes as stock does, following a link at the name. Such a file read back (``read_back``) is read only where it is a
+regular file of a bounded size.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import secrets
 import stat
 from pathlib import Path
 
-from yolofeed.errors import WriteError
+from yolofeed.errors import WriteError, describe
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
 CLOEXEC = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO opened without it blocks until a writer comes
+READ_BACK_MAX_BYTES = 64 << 20  # yolofeed.yaml and results.csv are kilobytes
 
 MEANINGS = {  # errno -> what a failed write means, in words
     errno.ENOSPC: "the disk is full",
@@ -113,3 +116,25 @@ def write_failure(path: Path, e: OSError, fixes: dict[int, str] | None = None) -
                      "is left" + (f": {fix}" if fix else ""))
     err.errno, err.strerror, err.filename = e.errno, e.strerror, str(path)
     return err
+
+
+def read_back(path: str | os.PathLike, max_bytes: int = READ_BACK_MAX_BYTES) -> bytes:
+    """A run file yolofeed writes (yolofeed.yaml, results.csv), read whole where it is a regular file of at most
+    ``max_bytes``: a FIFO planted at its name would block the read for ever, a link to /dev/zero fill the memory.
+
+    Raises:
+        FileNotFoundError: nothing there.
+        OSError: it cannot be opened or read.
+        ValueError: it is no regular file (what it is, in words), or larger than ``max_bytes``.
+    """
+    fd = os.open(path, os.O_RDONLY | NONBLOCK | CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"it is {describe(path)}, not a file yolofeed writes")
+        if st.st_size > max_bytes:
+            raise ValueError(f"it holds {st.st_size:,} bytes, more than a file yolofeed writes there ({max_bytes:,})")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(max_bytes + 1)
+    finally:
+        os.close(fd)

@@ -153,7 +153,8 @@ _SAID: set[str] = set()  # what the monitor reported missing, once per process
 
 def open_tensorboard(folder: Path) -> Any:
     """A TensorBoard ``SummaryWriter`` on ``folder``, or None (said once) when tensorboard is not installed or the
-    folder cannot be written (a read-only disk, a file of that name, a full disk)."""
+    folder cannot be written (a read-only disk, a file of that name, a full disk) or is a link (planted: not written
+    through)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except Exception as e:  # tensorboard is optional: torch imports it only here. Missing: ImportError; installed
@@ -164,6 +165,9 @@ def open_tensorboard(folder: Path) -> Any:
             LOGGER.warning(f"yolofeed monitor: no TensorBoard scalars: the tensorboard package {why} "
                            f"({type(e).__name__}: {e}). pip install tensorboard (again, where it is broken), or "
                            "tensorboard=False to silence this; Prometheus and the summary line work without it.")
+        return None
+    if folder.is_symlink():  # planted: the writer would follow a link to a folder and write outside the run
+        tensorboard_failed(folder, FileExistsError(f"{folder} is a link"), "no TensorBoard scalars")
         return None
     _install_quiet_hook()
     before = set(threading.enumerate())
@@ -186,7 +190,7 @@ def tensorboard_failed(folder: Path, e: BaseException, what: str) -> None:
 
 def tensorboard_failure(folder: Path, e: BaseException, what: str) -> str:
     said = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e).strip().splitlines()[0]
-    if folder.is_symlink() and not folder.is_dir():  # "File exists" says nothing of a link
+    if folder.is_symlink():  # "File exists" says nothing of a link; one to a folder is not written through
         said = f"it is {describe(folder)}"
     return (f"yolofeed monitor: {what}: could not write {folder} ({said}); the monitor's other outputs go on. "
             "Make it a folder you can write, on a disk with room, or train with tensorboard=False to silence this.")

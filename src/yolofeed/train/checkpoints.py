@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from yolofeed import atomic
-from yolofeed.atomic import CLOEXEC, MEANINGS, NOFOLLOW, write_atomically
+from yolofeed.atomic import CLOEXEC, MEANINGS, NOFOLLOW, read_back, write_atomically
 
 NO_ROOM = {MEANINGS[errno.ENOSPC], MEANINGS[getattr(errno, "EDQUOT", errno.ENOSPC)]}  # where the strip goes in place
 TEMP = re.compile(r"\.(?P<name>.+\.pt)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}")
@@ -209,9 +209,9 @@ def trim_results(csv: Path, epochs: int) -> list[int]:
         OSError: any other failed rewrite, the same way.
     """
     try:
-        data = Path(csv).read_bytes()
-    except OSError:  # none yet (no epoch ended), or unreadable: Ultralytics' own append says so
-        return []
+        data = read_back(csv)
+    except (OSError, ValueError):  # none yet (no epoch ended), unreadable, or no regular file (a FIFO; refused at the
+        return []  # run folder's check, checks.check_run_folder): Ultralytics' own append says so
     kept, removed = [], []
     for line in data.splitlines(keepends=True):
         first = line.split(b",", 1)[0].strip()

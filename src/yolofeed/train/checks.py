@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from yolofeed.augment.geometry.polygons import POINTS as POLYGON_POINTS
-from yolofeed.errors import ConfigError, DatasetError
+from yolofeed.errors import ConfigError, DatasetError, describe
 from yolofeed.loader.train import subset
 from yolofeed.pack.source import check_data_path, check_downloaded, load_data_yaml, missing_split
 from yolofeed.train import keys
@@ -172,12 +172,12 @@ def check_task_data(model: str, task: str, data: str) -> None:
 def check_run_folder(save_dir: Path) -> None:
     """Refuse, before Ultralytics makes it, a run folder that cannot be made: its nearest existing folder is a file,
     or not writable by this user (a read-only mount, no permission); and one already there (a resume, ``exist_ok``)
-    holding a symbolic link at a name Ultralytics writes (``RUN_FILES``), which it would write through.
+    holding what Ultralytics cannot write as it means to (``_check_planted_names``).
 
     Raises:
         ConfigError: naming the folder, why, and the fix.
     """
-    _check_planted_links(Path(save_dir))
+    _check_planted_names(Path(save_dir))
     folder = Path(save_dir)
     while not os.path.lexists(folder) and folder.parent != folder:
         folder = folder.parent
@@ -191,21 +191,28 @@ def check_run_folder(save_dir: Path) -> None:
                       "you can write")
 
 
-def _check_planted_links(save_dir: Path) -> None:
-    """Refuse a symbolic link at a name Ultralytics writes in ``save_dir`` (``RUN_FILES``): its write would go to
-    the link's target, a file outside the run. A link is the user's: it is not removed."""
+def _check_planted_names(save_dir: Path) -> None:
+    """Refuse, in a run folder already there, what Ultralytics would write wrongly: a symbolic link at a name it writes
+    (``RUN_FILES``), written through to the link's target outside the run; a FIFO, device or socket there, on which
+    its write (results.csv's row at an epoch's end) would block or go elsewhere; and a ``weights`` that is not a
+    folder, where its ``mkdir`` fails in a traceback. What is planted is the user's: nothing is removed."""
     if not save_dir.is_dir():
         return
     try:
-        entries = [e.name for e in os.scandir(save_dir) if e.is_symlink()]
+        entries = sorted(os.scandir(save_dir), key=lambda e: e.name)
     except OSError:
-        return  # an unreadable folder: the writability check below speaks for it
-    for name in sorted(entries):
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES):
-            target = os.readlink(save_dir / name)
-            raise ConfigError(f"the run folder {save_dir} holds a symbolic link at {name} (to {target}), which "
-                              f"Ultralytics would write through: remove the link, or train into another folder "
-                              "(name=, project=)")
+        return  # an unreadable folder: the writability check speaks for it
+    for e in entries:
+        written = any(fnmatch.fnmatchcase(e.name, pattern) for pattern in RUN_FILES)
+        if written and e.is_symlink():
+            raise ConfigError(f"the run folder {save_dir} holds a symbolic link at {e.name} (to "
+                              f"{os.readlink(e.path)}), which Ultralytics would write through: remove the link, or "
+                              "train into another folder (name=, project=)")
+        odd = written and not e.is_file(follow_symlinks=False) and not e.is_dir(follow_symlinks=False)
+        if odd or (e.name == "weights" and not e.is_dir()):
+            raise ConfigError(f"the run folder {save_dir} holds {describe(e.path)} at {e.name}, where Ultralytics "
+                              f"writes {'its checkpoints folder' if e.name == 'weights' else 'a file'}: move it "
+                              "away, or train into another folder (name=, project=)")
 
 
 def first_polygon_labels(data: str) -> str | None:

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from yolofeed import __version__
+from yolofeed.atomic import read_back
 from yolofeed.errors import ConfigError
 from yolofeed.pack import codecs
 
@@ -159,12 +160,15 @@ def read(path: str | os.PathLike) -> dict[str, Any] | None:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_back(path).decode("utf-8")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read this run's yolofeed options ({getattr(e, 'strerror', None) or e}); "
-                          "fix its permissions, or delete it to resume with yolofeed's defaults") from None
+    except ValueError as e:  # a FIFO, a device, a link to one (UnicodeDecodeError is one too): never read whole
+        raise ConfigError(f"{path}: not this run's yolofeed options ({e}); delete it to resume with yolofeed's "
+                          "defaults and the options given") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read this run's yolofeed options ({e.strerror or e}); fix its permissions, "
+                          "or delete it to resume with yolofeed's defaults") from None
     try:
         options = yaml.safe_load(text)
     except yaml.YAMLError as e:
