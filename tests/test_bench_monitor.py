@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -14,6 +15,7 @@ import pytest
 
 from helpers import FakeClock
 from yolofeed.monitor import StepClock, SystemSampler
+from yolofeed.monitor.steps import PHASES
 
 
 def test_step_rates_and_data_wait():
@@ -129,6 +131,69 @@ def test_a_probe_that_ignores_sigterm_is_killed_and_the_stop_returns(monkeypatch
     t0 = time.monotonic()
     s.stop()
     assert time.monotonic() - t0 < 10 and proc.returncode == -9 and s._proc is None
+
+
+def test_a_probe_that_dies_is_said_once_and_its_last_figures_are_not_reported_as_now(caplog):
+    """The probe killed (or failing) mid-run: the live gauges and the summary line kept its last sample for the rest
+    of the run, and a probe killed before its first sample gave the doctor "0.0/2 cores" as a measurement (found by
+    an adversarial tester). Now one warning says why, ``recent`` holds no sample, the summary line says "not
+    sampled"; ``stop`` keeps the samples taken before, and ``lost`` says why for the doctor's and bench's tables."""
+    import logging
+
+    from yolofeed.monitor.live import TrainingMonitor
+
+    s = SystemSampler(interval=0.05).start()
+    deadline = time.monotonic() + 20
+    while len(s) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.recent(60.0).samples >= 3 and s.lost is None
+    with caplog.at_level(logging.WARNING, logger="yolofeed.monitor.system"):
+        s._proc.kill()
+        s._thread.join(10)
+    assert s.lost == "it ended with exit code -9" and s.recent(60.0).samples == 0
+    said = [r.getMessage() for r in caplog.records if "system probe" in r.getMessage()]
+    assert len(said) == 1 and "stopped (it ended with exit code -9): CPU, GPU and disk figures are not sampled" in \
+        said[0] and "training goes on" in said[0], said
+    assert s.stop().samples >= 3  # the window's samples before it died stay the window's
+    values = {"images_per_s": 10.0, "gpu_util": None, "cpu_cores_busy": None, **{f"ms_{p}": 1.0 for p in PHASES}}
+    assert TrainingMonitor.line(values).endswith("| GPU and CPU not sampled")
+
+
+def test_the_bench_table_says_not_sampled_where_the_probe_took_no_sample():
+    from yolofeed.bench.run import table
+
+    row = {"mode": "yolofeed", "images_per_s": 100.0, "gpu_util": None, "gpu_mem_peak_gb": None, "mean_step_ms": 80.0,
+           "data_wait_fraction": 0.1, "own_cores_busy": 0.0, "cpu_cores_busy": 0.0, "machine_samples": 0}
+    lines = table([row, {**row, "mode": "stock", "own_cores_busy": 1.5, "machine_samples": 40}]).splitlines()
+    assert "not sampled" in lines[1] and "0.0" not in lines[1].split("%")[-1] and "not sampled" not in lines[2]
+    assert "1.5" in lines[2]
+
+
+def test_a_probe_error_is_one_reason_not_a_traceback_and_unsupported_nvml_reads_are_left_out(monkeypatch):
+    """NVML's NotSupported for utilisation or power (GPUs that report N/A) killed the probe at its first sample, its
+    traceback in the training's output: each reading that is not supported is left out, the others go on; any other
+    failure reaches the sampler as one reason."""
+    from yolofeed.monitor import probe
+
+    class NVMLError(Exception):
+        pass
+
+    def unsupported(handle):
+        raise NVMLError("Not Supported")
+
+    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=lambda: None, NVML_CLOCK_SM=1,
+                                 nvmlDeviceGetHandleByIndex=lambda i: "h", nvmlDeviceGetUtilizationRates=unsupported,
+                                 nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=2e9),
+                                 nvmlDeviceGetClockInfo=lambda h, c: 1500, nvmlDeviceGetPowerUsage=unsupported)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    read = probe._gpu("0")
+    assert read() == read() == {"mem": 2.0, "clock": 1500}
+    s = SystemSampler()
+    s._stopping, s._ready = False, threading.Event()
+    lines = [json.dumps({"ready": True, "cores": 2}) + "\n", "not json\n",
+             json.dumps({"error": "RuntimeError: boom"}) + "\n"]
+    s._read(types.SimpleNamespace(stdout=iter(lines), wait=lambda: 1, pid=4321))
+    assert s.lost == "RuntimeError: boom" and s.cores == 2 and s.recent(5).samples == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,

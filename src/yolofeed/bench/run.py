@@ -78,7 +78,7 @@ def run_mode(mode: str, cfg: BenchConfig, project: Path, progress=None) -> dict:
     keys = ("mode", "images_per_s", "step_ms", "mean_step_ms", "data_wait_fraction", "steps", "warmup", "windows",
             "gpu_util", "cpu_cores_busy", "own_cores_busy", "disk_read_mb_s", "gpu_mem_peak_gb", "device", "phases_ms",
             "first_step_s", "first_epoch_s", "first_epoch_images_per_s", "first_epoch_step_ms", "ranks", "optimizer",
-            "forward_gflops", "peak_tflops", "train_tflops", "mfu", "batch")
+            "forward_gflops", "peak_tflops", "train_tflops", "mfu", "batch", "machine_samples", "probe_lost")
     return {k: getattr(p, k) for k in keys} | {"images": p.n_train}
 
 
@@ -265,8 +265,11 @@ def table(results: list[dict]) -> str:
         first_col = f"{first:>11,.0f}{first / r['images_per_s']:>10.2f}" if first and r["images_per_s"] else \
             f"{'-':>11}{'-':>10}"
         to_step = f"{r['first_step_s']:.1f} s" if r.get("first_step_s") is not None else "-"
+        cores = f"{r['own_cores_busy']:.1f}"
+        if r.get("machine_samples") == 0:  # the system probe was lost: its zeros are not measurements
+            util = cores = "not sampled"
         lines.append(f"{r['mode']:<16}{r['images_per_s']:>9,.0f}{ratio:>11}{step:>11}{util:>10}{efficiency(r):>15}"
-                     f"{100 * r['data_wait_fraction']:>10.0f}%{r['own_cores_busy']:>11.1f}{mem:>9}{first_col}"
+                     f"{100 * r['data_wait_fraction']:>10.0f}%{cores:>11}{mem:>9}{first_col}"
                      f"{to_step:>10}")
     for r in results:  # DDP: the row above is the total; each GPU's share
         if r.get("ranks"):

@@ -105,9 +105,14 @@ def run(cfg: DoctorConfig) -> list:
     lines = [f"yolofeed doctor: {summary}"]
     for p in profiles:
         util = f"GPU {p['gpu_util']:.0f} %" if p["gpu_util"] is not None else "no GPU"
+        machine = f"{util}  {p['own_cores_busy']:.1f}/{p['cores']} cores"
+        if p.get("machine_samples") == 0:  # the probe was lost: zeros, not measurements
+            machine = "GPU and CPU not sampled"
         lines.append(f"  {p['mode']:<9} {p['images_per_s']:>8,.0f} img/s  mean step {p['mean_step_ms']:,.0f} ms  "
-                     f"data wait {100 * p['data_wait_fraction']:.0f} %  {util}  {p['own_cores_busy']:.1f}/{p['cores']} "
-                     "cores")
+                     f"data wait {100 * p['data_wait_fraction']:.0f} %  {machine}")
+        if p.get("probe_lost"):
+            lines.append(f"  ({p['mode']}: the system probe stopped, {p['probe_lost']}: its GPU, CPU and disk figures "
+                         "cover only the samples before; the verdicts that read them may not stand: run again)")
     for v in verdicts:
         lines.append(("VERDICT: " if v.bottleneck else "ALSO: ") + v.title)
         lines.append(f"  evidence: {v.evidence}")

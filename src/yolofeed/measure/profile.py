@@ -258,6 +258,7 @@ class Profiler:
             first_epoch_s=round(first_epoch_s, 2) if first_epoch_s is not None else None,
             first_epoch_images_per_s=round(self.first_epoch_images / first_epoch_s, 1)
             if first_epoch_s is not None else None, first_epoch_step_ms=self.first_epoch_step_ms)
+        prof.machine_samples, prof.probe_lost = system.samples, self.sampler().lost
         prof.forward_gflops = forward_gflops(trainer)
         prof.peak_tflops = efficiency.peak_tflops(torch.cuda.get_device_name(trainer.device)) if cuda else None
         prof.train_tflops, prof.mfu = efficiency.achieved(prof.images_per_s, prof.forward_gflops, prof.peak_tflops)

@@ -48,6 +48,9 @@ class Profile:
     peak_tflops: float | None = None  # the GPU's dense bf16/fp16 peak, per GPU (None: not in the table, or no GPU)
     train_tflops: float | None = None  # achieved: images/s x 3 x forward GFLOPs
     mfu: float | None = None  # train_tflops over the peak of the GPUs trained on
+    machine_samples: int | None = None  # the system probe's samples behind the GPU, CPU and disk figures (0: none,
+    # and those figures are not measurements; None: a result from before this was recorded)
+    probe_lost: str | None = None  # why the system probe ended on its own during the profile
 
     def to_dict(self) -> dict:
         return asdict(self)

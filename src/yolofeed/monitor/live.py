@@ -361,7 +361,8 @@ class TrainingMonitor:
                       f"step waits for data (for {self.cfg.alert_seconds:.0f} s). Run 'yolofeed doctor' with this "
                       "setup, or train with 'yolofeed train' to feed the GPU from a pack.", logging.WARNING, bar)
         values = {"images_per_s": s.images_per_s, "data_wait_fraction": wait, "gpu_util": load.gpu_util,
-                  "cpu_cores_busy": load.cpu_cores_busy, **{f"ms_{p}": s.ms.get(p, 0.0) for p in PHASES}}
+                  "cpu_cores_busy": load.cpu_cores_busy if load.samples else None,
+                  **{f"ms_{p}": s.ms.get(p, 0.0) for p in PHASES}}
         snap = {**self._counters(), "images_per_s": s.images_per_s if s.steps else None,
                 "data_wait": wait if s.steps else None, "alert_active": float(self.alert.active)}
         if load.samples:  # no sample yet: leave the machine's series out rather than publish zeros
@@ -404,8 +405,12 @@ class TrainingMonitor:
     def line(v: dict) -> str:
         total = sum(v[f"ms_{p}"] for p in PHASES) or 1.0
         parts = " ".join(f"{p.split('_')[0]} {100 * v[f'ms_{p}'] / total:.0f}%" for p in PHASES)
-        gpu = f"GPU {v['gpu_util']:.0f}%" if v["gpu_util"] is not None else "no GPU"
-        return f"yolofeed: {v['images_per_s']:,.0f} img/s | {parts} | {gpu} | CPU {v['cpu_cores_busy']:.1f} cores"
+        if v["cpu_cores_busy"] is None:  # no sample in the window (the probe not started yet, or lost)
+            machine = "GPU and CPU not sampled"
+        else:
+            gpu = f"GPU {v['gpu_util']:.0f}%" if v["gpu_util"] is not None else "no GPU"
+            machine = f"{gpu} | CPU {v['cpu_cores_busy']:.1f} cores"
+        return f"yolofeed: {v['images_per_s']:,.0f} img/s | {parts} | {machine}"
 
     def close(self) -> None:
         """End the run's outputs: the phase marks, the probe, the endpoint, the writer; each is closed even where

@@ -21,6 +21,7 @@ The first line says what is measured: ``{"ready": true, "gpu": bool, "cores": n}
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -72,11 +73,19 @@ def _gpu(spec: str):
     except Exception:  # no NVIDIA driver or GPU: host figures only
         return None
 
+    readers = {"gpu": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+               "mem": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 1e9,
+               "clock": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+               "power": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3}
+
     def read() -> dict:
-        return {"gpu": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                "mem": pynvml.nvmlDeviceGetMemoryInfo(handle).used / 1e9,
-                "clock": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                "power": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3}
+        values = {}
+        for key, reader in list(readers.items()):
+            try:
+                values[key] = reader()
+            except pynvml.NVMLError:  # N/A on this GPU (NVMLError_NotSupported: some report no utilisation or
+                del readers[key]  # power): left out from now on, as a GPU without it
+        return values
 
     return read
 
@@ -143,3 +152,8 @@ if __name__ == "__main__":
         sys.exit(130)
     except psutil.NoSuchProcess:  # the training it samples ended (a kill) before it began: nothing to say
         sys.exit(0)
+    except Exception as e:  # said by the sampler in one line (the training's output gets no traceback)
+        with contextlib.suppress(OSError):
+            sys.stdout.write(json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n")
+            sys.stdout.flush()
+        sys.exit(1)

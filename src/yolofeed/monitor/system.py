@@ -89,10 +89,19 @@ class SystemSampler:
         self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stopping = False
+        self.lost: str | None = None  # why the probe ended on its own, once it has
 
     def _read(self, proc: subprocess.Popen) -> None:
+        why = None
         for line in proc.stdout:
-            s = json.loads(line)
+            try:
+                s = json.loads(line)
+            except ValueError:  # not the probe's (a library's print): not a sample
+                continue
+            if "error" in s:
+                why = s["error"]
+                continue
             if "ready" in s:
                 self.cores = s["cores"]
                 self._ready.set()
@@ -101,6 +110,10 @@ class SystemSampler:
                 for key in FIELDS.keys() & s.keys():
                     self._series[key].append(s[key])
                 self._t.append(s["t"])  # last: readers index the series by len(self._t)
+        if not self._stopping:  # it ended on its own (killed, or failed): its last figures are not today's
+            self.lost = why or f"it ended with exit code {proc.wait()}"
+            LOGGER.warning(f"yolofeed monitor: the system probe (PID {proc.pid}) stopped ({self.lost}): CPU, GPU and "
+                           "disk figures are not sampled from here on; training goes on")
 
     def __len__(self) -> int:
         """Samples in the current window."""
@@ -120,9 +133,10 @@ class SystemSampler:
         return SystemStats(samples=len(self._t) - first, cores=self.cores, **out)
 
     def recent(self, seconds: float) -> SystemStats:
-        """Means over the samples of the last ``seconds`` (for live alerts and gauges)."""
-        if not self._t:
-            return self._stats()
+        """Means over the samples of the last ``seconds`` (for live alerts and gauges); none once the probe is lost
+        (its last samples would read as now's for ever)."""
+        if not self._t or self.lost:
+            return self._stats(len(self._t))
         cut = self._t[-1] - seconds
         return self._stats(next((i for i in range(len(self._t) - 1, -1, -1) if self._t[i] < cut), -1) + 1)
 
@@ -145,6 +159,7 @@ class SystemSampler:
         self.stop()
         self._reset()
         self._ready = threading.Event()
+        self._stopping, self.lost = False, None
         # by path, not ``-m yolofeed.monitor.probe``: the package would import torch and Ultralytics (seconds)
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("probe.py")), str(os.getpid()), str(self.interval),
@@ -155,6 +170,9 @@ class SystemSampler:
         return self
 
     def stop(self) -> SystemStats:
+        """End the probe; the means of the current window (``SystemStats.samples`` 0: none was taken, or the probe
+        was lost before the window began, ``lost`` says why)."""
+        self._stopping = True
         if self._proc is not None:
             self._proc.terminate()
             if not _ended(self._proc, PROBE_STOP_S):  # a probe stuck in a driver call: SIGKILL is not ignored
