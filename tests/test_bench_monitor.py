@@ -192,7 +192,8 @@ def test_a_probe_error_is_one_reason_not_a_traceback_and_unsupported_nvml_reads_
     s._stopping, s._ready = False, threading.Event()
     lines = [json.dumps({"ready": True, "cores": 2}) + "\n", "not json\n",
              json.dumps({"error": "RuntimeError: boom"}) + "\n"]
-    s._read(types.SimpleNamespace(stdout=iter(lines), wait=lambda: 1, pid=4321))
+    s._proc = types.SimpleNamespace(stdout=iter(lines), wait=lambda: 1, pid=4321)
+    s._read(s._proc)
     assert s.lost == "RuntimeError: boom" and s.cores == 2 and s.recent(5).samples == 0
 
 

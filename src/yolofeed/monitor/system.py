@@ -110,7 +110,8 @@ class SystemSampler:
                 for key in FIELDS.keys() & s.keys():
                     self._series[key].append(s[key])
                 self._t.append(s["t"])  # last: readers index the series by len(self._t)
-        if not self._stopping:  # it ended on its own (killed, or failed): its last figures are not today's
+        if not self._stopping and proc is self._proc:  # it ended on its own (killed, or failed), not a probe of
+            # an earlier start that a stop left behind: its last figures are not today's
             self.lost = why or f"it ended with exit code {proc.wait()}"
             LOGGER.warning(f"yolofeed monitor: the system probe (PID {proc.pid}) stopped ({self.lost}): CPU, GPU and "
                            "disk figures are not sampled from here on; training goes on")
