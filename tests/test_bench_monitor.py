@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -155,6 +156,14 @@ def test_a_probe_that_dies_is_said_once_and_its_last_figures_are_not_reported_as
     assert len(said) == 1 and "stopped (it ended with exit code -9): CPU, GPU and disk figures are not sampled" in \
         said[0] and "training goes on" in said[0], said
     assert s.stop().samples >= 3  # the window's samples before it died stay the window's
+    quiet = SystemSampler(interval=0.05).start()  # a Ctrl-C reaches the probe too: the training stops it, silently
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="yolofeed.monitor.system"):
+        os.kill(quiet._proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert quiet._proc.poll() is None
+        quiet.stop()
+    assert quiet.lost is None and not [r for r in caplog.records if "system probe" in r.getMessage()]
     values = {"images_per_s": 10.0, "gpu_util": None, "cpu_cores_busy": None, **{f"ms_{p}": 1.0 for p in PHASES}}
     assert TrainingMonitor.line(values).endswith("| GPU and CPU not sampled")
 
@@ -178,18 +187,30 @@ def test_a_probe_error_is_one_reason_not_a_traceback_and_unsupported_nvml_reads_
     class NVMLError(Exception):
         pass
 
-    def unsupported(handle):
-        raise NVMLError("Not Supported")
+    class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
+        pass
 
-    fake = types.SimpleNamespace(NVMLError=NVMLError, nvmlInit=lambda: None, NVML_CLOCK_SM=1,
+    def unsupported(handle):
+        raise NVMLError_NotSupported("Not Supported")
+
+    timeouts = iter([NVMLError("Timeout")])
+
+    def clock(handle, kind):  # one failure of another kind: that sample goes without it, the next has it
+        if (e := next(timeouts, None)) is not None:
+            raise e
+        return 1500
+
+    fake = types.SimpleNamespace(NVMLError=NVMLError, NVMLError_NotSupported=NVMLError_NotSupported,
+                                 nvmlInit=lambda: None, NVML_CLOCK_SM=1,
                                  nvmlDeviceGetHandleByIndex=lambda i: "h", nvmlDeviceGetUtilizationRates=unsupported,
                                  nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=2e9),
-                                 nvmlDeviceGetClockInfo=lambda h, c: 1500, nvmlDeviceGetPowerUsage=unsupported)
+                                 nvmlDeviceGetClockInfo=clock, nvmlDeviceGetPowerUsage=unsupported)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     read = probe._gpu("0")
+    assert read() == {"mem": 2.0}
     assert read() == read() == {"mem": 2.0, "clock": 1500}
     s = SystemSampler()
-    s._stopping, s._ready = False, threading.Event()
+    s._ready = threading.Event()
     lines = [json.dumps({"ready": True, "cores": 2}) + "\n", "not json\n",
              json.dumps({"error": "RuntimeError: boom"}) + "\n"]
     s._proc = types.SimpleNamespace(stdout=iter(lines), wait=lambda: 1, pid=4321)

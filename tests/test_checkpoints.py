@@ -672,7 +672,8 @@ def test_a_link_planted_where_ultralytics_writes_in_the_run_folder_is_refused(da
     assert sorted(p.name for p in run.iterdir()) == sorted(["notes.txt", name])
 
 
-@pytest.mark.parametrize("plant", ["fifo results.csv", "file weights", "link weights"])
+@pytest.mark.parametrize("plant", ["fifo results.csv", "folder results.csv", "file weights", "link weights",
+                                   "loop weights"])
 def test_a_fifo_or_a_file_where_ultralytics_writes_in_the_run_folder_is_refused(dataset, tmp_path, capsys, plant):
     """A FIFO at results.csv (a resume hung before training, silently), a file or a dangling link at weights (a
     FileExistsError traceback from Ultralytics' mkdir, under exist_ok=True): one line before anything is written,
@@ -682,13 +683,14 @@ def test_a_fifo_or_a_file_where_ultralytics_writes_in_the_run_folder_is_refused(
     kind, name = plant.split()
     run = tmp_path / "runs" / "r"
     run.mkdir(parents=True)
-    {"fifo": lambda p: os.mkfifo(p), "file": lambda p: p.write_text("hi"),
-     "link": lambda p: p.symlink_to(tmp_path / "gone")}[kind](run / name)
+    {"fifo": lambda p: os.mkfifo(p), "file": lambda p: p.write_text("hi"), "folder": lambda p: p.mkdir(),
+     "link": lambda p: p.symlink_to(tmp_path / "gone"), "loop": lambda p: p.symlink_to(p)}[kind](run / name)
     args = [f"data={dataset / 'data.yaml'}", "model=yolo11n.yaml", "imgsz=64", "epochs=1", "device=cpu",
             f"project={tmp_path / 'runs'}", "name=r", "exist_ok=True"]
     assert main(["train", *args]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    what = {"fifo": "a FIFO (named pipe)", "file": "a regular file", "link": "a symbolic link to"}[kind]
+    what = {"fifo": "a FIFO (named pipe)", "file": "a regular file", "link": "a symbolic link to",
+            "folder": "a folder", "loop": "a symbolic link to"}[kind]
     assert len(err) == 1 and f"the run folder {run} holds {what}" in err[0] and f"at {name}, where Ultralytics " \
         "writes" in err[0] and "train into another folder (name=, project=)" in err[0], err
     assert sorted(p.name for p in run.iterdir()) == [name]

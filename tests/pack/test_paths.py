@@ -99,6 +99,21 @@ def test_datasets_sharing_one_linked_yaml_keep_their_packs_beside_their_own_imag
     linked.symlink_to(roots[0], target_is_directory=True)
     assert ensure_split(linked / "data.yaml", "train", 64, "raw", workers=1, progress=False,
                         rebuild="never").pack.path == first[0].pack.path
+    # one folder, a link switched between two versions of its yaml (v2 without an image): each version's packs kept
+    versions = roots[0]
+    (versions / "v1.yaml").write_text(shared.read_text())
+    (versions / "v2.yaml").write_text(shared.read_text().replace("images/train", "images/train2"))
+    shutil.copytree(versions / "images" / "train", versions / "images" / "train2")
+    shutil.copytree(versions / "labels" / "train", versions / "labels" / "train2")
+    next((versions / "images" / "train2").iterdir()).unlink()
+    current = versions / "current.yaml"
+    built = []
+    for v in ("v1", "v2", "v1", "v2"):
+        current.unlink(missing_ok=True)
+        current.symlink_to(f"{v}.yaml")
+        r = ensure_split(current, "train", 64, "raw", workers=1, progress=False, rebuild="auto")
+        built.append((r.built, r.pack.path.parent.name))
+    assert built == [(True, "v1-raw-64"), (True, "v2-raw-64"), (False, "v1-raw-64"), (False, "v2-raw-64")]
 
 
 def test_two_datasets_named_data_yaml_in_one_pack_folder_keep_their_packs(dataset, tmp_path, caplog):

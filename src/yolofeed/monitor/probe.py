@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -73,6 +74,7 @@ def _gpu(spec: str):
     except Exception:  # no NVIDIA driver or GPU: host figures only
         return None
 
+    unsupported = getattr(pynvml, "NVMLError_NotSupported", pynvml.NVMLError)
     readers = {"gpu": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                "mem": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 1e9,
                "clock": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
@@ -83,8 +85,10 @@ def _gpu(spec: str):
         for key, reader in list(readers.items()):
             try:
                 values[key] = reader()
-            except pynvml.NVMLError:  # N/A on this GPU (NVMLError_NotSupported: some report no utilisation or
-                del readers[key]  # power): left out from now on, as a GPU without it
+            except unsupported:  # N/A on this GPU (some report no utilisation or power): left out from now on,
+                del readers[key]  # as on a GPU without it
+            except pynvml.NVMLError:  # another failure (a timeout): this sample goes without it
+                pass
         return values
 
     return read
@@ -115,6 +119,9 @@ class _Cores:
 
 
 def main(pid: int, interval: float, gpu_spec: str) -> None:
+    # a Ctrl-C reaches the whole group: the training stops the probe (or the probe sees it gone), so it is not lost
+    # before the training has said "interrupted"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tree, gpu, cores = _Tree(pid), _gpu(gpu_spec), _Cores(allowed_cpus(pid))
     out = sys.stdout
     t0 = time.perf_counter()

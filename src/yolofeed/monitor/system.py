@@ -69,6 +69,7 @@ class SystemStats:
 # the probe's sample keys -> SystemStats fields, and what a field is without samples
 LOGGER = logging.getLogger(__name__)
 PROBE_STOP_S = 5.0  # how long a stop waits for the probe to end on SIGTERM before it kills it
+GROUP_SIGNALS = (-15, 143)  # how a probe ends on a SIGTERM sent to the training's whole process group
 FIELDS = {"gpu": ("gpu_util", None), "mem": ("gpu_mem_gb", None), "cpu": ("cpu_cores_busy", 0.0),
           "disk": ("disk_read_mb_s", 0.0), "own": ("own_cores_busy", 0.0), "iow": ("iowait", 0.0),
           "clock": ("gpu_clock_mhz", None), "power": ("gpu_power_w", None), "busiest": ("busiest_core", 0.0),
@@ -89,7 +90,7 @@ class SystemSampler:
         self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._stopping = False
+        self._stop_asked = threading.Event()
         self.lost: str | None = None  # why the probe ended on its own, once it has
 
     def _read(self, proc: subprocess.Popen) -> None:
@@ -98,6 +99,8 @@ class SystemSampler:
             try:
                 s = json.loads(line)
             except ValueError:  # not the probe's (a library's print): not a sample
+                continue
+            if not isinstance(s, dict):
                 continue
             if "error" in s:
                 why = s["error"]
@@ -110,9 +113,13 @@ class SystemSampler:
                 for key in FIELDS.keys() & s.keys():
                     self._series[key].append(s[key])
                 self._t.append(s["t"])  # last: readers index the series by len(self._t)
-        if not self._stopping and proc is self._proc:  # it ended on its own (killed, or failed), not a probe of
-            # an earlier start that a stop left behind: its last figures are not today's
-            self.lost = why or f"it ended with exit code {proc.wait()}"
+        self._ready.set()  # a probe that failed before its first sample: start() waits no longer
+        code = proc.wait()
+        if code in GROUP_SIGNALS:  # a SIGTERM to the whole group (a scheduler's stop): the training stops it next
+            self._stop_asked.wait(PROBE_STOP_S)
+        if not self._stop_asked.is_set() and proc is self._proc:  # it ended on its own (killed, or failed), not a
+            # probe of an earlier start that a stop left behind: its last figures are not today's
+            self.lost = why or f"it ended with exit code {code}"
             LOGGER.warning(f"yolofeed monitor: the system probe (PID {proc.pid}) stopped ({self.lost}): CPU, GPU and "
                            "disk figures are not sampled from here on; training goes on")
 
@@ -160,7 +167,7 @@ class SystemSampler:
         self.stop()
         self._reset()
         self._ready = threading.Event()
-        self._stopping, self.lost = False, None
+        self._stop_asked, self.lost = threading.Event(), None
         # by path, not ``-m yolofeed.monitor.probe``: the package would import torch and Ultralytics (seconds)
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("probe.py")), str(os.getpid()), str(self.interval),
@@ -173,7 +180,7 @@ class SystemSampler:
     def stop(self) -> SystemStats:
         """End the probe; the means of the current window (``SystemStats.samples`` 0: none was taken, or the probe
         was lost before the window began, ``lost`` says why)."""
-        self._stopping = True
+        self._stop_asked.set()
         if self._proc is not None:
             self._proc.terminate()
             if not _ended(self._proc, PROBE_STOP_S):  # a probe stuck in a driver call: SIGKILL is not ignored

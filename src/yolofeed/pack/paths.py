@@ -48,6 +48,12 @@ def yaml_place(yaml_file: str | os.PathLike) -> Path:
     return Path(os.path.realpath(path.parent)) / path.name
 
 
+def yaml_stem(yaml_file: str | os.PathLike) -> str:
+    """The stem that names a yaml's pack folders: the file's it resolves to, so that a link switched between versions
+    (current.yaml to v1.yaml, then to v2.yaml) keeps each version's packs apart."""
+    return Path(os.path.realpath(Path(yaml_file).expanduser())).stem
+
+
 def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | os.PathLike | None = None,
               task: str = "detect") -> Path:
     """Where the packs of a data yaml live: ``<folder>/<yaml stem>-<format>-<imgsz>`` (``-pose`` after it for
@@ -61,11 +67,11 @@ def store_dir(yaml_file: str | os.PathLike, imgsz: int, format: str, out: str | 
     except (RuntimeError, OSError) as e:  # a symbolic link loop: RuntimeError before Python 3.13, OSError after
         raise PackError(f"{out or yaml_file}: cannot resolve the path ({e}); pass a folder that is not a link loop"
                         ) from None
-    return base / folder_name(y.stem, imgsz, format, task)
+    return base / folder_name(yaml_stem(y), imgsz, format, task)
 
 
 def _path_key(yaml_file: Path) -> str:
-    """12 hex digits of the yaml's resolved path: two datasets' ``data.yaml`` get different folders."""
+    """12 hex digits of the yaml's path (``yaml_place``): two datasets' ``data.yaml`` get different folders."""
     return hashlib.sha256(os.fsencode(str(yaml_file))).hexdigest()[:12]
 
 
@@ -83,9 +89,9 @@ def pack_folders(yaml_file: str | os.PathLike, imgsz: int, format: str,
     if out:
         plain = store_dir(yaml_file, imgsz, format, out, task)
         y = yaml_place(yaml_file)
-        return [plain, plain.with_name(folder_name(f"{y.stem}-{_path_key(y)}", imgsz, format, task))]
-    y = yaml_place(yaml_file)
-    cache = cache_root() / f"{y.stem}-{_path_key(y)}" / folder_name(y.stem, imgsz, format, task)
+        return [plain, plain.with_name(folder_name(f"{yaml_stem(y)}-{_path_key(y)}", imgsz, format, task))]
+    y, stem = yaml_place(yaml_file), yaml_stem(yaml_file)
+    cache = cache_root() / f"{stem}-{_path_key(y)}" / folder_name(stem, imgsz, format, task)
     from yolofeed.ultralytics_seam import packaged  # here: reading a pack (store.py) loads no Ultralytics
 
     return [cache] if packaged(y) else [store_dir(y, imgsz, format, task=task), cache]

@@ -208,8 +208,8 @@ def _check_planted_names(save_dir: Path) -> None:
             raise ConfigError(f"the run folder {save_dir} holds a symbolic link at {e.name} (to "
                               f"{os.readlink(e.path)}), which Ultralytics would write through: remove the link, or "
                               "train into another folder (name=, project=)")
-        odd = written and not e.is_file(follow_symlinks=False) and not e.is_dir(follow_symlinks=False)
-        if odd or (e.name == "weights" and not e.is_dir()):
+        odd = written and not e.is_file(follow_symlinks=False)  # a FIFO, a device, a folder: no name it writes
+        if odd or (e.name == "weights" and not os.path.isdir(e.path)):  # isdir: False for a link loop too
             raise ConfigError(f"the run folder {save_dir} holds {describe(e.path)} at {e.name}, where Ultralytics "
                               f"writes {'its checkpoints folder' if e.name == 'weights' else 'a file'}: move it "
                               "away, or train into another folder (name=, project=)")
