@@ -127,9 +127,11 @@ def read_back(path: str | os.PathLike, max_bytes: int = READ_BACK_MAX_BYTES) -> 
         OSError: it cannot be opened or read.
         ValueError: it is no regular file (what it is, in words), or larger than ``max_bytes``.
     """
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before the open: opening a device (a tty, a tape) acts on it
+        raise ValueError(f"it is {describe(path)}, not a file yolofeed writes")
     fd = os.open(path, os.O_RDONLY | NONBLOCK | CLOEXEC)
     try:
-        st = os.fstat(fd)
+        st = os.fstat(fd)  # again on what was opened: the name may have changed in between
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"it is {describe(path)}, not a file yolofeed writes")
         if st.st_size > max_bytes:
