@@ -24,7 +24,6 @@ import math
 import os
 import shlex
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from yolofeed import processes
+from yolofeed.atomic import read_back
 from yolofeed.bench.stats import Difference, bands_overlap, mean_sd, welch
 from yolofeed.config import ParityConfig
 from yolofeed.errors import ConfigError, YolofeedError
@@ -623,14 +623,10 @@ def finished_before(cfg: ParityConfig, out: Path, inputs: dict) -> list[Job]:
     again. A comparison stopped by a Ctrl-C goes on where it stopped; ``first_seed=`` adds seeds to it. [] where there
     is none, other settings or a report it cannot read (each said in one line)."""
     path = out / "parity.json"
-    try:
-        st = os.lstat(path)
-    except OSError:  # none: a new comparison
+    if not os.path.lexists(path):  # none: a new comparison
         return []
     try:
-        if not stat.S_ISREG(st.st_mode) or st.st_size > REPORT_MAX_BYTES:  # a FIFO or a device would never end
-            raise ValueError("not a file parity writes" if not stat.S_ISREG(st.st_mode) else "too large")
-        report = json.loads(path.read_text())
+        report = json.loads(read_back(path, REPORT_MAX_BYTES))  # a FIFO or a device would never end
         before, runs = report["config"], report["runs"]
         if not isinstance(before, dict) or not isinstance(runs, list):
             raise TypeError("not a parity report")

@@ -147,20 +147,20 @@ def no_labels(pack: Pack, training: bool = False) -> str:
     """Ultralytics' warning (``training``: its refusal) for a split without labels; "" when it has some."""
     c, where = pack.header["counts"], pack.header["source"]["label_dir"]
     if c["label_files"] == 0:
-        return no_label_files(where, c["images"], pack.split, training, pack.im_files)
+        return no_label_files(where, pack.split, training, pack.im_files)
     if c["boxes"] == 0:
         return f"Labels are missing or empty in {where} (split '{pack.split}'), training may not work correctly"
     return ""
 
 
-def no_label_files(label_dir: str, images: int, split: str, training: bool, im_files: Sequence[str]) -> str:
+def no_label_files(label_dir: str, split: str, training: bool, im_files: Sequence[str]) -> str:
     """Ultralytics' warning (``training``: its refusal) for a split none of whose images has a label file, with where
     it looks for them: each image path's last ``/images/`` made ``/labels/`` (``img2label_paths``), which a folder
     named otherwise (``Images``, ``imgs``) never matches."""
     consequence = ("Ultralytics refuses to train on such a split, and so does yolofeed" if training else
                    "training may not work correctly (Ultralytics refuses to train on such a split)")
-    said = (f"No labels found in {label_dir}: none of the {images:,} images of split '{split}' has a label file; "
-            f"{consequence}. ")
+    said = (f"No labels found in {label_dir}: none of the {len(im_files):,} images of split '{split}' has a label "
+            f"file; {consequence}. ")
     folder = f"{os.sep}images{os.sep}"
     if any(folder in f for f in im_files[:1000]):
         return said + "Put YOLO .txt labels there, one per image, named as the image"
@@ -179,8 +179,7 @@ def check_labels_found(src: SplitSource) -> None:
         DatasetError: ``no_label_files``' words, the split's label folder and the fix.
     """
     if src.label_files and not any(os.path.isfile(f) for f in src.label_files):
-        raise DatasetError(no_label_files(str(Path(src.label_files[0]).parent), len(src.im_files), src.split, True,
-                                          src.im_files))
+        raise DatasetError(no_label_files(str(Path(src.label_files[0]).parent), src.split, True, src.im_files))
 
 
 def own_folders(folders: list[Path], yaml_file: str, out: str | os.PathLike | None) -> list[Path]:
